@@ -1,0 +1,36 @@
+# kvtier — two commands for a fresh machine:
+#   make demo   the planted-fact session on Gemma 3 270M (budget 512), kv_restore vs discard
+#   make test   build (normal + ASan/UBSan) and run the whole test suite
+SHELL := /bin/bash
+BOOT  := scripts/bootstrap.sh
+JOBS  ?= $(shell nproc)
+
+.PHONY: all build build-asan test demo bench clean setup
+all: build
+
+setup:
+	@$(BOOT) all
+
+build: setup
+	@eval "$$($(BOOT) env)"; \
+	cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLLAMA_PREFIX="$$LLAMA_PREFIX" -DKVTIER_MODEL="$$KVTIER_MODEL" >/dev/null && \
+	cmake --build build -j $(JOBS)
+
+build-asan: setup
+	@eval "$$($(BOOT) env)"; \
+	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVT_SANITIZE=ON -DLLAMA_PREFIX="$$LLAMA_PREFIX" -DKVTIER_MODEL="$$KVTIER_MODEL" >/dev/null && \
+	cmake --build build-asan -j $(JOBS)
+
+test: build build-asan
+	cd build && ctest --output-on-failure -j 1
+	cd build-asan && ctest --output-on-failure -j 1 -L asan || cd build-asan && ctest --output-on-failure -j 1 -E 'cli_demo|bench'
+
+demo: build
+	@eval "$$($(BOOT) env)"; ./build/kvtier demo -m "$$KVTIER_MODEL"; \
+	./build/kvtier demo -m "$$KVTIER_MODEL" --recovery discard
+
+bench: build
+	@eval "$$($(BOOT) env)"; ./build/kvtier bench primitives -m "$$KVTIER_MODEL"
+
+clean:
+	rm -rf build build-asan

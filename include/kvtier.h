@@ -1,0 +1,478 @@
+/*
+** kvtier.h — a KV-cache memory hierarchy for llama.cpp.
+**
+** This header is the whole public API and its manual: anything not declared here is
+** internal.  Read it top to bottom:
+**
+**   1. Errors                 int returns, 0 = success, negative KVT_E* code.
+**   2. Engine                 one llama.cpp model + context (the only code that talks to
+**                             llama.cpp); tokenize, chat template, prefill/decode, sampling.
+**   3. Block primitives       save a position range of a sequence to host memory, load it
+**                             back at another position with RoPE re-anchoring (no forward
+**                             pass), capture per-head attention mapped to positions.
+**   4. Host pool              byte-budgeted host RAM tier that spills to checksummed files.
+**   5. Session                one conversation in one sequence under a token budget, with a
+**                             block table, watermark eviction and recompute-free recovery.
+**
+** Units: token counts are tokens, positions are llama_pos-style int32 (half-open [p0, p1)),
+** sizes are bytes, times are milliseconds.
+**
+** Thread-safety: an engine and the sessions on it are single-threaded objects: the caller
+** serialises every call that names the same engine.  The host pool is thread-safe.
+** kvt_strerror() and kvt_errmsg() may be called from any thread.
+*/
+#ifndef KVTIER_H
+#define KVTIER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ====================================================================================== */
+/* 1. Errors                                                                              */
+/* ====================================================================================== */
+
+/* One table of error codes (libuv style).  Every function that can fail returns 0 or one of
+** these negative values, and leaves a message naming the offending value in kvt_errmsg(). */
+#define KVT_ERRNO_MAP(X)                                                                 \
+    X(EINVAL,       -1,  "invalid argument")                                             \
+    X(ENOMEM,       -2,  "out of memory")                                                \
+    X(EIO,          -3,  "i/o error")                                                    \
+    X(ECORRUPT,     -4,  "stored data failed its checksum")                             \
+    X(ENOENT,       -5,  "not found")                                                    \
+    X(EMODEL,       -6,  "model could not be loaded")                                    \
+    X(ELLAMA,       -7,  "llama.cpp call failed")                                        \
+    X(ECTX,         -8,  "does not fit in the context window")                          \
+    X(EBUDGET,      -9,  "does not fit in the token budget")                            \
+    X(EUNSUPPORTED, -10, "not supported for this model or cache configuration")        \
+    X(EFORMAT,      -11, "malformed KV block")                                           \
+    X(ECANCELED,    -12, "canceled by the caller")
+
+enum kvt_errno {
+    KVT_OK = 0,
+#define KVT__ERR_ENUM(name, code, msg) KVT_##name = code,
+    KVT_ERRNO_MAP(KVT__ERR_ENUM)
+#undef KVT__ERR_ENUM
+};
+
+/* Static description of an error code ("unknown error" for codes not in the table).
+** Never fails; the string is static. */
+const char *kvt_strerror(int err);
+
+/* The detailed message of the last error raised on the calling thread, e.g.
+** "budget 48 is smaller than two blocks of 64 tokens".  Thread-local; valid until the next
+** kvtier call on the same thread; "" if none. */
+const char *kvt_errmsg(void);
+
+/* kvtier's version ("0.1.0"), and one line naming the llama.cpp/ggml it was built against and
+** the kvtier git commit.  Static strings; cannot fail. */
+const char *kvt_version(void);
+const char *kvt_build_info(void);
+
+/* ====================================================================================== */
+/* 2. Engine: one llama.cpp model and context                                             */
+/* ====================================================================================== */
+
+typedef struct kvt_engine kvt_engine;
+typedef int32_t kvt_token;
+typedef int32_t kvt_pos;
+
+/* How saved K is re-anchored to a new position (see kvt_block_load). */
+enum kvt_reanchor {
+    KVT_REANCHOR_AUTO    = 0, /* host rotation when verified at open, else SEQ_ADD */
+    KVT_REANCHOR_HOST    = 1, /* rotate K rows of the saved block on the host (F32/F16 K only) */
+    KVT_REANCHOR_SEQ_ADD = 2, /* llama_memory_seq_add: llama.cpp's lazy K-shift at the next decode */
+};
+
+struct kvt_engine_params {
+    const char *model_path;   /* GGUF file; required */
+    int32_t n_ctx;            /* KV cells of the context (tokens); default 4096 */
+    int32_t n_batch;          /* max tokens per llama_decode call; default 512 */
+    int32_t n_ubatch;         /* physical micro-batch (tokens); default 512 */
+    int32_t n_seq;            /* live sequences the caller will use (ids 0..n_seq-1); default 1.
+                              ** The engine adds scratch sequences for the block primitives. */
+    int32_t n_threads;        /* CPU threads; 0 = all cores */
+    const char *type_k;       /* KV cache element type: "f16" (default), "f32", "q8_0" */
+    const char *type_v;       /* same choices; quantised V needs flash attention */
+    bool flash_attn;          /* default false; attention capture needs it off */
+    int32_t reanchor;         /* enum kvt_reanchor; default AUTO */
+    bool verbose;             /* pass llama.cpp's log through to stderr */
+};
+
+/* Defaults listed above.  Returned by value; cannot fail. */
+struct kvt_engine_params kvt_engine_default_params(void);
+
+/* Load the model and create a context with a unified KV cache (kv_unified = true) and
+** n_seq + 3 sequence ids (two scratch ids for the block primitives, one for forcing pending
+** K-shifts).  Also verifies host-side RoPE re-anchoring against llama.cpp's own RoPE (two
+** 4-token decodes) and chooses the re-anchoring path.
+** OUT *out: the engine, freed with kvt_engine_free.
+** Errors: KVT_EINVAL (bad params, e.g. unknown cache type), KVT_EMODEL (missing, truncated or
+** unloadable GGUF; the message names the path), KVT_ELLAMA (context creation failed).
+** On error *out is NULL and nothing is leaked. */
+int kvt_engine_open(const struct kvt_engine_params *params, kvt_engine **out);
+
+/* Free the context and the model.  Accepts NULL. */
+void kvt_engine_free(kvt_engine *eng);
+
+struct kvt_engine_info {
+    char    desc[128];        /* llama_model_desc, e.g. "gemma3 270M Q4_K - Medium" */
+    char    arch[32];         /* general.architecture */
+    char    name[128];        /* general.name ("" if absent) */
+    bool    has_chat_template;/* the GGUF carries tokenizer.chat_template */
+    int32_t n_layer, n_head, n_head_kv, n_embd;
+    int32_t n_swa;            /* sliding window (tokens), 0 = none */
+    int32_t n_ctx;            /* cells in the context */
+    int32_t n_ctx_train;
+    int32_t n_vocab;
+    int32_t n_seq;            /* caller-usable sequence ids */
+    int32_t reanchor;         /* path in use: KVT_REANCHOR_HOST or KVT_REANCHOR_SEQ_ADD */
+    double  reanchor_err;     /* max |K_host_rotated - K_llama| / max|K| seen at open; -1 if n/a */
+    size_t  kv_bytes_per_token; /* K+V bytes of one token across all layers of the cache types */
+    const char *type_k, *type_v;
+};
+
+/* Fill *info.  Cannot fail. */
+void kvt_engine_info(const kvt_engine *eng, struct kvt_engine_info *info /* OUT */);
+
+/* Tokenize UTF-8 text.  add_bos: prepend BOS if the model wants one; parse_special: treat
+** "<start_of_turn>" etc. as control tokens.
+** OUT *tokens (caller frees with free()), *n_tokens.
+** Errors: KVT_EINVAL (model has no tokenizer), KVT_ENOMEM. */
+int kvt_tokenize(kvt_engine *eng, const char *text, bool add_bos, bool parse_special,
+                 kvt_token **tokens /* OUT */, int32_t *n_tokens /* OUT */);
+
+/* Detokenize n tokens to a NUL-terminated UTF-8 string (special tokens rendered when
+** render_special).  OUT *text, caller frees with free().  Errors: KVT_ENOMEM. */
+int kvt_detokenize(kvt_engine *eng, const kvt_token *tokens, int32_t n, bool render_special,
+                   char **text /* OUT */);
+
+/* True if the token ends a generation (EOS, <end_of_turn>, ...).  Cannot fail. */
+bool kvt_token_is_eog(const kvt_engine *eng, kvt_token tok);
+
+struct kvt_chat_msg {
+    const char *role;    /* "system", "user" or "assistant" */
+    const char *content; /* UTF-8 */
+};
+
+/* Format a conversation with the GGUF's chat template (llama_chat_apply_template; if the GGUF
+** has none, the template named by `fallback`, e.g. "gemma", or "chatml" when NULL).
+** add_assistant: append the assistant-turn prefix.  OUT *text, caller frees with free().
+** Errors: KVT_EINVAL (unknown role or template), KVT_ENOMEM. */
+int kvt_chat_format(kvt_engine *eng, const struct kvt_chat_msg *msgs, int32_t n_msgs,
+                    bool add_assistant, const char *fallback, char **text /* OUT */);
+
+/* Prefill/decode tokens[0..n) into sequence seq at positions pos0, pos0+1, ..., split into
+** chunks of n_batch tokens.  pos0 must be the sequence's next position (max resident + 1, or
+** any position for an empty sequence).  want_logits: keep the logits of the last token for
+** kvt_logits() / kvt_sample().
+** Errors: KVT_EINVAL (bad seq or n), KVT_ECTX (no free KV cells: the message gives the cell
+** count), KVT_ELLAMA.  On error, tokens of the failed chunk are not in the cache; earlier chunks
+** are (the caller's block table records what was decoded via the return of kvt_seq_pos_max). */
+int kvt_decode(kvt_engine *eng, int32_t seq, const kvt_token *tokens, int32_t n, kvt_pos pos0,
+               bool want_logits);
+
+/* Logits (n_vocab floats) of the last token decoded with want_logits.  Owned by the engine,
+** valid until the next decode.  NULL if none. */
+const float *kvt_logits(kvt_engine *eng);
+
+struct kvt_sampling {
+    float    temperature; /* <= 0: greedy (argmax) */
+    float    top_p;       /* 1.0 = off */
+    int32_t  top_k;       /* 0 = off */
+    uint32_t seed;        /* used when temperature > 0 */
+};
+
+/* Sample the next token from kvt_logits() (llama.cpp sampler chain).  Errors: KVT_EINVAL (no
+** logits available).  Deterministic for a given seed. */
+int kvt_sample(kvt_engine *eng, const struct kvt_sampling *s, kvt_token *tok /* OUT */);
+
+/* Remove positions [p0, p1) of a sequence from the KV cache (p1 < 0: to the end).  Cannot
+** fail for a valid seq; KVT_EINVAL otherwise. */
+int kvt_seq_rm(kvt_engine *eng, int32_t seq, kvt_pos p0, kvt_pos p1);
+
+/* Share positions [p0, p1) of sequence src with sequence dst (p1 < 0: to the end).  Metadata
+** only: the cells are shared, not copied, so they have one position for both sequences; never
+** load or shift a sequence whose cells another sequence shares.  Errors: KVT_EINVAL. */
+int kvt_seq_cp(kvt_engine *eng, int32_t src, int32_t dst, kvt_pos p0, kvt_pos p1);
+
+/* Highest resident position of a sequence, -1 if empty (full-attention cache on iSWA models). */
+kvt_pos kvt_seq_pos_max(kvt_engine *eng, int32_t seq);
+
+/* KV cells the sequence occupies (tokens), counted from the engine's own bookkeeping.  */
+int32_t kvt_seq_n_cells(kvt_engine *eng, int32_t seq);
+
+/* ====================================================================================== */
+/* 3. Block primitives                                                                    */
+/* ====================================================================================== */
+
+/* A saved KV block: the llama_state_seq_get_data bytes of one position range, plus what is
+** needed to load it elsewhere.  Owned by the caller; free with kvt_blob_free. */
+typedef struct kvt_blob {
+    uint8_t *data;        /* llama.cpp sequence-state bytes (format in notes/llama-kv-api.md) */
+    size_t   size;        /* bytes */
+    kvt_pos  p0;          /* first position the K rows are rotated for */
+    int32_t  n_tokens;    /* positions covered: [p0, p0 + n_tokens) */
+    int32_t  n_cells;     /* cells in the full-attention part */
+    int32_t  n_cells_swa; /* cells in the sliding-window part (iSWA models), else 0 */
+} kvt_blob;
+
+/* Block save: copy positions [p0, p1) of sequence seq into a new host blob.  Non-destructive:
+** the sequence keeps its cells.  If a K-shift is pending (SEQ_ADD path), it is applied first
+** with a one-token decode in a scratch sequence, since saving a pending shift is silently
+** wrong (notes/llama-kv-api.md).
+** On iSWA models (Gemma 3), save a block while its sliding-window cells still exist (right
+** after it is decoded): the blob carries only the SWA cells still in the cache.
+** OUT *out: caller frees with kvt_blob_free.
+** Errors: KVT_EINVAL (empty range, bad seq), KVT_ENOENT (no cells in range), KVT_ENOMEM,
+** KVT_ELLAMA.  Cost: one memcpy of the block's K/V (bytes = n_tokens * kv_bytes_per_token). */
+int kvt_block_save(kvt_engine *eng, int32_t seq, kvt_pos p0, kvt_pos p1, kvt_blob **out);
+
+/* Block load: put a saved block into sequence seq at positions [new_p0, new_p0 + n_tokens),
+** re-anchoring K by RoPE for delta = new_p0 - blob->p0, with no forward pass.
+**   HOST path: K rows are rotated on the host (EVOKE/"KV splice" style), positions rewritten,
+**              one llama_state_seq_set_data into a scratch seq, then seq_cp into seq.
+**   SEQ_ADD path: set_data into a scratch seq, llama_memory_seq_add(delta) (applied lazily by
+**              llama.cpp at the next decode), seq_cp, seq_rm.
+** new_p0 must be past every resident position of seq (blocks are loaded at the tail).
+** The blob is not modified.
+** Errors: KVT_EINVAL (new_p0 not past the tail), KVT_EFORMAT (blob from another model or cache
+** layout), KVT_ECTX (no free cells), KVT_EUNSUPPORTED (rope type cannot be re-anchored, e.g.
+** M-RoPE), KVT_ENOMEM.  On error the sequence is unchanged. */
+int kvt_block_load(kvt_engine *eng, const kvt_blob *blob, int32_t seq, kvt_pos new_p0);
+
+/* Free a blob.  Accepts NULL. */
+void kvt_blob_free(kvt_blob *blob);
+
+/* Copy a blob (deep).  OUT *out.  Errors: KVT_ENOMEM. */
+int kvt_blob_dup(const kvt_blob *blob, kvt_blob **out);
+
+/* Test hook for the control experiment: when true, kvt_block_save skips forcing a pending
+** K-shift (SEQ_ADD path) and therefore saves stale K.  Never set this in production. */
+void kvt_engine_set_unsafe_skip_shift_flush(kvt_engine *eng, bool skip);
+
+/* Number of K-shifts llama.cpp still has to apply (0 or 1). */
+bool kvt_engine_shift_pending(const kvt_engine *eng);
+
+/* ---- Attention capture ----
+** Captures post-softmax attention (llama.cpp's "kq_soft_max-<il>" nodes, flash attention off)
+** of the chosen layers during every kvt_decode, keeps the last ubatch per layer, and maps
+** KV-cell columns to token positions.  Optionally captures post-RoPE queries ("Qcur-<il>") for
+** verification.  Source: EVOKE-style attention signals for H2O (Zhang et al. 2023) and SnapKV
+** (Li et al. 2024). */
+
+/* Choose layers to capture (il in [0, n_layer)); n = 0 turns capture off.  capture_q also
+** keeps Q.  Errors: KVT_EINVAL (layer out of range), KVT_EUNSUPPORTED (flash attention on). */
+int kvt_attn_capture(kvt_engine *eng, const int32_t *layers, int32_t n, bool capture_q);
+
+/* Attention of one captured layer for the last ubatch decoded into a given sequence.
+** Shapes: w[(t * n_head + h) * n_keys + k] is the softmax weight of query token t (the ubatch's
+** t-th token of that sequence, positions q_pos[t]) in head h on key position k_pos[k]
+** (ascending).  Keys the query could not see have weight 0; each row sums to 1 over k.
+** q[(t * n_head + h) * head_dim + d] holds post-RoPE, pre-scale Q if capture_q was set.
+** All arrays are malloc'd for the caller, who frees the struct with kvt_attn_free. */
+typedef struct kvt_attn {
+    int32_t layer, n_query, n_head, n_keys, head_dim;
+    kvt_pos *q_pos;  /* [n_query] */
+    kvt_pos *k_pos;  /* [n_keys] */
+    float   *w;      /* [n_query * n_head * n_keys] */
+    float   *q;      /* [n_query * n_head * head_dim] or NULL */
+} kvt_attn;
+
+/* Errors: KVT_ENOENT (layer not captured or nothing decoded since), KVT_EFORMAT (the cell map
+** could not be reconstructed), KVT_ENOMEM. */
+int kvt_attn_get(kvt_engine *eng, int32_t layer, int32_t seq, kvt_attn **out);
+void kvt_attn_free(kvt_attn *a);
+
+/* Parse a blob's K rows of one layer to F32 (for verification and host-side scoring).
+** part: 0 = full-attention cache, 1 = sliding-window cache.  il: layer index within the part.
+** OUT *k: [n_cells * row] floats (caller frees with free()), *pos: [n_cells] (caller frees),
+** *n_cells, *row_elems.  Errors: KVT_EFORMAT, KVT_EUNSUPPORTED (quantised K), KVT_ENOMEM. */
+int kvt_blob_k_rows(const kvt_engine *eng, const kvt_blob *blob, int part, int il,
+                    float **k, kvt_pos **pos, int32_t *n_cells, int32_t *row_elems);
+
+/* Layer il's cache part (0 = full-attention cache, 1 = sliding-window cache of an iSWA model)
+** and its index among that part's layers, as found at engine open (by which attention mask
+** each layer's softmax reads).  Use with kvt_blob_k_rows.  Errors: KVT_ENOENT when unknown. */
+int kvt_engine_layer_part(const kvt_engine *eng, int32_t il, int *part /* OUT */, int *idx /* OUT */);
+
+/* ====================================================================================== */
+/* 4. Host pool: byte-budgeted RAM tier that spills to disk                               */
+/* ====================================================================================== */
+
+typedef struct kvt_pool kvt_pool;
+
+struct kvt_pool_params {
+    size_t      budget_bytes; /* RAM the pool may hold; default 256 MiB */
+    const char *spill_dir;    /* directory for spill files; NULL = a private directory made
+                              ** under $TMPDIR (or /tmp) on first spill, removed by free */
+};
+
+struct kvt_pool_params kvt_pool_default_params(void);
+
+/* Create a pool.  OUT *out, freed by kvt_pool_free.  Errors: KVT_EINVAL (budget 0),
+** KVT_EIO (spill_dir exists but is not a writable directory), KVT_ENOMEM. */
+int kvt_pool_open(const struct kvt_pool_params *p, kvt_pool **out);
+
+/* Free the pool and delete the spill files it wrote.  Accepts NULL. */
+void kvt_pool_free(kvt_pool *pool);
+
+/* Store a copy of data[0..n) under key (replacing any previous value).  When RAM use would
+** exceed the budget, least-recently-used entries (possibly this one) are written to spill
+** files: header + SHA-256 + payload, written to a temporary name, fsync'd and renamed, so a
+** crash never leaves a half-written file under a valid name.  Nothing is dropped.
+** Errors: KVT_ENOMEM, KVT_EIO (spill write failed: the entry stays in RAM over budget and the
+** error says so).  Thread-safe. */
+int kvt_pool_put(kvt_pool *pool, uint64_t key, const void *data, size_t n);
+
+/* Fetch a copy of key's value.  A spilled entry is read back and its SHA-256 checked; on
+** mismatch the entry is reported as KVT_ECORRUPT (message names the file) and nothing is
+** returned.  OUT *data (caller frees with free()), *n.
+** Errors: KVT_ENOENT, KVT_ECORRUPT, KVT_EIO, KVT_ENOMEM.  Thread-safe. */
+int kvt_pool_get(kvt_pool *pool, uint64_t key, void **data, size_t *n);
+
+/* Remove key (and its spill file).  Errors: KVT_ENOENT.  Thread-safe. */
+int kvt_pool_del(kvt_pool *pool, uint64_t key);
+
+/* Path of key's spill file, or "" if it is in RAM (for tests and diagnostics).
+** Errors: KVT_ENOENT. */
+int kvt_pool_spill_path(kvt_pool *pool, uint64_t key, char *buf, size_t buf_size);
+
+struct kvt_pool_stats {
+    int64_t n_entries, n_spilled;
+    int64_t ram_bytes, spill_bytes;       /* payload bytes held in RAM / in spill files */
+    int64_t n_spill_writes, n_spill_reads, n_corrupt;
+};
+void kvt_pool_get_stats(kvt_pool *pool, struct kvt_pool_stats *st /* OUT */);
+
+/* ====================================================================================== */
+/* 5. Session: one conversation under a token budget                                      */
+/* ====================================================================================== */
+
+typedef struct kvt_session kvt_session;
+
+enum kvt_role { KVT_ROLE_SYSTEM = 0, KVT_ROLE_USER = 1, KVT_ROLE_ASSISTANT = 2 };
+
+enum kvt_residency {
+    KVT_RES_DEVICE = 0, /* in the llama.cpp KV cache */
+    KVT_RES_HOST   = 1, /* evicted; blob in the pool's RAM */
+    KVT_RES_DISK   = 2, /* evicted; blob in a spill file */
+    KVT_RES_LOST   = 3, /* evicted with recovery "discard", or its blob failed a checksum */
+};
+
+enum kvt_recovery {
+    KVT_RECOVERY_KV_RESTORE = 0, /* load saved K/V back, no recompute */
+    KVT_RECOVERY_DISCARD    = 1, /* evicted blocks are gone (truncation baseline) */
+};
+
+/* Eviction scorer: higher score = keep.  Called for each evictable resident block.  `now`
+** is the session's current position.  The default is recency (the block's last position).
+** Later policies (H2O, SnapKV, ...) plug in here. */
+struct kvt_block_info;
+typedef double (*kvt_scorer_fn)(const struct kvt_block_info *b, kvt_pos now, void *ud);
+
+struct kvt_session_params {
+    int32_t seq;              /* engine sequence id to use; default 0 */
+    int32_t budget;           /* max resident tokens; default 512; >= 2 blocks */
+    int32_t block;            /* tokens per block; default 64 */
+    float   high_watermark;   /* evict when resident > high * budget; default 0.95 */
+    float   low_watermark;    /* ... down to low * budget; default 0.75 */
+    int32_t n_sink_blocks;    /* leading blocks never evicted (attention sinks); default 1 */
+    int32_t n_recent_blocks;  /* trailing complete blocks never evicted; default 1 */
+    int32_t recovery;         /* enum kvt_recovery; default KV_RESTORE */
+    int32_t top_k;            /* blocks recovered per user turn at most; default 4 */
+    int32_t gen_reserve;      /* tokens kept free for the reply when a turn is admitted;
+                              ** default 64 */
+    const char *template_fallback; /* chat template when the GGUF has none; default "gemma" */
+    kvt_pool *pool;           /* host tier; NULL = the session makes a private 256 MiB pool */
+    kvt_scorer_fn scorer;     /* NULL = recency */
+    void *scorer_ud;
+};
+
+struct kvt_session_params kvt_session_default_params(void);
+
+/* Create a session on engine sequence params->seq (which must be empty).
+** Errors: KVT_EINVAL (message names the bad value: budget smaller than two blocks,
+** watermarks out of order, seq out of range), KVT_ENOMEM. */
+int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *p, kvt_session **out);
+
+/* Free the session, its blobs in the pool, and its cells in the engine.  Accepts NULL. */
+void kvt_session_free(kvt_session *s);
+
+/* Append a message and decode its tokens (the template's tail for it) into the KV cache.
+** For a user message, first recovers the evicted blocks most relevant to it (BM25 over block
+** text; top_k; only blocks scoring above the best resident non-sink block) at the tail, then
+** evicts by watermark so that the message plus gen_reserve fits the budget.
+** Errors: KVT_EINVAL (role), KVT_EBUDGET (the message alone does not fit: message names its
+** token count and the budget), KVT_ECTX, KVT_ELLAMA.  On error the block table is consistent
+** with the KV cache. */
+int kvt_session_add(kvt_session *s, enum kvt_role role, const char *text);
+
+/* Per generated token callback; return false to stop.  piece is the token's UTF-8 text. */
+typedef bool (*kvt_token_cb)(const char *piece, void *ud);
+
+/* Generate the assistant reply (at most max_tokens; stops at end-of-generation) and keep it in
+** the KV cache; evicts by watermark as it goes.  OUT *reply: caller frees with free() (may be
+** NULL if not wanted).  Errors: KVT_ECTX, KVT_ELLAMA, KVT_EBUDGET. */
+int kvt_session_generate(kvt_session *s, int32_t max_tokens, const struct kvt_sampling *smp,
+                         kvt_token_cb cb, void *ud, char **reply);
+
+/* Teacher-forced log-probability (natural log, summed) of `answer` as the assistant's reply to
+** the conversation so far: decodes the assistant prefix and answer tokens into a scratch copy
+** of the sequence, reads each token's log-softmax, and removes them again.  Session state is
+** unchanged.  OUT *logprob (nats), *n_tokens.  Errors: KVT_ECTX, KVT_ELLAMA. */
+int kvt_session_answer_logprob(kvt_session *s, const char *answer, double *logprob,
+                               int32_t *n_tokens);
+
+struct kvt_session_stats {
+    int32_t resident_tokens;     /* cells of this session in the llama.cpp cache */
+    int32_t peak_resident_tokens;
+    int32_t total_tokens;        /* tokens of the conversation so far */
+    int32_t n_blocks, n_blocks_resident, n_blocks_host, n_blocks_disk, n_blocks_lost;
+    int64_t evictions;           /* block evictions */
+    int64_t recoveries;          /* block loads back into the cache */
+    int64_t tokens_decoded;      /* tokens run through the model (prefill + decode) */
+    int64_t tokens_recovered;    /* tokens brought back by kv_restore instead */
+    kvt_pos next_pos;            /* position the next token will take */
+    struct kvt_pool_stats pool;
+};
+void kvt_session_get_stats(kvt_session *s, struct kvt_session_stats *st /* OUT */);
+
+/* One row of the block table. */
+struct kvt_block_info {
+    int32_t id;            /* stable block id (creation order) */
+    int32_t n_tokens;      /* tokens in the block (= block size unless sealed early) */
+    kvt_pos orig_p0;       /* position of the first token when it was decoded */
+    kvt_pos p0;            /* current position of the first token (if resident) */
+    int32_t role;          /* enum kvt_role of the majority of its tokens */
+    int32_t turn;          /* message index its first token belongs to */
+    int32_t residency;     /* enum kvt_residency */
+    bool    sealed;        /* complete and saved; the open tail block is not */
+    int32_t n_evictions, n_recoveries;
+    int32_t last_use_turn; /* last turn it was decoded or recovered */
+    const char *text;      /* detokenized text (owned by the session; valid until next call) */
+};
+
+/* Number of blocks in the table, and row i (0 <= i < n) in position order of creation.
+** Errors: KVT_EINVAL (i out of range). */
+int32_t kvt_session_n_blocks(const kvt_session *s);
+int kvt_session_block(const kvt_session *s, int32_t i, struct kvt_block_info *info /* OUT */);
+
+/* Recency scorer (the default): the block's current last position.  Cannot fail. */
+double kvt_scorer_recency(const struct kvt_block_info *b, kvt_pos now, void *ud);
+
+/* ---- Retrieval: Okapi BM25 (Robertson & Zaragoza 2009), k1 = 1.2, b = 0.75 ----
+** Scores n_docs texts against a query: lower-cased alphanumeric terms, English stop words
+** removed, idf = ln(1 + (N - df + 0.5) / (df + 0.5)).  OUT scores[n_docs].
+** Errors: KVT_ENOMEM.  Pure function; thread-safe. */
+int kvt_bm25_score(const char *const *docs, int32_t n_docs, const char *query,
+                   double *scores /* OUT */);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVTIER_H */

@@ -1,0 +1,35 @@
+/* error.c — the error table, thread-local detailed messages, version strings. */
+#include "internal.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+static _Thread_local char errmsg_buf[1024];
+
+const char *kvt_strerror(int err) {
+    switch (err) {
+    case KVT_OK: return "success";
+#define KVT__ERR_CASE(name, code, msg) case KVT_##name: return msg;
+    KVT_ERRNO_MAP(KVT__ERR_CASE)
+#undef KVT__ERR_CASE
+    default: return "unknown error";
+    }
+}
+
+const char *kvt_errmsg(void) { return errmsg_buf; }
+
+int kvt__fail(int err, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(errmsg_buf, sizeof errmsg_buf, fmt, ap);
+    va_end(ap);
+    return err;
+}
+
+void kvt__clear_error(void) { errmsg_buf[0] = '\0'; }
+
+const char *kvt_version(void) { return KVT_VERSION_STRING; }
+
+const char *kvt_build_info(void) {
+    return "kvtier " KVT_VERSION_STRING " (commit " KVT_GIT_COMMIT ") built on " KVT_LLAMA_BUILD;
+}

@@ -1,0 +1,18 @@
+/* internal.h — helpers shared by kvtier's source files.  Never installed. */
+#ifndef KVT_INTERNAL_H
+#define KVT_INTERNAL_H
+
+#include "kvtier.h"
+
+/* Record a detailed message for kvt_errmsg() and return err (printf-style). */
+int kvt__fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void kvt__clear_error(void);
+
+/* Monotonic clock in milliseconds. */
+double kvt__now_ms(void);
+
+#define KVT_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define KVT_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+
+#endif
