@@ -687,6 +687,11 @@ int kvt_decode(kvt_engine *e, int32_t seq, const kvt_token *tokens, int32_t n, k
 
 const float *kvt_logits(kvt_engine *e) { return e->have_logits ? e->logits : NULL; }
 
+void kvt__engine_set_logits(kvt_engine *e, const float *logits) {
+    memcpy(e->logits, logits, sizeof(float) * (size_t) e->info.n_vocab);
+    e->have_logits = true;
+}
+
 int kvt_sample(kvt_engine *e, const struct kvt_sampling *s, kvt_token *tok) {
     static const struct kvt_sampling greedy = { 0, 1, 0, 0 };
     if (!s) s = &greedy;

@@ -15,4 +15,7 @@ double kvt__now_ms(void);
 #define KVT_MAX(a, b) ((a) > (b) ? (a) : (b))
 
 
+/* Replace the engine's last logits (n_vocab floats), e.g. after a side computation such as a
+** teacher-forced score, so that the next kvt_sample sees the conversation's logits again. */
+void kvt__engine_set_logits(kvt_engine *e, const float *logits);
 #endif

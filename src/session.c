@@ -1,0 +1,587 @@
+/* session.c — one conversation in one llama.cpp sequence under a token budget.
+**
+** The KV of the conversation is managed in blocks of `block` consecutive positions (vLLM's
+** paged blocks).  A block is saved to the host pool the moment it is complete ("sealed"):
+** write-through, as LMCache does, so that eviction is only a seq_rm and the sliding-window
+** cells of iSWA models are captured while they still exist.  Eviction is watermark-triggered
+** (above high * budget, down to low * budget) and scored (recency by default); the first block
+** is an attention sink (StreamingLLM) and the recent tail is kept.  Before a user turn, the
+** evicted blocks most relevant to the message (BM25) are loaded back at the tail with RoPE
+** re-anchoring instead of being recomputed (EVOKE-style recovery). */
+#include "internal.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct blk {
+    struct kvt_block_info info; /* info.text points at text */
+    kvt_token *tok;             /* [block] */
+    int32_t    role_n[3];       /* tokens per role */
+    char      *text;
+    uint64_t   key;             /* pool key (sealed blocks) */
+    kvt_pos    blob_p0;         /* position the saved K is rotated for */
+    int32_t    blob_cells, blob_cells_swa;
+    size_t     blob_bytes;
+};
+
+struct msg {
+    int   role;
+    char *content;
+};
+
+struct kvt_session {
+    kvt_engine *eng;
+    struct kvt_session_params p;
+    kvt_pool   *pool;
+    bool        own_pool;
+    uint32_t    serial;
+    struct blk *b;
+    int32_t     n_b, cap_b;
+    int32_t     open;           /* index of the open tail block, -1 if none */
+    kvt_pos     next_pos;
+    struct msg *m;
+    int32_t     n_m, cap_m, n_m_decoded;
+    char       *kv_text;        /* template text whose tokens are in the stream */
+    int32_t     turn;
+    int32_t     peak, total;
+    int64_t     evictions, recoveries, decoded, recovered;
+    int32_t     n_vocab;
+};
+
+static atomic_uint g_serial;
+static const char *role_name[] = { "system", "user", "assistant" };
+
+struct kvt_session_params kvt_session_default_params(void) {
+    struct kvt_session_params p;
+    memset(&p, 0, sizeof p);
+    p.seq = 0;
+    p.budget = 512;
+    p.block = 64;
+    p.high_watermark = 0.95f;
+    p.low_watermark = 0.75f;
+    p.n_sink_blocks = 1;
+    p.n_recent_blocks = 1;
+    p.recovery = KVT_RECOVERY_KV_RESTORE;
+    p.top_k = 4;
+    p.gen_reserve = 64;
+    p.template_fallback = "gemma";
+    return p;
+}
+
+double kvt_scorer_recency(const struct kvt_block_info *b, kvt_pos now, void *ud) {
+    (void) now;
+    (void) ud;
+    return (double) (b->p0 + b->n_tokens);
+}
+
+int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *params, kvt_session **out) {
+    struct kvt_session_params p = params ? *params : kvt_session_default_params();
+    struct kvt_engine_info I;
+    *out = NULL;
+    kvt__clear_error();
+    kvt_engine_info(eng, &I);
+    if (p.block < 1 || p.block > 4096) return kvt__fail(KVT_EINVAL, "block size %d is outside 1..4096 tokens", p.block);
+    if (p.budget < 2 * p.block)
+        return kvt__fail(KVT_EINVAL, "budget %d is smaller than two blocks of %d tokens", p.budget, p.block);
+    if (p.budget > I.n_ctx)
+        return kvt__fail(KVT_EINVAL, "budget %d exceeds the context of %d tokens", p.budget, I.n_ctx);
+    if (!(p.low_watermark > 0 && p.low_watermark < p.high_watermark && p.high_watermark <= 1))
+        return kvt__fail(KVT_EINVAL, "watermarks low %.2f / high %.2f must satisfy 0 < low < high <= 1", p.low_watermark,
+                         p.high_watermark);
+    if (p.seq < 0 || p.seq >= I.n_seq) return kvt__fail(KVT_EINVAL, "sequence %d is outside 0..%d", p.seq, I.n_seq - 1);
+    if (kvt_seq_n_cells(eng, p.seq) != 0) return kvt__fail(KVT_EINVAL, "sequence %d is not empty", p.seq);
+    if (p.recovery != KVT_RECOVERY_KV_RESTORE && p.recovery != KVT_RECOVERY_DISCARD)
+        return kvt__fail(KVT_EINVAL, "recovery mode %d is not kv_restore (0) or discard (1)", p.recovery);
+    if (p.top_k < 0 || p.gen_reserve < 0 || p.n_sink_blocks < 0 || p.n_recent_blocks < 0)
+        return kvt__fail(KVT_EINVAL, "top_k %d, gen_reserve %d, sink %d and recent %d blocks must be >= 0", p.top_k,
+                         p.gen_reserve, p.n_sink_blocks, p.n_recent_blocks);
+    if (!p.scorer) p.scorer = kvt_scorer_recency;
+    kvt_session *s = calloc(1, sizeof *s);
+    if (!s) return kvt__fail(KVT_ENOMEM, "session");
+    s->eng = eng;
+    s->p = p;
+    s->open = -1;
+    s->n_vocab = I.n_vocab;
+    s->serial = atomic_fetch_add(&g_serial, 1) + 1;
+    s->kv_text = strdup("");
+    if (!s->kv_text) { free(s); return kvt__fail(KVT_ENOMEM, "session"); }
+    if (p.pool) {
+        s->pool = p.pool;
+    } else {
+        struct kvt_pool_params pp = kvt_pool_default_params();
+        int rc = kvt_pool_open(&pp, &s->pool);
+        if (rc) { free(s->kv_text); free(s); return rc; }
+        s->own_pool = true;
+    }
+    *out = s;
+    return 0;
+}
+
+void kvt_session_free(kvt_session *s) {
+    if (!s) return;
+    kvt_seq_rm(s->eng, s->p.seq, -1, -1);
+    for (int32_t i = 0; i < s->n_b; i++) {
+        if (s->b[i].info.sealed && s->b[i].info.residency != KVT_RES_LOST) kvt_pool_del(s->pool, s->b[i].key);
+        free(s->b[i].tok);
+        free(s->b[i].text);
+    }
+    for (int32_t i = 0; i < s->n_m; i++) free(s->m[i].content);
+    if (s->own_pool) kvt_pool_free(s->pool);
+    free(s->b);
+    free(s->m);
+    free(s->kv_text);
+    free(s);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* block table                                                                              */
+
+static int32_t resident(const kvt_session *s) { return kvt_seq_n_cells(s->eng, s->p.seq); }
+
+static void note_peak(kvt_session *s) {
+    int32_t r = resident(s);
+    if (r > s->peak) s->peak = r;
+}
+
+static int block_role(const struct blk *b) {
+    int best = 0;
+    for (int r = 1; r < 3; r++)
+        if (b->role_n[r] > b->role_n[best]) best = r;
+    return best;
+}
+
+/* Seal the open block: save its K/V to the pool (write-through) and detokenize its text.
+** On error the block stays open and resident; nothing is lost. */
+static int seal(kvt_session *s) {
+    if (s->open < 0) return 0;
+    struct blk *b = &s->b[s->open];
+    kvt_blob *blob = NULL;
+    int rc = kvt_block_save(s->eng, s->p.seq, b->info.p0, b->info.p0 + b->info.n_tokens, &blob);
+    if (rc) return rc;
+    b->key = ((uint64_t) s->serial << 32) | (uint32_t) b->info.id;
+    rc = kvt_pool_put(s->pool, b->key, blob->data, blob->size);
+    if (rc && rc != KVT_EIO) { kvt_blob_free(blob); return rc; } /* EIO: kept in RAM over budget */
+    b->blob_p0 = blob->p0;
+    b->blob_cells = blob->n_cells;
+    b->blob_cells_swa = blob->n_cells_swa;
+    b->blob_bytes = blob->size;
+    kvt_blob_free(blob);
+    free(b->text);
+    if ((rc = kvt_detokenize(s->eng, b->tok, b->info.n_tokens, false, &b->text))) {
+        b->text = NULL;
+        kvt_pool_del(s->pool, b->key);
+        return rc;
+    }
+    b->info.text = b->text;
+    b->info.role = block_role(b);
+    b->info.sealed = true;
+    s->open = -1;
+    return 0;
+}
+
+/* Record tokens[0..n) just decoded at positions next_pos.. in the block table, sealing blocks
+** as they fill. */
+static int record(kvt_session *s, const kvt_token *tok, int32_t n, int role) {
+    for (int32_t i = 0; i < n; i++) {
+        if (s->open < 0) {
+            if (s->n_b == s->cap_b) {
+                int32_t cap = s->cap_b ? 2 * s->cap_b : 64;
+                struct blk *nb = realloc(s->b, sizeof *nb * (size_t) cap);
+                if (!nb) return kvt__fail(KVT_ENOMEM, "block table of %d blocks", cap);
+                for (int32_t j = 0; j < s->n_b; j++) nb[j].info.text = nb[j].text; /* keep aliases valid */
+                s->b = nb;
+                s->cap_b = cap;
+            }
+            struct blk *b = &s->b[s->n_b];
+            memset(b, 0, sizeof *b);
+            if (!(b->tok = malloc(sizeof(kvt_token) * (size_t) s->p.block))) return kvt__fail(KVT_ENOMEM, "block");
+            b->info.id = s->n_b;
+            b->info.orig_p0 = b->info.p0 = s->next_pos;
+            b->info.turn = s->turn;
+            b->info.residency = KVT_RES_DEVICE;
+            b->info.last_use_turn = s->turn;
+            b->info.text = "";
+            s->open = s->n_b++;
+        }
+        struct blk *b = &s->b[s->open];
+        b->tok[b->info.n_tokens++] = tok[i];
+        b->role_n[role]++;
+        s->next_pos++;
+        s->total++;
+        if (b->info.n_tokens == s->p.block) {
+            int rc = seal(s);
+            if (rc) return rc;
+        }
+    }
+    return 0;
+}
+
+static bool protected_block(const kvt_session *s, int32_t i, bool allow_current_turn) {
+    const struct blk *b = &s->b[i];
+    if (!b->info.sealed || b->info.residency != KVT_RES_DEVICE) return true;
+    if (b->info.id < s->p.n_sink_blocks) return true; /* attention sink */
+    if (!allow_current_turn && b->info.turn == s->turn) return true;
+    /* the last n_recent sealed resident blocks by position */
+    int32_t newer = 0;
+    for (int32_t j = 0; j < s->n_b; j++) {
+        const struct blk *o = &s->b[j];
+        if (j != i && o->info.sealed && o->info.residency == KVT_RES_DEVICE && o->info.p0 > b->info.p0) newer++;
+    }
+    return newer < s->p.n_recent_blocks;
+}
+
+static void evict(kvt_session *s, int32_t i) {
+    struct blk *b = &s->b[i];
+    kvt_seq_rm(s->eng, s->p.seq, b->info.p0, b->info.p0 + b->info.n_tokens);
+    b->info.n_evictions++;
+    s->evictions++;
+    if (s->p.recovery == KVT_RECOVERY_DISCARD) {
+        kvt_pool_del(s->pool, b->key);
+        b->info.residency = KVT_RES_LOST;
+        return;
+    }
+    b->info.residency = KVT_RES_HOST; /* kvt_session_get_stats refreshes HOST vs DISK */
+}
+
+/* Make room so that `need` more tokens fit: above the high watermark, evict the lowest-scored
+** unprotected blocks until resident + need <= low * budget.  Fails with KVT_EBUDGET (and evicts
+** nothing more) when even that cannot make resident + need <= budget. */
+static int make_room(kvt_session *s, int32_t need) {
+    const int32_t budget = s->p.budget;
+    if (resident(s) + need <= (int32_t) floorf(s->p.high_watermark * budget)) return 0;
+    int32_t target = (int32_t) floorf(s->p.low_watermark * budget) - need;
+    for (int pass = 0; pass < 2 && resident(s) > target; pass++) {
+        while (resident(s) > target) {
+            int32_t victim = -1;
+            double worst = INFINITY;
+            for (int32_t i = 0; i < s->n_b; i++) {
+                if (protected_block(s, i, pass == 1)) continue;
+                double sc = s->p.scorer(&s->b[i].info, s->next_pos, s->p.scorer_ud);
+                if (sc < worst) { worst = sc; victim = i; }
+            }
+            if (victim < 0) break;
+            evict(s, victim);
+        }
+    }
+    if (resident(s) + need > budget)
+        return kvt__fail(KVT_EBUDGET, "%d new tokens do not fit the budget of %d tokens: %d resident tokens are "
+                         "protected (sink, recent tail, open block)", need, budget, resident(s));
+    return 0;
+}
+
+/* Decode tokens for the conversation, keeping the budget at every chunk. */
+static int feed(kvt_session *s, const kvt_token *tok, int32_t n, int role, int32_t reserve_after) {
+    struct kvt_engine_info I;
+    kvt_engine_info(s->eng, &I);
+    if (s->next_pos + n >= INT32_MAX / 2) return kvt__fail(KVT_ECTX, "positions exhausted");
+    int32_t off = 0;
+    while (off < n) {
+        /* chunks end at block boundaries so each completed block is sealed right after it is
+        ** decoded (its SWA cells still exist) */
+        int32_t room_in_block = s->open >= 0 ? s->p.block - s->b[s->open].info.n_tokens : s->p.block;
+        int32_t m = KVT_MIN(n - off, room_in_block);
+        bool last = off + m == n;
+        int rc = make_room(s, m + (last ? reserve_after : 0));
+        if (rc == KVT_EBUDGET && last && reserve_after) rc = make_room(s, m); /* reply room is best effort */
+        if (rc) return rc;
+        rc = kvt_decode(s->eng, s->p.seq, tok + off, m, s->next_pos, last);
+        if (rc) return rc;
+        s->decoded += m;
+        note_peak(s);
+        if ((rc = record(s, tok + off, m, role))) return rc;
+        off += m;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* recovery                                                                                 */
+
+static int load_block(kvt_session *s, int32_t i) {
+    struct blk *b = &s->b[i];
+    void *data = NULL;
+    size_t n = 0;
+    int rc = kvt_pool_get(s->pool, b->key, &data, &n);
+    if (rc) {
+        if (rc == KVT_ECORRUPT) {
+            fprintf(stderr, "kvtier: block %d not recovered: %s\n", b->info.id, kvt_errmsg());
+            kvt_pool_del(s->pool, b->key);
+            b->info.residency = KVT_RES_LOST;
+        }
+        return rc;
+    }
+    kvt_blob blob = { data, n, b->blob_p0, b->info.n_tokens, b->blob_cells, b->blob_cells_swa };
+    rc = kvt_block_load(s->eng, &blob, s->p.seq, s->next_pos);
+    free(data);
+    if (rc) return rc;
+    b->info.p0 = s->next_pos;
+    b->info.residency = KVT_RES_DEVICE;
+    b->info.n_recoveries++;
+    b->info.last_use_turn = s->turn;
+    s->next_pos += b->info.n_tokens;
+    s->recoveries++;
+    s->recovered += b->info.n_tokens;
+    note_peak(s);
+    return 0;
+}
+
+struct cand {
+    int32_t i;
+    double  score;
+};
+
+static int cmp_cand(const void *a, const void *b) {
+    double x = ((const struct cand *) a)->score, y = ((const struct cand *) b)->score;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* Before a user message: BM25 of every sealed block against the message; evicted blocks that
+** score above the best resident non-sink block (and above 0) come back at the tail, best first,
+** at most top_k, as long as they fit next to the message and the reply reserve. */
+static int recover(kvt_session *s, const char *query, int32_t msg_tokens) {
+    if (s->p.recovery != KVT_RECOVERY_KV_RESTORE || s->p.top_k == 0) return 0;
+    int32_t n_ev = 0;
+    for (int32_t i = 0; i < s->n_b; i++)
+        n_ev += s->b[i].info.residency == KVT_RES_HOST || s->b[i].info.residency == KVT_RES_DISK;
+    if (n_ev == 0) return 0;
+    const char **docs = malloc(sizeof(char *) * (size_t) s->n_b);
+    double *sc = malloc(sizeof(double) * (size_t) s->n_b);
+    struct cand *c = malloc(sizeof *c * (size_t) s->n_b);
+    int rc = (!docs || !sc || !c) ? kvt__fail(KVT_ENOMEM, "recovery scores") : 0;
+    if (rc == 0) {
+        for (int32_t i = 0; i < s->n_b; i++) docs[i] = s->b[i].info.sealed && s->b[i].text ? s->b[i].text : "";
+        rc = kvt_bm25_score(docs, s->n_b, query, sc);
+    }
+    int32_t n_c = 0;
+    if (rc == 0) {
+        double bar = 0;
+        for (int32_t i = 0; i < s->n_b; i++)
+            if (s->b[i].info.residency == KVT_RES_DEVICE && s->b[i].info.sealed && s->b[i].info.id >= s->p.n_sink_blocks)
+                bar = fmax(bar, sc[i]);
+        for (int32_t i = 0; i < s->n_b; i++) {
+            int r = s->b[i].info.residency;
+            if ((r == KVT_RES_HOST || r == KVT_RES_DISK) && sc[i] > bar) c[n_c++] = (struct cand){ i, sc[i] };
+        }
+        qsort(c, (size_t) n_c, sizeof *c, cmp_cand);
+        if (n_c > s->p.top_k) n_c = s->p.top_k;
+    }
+    if (rc == 0 && n_c > 0) {
+        /* room for the recovered blocks + message + reply; drop the weakest if it cannot fit */
+        int32_t need = 0;
+        for (int32_t k = 0; k < n_c; k++) need += s->b[c[k].i].info.n_tokens;
+        while (n_c > 0 && make_room(s, need + msg_tokens + s->p.gen_reserve) == KVT_EBUDGET)
+            need -= s->b[c[--n_c].i].info.n_tokens;
+        kvt__clear_error();
+        /* blocks go after the open block: close it first so block ranges never interleave */
+        if (n_c > 0) rc = seal(s);
+        /* recovered in position order of their original text, so they read as they were said */
+        for (int32_t k = 0; rc == 0 && k < n_c; k++)
+            for (int32_t j = k + 1; j < n_c; j++)
+                if (s->b[c[j].i].info.orig_p0 < s->b[c[k].i].info.orig_p0) {
+                    struct cand t = c[k];
+                    c[k] = c[j];
+                    c[j] = t;
+                }
+        for (int32_t k = 0; rc == 0 && k < n_c; k++) {
+            int r = load_block(s, c[k].i);
+            if (r == KVT_ECORRUPT) continue; /* reported and marked lost; the others still come back */
+            rc = r;
+        }
+    }
+    free(docs);
+    free(sc);
+    free(c);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* conversation                                                                             */
+
+static int push_msg(kvt_session *s, int role, const char *text) {
+    if (s->n_m == s->cap_m) {
+        int32_t cap = s->cap_m ? 2 * s->cap_m : 16;
+        struct msg *nm = realloc(s->m, sizeof *nm * (size_t) cap);
+        if (!nm) return kvt__fail(KVT_ENOMEM, "messages");
+        s->m = nm;
+        s->cap_m = cap;
+    }
+    if (!(s->m[s->n_m].content = strdup(text))) return kvt__fail(KVT_ENOMEM, "message of %zu bytes", strlen(text));
+    s->m[s->n_m].role = role;
+    s->n_m++;
+    return 0;
+}
+
+/* Tokens of the template text that is not yet in the stream (the conversation formatted with
+** the assistant prefix, minus what was already decoded). */
+static int pending_tokens(kvt_session *s, kvt_token **tok, int32_t *n, char **fmt_out) {
+    struct kvt_chat_msg *cm = malloc(sizeof *cm * (size_t) s->n_m);
+    if (!cm) return kvt__fail(KVT_ENOMEM, "chat");
+    for (int32_t i = 0; i < s->n_m; i++) cm[i] = (struct kvt_chat_msg){ role_name[s->m[i].role], s->m[i].content };
+    char *fmt = NULL;
+    int rc = kvt_chat_format(s->eng, cm, s->n_m, true, s->p.template_fallback, &fmt);
+    free(cm);
+    if (rc) return rc;
+    size_t common = 0, have = strlen(s->kv_text);
+    while (common < have && fmt[common] == s->kv_text[common]) common++;
+    rc = kvt_tokenize(s->eng, fmt + common, have == 0, true, tok, n);
+    if (rc) { free(fmt); return rc; }
+    *fmt_out = fmt;
+    return 0;
+}
+
+int kvt_session_add(kvt_session *s, enum kvt_role role, const char *text) {
+    kvt__clear_error();
+    if ((int) role < 0 || role > KVT_ROLE_ASSISTANT) return kvt__fail(KVT_EINVAL, "role %d is not system, user or assistant", role);
+    if (!text) return kvt__fail(KVT_EINVAL, "NULL message text");
+    int rc = push_msg(s, role, text);
+    if (rc || role != KVT_ROLE_USER) return rc; /* system/assistant text is decoded with the next user turn */
+    s->turn++;
+    kvt_token *tok = NULL;
+    int32_t n = 0;
+    char *fmt = NULL;
+    if ((rc = pending_tokens(s, &tok, &n, &fmt))) goto fail;
+    struct kvt_engine_info I;
+    kvt_engine_info(s->eng, &I);
+    if (n + s->p.gen_reserve > I.n_ctx) {
+        rc = kvt__fail(KVT_ECTX, "the message is %d tokens; the context holds %d (with %d reserved for the reply)", n,
+                       I.n_ctx, s->p.gen_reserve);
+        goto fail;
+    }
+    if ((rc = recover(s, text, n))) goto fail;
+    if ((rc = feed(s, tok, n, KVT_ROLE_USER, s->p.gen_reserve))) goto fail;
+    free(s->kv_text);
+    s->kv_text = fmt;
+    s->n_m_decoded = s->n_m;
+    free(tok);
+    return 0;
+fail:
+    /* the message is not part of the conversation; decoded chunks stay (the table matches) */
+    free(tok);
+    free(fmt);
+    if (s->n_m_decoded < s->n_m) {
+        free(s->m[--s->n_m].content);
+    }
+    return rc;
+}
+
+int kvt_session_generate(kvt_session *s, int32_t max_tokens, const struct kvt_sampling *smp, kvt_token_cb cb, void *ud,
+                         char **reply) {
+    kvt__clear_error();
+    if (reply) *reply = NULL;
+    if (!kvt_logits(s->eng)) return kvt__fail(KVT_EINVAL, "generate: no user turn to reply to");
+    kvt_token *gen = malloc(sizeof(kvt_token) * (size_t) (max_tokens > 0 ? max_tokens : 1));
+    if (!gen) return kvt__fail(KVT_ENOMEM, "generate");
+    int32_t n = 0;
+    int rc = 0;
+    while (n < max_tokens) {
+        kvt_token t;
+        if ((rc = kvt_sample(s->eng, smp, &t))) break;
+        if (kvt_token_is_eog(s->eng, t)) break;
+        gen[n++] = t;
+        if ((rc = feed(s, &t, 1, KVT_ROLE_ASSISTANT, 0))) break;
+        if (cb) {
+            char *piece = NULL;
+            if (kvt_detokenize(s->eng, &t, 1, false, &piece) == 0) {
+                bool go = cb(piece, ud);
+                free(piece);
+                if (!go) break;
+            }
+        }
+    }
+    char *text = NULL;
+    int rc2 = kvt_detokenize(s->eng, gen, n, false, &text);
+    free(gen);
+    if (rc2) return rc ? rc : rc2;
+    /* the reply is in the stream: extend the decoded template text and the message list */
+    size_t a = strlen(s->kv_text), b = strlen(text);
+    char *kv = realloc(s->kv_text, a + b + 1);
+    if (kv) {
+        memcpy(kv + a, text, b + 1);
+        s->kv_text = kv;
+    }
+    int rc3 = push_msg(s, KVT_ROLE_ASSISTANT, text);
+    if (rc3 == 0) s->n_m_decoded = s->n_m;
+    if (reply) *reply = text; else free(text);
+    return rc ? rc : rc3;
+}
+
+int kvt_session_answer_logprob(kvt_session *s, const char *answer, double *logprob, int32_t *n_tokens) {
+    const float *cur = kvt_logits(s->eng);
+    *logprob = 0;
+    *n_tokens = 0;
+    if (!cur) return kvt__fail(KVT_EINVAL, "answer_logprob: no user turn decoded yet");
+    float *saved = malloc(sizeof(float) * (size_t) s->n_vocab);
+    kvt_token *tok = NULL;
+    int32_t n = 0;
+    int rc = saved ? kvt_tokenize(s->eng, answer, false, false, &tok, &n) : kvt__fail(KVT_ENOMEM, "logits");
+    if (rc) { free(saved); return rc; }
+    memcpy(saved, cur, sizeof(float) * (size_t) s->n_vocab);
+    if (resident(s) + n > s->p.budget) {
+        free(saved);
+        free(tok);
+        return kvt__fail(KVT_EBUDGET, "scoring %d answer tokens would exceed the budget of %d (%d resident)", n,
+                         s->p.budget, resident(s));
+    }
+    double lp = 0;
+    const kvt_pos start = s->next_pos;
+    for (int32_t i = 0; i < n && rc == 0; i++) {
+        const float *l = kvt_logits(s->eng);
+        double mx = -INFINITY, z = 0;
+        for (int32_t v = 0; v < s->n_vocab; v++) mx = fmax(mx, l[v]);
+        for (int32_t v = 0; v < s->n_vocab; v++) z += exp(l[v] - mx);
+        lp += l[tok[i]] - mx - log(z);
+        if (i + 1 < n) {
+            rc = kvt_decode(s->eng, s->p.seq, &tok[i], 1, start + i, true);
+            note_peak(s);
+        }
+    }
+    kvt_seq_rm(s->eng, s->p.seq, start, -1);
+    kvt__engine_set_logits(s->eng, saved);
+    free(saved);
+    free(tok);
+    if (rc == 0) {
+        *logprob = lp;
+        *n_tokens = n;
+    }
+    return rc;
+}
+
+void kvt_session_get_stats(kvt_session *s, struct kvt_session_stats *st) {
+    memset(st, 0, sizeof *st);
+    st->resident_tokens = resident(s);
+    st->peak_resident_tokens = s->peak;
+    st->total_tokens = s->total;
+    st->n_blocks = s->n_b;
+    for (int32_t i = 0; i < s->n_b; i++) {
+        struct blk *b = &s->b[i];
+        if (b->info.residency == KVT_RES_HOST || b->info.residency == KVT_RES_DISK) {
+            char path[1024];
+            if (kvt_pool_spill_path(s->pool, b->key, path, sizeof path) == 0)
+                b->info.residency = path[0] ? KVT_RES_DISK : KVT_RES_HOST;
+        }
+        switch (b->info.residency) {
+        case KVT_RES_DEVICE: st->n_blocks_resident++; break;
+        case KVT_RES_HOST: st->n_blocks_host++; break;
+        case KVT_RES_DISK: st->n_blocks_disk++; break;
+        default: st->n_blocks_lost++; break;
+        }
+    }
+    st->evictions = s->evictions;
+    st->recoveries = s->recoveries;
+    st->tokens_decoded = s->decoded;
+    st->tokens_recovered = s->recovered;
+    st->next_pos = s->next_pos;
+    kvt_pool_get_stats(s->pool, &st->pool);
+}
+
+int32_t kvt_session_n_blocks(const kvt_session *s) { return s->n_b; }
+
+int kvt_session_block(const kvt_session *s, int32_t i, struct kvt_block_info *info) {
+    if (i < 0 || i >= s->n_b) return kvt__fail(KVT_EINVAL, "block %d is outside 0..%d", i, s->n_b - 1);
+    *info = s->b[i].info;
+    info->text = s->b[i].text ? s->b[i].text : "";
+    return 0;
+}
