@@ -273,6 +273,9 @@ int kvt_attn_capture(kvt_engine *eng, const int32_t *layers, int32_t n, bool cap
 ** Shapes: w[(t * n_head + h) * n_keys + k] is the softmax weight of query token t (the ubatch's
 ** t-th token of that sequence, positions q_pos[t]) in head h on key position k_pos[k]
 ** (ascending).  Keys the query could not see have weight 0; each row sums to 1 over k.
+** Sliding-window layers report the keys the last query can see (llama.cpp keeps only those
+** cells of the window): earlier queries of a prefill ubatch lose the keys that have left the
+** window since, so their rows may sum to less than 1.
 ** q[(t * n_head + h) * head_dim + d] holds post-RoPE, pre-scale Q if capture_q was set.
 ** All arrays are malloc'd for the caller, who frees the struct with kvt_attn_free. */
 typedef struct kvt_attn {

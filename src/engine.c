@@ -951,19 +951,22 @@ int kvt_attn_get(kvt_engine *e, int32_t layer, int32_t seq, kvt_attn **out) {
     kvt_pos *cand = malloc(sizeof(kvt_pos) * (nc ? nc : 1));
     kvt_attn *a = calloc(1, sizeof *a);
     if (!vis_cells || !cell_pos || !cand || !a) { rc = kvt__fail(KVT_ENOMEM, "attention map"); goto done; }
+    /* Full-attention layers: every cell of the sequence some query row can see.  SWA layers:
+    ** the cells the last row can see, since llama.cpp serialises only SWA cells within the
+    ** window of the sequence's last position. */
+    const bool swa = part == 1 && e->info.n_swa > 0;
+    const int32_t t0 = swa ? nt - 1 : 0;
     int32_t n_vis = 0;
     for (int32_t k = 0; k < nk; k++) {
         bool any = false;
-        for (int32_t t = 0; t < nt && !any; t++) any = c->vis[(size_t) t * nk + k];
+        for (int32_t t = t0; t < nt && !any; t++) any = c->vis[(size_t) t * nk + k];
         if (any) vis_cells[n_vis++] = k;
     }
-    /* cells of the sequence that some query can see, in ascending cell order */
-    kvt_pos qmin = c->q_pos[0], qmax = c->q_pos[nt - 1];
+    kvt_pos qmax = c->q_pos[nt - 1];
     int32_t n_cand = 0;
     for (uint32_t i = 0; i < nc; i++) {
         kvt_pos p = kvt__blob_cell_pos(buf, &L, part, i);
-        bool seen = p <= qmax && (part == 0 || e->info.n_swa <= 0 || qmin - p < e->info.n_swa || qmax - p < e->info.n_swa);
-        if (seen) cand[n_cand++] = p;
+        if (p <= qmax && (!swa || qmax - p < e->info.n_swa)) cand[n_cand++] = p;
     }
     if (n_cand != n_vis) {
         rc = kvt__fail(KVT_EFORMAT, "layer %d: %d visible cells but %d cells of sequence %d in range", layer, n_vis, n_cand, seq);
