@@ -317,32 +317,38 @@ struct kvt_pool_params {
 
 struct kvt_pool_params kvt_pool_default_params(void);
 
-/* Create a pool.  OUT *out, freed by kvt_pool_free.  Errors: KVT_EINVAL (budget 0),
+/* Create a pool (p NULL = defaults).  OUT *out, freed by kvt_pool_free.  Errors: KVT_EINVAL
+** (budget 0, empty spill_dir),
 ** KVT_EIO (spill_dir exists but is not a writable directory), KVT_ENOMEM. */
 int kvt_pool_open(const struct kvt_pool_params *p, kvt_pool **out);
 
-/* Free the pool and delete the spill files it wrote.  Accepts NULL. */
+/* Free the pool and delete the spill files it wrote (and its private directory).  Accepts
+** NULL.  Must not run concurrently with other calls on the same pool. */
 void kvt_pool_free(kvt_pool *pool);
 
 /* Store a copy of data[0..n) under key (replacing any previous value).  When RAM use would
 ** exceed the budget, least-recently-used entries (possibly this one) are written to spill
 ** files: header + SHA-256 + payload, written to a temporary name, fsync'd and renamed, so a
-** crash never leaves a half-written file under a valid name.  Nothing is dropped.
-** Errors: KVT_ENOMEM, KVT_EIO (spill write failed: the entry stays in RAM over budget and the
-** error says so).  Thread-safe. */
+** crash never leaves a half-written file under a valid name.  Nothing is dropped.  An entry
+** larger than the whole budget goes straight to disk.
+** Errors: KVT_EINVAL (NULL data with n > 0), KVT_ENOMEM, KVT_EIO (a spill write failed — possibly
+** of an older entry: the NEW value IS stored, any old value is gone, and the pool is over budget
+** until a later spill succeeds).  Thread-safe. */
 int kvt_pool_put(kvt_pool *pool, uint64_t key, const void *data, size_t n);
 
 /* Fetch a copy of key's value.  A spilled entry is read back and its SHA-256 checked; on
 ** mismatch the entry is reported as KVT_ECORRUPT (message names the file) and nothing is
-** returned.  OUT *data (caller frees with free()), *n.
-** Errors: KVT_ENOENT, KVT_ECORRUPT, KVT_EIO, KVT_ENOMEM.  Thread-safe. */
+** returned.  A corrupt entry stays corrupt until it is deleted or replaced.
+** OUT *data (caller frees with free()), *n; on any error *data = NULL and *n = 0.
+** Errors: KVT_EINVAL, KVT_ENOENT, KVT_ECORRUPT (also a truncated or padded file), KVT_EIO (file
+** missing), KVT_ENOMEM.  Thread-safe. */
 int kvt_pool_get(kvt_pool *pool, uint64_t key, void **data, size_t *n);
 
 /* Remove key (and its spill file).  Errors: KVT_ENOENT.  Thread-safe. */
 int kvt_pool_del(kvt_pool *pool, uint64_t key);
 
 /* Path of key's spill file, or "" if it is in RAM (for tests and diagnostics).
-** Errors: KVT_ENOENT. */
+** Errors: KVT_ENOENT, KVT_EINVAL (NULL buf, or the path does not fit: buf is set to ""). */
 int kvt_pool_spill_path(kvt_pool *pool, uint64_t key, char *buf, size_t buf_size);
 
 struct kvt_pool_stats {
@@ -350,6 +356,7 @@ struct kvt_pool_stats {
     int64_t ram_bytes, spill_bytes;       /* payload bytes held in RAM / in spill files */
     int64_t n_spill_writes, n_spill_reads, n_corrupt;
 };
+/* Cannot fail; thread-safe.  n_corrupt counts failed reads, not distinct entries. */
 void kvt_pool_get_stats(kvt_pool *pool, struct kvt_pool_stats *st /* OUT */);
 
 /* ====================================================================================== */
@@ -457,6 +464,7 @@ struct kvt_block_info {
     bool    sealed;        /* complete and saved; the open tail block is not */
     int32_t n_evictions, n_recoveries;
     int32_t last_use_turn; /* last turn it was decoded or recovered */
+    uint64_t pool_key;     /* key of its saved K/V in the pool (sealed blocks) */
     const char *text;      /* detokenized text (owned by the session; valid until next call) */
 };
 

@@ -162,6 +162,7 @@ static int seal(kvt_session *s) {
     int rc = kvt_block_save(s->eng, s->p.seq, b->info.p0, b->info.p0 + b->info.n_tokens, &blob);
     if (rc) return rc;
     b->key = ((uint64_t) s->serial << 32) | (uint32_t) b->info.id;
+    b->info.pool_key = b->key;
     rc = kvt_pool_put(s->pool, b->key, blob->data, blob->size);
     if (rc && rc != KVT_EIO) { kvt_blob_free(blob); return rc; } /* EIO: kept in RAM over budget */
     b->blob_p0 = blob->p0;
@@ -549,6 +550,15 @@ int kvt_session_answer_logprob(kvt_session *s, const char *answer, double *logpr
     return rc;
 }
 
+/* HOST vs DISK changes under the pool's LRU spilling; ask the pool. */
+static void refresh_residency(const kvt_session *s, struct blk *b) {
+    if (b->info.residency == KVT_RES_HOST || b->info.residency == KVT_RES_DISK) {
+        char path[1024];
+        if (kvt_pool_spill_path(s->pool, b->key, path, sizeof path) == 0)
+            b->info.residency = path[0] ? KVT_RES_DISK : KVT_RES_HOST;
+    }
+}
+
 void kvt_session_get_stats(kvt_session *s, struct kvt_session_stats *st) {
     memset(st, 0, sizeof *st);
     st->resident_tokens = resident(s);
@@ -557,11 +567,7 @@ void kvt_session_get_stats(kvt_session *s, struct kvt_session_stats *st) {
     st->n_blocks = s->n_b;
     for (int32_t i = 0; i < s->n_b; i++) {
         struct blk *b = &s->b[i];
-        if (b->info.residency == KVT_RES_HOST || b->info.residency == KVT_RES_DISK) {
-            char path[1024];
-            if (kvt_pool_spill_path(s->pool, b->key, path, sizeof path) == 0)
-                b->info.residency = path[0] ? KVT_RES_DISK : KVT_RES_HOST;
-        }
+        refresh_residency(s, b);
         switch (b->info.residency) {
         case KVT_RES_DEVICE: st->n_blocks_resident++; break;
         case KVT_RES_HOST: st->n_blocks_host++; break;
@@ -581,6 +587,7 @@ int32_t kvt_session_n_blocks(const kvt_session *s) { return s->n_b; }
 
 int kvt_session_block(const kvt_session *s, int32_t i, struct kvt_block_info *info) {
     if (i < 0 || i >= s->n_b) return kvt__fail(KVT_EINVAL, "block %d is outside 0..%d", i, s->n_b - 1);
+    refresh_residency(s, &s->b[i]);
     *info = s->b[i].info;
     info->text = s->b[i].text ? s->b[i].text : "";
     return 0;

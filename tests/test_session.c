@@ -11,6 +11,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+/* A system prompt longer than one block, so the attention-sink block holds it and the fact of
+** turn 1 lives in blocks that can be evicted. */
+static const char *system_prompt =
+    "You are a helpful assistant in a long conversation. Answer each question clearly and briefly, in plain "
+    "English, and keep track of what the user told you earlier, since the user may ask about it again much "
+    "later. Do not invent facts; if you do not know, say so.";
 
 static const char *turns[] = {
     "Please remember this: the code word for the vault is saffron-kestrel.",
@@ -89,6 +97,7 @@ static void test_budget_long_session(void **state) {
     sp.budget = 384;
     kvt_session *s = NULL;
     assert_int_equal(kvt_session_open(e, &sp, &s), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_SYSTEM, system_prompt), 0);
     struct watch w = { s, sp.budget, 0, 0 };
     int64_t last_recoveries = 0;
     for (size_t t = 0; t < sizeof turns / sizeof turns[0]; t++) {
@@ -143,12 +152,14 @@ static void test_budget_long_session(void **state) {
     assert_true(st.total_tokens > 2 * sp.budget); /* the session really outgrew the budget */
     assert_true(st.evictions > 0);
     assert_true(st.recoveries > 0);
-    /* the probe about the code word recovered the block that holds it */
+    /* the fact is not in the sink block; it was evicted, and the probe recovered it */
     bool fact_back = false;
     for (int32_t i = 0; i < kvt_session_n_blocks(s); i++) {
         struct kvt_block_info b;
         kvt_session_block(s, i, &b);
-        if (strstr(b.text, "kestrel") && b.residency == KVT_RES_DEVICE) fact_back = true;
+        if (!strstr(b.text, "kestrel")) continue;
+        assert_true(b.id > 0);
+        if (b.residency == KVT_RES_DEVICE && b.n_evictions > 0 && b.n_recoveries > 0) fact_back = true;
     }
     assert_true(fact_back);
     kvt_session_free(s);
@@ -178,6 +189,66 @@ static void test_discard_never_recovers(void **state) {
     /* the pool holds only resident sealed blocks (the open tail block is not saved yet) */
     assert_true(st.pool.n_entries == st.n_blocks_resident || st.pool.n_entries == st.n_blocks_resident - 1);
     kvt_session_free(s);
+    kvt_engine_free(e);
+}
+
+/* A spill file corrupted on disk is detected by its checksum, reported, and never loaded: the
+** block is marked lost and the session goes on. */
+static void test_corrupt_spill_not_loaded(void **state) {
+    (void) state;
+    kvt_engine *e = open_real();
+    if (!e) skip();
+    char dir[] = "/tmp/kvt-spill-test-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    struct kvt_pool_params pp = kvt_pool_default_params();
+    pp.budget_bytes = 1; /* everything spills */
+    pp.spill_dir = dir;
+    kvt_pool *pool = NULL;
+    assert_int_equal(kvt_pool_open(&pp, &pool), 0);
+    struct kvt_session_params sp = kvt_session_default_params();
+    sp.budget = 384;
+    sp.pool = pool;
+    kvt_session *s = NULL;
+    assert_int_equal(kvt_session_open(e, &sp, &s), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_SYSTEM, system_prompt), 0);
+    size_t n = sizeof turns / sizeof turns[0];
+    for (size_t t = 0; t + 1 < n; t++) {
+        assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, turns[t]), 0);
+        assert_int_equal(kvt_session_generate(s, 40, NULL, NULL, NULL, NULL), 0);
+    }
+    /* corrupt every evicted block that mentions the code word */
+    int corrupted = 0;
+    for (int32_t i = 0; i < kvt_session_n_blocks(s); i++) {
+        struct kvt_block_info b;
+        kvt_session_block(s, i, &b);
+        if (b.residency != KVT_RES_DISK || !strstr(b.text, "kestrel")) continue;
+        char path[1024];
+        assert_int_equal(kvt_pool_spill_path(pool, b.pool_key, path, sizeof path), 0);
+        FILE *f = fopen(path, "r+b");
+        assert_non_null(f);
+        fseek(f, -10, SEEK_END);
+        int ch = fgetc(f);
+        fseek(f, -10, SEEK_END);
+        fputc(ch ^ 0x5a, f);
+        fclose(f);
+        corrupted++;
+    }
+    assert_true(corrupted > 0);
+    struct kvt_session_stats before, after;
+    kvt_session_get_stats(s, &before);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, turns[n - 1]), 0); /* the probe wants it back */
+    kvt_session_get_stats(s, &after);
+    assert_true(after.pool.n_corrupt >= 1);
+    for (int32_t i = 0; i < kvt_session_n_blocks(s); i++) {
+        struct kvt_block_info b;
+        kvt_session_block(s, i, &b);
+        if (strstr(b.text, "kestrel") && b.n_evictions > 0) assert_int_equal(b.residency, KVT_RES_LOST);
+    }
+    check_table(s, sp.budget);
+    assert_int_equal(kvt_session_generate(s, 16, NULL, NULL, NULL, NULL), 0);
+    kvt_session_free(s);
+    kvt_pool_free(pool);
+    rmdir(dir);
     kvt_engine_free(e);
 }
 
@@ -235,6 +306,7 @@ int main(void) {
         cmocka_unit_test(test_bm25_order),
         cmocka_unit_test(test_bad_params),
         cmocka_unit_test(test_discard_never_recovers),
+        cmocka_unit_test(test_corrupt_spill_not_loaded),
         cmocka_unit_test(test_budget_long_session),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
