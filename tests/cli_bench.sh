@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# cli_bench — `kvtier bench primitives` runs on the real model and reports what it should:
+# the JSON form's last line carries the labels (model, llama.cpp, commit, date, threads, cache
+# type) and one row per block size with positive timings; the table form prints a header and
+# one row per block.  No speed assertions: shared machines are too noisy for them.
+set -u
+BIN=${KVTIER_BIN:?KVTIER_BIN is not set}
+MODEL=${KVTIER_MODEL:?KVTIER_MODEL is not set}
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/kvt-cli-bench.XXXXXX")
+trap 'rm -rf "$TMP"' EXIT
+pass=0
+fail=0
+
+ok() { pass=$((pass + 1)); echo "ok   $*"; }
+bad() { fail=$((fail + 1)); echo "FAIL $*"; }
+
+if "$BIN" bench primitives -m "$MODEL" --json --repeats 2 --blocks 16,64 >"$TMP/json.out" 2>"$TMP/json.err"; then
+    ok "bench --json ran"
+else
+    bad "bench --json exited with status $?"
+    tail -n 20 "$TMP/json.err"
+fi
+tail -n 1 "$TMP/json.out"
+
+python3 - "$TMP/json.out" >"$TMP/checks" <<'EOF'
+import json, sys
+lines = open(sys.argv[1]).read().strip().splitlines()
+try:
+    d = json.loads(lines[-1])
+except (IndexError, ValueError) as e:
+    print(f"FAIL last stdout line is not JSON ({e})")
+    sys.exit()
+print("ok   last line is JSON")
+for k in ("model", "llama_cpp", "commit", "date", "type_k"):
+    v = d.get(k)
+    print(("ok  " if isinstance(v, str) and v else "FAIL") + f" field {k} = {v!r}")
+t = d.get("threads")
+print(("ok  " if isinstance(t, int) and t > 0 else "FAIL") + f" field threads = {t!r}")
+rows = d.get("rows")
+blocks = [r.get("block") for r in rows] if isinstance(rows, list) else None
+print(("ok  " if blocks == [16, 64] else "FAIL") + f" rows for blocks {blocks}")
+for r in rows or []:
+    for k in ("save_ms", "load_ms", "prefill_ms", "load_speedup", "lifecycle_speedup", "bytes_per_token"):
+        v = r.get(k)
+        good = isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+        print(("ok  " if good else "FAIL") + f" block {r.get('block')}: {k} = {v!r}")
+EOF
+while IFS= read -r line; do
+    case "$line" in
+        ok*) ok "${line#ok   }" ;;
+        *) bad "${line#FAIL }" ;;
+    esac
+done <"$TMP/checks"
+
+if "$BIN" bench primitives -m "$MODEL" --repeats 1 --blocks 16 >"$TMP/table.out" 2>"$TMP/table.err"; then
+    ok "bench (table) ran"
+else
+    bad "bench (table) exited with status $?"
+    tail -n 20 "$TMP/table.err"
+fi
+cat "$TMP/table.out"
+if head -n 1 "$TMP/table.out" | grep -q '^# kvtier bench primitives | .*llama.cpp .*| kvtier commit '; then
+    ok "table header names model, llama.cpp and commit"
+else
+    bad "table header: $(head -n 1 "$TMP/table.out")"
+fi
+if grep -qE '^ +16 +[0-9.]+ +[0-9.]+ +[0-9.]+ ' "$TMP/table.out"; then ok "table row for block 16"; else bad "no table row for block 16"; fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
