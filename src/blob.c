@@ -136,6 +136,32 @@ int32_t kvt__blob_cell_pos(const uint8_t *buf, const struct kvt__blob_layout *L,
     return pos;
 }
 
+void kvt__rope_table(const struct kvt__rope *r, int32_t delta, float *cs) {
+    const int half = r->n_rot / 2;
+    for (int i = 0; i < half; i++) {
+        double theta = (double) delta * r->scale * pow((double) r->base, -2.0 * i / r->n_rot);
+        cs[2 * i] = (float) cos(theta);
+        cs[2 * i + 1] = (float) sin(theta);
+    }
+}
+
+void kvt__rope_apply(float *x, const struct kvt__rope *r, const float *cs) {
+    const int half = r->n_rot / 2;
+    if (r->neox) {
+        for (int i = 0; i < half; i++) {
+            float x0 = x[i], x1 = x[i + half], c = cs[2 * i], s = cs[2 * i + 1];
+            x[i] = x0 * c - x1 * s;
+            x[i + half] = x0 * s + x1 * c;
+        }
+    } else {
+        for (int i = 0; i < half; i++) {
+            float x0 = x[2 * i], x1 = x[2 * i + 1], c = cs[2 * i], s = cs[2 * i + 1];
+            x[2 * i] = x0 * c - x1 * s;
+            x[2 * i + 1] = x0 * s + x1 * c;
+        }
+    }
+}
+
 void kvt__rope_rotate_f32(float *x, const struct kvt__rope *r, int32_t delta) {
     const int half = r->n_rot / 2;
     for (int i = 0; i < half; i++) {
@@ -181,18 +207,19 @@ int kvt__blob_reanchor(uint8_t *buf, const struct kvt__blob_layout *L, int32_t d
             const int hd = ne / n_head_kv;
             const struct kvt__rope *r = &rope[p][il];
             if (r->n_rot > hd) return kvt__fail(KVT_EFORMAT, "n_rot %d > head_dim %d", r->n_rot, hd);
-            float tmp[4096];
+            float tmp[4096], cs[4096];
             if (hd > 4096) return kvt__fail(KVT_EUNSUPPORTED, "head_dim %d > 4096", hd);
+            kvt__rope_table(r, delta, cs); /* one table per layer: the angles depend only on delta */
             for (uint32_t c = 0; c < P->n_cells; c++) {
                 uint8_t *row = buf + P->k_off[il] + (size_t) c * P->k_row_bytes[il];
                 for (int h = 0; h < n_head_kv; h++) {
                     if (P->k_type[il] == GGML_TYPE_F32) {
-                        kvt__rope_rotate_f32((float *) (void *) row + (size_t) h * hd, r, delta);
+                        kvt__rope_apply((float *) (void *) row + (size_t) h * hd, r, cs);
                     } else {
                         ggml_fp16_t *x = (ggml_fp16_t *) (void *) row + (size_t) h * hd;
-                        for (int i = 0; i < r->n_rot; i++) tmp[i] = ggml_fp16_to_fp32(x[i]);
-                        kvt__rope_rotate_f32(tmp, r, delta);
-                        for (int i = 0; i < r->n_rot; i++) x[i] = ggml_fp32_to_fp16(tmp[i]);
+                        ggml_fp16_to_fp32_row(x, tmp, r->n_rot);
+                        kvt__rope_apply(tmp, r, cs);
+                        ggml_fp32_to_fp16_row(tmp, x, r->n_rot);
                     }
                 }
             }

@@ -54,6 +54,12 @@ struct kvt__rope {
 /* Rotate a head vector x[0..n_rot) by delta positions, in place. */
 void kvt__rope_rotate_f32(float *x, const struct kvt__rope *r, int32_t delta);
 
+/* cs[2i], cs[2i+1] = cos, sin of pair i's angle for a rotation by delta (n_rot/2 pairs). */
+void kvt__rope_table(const struct kvt__rope *r, int32_t delta, float *cs);
+
+/* Rotate x[0..n_rot) with a table from kvt__rope_table. */
+void kvt__rope_apply(float *x, const struct kvt__rope *r, const float *cs);
+
 /* Re-anchor a blob in place: add delta to every cell position of every part and rotate every
 ** K row of every layer by delta with rope[p][il] (F32 or F16 K only; head_dim = row elems /
 ** n_head_kv).  Returns 0, KVT_EUNSUPPORTED (quantised K) or KVT_EFORMAT. */
