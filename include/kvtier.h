@@ -397,6 +397,8 @@ struct kvt_session_params {
     int32_t top_k;            /* blocks recovered per user turn at most; default 4 */
     int32_t gen_reserve;      /* tokens kept free for the reply when a turn is admitted;
                               ** default 64 */
+    float   min_recovery_score; /* BM25 score a block needs to be recovered; default 3.0
+                              ** (one shared rare term scores about 2-3, a common one < 1) */
     const char *template_fallback; /* chat template when the GGUF has none; default "gemma" */
     kvt_pool *pool;           /* host tier; NULL = the session makes a private 256 MiB pool */
     kvt_scorer_fn scorer;     /* NULL = recency */
@@ -413,10 +415,12 @@ int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *p, kvt_se
 /* Free the session, its blobs in the pool, and its cells in the engine.  Accepts NULL. */
 void kvt_session_free(kvt_session *s);
 
-/* Append a message and decode its tokens (the template's tail for it) into the KV cache.
-** For a user message, first recovers the evicted blocks most relevant to it (BM25 over block
-** text; top_k; only blocks scoring above the best resident non-sink block) at the tail, then
-** evicts by watermark so that the message plus gen_reserve fits the budget.
+/* Append a message.  System and assistant messages (a client replaying history) are recorded
+** and decoded with the next user message.  For a user message: first the pending text of
+** earlier messages is decoded, then the evicted blocks most relevant to the message (BM25 over
+** block text; at most top_k; only blocks scoring at least min_recovery_score and above the best
+** resident non-sink block) are loaded back at the tail, then the message and the assistant
+** prefix are decoded, evicting by watermark so that they plus gen_reserve fit the budget.
 ** Errors: KVT_EINVAL (role), KVT_EBUDGET (the message alone does not fit: message names its
 ** token count and the budget), KVT_ECTX, KVT_ELLAMA.  On error the block table is consistent
 ** with the KV cache. */
@@ -471,7 +475,7 @@ struct kvt_block_info {
 /* Number of blocks in the table, and row i (0 <= i < n) in position order of creation.
 ** Errors: KVT_EINVAL (i out of range). */
 int32_t kvt_session_n_blocks(const kvt_session *s);
-int kvt_session_block(const kvt_session *s, int32_t i, struct kvt_block_info *info /* OUT */);
+int kvt_session_block(kvt_session *s, int32_t i, struct kvt_block_info *info /* OUT */);
 
 /* Recency scorer (the default): the block's current last position.  Cannot fail. */
 double kvt_scorer_recency(const struct kvt_block_info *b, kvt_pos now, void *ud);

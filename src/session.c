@@ -67,6 +67,7 @@ struct kvt_session_params kvt_session_default_params(void) {
     p.recovery = KVT_RECOVERY_KV_RESTORE;
     p.top_k = 4;
     p.gen_reserve = 64;
+    p.min_recovery_score = 3.0f;
     p.template_fallback = "gemma";
     return p;
 }
@@ -364,10 +365,16 @@ static int recover(kvt_session *s, const char *query, int32_t msg_tokens) {
                 bar = fmax(bar, sc[i]);
         for (int32_t i = 0; i < s->n_b; i++) {
             int r = s->b[i].info.residency;
-            if ((r == KVT_RES_HOST || r == KVT_RES_DISK) && sc[i] > bar) c[n_c++] = (struct cand){ i, sc[i] };
+            if ((r == KVT_RES_HOST || r == KVT_RES_DISK) && sc[i] > bar && sc[i] >= s->p.min_recovery_score)
+                c[n_c++] = (struct cand){ i, sc[i] };
         }
         qsort(c, (size_t) n_c, sizeof *c, cmp_cand);
         if (n_c > s->p.top_k) n_c = s->p.top_k;
+        if (getenv("KVT_DEBUG_RECOVERY")) {
+            fprintf(stderr, "[recovery] turn %d bar %.2f:", s->turn, bar);
+            for (int32_t k = 0; k < n_c; k++) fprintf(stderr, " blk%d=%.2f", s->b[c[k].i].info.id, c[k].score);
+            fprintf(stderr, "\n");
+        }
     }
     if (rc == 0 && n_c > 0) {
         /* room for the recovered blocks + message + reply; drop the weakest if it cannot fit */
@@ -417,16 +424,19 @@ static int push_msg(kvt_session *s, int role, const char *text) {
 
 /* Tokens of the template text that is not yet in the stream (the conversation formatted with
 ** the assistant prefix, minus what was already decoded). */
-static int pending_tokens(kvt_session *s, kvt_token **tok, int32_t *n, char **fmt_out) {
-    struct kvt_chat_msg *cm = malloc(sizeof *cm * (size_t) s->n_m);
+static int pending_tokens(kvt_session *s, int32_t n_msgs, bool add_ass, kvt_token **tok, int32_t *n, char **fmt_out) {
+    struct kvt_chat_msg *cm = malloc(sizeof *cm * (size_t) (n_msgs > 0 ? n_msgs : 1));
     if (!cm) return kvt__fail(KVT_ENOMEM, "chat");
-    for (int32_t i = 0; i < s->n_m; i++) cm[i] = (struct kvt_chat_msg){ role_name[s->m[i].role], s->m[i].content };
+    for (int32_t i = 0; i < n_msgs; i++) cm[i] = (struct kvt_chat_msg){ role_name[s->m[i].role], s->m[i].content };
     char *fmt = NULL;
-    int rc = kvt_chat_format(s->eng, cm, s->n_m, true, s->p.template_fallback, &fmt);
+    int rc = kvt_chat_format(s->eng, cm, n_msgs, add_ass, s->p.template_fallback, &fmt);
     free(cm);
     if (rc) return rc;
     size_t common = 0, have = strlen(s->kv_text);
     while (common < have && fmt[common] == s->kv_text[common]) common++;
+    *tok = NULL;
+    *n = 0;
+    if (fmt[common] == '\0') { *fmt_out = fmt; return 0; }
     rc = kvt_tokenize(s->eng, fmt + common, have == 0, true, tok, n);
     if (rc) { free(fmt); return rc; }
     *fmt_out = fmt;
@@ -443,7 +453,20 @@ int kvt_session_add(kvt_session *s, enum kvt_role role, const char *text) {
     kvt_token *tok = NULL;
     int32_t n = 0;
     char *fmt = NULL;
-    if ((rc = pending_tokens(s, &tok, &n, &fmt))) goto fail;
+    /* 1. text of messages added since the last decode (assistant replies a client replays,
+    **    system prompts) goes in first, so recovered blocks never split a turn */
+    if (s->n_m_decoded < s->n_m - 1) {
+        if ((rc = pending_tokens(s, s->n_m - 1, false, &tok, &n, &fmt))) goto fail;
+        if (n > 0 && (rc = feed(s, tok, n, s->m[s->n_m - 2].role, 0))) goto fail;
+        free(s->kv_text);
+        s->kv_text = fmt;
+        fmt = NULL;
+        free(tok);
+        tok = NULL;
+        s->n_m_decoded = s->n_m - 1;
+    }
+    /* 2. the new user message with the assistant prefix */
+    if ((rc = pending_tokens(s, s->n_m, true, &tok, &n, &fmt))) goto fail;
     struct kvt_engine_info I;
     kvt_engine_info(s->eng, &I);
     if (n + s->p.gen_reserve > I.n_ctx) {
@@ -451,8 +474,9 @@ int kvt_session_add(kvt_session *s, enum kvt_role role, const char *text) {
                        I.n_ctx, s->p.gen_reserve);
         goto fail;
     }
+    /* 3. evicted blocks relevant to it come back right before it */
     if ((rc = recover(s, text, n))) goto fail;
-    if ((rc = feed(s, tok, n, KVT_ROLE_USER, s->p.gen_reserve))) goto fail;
+    if (n > 0 && (rc = feed(s, tok, n, KVT_ROLE_USER, s->p.gen_reserve))) goto fail;
     free(s->kv_text);
     s->kv_text = fmt;
     s->n_m_decoded = s->n_m;
@@ -585,10 +609,19 @@ void kvt_session_get_stats(kvt_session *s, struct kvt_session_stats *st) {
 
 int32_t kvt_session_n_blocks(const kvt_session *s) { return s->n_b; }
 
-int kvt_session_block(const kvt_session *s, int32_t i, struct kvt_block_info *info) {
+int kvt_session_block(kvt_session *s, int32_t i, struct kvt_block_info *info) {
     if (i < 0 || i >= s->n_b) return kvt__fail(KVT_EINVAL, "block %d is outside 0..%d", i, s->n_b - 1);
-    refresh_residency(s, &s->b[i]);
-    *info = s->b[i].info;
-    info->text = s->b[i].text ? s->b[i].text : "";
+    struct blk *b = &s->b[i];
+    refresh_residency(s, b);
+    if (!b->info.sealed) { /* the open tail block: role and text as of now */
+        b->info.role = block_role(b);
+        char *t = NULL;
+        if (kvt_detokenize(s->eng, b->tok, b->info.n_tokens, false, &t) == 0) {
+            free(b->text);
+            b->text = t;
+        }
+    }
+    *info = b->info;
+    info->text = b->text ? b->text : "";
     return 0;
 }
