@@ -377,7 +377,46 @@ enum kvt_residency {
 enum kvt_recovery {
     KVT_RECOVERY_KV_RESTORE = 0, /* load saved K/V back, no recompute */
     KVT_RECOVERY_DISCARD    = 1, /* evicted blocks are gone (truncation baseline) */
+    KVT_RECOVERY_BREADCRUMB = 2, /* re-prefill the block's tokens at the tail (the recompute path) */
 };
+
+/* Eviction policies.  Each picks which resident blocks leave when the high watermark is crossed;
+** sinks, the recent tail and the current turn are protected by all but no_eviction.
+**   KVTIER       multi-signal score (recency, BM25 relevance to the current user message,
+**                attention EWMA, role floors, pins); kv_restore recovery.  The default.
+**   NO_EVICTION  reference: nothing is evicted (the budget must hold the whole conversation).
+**   TRUNCATE     llama-server's context shift: keep the first block, drop the older half of
+**                the rest when full; no recovery.
+**   STREAMING    StreamingLLM (Xiao et al. 2023): sink block + recent window, one block at a
+**                time; no recovery.
+**   H2O          Heavy-Hitter Oracle (Zhang et al. 2023): lowest accumulated attention mass
+**                leaves (captured attention, summed over heads and layers, normalised per
+**                query); no recovery.
+**   SNAPKV       SnapKV (Li et al. 2024): lowest attention from the observation window (the last
+**                32 queries of the latest prompt) leaves; no recovery.
+** Name strings are the lower-case enum names ("kvtier", "no_eviction", ...). */
+enum kvt_policy {
+    KVT_POLICY_KVTIER = 0,
+    KVT_POLICY_NO_EVICTION = 1,
+    KVT_POLICY_TRUNCATE = 2,
+    KVT_POLICY_STREAMING = 3,
+    KVT_POLICY_H2O = 4,
+    KVT_POLICY_SNAPKV = 5,
+    KVT_POLICY__COUNT
+};
+
+/* Policy <-> name.  kvt_policy_from_name: KVT_EINVAL for an unknown name (the message lists the
+** known ones).  kvt_policy_name: static string, "unknown" out of range. */
+int kvt_policy_from_name(const char *name, int32_t *policy /* OUT */);
+const char *kvt_policy_name(int32_t policy);
+
+/* Recovery <-> name ("kv_restore", "discard", "breadcrumb"); same contract. */
+int kvt_recovery_from_name(const char *name, int32_t *recovery /* OUT */);
+const char *kvt_recovery_name(int32_t recovery);
+
+/* "keep" hint on a message (kvt_session_add_ex): PIN blocks are never evicted; PREFER blocks get
+** a score bonus under the kvtier policy. */
+enum kvt_keep { KVT_KEEP_NONE = 0, KVT_KEEP_PREFER = 1, KVT_KEEP_PIN = 2 };
 
 /* Eviction scorer: higher score = keep.  Called for each evictable resident block.  `now`
 ** is the session's current position.  The default is recency (the block's last position).
@@ -401,8 +440,16 @@ struct kvt_session_params {
                               ** (one shared rare term scores about 2-3, a common one < 1) */
     const char *template_fallback; /* chat template when the GGUF has none; default "gemma" */
     kvt_pool *pool;           /* host tier; NULL = the session makes a private 256 MiB pool */
-    kvt_scorer_fn scorer;     /* NULL = recency */
+    kvt_scorer_fn scorer;     /* overrides the policy's scorer when set */
     void *scorer_ud;
+    int32_t policy;           /* enum kvt_policy; default KVTIER.  Baselines set their own
+                              ** recovery (discard) whatever `recovery` says. */
+    const int32_t *attn_layers; /* layers whose attention feeds H2O/SnapKV/kvtier; NULL = the
+                              ** full-attention layers of an iSWA model (Gemma 3 270M: 5, 11, 17),
+                              ** else three spread layers.  Copied at open. */
+    int32_t n_attn_layers;
+    int32_t snap_window;      /* SnapKV observation window (queries); default 32 */
+    float   ewma_alpha;       /* attention EWMA weight of the newest observation; default 0.3 */
 };
 
 struct kvt_session_params kvt_session_default_params(void);
@@ -425,6 +472,9 @@ void kvt_session_free(kvt_session *s);
 ** token count and the budget), KVT_ECTX, KVT_ELLAMA.  On error the block table is consistent
 ** with the KV cache. */
 int kvt_session_add(kvt_session *s, enum kvt_role role, const char *text);
+
+/* kvt_session_add with a keep hint for the message's blocks (enum kvt_keep). */
+int kvt_session_add_ex(kvt_session *s, enum kvt_role role, const char *text, int32_t keep);
 
 /* Per generated token callback; return false to stop.  piece is the token's UTF-8 text. */
 typedef bool (*kvt_token_cb)(const char *piece, void *ud);
@@ -452,6 +502,9 @@ struct kvt_session_stats {
     int64_t tokens_decoded;      /* tokens run through the model (prefill + decode) */
     int64_t tokens_recovered;    /* tokens brought back by kv_restore instead */
     kvt_pos next_pos;            /* position the next token will take */
+    double  policy_ms;           /* time in eviction policy work: attention signals, scoring,
+                                 ** bookkeeping (ms; the block primitives are not included) */
+    double  decode_ms;           /* time in kvt_decode for this session (ms) */
     struct kvt_pool_stats pool;
 };
 void kvt_session_get_stats(kvt_session *s, struct kvt_session_stats *st /* OUT */);
@@ -469,6 +522,13 @@ struct kvt_block_info {
     int32_t n_evictions, n_recoveries;
     int32_t last_use_turn; /* last turn it was decoded or recovered */
     uint64_t pool_key;     /* key of its saved K/V in the pool (sealed blocks) */
+    int32_t keep;          /* enum kvt_keep of the message it starts in */
+    double  attn_mass;     /* accumulated attention mass (H2O), sum over heads/layers/queries
+                           ** of normalised weights on its tokens */
+    double  attn_ewma;     /* EWMA of the per-ubatch attention share (kvtier policy) */
+    double  attn_window;   /* attention from the last observation window (SnapKV) */
+    double  relevance;     /* BM25 score against the latest user message */
+    int32_t recovered_turn;/* turn of its last recovery, -1 never */
     const char *text;      /* detokenized text (owned by the session; valid until next call) */
 };
 
@@ -486,6 +546,32 @@ double kvt_scorer_recency(const struct kvt_block_info *b, kvt_pos now, void *ud)
 ** Errors: KVT_ENOMEM.  Pure function; thread-safe. */
 int kvt_bm25_score(const char *const *docs, int32_t n_docs, const char *query,
                    double *scores /* OUT */);
+
+/* ====================================================================================== */
+/* 6. Signals: attention mass per block, entropy                                          */
+/* ====================================================================================== */
+
+/* Attention mass per block from one captured layer (the H2O / SnapKV signal): for query rows
+** [q_from, a->n_query) and every head, each row's weights (which sum to 1) are added to the
+** block that holds the key position; the total is divided by the number of (row, head) pairs,
+** so the result over all blocks sums to <= 1 (keys outside every block are not counted).
+** Blocks are given as half-open ranges [p0[i], p0[i] + n[i]), in any order, non-overlapping.
+** OUT mass[n_blocks] (overwritten).  Errors: KVT_EINVAL (q_from out of range).  Pure. */
+int kvt_attn_block_mass(const kvt_attn *a, int32_t q_from, const kvt_pos *p0, const int32_t *n, int32_t n_blocks,
+                        double *mass /* OUT */);
+
+/* Shannon entropy in bits of the distribution w[0..n) (normalised here; zeros skipped).
+** Uniform over n -> log2(n); one-hot -> 0.  Returns 0 for n <= 0 or an all-zero w.  Pure. */
+double kvt_entropy_bits(const float *w, int32_t n);
+
+/* Attention-head classes by entropy (bits): sink < 0.5 <= focused < 1.5 <= moderate < 3 <= mixed. */
+enum kvt_head_class { KVT_HEAD_SINK = 0, KVT_HEAD_FOCUSED = 1, KVT_HEAD_MODERATE = 2, KVT_HEAD_MIXED = 3 };
+int32_t kvt_head_classify(double bits);
+const char *kvt_head_class_name(int32_t cls);
+
+/* Entropy-adaptive budget of one head: base * clamp(h / mean_h, 0.3, 2.5), rounded down
+** (tokens).  mean_h <= 0 returns base.  Pure. */
+int32_t kvt_entropy_budget(int32_t base, double h, double mean_h);
 
 #ifdef __cplusplus
 }

@@ -82,6 +82,11 @@ struct kvt_engine {
     /* sampler chain, rebuilt when the sampling params change */
     struct llama_sampler       *smpl;
     struct kvt_sampling         smpl_p;
+    /* last whole-sequence snapshot taken for attention mapping, reused while gen is unchanged */
+    uint8_t                    *snap;
+    size_t                      snap_n;
+    uint64_t                    snap_gen;
+    int32_t                     snap_seq;
 };
 
 /* ---------------------------------------------------------------------------------------- */
@@ -535,6 +540,7 @@ void kvt_engine_free(kvt_engine *e) {
         free(e->caps[i].w); free(e->caps[i].vis); free(e->caps[i].q); free(e->caps[i].q_pos);
     }
     free(e->caps);
+    free(e->snap);
     free(e->pm);
     free(e->rope[0]);
     free(e->rope[1]);
@@ -937,12 +943,18 @@ int kvt_attn_get(kvt_engine *e, int32_t layer, int32_t seq, kvt_attn **out) {
         return kvt__fail(KVT_ENOENT, "the KV cache changed since layer %d was captured", layer);
     int part = 0, idx = 0;
     if (kvt_engine_layer_part(e, layer, &part, &idx)) return kvt__fail(KVT_EFORMAT, "layer %d: cache part unknown", layer);
-    uint8_t *buf;
-    size_t n;
-    int rc = save_seq_all(e, seq, &buf, &n);
-    if (rc) return rc;
+    int rc;
+    if (!e->snap || e->snap_gen != e->gen || e->snap_seq != seq) {
+        free(e->snap);
+        e->snap = NULL;
+        if ((rc = save_seq_all(e, seq, &e->snap, &e->snap_n))) return rc;
+        e->snap_gen = e->gen;
+        e->snap_seq = seq;
+    }
+    const uint8_t *buf = e->snap;
+    size_t n = e->snap_n;
     struct kvt__blob_layout L;
-    if ((rc = kvt__blob_parse(buf, n, e->n_parts, &L))) { free(buf); return rc; }
+    if ((rc = kvt__blob_parse(buf, n, e->n_parts, &L))) return rc;
     const uint32_t nc = L.part[part].n_cells;
     const int32_t nk = c->n_kv, nt = c->n_tok, nh = c->n_head;
     /* cells visible to any query row, ascending cell index */
@@ -1013,6 +1025,5 @@ done:
     free(vis_cells);
     free(cell_pos);
     free(cand);
-    free(buf);
     return rc;
 }

@@ -9,6 +9,7 @@
 ** evicted blocks most relevant to the message (BM25) are loaded back at the tail with RoPE
 ** re-anchoring instead of being recomputed (EVOKE-style recovery). */
 #include "internal.h"
+#include "policy.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -29,6 +30,7 @@ struct blk {
 
 struct msg {
     int   role;
+    int   keep;
     char *content;
 };
 
@@ -49,6 +51,11 @@ struct kvt_session {
     int32_t     peak, total;
     int64_t     evictions, recoveries, decoded, recovered;
     int32_t     n_vocab;
+    int32_t     cur_keep;       /* keep hint of the message being decoded */
+    int32_t     n_layers;       /* attention layers observed (0 = no attention signals) */
+    int32_t    *layers;
+    double      policy_ms;      /* signals + scoring + bookkeeping (not the primitives) */
+    double      decode_ms;      /* time in kvt_decode for this session's tokens */
 };
 
 static atomic_uint g_serial;
@@ -68,6 +75,9 @@ struct kvt_session_params kvt_session_default_params(void) {
     p.top_k = 4;
     p.gen_reserve = 64;
     p.min_recovery_score = 3.0f;
+    p.policy = KVT_POLICY_KVTIER;
+    p.snap_window = 32;
+    p.ewma_alpha = 0.3f;
     p.template_fallback = "gemma";
     return p;
 }
@@ -87,6 +97,10 @@ int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *params, k
     if (p.block < 1 || p.block > 4096) return kvt__fail(KVT_EINVAL, "block size %d is outside 1..4096 tokens", p.block);
     if (p.budget < 2 * p.block)
         return kvt__fail(KVT_EINVAL, "budget %d is smaller than two blocks of %d tokens", p.budget, p.block);
+    if (p.policy < 0 || p.policy >= KVT_POLICY__COUNT)
+        return kvt__fail(KVT_EINVAL, "policy %d is not one of the %d known policies", p.policy, KVT_POLICY__COUNT);
+    if (p.policy == KVT_POLICY_NO_EVICTION) p.budget = I.n_ctx; /* the reference keeps everything */
+    if (p.policy != KVT_POLICY_KVTIER && p.policy != KVT_POLICY_NO_EVICTION) p.recovery = KVT_RECOVERY_DISCARD;
     if (p.budget > I.n_ctx)
         return kvt__fail(KVT_EINVAL, "budget %d exceeds the context of %d tokens", p.budget, I.n_ctx);
     if (!(p.low_watermark > 0 && p.low_watermark < p.high_watermark && p.high_watermark <= 1))
@@ -94,8 +108,14 @@ int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *params, k
                          p.high_watermark);
     if (p.seq < 0 || p.seq >= I.n_seq) return kvt__fail(KVT_EINVAL, "sequence %d is outside 0..%d", p.seq, I.n_seq - 1);
     if (kvt_seq_n_cells(eng, p.seq) != 0) return kvt__fail(KVT_EINVAL, "sequence %d is not empty", p.seq);
-    if (p.recovery != KVT_RECOVERY_KV_RESTORE && p.recovery != KVT_RECOVERY_DISCARD)
-        return kvt__fail(KVT_EINVAL, "recovery mode %d is not kv_restore (0) or discard (1)", p.recovery);
+    if (p.recovery < KVT_RECOVERY_KV_RESTORE || p.recovery > KVT_RECOVERY_BREADCRUMB)
+        return kvt__fail(KVT_EINVAL, "recovery mode %d is not kv_restore (0), discard (1) or breadcrumb (2)", p.recovery);
+    if (p.snap_window < 1 || !(p.ewma_alpha > 0 && p.ewma_alpha <= 1))
+        return kvt__fail(KVT_EINVAL, "snap_window %d must be >= 1 and ewma_alpha %.2f in (0, 1]", p.snap_window, p.ewma_alpha);
+    for (int32_t i = 0; i < p.n_attn_layers; i++)
+        if (!p.attn_layers || p.attn_layers[i] < 0 || p.attn_layers[i] >= I.n_layer)
+            return kvt__fail(KVT_EINVAL, "attention layer %d is outside 0..%d", p.attn_layers ? p.attn_layers[i] : -1,
+                             I.n_layer - 1);
     if (p.top_k < 0 || p.gen_reserve < 0 || p.n_sink_blocks < 0 || p.n_recent_blocks < 0)
         return kvt__fail(KVT_EINVAL, "top_k %d, gen_reserve %d, sink %d and recent %d blocks must be >= 0", p.top_k,
                          p.gen_reserve, p.n_sink_blocks, p.n_recent_blocks);
@@ -109,12 +129,34 @@ int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *params, k
     s->serial = atomic_fetch_add(&g_serial, 1) + 1;
     s->kv_text = strdup("");
     if (!s->kv_text) { free(s); return kvt__fail(KVT_ENOMEM, "session"); }
+    int rc0 = 0;
+    if (p.policy == KVT_POLICY_H2O || p.policy == KVT_POLICY_SNAPKV || p.policy == KVT_POLICY_KVTIER) {
+        /* attention signals: the given layers, else the full-attention layers of an iSWA model
+        ** (Gemma 3 270M: 5, 11, 17), else three spread layers */
+        s->layers = malloc(sizeof(int32_t) * (size_t) (I.n_layer > 3 ? I.n_layer : 3));
+        if (!s->layers) rc0 = kvt__fail(KVT_ENOMEM, "layers");
+        for (int32_t i = 0; rc0 == 0 && i < p.n_attn_layers; i++) s->layers[s->n_layers++] = p.attn_layers[i];
+        if (rc0 == 0 && p.n_attn_layers == 0 && I.n_swa > 0)
+            for (int32_t il = 0; il < I.n_layer; il++) {
+                int part, idx;
+                if (kvt_engine_layer_part(eng, il, &part, &idx) == 0 && part == 0) s->layers[s->n_layers++] = il;
+            }
+        if (rc0 == 0 && s->n_layers == 0) {
+            s->layers[s->n_layers++] = I.n_layer / 4;
+            if (I.n_layer > 1) s->layers[s->n_layers++] = I.n_layer / 2;
+            if (I.n_layer > 2) s->layers[s->n_layers++] = (3 * I.n_layer) / 4;
+        }
+        if (rc0 == 0) rc0 = kvt_attn_capture(eng, s->layers, s->n_layers, false);
+        if (rc0) { free(s->layers); free(s->kv_text); free(s); return rc0; }
+        s->p.attn_layers = s->layers;
+        s->p.n_attn_layers = s->n_layers;
+    }
     if (p.pool) {
         s->pool = p.pool;
     } else {
         struct kvt_pool_params pp = kvt_pool_default_params();
         int rc = kvt_pool_open(&pp, &s->pool);
-        if (rc) { free(s->kv_text); free(s); return rc; }
+        if (rc) { free(s->layers); free(s->kv_text); free(s); return rc; }
         s->own_pool = true;
     }
     *out = s;
@@ -134,6 +176,7 @@ void kvt_session_free(kvt_session *s) {
     free(s->b);
     free(s->m);
     free(s->kv_text);
+    free(s->layers);
     free(s);
 }
 
@@ -205,10 +248,13 @@ static int record(kvt_session *s, const kvt_token *tok, int32_t n, int role) {
             b->info.turn = s->turn;
             b->info.residency = KVT_RES_DEVICE;
             b->info.last_use_turn = s->turn;
+            b->info.keep = s->cur_keep;
+            b->info.recovered_turn = -1;
             b->info.text = "";
             s->open = s->n_b++;
         }
         struct blk *b = &s->b[s->open];
+        if (s->cur_keep > b->info.keep) b->info.keep = s->cur_keep; /* a block is pinned if any token is */
         b->tok[b->info.n_tokens++] = tok[i];
         b->role_n[role]++;
         s->next_pos++;
@@ -225,6 +271,8 @@ static bool protected_block(const kvt_session *s, int32_t i, bool allow_current_
     const struct blk *b = &s->b[i];
     if (!b->info.sealed || b->info.residency != KVT_RES_DEVICE) return true;
     if (b->info.id < s->p.n_sink_blocks) return true; /* attention sink */
+    if (b->info.keep == KVT_KEEP_PIN) return true;
+    if (s->p.policy == KVT_POLICY_KVTIER && b->info.recovered_turn == s->turn) return true; /* just brought back */
     if (!allow_current_turn && b->info.turn == s->turn) return true;
     /* the last n_recent sealed resident blocks by position */
     int32_t newer = 0;
@@ -254,15 +302,41 @@ static void evict(kvt_session *s, int32_t i) {
 static int make_room(kvt_session *s, int32_t need) {
     const int32_t budget = s->p.budget;
     if (resident(s) + need <= (int32_t) floorf(s->p.high_watermark * budget)) return 0;
+    if (s->p.policy == KVT_POLICY_NO_EVICTION) {
+        if (resident(s) + need <= budget) return 0;
+        return kvt__fail(KVT_EBUDGET, "no_eviction: %d new tokens do not fit next to %d resident (capacity %d)", need,
+                         resident(s), budget);
+    }
     int32_t target = (int32_t) floorf(s->p.low_watermark * budget) - need;
+    struct kvt__score_ctx sc = { s->next_pos, s->next_pos, 0, 0 };
+    for (int32_t i = 0; i < s->n_b; i++) {
+        const struct kvt_block_info *b = &s->b[i].info;
+        if (b->residency != KVT_RES_DEVICE) continue;
+        sc.oldest = KVT_MIN(sc.oldest, b->p0 + b->n_tokens);
+        sc.max_relevance = fmax(sc.max_relevance, b->relevance);
+        sc.max_ewma = fmax(sc.max_ewma, b->attn_ewma);
+    }
+    if (s->p.policy == KVT_POLICY_TRUNCATE) {
+        /* llama-server's context shift: the older half of what may go, at once */
+        int32_t n_ev = 0;
+        for (int32_t i = 0; i < s->n_b; i++) n_ev += !protected_block(s, i, false);
+        for (int32_t k = 0; k < n_ev / 2; k++) {
+            int32_t victim = -1;
+            kvt_pos oldest = INT32_MAX;
+            for (int32_t i = 0; i < s->n_b; i++)
+                if (!protected_block(s, i, false) && s->b[i].info.p0 < oldest) { oldest = s->b[i].info.p0; victim = i; }
+            if (victim >= 0) evict(s, victim);
+        }
+    }
     for (int pass = 0; pass < 2 && resident(s) > target; pass++) {
         while (resident(s) > target) {
             int32_t victim = -1;
             double worst = INFINITY;
             for (int32_t i = 0; i < s->n_b; i++) {
                 if (protected_block(s, i, pass == 1)) continue;
-                double sc = s->p.scorer(&s->b[i].info, s->next_pos, s->p.scorer_ud);
-                if (sc < worst) { worst = sc; victim = i; }
+                const struct kvt_block_info *b = &s->b[i].info;
+                double v = s->p.scorer ? s->p.scorer(b, s->next_pos, s->p.scorer_ud) : kvt__score(s->p.policy, b, &sc);
+                if (v < worst || (v == worst && victim >= 0 && b->p0 < s->b[victim].info.p0)) { worst = v; victim = i; }
             }
             if (victim < 0) break;
             evict(s, victim);
@@ -270,8 +344,55 @@ static int make_room(kvt_session *s, int32_t need) {
     }
     if (resident(s) + need > budget)
         return kvt__fail(KVT_EBUDGET, "%d new tokens do not fit the budget of %d tokens: %d resident tokens are "
-                         "protected (sink, recent tail, open block)", need, budget, resident(s));
+                         "protected (sink, recent tail, open block, pins)", need, budget, resident(s));
     return 0;
+}
+
+/* Turn the attention captured for the last decoded chunk into block signals: H2O's accumulated
+** mass, SnapKV's observation-window share (prompt chunks only), kvtier's EWMA.  Best effort: a
+** capture that cannot be mapped leaves the signals as they were. */
+static void observe(kvt_session *s, bool prompt) {
+    if (s->n_layers == 0 || s->n_b == 0) return;
+    double t0 = kvt__now_ms();
+    kvt_pos *p0 = malloc(sizeof(kvt_pos) * (size_t) s->n_b);
+    int32_t *n = malloc(sizeof(int32_t) * (size_t) s->n_b), *idx = malloc(sizeof(int32_t) * (size_t) s->n_b);
+    double *all = calloc((size_t) s->n_b, sizeof(double)), *win = calloc((size_t) s->n_b, sizeof(double));
+    double *m = malloc(sizeof(double) * (size_t) s->n_b);
+    int32_t nb = 0, got = 0;
+    if (p0 && n && idx && all && win && m) {
+        for (int32_t i = 0; i < s->n_b; i++)
+            if (s->b[i].info.residency == KVT_RES_DEVICE) {
+                p0[nb] = s->b[i].info.p0;
+                n[nb] = s->b[i].info.n_tokens;
+                idx[nb++] = i;
+            }
+        for (int32_t l = 0; l < s->n_layers; l++) {
+            kvt_attn *a = NULL;
+            if (kvt_attn_get(s->eng, s->layers[l], s->p.seq, &a) != 0) continue;
+            if (kvt_attn_block_mass(a, 0, p0, n, nb, m) == 0) {
+                for (int32_t j = 0; j < nb; j++) all[j] += m[j] * a->n_query; /* mass summed over queries */
+                got++;
+            }
+            int32_t from = a->n_query > s->p.snap_window ? a->n_query - s->p.snap_window : 0;
+            if (prompt && kvt_attn_block_mass(a, from, p0, n, nb, m) == 0)
+                for (int32_t j = 0; j < nb; j++) win[j] += m[j];
+            kvt_attn_free(a);
+        }
+    }
+    if (got > 0) {
+        double total = 0;
+        for (int32_t j = 0; j < nb; j++) total += all[j];
+        for (int32_t j = 0; j < nb; j++) {
+            struct kvt_block_info *b = &s->b[idx[j]].info;
+            b->attn_mass += all[j] / got;
+            double share = total > 0 ? all[j] / total : 0;
+            b->attn_ewma = kvt__ewma(b->attn_ewma, share, s->p.ewma_alpha);
+            if (prompt) b->attn_window = win[j] / got;
+        }
+    }
+    kvt__clear_error();
+    free(p0); free(n); free(idx); free(all); free(win); free(m);
+    s->policy_ms += kvt__now_ms() - t0;
 }
 
 /* Decode tokens for the conversation, keeping the budget at every chunk. */
@@ -286,14 +407,22 @@ static int feed(kvt_session *s, const kvt_token *tok, int32_t n, int role, int32
         int32_t room_in_block = s->open >= 0 ? s->p.block - s->b[s->open].info.n_tokens : s->p.block;
         int32_t m = KVT_MIN(n - off, room_in_block);
         bool last = off + m == n;
+        double t1 = kvt__now_ms();
         int rc = make_room(s, m + (last ? reserve_after : 0));
         if (rc == KVT_EBUDGET && last && reserve_after) rc = make_room(s, m); /* reply room is best effort */
+        s->policy_ms += kvt__now_ms() - t1; /* scoring; the seq_rm of evictions is in here too (cheap) */
         if (rc) return rc;
+        double t0 = kvt__now_ms();
         rc = kvt_decode(s->eng, s->p.seq, tok + off, m, s->next_pos, last);
+        s->decode_ms += kvt__now_ms() - t0;
         if (rc) return rc;
         s->decoded += m;
         note_peak(s);
         if ((rc = record(s, tok + off, m, role))) return rc;
+        /* prompt chunks always feed the attention signals; generated tokens every 8th (one
+        ** token's attention changes the accumulated mass little, and each read costs a copy
+        ** of the sequence's cells) */
+        if (role != KVT_ROLE_ASSISTANT || s->decoded % 8 == 0) observe(s, role != KVT_ROLE_ASSISTANT);
         off += m;
     }
     return 0;
@@ -302,8 +431,29 @@ static int feed(kvt_session *s, const kvt_token *tok, int32_t n, int role, int32
 /* ---------------------------------------------------------------------------------------- */
 /* recovery                                                                                 */
 
+/* The recompute path: decode the block's tokens again at the tail, then re-save its K/V. */
+static int breadcrumb(kvt_session *s, struct blk *b) {
+    int rc = kvt_decode(s->eng, s->p.seq, b->tok, b->info.n_tokens, s->next_pos, false);
+    if (rc) return rc;
+    kvt_blob *blob = NULL;
+    if ((rc = kvt_block_save(s->eng, s->p.seq, s->next_pos, s->next_pos + b->info.n_tokens, &blob)) == 0) {
+        if ((rc = kvt_pool_put(s->pool, b->key, blob->data, blob->size)) == KVT_EIO) rc = 0;
+        b->blob_p0 = blob->p0;
+        b->blob_cells = blob->n_cells;
+        b->blob_cells_swa = blob->n_cells_swa;
+        kvt_blob_free(blob);
+    }
+    s->decoded += b->info.n_tokens;
+    return rc;
+}
+
 static int load_block(kvt_session *s, int32_t i) {
     struct blk *b = &s->b[i];
+    if (s->p.recovery == KVT_RECOVERY_BREADCRUMB) {
+        int rc = breadcrumb(s, b);
+        if (rc) return rc;
+        goto placed;
+    }
     void *data = NULL;
     size_t n = 0;
     int rc = kvt_pool_get(s->pool, b->key, &data, &n);
@@ -319,13 +469,15 @@ static int load_block(kvt_session *s, int32_t i) {
     rc = kvt_block_load(s->eng, &blob, s->p.seq, s->next_pos);
     free(data);
     if (rc) return rc;
+    s->recovered += b->info.n_tokens;
+placed:
     b->info.p0 = s->next_pos;
+    b->info.recovered_turn = s->turn;
     b->info.residency = KVT_RES_DEVICE;
     b->info.n_recoveries++;
     b->info.last_use_turn = s->turn;
     s->next_pos += b->info.n_tokens;
     s->recoveries++;
-    s->recovered += b->info.n_tokens;
     note_peak(s);
     return 0;
 }
@@ -344,11 +496,10 @@ static int cmp_cand(const void *a, const void *b) {
 ** score above the best resident non-sink block (and above 0) come back at the tail, best first,
 ** at most top_k, as long as they fit next to the message and the reply reserve. */
 static int recover(kvt_session *s, const char *query, int32_t msg_tokens) {
-    if (s->p.recovery != KVT_RECOVERY_KV_RESTORE || s->p.top_k == 0) return 0;
+    if (s->p.policy != KVT_POLICY_KVTIER && s->p.recovery == KVT_RECOVERY_DISCARD) return 0;
     int32_t n_ev = 0;
     for (int32_t i = 0; i < s->n_b; i++)
         n_ev += s->b[i].info.residency == KVT_RES_HOST || s->b[i].info.residency == KVT_RES_DISK;
-    if (n_ev == 0) return 0;
     const char **docs = malloc(sizeof(char *) * (size_t) s->n_b);
     double *sc = malloc(sizeof(double) * (size_t) s->n_b);
     struct cand *c = malloc(sizeof *c * (size_t) s->n_b);
@@ -356,9 +507,10 @@ static int recover(kvt_session *s, const char *query, int32_t msg_tokens) {
     if (rc == 0) {
         for (int32_t i = 0; i < s->n_b; i++) docs[i] = s->b[i].info.sealed && s->b[i].text ? s->b[i].text : "";
         rc = kvt_bm25_score(docs, s->n_b, query, sc);
+        for (int32_t i = 0; rc == 0 && i < s->n_b; i++) s->b[i].info.relevance = sc[i]; /* kvtier's relevance signal */
     }
     int32_t n_c = 0;
-    if (rc == 0) {
+    if (rc == 0 && n_ev > 0 && s->p.recovery != KVT_RECOVERY_DISCARD && s->p.top_k > 0) {
         double bar = 0;
         for (int32_t i = 0; i < s->n_b; i++)
             if (s->b[i].info.residency == KVT_RES_DEVICE && s->b[i].info.sealed && s->b[i].info.id >= s->p.n_sink_blocks)
@@ -408,7 +560,7 @@ static int recover(kvt_session *s, const char *query, int32_t msg_tokens) {
 /* ---------------------------------------------------------------------------------------- */
 /* conversation                                                                             */
 
-static int push_msg(kvt_session *s, int role, const char *text) {
+static int push_msg(kvt_session *s, int role, const char *text, int keep) {
     if (s->n_m == s->cap_m) {
         int32_t cap = s->cap_m ? 2 * s->cap_m : 16;
         struct msg *nm = realloc(s->m, sizeof *nm * (size_t) cap);
@@ -418,6 +570,7 @@ static int push_msg(kvt_session *s, int role, const char *text) {
     }
     if (!(s->m[s->n_m].content = strdup(text))) return kvt__fail(KVT_ENOMEM, "message of %zu bytes", strlen(text));
     s->m[s->n_m].role = role;
+    s->m[s->n_m].keep = keep;
     s->n_m++;
     return 0;
 }
@@ -444,10 +597,15 @@ static int pending_tokens(kvt_session *s, int32_t n_msgs, bool add_ass, kvt_toke
 }
 
 int kvt_session_add(kvt_session *s, enum kvt_role role, const char *text) {
+    return kvt_session_add_ex(s, role, text, KVT_KEEP_NONE);
+}
+
+int kvt_session_add_ex(kvt_session *s, enum kvt_role role, const char *text, int32_t keep) {
     kvt__clear_error();
+    if (keep < KVT_KEEP_NONE || keep > KVT_KEEP_PIN) return kvt__fail(KVT_EINVAL, "keep %d is not none, prefer or pin", keep);
     if ((int) role < 0 || role > KVT_ROLE_ASSISTANT) return kvt__fail(KVT_EINVAL, "role %d is not system, user or assistant", role);
     if (!text) return kvt__fail(KVT_EINVAL, "NULL message text");
-    int rc = push_msg(s, role, text);
+    int rc = push_msg(s, role, text, keep);
     if (rc || role != KVT_ROLE_USER) return rc; /* system/assistant text is decoded with the next user turn */
     s->turn++;
     kvt_token *tok = NULL;
@@ -457,7 +615,11 @@ int kvt_session_add(kvt_session *s, enum kvt_role role, const char *text) {
     **    system prompts) goes in first, so recovered blocks never split a turn */
     if (s->n_m_decoded < s->n_m - 1) {
         if ((rc = pending_tokens(s, s->n_m - 1, false, &tok, &n, &fmt))) goto fail;
-        if (n > 0 && (rc = feed(s, tok, n, s->m[s->n_m - 2].role, 0))) goto fail;
+        s->cur_keep = KVT_KEEP_NONE;
+        for (int32_t i = s->n_m_decoded; i < s->n_m - 1; i++) s->cur_keep = KVT_MAX(s->cur_keep, s->m[i].keep);
+        rc = n > 0 ? feed(s, tok, n, s->m[s->n_m - 2].role, 0) : 0;
+        s->cur_keep = KVT_KEEP_NONE;
+        if (rc) goto fail;
         free(s->kv_text);
         s->kv_text = fmt;
         fmt = NULL;
@@ -476,7 +638,9 @@ int kvt_session_add(kvt_session *s, enum kvt_role role, const char *text) {
     }
     /* 3. evicted blocks relevant to it come back right before it */
     if ((rc = recover(s, text, n))) goto fail;
-    if (n > 0 && (rc = feed(s, tok, n, KVT_ROLE_USER, s->p.gen_reserve))) goto fail;
+    s->cur_keep = keep;
+    if (n > 0 && (rc = feed(s, tok, n, KVT_ROLE_USER, s->p.gen_reserve))) { s->cur_keep = KVT_KEEP_NONE; goto fail; }
+    s->cur_keep = KVT_KEEP_NONE;
     free(s->kv_text);
     s->kv_text = fmt;
     s->n_m_decoded = s->n_m;
@@ -527,7 +691,7 @@ int kvt_session_generate(kvt_session *s, int32_t max_tokens, const struct kvt_sa
         memcpy(kv + a, text, b + 1);
         s->kv_text = kv;
     }
-    int rc3 = push_msg(s, KVT_ROLE_ASSISTANT, text);
+    int rc3 = push_msg(s, KVT_ROLE_ASSISTANT, text, KVT_KEEP_NONE);
     if (rc3 == 0) s->n_m_decoded = s->n_m;
     if (reply) *reply = text; else free(text);
     return rc ? rc : rc3;
@@ -604,6 +768,8 @@ void kvt_session_get_stats(kvt_session *s, struct kvt_session_stats *st) {
     st->tokens_decoded = s->decoded;
     st->tokens_recovered = s->recovered;
     st->next_pos = s->next_pos;
+    st->policy_ms = s->policy_ms;
+    st->decode_ms = s->decode_ms;
     kvt_pool_get_stats(s->pool, &st->pool);
 }
 

@@ -252,6 +252,57 @@ static void test_corrupt_spill_not_loaded(void **state) {
     kvt_engine_free(e);
 }
 
+/* Every policy keeps the budget; baselines never recover; no_eviction never evicts; attention
+** signals reach the blocks; a pinned message is never evicted; breadcrumb recomputes. */
+static void run_policy(kvt_engine *e, int32_t policy, int32_t recovery) {
+    struct kvt_session_params sp = kvt_session_default_params();
+    sp.budget = 256;
+    sp.policy = policy;
+    sp.recovery = recovery;
+    kvt_session *s = NULL;
+    assert_int_equal(kvt_session_open(e, &sp, &s), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_SYSTEM, system_prompt), 0);
+    for (size_t t = 0; t < sizeof turns / sizeof turns[0]; t++) {
+        int32_t keep = t == 2 ? KVT_KEEP_PIN : KVT_KEEP_NONE;
+        assert_int_equal(kvt_session_add_ex(s, KVT_ROLE_USER, turns[t], keep), 0);
+        assert_int_equal(kvt_session_generate(s, 16, NULL, NULL, NULL, NULL), 0);
+        if (policy != KVT_POLICY_NO_EVICTION) check_table(s, sp.budget);
+    }
+    struct kvt_session_stats st;
+    kvt_session_get_stats(s, &st);
+    double sig = 0;
+    bool pinned_seen = false;
+    for (int32_t i = 0; i < kvt_session_n_blocks(s); i++) {
+        struct kvt_block_info b;
+        kvt_session_block(s, i, &b);
+        sig += policy == KVT_POLICY_SNAPKV ? b.attn_window : b.attn_mass;
+        if (b.keep == KVT_KEEP_PIN) {
+            pinned_seen = true;
+            assert_int_equal(b.n_evictions, 0);
+        }
+    }
+    printf("  %-11s %-10s evictions %3lld recoveries %2lld peak %3d decoded %4lld | policy %.1f ms vs decode %.0f ms "
+           "(%.2f%%)\n", kvt_policy_name(policy), kvt_recovery_name(recovery), (long long) st.evictions,
+           (long long) st.recoveries, st.peak_resident_tokens, (long long) st.tokens_decoded, st.policy_ms, st.decode_ms,
+           100 * st.policy_ms / st.decode_ms);
+    assert_true(pinned_seen);
+    if (policy == KVT_POLICY_NO_EVICTION) assert_int_equal(st.evictions, 0);
+    else assert_true(st.evictions > 0);
+    if (policy != KVT_POLICY_KVTIER) assert_int_equal(st.recoveries, 0);
+    if (policy == KVT_POLICY_H2O || policy == KVT_POLICY_SNAPKV || policy == KVT_POLICY_KVTIER) assert_true(sig > 0);
+    if (recovery == KVT_RECOVERY_BREADCRUMB && st.recoveries > 0) assert_int_equal(st.tokens_recovered, 0);
+    kvt_session_free(s);
+}
+
+static void test_every_policy(void **state) {
+    (void) state;
+    kvt_engine *e = open_real();
+    if (!e) skip();
+    for (int32_t p = 0; p < KVT_POLICY__COUNT; p++) run_policy(e, p, KVT_RECOVERY_KV_RESTORE);
+    run_policy(e, KVT_POLICY_KVTIER, KVT_RECOVERY_BREADCRUMB);
+    kvt_engine_free(e);
+}
+
 /* bad parameters are refused with the value in the message, and nothing is created */
 static void test_bad_params(void **state) {
     (void) state;
@@ -308,6 +359,7 @@ int main(void) {
         cmocka_unit_test(test_discard_never_recovers),
         cmocka_unit_test(test_corrupt_spill_not_loaded),
         cmocka_unit_test(test_budget_long_session),
+        cmocka_unit_test(test_every_policy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

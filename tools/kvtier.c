@@ -5,6 +5,8 @@
 **   kvtier chat  -m MODEL [...]      a conversation under a token budget (cmd_chat.c)
 **   kvtier demo  [-m MODEL] [...]    the planted-fact session (cmd_demo.c)
 **   kvtier bench primitives [...]    block save / load / re-prefill timings (cmd_bench.c)
+**   kvtier calibrate -m MODEL -o F   per-head attention entropy profile (cmd_calibrate.c)
+**   kvtier eval niah|multifact|ppl   policies side by side against baselines (cmd_eval.c)
 **
 ** Exit codes: 0 success, 1 runtime error (model, context, I/O), 2 usage error.  Every error
 ** names the command and the offending value.  The tool uses only the public kvtier.h. */
@@ -496,6 +498,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "chat")) return cmd_chat(argc - 2, argv + 2);
     if (!strcmp(cmd, "demo")) return cmd_demo(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 2, argv + 2);
+    if (!strcmp(cmd, "calibrate")) return cmd_calibrate(argc - 2, argv + 2);
+    if (!strcmp(cmd, "eval")) return cmd_eval(argc - 2, argv + 2);
     if (cmd[0] == '-')
         fprintf(stderr, "kvtier: unknown option '%s'\n", cmd);
     else

@@ -1,0 +1,88 @@
+/* policy.c — eviction policies: names, the attention-mass signal, and block scores.
+**
+** A policy turns a block's signals into a keep-score (higher = keep); session.c evicts the
+** lowest-scored unprotected blocks.  The signals are kept on struct kvt_block_info:
+**   recency      p0 + n_tokens (StreamingLLM keeps the recent window; Xiao et al. 2023)
+**   attn_mass    attention received, accumulated over every captured query (H2O; Zhang et al.
+**                2023, "heavy hitters")
+**   attn_window  attention from the last observation window of the prompt (SnapKV; Li et al.
+**                2024)
+**   attn_ewma    exponentially weighted attention share per ubatch (kvtier)
+**   relevance    BM25 of the block text against the latest user message (kvtier) */
+#include "internal.h"
+#include "policy.h"
+
+#include <math.h>
+#include <string.h>
+
+static const char *const policy_names[KVT_POLICY__COUNT] = {
+    [KVT_POLICY_KVTIER] = "kvtier",     [KVT_POLICY_NO_EVICTION] = "no_eviction",
+    [KVT_POLICY_TRUNCATE] = "truncate", [KVT_POLICY_STREAMING] = "streaming",
+    [KVT_POLICY_H2O] = "h2o",           [KVT_POLICY_SNAPKV] = "snapkv",
+};
+
+static const char *const recovery_names[] = { "kv_restore", "discard", "breadcrumb" };
+
+int kvt_policy_from_name(const char *name, int32_t *policy) {
+    for (int32_t i = 0; i < KVT_POLICY__COUNT; i++)
+        if (name && !strcmp(name, policy_names[i])) {
+            *policy = i;
+            return 0;
+        }
+    return kvt__fail(KVT_EINVAL, "unknown policy '%s' (known: kvtier, no_eviction, truncate, streaming, h2o, snapkv)",
+                     name ? name : "(null)");
+}
+
+const char *kvt_policy_name(int32_t policy) {
+    return policy >= 0 && policy < KVT_POLICY__COUNT ? policy_names[policy] : "unknown";
+}
+
+int kvt_recovery_from_name(const char *name, int32_t *recovery) {
+    for (int32_t i = 0; i < 3; i++)
+        if (name && !strcmp(name, recovery_names[i])) {
+            *recovery = i;
+            return 0;
+        }
+    return kvt__fail(KVT_EINVAL, "unknown recovery '%s' (known: kv_restore, discard, breadcrumb)", name ? name : "(null)");
+}
+
+const char *kvt_recovery_name(int32_t recovery) { return recovery >= 0 && recovery < 3 ? recovery_names[recovery] : "unknown"; }
+
+int kvt_attn_block_mass(const kvt_attn *a, int32_t q_from, const kvt_pos *p0, const int32_t *n, int32_t n_blocks,
+                        double *mass) {
+    if (q_from < 0 || q_from >= a->n_query)
+        return kvt__fail(KVT_EINVAL, "observation rows start at %d; the capture has %d queries", q_from, a->n_query);
+    for (int32_t b = 0; b < n_blocks; b++) mass[b] = 0;
+    /* key k -> block (keys ascending; blocks in any order: one lookup per key) */
+    const double norm = 1.0 / ((double) (a->n_query - q_from) * a->n_head);
+    for (int32_t k = 0; k < a->n_keys; k++) {
+        int32_t blk = -1;
+        for (int32_t b = 0; b < n_blocks && blk < 0; b++)
+            if (a->k_pos[k] >= p0[b] && a->k_pos[k] < p0[b] + n[b]) blk = b;
+        if (blk < 0) continue;
+        double sum = 0;
+        for (int32_t t = q_from; t < a->n_query; t++)
+            for (int32_t h = 0; h < a->n_head; h++) sum += a->w[((size_t) t * a->n_head + h) * a->n_keys + k];
+        mass[blk] += sum * norm;
+    }
+    return 0;
+}
+
+double kvt__score(int32_t policy, const struct kvt_block_info *b, const struct kvt__score_ctx *c) {
+    switch (policy) {
+    case KVT_POLICY_H2O: return b->attn_mass;
+    case KVT_POLICY_SNAPKV: return b->attn_window;
+    case KVT_POLICY_KVTIER: {
+        /* each signal normalised to [0, 1] over the resident blocks, then weighted */
+        double rec = c->now > c->oldest ? (double) (b->p0 + b->n_tokens - c->oldest) / (double) (c->now - c->oldest) : 1;
+        double rel = c->max_relevance > 0 ? b->relevance / c->max_relevance : 0;
+        double att = c->max_ewma > 0 ? b->attn_ewma / c->max_ewma : 0;
+        double s = KVT__W_RECENCY * rec + KVT__W_RELEVANCE * rel + KVT__W_ATTENTION * att;
+        if (b->role == KVT_ROLE_USER) s = fmax(s, KVT__FLOOR_USER);
+        else if (b->role == KVT_ROLE_ASSISTANT) s = fmax(s, KVT__FLOOR_ASSISTANT);
+        if (b->keep == KVT_KEEP_PREFER) s += KVT__BONUS_PREFER;
+        return s;
+    }
+    default: return (double) (b->p0 + b->n_tokens); /* recency: streaming, truncate */
+    }
+}
