@@ -394,6 +394,11 @@ enum kvt_recovery {
 **                query); no recovery.
 **   SNAPKV       SnapKV (Li et al. 2024): lowest attention from the observation window (the last
 **                32 queries of the latest prompt) leaves; no recovery.
+**   INFLLM       InfLLM-style (Xiao et al. 2024): recency eviction; every block keeps the keys of
+**                its 4 most-attended tokens (one full-attention layer, un-rotated to a common
+**                position); after a user message is decoded, the mean query of its last 32
+**                tokens scores the evicted blocks and the top_k come back (kv_restore) before
+**                the assistant prefix.
 ** Name strings are the lower-case enum names ("kvtier", "no_eviction", ...). */
 enum kvt_policy {
     KVT_POLICY_KVTIER = 0,
@@ -402,6 +407,7 @@ enum kvt_policy {
     KVT_POLICY_STREAMING = 3,
     KVT_POLICY_H2O = 4,
     KVT_POLICY_SNAPKV = 5,
+    KVT_POLICY_INFLLM = 6,
     KVT_POLICY__COUNT
 };
 
@@ -450,6 +456,8 @@ struct kvt_session_params {
     int32_t n_attn_layers;
     int32_t snap_window;      /* SnapKV observation window (queries); default 32 */
     float   ewma_alpha;       /* attention EWMA weight of the newest observation; default 0.3 */
+    const char *head_profile; /* `kvtier calibrate` profile: weights heads in the attention
+                              ** signals (kvt_head_weights_load); NULL = equal weights */
 };
 
 struct kvt_session_params kvt_session_default_params(void);
@@ -552,13 +560,24 @@ int kvt_bm25_score(const char *const *docs, int32_t n_docs, const char *query,
 /* ====================================================================================== */
 
 /* Attention mass per block from one captured layer (the H2O / SnapKV signal): for query rows
-** [q_from, a->n_query) and every head, each row's weights (which sum to 1) are added to the
-** block that holds the key position; the total is divided by the number of (row, head) pairs,
-** so the result over all blocks sums to <= 1 (keys outside every block are not counted).
-** Blocks are given as half-open ranges [p0[i], p0[i] + n[i]), in any order, non-overlapping.
+** [q_from, a->n_query) and every head h, each row's weights (which sum to 1) times head_w[h]
+** are added to the block that holds the key position; the total is divided by the number of
+** rows times the sum of head weights, so the result over all blocks sums to <= 1 (keys outside
+** every block are not counted).  head_w: [a->n_head] non-negative weights, NULL = equal (e.g.
+** from an entropy profile, see kvt_head_weights_load).  Blocks are given as half-open ranges
+** [p0[i], p0[i] + n[i]), in any order, non-overlapping.
 ** OUT mass[n_blocks] (overwritten).  Errors: KVT_EINVAL (q_from out of range).  Pure. */
-int kvt_attn_block_mass(const kvt_attn *a, int32_t q_from, const kvt_pos *p0, const int32_t *n, int32_t n_blocks,
-                        double *mass /* OUT */);
+int kvt_attn_block_mass(const kvt_attn *a, int32_t q_from, const float *head_w, const kvt_pos *p0, const int32_t *n,
+                        int32_t n_blocks, double *mass /* OUT */);
+
+/* Head weights from a `kvtier calibrate` profile (JSON): for each of the n_layers layers in
+** layers[], n_head weights w = (1 / H) / mean over the layer's heads of (1 / H), H the head's
+** mean entropy in bits (floored at 0.05): focused heads, whose attention singles out tokens,
+** count more than diffuse ones.  OUT w[n_layers * n_head], row-major by layers[] order.
+** Errors: KVT_EIO (unreadable file), KVT_EFORMAT (not a profile, or a layer/head missing: the
+** message names it).  Pure apart from reading the file. */
+int kvt_head_weights_load(const char *profile_path, const int32_t *layers, int32_t n_layers, int32_t n_head,
+                          float *w /* OUT */);
 
 /* Shannon entropy in bits of the distribution w[0..n) (normalised here; zeros skipped).
 ** Uniform over n -> log2(n); one-hot -> 0.  Returns 0 for n <= 0 or an all-zero w.  Pure. */
@@ -572,6 +591,50 @@ const char *kvt_head_class_name(int32_t cls);
 /* Entropy-adaptive budget of one head: base * clamp(h / mean_h, 0.3, 2.5), rounded down
 ** (tokens).  mean_h <= 0 returns base.  Pure. */
 int32_t kvt_entropy_budget(int32_t base, double h, double mean_h);
+
+/* ====================================================================================== */
+/* 7. Optional dense retrieval: embeddings through llama.cpp, approximate nearest neighbours */
+/* ====================================================================================== */
+
+/* An embedding model: any GGUF llama.cpp loads, run with embeddings on and MEAN pooling
+** (sentence-transformer style).  Separate from the generation engine (its own model and
+** context).  Not thread-safe; one caller at a time. */
+typedef struct kvt_embedder kvt_embedder;
+
+/* n_ctx: longest text in tokens (default 512 if <= 0); n_threads 0 = all cores.
+** Errors: KVT_EINVAL, KVT_EMODEL (message names the path), KVT_ELLAMA. */
+int kvt_embedder_open(const char *model_path, int32_t n_ctx, int32_t n_threads, kvt_embedder **out);
+void kvt_embedder_free(kvt_embedder *em); /* accepts NULL */
+int32_t kvt_embedder_dim(const kvt_embedder *em); /* embedding width (floats) */
+
+/* Embed UTF-8 text: mean-pooled over its tokens, L2-normalised, written to out[dim].  Text
+** longer than n_ctx tokens is cut to its first n_ctx tokens.  Errors: KVT_EINVAL (empty text
+** or no tokenizer), KVT_ELLAMA. */
+int kvt_embed(kvt_embedder *em, const char *text, float *out /* OUT [dim] */);
+
+/* Approximate nearest-neighbour index over L2-normalised vectors by cosine similarity: HNSW
+** (Malkov & Yashunin 2018) through hnswlib, defaults M = 16, ef_construction = 200,
+** ef_search = 50.  Ids are caller-chosen uint64.  Not thread-safe. */
+typedef struct kvt_ann kvt_ann;
+
+/* dim: vector width; capacity: initial element count (grows by doubling).  m / ef_search <= 0:
+** defaults.  Errors: KVT_EINVAL, KVT_ENOMEM. */
+int kvt_ann_open(int32_t dim, int32_t capacity, int32_t m, int32_t ef_search, kvt_ann **out);
+void kvt_ann_free(kvt_ann *ann); /* accepts NULL */
+
+/* Add or replace id's vector (normalised inside).  Errors: KVT_EINVAL (NULL/zero vector),
+** KVT_ENOMEM. */
+int kvt_ann_add(kvt_ann *ann, uint64_t id, const float *v);
+
+/* Remove id (marked deleted; never returned again).  Errors: KVT_ENOENT. */
+int kvt_ann_remove(kvt_ann *ann, uint64_t id);
+
+/* The k nearest ids to q by cosine, best first.  OUT ids[k], sims[k] (cosine in [-1, 1]),
+** *n_found <= k (fewer when the index holds fewer).  Errors: KVT_EINVAL. */
+int kvt_ann_search(kvt_ann *ann, const float *q, int32_t k, uint64_t *ids, float *sims, int32_t *n_found);
+
+/* Number of live (not removed) elements. */
+int32_t kvt_ann_size(const kvt_ann *ann);
 
 #ifdef __cplusplus
 }

@@ -29,7 +29,7 @@ MODEL_WHEELS=(
 )
 # Debian packages the build and the tests need.
 DEB_PACKAGES=(build-essential cmake pkg-config git python3 python3-pip unzip
-              libcmocka-dev libjansson-dev libmicrohttpd-dev libsqlite3-dev libssl-dev curl)
+              libcmocka-dev libjansson-dev libmicrohttpd-dev libsqlite3-dev libssl-dev curl gnuplot-nox libhnswlib-dev)
 
 LLAMA_PREFIX=$CACHE/llama.cpp-$LCP_VERSION/prefix
 MODEL_PATH=$CACHE/models/$MODEL_FILE

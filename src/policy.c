@@ -12,6 +12,7 @@
 #include "internal.h"
 #include "policy.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <string.h>
 
@@ -19,6 +20,7 @@ static const char *const policy_names[KVT_POLICY__COUNT] = {
     [KVT_POLICY_KVTIER] = "kvtier",     [KVT_POLICY_NO_EVICTION] = "no_eviction",
     [KVT_POLICY_TRUNCATE] = "truncate", [KVT_POLICY_STREAMING] = "streaming",
     [KVT_POLICY_H2O] = "h2o",           [KVT_POLICY_SNAPKV] = "snapkv",
+    [KVT_POLICY_INFLLM] = "infllm",
 };
 
 static const char *const recovery_names[] = { "kv_restore", "discard", "breadcrumb" };
@@ -29,7 +31,7 @@ int kvt_policy_from_name(const char *name, int32_t *policy) {
             *policy = i;
             return 0;
         }
-    return kvt__fail(KVT_EINVAL, "unknown policy '%s' (known: kvtier, no_eviction, truncate, streaming, h2o, snapkv)",
+    return kvt__fail(KVT_EINVAL, "unknown policy '%s' (known: kvtier, no_eviction, truncate, streaming, h2o, snapkv, infllm)",
                      name ? name : "(null)");
 }
 
@@ -48,13 +50,15 @@ int kvt_recovery_from_name(const char *name, int32_t *recovery) {
 
 const char *kvt_recovery_name(int32_t recovery) { return recovery >= 0 && recovery < 3 ? recovery_names[recovery] : "unknown"; }
 
-int kvt_attn_block_mass(const kvt_attn *a, int32_t q_from, const kvt_pos *p0, const int32_t *n, int32_t n_blocks,
-                        double *mass) {
+int kvt_attn_block_mass(const kvt_attn *a, int32_t q_from, const float *head_w, const kvt_pos *p0, const int32_t *n,
+                        int32_t n_blocks, double *mass) {
     if (q_from < 0 || q_from >= a->n_query)
         return kvt__fail(KVT_EINVAL, "observation rows start at %d; the capture has %d queries", q_from, a->n_query);
     for (int32_t b = 0; b < n_blocks; b++) mass[b] = 0;
-    /* key k -> block (keys ascending; blocks in any order: one lookup per key) */
-    const double norm = 1.0 / ((double) (a->n_query - q_from) * a->n_head);
+    double wsum = 0;
+    for (int32_t h = 0; h < a->n_head; h++) wsum += head_w ? head_w[h] : 1.0;
+    if (wsum <= 0) return kvt__fail(KVT_EINVAL, "head weights sum to %g", wsum);
+    const double norm = 1.0 / ((double) (a->n_query - q_from) * wsum);
     for (int32_t k = 0; k < a->n_keys; k++) {
         int32_t blk = -1;
         for (int32_t b = 0; b < n_blocks && blk < 0; b++)
@@ -62,10 +66,46 @@ int kvt_attn_block_mass(const kvt_attn *a, int32_t q_from, const kvt_pos *p0, co
         if (blk < 0) continue;
         double sum = 0;
         for (int32_t t = q_from; t < a->n_query; t++)
-            for (int32_t h = 0; h < a->n_head; h++) sum += a->w[((size_t) t * a->n_head + h) * a->n_keys + k];
+            for (int32_t h = 0; h < a->n_head; h++)
+                sum += (head_w ? head_w[h] : 1.0) * a->w[((size_t) t * a->n_head + h) * a->n_keys + k];
         mass[blk] += sum * norm;
     }
     return 0;
+}
+
+int kvt_head_weights_load(const char *path, const int32_t *layers, int32_t n_layers, int32_t n_head, float *w) {
+    json_error_t err;
+    json_t *root = json_load_file(path, 0, &err);
+    if (!root) return kvt__fail(KVT_EIO, "head profile '%s': %s (line %d)", path, err.text, err.line);
+    int rc = 0;
+    json_t *ls = json_object_get(root, "layers");
+    if (!json_is_array(ls)) rc = kvt__fail(KVT_EFORMAT, "head profile '%s' has no \"layers\" array", path);
+    for (int32_t i = 0; rc == 0 && i < n_layers; i++) {
+        json_t *lay = NULL, *x;
+        size_t k;
+        json_array_foreach(ls, k, x) {
+            if (json_integer_value(json_object_get(x, "layer")) == layers[i]) lay = x;
+        }
+        json_t *heads = lay ? json_object_get(lay, "heads") : NULL;
+        if (!json_is_array(heads) || (int32_t) json_array_size(heads) != n_head) {
+            rc = kvt__fail(KVT_EFORMAT, "head profile '%s': layer %d missing or without %d heads", path, layers[i], n_head);
+            break;
+        }
+        double inv_mean = 0;
+        for (int32_t h = 0; h < n_head; h++) {
+            json_t *e = json_object_get(json_array_get(heads, (size_t) h), "entropy_bits");
+            if (!json_is_number(e)) {
+                rc = kvt__fail(KVT_EFORMAT, "head profile '%s': layer %d head %d has no entropy_bits", path, layers[i], h);
+                break;
+            }
+            double hb = fmax(json_number_value(e), 0.05);
+            w[i * n_head + h] = (float) (1.0 / hb);
+            inv_mean += 1.0 / hb / n_head;
+        }
+        for (int32_t h = 0; rc == 0 && h < n_head; h++) w[i * n_head + h] = (float) (w[i * n_head + h] / inv_mean);
+    }
+    json_decref(root);
+    return rc;
 }
 
 double kvt__score(int32_t policy, const struct kvt_block_info *b, const struct kvt__score_ctx *c) {

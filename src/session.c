@@ -21,6 +21,9 @@ struct blk {
     struct kvt_block_info info; /* info.text points at text */
     kvt_token *tok;             /* [block] */
     int32_t    role_n[3];       /* tokens per role */
+    float     *tok_mass;        /* [block] attention each token received (InfLLM representatives) */
+    float     *rep;             /* InfLLM: n_rep x row representative keys, un-rotated */
+    int32_t    n_rep;
     char      *text;
     uint64_t   key;             /* pool key (sealed blocks) */
     kvt_pos    blob_p0;         /* position the saved K is rotated for */
@@ -54,7 +57,11 @@ struct kvt_session {
     int32_t     cur_keep;       /* keep hint of the message being decoded */
     int32_t     n_layers;       /* attention layers observed (0 = no attention signals) */
     int32_t    *layers;
+    float      *head_w;         /* [n_layers * n_head] from head_profile, NULL = equal */
+    int32_t     n_head;
     double      policy_ms;      /* signals + scoring + bookkeeping (not the primitives) */
+    int32_t     rep_layer;      /* InfLLM: layer of the representative keys */
+    int32_t     rep_row;        /* floats per representative key row (n_head_kv * head_dim) */
     double      decode_ms;      /* time in kvt_decode for this session's tokens */
 };
 
@@ -100,7 +107,8 @@ int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *params, k
     if (p.policy < 0 || p.policy >= KVT_POLICY__COUNT)
         return kvt__fail(KVT_EINVAL, "policy %d is not one of the %d known policies", p.policy, KVT_POLICY__COUNT);
     if (p.policy == KVT_POLICY_NO_EVICTION) p.budget = I.n_ctx; /* the reference keeps everything */
-    if (p.policy != KVT_POLICY_KVTIER && p.policy != KVT_POLICY_NO_EVICTION) p.recovery = KVT_RECOVERY_DISCARD;
+    if (p.policy == KVT_POLICY_INFLLM) p.recovery = KVT_RECOVERY_KV_RESTORE;
+    else if (p.policy != KVT_POLICY_KVTIER && p.policy != KVT_POLICY_NO_EVICTION) p.recovery = KVT_RECOVERY_DISCARD;
     if (p.budget > I.n_ctx)
         return kvt__fail(KVT_EINVAL, "budget %d exceeds the context of %d tokens", p.budget, I.n_ctx);
     if (!(p.low_watermark > 0 && p.low_watermark < p.high_watermark && p.high_watermark <= 1))
@@ -119,7 +127,6 @@ int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *params, k
     if (p.top_k < 0 || p.gen_reserve < 0 || p.n_sink_blocks < 0 || p.n_recent_blocks < 0)
         return kvt__fail(KVT_EINVAL, "top_k %d, gen_reserve %d, sink %d and recent %d blocks must be >= 0", p.top_k,
                          p.gen_reserve, p.n_sink_blocks, p.n_recent_blocks);
-    if (!p.scorer) p.scorer = kvt_scorer_recency;
     kvt_session *s = calloc(1, sizeof *s);
     if (!s) return kvt__fail(KVT_ENOMEM, "session");
     s->eng = eng;
@@ -130,7 +137,8 @@ int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *params, k
     s->kv_text = strdup("");
     if (!s->kv_text) { free(s); return kvt__fail(KVT_ENOMEM, "session"); }
     int rc0 = 0;
-    if (p.policy == KVT_POLICY_H2O || p.policy == KVT_POLICY_SNAPKV || p.policy == KVT_POLICY_KVTIER) {
+    if (p.policy == KVT_POLICY_H2O || p.policy == KVT_POLICY_SNAPKV || p.policy == KVT_POLICY_KVTIER ||
+        p.policy == KVT_POLICY_INFLLM) {
         /* attention signals: the given layers, else the full-attention layers of an iSWA model
         ** (Gemma 3 270M: 5, 11, 17), else three spread layers */
         s->layers = malloc(sizeof(int32_t) * (size_t) (I.n_layer > 3 ? I.n_layer : 3));
@@ -146,8 +154,15 @@ int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *params, k
             if (I.n_layer > 1) s->layers[s->n_layers++] = I.n_layer / 2;
             if (I.n_layer > 2) s->layers[s->n_layers++] = (3 * I.n_layer) / 4;
         }
-        if (rc0 == 0) rc0 = kvt_attn_capture(eng, s->layers, s->n_layers, false);
-        if (rc0) { free(s->layers); free(s->kv_text); free(s); return rc0; }
+        if (rc0 == 0) rc0 = kvt_attn_capture(eng, s->layers, s->n_layers, p.policy == KVT_POLICY_INFLLM);
+        s->n_head = I.n_head;
+        if (rc0 == 0 && p.head_profile) {
+            s->head_w = malloc(sizeof(float) * (size_t) s->n_layers * (size_t) I.n_head);
+            rc0 = s->head_w ? kvt_head_weights_load(p.head_profile, s->layers, s->n_layers, I.n_head, s->head_w)
+                            : kvt__fail(KVT_ENOMEM, "head weights");
+        }
+        s->rep_layer = s->layers[s->n_layers / 2];
+        if (rc0) { free(s->head_w); free(s->layers); free(s->kv_text); free(s); return rc0; }
         s->p.attn_layers = s->layers;
         s->p.n_attn_layers = s->n_layers;
     }
@@ -156,7 +171,7 @@ int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *params, k
     } else {
         struct kvt_pool_params pp = kvt_pool_default_params();
         int rc = kvt_pool_open(&pp, &s->pool);
-        if (rc) { free(s->layers); free(s->kv_text); free(s); return rc; }
+        if (rc) { free(s->head_w); free(s->layers); free(s->kv_text); free(s); return rc; }
         s->own_pool = true;
     }
     *out = s;
@@ -170,6 +185,8 @@ void kvt_session_free(kvt_session *s) {
         if (s->b[i].info.sealed && s->b[i].info.residency != KVT_RES_LOST) kvt_pool_del(s->pool, s->b[i].key);
         free(s->b[i].tok);
         free(s->b[i].text);
+        free(s->b[i].tok_mass);
+        free(s->b[i].rep);
     }
     for (int32_t i = 0; i < s->n_m; i++) free(s->m[i].content);
     if (s->own_pool) kvt_pool_free(s->pool);
@@ -177,6 +194,7 @@ void kvt_session_free(kvt_session *s) {
     free(s->m);
     free(s->kv_text);
     free(s->layers);
+    free(s->head_w);
     free(s);
 }
 
@@ -197,6 +215,53 @@ static int block_role(const struct blk *b) {
     return best;
 }
 
+enum { N_REP = 4, INFLLM_WINDOW = 32 };
+
+/* InfLLM's representative tokens: the N_REP tokens of the block that received the most
+** attention, their keys at rep_layer taken from the saved block and rotated back to position
+** 0, so that scoring against a query (also at position 0) ignores distance.  Best effort: a
+** block without representatives is simply never retrieved. */
+static void pick_representatives(kvt_session *s, struct blk *b, const kvt_blob *blob) {
+    int part, idx;
+    float *K = NULL;
+    kvt_pos *pos = NULL;
+    int32_t nc = 0, row = 0;
+    struct kvt_engine_info I;
+    kvt_engine_info(s->eng, &I);
+    if (kvt_engine_layer_part(s->eng, s->rep_layer, &part, &idx) ||
+        kvt_blob_k_rows(s->eng, blob, part, idx, &K, &pos, &nc, &row)) {
+        kvt__clear_error();
+        return;
+    }
+    int32_t pick[N_REP], n_pick = 0;
+    for (int32_t r = 0; r < N_REP && r < b->info.n_tokens; r++) {
+        int32_t best = -1;
+        for (int32_t t = 0; t < b->info.n_tokens; t++) {
+            bool used = false;
+            for (int32_t q = 0; q < n_pick; q++) used |= pick[q] == t;
+            if (!used && (best < 0 || b->tok_mass[t] >= b->tok_mass[best])) best = t;
+        }
+        pick[n_pick++] = best;
+    }
+    free(b->rep);
+    b->rep = malloc(sizeof(float) * (size_t) n_pick * (size_t) row);
+    b->n_rep = 0;
+    const int32_t hd = row / I.n_head_kv;
+    for (int32_t r = 0; b->rep && r < n_pick; r++)
+        for (int32_t c = 0; c < nc; c++)
+            if (pos[c] == b->info.p0 + pick[r]) {
+                float *dst = b->rep + (size_t) b->n_rep * row;
+                memcpy(dst, K + (size_t) c * row, sizeof(float) * (size_t) row);
+                for (int32_t h = 0; h < I.n_head_kv; h++) kvt__engine_rotate(s->eng, s->rep_layer, dst + h * hd, hd, -pos[c]);
+                b->n_rep++;
+                break;
+            }
+    s->rep_row = row;
+    kvt__clear_error();
+    free(K);
+    free(pos);
+}
+
 /* Seal the open block: save its K/V to the pool (write-through) and detokenize its text.
 ** On error the block stays open and resident; nothing is lost. */
 static int seal(kvt_session *s) {
@@ -213,6 +278,7 @@ static int seal(kvt_session *s) {
     b->blob_cells = blob->n_cells;
     b->blob_cells_swa = blob->n_cells_swa;
     b->blob_bytes = blob->size;
+    if (s->p.policy == KVT_POLICY_INFLLM) pick_representatives(s, b, blob);
     kvt_blob_free(blob);
     free(b->text);
     if ((rc = kvt_detokenize(s->eng, b->tok, b->info.n_tokens, false, &b->text))) {
@@ -243,6 +309,7 @@ static int record(kvt_session *s, const kvt_token *tok, int32_t n, int role) {
             struct blk *b = &s->b[s->n_b];
             memset(b, 0, sizeof *b);
             if (!(b->tok = malloc(sizeof(kvt_token) * (size_t) s->p.block))) return kvt__fail(KVT_ENOMEM, "block");
+            if (!(b->tok_mass = calloc((size_t) s->p.block, sizeof(float)))) return kvt__fail(KVT_ENOMEM, "block");
             b->info.id = s->n_b;
             b->info.orig_p0 = b->info.p0 = s->next_pos;
             b->info.turn = s->turn;
@@ -368,13 +435,28 @@ static void observe(kvt_session *s, bool prompt) {
             }
         for (int32_t l = 0; l < s->n_layers; l++) {
             kvt_attn *a = NULL;
-            if (kvt_attn_get(s->eng, s->layers[l], s->p.seq, &a) != 0) continue;
-            if (kvt_attn_block_mass(a, 0, p0, n, nb, m) == 0) {
+            if (kvt_attn_get(s->eng, s->layers[l], s->p.seq, &a) != 0) {
+                if (getenv("KVT_DEBUG_SIGNALS")) fprintf(stderr, "[signals] layer %d: %s\n", s->layers[l], kvt_errmsg());
+                continue;
+            }
+            if (s->p.policy == KVT_POLICY_INFLLM) /* per-token attention received, for representatives */
+                for (int32_t k = 0; k < a->n_keys; k++)
+                    for (int32_t j = 0; j < nb; j++) {
+                        struct blk *bk = &s->b[idx[j]];
+                        if (a->k_pos[k] < p0[j] || a->k_pos[k] >= p0[j] + n[j]) continue;
+                        double w = 0;
+                        for (int32_t t = 0; t < a->n_query; t++)
+                            for (int32_t h = 0; h < a->n_head; h++) w += a->w[((size_t) t * a->n_head + h) * a->n_keys + k];
+                        bk->tok_mass[a->k_pos[k] - p0[j]] += (float) w;
+                        break;
+                    }
+            const float *hw = s->head_w && a->n_head == s->n_head ? s->head_w + (size_t) l * s->n_head : NULL;
+            if (kvt_attn_block_mass(a, 0, hw, p0, n, nb, m) == 0) {
                 for (int32_t j = 0; j < nb; j++) all[j] += m[j] * a->n_query; /* mass summed over queries */
                 got++;
             }
             int32_t from = a->n_query > s->p.snap_window ? a->n_query - s->p.snap_window : 0;
-            if (prompt && kvt_attn_block_mass(a, from, p0, n, nb, m) == 0)
+            if (prompt && kvt_attn_block_mass(a, from, hw, p0, n, nb, m) == 0)
                 for (int32_t j = 0; j < nb; j++) win[j] += m[j];
             kvt_attn_free(a);
         }
@@ -557,6 +639,74 @@ static int recover(kvt_session *s, const char *query, int32_t msg_tokens) {
     return rc;
 }
 
+/* InfLLM retrieval, after the user message is decoded: the mean query of its last tokens
+** (rep_layer, rotated back to position 0) against every evicted block's representative keys;
+** a block scores its best representative; the top_k come back at the tail. */
+static int infllm_recover(kvt_session *s, int32_t suffix_tokens) {
+    kvt_attn *a = NULL;
+    struct kvt_engine_info I;
+    kvt_engine_info(s->eng, &I);
+    if (s->p.top_k == 0 || s->rep_row == 0 || kvt_attn_get(s->eng, s->rep_layer, s->p.seq, &a) || !a->q) {
+        kvt_attn_free(a);
+        kvt__clear_error();
+        return 0;
+    }
+    double t0 = kvt__now_ms();
+    const int32_t hd = a->head_dim, nh = a->n_head, group = nh / I.n_head_kv;
+    float *qbar = calloc((size_t) nh * hd, sizeof(float)), *tmp = malloc(sizeof(float) * (size_t) hd);
+    struct cand *c = malloc(sizeof *c * (size_t) (s->n_b ? s->n_b : 1));
+    int32_t from = a->n_query > INFLLM_WINDOW ? a->n_query - INFLLM_WINDOW : 0, n_c = 0;
+    if (qbar && tmp && c && hd == s->rep_row / I.n_head_kv) {
+        for (int32_t t = from; t < a->n_query; t++)
+            for (int32_t h = 0; h < nh; h++) {
+                memcpy(tmp, a->q + ((size_t) t * nh + h) * hd, sizeof(float) * (size_t) hd);
+                kvt__engine_rotate(s->eng, s->rep_layer, tmp, hd, -a->q_pos[t]);
+                for (int32_t d = 0; d < hd; d++) qbar[(size_t) h * hd + d] += tmp[d] / (float) (a->n_query - from);
+            }
+        double bar = -INFINITY; /* like the BM25 rule: only blocks that beat every resident non-sink block */
+        for (int32_t i = 0; i < s->n_b; i++) {
+            const struct blk *b = &s->b[i];
+            bool evicted = b->info.residency == KVT_RES_HOST || b->info.residency == KVT_RES_DISK;
+            if (b->n_rep == 0 || (!evicted && (b->info.residency != KVT_RES_DEVICE || b->info.id < s->p.n_sink_blocks)))
+                continue;
+            double best = -INFINITY;
+            for (int32_t r = 0; r < b->n_rep; r++) {
+                double dot = 0;
+                for (int32_t h = 0; h < nh; h++) {
+                    const float *k = b->rep + (size_t) r * s->rep_row + (size_t) (h / group) * hd;
+                    for (int32_t d = 0; d < hd; d++) dot += (double) qbar[(size_t) h * hd + d] * k[d];
+                }
+                best = fmax(best, dot / sqrt((double) hd));
+            }
+            if (evicted) c[n_c++] = (struct cand){ i, best };
+            else bar = fmax(bar, best);
+        }
+        int32_t kept = 0;
+        for (int32_t k = 0; k < n_c; k++)
+            if (c[k].score > bar) c[kept++] = c[k];
+        n_c = kept;
+        qsort(c, (size_t) n_c, sizeof *c, cmp_cand);
+        if (n_c > s->p.top_k) n_c = s->p.top_k;
+    }
+    kvt_attn_free(a);
+    free(qbar);
+    free(tmp);
+    s->policy_ms += kvt__now_ms() - t0;
+    int rc = 0;
+    int32_t need = 0;
+    for (int32_t k = 0; k < n_c; k++) need += s->b[c[k].i].info.n_tokens;
+    while (n_c > 0 && make_room(s, need + suffix_tokens + s->p.gen_reserve) == KVT_EBUDGET)
+        need -= s->b[c[--n_c].i].info.n_tokens;
+    kvt__clear_error();
+    if (n_c > 0) rc = seal(s);
+    for (int32_t k = 0; rc == 0 && k < n_c; k++) {
+        int r = load_block(s, c[k].i);
+        if (r != KVT_ECORRUPT) rc = r;
+    }
+    free(c);
+    return rc;
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* conversation                                                                             */
 
@@ -636,8 +786,29 @@ int kvt_session_add_ex(kvt_session *s, enum kvt_role role, const char *text, int
                        I.n_ctx, s->p.gen_reserve);
         goto fail;
     }
-    /* 3. evicted blocks relevant to it come back right before it */
-    if ((rc = recover(s, text, n))) goto fail;
+    /* 3. evicted blocks relevant to it come back right before it (InfLLM: right after it,
+    **    since its retrieval query is the message's own attention queries) */
+    if (s->p.policy == KVT_POLICY_INFLLM) {
+        kvt_token *tc = NULL;
+        int32_t nc = 0;
+        char *fc = NULL;
+        if ((rc = pending_tokens(s, s->n_m, false, &tc, &nc, &fc))) goto fail;
+        s->cur_keep = keep;
+        rc = nc > 0 ? feed(s, tc, nc, KVT_ROLE_USER, s->p.gen_reserve) : 0;
+        s->cur_keep = KVT_KEEP_NONE;
+        free(tc);
+        if (rc) { free(fc); goto fail; }
+        free(s->kv_text);
+        s->kv_text = fc;
+        free(tok);
+        free(fmt);
+        tok = NULL;
+        fmt = NULL;
+        if ((rc = infllm_recover(s, 8))) goto fail;
+        if ((rc = pending_tokens(s, s->n_m, true, &tok, &n, &fmt))) goto fail; /* the assistant prefix */
+    } else if ((rc = recover(s, text, n))) {
+        goto fail;
+    }
     s->cur_keep = keep;
     if (n > 0 && (rc = feed(s, tok, n, KVT_ROLE_USER, s->p.gen_reserve))) { s->cur_keep = KVT_KEEP_NONE; goto fail; }
     s->cur_keep = KVT_KEEP_NONE;

@@ -61,10 +61,10 @@ expect "non-GGUF file" 1 err "could not load '$TMP/notes.gguf'" -- \
     "$BIN" chat -m "$TMP/notes.gguf"
 expect "model path is a directory" 1 err "model path '$TMP' is not a regular file" -- \
     "$BIN" chat -m "$TMP"
-if [ -n "$TINY" ] && [ -f "$TINY/tiny-llama.gguf" ]; then
+if [ -n "$TINY" ] && [ -f "$TINY/tiny-notok.gguf" ]; then
     printf 'hello\n' >"$TMP/hello.txt"
     expect "model without a tokenizer" 1 err "has no tokenizer" -- \
-        "$BIN" chat -m "$TINY/tiny-llama.gguf" --script "$TMP/hello.txt"
+        "$BIN" chat -m "$TINY/tiny-notok.gguf" --script "$TMP/hello.txt"
 fi
 
 # --- flags ---

@@ -1,9 +1,19 @@
-/* mkmodel — write a tiny random-weight GGUF for exactness tests (no tokenizer).
+/* mkmodel — write a tiny random-weight GGUF for exactness tests and CLI smoke runs.
 **
-**   mkmodel OUT.gguf llama            pure-attention llama-style model (NORM RoPE, GQA 4:2)
-**   mkmodel OUT.gguf gemma3 [N_SWA]   Gemma 3-style: NEOX RoPE, Q/K norm, sliding window N_SWA
-**                                     (default 32) on 5 of 6 layers, full attention on layer 5
-** F32 weights, vocab 512, 6 layers, n_embd 128, head_dim 64.  Deterministic (fixed seed). */
+**   mkmodel OUT.gguf llama [--no-tokenizer]           pure-attention llama-style model
+**                                                     (NORM RoPE, GQA 4:2)
+**   mkmodel OUT.gguf gemma3 [N_SWA] [--no-tokenizer]  Gemma 3-style: NEOX RoPE, Q/K norm, sliding
+**                                                     window N_SWA (default 32) on 5 of 6 layers,
+**                                                     full attention on layer 5
+** F32 weights, vocab 512, 6 layers, n_embd 128, head_dim 64.  Deterministic (fixed seed).
+**
+** Tokenizer: a SentencePiece-style ("llama") vocabulary that llama.cpp accepts, so text can be
+** tokenized and a session run on the tiny models: <unk> (0), <s> (1, BOS), </s> (2, EOS), the
+** 256 byte-fallback tokens <0x00>..<0xFF>, then "▁", the printable ASCII characters and common
+** English words with every prefix of each (SPM merges pairs only into pieces of the vocabulary,
+** so a word is reachable only through its prefixes), scores decreasing.  The tokenizer adds no
+** tensors and draws nothing from the weights' random stream: the weights are the same as
+** without it.  --no-tokenizer writes tokenizer.ggml.model = "none" (no vocabulary at all). */
 #include "ggml.h"
 #include "gguf.h"
 
@@ -48,9 +58,92 @@ static void kv_f32(const char *arch, const char *k, float v) {
     gguf_set_val_f32(gctx, key, v);
 }
 
+/* ---- SPM vocabulary ---- */
+
+enum { TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_BYTE = 6 };
+
+/* Words whose prefixes (with the leading "▁") fill the vocabulary after the single characters,
+** in order, until it is full. */
+static const char *const WORDS[] = {
+    "the", "of", "and", "to", "in", "is", "it", "that", "you", "for", "on", "was", "with", "as", "are",
+    "be", "this", "have", "not", "what", "at", "or", "but", "they", "from", "we", "an", "by", "one",
+    "secret", "code", "number", "part", "document", "here", "answer", "noted", "people", "about",
+    "would", "if", "can", "do", "so", "there", "which", "their", "more", "like", "when", "startup",
+    "work", "think", "because", "things", "good", "make", "how", "some", "time", "way", "who", "all",
+};
+
+static char  *vocab[1024];
+static float  vocab_score[1024];
+static int32_t vocab_type[1024];
+static int    n_tok;
+
+static int vocab_has(const char *t) {
+    for (int i = 0; i < n_tok; i++)
+        if (!strcmp(vocab[i], t)) return 1;
+    return 0;
+}
+
+static void vocab_add(const char *t, int32_t type, int n_max) {
+    if (n_tok >= n_max || vocab_has(t)) return;
+    size_t n = strlen(t) + 1;
+    vocab[n_tok] = malloc(n);
+    memcpy(vocab[n_tok], t, n);
+    vocab_type[n_tok] = type;
+    vocab_score[n_tok] = type == TT_NORMAL ? -(float) n_tok : 0.0f; /* earlier = more likely */
+    n_tok++;
+}
+
+static void add_tokenizer(int n_vocab) {
+    static const char SP[] = "\xe2\x96\x81"; /* U+2581, SentencePiece's space */
+    char buf[64];
+    vocab_add("<unk>", TT_UNKNOWN, n_vocab);
+    vocab_add("<s>", TT_CONTROL, n_vocab);
+    vocab_add("</s>", TT_CONTROL, n_vocab);
+    for (int b = 0; b < 256; b++) {
+        snprintf(buf, sizeof buf, "<0x%02X>", b); /* llama.cpp's byte-token spelling */
+        vocab_add(buf, TT_BYTE, n_vocab);
+    }
+    vocab_add(SP, TT_NORMAL, n_vocab);
+    for (int c = 0x21; c < 0x7f; c++) {
+        buf[0] = (char) c;
+        buf[1] = '\0';
+        vocab_add(buf, TT_NORMAL, n_vocab);
+    }
+    for (size_t w = 0; w < sizeof WORDS / sizeof WORDS[0]; w++)
+        for (size_t len = 1; len <= strlen(WORDS[w]); len++) {
+            snprintf(buf, sizeof buf, "%s%.*s", SP, (int) len, WORDS[w]);
+            vocab_add(buf, TT_NORMAL, n_vocab);
+        }
+    /* pad with two-letter pieces (deterministic order) until the vocabulary is full */
+    for (int a = 'a'; a <= 'z' && n_tok < n_vocab; a++)
+        for (int b = 'a'; b <= 'z' && n_tok < n_vocab; b++) {
+            buf[0] = (char) a;
+            buf[1] = (char) b;
+            buf[2] = '\0';
+            vocab_add(buf, TT_NORMAL, n_vocab);
+        }
+    gguf_set_val_str(gctx, "tokenizer.ggml.model", "llama");
+    gguf_set_arr_str(gctx, "tokenizer.ggml.tokens", (const char **) vocab, (size_t) n_tok);
+    gguf_set_arr_data(gctx, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, vocab_score, (size_t) n_tok);
+    gguf_set_arr_data(gctx, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, vocab_type, (size_t) n_tok);
+    gguf_set_val_u32(gctx, "tokenizer.ggml.unknown_token_id", 0);
+    gguf_set_val_u32(gctx, "tokenizer.ggml.bos_token_id", 1);
+    gguf_set_val_u32(gctx, "tokenizer.ggml.eos_token_id", 2);
+    gguf_set_val_bool(gctx, "tokenizer.ggml.add_bos_token", true);
+    gguf_set_val_bool(gctx, "tokenizer.ggml.add_eos_token", false);
+    /* like Gemma's tokenizer: no "▁" in front of a text tokenized on its own (the session
+    ** tokenizes conversation fragments separately) */
+    gguf_set_val_bool(gctx, "tokenizer.ggml.add_space_prefix", false);
+}
+
 int main(int argc, char **argv) {
-    if (argc < 3 || (strcmp(argv[2], "llama") && strcmp(argv[2], "gemma3"))) {
-        fprintf(stderr, "usage: mkmodel OUT.gguf llama|gemma3 [n_swa]\n");
+    int tokenizer = 1;
+    if (argc > 3 && !strcmp(argv[argc - 1], "--no-tokenizer")) {
+        tokenizer = 0;
+        argc--;
+    }
+    if (argc < 3 || argc > 4 || (strcmp(argv[2], "llama") && strcmp(argv[2], "gemma3"))) {
+        fprintf(stderr, "usage: mkmodel OUT.gguf llama|gemma3 [n_swa] [--no-tokenizer]\n");
         return 2;
     }
     const char *out = argv[1], *arch = argv[2];
@@ -81,7 +174,10 @@ int main(int argc, char **argv) {
         kv_f32(arch, "rope.freq_base", 10000.0f);
         kv_u32(arch, "rope.dimension_count", hd);
     }
-    gguf_set_val_str(gctx, "tokenizer.ggml.model", "none");
+    if (tokenizer)
+        add_tokenizer(n_vocab);
+    else
+        gguf_set_val_str(gctx, "tokenizer.ggml.model", "none");
 
     add("token_embd.weight", n_embd, n_vocab, 0.0f, gemma ? 0.1f : 0.5f); /* logits ~ 10, like real models */
     add("output_norm.weight", n_embd, 0, 1.0f, 0.05f);
@@ -116,5 +212,6 @@ int main(int argc, char **argv) {
     }
     gguf_free(gctx);
     ggml_free(ctx);
+    for (int i = 0; i < n_tok; i++) free(vocab[i]);
     return 0;
 }

@@ -11,7 +11,9 @@
 #include "policy.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* 2 queries x 2 heads over keys at positions 0,1,2 | 10,11,12 | 20 */
 static float W[2 * 2 * 7] = {
@@ -42,7 +44,7 @@ static void test_block_mass_h2o(void **st) {
     kvt_pos p0[2] = { 10, 0 }; /* any order */
     int32_t n[2] = { 3, 3 };
     double m[2];
-    assert_int_equal(kvt_attn_block_mass(&a, 0, p0, n, 2, m), 0);
+    assert_int_equal(kvt_attn_block_mass(&a, 0, NULL, p0, n, 2, m), 0);
     /* block [0,3): (0.6 + 0.6 + 0 + 0.1) / 4 = 0.325 ; block [10,13): (0.3 + 0.3 + 0.8 + 0.8) / 4 = 0.55 */
     assert_true(fabs(m[1] - 0.325) < 1e-6);
     assert_true(fabs(m[0] - 0.55) < 1e-6);
@@ -61,7 +63,7 @@ static void test_block_mass_snapkv_window(void **st) {
     int32_t n[2] = { 3, 3 };
     double m[2];
     /* observation window = the last query only */
-    assert_int_equal(kvt_attn_block_mass(&a, 1, p0, n, 2, m), 0);
+    assert_int_equal(kvt_attn_block_mass(&a, 1, NULL, p0, n, 2, m), 0);
     assert_true(fabs(m[0] - 0.05) < 1e-6); /* (0 + 0.1) / 2 */
     assert_true(fabs(m[1] - 0.80) < 1e-6); /* (0.8 + 0.8) / 2 */
     struct kvt_block_info b0 = { 0 }, b1 = { 0 };
@@ -71,7 +73,39 @@ static void test_block_mass_snapkv_window(void **st) {
     struct kvt__score_ctx c = { 30, 3, 0, 0 };
     assert_true(kvt__score(KVT_POLICY_SNAPKV, &b0, &c) < kvt__score(KVT_POLICY_SNAPKV, &b1, &c));
     assert_true(kvt__score(KVT_POLICY_H2O, &b0, &c) > kvt__score(KVT_POLICY_H2O, &b1, &c));
-    assert_int_equal(kvt_attn_block_mass(&a, 2, p0, n, 2, m), KVT_EINVAL);
+    assert_int_equal(kvt_attn_block_mass(&a, 2, NULL, p0, n, 2, m), KVT_EINVAL);
+}
+
+static void test_head_weights(void **st) {
+    (void) st;
+    kvt_attn a = synthetic();
+    kvt_pos p0[2] = { 0, 10 };
+    int32_t n[2] = { 3, 3 };
+    double m[2];
+    /* all weight on head 1: block [0,3) gets (0.6 + 0.1) / 2, block [10,13) (0.3 + 0.8) / 2 */
+    const float hw[2] = { 0.0f, 2.0f };
+    assert_int_equal(kvt_attn_block_mass(&a, 0, hw, p0, n, 2, m), 0);
+    assert_true(fabs(m[0] - 0.35) < 1e-6);
+    assert_true(fabs(m[1] - 0.55) < 1e-6);
+    const float zero[2] = { 0, 0 };
+    assert_int_equal(kvt_attn_block_mass(&a, 0, zero, p0, n, 2, m), KVT_EINVAL);
+    /* weights from a profile: 1/H normalised to mean 1 within the layer */
+    char path[] = "/tmp/kvt-profile-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    const char *json = "{\"layers\":[{\"layer\":5,\"heads\":[{\"head\":0,\"entropy_bits\":1.0},"
+                       "{\"head\":1,\"entropy_bits\":3.0}]}]}";
+    assert_int_equal(write(fd, json, strlen(json)), (ssize_t) strlen(json));
+    close(fd);
+    int32_t layers[1] = { 5 };
+    float w[2];
+    assert_int_equal(kvt_head_weights_load(path, layers, 1, 2, w), 0);
+    assert_true(fabs(w[0] - 1.5) < 1e-6 && fabs(w[1] - 0.5) < 1e-6); /* 1 : 1/3, mean 2/3 */
+    layers[0] = 6;
+    assert_int_equal(kvt_head_weights_load(path, layers, 1, 2, w), KVT_EFORMAT);
+    assert_non_null(strstr(kvt_errmsg(), "layer 6"));
+    unlink(path);
+    assert_int_equal(kvt_head_weights_load("/nonexistent/p.json", layers, 1, 2, w), KVT_EIO);
 }
 
 static void test_ewma(void **st) {
@@ -121,8 +155,8 @@ static void test_kvtier_score(void **st) {
 
 static void test_names(void **st) {
     (void) st;
-    const char *names[] = { "kvtier", "no_eviction", "truncate", "streaming", "h2o", "snapkv" };
-    for (int i = 0; i < 6; i++) {
+    const char *names[] = { "kvtier", "no_eviction", "truncate", "streaming", "h2o", "snapkv", "infllm" };
+    for (int i = 0; i < 7; i++) {
         int32_t p = -1;
         assert_int_equal(kvt_policy_from_name(names[i], &p), 0);
         assert_int_equal(p, i);
@@ -140,7 +174,7 @@ static void test_names(void **st) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_block_mass_h2o),  cmocka_unit_test(test_block_mass_snapkv_window),
-        cmocka_unit_test(test_ewma),            cmocka_unit_test(test_kvtier_score),
+        cmocka_unit_test(test_ewma),            cmocka_unit_test(test_head_weights),            cmocka_unit_test(test_kvtier_score),
         cmocka_unit_test(test_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

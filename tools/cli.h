@@ -47,7 +47,9 @@ struct cli_run_opts {
     int32_t     ctx, threads;
     const char *type_k, *type_v;
     int32_t     budget, block, top_k, max_tokens, pool_mb, gen_reserve;
-    const char *recovery;      /* "kv_restore" | "discard" */
+    const char *recovery;      /* "kv_restore" | "discard" | "breadcrumb" */
+    const char *policy;        /* kvt_policy_from_name */
+    const char *head_profile;  /* `kvtier calibrate` profile */
     double      temp;
     int32_t     seed;
     bool        seed_set;
@@ -65,7 +67,11 @@ void cli_run_opts_default(struct cli_run_opts *o);
       "resident-token budget of the session (default 512; 0 = no eviction: the context size)", NULL }, \
     { "block", 0, OPT_INT, &(o)->block, 1, 1 << 20, "N", "tokens per KV block (default 64)", NULL }, \
     { "recovery", 0, OPT_STR, &(o)->recovery, 0, 0, "MODE",                                         \
-      "kv_restore (load evicted blocks back) or discard (default kv_restore)", NULL },             \
+      "kv_restore (load evicted blocks back), breadcrumb (re-prefill them) or discard (default kv_restore)", NULL }, \
+    { "policy", 0, OPT_STR, &(o)->policy, 0, 0, "NAME",                                             \
+      "eviction policy: kvtier, no_eviction, truncate, streaming, h2o, snapkv, infllm (default kvtier)", NULL }, \
+    { "head-profile", 0, OPT_STR, &(o)->head_profile, 0, 0, "FILE",                                 \
+      "entropy profile from `kvtier calibrate`: weights heads in the attention signals", NULL },   \
     { "top-k", 0, OPT_INT, &(o)->top_k, 0, 1 << 20, "N",                                           \
       "evicted blocks recovered per user turn at most (default 4)", NULL },                        \
     { "max-tokens", 0, OPT_INT, &(o)->max_tokens, 1, 1 << 20, "N",                                 \

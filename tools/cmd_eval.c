@@ -31,13 +31,18 @@ static void eval_usage(FILE *f, const char *task, const struct cli_opt *opts) {
             "\n"
             "Runs every policy of --policies on the same seeded cases (cases outer, policies inner,\n"
             "one engine) and reports, per policy: pass rate with its Wilson 95%% interval, the mean\n"
-            "teacher-forced log-probability of the expected answer (nats), evictions, recoveries,\n"
-            "time to first token and peak resident tokens.\n"
+            "teacher-forced log-probability of the expected answer and of its number (nats), the\n"
+            "differences to no_eviction on the same cases, evictions, recoveries, time to first\n"
+            "token and peak resident tokens.\n"
             "\n"
             "  niah       one seeded needle (\"The secret code of <name> is <number>.\") in a haystack of\n"
             "             essay sentences at a depth from --depths (cases cycle through them), given as\n"
             "             document turns of about --chunk tokens, each answered by a replayed\n"
             "             \"" EVAL_REPLY "\"; then the question. Pass = the greedy reply contains the number.\n"
+            "             Prefix pass = the number has probability > 1/2 after the teacher-forced answer\n"
+            "             prefix (\"The secret code of <name> is\"), so it is that prefix's greedy\n"
+            "             continuation: a retrieval check that does not need the model to follow the\n"
+            "             question-answer format (base models often do not).\n"
             "  multifact  one fact per depth (default 10,30,50,70,90), probed one after another.\n"
             "  ppl        held-out essay text as user turns of --segment tokens; after each turn from\n"
             "             --skip on, the next segment's first --score-tokens tokens are teacher-forced:\n"
@@ -285,6 +290,22 @@ int cmd_eval(int argc, char **argv) {
         kvt_engine_free(eng);
         eval_corpus_free(&corpus);
         return CLI_ERR;
+    }
+    /* the template's framing must leave room for text in every turn */
+    int32_t framing = eval_framing_tokens(eng, true);
+    int32_t room = o.task == EVAL_PPL ? o.segment : o.chunk - framing;
+    if (framing < 0 || room < 32) {
+        if (framing < 0)
+            cli_fail(cmd, "formatting a document turn with the chat template", KVT_EINVAL);
+        else
+            fprintf(stderr,
+                    "%s: --chunk %d leaves %d tokens of text per turn after the %d tokens of chat template and "
+                    "part header of this model; raise --chunk (and --budget)\n",
+                    cmd, o.chunk, room, framing);
+        kvt_pool_free(pool);
+        kvt_engine_free(eng);
+        eval_corpus_free(&corpus);
+        return framing < 0 ? CLI_ERR : CLI_USAGE;
     }
     int n_threads = o.threads > 0 ? o.threads : (int) sysconf(_SC_NPROCESSORS_ONLN);
     struct eval_stamp stamp;

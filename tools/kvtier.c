@@ -162,17 +162,22 @@ void cli_run_opts_default(struct cli_run_opts *o) {
     o->pool_mb = 256;
     o->gen_reserve = -1;
     o->recovery = "kv_restore";
+    o->policy = "kvtier";
 }
 
 static int parse_recovery(const char *s) {
-    if (!strcmp(s, "kv_restore")) return KVT_RECOVERY_KV_RESTORE;
-    if (!strcmp(s, "discard")) return KVT_RECOVERY_DISCARD;
-    return -1;
+    int32_t r;
+    return kvt_recovery_from_name(s, &r) == 0 ? r : -1;
 }
 
 int cli_run_opts_check(const char *cmd, const struct cli_run_opts *o) {
+    int32_t pol;
     if (parse_recovery(o->recovery) < 0) {
-        fprintf(stderr, "%s: --recovery '%s' is not one of kv_restore, discard\n", cmd, o->recovery);
+        fprintf(stderr, "%s: --recovery '%s' is not one of kv_restore, discard, breadcrumb\n", cmd, o->recovery);
+        return usage_hint(cmd);
+    }
+    if (kvt_policy_from_name(o->policy, &pol) != 0) {
+        fprintf(stderr, "%s: --policy: %s\n", cmd, kvt_errmsg());
         return usage_hint(cmd);
     }
     if (!o->model || !*o->model) {
@@ -225,6 +230,9 @@ int cli_session_open(const char *cmd, const struct cli_run_opts *o, struct cli_s
     sp.budget = cs->budget;
     sp.block = o->block;
     sp.recovery = parse_recovery(o->recovery);
+    kvt_policy_from_name(o->policy, &sp.policy);
+    if (!o->budget) sp.policy = KVT_POLICY_NO_EVICTION;
+    sp.head_profile = o->head_profile;
     sp.top_k = o->top_k;
     if (o->gen_reserve >= 0) sp.gen_reserve = o->gen_reserve;
     sp.pool = cs->pool;
