@@ -66,11 +66,14 @@ void eval_stamp_fill(struct eval_stamp *st, const struct kvt_engine_info *info, 
         fclose(f);
     }
     long nproc = sysconf(_SC_NPROCESSORS_ONLN);
+    /* the stamp may be cut to fit st->machine; snprintf's result is checked so that is explicit */
+    int w;
     if (uname(&u) == 0)
-        snprintf(st->machine, sizeof st->machine, "%s %s %s, %s, %ld cores", u.sysname, u.release, u.machine, cpu,
-                 nproc);
+        w = snprintf(st->machine, sizeof st->machine, "%.32s %.48s %.16s, %.96s, %ld cores", u.sysname, u.release,
+                     u.machine, cpu, nproc);
     else
-        snprintf(st->machine, sizeof st->machine, "%s, %ld cores", cpu, nproc);
+        w = snprintf(st->machine, sizeof st->machine, "%.96s, %ld cores", cpu, nproc);
+    if (w < 0) st->machine[0] = '\0';
     st->n_threads = n_threads;
 }
 
