@@ -53,6 +53,7 @@ def load(name):
     except (OSError, ValueError):
         return {}
 r, d, z = load("restore"), load("discard"), load("reference")
+hh, st = load("h2o"), load("streaming")
 try:
     print("yes" if eval(expr) else "no")
 except Exception as e:  # a missing field is a failure, not a crash of the test
@@ -64,6 +65,8 @@ EOF
 
 run restore
 run discard --recovery discard
+run h2o --policy h2o
+run streaming --policy streaming
 run reference --budget 0
 
 check "kv_restore recalls the fact" 'r["recalled"] is True'
@@ -80,6 +83,8 @@ check "discard scores the answer >= 0.5 nats below the reference" \
     'd["answer_logprob"] <= z["answer_logprob"] - 0.5'
 check "kv_restore wins back >= 75% of what discard loses" \
     '(z["answer_logprob"] - r["answer_logprob"]) <= 0.25 * (z["answer_logprob"] - d["answer_logprob"])'
+check "policies really choose: h2o and streaming keep different blocks (answer log-prob differs by > 1 nat)" \
+    'abs(hh["answer_logprob"] - st["answer_logprob"]) > 1.0 and hh["recoveries"] == 0 == st["recoveries"]'
 check "same answer tokens in all three" 'r["answer_tokens"] == d["answer_tokens"] == z["answer_tokens"] > 0'
 
 python3 - "$TMP" <<'EOF'
