@@ -160,6 +160,10 @@ void cli_build_llama(char *buf, size_t n);
 /* Print "cmd: what: kvt_strerror(rc): kvt_errmsg()" to stderr. */
 void cli_fail(const char *cmd, const char *what, int rc);
 
+/* The whole file as a NUL-terminated string (caller frees); *len = bytes (may be NULL).  NULL on
+** any open/read/allocation error (errno tells which). */
+char *cli_read_file(const char *path, size_t *len);
+
 /* Set by the SIGINT handler of an interactive chat: stops the reply being generated. */
 extern volatile sig_atomic_t cli_sigint;
 

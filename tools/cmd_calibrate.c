@@ -131,24 +131,6 @@ static int list_texts(const char *dir, char ***names, int *n) {
     return err;
 }
 
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char *buf = NULL;
-    size_t len = 0, cap = 0, r;
-    do {
-        if (len + 65536 + 1 > cap) {
-            char *nb = realloc(buf, cap = cap ? 2 * cap : 131072);
-            if (!nb) { free(buf); fclose(f); return NULL; }
-            buf = nb;
-        }
-        len += r = fread(buf + len, 1, cap - len - 1, f);
-    } while (r > 0);
-    fclose(f);
-    buf[len] = '\0';
-    return buf;
-}
-
 /* Pearson correlation of a[i*stride], b[i*stride] over n points; NaN when undefined. */
 static double pearson(const double *a, const double *b, int n) {
     double ma = 0, mb = 0, sab = 0, saa = 0, sbb = 0;
@@ -302,7 +284,7 @@ int cmd_calibrate(int argc, char **argv) {
     const double t0 = now_ms();
     for (int i = 0; i < n_names && n_used < n_texts; i++) {
         char path[PATH_MAX];
-        char *txt = snprintf(path, sizeof path, "%s/%s", dir, names[i]) < (int) sizeof path ? slurp(path) : NULL;
+        char *txt = snprintf(path, sizeof path, "%s/%s", dir, names[i]) < (int) sizeof path ? cli_read_file(path, NULL) : NULL;
         if (!txt) {
             fprintf(stderr, "%s: cannot read text '%s': %s\n", cmd, path, strerror(errno));
             rc = CLI_ERR;

@@ -38,36 +38,6 @@ uint32_t eval_rng_below(struct eval_rng *r, uint32_t n) { return (uint32_t) (eva
 /* ---------------------------------------------------------------------------------------- */
 /* corpus                                                                                   */
 
-static char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char *buf = NULL;
-    size_t n = 0, cap = 0, r;
-    do {
-        if (n + 65536 + 1 > cap) {
-            cap = cap ? 2 * cap : 131072;
-            char *nb = realloc(buf, cap);
-            if (!nb) {
-                free(buf);
-                fclose(f);
-                return NULL;
-            }
-            buf = nb;
-        }
-        r = fread(buf + n, 1, cap - n - 1, f);
-        n += r;
-    } while (r > 0);
-    bool err = ferror(f);
-    fclose(f);
-    if (err || !buf) {
-        free(buf);
-        return NULL;
-    }
-    buf[n] = '\0';
-    *len = n;
-    return buf;
-}
-
 static bool is_upper(char c) { return c >= 'A' && c <= 'Z'; }
 static bool is_lower(char c) { return c >= 'a' && c <= 'z'; }
 
@@ -218,7 +188,7 @@ int eval_corpus_load(const char *cmd, const char *texts_opt, struct eval_corpus 
         size_t len = 0;
         e->name = names[i];
         snprintf(path, sizeof path, "%s/%s", c->dir, names[i]);
-        if (!(e->text = read_file(path, &len))) {
+        if (!(e->text = cli_read_file(path, &len))) {
             fprintf(stderr, "%s: cannot read '%s': %s\n", cmd, path, strerror(errno));
             c->n++;
             rc = CLI_ERR;

@@ -192,6 +192,36 @@ int cli_run_opts_check(const char *cmd, const struct cli_run_opts *o) {
     return CLI_OK;
 }
 
+char *cli_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    size_t n = 0, cap = 0, r;
+    do {
+        if (n + 65536 + 1 > cap) {
+            cap = cap ? 2 * cap : 131072;
+            char *nb = realloc(buf, cap);
+            if (!nb) {
+                free(buf);
+                fclose(f);
+                return NULL;
+            }
+            buf = nb;
+        }
+        r = fread(buf + n, 1, cap - n - 1, f);
+        n += r;
+    } while (r > 0);
+    bool err = ferror(f);
+    fclose(f);
+    if (err || !buf) {
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    if (len) *len = n;
+    return buf;
+}
+
 void cli_fail(const char *cmd, const char *what, int rc) {
     const char *m = kvt_errmsg();
     if (m && *m)
