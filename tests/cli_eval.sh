@@ -8,7 +8,8 @@
 #   - the budget really binds (streaming evicts, no_eviction never does, peaks stay in budget);
 #   - <out>/<task>-<stamp>.json (with per-case rows) and .csv are written (.png when gnuplot is
 #     installed), with the expected number of rows;
-#   - the same seed gives the same cases and numbers, another seed other needles;
+#   - the same seed gives the same cases and numbers, another seed other needles, and
+#     --fresh-engine (a model load per session) the same cases;
 #   - bad input fails with exit 2 and a message naming the bad value.
 # Environment (from tests/CMakeLists.txt): KVTIER_BIN, KVT_TINY_DIR, KVT_SOURCE_DIR.
 set -u
@@ -120,6 +121,9 @@ check niah2 "niah: the same seed reproduces the cases and the numbers" \
 run niah3 niah --seed 7
 check niah3 "niah: another seed gives other needles" \
     '[c["facts"] for c in f["cases_detail"]] != [c["facts"] for c in json.load(open(glob.glob(f"{tmp}/niah/*.json")[0]))["cases_detail"]]'
+run fresh niah --fresh-engine
+check fresh "niah --fresh-engine: a model load per session, the same cases and rows" \
+    'f["cases_detail"] == json.load(open(glob.glob(f"{tmp}/niah/*.json")[0]))["cases_detail"] and len(rows) == 6 and not any(r["error"] == "1" for r in rows)'
 
 # expect NAME WANT_EXIT FRAGMENT -- COMMAND...: exit status and a fixed string on stderr
 expect() {
