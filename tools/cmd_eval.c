@@ -23,7 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char DEFAULT_POLICIES[] = "no_eviction,truncate,streaming,h2o,snapkv,kvtier";
+static const char DEFAULT_POLICIES[] = "no_eviction,truncate,streaming,h2o,snapkv,infllm,kvtier";
 
 static void eval_usage(FILE *f, const char *task, const struct cli_opt *opts) {
     fprintf(f,
@@ -146,7 +146,7 @@ int cmd_eval(int argc, char **argv) {
     const struct cli_opt opts[] = {
         { "model", 'm', OPT_STR, &o.model, 0, 0, "MODEL", "GGUF model file (default $KVTIER_MODEL)", NULL },
         { "policies", 0, OPT_STR, &policies_s, 0, 0, "LIST",
-          "policies to compare (default no_eviction,truncate,streaming,h2o,snapkv,kvtier)", NULL },
+          "policies to compare (default no_eviction,truncate,streaming,h2o,snapkv,infllm,kvtier)", NULL },
         { "budget", 0, OPT_INT, &o.budget, 2, 1 << 24, "N", "resident-token budget of the evicting policies (default 1024)",
           NULL },
         { "context", 0, OPT_INT, &o.context, 64, 1 << 22, "N",

@@ -13,13 +13,13 @@
 #include "cli.h"
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdint.h>
 
 enum eval_task { EVAL_NIAH = 0, EVAL_MULTIFACT = 1, EVAL_PPL = 2 };
 
 #define EVAL_MAX_DEPTHS 16
 #define EVAL_MAX_FACTS  EVAL_MAX_DEPTHS
-#define EVAL_TOP_R      32      /* reference tokens kept per scored position (ppl KL) */
 #define EVAL_REPLY      "Noted." /* the replayed assistant reply after every document turn */
 
 struct eval_opts {
@@ -127,9 +127,8 @@ struct eval_row {
     int32_t peak_resident;
     double  ttft_ms;        /* question add + first token; NaN for ppl */
     double  nll;            /* ppl: mean NLL per scored token (nats); NaN otherwise */
-    double  kl;             /* ppl: mean KL(no_eviction || policy) lower bound per token; NaN
-                            ** without a reference */
-    double  ref_mass;       /* ppl: mean probability mass of the reference's top tokens */
+    double  kl;             /* ppl: mean KL(no_eviction || policy) per token over the full
+                            ** vocabulary (nats); NaN without a reference */
     bool    error;
     char   *reply;          /* generated reply (malloc'd), "" for ppl */
 };
@@ -142,18 +141,16 @@ struct eval_sess {
     bool    error;
 };
 
-/* Per scored ppl position: the reference's top tokens and their log-probabilities, and the
-** log of the mass outside them. */
-struct eval_ref_pos {
-    int32_t id[EVAL_TOP_R];
-    float   lp[EVAL_TOP_R];
-    double  lp_rest;
-};
-
+/* The ppl reference: no_eviction's full next-token log-softmax at every scored position
+** (n_vocab floats a row; 1 MiB for Gemma 3's 262144), written to an anonymous temporary file so
+** that long runs do not hold gigabytes in RAM.  Row r of turn t is at row index off[t] + r. */
 struct eval_ref {
-    struct eval_ref_pos **seg; /* [case.n_turns][score_tokens]; NULL until the reference ran */
-    int32_t              *n;   /* positions scored per turn */
-    int32_t               n_seg;
+    FILE    *f;        /* tmpfile(), NULL until the reference ran */
+    int32_t  n_vocab;
+    int64_t *off;      /* [n_seg] first row of each turn */
+    int32_t *n;        /* [n_seg] positions scored per turn */
+    int32_t  n_seg;
+    int64_t  n_rows;   /* rows written */
 };
 
 struct eval_results {

@@ -9,8 +9,9 @@
 **   evictions, recoveries, ...   mean per session; peak_resident_tokens is the maximum
 **   ttft_ms                      mean time from adding the question to the first reply token
 **   ppl                          exp(total NLL / total scored tokens); nll_abs_diff_vs_ref the
-**                                mean |NLL per token - no_eviction's| over segments; kl_lb the
-**                                mean coarse KL per token (a lower bound, see eval_run.c) */
+**                                mean |NLL per token - no_eviction's| over segments; kl_vs_ref
+**                                the mean KL(no_eviction || policy) per token over the full
+**                                vocabulary (nats, see eval_run.c) */
 #include "eval.h"
 
 #include <errno.h>
@@ -99,7 +100,7 @@ struct psum {
     int64_t n_tok;
     double  nll_absdiff;
     int32_t n_absdiff;
-    double  kl, ref_mass;  /* token-weighted */
+    double  kl;            /* token-weighted */
     int64_t n_kl;
     struct depth_sum depth[EVAL_MAX_DEPTHS];
 };
@@ -157,7 +158,6 @@ static void summarise(const struct eval_opts *o, const struct eval_results *res,
         }
         if (!isnan(r->kl)) {
             p->kl += r->kl * r->n;
-            p->ref_mass += r->ref_mass * r->n;
             p->n_kl += r->n;
         }
         int d = r->depth >= 0 ? depth_index(o, r->depth) : -1;
@@ -231,8 +231,7 @@ static json_t *policy_json(const struct eval_opts *o, const struct eval_results 
         bad |= json_object_set_new(j, "ppl", jnum(exp(mean(p->nll_tok, p->n_tok))));
         bad |= json_object_set_new(j, "nll_per_token", jnum(mean(p->nll_tok, p->n_tok)));
         bad |= json_object_set_new(j, "nll_abs_diff_vs_ref", has_ref ? jnum(mean(p->nll_absdiff, p->n_absdiff)) : json_null());
-        bad |= json_object_set_new(j, "kl_lb_vs_ref", res->ref_pi >= 0 ? jnum(mean(p->kl, p->n_kl)) : json_null());
-        bad |= json_object_set_new(j, "ref_top_mass", res->ref_pi >= 0 ? jnum(mean(p->ref_mass, p->n_kl)) : json_null());
+        bad |= json_object_set_new(j, "kl_vs_ref", res->ref_pi >= 0 ? jnum(mean(p->kl, p->n_kl)) : json_null());
     } else {
         double pl, ph;
         eval_wilson(p->prefix_passes, p->n, &pl, &ph);
@@ -305,8 +304,8 @@ static void print_table(const struct eval_opts *o, const struct eval_stamp *st, 
            o->task_name, st->model, st->llama, st->commit, st->date, st->machine, st->n_threads, o->context, o->budget,
            o->n_ctx, o->cases, o->seed, seconds);
     if (o->task == EVAL_PPL)
-        printf("%-12s %6s %6s %8s %8s %9s %9s %8s %6s %-15s %7s %7s %6s\n", "policy", "budget", "tokens", "ppl",
-               "nll/tok", "|dnll|ref", "kl_lb", "ref_top", "top1", "95% CI", "evict", "recov", "peak");
+        printf("%-12s %6s %6s %8s %8s %9s %9s %6s %-15s %7s %7s %6s\n", "policy", "budget", "tokens", "ppl",
+               "nll/tok", "|dnll|ref", "kl/tok", "top1", "95% CI", "evict", "recov", "peak");
     else
         printf("%-12s %6s %4s %4s %6s %-15s %4s %6s %-15s %9s %8s %9s %8s %7s %7s %8s %6s\n", "policy", "budget", "n",
                "pass", "rate", "95% CI", "pfx", "rate", "95% CI", "answer_lp", "vs_ref", "number_lp", "vs_ref", "evict",
@@ -321,10 +320,9 @@ static void print_table(const struct eval_opts *o, const struct eval_stamp *st, 
         if (o->task == EVAL_PPL) {
             char vs[16] = "        -";
             if (has_ref) snprintf(vs, sizeof vs, "%9.4f", mean(p->nll_absdiff, p->n_absdiff));
-            printf("%-12s %6d %6lld %8.3f %8.4f %9s %9.4f %8.3f %6.3f %-15s %7.1f %7.1f %6d", kvt_policy_name(o->policies[i]),
+            printf("%-12s %6d %6lld %8.3f %8.4f %9s %9.4f %6.3f %-15s %7.1f %7.1f %6d", kvt_policy_name(o->policies[i]),
                    policy_budget(o, i), (long long) p->n_tok, exp(mean(p->nll_tok, p->n_tok)), mean(p->nll_tok, p->n_tok),
-                   vs, mean(p->kl, p->n_kl),
-                   mean(p->ref_mass, p->n_kl), mean((double) p->passes, p->n), ci, mean(p->evictions, p->n_sess),
+                   vs, mean(p->kl, p->n_kl), mean((double) p->passes, p->n), ci, mean(p->evictions, p->n_sess),
                    mean(p->recoveries, p->n_sess), p->peak);
         } else {
             char vs[16] = "       -", vsn[16] = "       -", pci[32];
@@ -395,7 +393,7 @@ static int write_csv(const char *path, const struct eval_opts *o, const struct e
     FILE *f = fopen(path, "w");
     if (!f) return -1;
     fprintf(f, "policy,case,depth,context,budget,passed,answer_logprob,evictions,recoveries,task,item,n,answer_tokens,"
-               "tokens,peak_resident_tokens,ttft_ms,nll_per_token,kl_lb,number_logprob,prefix_passed,error,reply\n");
+               "tokens,peak_resident_tokens,ttft_ms,nll_per_token,kl,number_logprob,prefix_passed,error,reply\n");
     for (int32_t i = 0; i < res->n_rows; i++) {
         const struct eval_row *r = &res->rows[i];
         fprintf(f, "%s,%d,", kvt_policy_name(o->policies[r->pi]), r->case_index + 1);
@@ -434,7 +432,7 @@ static json_t *rows_json(const struct eval_opts *o, const struct eval_results *r
                                       r->prefix_passed, "evictions", (json_int_t) r->evictions, "recoveries",
                                       (json_int_t) r->recoveries, "tokens", r->tokens, "peak_resident_tokens",
                                       r->peak_resident, "ttft_ms", jnum(r->ttft_ms), "nll_per_token", jnum(r->nll),
-                                      "kl_lb", jnum(r->kl), "error", r->error, "reply", reply)
+                                      "kl", jnum(r->kl), "error", r->error, "reply", reply)
                           : NULL;
         free(reply);
         if (!j || json_array_append_new(a, j)) {

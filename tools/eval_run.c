@@ -58,8 +58,8 @@ void eval_results_free(struct eval_results *r) {
 
 void eval_ref_free(struct eval_ref *ref) {
     if (!ref) return;
-    for (int32_t i = 0; i < ref->n_seg; i++) free(ref->seg ? ref->seg[i] : NULL);
-    free(ref->seg);
+    if (ref->f) fclose(ref->f);
+    free(ref->off);
     free(ref->n);
     memset(ref, 0, sizeof *ref);
 }
@@ -151,78 +151,59 @@ static void lse(const float *l, int32_t n, double *mx, double *logz) {
     *logz = log(z);
 }
 
-/* The reference's top EVAL_TOP_R tokens of a logit row, and the log of the rest's mass. */
-static void ref_top(const float *l, int32_t n_vocab, double mx, double logz, struct eval_ref_pos *rp) {
-    int32_t k = 0;
+/* KL(ref || pol) in nats over the whole vocabulary: sum_v p_ref(v) (log p_ref(v) - log p_pol(v)),
+** ref a log-softmax row, pol a logit row with its max and log-sum-exp. */
+static double full_kl(const float *ref, const float *l, int32_t n_vocab, double mx, double logz) {
+    double kl = 0;
     for (int32_t v = 0; v < n_vocab; v++) {
-        if (k == EVAL_TOP_R && l[v] <= l[rp->id[k - 1]]) continue;
-        int32_t i = k < EVAL_TOP_R ? k++ : k - 1;
-        while (i > 0 && l[rp->id[i - 1]] < l[v]) {
-            rp->id[i] = rp->id[i - 1];
-            i--;
-        }
-        rp->id[i] = v;
+        if (ref[v] < -80.0f) continue; /* p_ref < 1e-35: no contribution a double can hold */
+        kl += exp(ref[v]) * (ref[v] - (l[v] - mx - logz));
     }
-    double top = 0;
-    for (int32_t i = 0; i < k; i++) {
-        rp->lp[i] = (float) (l[rp->id[i]] - mx - logz);
-        top += exp(rp->lp[i]);
-    }
-    for (int32_t i = k; i < EVAL_TOP_R; i++) {
-        rp->id[i] = -1;
-        rp->lp[i] = -INFINITY;
-    }
-    rp->lp_rest = top < 1 ? log1p(-top) : -INFINITY;
-}
-
-/* KL(ref || pol) between the two distributions coarsened to the reference's top tokens plus one
-** bucket for everything else: a lower bound of the full KL (data-processing inequality), exact
-** when the top tokens hold all of the reference's mass. */
-static double coarse_kl(const struct eval_ref_pos *rp, const float *l, double mx, double logz, double *ref_mass) {
-    double kl = 0, pol_top = 0, ref_top_mass = 0;
-    for (int32_t i = 0; i < EVAL_TOP_R && rp->id[i] >= 0; i++) {
-        double lp_pol = l[rp->id[i]] - mx - logz, p_ref = exp(rp->lp[i]);
-        kl += p_ref * (rp->lp[i] - lp_pol);
-        pol_top += exp(lp_pol);
-        ref_top_mass += p_ref;
-    }
-    double p_rest = exp(rp->lp_rest);
-    if (p_rest > 1e-12) {
-        double pol_rest = 1 - pol_top;
-        kl += p_rest * (rp->lp_rest - log(pol_rest > 1e-30 ? pol_rest : 1e-30));
-    }
-    *ref_mass = ref_top_mass;
     return kl > 0 ? kl : 0;
 }
 
 /* Teacher-force tok[0..n) after the current logits (the assistant prefix of the last user turn)
-** into the session's sequence at its next position, then remove them.  Fills rp[] (reference)
-** or compares against it (rp != NULL, fill false).  OUT sums over positions. */
+** into the session's sequence at its next position, then remove them.  fill: append each
+** position's log-softmax to the reference file; row0 >= 0 (and not fill): compare against the
+** reference rows row0.. (exact KL).  OUT sums over positions. */
 static int score_segment(kvt_engine *eng, kvt_session *s, const kvt_token *tok, int32_t n, int32_t n_vocab,
-                         struct eval_ref_pos *rp, bool fill, double *nll, int32_t *hits, double *kl,
-                         double *ref_mass) {
+                         struct eval_ref *ref, bool fill, int64_t row0, double *nll, int32_t *hits, double *kl) {
     struct kvt_session_stats st;
     kvt_session_get_stats(s, &st);
     const kvt_pos start = st.next_pos;
-    *nll = *kl = *ref_mass = 0;
+    *nll = *kl = 0;
     *hits = 0;
+    float *row = (fill || row0 >= 0) ? malloc(sizeof(float) * (size_t) n_vocab) : NULL;
+    if ((fill || row0 >= 0) && !row) return KVT_ENOMEM;
     int rc = 0;
     for (int32_t i = 0; i < n && rc == 0; i++) {
         const float *l = kvt_logits(eng);
-        if (!l) return KVT_EINVAL;
-        double mx, logz, m = 0;
+        if (!l) { rc = KVT_EINVAL; break; }
+        double mx, logz;
         lse(l, n_vocab, &mx, &logz);
         *nll -= l[tok[i]] - mx - logz;
         int32_t best = 0;
         for (int32_t v = 1; v < n_vocab; v++) best = l[v] > l[best] ? v : best;
         *hits += best == tok[i];
-        if (rp && fill) ref_top(l, n_vocab, mx, logz, &rp[i]);
-        if (rp) {
-            *kl += coarse_kl(&rp[i], l, mx, logz, &m);
-            *ref_mass += m;
+        if (fill) {
+            for (int32_t v = 0; v < n_vocab; v++) row[v] = (float) (l[v] - mx - logz);
+            if (fwrite(row, sizeof(float), (size_t) n_vocab, ref->f) != (size_t) n_vocab) {
+                rc = KVT_EIO;
+                break;
+            }
+            ref->n_rows++;
+        } else if (row0 >= 0) {
+            if (fseeko(ref->f, (off_t) (row0 + i) * n_vocab * (off_t) sizeof(float), SEEK_SET) != 0 ||
+                fread(row, sizeof(float), (size_t) n_vocab, ref->f) != (size_t) n_vocab) {
+                rc = KVT_EIO;
+                break;
+            }
+            *kl += full_kl(row, l, n_vocab, mx, logz);
         }
         if (i + 1 < n) rc = kvt_decode(eng, 0, &tok[i], 1, start + i, true);
     }
+    if (fill && ref->f) fseeko(ref->f, 0, SEEK_END);
+    free(row);
     kvt_seq_rm(eng, 0, start, -1);
     return rc;
 }
@@ -242,16 +223,21 @@ static void fill_session_fields(kvt_session *s, struct eval_row *row) {
 static int run_ppl(const char *cmd, kvt_engine *eng, kvt_session *s, const struct eval_opts *o, int32_t pi,
                    const struct eval_case *k, struct eval_ref *ref, struct eval_results *res, int32_t n_vocab) {
     const bool is_ref = o->policies[pi] == KVT_POLICY_NO_EVICTION;
-    const bool have_ref = ref && ref->seg && !is_ref;
+    const bool have_ref = ref && ref->f && !is_ref;
     if (is_ref && ref) {
         eval_ref_free(ref);
-        ref->seg = calloc((size_t) k->n_turns, sizeof *ref->seg);
+        ref->off = calloc((size_t) k->n_turns, sizeof *ref->off);
         ref->n = calloc((size_t) k->n_turns, sizeof *ref->n);
-        if (!ref->seg || !ref->n) {
+        ref->f = tmpfile();
+        if (!ref->off || !ref->n || !ref->f) {
+            int err = ref->f ? KVT_ENOMEM : KVT_EIO;
             eval_ref_free(ref);
-            return KVT_ENOMEM;
+            fprintf(stderr, "kvtier %s: cannot keep the reference distributions (%s)\n", cmd,
+                    err == KVT_EIO ? "tmpfile failed" : "out of memory");
+            return err;
         }
         ref->n_seg = k->n_turns;
+        ref->n_vocab = n_vocab;
     }
     int rc = 0;
     for (int32_t t = 0; t < k->n_turns && rc == 0; t++) {
@@ -267,23 +253,18 @@ static int run_ppl(const char *cmd, kvt_engine *eng, kvt_session *s, const struc
         int32_t n = 0;
         if ((rc = kvt_tokenize(eng, k->score[t], false, false, &tok, &n))) break;
         if (n > o->score_tokens) n = o->score_tokens;
-        struct eval_ref_pos *rp = NULL;
+        int64_t row0 = -1;
         if (is_ref && ref) {
-            if (!(ref->seg[t] = calloc((size_t) (n ? n : 1), sizeof *rp))) {
-                free(tok);
-                rc = KVT_ENOMEM;
-                break;
-            }
+            ref->off[t] = ref->n_rows;
             ref->n[t] = n;
-            rp = ref->seg[t];
-        } else if (have_ref && t < ref->n_seg && ref->seg[t] && ref->n[t] == n) {
-            rp = ref->seg[t];
+        } else if (have_ref && t < ref->n_seg && ref->n[t] == n && ref->n_vocab == n_vocab) {
+            row0 = ref->off[t];
         }
         struct eval_row row;
         memset(&row, 0, sizeof row);
-        double nll, kl, mass;
+        double nll, kl;
         int32_t hits;
-        rc = score_segment(eng, s, tok, n, n_vocab, rp, is_ref, &nll, &hits, &kl, &mass);
+        rc = score_segment(eng, s, tok, n, n_vocab, ref, is_ref && ref, row0, &nll, &hits, &kl);
         free(tok);
         if (rc) {
             cli_fail(cmd, "scoring", rc);
@@ -300,8 +281,7 @@ static int run_ppl(const char *cmd, kvt_engine *eng, kvt_session *s, const struc
         row.number_logprob = NAN;
         row.ttft_ms = NAN;
         row.nll = n ? nll / n : NAN;
-        row.kl = rp && n ? kl / n : NAN;
-        row.ref_mass = rp && n ? mass / n : NAN;
+        row.kl = row0 >= 0 && n ? kl / n : (is_ref && ref && n ? 0.0 : NAN);
         fill_session_fields(s, &row);
         if (!(row.reply = calloc(1, 1)) || eval_add_row(res, &row)) {
             free(row.reply);
@@ -350,7 +330,7 @@ int eval_run_case(const char *cmd, kvt_engine *eng, kvt_pool *pool, const struct
             row.case_index = k->index;
             row.item = q;
             row.depth = f->depth;
-            row.nll = row.kl = row.ref_mass = NAN;
+            row.nll = row.kl = NAN;
             if ((rc = probe(cmd, eng, s, o, f, &row))) break;
             fill_session_fields(s, &row);
             if (eval_add_row(res, &row)) {
@@ -419,7 +399,7 @@ int eval_run_case(const char *cmd, kvt_engine *eng, kvt_pool *pool, const struct
         row.case_index = k->index;
         row.depth = k->depth;
         row.error = true;
-        row.answer_logprob = row.number_logprob = row.ttft_ms = row.nll = row.kl = row.ref_mass = NAN;
+        row.answer_logprob = row.number_logprob = row.ttft_ms = row.nll = row.kl = NAN;
         row.reply = calloc(1, 1);
         if (!row.reply || eval_add_row(res, &row)) free(row.reply);
         return CLI_ERR;
