@@ -458,6 +458,23 @@ struct kvt_session_params {
     float   ewma_alpha;       /* attention EWMA weight of the newest observation; default 0.3 */
     const char *head_profile; /* `kvtier calibrate` profile: weights heads in the attention
                               ** signals (kvt_head_weights_load); NULL = equal weights */
+    struct kvt_embedder *embedder; /* optional dense retrieval for recovery (section 7): every
+                              ** sealed block's text is embedded (one kvt_embed per block, ~2.5x
+                              ** its prefill on Gemma 3 270M), and recovery ranks evicted blocks
+                              ** by cosine to the user message instead of BM25.  Borrowed: must
+                              ** outlive the session; NULL = BM25 only (the default) */
+    float   min_recovery_cosine; /* with an embedder: cosine an evicted block needs to come
+                              ** back; default 0.5 (model-dependent: mean-pooled generative
+                              ** models are anisotropic, Gemma 3 270M puts unrelated sentences
+                              ** at ~0.6) */
+    int32_t ann_min_blocks;   /* with an embedder: sealed blocks from which the block vectors
+                              ** go into an HNSW index (kvt_ann) instead of a linear scan;
+                              ** default 1024 */
+    int32_t successor_blocks; /* evicted blocks right after a recovered one that come back with
+                              ** it (a fact cut at a block boundary continues there; RAG systems
+                              ** expand a hit to its neighbouring chunk the same way), for BM25
+                              ** hits whose last matching word is in the block's last quarter,
+                              ** and for every dense hit; default 1, 0 = only the hits */
 };
 
 struct kvt_session_params kvt_session_default_params(void);
@@ -472,10 +489,16 @@ void kvt_session_free(kvt_session *s);
 
 /* Append a message.  System and assistant messages (a client replaying history) are recorded
 ** and decoded with the next user message.  For a user message: first the pending text of
-** earlier messages is decoded, then the evicted blocks most relevant to the message (BM25 over
-** block text; at most top_k; only blocks scoring at least min_recovery_score and above the best
-** resident non-sink block) are loaded back at the tail, then the message and the assistant
-** prefix are decoded, evicting by watermark so that they plus gen_reserve fit the budget.
+** earlier messages is decoded, then evicted blocks relevant to the message come back at the
+** tail (kv_restore: no recompute): scored by BM25 with the message's terms that no resident
+** block contains (kvt_bm25_novel_terms; at least min_recovery_score), or with an embedder by
+** cosine (at least min_recovery_cosine); the top_k best, each followed by successor_blocks
+** more when they are evicted too (a fact cut at a block boundary continues there).  No
+** recovery runs before a message that with gen_reserve fills half the budget (a document
+** being pasted: what came back would be evicted again while it is decoded).  Then the message
+** and the assistant prefix are decoded, evicting by watermark so that they plus gen_reserve
+** fit the budget.  Every sealed block's relevance (kvt_block_info) is its BM25 score against
+** the whole message.
 ** Errors: KVT_EINVAL (role), KVT_EBUDGET (the message alone does not fit: message names its
 ** token count and the budget), KVT_ECTX, KVT_ELLAMA.  On error the block table is consistent
 ** with the KV cache. */
@@ -554,6 +577,14 @@ double kvt_scorer_recency(const struct kvt_block_info *b, kvt_pos now, void *ud)
 ** Errors: KVT_ENOMEM.  Pure function; thread-safe. */
 int kvt_bm25_score(const char *const *docs, int32_t n_docs, const char *query,
                    double *scores /* OUT */);
+
+/* The query's terms (same analysis as kvt_bm25_score: lower-cased, stop words dropped, each once)
+** that occur in none of the n_context texts, joined by single spaces; "" when every term is
+** covered.  Session recovery scores evicted blocks with this query, so that a block comes back
+** for what the resident context lacks (a needle's name), not for words the resident context
+** already holds (the question's own phrasing in earlier turns).  OUT *out: caller frees with
+** free().  Errors: KVT_ENOMEM.  Pure function; thread-safe. */
+int kvt_bm25_novel_terms(const char *query, const char *const *context, int32_t n_context, char **out /* OUT */);
 
 /* ====================================================================================== */
 /* 6. Signals: attention mass per block, entropy                                          */

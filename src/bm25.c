@@ -103,3 +103,61 @@ int kvt_bm25_score(const char *const *docs, int32_t n_docs, const char *query, d
     free(d);
     return rc;
 }
+
+int kvt_bm25_novel_terms(const char *query, const char *const *context, int32_t n_context, char **out) {
+    *out = NULL;
+    struct terms q;
+    int rc = split_terms(query, &q);
+    if (rc) return rc;
+    struct terms *d = calloc((size_t) (n_context > 0 ? n_context : 1), sizeof *d);
+    if (!d) {
+        terms_free(&q);
+        return kvt__fail(KVT_ENOMEM, "bm25 context");
+    }
+    for (int32_t i = 0; rc == 0 && i < n_context; i++) rc = split_terms(context[i] ? context[i] : "", &d[i]);
+    size_t len = 0;
+    char *buf = NULL;
+    if (rc == 0 && !(buf = malloc(strlen(query) + 1))) rc = kvt__fail(KVT_ENOMEM, "bm25 query");
+    for (int j = 0; rc == 0 && j < q.n; j++) {
+        int seen = 0;
+        for (int k = 0; k < j && !seen; k++) seen = strcmp(q.t[k], q.t[j]) == 0;
+        for (int32_t i = 0; i < n_context && !seen; i++) seen = count(&d[i], q.t[j]) > 0;
+        if (seen) continue;
+        size_t n = strlen(q.t[j]); /* terms are lower-cased slices of the query: they fit */
+        if (len) buf[len++] = ' ';
+        memcpy(buf + len, q.t[j], n);
+        len += n;
+    }
+    if (buf) buf[len] = '\0';
+    for (int32_t i = 0; i < n_context; i++) terms_free(&d[i]);
+    free(d);
+    terms_free(&q);
+    if (rc) {
+        free(buf);
+        return rc;
+    }
+    *out = buf;
+    return 0;
+}
+
+/* Byte offset just past the last word of text that is one of query's terms (same analysis as
+** kvt_bm25_score), -1 if none.  For the session's successor rule. */
+int32_t kvt__bm25_last_match(const char *text, const char *query) {
+    struct terms q;
+    if (!text || split_terms(query, &q)) return -1;
+    int32_t last = -1;
+    const char *s = text;
+    while (*s) {
+        while (*s && !(isalnum((unsigned char) *s) || (unsigned char) *s >= 0x80)) s++;
+        const char *b = s;
+        while (*s && (isalnum((unsigned char) *s) || (unsigned char) *s >= 0x80)) s++;
+        size_t n = (size_t) (s - b);
+        if (n == 0 || n > 64) continue;
+        char w[65];
+        for (size_t i = 0; i < n; i++) w[i] = (char) tolower((unsigned char) b[i]);
+        w[n] = '\0';
+        if (count(&q, w) > 0) last = (int32_t) (s - text);
+    }
+    terms_free(&q);
+    return last;
+}

@@ -21,4 +21,6 @@ void kvt__engine_set_logits(kvt_engine *e, const float *logits);
 /* Rotate one head vector x[0..n) of layer il by delta positions with the RoPE verified at
 ** engine open (host re-anchoring path).  Errors: KVT_EUNSUPPORTED (no verified RoPE). */
 int kvt__engine_rotate(const kvt_engine *e, int32_t il, float *x, int32_t n, int32_t delta);
+/* Byte offset just past the last word of text that is one of query's BM25 terms, -1 if none. */
+int32_t kvt__bm25_last_match(const char *text, const char *query);
 #endif

@@ -29,6 +29,7 @@ struct blk {
     kvt_pos    blob_p0;         /* position the saved K is rotated for */
     int32_t    blob_cells, blob_cells_swa;
     size_t     blob_bytes;
+    float     *emb;             /* [emb_dim] unit vector of the text (with an embedder), else NULL */
 };
 
 struct msg {
@@ -63,6 +64,9 @@ struct kvt_session {
     int32_t     rep_layer;      /* InfLLM: layer of the representative keys */
     int32_t     rep_row;        /* floats per representative key row (n_head_kv * head_dim) */
     double      decode_ms;      /* time in kvt_decode for this session's tokens */
+    int32_t     emb_dim;        /* embedder width, 0 without one */
+    kvt_ann    *ann;            /* HNSW over block vectors once ann_min_blocks are sealed */
+    double      embed_ms;       /* time embedding blocks and messages */
 };
 
 static atomic_uint g_serial;
@@ -86,6 +90,9 @@ struct kvt_session_params kvt_session_default_params(void) {
     p.snap_window = 32;
     p.ewma_alpha = 0.3f;
     p.template_fallback = "gemma";
+    p.min_recovery_cosine = 0.5f;
+    p.ann_min_blocks = 1024;
+    p.successor_blocks = 1;
     return p;
 }
 
@@ -124,12 +131,16 @@ int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *params, k
         if (!p.attn_layers || p.attn_layers[i] < 0 || p.attn_layers[i] >= I.n_layer)
             return kvt__fail(KVT_EINVAL, "attention layer %d is outside 0..%d", p.attn_layers ? p.attn_layers[i] : -1,
                              I.n_layer - 1);
-    if (p.top_k < 0 || p.gen_reserve < 0 || p.n_sink_blocks < 0 || p.n_recent_blocks < 0)
-        return kvt__fail(KVT_EINVAL, "top_k %d, gen_reserve %d, sink %d and recent %d blocks must be >= 0", p.top_k,
-                         p.gen_reserve, p.n_sink_blocks, p.n_recent_blocks);
+    if (p.top_k < 0 || p.gen_reserve < 0 || p.n_sink_blocks < 0 || p.n_recent_blocks < 0 || p.successor_blocks < 0)
+        return kvt__fail(KVT_EINVAL, "top_k %d, gen_reserve %d, sink %d, recent %d and successor %d blocks must be >= 0",
+                         p.top_k, p.gen_reserve, p.n_sink_blocks, p.n_recent_blocks, p.successor_blocks);
+    if (p.embedder && (!(p.min_recovery_cosine >= -1 && p.min_recovery_cosine <= 1) || p.ann_min_blocks < 1))
+        return kvt__fail(KVT_EINVAL, "min_recovery_cosine %.2f must be in [-1, 1] and ann_min_blocks %d >= 1",
+                         p.min_recovery_cosine, p.ann_min_blocks);
     kvt_session *s = calloc(1, sizeof *s);
     if (!s) return kvt__fail(KVT_ENOMEM, "session");
     s->eng = eng;
+    s->emb_dim = p.embedder ? kvt_embedder_dim(p.embedder) : 0;
     s->p = p;
     s->open = -1;
     s->n_vocab = I.n_vocab;
@@ -187,7 +198,9 @@ void kvt_session_free(kvt_session *s) {
         free(s->b[i].text);
         free(s->b[i].tok_mass);
         free(s->b[i].rep);
+        free(s->b[i].emb);
     }
+    kvt_ann_free(s->ann);
     for (int32_t i = 0; i < s->n_m; i++) free(s->m[i].content);
     if (s->own_pool) kvt_pool_free(s->pool);
     free(s->b);
@@ -264,6 +277,29 @@ static void pick_representatives(kvt_session *s, struct blk *b, const kvt_blob *
 
 /* Seal the open block: save its K/V to the pool (write-through) and detokenize its text.
 ** On error the block stays open and resident; nothing is lost. */
+/* With an embedder: the block's text vector, and into the HNSW index once the session has
+** ann_min_blocks sealed blocks (the earlier ones are added when the index is built).  Best
+** effort: a block that cannot be embedded is only invisible to dense recovery. */
+static void embed_block(kvt_session *s, struct blk *b) {
+    double t0 = kvt__now_ms();
+    if (!b->text || !b->text[0]) return;
+    if (!(b->emb = malloc(sizeof(float) * (size_t) s->emb_dim))) return;
+    if (kvt_embed(s->p.embedder, b->text, b->emb) != 0) {
+        free(b->emb);
+        b->emb = NULL;
+        kvt__clear_error();
+        return;
+    }
+    if (!s->ann && b->info.id + 1 >= s->p.ann_min_blocks) {
+        if (kvt_ann_open(s->emb_dim, 2 * s->p.ann_min_blocks, 0, 0, &s->ann) == 0)
+            for (int32_t i = 0; i < b->info.id; i++)
+                if (s->b[i].emb) kvt_ann_add(s->ann, (uint64_t) i, s->b[i].emb);
+    }
+    if (s->ann) kvt_ann_add(s->ann, (uint64_t) b->info.id, b->emb);
+    kvt__clear_error();
+    s->embed_ms += kvt__now_ms() - t0;
+}
+
 static int seal(kvt_session *s) {
     if (s->open < 0) return 0;
     struct blk *b = &s->b[s->open];
@@ -290,6 +326,7 @@ static int seal(kvt_session *s) {
     b->info.role = block_role(b);
     b->info.sealed = true;
     s->open = -1;
+    if (s->emb_dim > 0) embed_block(s, b);
     return 0;
 }
 
@@ -574,44 +611,129 @@ static int cmp_cand(const void *a, const void *b) {
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
-/* Before a user message: BM25 of every sealed block against the message; evicted blocks that
-** score above the best resident non-sink block (and above 0) come back at the tail, best first,
-** at most top_k, as long as they fit next to the message and the reply reserve. */
+/* Dense recovery candidates: evicted blocks whose text vector has cosine >= min_recovery_cosine
+** with the message's, from a linear scan, or from the HNSW index once it exists (asked for
+** enough neighbours to see past the resident blocks).  OUT c[0..*n_c) unsorted. */
+static int dense_candidates(kvt_session *s, const char *query, struct cand *c, int32_t *n_c) {
+    double t0 = kvt__now_ms();
+    *n_c = 0;
+    float *q = malloc(sizeof(float) * (size_t) s->emb_dim);
+    if (!q) return kvt__fail(KVT_ENOMEM, "query vector");
+    int rc = kvt_embed(s->p.embedder, query, q);
+    if (rc) {
+        free(q);
+        kvt__clear_error(); /* e.g. an empty message: nothing to retrieve with */
+        return 0;
+    }
+#define EVICTED(b) ((b)->info.residency == KVT_RES_HOST || (b)->info.residency == KVT_RES_DISK)
+    if (s->ann) {
+        int32_t n_res = 0;
+        for (int32_t i = 0; i < s->n_b; i++) n_res += !EVICTED(&s->b[i]);
+        int32_t k = KVT_MIN(s->n_b, n_res + 4 * s->p.top_k + 16), got = 0;
+        uint64_t *ids = malloc(sizeof(uint64_t) * (size_t) k);
+        float *sims = malloc(sizeof(float) * (size_t) k);
+        if (ids && sims && (rc = kvt_ann_search(s->ann, q, k, ids, sims, &got)) == 0)
+            for (int32_t j = 0; j < got; j++)
+                if (ids[j] < (uint64_t) s->n_b && EVICTED(&s->b[ids[j]]) && sims[j] >= s->p.min_recovery_cosine)
+                    c[(*n_c)++] = (struct cand){ (int32_t) ids[j], sims[j] };
+        if (!ids || !sims) rc = kvt__fail(KVT_ENOMEM, "ann search");
+        free(ids);
+        free(sims);
+    } else {
+        for (int32_t i = 0; i < s->n_b; i++) {
+            const struct blk *b = &s->b[i];
+            if (!b->emb || !EVICTED(b)) continue;
+            double dot = 0;
+            for (int32_t d = 0; d < s->emb_dim; d++) dot += (double) q[d] * b->emb[d];
+            if (dot >= s->p.min_recovery_cosine) c[(*n_c)++] = (struct cand){ i, dot };
+        }
+    }
+#undef EVICTED
+    free(q);
+    s->embed_ms += kvt__now_ms() - t0;
+    return rc;
+}
+
+/* Before a user message.  Every sealed block gets its BM25 relevance to the message (the kvtier
+** policy's relevance signal).  Recovery asks what the resident context lacks: the message's
+** terms that occur in no resident block (kvt_bm25_novel_terms) score the evicted blocks, and
+** those scoring at least min_recovery_score come back at the tail, best first, at most top_k,
+** each followed by the block after it when that one is evicted too (a fact cut by a block
+** boundary goes on there: "... the secret code of Tavoren" | "is 48213."), as long as they fit
+** next to the message and the reply reserve.  A message whose terms are all resident recovers
+** nothing, so earlier turns that repeat the question's wording cannot outbid an evicted fact. */
 static int recover(kvt_session *s, const char *query, int32_t msg_tokens) {
     if (s->p.policy != KVT_POLICY_KVTIER && s->p.recovery == KVT_RECOVERY_DISCARD) return 0;
     int32_t n_ev = 0;
     for (int32_t i = 0; i < s->n_b; i++)
         n_ev += s->b[i].info.residency == KVT_RES_HOST || s->b[i].info.residency == KVT_RES_DISK;
-    const char **docs = malloc(sizeof(char *) * (size_t) s->n_b);
-    double *sc = malloc(sizeof(double) * (size_t) s->n_b);
-    struct cand *c = malloc(sizeof *c * (size_t) s->n_b);
-    int rc = (!docs || !sc || !c) ? kvt__fail(KVT_ENOMEM, "recovery scores") : 0;
+    const size_t nb = (size_t) (s->n_b > 0 ? s->n_b : 1);
+    const char **docs = malloc(sizeof(char *) * nb), **res = malloc(sizeof(char *) * nb);
+    double *sc = malloc(sizeof(double) * nb);
+    struct cand *c = malloc(sizeof *c * 2 * nb);
+    char *novel = NULL, *open_text = NULL;
+    int rc = (!docs || !res || !sc || !c) ? kvt__fail(KVT_ENOMEM, "recovery scores") : 0;
     if (rc == 0) {
         for (int32_t i = 0; i < s->n_b; i++) docs[i] = s->b[i].info.sealed && s->b[i].text ? s->b[i].text : "";
         rc = kvt_bm25_score(docs, s->n_b, query, sc);
         for (int32_t i = 0; rc == 0 && i < s->n_b; i++) s->b[i].info.relevance = sc[i]; /* kvtier's relevance signal */
     }
     int32_t n_c = 0;
-    if (rc == 0 && n_ev > 0 && s->p.recovery != KVT_RECOVERY_DISCARD && s->p.top_k > 0) {
-        double bar = 0;
+    /* a message that (with the reply reserve) fills half the budget is content, not a query:
+    ** what came back for it would mostly be evicted again while it is decoded */
+    bool long_msg = msg_tokens + s->p.gen_reserve > s->p.budget / 2;
+    if (rc == 0 && n_ev > 0 && !long_msg && s->p.recovery != KVT_RECOVERY_DISCARD && s->p.top_k > 0) {
+        int32_t n_res = 0;
         for (int32_t i = 0; i < s->n_b; i++)
-            if (s->b[i].info.residency == KVT_RES_DEVICE && s->b[i].info.sealed && s->b[i].info.id >= s->p.n_sink_blocks)
-                bar = fmax(bar, sc[i]);
-        for (int32_t i = 0; i < s->n_b; i++) {
-            int r = s->b[i].info.residency;
-            if ((r == KVT_RES_HOST || r == KVT_RES_DISK) && sc[i] > bar && sc[i] >= s->p.min_recovery_score)
-                c[n_c++] = (struct cand){ i, sc[i] };
+            if (s->b[i].info.residency == KVT_RES_DEVICE && s->b[i].info.sealed) res[n_res++] = docs[i];
+        if (s->open >= 0 &&
+            kvt_detokenize(s->eng, s->b[s->open].tok, s->b[s->open].info.n_tokens, false, &open_text) == 0)
+            res[n_res++] = open_text;
+        if (s->emb_dim > 0) {
+            rc = dense_candidates(s, query, c, &n_c);
+        } else {
+            rc = kvt_bm25_novel_terms(query, res, n_res, &novel);
+            if (rc == 0 && novel[0]) rc = kvt_bm25_score(docs, s->n_b, novel, sc);
+            for (int32_t i = 0; rc == 0 && novel[0] && i < s->n_b; i++) {
+                int r = s->b[i].info.residency;
+                if ((r == KVT_RES_HOST || r == KVT_RES_DISK) && sc[i] >= s->p.min_recovery_score)
+                    c[n_c++] = (struct cand){ i, sc[i] };
+            }
         }
         qsort(c, (size_t) n_c, sizeof *c, cmp_cand);
         if (n_c > s->p.top_k) n_c = s->p.top_k;
+        /* each hit followed by its successor block, if that is evicted and not a hit itself */
+        int32_t n_hit = n_c;
+        struct cand *x = c + nb;
+        int32_t n_x = 0;
+        for (int32_t k = 0; k < n_hit; k++) {
+            x[n_x++] = c[k];
+            /* BM25 hits: only when the match is in the block's last quarter, where a statement
+            ** about it may run on past the boundary (a successor that starts the next turn
+            ** would otherwise come back as noise) */
+            const char *t = s->b[c[k].i].text;
+            if (s->emb_dim == 0 && t && novel && kvt__bm25_last_match(t, novel) < (int32_t) (strlen(t) * 3 / 4)) continue;
+            for (int32_t j = c[k].i + 1; j <= c[k].i + s->p.successor_blocks && n_x < (int32_t) nb; j++) {
+                bool taken = j >= s->n_b || !s->b[j].info.sealed ||
+                             (s->b[j].info.residency != KVT_RES_HOST && s->b[j].info.residency != KVT_RES_DISK);
+                for (int32_t q = 0; q < n_x && !taken; q++) taken = x[q].i == j;
+                for (int32_t q = k + 1; q < n_hit && !taken; q++) taken = c[q].i == j;
+                if (taken) break; /* only a contiguous run after the hit */
+                x[n_x++] = (struct cand){ j, c[k].score };
+            }
+        }
+        memcpy(c, x, sizeof *c * (size_t) n_x);
+        n_c = n_x;
         if (getenv("KVT_DEBUG_RECOVERY")) {
-            fprintf(stderr, "[recovery] turn %d bar %.2f:", s->turn, bar);
+            fprintf(stderr, "[recovery] turn %d %s \"%.80s\":", s->turn, s->emb_dim ? "cosine" : "novel terms",
+                    novel ? novel : "");
             for (int32_t k = 0; k < n_c; k++) fprintf(stderr, " blk%d=%.2f", s->b[c[k].i].info.id, c[k].score);
             fprintf(stderr, "\n");
         }
     }
     if (rc == 0 && n_c > 0) {
-        /* room for the recovered blocks + message + reply; drop the weakest if it cannot fit */
+        /* room for the recovered blocks + message + reply; drop the weakest (successors first)
+        ** if it cannot fit */
         int32_t need = 0;
         for (int32_t k = 0; k < n_c; k++) need += s->b[c[k].i].info.n_tokens;
         while (n_c > 0 && make_room(s, need + msg_tokens + s->p.gen_reserve) == KVT_EBUDGET)
@@ -633,7 +755,10 @@ static int recover(kvt_session *s, const char *query, int32_t msg_tokens) {
             rc = r;
         }
     }
+    free(novel);
+    free(open_text);
     free(docs);
+    free(res);
     free(sc);
     free(c);
     return rc;

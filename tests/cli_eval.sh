@@ -112,7 +112,7 @@ check niah "niah: the table is on stdout before the JSON line" \
     'open(f"{tmp}/niah.out").read().startswith("# kvtier eval niah")'
 check multifact "multifact: five probes per case and policy" 'len(rows) == 30'
 check ppl "ppl: perplexity, NLL difference and KL bound per policy" \
-    'all(p["ppl"] > 1 for p in j["policies"]) and P["no_eviction"]["kl_vs_ref"] < 1e-6 and all(p["kl_vs_ref"] >= 0 for p in j["policies"]) and P["streaming"]["nll_abs_diff_vs_ref"] >= 0'
+    'all(p["ppl"] > 1 for p in j["policies"]) and P["no_eviction"]["kl_vs_ref"] < 1e-6 and P["streaming"]["kl_vs_ref"] > 0 and all(p["kl_vs_ref"] >= 0 for p in j["policies"]) and P["streaming"]["nll_abs_diff_vs_ref"] >= 0'
 
 # same seed, same run; another seed, other needles
 run niah2 niah
@@ -124,6 +124,11 @@ check niah3 "niah: another seed gives other needles" \
 run fresh niah --fresh-engine
 check fresh "niah --fresh-engine: a model load per session, the same cases and rows" \
     'f["cases_detail"] == json.load(open(glob.glob(f"{tmp}/niah/*.json")[0]))["cases_detail"] and len(rows) == 6 and not any(r["error"] == "1" for r in rows)'
+
+# dense recovery: kvtier with the (tiny) model as its own embedder
+run embed niah --policies no_eviction,kvtier --embed-model "$TINY" --min-cosine -1
+check embed "niah --embed-model: kvtier runs with dense recovery and recovers" \
+    'len(rows) == 4 and not any(r["error"] == "1" for r in rows) and P["kvtier"]["recoveries"] > 0'
 
 # expect NAME WANT_EXIT FRAGMENT -- COMMAND...: exit status and a fixed string on stderr
 expect() {
@@ -146,6 +151,8 @@ expect "bad depth" 2 "--depths element '120' is not a percentage" -- \
     "$BIN" eval niah -m "$TINY" --depths 5,120
 expect "no essays" 2 "--texts '$TMP/none' is not a directory" -- \
     "$BIN" eval niah -m "$TINY" --texts "$TMP/none"
+expect "unreadable embedding model names the path" 1 "$TMP/none.gguf" -- \
+    "$BIN" eval niah -m "$TINY" --embed-model "$TMP/none.gguf" --out "$TMP/bad"
 [ -e "$TMP/bad" ] && bad "a usage error wrote output files" || ok "usage errors write no output"
 if "$BIN" eval niah --help | grep -q "Usage: kvtier eval"; then ok "--help"; else bad "--help"; fi
 

@@ -131,6 +131,7 @@ int cmd_eval(int argc, char **argv) {
     struct eval_opts o;
     memset(&o, 0, sizeof o);
     const char *policies_s = DEFAULT_POLICIES, *depths_s = NULL;
+    double min_cosine = 0.5;
     bool depths_seen = false, segment_seen = false, chunk_seen = false, ppl_seen = false, fresh_engine = false;
     o.model = getenv("KVTIER_MODEL");
     o.out = "results";
@@ -174,6 +175,10 @@ int cmd_eval(int argc, char **argv) {
         { "fresh-engine", 0, OPT_FLAG, &fresh_engine, 0, 0, NULL,
           "load the model again for every session, so no session runs on a KV cache earlier sessions "
           "have used (about 0.7 s per session for Gemma 3 270M)", NULL },
+        { "embed-model", 0, OPT_STR, &o.embed_model, 0, 0, "GGUF",
+          "kvtier recovers by cosine of mean-pooled embeddings from this model instead of BM25", NULL },
+        { "min-cosine", 0, OPT_FLOAT, &min_cosine, -1, 1, "F",
+          "with --embed-model: cosine an evicted block needs to come back (default 0.5)", NULL },
         { "verbose", 'v', OPT_FLAG, &o.verbose, 0, 0, NULL, "llama.cpp's log on stderr", NULL },
         { NULL, 0, 0, NULL, 0, 0, NULL, NULL, NULL },
     };
@@ -294,6 +299,14 @@ int cmd_eval(int argc, char **argv) {
         eval_corpus_free(&corpus);
         return CLI_ERR;
     }
+    o.min_cosine = (float) min_cosine;
+    if (o.embed_model && (rc = kvt_embedder_open(o.embed_model, o.block, o.threads, &o.embedder))) {
+        fprintf(stderr, "%s: --embed-model: %s\n", cmd, *kvt_errmsg() ? kvt_errmsg() : kvt_strerror(rc));
+        kvt_pool_free(pool);
+        kvt_engine_free(eng);
+        eval_corpus_free(&corpus);
+        return CLI_ERR;
+    }
     /* the template's framing must leave room for text in every turn */
     int32_t framing = eval_framing_tokens(eng, true);
     int32_t room = o.task == EVAL_PPL ? o.segment : o.chunk - framing;
@@ -306,6 +319,7 @@ int cmd_eval(int argc, char **argv) {
                     "part header of this model; raise --chunk (and --budget)\n",
                     cmd, o.chunk, room, framing);
         kvt_pool_free(pool);
+        kvt_embedder_free(o.embedder);
         kvt_engine_free(eng);
         eval_corpus_free(&corpus);
         return framing < 0 ? CLI_ERR : CLI_USAGE;
@@ -373,6 +387,7 @@ int cmd_eval(int argc, char **argv) {
     free(cases);
     eval_results_free(&res);
     kvt_pool_free(pool);
+    kvt_embedder_free(o.embedder);
     kvt_engine_free(eng);
     eval_corpus_free(&corpus);
     return rc;

@@ -37,6 +37,9 @@ struct eval_opts {
     int32_t        depths[EVAL_MAX_DEPTHS]; /* percent of the haystack */
     int            n_depths;
     int32_t        n_ctx;         /* engine context (cells); no_eviction's budget */
+    const char    *embed_model;   /* --embed-model: dense recovery for kvtier, NULL = BM25 */
+    float          min_cosine;    /* --min-cosine: min_recovery_cosine with --embed-model */
+    kvt_embedder  *embedder;      /* opened from embed_model by cmd_eval */
 };
 
 /* ---- seeded randomness: splitmix64, one independent stream per (seed, purpose, index) ---- */

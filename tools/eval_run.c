@@ -302,6 +302,10 @@ int eval_run_case(const char *cmd, kvt_engine *eng, kvt_pool *pool, const struct
     sp.budget = policy == KVT_POLICY_NO_EVICTION ? o->n_ctx : o->budget;
     sp.block = o->block;
     sp.pool = pool;
+    if (policy == KVT_POLICY_KVTIER && o->embedder) {
+        sp.embedder = o->embedder;
+        sp.min_recovery_cosine = o->min_cosine;
+    }
     double t0 = now_ms();
     kvt_session *s = NULL;
     int rc = kvt_session_open(eng, &sp, &s);

@@ -1,0 +1,265 @@
+/* test_recovery — what comes back before a user turn.
+**
+** Novel-term query (pure): the terms of a message that no resident text holds, as BM25 sees them.
+** Successor rule (Gemma 3 270M): a fact is cut on purpose at a block boundary — the name at the
+** end of one block, the number at the start of the next — and evicted; the question names only
+** the person, so only the first half matches it.  Both halves must come back, in order, right
+** before the question, and the number's log-probability must beat the same session with
+** successor_blocks = 0 (control: only the name's half comes back) and with recovery off.
+** Dense recovery (Gemma 3 270M as its own embedder): the evicted block with the highest cosine to
+** the question, measured here with kvt_embed, is recovered; with min_recovery_cosine 1.0 nothing
+** is (the threshold binds). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "kvtier.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static kvt_engine *open_real(void) {
+    const char *m = getenv("KVTIER_MODEL");
+    if (!m || !*m) return NULL;
+    struct kvt_engine_params p = kvt_engine_default_params();
+    p.model_path = m;
+    p.n_ctx = 2048;
+    kvt_engine *e = NULL;
+    assert_int_equal(kvt_engine_open(&p, &e), 0);
+    return e;
+}
+
+static void test_novel_terms(void **state) {
+    (void) state;
+    const char *ctx[] = { "Here is some code and a number.", "Please answer briefly." };
+    char *q = NULL;
+    assert_int_equal(kvt_bm25_novel_terms("What is the secret code of Tavoren? Answer with the number.", ctx, 2, &q), 0);
+    assert_string_equal(q, "secret tavoren"); /* stop words gone, case folded, covered terms gone */
+    free(q);
+    assert_int_equal(kvt_bm25_novel_terms("the code, the CODE", ctx, 2, &q), 0);
+    assert_string_equal(q, ""); /* everything covered */
+    free(q);
+    assert_int_equal(kvt_bm25_novel_terms("vault vault kestrel", NULL, 0, &q), 0);
+    assert_string_equal(q, "vault kestrel"); /* each term once */
+    free(q);
+}
+
+/* Filler that never mentions the fact's words. */
+static const char *filler[] = {
+    "Rivers carry sediment from the mountains to the sea, and over thousands of years the deltas they build "
+    "change the shape of coastlines, create fertile plains for farming, and shift as floods cut new channels.",
+    "Bread rises because yeast ferments sugars in the dough and releases carbon dioxide, which the gluten "
+    "network traps in small bubbles; baking then sets the structure and browns the crust.",
+    "Chess openings are studied for centuries: players learn to control the centre, develop knights and "
+    "bishops early, castle the king to safety, and avoid moving the same piece twice without reason.",
+    "Glaciers grind rock into fine flour as they move, and when they melt the meltwater turns lakes a milky "
+    "turquoise colour that hikers photograph every summer in the high valleys.",
+    "Lighthouses once needed keepers who trimmed wicks and wound clockwork every few hours through the night, "
+    "until electric lamps and automatic rotation made the job unnecessary.",
+    "Honeybees communicate the direction and distance of flowers with a waggle dance on the comb, and the "
+    "other foragers follow that dance to find the nectar source.",
+};
+
+/* Tokens of the formatted conversation so far (the session's own bookkeeping). */
+static int32_t total_tokens(kvt_session *s) {
+    struct kvt_session_stats st;
+    kvt_session_get_stats(s, &st);
+    return st.total_tokens;
+}
+
+/* A session at budget 256 whose fact "... Kelvarin's locker number is 58213." is cut after
+** "Kelvarin's locker" at a block boundary, then buried under filler.  Returns the log-prob of
+** the answer's number after the question; *split_ok tells that the cut landed as planned. */
+static double split_fact_session(kvt_engine *e, int32_t recovery, int32_t successors, bool *split_ok,
+                                 int64_t *recoveries) {
+    struct kvt_session_params sp = kvt_session_default_params();
+    sp.budget = 384;
+    sp.recovery = recovery;
+    sp.successor_blocks = successors;
+    kvt_session *s = NULL;
+    assert_int_equal(kvt_session_open(e, &sp, &s), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, filler[0]), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "Noted."), 0);
+    /* pad the next message so that "locker" ends a block: find the padding by tokenizing */
+    int32_t base = total_tokens(s);
+    char msg[2048];
+    int32_t pad = 0;
+    *split_ok = false;
+    for (pad = 0; pad < 150 && !*split_ok; pad++) {
+        char head[512] = "";
+        for (int32_t k = 0; k < pad; k++) strcat(head, "so ");
+        snprintf(msg, sizeof msg, "%sKelvarin's locker", head);
+        /* the prefix up to "locker" must end exactly at a block boundary: measure it through the
+        ** chat template by tokenizing the formatted prefix of the turn */
+        struct kvt_chat_msg cm[3] = { { "user", filler[0] }, { "assistant", "Noted." }, { "user", msg } };
+        char *fmt = NULL;
+        assert_int_equal(kvt_chat_format(e, cm, 3, false, "gemma", &fmt), 0);
+        char *end = strstr(fmt, "Kelvarin's locker");
+        assert_non_null(end);
+        end[strlen("Kelvarin's locker")] = '\0';
+        kvt_token *tok = NULL;
+        int32_t n = 0;
+        assert_int_equal(kvt_tokenize(e, fmt, true, true, &tok, &n), 0);
+        free(tok);
+        free(fmt);
+        *split_ok = n % sp.block == 0 && n >= 2 * sp.block && n > base; /* not in the sink block */
+        if (*split_ok) break;
+    }
+    char full[2200];
+    snprintf(full, sizeof full, "%s number is 58213. Please keep that in mind.", msg);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, full), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "Noted."), 0);
+    for (int32_t k = 1; k < 18; k++) { /* ~950 tokens after the fact */
+        assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, filler[k % 6]), 0);
+        assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "Noted."), 0);
+    }
+    /* both halves are evicted by now */
+    int32_t n_b = kvt_session_n_blocks(s), first = -1;
+    for (int32_t i = 0; i < n_b; i++) {
+        struct kvt_block_info b;
+        kvt_session_block(s, i, &b);
+        if (strstr(b.text, "Kelvarin") && first < 0) first = i;
+    }
+    if (!(first > 0 && first + 1 < n_b)) printf("  fact block %d of %d\n", first, n_b);
+    assert_true(first > 0 && first + 1 < n_b);
+    struct kvt_block_info a, b;
+    kvt_session_block(s, first, &a);
+    kvt_session_block(s, first + 1, &b);
+    if (*split_ok) {
+        assert_non_null(strstr(b.text, "58213"));
+        assert_null(strstr(b.text, "Kelvarin"));
+    }
+    assert_int_not_equal(a.residency, KVT_RES_DEVICE);
+    assert_int_not_equal(b.residency, KVT_RES_DEVICE);
+
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, "Which locker does Kelvarin have?"), 0);
+    kvt_session_block(s, first, &a);
+    kvt_session_block(s, first + 1, &b);
+    if (recovery == KVT_RECOVERY_KV_RESTORE && successors == 0) {
+        assert_int_equal(a.residency, KVT_RES_DEVICE); /* only the half that matches the question */
+        assert_int_not_equal(b.residency, KVT_RES_DEVICE);
+    } else if (recovery == KVT_RECOVERY_KV_RESTORE) {
+        /* both halves back, in their original order, adjacent */
+        assert_int_equal(a.residency, KVT_RES_DEVICE);
+        assert_int_equal(b.residency, KVT_RES_DEVICE);
+        assert_int_equal(b.p0, a.p0 + a.n_tokens);
+    }
+    double lp_all = 0, lp_pre = 0;
+    int32_t n1 = 0, n2 = 0;
+    assert_int_equal(kvt_session_answer_logprob(s, "Kelvarin's locker number is 58213.", &lp_all, &n1), 0);
+    assert_int_equal(kvt_session_answer_logprob(s, "Kelvarin's locker number is", &lp_pre, &n2), 0);
+    struct kvt_session_stats st;
+    kvt_session_get_stats(s, &st);
+    *recoveries = st.recoveries;
+    kvt_session_free(s);
+    return lp_all - lp_pre;
+}
+
+static void test_successor_recovered(void **state) {
+    (void) state;
+    kvt_engine *e = open_real();
+    if (!e) skip();
+    bool split[3];
+    int64_t rec[3];
+    double lp = split_fact_session(e, KVT_RECOVERY_KV_RESTORE, 1, &split[0], &rec[0]);
+    double lp_hit = split_fact_session(e, KVT_RECOVERY_KV_RESTORE, 0, &split[1], &rec[1]);
+    double lp_off = split_fact_session(e, KVT_RECOVERY_DISCARD, 1, &split[2], &rec[2]);
+    printf("  fact cut at a block boundary: %s; number log-prob %.2f with its successor block recovered (%lld blocks in "
+           "the session), %.2f with only the hit (%lld), %.2f with no recovery\n",
+           split[0] ? "yes" : "no", lp, (long long) rec[0], lp_hit, (long long) rec[1], lp_off);
+    assert_true(split[0] && split[1] && split[2]); /* the set-up really cut the fact */
+    assert_int_equal(rec[2], 0);
+    assert_true(rec[0] >= 2);
+    assert_true(lp > lp_off + 2.0); /* the number came back with the block that holds it */
+    assert_true(lp > lp_hit + 2.0); /* control: without the successor rule it does not */
+    kvt_engine_free(e);
+}
+
+static const char *topics[] = {
+    "Volcanoes erupt when magma from deep inside the earth rises through cracks in the crust, releasing lava, "
+    "ash and gas; some eruptions are explosive and others pour out slow rivers of molten rock.",
+    "A good sourdough loaf needs a lively starter, a long cold fermentation of the dough, careful shaping, "
+    "and a very hot oven with steam so that the crust blisters and the crumb stays open.",
+    "The violin has four strings tuned in fifths; players press the strings against the fingerboard and draw "
+    "a bow strung with horsehair across them to make the instrument sing.",
+    "Penguins live almost entirely in the southern hemisphere; they cannot fly, but their wings have become "
+    "flippers that let them swim fast under water while hunting fish and krill.",
+    "The stock market lets companies raise money by selling shares; prices move with expectations about "
+    "future profits, interest rates and the general mood of investors.",
+    "Tennis matches are scored in points, games and sets; a player must win a game by two points, and a set "
+    "usually by two games, with a tie-break at six games all.",
+};
+
+static int64_t dense_session(kvt_engine *e, kvt_embedder *em, float min_cos, int32_t *best_back) {
+    struct kvt_session_params sp = kvt_session_default_params();
+    sp.budget = 384;
+    sp.embedder = em;
+    sp.min_recovery_cosine = min_cos;
+    sp.top_k = 1;
+    kvt_session *s = NULL;
+    assert_int_equal(kvt_session_open(e, &sp, &s), 0);
+    for (int32_t k = 0; k < 12; k++) { /* ~700 tokens: the first topics are evicted */
+        assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, k < 6 ? topics[k] : filler[k - 6]), 0);
+        assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "Noted."), 0);
+    }
+    const char *question = "Tell me again about molten rock coming out of a mountain.";
+    /* the evicted blocks before the question, and their cosine to it */
+    int32_t n_b = kvt_session_n_blocks(s), best = -1, dim = kvt_embedder_dim(em);
+    double best_cos = -2;
+    float *qv = malloc(sizeof(float) * (size_t) dim), *bv = malloc(sizeof(float) * (size_t) dim);
+    assert_non_null(qv);
+    assert_non_null(bv);
+    assert_int_equal(kvt_embed(em, question, qv), 0);
+    for (int32_t i = 0; i < n_b; i++) {
+        struct kvt_block_info b;
+        kvt_session_block(s, i, &b);
+        if (b.residency != KVT_RES_HOST && b.residency != KVT_RES_DISK) continue;
+        assert_int_equal(kvt_embed(em, b.text, bv), 0);
+        double c = 0;
+        for (int32_t d = 0; d < dim; d++) c += (double) qv[d] * bv[d];
+        if (c > best_cos) { best_cos = c; best = i; }
+    }
+    free(qv);
+    free(bv);
+    assert_true(best >= 0);
+    struct kvt_session_stats st0, st1;
+    kvt_session_get_stats(s, &st0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, question), 0);
+    kvt_session_get_stats(s, &st1);
+    struct kvt_block_info b;
+    kvt_session_block(s, best, &b);
+    *best_back = b.residency == KVT_RES_DEVICE && b.n_recoveries > 0;
+    printf("  dense recovery (min cosine %.2f): best evicted block %d at cosine %.3f %s; %lld block(s) recovered\n",
+           min_cos, best, best_cos, *best_back ? "recovered" : "not recovered",
+           (long long) (st1.recoveries - st0.recoveries));
+    kvt_session_free(s);
+    return st1.recoveries - st0.recoveries;
+}
+
+static void test_dense_recovery(void **state) {
+    (void) state;
+    kvt_engine *e = open_real();
+    if (!e) skip();
+    kvt_embedder *em = NULL;
+    assert_int_equal(kvt_embedder_open(getenv("KVTIER_MODEL"), 64, 0, &em), 0);
+    int32_t back = 0;
+    assert_true(dense_session(e, em, 0.0f, &back) >= 1);
+    assert_true(back);
+    assert_int_equal(dense_session(e, em, 1.0f, &back), 0); /* control: the threshold binds */
+    assert_false(back);
+    kvt_embedder_free(em);
+    kvt_engine_free(e);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_novel_terms),
+        cmocka_unit_test(test_successor_recovered),
+        cmocka_unit_test(test_dense_recovery),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
