@@ -2,7 +2,9 @@
 # cli_bench — `kvtier bench primitives` runs on the real model and reports what it should:
 # the JSON form's last line carries the labels (model, llama.cpp, commit, date, threads, cache
 # type) and one row per block size with positive timings; the table form prints a header and
-# one row per block.  No speed assertions: shared machines are too noisy for them.
+# one row per block.  `kvtier bench policy` (short run, three policies) reports, per policy,
+# decode steps and positive decode times, policy time only where a policy has work, and
+# evictions under the budget.  No speed assertions: shared machines are too noisy for them.
 set -u
 BIN=${KVTIER_BIN:?KVTIER_BIN is not set}
 MODEL=${KVTIER_MODEL:?KVTIER_MODEL is not set}
@@ -65,6 +67,47 @@ else
     bad "table header: $(head -n 1 "$TMP/table.out")"
 fi
 if grep -qE '^ +16 +[0-9.]+ +[0-9.]+ +[0-9.]+ ' "$TMP/table.out"; then ok "table row for block 16"; else bad "no table row for block 16"; fi
+
+if "$BIN" bench policy -m "$MODEL" --policies no_eviction,streaming,kvtier --turns 4 --turn-tokens 160 --gen 8 \
+    --budget 256 --json >"$TMP/pol.out" 2>"$TMP/pol.err"; then
+    ok "bench policy --json ran"
+else
+    bad "bench policy exited with status $?"
+    tail -n 20 "$TMP/pol.err"
+fi
+tail -n 1 "$TMP/pol.out"
+python3 - "$TMP/pol.out" >"$TMP/checks2" <<'EOF'
+import json, sys
+try:
+    d = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+except (IndexError, ValueError) as e:
+    print(f"FAIL bench policy: last stdout line is not JSON ({e})")
+    sys.exit()
+P = {p["policy"]: p for p in d.get("policies", [])}
+print(("ok  " if list(P) == ["no_eviction", "streaming", "kvtier"] else "FAIL") + f" bench policy: policies {list(P)}")
+for k in ("model", "llama_cpp", "commit", "date"):
+    print(("ok  " if isinstance(d.get(k), str) and d[k] else "FAIL") + f" bench policy: field {k}")
+for name, p in P.items():
+    good = p["decode_steps"] > 0 and p["decode_ms_per_step"] > 0 and p["policy_ms_per_step"] >= 0 and p["errors"] == 0
+    print(("ok  " if good else "FAIL") + f" bench policy {name}: steps {p['decode_steps']}, decode {p['decode_ms_per_step']} ms/step")
+print(("ok  " if P["kvtier"]["policy_ms_per_step"] > P["no_eviction"]["policy_ms_per_step"] else "FAIL")
+      + " bench policy: kvtier's attention signals cost more than no_eviction's nothing")
+print(("ok  " if P["streaming"]["evictions"] > 0 and P["no_eviction"]["evictions"] == 0 else "FAIL")
+      + " bench policy: the budget binds")
+EOF
+while IFS= read -r line; do
+    case "$line" in
+        ok*) ok "${line#ok   }" ;;
+        *) bad "${line#FAIL }" ;;
+    esac
+done <"$TMP/checks2"
+brc=0
+"$BIN" bench policy -m "$MODEL" --policies bogus >/dev/null 2>"$TMP/bad.err" || brc=$?
+if [ "$brc" -eq 2 ] && grep -q "unknown policy 'bogus'" "$TMP/bad.err"; then
+    ok "bench policy: unknown policy is a usage error"
+else
+    bad "bench policy --policies bogus: exit $brc, $(head -c 300 "$TMP/bad.err")"
+fi
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -171,6 +171,7 @@ extern volatile sig_atomic_t cli_sigint;
 int cmd_chat(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_bench_policy(int argc, char **argv); /* cmd_bench_policy.c, run by cmd_bench */
 int cmd_calibrate(int argc, char **argv); /* cmd_calibrate.c */
 int cmd_eval(int argc, char **argv);      /* cmd_eval.c */
 

@@ -19,6 +19,7 @@
 
 #define MAX_BLOCK_SIZES 32
 
+
 static double now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -336,13 +337,14 @@ static int bench_primitives(int argc, char **argv) {
 int cmd_bench(int argc, char **argv) {
     if (argc < 1 || !strcmp(argv[0], "--help") || !strcmp(argv[0], "-h")) {
         FILE *f = argc < 1 ? stderr : stdout;
-        fprintf(f, "Usage: kvtier bench primitives [options]\n"
-                   "Benchmarks: primitives (block save / load / re-prefill). "
-                   "Run 'kvtier bench primitives --help' for its options.\n");
+        fprintf(f, "Usage: kvtier bench primitives|policy [options]\n"
+                   "Benchmarks: primitives (block save / load / re-prefill), policy (per-decode-step cost of "
+                   "each eviction policy). Run 'kvtier bench NAME --help' for its options.\n");
         return argc < 1 ? CLI_USAGE : CLI_OK;
     }
+    if (!strcmp(argv[0], "policy")) return cmd_bench_policy(argc - 1, argv + 1);
     if (strcmp(argv[0], "primitives") != 0) {
-        fprintf(stderr, "kvtier bench: unknown benchmark '%s' (expected: primitives)\n", argv[0]);
+        fprintf(stderr, "kvtier bench: unknown benchmark '%s' (expected: primitives, policy)\n", argv[0]);
         return CLI_USAGE;
     }
     return bench_primitives(argc - 1, argv + 1);
