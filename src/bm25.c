@@ -4,6 +4,7 @@
 #include "internal.h"
 
 #include <ctype.h>
+#include <stdbool.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,20 +38,34 @@ static void terms_free(struct terms *ts) {
     free(ts->t);
 }
 
-/* Lower-cased runs of ASCII letters/digits (bytes >= 0x80 count as letters, so UTF-8 words stay
-** whole), stop words dropped.  Returns 0 or KVT_ENOMEM. */
+/* The next word at or after *s: a lower-cased run of ASCII letters/digits (bytes >= 0x80 count as
+** letters, so UTF-8 words stay whole) of at most 64 bytes, into w; *s moves past it.  Returns
+** false at the end of the text. */
+static bool next_word(const char **s, char w[65]) {
+    const char *p = *s;
+    for (;;) {
+        while (*p && !(isalnum((unsigned char) *p) || (unsigned char) *p >= 0x80)) p++;
+        const char *b = p;
+        while (*p && (isalnum((unsigned char) *p) || (unsigned char) *p >= 0x80)) p++;
+        size_t n = (size_t) (p - b);
+        if (n == 0) {
+            *s = p;
+            return false;
+        }
+        if (n > 64) continue;
+        for (size_t i = 0; i < n; i++) w[i] = (char) tolower((unsigned char) b[i]);
+        w[n] = '\0';
+        *s = p;
+        return true;
+    }
+}
+
+/* The words of s (next_word), stop words dropped.  Returns 0 or KVT_ENOMEM. */
 static int split_terms(const char *s, struct terms *out) {
     out->t = NULL;
     out->n = out->cap = 0;
-    while (s && *s) {
-        while (*s && !(isalnum((unsigned char) *s) || (unsigned char) *s >= 0x80)) s++;
-        const char *b = s;
-        while (*s && (isalnum((unsigned char) *s) || (unsigned char) *s >= 0x80)) s++;
-        size_t n = (size_t) (s - b);
-        if (n == 0 || n > 64) continue;
-        char w[65];
-        for (size_t i = 0; i < n; i++) w[i] = (char) tolower((unsigned char) b[i]);
-        w[n] = '\0';
+    char w[65];
+    while (s && next_word(&s, w)) {
         if (is_stop(w)) continue;
         if (out->n == out->cap) {
             int cap = out->cap ? out->cap * 2 : 32;
@@ -147,17 +162,9 @@ int32_t kvt__bm25_last_match(const char *text, const char *query) {
     if (!text || split_terms(query, &q)) return -1;
     int32_t last = -1;
     const char *s = text;
-    while (*s) {
-        while (*s && !(isalnum((unsigned char) *s) || (unsigned char) *s >= 0x80)) s++;
-        const char *b = s;
-        while (*s && (isalnum((unsigned char) *s) || (unsigned char) *s >= 0x80)) s++;
-        size_t n = (size_t) (s - b);
-        if (n == 0 || n > 64) continue;
-        char w[65];
-        for (size_t i = 0; i < n; i++) w[i] = (char) tolower((unsigned char) b[i]);
-        w[n] = '\0';
+    char w[65];
+    while (next_word(&s, w))
         if (count(&q, w) > 0) last = (int32_t) (s - text);
-    }
     terms_free(&q);
     return last;
 }
