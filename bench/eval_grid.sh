@@ -3,21 +3,25 @@
 #   1. the target cell: niah and multifact at context 4096, budget 1024 (10 and 4 cases);
 #   2. ppl with the exact KL at context 2048, budget 1024 (2 held-out texts);
 #   3. the grid: niah at contexts 2048/4096/8192 x budgets 512/1024/2048 (CASES cases each,
-#      one per depth from 5 %; cells whose budget holds the whole context are skipped).
+#      cycling through DEPTHS; cells whose budget holds the whole context are skipped, and
+#      4096/1024 is the target cell of part 1).
 # Every policy runs side by side in each invocation, each session on a freshly loaded model
 # (--fresh-engine).  Results (JSON, CSV, PNG per invocation, and each table) go under
-# results/grid-<UTC time>/.  Usage: bench/eval_grid.sh [MODEL] (default $KVTIER_MODEL after
-# `scripts/bootstrap.sh`); CASES=3 THREADS=2 PARTS="target ppl grid" in the environment.
+# results/grid-<UTC time>/ (OUT=DIR to add to an earlier run).  Usage: bench/eval_grid.sh [MODEL]
+# (default $KVTIER_MODEL after `scripts/bootstrap.sh`); in the environment CASES=3,
+# DEPTHS=5,50,95, THREADS=2, PARTS="target ppl grid", CELLS="8192/1024 2048/512 ..." (grid
+# cells CONTEXT/BUDGET in the order they run).
 set -eu
 cd "$(dirname "$0")/.."
 eval "$(scripts/bootstrap.sh env)"
 MODEL=${1:-$KVTIER_MODEL}
 CASES=${CASES:-3}
+DEPTHS=${DEPTHS:-5,50,95}
 THREADS=${THREADS:-2}
 PARTS=${PARTS:-target ppl grid}
 BIN=./build/kvtier
 [ -x "$BIN" ] || make build
-OUT=results/grid-$(date -u +%Y%m%d-%H%M%S)
+OUT=${OUT:-results/grid-$(date -u +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT"
 export OMP_WAIT_POLICY=PASSIVE
 run() { # NAME ARGS...
@@ -37,13 +41,14 @@ for part in $PARTS; do
     ppl)
         run ppl-2048-1024 ppl --context 2048 --budget 1024 --cases 2 ;;
     grid)
-        for ctx in 2048 4096 8192; do
-            for budget in 512 1024 2048; do
-                [ "$budget" -ge "$ctx" ] && continue
-                [ "$ctx" = 4096 ] && [ "$budget" = 1024 ] && [ -f "$OUT/niah-4096-1024.txt" ] && continue
-                run "niah-$ctx-$budget" niah --context "$ctx" --budget "$budget" --cases "$CASES" \
-                    --depths 5,50,95 --max-tokens 48
-            done
+        # cells as CONTEXT/BUDGET, in the order they run (the ones that tell most first, so a
+        # run cut short still covers the targets' neighbourhood)
+        for cell in ${CELLS:-8192/1024 2048/512 4096/512 4096/2048 8192/2048 2048/1024 8192/512}; do
+            ctx=${cell%/*} budget=${cell#*/}
+            [ "$budget" -ge "$ctx" ] && continue
+            [ -f "$OUT/niah-$ctx-$budget.txt" ] && continue
+            run "niah-$ctx-$budget" niah --context "$ctx" --budget "$budget" --cases "$CASES" \
+                --depths "$DEPTHS" --max-tokens 48
         done ;;
     esac
 done
