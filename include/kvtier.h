@@ -500,6 +500,52 @@ int kvt_session_generate(kvt_session *s, int32_t max_tokens, const struct kvt_sa
 int kvt_session_answer_logprob(kvt_session *s, const char *answer, double *logprob,
                                int32_t *n_tokens);
 
+/* ---- Servers: whole-conversation sync and step-wise generation ----
+** A server receives the whole history with every request (OpenAI clients resend it) and steps
+** many sessions one token at a time on one engine.  Every session keeps the logits of its own
+** last token, so sessions on one engine may be interleaved call by call. */
+
+struct kvt_sync_info {
+    int32_t prompt_tokens;     /* tokens of the formatted conversation (with assistant prefix) */
+    int32_t tokens_reused;     /* prompt tokens already in the session (prompt - decoded, >= 0) */
+    int64_t tokens_decoded;    /* tokens run through the model by this call (prefill, re-fed tails) */
+    int64_t tokens_recovered;  /* tokens brought back by kv_restore by this call */
+    int64_t evictions, recoveries; /* block evictions / loads by this call */
+};
+
+/* Make the session's conversation exactly msgs[0..n_msgs) followed by the assistant prefix, ready
+** for kvt_session_gen_step or kvt_session_generate.  The longest common prefix of messages (role
+** and content byte-equal; a reply the session generated is stored as kvt_session_gen_end returned
+** it) is kept; the messages after it are added with kvt_session_add.  Where the formatted text
+** diverges from what was decoded (an edited message, a reply the client shortened, two user
+** messages in a row), the token stream is cut back to the last message boundary before the
+** divergence and re-decoded from there: the cache then holds exactly the template's tokens of
+** the whole conversation.  The last message must be a user message.  msgs is not retained.
+** OUT *out (may be NULL): what this call cost.
+** Errors: KVT_EINVAL (no messages, unknown role, NULL content, last message not from the user,
+** a reply still being generated), plus those of kvt_session_add.  Not thread-safe (engine rule). */
+int kvt_session_sync(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_msgs, struct kvt_sync_info *out);
+
+/* One generated token: samples from the session's own logits (llama.cpp sampler chain, as
+** kvt_sample), and unless it ends the generation decodes it into the session (evicting by
+** watermark) and appends it to the reply being built.  OUT *tok: the token; *done: true when it
+** is an end-of-generation token (not decoded, not part of the reply).  Call kvt_session_gen_end
+** to finish the reply, whatever stopped it.
+** Errors: KVT_EINVAL (no user turn to reply to), KVT_ENOMEM, KVT_ECTX, KVT_ELLAMA, KVT_EBUDGET;
+** on error the token is not part of the reply. */
+int kvt_session_gen_step(kvt_session *s, const struct kvt_sampling *smp, kvt_token *tok /* OUT */, bool *done /* OUT */);
+
+/* Finish the reply built by kvt_session_gen_step (possibly empty): it becomes an assistant message
+** of the conversation.  OUT *reply (may be NULL): its text, caller frees with free().
+** Errors: KVT_ENOMEM (the reply stays pending; call again). */
+int kvt_session_gen_end(kvt_session *s, char **reply /* OUT */);
+
+/* Messages of the conversation (system, user, assistant, as added or generated) and message i.
+** msg->content is owned by the session, valid until the next call that changes the conversation.
+** Errors: KVT_EINVAL (i out of range). */
+int32_t kvt_session_n_messages(const kvt_session *s);
+int kvt_session_message(const kvt_session *s, int32_t i, struct kvt_chat_msg *msg /* OUT */);
+
 struct kvt_session_stats {
     int32_t resident_tokens;     /* cells of this session in the llama.cpp cache */
     int32_t peak_resident_tokens;

@@ -63,6 +63,18 @@ struct kvt_session {
     int32_t     rep_layer;      /* InfLLM: layer of the representative keys */
     int32_t     rep_row;        /* floats per representative key row (n_head_kv * head_dim) */
     double      decode_ms;      /* time in kvt_decode for this session's tokens */
+    /* segment boundaries (tokens in the stream, bytes of kv_text) wherever kv_text was extended:
+    ** a conversation that diverges from kv_text is cut back to the last boundary before the
+    ** divergence and re-fed from there (cut_stream) */
+    int32_t    *seg_tok;
+    size_t     *seg_chr;
+    int32_t     n_seg, cap_seg;
+    /* logits after this session's last token (the engine's are shared by every session) */
+    float      *logits;
+    bool        have_logits;
+    kvt_token  *gen;            /* reply being generated step-wise (kvt_session_gen_step) */
+    int32_t     n_gen, cap_gen;
+    bool        generating;
 };
 
 static atomic_uint g_serial;
@@ -195,6 +207,10 @@ void kvt_session_free(kvt_session *s) {
     free(s->kv_text);
     free(s->layers);
     free(s->head_w);
+    free(s->seg_tok);
+    free(s->seg_chr);
+    free(s->logits);
+    free(s->gen);
     free(s);
 }
 
@@ -477,6 +493,17 @@ static void observe(kvt_session *s, bool prompt) {
     s->policy_ms += kvt__now_ms() - t0;
 }
 
+/* Keep the engine's logits of this session's last token (sessions share the engine). */
+static int save_logits(kvt_session *s) {
+    const float *l = kvt_logits(s->eng);
+    s->have_logits = false;
+    if (!l) return 0;
+    if (!s->logits && !(s->logits = malloc(sizeof(float) * (size_t) s->n_vocab))) return kvt__fail(KVT_ENOMEM, "logits");
+    memcpy(s->logits, l, sizeof(float) * (size_t) s->n_vocab);
+    s->have_logits = true;
+    return 0;
+}
+
 /* Decode tokens for the conversation, keeping the budget at every chunk. */
 static int feed(kvt_session *s, const kvt_token *tok, int32_t n, int role, int32_t reserve_after) {
     struct kvt_engine_info I;
@@ -498,6 +525,7 @@ static int feed(kvt_session *s, const kvt_token *tok, int32_t n, int role, int32
         rc = kvt_decode(s->eng, s->p.seq, tok + off, m, s->next_pos, last);
         s->decode_ms += kvt__now_ms() - t0;
         if (rc) return rc;
+        if (last && (rc = save_logits(s))) return rc;
         s->decoded += m;
         note_peak(s);
         if ((rc = record(s, tok + off, m, role))) return rc;
@@ -725,8 +753,81 @@ static int push_msg(kvt_session *s, int role, const char *text, int keep) {
     return 0;
 }
 
+/* kv_text becomes fmt (owned by the session from here), a segment boundary at the current end of
+** the stream.  Cannot fail: a boundary that cannot be recorded only makes later cut-backs go
+** further back. */
+static void set_text(kvt_session *s, char *fmt) {
+    free(s->kv_text);
+    s->kv_text = fmt;
+    if (s->n_seg == s->cap_seg) {
+        int32_t cap = s->cap_seg ? 2 * s->cap_seg : 16;
+        int32_t *t = realloc(s->seg_tok, sizeof *t * (size_t) cap);
+        if (t) s->seg_tok = t;
+        size_t *c = realloc(s->seg_chr, sizeof *c * (size_t) cap);
+        if (c) s->seg_chr = c;
+        if (!t || !c) return;
+        s->cap_seg = cap;
+    }
+    s->seg_tok[s->n_seg] = s->total;
+    s->seg_chr[s->n_seg] = strlen(fmt);
+    s->n_seg++;
+}
+
+static void drop_block(kvt_session *s, struct blk *b) {
+    if (b->info.residency == KVT_RES_DEVICE) kvt_seq_rm(s->eng, s->p.seq, b->info.p0, b->info.p0 + b->info.n_tokens);
+    if (b->info.sealed && b->info.residency != KVT_RES_LOST) kvt_pool_del(s->pool, b->key);
+    free(b->tok);
+    free(b->text);
+    free(b->tok_mass);
+    free(b->rep);
+    memset(b, 0, sizeof *b);
+}
+
+/* Cut the stream (the conversation's tokens in the order they were said, i.e. the blocks by id)
+** back to its first `keep` tokens: later blocks leave the cache and the pool; the open tail block
+** is trimmed in place; any other block cut in the middle is dropped and its first tokens are
+** decoded again at the tail.  Positions continue after the highest resident one. */
+static int cut_stream(kvt_session *s, int32_t keep) {
+    int32_t acc = 0, i = 0;
+    while (i < s->n_b && acc + s->b[i].info.n_tokens <= keep) acc += s->b[i].info.n_tokens, i++;
+    int32_t r = keep - acc, n_re = 0, re_role = KVT_ROLE_USER;
+    kvt_token *re = NULL;
+    if (i < s->n_b && r > 0) {
+        struct blk *b = &s->b[i];
+        if (i == s->open) { /* the open block is the physical tail: trim its cells */
+            kvt_seq_rm(s->eng, s->p.seq, b->info.p0 + r, b->info.p0 + b->info.n_tokens);
+            for (int32_t cut = b->info.n_tokens - r; cut > 0;) { /* per-token roles are not kept: newest role first */
+                int k = b->role_n[KVT_ROLE_ASSISTANT] ? KVT_ROLE_ASSISTANT : b->role_n[KVT_ROLE_USER] ? KVT_ROLE_USER : KVT_ROLE_SYSTEM;
+                int32_t d = KVT_MIN(cut, b->role_n[k]);
+                b->role_n[k] -= d;
+                cut -= d;
+                if (d == 0) break;
+            }
+            b->info.n_tokens = r;
+            i++;
+        } else {
+            if (!(re = malloc(sizeof(kvt_token) * (size_t) r))) return kvt__fail(KVT_ENOMEM, "cut back");
+            memcpy(re, b->tok, sizeof(kvt_token) * (size_t) r);
+            n_re = r;
+            re_role = block_role(b);
+        }
+    }
+    for (int32_t j = s->n_b - 1; j >= i; j--) drop_block(s, &s->b[j]);
+    if (s->open >= i) s->open = -1;
+    s->n_b = i;
+    s->next_pos = kvt_seq_pos_max(s->eng, s->p.seq) + 1;
+    s->total = keep - n_re;
+    s->have_logits = false;
+    int rc = n_re > 0 ? feed(s, re, n_re, re_role, 0) : 0;
+    free(re);
+    return rc;
+}
+
 /* Tokens of the template text that is not yet in the stream (the conversation formatted with
-** the assistant prefix, minus what was already decoded). */
+** the assistant prefix, minus what was already decoded).  When the formatted conversation
+** diverges from what was decoded (two user messages in a row replace the assistant prefix; a
+** client edits its history), the stream is first cut back to the last segment boundary before
+** the divergence, so the stream always holds exactly the template's tokens. */
 static int pending_tokens(kvt_session *s, int32_t n_msgs, bool add_ass, kvt_token **tok, int32_t *n, char **fmt_out) {
     struct kvt_chat_msg *cm = malloc(sizeof *cm * (size_t) (n_msgs > 0 ? n_msgs : 1));
     if (!cm) return kvt__fail(KVT_ENOMEM, "chat");
@@ -739,6 +840,14 @@ static int pending_tokens(kvt_session *s, int32_t n_msgs, bool add_ass, kvt_toke
     while (common < have && fmt[common] == s->kv_text[common]) common++;
     *tok = NULL;
     *n = 0;
+    if (common < have) {
+        int32_t k = s->n_seg - 1;
+        while (k >= 0 && s->seg_chr[k] > common) k--;
+        if ((rc = cut_stream(s, k >= 0 ? s->seg_tok[k] : 0))) { free(fmt); return rc; }
+        s->n_seg = k + 1;
+        common = have = k >= 0 ? s->seg_chr[k] : 0;
+        s->kv_text[have] = '\0';
+    }
     if (fmt[common] == '\0') { *fmt_out = fmt; return 0; }
     rc = kvt_tokenize(s->eng, fmt + common, have == 0, true, tok, n);
     if (rc) { free(fmt); return rc; }
@@ -770,15 +879,15 @@ int kvt_session_add_ex(kvt_session *s, enum kvt_role role, const char *text, int
         rc = n > 0 ? feed(s, tok, n, s->m[s->n_m - 2].role, 0) : 0;
         s->cur_keep = KVT_KEEP_NONE;
         if (rc) goto fail;
-        free(s->kv_text);
-        s->kv_text = fmt;
+        set_text(s, fmt);
         fmt = NULL;
         free(tok);
         tok = NULL;
         s->n_m_decoded = s->n_m - 1;
     }
-    /* 2. the new user message with the assistant prefix */
-    if ((rc = pending_tokens(s, s->n_m, true, &tok, &n, &fmt))) goto fail;
+    /* 2. the new user message (the assistant prefix follows as its own segment, so a message
+    **    added after it replaces only the prefix) */
+    if ((rc = pending_tokens(s, s->n_m, s->p.policy == KVT_POLICY_INFLLM, &tok, &n, &fmt))) goto fail;
     struct kvt_engine_info I;
     kvt_engine_info(s->eng, &I);
     if (n + s->p.gen_reserve > I.n_ctx) {
@@ -798,8 +907,7 @@ int kvt_session_add_ex(kvt_session *s, enum kvt_role role, const char *text, int
         s->cur_keep = KVT_KEEP_NONE;
         free(tc);
         if (rc) { free(fc); goto fail; }
-        free(s->kv_text);
-        s->kv_text = fc;
+        set_text(s, fc);
         free(tok);
         free(fmt);
         tok = NULL;
@@ -812,10 +920,17 @@ int kvt_session_add_ex(kvt_session *s, enum kvt_role role, const char *text, int
     s->cur_keep = keep;
     if (n > 0 && (rc = feed(s, tok, n, KVT_ROLE_USER, s->p.gen_reserve))) { s->cur_keep = KVT_KEEP_NONE; goto fail; }
     s->cur_keep = KVT_KEEP_NONE;
-    free(s->kv_text);
-    s->kv_text = fmt;
+    set_text(s, fmt);
+    fmt = NULL;
     s->n_m_decoded = s->n_m;
     free(tok);
+    tok = NULL;
+    if (s->p.policy != KVT_POLICY_INFLLM) { /* 4. the assistant prefix */
+        if ((rc = pending_tokens(s, s->n_m, true, &tok, &n, &fmt))) return rc;
+        if (n > 0 && (rc = feed(s, tok, n, KVT_ROLE_USER, s->p.gen_reserve))) { free(tok); free(fmt); return rc; }
+        set_text(s, fmt);
+        free(tok);
+    }
     return 0;
 fail:
     /* the message is not part of the conversation; decoded chunks stay (the table matches) */
@@ -827,11 +942,53 @@ fail:
     return rc;
 }
 
+/* A generated reply is in the stream: it becomes an assistant message, and kv_text is extended
+** by the reply as the template renders it (templates trim messages: "gemma" strips the leading
+** space of " Sure"), so that the next turn's formatted conversation extends kv_text and the
+** reply's generated tokens are kept (canonicalised) instead of being cut back and re-decoded.
+** If the template's rendering cannot be found, the raw text is appended. */
+static int append_reply(kvt_session *s, const char *text) {
+    int rc = push_msg(s, KVT_ROLE_ASSISTANT, text, KVT_KEEP_NONE);
+    if (rc) return rc;
+    s->n_m_decoded = s->n_m;
+    size_t a = strlen(s->kv_text), b = strlen(text);
+    const char *t0 = text, *t1 = text + b;
+    while (t0 < t1 && (*t0 == ' ' || *t0 == '\n' || *t0 == '\t' || *t0 == '\r')) t0++;
+    while (t1 > t0 && (t1[-1] == ' ' || t1[-1] == '\n' || t1[-1] == '\t' || t1[-1] == '\r')) t1--;
+    struct kvt_chat_msg *cm = malloc(sizeof *cm * (size_t) s->n_m);
+    char *fmt = NULL;
+    if (cm) {
+        for (int32_t i = 0; i < s->n_m; i++) cm[i] = (struct kvt_chat_msg){ role_name[s->m[i].role], s->m[i].content };
+        if (kvt_chat_format(s->eng, cm, s->n_m, false, s->p.template_fallback, &fmt)) fmt = NULL;
+        free(cm);
+    }
+    kvt__clear_error();
+    if (fmt && !strncmp(fmt, s->kv_text, a)) {
+        size_t n = (size_t) (t1 - t0);
+        char *hit = n ? NULL : fmt + a;
+        for (char *p = fmt + a; n && *p; p++)
+            if (!strncmp(p, t0, n)) { hit = p; break; }
+        if (hit) {
+            hit[n] = '\0';
+            set_text(s, fmt);
+            return 0;
+        }
+    }
+    free(fmt);
+    char *kv = malloc(a + b + 1);
+    if (!kv) return kvt__fail(KVT_ENOMEM, "reply text");
+    memcpy(kv, s->kv_text, a);
+    memcpy(kv + a, text, b + 1);
+    set_text(s, kv);
+    return 0;
+}
+
 int kvt_session_generate(kvt_session *s, int32_t max_tokens, const struct kvt_sampling *smp, kvt_token_cb cb, void *ud,
                          char **reply) {
     kvt__clear_error();
     if (reply) *reply = NULL;
-    if (!kvt_logits(s->eng)) return kvt__fail(KVT_EINVAL, "generate: no user turn to reply to");
+    if (!s->have_logits) return kvt__fail(KVT_EINVAL, "generate: no user turn to reply to");
+    kvt__engine_set_logits(s->eng, s->logits);
     kvt_token *gen = malloc(sizeof(kvt_token) * (size_t) (max_tokens > 0 ? max_tokens : 1));
     if (!gen) return kvt__fail(KVT_ENOMEM, "generate");
     int32_t n = 0;
@@ -855,21 +1012,15 @@ int kvt_session_generate(kvt_session *s, int32_t max_tokens, const struct kvt_sa
     int rc2 = kvt_detokenize(s->eng, gen, n, false, &text);
     free(gen);
     if (rc2) return rc ? rc : rc2;
-    /* the reply is in the stream: extend the decoded template text and the message list */
-    size_t a = strlen(s->kv_text), b = strlen(text);
-    char *kv = realloc(s->kv_text, a + b + 1);
-    if (kv) {
-        memcpy(kv + a, text, b + 1);
-        s->kv_text = kv;
-    }
-    int rc3 = push_msg(s, KVT_ROLE_ASSISTANT, text, KVT_KEEP_NONE);
-    if (rc3 == 0) s->n_m_decoded = s->n_m;
+    /* the reply is in the stream: extend the message list and the decoded template text */
+    int rc3 = append_reply(s, text);
     if (reply) *reply = text; else free(text);
     return rc ? rc : rc3;
 }
 
 int kvt_session_answer_logprob(kvt_session *s, const char *answer, double *logprob, int32_t *n_tokens) {
-    const float *cur = kvt_logits(s->eng);
+    if (s->have_logits) kvt__engine_set_logits(s->eng, s->logits);
+    const float *cur = s->have_logits ? kvt_logits(s->eng) : NULL;
     *logprob = 0;
     *n_tokens = 0;
     if (!cur) return kvt__fail(KVT_EINVAL, "answer_logprob: no user turn decoded yet");
@@ -960,5 +1111,112 @@ int kvt_session_block(kvt_session *s, int32_t i, struct kvt_block_info *info) {
     }
     *info = b->info;
     info->text = b->text ? b->text : "";
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* whole-conversation sync and step-wise generation (for servers)                           */
+
+static int role_from_name(const char *r) {
+    for (int i = 0; r && i < 3; i++)
+        if (!strcmp(r, role_name[i])) return i;
+    return -1;
+}
+
+/* The stream ends with a token whose logits are not kept (nothing was decoded after a cut back):
+** decode its last token again. */
+static int refresh_logits(kvt_session *s) {
+    if (s->have_logits || s->n_b == 0) return 0;
+    struct blk *b = &s->b[s->n_b - 1];
+    if (b->info.residency != KVT_RES_DEVICE || b->info.n_tokens == 0) return kvt__fail(KVT_EINVAL, "no user turn to reply to");
+    kvt_token t = b->tok[b->info.n_tokens - 1];
+    int role = block_role(b);
+    int rc = cut_stream(s, s->total - 1);
+    if (rc == 0 && s->n_seg > 0 && s->seg_tok[s->n_seg - 1] > s->total) s->seg_tok[s->n_seg - 1] = s->total + 1;
+    return rc ? rc : feed(s, &t, 1, role, 0);
+}
+
+int kvt_session_sync(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_msgs, struct kvt_sync_info *out) {
+    kvt__clear_error();
+    if (out) memset(out, 0, sizeof *out);
+    if (s->generating) return kvt__fail(KVT_EINVAL, "sync: a reply is being generated (call kvt_session_gen_end first)");
+    if (!msgs || n_msgs < 1) return kvt__fail(KVT_EINVAL, "sync: %d messages; at least one user message is needed", n_msgs);
+    for (int32_t i = 0; i < n_msgs; i++) {
+        if (role_from_name(msgs[i].role) < 0)
+            return kvt__fail(KVT_EINVAL, "message %d has role '%s'; expected system, user or assistant", i,
+                             msgs[i].role ? msgs[i].role : "(null)");
+        if (!msgs[i].content) return kvt__fail(KVT_EINVAL, "message %d has no content", i);
+    }
+    if (role_from_name(msgs[n_msgs - 1].role) != KVT_ROLE_USER)
+        return kvt__fail(KVT_EINVAL, "the last message is '%s'; it must be a user message", msgs[n_msgs - 1].role);
+    int32_t k = 0;
+    while (k < n_msgs && k < s->n_m && s->m[k].role == role_from_name(msgs[k].role) && !strcmp(s->m[k].content, msgs[k].content))
+        k++;
+    if (k == n_msgs && s->n_m == n_msgs && s->n_m_decoded == n_msgs && s->have_logits) { /* nothing new */
+        if (out) out->prompt_tokens = out->tokens_reused = s->total;
+        return 0;
+    }
+    if (k == n_msgs) k--; /* the same conversation again: its last user message is added once more */
+    while (s->n_m > k) free(s->m[--s->n_m].content);
+    if (s->n_m_decoded > k) s->n_m_decoded = k;
+    const int64_t dec0 = s->decoded, rec0 = s->recovered, ev0 = s->evictions, nrec0 = s->recoveries;
+    int rc = 0;
+    for (int32_t i = k; rc == 0 && i < n_msgs; i++) rc = kvt_session_add(s, (enum kvt_role) role_from_name(msgs[i].role), msgs[i].content);
+    if (rc == 0) rc = refresh_logits(s);
+    if (out) {
+        out->prompt_tokens = s->total;
+        out->tokens_decoded = s->decoded - dec0;
+        out->tokens_recovered = s->recovered - rec0;
+        out->tokens_reused = KVT_MAX(0, s->total - (int32_t) out->tokens_decoded);
+        out->evictions = s->evictions - ev0;
+        out->recoveries = s->recoveries - nrec0;
+    }
+    return rc;
+}
+
+int kvt_session_gen_step(kvt_session *s, const struct kvt_sampling *smp, kvt_token *tok, bool *done) {
+    kvt__clear_error();
+    *done = false;
+    if (!s->have_logits) return kvt__fail(KVT_EINVAL, "gen_step: no user turn to reply to");
+    if (!s->generating) s->n_gen = 0;
+    s->generating = true;
+    kvt__engine_set_logits(s->eng, s->logits);
+    kvt_token t;
+    int rc = kvt_sample(s->eng, smp, &t);
+    if (rc) return rc;
+    *tok = t;
+    if (kvt_token_is_eog(s->eng, t)) { *done = true; return 0; }
+    if (s->n_gen == s->cap_gen) {
+        int32_t cap = s->cap_gen ? 2 * s->cap_gen : 64;
+        kvt_token *g = realloc(s->gen, sizeof *g * (size_t) cap);
+        if (!g) return kvt__fail(KVT_ENOMEM, "reply of %d tokens", cap);
+        s->gen = g;
+        s->cap_gen = cap;
+    }
+    if ((rc = feed(s, &t, 1, KVT_ROLE_ASSISTANT, 0))) return rc;
+    s->gen[s->n_gen++] = t;
+    return 0;
+}
+
+int kvt_session_gen_end(kvt_session *s, char **reply) {
+    kvt__clear_error();
+    if (reply) *reply = NULL;
+    char *text = NULL;
+    int rc = kvt_detokenize(s->eng, s->gen, s->n_gen, false, &text);
+    if (rc) return rc;
+    rc = append_reply(s, text);
+    s->generating = false;
+    s->n_gen = 0;
+    if (reply && rc == 0) *reply = text;
+    else free(text);
+    return rc;
+}
+
+int32_t kvt_session_n_messages(const kvt_session *s) { return s->n_m; }
+
+int kvt_session_message(const kvt_session *s, int32_t i, struct kvt_chat_msg *msg) {
+    if (i < 0 || i >= s->n_m) return kvt__fail(KVT_EINVAL, "message %d is outside 0..%d", i, s->n_m - 1);
+    msg->role = role_name[s->m[i].role];
+    msg->content = s->m[i].content;
     return 0;
 }
