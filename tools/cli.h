@@ -173,5 +173,6 @@ int cmd_demo(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_calibrate(int argc, char **argv); /* cmd_calibrate.c */
 int cmd_eval(int argc, char **argv);      /* cmd_eval.c */
+int cmd_serve(int argc, char **argv);     /* cmd_serve.c */
 
 #endif
