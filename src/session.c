@@ -785,16 +785,22 @@ static void drop_block(kvt_session *s, struct blk *b) {
 
 /* Cut the stream (the conversation's tokens in the order they were said, i.e. the blocks by id)
 ** back to its first `keep` tokens: later blocks leave the cache and the pool; the open tail block
-** is trimmed in place; any other block cut in the middle is dropped and its first tokens are
-** decoded again at the tail.  Positions continue after the highest resident one. */
+** and a block cut in the middle that is resident at the physical tail are trimmed in place (a
+** sealed one is unsealed: its saved copy is deleted and it is saved again when it fills); any
+** other block cut in the middle is dropped and its first tokens are decoded again at the tail.
+** Positions continue after the highest resident one. */
 static int cut_stream(kvt_session *s, int32_t keep) {
     int32_t acc = 0, i = 0;
     while (i < s->n_b && acc + s->b[i].info.n_tokens <= keep) acc += s->b[i].info.n_tokens, i++;
-    int32_t r = keep - acc, n_re = 0, re_role = KVT_ROLE_USER;
+    const int32_t r = keep - acc;
+    int32_t n_re = 0, re_role = KVT_ROLE_USER, n_keep = i;
     kvt_token *re = NULL;
-    if (i < s->n_b && r > 0) {
+    for (int32_t j = s->n_b - 1; j > i; j--) drop_block(s, &s->b[j]);
+    if (i < s->n_b) {
         struct blk *b = &s->b[i];
-        if (i == s->open) { /* the open block is the physical tail: trim its cells */
+        if (r > 0 && b->info.residency == KVT_RES_DEVICE &&
+            b->info.p0 + b->info.n_tokens - 1 == kvt_seq_pos_max(s->eng, s->p.seq)) {
+            /* the physical tail: trim its cells in place; it is the open block again */
             kvt_seq_rm(s->eng, s->p.seq, b->info.p0 + r, b->info.p0 + b->info.n_tokens);
             for (int32_t cut = b->info.n_tokens - r; cut > 0;) { /* per-token roles are not kept: newest role first */
                 int k = b->role_n[KVT_ROLE_ASSISTANT] ? KVT_ROLE_ASSISTANT : b->role_n[KVT_ROLE_USER] ? KVT_ROLE_USER : KVT_ROLE_SYSTEM;
@@ -803,18 +809,23 @@ static int cut_stream(kvt_session *s, int32_t keep) {
                 cut -= d;
                 if (d == 0) break;
             }
+            if (b->info.sealed) kvt_pool_del(s->pool, b->key);
+            b->info.sealed = false;
             b->info.n_tokens = r;
-            i++;
+            s->open = i;
+            n_keep = i + 1;
         } else {
-            if (!(re = malloc(sizeof(kvt_token) * (size_t) r))) return kvt__fail(KVT_ENOMEM, "cut back");
-            memcpy(re, b->tok, sizeof(kvt_token) * (size_t) r);
-            n_re = r;
-            re_role = block_role(b);
+            if (r > 0) { /* elsewhere: dropped, its first r tokens decoded again at the tail */
+                if (!(re = malloc(sizeof(kvt_token) * (size_t) r))) return kvt__fail(KVT_ENOMEM, "cut back");
+                memcpy(re, b->tok, sizeof(kvt_token) * (size_t) r);
+                n_re = r;
+                re_role = block_role(b);
+            }
+            drop_block(s, b);
         }
     }
-    for (int32_t j = s->n_b - 1; j >= i; j--) drop_block(s, &s->b[j]);
-    if (s->open >= i) s->open = -1;
-    s->n_b = i;
+    if (s->open >= n_keep) s->open = -1;
+    s->n_b = n_keep;
     s->next_pos = kvt_seq_pos_max(s->eng, s->p.seq) + 1;
     s->total = keep - n_re;
     s->have_logits = false;
