@@ -276,12 +276,117 @@ static void test_sessions_independent(void **state) {
     kvt_engine_free(e);
 }
 
+
+/* The same on Gemma 3 270M (Q4_K_M, F16 cache) with evictions (budget 256): session B after an
+** H2O session A was opened, run and freed on the engine equals B on a fresh engine.  Beside an
+** open session A (cells interleaved in the shared cache) B's numbers move: llama.cpp quantises
+** activations (Q8_K) for the Q4_K matmuls, so the last-bit differences of a different summation
+** order over the cells can flip a quantisation step and grow through the layers.  That is
+** measured and printed, and bounded loosely; a session-private cell layout would need llama.cpp's
+** non-unified cache, which the block primitives cannot use (partial seq_cp across streams). */
+static const char *real_turns[] = {
+    "Please remember this: the code word for the vault is saffron-kestrel. Now tell me about rivers.",
+    "Can you explain how photosynthesis works in plants and why it matters for life on Earth?",
+    "What were the main causes of the French Revolution, and how did it change Europe?",
+    "Describe how a steam engine works and why it was important in the industrial revolution.",
+    "What is the difference between a virus and a bacterium, and how do antibiotics work?",
+    "How do volcanoes form, and what are the different types of volcanic eruptions?",
+};
+static const char *real_reply =
+    "That is a good question. There is a lot to say about it, and I will keep my answer short and clear so that "
+    "we can move on to the next topic in our long conversation about science and history.";
+
+static kvt_engine *open_real(int32_t n_seq) {
+    const char *m = getenv("KVTIER_MODEL");
+    struct kvt_engine_params p = kvt_engine_default_params();
+    p.model_path = m;
+    p.n_ctx = 2048;
+    p.n_seq = n_seq;
+    kvt_engine *e = NULL;
+    assert_int_equal(kvt_engine_open(&p, &e), 0);
+    return e;
+}
+
+static kvt_session *open_real_session(kvt_engine *e, int32_t seq, int32_t policy) {
+    struct kvt_session_params sp = kvt_session_default_params();
+    sp.seq = seq;
+    sp.budget = 256;
+    sp.policy = policy;
+    kvt_session *s = NULL;
+    assert_int_equal(kvt_session_open(e, &sp, &s), 0);
+    return s;
+}
+
+static void real_conv(kvt_session *s, int32_t n) {
+    for (int32_t t = 0; t < n; t++) {
+        assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, real_turns[t]), 0);
+        assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, real_reply), 0);
+    }
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, "What is the code word for the vault?"), 0);
+}
+
+static double real_lp(kvt_session *s) {
+    double lp = 0;
+    int32_t n = 0;
+    assert_int_equal(kvt_session_answer_logprob(s, "The code word is saffron-kestrel.", &lp, &n), 0);
+    return lp;
+}
+
+static void test_real_independent(void **state) {
+    (void) state;
+    const char *m = getenv("KVTIER_MODEL");
+    if (!m || !*m) { printf("skipped: KVTIER_MODEL not set\n"); return; }
+    kvt_engine *e = open_real(2);
+    kvt_session *b = open_real_session(e, 0, KVT_POLICY_KVTIER);
+    real_conv(b, 6);
+    struct kvt_session_stats st;
+    kvt_session_get_stats(b, &st);
+    double fresh = real_lp(b);
+    kvt_session_free(b);
+    kvt_engine_free(e);
+
+    e = open_real(2);
+    kvt_session *a = open_real_session(e, 0, KVT_POLICY_H2O);
+    real_conv(a, 4);
+    struct kvt_sampling smp = { 0.7f, 0.9f, 0, 3 };
+    assert_int_equal(kvt_session_generate(a, 16, &smp, NULL, NULL, NULL), 0);
+    kvt_session_free(a);
+    b = open_real_session(e, 0, KVT_POLICY_KVTIER);
+    real_conv(b, 6);
+    double after = real_lp(b);
+    kvt_session_free(b);
+    printf("Gemma: B fresh %.6f (%lld evictions), B after A %.6f (diff %.2e)\n", fresh, (long long) st.evictions, after,
+           fabs(after - fresh));
+    assert_true(st.evictions > 0);
+    assert_true(fabs(after - fresh) < 1e-4); /* same cells, same order: bit-identical in practice */
+
+    a = open_real_session(e, 0, KVT_POLICY_H2O);
+    b = open_real_session(e, 1, KVT_POLICY_KVTIER);
+    for (int32_t t = 0; t < 6; t++) { /* interleaved turn by turn */
+        if (t < 4) {
+            assert_int_equal(kvt_session_add(a, KVT_ROLE_USER, real_turns[t]), 0);
+            assert_int_equal(kvt_session_add(a, KVT_ROLE_ASSISTANT, real_reply), 0);
+        }
+        assert_int_equal(kvt_session_add(b, KVT_ROLE_USER, real_turns[t]), 0);
+        assert_int_equal(kvt_session_add(b, KVT_ROLE_ASSISTANT, real_reply), 0);
+    }
+    assert_int_equal(kvt_session_add(b, KVT_ROLE_USER, "What is the code word for the vault?"), 0);
+    assert_int_equal(kvt_session_add(a, KVT_ROLE_USER, "And the steam engine?"), 0); /* A decodes last */
+    double conc = real_lp(b);
+    printf("Gemma: B beside A %.6f (diff %.2e nats)\n", conc, fabs(conc - fresh));
+    assert_true(fabs(conc - fresh) < 1.0);
+    kvt_session_free(a);
+    kvt_session_free(b);
+    kvt_engine_free(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_user_messages),
         cmocka_unit_test(test_system_after_user),
         cmocka_unit_test(test_sync),
         cmocka_unit_test(test_sessions_independent),
+        cmocka_unit_test(test_real_independent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
