@@ -176,6 +176,16 @@ int kvt_chat_format(kvt_engine *eng, const struct kvt_chat_msg *msgs, int32_t n_
 int kvt_decode(kvt_engine *eng, int32_t seq, const kvt_token *tokens, int32_t n, kvt_pos pos0,
                bool want_logits);
 
+/* Continuous batching: decode one token for each of n different caller sequences in ONE
+** llama_decode: tokens toks[i] at positions pos[i] of sequences seqs[i] (each seq at most once,
+** each pos its sequence's next position).  OUT logits_out[i * n_vocab + v]: every row's logits
+** (caller allocates n * n_vocab floats).  kvt_logits() has nothing afterwards.  Attention
+** capture is skipped for these tokens (kvt_attn_get maps one sequence per ubatch).
+** Errors: KVT_EINVAL (n outside 1..n_ubatch, bad or repeated seq, token outside the vocabulary),
+** KVT_ECTX (no free KV cells: then none of the tokens is in the cache), KVT_ELLAMA. */
+int kvt_decode_multi(kvt_engine *eng, const int32_t *seqs, const kvt_token *toks, const kvt_pos *pos, int32_t n,
+                     float *logits_out /* OUT [n * n_vocab] */);
+
 /* Logits (n_vocab floats) of the last token decoded with want_logits.  Owned by the engine,
 ** valid until the next decode.  NULL if none. */
 const float *kvt_logits(kvt_engine *eng);
@@ -534,6 +544,16 @@ int kvt_session_sync(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_
 ** Errors: KVT_EINVAL (no user turn to reply to), KVT_ENOMEM, KVT_ECTX, KVT_ELLAMA, KVT_EBUDGET;
 ** on error the token is not part of the reply. */
 int kvt_session_gen_step(kvt_session *s, const struct kvt_sampling *smp, kvt_token *tok /* OUT */, bool *done /* OUT */);
+
+/* Continuous batching: kvt_session_gen_step for n sessions on ONE engine (distinct sequences) with
+** a single llama_decode for all the tokens that do not end their generation.  smp[i], tok[i],
+** done[i] and status[i] are per session; status[i] is 0 or that session's error (e.g. KVT_EBUDGET
+** when its reserve cannot be made; its token is then not part of its reply).  Attention signals
+** are not observed for batched tokens (H2O/SnapKV/kvtier scores see prompt chunks only).
+** Returns 0, or the error of the shared decode (KVT_ECTX, KVT_ELLAMA, KVT_ENOMEM), in which case no
+** session took a token.  Not thread-safe (engine rule). */
+int kvt_session_gen_step_batch(kvt_session *const *ss, int32_t n, const struct kvt_sampling *smp,
+                               kvt_token *tok /* OUT [n] */, bool *done /* OUT [n] */, int *status /* OUT [n] */);
 
 /* Finish the reply built by kvt_session_gen_step (possibly empty): it becomes an assistant message
 ** of the conversation.  OUT *reply (may be NULL): its text, caller frees with free().

@@ -1231,3 +1231,65 @@ int kvt_session_message(const kvt_session *s, int32_t i, struct kvt_chat_msg *ms
     msg->content = s->m[i].content;
     return 0;
 }
+
+int kvt_session_gen_step_batch(kvt_session *const *ss, int32_t n, const struct kvt_sampling *smp, kvt_token *tok,
+                               bool *done, int *status) {
+    kvt__clear_error();
+    if (n <= 0) return 0;
+    kvt_engine *eng = ss[0]->eng;
+    int32_t *seqs = malloc(sizeof(int32_t) * (size_t) n), *idx = malloc(sizeof(int32_t) * (size_t) n);
+    kvt_pos *pos = malloc(sizeof(kvt_pos) * (size_t) n);
+    kvt_token *bt = malloc(sizeof(kvt_token) * (size_t) n);
+    float *logits = malloc(sizeof(float) * (size_t) n * (size_t) ss[0]->n_vocab);
+    int rc = (!seqs || !idx || !pos || !bt || !logits) ? kvt__fail(KVT_ENOMEM, "batch of %d sessions", n) : 0;
+    int32_t m = 0;
+    for (int32_t i = 0; rc == 0 && i < n; i++) {
+        kvt_session *s = ss[i];
+        done[i] = false;
+        status[i] = 0;
+        if (s->eng != eng) { status[i] = kvt__fail(KVT_EINVAL, "batched sessions must share one engine"); continue; }
+        if (!s->have_logits) { status[i] = kvt__fail(KVT_EINVAL, "gen_step: no user turn to reply to"); continue; }
+        if (!s->generating) s->n_gen = 0;
+        s->generating = true;
+        kvt__engine_set_logits(eng, s->logits);
+        if ((status[i] = kvt_sample(eng, &smp[i], &tok[i]))) continue;
+        if (kvt_token_is_eog(eng, tok[i])) { done[i] = true; continue; }
+        if (s->n_gen == s->cap_gen) {
+            int32_t cap = s->cap_gen ? 2 * s->cap_gen : 64;
+            kvt_token *g = realloc(s->gen, sizeof *g * (size_t) cap);
+            if (!g) { status[i] = kvt__fail(KVT_ENOMEM, "reply of %d tokens", cap); continue; }
+            s->gen = g;
+            s->cap_gen = cap;
+        }
+        double t1 = kvt__now_ms();
+        status[i] = make_room(s, 1);
+        s->policy_ms += kvt__now_ms() - t1;
+        if (status[i]) continue;
+        if (s->next_pos + 1 >= INT32_MAX / 2) { status[i] = kvt__fail(KVT_ECTX, "positions exhausted"); continue; }
+        seqs[m] = s->p.seq;
+        pos[m] = s->next_pos;
+        bt[m] = tok[i];
+        idx[m++] = i;
+    }
+    if (rc == 0 && m > 0) {
+        double t0 = kvt__now_ms();
+        rc = kvt_decode_multi(eng, seqs, bt, pos, m, logits);
+        double dt = (kvt__now_ms() - t0) / m;
+        for (int32_t k = 0; rc == 0 && k < m; k++) {
+            kvt_session *s = ss[idx[k]];
+            s->decode_ms += dt;
+            s->decoded++;
+            note_peak(s);
+            memcpy(s->logits, logits + (size_t) k * s->n_vocab, sizeof(float) * (size_t) s->n_vocab);
+            s->have_logits = true;
+            s->gen[s->n_gen++] = bt[k];
+            status[idx[k]] = record(s, &bt[k], 1, KVT_ROLE_ASSISTANT);
+        }
+    }
+    free(seqs);
+    free(idx);
+    free(pos);
+    free(bt);
+    free(logits);
+    return rc;
+}

@@ -380,12 +380,85 @@ static void test_real_independent(void **state) {
     kvt_engine_free(e);
 }
 
+/* Continuous batching: two sessions stepped together (one llama_decode per step) generate the
+** same greedy tokens as each alone, and their replies enter their conversations. */
+static void gen_alone(const struct kvt_chat_msg *m, int32_t seq, kvt_token *out, int32_t n) {
+    kvt_engine *e = open_tiny(2);
+    kvt_session *s = open_session(e, seq, KVT_POLICY_KVTIER);
+    assert_int_equal(kvt_session_sync(s, m, 1, NULL), 0);
+    struct kvt_sampling smp = { 0, 1, 0, 0 };
+    for (int32_t i = 0; i < n; i++) {
+        bool done = false;
+        assert_int_equal(kvt_session_gen_step(s, &smp, &out[i], &done), 0);
+        if (done) { for (int32_t k = i + 1; k < n; k++) out[k] = -1; break; }
+    }
+    kvt_session_free(s);
+    kvt_engine_free(e);
+}
+
+static void test_batch_step(void **state) {
+    (void) state;
+    enum { N = 12 };
+    const struct kvt_chat_msg ma[] = { { "user", "a long story about a dog that ran to the park every day" } };
+    const struct kvt_chat_msg mb[] = { { "user", "the sun is hot and the moon is cold" } };
+    kvt_token want_a[N], want_b[N], got_a[N], got_b[N];
+    gen_alone(ma, 0, want_a, N);
+    gen_alone(mb, 1, want_b, N);
+    kvt_engine *e = open_tiny(2);
+    kvt_session *ss[2] = { open_session(e, 0, KVT_POLICY_KVTIER), open_session(e, 1, KVT_POLICY_KVTIER) };
+    assert_int_equal(kvt_session_sync(ss[0], ma, 1, NULL), 0);
+    assert_int_equal(kvt_session_sync(ss[1], mb, 1, NULL), 0);
+    struct kvt_sampling smp[2] = { { 0, 1, 0, 0 }, { 0, 1, 0, 0 } };
+    bool fin[2] = { false, false };
+    for (int32_t i = 0; i < N; i++) {
+        kvt_session *live[2];
+        int32_t map[2], n = 0;
+        for (int k = 0; k < 2; k++)
+            if (!fin[k]) { live[n] = ss[k]; map[n++] = k; }
+            else (k ? got_b : got_a)[i] = -1;
+        if (n == 0) continue;
+        kvt_token tok[2];
+        bool done[2];
+        int st[2];
+        assert_int_equal(kvt_session_gen_step_batch(live, n, smp, tok, done, st), 0);
+        for (int32_t k = 0; k < n; k++) {
+            assert_int_equal(st[k], 0);
+            (map[k] ? got_b : got_a)[i] = done[k] ? -1 : tok[k];
+            if (done[k]) fin[map[k]] = true;
+        }
+    }
+    for (int32_t i = 0; i < N; i++) {
+        assert_int_equal(got_a[i], want_a[i]);
+        assert_int_equal(got_b[i], want_b[i]);
+    }
+    char *ra = NULL;
+    assert_int_equal(kvt_session_gen_end(ss[0], &ra), 0);
+    assert_int_equal(kvt_session_gen_end(ss[1], NULL), 0);
+    assert_int_equal(kvt_session_n_messages(ss[0]), 2);
+    struct kvt_chat_msg last;
+    assert_int_equal(kvt_session_message(ss[0], 1, &last), 0);
+    assert_string_equal(last.content, ra);
+    /* bad input: one session twice (same sequence) */
+    kvt_session *twice[2] = { ss[0], ss[0] };
+    assert_int_equal(kvt_session_sync(ss[0], ma, 1, NULL), 0);
+    kvt_token tok[2];
+    bool done[2];
+    int st[2];
+    int rc = kvt_session_gen_step_batch(twice, 2, smp, tok, done, st);
+    assert_true(rc == KVT_EINVAL || done[0]);
+    free(ra);
+    kvt_session_free(ss[0]);
+    kvt_session_free(ss[1]);
+    kvt_engine_free(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_user_messages),
         cmocka_unit_test(test_system_after_user),
         cmocka_unit_test(test_sync),
         cmocka_unit_test(test_sessions_independent),
+        cmocka_unit_test(test_batch_step),
         cmocka_unit_test(test_real_independent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,9 +1,9 @@
 /* serve_engine.c — the engine thread of `kvtier serve`: owns the kvt_engine, the host pool and
 ** every session; takes jobs from the queue and runs them.
 **
-** Scheduling (honest account): up to --parallel chat jobs are active at once and are stepped
-** round-robin, one token each per scheduler step, each token its own llama_decode (no
-** multi-sequence batch yet).  A job's prompt (the new tail after the session's cached prefix) is
+** Scheduling: up to --parallel chat jobs are active at once; every scheduler step generates one
+** token for each of them in ONE llama_decode (kvt_session_gen_step_batch: continuous batching; a
+** job joins or leaves the batch between steps).  A job's prompt (the new tail after the session's cached prefix) is
 ** decoded whole when the job is admitted, so a long prefill pauses the other sessions for its
 ** duration (no chunked interleaving yet).  /v1/completions (no session) runs to completion in a
 ** scratch sequence when admitted.
@@ -391,37 +391,11 @@ static void start_chat(struct server *srv, struct job *j) {
     j->finish = "length";
 }
 
-/* One token of an active chat job.  Returns true when the job is over. */
-static bool step_chat(struct server *srv, struct job *j, double *t_last) {
+/* The job's reply is over (end of generation, stop string, max_tokens, cancelled or an error):
+** close the reply in the session. */
+static void end_chat(struct server *srv, struct job *j, int rc) {
     struct sess *x = j->slot;
-    bool cancelled, done = false;
-    pthread_mutex_lock(&srv->mu);
-    cancelled = j->cancelled;
-    pthread_mutex_unlock(&srv->mu);
-    int rc = 0;
-    if (!cancelled && j->n_gen < j->max_tokens) {
-        struct kvt_sampling smp = j->smp;
-        smp.seed += (uint32_t) j->n_gen;
-        kvt_token t;
-        int64_t ev0 = 0, rec0 = 0;
-        struct kvt_session_stats st;
-        kvt_session_get_stats(x->s, &st);
-        ev0 = st.evictions;
-        rec0 = st.recoveries;
-        rc = kvt_session_gen_step(x->s, &smp, &t, &done);
-        kvt_session_get_stats(x->s, &st);
-        j->sync.evictions += st.evictions - ev0;
-        j->sync.recoveries += st.recoveries - rec0;
-        if (rc == 0 && done) j->finish = "stop";
-        if (rc == 0 && !done) {
-            if (add_gen(j, t)) rc = KVT_ENOMEM;
-            else {
-                note_token(srv, j, t_last);
-                if (update_text(srv, j, srv->eng)) { j->finish = "stop"; done = true; }
-            }
-        }
-    }
-    if (!(cancelled || done || rc || j->n_gen >= j->max_tokens)) return false;
+    (void) srv;
     if (rc) job_lib_error(j, "generation", rc);
     int rc2 = kvt_session_gen_end(x->s, NULL);
     if (rc2 && !rc) job_lib_error(j, "reply", rc2);
@@ -431,7 +405,57 @@ static bool step_chat(struct server *srv, struct job *j, double *t_last) {
     j->completion_tokens = j->n_gen;
     x->job = NULL;
     x->last_used = wall_s();
-    return true;
+}
+
+/* One token for every active chat job, all in one llama_decode (continuous batching).  Fills
+** over[k] for the jobs whose reply ended.  Returns the number that ended. */
+static int32_t step_all(struct server *srv, struct job **active, int32_t n_active, double *t_last, bool *over) {
+    kvt_session *ss[64];
+    struct kvt_sampling smp[64];
+    kvt_token tok[64];
+    bool done[64];
+    int st[64];
+    int64_t ev0[64], rec0[64];
+    int32_t map[64], n = 0, n_over = 0;
+    for (int32_t k = 0; k < n_active; k++) {
+        struct job *j = active[k];
+        bool cancelled;
+        pthread_mutex_lock(&srv->mu);
+        cancelled = j->cancelled;
+        pthread_mutex_unlock(&srv->mu);
+        over[k] = cancelled || j->n_gen >= j->max_tokens;
+        if (over[k]) continue;
+        struct sess *x = j->slot;
+        struct kvt_session_stats s0;
+        kvt_session_get_stats(x->s, &s0);
+        ev0[n] = s0.evictions;
+        rec0[n] = s0.recoveries;
+        ss[n] = x->s;
+        smp[n] = j->smp;
+        smp[n].seed += (uint32_t) j->n_gen;
+        map[n++] = k;
+    }
+    int rc = kvt_session_gen_step_batch(ss, n, smp, tok, done, st);
+    for (int32_t i = 0; i < n; i++) {
+        struct job *j = active[map[i]];
+        struct kvt_session_stats s1;
+        kvt_session_get_stats(ss[i], &s1);
+        j->sync.evictions += s1.evictions - ev0[i];
+        j->sync.recoveries += s1.recoveries - rec0[i];
+        int r = rc ? rc : st[i];
+        if (r) { end_chat(srv, j, r); over[map[i]] = true; continue; }
+        if (done[i]) { j->finish = "stop"; over[map[i]] = true; continue; }
+        if (add_gen(j, tok[i])) { end_chat(srv, j, KVT_ENOMEM); over[map[i]] = true; continue; }
+        note_token(srv, j, &t_last[map[i]]);
+        if (update_text(srv, j, srv->eng)) { j->finish = "stop"; over[map[i]] = true; }
+        else if (j->n_gen >= j->max_tokens) over[map[i]] = true;
+    }
+    for (int32_t k = 0; k < n_active; k++) {
+        if (!over[k]) continue;
+        n_over++;
+        if (active[k]->slot && ((struct sess *) active[k]->slot)->job == active[k]) end_chat(srv, active[k], 0);
+    }
+    return n_over;
 }
 
 /* Sessions and gauges for GET /v1/sessions and /metrics. */
@@ -532,18 +556,20 @@ void *serve_engine_main(void *arg) {
             active[n_active++] = j;
         }
         if (n_adm > 0) publish(srv);
-        /* one token for every active job, round-robin */
+        /* one token for every active job, one batched decode */
         bool ended = false;
-        for (int32_t k = 0; k < n_active;) {
-            if (step_chat(srv, active[k], &t_last[k])) {
-                finish(srv, active[k]);
-                active[k] = active[n_active - 1];
-                t_last[k] = t_last[n_active - 1];
-                n_active--;
+        if (n_active > 0) {
+            bool over[64];
+            if (step_all(srv, active, n_active, t_last, over) > 0) {
+                int32_t w = 0;
+                for (int32_t k = 0; k < n_active; k++) {
+                    if (over[k]) { finish(srv, active[k]); continue; }
+                    active[w] = active[k];
+                    t_last[w++] = t_last[k];
+                }
+                n_active = w;
                 ended = true;
-                continue;
             }
-            k++;
         }
         if (ended) publish(srv);
     }
