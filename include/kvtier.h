@@ -555,6 +555,13 @@ int kvt_session_gen_step(kvt_session *s, const struct kvt_sampling *smp, kvt_tok
 int kvt_session_gen_step_batch(kvt_session *const *ss, int32_t n, const struct kvt_sampling *smp,
                                kvt_token *tok /* OUT [n] */, bool *done /* OUT [n] */, int *status /* OUT [n] */);
 
+/* Chunked prefill: cb(ud) is called between the chunks (at most one block of tokens each) in which
+** this session decodes a prompt (kvt_session_add, kvt_session_sync), so a server can generate
+** tokens for OTHER sessions on the engine meanwhile.  The callback must not call into this session.
+** NULL removes it.  Cannot fail. */
+typedef void (*kvt_chunk_cb)(void *ud);
+void kvt_session_set_chunk_cb(kvt_session *s, kvt_chunk_cb cb, void *ud);
+
 /* Finish the reply built by kvt_session_gen_step (possibly empty): it becomes an assistant message
 ** of the conversation.  OUT *reply (may be NULL): its text, caller frees with free().
 ** Errors: KVT_ENOMEM (the reply stays pending; call again). */

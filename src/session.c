@@ -75,6 +75,8 @@ struct kvt_session {
     kvt_token  *gen;            /* reply being generated step-wise (kvt_session_gen_step) */
     int32_t     n_gen, cap_gen;
     bool        generating;
+    kvt_chunk_cb chunk_cb;      /* called between prefill chunks (kvt_session_set_chunk_cb) */
+    void       *chunk_ud;
 };
 
 static atomic_uint g_serial;
@@ -534,6 +536,7 @@ static int feed(kvt_session *s, const kvt_token *tok, int32_t n, int role, int32
         ** of the sequence's cells) */
         if (role != KVT_ROLE_ASSISTANT || s->decoded % 8 == 0) observe(s, role != KVT_ROLE_ASSISTANT);
         off += m;
+        if (s->chunk_cb && off < n) s->chunk_cb(s->chunk_ud); /* others may decode between our chunks */
     }
     return 0;
 }
@@ -1292,4 +1295,9 @@ int kvt_session_gen_step_batch(kvt_session *const *ss, int32_t n, const struct k
     free(bt);
     free(logits);
     return rc;
+}
+
+void kvt_session_set_chunk_cb(kvt_session *s, kvt_chunk_cb cb, void *ud) {
+    s->chunk_cb = cb;
+    s->chunk_ud = ud;
 }

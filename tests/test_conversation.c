@@ -452,6 +452,59 @@ static void test_batch_step(void **state) {
     kvt_engine_free(e);
 }
 
+/* Chunked prefill: while B prefills a long prompt, A takes a token between B's chunks (from the
+** chunk callback); A's greedy tokens equal A's alone, B's stream equals the template's tokens. */
+struct interleave {
+    kvt_session *a;
+    kvt_token got[64];
+    int32_t n, calls;
+};
+static void on_chunk_step(void *ud) {
+    struct interleave *it = ud;
+    struct kvt_sampling smp = { 0, 1, 0, 0 };
+    it->calls++;
+    bool done = false;
+    if (it->n < 12) {
+        assert_int_equal(kvt_session_gen_step(it->a, &smp, &it->got[it->n], &done), 0);
+        if (done) it->got[it->n] = -1;
+        it->n++;
+    }
+}
+
+static void test_chunked_prefill(void **state) {
+    (void) state;
+    const struct kvt_chat_msg ma[] = { { "user", "a long story about a dog that ran to the park every day" } };
+    char long_msg[4096] = "";
+    for (int i = 0; i < 18; i++) strcat(long_msg, "the cat sat on the mat and the dog ran to the park ");
+    const struct kvt_chat_msg mb[] = { { "user", long_msg } };
+    kvt_token want[12];
+    gen_alone(ma, 0, want, 12);
+    kvt_engine *e = open_tiny(2);
+    struct interleave it = { 0 };
+    it.a = open_session(e, 0, KVT_POLICY_KVTIER);
+    kvt_session *b = open_session(e, 1, KVT_POLICY_KVTIER);
+    assert_int_equal(kvt_session_sync(it.a, ma, 1, NULL), 0);
+    kvt_session_set_chunk_cb(b, on_chunk_step, &it);
+    struct kvt_sync_info si;
+    assert_int_equal(kvt_session_sync(b, mb, 1, &si), 0);
+    printf("chunked prefill: %d prompt tokens, %d callbacks, %d tokens of A meanwhile\n", si.prompt_tokens, it.calls, it.n);
+    assert_true(it.calls >= si.prompt_tokens / 64 - 1);
+    assert_int_equal(si.prompt_tokens, ref_tokens(e, mb, 1));
+    for (int32_t i = 0; i < it.n && i < 12; i++) {
+        if (want[i] < 0) break;
+        assert_int_equal(it.got[i], want[i]);
+    }
+    kvt_session_set_chunk_cb(b, NULL, NULL);
+    double got = session_logprob(b);
+    assert_int_equal(kvt_session_gen_end(it.a, NULL), 0);
+    kvt_session_free(it.a);
+    double want_lp = ref_logprob(e, 0, mb, 1);
+    printf("B after interleaved prefill %.6f, template %.6f\n", got, want_lp);
+    assert_true(fabs(got - want_lp) < TOL_CONC);
+    kvt_session_free(b);
+    kvt_engine_free(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_user_messages),
@@ -459,6 +512,7 @@ int main(void) {
         cmocka_unit_test(test_sync),
         cmocka_unit_test(test_sessions_independent),
         cmocka_unit_test(test_batch_step),
+        cmocka_unit_test(test_chunked_prefill),
         cmocka_unit_test(test_real_independent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

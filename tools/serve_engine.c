@@ -3,9 +3,10 @@
 **
 ** Scheduling: up to --parallel chat jobs are active at once; every scheduler step generates one
 ** token for each of them in ONE llama_decode (kvt_session_gen_step_batch: continuous batching; a
-** job joins or leaves the batch between steps).  A job's prompt (the new tail after the session's cached prefix) is
-** decoded whole when the job is admitted, so a long prefill pauses the other sessions for its
-** duration (no chunked interleaving yet).  /v1/completions (no session) runs to completion in a
+** job joins or leaves the batch between steps).  A job's prompt (the new tail after the session's
+** cached prefix) is prefilled when the job is admitted, in chunks of at most one block; between
+** chunks the active jobs take a batched step (kvt_session_set_chunk_cb), so a long prefill does
+** not stall them.  Prefill chunks and decode tokens are not mixed in one llama_decode.  /v1/completions (no session) runs to completion in a
 ** scratch sequence when admitted.
 **
 ** Sessions: one kvt_session per conversation, on its own sequence id; chosen by X-Session-Id
@@ -42,6 +43,13 @@ static struct sess *g_sess;   /* [max_sessions]; slot i uses sequence i */
 static kvt_pool    *g_pool;
 static int32_t      g_raw_seq; /* scratch sequence for /v1/completions */
 static uint64_t     g_counter;
+
+/* The jobs generating now (engine thread only); shared with the chunk callback, which keeps them
+** generating while another job's prompt is prefilled. */
+static struct job **g_active;
+static double      *g_t_last;
+static int32_t      g_n_active;
+static void on_chunk(void *ud);
 
 static double wall_s(void) {
     struct timespec ts;
@@ -271,6 +279,7 @@ static struct sess *pick_session(struct server *srv, struct job *j) {
     sp.block = srv->block;
     sp.pool = g_pool;
     int rc = kvt_session_open(srv->eng, &sp, &x->s);
+    if (rc == 0) kvt_session_set_chunk_cb(x->s, on_chunk, srv);
     if (rc) {
         job_lib_error(j, "cannot open a session", rc);
         x->s = NULL;
@@ -410,8 +419,8 @@ static void end_chat(struct server *srv, struct job *j, int rc) {
 /* One token for every active chat job, all in one llama_decode (continuous batching).  Fills
 ** over[k] for the jobs whose reply ended.  Returns the number that ended. */
 static int32_t step_all(struct server *srv, struct job **active, int32_t n_active, double *t_last, bool *over) {
-    kvt_session *ss[64];
-    struct kvt_sampling smp[64];
+    kvt_session *ss[64] = { 0 };
+    struct kvt_sampling smp[64] = { { 0 } };
     kvt_token tok[64];
     bool done[64];
     int st[64];
@@ -435,7 +444,7 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
         smp[n].seed += (uint32_t) j->n_gen;
         map[n++] = k;
     }
-    int rc = kvt_session_gen_step_batch(ss, n, smp, tok, done, st);
+    int rc = n > 0 ? kvt_session_gen_step_batch(ss, n, smp, tok, done, st) : 0;
     for (int32_t i = 0; i < n; i++) {
         struct job *j = active[map[i]];
         struct kvt_session_stats s1;
@@ -495,11 +504,30 @@ static void publish(struct server *srv) {
     pthread_mutex_unlock(&srv->mu);
 }
 
+/* One batched step of the active jobs; finished ones leave the set.  Returns true if any did. */
+static bool step_active(struct server *srv) {
+    bool over[64];
+    if (g_n_active == 0 || step_all(srv, g_active, g_n_active, g_t_last, over) == 0) return false;
+    int32_t w = 0;
+    for (int32_t k = 0; k < g_n_active; k++) {
+        if (over[k]) { finish(srv, g_active[k]); continue; }
+        g_active[w] = g_active[k];
+        g_t_last[w++] = g_t_last[k];
+    }
+    g_n_active = w;
+    return true;
+}
+
+/* Between the prefill chunks of an admitted job: the others keep generating. */
+static void on_chunk(void *ud) {
+    if (step_active(ud)) publish(ud);
+}
+
 void *serve_engine_main(void *arg) {
     struct server *srv = arg;
-    struct job **active = calloc((size_t) srv->parallel, sizeof *active);
-    double *t_last = calloc((size_t) srv->parallel, sizeof *t_last);
-    int32_t n_active = 0;
+    g_active = calloc((size_t) srv->parallel, sizeof *g_active);
+    g_t_last = calloc((size_t) srv->parallel, sizeof *g_t_last);
+    g_n_active = 0;
     publish(srv);
     for (;;) {
         struct job *adm[64];
@@ -509,7 +537,7 @@ void *serve_engine_main(void *arg) {
             struct job **pp = &srv->head, *prev = NULL;
             while (*pp && n_adm < 64) {
                 struct job *j = *pp;
-                bool take = j->kind == JOB_DELETE || (n_active + n_adm < srv->parallel && runnable(srv, j));
+                bool take = j->kind == JOB_DELETE || (g_n_active + n_adm < srv->parallel && runnable(srv, j));
                 /* one job per named session per round, so two queued turns of one session run in order */
                 for (int32_t k = 0; take && k < n_adm; k++)
                     if (adm[k]->kind == JOB_CHAT && j->kind == JOB_CHAT && j->session_id[0] &&
@@ -524,12 +552,12 @@ void *serve_engine_main(void *arg) {
                 adm[n_adm++] = j;
             }
             srv->m.queue_len = srv->n_queued;
-            if (n_adm > 0 || n_active > 0) break;
+            if (n_adm > 0 || g_n_active > 0) break;
             if (srv->stopping && !srv->head) break;
             pthread_cond_wait(&srv->work, &srv->mu);
         }
         pthread_mutex_unlock(&srv->mu);
-        if (n_adm == 0 && n_active == 0) break; /* stopping and drained */
+        if (n_adm == 0 && g_n_active == 0) break; /* stopping and drained */
         for (int32_t k = 0; k < n_adm; k++) {
             struct job *j = adm[k];
             if (j->kind == JOB_DELETE) {
@@ -552,29 +580,18 @@ void *serve_engine_main(void *arg) {
             j->started = true;
             pthread_cond_broadcast(&j->cv);
             pthread_mutex_unlock(&srv->mu);
-            t_last[n_active] = 0;
-            active[n_active++] = j;
+            g_t_last[g_n_active] = 0;
+            g_active[g_n_active++] = j;
         }
         if (n_adm > 0) publish(srv);
         /* one token for every active job, one batched decode */
-        bool ended = false;
-        if (n_active > 0) {
-            bool over[64];
-            if (step_all(srv, active, n_active, t_last, over) > 0) {
-                int32_t w = 0;
-                for (int32_t k = 0; k < n_active; k++) {
-                    if (over[k]) { finish(srv, active[k]); continue; }
-                    active[w] = active[k];
-                    t_last[w++] = t_last[k];
-                }
-                n_active = w;
-                ended = true;
-            }
-        }
+        bool ended = step_active(srv);
         if (ended) publish(srv);
     }
-    free(active);
-    free(t_last);
+    free(g_active);
+    free(g_t_last);
+    g_active = NULL;
+    g_t_last = NULL;
     pthread_mutex_lock(&srv->mu);
     srv->engine_done = true;
     pthread_mutex_unlock(&srv->mu);
