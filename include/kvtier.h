@@ -570,6 +570,21 @@ int kvt_session_gen_step_batch(kvt_session *const *ss, int32_t n, const struct k
 typedef void (*kvt_chunk_cb)(void *ud);
 void kvt_session_set_chunk_cb(kvt_session *s, kvt_chunk_cb cb, void *ud);
 
+/* Park a session: every resident block is saved to the pool (the open block is sealed early; all
+** sealed blocks are there already, write-through) and its cells leave the cache, so its sequence
+** id can serve another session.  Nothing is recomputed later: kvt_session_resume loads the blocks
+** back.  A parked session accepts only kvt_session_resume, stats/info calls and kvt_session_free.
+** Errors: KVT_EINVAL (a reply is being generated), those of kvt_block_save / kvt_pool_put (the
+** session is then not parked).  Parking a parked session does nothing. */
+int kvt_session_park(kvt_session *s);
+
+/* Resume a parked session on sequence seq (empty; any caller sequence): the blocks that were
+** resident when it was parked are loaded back at the positions they had (kv_restore from the
+** pool; no forward pass; counted as recoveries), the evicted ones stay evicted.
+** Errors: KVT_EINVAL (not parked, seq out of range or not empty), those of kvt_block_load; a
+** block whose spill file fails its checksum is marked lost and the others still come back. */
+int kvt_session_resume(kvt_session *s, int32_t seq);
+
 /* Finish the reply built by kvt_session_gen_step (possibly empty): it becomes an assistant message
 ** of the conversation.  OUT *reply (may be NULL): its text, caller frees with free().
 ** Errors: KVT_ENOMEM (the reply stays pending; call again). */

@@ -29,6 +29,7 @@ struct blk {
     kvt_pos    blob_p0;         /* position the saved K is rotated for */
     int32_t    blob_cells, blob_cells_swa;
     size_t     blob_bytes;
+    bool       parked;          /* resident when the session was parked: comes back on resume */
 };
 
 struct msg {
@@ -75,6 +76,7 @@ struct kvt_session {
     kvt_token  *gen;            /* reply being generated step-wise (kvt_session_gen_step) */
     int32_t     n_gen, cap_gen;
     bool        generating;
+    bool        is_parked;      /* kvt_session_park: no cells, no sequence */
     kvt_chunk_cb chunk_cb;      /* called between prefill chunks (kvt_session_set_chunk_cb) */
     void       *chunk_ud;
 };
@@ -194,7 +196,7 @@ int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *params, k
 
 void kvt_session_free(kvt_session *s) {
     if (!s) return;
-    kvt_seq_rm(s->eng, s->p.seq, -1, -1);
+    if (!s->is_parked) kvt_seq_rm(s->eng, s->p.seq, -1, -1);
     for (int32_t i = 0; i < s->n_b; i++) {
         if (s->b[i].info.sealed && s->b[i].info.residency != KVT_RES_LOST) kvt_pool_del(s->pool, s->b[i].key);
         free(s->b[i].tok);
@@ -219,7 +221,9 @@ void kvt_session_free(kvt_session *s) {
 /* ---------------------------------------------------------------------------------------- */
 /* block table                                                                              */
 
-static int32_t resident(const kvt_session *s) { return kvt_seq_n_cells(s->eng, s->p.seq); }
+static int32_t resident(const kvt_session *s) { return s->is_parked ? 0 : kvt_seq_n_cells(s->eng, s->p.seq); }
+
+static int parked_error(void) { return kvt__fail(KVT_EINVAL, "the session is parked (kvt_session_resume it first)"); }
 
 static void note_peak(kvt_session *s) {
     int32_t r = resident(s);
@@ -878,6 +882,7 @@ int kvt_session_add_ex(kvt_session *s, enum kvt_role role, const char *text, int
     if (keep < KVT_KEEP_NONE || keep > KVT_KEEP_PIN) return kvt__fail(KVT_EINVAL, "keep %d is not none, prefer or pin", keep);
     if ((int) role < 0 || role > KVT_ROLE_ASSISTANT) return kvt__fail(KVT_EINVAL, "role %d is not system, user or assistant", role);
     if (!text) return kvt__fail(KVT_EINVAL, "NULL message text");
+    if (s->is_parked) return parked_error();
     int rc = push_msg(s, role, text, keep);
     if (rc || role != KVT_ROLE_USER) return rc; /* system/assistant text is decoded with the next user turn */
     s->turn++;
@@ -1001,6 +1006,7 @@ int kvt_session_generate(kvt_session *s, int32_t max_tokens, const struct kvt_sa
                          char **reply) {
     kvt__clear_error();
     if (reply) *reply = NULL;
+    if (s->is_parked) return parked_error();
     if (!s->have_logits) return kvt__fail(KVT_EINVAL, "generate: no user turn to reply to");
     kvt__engine_set_logits(s->eng, s->logits);
     kvt_token *gen = malloc(sizeof(kvt_token) * (size_t) (max_tokens > 0 ? max_tokens : 1));
@@ -1033,6 +1039,7 @@ int kvt_session_generate(kvt_session *s, int32_t max_tokens, const struct kvt_sa
 }
 
 int kvt_session_answer_logprob(kvt_session *s, const char *answer, double *logprob, int32_t *n_tokens) {
+    if (s->is_parked) return parked_error();
     if (s->have_logits) kvt__engine_set_logits(s->eng, s->logits);
     const float *cur = s->have_logits ? kvt_logits(s->eng) : NULL;
     *logprob = 0;
@@ -1153,6 +1160,7 @@ static int refresh_logits(kvt_session *s) {
 int kvt_session_sync(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_msgs, struct kvt_sync_info *out) {
     kvt__clear_error();
     if (out) memset(out, 0, sizeof *out);
+    if (s->is_parked) return parked_error();
     if (s->generating) return kvt__fail(KVT_EINVAL, "sync: a reply is being generated (call kvt_session_gen_end first)");
     if (!msgs || n_msgs < 1) return kvt__fail(KVT_EINVAL, "sync: %d messages; at least one user message is needed", n_msgs);
     for (int32_t i = 0; i < n_msgs; i++) {
@@ -1191,6 +1199,7 @@ int kvt_session_sync(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_
 int kvt_session_gen_step(kvt_session *s, const struct kvt_sampling *smp, kvt_token *tok, bool *done) {
     kvt__clear_error();
     *done = false;
+    if (s->is_parked) return parked_error();
     if (!s->have_logits) return kvt__fail(KVT_EINVAL, "gen_step: no user turn to reply to");
     if (!s->generating) s->n_gen = 0;
     s->generating = true;
@@ -1251,6 +1260,7 @@ int kvt_session_gen_step_batch(kvt_session *const *ss, int32_t n, const struct k
         done[i] = false;
         status[i] = 0;
         if (s->eng != eng) { status[i] = kvt__fail(KVT_EINVAL, "batched sessions must share one engine"); continue; }
+        if (s->is_parked) { status[i] = parked_error(); continue; }
         if (!s->have_logits) { status[i] = kvt__fail(KVT_EINVAL, "gen_step: no user turn to reply to"); continue; }
         if (!s->generating) s->n_gen = 0;
         s->generating = true;
@@ -1300,4 +1310,47 @@ int kvt_session_gen_step_batch(kvt_session *const *ss, int32_t n, const struct k
 void kvt_session_set_chunk_cb(kvt_session *s, kvt_chunk_cb cb, void *ud) {
     s->chunk_cb = cb;
     s->chunk_ud = ud;
+}
+
+int kvt_session_park(kvt_session *s) {
+    kvt__clear_error();
+    if (s->is_parked) return 0;
+    if (s->generating) return kvt__fail(KVT_EINVAL, "park: a reply is being generated (call kvt_session_gen_end first)");
+    int rc = seal(s); /* the open block is saved as it is (sealed early) */
+    if (rc) return rc;
+    for (int32_t i = 0; i < s->n_b; i++) {
+        struct blk *b = &s->b[i];
+        b->parked = b->info.residency == KVT_RES_DEVICE; /* info.p0 keeps its position for resume */
+        if (b->parked) b->info.residency = KVT_RES_HOST;
+    }
+    kvt_seq_rm(s->eng, s->p.seq, -1, -1);
+    s->is_parked = true;
+    return 0;
+}
+
+int kvt_session_resume(kvt_session *s, int32_t seq) {
+    kvt__clear_error();
+    if (!s->is_parked) return kvt__fail(KVT_EINVAL, "resume: the session is not parked");
+    struct kvt_engine_info I;
+    kvt_engine_info(s->eng, &I);
+    if (seq < 0 || seq >= I.n_seq) return kvt__fail(KVT_EINVAL, "sequence %d is outside 0..%d", seq, I.n_seq - 1);
+    if (kvt_seq_n_cells(s->eng, seq) != 0) return kvt__fail(KVT_EINVAL, "sequence %d is not empty", seq);
+    s->p.seq = seq;
+    s->is_parked = false;
+    const kvt_pos end = s->next_pos;
+    int rc = 0;
+    for (;;) { /* each block back at the position it had, in position order (gaps kept) */
+        int32_t i = -1;
+        for (int32_t k = 0; k < s->n_b; k++)
+            if (s->b[k].parked && (i < 0 || s->b[k].info.p0 < s->b[i].info.p0)) i = k;
+        if (i < 0) break;
+        struct blk *b = &s->b[i];
+        b->parked = false;
+        if (rc) { b->info.residency = KVT_RES_HOST; continue; }
+        s->next_pos = b->info.p0;
+        int r = load_block(s, i);
+        if (r != KVT_ECORRUPT) rc = r; /* a corrupt block is reported and marked lost */
+    }
+    s->next_pos = end;
+    return rc;
 }

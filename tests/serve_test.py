@@ -226,6 +226,26 @@ st, _, b = raw("DELETE", f"/v1/sessions/{sid}", key=KEY_A)
 check("deleting it again -> 404", st == 404, f"{st} {b}")
 
 
+# ---- past --max-sessions (7 here) the least recently used session is parked, and resumes
+#      without recompute ---------------------------------------------------------------------
+ph = [{"role": "user", "content": "Remember that my locker number is 31. What is a locker?"}]
+p1 = A.chat.completions.create(model=model, messages=ph, max_tokens=8, temperature=0,
+                               extra_headers={"X-Session-Id": "park-me"})
+for i in range(8):
+    A.chat.completions.create(model=model, messages=[{"role": "user", "content": f"Filler session {i}."}],
+                              max_tokens=1, temperature=0, extra_headers={"X-Session-Id": f"filler-{i}"})
+_, _, ls = raw("GET", "/v1/sessions")
+pk = [x for x in ls["data"] if x["id"] == "park-me"]
+check("the least recently used session was parked", pk and pk[0]["parked"] is True and pk[0]["resident_tokens"] == 0,
+      str(pk))
+ph += [{"role": "assistant", "content": p1.choices[0].message.content}, {"role": "user", "content": "And my locker number?"}]
+p2 = A.chat.completions.create(model=model, messages=ph, max_tokens=8, temperature=0,
+                               extra_headers={"X-Session-Id": "park-me"})
+kp = kvt(p2)
+check("a parked session resumes without recompute (reused, recovered, only the tail decoded)",
+      kp["prompt_tokens_reused"] >= p1.usage.prompt_tokens + p1.usage.completion_tokens - 1 and kp["recoveries"] > 0
+      and kp["prompt_tokens_decoded"] < 20, str(kp))
+
 # ---- a client that disconnects mid-stream frees its slot ---------------------------------
 def metric(name):
     _, _, txt = raw("GET", "/metrics", key=None)
@@ -287,7 +307,7 @@ check("queue full -> 429 rate_limit_error; the others are served", busy and queu
 
 # ---- metrics ---------------------------------------------------------------------------
 _, h, txt = raw("GET", "/metrics", key=None)
-for name in ("kvtier_requests_total{status=\"2xx\"}", "kvtier_requests_total{status=\"4xx\"}",
+for name in ("kvtier_sessions_parked", "kvtier_requests_total{status=\"2xx\"}", "kvtier_requests_total{status=\"4xx\"}",
              "kvtier_ttft_seconds_count", "kvtier_token_latency_seconds_bucket", "kvtier_prompt_tokens_reused_total",
              "kvtier_resident_tokens", "kvtier_pool_ram_bytes"):
     check(f"/metrics has {name}", name in txt, txt[:200])

@@ -76,7 +76,8 @@ int cmd_serve(int argc, char **argv) {
         { "api-key-file", 0, OPT_STR, &key_file, 0, 0, "FILE",
           "require Authorization: Bearer KEY, one key per line; sessions are private to their key", NULL },
         { "max-sessions", 0, OPT_INT, &max_sessions, 1, 63, "N",
-          "sessions kept at once (default: ctx-size / budget - 1); the least recently used idle one is freed", NULL },
+          "sessions holding KV cells at once (default: ctx-size / budget - 1); past it the least recently used idle "
+          "one is parked in the host tier (4x as many kept in all)", NULL },
         { "pool-mb", 0, OPT_INT, &srv.pool_mb, 1, 1 << 20, "N", "host RAM tier for evicted KV blocks in MiB (default 256)", NULL },
         { "spill-dir", 0, OPT_STR, &srv.spill_dir, 0, 0, "DIR", "directory for spill files (default: private, under $TMPDIR)", NULL },
         { "max-tokens", 0, OPT_INT, &srv.max_tokens_default, 1, 1 << 20, "N", "reply limit when a request gives none (default 256)", NULL },

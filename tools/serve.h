@@ -14,7 +14,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-enum { SERVE_MAX_STOP = 4, SERVE_MAX_BODY = 8 << 20 };
+enum { SERVE_MAX_STOP = 4, SERVE_MAX_BODY = 8 << 20, SERVE_PARK_FACTOR = 4 };
 
 #define KVT_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define KVT_MAX(a, b) ((a) > (b) ? (a) : (b))
@@ -58,6 +58,7 @@ struct job {
     struct job   *next;            /* queue link */
     /* engine-side generation state */
     void         *slot;            /* struct sess * while running */
+    int64_t       resumed;         /* blocks loaded back by resuming a parked session */
     kvt_token    *gen;
     int32_t       n_gen, cap_gen;
 };
@@ -74,7 +75,7 @@ struct metrics {
     int64_t requests;
     int64_t prompt_tokens, completion_tokens, prompt_reused, prompt_decoded;
     int64_t evictions, recoveries;
-    int64_t resident_tokens, n_sessions, queue_len, active;
+    int64_t resident_tokens, n_sessions, n_parked, queue_len, active;
     int64_t pool_ram, pool_spill;
     struct hist ttft, per_token;
 };
@@ -85,7 +86,7 @@ struct sess_view {
     int32_t n_messages, total_tokens, resident_tokens;
     int64_t evictions, recoveries;
     double  last_used;             /* seconds since the epoch */
-    bool    busy;
+    bool    busy, parked;
 };
 
 struct server {

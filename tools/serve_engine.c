@@ -12,7 +12,9 @@
 ** Sessions: one kvt_session per conversation, on its own sequence id; chosen by X-Session-Id
 ** within the caller's API-key namespace, else the idle session of that namespace sharing the
 ** longest message prefix with the request, else a new one.  Past --max-sessions the least
-** recently used idle session is freed (not parked). */
+** recently used idle session is parked (kvt_session_park: its KV goes to the host pool and comes
+** back with kvt_session_resume, no recompute); SERVE_PARK_FACTOR x --max-sessions sessions are
+** kept in all, past that the least recently used parked one is freed. */
 #include "serve.h"
 
 #include <math.h>
@@ -34,12 +36,14 @@ void serve_hist_add(struct hist *h, double ms) {
 
 struct sess {
     kvt_session *s;
+    int32_t      seq;        /* engine sequence, -1 while parked */
     char         id[80], ns[80];
     double       last_used;  /* seconds since the epoch */
     struct job  *job;        /* running job, NULL when idle */
 };
 
-static struct sess *g_sess;   /* [max_sessions]; slot i uses sequence i */
+static struct sess *g_sess;   /* [g_cap]: max_sessions hold a sequence, the others are parked */
+static int32_t      g_cap;
 static kvt_pool    *g_pool;
 static int32_t      g_raw_seq; /* scratch sequence for /v1/completions */
 static uint64_t     g_counter;
@@ -83,7 +87,8 @@ int serve_engine_open(struct server *srv) {
         srv->eng = NULL;
         return CLI_ERR;
     }
-    g_sess = calloc((size_t) srv->max_sessions, sizeof *g_sess);
+    g_cap = SERVE_PARK_FACTOR * srv->max_sessions;
+    g_sess = calloc((size_t) g_cap, sizeof *g_sess);
     if (!g_sess) {
         kvt_pool_free(g_pool);
         kvt_engine_free(srv->eng);
@@ -98,7 +103,7 @@ int serve_engine_open(struct server *srv) {
 }
 
 void serve_engine_close(struct server *srv) {
-    for (int32_t i = 0; g_sess && i < srv->max_sessions; i++) kvt_session_free(g_sess[i].s);
+    for (int32_t i = 0; g_sess && i < g_cap; i++) kvt_session_free(g_sess[i].s);
     free(g_sess);
     g_sess = NULL;
     kvt_pool_free(g_pool);
@@ -227,7 +232,7 @@ static bool update_text(struct server *srv, struct job *j, kvt_engine *eng) {
 }
 
 static struct sess *find_session(struct server *srv, const char *ns, const char *id) {
-    for (int32_t i = 0; i < srv->max_sessions; i++)
+    for (int32_t i = 0; i < g_cap; i++)
         if (g_sess[i].s && !strcmp(g_sess[i].ns, ns) && !strcmp(g_sess[i].id, id)) return &g_sess[i];
     return NULL;
 }
@@ -244,12 +249,39 @@ static int32_t common_msgs(const struct sess *x, const struct job *j) {
     return k;
 }
 
-/* A free slot, freeing the least recently used idle session if all are taken; NULL if all are busy. */
-static struct sess *new_slot(struct server *srv) {
+/* A free sequence: one no session holds, else the one of the least recently used idle session,
+** which is parked (its KV goes to the host pool, nothing is lost).  -1 if all are generating. */
+static int32_t take_seq(struct server *srv) {
+    for (int32_t q = 0; q < srv->max_sessions; q++) {
+        bool used = false;
+        for (int32_t i = 0; i < g_cap && !used; i++) used = g_sess[i].s && g_sess[i].seq == q;
+        if (!used) return q;
+    }
     struct sess *lru = NULL;
-    for (int32_t i = 0; i < srv->max_sessions; i++) {
+    for (int32_t i = 0; i < g_cap; i++)
+        if (g_sess[i].s && g_sess[i].seq >= 0 && !g_sess[i].job && (!lru || g_sess[i].last_used < lru->last_used)) lru = &g_sess[i];
+    if (!lru) return -1;
+    int32_t q = lru->seq;
+    if (kvt_session_park(lru->s)) { /* cannot park: free it */
+        fprintf(stderr, "kvtier serve: session %s could not be parked (%s); freed\n", lru->id, kvt_errmsg());
+        kvt_session_free(lru->s);
+        memset(lru, 0, sizeof *lru);
+    } else {
+        lru->seq = -1;
+    }
+    return q;
+}
+
+/* An empty entry, freeing the least recently used parked (else idle) session if all are taken. */
+static struct sess *new_slot(struct server *srv) {
+    (void) srv;
+    struct sess *lru = NULL;
+    for (int32_t i = 0; i < g_cap; i++) {
         if (!g_sess[i].s) return &g_sess[i];
-        if (!g_sess[i].job && (!lru || g_sess[i].last_used < lru->last_used)) lru = &g_sess[i];
+        if (g_sess[i].job) continue;
+        if (!lru || (g_sess[i].seq < 0 && lru->seq >= 0) ||
+            ((g_sess[i].seq < 0) == (lru->seq < 0) && g_sess[i].last_used < lru->last_used))
+            lru = &g_sess[i];
     }
     if (lru) {
         kvt_session_free(lru->s);
@@ -264,17 +296,35 @@ static struct sess *pick_session(struct server *srv, struct job *j) {
         x = find_session(srv, j->ns, j->session_id);
     } else {
         int32_t best = 0;
-        for (int32_t i = 0; i < srv->max_sessions; i++) {
+        for (int32_t i = 0; i < g_cap; i++) {
             struct sess *c = &g_sess[i];
             if (!c->s || c->job || strcmp(c->ns, j->ns)) continue;
             int32_t k = common_msgs(c, j);
             if (k > best || (k == best && k > 0 && c->last_used > x->last_used)) { best = k; x = c; }
         }
     }
+    if (x && x->seq < 0) { /* parked: back into a sequence, no recompute */
+        int32_t q = take_seq(srv);
+        if (q < 0) return NULL;
+        struct kvt_session_stats s0, s1;
+        kvt_session_get_stats(x->s, &s0);
+        int rc = kvt_session_resume(x->s, q);
+        kvt_session_get_stats(x->s, &s1);
+        j->resumed = s1.recoveries - s0.recoveries;
+        if (rc) {
+            job_lib_error(j, "cannot resume the session", rc);
+            kvt_session_free(x->s);
+            memset(x, 0, sizeof *x);
+            return NULL;
+        }
+        x->seq = q;
+    }
     if (x) return x;
     if (!(x = new_slot(srv))) return NULL;
+    int32_t q = take_seq(srv);
+    if (q < 0) return NULL;
     struct kvt_session_params sp = kvt_session_default_params();
-    sp.seq = (int32_t) (x - g_sess);
+    sp.seq = q;
     sp.budget = srv->budget;
     sp.block = srv->block;
     sp.pool = g_pool;
@@ -285,6 +335,7 @@ static struct sess *pick_session(struct server *srv, struct job *j) {
         x->s = NULL;
         return NULL;
     }
+    x->seq = q;
     snprintf(x->ns, sizeof x->ns, "%s", j->ns);
     if (j->session_id[0]) snprintf(x->id, sizeof x->id, "%s", j->session_id);
     else snprintf(x->id, sizeof x->id, "sess-%llu-%llu", (unsigned long long) time(NULL), (unsigned long long) ++g_counter);
@@ -390,6 +441,7 @@ static void start_chat(struct server *srv, struct job *j) {
     snprintf(j->out_session, sizeof j->out_session, "%s", x->id);
     x->last_used = wall_s();
     int rc = kvt_session_sync(x->s, j->msgs, j->n_msgs, &j->sync);
+    j->sync.recoveries += j->resumed;
     j->prompt_tokens = j->sync.prompt_tokens;
     if (rc) {
         job_lib_error(j, "prompt", rc);
@@ -469,10 +521,10 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
 
 /* Sessions and gauges for GET /v1/sessions and /metrics. */
 static void publish(struct server *srv) {
-    struct sess_view *v = calloc((size_t) srv->max_sessions, sizeof *v);
+    struct sess_view *v = calloc((size_t) g_cap, sizeof *v);
     int32_t n = 0;
-    int64_t resident = 0;
-    for (int32_t i = 0; v && i < srv->max_sessions; i++) {
+    int64_t resident = 0, parked = 0;
+    for (int32_t i = 0; v && i < g_cap; i++) {
         struct sess *x = &g_sess[i];
         if (!x->s) continue;
         struct kvt_session_stats st;
@@ -486,6 +538,8 @@ static void publish(struct server *srv) {
         v[n].recoveries = st.recoveries;
         v[n].last_used = x->last_used;
         v[n].busy = x->job != NULL;
+        v[n].parked = x->seq < 0;
+        parked += x->seq < 0;
         resident += st.resident_tokens;
         n++;
     }
@@ -499,6 +553,7 @@ static void publish(struct server *srv) {
     }
     srv->m.resident_tokens = resident;
     srv->m.n_sessions = n;
+    srv->m.n_parked = parked;
     srv->m.pool_ram = ps.ram_bytes;
     srv->m.pool_spill = ps.spill_bytes;
     pthread_mutex_unlock(&srv->mu);

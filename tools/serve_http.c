@@ -508,10 +508,11 @@ static enum MHD_Result get_sessions(struct server *srv, struct MHD_Connection *c
     for (int32_t i = 0; i < srv->n_views; i++) {
         const struct sess_view *v = &srv->views[i];
         if (strcmp(v->ns, ns)) continue;
-        json_array_append_new(data, json_pack("{s:s, s:s, s:i, s:i, s:i, s:I, s:I, s:I, s:b}", "id", v->id, "object", "session",
+        json_array_append_new(data, json_pack("{s:s, s:s, s:i, s:i, s:i, s:I, s:I, s:I, s:b, s:b}", "id", v->id, "object", "session",
                                               "messages", v->n_messages, "total_tokens", v->total_tokens, "resident_tokens",
                                               v->resident_tokens, "evictions", (json_int_t) v->evictions, "recoveries",
-                                              (json_int_t) v->recoveries, "last_used", (json_int_t) v->last_used, "busy", v->busy));
+                                              (json_int_t) v->recoveries, "last_used", (json_int_t) v->last_used, "busy", v->busy,
+                                              "parked", v->parked));
     }
     pthread_mutex_unlock(&srv->mu);
     return send_json(srv, c, 200, json_pack("{s:s, s:o}", "object", "list", "data", data), NULL);
@@ -570,7 +571,8 @@ static enum MHD_Result get_metrics(struct server *srv, struct MHD_Connection *c)
     COUNTER("kvtier_evictions_total", "KV block evictions.", m.evictions);
     COUNTER("kvtier_recoveries_total", "KV block recoveries (kv_restore loads).", m.recoveries);
     GAUGE("kvtier_resident_tokens", "KV cells held by all sessions.", m.resident_tokens);
-    GAUGE("kvtier_sessions", "Open sessions.", m.n_sessions);
+    GAUGE("kvtier_sessions", "Open sessions (resident and parked).", m.n_sessions);
+    GAUGE("kvtier_sessions_parked", "Sessions parked whole in the host tiers.", m.n_parked);
     GAUGE("kvtier_queue_length", "Requests waiting for a slot.", m.queue_len);
     GAUGE("kvtier_active_requests", "Requests being served.", m.active);
     GAUGE("kvtier_pool_ram_bytes", "Evicted KV bytes in the host RAM tier.", m.pool_ram);
