@@ -167,6 +167,14 @@ k3 = kvt(t3)
 check("an edited reply is cut back to the divergence (turn 1's prompt kept)",
       k3["prompt_tokens_reused"] >= t1.usage.prompt_tokens and k3["prompt_tokens_reused"] < t3.usage.prompt_tokens, str(k3))
 
+# a prompt longer than the budget (512) but within the context is served: blocks are evicted
+# during the chunked prefill, the session stays within its budget
+long_msg = " ".join(f"Line {i}: the quick brown fox jumps over the lazy dog near the river bank." for i in range(90))
+rl = A.chat.completions.create(model=model, messages=[{"role": "user", "content": long_msg}], max_tokens=4, temperature=0)
+kl = kvt(rl)
+check(f"a {rl.usage.prompt_tokens}-token prompt over the budget is served within it",
+      rl.usage.prompt_tokens > 600 and kl["evictions"] > 0 and kl["resident_tokens"] <= 512, str(kl))
+
 # ---- bad input -------------------------------------------------------------------------
 def bad(name, status, body, frag, **kw):
     st, _, b = raw("POST", kw.pop("path", "/v1/chat/completions"), body, **kw)

@@ -498,7 +498,6 @@ static enum MHD_Result post_generate(struct server *srv, struct MHD_Connection *
         serve_job_free(j);
         return BAD(param, "%s", err[0] ? err : "out of memory");
     }
-    if (j->n_stop > 0 && j->stream) { /* nothing more to check */ }
     return run_job(srv, c, j);
 }
 
@@ -685,7 +684,7 @@ struct MHD_Daemon *serve_http_start(struct server *srv, const char *host, int32_
         return NULL;
     }
     struct MHD_Daemon *d = MHD_start_daemon(
-        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG | MHD_ALLOW_SUSPEND_RESUME,
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG,
         (uint16_t) port, NULL, NULL, handler, srv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *) &sa,
         MHD_OPTION_NOTIFY_COMPLETED, completed, NULL, MHD_OPTION_CONNECTION_LIMIT, (unsigned) 256,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned) 600, MHD_OPTION_END);
