@@ -873,6 +873,72 @@ static int pending_tokens(kvt_session *s, int32_t n_msgs, bool add_ass, kvt_toke
     return 0;
 }
 
+/* A message longer than the budget evicted blocks of its own during its prefill.  Before the
+** reply, the ones relevant to the end of the message (its last ~40 words, the question, as
+** SnapKV's observation window is the prompt's end) come back at the tail: BM25 against that
+** query; at most top_k; a block must score at least min_recovery_score and above every resident
+** non-sink block except the two newest (which hold the query itself).  Best effort: nothing is
+** recovered when no block qualifies or none fits. */
+static int recover_own_tail(kvt_session *s, const char *text) {
+    if (s->p.recovery != KVT_RECOVERY_KV_RESTORE || s->p.top_k == 0) return 0;
+    bool lost = false;
+    for (int32_t i = 0; i < s->n_b && !lost; i++)
+        lost = s->b[i].info.turn == s->turn && (s->b[i].info.residency == KVT_RES_HOST || s->b[i].info.residency == KVT_RES_DISK);
+    if (!lost) return 0;
+    size_t len = strlen(text), from = len > 240 ? len - 240 : 0;
+    while (from > 0 && from < len && text[from - 1] != ' ') from++;
+    const char *query = text + from;
+    const char **docs = malloc(sizeof(char *) * (size_t) s->n_b);
+    double *sc = malloc(sizeof(double) * (size_t) s->n_b);
+    struct cand *c = malloc(sizeof *c * (size_t) s->n_b);
+    int rc = (!docs || !sc || !c) ? kvt__fail(KVT_ENOMEM, "recovery scores") : 0;
+    int32_t n_c = 0;
+    if (rc == 0) {
+        for (int32_t i = 0; i < s->n_b; i++) docs[i] = s->b[i].info.sealed && s->b[i].text ? s->b[i].text : "";
+        rc = kvt_bm25_score(docs, s->n_b, query, sc);
+    }
+    if (rc == 0) {
+        int32_t newest[2] = { -1, -1 }; /* the two resident blocks with the highest positions */
+        for (int32_t i = 0; i < s->n_b; i++) {
+            if (s->b[i].info.residency != KVT_RES_DEVICE) continue;
+            if (newest[0] < 0 || s->b[i].info.p0 > s->b[newest[0]].info.p0) { newest[1] = newest[0]; newest[0] = i; }
+            else if (newest[1] < 0 || s->b[i].info.p0 > s->b[newest[1]].info.p0) newest[1] = i;
+        }
+        double bar = 0;
+        for (int32_t i = 0; i < s->n_b; i++)
+            if (s->b[i].info.residency == KVT_RES_DEVICE && s->b[i].info.sealed && s->b[i].info.id >= s->p.n_sink_blocks &&
+                i != newest[0] && i != newest[1])
+                bar = fmax(bar, sc[i]);
+        for (int32_t i = 0; i < s->n_b; i++) {
+            int r = s->b[i].info.residency;
+            if ((r == KVT_RES_HOST || r == KVT_RES_DISK) && sc[i] > bar && sc[i] >= s->p.min_recovery_score)
+                c[n_c++] = (struct cand){ i, sc[i] };
+        }
+        qsort(c, (size_t) n_c, sizeof *c, cmp_cand);
+        if (n_c > s->p.top_k) n_c = s->p.top_k;
+        int32_t need = 0;
+        for (int32_t k = 0; k < n_c; k++) need += s->b[c[k].i].info.n_tokens;
+        while (n_c > 0 && make_room(s, need + s->p.gen_reserve) == KVT_EBUDGET) need -= s->b[c[--n_c].i].info.n_tokens;
+        kvt__clear_error();
+        if (n_c > 0) rc = seal(s);
+        for (int32_t k = 0; rc == 0 && k < n_c; k++)
+            for (int32_t j = k + 1; j < n_c; j++)
+                if (s->b[c[j].i].info.orig_p0 < s->b[c[k].i].info.orig_p0) {
+                    struct cand t = c[k];
+                    c[k] = c[j];
+                    c[j] = t;
+                }
+        for (int32_t k = 0; rc == 0 && k < n_c; k++) {
+            int r = load_block(s, c[k].i);
+            if (r != KVT_ECORRUPT) rc = r;
+        }
+    }
+    free(docs);
+    free(sc);
+    free(c);
+    return rc;
+}
+
 int kvt_session_add(kvt_session *s, enum kvt_role role, const char *text) {
     return kvt_session_add_ex(s, role, text, KVT_KEEP_NONE);
 }
@@ -945,6 +1011,7 @@ int kvt_session_add_ex(kvt_session *s, enum kvt_role role, const char *text, int
     free(tok);
     tok = NULL;
     if (s->p.policy != KVT_POLICY_INFLLM) { /* 4. the assistant prefix */
+        if ((rc = recover_own_tail(s, text))) return rc;
         if ((rc = pending_tokens(s, s->n_m, true, &tok, &n, &fmt))) return rc;
         if (n > 0 && (rc = feed(s, tok, n, KVT_ROLE_USER, s->p.gen_reserve))) { free(tok); free(fmt); return rc; }
         set_text(s, fmt);

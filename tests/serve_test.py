@@ -175,6 +175,17 @@ kl = kvt(rl)
 check(f"a {rl.usage.prompt_tokens}-token prompt over the budget is served within it",
       rl.usage.prompt_tokens > 600 and kl["evictions"] > 0 and kl["resident_tokens"] <= 512, str(kl))
 
+# the same with a fact early in the long prompt and the question at its end: the blocks the
+# question needs come back before the reply (BM25 on the prompt's end)
+lines = long_msg.split(" Line ")
+fact_msg = (" Line ".join(lines[:12]) + " Note for later: the password of the blue vault is zircon-albatross-77. Line " +
+            " Line ".join(lines[12:]) + " Now the question: what is the password of the blue vault?")  # not in the sink block
+rf = A.chat.completions.create(model=model, messages=[{"role": "user", "content": fact_msg}], max_tokens=16, temperature=0)
+kf = kvt(rf)
+print(f"     long prompt with a fact: {kf}; reply {rf.choices[0].message.content!r}")
+check("a long prompt's own evicted block with the answer is recovered before the reply",
+      kf["evictions"] > 0 and kf["recoveries"] > 0 and kf["resident_tokens"] <= 512, str(kf))
+
 # ---- bad input -------------------------------------------------------------------------
 def bad(name, status, body, frag, **kw):
     st, _, b = raw("POST", kw.pop("path", "/v1/chat/completions"), body, **kw)
