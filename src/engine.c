@@ -691,6 +691,41 @@ int kvt_decode(kvt_engine *e, int32_t seq, const kvt_token *tokens, int32_t n, k
     return 0;
 }
 
+int kvt_decode_multi(kvt_engine *e, const int32_t *seqs, const kvt_token *toks, const kvt_pos *pos, int32_t n,
+                     float *logits_out) {
+    if (n <= 0 || n > e->p.n_ubatch || !seqs || !toks || !pos || !logits_out)
+        return kvt__fail(KVT_EINVAL, "multi-sequence decode of %d tokens (1..%d)", n, e->p.n_ubatch);
+    struct llama_batch *b = &e->batch;
+    for (int32_t i = 0; i < n; i++) {
+        if (seqs[i] < 0 || seqs[i] >= e->p.n_seq) return kvt__fail(KVT_EINVAL, "sequence id %d is outside 0..%d", seqs[i], e->p.n_seq - 1);
+        for (int32_t k = 0; k < i; k++)
+            if (seqs[k] == seqs[i]) return kvt__fail(KVT_EINVAL, "sequence %d appears twice in one multi-sequence decode", seqs[i]);
+        if (toks[i] < 0 || toks[i] >= e->info.n_vocab)
+            return kvt__fail(KVT_EINVAL, "token %d at index %d is outside the vocabulary of %d", toks[i], i, e->info.n_vocab);
+        b->token[i] = toks[i];
+        b->pos[i] = pos[i];
+        b->n_seq_id[i] = 1;
+        b->seq_id[i][0] = seqs[i];
+        b->logits[i] = 1;
+    }
+    b->n_tokens = n;
+    e->have_logits = false;
+    e->capturing = false; /* the capture maps one sequence per ubatch */
+    int r = llama_decode(e->ctx, *b);
+    if (r == 1) return kvt__fail(KVT_ECTX, "no free KV cells for %d tokens (context of %d cells)", n, e->info.n_ctx);
+    if (r != 0) return kvt__fail(KVT_ELLAMA, "llama_decode returned %d for a batch of %d sequences", r, n);
+    e->shift_pending = false;
+    for (int32_t i = 0; i < n; i++)
+        if (pm_set(&e->pm[seqs[i]], pos[i])) return KVT_ENOMEM;
+    e->gen++;
+    for (int32_t i = 0; i < n; i++) {
+        const float *l = llama_get_logits_ith(e->ctx, i);
+        if (!l) return kvt__fail(KVT_ELLAMA, "llama.cpp returned no logits for batch row %d", i);
+        memcpy(logits_out + (size_t) i * e->info.n_vocab, l, sizeof(float) * (size_t) e->info.n_vocab);
+    }
+    return 0;
+}
+
 const float *kvt_logits(kvt_engine *e) { return e->have_logits ? e->logits : NULL; }
 
 void kvt__engine_set_logits(kvt_engine *e, const float *logits) {

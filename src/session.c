@@ -30,6 +30,7 @@ struct blk {
     int32_t    blob_cells, blob_cells_swa;
     size_t     blob_bytes;
     float     *emb;             /* [emb_dim] unit vector of the text (with an embedder), else NULL */
+    bool       parked;          /* resident when the session was parked: comes back on resume */
 };
 
 struct msg {
@@ -67,6 +68,21 @@ struct kvt_session {
     int32_t     emb_dim;        /* embedder width, 0 without one */
     kvt_ann    *ann;            /* HNSW over block vectors once ann_min_blocks are sealed */
     double      embed_ms;       /* time embedding blocks and messages */
+    /* segment boundaries (tokens in the stream, bytes of kv_text) wherever kv_text was extended:
+    ** a conversation that diverges from kv_text is cut back to the last boundary before the
+    ** divergence and re-fed from there (cut_stream) */
+    int32_t    *seg_tok;
+    size_t     *seg_chr;
+    int32_t     n_seg, cap_seg;
+    /* logits after this session's last token (the engine's are shared by every session) */
+    float      *logits;
+    bool        have_logits;
+    kvt_token  *gen;            /* reply being generated step-wise (kvt_session_gen_step) */
+    int32_t     n_gen, cap_gen;
+    bool        generating;
+    bool        is_parked;      /* kvt_session_park: no cells, no sequence */
+    kvt_chunk_cb chunk_cb;      /* called between prefill chunks (kvt_session_set_chunk_cb) */
+    void       *chunk_ud;
 };
 
 static atomic_uint g_serial;
@@ -191,7 +207,7 @@ int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *params, k
 
 void kvt_session_free(kvt_session *s) {
     if (!s) return;
-    kvt_seq_rm(s->eng, s->p.seq, -1, -1);
+    if (!s->is_parked) kvt_seq_rm(s->eng, s->p.seq, -1, -1);
     for (int32_t i = 0; i < s->n_b; i++) {
         if (s->b[i].info.sealed && s->b[i].info.residency != KVT_RES_LOST) kvt_pool_del(s->pool, s->b[i].key);
         free(s->b[i].tok);
@@ -208,13 +224,19 @@ void kvt_session_free(kvt_session *s) {
     free(s->kv_text);
     free(s->layers);
     free(s->head_w);
+    free(s->seg_tok);
+    free(s->seg_chr);
+    free(s->logits);
+    free(s->gen);
     free(s);
 }
 
 /* ---------------------------------------------------------------------------------------- */
 /* block table                                                                              */
 
-static int32_t resident(const kvt_session *s) { return kvt_seq_n_cells(s->eng, s->p.seq); }
+static int32_t resident(const kvt_session *s) { return s->is_parked ? 0 : kvt_seq_n_cells(s->eng, s->p.seq); }
+
+static int parked_error(void) { return kvt__fail(KVT_EINVAL, "the session is parked (kvt_session_resume it first)"); }
 
 static void note_peak(kvt_session *s) {
     int32_t r = resident(s);
@@ -514,6 +536,17 @@ static void observe(kvt_session *s, bool prompt) {
     s->policy_ms += kvt__now_ms() - t0;
 }
 
+/* Keep the engine's logits of this session's last token (sessions share the engine). */
+static int save_logits(kvt_session *s) {
+    const float *l = kvt_logits(s->eng);
+    s->have_logits = false;
+    if (!l) return 0;
+    if (!s->logits && !(s->logits = malloc(sizeof(float) * (size_t) s->n_vocab))) return kvt__fail(KVT_ENOMEM, "logits");
+    memcpy(s->logits, l, sizeof(float) * (size_t) s->n_vocab);
+    s->have_logits = true;
+    return 0;
+}
+
 /* Decode tokens for the conversation, keeping the budget at every chunk. */
 static int feed(kvt_session *s, const kvt_token *tok, int32_t n, int role, int32_t reserve_after) {
     struct kvt_engine_info I;
@@ -535,6 +568,7 @@ static int feed(kvt_session *s, const kvt_token *tok, int32_t n, int role, int32
         rc = kvt_decode(s->eng, s->p.seq, tok + off, m, s->next_pos, last);
         s->decode_ms += kvt__now_ms() - t0;
         if (rc) return rc;
+        if (last && (rc = save_logits(s))) return rc;
         s->decoded += m;
         note_peak(s);
         if ((rc = record(s, tok + off, m, role))) return rc;
@@ -543,6 +577,7 @@ static int feed(kvt_session *s, const kvt_token *tok, int32_t n, int role, int32
         ** of the sequence's cells) */
         if (role != KVT_ROLE_ASSISTANT || s->decoded % 8 == 0) observe(s, role != KVT_ROLE_ASSISTANT);
         off += m;
+        if (s->chunk_cb && off < n) s->chunk_cb(s->chunk_ud); /* others may decode between our chunks */
     }
     return 0;
 }
@@ -850,8 +885,99 @@ static int push_msg(kvt_session *s, int role, const char *text, int keep) {
     return 0;
 }
 
+/* kv_text becomes fmt (owned by the session from here), a segment boundary at the current end of
+** the stream.  Cannot fail: a boundary that cannot be recorded only makes later cut-backs go
+** further back. */
+static void set_text(kvt_session *s, char *fmt) {
+    free(s->kv_text);
+    s->kv_text = fmt;
+    if (s->n_seg == s->cap_seg) {
+        int32_t cap = s->cap_seg ? 2 * s->cap_seg : 16;
+        int32_t *t = realloc(s->seg_tok, sizeof *t * (size_t) cap);
+        if (t) s->seg_tok = t;
+        size_t *c = realloc(s->seg_chr, sizeof *c * (size_t) cap);
+        if (c) s->seg_chr = c;
+        if (!t || !c) return;
+        s->cap_seg = cap;
+    }
+    s->seg_tok[s->n_seg] = s->total;
+    s->seg_chr[s->n_seg] = strlen(fmt);
+    s->n_seg++;
+}
+
+static void drop_block(kvt_session *s, struct blk *b) {
+    if (b->info.residency == KVT_RES_DEVICE) kvt_seq_rm(s->eng, s->p.seq, b->info.p0, b->info.p0 + b->info.n_tokens);
+    if (b->info.sealed && b->info.residency != KVT_RES_LOST) kvt_pool_del(s->pool, b->key);
+    if (s->ann && b->emb) kvt_ann_remove(s->ann, (uint64_t) b->info.id);
+    kvt__clear_error();
+    free(b->tok);
+    free(b->text);
+    free(b->tok_mass);
+    free(b->rep);
+    free(b->emb);
+    memset(b, 0, sizeof *b);
+}
+
+/* Cut the stream (the conversation's tokens in the order they were said, i.e. the blocks by id)
+** back to its first `keep` tokens: later blocks leave the cache and the pool; the open tail block
+** and a block cut in the middle that is resident at the physical tail are trimmed in place (a
+** sealed one is unsealed: its saved copy is deleted and it is saved again when it fills); any
+** other block cut in the middle is dropped and its first tokens are decoded again at the tail.
+** Positions continue after the highest resident one. */
+static int cut_stream(kvt_session *s, int32_t keep) {
+    int32_t acc = 0, i = 0;
+    while (i < s->n_b && acc + s->b[i].info.n_tokens <= keep) acc += s->b[i].info.n_tokens, i++;
+    const int32_t r = keep - acc;
+    int32_t n_re = 0, re_role = KVT_ROLE_USER, n_keep = i;
+    kvt_token *re = NULL;
+    for (int32_t j = s->n_b - 1; j > i; j--) drop_block(s, &s->b[j]);
+    if (i < s->n_b) {
+        struct blk *b = &s->b[i];
+        if (r > 0 && b->info.residency == KVT_RES_DEVICE &&
+            b->info.p0 + b->info.n_tokens - 1 == kvt_seq_pos_max(s->eng, s->p.seq)) {
+            /* the physical tail: trim its cells in place; it is the open block again */
+            kvt_seq_rm(s->eng, s->p.seq, b->info.p0 + r, b->info.p0 + b->info.n_tokens);
+            for (int32_t cut = b->info.n_tokens - r; cut > 0;) { /* per-token roles are not kept: newest role first */
+                int k = b->role_n[KVT_ROLE_ASSISTANT] ? KVT_ROLE_ASSISTANT : b->role_n[KVT_ROLE_USER] ? KVT_ROLE_USER : KVT_ROLE_SYSTEM;
+                int32_t d = KVT_MIN(cut, b->role_n[k]);
+                b->role_n[k] -= d;
+                cut -= d;
+                if (d == 0) break;
+            }
+            if (b->info.sealed) kvt_pool_del(s->pool, b->key);
+            b->info.sealed = false;
+            if (s->ann && b->emb) kvt_ann_remove(s->ann, (uint64_t) b->info.id); /* embedded again when resealed */
+            kvt__clear_error();
+            free(b->emb);
+            b->emb = NULL;
+            b->info.n_tokens = r;
+            s->open = i;
+            n_keep = i + 1;
+        } else {
+            if (r > 0) { /* elsewhere: dropped, its first r tokens decoded again at the tail */
+                if (!(re = malloc(sizeof(kvt_token) * (size_t) r))) return kvt__fail(KVT_ENOMEM, "cut back");
+                memcpy(re, b->tok, sizeof(kvt_token) * (size_t) r);
+                n_re = r;
+                re_role = block_role(b);
+            }
+            drop_block(s, b);
+        }
+    }
+    if (s->open >= n_keep) s->open = -1;
+    s->n_b = n_keep;
+    s->next_pos = kvt_seq_pos_max(s->eng, s->p.seq) + 1;
+    s->total = keep - n_re;
+    s->have_logits = false;
+    int rc = n_re > 0 ? feed(s, re, n_re, re_role, 0) : 0;
+    free(re);
+    return rc;
+}
+
 /* Tokens of the template text that is not yet in the stream (the conversation formatted with
-** the assistant prefix, minus what was already decoded). */
+** the assistant prefix, minus what was already decoded).  When the formatted conversation
+** diverges from what was decoded (two user messages in a row replace the assistant prefix; a
+** client edits its history), the stream is first cut back to the last segment boundary before
+** the divergence, so the stream always holds exactly the template's tokens. */
 static int pending_tokens(kvt_session *s, int32_t n_msgs, bool add_ass, kvt_token **tok, int32_t *n, char **fmt_out) {
     struct kvt_chat_msg *cm = malloc(sizeof *cm * (size_t) (n_msgs > 0 ? n_msgs : 1));
     if (!cm) return kvt__fail(KVT_ENOMEM, "chat");
@@ -864,11 +990,85 @@ static int pending_tokens(kvt_session *s, int32_t n_msgs, bool add_ass, kvt_toke
     while (common < have && fmt[common] == s->kv_text[common]) common++;
     *tok = NULL;
     *n = 0;
+    if (common < have) {
+        int32_t k = s->n_seg - 1;
+        while (k >= 0 && s->seg_chr[k] > common) k--;
+        if ((rc = cut_stream(s, k >= 0 ? s->seg_tok[k] : 0))) { free(fmt); return rc; }
+        s->n_seg = k + 1;
+        common = have = k >= 0 ? s->seg_chr[k] : 0;
+        s->kv_text[have] = '\0';
+    }
     if (fmt[common] == '\0') { *fmt_out = fmt; return 0; }
     rc = kvt_tokenize(s->eng, fmt + common, have == 0, true, tok, n);
     if (rc) { free(fmt); return rc; }
     *fmt_out = fmt;
     return 0;
+}
+
+/* A message longer than the budget evicted blocks of its own during its prefill.  Before the
+** reply, the ones relevant to the end of the message (its last ~40 words, the question, as
+** SnapKV's observation window is the prompt's end) come back at the tail: BM25 against that
+** query; at most top_k; a block must score at least min_recovery_score and above every resident
+** non-sink block except the two newest (which hold the query itself).  Best effort: nothing is
+** recovered when no block qualifies or none fits. */
+static int recover_own_tail(kvt_session *s, const char *text) {
+    if (s->p.recovery != KVT_RECOVERY_KV_RESTORE || s->p.top_k == 0) return 0;
+    bool lost = false;
+    for (int32_t i = 0; i < s->n_b && !lost; i++)
+        lost = s->b[i].info.turn == s->turn && (s->b[i].info.residency == KVT_RES_HOST || s->b[i].info.residency == KVT_RES_DISK);
+    if (!lost) return 0;
+    size_t len = strlen(text), from = len > 240 ? len - 240 : 0;
+    while (from > 0 && from < len && text[from - 1] != ' ') from++;
+    const char *query = text + from;
+    const char **docs = malloc(sizeof(char *) * (size_t) s->n_b);
+    double *sc = malloc(sizeof(double) * (size_t) s->n_b);
+    struct cand *c = malloc(sizeof *c * (size_t) s->n_b);
+    int rc = (!docs || !sc || !c) ? kvt__fail(KVT_ENOMEM, "recovery scores") : 0;
+    int32_t n_c = 0;
+    if (rc == 0) {
+        for (int32_t i = 0; i < s->n_b; i++) docs[i] = s->b[i].info.sealed && s->b[i].text ? s->b[i].text : "";
+        rc = kvt_bm25_score(docs, s->n_b, query, sc);
+    }
+    if (rc == 0) {
+        int32_t newest[2] = { -1, -1 }; /* the two resident blocks with the highest positions */
+        for (int32_t i = 0; i < s->n_b; i++) {
+            if (s->b[i].info.residency != KVT_RES_DEVICE) continue;
+            if (newest[0] < 0 || s->b[i].info.p0 > s->b[newest[0]].info.p0) { newest[1] = newest[0]; newest[0] = i; }
+            else if (newest[1] < 0 || s->b[i].info.p0 > s->b[newest[1]].info.p0) newest[1] = i;
+        }
+        double bar = 0;
+        for (int32_t i = 0; i < s->n_b; i++)
+            if (s->b[i].info.residency == KVT_RES_DEVICE && s->b[i].info.sealed && s->b[i].info.id >= s->p.n_sink_blocks &&
+                i != newest[0] && i != newest[1])
+                bar = fmax(bar, sc[i]);
+        for (int32_t i = 0; i < s->n_b; i++) {
+            int r = s->b[i].info.residency;
+            if ((r == KVT_RES_HOST || r == KVT_RES_DISK) && sc[i] > bar && sc[i] >= s->p.min_recovery_score)
+                c[n_c++] = (struct cand){ i, sc[i] };
+        }
+        qsort(c, (size_t) n_c, sizeof *c, cmp_cand);
+        if (n_c > s->p.top_k) n_c = s->p.top_k;
+        int32_t need = 0;
+        for (int32_t k = 0; k < n_c; k++) need += s->b[c[k].i].info.n_tokens;
+        while (n_c > 0 && make_room(s, need + s->p.gen_reserve) == KVT_EBUDGET) need -= s->b[c[--n_c].i].info.n_tokens;
+        kvt__clear_error();
+        if (n_c > 0) rc = seal(s);
+        for (int32_t k = 0; rc == 0 && k < n_c; k++)
+            for (int32_t j = k + 1; j < n_c; j++)
+                if (s->b[c[j].i].info.orig_p0 < s->b[c[k].i].info.orig_p0) {
+                    struct cand t = c[k];
+                    c[k] = c[j];
+                    c[j] = t;
+                }
+        for (int32_t k = 0; rc == 0 && k < n_c; k++) {
+            int r = load_block(s, c[k].i);
+            if (r != KVT_ECORRUPT) rc = r;
+        }
+    }
+    free(docs);
+    free(sc);
+    free(c);
+    return rc;
 }
 
 int kvt_session_add(kvt_session *s, enum kvt_role role, const char *text) {
@@ -880,6 +1080,7 @@ int kvt_session_add_ex(kvt_session *s, enum kvt_role role, const char *text, int
     if (keep < KVT_KEEP_NONE || keep > KVT_KEEP_PIN) return kvt__fail(KVT_EINVAL, "keep %d is not none, prefer or pin", keep);
     if ((int) role < 0 || role > KVT_ROLE_ASSISTANT) return kvt__fail(KVT_EINVAL, "role %d is not system, user or assistant", role);
     if (!text) return kvt__fail(KVT_EINVAL, "NULL message text");
+    if (s->is_parked) return parked_error();
     int rc = push_msg(s, role, text, keep);
     if (rc || role != KVT_ROLE_USER) return rc; /* system/assistant text is decoded with the next user turn */
     s->turn++;
@@ -895,15 +1096,15 @@ int kvt_session_add_ex(kvt_session *s, enum kvt_role role, const char *text, int
         rc = n > 0 ? feed(s, tok, n, s->m[s->n_m - 2].role, 0) : 0;
         s->cur_keep = KVT_KEEP_NONE;
         if (rc) goto fail;
-        free(s->kv_text);
-        s->kv_text = fmt;
+        set_text(s, fmt);
         fmt = NULL;
         free(tok);
         tok = NULL;
         s->n_m_decoded = s->n_m - 1;
     }
-    /* 2. the new user message with the assistant prefix */
-    if ((rc = pending_tokens(s, s->n_m, true, &tok, &n, &fmt))) goto fail;
+    /* 2. the new user message (the assistant prefix follows as its own segment, so a message
+    **    added after it replaces only the prefix) */
+    if ((rc = pending_tokens(s, s->n_m, s->p.policy == KVT_POLICY_INFLLM, &tok, &n, &fmt))) goto fail;
     struct kvt_engine_info I;
     kvt_engine_info(s->eng, &I);
     if (n + s->p.gen_reserve > I.n_ctx) {
@@ -923,8 +1124,7 @@ int kvt_session_add_ex(kvt_session *s, enum kvt_role role, const char *text, int
         s->cur_keep = KVT_KEEP_NONE;
         free(tc);
         if (rc) { free(fc); goto fail; }
-        free(s->kv_text);
-        s->kv_text = fc;
+        set_text(s, fc);
         free(tok);
         free(fmt);
         tok = NULL;
@@ -937,10 +1137,18 @@ int kvt_session_add_ex(kvt_session *s, enum kvt_role role, const char *text, int
     s->cur_keep = keep;
     if (n > 0 && (rc = feed(s, tok, n, KVT_ROLE_USER, s->p.gen_reserve))) { s->cur_keep = KVT_KEEP_NONE; goto fail; }
     s->cur_keep = KVT_KEEP_NONE;
-    free(s->kv_text);
-    s->kv_text = fmt;
+    set_text(s, fmt);
+    fmt = NULL;
     s->n_m_decoded = s->n_m;
     free(tok);
+    tok = NULL;
+    if (s->p.policy != KVT_POLICY_INFLLM) { /* 4. the assistant prefix */
+        if ((rc = recover_own_tail(s, text))) return rc;
+        if ((rc = pending_tokens(s, s->n_m, true, &tok, &n, &fmt))) return rc;
+        if (n > 0 && (rc = feed(s, tok, n, KVT_ROLE_USER, s->p.gen_reserve))) { free(tok); free(fmt); return rc; }
+        set_text(s, fmt);
+        free(tok);
+    }
     return 0;
 fail:
     /* the message is not part of the conversation; decoded chunks stay (the table matches) */
@@ -952,11 +1160,54 @@ fail:
     return rc;
 }
 
+/* A generated reply is in the stream: it becomes an assistant message, and kv_text is extended
+** by the reply as the template renders it (templates trim messages: "gemma" strips the leading
+** space of " Sure"), so that the next turn's formatted conversation extends kv_text and the
+** reply's generated tokens are kept (canonicalised) instead of being cut back and re-decoded.
+** If the template's rendering cannot be found, the raw text is appended. */
+static int append_reply(kvt_session *s, const char *text) {
+    int rc = push_msg(s, KVT_ROLE_ASSISTANT, text, KVT_KEEP_NONE);
+    if (rc) return rc;
+    s->n_m_decoded = s->n_m;
+    size_t a = strlen(s->kv_text), b = strlen(text);
+    const char *t0 = text, *t1 = text + b;
+    while (t0 < t1 && (*t0 == ' ' || *t0 == '\n' || *t0 == '\t' || *t0 == '\r')) t0++;
+    while (t1 > t0 && (t1[-1] == ' ' || t1[-1] == '\n' || t1[-1] == '\t' || t1[-1] == '\r')) t1--;
+    struct kvt_chat_msg *cm = malloc(sizeof *cm * (size_t) s->n_m);
+    char *fmt = NULL;
+    if (cm) {
+        for (int32_t i = 0; i < s->n_m; i++) cm[i] = (struct kvt_chat_msg){ role_name[s->m[i].role], s->m[i].content };
+        if (kvt_chat_format(s->eng, cm, s->n_m, false, s->p.template_fallback, &fmt)) fmt = NULL;
+        free(cm);
+    }
+    kvt__clear_error();
+    if (fmt && !strncmp(fmt, s->kv_text, a)) {
+        size_t n = (size_t) (t1 - t0);
+        char *hit = n ? NULL : fmt + a;
+        for (char *p = fmt + a; n && *p; p++)
+            if (!strncmp(p, t0, n)) { hit = p; break; }
+        if (hit) {
+            hit[n] = '\0';
+            set_text(s, fmt);
+            return 0;
+        }
+    }
+    free(fmt);
+    char *kv = malloc(a + b + 1);
+    if (!kv) return kvt__fail(KVT_ENOMEM, "reply text");
+    memcpy(kv, s->kv_text, a);
+    memcpy(kv + a, text, b + 1);
+    set_text(s, kv);
+    return 0;
+}
+
 int kvt_session_generate(kvt_session *s, int32_t max_tokens, const struct kvt_sampling *smp, kvt_token_cb cb, void *ud,
                          char **reply) {
     kvt__clear_error();
     if (reply) *reply = NULL;
-    if (!kvt_logits(s->eng)) return kvt__fail(KVT_EINVAL, "generate: no user turn to reply to");
+    if (s->is_parked) return parked_error();
+    if (!s->have_logits) return kvt__fail(KVT_EINVAL, "generate: no user turn to reply to");
+    kvt__engine_set_logits(s->eng, s->logits);
     kvt_token *gen = malloc(sizeof(kvt_token) * (size_t) (max_tokens > 0 ? max_tokens : 1));
     if (!gen) return kvt__fail(KVT_ENOMEM, "generate");
     int32_t n = 0;
@@ -980,21 +1231,16 @@ int kvt_session_generate(kvt_session *s, int32_t max_tokens, const struct kvt_sa
     int rc2 = kvt_detokenize(s->eng, gen, n, false, &text);
     free(gen);
     if (rc2) return rc ? rc : rc2;
-    /* the reply is in the stream: extend the decoded template text and the message list */
-    size_t a = strlen(s->kv_text), b = strlen(text);
-    char *kv = realloc(s->kv_text, a + b + 1);
-    if (kv) {
-        memcpy(kv + a, text, b + 1);
-        s->kv_text = kv;
-    }
-    int rc3 = push_msg(s, KVT_ROLE_ASSISTANT, text, KVT_KEEP_NONE);
-    if (rc3 == 0) s->n_m_decoded = s->n_m;
+    /* the reply is in the stream: extend the message list and the decoded template text */
+    int rc3 = append_reply(s, text);
     if (reply) *reply = text; else free(text);
     return rc ? rc : rc3;
 }
 
 int kvt_session_answer_logprob(kvt_session *s, const char *answer, double *logprob, int32_t *n_tokens) {
-    const float *cur = kvt_logits(s->eng);
+    if (s->is_parked) return parked_error();
+    if (s->have_logits) kvt__engine_set_logits(s->eng, s->logits);
+    const float *cur = s->have_logits ? kvt_logits(s->eng) : NULL;
     *logprob = 0;
     *n_tokens = 0;
     if (!cur) return kvt__fail(KVT_EINVAL, "answer_logprob: no user turn decoded yet");
@@ -1086,4 +1332,224 @@ int kvt_session_block(kvt_session *s, int32_t i, struct kvt_block_info *info) {
     *info = b->info;
     info->text = b->text ? b->text : "";
     return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* whole-conversation sync and step-wise generation (for servers)                           */
+
+static int role_from_name(const char *r) {
+    for (int i = 0; r && i < 3; i++)
+        if (!strcmp(r, role_name[i])) return i;
+    return -1;
+}
+
+/* The stream ends with a token whose logits are not kept (nothing was decoded after a cut back):
+** decode its last token again. */
+static int refresh_logits(kvt_session *s) {
+    if (s->have_logits || s->n_b == 0) return 0;
+    struct blk *b = &s->b[s->n_b - 1];
+    if (b->info.residency != KVT_RES_DEVICE || b->info.n_tokens == 0) return kvt__fail(KVT_EINVAL, "no user turn to reply to");
+    kvt_token t = b->tok[b->info.n_tokens - 1];
+    int role = block_role(b);
+    int rc = cut_stream(s, s->total - 1);
+    if (rc == 0 && s->n_seg > 0 && s->seg_tok[s->n_seg - 1] > s->total) s->seg_tok[s->n_seg - 1] = s->total + 1;
+    return rc ? rc : feed(s, &t, 1, role, 0);
+}
+
+int kvt_session_sync(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_msgs, struct kvt_sync_info *out) {
+    kvt__clear_error();
+    if (out) memset(out, 0, sizeof *out);
+    if (s->is_parked) return parked_error();
+    if (s->generating) return kvt__fail(KVT_EINVAL, "sync: a reply is being generated (call kvt_session_gen_end first)");
+    if (!msgs || n_msgs < 1) return kvt__fail(KVT_EINVAL, "sync: %d messages; at least one user message is needed", n_msgs);
+    for (int32_t i = 0; i < n_msgs; i++) {
+        if (role_from_name(msgs[i].role) < 0)
+            return kvt__fail(KVT_EINVAL, "message %d has role '%s'; expected system, user or assistant", i,
+                             msgs[i].role ? msgs[i].role : "(null)");
+        if (!msgs[i].content) return kvt__fail(KVT_EINVAL, "message %d has no content", i);
+    }
+    if (role_from_name(msgs[n_msgs - 1].role) != KVT_ROLE_USER)
+        return kvt__fail(KVT_EINVAL, "the last message is '%s'; it must be a user message", msgs[n_msgs - 1].role);
+    int32_t k = 0;
+    while (k < n_msgs && k < s->n_m && s->m[k].role == role_from_name(msgs[k].role) && !strcmp(s->m[k].content, msgs[k].content))
+        k++;
+    if (k == n_msgs && s->n_m == n_msgs && s->n_m_decoded == n_msgs && s->have_logits) { /* nothing new */
+        if (out) out->prompt_tokens = out->tokens_reused = s->total;
+        return 0;
+    }
+    if (k == n_msgs) k--; /* the same conversation again: its last user message is added once more */
+    while (s->n_m > k) free(s->m[--s->n_m].content);
+    if (s->n_m_decoded > k) s->n_m_decoded = k;
+    const int64_t dec0 = s->decoded, rec0 = s->recovered, ev0 = s->evictions, nrec0 = s->recoveries;
+    int rc = 0;
+    for (int32_t i = k; rc == 0 && i < n_msgs; i++) rc = kvt_session_add(s, (enum kvt_role) role_from_name(msgs[i].role), msgs[i].content);
+    if (rc == 0) rc = refresh_logits(s);
+    if (out) {
+        out->prompt_tokens = s->total;
+        out->tokens_decoded = s->decoded - dec0;
+        out->tokens_recovered = s->recovered - rec0;
+        out->tokens_reused = KVT_MAX(0, s->total - (int32_t) out->tokens_decoded);
+        out->evictions = s->evictions - ev0;
+        out->recoveries = s->recoveries - nrec0;
+    }
+    return rc;
+}
+
+int kvt_session_gen_step(kvt_session *s, const struct kvt_sampling *smp, kvt_token *tok, bool *done) {
+    kvt__clear_error();
+    *done = false;
+    if (s->is_parked) return parked_error();
+    if (!s->have_logits) return kvt__fail(KVT_EINVAL, "gen_step: no user turn to reply to");
+    if (!s->generating) s->n_gen = 0;
+    s->generating = true;
+    kvt__engine_set_logits(s->eng, s->logits);
+    kvt_token t;
+    int rc = kvt_sample(s->eng, smp, &t);
+    if (rc) return rc;
+    *tok = t;
+    if (kvt_token_is_eog(s->eng, t)) { *done = true; return 0; }
+    if (s->n_gen == s->cap_gen) {
+        int32_t cap = s->cap_gen ? 2 * s->cap_gen : 64;
+        kvt_token *g = realloc(s->gen, sizeof *g * (size_t) cap);
+        if (!g) return kvt__fail(KVT_ENOMEM, "reply of %d tokens", cap);
+        s->gen = g;
+        s->cap_gen = cap;
+    }
+    if ((rc = feed(s, &t, 1, KVT_ROLE_ASSISTANT, 0))) return rc;
+    s->gen[s->n_gen++] = t;
+    return 0;
+}
+
+int kvt_session_gen_end(kvt_session *s, char **reply) {
+    kvt__clear_error();
+    if (reply) *reply = NULL;
+    char *text = NULL;
+    int rc = kvt_detokenize(s->eng, s->gen, s->n_gen, false, &text);
+    if (rc) return rc;
+    rc = append_reply(s, text);
+    s->generating = false;
+    s->n_gen = 0;
+    if (reply && rc == 0) *reply = text;
+    else free(text);
+    return rc;
+}
+
+int32_t kvt_session_n_messages(const kvt_session *s) { return s->n_m; }
+
+int kvt_session_message(const kvt_session *s, int32_t i, struct kvt_chat_msg *msg) {
+    if (i < 0 || i >= s->n_m) return kvt__fail(KVT_EINVAL, "message %d is outside 0..%d", i, s->n_m - 1);
+    msg->role = role_name[s->m[i].role];
+    msg->content = s->m[i].content;
+    return 0;
+}
+
+int kvt_session_gen_step_batch(kvt_session *const *ss, int32_t n, const struct kvt_sampling *smp, kvt_token *tok,
+                               bool *done, int *status) {
+    kvt__clear_error();
+    if (n <= 0) return 0;
+    kvt_engine *eng = ss[0]->eng;
+    int32_t *seqs = malloc(sizeof(int32_t) * (size_t) n), *idx = malloc(sizeof(int32_t) * (size_t) n);
+    kvt_pos *pos = malloc(sizeof(kvt_pos) * (size_t) n);
+    kvt_token *bt = malloc(sizeof(kvt_token) * (size_t) n);
+    float *logits = malloc(sizeof(float) * (size_t) n * (size_t) ss[0]->n_vocab);
+    int rc = (!seqs || !idx || !pos || !bt || !logits) ? kvt__fail(KVT_ENOMEM, "batch of %d sessions", n) : 0;
+    int32_t m = 0;
+    for (int32_t i = 0; rc == 0 && i < n; i++) {
+        kvt_session *s = ss[i];
+        done[i] = false;
+        status[i] = 0;
+        if (s->eng != eng) { status[i] = kvt__fail(KVT_EINVAL, "batched sessions must share one engine"); continue; }
+        if (s->is_parked) { status[i] = parked_error(); continue; }
+        if (!s->have_logits) { status[i] = kvt__fail(KVT_EINVAL, "gen_step: no user turn to reply to"); continue; }
+        if (!s->generating) s->n_gen = 0;
+        s->generating = true;
+        kvt__engine_set_logits(eng, s->logits);
+        if ((status[i] = kvt_sample(eng, &smp[i], &tok[i]))) continue;
+        if (kvt_token_is_eog(eng, tok[i])) { done[i] = true; continue; }
+        if (s->n_gen == s->cap_gen) {
+            int32_t cap = s->cap_gen ? 2 * s->cap_gen : 64;
+            kvt_token *g = realloc(s->gen, sizeof *g * (size_t) cap);
+            if (!g) { status[i] = kvt__fail(KVT_ENOMEM, "reply of %d tokens", cap); continue; }
+            s->gen = g;
+            s->cap_gen = cap;
+        }
+        double t1 = kvt__now_ms();
+        status[i] = make_room(s, 1);
+        s->policy_ms += kvt__now_ms() - t1;
+        if (status[i]) continue;
+        if (s->next_pos + 1 >= INT32_MAX / 2) { status[i] = kvt__fail(KVT_ECTX, "positions exhausted"); continue; }
+        seqs[m] = s->p.seq;
+        pos[m] = s->next_pos;
+        bt[m] = tok[i];
+        idx[m++] = i;
+    }
+    if (rc == 0 && m > 0) {
+        double t0 = kvt__now_ms();
+        rc = kvt_decode_multi(eng, seqs, bt, pos, m, logits);
+        double dt = (kvt__now_ms() - t0) / m;
+        for (int32_t k = 0; rc == 0 && k < m; k++) {
+            kvt_session *s = ss[idx[k]];
+            s->decode_ms += dt;
+            s->decoded++;
+            note_peak(s);
+            memcpy(s->logits, logits + (size_t) k * s->n_vocab, sizeof(float) * (size_t) s->n_vocab);
+            s->have_logits = true;
+            s->gen[s->n_gen++] = bt[k];
+            status[idx[k]] = record(s, &bt[k], 1, KVT_ROLE_ASSISTANT);
+        }
+    }
+    free(seqs);
+    free(idx);
+    free(pos);
+    free(bt);
+    free(logits);
+    return rc;
+}
+
+void kvt_session_set_chunk_cb(kvt_session *s, kvt_chunk_cb cb, void *ud) {
+    s->chunk_cb = cb;
+    s->chunk_ud = ud;
+}
+
+int kvt_session_park(kvt_session *s) {
+    kvt__clear_error();
+    if (s->is_parked) return 0;
+    if (s->generating) return kvt__fail(KVT_EINVAL, "park: a reply is being generated (call kvt_session_gen_end first)");
+    int rc = seal(s); /* the open block is saved as it is (sealed early) */
+    if (rc) return rc;
+    for (int32_t i = 0; i < s->n_b; i++) {
+        struct blk *b = &s->b[i];
+        b->parked = b->info.residency == KVT_RES_DEVICE; /* info.p0 keeps its position for resume */
+        if (b->parked) b->info.residency = KVT_RES_HOST;
+    }
+    kvt_seq_rm(s->eng, s->p.seq, -1, -1);
+    s->is_parked = true;
+    return 0;
+}
+
+int kvt_session_resume(kvt_session *s, int32_t seq) {
+    kvt__clear_error();
+    if (!s->is_parked) return kvt__fail(KVT_EINVAL, "resume: the session is not parked");
+    struct kvt_engine_info I;
+    kvt_engine_info(s->eng, &I);
+    if (seq < 0 || seq >= I.n_seq) return kvt__fail(KVT_EINVAL, "sequence %d is outside 0..%d", seq, I.n_seq - 1);
+    if (kvt_seq_n_cells(s->eng, seq) != 0) return kvt__fail(KVT_EINVAL, "sequence %d is not empty", seq);
+    s->p.seq = seq;
+    s->is_parked = false;
+    const kvt_pos end = s->next_pos;
+    int rc = 0;
+    for (;;) { /* each block back at the position it had, in position order (gaps kept) */
+        int32_t i = -1;
+        for (int32_t k = 0; k < s->n_b; k++)
+            if (s->b[k].parked && (i < 0 || s->b[k].info.p0 < s->b[i].info.p0)) i = k;
+        if (i < 0) break;
+        struct blk *b = &s->b[i];
+        b->parked = false;
+        if (rc) { b->info.residency = KVT_RES_HOST; continue; }
+        s->next_pos = b->info.p0;
+        int r = load_block(s, i);
+        if (r != KVT_ECORRUPT) rc = r; /* a corrupt block is reported and marked lost */
+    }
+    s->next_pos = end;
+    return rc;
 }

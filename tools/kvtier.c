@@ -7,6 +7,7 @@
 **   kvtier bench primitives [...]    block save / load / re-prefill timings (cmd_bench.c)
 **   kvtier calibrate -m MODEL -o F   per-head attention entropy profile (cmd_calibrate.c)
 **   kvtier eval niah|multifact|ppl   policies side by side against baselines (cmd_eval.c)
+**   kvtier serve -m MODEL [...]      OpenAI-compatible stateful server (cmd_serve.c, serve_*.c)
 **
 ** Exit codes: 0 success, 1 runtime error (model, context, I/O), 2 usage error.  Every error
 ** names the command and the offending value.  The tool uses only the public kvtier.h. */
@@ -501,6 +502,7 @@ static void usage(FILE *f) {
             "  kvtier chat -m MODEL [options]     chat under a token budget (stdin or --script)\n"
             "  kvtier demo [-m MODEL] [options]   planted-fact session; ends with one JSON line\n"
             "  kvtier bench primitives [options]  block save / load / re-prefill timings\n"
+            "  kvtier serve -m MODEL [options]    OpenAI-compatible server; sessions keep their KV\n"
             "  kvtier --version                   kvtier and llama.cpp versions\n"
             "\n"
             "Run 'kvtier COMMAND --help' for a command's options.\n"
@@ -538,6 +540,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 2, argv + 2);
     if (!strcmp(cmd, "calibrate")) return cmd_calibrate(argc - 2, argv + 2);
     if (!strcmp(cmd, "eval")) return cmd_eval(argc - 2, argv + 2);
+    if (!strcmp(cmd, "serve")) return cmd_serve(argc - 2, argv + 2);
     if (cmd[0] == '-')
         fprintf(stderr, "kvtier: unknown option '%s'\n", cmd);
     else

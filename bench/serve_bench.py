@@ -1,0 +1,122 @@
+"""serve_bench.py — N concurrent multi-turn chat sessions against an OpenAI-compatible server.
+
+Each session sends T turns; every user message is a paragraph-sized slice of a Paul Graham essay
+(../shared/data/pg_essays); the client resends the whole history each turn (as real clients do),
+with the server's replies echoed back.  Streams every reply to time the first token.
+
+  python serve_bench.py --url http://127.0.0.1:8080 --pid SERVER_PID [--sessions 8] [--turns 10]
+                        [--max-tokens 32] [--words 120] [--label kvtier] [--json out.json]
+
+Reports generated tokens/s (all sessions, wall clock), TTFT p50/p99 for turn 1 and for turns >= 2,
+and the server's peak RSS (VmHWM of --pid).  With X-Session-Id per session for kvtier (llama-server
+ignores the header; it matches slots by prompt prefix with cache_prompt).
+"""
+import argparse
+import glob
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+
+import openai
+
+
+def pct(xs, p):
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    k = (len(xs) - 1) * p / 100
+    f = int(k)
+    return xs[f] if f + 1 >= len(xs) else xs[f] + (xs[f + 1] - xs[f]) * (k - f)
+
+
+def vmhwm_mb(pid):
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--pid", type=int, default=0)
+    ap.add_argument("--sessions", type=int, default=8)
+    ap.add_argument("--turns", type=int, default=10)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--words", type=int, default=120)
+    ap.add_argument("--essays", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "pg_essays"))
+    ap.add_argument("--label", default="server")
+    ap.add_argument("--json", default="")
+    a = ap.parse_args()
+
+    files = sorted(f for f in glob.glob(os.path.join(a.essays, "*.txt")) if "LICENSE" not in f)
+    words = []
+    for f in files:
+        words += open(f, encoding="utf-8", errors="replace").read().split()
+    client = openai.OpenAI(base_url=a.url + "/v1", api_key="bench", max_retries=0, timeout=3600)
+    ttft1, ttft2, gen = [], [], [0]
+    lock = threading.Lock()
+    errors = []
+
+    def session(i):
+        hist = []
+        off = (i * 7919 * a.words) % max(1, len(words) - a.words * a.turns)
+        for t in range(a.turns):
+            chunk = " ".join(words[off + t * a.words: off + (t + 1) * a.words])
+            hist.append({"role": "user", "content": f"Here is part {t + 1} of an essay. Summarise it in one sentence.\n\n{chunk}"})
+            t0 = time.time()
+            first = None
+            text = []
+            n = 0
+            try:
+                stream = client.chat.completions.create(
+                    model="bench", messages=hist, max_tokens=a.max_tokens, temperature=0, stream=True,
+                    stream_options={"include_usage": True}, extra_headers={"X-Session-Id": f"bench-{i}"})
+                for c in stream:
+                    if c.choices and c.choices[0].delta.content:
+                        if first is None:
+                            first = time.time() - t0
+                        text.append(c.choices[0].delta.content)
+                    if c.usage:
+                        n = c.usage.completion_tokens
+            except Exception as e:  # noqa: BLE001 - reported, the run goes on
+                with lock:
+                    errors.append(f"session {i} turn {t + 1}: {e}")
+                return
+            with lock:
+                (ttft1 if t == 0 else ttft2).append((first if first is not None else time.time() - t0) * 1e3)
+                gen[0] += n
+            hist.append({"role": "assistant", "content": "".join(text)})
+
+    t0 = time.time()
+    ths = [threading.Thread(target=session, args=(i,)) for i in range(a.sessions)]
+    for t in ths:
+        t.start()
+    peak = 0.0
+    while any(t.is_alive() for t in ths):
+        time.sleep(0.2)
+        if a.pid:
+            peak = max(peak, vmhwm_mb(a.pid))
+    wall = time.time() - t0
+    res = {
+        "label": a.label, "sessions": a.sessions, "turns": a.turns, "max_tokens": a.max_tokens, "words": a.words,
+        "wall_s": round(wall, 2), "generated_tokens": gen[0], "gen_tok_per_s": round(gen[0] / wall, 2),
+        "ttft_turn1_p50_ms": round(pct(ttft1, 50), 1), "ttft_turn1_p99_ms": round(pct(ttft1, 99), 1),
+        "ttft_later_p50_ms": round(pct(ttft2, 50), 1), "ttft_later_p99_ms": round(pct(ttft2, 99), 1),
+        "peak_rss_mb": round(peak, 1), "errors": errors[:5], "n_errors": len(errors),
+    }
+    print(json.dumps(res))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,567 @@
+/* test_conversation — the token stream of a session is exactly the chat template's tokens of the
+** whole conversation, whatever order messages arrive in (two user messages in a row, a system
+** message after a user turn, an edited history given to kvt_session_sync), and sessions sharing
+** one engine do not change each other's numbers.  Tiny generated model, F32 KV cache, budget
+** as large as the context (no eviction): the reference is the same tokens decoded directly. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "kvtier.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static kvt_engine *open_tiny(int32_t n_seq) {
+    const char *dir = getenv("KVT_TINY_DIR");
+    assert_non_null(dir);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tiny-llama.gguf", dir);
+    struct kvt_engine_params p = kvt_engine_default_params();
+    p.model_path = path;
+    p.n_ctx = 1024;
+    p.n_seq = n_seq;
+    p.n_threads = 2;
+    p.type_k = "f32";
+    p.type_v = "f32";
+    kvt_engine *e = NULL;
+    assert_int_equal(kvt_engine_open(&p, &e), 0);
+    return e;
+}
+
+static kvt_session *open_session(kvt_engine *e, int32_t seq, int32_t policy) {
+    struct kvt_session_params sp = kvt_session_default_params();
+    sp.seq = seq;
+    sp.budget = 1024;
+    sp.policy = policy;
+    kvt_session *s = NULL;
+    assert_int_equal(kvt_session_open(e, &sp, &s), 0);
+    return s;
+}
+
+static const char *answer = "the cat sat on the mat";
+
+/* Log-probability of `answer` after msgs formatted with the assistant prefix, decoded directly into
+** sequence seq (which is left empty again). */
+static double ref_logprob_text(kvt_engine *e, int32_t seq, const char *fmt) {
+    kvt_token *t = NULL, *a = NULL;
+    int32_t n = 0, na = 0;
+    assert_int_equal(kvt_tokenize(e, fmt, true, true, &t, &n), 0);
+    assert_int_equal(kvt_tokenize(e, answer, false, false, &a, &na), 0);
+    assert_int_equal(kvt_decode(e, seq, t, n, 0, true), 0);
+    struct kvt_engine_info I;
+    kvt_engine_info(e, &I);
+    double lp = 0;
+    for (int32_t i = 0; i < na; i++) {
+        const float *l = kvt_logits(e);
+        double mx = -INFINITY, z = 0;
+        for (int32_t v = 0; v < I.n_vocab; v++) mx = fmax(mx, l[v]);
+        for (int32_t v = 0; v < I.n_vocab; v++) z += exp(l[v] - mx);
+        lp += l[a[i]] - mx - log(z);
+        if (i + 1 < na) assert_int_equal(kvt_decode(e, seq, &a[i], 1, n + i, true), 0);
+    }
+    kvt_seq_rm(e, seq, -1, -1);
+    free(t);
+    free(a);
+    return lp;
+}
+
+static double ref_logprob(kvt_engine *e, int32_t seq, const struct kvt_chat_msg *m, int32_t n) {
+    char *fmt = NULL;
+    assert_int_equal(kvt_chat_format(e, m, n, true, "gemma", &fmt), 0);
+    double lp = ref_logprob_text(e, seq, fmt);
+    free(fmt);
+    return lp;
+}
+
+static double session_logprob(kvt_session *s) {
+    double lp = 0;
+    int32_t n = 0;
+    assert_int_equal(kvt_session_answer_logprob(s, answer, &lp, &n), 0);
+    assert_true(n > 0);
+    return lp;
+}
+
+static int32_t ref_tokens(kvt_engine *e, const struct kvt_chat_msg *m, int32_t n) {
+    char *fmt = NULL;
+    kvt_token *t = NULL;
+    int32_t nt = 0;
+    assert_int_equal(kvt_chat_format(e, m, n, true, "gemma", &fmt), 0);
+    assert_int_equal(kvt_tokenize(e, fmt, true, true, &t, &nt), 0);
+    free(fmt);
+    free(t);
+    return nt;
+}
+
+static const struct kvt_chat_msg conv[] = {
+    { "user", "the dog ran to the park and the cat sat on the wall" },
+    { "user", "what did the cat do" },
+};
+
+#define TOL 1e-4 /* F32 cache, same cells: only summation order may differ (observed 0) */
+
+static void test_two_user_messages(void **state) {
+    (void) state;
+    kvt_engine *e = open_tiny(2);
+    kvt_session *s = open_session(e, 0, KVT_POLICY_KVTIER);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, conv[0].content), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, conv[1].content), 0);
+    struct kvt_session_stats st;
+    kvt_session_get_stats(s, &st);
+    assert_int_equal(st.total_tokens, ref_tokens(e, conv, 2));
+    double got = session_logprob(s);
+    kvt_session_free(s);
+    double want = ref_logprob(e, 1, conv, 2);
+    printf("two user messages: session %.6f, template %.6f\n", got, want);
+    assert_true(fabs(got - want) < TOL);
+    /* control: the old behaviour (assistant prefix left between the two messages) is far off */
+    char *f1 = NULL, *f2 = NULL;
+    assert_int_equal(kvt_chat_format(e, conv, 1, true, "gemma", &f1), 0);
+    assert_int_equal(kvt_chat_format(e, conv, 2, true, "gemma", &f2), 0);
+    size_t c = 0;
+    while (f1[c] && f1[c] == f2[c]) c++;
+    char *bad = malloc(strlen(f1) + strlen(f2) + 1);
+    strcpy(bad, f1);
+    strcat(bad, f2 + c);
+    double ctl = ref_logprob_text(e, 1, bad);
+    printf("control (corrupted stream): %.6f\n", ctl);
+    assert_true(fabs(ctl - want) > 100 * TOL);
+    free(bad); free(f1); free(f2);
+    kvt_engine_free(e);
+}
+
+static void test_system_after_user(void **state) {
+    (void) state;
+    kvt_engine *e = open_tiny(2);
+    kvt_session *s = open_session(e, 0, KVT_POLICY_KVTIER);
+    const struct kvt_chat_msg m[] = { conv[0], { "system", "answer in one word" }, conv[1] };
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, m[0].content), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_SYSTEM, m[1].content), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, m[2].content), 0);
+    struct kvt_session_stats st;
+    kvt_session_get_stats(s, &st);
+    assert_int_equal(st.total_tokens, ref_tokens(e, m, 3));
+    double got = session_logprob(s);
+    kvt_session_free(s);
+    double want = ref_logprob(e, 1, m, 3);
+    printf("system after user: session %.6f, template %.6f\n", got, want);
+    assert_true(fabs(got - want) < TOL);
+    kvt_engine_free(e);
+}
+
+/* sync: the echoed reply is reused (only the new tail is decoded); an edited reply and an edited
+** first message are cut back to the divergence and match the template exactly again */
+static void test_sync(void **state) {
+    (void) state;
+    kvt_engine *e = open_tiny(2);
+    kvt_session *s = open_session(e, 0, KVT_POLICY_KVTIER);
+    struct kvt_sync_info si;
+    assert_int_equal(kvt_session_sync(s, conv, 1, &si), 0);
+    assert_int_equal(si.tokens_reused, 0);
+    assert_int_equal(si.prompt_tokens, ref_tokens(e, conv, 1));
+    struct kvt_sampling smp = { 0, 1, 0, 0 };
+    int32_t n = 0;
+    for (bool done = false; !done && n < 12; n++) {
+        kvt_token t;
+        assert_int_equal(kvt_session_gen_step(s, &smp, &t, &done), 0);
+    }
+    char *reply = NULL;
+    assert_int_equal(kvt_session_gen_end(s, &reply), 0);
+    assert_int_equal(kvt_session_n_messages(s), 2);
+    struct kvt_chat_msg m[3] = { conv[0], { "assistant", reply }, conv[1] };
+    int32_t before = si.prompt_tokens, n_reply = n - 1; /* the last step may have been end-of-turn */
+    struct kvt_session_stats st;
+    kvt_session_get_stats(s, &st);
+    n_reply = st.total_tokens - before;
+    assert_int_equal(kvt_session_sync(s, m, 3, &si), 0);
+    printf("turn 2: prompt %d, reused %d, decoded %lld (turn 1 prompt %d + reply %d)\n", si.prompt_tokens,
+           si.tokens_reused, (long long) si.tokens_decoded, before, n_reply);
+    /* the whole first turn and the generated reply's tokens stay (canonicalised: the template
+    ** would tokenize the trimmed reply text differently); only the new tail is decoded */
+    assert_int_equal(si.tokens_reused, before + n_reply);
+    assert_int_equal(si.tokens_decoded, si.prompt_tokens - si.tokens_reused);
+    double got, want;
+    /* the client edits the reply */
+    m[1].content = "it sat on the wall";
+    assert_int_equal(kvt_session_sync(s, m, 3, &si), 0);
+    assert_int_equal(si.prompt_tokens, ref_tokens(e, m, 3));
+    got = session_logprob(s);
+    want = ref_logprob(e, 1, m, 3);
+    printf("edited reply: session %.6f, template %.6f, decoded %lld\n", got, want, (long long) si.tokens_decoded);
+    assert_true(fabs(got - want) < TOL);
+    /* the client edits its first message: everything is cut back */
+    m[0].content = "a bird flew over the house";
+    assert_int_equal(kvt_session_sync(s, m, 3, &si), 0);
+    assert_int_equal(si.prompt_tokens, ref_tokens(e, m, 3));
+    got = session_logprob(s);
+    want = ref_logprob(e, 1, m, 3);
+    printf("edited first message: session %.6f, template %.6f\n", got, want);
+    assert_true(fabs(got - want) < TOL);
+    /* the same request again: nothing to decode */
+    assert_int_equal(kvt_session_sync(s, m, 3, &si), 0);
+    assert_int_equal(si.tokens_decoded, 0);
+    assert_true(fabs(session_logprob(s) - want) < TOL);
+    /* bad input */
+    const struct kvt_chat_msg bad_role[] = { { "robot", "hi" } };
+    assert_int_equal(kvt_session_sync(s, bad_role, 1, NULL), KVT_EINVAL);
+    const struct kvt_chat_msg last_ass[] = { conv[0], { "assistant", "x" } };
+    assert_int_equal(kvt_session_sync(s, last_ass, 2, NULL), KVT_EINVAL);
+    assert_int_equal(kvt_session_sync(s, m, 0, NULL), KVT_EINVAL);
+    free(reply);
+    kvt_session_free(s);
+    kvt_engine_free(e);
+}
+
+/* Session B's numbers do not depend on what ran before it on the engine, nor on a session open
+** beside it.  TOL_CONC: with another sequence's cells interleaved, the softmax and V sums run over
+** a different cell layout (masked cells add exact zeros, but SIMD lanes group the terms
+** differently): F32 rounding only, observed below 1e-5 nats. */
+#define TOL_CONC 1e-3
+static void run_b(kvt_session *b, double *lp) {
+    const struct kvt_chat_msg m[] = { { "user", "the sun is hot and the moon is cold" } };
+    assert_int_equal(kvt_session_sync(b, m, 1, NULL), 0);
+    *lp = session_logprob(b);
+}
+
+static void run_a(kvt_session *a) {
+    const struct kvt_chat_msg m[] = { { "user", "a long story about a dog that ran to the park every day" } };
+    assert_int_equal(kvt_session_sync(a, m, 1, NULL), 0);
+    struct kvt_sampling smp = { 0.8f, 0.9f, 0, 7 };
+    assert_int_equal(kvt_session_generate(a, 20, &smp, NULL, NULL, NULL), 0);
+}
+
+static void test_sessions_independent(void **state) {
+    (void) state;
+    double fresh, after, conc;
+    kvt_engine *e = open_tiny(2);
+    kvt_session *b = open_session(e, 0, KVT_POLICY_KVTIER);
+    run_b(b, &fresh);
+    kvt_session_free(b);
+    kvt_engine_free(e);
+
+    e = open_tiny(2);
+    kvt_session *a = open_session(e, 0, KVT_POLICY_H2O); /* another policy: attention capture on */
+    run_a(a);
+    kvt_session_free(a);
+    b = open_session(e, 0, KVT_POLICY_KVTIER);
+    run_b(b, &after);
+    kvt_session_free(b);
+    printf("B fresh %.8f, after A %.8f (diff %.2e)\n", fresh, after, fabs(fresh - after));
+    assert_true(fabs(fresh - after) < TOL);
+
+    /* concurrently open: A on seq 0 and B on seq 1, interleaved call by call */
+    a = open_session(e, 0, KVT_POLICY_KVTIER);
+    b = open_session(e, 1, KVT_POLICY_KVTIER);
+    const struct kvt_chat_msg ma[] = { { "user", "a long story about a dog that ran to the park every day" } };
+    const struct kvt_chat_msg mb[] = { { "user", "the sun is hot and the moon is cold" } };
+    assert_int_equal(kvt_session_sync(a, ma, 1, NULL), 0);
+    assert_int_equal(kvt_session_sync(b, mb, 1, NULL), 0);
+    struct kvt_sampling smp = { 0, 1, 0, 0 };
+    for (int i = 0; i < 5; i++) { /* A decodes after B's prompt: B's logits must survive */
+        kvt_token t;
+        bool done;
+        assert_int_equal(kvt_session_gen_step(a, &smp, &t, &done), 0);
+        if (done) break;
+    }
+    conc = session_logprob(b);
+    printf("B beside A: %.8f (diff %.2e)\n", conc, fabs(fresh - conc));
+    assert_true(fabs(fresh - conc) < TOL_CONC);
+    assert_int_equal(kvt_session_gen_end(a, NULL), 0);
+    kvt_session_free(a);
+    kvt_session_free(b);
+    kvt_engine_free(e);
+}
+
+
+/* The same on Gemma 3 270M (Q4_K_M, F16 cache) with evictions (budget 256): session B after an
+** H2O session A was opened, run and freed on the engine equals B on a fresh engine.  Beside an
+** open session A (cells interleaved in the shared cache) B's numbers move: llama.cpp quantises
+** activations (Q8_K) for the Q4_K matmuls, so the last-bit differences of a different summation
+** order over the cells can flip a quantisation step and grow through the layers.  That is
+** measured and printed, and bounded loosely; a session-private cell layout would need llama.cpp's
+** non-unified cache, which the block primitives cannot use (partial seq_cp across streams). */
+static const char *real_turns[] = {
+    "Please remember this: the code word for the vault is saffron-kestrel. Now tell me about rivers.",
+    "Can you explain how photosynthesis works in plants and why it matters for life on Earth?",
+    "What were the main causes of the French Revolution, and how did it change Europe?",
+    "Describe how a steam engine works and why it was important in the industrial revolution.",
+    "What is the difference between a virus and a bacterium, and how do antibiotics work?",
+    "How do volcanoes form, and what are the different types of volcanic eruptions?",
+};
+static const char *real_reply =
+    "That is a good question. There is a lot to say about it, and I will keep my answer short and clear so that "
+    "we can move on to the next topic in our long conversation about science and history.";
+
+static kvt_engine *open_real(int32_t n_seq) {
+    const char *m = getenv("KVTIER_MODEL");
+    struct kvt_engine_params p = kvt_engine_default_params();
+    p.model_path = m;
+    p.n_ctx = 2048;
+    p.n_seq = n_seq;
+    kvt_engine *e = NULL;
+    assert_int_equal(kvt_engine_open(&p, &e), 0);
+    return e;
+}
+
+static kvt_session *open_real_session(kvt_engine *e, int32_t seq, int32_t policy) {
+    struct kvt_session_params sp = kvt_session_default_params();
+    sp.seq = seq;
+    sp.budget = 256;
+    sp.policy = policy;
+    kvt_session *s = NULL;
+    assert_int_equal(kvt_session_open(e, &sp, &s), 0);
+    return s;
+}
+
+static void real_conv(kvt_session *s, int32_t n) {
+    for (int32_t t = 0; t < n; t++) {
+        assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, real_turns[t]), 0);
+        assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, real_reply), 0);
+    }
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, "What is the code word for the vault?"), 0);
+}
+
+static double real_lp(kvt_session *s) {
+    double lp = 0;
+    int32_t n = 0;
+    assert_int_equal(kvt_session_answer_logprob(s, "The code word is saffron-kestrel.", &lp, &n), 0);
+    return lp;
+}
+
+static void test_real_independent(void **state) {
+    (void) state;
+    const char *m = getenv("KVTIER_MODEL");
+    if (!m || !*m) { printf("skipped: KVTIER_MODEL not set\n"); return; }
+    kvt_engine *e = open_real(2);
+    kvt_session *b = open_real_session(e, 0, KVT_POLICY_KVTIER);
+    real_conv(b, 6);
+    struct kvt_session_stats st;
+    kvt_session_get_stats(b, &st);
+    double fresh = real_lp(b);
+    kvt_session_free(b);
+    kvt_engine_free(e);
+
+    e = open_real(2);
+    kvt_session *a = open_real_session(e, 0, KVT_POLICY_H2O);
+    real_conv(a, 4);
+    struct kvt_sampling smp = { 0.7f, 0.9f, 0, 3 };
+    assert_int_equal(kvt_session_generate(a, 16, &smp, NULL, NULL, NULL), 0);
+    kvt_session_free(a);
+    b = open_real_session(e, 0, KVT_POLICY_KVTIER);
+    real_conv(b, 6);
+    double after = real_lp(b);
+    kvt_session_free(b);
+    printf("Gemma: B fresh %.6f (%lld evictions), B after A %.6f (diff %.2e)\n", fresh, (long long) st.evictions, after,
+           fabs(after - fresh));
+    assert_true(st.evictions > 0);
+    assert_true(fabs(after - fresh) < 1e-4); /* same cells, same order: bit-identical in practice */
+
+    a = open_real_session(e, 0, KVT_POLICY_H2O);
+    b = open_real_session(e, 1, KVT_POLICY_KVTIER);
+    for (int32_t t = 0; t < 6; t++) { /* interleaved turn by turn */
+        if (t < 4) {
+            assert_int_equal(kvt_session_add(a, KVT_ROLE_USER, real_turns[t]), 0);
+            assert_int_equal(kvt_session_add(a, KVT_ROLE_ASSISTANT, real_reply), 0);
+        }
+        assert_int_equal(kvt_session_add(b, KVT_ROLE_USER, real_turns[t]), 0);
+        assert_int_equal(kvt_session_add(b, KVT_ROLE_ASSISTANT, real_reply), 0);
+    }
+    assert_int_equal(kvt_session_add(b, KVT_ROLE_USER, "What is the code word for the vault?"), 0);
+    assert_int_equal(kvt_session_add(a, KVT_ROLE_USER, "And the steam engine?"), 0); /* A decodes last */
+    double conc = real_lp(b);
+    printf("Gemma: B beside A %.6f (diff %.2e nats)\n", conc, fabs(conc - fresh));
+    assert_true(fabs(conc - fresh) < 1.0);
+    kvt_session_free(a);
+    kvt_session_free(b);
+    kvt_engine_free(e);
+}
+
+/* Continuous batching: two sessions stepped together (one llama_decode per step) generate the
+** same greedy tokens as each alone, and their replies enter their conversations. */
+static void gen_alone(const struct kvt_chat_msg *m, int32_t seq, kvt_token *out, int32_t n) {
+    kvt_engine *e = open_tiny(2);
+    kvt_session *s = open_session(e, seq, KVT_POLICY_KVTIER);
+    assert_int_equal(kvt_session_sync(s, m, 1, NULL), 0);
+    struct kvt_sampling smp = { 0, 1, 0, 0 };
+    for (int32_t i = 0; i < n; i++) {
+        bool done = false;
+        assert_int_equal(kvt_session_gen_step(s, &smp, &out[i], &done), 0);
+        if (done) { for (int32_t k = i + 1; k < n; k++) out[k] = -1; break; }
+    }
+    kvt_session_free(s);
+    kvt_engine_free(e);
+}
+
+static void test_batch_step(void **state) {
+    (void) state;
+    enum { N = 12 };
+    const struct kvt_chat_msg ma[] = { { "user", "a long story about a dog that ran to the park every day" } };
+    const struct kvt_chat_msg mb[] = { { "user", "the sun is hot and the moon is cold" } };
+    kvt_token want_a[N], want_b[N], got_a[N], got_b[N];
+    gen_alone(ma, 0, want_a, N);
+    gen_alone(mb, 1, want_b, N);
+    kvt_engine *e = open_tiny(2);
+    kvt_session *ss[2] = { open_session(e, 0, KVT_POLICY_KVTIER), open_session(e, 1, KVT_POLICY_KVTIER) };
+    assert_int_equal(kvt_session_sync(ss[0], ma, 1, NULL), 0);
+    assert_int_equal(kvt_session_sync(ss[1], mb, 1, NULL), 0);
+    struct kvt_sampling smp[2] = { { 0, 1, 0, 0 }, { 0, 1, 0, 0 } };
+    bool fin[2] = { false, false };
+    for (int32_t i = 0; i < N; i++) {
+        kvt_session *live[2];
+        int32_t map[2], n = 0;
+        for (int k = 0; k < 2; k++)
+            if (!fin[k]) { live[n] = ss[k]; map[n++] = k; }
+            else (k ? got_b : got_a)[i] = -1;
+        if (n == 0) continue;
+        kvt_token tok[2];
+        bool done[2];
+        int st[2];
+        assert_int_equal(kvt_session_gen_step_batch(live, n, smp, tok, done, st), 0);
+        for (int32_t k = 0; k < n; k++) {
+            assert_int_equal(st[k], 0);
+            (map[k] ? got_b : got_a)[i] = done[k] ? -1 : tok[k];
+            if (done[k]) fin[map[k]] = true;
+        }
+    }
+    for (int32_t i = 0; i < N; i++) {
+        assert_int_equal(got_a[i], want_a[i]);
+        assert_int_equal(got_b[i], want_b[i]);
+    }
+    char *ra = NULL;
+    assert_int_equal(kvt_session_gen_end(ss[0], &ra), 0);
+    assert_int_equal(kvt_session_gen_end(ss[1], NULL), 0);
+    assert_int_equal(kvt_session_n_messages(ss[0]), 2);
+    struct kvt_chat_msg last;
+    assert_int_equal(kvt_session_message(ss[0], 1, &last), 0);
+    assert_string_equal(last.content, ra);
+    /* bad input: one session twice (same sequence) */
+    kvt_session *twice[2] = { ss[0], ss[0] };
+    assert_int_equal(kvt_session_sync(ss[0], ma, 1, NULL), 0);
+    kvt_token tok[2];
+    bool done[2];
+    int st[2];
+    int rc = kvt_session_gen_step_batch(twice, 2, smp, tok, done, st);
+    assert_true(rc == KVT_EINVAL || done[0]);
+    free(ra);
+    kvt_session_free(ss[0]);
+    kvt_session_free(ss[1]);
+    kvt_engine_free(e);
+}
+
+/* Chunked prefill: while B prefills a long prompt, A takes a token between B's chunks (from the
+** chunk callback); A's greedy tokens equal A's alone, B's stream equals the template's tokens. */
+struct interleave {
+    kvt_session *a;
+    kvt_token got[64];
+    int32_t n, calls;
+};
+static void on_chunk_step(void *ud) {
+    struct interleave *it = ud;
+    struct kvt_sampling smp = { 0, 1, 0, 0 };
+    it->calls++;
+    bool done = false;
+    if (it->n < 12) {
+        assert_int_equal(kvt_session_gen_step(it->a, &smp, &it->got[it->n], &done), 0);
+        if (done) it->got[it->n] = -1;
+        it->n++;
+    }
+}
+
+static void test_chunked_prefill(void **state) {
+    (void) state;
+    const struct kvt_chat_msg ma[] = { { "user", "a long story about a dog that ran to the park every day" } };
+    char long_msg[4096] = "";
+    for (int i = 0; i < 18; i++) strcat(long_msg, "the cat sat on the mat and the dog ran to the park ");
+    const struct kvt_chat_msg mb[] = { { "user", long_msg } };
+    kvt_token want[12];
+    gen_alone(ma, 0, want, 12);
+    kvt_engine *e = open_tiny(2);
+    struct interleave it = { 0 };
+    it.a = open_session(e, 0, KVT_POLICY_KVTIER);
+    kvt_session *b = open_session(e, 1, KVT_POLICY_KVTIER);
+    assert_int_equal(kvt_session_sync(it.a, ma, 1, NULL), 0);
+    kvt_session_set_chunk_cb(b, on_chunk_step, &it);
+    struct kvt_sync_info si;
+    assert_int_equal(kvt_session_sync(b, mb, 1, &si), 0);
+    printf("chunked prefill: %d prompt tokens, %d callbacks, %d tokens of A meanwhile\n", si.prompt_tokens, it.calls, it.n);
+    assert_true(it.calls >= si.prompt_tokens / 64 - 1);
+    assert_int_equal(si.prompt_tokens, ref_tokens(e, mb, 1));
+    for (int32_t i = 0; i < it.n && i < 12; i++) {
+        if (want[i] < 0) break;
+        assert_int_equal(it.got[i], want[i]);
+    }
+    kvt_session_set_chunk_cb(b, NULL, NULL);
+    double got = session_logprob(b);
+    assert_int_equal(kvt_session_gen_end(it.a, NULL), 0);
+    kvt_session_free(it.a);
+    double want_lp = ref_logprob(e, 0, mb, 1);
+    printf("B after interleaved prefill %.6f, template %.6f\n", got, want_lp);
+    assert_true(fabs(got - want_lp) < TOL_CONC);
+    kvt_session_free(b);
+    kvt_engine_free(e);
+}
+
+/* Park a session (its cells leave the cache, its blocks stay in the pool), let another session
+** use the sequence, resume it on another sequence: the conversation continues with no token
+** recomputed and the same numbers up to the re-anchoring error (F32: ~1e-4 per logit, README). */
+static void test_park_resume(void **state) {
+    (void) state;
+    kvt_engine *e = open_tiny(2);
+    struct kvt_session_params sp = kvt_session_default_params();
+    sp.budget = 256; /* small: some blocks are evicted before parking, they must stay evicted */
+    kvt_session *s = NULL;
+    assert_int_equal(kvt_session_open(e, &sp, &s), 0);
+    char msg[2048] = "";
+    for (int i = 0; i < 6; i++) strcat(msg, "the dog ran to the park and the cat sat on the wall ");
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, msg), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "the cat sat"), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, "what did the cat do"), 0);
+    double before = session_logprob(s);
+    struct kvt_session_stats st0, st1;
+    kvt_session_get_stats(s, &st0);
+    assert_int_equal(kvt_session_park(s), 0);
+    assert_int_equal(kvt_seq_n_cells(e, 0), 0);
+    kvt_session_get_stats(s, &st1);
+    assert_int_equal(st1.resident_tokens, 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, "x"), KVT_EINVAL); /* parked: refused */
+    /* another session on the freed sequence */
+    kvt_session *o = open_session(e, 0, KVT_POLICY_KVTIER);
+    const struct kvt_chat_msg mo[] = { { "user", "the sun is hot and the moon is cold" } };
+    assert_int_equal(kvt_session_sync(o, mo, 1, NULL), 0);
+    assert_int_equal(kvt_session_resume(s, 0), KVT_EINVAL); /* not empty */
+    assert_int_equal(kvt_session_resume(s, 1), 0);
+    kvt_session_get_stats(s, &st1);
+    assert_int_equal(st1.tokens_decoded, st0.tokens_decoded); /* nothing recomputed */
+    assert_int_equal(st1.resident_tokens, st0.resident_tokens);
+    double after = session_logprob(s);
+    printf("park/resume: %.6f before, %.6f after (diff %.2e); %d resident tokens came back\n", before, after,
+           fabs(after - before), st1.resident_tokens);
+    assert_true(fabs(after - before) < 2e-2);
+    /* the conversation goes on */
+    const struct kvt_chat_msg more[] = { { "user", msg }, { "assistant", "the cat sat" }, { "user", "what did the cat do" },
+                                         { "assistant", "it sat" }, { "user", "and the dog" } };
+    struct kvt_sync_info si;
+    assert_int_equal(kvt_session_sync(s, more, 5, &si), 0);
+    assert_true(si.tokens_reused > 0);
+    kvt_session_free(o);
+    kvt_session_free(s);
+    kvt_engine_free(e);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_two_user_messages),
+        cmocka_unit_test(test_system_after_user),
+        cmocka_unit_test(test_sync),
+        cmocka_unit_test(test_sessions_independent),
+        cmocka_unit_test(test_batch_step),
+        cmocka_unit_test(test_chunked_prefill),
+        cmocka_unit_test(test_park_resume),
+        cmocka_unit_test(test_real_independent),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

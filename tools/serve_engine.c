@@ -1,0 +1,654 @@
+/* serve_engine.c — the engine thread of `kvtier serve`: owns the kvt_engine, the host pool and
+** every session; takes jobs from the queue and runs them.
+**
+** Scheduling: up to --parallel chat jobs are active at once; every scheduler step generates one
+** token for each of them in ONE llama_decode (kvt_session_gen_step_batch: continuous batching; a
+** job joins or leaves the batch between steps).  A job's prompt (the new tail after the session's
+** cached prefix) is prefilled when the job is admitted, in chunks of at most one block; between
+** chunks the active jobs take a batched step (kvt_session_set_chunk_cb), so a long prefill does
+** not stall them.  Prefill chunks and decode tokens are not mixed in one llama_decode.  /v1/completions (no session) runs to completion in a
+** scratch sequence when admitted.
+**
+** Sessions: one kvt_session per conversation, on its own sequence id; chosen by X-Session-Id
+** within the caller's API-key namespace, else the idle session of that namespace sharing the
+** longest message prefix with the request, else a new one.  Past --max-sessions the least
+** recently used idle session is parked (kvt_session_park: its KV goes to the host pool and comes
+** back with kvt_session_resume, no recompute); SERVE_PARK_FACTOR x --max-sessions sessions are
+** kept in all, past that the least recently used parked one is freed. */
+#include "serve.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+const double serve_hist_bounds[HIST_N] = { 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000 };
+
+void serve_hist_add(struct hist *h, double ms) {
+    int i = 0;
+    while (i < HIST_N && ms > serve_hist_bounds[i]) i++;
+    h->bucket[i]++;
+    h->count++;
+    h->sum += ms;
+}
+
+struct sess {
+    kvt_session *s;
+    int32_t      seq;        /* engine sequence, -1 while parked */
+    char         id[80], ns[80];
+    double       last_used;  /* seconds since the epoch */
+    struct job  *job;        /* running job, NULL when idle */
+};
+
+static struct sess *g_sess;   /* [g_cap]: max_sessions hold a sequence, the others are parked */
+static int32_t      g_cap;
+static kvt_pool    *g_pool;
+static int32_t      g_raw_seq; /* scratch sequence for /v1/completions */
+static uint64_t     g_counter;
+
+/* The jobs generating now (engine thread only); shared with the chunk callback, which keeps them
+** generating while another job's prompt is prefilled. */
+static struct job **g_active;
+static double      *g_t_last;
+static int32_t      g_n_active;
+static void on_chunk(void *ud);
+
+static double wall_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static double mono_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+int serve_engine_open(struct server *srv) {
+    struct kvt_engine_params ep = kvt_engine_default_params();
+    ep.model_path = srv->model_path;
+    ep.n_ctx = srv->n_ctx;
+    ep.n_seq = srv->max_sessions + 1;
+    ep.n_threads = srv->threads;
+    int rc = kvt_engine_open(&ep, &srv->eng);
+    if (rc) {
+        cli_fail("kvtier serve", "cannot open the model", rc);
+        return CLI_ERR;
+    }
+    struct kvt_pool_params pp = kvt_pool_default_params();
+    pp.budget_bytes = (size_t) srv->pool_mb << 20;
+    pp.spill_dir = srv->spill_dir;
+    if ((rc = kvt_pool_open(&pp, &g_pool))) {
+        cli_fail("kvtier serve", "cannot open the host pool", rc);
+        kvt_engine_free(srv->eng);
+        srv->eng = NULL;
+        return CLI_ERR;
+    }
+    g_cap = SERVE_PARK_FACTOR * srv->max_sessions;
+    g_sess = calloc((size_t) g_cap, sizeof *g_sess);
+    if (!g_sess) {
+        kvt_pool_free(g_pool);
+        kvt_engine_free(srv->eng);
+        srv->eng = NULL;
+        return CLI_ERR;
+    }
+    g_raw_seq = srv->max_sessions;
+    struct kvt_engine_info I;
+    kvt_engine_info(srv->eng, &I);
+    snprintf(srv->model_name, sizeof srv->model_name, "%s", I.name[0] ? I.name : I.desc);
+    return CLI_OK;
+}
+
+void serve_engine_close(struct server *srv) {
+    for (int32_t i = 0; g_sess && i < g_cap; i++) kvt_session_free(g_sess[i].s);
+    free(g_sess);
+    g_sess = NULL;
+    kvt_pool_free(g_pool);
+    g_pool = NULL;
+    kvt_engine_free(srv->eng);
+    srv->eng = NULL;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* queue                                                                                    */
+
+void serve_job_free(struct job *j) {
+    if (!j) return;
+    for (int32_t i = 0; i < j->n_msgs; i++) {
+        free((char *) j->msgs[i].role);
+        free((char *) j->msgs[i].content);
+    }
+    free(j->msgs);
+    free(j->prompt);
+    for (int32_t i = 0; i < j->n_stop; i++) free(j->stop[i]);
+    free(j->text);
+    free(j->gen);
+    pthread_cond_destroy(&j->cv);
+    free(j);
+}
+
+int serve_submit(struct server *srv, struct job *j) {
+    pthread_mutex_lock(&srv->mu);
+    if (srv->stopping) {
+        pthread_mutex_unlock(&srv->mu);
+        return 503;
+    }
+    if (j->kind != JOB_DELETE && srv->n_queued >= srv->max_queue) {
+        pthread_mutex_unlock(&srv->mu);
+        return 429;
+    }
+    j->state = JOB_QUEUED;
+    j->refs = 2;
+    j->next = NULL;
+    if (srv->tail) srv->tail->next = j;
+    else srv->head = j;
+    srv->tail = j;
+    srv->n_queued++;
+    srv->m.queue_len = srv->n_queued;
+    pthread_cond_signal(&srv->work);
+    pthread_mutex_unlock(&srv->mu);
+    return 0;
+}
+
+/* under srv->mu */
+static void release_locked(struct job *j) {
+    if (--j->refs == 0) serve_job_free(j);
+}
+
+void serve_job_release(struct server *srv, struct job *j) {
+    pthread_mutex_lock(&srv->mu);
+    release_locked(j);
+    pthread_mutex_unlock(&srv->mu);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* jobs                                                                                     */
+
+static void job_error(struct job *j, int status, const char *type, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static void job_error(struct job *j, int status, const char *type, const char *code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(j->err_msg, sizeof j->err_msg, fmt, ap);
+    va_end(ap);
+    j->http_status = status;
+    snprintf(j->err_type, sizeof j->err_type, "%s", type);
+    snprintf(j->err_code, sizeof j->err_code, "%s", code ? code : "");
+}
+
+/* A library error as an HTTP error: input the library refused is the client's (400), the rest
+** is ours (500). */
+static void job_lib_error(struct job *j, const char *what, int rc) {
+    if (rc == KVT_ECTX || rc == KVT_EBUDGET)
+        job_error(j, 400, "invalid_request_error", "context_length_exceeded", "%s: %s", what, kvt_errmsg());
+    else if (rc == KVT_EINVAL)
+        job_error(j, 400, "invalid_request_error", NULL, "%s: %s", what, kvt_errmsg());
+    else
+        job_error(j, 500, "server_error", NULL, "%s: %s: %s", what, kvt_strerror(rc), kvt_errmsg());
+}
+
+static void finish(struct server *srv, struct job *j) {
+    pthread_mutex_lock(&srv->mu);
+    j->state = JOB_DONE;
+    srv->m.active--;
+    srv->m.prompt_tokens += j->prompt_tokens;
+    srv->m.completion_tokens += j->completion_tokens;
+    srv->m.prompt_reused += j->sync.tokens_reused;
+    srv->m.prompt_decoded += j->sync.tokens_decoded;
+    srv->m.evictions += j->sync.evictions;
+    srv->m.recoveries += j->sync.recoveries;
+    pthread_cond_broadcast(&j->cv);
+    release_locked(j);
+    pthread_mutex_unlock(&srv->mu);
+}
+
+/* Append the new token's text; apply stop strings.  Returns true when a stop string ended the reply. */
+static bool update_text(struct server *srv, struct job *j, kvt_engine *eng) {
+    char *t = NULL;
+    if (kvt_detokenize(eng, j->gen, j->n_gen, false, &t)) return false;
+    size_t n = strlen(t);
+    bool stopped = false;
+    size_t hold = 0;
+    for (int32_t i = 0; i < j->n_stop; i++) {
+        char *p = strstr(t, j->stop[i]);
+        if (p) {
+            n = KVT_MIN(n, (size_t) (p - t));
+            stopped = true;
+        }
+        hold = KVT_MAX(hold, strlen(j->stop[i]) - 1);
+    }
+    pthread_mutex_lock(&srv->mu);
+    free(j->text);
+    t[n] = '\0';
+    j->text = t;
+    /* published bytes: hold back what could still become a stop string */
+    j->n_text = stopped ? n : (n > hold ? n - hold : 0);
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&srv->mu);
+    return stopped;
+}
+
+static struct sess *find_session(struct server *srv, const char *ns, const char *id) {
+    for (int32_t i = 0; i < g_cap; i++)
+        if (g_sess[i].s && !strcmp(g_sess[i].ns, ns) && !strcmp(g_sess[i].id, id)) return &g_sess[i];
+    return NULL;
+}
+
+/* Messages the session and the request share at the start. */
+static int32_t common_msgs(const struct sess *x, const struct job *j) {
+    int32_t n = kvt_session_n_messages(x->s), k = 0;
+    while (k < n && k < j->n_msgs) {
+        struct kvt_chat_msg m;
+        if (kvt_session_message(x->s, k, &m) || strcmp(m.role, j->msgs[k].role) || strcmp(m.content, j->msgs[k].content))
+            break;
+        k++;
+    }
+    return k;
+}
+
+/* A free sequence: one no session holds, else the one of the least recently used idle session,
+** which is parked (its KV goes to the host pool, nothing is lost).  -1 if all are generating. */
+static int32_t take_seq(struct server *srv) {
+    for (int32_t q = 0; q < srv->max_sessions; q++) {
+        bool used = false;
+        for (int32_t i = 0; i < g_cap && !used; i++) used = g_sess[i].s && g_sess[i].seq == q;
+        if (!used) return q;
+    }
+    struct sess *lru = NULL;
+    for (int32_t i = 0; i < g_cap; i++)
+        if (g_sess[i].s && g_sess[i].seq >= 0 && !g_sess[i].job && (!lru || g_sess[i].last_used < lru->last_used)) lru = &g_sess[i];
+    if (!lru) return -1;
+    int32_t q = lru->seq;
+    if (kvt_session_park(lru->s)) { /* cannot park: free it */
+        fprintf(stderr, "kvtier serve: session %s could not be parked (%s); freed\n", lru->id, kvt_errmsg());
+        kvt_session_free(lru->s);
+        memset(lru, 0, sizeof *lru);
+    } else {
+        lru->seq = -1;
+    }
+    return q;
+}
+
+/* An empty entry, freeing the least recently used parked (else idle) session if all are taken. */
+static struct sess *new_slot(struct server *srv) {
+    (void) srv;
+    struct sess *lru = NULL;
+    for (int32_t i = 0; i < g_cap; i++) {
+        if (!g_sess[i].s) return &g_sess[i];
+        if (g_sess[i].job) continue;
+        if (!lru || (g_sess[i].seq < 0 && lru->seq >= 0) ||
+            ((g_sess[i].seq < 0) == (lru->seq < 0) && g_sess[i].last_used < lru->last_used))
+            lru = &g_sess[i];
+    }
+    if (lru) {
+        kvt_session_free(lru->s);
+        memset(lru, 0, sizeof *lru);
+    }
+    return lru;
+}
+
+static struct sess *pick_session(struct server *srv, struct job *j) {
+    struct sess *x = NULL;
+    if (j->session_id[0]) {
+        x = find_session(srv, j->ns, j->session_id);
+    } else {
+        int32_t best = 0;
+        for (int32_t i = 0; i < g_cap; i++) {
+            struct sess *c = &g_sess[i];
+            if (!c->s || c->job || strcmp(c->ns, j->ns)) continue;
+            int32_t k = common_msgs(c, j);
+            if (k > best || (k == best && k > 0 && c->last_used > x->last_used)) { best = k; x = c; }
+        }
+    }
+    if (x && x->seq < 0) { /* parked: back into a sequence, no recompute */
+        int32_t q = take_seq(srv);
+        if (q < 0) return NULL;
+        struct kvt_session_stats s0, s1;
+        kvt_session_get_stats(x->s, &s0);
+        int rc = kvt_session_resume(x->s, q);
+        kvt_session_get_stats(x->s, &s1);
+        j->resumed = s1.recoveries - s0.recoveries;
+        if (rc) {
+            job_lib_error(j, "cannot resume the session", rc);
+            kvt_session_free(x->s);
+            memset(x, 0, sizeof *x);
+            return NULL;
+        }
+        x->seq = q;
+    }
+    if (x) return x;
+    if (!(x = new_slot(srv))) return NULL;
+    int32_t q = take_seq(srv);
+    if (q < 0) return NULL;
+    struct kvt_session_params sp = kvt_session_default_params();
+    sp.seq = q;
+    sp.budget = srv->budget;
+    sp.block = srv->block;
+    sp.pool = g_pool;
+    int rc = kvt_session_open(srv->eng, &sp, &x->s);
+    if (rc == 0) kvt_session_set_chunk_cb(x->s, on_chunk, srv);
+    if (rc) {
+        job_lib_error(j, "cannot open a session", rc);
+        x->s = NULL;
+        return NULL;
+    }
+    x->seq = q;
+    snprintf(x->ns, sizeof x->ns, "%s", j->ns);
+    if (j->session_id[0]) snprintf(x->id, sizeof x->id, "%s", j->session_id);
+    else snprintf(x->id, sizeof x->id, "sess-%llu-%llu", (unsigned long long) time(NULL), (unsigned long long) ++g_counter);
+    return x;
+}
+
+/* Is the job runnable now?  (A named session that is busy waits in the queue.) */
+static bool runnable(struct server *srv, const struct job *j) {
+    if (j->kind != JOB_CHAT || !j->session_id[0]) return true;
+    struct sess *x = find_session(srv, j->ns, j->session_id);
+    return !x || !x->job;
+}
+
+static void run_delete(struct server *srv, struct job *j) {
+    struct sess *x = find_session(srv, j->ns, j->session_id);
+    if (!x) job_error(j, 404, "invalid_request_error", "session_not_found", "no session '%s'", j->session_id);
+    else if (x->job) job_error(j, 409, "invalid_request_error", "session_busy", "session '%s' is generating a reply", j->session_id);
+    else {
+        kvt_session_free(x->s);
+        memset(x, 0, sizeof *x);
+    }
+    snprintf(j->out_session, sizeof j->out_session, "%s", j->session_id);
+}
+
+static int add_gen(struct job *j, kvt_token t) {
+    if (j->n_gen == j->cap_gen) {
+        int32_t cap = j->cap_gen ? 2 * j->cap_gen : 64;
+        kvt_token *g = realloc(j->gen, sizeof *g * (size_t) cap);
+        if (!g) return -1;
+        j->gen = g;
+        j->cap_gen = cap;
+    }
+    j->gen[j->n_gen++] = t;
+    return 0;
+}
+
+static void note_token(struct server *srv, struct job *j, double *t_last) {
+    double now = mono_ms();
+    pthread_mutex_lock(&srv->mu);
+    if (j->t_first == 0) {
+        j->t_first = now;
+        serve_hist_add(&srv->m.ttft, now - j->t_arrival);
+    } else {
+        serve_hist_add(&srv->m.per_token, now - *t_last);
+    }
+    pthread_mutex_unlock(&srv->mu);
+    *t_last = now;
+}
+
+/* /v1/completions: raw text in the scratch sequence, to completion. */
+static void run_completion(struct server *srv, struct job *j) {
+    kvt_engine *eng = srv->eng;
+    kvt_token *tok = NULL;
+    int32_t n = 0;
+    int rc = kvt_tokenize(eng, j->prompt, true, false, &tok, &n);
+    if (rc) { job_lib_error(j, "prompt", rc); return; }
+    j->prompt_tokens = n;
+    j->sync.prompt_tokens = n;
+    j->sync.tokens_decoded = n;
+    if (n + j->max_tokens > srv->budget) {
+        job_error(j, 400, "invalid_request_error", "context_length_exceeded",
+                  "the prompt is %d tokens and max_tokens %d; together they must fit the budget of %d tokens", n,
+                  j->max_tokens, srv->budget);
+        free(tok);
+        return;
+    }
+    rc = kvt_decode(eng, g_raw_seq, tok, n, 0, true);
+    free(tok);
+    pthread_mutex_lock(&srv->mu);
+    j->started = rc == 0;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&srv->mu);
+    double t_last = 0;
+    j->finish = "length";
+    while (rc == 0 && j->n_gen < j->max_tokens) {
+        bool cancelled;
+        pthread_mutex_lock(&srv->mu);
+        cancelled = j->cancelled;
+        pthread_mutex_unlock(&srv->mu);
+        if (cancelled) break;
+        struct kvt_sampling smp = j->smp;
+        smp.seed += (uint32_t) j->n_gen;
+        kvt_token t;
+        if ((rc = kvt_sample(eng, &smp, &t))) break;
+        if (kvt_token_is_eog(eng, t)) { j->finish = "stop"; break; }
+        if (add_gen(j, t)) { rc = KVT_ENOMEM; break; }
+        note_token(srv, j, &t_last);
+        if (update_text(srv, j, eng)) { j->finish = "stop"; break; }
+        if (j->n_gen < j->max_tokens) rc = kvt_decode(eng, g_raw_seq, &t, 1, n + j->n_gen - 1, true);
+    }
+    kvt_seq_rm(eng, g_raw_seq, -1, -1);
+    if (rc) job_lib_error(j, "generation", rc);
+    j->completion_tokens = j->n_gen;
+}
+
+static void start_chat(struct server *srv, struct job *j) {
+    struct sess *x = pick_session(srv, j);
+    if (!x) {
+        if (!j->http_status)
+            job_error(j, 503, "server_error", NULL, "every one of the %d session slots is generating", srv->max_sessions);
+        return;
+    }
+    snprintf(j->out_session, sizeof j->out_session, "%s", x->id);
+    x->last_used = wall_s();
+    int rc = kvt_session_sync(x->s, j->msgs, j->n_msgs, &j->sync);
+    j->sync.recoveries += j->resumed;
+    j->prompt_tokens = j->sync.prompt_tokens;
+    if (rc) {
+        job_lib_error(j, "prompt", rc);
+        return;
+    }
+    x->job = j;
+    j->slot = x;
+    j->finish = "length";
+}
+
+/* The job's reply is over (end of generation, stop string, max_tokens, cancelled or an error):
+** close the reply in the session. */
+static void end_chat(struct server *srv, struct job *j, int rc) {
+    struct sess *x = j->slot;
+    (void) srv;
+    if (rc) job_lib_error(j, "generation", rc);
+    int rc2 = kvt_session_gen_end(x->s, NULL);
+    if (rc2 && !rc) job_lib_error(j, "reply", rc2);
+    struct kvt_session_stats st;
+    kvt_session_get_stats(x->s, &st);
+    j->resident_tokens = st.resident_tokens;
+    j->completion_tokens = j->n_gen;
+    x->job = NULL;
+    x->last_used = wall_s();
+}
+
+/* One token for every active chat job, all in one llama_decode (continuous batching).  Fills
+** over[k] for the jobs whose reply ended.  Returns the number that ended. */
+static int32_t step_all(struct server *srv, struct job **active, int32_t n_active, double *t_last, bool *over) {
+    kvt_session *ss[64] = { 0 };
+    struct kvt_sampling smp[64] = { { 0 } };
+    kvt_token tok[64];
+    bool done[64];
+    int st[64];
+    int64_t ev0[64], rec0[64];
+    int32_t map[64], n = 0, n_over = 0;
+    for (int32_t k = 0; k < n_active; k++) {
+        struct job *j = active[k];
+        bool cancelled;
+        pthread_mutex_lock(&srv->mu);
+        cancelled = j->cancelled;
+        pthread_mutex_unlock(&srv->mu);
+        over[k] = cancelled || j->n_gen >= j->max_tokens;
+        if (over[k]) continue;
+        struct sess *x = j->slot;
+        struct kvt_session_stats s0;
+        kvt_session_get_stats(x->s, &s0);
+        ev0[n] = s0.evictions;
+        rec0[n] = s0.recoveries;
+        ss[n] = x->s;
+        smp[n] = j->smp;
+        smp[n].seed += (uint32_t) j->n_gen;
+        map[n++] = k;
+    }
+    int rc = n > 0 ? kvt_session_gen_step_batch(ss, n, smp, tok, done, st) : 0;
+    for (int32_t i = 0; i < n; i++) {
+        struct job *j = active[map[i]];
+        struct kvt_session_stats s1;
+        kvt_session_get_stats(ss[i], &s1);
+        j->sync.evictions += s1.evictions - ev0[i];
+        j->sync.recoveries += s1.recoveries - rec0[i];
+        int r = rc ? rc : st[i];
+        if (r) { end_chat(srv, j, r); over[map[i]] = true; continue; }
+        if (done[i]) { j->finish = "stop"; over[map[i]] = true; continue; }
+        if (add_gen(j, tok[i])) { end_chat(srv, j, KVT_ENOMEM); over[map[i]] = true; continue; }
+        note_token(srv, j, &t_last[map[i]]);
+        if (update_text(srv, j, srv->eng)) { j->finish = "stop"; over[map[i]] = true; }
+        else if (j->n_gen >= j->max_tokens) over[map[i]] = true;
+    }
+    for (int32_t k = 0; k < n_active; k++) {
+        if (!over[k]) continue;
+        n_over++;
+        if (active[k]->slot && ((struct sess *) active[k]->slot)->job == active[k]) end_chat(srv, active[k], 0);
+    }
+    return n_over;
+}
+
+/* Sessions and gauges for GET /v1/sessions and /metrics. */
+static void publish(struct server *srv) {
+    struct sess_view *v = calloc((size_t) g_cap, sizeof *v);
+    int32_t n = 0;
+    int64_t resident = 0, parked = 0;
+    for (int32_t i = 0; v && i < g_cap; i++) {
+        struct sess *x = &g_sess[i];
+        if (!x->s) continue;
+        struct kvt_session_stats st;
+        kvt_session_get_stats(x->s, &st);
+        snprintf(v[n].id, sizeof v[n].id, "%s", x->id);
+        snprintf(v[n].ns, sizeof v[n].ns, "%s", x->ns);
+        v[n].n_messages = kvt_session_n_messages(x->s);
+        v[n].total_tokens = st.total_tokens;
+        v[n].resident_tokens = st.resident_tokens;
+        v[n].evictions = st.evictions;
+        v[n].recoveries = st.recoveries;
+        v[n].last_used = x->last_used;
+        v[n].busy = x->job != NULL;
+        v[n].parked = x->seq < 0;
+        parked += x->seq < 0;
+        resident += st.resident_tokens;
+        n++;
+    }
+    struct kvt_pool_stats ps;
+    kvt_pool_get_stats(g_pool, &ps);
+    pthread_mutex_lock(&srv->mu);
+    if (v) {
+        free(srv->views);
+        srv->views = v;
+        srv->n_views = n;
+    }
+    srv->m.resident_tokens = resident;
+    srv->m.n_sessions = n;
+    srv->m.n_parked = parked;
+    srv->m.pool_ram = ps.ram_bytes;
+    srv->m.pool_spill = ps.spill_bytes;
+    pthread_mutex_unlock(&srv->mu);
+}
+
+/* One batched step of the active jobs; finished ones leave the set.  Returns true if any did. */
+static bool step_active(struct server *srv) {
+    bool over[64];
+    if (g_n_active == 0 || step_all(srv, g_active, g_n_active, g_t_last, over) == 0) return false;
+    int32_t w = 0;
+    for (int32_t k = 0; k < g_n_active; k++) {
+        if (over[k]) { finish(srv, g_active[k]); continue; }
+        g_active[w] = g_active[k];
+        g_t_last[w++] = g_t_last[k];
+    }
+    g_n_active = w;
+    return true;
+}
+
+/* Between the prefill chunks of an admitted job: the others keep generating. */
+static void on_chunk(void *ud) {
+    if (step_active(ud)) publish(ud);
+}
+
+void *serve_engine_main(void *arg) {
+    struct server *srv = arg;
+    g_active = calloc((size_t) srv->parallel, sizeof *g_active);
+    g_t_last = calloc((size_t) srv->parallel, sizeof *g_t_last);
+    g_n_active = 0;
+    publish(srv);
+    for (;;) {
+        struct job *adm[64];
+        int32_t n_adm = 0;
+        pthread_mutex_lock(&srv->mu);
+        for (;;) {
+            struct job **pp = &srv->head, *prev = NULL;
+            while (*pp && n_adm < 64) {
+                struct job *j = *pp;
+                bool take = j->kind == JOB_DELETE || (g_n_active + n_adm < srv->parallel && runnable(srv, j));
+                /* one job per named session per round, so two queued turns of one session run in order */
+                for (int32_t k = 0; take && k < n_adm; k++)
+                    if (adm[k]->kind == JOB_CHAT && j->kind == JOB_CHAT && j->session_id[0] &&
+                        !strcmp(adm[k]->session_id, j->session_id) && !strcmp(adm[k]->ns, j->ns))
+                        take = false;
+                if (!take) { prev = j; pp = &j->next; continue; }
+                *pp = j->next;
+                if (srv->tail == j) srv->tail = prev;
+                srv->n_queued--;
+                j->state = JOB_RUNNING;
+                if (j->kind != JOB_DELETE) srv->m.active++;
+                adm[n_adm++] = j;
+            }
+            srv->m.queue_len = srv->n_queued;
+            if (n_adm > 0 || g_n_active > 0) break;
+            if (srv->stopping && !srv->head) break;
+            pthread_cond_wait(&srv->work, &srv->mu);
+        }
+        pthread_mutex_unlock(&srv->mu);
+        if (n_adm == 0 && g_n_active == 0) break; /* stopping and drained */
+        for (int32_t k = 0; k < n_adm; k++) {
+            struct job *j = adm[k];
+            if (j->kind == JOB_DELETE) {
+                run_delete(srv, j);
+                pthread_mutex_lock(&srv->mu);
+                j->state = JOB_DONE;
+                pthread_cond_broadcast(&j->cv);
+                release_locked(j);
+                pthread_mutex_unlock(&srv->mu);
+                continue;
+            }
+            if (j->kind == JOB_COMPLETION) {
+                run_completion(srv, j);
+                finish(srv, j);
+                continue;
+            }
+            start_chat(srv, j);
+            if (!j->slot) { finish(srv, j); continue; }
+            pthread_mutex_lock(&srv->mu); /* the stream may start: headers go out now */
+            j->started = true;
+            pthread_cond_broadcast(&j->cv);
+            pthread_mutex_unlock(&srv->mu);
+            g_t_last[g_n_active] = 0;
+            g_active[g_n_active++] = j;
+        }
+        if (n_adm > 0) publish(srv);
+        /* one token for every active job, one batched decode */
+        bool ended = step_active(srv);
+        if (ended) publish(srv);
+    }
+    free(g_active);
+    free(g_t_last);
+    g_active = NULL;
+    g_t_last = NULL;
+    pthread_mutex_lock(&srv->mu);
+    srv->engine_done = true;
+    pthread_mutex_unlock(&srv->mu);
+    return NULL;
+}
