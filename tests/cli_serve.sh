@@ -66,10 +66,13 @@ fail=$((fail + $(grep -c '^FAIL ' "$TMP/py")))
 
 # --- SIGTERM with a request in flight: it completes, the server exits 0 ---
 curl -s -o "$TMP/inflight" -w '%{http_code}' -H "Authorization: Bearer key-alpha-123" \
-    -d '{"messages":[{"role":"user","content":"Tell me a story."}],"max_tokens":40}' \
+    -d '{"messages":[{"role":"user","content":"Tell me a story."}],"max_tokens":60}' \
     "http://127.0.0.1:$PORT/v1/chat/completions" >"$TMP/code" &
 CURL=$!
-sleep 0.5
+for _ in $(seq 1 200); do # until the request is really in flight (admitted by the engine)
+    curl -s "http://127.0.0.1:$PORT/metrics" | grep -q '^kvtier_active_requests 1$' && break
+    sleep 0.05
+done
 kill -TERM "$PID"
 wait "$CURL"
 wait "$PID"; src=$?

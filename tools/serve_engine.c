@@ -10,8 +10,9 @@
 ** scratch sequence when admitted.
 **
 ** Sessions: one kvt_session per conversation, on its own sequence id; chosen by X-Session-Id
-** within the caller's API-key namespace, else the idle session of that namespace sharing the
-** longest message prefix with the request, else a new one.  Past --max-sessions the least
+** within the caller's API-key namespace, else the idle session of that namespace whose whole
+** conversation the request continues, else the one sharing the longest message prefix of at
+** least about one block, else a new one.  Past --max-sessions the least
 ** recently used idle session is parked (kvt_session_park: its KV goes to the host pool and comes
 ** back with kvt_session_resume, no recompute); SERVE_PARK_FACTOR x --max-sessions sessions are
 ** kept in all, past that the least recently used parked one is freed. */
@@ -237,16 +238,21 @@ static struct sess *find_session(struct server *srv, const char *ns, const char 
     return NULL;
 }
 
-/* Messages the session and the request share at the start. */
-static int32_t common_msgs(const struct sess *x, const struct job *j) {
+/* How well an idle session fits a request without X-Session-Id: the bytes of message content they
+** share at the start, doubled when the session's whole conversation is a prefix of the request
+** (the client continues it: nothing is cut back).  *whole: that case. */
+static size_t common_bytes(const struct sess *x, const struct job *j, bool *whole) {
     int32_t n = kvt_session_n_messages(x->s), k = 0;
+    size_t bytes = 0;
     while (k < n && k < j->n_msgs) {
         struct kvt_chat_msg m;
         if (kvt_session_message(x->s, k, &m) || strcmp(m.role, j->msgs[k].role) || strcmp(m.content, j->msgs[k].content))
             break;
+        bytes += strlen(m.content) + 16;
         k++;
     }
-    return k;
+    *whole = k == n && k > 0;
+    return bytes;
 }
 
 /* A free sequence: one no session holds, else the one of the least recently used idle session,
@@ -295,12 +301,23 @@ static struct sess *pick_session(struct server *srv, struct job *j) {
     if (j->session_id[0]) {
         x = find_session(srv, j->ns, j->session_id);
     } else {
-        int32_t best = 0;
+        /* the longest common prefix, at least about one block of tokens (4 bytes a token), unless
+        ** the session's conversation is wholly continued; a session whose conversation the request
+        ** merely shares a prefix with is cut back to it, so a short shared prefix (a common system
+        ** prompt) does not take over another conversation's session */
+        size_t best = 0;
+        bool best_whole = false;
         for (int32_t i = 0; i < g_cap; i++) {
             struct sess *c = &g_sess[i];
             if (!c->s || c->job || strcmp(c->ns, j->ns)) continue;
-            int32_t k = common_msgs(c, j);
-            if (k > best || (k == best && k > 0 && c->last_used > x->last_used)) { best = k; x = c; }
+            bool whole = false;
+            size_t b = common_bytes(c, j, &whole);
+            if (!whole && b < (size_t) srv->block * 4) continue;
+            if ((whole && !best_whole) || ((whole == best_whole) && (b > best || (b == best && x && c->last_used > x->last_used)))) {
+                best = b;
+                best_whole = whole;
+                x = c;
+            }
         }
     }
     if (x && x->seq < 0) { /* parked: back into a sequence, no recompute */

@@ -585,13 +585,21 @@ static enum MHD_Result get_metrics(struct server *srv, struct MHD_Connection *c)
 /* ---------------------------------------------------------------------------------------- */
 /* dispatch                                                                                 */
 
+/* a == b in time that depends only on the lengths (keys are not leaked by timing) */
+static bool same_secret(const char *a, const char *b) {
+    size_t na = strlen(a), nb = strlen(b);
+    unsigned char d = na != nb;
+    for (size_t i = 0; i < na; i++) d |= (unsigned char) (a[i] ^ b[i % (nb ? nb : 1)]);
+    return d == 0;
+}
+
 /* The caller's namespace: "" without keys; "key<i>" for the i-th key; NULL if unauthorised. */
 static const char *auth(struct server *srv, struct MHD_Connection *c, char *ns, size_t n) {
     if (!srv->keys) { ns[0] = '\0'; return ns; }
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
     if (!h || strncmp(h, "Bearer ", 7)) return NULL;
     for (int32_t i = 0; i < srv->n_keys; i++)
-        if (!strcmp(h + 7, srv->keys[i])) { snprintf(ns, n, "key%d", i); return ns; }
+        if (same_secret(h + 7, srv->keys[i])) { snprintf(ns, n, "key%d", i); return ns; }
     return NULL;
 }
 

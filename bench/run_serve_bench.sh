@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# run_serve_bench.sh — bench/serve_bench.py against `kvtier serve` and against llama-server built
+# from the same vendored llama.cpp (scripts/bootstrap.sh llama-server), same model, same threads.
+#
+#   bench/run_serve_bench.sh [OUT_DIR]      (default: bench/results)
+#
+# Environment: SESSIONS (8), TURNS (10), WORDS (90), MAX_TOKENS (32), THREADS (2).
+# Servers run one at a time (never two model processes at once); results are JSON lines in
+# OUT_DIR/serve_bench.jsonl, one per server configuration.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+SRC=$(dirname "$HERE")
+OUT=${1:-$HERE/results}
+mkdir -p "$OUT"
+eval "$("$SRC/scripts/bootstrap.sh" env)"
+PY=$("$SRC/scripts/bootstrap.sh" pyclient-path)
+"$SRC/scripts/bootstrap.sh" pyclient
+LLAMA_SERVER=$("$SRC/scripts/bootstrap.sh" llama-server-path)
+SESSIONS=${SESSIONS:-8} TURNS=${TURNS:-10} WORDS=${WORDS:-90} MAX_TOKENS=${MAX_TOKENS:-32} THREADS=${THREADS:-2}
+KVTIER=$SRC/build/kvtier
+# idle OpenMP threads sleep instead of spinning: on a shared, loaded machine spinning threads of a
+# nice'd server starve each other (llama-server measured 1.3 tok/s without this, 46 with it)
+export OMP_WAIT_POLICY=PASSIVE
+PID=
+trap '[ -n "$PID" ] && kill "$PID" 2>/dev/null; true' EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_up() { # port
+  for _ in $(seq 1 600); do
+    curl -sf "http://127.0.0.1:$1/health" >/dev/null 2>&1 && return 0
+    kill -0 "$PID" 2>/dev/null || return 1
+    sleep 0.2
+  done
+  return 1
+}
+run() { # label cmd...
+  local label=$1 port
+  shift
+  port=$(free_port)
+  "$@" --port "$port" >"$OUT/$label.log" 2>&1 &
+  PID=$!
+  wait_up "$port" || { echo "$label did not start; see $OUT/$label.log" >&2; kill "$PID" 2>/dev/null; PID=; return 1; }
+  "$PY" "$HERE/serve_bench.py" --url "http://127.0.0.1:$port" --pid "$PID" --sessions "$SESSIONS" --turns "$TURNS" \
+    --words "$WORDS" --max-tokens "$MAX_TOKENS" --label "$label" | tee -a "$OUT/serve_bench.jsonl"
+  kill -TERM "$PID"
+  wait "$PID" || true
+  PID=
+}
+
+CTX_SLOT=2048
+run kvtier-budget512 "$KVTIER" serve -m "$KVTIER_MODEL" -c 8192 --budget 512 --parallel "$SESSIONS" \
+  --max-sessions "$SESSIONS" --threads "$THREADS"
+if [ -x "$LLAMA_SERVER" ]; then
+  # --no-jinja: with jinja (the default) "--chat-template gemma" is taken as a template text and the
+  # messages never reach the prompt (3-token prompts); the GGUF has no template of its own
+  run llama-server "$LLAMA_SERVER" -m "$KVTIER_MODEL" -c $((CTX_SLOT * SESSIONS)) -np "$SESSIONS" -t "$THREADS" \
+    --no-jinja --chat-template gemma --host 127.0.0.1
+else
+  echo "llama-server not built (scripts/bootstrap.sh llama-server); skipped" >&2
+fi
+run kvtier-budget2048 "$KVTIER" serve -m "$KVTIER_MODEL" -c $((CTX_SLOT * (SESSIONS + 1))) --budget $CTX_SLOT \
+  --parallel "$SESSIONS" --max-sessions "$SESSIONS" --threads "$THREADS"
