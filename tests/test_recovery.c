@@ -7,8 +7,8 @@
 ** before the question, and the number's log-probability must beat the same session with
 ** successor_blocks = 0 (control: only the name's half comes back) and with recovery off.
 ** Dense recovery (Gemma 3 270M as its own embedder): the evicted block with the highest cosine to
-** the question, measured here with kvt_embed, is recovered; with min_recovery_cosine 1.0 nothing
-** is (the threshold binds). */
+** the question, measured here with kvt_embed, is recovered, by a linear scan and through the
+** HNSW index (ann_min_blocks 1); with min_recovery_cosine 1.0 nothing is (the threshold binds). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -194,11 +194,12 @@ static const char *topics[] = {
     "usually by two games, with a tie-break at six games all.",
 };
 
-static int64_t dense_session(kvt_engine *e, kvt_embedder *em, float min_cos, int32_t *best_back) {
+static int64_t dense_session(kvt_engine *e, kvt_embedder *em, float min_cos, int32_t ann_min, int32_t *best_back) {
     struct kvt_session_params sp = kvt_session_default_params();
     sp.budget = 384;
     sp.embedder = em;
     sp.min_recovery_cosine = min_cos;
+    sp.ann_min_blocks = ann_min;
     sp.top_k = 1;
     kvt_session *s = NULL;
     assert_int_equal(kvt_session_open(e, &sp, &s), 0);
@@ -233,8 +234,8 @@ static int64_t dense_session(kvt_engine *e, kvt_embedder *em, float min_cos, int
     struct kvt_block_info b;
     kvt_session_block(s, best, &b);
     *best_back = b.residency == KVT_RES_DEVICE && b.n_recoveries > 0;
-    printf("  dense recovery (min cosine %.2f): best evicted block %d at cosine %.3f %s; %lld block(s) recovered\n",
-           min_cos, best, best_cos, *best_back ? "recovered" : "not recovered",
+    printf("  dense recovery (min cosine %.2f, %s): best evicted block %d at cosine %.3f %s; %lld block(s) recovered\n",
+           min_cos, ann_min <= 1 ? "HNSW index" : "linear scan", best, best_cos, *best_back ? "recovered" : "not recovered",
            (long long) (st1.recoveries - st0.recoveries));
     kvt_session_free(s);
     return st1.recoveries - st0.recoveries;
@@ -247,9 +248,11 @@ static void test_dense_recovery(void **state) {
     kvt_embedder *em = NULL;
     assert_int_equal(kvt_embedder_open(getenv("KVTIER_MODEL"), 64, 0, &em), 0);
     int32_t back = 0;
-    assert_true(dense_session(e, em, 0.0f, &back) >= 1);
+    assert_true(dense_session(e, em, 0.0f, 1024, &back) >= 1);
     assert_true(back);
-    assert_int_equal(dense_session(e, em, 1.0f, &back), 0); /* control: the threshold binds */
+    assert_true(dense_session(e, em, 0.0f, 1, &back) >= 1); /* the same through the HNSW index */
+    assert_true(back);
+    assert_int_equal(dense_session(e, em, 1.0f, 1024, &back), 0); /* control: the threshold binds */
     assert_false(back);
     kvt_embedder_free(em);
     kvt_engine_free(e);
