@@ -646,6 +646,31 @@ static int cmp_cand(const void *a, const void *b) {
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
+/* Load candidate blocks c[0..n_c) (best first) back at the tail: room is made for them plus
+** `extra` tokens (the message and the reply reserve), dropping the weakest (successors first)
+** while they do not fit; the open block is sealed first so block ranges never interleave; they
+** are loaded in the order of their original positions, so they read as they were said.  A block
+** whose saved copy fails its checksum is reported, marked lost and skipped. */
+static int load_candidates(kvt_session *s, struct cand *c, int32_t n_c, int32_t extra) {
+    int32_t need = 0;
+    for (int32_t k = 0; k < n_c; k++) need += s->b[c[k].i].info.n_tokens;
+    while (n_c > 0 && make_room(s, need + extra) == KVT_EBUDGET) need -= s->b[c[--n_c].i].info.n_tokens;
+    kvt__clear_error();
+    int rc = n_c > 0 ? seal(s) : 0;
+    for (int32_t k = 0; rc == 0 && k < n_c; k++)
+        for (int32_t j = k + 1; j < n_c; j++)
+            if (s->b[c[j].i].info.orig_p0 < s->b[c[k].i].info.orig_p0) {
+                struct cand t = c[k];
+                c[k] = c[j];
+                c[j] = t;
+            }
+    for (int32_t k = 0; rc == 0 && k < n_c; k++) {
+        int r = load_block(s, c[k].i);
+        if (r != KVT_ECORRUPT) rc = r;
+    }
+    return rc;
+}
+
 /* Dense recovery candidates: evicted blocks whose text vector has cosine >= min_recovery_cosine
 ** with the message's, from a linear scan, or from the HNSW index once it exists (asked for
 ** enough neighbours to see past the resident blocks).  OUT c[0..*n_c) unsorted. */
@@ -767,28 +792,7 @@ static int recover(kvt_session *s, const char *query, int32_t msg_tokens) {
         }
     }
     if (rc == 0 && n_c > 0) {
-        /* room for the recovered blocks + message + reply; drop the weakest (successors first)
-        ** if it cannot fit */
-        int32_t need = 0;
-        for (int32_t k = 0; k < n_c; k++) need += s->b[c[k].i].info.n_tokens;
-        while (n_c > 0 && make_room(s, need + msg_tokens + s->p.gen_reserve) == KVT_EBUDGET)
-            need -= s->b[c[--n_c].i].info.n_tokens;
-        kvt__clear_error();
-        /* blocks go after the open block: close it first so block ranges never interleave */
-        if (n_c > 0) rc = seal(s);
-        /* recovered in position order of their original text, so they read as they were said */
-        for (int32_t k = 0; rc == 0 && k < n_c; k++)
-            for (int32_t j = k + 1; j < n_c; j++)
-                if (s->b[c[j].i].info.orig_p0 < s->b[c[k].i].info.orig_p0) {
-                    struct cand t = c[k];
-                    c[k] = c[j];
-                    c[j] = t;
-                }
-        for (int32_t k = 0; rc == 0 && k < n_c; k++) {
-            int r = load_block(s, c[k].i);
-            if (r == KVT_ECORRUPT) continue; /* reported and marked lost; the others still come back */
-            rc = r;
-        }
+        rc = load_candidates(s, c, n_c, msg_tokens + s->p.gen_reserve);
     }
     free(novel);
     free(open_text);
@@ -1048,22 +1052,7 @@ static int recover_own_tail(kvt_session *s, const char *text) {
         }
         qsort(c, (size_t) n_c, sizeof *c, cmp_cand);
         if (n_c > s->p.top_k) n_c = s->p.top_k;
-        int32_t need = 0;
-        for (int32_t k = 0; k < n_c; k++) need += s->b[c[k].i].info.n_tokens;
-        while (n_c > 0 && make_room(s, need + s->p.gen_reserve) == KVT_EBUDGET) need -= s->b[c[--n_c].i].info.n_tokens;
-        kvt__clear_error();
-        if (n_c > 0) rc = seal(s);
-        for (int32_t k = 0; rc == 0 && k < n_c; k++)
-            for (int32_t j = k + 1; j < n_c; j++)
-                if (s->b[c[j].i].info.orig_p0 < s->b[c[k].i].info.orig_p0) {
-                    struct cand t = c[k];
-                    c[k] = c[j];
-                    c[j] = t;
-                }
-        for (int32_t k = 0; rc == 0 && k < n_c; k++) {
-            int r = load_block(s, c[k].i);
-            if (r != KVT_ECORRUPT) rc = r;
-        }
+        rc = load_candidates(s, c, n_c, s->p.gen_reserve);
     }
     free(docs);
     free(sc);
