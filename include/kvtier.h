@@ -192,15 +192,38 @@ int kvt_decode_multi(kvt_engine *eng, const int32_t *seqs, const kvt_token *toks
 ** valid until the next decode.  NULL if none. */
 const float *kvt_logits(kvt_engine *eng);
 
+/* A grammar-constrained decoding state (llama.cpp's GBNF grammar sampler, the mechanism behind
+** llama-server's "grammar" / "json_schema" fields and its generic tool calling).  It tracks
+** where in the grammar the tokens sampled so far have led; every token sampled through it is
+** accepted into it, and an end-of-generation token is only allowed where the grammar is
+** complete.  One per generation (a reply); not shared between concurrent generations. */
+typedef struct kvt_grammar kvt_grammar;
+
+/* Compile GBNF text (llama.cpp grammars/README.md syntax) for the engine's vocabulary, starting
+** at rule `root` (NULL: "root").  OUT *out: free with kvt_grammar_free; may outlive nothing of
+** the engine's but must not outlive the engine.
+** Errors: KVT_EINVAL (the grammar does not parse or names no such root: llama.cpp logs where),
+** KVT_ENOMEM.  Thread-safety: engine rule. */
+int kvt_grammar_new(kvt_engine *eng, const char *gbnf, const char *root, kvt_grammar **out /* OUT */);
+
+/* Free a grammar state (NULL is a no-op). */
+void kvt_grammar_free(kvt_grammar *g);
+
 struct kvt_sampling {
     float    temperature; /* <= 0: greedy (argmax) */
     float    top_p;       /* 1.0 = off */
     int32_t  top_k;       /* 0 = off */
     uint32_t seed;        /* used when temperature > 0 */
+    kvt_grammar *grammar; /* NULL = unconstrained; else only tokens the grammar allows are
+                          ** sampled, and the sampled token advances it (borrowed, not owned) */
 };
 
-/* Sample the next token from kvt_logits() (llama.cpp sampler chain).  Errors: KVT_EINVAL (no
-** logits available).  Deterministic for a given seed. */
+/* Sample the next token from kvt_logits() (llama.cpp sampler chain).  With a grammar the token
+** is first sampled unconstrained and kept if the grammar allows it; otherwise the grammar masks
+** the whole vocabulary and the chain samples again (llama.cpp common's order: the full mask
+** costs a pass over n_vocab token texts).  Errors: KVT_EINVAL (no logits available; the grammar
+** allows no token, e.g. it completed and the vocabulary has no end-of-generation token).
+** Deterministic for a given seed. */
 int kvt_sample(kvt_engine *eng, const struct kvt_sampling *s, kvt_token *tok /* OUT */);
 
 /* Remove positions [p0, p1) of a sequence from the KV cache (p1 < 0: to the end).  Cannot

@@ -733,11 +733,42 @@ void kvt__engine_set_logits(kvt_engine *e, const float *logits) {
     e->have_logits = true;
 }
 
+struct kvt_grammar {
+    struct llama_sampler *smpl;
+};
+
+int kvt_grammar_new(kvt_engine *e, const char *gbnf, const char *root, kvt_grammar **out) {
+    *out = NULL;
+    if (!gbnf || !*gbnf) return kvt__fail(KVT_EINVAL, "grammar: empty GBNF text");
+    kvt_grammar *g = calloc(1, sizeof *g);
+    if (!g) return kvt__fail(KVT_ENOMEM, "grammar");
+    g->smpl = llama_sampler_init_grammar(e->vocab, gbnf, root ? root : "root");
+    if (!g->smpl) {
+        free(g);
+        return kvt__fail(KVT_EINVAL, "grammar: the GBNF text (%zu bytes) does not parse, or has no rule '%s'", strlen(gbnf),
+                         root ? root : "root");
+    }
+    *out = g;
+    return 0;
+}
+
+void kvt_grammar_free(kvt_grammar *g) {
+    if (!g) return;
+    llama_sampler_free(g->smpl);
+    free(g);
+}
+
+static void fill_candidates(const kvt_engine *e, llama_token_data *d) {
+    for (int32_t i = 0; i < e->info.n_vocab; i++) d[i] = (llama_token_data){ i, e->logits[i], 0.0f };
+}
+
 int kvt_sample(kvt_engine *e, const struct kvt_sampling *s, kvt_token *tok) {
-    static const struct kvt_sampling greedy = { 0, 1, 0, 0 };
+    static const struct kvt_sampling greedy = { 0, 1, 0, 0, NULL };
     if (!s) s = &greedy;
     if (!e->have_logits) return kvt__fail(KVT_EINVAL, "sample: no logits (decode with want_logits first)");
-    if (!e->smpl || memcmp(&e->smpl_p, s, sizeof *s) != 0) {
+    struct kvt_sampling key = *s;
+    key.grammar = NULL; /* the chain does not depend on the grammar */
+    if (!e->smpl || memcmp(&e->smpl_p, &key, sizeof key) != 0) {
         if (e->smpl) llama_sampler_free(e->smpl);
         e->smpl = llama_sampler_chain_init(llama_sampler_chain_default_params());
         if (s->temperature <= 0) {
@@ -748,19 +779,39 @@ int kvt_sample(kvt_engine *e, const struct kvt_sampling *s, kvt_token *tok) {
             llama_sampler_chain_add(e->smpl, llama_sampler_init_temp(s->temperature));
             llama_sampler_chain_add(e->smpl, llama_sampler_init_dist(s->seed));
         }
-        e->smpl_p = *s;
+        e->smpl_p = key;
     }
     const int32_t nv = e->info.n_vocab;
     llama_token_data *d = malloc(sizeof *d * (size_t) nv);
     if (!d) return kvt__fail(KVT_ENOMEM, "sampling candidates");
-    for (int32_t i = 0; i < nv; i++) d[i] = (llama_token_data){ i, e->logits[i], 0.0f };
+    fill_candidates(e, d);
     llama_token_data_array arr = { d, (size_t) nv, -1, false };
     llama_sampler_apply(e->smpl, &arr);
     int rc = 0;
     if (arr.selected < 0 || arr.selected >= (int64_t) arr.size) rc = kvt__fail(KVT_ELLAMA, "sampler selected nothing");
-    else {
+    if (rc == 0 && s->grammar) {
+        /* cheap path first: keep the token if the grammar allows it (one candidate to check) */
+        llama_token_data one = { arr.data[arr.selected].id, 1.0f, 0.0f };
+        llama_token_data_array a1 = { &one, 1, -1, false };
+        llama_sampler_apply(s->grammar->smpl, &a1);
+        if (isinf(one.logit)) { /* rejected: mask the whole vocabulary, then sample again */
+            fill_candidates(e, d);
+            arr = (llama_token_data_array){ d, (size_t) nv, -1, false };
+            llama_sampler_apply(s->grammar->smpl, &arr);
+            bool any = false;
+            for (size_t i = 0; i < arr.size && !any; i++) any = !isinf(arr.data[i].logit);
+            if (!any) rc = kvt__fail(KVT_EINVAL, "sample: the grammar allows no token here");
+            else {
+                llama_sampler_apply(e->smpl, &arr);
+                if (arr.selected < 0 || arr.selected >= (int64_t) arr.size || isinf(arr.data[arr.selected].logit))
+                    rc = kvt__fail(KVT_ELLAMA, "sampler selected nothing the grammar allows");
+            }
+        }
+    }
+    if (rc == 0) {
         *tok = arr.data[arr.selected].id;
         llama_sampler_accept(e->smpl, *tok);
+        if (s->grammar) llama_sampler_accept(s->grammar->smpl, *tok);
     }
     free(d);
     return rc;
