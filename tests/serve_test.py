@@ -186,6 +186,99 @@ print(f"     long prompt with a fact: {kf}; reply {rf.choices[0].message.content
 check("a long prompt's own evicted block with the answer is recovered before the reply",
       kf["evictions"] > 0 and kf["recoveries"] > 0 and kf["resident_tokens"] <= 512, str(kf))
 
+# ---- tool calls and structured output (generic JSON tool format under a grammar) ---------
+tools = [{"type": "function", "function": {
+             "name": "get_weather", "description": "The current weather in a city",
+             "parameters": {"type": "object", "properties": {
+                 "city": {"type": "string", "description": "City name"},
+                 "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}}},
+         {"type": "function", "function": {
+             "name": "get_time", "description": "The local time in a city",
+             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+def valid_args(name, a):
+    if not isinstance(a, dict) or not isinstance(a.get("city"), str):
+        return False
+    if name == "get_weather":
+        return set(a) <= {"city", "unit"} and a.get("unit", "celsius") in ("celsius", "fahrenheit")
+    return set(a) == {"city"}
+
+
+th = [{"role": "user", "content": "What is the weather in Paris today?"}]
+tc1 = A.chat.completions.with_raw_response.create(model=model, messages=th, tools=tools, tool_choice="required",
+                                                  max_tokens=64, temperature=0)
+t1 = tc1.parse()
+m1 = t1.choices[0].message
+calls = m1.tool_calls or []
+try:
+    args = json.loads(calls[0].function.arguments) if calls else None
+except ValueError:
+    args = None
+print(f"     tool call: {[(c.function.name, c.function.arguments) for c in calls]} finish {t1.choices[0].finish_reason}")
+check("tool call: finish_reason tool_calls, one call of a listed function, arguments valid under its schema",
+      t1.choices[0].finish_reason == "tool_calls" and len(calls) == 1 and calls[0].type == "function" and calls[0].id
+      and m1.content is None and calls[0].function.name in ("get_weather", "get_time")
+      and valid_args(calls[0].function.name, args), str(m1))
+# the round trip: the client sends back its history with the call and the tool's result
+th += [{"role": "assistant", "content": None, "tool_calls": [
+           {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
+           for c in calls]},
+       {"role": "tool", "tool_call_id": calls[0].id if calls else "x",
+        "content": json.dumps({"city": (args or {}).get("city", "Paris"), "temperature": 18, "sky": "sunny"})}]
+tc2 = A.chat.completions.with_raw_response.create(model=model, messages=th, tools=tools, max_tokens=48, temperature=0)
+t2 = tc2.parse()
+m2, k2 = t2.choices[0].message, kvt(t2)
+print(f"     after the tool result: content {m2.content!r} calls {m2.tool_calls} finish {t2.choices[0].finish_reason}; {k2}")
+check("tool round trip: the reply after the tool result is a response or a further call",
+      (isinstance(m2.content, str) and m2.content and not m2.tool_calls and t2.choices[0].finish_reason in ("stop", "length"))
+      or (m2.tool_calls and t2.choices[0].finish_reason == "tool_calls"), str(m2))
+check("tool round trip: same session, the echoed call matches the cached tokens (only the tool result is decoded)",
+      tc2.headers.get("x-session-id") == tc1.headers.get("x-session-id")
+      and k2["prompt_tokens_reused"] >= t1.usage.prompt_tokens + t1.usage.completion_tokens - 1, str(k2))
+
+# a named function, streamed: the call arrives as a tool_calls delta
+chunks = list(A.chat.completions.create(model=model, messages=[{"role": "user", "content": "What time is it in Tokyo?"}],
+                                        tools=tools, tool_choice={"type": "function", "function": {"name": "get_time"}},
+                                        max_tokens=48, temperature=0, stream=True))
+deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+fin = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+try:
+    sargs = json.loads(deltas[0].function.arguments) if deltas else None
+except ValueError:
+    sargs = None
+check("tool call (stream, tool_choice names get_time): a tool_calls delta, finish_reason tool_calls",
+      len(deltas) == 1 and deltas[0].function.name == "get_time" and deltas[0].index == 0 and deltas[0].id
+      and valid_args("get_time", sargs) and fin == ["tool_calls"], f"{deltas} {fin}")
+
+# response_format: JSON object, JSON schema; control: the same question as free text is not JSON
+q = [{"role": "user", "content": "How many legs does a spider have?"}]
+rj = A.chat.completions.create(model=model, messages=q, response_format={"type": "json_object"}, max_tokens=48, temperature=0)
+try:
+    oj = json.loads(rj.choices[0].message.content)
+except ValueError:
+    oj = None
+check("response_format json_object: the reply is a JSON object", isinstance(oj, dict) and rj.choices[0].finish_reason == "stop",
+      repr(rj.choices[0].message.content))
+schema = {"type": "object", "properties": {"legs": {"type": "integer"}, "animal": {"type": "string"}},
+          "required": ["legs", "animal"]}
+rs = A.chat.completions.create(model=model, messages=q, max_tokens=48, temperature=0,
+                               response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}})
+try:
+    os_ = json.loads(rs.choices[0].message.content)
+except ValueError:
+    os_ = None
+check("response_format json_schema: the reply follows the schema",
+      isinstance(os_, dict) and set(os_) == {"legs", "animal"} and isinstance(os_["legs"], int)
+      and isinstance(os_["animal"], str), repr(rs.choices[0].message.content))
+rt = A.chat.completions.create(model=model, messages=q, max_tokens=48, temperature=0)
+try:
+    ot = json.loads(rt.choices[0].message.content)
+except ValueError:
+    ot = None
+check("control: without response_format the same question is not answered in JSON", not isinstance(ot, dict),
+      repr(rt.choices[0].message.content))
+
 # ---- bad input -------------------------------------------------------------------------
 def bad(name, status, body, frag, **kw):
     st, _, b = raw("POST", kw.pop("path", "/v1/chat/completions"), body, **kw)
@@ -204,13 +297,25 @@ bad("stream of the wrong type", 400, {"messages": hello, "stream": "yes"}, "'str
 bad("unknown role", 400, {"messages": [{"role": "wizard", "content": "hi"}]}, "'wizard' is not supported")
 bad("content of the wrong type", 400, {"messages": [{"role": "user", "content": 42}]}, "must be a string")
 bad("last message not from the user", 400, {"messages": [{"role": "user", "content": "a"},
-                                                         {"role": "assistant", "content": "b"}]}, "must be a user message")
+                                                         {"role": "assistant", "content": "b"}]}, "must be a user or tool message")
 bad("invalid UTF-8", 400, b'{"messages": [{"role": "user", "content": "caf\xe9"}]}', "not valid UTF-8")
 bad("body over 8 MiB", 413, b'{"messages": "' + b"x" * (9 << 20) + b'"}', "over the limit")
 bad("prompt longer than the context", 400, {"messages": [{"role": "user", "content": "apple " * 6000}]}, "tokens")
-bad("response_format json_object", 400, {"messages": hello, "response_format": {"type": "json_object"}},
-    "not supported")
-bad("tools", 400, {"messages": hello, "tools": [{"type": "function", "function": {"name": "f"}}]}, "not supported")
+bad("response_format of an unknown type", 400, {"messages": hello, "response_format": {"type": "yaml"}},
+    "'yaml' is not one of")
+bad("tools not an array", 400, {"messages": hello, "tools": {"type": "function"}}, "'tools' must be an array")
+bad("a tool without a name", 400, {"messages": hello, "tools": [{"type": "function", "function": {}}]}, "'tools[0]' must be")
+bad("tool_choice naming a function not in tools", 400, {"messages": hello, "tools": tools,
+    "tool_choice": {"type": "function", "function": {"name": "launch"}}}, "'launch', which is not in 'tools'")
+bad("tool_choice of an unknown mode", 400, {"messages": hello, "tools": tools, "tool_choice": "sometimes"},
+    "'sometimes' is not one of")
+bad("a tool schema of an unknown type", 400, {"messages": hello, "tools": [{"type": "function", "function": {
+    "name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "complex"}}}}}]}, "unknown JSON schema type")
+bad("tools with response_format json", 400, {"messages": hello, "tools": tools, "response_format": {"type": "json_object"}},
+    "cannot be combined")
+bad("a tool result without tool_call_id", 400, {"messages": [{"role": "user", "content": "hi"},
+                                                            {"role": "tool", "content": "18 degrees"}]}, "tool_call_id")
+bad("the deprecated functions API", 400, {"messages": hello, "functions": [{"name": "f"}]}, "deprecated")
 bad("completions without a prompt", 400, {"max_tokens": 3}, "'prompt' must be a string", path="/v1/completions")
 st, _, b = raw("GET", "/v1/nowhere")
 check("unknown endpoint -> 404", st == 404 and "error" in b, f"{st} {b}")
@@ -219,7 +324,7 @@ check("no API key -> 401", st == 401 and b["error"]["code"] == "invalid_api_key"
 st, _, b = raw("GET", "/v1/models", key="wrong-key")
 check("wrong API key -> 401", st == 401, f"{st} {b}")
 try:
-    A.chat.completions.create(model=model, messages=hello, response_format={"type": "json_object"})
+    A.chat.completions.create(model=model, messages=hello, response_format={"type": "yaml"})
     check("the client raises BadRequestError on a 400", False, "no exception")
 except openai.BadRequestError as e:
     check("the client raises BadRequestError on a 400", "response_format" in str(e), str(e))

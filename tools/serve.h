@@ -20,6 +20,9 @@ enum { SERVE_MAX_STOP = 4, SERVE_MAX_BODY = 8 << 20, SERVE_PARK_FACTOR = 4 };
 #define KVT_MAX(a, b) ((a) > (b) ? (a) : (b))
 
 enum job_kind { JOB_CHAT, JOB_COMPLETION, JOB_DELETE };
+/* What the reply is: free text, JSON under a grammar (response_format), or the generic
+** tool-call JSON (serve_tools.c) to be turned into `tool_calls` or `content`. */
+enum reply_format { REPLY_TEXT, REPLY_JSON, REPLY_TOOLS };
 enum job_state { JOB_QUEUED, JOB_RUNNING, JOB_DONE };
 
 /* One request.  Fields above `--- engine side` are written by the HTTP thread before the job is
@@ -37,6 +40,9 @@ struct job {
     char         *stop[SERVE_MAX_STOP];
     int32_t       n_stop;
     bool          stream, include_usage;
+    enum reply_format format;
+    char         *grammar;         /* GBNF for the reply (tools / response_format), NULL = free text;
+                                   ** compiled into smp.grammar by the engine thread */
     double        t_arrival;       /* ms, monotonic */
     /* --- engine side */
     enum job_state state;
@@ -124,6 +130,25 @@ void serve_job_free(struct job *j);
 
 void serve_hist_add(struct hist *h, double ms);
 extern const double serve_hist_bounds[HIST_N];
+
+/* serve_tools.c — tool calling and structured output (see the file's header) */
+
+/* Validate tools / tool_choice / parallel_tool_calls / response_format of a chat request.  Sets
+** j->format and j->grammar (owned by the job); *sys_extra (caller frees) is the text describing
+** the tools, to append to the system message, or NULL.  On a bad field: message in err, the
+** field in *param, returns -1. */
+int   tools_parse(json_t *root, struct job *j, char **sys_extra, char *err, size_t n_err, const char **param);
+/* An assistant message's tool_calls (as a client echoes them) as the JSON text the model
+** generates.  NULL with err filled if malformed.  Caller frees. */
+char *tools_render_calls(const json_t *calls, size_t msg_index, char *err, size_t n_err);
+/* A tool result as the user-message text the model sees.  Caller frees; NULL on OOM. */
+char *tools_render_result(const char *tool_name, const char *content);
+/* Is `echo` (an assistant message a client sent back) the reply the session stored as `stored`?
+** Byte-equal, or equal as JSON, or the "response" text of a stored {"response": ...}. */
+bool  tools_same_reply(const char *stored, const char *echo);
+/* The assistant message for a finished reply: {"role", "content", "tool_calls"?}.  *finish
+** becomes "tool_calls" when the reply is a complete tool call.  New reference; NULL on OOM. */
+json_t *tools_reply(const char *text, int format, const char **finish);
 
 /* serve_http.c */
 struct MHD_Daemon;

@@ -124,6 +124,8 @@ void serve_job_free(struct job *j) {
     }
     free(j->msgs);
     free(j->prompt);
+    free(j->grammar);
+    kvt_grammar_free(j->smp.grammar);
     for (int32_t i = 0; i < j->n_stop; i++) free(j->stop[i]);
     free(j->text);
     free(j->gen);
@@ -448,11 +450,42 @@ static void run_completion(struct server *srv, struct job *j) {
     j->completion_tokens = j->n_gen;
 }
 
+/* Assistant messages the client sends back are matched against the replies the session stored,
+** which are the text the model generated: a tool call echoed as `tool_calls`, or the "response"
+** of a tool-mode reply echoed as plain content, is replaced by the stored text, so the session's
+** tokens are reused instead of cut back and re-decoded (serve_tools.c). */
+static int canonicalise_replies(struct sess *x, struct job *j) {
+    int32_t n = KVT_MIN(kvt_session_n_messages(x->s), j->n_msgs);
+    for (int32_t k = 0; k < n; k++) {
+        struct kvt_chat_msg m;
+        if (kvt_session_message(x->s, k, &m) || strcmp(m.role, j->msgs[k].role)) break;
+        if (!strcmp(m.content, j->msgs[k].content)) continue;
+        if (strcmp(m.role, "assistant") || !tools_same_reply(m.content, j->msgs[k].content)) break;
+        char *c = strdup(m.content);
+        if (!c) return -1;
+        free((char *) j->msgs[k].content);
+        j->msgs[k].content = c;
+    }
+    return 0;
+}
+
 static void start_chat(struct server *srv, struct job *j) {
+    if (j->grammar && !j->smp.grammar) {
+        int rc = kvt_grammar_new(srv->eng, j->grammar, "root", &j->smp.grammar);
+        if (rc) { /* our own translation of the schema failed: say which text */
+            job_error(j, 400, "invalid_request_error", NULL, "the tools / response_format schema could not be compiled to a grammar: %s",
+                      kvt_errmsg());
+            return;
+        }
+    }
     struct sess *x = pick_session(srv, j);
     if (!x) {
         if (!j->http_status)
             job_error(j, 503, "server_error", NULL, "every one of the %d session slots is generating", srv->max_sessions);
+        return;
+    }
+    if (canonicalise_replies(x, j)) {
+        job_error(j, 500, "server_error", NULL, "out of memory");
         return;
     }
     snprintf(j->out_session, sizeof j->out_session, "%s", x->id);

@@ -112,7 +112,7 @@ static const char *type_name(const json_t *v) {
 static int parse_common(struct server *srv, json_t *root, struct job *j, char *err, size_t n_err, const char **param) {
     json_t *v;
     j->max_tokens = srv->max_tokens_default;
-    j->smp = (struct kvt_sampling){ 1.0f, 1.0f, 0, 0 };
+    j->smp = (struct kvt_sampling){ 1.0f, 1.0f, 0, 0, NULL };
     const char *len_keys[] = { "max_tokens", "max_completion_tokens" };
     for (int i = 0; i < 2; i++)
         if ((v = json_object_get(root, len_keys[i])) && !json_is_null(v)) {
@@ -183,22 +183,6 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, char *e
         snprintf(err, n_err, "'model' must be a string, got %s", type_name(v));
         return -1;
     }
-    const char *unsupported[] = { "tools", "tool_choice", "functions", "function_call" };
-    for (int i = 0; i < 4; i++)
-        if ((v = json_object_get(root, unsupported[i])) && !json_is_null(v) && !(json_is_array(v) && json_array_size(v) == 0)) {
-            *param = unsupported[i];
-            snprintf(err, n_err, "'%s' is not supported: the model's chat template (gemma) has no tool calling", unsupported[i]);
-            return -1;
-        }
-    if ((v = json_object_get(root, "response_format")) && !json_is_null(v)) {
-        *param = "response_format";
-        json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
-        if (!t || !json_is_string(t) || strcmp(json_string_value(t), "text")) {
-            snprintf(err, n_err, "'response_format' %s is not supported; only {\"type\": \"text\"}",
-                     t && json_is_string(t) ? json_string_value(t) : "(malformed)");
-            return -1;
-        }
-    }
     if ((v = json_object_get(root, "logprobs")) && json_is_true(v)) {
         *param = "logprobs";
         snprintf(err, n_err, "'logprobs' is not supported");
@@ -208,56 +192,139 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, char *e
     return 0;
 }
 
-/* messages[] into owned (role, content) pairs; "developer" is a system message. */
-static int parse_messages(json_t *root, struct job *j, char *err, size_t n_err, const char **param) {
+/* The text of messages[i].content: a string, or text parts joined; NULL (allowed only where
+** *optional) when absent or null.  Returns -1 on a bad shape. */
+static int content_text(const json_t *ct, size_t i, char **out, bool optional, char *err, size_t n_err) {
+    *out = NULL;
+    if ((!ct || json_is_null(ct)) && optional) return 0;
+    if (ct && json_is_string(ct)) {
+        *out = strdup(json_string_value(ct));
+    } else if (ct && json_is_array(ct)) { /* content parts: text only, joined */
+        size_t total = 1, k;
+        json_t *part;
+        json_array_foreach(ct, k, part) {
+            json_t *ty = json_is_object(part) ? json_object_get(part, "type") : NULL, *tx = json_is_object(part) ? json_object_get(part, "text") : NULL;
+            if (!ty || !json_is_string(ty) || strcmp(json_string_value(ty), "text") || !tx || !json_is_string(tx)) {
+                snprintf(err, n_err, "'messages[%zu].content[%zu]' must be {\"type\": \"text\", \"text\": string}; other parts are not supported", i, k);
+                return -1;
+            }
+            total += strlen(json_string_value(tx));
+        }
+        if ((*out = malloc(total))) {
+            (*out)[0] = '\0';
+            json_array_foreach(ct, k, part) strcat(*out, json_string_value(json_object_get(part, "text")));
+        }
+    } else {
+        snprintf(err, n_err, "'messages[%zu].content' must be a string or an array of text parts, got %s", i, ct ? type_name(ct) : "nothing");
+        return -1;
+    }
+    if (!*out) { snprintf(err, n_err, "out of memory"); return -1; }
+    return 0;
+}
+
+/* Append a message (role and content owned by the job from here on). */
+static int push_msg(struct job *j, const char *role, char *content) {
+    j->msgs[j->n_msgs].role = strdup(role);
+    j->msgs[j->n_msgs].content = content;
+    j->n_msgs++;
+    return j->msgs[j->n_msgs - 1].role && content ? 0 : -1;
+}
+
+/* messages[] into owned (role, content) pairs; "developer" is a system message.  Tool calling
+** (serve_tools.c): an assistant message's tool_calls become the JSON text the model generates,
+** and "tool" results become user messages (consecutive ones joined), naming the tool called by
+** the matching tool_call_id.  sys_extra (the tools' description) is appended to the system
+** message, or becomes one at the start. */
+static int parse_messages(json_t *root, struct job *j, const char *sys_extra, char *err, size_t n_err, const char **param) {
     json_t *ms = json_object_get(root, "messages");
     *param = "messages";
     if (!ms) { snprintf(err, n_err, "'messages' is required"); return -1; }
     if (!json_is_array(ms)) { snprintf(err, n_err, "'messages' must be an array, got %s", type_name(ms)); return -1; }
     size_t n = json_array_size(ms);
     if (n == 0) { snprintf(err, n_err, "'messages' must not be empty"); return -1; }
-    if (!(j->msgs = calloc(n, sizeof *j->msgs))) { snprintf(err, n_err, "out of memory"); return -1; }
+    if (!(j->msgs = calloc(n + 1, sizeof *j->msgs))) { snprintf(err, n_err, "out of memory"); return -1; }
     size_t i;
     json_t *m;
+    bool last_tool = false;
     json_array_foreach(ms, i, m) {
         if (!json_is_object(m)) { snprintf(err, n_err, "'messages[%zu]' must be an object, got %s", i, type_name(m)); return -1; }
-        json_t *r = json_object_get(m, "role"), *ct = json_object_get(m, "content");
+        json_t *r = json_object_get(m, "role"), *ct = json_object_get(m, "content"), *calls = json_object_get(m, "tool_calls");
         if (!r || !json_is_string(r)) { snprintf(err, n_err, "'messages[%zu].role' must be a string", i); return -1; }
         const char *role = json_string_value(r);
         if (!strcmp(role, "developer")) role = "system";
-        if (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant")) {
-            snprintf(err, n_err, "'messages[%zu].role' '%.40s' is not supported; expected system, developer, user or assistant", i, role);
+        bool tool = !strcmp(role, "tool");
+        if (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant") && !tool) {
+            snprintf(err, n_err, "'messages[%zu].role' '%.40s' is not supported; expected system, developer, user, assistant or tool", i, role);
+            return -1;
+        }
+        bool has_calls = calls && !json_is_null(calls) && !(json_is_array(calls) && json_array_size(calls) == 0);
+        if (has_calls && strcmp(role, "assistant")) {
+            snprintf(err, n_err, "'messages[%zu]' is a %s message with 'tool_calls'; only assistant messages make tool calls", i, role);
             return -1;
         }
         char *content = NULL;
-        if (ct && json_is_string(ct)) {
-            content = strdup(json_string_value(ct));
-        } else if (ct && json_is_array(ct)) { /* content parts: text only, joined */
-            size_t total = 1, k;
-            json_t *part;
-            json_array_foreach(ct, k, part) {
-                json_t *ty = json_is_object(part) ? json_object_get(part, "type") : NULL, *tx = json_is_object(part) ? json_object_get(part, "text") : NULL;
-                if (!ty || !json_is_string(ty) || strcmp(json_string_value(ty), "text") || !tx || !json_is_string(tx)) {
-                    snprintf(err, n_err, "'messages[%zu].content[%zu]' must be {\"type\": \"text\", \"text\": string}; other parts are not supported", i, k);
-                    return -1;
-                }
-                total += strlen(json_string_value(tx));
-            }
-            if ((content = malloc(total))) {
-                content[0] = '\0';
-                json_array_foreach(ct, k, part) strcat(content, json_string_value(json_object_get(part, "text")));
-            }
-        } else {
-            snprintf(err, n_err, "'messages[%zu].content' must be a string or an array of text parts, got %s", i, ct ? type_name(ct) : "nothing");
-            return -1;
+        if (content_text(ct, i, &content, has_calls, err, n_err)) return -1;
+        if (has_calls) { /* the call as generated; any text beside it is dropped (the model emits one JSON object) */
+            free(content);
+            if (!(content = tools_render_calls(calls, i, err, n_err))) return -1;
         }
-        j->msgs[i].role = strdup(role);
-        j->msgs[i].content = content;
-        j->n_msgs = (int32_t) i + 1;
-        if (!j->msgs[i].role || !content) { snprintf(err, n_err, "out of memory"); return -1; }
+        if (tool) {
+            json_t *id = json_object_get(m, "tool_call_id"), *nm = json_object_get(m, "name");
+            const char *name = nm && json_is_string(nm) ? json_string_value(nm) : NULL;
+            if (!id || !json_is_string(id)) {
+                free(content);
+                snprintf(err, n_err, "'messages[%zu].tool_call_id' must be a string (the id of the call it answers)", i);
+                return -1;
+            }
+            /* the tool's name: from the assistant message that made the call */
+            for (size_t k = 0; !name && k < i; k++) {
+                json_t *cs = json_object_get(json_array_get(ms, k), "tool_calls"), *c;
+                size_t q;
+                json_array_foreach(cs, q, c) {
+                    json_t *cid = json_object_get(c, "id");
+                    if (cid && json_is_string(cid) && !strcmp(json_string_value(cid), json_string_value(id))) {
+                        json_t *fn = json_object_get(c, "function"), *fnm = fn ? json_object_get(fn, "name") : NULL;
+                        if (fnm && json_is_string(fnm)) name = json_string_value(fnm);
+                    }
+                }
+            }
+            char *t = tools_render_result(name, content);
+            free(content);
+            if (!(content = t)) { snprintf(err, n_err, "out of memory"); return -1; }
+            if (last_tool) { /* results of one turn's calls: one user message */
+                struct kvt_chat_msg *prev = &j->msgs[j->n_msgs - 1];
+                size_t np = strlen(prev->content), nc = strlen(content);
+                char *joined = realloc((char *) prev->content, np + nc + 2);
+                if (!joined) { free(content); snprintf(err, n_err, "out of memory"); return -1; }
+                joined[np] = '\n';
+                memcpy(joined + np + 1, content, nc + 1);
+                prev->content = joined;
+                free(content);
+                continue;
+            }
+            role = "user";
+        }
+        last_tool = tool;
+        if (push_msg(j, role, content)) { snprintf(err, n_err, "out of memory"); return -1; }
     }
-    if (strcmp(j->msgs[n - 1].role, "user")) {
-        snprintf(err, n_err, "the last message is '%s'; it must be a user message", j->msgs[n - 1].role);
+    if (sys_extra) {
+        if (!strcmp(j->msgs[0].role, "system")) {
+            size_t a = strlen(j->msgs[0].content), b = strlen(sys_extra);
+            char *c = realloc((char *) j->msgs[0].content, a + b + 3);
+            if (!c) { snprintf(err, n_err, "out of memory"); return -1; }
+            if (a) memcpy(c + a, "\n\n", 2), a += 2;
+            memcpy(c + a, sys_extra, b + 1);
+            j->msgs[0].content = c;
+        } else {
+            memmove(j->msgs + 1, j->msgs, sizeof *j->msgs * (size_t) j->n_msgs);
+            j->msgs[0].role = strdup("system");
+            j->msgs[0].content = strdup(sys_extra);
+            j->n_msgs++;
+            if (!j->msgs[0].role || !j->msgs[0].content) { snprintf(err, n_err, "out of memory"); return -1; }
+        }
+    }
+    if (strcmp(j->msgs[j->n_msgs - 1].role, "user")) {
+        snprintf(err, n_err, "the last message is '%s'; it must be a user or tool message", j->msgs[j->n_msgs - 1].role);
         return -1;
     }
     *param = NULL;
@@ -280,13 +347,16 @@ static unsigned long long g_id;
 static json_t *final_obj(struct server *srv, const struct job *j) {
     char id[64];
     snprintf(id, sizeof id, "%s-%llu", j->kind == JOB_CHAT ? "chatcmpl" : "cmpl", __atomic_add_fetch(&g_id, 1, __ATOMIC_RELAXED));
-    char *text = cli_utf8_clean(j->text ? j->text : "");
-    json_t *choice = j->kind == JOB_CHAT
-                         ? json_pack("{s:i, s:{s:s, s:s}, s:s, s:n}", "index", 0, "message", "role", "assistant", "content",
-                                     text ? text : "", "finish_reason", j->finish, "logprobs")
-                         : json_pack("{s:i, s:s, s:s, s:n}", "index", 0, "text", text ? text : "", "finish_reason", j->finish,
-                                     "logprobs");
-    free(text);
+    json_t *choice;
+    if (j->kind == JOB_CHAT) {
+        const char *fin = j->finish;
+        json_t *msg = tools_reply(j->text ? j->text : "", j->format, &fin);
+        choice = json_pack("{s:i, s:o, s:s, s:n}", "index", 0, "message", msg, "finish_reason", fin, "logprobs");
+    } else {
+        char *text = cli_utf8_clean(j->text ? j->text : "");
+        choice = json_pack("{s:i, s:s, s:s, s:n}", "index", 0, "text", text ? text : "", "finish_reason", j->finish, "logprobs");
+        free(text);
+    }
     return json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", id, "object",
                      j->kind == JOB_CHAT ? "chat.completion" : "text_completion", "created", (json_int_t) time(NULL),
                      "model", srv->model_name, "choices", choice, "usage", usage_obj(j));
@@ -323,13 +393,16 @@ static void stream_emit(struct stream *st, json_t *obj) {
     free(txt);
 }
 
-static json_t *chunk(struct stream *st, const char *content, const char *finish, bool role) {
+/* delta: the chat delta to send as is (stolen), else built from role/content. */
+static json_t *chunk_delta(struct stream *st, json_t *delta, const char *content, const char *finish, bool role) {
     const struct job *j = st->j;
     json_t *choice;
     if (j->kind == JOB_CHAT) {
-        json_t *delta = json_object();
-        if (role) json_object_set_new(delta, "role", json_string("assistant"));
-        if (content) json_object_set_new(delta, "content", json_string(content));
+        if (!delta) {
+            delta = json_object();
+            if (role) json_object_set_new(delta, "role", json_string("assistant"));
+            if (content) json_object_set_new(delta, "content", json_string(content));
+        }
         choice = json_pack("{s:i, s:o, s:o, s:n}", "index", 0, "delta", delta, "finish_reason",
                            finish ? json_string(finish) : json_null(), "logprobs");
     } else {
@@ -339,6 +412,10 @@ static json_t *chunk(struct stream *st, const char *content, const char *finish,
     return json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", st->id, "object",
                      j->kind == JOB_CHAT ? "chat.completion.chunk" : "text_completion", "created", (json_int_t) time(NULL),
                      "model", st->srv->model_name, "choices", choice);
+}
+
+static json_t *chunk(struct stream *st, const char *content, const char *finish, bool role) {
+    return chunk_delta(st, NULL, content, finish, role);
 }
 
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
@@ -353,9 +430,26 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             st->phase = 1;
             if (j->kind == JOB_CHAT) { stream_emit(st, chunk(st, NULL, NULL, true)); continue; }
         }
+        /* a tool-call reply is one JSON object: parsed and sent whole when it is complete */
+        bool whole = j->kind == JOB_CHAT && j->format == REPLY_TOOLS;
         pthread_mutex_lock(&srv->mu);
-        WAIT_UNTIL(j->state == JOB_DONE || j->n_text > j->n_sent);
+        if (whole) WAIT_UNTIL(j->state == JOB_DONE);
+        else WAIT_UNTIL(j->state == JOB_DONE || j->n_text > j->n_sent);
         bool done = j->state == JOB_DONE;
+        const char *fin = j->finish;
+        if (whole) {
+            pthread_mutex_unlock(&srv->mu);
+            if (!(j->http_status && j->http_status != 200)) {
+                json_t *msg = tools_reply(j->text ? j->text : "", j->format, &fin);
+                if (msg) {
+                    json_object_del(msg, "role");
+                    if (json_is_null(json_object_get(msg, "content"))) json_object_del(msg, "content");
+                    stream_emit(st, chunk_delta(st, msg, NULL, NULL, false));
+                }
+            }
+            pthread_mutex_lock(&srv->mu);
+            j->n_sent = j->text ? strlen(j->text) : 0;
+        }
         size_t upto = done ? (j->text ? strlen(j->text) : 0) : j->n_text;
         size_t ok = upto > j->n_sent ? utf8_prefix(j->text + j->n_sent, upto - j->n_sent) : 0;
         char *piece = NULL;
@@ -383,7 +477,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         if (j->http_status && j->http_status != 200) {
             stream_emit(st, error_obj(j->err_msg, j->err_type, NULL, j->err_code));
         } else {
-            stream_emit(st, chunk(st, NULL, j->finish, false));
+            stream_emit(st, chunk(st, NULL, fin, false));
             if (j->include_usage) {
                 json_t *u = json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", st->id, "object",
                                       j->kind == JOB_CHAT ? "chat.completion.chunk" : "text_completion", "created",
@@ -484,7 +578,21 @@ static enum MHD_Result post_generate(struct server *srv, struct MHD_Connection *
     char err[1024] = "";
     const char *param = NULL;
     int rc = parse_common(srv, root, j, err, sizeof err, &param);
-    if (rc == 0 && chat) rc = parse_messages(root, j, err, sizeof err, &param);
+    char *sys_extra = NULL;
+    if (rc == 0 && chat) rc = tools_parse(root, j, &sys_extra, err, sizeof err, &param);
+    if (rc == 0 && chat) rc = parse_messages(root, j, sys_extra, err, sizeof err, &param);
+    free(sys_extra);
+    if (rc == 0 && !chat) {
+        const char *chat_only[] = { "tools", "tool_choice", "functions", "function_call", "response_format" };
+        for (int i = 0; rc == 0 && i < 5; i++) {
+            json_t *v = json_object_get(root, chat_only[i]);
+            if (v && !json_is_null(v)) {
+                param = chat_only[i];
+                snprintf(err, sizeof err, "'%s' is not supported on /v1/completions; use /v1/chat/completions", chat_only[i]);
+                rc = -1;
+            }
+        }
+    }
     if (rc == 0 && !chat) {
         json_t *p = json_object_get(root, "prompt");
         param = "prompt";
