@@ -396,6 +396,28 @@ check(f"disconnect mid-stream frees the slot ({freed:.2f} s)", got.startswith(b"
 gen1 = metric("kvtier_generated_tokens_total")
 check("the dropped request stopped long before max_tokens", gen1 - gen0 < 1000, f"{gen1 - gen0} tokens generated")
 
+# the same for a non-streamed request whose client gives up (a client-side timeout)
+gen0 = metric("kvtier_generated_tokens_total")
+conn = http.client.HTTPConnection(U.hostname, U.port, timeout=60)
+conn.request("POST", "/v1/chat/completions", body=json.dumps(
+    {"messages": [{"role": "user", "content": "Tell me another very long story."}], "max_tokens": 2000,
+     "temperature": 0.8, "seed": 2}),
+    headers={"Authorization": f"Bearer {KEY_A}", "Content-Type": "application/json"})
+t0 = time.time()
+while time.time() - t0 < 20 and metric("kvtier_active_requests") != 1:  # generating
+    time.sleep(0.05)
+time.sleep(0.5)
+conn.sock.shutdown(2)
+conn.close()
+t0 = time.time()
+while time.time() - t0 < 10 and metric("kvtier_active_requests") != 0:
+    time.sleep(0.1)
+freed = time.time() - t0
+gen1 = metric("kvtier_generated_tokens_total")
+check(f"a non-streamed request whose client disconnects is cancelled ({freed:.2f} s, {gen1 - gen0:.0f} tokens)",
+      metric("kvtier_active_requests") == 0 and freed < 3 and gen1 - gen0 < 1000,
+      f"active {metric('kvtier_active_requests')} after {freed:.1f} s, {gen1 - gen0} tokens")
+
 # ---- queue full -> 429 (server: --parallel 2 --queue 1) ----------------------------------
 codes = []
 

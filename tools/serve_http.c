@@ -4,7 +4,10 @@
 #include "serve.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <microhttpd.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -510,6 +513,33 @@ static void stream_free(void *cls) {
     free(st);
 }
 
+/* The client closed its end (a recv that peeks at end-of-file or fails)?  A client that sent more
+** bytes (pipelining) is still there. */
+static bool peer_gone(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return false;
+    struct pollfd p = { .fd = ci->connect_fd, .events = POLLIN };
+    if (poll(&p, 1, 0) <= 0) return false;
+    if (p.revents & (POLLHUP | POLLERR)) return true;
+    char b;
+    ssize_t n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+/* Wait (under srv->mu) for a non-streamed job to finish, checking every 100 ms that the client
+** is still connected: one that went away cancels the job at its next token (as a dropped stream
+** does), so its slot is not held to max_tokens for nobody. */
+static void wait_watching(struct server *srv, struct MHD_Connection *c, struct job *j) {
+    while (j->state != JOB_DONE) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&j->cv, &srv->mu, &ts);
+        if (j->state != JOB_DONE && !j->cancelled && peer_gone(c)) j->cancelled = true;
+    }
+}
+
 static enum MHD_Result run_job(struct server *srv, struct MHD_Connection *c, struct job *j) {
     j->t_arrival = mono_ms();
     pthread_cond_init(&j->cv, NULL);
@@ -522,7 +552,7 @@ static enum MHD_Result run_job(struct server *srv, struct MHD_Connection *c, str
     }
     pthread_mutex_lock(&srv->mu);
     if (j->stream) WAIT_UNTIL(j->state == JOB_DONE || j->started); /* prompt accepted: headers can go */
-    else WAIT_UNTIL(j->state == JOB_DONE);
+    else wait_watching(srv, c, j);
     bool failed = j->state == JOB_DONE && j->http_status && j->http_status != 200;
     pthread_mutex_unlock(&srv->mu);
     if (failed) {
