@@ -151,6 +151,8 @@ bool  tools_same_reply(const char *stored, const char *echo);
 json_t *tools_reply(const char *text, int format, const char **finish);
 
 /* serve_http.c */
+/* "an object", "a string", ... for messages naming a JSON value's type.  Cannot fail. */
+const char *serve_json_type(const json_t *v);
 struct MHD_Daemon;
 struct MHD_Daemon *serve_http_start(struct server *srv, const char *host, int32_t port, int32_t *bound_port);
 

@@ -98,7 +98,7 @@ static enum MHD_Result send_error(struct server *srv, struct MHD_Connection *c, 
 /* ---------------------------------------------------------------------------------------- */
 /* request validation                                                                       */
 
-static const char *type_name(const json_t *v) {
+const char *serve_json_type(const json_t *v) {
     switch (json_typeof(v)) {
     case JSON_OBJECT: return "an object";
     case JSON_ARRAY: return "an array";
@@ -120,28 +120,28 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, char *e
     for (int i = 0; i < 2; i++)
         if ((v = json_object_get(root, len_keys[i])) && !json_is_null(v)) {
             *param = len_keys[i];
-            if (!json_is_integer(v)) { snprintf(err, n_err, "'%s' must be an integer, got %s", len_keys[i], type_name(v)); return -1; }
+            if (!json_is_integer(v)) { snprintf(err, n_err, "'%s' must be an integer, got %s", len_keys[i], serve_json_type(v)); return -1; }
             json_int_t x = json_integer_value(v);
             if (x < 1 || x > srv->n_ctx) { snprintf(err, n_err, "'%s' %lld is outside 1..%d", len_keys[i], (long long) x, srv->n_ctx); return -1; }
             j->max_tokens = (int32_t) x;
         }
     if ((v = json_object_get(root, "temperature")) && !json_is_null(v)) {
         *param = "temperature";
-        if (!json_is_number(v)) { snprintf(err, n_err, "'temperature' must be a number, got %s", type_name(v)); return -1; }
+        if (!json_is_number(v)) { snprintf(err, n_err, "'temperature' must be a number, got %s", serve_json_type(v)); return -1; }
         double t = json_number_value(v);
         if (!(t >= 0 && t <= 2)) { snprintf(err, n_err, "'temperature' %g is outside 0..2", t); return -1; }
         j->smp.temperature = (float) t;
     }
     if ((v = json_object_get(root, "top_p")) && !json_is_null(v)) {
         *param = "top_p";
-        if (!json_is_number(v)) { snprintf(err, n_err, "'top_p' must be a number, got %s", type_name(v)); return -1; }
+        if (!json_is_number(v)) { snprintf(err, n_err, "'top_p' must be a number, got %s", serve_json_type(v)); return -1; }
         double p = json_number_value(v);
         if (!(p > 0 && p <= 1)) { snprintf(err, n_err, "'top_p' %g is outside (0, 1]", p); return -1; }
         j->smp.top_p = (float) p;
     }
     if ((v = json_object_get(root, "seed")) && !json_is_null(v)) {
         *param = "seed";
-        if (!json_is_integer(v)) { snprintf(err, n_err, "'seed' must be an integer, got %s", type_name(v)); return -1; }
+        if (!json_is_integer(v)) { snprintf(err, n_err, "'seed' must be an integer, got %s", serve_json_type(v)); return -1; }
         j->smp.seed = (uint32_t) json_integer_value(v);
         j->seeded = true;
     } else {
@@ -162,28 +162,28 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, char *e
             size_t i;
             json_t *s;
             json_array_foreach(v, i, s) {
-                if (!json_is_string(s)) { snprintf(err, n_err, "'stop[%zu]' must be a string, got %s", i, type_name(s)); return -1; }
+                if (!json_is_string(s)) { snprintf(err, n_err, "'stop[%zu]' must be a string, got %s", i, serve_json_type(s)); return -1; }
                 if (!(j->stop[j->n_stop++] = strdup(json_string_value(s)))) return -1;
             }
-        } else { snprintf(err, n_err, "'stop' must be a string or an array of strings, got %s", type_name(v)); return -1; }
+        } else { snprintf(err, n_err, "'stop' must be a string or an array of strings, got %s", serve_json_type(v)); return -1; }
         for (int32_t i = 0; i < j->n_stop; i++)
             if (!j->stop[i][0]) { snprintf(err, n_err, "'stop' strings must not be empty"); return -1; }
     }
     if ((v = json_object_get(root, "stream")) && !json_is_null(v)) {
         *param = "stream";
-        if (!json_is_boolean(v)) { snprintf(err, n_err, "'stream' must be a boolean, got %s", type_name(v)); return -1; }
+        if (!json_is_boolean(v)) { snprintf(err, n_err, "'stream' must be a boolean, got %s", serve_json_type(v)); return -1; }
         j->stream = json_is_true(v);
     }
     if ((v = json_object_get(root, "stream_options")) && !json_is_null(v)) {
         *param = "stream_options";
-        if (!json_is_object(v)) { snprintf(err, n_err, "'stream_options' must be an object, got %s", type_name(v)); return -1; }
+        if (!json_is_object(v)) { snprintf(err, n_err, "'stream_options' must be an object, got %s", serve_json_type(v)); return -1; }
         json_t *u = json_object_get(v, "include_usage");
-        if (u && !json_is_boolean(u)) { snprintf(err, n_err, "'stream_options.include_usage' must be a boolean, got %s", type_name(u)); return -1; }
+        if (u && !json_is_boolean(u)) { snprintf(err, n_err, "'stream_options.include_usage' must be a boolean, got %s", serve_json_type(u)); return -1; }
         j->include_usage = u && json_is_true(u);
     }
     if ((v = json_object_get(root, "model")) && !json_is_null(v) && !json_is_string(v)) {
         *param = "model";
-        snprintf(err, n_err, "'model' must be a string, got %s", type_name(v));
+        snprintf(err, n_err, "'model' must be a string, got %s", serve_json_type(v));
         return -1;
     }
     if ((v = json_object_get(root, "logprobs")) && json_is_true(v)) {
@@ -218,7 +218,7 @@ static int content_text(const json_t *ct, size_t i, char **out, bool optional, c
             json_array_foreach(ct, k, part) strcat(*out, json_string_value(json_object_get(part, "text")));
         }
     } else {
-        snprintf(err, n_err, "'messages[%zu].content' must be a string or an array of text parts, got %s", i, ct ? type_name(ct) : "nothing");
+        snprintf(err, n_err, "'messages[%zu].content' must be a string or an array of text parts, got %s", i, ct ? serve_json_type(ct) : "nothing");
         return -1;
     }
     if (!*out) { snprintf(err, n_err, "out of memory"); return -1; }
@@ -242,7 +242,7 @@ static int parse_messages(json_t *root, struct job *j, const char *sys_extra, ch
     json_t *ms = json_object_get(root, "messages");
     *param = "messages";
     if (!ms) { snprintf(err, n_err, "'messages' is required"); return -1; }
-    if (!json_is_array(ms)) { snprintf(err, n_err, "'messages' must be an array, got %s", type_name(ms)); return -1; }
+    if (!json_is_array(ms)) { snprintf(err, n_err, "'messages' must be an array, got %s", serve_json_type(ms)); return -1; }
     size_t n = json_array_size(ms);
     if (n == 0) { snprintf(err, n_err, "'messages' must not be empty"); return -1; }
     if (!(j->msgs = calloc(n + 1, sizeof *j->msgs))) { snprintf(err, n_err, "out of memory"); return -1; }
@@ -250,7 +250,7 @@ static int parse_messages(json_t *root, struct job *j, const char *sys_extra, ch
     json_t *m;
     bool last_tool = false;
     json_array_foreach(ms, i, m) {
-        if (!json_is_object(m)) { snprintf(err, n_err, "'messages[%zu]' must be an object, got %s", i, type_name(m)); return -1; }
+        if (!json_is_object(m)) { snprintf(err, n_err, "'messages[%zu]' must be an object, got %s", i, serve_json_type(m)); return -1; }
         json_t *r = json_object_get(m, "role"), *ct = json_object_get(m, "content"), *calls = json_object_get(m, "tool_calls");
         if (!r || !json_is_string(r)) { snprintf(err, n_err, "'messages[%zu].role' must be a string", i); return -1; }
         const char *role = json_string_value(r);
@@ -595,7 +595,7 @@ static enum MHD_Result post_generate(struct server *srv, struct MHD_Connection *
     json_t *root = json_loadb(rq->body ? rq->body : "", rq->n, 0, &e);
     if (!root) return BAD(NULL, "the request body is not valid JSON: %s (line %d, column %d)", e.text, e.line, e.column);
     if (!json_is_object(root)) {
-        enum MHD_Result r = BAD(NULL, "the request body must be a JSON object, got %s", type_name(root));
+        enum MHD_Result r = BAD(NULL, "the request body must be a JSON object, got %s", serve_json_type(root));
         json_decref(root);
         return r;
     }

@@ -243,18 +243,6 @@ static void schema_expr(struct gram *g, const json_t *sc, struct buf *out) {
 /* ---------------------------------------------------------------------------------------- */
 /* request                                                                                   */
 
-static const char *jtype(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
-    case JSON_TRUE: case JSON_FALSE: return "a boolean";
-    default: return "null";
-    }
-}
-
 int tools_parse(json_t *root, struct job *j, char **sys_extra, char *err, size_t n_err, const char **param) {
     *sys_extra = NULL;
     j->format = REPLY_TEXT;
@@ -269,7 +257,7 @@ int tools_parse(json_t *root, struct job *j, char **sys_extra, char *err, size_t
         }
     if ((v = json_object_get(root, "parallel_tool_calls")) && !json_is_null(v) && !json_is_boolean(v)) {
         *param = "parallel_tool_calls";
-        snprintf(err, n_err, "'parallel_tool_calls' must be a boolean, got %s", jtype(v));
+        snprintf(err, n_err, "'parallel_tool_calls' must be a boolean, got %s", serve_json_type(v));
         return -1;
     }
     struct gram g = { .err = err, .n_err = n_err };
@@ -280,7 +268,7 @@ int tools_parse(json_t *root, struct job *j, char **sys_extra, char *err, size_t
     if (tools && json_is_null(tools)) tools = NULL;
     if (tools) {
         *param = "tools";
-        if (!json_is_array(tools)) { snprintf(err, n_err, "'tools' must be an array, got %s", jtype(tools)); return -1; }
+        if (!json_is_array(tools)) { snprintf(err, n_err, "'tools' must be an array, got %s", serve_json_type(tools)); return -1; }
         if (json_array_size(tools) == 0) tools = NULL;
     }
     if (choice && !json_is_null(choice)) {
@@ -300,7 +288,7 @@ int tools_parse(json_t *root, struct job *j, char **sys_extra, char *err, size_t
             mode = "function";
             forced = json_string_value(nm);
         } else {
-            snprintf(err, n_err, "'tool_choice' must be a string or an object, got %s", jtype(choice));
+            snprintf(err, n_err, "'tool_choice' must be a string or an object, got %s", serve_json_type(choice));
             return -1;
         }
         if (!tools && strcmp(mode, "none") && strcmp(mode, "auto")) {
@@ -336,7 +324,7 @@ int tools_parse(json_t *root, struct job *j, char **sys_extra, char *err, size_t
             if (rc) break;
             const json_t *params = json_object_get(fn, "parameters"), *d = json_object_get(fn, "description");
             if (params && !json_is_object(params)) {
-                snprintf(err, n_err, "'tools[%zu].function.parameters' must be a JSON schema object, got %s", i, jtype(params));
+                snprintf(err, n_err, "'tools[%zu].function.parameters' must be a JSON schema object, got %s", i, serve_json_type(params));
                 rc = -1;
                 break;
             }
