@@ -95,7 +95,7 @@ struct kvt_engine_params {
     int32_t n_ctx;            /* KV cells of the context (tokens); default 4096 */
     int32_t n_batch;          /* max tokens per llama_decode call; default 512 */
     int32_t n_ubatch;         /* physical micro-batch (tokens); default 512 */
-    int32_t n_seq;            /* live sequences the caller will use (ids 0..n_seq-1); default 1.
+    int32_t n_seq;            /* live sequences the caller will use (ids 0..n_seq-1), 1..64; default 1.
                               ** The engine adds scratch sequences for the block primitives. */
     int32_t n_threads;        /* CPU threads; 0 = all cores */
     const char *type_k;       /* KV cache element type: "f16" (default), "f32", "q8_0" */
