@@ -977,6 +977,58 @@ static int cut_stream(kvt_session *s, int32_t keep) {
     return rc;
 }
 
+/* Tokens of the stream (blocks by id) that equal tok[0..n) from the start. */
+static int32_t stream_common(const kvt_session *s, const kvt_token *tok, int32_t n) {
+    int32_t c = 0;
+    for (int32_t i = 0; i < s->n_b; i++)
+        for (int32_t k = 0; k < s->b[i].info.n_tokens; k++, c++)
+            if (c >= n || s->b[i].tok[k] != tok[c]) return c;
+    return c;
+}
+
+/* The formatted conversation fmt diverges from kv_text after `common` bytes.  A cut at the last
+** segment boundary (a message boundary) would drop everything after it, also what the two share
+** inside the message where they differ (two requests that open with the same long document and
+** then ask different questions).  Instead, when the template's tokens of fmt share more tokens
+** with the stream than that boundary holds, cut the stream at the first token that differs:
+** the stream then continues with fmt's own tokens from there, *tok / *n (caller frees), and holds
+** exactly the template's tokens of fmt.  Returns 1 when the boundary keeps at least as much or
+** the cut point cannot be mapped back to a byte of fmt (the tokens' text is not a suffix of fmt),
+** else 0 or an error of cut_stream / allocation. */
+static int cut_to_common_tokens(kvt_session *s, const char *fmt, size_t common, kvt_token **tok, int32_t *n) {
+    int32_t k = s->n_seg - 1;
+    while (k >= 0 && s->seg_chr[k] > common) k--;
+    const int32_t at_boundary = k >= 0 ? s->seg_tok[k] : 0;
+    kvt_token *all = NULL;
+    int32_t n_all = 0;
+    if (kvt_tokenize(s->eng, fmt, true, true, &all, &n_all)) { kvt__clear_error(); return 1; }
+    const int32_t c = stream_common(s, all, n_all);
+    char *tail = NULL;
+    size_t len = strlen(fmt), n_tail = 0;
+    bool ok = c > at_boundary;
+    if (ok && c < n_all) {
+        ok = kvt_detokenize(s->eng, all + c, n_all - c, true, &tail) == 0 && (n_tail = strlen(tail)) <= len &&
+             !strcmp(fmt + len - n_tail, tail);
+        kvt__clear_error();
+    }
+    /* the text of all[0..c) is fmt[0..off), which kv_text holds too */
+    const size_t off = len - n_tail;
+    if (!ok || off > common) {
+        free(tail);
+        free(all);
+        return 1;
+    }
+    free(tail);
+    int rc = cut_stream(s, c);
+    if (rc) { free(all); return rc; }
+    while (s->n_seg > 0 && (s->seg_tok[s->n_seg - 1] > c || s->seg_chr[s->n_seg - 1] > off)) s->n_seg--;
+    s->kv_text[off] = '\0';
+    memmove(all, all + c, sizeof(kvt_token) * (size_t) (n_all - c));
+    *tok = all;
+    *n = n_all - c;
+    return 0;
+}
+
 /* Tokens of the template text that is not yet in the stream (the conversation formatted with
 ** the assistant prefix, minus what was already decoded).  When the formatted conversation
 ** diverges from what was decoded (two user messages in a row replace the assistant prefix; a
@@ -994,6 +1046,11 @@ static int pending_tokens(kvt_session *s, int32_t n_msgs, bool add_ass, kvt_toke
     while (common < have && fmt[common] == s->kv_text[common]) common++;
     *tok = NULL;
     *n = 0;
+    if (common < have && (rc = cut_to_common_tokens(s, fmt, common, tok, n)) != 1) {
+        if (rc) { free(fmt); return rc; }
+        *fmt_out = fmt;
+        return 0;
+    }
     if (common < have) {
         int32_t k = s->n_seg - 1;
         while (k >= 0 && s->seg_chr[k] > common) k--;
@@ -1425,6 +1482,17 @@ int kvt_session_gen_end(kvt_session *s, char **reply) {
 
 int32_t kvt_session_n_messages(const kvt_session *s) { return s->n_m; }
 
+int32_t kvt_session_tokens(const kvt_session *s, kvt_token *out, int32_t n_max) {
+    int32_t c = 0;
+    for (int32_t i = 0; i < s->n_b; i++) {
+        const struct blk *b = &s->b[i];
+        int32_t m = KVT_MIN(b->info.n_tokens, n_max - c);
+        if (m > 0) memcpy(out + c, b->tok, sizeof(kvt_token) * (size_t) m);
+        c += b->info.n_tokens;
+    }
+    return c;
+}
+
 int kvt_session_message(const kvt_session *s, int32_t i, struct kvt_chat_msg *msg) {
     if (i < 0 || i >= s->n_m) return kvt__fail(KVT_EINVAL, "message %d is outside 0..%d", i, s->n_m - 1);
     msg->role = role_name[s->m[i].role];
@@ -1435,13 +1503,23 @@ int kvt_session_message(const kvt_session *s, int32_t i, struct kvt_chat_msg *ms
 int kvt_session_gen_step_batch(kvt_session *const *ss, int32_t n, const struct kvt_sampling *smp, kvt_token *tok,
                                bool *done, int *status) {
     kvt__clear_error();
-    if (n <= 0) return 0;
-    kvt_engine *eng = ss[0]->eng;
-    int32_t *seqs = malloc(sizeof(int32_t) * (size_t) n), *idx = malloc(sizeof(int32_t) * (size_t) n);
-    kvt_pos *pos = malloc(sizeof(kvt_pos) * (size_t) n);
-    kvt_token *bt = malloc(sizeof(kvt_token) * (size_t) n);
-    float *logits = malloc(sizeof(float) * (size_t) n * (size_t) ss[0]->n_vocab);
-    int rc = (!seqs || !idx || !pos || !bt || !logits) ? kvt__fail(KVT_ENOMEM, "batch of %d sessions", n) : 0;
+    return n > 0 ? kvt_session_gen_step_batch_ex(ss[0]->eng, ss, n, smp, tok, done, status, NULL, 0) : 0;
+}
+
+int kvt_session_gen_step_batch_ex(kvt_engine *eng, kvt_session *const *ss, int32_t n, const struct kvt_sampling *smp,
+                                  kvt_token *tok, bool *done, int *status, struct kvt_gen_row *rows, int32_t n_rows) {
+    kvt__clear_error();
+    if (n < 0 || n_rows < 0 || (n > 0 && (!ss || !smp || !tok || !done || !status)) || (n_rows > 0 && !rows))
+        return kvt__fail(KVT_EINVAL, "batch of %d sessions and %d rows", n, n_rows);
+    if (n + n_rows == 0) return 0;
+    struct kvt_engine_info I;
+    kvt_engine_info(eng, &I);
+    const int32_t nt = n + n_rows;
+    int32_t *seqs = malloc(sizeof(int32_t) * (size_t) nt), *idx = malloc(sizeof(int32_t) * (size_t) nt);
+    kvt_pos *pos = malloc(sizeof(kvt_pos) * (size_t) nt);
+    kvt_token *bt = malloc(sizeof(kvt_token) * (size_t) nt);
+    float *logits = malloc(sizeof(float) * (size_t) nt * (size_t) I.n_vocab);
+    int rc = (!seqs || !idx || !pos || !bt || !logits) ? kvt__fail(KVT_ENOMEM, "batch of %d sessions and %d rows", n, n_rows) : 0;
     int32_t m = 0;
     for (int32_t i = 0; rc == 0 && i < n; i++) {
         kvt_session *s = ss[i];
@@ -1472,16 +1550,36 @@ int kvt_session_gen_step_batch(kvt_session *const *ss, int32_t n, const struct k
         bt[m] = tok[i];
         idx[m++] = i;
     }
+    for (int32_t r = 0; rc == 0 && r < n_rows; r++) { /* rows: sample from their own logits the same way */
+        struct kvt_gen_row *w = &rows[r];
+        w->done = false;
+        w->status = 0;
+        if (!w->logits) { w->status = kvt__fail(KVT_EINVAL, "batch row %d has no logits", r); continue; }
+        kvt__engine_set_logits(eng, w->logits);
+        if ((w->status = kvt_sample(eng, &w->smp, &w->tok))) continue;
+        if (kvt_token_is_eog(eng, w->tok)) { w->done = true; continue; }
+        seqs[m] = w->seq;
+        pos[m] = w->pos;
+        bt[m] = w->tok;
+        idx[m++] = n + r;
+    }
     if (rc == 0 && m > 0) {
         double t0 = kvt__now_ms();
         rc = kvt_decode_multi(eng, seqs, bt, pos, m, logits);
         double dt = (kvt__now_ms() - t0) / m;
         for (int32_t k = 0; rc == 0 && k < m; k++) {
+            const float *l = logits + (size_t) k * I.n_vocab;
+            if (idx[k] >= n) {
+                struct kvt_gen_row *w = &rows[idx[k] - n];
+                memcpy(w->logits, l, sizeof(float) * (size_t) I.n_vocab);
+                w->pos++;
+                continue;
+            }
             kvt_session *s = ss[idx[k]];
             s->decode_ms += dt;
             s->decoded++;
             note_peak(s);
-            memcpy(s->logits, logits + (size_t) k * s->n_vocab, sizeof(float) * (size_t) s->n_vocab);
+            memcpy(s->logits, l, sizeof(float) * (size_t) s->n_vocab);
             s->have_logits = true;
             s->gen[s->n_gen++] = bt[k];
             status[idx[k]] = record(s, &bt[k], 1, KVT_ROLE_ASSISTANT);

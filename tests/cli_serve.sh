@@ -2,7 +2,9 @@
 # cli_serve — `kvtier serve` end to end on Gemma 3 270M: started on a free port with two API keys,
 # driven by tests/serve_test.py through the official openai Python client and raw HTTP (replies,
 # streams, multi-turn reuse, bad input, key isolation, disconnect, 429, metrics, the planted fact
-# at budget 512), then SIGTERM with a request in flight: it must finish and the server exit 0.
+# at budget 512), then by tests/serve_sched_test.py (session choice by longest common token prefix,
+# /v1/completions batched with chats), then SIGTERM with a request in flight: it must finish and
+# the server exit 0.
 # Also the flags: --help, bad values.  Skips (exit 0) when KVTIER_MODEL is not set.
 # Environment (from tests/CMakeLists.txt): KVTIER_BIN, KVTIER_MODEL, KVT_SOURCE_DIR.
 set -u
@@ -63,6 +65,15 @@ cat "$TMP/py"
 pass=$((pass + $(grep -c '^ok ' "$TMP/py")))
 fail=$((fail + $(grep -c '^FAIL ' "$TMP/py")))
 [ $prc -eq 0 ] || [ "$(grep -c '^FAIL ' "$TMP/py")" -gt 0 ] || bad "serve_test.py exited with status $prc"
+
+# scheduling: session choice by longest common token prefix, completions batched with chats
+"$PY" "$SRC/tests/serve_sched_test.py" "http://127.0.0.1:$PORT" key-alpha-123 key-beta-456 "$SRC/tools/cmd_demo.c" \
+    >"$TMP/py2" 2>&1
+prc=$?
+cat "$TMP/py2"
+pass=$((pass + $(grep -c '^ok ' "$TMP/py2")))
+fail=$((fail + $(grep -c '^FAIL ' "$TMP/py2")))
+[ $prc -eq 0 ] || [ "$(grep -c '^FAIL ' "$TMP/py2")" -gt 0 ] || bad "serve_sched_test.py exited with status $prc"
 
 # --- SIGTERM with a request in flight: it completes, the server exits 0 ---
 curl -s -o "$TMP/inflight" -w '%{http_code}' -H "Authorization: Bearer key-alpha-123" \

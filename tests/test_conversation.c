@@ -512,6 +512,169 @@ static void test_batch_step(void **state) {
     kvt_engine_free(e);
 }
 
+/* A raw row (no session: a plain completion in a sequence the caller manages) stepped in the same
+** llama_decode as a session: its greedy tokens equal the same prompt decoded and sampled alone
+** with kvt_decode / kvt_sample, and the session's equal the session's alone. */
+static void raw_alone(const char *prompt, int32_t seq, kvt_token *out, int32_t n) {
+    kvt_engine *e = open_tiny(3);
+    kvt_token *t = NULL;
+    int32_t nt = 0;
+    assert_int_equal(kvt_tokenize(e, prompt, true, false, &t, &nt), 0);
+    assert_int_equal(kvt_decode(e, seq, t, nt, 0, true), 0);
+    struct kvt_sampling smp = { 0, 1, 0, 0, NULL };
+    for (int32_t i = 0; i < n; i++) {
+        assert_int_equal(kvt_sample(e, &smp, &out[i]), 0);
+        if (kvt_token_is_eog(e, out[i])) { for (int32_t k = i; k < n; k++) out[k] = -1; break; }
+        assert_int_equal(kvt_decode(e, seq, &out[i], 1, nt + i, true), 0);
+    }
+    free(t);
+    kvt_engine_free(e);
+}
+
+static void test_batch_rows(void **state) {
+    (void) state;
+    enum { N = 12 };
+    const struct kvt_chat_msg ma[] = { { "user", "a long story about a dog that ran to the park every day" } };
+    const char *prompt = "the sun is hot and the moon is cold and the dog";
+    kvt_token want_a[N], want_r[N], got_a[N], got_r[N];
+    gen_alone(ma, 0, want_a, N);
+    raw_alone(prompt, 2, want_r, N);
+    kvt_engine *e = open_tiny(3);
+    struct kvt_engine_info I;
+    kvt_engine_info(e, &I);
+    kvt_session *s = open_session(e, 0, KVT_POLICY_KVTIER);
+    assert_int_equal(kvt_session_sync(s, ma, 1, NULL), 0);
+    kvt_token *t = NULL;
+    int32_t nt = 0;
+    assert_int_equal(kvt_tokenize(e, prompt, true, false, &t, &nt), 0);
+    assert_int_equal(kvt_decode(e, 2, t, nt, 0, true), 0);
+    struct kvt_gen_row row;
+    memset(&row, 0, sizeof row);
+    row.seq = 2;
+    row.pos = nt;
+    row.logits = malloc(sizeof(float) * (size_t) I.n_vocab);
+    memcpy(row.logits, kvt_logits(e), sizeof(float) * (size_t) I.n_vocab);
+    row.smp = (struct kvt_sampling){ 0, 1, 0, 0, NULL };
+    struct kvt_sampling smp[1] = { { 0, 1, 0, 0, NULL } };
+    bool fin_a = false, fin_r = false;
+    for (int32_t i = 0; i < N; i++) {
+        kvt_token tok[1];
+        bool done[1];
+        int st[1];
+        assert_int_equal(kvt_session_gen_step_batch_ex(e, &s, fin_a ? 0 : 1, smp, tok, done, st, &row, fin_r ? 0 : 1), 0);
+        got_a[i] = fin_a || done[0] ? -1 : tok[0];
+        if (!fin_a) assert_int_equal(st[0], 0);
+        fin_a = fin_a || done[0];
+        got_r[i] = fin_r || row.done ? -1 : row.tok;
+        if (!fin_r) {
+            assert_int_equal(row.status, 0);
+            assert_int_equal(row.pos, nt + i + (row.done ? 0 : 1));
+        }
+        fin_r = fin_r || row.done;
+    }
+    for (int32_t i = 0; i < N; i++) {
+        assert_int_equal(got_a[i], want_a[i]);
+        assert_int_equal(got_r[i], want_r[i]);
+    }
+    assert_int_equal(kvt_session_gen_end(s, NULL), 0);
+    /* bad input: a row on the session's own sequence; the row is left as it was */
+    assert_int_equal(kvt_session_sync(s, ma, 1, NULL), 0);
+    kvt_token tok[1];
+    bool done[1];
+    int st[1];
+    row.seq = 0;
+    row.done = false;
+    const kvt_pos pos0 = row.pos;
+    int rc = kvt_session_gen_step_batch_ex(e, &s, 1, smp, tok, done, st, &row, 1);
+    assert_true(rc == KVT_EINVAL || done[0] || row.done);
+    if (rc) assert_int_equal(row.pos, pos0);
+    assert_int_equal(kvt_session_gen_step_batch_ex(e, NULL, -1, NULL, NULL, NULL, NULL, NULL, 0), KVT_EINVAL);
+    assert_int_equal(kvt_session_gen_end(s, NULL), 0);
+    free(row.logits);
+    free(t);
+    kvt_session_free(s);
+    kvt_engine_free(e);
+}
+
+/* The token stream (kvt_session_tokens) is the template's tokens; a first message that shares a
+** long start with the session's keeps the common tokens when synced into it (cut at the first
+** token that differs, not at the message boundary before it), and the stream is then exactly the
+** template's tokens of the new conversation.  Control: a different first word keeps only the
+** template's opening. */
+static void test_shared_start(void **state) {
+    (void) state;
+    kvt_engine *e = open_tiny(2);
+    kvt_session *s = open_session(e, 0, KVT_POLICY_KVTIER);
+    const struct kvt_chat_msg m1[] = { { "user", "the dog ran to the park and the cat sat on the wall and the sun was hot so what did the dog do" } };
+    const struct kvt_chat_msg m2[] = { { "user", "the dog ran to the park and the cat sat on the wall and the sun was hot so what did the cat do" } };
+    const struct kvt_chat_msg m3[] = { { "user", "a dog ran to the park and the cat sat on the wall and the sun was hot so what did the cat do" } };
+    struct kvt_sync_info si;
+    assert_int_equal(kvt_session_sync(s, m1, 1, &si), 0);
+    struct kvt_sampling smp = { 0, 1, 0, 0, NULL };
+    for (int32_t i = 0; i < 6; i++) {
+        kvt_token t;
+        bool done = false;
+        assert_int_equal(kvt_session_gen_step(s, &smp, &t, &done), 0);
+        if (done) break;
+    }
+    assert_int_equal(kvt_session_gen_end(s, NULL), 0);
+    /* the stream: the template's tokens of m1, then the reply */
+    char *f1 = NULL, *f2 = NULL;
+    kvt_token *t1 = NULL, *t2 = NULL;
+    int32_t n1 = 0, n2 = 0;
+    assert_int_equal(kvt_chat_format(e, m1, 1, true, "gemma", &f1), 0);
+    assert_int_equal(kvt_chat_format(e, m2, 1, true, "gemma", &f2), 0);
+    assert_int_equal(kvt_tokenize(e, f1, true, true, &t1, &n1), 0);
+    assert_int_equal(kvt_tokenize(e, f2, true, true, &t2, &n2), 0);
+    struct kvt_session_stats st;
+    kvt_session_get_stats(s, &st);
+    const int32_t total = kvt_session_tokens(s, NULL, 0);
+    assert_int_equal(total, st.total_tokens);
+    assert_true(total >= n1);
+    kvt_token *stream = malloc(sizeof(kvt_token) * (size_t) total);
+    kvt_token few[3] = { -7, -7, -7 };
+    assert_int_equal(kvt_session_tokens(s, few, 2), total); /* copies only what fits */
+    assert_int_equal(few[2], -7);
+    assert_int_equal(kvt_session_tokens(s, stream, total), total);
+    for (int32_t i = 0; i < n1; i++) assert_int_equal(stream[i], t1[i]);
+    assert_int_equal(few[0], stream[0]);
+    int32_t common = 0;
+    while (common < n1 && common < n2 && t1[common] == t2[common]) common++;
+    /* m2 in the session of m1: the common start is kept */
+    assert_int_equal(kvt_session_sync(s, m2, 1, &si), 0);
+    printf("shared start: prompt %d, reused %d (common tokens %d), decoded %lld\n", si.prompt_tokens, si.tokens_reused,
+           common, (long long) si.tokens_decoded);
+    assert_int_equal(si.prompt_tokens, n2);
+    assert_true(common > n2 / 2);
+    assert_int_equal(si.tokens_reused, common);
+    assert_int_equal(si.tokens_decoded, n2 - common);
+    assert_int_equal(kvt_session_n_messages(s), 1);
+    double got = session_logprob(s), want = ref_logprob(e, 1, m2, 1);
+    printf("shared start: session %.6f, template %.6f\n", got, want);
+    assert_true(fabs(got - want) < TOL);
+    assert_int_equal(kvt_session_tokens(s, stream, total), n2);
+    for (int32_t i = 0; i < n2; i++) assert_int_equal(stream[i], t2[i]);
+    /* control: another first word keeps only the template's opening (its tokens before the text) */
+    char *f3 = NULL;
+    kvt_token *t3 = NULL;
+    int32_t n3 = 0, open3 = 0;
+    assert_int_equal(kvt_chat_format(e, m3, 1, true, "gemma", &f3), 0);
+    assert_int_equal(kvt_tokenize(e, f3, true, true, &t3, &n3), 0);
+    while (open3 < n2 && open3 < n3 && t2[open3] == t3[open3]) open3++;
+    assert_int_equal(kvt_session_sync(s, m3, 1, &si), 0);
+    printf("different first word: prompt %d, reused %d (template opening %d tokens)\n", si.prompt_tokens,
+           si.tokens_reused, open3);
+    assert_int_equal(si.tokens_reused, open3);
+    assert_true(open3 < common / 2);
+    free(f3);
+    free(t3);
+    assert_true(fabs(session_logprob(s) - ref_logprob(e, 1, m3, 1)) < TOL);
+    free(stream);
+    free(f1); free(f2); free(t1); free(t2);
+    kvt_session_free(s);
+    kvt_engine_free(e);
+}
+
 /* Chunked prefill: while B prefills a long prompt, A takes a token between B's chunks (from the
 ** chunk callback); A's greedy tokens equal A's alone, B's stream equals the template's tokens. */
 struct interleave {
@@ -619,6 +782,8 @@ int main(void) {
         cmocka_unit_test(test_sync),
         cmocka_unit_test(test_sessions_independent),
         cmocka_unit_test(test_batch_step),
+        cmocka_unit_test(test_batch_rows),
+        cmocka_unit_test(test_shared_start),
         cmocka_unit_test(test_chunked_prefill),
         cmocka_unit_test(test_park_resume),
         cmocka_unit_test(test_real_independent),

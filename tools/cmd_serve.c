@@ -21,7 +21,7 @@ static void serve_usage(FILE *f, const struct cli_opt *opts) {
                "OpenAI-compatible server (POST /v1/chat/completions, /v1/completions; GET /v1/models, /health,\n"
                "/metrics, /v1/sessions; DELETE /v1/sessions/ID).  Sessions keep their KV cache between requests:\n"
                "a client resending its history has only the new tail decoded.  Select a session with the\n"
-               "X-Session-Id header, or let the server match the longest common message prefix.\n\nOptions:\n");
+               "X-Session-Id header, or let the server match the longest common token prefix (one block at least).\n\nOptions:\n");
     cli_print_opts(f, opts);
 }
 
@@ -99,7 +99,7 @@ int cmd_serve(int argc, char **argv) {
     }
     srv.max_sessions = max_sessions ? max_sessions : KVT_MAX(1, KVT_MIN(63, srv.n_ctx / srv.budget - 1));
     if ((int64_t) (srv.max_sessions + 1) * srv.budget > srv.n_ctx) {
-        fprintf(stderr, "%s: %d sessions of --budget %d plus one scratch budget need %lld KV cells; -c is %d\n", cmd,
+        fprintf(stderr, "%s: %d sessions of --budget %d plus one budget for completions need %lld KV cells; -c is %d\n", cmd,
                 srv.max_sessions, srv.budget, (long long) (srv.max_sessions + 1) * srv.budget, srv.n_ctx);
         return CLI_USAGE;
     }

@@ -67,6 +67,11 @@ struct job {
     int64_t       resumed;         /* blocks loaded back by resuming a parked session */
     kvt_token    *gen;
     int32_t       n_gen, cap_gen;
+    /* JOB_COMPLETION: a raw row of the batched step in a scratch sequence */
+    kvt_token    *ptok;            /* prompt tokens, until prefilled */
+    int32_t       seq;             /* scratch sequence while running, -1 otherwise */
+    int32_t       cells;           /* KV cells reserved: prompt + max_tokens */
+    struct kvt_gen_row row;        /* position and logits (row.logits owned) */
 };
 
 /* Histogram with fixed upper bounds (ms), Prometheus style (cumulative when printed). */

@@ -1,21 +1,33 @@
 /* serve_engine.c — the engine thread of `kvtier serve`: owns the kvt_engine, the host pool and
 ** every session; takes jobs from the queue and runs them.
 **
-** Scheduling: up to --parallel chat jobs are active at once; every scheduler step generates one
-** token for each of them in ONE llama_decode (kvt_session_gen_step_batch: continuous batching; a
-** job joins or leaves the batch between steps).  A job's prompt (the new tail after the session's
-** cached prefix) is prefilled when the job is admitted, in chunks of at most one block; between
-** chunks the active jobs take a batched step (kvt_session_set_chunk_cb), so a long prefill does
-** not stall them.  Prefill chunks and decode tokens are not mixed in one llama_decode.  /v1/completions (no session) runs to completion in a
-** scratch sequence when admitted.
+** Scheduling: up to --parallel jobs, chats and completions alike, are active at once; every
+** scheduler step generates one token for each of them in ONE llama_decode
+** (kvt_session_gen_step_batch_ex: continuous batching; a job joins or leaves the batch between
+** steps).  A job's prompt (for a chat, the new tail after the session's cached prefix) is
+** prefilled when the job is admitted, in chunks of at most one block; between chunks the active
+** jobs take a batched step (kvt_session_set_chunk_cb for sessions), so a long prefill does not
+** stall them.  Prefill chunks and decode tokens are not mixed in one llama_decode.
+**
+** Completions (/v1/completions, no session) are raw rows of the batch: each runs in a scratch
+** sequence of its own (sequences max_sessions .., one per job that may run at once, at most 64
+** in all), with its own logits and sampling.  Together they hold at most one --budget of KV
+** cells (the one cmd_serve reserves beside the sessions' budgets): a completion reserves its
+** prompt plus max_tokens and, when the running ones leave no room or no sequence is free, waits
+** (holding its --parallel slot, in arrival order) until they finish.
 **
 ** Sessions: one kvt_session per conversation, on its own sequence id; chosen by X-Session-Id
 ** within the caller's API-key namespace, else the idle session of that namespace whose whole
-** conversation the request continues, else the one sharing the longest message prefix of at
-** least about one block, else a new one.  Past --max-sessions the least
-** recently used idle session is parked (kvt_session_park: its KV goes to the host pool and comes
-** back with kvt_session_resume, no recompute); SERVE_PARK_FACTOR x --max-sessions sessions are
-** kept in all, past that the least recently used parked one is freed. */
+** conversation the request continues (every message of it begins the request), else the one
+** whose token stream (kvt_session_tokens) shares the longest prefix with the request's tokens
+** (the chat template with the assistant prefix, tokenized once per request) if that is at least
+** one block, else a new one.  A session chosen by prefix is cut back to the first token that
+** differs (kvt_session_sync), so only the request's own tail is decoded; a shorter common prefix
+** (a shared system prompt, the template's opening) does not take over another conversation's
+** session.  Past --max-sessions the least recently used idle session is parked
+** (kvt_session_park: its KV goes to the host pool and comes back with kvt_session_resume, no
+** recompute); SERVE_PARK_FACTOR x --max-sessions sessions are kept in all, past that the least
+** recently used parked one is freed. */
 #include "serve.h"
 
 #include <math.h>
@@ -46,8 +58,17 @@ struct sess {
 static struct sess *g_sess;   /* [g_cap]: max_sessions hold a sequence, the others are parked */
 static int32_t      g_cap;
 static kvt_pool    *g_pool;
-static int32_t      g_raw_seq; /* scratch sequence for /v1/completions */
 static uint64_t     g_counter;
+static const char  *g_fallback; /* the sessions' chat template fallback (request tokens must agree) */
+
+/* /v1/completions run in scratch sequences g_comp_seq0 .. g_comp_seq0 + g_n_comp - 1 and share
+** one budget of KV cells (the one cmd_serve reserves beside the sessions' budgets). */
+enum { SERVE_MAX_SEQ = 64 }; /* kvt_engine_open takes at most 64 sequences */
+static int32_t      g_comp_seq0, g_n_comp;
+static bool         g_comp_busy[SERVE_MAX_SEQ];
+static int32_t      g_comp_cells;
+static struct job **g_wait;    /* admitted completions waiting for a sequence or cells, FIFO */
+static int32_t      g_n_wait;
 
 /* The jobs generating now (engine thread only); shared with the chunk callback, which keeps them
 ** generating while another job's prompt is prefilled. */
@@ -72,7 +93,10 @@ int serve_engine_open(struct server *srv) {
     struct kvt_engine_params ep = kvt_engine_default_params();
     ep.model_path = srv->model_path;
     ep.n_ctx = srv->n_ctx;
-    ep.n_seq = srv->max_sessions + 1;
+    /* one scratch sequence per completion that may run at once (they count against --parallel) */
+    g_n_comp = KVT_MAX(1, KVT_MIN(srv->parallel, SERVE_MAX_SEQ - srv->max_sessions));
+    g_comp_seq0 = srv->max_sessions;
+    ep.n_seq = srv->max_sessions + g_n_comp;
     ep.n_threads = srv->threads;
     int rc = kvt_engine_open(&ep, &srv->eng);
     if (rc) {
@@ -96,7 +120,7 @@ int serve_engine_open(struct server *srv) {
         srv->eng = NULL;
         return CLI_ERR;
     }
-    g_raw_seq = srv->max_sessions;
+    g_fallback = kvt_session_default_params().template_fallback;
     struct kvt_engine_info I;
     kvt_engine_info(srv->eng, &I);
     snprintf(srv->model_name, sizeof srv->model_name, "%s", I.name[0] ? I.name : I.desc);
@@ -129,6 +153,8 @@ void serve_job_free(struct job *j) {
     for (int32_t i = 0; i < j->n_stop; i++) free(j->stop[i]);
     free(j->text);
     free(j->gen);
+    free(j->ptok);
+    free(j->row.logits);
     pthread_cond_destroy(&j->cv);
     free(j);
 }
@@ -240,21 +266,38 @@ static struct sess *find_session(struct server *srv, const char *ns, const char 
     return NULL;
 }
 
-/* How well an idle session fits a request without X-Session-Id: the bytes of message content they
-** share at the start, doubled when the session's whole conversation is a prefix of the request
-** (the client continues it: nothing is cut back).  *whole: that case. */
-static size_t common_bytes(const struct sess *x, const struct job *j, bool *whole) {
+/* Does the request continue the session's whole conversation (every message of the session,
+** role and content byte-equal, begins the request)?  Nothing is then cut back. */
+static bool continues(const struct sess *x, const struct job *j) {
     int32_t n = kvt_session_n_messages(x->s), k = 0;
-    size_t bytes = 0;
     while (k < n && k < j->n_msgs) {
         struct kvt_chat_msg m;
         if (kvt_session_message(x->s, k, &m) || strcmp(m.role, j->msgs[k].role) || strcmp(m.content, j->msgs[k].content))
             break;
-        bytes += strlen(m.content) + 16;
         k++;
     }
-    *whole = k == n && k > 0;
-    return bytes;
+    return k == n && k > 0;
+}
+
+/* The request as kvt_session_sync decodes it: the template's tokens of its messages with the
+** assistant prefix (same template fallback, BOS and special-token parsing as the sessions).
+** OUT *tok (caller frees), *n.  Returns a library error; the request then matches by
+** conversation only. */
+static int request_tokens(struct server *srv, const struct job *j, kvt_token **tok, int32_t *n) {
+    char *text = NULL;
+    *tok = NULL;
+    *n = 0;
+    int rc = kvt_chat_format(srv->eng, j->msgs, j->n_msgs, true, g_fallback, &text);
+    if (rc == 0) rc = kvt_tokenize(srv->eng, text, true, true, tok, n);
+    free(text);
+    return rc;
+}
+
+/* Tokens at the start of the session's stream equal to req[0..n); buf: room for n tokens. */
+static int32_t common_tokens(const struct sess *x, const kvt_token *req, int32_t n, kvt_token *buf) {
+    int32_t m = KVT_MIN(n, kvt_session_tokens(x->s, buf, n)), c = 0;
+    while (c < m && buf[c] == req[c]) c++;
+    return c;
 }
 
 /* A free sequence: one no session holds, else the one of the least recently used idle session,
@@ -303,24 +346,32 @@ static struct sess *pick_session(struct server *srv, struct job *j) {
     if (j->session_id[0]) {
         x = find_session(srv, j->ns, j->session_id);
     } else {
-        /* the longest common prefix, at least about one block of tokens (4 bytes a token), unless
-        ** the session's conversation is wholly continued; a session whose conversation the request
-        ** merely shares a prefix with is cut back to it, so a short shared prefix (a common system
-        ** prompt) does not take over another conversation's session */
-        size_t best = 0;
-        bool best_whole = false;
-        for (int32_t i = 0; i < g_cap; i++) {
+        /* the session whose whole conversation the request continues, else the one sharing the
+        ** longest token prefix with the request, if at least one block (shorter: a common system
+        ** prompt or template opening, not worth cutting another conversation back for); the
+        ** request is tokenized once and compared with every idle session of its namespace */
+        kvt_token *req = NULL, *buf = NULL;
+        int32_t n_req = 0, best = 0;
+        bool best_whole = false, any = false;
+        for (int32_t i = 0; i < g_cap && !any; i++)
+            any = g_sess[i].s && !g_sess[i].job && !strcmp(g_sess[i].ns, j->ns);
+        if (any && request_tokens(srv, j, &req, &n_req) == 0 && !(buf = malloc(sizeof *buf * (size_t) KVT_MAX(n_req, 1))))
+            n_req = 0;
+        for (int32_t i = 0; any && i < g_cap; i++) {
             struct sess *c = &g_sess[i];
             if (!c->s || c->job || strcmp(c->ns, j->ns)) continue;
-            bool whole = false;
-            size_t b = common_bytes(c, j, &whole);
-            if (!whole && b < (size_t) srv->block * 4) continue;
-            if ((whole && !best_whole) || ((whole == best_whole) && (b > best || (b == best && x && c->last_used > x->last_used)))) {
-                best = b;
+            bool whole = continues(c, j);
+            int32_t common = buf ? common_tokens(c, req, n_req, buf) : 0;
+            if (!whole && common < srv->block) continue;
+            if ((whole && !best_whole) ||
+                (whole == best_whole && (common > best || (common == best && x && c->last_used > x->last_used)))) {
+                best = common;
                 best_whole = whole;
                 x = c;
             }
         }
+        free(req);
+        free(buf);
     }
     if (x && x->seq < 0) { /* parked: back into a sequence, no recompute */
         int32_t q = take_seq(srv);
@@ -404,50 +455,105 @@ static void note_token(struct server *srv, struct job *j, double *t_last) {
     *t_last = now;
 }
 
-/* /v1/completions: raw text in the scratch sequence, to completion. */
-static void run_completion(struct server *srv, struct job *j) {
-    kvt_engine *eng = srv->eng;
-    kvt_token *tok = NULL;
-    int32_t n = 0;
-    int rc = kvt_tokenize(eng, j->prompt, true, false, &tok, &n);
-    if (rc) { job_lib_error(j, "prompt", rc); return; }
-    j->prompt_tokens = n;
+/* /v1/completions, admitted: the prompt's tokens and its KV cell reservation.  Returns false
+** (the job has its error) when it cannot run at all; else it waits for a sequence (start_waiting). */
+static bool prepare_completion(struct server *srv, struct job *j) {
+    int rc = kvt_tokenize(srv->eng, j->prompt, true, false, &j->ptok, &j->prompt_tokens);
+    if (rc) { job_lib_error(j, "prompt", rc); return false; }
+    const int32_t n = j->prompt_tokens;
     j->sync.prompt_tokens = n;
     j->sync.tokens_decoded = n;
+    j->finish = "length";
+    j->seq = -1;
     if (n + j->max_tokens > srv->budget) {
         job_error(j, 400, "invalid_request_error", "context_length_exceeded",
                   "the prompt is %d tokens and max_tokens %d; together they must fit the budget of %d tokens", n,
                   j->max_tokens, srv->budget);
-        free(tok);
-        return;
+        return false;
     }
-    rc = kvt_decode(eng, g_raw_seq, tok, n, 0, true);
-    free(tok);
-    pthread_mutex_lock(&srv->mu);
-    j->started = rc == 0;
+    if (n == 0) {
+        job_error(j, 400, "invalid_request_error", NULL, "the prompt is empty (0 tokens)");
+        return false;
+    }
+    j->cells = n + j->max_tokens;
+    return true;
+}
+
+/* The completion leaves its sequence (its cells are freed) and gives back its reservation. */
+static void end_completion(struct server *srv, struct job *j, int rc) {
+    if (rc) job_lib_error(j, "generation", rc);
+    if (j->seq >= 0) {
+        kvt_seq_rm(srv->eng, j->seq, -1, -1);
+        g_comp_busy[j->seq - g_comp_seq0] = false;
+        g_comp_cells -= j->cells;
+        j->seq = -1;
+    }
+    free(j->row.logits);
+    j->row.logits = NULL;
+    j->completion_tokens = j->n_gen;
+}
+
+/* Prefill a completion's prompt into a free scratch sequence, in chunks of one block with a
+** batched step of the active jobs between them (as sessions prefill); then it joins the active
+** set as a raw row of kvt_session_gen_step_batch_ex.  Returns false when it failed (finished). */
+static bool start_completion(struct server *srv, struct job *j) {
+    int32_t q = 0;
+    while (g_comp_busy[q]) q++;
+    g_comp_busy[q] = true;
+    g_comp_cells += j->cells;
+    j->seq = g_comp_seq0 + q;
+    struct kvt_engine_info I;
+    kvt_engine_info(srv->eng, &I);
+    int rc = (j->row.logits = malloc(sizeof(float) * (size_t) I.n_vocab)) ? 0 : KVT_ENOMEM;
+    const int32_t n = j->prompt_tokens;
+    for (int32_t off = 0; rc == 0 && off < n;) {
+        int32_t m = KVT_MIN(n - off, srv->block);
+        rc = kvt_decode(srv->eng, j->seq, j->ptok + off, m, off, off + m == n);
+        off += m;
+        if (rc == 0 && off < n) on_chunk(srv);
+    }
+    const float *l = rc == 0 ? kvt_logits(srv->eng) : NULL;
+    if (rc == 0 && !l) rc = KVT_ELLAMA;
+    free(j->ptok);
+    j->ptok = NULL;
+    if (rc) {
+        job_lib_error(j, "prompt", rc);
+        end_completion(srv, j, 0);
+        finish(srv, j);
+        return false;
+    }
+    memcpy(j->row.logits, l, sizeof(float) * (size_t) I.n_vocab);
+    j->row.seq = j->seq;
+    j->row.pos = n;
+    pthread_mutex_lock(&srv->mu); /* the stream may start: headers go out now */
+    j->started = true;
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&srv->mu);
-    double t_last = 0;
-    j->finish = "length";
-    while (rc == 0 && j->n_gen < j->max_tokens) {
+    g_t_last[g_n_active] = 0;
+    g_active[g_n_active++] = j;
+    return true;
+}
+
+/* Start the waiting completions, in arrival order, while a scratch sequence is free and the
+** cells they reserve fit the shared budget; a cancelled one leaves without running. */
+static void start_waiting(struct server *srv) {
+    while (g_n_wait > 0) {
+        struct job *j = g_wait[0];
         bool cancelled;
         pthread_mutex_lock(&srv->mu);
         cancelled = j->cancelled;
         pthread_mutex_unlock(&srv->mu);
-        if (cancelled) break;
-        struct kvt_sampling smp = j->smp;
-        smp.seed += (uint32_t) j->n_gen;
-        kvt_token t;
-        if ((rc = kvt_sample(eng, &smp, &t))) break;
-        if (kvt_token_is_eog(eng, t)) { j->finish = "stop"; break; }
-        if (add_gen(j, t)) { rc = KVT_ENOMEM; break; }
-        note_token(srv, j, &t_last);
-        if (update_text(srv, j, eng)) { j->finish = "stop"; break; }
-        if (j->n_gen < j->max_tokens) rc = kvt_decode(eng, g_raw_seq, &t, 1, n + j->n_gen - 1, true);
+        bool seq_free = false;
+        for (int32_t q = 0; q < g_n_comp; q++) seq_free |= !g_comp_busy[q];
+        if (!cancelled && (!seq_free || g_comp_cells + j->cells > srv->budget)) break;
+        memmove(g_wait, g_wait + 1, sizeof *g_wait * (size_t) --g_n_wait);
+        if (cancelled) {
+            j->completion_tokens = 0;
+            finish(srv, j);
+            continue;
+        }
+        start_completion(srv, j);
     }
-    kvt_seq_rm(eng, g_raw_seq, -1, -1);
-    if (rc) job_lib_error(j, "generation", rc);
-    j->completion_tokens = j->n_gen;
 }
 
 /* Assistant messages the client sends back are matched against the replies the session stored,
@@ -518,16 +624,18 @@ static void end_chat(struct server *srv, struct job *j, int rc) {
     x->last_used = wall_s();
 }
 
-/* One token for every active chat job, all in one llama_decode (continuous batching).  Fills
-** over[k] for the jobs whose reply ended.  Returns the number that ended. */
+/* One token for every active job, chats and completions, all in one llama_decode (continuous
+** batching: kvt_session_gen_step_batch_ex, completions as raw rows).  Fills over[k] for the jobs
+** whose reply ended.  Returns the number that ended. */
 static int32_t step_all(struct server *srv, struct job **active, int32_t n_active, double *t_last, bool *over) {
     kvt_session *ss[64] = { 0 };
     struct kvt_sampling smp[64] = { { 0 } };
+    struct kvt_gen_row rows[64];
     kvt_token tok[64];
     bool done[64];
     int st[64];
     int64_t ev0[64], rec0[64];
-    int32_t map[64], n = 0, n_over = 0;
+    int32_t map[64], rmap[64], n = 0, n_rows = 0, n_over = 0;
     for (int32_t k = 0; k < n_active; k++) {
         struct job *j = active[k];
         bool cancelled;
@@ -536,6 +644,13 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
         pthread_mutex_unlock(&srv->mu);
         over[k] = cancelled || j->n_gen >= j->max_tokens;
         if (over[k]) continue;
+        if (j->kind == JOB_COMPLETION) {
+            rows[n_rows] = j->row;
+            rows[n_rows].smp = j->smp;
+            rows[n_rows].smp.seed += (uint32_t) j->n_gen;
+            rmap[n_rows++] = k;
+            continue;
+        }
         struct sess *x = j->slot;
         struct kvt_session_stats s0;
         kvt_session_get_stats(x->s, &s0);
@@ -546,7 +661,7 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
         smp[n].seed += (uint32_t) j->n_gen;
         map[n++] = k;
     }
-    int rc = n > 0 ? kvt_session_gen_step_batch(ss, n, smp, tok, done, st) : 0;
+    int rc = n + n_rows > 0 ? kvt_session_gen_step_batch_ex(srv->eng, ss, n, smp, tok, done, st, rows, n_rows) : 0;
     for (int32_t i = 0; i < n; i++) {
         struct job *j = active[map[i]];
         struct kvt_session_stats s1;
@@ -561,10 +676,23 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
         if (update_text(srv, j, srv->eng)) { j->finish = "stop"; over[map[i]] = true; }
         else if (j->n_gen >= j->max_tokens) over[map[i]] = true;
     }
+    for (int32_t i = 0; i < n_rows; i++) {
+        struct job *j = active[rmap[i]];
+        j->row.pos = rows[i].pos; /* the logits were written in place */
+        int r = rc ? rc : rows[i].status;
+        if (r) { end_completion(srv, j, r); over[rmap[i]] = true; continue; }
+        if (rows[i].done) { j->finish = "stop"; over[rmap[i]] = true; continue; }
+        if (add_gen(j, rows[i].tok)) { end_completion(srv, j, KVT_ENOMEM); over[rmap[i]] = true; continue; }
+        note_token(srv, j, &t_last[rmap[i]]);
+        if (update_text(srv, j, srv->eng)) { j->finish = "stop"; over[rmap[i]] = true; }
+        else if (j->n_gen >= j->max_tokens) over[rmap[i]] = true;
+    }
     for (int32_t k = 0; k < n_active; k++) {
         if (!over[k]) continue;
         n_over++;
-        if (active[k]->slot && ((struct sess *) active[k]->slot)->job == active[k]) end_chat(srv, active[k], 0);
+        struct job *j = active[k];
+        if (j->kind == JOB_COMPLETION) end_completion(srv, j, 0);
+        else if (j->slot && ((struct sess *) j->slot)->job == j) end_chat(srv, j, 0);
     }
     return n_over;
 }
@@ -632,7 +760,8 @@ void *serve_engine_main(void *arg) {
     struct server *srv = arg;
     g_active = calloc((size_t) srv->parallel, sizeof *g_active);
     g_t_last = calloc((size_t) srv->parallel, sizeof *g_t_last);
-    g_n_active = 0;
+    g_wait = calloc((size_t) srv->parallel, sizeof *g_wait);
+    g_n_active = g_n_wait = 0;
     publish(srv);
     for (;;) {
         struct job *adm[64];
@@ -642,7 +771,7 @@ void *serve_engine_main(void *arg) {
             struct job **pp = &srv->head, *prev = NULL;
             while (*pp && n_adm < 64) {
                 struct job *j = *pp;
-                bool take = j->kind == JOB_DELETE || (g_n_active + n_adm < srv->parallel && runnable(srv, j));
+                bool take = j->kind == JOB_DELETE || (g_n_active + g_n_wait + n_adm < srv->parallel && runnable(srv, j));
                 /* one job per named session per round, so two queued turns of one session run in order */
                 for (int32_t k = 0; take && k < n_adm; k++)
                     if (adm[k]->kind == JOB_CHAT && j->kind == JOB_CHAT && j->session_id[0] &&
@@ -657,12 +786,12 @@ void *serve_engine_main(void *arg) {
                 adm[n_adm++] = j;
             }
             srv->m.queue_len = srv->n_queued;
-            if (n_adm > 0 || g_n_active > 0) break;
+            if (n_adm > 0 || g_n_active > 0 || g_n_wait > 0) break;
             if (srv->stopping && !srv->head) break;
             pthread_cond_wait(&srv->work, &srv->mu);
         }
         pthread_mutex_unlock(&srv->mu);
-        if (n_adm == 0 && g_n_active == 0) break; /* stopping and drained */
+        if (n_adm == 0 && g_n_active == 0 && g_n_wait == 0) break; /* stopping and drained */
         for (int32_t k = 0; k < n_adm; k++) {
             struct job *j = adm[k];
             if (j->kind == JOB_DELETE) {
@@ -675,8 +804,8 @@ void *serve_engine_main(void *arg) {
                 continue;
             }
             if (j->kind == JOB_COMPLETION) {
-                run_completion(srv, j);
-                finish(srv, j);
+                if (prepare_completion(srv, j)) g_wait[g_n_wait++] = j;
+                else finish(srv, j);
                 continue;
             }
             start_chat(srv, j);
@@ -688,6 +817,7 @@ void *serve_engine_main(void *arg) {
             g_t_last[g_n_active] = 0;
             g_active[g_n_active++] = j;
         }
+        start_waiting(srv);
         if (n_adm > 0) publish(srv);
         /* one token for every active job, one batched decode */
         bool ended = step_active(srv);
@@ -695,8 +825,10 @@ void *serve_engine_main(void *arg) {
     }
     free(g_active);
     free(g_t_last);
+    free(g_wait);
     g_active = NULL;
     g_t_last = NULL;
+    g_wait = NULL;
     pthread_mutex_lock(&srv->mu);
     srv->engine_done = true;
     pthread_mutex_unlock(&srv->mu);
