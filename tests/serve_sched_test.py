@@ -11,7 +11,9 @@ chat template's tokens with the assistant prefix) and each idle session's token 
     same request under the other API key, reuse nothing;
   - a conversation continued without the header lands in its own session, even when it is
     shorter than a block (the whole-conversation rule);
-  - a request sharing less than a block with every session gets a new one.
+  - a request sharing less than a block with every session gets a new one;
+  - a long conversation that merely opens like the request (cutting it back would drop more
+    tokens than it reuses) is not taken over: the request gets its own session.
 /v1/completions are batched with the chats (continuous batching, raw rows in the same
 llama_decode):
   - a short chat sent while a 200-token completion runs finishes before it (the old scheduler ran
@@ -195,6 +197,30 @@ c2 = chat([{"role": "user", "content": "Quick question: what is the capital of C
 print(f"     short prefix: {kv(c1)} / {kv(c2)}")
 check("(c) a request sharing less than one block with every session gets a new one",
       kv(c2)["session_id"] != kv(c1)["session_id"] and kv(c2)["prompt_tokens_reused"] == 0, f"{kv(c1)} {kv(c2)}")
+
+# ---- (d) a long conversation that merely opens like the request keeps its history -----------
+# (an agent's long system prompt shared by two users): taking the session over would cut back
+# more than it reuses, so the newcomer gets its own session.  Control: (a) above, where the cut
+# part is short, is taken over.
+sysp = "You are a careful assistant for a logistics team. Reference data follows. " + doc
+la = [{"role": "system", "content": sysp}]
+sa, ka = None, None
+for i, t in enumerate(["List two fruits.", "Name a colour of apples.", "Why are pears soft?", "Count to three."]):
+    la.append({"role": "user", "content": t + " " + " ".join(
+        f"Note {i}.{n}: the morning delivery to the dock in sector {n} arrived late again." for n in range(5))})
+    ra = chat(la, max_tokens=12)
+    sa, ka = kv(ra)["session_id"], ra
+    la.append({"role": "assistant", "content": ra["choices"][0]["message"]["content"]})
+rb = chat([{"role": "system", "content": sysp}, {"role": "user", "content": "Which district stores the most crates?"}])
+la.append({"role": "user", "content": "Thanks. And one more fruit?"})
+ra2 = chat(la, max_tokens=4)
+print(f"     long conversation {sa}: {kv(ka)}; newcomer {kv(rb)}; the conversation again {kv(ra2)}")
+check("(d) a newcomer sharing only a long conversation's opening gets a session of its own",
+      kv(rb)["session_id"] != sa and kv(rb)["prompt_tokens_reused"] == 0, f"{sa} {kv(rb)}")
+check("(d) ... and the long conversation continues in its session with its history reused",
+      kv(ra2)["session_id"] == sa
+      and kv(ra2)["prompt_tokens_reused"] >= ka["usage"]["prompt_tokens"] + ka["usage"]["completion_tokens"] - 1,
+      f"{kv(ra2)} after prompt {ka['usage']['prompt_tokens']} + {ka['usage']['completion_tokens']}")
 
 # ---- completions batched with chats --------------------------------------------------------
 COUNT = ", ".join(str(i) for i in range(1, 21)) + ","

@@ -363,6 +363,12 @@ static struct sess *pick_session(struct server *srv, struct job *j) {
             bool whole = continues(c, j);
             int32_t common = buf ? common_tokens(c, req, n_req, buf) : 0;
             if (!whole && common < srv->block) continue;
+            /* taking over another conversation cuts it back to the common prefix: only worth it
+            ** when that drops fewer tokens than it reuses (an edited or retried last turn, a
+            ** second question on the same document); a long conversation that merely opens
+            ** like the request (an agent's shared system prompt) keeps its history, and the
+            ** request gets a session of its own */
+            if (!whole && kvt_session_tokens(c->s, NULL, 0) - common > common) continue;
             if ((whole && !best_whole) ||
                 (whole == best_whole && (common > best || (common == best && x && c->last_used > x->last_used)))) {
                 best = common;
