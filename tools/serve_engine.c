@@ -23,7 +23,8 @@
 ** (the chat template with the assistant prefix, tokenized once per request) if that is at least
 ** one block, else a new one.  A session chosen by prefix is cut back to the first token that
 ** differs (kvt_session_sync), so only the request's own tail is decoded; a shorter common prefix
-** (a shared system prompt, the template's opening) does not take over another conversation's
+** (the template's opening), or one whose take-over would cut back more tokens than it reuses (a
+** long conversation sharing only its system prompt), does not take over another conversation's
 ** session.  Past --max-sessions the least recently used idle session is parked
 ** (kvt_session_park: its KV goes to the host pool and comes back with kvt_session_resume, no
 ** recompute); SERVE_PARK_FACTOR x --max-sessions sessions are kept in all, past that the least
