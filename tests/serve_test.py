@@ -220,10 +220,9 @@ check("tool call: finish_reason tool_calls, one call of a listed function, argum
       t1.choices[0].finish_reason == "tool_calls" and len(calls) == 1 and calls[0].type == "function" and calls[0].id
       and m1.content is None and calls[0].function.name in ("get_weather", "get_time")
       and valid_args(calls[0].function.name, args), str(m1))
-# the round trip: the client sends back its history with the call and the tool's result
-th += [{"role": "assistant", "content": None, "tool_calls": [
-           {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
-           for c in calls]},
+# the round trip: the client sends back its history with the call (the returned message object
+# itself, as the client's docs do) and the tool's result
+th += [m1,
        {"role": "tool", "tool_call_id": calls[0].id if calls else "x",
         "content": json.dumps({"city": (args or {}).get("city", "Paris"), "temperature": 18, "sky": "sunny"})}]
 tc2 = A.chat.completions.with_raw_response.create(model=model, messages=th, tools=tools, max_tokens=48, temperature=0)
