@@ -236,6 +236,22 @@ check("tool round trip: same session, the echoed call matches the cached tokens 
       tc2.headers.get("x-session-id") == tc1.headers.get("x-session-id")
       and k2["prompt_tokens_reused"] >= t1.usage.prompt_tokens + t1.usage.completion_tokens - 1, str(k2))
 
+# tool_choice "none": the tools stay described (same system message, same session), the reply is
+# held to {"response": ...} and comes back as plain content; the client echoes that plain text and
+# the next turn still continues the session (its stored reply is the JSON the model generated)
+nh = [{"role": "user", "content": "Say hello to me."}]
+n1 = A.chat.completions.create(model=model, messages=nh, tools=tools, tool_choice="none", max_tokens=48, temperature=0)
+c1 = n1.choices[0].message.content
+nh += [{"role": "assistant", "content": c1}, {"role": "user", "content": "Now say goodbye."}]
+n2 = A.chat.completions.create(model=model, messages=nh, tools=tools, tool_choice="none", max_tokens=8, temperature=0)
+print(f"     tool_choice none: {c1!r} finish {n1.choices[0].finish_reason}; turn 2 {kvt(n2)}")
+check("tool_choice none: plain content, no tool call, not the JSON wrapper",
+      isinstance(c1, str) and not n1.choices[0].message.tool_calls and not c1.startswith('{"response"')
+      and n1.choices[0].finish_reason == "stop", repr(c1))
+check("tool_choice none: the plain-text echo continues the session (reused, not re-prefilled)",
+      kvt(n2)["session_id"] == kvt(n1)["session_id"]
+      and kvt(n2)["prompt_tokens_reused"] >= n1.usage.prompt_tokens + n1.usage.completion_tokens - 1, str(kvt(n2)))
+
 # a named function, streamed: the call arrives as a tool_calls delta
 chunks = list(A.chat.completions.create(model=model, messages=[{"role": "user", "content": "What time is it in Tokyo?"}],
                                         tools=tools, tool_choice={"type": "function", "function": {"name": "get_time"}},
@@ -270,6 +286,16 @@ except ValueError:
 check("response_format json_schema: the reply follows the schema",
       isinstance(os_, dict) and set(os_) == {"legs", "animal"} and isinstance(os_["legs"], int)
       and isinstance(os_["animal"], str), repr(rs.choices[0].message.content))
+opt = {"type": "object", "properties": {"legs": {"type": "integer"}, "animal": {"type": "string"},
+                                        "wings": {"type": "boolean"}}}  # all optional
+ro = A.chat.completions.create(model=model, messages=q, max_tokens=48, temperature=0,
+                               response_format={"type": "json_schema", "json_schema": {"name": "b", "schema": opt}})
+try:
+    oo = json.loads(ro.choices[0].message.content)
+except ValueError:
+    oo = None
+check("response_format json_schema, all properties optional: an object of those keys, in schema order",
+      isinstance(oo, dict) and list(oo) == [k for k in opt["properties"] if k in oo], repr(ro.choices[0].message.content))
 rt = A.chat.completions.create(model=model, messages=q, max_tokens=48, temperature=0)
 try:
     ot = json.loads(rt.choices[0].message.content)
@@ -310,6 +336,11 @@ bad("tool_choice of an unknown mode", 400, {"messages": hello, "tools": tools, "
     "'sometimes' is not one of")
 bad("a tool schema of an unknown type", 400, {"messages": hello, "tools": [{"type": "function", "function": {
     "name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "complex"}}}}}]}, "unknown JSON schema type")
+bad("a tool schema with 300 properties", 400, {"messages": hello, "tools": [{"type": "function", "function": {
+    "name": "f", "parameters": {"type": "object", "properties": {f"p{i}": {} for i in range(300)}}}}]}, "at most 256")
+bad("a schema requiring a property it does not define", 400, {"messages": hello, "response_format": {
+    "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {}},
+                                                                    "required": ["b"]}}}}, "'b', which is not in 'properties'")
 bad("tools with response_format json", 400, {"messages": hello, "tools": tools, "response_format": {"type": "json_object"}},
     "cannot be combined")
 bad("a tool result without tool_call_id", 400, {"messages": [{"role": "user", "content": "hi"},

@@ -342,6 +342,25 @@ static struct sess *new_slot(struct server *srv) {
     return lru;
 }
 
+/* Assistant messages the client sends back are matched against the replies the session stored,
+** which are the text the model generated: a tool call echoed as `tool_calls`, or the "response"
+** of a tool-mode reply echoed as plain content, is replaced by the stored text, so the session's
+** tokens are reused instead of cut back and re-decoded (serve_tools.c). */
+static int canonicalise_replies(struct sess *x, struct job *j) {
+    int32_t n = KVT_MIN(kvt_session_n_messages(x->s), j->n_msgs);
+    for (int32_t k = 0; k < n; k++) {
+        struct kvt_chat_msg m;
+        if (kvt_session_message(x->s, k, &m) || strcmp(m.role, j->msgs[k].role)) break;
+        if (!strcmp(m.content, j->msgs[k].content)) continue;
+        if (strcmp(m.role, "assistant") || !tools_same_reply(m.content, j->msgs[k].content)) break;
+        char *c = strdup(m.content);
+        if (!c) return -1;
+        free((char *) j->msgs[k].content);
+        j->msgs[k].content = c;
+    }
+    return 0;
+}
+
 static struct sess *pick_session(struct server *srv, struct job *j) {
     struct sess *x = NULL;
     if (j->session_id[0]) {
@@ -354,8 +373,13 @@ static struct sess *pick_session(struct server *srv, struct job *j) {
         kvt_token *req = NULL, *buf = NULL;
         int32_t n_req = 0, best = 0;
         bool best_whole = false, any = false;
-        for (int32_t i = 0; i < g_cap && !any; i++)
-            any = g_sess[i].s && !g_sess[i].job && !strcmp(g_sess[i].ns, j->ns);
+        /* echoed replies in the sessions' own generated form first (a tool-mode reply echoed as
+        ** plain text), so that the comparison sees the tokens the sessions hold */
+        for (int32_t i = 0; i < g_cap; i++)
+            if (g_sess[i].s && !g_sess[i].job && !strcmp(g_sess[i].ns, j->ns)) {
+                any = true;
+                if (canonicalise_replies(&g_sess[i], j)) { job_error(j, 500, "server_error", NULL, "out of memory"); return NULL; }
+            }
         if (any && request_tokens(srv, j, &req, &n_req) == 0 && !(buf = malloc(sizeof *buf * (size_t) KVT_MAX(n_req, 1))))
             n_req = 0;
         for (int32_t i = 0; any && i < g_cap; i++) {
@@ -544,6 +568,15 @@ static bool start_completion(struct server *srv, struct job *j) {
 /* Start the waiting completions, in arrival order, while a scratch sequence is free and the
 ** cells they reserve fit the shared budget; a cancelled one leaves without running. */
 static void start_waiting(struct server *srv) {
+    int32_t w = 0; /* first, the ones whose client left, wherever they wait */
+    for (int32_t k = 0; k < g_n_wait; k++) {
+        pthread_mutex_lock(&srv->mu);
+        bool gone = g_wait[k]->cancelled;
+        pthread_mutex_unlock(&srv->mu);
+        if (gone) { g_wait[k]->completion_tokens = 0; g_wait[k]->finish = "stop"; finish(srv, g_wait[k]); }
+        else g_wait[w++] = g_wait[k];
+    }
+    g_n_wait = w;
     while (g_n_wait > 0) {
         struct job *j = g_wait[0];
         bool cancelled;
@@ -561,25 +594,6 @@ static void start_waiting(struct server *srv) {
         }
         start_completion(srv, j);
     }
-}
-
-/* Assistant messages the client sends back are matched against the replies the session stored,
-** which are the text the model generated: a tool call echoed as `tool_calls`, or the "response"
-** of a tool-mode reply echoed as plain content, is replaced by the stored text, so the session's
-** tokens are reused instead of cut back and re-decoded (serve_tools.c). */
-static int canonicalise_replies(struct sess *x, struct job *j) {
-    int32_t n = KVT_MIN(kvt_session_n_messages(x->s), j->n_msgs);
-    for (int32_t k = 0; k < n; k++) {
-        struct kvt_chat_msg m;
-        if (kvt_session_message(x->s, k, &m) || strcmp(m.role, j->msgs[k].role)) break;
-        if (!strcmp(m.content, j->msgs[k].content)) continue;
-        if (strcmp(m.role, "assistant") || !tools_same_reply(m.content, j->msgs[k].content)) break;
-        char *c = strdup(m.content);
-        if (!c) return -1;
-        free((char *) j->msgs[k].content);
-        j->msgs[k].content = c;
-    }
-    return 0;
 }
 
 static void start_chat(struct server *srv, struct job *j) {
@@ -810,6 +824,10 @@ void *serve_engine_main(void *arg) {
                 pthread_mutex_unlock(&srv->mu);
                 continue;
             }
+            pthread_mutex_lock(&srv->mu);
+            bool gone = j->cancelled; /* its client left while it was queued */
+            pthread_mutex_unlock(&srv->mu);
+            if (gone) { j->finish = "stop"; finish(srv, j); continue; }
             if (j->kind == JOB_COMPLETION) {
                 if (prepare_completion(srv, j)) g_wait[g_n_wait++] = j;
                 else finish(srv, j);

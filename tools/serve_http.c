@@ -371,8 +371,37 @@ static json_t *final_obj(struct server *srv, const struct job *j) {
         while (!(cond)) pthread_cond_wait(&j->cv, &srv->mu);                                   \
     } while (0)
 
+/* The client closed its end (a recv that peeks at end-of-file or fails)?  A client that sent more
+** bytes (pipelining) is still there.  A client that only shut down its sending half after the
+** request (legal, rare) looks the same and is taken as gone. */
+static bool peer_gone(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return false;
+    struct pollfd p = { .fd = ci->connect_fd, .events = POLLIN };
+    if (poll(&p, 1, 0) <= 0) return false;
+    if (p.revents & (POLLHUP | POLLERR)) return true;
+    char b;
+    ssize_t n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+/* Wait (under srv->mu) for a non-streamed job to finish, checking every 100 ms that the client
+** is still connected: one that went away cancels the job at its next token (as a dropped stream
+** does), so its slot is not held to max_tokens for nobody. */
+static void wait_watching(struct server *srv, struct MHD_Connection *c, struct job *j) {
+    while (j->state != JOB_DONE) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&j->cv, &srv->mu, &ts);
+        if (j->state != JOB_DONE && !j->cancelled && peer_gone(c)) j->cancelled = true;
+    }
+}
+
 struct stream {
     struct server *srv;
+    struct MHD_Connection *c; /* to notice a client that leaves while nothing is sent */
     struct job    *j;
     char           id[64];
     int            phase;   /* 0 role chunk, 1 content, 2 done */
@@ -436,7 +465,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         /* a tool-call reply is one JSON object: parsed and sent whole when it is complete */
         bool whole = j->kind == JOB_CHAT && j->format == REPLY_TOOLS;
         pthread_mutex_lock(&srv->mu);
-        if (whole) WAIT_UNTIL(j->state == JOB_DONE);
+        if (whole) wait_watching(srv, st->c, j); /* nothing is written meanwhile: watch the socket */
         else WAIT_UNTIL(j->state == JOB_DONE || j->n_text > j->n_sent);
         bool done = j->state == JOB_DONE;
         const char *fin = j->finish;
@@ -513,33 +542,6 @@ static void stream_free(void *cls) {
     free(st);
 }
 
-/* The client closed its end (a recv that peeks at end-of-file or fails)?  A client that sent more
-** bytes (pipelining) is still there. */
-static bool peer_gone(struct MHD_Connection *c) {
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (!ci) return false;
-    struct pollfd p = { .fd = ci->connect_fd, .events = POLLIN };
-    if (poll(&p, 1, 0) <= 0) return false;
-    if (p.revents & (POLLHUP | POLLERR)) return true;
-    char b;
-    ssize_t n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
-}
-
-/* Wait (under srv->mu) for a non-streamed job to finish, checking every 100 ms that the client
-** is still connected: one that went away cancels the job at its next token (as a dropped stream
-** does), so its slot is not held to max_tokens for nobody. */
-static void wait_watching(struct server *srv, struct MHD_Connection *c, struct job *j) {
-    while (j->state != JOB_DONE) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 100 * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
-        pthread_cond_timedwait(&j->cv, &srv->mu, &ts);
-        if (j->state != JOB_DONE && !j->cancelled && peer_gone(c)) j->cancelled = true;
-    }
-}
-
 static enum MHD_Result run_job(struct server *srv, struct MHD_Connection *c, struct job *j) {
     j->t_arrival = mono_ms();
     pthread_cond_init(&j->cv, NULL);
@@ -568,6 +570,7 @@ static enum MHD_Result run_job(struct server *srv, struct MHD_Connection *c, str
     struct stream *st = calloc(1, sizeof *st);
     if (!st) { serve_job_release(srv, j); return MHD_NO; }
     st->srv = srv;
+    st->c = c;
     st->j = j;
     snprintf(st->id, sizeof st->id, "%s-%llu", j->kind == JOB_CHAT ? "chatcmpl" : "cmpl", __atomic_add_fetch(&g_id, 1, __ATOMIC_RELAXED));
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, st, stream_free);

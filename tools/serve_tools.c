@@ -15,8 +15,11 @@
 ** array with items/minItems, object with properties/required/additionalProperties, a list of
 ** types), enum, const, anyOf/oneOf.  Anything else (e.g. $ref, pattern, format) is accepted as
 ** any JSON value of the right kind.  Objects are generated with their properties in schema
-** order, required ones always, optional ones in order and skippable.  No whitespace is generated:
-** the reply is canonical JSON, so a client echoing it back matches the session's tokens. */
+** order, required ones always, optional ones in order and skippable (at most 256 properties an
+** object, 1 MiB of grammar in all); minItems counts only as "non-empty", maxItems and string
+** formats are not enforced.  No whitespace and no \u escapes are generated (non-ASCII text is
+** raw UTF-8): the reply is canonical JSON, so a client echoing it back matches the session's
+** tokens. */
 #include "serve.h"
 
 #include <stdarg.h>
@@ -85,11 +88,13 @@ static const char GBNF_PRIMITIVES[] =
     "object ::= \"{\" ( string \":\" value ( \",\" string \":\" value )* )? \"}\"\n"
     "array ::= \"[\" ( value ( \",\" value )* )? \"]\"\n"
     "string ::= \"\\\"\" char* \"\\\"\"\n"
-    "char ::= [^\"\\\\\\x00-\\x1F\\x7F] | \"\\\\\" ( [\"\\\\bfnrt] | \"u\" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] )\n"
+    "char ::= [^\"\\\\\\x00-\\x1F\\x7F] | \"\\\\\" [\"\\\\bfnrt]\n"
     "integer ::= \"-\"? ( \"0\" | [1-9] [0-9]{0,15} )\n"
     "number ::= integer ( \".\" [0-9]+ )? ( [eE] [-+]? [0-9]+ )?\n"
     "boolean ::= \"true\" | \"false\"\n"
     "null ::= \"null\"\n";
+
+enum { SCHEMA_MAX_PROPS = 256, GBNF_MAX_BYTES = 1 << 20 };
 
 struct gram {
     struct buf rules; /* extra rules, one per line */
@@ -131,8 +136,16 @@ static void object_expr(struct gram *g, const json_t *sc, struct buf *out) {
         return;
     }
     if (req && !json_is_array(req)) { gfail(g, "'required' must be an array of property names"); return; }
-    /* property i: "key":value as one rule name; required flag */
     size_t n = json_object_size(props), i = 0;
+    if (n > SCHEMA_MAX_PROPS) { gfail(g, "an object schema has %zu properties; at most %d", n, SCHEMA_MAX_PROPS); return; }
+    size_t r;
+    const json_t *rn;
+    json_array_foreach(req, r, rn)
+        if (!json_is_string(rn) || !json_object_get(props, json_string_value(rn))) {
+            gfail(g, "'required' names '%.64s', which is not in 'properties'", json_is_string(rn) ? json_string_value(rn) : "(not a string)");
+            return;
+        }
+    /* property i: "key":value as one rule name; required flag */
     char **kv = calloc(n, sizeof *kv);
     bool *must = calloc(n, sizeof *must);
     if (!kv || !must) { free(kv); free(must); out->oom = true; return; }
@@ -147,27 +160,34 @@ static void object_expr(struct gram *g, const json_t *sc, struct buf *out) {
         schema_rule(g, ps, &one);
         kv[i] = one.s;
         if (one.oom) out->oom = true;
-        size_t r;
-        const json_t *rn;
-        json_array_foreach(req, r, rn) if (json_is_string(rn) && !strcmp(json_string_value(rn), key)) must[i] = true;
+        json_array_foreach(req, r, rn) if (!strcmp(json_string_value(rn), key)) must[i] = true;
         i++;
     }
     int n_must = 0;
     for (i = 0; i < n; i++) n_must += must[i];
     bput(out, "\"{\" ");
-    if (n_must > 0) {
+    if (n_must > 0) { /* the required ones in order, each optional one after them, skippable */
         bool first = true;
         for (i = 0; i < n; i++)
             if (must[i]) { bput(out, "%s%s ", first ? "" : "\",\" ", kv[i]); first = false; }
         for (i = 0; i < n; i++)
             if (!must[i]) bput(out, "( \",\" %s )? ", kv[i]);
-    } else { /* all optional: the first present one, then any later ones in order */
-        bput(out, "( ");
-        for (i = 0; i < n; i++) {
-            bput(out, "%s%s ", i ? "| " : "", kv[i]);
-            for (size_t k = i + 1; k < n; k++) bput(out, "( \",\" %s )? ", kv[k]);
+    } else { /* all optional: the first present one, then any later ones in order, through one
+             ** rule per suffix, tail_i ::= ( "," kv_i )? tail_i+1, so the grammar stays linear */
+        int *tail = calloc(n + 1, sizeof *tail);
+        if (!tail) out->oom = true;
+        for (size_t k = n; tail && k-- > 1;) {
+            tail[k] = g->n_rules++;
+            if (k + 1 < n) bput(&g->rules, "r%d ::= ( \",\" %s )? r%d\n", tail[k], kv[k], tail[k + 1]);
+            else bput(&g->rules, "r%d ::= ( \",\" %s )?\n", tail[k], kv[k]);
         }
-        bput(out, ")? ");
+        bput(out, "( ");
+        for (i = 0; tail && i < n; i++) {
+            bput(out, "%s%s", i ? " | " : "", kv[i]);
+            if (i + 1 < n) bput(out, " r%d", tail[i + 1]);
+        }
+        bput(out, " )? ");
+        free(tail);
     }
     bput(out, "\"}\"");
     for (i = 0; i < n; i++) free(kv[i]);
@@ -341,9 +361,10 @@ int tools_parse(json_t *root, struct job *j, char **sys_extra, char *err, size_t
             bput_lit(&calls, lit.s ? lit.s : "");
             free(lit.s);
             bput(&calls, " ");
-            json_t *obj = params ? NULL : json_pack("{s:s}", "type", "object");
+            bool untyped = !params || json_object_size(params) == 0; /* arguments are an object anyway */
+            json_t *obj = untyped ? json_pack("{s:s}", "type", "object") : NULL;
             *param = "tools";
-            schema_rule(&g, params ? params : obj, &calls);
+            schema_rule(&g, untyped ? obj : params, &calls);
             json_decref(obj);
             bput(&calls, " \"}}\"");
             if (g.failed) {
@@ -361,10 +382,11 @@ int tools_parse(json_t *root, struct job *j, char **sys_extra, char *err, size_t
         }
         if (rc == 0) {
             bool must = !strcmp(mode, "required") || forced;
-            if (!none) {
-                bput(&root_rule, "root ::= %s%s\n", calls.s ? calls.s : "", must ? "" : " | \"{\\\"response\\\":\" string \"}\"");
-                j->format = REPLY_TOOLS;
-            }
+            /* "none": the same system message, so the reply is still held to the JSON protocol,
+            ** but only its response half */
+            if (none) bput(&root_rule, "root ::= \"{\\\"response\\\":\" string \"}\"\n");
+            else bput(&root_rule, "root ::= %s%s\n", calls.s ? calls.s : "", must ? "" : " | \"{\\\"response\\\":\" string \"}\"");
+            j->format = REPLY_TOOLS;
             char *list = json_dumps(desc, JSON_COMPACT);
             struct buf sys = { 0 };
             bput(&sys, "You can call any of the following tools to satisfy the user's requests: %s\n\n", list ? list : "[]");
@@ -417,6 +439,12 @@ int tools_parse(json_t *root, struct job *j, char **sys_extra, char *err, size_t
         struct buf all = { 0 };
         bput(&all, "%s%s%s", root_rule.s, g.rules.s ? g.rules.s : "", GBNF_PRIMITIVES);
         if (all.oom || g.rules.oom) { free(all.s); rc = -1; snprintf(err, n_err, "out of memory"); }
+        else if (all.n > GBNF_MAX_BYTES) {
+            free(all.s);
+            rc = -1;
+            *param = j->format == REPLY_TOOLS ? "tools" : "response_format";
+            snprintf(err, n_err, "the schemas make a grammar of %zu bytes; at most %d", all.n, GBNF_MAX_BYTES);
+        }
         else j->grammar = all.s;
     }
     free(root_rule.s);
