@@ -8,8 +8,9 @@ that need no tool.  Modes:
             job), the right function, the city named in the question?
   auto      tool_choice "auto": does the model call a tool for the 24 tool questions and answer
             in text for the 6 others?
-  none      control: tool_choice "none" keeps the same system message but drops the grammar;
-            how many free-text replies are a well-formed call of the right function anyway?
+  control   the same system message as the server writes for tools (tools/serve_tools.c), sent
+            as a plain system message without `tools`: no grammar.  How many free-text replies
+            are a well-formed call of the right function anyway?
 Prints a table (and one JSON line with --json).  Greedy, 48 tokens per reply, one request at a
 time; latency is the client's wall time per request.
 """
@@ -32,6 +33,14 @@ NO_TOOL = ["Write a short poem about the sea.", "What is two plus two?", "Say he
            "Name three colours.", "Who wrote Hamlet?", "Tell me a joke about cats."]
 
 
+# what tools/serve_tools.c puts in the system message for TOOLS (keep in step with it)
+CONTROL_SYSTEM = ("You can call any of the following tools to satisfy the user's requests: " +
+                  json.dumps([{k: v for k, v in t["function"].items()} for t in TOOLS], separators=(",", ":")) +
+                  "\n\nRespond in JSON format, either with `tool_call` (a request to call tools) or with `response` "
+                  "reply to the user's request, for example {\"tool_call\":{\"name\":\"tool_name\",\"arguments\":"
+                  "{\"arg1\":\"value\"}}} or {\"response\":\"text\"}")
+
+
 def cases():
     for c in CITIES:
         yield f"What is the weather like in {c} right now?", "get_weather", c
@@ -49,8 +58,13 @@ def main():
 
     def ask(q, choice):
         t0 = time.time()
-        r = cl.chat.completions.create(model="m", messages=[{"role": "user", "content": q}], tools=TOOLS,
-                                       tool_choice=choice, max_tokens=48, temperature=0)
+        if choice == "control":
+            r = cl.chat.completions.create(model="m", messages=[{"role": "system", "content": CONTROL_SYSTEM},
+                                                                {"role": "user", "content": q}],
+                                           max_tokens=48, temperature=0)
+        else:
+            r = cl.chat.completions.create(model="m", messages=[{"role": "user", "content": q}], tools=TOOLS,
+                                           tool_choice=choice, max_tokens=48, temperature=0)
         return r.choices[0], (time.time() - t0) * 1e3
 
     req = {"n": 0, "well_formed": 0, "right_function": 0, "right_city": 0, "ms": []}
@@ -81,7 +95,7 @@ def main():
         auto["plain_answered"] += not ch.message.tool_calls and bool(ch.message.content)
     free = {"n": 0, "well_formed": 0, "right_function": 0}
     for q, fn, _ in cases():
-        ch, _ = ask(q, "none")
+        ch, _ = ask(q, "control")
         free["n"] += 1
         try:
             o = json.loads(ch.message.content or "")
@@ -91,7 +105,7 @@ def main():
             ok, c = False, None
         free["well_formed"] += ok
         free["right_function"] += ok and c.get("name") == fn
-    out = {"label": a.label, "none": free, "required": {k: v for k, v in req.items() if k != "ms"},
+    out = {"label": a.label, "control": free, "required": {k: v for k, v in req.items() if k != "ms"},
            "required_ms_p50": round(statistics.median(req["ms"]), 1),
            "auto": {k: v for k, v in auto.items() if k != "ms"}, "auto_ms_p50": round(statistics.median(auto["ms"]), 1)}
     n = req["n"]
@@ -104,7 +118,7 @@ def main():
     print(f"  tool questions answered by a call  {auto['tool_called']}/{auto['tool_q']}")
     print(f"  other questions answered in text   {auto['plain_answered']}/{auto['plain_q']}")
     print(f"  latency p50                        {out['auto_ms_p50']} ms")
-    print(f"{a.label}: tool_choice=none (control: same prompt, no grammar)")
+    print(f"{a.label}: control (the same system message, no tools, no grammar)")
     print(f"  well-formed call in the free text  {free['well_formed']}/{free['n']}")
     print(f"  ... of the right function          {free['right_function']}/{free['n']}")
     if a.json:
