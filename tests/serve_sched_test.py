@@ -35,42 +35,20 @@ Every case prints "ok   NAME" or "FAIL NAME: why"; the exit status is the number
 """
 import http.client
 import json
-import re
 import sys
 import threading
 import time
 import urllib.parse
 
+from serve_client import check, finish, init, metric, raw
+
 BASE, KEY_A, KEY_B = sys.argv[1:4]
 U = urllib.parse.urlparse(BASE)
+init(BASE, KEY_A)
 BLOCK = 64  # the server's --block (default)
-fails = 0
 
 
-def check(name, cond, why=""):
-    global fails
-    if cond:
-        print(f"ok   {name}", flush=True)
-    else:
-        fails += 1
-        print(f"FAIL {name}: {why}", flush=True)
 
-
-def raw(method, path, body=None, key=KEY_A, headers=None, timeout=300):
-    """(status, headers, parsed JSON or text)"""
-    c = http.client.HTTPConnection(U.hostname, U.port, timeout=timeout)
-    h = {"Content-Type": "application/json"}
-    if key:
-        h["Authorization"] = f"Bearer {key}"
-    h.update(headers or {})
-    c.request(method, path, body=json.dumps(body).encode() if body is not None else None, headers=h)
-    r = c.getresponse()
-    data = r.read()
-    c.close()
-    try:
-        return r.status, r.headers, json.loads(data)
-    except ValueError:
-        return r.status, r.headers, data.decode("utf-8", "replace")
 
 
 def chat(messages, key=KEY_A, max_tokens=8, **kw):
@@ -84,11 +62,6 @@ def chat(messages, key=KEY_A, max_tokens=8, **kw):
 def kv(resp):
     return resp["usage"]["kvtier"]
 
-
-def metric(name):
-    _, _, txt = raw("GET", "/metrics", key=None)
-    m = re.search(rf"^{re.escape(name)} (\S+)$", txt, re.M)
-    return float(m.group(1)) if m else None
 
 
 def wait_idle(limit=60):
@@ -292,5 +265,4 @@ st, _, after = raw("POST", "/v1/completions", {"prompt": COUNT, "max_tokens": 20
 check("completions still served after the drop", st == 200 and alone["choices"][0]["text"].startswith(after["choices"][0]["text"]),
       str(after)[:200])
 
-print(f"{fails} failed")
-sys.exit(min(fails, 100))
+finish()

@@ -18,39 +18,16 @@ import threading
 import time
 import urllib.parse
 
+from serve_client import check, finish, init, metric, raw
+
 import openai
 
 BASE, KEY_A, KEY_B, DEMO = sys.argv[1:5]
 U = urllib.parse.urlparse(BASE)
-fails = 0
+init(BASE, KEY_A)
 
 
-def check(name, cond, why=""):
-    global fails
-    if cond:
-        print(f"ok   {name}", flush=True)
-    else:
-        fails += 1
-        print(f"FAIL {name}: {why}", flush=True)
 
-
-def raw(method, path, body=None, key=KEY_A, headers=None, timeout=300):
-    """(status, headers, parsed JSON or text)"""
-    c = http.client.HTTPConnection(U.hostname, U.port, timeout=timeout)
-    h = {"Content-Type": "application/json"}
-    if key:
-        h["Authorization"] = f"Bearer {key}"
-    h.update(headers or {})
-    if isinstance(body, (dict, list)):
-        body = json.dumps(body).encode()
-    c.request(method, path, body=body, headers=h)
-    r = c.getresponse()
-    data = r.read()
-    c.close()
-    try:
-        return r.status, r.headers, json.loads(data)
-    except ValueError:
-        return r.status, r.headers, data.decode("utf-8", "replace")
 
 
 def kvt(resp):
@@ -401,11 +378,6 @@ check("a parked session resumes without recompute (reused, recovered, only the t
       and kp["prompt_tokens_decoded"] < 20, str(kp))
 
 # ---- a client that disconnects mid-stream frees its slot ---------------------------------
-def metric(name):
-    _, _, txt = raw("GET", "/metrics", key=None)
-    m = re.search(rf"^{re.escape(name)} (\S+)$", txt, re.M)
-    return float(m.group(1)) if m else None
-
 
 conn = http.client.HTTPConnection(U.hostname, U.port, timeout=60)
 conn.request("POST", "/v1/chat/completions", body=json.dumps(
@@ -488,5 +460,4 @@ for name in ("kvtier_sessions_parked", "kvtier_requests_total{status=\"2xx\"}", 
              "kvtier_resident_tokens", "kvtier_pool_ram_bytes"):
     check(f"/metrics has {name}", name in txt, txt[:200])
 
-print(f"{fails} failed")
-sys.exit(min(fails, 100))
+finish()
