@@ -58,22 +58,18 @@ if [ -z "$PORT" ]; then
 fi
 ok "server listening on port $PORT"
 
-"$PY" "$SRC/tests/serve_test.py" "http://127.0.0.1:$PORT" key-alpha-123 key-beta-456 "$SRC/tools/cmd_demo.c" \
-    >"$TMP/py" 2>&1
-prc=$?
-cat "$TMP/py"
-pass=$((pass + $(grep -c '^ok ' "$TMP/py")))
-fail=$((fail + $(grep -c '^FAIL ' "$TMP/py")))
-[ $prc -eq 0 ] || [ "$(grep -c '^FAIL ' "$TMP/py")" -gt 0 ] || bad "serve_test.py exited with status $prc"
-
+# one client script against the running server; its ok/FAIL lines count here
+run_py() { # script out
+    "$PY" "$SRC/tests/$1" "http://127.0.0.1:$PORT" key-alpha-123 key-beta-456 "$SRC/tools/cmd_demo.c" >"$TMP/$2" 2>&1
+    local prc=$?
+    cat "$TMP/$2"
+    pass=$((pass + $(grep -c '^ok ' "$TMP/$2")))
+    fail=$((fail + $(grep -c '^FAIL ' "$TMP/$2")))
+    [ $prc -eq 0 ] || [ "$(grep -c '^FAIL ' "$TMP/$2")" -gt 0 ] || bad "$1 exited with status $prc"
+}
+run_py serve_test.py py
 # scheduling: session choice by longest common token prefix, completions batched with chats
-"$PY" "$SRC/tests/serve_sched_test.py" "http://127.0.0.1:$PORT" key-alpha-123 key-beta-456 "$SRC/tools/cmd_demo.c" \
-    >"$TMP/py2" 2>&1
-prc=$?
-cat "$TMP/py2"
-pass=$((pass + $(grep -c '^ok ' "$TMP/py2")))
-fail=$((fail + $(grep -c '^FAIL ' "$TMP/py2")))
-[ $prc -eq 0 ] || [ "$(grep -c '^FAIL ' "$TMP/py2")" -gt 0 ] || bad "serve_sched_test.py exited with status $prc"
+run_py serve_sched_test.py py2
 
 # --- SIGTERM with a request in flight: it completes, the server exits 0 ---
 curl -s -o "$TMP/inflight" -w '%{http_code}' -H "Authorization: Bearer key-alpha-123" \

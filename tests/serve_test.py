@@ -30,6 +30,13 @@ init(BASE, KEY_A)
 
 
 
+def json_or_none(text):
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return None
+
+
 def kvt(resp):
     return resp.model_dump()["usage"]["kvtier"]
 
@@ -188,10 +195,7 @@ tc1 = A.chat.completions.with_raw_response.create(model=model, messages=th, tool
 t1 = tc1.parse()
 m1 = t1.choices[0].message
 calls = m1.tool_calls or []
-try:
-    args = json.loads(calls[0].function.arguments) if calls else None
-except ValueError:
-    args = None
+args = json_or_none(calls[0].function.arguments) if calls else None
 print(f"     tool call: {[(c.function.name, c.function.arguments) for c in calls]} finish {t1.choices[0].finish_reason}")
 check("tool call: finish_reason tool_calls, one call of a listed function, arguments valid under its schema",
       t1.choices[0].finish_reason == "tool_calls" and len(calls) == 1 and calls[0].type == "function" and calls[0].id
@@ -235,10 +239,7 @@ chunks = list(A.chat.completions.create(model=model, messages=[{"role": "user", 
                                         max_tokens=48, temperature=0, stream=True))
 deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
 fin = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
-try:
-    sargs = json.loads(deltas[0].function.arguments) if deltas else None
-except ValueError:
-    sargs = None
+sargs = json_or_none(deltas[0].function.arguments) if deltas else None
 check("tool call (stream, tool_choice names get_time): a tool_calls delta, finish_reason tool_calls",
       len(deltas) == 1 and deltas[0].function.name == "get_time" and deltas[0].index == 0 and deltas[0].id
       and valid_args("get_time", sargs) and fin == ["tool_calls"], f"{deltas} {fin}")
@@ -246,20 +247,14 @@ check("tool call (stream, tool_choice names get_time): a tool_calls delta, finis
 # response_format: JSON object, JSON schema; control: the same question as free text is not JSON
 q = [{"role": "user", "content": "How many legs does a spider have?"}]
 rj = A.chat.completions.create(model=model, messages=q, response_format={"type": "json_object"}, max_tokens=48, temperature=0)
-try:
-    oj = json.loads(rj.choices[0].message.content)
-except ValueError:
-    oj = None
+oj = json_or_none(rj.choices[0].message.content)
 check("response_format json_object: the reply is a JSON object", isinstance(oj, dict) and rj.choices[0].finish_reason == "stop",
       repr(rj.choices[0].message.content))
 schema = {"type": "object", "properties": {"legs": {"type": "integer"}, "animal": {"type": "string"}},
           "required": ["legs", "animal"]}
 rs = A.chat.completions.create(model=model, messages=q, max_tokens=48, temperature=0,
                                response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}})
-try:
-    os_ = json.loads(rs.choices[0].message.content)
-except ValueError:
-    os_ = None
+os_ = json_or_none(rs.choices[0].message.content)
 check("response_format json_schema: the reply follows the schema",
       isinstance(os_, dict) and set(os_) == {"legs", "animal"} and isinstance(os_["legs"], int)
       and isinstance(os_["animal"], str), repr(rs.choices[0].message.content))
@@ -267,17 +262,11 @@ opt = {"type": "object", "properties": {"legs": {"type": "integer"}, "animal": {
                                         "wings": {"type": "boolean"}}}  # all optional
 ro = A.chat.completions.create(model=model, messages=q, max_tokens=48, temperature=0,
                                response_format={"type": "json_schema", "json_schema": {"name": "b", "schema": opt}})
-try:
-    oo = json.loads(ro.choices[0].message.content)
-except ValueError:
-    oo = None
+oo = json_or_none(ro.choices[0].message.content)
 check("response_format json_schema, all properties optional: an object of those keys, in schema order",
       isinstance(oo, dict) and list(oo) == [k for k in opt["properties"] if k in oo], repr(ro.choices[0].message.content))
 rt = A.chat.completions.create(model=model, messages=q, max_tokens=48, temperature=0)
-try:
-    ot = json.loads(rt.choices[0].message.content)
-except ValueError:
-    ot = None
+ot = json_or_none(rt.choices[0].message.content)
 check("control: without response_format the same question is not answered in JSON", not isinstance(ot, dict),
       repr(rt.choices[0].message.content))
 

@@ -365,6 +365,7 @@ static struct sess *pick_session(struct server *srv, struct job *j) {
     struct sess *x = NULL;
     if (j->session_id[0]) {
         x = find_session(srv, j->ns, j->session_id);
+        if (x && canonicalise_replies(x, j)) { job_error(j, 500, "server_error", NULL, "out of memory"); return NULL; }
     } else {
         /* the session whose whole conversation the request continues, else the one sharing the
         ** longest token prefix with the request, if at least one block (shorter: a common system
@@ -609,10 +610,6 @@ static void start_chat(struct server *srv, struct job *j) {
     if (!x) {
         if (!j->http_status)
             job_error(j, 503, "server_error", NULL, "every one of the %d session slots is generating", srv->max_sessions);
-        return;
-    }
-    if (canonicalise_replies(x, j)) {
-        job_error(j, 500, "server_error", NULL, "out of memory");
         return;
     }
     snprintf(j->out_session, sizeof j->out_session, "%s", x->id);
