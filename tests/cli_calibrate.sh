@@ -5,6 +5,13 @@
 # last stdout line with --json; no FILE.tmp is left behind.  Bad input (positions out of order,
 # a missing model) fails with a non-zero exit and a message naming the value.
 set -u
+# the essays these commands read are the team's data, beside the repository (README); without
+# them the test is reported as skipped (exit 77, SKIP_RETURN_CODE in tests/CMakeLists.txt)
+ESSAYS=${KVT_SOURCE_DIR:?KVT_SOURCE_DIR is not set}/../shared/data/pg_essays
+if [ ! -d "$ESSAYS" ]; then
+    echo "SKIP: $ESSAYS is not a directory (make test expects shared/ beside the repository)"
+    exit 77
+fi
 BIN=${KVTIER_BIN:?KVTIER_BIN is not set}
 MODEL=${KVTIER_MODEL:?KVTIER_MODEL is not set}
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/kvt-cli-calibrate.XXXXXX")

@@ -13,6 +13,13 @@
 #   - bad input fails with exit 2 and a message naming the bad value.
 # Environment (from tests/CMakeLists.txt): KVTIER_BIN, KVT_TINY_DIR, KVT_SOURCE_DIR.
 set -u
+# the essays these commands read are the team's data, beside the repository (README); without
+# them the test is reported as skipped (exit 77, SKIP_RETURN_CODE in tests/CMakeLists.txt)
+ESSAYS=${KVT_SOURCE_DIR:?KVT_SOURCE_DIR is not set}/../shared/data/pg_essays
+if [ ! -d "$ESSAYS" ]; then
+    echo "SKIP: $ESSAYS is not a directory (make test expects shared/ beside the repository)"
+    exit 77
+fi
 BIN=${KVTIER_BIN:?KVTIER_BIN is not set}
 TINY=${KVT_TINY_DIR:?KVT_TINY_DIR is not set}/tiny-llama.gguf
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/kvt-cli-eval.XXXXXX")
