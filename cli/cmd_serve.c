@@ -1,0 +1,154 @@
+/* cmd_serve.c — `kvtier serve`: an OpenAI-compatible HTTP server whose sessions keep their KV
+** across requests (only the new tail of a resent history is decoded) under a token budget.
+**
+**   kvtier serve -m MODEL [--host 127.0.0.1] [--port 8080] [-c 4096] [--budget 512] [--parallel 4]
+**                [--threads N] [--api-key-file FILE] [--max-sessions N] [--pool-mb 256] [--spill-dir DIR]
+**
+** Startup: flags, API keys, model; then the engine thread (server/sched.c) and libmicrohttpd
+** (server/http.c).  The main thread waits for SIGTERM/SIGINT: new requests then get 503, queued
+** and running ones finish, and the process exits 0. */
+#include "cli.h"
+#include "serve.h"
+
+#include <ctype.h>
+#include <microhttpd.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void serve_usage(FILE *f, const struct cli_opt *opts) {
+    fprintf(f, "Usage: kvtier serve -m MODEL [options]\n\n"
+               "OpenAI-compatible server (POST /v1/chat/completions, /v1/completions; GET /v1/models, /health,\n"
+               "/metrics, /v1/sessions; DELETE /v1/sessions/ID).  Sessions keep their KV cache between requests:\n"
+               "a client resending its history has only the new tail decoded.  Select a session with the\n"
+               "X-Session-Id header, or let the server match the longest common token prefix (one block at least).\n\nOptions:\n");
+    cli_print_opts(f, opts);
+}
+
+/* One key per line; blank lines and lines starting with '#' are skipped; surrounding white space
+** is not part of a key. */
+static int load_keys(struct server *srv, const char *path) {
+    char *txt = app_read_file(path, NULL);
+    if (!txt) {
+        fprintf(stderr, "kvtier serve: --api-key-file '%s': cannot read it\n", path);
+        return APP_USAGE;
+    }
+    for (char *line = strtok(txt, "\n"); line; line = strtok(NULL, "\n")) {
+        while (isspace((unsigned char) *line)) line++;
+        char *e = line + strlen(line);
+        while (e > line && isspace((unsigned char) e[-1])) *--e = '\0';
+        if (!*line || *line == '#') continue;
+        char **k = realloc(srv->keys, sizeof *k * (size_t) (srv->n_keys + 1));
+        if (!k || !(k[srv->n_keys] = strdup(line))) { free(txt); return APP_ERR; }
+        srv->keys = k;
+        srv->n_keys++;
+    }
+    free(txt);
+    if (srv->n_keys == 0) {
+        fprintf(stderr, "kvtier serve: --api-key-file '%s' holds no key (one per line)\n", path);
+        return APP_USAGE;
+    }
+    return APP_OK;
+}
+
+int cmd_serve(int argc, char **argv) {
+    const char *cmd = "kvtier serve";
+    struct server srv;
+    memset(&srv, 0, sizeof srv);
+    const char *host = "127.0.0.1", *key_file = NULL;
+    int32_t port = 8080, max_sessions = 0;
+    srv.n_ctx = 4096;
+    srv.budget = 512;
+    srv.block = 64;
+    srv.parallel = 4;
+    srv.pool_mb = 256;
+    srv.max_queue = 64;
+    srv.max_tokens_default = 256;
+    const struct cli_opt opts[] = {
+        { "model", 'm', OPT_STR, &srv.model_path, 0, 0, "MODEL", "GGUF model file (required)", NULL },
+        { "host", 0, OPT_STR, &host, 0, 0, "ADDR", "IPv4 address to listen on (default 127.0.0.1)", NULL },
+        { "port", 0, OPT_INT, &port, 0, 65535, "N", "TCP port (default 8080; 0 = any free port, printed at start)", NULL },
+        { "ctx-size", 'c', OPT_INT, &srv.n_ctx, 256, 1 << 20, "N", "KV cells of the shared context (default 4096)", NULL },
+        { "budget", 0, OPT_INT, &srv.budget, 128, 1 << 20, "N", "resident-token budget of each session (default 512)", NULL },
+        { "block", 0, OPT_INT, &srv.block, 16, 4096, "N", "tokens per KV block (default 64)", NULL },
+        { "parallel", 0, OPT_INT, &srv.parallel, 1, 64, "N", "requests generating at once (default 4)", NULL },
+        { "threads", 't', OPT_INT, &srv.threads, 0, 1024, "N", "CPU threads (default 0 = all cores)", NULL },
+        { "api-key-file", 0, OPT_STR, &key_file, 0, 0, "FILE",
+          "require Authorization: Bearer KEY, one key per line; sessions are private to their key", NULL },
+        { "max-sessions", 0, OPT_INT, &max_sessions, 1, 63, "N",
+          "sessions holding KV cells at once (default: ctx-size / budget - 1); past it the least recently used idle "
+          "one is parked in the host tier (4x as many kept in all)", NULL },
+        { "pool-mb", 0, OPT_INT, &srv.pool_mb, 1, 1 << 20, "N", "host RAM tier for evicted KV blocks in MiB (default 256)", NULL },
+        { "spill-dir", 0, OPT_STR, &srv.spill_dir, 0, 0, "DIR", "directory for spill files (default: private, under $TMPDIR)", NULL },
+        { "max-tokens", 0, OPT_INT, &srv.max_tokens_default, 1, 1 << 20, "N", "reply limit when a request gives none (default 256)", NULL },
+        { "queue", 0, OPT_INT, &srv.max_queue, 1, 1 << 16, "N", "requests waiting for a slot before 429 (default 64)", NULL },
+        { NULL, 0, 0, NULL, 0, 0, NULL, NULL, NULL },
+    };
+    char *pos[1];
+    int n_pos = 0;
+    int rc = cli_parse(cmd, opts, argc, argv, pos, 0, &n_pos);
+    if (rc < 0) { serve_usage(stdout, opts); return APP_OK; }
+    if (rc) return rc;
+    if (!srv.model_path) {
+        fprintf(stderr, "%s: -m MODEL is required\nTry '%s --help'.\n", cmd, cmd);
+        return APP_USAGE;
+    }
+    if (srv.budget < 2 * srv.block) {
+        fprintf(stderr, "%s: --budget %d is smaller than two blocks of %d tokens\n", cmd, srv.budget, srv.block);
+        return APP_USAGE;
+    }
+    srv.max_sessions = max_sessions ? max_sessions : KVT_MAX(1, KVT_MIN(63, srv.n_ctx / srv.budget - 1));
+    if ((int64_t) (srv.max_sessions + 1) * srv.budget > srv.n_ctx) {
+        fprintf(stderr, "%s: %d sessions of --budget %d plus one budget for completions need %lld KV cells; -c is %d\n", cmd,
+                srv.max_sessions, srv.budget, (long long) (srv.max_sessions + 1) * srv.budget, srv.n_ctx);
+        return APP_USAGE;
+    }
+    if (srv.parallel > srv.max_sessions) srv.parallel = srv.max_sessions;
+    if (key_file && (rc = load_keys(&srv, key_file))) return rc;
+
+    /* signals: handled by sigwait in this thread only */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    pthread_mutex_init(&srv.mu, NULL);
+    pthread_cond_init(&srv.work, NULL);
+    if ((rc = serve_engine_open(&srv))) goto out_keys;
+    pthread_t eng_thread;
+    if (pthread_create(&eng_thread, NULL, serve_engine_main, &srv)) {
+        fprintf(stderr, "%s: cannot start the engine thread\n", cmd);
+        serve_engine_close(&srv);
+        rc = APP_ERR;
+        goto out_keys;
+    }
+    int32_t bound = port;
+    struct MHD_Daemon *d = serve_http_start(&srv, host, port, &bound);
+    if (d) {
+        fprintf(stderr, "%s: listening on http://%s:%d (model %s; context %d, budget %d, %d sessions, %d parallel%s)\n",
+                cmd, host, bound, srv.model_name, srv.n_ctx, srv.budget, srv.max_sessions, srv.parallel,
+                srv.keys ? ", API keys required" : "");
+        int sig = 0;
+        sigwait(&set, &sig);
+        fprintf(stderr, "%s: %s: finishing the requests in flight\n", cmd, sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    }
+    pthread_mutex_lock(&srv.mu);
+    srv.stopping = true;
+    pthread_cond_broadcast(&srv.work);
+    pthread_mutex_unlock(&srv.mu);
+    pthread_join(eng_thread, NULL);
+    if (d) MHD_stop_daemon(d);
+    serve_engine_close(&srv);
+    rc = d ? APP_OK : APP_ERR;
+    if (d) fprintf(stderr, "%s: stopped\n", cmd);
+out_keys:
+    for (int32_t i = 0; i < srv.n_keys; i++) free(srv.keys[i]);
+    free(srv.keys);
+    free(srv.views);
+    pthread_cond_destroy(&srv.work);
+    pthread_mutex_destroy(&srv.mu);
+    return rc;
+}

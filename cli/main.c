@@ -1,0 +1,455 @@
+/* main.c — the command-line tool: dispatch, flag parser, and the session plumbing shared by
+** `kvtier chat` and `kvtier demo` (one user turn, its status line, its JSON).
+**
+**   kvtier --version | version       kvtier's version and the llama.cpp it was built against
+**   kvtier chat  -m MODEL [...]      a conversation under a token budget (cmd_chat.c)
+**   kvtier demo  [-m MODEL] [...]    the planted-fact session (cmd_demo.c)
+**   kvtier bench primitives [...]    block save / load / re-prefill timings (cmd_bench.c)
+**   kvtier calibrate -m MODEL -o F   per-head attention entropy profile (cmd_calibrate.c)
+**   kvtier eval niah|multifact|ppl   policies side by side against baselines (cmd_eval.c)
+**   kvtier serve -m MODEL [...]      OpenAI-compatible stateful server (cmd_serve.c, serve_*.c)
+**
+** Exit codes: 0 success, 1 runtime error (model, context, I/O), 2 usage error.  Every error
+** names the command and the offending value.  The tool uses only the public kvtier.h. */
+#include "cli.h"
+
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+volatile sig_atomic_t cli_sigint;
+
+/* ---------------------------------------------------------------------------------------- */
+/* flag parser                                                                              */
+
+static const struct cli_opt *find_long(const struct cli_opt *opts, const char *name, size_t len) {
+    for (const struct cli_opt *o = opts; o->name; o++)
+        if (strlen(o->name) == len && !strncmp(o->name, name, len)) return o;
+    return NULL;
+}
+
+static const struct cli_opt *find_short(const struct cli_opt *opts, char c) {
+    for (const struct cli_opt *o = opts; o->name; o++)
+        if (o->short_name && o->short_name == c) return o;
+    return NULL;
+}
+
+static int usage_hint(const char *cmd) {
+    fprintf(stderr, "Try '%s --help'.\n", cmd);
+    return APP_USAGE;
+}
+
+/* Store val into o->dst; `flag` is the spelling the user typed, for the message. */
+static int set_value(const char *cmd, const struct cli_opt *o, const char *flag, const char *val) {
+    char *end = NULL;
+    errno = 0;
+    switch (o->kind) {
+    case OPT_FLAG:
+        *(bool *) o->dst = true;
+        break;
+    case OPT_STR:
+        *(const char **) o->dst = val;
+        break;
+    case OPT_INT: {
+        long long v = strtoll(val, &end, 10);
+        if (end == val || *end || errno == ERANGE) {
+            fprintf(stderr, "%s: %s '%s' is not an integer\n", cmd, flag, val);
+            return usage_hint(cmd);
+        }
+        if ((double) v < o->min || (double) v > o->max) {
+            fprintf(stderr, "%s: %s %lld is outside %.0f..%.0f\n", cmd, flag, v, o->min, o->max);
+            return usage_hint(cmd);
+        }
+        *(int32_t *) o->dst = (int32_t) v;
+        break;
+    }
+    case OPT_FLOAT: {
+        double v = strtod(val, &end);
+        if (end == val || *end || errno == ERANGE || !isfinite(v)) {
+            fprintf(stderr, "%s: %s '%s' is not a number\n", cmd, flag, val);
+            return usage_hint(cmd);
+        }
+        if (v < o->min || v > o->max) {
+            fprintf(stderr, "%s: %s %g is outside %g..%g\n", cmd, flag, v, o->min, o->max);
+            return usage_hint(cmd);
+        }
+        *(double *) o->dst = v;
+        break;
+    }
+    }
+    if (o->seen) *o->seen = true;
+    return APP_OK;
+}
+
+int cli_parse(const char *cmd, const struct cli_opt *opts, int argc, char **argv, char **pos, int max_pos,
+              int *n_pos) {
+    bool only_pos = false;
+    *n_pos = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (only_pos || a[0] != '-' || a[1] == '\0') {
+            if (*n_pos >= max_pos) {
+                fprintf(stderr, "%s: unexpected argument '%s'\n", cmd, a);
+                return usage_hint(cmd);
+            }
+            pos[(*n_pos)++] = argv[i];
+            continue;
+        }
+        if (!strcmp(a, "--")) { only_pos = true; continue; }
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return -1;
+        const struct cli_opt *o;
+        const char *val = NULL;
+        char flag[64];
+        if (a[1] == '-') {
+            const char *name = a + 2, *eq = strchr(name, '=');
+            size_t len = eq ? (size_t) (eq - name) : strlen(name);
+            if (!(o = find_long(opts, name, len))) {
+                fprintf(stderr, "%s: unknown option '--%.*s'\n", cmd, (int) len, name);
+                return usage_hint(cmd);
+            }
+            snprintf(flag, sizeof flag, "--%s", o->name);
+            if (eq) val = eq + 1;
+        } else {
+            if (a[2] != '\0' || !(o = find_short(opts, a[1]))) {
+                fprintf(stderr, "%s: unknown option '%s'\n", cmd, a);
+                return usage_hint(cmd);
+            }
+            snprintf(flag, sizeof flag, "-%c", o->short_name);
+        }
+        if (o->kind == OPT_FLAG) {
+            if (val) {
+                fprintf(stderr, "%s: option '%s' takes no value (got '%s')\n", cmd, flag, val);
+                return usage_hint(cmd);
+            }
+        } else if (!val) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "%s: option '%s' needs a value (%s)\n", cmd, flag, o->metavar ? o->metavar : "VALUE");
+                return usage_hint(cmd);
+            }
+            val = argv[++i];
+        }
+        int rc = set_value(cmd, o, flag, val);
+        if (rc) return rc;
+    }
+    return APP_OK;
+}
+
+void cli_print_opts(FILE *f, const struct cli_opt *opts) {
+    for (const struct cli_opt *o = opts; o->name; o++) {
+        char left[64];
+        if (o->short_name)
+            snprintf(left, sizeof left, "-%c, --%s%s%s", o->short_name, o->name, o->metavar ? " " : "",
+                     o->metavar ? o->metavar : "");
+        else
+            snprintf(left, sizeof left, "    --%s%s%s", o->name, o->metavar ? " " : "", o->metavar ? o->metavar : "");
+        fprintf(f, "  %-24s %s\n", left, o->help);
+    }
+    fprintf(f, "  %-24s %s\n", "-h, --help", "this help");
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* shared engine + session                                                                  */
+
+void cli_run_opts_default(struct cli_run_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->ctx = 4096;
+    o->budget = 512;
+    o->block = 64;
+    o->top_k = 4;
+    o->max_tokens = 64;
+    o->pool_mb = 256;
+    o->gen_reserve = -1;
+    o->recovery = "kv_restore";
+    o->policy = "kvtier";
+}
+
+static int parse_recovery(const char *s) {
+    int32_t r;
+    return kvt_recovery_from_name(s, &r) == 0 ? r : -1;
+}
+
+int cli_run_opts_check(const char *cmd, const struct cli_run_opts *o) {
+    int32_t pol;
+    if (parse_recovery(o->recovery) < 0) {
+        fprintf(stderr, "%s: --recovery '%s' is not one of kv_restore, discard, breadcrumb\n", cmd, o->recovery);
+        return usage_hint(cmd);
+    }
+    if (kvt_policy_from_name(o->policy, &pol) != 0) {
+        fprintf(stderr, "%s: --policy: %s\n", cmd, kvt_errmsg());
+        return usage_hint(cmd);
+    }
+    if (!o->model || !*o->model) {
+        fprintf(stderr, "%s: no model given (use -m MODEL)\n", cmd);
+        return usage_hint(cmd);
+    }
+    if (o->budget > o->ctx) {
+        fprintf(stderr, "%s: budget %d exceeds the context of %d tokens (raise --ctx or lower --budget)\n", cmd,
+                o->budget, o->ctx);
+        return usage_hint(cmd);
+    }
+    return APP_OK;
+}
+
+
+
+int cli_session_open(const char *cmd, const struct cli_run_opts *o, struct cli_session *cs) {
+    int rc;
+    memset(cs, 0, sizeof *cs);
+    struct kvt_engine_params ep = kvt_engine_default_params();
+    ep.model_path = o->model;
+    ep.n_ctx = o->ctx;
+    ep.n_threads = o->threads;
+    if (o->type_k) ep.type_k = o->type_k;
+    if (o->type_v) ep.type_v = o->type_v;
+    ep.verbose = o->verbose;
+    if ((rc = kvt_engine_open(&ep, &cs->eng))) {
+        fprintf(stderr, "%s: %s\n", cmd, *kvt_errmsg() ? kvt_errmsg() : kvt_strerror(rc));
+        return rc == KVT_EINVAL ? usage_hint(cmd) : APP_ERR;
+    }
+    kvt_engine_info(cs->eng, &cs->info);
+    cs->budget = o->budget ? o->budget : cs->info.n_ctx;
+
+    struct kvt_pool_params pp = kvt_pool_default_params();
+    pp.budget_bytes = (size_t) o->pool_mb << 20;
+    pp.spill_dir = o->spill_dir;
+    if ((rc = kvt_pool_open(&pp, &cs->pool))) {
+        app_fail(cmd, "cannot open the host pool", rc);
+        cli_session_close(cs);
+        return rc == KVT_EINVAL ? APP_USAGE : APP_ERR;
+    }
+
+    struct kvt_session_params sp = kvt_session_default_params();
+    sp.budget = cs->budget;
+    sp.block = o->block;
+    sp.recovery = parse_recovery(o->recovery);
+    kvt_policy_from_name(o->policy, &sp.policy);
+    if (!o->budget) sp.policy = KVT_POLICY_NO_EVICTION;
+    sp.head_profile = o->head_profile;
+    sp.top_k = o->top_k;
+    if (o->gen_reserve >= 0) sp.gen_reserve = o->gen_reserve;
+    sp.pool = cs->pool;
+    if ((rc = kvt_session_open(cs->eng, &sp, &cs->s))) {
+        app_fail(cmd, "cannot open the session", rc);
+        cli_session_close(cs);
+        return rc == KVT_EINVAL ? usage_hint(cmd) : APP_ERR;
+    }
+    if (o->system && *o->system && (rc = kvt_session_add(cs->s, KVT_ROLE_SYSTEM, o->system))) {
+        app_fail(cmd, "system message", rc);
+        cli_session_close(cs);
+        return APP_ERR;
+    }
+    cs->smp.temperature = (float) o->temp;
+    cs->smp.top_p = 1.0f;
+    cs->smp.top_k = 0;
+    cs->smp.seed = (uint32_t) o->seed;
+    return APP_OK;
+}
+
+void cli_session_close(struct cli_session *cs) {
+    kvt_session_free(cs->s);
+    kvt_pool_free(cs->pool);
+    kvt_engine_free(cs->eng);
+    cs->s = NULL;
+    cs->pool = NULL;
+    cs->eng = NULL;
+}
+
+static bool stream_piece(const char *piece, void *ud) {
+    struct cli_session *cs = ud;
+    const char *nl = cs->stop_at_newline ? strchr(piece, '\n') : NULL;
+    if (cs->streaming) {
+        fwrite(piece, 1, nl ? (size_t) (nl - piece) : strlen(piece), stdout);
+        fflush(stdout);
+    }
+    return !cli_sigint && !nl;
+}
+
+int cli_turn_begin(const char *cmd, struct cli_session *cs, const char *user) {
+    struct kvt_session_stats st;
+    int rc;
+    cs->n_turns++;
+    kvt_session_get_stats(cs->s, &st);
+    cs->decoded_before = st.tokens_decoded;
+    /* the library names the message's token count and the context or budget it exceeds */
+    if ((rc = kvt_session_add(cs->s, KVT_ROLE_USER, user))) {
+        char what[64];
+        snprintf(what, sizeof what, "turn %d: user message of %zu bytes", cs->n_turns, strlen(user));
+        app_fail(cmd, what, rc);
+        return APP_ERR;
+    }
+    return APP_OK;
+}
+
+int cli_turn_end(const char *cmd, struct cli_session *cs, const struct cli_run_opts *o, bool stream, bool quiet,
+                 char **reply) {
+    struct kvt_session_stats st;
+    *reply = NULL;
+    cs->streaming = stream;
+    int rc = kvt_session_generate(cs->s, o->max_tokens, &cs->smp, stream_piece, cs, reply);
+    if (stream) {
+        fputc('\n', stdout);
+        fflush(stdout);
+    }
+    if (rc && rc != KVT_ECANCELED) {
+        char what[64];
+        snprintf(what, sizeof what, "turn %d: generation", cs->n_turns);
+        app_fail(cmd, what, rc);
+        free(*reply);
+        *reply = NULL;
+        return APP_ERR;
+    }
+    if (!*reply && !(*reply = calloc(1, 1))) {
+        fprintf(stderr, "%s: out of memory\n", cmd);
+        return APP_ERR;
+    }
+    if (cs->stop_at_newline) (*reply)[strcspn(*reply, "\n")] = '\0';
+    kvt_session_get_stats(cs->s, &st);
+    cs->turn_decoded = st.tokens_decoded - cs->decoded_before;
+    if (!quiet) {
+        cli_print_status(cs);
+        if (o->verbose) cli_print_blocks(cs);
+    }
+    return APP_OK;
+}
+
+int cli_turn(const char *cmd, struct cli_session *cs, const struct cli_run_opts *o, const char *user, bool stream,
+             bool quiet, char **reply) {
+    *reply = NULL;
+    int rc = cli_turn_begin(cmd, cs, user);
+    return rc ? rc : cli_turn_end(cmd, cs, o, stream, quiet, reply);
+}
+
+int cli_turn_scripted(const char *cmd, struct cli_session *cs, const struct cli_run_opts *o, const char *user,
+                      const char *reply, bool echo, bool quiet) {
+    struct kvt_session_stats st;
+    int rc = cli_turn_begin(cmd, cs, user);
+    if (rc) return rc;
+    if (echo) {
+        puts(reply);
+        fflush(stdout);
+    }
+    if ((rc = kvt_session_add(cs->s, KVT_ROLE_ASSISTANT, reply))) {
+        char what[64];
+        snprintf(what, sizeof what, "turn %d: scripted reply", cs->n_turns);
+        app_fail(cmd, what, rc);
+        return APP_ERR;
+    }
+    kvt_session_get_stats(cs->s, &st);
+    cs->turn_decoded = st.tokens_decoded - cs->decoded_before;
+    if (!quiet) {
+        cli_print_status(cs);
+        if (o->verbose) cli_print_blocks(cs);
+    }
+    return APP_OK;
+}
+
+void cli_print_status(struct cli_session *cs) {
+    struct kvt_session_stats st;
+    char lost[32] = "";
+    char disk[48] = "";
+    kvt_session_get_stats(cs->s, &st);
+    if (st.n_blocks_lost) snprintf(lost, sizeof lost, ", lost %d", st.n_blocks_lost);
+    if (st.pool.spill_bytes) snprintf(disk, sizeof disk, " + %.1f MiB spilled", st.pool.spill_bytes / 1048576.0);
+    fprintf(stderr,
+            "[turn %d] resident %d/%d tokens | blocks %d (dev %d, host %d, disk %d%s) | evictions %lld | "
+            "recoveries %lld | pool %.1f MiB%s | decoded %lld tok\n",
+            cs->n_turns, st.resident_tokens, cs->budget, st.n_blocks, st.n_blocks_resident, st.n_blocks_host,
+            st.n_blocks_disk, lost, (long long) st.evictions, (long long) st.recoveries,
+            st.pool.ram_bytes / 1048576.0, disk, (long long) cs->turn_decoded);
+}
+
+void cli_print_blocks(struct cli_session *cs) {
+    static const char *const res[] = { "dev", "host", "disk", "lost" };
+    static const char *const role[] = { "system", "user", "asst" };
+    int32_t n = kvt_session_n_blocks(cs->s);
+    for (int32_t i = 0; i < n; i++) {
+        struct kvt_block_info b;
+        if (kvt_session_block(cs->s, i, &b)) continue;
+        char text[61];
+        size_t k = 0;
+        for (const char *p = b.text ? b.text : ""; *p && k < sizeof text - 1; p++)
+            text[k++] = (*p == '\n' || *p == '\r' || *p == '\t') ? ' ' : *p;
+        text[k] = '\0';
+        fprintf(stderr, "  block %3d  %-4s  pos %5d (orig %5d)  %3d tok  %-6s turn %2d  ev %d rec %d  \"%s\"\n", b.id,
+                (b.residency >= 0 && b.residency < 4) ? res[b.residency] : "?", b.p0, b.orig_p0, b.n_tokens,
+                (b.role >= 0 && b.role < 3) ? role[b.role] : "?", b.turn, b.n_evictions, b.n_recoveries, text);
+    }
+}
+
+json_t *cli_stats_json(struct cli_session *cs) {
+    struct kvt_session_stats st;
+    kvt_session_get_stats(cs->s, &st);
+    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+                     "resident_tokens", st.resident_tokens, "budget", cs->budget, "peak_resident_tokens",
+                     st.peak_resident_tokens, "total_tokens", st.total_tokens, "blocks", st.n_blocks,
+                     "blocks_device", st.n_blocks_resident, "blocks_host", st.n_blocks_host, "blocks_disk",
+                     st.n_blocks_disk, "blocks_lost", st.n_blocks_lost, "evictions", (json_int_t) st.evictions,
+                     "recoveries", (json_int_t) st.recoveries, "tokens_decoded", (json_int_t) st.tokens_decoded,
+                     "turn_tokens_decoded", (json_int_t) cs->turn_decoded, "tokens_recovered",
+                     (json_int_t) st.tokens_recovered, "pool_ram_bytes", (json_int_t) st.pool.ram_bytes,
+                     "pool_spill_bytes", (json_int_t) st.pool.spill_bytes);
+}
+
+
+
+
+
+/* ---------------------------------------------------------------------------------------- */
+/* main                                                                                     */
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "kvtier %s — a KV-cache memory hierarchy for llama.cpp\n"
+            "\n"
+            "Usage:\n"
+            "  kvtier chat -m MODEL [options]     chat under a token budget (stdin or --script)\n"
+            "  kvtier demo [-m MODEL] [options]   planted-fact session; ends with one JSON line\n"
+            "  kvtier bench primitives [options]  block save / load / re-prefill timings\n"
+            "  kvtier serve -m MODEL [options]    OpenAI-compatible server; sessions keep their KV\n"
+            "  kvtier --version                   kvtier and llama.cpp versions\n"
+            "\n"
+            "Run 'kvtier COMMAND --help' for a command's options.\n"
+            "Exit status: 0 ok, 1 runtime error, 2 usage error.\n",
+            kvt_version());
+}
+
+static int cmd_version(int argc, char **argv) {
+    if (argc > 0 && (!strcmp(argv[0], "--help") || !strcmp(argv[0], "-h"))) {
+        printf("Usage: kvtier --version\nPrints kvtier's version and the llama.cpp/ggml it was built against.\n");
+        return APP_OK;
+    }
+    if (argc > 0) {
+        fprintf(stderr, "kvtier version: unexpected argument '%s'\n", argv[0]);
+        return usage_hint("kvtier version");
+    }
+    printf("kvtier %s\n%s\n", kvt_version(), kvt_build_info());
+    return APP_OK;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return APP_USAGE;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V") || !strcmp(cmd, "version"))
+        return cmd_version(argc - 2, argv + 2);
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return APP_OK;
+    }
+    if (!strcmp(cmd, "chat")) return cmd_chat(argc - 2, argv + 2);
+    if (!strcmp(cmd, "demo")) return cmd_demo(argc - 2, argv + 2);
+    if (!strcmp(cmd, "bench")) return cmd_bench(argc - 2, argv + 2);
+    if (!strcmp(cmd, "calibrate")) return cmd_calibrate(argc - 2, argv + 2);
+    if (!strcmp(cmd, "eval")) return cmd_eval(argc - 2, argv + 2);
+    if (!strcmp(cmd, "serve")) return cmd_serve(argc - 2, argv + 2);
+    if (cmd[0] == '-')
+        fprintf(stderr, "kvtier: unknown option '%s'\n", cmd);
+    else
+        fprintf(stderr, "kvtier: unknown command '%s'\n", cmd);
+    return usage_hint("kvtier");
+}

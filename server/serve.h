@@ -1,0 +1,164 @@
+/* serve.h — what the files of `kvtier serve` share: a request ("job") as the HTTP threads hand it
+** to the engine thread, the engine thread's scheduler, and the metrics.  Never installed.
+**
+** Threads: libmicrohttpd runs one thread per connection (server/http.c); exactly one engine
+** thread (server/sched.c) owns the kvt_engine and every session on it, because the library is
+** single-threaded per engine.  They meet in a job queue (one mutex, condition variables per job);
+** HTTP threads never call the library on the engine. */
+#ifndef KVT_SERVE_H
+#define KVT_SERVE_H
+
+#include "app.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+enum { SERVE_MAX_STOP = 4, SERVE_MAX_BODY = 8 << 20, SERVE_PARK_FACTOR = 4 };
+
+#define KVT_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define KVT_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+enum job_kind { JOB_CHAT, JOB_COMPLETION, JOB_DELETE };
+/* What the reply is: free text, JSON under a grammar (response_format), or the generic
+** tool-call JSON (server/tools.c) to be turned into `tool_calls` or `content`. */
+enum reply_format { REPLY_TEXT, REPLY_JSON, REPLY_TOOLS };
+enum job_state { JOB_QUEUED, JOB_RUNNING, JOB_DONE };
+
+/* One request.  Fields above `--- engine side` are written by the HTTP thread before the job is
+** queued and read-only afterwards; the rest are written by the engine thread under srv->mu. */
+struct job {
+    enum job_kind kind;
+    char          ns[80];          /* API-key namespace ("" without --api-key-file) */
+    char          session_id[80];  /* X-Session-Id ("" = choose by prefix / new) */
+    struct kvt_chat_msg *msgs;     /* JOB_CHAT: owned copies */
+    int32_t       n_msgs;
+    char         *prompt;          /* JOB_COMPLETION */
+    int32_t       max_tokens;
+    struct kvt_sampling smp;
+    bool          seeded;
+    char         *stop[SERVE_MAX_STOP];
+    int32_t       n_stop;
+    bool          stream, include_usage;
+    enum reply_format format;
+    char         *grammar;         /* GBNF for the reply (tools / response_format), NULL = free text;
+                                   ** compiled into smp.grammar by the engine thread */
+    double        t_arrival;       /* ms, monotonic */
+    /* --- engine side */
+    enum job_state state;
+    bool          cancelled;       /* client went away (set by the HTTP thread) */
+    bool          started;         /* the prompt is in: a stream may send its headers */
+    int           http_status;     /* error status when != 200 */
+    char          err_msg[512], err_type[48], err_code[48];
+    char         *text;            /* reply so far (valid UTF-8 prefix sent as it grows) */
+    size_t        n_text, cap_text;
+    size_t        n_sent;          /* bytes of text already streamed (HTTP side) */
+    const char   *finish;          /* "stop" | "length" */
+    int32_t       prompt_tokens, completion_tokens;
+    struct kvt_sync_info sync;
+    int32_t       resident_tokens;
+    char          out_session[80]; /* session the job ran in */
+    double        t_first;         /* ms of the first token, 0 before */
+    pthread_cond_t cv;             /* signalled on every change */
+    int           refs;            /* HTTP side + engine side; freed at 0 (under srv->mu) */
+    struct job   *next;            /* queue link */
+    /* engine-side generation state */
+    void         *slot;            /* struct sess * while running */
+    int64_t       resumed;         /* blocks loaded back by resuming a parked session */
+    kvt_token    *gen;
+    int32_t       n_gen, cap_gen;
+    /* JOB_COMPLETION: a raw row of the batched step in a scratch sequence */
+    kvt_token    *ptok;            /* prompt tokens, until prefilled */
+    int32_t       seq;             /* scratch sequence while running, -1 otherwise */
+    int32_t       cells;           /* KV cells reserved: prompt + max_tokens */
+    struct kvt_gen_row row;        /* position and logits (row.logits owned) */
+};
+
+/* Histogram with fixed upper bounds (ms), Prometheus style (cumulative when printed). */
+enum { HIST_N = 12 };
+struct hist {
+    double  sum;
+    int64_t count, bucket[HIST_N + 1];
+};
+
+struct metrics {
+    int64_t by_status[6];          /* index status / 100 */
+    int64_t requests;
+    int64_t prompt_tokens, completion_tokens, prompt_reused, prompt_decoded;
+    int64_t evictions, recoveries;
+    int64_t resident_tokens, n_sessions, n_parked, queue_len, active;
+    int64_t pool_ram, pool_spill;
+    struct hist ttft, per_token;
+};
+
+/* Snapshot of one session for GET /v1/sessions (the engine thread publishes them). */
+struct sess_view {
+    char    id[80], ns[80];
+    int32_t n_messages, total_tokens, resident_tokens;
+    int64_t evictions, recoveries;
+    double  last_used;             /* seconds since the epoch */
+    bool    busy, parked;
+};
+
+struct server {
+    pthread_mutex_t mu;
+    pthread_cond_t  work;          /* queue non-empty or shutting down */
+    struct job     *head, *tail;
+    int32_t         n_queued, max_queue;
+    bool            stopping;      /* SIGTERM: finish what is queued and running, take nothing new */
+    bool            engine_done;
+    /* configuration */
+    const char     *model_path;
+    char            model_name[128];
+    int32_t         n_ctx, budget, parallel, threads, max_sessions, pool_mb, block, max_tokens_default;
+    const char     *spill_dir;
+    char          **keys;          /* API keys (NULL = no auth) */
+    int32_t         n_keys;
+    /* published by the engine thread */
+    struct metrics  m;
+    struct sess_view *views;
+    int32_t         n_views;
+    kvt_engine     *eng;           /* used only by the engine thread */
+};
+
+/* server/sched.c */
+int  serve_engine_open(struct server *srv);        /* APP_OK or APP_ERR (message printed) */
+void *serve_engine_main(void *srv);                 /* the engine thread */
+void serve_engine_close(struct server *srv);
+
+/* Queue a job (refs becomes 2: caller + engine).  Returns 0, or 429 when the queue is full, or
+** 503 when shutting down. */
+int  serve_submit(struct server *srv, struct job *j);
+/* Drop the caller's reference (and free the job when the engine is done with it). */
+void serve_job_release(struct server *srv, struct job *j);
+void serve_job_free(struct job *j);
+
+void serve_hist_add(struct hist *h, double ms);
+extern const double serve_hist_bounds[HIST_N];
+
+/* server/tools.c — tool calling and structured output (see the file's header) */
+
+/* Validate tools / tool_choice / parallel_tool_calls / response_format of a chat request.  Sets
+** j->format and j->grammar (owned by the job); *sys_extra (caller frees) is the text describing
+** the tools, to append to the system message, or NULL.  On a bad field: message in err, the
+** field in *param, returns -1. */
+int   tools_parse(json_t *root, struct job *j, char **sys_extra, char *err, size_t n_err, const char **param);
+/* An assistant message's tool_calls (as a client echoes them) as the JSON text the model
+** generates.  NULL with err filled if malformed.  Caller frees. */
+char *tools_render_calls(const json_t *calls, size_t msg_index, char *err, size_t n_err);
+/* A tool result as the user-message text the model sees.  Caller frees; NULL on OOM. */
+char *tools_render_result(const char *tool_name, const char *content);
+/* Is `echo` (an assistant message a client sent back) the reply the session stored as `stored`?
+** Byte-equal, or equal as JSON, or the "response" text of a stored {"response": ...}. */
+bool  tools_same_reply(const char *stored, const char *echo);
+/* The assistant message for a finished reply: {"role", "content", "tool_calls"?}.  *finish
+** becomes "tool_calls" when the reply is a complete tool call.  New reference; NULL on OOM. */
+json_t *tools_reply(const char *text, int format, const char **finish);
+
+/* server/http.c */
+/* "an object", "a string", ... for messages naming a JSON value's type.  Cannot fail. */
+const char *serve_json_type(const json_t *v);
+struct MHD_Daemon;
+struct MHD_Daemon *serve_http_start(struct server *srv, const char *host, int32_t port, int32_t *bound_port);
+
+#endif

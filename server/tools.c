@@ -1,0 +1,564 @@
+/* tools.c — tool calling and structured output for `kvtier serve`.
+**
+** Gemma's chat template (and many others llama.cpp's built-in formatter knows) has no tool
+** syntax.  We do what llama-server does for such templates (its "generic" tool-call format,
+** common/chat.cpp): the tools are described in the system message, the reply is constrained by
+** a GBNF grammar (kvt_grammar, llama.cpp's grammar sampler) to one JSON object, either
+**     {"tool_call":{"name":"NAME","arguments":{...}}}     or     {"response":"text"}
+** and that object is parsed into OpenAI `tool_calls` or `content`.  The arguments follow each
+** tool's JSON schema (the subset below); a history the client sends back renders assistant tool
+** calls in the same JSON and tool results as user messages
+**     {"tool_response":{"tool":"NAME","content":...}}
+** (minja's polyfill for templates without a tool role).
+**
+** JSON schema subset turned into grammar: type (string, number, integer, boolean, null,
+** array with items/minItems, object with properties/required/additionalProperties, a list of
+** types), enum, const, anyOf/oneOf.  Anything else (e.g. $ref, pattern, format) is accepted as
+** any JSON value of the right kind.  Objects are generated with their properties in schema
+** order, required ones always, optional ones in order and skippable (at most 256 properties an
+** object, 1 MiB of grammar in all); minItems counts only as "non-empty", maxItems and string
+** formats are not enforced.  No whitespace and no \u escapes are generated (non-ASCII text is
+** raw UTF-8): the reply is canonical JSON, so a client echoing it back matches the session's
+** tokens. */
+#include "serve.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---------------------------------------------------------------------------------------- */
+/* a growing string                                                                          */
+
+struct buf {
+    char  *s;
+    size_t n, cap;
+    bool   oom;
+};
+
+static void bput(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void bput(struct buf *b, const char *fmt, ...) {
+    if (b->oom) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (k < 0) { b->oom = true; return; }
+    if (b->n + (size_t) k + 1 > b->cap) {
+        size_t cap = KVT_MAX(b->cap * 2, b->n + (size_t) k + 256);
+        char *s = realloc(b->s, cap);
+        if (!s) { b->oom = true; return; }
+        b->s = s;
+        b->cap = cap;
+    }
+    va_start(ap, fmt);
+    vsnprintf(b->s + b->n, (size_t) k + 1, fmt, ap);
+    va_end(ap);
+    b->n += (size_t) k;
+}
+
+/* A GBNF string literal matching exactly the bytes of s. */
+static void bput_lit(struct buf *b, const char *s) {
+    bput(b, "\"");
+    for (const unsigned char *p = (const unsigned char *) s; *p; p++) {
+        if (*p == '"' || *p == '\\') bput(b, "\\%c", *p);
+        else if (*p == '\n') bput(b, "\\n");
+        else if (*p == '\r') bput(b, "\\r");
+        else if (*p == '\t') bput(b, "\\t");
+        else if (*p < 0x20) bput(b, "\\x%02X", *p);
+        else bput(b, "%c", *p);
+    }
+    bput(b, "\"");
+}
+
+/* A GBNF literal matching the compact JSON text of v. */
+static void bput_json_lit(struct buf *b, const json_t *v) {
+    char *t = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+    if (!t) { b->oom = true; return; }
+    bput_lit(b, t);
+    free(t);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* JSON schema -> GBNF                                                                       */
+
+static const char GBNF_PRIMITIVES[] =
+    "value ::= object | array | string | number | boolean | null\n"
+    "object ::= \"{\" ( string \":\" value ( \",\" string \":\" value )* )? \"}\"\n"
+    "array ::= \"[\" ( value ( \",\" value )* )? \"]\"\n"
+    "string ::= \"\\\"\" char* \"\\\"\"\n"
+    "char ::= [^\"\\\\\\x00-\\x1F\\x7F] | \"\\\\\" [\"\\\\bfnrt]\n"
+    "integer ::= \"-\"? ( \"0\" | [1-9] [0-9]{0,15} )\n"
+    "number ::= integer ( \".\" [0-9]+ )? ( [eE] [-+]? [0-9]+ )?\n"
+    "boolean ::= \"true\" | \"false\"\n"
+    "null ::= \"null\"\n";
+
+enum { SCHEMA_MAX_PROPS = 256, GBNF_MAX_BYTES = 1 << 20 };
+
+struct gram {
+    struct buf rules; /* extra rules, one per line */
+    int        n_rules;
+    int        depth;
+    char      *err;
+    size_t     n_err;
+    bool       failed;
+};
+
+static void gfail(struct gram *g, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void gfail(struct gram *g, const char *fmt, ...) {
+    if (g->failed) return;
+    g->failed = true;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g->err, g->n_err, fmt, ap);
+    va_end(ap);
+}
+
+static void schema_expr(struct gram *g, const json_t *sc, struct buf *out);
+
+/* A new rule "rN ::= <expr of sc>"; writes its name into out. */
+static void schema_rule(struct gram *g, const json_t *sc, struct buf *out) {
+    struct buf body = { 0 };
+    schema_expr(g, sc, &body);
+    int id = g->n_rules++;
+    bput(&g->rules, "r%d ::= %s\n", id, body.s ? body.s : "value");
+    if (body.oom) g->rules.oom = true;
+    free(body.s);
+    bput(out, "r%d", id);
+}
+
+static void object_expr(struct gram *g, const json_t *sc, struct buf *out) {
+    const json_t *props = json_object_get(sc, "properties"), *req = json_object_get(sc, "required");
+    if (!props || !json_is_object(props) || json_object_size(props) == 0) {
+        const json_t *ap = json_object_get(sc, "additionalProperties");
+        bput(out, ap && json_is_false(ap) ? "\"{}\"" : "object");
+        return;
+    }
+    if (req && !json_is_array(req)) { gfail(g, "'required' must be an array of property names"); return; }
+    size_t n = json_object_size(props), i = 0;
+    if (n > SCHEMA_MAX_PROPS) { gfail(g, "an object schema has %zu properties; at most %d", n, SCHEMA_MAX_PROPS); return; }
+    size_t r;
+    const json_t *rn;
+    json_array_foreach(req, r, rn)
+        if (!json_is_string(rn) || !json_object_get(props, json_string_value(rn))) {
+            gfail(g, "'required' names '%.64s', which is not in 'properties'", json_is_string(rn) ? json_string_value(rn) : "(not a string)");
+            return;
+        }
+    /* property i: "key":value as one rule name; required flag */
+    char **kv = calloc(n, sizeof *kv);
+    bool *must = calloc(n, sizeof *must);
+    if (!kv || !must) { free(kv); free(must); out->oom = true; return; }
+    const char *key;
+    const json_t *ps;
+    json_object_foreach((json_t *) props, key, ps) {
+        struct buf one = { 0 };
+        json_t *k = json_string(key);
+        bput_json_lit(&one, k);
+        json_decref(k);
+        bput(&one, " \":\" ");
+        schema_rule(g, ps, &one);
+        kv[i] = one.s;
+        if (one.oom) out->oom = true;
+        json_array_foreach(req, r, rn) if (!strcmp(json_string_value(rn), key)) must[i] = true;
+        i++;
+    }
+    int n_must = 0;
+    for (i = 0; i < n; i++) n_must += must[i];
+    bput(out, "\"{\" ");
+    if (n_must > 0) { /* the required ones in order, each optional one after them, skippable */
+        bool first = true;
+        for (i = 0; i < n; i++)
+            if (must[i]) { bput(out, "%s%s ", first ? "" : "\",\" ", kv[i]); first = false; }
+        for (i = 0; i < n; i++)
+            if (!must[i]) bput(out, "( \",\" %s )? ", kv[i]);
+    } else { /* all optional: the first present one, then any later ones in order, through one
+             ** rule per suffix, tail_i ::= ( "," kv_i )? tail_i+1, so the grammar stays linear */
+        int *tail = calloc(n + 1, sizeof *tail);
+        if (!tail) out->oom = true;
+        for (size_t k = n; tail && k-- > 1;) {
+            tail[k] = g->n_rules++;
+            if (k + 1 < n) bput(&g->rules, "r%d ::= ( \",\" %s )? r%d\n", tail[k], kv[k], tail[k + 1]);
+            else bput(&g->rules, "r%d ::= ( \",\" %s )?\n", tail[k], kv[k]);
+        }
+        bput(out, "( ");
+        for (i = 0; tail && i < n; i++) {
+            bput(out, "%s%s", i ? " | " : "", kv[i]);
+            if (i + 1 < n) bput(out, " r%d", tail[i + 1]);
+        }
+        bput(out, " )? ");
+        free(tail);
+    }
+    bput(out, "\"}\"");
+    for (i = 0; i < n; i++) free(kv[i]);
+    free(kv);
+    free(must);
+}
+
+static void type_expr(struct gram *g, const json_t *sc, const char *type, struct buf *out) {
+    if (!strcmp(type, "string")) bput(out, "string");
+    else if (!strcmp(type, "integer")) bput(out, "integer");
+    else if (!strcmp(type, "number")) bput(out, "number");
+    else if (!strcmp(type, "boolean")) bput(out, "boolean");
+    else if (!strcmp(type, "null")) bput(out, "null");
+    else if (!strcmp(type, "object")) object_expr(g, sc, out);
+    else if (!strcmp(type, "array")) {
+        const json_t *items = json_object_get(sc, "items"), *mi = json_object_get(sc, "minItems");
+        struct buf item = { 0 };
+        if (items && json_is_object(items)) schema_rule(g, items, &item);
+        else bput(&item, "value");
+        bool nonempty = mi && json_is_integer(mi) && json_integer_value(mi) >= 1;
+        bput(out, "\"[\" %s%s ( \",\" %s )*%s \"]\"", nonempty ? "" : "( ", item.s ? item.s : "value",
+             item.s ? item.s : "value", nonempty ? "" : " )?");
+        if (item.oom) out->oom = true;
+        free(item.s);
+    } else gfail(g, "unknown JSON schema type '%.40s'", type);
+}
+
+static void schema_expr(struct gram *g, const json_t *sc, struct buf *out) {
+    if (g->failed) return;
+    if (++g->depth > 32) { gfail(g, "the JSON schema nests deeper than 32 levels"); g->depth--; return; }
+    const json_t *v;
+    if (json_is_true(sc) || (json_is_object(sc) && json_object_size(sc) == 0)) bput(out, "value");
+    else if (!json_is_object(sc)) gfail(g, "a JSON schema must be an object, got %s", json_is_array(sc) ? "an array" : "a scalar");
+    else if ((v = json_object_get(sc, "const"))) bput_json_lit(out, v);
+    else if ((v = json_object_get(sc, "enum"))) {
+        if (!json_is_array(v) || json_array_size(v) == 0) gfail(g, "'enum' must be a non-empty array");
+        size_t i;
+        const json_t *x;
+        bput(out, "( ");
+        json_array_foreach(v, i, x) {
+            if (i) bput(out, " | ");
+            bput_json_lit(out, x);
+        }
+        bput(out, " )");
+    } else if ((v = json_object_get(sc, "anyOf")) || (v = json_object_get(sc, "oneOf"))) {
+        if (!json_is_array(v) || json_array_size(v) == 0) gfail(g, "'anyOf'/'oneOf' must be a non-empty array");
+        size_t i;
+        const json_t *x;
+        bput(out, "( ");
+        json_array_foreach(v, i, x) {
+            if (i) bput(out, " | ");
+            schema_rule(g, x, out);
+        }
+        bput(out, " )");
+    } else if ((v = json_object_get(sc, "type"))) {
+        if (json_is_string(v)) type_expr(g, sc, json_string_value(v), out);
+        else if (json_is_array(v) && json_array_size(v) > 0) {
+            size_t i;
+            const json_t *t;
+            bput(out, "( ");
+            json_array_foreach(v, i, t) {
+                if (!json_is_string(t)) { gfail(g, "'type' lists must hold strings"); break; }
+                if (i) bput(out, " | ");
+                type_expr(g, sc, json_string_value(t), out);
+            }
+            bput(out, " )");
+        } else gfail(g, "'type' must be a string or a non-empty array of strings");
+    } else if (json_object_get(sc, "properties")) object_expr(g, sc, out);
+    else bput(out, "value"); /* $ref, not, ...: any JSON value */
+    g->depth--;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* request                                                                                   */
+
+int tools_parse(json_t *root, struct job *j, char **sys_extra, char *err, size_t n_err, const char **param) {
+    *sys_extra = NULL;
+    j->format = REPLY_TEXT;
+    const json_t *tools = json_object_get(root, "tools"), *choice = json_object_get(root, "tool_choice"),
+                 *rf = json_object_get(root, "response_format"), *v;
+    const char *legacy[] = { "functions", "function_call" };
+    for (int i = 0; i < 2; i++)
+        if ((v = json_object_get(root, legacy[i])) && !json_is_null(v)) {
+            *param = legacy[i];
+            snprintf(err, n_err, "'%s' is the deprecated function-calling API; send 'tools' and 'tool_choice'", legacy[i]);
+            return -1;
+        }
+    if ((v = json_object_get(root, "parallel_tool_calls")) && !json_is_null(v) && !json_is_boolean(v)) {
+        *param = "parallel_tool_calls";
+        snprintf(err, n_err, "'parallel_tool_calls' must be a boolean, got %s", serve_json_type(v));
+        return -1;
+    }
+    struct gram g = { .err = err, .n_err = n_err };
+    struct buf root_rule = { 0 };
+    int rc = 0;
+    /* tools */
+    const char *mode = "auto", *forced = NULL;
+    if (tools && json_is_null(tools)) tools = NULL;
+    if (tools) {
+        *param = "tools";
+        if (!json_is_array(tools)) { snprintf(err, n_err, "'tools' must be an array, got %s", serve_json_type(tools)); return -1; }
+        if (json_array_size(tools) == 0) tools = NULL;
+    }
+    if (choice && !json_is_null(choice)) {
+        *param = "tool_choice";
+        if (json_is_string(choice)) {
+            mode = json_string_value(choice);
+            if (strcmp(mode, "none") && strcmp(mode, "auto") && strcmp(mode, "required")) {
+                snprintf(err, n_err, "'tool_choice' '%.40s' is not one of none, auto, required or {\"type\": \"function\", ...}", mode);
+                return -1;
+            }
+        } else if (json_is_object(choice)) {
+            const json_t *fn = json_object_get(choice, "function"), *nm = fn ? json_object_get(fn, "name") : NULL;
+            if (!nm || !json_is_string(nm)) {
+                snprintf(err, n_err, "'tool_choice' object must be {\"type\": \"function\", \"function\": {\"name\": string}}");
+                return -1;
+            }
+            mode = "function";
+            forced = json_string_value(nm);
+        } else {
+            snprintf(err, n_err, "'tool_choice' must be a string or an object, got %s", serve_json_type(choice));
+            return -1;
+        }
+        if (!tools && strcmp(mode, "none") && strcmp(mode, "auto")) {
+            snprintf(err, n_err, "'tool_choice' '%s' needs 'tools'", forced ? forced : mode);
+            return -1;
+        }
+    }
+    if (tools) { /* described whatever tool_choice says, so the system message (and the session's
+                 ** tokens) stay the same from turn to turn; "none" only drops the grammar */
+        bool none = !strcmp(mode, "none");
+        *param = "tools";
+        json_t *desc = json_array();
+        struct buf calls = { 0 };
+        size_t i;
+        const json_t *t;
+        bool found = !forced;
+        json_array_foreach(tools, i, t) {
+            const json_t *ty = json_is_object(t) ? json_object_get(t, "type") : NULL, *fn = json_is_object(t) ? json_object_get(t, "function") : NULL;
+            const json_t *nm = fn && json_is_object(fn) ? json_object_get(fn, "name") : NULL;
+            if (!ty || !json_is_string(ty) || strcmp(json_string_value(ty), "function") || !nm || !json_is_string(nm) ||
+                !json_string_length(nm)) {
+                snprintf(err, n_err, "'tools[%zu]' must be {\"type\": \"function\", \"function\": {\"name\": non-empty string, ...}}", i);
+                rc = -1;
+                break;
+            }
+            const char *name = json_string_value(nm);
+            for (const char *p = name; *p; p++)
+                if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '_' || *p == '-')) {
+                    snprintf(err, n_err, "'tools[%zu].function.name' '%.64s' may hold only a-z, A-Z, 0-9, _ and -", i, name);
+                    rc = -1;
+                    break;
+                }
+            if (rc) break;
+            const json_t *params = json_object_get(fn, "parameters"), *d = json_object_get(fn, "description");
+            if (params && !json_is_object(params)) {
+                snprintf(err, n_err, "'tools[%zu].function.parameters' must be a JSON schema object, got %s", i, serve_json_type(params));
+                rc = -1;
+                break;
+            }
+            json_t *one = json_pack("{s:s}", "name", name);
+            if (d && json_is_string(d)) json_object_set(one, "description", (json_t *) d);
+            if (params) json_object_set(one, "parameters", (json_t *) params);
+            json_array_append_new(desc, one);
+            if (none || (forced && strcmp(forced, name))) continue;
+            found = true;
+            /* "{\"tool_call\":{\"name\":\"NAME\",\"arguments\":" ARGS "}}" */
+            bput(&calls, "%s", calls.n ? " | " : "");
+            struct buf lit = { 0 };
+            bput(&lit, "{\"tool_call\":{\"name\":\"%s\",\"arguments\":", name);
+            bput_lit(&calls, lit.s ? lit.s : "");
+            free(lit.s);
+            bput(&calls, " ");
+            bool untyped = !params || json_object_size(params) == 0; /* arguments are an object anyway */
+            json_t *obj = untyped ? json_pack("{s:s}", "type", "object") : NULL;
+            *param = "tools";
+            schema_rule(&g, untyped ? obj : params, &calls);
+            json_decref(obj);
+            bput(&calls, " \"}}\"");
+            if (g.failed) {
+                char tmp[512];
+                snprintf(tmp, sizeof tmp, "%s", err);
+                snprintf(err, n_err, "'tools[%zu].function.parameters': %s", i, tmp);
+                rc = -1;
+                break;
+            }
+        }
+        if (rc == 0 && !found && !none) {
+            *param = "tool_choice";
+            snprintf(err, n_err, "'tool_choice' names the function '%.64s', which is not in 'tools'", forced);
+            rc = -1;
+        }
+        if (rc == 0) {
+            bool must = !strcmp(mode, "required") || forced;
+            /* "none": the same system message, so the reply is still held to the JSON protocol,
+            ** but only its response half */
+            if (none) bput(&root_rule, "root ::= \"{\\\"response\\\":\" string \"}\"\n");
+            else bput(&root_rule, "root ::= %s%s\n", calls.s ? calls.s : "", must ? "" : " | \"{\\\"response\\\":\" string \"}\"");
+            j->format = REPLY_TOOLS;
+            char *list = json_dumps(desc, JSON_COMPACT);
+            struct buf sys = { 0 };
+            bput(&sys, "You can call any of the following tools to satisfy the user's requests: %s\n\n", list ? list : "[]");
+            bput(&sys, "Respond in JSON format, either with `tool_call` (a request to call tools) or with `response` "
+                       "reply to the user's request, for example {\"tool_call\":{\"name\":\"tool_name\",\"arguments\":"
+                       "{\"arg1\":\"value\"}}} or {\"response\":\"text\"}");
+            free(list);
+            if (sys.oom) rc = -1;
+            *sys_extra = sys.s;
+        }
+        free(calls.s);
+        json_decref(desc);
+        if (calls.oom || root_rule.oom) rc = -1;
+    }
+    /* response_format (only when no tool call is possible: one grammar per reply) */
+    if (rc == 0 && rf && !json_is_null(rf)) {
+        *param = "response_format";
+        const json_t *ty = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
+        const char *t = ty && json_is_string(ty) ? json_string_value(ty) : NULL;
+        if (!t || (strcmp(t, "text") && strcmp(t, "json_object") && strcmp(t, "json_schema"))) {
+            snprintf(err, n_err, "'response_format.type' %s%.40s%s is not one of text, json_object, json_schema", t ? "'" : "",
+                     t ? t : "(missing)", t ? "'" : "");
+            rc = -1;
+        } else if (strcmp(t, "text") && j->format == REPLY_TOOLS) {
+            snprintf(err, n_err, "'response_format' %s cannot be combined with 'tools' (the reply is a tool call or a response)", t);
+            rc = -1;
+        } else if (!strcmp(t, "json_object")) {
+            bput(&root_rule, "root ::= object\n");
+            j->format = REPLY_JSON;
+        } else if (!strcmp(t, "json_schema")) {
+            const json_t *js = json_object_get(rf, "json_schema"), *sc = js && json_is_object(js) ? json_object_get(js, "schema") : NULL;
+            if (!sc) {
+                snprintf(err, n_err, "'response_format' json_schema needs {\"json_schema\": {\"name\": ..., \"schema\": {...}}}");
+                rc = -1;
+            } else {
+                bput(&root_rule, "root ::= ");
+                schema_expr(&g, sc, &root_rule);
+                bput(&root_rule, "\n");
+                if (g.failed) {
+                    char tmp[512];
+                    snprintf(tmp, sizeof tmp, "%s", err);
+                    snprintf(err, n_err, "'response_format.json_schema.schema': %s", tmp);
+                    rc = -1;
+                }
+                j->format = REPLY_JSON;
+            }
+        }
+    }
+    if (rc == 0 && root_rule.n) {
+        struct buf all = { 0 };
+        bput(&all, "%s%s%s", root_rule.s, g.rules.s ? g.rules.s : "", GBNF_PRIMITIVES);
+        if (all.oom || g.rules.oom) { free(all.s); rc = -1; snprintf(err, n_err, "out of memory"); }
+        else if (all.n > GBNF_MAX_BYTES) {
+            free(all.s);
+            rc = -1;
+            *param = j->format == REPLY_TOOLS ? "tools" : "response_format";
+            snprintf(err, n_err, "the schemas make a grammar of %zu bytes; at most %d", all.n, GBNF_MAX_BYTES);
+        }
+        else j->grammar = all.s;
+    }
+    free(root_rule.s);
+    free(g.rules.s);
+    if (rc) {
+        free(*sys_extra);
+        *sys_extra = NULL;
+        return -1;
+    }
+    *param = NULL;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* history                                                                                   */
+
+char *tools_render_calls(const json_t *calls, size_t msg, char *err, size_t n_err) {
+    if (!json_is_array(calls) || json_array_size(calls) == 0) {
+        snprintf(err, n_err, "'messages[%zu].tool_calls' must be a non-empty array", msg);
+        return NULL;
+    }
+    json_t *out = json_array();
+    size_t i;
+    const json_t *c;
+    json_array_foreach(calls, i, c) {
+        const json_t *fn = json_is_object(c) ? json_object_get(c, "function") : NULL;
+        const json_t *nm = fn ? json_object_get(fn, "name") : NULL, *ar = fn ? json_object_get(fn, "arguments") : NULL;
+        if (!nm || !json_is_string(nm) || !ar || !json_is_string(ar)) {
+            snprintf(err, n_err, "'messages[%zu].tool_calls[%zu]' must be {\"function\": {\"name\": string, \"arguments\": string}}", msg, i);
+            json_decref(out);
+            return NULL;
+        }
+        json_error_t e;
+        json_t *args = json_loads(json_string_value(ar), JSON_DECODE_ANY, &e);
+        if (!args) {
+            snprintf(err, n_err, "'messages[%zu].tool_calls[%zu].function.arguments' is not JSON: %s", msg, i, e.text);
+            json_decref(out);
+            return NULL;
+        }
+        json_array_append_new(out, json_pack("{s:O, s:o}", "name", nm, "arguments", args));
+    }
+    json_t *wrap = json_array_size(out) == 1 ? json_pack("{s:O}", "tool_call", json_array_get(out, 0))
+                                             : json_pack("{s:O}", "tool_calls", out);
+    json_decref(out);
+    char *t = wrap ? json_dumps(wrap, JSON_COMPACT) : NULL;
+    json_decref(wrap);
+    if (!t) snprintf(err, n_err, "out of memory");
+    return t;
+}
+
+char *tools_render_result(const char *name, const char *content) {
+    json_error_t e;
+    json_t *c = json_loads(content, JSON_DECODE_ANY, &e); /* a JSON result stays structured */
+    if (!c) c = json_string(content);
+    json_t *o = json_pack("{s:{s:s, s:o}}", "tool_response", "tool", name ? name : "", "content", c);
+    char *t = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    return t;
+}
+
+bool tools_same_reply(const char *stored, const char *echo) {
+    if (!strcmp(stored, echo)) return true;
+    json_error_t e;
+    json_t *a = json_loads(stored, 0, &e);
+    if (!a) return false;
+    bool same = false;
+    json_t *b = json_loads(echo, 0, &e);
+    if (b) same = json_equal(a, b);
+    else { /* a plain reply echoed back: stored as {"response": text} */
+        const json_t *r = json_object_get(a, "response");
+        same = json_object_size(a) == 1 && r && json_is_string(r) && !strcmp(json_string_value(r), echo);
+    }
+    json_decref(a);
+    json_decref(b);
+    return same;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* reply                                                                                     */
+
+static unsigned long long g_call;
+
+json_t *tools_reply(const char *text, int format, const char **finish) {
+    json_t *msg = json_pack("{s:s}", "role", "assistant");
+    if (!msg) return NULL;
+    json_t *o = format == REPLY_TOOLS ? json_loads(text, 0, NULL) : NULL;
+    const json_t *tc = o ? json_object_get(o, "tool_call") : NULL, *r = o ? json_object_get(o, "response") : NULL;
+    const json_t *many = o ? json_object_get(o, "tool_calls") : NULL;
+    if (tc || (many && json_is_array(many))) {
+        json_t *calls = json_array();
+        size_t i;
+        const json_t *c;
+        json_t *one = tc ? json_pack("[O]", tc) : NULL;
+        json_array_foreach(tc ? one : many, i, c) {
+            const json_t *nm = json_object_get(c, "name"), *ar = json_object_get(c, "arguments");
+            char *args = ar ? json_dumps(ar, JSON_COMPACT | JSON_ENCODE_ANY) : strdup("{}");
+            char id[48];
+            snprintf(id, sizeof id, "call_%llx%llu", (unsigned long long) time(NULL), __atomic_add_fetch(&g_call, 1, __ATOMIC_RELAXED));
+            json_array_append_new(calls, json_pack("{s:i, s:s, s:s, s:{s:s, s:s}}", "index", (int) i, "id", id, "type", "function",
+                                                   "function", "name", nm && json_is_string(nm) ? json_string_value(nm) : "",
+                                                   "arguments", args ? args : "{}"));
+            free(args);
+        }
+        json_decref(one);
+        json_object_set_new(msg, "content", json_null());
+        json_object_set_new(msg, "tool_calls", calls);
+        if (!strcmp(*finish, "stop")) *finish = "tool_calls";
+    } else if (r && json_is_string(r)) {
+        json_object_set_new(msg, "content", json_string(json_string_value(r)));
+    } else { /* unfinished (max_tokens) or free text: as generated */
+        char *clean = app_utf8_clean(text);
+        json_object_set_new(msg, "content", json_string(clean ? clean : ""));
+        free(clean);
+    }
+    json_decref(o);
+    return msg;
+}

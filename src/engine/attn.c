@@ -1,0 +1,212 @@
+/* attn.c — attention capture: a cb_eval graph callback keeps the kq_soft_max rows (and Q) of the
+** chosen layers for the last ubatch; kvt_attn_get maps the KV columns to positions through the
+** mask and a snapshot of the sequence's cells. */
+#include "engine/engine_int.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int layer_of(const char *name, const char *prefix) {
+    size_t n = strlen(prefix);
+    if (strncmp(name, prefix, n) != 0 || name[n] != '-') return -1;
+    char *end;
+    long il = strtol(name + n + 1, &end, 10);
+    return (*end == '\0' && il >= 0 && il < KVT__MAX_LAYERS) ? (int) il : -1;
+}
+
+struct attn_cap *kvt__attn_cap_for(kvt_engine *e, int il) {
+    for (int i = 0; i < e->n_caps; i++)
+        if (e->caps[i].layer == il) return &e->caps[i];
+    return NULL;
+}
+
+static bool grow(void **p, size_t *cap, size_t need) {
+    if (need <= *cap) return true;
+    void *n = realloc(*p, need);
+    if (!n) return false;
+    *p = n;
+    *cap = need;
+    return true;
+}
+
+static float tensor_f(const struct ggml_tensor *t, size_t off) {
+    const uint8_t *d = (const uint8_t *) t->data + off;
+    if (t->type == GGML_TYPE_F16) return ggml_fp16_to_fp32(*(const ggml_fp16_t *) (const void *) d);
+    return *(const float *) (const void *) d;
+}
+
+bool kvt__attn_eval_cb(struct ggml_tensor *t, bool ask, void *ud) {
+    kvt_engine *e = ud;
+    int il;
+    if (e->probing) {
+        il = layer_of(t->name, "kq_soft_max");
+        if (ask) return il >= 0;
+        if (il >= 0 && t->src[1]) e->mask_probe[il] = t->src[1];
+        return true;
+    }
+    if (!e->capturing) return ask ? false : true;
+    if ((il = layer_of(t->name, "kq_soft_max")) >= 0) {
+        struct attn_cap *c = kvt__attn_cap_for(e, il);
+        if (ask) return c != NULL;
+        if (!c || !t->src[1] || !ggml_backend_buffer_is_host(t->buffer)) return true;
+        const struct ggml_tensor *m = t->src[1];
+        const int32_t n_kv = (int32_t) t->ne[0], n_tok = (int32_t) t->ne[1], n_head = (int32_t) t->ne[2];
+        if (n_tok != e->cur_n || t->ne[3] != 1) return true; /* not our ubatch layout */
+        size_t nw = (size_t) n_kv * n_tok * n_head, nv = (size_t) n_kv * n_tok;
+        if (!grow((void **) &c->w, &c->cap_w, nw * sizeof(float)) || !grow((void **) &c->vis, &c->cap_vis, nv) ||
+            !grow((void **) &c->q_pos, &c->cap_qpos, (size_t) n_tok * sizeof(kvt_pos)))
+            return true;
+        for (int h = 0; h < n_head; h++)
+            for (int tk = 0; tk < n_tok; tk++) {
+                const float *row = (const float *) (const void *) ((const uint8_t *) t->data + h * t->nb[2] + tk * t->nb[1]);
+                memcpy(c->w + ((size_t) h * n_tok + tk) * n_kv, row, (size_t) n_kv * sizeof(float));
+            }
+        for (int tk = 0; tk < n_tok; tk++)
+            for (int k = 0; k < n_kv; k++)
+                c->vis[(size_t) tk * n_kv + k] = tensor_f(m, (size_t) k * m->nb[0] + (size_t) tk * m->nb[1]) > -INFINITY;
+        memcpy(c->q_pos, e->cur_pos, (size_t) n_tok * sizeof(kvt_pos));
+        c->n_kv = n_kv;
+        c->n_tok = n_tok;
+        c->n_head = n_head;
+        c->seq = e->cur_seq;
+        c->have = true;
+        return true;
+    }
+    if (e->capture_q && (il = layer_of(t->name, "Qcur")) >= 0) {
+        struct attn_cap *c = kvt__attn_cap_for(e, il);
+        if (ask) return c != NULL && t->op == GGML_OP_ROPE;
+        if (!c || t->op != GGML_OP_ROPE || t->type != GGML_TYPE_F32 || !ggml_backend_buffer_is_host(t->buffer)) return true;
+        /* [head_dim, n_head, n_tokens] */
+        int32_t hd = (int32_t) t->ne[0], nh = (int32_t) t->ne[1], nt = (int32_t) t->ne[2];
+        if (nt != e->cur_n) return true;
+        if (!grow((void **) &c->q, &c->cap_q, (size_t) hd * nh * nt * sizeof(float))) return true;
+        for (int tk = 0; tk < nt; tk++)
+            for (int h = 0; h < nh; h++)
+                memcpy(c->q + ((size_t) tk * nh + h) * hd,
+                       (const uint8_t *) t->data + tk * t->nb[2] + h * t->nb[1], (size_t) hd * sizeof(float));
+        c->hd = hd;
+        c->have_q = true;
+        return true;
+    }
+    return ask ? false : true;
+}
+
+int kvt_attn_capture(kvt_engine *e, const int32_t *layers, int32_t n, bool capture_q) {
+    if (n > 0 && e->p.flash_attn)
+        return kvt__fail(KVT_EUNSUPPORTED, "attention capture needs flash attention off (softmax is fused otherwise)");
+    for (int32_t i = 0; i < n; i++)
+        if (layers[i] < 0 || layers[i] >= e->info.n_layer)
+            return kvt__fail(KVT_EINVAL, "attention layer %d is outside 0..%d", layers[i], e->info.n_layer - 1);
+    struct attn_cap *c = n ? calloc((size_t) n, sizeof *c) : NULL;
+    if (n && !c) return kvt__fail(KVT_ENOMEM, "attention capture");
+    for (int i = 0; i < e->n_caps; i++) {
+        free(e->caps[i].w); free(e->caps[i].vis); free(e->caps[i].q); free(e->caps[i].q_pos);
+    }
+    free(e->caps);
+    for (int32_t i = 0; i < n; i++) c[i].layer = layers[i];
+    e->caps = c;
+    e->n_caps = n;
+    e->capture_q = capture_q;
+    return 0;
+}
+
+void kvt_attn_free(kvt_attn *a) {
+    if (!a) return;
+    free(a->q_pos); free(a->k_pos); free(a->w); free(a->q);
+    free(a);
+}
+
+int kvt_attn_get(kvt_engine *e, int32_t layer, int32_t seq, kvt_attn **out) {
+    *out = NULL;
+    struct attn_cap *c = kvt__attn_cap_for(e, layer);
+    if (!c || !c->have || c->seq != seq)
+        return kvt__fail(KVT_ENOENT, "no attention captured for layer %d of sequence %d", layer, seq);
+    if (c->gen != e->gen)
+        return kvt__fail(KVT_ENOENT, "the KV cache changed since layer %d was captured", layer);
+    int part = 0, idx = 0;
+    if (kvt_engine_layer_part(e, layer, &part, &idx)) return kvt__fail(KVT_EFORMAT, "layer %d: cache part unknown", layer);
+    int rc;
+    if (!e->snap || e->snap_gen != e->gen || e->snap_seq != seq) {
+        free(e->snap);
+        e->snap = NULL;
+        if ((rc = kvt__engine_save_seq(e, seq, &e->snap, &e->snap_n))) return rc;
+        e->snap_gen = e->gen;
+        e->snap_seq = seq;
+    }
+    const uint8_t *buf = e->snap;
+    size_t n = e->snap_n;
+    struct kvt__blob_layout L;
+    if ((rc = kvt__blob_parse(buf, n, e->n_parts, &L))) return rc;
+    const uint32_t nc = L.part[part].n_cells;
+    const int32_t nk = c->n_kv, nt = c->n_tok, nh = c->n_head;
+    /* cells visible to any query row, ascending cell index */
+    int32_t *vis_cells = malloc(sizeof(int32_t) * (size_t) nk);
+    kvt_pos *cell_pos = malloc(sizeof(kvt_pos) * (size_t) nk);
+    kvt_pos *cand = malloc(sizeof(kvt_pos) * (nc ? nc : 1));
+    kvt_attn *a = calloc(1, sizeof *a);
+    if (!vis_cells || !cell_pos || !cand || !a) { rc = kvt__fail(KVT_ENOMEM, "attention map"); goto done; }
+    /* Full-attention layers: every cell of the sequence some query row can see.  SWA layers:
+    ** the cells the last row can see, since llama.cpp serialises only SWA cells within the
+    ** window of the sequence's last position. */
+    const bool swa = part == 1 && e->info.n_swa > 0;
+    const int32_t t0 = swa ? nt - 1 : 0;
+    int32_t n_vis = 0;
+    for (int32_t k = 0; k < nk; k++) {
+        bool any = false;
+        for (int32_t t = t0; t < nt && !any; t++) any = c->vis[(size_t) t * nk + k];
+        if (any) vis_cells[n_vis++] = k;
+    }
+    kvt_pos qmax = c->q_pos[nt - 1];
+    int32_t n_cand = 0;
+    for (uint32_t i = 0; i < nc; i++) {
+        kvt_pos p = kvt__blob_cell_pos(buf, &L, part, i);
+        if (p <= qmax && (!swa || qmax - p < e->info.n_swa)) cand[n_cand++] = p;
+    }
+    if (n_cand != n_vis) {
+        rc = kvt__fail(KVT_EFORMAT, "layer %d: %d visible cells but %d cells of sequence %d in range", layer, n_vis, n_cand, seq);
+        goto done;
+    }
+    for (int32_t i = 0; i < n_vis; i++) cell_pos[i] = cand[i];
+    /* keys sorted by position: order of visible cells by pos */
+    int32_t *ord = malloc(sizeof(int32_t) * (size_t) (n_vis ? n_vis : 1));
+    if (!ord) { rc = kvt__fail(KVT_ENOMEM, "attention map"); goto done; }
+    for (int32_t i = 0; i < n_vis; i++) ord[i] = i;
+    for (int32_t i = 1; i < n_vis; i++) { /* insertion sort: cells are nearly sorted by position */
+        int32_t x = ord[i], j = i - 1;
+        while (j >= 0 && cell_pos[ord[j]] > cell_pos[x]) { ord[j + 1] = ord[j]; j--; }
+        ord[j + 1] = x;
+    }
+    a->layer = layer;
+    a->n_query = nt;
+    a->n_head = nh;
+    a->n_keys = n_vis;
+    a->q_pos = malloc(sizeof(kvt_pos) * (size_t) nt);
+    a->k_pos = malloc(sizeof(kvt_pos) * (size_t) (n_vis ? n_vis : 1));
+    a->w = calloc((size_t) nt * nh * (n_vis ? n_vis : 1), sizeof(float));
+    if (!a->q_pos || !a->k_pos || !a->w) { free(ord); rc = kvt__fail(KVT_ENOMEM, "attention"); goto done; }
+    memcpy(a->q_pos, c->q_pos, sizeof(kvt_pos) * (size_t) nt);
+    for (int32_t i = 0; i < n_vis; i++) a->k_pos[i] = cell_pos[ord[i]];
+    for (int32_t t = 0; t < nt; t++)
+        for (int32_t h = 0; h < nh; h++)
+            for (int32_t i = 0; i < n_vis; i++) {
+                int32_t cell = vis_cells[ord[i]];
+                a->w[((size_t) t * nh + h) * n_vis + i] =
+                    c->vis[(size_t) t * nk + cell] ? c->w[((size_t) h * nt + t) * nk + cell] : 0.0f;
+            }
+    free(ord);
+    if (e->capture_q && c->have_q) {
+        a->head_dim = c->hd;
+        a->q = malloc(sizeof(float) * (size_t) nt * nh * c->hd);
+        if (!a->q) { rc = kvt__fail(KVT_ENOMEM, "attention Q"); goto done; }
+        memcpy(a->q, c->q, sizeof(float) * (size_t) nt * nh * c->hd);
+    }
+    *out = a;
+    a = NULL;
+done:
+    kvt_attn_free(a);
+    free(vis_cells);
+    free(cell_pos);
+    free(cand);
+    return rc;
+}

@@ -1,0 +1,208 @@
+/* decode.c — llama_decode for one sequence in ubatch-sized chunks and for rows of several
+** sequences in one batch; the logits of the last decode; sampling (llama.cpp's sampler chain,
+** GBNF grammar); sequence removal and copy with the position shadow kept in step. */
+#include "engine/engine_int.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+bool kvt__engine_seq_ok(const kvt_engine *e, int32_t seq) { return seq >= 0 && seq < e->p.n_seq + 3; }
+
+int kvt_decode(kvt_engine *e, int32_t seq, const kvt_token *tokens, int32_t n, kvt_pos pos0, bool want_logits) {
+    if (!kvt__engine_seq_ok(e, seq)) return kvt__fail(KVT_EINVAL, "sequence id %d is outside 0..%d", seq, e->p.n_seq - 1);
+    if (n <= 0 || !tokens) return kvt__fail(KVT_EINVAL, "decode of %d tokens", n);
+    kvt_pos pos_buf[4096];
+    e->have_logits = false;
+    for (int32_t off = 0; off < n; off += e->p.n_ubatch) {
+        int32_t m = KVT_MIN(n - off, e->p.n_ubatch);
+        struct llama_batch *b = &e->batch;
+        for (int32_t i = 0; i < m; i++) {
+            if (tokens[off + i] < 0 || tokens[off + i] >= e->info.n_vocab)
+                return kvt__fail(KVT_EINVAL, "token %d at index %d is outside the vocabulary of %d", tokens[off + i],
+                                 off + i, e->info.n_vocab);
+            b->token[i] = tokens[off + i];
+            b->pos[i] = pos0 + off + i;
+            b->n_seq_id[i] = 1;
+            b->seq_id[i][0] = seq;
+            b->logits[i] = want_logits && off + i == n - 1;
+            if (i < 4096) pos_buf[i] = pos0 + off + i;
+        }
+        b->n_tokens = m;
+        e->capturing = e->n_caps > 0 && seq < e->p.n_seq && m <= 4096;
+        e->cur_seq = seq;
+        e->cur_n = m;
+        e->cur_pos = pos_buf;
+        for (int i = 0; e->capturing && i < e->n_caps; i++) e->caps[i].have = e->caps[i].have_q = false;
+        int r = llama_decode(e->ctx, *b);
+        e->capturing = false;
+        if (r == 1)
+            return kvt__fail(KVT_ECTX, "no free KV cells for %d tokens at position %d (context of %d cells)", m,
+                             pos0 + off, e->info.n_ctx);
+        if (r != 0) return kvt__fail(KVT_ELLAMA, "llama_decode returned %d at position %d", r, pos0 + off);
+        e->shift_pending = false;
+        for (int32_t i = 0; i < m; i++)
+            if (kvt__pm_set(&e->pm[seq], pos0 + off + i)) return KVT_ENOMEM;
+        e->gen++;
+        for (int i = 0; i < e->n_caps; i++)
+            if (e->caps[i].have) e->caps[i].gen = e->gen;
+    }
+    if (want_logits) {
+        const float *l = llama_get_logits_ith(e->ctx, -1);
+        if (!l) return kvt__fail(KVT_ELLAMA, "llama.cpp returned no logits");
+        memcpy(e->logits, l, sizeof(float) * (size_t) e->info.n_vocab);
+        e->have_logits = true;
+    }
+    return 0;
+}
+
+int kvt_decode_multi(kvt_engine *e, const int32_t *seqs, const kvt_token *toks, const kvt_pos *pos, int32_t n,
+                     float *logits_out) {
+    if (n <= 0 || n > e->p.n_ubatch || !seqs || !toks || !pos || !logits_out)
+        return kvt__fail(KVT_EINVAL, "multi-sequence decode of %d tokens (1..%d)", n, e->p.n_ubatch);
+    struct llama_batch *b = &e->batch;
+    for (int32_t i = 0; i < n; i++) {
+        if (seqs[i] < 0 || seqs[i] >= e->p.n_seq) return kvt__fail(KVT_EINVAL, "sequence id %d is outside 0..%d", seqs[i], e->p.n_seq - 1);
+        for (int32_t k = 0; k < i; k++)
+            if (seqs[k] == seqs[i]) return kvt__fail(KVT_EINVAL, "sequence %d appears twice in one multi-sequence decode", seqs[i]);
+        if (toks[i] < 0 || toks[i] >= e->info.n_vocab)
+            return kvt__fail(KVT_EINVAL, "token %d at index %d is outside the vocabulary of %d", toks[i], i, e->info.n_vocab);
+        b->token[i] = toks[i];
+        b->pos[i] = pos[i];
+        b->n_seq_id[i] = 1;
+        b->seq_id[i][0] = seqs[i];
+        b->logits[i] = 1;
+    }
+    b->n_tokens = n;
+    e->have_logits = false;
+    e->capturing = false; /* the capture maps one sequence per ubatch */
+    int r = llama_decode(e->ctx, *b);
+    if (r == 1) return kvt__fail(KVT_ECTX, "no free KV cells for %d tokens (context of %d cells)", n, e->info.n_ctx);
+    if (r != 0) return kvt__fail(KVT_ELLAMA, "llama_decode returned %d for a batch of %d sequences", r, n);
+    e->shift_pending = false;
+    for (int32_t i = 0; i < n; i++)
+        if (kvt__pm_set(&e->pm[seqs[i]], pos[i])) return KVT_ENOMEM;
+    e->gen++;
+    for (int32_t i = 0; i < n; i++) {
+        const float *l = llama_get_logits_ith(e->ctx, i);
+        if (!l) return kvt__fail(KVT_ELLAMA, "llama.cpp returned no logits for batch row %d", i);
+        memcpy(logits_out + (size_t) i * e->info.n_vocab, l, sizeof(float) * (size_t) e->info.n_vocab);
+    }
+    return 0;
+}
+
+const float *kvt_logits(kvt_engine *e) { return e->have_logits ? e->logits : NULL; }
+
+void kvt__engine_set_logits(kvt_engine *e, const float *logits) {
+    memcpy(e->logits, logits, sizeof(float) * (size_t) e->info.n_vocab);
+    e->have_logits = true;
+}
+
+struct kvt_grammar {
+    struct llama_sampler *smpl;
+};
+
+int kvt_grammar_new(kvt_engine *e, const char *gbnf, const char *root, kvt_grammar **out) {
+    *out = NULL;
+    if (!gbnf || !*gbnf) return kvt__fail(KVT_EINVAL, "grammar: empty GBNF text");
+    kvt_grammar *g = calloc(1, sizeof *g);
+    if (!g) return kvt__fail(KVT_ENOMEM, "grammar");
+    g->smpl = llama_sampler_init_grammar(e->vocab, gbnf, root ? root : "root");
+    if (!g->smpl) {
+        free(g);
+        return kvt__fail(KVT_EINVAL, "grammar: the GBNF text (%zu bytes) does not parse, or has no rule '%s'", strlen(gbnf),
+                         root ? root : "root");
+    }
+    *out = g;
+    return 0;
+}
+
+void kvt_grammar_free(kvt_grammar *g) {
+    if (!g) return;
+    llama_sampler_free(g->smpl);
+    free(g);
+}
+
+static void fill_candidates(const kvt_engine *e, llama_token_data *d) {
+    for (int32_t i = 0; i < e->info.n_vocab; i++) d[i] = (llama_token_data){ i, e->logits[i], 0.0f };
+}
+
+int kvt_sample(kvt_engine *e, const struct kvt_sampling *s, kvt_token *tok) {
+    static const struct kvt_sampling greedy = { 0, 1, 0, 0, NULL };
+    if (!s) s = &greedy;
+    if (!e->have_logits) return kvt__fail(KVT_EINVAL, "sample: no logits (decode with want_logits first)");
+    struct kvt_sampling key = *s;
+    key.grammar = NULL; /* the chain does not depend on the grammar */
+    if (!e->smpl || memcmp(&e->smpl_p, &key, sizeof key) != 0) {
+        if (e->smpl) llama_sampler_free(e->smpl);
+        e->smpl = llama_sampler_chain_init(llama_sampler_chain_default_params());
+        if (s->temperature <= 0) {
+            llama_sampler_chain_add(e->smpl, llama_sampler_init_greedy());
+        } else {
+            if (s->top_k > 0) llama_sampler_chain_add(e->smpl, llama_sampler_init_top_k(s->top_k));
+            if (s->top_p < 1.0f) llama_sampler_chain_add(e->smpl, llama_sampler_init_top_p(s->top_p, 1));
+            llama_sampler_chain_add(e->smpl, llama_sampler_init_temp(s->temperature));
+            llama_sampler_chain_add(e->smpl, llama_sampler_init_dist(s->seed));
+        }
+        e->smpl_p = key;
+    }
+    const int32_t nv = e->info.n_vocab;
+    llama_token_data *d = malloc(sizeof *d * (size_t) nv);
+    if (!d) return kvt__fail(KVT_ENOMEM, "sampling candidates");
+    fill_candidates(e, d);
+    llama_token_data_array arr = { d, (size_t) nv, -1, false };
+    llama_sampler_apply(e->smpl, &arr);
+    int rc = 0;
+    if (arr.selected < 0 || arr.selected >= (int64_t) arr.size) rc = kvt__fail(KVT_ELLAMA, "sampler selected nothing");
+    if (rc == 0 && s->grammar) {
+        /* cheap path first: keep the token if the grammar allows it (one candidate to check) */
+        llama_token_data one = { arr.data[arr.selected].id, 1.0f, 0.0f };
+        llama_token_data_array a1 = { &one, 1, -1, false };
+        llama_sampler_apply(s->grammar->smpl, &a1);
+        if (isinf(one.logit)) { /* rejected: mask the whole vocabulary, then sample again */
+            fill_candidates(e, d);
+            arr = (llama_token_data_array){ d, (size_t) nv, -1, false };
+            llama_sampler_apply(s->grammar->smpl, &arr);
+            bool any = false;
+            for (size_t i = 0; i < arr.size && !any; i++) any = !isinf(arr.data[i].logit);
+            if (!any) rc = kvt__fail(KVT_EINVAL, "sample: the grammar allows no token here");
+            else {
+                llama_sampler_apply(e->smpl, &arr);
+                if (arr.selected < 0 || arr.selected >= (int64_t) arr.size || isinf(arr.data[arr.selected].logit))
+                    rc = kvt__fail(KVT_ELLAMA, "sampler selected nothing the grammar allows");
+            }
+        }
+    }
+    if (rc == 0) {
+        *tok = arr.data[arr.selected].id;
+        llama_sampler_accept(e->smpl, *tok);
+        if (s->grammar) llama_sampler_accept(s->grammar->smpl, *tok);
+    }
+    free(d);
+    return rc;
+}
+
+int kvt_seq_rm(kvt_engine *e, int32_t seq, kvt_pos p0, kvt_pos p1) {
+    if (!kvt__engine_seq_ok(e, seq)) return kvt__fail(KVT_EINVAL, "sequence id %d", seq);
+    llama_memory_seq_rm(llama_get_memory(e->ctx), seq, p0, p1);
+    kvt__pm_clear(&e->pm[seq], p0, p1);
+    e->gen++;
+    return 0;
+}
+
+int kvt_seq_cp(kvt_engine *e, int32_t src, int32_t dst, kvt_pos p0, kvt_pos p1) {
+    if (!kvt__engine_seq_ok(e, src) || !kvt__engine_seq_ok(e, dst) || src == dst)
+        return kvt__fail(KVT_EINVAL, "seq_cp from %d to %d", src, dst);
+    llama_memory_seq_cp(llama_get_memory(e->ctx), src, dst, p0, p1);
+    struct posmap *s = &e->pm[src];
+    kvt_pos lo = p0 < 0 ? 0 : p0, hi = (p1 < 0 || p1 > s->cap) ? s->cap : p1;
+    for (kvt_pos p = lo; p < hi; p++)
+        if (s->bits[p >> 3] & (1u << (p & 7)))
+            if (kvt__pm_set(&e->pm[dst], p)) return KVT_ENOMEM;
+    e->gen++;
+    return 0;
+}
+
+kvt_pos kvt_seq_pos_max(kvt_engine *e, int32_t seq) { return kvt__engine_seq_ok(e, seq) ? kvt__pm_max(&e->pm[seq]) : -1; }
+
+int32_t kvt_seq_n_cells(kvt_engine *e, int32_t seq) { return kvt__engine_seq_ok(e, seq) ? e->pm[seq].n : 0; }

@@ -1,0 +1,378 @@
+/* engine.c — one llama.cpp model + context, opened through the public API only: parameters,
+** the cache layout (unified KV, scratch sequences), the RoPE of every layer verified at open
+** against llama.cpp's own K-shift (host re-anchoring is trusted only where it matches), the
+** per-sequence position shadow, logging. */
+#include "engine/engine_int.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+bool kvt__engine_verbose;
+
+void kvt__engine_log_cb(enum ggml_log_level level, const char *text, void *ud) {
+    (void) ud;
+    if (kvt__engine_verbose || level >= GGML_LOG_LEVEL_ERROR) fputs(text, stderr);
+}
+
+bool kvt__engine_quiet_progress(float progress, void *ud) { (void) progress; (void) ud; return true; }
+
+int kvt__pm_set(struct posmap *m, kvt_pos p) {
+    if (p < 0) return KVT_EINVAL;
+    if (p >= m->cap) {
+        int32_t cap = m->cap ? m->cap : 4096;
+        while (cap <= p) cap *= 2;
+        uint8_t *nb = realloc(m->bits, (size_t) cap / 8);
+        if (!nb) return kvt__fail(KVT_ENOMEM, "position map of %d positions", cap);
+        memset(nb + m->cap / 8, 0, (size_t) (cap - m->cap) / 8);
+        m->bits = nb;
+        m->cap = cap;
+    }
+    if (!(m->bits[p >> 3] & (1u << (p & 7)))) {
+        m->bits[p >> 3] |= (uint8_t) (1u << (p & 7));
+        m->n++;
+    }
+    return 0;
+}
+
+void kvt__pm_clear(struct posmap *m, kvt_pos p0, kvt_pos p1) {
+    if (p0 < 0) p0 = 0;
+    if (p1 < 0 || p1 > m->cap) p1 = m->cap;
+    for (kvt_pos p = p0; p < p1; p++)
+        if (m->bits[p >> 3] & (1u << (p & 7))) {
+            m->bits[p >> 3] &= (uint8_t) ~(1u << (p & 7));
+            m->n--;
+        }
+}
+
+kvt_pos kvt__pm_max(const struct posmap *m) {
+    for (kvt_pos p = m->cap - 1; p >= 0; p--)
+        if (m->bits[p >> 3] & (1u << (p & 7))) return p;
+    return -1;
+}
+
+struct kvt_engine_params kvt_engine_default_params(void) {
+    struct kvt_engine_params p;
+    memset(&p, 0, sizeof p);
+    p.n_ctx = 4096;
+    p.n_batch = 512;
+    p.n_ubatch = 512;
+    p.n_seq = 1;
+    p.n_threads = 0;
+    p.type_k = "f16";
+    p.type_v = "f16";
+    p.flash_attn = false;
+    p.reanchor = KVT_REANCHOR_AUTO;
+    return p;
+}
+
+static int parse_type(const char *s, enum ggml_type *t, const char *what) {
+    if (!s || !strcmp(s, "f16")) *t = GGML_TYPE_F16;
+    else if (!strcmp(s, "f32")) *t = GGML_TYPE_F32;
+    else if (!strcmp(s, "q8_0")) *t = GGML_TYPE_Q8_0;
+    else return kvt__fail(KVT_EINVAL, "%s cache type '%s' is not one of f16, f32, q8_0", what, s);
+    return 0;
+}
+
+static int meta_str(const struct llama_model *m, const char *key, char *buf, size_t n) {
+    int r = llama_model_meta_val_str(m, key, buf, n);
+    if (r < 0) buf[0] = '\0';
+    return r;
+}
+
+static bool meta_f32(const struct llama_model *m, const char *arch, const char *suffix, float *v) {
+    char key[128], buf[64];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    if (meta_str(m, key, buf, sizeof buf) < 0) return false;
+    *v = strtof(buf, NULL);
+    return true;
+}
+
+/* Decode a few tokens at position 0 and at position D in two scratch sequences, then find for
+** every layer the RoPE (base, scale) under which the host rotation of the first K by D equals
+** the second K.  This checks our understanding of llama.cpp's RoPE on this exact model and
+** cache type instead of trusting per-architecture defaults. */
+static int calibrate_reanchor(kvt_engine *e, double *err_out) {
+    enum { N = 4, D = 777 };
+    kvt_token toks[N];
+    for (int i = 0; i < N; i++) toks[i] = (kvt_token) ((7 + 13 * i) % e->info.n_vocab);
+    uint8_t *ba = NULL, *bb = NULL;
+    size_t na = 0, nb = 0;
+    int rc;
+    *err_out = -1;
+    e->probing = true;
+    rc = kvt_decode(e, e->seq_a, toks, N, 0, false);
+    e->probing = false;
+    if (rc == 0) rc = kvt__engine_save_seq(e, e->seq_a, &ba, &na);
+    kvt_seq_rm(e, e->seq_a, -1, -1);
+    /* llama.cpp's own K-shift of the same bytes: restore into seq_b, seq_add(D), force it */
+    if (rc == 0 && llama_state_seq_set_data(e->ctx, ba, na, e->seq_b) != na)
+        rc = kvt__fail(KVT_ELLAMA, "calibration: llama_state_seq_set_data failed");
+    if (rc == 0) {
+        llama_memory_seq_add(llama_get_memory(e->ctx), e->seq_b, -1, -1, D);
+        e->shift_pending = true;
+        rc = kvt__engine_flush_shift(e);
+    }
+    if (rc == 0) rc = kvt__engine_save_seq(e, e->seq_b, &bb, &nb);
+    llama_memory_seq_rm(llama_get_memory(e->ctx), e->seq_b, -1, -1);
+    if (rc) goto out;
+
+    struct kvt__blob_layout La, Lb;
+    if ((rc = kvt__blob_parse(ba, na, e->n_parts, &La)) || (rc = kvt__blob_parse(bb, nb, e->n_parts, &Lb))) goto out;
+
+    /* layer il -> part: group layers by the mask tensor their softmax used */
+    {
+        void *base_mask = NULL;
+        int n_first = 0;
+        for (int il = 0; il < e->info.n_layer; il++) {
+            if (!e->mask_probe[il]) continue;
+            if (!base_mask) base_mask = e->mask_probe[il];
+            if (e->mask_probe[il] == base_mask) n_first++;
+        }
+        int idx[2] = { 0, 0 };
+        bool first_is_base = e->n_parts == 1 || (uint32_t) n_first == La.part[0].n_layer;
+        bool ok = base_mask != NULL && (e->n_parts == 1 || La.part[0].n_layer != La.part[1].n_layer);
+        for (int il = 0; il < e->info.n_layer; il++) {
+            e->layer_part[il] = -1;
+            e->layer_idx[il] = -1;
+            if (!ok || !e->mask_probe[il]) continue;
+            int part = (e->mask_probe[il] == base_mask) ? (first_is_base ? 0 : 1) : (first_is_base ? 1 : 0);
+            e->layer_part[il] = (int8_t) part;
+            e->layer_idx[il] = (int16_t) idx[part]++;
+        }
+    }
+
+    if (e->p.reanchor == KVT_REANCHOR_SEQ_ADD) goto out;
+    const enum llama_rope_type rt = llama_model_rope_type(e->model);
+    if (rt != LLAMA_ROPE_TYPE_NORM && rt != LLAMA_ROPE_TYPE_NEOX) {
+        rc = kvt__fail(KVT_EUNSUPPORTED, "rope type %d cannot be re-anchored on the host", (int) rt);
+        goto out;
+    }
+    float fb = 10000.0f, fb_swa = 0.0f, fs = llama_model_rope_freq_scale_train(e->model);
+    meta_f32(e->model, e->info.arch, "rope.freq_base", &fb);
+    bool has_swa_base = meta_f32(e->model, e->info.arch, "rope.freq_base_swa", &fb_swa);
+    const float bases[] = { fb, has_swa_base ? fb_swa : 10000.0f, 10000.0f, 1e6f, 5e5f };
+    const float scales[] = { fs, 1.0f };
+    double worst = 0;
+    for (int p = 0; p < e->n_parts; p++) {
+        const struct kvt__blob_part *A = &La.part[p], *B = &Lb.part[p];
+        if (A->n_cells != N || B->n_cells != N || A->n_layer != B->n_layer) {
+            rc = kvt__fail(KVT_EFORMAT, "calibration blobs have %u/%u cells in part %d", A->n_cells, B->n_cells, p);
+            goto out;
+        }
+        e->rope[p] = calloc(A->n_layer, sizeof(struct kvt__rope));
+        if (!e->rope[p]) { rc = kvt__fail(KVT_ENOMEM, "rope table"); goto out; }
+        int32_t ne;
+        if ((rc = kvt__blob_k_f32(ba, &La, p, 0, NULL, &ne))) goto out;
+        float *ka = malloc(sizeof(float) * N * ne), *kb = malloc(sizeof(float) * N * ne);
+        if (!ka || !kb) { free(ka); free(kb); rc = kvt__fail(KVT_ENOMEM, "calibration rows"); goto out; }
+        /* Every layer: the same K bytes rotated by us and by llama.cpp must agree. */
+        for (uint32_t il = 0; il < A->n_layer && rc == 0; il++) {
+            int32_t ne_l = 0;
+            if ((rc = kvt__blob_k_f32(ba, &La, p, (int) il, NULL, &ne_l))) break;
+            if (ne_l != ne) { rc = kvt__fail(KVT_EUNSUPPORTED, "K rows differ in size across layers (%d vs %d)", ne_l, ne); break; }
+            kvt__blob_k_f32(ba, &La, p, (int) il, ka, &ne);
+            kvt__blob_k_f32(bb, &Lb, p, (int) il, kb, &ne);
+            const int hd = ne / e->info.n_head_kv;
+            double best = INFINITY, kmax = 0;
+            struct kvt__rope best_r = { 0 };
+            for (int i = 0; i < N * ne; i++) kmax = fmax(kmax, fabs(kb[i]));
+            for (size_t bi = 0; bi < sizeof bases / sizeof bases[0]; bi++)
+                for (size_t si = 0; si < sizeof scales / sizeof scales[0]; si++) {
+                    struct kvt__rope r = { bases[bi], scales[si], e->n_rot > 0 && e->n_rot <= hd ? e->n_rot : hd, e->neox };
+                    double err = 0;
+                    float tmp[4096];
+                    for (int c = 0; c < N && hd <= 4096; c++)
+                        for (int h = 0; h < e->info.n_head_kv; h++) {
+                            memcpy(tmp, ka + (size_t) c * ne + (size_t) h * hd, sizeof(float) * hd);
+                            kvt__rope_rotate_f32(tmp, &r, D);
+                            for (int d = 0; d < hd; d++)
+                                err = fmax(err, fabs(tmp[d] - kb[(size_t) c * ne + (size_t) h * hd + d]));
+                        }
+                    if (err < best) { best = err; best_r = r; }
+                }
+            e->rope[p][il] = best_r;
+            double rel = kmax > 0 ? best / kmax : best;
+            if (getenv("KVT_DEBUG_CALIB"))
+                fprintf(stderr, "calib part %d layer %u: base %g scale %g n_rot %d err %.3g kmax %.3g\n", p, il,
+                        best_r.base, best_r.scale, best_r.n_rot, best, kmax);
+            worst = fmax(worst, rel);
+        }
+        if (rc) { free(ka); free(kb); goto out; }
+        free(ka);
+        free(kb);
+        if (rc) goto out;
+    }
+    *err_out = worst;
+    const double tol = (!strcmp(e->info.type_k, "f32")) ? 1e-4 : 5e-3; /* relative to max|K| */
+    if (worst > tol)
+        rc = kvt__fail(KVT_EUNSUPPORTED, "host RoPE re-anchoring differs from llama.cpp by %.3g (relative, tolerance %.3g)",
+                       worst, tol);
+out:
+    free(ba);
+    free(bb);
+    return rc;
+}
+
+int kvt_engine_open(const struct kvt_engine_params *params, kvt_engine **out) {
+    struct kvt_engine_params p = params ? *params : kvt_engine_default_params();
+    enum ggml_type tk, tv;
+    int rc;
+    *out = NULL;
+    kvt__clear_error();
+    if (!p.model_path || !*p.model_path) return kvt__fail(KVT_EINVAL, "no model path given");
+    if ((rc = parse_type(p.type_k, &tk, "K")) || (rc = parse_type(p.type_v, &tv, "V"))) return rc;
+    if (tv != GGML_TYPE_F16 && tv != GGML_TYPE_F32 && !p.flash_attn)
+        return kvt__fail(KVT_EINVAL, "V cache type %s needs flash attention (quantised V is stored transposed otherwise)", p.type_v);
+    if (p.n_ctx < 64) return kvt__fail(KVT_EINVAL, "context of %d tokens is too small (minimum 64)", p.n_ctx);
+    if (p.n_seq < 1 || p.n_seq > 64) return kvt__fail(KVT_EINVAL, "n_seq %d is outside 1..64", p.n_seq);
+    if (p.n_batch < 1 || p.n_ubatch < 1) return kvt__fail(KVT_EINVAL, "batch %d / ubatch %d must be positive", p.n_batch, p.n_ubatch);
+    if (p.n_ubatch > p.n_batch) p.n_ubatch = p.n_batch;
+    struct stat st;
+    if (stat(p.model_path, &st) != 0)
+        return kvt__fail(KVT_EMODEL, "model file '%s': %s", p.model_path, strerror(errno));
+    if (!S_ISREG(st.st_mode)) return kvt__fail(KVT_EMODEL, "model path '%s' is not a regular file", p.model_path);
+
+    kvt_engine *e = calloc(1, sizeof *e);
+    if (!e) return kvt__fail(KVT_ENOMEM, "engine");
+    e->p = p;
+    snprintf(e->model_path, sizeof e->model_path, "%s", p.model_path);
+    e->p.model_path = e->model_path;
+    e->info.type_k = ggml_type_name(tk);
+    e->info.type_v = ggml_type_name(tv);
+    e->p.type_k = e->info.type_k;
+    e->p.type_v = e->info.type_v;
+
+    kvt__engine_verbose = p.verbose;
+    llama_log_set(kvt__engine_log_cb, NULL);
+    llama_backend_init();
+
+    struct llama_model_params mp = llama_model_default_params();
+    mp.progress_callback = kvt__engine_quiet_progress;
+    e->model = llama_model_load_from_file(p.model_path, mp);
+    if (!e->model) {
+        free(e);
+        return kvt__fail(KVT_EMODEL, "llama.cpp could not load '%s' (%lld bytes): not a GGUF file, truncated, or an "
+                         "unsupported architecture (run with --verbose for llama.cpp's reason)",
+                         p.model_path, (long long) st.st_size);
+    }
+    e->vocab = llama_model_get_vocab(e->model);
+
+    struct kvt_engine_info *I = &e->info;
+    llama_model_desc(e->model, I->desc, sizeof I->desc);
+    meta_str(e->model, "general.architecture", I->arch, sizeof I->arch);
+    meta_str(e->model, "general.name", I->name, sizeof I->name);
+    I->has_chat_template = llama_model_chat_template(e->model, NULL) != NULL;
+    I->n_layer = llama_model_n_layer(e->model);
+    I->n_head = llama_model_n_head(e->model);
+    I->n_head_kv = llama_model_n_head_kv(e->model);
+    I->n_embd = llama_model_n_embd(e->model);
+    I->n_swa = llama_model_n_swa(e->model);
+    I->n_ctx_train = llama_model_n_ctx_train(e->model);
+    I->n_vocab = llama_vocab_n_tokens(e->vocab);
+    I->n_seq = p.n_seq;
+    {
+        char key[96];
+        char buf[32];
+        snprintf(key, sizeof key, "%s.rope.dimension_count", I->arch);
+        e->n_rot = meta_str(e->model, key, buf, sizeof buf) >= 0 ? atoi(buf) : 0;
+        e->neox = llama_model_rope_type(e->model) == LLAMA_ROPE_TYPE_NEOX;
+    }
+    if (I->n_layer > KVT__MAX_LAYERS) {
+        kvt_engine_free(e);
+        return kvt__fail(KVT_EUNSUPPORTED, "model has %d layers (max %d)", I->n_layer, KVT__MAX_LAYERS);
+    }
+
+    struct llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = (uint32_t) p.n_ctx;
+    cp.n_batch = (uint32_t) p.n_batch;
+    cp.n_ubatch = (uint32_t) p.n_ubatch;
+    cp.n_seq_max = (uint32_t) p.n_seq + 3;
+    cp.kv_unified = true; /* required: partial seq_cp across streams aborts otherwise */
+    cp.swa_full = false;
+    cp.type_k = tk;
+    cp.type_v = tv;
+    cp.flash_attn_type = p.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    int nt = p.n_threads > 0 ? p.n_threads : (int) sysconf(_SC_NPROCESSORS_ONLN);
+    cp.n_threads = nt;
+    cp.n_threads_batch = nt;
+    cp.cb_eval = kvt__attn_eval_cb;
+    cp.cb_eval_user_data = e;
+    cp.no_perf = true;
+    e->ctx = llama_init_from_model(e->model, cp);
+    if (!e->ctx) {
+        kvt_engine_free(e);
+        return kvt__fail(KVT_ELLAMA, "llama.cpp could not create a context of %d tokens for '%s'", p.n_ctx, p.model_path);
+    }
+    I->n_ctx = (int32_t) llama_n_ctx(e->ctx);
+    e->seq_a = p.n_seq;
+    e->seq_b = p.n_seq + 1;
+    e->seq_flush = p.n_seq + 2;
+    e->n_parts = I->n_swa > 0 ? 2 : 1;
+    e->batch = llama_batch_init(p.n_ubatch, 0, 1);
+    e->logits = malloc(sizeof(float) * (size_t) I->n_vocab);
+    e->pm = calloc((size_t) p.n_seq + 3, sizeof *e->pm);
+    e->layer_part = calloc((size_t) I->n_layer, 1);
+    e->layer_idx = calloc((size_t) I->n_layer, sizeof(int16_t));
+    if (!e->logits || !e->pm || !e->layer_part || !e->layer_idx) {
+        kvt_engine_free(e);
+        return kvt__fail(KVT_ENOMEM, "engine buffers");
+    }
+
+    /* bytes per token, from a one-token save */
+    double err = -1;
+    rc = calibrate_reanchor(e, &err);
+    I->reanchor_err = err;
+    if (rc == KVT_ENOMEM || rc == KVT_ELLAMA || rc == KVT_ECTX) {
+        kvt_engine_free(e);
+        return rc;
+    }
+    if (p.reanchor == KVT_REANCHOR_HOST && rc) {
+        kvt_engine_free(e);
+        return rc;
+    }
+    I->reanchor = (rc == 0 && p.reanchor != KVT_REANCHOR_SEQ_ADD) ? KVT_REANCHOR_HOST : KVT_REANCHOR_SEQ_ADD;
+    {
+        kvt_token t0 = 1 % I->n_vocab;
+        uint8_t *b = NULL;
+        size_t n = 0, n0;
+        rc = kvt_decode(e, e->seq_a, &t0, 1, 0, false);
+        if (rc == 0) rc = kvt__engine_save_seq(e, e->seq_a, &b, &n);
+        kvt_seq_rm(e, e->seq_a, -1, -1);
+        free(b);
+        n0 = 8 + 8 * (size_t) e->n_parts; /* header + per-part stream/cell counts */
+        I->kv_bytes_per_token = n > n0 ? n - n0 : 0;
+        if (rc) { kvt_engine_free(e); return rc; }
+    }
+    kvt__clear_error();
+    *out = e;
+    return 0;
+}
+
+void kvt_engine_free(kvt_engine *e) {
+    if (!e) return;
+    if (e->smpl) llama_sampler_free(e->smpl);
+    if (e->batch.token) llama_batch_free(e->batch);
+    if (e->ctx) llama_free(e->ctx);
+    if (e->model) llama_model_free(e->model);
+    for (int i = 0; e->pm && i < e->p.n_seq + 3; i++) free(e->pm[i].bits);
+    for (int i = 0; i < e->n_caps; i++) {
+        free(e->caps[i].w); free(e->caps[i].vis); free(e->caps[i].q); free(e->caps[i].q_pos);
+    }
+    free(e->caps);
+    free(e->snap);
+    free(e->pm);
+    free(e->rope[0]);
+    free(e->rope[1]);
+    free(e->layer_part);
+    free(e->layer_idx);
+    free(e->logits);
+    free(e);
+}
+
+void kvt_engine_info(const kvt_engine *e, struct kvt_engine_info *info) { *info = e->info; }

@@ -1,0 +1,114 @@
+/* engine_int.h — the engine's state, shared by the files of src/engine/ (the only code in kvtier
+** that includes llama.h).  Never installed.
+**
+**   engine.c   model + context open/close, RoPE verification at open, logging, position shadow
+**   text.c     tokenize, detokenize, chat template
+**   decode.c   decode (single sequence, multi-sequence rows), logits, sampling, grammar,
+**              sequence removal/copy
+**   kvio.c     block save/load through sequence state (host-side re-anchoring in src/kv/blob.c)
+**   attn.c     attention capture (graph callback on kq_soft_max) mapped to positions
+**   embed.c    the embedder: its own model and context for dense retrieval
+**
+** Facts and traps of the llama.cpp API this relies on: shared/notes/llama-kv-api.md (the team's
+** notes beside the repository). */
+#ifndef KVT_ENGINE_INT_H
+#define KVT_ENGINE_INT_H
+
+#include "internal.h"
+#include "kv/blob.h"
+
+#include "ggml.h"
+#include "llama.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Per-sequence shadow of which positions hold a cell (the full-attention cache). */
+struct posmap {
+    uint8_t *bits;
+    int32_t  cap;  /* positions covered */
+    int32_t  n;    /* positions set */
+};
+
+/* What the attention callback keeps for one layer: the last ubatch. */
+struct attn_cap {
+    int32_t layer;
+    int32_t n_kv, n_tok, n_head;  /* softmax shape */
+    float   *w;                   /* [n_head][n_tok][n_kv] */
+    uint8_t *vis;                 /* [n_tok][n_kv]: mask says visible */
+    size_t   cap_w, cap_vis;
+    int32_t  hd;                  /* Q head dim */
+    float   *q;                   /* [n_tok][n_head][hd] */
+    size_t   cap_q;
+    bool     have, have_q;
+    uint64_t gen;                 /* cache generation right after the capture */
+    int32_t  seq;
+    kvt_pos *q_pos;               /* [n_tok] */
+    size_t   cap_qpos;
+};
+
+struct kvt_engine {
+    struct llama_model         *model;
+    struct llama_context       *ctx;
+    const struct llama_vocab   *vocab;
+    struct kvt_engine_params    p;
+    struct kvt_engine_info      info;
+    char                        model_path[1024];
+    int32_t                     seq_a, seq_b, seq_flush; /* scratch sequence ids */
+    int                         n_parts;                 /* 2 for iSWA caches */
+    struct llama_batch          batch;
+    float                      *logits;
+    bool                        have_logits;
+    bool                        shift_pending, skip_flush;
+    struct posmap              *pm;                      /* [n_seq + 3] */
+    uint64_t                    gen;                     /* bumps on every cache mutation */
+    /* re-anchoring */
+    struct kvt__rope           *rope[2];                 /* per part, per layer of the part */
+    int32_t                     n_rot;
+    bool                        neox;
+    /* layer il -> part (0 full, 1 SWA) and index within the part; -1 unknown */
+    int8_t                     *layer_part;
+    int16_t                    *layer_idx;
+    /* attention capture */
+    struct attn_cap            *caps;
+    int32_t                     n_caps;
+    bool                        capture_q, capturing;
+    int32_t                     cur_seq, cur_n;
+    const kvt_pos              *cur_pos;
+    void                       *mask_probe[KVT__MAX_LAYERS]; /* open-time: mask tensor per layer */
+    bool                        probing;
+    /* sampler chain, rebuilt when the sampling params change */
+    struct llama_sampler       *smpl;
+    struct kvt_sampling         smpl_p;
+    /* last whole-sequence snapshot taken for attention mapping, reused while gen is unchanged */
+    uint8_t                    *snap;
+    size_t                      snap_n;
+    uint64_t                    snap_gen;
+    int32_t                     snap_seq;
+};
+
+
+/* ---- engine.c ---- */
+extern bool kvt__engine_verbose; /* llama.cpp's log on stderr (kvt_engine_params.verbose) */
+void kvt__engine_log_cb(enum ggml_log_level level, const char *text, void *ud);
+bool kvt__engine_quiet_progress(float progress, void *ud);
+/* Position shadow: mark / clear [p0, p1) / highest set position (-1 when empty). */
+int     kvt__pm_set(struct posmap *m, kvt_pos p);
+void    kvt__pm_clear(struct posmap *m, kvt_pos p0, kvt_pos p1);
+kvt_pos kvt__pm_max(const struct posmap *m);
+
+/* ---- decode.c ---- */
+bool kvt__engine_seq_ok(const kvt_engine *e, int32_t seq); /* user and scratch sequence ids */
+
+/* ---- kvio.c ---- */
+/* Apply a pending K-shift now (one token through the flush sequence, removed again). */
+int kvt__engine_flush_shift(kvt_engine *e);
+/* The whole state of sequence seq (llama_state_seq_get_data), *buf owned by the caller. */
+int kvt__engine_save_seq(kvt_engine *e, int32_t seq, uint8_t **buf, size_t *n);
+
+/* ---- attn.c ---- */
+/* llama.cpp's cb_eval: keeps the softmax (and Q) of the captured layers' last ubatch. */
+bool kvt__attn_eval_cb(struct ggml_tensor *t, bool ask, void *ud);
+struct attn_cap *kvt__attn_cap_for(kvt_engine *e, int il);
+
+#endif

@@ -1,0 +1,361 @@
+/* recovery.c — which evicted blocks come back, and when: before a user message by BM25 over the
+** message's novel terms (terms no resident block holds) with successor blocks for facts cut at a
+** boundary, or by cosine with an embedder (linear scan, HNSW past ann_min_blocks); InfLLM's
+** representative keys scored by the message's own queries (Xiao et al. 2024); a message longer
+** than the budget gets its own evicted blocks relevant to its end.  Loading goes through
+** kvt__sess_load_candidates (fit to the budget, original order). */
+#include "session/session_int.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* InfLLM's representative tokens: the N_REP tokens of the block that received the most
+** attention, their keys at rep_layer taken from the saved block and rotated back to position
+** 0, so that scoring against a query (also at position 0) ignores distance.  Best effort: a
+** block without representatives is simply never retrieved. */
+void kvt__sess_pick_representatives(kvt_session *s, struct blk *b, const kvt_blob *blob) {
+    int part, idx;
+    float *K = NULL;
+    kvt_pos *pos = NULL;
+    int32_t nc = 0, row = 0;
+    struct kvt_engine_info I;
+    kvt_engine_info(s->eng, &I);
+    if (kvt_engine_layer_part(s->eng, s->rep_layer, &part, &idx) ||
+        kvt_blob_k_rows(s->eng, blob, part, idx, &K, &pos, &nc, &row)) {
+        kvt__clear_error();
+        return;
+    }
+    int32_t pick[N_REP], n_pick = 0;
+    for (int32_t r = 0; r < N_REP && r < b->info.n_tokens; r++) {
+        int32_t best = -1;
+        for (int32_t t = 0; t < b->info.n_tokens; t++) {
+            bool used = false;
+            for (int32_t q = 0; q < n_pick; q++) used |= pick[q] == t;
+            if (!used && (best < 0 || b->tok_mass[t] >= b->tok_mass[best])) best = t;
+        }
+        pick[n_pick++] = best;
+    }
+    free(b->rep);
+    b->rep = malloc(sizeof(float) * (size_t) n_pick * (size_t) row);
+    b->n_rep = 0;
+    const int32_t hd = row / I.n_head_kv;
+    for (int32_t r = 0; b->rep && r < n_pick; r++)
+        for (int32_t c = 0; c < nc; c++)
+            if (pos[c] == b->info.p0 + pick[r]) {
+                float *dst = b->rep + (size_t) b->n_rep * row;
+                memcpy(dst, K + (size_t) c * row, sizeof(float) * (size_t) row);
+                for (int32_t h = 0; h < I.n_head_kv; h++) kvt__engine_rotate(s->eng, s->rep_layer, dst + h * hd, hd, -pos[c]);
+                b->n_rep++;
+                break;
+            }
+    s->rep_row = row;
+    kvt__clear_error();
+    free(K);
+    free(pos);
+}
+
+/* With an embedder: the block's text vector, and into the HNSW index once the session has
+** ann_min_blocks sealed blocks (the earlier ones are added when the index is built).  Best
+** effort: a block that cannot be embedded is only invisible to dense recovery. */
+void kvt__sess_embed_block(kvt_session *s, struct blk *b) {
+    double t0 = kvt__now_ms();
+    if (!b->text || !b->text[0]) return;
+    if (!(b->emb = malloc(sizeof(float) * (size_t) s->emb_dim))) return;
+    if (kvt_embed(s->p.embedder, b->text, b->emb) != 0) {
+        free(b->emb);
+        b->emb = NULL;
+        kvt__clear_error();
+        return;
+    }
+    if (!s->ann && b->info.id + 1 >= s->p.ann_min_blocks) {
+        if (kvt_ann_open(s->emb_dim, 2 * s->p.ann_min_blocks, 0, 0, &s->ann) == 0)
+            for (int32_t i = 0; i < b->info.id; i++)
+                if (s->b[i].emb) kvt_ann_add(s->ann, (uint64_t) i, s->b[i].emb);
+    }
+    if (s->ann) kvt_ann_add(s->ann, (uint64_t) b->info.id, b->emb);
+    kvt__clear_error();
+    s->embed_ms += kvt__now_ms() - t0;
+}
+
+static int cmp_cand(const void *a, const void *b) {
+    double x = ((const struct cand *) a)->score, y = ((const struct cand *) b)->score;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* Load candidate blocks c[0..n_c) (best first) back at the tail: room is made for them plus
+** `extra` tokens (the message and the reply reserve), dropping the weakest (successors first)
+** while they do not fit; the open block is sealed first so block ranges never interleave; they
+** are loaded in the order of their original positions, so they read as they were said.  A block
+** whose saved copy fails its checksum is reported, marked lost and skipped. */
+int kvt__sess_load_candidates(kvt_session *s, struct cand *c, int32_t n_c, int32_t extra) {
+    int32_t need = 0;
+    for (int32_t k = 0; k < n_c; k++) need += s->b[c[k].i].info.n_tokens;
+    while (n_c > 0 && kvt__sess_make_room(s, need + extra) == KVT_EBUDGET) need -= s->b[c[--n_c].i].info.n_tokens;
+    kvt__clear_error();
+    int rc = n_c > 0 ? kvt__sess_seal(s) : 0;
+    for (int32_t k = 0; rc == 0 && k < n_c; k++)
+        for (int32_t j = k + 1; j < n_c; j++)
+            if (s->b[c[j].i].info.orig_p0 < s->b[c[k].i].info.orig_p0) {
+                struct cand t = c[k];
+                c[k] = c[j];
+                c[j] = t;
+            }
+    for (int32_t k = 0; rc == 0 && k < n_c; k++) {
+        int r = kvt__sess_load_block(s, c[k].i);
+        if (r != KVT_ECORRUPT) rc = r;
+    }
+    return rc;
+}
+
+/* Dense recovery candidates: evicted blocks whose text vector has cosine >= min_recovery_cosine
+** with the message's, from a linear scan, or from the HNSW index once it exists (asked for
+** enough neighbours to see past the resident blocks).  OUT c[0..*n_c) unsorted. */
+static int dense_candidates(kvt_session *s, const char *query, struct cand *c, int32_t *n_c) {
+    double t0 = kvt__now_ms();
+    *n_c = 0;
+    float *q = malloc(sizeof(float) * (size_t) s->emb_dim);
+    if (!q) return kvt__fail(KVT_ENOMEM, "query vector");
+    int rc = kvt_embed(s->p.embedder, query, q);
+    if (rc) {
+        free(q);
+        kvt__clear_error(); /* e.g. an empty message: nothing to retrieve with */
+        return 0;
+    }
+#define EVICTED(b) ((b)->info.residency == KVT_RES_HOST || (b)->info.residency == KVT_RES_DISK)
+    if (s->ann) {
+        int32_t n_res = 0;
+        for (int32_t i = 0; i < s->n_b; i++) n_res += !EVICTED(&s->b[i]);
+        int32_t k = KVT_MIN(s->n_b, n_res + 4 * s->p.top_k + 16), got = 0;
+        uint64_t *ids = malloc(sizeof(uint64_t) * (size_t) k);
+        float *sims = malloc(sizeof(float) * (size_t) k);
+        if (ids && sims && (rc = kvt_ann_search(s->ann, q, k, ids, sims, &got)) == 0)
+            for (int32_t j = 0; j < got; j++)
+                if (ids[j] < (uint64_t) s->n_b && EVICTED(&s->b[ids[j]]) && sims[j] >= s->p.min_recovery_cosine)
+                    c[(*n_c)++] = (struct cand){ (int32_t) ids[j], sims[j] };
+        if (!ids || !sims) rc = kvt__fail(KVT_ENOMEM, "ann search");
+        free(ids);
+        free(sims);
+    } else {
+        for (int32_t i = 0; i < s->n_b; i++) {
+            const struct blk *b = &s->b[i];
+            if (!b->emb || !EVICTED(b)) continue;
+            double dot = 0;
+            for (int32_t d = 0; d < s->emb_dim; d++) dot += (double) q[d] * b->emb[d];
+            if (dot >= s->p.min_recovery_cosine) c[(*n_c)++] = (struct cand){ i, dot };
+        }
+    }
+#undef EVICTED
+    free(q);
+    s->embed_ms += kvt__now_ms() - t0;
+    return rc;
+}
+
+/* Before a user message.  Every sealed block gets its BM25 relevance to the message (the kvtier
+** policy's relevance signal).  Recovery asks what the resident context lacks: the message's
+** terms that occur in no resident block (kvt_bm25_novel_terms) score the evicted blocks, and
+** those scoring at least min_recovery_score come back at the tail, best first, at most top_k,
+** each followed by the block after it when that one is evicted too (a fact cut by a block
+** boundary goes on there: "... the secret code of Tavoren" | "is 48213."), as long as they fit
+** next to the message and the reply reserve.  A message whose terms are all resident recovers
+** nothing, so earlier turns that repeat the question's wording cannot outbid an evicted fact. */
+int kvt__sess_recover(kvt_session *s, const char *query, int32_t msg_tokens) {
+    if (s->p.policy != KVT_POLICY_KVTIER && s->p.recovery == KVT_RECOVERY_DISCARD) return 0;
+    int32_t n_ev = 0;
+    for (int32_t i = 0; i < s->n_b; i++)
+        n_ev += s->b[i].info.residency == KVT_RES_HOST || s->b[i].info.residency == KVT_RES_DISK;
+    const size_t nb = (size_t) (s->n_b > 0 ? s->n_b : 1);
+    const char **docs = malloc(sizeof(char *) * nb), **res = malloc(sizeof(char *) * nb);
+    double *sc = malloc(sizeof(double) * nb);
+    struct cand *c = malloc(sizeof *c * 2 * nb);
+    char *novel = NULL, *open_text = NULL;
+    int rc = (!docs || !res || !sc || !c) ? kvt__fail(KVT_ENOMEM, "recovery scores") : 0;
+    if (rc == 0) {
+        for (int32_t i = 0; i < s->n_b; i++) docs[i] = s->b[i].info.sealed && s->b[i].text ? s->b[i].text : "";
+        rc = kvt_bm25_score(docs, s->n_b, query, sc);
+        for (int32_t i = 0; rc == 0 && i < s->n_b; i++) s->b[i].info.relevance = sc[i]; /* kvtier's relevance signal */
+    }
+    int32_t n_c = 0;
+    /* a message that (with the reply reserve) fills half the budget is content, not a query:
+    ** what came back for it would mostly be evicted again while it is decoded */
+    bool long_msg = msg_tokens + s->p.gen_reserve > s->p.budget / 2;
+    if (rc == 0 && n_ev > 0 && !long_msg && s->p.recovery != KVT_RECOVERY_DISCARD && s->p.top_k > 0) {
+        int32_t n_res = 0;
+        for (int32_t i = 0; i < s->n_b; i++)
+            if (s->b[i].info.residency == KVT_RES_DEVICE && s->b[i].info.sealed) res[n_res++] = docs[i];
+        if (s->open >= 0 &&
+            kvt_detokenize(s->eng, s->b[s->open].tok, s->b[s->open].info.n_tokens, false, &open_text) == 0)
+            res[n_res++] = open_text;
+        if (s->emb_dim > 0) {
+            rc = dense_candidates(s, query, c, &n_c);
+        } else {
+            rc = kvt_bm25_novel_terms(query, res, n_res, &novel);
+            if (rc == 0 && novel[0]) rc = kvt_bm25_score(docs, s->n_b, novel, sc);
+            for (int32_t i = 0; rc == 0 && novel[0] && i < s->n_b; i++) {
+                int r = s->b[i].info.residency;
+                if ((r == KVT_RES_HOST || r == KVT_RES_DISK) && sc[i] >= s->p.min_recovery_score)
+                    c[n_c++] = (struct cand){ i, sc[i] };
+            }
+        }
+        qsort(c, (size_t) n_c, sizeof *c, cmp_cand);
+        if (n_c > s->p.top_k) n_c = s->p.top_k;
+        /* each hit followed by its successor block, if that is evicted and not a hit itself */
+        int32_t n_hit = n_c;
+        struct cand *x = c + nb;
+        int32_t n_x = 0;
+        for (int32_t k = 0; k < n_hit; k++) {
+            x[n_x++] = c[k];
+            /* BM25 hits: only when the match is in the block's last quarter, where a statement
+            ** about it may run on past the boundary (a successor that starts the next turn
+            ** would otherwise come back as noise) */
+            const char *t = s->b[c[k].i].text;
+            if (s->emb_dim == 0 && t && novel && kvt__bm25_last_match(t, novel) < (int32_t) (strlen(t) * 3 / 4)) continue;
+            for (int32_t j = c[k].i + 1; j <= c[k].i + s->p.successor_blocks && n_x < (int32_t) nb; j++) {
+                bool taken = j >= s->n_b || !s->b[j].info.sealed ||
+                             (s->b[j].info.residency != KVT_RES_HOST && s->b[j].info.residency != KVT_RES_DISK);
+                for (int32_t q = 0; q < n_x && !taken; q++) taken = x[q].i == j;
+                for (int32_t q = k + 1; q < n_hit && !taken; q++) taken = c[q].i == j;
+                if (taken) break; /* only a contiguous run after the hit */
+                x[n_x++] = (struct cand){ j, c[k].score };
+            }
+        }
+        memcpy(c, x, sizeof *c * (size_t) n_x);
+        n_c = n_x;
+        if (getenv("KVT_DEBUG_RECOVERY")) {
+            fprintf(stderr, "[recovery] turn %d %s \"%.80s\":", s->turn, s->emb_dim ? "cosine" : "novel terms",
+                    novel ? novel : "");
+            for (int32_t k = 0; k < n_c; k++) fprintf(stderr, " blk%d=%.2f", s->b[c[k].i].info.id, c[k].score);
+            fprintf(stderr, "\n");
+        }
+    }
+    if (rc == 0 && n_c > 0) {
+        rc = kvt__sess_load_candidates(s, c, n_c, msg_tokens + s->p.gen_reserve);
+    }
+    free(novel);
+    free(open_text);
+    free(docs);
+    free(res);
+    free(sc);
+    free(c);
+    return rc;
+}
+
+/* InfLLM retrieval, after the user message is decoded: the mean query of its last tokens
+** (rep_layer, rotated back to position 0) against every evicted block's representative keys;
+** a block scores its best representative; the top_k come back at the tail. */
+int kvt__sess_infllm_recover(kvt_session *s, int32_t suffix_tokens) {
+    kvt_attn *a = NULL;
+    struct kvt_engine_info I;
+    kvt_engine_info(s->eng, &I);
+    if (s->p.top_k == 0 || s->rep_row == 0 || kvt_attn_get(s->eng, s->rep_layer, s->p.seq, &a) || !a->q) {
+        kvt_attn_free(a);
+        kvt__clear_error();
+        return 0;
+    }
+    double t0 = kvt__now_ms();
+    const int32_t hd = a->head_dim, nh = a->n_head, group = nh / I.n_head_kv;
+    float *qbar = calloc((size_t) nh * hd, sizeof(float)), *tmp = malloc(sizeof(float) * (size_t) hd);
+    struct cand *c = malloc(sizeof *c * (size_t) (s->n_b ? s->n_b : 1));
+    int32_t from = a->n_query > INFLLM_WINDOW ? a->n_query - INFLLM_WINDOW : 0, n_c = 0;
+    if (qbar && tmp && c && hd == s->rep_row / I.n_head_kv) {
+        for (int32_t t = from; t < a->n_query; t++)
+            for (int32_t h = 0; h < nh; h++) {
+                memcpy(tmp, a->q + ((size_t) t * nh + h) * hd, sizeof(float) * (size_t) hd);
+                kvt__engine_rotate(s->eng, s->rep_layer, tmp, hd, -a->q_pos[t]);
+                for (int32_t d = 0; d < hd; d++) qbar[(size_t) h * hd + d] += tmp[d] / (float) (a->n_query - from);
+            }
+        double bar = -INFINITY; /* like the BM25 rule: only blocks that beat every resident non-sink block */
+        for (int32_t i = 0; i < s->n_b; i++) {
+            const struct blk *b = &s->b[i];
+            bool evicted = b->info.residency == KVT_RES_HOST || b->info.residency == KVT_RES_DISK;
+            if (b->n_rep == 0 || (!evicted && (b->info.residency != KVT_RES_DEVICE || b->info.id < s->p.n_sink_blocks)))
+                continue;
+            double best = -INFINITY;
+            for (int32_t r = 0; r < b->n_rep; r++) {
+                double dot = 0;
+                for (int32_t h = 0; h < nh; h++) {
+                    const float *k = b->rep + (size_t) r * s->rep_row + (size_t) (h / group) * hd;
+                    for (int32_t d = 0; d < hd; d++) dot += (double) qbar[(size_t) h * hd + d] * k[d];
+                }
+                best = fmax(best, dot / sqrt((double) hd));
+            }
+            if (evicted) c[n_c++] = (struct cand){ i, best };
+            else bar = fmax(bar, best);
+        }
+        int32_t kept = 0;
+        for (int32_t k = 0; k < n_c; k++)
+            if (c[k].score > bar) c[kept++] = c[k];
+        n_c = kept;
+        qsort(c, (size_t) n_c, sizeof *c, cmp_cand);
+        if (n_c > s->p.top_k) n_c = s->p.top_k;
+    }
+    kvt_attn_free(a);
+    free(qbar);
+    free(tmp);
+    s->policy_ms += kvt__now_ms() - t0;
+    int rc = 0;
+    int32_t need = 0;
+    for (int32_t k = 0; k < n_c; k++) need += s->b[c[k].i].info.n_tokens;
+    while (n_c > 0 && kvt__sess_make_room(s, need + suffix_tokens + s->p.gen_reserve) == KVT_EBUDGET)
+        need -= s->b[c[--n_c].i].info.n_tokens;
+    kvt__clear_error();
+    if (n_c > 0) rc = kvt__sess_seal(s);
+    for (int32_t k = 0; rc == 0 && k < n_c; k++) {
+        int r = kvt__sess_load_block(s, c[k].i);
+        if (r != KVT_ECORRUPT) rc = r;
+    }
+    free(c);
+    return rc;
+}
+
+/* A message longer than the budget evicted blocks of its own during its prefill.  Before the
+** reply, the ones relevant to the end of the message (its last ~40 words, the question, as
+** SnapKV's observation window is the prompt's end) come back at the tail: BM25 against that
+** query; at most top_k; a block must score at least min_recovery_score and above every resident
+** non-sink block except the two newest (which hold the query itself).  Best effort: nothing is
+** recovered when no block qualifies or none fits. */
+int kvt__sess_recover_own_tail(kvt_session *s, const char *text) {
+    if (s->p.recovery != KVT_RECOVERY_KV_RESTORE || s->p.top_k == 0) return 0;
+    bool lost = false;
+    for (int32_t i = 0; i < s->n_b && !lost; i++)
+        lost = s->b[i].info.turn == s->turn && (s->b[i].info.residency == KVT_RES_HOST || s->b[i].info.residency == KVT_RES_DISK);
+    if (!lost) return 0;
+    size_t len = strlen(text), from = len > 240 ? len - 240 : 0;
+    while (from > 0 && from < len && text[from - 1] != ' ') from++;
+    const char *query = text + from;
+    const char **docs = malloc(sizeof(char *) * (size_t) s->n_b);
+    double *sc = malloc(sizeof(double) * (size_t) s->n_b);
+    struct cand *c = malloc(sizeof *c * (size_t) s->n_b);
+    int rc = (!docs || !sc || !c) ? kvt__fail(KVT_ENOMEM, "recovery scores") : 0;
+    int32_t n_c = 0;
+    if (rc == 0) {
+        for (int32_t i = 0; i < s->n_b; i++) docs[i] = s->b[i].info.sealed && s->b[i].text ? s->b[i].text : "";
+        rc = kvt_bm25_score(docs, s->n_b, query, sc);
+    }
+    if (rc == 0) {
+        int32_t newest[2] = { -1, -1 }; /* the two resident blocks with the highest positions */
+        for (int32_t i = 0; i < s->n_b; i++) {
+            if (s->b[i].info.residency != KVT_RES_DEVICE) continue;
+            if (newest[0] < 0 || s->b[i].info.p0 > s->b[newest[0]].info.p0) { newest[1] = newest[0]; newest[0] = i; }
+            else if (newest[1] < 0 || s->b[i].info.p0 > s->b[newest[1]].info.p0) newest[1] = i;
+        }
+        double bar = 0;
+        for (int32_t i = 0; i < s->n_b; i++)
+            if (s->b[i].info.residency == KVT_RES_DEVICE && s->b[i].info.sealed && s->b[i].info.id >= s->p.n_sink_blocks &&
+                i != newest[0] && i != newest[1])
+                bar = fmax(bar, sc[i]);
+        for (int32_t i = 0; i < s->n_b; i++) {
+            int r = s->b[i].info.residency;
+            if ((r == KVT_RES_HOST || r == KVT_RES_DISK) && sc[i] > bar && sc[i] >= s->p.min_recovery_score)
+                c[n_c++] = (struct cand){ i, sc[i] };
+        }
+        qsort(c, (size_t) n_c, sizeof *c, cmp_cand);
+        if (n_c > s->p.top_k) n_c = s->p.top_k;
+        rc = kvt__sess_load_candidates(s, c, n_c, s->p.gen_reserve);
+    }
+    free(docs);
+    free(sc);
+    free(c);
+    return rc;
+}

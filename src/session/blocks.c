@@ -1,0 +1,230 @@
+/* blocks.c — the block table: tokens are recorded into the open tail block; a block is saved to
+** the host pool the moment it is complete ("sealed": write-through, as LMCache does), so eviction
+** is only a seq_rm and the sliding-window cells of iSWA models are captured while they still
+** exist.  Eviction is watermark-triggered (above high * budget, down to low * budget) and scored;
+** the first block is an attention sink (StreamingLLM) and the recent tail is kept.  An evicted
+** block comes back by loading its saved K/V at the tail with RoPE re-anchoring (no forward pass). */
+#include "session/session_int.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Seal the open block: save its K/V to the pool (write-through) and detokenize its text.
+** On error the block stays open and resident; nothing is lost. */
+int kvt__sess_seal(kvt_session *s) {
+    if (s->open < 0) return 0;
+    struct blk *b = &s->b[s->open];
+    kvt_blob *blob = NULL;
+    int rc = kvt_block_save(s->eng, s->p.seq, b->info.p0, b->info.p0 + b->info.n_tokens, &blob);
+    if (rc) return rc;
+    b->key = ((uint64_t) s->serial << 32) | (uint32_t) b->info.id;
+    b->info.pool_key = b->key;
+    rc = kvt_pool_put(s->pool, b->key, blob->data, blob->size);
+    if (rc && rc != KVT_EIO) { kvt_blob_free(blob); return rc; } /* EIO: kept in RAM over budget */
+    b->blob_p0 = blob->p0;
+    b->blob_cells = blob->n_cells;
+    b->blob_cells_swa = blob->n_cells_swa;
+    b->blob_bytes = blob->size;
+    if (s->p.policy == KVT_POLICY_INFLLM) kvt__sess_pick_representatives(s, b, blob);
+    kvt_blob_free(blob);
+    free(b->text);
+    if ((rc = kvt_detokenize(s->eng, b->tok, b->info.n_tokens, false, &b->text))) {
+        b->text = NULL;
+        kvt_pool_del(s->pool, b->key);
+        return rc;
+    }
+    b->info.text = b->text;
+    b->info.role = kvt__sess_block_role(b);
+    b->info.sealed = true;
+    s->open = -1;
+    if (s->emb_dim > 0) kvt__sess_embed_block(s, b);
+    return 0;
+}
+
+/* Record tokens[0..n) just decoded at positions next_pos.. in the block table, sealing blocks
+** as they fill. */
+int kvt__sess_record(kvt_session *s, const kvt_token *tok, int32_t n, int role) {
+    for (int32_t i = 0; i < n; i++) {
+        if (s->open < 0) {
+            if (s->n_b == s->cap_b) {
+                int32_t cap = s->cap_b ? 2 * s->cap_b : 64;
+                struct blk *nb = realloc(s->b, sizeof *nb * (size_t) cap);
+                if (!nb) return kvt__fail(KVT_ENOMEM, "block table of %d blocks", cap);
+                for (int32_t j = 0; j < s->n_b; j++) nb[j].info.text = nb[j].text; /* keep aliases valid */
+                s->b = nb;
+                s->cap_b = cap;
+            }
+            struct blk *b = &s->b[s->n_b];
+            memset(b, 0, sizeof *b);
+            if (!(b->tok = malloc(sizeof(kvt_token) * (size_t) s->p.block))) return kvt__fail(KVT_ENOMEM, "block");
+            if (!(b->tok_mass = calloc((size_t) s->p.block, sizeof(float)))) return kvt__fail(KVT_ENOMEM, "block");
+            b->info.id = s->n_b;
+            b->info.orig_p0 = b->info.p0 = s->next_pos;
+            b->info.turn = s->turn;
+            b->info.residency = KVT_RES_DEVICE;
+            b->info.last_use_turn = s->turn;
+            b->info.keep = s->cur_keep;
+            b->info.recovered_turn = -1;
+            b->info.text = "";
+            s->open = s->n_b++;
+        }
+        struct blk *b = &s->b[s->open];
+        if (s->cur_keep > b->info.keep) b->info.keep = s->cur_keep; /* a block is pinned if any token is */
+        b->tok[b->info.n_tokens++] = tok[i];
+        b->role_n[role]++;
+        s->next_pos++;
+        s->total++;
+        if (b->info.n_tokens == s->p.block) {
+            int rc = kvt__sess_seal(s);
+            if (rc) return rc;
+        }
+    }
+    return 0;
+}
+
+static bool protected_block(const kvt_session *s, int32_t i, bool allow_current_turn) {
+    const struct blk *b = &s->b[i];
+    if (!b->info.sealed || b->info.residency != KVT_RES_DEVICE) return true;
+    if (b->info.id < s->p.n_sink_blocks) return true; /* attention sink */
+    if (b->info.keep == KVT_KEEP_PIN) return true;
+    if (s->p.policy == KVT_POLICY_KVTIER && b->info.recovered_turn == s->turn) return true; /* just brought back */
+    if (!allow_current_turn && b->info.turn == s->turn) return true;
+    /* the last n_recent sealed resident blocks by position */
+    int32_t newer = 0;
+    for (int32_t j = 0; j < s->n_b; j++) {
+        const struct blk *o = &s->b[j];
+        if (j != i && o->info.sealed && o->info.residency == KVT_RES_DEVICE && o->info.p0 > b->info.p0) newer++;
+    }
+    return newer < s->p.n_recent_blocks;
+}
+
+static void evict(kvt_session *s, int32_t i) {
+    struct blk *b = &s->b[i];
+    kvt_seq_rm(s->eng, s->p.seq, b->info.p0, b->info.p0 + b->info.n_tokens);
+    b->info.n_evictions++;
+    s->evictions++;
+    if (s->p.recovery == KVT_RECOVERY_DISCARD) {
+        kvt_pool_del(s->pool, b->key);
+        b->info.residency = KVT_RES_LOST;
+        return;
+    }
+    b->info.residency = KVT_RES_HOST; /* kvt_session_get_stats refreshes HOST vs DISK */
+}
+
+/* Make room so that `need` more tokens fit: above the high watermark, evict the lowest-scored
+** unprotected blocks until resident + need <= low * budget.  Fails with KVT_EBUDGET (and evicts
+** nothing more) when even that cannot make resident + need <= budget. */
+int kvt__sess_make_room(kvt_session *s, int32_t need) {
+    const int32_t budget = s->p.budget;
+    if (kvt__sess_resident(s) + need <= (int32_t) floorf(s->p.high_watermark * budget)) return 0;
+    if (s->p.policy == KVT_POLICY_NO_EVICTION) {
+        if (kvt__sess_resident(s) + need <= budget) return 0;
+        return kvt__fail(KVT_EBUDGET, "no_eviction: %d new tokens do not fit next to %d resident (capacity %d)", need,
+                         kvt__sess_resident(s), budget);
+    }
+    int32_t target = (int32_t) floorf(s->p.low_watermark * budget) - need;
+    struct kvt__score_ctx sc = { s->next_pos, s->next_pos, 0, 0 };
+    for (int32_t i = 0; i < s->n_b; i++) {
+        const struct kvt_block_info *b = &s->b[i].info;
+        if (b->residency != KVT_RES_DEVICE) continue;
+        sc.oldest = KVT_MIN(sc.oldest, b->p0 + b->n_tokens);
+        sc.max_relevance = fmax(sc.max_relevance, b->relevance);
+        sc.max_ewma = fmax(sc.max_ewma, b->attn_ewma);
+    }
+    if (s->p.policy == KVT_POLICY_TRUNCATE) {
+        /* llama-server's context shift: the older half of what may go, at once */
+        int32_t n_ev = 0;
+        for (int32_t i = 0; i < s->n_b; i++) n_ev += !protected_block(s, i, false);
+        for (int32_t k = 0; k < n_ev / 2; k++) {
+            int32_t victim = -1;
+            kvt_pos oldest = INT32_MAX;
+            for (int32_t i = 0; i < s->n_b; i++)
+                if (!protected_block(s, i, false) && s->b[i].info.p0 < oldest) { oldest = s->b[i].info.p0; victim = i; }
+            if (victim >= 0) evict(s, victim);
+        }
+    }
+    for (int pass = 0; pass < 2 && kvt__sess_resident(s) > target; pass++) {
+        while (kvt__sess_resident(s) > target) {
+            int32_t victim = -1;
+            double worst = INFINITY;
+            for (int32_t i = 0; i < s->n_b; i++) {
+                if (protected_block(s, i, pass == 1)) continue;
+                const struct kvt_block_info *b = &s->b[i].info;
+                double v = s->p.scorer ? s->p.scorer(b, s->next_pos, s->p.scorer_ud) : kvt__score(s->p.policy, b, &sc);
+                if (v < worst || (v == worst && victim >= 0 && b->p0 < s->b[victim].info.p0)) { worst = v; victim = i; }
+            }
+            if (victim < 0) break;
+            evict(s, victim);
+        }
+    }
+    if (kvt__sess_resident(s) + need > budget)
+        return kvt__fail(KVT_EBUDGET, "%d new tokens do not fit the budget of %d tokens: %d resident tokens are "
+                         "protected (sink, recent tail, open block, pins)", need, budget, kvt__sess_resident(s));
+    return 0;
+}
+
+/* The recompute path: decode the block's tokens again at the tail, then re-save its K/V. */
+static int breadcrumb(kvt_session *s, struct blk *b) {
+    int rc = kvt_decode(s->eng, s->p.seq, b->tok, b->info.n_tokens, s->next_pos, false);
+    if (rc) return rc;
+    kvt_blob *blob = NULL;
+    if ((rc = kvt_block_save(s->eng, s->p.seq, s->next_pos, s->next_pos + b->info.n_tokens, &blob)) == 0) {
+        if ((rc = kvt_pool_put(s->pool, b->key, blob->data, blob->size)) == KVT_EIO) rc = 0;
+        b->blob_p0 = blob->p0;
+        b->blob_cells = blob->n_cells;
+        b->blob_cells_swa = blob->n_cells_swa;
+        kvt_blob_free(blob);
+    }
+    s->decoded += b->info.n_tokens;
+    return rc;
+}
+
+int kvt__sess_load_block(kvt_session *s, int32_t i) {
+    struct blk *b = &s->b[i];
+    if (s->p.recovery == KVT_RECOVERY_BREADCRUMB) {
+        int rc = breadcrumb(s, b);
+        if (rc) return rc;
+        goto placed;
+    }
+    void *data = NULL;
+    size_t n = 0;
+    int rc = kvt_pool_get(s->pool, b->key, &data, &n);
+    if (rc) {
+        if (rc == KVT_ECORRUPT) {
+            fprintf(stderr, "kvtier: block %d not recovered: %s\n", b->info.id, kvt_errmsg());
+            kvt_pool_del(s->pool, b->key);
+            b->info.residency = KVT_RES_LOST;
+        }
+        return rc;
+    }
+    kvt_blob blob = { data, n, b->blob_p0, b->info.n_tokens, b->blob_cells, b->blob_cells_swa };
+    rc = kvt_block_load(s->eng, &blob, s->p.seq, s->next_pos);
+    free(data);
+    if (rc) return rc;
+    s->recovered += b->info.n_tokens;
+placed:
+    b->info.p0 = s->next_pos;
+    b->info.recovered_turn = s->turn;
+    b->info.residency = KVT_RES_DEVICE;
+    b->info.n_recoveries++;
+    b->info.last_use_turn = s->turn;
+    s->next_pos += b->info.n_tokens;
+    s->recoveries++;
+    kvt__sess_note_peak(s);
+    return 0;
+}
+
+void kvt__sess_drop_block(kvt_session *s, struct blk *b) {
+    if (b->info.residency == KVT_RES_DEVICE) kvt_seq_rm(s->eng, s->p.seq, b->info.p0, b->info.p0 + b->info.n_tokens);
+    if (b->info.sealed && b->info.residency != KVT_RES_LOST) kvt_pool_del(s->pool, b->key);
+    if (s->ann && b->emb) kvt_ann_remove(s->ann, (uint64_t) b->info.id);
+    kvt__clear_error();
+    free(b->tok);
+    free(b->text);
+    free(b->tok_mass);
+    free(b->rep);
+    free(b->emb);
+    memset(b, 0, sizeof *b);
+}

@@ -1,0 +1,271 @@
+/* generate.c — prefill in budget-keeping chunks (feed), reply generation (whole or step-wise),
+** teacher-forced answer log-probabilities, and batched decode steps over several sessions and
+** raw rows (continuous batching: one llama_decode for all). */
+#include "session/session_int.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Keep the engine's logits of this session's last token (sessions share the engine). */
+static int save_logits(kvt_session *s) {
+    const float *l = kvt_logits(s->eng);
+    s->have_logits = false;
+    if (!l) return 0;
+    if (!s->logits && !(s->logits = malloc(sizeof(float) * (size_t) s->n_vocab))) return kvt__fail(KVT_ENOMEM, "logits");
+    memcpy(s->logits, l, sizeof(float) * (size_t) s->n_vocab);
+    s->have_logits = true;
+    return 0;
+}
+
+/* Decode tokens for the conversation, keeping the budget at every chunk. */
+int kvt__sess_feed(kvt_session *s, const kvt_token *tok, int32_t n, int role, int32_t reserve_after) {
+    struct kvt_engine_info I;
+    kvt_engine_info(s->eng, &I);
+    if (s->next_pos + n >= INT32_MAX / 2) return kvt__fail(KVT_ECTX, "positions exhausted");
+    int32_t off = 0;
+    while (off < n) {
+        /* chunks end at block boundaries so each completed block is sealed right after it is
+        ** decoded (its SWA cells still exist) */
+        int32_t room_in_block = s->open >= 0 ? s->p.block - s->b[s->open].info.n_tokens : s->p.block;
+        int32_t m = KVT_MIN(n - off, room_in_block);
+        bool last = off + m == n;
+        double t1 = kvt__now_ms();
+        int rc = kvt__sess_make_room(s, m + (last ? reserve_after : 0));
+        if (rc == KVT_EBUDGET && last && reserve_after) rc = kvt__sess_make_room(s, m); /* reply room is best effort */
+        s->policy_ms += kvt__now_ms() - t1; /* scoring; the seq_rm of evictions is in here too (cheap) */
+        if (rc) return rc;
+        double t0 = kvt__now_ms();
+        rc = kvt_decode(s->eng, s->p.seq, tok + off, m, s->next_pos, last);
+        s->decode_ms += kvt__now_ms() - t0;
+        if (rc) return rc;
+        if (last && (rc = save_logits(s))) return rc;
+        s->decoded += m;
+        kvt__sess_note_peak(s);
+        if ((rc = kvt__sess_record(s, tok + off, m, role))) return rc;
+        /* prompt chunks always feed the attention signals; generated tokens every 8th (one
+        ** token's attention changes the accumulated mass little, and each read costs a copy
+        ** of the sequence's cells) */
+        if (role != KVT_ROLE_ASSISTANT || s->decoded % 8 == 0) kvt__sess_observe(s, role != KVT_ROLE_ASSISTANT);
+        off += m;
+        if (s->chunk_cb && off < n) s->chunk_cb(s->chunk_ud); /* others may decode between our chunks */
+    }
+    return 0;
+}
+
+int kvt_session_generate(kvt_session *s, int32_t max_tokens, const struct kvt_sampling *smp, kvt_token_cb cb, void *ud,
+                         char **reply) {
+    kvt__clear_error();
+    if (reply) *reply = NULL;
+    if (s->is_parked) return kvt__sess_parked_error();
+    if (!s->have_logits) return kvt__fail(KVT_EINVAL, "generate: no user turn to reply to");
+    kvt__engine_set_logits(s->eng, s->logits);
+    kvt_token *gen = malloc(sizeof(kvt_token) * (size_t) (max_tokens > 0 ? max_tokens : 1));
+    if (!gen) return kvt__fail(KVT_ENOMEM, "generate");
+    int32_t n = 0;
+    int rc = 0;
+    while (n < max_tokens) {
+        kvt_token t;
+        if ((rc = kvt_sample(s->eng, smp, &t))) break;
+        if (kvt_token_is_eog(s->eng, t)) break;
+        gen[n++] = t;
+        if ((rc = kvt__sess_feed(s, &t, 1, KVT_ROLE_ASSISTANT, 0))) break;
+        if (cb) {
+            char *piece = NULL;
+            if (kvt_detokenize(s->eng, &t, 1, false, &piece) == 0) {
+                bool go = cb(piece, ud);
+                free(piece);
+                if (!go) break;
+            }
+        }
+    }
+    char *text = NULL;
+    int rc2 = kvt_detokenize(s->eng, gen, n, false, &text);
+    free(gen);
+    if (rc2) return rc ? rc : rc2;
+    /* the reply is in the stream: extend the message list and the decoded template text */
+    int rc3 = kvt__sess_append_reply(s, text);
+    if (reply) *reply = text; else free(text);
+    return rc ? rc : rc3;
+}
+
+int kvt_session_answer_logprob(kvt_session *s, const char *answer, double *logprob, int32_t *n_tokens) {
+    if (s->is_parked) return kvt__sess_parked_error();
+    if (s->have_logits) kvt__engine_set_logits(s->eng, s->logits);
+    const float *cur = s->have_logits ? kvt_logits(s->eng) : NULL;
+    *logprob = 0;
+    *n_tokens = 0;
+    if (!cur) return kvt__fail(KVT_EINVAL, "answer_logprob: no user turn decoded yet");
+    float *saved = malloc(sizeof(float) * (size_t) s->n_vocab);
+    kvt_token *tok = NULL;
+    int32_t n = 0;
+    int rc = saved ? kvt_tokenize(s->eng, answer, false, false, &tok, &n) : kvt__fail(KVT_ENOMEM, "logits");
+    if (rc) { free(saved); return rc; }
+    memcpy(saved, cur, sizeof(float) * (size_t) s->n_vocab);
+    if (kvt__sess_resident(s) + n > s->p.budget) {
+        free(saved);
+        free(tok);
+        return kvt__fail(KVT_EBUDGET, "scoring %d answer tokens would exceed the budget of %d (%d resident)", n,
+                         s->p.budget, kvt__sess_resident(s));
+    }
+    double lp = 0;
+    const kvt_pos start = s->next_pos;
+    for (int32_t i = 0; i < n && rc == 0; i++) {
+        const float *l = kvt_logits(s->eng);
+        double mx = -INFINITY, z = 0;
+        for (int32_t v = 0; v < s->n_vocab; v++) mx = fmax(mx, l[v]);
+        for (int32_t v = 0; v < s->n_vocab; v++) z += exp(l[v] - mx);
+        lp += l[tok[i]] - mx - log(z);
+        if (i + 1 < n) {
+            rc = kvt_decode(s->eng, s->p.seq, &tok[i], 1, start + i, true);
+            kvt__sess_note_peak(s);
+        }
+    }
+    kvt_seq_rm(s->eng, s->p.seq, start, -1);
+    kvt__engine_set_logits(s->eng, saved);
+    free(saved);
+    free(tok);
+    if (rc == 0) {
+        *logprob = lp;
+        *n_tokens = n;
+    }
+    return rc;
+}
+
+int kvt_session_gen_step(kvt_session *s, const struct kvt_sampling *smp, kvt_token *tok, bool *done) {
+    kvt__clear_error();
+    *done = false;
+    if (s->is_parked) return kvt__sess_parked_error();
+    if (!s->have_logits) return kvt__fail(KVT_EINVAL, "gen_step: no user turn to reply to");
+    if (!s->generating) s->n_gen = 0;
+    s->generating = true;
+    kvt__engine_set_logits(s->eng, s->logits);
+    kvt_token t;
+    int rc = kvt_sample(s->eng, smp, &t);
+    if (rc) return rc;
+    *tok = t;
+    if (kvt_token_is_eog(s->eng, t)) { *done = true; return 0; }
+    if (s->n_gen == s->cap_gen) {
+        int32_t cap = s->cap_gen ? 2 * s->cap_gen : 64;
+        kvt_token *g = realloc(s->gen, sizeof *g * (size_t) cap);
+        if (!g) return kvt__fail(KVT_ENOMEM, "reply of %d tokens", cap);
+        s->gen = g;
+        s->cap_gen = cap;
+    }
+    if ((rc = kvt__sess_feed(s, &t, 1, KVT_ROLE_ASSISTANT, 0))) return rc;
+    s->gen[s->n_gen++] = t;
+    return 0;
+}
+
+int kvt_session_gen_end(kvt_session *s, char **reply) {
+    kvt__clear_error();
+    if (reply) *reply = NULL;
+    char *text = NULL;
+    int rc = kvt_detokenize(s->eng, s->gen, s->n_gen, false, &text);
+    if (rc) return rc;
+    rc = kvt__sess_append_reply(s, text);
+    s->generating = false;
+    s->n_gen = 0;
+    if (reply && rc == 0) *reply = text;
+    else free(text);
+    return rc;
+}
+
+int kvt_session_gen_step_batch(kvt_session *const *ss, int32_t n, const struct kvt_sampling *smp, kvt_token *tok,
+                               bool *done, int *status) {
+    kvt__clear_error();
+    return n > 0 ? kvt_session_gen_step_batch_ex(ss[0]->eng, ss, n, smp, tok, done, status, NULL, 0) : 0;
+}
+
+int kvt_session_gen_step_batch_ex(kvt_engine *eng, kvt_session *const *ss, int32_t n, const struct kvt_sampling *smp,
+                                  kvt_token *tok, bool *done, int *status, struct kvt_gen_row *rows, int32_t n_rows) {
+    kvt__clear_error();
+    if (n < 0 || n_rows < 0 || (n > 0 && (!ss || !smp || !tok || !done || !status)) || (n_rows > 0 && !rows))
+        return kvt__fail(KVT_EINVAL, "batch of %d sessions and %d rows", n, n_rows);
+    if (n + n_rows == 0) return 0;
+    struct kvt_engine_info I;
+    kvt_engine_info(eng, &I);
+    const int32_t nt = n + n_rows;
+    int32_t *seqs = malloc(sizeof(int32_t) * (size_t) nt), *idx = malloc(sizeof(int32_t) * (size_t) nt);
+    kvt_pos *pos = malloc(sizeof(kvt_pos) * (size_t) nt);
+    kvt_token *bt = malloc(sizeof(kvt_token) * (size_t) nt);
+    float *logits = malloc(sizeof(float) * (size_t) nt * (size_t) I.n_vocab);
+    int rc = (!seqs || !idx || !pos || !bt || !logits) ? kvt__fail(KVT_ENOMEM, "batch of %d sessions and %d rows", n, n_rows) : 0;
+    int32_t m = 0;
+    for (int32_t i = 0; rc == 0 && i < n; i++) {
+        kvt_session *s = ss[i];
+        done[i] = false;
+        status[i] = 0;
+        if (s->eng != eng) { status[i] = kvt__fail(KVT_EINVAL, "batched sessions must share one engine"); continue; }
+        if (s->is_parked) { status[i] = kvt__sess_parked_error(); continue; }
+        if (!s->have_logits) { status[i] = kvt__fail(KVT_EINVAL, "gen_step: no user turn to reply to"); continue; }
+        if (!s->generating) s->n_gen = 0;
+        s->generating = true;
+        kvt__engine_set_logits(eng, s->logits);
+        if ((status[i] = kvt_sample(eng, &smp[i], &tok[i]))) continue;
+        if (kvt_token_is_eog(eng, tok[i])) { done[i] = true; continue; }
+        if (s->n_gen == s->cap_gen) {
+            int32_t cap = s->cap_gen ? 2 * s->cap_gen : 64;
+            kvt_token *g = realloc(s->gen, sizeof *g * (size_t) cap);
+            if (!g) { status[i] = kvt__fail(KVT_ENOMEM, "reply of %d tokens", cap); continue; }
+            s->gen = g;
+            s->cap_gen = cap;
+        }
+        double t1 = kvt__now_ms();
+        status[i] = kvt__sess_make_room(s, 1);
+        s->policy_ms += kvt__now_ms() - t1;
+        if (status[i]) continue;
+        if (s->next_pos + 1 >= INT32_MAX / 2) { status[i] = kvt__fail(KVT_ECTX, "positions exhausted"); continue; }
+        seqs[m] = s->p.seq;
+        pos[m] = s->next_pos;
+        bt[m] = tok[i];
+        idx[m++] = i;
+    }
+    for (int32_t r = 0; rc == 0 && r < n_rows; r++) { /* rows: sample from their own logits the same way */
+        struct kvt_gen_row *w = &rows[r];
+        w->done = false;
+        w->status = 0;
+        if (!w->logits) { w->status = kvt__fail(KVT_EINVAL, "batch row %d has no logits", r); continue; }
+        kvt__engine_set_logits(eng, w->logits);
+        if ((w->status = kvt_sample(eng, &w->smp, &w->tok))) continue;
+        if (kvt_token_is_eog(eng, w->tok)) { w->done = true; continue; }
+        seqs[m] = w->seq;
+        pos[m] = w->pos;
+        bt[m] = w->tok;
+        idx[m++] = n + r;
+    }
+    if (rc == 0 && m > 0) {
+        double t0 = kvt__now_ms();
+        rc = kvt_decode_multi(eng, seqs, bt, pos, m, logits);
+        double dt = (kvt__now_ms() - t0) / m;
+        for (int32_t k = 0; rc == 0 && k < m; k++) {
+            const float *l = logits + (size_t) k * I.n_vocab;
+            if (idx[k] >= n) {
+                struct kvt_gen_row *w = &rows[idx[k] - n];
+                memcpy(w->logits, l, sizeof(float) * (size_t) I.n_vocab);
+                w->pos++;
+                continue;
+            }
+            kvt_session *s = ss[idx[k]];
+            s->decode_ms += dt;
+            s->decoded++;
+            kvt__sess_note_peak(s);
+            memcpy(s->logits, l, sizeof(float) * (size_t) s->n_vocab);
+            s->have_logits = true;
+            s->gen[s->n_gen++] = bt[k];
+            status[idx[k]] = kvt__sess_record(s, &bt[k], 1, KVT_ROLE_ASSISTANT);
+        }
+    }
+    free(seqs);
+    free(idx);
+    free(pos);
+    free(bt);
+    free(logits);
+    return rc;
+}
+
+void kvt_session_set_chunk_cb(kvt_session *s, kvt_chunk_cb cb, void *ud) {
+    s->chunk_cb = cb;
+    s->chunk_ud = ud;
+}

@@ -1,0 +1,268 @@
+/* session.c — a session's lifetime: parameters, open/free, statistics, the block table as the
+** caller sees it, and park/resume (a parked session holds no cells: its resident blocks are saved
+** to the pool and come back at the positions they had).  The jobs of a session are spread over
+** src/session/ and its neighbours; session_int.h lists which file does what. */
+#include "session/session_int.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+static atomic_uint g_serial;
+const char *const kvt__sess_role_name[3] = { "system", "user", "assistant" };
+
+struct kvt_session_params kvt_session_default_params(void) {
+    struct kvt_session_params p;
+    memset(&p, 0, sizeof p);
+    p.seq = 0;
+    p.budget = 512;
+    p.block = 64;
+    p.high_watermark = 0.95f;
+    p.low_watermark = 0.75f;
+    p.n_sink_blocks = 1;
+    p.n_recent_blocks = 1;
+    p.recovery = KVT_RECOVERY_KV_RESTORE;
+    p.top_k = 4;
+    p.gen_reserve = 64;
+    p.min_recovery_score = 3.0f;
+    p.policy = KVT_POLICY_KVTIER;
+    p.snap_window = 32;
+    p.ewma_alpha = 0.3f;
+    p.template_fallback = "gemma";
+    p.min_recovery_cosine = 0.5f;
+    p.ann_min_blocks = 1024;
+    p.successor_blocks = 1;
+    return p;
+}
+
+double kvt_scorer_recency(const struct kvt_block_info *b, kvt_pos now, void *ud) {
+    (void) now;
+    (void) ud;
+    return (double) (b->p0 + b->n_tokens);
+}
+
+int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *params, kvt_session **out) {
+    struct kvt_session_params p = params ? *params : kvt_session_default_params();
+    struct kvt_engine_info I;
+    *out = NULL;
+    kvt__clear_error();
+    kvt_engine_info(eng, &I);
+    if (p.block < 1 || p.block > 4096) return kvt__fail(KVT_EINVAL, "block size %d is outside 1..4096 tokens", p.block);
+    if (p.budget < 2 * p.block)
+        return kvt__fail(KVT_EINVAL, "budget %d is smaller than two blocks of %d tokens", p.budget, p.block);
+    if (p.policy < 0 || p.policy >= KVT_POLICY__COUNT)
+        return kvt__fail(KVT_EINVAL, "policy %d is not one of the %d known policies", p.policy, KVT_POLICY__COUNT);
+    if (p.policy == KVT_POLICY_NO_EVICTION) p.budget = I.n_ctx; /* the reference keeps everything */
+    if (p.policy == KVT_POLICY_INFLLM) p.recovery = KVT_RECOVERY_KV_RESTORE;
+    else if (p.policy != KVT_POLICY_KVTIER && p.policy != KVT_POLICY_NO_EVICTION) p.recovery = KVT_RECOVERY_DISCARD;
+    if (p.budget > I.n_ctx)
+        return kvt__fail(KVT_EINVAL, "budget %d exceeds the context of %d tokens", p.budget, I.n_ctx);
+    if (!(p.low_watermark > 0 && p.low_watermark < p.high_watermark && p.high_watermark <= 1))
+        return kvt__fail(KVT_EINVAL, "watermarks low %.2f / high %.2f must satisfy 0 < low < high <= 1", p.low_watermark,
+                         p.high_watermark);
+    if (p.seq < 0 || p.seq >= I.n_seq) return kvt__fail(KVT_EINVAL, "sequence %d is outside 0..%d", p.seq, I.n_seq - 1);
+    if (kvt_seq_n_cells(eng, p.seq) != 0) return kvt__fail(KVT_EINVAL, "sequence %d is not empty", p.seq);
+    if (p.recovery < KVT_RECOVERY_KV_RESTORE || p.recovery > KVT_RECOVERY_BREADCRUMB)
+        return kvt__fail(KVT_EINVAL, "recovery mode %d is not kv_restore (0), discard (1) or breadcrumb (2)", p.recovery);
+    if (p.snap_window < 1 || !(p.ewma_alpha > 0 && p.ewma_alpha <= 1))
+        return kvt__fail(KVT_EINVAL, "snap_window %d must be >= 1 and ewma_alpha %.2f in (0, 1]", p.snap_window, p.ewma_alpha);
+    for (int32_t i = 0; i < p.n_attn_layers; i++)
+        if (!p.attn_layers || p.attn_layers[i] < 0 || p.attn_layers[i] >= I.n_layer)
+            return kvt__fail(KVT_EINVAL, "attention layer %d is outside 0..%d", p.attn_layers ? p.attn_layers[i] : -1,
+                             I.n_layer - 1);
+    if (p.top_k < 0 || p.gen_reserve < 0 || p.n_sink_blocks < 0 || p.n_recent_blocks < 0 || p.successor_blocks < 0)
+        return kvt__fail(KVT_EINVAL, "top_k %d, gen_reserve %d, sink %d, recent %d and successor %d blocks must be >= 0",
+                         p.top_k, p.gen_reserve, p.n_sink_blocks, p.n_recent_blocks, p.successor_blocks);
+    if (p.embedder && (!(p.min_recovery_cosine >= -1 && p.min_recovery_cosine <= 1) || p.ann_min_blocks < 1))
+        return kvt__fail(KVT_EINVAL, "min_recovery_cosine %.2f must be in [-1, 1] and ann_min_blocks %d >= 1",
+                         p.min_recovery_cosine, p.ann_min_blocks);
+    kvt_session *s = calloc(1, sizeof *s);
+    if (!s) return kvt__fail(KVT_ENOMEM, "session");
+    s->eng = eng;
+    s->emb_dim = p.embedder ? kvt_embedder_dim(p.embedder) : 0;
+    s->p = p;
+    s->open = -1;
+    s->n_vocab = I.n_vocab;
+    s->serial = atomic_fetch_add(&g_serial, 1) + 1;
+    s->kv_text = strdup("");
+    if (!s->kv_text) { free(s); return kvt__fail(KVT_ENOMEM, "session"); }
+    int rc0 = 0;
+    if (p.policy == KVT_POLICY_H2O || p.policy == KVT_POLICY_SNAPKV || p.policy == KVT_POLICY_KVTIER ||
+        p.policy == KVT_POLICY_INFLLM) {
+        /* attention signals: the given layers, else the full-attention layers of an iSWA model
+        ** (Gemma 3 270M: 5, 11, 17), else three spread layers */
+        s->layers = malloc(sizeof(int32_t) * (size_t) (I.n_layer > 3 ? I.n_layer : 3));
+        if (!s->layers) rc0 = kvt__fail(KVT_ENOMEM, "layers");
+        for (int32_t i = 0; rc0 == 0 && i < p.n_attn_layers; i++) s->layers[s->n_layers++] = p.attn_layers[i];
+        if (rc0 == 0 && p.n_attn_layers == 0 && I.n_swa > 0)
+            for (int32_t il = 0; il < I.n_layer; il++) {
+                int part, idx;
+                if (kvt_engine_layer_part(eng, il, &part, &idx) == 0 && part == 0) s->layers[s->n_layers++] = il;
+            }
+        if (rc0 == 0 && s->n_layers == 0) {
+            s->layers[s->n_layers++] = I.n_layer / 4;
+            if (I.n_layer > 1) s->layers[s->n_layers++] = I.n_layer / 2;
+            if (I.n_layer > 2) s->layers[s->n_layers++] = (3 * I.n_layer) / 4;
+        }
+        if (rc0 == 0) rc0 = kvt_attn_capture(eng, s->layers, s->n_layers, p.policy == KVT_POLICY_INFLLM);
+        s->n_head = I.n_head;
+        if (rc0 == 0 && p.head_profile) {
+            s->head_w = malloc(sizeof(float) * (size_t) s->n_layers * (size_t) I.n_head);
+            rc0 = s->head_w ? kvt_head_weights_load(p.head_profile, s->layers, s->n_layers, I.n_head, s->head_w)
+                            : kvt__fail(KVT_ENOMEM, "head weights");
+        }
+        s->rep_layer = s->layers[s->n_layers / 2];
+        if (rc0) { free(s->head_w); free(s->layers); free(s->kv_text); free(s); return rc0; }
+        s->p.attn_layers = s->layers;
+        s->p.n_attn_layers = s->n_layers;
+    }
+    if (p.pool) {
+        s->pool = p.pool;
+    } else {
+        struct kvt_pool_params pp = kvt_pool_default_params();
+        int rc = kvt_pool_open(&pp, &s->pool);
+        if (rc) { free(s->head_w); free(s->layers); free(s->kv_text); free(s); return rc; }
+        s->own_pool = true;
+    }
+    *out = s;
+    return 0;
+}
+
+void kvt_session_free(kvt_session *s) {
+    if (!s) return;
+    if (!s->is_parked) kvt_seq_rm(s->eng, s->p.seq, -1, -1);
+    for (int32_t i = 0; i < s->n_b; i++) {
+        if (s->b[i].info.sealed && s->b[i].info.residency != KVT_RES_LOST) kvt_pool_del(s->pool, s->b[i].key);
+        free(s->b[i].tok);
+        free(s->b[i].text);
+        free(s->b[i].tok_mass);
+        free(s->b[i].rep);
+        free(s->b[i].emb);
+    }
+    kvt_ann_free(s->ann);
+    for (int32_t i = 0; i < s->n_m; i++) free(s->m[i].content);
+    if (s->own_pool) kvt_pool_free(s->pool);
+    free(s->b);
+    free(s->m);
+    free(s->kv_text);
+    free(s->layers);
+    free(s->head_w);
+    free(s->seg_tok);
+    free(s->seg_chr);
+    free(s->logits);
+    free(s->gen);
+    free(s);
+}
+
+int32_t kvt__sess_resident(const kvt_session *s) { return s->is_parked ? 0 : kvt_seq_n_cells(s->eng, s->p.seq); }
+
+int kvt__sess_parked_error(void) { return kvt__fail(KVT_EINVAL, "the session is parked (kvt_session_resume it first)"); }
+
+void kvt__sess_note_peak(kvt_session *s) {
+    int32_t r = kvt__sess_resident(s);
+    if (r > s->peak) s->peak = r;
+}
+
+int kvt__sess_block_role(const struct blk *b) {
+    int best = 0;
+    for (int r = 1; r < 3; r++)
+        if (b->role_n[r] > b->role_n[best]) best = r;
+    return best;
+}
+
+/* HOST vs DISK changes under the pool's LRU spilling; ask the pool. */
+void kvt__sess_refresh_residency(const kvt_session *s, struct blk *b) {
+    if (b->info.residency == KVT_RES_HOST || b->info.residency == KVT_RES_DISK) {
+        char path[1024];
+        if (kvt_pool_spill_path(s->pool, b->key, path, sizeof path) == 0)
+            b->info.residency = path[0] ? KVT_RES_DISK : KVT_RES_HOST;
+    }
+}
+
+void kvt_session_get_stats(kvt_session *s, struct kvt_session_stats *st) {
+    memset(st, 0, sizeof *st);
+    st->resident_tokens = kvt__sess_resident(s);
+    st->peak_resident_tokens = s->peak;
+    st->total_tokens = s->total;
+    st->n_blocks = s->n_b;
+    for (int32_t i = 0; i < s->n_b; i++) {
+        struct blk *b = &s->b[i];
+        kvt__sess_refresh_residency(s, b);
+        switch (b->info.residency) {
+        case KVT_RES_DEVICE: st->n_blocks_resident++; break;
+        case KVT_RES_HOST: st->n_blocks_host++; break;
+        case KVT_RES_DISK: st->n_blocks_disk++; break;
+        default: st->n_blocks_lost++; break;
+        }
+    }
+    st->evictions = s->evictions;
+    st->recoveries = s->recoveries;
+    st->tokens_decoded = s->decoded;
+    st->tokens_recovered = s->recovered;
+    st->next_pos = s->next_pos;
+    st->policy_ms = s->policy_ms;
+    st->decode_ms = s->decode_ms;
+    kvt_pool_get_stats(s->pool, &st->pool);
+}
+
+int32_t kvt_session_n_blocks(const kvt_session *s) { return s->n_b; }
+
+int kvt_session_block(kvt_session *s, int32_t i, struct kvt_block_info *info) {
+    if (i < 0 || i >= s->n_b) return kvt__fail(KVT_EINVAL, "block %d is outside 0..%d", i, s->n_b - 1);
+    struct blk *b = &s->b[i];
+    kvt__sess_refresh_residency(s, b);
+    if (!b->info.sealed) { /* the open tail block: role and text as of now */
+        b->info.role = kvt__sess_block_role(b);
+        char *t = NULL;
+        if (kvt_detokenize(s->eng, b->tok, b->info.n_tokens, false, &t) == 0) {
+            free(b->text);
+            b->text = t;
+        }
+    }
+    *info = b->info;
+    info->text = b->text ? b->text : "";
+    return 0;
+}
+
+int kvt_session_park(kvt_session *s) {
+    kvt__clear_error();
+    if (s->is_parked) return 0;
+    if (s->generating) return kvt__fail(KVT_EINVAL, "park: a reply is being generated (call kvt_session_gen_end first)");
+    int rc = kvt__sess_seal(s); /* the open block is saved as it is (sealed early) */
+    if (rc) return rc;
+    for (int32_t i = 0; i < s->n_b; i++) {
+        struct blk *b = &s->b[i];
+        b->parked = b->info.residency == KVT_RES_DEVICE; /* info.p0 keeps its position for resume */
+        if (b->parked) b->info.residency = KVT_RES_HOST;
+    }
+    kvt_seq_rm(s->eng, s->p.seq, -1, -1);
+    s->is_parked = true;
+    return 0;
+}
+
+int kvt_session_resume(kvt_session *s, int32_t seq) {
+    kvt__clear_error();
+    if (!s->is_parked) return kvt__fail(KVT_EINVAL, "resume: the session is not parked");
+    struct kvt_engine_info I;
+    kvt_engine_info(s->eng, &I);
+    if (seq < 0 || seq >= I.n_seq) return kvt__fail(KVT_EINVAL, "sequence %d is outside 0..%d", seq, I.n_seq - 1);
+    if (kvt_seq_n_cells(s->eng, seq) != 0) return kvt__fail(KVT_EINVAL, "sequence %d is not empty", seq);
+    s->p.seq = seq;
+    s->is_parked = false;
+    const kvt_pos end = s->next_pos;
+    int rc = 0;
+    for (;;) { /* each block back at the position it had, in position order (gaps kept) */
+        int32_t i = -1;
+        for (int32_t k = 0; k < s->n_b; k++)
+            if (s->b[k].parked && (i < 0 || s->b[k].info.p0 < s->b[i].info.p0)) i = k;
+        if (i < 0) break;
+        struct blk *b = &s->b[i];
+        b->parked = false;
+        if (rc) { b->info.residency = KVT_RES_HOST; continue; }
+        s->next_pos = b->info.p0;
+        int r = kvt__sess_load_block(s, i);
+        if (r != KVT_ECORRUPT) rc = r; /* a corrupt block is reported and marked lost */
+    }
+    s->next_pos = end;
+    return rc;
+}

@@ -1,0 +1,154 @@
+/* session_int.h — a session's state and the operations its files share.  Never installed.
+**
+** A kvt_session is one conversation in one llama.cpp sequence under a token budget.  Its KV is
+** managed in blocks of `block` consecutive positions (vLLM's paged blocks) listed in a block
+** table (`b`, by id = order in the token stream).  The files split the jobs:
+**
+**   session/session.c     open/free, parameters, statistics, block info, park/resume
+**   session/blocks.c      block table: record tokens, seal (write-through save to the pool),
+**                         evict under the watermarks, load a block back, drop a block
+**   session/sync.c        the conversation: messages, template text diff, cut-back, sync
+**   session/generate.c    prefill in budget-sized chunks (feed), generation, batched steps
+**   policy/signals.c      attention captured per chunk -> H2O / SnapKV / EWMA block signals
+**   retrieval/recovery.c  which evicted blocks come back before a message (BM25 novel terms,
+**                         successor blocks, dense/HNSW, InfLLM representatives, own tail)
+**
+** Single-threaded like the public session API: one thread at a time per engine. */
+#ifndef KVT_SESSION_INT_H
+#define KVT_SESSION_INT_H
+
+#include "internal.h"
+#include "policy/policy.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct blk {
+    struct kvt_block_info info; /* info.text points at text */
+    kvt_token *tok;             /* [block] */
+    int32_t    role_n[3];       /* tokens per role */
+    float     *tok_mass;        /* [block] attention each token received (InfLLM representatives) */
+    float     *rep;             /* InfLLM: n_rep x row representative keys, un-rotated */
+    int32_t    n_rep;
+    char      *text;
+    uint64_t   key;             /* pool key (sealed blocks) */
+    kvt_pos    blob_p0;         /* position the saved K is rotated for */
+    int32_t    blob_cells, blob_cells_swa;
+    size_t     blob_bytes;
+    float     *emb;             /* [emb_dim] unit vector of the text (with an embedder), else NULL */
+    bool       parked;          /* resident when the session was parked: comes back on resume */
+};
+
+struct msg {
+    int   role;
+    int   keep;
+    char *content;
+};
+
+struct kvt_session {
+    kvt_engine *eng;
+    struct kvt_session_params p;
+    kvt_pool   *pool;
+    bool        own_pool;
+    uint32_t    serial;
+    struct blk *b;
+    int32_t     n_b, cap_b;
+    int32_t     open;           /* index of the open tail block, -1 if none */
+    kvt_pos     next_pos;
+    struct msg *m;
+    int32_t     n_m, cap_m, n_m_decoded;
+    char       *kv_text;        /* template text whose tokens are in the stream */
+    int32_t     turn;
+    int32_t     peak, total;
+    int64_t     evictions, recoveries, decoded, recovered;
+    int32_t     n_vocab;
+    int32_t     cur_keep;       /* keep hint of the message being decoded */
+    int32_t     n_layers;       /* attention layers observed (0 = no attention signals) */
+    int32_t    *layers;
+    float      *head_w;         /* [n_layers * n_head] from head_profile, NULL = equal */
+    int32_t     n_head;
+    double      policy_ms;      /* signals + scoring + bookkeeping (not the primitives) */
+    int32_t     rep_layer;      /* InfLLM: layer of the representative keys */
+    int32_t     rep_row;        /* floats per representative key row (n_head_kv * head_dim) */
+    double      decode_ms;      /* time in kvt_decode for this session's tokens */
+    int32_t     emb_dim;        /* embedder width, 0 without one */
+    kvt_ann    *ann;            /* HNSW over block vectors once ann_min_blocks are sealed */
+    double      embed_ms;       /* time embedding blocks and messages */
+    /* segment boundaries (tokens in the stream, bytes of kv_text) wherever kv_text was extended:
+    ** a conversation that diverges from kv_text is cut back to the last boundary before the
+    ** divergence and re-fed from there (cut_stream) */
+    int32_t    *seg_tok;
+    size_t     *seg_chr;
+    int32_t     n_seg, cap_seg;
+    /* logits after this session's last token (the engine's are shared by every session) */
+    float      *logits;
+    bool        have_logits;
+    kvt_token  *gen;            /* reply being generated step-wise (kvt_session_gen_step) */
+    int32_t     n_gen, cap_gen;
+    bool        generating;
+    bool        is_parked;      /* kvt_session_park: no cells, no sequence */
+    kvt_chunk_cb chunk_cb;      /* called between prefill chunks (kvt_session_set_chunk_cb) */
+    void       *chunk_ud;
+};
+
+/* A recovery candidate: block index and score (higher first). */
+struct cand {
+    int32_t i;
+    double  score;
+};
+
+enum { N_REP = 4, INFLLM_WINDOW = 32 };
+
+/* "system", "user", "assistant" by enum kvt_role. */
+extern const char *const kvt__sess_role_name[3];
+
+/* ---- session/session.c ---- */
+int32_t kvt__sess_resident(const kvt_session *s);        /* cells of the session's sequence */
+int     kvt__sess_parked_error(void);                     /* KVT_EINVAL "the session is parked" */
+void    kvt__sess_note_peak(kvt_session *s);              /* peak resident tokens */
+int     kvt__sess_block_role(const struct blk *b);        /* the role with most tokens in b */
+void    kvt__sess_refresh_residency(const kvt_session *s, struct blk *b); /* HOST vs DISK from the pool */
+
+/* ---- session/blocks.c ---- */
+/* Record tokens[0..n) just decoded at positions next_pos.. in the block table, sealing blocks as
+** they fill.  Errors: KVT_ENOMEM, or the error of a seal. */
+int  kvt__sess_record(kvt_session *s, const kvt_token *tok, int32_t n, int role);
+/* Seal the open block: save its K/V to the pool (write-through), detokenize its text.  On error
+** the block stays open and resident; nothing is lost. */
+int  kvt__sess_seal(kvt_session *s);
+/* Make room so that `need` more tokens fit (watermark eviction).  KVT_EBUDGET when even evicting
+** every unprotected block cannot. */
+int  kvt__sess_make_room(kvt_session *s, int32_t need);
+/* Load evicted block i back at next_pos (kv_restore: pool copy + RoPE re-anchoring; breadcrumb:
+** re-decode).  KVT_ECORRUPT: the saved copy failed its checksum (block marked lost). */
+int  kvt__sess_load_block(kvt_session *s, int32_t i);
+/* Remove block b from the cache, the pool and the index and free its memory (b is zeroed). */
+void kvt__sess_drop_block(kvt_session *s, struct blk *b);
+
+/* ---- session/generate.c ---- */
+/* Decode tokens for the conversation in chunks that end at block boundaries, keeping the budget
+** (plus reserve_after free tokens after the last chunk) at every chunk. */
+int  kvt__sess_feed(kvt_session *s, const kvt_token *tok, int32_t n, int role, int32_t reserve_after);
+
+/* ---- session/sync.c ---- */
+int  kvt__sess_push_msg(kvt_session *s, int role, const char *text, int keep);
+void kvt__sess_set_text(kvt_session *s, char *fmt);
+int  kvt__sess_cut_stream(kvt_session *s, int32_t keep);
+int  kvt__sess_append_reply(kvt_session *s, const char *text);
+
+/* ---- policy/signals.c ---- */
+/* Attention captured for the last decoded chunk -> block signals (best effort). */
+void kvt__sess_observe(kvt_session *s, bool prompt);
+
+/* ---- retrieval/recovery.c ---- */
+void kvt__sess_pick_representatives(kvt_session *s, struct blk *b, const kvt_blob *blob);
+void kvt__sess_embed_block(kvt_session *s, struct blk *b);
+int  kvt__sess_load_candidates(kvt_session *s, struct cand *c, int32_t n_c, int32_t extra);
+/* Before a user message of msg_tokens tokens: relevance of every block, evicted blocks back. */
+int  kvt__sess_recover(kvt_session *s, const char *query, int32_t msg_tokens);
+/* InfLLM: after the message, by its own queries. */
+int  kvt__sess_infllm_recover(kvt_session *s, int32_t suffix_tokens);
+/* A message longer than the budget: its own evicted blocks relevant to its end. */
+int  kvt__sess_recover_own_tail(kvt_session *s, const char *text);
+
+#endif

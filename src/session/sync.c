@@ -1,0 +1,395 @@
+/* sync.c — the conversation: messages, the chat template's text as decoded so far (kv_text) and
+** its segment boundaries, cut-back of a diverging history (to a message boundary or the first
+** differing token), adding a user turn (pending text, recovery, prefill), and whole-conversation
+** sync for servers. */
+#include "session/session_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int kvt__sess_push_msg(kvt_session *s, int role, const char *text, int keep) {
+    if (s->n_m == s->cap_m) {
+        int32_t cap = s->cap_m ? 2 * s->cap_m : 16;
+        struct msg *nm = realloc(s->m, sizeof *nm * (size_t) cap);
+        if (!nm) return kvt__fail(KVT_ENOMEM, "messages");
+        s->m = nm;
+        s->cap_m = cap;
+    }
+    if (!(s->m[s->n_m].content = strdup(text))) return kvt__fail(KVT_ENOMEM, "message of %zu bytes", strlen(text));
+    s->m[s->n_m].role = role;
+    s->m[s->n_m].keep = keep;
+    s->n_m++;
+    return 0;
+}
+
+/* kv_text becomes fmt (owned by the session from here), a segment boundary at the current end of
+** the stream.  Cannot fail: a boundary that cannot be recorded only makes later cut-backs go
+** further back. */
+void kvt__sess_set_text(kvt_session *s, char *fmt) {
+    free(s->kv_text);
+    s->kv_text = fmt;
+    if (s->n_seg == s->cap_seg) {
+        int32_t cap = s->cap_seg ? 2 * s->cap_seg : 16;
+        int32_t *t = realloc(s->seg_tok, sizeof *t * (size_t) cap);
+        if (t) s->seg_tok = t;
+        size_t *c = realloc(s->seg_chr, sizeof *c * (size_t) cap);
+        if (c) s->seg_chr = c;
+        if (!t || !c) return;
+        s->cap_seg = cap;
+    }
+    s->seg_tok[s->n_seg] = s->total;
+    s->seg_chr[s->n_seg] = strlen(fmt);
+    s->n_seg++;
+}
+
+/* Cut the stream (the conversation's tokens in the order they were said, i.e. the blocks by id)
+** back to its first `keep` tokens: later blocks leave the cache and the pool; the open tail block
+** and a block cut in the middle that is resident at the physical tail are trimmed in place (a
+** sealed one is unsealed: its saved copy is deleted and it is saved again when it fills); any
+** other block cut in the middle is dropped and its first tokens are decoded again at the tail.
+** Positions continue after the highest resident one. */
+int kvt__sess_cut_stream(kvt_session *s, int32_t keep) {
+    int32_t acc = 0, i = 0;
+    while (i < s->n_b && acc + s->b[i].info.n_tokens <= keep) acc += s->b[i].info.n_tokens, i++;
+    const int32_t r = keep - acc;
+    int32_t n_re = 0, re_role = KVT_ROLE_USER, n_keep = i;
+    kvt_token *re = NULL;
+    for (int32_t j = s->n_b - 1; j > i; j--) kvt__sess_drop_block(s, &s->b[j]);
+    if (i < s->n_b) {
+        struct blk *b = &s->b[i];
+        if (r > 0 && b->info.residency == KVT_RES_DEVICE &&
+            b->info.p0 + b->info.n_tokens - 1 == kvt_seq_pos_max(s->eng, s->p.seq)) {
+            /* the physical tail: trim its cells in place; it is the open block again */
+            kvt_seq_rm(s->eng, s->p.seq, b->info.p0 + r, b->info.p0 + b->info.n_tokens);
+            for (int32_t cut = b->info.n_tokens - r; cut > 0;) { /* per-token roles are not kept: newest role first */
+                int k = b->role_n[KVT_ROLE_ASSISTANT] ? KVT_ROLE_ASSISTANT : b->role_n[KVT_ROLE_USER] ? KVT_ROLE_USER : KVT_ROLE_SYSTEM;
+                int32_t d = KVT_MIN(cut, b->role_n[k]);
+                b->role_n[k] -= d;
+                cut -= d;
+                if (d == 0) break;
+            }
+            if (b->info.sealed) kvt_pool_del(s->pool, b->key);
+            b->info.sealed = false;
+            if (s->ann && b->emb) kvt_ann_remove(s->ann, (uint64_t) b->info.id); /* embedded again when resealed */
+            kvt__clear_error();
+            free(b->emb);
+            b->emb = NULL;
+            b->info.n_tokens = r;
+            s->open = i;
+            n_keep = i + 1;
+        } else {
+            if (r > 0) { /* elsewhere: dropped, its first r tokens decoded again at the tail */
+                if (!(re = malloc(sizeof(kvt_token) * (size_t) r))) return kvt__fail(KVT_ENOMEM, "cut back");
+                memcpy(re, b->tok, sizeof(kvt_token) * (size_t) r);
+                n_re = r;
+                re_role = kvt__sess_block_role(b);
+            }
+            kvt__sess_drop_block(s, b);
+        }
+    }
+    if (s->open >= n_keep) s->open = -1;
+    s->n_b = n_keep;
+    s->next_pos = kvt_seq_pos_max(s->eng, s->p.seq) + 1;
+    s->total = keep - n_re;
+    s->have_logits = false;
+    int rc = n_re > 0 ? kvt__sess_feed(s, re, n_re, re_role, 0) : 0;
+    free(re);
+    return rc;
+}
+
+/* Tokens of the stream (blocks by id) that equal tok[0..n) from the start. */
+static int32_t stream_common(const kvt_session *s, const kvt_token *tok, int32_t n) {
+    int32_t c = 0;
+    for (int32_t i = 0; i < s->n_b; i++)
+        for (int32_t k = 0; k < s->b[i].info.n_tokens; k++, c++)
+            if (c >= n || s->b[i].tok[k] != tok[c]) return c;
+    return c;
+}
+
+/* The formatted conversation fmt diverges from kv_text after `common` bytes.  A cut at the last
+** segment boundary (a message boundary) would drop everything after it, also what the two share
+** inside the message where they differ (two requests that open with the same long document and
+** then ask different questions).  Instead, when the template's tokens of fmt share more tokens
+** with the stream than that boundary holds, cut the stream at the first token that differs:
+** the stream then continues with fmt's own tokens from there, *tok / *n (caller frees), and holds
+** exactly the template's tokens of fmt.  Returns 1 when the boundary keeps at least as much or
+** the cut point cannot be mapped back to a byte of fmt (the tokens' text is not a suffix of fmt),
+** else 0 or an error of cut_stream / allocation. */
+static int cut_to_common_tokens(kvt_session *s, const char *fmt, size_t common, kvt_token **tok, int32_t *n) {
+    int32_t k = s->n_seg - 1;
+    while (k >= 0 && s->seg_chr[k] > common) k--;
+    const int32_t at_boundary = k >= 0 ? s->seg_tok[k] : 0;
+    kvt_token *all = NULL;
+    int32_t n_all = 0;
+    if (kvt_tokenize(s->eng, fmt, true, true, &all, &n_all)) { kvt__clear_error(); return 1; }
+    const int32_t c = stream_common(s, all, n_all);
+    char *tail = NULL;
+    size_t len = strlen(fmt), n_tail = 0;
+    bool ok = c > at_boundary;
+    if (ok && c < n_all) {
+        ok = kvt_detokenize(s->eng, all + c, n_all - c, true, &tail) == 0 && (n_tail = strlen(tail)) <= len &&
+             !strcmp(fmt + len - n_tail, tail);
+        kvt__clear_error();
+    }
+    /* the text of all[0..c) is fmt[0..off), which kv_text holds too */
+    const size_t off = len - n_tail;
+    if (!ok || off > common) {
+        free(tail);
+        free(all);
+        return 1;
+    }
+    free(tail);
+    int rc = kvt__sess_cut_stream(s, c);
+    if (rc) { free(all); return rc; }
+    while (s->n_seg > 0 && (s->seg_tok[s->n_seg - 1] > c || s->seg_chr[s->n_seg - 1] > off)) s->n_seg--;
+    s->kv_text[off] = '\0';
+    memmove(all, all + c, sizeof(kvt_token) * (size_t) (n_all - c));
+    *tok = all;
+    *n = n_all - c;
+    return 0;
+}
+
+/* Tokens of the template text that is not yet in the stream (the conversation formatted with
+** the assistant prefix, minus what was already decoded).  When the formatted conversation
+** diverges from what was decoded (two user messages in a row replace the assistant prefix; a
+** client edits its history), the stream is first cut back to the last segment boundary before
+** the divergence, so the stream always holds exactly the template's tokens. */
+static int pending_tokens(kvt_session *s, int32_t n_msgs, bool add_ass, kvt_token **tok, int32_t *n, char **fmt_out) {
+    struct kvt_chat_msg *cm = malloc(sizeof *cm * (size_t) (n_msgs > 0 ? n_msgs : 1));
+    if (!cm) return kvt__fail(KVT_ENOMEM, "chat");
+    for (int32_t i = 0; i < n_msgs; i++) cm[i] = (struct kvt_chat_msg){ kvt__sess_role_name[s->m[i].role], s->m[i].content };
+    char *fmt = NULL;
+    int rc = kvt_chat_format(s->eng, cm, n_msgs, add_ass, s->p.template_fallback, &fmt);
+    free(cm);
+    if (rc) return rc;
+    size_t common = 0, have = strlen(s->kv_text);
+    while (common < have && fmt[common] == s->kv_text[common]) common++;
+    *tok = NULL;
+    *n = 0;
+    if (common < have && (rc = cut_to_common_tokens(s, fmt, common, tok, n)) != 1) {
+        if (rc) { free(fmt); return rc; }
+        *fmt_out = fmt;
+        return 0;
+    }
+    if (common < have) {
+        int32_t k = s->n_seg - 1;
+        while (k >= 0 && s->seg_chr[k] > common) k--;
+        if ((rc = kvt__sess_cut_stream(s, k >= 0 ? s->seg_tok[k] : 0))) { free(fmt); return rc; }
+        s->n_seg = k + 1;
+        common = have = k >= 0 ? s->seg_chr[k] : 0;
+        s->kv_text[have] = '\0';
+    }
+    if (fmt[common] == '\0') { *fmt_out = fmt; return 0; }
+    rc = kvt_tokenize(s->eng, fmt + common, have == 0, true, tok, n);
+    if (rc) { free(fmt); return rc; }
+    *fmt_out = fmt;
+    return 0;
+}
+
+int kvt_session_add(kvt_session *s, enum kvt_role role, const char *text) {
+    return kvt_session_add_ex(s, role, text, KVT_KEEP_NONE);
+}
+
+int kvt_session_add_ex(kvt_session *s, enum kvt_role role, const char *text, int32_t keep) {
+    kvt__clear_error();
+    if (keep < KVT_KEEP_NONE || keep > KVT_KEEP_PIN) return kvt__fail(KVT_EINVAL, "keep %d is not none, prefer or pin", keep);
+    if ((int) role < 0 || role > KVT_ROLE_ASSISTANT) return kvt__fail(KVT_EINVAL, "role %d is not system, user or assistant", role);
+    if (!text) return kvt__fail(KVT_EINVAL, "NULL message text");
+    if (s->is_parked) return kvt__sess_parked_error();
+    int rc = kvt__sess_push_msg(s, role, text, keep);
+    if (rc || role != KVT_ROLE_USER) return rc; /* system/assistant text is decoded with the next user turn */
+    s->turn++;
+    kvt_token *tok = NULL;
+    int32_t n = 0;
+    char *fmt = NULL;
+    /* 1. text of messages added since the last decode (assistant replies a client replays,
+    **    system prompts) goes in first, so recovered blocks never split a turn */
+    if (s->n_m_decoded < s->n_m - 1) {
+        if ((rc = pending_tokens(s, s->n_m - 1, false, &tok, &n, &fmt))) goto fail;
+        s->cur_keep = KVT_KEEP_NONE;
+        for (int32_t i = s->n_m_decoded; i < s->n_m - 1; i++) s->cur_keep = KVT_MAX(s->cur_keep, s->m[i].keep);
+        rc = n > 0 ? kvt__sess_feed(s, tok, n, s->m[s->n_m - 2].role, 0) : 0;
+        s->cur_keep = KVT_KEEP_NONE;
+        if (rc) goto fail;
+        kvt__sess_set_text(s, fmt);
+        fmt = NULL;
+        free(tok);
+        tok = NULL;
+        s->n_m_decoded = s->n_m - 1;
+    }
+    /* 2. the new user message (the assistant prefix follows as its own segment, so a message
+    **    added after it replaces only the prefix) */
+    if ((rc = pending_tokens(s, s->n_m, s->p.policy == KVT_POLICY_INFLLM, &tok, &n, &fmt))) goto fail;
+    struct kvt_engine_info I;
+    kvt_engine_info(s->eng, &I);
+    if (n + s->p.gen_reserve > I.n_ctx) {
+        rc = kvt__fail(KVT_ECTX, "the message is %d tokens; the context holds %d (with %d reserved for the reply)", n,
+                       I.n_ctx, s->p.gen_reserve);
+        goto fail;
+    }
+    /* 3. evicted blocks relevant to it come back right before it (InfLLM: right after it,
+    **    since its retrieval query is the message's own attention queries) */
+    if (s->p.policy == KVT_POLICY_INFLLM) {
+        kvt_token *tc = NULL;
+        int32_t nc = 0;
+        char *fc = NULL;
+        if ((rc = pending_tokens(s, s->n_m, false, &tc, &nc, &fc))) goto fail;
+        s->cur_keep = keep;
+        rc = nc > 0 ? kvt__sess_feed(s, tc, nc, KVT_ROLE_USER, s->p.gen_reserve) : 0;
+        s->cur_keep = KVT_KEEP_NONE;
+        free(tc);
+        if (rc) { free(fc); goto fail; }
+        kvt__sess_set_text(s, fc);
+        free(tok);
+        free(fmt);
+        tok = NULL;
+        fmt = NULL;
+        if ((rc = kvt__sess_infllm_recover(s, 8))) goto fail;
+        if ((rc = pending_tokens(s, s->n_m, true, &tok, &n, &fmt))) goto fail; /* the assistant prefix */
+    } else if ((rc = kvt__sess_recover(s, text, n))) {
+        goto fail;
+    }
+    s->cur_keep = keep;
+    if (n > 0 && (rc = kvt__sess_feed(s, tok, n, KVT_ROLE_USER, s->p.gen_reserve))) { s->cur_keep = KVT_KEEP_NONE; goto fail; }
+    s->cur_keep = KVT_KEEP_NONE;
+    kvt__sess_set_text(s, fmt);
+    fmt = NULL;
+    s->n_m_decoded = s->n_m;
+    free(tok);
+    tok = NULL;
+    if (s->p.policy != KVT_POLICY_INFLLM) { /* 4. the assistant prefix */
+        if ((rc = kvt__sess_recover_own_tail(s, text))) return rc;
+        if ((rc = pending_tokens(s, s->n_m, true, &tok, &n, &fmt))) return rc;
+        if (n > 0 && (rc = kvt__sess_feed(s, tok, n, KVT_ROLE_USER, s->p.gen_reserve))) { free(tok); free(fmt); return rc; }
+        kvt__sess_set_text(s, fmt);
+        free(tok);
+    }
+    return 0;
+fail:
+    /* the message is not part of the conversation; decoded chunks stay (the table matches) */
+    free(tok);
+    free(fmt);
+    if (s->n_m_decoded < s->n_m) {
+        free(s->m[--s->n_m].content);
+    }
+    return rc;
+}
+
+/* A generated reply is in the stream: it becomes an assistant message, and kv_text is extended
+** by the reply as the template renders it (templates trim messages: "gemma" strips the leading
+** space of " Sure"), so that the next turn's formatted conversation extends kv_text and the
+** reply's generated tokens are kept (canonicalised) instead of being cut back and re-decoded.
+** If the template's rendering cannot be found, the raw text is appended. */
+int kvt__sess_append_reply(kvt_session *s, const char *text) {
+    int rc = kvt__sess_push_msg(s, KVT_ROLE_ASSISTANT, text, KVT_KEEP_NONE);
+    if (rc) return rc;
+    s->n_m_decoded = s->n_m;
+    size_t a = strlen(s->kv_text), b = strlen(text);
+    const char *t0 = text, *t1 = text + b;
+    while (t0 < t1 && (*t0 == ' ' || *t0 == '\n' || *t0 == '\t' || *t0 == '\r')) t0++;
+    while (t1 > t0 && (t1[-1] == ' ' || t1[-1] == '\n' || t1[-1] == '\t' || t1[-1] == '\r')) t1--;
+    struct kvt_chat_msg *cm = malloc(sizeof *cm * (size_t) s->n_m);
+    char *fmt = NULL;
+    if (cm) {
+        for (int32_t i = 0; i < s->n_m; i++) cm[i] = (struct kvt_chat_msg){ kvt__sess_role_name[s->m[i].role], s->m[i].content };
+        if (kvt_chat_format(s->eng, cm, s->n_m, false, s->p.template_fallback, &fmt)) fmt = NULL;
+        free(cm);
+    }
+    kvt__clear_error();
+    if (fmt && !strncmp(fmt, s->kv_text, a)) {
+        size_t n = (size_t) (t1 - t0);
+        char *hit = n ? NULL : fmt + a;
+        for (char *p = fmt + a; n && *p; p++)
+            if (!strncmp(p, t0, n)) { hit = p; break; }
+        if (hit) {
+            hit[n] = '\0';
+            kvt__sess_set_text(s, fmt);
+            return 0;
+        }
+    }
+    free(fmt);
+    char *kv = malloc(a + b + 1);
+    if (!kv) return kvt__fail(KVT_ENOMEM, "reply text");
+    memcpy(kv, s->kv_text, a);
+    memcpy(kv + a, text, b + 1);
+    kvt__sess_set_text(s, kv);
+    return 0;
+}
+
+static int role_from_name(const char *r) {
+    for (int i = 0; r && i < 3; i++)
+        if (!strcmp(r, kvt__sess_role_name[i])) return i;
+    return -1;
+}
+
+/* The stream ends with a token whose logits are not kept (nothing was decoded after a cut back):
+** decode its last token again. */
+static int refresh_logits(kvt_session *s) {
+    if (s->have_logits || s->n_b == 0) return 0;
+    struct blk *b = &s->b[s->n_b - 1];
+    if (b->info.residency != KVT_RES_DEVICE || b->info.n_tokens == 0) return kvt__fail(KVT_EINVAL, "no user turn to reply to");
+    kvt_token t = b->tok[b->info.n_tokens - 1];
+    int role = kvt__sess_block_role(b);
+    int rc = kvt__sess_cut_stream(s, s->total - 1);
+    if (rc == 0 && s->n_seg > 0 && s->seg_tok[s->n_seg - 1] > s->total) s->seg_tok[s->n_seg - 1] = s->total + 1;
+    return rc ? rc : kvt__sess_feed(s, &t, 1, role, 0);
+}
+
+int kvt_session_sync(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_msgs, struct kvt_sync_info *out) {
+    kvt__clear_error();
+    if (out) memset(out, 0, sizeof *out);
+    if (s->is_parked) return kvt__sess_parked_error();
+    if (s->generating) return kvt__fail(KVT_EINVAL, "sync: a reply is being generated (call kvt_session_gen_end first)");
+    if (!msgs || n_msgs < 1) return kvt__fail(KVT_EINVAL, "sync: %d messages; at least one user message is needed", n_msgs);
+    for (int32_t i = 0; i < n_msgs; i++) {
+        if (role_from_name(msgs[i].role) < 0)
+            return kvt__fail(KVT_EINVAL, "message %d has role '%s'; expected system, user or assistant", i,
+                             msgs[i].role ? msgs[i].role : "(null)");
+        if (!msgs[i].content) return kvt__fail(KVT_EINVAL, "message %d has no content", i);
+    }
+    if (role_from_name(msgs[n_msgs - 1].role) != KVT_ROLE_USER)
+        return kvt__fail(KVT_EINVAL, "the last message is '%s'; it must be a user message", msgs[n_msgs - 1].role);
+    int32_t k = 0;
+    while (k < n_msgs && k < s->n_m && s->m[k].role == role_from_name(msgs[k].role) && !strcmp(s->m[k].content, msgs[k].content))
+        k++;
+    if (k == n_msgs && s->n_m == n_msgs && s->n_m_decoded == n_msgs && s->have_logits) { /* nothing new */
+        if (out) out->prompt_tokens = out->tokens_reused = s->total;
+        return 0;
+    }
+    if (k == n_msgs) k--; /* the same conversation again: its last user message is added once more */
+    while (s->n_m > k) free(s->m[--s->n_m].content);
+    if (s->n_m_decoded > k) s->n_m_decoded = k;
+    const int64_t dec0 = s->decoded, rec0 = s->recovered, ev0 = s->evictions, nrec0 = s->recoveries;
+    int rc = 0;
+    for (int32_t i = k; rc == 0 && i < n_msgs; i++) rc = kvt_session_add(s, (enum kvt_role) role_from_name(msgs[i].role), msgs[i].content);
+    if (rc == 0) rc = refresh_logits(s);
+    if (out) {
+        out->prompt_tokens = s->total;
+        out->tokens_decoded = s->decoded - dec0;
+        out->tokens_recovered = s->recovered - rec0;
+        out->tokens_reused = KVT_MAX(0, s->total - (int32_t) out->tokens_decoded);
+        out->evictions = s->evictions - ev0;
+        out->recoveries = s->recoveries - nrec0;
+    }
+    return rc;
+}
+
+int32_t kvt_session_n_messages(const kvt_session *s) { return s->n_m; }
+
+int32_t kvt_session_tokens(const kvt_session *s, kvt_token *out, int32_t n_max) {
+    int32_t c = 0;
+    for (int32_t i = 0; i < s->n_b; i++) {
+        const struct blk *b = &s->b[i];
+        int32_t m = KVT_MIN(b->info.n_tokens, n_max - c);
+        if (m > 0) memcpy(out + c, b->tok, sizeof(kvt_token) * (size_t) m);
+        c += b->info.n_tokens;
+    }
+    return c;
+}
+
+int kvt_session_message(const kvt_session *s, int32_t i, struct kvt_chat_msg *msg) {
+    if (i < 0 || i >= s->n_m) return kvt__fail(KVT_EINVAL, "message %d is outside 0..%d", i, s->n_m - 1);
+    msg->role = kvt__sess_role_name[s->m[i].role];
+    msg->content = s->m[i].content;
+    return 0;
+}

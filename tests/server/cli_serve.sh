@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# cli_serve — `kvtier serve` end to end on Gemma 3 270M: started on a free port with two API keys,
+# driven by tests/server/serve_test.py through the official openai Python client and raw HTTP (replies,
+# streams, multi-turn reuse, bad input, key isolation, disconnect, 429, metrics, the planted fact
+# at budget 512), then by tests/server/serve_sched_test.py (session choice by longest common token prefix,
+# /v1/completions batched with chats), then SIGTERM with a request in flight: it must finish and
+# the server exit 0.
+# Also the flags: --help, bad values.  Skips (exit 0) when KVTIER_MODEL is not set.
+# Environment (from tests/CMakeLists.txt): KVTIER_BIN, KVTIER_MODEL, KVT_SOURCE_DIR.
+set -u
+BIN=${KVTIER_BIN:?KVTIER_BIN is not set}
+SRC=${KVT_SOURCE_DIR:?KVT_SOURCE_DIR is not set}
+MODEL=${KVTIER_MODEL:-}
+if [ -z "$MODEL" ] || [ ! -f "$MODEL" ]; then
+    echo "SKIP: KVTIER_MODEL ('$MODEL') is not a file"
+    exit 0
+fi
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/kvt-cli-serve.XXXXXX")
+PID=
+cleanup() {
+    [ -n "$PID" ] && kill -KILL "$PID" 2>/dev/null
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); echo "ok   $*"; }
+bad() { fail=$((fail + 1)); echo "FAIL $*"; }
+
+# --- flags ---
+"$BIN" serve --help >"$TMP/help" 2>&1 && grep -q -- "--api-key-file" "$TMP/help" && ok "serve --help" || bad "serve --help"
+"$BIN" serve >/dev/null 2>"$TMP/err"; rc=$?
+[ $rc -eq 2 ] && grep -q "MODEL is required" "$TMP/err" && ok "serve without -m -> usage error" || bad "serve without -m ($rc)"
+"$BIN" serve -m "$MODEL" --port 70000 >/dev/null 2>"$TMP/err"; rc=$?
+[ $rc -eq 2 ] && grep -q "port 70000 is outside" "$TMP/err" && ok "bad --port -> usage error" || bad "bad --port ($rc)"
+"$BIN" serve -m "$MODEL" --api-key-file "$TMP/none" >/dev/null 2>"$TMP/err"; rc=$?
+[ $rc -eq 2 ] && grep -q "cannot read" "$TMP/err" && ok "missing --api-key-file -> usage error" || bad "missing key file ($rc)"
+"$BIN" serve -m "$MODEL" -c 1024 --budget 512 --max-sessions 4 >/dev/null 2>"$TMP/err"; rc=$?
+[ $rc -eq 2 ] && grep -q "need" "$TMP/err" && ok "sessions that cannot fit the context -> usage error" || bad "max-sessions ($rc)"
+
+PY=$("$SRC/scripts/bootstrap.sh" pyclient-path)
+"$SRC/scripts/bootstrap.sh" pyclient || { bad "bootstrap.sh pyclient"; echo "$pass passed, $fail failed"; exit 1; }
+
+# --- the server ---
+printf '# test keys\nkey-alpha-123\n\n  key-beta-456  \n' >"$TMP/keys"
+"$BIN" serve -m "$MODEL" --port 0 -c 4096 --budget 512 --parallel 2 --queue 1 --threads 2 \
+    --api-key-file "$TMP/keys" --spill-dir "$TMP" >"$TMP/out" 2>"$TMP/err" &
+PID=$!
+PORT=
+for _ in $(seq 1 300); do
+    PORT=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$TMP/err" | sed 's/.*://')
+    [ -n "$PORT" ] && break
+    kill -0 "$PID" 2>/dev/null || break
+    sleep 0.2
+done
+if [ -z "$PORT" ]; then
+    bad "server did not start"; cat "$TMP/err"; echo "$pass passed, $fail failed"; exit 1
+fi
+ok "server listening on port $PORT"
+
+# one client script against the running server; its ok/FAIL lines count here
+run_py() { # script out
+    "$PY" "$SRC/tests/server/$1" "http://127.0.0.1:$PORT" key-alpha-123 key-beta-456 "$SRC/cli/cmd_demo.c" >"$TMP/$2" 2>&1
+    local prc=$?
+    cat "$TMP/$2"
+    pass=$((pass + $(grep -c '^ok ' "$TMP/$2")))
+    fail=$((fail + $(grep -c '^FAIL ' "$TMP/$2")))
+    [ $prc -eq 0 ] || [ "$(grep -c '^FAIL ' "$TMP/$2")" -gt 0 ] || bad "$1 exited with status $prc"
+}
+run_py serve_test.py py
+# scheduling: session choice by longest common token prefix, completions batched with chats
+run_py serve_sched_test.py py2
+
+# --- SIGTERM with a request in flight: it completes, the server exits 0 ---
+curl -s -o "$TMP/inflight" -w '%{http_code}' -H "Authorization: Bearer key-alpha-123" \
+    -d '{"messages":[{"role":"user","content":"Tell me a story."}],"max_tokens":60}' \
+    "http://127.0.0.1:$PORT/v1/chat/completions" >"$TMP/code" &
+CURL=$!
+for _ in $(seq 1 200); do # until the request is really in flight (admitted by the engine)
+    curl -s "http://127.0.0.1:$PORT/metrics" | grep -q '^kvtier_active_requests 1$' && break
+    sleep 0.05
+done
+kill -TERM "$PID"
+wait "$CURL"
+wait "$PID"; src=$?
+PID=
+[ "$(cat "$TMP/code")" = 200 ] && grep -q '"finish_reason"' "$TMP/inflight" && ok "SIGTERM: the request in flight completed" \
+    || bad "SIGTERM: in-flight request got $(cat "$TMP/code"): $(head -c 300 "$TMP/inflight")"
+[ $src -eq 0 ] && grep -q "stopped" "$TMP/err" && ok "SIGTERM: the server drained and exited 0" || bad "SIGTERM: exit status $src"
+if grep -qE 'AddressSanitizer|LeakSanitizer|UndefinedBehaviorSanitizer|runtime error:' "$TMP/err"; then
+    bad "sanitizer report on the server's stderr"; grep -A20 -E 'Sanitizer|runtime error' "$TMP/err" | head -60
+else
+    ok "no sanitizer report"
+fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]

@@ -1,0 +1,452 @@
+"""serve_test.py — black-box tests of a running `kvtier serve` (started by tests/server/cli_serve.sh).
+
+Talks HTTP with the official `openai` Python client and, for what the client cannot send (broken
+JSON, invalid UTF-8, huge bodies, a dropped connection), with http.client.  Every case prints
+"ok   NAME" or "FAIL NAME: why"; the exit status is the number of failures (0 = all passed).
+
+  python serve_test.py BASE_URL KEY_A KEY_B DEMO_SOURCE
+
+The server must run with --api-key-file holding KEY_A and KEY_B, --parallel 2 --queue 1,
+--budget 512 on Gemma 3 270M.  DEMO_SOURCE is cli/cmd_demo.c: the planted-fact conversation
+is the demo's own text, so HTTP and the command line are checked on the same conversation.
+"""
+import http.client
+import json
+import re
+import sys
+import threading
+import time
+import urllib.parse
+
+from serve_client import check, finish, init, metric, raw
+
+import openai
+
+BASE, KEY_A, KEY_B, DEMO = sys.argv[1:5]
+U = urllib.parse.urlparse(BASE)
+init(BASE, KEY_A)
+
+
+
+
+
+def json_or_none(text):
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def kvt(resp):
+    return resp.model_dump()["usage"]["kvtier"]
+
+
+A = openai.OpenAI(base_url=BASE + "/v1", api_key=KEY_A, max_retries=0, timeout=300)
+B = openai.OpenAI(base_url=BASE + "/v1", api_key=KEY_B, max_retries=0, timeout=300)
+MODEL_ID = "gemma-3-270m"  # any name: the server serves its one model
+
+# ---- the planted fact at budget 512, full history resent every turn ----------------------
+# First, on the empty cache: greedy text on this Q4_K_M base model depends on where the
+# session's cells sit in the shared KV cache (other sessions' cells change the summation order
+# of attention, and llama.cpp quantises activations; see docs), so it runs before anything else.
+src = open(DEMO, encoding="utf-8").read()
+
+
+def cstr(block):
+    return "".join(bytes(m, "utf-8").decode("unicode_escape") for m in re.findall(r'"((?:[^"\\]|\\.)*)"', block))
+
+
+def const(name):
+    return cstr(re.search(rf"static const char {name}\[\] =(.*?);\n", src, re.S).group(1))
+
+
+fact, fact_reply, probe = const("FACT_TURN"), const("FACT_REPLY"), const("PROBE")
+qa_block = re.search(r"QA\[\]\[2\] = \{(.*?)\n\};", src, re.S).group(1)
+qa = [[cstr(p) for p in re.findall(r'((?:"(?:[^"\\]|\\.)*"\s*)+)', pair)] for pair in
+      re.findall(r"\{\s*(\".*?\")\s*\}", qa_block, re.S)]
+check("demo conversation parsed", len(qa) >= 8 and all(len(p) == 2 for p in qa) and "4242" in fact, str(len(qa)))
+hist = []
+ev = rec = 0
+turns = [(fact, fact_reply)] + [tuple(p) for p in qa]
+for user, reply in turns:
+    hist.append({"role": "user", "content": user})
+    r = A.chat.completions.create(model=MODEL_ID, messages=hist, max_tokens=1, temperature=0,
+                                  extra_headers={"X-Session-Id": "planted-fact"})
+    ev += kvt(r)["evictions"]
+    rec += kvt(r)["recoveries"]
+    hist.append({"role": "assistant", "content": reply})  # the client keeps its own (scripted) replies
+hist.append({"role": "user", "content": probe})
+r = A.chat.completions.create(model=MODEL_ID, messages=hist, max_tokens=48, temperature=0, stop=["\n"],
+                              extra_headers={"X-Session-Id": "planted-fact"})
+k = kvt(r)
+answer = r.choices[0].message.content
+print(f"     planted fact: {len(turns) + 1} turns, evictions {ev} + {k['evictions']}, recoveries {rec} + "
+      f"{k['recoveries']}, resident {k['resident_tokens']}, prompt {r.usage.prompt_tokens}; answer {answer!r}")
+check("planted fact: blocks were evicted under budget 512", ev + k["evictions"] > 0 and k["resident_tokens"] <= 512,
+      str(k))
+check("planted fact: the probe recovered blocks", k["recoveries"] > 0, str(k))
+check("planted fact: the answer recalls 4242", "4242" in answer, repr(answer))
+
+
+# ---- models, health, non-stream, stream --------------------------------------------------
+model = A.models.list().data[0].id
+check("GET /v1/models through the client", bool(model), "no model id")
+st, _, body = raw("GET", "/health", key=None)
+check("GET /health", st == 200 and body == {"status": "ok"}, f"{st} {body}")
+
+r = A.chat.completions.create(model=model, messages=[{"role": "user", "content": "Name three colours."}],
+                              max_tokens=12, temperature=0)
+check("chat completion (non-stream)", r.object == "chat.completion" and isinstance(r.choices[0].message.content, str)
+      and r.choices[0].finish_reason in ("stop", "length") and r.usage.completion_tokens > 0, str(r))
+k = kvt(r)
+check("usage.kvtier has its fields", all(f in k for f in ("prompt_tokens_reused", "prompt_tokens_decoded", "evictions",
+                                                          "recoveries", "resident_tokens")), str(k))
+
+chunks = list(A.chat.completions.create(model=model, messages=[{"role": "user", "content": "Count to five."}],
+                                        max_tokens=10, temperature=0, stream=True,
+                                        stream_options={"include_usage": True}))
+text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+fin = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+check("chat completion (stream): deltas, finish_reason, usage chunk last",
+      len(chunks) >= 3 and text and fin and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0,
+      f"{len(chunks)} chunks, text {text!r}, finish {fin}")
+
+# the same request streamed and not streamed, greedy: the same text
+q = [{"role": "user", "content": "Write one sentence about the sea."}]
+r1 = A.chat.completions.create(model=model, messages=q, max_tokens=16, temperature=0)
+s1 = "".join(c.choices[0].delta.content or "" for c in
+             A.chat.completions.create(model=model, messages=q, max_tokens=16, temperature=0, stream=True) if c.choices)
+check("stream and non-stream give the same greedy text", r1.choices[0].message.content == s1,
+      f"{r1.choices[0].message.content!r} vs {s1!r}")
+
+c = A.completions.create(model=model, prompt="The capital of France is", max_tokens=6, temperature=0)
+check("POST /v1/completions", c.object == "text_completion" and isinstance(c.choices[0].text, str)
+      and c.usage.prompt_tokens > 0, str(c))
+
+# ---- multi-turn: the second turn decodes only the new tail -------------------------------
+hist = [{"role": "system", "content": "You are a terse assistant."},
+        {"role": "user", "content": "My cat is called Pixel. Tell me one fact about cats."}]
+raw1 = A.chat.completions.with_raw_response.create(model=model, messages=hist, max_tokens=20, temperature=0)
+t1 = raw1.parse()
+sid = raw1.headers.get("x-session-id")
+hist += [{"role": "assistant", "content": t1.choices[0].message.content},
+         {"role": "user", "content": "What is my cat called?"}]
+raw2 = A.chat.completions.with_raw_response.create(model=model, messages=hist, max_tokens=20, temperature=0)
+t2 = raw2.parse()
+k1, k2 = kvt(t1), kvt(t2)
+print(f"     turn 1: prompt {t1.usage.prompt_tokens} {k1}\n     turn 2: prompt {t2.usage.prompt_tokens} {k2}")
+check("turn 2 lands in the same session (matched by message prefix)", raw2.headers.get("x-session-id") == sid,
+      f"{sid} vs {raw2.headers.get('x-session-id')}")
+check("turn 2 reuses turn 1's prompt and reply from the cache",
+      k2["prompt_tokens_reused"] >= t1.usage.prompt_tokens + t1.usage.completion_tokens - 1, str(k2))
+check("turn 2 decodes only the new tail (< 25 tokens)",
+      k2["prompt_tokens_decoded"] == t2.usage.prompt_tokens - k2["prompt_tokens_reused"] and k2["prompt_tokens_decoded"] < 25,
+      str(k2))
+
+# an edited history is cut back to the divergence, not reset: the client changes the reply
+hist[2] = {"role": "assistant", "content": "Cats sleep for about fifteen hours a day."}
+t3 = A.chat.completions.create(model=model, messages=hist, max_tokens=4, temperature=0,
+                               extra_headers={"X-Session-Id": sid})
+k3 = kvt(t3)
+check("an edited reply is cut back to the divergence (turn 1's prompt kept)",
+      k3["prompt_tokens_reused"] >= t1.usage.prompt_tokens and k3["prompt_tokens_reused"] < t3.usage.prompt_tokens, str(k3))
+
+# a prompt longer than the budget (512) but within the context is served: blocks are evicted
+# during the chunked prefill, the session stays within its budget
+long_msg = " ".join(f"Line {i}: the quick brown fox jumps over the lazy dog near the river bank." for i in range(90))
+rl = A.chat.completions.create(model=model, messages=[{"role": "user", "content": long_msg}], max_tokens=4, temperature=0)
+kl = kvt(rl)
+check(f"a {rl.usage.prompt_tokens}-token prompt over the budget is served within it",
+      rl.usage.prompt_tokens > 600 and kl["evictions"] > 0 and kl["resident_tokens"] <= 512, str(kl))
+
+# the same with a fact early in the long prompt and the question at its end: the blocks the
+# question needs come back before the reply (BM25 on the prompt's end)
+lines = long_msg.split(" Line ")
+fact_msg = (" Line ".join(lines[:12]) + " Note for later: the password of the blue vault is zircon-albatross-77. Line " +
+            " Line ".join(lines[12:]) + " Now the question: what is the password of the blue vault?")  # not in the sink block
+rf = A.chat.completions.create(model=model, messages=[{"role": "user", "content": fact_msg}], max_tokens=16, temperature=0)
+kf = kvt(rf)
+print(f"     long prompt with a fact: {kf}; reply {rf.choices[0].message.content!r}")
+check("a long prompt's own evicted block with the answer is recovered before the reply",
+      kf["evictions"] > 0 and kf["recoveries"] > 0 and kf["resident_tokens"] <= 512, str(kf))
+
+# ---- tool calls and structured output (generic JSON tool format under a grammar) ---------
+tools = [{"type": "function", "function": {
+             "name": "get_weather", "description": "The current weather in a city",
+             "parameters": {"type": "object", "properties": {
+                 "city": {"type": "string", "description": "City name"},
+                 "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}}},
+         {"type": "function", "function": {
+             "name": "get_time", "description": "The local time in a city",
+             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+def valid_args(name, a):
+    if not isinstance(a, dict) or not isinstance(a.get("city"), str):
+        return False
+    if name == "get_weather":
+        return set(a) <= {"city", "unit"} and a.get("unit", "celsius") in ("celsius", "fahrenheit")
+    return set(a) == {"city"}
+
+
+th = [{"role": "user", "content": "What is the weather in Paris today?"}]
+tc1 = A.chat.completions.with_raw_response.create(model=model, messages=th, tools=tools, tool_choice="required",
+                                                  max_tokens=64, temperature=0)
+t1 = tc1.parse()
+m1 = t1.choices[0].message
+calls = m1.tool_calls or []
+args = json_or_none(calls[0].function.arguments) if calls else None
+print(f"     tool call: {[(c.function.name, c.function.arguments) for c in calls]} finish {t1.choices[0].finish_reason}")
+check("tool call: finish_reason tool_calls, one call of a listed function, arguments valid under its schema",
+      t1.choices[0].finish_reason == "tool_calls" and len(calls) == 1 and calls[0].type == "function" and calls[0].id
+      and m1.content is None and calls[0].function.name in ("get_weather", "get_time")
+      and valid_args(calls[0].function.name, args), str(m1))
+# the round trip: the client sends back its history with the call (the returned message object
+# itself, as the client's docs do) and the tool's result
+th += [m1,
+       {"role": "tool", "tool_call_id": calls[0].id if calls else "x",
+        "content": json.dumps({"city": (args or {}).get("city", "Paris"), "temperature": 18, "sky": "sunny"})}]
+tc2 = A.chat.completions.with_raw_response.create(model=model, messages=th, tools=tools, max_tokens=48, temperature=0)
+t2 = tc2.parse()
+m2, k2 = t2.choices[0].message, kvt(t2)
+print(f"     after the tool result: content {m2.content!r} calls {m2.tool_calls} finish {t2.choices[0].finish_reason}; {k2}")
+check("tool round trip: the reply after the tool result is a response or a further call",
+      (isinstance(m2.content, str) and m2.content and not m2.tool_calls and t2.choices[0].finish_reason in ("stop", "length"))
+      or (m2.tool_calls and t2.choices[0].finish_reason == "tool_calls"), str(m2))
+check("tool round trip: same session, the echoed call matches the cached tokens (only the tool result is decoded)",
+      tc2.headers.get("x-session-id") == tc1.headers.get("x-session-id")
+      and k2["prompt_tokens_reused"] >= t1.usage.prompt_tokens + t1.usage.completion_tokens - 1, str(k2))
+
+# tool_choice "none": the tools stay described (same system message, same session), the reply is
+# held to {"response": ...} and comes back as plain content; the client echoes that plain text and
+# the next turn still continues the session (its stored reply is the JSON the model generated)
+nh = [{"role": "user", "content": "Say hello to me."}]
+n1 = A.chat.completions.create(model=model, messages=nh, tools=tools, tool_choice="none", max_tokens=48, temperature=0)
+c1 = n1.choices[0].message.content
+nh += [{"role": "assistant", "content": c1}, {"role": "user", "content": "Now say goodbye."}]
+n2 = A.chat.completions.create(model=model, messages=nh, tools=tools, tool_choice="none", max_tokens=8, temperature=0)
+print(f"     tool_choice none: {c1!r} finish {n1.choices[0].finish_reason}; turn 2 {kvt(n2)}")
+check("tool_choice none: plain content, no tool call, not the JSON wrapper",
+      isinstance(c1, str) and not n1.choices[0].message.tool_calls and not c1.startswith('{"response"')
+      and n1.choices[0].finish_reason == "stop", repr(c1))
+check("tool_choice none: the plain-text echo continues the session (reused, not re-prefilled)",
+      kvt(n2)["session_id"] == kvt(n1)["session_id"]
+      and kvt(n2)["prompt_tokens_reused"] >= n1.usage.prompt_tokens + n1.usage.completion_tokens - 1, str(kvt(n2)))
+
+# a named function, streamed: the call arrives as a tool_calls delta
+chunks = list(A.chat.completions.create(model=model, messages=[{"role": "user", "content": "What time is it in Tokyo?"}],
+                                        tools=tools, tool_choice={"type": "function", "function": {"name": "get_time"}},
+                                        max_tokens=48, temperature=0, stream=True))
+deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+fin = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+sargs = json_or_none(deltas[0].function.arguments) if deltas else None
+check("tool call (stream, tool_choice names get_time): a tool_calls delta, finish_reason tool_calls",
+      len(deltas) == 1 and deltas[0].function.name == "get_time" and deltas[0].index == 0 and deltas[0].id
+      and valid_args("get_time", sargs) and fin == ["tool_calls"], f"{deltas} {fin}")
+
+# response_format: JSON object, JSON schema; control: the same question as free text is not JSON
+q = [{"role": "user", "content": "How many legs does a spider have?"}]
+rj = A.chat.completions.create(model=model, messages=q, response_format={"type": "json_object"}, max_tokens=48, temperature=0)
+oj = json_or_none(rj.choices[0].message.content)
+check("response_format json_object: the reply is a JSON object", isinstance(oj, dict) and rj.choices[0].finish_reason == "stop",
+      repr(rj.choices[0].message.content))
+schema = {"type": "object", "properties": {"legs": {"type": "integer"}, "animal": {"type": "string"}},
+          "required": ["legs", "animal"]}
+rs = A.chat.completions.create(model=model, messages=q, max_tokens=48, temperature=0,
+                               response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}})
+os_ = json_or_none(rs.choices[0].message.content)
+check("response_format json_schema: the reply follows the schema",
+      isinstance(os_, dict) and set(os_) == {"legs", "animal"} and isinstance(os_["legs"], int)
+      and isinstance(os_["animal"], str), repr(rs.choices[0].message.content))
+opt = {"type": "object", "properties": {"legs": {"type": "integer"}, "animal": {"type": "string"},
+                                        "wings": {"type": "boolean"}}}  # all optional
+ro = A.chat.completions.create(model=model, messages=q, max_tokens=48, temperature=0,
+                               response_format={"type": "json_schema", "json_schema": {"name": "b", "schema": opt}})
+oo = json_or_none(ro.choices[0].message.content)
+check("response_format json_schema, all properties optional: an object of those keys, in schema order",
+      isinstance(oo, dict) and list(oo) == [k for k in opt["properties"] if k in oo], repr(ro.choices[0].message.content))
+rt = A.chat.completions.create(model=model, messages=q, max_tokens=48, temperature=0)
+ot = json_or_none(rt.choices[0].message.content)
+check("control: without response_format the same question is not answered in JSON", not isinstance(ot, dict),
+      repr(rt.choices[0].message.content))
+
+# ---- bad input -------------------------------------------------------------------------
+def bad(name, status, body, frag, **kw):
+    st, _, b = raw("POST", kw.pop("path", "/v1/chat/completions"), body, **kw)
+    msg = b.get("error", {}).get("message", "") if isinstance(b, dict) else ""
+    check(f"bad input: {name} -> {status}", st == status and frag in msg and "type" in b.get("error", {}),
+          f"{st} {str(b)[:300]}")
+
+hello = [{"role": "user", "content": "hi"}]
+bad("malformed JSON", 400, b'{"messages": [', "not valid JSON")
+bad("not an object", 400, b'[1, 2]', "must be a JSON object")
+bad("messages missing", 400, {"max_tokens": 3}, "'messages' is required")
+bad("messages not an array", 400, {"messages": "hi"}, "'messages' must be an array")
+bad("temperature of the wrong type", 400, {"messages": hello, "temperature": "hot"}, "'temperature' must be a number")
+bad("max_tokens of the wrong type", 400, {"messages": hello, "max_tokens": 2.5}, "'max_tokens' must be an integer")
+bad("stream of the wrong type", 400, {"messages": hello, "stream": "yes"}, "'stream' must be a boolean")
+bad("unknown role", 400, {"messages": [{"role": "wizard", "content": "hi"}]}, "'wizard' is not supported")
+bad("content of the wrong type", 400, {"messages": [{"role": "user", "content": 42}]}, "must be a string")
+bad("last message not from the user", 400, {"messages": [{"role": "user", "content": "a"},
+                                                         {"role": "assistant", "content": "b"}]}, "must be a user or tool message")
+bad("invalid UTF-8", 400, b'{"messages": [{"role": "user", "content": "caf\xe9"}]}', "not valid UTF-8")
+bad("body over 8 MiB", 413, b'{"messages": "' + b"x" * (9 << 20) + b'"}', "over the limit")
+bad("prompt longer than the context", 400, {"messages": [{"role": "user", "content": "apple " * 6000}]}, "tokens")
+bad("response_format of an unknown type", 400, {"messages": hello, "response_format": {"type": "yaml"}},
+    "'yaml' is not one of")
+bad("tools not an array", 400, {"messages": hello, "tools": {"type": "function"}}, "'tools' must be an array")
+bad("a tool without a name", 400, {"messages": hello, "tools": [{"type": "function", "function": {}}]}, "'tools[0]' must be")
+bad("tool_choice naming a function not in tools", 400, {"messages": hello, "tools": tools,
+    "tool_choice": {"type": "function", "function": {"name": "launch"}}}, "'launch', which is not in 'tools'")
+bad("tool_choice of an unknown mode", 400, {"messages": hello, "tools": tools, "tool_choice": "sometimes"},
+    "'sometimes' is not one of")
+bad("a tool schema of an unknown type", 400, {"messages": hello, "tools": [{"type": "function", "function": {
+    "name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "complex"}}}}}]}, "unknown JSON schema type")
+bad("a tool schema with 300 properties", 400, {"messages": hello, "tools": [{"type": "function", "function": {
+    "name": "f", "parameters": {"type": "object", "properties": {f"p{i}": {} for i in range(300)}}}}]}, "at most 256")
+bad("a schema requiring a property it does not define", 400, {"messages": hello, "response_format": {
+    "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {}},
+                                                                    "required": ["b"]}}}}, "'b', which is not in 'properties'")
+bad("tools with response_format json", 400, {"messages": hello, "tools": tools, "response_format": {"type": "json_object"}},
+    "cannot be combined")
+bad("a tool result without tool_call_id", 400, {"messages": [{"role": "user", "content": "hi"},
+                                                            {"role": "tool", "content": "18 degrees"}]}, "tool_call_id")
+bad("the deprecated functions API", 400, {"messages": hello, "functions": [{"name": "f"}]}, "deprecated")
+bad("completions without a prompt", 400, {"max_tokens": 3}, "'prompt' must be a string", path="/v1/completions")
+st, _, b = raw("GET", "/v1/nowhere")
+check("unknown endpoint -> 404", st == 404 and "error" in b, f"{st} {b}")
+st, _, b = raw("GET", "/v1/models", key=None)
+check("no API key -> 401", st == 401 and b["error"]["code"] == "invalid_api_key", f"{st} {b}")
+st, _, b = raw("GET", "/v1/models", key="wrong-key")
+check("wrong API key -> 401", st == 401, f"{st} {b}")
+try:
+    A.chat.completions.create(model=model, messages=hello, response_format={"type": "yaml"})
+    check("the client raises BadRequestError on a 400", False, "no exception")
+except openai.BadRequestError as e:
+    check("the client raises BadRequestError on a 400", "response_format" in str(e), str(e))
+st, _, b = raw("GET", "/health", key=None)
+check("still serving after bad input", st == 200, f"{st} {b}")
+
+# ---- two API keys are isolated ---------------------------------------------------------
+st, _, la = raw("GET", "/v1/sessions", key=KEY_A)
+st, _, lb = raw("GET", "/v1/sessions", key=KEY_B)
+ids_a = {s["id"] for s in la["data"]}
+check("key A sees its sessions", sid in ids_a, str(la)[:300])
+check("key B sees none of key A's sessions", not ({s["id"] for s in lb["data"]} & ids_a), str(lb)[:300])
+rb = B.chat.completions.create(model=model, messages=hist, max_tokens=2, temperature=0, extra_headers={"X-Session-Id": sid})
+check("key B naming key A's session id gets a fresh session of its own (nothing reused)",
+      kvt(rb)["prompt_tokens_reused"] == 0, str(kvt(rb)))
+st, _, b = raw("DELETE", f"/v1/sessions/{sid}", key=KEY_B)
+st2, _, _ = raw("GET", "/v1/sessions", key=KEY_A)
+st_a, _, la2 = raw("GET", "/v1/sessions", key=KEY_A)
+check("key B's DELETE removes only its own session", st == 200 and sid in {s["id"] for s in la2["data"]}, f"{st} {b}")
+st, _, b = raw("DELETE", f"/v1/sessions/{sid}", key=KEY_A)
+check("key A deletes its session", st == 200 and b.get("deleted") is True, f"{st} {b}")
+st, _, b = raw("DELETE", f"/v1/sessions/{sid}", key=KEY_A)
+check("deleting it again -> 404", st == 404, f"{st} {b}")
+
+
+# ---- past --max-sessions (7 here) the least recently used session is parked, and resumes
+#      without recompute ---------------------------------------------------------------------
+ph = [{"role": "user", "content": "Remember that my locker number is 31. What is a locker?"}]
+p1 = A.chat.completions.create(model=model, messages=ph, max_tokens=8, temperature=0,
+                               extra_headers={"X-Session-Id": "park-me"})
+for i in range(8):
+    A.chat.completions.create(model=model, messages=[{"role": "user", "content": f"Filler session {i}."}],
+                              max_tokens=1, temperature=0, extra_headers={"X-Session-Id": f"filler-{i}"})
+_, _, ls = raw("GET", "/v1/sessions")
+pk = [x for x in ls["data"] if x["id"] == "park-me"]
+check("the least recently used session was parked", pk and pk[0]["parked"] is True and pk[0]["resident_tokens"] == 0,
+      str(pk))
+ph += [{"role": "assistant", "content": p1.choices[0].message.content}, {"role": "user", "content": "And my locker number?"}]
+p2 = A.chat.completions.create(model=model, messages=ph, max_tokens=8, temperature=0,
+                               extra_headers={"X-Session-Id": "park-me"})
+kp = kvt(p2)
+check("a parked session resumes without recompute (reused, recovered, only the tail decoded)",
+      kp["prompt_tokens_reused"] >= p1.usage.prompt_tokens + p1.usage.completion_tokens - 1 and kp["recoveries"] > 0
+      and kp["prompt_tokens_decoded"] < 20, str(kp))
+
+# ---- a client that disconnects mid-stream frees its slot ---------------------------------
+
+conn = http.client.HTTPConnection(U.hostname, U.port, timeout=60)
+conn.request("POST", "/v1/chat/completions", body=json.dumps(
+    {"messages": [{"role": "user", "content": "Tell me a very long story."}], "max_tokens": 2000, "stream": True,
+     "temperature": 0.8, "seed": 1}),
+    headers={"Authorization": f"Bearer {KEY_A}", "Content-Type": "application/json"})
+resp = conn.getresponse()
+got = resp.read1(200)
+gen0 = metric("kvtier_generated_tokens_total")
+resp.close()
+conn.close()
+t0 = time.time()
+while time.time() - t0 < 10 and metric("kvtier_active_requests") != 0:
+    time.sleep(0.1)
+freed = time.time() - t0
+check(f"disconnect mid-stream frees the slot ({freed:.2f} s)", got.startswith(b"data: ") and
+      metric("kvtier_active_requests") == 0 and freed < 3, f"active {metric('kvtier_active_requests')} after {freed:.1f} s")
+gen1 = metric("kvtier_generated_tokens_total")
+check("the dropped request stopped long before max_tokens", gen1 - gen0 < 1000, f"{gen1 - gen0} tokens generated")
+
+# the same for a non-streamed request whose client gives up (a client-side timeout)
+gen0 = metric("kvtier_generated_tokens_total")
+conn = http.client.HTTPConnection(U.hostname, U.port, timeout=60)
+conn.request("POST", "/v1/chat/completions", body=json.dumps(
+    {"messages": [{"role": "user", "content": "Tell me another very long story."}], "max_tokens": 2000,
+     "temperature": 0.8, "seed": 2}),
+    headers={"Authorization": f"Bearer {KEY_A}", "Content-Type": "application/json"})
+t0 = time.time()
+while time.time() - t0 < 20 and metric("kvtier_active_requests") != 1:  # generating
+    time.sleep(0.05)
+time.sleep(0.5)
+conn.sock.shutdown(2)
+conn.close()
+t0 = time.time()
+while time.time() - t0 < 10 and metric("kvtier_active_requests") != 0:
+    time.sleep(0.1)
+freed = time.time() - t0
+gen1 = metric("kvtier_generated_tokens_total")
+check(f"a non-streamed request whose client disconnects is cancelled ({freed:.2f} s, {gen1 - gen0:.0f} tokens)",
+      metric("kvtier_active_requests") == 0 and freed < 3 and gen1 - gen0 < 1000,
+      f"active {metric('kvtier_active_requests')} after {freed:.1f} s, {gen1 - gen0} tokens")
+
+# ---- queue full -> 429 (server: --parallel 2 --queue 1) ----------------------------------
+codes = []
+
+
+def hit(i, n):
+    st, _, b = raw("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": f"Story number {i}."}],
+                                                    "max_tokens": n, "temperature": 0.5, "seed": i})
+    codes.append((i, st, b.get("error", {}).get("type") if isinstance(b, dict) else None))
+
+
+def wait_metric(name, value, limit=20):
+    t0 = time.time()
+    while time.time() - t0 < limit and metric(name) != value:
+        time.sleep(0.05)
+    return metric(name) == value
+
+
+ths = []
+busy = True
+for i in range(2):  # both slots busy, one after the other (the queue holds only one)
+    ths.append(threading.Thread(target=hit, args=(i, 150)))
+    ths[-1].start()
+    busy = busy and wait_metric("kvtier_active_requests", i + 1)
+ths.append(threading.Thread(target=hit, args=(2, 8)))  # the one queue place
+ths[-1].start()
+queued = wait_metric("kvtier_queue_length", 1)
+hit(3, 8)  # no room: refused at once
+for t in ths:
+    t.join()
+by = {i: (st, ty) for i, st, ty in codes}
+check("queue full -> 429 rate_limit_error; the others are served", busy and queued and by[3] == (429, "rate_limit_error")
+      and all(by[i][0] == 200 for i in range(3)), f"busy {busy} queued {queued} {codes}")
+
+# ---- metrics ---------------------------------------------------------------------------
+_, h, txt = raw("GET", "/metrics", key=None)
+for name in ("kvtier_sessions_parked", "kvtier_requests_total{status=\"2xx\"}", "kvtier_requests_total{status=\"4xx\"}",
+             "kvtier_ttft_seconds_count", "kvtier_token_latency_seconds_bucket", "kvtier_prompt_tokens_reused_total",
+             "kvtier_resident_tokens", "kvtier_pool_ram_bytes"):
+    check(f"/metrics has {name}", name in txt, txt[:200])
+
+finish()
