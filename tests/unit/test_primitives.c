@@ -204,11 +204,17 @@ static void check_real(const char *type, double tol) {
            "(bound %.3g; host re-anchoring err at open %.2g)\n", type, floor_, d_llama, d_host, bound, I.reanchor_err);
     assert_int_equal(I.reanchor, KVT_REANCHOR_HOST);
     assert_true(d_host <= bound);
-    /* and a different block is far outside that bound: the check can fail */
-    struct scene other = sc;
-    for (int i = 0; i < L1; i += 3) other.B1[i] = (other.B1[i] + 17) % 30000 + 3;
+    /* and different blocks are far outside that bound: the check can fail.  Both spliced blocks
+    ** are replaced (one changed token in three of B1 alone moved max|dlogit| by only 1.2x the
+    ** noise floor on an AMD EPYC host, where the floor itself is 3.35) */
+    struct scene other;
+    make_scene(&other, nv, 98765);
+    memcpy(other.S, sc.S, sizeof sc.S);
+    memcpy(other.T, sc.T, sizeof sc.T);
     reference_logits(h, &other, out, nv);
-    assert_true(max_abs_diff(ref, out, nv) > bound);
+    double d_other = max_abs_diff(ref, out, nv);
+    printf("  gemma3-270m  K/V %s: other blocks %.3g (must exceed the bound %.3g)\n", type, d_other, bound);
+    assert_true(d_other > bound);
     free(ref);
     free(out);
     kvt_engine_free(h);
