@@ -235,6 +235,15 @@ int kvt_seq_rm(kvt_engine *eng, int32_t seq, kvt_pos p0, kvt_pos p1);
 ** load or shift a sequence whose cells another sequence shares.  Errors: KVT_EINVAL. */
 int kvt_seq_cp(kvt_engine *eng, int32_t src, int32_t dst, kvt_pos p0, kvt_pos p1);
 
+/* Move the cells of positions [p0, p1) of a sequence by delta positions (delta < 0: down, to
+** close a gap left by eviction).  llama.cpp's own context shift (llama_memory_seq_add, as
+** llama-server's context shift uses it): positions change now, K is re-rotated by RoPE at the
+** next decode (kvt_block_save applies a pending shift first).  The target range
+** [p0 + delta, p1 + delta) must hold no other cell of the sequence and must not go below 0.
+** Errors: KVT_EINVAL (bad sequence, empty range, negative target, target occupied: the message
+** names the position), KVT_ENOMEM.  On error the sequence is unchanged. */
+int kvt_seq_shift(kvt_engine *eng, int32_t seq, kvt_pos p0, kvt_pos p1, kvt_pos delta);
+
 /* Highest resident position of a sequence, -1 if empty (full-attention cache on iSWA models). */
 kvt_pos kvt_seq_pos_max(kvt_engine *eng, int32_t seq);
 
@@ -698,7 +707,10 @@ struct kvt_session_stats {
     int64_t recoveries;          /* block loads back into the cache */
     int64_t tokens_decoded;      /* tokens run through the model (prefill + decode) */
     int64_t tokens_recovered;    /* tokens brought back by kv_restore instead */
-    kvt_pos next_pos;            /* position the next token will take */
+    kvt_pos next_pos;            /* position the next token will take; always below the model's
+                                 ** trained context (n_ctx_train): gaps left by eviction are
+                                 ** closed by moving resident blocks down when it would pass */
+    int64_t compactions;         /* times that happened (kvt_seq_shift of every resident block) */
     double  policy_ms;           /* time in eviction policy work: attention signals, scoring,
                                  ** bookkeeping (ms; the block primitives are not included) */
     double  decode_ms;           /* time in kvt_decode for this session (ms) */

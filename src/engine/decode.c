@@ -203,6 +203,37 @@ int kvt_seq_cp(kvt_engine *e, int32_t src, int32_t dst, kvt_pos p0, kvt_pos p1) 
     return 0;
 }
 
+int kvt_seq_shift(kvt_engine *e, int32_t seq, kvt_pos p0, kvt_pos p1, kvt_pos delta) {
+    if (!kvt__engine_seq_ok(e, seq) || seq >= e->p.n_seq) return kvt__fail(KVT_EINVAL, "seq_shift: sequence id %d", seq);
+    if (p0 < 0 || p1 <= p0) return kvt__fail(KVT_EINVAL, "seq_shift: empty range [%d, %d)", p0, p1);
+    if (p0 + delta < 0)
+        return kvt__fail(KVT_EINVAL, "seq_shift: position %d moved by %d would be negative", p0, delta);
+    if (delta == 0) return 0;
+    struct posmap *m = &e->pm[seq];
+#define PM_HAS(p) ((p) >= 0 && (p) < m->cap && (m->bits[(p) >> 3] & (1u << ((p) & 7))))
+    for (kvt_pos p = p0 + delta; p < p1 + delta; p++)
+        if ((p < p0 || p >= p1) && PM_HAS(p))
+            return kvt__fail(KVT_EINVAL, "seq_shift: target position %d of sequence %d is occupied", p, seq);
+    int32_t n = 0;
+    for (kvt_pos p = p0; p < p1; p++) n += PM_HAS(p) ? 1 : 0;
+    kvt_pos *moved = malloc(sizeof(kvt_pos) * (size_t) (n > 0 ? n : 1));
+    if (!moved) return kvt__fail(KVT_ENOMEM, "seq_shift: %d positions", n);
+    n = 0;
+    for (kvt_pos p = p0; p < p1; p++)
+        if (PM_HAS(p)) moved[n++] = p;
+#undef PM_HAS
+    /* grow the map before touching the cache, so that nothing can fail after llama.cpp moved */
+    if (n > 0 && kvt__pm_set(m, moved[n - 1] + (delta > 0 ? delta : 0)) != 0) { free(moved); return KVT_ENOMEM; }
+    if (n > 0 && delta > 0) kvt__pm_clear(m, moved[n - 1] + delta, moved[n - 1] + delta + 1);
+    llama_memory_seq_add(llama_get_memory(e->ctx), seq, p0, p1, delta);
+    kvt__pm_clear(m, p0, p1);
+    for (int32_t i = 0; i < n; i++) kvt__pm_set(m, moved[i] + delta); /* cannot fail: the map covers it */
+    free(moved);
+    if (n > 0) e->shift_pending = true;
+    e->gen++;
+    return 0;
+}
+
 kvt_pos kvt_seq_pos_max(kvt_engine *e, int32_t seq) { return kvt__engine_seq_ok(e, seq) ? kvt__pm_max(&e->pm[seq]) : -1; }
 
 int32_t kvt_seq_n_cells(kvt_engine *e, int32_t seq) { return kvt__engine_seq_ok(e, seq) ? e->pm[seq].n : 0; }

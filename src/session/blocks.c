@@ -183,6 +183,8 @@ static int breadcrumb(kvt_session *s, struct blk *b) {
 
 int kvt__sess_load_block(kvt_session *s, int32_t i) {
     struct blk *b = &s->b[i];
+    int rc0 = kvt__sess_reserve_positions(s, b->info.n_tokens); /* loads go at the tail */
+    if (rc0) return rc0;
     if (s->p.recovery == KVT_RECOVERY_BREADCRUMB) {
         int rc = breadcrumb(s, b);
         if (rc) return rc;

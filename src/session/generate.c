@@ -23,7 +23,6 @@ static int save_logits(kvt_session *s) {
 int kvt__sess_feed(kvt_session *s, const kvt_token *tok, int32_t n, int role, int32_t reserve_after) {
     struct kvt_engine_info I;
     kvt_engine_info(s->eng, &I);
-    if (s->next_pos + n >= INT32_MAX / 2) return kvt__fail(KVT_ECTX, "positions exhausted");
     int32_t off = 0;
     while (off < n) {
         /* chunks end at block boundaries so each completed block is sealed right after it is
@@ -35,7 +34,7 @@ int kvt__sess_feed(kvt_session *s, const kvt_token *tok, int32_t n, int role, in
         int rc = kvt__sess_make_room(s, m + (last ? reserve_after : 0));
         if (rc == KVT_EBUDGET && last && reserve_after) rc = kvt__sess_make_room(s, m); /* reply room is best effort */
         s->policy_ms += kvt__now_ms() - t1; /* scoring; the seq_rm of evictions is in here too (cheap) */
-        if (rc) return rc;
+        if (rc || (rc = kvt__sess_reserve_positions(s, m))) return rc;
         double t0 = kvt__now_ms();
         rc = kvt_decode(s->eng, s->p.seq, tok + off, m, s->next_pos, last);
         s->decode_ms += kvt__now_ms() - t0;
@@ -108,6 +107,11 @@ int kvt_session_answer_logprob(kvt_session *s, const char *answer, double *logpr
         free(tok);
         return kvt__fail(KVT_EBUDGET, "scoring %d answer tokens would exceed the budget of %d (%d resident)", n,
                          s->p.budget, kvt__sess_resident(s));
+    }
+    if ((rc = kvt__sess_reserve_positions(s, n))) {
+        free(saved);
+        free(tok);
+        return rc;
     }
     double lp = 0;
     const kvt_pos start = s->next_pos;
@@ -216,7 +220,7 @@ int kvt_session_gen_step_batch_ex(kvt_engine *eng, kvt_session *const *ss, int32
         status[i] = kvt__sess_make_room(s, 1);
         s->policy_ms += kvt__now_ms() - t1;
         if (status[i]) continue;
-        if (s->next_pos + 1 >= INT32_MAX / 2) { status[i] = kvt__fail(KVT_ECTX, "positions exhausted"); continue; }
+        if ((status[i] = kvt__sess_reserve_positions(s, 1))) continue;
         seqs[m] = s->p.seq;
         pos[m] = s->next_pos;
         bt[m] = tok[i];

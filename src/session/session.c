@@ -5,6 +5,7 @@
 #include "session/session_int.h"
 
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -83,6 +84,7 @@ int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *params, k
     s->p = p;
     s->open = -1;
     s->n_vocab = I.n_vocab;
+    s->pos_limit = I.n_ctx_train > 0 ? I.n_ctx_train : INT32_MAX / 2;
     s->serial = atomic_fetch_add(&g_serial, 1) + 1;
     s->kv_text = strdup("");
     if (!s->kv_text) { free(s); return kvt__fail(KVT_ENOMEM, "session"); }
@@ -200,6 +202,7 @@ void kvt_session_get_stats(kvt_session *s, struct kvt_session_stats *st) {
     st->tokens_decoded = s->decoded;
     st->tokens_recovered = s->recovered;
     st->next_pos = s->next_pos;
+    st->compactions = s->compactions;
     st->policy_ms = s->policy_ms;
     st->decode_ms = s->decode_ms;
     kvt_pool_get_stats(s->pool, &st->pool);

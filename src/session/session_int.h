@@ -9,6 +9,7 @@
 **                         evict under the watermarks, load a block back, drop a block
 **   session/sync.c        the conversation: messages, template text diff, cut-back, sync
 **   session/generate.c    prefill in budget-sized chunks (feed), generation, batched steps
+**   session/positions.c   positions kept below the trained context (compaction of the gaps)
 **   policy/signals.c      attention captured per chunk -> H2O / SnapKV / EWMA block signals
 **   retrieval/recovery.c  which evicted blocks come back before a message (BM25 novel terms,
 **                         successor blocks, dense/HNSW, InfLLM representatives, own tail)
@@ -87,6 +88,8 @@ struct kvt_session {
     int32_t     n_gen, cap_gen;
     bool        generating;
     bool        is_parked;      /* kvt_session_park: no cells, no sequence */
+    kvt_pos     pos_limit;      /* positions stay below this: n_ctx_train (session/positions.c) */
+    int64_t     compactions;    /* times the resident blocks were moved down to close gaps */
     kvt_chunk_cb chunk_cb;      /* called between prefill chunks (kvt_session_set_chunk_cb) */
     void       *chunk_ud;
 };
@@ -135,6 +138,14 @@ int  kvt__sess_push_msg(kvt_session *s, int role, const char *text, int keep);
 void kvt__sess_set_text(kvt_session *s, char *fmt);
 int  kvt__sess_cut_stream(kvt_session *s, int32_t keep);
 int  kvt__sess_append_reply(kvt_session *s, const char *text);
+
+/* ---- session/positions.c ---- */
+/* Make room for n more positions below pos_limit: compact the resident blocks down to close the
+** gaps if next_pos + n would pass it.  KVT_ECTX (with the numbers) when even that is not enough;
+** errors of kvt_seq_shift.  Call before every decode or load at next_pos. */
+int  kvt__sess_reserve_positions(kvt_session *s, int32_t n);
+/* Move every resident block down, in position order, to sit contiguously from 0. */
+int  kvt__sess_compact(kvt_session *s);
 
 /* ---- policy/signals.c ---- */
 /* Attention captured for the last decoded chunk -> block signals (best effort). */

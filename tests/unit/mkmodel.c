@@ -137,13 +137,17 @@ static void add_tokenizer(int n_vocab) {
 }
 
 int main(int argc, char **argv) {
-    int tokenizer = 1;
+    int tokenizer = 1, n_ctx_train = 8192;
+    if (argc > 4 && !strcmp(argv[argc - 2], "--ctx-train")) {
+        n_ctx_train = atoi(argv[argc - 1]);
+        argc -= 2;
+    }
     if (argc > 3 && !strcmp(argv[argc - 1], "--no-tokenizer")) {
         tokenizer = 0;
         argc--;
     }
-    if (argc < 3 || argc > 4 || (strcmp(argv[2], "llama") && strcmp(argv[2], "gemma3"))) {
-        fprintf(stderr, "usage: mkmodel OUT.gguf llama|gemma3 [n_swa] [--no-tokenizer]\n");
+    if (argc < 3 || argc > 4 || (strcmp(argv[2], "llama") && strcmp(argv[2], "gemma3")) || n_ctx_train < 16) {
+        fprintf(stderr, "usage: mkmodel OUT.gguf llama|gemma3 [n_swa] [--no-tokenizer] [--ctx-train N >= 16]\n");
         return 2;
     }
     const char *out = argv[1], *arch = argv[2];
@@ -158,7 +162,7 @@ int main(int argc, char **argv) {
     gguf_set_val_str(gctx, "general.architecture", arch);
     gguf_set_val_str(gctx, "general.name", gemma ? "tiny-random-gemma3" : "tiny-random-llama");
     kv_u32(arch, "vocab_size", n_vocab);
-    kv_u32(arch, "context_length", 8192);
+    kv_u32(arch, "context_length", (uint32_t) n_ctx_train);
     kv_u32(arch, "embedding_length", n_embd);
     kv_u32(arch, "block_count", n_layer);
     kv_u32(arch, "feed_forward_length", n_ff);
