@@ -13,12 +13,12 @@ setup:
 
 build: setup
 	@eval "$$($(BOOT) env)"; \
-	cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLLAMA_PREFIX="$$LLAMA_PREFIX" -DKVTIER_MODEL="$$KVTIER_MODEL" >/dev/null && \
+	cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLLAMA_PREFIX="$$LLAMA_PREFIX" -DKVTIER_MODEL="$$KVTIER_MODEL" -DKVTIER_CHAT_MODEL="$$KVTIER_CHAT_MODEL" >/dev/null && \
 	cmake --build build -j $(JOBS)
 
 build-asan: setup
 	@eval "$$($(BOOT) env)"; \
-	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVT_SANITIZE=ON -DLLAMA_PREFIX="$$LLAMA_PREFIX" -DKVTIER_MODEL="$$KVTIER_MODEL" >/dev/null && \
+	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVT_SANITIZE=ON -DLLAMA_PREFIX="$$LLAMA_PREFIX" -DKVTIER_MODEL="$$KVTIER_MODEL" -DKVTIER_CHAT_MODEL="$$KVTIER_CHAT_MODEL" >/dev/null && \
 	cmake --build build-asan -j $(JOBS)
 
 # The full suite on the normal build, then again under AddressSanitizer + UBSan (the demo and

