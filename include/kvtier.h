@@ -12,7 +12,12 @@
 **                             pass), capture per-head attention mapped to positions.
 **   4. Host pool              byte-budgeted host RAM tier that spills to checksummed files.
 **   5. Session                one conversation in one sequence under a token budget, with a
-**                             block table, watermark eviction and recompute-free recovery.
+**                             block table, watermark eviction and recompute-free recovery;
+**                             BM25 retrieval of evicted blocks.
+**   6. Signals                attention mass per block (H2O, SnapKV), attention entropy and
+**                             head classes.
+**   7. Dense retrieval        optional: embeddings through llama.cpp, approximate nearest
+**                             neighbours (HNSW).
 **
 ** Units: token counts are tokens, positions are llama_pos-style int32 (half-open [p0, p1)),
 ** sizes are bytes, times are milliseconds.
@@ -20,8 +25,10 @@
 ** Thread-safety: an engine and the sessions on it are single-threaded objects: the caller
 ** serialises every call that names the same engine.  Sessions on one engine may be interleaved
 ** call by call (each keeps its own logits); their numbers are independent of sessions that ran
-** before, but not bit-identical to a lone run while other sessions' cells share the cache.  The host pool is thread-safe.
-** kvt_strerror() and kvt_errmsg() may be called from any thread.
+** before, but not bit-identical to a lone run while other sessions' cells share the cache.
+** The host pool is thread-safe.  An embedder and an ANN index are single-threaded objects like
+** an engine.  Functions marked "pure" (BM25, section 6) touch no shared state and may be called
+** from any thread, as may kvt_strerror() and kvt_errmsg().
 */
 #ifndef KVTIER_H
 #define KVTIER_H
@@ -189,7 +196,7 @@ int kvt_decode_multi(kvt_engine *eng, const int32_t *seqs, const kvt_token *toks
                      float *logits_out /* OUT [n * n_vocab] */);
 
 /* Logits (n_vocab floats) of the last token decoded with want_logits.  Owned by the engine,
-** valid until the next decode.  NULL if none. */
+** valid until the next decode.  NULL if none.  Cannot fail. */
 const float *kvt_logits(kvt_engine *eng);
 
 /* A grammar-constrained decoding state (llama.cpp's GBNF grammar sampler, the mechanism behind
@@ -244,10 +251,12 @@ int kvt_seq_cp(kvt_engine *eng, int32_t src, int32_t dst, kvt_pos p0, kvt_pos p1
 ** names the position), KVT_ENOMEM.  On error the sequence is unchanged. */
 int kvt_seq_shift(kvt_engine *eng, int32_t seq, kvt_pos p0, kvt_pos p1, kvt_pos delta);
 
-/* Highest resident position of a sequence, -1 if empty (full-attention cache on iSWA models). */
+/* Highest resident position of a sequence, -1 if empty (full-attention cache on iSWA models)
+** or if seq is out of range.  Cannot fail. */
 kvt_pos kvt_seq_pos_max(kvt_engine *eng, int32_t seq);
 
-/* KV cells the sequence occupies (tokens), counted from the engine's own bookkeeping.  */
+/* KV cells the sequence occupies (tokens), counted from the engine's own bookkeeping; 0 if seq
+** is out of range.  Cannot fail. */
 int32_t kvt_seq_n_cells(kvt_engine *eng, int32_t seq);
 
 /* ====================================================================================== */
@@ -257,7 +266,7 @@ int32_t kvt_seq_n_cells(kvt_engine *eng, int32_t seq);
 /* A saved KV block: the llama_state_seq_get_data bytes of one position range, plus what is
 ** needed to load it elsewhere.  Owned by the caller; free with kvt_blob_free. */
 typedef struct kvt_blob {
-    uint8_t *data;        /* llama.cpp sequence-state bytes (format in notes/llama-kv-api.md) */
+    uint8_t *data;        /* llama.cpp sequence-state bytes (llama_state_seq_get_data format) */
     size_t   size;        /* bytes */
     kvt_pos  p0;          /* first position the K rows are rotated for */
     int32_t  n_tokens;    /* positions covered: [p0, p0 + n_tokens) */
@@ -267,8 +276,8 @@ typedef struct kvt_blob {
 
 /* Block save: copy positions [p0, p1) of sequence seq into a new host blob.  Non-destructive:
 ** the sequence keeps its cells.  If a K-shift is pending (SEQ_ADD path), it is applied first
-** with a one-token decode in a scratch sequence, since saving a pending shift is silently
-** wrong (notes/llama-kv-api.md).
+** with a one-token decode in a scratch sequence: llama.cpp applies a shift lazily at the next
+** llama_decode, and llama_state_seq_get_data would otherwise save the un-shifted K.
 ** On iSWA models (Gemma 3), save a block while its sliding-window cells still exist (right
 ** after it is decoded): the blob carries only the SWA cells still in the cache.
 ** OUT *out: caller frees with kvt_blob_free.
@@ -294,13 +303,6 @@ void kvt_blob_free(kvt_blob *blob);
 
 /* Copy a blob (deep).  OUT *out.  Errors: KVT_ENOMEM. */
 int kvt_blob_dup(const kvt_blob *blob, kvt_blob **out);
-
-/* Test hook for the control experiment: when true, kvt_block_save skips forcing a pending
-** K-shift (SEQ_ADD path) and therefore saves stale K.  Never set this in production. */
-void kvt_engine_set_unsafe_skip_shift_flush(kvt_engine *eng, bool skip);
-
-/* Number of K-shifts llama.cpp still has to apply (0 or 1). */
-bool kvt_engine_shift_pending(const kvt_engine *eng);
 
 /* ---- Attention capture ----
 ** Captures post-softmax attention (llama.cpp's "kq_soft_max-<il>" nodes, flash attention off)
@@ -333,7 +335,7 @@ typedef struct kvt_attn {
 /* Errors: KVT_ENOENT (layer not captured or nothing decoded since), KVT_EFORMAT (the cell map
 ** could not be reconstructed), KVT_ENOMEM. */
 int kvt_attn_get(kvt_engine *eng, int32_t layer, int32_t seq, kvt_attn **out);
-void kvt_attn_free(kvt_attn *a);
+void kvt_attn_free(kvt_attn *a); /* frees the struct and its arrays; accepts NULL */
 
 /* Parse a blob's K rows of one layer to F32 (for verification and host-side scoring).
 ** part: 0 = full-attention cache, 1 = sliding-window cache.  il: layer index within the part.
@@ -359,6 +361,7 @@ struct kvt_pool_params {
                               ** under $TMPDIR (or /tmp) on first spill, removed by free */
 };
 
+/* Defaults listed above.  Returned by value; cannot fail. */
 struct kvt_pool_params kvt_pool_default_params(void);
 
 /* Create a pool (p NULL = defaults).  OUT *out, freed by kvt_pool_free.  Errors: KVT_EINVAL
@@ -390,10 +393,6 @@ int kvt_pool_get(kvt_pool *pool, uint64_t key, void **data, size_t *n);
 
 /* Remove key (and its spill file).  Errors: KVT_ENOENT.  Thread-safe. */
 int kvt_pool_del(kvt_pool *pool, uint64_t key);
-
-/* Path of key's spill file, or "" if it is in RAM (for tests and diagnostics).
-** Errors: KVT_ENOENT, KVT_EINVAL (NULL buf, or the path does not fit: buf is set to ""). */
-int kvt_pool_spill_path(kvt_pool *pool, uint64_t key, char *buf, size_t buf_size);
 
 struct kvt_pool_stats {
     int64_t n_entries, n_spilled;
@@ -716,6 +715,8 @@ struct kvt_session_stats {
     double  decode_ms;           /* time in kvt_decode for this session (ms) */
     struct kvt_pool_stats pool;
 };
+/* Fill *st (HOST/DISK block counts as the pool holds them now).  Works on a parked session.
+** Cannot fail.  Not thread-safe (engine rule). */
 void kvt_session_get_stats(kvt_session *s, struct kvt_session_stats *st /* OUT */);
 
 /* One row of the block table. */
@@ -741,8 +742,8 @@ struct kvt_block_info {
     const char *text;      /* detokenized text (owned by the session; valid until next call) */
 };
 
-/* Number of blocks in the table, and row i (0 <= i < n) in position order of creation.
-** Errors: KVT_EINVAL (i out of range). */
+/* Number of blocks in the table (cannot fail), and row i (0 <= i < n) in position order of
+** creation; info->text is owned by the session.  Errors: KVT_EINVAL (i out of range). */
 int32_t kvt_session_n_blocks(const kvt_session *s);
 int kvt_session_block(kvt_session *s, int32_t i, struct kvt_block_info *info /* OUT */);
 
@@ -792,7 +793,8 @@ int kvt_head_weights_load(const char *profile_path, const int32_t *layers, int32
 ** Uniform over n -> log2(n); one-hot -> 0.  Returns 0 for n <= 0 or an all-zero w.  Pure. */
 double kvt_entropy_bits(const float *w, int32_t n);
 
-/* Attention-head classes by entropy (bits): sink < 0.5 <= focused < 1.5 <= moderate < 3 <= mixed. */
+/* Attention-head classes by entropy (bits): sink < 0.5 <= focused < 1.5 <= moderate < 3 <= mixed
+** (NaN: mixed).  kvt_head_class_name: static string, "unknown" out of range.  Pure. */
 enum kvt_head_class { KVT_HEAD_SINK = 0, KVT_HEAD_FOCUSED = 1, KVT_HEAD_MODERATE = 2, KVT_HEAD_MIXED = 3 };
 int32_t kvt_head_classify(double bits);
 const char *kvt_head_class_name(int32_t cls);
@@ -814,7 +816,7 @@ typedef struct kvt_embedder kvt_embedder;
 ** Errors: KVT_EINVAL, KVT_EMODEL (message names the path), KVT_ELLAMA. */
 int kvt_embedder_open(const char *model_path, int32_t n_ctx, int32_t n_threads, kvt_embedder **out);
 void kvt_embedder_free(kvt_embedder *em); /* accepts NULL */
-int32_t kvt_embedder_dim(const kvt_embedder *em); /* embedding width (floats) */
+int32_t kvt_embedder_dim(const kvt_embedder *em); /* embedding width (floats); 0 for NULL */
 
 /* Embed UTF-8 text: mean-pooled over its tokens, L2-normalised, written to out[dim].  Text
 ** longer than n_ctx tokens is cut to its first n_ctx tokens.  Errors: KVT_EINVAL (empty text
@@ -842,7 +844,7 @@ int kvt_ann_remove(kvt_ann *ann, uint64_t id);
 ** *n_found <= k (fewer when the index holds fewer).  Errors: KVT_EINVAL. */
 int kvt_ann_search(kvt_ann *ann, const float *q, int32_t k, uint64_t *ids, float *sims, int32_t *n_found);
 
-/* Number of live (not removed) elements. */
+/* Number of live (not removed) elements; 0 for NULL.  Cannot fail. */
 int32_t kvt_ann_size(const kvt_ann *ann);
 
 #ifdef __cplusplus

@@ -23,4 +23,12 @@ void kvt__engine_set_logits(kvt_engine *e, const float *logits);
 int kvt__engine_rotate(const kvt_engine *e, int32_t il, float *x, int32_t n, int32_t delta);
 /* Byte offset just past the last word of text that is one of query's BM25 terms, -1 if none. */
 int32_t kvt__bm25_last_match(const char *text, const char *query);
+
+/* Path of key's spill file in buf, or "" while the entry is in RAM.  The session asks it to tell
+** KVT_RES_HOST from KVT_RES_DISK; the tests, to corrupt and remove spill files.  Not public: the
+** file layout is the pool's own (the persistent store will change it), and users see where
+** entries are through kvt_pool_get_stats and kvt_block_info.residency.
+** Errors: KVT_ENOENT, KVT_EINVAL (NULL pool or buf, or the path does not fit: buf is set to "").
+** Thread-safe. */
+int kvt_pool_spill_path(kvt_pool *pool, uint64_t key, char *buf, size_t buf_size);
 #endif

@@ -2,6 +2,7 @@
 ** scratch sequence + llama_state_seq_get_data, a pending K-shift applied first), load a blob at a
 ** new position (host RoPE re-anchoring in src/kv/blob.c, then llama_state_seq_set_data). */
 #include "engine/engine_int.h"
+#include "test_hooks.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "kvtier.h"
+#include "internal.h"     /* kvt_pool_spill_path */
 
 #define HDR 64 /* spill file header bytes: magic, version, reserved, key, length, SHA-256 */
 

@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "kvtier.h"
+#include "test_hooks.h"   /* kvt_engine_set_unsafe_skip_shift_flush, kvt_engine_shift_pending */
 
 #include <math.h>
 #include <stdio.h>

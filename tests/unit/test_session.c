@@ -7,6 +7,7 @@
 #include <cmocka.h>
 
 #include "kvtier.h"
+#include "internal.h"     /* kvt_pool_spill_path */
 
 #include <stdio.h>
 #include <stdlib.h>

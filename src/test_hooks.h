@@ -1,0 +1,21 @@
+/* test_hooks.h — switches and probes that exist only for kvtier's own tests.  Never installed and
+** not API: libkvtier.so does not export them (cmake/libkvtier.map); the tests link the static
+** library and find this header on their include path (src/). */
+#ifndef KVT_TEST_HOOKS_H
+#define KVT_TEST_HOOKS_H
+
+#include "kvtier.h"
+
+#include <stdbool.h>
+
+/* The control case of tests/unit/test_primitives.c: while skip is true, kvt_block_save no longer
+** forces a pending K-shift (SEQ_ADD path) before saving, so it saves stale K and a restored block
+** differs from a recomputed one; the test asserts that its exactness check notices.  Never set
+** outside that test.  Cannot fail.  Not thread-safe (engine rule). */
+void kvt_engine_set_unsafe_skip_shift_flush(kvt_engine *eng, bool skip);
+
+/* True while a K-shift made by llama_memory_seq_add is still pending (llama.cpp applies it at the
+** next llama_decode): the control case checks its setup left one.  Cannot fail. */
+bool kvt_engine_shift_pending(const kvt_engine *eng);
+
+#endif
