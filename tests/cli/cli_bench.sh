@@ -6,22 +6,12 @@
 # decode steps and positive decode times, policy time only where a policy has work, and
 # evictions under the budget.  No speed assertions: shared machines are too noisy for them.
 set -u
-# the essays these commands read are the team's data, beside the repository (README); without
-# them the test is reported as skipped (exit 77, SKIP_RETURN_CODE in tests/CMakeLists.txt)
-ESSAYS=${KVT_SOURCE_DIR:?KVT_SOURCE_DIR is not set}/../shared/data/pg_essays
-if [ ! -d "$ESSAYS" ]; then
-    echo "SKIP: $ESSAYS is not a directory (make test expects shared/ beside the repository)"
-    exit 77
-fi
+. "$(dirname "$0")/lib.sh"
+t_need_essays
 BIN=${KVTIER_BIN:?KVTIER_BIN is not set}
 MODEL=${KVTIER_MODEL:?KVTIER_MODEL is not set}
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/kvt-cli-bench.XXXXXX")
-trap 'rm -rf "$TMP"' EXIT
-pass=0
-fail=0
+t_init cli-bench
 
-ok() { pass=$((pass + 1)); echo "ok   $*"; }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
 
 if "$BIN" bench primitives -m "$MODEL" --json --repeats 2 --blocks 16,64 >"$TMP/json.out" 2>"$TMP/json.err"; then
     ok "bench --json ran"
@@ -116,5 +106,4 @@ else
     bad "bench policy --policies bogus: exit $brc, $(head -c 300 "$TMP/bad.err")"
 fi
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+t_finish

@@ -5,22 +5,12 @@
 # last stdout line with --json; no FILE.tmp is left behind.  Bad input (positions out of order,
 # a missing model) fails with a non-zero exit and a message naming the value.
 set -u
-# the essays these commands read are the team's data, beside the repository (README); without
-# them the test is reported as skipped (exit 77, SKIP_RETURN_CODE in tests/CMakeLists.txt)
-ESSAYS=${KVT_SOURCE_DIR:?KVT_SOURCE_DIR is not set}/../shared/data/pg_essays
-if [ ! -d "$ESSAYS" ]; then
-    echo "SKIP: $ESSAYS is not a directory (make test expects shared/ beside the repository)"
-    exit 77
-fi
+. "$(dirname "$0")/lib.sh"
+t_need_essays
 BIN=${KVTIER_BIN:?KVTIER_BIN is not set}
 MODEL=${KVTIER_MODEL:?KVTIER_MODEL is not set}
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/kvt-cli-calibrate.XXXXXX")
-trap 'rm -rf "$TMP"' EXIT
-pass=0
-fail=0
+t_init cli-calibrate
 
-ok() { pass=$((pass + 1)); echo "ok   $*"; }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
 
 if "$BIN" calibrate -m "$MODEL" -o "$TMP/p.json" --n-texts 2 --tokens 256 --positions 128,256 --json \
     >"$TMP/out" 2>"$TMP/err"; then
@@ -113,5 +103,4 @@ expect_fail "position past --tokens" "512" -m "$MODEL" --tokens 256 --positions 
 expect_fail "unreadable text dir" "$TMP/no-texts" -m "$MODEL" --texts "$TMP/no-texts"
 if [ -e "$TMP/q.json" ]; then bad "a failed run wrote q.json"; else ok "failed runs wrote no profile"; fi
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+t_finish

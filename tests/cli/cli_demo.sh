@@ -15,15 +15,11 @@
 # back most of what truncation loses: gap(kv_restore) <= 0.25 x gap(discard), with gap = the
 # reference's log-probability minus the run's — and prints the raw numbers.
 set -u
+. "$(dirname "$0")/lib.sh"
 BIN=${KVTIER_BIN:?KVTIER_BIN is not set}
 MODEL=${KVTIER_MODEL:?KVTIER_MODEL is not set}
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/kvt-cli-demo.XXXXXX")
-trap 'rm -rf "$TMP"' EXIT
-pass=0
-fail=0
+t_init cli-demo
 
-ok() { pass=$((pass + 1)); echo "ok   $*"; }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
 
 # run NAME ARGS...: the demo's last stdout line into $TMP/NAME.json
 run() {
@@ -97,5 +93,4 @@ except Exception as e:
     print(f"answer_logprob: unavailable ({e})")
 EOF
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+t_finish

@@ -5,14 +5,12 @@
 # bad value, and that the process did not crash (no signal, no sanitizer report).
 # Environment (from tests/CMakeLists.txt): KVTIER_BIN, KVTIER_MODEL, KVT_TINY_DIR.
 set -u
+. "$(dirname "$0")/lib.sh"
 BIN=${KVTIER_BIN:?KVTIER_BIN is not set}
 MODEL=${KVTIER_MODEL:-}
 TINY=${KVT_TINY_DIR:-}
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/kvt-cli-errors.XXXXXX")
-trap 'rm -rf "$TMP"' EXIT
+t_init cli-errors
 ulimit -c 0 2>/dev/null || true
-pass=0
-fail=0
 
 # expect NAME WANT_EXIT STREAM FRAGMENT -- COMMAND...
 #   STREAM is err or out: where FRAGMENT (a fixed string) must appear.
@@ -111,5 +109,4 @@ expect "--version names llama.cpp" 0 out "llama.cpp 0." -- "$BIN" --version
 expect "version names kvtier" 0 out "kvtier 0." -- "$BIN" version
 expect "--help" 0 out "Usage:" -- "$BIN" chat --help
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+t_finish

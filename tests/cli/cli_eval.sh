@@ -13,23 +13,13 @@
 #   - bad input fails with exit 2 and a message naming the bad value.
 # Environment (from tests/CMakeLists.txt): KVTIER_BIN, KVT_TINY_DIR, KVT_SOURCE_DIR.
 set -u
-# the essays these commands read are the team's data, beside the repository (README); without
-# them the test is reported as skipped (exit 77, SKIP_RETURN_CODE in tests/CMakeLists.txt)
-ESSAYS=${KVT_SOURCE_DIR:?KVT_SOURCE_DIR is not set}/../shared/data/pg_essays
-if [ ! -d "$ESSAYS" ]; then
-    echo "SKIP: $ESSAYS is not a directory (make test expects shared/ beside the repository)"
-    exit 77
-fi
+. "$(dirname "$0")/lib.sh"
+t_need_essays
 BIN=${KVTIER_BIN:?KVTIER_BIN is not set}
 TINY=${KVT_TINY_DIR:?KVT_TINY_DIR is not set}/tiny-llama.gguf
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/kvt-cli-eval.XXXXXX")
-trap 'rm -rf "$TMP"' EXIT
+t_init cli-eval
 ulimit -c 0 2>/dev/null || true
-pass=0
-fail=0
 
-ok() { pass=$((pass + 1)); echo "ok   $*"; }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
 
 if [ ! -f "$TINY" ]; then
     echo "FAIL tiny model '$TINY' is missing (run the gen_tiny_models test first)"
@@ -163,5 +153,4 @@ expect "unreadable embedding model names the path" 1 "$TMP/none.gguf" -- \
 [ -e "$TMP/bad" ] && bad "a usage error wrote output files" || ok "usage errors write no output"
 if "$BIN" eval niah --help | grep -q "Usage: kvtier eval"; then ok "--help"; else bad "--help"; fi
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+t_finish

@@ -1,0 +1,32 @@
+# lib.sh — what the command-line test scripts share (sourced, not run): a private temporary
+# directory removed on exit, the ok/bad counters, the closing "N passed, N failed" line that
+# ctest's output shows, and the rule for the essays that some commands read.
+#   . "$(dirname "$0")/../cli/lib.sh"
+#   t_init NAME          TMP=a fresh directory, pass=0, fail=0
+#   t_need_essays        ESSAYS=../shared/data/pg_essays beside the repository, or exit 77
+#                        (reported as skipped: SKIP_RETURN_CODE in tests/CMakeLists.txt)
+#   ok MSG / bad MSG     count and print one check
+#   t_finish             print the counts; the script's status is 0 only when nothing failed
+t_init() {
+    TMP=$(mktemp -d "${TMPDIR:-/tmp}/kvt-$1.XXXXXX")
+    trap 'rm -rf "$TMP"' EXIT
+    pass=0
+    fail=0
+}
+
+ok() { pass=$((pass + 1)); echo "ok   $*"; }
+bad() { fail=$((fail + 1)); echo "FAIL $*"; }
+
+t_need_essays() {
+    # the essays are the team's data, beside the repository (README), not installable
+    ESSAYS=${KVT_SOURCE_DIR:?KVT_SOURCE_DIR is not set}/../shared/data/pg_essays
+    if [ ! -d "$ESSAYS" ]; then
+        echo "SKIP: $ESSAYS is not a directory (make test expects shared/ beside the repository)"
+        exit 77
+    fi
+}
+
+t_finish() {
+    echo "$pass passed, $fail failed"
+    [ "$fail" -eq 0 ]
+}
