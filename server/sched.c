@@ -172,6 +172,7 @@ int serve_submit(struct server *srv, struct job *j) {
     }
     j->state = JOB_QUEUED;
     j->refs = 2;
+    j->ticket = srv->n_tickets++;
     j->next = NULL;
     if (srv->tail) srv->tail->next = j;
     else srv->head = j;
@@ -181,6 +182,23 @@ int serve_submit(struct server *srv, struct job *j) {
     pthread_cond_signal(&srv->work);
     pthread_mutex_unlock(&srv->mu);
     return 0;
+}
+
+/* An admitted job that cannot start yet (the session it names is generating) goes back to the
+** queue at its place in arrival order; it is admitted again once runnable() says so.  It stays
+** queued for the client (not an error) and does not count against --queue a second time. */
+static void requeue(struct server *srv, struct job *j) {
+    pthread_mutex_lock(&srv->mu);
+    struct job **pp = &srv->head;
+    while (*pp && (*pp)->ticket < j->ticket) pp = &(*pp)->next;
+    j->next = *pp;
+    *pp = j;
+    if (!j->next) srv->tail = j;
+    j->state = JOB_QUEUED;
+    srv->n_queued++;
+    srv->m.queue_len = srv->n_queued;
+    srv->m.active--;
+    pthread_mutex_unlock(&srv->mu);
 }
 
 /* under srv->mu */
@@ -361,11 +379,21 @@ static int canonicalise_replies(struct sess *x, struct job *j) {
     return 0;
 }
 
-static struct sess *pick_session(struct server *srv, struct job *j) {
+/* What pick_session found: a session, one that is generating (the job waits), or an error. */
+enum pick { PICK_OK, PICK_BUSY, PICK_ERR };
+
+/* The session a chat job runs in (*out): the one it names, else one chosen by conversation or
+** token prefix among the idle sessions of its namespace, else a new one.  A session generating a
+** reply is never handed out: PICK_BUSY when the job names one (it goes back to the queue and
+** waits its turn; admission alone cannot see this, since a job without X-Session-Id admitted in
+** the same round may have taken that session by prefix).  PICK_ERR: the job has its error. */
+static enum pick pick_session(struct server *srv, struct job *j, struct sess **out) {
     struct sess *x = NULL;
+    *out = NULL;
     if (j->session_id[0]) {
         x = find_session(srv, j->ns, j->session_id);
-        if (x && canonicalise_replies(x, j)) { job_error(j, 500, "server_error", NULL, "out of memory"); return NULL; }
+        if (x && x->job) return PICK_BUSY;
+        if (x && canonicalise_replies(x, j)) { job_error(j, 500, "server_error", NULL, "out of memory"); return PICK_ERR; }
     } else {
         /* the session whose whole conversation the request continues, else the one sharing the
         ** longest token prefix with the request, if at least one block (shorter: a common system
@@ -379,7 +407,7 @@ static struct sess *pick_session(struct server *srv, struct job *j) {
         for (int32_t i = 0; i < g_cap; i++)
             if (g_sess[i].s && !g_sess[i].job && !strcmp(g_sess[i].ns, j->ns)) {
                 any = true;
-                if (canonicalise_replies(&g_sess[i], j)) { job_error(j, 500, "server_error", NULL, "out of memory"); return NULL; }
+                if (canonicalise_replies(&g_sess[i], j)) { job_error(j, 500, "server_error", NULL, "out of memory"); return PICK_ERR; }
             }
         if (any && request_tokens(srv, j, &req, &n_req) == 0 && !(buf = malloc(sizeof *buf * (size_t) KVT_MAX(n_req, 1))))
             n_req = 0;
@@ -407,7 +435,7 @@ static struct sess *pick_session(struct server *srv, struct job *j) {
     }
     if (x && x->seq < 0) { /* parked: back into a sequence, no recompute */
         int32_t q = take_seq(srv);
-        if (q < 0) return NULL;
+        if (q < 0) return PICK_ERR;
         struct kvt_session_stats s0, s1;
         kvt_session_get_stats(x->s, &s0);
         int rc = kvt_session_resume(x->s, q);
@@ -417,14 +445,14 @@ static struct sess *pick_session(struct server *srv, struct job *j) {
             job_lib_error(j, "cannot resume the session", rc);
             kvt_session_free(x->s);
             memset(x, 0, sizeof *x);
-            return NULL;
+            return PICK_ERR;
         }
         x->seq = q;
     }
-    if (x) return x;
-    if (!(x = new_slot(srv))) return NULL;
+    if (x) { *out = x; return PICK_OK; }
+    if (!(x = new_slot(srv))) return PICK_ERR;
     int32_t q = take_seq(srv);
-    if (q < 0) return NULL;
+    if (q < 0) return PICK_ERR;
     struct kvt_session_params sp = kvt_session_default_params();
     sp.seq = q;
     sp.budget = srv->budget;
@@ -435,13 +463,14 @@ static struct sess *pick_session(struct server *srv, struct job *j) {
     if (rc) {
         job_lib_error(j, "cannot open a session", rc);
         x->s = NULL;
-        return NULL;
+        return PICK_ERR;
     }
     x->seq = q;
     snprintf(x->ns, sizeof x->ns, "%s", j->ns);
     if (j->session_id[0]) snprintf(x->id, sizeof x->id, "%s", j->session_id);
     else snprintf(x->id, sizeof x->id, "sess-%llu-%llu", (unsigned long long) time(NULL), (unsigned long long) ++g_counter);
-    return x;
+    *out = x;
+    return PICK_OK;
 }
 
 /* Is the job runnable now?  (A named session that is busy waits in the queue.) */
@@ -597,33 +626,40 @@ static void start_waiting(struct server *srv) {
     }
 }
 
-static void start_chat(struct server *srv, struct job *j) {
+/* Choose the chat's session and decode its prompt there.  Returns PICK_OK (j->slot is set unless
+** the job failed: it has its error), or PICK_BUSY: the session it names is generating, the job
+** must wait (requeue). */
+static enum pick start_chat(struct server *srv, struct job *j) {
     if (j->grammar && !j->smp.grammar) {
         int rc = kvt_grammar_new(srv->eng, j->grammar, "root", &j->smp.grammar);
         if (rc) { /* our own translation of the schema failed: say which text */
             job_error(j, 400, "invalid_request_error", NULL, "the tools / response_format schema could not be compiled to a grammar: %s",
                       kvt_errmsg());
-            return;
+            return PICK_OK;
         }
     }
-    struct sess *x = pick_session(srv, j);
+    struct sess *x;
+    enum pick p = pick_session(srv, j, &x);
+    if (p == PICK_BUSY) return p;
     if (!x) {
         if (!j->http_status)
             job_error(j, 503, "server_error", NULL, "every one of the %d session slots is generating", srv->max_sessions);
-        return;
+        return PICK_OK;
     }
     snprintf(j->out_session, sizeof j->out_session, "%s", x->id);
     x->last_used = wall_s();
+    x->job = j; /* busy from here: its prompt is decoded with other jobs stepping in between */
     int rc = kvt_session_sync(x->s, j->msgs, j->n_msgs, &j->sync);
     j->sync.recoveries += j->resumed;
     j->prompt_tokens = j->sync.prompt_tokens;
     if (rc) {
+        x->job = NULL;
         job_lib_error(j, "prompt", rc);
-        return;
+        return PICK_OK;
     }
-    x->job = j;
     j->slot = x;
     j->finish = "length";
+    return PICK_OK;
 }
 
 /* The job's reply is over (end of generation, stop string, max_tokens, cancelled or an error):
@@ -830,7 +866,7 @@ void *serve_engine_main(void *arg) {
                 else finish(srv, j);
                 continue;
             }
-            start_chat(srv, j);
+            if (start_chat(srv, j) == PICK_BUSY) { requeue(srv, j); continue; }
             if (!j->slot) { finish(srv, j); continue; }
             pthread_mutex_lock(&srv->mu); /* the stream may start: headers go out now */
             j->started = true;

@@ -44,6 +44,7 @@ struct job {
     char         *grammar;         /* GBNF for the reply (tools / response_format), NULL = free text;
                                    ** compiled into smp.grammar by the engine thread */
     double        t_arrival;       /* ms, monotonic */
+    uint64_t      ticket;          /* arrival order, set by serve_submit: a job put back keeps its place */
     /* --- engine side */
     enum job_state state;
     bool          cancelled;       /* client went away (set by the HTTP thread) */
@@ -105,6 +106,7 @@ struct server {
     pthread_cond_t  work;          /* queue non-empty or shutting down */
     struct job     *head, *tail;
     int32_t         n_queued, max_queue;
+    uint64_t        n_tickets;     /* jobs ever queued (the next job's ticket) */
     bool            stopping;      /* SIGTERM: finish what is queued and running, take nothing new */
     bool            engine_done;
     /* configuration */

@@ -4,7 +4,8 @@
 # streams, multi-turn reuse, bad input, key isolation, disconnect, 429, metrics, the planted fact
 # at budget 512), then by tests/server/serve_sched_test.py (session choice by longest common token prefix,
 # /v1/completions batched with chats), then SIGTERM with a request in flight: it must finish and
-# the server exit 0.
+# the server exit 0.  A second server (--parallel 3) runs tests/server/serve_busy_test.py: a session
+# a job names while another job has taken it is not shared; that job waits its turn.
 # Also the flags: --help, bad values.  Skips (exit 0) when KVTIER_MODEL is not set.
 # Environment (from tests/CMakeLists.txt): KVTIER_BIN, KVTIER_MODEL, KVT_SOURCE_DIR.
 set -u
@@ -41,31 +42,42 @@ bad() { fail=$((fail + 1)); echo "FAIL $*"; }
 PY=$("$SRC/scripts/bootstrap.sh" pyclient-path)
 "$SRC/scripts/bootstrap.sh" pyclient || { bad "bootstrap.sh pyclient"; echo "$pass passed, $fail failed"; exit 1; }
 
+# start_server ERR ARGS...: `kvtier serve ARGS` in the background, its stderr in $TMP/ERR; sets PID
+# and PORT once it listens, else counts a failure and exits
+start_server() {
+    local err=$1
+    shift
+    "$BIN" serve "$@" >"$TMP/$err.out" 2>"$TMP/$err" &
+    PID=$!
+    PORT=
+    for _ in $(seq 1 300); do
+        PORT=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$TMP/$err" | sed 's/.*://')
+        [ -n "$PORT" ] && break
+        kill -0 "$PID" 2>/dev/null || break
+        sleep 0.2
+    done
+    if [ -z "$PORT" ]; then
+        bad "server ($*) did not start"; cat "$TMP/$err"; echo "$pass passed, $fail failed"; exit 1
+    fi
+    ok "server listening on port $PORT"
+}
+
 # --- the server ---
 printf '# test keys\nkey-alpha-123\n\n  key-beta-456  \n' >"$TMP/keys"
-"$BIN" serve -m "$MODEL" --port 0 -c 4096 --budget 512 --parallel 2 --queue 1 --threads 2 \
-    --api-key-file "$TMP/keys" --spill-dir "$TMP" >"$TMP/out" 2>"$TMP/err" &
-PID=$!
-PORT=
-for _ in $(seq 1 300); do
-    PORT=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$TMP/err" | sed 's/.*://')
-    [ -n "$PORT" ] && break
-    kill -0 "$PID" 2>/dev/null || break
-    sleep 0.2
-done
-if [ -z "$PORT" ]; then
-    bad "server did not start"; cat "$TMP/err"; echo "$pass passed, $fail failed"; exit 1
-fi
-ok "server listening on port $PORT"
+start_server err -m "$MODEL" --port 0 -c 4096 --budget 512 --parallel 2 --queue 1 --threads 2 \
+    --api-key-file "$TMP/keys" --spill-dir "$TMP"
 
 # one client script against the running server; its ok/FAIL lines count here
-run_py() { # script out
-    "$PY" "$SRC/tests/server/$1" "http://127.0.0.1:$PORT" key-alpha-123 key-beta-456 "$SRC/cli/cmd_demo.c" >"$TMP/$2" 2>&1
+run_py() { # script out [args: default the two keys and the demo's source]
+    local script=$1 out=$2
+    shift 2
+    [ $# -gt 0 ] || set -- key-alpha-123 key-beta-456 "$SRC/cli/cmd_demo.c"
+    "$PY" "$SRC/tests/server/$script" "http://127.0.0.1:$PORT" "$@" >"$TMP/$out" 2>&1
     local prc=$?
-    cat "$TMP/$2"
-    pass=$((pass + $(grep -c '^ok ' "$TMP/$2")))
-    fail=$((fail + $(grep -c '^FAIL ' "$TMP/$2")))
-    [ $prc -eq 0 ] || [ "$(grep -c '^FAIL ' "$TMP/$2")" -gt 0 ] || bad "$1 exited with status $prc"
+    cat "$TMP/$out"
+    pass=$((pass + $(grep -c '^ok ' "$TMP/$out")))
+    fail=$((fail + $(grep -c '^FAIL ' "$TMP/$out")))
+    [ $prc -eq 0 ] || [ "$(grep -c '^FAIL ' "$TMP/$out")" -gt 0 ] || bad "$script exited with status $prc"
 }
 run_py serve_test.py py
 # scheduling: session choice by longest common token prefix, completions batched with chats
@@ -87,11 +99,24 @@ PID=
 [ "$(cat "$TMP/code")" = 200 ] && grep -q '"finish_reason"' "$TMP/inflight" && ok "SIGTERM: the request in flight completed" \
     || bad "SIGTERM: in-flight request got $(cat "$TMP/code"): $(head -c 300 "$TMP/inflight")"
 [ $src -eq 0 ] && grep -q "stopped" "$TMP/err" && ok "SIGTERM: the server drained and exited 0" || bad "SIGTERM: exit status $src"
-if grep -qE 'AddressSanitizer|LeakSanitizer|UndefinedBehaviorSanitizer|runtime error:' "$TMP/err"; then
-    bad "sanitizer report on the server's stderr"; grep -A20 -E 'Sanitizer|runtime error' "$TMP/err" | head -60
-else
-    ok "no sanitizer report"
-fi
+
+# --- a second server, three jobs at once and a longer queue: a session is never given to two jobs
+printf 'key-gamma-789\n' >"$TMP/keys2"
+start_server err2 -m "$MODEL" --port 0 -c 4096 --budget 512 --parallel 3 --queue 8 --threads 2 \
+    --api-key-file "$TMP/keys2" --spill-dir "$TMP"
+run_py serve_busy_test.py py3 key-gamma-789
+kill -TERM "$PID"
+wait "$PID"; src=$?
+PID=
+[ $src -eq 0 ] && ok "second server: SIGTERM, exit 0" || bad "second server: exit status $src"
+
+for e in err err2; do
+    if grep -qE 'AddressSanitizer|LeakSanitizer|UndefinedBehaviorSanitizer|runtime error:' "$TMP/$e"; then
+        bad "sanitizer report on the server's stderr ($e)"; grep -A20 -E 'Sanitizer|runtime error' "$TMP/$e" | head -60
+    else
+        ok "no sanitizer report ($e)"
+    fi
+done
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
