@@ -345,15 +345,13 @@ static json_t *usage_obj(const struct job *j) {
                      (json_int_t) j->sync.recoveries, "resident_tokens", j->resident_tokens, "session_id", j->out_session);
 }
 
-static unsigned long long g_id;
-
 static json_t *final_obj(struct server *srv, const struct job *j) {
     char id[64];
-    snprintf(id, sizeof id, "%s-%llu", j->kind == JOB_CHAT ? "chatcmpl" : "cmpl", __atomic_add_fetch(&g_id, 1, __ATOMIC_RELAXED));
+    snprintf(id, sizeof id, "%s-%llu", j->kind == JOB_CHAT ? "chatcmpl" : "cmpl", __atomic_add_fetch(&srv->n_replies, 1, __ATOMIC_RELAXED));
     json_t *choice;
     if (j->kind == JOB_CHAT) {
         const char *fin = j->finish;
-        json_t *msg = tools_reply(j->text ? j->text : "", j->format, &fin);
+        json_t *msg = tools_reply(srv, j->text ? j->text : "", j->format, &fin);
         choice = json_pack("{s:i, s:o, s:s, s:n}", "index", 0, "message", msg, "finish_reason", fin, "logprobs");
     } else {
         char *text = app_utf8_clean(j->text ? j->text : "");
@@ -472,7 +470,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         if (whole) {
             pthread_mutex_unlock(&srv->mu);
             if (!(j->http_status && j->http_status != 200)) {
-                json_t *msg = tools_reply(j->text ? j->text : "", j->format, &fin);
+                json_t *msg = tools_reply(srv, j->text ? j->text : "", j->format, &fin);
                 if (msg) {
                     json_object_del(msg, "role");
                     if (json_is_null(json_object_get(msg, "content"))) json_object_del(msg, "content");
@@ -572,7 +570,7 @@ static enum MHD_Result run_job(struct server *srv, struct MHD_Connection *c, str
     st->srv = srv;
     st->c = c;
     st->j = j;
-    snprintf(st->id, sizeof st->id, "%s-%llu", j->kind == JOB_CHAT ? "chatcmpl" : "cmpl", __atomic_add_fetch(&g_id, 1, __ATOMIC_RELAXED));
+    snprintf(st->id, sizeof st->id, "%s-%llu", j->kind == JOB_CHAT ? "chatcmpl" : "cmpl", __atomic_add_fetch(&srv->n_replies, 1, __ATOMIC_RELAXED));
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, st, stream_free);
     if (!r) { stream_free(st); return MHD_NO; }
     MHD_add_response_header(r, "Content-Type", "text/event-stream");

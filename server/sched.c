@@ -56,26 +56,31 @@ struct sess {
     struct job  *job;        /* running job, NULL when idle */
 };
 
-static struct sess *g_sess;   /* [g_cap]: max_sessions hold a sequence, the others are parked */
-static int32_t      g_cap;
-static kvt_pool    *g_pool;
-static uint64_t     g_counter;
-static const char  *g_fallback; /* the sessions' chat template fallback (request tokens must agree) */
-
-/* /v1/completions run in scratch sequences g_comp_seq0 .. g_comp_seq0 + g_n_comp - 1 and share
-** one budget of KV cells (the one cmd_serve reserves beside the sessions' budgets). */
+/* /v1/completions run in scratch sequences comp_seq0 .. comp_seq0 + n_comp - 1 and share one
+** budget of KV cells (the one cmd_serve reserves beside the sessions' budgets). */
 enum { SERVE_MAX_SEQ = 64 }; /* kvt_engine_open takes at most 64 sequences */
-static int32_t      g_comp_seq0, g_n_comp;
-static bool         g_comp_busy[SERVE_MAX_SEQ];
-static int32_t      g_comp_cells;
-static struct job **g_wait;    /* admitted completions waiting for a sequence or cells, FIFO */
-static int32_t      g_n_wait;
 
-/* The jobs generating now (engine thread only); shared with the chunk callback, which keeps them
-** generating while another job's prompt is prefilled. */
-static struct job **g_active;
-static double      *g_t_last;
-static int32_t      g_n_active;
+/* The engine thread's state: everything it owns beside srv->eng, one per server (no process
+** globals, so two servers can live in one process).  Created by serve_engine_open, freed by
+** serve_engine_close; touched by the engine thread only. */
+struct sched {
+    struct sess *sess;          /* [cap]: max_sessions hold a sequence, the others are parked */
+    int32_t      cap;
+    kvt_pool    *pool;
+    uint64_t     n_new;         /* sessions opened without a name (their ids count them) */
+    const char  *fallback;      /* the sessions' chat template fallback (request tokens must agree) */
+    int32_t      comp_seq0, n_comp;
+    bool         comp_busy[SERVE_MAX_SEQ];
+    int32_t      comp_cells;
+    struct job **wait;          /* [parallel] admitted completions waiting for a sequence or cells, FIFO */
+    int32_t      n_wait;
+    /* the jobs generating now; shared with the chunk callback, which keeps them generating while
+    ** another job's prompt is prefilled */
+    struct job **active;        /* [parallel] */
+    double      *t_last;        /* [parallel] ms of each active job's last token */
+    int32_t      n_active;
+};
+
 static void on_chunk(void *ud);
 
 static double wall_s(void) {
@@ -91,37 +96,42 @@ static double mono_ms(void) {
 }
 
 int serve_engine_open(struct server *srv) {
+    struct sched *sc = srv->sched = calloc(1, sizeof *sc);
+    if (sc) {
+        sc->cap = SERVE_PARK_FACTOR * srv->max_sessions;
+        sc->sess = calloc((size_t) sc->cap, sizeof *sc->sess);
+        sc->active = calloc((size_t) srv->parallel, sizeof *sc->active);
+        sc->t_last = calloc((size_t) srv->parallel, sizeof *sc->t_last);
+        sc->wait = calloc((size_t) srv->parallel, sizeof *sc->wait);
+    }
+    if (!sc || !sc->sess || !sc->active || !sc->t_last || !sc->wait) {
+        fprintf(stderr, "kvtier serve: out of memory for %d sessions\n", SERVE_PARK_FACTOR * srv->max_sessions);
+        serve_engine_close(srv);
+        return APP_ERR;
+    }
+    sc->fallback = kvt_session_default_params().template_fallback;
+    /* one scratch sequence per completion that may run at once (they count against --parallel) */
+    sc->n_comp = KVT_MAX(1, KVT_MIN(srv->parallel, SERVE_MAX_SEQ - srv->max_sessions));
+    sc->comp_seq0 = srv->max_sessions;
     struct kvt_engine_params ep = kvt_engine_default_params();
     ep.model_path = srv->model_path;
     ep.n_ctx = srv->n_ctx;
-    /* one scratch sequence per completion that may run at once (they count against --parallel) */
-    g_n_comp = KVT_MAX(1, KVT_MIN(srv->parallel, SERVE_MAX_SEQ - srv->max_sessions));
-    g_comp_seq0 = srv->max_sessions;
-    ep.n_seq = srv->max_sessions + g_n_comp;
+    ep.n_seq = srv->max_sessions + sc->n_comp;
     ep.n_threads = srv->threads;
     int rc = kvt_engine_open(&ep, &srv->eng);
     if (rc) {
         app_fail("kvtier serve", "cannot open the model", rc);
+        serve_engine_close(srv);
         return APP_ERR;
     }
     struct kvt_pool_params pp = kvt_pool_default_params();
     pp.budget_bytes = (size_t) srv->pool_mb << 20;
     pp.spill_dir = srv->spill_dir;
-    if ((rc = kvt_pool_open(&pp, &g_pool))) {
+    if ((rc = kvt_pool_open(&pp, &sc->pool))) {
         app_fail("kvtier serve", "cannot open the host pool", rc);
-        kvt_engine_free(srv->eng);
-        srv->eng = NULL;
+        serve_engine_close(srv);
         return APP_ERR;
     }
-    g_cap = SERVE_PARK_FACTOR * srv->max_sessions;
-    g_sess = calloc((size_t) g_cap, sizeof *g_sess);
-    if (!g_sess) {
-        kvt_pool_free(g_pool);
-        kvt_engine_free(srv->eng);
-        srv->eng = NULL;
-        return APP_ERR;
-    }
-    g_fallback = kvt_session_default_params().template_fallback;
     struct kvt_engine_info I;
     kvt_engine_info(srv->eng, &I);
     snprintf(srv->model_name, sizeof srv->model_name, "%s", I.name[0] ? I.name : I.desc);
@@ -129,11 +139,17 @@ int serve_engine_open(struct server *srv) {
 }
 
 void serve_engine_close(struct server *srv) {
-    for (int32_t i = 0; g_sess && i < g_cap; i++) kvt_session_free(g_sess[i].s);
-    free(g_sess);
-    g_sess = NULL;
-    kvt_pool_free(g_pool);
-    g_pool = NULL;
+    struct sched *sc = srv->sched;
+    if (sc) {
+        for (int32_t i = 0; sc->sess && i < sc->cap; i++) kvt_session_free(sc->sess[i].s);
+        free(sc->sess);
+        kvt_pool_free(sc->pool);
+        free(sc->active);
+        free(sc->t_last);
+        free(sc->wait);
+        free(sc);
+        srv->sched = NULL;
+    }
     kvt_engine_free(srv->eng);
     srv->eng = NULL;
 }
@@ -280,8 +296,9 @@ static bool update_text(struct server *srv, struct job *j, kvt_engine *eng) {
 }
 
 static struct sess *find_session(struct server *srv, const char *ns, const char *id) {
-    for (int32_t i = 0; i < g_cap; i++)
-        if (g_sess[i].s && !strcmp(g_sess[i].ns, ns) && !strcmp(g_sess[i].id, id)) return &g_sess[i];
+    struct sched *sc = srv->sched;
+    for (int32_t i = 0; i < sc->cap; i++)
+        if (sc->sess[i].s && !strcmp(sc->sess[i].ns, ns) && !strcmp(sc->sess[i].id, id)) return &sc->sess[i];
     return NULL;
 }
 
@@ -303,10 +320,11 @@ static bool continues(const struct sess *x, const struct job *j) {
 ** OUT *tok (caller frees), *n.  Returns a library error; the request then matches by
 ** conversation only. */
 static int request_tokens(struct server *srv, const struct job *j, kvt_token **tok, int32_t *n) {
+    struct sched *sc = srv->sched;
     char *text = NULL;
     *tok = NULL;
     *n = 0;
-    int rc = kvt_chat_format(srv->eng, j->msgs, j->n_msgs, true, g_fallback, &text);
+    int rc = kvt_chat_format(srv->eng, j->msgs, j->n_msgs, true, sc->fallback, &text);
     if (rc == 0) rc = kvt_tokenize(srv->eng, text, true, true, tok, n);
     free(text);
     return rc;
@@ -322,14 +340,15 @@ static int32_t common_tokens(const struct sess *x, const kvt_token *req, int32_t
 /* A free sequence: one no session holds, else the one of the least recently used idle session,
 ** which is parked (its KV goes to the host pool, nothing is lost).  -1 if all are generating. */
 static int32_t take_seq(struct server *srv) {
+    struct sched *sc = srv->sched;
     for (int32_t q = 0; q < srv->max_sessions; q++) {
         bool used = false;
-        for (int32_t i = 0; i < g_cap && !used; i++) used = g_sess[i].s && g_sess[i].seq == q;
+        for (int32_t i = 0; i < sc->cap && !used; i++) used = sc->sess[i].s && sc->sess[i].seq == q;
         if (!used) return q;
     }
     struct sess *lru = NULL;
-    for (int32_t i = 0; i < g_cap; i++)
-        if (g_sess[i].s && g_sess[i].seq >= 0 && !g_sess[i].job && (!lru || g_sess[i].last_used < lru->last_used)) lru = &g_sess[i];
+    for (int32_t i = 0; i < sc->cap; i++)
+        if (sc->sess[i].s && sc->sess[i].seq >= 0 && !sc->sess[i].job && (!lru || sc->sess[i].last_used < lru->last_used)) lru = &sc->sess[i];
     if (!lru) return -1;
     int32_t q = lru->seq;
     if (kvt_session_park(lru->s)) { /* cannot park: free it */
@@ -344,14 +363,14 @@ static int32_t take_seq(struct server *srv) {
 
 /* An empty entry, freeing the least recently used parked (else idle) session if all are taken. */
 static struct sess *new_slot(struct server *srv) {
-    (void) srv;
+    struct sched *sc = srv->sched;
     struct sess *lru = NULL;
-    for (int32_t i = 0; i < g_cap; i++) {
-        if (!g_sess[i].s) return &g_sess[i];
-        if (g_sess[i].job) continue;
-        if (!lru || (g_sess[i].seq < 0 && lru->seq >= 0) ||
-            ((g_sess[i].seq < 0) == (lru->seq < 0) && g_sess[i].last_used < lru->last_used))
-            lru = &g_sess[i];
+    for (int32_t i = 0; i < sc->cap; i++) {
+        if (!sc->sess[i].s) return &sc->sess[i];
+        if (sc->sess[i].job) continue;
+        if (!lru || (sc->sess[i].seq < 0 && lru->seq >= 0) ||
+            ((sc->sess[i].seq < 0) == (lru->seq < 0) && sc->sess[i].last_used < lru->last_used))
+            lru = &sc->sess[i];
     }
     if (lru) {
         kvt_session_free(lru->s);
@@ -388,6 +407,7 @@ enum pick { PICK_OK, PICK_BUSY, PICK_ERR };
 ** waits its turn; admission alone cannot see this, since a job without X-Session-Id admitted in
 ** the same round may have taken that session by prefix).  PICK_ERR: the job has its error. */
 static enum pick pick_session(struct server *srv, struct job *j, struct sess **out) {
+    struct sched *sc = srv->sched;
     struct sess *x = NULL;
     *out = NULL;
     if (j->session_id[0]) {
@@ -404,15 +424,15 @@ static enum pick pick_session(struct server *srv, struct job *j, struct sess **o
         bool best_whole = false, any = false;
         /* echoed replies in the sessions' own generated form first (a tool-mode reply echoed as
         ** plain text), so that the comparison sees the tokens the sessions hold */
-        for (int32_t i = 0; i < g_cap; i++)
-            if (g_sess[i].s && !g_sess[i].job && !strcmp(g_sess[i].ns, j->ns)) {
+        for (int32_t i = 0; i < sc->cap; i++)
+            if (sc->sess[i].s && !sc->sess[i].job && !strcmp(sc->sess[i].ns, j->ns)) {
                 any = true;
-                if (canonicalise_replies(&g_sess[i], j)) { job_error(j, 500, "server_error", NULL, "out of memory"); return PICK_ERR; }
+                if (canonicalise_replies(&sc->sess[i], j)) { job_error(j, 500, "server_error", NULL, "out of memory"); return PICK_ERR; }
             }
         if (any && request_tokens(srv, j, &req, &n_req) == 0 && !(buf = malloc(sizeof *buf * (size_t) KVT_MAX(n_req, 1))))
             n_req = 0;
-        for (int32_t i = 0; any && i < g_cap; i++) {
-            struct sess *c = &g_sess[i];
+        for (int32_t i = 0; any && i < sc->cap; i++) {
+            struct sess *c = &sc->sess[i];
             if (!c->s || c->job || strcmp(c->ns, j->ns)) continue;
             bool whole = continues(c, j);
             int32_t common = buf ? common_tokens(c, req, n_req, buf) : 0;
@@ -457,7 +477,7 @@ static enum pick pick_session(struct server *srv, struct job *j, struct sess **o
     sp.seq = q;
     sp.budget = srv->budget;
     sp.block = srv->block;
-    sp.pool = g_pool;
+    sp.pool = sc->pool;
     int rc = kvt_session_open(srv->eng, &sp, &x->s);
     if (rc == 0) kvt_session_set_chunk_cb(x->s, on_chunk, srv);
     if (rc) {
@@ -468,7 +488,7 @@ static enum pick pick_session(struct server *srv, struct job *j, struct sess **o
     x->seq = q;
     snprintf(x->ns, sizeof x->ns, "%s", j->ns);
     if (j->session_id[0]) snprintf(x->id, sizeof x->id, "%s", j->session_id);
-    else snprintf(x->id, sizeof x->id, "sess-%llu-%llu", (unsigned long long) time(NULL), (unsigned long long) ++g_counter);
+    else snprintf(x->id, sizeof x->id, "sess-%llu-%llu", (unsigned long long) time(NULL), (unsigned long long) ++sc->n_new);
     *out = x;
     return PICK_OK;
 }
@@ -542,11 +562,12 @@ static bool prepare_completion(struct server *srv, struct job *j) {
 
 /* The completion leaves its sequence (its cells are freed) and gives back its reservation. */
 static void end_completion(struct server *srv, struct job *j, int rc) {
+    struct sched *sc = srv->sched;
     if (rc) job_lib_error(j, "generation", rc);
     if (j->seq >= 0) {
         kvt_seq_rm(srv->eng, j->seq, -1, -1);
-        g_comp_busy[j->seq - g_comp_seq0] = false;
-        g_comp_cells -= j->cells;
+        sc->comp_busy[j->seq - sc->comp_seq0] = false;
+        sc->comp_cells -= j->cells;
         j->seq = -1;
     }
     free(j->row.logits);
@@ -558,11 +579,12 @@ static void end_completion(struct server *srv, struct job *j, int rc) {
 ** batched step of the active jobs between them (as sessions prefill); then it joins the active
 ** set as a raw row of kvt_session_gen_step_batch_ex.  Returns false when it failed (finished). */
 static bool start_completion(struct server *srv, struct job *j) {
+    struct sched *sc = srv->sched;
     int32_t q = 0;
-    while (g_comp_busy[q]) q++;
-    g_comp_busy[q] = true;
-    g_comp_cells += j->cells;
-    j->seq = g_comp_seq0 + q;
+    while (sc->comp_busy[q]) q++;
+    sc->comp_busy[q] = true;
+    sc->comp_cells += j->cells;
+    j->seq = sc->comp_seq0 + q;
     struct kvt_engine_info I;
     kvt_engine_info(srv->eng, &I);
     int rc = (j->row.logits = malloc(sizeof(float) * (size_t) I.n_vocab)) ? 0 : KVT_ENOMEM;
@@ -590,33 +612,34 @@ static bool start_completion(struct server *srv, struct job *j) {
     j->started = true;
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&srv->mu);
-    g_t_last[g_n_active] = 0;
-    g_active[g_n_active++] = j;
+    sc->t_last[sc->n_active] = 0;
+    sc->active[sc->n_active++] = j;
     return true;
 }
 
 /* Start the waiting completions, in arrival order, while a scratch sequence is free and the
 ** cells they reserve fit the shared budget; a cancelled one leaves without running. */
 static void start_waiting(struct server *srv) {
+    struct sched *sc = srv->sched;
     int32_t w = 0; /* first, the ones whose client left, wherever they wait */
-    for (int32_t k = 0; k < g_n_wait; k++) {
+    for (int32_t k = 0; k < sc->n_wait; k++) {
         pthread_mutex_lock(&srv->mu);
-        bool gone = g_wait[k]->cancelled;
+        bool gone = sc->wait[k]->cancelled;
         pthread_mutex_unlock(&srv->mu);
-        if (gone) { g_wait[k]->completion_tokens = 0; g_wait[k]->finish = "stop"; finish(srv, g_wait[k]); }
-        else g_wait[w++] = g_wait[k];
+        if (gone) { sc->wait[k]->completion_tokens = 0; sc->wait[k]->finish = "stop"; finish(srv, sc->wait[k]); }
+        else sc->wait[w++] = sc->wait[k];
     }
-    g_n_wait = w;
-    while (g_n_wait > 0) {
-        struct job *j = g_wait[0];
+    sc->n_wait = w;
+    while (sc->n_wait > 0) {
+        struct job *j = sc->wait[0];
         bool cancelled;
         pthread_mutex_lock(&srv->mu);
         cancelled = j->cancelled;
         pthread_mutex_unlock(&srv->mu);
         bool seq_free = false;
-        for (int32_t q = 0; q < g_n_comp; q++) seq_free |= !g_comp_busy[q];
-        if (!cancelled && (!seq_free || g_comp_cells + j->cells > srv->budget)) break;
-        memmove(g_wait, g_wait + 1, sizeof *g_wait * (size_t) --g_n_wait);
+        for (int32_t q = 0; q < sc->n_comp; q++) seq_free |= !sc->comp_busy[q];
+        if (!cancelled && (!seq_free || sc->comp_cells + j->cells > srv->budget)) break;
+        memmove(sc->wait, sc->wait + 1, sizeof *sc->wait * (size_t) --sc->n_wait);
         if (cancelled) {
             j->completion_tokens = 0;
             finish(srv, j);
@@ -753,11 +776,12 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
 
 /* Sessions and gauges for GET /v1/sessions and /metrics. */
 static void publish(struct server *srv) {
-    struct sess_view *v = calloc((size_t) g_cap, sizeof *v);
+    struct sched *sc = srv->sched;
+    struct sess_view *v = calloc((size_t) sc->cap, sizeof *v);
     int32_t n = 0;
     int64_t resident = 0, parked = 0;
-    for (int32_t i = 0; v && i < g_cap; i++) {
-        struct sess *x = &g_sess[i];
+    for (int32_t i = 0; v && i < sc->cap; i++) {
+        struct sess *x = &sc->sess[i];
         if (!x->s) continue;
         struct kvt_session_stats st;
         kvt_session_get_stats(x->s, &st);
@@ -776,7 +800,7 @@ static void publish(struct server *srv) {
         n++;
     }
     struct kvt_pool_stats ps;
-    kvt_pool_get_stats(g_pool, &ps);
+    kvt_pool_get_stats(sc->pool, &ps);
     pthread_mutex_lock(&srv->mu);
     if (v) {
         free(srv->views);
@@ -793,15 +817,16 @@ static void publish(struct server *srv) {
 
 /* One batched step of the active jobs; finished ones leave the set.  Returns true if any did. */
 static bool step_active(struct server *srv) {
+    struct sched *sc = srv->sched;
     bool over[64];
-    if (g_n_active == 0 || step_all(srv, g_active, g_n_active, g_t_last, over) == 0) return false;
+    if (sc->n_active == 0 || step_all(srv, sc->active, sc->n_active, sc->t_last, over) == 0) return false;
     int32_t w = 0;
-    for (int32_t k = 0; k < g_n_active; k++) {
-        if (over[k]) { finish(srv, g_active[k]); continue; }
-        g_active[w] = g_active[k];
-        g_t_last[w++] = g_t_last[k];
+    for (int32_t k = 0; k < sc->n_active; k++) {
+        if (over[k]) { finish(srv, sc->active[k]); continue; }
+        sc->active[w] = sc->active[k];
+        sc->t_last[w++] = sc->t_last[k];
     }
-    g_n_active = w;
+    sc->n_active = w;
     return true;
 }
 
@@ -812,10 +837,8 @@ static void on_chunk(void *ud) {
 
 void *serve_engine_main(void *arg) {
     struct server *srv = arg;
-    g_active = calloc((size_t) srv->parallel, sizeof *g_active);
-    g_t_last = calloc((size_t) srv->parallel, sizeof *g_t_last);
-    g_wait = calloc((size_t) srv->parallel, sizeof *g_wait);
-    g_n_active = g_n_wait = 0;
+    struct sched *sc = srv->sched;
+    sc->n_active = sc->n_wait = 0;
     publish(srv);
     for (;;) {
         struct job *adm[64];
@@ -825,7 +848,7 @@ void *serve_engine_main(void *arg) {
             struct job **pp = &srv->head, *prev = NULL;
             while (*pp && n_adm < 64) {
                 struct job *j = *pp;
-                bool take = j->kind == JOB_DELETE || (g_n_active + g_n_wait + n_adm < srv->parallel && runnable(srv, j));
+                bool take = j->kind == JOB_DELETE || (sc->n_active + sc->n_wait + n_adm < srv->parallel && runnable(srv, j));
                 /* one job per named session per round, so two queued turns of one session run in order */
                 for (int32_t k = 0; take && k < n_adm; k++)
                     if (adm[k]->kind == JOB_CHAT && j->kind == JOB_CHAT && j->session_id[0] &&
@@ -840,12 +863,12 @@ void *serve_engine_main(void *arg) {
                 adm[n_adm++] = j;
             }
             srv->m.queue_len = srv->n_queued;
-            if (n_adm > 0 || g_n_active > 0 || g_n_wait > 0) break;
+            if (n_adm > 0 || sc->n_active > 0 || sc->n_wait > 0) break;
             if (srv->stopping && !srv->head) break;
             pthread_cond_wait(&srv->work, &srv->mu);
         }
         pthread_mutex_unlock(&srv->mu);
-        if (n_adm == 0 && g_n_active == 0 && g_n_wait == 0) break; /* stopping and drained */
+        if (n_adm == 0 && sc->n_active == 0 && sc->n_wait == 0) break; /* stopping and drained */
         for (int32_t k = 0; k < n_adm; k++) {
             struct job *j = adm[k];
             if (j->kind == JOB_DELETE) {
@@ -862,7 +885,7 @@ void *serve_engine_main(void *arg) {
             pthread_mutex_unlock(&srv->mu);
             if (gone) { j->finish = "stop"; finish(srv, j); continue; }
             if (j->kind == JOB_COMPLETION) {
-                if (prepare_completion(srv, j)) g_wait[g_n_wait++] = j;
+                if (prepare_completion(srv, j)) sc->wait[sc->n_wait++] = j;
                 else finish(srv, j);
                 continue;
             }
@@ -872,8 +895,8 @@ void *serve_engine_main(void *arg) {
             j->started = true;
             pthread_cond_broadcast(&j->cv);
             pthread_mutex_unlock(&srv->mu);
-            g_t_last[g_n_active] = 0;
-            g_active[g_n_active++] = j;
+            sc->t_last[sc->n_active] = 0;
+            sc->active[sc->n_active++] = j;
         }
         start_waiting(srv);
         if (n_adm > 0) publish(srv);
@@ -881,12 +904,6 @@ void *serve_engine_main(void *arg) {
         bool ended = step_active(srv);
         if (ended) publish(srv);
     }
-    free(g_active);
-    free(g_t_last);
-    free(g_wait);
-    g_active = NULL;
-    g_t_last = NULL;
-    g_wait = NULL;
     pthread_mutex_lock(&srv->mu);
     srv->engine_done = true;
     pthread_mutex_unlock(&srv->mu);

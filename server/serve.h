@@ -120,7 +120,9 @@ struct server {
     struct metrics  m;
     struct sess_view *views;
     int32_t         n_views;
+    unsigned long long n_replies, n_calls; /* ids given to replies / tool calls so far (atomic, any thread) */
     kvt_engine     *eng;           /* used only by the engine thread */
+    struct sched   *sched;         /* the engine thread's state (server/sched.c), owned */
 };
 
 /* server/sched.c */
@@ -153,9 +155,10 @@ char *tools_render_result(const char *tool_name, const char *content);
 /* Is `echo` (an assistant message a client sent back) the reply the session stored as `stored`?
 ** Byte-equal, or equal as JSON, or the "response" text of a stored {"response": ...}. */
 bool  tools_same_reply(const char *stored, const char *echo);
-/* The assistant message for a finished reply: {"role", "content", "tool_calls"?}.  *finish
-** becomes "tool_calls" when the reply is a complete tool call.  New reference; NULL on OOM. */
-json_t *tools_reply(const char *text, int format, const char **finish);
+/* The assistant message for a finished reply: {"role", "content", "tool_calls"?}; the calls'
+** ids count on srv->n_calls.  *finish becomes "tool_calls" when the reply is a complete tool call.
+** New reference; NULL on OOM. */
+json_t *tools_reply(struct server *srv, const char *text, int format, const char **finish);
 
 /* server/http.c */
 /* "an object", "a string", ... for messages naming a JSON value's type.  Cannot fail. */
