@@ -1,5 +1,6 @@
 /* sched.c — the engine thread of `kvtier serve`: owns the kvt_engine, the host pool and
-** every session; takes jobs from the queue and runs them.
+** every session; takes jobs from the queue and runs them (their sessions are chosen in
+** server/admit.c).
 **
 ** Scheduling: up to --parallel jobs, chats and completions alike, are active at once; every
 ** scheduler step generates one token for each of them in ONE llama_decode
@@ -14,22 +15,8 @@
 ** in all), with its own logits and sampling.  Together they hold at most one --budget of KV
 ** cells (the one cmd_serve reserves beside the sessions' budgets): a completion reserves its
 ** prompt plus max_tokens and, when the running ones leave no room or no sequence is free, waits
-** (holding its --parallel slot, in arrival order) until they finish.
-**
-** Sessions: one kvt_session per conversation, on its own sequence id; chosen by X-Session-Id
-** within the caller's API-key namespace, else the idle session of that namespace whose whole
-** conversation the request continues (every message of it begins the request), else the one
-** whose token stream (kvt_session_tokens) shares the longest prefix with the request's tokens
-** (the chat template with the assistant prefix, tokenized once per request) if that is at least
-** one block, else a new one.  A session chosen by prefix is cut back to the first token that
-** differs (kvt_session_sync), so only the request's own tail is decoded; a shorter common prefix
-** (the template's opening), or one whose take-over would cut back more tokens than it reuses (a
-** long conversation sharing only its system prompt), does not take over another conversation's
-** session.  Past --max-sessions the least recently used idle session is parked
-** (kvt_session_park: its KV goes to the host pool and comes back with kvt_session_resume, no
-** recompute); SERVE_PARK_FACTOR x --max-sessions sessions are kept in all, past that the least
-** recently used parked one is freed. */
-#include "serve.h"
+** (holding its --parallel slot, in arrival order) until they finish. */
+#include "sched.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -37,51 +24,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-const double serve_hist_bounds[HIST_N] = { 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000 };
-
-void serve_hist_add(struct hist *h, double ms) {
-    int i = 0;
-    while (i < HIST_N && ms > serve_hist_bounds[i]) i++;
-    h->bucket[i]++;
-    h->count++;
-    h->sum += ms;
-}
-
-struct sess {
-    kvt_session *s;
-    int32_t      seq;        /* engine sequence, -1 while parked */
-    char         id[80], ns[80];
-    double       last_used;  /* seconds since the epoch */
-    struct job  *job;        /* running job, NULL when idle */
-};
-
-/* /v1/completions run in scratch sequences comp_seq0 .. comp_seq0 + n_comp - 1 and share one
-** budget of KV cells (the one cmd_serve reserves beside the sessions' budgets). */
-enum { SERVE_MAX_SEQ = 64 }; /* kvt_engine_open takes at most 64 sequences */
-
-/* The engine thread's state: everything it owns beside srv->eng, one per server (no process
-** globals, so two servers can live in one process).  Created by serve_engine_open, freed by
-** serve_engine_close; touched by the engine thread only. */
-struct sched {
-    struct sess *sess;          /* [cap]: max_sessions hold a sequence, the others are parked */
-    int32_t      cap;
-    kvt_pool    *pool;
-    uint64_t     n_new;         /* sessions opened without a name (their ids count them) */
-    const char  *fallback;      /* the sessions' chat template fallback (request tokens must agree) */
-    int32_t      comp_seq0, n_comp;
-    bool         comp_busy[SERVE_MAX_SEQ];
-    int32_t      comp_cells;
-    struct job **wait;          /* [parallel] admitted completions waiting for a sequence or cells, FIFO */
-    int32_t      n_wait;
-    /* the jobs generating now; shared with the chunk callback, which keeps them generating while
-    ** another job's prompt is prefilled */
-    struct job **active;        /* [parallel] */
-    double      *t_last;        /* [parallel] ms of each active job's last token */
-    int32_t      n_active;
-};
-
-static void on_chunk(void *ud);
 
 static double wall_s(void) {
     struct timespec ts;
@@ -231,9 +173,7 @@ void serve_job_release(struct server *srv, struct job *j) {
 /* ---------------------------------------------------------------------------------------- */
 /* jobs                                                                                     */
 
-static void job_error(struct job *j, int status, const char *type, const char *code, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static void job_error(struct job *j, int status, const char *type, const char *code, const char *fmt, ...) {
+void serve_job_error(struct job *j, int status, const char *type, const char *code, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(j->err_msg, sizeof j->err_msg, fmt, ap);
@@ -243,15 +183,13 @@ static void job_error(struct job *j, int status, const char *type, const char *c
     snprintf(j->err_code, sizeof j->err_code, "%s", code ? code : "");
 }
 
-/* A library error as an HTTP error: input the library refused is the client's (400), the rest
-** is ours (500). */
-static void job_lib_error(struct job *j, const char *what, int rc) {
+void serve_job_lib_error(struct job *j, const char *what, int rc) {
     if (rc == KVT_ECTX || rc == KVT_EBUDGET)
-        job_error(j, 400, "invalid_request_error", "context_length_exceeded", "%s: %s", what, kvt_errmsg());
+        serve_job_error(j, 400, "invalid_request_error", "context_length_exceeded", "%s: %s", what, kvt_errmsg());
     else if (rc == KVT_EINVAL)
-        job_error(j, 400, "invalid_request_error", NULL, "%s: %s", what, kvt_errmsg());
+        serve_job_error(j, 400, "invalid_request_error", NULL, "%s: %s", what, kvt_errmsg());
     else
-        job_error(j, 500, "server_error", NULL, "%s: %s: %s", what, kvt_strerror(rc), kvt_errmsg());
+        serve_job_error(j, 500, "server_error", NULL, "%s: %s: %s", what, kvt_strerror(rc), kvt_errmsg());
 }
 
 static void finish(struct server *srv, struct job *j) {
@@ -295,222 +233,6 @@ static bool update_text(struct server *srv, struct job *j, kvt_engine *eng) {
     return stopped;
 }
 
-static struct sess *find_session(struct server *srv, const char *ns, const char *id) {
-    struct sched *sc = srv->sched;
-    for (int32_t i = 0; i < sc->cap; i++)
-        if (sc->sess[i].s && !strcmp(sc->sess[i].ns, ns) && !strcmp(sc->sess[i].id, id)) return &sc->sess[i];
-    return NULL;
-}
-
-/* Does the request continue the session's whole conversation (every message of the session,
-** role and content byte-equal, begins the request)?  Nothing is then cut back. */
-static bool continues(const struct sess *x, const struct job *j) {
-    int32_t n = kvt_session_n_messages(x->s), k = 0;
-    while (k < n && k < j->n_msgs) {
-        struct kvt_chat_msg m;
-        if (kvt_session_message(x->s, k, &m) || strcmp(m.role, j->msgs[k].role) || strcmp(m.content, j->msgs[k].content))
-            break;
-        k++;
-    }
-    return k == n && k > 0;
-}
-
-/* The request as kvt_session_sync decodes it: the template's tokens of its messages with the
-** assistant prefix (same template fallback, BOS and special-token parsing as the sessions).
-** OUT *tok (caller frees), *n.  Returns a library error; the request then matches by
-** conversation only. */
-static int request_tokens(struct server *srv, const struct job *j, kvt_token **tok, int32_t *n) {
-    struct sched *sc = srv->sched;
-    char *text = NULL;
-    *tok = NULL;
-    *n = 0;
-    int rc = kvt_chat_format(srv->eng, j->msgs, j->n_msgs, true, sc->fallback, &text);
-    if (rc == 0) rc = kvt_tokenize(srv->eng, text, true, true, tok, n);
-    free(text);
-    return rc;
-}
-
-/* Tokens at the start of the session's stream equal to req[0..n); buf: room for n tokens. */
-static int32_t common_tokens(const struct sess *x, const kvt_token *req, int32_t n, kvt_token *buf) {
-    int32_t m = KVT_MIN(n, kvt_session_tokens(x->s, buf, n)), c = 0;
-    while (c < m && buf[c] == req[c]) c++;
-    return c;
-}
-
-/* A free sequence: one no session holds, else the one of the least recently used idle session,
-** which is parked (its KV goes to the host pool, nothing is lost).  -1 if all are generating. */
-static int32_t take_seq(struct server *srv) {
-    struct sched *sc = srv->sched;
-    for (int32_t q = 0; q < srv->max_sessions; q++) {
-        bool used = false;
-        for (int32_t i = 0; i < sc->cap && !used; i++) used = sc->sess[i].s && sc->sess[i].seq == q;
-        if (!used) return q;
-    }
-    struct sess *lru = NULL;
-    for (int32_t i = 0; i < sc->cap; i++)
-        if (sc->sess[i].s && sc->sess[i].seq >= 0 && !sc->sess[i].job && (!lru || sc->sess[i].last_used < lru->last_used)) lru = &sc->sess[i];
-    if (!lru) return -1;
-    int32_t q = lru->seq;
-    if (kvt_session_park(lru->s)) { /* cannot park: free it */
-        fprintf(stderr, "kvtier serve: session %s could not be parked (%s); freed\n", lru->id, kvt_errmsg());
-        kvt_session_free(lru->s);
-        memset(lru, 0, sizeof *lru);
-    } else {
-        lru->seq = -1;
-    }
-    return q;
-}
-
-/* An empty entry, freeing the least recently used parked (else idle) session if all are taken. */
-static struct sess *new_slot(struct server *srv) {
-    struct sched *sc = srv->sched;
-    struct sess *lru = NULL;
-    for (int32_t i = 0; i < sc->cap; i++) {
-        if (!sc->sess[i].s) return &sc->sess[i];
-        if (sc->sess[i].job) continue;
-        if (!lru || (sc->sess[i].seq < 0 && lru->seq >= 0) ||
-            ((sc->sess[i].seq < 0) == (lru->seq < 0) && sc->sess[i].last_used < lru->last_used))
-            lru = &sc->sess[i];
-    }
-    if (lru) {
-        kvt_session_free(lru->s);
-        memset(lru, 0, sizeof *lru);
-    }
-    return lru;
-}
-
-/* Assistant messages the client sends back are matched against the replies the session stored,
-** which are the text the model generated: a tool call echoed as `tool_calls`, or the "response"
-** of a tool-mode reply echoed as plain content, is replaced by the stored text, so the session's
-** tokens are reused instead of cut back and re-decoded (server/tools.c). */
-static int canonicalise_replies(struct sess *x, struct job *j) {
-    int32_t n = KVT_MIN(kvt_session_n_messages(x->s), j->n_msgs);
-    for (int32_t k = 0; k < n; k++) {
-        struct kvt_chat_msg m;
-        if (kvt_session_message(x->s, k, &m) || strcmp(m.role, j->msgs[k].role)) break;
-        if (!strcmp(m.content, j->msgs[k].content)) continue;
-        if (strcmp(m.role, "assistant") || !tools_same_reply(m.content, j->msgs[k].content)) break;
-        char *c = strdup(m.content);
-        if (!c) return -1;
-        free((char *) j->msgs[k].content);
-        j->msgs[k].content = c;
-    }
-    return 0;
-}
-
-/* What pick_session found: a session, one that is generating (the job waits), or an error. */
-enum pick { PICK_OK, PICK_BUSY, PICK_ERR };
-
-/* The session a chat job runs in (*out): the one it names, else one chosen by conversation or
-** token prefix among the idle sessions of its namespace, else a new one.  A session generating a
-** reply is never handed out: PICK_BUSY when the job names one (it goes back to the queue and
-** waits its turn; admission alone cannot see this, since a job without X-Session-Id admitted in
-** the same round may have taken that session by prefix).  PICK_ERR: the job has its error. */
-static enum pick pick_session(struct server *srv, struct job *j, struct sess **out) {
-    struct sched *sc = srv->sched;
-    struct sess *x = NULL;
-    *out = NULL;
-    if (j->session_id[0]) {
-        x = find_session(srv, j->ns, j->session_id);
-        if (x && x->job) return PICK_BUSY;
-        if (x && canonicalise_replies(x, j)) { job_error(j, 500, "server_error", NULL, "out of memory"); return PICK_ERR; }
-    } else {
-        /* the session whose whole conversation the request continues, else the one sharing the
-        ** longest token prefix with the request, if at least one block (shorter: a common system
-        ** prompt or template opening, not worth cutting another conversation back for); the
-        ** request is tokenized once and compared with every idle session of its namespace */
-        kvt_token *req = NULL, *buf = NULL;
-        int32_t n_req = 0, best = 0;
-        bool best_whole = false, any = false;
-        /* echoed replies in the sessions' own generated form first (a tool-mode reply echoed as
-        ** plain text), so that the comparison sees the tokens the sessions hold */
-        for (int32_t i = 0; i < sc->cap; i++)
-            if (sc->sess[i].s && !sc->sess[i].job && !strcmp(sc->sess[i].ns, j->ns)) {
-                any = true;
-                if (canonicalise_replies(&sc->sess[i], j)) { job_error(j, 500, "server_error", NULL, "out of memory"); return PICK_ERR; }
-            }
-        if (any && request_tokens(srv, j, &req, &n_req) == 0 && !(buf = malloc(sizeof *buf * (size_t) KVT_MAX(n_req, 1))))
-            n_req = 0;
-        for (int32_t i = 0; any && i < sc->cap; i++) {
-            struct sess *c = &sc->sess[i];
-            if (!c->s || c->job || strcmp(c->ns, j->ns)) continue;
-            bool whole = continues(c, j);
-            int32_t common = buf ? common_tokens(c, req, n_req, buf) : 0;
-            if (!whole && common < srv->block) continue;
-            /* taking over another conversation cuts it back to the common prefix: only worth it
-            ** when that drops fewer tokens than it reuses (an edited or retried last turn, a
-            ** second question on the same document); a long conversation that merely opens
-            ** like the request (an agent's shared system prompt) keeps its history, and the
-            ** request gets a session of its own */
-            if (!whole && kvt_session_tokens(c->s, NULL, 0) - common > common) continue;
-            if ((whole && !best_whole) ||
-                (whole == best_whole && (common > best || (common == best && x && c->last_used > x->last_used)))) {
-                best = common;
-                best_whole = whole;
-                x = c;
-            }
-        }
-        free(req);
-        free(buf);
-    }
-    if (x && x->seq < 0) { /* parked: back into a sequence, no recompute */
-        int32_t q = take_seq(srv);
-        if (q < 0) return PICK_ERR;
-        struct kvt_session_stats s0, s1;
-        kvt_session_get_stats(x->s, &s0);
-        int rc = kvt_session_resume(x->s, q);
-        kvt_session_get_stats(x->s, &s1);
-        j->resumed = s1.recoveries - s0.recoveries;
-        if (rc) {
-            job_lib_error(j, "cannot resume the session", rc);
-            kvt_session_free(x->s);
-            memset(x, 0, sizeof *x);
-            return PICK_ERR;
-        }
-        x->seq = q;
-    }
-    if (x) { *out = x; return PICK_OK; }
-    if (!(x = new_slot(srv))) return PICK_ERR;
-    int32_t q = take_seq(srv);
-    if (q < 0) return PICK_ERR;
-    struct kvt_session_params sp = kvt_session_default_params();
-    sp.seq = q;
-    sp.budget = srv->budget;
-    sp.block = srv->block;
-    sp.pool = sc->pool;
-    int rc = kvt_session_open(srv->eng, &sp, &x->s);
-    if (rc == 0) kvt_session_set_chunk_cb(x->s, on_chunk, srv);
-    if (rc) {
-        job_lib_error(j, "cannot open a session", rc);
-        x->s = NULL;
-        return PICK_ERR;
-    }
-    x->seq = q;
-    snprintf(x->ns, sizeof x->ns, "%s", j->ns);
-    if (j->session_id[0]) snprintf(x->id, sizeof x->id, "%s", j->session_id);
-    else snprintf(x->id, sizeof x->id, "sess-%llu-%llu", (unsigned long long) time(NULL), (unsigned long long) ++sc->n_new);
-    *out = x;
-    return PICK_OK;
-}
-
-/* Is the job runnable now?  (A named session that is busy waits in the queue.) */
-static bool runnable(struct server *srv, const struct job *j) {
-    if (j->kind != JOB_CHAT || !j->session_id[0]) return true;
-    struct sess *x = find_session(srv, j->ns, j->session_id);
-    return !x || !x->job;
-}
-
-static void run_delete(struct server *srv, struct job *j) {
-    struct sess *x = find_session(srv, j->ns, j->session_id);
-    if (!x) job_error(j, 404, "invalid_request_error", "session_not_found", "no session '%s'", j->session_id);
-    else if (x->job) job_error(j, 409, "invalid_request_error", "session_busy", "session '%s' is generating a reply", j->session_id);
-    else {
-        kvt_session_free(x->s);
-        memset(x, 0, sizeof *x);
-    }
-    snprintf(j->out_session, sizeof j->out_session, "%s", j->session_id);
-}
-
 static int add_gen(struct job *j, kvt_token t) {
     if (j->n_gen == j->cap_gen) {
         int32_t cap = j->cap_gen ? 2 * j->cap_gen : 64;
@@ -540,20 +262,20 @@ static void note_token(struct server *srv, struct job *j, double *t_last) {
 ** (the job has its error) when it cannot run at all; else it waits for a sequence (start_waiting). */
 static bool prepare_completion(struct server *srv, struct job *j) {
     int rc = kvt_tokenize(srv->eng, j->prompt, true, false, &j->ptok, &j->prompt_tokens);
-    if (rc) { job_lib_error(j, "prompt", rc); return false; }
+    if (rc) { serve_job_lib_error(j, "prompt", rc); return false; }
     const int32_t n = j->prompt_tokens;
     j->sync.prompt_tokens = n;
     j->sync.tokens_decoded = n;
     j->finish = "length";
     j->seq = -1;
     if (n + j->max_tokens > srv->budget) {
-        job_error(j, 400, "invalid_request_error", "context_length_exceeded",
+        serve_job_error(j, 400, "invalid_request_error", "context_length_exceeded",
                   "the prompt is %d tokens and max_tokens %d; together they must fit the budget of %d tokens", n,
                   j->max_tokens, srv->budget);
         return false;
     }
     if (n == 0) {
-        job_error(j, 400, "invalid_request_error", NULL, "the prompt is empty (0 tokens)");
+        serve_job_error(j, 400, "invalid_request_error", NULL, "the prompt is empty (0 tokens)");
         return false;
     }
     j->cells = n + j->max_tokens;
@@ -563,7 +285,7 @@ static bool prepare_completion(struct server *srv, struct job *j) {
 /* The completion leaves its sequence (its cells are freed) and gives back its reservation. */
 static void end_completion(struct server *srv, struct job *j, int rc) {
     struct sched *sc = srv->sched;
-    if (rc) job_lib_error(j, "generation", rc);
+    if (rc) serve_job_lib_error(j, "generation", rc);
     if (j->seq >= 0) {
         kvt_seq_rm(srv->eng, j->seq, -1, -1);
         sc->comp_busy[j->seq - sc->comp_seq0] = false;
@@ -593,14 +315,14 @@ static bool start_completion(struct server *srv, struct job *j) {
         int32_t m = KVT_MIN(n - off, srv->block);
         rc = kvt_decode(srv->eng, j->seq, j->ptok + off, m, off, off + m == n);
         off += m;
-        if (rc == 0 && off < n) on_chunk(srv);
+        if (rc == 0 && off < n) serve_on_chunk(srv);
     }
     const float *l = rc == 0 ? kvt_logits(srv->eng) : NULL;
     if (rc == 0 && !l) rc = KVT_ELLAMA;
     free(j->ptok);
     j->ptok = NULL;
     if (rc) {
-        job_lib_error(j, "prompt", rc);
+        serve_job_lib_error(j, "prompt", rc);
         end_completion(srv, j, 0);
         finish(srv, j);
         return false;
@@ -656,17 +378,17 @@ static enum pick start_chat(struct server *srv, struct job *j) {
     if (j->grammar && !j->smp.grammar) {
         int rc = kvt_grammar_new(srv->eng, j->grammar, "root", &j->smp.grammar);
         if (rc) { /* our own translation of the schema failed: say which text */
-            job_error(j, 400, "invalid_request_error", NULL, "the tools / response_format schema could not be compiled to a grammar: %s",
+            serve_job_error(j, 400, "invalid_request_error", NULL, "the tools / response_format schema could not be compiled to a grammar: %s",
                       kvt_errmsg());
             return PICK_OK;
         }
     }
     struct sess *x;
-    enum pick p = pick_session(srv, j, &x);
+    enum pick p = admit_session(srv, j, &x);
     if (p == PICK_BUSY) return p;
     if (!x) {
         if (!j->http_status)
-            job_error(j, 503, "server_error", NULL, "every one of the %d session slots is generating", srv->max_sessions);
+            serve_job_error(j, 503, "server_error", NULL, "every one of the %d session slots is generating", srv->max_sessions);
         return PICK_OK;
     }
     snprintf(j->out_session, sizeof j->out_session, "%s", x->id);
@@ -677,7 +399,7 @@ static enum pick start_chat(struct server *srv, struct job *j) {
     j->prompt_tokens = j->sync.prompt_tokens;
     if (rc) {
         x->job = NULL;
-        job_lib_error(j, "prompt", rc);
+        serve_job_lib_error(j, "prompt", rc);
         return PICK_OK;
     }
     j->slot = x;
@@ -690,9 +412,9 @@ static enum pick start_chat(struct server *srv, struct job *j) {
 static void end_chat(struct server *srv, struct job *j, int rc) {
     struct sess *x = j->slot;
     (void) srv;
-    if (rc) job_lib_error(j, "generation", rc);
+    if (rc) serve_job_lib_error(j, "generation", rc);
     int rc2 = kvt_session_gen_end(x->s, NULL);
-    if (rc2 && !rc) job_lib_error(j, "reply", rc2);
+    if (rc2 && !rc) serve_job_lib_error(j, "reply", rc2);
     struct kvt_session_stats st;
     kvt_session_get_stats(x->s, &st);
     j->resident_tokens = st.resident_tokens;
@@ -831,7 +553,7 @@ static bool step_active(struct server *srv) {
 }
 
 /* Between the prefill chunks of an admitted job: the others keep generating. */
-static void on_chunk(void *ud) {
+void serve_on_chunk(void *ud) {
     if (step_active(ud)) publish(ud);
 }
 
@@ -848,7 +570,7 @@ void *serve_engine_main(void *arg) {
             struct job **pp = &srv->head, *prev = NULL;
             while (*pp && n_adm < 64) {
                 struct job *j = *pp;
-                bool take = j->kind == JOB_DELETE || (sc->n_active + sc->n_wait + n_adm < srv->parallel && runnable(srv, j));
+                bool take = j->kind == JOB_DELETE || (sc->n_active + sc->n_wait + n_adm < srv->parallel && admit_runnable(srv, j));
                 /* one job per named session per round, so two queued turns of one session run in order */
                 for (int32_t k = 0; take && k < n_adm; k++)
                     if (adm[k]->kind == JOB_CHAT && j->kind == JOB_CHAT && j->session_id[0] &&
@@ -872,7 +594,7 @@ void *serve_engine_main(void *arg) {
         for (int32_t k = 0; k < n_adm; k++) {
             struct job *j = adm[k];
             if (j->kind == JOB_DELETE) {
-                run_delete(srv, j);
+                admit_delete(srv, j);
                 pthread_mutex_lock(&srv->mu);
                 j->state = JOB_DONE;
                 pthread_cond_broadcast(&j->cv);

@@ -1,10 +1,12 @@
 /* serve.h — what the files of `kvtier serve` share: a request ("job") as the HTTP threads hand it
-** to the engine thread, the engine thread's scheduler, and the metrics.  Never installed.
+** to the engine thread, the server and its metrics.  Never installed.
 **
-** Threads: libmicrohttpd runs one thread per connection (server/http.c); exactly one engine
-** thread (server/sched.c) owns the kvt_engine and every session on it, because the library is
-** single-threaded per engine.  They meet in a job queue (one mutex, condition variables per job);
-** HTTP threads never call the library on the engine. */
+** Threads: libmicrohttpd runs one thread per connection (server/http.c, bodies parsed by
+** server/request.c); exactly one engine thread (server/sched.c, sessions chosen by
+** server/admit.c, its state in server/sched.h) owns the kvt_engine and every session on it,
+** because the library is single-threaded per engine.  They meet in a job queue (one mutex,
+** condition variables per job); HTTP threads never call the library on the engine.  All state
+** hangs off one struct server: two servers could run in one process. */
 #ifndef KVT_SERVE_H
 #define KVT_SERVE_H
 
@@ -137,8 +139,6 @@ int  serve_submit(struct server *srv, struct job *j);
 void serve_job_release(struct server *srv, struct job *j);
 void serve_job_free(struct job *j);
 
-void serve_hist_add(struct hist *h, double ms);
-extern const double serve_hist_bounds[HIST_N];
 
 /* server/tools.c — tool calling and structured output (see the file's header) */
 
@@ -160,9 +160,22 @@ bool  tools_same_reply(const char *stored, const char *echo);
 ** New reference; NULL on OOM. */
 json_t *tools_reply(struct server *srv, const char *text, int format, const char **finish);
 
-/* server/http.c */
+/* server/request.c */
 /* "an object", "a string", ... for messages naming a JSON value's type.  Cannot fail. */
 const char *serve_json_type(const json_t *v);
+/* The JSON body of POST /v1/chat/completions (chat) or /v1/completions into the job: sampling,
+** max_tokens, stop, stream, then tools / response_format and messages (chat) or prompt.  Returns
+** 0; or -1 with the message in err (naming the field and the bad value; empty on OOM) and the
+** field in *param (NULL when none).  On error the job holds what was parsed: serve_job_free. */
+int serve_request_parse(struct server *srv, json_t *root, struct job *j, bool chat, char *err, size_t n_err, const char **param);
+
+/* server/metrics.c */
+/* Add one sample (ms) to a histogram (caller holds srv->mu).  Cannot fail. */
+void serve_hist_add(struct hist *h, double ms);
+/* GET /metrics: srv->m in the Prometheus text format.  Caller frees; NULL on OOM. */
+char *serve_metrics_text(struct server *srv);
+
+/* server/http.c */
 struct MHD_Daemon;
 struct MHD_Daemon *serve_http_start(struct server *srv, const char *host, int32_t port, int32_t *bound_port);
 
