@@ -140,7 +140,7 @@ int cmd_serve(int argc, char **argv) {
     pthread_cond_broadcast(&srv.work);
     pthread_mutex_unlock(&srv.mu);
     pthread_join(eng_thread, NULL);
-    if (d) MHD_stop_daemon(d);
+    if (d) serve_http_stop(&srv, d);
     serve_engine_close(&srv);
     rc = d ? APP_OK : APP_ERR;
     if (d) fprintf(stderr, "%s: stopped\n", cmd);

@@ -453,6 +453,9 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     if (!rq) {
         if (!(rq = calloc(1, sizeof *rq))) return MHD_NO;
         *con_cls = rq;
+        pthread_mutex_lock(&srv->mu); /* until completed(): serve_http_stop waits for it */
+        srv->n_http++;
+        pthread_mutex_unlock(&srv->mu);
         return MHD_YES;
     }
     if (*upload_size) {
@@ -511,14 +514,18 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     return send_error(srv, c, 404, "invalid_request_error", NULL, "not_found", "no endpoint %s %s", method, url);
 }
 
+/* The request is over: its reply was sent, or the connection failed. */
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void) cls;
+    struct server *srv = cls;
     (void) c;
     (void) toe;
     struct req *rq = *con_cls;
     if (rq) {
         free(rq->body);
         free(rq);
+        pthread_mutex_lock(&srv->mu);
+        srv->n_http--;
+        pthread_mutex_unlock(&srv->mu);
     }
     *con_cls = NULL;
 }
@@ -536,7 +543,7 @@ struct MHD_Daemon *serve_http_start(struct server *srv, const char *host, int32_
     struct MHD_Daemon *d = MHD_start_daemon(
         MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG,
         (uint16_t) port, NULL, NULL, handler, srv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *) &sa,
-        MHD_OPTION_NOTIFY_COMPLETED, completed, NULL, MHD_OPTION_CONNECTION_LIMIT, (unsigned) 256,
+        MHD_OPTION_NOTIFY_COMPLETED, completed, srv, MHD_OPTION_CONNECTION_LIMIT, (unsigned) 256,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned) 600, MHD_OPTION_END);
     if (!d) {
         fprintf(stderr, "kvtier serve: cannot listen on %s:%d (in use, or not allowed)\n", host, port);
@@ -547,3 +554,13 @@ struct MHD_Daemon *serve_http_start(struct server *srv, const char *host, int32_
     return d;
 }
 
+void serve_http_stop(struct server *srv, struct MHD_Daemon *d) {
+    for (int i = 0; i < 3000; i++) { /* 10 ms steps, 30 s at most */
+        pthread_mutex_lock(&srv->mu);
+        int32_t n = srv->n_http;
+        pthread_mutex_unlock(&srv->mu);
+        if (n == 0) break;
+        nanosleep(&(struct timespec){ 0, 10 * 1000000L }, NULL);
+    }
+    MHD_stop_daemon(d);
+}

@@ -111,6 +111,7 @@ struct server {
     uint64_t        n_tickets;     /* jobs ever queued (the next job's ticket) */
     bool            stopping;      /* SIGTERM: finish what is queued and running, take nothing new */
     bool            engine_done;
+    int32_t         n_http;        /* requests whose reply is not yet sent (HTTP threads) */
     /* configuration */
     const char     *model_path;
     char            model_name[128];
@@ -178,5 +179,9 @@ char *serve_metrics_text(struct server *srv);
 /* server/http.c */
 struct MHD_Daemon;
 struct MHD_Daemon *serve_http_start(struct server *srv, const char *host, int32_t port, int32_t *bound_port);
+/* Stop libmicrohttpd once the replies in flight have been sent (at most 30 s for slow clients):
+** after SIGTERM the engine finishes every job, but each reply is written by its connection's
+** thread afterwards, and stopping the daemon at once would close the connection first. */
+void serve_http_stop(struct server *srv, struct MHD_Daemon *d);
 
 #endif
