@@ -144,9 +144,16 @@ check("B reused S's history (cut back to it from A's turn) and decoded only its 
       b.usage and b.usage["kvtier"]["prompt_tokens_reused"] >= r0["usage"]["prompt_tokens"]
       and b.usage["kvtier"]["prompt_tokens_decoded"] < 30, str(b.usage))
 
-# S is consistent afterwards: B's conversation continues with everything reused
-st, _, ls = raw("GET", "/v1/sessions")
-ss = [x for x in ls["data"] if x["id"] == SID] if st == 200 else []
+# S is consistent afterwards: B's conversation continues with everything reused.  (/v1/sessions
+# is a snapshot the engine thread publishes after the step in which B ended, which may come just
+# after B's client has its reply.)
+ss, t0 = [], time.time()
+while time.time() - t0 < 10:
+    st, _, ls = raw("GET", "/v1/sessions")
+    ss = [x for x in ls["data"] if x["id"] == SID] if st == 200 else []
+    if len(ss) == 1 and ss[0]["busy"] is False:
+        break
+    time.sleep(0.05)
 check("one session S, idle", len(ss) == 1 and ss[0]["busy"] is False, str(ss))
 if b.usage:
     qc = qb + [{"role": "assistant", "content": b.text}, {"role": "user", "content": "Thank you."}]
