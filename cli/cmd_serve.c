@@ -1,13 +1,14 @@
 /* cmd_serve.c — `kvtier serve`: an OpenAI-compatible HTTP server whose sessions keep their KV
 ** across requests (only the new tail of a resent history is decoded) under a token budget.
 **
-**   kvtier serve -m MODEL [--host 127.0.0.1] [--port 8080] [-c 4096] [--budget 512] [--parallel 4]
+**   kvtier serve [-m MODEL] [--host 127.0.0.1] [--port 8080] [-c 4096] [--budget 512] [--parallel 4]
 **                [--threads N] [--api-key-file FILE] [--max-sessions N] [--pool-mb 256] [--spill-dir DIR]
 **
-** Startup: flags, API keys, model; then the engine thread (server/sched.c) and libmicrohttpd
-** (server/http.c).  The main thread waits for SIGTERM/SIGINT: new requests then get 503, queued
+** Startup: flags, API keys, model (without -m the one $KVTIER_MODEL names: cli/model.c); then
+** the engine thread (server/sched.c) and libmicrohttpd (server/http.c).  The main thread waits for SIGTERM/SIGINT: new requests then get 503, queued
 ** and running ones finish, and the process exits 0. */
 #include "cli.h"
+#include "model.h"
 #include "serve.h"
 
 #include <ctype.h>
@@ -18,11 +19,13 @@
 #include <string.h>
 
 static void serve_usage(FILE *f, const struct cli_opt *opts) {
-    fprintf(f, "Usage: kvtier serve -m MODEL [options]\n\n"
+    fprintf(f, "Usage: kvtier serve [-m MODEL] [options]\n\n"
                "OpenAI-compatible server (POST /v1/chat/completions, /v1/completions; GET /v1/models, /health,\n"
                "/metrics, /v1/sessions; DELETE /v1/sessions/ID).  Sessions keep their KV cache between requests:\n"
                "a client resending its history has only the new tail decoded.  Select a session with the\n"
-               "X-Session-Id header, or let the server match the longest common token prefix (one block at least).\n\nOptions:\n");
+               "X-Session-Id header, or let the server match the longest common token prefix (one block at least).\n"
+               "MODEL defaults to $KVTIER_MODEL (the model scripts/bootstrap.sh cached: `scripts/bootstrap.sh env` prints it).\n\n"
+               "Options:\n");
     cli_print_opts(f, opts);
 }
 
@@ -66,7 +69,7 @@ int cmd_serve(int argc, char **argv) {
     srv.max_queue = 64;
     srv.max_tokens_default = 256;
     const struct cli_opt opts[] = {
-        { "model", 'm', OPT_STR, &srv.model_path, 0, 0, "MODEL", "GGUF model file (required)", NULL },
+        { "model", 'm', OPT_STR, &srv.model_path, 0, 0, "MODEL", "GGUF model file (default $KVTIER_MODEL)", NULL },
         { "host", 0, OPT_STR, &host, 0, 0, "ADDR", "IPv4 address to listen on (default 127.0.0.1)", NULL },
         { "port", 0, OPT_INT, &port, 0, 65535, "N", "TCP port (default 8080; 0 = any free port, printed at start)", NULL },
         { "ctx-size", 'c', OPT_INT, &srv.n_ctx, 256, 1 << 20, "N", "KV cells of the shared context (default 4096)", NULL },
@@ -90,10 +93,8 @@ int cmd_serve(int argc, char **argv) {
     int rc = cli_parse(cmd, opts, argc, argv, pos, 0, &n_pos);
     if (rc < 0) { serve_usage(stdout, opts); return APP_OK; }
     if (rc) return rc;
-    if (!srv.model_path) {
-        fprintf(stderr, "%s: -m MODEL is required\nTry '%s --help'.\n", cmd, cmd);
-        return APP_USAGE;
-    }
+    bool model_from_env = false;
+    if (!(srv.model_path = cli_model_path(cmd, srv.model_path, &model_from_env))) return APP_USAGE;
     if (srv.budget < 2 * srv.block) {
         fprintf(stderr, "%s: --budget %d is smaller than two blocks of %d tokens\n", cmd, srv.budget, srv.block);
         return APP_USAGE;
@@ -118,6 +119,10 @@ int cmd_serve(int argc, char **argv) {
     pthread_mutex_init(&srv.mu, NULL);
     pthread_cond_init(&srv.work, NULL);
     if ((rc = serve_engine_open(&srv))) goto out_keys;
+    struct kvt_engine_info info;
+    kvt_engine_info(srv.eng, &info);
+    fprintf(stderr, "%s: model %s: %s (%s)%s\n", cmd, srv.model_path, srv.model_name, info.desc,
+            model_from_env ? ", from $KVTIER_MODEL (no -m given)" : "");
     pthread_t eng_thread;
     if (pthread_create(&eng_thread, NULL, serve_engine_main, &srv)) {
         fprintf(stderr, "%s: cannot start the engine thread\n", cmd);

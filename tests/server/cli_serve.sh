@@ -4,8 +4,9 @@
 # streams, multi-turn reuse, bad input, key isolation, disconnect, 429, metrics, the planted fact
 # at budget 512), then by tests/server/serve_sched_test.py (session choice by longest common token prefix,
 # /v1/completions batched with chats), then SIGTERM with a request in flight: it must finish and
-# the server exit 0.  A second server (--parallel 3) runs tests/server/serve_busy_test.py: a session
-# a job names while another job has taken it is not shared; that job waits its turn.
+# the server exit 0.  A second server, started without -m (it serves $KVTIER_MODEL's model), with
+# --parallel 3, runs tests/server/serve_busy_test.py: a session a job names while another job has
+# taken it is not shared; that job waits its turn.
 # Also the flags: --help, bad values.  Skips (exit 0) when KVTIER_MODEL is not set.
 # Environment (from tests/CMakeLists.txt): KVTIER_BIN, KVTIER_MODEL, KVT_SOURCE_DIR.
 set -u
@@ -30,8 +31,9 @@ bad() { fail=$((fail + 1)); echo "FAIL $*"; }
 
 # --- flags ---
 "$BIN" serve --help >"$TMP/help" 2>&1 && grep -q -- "--api-key-file" "$TMP/help" && ok "serve --help" || bad "serve --help"
-"$BIN" serve >/dev/null 2>"$TMP/err"; rc=$?
-[ $rc -eq 2 ] && grep -q "MODEL is required" "$TMP/err" && ok "serve without -m -> usage error" || bad "serve without -m ($rc)"
+env -u KVTIER_MODEL "$BIN" serve >/dev/null 2>"$TMP/err"; rc=$?
+[ $rc -eq 2 ] && grep -q "no model given (use -m MODEL or set KVTIER_MODEL)" "$TMP/err" \
+    && ok "serve without -m or \$KVTIER_MODEL -> usage error" || bad "serve without a model ($rc)"
 "$BIN" serve -m "$MODEL" --port 70000 >/dev/null 2>"$TMP/err"; rc=$?
 [ $rc -eq 2 ] && grep -q "port 70000 is outside" "$TMP/err" && ok "bad --port -> usage error" || bad "bad --port ($rc)"
 "$BIN" serve -m "$MODEL" --api-key-file "$TMP/none" >/dev/null 2>"$TMP/err"; rc=$?
@@ -66,6 +68,8 @@ start_server() {
 printf '# test keys\nkey-alpha-123\n\n  key-beta-456  \n' >"$TMP/keys"
 start_server err -m "$MODEL" --port 0 -c 4096 --budget 512 --parallel 2 --queue 1 --threads 2 \
     --api-key-file "$TMP/keys" --spill-dir "$TMP"
+grep -qF "kvtier serve: model $MODEL: " "$TMP/err" && ! grep -q 'from \$KVTIER_MODEL' "$TMP/err" \
+    && ok "the model it loaded (-m) is logged: path and name" || bad "model line: $(grep 'model' "$TMP/err" | head -2)"
 
 # one client script against the running server; its ok/FAIL lines count here
 run_py() { # script out [args: default the two keys and the demo's source]
@@ -100,10 +104,13 @@ PID=
     || bad "SIGTERM: in-flight request got $(cat "$TMP/code"): $(head -c 300 "$TMP/inflight")"
 [ $src -eq 0 ] && grep -q "stopped" "$TMP/err" && ok "SIGTERM: the server drained and exited 0" || bad "SIGTERM: exit status $src"
 
-# --- a second server, three jobs at once and a longer queue: a session is never given to two jobs
+# --- a second server, without -m (the model $KVTIER_MODEL names), three jobs at once and a longer
+# queue: a session is never given to two jobs
 printf 'key-gamma-789\n' >"$TMP/keys2"
-start_server err2 -m "$MODEL" --port 0 -c 4096 --budget 512 --parallel 3 --queue 8 --threads 2 \
+start_server err2 --port 0 -c 4096 --budget 512 --parallel 3 --queue 8 --threads 2 \
     --api-key-file "$TMP/keys2" --spill-dir "$TMP"
+grep -qF "kvtier serve: model $MODEL: " "$TMP/err2" && grep -qE 'model .*: [^ ].* \(.*\), from \$KVTIER_MODEL \(no -m given\)' "$TMP/err2" \
+    && ok "without -m: \$KVTIER_MODEL's model is served, its path and name logged" || bad "no -m: $(grep 'model' "$TMP/err2" | head -2)"
 run_py serve_busy_test.py py3 key-gamma-789
 kill -TERM "$PID"
 wait "$PID"; src=$?
