@@ -30,7 +30,8 @@ ok() { pass=$((pass + 1)); echo "ok   $*"; }
 bad() { fail=$((fail + 1)); echo "FAIL $*"; }
 
 # --- flags ---
-"$BIN" serve --help >"$TMP/help" 2>&1 && grep -q -- "--api-key-file" "$TMP/help" && ok "serve --help" || bad "serve --help"
+"$BIN" serve --help >"$TMP/help" 2>&1 && grep -q -- "--api-key-file" "$TMP/help" && grep -q -- "--api-key KEY" "$TMP/help" \
+    && ok "serve --help" || bad "serve --help"
 env -u KVTIER_MODEL "$BIN" serve >/dev/null 2>"$TMP/err"; rc=$?
 [ $rc -eq 2 ] && grep -q "no model given (use -m MODEL or set KVTIER_MODEL)" "$TMP/err" \
     && ok "serve without -m or \$KVTIER_MODEL -> usage error" || bad "serve without a model ($rc)"
@@ -40,6 +41,15 @@ env -u KVTIER_MODEL "$BIN" serve >/dev/null 2>"$TMP/err"; rc=$?
 [ $rc -eq 2 ] && grep -q "cannot read" "$TMP/err" && ok "missing --api-key-file -> usage error" || bad "missing key file ($rc)"
 "$BIN" serve -m "$MODEL" -c 1024 --budget 512 --max-sessions 4 >/dev/null 2>"$TMP/err"; rc=$?
 [ $rc -eq 2 ] && grep -q "need" "$TMP/err" && ok "sessions that cannot fit the context -> usage error" || bad "max-sessions ($rc)"
+"$BIN" serve -m "$MODEL" --api-key key-ok-1 --api-key '' >/dev/null 2>"$TMP/err"; rc=$?
+[ $rc -eq 2 ] && grep -q -- "--api-key #2 is an empty API key" "$TMP/err" && ok "empty --api-key -> usage error naming which" \
+    || bad "empty --api-key ($rc): $(cat "$TMP/err")"
+"$BIN" serve -m "$MODEL" --api-key 'secret with-space-55' >/dev/null 2>"$TMP/err"; rc=$?
+[ $rc -eq 2 ] && grep -q -- "--api-key #1 holds white space" "$TMP/err" && ! grep -q "with-space-55" "$TMP/err" \
+    && ok "--api-key with white space -> usage error that does not print the key" || bad "--api-key with space ($rc): $(cat "$TMP/err")"
+"$BIN" serve -m "$MODEL" --api-key >/dev/null 2>"$TMP/err"; rc=$?
+[ $rc -eq 2 ] && grep -q -- "'--api-key' needs a value" "$TMP/err" && ok "--api-key without a value -> usage error" \
+    || bad "--api-key without a value ($rc): $(cat "$TMP/err")"
 
 PY=$("$SRC/scripts/bootstrap.sh" pyclient-path)
 "$SRC/scripts/bootstrap.sh" pyclient || { bad "bootstrap.sh pyclient"; echo "$pass passed, $fail failed"; exit 1; }
@@ -105,17 +115,33 @@ PID=
 [ $src -eq 0 ] && grep -q "stopped" "$TMP/err" && ok "SIGTERM: the server drained and exited 0" || bad "SIGTERM: exit status $src"
 
 # --- a second server, without -m (the model $KVTIER_MODEL names), three jobs at once and a longer
-# queue: a session is never given to two jobs
+# queue: a session is never given to two jobs.  Its keys: two --api-key flags and a key file.
 printf 'key-gamma-789\n' >"$TMP/keys2"
 start_server err2 --port 0 -c 4096 --budget 512 --parallel 3 --queue 8 --threads 2 \
-    --api-key-file "$TMP/keys2" --spill-dir "$TMP"
+    --api-key key-delta-000 --api-key=key-eps-111 --api-key-file "$TMP/keys2" --spill-dir "$TMP"
 grep -qF "kvtier serve: model $MODEL: " "$TMP/err2" && grep -qE 'model .*: [^ ].* \(.*\), from \$KVTIER_MODEL \(no -m given\)' "$TMP/err2" \
     && ok "without -m: \$KVTIER_MODEL's model is served, its path and name logged" || bad "no -m: $(grep 'model' "$TMP/err2" | head -2)"
-run_py serve_busy_test.py py3 key-gamma-789
+code() { # KEY (empty: no Authorization header) -> HTTP status of GET /v1/models
+    if [ -n "$1" ]; then curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $1" "http://127.0.0.1:$PORT/v1/models"
+    else curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/v1/models"; fi
+}
+[ "$(code key-delta-000)" = 200 ] && [ "$(code key-eps-111)" = 200 ] && ok "each --api-key key is accepted" \
+    || bad "--api-key keys: $(code key-delta-000) $(code key-eps-111)"
+[ "$(code key-gamma-789)" = 200 ] && ok "--api-key-file's key too, beside --api-key" || bad "file key with --api-key: $(code key-gamma-789)"
+[ "$(code key-delta-001)" = 401 ] && [ "$(code '')" = 401 ] && ok "a wrong key, or none -> 401" \
+    || bad "wrong key: $(code key-delta-001), none: $(code '')"
+run_py serve_busy_test.py py3 key-delta-000
 kill -TERM "$PID"
 wait "$PID"; src=$?
 PID=
 [ $src -eq 0 ] && ok "second server: SIGTERM, exit 0" || bad "second server: exit status $src"
+
+# keys are secrets: the servers never print one
+leaked=
+for k in key-alpha-123 key-beta-456 key-gamma-789 key-delta-000 key-eps-111; do
+    grep -qF -- "$k" "$TMP/err" "$TMP/err.out" "$TMP/err2" "$TMP/err2.out" && leaked="$leaked $k"
+done
+[ -z "$leaked" ] && ok "no API key in the servers' logs" || bad "API keys in the servers' logs:$leaked"
 
 for e in err err2; do
     if grep -qE 'AddressSanitizer|LeakSanitizer|UndefinedBehaviorSanitizer|runtime error:' "$TMP/$e"; then
