@@ -125,12 +125,16 @@ struct server {
     int32_t         n_views;
     unsigned long long n_replies, n_calls; /* ids given to replies / tool calls so far (atomic, any thread) */
     kvt_engine     *eng;           /* used only by the engine thread */
-    struct sched   *sched;         /* the engine thread's state (server/sched.c), owned */
+    struct sched   *sched;         /* the engine thread's state (server/sched.h), owned */
 };
 
 /* server/sched.c */
-int  serve_engine_open(struct server *srv);        /* APP_OK or APP_ERR (message printed) */
+/* Open the model (srv->eng), the host pool and the scheduler state (srv->sched) from srv's
+** configuration; fills srv->model_name.  Returns APP_OK, or APP_ERR with the message printed and
+** nothing left open. */
+int  serve_engine_open(struct server *srv);
 void *serve_engine_main(void *srv);                 /* the engine thread */
+/* Free the sessions, the pool, srv->sched and srv->eng (what is open of them). */
 void serve_engine_close(struct server *srv);
 
 /* Queue a job (refs becomes 2: caller + engine).  Returns 0, or 429 when the queue is full, or
