@@ -5,7 +5,7 @@ SHELL := /bin/bash
 BOOT  := scripts/bootstrap.sh
 JOBS  ?= $(shell nproc)
 
-.PHONY: all build build-asan test demo bench clean setup
+.PHONY: all build build-asan test demo serve bench clean setup
 all: build
 
 setup:
@@ -30,6 +30,11 @@ test: build build-asan
 demo: build
 	@eval "$$($(BOOT) env)"; ./build/kvtier demo -m "$$KVTIER_MODEL"; \
 	./build/kvtier demo -m "$$KVTIER_MODEL" --recovery discard
+
+# The OpenAI-compatible server on the same model, on http://127.0.0.1:8080 until Ctrl-C
+# (more flags: make serve SERVE_ARGS="--port 9000 --api-key-file keys.txt").
+serve: build
+	@eval "$$($(BOOT) env)"; ./build/kvtier serve -m "$$KVTIER_MODEL" $(SERVE_ARGS)
 
 bench: build
 	@eval "$$($(BOOT) env)"; ./build/kvtier bench primitives -m "$$KVTIER_MODEL"

@@ -7,6 +7,7 @@
 ** depending on what greedy decoding happens to say.  Ends with one JSON line on stdout.
 ** Greedy decoding by default, so a run is deterministic for a given model and build. */
 #include "cli.h"
+#include "model.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -195,7 +196,6 @@ int cmd_demo(int argc, char **argv) {
     bool json_only = false, live = false;
     cli_run_opts_default(&o);
     o.max_tokens = 48;
-    o.model = getenv("KVTIER_MODEL");
     const struct cli_opt opts[] = {
         CLI_RUN_OPT_ROWS(&o),
         { "json-only", 0, OPT_FLAG, &json_only, 0, 0, NULL,
@@ -211,10 +211,7 @@ int cmd_demo(int argc, char **argv) {
         return APP_OK;
     }
     if (rc) return rc;
-    if (!o.model || !*o.model) {
-        fprintf(stderr, "%s: no model given (use -m MODEL or set KVTIER_MODEL)\n", cmd);
-        return APP_USAGE;
-    }
+    if (!(o.model = cli_model_path(cmd, o.model, NULL))) return APP_USAGE;
     if ((rc = cli_run_opts_check(cmd, &o))) return rc;
 
     struct timespec t0, t1;

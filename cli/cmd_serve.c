@@ -1,13 +1,16 @@
 /* cmd_serve.c — `kvtier serve`: an OpenAI-compatible HTTP server whose sessions keep their KV
 ** across requests (only the new tail of a resent history is decoded) under a token budget.
 **
-**   kvtier serve -m MODEL [--host 127.0.0.1] [--port 8080] [-c 4096] [--budget 512] [--parallel 4]
-**                [--threads N] [--api-key-file FILE] [--max-sessions N] [--pool-mb 256] [--spill-dir DIR]
+**   kvtier serve [-m MODEL] [--host 127.0.0.1] [--port 8080] [-c 4096] [--budget 512] [--parallel 4]
+**                [--threads N] [--api-key KEY]... [--api-key-file FILE] [--max-sessions N] [--pool-mb 256]
+**                [--spill-dir DIR]
 **
-** Startup: flags, API keys, model; then the engine thread (server/sched.c) and libmicrohttpd
-** (server/http.c).  The main thread waits for SIGTERM/SIGINT: new requests then get 503, queued
-** and running ones finish, and the process exits 0. */
+** Startup: flags, API keys, model (without -m the one $KVTIER_MODEL names: cli/model.c); then
+** the engine thread (server/sched.c) and libmicrohttpd (server/http.c).  The main thread waits
+** for SIGTERM/SIGINT: new requests then get 503, queued and running ones finish, and the process
+** exits 0.  API keys are secrets: nothing here or in server/ ever prints one. */
 #include "cli.h"
+#include "model.h"
 #include "serve.h"
 
 #include <ctype.h>
@@ -18,34 +21,95 @@
 #include <string.h>
 
 static void serve_usage(FILE *f, const struct cli_opt *opts) {
-    fprintf(f, "Usage: kvtier serve -m MODEL [options]\n\n"
+    fprintf(f, "Usage: kvtier serve [-m MODEL] [options]\n\n"
                "OpenAI-compatible server (POST /v1/chat/completions, /v1/completions; GET /v1/models, /health,\n"
                "/metrics, /v1/sessions; DELETE /v1/sessions/ID).  Sessions keep their KV cache between requests:\n"
                "a client resending its history has only the new tail decoded.  Select a session with the\n"
-               "X-Session-Id header, or let the server match the longest common token prefix (one block at least).\n\nOptions:\n");
+               "X-Session-Id header, or let the server match the longest common token prefix (one block at least).\n"
+               "MODEL defaults to $KVTIER_MODEL (the model scripts/bootstrap.sh cached: `scripts/bootstrap.sh env` prints it).\n\n"
+               "Options:\n");
     cli_print_opts(f, opts);
 }
 
-/* One key per line; blank lines and lines starting with '#' are skipped; surrounding white space
-** is not part of a key. */
+/* Append one API key (copied).  `what` names where it came from in an error message; the key
+** itself is never printed.  Returns APP_OK, APP_USAGE (an empty key) or APP_ERR (out of memory). */
+static int add_key(struct server *srv, const char *key, const char *what) {
+    if (!*key) {
+        fprintf(stderr, "kvtier serve: %s is an empty API key\n", what);
+        return APP_USAGE;
+    }
+    char **k = realloc(srv->keys, sizeof *k * (size_t) (srv->n_keys + 1));
+    if (k) srv->keys = k;
+    if (!k || !(k[srv->n_keys] = strdup(key))) {
+        fprintf(stderr, "kvtier serve: out of memory for API key %d\n", srv->n_keys + 1);
+        return APP_ERR;
+    }
+    srv->n_keys++;
+    return APP_OK;
+}
+
+/* --api-key KEY may be given more than once, which the flag parser (one value per option) cannot
+** express: every "--api-key KEY" and "--api-key=KEY" is taken out of argv[0..*argc) here, before
+** cli_parse sees the rest.  The values of the other options are stepped over, so a value that
+** reads "--api-key" stays theirs; nothing after "--" is taken; a trailing "--api-key" without a
+** value is left for cli_parse to report.  A key may not hold white space or control characters
+** (a client could not send it as "Authorization: Bearer KEY"); the error says which --api-key,
+** by position, never the key. */
+static int take_api_keys(struct server *srv, const struct cli_opt *opts, int *argc, char **argv) {
+    int n = 0, n_flag = 0;
+    for (int i = 0; i < *argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--")) { /* the rest is positional: left as it is */
+            while (i < *argc) argv[n++] = argv[i++];
+            break;
+        }
+        bool joined = !strncmp(a, "--api-key=", 10);
+        if (joined || (!strcmp(a, "--api-key") && i + 1 < *argc)) {
+            const char *key = joined ? a + 10 : argv[++i];
+            char what[48];
+            snprintf(what, sizeof what, "--api-key #%d", ++n_flag);
+            for (const char *p = key; *p; p++)
+                if (isspace((unsigned char) *p) || iscntrl((unsigned char) *p)) {
+                    fprintf(stderr, "kvtier serve: %s holds white space or a control character; a client sends the key as "
+                                    "'Authorization: Bearer KEY'\n", what);
+                    return APP_USAGE;
+                }
+            int rc = add_key(srv, key, what);
+            if (rc) return rc;
+            continue;
+        }
+        argv[n++] = argv[i];
+        /* another option's value: copied as it is, whatever it reads */
+        const struct cli_opt *o = NULL;
+        if (a[0] == '-' && a[1] == '-' && !strchr(a, '='))
+            for (o = opts; o->name && strcmp(o->name, a + 2); o++) {}
+        else if (a[0] == '-' && a[1] && a[1] != '-' && !a[2])
+            for (o = opts; o->name && o->short_name != a[1]; o++) {}
+        if (o && o->name && o->kind != OPT_FLAG && i + 1 < *argc) argv[n++] = argv[++i];
+    }
+    *argc = n;
+    return APP_OK;
+}
+
+/* --api-key-file: one key per line; blank lines and lines starting with '#' are skipped;
+** surrounding white space is not part of a key. */
 static int load_keys(struct server *srv, const char *path) {
     char *txt = app_read_file(path, NULL);
     if (!txt) {
         fprintf(stderr, "kvtier serve: --api-key-file '%s': cannot read it\n", path);
         return APP_USAGE;
     }
+    int32_t n0 = srv->n_keys;
     for (char *line = strtok(txt, "\n"); line; line = strtok(NULL, "\n")) {
         while (isspace((unsigned char) *line)) line++;
         char *e = line + strlen(line);
         while (e > line && isspace((unsigned char) e[-1])) *--e = '\0';
         if (!*line || *line == '#') continue;
-        char **k = realloc(srv->keys, sizeof *k * (size_t) (srv->n_keys + 1));
-        if (!k || !(k[srv->n_keys] = strdup(line))) { free(txt); return APP_ERR; }
-        srv->keys = k;
-        srv->n_keys++;
+        int rc = add_key(srv, line, "--api-key-file");
+        if (rc) { free(txt); return rc; }
     }
     free(txt);
-    if (srv->n_keys == 0) {
+    if (srv->n_keys == n0) {
         fprintf(stderr, "kvtier serve: --api-key-file '%s' holds no key (one per line)\n", path);
         return APP_USAGE;
     }
@@ -56,7 +120,9 @@ int cmd_serve(int argc, char **argv) {
     const char *cmd = "kvtier serve";
     struct server srv;
     memset(&srv, 0, sizeof srv);
-    const char *host = "127.0.0.1", *key_file = NULL;
+    pthread_mutex_init(&srv.mu, NULL);
+    pthread_cond_init(&srv.work, NULL);
+    const char *host = "127.0.0.1", *key_file = NULL, *key_unused = NULL;
     int32_t port = 8080, max_sessions = 0;
     srv.n_ctx = 4096;
     srv.budget = 512;
@@ -66,7 +132,7 @@ int cmd_serve(int argc, char **argv) {
     srv.max_queue = 64;
     srv.max_tokens_default = 256;
     const struct cli_opt opts[] = {
-        { "model", 'm', OPT_STR, &srv.model_path, 0, 0, "MODEL", "GGUF model file (required)", NULL },
+        { "model", 'm', OPT_STR, &srv.model_path, 0, 0, "MODEL", "GGUF model file (default $KVTIER_MODEL)", NULL },
         { "host", 0, OPT_STR, &host, 0, 0, "ADDR", "IPv4 address to listen on (default 127.0.0.1)", NULL },
         { "port", 0, OPT_INT, &port, 0, 65535, "N", "TCP port (default 8080; 0 = any free port, printed at start)", NULL },
         { "ctx-size", 'c', OPT_INT, &srv.n_ctx, 256, 1 << 20, "N", "KV cells of the shared context (default 4096)", NULL },
@@ -74,6 +140,9 @@ int cmd_serve(int argc, char **argv) {
         { "block", 0, OPT_INT, &srv.block, 16, 4096, "N", "tokens per KV block (default 64)", NULL },
         { "parallel", 0, OPT_INT, &srv.parallel, 1, 64, "N", "requests generating at once (default 4)", NULL },
         { "threads", 't', OPT_INT, &srv.threads, 0, 1024, "N", "CPU threads (default 0 = all cores)", NULL },
+        { "api-key", 0, OPT_STR, &key_unused, 0, 0, "KEY",
+          "require Authorization: Bearer KEY; may be given more than once, and with --api-key-file (a key on the "
+          "command line is visible to other local users: prefer the file)", NULL },
         { "api-key-file", 0, OPT_STR, &key_file, 0, 0, "FILE",
           "require Authorization: Bearer KEY, one key per line; sessions are private to their key", NULL },
         { "max-sessions", 0, OPT_INT, &max_sessions, 1, 63, "N",
@@ -87,25 +156,26 @@ int cmd_serve(int argc, char **argv) {
     };
     char *pos[1];
     int n_pos = 0;
-    int rc = cli_parse(cmd, opts, argc, argv, pos, 0, &n_pos);
-    if (rc < 0) { serve_usage(stdout, opts); return APP_OK; }
-    if (rc) return rc;
-    if (!srv.model_path) {
-        fprintf(stderr, "%s: -m MODEL is required\nTry '%s --help'.\n", cmd, cmd);
-        return APP_USAGE;
-    }
+    int rc = take_api_keys(&srv, opts, &argc, argv);
+    if (rc == APP_OK) rc = cli_parse(cmd, opts, argc, argv, pos, 0, &n_pos);
+    if (rc < 0) { serve_usage(stdout, opts); rc = APP_OK; goto out; }
+    if (rc) goto out;
+    bool model_from_env = false;
+    rc = APP_USAGE;
+    if (!(srv.model_path = cli_model_path(cmd, srv.model_path, &model_from_env))) goto out;
     if (srv.budget < 2 * srv.block) {
         fprintf(stderr, "%s: --budget %d is smaller than two blocks of %d tokens\n", cmd, srv.budget, srv.block);
-        return APP_USAGE;
+        goto out;
     }
     srv.max_sessions = max_sessions ? max_sessions : KVT_MAX(1, KVT_MIN(63, srv.n_ctx / srv.budget - 1));
     if ((int64_t) (srv.max_sessions + 1) * srv.budget > srv.n_ctx) {
         fprintf(stderr, "%s: %d sessions of --budget %d plus one budget for completions need %lld KV cells; -c is %d\n", cmd,
                 srv.max_sessions, srv.budget, (long long) (srv.max_sessions + 1) * srv.budget, srv.n_ctx);
-        return APP_USAGE;
+        goto out;
     }
     if (srv.parallel > srv.max_sessions) srv.parallel = srv.max_sessions;
-    if (key_file && (rc = load_keys(&srv, key_file))) return rc;
+    rc = APP_OK;
+    if (key_file && (rc = load_keys(&srv, key_file))) goto out;
 
     /* signals: handled by sigwait in this thread only */
     sigset_t set;
@@ -115,15 +185,17 @@ int cmd_serve(int argc, char **argv) {
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    pthread_mutex_init(&srv.mu, NULL);
-    pthread_cond_init(&srv.work, NULL);
-    if ((rc = serve_engine_open(&srv))) goto out_keys;
+    if ((rc = serve_engine_open(&srv))) goto out;
+    struct kvt_engine_info info;
+    kvt_engine_info(srv.eng, &info);
+    fprintf(stderr, "%s: model %s: %s (%s)%s\n", cmd, srv.model_path, srv.model_name, info.desc,
+            model_from_env ? ", from $KVTIER_MODEL (no -m given)" : "");
     pthread_t eng_thread;
     if (pthread_create(&eng_thread, NULL, serve_engine_main, &srv)) {
         fprintf(stderr, "%s: cannot start the engine thread\n", cmd);
         serve_engine_close(&srv);
         rc = APP_ERR;
-        goto out_keys;
+        goto out;
     }
     int32_t bound = port;
     struct MHD_Daemon *d = serve_http_start(&srv, host, port, &bound);
@@ -140,11 +212,11 @@ int cmd_serve(int argc, char **argv) {
     pthread_cond_broadcast(&srv.work);
     pthread_mutex_unlock(&srv.mu);
     pthread_join(eng_thread, NULL);
-    if (d) MHD_stop_daemon(d);
+    if (d) serve_http_stop(&srv, d);
     serve_engine_close(&srv);
     rc = d ? APP_OK : APP_ERR;
     if (d) fprintf(stderr, "%s: stopped\n", cmd);
-out_keys:
+out:
     for (int32_t i = 0; i < srv.n_keys; i++) free(srv.keys[i]);
     free(srv.keys);
     free(srv.views);

@@ -1,6 +1,7 @@
-/* http.c — the HTTP side of `kvtier serve`: libmicrohttpd (one thread per connection),
-** OpenAI-style request validation with jansson, JSON and server-sent-event responses, metrics.
-** These threads never touch the engine: they queue jobs (server/sched.c) and wait on them. */
+/* http.c — the HTTP side of `kvtier serve`: libmicrohttpd (one thread per connection), API-key
+** checks, the endpoints, JSON and server-sent-event responses.  Request bodies are validated in
+** server/request.c, /metrics printed by server/metrics.c.  These threads never touch the engine:
+** they queue jobs (server/sched.c) and wait on them. */
 #include "serve.h"
 
 #include <arpa/inet.h>
@@ -96,245 +97,6 @@ static enum MHD_Result send_error(struct server *srv, struct MHD_Connection *c, 
 #define BAD(param, ...) send_error(srv, c, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
 
 /* ---------------------------------------------------------------------------------------- */
-/* request validation                                                                       */
-
-const char *serve_json_type(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
-    case JSON_TRUE: case JSON_FALSE: return "a boolean";
-    default: return "null";
-    }
-}
-
-/* Fill the sampling / length / stop / stream fields shared by both endpoints.  On a bad field,
-** writes a message into err (and the field's name into *param) and returns -1. */
-static int parse_common(struct server *srv, json_t *root, struct job *j, char *err, size_t n_err, const char **param) {
-    json_t *v;
-    j->max_tokens = srv->max_tokens_default;
-    j->smp = (struct kvt_sampling){ 1.0f, 1.0f, 0, 0, NULL };
-    const char *len_keys[] = { "max_tokens", "max_completion_tokens" };
-    for (int i = 0; i < 2; i++)
-        if ((v = json_object_get(root, len_keys[i])) && !json_is_null(v)) {
-            *param = len_keys[i];
-            if (!json_is_integer(v)) { snprintf(err, n_err, "'%s' must be an integer, got %s", len_keys[i], serve_json_type(v)); return -1; }
-            json_int_t x = json_integer_value(v);
-            if (x < 1 || x > srv->n_ctx) { snprintf(err, n_err, "'%s' %lld is outside 1..%d", len_keys[i], (long long) x, srv->n_ctx); return -1; }
-            j->max_tokens = (int32_t) x;
-        }
-    if ((v = json_object_get(root, "temperature")) && !json_is_null(v)) {
-        *param = "temperature";
-        if (!json_is_number(v)) { snprintf(err, n_err, "'temperature' must be a number, got %s", serve_json_type(v)); return -1; }
-        double t = json_number_value(v);
-        if (!(t >= 0 && t <= 2)) { snprintf(err, n_err, "'temperature' %g is outside 0..2", t); return -1; }
-        j->smp.temperature = (float) t;
-    }
-    if ((v = json_object_get(root, "top_p")) && !json_is_null(v)) {
-        *param = "top_p";
-        if (!json_is_number(v)) { snprintf(err, n_err, "'top_p' must be a number, got %s", serve_json_type(v)); return -1; }
-        double p = json_number_value(v);
-        if (!(p > 0 && p <= 1)) { snprintf(err, n_err, "'top_p' %g is outside (0, 1]", p); return -1; }
-        j->smp.top_p = (float) p;
-    }
-    if ((v = json_object_get(root, "seed")) && !json_is_null(v)) {
-        *param = "seed";
-        if (!json_is_integer(v)) { snprintf(err, n_err, "'seed' must be an integer, got %s", serve_json_type(v)); return -1; }
-        j->smp.seed = (uint32_t) json_integer_value(v);
-        j->seeded = true;
-    } else {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        j->smp.seed = (uint32_t) (ts.tv_nsec ^ ts.tv_sec);
-    }
-    if ((v = json_object_get(root, "n")) && !json_is_null(v)) {
-        *param = "n";
-        if (!json_is_integer(v) || json_integer_value(v) != 1) { snprintf(err, n_err, "'n' must be 1 (one choice per request)"); return -1; }
-    }
-    if ((v = json_object_get(root, "stop")) && !json_is_null(v)) {
-        *param = "stop";
-        if (json_is_string(v)) {
-            if (!(j->stop[j->n_stop++] = strdup(json_string_value(v)))) return -1;
-        } else if (json_is_array(v)) {
-            if (json_array_size(v) > SERVE_MAX_STOP) { snprintf(err, n_err, "'stop' has %zu strings; at most %d", json_array_size(v), SERVE_MAX_STOP); return -1; }
-            size_t i;
-            json_t *s;
-            json_array_foreach(v, i, s) {
-                if (!json_is_string(s)) { snprintf(err, n_err, "'stop[%zu]' must be a string, got %s", i, serve_json_type(s)); return -1; }
-                if (!(j->stop[j->n_stop++] = strdup(json_string_value(s)))) return -1;
-            }
-        } else { snprintf(err, n_err, "'stop' must be a string or an array of strings, got %s", serve_json_type(v)); return -1; }
-        for (int32_t i = 0; i < j->n_stop; i++)
-            if (!j->stop[i][0]) { snprintf(err, n_err, "'stop' strings must not be empty"); return -1; }
-    }
-    if ((v = json_object_get(root, "stream")) && !json_is_null(v)) {
-        *param = "stream";
-        if (!json_is_boolean(v)) { snprintf(err, n_err, "'stream' must be a boolean, got %s", serve_json_type(v)); return -1; }
-        j->stream = json_is_true(v);
-    }
-    if ((v = json_object_get(root, "stream_options")) && !json_is_null(v)) {
-        *param = "stream_options";
-        if (!json_is_object(v)) { snprintf(err, n_err, "'stream_options' must be an object, got %s", serve_json_type(v)); return -1; }
-        json_t *u = json_object_get(v, "include_usage");
-        if (u && !json_is_boolean(u)) { snprintf(err, n_err, "'stream_options.include_usage' must be a boolean, got %s", serve_json_type(u)); return -1; }
-        j->include_usage = u && json_is_true(u);
-    }
-    if ((v = json_object_get(root, "model")) && !json_is_null(v) && !json_is_string(v)) {
-        *param = "model";
-        snprintf(err, n_err, "'model' must be a string, got %s", serve_json_type(v));
-        return -1;
-    }
-    if ((v = json_object_get(root, "logprobs")) && json_is_true(v)) {
-        *param = "logprobs";
-        snprintf(err, n_err, "'logprobs' is not supported");
-        return -1;
-    }
-    *param = NULL;
-    return 0;
-}
-
-/* The text of messages[i].content: a string, or text parts joined; NULL (allowed only where
-** *optional) when absent or null.  Returns -1 on a bad shape. */
-static int content_text(const json_t *ct, size_t i, char **out, bool optional, char *err, size_t n_err) {
-    *out = NULL;
-    if ((!ct || json_is_null(ct)) && optional) return 0;
-    if (ct && json_is_string(ct)) {
-        *out = strdup(json_string_value(ct));
-    } else if (ct && json_is_array(ct)) { /* content parts: text only, joined */
-        size_t total = 1, k;
-        json_t *part;
-        json_array_foreach(ct, k, part) {
-            json_t *ty = json_is_object(part) ? json_object_get(part, "type") : NULL, *tx = json_is_object(part) ? json_object_get(part, "text") : NULL;
-            if (!ty || !json_is_string(ty) || strcmp(json_string_value(ty), "text") || !tx || !json_is_string(tx)) {
-                snprintf(err, n_err, "'messages[%zu].content[%zu]' must be {\"type\": \"text\", \"text\": string}; other parts are not supported", i, k);
-                return -1;
-            }
-            total += strlen(json_string_value(tx));
-        }
-        if ((*out = malloc(total))) {
-            (*out)[0] = '\0';
-            json_array_foreach(ct, k, part) strcat(*out, json_string_value(json_object_get(part, "text")));
-        }
-    } else {
-        snprintf(err, n_err, "'messages[%zu].content' must be a string or an array of text parts, got %s", i, ct ? serve_json_type(ct) : "nothing");
-        return -1;
-    }
-    if (!*out) { snprintf(err, n_err, "out of memory"); return -1; }
-    return 0;
-}
-
-/* Append a message (role and content owned by the job from here on). */
-static int push_msg(struct job *j, const char *role, char *content) {
-    j->msgs[j->n_msgs].role = strdup(role);
-    j->msgs[j->n_msgs].content = content;
-    j->n_msgs++;
-    return j->msgs[j->n_msgs - 1].role && content ? 0 : -1;
-}
-
-/* messages[] into owned (role, content) pairs; "developer" is a system message.  Tool calling
-** (server/tools.c): an assistant message's tool_calls become the JSON text the model generates,
-** and "tool" results become user messages (consecutive ones joined), naming the tool called by
-** the matching tool_call_id.  sys_extra (the tools' description) is appended to the system
-** message, or becomes one at the start. */
-static int parse_messages(json_t *root, struct job *j, const char *sys_extra, char *err, size_t n_err, const char **param) {
-    json_t *ms = json_object_get(root, "messages");
-    *param = "messages";
-    if (!ms) { snprintf(err, n_err, "'messages' is required"); return -1; }
-    if (!json_is_array(ms)) { snprintf(err, n_err, "'messages' must be an array, got %s", serve_json_type(ms)); return -1; }
-    size_t n = json_array_size(ms);
-    if (n == 0) { snprintf(err, n_err, "'messages' must not be empty"); return -1; }
-    if (!(j->msgs = calloc(n + 1, sizeof *j->msgs))) { snprintf(err, n_err, "out of memory"); return -1; }
-    size_t i;
-    json_t *m;
-    bool last_tool = false;
-    json_array_foreach(ms, i, m) {
-        if (!json_is_object(m)) { snprintf(err, n_err, "'messages[%zu]' must be an object, got %s", i, serve_json_type(m)); return -1; }
-        json_t *r = json_object_get(m, "role"), *ct = json_object_get(m, "content"), *calls = json_object_get(m, "tool_calls");
-        if (!r || !json_is_string(r)) { snprintf(err, n_err, "'messages[%zu].role' must be a string", i); return -1; }
-        const char *role = json_string_value(r);
-        if (!strcmp(role, "developer")) role = "system";
-        bool tool = !strcmp(role, "tool");
-        if (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant") && !tool) {
-            snprintf(err, n_err, "'messages[%zu].role' '%.40s' is not supported; expected system, developer, user, assistant or tool", i, role);
-            return -1;
-        }
-        bool has_calls = calls && !json_is_null(calls) && !(json_is_array(calls) && json_array_size(calls) == 0);
-        if (has_calls && strcmp(role, "assistant")) {
-            snprintf(err, n_err, "'messages[%zu]' is a %s message with 'tool_calls'; only assistant messages make tool calls", i, role);
-            return -1;
-        }
-        char *content = NULL;
-        if (content_text(ct, i, &content, has_calls, err, n_err)) return -1;
-        if (has_calls) { /* the call as generated; any text beside it is dropped (the model emits one JSON object) */
-            free(content);
-            if (!(content = tools_render_calls(calls, i, err, n_err))) return -1;
-        }
-        if (tool) {
-            json_t *id = json_object_get(m, "tool_call_id"), *nm = json_object_get(m, "name");
-            const char *name = nm && json_is_string(nm) ? json_string_value(nm) : NULL;
-            if (!id || !json_is_string(id)) {
-                free(content);
-                snprintf(err, n_err, "'messages[%zu].tool_call_id' must be a string (the id of the call it answers)", i);
-                return -1;
-            }
-            /* the tool's name: from the assistant message that made the call */
-            for (size_t k = 0; !name && k < i; k++) {
-                json_t *cs = json_object_get(json_array_get(ms, k), "tool_calls"), *c;
-                size_t q;
-                json_array_foreach(cs, q, c) {
-                    json_t *cid = json_object_get(c, "id");
-                    if (cid && json_is_string(cid) && !strcmp(json_string_value(cid), json_string_value(id))) {
-                        json_t *fn = json_object_get(c, "function"), *fnm = fn ? json_object_get(fn, "name") : NULL;
-                        if (fnm && json_is_string(fnm)) name = json_string_value(fnm);
-                    }
-                }
-            }
-            char *t = tools_render_result(name, content);
-            free(content);
-            if (!(content = t)) { snprintf(err, n_err, "out of memory"); return -1; }
-            if (last_tool) { /* results of one turn's calls: one user message */
-                struct kvt_chat_msg *prev = &j->msgs[j->n_msgs - 1];
-                size_t np = strlen(prev->content), nc = strlen(content);
-                char *joined = realloc((char *) prev->content, np + nc + 2);
-                if (!joined) { free(content); snprintf(err, n_err, "out of memory"); return -1; }
-                joined[np] = '\n';
-                memcpy(joined + np + 1, content, nc + 1);
-                prev->content = joined;
-                free(content);
-                continue;
-            }
-            role = "user";
-        }
-        last_tool = tool;
-        if (push_msg(j, role, content)) { snprintf(err, n_err, "out of memory"); return -1; }
-    }
-    if (sys_extra) {
-        if (!strcmp(j->msgs[0].role, "system")) {
-            size_t a = strlen(j->msgs[0].content), b = strlen(sys_extra);
-            char *c = realloc((char *) j->msgs[0].content, a + b + 3);
-            if (!c) { snprintf(err, n_err, "out of memory"); return -1; }
-            if (a) memcpy(c + a, "\n\n", 2), a += 2;
-            memcpy(c + a, sys_extra, b + 1);
-            j->msgs[0].content = c;
-        } else {
-            memmove(j->msgs + 1, j->msgs, sizeof *j->msgs * (size_t) j->n_msgs);
-            j->msgs[0].role = strdup("system");
-            j->msgs[0].content = strdup(sys_extra);
-            j->n_msgs++;
-            if (!j->msgs[0].role || !j->msgs[0].content) { snprintf(err, n_err, "out of memory"); return -1; }
-        }
-    }
-    if (strcmp(j->msgs[j->n_msgs - 1].role, "user")) {
-        snprintf(err, n_err, "the last message is '%s'; it must be a user or tool message", j->msgs[j->n_msgs - 1].role);
-        return -1;
-    }
-    *param = NULL;
-    return 0;
-}
-
-/* ---------------------------------------------------------------------------------------- */
 /* replies                                                                                  */
 
 static json_t *usage_obj(const struct job *j) {
@@ -345,15 +107,13 @@ static json_t *usage_obj(const struct job *j) {
                      (json_int_t) j->sync.recoveries, "resident_tokens", j->resident_tokens, "session_id", j->out_session);
 }
 
-static unsigned long long g_id;
-
 static json_t *final_obj(struct server *srv, const struct job *j) {
     char id[64];
-    snprintf(id, sizeof id, "%s-%llu", j->kind == JOB_CHAT ? "chatcmpl" : "cmpl", __atomic_add_fetch(&g_id, 1, __ATOMIC_RELAXED));
+    snprintf(id, sizeof id, "%s-%llu", j->kind == JOB_CHAT ? "chatcmpl" : "cmpl", __atomic_add_fetch(&srv->n_replies, 1, __ATOMIC_RELAXED));
     json_t *choice;
     if (j->kind == JOB_CHAT) {
         const char *fin = j->finish;
-        json_t *msg = tools_reply(j->text ? j->text : "", j->format, &fin);
+        json_t *msg = tools_reply(srv, j->text ? j->text : "", j->format, &fin);
         choice = json_pack("{s:i, s:o, s:s, s:n}", "index", 0, "message", msg, "finish_reason", fin, "logprobs");
     } else {
         char *text = app_utf8_clean(j->text ? j->text : "");
@@ -472,7 +232,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         if (whole) {
             pthread_mutex_unlock(&srv->mu);
             if (!(j->http_status && j->http_status != 200)) {
-                json_t *msg = tools_reply(j->text ? j->text : "", j->format, &fin);
+                json_t *msg = tools_reply(srv, j->text ? j->text : "", j->format, &fin);
                 if (msg) {
                     json_object_del(msg, "role");
                     if (json_is_null(json_object_get(msg, "content"))) json_object_del(msg, "content");
@@ -572,7 +332,7 @@ static enum MHD_Result run_job(struct server *srv, struct MHD_Connection *c, str
     st->srv = srv;
     st->c = c;
     st->j = j;
-    snprintf(st->id, sizeof st->id, "%s-%llu", j->kind == JOB_CHAT ? "chatcmpl" : "cmpl", __atomic_add_fetch(&g_id, 1, __ATOMIC_RELAXED));
+    snprintf(st->id, sizeof st->id, "%s-%llu", j->kind == JOB_CHAT ? "chatcmpl" : "cmpl", __atomic_add_fetch(&srv->n_replies, 1, __ATOMIC_RELAXED));
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, st, stream_free);
     if (!r) { stream_free(st); return MHD_NO; }
     MHD_add_response_header(r, "Content-Type", "text/event-stream");
@@ -610,29 +370,7 @@ static enum MHD_Result post_generate(struct server *srv, struct MHD_Connection *
     if (sid) snprintf(j->session_id, sizeof j->session_id, "%s", sid);
     char err[1024] = "";
     const char *param = NULL;
-    int rc = parse_common(srv, root, j, err, sizeof err, &param);
-    char *sys_extra = NULL;
-    if (rc == 0 && chat) rc = tools_parse(root, j, &sys_extra, err, sizeof err, &param);
-    if (rc == 0 && chat) rc = parse_messages(root, j, sys_extra, err, sizeof err, &param);
-    free(sys_extra);
-    if (rc == 0 && !chat) {
-        const char *chat_only[] = { "tools", "tool_choice", "functions", "function_call", "response_format" };
-        for (int i = 0; rc == 0 && i < 5; i++) {
-            json_t *v = json_object_get(root, chat_only[i]);
-            if (v && !json_is_null(v)) {
-                param = chat_only[i];
-                snprintf(err, sizeof err, "'%s' is not supported on /v1/completions; use /v1/chat/completions", chat_only[i]);
-                rc = -1;
-            }
-        }
-    }
-    if (rc == 0 && !chat) {
-        json_t *p = json_object_get(root, "prompt");
-        param = "prompt";
-        if (p && json_is_array(p) && json_array_size(p) == 1) p = json_array_get(p, 0);
-        if (!p || !json_is_string(p)) { snprintf(err, sizeof err, "'prompt' must be a string"); rc = -1; }
-        else if (!(j->prompt = strdup(json_string_value(p)))) rc = -1;
-    }
+    int rc = serve_request_parse(srv, root, j, chat, err, sizeof err, &param);
     json_decref(root);
     if (rc) {
         pthread_cond_init(&j->cv, NULL);
@@ -680,47 +418,10 @@ static enum MHD_Result delete_session(struct server *srv, struct MHD_Connection 
     return r;
 }
 
-static void hist_text(FILE *f, const char *name, const char *help, const struct hist *h) {
-    fprintf(f, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
-    int64_t cum = 0;
-    for (int i = 0; i < HIST_N; i++) {
-        cum += h->bucket[i];
-        fprintf(f, "%s_bucket{le=\"%g\"} %lld\n", name, serve_hist_bounds[i] / 1e3, (long long) cum);
-    }
-    cum += h->bucket[HIST_N];
-    fprintf(f, "%s_bucket{le=\"+Inf\"} %lld\n%s_sum %.6f\n%s_count %lld\n", name, (long long) cum, name, h->sum / 1e3, name,
-            (long long) h->count);
-}
-
 static enum MHD_Result get_metrics(struct server *srv, struct MHD_Connection *c) {
-    char *buf = NULL;
-    size_t n = 0;
-    FILE *f = open_memstream(&buf, &n);
-    if (!f) return MHD_NO;
-    pthread_mutex_lock(&srv->mu);
-    struct metrics m = srv->m;
-    pthread_mutex_unlock(&srv->mu);
-    fprintf(f, "# HELP kvtier_requests_total HTTP responses by status class.\n# TYPE kvtier_requests_total counter\n");
-    for (int i = 1; i < 6; i++) fprintf(f, "kvtier_requests_total{status=\"%dxx\"} %lld\n", i, (long long) m.by_status[i]);
-#define COUNTER(name, help, v) fprintf(f, "# HELP " name " " help "\n# TYPE " name " counter\n" name " %lld\n", (long long) (v))
-#define GAUGE(name, help, v) fprintf(f, "# HELP " name " " help "\n# TYPE " name " gauge\n" name " %lld\n", (long long) (v))
-    COUNTER("kvtier_prompt_tokens_total", "Prompt tokens of finished requests.", m.prompt_tokens);
-    COUNTER("kvtier_generated_tokens_total", "Generated tokens.", m.completion_tokens);
-    COUNTER("kvtier_prompt_tokens_reused_total", "Prompt tokens found in a session's cache.", m.prompt_reused);
-    COUNTER("kvtier_prompt_tokens_decoded_total", "Prompt tokens run through the model.", m.prompt_decoded);
-    COUNTER("kvtier_evictions_total", "KV block evictions.", m.evictions);
-    COUNTER("kvtier_recoveries_total", "KV block recoveries (kv_restore loads).", m.recoveries);
-    GAUGE("kvtier_resident_tokens", "KV cells held by all sessions.", m.resident_tokens);
-    GAUGE("kvtier_sessions", "Open sessions (resident and parked).", m.n_sessions);
-    GAUGE("kvtier_sessions_parked", "Sessions parked whole in the host tiers.", m.n_parked);
-    GAUGE("kvtier_queue_length", "Requests waiting for a slot.", m.queue_len);
-    GAUGE("kvtier_active_requests", "Requests being served.", m.active);
-    GAUGE("kvtier_pool_ram_bytes", "Evicted KV bytes in the host RAM tier.", m.pool_ram);
-    GAUGE("kvtier_pool_spill_bytes", "Evicted KV bytes in spill files.", m.pool_spill);
-    hist_text(f, "kvtier_ttft_seconds", "Time to first token.", &m.ttft);
-    hist_text(f, "kvtier_token_latency_seconds", "Time between generated tokens.", &m.per_token);
-    fclose(f);
-    return send_text(srv, c, 200, "text/plain; version=0.0.4", buf, NULL);
+    char *text = serve_metrics_text(srv);
+    if (!text) return MHD_NO;
+    return send_text(srv, c, 200, "text/plain; version=0.0.4", text, NULL);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -752,6 +453,9 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     if (!rq) {
         if (!(rq = calloc(1, sizeof *rq))) return MHD_NO;
         *con_cls = rq;
+        pthread_mutex_lock(&srv->mu); /* until completed(): serve_http_stop waits for it */
+        srv->n_http++;
+        pthread_mutex_unlock(&srv->mu);
         return MHD_YES;
     }
     if (*upload_size) {
@@ -810,14 +514,18 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     return send_error(srv, c, 404, "invalid_request_error", NULL, "not_found", "no endpoint %s %s", method, url);
 }
 
+/* The request is over: its reply was sent, or the connection failed. */
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void) cls;
+    struct server *srv = cls;
     (void) c;
     (void) toe;
     struct req *rq = *con_cls;
     if (rq) {
         free(rq->body);
         free(rq);
+        pthread_mutex_lock(&srv->mu);
+        srv->n_http--;
+        pthread_mutex_unlock(&srv->mu);
     }
     *con_cls = NULL;
 }
@@ -835,7 +543,7 @@ struct MHD_Daemon *serve_http_start(struct server *srv, const char *host, int32_
     struct MHD_Daemon *d = MHD_start_daemon(
         MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG,
         (uint16_t) port, NULL, NULL, handler, srv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *) &sa,
-        MHD_OPTION_NOTIFY_COMPLETED, completed, NULL, MHD_OPTION_CONNECTION_LIMIT, (unsigned) 256,
+        MHD_OPTION_NOTIFY_COMPLETED, completed, srv, MHD_OPTION_CONNECTION_LIMIT, (unsigned) 256,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned) 600, MHD_OPTION_END);
     if (!d) {
         fprintf(stderr, "kvtier serve: cannot listen on %s:%d (in use, or not allowed)\n", host, port);
@@ -844,4 +552,15 @@ struct MHD_Daemon *serve_http_start(struct server *srv, const char *host, int32_
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
     *bound_port = info ? info->port : port;
     return d;
+}
+
+void serve_http_stop(struct server *srv, struct MHD_Daemon *d) {
+    for (int i = 0; i < 3000; i++) { /* 10 ms steps, 30 s at most */
+        pthread_mutex_lock(&srv->mu);
+        int32_t n = srv->n_http;
+        pthread_mutex_unlock(&srv->mu);
+        if (n == 0) break;
+        nanosleep(&(struct timespec){ 0, 10 * 1000000L }, NULL);
+    }
+    MHD_stop_daemon(d);
 }

@@ -1,5 +1,6 @@
 /* sched.c — the engine thread of `kvtier serve`: owns the kvt_engine, the host pool and
-** every session; takes jobs from the queue and runs them.
+** every session; takes jobs from the queue and runs them (their sessions are chosen in
+** server/admit.c).
 **
 ** Scheduling: up to --parallel jobs, chats and completions alike, are active at once; every
 ** scheduler step generates one token for each of them in ONE llama_decode
@@ -14,22 +15,8 @@
 ** in all), with its own logits and sampling.  Together they hold at most one --budget of KV
 ** cells (the one cmd_serve reserves beside the sessions' budgets): a completion reserves its
 ** prompt plus max_tokens and, when the running ones leave no room or no sequence is free, waits
-** (holding its --parallel slot, in arrival order) until they finish.
-**
-** Sessions: one kvt_session per conversation, on its own sequence id; chosen by X-Session-Id
-** within the caller's API-key namespace, else the idle session of that namespace whose whole
-** conversation the request continues (every message of it begins the request), else the one
-** whose token stream (kvt_session_tokens) shares the longest prefix with the request's tokens
-** (the chat template with the assistant prefix, tokenized once per request) if that is at least
-** one block, else a new one.  A session chosen by prefix is cut back to the first token that
-** differs (kvt_session_sync), so only the request's own tail is decoded; a shorter common prefix
-** (the template's opening), or one whose take-over would cut back more tokens than it reuses (a
-** long conversation sharing only its system prompt), does not take over another conversation's
-** session.  Past --max-sessions the least recently used idle session is parked
-** (kvt_session_park: its KV goes to the host pool and comes back with kvt_session_resume, no
-** recompute); SERVE_PARK_FACTOR x --max-sessions sessions are kept in all, past that the least
-** recently used parked one is freed. */
-#include "serve.h"
+** (holding its --parallel slot, in arrival order) until they finish. */
+#include "sched.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -37,46 +24,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-const double serve_hist_bounds[HIST_N] = { 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000 };
-
-void serve_hist_add(struct hist *h, double ms) {
-    int i = 0;
-    while (i < HIST_N && ms > serve_hist_bounds[i]) i++;
-    h->bucket[i]++;
-    h->count++;
-    h->sum += ms;
-}
-
-struct sess {
-    kvt_session *s;
-    int32_t      seq;        /* engine sequence, -1 while parked */
-    char         id[80], ns[80];
-    double       last_used;  /* seconds since the epoch */
-    struct job  *job;        /* running job, NULL when idle */
-};
-
-static struct sess *g_sess;   /* [g_cap]: max_sessions hold a sequence, the others are parked */
-static int32_t      g_cap;
-static kvt_pool    *g_pool;
-static uint64_t     g_counter;
-static const char  *g_fallback; /* the sessions' chat template fallback (request tokens must agree) */
-
-/* /v1/completions run in scratch sequences g_comp_seq0 .. g_comp_seq0 + g_n_comp - 1 and share
-** one budget of KV cells (the one cmd_serve reserves beside the sessions' budgets). */
-enum { SERVE_MAX_SEQ = 64 }; /* kvt_engine_open takes at most 64 sequences */
-static int32_t      g_comp_seq0, g_n_comp;
-static bool         g_comp_busy[SERVE_MAX_SEQ];
-static int32_t      g_comp_cells;
-static struct job **g_wait;    /* admitted completions waiting for a sequence or cells, FIFO */
-static int32_t      g_n_wait;
-
-/* The jobs generating now (engine thread only); shared with the chunk callback, which keeps them
-** generating while another job's prompt is prefilled. */
-static struct job **g_active;
-static double      *g_t_last;
-static int32_t      g_n_active;
-static void on_chunk(void *ud);
 
 static double wall_s(void) {
     struct timespec ts;
@@ -91,37 +38,42 @@ static double mono_ms(void) {
 }
 
 int serve_engine_open(struct server *srv) {
+    struct sched *sc = srv->sched = calloc(1, sizeof *sc);
+    if (sc) {
+        sc->cap = SERVE_PARK_FACTOR * srv->max_sessions;
+        sc->sess = calloc((size_t) sc->cap, sizeof *sc->sess);
+        sc->active = calloc((size_t) srv->parallel, sizeof *sc->active);
+        sc->t_last = calloc((size_t) srv->parallel, sizeof *sc->t_last);
+        sc->wait = calloc((size_t) srv->parallel, sizeof *sc->wait);
+    }
+    if (!sc || !sc->sess || !sc->active || !sc->t_last || !sc->wait) {
+        fprintf(stderr, "kvtier serve: out of memory for %d sessions\n", SERVE_PARK_FACTOR * srv->max_sessions);
+        serve_engine_close(srv);
+        return APP_ERR;
+    }
+    sc->fallback = kvt_session_default_params().template_fallback;
+    /* one scratch sequence per completion that may run at once (they count against --parallel) */
+    sc->n_comp = KVT_MAX(1, KVT_MIN(srv->parallel, SERVE_MAX_SEQ - srv->max_sessions));
+    sc->comp_seq0 = srv->max_sessions;
     struct kvt_engine_params ep = kvt_engine_default_params();
     ep.model_path = srv->model_path;
     ep.n_ctx = srv->n_ctx;
-    /* one scratch sequence per completion that may run at once (they count against --parallel) */
-    g_n_comp = KVT_MAX(1, KVT_MIN(srv->parallel, SERVE_MAX_SEQ - srv->max_sessions));
-    g_comp_seq0 = srv->max_sessions;
-    ep.n_seq = srv->max_sessions + g_n_comp;
+    ep.n_seq = srv->max_sessions + sc->n_comp;
     ep.n_threads = srv->threads;
     int rc = kvt_engine_open(&ep, &srv->eng);
     if (rc) {
         app_fail("kvtier serve", "cannot open the model", rc);
+        serve_engine_close(srv);
         return APP_ERR;
     }
     struct kvt_pool_params pp = kvt_pool_default_params();
     pp.budget_bytes = (size_t) srv->pool_mb << 20;
     pp.spill_dir = srv->spill_dir;
-    if ((rc = kvt_pool_open(&pp, &g_pool))) {
+    if ((rc = kvt_pool_open(&pp, &sc->pool))) {
         app_fail("kvtier serve", "cannot open the host pool", rc);
-        kvt_engine_free(srv->eng);
-        srv->eng = NULL;
+        serve_engine_close(srv);
         return APP_ERR;
     }
-    g_cap = SERVE_PARK_FACTOR * srv->max_sessions;
-    g_sess = calloc((size_t) g_cap, sizeof *g_sess);
-    if (!g_sess) {
-        kvt_pool_free(g_pool);
-        kvt_engine_free(srv->eng);
-        srv->eng = NULL;
-        return APP_ERR;
-    }
-    g_fallback = kvt_session_default_params().template_fallback;
     struct kvt_engine_info I;
     kvt_engine_info(srv->eng, &I);
     snprintf(srv->model_name, sizeof srv->model_name, "%s", I.name[0] ? I.name : I.desc);
@@ -129,11 +81,17 @@ int serve_engine_open(struct server *srv) {
 }
 
 void serve_engine_close(struct server *srv) {
-    for (int32_t i = 0; g_sess && i < g_cap; i++) kvt_session_free(g_sess[i].s);
-    free(g_sess);
-    g_sess = NULL;
-    kvt_pool_free(g_pool);
-    g_pool = NULL;
+    struct sched *sc = srv->sched;
+    if (sc) {
+        for (int32_t i = 0; sc->sess && i < sc->cap; i++) kvt_session_free(sc->sess[i].s);
+        free(sc->sess);
+        kvt_pool_free(sc->pool);
+        free(sc->active);
+        free(sc->t_last);
+        free(sc->wait);
+        free(sc);
+        srv->sched = NULL;
+    }
     kvt_engine_free(srv->eng);
     srv->eng = NULL;
 }
@@ -172,6 +130,7 @@ int serve_submit(struct server *srv, struct job *j) {
     }
     j->state = JOB_QUEUED;
     j->refs = 2;
+    j->ticket = srv->n_tickets++;
     j->next = NULL;
     if (srv->tail) srv->tail->next = j;
     else srv->head = j;
@@ -181,6 +140,23 @@ int serve_submit(struct server *srv, struct job *j) {
     pthread_cond_signal(&srv->work);
     pthread_mutex_unlock(&srv->mu);
     return 0;
+}
+
+/* An admitted job that cannot start yet (the session it names is generating) goes back to the
+** queue at its place in arrival order; it is admitted again once runnable() says so.  It stays
+** queued for the client (not an error) and does not count against --queue a second time. */
+static void requeue(struct server *srv, struct job *j) {
+    pthread_mutex_lock(&srv->mu);
+    struct job **pp = &srv->head;
+    while (*pp && (*pp)->ticket < j->ticket) pp = &(*pp)->next;
+    j->next = *pp;
+    *pp = j;
+    if (!j->next) srv->tail = j;
+    j->state = JOB_QUEUED;
+    srv->n_queued++;
+    srv->m.queue_len = srv->n_queued;
+    srv->m.active--;
+    pthread_mutex_unlock(&srv->mu);
 }
 
 /* under srv->mu */
@@ -197,9 +173,7 @@ void serve_job_release(struct server *srv, struct job *j) {
 /* ---------------------------------------------------------------------------------------- */
 /* jobs                                                                                     */
 
-static void job_error(struct job *j, int status, const char *type, const char *code, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static void job_error(struct job *j, int status, const char *type, const char *code, const char *fmt, ...) {
+void serve_job_error(struct job *j, int status, const char *type, const char *code, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(j->err_msg, sizeof j->err_msg, fmt, ap);
@@ -209,15 +183,13 @@ static void job_error(struct job *j, int status, const char *type, const char *c
     snprintf(j->err_code, sizeof j->err_code, "%s", code ? code : "");
 }
 
-/* A library error as an HTTP error: input the library refused is the client's (400), the rest
-** is ours (500). */
-static void job_lib_error(struct job *j, const char *what, int rc) {
+void serve_job_lib_error(struct job *j, const char *what, int rc) {
     if (rc == KVT_ECTX || rc == KVT_EBUDGET)
-        job_error(j, 400, "invalid_request_error", "context_length_exceeded", "%s: %s", what, kvt_errmsg());
+        serve_job_error(j, 400, "invalid_request_error", "context_length_exceeded", "%s: %s", what, kvt_errmsg());
     else if (rc == KVT_EINVAL)
-        job_error(j, 400, "invalid_request_error", NULL, "%s: %s", what, kvt_errmsg());
+        serve_job_error(j, 400, "invalid_request_error", NULL, "%s: %s", what, kvt_errmsg());
     else
-        job_error(j, 500, "server_error", NULL, "%s: %s: %s", what, kvt_strerror(rc), kvt_errmsg());
+        serve_job_error(j, 500, "server_error", NULL, "%s: %s: %s", what, kvt_strerror(rc), kvt_errmsg());
 }
 
 static void finish(struct server *srv, struct job *j) {
@@ -261,207 +233,6 @@ static bool update_text(struct server *srv, struct job *j, kvt_engine *eng) {
     return stopped;
 }
 
-static struct sess *find_session(struct server *srv, const char *ns, const char *id) {
-    for (int32_t i = 0; i < g_cap; i++)
-        if (g_sess[i].s && !strcmp(g_sess[i].ns, ns) && !strcmp(g_sess[i].id, id)) return &g_sess[i];
-    return NULL;
-}
-
-/* Does the request continue the session's whole conversation (every message of the session,
-** role and content byte-equal, begins the request)?  Nothing is then cut back. */
-static bool continues(const struct sess *x, const struct job *j) {
-    int32_t n = kvt_session_n_messages(x->s), k = 0;
-    while (k < n && k < j->n_msgs) {
-        struct kvt_chat_msg m;
-        if (kvt_session_message(x->s, k, &m) || strcmp(m.role, j->msgs[k].role) || strcmp(m.content, j->msgs[k].content))
-            break;
-        k++;
-    }
-    return k == n && k > 0;
-}
-
-/* The request as kvt_session_sync decodes it: the template's tokens of its messages with the
-** assistant prefix (same template fallback, BOS and special-token parsing as the sessions).
-** OUT *tok (caller frees), *n.  Returns a library error; the request then matches by
-** conversation only. */
-static int request_tokens(struct server *srv, const struct job *j, kvt_token **tok, int32_t *n) {
-    char *text = NULL;
-    *tok = NULL;
-    *n = 0;
-    int rc = kvt_chat_format(srv->eng, j->msgs, j->n_msgs, true, g_fallback, &text);
-    if (rc == 0) rc = kvt_tokenize(srv->eng, text, true, true, tok, n);
-    free(text);
-    return rc;
-}
-
-/* Tokens at the start of the session's stream equal to req[0..n); buf: room for n tokens. */
-static int32_t common_tokens(const struct sess *x, const kvt_token *req, int32_t n, kvt_token *buf) {
-    int32_t m = KVT_MIN(n, kvt_session_tokens(x->s, buf, n)), c = 0;
-    while (c < m && buf[c] == req[c]) c++;
-    return c;
-}
-
-/* A free sequence: one no session holds, else the one of the least recently used idle session,
-** which is parked (its KV goes to the host pool, nothing is lost).  -1 if all are generating. */
-static int32_t take_seq(struct server *srv) {
-    for (int32_t q = 0; q < srv->max_sessions; q++) {
-        bool used = false;
-        for (int32_t i = 0; i < g_cap && !used; i++) used = g_sess[i].s && g_sess[i].seq == q;
-        if (!used) return q;
-    }
-    struct sess *lru = NULL;
-    for (int32_t i = 0; i < g_cap; i++)
-        if (g_sess[i].s && g_sess[i].seq >= 0 && !g_sess[i].job && (!lru || g_sess[i].last_used < lru->last_used)) lru = &g_sess[i];
-    if (!lru) return -1;
-    int32_t q = lru->seq;
-    if (kvt_session_park(lru->s)) { /* cannot park: free it */
-        fprintf(stderr, "kvtier serve: session %s could not be parked (%s); freed\n", lru->id, kvt_errmsg());
-        kvt_session_free(lru->s);
-        memset(lru, 0, sizeof *lru);
-    } else {
-        lru->seq = -1;
-    }
-    return q;
-}
-
-/* An empty entry, freeing the least recently used parked (else idle) session if all are taken. */
-static struct sess *new_slot(struct server *srv) {
-    (void) srv;
-    struct sess *lru = NULL;
-    for (int32_t i = 0; i < g_cap; i++) {
-        if (!g_sess[i].s) return &g_sess[i];
-        if (g_sess[i].job) continue;
-        if (!lru || (g_sess[i].seq < 0 && lru->seq >= 0) ||
-            ((g_sess[i].seq < 0) == (lru->seq < 0) && g_sess[i].last_used < lru->last_used))
-            lru = &g_sess[i];
-    }
-    if (lru) {
-        kvt_session_free(lru->s);
-        memset(lru, 0, sizeof *lru);
-    }
-    return lru;
-}
-
-/* Assistant messages the client sends back are matched against the replies the session stored,
-** which are the text the model generated: a tool call echoed as `tool_calls`, or the "response"
-** of a tool-mode reply echoed as plain content, is replaced by the stored text, so the session's
-** tokens are reused instead of cut back and re-decoded (server/tools.c). */
-static int canonicalise_replies(struct sess *x, struct job *j) {
-    int32_t n = KVT_MIN(kvt_session_n_messages(x->s), j->n_msgs);
-    for (int32_t k = 0; k < n; k++) {
-        struct kvt_chat_msg m;
-        if (kvt_session_message(x->s, k, &m) || strcmp(m.role, j->msgs[k].role)) break;
-        if (!strcmp(m.content, j->msgs[k].content)) continue;
-        if (strcmp(m.role, "assistant") || !tools_same_reply(m.content, j->msgs[k].content)) break;
-        char *c = strdup(m.content);
-        if (!c) return -1;
-        free((char *) j->msgs[k].content);
-        j->msgs[k].content = c;
-    }
-    return 0;
-}
-
-static struct sess *pick_session(struct server *srv, struct job *j) {
-    struct sess *x = NULL;
-    if (j->session_id[0]) {
-        x = find_session(srv, j->ns, j->session_id);
-        if (x && canonicalise_replies(x, j)) { job_error(j, 500, "server_error", NULL, "out of memory"); return NULL; }
-    } else {
-        /* the session whose whole conversation the request continues, else the one sharing the
-        ** longest token prefix with the request, if at least one block (shorter: a common system
-        ** prompt or template opening, not worth cutting another conversation back for); the
-        ** request is tokenized once and compared with every idle session of its namespace */
-        kvt_token *req = NULL, *buf = NULL;
-        int32_t n_req = 0, best = 0;
-        bool best_whole = false, any = false;
-        /* echoed replies in the sessions' own generated form first (a tool-mode reply echoed as
-        ** plain text), so that the comparison sees the tokens the sessions hold */
-        for (int32_t i = 0; i < g_cap; i++)
-            if (g_sess[i].s && !g_sess[i].job && !strcmp(g_sess[i].ns, j->ns)) {
-                any = true;
-                if (canonicalise_replies(&g_sess[i], j)) { job_error(j, 500, "server_error", NULL, "out of memory"); return NULL; }
-            }
-        if (any && request_tokens(srv, j, &req, &n_req) == 0 && !(buf = malloc(sizeof *buf * (size_t) KVT_MAX(n_req, 1))))
-            n_req = 0;
-        for (int32_t i = 0; any && i < g_cap; i++) {
-            struct sess *c = &g_sess[i];
-            if (!c->s || c->job || strcmp(c->ns, j->ns)) continue;
-            bool whole = continues(c, j);
-            int32_t common = buf ? common_tokens(c, req, n_req, buf) : 0;
-            if (!whole && common < srv->block) continue;
-            /* taking over another conversation cuts it back to the common prefix: only worth it
-            ** when that drops fewer tokens than it reuses (an edited or retried last turn, a
-            ** second question on the same document); a long conversation that merely opens
-            ** like the request (an agent's shared system prompt) keeps its history, and the
-            ** request gets a session of its own */
-            if (!whole && kvt_session_tokens(c->s, NULL, 0) - common > common) continue;
-            if ((whole && !best_whole) ||
-                (whole == best_whole && (common > best || (common == best && x && c->last_used > x->last_used)))) {
-                best = common;
-                best_whole = whole;
-                x = c;
-            }
-        }
-        free(req);
-        free(buf);
-    }
-    if (x && x->seq < 0) { /* parked: back into a sequence, no recompute */
-        int32_t q = take_seq(srv);
-        if (q < 0) return NULL;
-        struct kvt_session_stats s0, s1;
-        kvt_session_get_stats(x->s, &s0);
-        int rc = kvt_session_resume(x->s, q);
-        kvt_session_get_stats(x->s, &s1);
-        j->resumed = s1.recoveries - s0.recoveries;
-        if (rc) {
-            job_lib_error(j, "cannot resume the session", rc);
-            kvt_session_free(x->s);
-            memset(x, 0, sizeof *x);
-            return NULL;
-        }
-        x->seq = q;
-    }
-    if (x) return x;
-    if (!(x = new_slot(srv))) return NULL;
-    int32_t q = take_seq(srv);
-    if (q < 0) return NULL;
-    struct kvt_session_params sp = kvt_session_default_params();
-    sp.seq = q;
-    sp.budget = srv->budget;
-    sp.block = srv->block;
-    sp.pool = g_pool;
-    int rc = kvt_session_open(srv->eng, &sp, &x->s);
-    if (rc == 0) kvt_session_set_chunk_cb(x->s, on_chunk, srv);
-    if (rc) {
-        job_lib_error(j, "cannot open a session", rc);
-        x->s = NULL;
-        return NULL;
-    }
-    x->seq = q;
-    snprintf(x->ns, sizeof x->ns, "%s", j->ns);
-    if (j->session_id[0]) snprintf(x->id, sizeof x->id, "%s", j->session_id);
-    else snprintf(x->id, sizeof x->id, "sess-%llu-%llu", (unsigned long long) time(NULL), (unsigned long long) ++g_counter);
-    return x;
-}
-
-/* Is the job runnable now?  (A named session that is busy waits in the queue.) */
-static bool runnable(struct server *srv, const struct job *j) {
-    if (j->kind != JOB_CHAT || !j->session_id[0]) return true;
-    struct sess *x = find_session(srv, j->ns, j->session_id);
-    return !x || !x->job;
-}
-
-static void run_delete(struct server *srv, struct job *j) {
-    struct sess *x = find_session(srv, j->ns, j->session_id);
-    if (!x) job_error(j, 404, "invalid_request_error", "session_not_found", "no session '%s'", j->session_id);
-    else if (x->job) job_error(j, 409, "invalid_request_error", "session_busy", "session '%s' is generating a reply", j->session_id);
-    else {
-        kvt_session_free(x->s);
-        memset(x, 0, sizeof *x);
-    }
-    snprintf(j->out_session, sizeof j->out_session, "%s", j->session_id);
-}
-
 static int add_gen(struct job *j, kvt_token t) {
     if (j->n_gen == j->cap_gen) {
         int32_t cap = j->cap_gen ? 2 * j->cap_gen : 64;
@@ -491,20 +262,20 @@ static void note_token(struct server *srv, struct job *j, double *t_last) {
 ** (the job has its error) when it cannot run at all; else it waits for a sequence (start_waiting). */
 static bool prepare_completion(struct server *srv, struct job *j) {
     int rc = kvt_tokenize(srv->eng, j->prompt, true, false, &j->ptok, &j->prompt_tokens);
-    if (rc) { job_lib_error(j, "prompt", rc); return false; }
+    if (rc) { serve_job_lib_error(j, "prompt", rc); return false; }
     const int32_t n = j->prompt_tokens;
     j->sync.prompt_tokens = n;
     j->sync.tokens_decoded = n;
     j->finish = "length";
     j->seq = -1;
     if (n + j->max_tokens > srv->budget) {
-        job_error(j, 400, "invalid_request_error", "context_length_exceeded",
+        serve_job_error(j, 400, "invalid_request_error", "context_length_exceeded",
                   "the prompt is %d tokens and max_tokens %d; together they must fit the budget of %d tokens", n,
                   j->max_tokens, srv->budget);
         return false;
     }
     if (n == 0) {
-        job_error(j, 400, "invalid_request_error", NULL, "the prompt is empty (0 tokens)");
+        serve_job_error(j, 400, "invalid_request_error", NULL, "the prompt is empty (0 tokens)");
         return false;
     }
     j->cells = n + j->max_tokens;
@@ -513,11 +284,12 @@ static bool prepare_completion(struct server *srv, struct job *j) {
 
 /* The completion leaves its sequence (its cells are freed) and gives back its reservation. */
 static void end_completion(struct server *srv, struct job *j, int rc) {
-    if (rc) job_lib_error(j, "generation", rc);
+    struct sched *sc = srv->sched;
+    if (rc) serve_job_lib_error(j, "generation", rc);
     if (j->seq >= 0) {
         kvt_seq_rm(srv->eng, j->seq, -1, -1);
-        g_comp_busy[j->seq - g_comp_seq0] = false;
-        g_comp_cells -= j->cells;
+        sc->comp_busy[j->seq - sc->comp_seq0] = false;
+        sc->comp_cells -= j->cells;
         j->seq = -1;
     }
     free(j->row.logits);
@@ -529,11 +301,12 @@ static void end_completion(struct server *srv, struct job *j, int rc) {
 ** batched step of the active jobs between them (as sessions prefill); then it joins the active
 ** set as a raw row of kvt_session_gen_step_batch_ex.  Returns false when it failed (finished). */
 static bool start_completion(struct server *srv, struct job *j) {
+    struct sched *sc = srv->sched;
     int32_t q = 0;
-    while (g_comp_busy[q]) q++;
-    g_comp_busy[q] = true;
-    g_comp_cells += j->cells;
-    j->seq = g_comp_seq0 + q;
+    while (sc->comp_busy[q]) q++;
+    sc->comp_busy[q] = true;
+    sc->comp_cells += j->cells;
+    j->seq = sc->comp_seq0 + q;
     struct kvt_engine_info I;
     kvt_engine_info(srv->eng, &I);
     int rc = (j->row.logits = malloc(sizeof(float) * (size_t) I.n_vocab)) ? 0 : KVT_ENOMEM;
@@ -542,14 +315,14 @@ static bool start_completion(struct server *srv, struct job *j) {
         int32_t m = KVT_MIN(n - off, srv->block);
         rc = kvt_decode(srv->eng, j->seq, j->ptok + off, m, off, off + m == n);
         off += m;
-        if (rc == 0 && off < n) on_chunk(srv);
+        if (rc == 0 && off < n) serve_on_chunk(srv);
     }
     const float *l = rc == 0 ? kvt_logits(srv->eng) : NULL;
     if (rc == 0 && !l) rc = KVT_ELLAMA;
     free(j->ptok);
     j->ptok = NULL;
     if (rc) {
-        job_lib_error(j, "prompt", rc);
+        serve_job_lib_error(j, "prompt", rc);
         end_completion(srv, j, 0);
         finish(srv, j);
         return false;
@@ -561,33 +334,34 @@ static bool start_completion(struct server *srv, struct job *j) {
     j->started = true;
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&srv->mu);
-    g_t_last[g_n_active] = 0;
-    g_active[g_n_active++] = j;
+    sc->t_last[sc->n_active] = 0;
+    sc->active[sc->n_active++] = j;
     return true;
 }
 
 /* Start the waiting completions, in arrival order, while a scratch sequence is free and the
 ** cells they reserve fit the shared budget; a cancelled one leaves without running. */
 static void start_waiting(struct server *srv) {
+    struct sched *sc = srv->sched;
     int32_t w = 0; /* first, the ones whose client left, wherever they wait */
-    for (int32_t k = 0; k < g_n_wait; k++) {
+    for (int32_t k = 0; k < sc->n_wait; k++) {
         pthread_mutex_lock(&srv->mu);
-        bool gone = g_wait[k]->cancelled;
+        bool gone = sc->wait[k]->cancelled;
         pthread_mutex_unlock(&srv->mu);
-        if (gone) { g_wait[k]->completion_tokens = 0; g_wait[k]->finish = "stop"; finish(srv, g_wait[k]); }
-        else g_wait[w++] = g_wait[k];
+        if (gone) { sc->wait[k]->completion_tokens = 0; sc->wait[k]->finish = "stop"; finish(srv, sc->wait[k]); }
+        else sc->wait[w++] = sc->wait[k];
     }
-    g_n_wait = w;
-    while (g_n_wait > 0) {
-        struct job *j = g_wait[0];
+    sc->n_wait = w;
+    while (sc->n_wait > 0) {
+        struct job *j = sc->wait[0];
         bool cancelled;
         pthread_mutex_lock(&srv->mu);
         cancelled = j->cancelled;
         pthread_mutex_unlock(&srv->mu);
         bool seq_free = false;
-        for (int32_t q = 0; q < g_n_comp; q++) seq_free |= !g_comp_busy[q];
-        if (!cancelled && (!seq_free || g_comp_cells + j->cells > srv->budget)) break;
-        memmove(g_wait, g_wait + 1, sizeof *g_wait * (size_t) --g_n_wait);
+        for (int32_t q = 0; q < sc->n_comp; q++) seq_free |= !sc->comp_busy[q];
+        if (!cancelled && (!seq_free || sc->comp_cells + j->cells > srv->budget)) break;
+        memmove(sc->wait, sc->wait + 1, sizeof *sc->wait * (size_t) --sc->n_wait);
         if (cancelled) {
             j->completion_tokens = 0;
             finish(srv, j);
@@ -597,33 +371,40 @@ static void start_waiting(struct server *srv) {
     }
 }
 
-static void start_chat(struct server *srv, struct job *j) {
+/* Choose the chat's session and decode its prompt there.  Returns PICK_OK (j->slot is set unless
+** the job failed: it has its error), or PICK_BUSY: the session it names is generating, the job
+** must wait (requeue). */
+static enum pick start_chat(struct server *srv, struct job *j) {
     if (j->grammar && !j->smp.grammar) {
         int rc = kvt_grammar_new(srv->eng, j->grammar, "root", &j->smp.grammar);
         if (rc) { /* our own translation of the schema failed: say which text */
-            job_error(j, 400, "invalid_request_error", NULL, "the tools / response_format schema could not be compiled to a grammar: %s",
+            serve_job_error(j, 400, "invalid_request_error", NULL, "the tools / response_format schema could not be compiled to a grammar: %s",
                       kvt_errmsg());
-            return;
+            return PICK_OK;
         }
     }
-    struct sess *x = pick_session(srv, j);
+    struct sess *x;
+    enum pick p = admit_session(srv, j, &x);
+    if (p == PICK_BUSY) return p;
     if (!x) {
         if (!j->http_status)
-            job_error(j, 503, "server_error", NULL, "every one of the %d session slots is generating", srv->max_sessions);
-        return;
+            serve_job_error(j, 503, "server_error", NULL, "every one of the %d session slots is generating", srv->max_sessions);
+        return PICK_OK;
     }
     snprintf(j->out_session, sizeof j->out_session, "%s", x->id);
     x->last_used = wall_s();
+    x->job = j; /* busy from here: its prompt is decoded with other jobs stepping in between */
     int rc = kvt_session_sync(x->s, j->msgs, j->n_msgs, &j->sync);
     j->sync.recoveries += j->resumed;
     j->prompt_tokens = j->sync.prompt_tokens;
     if (rc) {
-        job_lib_error(j, "prompt", rc);
-        return;
+        x->job = NULL;
+        serve_job_lib_error(j, "prompt", rc);
+        return PICK_OK;
     }
-    x->job = j;
     j->slot = x;
     j->finish = "length";
+    return PICK_OK;
 }
 
 /* The job's reply is over (end of generation, stop string, max_tokens, cancelled or an error):
@@ -631,9 +412,9 @@ static void start_chat(struct server *srv, struct job *j) {
 static void end_chat(struct server *srv, struct job *j, int rc) {
     struct sess *x = j->slot;
     (void) srv;
-    if (rc) job_lib_error(j, "generation", rc);
+    if (rc) serve_job_lib_error(j, "generation", rc);
     int rc2 = kvt_session_gen_end(x->s, NULL);
-    if (rc2 && !rc) job_lib_error(j, "reply", rc2);
+    if (rc2 && !rc) serve_job_lib_error(j, "reply", rc2);
     struct kvt_session_stats st;
     kvt_session_get_stats(x->s, &st);
     j->resident_tokens = st.resident_tokens;
@@ -717,11 +498,12 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
 
 /* Sessions and gauges for GET /v1/sessions and /metrics. */
 static void publish(struct server *srv) {
-    struct sess_view *v = calloc((size_t) g_cap, sizeof *v);
+    struct sched *sc = srv->sched;
+    struct sess_view *v = calloc((size_t) sc->cap, sizeof *v);
     int32_t n = 0;
     int64_t resident = 0, parked = 0;
-    for (int32_t i = 0; v && i < g_cap; i++) {
-        struct sess *x = &g_sess[i];
+    for (int32_t i = 0; v && i < sc->cap; i++) {
+        struct sess *x = &sc->sess[i];
         if (!x->s) continue;
         struct kvt_session_stats st;
         kvt_session_get_stats(x->s, &st);
@@ -740,7 +522,7 @@ static void publish(struct server *srv) {
         n++;
     }
     struct kvt_pool_stats ps;
-    kvt_pool_get_stats(g_pool, &ps);
+    kvt_pool_get_stats(sc->pool, &ps);
     pthread_mutex_lock(&srv->mu);
     if (v) {
         free(srv->views);
@@ -757,29 +539,28 @@ static void publish(struct server *srv) {
 
 /* One batched step of the active jobs; finished ones leave the set.  Returns true if any did. */
 static bool step_active(struct server *srv) {
+    struct sched *sc = srv->sched;
     bool over[64];
-    if (g_n_active == 0 || step_all(srv, g_active, g_n_active, g_t_last, over) == 0) return false;
+    if (sc->n_active == 0 || step_all(srv, sc->active, sc->n_active, sc->t_last, over) == 0) return false;
     int32_t w = 0;
-    for (int32_t k = 0; k < g_n_active; k++) {
-        if (over[k]) { finish(srv, g_active[k]); continue; }
-        g_active[w] = g_active[k];
-        g_t_last[w++] = g_t_last[k];
+    for (int32_t k = 0; k < sc->n_active; k++) {
+        if (over[k]) { finish(srv, sc->active[k]); continue; }
+        sc->active[w] = sc->active[k];
+        sc->t_last[w++] = sc->t_last[k];
     }
-    g_n_active = w;
+    sc->n_active = w;
     return true;
 }
 
 /* Between the prefill chunks of an admitted job: the others keep generating. */
-static void on_chunk(void *ud) {
+void serve_on_chunk(void *ud) {
     if (step_active(ud)) publish(ud);
 }
 
 void *serve_engine_main(void *arg) {
     struct server *srv = arg;
-    g_active = calloc((size_t) srv->parallel, sizeof *g_active);
-    g_t_last = calloc((size_t) srv->parallel, sizeof *g_t_last);
-    g_wait = calloc((size_t) srv->parallel, sizeof *g_wait);
-    g_n_active = g_n_wait = 0;
+    struct sched *sc = srv->sched;
+    sc->n_active = sc->n_wait = 0;
     publish(srv);
     for (;;) {
         struct job *adm[64];
@@ -789,7 +570,7 @@ void *serve_engine_main(void *arg) {
             struct job **pp = &srv->head, *prev = NULL;
             while (*pp && n_adm < 64) {
                 struct job *j = *pp;
-                bool take = j->kind == JOB_DELETE || (g_n_active + g_n_wait + n_adm < srv->parallel && runnable(srv, j));
+                bool take = j->kind == JOB_DELETE || (sc->n_active + sc->n_wait + n_adm < srv->parallel && admit_runnable(srv, j));
                 /* one job per named session per round, so two queued turns of one session run in order */
                 for (int32_t k = 0; take && k < n_adm; k++)
                     if (adm[k]->kind == JOB_CHAT && j->kind == JOB_CHAT && j->session_id[0] &&
@@ -804,16 +585,16 @@ void *serve_engine_main(void *arg) {
                 adm[n_adm++] = j;
             }
             srv->m.queue_len = srv->n_queued;
-            if (n_adm > 0 || g_n_active > 0 || g_n_wait > 0) break;
+            if (n_adm > 0 || sc->n_active > 0 || sc->n_wait > 0) break;
             if (srv->stopping && !srv->head) break;
             pthread_cond_wait(&srv->work, &srv->mu);
         }
         pthread_mutex_unlock(&srv->mu);
-        if (n_adm == 0 && g_n_active == 0 && g_n_wait == 0) break; /* stopping and drained */
+        if (n_adm == 0 && sc->n_active == 0 && sc->n_wait == 0) break; /* stopping and drained */
         for (int32_t k = 0; k < n_adm; k++) {
             struct job *j = adm[k];
             if (j->kind == JOB_DELETE) {
-                run_delete(srv, j);
+                admit_delete(srv, j);
                 pthread_mutex_lock(&srv->mu);
                 j->state = JOB_DONE;
                 pthread_cond_broadcast(&j->cv);
@@ -826,18 +607,18 @@ void *serve_engine_main(void *arg) {
             pthread_mutex_unlock(&srv->mu);
             if (gone) { j->finish = "stop"; finish(srv, j); continue; }
             if (j->kind == JOB_COMPLETION) {
-                if (prepare_completion(srv, j)) g_wait[g_n_wait++] = j;
+                if (prepare_completion(srv, j)) sc->wait[sc->n_wait++] = j;
                 else finish(srv, j);
                 continue;
             }
-            start_chat(srv, j);
+            if (start_chat(srv, j) == PICK_BUSY) { requeue(srv, j); continue; }
             if (!j->slot) { finish(srv, j); continue; }
             pthread_mutex_lock(&srv->mu); /* the stream may start: headers go out now */
             j->started = true;
             pthread_cond_broadcast(&j->cv);
             pthread_mutex_unlock(&srv->mu);
-            g_t_last[g_n_active] = 0;
-            g_active[g_n_active++] = j;
+            sc->t_last[sc->n_active] = 0;
+            sc->active[sc->n_active++] = j;
         }
         start_waiting(srv);
         if (n_adm > 0) publish(srv);
@@ -845,12 +626,6 @@ void *serve_engine_main(void *arg) {
         bool ended = step_active(srv);
         if (ended) publish(srv);
     }
-    free(g_active);
-    free(g_t_last);
-    free(g_wait);
-    g_active = NULL;
-    g_t_last = NULL;
-    g_wait = NULL;
     pthread_mutex_lock(&srv->mu);
     srv->engine_done = true;
     pthread_mutex_unlock(&srv->mu);

@@ -1,10 +1,12 @@
 /* serve.h — what the files of `kvtier serve` share: a request ("job") as the HTTP threads hand it
-** to the engine thread, the engine thread's scheduler, and the metrics.  Never installed.
+** to the engine thread, the server and its metrics.  Never installed.
 **
-** Threads: libmicrohttpd runs one thread per connection (server/http.c); exactly one engine
-** thread (server/sched.c) owns the kvt_engine and every session on it, because the library is
-** single-threaded per engine.  They meet in a job queue (one mutex, condition variables per job);
-** HTTP threads never call the library on the engine. */
+** Threads: libmicrohttpd runs one thread per connection (server/http.c, bodies parsed by
+** server/request.c); exactly one engine thread (server/sched.c, sessions chosen by
+** server/admit.c, its state in server/sched.h) owns the kvt_engine and every session on it,
+** because the library is single-threaded per engine.  They meet in a job queue (one mutex,
+** condition variables per job); HTTP threads never call the library on the engine.  All state
+** hangs off one struct server: two servers could run in one process. */
 #ifndef KVT_SERVE_H
 #define KVT_SERVE_H
 
@@ -44,6 +46,7 @@ struct job {
     char         *grammar;         /* GBNF for the reply (tools / response_format), NULL = free text;
                                    ** compiled into smp.grammar by the engine thread */
     double        t_arrival;       /* ms, monotonic */
+    uint64_t      ticket;          /* arrival order, set by serve_submit: a job put back keeps its place */
     /* --- engine side */
     enum job_state state;
     bool          cancelled;       /* client went away (set by the HTTP thread) */
@@ -105,8 +108,10 @@ struct server {
     pthread_cond_t  work;          /* queue non-empty or shutting down */
     struct job     *head, *tail;
     int32_t         n_queued, max_queue;
+    uint64_t        n_tickets;     /* jobs ever queued (the next job's ticket) */
     bool            stopping;      /* SIGTERM: finish what is queued and running, take nothing new */
     bool            engine_done;
+    int32_t         n_http;        /* requests whose reply is not yet sent (HTTP threads) */
     /* configuration */
     const char     *model_path;
     char            model_name[128];
@@ -118,12 +123,18 @@ struct server {
     struct metrics  m;
     struct sess_view *views;
     int32_t         n_views;
+    unsigned long long n_replies, n_calls; /* ids given to replies / tool calls so far (atomic, any thread) */
     kvt_engine     *eng;           /* used only by the engine thread */
+    struct sched   *sched;         /* the engine thread's state (server/sched.h), owned */
 };
 
 /* server/sched.c */
-int  serve_engine_open(struct server *srv);        /* APP_OK or APP_ERR (message printed) */
+/* Open the model (srv->eng), the host pool and the scheduler state (srv->sched) from srv's
+** configuration; fills srv->model_name.  Returns APP_OK, or APP_ERR with the message printed and
+** nothing left open. */
+int  serve_engine_open(struct server *srv);
 void *serve_engine_main(void *srv);                 /* the engine thread */
+/* Free the sessions, the pool, srv->sched and srv->eng (what is open of them). */
 void serve_engine_close(struct server *srv);
 
 /* Queue a job (refs becomes 2: caller + engine).  Returns 0, or 429 when the queue is full, or
@@ -133,8 +144,6 @@ int  serve_submit(struct server *srv, struct job *j);
 void serve_job_release(struct server *srv, struct job *j);
 void serve_job_free(struct job *j);
 
-void serve_hist_add(struct hist *h, double ms);
-extern const double serve_hist_bounds[HIST_N];
 
 /* server/tools.c — tool calling and structured output (see the file's header) */
 
@@ -151,14 +160,32 @@ char *tools_render_result(const char *tool_name, const char *content);
 /* Is `echo` (an assistant message a client sent back) the reply the session stored as `stored`?
 ** Byte-equal, or equal as JSON, or the "response" text of a stored {"response": ...}. */
 bool  tools_same_reply(const char *stored, const char *echo);
-/* The assistant message for a finished reply: {"role", "content", "tool_calls"?}.  *finish
-** becomes "tool_calls" when the reply is a complete tool call.  New reference; NULL on OOM. */
-json_t *tools_reply(const char *text, int format, const char **finish);
+/* The assistant message for a finished reply: {"role", "content", "tool_calls"?}; the calls'
+** ids count on srv->n_calls.  *finish becomes "tool_calls" when the reply is a complete tool call.
+** New reference; NULL on OOM. */
+json_t *tools_reply(struct server *srv, const char *text, int format, const char **finish);
 
-/* server/http.c */
+/* server/request.c */
 /* "an object", "a string", ... for messages naming a JSON value's type.  Cannot fail. */
 const char *serve_json_type(const json_t *v);
+/* The JSON body of POST /v1/chat/completions (chat) or /v1/completions into the job: sampling,
+** max_tokens, stop, stream, then tools / response_format and messages (chat) or prompt.  Returns
+** 0; or -1 with the message in err (naming the field and the bad value; empty on OOM) and the
+** field in *param (NULL when none).  On error the job holds what was parsed: serve_job_free. */
+int serve_request_parse(struct server *srv, json_t *root, struct job *j, bool chat, char *err, size_t n_err, const char **param);
+
+/* server/metrics.c */
+/* Add one sample (ms) to a histogram (caller holds srv->mu).  Cannot fail. */
+void serve_hist_add(struct hist *h, double ms);
+/* GET /metrics: srv->m in the Prometheus text format.  Caller frees; NULL on OOM. */
+char *serve_metrics_text(struct server *srv);
+
+/* server/http.c */
 struct MHD_Daemon;
 struct MHD_Daemon *serve_http_start(struct server *srv, const char *host, int32_t port, int32_t *bound_port);
+/* Stop libmicrohttpd once the replies in flight have been sent (at most 30 s for slow clients):
+** after SIGTERM the engine finishes every job, but each reply is written by its connection's
+** thread afterwards, and stopping the daemon at once would close the connection first. */
+void serve_http_stop(struct server *srv, struct MHD_Daemon *d);
 
 #endif

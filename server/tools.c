@@ -525,9 +525,7 @@ bool tools_same_reply(const char *stored, const char *echo) {
 /* ---------------------------------------------------------------------------------------- */
 /* reply                                                                                     */
 
-static unsigned long long g_call;
-
-json_t *tools_reply(const char *text, int format, const char **finish) {
+json_t *tools_reply(struct server *srv, const char *text, int format, const char **finish) {
     json_t *msg = json_pack("{s:s}", "role", "assistant");
     if (!msg) return NULL;
     json_t *o = format == REPLY_TOOLS ? json_loads(text, 0, NULL) : NULL;
@@ -542,7 +540,7 @@ json_t *tools_reply(const char *text, int format, const char **finish) {
             const json_t *nm = json_object_get(c, "name"), *ar = json_object_get(c, "arguments");
             char *args = ar ? json_dumps(ar, JSON_COMPACT | JSON_ENCODE_ANY) : strdup("{}");
             char id[48];
-            snprintf(id, sizeof id, "call_%llx%llu", (unsigned long long) time(NULL), __atomic_add_fetch(&g_call, 1, __ATOMIC_RELAXED));
+            snprintf(id, sizeof id, "call_%llx%llu", (unsigned long long) time(NULL), __atomic_add_fetch(&srv->n_calls, 1, __ATOMIC_RELAXED));
             json_array_append_new(calls, json_pack("{s:i, s:s, s:s, s:{s:s, s:s}}", "index", (int) i, "id", id, "type", "function",
                                                    "function", "name", nm && json_is_string(nm) ? json_string_value(nm) : "",
                                                    "arguments", args ? args : "{}"));

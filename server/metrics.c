@@ -1,0 +1,62 @@
+/* metrics.c — what `kvtier serve` measures, as GET /metrics shows it: latency histograms with
+** fixed upper bounds (Prometheus style) and the counters and gauges of struct metrics, printed
+** in the Prometheus text format 0.0.4.  The engine thread and the HTTP threads fill srv->m under
+** srv->mu (server/sched.c, server/http.c); this file adds histogram samples and prints. */
+#include "serve.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+/* upper bounds of the histogram buckets, ms (the last bucket, +Inf, has none) */
+static const double hist_bounds[HIST_N] = { 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000 };
+
+void serve_hist_add(struct hist *h, double ms) {
+    int i = 0;
+    while (i < HIST_N && ms > hist_bounds[i]) i++;
+    h->bucket[i]++;
+    h->count++;
+    h->sum += ms;
+}
+
+static void hist_text(FILE *f, const char *name, const char *help, const struct hist *h) {
+    fprintf(f, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    int64_t cum = 0;
+    for (int i = 0; i < HIST_N; i++) {
+        cum += h->bucket[i];
+        fprintf(f, "%s_bucket{le=\"%g\"} %lld\n", name, hist_bounds[i] / 1e3, (long long) cum);
+    }
+    cum += h->bucket[HIST_N];
+    fprintf(f, "%s_bucket{le=\"+Inf\"} %lld\n%s_sum %.6f\n%s_count %lld\n", name, (long long) cum, name, h->sum / 1e3, name,
+            (long long) h->count);
+}
+
+char *serve_metrics_text(struct server *srv) {
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    if (!f) return NULL;
+    pthread_mutex_lock(&srv->mu);
+    struct metrics m = srv->m;
+    pthread_mutex_unlock(&srv->mu);
+    fprintf(f, "# HELP kvtier_requests_total HTTP responses by status class.\n# TYPE kvtier_requests_total counter\n");
+    for (int i = 1; i < 6; i++) fprintf(f, "kvtier_requests_total{status=\"%dxx\"} %lld\n", i, (long long) m.by_status[i]);
+#define COUNTER(name, help, v) fprintf(f, "# HELP " name " " help "\n# TYPE " name " counter\n" name " %lld\n", (long long) (v))
+#define GAUGE(name, help, v) fprintf(f, "# HELP " name " " help "\n# TYPE " name " gauge\n" name " %lld\n", (long long) (v))
+    COUNTER("kvtier_prompt_tokens_total", "Prompt tokens of finished requests.", m.prompt_tokens);
+    COUNTER("kvtier_generated_tokens_total", "Generated tokens.", m.completion_tokens);
+    COUNTER("kvtier_prompt_tokens_reused_total", "Prompt tokens found in a session's cache.", m.prompt_reused);
+    COUNTER("kvtier_prompt_tokens_decoded_total", "Prompt tokens run through the model.", m.prompt_decoded);
+    COUNTER("kvtier_evictions_total", "KV block evictions.", m.evictions);
+    COUNTER("kvtier_recoveries_total", "KV block recoveries (kv_restore loads).", m.recoveries);
+    GAUGE("kvtier_resident_tokens", "KV cells held by all sessions.", m.resident_tokens);
+    GAUGE("kvtier_sessions", "Open sessions (resident and parked).", m.n_sessions);
+    GAUGE("kvtier_sessions_parked", "Sessions parked whole in the host tiers.", m.n_parked);
+    GAUGE("kvtier_queue_length", "Requests waiting for a slot.", m.queue_len);
+    GAUGE("kvtier_active_requests", "Requests being served.", m.active);
+    GAUGE("kvtier_pool_ram_bytes", "Evicted KV bytes in the host RAM tier.", m.pool_ram);
+    GAUGE("kvtier_pool_spill_bytes", "Evicted KV bytes in spill files.", m.pool_spill);
+    hist_text(f, "kvtier_ttft_seconds", "Time to first token.", &m.ttft);
+    hist_text(f, "kvtier_token_latency_seconds", "Time between generated tokens.", &m.per_token);
+    if (fclose(f)) { free(buf); return NULL; }
+    return buf;
+}

@@ -1,0 +1,274 @@
+/* request.c — the body of an OpenAI-style request into a job (HTTP threads): sampling, length,
+** stop strings and streaming fields shared by both endpoints, the chat messages (with tool calls
+** and tool results, server/tools.c) or the completion prompt.  Every error names the field and
+** the bad value, as the 400 reply the client gets. */
+#include "serve.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+const char *serve_json_type(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a number";
+    case JSON_TRUE: case JSON_FALSE: return "a boolean";
+    default: return "null";
+    }
+}
+
+/* Fill the sampling / length / stop / stream fields shared by both endpoints.  On a bad field,
+** writes a message into err (and the field's name into *param) and returns -1. */
+static int parse_common(struct server *srv, json_t *root, struct job *j, char *err, size_t n_err, const char **param) {
+    json_t *v;
+    j->max_tokens = srv->max_tokens_default;
+    j->smp = (struct kvt_sampling){ 1.0f, 1.0f, 0, 0, NULL };
+    const char *len_keys[] = { "max_tokens", "max_completion_tokens" };
+    for (int i = 0; i < 2; i++)
+        if ((v = json_object_get(root, len_keys[i])) && !json_is_null(v)) {
+            *param = len_keys[i];
+            if (!json_is_integer(v)) { snprintf(err, n_err, "'%s' must be an integer, got %s", len_keys[i], serve_json_type(v)); return -1; }
+            json_int_t x = json_integer_value(v);
+            if (x < 1 || x > srv->n_ctx) { snprintf(err, n_err, "'%s' %lld is outside 1..%d", len_keys[i], (long long) x, srv->n_ctx); return -1; }
+            j->max_tokens = (int32_t) x;
+        }
+    if ((v = json_object_get(root, "temperature")) && !json_is_null(v)) {
+        *param = "temperature";
+        if (!json_is_number(v)) { snprintf(err, n_err, "'temperature' must be a number, got %s", serve_json_type(v)); return -1; }
+        double t = json_number_value(v);
+        if (!(t >= 0 && t <= 2)) { snprintf(err, n_err, "'temperature' %g is outside 0..2", t); return -1; }
+        j->smp.temperature = (float) t;
+    }
+    if ((v = json_object_get(root, "top_p")) && !json_is_null(v)) {
+        *param = "top_p";
+        if (!json_is_number(v)) { snprintf(err, n_err, "'top_p' must be a number, got %s", serve_json_type(v)); return -1; }
+        double p = json_number_value(v);
+        if (!(p > 0 && p <= 1)) { snprintf(err, n_err, "'top_p' %g is outside (0, 1]", p); return -1; }
+        j->smp.top_p = (float) p;
+    }
+    if ((v = json_object_get(root, "seed")) && !json_is_null(v)) {
+        *param = "seed";
+        if (!json_is_integer(v)) { snprintf(err, n_err, "'seed' must be an integer, got %s", serve_json_type(v)); return -1; }
+        j->smp.seed = (uint32_t) json_integer_value(v);
+        j->seeded = true;
+    } else {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        j->smp.seed = (uint32_t) (ts.tv_nsec ^ ts.tv_sec);
+    }
+    if ((v = json_object_get(root, "n")) && !json_is_null(v)) {
+        *param = "n";
+        if (!json_is_integer(v) || json_integer_value(v) != 1) { snprintf(err, n_err, "'n' must be 1 (one choice per request)"); return -1; }
+    }
+    if ((v = json_object_get(root, "stop")) && !json_is_null(v)) {
+        *param = "stop";
+        if (json_is_string(v)) {
+            if (!(j->stop[j->n_stop++] = strdup(json_string_value(v)))) return -1;
+        } else if (json_is_array(v)) {
+            if (json_array_size(v) > SERVE_MAX_STOP) { snprintf(err, n_err, "'stop' has %zu strings; at most %d", json_array_size(v), SERVE_MAX_STOP); return -1; }
+            size_t i;
+            json_t *s;
+            json_array_foreach(v, i, s) {
+                if (!json_is_string(s)) { snprintf(err, n_err, "'stop[%zu]' must be a string, got %s", i, serve_json_type(s)); return -1; }
+                if (!(j->stop[j->n_stop++] = strdup(json_string_value(s)))) return -1;
+            }
+        } else { snprintf(err, n_err, "'stop' must be a string or an array of strings, got %s", serve_json_type(v)); return -1; }
+        for (int32_t i = 0; i < j->n_stop; i++)
+            if (!j->stop[i][0]) { snprintf(err, n_err, "'stop' strings must not be empty"); return -1; }
+    }
+    if ((v = json_object_get(root, "stream")) && !json_is_null(v)) {
+        *param = "stream";
+        if (!json_is_boolean(v)) { snprintf(err, n_err, "'stream' must be a boolean, got %s", serve_json_type(v)); return -1; }
+        j->stream = json_is_true(v);
+    }
+    if ((v = json_object_get(root, "stream_options")) && !json_is_null(v)) {
+        *param = "stream_options";
+        if (!json_is_object(v)) { snprintf(err, n_err, "'stream_options' must be an object, got %s", serve_json_type(v)); return -1; }
+        json_t *u = json_object_get(v, "include_usage");
+        if (u && !json_is_boolean(u)) { snprintf(err, n_err, "'stream_options.include_usage' must be a boolean, got %s", serve_json_type(u)); return -1; }
+        j->include_usage = u && json_is_true(u);
+    }
+    if ((v = json_object_get(root, "model")) && !json_is_null(v) && !json_is_string(v)) {
+        *param = "model";
+        snprintf(err, n_err, "'model' must be a string, got %s", serve_json_type(v));
+        return -1;
+    }
+    if ((v = json_object_get(root, "logprobs")) && json_is_true(v)) {
+        *param = "logprobs";
+        snprintf(err, n_err, "'logprobs' is not supported");
+        return -1;
+    }
+    *param = NULL;
+    return 0;
+}
+
+/* The text of messages[i].content: a string, or text parts joined; NULL (allowed only where
+** *optional) when absent or null.  Returns -1 on a bad shape. */
+static int content_text(const json_t *ct, size_t i, char **out, bool optional, char *err, size_t n_err) {
+    *out = NULL;
+    if ((!ct || json_is_null(ct)) && optional) return 0;
+    if (ct && json_is_string(ct)) {
+        *out = strdup(json_string_value(ct));
+    } else if (ct && json_is_array(ct)) { /* content parts: text only, joined */
+        size_t total = 1, k;
+        json_t *part;
+        json_array_foreach(ct, k, part) {
+            json_t *ty = json_is_object(part) ? json_object_get(part, "type") : NULL, *tx = json_is_object(part) ? json_object_get(part, "text") : NULL;
+            if (!ty || !json_is_string(ty) || strcmp(json_string_value(ty), "text") || !tx || !json_is_string(tx)) {
+                snprintf(err, n_err, "'messages[%zu].content[%zu]' must be {\"type\": \"text\", \"text\": string}; other parts are not supported", i, k);
+                return -1;
+            }
+            total += strlen(json_string_value(tx));
+        }
+        if ((*out = malloc(total))) {
+            (*out)[0] = '\0';
+            json_array_foreach(ct, k, part) strcat(*out, json_string_value(json_object_get(part, "text")));
+        }
+    } else {
+        snprintf(err, n_err, "'messages[%zu].content' must be a string or an array of text parts, got %s", i, ct ? serve_json_type(ct) : "nothing");
+        return -1;
+    }
+    if (!*out) { snprintf(err, n_err, "out of memory"); return -1; }
+    return 0;
+}
+
+/* Append a message (role and content owned by the job from here on). */
+static int push_msg(struct job *j, const char *role, char *content) {
+    j->msgs[j->n_msgs].role = strdup(role);
+    j->msgs[j->n_msgs].content = content;
+    j->n_msgs++;
+    return j->msgs[j->n_msgs - 1].role && content ? 0 : -1;
+}
+
+/* messages[] into owned (role, content) pairs; "developer" is a system message.  Tool calling
+** (server/tools.c): an assistant message's tool_calls become the JSON text the model generates,
+** and "tool" results become user messages (consecutive ones joined), naming the tool called by
+** the matching tool_call_id.  sys_extra (the tools' description) is appended to the system
+** message, or becomes one at the start. */
+static int parse_messages(json_t *root, struct job *j, const char *sys_extra, char *err, size_t n_err, const char **param) {
+    json_t *ms = json_object_get(root, "messages");
+    *param = "messages";
+    if (!ms) { snprintf(err, n_err, "'messages' is required"); return -1; }
+    if (!json_is_array(ms)) { snprintf(err, n_err, "'messages' must be an array, got %s", serve_json_type(ms)); return -1; }
+    size_t n = json_array_size(ms);
+    if (n == 0) { snprintf(err, n_err, "'messages' must not be empty"); return -1; }
+    if (!(j->msgs = calloc(n + 1, sizeof *j->msgs))) { snprintf(err, n_err, "out of memory"); return -1; }
+    size_t i;
+    json_t *m;
+    bool last_tool = false;
+    json_array_foreach(ms, i, m) {
+        if (!json_is_object(m)) { snprintf(err, n_err, "'messages[%zu]' must be an object, got %s", i, serve_json_type(m)); return -1; }
+        json_t *r = json_object_get(m, "role"), *ct = json_object_get(m, "content"), *calls = json_object_get(m, "tool_calls");
+        if (!r || !json_is_string(r)) { snprintf(err, n_err, "'messages[%zu].role' must be a string", i); return -1; }
+        const char *role = json_string_value(r);
+        if (!strcmp(role, "developer")) role = "system";
+        bool tool = !strcmp(role, "tool");
+        if (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant") && !tool) {
+            snprintf(err, n_err, "'messages[%zu].role' '%.40s' is not supported; expected system, developer, user, assistant or tool", i, role);
+            return -1;
+        }
+        bool has_calls = calls && !json_is_null(calls) && !(json_is_array(calls) && json_array_size(calls) == 0);
+        if (has_calls && strcmp(role, "assistant")) {
+            snprintf(err, n_err, "'messages[%zu]' is a %s message with 'tool_calls'; only assistant messages make tool calls", i, role);
+            return -1;
+        }
+        char *content = NULL;
+        if (content_text(ct, i, &content, has_calls, err, n_err)) return -1;
+        if (has_calls) { /* the call as generated; any text beside it is dropped (the model emits one JSON object) */
+            free(content);
+            if (!(content = tools_render_calls(calls, i, err, n_err))) return -1;
+        }
+        if (tool) {
+            json_t *id = json_object_get(m, "tool_call_id"), *nm = json_object_get(m, "name");
+            const char *name = nm && json_is_string(nm) ? json_string_value(nm) : NULL;
+            if (!id || !json_is_string(id)) {
+                free(content);
+                snprintf(err, n_err, "'messages[%zu].tool_call_id' must be a string (the id of the call it answers)", i);
+                return -1;
+            }
+            /* the tool's name: from the assistant message that made the call */
+            for (size_t k = 0; !name && k < i; k++) {
+                json_t *cs = json_object_get(json_array_get(ms, k), "tool_calls"), *c;
+                size_t q;
+                json_array_foreach(cs, q, c) {
+                    json_t *cid = json_object_get(c, "id");
+                    if (cid && json_is_string(cid) && !strcmp(json_string_value(cid), json_string_value(id))) {
+                        json_t *fn = json_object_get(c, "function"), *fnm = fn ? json_object_get(fn, "name") : NULL;
+                        if (fnm && json_is_string(fnm)) name = json_string_value(fnm);
+                    }
+                }
+            }
+            char *t = tools_render_result(name, content);
+            free(content);
+            if (!(content = t)) { snprintf(err, n_err, "out of memory"); return -1; }
+            if (last_tool) { /* results of one turn's calls: one user message */
+                struct kvt_chat_msg *prev = &j->msgs[j->n_msgs - 1];
+                size_t np = strlen(prev->content), nc = strlen(content);
+                char *joined = realloc((char *) prev->content, np + nc + 2);
+                if (!joined) { free(content); snprintf(err, n_err, "out of memory"); return -1; }
+                joined[np] = '\n';
+                memcpy(joined + np + 1, content, nc + 1);
+                prev->content = joined;
+                free(content);
+                continue;
+            }
+            role = "user";
+        }
+        last_tool = tool;
+        if (push_msg(j, role, content)) { snprintf(err, n_err, "out of memory"); return -1; }
+    }
+    if (sys_extra) {
+        if (!strcmp(j->msgs[0].role, "system")) {
+            size_t a = strlen(j->msgs[0].content), b = strlen(sys_extra);
+            char *c = realloc((char *) j->msgs[0].content, a + b + 3);
+            if (!c) { snprintf(err, n_err, "out of memory"); return -1; }
+            if (a) memcpy(c + a, "\n\n", 2), a += 2;
+            memcpy(c + a, sys_extra, b + 1);
+            j->msgs[0].content = c;
+        } else {
+            memmove(j->msgs + 1, j->msgs, sizeof *j->msgs * (size_t) j->n_msgs);
+            j->msgs[0].role = strdup("system");
+            j->msgs[0].content = strdup(sys_extra);
+            j->n_msgs++;
+            if (!j->msgs[0].role || !j->msgs[0].content) { snprintf(err, n_err, "out of memory"); return -1; }
+        }
+    }
+    if (strcmp(j->msgs[j->n_msgs - 1].role, "user")) {
+        snprintf(err, n_err, "the last message is '%s'; it must be a user or tool message", j->msgs[j->n_msgs - 1].role);
+        return -1;
+    }
+    *param = NULL;
+    return 0;
+}
+
+int serve_request_parse(struct server *srv, json_t *root, struct job *j, bool chat, char *err, size_t n_err, const char **param) {
+    *param = NULL;
+    int rc = parse_common(srv, root, j, err, n_err, param);
+    char *sys_extra = NULL;
+    if (rc == 0 && chat) rc = tools_parse(root, j, &sys_extra, err, n_err, param);
+    if (rc == 0 && chat) rc = parse_messages(root, j, sys_extra, err, n_err, param);
+    free(sys_extra);
+    if (rc == 0 && !chat) {
+        const char *chat_only[] = { "tools", "tool_choice", "functions", "function_call", "response_format" };
+        for (int i = 0; rc == 0 && i < 5; i++) {
+            json_t *v = json_object_get(root, chat_only[i]);
+            if (v && !json_is_null(v)) {
+                *param = chat_only[i];
+                snprintf(err, n_err, "'%s' is not supported on /v1/completions; use /v1/chat/completions", chat_only[i]);
+                rc = -1;
+            }
+        }
+    }
+    if (rc == 0 && !chat) {
+        json_t *p = json_object_get(root, "prompt");
+        *param = "prompt";
+        if (p && json_is_array(p) && json_array_size(p) == 1) p = json_array_get(p, 0);
+        if (!p || !json_is_string(p)) { snprintf(err, n_err, "'prompt' must be a string"); rc = -1; }
+        else if (!(j->prompt = strdup(json_string_value(p)))) rc = -1;
+    }
+    return rc;
+}
