@@ -189,7 +189,7 @@ int cmd_serve(int argc, char **argv) {
     struct kvt_engine_info info;
     kvt_engine_info(srv.eng, &info);
     fprintf(stderr, "%s: model %s: %s (%s)%s\n", cmd, srv.model_path, srv.model_name, info.desc,
-            model_from_env ? ", from $KVTIER_MODEL (no -m given)" : "");
+            model_from_env ? " (no -m given: $KVTIER_MODEL or the build's default)" : "");
     pthread_t eng_thread;
     if (pthread_create(&eng_thread, NULL, serve_engine_main, &srv)) {
         fprintf(stderr, "%s: cannot start the engine thread\n", cmd);
