@@ -267,7 +267,7 @@ static void make_needle(struct eval_rng *r, struct eval_fact *f) {
     make_number(r, f->number, sizeof f->number);
     snprintf(f->attr, sizeof f->attr, "secret code");
     snprintf(f->statement, sizeof f->statement, "The secret code of %.47s is %.15s.", f->name, f->number);
-    snprintf(f->question, sizeof f->question, "What is the secret code of %.47s? Answer with the number.", f->name);
+    snprintf(f->question, sizeof f->question, "The document is complete. What is the secret code of %.47s? Answer with the number.", f->name);
     snprintf(f->answer, sizeof f->answer, "The secret code of %.47s is %.15s.", f->name, f->number);
     snprintf(f->prefix, sizeof f->prefix, "The secret code of %.47s is", f->name);
 }
@@ -297,7 +297,7 @@ static void make_facts(struct eval_rng *r, struct eval_fact *f, int n) {
         snprintf(f[i].attr, sizeof f[i].attr, "%s", ATTR[perm[i % n_attr]]);
         snprintf(f[i].statement, sizeof f[i].statement, "%.47s's %.31s is %.15s.", f[i].name, f[i].attr,
                  f[i].number);
-        snprintf(f[i].question, sizeof f[i].question, "What is %.47s's %.31s? Answer with the number.", f[i].name,
+        snprintf(f[i].question, sizeof f[i].question, "The document is complete. What is %.47s's %.31s? Answer with the number.", f[i].name,
                  f[i].attr);
         snprintf(f[i].answer, sizeof f[i].answer, "%.47s's %.31s is %.15s.", f[i].name, f[i].attr, f[i].number);
         snprintf(f[i].prefix, sizeof f[i].prefix, "%.47s's %.31s is", f[i].name, f[i].attr);
@@ -409,8 +409,8 @@ static char *join(const char *prefix, const struct pieces *ps, int32_t a, int32_
 }
 
 static const char INTRO[] =
-    "I am going to give you a long document in several parts. Read it carefully: when it is complete I "
-    "will ask you questions about it.\n\n";
+    "I am going to give you a long document in several parts. Read it carefully and reply to each part "
+    "with \"Noted.\" only. When the document is complete I will ask you questions about it: answer them.\n\n";
 
 /* Group the pieces into document turns of at most `body` tokens of text each. */
 static int make_turns(const struct pieces *ps, int32_t body, struct eval_case *k) {
