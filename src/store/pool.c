@@ -18,6 +18,7 @@
 ** outlive the pool, so the rename only has to be atomic, not durable.
 */
 #include "internal.h"
+#include "fault.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -163,6 +164,7 @@ static int spill(kvt_pool *pool, struct pool_entry *e) {
     if (fd < 0)
         return kvt__fail(KVT_EIO, "cannot create spill file %s: %s", tmp, strerror(errno));
     const char *what = "write";
+    if (kvt__fault_check(KVT__FAULT_SPILL_WRITE)) { errno = ENOSPC; goto fail; }
     if (write_all(fd, hdr, sizeof hdr) || write_all(fd, e->data, e->n)) goto fail;
     what = "fsync";
     if (fsync(fd)) goto fail;
@@ -329,6 +331,9 @@ int kvt_pool_put(kvt_pool *pool, uint64_t key, const void *data, size_t n) {
     if (!pool) return kvt__fail(KVT_EINVAL, "kvt_pool_put: pool is NULL");
     if (!data && n > 0)
         return kvt__fail(KVT_EINVAL, "kvt_pool_put: data is NULL with n = %zu", n);
+    if (kvt__fault_check(KVT__FAULT_POOL_PUT))
+        return kvt__fail(KVT_ENOMEM, "out of memory copying %zu bytes for key %016llx (injected)", n,
+                         (unsigned long long)key);
     uint8_t *copy = NULL;
     if (n > 0) {
         if (!(copy = malloc(n)))
