@@ -111,10 +111,13 @@ void    kvt__sess_refresh_residency(const kvt_session *s, struct blk *b); /* HOS
 
 /* ---- session/blocks.c ---- */
 /* Record tokens[0..n) just decoded at positions next_pos.. in the block table, sealing blocks as
-** they fill.  Errors: KVT_ENOMEM, or the error of a seal. */
+** they fill.  A block never holds more than `block` tokens: a full block whose seal fails is
+** closed without a saved copy (reported on stderr) and recomputed from its tokens if it is
+** evicted and needed, so a failing pool is not an error here.  Errors: KVT_ENOMEM (the block
+** table cannot grow; the tokens from the one that needed a new block on are not recorded). */
 int  kvt__sess_record(kvt_session *s, const kvt_token *tok, int32_t n, int role);
-/* Seal the open block: save its K/V to the pool (write-through), detokenize its text.  On error
-** the block stays open and resident; nothing is lost. */
+/* Seal the open block (also one not yet full): save its K/V to the pool (write-through),
+** detokenize its text.  On error the block stays open and resident; nothing is lost. */
 int  kvt__sess_seal(kvt_session *s);
 /* Make room so that `need` more tokens fit (watermark eviction).  KVT_EBUDGET when even evicting
 ** every unprotected block cannot. */
