@@ -406,7 +406,10 @@ enum kvt_residency {
     KVT_RES_DEVICE = 0, /* in the llama.cpp KV cache */
     KVT_RES_HOST   = 1, /* evicted; blob in the pool's RAM */
     KVT_RES_DISK   = 2, /* evicted; blob in a spill file */
-    KVT_RES_LOST   = 3, /* evicted with recovery "discard", or its blob failed a checksum */
+    KVT_RES_LOST   = 3, /* evicted with no saved copy: with recovery "discard" gone for good;
+                        ** otherwise the copy failed its checksum, its spill file went missing,
+                        ** the pool dropped it (failed spill, spill quota) or its save failed,
+                        ** and recovery recomputes the block from its tokens (recomputes) */
 };
 
 enum kvt_recovery {
@@ -528,8 +531,9 @@ void kvt_session_free(kvt_session *s);
 ** tail (kv_restore: no recompute): scored by BM25 with the message's terms that no resident
 ** block contains (kvt_bm25_novel_terms; at least min_recovery_score), or with an embedder by
 ** cosine (at least min_recovery_cosine); the top_k best, each followed by successor_blocks
-** more when they are evicted too (a fact cut at a block boundary continues there).  No
-** recovery runs before a message that with gen_reserve fills half the budget (a document
+** more when they are evicted too (a fact cut at a block boundary continues there).  A block
+** whose saved copy is lost (corrupt or missing spill file, dropped by the pool) is recomputed
+** from its tokens instead (kvt_session_stats.recomputes).  No recovery runs before a message that with gen_reserve fills half the budget (a document
 ** being pasted: what came back would be evicted again while it is decoded).  Then the message
 ** and the assistant prefix are decoded, evicting by watermark so that they plus gen_reserve
 ** fit the budget.  Every sealed block's relevance (kvt_block_info) is its BM25 score against
@@ -653,8 +657,8 @@ void kvt_session_set_chunk_cb(kvt_session *s, kvt_chunk_cb cb, void *ud);
 
 /* Park a session: every resident block is saved to the pool (the open block is sealed early; all
 ** sealed blocks are there already, write-through) and its cells leave the cache, so its sequence
-** id can serve another session.  Nothing is recomputed later: kvt_session_resume loads the blocks
-** back.  A parked session accepts only kvt_session_resume, stats/info calls and kvt_session_free.
+** id can serve another session.  kvt_session_resume loads the blocks back; only a block whose
+** copy is gone by then (see kvt_session_resume) is recomputed.  A parked session accepts only kvt_session_resume, stats/info calls and kvt_session_free.
 ** Errors: KVT_EINVAL (a reply is being generated), those of kvt_block_save / kvt_pool_put (the
 ** session is then not parked).  Parking a parked session does nothing. */
 int kvt_session_park(kvt_session *s);
@@ -662,8 +666,11 @@ int kvt_session_park(kvt_session *s);
 /* Resume a parked session on sequence seq (empty; any caller sequence): the blocks that were
 ** resident when it was parked are loaded back at the positions they had (kv_restore from the
 ** pool; no forward pass; counted as recoveries), the evicted ones stay evicted.
-** Errors: KVT_EINVAL (not parked, seq out of range or not empty), those of kvt_block_load; a
-** block whose spill file fails its checksum is marked lost and the others still come back. */
+** A block whose saved copy is gone (its spill file fails its checksum or is missing, the pool
+** dropped it) is recomputed in place from its tokens, after the blocks before it (counted in
+** recomputes), so the context has no hole.
+** Errors: KVT_EINVAL (not parked, seq out of range or not empty), those of kvt_block_load and
+** kvt_decode (the blocks not loaded by then stay evicted). */
 int kvt_session_resume(kvt_session *s, int32_t seq);
 
 /* Finish the reply built by kvt_session_gen_step (possibly empty): it becomes an assistant message
@@ -698,6 +705,11 @@ struct kvt_session_stats {
     int64_t recoveries;          /* block loads back into the cache */
     int64_t tokens_decoded;      /* tokens run through the model (prefill + decode) */
     int64_t tokens_recovered;    /* tokens brought back by kv_restore instead */
+    int64_t recomputes;          /* blocks recomputed (their tokens decoded again at the tail)
+                                 ** because their saved copy was lost: corrupt, spill file
+                                 ** missing, dropped by the pool, or never saved.  Also counted
+                                 ** in recoveries, their tokens in tokens_decoded.  Recovery
+                                 ** "breadcrumb" recomputes by design and is not counted here */
     kvt_pos next_pos;            /* position the next token will take */
     double  policy_ms;           /* time in eviction policy work: attention signals, scoring,
                                  ** bookkeeping (ms; the block primitives are not included) */

@@ -208,19 +208,44 @@ int kvt__sess_make_room(kvt_session *s, int32_t need) {
     return 0;
 }
 
-/* The recompute path: decode the block's tokens again at the tail, then re-save its K/V. */
+/* The recompute path: decode the block's tokens again at the tail, then re-save its K/V.  Only a
+** failed decode is an error (its cells are removed again); once decoded the block is in the cache,
+** and a failed re-save leaves it there without a copy (recomputed again if it is needed after a
+** later eviction). */
 static int breadcrumb(kvt_session *s, struct blk *b) {
     int rc = kvt_decode(s->eng, s->p.seq, b->tok, b->info.n_tokens, s->next_pos, false);
-    if (rc) return rc;
+    if (rc) {
+        kvt_seq_rm(s->eng, s->p.seq, s->next_pos, s->next_pos + b->info.n_tokens);
+        return rc;
+    }
     kvt_blob *blob = NULL;
-    if ((rc = kvt_block_save(s->eng, s->p.seq, s->next_pos, s->next_pos + b->info.n_tokens, &blob)) == 0) {
-        if ((rc = kvt_pool_put(s->pool, b->key, blob->data, blob->size)) == KVT_EIO) rc = 0;
+    if (kvt_block_save(s->eng, s->p.seq, s->next_pos, s->next_pos + b->info.n_tokens, &blob) == 0) {
+        kvt_pool_put(s->pool, b->key, blob->data, blob->size); /* a failure only means: no copy */
         b->blob_p0 = blob->p0;
         b->blob_cells = blob->n_cells;
         b->blob_cells_swa = blob->n_cells_swa;
+        b->blob_bytes = blob->size;
         kvt_blob_free(blob);
     }
+    kvt__clear_error();
     s->decoded += b->info.n_tokens;
+    return 0;
+}
+
+/* Block b's saved copy is gone (`why`): it failed its checksum (KVT_ECORRUPT), its spill file is
+** missing or unreadable (KVT_EIO), or the pool dropped it or never got it (KVT_ENOENT).  Its
+** tokens are kept, so it is recomputed at the tail rather than left out: a block left out would
+** be a hole in the context that no later sync re-decodes (its tokens are still in the stream).
+** Counted in recomputes.  If the recompute fails the block stays evicted as LOST (no copy) and
+** a later recovery may try again. */
+static int recompute_lost(kvt_session *s, struct blk *b, int why) {
+    fprintf(stderr, "kvtier: block %d is recomputed from its %d tokens: %s\n", b->info.id, b->info.n_tokens,
+            kvt_errmsg());
+    if (why != KVT_ENOENT) kvt_pool_del(s->pool, b->key);
+    b->info.residency = KVT_RES_LOST;
+    kvt__clear_error();
+    int rc = breadcrumb(s, b);
+    if (rc == 0) s->recomputes++;
     return rc;
 }
 
@@ -234,14 +259,11 @@ int kvt__sess_load_block(kvt_session *s, int32_t i) {
     void *data = NULL;
     size_t n = 0;
     int rc = kvt_pool_get(s->pool, b->key, &data, &n);
-    if (rc) {
-        if (rc == KVT_ECORRUPT) {
-            fprintf(stderr, "kvtier: block %d not recovered: %s\n", b->info.id, kvt_errmsg());
-            kvt_pool_del(s->pool, b->key);
-            b->info.residency = KVT_RES_LOST;
-        }
-        return rc;
+    if (rc == KVT_ECORRUPT || rc == KVT_EIO || rc == KVT_ENOENT) { /* the saved copy is gone */
+        if ((rc = recompute_lost(s, b, rc))) return rc;
+        goto placed;
     }
+    if (rc) return rc;
     kvt_blob blob = { data, n, b->blob_p0, b->info.n_tokens, b->blob_cells, b->blob_cells_swa };
     rc = kvt_block_load(s->eng, &blob, s->p.seq, s->next_pos);
     free(data);
