@@ -214,6 +214,7 @@ int cli_session_open(const char *cmd, const struct cli_run_opts *o, struct cli_s
 
     struct kvt_pool_params pp = kvt_pool_default_params();
     pp.budget_bytes = (size_t) o->pool_mb << 20;
+    pp.spill_bytes_max = (size_t) o->spill_mb << 20;
     pp.spill_dir = o->spill_dir;
     if ((rc = kvt_pool_open(&pp, &cs->pool))) {
         app_fail(cmd, "cannot open the host pool", rc);

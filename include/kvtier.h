@@ -345,15 +345,24 @@ int kvt_engine_layer_part(const kvt_engine *eng, int32_t il, int *part /* OUT */
 typedef struct kvt_pool kvt_pool;
 
 struct kvt_pool_params {
-    size_t      budget_bytes; /* RAM the pool may hold; default 256 MiB */
+    size_t      budget_bytes; /* RAM the pool may hold; default 256 MiB.  A ceiling: see
+                              ** kvt_pool_put */
     const char *spill_dir;    /* directory for spill files; NULL = a private directory made
                               ** under $TMPDIR (or /tmp) on first spill, removed by free */
+    size_t      spill_bytes_max; /* payload bytes the spill files may hold; 0 = unlimited (the
+                              ** default).  When a spill would exceed it, the least recently
+                              ** used entries on disk are dropped to make room (n_dropped); the
+                              ** entry being spilled is dropped instead when it is less recently
+                              ** used than all of them, or larger than the quota itself */
 };
 
 struct kvt_pool_params kvt_pool_default_params(void);
 
-/* Create a pool (p NULL = defaults).  OUT *out, freed by kvt_pool_free.  Errors: KVT_EINVAL
-** (budget 0, empty spill_dir),
+/* Create a pool (p NULL = defaults).  OUT *out, freed by kvt_pool_free.  Without a spill_dir,
+** the private directories of processes that died without kvt_pool_free are removed from
+** $TMPDIR first (at the first such open in a process, per $TMPDIR value): only directories named "kvtier-spill-<pid>-XXXXXX", owned by this user, whose
+** pid is not a live process and whose lock no live pool holds, and in them only kvtier's spill
+** files.  Errors: KVT_EINVAL (budget 0, empty spill_dir),
 ** KVT_EIO (spill_dir exists but is not a writable directory), KVT_ENOMEM. */
 int kvt_pool_open(const struct kvt_pool_params *p, kvt_pool **out);
 
@@ -363,20 +372,26 @@ void kvt_pool_free(kvt_pool *pool);
 
 /* Store a copy of data[0..n) under key (replacing any previous value).  When RAM use would
 ** exceed the budget, least-recently-used entries (possibly this one) are written to spill
-** files: header + SHA-256 + payload, written to a temporary name, fsync'd and renamed, so a
-** crash never leaves a half-written file under a valid name.  Nothing is dropped.  An entry
-** larger than the whole budget goes straight to disk.
-** Errors: KVT_EINVAL (NULL data with n > 0), KVT_ENOMEM, KVT_EIO (a spill write failed — possibly
-** of an older entry: the NEW value IS stored, any old value is gone, and the pool is over budget
-** until a later spill succeeds).  Thread-safe. */
+** files: header + SHA-256 + payload, written to a temporary name and renamed, so a half-written
+** file never carries a valid name.  An entry larger than the whole budget goes straight to disk.
+** The budget is a ceiling: once put returns, RAM use is within it (other threads' puts may
+** exceed it while their values are being written).  The pool is a cache: an entry whose spill
+** write fails (e.g. a full disk), or for which the spill quota has no room, is dropped, counted
+** in n_dropped, and later gets of it return KVT_ENOENT.  Spill files are written outside the
+** pool's lock and are not fsync'd (they never outlive the pool).
+** Errors: KVT_EINVAL (NULL data with n > 0; n larger than both the budget and spill_bytes_max:
+** it could never be stored), KVT_ENOMEM (the pool is unchanged), KVT_EIO (a spill write failed
+** during this put; the message names the first entry and the cause, and says whether the NEW
+** value is stored; the entries it was for are dropped, any old value under key is gone, and the
+** pool is within budget).  Thread-safe. */
 int kvt_pool_put(kvt_pool *pool, uint64_t key, const void *data, size_t n);
 
-/* Fetch a copy of key's value.  A spilled entry is read back and its SHA-256 checked; on
-** mismatch the entry is reported as KVT_ECORRUPT (message names the file) and nothing is
-** returned.  A corrupt entry stays corrupt until it is deleted or replaced.
+/* Fetch a copy of key's value.  A spilled entry is read back (outside the pool's lock) and its
+** SHA-256 checked; on mismatch the entry is reported as KVT_ECORRUPT (message names the file)
+** and nothing is returned.  A corrupt entry stays corrupt until it is deleted or replaced.
 ** OUT *data (caller frees with free()), *n; on any error *data = NULL and *n = 0.
-** Errors: KVT_EINVAL, KVT_ENOENT, KVT_ECORRUPT (also a truncated or padded file), KVT_EIO (file
-** missing), KVT_ENOMEM.  Thread-safe. */
+** Errors: KVT_EINVAL, KVT_ENOENT (also: dropped, or deleted while being read), KVT_ECORRUPT (also
+** a truncated or padded file), KVT_EIO (file missing or unreadable), KVT_ENOMEM.  Thread-safe. */
 int kvt_pool_get(kvt_pool *pool, uint64_t key, void **data, size_t *n);
 
 /* Remove key (and its spill file).  Errors: KVT_ENOENT.  Thread-safe. */
@@ -390,6 +405,8 @@ struct kvt_pool_stats {
     int64_t n_entries, n_spilled;
     int64_t ram_bytes, spill_bytes;       /* payload bytes held in RAM / in spill files */
     int64_t n_spill_writes, n_spill_reads, n_corrupt;
+    int64_t n_dropped;                    /* entries dropped: their spill write failed, or the
+                                          ** spill quota had no room for them */
 };
 /* Cannot fail; thread-safe.  n_corrupt counts failed reads, not distinct entries. */
 void kvt_pool_get_stats(kvt_pool *pool, struct kvt_pool_stats *st /* OUT */);

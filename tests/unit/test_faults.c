@@ -13,6 +13,9 @@
 **                     out, a hole) is not.  It does not equal the intact kv_restore session: a
 **                     block recomputed at the tail sees a different context than when it was
 **                     first decoded (on the tiny model -126.04 vs -121.69, the hole -128.01).
+**   full_disk_session every spill write fails: the pool's RAM stays within its budget, the
+**                     copies it cannot write are dropped (counted), and the probe recomputes the
+**                     fact block (answer equal to breadcrumb recovery); a reply is generated.
 **   resume_*          a parked session whose block copy is corrupted / deleted resumes with that
 **                     block recomputed in place: the log-probability equals the intact resume to
 **                     1e-4; control: the same session with the block's cells removed differs.
@@ -203,18 +206,28 @@ static const char *answer_text = "the vault code word is zebra";
 
 struct lost_run {
     double lp;           /* log-probability of answer_text after the probe */
+    int64_t dropped;     /* pool entries dropped (failed spills) */
+    int64_t max_ram;     /* most pool RAM seen after any message */
     int64_t recomputes, recoveries, tokens_recovered, corrupt;
     int32_t fact_block;  /* the damaged block (the evicted one with "zebra") */
     int32_t residency;   /* its residency after the probe */
     int32_t n_tokens;    /* the stream's length */
 };
 
-/* Fact, filler that evicts it, [damage its copy], probe.  The pool spills everything. */
-static struct lost_run lost_session(kvt_engine *e, int32_t recovery, enum damage d) {
+/* Pool RAM after a message, the most seen so far in *max_ram. */
+static void note_ram(kvt_pool *pool, int64_t *max_ram) {
+    struct kvt_pool_stats ps;
+    kvt_pool_get_stats(pool, &ps);
+    if (ps.ram_bytes > *max_ram) *max_ram = ps.ram_bytes;
+}
+
+/* Fact, filler that evicts it, [damage its copy], probe.  The pool holds pool_budget bytes in RAM
+** (1: every copy is a spill file); with full_disk every spill write fails. */
+static struct lost_run lost_session(kvt_engine *e, int32_t recovery, enum damage d, size_t pool_budget, bool full_disk) {
     char dir[] = "/tmp/kvt-faults-XXXXXX";
     assert_non_null(mkdtemp(dir));
     struct kvt_pool_params pp = kvt_pool_default_params();
-    pp.budget_bytes = 1; /* every copy is a spill file */
+    pp.budget_bytes = pool_budget;
     pp.spill_dir = dir;
     kvt_pool *pool = NULL;
     assert_int_equal(kvt_pool_open(&pp, &pool), 0);
@@ -229,22 +242,25 @@ static struct lost_run lost_session(kvt_engine *e, int32_t recovery, enum damage
     sp.pool = pool;
     kvt_session *s = NULL;
     assert_int_equal(kvt_session_open(e, &sp, &s), 0);
+    struct lost_run r = { .fact_block = -1 };
+    if (full_disk) kvt__fault_set(KVT__FAULT_SPILL_WRITE, 0, -1);
     char msg[512];
     filler_msg(msg, sizeof msg, 1, 12);
     assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, msg), 0);
     assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "ok"), 0);
     assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, fact), 0);
     assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "ok"), 0);
+    note_ram(pool, &r.max_ram);
     for (uint32_t k = 2; k < 10; k++) {
         filler_msg(msg, sizeof msg, k, 12);
         assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, msg), 0);
         assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "ok"), 0);
+        note_ram(pool, &r.max_ram);
     }
     struct kvt_session_stats st;
     kvt_session_get_stats(s, &st);
     assert_int_equal(st.recoveries, 0); /* nothing came back before the probe */
     assert_true(st.evictions > 0);
-    struct lost_run r = { .fact_block = -1 };
     for (int32_t i = 0; i < kvt_session_n_blocks(s) && r.fact_block < 0; i++) {
         struct kvt_block_info b;
         kvt_session_block(s, i, &b);
@@ -254,10 +270,11 @@ static struct lost_run lost_session(kvt_engine *e, int32_t recovery, enum damage
     struct kvt_block_info b;
     kvt_session_block(s, r.fact_block, &b);
     assert_int_not_equal(b.residency, KVT_RES_DEVICE); /* evicted */
-    if (recovery != KVT_RECOVERY_DISCARD) assert_int_equal(b.residency, KVT_RES_DISK);
+    if (recovery != KVT_RECOVERY_DISCARD) assert_int_equal(b.residency, full_disk ? KVT_RES_LOST : KVT_RES_DISK);
     damage_block(s, pool, r.fact_block, d);
 
     assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, probe), 0);
+    note_ram(pool, &r.max_ram);
     int32_t n = 0;
     assert_int_equal(kvt_session_answer_logprob(s, answer_text, &r.lp, &n), 0);
     kvt_session_get_stats(s, &st);
@@ -266,6 +283,14 @@ static struct lost_run lost_session(kvt_engine *e, int32_t recovery, enum damage
     r.recoveries = st.recoveries;
     r.tokens_recovered = st.tokens_recovered;
     r.corrupt = st.pool.n_corrupt;
+    r.dropped = st.pool.n_dropped;
+    if (full_disk) { /* the session still answers */
+        char *reply = NULL;
+        assert_int_equal(kvt_session_generate(s, 8, NULL, NULL, NULL, &reply), 0);
+        free(reply);
+        note_ram(pool, &r.max_ram);
+        kvt__fault_set(KVT__FAULT_SPILL_WRITE, 0, 0);
+    }
     r.residency = b.residency;
     r.n_tokens = st.total_tokens;
     kvt_session_free(s);
@@ -276,10 +301,10 @@ static struct lost_run lost_session(kvt_engine *e, int32_t recovery, enum damage
 
 static void lost_block(enum damage d) {
     kvt_engine *e = open_tiny();
-    struct lost_run in = lost_session(e, KVT_RECOVERY_KV_RESTORE, INTACT);
-    struct lost_run bc = lost_session(e, KVT_RECOVERY_BREADCRUMB, INTACT);
-    struct lost_run hole = lost_session(e, KVT_RECOVERY_DISCARD, INTACT);
-    struct lost_run x = lost_session(e, KVT_RECOVERY_KV_RESTORE, d);
+    struct lost_run in = lost_session(e, KVT_RECOVERY_KV_RESTORE, INTACT, 1, false);
+    struct lost_run bc = lost_session(e, KVT_RECOVERY_BREADCRUMB, INTACT, 1, false);
+    struct lost_run hole = lost_session(e, KVT_RECOVERY_DISCARD, INTACT, 1, false);
+    struct lost_run x = lost_session(e, KVT_RECOVERY_KV_RESTORE, d, 1, false);
     printf("  %s copy of block %d: log-prob %.4f (recomputes %lld, recoveries %lld); intact kv_restore %.4f "
            "(recoveries %lld), breadcrumb %.4f, hole (discard) %.4f\n", d == CORRUPT ? "corrupt" : "deleted",
            x.fact_block, x.lp, (long long) x.recomputes, (long long) x.recoveries, in.lp, (long long) in.recoveries,
@@ -386,6 +411,28 @@ static void test_resume_deleted(void **state) {
     resume_lost(DELETE);
 }
 
+/* A full disk under a session: every spill write fails.  The pool keeps its RAM within the
+** budget by dropping the copies it cannot write (counted), the evicted fact block is LOST, and
+** the probe recomputes it: the answer equals recovery "breadcrumb" (the same computation), and
+** the session still generates a reply. */
+static void test_full_disk_session(void **state) {
+    (void) state;
+    kvt_engine *e = open_tiny();
+    const size_t budget = 450000; /* about two blocks' copies */
+    struct lost_run bc = lost_session(e, KVT_RECOVERY_BREADCRUMB, INTACT, 1, false);
+    struct lost_run x = lost_session(e, KVT_RECOVERY_KV_RESTORE, INTACT, budget, true);
+    printf("  full disk: pool RAM at most %lld of %zu bytes, %lld copies dropped, %lld recomputed; log-prob %.4f, "
+           "breadcrumb %.4f\n", (long long) x.max_ram, budget, (long long) x.dropped, (long long) x.recomputes, x.lp,
+           bc.lp);
+    assert_true(x.max_ram <= (int64_t) budget);
+    assert_true(x.max_ram > 0);
+    assert_true(x.dropped > 0);
+    assert_int_equal(x.recomputes, 1);
+    assert_int_equal(x.residency, KVT_RES_DEVICE);
+    assert_true(fabs(x.lp - bc.lp) < 1e-4);
+    kvt_engine_free(e);
+}
+
 /* A failed test must not leave a site armed for the next one. */
 static int disarm(void **state) {
     (void) state;
@@ -401,6 +448,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_lost_block_deleted, disarm),
         cmocka_unit_test_teardown(test_resume_corrupt, disarm),
         cmocka_unit_test_teardown(test_resume_deleted, disarm),
+        cmocka_unit_test_teardown(test_full_disk_session, disarm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
