@@ -608,6 +608,9 @@ static void test_failed_spill_drops(void **state) {
         int rc = kvt_pool_put(pool, (uint64_t)i, vals[i], sizes[i]);
         const bool hit = kvt__fault_hits(KVT__FAULT_SPILL_WRITE) > 0;
         kvt__fault_set(KVT__FAULT_SPILL_WRITE, 0, 0);
+        stats(pool, &st);
+        if (st.ram_bytes > (int64_t)budget)
+            fail_msg("after put %d: %lld bytes in RAM, budget %zu", i, (long long)st.ram_bytes, budget);
         if (hit) {
             assert_int_equal(rc, KVT_EIO);
             assert_non_null(strstr(kvt_errmsg(), strerror(ENOSPC)));
@@ -616,9 +619,6 @@ static void test_failed_spill_drops(void **state) {
         } else {
             assert_int_equal(rc, 0);
         }
-        stats(pool, &st);
-        if (st.ram_bytes > (int64_t)budget)
-            fail_msg("after put %d: %lld bytes in RAM, budget %zu", i, (long long)st.ram_bytes, budget);
     }
     assert_true(n_eio > 10);
     stats(pool, &st);
