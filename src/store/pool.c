@@ -19,40 +19,23 @@
 ** its own file name (a per-pool generation number), so a late writer or unlink can never touch
 ** the file of a newer value under the same key.
 **
-** Spill file (all integers little-endian):
-**   "KVTSPILL" | u32 version = 1 | u32 reserved = 0 | u64 key | u64 payload bytes |
-**   32-byte SHA-256 of the payload | payload
-** written to "<dir>/.tmp-XXXXXX", closed and renamed to
-** "<dir>/kvt-<pid>-<pool serial>-<key as 16 hex>-<generation>.blk", so a half-written file
-** never carries a valid name.  Nothing is fsync'd: spill files never outlive the pool (a
-** process that dies leaves a stale directory, which the next pool open without a spill_dir
-** removes), so the rename only has to be atomic, not durable.
-**
-** The private directory (no spill_dir given) is "$TMPDIR/kvtier-spill-<pid>-XXXXXX", flock'ed
-** while the pool lives.
+** The spill files themselves (format, names, the private directory, stale directories of dead
+** processes) are store/spill.c's.
 */
 #include "internal.h"
 #include "fault.h"
+#include "store/spill.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
-#include <openssl/evp.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <dirent.h>
-#include <signal.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define SPILL_MAGIC   "KVTSPILL"
-#define SPILL_VERSION 1u
-#define SPILL_HDR     64 /* 8 magic + 4 version + 4 reserved + 8 key + 8 length + 32 sha */
-#define DIR_PREFIX    "kvtier-spill-"
 #define JOBS_MAX      16 /* spill writes one put starts per round (then it relocks and looks again) */
 
 enum { E_RAM, E_SPILLING, E_DISK };
@@ -76,7 +59,7 @@ struct spill_job {
     const uint8_t *data;
     size_t n;
     int err;           /* errno of the failed step, 0 = written */
-    const char *what;  /* the failed step */
+    const char *what;  /* the failed step (NULL: the directory could not be made) */
 };
 
 /* Spill files to unlink once the lock is released. */
@@ -89,11 +72,7 @@ struct kvt_pool {
     pthread_mutex_t mu;
     size_t   budget;
     size_t   spill_max; /* spill quota in payload bytes, 0 = none */
-    char    *dir;       /* spill directory; NULL until the private one is made; then constant */
-    bool     own_dir;   /* dir was made by us with mkdtemp: rmdir it in free */
-    int      dir_fd;    /* our private directory, flock'ed while the pool lives; -1 if none */
-    long     pid;       /* pid at open, part of spill file names */
-    uint64_t serial;    /* process-unique pool number, part of spill file names */
+    struct kvt__spill sp; /* the spill directory (sp.dir set once, under the lock) */
     uint64_t clock;     /* LRU counter */
     uint64_t gen;       /* value counter */
     struct pool_entry *e;
@@ -110,17 +89,6 @@ struct kvt_pool_params kvt_pool_default_params(void) {
                                      .spill_bytes_max = 0 };
 }
 
-/* ---- small helpers ---------------------------------------------------------------- */
-
-static void put_le(uint8_t *p, uint64_t v, int bytes) {
-    for (int i = 0; i < bytes; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint64_t get_le(const uint8_t *p, int bytes) {
-    uint64_t v = 0;
-    for (int i = 0; i < bytes; i++) v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
 /* Binary search.  Returns true and *idx = position if key is present, else false and
 ** *idx = where it would be inserted. */
 static bool find(const kvt_pool *pool, uint64_t key, size_t *idx) {
@@ -134,243 +102,6 @@ static bool find(const kvt_pool *pool, uint64_t key, size_t *idx) {
     return false;
 }
 
-/* Spill file name of value (key, gen).  Needs pool->dir set.  Truncates silently if buf is
-** small (callers pass PATH_MAX; open rejects directories too long for that). */
-static void spill_name(const kvt_pool *pool, uint64_t key, uint64_t gen, char *buf, size_t size) {
-    snprintf(buf, size, "%s/kvt-%ld-%llu-%016llx-%llu.blk", pool->dir, pool->pid,
-             (unsigned long long)pool->serial, (unsigned long long)key, (unsigned long long)gen);
-}
-
-/* 0 on success, -1 if libcrypto fails. */
-static int sha256(const uint8_t *p, size_t n, uint8_t md[32]) {
-    static const uint8_t empty = 0;
-    unsigned int len = 0;
-    return EVP_Digest(n ? p : &empty, n, md, &len, EVP_sha256(), NULL) == 1 && len == 32 ? 0 : -1;
-}
-
-/* write(2) all of buf, retrying short writes and EINTR.  -1 with errno set on failure. */
-static int write_all(int fd, const uint8_t *p, size_t n) {
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0) { if (errno == EINTR) continue; return -1; }
-        p += w; n -= (size_t)w;
-    }
-    return 0;
-}
-
-/* read(2) exactly n bytes.  -1 with errno set on error; errno = 0 on early end of file. */
-static int read_all(int fd, uint8_t *p, size_t n) {
-    while (n > 0) {
-        ssize_t r = read(fd, p, n);
-        if (r < 0) { if (errno == EINTR) continue; return -1; }
-        if (r == 0) { errno = 0; return -1; }
-        p += r; n -= (size_t)r;
-    }
-    return 0;
-}
-
-/* ---- the spill directory --------------------------------------------------------- */
-
-/* "kvtier-spill-<pid>-XXXXXX" exactly (mkdtemp's six characters are letters and digits).
-** OUT *pid. */
-static bool our_dir_name(const char *name, long *pid) {
-    size_t lp = strlen(DIR_PREFIX);
-    if (strncmp(name, DIR_PREFIX, lp)) return false;
-    const char *p = name + lp, *q = p;
-    long v = 0;
-    while (*q >= '0' && *q <= '9' && q - p < 10) v = v * 10 + (*q++ - '0');
-    if (q == p || *q != '-' || v <= 0 || v > INT_MAX) return false;
-    q++;
-    for (int i = 0; i < 6; i++, q++)
-        if (!((*q >= '0' && *q <= '9') || (*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z'))) return false;
-    if (*q) return false;
-    *pid = v;
-    return true;
-}
-
-/* A name spill() gives a file: "kvt-...blk" or a temporary ".tmp-XXXXXX". */
-static bool our_file_name(const char *name) {
-    size_t n = strlen(name);
-    return (!strncmp(name, "kvt-", 4) && n > 8 && !strcmp(name + n - 4, ".blk")) ||
-           (!strncmp(name, ".tmp-", 5) && n == 11);
-}
-
-/* Remove the private spill directories that processes which died without kvt_pool_free left in
-** tmp: only entries named exactly like ours (our_dir_name), real directories owned by this
-** user, whose pid is no live process (kill(pid, 0) fails with ESRCH) and whose lock no live
-** pool holds (the lock catches a pid from another pid namespace sharing the directory).
-** Inside, only files named like ours are removed; a directory holding anything else stays.
-** Best effort: every failure just leaves that directory. */
-static void clean_stale_dirs(const char *tmp) {
-    DIR *d = opendir(tmp);
-    if (!d) return;
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        long pid;
-        if (!our_dir_name(de->d_name, &pid) || pid == (long)getpid()) continue;
-        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive (or not ours to judge) */
-        char path[PATH_MAX];
-        if (snprintf(path, sizeof path, "%s/%s", tmp, de->d_name) >= (int)sizeof path) continue;
-        int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-        if (fd < 0) continue;
-        struct stat sb;
-        if (fstat(fd, &sb) || !S_ISDIR(sb.st_mode) || sb.st_uid != geteuid() || flock(fd, LOCK_EX | LOCK_NB)) {
-            close(fd);
-            continue;
-        }
-        int fd2 = dup(fd);
-        DIR *sub = fd2 >= 0 ? fdopendir(fd2) : NULL;
-        if (!sub && fd2 >= 0) close(fd2);
-        struct dirent *f;
-        while (sub && (f = readdir(sub)))
-            if (our_file_name(f->d_name)) unlinkat(fd, f->d_name, 0);
-        if (sub) closedir(sub);
-        rmdir(path); /* fails, and leaves it, if anything else is inside */
-        close(fd);   /* releases the lock */
-    }
-    closedir(d);
-}
-
-/* clean_stale_dirs on the first open of a pool in this process under this $TMPDIR (a process
-** opening a pool per session scans the directory once, not per session). */
-static void clean_stale_dirs_once(const char *tmp) {
-    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-    static char done[PATH_MAX];
-    pthread_mutex_lock(&mu);
-    if (strcmp(done, tmp)) {
-        clean_stale_dirs(tmp);
-        snprintf(done, sizeof done, "%s", tmp);
-    }
-    pthread_mutex_unlock(&mu);
-}
-
-/* $TMPDIR, or /tmp. */
-static const char *tmp_dir(void) {
-    const char *tmp = getenv("TMPDIR");
-    return tmp && *tmp ? tmp : "/tmp";
-}
-
-/* Make the private spill directory on first use (under the pool lock: once per pool), named with
-** our pid, and hold a lock on it while the pool lives (clean_stale_dirs).  On error pool->dir
-** stays NULL. */
-static int ensure_dir(kvt_pool *pool) {
-    if (pool->dir) return 0;
-    const char *tmp = tmp_dir();
-    char tmpl[PATH_MAX];
-    if (snprintf(tmpl, sizeof tmpl, "%s/" DIR_PREFIX "%ld-XXXXXX", tmp, pool->pid) >= (int)sizeof tmpl ||
-        strlen(tmpl) > PATH_MAX - 64)
-        return kvt__fail(KVT_EIO, "TMPDIR \"%s\" is too long for a spill directory", tmp);
-    if (!mkdtemp(tmpl))
-        return kvt__fail(KVT_EIO, "cannot create spill directory %s: %s", tmpl, strerror(errno));
-    if (!(pool->dir = strdup(tmpl))) {
-        rmdir(tmpl);
-        return kvt__fail(KVT_ENOMEM, "out of memory for spill directory name %s", tmpl);
-    }
-    pool->own_dir = true;
-    pool->dir_fd = open(tmpl, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (pool->dir_fd >= 0) flock(pool->dir_fd, LOCK_EX | LOCK_NB); /* best effort: the pid guards too */
-    return 0;
-}
-
-/* ---- spill write / read (outside the pool lock) ------------------------------------ */
-
-/* Write job j's value to its spill file: "<dir>/.tmp-XXXXXX", then renamed to its final name,
-** so no reader ever sees a half-written file under a valid name.  Not fsync'd: a spill file
-** lives no longer than its pool, the page cache serves its reads, and after a crash the
-** directory is a stale one (clean_stale_dirs).  Runs without the pool lock: pool->dir, pid and
-** serial are constant by now.  Sets j->err / j->what; the temporary file never stays. */
-static void spill_write(const kvt_pool *pool, struct spill_job *j) {
-    uint8_t hdr[SPILL_HDR] = {0};
-    memcpy(hdr, SPILL_MAGIC, 8);
-    put_le(hdr + 8, SPILL_VERSION, 4);
-    put_le(hdr + 16, j->key, 8);
-    put_le(hdr + 24, j->n, 8);
-    j->err = 0;
-    j->what = "SHA-256 of";
-    if (sha256(j->data, j->n, hdr + 32)) { j->err = EIO; return; }
-    char tmp[PATH_MAX], path[PATH_MAX];
-    snprintf(tmp, sizeof tmp, "%s/.tmp-XXXXXX", pool->dir);
-    spill_name(pool, j->key, j->gen, path, sizeof path);
-    j->what = "create";
-    int fd = mkstemp(tmp);
-    if (fd < 0) { j->err = errno; return; }
-    j->what = "write";
-    if (kvt__fault_check(KVT__FAULT_SPILL_WRITE)) { errno = ENOSPC; goto fail; }
-    if (write_all(fd, hdr, sizeof hdr) || write_all(fd, j->data, j->n)) goto fail;
-    j->what = "close";
-    int c = close(fd);
-    fd = -1;
-    if (c) goto fail;
-    j->what = "rename";
-    if (rename(tmp, path)) goto fail;
-    return;
-fail:
-    j->err = errno ? errno : EIO;
-    if (fd >= 0) close(fd);
-    unlink(tmp);
-}
-
-/* Read and verify the spill file of value (key, gen) of n bytes.  OUT *out (malloc'd, n bytes;
-** at least 1 byte allocated).  Errors: KVT_EIO (open/read failed; *missing set when the file does
-** not exist), KVT_ECORRUPT (size, header or SHA-256 mismatch), KVT_ENOMEM.  Runs without the
-** pool lock. */
-static int spill_read(const kvt_pool *pool, uint64_t key, uint64_t gen, size_t n, uint8_t **out,
-                      bool *missing) {
-    char path[PATH_MAX];
-    spill_name(pool, key, gen, path, sizeof path);
-    *missing = false;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        *missing = errno == ENOENT;
-        return kvt__fail(KVT_EIO, "cannot open spill file %s: %s", path, strerror(errno));
-    }
-    uint8_t hdr[SPILL_HDR], md[32];
-    uint8_t *buf = NULL;
-    struct stat sb;
-    int rc;
-    if (fstat(fd, &sb)) {
-        rc = kvt__fail(KVT_EIO, "cannot stat spill file %s: %s", path, strerror(errno));
-        goto out;
-    }
-    if ((uint64_t)sb.st_size != SPILL_HDR + (uint64_t)n) {
-        rc = kvt__fail(KVT_ECORRUPT, "spill file %s has %lld bytes, expected %llu", path,
-                       (long long)sb.st_size, (unsigned long long)(SPILL_HDR + (uint64_t)n));
-        goto out;
-    }
-    if (!(buf = malloc(n ? n : 1))) {
-        rc = kvt__fail(KVT_ENOMEM, "out of memory reading %zu bytes from %s", n, path);
-        goto out;
-    }
-    if (read_all(fd, hdr, sizeof hdr) || read_all(fd, buf, n)) {
-        if (errno == 0) /* shrank between fstat and read */
-            rc = kvt__fail(KVT_ECORRUPT, "spill file %s is truncated", path);
-        else
-            rc = kvt__fail(KVT_EIO, "cannot read spill file %s: %s", path, strerror(errno));
-        goto out;
-    }
-    if (memcmp(hdr, SPILL_MAGIC, 8) || get_le(hdr + 8, 4) != SPILL_VERSION ||
-        get_le(hdr + 16, 8) != key || get_le(hdr + 24, 8) != n) {
-        rc = kvt__fail(KVT_ECORRUPT, "spill file %s: bad header (expected key %016llx, %zu "
-                       "bytes, version %u)", path, (unsigned long long)key, n, SPILL_VERSION);
-        goto out;
-    }
-    if (sha256(buf, n, md)) {
-        rc = kvt__fail(KVT_EIO, "SHA-256 of spill file %s failed", path);
-        goto out;
-    }
-    if (memcmp(md, hdr + 32, 32)) {
-        rc = kvt__fail(KVT_ECORRUPT, "spill file %s failed its SHA-256 check", path);
-        goto out;
-    }
-    close(fd);
-    *out = buf;
-    return 0;
-out:
-    close(fd);
-    free(buf);
-    return rc;
-}
-
 /* ---- entries (pool lock held) ------------------------------------------------------ */
 
 /* Queue the spill file of (key, gen) for unlinking after the lock is released; if the queue
@@ -380,9 +111,7 @@ static void trash_add(kvt_pool *pool, struct trash *t, uint64_t key, uint64_t ge
         size_t cap = t->cap ? 2 * t->cap : 8;
         uint64_t (*kg)[2] = realloc(t->kg, cap * sizeof *kg);
         if (!kg) {
-            char path[PATH_MAX];
-            spill_name(pool, key, gen, path, sizeof path);
-            unlink(path);
+            kvt__spill_unlink(&pool->sp, key, gen);
             return;
         }
         t->kg = kg;
@@ -395,11 +124,7 @@ static void trash_add(kvt_pool *pool, struct trash *t, uint64_t key, uint64_t ge
 
 /* Unlink the queued files (lock released; the names are never reused) and free the queue. */
 static void trash_empty(const kvt_pool *pool, struct trash *t) {
-    for (size_t i = 0; i < t->n; i++) {
-        char path[PATH_MAX];
-        spill_name(pool, t->kg[i][0], t->kg[i][1], path, sizeof path);
-        unlink(path); /* a failure is ignored: the value is gone from the pool either way */
-    }
+    for (size_t i = 0; i < t->n; i++) kvt__spill_unlink(&pool->sp, t->kg[i][0], t->kg[i][1]);
     free(t->kg);
 }
 
@@ -534,13 +259,14 @@ static int make_room(kvt_pool *pool, uint64_t key, uint64_t gen, struct trash *t
             jobs[nj++] = (struct spill_job){ .key = vk, .gen = vg, .data = v->data, .n = v->n };
         }
         if (nj == 0) break;
-        int rc_dir = ensure_dir(pool);
+        int rc_dir = kvt__spill_ensure_dir(&pool->sp);
         char dir_err[512] = "";
         if (rc_dir) snprintf(dir_err, sizeof dir_err, "%s", kvt_errmsg());
         pthread_mutex_unlock(&pool->mu);
         for (int k = 0; k < nj; k++) {
-            if (rc_dir) { jobs[k].err = EIO; jobs[k].what = NULL; continue; }
-            spill_write(pool, &jobs[k]);
+            struct spill_job *j = &jobs[k];
+            j->what = NULL;
+            j->err = rc_dir ? EIO : kvt__spill_write(&pool->sp, j->key, j->gen, j->data, j->n, &j->what);
         }
         pthread_mutex_lock(&pool->mu);
         for (int k = 0; k < nj; k++) {
@@ -553,7 +279,7 @@ static int make_room(kvt_pool *pool, uint64_t key, uint64_t gen, struct trash *t
                          dir_err);
             else if (n_failed == 1)
                 snprintf(first, sizeof first, "key %016llx (%zu bytes): %s spill file in %s failed: %s",
-                         (unsigned long long)j->key, j->n, j->what, pool->dir, strerror(j->err));
+                         (unsigned long long)j->key, j->n, j->what, pool->sp.dir, strerror(j->err));
         }
     }
     if (n_failed == 0) return 0;
@@ -588,24 +314,24 @@ int kvt_pool_open(const struct kvt_pool_params *p, kvt_pool **out) {
             return kvt__fail(KVT_EIO, "spill_dir %s is not writable: %s", d.spill_dir,
                              strerror(errno));
     } else {
-        clean_stale_dirs_once(tmp_dir());
+        kvt__spill_clean_stale_dirs(kvt__spill_tmp_dir());
     }
     kvt_pool *pool = calloc(1, sizeof *pool);
     if (!pool) return kvt__fail(KVT_ENOMEM, "out of memory for a pool");
-    if (d.spill_dir && !(pool->dir = strdup(d.spill_dir))) {
+    if (d.spill_dir && !(pool->sp.dir = strdup(d.spill_dir))) {
         free(pool);
         return kvt__fail(KVT_ENOMEM, "out of memory for spill_dir %s", d.spill_dir);
     }
     if (pthread_mutex_init(&pool->mu, NULL)) {
-        free(pool->dir);
+        free(pool->sp.dir);
         free(pool);
         return kvt__fail(KVT_ENOMEM, "pthread_mutex_init failed for a pool");
     }
     pool->budget = d.budget_bytes;
     pool->spill_max = d.spill_bytes_max;
-    pool->dir_fd = -1;
-    pool->pid = (long)getpid();
-    pool->serial = atomic_fetch_add(&pool_serial, 1);
+    pool->sp.dir_fd = -1;
+    pool->sp.pid = (long)getpid();
+    pool->sp.serial = atomic_fetch_add(&pool_serial, 1);
     *out = pool;
     return 0;
 }
@@ -616,16 +342,10 @@ void kvt_pool_free(kvt_pool *pool) {
     if (!pool) return;
     for (size_t i = 0; i < pool->n_e; i++) {
         struct pool_entry *e = &pool->e[i];
-        if (e->state == E_DISK) {
-            char path[PATH_MAX];
-            spill_name(pool, e->key, e->gen, path, sizeof path);
-            unlink(path);
-        }
+        if (e->state == E_DISK) kvt__spill_unlink(&pool->sp, e->key, e->gen);
         free(e->data);
     }
-    if (pool->own_dir) rmdir(pool->dir);
-    if (pool->dir_fd >= 0) close(pool->dir_fd);
-    free(pool->dir);
+    kvt__spill_close(&pool->sp);
     free(pool->e);
     pthread_mutex_destroy(&pool->mu);
     free(pool);
@@ -723,7 +443,7 @@ int kvt_pool_get(kvt_pool *pool, uint64_t key, void **data, size_t *n) {
     } else {
         pthread_mutex_unlock(&pool->mu);
         bool missing = false;
-        rc = spill_read(pool, key, gen, len, &buf, &missing);
+        rc = kvt__spill_read(&pool->sp, key, gen, len, &buf, &missing);
         pthread_mutex_lock(&pool->mu);
         e = find_value(pool, key, gen, NULL);
         if (rc == 0) pool->st.n_spill_reads++;
@@ -772,7 +492,7 @@ int kvt_pool_spill_path(kvt_pool *pool, uint64_t key, char *buf, size_t buf_size
         rc = kvt__fail(KVT_ENOENT, "key %016llx is not in the pool", (unsigned long long)key);
     } else if (pool->e[i].state == E_DISK) {
         char path[PATH_MAX];
-        spill_name(pool, key, pool->e[i].gen, path, sizeof path);
+        kvt__spill_name(&pool->sp, key, pool->e[i].gen, path, sizeof path);
         if (strlen(path) >= buf_size)
             rc = kvt__fail(KVT_EINVAL, "buffer of %zu bytes is too small for spill path %s",
                            buf_size, path);
