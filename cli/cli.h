@@ -45,6 +45,7 @@ struct cli_run_opts {
     int32_t     ctx, threads;
     const char *type_k, *type_v;
     int32_t     budget, block, top_k, max_tokens, pool_mb, gen_reserve;
+    int32_t     spill_mb;      /* spill-file quota in MiB, 0 = unlimited */
     const char *recovery;      /* "kv_restore" | "discard" | "breadcrumb" */
     const char *policy;        /* kvt_policy_from_name */
     const char *head_profile;  /* `kvtier calibrate` profile */
@@ -85,6 +86,9 @@ void cli_run_opts_default(struct cli_run_opts *o);
     { "type-v", 0, OPT_STR, &(o)->type_v, 0, 0, "TYPE", "V cache type: f16, f32 (default f16)", NULL }, \
     { "pool-mb", 0, OPT_INT, &(o)->pool_mb, 1, 1 << 20, "N",                                       \
       "host RAM tier in MiB before blocks spill to disk (default 256)", NULL },                    \
+    { "spill-mb", 0, OPT_INT, &(o)->spill_mb, 0, 1 << 24, "N",                                     \
+      "disk quota of the spill files in MiB; past it the least recently used spilled blocks are "  \
+      "dropped (recomputed if needed again) (default 0 = unlimited)", NULL },                      \
     { "spill-dir", 0, OPT_STR, &(o)->spill_dir, 0, 0, "DIR",                                       \
       "directory for spill files (default: a private one under $TMPDIR)", NULL },                  \
     { "system", 0, OPT_STR, &(o)->system, 0, 0, "TEXT", "system message to start the session with", NULL }, \

@@ -214,6 +214,7 @@ int cli_session_open(const char *cmd, const struct cli_run_opts *o, struct cli_s
 
     struct kvt_pool_params pp = kvt_pool_default_params();
     pp.budget_bytes = (size_t) o->pool_mb << 20;
+    pp.spill_bytes_max = (size_t) o->spill_mb << 20;
     pp.spill_dir = o->spill_dir;
     if ((rc = kvt_pool_open(&pp, &cs->pool))) {
         app_fail(cmd, "cannot open the host pool", rc);
@@ -350,14 +351,16 @@ void cli_print_status(struct cli_session *cs) {
     struct kvt_session_stats st;
     char lost[32] = "";
     char disk[48] = "";
+    char recomp[40] = "";
     kvt_session_get_stats(cs->s, &st);
     if (st.n_blocks_lost) snprintf(lost, sizeof lost, ", lost %d", st.n_blocks_lost);
+    if (st.recomputes) snprintf(recomp, sizeof recomp, " (%lld recomputed)", (long long) st.recomputes);
     if (st.pool.spill_bytes) snprintf(disk, sizeof disk, " + %.1f MiB spilled", st.pool.spill_bytes / 1048576.0);
     fprintf(stderr,
             "[turn %d] resident %d/%d tokens | blocks %d (dev %d, host %d, disk %d%s) | evictions %lld | "
-            "recoveries %lld | pool %.1f MiB%s | decoded %lld tok\n",
+            "recoveries %lld%s | pool %.1f MiB%s | decoded %lld tok\n",
             cs->n_turns, st.resident_tokens, cs->budget, st.n_blocks, st.n_blocks_resident, st.n_blocks_host,
-            st.n_blocks_disk, lost, (long long) st.evictions, (long long) st.recoveries,
+            st.n_blocks_disk, lost, (long long) st.evictions, (long long) st.recoveries, recomp,
             st.pool.ram_bytes / 1048576.0, disk, (long long) cs->turn_decoded);
 }
 
@@ -382,12 +385,13 @@ void cli_print_blocks(struct cli_session *cs) {
 json_t *cli_stats_json(struct cli_session *cs) {
     struct kvt_session_stats st;
     kvt_session_get_stats(cs->s, &st);
-    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
                      "resident_tokens", st.resident_tokens, "budget", cs->budget, "peak_resident_tokens",
                      st.peak_resident_tokens, "total_tokens", st.total_tokens, "blocks", st.n_blocks,
                      "blocks_device", st.n_blocks_resident, "blocks_host", st.n_blocks_host, "blocks_disk",
                      st.n_blocks_disk, "blocks_lost", st.n_blocks_lost, "evictions", (json_int_t) st.evictions,
-                     "recoveries", (json_int_t) st.recoveries, "tokens_decoded", (json_int_t) st.tokens_decoded,
+                     "recoveries", (json_int_t) st.recoveries, "recomputes", (json_int_t) st.recomputes,
+                     "tokens_decoded", (json_int_t) st.tokens_decoded,
                      "turn_tokens_decoded", (json_int_t) cs->turn_decoded, "tokens_recovered",
                      (json_int_t) st.tokens_recovered, "pool_ram_bytes", (json_int_t) st.pool.ram_bytes,
                      "pool_spill_bytes", (json_int_t) st.pool.spill_bytes);

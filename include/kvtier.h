@@ -356,16 +356,25 @@ int kvt_engine_layer_part(const kvt_engine *eng, int32_t il, int *part /* OUT */
 typedef struct kvt_pool kvt_pool;
 
 struct kvt_pool_params {
-    size_t      budget_bytes; /* RAM the pool may hold; default 256 MiB */
+    size_t      budget_bytes; /* RAM the pool may hold; default 256 MiB.  A ceiling: see
+                              ** kvt_pool_put */
     const char *spill_dir;    /* directory for spill files; NULL = a private directory made
                               ** under $TMPDIR (or /tmp) on first spill, removed by free */
+    size_t      spill_bytes_max; /* payload bytes the spill files may hold; 0 = unlimited (the
+                              ** default).  When a spill would exceed it, the least recently
+                              ** used entries on disk are dropped to make room (n_dropped); the
+                              ** entry being spilled is dropped instead when it is less recently
+                              ** used than all of them, or larger than the quota itself */
 };
 
 /* Defaults listed above.  Returned by value; cannot fail. */
 struct kvt_pool_params kvt_pool_default_params(void);
 
-/* Create a pool (p NULL = defaults).  OUT *out, freed by kvt_pool_free.  Errors: KVT_EINVAL
-** (budget 0, empty spill_dir),
+/* Create a pool (p NULL = defaults).  OUT *out, freed by kvt_pool_free.  Without a spill_dir,
+** the private directories of processes that died without kvt_pool_free are removed from
+** $TMPDIR first (at the first such open in a process, per $TMPDIR value): only directories named "kvtier-spill-<pid>-XXXXXX", owned by this user, whose
+** pid is not a live process and whose lock no live pool holds, and in them only kvtier's spill
+** files.  Errors: KVT_EINVAL (budget 0, empty spill_dir),
 ** KVT_EIO (spill_dir exists but is not a writable directory), KVT_ENOMEM. */
 int kvt_pool_open(const struct kvt_pool_params *p, kvt_pool **out);
 
@@ -375,20 +384,26 @@ void kvt_pool_free(kvt_pool *pool);
 
 /* Store a copy of data[0..n) under key (replacing any previous value).  When RAM use would
 ** exceed the budget, least-recently-used entries (possibly this one) are written to spill
-** files: header + SHA-256 + payload, written to a temporary name, fsync'd and renamed, so a
-** crash never leaves a half-written file under a valid name.  Nothing is dropped.  An entry
-** larger than the whole budget goes straight to disk.
-** Errors: KVT_EINVAL (NULL data with n > 0), KVT_ENOMEM, KVT_EIO (a spill write failed — possibly
-** of an older entry: the NEW value IS stored, any old value is gone, and the pool is over budget
-** until a later spill succeeds).  Thread-safe. */
+** files: header + SHA-256 + payload, written to a temporary name and renamed, so a half-written
+** file never carries a valid name.  An entry larger than the whole budget goes straight to disk.
+** The budget is a ceiling: once put returns, RAM use is within it (other threads' puts may
+** exceed it while their values are being written).  The pool is a cache: an entry whose spill
+** write fails (e.g. a full disk), or for which the spill quota has no room, is dropped, counted
+** in n_dropped, and later gets of it return KVT_ENOENT.  Spill files are written outside the
+** pool's lock and are not fsync'd (they never outlive the pool).
+** Errors: KVT_EINVAL (NULL data with n > 0; n larger than both the budget and spill_bytes_max:
+** it could never be stored), KVT_ENOMEM (the pool is unchanged), KVT_EIO (a spill write failed
+** during this put; the message names the first entry and the cause, and says whether the NEW
+** value is stored; the entries it was for are dropped, any old value under key is gone, and the
+** pool is within budget).  Thread-safe. */
 int kvt_pool_put(kvt_pool *pool, uint64_t key, const void *data, size_t n);
 
-/* Fetch a copy of key's value.  A spilled entry is read back and its SHA-256 checked; on
-** mismatch the entry is reported as KVT_ECORRUPT (message names the file) and nothing is
-** returned.  A corrupt entry stays corrupt until it is deleted or replaced.
+/* Fetch a copy of key's value.  A spilled entry is read back (outside the pool's lock) and its
+** SHA-256 checked; on mismatch the entry is reported as KVT_ECORRUPT (message names the file)
+** and nothing is returned.  A corrupt entry stays corrupt until it is deleted or replaced.
 ** OUT *data (caller frees with free()), *n; on any error *data = NULL and *n = 0.
-** Errors: KVT_EINVAL, KVT_ENOENT, KVT_ECORRUPT (also a truncated or padded file), KVT_EIO (file
-** missing), KVT_ENOMEM.  Thread-safe. */
+** Errors: KVT_EINVAL, KVT_ENOENT (also: dropped, or deleted while being read), KVT_ECORRUPT (also
+** a truncated or padded file), KVT_EIO (file missing or unreadable), KVT_ENOMEM.  Thread-safe. */
 int kvt_pool_get(kvt_pool *pool, uint64_t key, void **data, size_t *n);
 
 /* Remove key (and its spill file).  Errors: KVT_ENOENT.  Thread-safe. */
@@ -398,6 +413,8 @@ struct kvt_pool_stats {
     int64_t n_entries, n_spilled;
     int64_t ram_bytes, spill_bytes;       /* payload bytes held in RAM / in spill files */
     int64_t n_spill_writes, n_spill_reads, n_corrupt;
+    int64_t n_dropped;                    /* entries dropped: their spill write failed, or the
+                                          ** spill quota had no room for them */
 };
 /* Cannot fail; thread-safe.  n_corrupt counts failed reads, not distinct entries. */
 void kvt_pool_get_stats(kvt_pool *pool, struct kvt_pool_stats *st /* OUT */);
@@ -414,7 +431,10 @@ enum kvt_residency {
     KVT_RES_DEVICE = 0, /* in the llama.cpp KV cache */
     KVT_RES_HOST   = 1, /* evicted; blob in the pool's RAM */
     KVT_RES_DISK   = 2, /* evicted; blob in a spill file */
-    KVT_RES_LOST   = 3, /* evicted with recovery "discard", or its blob failed a checksum */
+    KVT_RES_LOST   = 3, /* evicted with no saved copy: with recovery "discard" gone for good;
+                        ** otherwise the copy failed its checksum, its spill file went missing,
+                        ** the pool dropped it (failed spill, spill quota) or its save failed,
+                        ** and recovery recomputes the block from its tokens (recomputes) */
 };
 
 enum kvt_recovery {
@@ -536,8 +556,9 @@ void kvt_session_free(kvt_session *s);
 ** tail (kv_restore: no recompute): scored by BM25 with the message's terms that no resident
 ** block contains (kvt_bm25_novel_terms; at least min_recovery_score), or with an embedder by
 ** cosine (at least min_recovery_cosine); the top_k best, each followed by successor_blocks
-** more when they are evicted too (a fact cut at a block boundary continues there).  No
-** recovery runs before a message that with gen_reserve fills half the budget (a document
+** more when they are evicted too (a fact cut at a block boundary continues there).  A block
+** whose saved copy is lost (corrupt or missing spill file, dropped by the pool) is recomputed
+** from its tokens instead (kvt_session_stats.recomputes).  No recovery runs before a message that with gen_reserve fills half the budget (a document
 ** being pasted: what came back would be evicted again while it is decoded).  Then the message
 ** and the assistant prefix are decoded, evicting by watermark so that they plus gen_reserve
 ** fit the budget.  Every sealed block's relevance (kvt_block_info) is its BM25 score against
@@ -661,8 +682,8 @@ void kvt_session_set_chunk_cb(kvt_session *s, kvt_chunk_cb cb, void *ud);
 
 /* Park a session: every resident block is saved to the pool (the open block is sealed early; all
 ** sealed blocks are there already, write-through) and its cells leave the cache, so its sequence
-** id can serve another session.  Nothing is recomputed later: kvt_session_resume loads the blocks
-** back.  A parked session accepts only kvt_session_resume, stats/info calls and kvt_session_free.
+** id can serve another session.  kvt_session_resume loads the blocks back; only a block whose
+** copy is gone by then (see kvt_session_resume) is recomputed.  A parked session accepts only kvt_session_resume, stats/info calls and kvt_session_free.
 ** Errors: KVT_EINVAL (a reply is being generated), those of kvt_block_save / kvt_pool_put (the
 ** session is then not parked).  Parking a parked session does nothing. */
 int kvt_session_park(kvt_session *s);
@@ -670,8 +691,11 @@ int kvt_session_park(kvt_session *s);
 /* Resume a parked session on sequence seq (empty; any caller sequence): the blocks that were
 ** resident when it was parked are loaded back at the positions they had (kv_restore from the
 ** pool; no forward pass; counted as recoveries), the evicted ones stay evicted.
-** Errors: KVT_EINVAL (not parked, seq out of range or not empty), those of kvt_block_load; a
-** block whose spill file fails its checksum is marked lost and the others still come back. */
+** A block whose saved copy is gone (its spill file fails its checksum or is missing, the pool
+** dropped it) is recomputed in place from its tokens, after the blocks before it (counted in
+** recomputes), so the context has no hole.
+** Errors: KVT_EINVAL (not parked, seq out of range or not empty), those of kvt_block_load and
+** kvt_decode (the blocks not loaded by then stay evicted). */
 int kvt_session_resume(kvt_session *s, int32_t seq);
 
 /* Finish the reply built by kvt_session_gen_step (possibly empty): it becomes an assistant message
@@ -706,6 +730,11 @@ struct kvt_session_stats {
     int64_t recoveries;          /* block loads back into the cache */
     int64_t tokens_decoded;      /* tokens run through the model (prefill + decode) */
     int64_t tokens_recovered;    /* tokens brought back by kv_restore instead */
+    int64_t recomputes;          /* blocks recomputed (their tokens decoded again at the tail)
+                                 ** because their saved copy was lost: corrupt, spill file
+                                 ** missing, dropped by the pool, or never saved.  Also counted
+                                 ** in recoveries, their tokens in tokens_decoded.  Recovery
+                                 ** "breadcrumb" recomputes by design and is not counted here */
     kvt_pos next_pos;            /* position the next token will take; always below the model's
                                  ** trained context (n_ctx_train): gaps left by eviction are
                                  ** closed by moving resident blocks down when it would pass */

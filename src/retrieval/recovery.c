@@ -88,7 +88,8 @@ static int cmp_cand(const void *a, const void *b) {
 ** `extra` tokens (the message and the reply reserve), dropping the weakest (successors first)
 ** while they do not fit; the open block is sealed first so block ranges never interleave; they
 ** are loaded in the order of their original positions, so they read as they were said.  A block
-** whose saved copy fails its checksum is reported, marked lost and skipped. */
+** whose saved copy is gone (failed checksum, missing spill file, dropped by the pool) is
+** recomputed from its tokens by kvt__sess_load_block. */
 int kvt__sess_load_candidates(kvt_session *s, struct cand *c, int32_t n_c, int32_t extra) {
     int32_t need = 0;
     for (int32_t k = 0; k < n_c; k++) need += s->b[c[k].i].info.n_tokens;
@@ -102,10 +103,7 @@ int kvt__sess_load_candidates(kvt_session *s, struct cand *c, int32_t n_c, int32
                 c[k] = c[j];
                 c[j] = t;
             }
-    for (int32_t k = 0; rc == 0 && k < n_c; k++) {
-        int r = kvt__sess_load_block(s, c[k].i);
-        if (r != KVT_ECORRUPT) rc = r;
-    }
+    for (int32_t k = 0; rc == 0 && k < n_c; k++) rc = kvt__sess_load_block(s, c[k].i); /* lost copies: recomputed */
     return rc;
 }
 
@@ -123,7 +121,7 @@ static int dense_candidates(kvt_session *s, const char *query, struct cand *c, i
         kvt__clear_error(); /* e.g. an empty message: nothing to retrieve with */
         return 0;
     }
-#define EVICTED(b) ((b)->info.residency == KVT_RES_HOST || (b)->info.residency == KVT_RES_DISK)
+#define EVICTED(b) kvt__sess_evicted(s, (b))
     if (s->ann) {
         int32_t n_res = 0;
         for (int32_t i = 0; i < s->n_b; i++) n_res += !EVICTED(&s->b[i]);
@@ -164,7 +162,7 @@ int kvt__sess_recover(kvt_session *s, const char *query, int32_t msg_tokens) {
     if (s->p.policy != KVT_POLICY_KVTIER && s->p.recovery == KVT_RECOVERY_DISCARD) return 0;
     int32_t n_ev = 0;
     for (int32_t i = 0; i < s->n_b; i++)
-        n_ev += s->b[i].info.residency == KVT_RES_HOST || s->b[i].info.residency == KVT_RES_DISK;
+        n_ev += kvt__sess_evicted(s, &s->b[i]);
     const size_t nb = (size_t) (s->n_b > 0 ? s->n_b : 1);
     const char **docs = malloc(sizeof(char *) * nb), **res = malloc(sizeof(char *) * nb);
     double *sc = malloc(sizeof(double) * nb);
@@ -193,8 +191,7 @@ int kvt__sess_recover(kvt_session *s, const char *query, int32_t msg_tokens) {
             rc = kvt_bm25_novel_terms(query, res, n_res, &novel);
             if (rc == 0 && novel[0]) rc = kvt_bm25_score(docs, s->n_b, novel, sc);
             for (int32_t i = 0; rc == 0 && novel[0] && i < s->n_b; i++) {
-                int r = s->b[i].info.residency;
-                if ((r == KVT_RES_HOST || r == KVT_RES_DISK) && sc[i] >= s->p.min_recovery_score)
+                if (kvt__sess_evicted(s, &s->b[i]) && sc[i] >= s->p.min_recovery_score)
                     c[n_c++] = (struct cand){ i, sc[i] };
             }
         }
@@ -213,7 +210,7 @@ int kvt__sess_recover(kvt_session *s, const char *query, int32_t msg_tokens) {
             if (s->emb_dim == 0 && t && novel && kvt__bm25_last_match(t, novel) < (int32_t) (strlen(t) * 3 / 4)) continue;
             for (int32_t j = c[k].i + 1; j <= c[k].i + s->p.successor_blocks && n_x < (int32_t) nb; j++) {
                 bool taken = j >= s->n_b || !s->b[j].info.sealed ||
-                             (s->b[j].info.residency != KVT_RES_HOST && s->b[j].info.residency != KVT_RES_DISK);
+                             !kvt__sess_evicted(s, &s->b[j]);
                 for (int32_t q = 0; q < n_x && !taken; q++) taken = x[q].i == j;
                 for (int32_t q = k + 1; q < n_hit && !taken; q++) taken = c[q].i == j;
                 if (taken) break; /* only a contiguous run after the hit */
@@ -268,7 +265,7 @@ int kvt__sess_infllm_recover(kvt_session *s, int32_t suffix_tokens) {
         double bar = -INFINITY; /* like the BM25 rule: only blocks that beat every resident non-sink block */
         for (int32_t i = 0; i < s->n_b; i++) {
             const struct blk *b = &s->b[i];
-            bool evicted = b->info.residency == KVT_RES_HOST || b->info.residency == KVT_RES_DISK;
+            bool evicted = kvt__sess_evicted(s, b);
             if (b->n_rep == 0 || (!evicted && (b->info.residency != KVT_RES_DEVICE || b->info.id < s->p.n_sink_blocks)))
                 continue;
             double best = -INFINITY;
@@ -301,10 +298,7 @@ int kvt__sess_infllm_recover(kvt_session *s, int32_t suffix_tokens) {
         need -= s->b[c[--n_c].i].info.n_tokens;
     kvt__clear_error();
     if (n_c > 0) rc = kvt__sess_seal(s);
-    for (int32_t k = 0; rc == 0 && k < n_c; k++) {
-        int r = kvt__sess_load_block(s, c[k].i);
-        if (r != KVT_ECORRUPT) rc = r;
-    }
+    for (int32_t k = 0; rc == 0 && k < n_c; k++) rc = kvt__sess_load_block(s, c[k].i); /* lost copies: recomputed */
     free(c);
     return rc;
 }
@@ -319,7 +313,7 @@ int kvt__sess_recover_own_tail(kvt_session *s, const char *text) {
     if (s->p.recovery != KVT_RECOVERY_KV_RESTORE || s->p.top_k == 0) return 0;
     bool lost = false;
     for (int32_t i = 0; i < s->n_b && !lost; i++)
-        lost = s->b[i].info.turn == s->turn && (s->b[i].info.residency == KVT_RES_HOST || s->b[i].info.residency == KVT_RES_DISK);
+        lost = s->b[i].info.turn == s->turn && kvt__sess_evicted(s, &s->b[i]);
     if (!lost) return 0;
     size_t len = strlen(text), from = len > 240 ? len - 240 : 0;
     while (from > 0 && from < len && text[from - 1] != ' ') from++;
@@ -346,8 +340,7 @@ int kvt__sess_recover_own_tail(kvt_session *s, const char *text) {
                 i != newest[0] && i != newest[1])
                 bar = fmax(bar, sc[i]);
         for (int32_t i = 0; i < s->n_b; i++) {
-            int r = s->b[i].info.residency;
-            if ((r == KVT_RES_HOST || r == KVT_RES_DISK) && sc[i] > bar && sc[i] >= s->p.min_recovery_score)
+            if (kvt__sess_evicted(s, &s->b[i]) && sc[i] > bar && sc[i] >= s->p.min_recovery_score)
                 c[n_c++] = (struct cand){ i, sc[i] };
         }
         qsort(c, (size_t) n_c, sizeof *c, cmp_cand);

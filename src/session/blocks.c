@@ -11,55 +11,101 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Seal the open block: save its K/V to the pool (write-through) and detokenize its text.
-** On error the block stays open and resident; nothing is lost. */
-int kvt__sess_seal(kvt_session *s) {
-    if (s->open < 0) return 0;
-    struct blk *b = &s->b[s->open];
+/* Save block b (resident at [p0, p0 + n_tokens)) to the pool and detokenize its text.  On error
+** nothing of b is in the pool and b's text is unchanged. */
+static int save_block(kvt_session *s, struct blk *b) {
     kvt_blob *blob = NULL;
     int rc = kvt_block_save(s->eng, s->p.seq, b->info.p0, b->info.p0 + b->info.n_tokens, &blob);
     if (rc) return rc;
     b->key = ((uint64_t) s->serial << 32) | (uint32_t) b->info.id;
     b->info.pool_key = b->key;
     rc = kvt_pool_put(s->pool, b->key, blob->data, blob->size);
-    if (rc && rc != KVT_EIO) { kvt_blob_free(blob); return rc; } /* EIO: kept in RAM over budget */
+    /* KVT_EIO: a spill failed and the pool dropped what it was for, possibly this block's copy;
+    ** a block without a copy is recomputed from its tokens when it is needed (load_block) */
+    if (rc && rc != KVT_EIO) { kvt_blob_free(blob); return rc; }
     b->blob_p0 = blob->p0;
     b->blob_cells = blob->n_cells;
     b->blob_cells_swa = blob->n_cells_swa;
     b->blob_bytes = blob->size;
     if (s->p.policy == KVT_POLICY_INFLLM) kvt__sess_pick_representatives(s, b, blob);
     kvt_blob_free(blob);
-    free(b->text);
-    if ((rc = kvt_detokenize(s->eng, b->tok, b->info.n_tokens, false, &b->text))) {
-        b->text = NULL;
+    char *text = NULL;
+    if ((rc = kvt_detokenize(s->eng, b->tok, b->info.n_tokens, false, &text))) {
         kvt_pool_del(s->pool, b->key);
         return rc;
     }
-    b->info.text = b->text;
+    free(b->text);
+    b->text = text;
+    return 0;
+}
+
+/* The open block is complete: it stops taking tokens. */
+static void close_open_block(kvt_session *s, struct blk *b) {
+    b->info.text = b->text ? b->text : "";
     b->info.role = kvt__sess_block_role(b);
     b->info.sealed = true;
     s->open = -1;
     if (s->emb_dim > 0) kvt__sess_embed_block(s, b);
+}
+
+/* Seal the open block: save its K/V to the pool (write-through) and detokenize its text.
+** On error the block stays open and resident; nothing is lost. */
+int kvt__sess_seal(kvt_session *s) {
+    if (s->open < 0) return 0;
+    struct blk *b = &s->b[s->open];
+    int rc = save_block(s, b);
+    if (rc) return rc;
+    close_open_block(s, b);
     return 0;
 }
 
+/* The open block is full: seal it.  When the seal fails it is closed all the same, without a
+** saved copy, rather than left open: a full open block has no room for the next token, and the
+** token is already decoded.  Its tokens and cells stay; if it is evicted and needed again it is
+** recomputed from its tokens (kvt__sess_load_block), exactly as a block whose copy the pool has
+** dropped.  So a failing pool costs recomputation later, never a token or a failed step now. */
+static void seal_full(kvt_session *s) {
+    int rc = kvt__sess_seal(s);
+    if (rc == 0) return;
+    struct blk *b = &s->b[s->open];
+    fprintf(stderr, "kvtier: block %d (%d tokens at position %d) kept without a saved copy, recomputed if needed "
+            "after eviction: %s\n", b->info.id, b->info.n_tokens, b->info.p0, kvt_errmsg());
+    b->key = ((uint64_t) s->serial << 32) | (uint32_t) b->info.id;
+    b->info.pool_key = b->key;
+    char *text = NULL;
+    if (kvt_detokenize(s->eng, b->tok, b->info.n_tokens, false, &text) == 0) { /* else: no text, BM25 cannot find it */
+        free(b->text);
+        b->text = text;
+    }
+    kvt__clear_error();
+    close_open_block(s, b);
+}
+
 /* Record tokens[0..n) just decoded at positions next_pos.. in the block table, sealing blocks
-** as they fill. */
+** as they fill.  A block never holds more than `block` tokens: a full block is closed even when
+** its seal fails (seal_full). */
 int kvt__sess_record(kvt_session *s, const kvt_token *tok, int32_t n, int role) {
     for (int32_t i = 0; i < n; i++) {
+        if (s->open >= 0 && s->b[s->open].info.n_tokens >= s->p.block) seal_full(s);
         if (s->open < 0) {
             if (s->n_b == s->cap_b) {
                 int32_t cap = s->cap_b ? 2 * s->cap_b : 64;
                 struct blk *nb = realloc(s->b, sizeof *nb * (size_t) cap);
                 if (!nb) return kvt__fail(KVT_ENOMEM, "block table of %d blocks", cap);
-                for (int32_t j = 0; j < s->n_b; j++) nb[j].info.text = nb[j].text; /* keep aliases valid */
+                for (int32_t j = 0; j < s->n_b; j++) nb[j].info.text = nb[j].text ? nb[j].text : ""; /* keep aliases valid */
                 s->b = nb;
                 s->cap_b = cap;
             }
             struct blk *b = &s->b[s->n_b];
             memset(b, 0, sizeof *b);
-            if (!(b->tok = malloc(sizeof(kvt_token) * (size_t) s->p.block))) return kvt__fail(KVT_ENOMEM, "block");
-            if (!(b->tok_mass = calloc((size_t) s->p.block, sizeof(float)))) return kvt__fail(KVT_ENOMEM, "block");
+            b->tok = malloc(sizeof(kvt_token) * (size_t) s->p.block);
+            b->tok_mass = calloc((size_t) s->p.block, sizeof(float));
+            if (!b->tok || !b->tok_mass) {
+                free(b->tok);
+                free(b->tok_mass);
+                memset(b, 0, sizeof *b);
+                return kvt__fail(KVT_ENOMEM, "out of memory for block %d of %d tokens", s->n_b, s->p.block);
+            }
             b->info.id = s->n_b;
             b->info.orig_p0 = b->info.p0 = s->next_pos;
             b->info.turn = s->turn;
@@ -76,10 +122,7 @@ int kvt__sess_record(kvt_session *s, const kvt_token *tok, int32_t n, int role) 
         b->role_n[role]++;
         s->next_pos++;
         s->total++;
-        if (b->info.n_tokens == s->p.block) {
-            int rc = kvt__sess_seal(s);
-            if (rc) return rc;
-        }
+        if (b->info.n_tokens == s->p.block) seal_full(s); /* now, while its sliding-window cells exist */
     }
     return 0;
 }
@@ -165,19 +208,44 @@ int kvt__sess_make_room(kvt_session *s, int32_t need) {
     return 0;
 }
 
-/* The recompute path: decode the block's tokens again at the tail, then re-save its K/V. */
+/* The recompute path: decode the block's tokens again at the tail, then re-save its K/V.  Only a
+** failed decode is an error (its cells are removed again); once decoded the block is in the cache,
+** and a failed re-save leaves it there without a copy (recomputed again if it is needed after a
+** later eviction). */
 static int breadcrumb(kvt_session *s, struct blk *b) {
     int rc = kvt_decode(s->eng, s->p.seq, b->tok, b->info.n_tokens, s->next_pos, false);
-    if (rc) return rc;
+    if (rc) {
+        kvt_seq_rm(s->eng, s->p.seq, s->next_pos, s->next_pos + b->info.n_tokens);
+        return rc;
+    }
     kvt_blob *blob = NULL;
-    if ((rc = kvt_block_save(s->eng, s->p.seq, s->next_pos, s->next_pos + b->info.n_tokens, &blob)) == 0) {
-        if ((rc = kvt_pool_put(s->pool, b->key, blob->data, blob->size)) == KVT_EIO) rc = 0;
+    if (kvt_block_save(s->eng, s->p.seq, s->next_pos, s->next_pos + b->info.n_tokens, &blob) == 0) {
+        kvt_pool_put(s->pool, b->key, blob->data, blob->size); /* a failure only means: no copy */
         b->blob_p0 = blob->p0;
         b->blob_cells = blob->n_cells;
         b->blob_cells_swa = blob->n_cells_swa;
+        b->blob_bytes = blob->size;
         kvt_blob_free(blob);
     }
+    kvt__clear_error();
     s->decoded += b->info.n_tokens;
+    return 0;
+}
+
+/* Block b's saved copy is gone (`why`): it failed its checksum (KVT_ECORRUPT), its spill file is
+** missing or unreadable (KVT_EIO), or the pool dropped it or never got it (KVT_ENOENT).  Its
+** tokens are kept, so it is recomputed at the tail rather than left out: a block left out would
+** be a hole in the context that no later sync re-decodes (its tokens are still in the stream).
+** Counted in recomputes.  If the recompute fails the block stays evicted as LOST (no copy) and
+** a later recovery may try again. */
+static int recompute_lost(kvt_session *s, struct blk *b, int why) {
+    fprintf(stderr, "kvtier: block %d is recomputed from its %d tokens: %s\n", b->info.id, b->info.n_tokens,
+            kvt_errmsg());
+    if (why != KVT_ENOENT) kvt_pool_del(s->pool, b->key);
+    b->info.residency = KVT_RES_LOST;
+    kvt__clear_error();
+    int rc = breadcrumb(s, b);
+    if (rc == 0) s->recomputes++;
     return rc;
 }
 
@@ -193,14 +261,11 @@ int kvt__sess_load_block(kvt_session *s, int32_t i) {
     void *data = NULL;
     size_t n = 0;
     int rc = kvt_pool_get(s->pool, b->key, &data, &n);
-    if (rc) {
-        if (rc == KVT_ECORRUPT) {
-            fprintf(stderr, "kvtier: block %d not recovered: %s\n", b->info.id, kvt_errmsg());
-            kvt_pool_del(s->pool, b->key);
-            b->info.residency = KVT_RES_LOST;
-        }
-        return rc;
+    if (rc == KVT_ECORRUPT || rc == KVT_EIO || rc == KVT_ENOENT) { /* the saved copy is gone */
+        if ((rc = recompute_lost(s, b, rc))) return rc;
+        goto placed;
     }
+    if (rc) return rc;
     kvt_blob blob = { data, n, b->blob_p0, b->info.n_tokens, b->blob_cells, b->blob_cells_swa };
     rc = kvt_block_load(s->eng, &blob, s->p.seq, s->next_pos);
     free(data);

@@ -172,12 +172,14 @@ int kvt__sess_block_role(const struct blk *b) {
     return best;
 }
 
-/* HOST vs DISK changes under the pool's LRU spilling; ask the pool. */
+/* HOST vs DISK changes under the pool's LRU spilling, and the pool may drop a copy (a failed
+** spill, the spill quota): ask the pool.  A block without a copy is LOST until it is recomputed. */
 void kvt__sess_refresh_residency(const kvt_session *s, struct blk *b) {
     if (b->info.residency == KVT_RES_HOST || b->info.residency == KVT_RES_DISK) {
         char path[1024];
-        if (kvt_pool_spill_path(s->pool, b->key, path, sizeof path) == 0)
-            b->info.residency = path[0] ? KVT_RES_DISK : KVT_RES_HOST;
+        int rc = kvt_pool_spill_path(s->pool, b->key, path, sizeof path);
+        if (rc == 0) b->info.residency = path[0] ? KVT_RES_DISK : KVT_RES_HOST;
+        else if (rc == KVT_ENOENT) b->info.residency = KVT_RES_LOST;
     }
 }
 
@@ -201,6 +203,7 @@ void kvt_session_get_stats(kvt_session *s, struct kvt_session_stats *st) {
     st->recoveries = s->recoveries;
     st->tokens_decoded = s->decoded;
     st->tokens_recovered = s->recovered;
+    st->recomputes = s->recomputes;
     st->next_pos = s->next_pos;
     st->compactions = s->compactions;
     st->policy_ms = s->policy_ms;
@@ -263,8 +266,7 @@ int kvt_session_resume(kvt_session *s, int32_t seq) {
         b->parked = false;
         if (rc) { b->info.residency = KVT_RES_HOST; continue; }
         s->next_pos = b->info.p0;
-        int r = kvt__sess_load_block(s, i);
-        if (r != KVT_ECORRUPT) rc = r; /* a corrupt block is reported and marked lost */
+        rc = kvt__sess_load_block(s, i); /* a block whose copy is gone is recomputed in place */
     }
     s->next_pos = end;
     return rc;

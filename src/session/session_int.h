@@ -62,6 +62,7 @@ struct kvt_session {
     int32_t     turn;
     int32_t     peak, total;
     int64_t     evictions, recoveries, decoded, recovered;
+    int64_t     recomputes;     /* blocks decoded again because their saved copy was gone */
     int32_t     n_vocab;
     int32_t     cur_keep;       /* keep hint of the message being decoded */
     int32_t     n_layers;       /* attention layers observed (0 = no attention signals) */
@@ -105,25 +106,38 @@ enum { N_REP = 4, INFLLM_WINDOW = 32 };
 /* "system", "user", "assistant" by enum kvt_role. */
 extern const char *const kvt__sess_role_name[3];
 
+/* An evicted block that recovery may bring back: its copy is in the pool (HOST, DISK), or it is
+** LOST (the copy failed its checksum, went missing, was dropped by the pool or never saved) in a
+** session that does not discard evicted blocks: kvt__sess_load_block recomputes it. */
+static inline bool kvt__sess_evicted(const kvt_session *s, const struct blk *b) {
+    const int32_t r = b->info.residency;
+    return r == KVT_RES_HOST || r == KVT_RES_DISK || (r == KVT_RES_LOST && s->p.recovery != KVT_RECOVERY_DISCARD);
+}
+
 /* ---- session/session.c ---- */
 int32_t kvt__sess_resident(const kvt_session *s);        /* cells of the session's sequence */
 int     kvt__sess_parked_error(void);                     /* KVT_EINVAL "the session is parked" */
 void    kvt__sess_note_peak(kvt_session *s);              /* peak resident tokens */
 int     kvt__sess_block_role(const struct blk *b);        /* the role with most tokens in b */
-void    kvt__sess_refresh_residency(const kvt_session *s, struct blk *b); /* HOST vs DISK from the pool */
+void    kvt__sess_refresh_residency(const kvt_session *s, struct blk *b); /* HOST vs DISK vs LOST from the pool */
 
 /* ---- session/blocks.c ---- */
 /* Record tokens[0..n) just decoded at positions next_pos.. in the block table, sealing blocks as
-** they fill.  Errors: KVT_ENOMEM, or the error of a seal. */
+** they fill.  A block never holds more than `block` tokens: a full block whose seal fails is
+** closed without a saved copy (reported on stderr) and recomputed from its tokens if it is
+** evicted and needed, so a failing pool is not an error here.  Errors: KVT_ENOMEM (the block
+** table cannot grow; the tokens from the one that needed a new block on are not recorded). */
 int  kvt__sess_record(kvt_session *s, const kvt_token *tok, int32_t n, int role);
-/* Seal the open block: save its K/V to the pool (write-through), detokenize its text.  On error
-** the block stays open and resident; nothing is lost. */
+/* Seal the open block (also one not yet full): save its K/V to the pool (write-through),
+** detokenize its text.  On error the block stays open and resident; nothing is lost. */
 int  kvt__sess_seal(kvt_session *s);
 /* Make room so that `need` more tokens fit (watermark eviction).  KVT_EBUDGET when even evicting
 ** every unprotected block cannot. */
 int  kvt__sess_make_room(kvt_session *s, int32_t need);
 /* Load evicted block i back at next_pos (kv_restore: pool copy + RoPE re-anchoring; breadcrumb:
-** re-decode).  KVT_ECORRUPT: the saved copy failed its checksum (block marked lost). */
+** re-decode).  A block whose copy is gone (corrupt, missing spill file, dropped by the pool) is
+** re-decoded from its tokens instead (counted in recomputes).  Errors: those of kvt_block_load
+** and kvt_decode (a block whose recompute failed is left LOST, evicted). */
 int  kvt__sess_load_block(kvt_session *s, int32_t i);
 /* Remove block b from the cache, the pool and the index and free its memory (b is zeroed). */
 void kvt__sess_drop_block(kvt_session *s, struct blk *b);

@@ -1,0 +1,32 @@
+/* fault.h — failure injection for tests, as SQLite's fault simulator does for malloc and I/O.
+** Never installed; not API.  Tests include it from src/ (tests/CMakeLists.txt puts src/ on their
+** include path) to make a named check site fail on purpose and observe what the code does then.
+**
+** A site is a place in the library where an operation that can fail in the field (a pool's copy
+** of a value, a spill file write) asks kvt__fault_check() first.  Unarmed, a check costs one
+** relaxed atomic load and passes.  Armed with kvt__fault_set(site, skip, n), the next `skip`
+** checks pass and then `n` checks fail (n < 0: every later check fails until the site is set
+** again).  Every failing check is counted (kvt__fault_hits).  Thread-safe. */
+#ifndef KVT_FAULT_H
+#define KVT_FAULT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+enum kvt__fault_site {
+    KVT__FAULT_POOL_PUT = 0,  /* kvt_pool_put fails with KVT_ENOMEM before touching the pool */
+    KVT__FAULT_SPILL_WRITE,   /* a spill file write fails with ENOSPC (a full disk) */
+    KVT__FAULT__COUNT
+};
+
+/* Arm site: `skip` checks pass, then `n` fail (n < 0: all of them).  kvt__fault_set(site, 0, 0)
+** disarms it.  Resets the site's hit count.  Cannot fail. */
+void kvt__fault_set(enum kvt__fault_site site, int64_t skip, int64_t n);
+
+/* True when this check of site must fail (and counts it).  Cannot fail. */
+bool kvt__fault_check(enum kvt__fault_site site);
+
+/* Checks of site that failed since it was last set.  Cannot fail. */
+int64_t kvt__fault_hits(enum kvt__fault_site site);
+
+#endif
