@@ -129,6 +129,7 @@ int cmd_serve(int argc, char **argv) {
     srv.block = 64;
     srv.parallel = 4;
     srv.pool_mb = 256;
+    srv.spill_mb = 0;
     srv.max_queue = 64;
     srv.max_tokens_default = 256;
     const struct cli_opt opts[] = {
@@ -150,6 +151,9 @@ int cmd_serve(int argc, char **argv) {
           "one is parked in the host tier (4x as many kept in all)", NULL },
         { "pool-mb", 0, OPT_INT, &srv.pool_mb, 1, 1 << 20, "N", "host RAM tier for evicted KV blocks in MiB (default 256)", NULL },
         { "spill-dir", 0, OPT_STR, &srv.spill_dir, 0, 0, "DIR", "directory for spill files (default: private, under $TMPDIR)", NULL },
+        { "spill-mb", 0, OPT_INT, &srv.spill_mb, 0, 1 << 24, "N",
+          "disk quota of the spill files in MiB; least recently used spilled blocks are dropped past it "
+          "(recomputed if needed again; default 0 = unlimited)", NULL },
         { "max-tokens", 0, OPT_INT, &srv.max_tokens_default, 1, 1 << 20, "N", "reply limit when a request gives none (default 256)", NULL },
         { "queue", 0, OPT_INT, &srv.max_queue, 1, 1 << 16, "N", "requests waiting for a slot before 429 (default 64)", NULL },
         { NULL, 0, 0, NULL, 0, 0, NULL, NULL, NULL },

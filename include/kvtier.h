@@ -606,6 +606,8 @@ struct kvt_sync_info {
     int64_t tokens_decoded;    /* tokens run through the model by this call (prefill, re-fed tails) */
     int64_t tokens_recovered;  /* tokens brought back by kv_restore by this call */
     int64_t evictions, recoveries; /* block evictions / loads by this call */
+    int64_t recomputes;        /* of those loads, blocks re-decoded because their saved copy was
+                               ** lost (kvt_session_stats.recomputes) */
 };
 
 /* Make the session's conversation exactly msgs[0..n_msgs) followed by the assistant prefix, ready

@@ -48,6 +48,8 @@ char *serve_metrics_text(struct server *srv) {
     COUNTER("kvtier_prompt_tokens_decoded_total", "Prompt tokens run through the model.", m.prompt_decoded);
     COUNTER("kvtier_evictions_total", "KV block evictions.", m.evictions);
     COUNTER("kvtier_recoveries_total", "KV block recoveries (kv_restore loads).", m.recoveries);
+    COUNTER("kvtier_recomputes_total", "KV blocks re-decoded because their saved copy was lost.", m.recomputes);
+    COUNTER("kvtier_pool_dropped_total", "Saved KV blocks the host pool dropped (failed spill or disk quota).", m.pool_dropped);
     GAUGE("kvtier_resident_tokens", "KV cells held by all sessions.", m.resident_tokens);
     GAUGE("kvtier_sessions", "Open sessions (resident and parked).", m.n_sessions);
     GAUGE("kvtier_sessions_parked", "Sessions parked whole in the host tiers.", m.n_parked);

@@ -69,6 +69,7 @@ int serve_engine_open(struct server *srv) {
     struct kvt_pool_params pp = kvt_pool_default_params();
     pp.budget_bytes = (size_t) srv->pool_mb << 20;
     pp.spill_dir = srv->spill_dir;
+    pp.spill_bytes_max = (size_t) srv->spill_mb << 20;
     if ((rc = kvt_pool_open(&pp, &sc->pool))) {
         app_fail("kvtier serve", "cannot open the host pool", rc);
         serve_engine_close(srv);
@@ -202,6 +203,7 @@ static void finish(struct server *srv, struct job *j) {
     srv->m.prompt_decoded += j->sync.tokens_decoded;
     srv->m.evictions += j->sync.evictions;
     srv->m.recoveries += j->sync.recoveries;
+    srv->m.recomputes += j->sync.recomputes;
     pthread_cond_broadcast(&j->cv);
     release_locked(j);
     pthread_mutex_unlock(&srv->mu);
@@ -534,6 +536,7 @@ static void publish(struct server *srv) {
     srv->m.n_parked = parked;
     srv->m.pool_ram = ps.ram_bytes;
     srv->m.pool_spill = ps.spill_bytes;
+    srv->m.pool_dropped = ps.n_dropped;
     pthread_mutex_unlock(&srv->mu);
 }
 

@@ -88,9 +88,9 @@ struct metrics {
     int64_t by_status[6];          /* index status / 100 */
     int64_t requests;
     int64_t prompt_tokens, completion_tokens, prompt_reused, prompt_decoded;
-    int64_t evictions, recoveries;
+    int64_t evictions, recoveries, recomputes;
     int64_t resident_tokens, n_sessions, n_parked, queue_len, active;
-    int64_t pool_ram, pool_spill;
+    int64_t pool_ram, pool_spill, pool_dropped;
     struct hist ttft, per_token;
 };
 
@@ -115,7 +115,7 @@ struct server {
     /* configuration */
     const char     *model_path;
     char            model_name[128];
-    int32_t         n_ctx, budget, parallel, threads, max_sessions, pool_mb, block, max_tokens_default;
+    int32_t         n_ctx, budget, parallel, threads, max_sessions, pool_mb, spill_mb, block, max_tokens_default;
     const char     *spill_dir;
     char          **keys;          /* API keys (NULL = no auth) */
     int32_t         n_keys;

@@ -359,7 +359,7 @@ int kvt_session_sync(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_
     if (k == n_msgs) k--; /* the same conversation again: its last user message is added once more */
     while (s->n_m > k) free(s->m[--s->n_m].content);
     if (s->n_m_decoded > k) s->n_m_decoded = k;
-    const int64_t dec0 = s->decoded, rec0 = s->recovered, ev0 = s->evictions, nrec0 = s->recoveries;
+    const int64_t dec0 = s->decoded, rec0 = s->recovered, ev0 = s->evictions, nrec0 = s->recoveries, rc0 = s->recomputes;
     int rc = 0;
     for (int32_t i = k; rc == 0 && i < n_msgs; i++) rc = kvt_session_add(s, (enum kvt_role) role_from_name(msgs[i].role), msgs[i].content);
     if (rc == 0) rc = refresh_logits(s);
@@ -370,6 +370,7 @@ int kvt_session_sync(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_
         out->tokens_reused = KVT_MAX(0, s->total - (int32_t) out->tokens_decoded);
         out->evictions = s->evictions - ev0;
         out->recoveries = s->recoveries - nrec0;
+        out->recomputes = s->recomputes - rc0;
     }
     return rc;
 }

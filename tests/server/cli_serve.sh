@@ -32,9 +32,14 @@ bad() { fail=$((fail + 1)); echo "FAIL $*"; }
 # --- flags ---
 "$BIN" serve --help >"$TMP/help" 2>&1 && grep -q -- "--api-key-file" "$TMP/help" && grep -q -- "--api-key KEY" "$TMP/help" \
     && ok "serve --help" || bad "serve --help"
-env -u KVTIER_MODEL "$BIN" serve >/dev/null 2>"$TMP/err"; rc=$?
-[ $rc -eq 2 ] && grep -q "no model given (use -m MODEL or set KVTIER_MODEL)" "$TMP/err" \
-    && ok "serve without -m or \$KVTIER_MODEL -> usage error" || bad "serve without a model ($rc)"
+# without -m and $KVTIER_MODEL: the model the build was configured with (this suite's $MODEL)
+env -u KVTIER_MODEL "$BIN" serve --port 0 --threads 1 >/dev/null 2>"$TMP/err0" &
+P0=$!
+for _ in $(seq 1 300); do grep -q "listening on" "$TMP/err0" && break; kill -0 $P0 2>/dev/null || break; sleep 0.2; done
+kill -TERM $P0 2>/dev/null; wait $P0 2>/dev/null
+grep -q "listening on" "$TMP/err0" && grep -qF "model $MODEL:" "$TMP/err0" && grep -q "no -m given" "$TMP/err0" \
+    && ok "serve without -m or \$KVTIER_MODEL serves the build's model and says so" \
+    || bad "serve without a model: $(cat "$TMP/err0")"
 "$BIN" serve -m "$MODEL" --port 70000 >/dev/null 2>"$TMP/err"; rc=$?
 [ $rc -eq 2 ] && grep -q "port 70000 is outside" "$TMP/err" && ok "bad --port -> usage error" || bad "bad --port ($rc)"
 "$BIN" serve -m "$MODEL" --api-key-file "$TMP/none" >/dev/null 2>"$TMP/err"; rc=$?
@@ -78,7 +83,7 @@ start_server() {
 printf '# test keys\nkey-alpha-123\n\n  key-beta-456  \n' >"$TMP/keys"
 start_server err -m "$MODEL" --port 0 -c 4096 --budget 512 --parallel 2 --queue 1 --threads 2 \
     --api-key-file "$TMP/keys" --spill-dir "$TMP"
-grep -qF "kvtier serve: model $MODEL: " "$TMP/err" && ! grep -q 'from \$KVTIER_MODEL' "$TMP/err" \
+grep -qF "kvtier serve: model $MODEL: " "$TMP/err" && ! grep -q 'no -m given' "$TMP/err" \
     && ok "the model it loaded (-m) is logged: path and name" || bad "model line: $(grep 'model' "$TMP/err" | head -2)"
 
 # one client script against the running server; its ok/FAIL lines count here
@@ -93,7 +98,22 @@ run_py() { # script out [args: default the two keys and the demo's source]
     fail=$((fail + $(grep -c '^FAIL ' "$TMP/$out")))
     [ $prc -eq 0 ] || [ "$(grep -c '^FAIL ' "$TMP/$out")" -gt 0 ] || bad "$script exited with status $prc"
 }
-run_py serve_test.py py
+# the no-eviction reference for the planted fact (serve_test.py: recall is asserted where the
+# reference recalls): budget 2000 holds the whole 1490-token conversation
+"$BIN" serve -m "$MODEL" --port 0 -c 4096 --budget 2000 --max-sessions 1 --parallel 1 --threads 2 \
+    --spill-dir "$TMP" >/dev/null 2>"$TMP/err_ref" &
+REF_PID=$!
+REF_PORT=
+for _ in $(seq 1 300); do
+    REF_PORT=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$TMP/err_ref" | sed 's/.*://')
+    [ -n "$REF_PORT" ] && break
+    kill -0 "$REF_PID" 2>/dev/null || break
+    sleep 0.2
+done
+[ -n "$REF_PORT" ] && ok "reference server (no eviction) listening on port $REF_PORT" || bad "reference server: $(cat "$TMP/err_ref")"
+KVT_REF_URL=${REF_PORT:+http://127.0.0.1:$REF_PORT} run_py serve_test.py py
+kill -TERM "$REF_PID" 2>/dev/null
+wait "$REF_PID" 2>/dev/null
 # scheduling: session choice by longest common token prefix, completions batched with chats
 run_py serve_sched_test.py py2
 
@@ -119,7 +139,7 @@ PID=
 printf 'key-gamma-789\n' >"$TMP/keys2"
 start_server err2 --port 0 -c 4096 --budget 512 --parallel 3 --queue 8 --threads 2 \
     --api-key key-delta-000 --api-key=key-eps-111 --api-key-file "$TMP/keys2" --spill-dir "$TMP"
-grep -qF "kvtier serve: model $MODEL: " "$TMP/err2" && grep -qE 'model .*: [^ ].* \(.*\), from \$KVTIER_MODEL \(no -m given\)' "$TMP/err2" \
+grep -qF "kvtier serve: model $MODEL: " "$TMP/err2" && grep -qE 'model .*: [^ ].* \(.*\) \(no -m given: \$KVTIER_MODEL or the build.s default\)' "$TMP/err2" \
     && ok "without -m: \$KVTIER_MODEL's model is served, its path and name logged" || bad "no -m: $(grep 'model' "$TMP/err2" | head -2)"
 code() { # KEY (empty: no Authorization header) -> HTTP status of GET /v1/models
     if [ -n "$1" ]; then curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $1" "http://127.0.0.1:$PORT/v1/models"
@@ -143,7 +163,7 @@ for k in key-alpha-123 key-beta-456 key-gamma-789 key-delta-000 key-eps-111; do
 done
 [ -z "$leaked" ] && ok "no API key in the servers' logs" || bad "API keys in the servers' logs:$leaked"
 
-for e in err err2; do
+for e in err err2 err_ref; do
     if grep -qE 'AddressSanitizer|LeakSanitizer|UndefinedBehaviorSanitizer|runtime error:' "$TMP/$e"; then
         bad "sanitizer report on the server's stderr ($e)"; grep -A20 -E 'Sanitizer|runtime error' "$TMP/$e" | head -60
     else
