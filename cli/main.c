@@ -284,9 +284,20 @@ int cli_turn_begin(const char *cmd, struct cli_session *cs, const char *user) {
     return APP_OK;
 }
 
+/* The end of a turn: the tokens it ran through the model, its status line and block table. */
+static int turn_done(struct cli_session *cs, const struct cli_run_opts *o, bool quiet) {
+    struct kvt_session_stats st;
+    kvt_session_get_stats(cs->s, &st);
+    cs->turn_decoded = st.tokens_decoded - cs->decoded_before;
+    if (!quiet) {
+        cli_print_status(cs);
+        if (o->verbose) cli_print_blocks(cs);
+    }
+    return APP_OK;
+}
+
 int cli_turn_end(const char *cmd, struct cli_session *cs, const struct cli_run_opts *o, bool stream, bool quiet,
                  char **reply) {
-    struct kvt_session_stats st;
     *reply = NULL;
     cs->streaming = stream;
     int rc = kvt_session_generate(cs->s, o->max_tokens, &cs->smp, stream_piece, cs, reply);
@@ -307,13 +318,7 @@ int cli_turn_end(const char *cmd, struct cli_session *cs, const struct cli_run_o
         return APP_ERR;
     }
     if (cs->stop_at_newline) (*reply)[strcspn(*reply, "\n")] = '\0';
-    kvt_session_get_stats(cs->s, &st);
-    cs->turn_decoded = st.tokens_decoded - cs->decoded_before;
-    if (!quiet) {
-        cli_print_status(cs);
-        if (o->verbose) cli_print_blocks(cs);
-    }
-    return APP_OK;
+    return turn_done(cs, o, quiet);
 }
 
 int cli_turn(const char *cmd, struct cli_session *cs, const struct cli_run_opts *o, const char *user, bool stream,
@@ -325,7 +330,6 @@ int cli_turn(const char *cmd, struct cli_session *cs, const struct cli_run_opts 
 
 int cli_turn_scripted(const char *cmd, struct cli_session *cs, const struct cli_run_opts *o, const char *user,
                       const char *reply, bool echo, bool quiet) {
-    struct kvt_session_stats st;
     int rc = cli_turn_begin(cmd, cs, user);
     if (rc) return rc;
     if (echo) {
@@ -338,13 +342,7 @@ int cli_turn_scripted(const char *cmd, struct cli_session *cs, const struct cli_
         app_fail(cmd, what, rc);
         return APP_ERR;
     }
-    kvt_session_get_stats(cs->s, &st);
-    cs->turn_decoded = st.tokens_decoded - cs->decoded_before;
-    if (!quiet) {
-        cli_print_status(cs);
-        if (o->verbose) cli_print_blocks(cs);
-    }
-    return APP_OK;
+    return turn_done(cs, o, quiet);
 }
 
 void cli_print_status(struct cli_session *cs) {

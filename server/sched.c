@@ -299,6 +299,18 @@ static void end_completion(struct server *srv, struct job *j, int rc) {
     j->completion_tokens = j->n_gen;
 }
 
+/* The job's prompt is in: it joins the batch of running requests, and its stream may send its
+** headers (HTTP side waits on j->cv for `started`). */
+static void activate(struct server *srv, struct job *j) {
+    struct sched *sc = srv->sched;
+    pthread_mutex_lock(&srv->mu);
+    j->started = true;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&srv->mu);
+    sc->t_last[sc->n_active] = 0;
+    sc->active[sc->n_active++] = j;
+}
+
 /* Prefill a completion's prompt into a free scratch sequence, in chunks of one block with a
 ** batched step of the active jobs between them (as sessions prefill); then it joins the active
 ** set as a raw row of kvt_session_gen_step_batch_ex.  Returns false when it failed (finished). */
@@ -332,12 +344,7 @@ static bool start_completion(struct server *srv, struct job *j) {
     memcpy(j->row.logits, l, sizeof(float) * (size_t) I.n_vocab);
     j->row.seq = j->seq;
     j->row.pos = n;
-    pthread_mutex_lock(&srv->mu); /* the stream may start: headers go out now */
-    j->started = true;
-    pthread_cond_broadcast(&j->cv);
-    pthread_mutex_unlock(&srv->mu);
-    sc->t_last[sc->n_active] = 0;
-    sc->active[sc->n_active++] = j;
+    activate(srv, j);
     return true;
 }
 
@@ -616,12 +623,7 @@ void *serve_engine_main(void *arg) {
             }
             if (start_chat(srv, j) == PICK_BUSY) { requeue(srv, j); continue; }
             if (!j->slot) { finish(srv, j); continue; }
-            pthread_mutex_lock(&srv->mu); /* the stream may start: headers go out now */
-            j->started = true;
-            pthread_cond_broadcast(&j->cv);
-            pthread_mutex_unlock(&srv->mu);
-            sc->t_last[sc->n_active] = 0;
-            sc->active[sc->n_active++] = j;
+            activate(srv, j);
         }
         start_waiting(srv);
         if (n_adm > 0) publish(srv);
