@@ -93,10 +93,12 @@ static bool meta_f32(const struct llama_model *m, const char *arch, const char *
     return true;
 }
 
-/* Decode a few tokens at position 0 and at position D in two scratch sequences, then find for
-** every layer the RoPE (base, scale) under which the host rotation of the first K by D equals
-** the second K.  This checks our understanding of llama.cpp's RoPE on this exact model and
-** cache type instead of trusting per-architecture defaults. */
+/* Decode a few tokens at position 0 in sequence 0 (empty at open), save them, shift them by D
+** with llama.cpp's own K-shift (llama_memory_seq_add, applied by the next decode: one more token
+** at D + N) and save them again; then find for every layer the RoPE (base, scale) under which the
+** host rotation of the first K by D equals the second K.  This checks our understanding of
+** llama.cpp's RoPE on this exact model and cache type instead of trusting per-architecture
+** defaults.  One sequence, so no scratch stream is needed in streams mode. */
 static int calibrate_reanchor(kvt_engine *e, double *err_out) {
     enum { N = 4, D = 777 };
     kvt_token toks[N];
@@ -106,20 +108,17 @@ static int calibrate_reanchor(kvt_engine *e, double *err_out) {
     int rc;
     *err_out = -1;
     e->probing = true;
-    rc = kvt_decode(e, e->seq_a, toks, N, 0, false);
+    rc = kvt_decode(e, 0, toks, N, 0, false);
     e->probing = false;
-    if (rc == 0) rc = kvt__engine_save_seq(e, e->seq_a, &ba, &na);
-    kvt_seq_rm(e, e->seq_a, -1, -1);
-    /* llama.cpp's own K-shift of the same bytes: restore into seq_b, seq_add(D), force it */
-    if (rc == 0 && llama_state_seq_set_data(e->ctx, ba, na, e->seq_b) != na)
-        rc = kvt__fail(KVT_ELLAMA, "calibration: llama_state_seq_set_data failed");
+    if (rc == 0) rc = kvt__engine_save_seq(e, 0, &ba, &na);
     if (rc == 0) {
-        llama_memory_seq_add(llama_get_memory(e->ctx), e->seq_b, -1, -1, D);
-        e->shift_pending = true;
-        rc = kvt__engine_flush_shift(e);
+        llama_memory_seq_add(llama_get_memory(e->ctx), 0, -1, -1, D);
+        rc = kvt_decode(e, 0, toks, 1, N + D, false); /* runs the pending shift first */
     }
-    if (rc == 0) rc = kvt__engine_save_seq(e, e->seq_b, &bb, &nb);
-    llama_memory_seq_rm(llama_get_memory(e->ctx), e->seq_b, -1, -1);
+    if (rc == 0) rc = kvt__engine_save_seq(e, 0, &bb, &nb);
+    llama_memory_seq_rm(llama_get_memory(e->ctx), 0, -1, -1);
+    kvt__pm_clear(&e->pm[0], -1, -1);
+    e->gen++;
     if (rc) goto out;
 
     struct kvt__blob_layout La, Lb;
@@ -161,15 +160,21 @@ static int calibrate_reanchor(kvt_engine *e, double *err_out) {
     double worst = 0;
     for (int p = 0; p < e->n_parts; p++) {
         const struct kvt__blob_part *A = &La.part[p], *B = &Lb.part[p];
-        if (A->n_cells != N || B->n_cells != N || A->n_layer != B->n_layer) {
+        if (A->n_cells != N || B->n_cells != N + 1 || A->n_layer != B->n_layer) {
             rc = kvt__fail(KVT_EFORMAT, "calibration blobs have %u/%u cells in part %d", A->n_cells, B->n_cells, p);
             goto out;
         }
+        for (uint32_t c = 0; c < N; c++) /* the shifted cells first, in the same order */
+            if (kvt__blob_cell_pos(bb, &Lb, p, c) != kvt__blob_cell_pos(ba, &La, p, c) + D) {
+                rc = kvt__fail(KVT_EFORMAT, "calibration: shifted cell %u of part %d is at position %d, expected %d", c, p,
+                               kvt__blob_cell_pos(bb, &Lb, p, c), kvt__blob_cell_pos(ba, &La, p, c) + D);
+                goto out;
+            }
         e->rope[p] = calloc(A->n_layer, sizeof(struct kvt__rope));
         if (!e->rope[p]) { rc = kvt__fail(KVT_ENOMEM, "rope table"); goto out; }
         int32_t ne;
         if ((rc = kvt__blob_k_f32(ba, &La, p, 0, NULL, &ne))) goto out;
-        float *ka = malloc(sizeof(float) * N * ne), *kb = malloc(sizeof(float) * N * ne);
+        float *ka = malloc(sizeof(float) * N * ne), *kb = malloc(sizeof(float) * (N + 1) * ne);
         if (!ka || !kb) { free(ka); free(kb); rc = kvt__fail(KVT_ENOMEM, "calibration rows"); goto out; }
         /* Every layer: the same K bytes rotated by us and by llama.cpp must agree. */
         for (uint32_t il = 0; il < A->n_layer && rc == 0; il++) {
