@@ -107,7 +107,7 @@ struct kvt_engine_params {
     int32_t n_ubatch;         /* physical micro-batch (tokens); default 512 */
     int32_t n_seq;            /* live sequences the caller will use (ids 0..n_seq-1), 1..64; default 1.
                               ** The engine adds scratch sequences for the block primitives (unified:
-                              ** three; streams: one). */
+                              ** three; streams: one, and only on the SEQ_ADD re-anchoring path). */
     bool kv_unified;          /* default true.  true: llama.cpp's unified KV cache (kv_unified = true):
                               ** every decoded token's attention runs over the cells of all
                               ** sequences (masked), so its cost grows with the other sessions' cells
@@ -116,7 +116,8 @@ struct kvt_engine_params {
                               ** false ("streams"): one KV stream per sequence (kv_unified = false):
                               ** attention runs over the sequence's own cells only, sequences are
                               ** numerically independent (bit-equal to a lone run), and every block
-                              ** save/load reads and rewrites the whole sequence's state on the host (cost grows with the sequence's
+                              ** save/load, kvt_seq_cp and host kvt_seq_shift reads and rewrites the
+                              ** whole sequence's state on the host (cost grows with the sequence's
                               ** cells: a few ms per 512 cells).  Kept for a cache whose size is shared
                               ** unevenly between sequences (one long conversation next to short ones)
                               ** and as the reference the streams mode is tested against. */
@@ -133,10 +134,12 @@ struct kvt_engine_params kvt_engine_default_params(void);
 
 /* Load the model and create a context.  kv_unified: one KV cache and n_seq + 3 sequence ids (two
 ** scratch ids for the block primitives, one for forcing pending K-shifts).  Streams: one KV
-** stream per sequence id, n_seq ids plus one scratch id (a whole stream) where pending K-shifts
-** are forced and blocks whose old position range overlaps the sequence's cells are re-anchored
-** (SEQ_ADD path).  Also verifies host-side RoPE re-anchoring against llama.cpp's own RoPE (a
-** 4-token decode shifted by llama_memory_seq_add) and chooses the re-anchoring path.
+** stream per sequence id, n_seq ids, plus one scratch id (a whole stream) only when the
+** re-anchoring path is SEQ_ADD (it forces pending K-shifts and re-anchors blocks whose old
+** position range overlaps the sequence's cells).  Also verifies host-side RoPE re-anchoring
+** against llama.cpp's own RoPE (a 4-token decode shifted by llama_memory_seq_add) and chooses
+** the re-anchoring path; a streams context that ends up on the SEQ_ADD path unexpectedly (AUTO
+** with F16/F32 K whose rotation did not verify) is created a second time with the scratch id.
 ** OUT *out: the engine, freed with kvt_engine_free.
 ** Errors: KVT_EINVAL (bad params, e.g. unknown cache type), KVT_EMODEL (missing, truncated or
 ** unloadable GGUF; the message names the path), KVT_ELLAMA (context creation failed).
@@ -258,18 +261,32 @@ int kvt_sample(kvt_engine *eng, const struct kvt_sampling *s, kvt_token *tok /* 
 ** fail for a valid seq; KVT_EINVAL otherwise. */
 int kvt_seq_rm(kvt_engine *eng, int32_t seq, kvt_pos p0, kvt_pos p1);
 
-/* Share positions [p0, p1) of sequence src with sequence dst (p1 < 0: to the end).  Metadata
-** only: the cells are shared, not copied, so they have one position for both sequences; never
-** load or shift a sequence whose cells another sequence shares.  Errors: KVT_EINVAL. */
+/* Give sequence dst the cells of positions [p0, p1) of sequence src (p1 < 0: to the end); dst
+** keeps its own cells.
+** Unified cache: metadata only (llama_memory_seq_cp): the cells are shared, not copied, so they
+** have one position for both sequences; never load or shift a sequence whose cells another
+** sequence shares.
+** Streams: a copy (llama.cpp can copy only a whole stream across streams, and aborts the process
+** on a partial range, REPORT.md §3): the states of src and dst are read, the range's cells are
+** added to dst's on the host and dst is written back with one llama_state_seq_set_data (cost:
+** both sequences' cells, a few ms per 512).  The positions must be free in dst; sliding-window
+** cells older than dst's new window are dropped (no later query can see them).  On error dst is
+** unchanged.
+** Errors: KVT_EINVAL (bad or equal ids; streams: dst already holds a position of the range, the
+** message names it), KVT_ECTX (streams: dst's stream cannot hold the cells), KVT_ENOMEM,
+** KVT_ELLAMA. */
 int kvt_seq_cp(kvt_engine *eng, int32_t src, int32_t dst, kvt_pos p0, kvt_pos p1);
 
 /* Move the cells of positions [p0, p1) of a sequence by delta positions (delta < 0: down, to
 ** close a gap left by eviction).  llama.cpp's own context shift (llama_memory_seq_add, as
 ** llama-server's context shift uses it): positions change now, K is re-rotated by RoPE at the
-** next decode (kvt_block_save applies a pending shift first).  The target range
-** [p0 + delta, p1 + delta) must hold no other cell of the sequence and must not go below 0.
+** next decode (kvt_block_save applies a pending shift first).  Streams mode on the HOST
+** re-anchoring path does it at once instead: the sequence's state is read, K of the range
+** rotated on the host (the rotation verified at open) and the state written back, so no shift is
+** ever pending and no scratch stream is needed.  The target range [p0 + delta, p1 + delta) must
+** hold no other cell of the sequence and must not go below 0.
 ** Errors: KVT_EINVAL (bad sequence, empty range, negative target, target occupied: the message
-** names the position), KVT_ENOMEM.  On error the sequence is unchanged. */
+** names the position), KVT_ENOMEM, KVT_ELLAMA (streams).  On error the sequence is unchanged. */
 int kvt_seq_shift(kvt_engine *eng, int32_t seq, kvt_pos p0, kvt_pos p1, kvt_pos delta);
 
 /* Highest resident position of a sequence, -1 if empty (full-attention cache on iSWA models)

@@ -195,9 +195,7 @@ int kvt_seq_rm(kvt_engine *e, int32_t seq, kvt_pos p0, kvt_pos p1) {
 int kvt_seq_cp(kvt_engine *e, int32_t src, int32_t dst, kvt_pos p0, kvt_pos p1) {
     if (!kvt__engine_seq_ok(e, src) || !kvt__engine_seq_ok(e, dst) || src == dst)
         return kvt__fail(KVT_EINVAL, "seq_cp from %d to %d: ids must differ and be in 0..%d", src, dst, e->n_seq_max - 1);
-    if (!e->unified) /* llama.cpp aborts the process on a partial range across streams */
-        return kvt__fail(KVT_EUNSUPPORTED, "seq_cp from %d to %d: not yet supported with one KV stream per sequence",
-                         src, dst);
+    if (!e->unified) return kvt__engine_seq_cp_host(e, src, dst, p0, p1); /* llama.cpp aborts on a partial one */
     llama_memory_seq_cp(llama_get_memory(e->ctx), src, dst, p0, p1);
     struct posmap *s = &e->pm[src];
     kvt_pos lo = p0 < 0 ? 0 : p0, hi = (p1 < 0 || p1 > s->cap) ? s->cap : p1;
@@ -230,11 +228,17 @@ int kvt_seq_shift(kvt_engine *e, int32_t seq, kvt_pos p0, kvt_pos p1, kvt_pos de
     /* grow the map before touching the cache, so that nothing can fail after llama.cpp moved */
     if (n > 0 && kvt__pm_set(m, moved[n - 1] + (delta > 0 ? delta : 0)) != 0) { free(moved); return KVT_ENOMEM; }
     if (n > 0 && delta > 0) kvt__pm_clear(m, moved[n - 1] + delta, moved[n - 1] + delta + 1);
-    llama_memory_seq_add(llama_get_memory(e->ctx), seq, p0, p1, delta);
+    /* streams mode with host re-anchoring: rotate on the host and write the sequence back, so no
+    ** shift is ever pending (a pending shift needs a decode in a scratch stream to land) */
+    const bool host = !e->unified && e->info.reanchor == KVT_REANCHOR_HOST;
+    int rc = 0;
+    if (n > 0 && host) rc = kvt__engine_seq_shift_host(e, seq, p0, p1, delta);
+    else llama_memory_seq_add(llama_get_memory(e->ctx), seq, p0, p1, delta);
+    if (rc) { free(moved); return rc; }
     kvt__pm_clear(m, p0, p1);
     for (int32_t i = 0; i < n; i++) kvt__pm_set(m, moved[i] + delta); /* cannot fail: the map covers it */
     free(moved);
-    if (n > 0) e->shift_pending = true;
+    if (n > 0 && !host) e->shift_pending = true;
     e->gen++;
     return 0;
 }

@@ -352,8 +352,10 @@ int kvt_engine_open(const struct kvt_engine_params *params, kvt_engine **out) {
         kvt_engine_free(e);
         return kvt__fail(KVT_ENOMEM, "engine buffers");
     }
-    /* Streams: one scratch stream, where pending K-shifts are forced (kvt__engine_flush_shift) */
-    bool scratch = true;
+    /* Streams: a scratch stream only where the SEQ_ADD path will need it (a quantised K cannot be
+    ** rotated on the host); AUTO learns its path at calibration and re-creates the context if it
+    ** guessed wrong. */
+    bool scratch = p.reanchor == KVT_REANCHOR_SEQ_ADD || (tk != GGML_TYPE_F16 && tk != GGML_TYPE_F32);
     if ((rc = make_context(e, &cp, scratch))) { kvt_engine_free(e); return rc; }
 
     double err = -1;
@@ -368,6 +370,11 @@ int kvt_engine_open(const struct kvt_engine_params *params, kvt_engine **out) {
         return rc;
     }
     I->reanchor = (rc == 0 && p.reanchor != KVT_REANCHOR_SEQ_ADD) ? KVT_REANCHOR_HOST : KVT_REANCHOR_SEQ_ADD;
+    if (!e->unified && I->reanchor == KVT_REANCHOR_SEQ_ADD && !scratch) {
+        llama_free(e->ctx);
+        e->ctx = NULL;
+        if ((rc = make_context(e, &cp, true))) { kvt_engine_free(e); return rc; }
+    }
     /* bytes per token, from a one-token save; in streams mode it is also the reference layout
     ** that blocks are checked against before any cell of a sequence is touched */
     {

@@ -6,7 +6,8 @@
 **   text.c     tokenize, detokenize, chat template
 **   decode.c   decode (single sequence, multi-sequence rows), logits, sampling, grammar,
 **              sequence removal/copy
-**   kvio.c     block save/load through sequence state (host-side re-anchoring in src/kv/blob.c)
+**   kvio.c     block save/load through sequence state (host-side re-anchoring in src/kv/blob.c);
+**              in streams mode also the whole-sequence paths of seq_cp and seq_shift
 **   attn.c     attention capture (graph callback on kq_soft_max) mapped to positions
 **   embed.c    the embedder: its own model and context for dense retrieval
 **
@@ -116,7 +117,10 @@ int kvt__engine_save_seq(kvt_engine *e, int32_t seq, uint8_t **buf, size_t *n);
 /* The whole state of sequence seq as of now, owned by the engine (e->snap) and valid until the
 ** cache changes (e->gen): one get_data serves the attention map and the block saves of a step. */
 int kvt__engine_snapshot(kvt_engine *e, int32_t seq, const uint8_t **buf, size_t *n);
-
+/* Streams mode: copy positions [p0, p1) of src into dst through whole-sequence state. */
+int kvt__engine_seq_cp_host(kvt_engine *e, int32_t src, int32_t dst, kvt_pos p0, kvt_pos p1);
+/* Streams mode, host re-anchoring: move [p0, p1) of seq by delta (K rotated on the host). */
+int kvt__engine_seq_shift_host(kvt_engine *e, int32_t seq, kvt_pos p0, kvt_pos p1, kvt_pos delta);
 
 /* ---- attn.c ---- */
 /* llama.cpp's cb_eval: keeps the softmax (and Q) of the captured layers' last ubatch. */

@@ -4,7 +4,7 @@
 ** that (llama_state_seq_get_data); load by llama_state_seq_set_data into a scratch sequence and
 ** sharing it into the target.
 ** One stream per sequence (kv_unified = false; a partial seq_cp across streams aborts llama.cpp):
-** save and load read the whole sequence's state, slice or assemble cells on the host
+** every operation reads the whole sequence's state, slices or assembles cells on the host
 ** (src/kv/blob.c) and writes it back with one llama_state_seq_set_data; a failed write puts the
 ** previous state back (llama.cpp clears the part that failed and keeps the others,
 ** docs/research/llama-streams/REPORT.md §7).  Blocks leave and enter the engine in the canonical
@@ -389,6 +389,78 @@ int kvt_block_load(kvt_engine *e, const kvt_blob *blob, int32_t seq, kvt_pos new
         rc = kvt__pm_set(&e->pm[seq], kvt__blob_cell_pos(blob->data, L, 0, c) + delta);
     free(L);
     if (rc == 0) e->gen++;
+    return rc;
+}
+
+/* ---- streams mode: seq_cp and seq_shift through whole-sequence state ---- */
+
+int kvt__engine_seq_cp_host(kvt_engine *e, int32_t src, int32_t dst, kvt_pos p0, kvt_pos p1) {
+    const kvt_pos lo = p0 < 0 ? INT32_MIN : p0, hi = p1 < 0 ? INT32_MAX : p1;
+    int rc = kvt__engine_flush_shift(e);
+    if (rc) return rc;
+    struct state *S = NULL, *D = NULL;
+    uint8_t *asm_buf = NULL;
+    size_t asm_n = 0;
+    struct kvt__blob_layout *Lref = malloc(sizeof *Lref);
+    if (!Lref) return kvt__fail(KVT_ENOMEM, "seq_cp");
+    if ((rc = kvt__blob_parse(e->ref, e->ref_n, e->n_parts, Lref)) || (rc = state_get(e, src, &S)) ||
+        (rc = state_get(e, dst, &D)))
+        goto out;
+    int32_t n = 0;
+    kvt_pos s_max = -1;
+    for (uint32_t c = 0; c < S->L.part[0].n_cells; c++) {
+        kvt_pos pp = kvt__blob_cell_pos(S->buf, &S->L, 0, c);
+        if (pp < lo || pp >= hi) continue;
+        const struct posmap *m = &e->pm[dst];
+        if (pp < m->cap && (m->bits[pp >> 3] & (1u << (pp & 7)))) {
+            rc = kvt__fail(KVT_EINVAL, "seq_cp from %d to %d: sequence %d already holds position %d (with one stream per "
+                           "sequence a copy is a copy: the positions must be free)", src, dst, dst, pp);
+            goto out;
+        }
+        n++;
+        s_max = KVT_MAX(s_max, pp);
+    }
+    if (n == 0) goto out; /* nothing in range: like llama_memory_seq_cp, a no-op */
+    if ((int64_t) D->L.part[0].n_cells + n > e->n_ctx_seq) {
+        rc = kvt__fail(KVT_ECTX, "seq_cp of %d cells into sequence %d, which holds %u: its stream has %d cells", n, dst,
+                       D->L.part[0].n_cells, e->n_ctx_seq);
+        goto out;
+    }
+    const kvt_pos win = swa_lo(e, KVT_MAX(kvt__pm_max(&e->pm[dst]), s_max));
+    struct kvt__blob_src srcs[3] = {
+        { e->ref, Lref, { 0, 0 }, { 0, 0 }, 0 },
+        { D->buf, &D->L, { INT32_MIN, win }, { INT32_MAX, INT32_MAX }, 0 },
+        { S->buf, &S->L, { lo, KVT_MAX(lo, win) }, { hi, hi }, 0 },
+    };
+    if ((rc = kvt__blob_write(srcs, 3, e->n_parts, e->n_stream, (uint32_t) dst, dst, &asm_buf, &asm_n))) goto out;
+    if ((rc = replace_seq(e, dst, asm_buf, asm_n, D, "seq_cp"))) goto out;
+    for (uint32_t c = 0; rc == 0 && c < S->L.part[0].n_cells; c++) {
+        kvt_pos pp = kvt__blob_cell_pos(S->buf, &S->L, 0, c);
+        if (pp >= lo && pp < hi) rc = kvt__pm_set(&e->pm[dst], pp);
+    }
+out:
+    free(Lref);
+    free(asm_buf);
+    state_free(S);
+    state_free(D);
+    return rc;
+}
+
+int kvt__engine_seq_shift_host(kvt_engine *e, int32_t seq, kvt_pos p0, kvt_pos p1, kvt_pos delta) {
+    struct state *cur = NULL;
+    uint8_t *nb = NULL;
+    int rc = state_get(e, seq, &cur);
+    if (rc) return rc;
+    if (!(nb = malloc(cur->n))) {
+        rc = kvt__fail(KVT_ENOMEM, "seq_shift copy of %zu bytes", cur->n);
+        state_free(cur);
+        return rc;
+    }
+    memcpy(nb, cur->buf, cur->n);
+    rc = kvt__blob_reanchor_range(nb, &cur->L, delta, p0, p1, e->info.n_head_kv, e->rope);
+    if (rc == 0) rc = replace_seq(e, seq, nb, cur->n, cur, "seq_shift");
+    free(nb);
+    state_free(cur);
     return rc;
 }
 
