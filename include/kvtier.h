@@ -213,7 +213,10 @@ int kvt_decode(kvt_engine *eng, int32_t seq, const kvt_token *tokens, int32_t n,
 ** llama_decode: tokens toks[i] at positions pos[i] of sequences seqs[i] (each seq at most once,
 ** each pos its sequence's next position).  OUT logits_out[i * n_vocab + v]: every row's logits
 ** (caller allocates n * n_vocab floats).  kvt_logits() has nothing afterwards.  Attention
-** capture is skipped for these tokens (kvt_attn_get maps one sequence per ubatch).
+** capture is skipped for these tokens (kvt_attn_get maps one sequence per ubatch, and says
+** KVT_EUNSUPPORTED for these sequences until their next kvt_decode).  Streams: llama.cpp puts
+** consecutive sequence ids with one token each into one ubatch; its attention width is the
+** longest of those sequences' (REPORT.md §5).
 ** Errors: KVT_EINVAL (n outside 1..n_ubatch, bad or repeated seq, token outside the vocabulary),
 ** KVT_ECTX (no free KV cells: then none of the tokens is in the cache), KVT_ELLAMA. */
 int kvt_decode_multi(kvt_engine *eng, const int32_t *seqs, const kvt_token *toks, const kvt_pos *pos, int32_t n,
@@ -391,8 +394,11 @@ typedef struct kvt_attn {
     float   *q;      /* [n_query * n_head * head_dim] or NULL */
 } kvt_attn;
 
-/* Errors: KVT_ENOENT (layer not captured or nothing decoded since), KVT_EFORMAT (the cell map
-** could not be reconstructed), KVT_ENOMEM. */
+/* Works in both cache modes: with one stream per sequence the softmax columns are the cells of
+** the sequence's own stream (REPORT.md §5), mapped through that sequence's state.
+** Errors: KVT_ENOENT (layer not captured or nothing decoded since), KVT_EUNSUPPORTED (the
+** sequence's last decode was a row of kvt_decode_multi: its ubatches mix sequences, and their
+** rows are not captured), KVT_EFORMAT (the cell map could not be reconstructed), KVT_ENOMEM. */
 int kvt_attn_get(kvt_engine *eng, int32_t layer, int32_t seq, kvt_attn **out);
 void kvt_attn_free(kvt_attn *a); /* frees the struct and its arrays; accepts NULL */
 

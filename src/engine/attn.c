@@ -120,6 +120,10 @@ void kvt_attn_free(kvt_attn *a) {
 int kvt_attn_get(kvt_engine *e, int32_t layer, int32_t seq, kvt_attn **out) {
     *out = NULL;
     struct attn_cap *c = kvt__attn_cap_for(e, layer);
+    if (c && kvt__engine_seq_ok(e, seq) && e->multi_gen[seq] == e->gen && e->gen != 0)
+        return kvt__fail(KVT_EUNSUPPORTED, "the last decode of sequence %d was a row of a multi-sequence batch "
+                         "(kvt_decode_multi), whose ubatches mix sequences: attention is captured for kvt_decode only",
+                         seq);
     if (!c || !c->have || c->seq != seq)
         return kvt__fail(KVT_ENOENT, "no attention captured for layer %d of sequence %d", layer, seq);
     if (c->gen != e->gen)

@@ -85,6 +85,7 @@ int kvt_decode_multi(kvt_engine *e, const int32_t *seqs, const kvt_token *toks, 
     for (int32_t i = 0; i < n; i++)
         if (kvt__pm_set(&e->pm[seqs[i]], pos[i])) return KVT_ENOMEM;
     e->gen++;
+    for (int32_t i = 0; i < n; i++) e->multi_gen[seqs[i]] = e->gen; /* kvt_attn_get refuses these rows */
     for (int32_t i = 0; i < n; i++) {
         const float *l = llama_get_logits_ith(e->ctx, i);
         if (!l) return kvt__fail(KVT_ELLAMA, "llama.cpp returned no logits for batch row %d", i);

@@ -346,9 +346,10 @@ int kvt_engine_open(const struct kvt_engine_params *params, kvt_engine **out) {
     e->batch = llama_batch_init(p.n_ubatch, 0, 1);
     e->logits = malloc(sizeof(float) * (size_t) I->n_vocab);
     e->pm = calloc((size_t) p.n_seq + 3, sizeof *e->pm);
+    e->multi_gen = calloc((size_t) p.n_seq + 3, sizeof *e->multi_gen);
     e->layer_part = calloc((size_t) I->n_layer, 1);
     e->layer_idx = calloc((size_t) I->n_layer, sizeof(int16_t));
-    if (!e->logits || !e->pm || !e->layer_part || !e->layer_idx) {
+    if (!e->logits || !e->pm || !e->multi_gen || !e->layer_part || !e->layer_idx) {
         kvt_engine_free(e);
         return kvt__fail(KVT_ENOMEM, "engine buffers");
     }
@@ -409,6 +410,7 @@ void kvt_engine_free(kvt_engine *e) {
     if (e->ctx) llama_free(e->ctx);
     if (e->model) llama_model_free(e->model);
     for (int i = 0; e->pm && i < e->p.n_seq + 3; i++) free(e->pm[i].bits);
+    free(e->multi_gen);
     free(e->ref);
     for (int i = 0; i < e->n_caps; i++) {
         free(e->caps[i].w); free(e->caps[i].vis); free(e->caps[i].q); free(e->caps[i].q_pos);
