@@ -99,28 +99,34 @@ enum kvt_reanchor {
 
 struct kvt_engine_params {
     const char *model_path;   /* GGUF file; required */
-    int32_t n_ctx;            /* KV cells for the caller's sequences (tokens); default 4096.  Unified:
-                              ** one cache of n_ctx cells that all sequences share.  Streams: each
-                              ** of the n_seq sequences gets n_ctx / n_seq cells of its own, rounded
-                              ** up to a multiple of 256 (llama.cpp's padding). */
+    int32_t n_ctx;            /* KV cells for the caller's sequences (tokens); default 4096.  Streams:
+                              ** each of the n_seq sequences gets n_ctx / n_seq cells of its own,
+                              ** rounded up to a multiple of 256 (llama.cpp's padding).  Unified: one
+                              ** cache of n_ctx cells that all sequences share. */
     int32_t n_batch;          /* max tokens per llama_decode call; default 512 */
     int32_t n_ubatch;         /* physical micro-batch (tokens); default 512 */
     int32_t n_seq;            /* live sequences the caller will use (ids 0..n_seq-1), 1..64; default 1.
                               ** The engine adds scratch sequences for the block primitives (unified:
                               ** three; streams: one, and only on the SEQ_ADD re-anchoring path). */
-    bool kv_unified;          /* default true.  true: llama.cpp's unified KV cache (kv_unified = true):
-                              ** every decoded token's attention runs over the cells of all
-                              ** sequences (masked), so its cost grows with the other sessions' cells
-                              ** and its numbers depend on them in the last bits; a block is saved and
-                              ** loaded through scratch sequences (a cell range, no whole-sequence I/O).
-                              ** false ("streams"): one KV stream per sequence (kv_unified = false):
-                              ** attention runs over the sequence's own cells only, sequences are
-                              ** numerically independent (bit-equal to a lone run), and every block
-                              ** save/load, kvt_seq_cp and host kvt_seq_shift reads and rewrites the
-                              ** whole sequence's state on the host (cost grows with the sequence's
-                              ** cells: a few ms per 512 cells).  Kept for a cache whose size is shared
-                              ** unevenly between sequences (one long conversation next to short ones)
-                              ** and as the reference the streams mode is tested against. */
+    bool kv_unified;          /* default false.
+                              ** false ("streams"): one KV stream per sequence (llama.cpp kv_unified =
+                              ** false): attention runs over the sequence's own cells only, so its cost
+                              ** does not grow with other sessions and a sequence's numbers are
+                              ** bit-equal to a lone run; each sequence holds at most n_ctx / n_seq
+                              ** cells; block save/load, kvt_seq_cp and kvt_seq_shift read and rewrite
+                              ** the whole sequence's state on the host, so their cost grows with the
+                              ** sequence (Gemma 3 270M, F16, beside 1024 resident tokens: a 64-token
+                              ** block ~9 ms to save, ~17 ms to load).
+                              ** true: llama.cpp's unified KV cache: every decoded token's attention
+                              ** runs over the cells of all sequences (masked), its cost grows with the
+                              ** other sessions' cells and its logits depend on them (max|dlogit| 1.1
+                              ** on Gemma 3 270M F16, tests/unit/test_streams.c); a block is saved and
+                              ** loaded through scratch sequences at a cost that depends on the block
+                              ** only (0.3 ms save, 1.6 ms load for 64 tokens).  Kept for one cache
+                              ** shared unevenly (one long conversation beside short ones, any
+                              ** sequence may use all n_ctx cells), for kvt_seq_cp that shares cells
+                              ** instead of copying them, and as the reference streams mode is tested
+                              ** against. */
     int32_t n_threads;        /* CPU threads; 0 = all cores */
     const char *type_k;       /* KV cache element type: "f16" (default), "f32", "q8_0" */
     const char *type_v;       /* same choices; quantised V needs flash attention */

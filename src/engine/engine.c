@@ -68,7 +68,7 @@ struct kvt_engine_params kvt_engine_default_params(void) {
     p.type_v = "f16";
     p.flash_attn = false;
     p.reanchor = KVT_REANCHOR_AUTO;
-    p.kv_unified = true;
+    p.kv_unified = false;
     return p;
 }
 
