@@ -99,11 +99,34 @@ enum kvt_reanchor {
 
 struct kvt_engine_params {
     const char *model_path;   /* GGUF file; required */
-    int32_t n_ctx;            /* KV cells of the context (tokens); default 4096 */
+    int32_t n_ctx;            /* KV cells for the caller's sequences (tokens); default 4096.  Streams:
+                              ** each of the n_seq sequences gets n_ctx / n_seq cells of its own,
+                              ** rounded up to a multiple of 256 (llama.cpp's padding).  Unified: one
+                              ** cache of n_ctx cells that all sequences share. */
     int32_t n_batch;          /* max tokens per llama_decode call; default 512 */
     int32_t n_ubatch;         /* physical micro-batch (tokens); default 512 */
     int32_t n_seq;            /* live sequences the caller will use (ids 0..n_seq-1), 1..64; default 1.
-                              ** The engine adds scratch sequences for the block primitives. */
+                              ** The engine adds scratch sequences for the block primitives (unified:
+                              ** three; streams: one, and only on the SEQ_ADD re-anchoring path). */
+    bool kv_unified;          /* default false.
+                              ** false ("streams"): one KV stream per sequence (llama.cpp kv_unified =
+                              ** false): attention runs over the sequence's own cells only, so its cost
+                              ** does not grow with other sessions and a sequence's numbers are
+                              ** bit-equal to a lone run; each sequence holds at most n_ctx / n_seq
+                              ** cells; block save/load, kvt_seq_cp and kvt_seq_shift read and rewrite
+                              ** the whole sequence's state on the host, so their cost grows with the
+                              ** sequence (Gemma 3 270M, F16, beside 1024 resident tokens: a 64-token
+                              ** block ~9 ms to save, ~17 ms to load).
+                              ** true: llama.cpp's unified KV cache: every decoded token's attention
+                              ** runs over the cells of all sequences (masked), its cost grows with the
+                              ** other sessions' cells and its logits depend on them (max|dlogit| 1.1
+                              ** on Gemma 3 270M F16, tests/unit/test_streams.c); a block is saved and
+                              ** loaded through scratch sequences at a cost that depends on the block
+                              ** only (0.3 ms save, 1.6 ms load for 64 tokens).  Kept for one cache
+                              ** shared unevenly (one long conversation beside short ones, any
+                              ** sequence may use all n_ctx cells), for kvt_seq_cp that shares cells
+                              ** instead of copying them, and as the reference streams mode is tested
+                              ** against. */
     int32_t n_threads;        /* CPU threads; 0 = all cores */
     const char *type_k;       /* KV cache element type: "f16" (default), "f32", "q8_0" */
     const char *type_v;       /* same choices; quantised V needs flash attention */
@@ -115,10 +138,14 @@ struct kvt_engine_params {
 /* Defaults listed above.  Returned by value; cannot fail. */
 struct kvt_engine_params kvt_engine_default_params(void);
 
-/* Load the model and create a context with a unified KV cache (kv_unified = true) and
-** n_seq + 3 sequence ids (two scratch ids for the block primitives, one for forcing pending
-** K-shifts).  Also verifies host-side RoPE re-anchoring against llama.cpp's own RoPE (two
-** 4-token decodes) and chooses the re-anchoring path.
+/* Load the model and create a context.  kv_unified: one KV cache and n_seq + 3 sequence ids (two
+** scratch ids for the block primitives, one for forcing pending K-shifts).  Streams: one KV
+** stream per sequence id, n_seq ids, plus one scratch id (a whole stream) only when the
+** re-anchoring path is SEQ_ADD (it forces pending K-shifts and re-anchors blocks whose old
+** position range overlaps the sequence's cells).  Also verifies host-side RoPE re-anchoring
+** against llama.cpp's own RoPE (a 4-token decode shifted by llama_memory_seq_add) and chooses
+** the re-anchoring path; a streams context that ends up on the SEQ_ADD path unexpectedly (AUTO
+** with F16/F32 K whose rotation did not verify) is created a second time with the scratch id.
 ** OUT *out: the engine, freed with kvt_engine_free.
 ** Errors: KVT_EINVAL (bad params, e.g. unknown cache type), KVT_EMODEL (missing, truncated or
 ** unloadable GGUF; the message names the path), KVT_ELLAMA (context creation failed).
@@ -135,7 +162,10 @@ struct kvt_engine_info {
     bool    has_chat_template;/* the GGUF carries tokenizer.chat_template */
     int32_t n_layer, n_head, n_head_kv, n_embd;
     int32_t n_swa;            /* sliding window (tokens), 0 = none */
-    int32_t n_ctx;            /* cells in the context */
+    int32_t n_ctx;            /* cells in the context (all streams; scratch streams included) */
+    int32_t n_ctx_seq;        /* cells one sequence can hold: n_ctx when unified, its stream's size
+                              ** in streams mode (budgets of one sequence must fit this) */
+    bool    kv_unified;       /* the cache mode in use (kvt_engine_params.kv_unified) */
     int32_t n_ctx_train;
     int32_t n_vocab;
     int32_t n_seq;            /* caller-usable sequence ids */
@@ -180,7 +210,7 @@ int kvt_chat_format(kvt_engine *eng, const struct kvt_chat_msg *msgs, int32_t n_
 ** any position for an empty sequence).  want_logits: keep the logits of the last token for
 ** kvt_logits() / kvt_sample().
 ** Errors: KVT_EINVAL (bad seq or n), KVT_ECTX (no free KV cells: the message gives the cell
-** count), KVT_ELLAMA.  On error, tokens of the failed chunk are not in the cache; earlier chunks
+** count; streams: the sequence's own stream is full, whatever the others hold), KVT_ELLAMA.  On error, tokens of the failed chunk are not in the cache; earlier chunks
 ** are (the caller's block table records what was decoded via the return of kvt_seq_pos_max). */
 int kvt_decode(kvt_engine *eng, int32_t seq, const kvt_token *tokens, int32_t n, kvt_pos pos0,
                bool want_logits);
@@ -189,7 +219,10 @@ int kvt_decode(kvt_engine *eng, int32_t seq, const kvt_token *tokens, int32_t n,
 ** llama_decode: tokens toks[i] at positions pos[i] of sequences seqs[i] (each seq at most once,
 ** each pos its sequence's next position).  OUT logits_out[i * n_vocab + v]: every row's logits
 ** (caller allocates n * n_vocab floats).  kvt_logits() has nothing afterwards.  Attention
-** capture is skipped for these tokens (kvt_attn_get maps one sequence per ubatch).
+** capture is skipped for these tokens (kvt_attn_get maps one sequence per ubatch, and says
+** KVT_EUNSUPPORTED for these sequences until their next kvt_decode).  Streams: llama.cpp puts
+** consecutive sequence ids with one token each into one ubatch; its attention width is the
+** longest of those sequences' (REPORT.md §5).
 ** Errors: KVT_EINVAL (n outside 1..n_ubatch, bad or repeated seq, token outside the vocabulary),
 ** KVT_ECTX (no free KV cells: then none of the tokens is in the cache), KVT_ELLAMA. */
 int kvt_decode_multi(kvt_engine *eng, const int32_t *seqs, const kvt_token *toks, const kvt_pos *pos, int32_t n,
@@ -237,18 +270,32 @@ int kvt_sample(kvt_engine *eng, const struct kvt_sampling *s, kvt_token *tok /* 
 ** fail for a valid seq; KVT_EINVAL otherwise. */
 int kvt_seq_rm(kvt_engine *eng, int32_t seq, kvt_pos p0, kvt_pos p1);
 
-/* Share positions [p0, p1) of sequence src with sequence dst (p1 < 0: to the end).  Metadata
-** only: the cells are shared, not copied, so they have one position for both sequences; never
-** load or shift a sequence whose cells another sequence shares.  Errors: KVT_EINVAL. */
+/* Give sequence dst the cells of positions [p0, p1) of sequence src (p1 < 0: to the end); dst
+** keeps its own cells.
+** Unified cache: metadata only (llama_memory_seq_cp): the cells are shared, not copied, so they
+** have one position for both sequences; never load or shift a sequence whose cells another
+** sequence shares.
+** Streams: a copy (llama.cpp can copy only a whole stream across streams, and aborts the process
+** on a partial range, REPORT.md §3): the states of src and dst are read, the range's cells are
+** added to dst's on the host and dst is written back with one llama_state_seq_set_data (cost:
+** both sequences' cells, a few ms per 512).  The positions must be free in dst; sliding-window
+** cells older than dst's new window are dropped (no later query can see them).  On error dst is
+** unchanged.
+** Errors: KVT_EINVAL (bad or equal ids; streams: dst already holds a position of the range, the
+** message names it), KVT_ECTX (streams: dst's stream cannot hold the cells), KVT_ENOMEM,
+** KVT_ELLAMA. */
 int kvt_seq_cp(kvt_engine *eng, int32_t src, int32_t dst, kvt_pos p0, kvt_pos p1);
 
 /* Move the cells of positions [p0, p1) of a sequence by delta positions (delta < 0: down, to
 ** close a gap left by eviction).  llama.cpp's own context shift (llama_memory_seq_add, as
 ** llama-server's context shift uses it): positions change now, K is re-rotated by RoPE at the
-** next decode (kvt_block_save applies a pending shift first).  The target range
-** [p0 + delta, p1 + delta) must hold no other cell of the sequence and must not go below 0.
+** next decode (kvt_block_save applies a pending shift first).  Streams mode on the HOST
+** re-anchoring path does it at once instead: the sequence's state is read, K of the range
+** rotated on the host (the rotation verified at open) and the state written back, so no shift is
+** ever pending and no scratch stream is needed.  The target range [p0 + delta, p1 + delta) must
+** hold no other cell of the sequence and must not go below 0.
 ** Errors: KVT_EINVAL (bad sequence, empty range, negative target, target occupied: the message
-** names the position), KVT_ENOMEM.  On error the sequence is unchanged. */
+** names the position), KVT_ENOMEM, KVT_ELLAMA (streams).  On error the sequence is unchanged. */
 int kvt_seq_shift(kvt_engine *eng, int32_t seq, kvt_pos p0, kvt_pos p1, kvt_pos delta);
 
 /* Highest resident position of a sequence, -1 if empty (full-attention cache on iSWA models)
@@ -264,7 +311,11 @@ int32_t kvt_seq_n_cells(kvt_engine *eng, int32_t seq);
 /* ====================================================================================== */
 
 /* A saved KV block: the llama_state_seq_get_data bytes of one position range, plus what is
-** needed to load it elsewhere.  Owned by the caller; free with kvt_blob_free. */
+** needed to load it elsewhere.  Owned by the caller; free with kvt_blob_free.
+** The bytes are always in the one-stream form (n_stream = 1, as a unified cache writes them),
+** whichever cache mode and n_seq saved them, so a block loads into any engine on the same model
+** and cache types; kvt_block_load also accepts llama.cpp's per-sequence form (n_stream =
+** n_seq_max, one non-empty stream record). */
 typedef struct kvt_blob {
     uint8_t *data;        /* llama.cpp sequence-state bytes (llama_state_seq_get_data format) */
     size_t   size;        /* bytes */
@@ -278,24 +329,41 @@ typedef struct kvt_blob {
 ** the sequence keeps its cells.  If a K-shift is pending (SEQ_ADD path), it is applied first
 ** with a one-token decode in a scratch sequence: llama.cpp applies a shift lazily at the next
 ** llama_decode, and llama_state_seq_get_data would otherwise save the un-shifted K.
+** Unified cache: the range is shared into a scratch sequence and that sequence is saved.
+** Streams: the whole sequence's state is read (once per cache change: the attention map and
+** several saves of one step share it) and the range sliced on the host.
 ** On iSWA models (Gemma 3), save a block while its sliding-window cells still exist (right
-** after it is decoded): the blob carries only the SWA cells still in the cache.
+** after it is decoded): the blob carries only the SWA cells llama.cpp still serialises (streams:
+** those within the window of the sequence's last position; unified: also older ones whose cells
+** were not yet reused), and kvt_block_load refuses a block that lacks the ones it needs.
 ** OUT *out: caller frees with kvt_blob_free.
 ** Errors: KVT_EINVAL (empty range, bad seq), KVT_ENOENT (no cells in range), KVT_ENOMEM,
-** KVT_ELLAMA.  Cost: one memcpy of the block's K/V (bytes = n_tokens * kv_bytes_per_token). */
+** KVT_ELLAMA.  Cost: one memcpy of the block's K/V (bytes = n_tokens * kv_bytes_per_token);
+** streams: plus a read of the whole sequence when the cache changed since the last read. */
 int kvt_block_save(kvt_engine *eng, int32_t seq, kvt_pos p0, kvt_pos p1, kvt_blob **out);
 
 /* Block load: put a saved block into sequence seq at positions [new_p0, new_p0 + n_tokens),
 ** re-anchoring K by RoPE for delta = new_p0 - blob->p0, with no forward pass.
+** Unified cache:
 **   HOST path: K rows are rotated on the host (EVOKE/"KV splice" style), positions rewritten,
 **              one llama_state_seq_set_data into a scratch seq, then seq_cp into seq.
 **   SEQ_ADD path: set_data into a scratch seq, llama_memory_seq_add(delta) (applied lazily by
 **              llama.cpp at the next decode), seq_cp, seq_rm.
-** new_p0 must be past every resident position of seq (blocks are loaded at the tail).
-** The blob is not modified.
+** Streams: the sequence's current cells plus the block's are assembled on the host (sliding-
+** window cells older than the new window dropped), the sequence emptied and written with one
+** llama_state_seq_set_data.  HOST: K rotated on the host first.  SEQ_ADD: the block goes in at
+** its old positions and llama_memory_seq_add moves it lazily; if those positions are taken in
+** seq, the shift runs at once in the scratch stream instead.  If llama.cpp rejects the write
+** (it clears the part that failed and keeps the others), the previous cells are written back.
+** new_p0 must be past every resident position of seq (blocks are loaded at the tail); the next
+** decode continues at the highest position + 1.  The blob is not modified.
 ** Errors: KVT_EINVAL (new_p0 not past the tail), KVT_EFORMAT (blob from another model or cache
-** layout), KVT_ECTX (no free cells), KVT_EUNSUPPORTED (rope type cannot be re-anchored, e.g.
-** M-RoPE), KVT_ENOMEM.  On error the sequence is unchanged. */
+** layout; an iSWA block without the sliding-window cells of its last positions, which would
+** decode without that local context), KVT_ECTX (no free cells; streams: the stream cannot hold
+** the sequence's cells plus the block's, checked before anything is touched),
+** KVT_EUNSUPPORTED (rope type cannot be re-anchored, e.g. M-RoPE), KVT_ENOMEM, KVT_ELLAMA
+** (streams: llama.cpp rejected the assembled state; the sequence has its previous cells back).
+** On error the sequence is unchanged (streams: the same cells, packed within its stream). */
 int kvt_block_load(kvt_engine *eng, const kvt_blob *blob, int32_t seq, kvt_pos new_p0);
 
 /* Free a blob.  Accepts NULL. */
@@ -332,8 +400,11 @@ typedef struct kvt_attn {
     float   *q;      /* [n_query * n_head * head_dim] or NULL */
 } kvt_attn;
 
-/* Errors: KVT_ENOENT (layer not captured or nothing decoded since), KVT_EFORMAT (the cell map
-** could not be reconstructed), KVT_ENOMEM. */
+/* Works in both cache modes: with one stream per sequence the softmax columns are the cells of
+** the sequence's own stream (REPORT.md §5), mapped through that sequence's state.
+** Errors: KVT_ENOENT (layer not captured or nothing decoded since), KVT_EUNSUPPORTED (the
+** sequence's last decode was a row of kvt_decode_multi: its ubatches mix sequences, and their
+** rows are not captured), KVT_EFORMAT (the cell map could not be reconstructed), KVT_ENOMEM. */
 int kvt_attn_get(kvt_engine *eng, int32_t layer, int32_t seq, kvt_attn **out);
 void kvt_attn_free(kvt_attn *a); /* frees the struct and its arrays; accepts NULL */
 

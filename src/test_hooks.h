@@ -18,4 +18,11 @@ void kvt_engine_set_unsafe_skip_shift_flush(kvt_engine *eng, bool skip);
 ** next llama_decode): the control case checks its setup left one.  Cannot fail. */
 bool kvt_engine_shift_pending(const kvt_engine *eng);
 
+/* The failed-load tests of tests/unit/test_streams.c: the next whole-sequence write
+** (llama_state_seq_set_data of kvt_block_load, kvt_seq_cp or a host kvt_seq_shift; in unified mode
+** the scratch load of kvt_block_load) gets another K type in the last layer of cache part `part`
+** (0 full attention, 1 sliding window), which llama.cpp rejects after clearing that part.  The
+** test checks that the target sequence is left exactly as it was.  part < 0: off.  Fires once. */
+void kvt_engine_set_unsafe_corrupt_next_load(kvt_engine *eng, int part);
+
 #endif

@@ -120,6 +120,10 @@ void kvt_attn_free(kvt_attn *a) {
 int kvt_attn_get(kvt_engine *e, int32_t layer, int32_t seq, kvt_attn **out) {
     *out = NULL;
     struct attn_cap *c = kvt__attn_cap_for(e, layer);
+    if (c && kvt__engine_seq_ok(e, seq) && e->multi_gen[seq] == e->gen && e->gen != 0)
+        return kvt__fail(KVT_EUNSUPPORTED, "the last decode of sequence %d was a row of a multi-sequence batch "
+                         "(kvt_decode_multi), whose ubatches mix sequences: attention is captured for kvt_decode only",
+                         seq);
     if (!c || !c->have || c->seq != seq)
         return kvt__fail(KVT_ENOENT, "no attention captured for layer %d of sequence %d", layer, seq);
     if (c->gen != e->gen)
@@ -127,15 +131,11 @@ int kvt_attn_get(kvt_engine *e, int32_t layer, int32_t seq, kvt_attn **out) {
     int part = 0, idx = 0;
     if (kvt_engine_layer_part(e, layer, &part, &idx)) return kvt__fail(KVT_EFORMAT, "layer %d: cache part unknown", layer);
     int rc;
-    if (!e->snap || e->snap_gen != e->gen || e->snap_seq != seq) {
-        free(e->snap);
-        e->snap = NULL;
-        if ((rc = kvt__engine_save_seq(e, seq, &e->snap, &e->snap_n))) return rc;
-        e->snap_gen = e->gen;
-        e->snap_seq = seq;
-    }
-    const uint8_t *buf = e->snap;
-    size_t n = e->snap_n;
+    const uint8_t *buf;
+    size_t n;
+    /* one whole-sequence state (a unified cache: the sequence's cells in cell order; streams: its
+    ** own stream's record, the columns of its softmax block) */
+    if ((rc = kvt__engine_snapshot(e, seq, &buf, &n))) return rc;
     struct kvt__blob_layout L;
     if ((rc = kvt__blob_parse(buf, n, e->n_parts, &L))) return rc;
     const uint32_t nc = L.part[part].n_cells;

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-bool kvt__engine_seq_ok(const kvt_engine *e, int32_t seq) { return seq >= 0 && seq < e->p.n_seq + 3; }
+bool kvt__engine_seq_ok(const kvt_engine *e, int32_t seq) { return seq >= 0 && seq < e->n_seq_max; }
 
 int kvt_decode(kvt_engine *e, int32_t seq, const kvt_token *tokens, int32_t n, kvt_pos pos0, bool want_logits) {
     if (!kvt__engine_seq_ok(e, seq)) return kvt__fail(KVT_EINVAL, "sequence id %d is outside 0..%d", seq, e->p.n_seq - 1);
@@ -37,8 +37,8 @@ int kvt_decode(kvt_engine *e, int32_t seq, const kvt_token *tokens, int32_t n, k
         int r = llama_decode(e->ctx, *b);
         e->capturing = false;
         if (r == 1)
-            return kvt__fail(KVT_ECTX, "no free KV cells for %d tokens at position %d (context of %d cells)", m,
-                             pos0 + off, e->info.n_ctx);
+            return kvt__fail(KVT_ECTX, "no free KV cells for %d tokens at position %d of sequence %d (%s of %d cells)", m,
+                             pos0 + off, seq, e->unified ? "context" : "its stream", e->n_ctx_seq);
         if (r != 0) return kvt__fail(KVT_ELLAMA, "llama_decode returned %d at position %d", r, pos0 + off);
         e->shift_pending = false;
         for (int32_t i = 0; i < m; i++)
@@ -77,12 +77,15 @@ int kvt_decode_multi(kvt_engine *e, const int32_t *seqs, const kvt_token *toks, 
     e->have_logits = false;
     e->capturing = false; /* the capture maps one sequence per ubatch */
     int r = llama_decode(e->ctx, *b);
-    if (r == 1) return kvt__fail(KVT_ECTX, "no free KV cells for %d tokens (context of %d cells)", n, e->info.n_ctx);
+    if (r == 1)
+        return kvt__fail(KVT_ECTX, "no free KV cells for %d tokens (%s of %d cells)", n,
+                         e->unified ? "context" : "one sequence's stream", e->n_ctx_seq);
     if (r != 0) return kvt__fail(KVT_ELLAMA, "llama_decode returned %d for a batch of %d sequences", r, n);
     e->shift_pending = false;
     for (int32_t i = 0; i < n; i++)
         if (kvt__pm_set(&e->pm[seqs[i]], pos[i])) return KVT_ENOMEM;
     e->gen++;
+    for (int32_t i = 0; i < n; i++) e->multi_gen[seqs[i]] = e->gen; /* kvt_attn_get refuses these rows */
     for (int32_t i = 0; i < n; i++) {
         const float *l = llama_get_logits_ith(e->ctx, i);
         if (!l) return kvt__fail(KVT_ELLAMA, "llama.cpp returned no logits for batch row %d", i);
@@ -192,7 +195,8 @@ int kvt_seq_rm(kvt_engine *e, int32_t seq, kvt_pos p0, kvt_pos p1) {
 
 int kvt_seq_cp(kvt_engine *e, int32_t src, int32_t dst, kvt_pos p0, kvt_pos p1) {
     if (!kvt__engine_seq_ok(e, src) || !kvt__engine_seq_ok(e, dst) || src == dst)
-        return kvt__fail(KVT_EINVAL, "seq_cp from %d to %d", src, dst);
+        return kvt__fail(KVT_EINVAL, "seq_cp from %d to %d: ids must differ and be in 0..%d", src, dst, e->n_seq_max - 1);
+    if (!e->unified) return kvt__engine_seq_cp_host(e, src, dst, p0, p1); /* llama.cpp aborts on a partial one */
     llama_memory_seq_cp(llama_get_memory(e->ctx), src, dst, p0, p1);
     struct posmap *s = &e->pm[src];
     kvt_pos lo = p0 < 0 ? 0 : p0, hi = (p1 < 0 || p1 > s->cap) ? s->cap : p1;
@@ -225,11 +229,17 @@ int kvt_seq_shift(kvt_engine *e, int32_t seq, kvt_pos p0, kvt_pos p1, kvt_pos de
     /* grow the map before touching the cache, so that nothing can fail after llama.cpp moved */
     if (n > 0 && kvt__pm_set(m, moved[n - 1] + (delta > 0 ? delta : 0)) != 0) { free(moved); return KVT_ENOMEM; }
     if (n > 0 && delta > 0) kvt__pm_clear(m, moved[n - 1] + delta, moved[n - 1] + delta + 1);
-    llama_memory_seq_add(llama_get_memory(e->ctx), seq, p0, p1, delta);
+    /* streams mode with host re-anchoring: rotate on the host and write the sequence back, so no
+    ** shift is ever pending (a pending shift needs a decode in a scratch stream to land) */
+    const bool host = !e->unified && e->info.reanchor == KVT_REANCHOR_HOST;
+    int rc = 0;
+    if (n > 0 && host) rc = kvt__engine_seq_shift_host(e, seq, p0, p1, delta);
+    else llama_memory_seq_add(llama_get_memory(e->ctx), seq, p0, p1, delta);
+    if (rc) { free(moved); return rc; }
     kvt__pm_clear(m, p0, p1);
     for (int32_t i = 0; i < n; i++) kvt__pm_set(m, moved[i] + delta); /* cannot fail: the map covers it */
     free(moved);
-    if (n > 0) e->shift_pending = true;
+    if (n > 0 && !host) e->shift_pending = true;
     e->gen++;
     return 0;
 }

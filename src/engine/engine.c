@@ -1,7 +1,7 @@
 /* engine.c — one llama.cpp model + context, opened through the public API only: parameters,
-** the cache layout (unified KV, scratch sequences), the RoPE of every layer verified at open
-** against llama.cpp's own K-shift (host re-anchoring is trusted only where it matches), the
-** per-sequence position shadow, logging. */
+** the cache layout (a unified KV cache with scratch sequences, or one KV stream per sequence),
+** the RoPE of every layer verified at open against llama.cpp's own K-shift (host re-anchoring is
+** trusted only where it matches), the per-sequence position shadow, logging. */
 #include "engine/engine_int.h"
 
 #include <errno.h>
@@ -68,6 +68,7 @@ struct kvt_engine_params kvt_engine_default_params(void) {
     p.type_v = "f16";
     p.flash_attn = false;
     p.reanchor = KVT_REANCHOR_AUTO;
+    p.kv_unified = false;
     return p;
 }
 
@@ -93,10 +94,12 @@ static bool meta_f32(const struct llama_model *m, const char *arch, const char *
     return true;
 }
 
-/* Decode a few tokens at position 0 and at position D in two scratch sequences, then find for
-** every layer the RoPE (base, scale) under which the host rotation of the first K by D equals
-** the second K.  This checks our understanding of llama.cpp's RoPE on this exact model and
-** cache type instead of trusting per-architecture defaults. */
+/* Decode a few tokens at position 0 in sequence 0 (empty at open), save them, shift them by D
+** with llama.cpp's own K-shift (llama_memory_seq_add, applied by the next decode: one more token
+** at D + N) and save them again; then find for every layer the RoPE (base, scale) under which the
+** host rotation of the first K by D equals the second K.  This checks our understanding of
+** llama.cpp's RoPE on this exact model and cache type instead of trusting per-architecture
+** defaults.  One sequence, so no scratch stream is needed in streams mode. */
 static int calibrate_reanchor(kvt_engine *e, double *err_out) {
     enum { N = 4, D = 777 };
     kvt_token toks[N];
@@ -106,20 +109,17 @@ static int calibrate_reanchor(kvt_engine *e, double *err_out) {
     int rc;
     *err_out = -1;
     e->probing = true;
-    rc = kvt_decode(e, e->seq_a, toks, N, 0, false);
+    rc = kvt_decode(e, 0, toks, N, 0, false);
     e->probing = false;
-    if (rc == 0) rc = kvt__engine_save_seq(e, e->seq_a, &ba, &na);
-    kvt_seq_rm(e, e->seq_a, -1, -1);
-    /* llama.cpp's own K-shift of the same bytes: restore into seq_b, seq_add(D), force it */
-    if (rc == 0 && llama_state_seq_set_data(e->ctx, ba, na, e->seq_b) != na)
-        rc = kvt__fail(KVT_ELLAMA, "calibration: llama_state_seq_set_data failed");
+    if (rc == 0) rc = kvt__engine_save_seq(e, 0, &ba, &na);
     if (rc == 0) {
-        llama_memory_seq_add(llama_get_memory(e->ctx), e->seq_b, -1, -1, D);
-        e->shift_pending = true;
-        rc = kvt__engine_flush_shift(e);
+        llama_memory_seq_add(llama_get_memory(e->ctx), 0, -1, -1, D);
+        rc = kvt_decode(e, 0, toks, 1, N + D, false); /* runs the pending shift first */
     }
-    if (rc == 0) rc = kvt__engine_save_seq(e, e->seq_b, &bb, &nb);
-    llama_memory_seq_rm(llama_get_memory(e->ctx), e->seq_b, -1, -1);
+    if (rc == 0) rc = kvt__engine_save_seq(e, 0, &bb, &nb);
+    llama_memory_seq_rm(llama_get_memory(e->ctx), 0, -1, -1);
+    kvt__pm_clear(&e->pm[0], -1, -1);
+    e->gen++;
     if (rc) goto out;
 
     struct kvt__blob_layout La, Lb;
@@ -161,15 +161,21 @@ static int calibrate_reanchor(kvt_engine *e, double *err_out) {
     double worst = 0;
     for (int p = 0; p < e->n_parts; p++) {
         const struct kvt__blob_part *A = &La.part[p], *B = &Lb.part[p];
-        if (A->n_cells != N || B->n_cells != N || A->n_layer != B->n_layer) {
+        if (A->n_cells != N || B->n_cells != N + 1 || A->n_layer != B->n_layer) {
             rc = kvt__fail(KVT_EFORMAT, "calibration blobs have %u/%u cells in part %d", A->n_cells, B->n_cells, p);
             goto out;
         }
+        for (uint32_t c = 0; c < N; c++) /* the shifted cells first, in the same order */
+            if (kvt__blob_cell_pos(bb, &Lb, p, c) != kvt__blob_cell_pos(ba, &La, p, c) + D) {
+                rc = kvt__fail(KVT_EFORMAT, "calibration: shifted cell %u of part %d is at position %d, expected %d", c, p,
+                               kvt__blob_cell_pos(bb, &Lb, p, c), kvt__blob_cell_pos(ba, &La, p, c) + D);
+                goto out;
+            }
         e->rope[p] = calloc(A->n_layer, sizeof(struct kvt__rope));
         if (!e->rope[p]) { rc = kvt__fail(KVT_ENOMEM, "rope table"); goto out; }
         int32_t ne;
         if ((rc = kvt__blob_k_f32(ba, &La, p, 0, NULL, &ne))) goto out;
-        float *ka = malloc(sizeof(float) * N * ne), *kb = malloc(sizeof(float) * N * ne);
+        float *ka = malloc(sizeof(float) * N * ne), *kb = malloc(sizeof(float) * (N + 1) * ne);
         if (!ka || !kb) { free(ka); free(kb); rc = kvt__fail(KVT_ENOMEM, "calibration rows"); goto out; }
         /* Every layer: the same K bytes rotated by us and by llama.cpp must agree. */
         for (uint32_t il = 0; il < A->n_layer && rc == 0; il++) {
@@ -217,6 +223,38 @@ out:
     free(ba);
     free(bb);
     return rc;
+}
+
+/* Create the llama.cpp context for the cache mode: unified, n_seq + 3 ids in one cache of n_ctx
+** cells; streams, n_seq ids (+1 scratch) with n_ctx / n_seq cells each (padded to 256 as
+** llama.cpp pads them, so the request is exact). */
+static int make_context(kvt_engine *e, struct llama_context_params *cp, bool scratch) {
+    const struct kvt_engine_params *p = &e->p;
+    if (e->unified) {
+        e->n_seq_max = p->n_seq + 3;
+        cp->n_ctx = (uint32_t) p->n_ctx;
+        e->seq_a = p->n_seq;
+        e->seq_b = p->n_seq + 1;
+        e->seq_flush = p->n_seq + 2;
+    } else {
+        e->n_seq_max = p->n_seq + (scratch ? 1 : 0);
+        int64_t per = ((int64_t) p->n_ctx + p->n_seq - 1) / p->n_seq;
+        per = (per + 255) / 256 * 256;
+        cp->n_ctx = (uint32_t) (per * e->n_seq_max);
+        e->seq_a = e->seq_b = -1;
+        e->seq_flush = scratch ? p->n_seq : -1;
+    }
+    cp->n_seq_max = (uint32_t) e->n_seq_max;
+    cp->kv_unified = e->unified;
+    e->ctx = llama_init_from_model(e->model, *cp);
+    if (!e->ctx)
+        return kvt__fail(KVT_ELLAMA, "llama.cpp could not create a context of %u cells (%s, %d sequences) for '%s'",
+                         cp->n_ctx, e->unified ? "unified" : "one stream per sequence", e->n_seq_max, p->model_path);
+    e->n_stream = e->unified ? 1 : (uint32_t) e->n_seq_max;
+    e->n_ctx_seq = (int32_t) llama_n_ctx_seq(e->ctx);
+    e->info.n_ctx = (int32_t) llama_n_ctx(e->ctx);
+    e->info.n_ctx_seq = e->n_ctx_seq;
+    return 0;
 }
 
 int kvt_engine_open(const struct kvt_engine_params *params, kvt_engine **out) {
@@ -289,11 +327,8 @@ int kvt_engine_open(const struct kvt_engine_params *params, kvt_engine **out) {
     }
 
     struct llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = (uint32_t) p.n_ctx;
     cp.n_batch = (uint32_t) p.n_batch;
     cp.n_ubatch = (uint32_t) p.n_ubatch;
-    cp.n_seq_max = (uint32_t) p.n_seq + 3;
-    cp.kv_unified = true; /* required: partial seq_cp across streams aborts otherwise */
     cp.swa_full = false;
     cp.type_k = tk;
     cp.type_v = tv;
@@ -304,27 +339,26 @@ int kvt_engine_open(const struct kvt_engine_params *params, kvt_engine **out) {
     cp.cb_eval = kvt__attn_eval_cb;
     cp.cb_eval_user_data = e;
     cp.no_perf = true;
-    e->ctx = llama_init_from_model(e->model, cp);
-    if (!e->ctx) {
-        kvt_engine_free(e);
-        return kvt__fail(KVT_ELLAMA, "llama.cpp could not create a context of %d tokens for '%s'", p.n_ctx, p.model_path);
-    }
-    I->n_ctx = (int32_t) llama_n_ctx(e->ctx);
-    e->seq_a = p.n_seq;
-    e->seq_b = p.n_seq + 1;
-    e->seq_flush = p.n_seq + 2;
+    e->unified = p.kv_unified;
+    I->kv_unified = p.kv_unified;
     e->n_parts = I->n_swa > 0 ? 2 : 1;
+    e->test_corrupt_part = -1;
     e->batch = llama_batch_init(p.n_ubatch, 0, 1);
     e->logits = malloc(sizeof(float) * (size_t) I->n_vocab);
     e->pm = calloc((size_t) p.n_seq + 3, sizeof *e->pm);
+    e->multi_gen = calloc((size_t) p.n_seq + 3, sizeof *e->multi_gen);
     e->layer_part = calloc((size_t) I->n_layer, 1);
     e->layer_idx = calloc((size_t) I->n_layer, sizeof(int16_t));
-    if (!e->logits || !e->pm || !e->layer_part || !e->layer_idx) {
+    if (!e->logits || !e->pm || !e->multi_gen || !e->layer_part || !e->layer_idx) {
         kvt_engine_free(e);
         return kvt__fail(KVT_ENOMEM, "engine buffers");
     }
+    /* Streams: a scratch stream only where the SEQ_ADD path will need it (a quantised K cannot be
+    ** rotated on the host); AUTO learns its path at calibration and re-creates the context if it
+    ** guessed wrong. */
+    bool scratch = p.reanchor == KVT_REANCHOR_SEQ_ADD || (tk != GGML_TYPE_F16 && tk != GGML_TYPE_F32);
+    if ((rc = make_context(e, &cp, scratch))) { kvt_engine_free(e); return rc; }
 
-    /* bytes per token, from a one-token save */
     double err = -1;
     rc = calibrate_reanchor(e, &err);
     I->reanchor_err = err;
@@ -337,16 +371,31 @@ int kvt_engine_open(const struct kvt_engine_params *params, kvt_engine **out) {
         return rc;
     }
     I->reanchor = (rc == 0 && p.reanchor != KVT_REANCHOR_SEQ_ADD) ? KVT_REANCHOR_HOST : KVT_REANCHOR_SEQ_ADD;
+    if (!e->unified && I->reanchor == KVT_REANCHOR_SEQ_ADD && !scratch) {
+        llama_free(e->ctx);
+        e->ctx = NULL;
+        if ((rc = make_context(e, &cp, true))) { kvt_engine_free(e); return rc; }
+    }
+    /* bytes per token, from a one-token save; in streams mode it is also the reference layout
+    ** that blocks are checked against before any cell of a sequence is touched */
     {
         kvt_token t0 = 1 % I->n_vocab;
         uint8_t *b = NULL;
         size_t n = 0, n0;
-        rc = kvt_decode(e, e->seq_a, &t0, 1, 0, false);
-        if (rc == 0) rc = kvt__engine_save_seq(e, e->seq_a, &b, &n);
-        kvt_seq_rm(e, e->seq_a, -1, -1);
-        free(b);
-        n0 = 8 + 8 * (size_t) e->n_parts; /* header + per-part stream/cell counts */
+        rc = kvt_decode(e, 0, &t0, 1, 0, false);
+        if (rc == 0) rc = kvt__engine_save_seq(e, 0, &b, &n);
+        kvt_seq_rm(e, 0, -1, -1);
+        n0 = 8 + (size_t) e->n_parts * (4 + 4 * (size_t) e->n_stream); /* header + per-part stream/cell counts */
         I->kv_bytes_per_token = n > n0 ? n - n0 : 0;
+        if (rc == 0 && !e->unified) {
+            struct kvt__blob_layout L;
+            rc = kvt__blob_parse(b, n, e->n_parts, &L);
+            if (rc == 0) {
+                struct kvt__blob_src src = { b, &L, { INT32_MIN, INT32_MIN }, { INT32_MAX, INT32_MAX }, 0 };
+                rc = kvt__blob_write(&src, 1, e->n_parts, 1, 0, 0, &e->ref, &e->ref_n);
+            }
+        }
+        free(b);
         if (rc) { kvt_engine_free(e); return rc; }
     }
     kvt__clear_error();
@@ -361,6 +410,8 @@ void kvt_engine_free(kvt_engine *e) {
     if (e->ctx) llama_free(e->ctx);
     if (e->model) llama_model_free(e->model);
     for (int i = 0; e->pm && i < e->p.n_seq + 3; i++) free(e->pm[i].bits);
+    free(e->multi_gen);
+    free(e->ref);
     for (int i = 0; i < e->n_caps; i++) {
         free(e->caps[i].w); free(e->caps[i].vis); free(e->caps[i].q); free(e->caps[i].q_pos);
     }

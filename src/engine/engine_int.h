@@ -1,16 +1,18 @@
 /* engine_int.h — the engine's state, shared by the files of src/engine/ (the only code in kvtier
 ** that includes llama.h).  Never installed.
 **
-**   engine.c   model + context open/close, RoPE verification at open, logging, position shadow
+**   engine.c   model + context open/close (unified cache or one stream per sequence), RoPE
+**              verification at open, logging, position shadow
 **   text.c     tokenize, detokenize, chat template
 **   decode.c   decode (single sequence, multi-sequence rows), logits, sampling, grammar,
 **              sequence removal/copy
-**   kvio.c     block save/load through sequence state (host-side re-anchoring in src/kv/blob.c)
+**   kvio.c     block save/load through sequence state (host-side re-anchoring in src/kv/blob.c);
+**              in streams mode also the whole-sequence paths of seq_cp and seq_shift
 **   attn.c     attention capture (graph callback on kq_soft_max) mapped to positions
 **   embed.c    the embedder: its own model and context for dense retrieval
 **
 ** Facts and traps of the llama.cpp API this relies on: shared/notes/llama-kv-api.md (the team's
-** notes beside the repository). */
+** notes beside the repository); for kv_unified = false, docs/research/llama-streams/REPORT.md. */
 #ifndef KVT_ENGINE_INT_H
 #define KVT_ENGINE_INT_H
 
@@ -54,13 +56,21 @@ struct kvt_engine {
     struct kvt_engine_params    p;
     struct kvt_engine_info      info;
     char                        model_path[1024];
-    int32_t                     seq_a, seq_b, seq_flush; /* scratch sequence ids */
+    int32_t                     seq_a, seq_b, seq_flush; /* scratch sequence ids; -1 where the mode has none */
     int                         n_parts;                 /* 2 for iSWA caches */
+    bool                        unified;                 /* kv_unified: one cache shared by all sequences */
+    int32_t                     n_seq_max;               /* sequence ids in the context: caller's + scratch */
+    uint32_t                    n_stream;                /* stream records per part of a state: 1 or n_seq_max */
+    int32_t                     n_ctx_seq;               /* cells one sequence can hold */
+    uint8_t                    *ref;                     /* streams mode: a one-token state of this context, */
+    size_t                      ref_n;                   /*   canonical form: the layout loads are checked against */
+    uint64_t                   *multi_gen;               /* [n_seq_max]: gen after a kvt_decode_multi with the seq */
+    int                         test_corrupt_part;       /* test hook: corrupt the next set_data's part; -1 off */
     struct llama_batch          batch;
     float                      *logits;
     bool                        have_logits;
     bool                        shift_pending, skip_flush;
-    struct posmap              *pm;                      /* [n_seq + 3] */
+    struct posmap              *pm;                      /* [n_seq_max] */
     uint64_t                    gen;                     /* bumps on every cache mutation */
     /* re-anchoring */
     struct kvt__rope           *rope[2];                 /* per part, per layer of the part */
@@ -105,6 +115,13 @@ bool kvt__engine_seq_ok(const kvt_engine *e, int32_t seq); /* user and scratch s
 int kvt__engine_flush_shift(kvt_engine *e);
 /* The whole state of sequence seq (llama_state_seq_get_data), *buf owned by the caller. */
 int kvt__engine_save_seq(kvt_engine *e, int32_t seq, uint8_t **buf, size_t *n);
+/* The whole state of sequence seq as of now, owned by the engine (e->snap) and valid until the
+** cache changes (e->gen): one get_data serves the attention map and the block saves of a step. */
+int kvt__engine_snapshot(kvt_engine *e, int32_t seq, const uint8_t **buf, size_t *n);
+/* Streams mode: copy positions [p0, p1) of src into dst through whole-sequence state. */
+int kvt__engine_seq_cp_host(kvt_engine *e, int32_t src, int32_t dst, kvt_pos p0, kvt_pos p1);
+/* Streams mode, host re-anchoring: move [p0, p1) of seq by delta (K rotated on the host). */
+int kvt__engine_seq_shift_host(kvt_engine *e, int32_t seq, kvt_pos p0, kvt_pos p1, kvt_pos delta);
 
 /* ---- attn.c ---- */
 /* llama.cpp's cb_eval: keeps the softmax (and Q) of the captured layers' last ubatch. */

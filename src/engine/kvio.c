@@ -1,6 +1,16 @@
-/* kvio.c — the block primitives' engine side: save [p0, p1) of a sequence as a blob (a copy into a
-** scratch sequence + llama_state_seq_get_data, a pending K-shift applied first), load a blob at a
-** new position (host RoPE re-anchoring in src/kv/blob.c, then llama_state_seq_set_data). */
+/* kvio.c — the block primitives' engine side.
+**
+** Unified cache: save [p0, p1) of a sequence by sharing it into a scratch sequence and saving
+** that (llama_state_seq_get_data); load by llama_state_seq_set_data into a scratch sequence and
+** sharing it into the target.
+** One stream per sequence (kv_unified = false; a partial seq_cp across streams aborts llama.cpp):
+** every operation reads the whole sequence's state, slices or assembles cells on the host
+** (src/kv/blob.c) and writes it back with one llama_state_seq_set_data; a failed write puts the
+** previous state back (llama.cpp clears the part that failed and keeps the others,
+** docs/research/llama-streams/REPORT.md §7).  Blocks leave and enter the engine in the canonical
+** one-stream form, so they load in either mode and at any n_seq.
+** K is re-anchored by RoPE on the host (src/kv/blob.c) or by llama.cpp's lazy K-shift (SEQ_ADD),
+** a pending shift being applied first whenever a sequence's state is read. */
 #include "engine/engine_int.h"
 #include "test_hooks.h"
 
@@ -11,6 +21,7 @@
 ** sequence, then remove that token. */
 int kvt__engine_flush_shift(kvt_engine *e) {
     if (!e->shift_pending || e->skip_flush) return 0;
+    if (e->seq_flush < 0) return kvt__fail(KVT_ELLAMA, "a K-shift is pending but the context has no flush sequence");
     kvt_token t = 0;
     int rc = kvt_decode(e, e->seq_flush, &t, 1, 0, false);
     kvt_seq_rm(e, e->seq_flush, -1, -1);
@@ -30,37 +41,334 @@ int kvt__engine_save_seq(kvt_engine *e, int32_t seq, uint8_t **buf, size_t *n) {
     return 0;
 }
 
+int kvt__engine_snapshot(kvt_engine *e, int32_t seq, const uint8_t **buf, size_t *n) {
+    if (!e->snap || e->snap_gen != e->gen || e->snap_seq != seq) {
+        free(e->snap);
+        e->snap = NULL;
+        int rc = kvt__engine_save_seq(e, seq, &e->snap, &e->snap_n);
+        if (rc) return rc;
+        e->snap_gen = e->gen;
+        e->snap_seq = seq;
+    }
+    *buf = e->snap;
+    *n = e->snap_n;
+    return 0;
+}
+
+/* A sequence's whole state, owned, parsed (the layout is large: kept off the stack). */
+struct state {
+    uint8_t *buf;
+    size_t n;
+    struct kvt__blob_layout L;
+};
+
+static void state_free(struct state *st) {
+    if (!st) return;
+    free(st->buf);
+    free(st);
+}
+
+static int state_get(kvt_engine *e, int32_t seq, struct state **out) {
+    *out = NULL;
+    struct state *st = calloc(1, sizeof *st);
+    if (!st) return kvt__fail(KVT_ENOMEM, "sequence state");
+    int rc = kvt__engine_save_seq(e, seq, &st->buf, &st->n);
+    if (rc == 0) rc = kvt__blob_parse(st->buf, st->n, e->n_parts, &st->L);
+    if (rc) { state_free(st); return rc; }
+    *out = st;
+    return 0;
+}
+
+/* Smallest and largest position of part p (INT32_MAX / -1 when empty). */
+static void part_span(const uint8_t *buf, const struct kvt__blob_layout *L, int p, kvt_pos *lo, kvt_pos *hi) {
+    *lo = INT32_MAX;
+    *hi = -1;
+    for (uint32_t c = 0; p < L->n_parts && c < L->part[p].n_cells; c++) {
+        kvt_pos pp = kvt__blob_cell_pos(buf, L, p, c);
+        *lo = KVT_MIN(*lo, pp);
+        *hi = KVT_MAX(*hi, pp);
+    }
+}
+
+/* Test hook (kvt_engine_set_unsafe_corrupt_next_load): give the last layer of part p another K
+** type, which llama.cpp rejects while reading that part, after clearing it. */
+static void corrupt_for_test(kvt_engine *e, uint8_t *buf, size_t n) {
+    const int p = e->test_corrupt_part;
+    e->test_corrupt_part = -1;
+    struct kvt__blob_layout *L = malloc(sizeof *L);
+    if (L && kvt__blob_parse(buf, n, e->n_parts, L) == 0 && p >= 0 && p < L->n_parts && L->part[p].n_cells) {
+        const struct kvt__blob_part *P = &L->part[p];
+        size_t off = P->k_off[P->n_layer - 1] - 12; /* i32 type_k ; u64 k_row_bytes ; rows */
+        int32_t t;
+        memcpy(&t, buf + off, 4);
+        t = t == GGML_TYPE_F32 ? GGML_TYPE_F16 : GGML_TYPE_F32;
+        memcpy(buf + off, &t, 4);
+    }
+    free(L);
+}
+
+/* Streams mode: replace all cells of seq by the state in buf (this context's stream layout).  If
+** llama.cpp rejects it, seq gets its previous state `prev` back; only if that fails too is the
+** sequence left empty (and the message says so).  The cache generation moves either way: cells
+** are now packed from index 0 of the stream. */
+static int replace_seq(kvt_engine *e, int32_t seq, uint8_t *buf, size_t n, const struct state *prev, const char *what) {
+    llama_memory_t mem = llama_get_memory(e->ctx);
+    if (e->test_corrupt_part >= 0) corrupt_for_test(e, buf, n);
+    e->gen++;
+    llama_memory_seq_rm(mem, seq, -1, -1); /* a part with no cells would otherwise keep the old ones */
+    size_t r = llama_state_seq_set_data(e->ctx, buf, n, seq);
+    if (r == n) return 0;
+    llama_memory_seq_rm(mem, seq, -1, -1); /* what llama.cpp loaded before the part that failed */
+    size_t r2 = llama_state_seq_set_data(e->ctx, prev->buf, prev->n, seq);
+    if (r2 != prev->n) {
+        llama_memory_seq_rm(mem, seq, -1, -1);
+        kvt__pm_clear(&e->pm[seq], -1, -1);
+        return kvt__fail(KVT_ELLAMA, "%s: llama_state_seq_set_data read %zu of %zu bytes into sequence %d, and putting "
+                         "back its previous %u cells failed too (%zu of %zu bytes): the sequence is now empty",
+                         what, r, n, seq, prev->L.part[0].n_cells, r2, prev->n);
+    }
+    return kvt__fail(KVT_ELLAMA, "%s: llama_state_seq_set_data read %zu of %zu bytes into sequence %d (llama.cpp's log "
+                     "says why); the sequence's previous %u cells are back", what, r, n, seq, prev->L.part[0].n_cells);
+}
+
+/* The sliding-window position below which a sequence whose highest position is pos_max keeps no
+** SWA cells (llama.cpp's own state write keeps pos > pos_max - n_swa); INT32_MIN without SWA. */
+static kvt_pos swa_lo(const kvt_engine *e, kvt_pos pos_max) {
+    return (e->n_parts > 1 && e->info.n_swa > 0) ? pos_max - e->info.n_swa + 1 : INT32_MIN;
+}
+
+/* iSWA: a block loaded at the tail is attended by the next query through its SWA cells of the
+** last n_swa - 1 positions.  A block saved after those cells left the window lacks them, and
+** llama.cpp would decode without that local context, silently (REPORT.md §4). */
+static int check_swa_cells(const kvt_engine *e, const kvt_blob *blob, const struct kvt__blob_layout *L) {
+    if (e->n_parts < 2 || e->info.n_swa <= 0) return 0;
+    kvt_pos lo, last;
+    part_span(blob->data, L, 0, &lo, &last);
+    const kvt_pos need_from = last + 2 - e->info.n_swa;
+    int32_t n_full = 0, n_swa = 0;
+    for (uint32_t c = 0; c < L->part[0].n_cells; c++) n_full += kvt__blob_cell_pos(blob->data, L, 0, c) >= need_from;
+    for (uint32_t c = 0; c < L->part[1].n_cells; c++) n_swa += kvt__blob_cell_pos(blob->data, L, 1, c) >= need_from;
+    if (n_swa < n_full)
+        return kvt__fail(KVT_EFORMAT, "block [%d, %d] holds %d of the %d sliding-window cells its last positions need "
+                         "(window of %d; it was saved after they left the window): loading it would decode without "
+                         "that local context", lo, last, n_swa, n_full, e->info.n_swa);
+    return 0;
+}
+
+/* ---- save ---- */
+
+static int save_unified(kvt_engine *e, int32_t seq, kvt_pos p0, kvt_pos p1, kvt_blob *b) {
+    llama_memory_t mem = llama_get_memory(e->ctx);
+    llama_memory_seq_cp(mem, seq, e->seq_a, p0, p1); /* metadata only: cells are shared */
+    int rc = kvt__engine_save_seq(e, e->seq_a, &b->data, &b->size);
+    llama_memory_seq_rm(mem, e->seq_a, -1, -1);
+    return rc;
+}
+
+/* Streams: the whole sequence's state (one snapshot per cache generation), sliced by position on
+** the host; the SWA part keeps the cells in range that llama.cpp still serialises (the window). */
+static int save_streams(kvt_engine *e, int32_t seq, kvt_pos p0, kvt_pos p1, kvt_blob *b) {
+    const uint8_t *buf;
+    size_t n;
+    int rc = kvt__engine_snapshot(e, seq, &buf, &n);
+    if (rc) return rc;
+    struct kvt__blob_layout *L = malloc(sizeof *L);
+    if (!L) return kvt__fail(KVT_ENOMEM, "block save");
+    if ((rc = kvt__blob_parse(buf, n, e->n_parts, L)) == 0) {
+        struct kvt__blob_src src = { buf, L, { p0, p0 }, { p1, p1 }, 0 };
+        rc = kvt__blob_write(&src, 1, e->n_parts, 1, 0, seq, &b->data, &b->size);
+    }
+    free(L);
+    return rc;
+}
+
 int kvt_block_save(kvt_engine *e, int32_t seq, kvt_pos p0, kvt_pos p1, kvt_blob **out) {
     *out = NULL;
     if (!kvt__engine_seq_ok(e, seq) || seq >= e->p.n_seq) return kvt__fail(KVT_EINVAL, "block save: sequence id %d", seq);
     if (p0 < 0 || p1 <= p0) return kvt__fail(KVT_EINVAL, "block save: empty range [%d, %d)", p0, p1);
     int rc = kvt__engine_flush_shift(e);
     if (rc) return rc;
-    llama_memory_t mem = llama_get_memory(e->ctx);
-    llama_memory_seq_cp(mem, seq, e->seq_a, p0, p1); /* metadata only: cells are shared */
     kvt_blob *b = calloc(1, sizeof *b);
-    if (!b) { llama_memory_seq_rm(mem, e->seq_a, -1, -1); return kvt__fail(KVT_ENOMEM, "blob"); }
-    rc = kvt__engine_save_seq(e, e->seq_a, &b->data, &b->size);
-    llama_memory_seq_rm(mem, e->seq_a, -1, -1);
+    if (!b) return kvt__fail(KVT_ENOMEM, "blob");
+    rc = e->unified ? save_unified(e, seq, p0, p1, b) : save_streams(e, seq, p0, p1, b);
     if (rc) { free(b); return rc; }
-    struct kvt__blob_layout L;
-    if ((rc = kvt__blob_parse(b->data, b->size, e->n_parts, &L))) { kvt_blob_free(b); return rc; }
-    if (L.part[0].n_cells == 0) {
+    struct kvt__blob_layout *L = malloc(sizeof *L);
+    if (!L) { kvt_blob_free(b); return kvt__fail(KVT_ENOMEM, "blob"); }
+    if ((rc = kvt__blob_parse(b->data, b->size, e->n_parts, L))) { free(L); kvt_blob_free(b); return rc; }
+    if (L->part[0].n_cells == 0) {
+        free(L);
         kvt_blob_free(b);
         return kvt__fail(KVT_ENOENT, "block save: sequence %d has no cells in [%d, %d)", seq, p0, p1);
     }
-    kvt_pos lo = INT32_MAX, hi = -1;
-    for (uint32_t c = 0; c < L.part[0].n_cells; c++) {
-        kvt_pos pp = kvt__blob_cell_pos(b->data, &L, 0, c);
-        lo = KVT_MIN(lo, pp);
-        hi = KVT_MAX(hi, pp);
-    }
+    kvt_pos lo, hi;
+    part_span(b->data, L, 0, &lo, &hi);
     b->p0 = lo;
     b->n_tokens = hi - lo + 1;
-    b->n_cells = (int32_t) L.part[0].n_cells;
-    b->n_cells_swa = e->n_parts > 1 ? (int32_t) L.part[1].n_cells : 0;
+    b->n_cells = (int32_t) L->part[0].n_cells;
+    b->n_cells_swa = e->n_parts > 1 ? (int32_t) L->part[1].n_cells : 0;
+    free(L);
     *out = b;
     return 0;
+}
+
+/* ---- load ---- */
+
+static int load_unified(kvt_engine *e, const kvt_blob *blob, const struct kvt__blob_layout *L, int32_t seq,
+                        int32_t delta) {
+    llama_memory_t mem = llama_get_memory(e->ctx);
+    const uint8_t *src = blob->data;
+    size_t n = blob->size;
+    uint8_t *tmp = NULL;
+    int rc;
+    if (L->part[0].n_stream != 1 || (e->n_parts > 1 && L->part[1].n_stream != 1)) {
+        /* llama.cpp's form from a context with one stream per sequence: to the one-stream form */
+        struct kvt__blob_src one = { blob->data, L, { INT32_MIN, INT32_MIN }, { INT32_MAX, INT32_MAX }, 0 };
+        if ((rc = kvt__blob_write(&one, 1, e->n_parts, 1, 0, e->seq_b, &tmp, &n))) return rc;
+    } else if ((e->info.reanchor == KVT_REANCHOR_HOST && delta != 0) || e->test_corrupt_part >= 0) {
+        if (!(tmp = malloc(n))) return kvt__fail(KVT_ENOMEM, "block load copy of %zu bytes", n);
+        memcpy(tmp, blob->data, n);
+    }
+    if (tmp) {
+        struct kvt__blob_layout *T = malloc(sizeof *T);
+        rc = T ? kvt__blob_parse(tmp, n, e->n_parts, T) : kvt__fail(KVT_ENOMEM, "block load");
+        if (rc == 0 && e->info.reanchor == KVT_REANCHOR_HOST && delta != 0)
+            rc = kvt__blob_reanchor(tmp, T, delta, e->info.n_head_kv, e->rope);
+        free(T);
+        if (rc) { free(tmp); return rc; }
+        if (e->test_corrupt_part >= 0) corrupt_for_test(e, tmp, n);
+        src = tmp;
+    }
+    llama_memory_seq_rm(mem, e->seq_b, -1, -1);
+    size_t r = llama_state_seq_set_data(e->ctx, src, n, e->seq_b);
+    free(tmp);
+    if (r != n) {
+        llama_memory_seq_rm(mem, e->seq_b, -1, -1);
+        return kvt__fail(KVT_ECTX, "block load of %d tokens failed (llama.cpp read %zu of %zu bytes): no free KV cells "
+                         "or a blob from another model/cache layout", blob->n_tokens, r, n);
+    }
+    if (e->info.reanchor == KVT_REANCHOR_SEQ_ADD && delta != 0) {
+        llama_memory_seq_add(mem, e->seq_b, -1, -1, delta);
+        e->shift_pending = true;
+    }
+    llama_memory_seq_cp(mem, e->seq_b, seq, -1, -1);
+    llama_memory_seq_rm(mem, e->seq_b, -1, -1);
+    return 0;
+}
+
+/* Streams, SEQ_ADD path, when the block's old positions overlap the target's cells: llama.cpp's
+** K-shift of the block alone, in the scratch stream, applied at once by one more token there.
+** OUT *out: the shifted block in canonical form (caller frees). */
+static int shift_in_scratch(kvt_engine *e, const kvt_blob *blob, const struct kvt__blob_layout *L, int32_t delta,
+                            uint8_t **out, size_t *out_n) {
+    llama_memory_t mem = llama_get_memory(e->ctx);
+    const int32_t s = e->seq_flush;
+    uint8_t *in = NULL;
+    size_t in_n = 0;
+    kvt_pos lo, hi, lo1, hi1;
+    part_span(blob->data, L, 0, &lo, &hi);
+    part_span(blob->data, L, 1, &lo1, &hi1);
+    hi = KVT_MAX(hi, hi1);
+    struct kvt__blob_src src = { blob->data, L, { INT32_MIN, INT32_MIN }, { INT32_MAX, INT32_MAX }, 0 };
+    int rc = kvt__blob_write(&src, 1, e->n_parts, e->n_stream, (uint32_t) s, s, &in, &in_n);
+    if (rc) return rc;
+    llama_memory_seq_rm(mem, s, -1, -1);
+    size_t r = llama_state_seq_set_data(e->ctx, in, in_n, s);
+    free(in);
+    if (r != in_n) {
+        llama_memory_seq_rm(mem, s, -1, -1);
+        return kvt__fail(KVT_ELLAMA, "block load: llama_state_seq_set_data read %zu of %zu bytes into the scratch sequence %d",
+                         r, in_n, s);
+    }
+    llama_memory_seq_add(mem, s, -1, -1, delta);
+    kvt_token t = 0;
+    rc = kvt_decode(e, s, &t, 1, hi + delta + 1, false); /* runs the pending shift first */
+    struct state *st = NULL;
+    if (rc == 0) rc = state_get(e, s, &st);
+    kvt_seq_rm(e, s, -1, -1);
+    if (rc == 0) {
+        struct kvt__blob_src sl = { st->buf, &st->L, { lo + delta, lo + delta }, { hi + 1 + delta, hi + 1 + delta }, 0 };
+        rc = kvt__blob_write(&sl, 1, e->n_parts, 1, 0, s, out, out_n);
+    }
+    state_free(st);
+    return rc;
+}
+
+/* Streams: the target's cells plus the block's (re-anchored, positions rewritten), SWA cells
+** trimmed to the new window, one set_data; on failure the previous cells are put back. */
+static int load_streams(kvt_engine *e, const kvt_blob *blob, const struct kvt__blob_layout *Lb, int32_t seq,
+                        int32_t delta) {
+    int rc = kvt__engine_flush_shift(e); /* a pending shift must land in K before the state is read */
+    if (rc) return rc;
+    struct state *cur = NULL, *blk = NULL;
+    uint8_t *asm_buf = NULL;
+    size_t asm_n = 0;
+    struct kvt__blob_layout *Lref = malloc(sizeof *Lref);
+    if (!Lref) return kvt__fail(KVT_ENOMEM, "block load");
+    if ((rc = kvt__blob_parse(e->ref, e->ref_n, e->n_parts, Lref)) || (rc = state_get(e, seq, &cur))) goto out;
+    const int64_t n_cells = (int64_t) cur->L.part[0].n_cells + Lb->part[0].n_cells;
+    if (n_cells > e->n_ctx_seq) {
+        rc = kvt__fail(KVT_ECTX, "block load of %u cells into sequence %d, which holds %u: its stream has %d cells",
+                       Lb->part[0].n_cells, seq, cur->L.part[0].n_cells, e->n_ctx_seq);
+        goto out;
+    }
+    /* the block as it goes in: positions and K final (HOST, or SEQ_ADD via the scratch stream), or
+    ** at its old positions with llama.cpp's K-shift to follow (SEQ_ADD, "lazy") */
+    const uint8_t *bbuf = blob->data;
+    const struct kvt__blob_layout *bL = Lb;
+    int32_t pending = 0; /* the shift still to apply to the block's cells */
+    kvt_pos b_lo, b_hi, b_lo1, b_hi1;
+    part_span(blob->data, Lb, 0, &b_lo, &b_hi);
+    part_span(blob->data, Lb, 1, &b_lo1, &b_hi1);
+    const kvt_pos b_min = KVT_MIN(b_lo, b_lo1), b_max = KVT_MAX(b_hi, b_hi1);
+    if (delta != 0 && e->info.reanchor == KVT_REANCHOR_HOST) {
+        if (!(blk = calloc(1, sizeof *blk)) || !(blk->buf = malloc(blob->size))) {
+            rc = kvt__fail(KVT_ENOMEM, "block load copy of %zu bytes", blob->size);
+            goto out;
+        }
+        memcpy(blk->buf, blob->data, blob->size);
+        blk->n = blob->size;
+        blk->L = *Lb;
+        if ((rc = kvt__blob_reanchor(blk->buf, &blk->L, delta, e->info.n_head_kv, e->rope))) goto out;
+        bbuf = blk->buf;
+        bL = &blk->L;
+    } else if (delta != 0) {
+        bool overlap = false;
+        for (int p = 0; p < e->n_parts && !overlap; p++)
+            for (uint32_t c = 0; c < cur->L.part[p].n_cells && !overlap; c++) {
+                kvt_pos pp = kvt__blob_cell_pos(cur->buf, &cur->L, p, c);
+                overlap = pp >= b_min && pp <= b_max;
+            }
+        if (!overlap) {
+            pending = delta;
+        } else {
+            if (!(blk = calloc(1, sizeof *blk))) { rc = kvt__fail(KVT_ENOMEM, "block load"); goto out; }
+            if ((rc = shift_in_scratch(e, blob, Lb, delta, &blk->buf, &blk->n)) ||
+                (rc = kvt__blob_parse(blk->buf, blk->n, e->n_parts, &blk->L)))
+                goto out;
+            bbuf = blk->buf;
+            bL = &blk->L;
+        }
+    }
+    const kvt_pos new_max = KVT_MAX(kvt__pm_max(&e->pm[seq]), b_hi + delta);
+    const kvt_pos win = swa_lo(e, new_max);
+    const int32_t bwin = win == INT32_MIN ? INT32_MIN : win - pending; /* in the block's own positions */
+    struct kvt__blob_src src[3] = {
+        { e->ref, Lref, { 0, 0 }, { 0, 0 }, 0 }, /* selects nothing: the layout every part must match */
+        { cur->buf, &cur->L, { INT32_MIN, win }, { INT32_MAX, INT32_MAX }, 0 },
+        { bbuf, bL, { INT32_MIN, bwin }, { INT32_MAX, INT32_MAX }, 0 },
+    };
+    if ((rc = kvt__blob_write(src, 3, e->n_parts, e->n_stream, (uint32_t) seq, seq, &asm_buf, &asm_n))) goto out;
+    if ((rc = replace_seq(e, seq, asm_buf, asm_n, cur, "block load"))) goto out;
+    if (pending) {
+        llama_memory_seq_add(llama_get_memory(e->ctx), seq, b_min, b_max + 1, pending);
+        e->shift_pending = true;
+    }
+out:
+    free(Lref);
+    free(asm_buf);
+    state_free(cur);
+    state_free(blk);
+    return rc;
 }
 
 int kvt_block_load(kvt_engine *e, const kvt_blob *blob, int32_t seq, kvt_pos new_p0) {
@@ -70,38 +378,90 @@ int kvt_block_load(kvt_engine *e, const kvt_blob *blob, int32_t seq, kvt_pos new
     if (new_p0 <= tail)
         return kvt__fail(KVT_EINVAL, "block load at position %d: sequence %d already holds position %d (load at the tail)",
                          new_p0, seq, tail);
-    struct kvt__blob_layout L;
-    int rc = kvt__blob_parse(blob->data, blob->size, e->n_parts, &L);
-    if (rc) return rc;
+    struct kvt__blob_layout *L = malloc(sizeof *L);
+    if (!L) return kvt__fail(KVT_ENOMEM, "block load");
+    int rc = kvt__blob_parse(blob->data, blob->size, e->n_parts, L);
+    if (rc == 0 && L->part[0].n_cells == 0) rc = kvt__fail(KVT_EFORMAT, "block load: the blob holds no cells");
+    if (rc == 0) rc = check_swa_cells(e, blob, L);
     const int32_t delta = new_p0 - blob->p0;
-    llama_memory_t mem = llama_get_memory(e->ctx);
-    const uint8_t *src = blob->data;
-    uint8_t *tmp = NULL;
-    if (e->info.reanchor == KVT_REANCHOR_HOST && delta != 0) {
-        tmp = malloc(blob->size);
-        if (!tmp) return kvt__fail(KVT_ENOMEM, "block load copy of %zu bytes", blob->size);
-        memcpy(tmp, blob->data, blob->size);
-        if ((rc = kvt__blob_reanchor(tmp, &L, delta, e->info.n_head_kv, e->rope))) { free(tmp); return rc; }
-        src = tmp;
+    if (rc == 0) rc = e->unified ? load_unified(e, blob, L, seq, delta) : load_streams(e, blob, L, seq, delta);
+    for (uint32_t c = 0; rc == 0 && c < L->part[0].n_cells; c++)
+        rc = kvt__pm_set(&e->pm[seq], kvt__blob_cell_pos(blob->data, L, 0, c) + delta);
+    free(L);
+    if (rc == 0) e->gen++;
+    return rc;
+}
+
+/* ---- streams mode: seq_cp and seq_shift through whole-sequence state ---- */
+
+int kvt__engine_seq_cp_host(kvt_engine *e, int32_t src, int32_t dst, kvt_pos p0, kvt_pos p1) {
+    const kvt_pos lo = p0 < 0 ? INT32_MIN : p0, hi = p1 < 0 ? INT32_MAX : p1;
+    int rc = kvt__engine_flush_shift(e);
+    if (rc) return rc;
+    struct state *S = NULL, *D = NULL;
+    uint8_t *asm_buf = NULL;
+    size_t asm_n = 0;
+    struct kvt__blob_layout *Lref = malloc(sizeof *Lref);
+    if (!Lref) return kvt__fail(KVT_ENOMEM, "seq_cp");
+    if ((rc = kvt__blob_parse(e->ref, e->ref_n, e->n_parts, Lref)) || (rc = state_get(e, src, &S)) ||
+        (rc = state_get(e, dst, &D)))
+        goto out;
+    int32_t n = 0;
+    kvt_pos s_max = -1;
+    for (uint32_t c = 0; c < S->L.part[0].n_cells; c++) {
+        kvt_pos pp = kvt__blob_cell_pos(S->buf, &S->L, 0, c);
+        if (pp < lo || pp >= hi) continue;
+        const struct posmap *m = &e->pm[dst];
+        if (pp < m->cap && (m->bits[pp >> 3] & (1u << (pp & 7)))) {
+            rc = kvt__fail(KVT_EINVAL, "seq_cp from %d to %d: sequence %d already holds position %d (with one stream per "
+                           "sequence a copy is a copy: the positions must be free)", src, dst, dst, pp);
+            goto out;
+        }
+        n++;
+        s_max = KVT_MAX(s_max, pp);
     }
-    llama_memory_seq_rm(mem, e->seq_b, -1, -1);
-    size_t r = llama_state_seq_set_data(e->ctx, src, blob->size, e->seq_b);
-    free(tmp);
-    if (r != blob->size) {
-        llama_memory_seq_rm(mem, e->seq_b, -1, -1);
-        return kvt__fail(KVT_ECTX, "block load of %d tokens failed (llama.cpp read %zu of %zu bytes): no free KV cells "
-                         "or a blob from another model/cache layout", blob->n_tokens, r, blob->size);
+    if (n == 0) goto out; /* nothing in range: like llama_memory_seq_cp, a no-op */
+    if ((int64_t) D->L.part[0].n_cells + n > e->n_ctx_seq) {
+        rc = kvt__fail(KVT_ECTX, "seq_cp of %d cells into sequence %d, which holds %u: its stream has %d cells", n, dst,
+                       D->L.part[0].n_cells, e->n_ctx_seq);
+        goto out;
     }
-    if (e->info.reanchor == KVT_REANCHOR_SEQ_ADD && delta != 0) {
-        llama_memory_seq_add(mem, e->seq_b, -1, -1, delta);
-        e->shift_pending = true;
+    const kvt_pos win = swa_lo(e, KVT_MAX(kvt__pm_max(&e->pm[dst]), s_max));
+    struct kvt__blob_src srcs[3] = {
+        { e->ref, Lref, { 0, 0 }, { 0, 0 }, 0 },
+        { D->buf, &D->L, { INT32_MIN, win }, { INT32_MAX, INT32_MAX }, 0 },
+        { S->buf, &S->L, { lo, KVT_MAX(lo, win) }, { hi, hi }, 0 },
+    };
+    if ((rc = kvt__blob_write(srcs, 3, e->n_parts, e->n_stream, (uint32_t) dst, dst, &asm_buf, &asm_n))) goto out;
+    if ((rc = replace_seq(e, dst, asm_buf, asm_n, D, "seq_cp"))) goto out;
+    for (uint32_t c = 0; rc == 0 && c < S->L.part[0].n_cells; c++) {
+        kvt_pos pp = kvt__blob_cell_pos(S->buf, &S->L, 0, c);
+        if (pp >= lo && pp < hi) rc = kvt__pm_set(&e->pm[dst], pp);
     }
-    llama_memory_seq_cp(mem, e->seq_b, seq, -1, -1);
-    llama_memory_seq_rm(mem, e->seq_b, -1, -1);
-    for (uint32_t c = 0; c < L.part[0].n_cells; c++)
-        if ((rc = kvt__pm_set(&e->pm[seq], kvt__blob_cell_pos(blob->data, &L, 0, c) + delta))) return rc;
-    e->gen++;
-    return 0;
+out:
+    free(Lref);
+    free(asm_buf);
+    state_free(S);
+    state_free(D);
+    return rc;
+}
+
+int kvt__engine_seq_shift_host(kvt_engine *e, int32_t seq, kvt_pos p0, kvt_pos p1, kvt_pos delta) {
+    struct state *cur = NULL;
+    uint8_t *nb = NULL;
+    int rc = state_get(e, seq, &cur);
+    if (rc) return rc;
+    if (!(nb = malloc(cur->n))) {
+        rc = kvt__fail(KVT_ENOMEM, "seq_shift copy of %zu bytes", cur->n);
+        state_free(cur);
+        return rc;
+    }
+    memcpy(nb, cur->buf, cur->n);
+    rc = kvt__blob_reanchor_range(nb, &cur->L, delta, p0, p1, e->info.n_head_kv, e->rope);
+    if (rc == 0) rc = replace_seq(e, seq, nb, cur->n, cur, "seq_shift");
+    free(nb);
+    state_free(cur);
+    return rc;
 }
 
 void kvt_blob_free(kvt_blob *b) {
@@ -123,6 +483,8 @@ int kvt_blob_dup(const kvt_blob *b, kvt_blob **out) {
 }
 
 void kvt_engine_set_unsafe_skip_shift_flush(kvt_engine *e, bool skip) { e->skip_flush = skip; }
+
+void kvt_engine_set_unsafe_corrupt_next_load(kvt_engine *e, int part) { e->test_corrupt_part = part; }
 
 bool kvt_engine_shift_pending(const kvt_engine *e) { return e->shift_pending; }
 

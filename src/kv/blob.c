@@ -11,6 +11,8 @@
 #include "ggml.h"
 
 #include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 struct rd {
@@ -41,17 +43,9 @@ static int skip(struct rd *r, uint64_t k, const char *what) {
     return 0;
 }
 
-static int parse_part(struct rd *r, struct kvt__blob_part *P) {
-    uint32_t n_stream = 0;
-    RD(r, n_stream, "n_stream");
-    if (n_stream != 1)
-        return kvt__fail(KVT_EFORMAT, "KV block has %u streams; kvtier needs a unified cache (1)", n_stream);
-    RD(r, P->n_cells, "cell_count");
+/* One non-empty stream record: cells, then K and V of every layer. */
+static int parse_record(struct rd *r, struct kvt__blob_part *P) {
     P->cells_off = r->off;
-    P->n_layer = 0;
-    P->v_trans = 0;
-    P->v_bytes = 0;
-    if (P->n_cells == 0) return 0;
     for (uint32_t c = 0; c < P->n_cells; c++) {
         int32_t pos = 0;
         uint32_t n_seq_id = 0;
@@ -78,22 +72,58 @@ static int parse_part(struct rd *r, struct kvt__blob_part *P) {
     }
     size_t v0 = r->off;
     for (uint32_t l = 0; l < P->n_layer; l++) {
-        int32_t vt = 0;
-        RD(r, vt, "v type");
+        RD(r, P->v_type[l], "v type");
         int rc;
         if (!P->v_trans) {
-            uint64_t row = 0;
-            RD(r, row, "v row bytes");
-            rc = skip(r, row * P->n_cells, "V rows");
+            RD(r, P->v_row_bytes[l], "v row bytes");
+            if (P->v_row_bytes[l] > (1u << 24))
+                return kvt__fail(KVT_EFORMAT, "KV block layer %u: V row of %llu bytes", l, (unsigned long long) P->v_row_bytes[l]);
+            P->v_n_embd[l] = 0;
+            P->v_off[l] = r->off;
+            rc = skip(r, P->v_row_bytes[l] * P->n_cells, "V rows");
         } else {
-            uint32_t el, ne = 0;
+            uint32_t el = 0, ne = 0;
             RD(r, el, "v elem size");
             RD(r, ne, "n_embd_v");
+            if (el == 0 || el > 64 || ne > (1u << 20))
+                return kvt__fail(KVT_EFORMAT, "KV block layer %u: transposed V of %u elements of %u bytes", l, ne, el);
+            P->v_row_bytes[l] = el;
+            P->v_n_embd[l] = ne;
+            P->v_off[l] = r->off;
             rc = skip(r, (uint64_t) el * ne * P->n_cells, "V (transposed)");
         }
         if (rc) return rc;
     }
     P->v_bytes = r->off - v0;
+    return 0;
+}
+
+static int parse_part(struct rd *r, struct kvt__blob_part *P) {
+    uint32_t n_stream = 0;
+    RD(r, n_stream, "n_stream");
+    if (n_stream < 1 || n_stream > KVT__MAX_STREAMS)
+        return kvt__fail(KVT_EFORMAT, "KV block part has %u streams (1..%d expected)", n_stream, KVT__MAX_STREAMS);
+    P->n_stream = n_stream;
+    P->slot = 0;
+    P->n_cells = 0;
+    P->cells_off = r->off;
+    P->n_layer = 0;
+    P->v_trans = 0;
+    P->v_bytes = 0;
+    bool seen = false;
+    for (uint32_t s = 0; s < n_stream; s++) {
+        uint32_t nc = 0;
+        RD(r, nc, "cell_count");
+        if (nc == 0) continue;
+        if (seen) /* llama.cpp would load each record over the previous one: only the last survives */
+            return kvt__fail(KVT_EFORMAT, "KV block part has cells in streams %u and %u (one sequence's state has one)",
+                             P->slot, s);
+        seen = true;
+        P->slot = s;
+        P->n_cells = nc;
+        int rc = parse_record(r, P);
+        if (rc) return rc;
+    }
     return 0;
 }
 
@@ -134,6 +164,177 @@ int32_t kvt__blob_cell_pos(const uint8_t *buf, const struct kvt__blob_layout *L,
     int32_t pos;
     memcpy(&pos, buf + cell_off(buf, &L->part[p], c), 4);
     return pos;
+}
+
+/* ---- writer ---- */
+
+struct selection {
+    uint32_t *idx;  /* cell indices of the source part, in cell order */
+    int32_t  *pos;  /* their positions, delta applied */
+    uint32_t  n;
+};
+
+static int select_cells(const struct kvt__blob_src *S, int p, struct selection *out) {
+    const struct kvt__blob_part *P = &S->L->part[p];
+    out->idx = NULL;
+    out->pos = NULL;
+    out->n = 0;
+    if (P->n_cells == 0) return 0;
+    out->idx = malloc(sizeof(uint32_t) * P->n_cells);
+    out->pos = malloc(sizeof(int32_t) * P->n_cells);
+    if (!out->idx || !out->pos) return kvt__fail(KVT_ENOMEM, "selection of %u cells", P->n_cells);
+    size_t off = P->cells_off;
+    for (uint32_t c = 0; c < P->n_cells; c++) {
+        int32_t pos;
+        uint32_t nsid;
+        memcpy(&pos, S->buf + off, 4);
+        memcpy(&nsid, S->buf + off + 4, 4);
+        off += 8 + (size_t) nsid * 4;
+        if (pos >= S->lo[p] && pos < S->hi[p]) {
+            out->idx[out->n] = c;
+            out->pos[out->n++] = pos + S->delta;
+        }
+    }
+    return 0;
+}
+
+/* Same layers, types and row sizes: cells of both can share one record. */
+static int same_layout(const struct kvt__blob_part *A, const struct kvt__blob_part *B, int p) {
+    if (A->v_trans != B->v_trans || A->n_layer != B->n_layer)
+        return kvt__fail(KVT_EFORMAT, "KV blocks of another cache layout: part %d has v_trans %u and %u layers, "
+                         "the other %u and %u", p, B->v_trans, B->n_layer, A->v_trans, A->n_layer);
+    for (uint32_t l = 0; l < A->n_layer; l++)
+        if (A->k_type[l] != B->k_type[l] || A->k_row_bytes[l] != B->k_row_bytes[l] || A->v_type[l] != B->v_type[l] ||
+            A->v_row_bytes[l] != B->v_row_bytes[l] || A->v_n_embd[l] != B->v_n_embd[l])
+            return kvt__fail(KVT_EFORMAT, "KV blocks of another cache layout: part %d layer %u has K type %d (%llu-byte rows), "
+                             "V type %d, the other K type %d (%llu-byte rows), V type %d", p, l, B->k_type[l],
+                             (unsigned long long) B->k_row_bytes[l], B->v_type[l], A->k_type[l],
+                             (unsigned long long) A->k_row_bytes[l], A->v_type[l]);
+    return 0;
+}
+
+struct wr {
+    uint8_t *b;
+    size_t off;
+};
+
+static void put(struct wr *w, const void *d, size_t k) {
+    memcpy(w->b + w->off, d, k);
+    w->off += k;
+}
+
+#define PUT(w, T, v)                  \
+    do {                              \
+        T v_ = (T) (v);               \
+        put((w), &v_, sizeof v_);     \
+    } while (0)
+
+/* Copy the selected cells' pieces of size `el` from base (piece of cell c at base + c * el),
+** in runs of consecutive cells. */
+static void put_runs(struct wr *w, const uint8_t *base, const struct selection *S, size_t el) {
+    for (uint32_t i = 0; i < S->n;) {
+        uint32_t j = i + 1;
+        while (j < S->n && S->idx[j] == S->idx[j - 1] + 1) j++;
+        put(w, base + (size_t) S->idx[i] * el, (size_t) (j - i) * el);
+        i = j;
+    }
+}
+
+enum { MAX_SRC = 8 };
+
+int kvt__blob_write(const struct kvt__blob_src *src, int n_src, int n_parts, uint32_t n_stream, uint32_t slot,
+                    int32_t seq, uint8_t **out, size_t *n) {
+    *out = NULL;
+    *n = 0;
+    if (n_parts < 1 || n_parts > 2 || n_src < 0 || n_src > MAX_SRC || n_stream < 1 || n_stream > KVT__MAX_STREAMS ||
+        slot >= n_stream)
+        return kvt__fail(KVT_EINVAL, "KV block writer: %d parts, %d sources, stream %u of %u", n_parts, n_src, slot, n_stream);
+    for (int i = 0; i < n_src; i++)
+        if (src[i].L->n_parts != n_parts)
+            return kvt__fail(KVT_EFORMAT, "KV block source %d has %d parts, the cache %d", i, src[i].L->n_parts, n_parts);
+    struct selection sel[MAX_SRC][2];
+    memset(sel, 0, sizeof sel);
+    const struct kvt__blob_part *ref[2] = { NULL, NULL };
+    uint32_t tot[2] = { 0, 0 };
+    int rc = 0;
+    size_t size = 8;
+    for (int p = 0; p < n_parts && rc == 0; p++) {
+        for (int i = 0; i < n_src && rc == 0; i++) {
+            const struct kvt__blob_part *P = &src[i].L->part[p];
+            if (P->n_cells == 0) continue;
+            if (!ref[p]) ref[p] = P;
+            else if ((rc = same_layout(ref[p], P, p))) break;
+            if ((rc = select_cells(&src[i], p, &sel[i][p]))) break;
+            tot[p] += sel[i][p].n;
+        }
+        size += 4 + 4 * (size_t) n_stream;
+        if (rc || tot[p] == 0) continue;
+        const struct kvt__blob_part *R = ref[p];
+        size += (size_t) tot[p] * 12 + 8;
+        for (uint32_t l = 0; l < R->n_layer; l++) {
+            size += 12 + (size_t) tot[p] * R->k_row_bytes[l];
+            size += R->v_trans ? 12 + (size_t) tot[p] * R->v_row_bytes[l] * R->v_n_embd[l]
+                               : 12 + (size_t) tot[p] * R->v_row_bytes[l];
+        }
+    }
+    uint8_t *b = rc ? NULL : malloc(size);
+    if (!rc && !b) rc = kvt__fail(KVT_ENOMEM, "KV block of %zu bytes", size);
+    if (rc) goto done;
+    struct wr w = { b, 0 };
+    PUT(&w, uint32_t, KVT__BLOB_MAGIC);
+    PUT(&w, int32_t, seq);
+    for (int p = 0; p < n_parts; p++) {
+        PUT(&w, uint32_t, n_stream);
+        for (uint32_t s = 0; s < n_stream; s++) {
+            if (s != slot || tot[p] == 0) { PUT(&w, uint32_t, 0); continue; }
+            const struct kvt__blob_part *R = ref[p];
+            PUT(&w, uint32_t, tot[p]);
+            for (int i = 0; i < n_src; i++)
+                for (uint32_t c = 0; c < sel[i][p].n; c++) {
+                    PUT(&w, int32_t, sel[i][p].pos[c]);
+                    PUT(&w, uint32_t, 1);
+                    PUT(&w, int32_t, seq);
+                }
+            PUT(&w, uint32_t, R->v_trans);
+            PUT(&w, uint32_t, R->n_layer);
+            for (uint32_t l = 0; l < R->n_layer; l++) {
+                PUT(&w, int32_t, R->k_type[l]);
+                PUT(&w, uint64_t, R->k_row_bytes[l]);
+                for (int i = 0; i < n_src; i++)
+                    if (sel[i][p].n) put_runs(&w, src[i].buf + src[i].L->part[p].k_off[l], &sel[i][p], R->k_row_bytes[l]);
+            }
+            for (uint32_t l = 0; l < R->n_layer; l++) {
+                PUT(&w, int32_t, R->v_type[l]);
+                if (!R->v_trans) {
+                    PUT(&w, uint64_t, R->v_row_bytes[l]);
+                    for (int i = 0; i < n_src; i++)
+                        if (sel[i][p].n) put_runs(&w, src[i].buf + src[i].L->part[p].v_off[l], &sel[i][p], R->v_row_bytes[l]);
+                } else {
+                    /* transposed: n_embd_v rows of one element per cell */
+                    const size_t el = R->v_row_bytes[l];
+                    PUT(&w, uint32_t, el);
+                    PUT(&w, uint32_t, R->v_n_embd[l]);
+                    for (uint32_t j = 0; j < R->v_n_embd[l]; j++)
+                        for (int i = 0; i < n_src; i++)
+                            if (sel[i][p].n) {
+                                const struct kvt__blob_part *P = &src[i].L->part[p];
+                                put_runs(&w, src[i].buf + P->v_off[l] + (size_t) j * P->n_cells * el, &sel[i][p], el);
+                            }
+                }
+            }
+        }
+    }
+    if (w.off != size) {
+        free(b);
+        rc = kvt__fail(KVT_EFORMAT, "KV block writer: wrote %zu of %zu bytes", w.off, size);
+        goto done;
+    }
+    *out = b;
+    *n = size;
+done:
+    for (int i = 0; i < n_src; i++)
+        for (int p = 0; p < 2; p++) { free(sel[i][p].idx); free(sel[i][p].pos); }
+    return rc;
 }
 
 void kvt__rope_table(const struct kvt__rope *r, int32_t delta, float *cs) {
@@ -184,33 +385,50 @@ static int k_row_elems(const struct kvt__blob_part *P, int il, int32_t *row_elem
     return 0;
 }
 
-int kvt__blob_reanchor(uint8_t *buf, const struct kvt__blob_layout *L, int32_t delta, int n_head_kv,
-                       struct kvt__rope *const rope[2]) {
-    for (int p = 0; p < L->n_parts; p++) {
+int kvt__blob_reanchor_range(uint8_t *buf, const struct kvt__blob_layout *L, int32_t delta, int32_t lo, int32_t hi,
+                             int n_head_kv, struct kvt__rope *const rope[2]) {
+    /* check everything first, so that nothing is modified on error */
+    for (int p = 0; p < L->n_parts && delta != 0; p++) {
         const struct kvt__blob_part *P = &L->part[p];
-        size_t off = P->cells_off;
-        for (uint32_t c = 0; c < P->n_cells; c++) {
-            int32_t pos;
-            uint32_t nsid;
-            memcpy(&pos, buf + off, 4);
-            memcpy(&nsid, buf + off + 4, 4);
-            pos += delta;
-            memcpy(buf + off, &pos, 4);
-            off += 8 + (size_t) nsid * 4;
-        }
-        if (delta == 0) continue;
+        if (P->n_cells == 0) continue;
+        if (!rope[p]) return kvt__fail(KVT_EUNSUPPORTED, "no verified RoPE for part %d", p);
         for (uint32_t il = 0; il < P->n_layer; il++) {
             int32_t ne = 0;
             int rc = k_row_elems(P, (int) il, &ne);
             if (rc) return rc;
             if (ne % n_head_kv) return kvt__fail(KVT_EFORMAT, "K row of %d elems for %d KV heads", ne, n_head_kv);
             const int hd = ne / n_head_kv;
-            const struct kvt__rope *r = &rope[p][il];
-            if (r->n_rot > hd) return kvt__fail(KVT_EFORMAT, "n_rot %d > head_dim %d", r->n_rot, hd);
-            float tmp[4096], cs[4096];
+            if (rope[p][il].n_rot > hd) return kvt__fail(KVT_EFORMAT, "n_rot %d > head_dim %d", rope[p][il].n_rot, hd);
             if (hd > 4096) return kvt__fail(KVT_EUNSUPPORTED, "head_dim %d > 4096", hd);
+        }
+    }
+    for (int p = 0; p < L->n_parts; p++) {
+        const struct kvt__blob_part *P = &L->part[p];
+        if (P->n_cells == 0) continue;
+        uint8_t *hit = malloc(P->n_cells);
+        if (!hit) return kvt__fail(KVT_ENOMEM, "re-anchoring %u cells", P->n_cells);
+        size_t off = P->cells_off;
+        for (uint32_t c = 0; c < P->n_cells; c++) {
+            int32_t pos;
+            uint32_t nsid;
+            memcpy(&pos, buf + off, 4);
+            memcpy(&nsid, buf + off + 4, 4);
+            hit[c] = pos >= lo && pos < hi;
+            if (hit[c]) {
+                pos += delta;
+                memcpy(buf + off, &pos, 4);
+            }
+            off += 8 + (size_t) nsid * 4;
+        }
+        for (uint32_t il = 0; il < P->n_layer && delta != 0; il++) {
+            int32_t ne = 0;
+            k_row_elems(P, (int) il, &ne);
+            const int hd = ne / n_head_kv;
+            const struct kvt__rope *r = &rope[p][il];
+            float tmp[4096], cs[4096];
             kvt__rope_table(r, delta, cs); /* one table per layer: the angles depend only on delta */
             for (uint32_t c = 0; c < P->n_cells; c++) {
+                if (!hit[c]) continue;
                 uint8_t *row = buf + P->k_off[il] + (size_t) c * P->k_row_bytes[il];
                 for (int h = 0; h < n_head_kv; h++) {
                     if (P->k_type[il] == GGML_TYPE_F32) {
@@ -224,8 +442,14 @@ int kvt__blob_reanchor(uint8_t *buf, const struct kvt__blob_layout *L, int32_t d
                 }
             }
         }
+        free(hit);
     }
     return 0;
+}
+
+int kvt__blob_reanchor(uint8_t *buf, const struct kvt__blob_layout *L, int32_t delta, int n_head_kv,
+                       struct kvt__rope *const rope[2]) {
+    return kvt__blob_reanchor_range(buf, L, delta, INT32_MIN, INT32_MAX, n_head_kv, rope);
 }
 
 int kvt__blob_k_f32(const uint8_t *buf, const struct kvt__blob_layout *L, int p, int il, float *out,

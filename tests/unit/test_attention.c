@@ -4,7 +4,9 @@
 ** ubatch must (1) have rows summing to 1, (2) list exactly the resident positions the query can
 ** see, and (3) equal softmax(q.k / sqrt(d)) recomputed on the host from the captured Q and the
 ** K rows of a save of the whole sequence, matched by position.  A control pairs the same Q/K with
-** positions shifted by one block and must fail the comparison. */
+** positions shifted by one block and must fail the comparison.  Every check runs with a unified
+** KV cache and with one KV stream per sequence (there the columns are the sequence's own
+** stream's cells); rows of a multi-sequence batch are refused, not mis-mapped. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,6 +20,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+static bool g_kv_unified = true; /* the cache mode of the group being run */
+
+static int mode_unified(void **st) { (void) st; g_kv_unified = true; return 0; }
+static int mode_streams(void **st) { (void) st; g_kv_unified = false; return 0; }
+
 static kvt_engine *open_tiny(const char *name) {
     char path[1024];
     const char *d = getenv("KVT_TINY_DIR");
@@ -26,6 +33,7 @@ static kvt_engine *open_tiny(const char *name) {
     p.model_path = path;
     p.n_ctx = 1024;
     p.type_k = p.type_v = "f32";
+    p.kv_unified = g_kv_unified;
     kvt_engine *e = NULL;
     assert_int_equal(kvt_engine_open(&p, &e), 0);
     return e;
@@ -79,11 +87,13 @@ static void run(const char *model, const int32_t *layers, int n_layers) {
     assert_int_equal(kvt_attn_capture(e, layers, n_layers, true), 0);
     kvt_token T[160];
     toks(T, 160, 11);
-    /* 100 tokens, evict [20,50), move [60,80) to the tail at 100 via save/evict/load */
-    assert_int_equal(kvt_decode(e, 0, T, 100, 0, false), 0);
-    kvt_seq_rm(e, 0, 20, 50);
+    /* 100 tokens, evict [20,50), move [60,80) to the tail at 100 via save/evict/load.  The block is
+    ** saved as soon as it is decoded, while its sliding-window cells exist (kvt_block_save) */
+    assert_int_equal(kvt_decode(e, 0, T, 80, 0, false), 0);
     kvt_blob *b = NULL;
     assert_int_equal(kvt_block_save(e, 0, 60, 80, &b), 0);
+    assert_int_equal(kvt_decode(e, 0, T + 80, 20, 80, false), 0);
+    kvt_seq_rm(e, 0, 20, 50);
     kvt_seq_rm(e, 0, 60, 80);
     assert_int_equal(kvt_block_load(e, b, 0, 100), 0);
     kvt_blob_free(b);
@@ -168,11 +178,64 @@ static void test_capture_errors(void **st) {
     kvt_engine_free(e);
 }
 
+/* A multi-sequence batch (kvt_decode_multi) puts several sequences in one ubatch; its rows are not
+** captured, and kvt_attn_get says so for those sequences instead of mapping another ubatch. */
+static void test_multi_sequence_refused(void **st) {
+    (void) st;
+    kvt_engine *e = NULL;
+    {
+        char path[1024];
+        const char *d = getenv("KVT_TINY_DIR");
+        snprintf(path, sizeof path, "%s/%s.gguf", d ? d : "tests/models", "tiny-gemma3");
+        struct kvt_engine_params p = kvt_engine_default_params();
+        p.model_path = path;
+        p.n_ctx = 1024;
+        p.n_seq = 2;
+        p.type_k = p.type_v = "f32";
+        p.kv_unified = g_kv_unified;
+        assert_int_equal(kvt_engine_open(&p, &e), 0);
+    }
+    struct kvt_engine_info I;
+    kvt_engine_info(e, &I);
+    const int32_t layers[] = { 0, 5 };
+    assert_int_equal(kvt_attn_capture(e, layers, 2, false), 0);
+    kvt_token T[40];
+    toks(T, 40, 3);
+    assert_int_equal(kvt_decode(e, 0, T, 20, 0, false), 0);
+    assert_int_equal(kvt_decode(e, 1, T + 20, 12, 0, false), 0);
+    kvt_attn *a = NULL;
+    assert_int_equal(kvt_attn_get(e, 5, 1, &a), 0); /* the last kvt_decode: sequence 1 */
+    assert_int_equal(a->n_query, 12);
+    kvt_attn_free(a);
+    const int32_t seqs[2] = { 0, 1 };
+    const kvt_token tk[2] = { T[30], T[31] };
+    const kvt_pos pos[2] = { 20, 12 };
+    float *logits = malloc(sizeof(float) * 2 * (size_t) I.n_vocab);
+    assert_int_equal(kvt_decode_multi(e, seqs, tk, pos, 2, logits), 0);
+    for (int s = 0; s < 2; s++) {
+        a = NULL;
+        assert_int_equal(kvt_attn_get(e, 5, s, &a), KVT_EUNSUPPORTED);
+        assert_null(a);
+        assert_non_null(strstr(kvt_errmsg(), "kvt_decode_multi"));
+    }
+    /* the next single-sequence decode is captured again */
+    assert_int_equal(kvt_decode(e, 0, T + 32, 3, 21, false), 0);
+    assert_int_equal(kvt_attn_get(e, 0, 0, &a), 0);
+    assert_int_equal(a->n_query, 3);
+    assert_int_equal(a->q_pos[0], 21);
+    kvt_attn_free(a);
+    free(logits);
+    kvt_engine_free(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama),
         cmocka_unit_test(test_gemma3_swa),
         cmocka_unit_test(test_capture_errors),
+        cmocka_unit_test(test_multi_sequence_refused),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    int failed = cmocka_run_group_tests_name("unified KV cache", tests, mode_unified, NULL);
+    failed += cmocka_run_group_tests_name("one KV stream per sequence", tests, mode_streams, NULL);
+    return failed;
 }

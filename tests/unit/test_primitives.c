@@ -6,7 +6,9 @@
 **   splice:    B is decoded at far-away positions, saved, evicted, and loaded at the target
 **              positions with RoPE re-anchoring — no forward pass.
 ** Next-token logits after both must agree within F32 1e-3 / F16 2e-2 max abs.  A control saves
-** while a K-shift is still pending (llama.cpp applies shifts lazily) and must be caught. */
+** while a K-shift is still pending (llama.cpp applies shifts lazily) and must be caught.
+** Every check runs twice: with a unified KV cache and with one KV stream per sequence
+** (kvt_engine_params.kv_unified false), with the same tolerances. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -32,8 +34,14 @@ static char *model_path(const char *name) {
     return buf;
 }
 
+static bool g_kv_unified = true; /* the cache mode of the group being run */
+
+static int mode_unified(void **st) { (void) st; g_kv_unified = true; return 0; }
+static int mode_streams(void **st) { (void) st; g_kv_unified = false; return 0; }
+
 static kvt_engine *open_engine(const char *name, const char *type, int reanchor) {
     struct kvt_engine_params p = kvt_engine_default_params();
+    p.kv_unified = g_kv_unified;
     p.model_path = model_path(name);
     if (!p.model_path) return NULL;
     p.n_ctx = 1024;
@@ -325,5 +333,7 @@ int main(void) {
         cmocka_unit_test(test_chat_f16),
         cmocka_unit_test(test_chat_f32),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    int failed = cmocka_run_group_tests_name("unified KV cache", tests, mode_unified, NULL);
+    failed += cmocka_run_group_tests_name("one KV stream per sequence", tests, mode_streams, NULL);
+    return failed;
 }
