@@ -136,7 +136,7 @@ int cmd_serve(int argc, char **argv) {
         { "model", 'm', OPT_STR, &srv.model_path, 0, 0, "MODEL", "GGUF model file (default $KVTIER_MODEL)", NULL },
         { "host", 0, OPT_STR, &host, 0, 0, "ADDR", "IPv4 address to listen on (default 127.0.0.1)", NULL },
         { "port", 0, OPT_INT, &port, 0, 65535, "N", "TCP port (default 8080; 0 = any free port, printed at start)", NULL },
-        { "ctx-size", 'c', OPT_INT, &srv.n_ctx, 256, 1 << 20, "N", "KV cells of the shared context (default 4096)", NULL },
+        { "ctx-size", 'c', OPT_INT, &srv.n_ctx, 256, 1 << 20, "N", "KV cells in all (default 4096); each session and completion slot gets its own stream of at least --budget cells", NULL },
         { "budget", 0, OPT_INT, &srv.budget, 128, 1 << 20, "N", "resident-token budget of each session (default 512)", NULL },
         { "block", 0, OPT_INT, &srv.block, 16, 4096, "N", "tokens per KV block (default 64)", NULL },
         { "parallel", 0, OPT_INT, &srv.parallel, 1, 64, "N", "requests generating at once (default 4)", NULL },

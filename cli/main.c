@@ -210,7 +210,7 @@ int cli_session_open(const char *cmd, const struct cli_run_opts *o, struct cli_s
         return rc == KVT_EINVAL ? usage_hint(cmd) : APP_ERR;
     }
     kvt_engine_info(cs->eng, &cs->info);
-    cs->budget = o->budget ? o->budget : cs->info.n_ctx;
+    cs->budget = o->budget ? o->budget : cs->info.n_ctx_seq;
 
     struct kvt_pool_params pp = kvt_pool_default_params();
     pp.budget_bytes = (size_t) o->pool_mb << 20;

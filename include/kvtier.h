@@ -24,8 +24,9 @@
 **
 ** Thread-safety: an engine and the sessions on it are single-threaded objects: the caller
 ** serialises every call that names the same engine.  Sessions on one engine may be interleaved
-** call by call (each keeps its own logits); their numbers are independent of sessions that ran
-** before, but not bit-identical to a lone run while other sessions' cells share the cache.
+** call by call (each keeps its own logits).  With one KV stream per sequence (the default) a
+** session's numbers are bit-identical to a lone run; with kv_unified they depend slightly on the
+** other sessions' cells.
 ** The host pool is thread-safe.  An embedder and an ANN index are single-threaded objects like
 ** an engine.  Functions marked "pure" (BM25, section 6) touch no shared state and may be called
 ** from any thread, as may kvt_strerror() and kvt_errmsg().

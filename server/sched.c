@@ -57,8 +57,10 @@ int serve_engine_open(struct server *srv) {
     sc->comp_seq0 = srv->max_sessions;
     struct kvt_engine_params ep = kvt_engine_default_params();
     ep.model_path = srv->model_path;
-    ep.n_ctx = srv->n_ctx;
     ep.n_seq = srv->max_sessions + sc->n_comp;
+    /* one KV stream per sequence (the engine's default): every session and every completion slot
+    ** must hold a whole budget in its own stream, whatever -c divided by the sequences gives */
+    ep.n_ctx = KVT_MAX(srv->n_ctx, srv->budget * ep.n_seq);
     ep.n_threads = srv->threads;
     int rc = kvt_engine_open(&ep, &srv->eng);
     if (rc) {

@@ -53,11 +53,12 @@ int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *params, k
         return kvt__fail(KVT_EINVAL, "budget %d is smaller than two blocks of %d tokens", p.budget, p.block);
     if (p.policy < 0 || p.policy >= KVT_POLICY__COUNT)
         return kvt__fail(KVT_EINVAL, "policy %d is not one of the %d known policies", p.policy, KVT_POLICY__COUNT);
-    if (p.policy == KVT_POLICY_NO_EVICTION) p.budget = I.n_ctx; /* the reference keeps everything */
+    if (p.policy == KVT_POLICY_NO_EVICTION) p.budget = I.n_ctx_seq; /* the reference keeps everything */
     if (p.policy == KVT_POLICY_INFLLM) p.recovery = KVT_RECOVERY_KV_RESTORE;
     else if (p.policy != KVT_POLICY_KVTIER && p.policy != KVT_POLICY_NO_EVICTION) p.recovery = KVT_RECOVERY_DISCARD;
-    if (p.budget > I.n_ctx)
-        return kvt__fail(KVT_EINVAL, "budget %d exceeds the context of %d tokens", p.budget, I.n_ctx);
+    if (p.budget > I.n_ctx_seq)
+        return kvt__fail(KVT_EINVAL, "budget %d exceeds the %d cells one sequence can hold (%s)", p.budget,
+                         I.n_ctx_seq, I.kv_unified ? "the context" : "its KV stream: n_ctx / n_seq");
     if (!(p.low_watermark > 0 && p.low_watermark < p.high_watermark && p.high_watermark <= 1))
         return kvt__fail(KVT_EINVAL, "watermarks low %.2f / high %.2f must satisfy 0 < low < high <= 1", p.low_watermark,
                          p.high_watermark);
