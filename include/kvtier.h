@@ -4,20 +4,31 @@
 ** This header is the whole public API and its manual: anything not declared here is
 ** internal.  Read it top to bottom:
 **
-**   1. Errors                 int returns, 0 = success, negative KVT_E* code.
-**   2. Engine                 one llama.cpp model + context (the only code that talks to
-**                             llama.cpp); tokenize, chat template, prefill/decode, sampling.
-**   3. Block primitives       save a position range of a sequence to host memory, load it
-**                             back at another position with RoPE re-anchoring (no forward
-**                             pass), capture per-head attention mapped to positions.
-**   4. Host pool              byte-budgeted host RAM tier that spills to checksummed files.
-**   5. Session                one conversation in one sequence under a token budget, with a
-**                             block table, watermark eviction and recompute-free recovery;
-**                             BM25 retrieval of evicted blocks.
-**   6. Signals                attention mass per block (H2O, SnapKV), attention entropy and
-**                             head classes.
-**   7. Dense retrieval        optional: embeddings through llama.cpp, approximate nearest
-**                             neighbours (HNSW).
+**   section                   what                                       implemented in
+**   1. Errors                 int returns, 0 = success, negative KVT_E*    src/error.c
+**                             code.
+**   2. Engine                 one llama.cpp model + context (the only      src/engine/
+**                             code that talks to llama.cpp); tokenize,
+**                             chat template, prefill/decode, sampling.
+**   3. Block primitives       save a position range of a sequence to       src/engine/kvio.c,
+**                             host memory, load it back at another         src/kv/ (blob layout,
+**                             position with RoPE re-anchoring (no forward  host RoPE),
+**                             pass), capture per-head attention mapped to  src/engine/attn.c
+**                             positions.
+**   4. Host pool              byte-budgeted host RAM tier that spills to   src/store/
+**                             checksummed files.
+**   5. Session                one conversation in one sequence under a     src/session/ (table,
+**                             token budget, with a block table, watermark  eviction, positions,
+**                             eviction and recompute-free recovery; BM25   sync, generation),
+**                             retrieval of evicted blocks.                 src/retrieval/
+**   6. Signals                attention mass per block (H2O, SnapKV),      src/policy/
+**                             attention entropy and head classes.
+**   7. Dense retrieval        optional: embeddings through llama.cpp,      src/engine/embed.c,
+**                             approximate nearest neighbours (HNSW).       src/retrieval/ann.cpp
+**
+** The server (server/), the command-line tool (cli/) and the evaluation (eval/) are built on
+** this header alone.  It is one file on purpose (a user reads it top to bottom), so it is the
+** one file of the tree past ~800 lines.
 **
 ** Units: token counts are tokens, positions are llama_pos-style int32 (half-open [p0, p1)),
 ** sizes are bytes, times are milliseconds.
