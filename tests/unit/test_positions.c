@@ -162,11 +162,12 @@ static void test_session_positions_bounded(void **st) {
     kvt_engine_free(e);
 }
 
-/* More resident tokens than the trained context holds (a context of 512 cells on a model trained
-** for 256): the turn fails with KVT_ECTX naming the numbers; no position past 255 is ever used. */
+/* More resident tokens than the trained context holds (512 cells for the session's sequence on a
+** model trained for 256: a context of 1024 cells, two sequences with a stream each): the turn fails
+** with KVT_ECTX naming the numbers; no position past 255 is ever used. */
 static void test_session_past_trained_context(void **st) {
     (void) st;
-    kvt_engine *e = open_tiny("tiny-llama-ctx256", 512);
+    kvt_engine *e = open_tiny("tiny-llama-ctx256", 1024);
     struct kvt_session_params p = kvt_session_default_params();
     p.budget = 448;
     p.block = 16;
