@@ -12,7 +12,7 @@
 **   embed.c    the embedder: its own model and context for dense retrieval
 **
 ** Facts and traps of the llama.cpp API this relies on: shared/notes/llama-kv-api.md (the team's
-** notes beside the repository); for kv_unified = false, docs/research/llama-streams/REPORT.md. */
+** notes beside the repository); for kv_unified = false, bench/llama-streams/REPORT.md. */
 #ifndef KVT_ENGINE_INT_H
 #define KVT_ENGINE_INT_H
 

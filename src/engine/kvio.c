@@ -7,7 +7,7 @@
 ** every operation reads the whole sequence's state, slices or assembles cells on the host
 ** (src/kv/blob.c) and writes it back with one llama_state_seq_set_data; a failed write puts the
 ** previous state back (llama.cpp clears the part that failed and keeps the others,
-** docs/research/llama-streams/REPORT.md §7).  Blocks leave and enter the engine in the canonical
+** bench/llama-streams/REPORT.md §7).  Blocks leave and enter the engine in the canonical
 ** one-stream form, so they load in either mode and at any n_seq.
 ** K is re-anchored by RoPE on the host (src/kv/blob.c) or by llama.cpp's lazy K-shift (SEQ_ADD),
 ** a pending shift being applied first whenever a sequence's state is read. */

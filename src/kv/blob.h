@@ -14,7 +14,7 @@
 ** n_stream is 1 for a unified cache (kv_unified = true) and n_seq_max for one stream per
 ** sequence; a sequence's state then has one non-empty record, in its own stream's slot, and
 ** llama.cpp loads a record of any slot into the target's stream but rejects a blob whose
-** n_stream differs from the context's (docs/research/llama-streams/REPORT.md §2).
+** n_stream differs from the context's (bench/llama-streams/REPORT.md §2).
 **
 ** kvtier's stored form (kvt_blob, the host pool) is canonical: n_stream = 1, whatever the
 ** context that saved it, so blocks move between contexts of either mode and any n_seq_max; the
