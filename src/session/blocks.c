@@ -213,6 +213,11 @@ int kvt__sess_make_room(kvt_session *s, int32_t need) {
 ** and a failed re-save leaves it there without a copy (recomputed again if it is needed after a
 ** later eviction). */
 static int breadcrumb(kvt_session *s, struct blk *b) {
+    /* llama.cpp decodes a sequence only at consecutive positions: a block re-decoded while the
+    ** session is being resumed in place (next_pos = the block's old p0, behind an eviction gap)
+    ** goes right after what is already back instead */
+    const kvt_pos tail = kvt_seq_pos_max(s->eng, s->p.seq) + 1;
+    if (s->next_pos > tail) s->next_pos = tail;
     int rc = kvt_decode(s->eng, s->p.seq, b->tok, b->info.n_tokens, s->next_pos, false);
     if (rc) {
         kvt_seq_rm(s->eng, s->p.seq, s->next_pos, s->next_pos + b->info.n_tokens);

@@ -56,6 +56,9 @@ int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *params, k
     if (p.policy == KVT_POLICY_NO_EVICTION) p.budget = I.n_ctx_seq; /* the reference keeps everything */
     if (p.policy == KVT_POLICY_INFLLM) p.recovery = KVT_RECOVERY_KV_RESTORE;
     else if (p.policy != KVT_POLICY_KVTIER && p.policy != KVT_POLICY_NO_EVICTION) p.recovery = KVT_RECOVERY_DISCARD;
+    if (p.policy != KVT_POLICY_NO_EVICTION && I.n_ctx_train > 0 && p.budget > I.n_ctx_train)
+        return kvt__fail(KVT_EINVAL, "budget %d exceeds the model's trained context of %d positions", p.budget,
+                         I.n_ctx_train);
     if (p.budget > I.n_ctx_seq)
         return kvt__fail(KVT_EINVAL, "budget %d exceeds the %d cells one sequence can hold (%s)", p.budget,
                          I.n_ctx_seq, I.kv_unified ? "the context" : "its KV stream: n_ctx / n_seq");
@@ -256,7 +259,6 @@ int kvt_session_resume(kvt_session *s, int32_t seq) {
     if (kvt_seq_n_cells(s->eng, seq) != 0) return kvt__fail(KVT_EINVAL, "sequence %d is not empty", seq);
     s->p.seq = seq;
     s->is_parked = false;
-    const kvt_pos end = s->next_pos;
     int rc = 0;
     for (;;) { /* each block back at the position it had, in position order (gaps kept) */
         int32_t i = -1;
@@ -267,8 +269,10 @@ int kvt_session_resume(kvt_session *s, int32_t seq) {
         b->parked = false;
         if (rc) { b->info.residency = KVT_RES_HOST; continue; }
         s->next_pos = b->info.p0;
-        rc = kvt__sess_load_block(s, i); /* a block whose copy is gone is recomputed in place */
+        rc = kvt__sess_load_block(s, i); /* a block whose copy is gone is recomputed at the tail */
     }
-    s->next_pos = end;
+    /* the tail as it now is: `end` when every block came back in place; lower when a block was
+    ** recomputed behind a gap or the resume failed (the blocks not back stay evicted, HOST) */
+    s->next_pos = kvt_seq_pos_max(s->eng, s->p.seq) + 1;
     return rc;
 }

@@ -23,7 +23,7 @@ static kvt_engine *open_tiny(int32_t n_seq) {
     snprintf(path, sizeof path, "%s/tiny-llama.gguf", dir);
     struct kvt_engine_params p = kvt_engine_default_params();
     p.model_path = path;
-    p.n_ctx = 1024;
+    p.n_ctx = 1024 * n_seq; /* a stream of 1024 cells per sequence: sessions of budget 1024 */
     p.n_seq = n_seq;
     p.n_threads = 2;
     p.type_k = "f32";

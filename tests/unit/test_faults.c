@@ -43,7 +43,7 @@ static kvt_engine *open_tiny(void) {
     snprintf(path, sizeof path, "%s/tiny-llama.gguf", dir);
     struct kvt_engine_params p = kvt_engine_default_params();
     p.model_path = path;
-    p.n_ctx = 1024;
+    p.n_ctx = 2048; /* two sequences, a stream of 1024 cells each */
     p.n_seq = 2;
     p.n_threads = 2;
     p.type_k = "f32";
@@ -412,6 +412,70 @@ static void test_resume_deleted(void **state) {
     resume_lost(DELETE);
 }
 
+/* Resume after eviction left gaps (review finding): the damaged block sits right after an evicted
+** one, so it cannot be re-decoded at its own position (llama.cpp decodes a sequence only at
+** consecutive positions).  It is recomputed right after what is already back; the resume
+** succeeds, every block that was resident is back, and the session goes on (a turn is added and
+** answered).  Before the fix the resume failed with KVT_ELLAMA and the session was unusable. */
+static void test_resume_after_gap(void **state) {
+    (void) state;
+    kvt_engine *e = open_tiny();
+    char dir[] = "/tmp/kvt-faults-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    struct kvt_pool_params pp = kvt_pool_default_params();
+    pp.budget_bytes = 1; /* every copy spills: it can be damaged on disk */
+    pp.spill_dir = dir;
+    kvt_pool *pool = NULL;
+    assert_int_equal(kvt_pool_open(&pp, &pool), 0);
+    struct kvt_session_params sp = kvt_session_default_params();
+    sp.budget = 128;
+    sp.block = 32;
+    sp.gen_reserve = 8;
+    sp.pool = pool;
+    kvt_session *s = NULL;
+    assert_int_equal(kvt_session_open(e, &sp, &s), 0);
+    char msg[512];
+    for (uint32_t t = 1; t <= 6; t++) {
+        filler_msg(msg, sizeof msg, t, 12);
+        assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, msg), 0);
+        assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "ok"), 0);
+    }
+    filler_msg(msg, sizeof msg, 99, 4);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, msg), 0);
+    /* a resident sealed block whose position-predecessor is not resident: it sits after a gap */
+    int32_t victim = -1, n_res = 0;
+    kvt_pos prev_end = 0;
+    for (int32_t i = 0; i < kvt_session_n_blocks(s); i++) {
+        struct kvt_block_info b;
+        assert_int_equal(kvt_session_block(s, i, &b), 0);
+        if (b.residency != KVT_RES_DEVICE) continue;
+        n_res++;
+        if (victim < 0 && b.sealed && b.p0 > prev_end) victim = i;
+        prev_end = b.p0 + b.n_tokens;
+    }
+    if (victim < 0) fail_msg("no resident block after a gap: the session did not evict");
+    assert_int_equal(kvt_session_park(s), 0);
+    damage_block(s, pool, victim, DELETE);
+    int rc = kvt_session_resume(s, 1);
+    if (rc) fail_msg("resume: %s: %s", kvt_strerror(rc), kvt_errmsg());
+    struct kvt_session_stats st;
+    kvt_session_get_stats(s, &st);
+    printf("  resume after a gap: block %d recomputed (recomputes %lld), %d of %d blocks resident, next_pos %d\n",
+           victim, (long long) st.recomputes, st.n_blocks_resident, st.n_blocks, st.next_pos);
+    assert_int_equal(st.recomputes, 1);
+    assert_int_equal(st.n_blocks_resident, n_res);
+    assert_int_equal(st.next_pos, kvt_seq_pos_max(e, 1) + 1);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, "and then?"), 0);
+    char *reply = NULL;
+    struct kvt_sampling smp = { 0 };
+    assert_int_equal(kvt_session_generate(s, 4, &smp, NULL, NULL, &reply), 0);
+    free(reply);
+    kvt_session_free(s);
+    kvt_pool_free(pool);
+    rmdir(dir);
+    kvt_engine_free(e);
+}
+
 /* A full disk under a session: every spill write fails.  The pool keeps its RAM within the
 ** budget by dropping the copies it cannot write (counted), the evicted fact block is LOST, and
 ** the probe recomputes it: the answer equals recovery "breadcrumb" (the same computation), and
@@ -449,6 +513,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_lost_block_deleted, disarm),
         cmocka_unit_test_teardown(test_resume_corrupt, disarm),
         cmocka_unit_test_teardown(test_resume_deleted, disarm),
+        cmocka_unit_test_teardown(test_resume_after_gap, disarm),
         cmocka_unit_test_teardown(test_full_disk_session, disarm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -163,8 +163,10 @@ static void test_session_positions_bounded(void **st) {
 }
 
 /* More resident tokens than the trained context holds (512 cells for the session's sequence on a
-** model trained for 256: a context of 1024 cells, two sequences with a stream each): the turn fails
-** with KVT_ECTX naming the numbers; no position past 255 is ever used. */
+** model trained for 256: a context of 1024 cells, two sequences with a stream each).  An evicting
+** policy's budget above n_ctx_train is refused at open, naming it; no_eviction (whose budget is
+** the sequence's cells) fails the turn with KVT_ECTX naming the numbers.  No position past 255
+** is ever used. */
 static void test_session_past_trained_context(void **st) {
     (void) st;
     kvt_engine *e = open_tiny("tiny-llama-ctx256", 1024);
@@ -174,11 +176,15 @@ static void test_session_past_trained_context(void **st) {
     p.gen_reserve = 8;
     p.template_fallback = "chatml";
     kvt_session *s = NULL;
+    assert_int_equal(kvt_session_open(e, &p, &s), KVT_EINVAL);
+    printf("  budget 448 on a model trained for 256 positions: %s\n", kvt_errmsg());
+    assert_non_null(strstr(kvt_errmsg(), "trained context of 256 positions"));
+    p.policy = KVT_POLICY_NO_EVICTION;
     assert_int_equal(kvt_session_open(e, &p, &s), 0);
     char msg[4096] = "";
     for (int i = 0; i < 24; i++) strcat(msg, i % 2 ? "lantern harbor " : "river orchard ");
     int rc = kvt_session_add(s, KVT_ROLE_USER, msg);
-    printf("  a %zu-byte message on a model trained for 256 positions: %s: %s\n", strlen(msg), kvt_strerror(rc), kvt_errmsg());
+    printf("  no_eviction, a %zu-byte message: %s: %s\n", strlen(msg), kvt_strerror(rc), kvt_errmsg());
     assert_int_equal(rc, KVT_ECTX);
     assert_non_null(strstr(kvt_errmsg(), "trained context of 256 positions"));
     assert_true(kvt_seq_pos_max(e, 0) < 256);
