@@ -222,9 +222,11 @@ int kvt_session_add_ex(kvt_session *s, enum kvt_role role, const char *text, int
     if ((rc = pending_tokens(s, s->n_m, s->p.policy == KVT_POLICY_INFLLM, &tok, &n, &fmt))) goto fail;
     struct kvt_engine_info I;
     kvt_engine_info(s->eng, &I);
-    if (n + s->p.gen_reserve > I.n_ctx_seq) {
+    /* a message longer than the budget is served (its own blocks are evicted while it is prefilled,
+    ** positions stay below n_ctx_train by compaction); one longer than the whole context is not */
+    if (n + s->p.gen_reserve > I.n_ctx) {
         rc = kvt__fail(KVT_ECTX, "the message is %d tokens; the context holds %d (with %d reserved for the reply)", n,
-                       I.n_ctx_seq, s->p.gen_reserve);
+                       I.n_ctx, s->p.gen_reserve);
         goto fail;
     }
     /* 3. evicted blocks relevant to it come back right before it (InfLLM: right after it,
