@@ -29,15 +29,28 @@ fail=0
 ok() { pass=$((pass + 1)); echo "ok   $*"; }
 bad() { fail=$((fail + 1)); echo "FAIL $*"; }
 
+# listening_port ERR PID: the port a server logs in $TMP/ERR once it listens (up to 60 s), or
+# nothing when it exits or never says
+listening_port() {
+    local port=
+    for _ in $(seq 1 300); do
+        port=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$TMP/$1" | sed 's/.*://')
+        [ -n "$port" ] && break
+        kill -0 "$2" 2>/dev/null || break
+        sleep 0.2
+    done
+    echo "$port"
+}
+
 # --- flags ---
 "$BIN" serve --help >"$TMP/help" 2>&1 && grep -q -- "--api-key-file" "$TMP/help" && grep -q -- "--api-key KEY" "$TMP/help" \
     && ok "serve --help" || bad "serve --help"
 # without -m and $KVTIER_MODEL: the model the build was configured with (this suite's $MODEL)
 env -u KVTIER_MODEL "$BIN" serve --port 0 --threads 1 >/dev/null 2>"$TMP/err0" &
 P0=$!
-for _ in $(seq 1 300); do grep -q "listening on" "$TMP/err0" && break; kill -0 $P0 2>/dev/null || break; sleep 0.2; done
+P0_PORT=$(listening_port err0 $P0)
 kill -TERM $P0 2>/dev/null; wait $P0 2>/dev/null
-grep -q "listening on" "$TMP/err0" && grep -qF "model $MODEL:" "$TMP/err0" && grep -q "no -m given" "$TMP/err0" \
+[ -n "$P0_PORT" ] && grep -qF "model $MODEL:" "$TMP/err0" && grep -q "no -m given" "$TMP/err0" \
     && ok "serve without -m or \$KVTIER_MODEL serves the build's model and says so" \
     || bad "serve without a model: $(cat "$TMP/err0")"
 "$BIN" serve -m "$MODEL" --port 70000 >/dev/null 2>"$TMP/err"; rc=$?
@@ -66,13 +79,7 @@ start_server() {
     shift
     "$BIN" serve "$@" >"$TMP/$err.out" 2>"$TMP/$err" &
     PID=$!
-    PORT=
-    for _ in $(seq 1 300); do
-        PORT=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$TMP/$err" | sed 's/.*://')
-        [ -n "$PORT" ] && break
-        kill -0 "$PID" 2>/dev/null || break
-        sleep 0.2
-    done
+    PORT=$(listening_port "$err" "$PID")
     if [ -z "$PORT" ]; then
         bad "server ($*) did not start"; cat "$TMP/$err"; echo "$pass passed, $fail failed"; exit 1
     fi
@@ -103,13 +110,7 @@ run_py() { # script out [args: default the two keys and the demo's source]
 "$BIN" serve -m "$MODEL" --port 0 -c 4096 --budget 2000 --max-sessions 1 --parallel 1 --threads 2 \
     --spill-dir "$TMP" >/dev/null 2>"$TMP/err_ref" &
 REF_PID=$!
-REF_PORT=
-for _ in $(seq 1 300); do
-    REF_PORT=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$TMP/err_ref" | sed 's/.*://')
-    [ -n "$REF_PORT" ] && break
-    kill -0 "$REF_PID" 2>/dev/null || break
-    sleep 0.2
-done
+REF_PORT=$(listening_port err_ref "$REF_PID")
 [ -n "$REF_PORT" ] && ok "reference server (no eviction) listening on port $REF_PORT" || bad "reference server: $(cat "$TMP/err_ref")"
 KVT_REF_URL=${REF_PORT:+http://127.0.0.1:$REF_PORT} run_py serve_test.py py
 kill -TERM "$REF_PID" 2>/dev/null
