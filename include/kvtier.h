@@ -25,6 +25,9 @@
 **                             attention entropy and head classes.
 **   7. Dense retrieval        optional: embeddings through llama.cpp,      src/engine/embed.c,
 **                             approximate nearest neighbours (HNSW).       src/retrieval/ann.cpp
+**   8. Block store            content-addressed blocks (chained SHA-256    src/store/
+**                             keys) in tiers: RAM -> disk (SQLite index,
+**                             checksummed files), across restarts.
 **
 ** The server (server/), the command-line tool (cli/) and the evaluation (eval/) are built on
 ** this header alone.  It is one file on purpose (a user reads it top to bottom), so it is the
@@ -101,6 +104,12 @@ const char *kvt_build_info(void);
 typedef struct kvt_engine kvt_engine;
 typedef int32_t kvt_token;
 typedef int32_t kvt_pos;
+
+/* A content key: a SHA-256 digest (model fingerprints, block chain keys; section 8). */
+#define KVT_KEY_BYTES 32
+typedef struct kvt_key {
+    uint8_t b[KVT_KEY_BYTES];
+} kvt_key;
 
 /* How saved K is re-anchored to a new position (see kvt_block_load). */
 enum kvt_reanchor {
@@ -189,6 +198,18 @@ struct kvt_engine_info {
 
 /* Fill *info.  Cannot fail. */
 void kvt_engine_info(const kvt_engine *eng, struct kvt_engine_info *info /* OUT */);
+
+/* The model's fingerprint: SHA-256 of the GGUF file's bytes (the weights exactly, not the
+** path), computed on the first call (~0.1 s per 100 MB) and cached for the engine's life.
+** Two files with equal bytes have equal fingerprints on any machine.
+** Errors: KVT_EIO (the file cannot be read again; the message names it), KVT_ENOMEM. */
+int kvt_engine_fingerprint(kvt_engine *eng, kvt_key *out /* OUT */);
+
+/* What besides the weights decides the bytes of a saved block, as one stable string: blob
+** format version, cache types of K and V, layers, KV heads, head size, sliding window, RoPE
+** path.  Blocks are interchangeable between two engines exactly when their fingerprints and
+** layouts are equal.  Writes at most n bytes (NUL included).  Cannot fail. */
+void kvt_engine_layout(const kvt_engine *eng, char *buf, size_t n);
 
 /* Tokenize UTF-8 text.  add_bos: prepend BOS if the model wants one; parse_special: treat
 ** "<start_of_turn>" etc. as control tokens.
@@ -960,6 +981,147 @@ int kvt_ann_search(kvt_ann *ann, const float *q, int32_t k, uint64_t *ids, float
 
 /* Number of live (not removed) elements; 0 for NULL.  Cannot fail. */
 int32_t kvt_ann_size(const kvt_ann *ann);
+
+/* ====================================================================================== */
+/* 8. Block store: content-addressed KV blocks in tiers (RAM -> disk), across restarts    */
+/* ====================================================================================== */
+
+/* A block's identity is the chain of its prefix (vLLM's prefix caching, LMCache's chunk keys):
+**   h_0 = SHA-256("kvtier-chain" | format version | model fingerprint | layout | block | tenant)
+**   h_i = SHA-256(h_{i-1} | tokens of block i as little-endian int32)
+** so a key names the K/V a cold prefill of exactly those tokens from position 0 produces, on
+** exactly those weights and cache layout.  Deterministic across processes and machines (no
+** seed: the production bug of hash-seeded prefix caches, 0 % hits after a restart, cannot
+** happen).  Pure functions (any thread). */
+struct kvt_chain_params {
+    kvt_key     model;       /* kvt_engine_fingerprint */
+    const char *layout;      /* kvt_engine_layout; required */
+    int32_t     block;       /* tokens per block (> 0) */
+    const char *tenant;      /* salt: blocks of different tenants never share keys; NULL or
+                             ** "" = the shared namespace */
+};
+/* h_0 of the chain.  Errors: KVT_EINVAL (NULL layout, block <= 0). */
+int  kvt_chain_root(const struct kvt_chain_params *p, kvt_key *out /* OUT */);
+/* h_i from h_{i-1} and block i's n tokens.  Cannot fail (n >= 0). */
+void kvt_chain_next(const kvt_key *prev, const kvt_token *tok, int32_t n, kvt_key *out /* OUT */);
+/* 64 lowercase hex digits + NUL into out[65].  Cannot fail. */
+void kvt_key_hex(const kvt_key *k, char out[2 * KVT_KEY_BYTES + 1]);
+/* Parse 64 hex digits.  Errors: KVT_EINVAL (message names the text). */
+int  kvt_key_parse(const char *hex, kvt_key *out /* OUT */);
+
+typedef struct kvt_store kvt_store;
+
+enum kvt_tier { KVT_TIER_NONE = 0, KVT_TIER_RAM = 1, KVT_TIER_DISK = 2, KVT_TIER_REDIS = 3 };
+
+/* "none", "ram", "disk", "redis" (static; "unknown" out of range).  Pure. */
+const char *kvt_tier_name(int tier);
+
+struct kvt_store_params {
+    const char *dir;          /* the disk tier: DIR/index.db (SQLite, WAL) + DIR/blobs/; NULL =
+                              ** kvt_store_default_dir().  Created (mode 0700) if missing */
+    size_t  ram_bytes;        /* RAM tier budget (LRU); default 256 MiB; 0 = no RAM tier */
+    size_t  disk_bytes;       /* disk tier quota (blob bytes); default 8 GiB; 0 = no disk tier
+                              ** (RAM only: nothing persists, dir unused) */
+    double  ttl_s;            /* an entry expires this long after its last hit (or its write);
+                              ** default 1800 (30 min, EdgeSync-LLM) */
+    double  ttl_hot_s;        /* ... or this long once it has hot_hits hits; default 7 days */
+    int32_t hot_hits;         /* default 5 */
+    int32_t queue_max;        /* write-behind queue (blocks waiting for the disk writer); default
+                              ** 256.  A put that finds it full drops the disk write (counted) */
+    bool    read_only;        /* inspect only (kvtier store ls/stats/verify without repair) */
+};
+
+/* Defaults listed above.  Cannot fail. */
+struct kvt_store_params kvt_store_default_params(void);
+
+/* $XDG_CACHE_HOME/kvtier/store, else $HOME/.cache/kvtier/store, into buf[n].
+** Errors: KVT_EINVAL (neither variable set, or n too small). */
+int kvt_store_default_dir(char *buf, size_t n);
+
+/* Open (or create) a store and start its disk writer thread.  An index or blob directory left
+** by a killed process opens fine: SQLite's WAL recovers the index, temporary blob files are
+** removed, and entries whose file is missing are dropped at the first read (or by gc/verify).
+** Errors: KVT_EINVAL (bad params), KVT_EIO (dir not a writable directory, or the index cannot
+** be opened: the message names the path and SQLite's error), KVT_ENOMEM.  OUT *out. */
+int  kvt_store_open(const struct kvt_store_params *p, kvt_store **out /* OUT */);
+
+/* Write out the queue (waits for the writer), stop the thread, close.  Accepts NULL. */
+void kvt_store_close(kvt_store *st);
+
+/* What the header of a stored block records besides its bytes (checked on every read). */
+struct kvt_store_meta {
+    kvt_key model;            /* the fingerprint of the model that computed it */
+    int32_t n_tokens;         /* tokens the block covers */
+    int32_t codec;            /* 0 = raw blob bytes (block codecs add others) */
+};
+
+/* Store a copy of data[0..n) under key: into the RAM tier now (LRU eviction within ram_bytes),
+** and queued for the disk tier (write-behind: temp file + fsync + rename, then the index row).
+** Never blocks on disk: a full queue drops the disk write (writes_dropped).  A key already
+** stored is not rewritten (content-addressed: same key, same bytes).
+** Errors: KVT_EINVAL, KVT_ENOMEM (nothing stored).  Thread-safe. */
+int  kvt_store_put(kvt_store *st, const kvt_key *key, const struct kvt_store_meta *m, const void *data, size_t n);
+
+/* Fetch key's bytes: RAM tier, else disk tier (a disk hit is copied into RAM).  The header's
+** key, model fingerprint and the SHA-256 of the bytes are checked: a mismatch is never returned
+** (the entry is removed and counted as corrupt or foreign).  A hit updates last-hit time and
+** hit count.  OUT *data (free()), *n, *meta, *tier (any OUT may be NULL except data and n).
+** Errors: KVT_ENOENT (miss, expired, corrupt, foreign model: callers prefill instead),
+** KVT_EINVAL, KVT_ENOMEM, KVT_EIO (the index cannot be read).  Thread-safe. */
+int  kvt_store_get(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
+                   struct kvt_store_meta *meta, enum kvt_tier *tier);
+
+/* Is key in some tier (no read, no checksum, no hit counted)?  Thread-safe. */
+bool kvt_store_has(kvt_store *st, const kvt_key *key);
+
+/* Wait until every queued disk write is done (tests, shutdown, `kvtier store`).  Thread-safe. */
+void kvt_store_flush(kvt_store *st);
+
+struct kvt_store_tier_stats {
+    int64_t entries, bytes;          /* held now */
+    int64_t hits, misses;            /* gets answered / not answered by this tier */
+    int64_t writes, writes_dropped;  /* puts written / dropped (full queue, quota, I/O error) */
+    int64_t evictions, expired;      /* removed for room (LRU) / by TTL */
+    int64_t corrupt;                 /* reads that failed the checksum, key or fingerprint check */
+};
+struct kvt_store_stats {
+    struct kvt_store_tier_stats ram, disk;
+    int64_t queue_len;               /* disk writes waiting now */
+};
+/* Counters of this process (entries/bytes of the disk tier from the index).  Thread-safe. */
+void kvt_store_get_stats(kvt_store *st, struct kvt_store_stats *out /* OUT */);
+
+/* One entry of the disk tier as `kvtier store ls` shows it. */
+struct kvt_store_entry {
+    kvt_key key, model;
+    int32_t n_tokens, codec;
+    int64_t bytes;
+    double  created, last_hit;       /* seconds since the epoch */
+    int64_t hits;
+    double  expires;                 /* seconds since the epoch */
+};
+/* Call cb for every disk entry (index order); a non-zero return from cb stops and is returned.
+** Errors: KVT_EIO.  Thread-safe. */
+int  kvt_store_ls(kvt_store *st, int (*cb)(void *ud, const struct kvt_store_entry *e), void *ud);
+
+struct kvt_store_report {
+    int64_t checked, ok;
+    int64_t expired;                 /* removed by TTL */
+    int64_t over_quota;              /* removed (LRU) to get within disk_bytes */
+    int64_t corrupt;                 /* files failing their checksum / header */
+    int64_t missing;                 /* index rows without a file */
+    int64_t orphans;                 /* files without an index row */
+    int64_t removed;                 /* entries and files removed */
+    int64_t bytes_freed;
+};
+/* Garbage-collect the disk tier: expired entries, LRU down to the quota, index rows without a
+** file and files without a row (temporary files of killed writers included).  Errors: KVT_EIO. */
+int  kvt_store_gc(kvt_store *st, struct kvt_store_report *out /* OUT */);
+/* Re-check every file's header and checksum against the index and list orphans both ways;
+** with repair, remove what fails.  Errors: KVT_EIO. */
+int  kvt_store_verify(kvt_store *st, bool repair, struct kvt_store_report *out /* OUT */);
+/* Remove every entry of both tiers.  Errors: KVT_EIO. */
+int  kvt_store_clear(kvt_store *st);
 
 #ifdef __cplusplus
 }
