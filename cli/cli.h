@@ -55,6 +55,8 @@ struct cli_run_opts {
     const char *spill_dir;
     const char *system;
     bool        verbose;
+    const char *store;         /* block store directory; NULL = kvt_store_default_dir() */
+    bool        no_store;      /* run without a block store */
 };
 
 void cli_run_opts_default(struct cli_run_opts *o);
@@ -91,6 +93,10 @@ void cli_run_opts_default(struct cli_run_opts *o);
       "dropped (recomputed if needed again) (default 0 = unlimited)", NULL },                      \
     { "spill-dir", 0, OPT_STR, &(o)->spill_dir, 0, 0, "DIR",                                       \
       "directory for spill files (default: a private one under $TMPDIR)", NULL },                  \
+    { "store", 0, OPT_STR, &(o)->store, 0, 0, "DIR",                                               \
+      "block store: prompt blocks computed before (by any session or process on this model) are "  \
+      "loaded instead of prefilled (default $XDG_CACHE_HOME/kvtier/store or ~/.cache/kvtier/store)", NULL }, \
+    { "no-store", 0, OPT_FLAG, &(o)->no_store, 0, 0, NULL, "run without the block store", NULL },  \
     { "system", 0, OPT_STR, &(o)->system, 0, 0, "TEXT", "system message to start the session with", NULL }, \
     { "verbose", 'v', OPT_FLAG, &(o)->verbose, 0, 0, NULL,                                         \
       "llama.cpp's log, and the block table after every turn, on stderr", NULL }
@@ -99,6 +105,7 @@ void cli_run_opts_default(struct cli_run_opts *o);
 struct cli_session {
     kvt_engine            *eng;
     kvt_pool              *pool;
+    kvt_store             *store;      /* NULL with --no-store */
     kvt_session           *s;
     struct kvt_engine_info info;
     int32_t                budget;     /* effective budget (0 resolved to the context size) */

@@ -211,6 +211,7 @@ int cmd_demo(int argc, char **argv) {
         return APP_OK;
     }
     if (rc) return rc;
+    if (!o.store) o.no_store = true; /* the demo compares recovery modes from a cold start: a store only when named */
     if (!(o.model = cli_model_path(cmd, o.model, NULL))) return APP_USAGE;
     if ((rc = cli_run_opts_check(cmd, &o))) return rc;
 

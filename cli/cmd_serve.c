@@ -131,6 +131,8 @@ int cmd_serve(int argc, char **argv) {
     srv.pool_mb = 256;
     srv.spill_mb = 0;
     srv.max_queue = 64;
+    srv.store_ram_mb = 256;
+    srv.store_disk_mb = 8192;
     srv.max_tokens_default = 256;
     const struct cli_opt opts[] = {
         { "model", 'm', OPT_STR, &srv.model_path, 0, 0, "MODEL", "GGUF model file (default $KVTIER_MODEL)", NULL },
@@ -154,6 +156,15 @@ int cmd_serve(int argc, char **argv) {
         { "spill-mb", 0, OPT_INT, &srv.spill_mb, 0, 1 << 24, "N",
           "disk quota of the spill files in MiB; least recently used spilled blocks are dropped past it "
           "(recomputed if needed again; default 0 = unlimited)", NULL },
+        { "store", 0, OPT_STR, &srv.store_dir, 0, 0, "DIR",
+          "content-addressed block store shared by sessions and restarts (default: $XDG_CACHE_HOME/kvtier/store or "
+          "~/.cache/kvtier/store)", NULL },
+        { "no-store", 0, OPT_FLAG, &srv.no_store, 0, 0, NULL, "run without a block store (nothing outlives the process)", NULL },
+        { "store-ram-mb", 0, OPT_INT, &srv.store_ram_mb, 0, 1 << 20, "N", "RAM tier of the block store in MiB (default 256)", NULL },
+        { "store-disk-mb", 0, OPT_INT, &srv.store_disk_mb, 0, 1 << 24, "N",
+          "disk quota of the block store in MiB (default 8192; least recently used blocks go past it)", NULL },
+        { "share-store", 0, OPT_FLAG, &srv.share_store, 0, 0, NULL,
+          "let sessions of different API keys reuse each other's blocks (default: a salt per key)", NULL },
         { "max-tokens", 0, OPT_INT, &srv.max_tokens_default, 1, 1 << 20, "N", "reply limit when a request gives none (default 256)", NULL },
         { "queue", 0, OPT_INT, &srv.max_queue, 1, 1 << 16, "N", "requests waiting for a slot before 429 (default 64)", NULL },
         { NULL, 0, 0, NULL, 0, 0, NULL, NULL, NULL },

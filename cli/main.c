@@ -222,6 +222,21 @@ int cli_session_open(const char *cmd, const struct cli_run_opts *o, struct cli_s
         return rc == KVT_EINVAL ? APP_USAGE : APP_ERR;
     }
 
+    if (!o->no_store) {
+        struct kvt_store_params stp = kvt_store_default_params();
+        stp.dir = o->store;
+        if ((rc = kvt_store_open(&stp, &cs->store))) {
+            if (o->store) { /* the directory the user named: an error */
+                app_fail(cmd, "cannot open the block store", rc);
+                cli_session_close(cs);
+                return rc == KVT_EINVAL ? APP_USAGE : APP_ERR;
+            }
+            /* the default one (no cache directory, read-only home): a cache, not a reason to fail */
+            fprintf(stderr, "%s: running without a block store: %s\n", cmd, kvt_errmsg());
+            cs->store = NULL;
+        }
+    }
+
     struct kvt_session_params sp = kvt_session_default_params();
     sp.budget = cs->budget;
     sp.block = o->block;
@@ -232,6 +247,7 @@ int cli_session_open(const char *cmd, const struct cli_run_opts *o, struct cli_s
     sp.top_k = o->top_k;
     if (o->gen_reserve >= 0) sp.gen_reserve = o->gen_reserve;
     sp.pool = cs->pool;
+    sp.store = cs->store;
     if ((rc = kvt_session_open(cs->eng, &sp, &cs->s))) {
         app_fail(cmd, "cannot open the session", rc);
         cli_session_close(cs);
@@ -252,9 +268,11 @@ int cli_session_open(const char *cmd, const struct cli_run_opts *o, struct cli_s
 void cli_session_close(struct cli_session *cs) {
     kvt_session_free(cs->s);
     kvt_pool_free(cs->pool);
+    kvt_store_close(cs->store); /* writes out the queued blocks */
     kvt_engine_free(cs->eng);
     cs->s = NULL;
     cs->pool = NULL;
+    cs->store = NULL;
     cs->eng = NULL;
 }
 
@@ -383,7 +401,7 @@ void cli_print_blocks(struct cli_session *cs) {
 json_t *cli_stats_json(struct cli_session *cs) {
     struct kvt_session_stats st;
     kvt_session_get_stats(cs->s, &st);
-    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+    json_t *o = json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
                      "resident_tokens", st.resident_tokens, "budget", cs->budget, "peak_resident_tokens",
                      st.peak_resident_tokens, "total_tokens", st.total_tokens, "blocks", st.n_blocks,
                      "blocks_device", st.n_blocks_resident, "blocks_host", st.n_blocks_host, "blocks_disk",
@@ -393,6 +411,16 @@ json_t *cli_stats_json(struct cli_session *cs) {
                      "turn_tokens_decoded", (json_int_t) cs->turn_decoded, "tokens_recovered",
                      (json_int_t) st.tokens_recovered, "pool_ram_bytes", (json_int_t) st.pool.ram_bytes,
                      "pool_spill_bytes", (json_int_t) st.pool.spill_bytes);
+    json_t *store = o ? json_pack("{s:b, s:s, s:i, s:i, s:I, s:I}", "enabled", cs->store != NULL, "route",
+                                  kvt_route_name(st.route), "turn_tokens_from_store", st.route_tokens,
+                                  "turn_tokens_looked_up", st.route_lookup_tokens, "tokens_from_store",
+                                  (json_int_t) st.store_tokens, "blocks_put", (json_int_t) st.store_blocks_put)
+                      : NULL;
+    if (!store || json_object_set_new(o, "store", store)) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
 }
 
 

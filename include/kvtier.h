@@ -111,6 +111,9 @@ typedef struct kvt_key {
     uint8_t b[KVT_KEY_BYTES];
 } kvt_key;
 
+/* The content-addressed block store (section 8); sessions take one as a parameter. */
+typedef struct kvt_store kvt_store;
+
 /* How saved K is re-anchored to a new position (see kvt_block_load). */
 enum kvt_reanchor {
     KVT_REANCHOR_AUTO    = 0, /* host rotation when verified at open, else SEQ_ADD */
@@ -399,6 +402,17 @@ int kvt_block_save(kvt_engine *eng, int32_t seq, kvt_pos p0, kvt_pos p1, kvt_blo
 ** On error the sequence is unchanged (streams: the same cells, packed within its stream). */
 int kvt_block_load(kvt_engine *eng, const kvt_blob *blob, int32_t seq, kvt_pos new_p0);
 
+/* Load n saved blocks into sequence seq at positions new_p0[i] (ascending, each block past the
+** previous one and past every resident position), re-anchoring each block whose position
+** changes.  What a prefix found in a block store needs: streams mode on the HOST path assembles
+** the sequence's cells and all n blocks on the host and writes them with ONE
+** llama_state_seq_set_data (k blocks one by one would rewrite the sequence k times); sliding-
+** window cells older than the final window are dropped, so a chain of blocks that each carry
+** their own SWA cells gives the last window exactly.  Other modes load them one by one.
+** All or nothing: on error the sequence holds what it held before.
+** Errors: those of kvt_block_load (KVT_EINVAL also for order or overlap, naming the block). */
+int kvt_blocks_load(kvt_engine *eng, const kvt_blob *const *blobs, int32_t n, int32_t seq, const kvt_pos *new_p0);
+
 /* Free a blob.  Accepts NULL. */
 void kvt_blob_free(kvt_blob *blob);
 
@@ -642,7 +656,30 @@ struct kvt_session_params {
                               ** expand a hit to its neighbouring chunk the same way), for BM25
                               ** hits whose last matching word is in the block's last quarter,
                               ** and for every dense hit; default 1, 0 = only the hits */
+    kvt_store *store;         /* content-addressed block store (section 8), shared by sessions
+                              ** and processes; NULL = none (the default).  Borrowed: must outlive
+                              ** the session.  With a store, every full block the session
+                              ** computed as a cold prefill would (no block evicted, recovered or
+                              ** moved before it, no early seal) is stored under its chain key,
+                              ** write-behind; and before a prompt is prefilled the chain of its
+                              ** full blocks is looked up: the longest found prefix is loaded
+                              ** (kvt_blocks_load, no forward pass) and only the rest decoded
+                              ** (kvt_session_route).  Blocks computed after an eviction depend
+                              ** on what was evicted and are never stored under a chain key */
+    const char *tenant;       /* chain salt (kvt_chain_params.tenant): sessions of different
+                              ** tenants never share blocks; NULL/"" = shared.  Copied at open */
 };
+
+/* Where the last prompt prefill's tokens came from (kvt_session_route). */
+enum kvt_route {
+    KVT_ROUTE_NONE    = 0, /* no lookup: no store, no full block to look up, or the session's KV
+                           ** is no longer a cold prefill's (after an eviction) */
+    KVT_ROUTE_MISS    = 1, /* looked up, the first block was not found */
+    KVT_ROUTE_PARTIAL = 2, /* a prefix of the blocks was found and loaded, the rest prefilled */
+    KVT_ROUTE_EXACT   = 3, /* every full block before the prompt's last token was found */
+};
+/* "none", "miss", "partial", "exact" (static; "unknown" out of range).  Pure. */
+const char *kvt_route_name(int route);
 
 struct kvt_session_params kvt_session_default_params(void);
 
@@ -712,6 +749,8 @@ struct kvt_sync_info {
     int64_t evictions, recoveries; /* block evictions / loads by this call */
     int64_t recomputes;        /* of those loads, blocks re-decoded because their saved copy was
                                ** lost (kvt_session_stats.recomputes) */
+    int32_t route;             /* enum kvt_route over this call's prompt lookups (block store) */
+    int64_t tokens_from_store; /* prompt tokens loaded from the store (neither decoded nor reused) */
 };
 
 /* Make the session's conversation exactly msgs[0..n_msgs) followed by the assistant prefix, ready
@@ -849,6 +888,13 @@ struct kvt_session_stats {
                                  ** bookkeeping (ms; the block primitives are not included) */
     double  decode_ms;           /* time in kvt_decode for this session (ms) */
     struct kvt_pool_stats pool;
+    /* block store (kvt_session_params.store) */
+    int32_t route;               /* enum kvt_route of the last prompt prefill */
+    int32_t route_tokens;        /* its tokens loaded from the store (not decoded) */
+    int32_t route_lookup_tokens; /* its tokens in full blocks looked up */
+    int64_t store_tokens;        /* all tokens loaded from the store (not in tokens_decoded) */
+    int64_t store_blocks_put;    /* blocks given to the store (a key already there is not) */
+    double  store_ms;            /* time in lookups, reads and loads of store blocks (ms) */
 };
 /* Fill *st (HOST/DISK block counts as the pool holds them now).  Works on a parked session.
 ** Cannot fail.  Not thread-safe (engine rule). */

@@ -206,6 +206,8 @@ enum pick admit_session(struct server *srv, struct job *j, struct sess **out) {
     sp.budget = srv->budget;
     sp.block = srv->block;
     sp.pool = sc->pool;
+    sp.store = sc->store;
+    sp.tenant = srv->share_store ? NULL : j->ns; /* API keys never see each other's blocks */
     int rc = kvt_session_open(srv->eng, &sp, &x->s);
     if (rc == 0) kvt_session_set_chunk_cb(x->s, serve_on_chunk, srv);
     if (rc) {

@@ -100,12 +100,13 @@ static enum MHD_Result send_error(struct server *srv, struct MHD_Connection *c, 
 /* replies                                                                                  */
 
 static json_t *usage_obj(const struct job *j) {
-    return json_pack("{s:i, s:i, s:i, s:{s:I, s:I, s:I, s:I, s:I, s:i, s:s}}", "prompt_tokens", j->prompt_tokens,
+    return json_pack("{s:i, s:i, s:i, s:{s:I, s:I, s:I, s:I, s:I, s:i, s:s, s:s, s:I}}", "prompt_tokens", j->prompt_tokens,
                      "completion_tokens", j->completion_tokens, "total_tokens", j->prompt_tokens + j->completion_tokens,
                      "kvtier", "prompt_tokens_reused", (json_int_t) j->sync.tokens_reused, "prompt_tokens_decoded",
                      (json_int_t) j->sync.tokens_decoded, "evictions", (json_int_t) j->sync.evictions, "recoveries",
                      (json_int_t) j->sync.recoveries, "recomputes", (json_int_t) j->sync.recomputes, "resident_tokens",
-                     j->resident_tokens, "session_id", j->out_session);
+                     j->resident_tokens, "session_id", j->out_session, "store", kvt_route_name(j->sync.route),
+                     "prompt_tokens_from_store", (json_int_t) j->sync.tokens_from_store);
 }
 
 static json_t *final_obj(struct server *srv, const struct job *j) {

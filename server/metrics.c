@@ -57,6 +57,33 @@ char *serve_metrics_text(struct server *srv) {
     GAUGE("kvtier_active_requests", "Requests being served.", m.active);
     GAUGE("kvtier_pool_ram_bytes", "Evicted KV bytes in the host RAM tier.", m.pool_ram);
     GAUGE("kvtier_pool_spill_bytes", "Evicted KV bytes in spill files.", m.pool_spill);
+    COUNTER("kvtier_prompt_tokens_from_store_total", "Prompt tokens loaded from the block store (no forward pass).", m.prompt_from_store);
+    fprintf(f, "# HELP kvtier_store_routes_total Chat requests by where their prompt's full blocks were found.\n"
+               "# TYPE kvtier_store_routes_total counter\n");
+    for (int r = 0; r < 4; r++) fprintf(f, "kvtier_store_routes_total{route=\"%s\"} %lld\n", kvt_route_name(r), (long long) m.route[r]);
+    if (m.have_store) {
+        const struct kvt_store_tier_stats *t[2] = { &m.store.ram, &m.store.disk };
+        const char *tn[2] = { "ram", "disk" };
+#define TIER(name, type, help, field)                                                                              \
+        fprintf(f, "# HELP " name " " help "\n# TYPE " name " " type "\n");                                       \
+        for (int k = 0; k < 2; k++) fprintf(f, name "{tier=\"%s\"} %lld\n", tn[k], (long long) t[k]->field);
+        TIER("kvtier_store_hits_total", "counter", "Block store lookups answered by the tier.", hits)
+        TIER("kvtier_store_misses_total", "counter", "Block store lookups the tier could not answer.", misses)
+        TIER("kvtier_store_writes_total", "counter", "Blocks written to the tier.", writes)
+        TIER("kvtier_store_writes_dropped_total", "counter", "Block writes dropped (full queue, quota, I/O error).", writes_dropped)
+        TIER("kvtier_store_evictions_total", "counter", "Blocks removed from the tier for room (LRU).", evictions)
+        TIER("kvtier_store_expired_total", "counter", "Blocks removed from the tier by TTL.", expired)
+        TIER("kvtier_store_corrupt_total", "counter", "Reads that failed the checksum, key or fingerprint check.", corrupt)
+        TIER("kvtier_store_entries", "gauge", "Blocks held by the tier.", entries)
+        TIER("kvtier_store_bytes", "gauge", "Bytes held by the tier.", bytes)
+#undef TIER
+        fprintf(f, "# HELP kvtier_store_hit_ratio Block store hits / lookups since start, per tier.\n"
+                   "# TYPE kvtier_store_hit_ratio gauge\n");
+        const int64_t lookups = m.store.ram.hits + m.store.ram.misses;
+        for (int k = 0; k < 2; k++)
+            fprintf(f, "kvtier_store_hit_ratio{tier=\"%s\"} %.6f\n", tn[k], lookups ? (double) t[k]->hits / (double) lookups : 0.0);
+        GAUGE("kvtier_store_queue_length", "Block writes waiting for the disk writer.", m.store.queue_len);
+    }
     hist_text(f, "kvtier_ttft_seconds", "Time to first token.", &m.ttft);
     hist_text(f, "kvtier_token_latency_seconds", "Time between generated tokens.", &m.per_token);
     if (fclose(f)) { free(buf); return NULL; }

@@ -77,6 +77,17 @@ int serve_engine_open(struct server *srv) {
         serve_engine_close(srv);
         return APP_ERR;
     }
+    if (!srv->no_store) {
+        struct kvt_store_params stp = kvt_store_default_params();
+        stp.dir = srv->store_dir;
+        stp.ram_bytes = (size_t) srv->store_ram_mb << 20;
+        stp.disk_bytes = (size_t) srv->store_disk_mb << 20;
+        if ((rc = kvt_store_open(&stp, &sc->store))) {
+            app_fail("kvtier serve", "cannot open the block store (--no-store runs without one)", rc);
+            serve_engine_close(srv);
+            return APP_ERR;
+        }
+    }
     struct kvt_engine_info I;
     kvt_engine_info(srv->eng, &I);
     snprintf(srv->model_name, sizeof srv->model_name, "%s", I.name[0] ? I.name : I.desc);
@@ -89,6 +100,7 @@ void serve_engine_close(struct server *srv) {
         for (int32_t i = 0; sc->sess && i < sc->cap; i++) kvt_session_free(sc->sess[i].s);
         free(sc->sess);
         kvt_pool_free(sc->pool);
+        kvt_store_close(sc->store); /* writes out what is queued */
         free(sc->active);
         free(sc->t_last);
         free(sc->wait);
@@ -202,6 +214,8 @@ static void finish(struct server *srv, struct job *j) {
     srv->m.prompt_tokens += j->prompt_tokens;
     srv->m.completion_tokens += j->completion_tokens;
     srv->m.prompt_reused += j->sync.tokens_reused;
+    if (j->kind == JOB_CHAT && j->sync.route >= 0 && j->sync.route < 4) srv->m.route[j->sync.route]++;
+    srv->m.prompt_from_store += j->sync.tokens_from_store;
     srv->m.prompt_decoded += j->sync.tokens_decoded;
     srv->m.evictions += j->sync.evictions;
     srv->m.recoveries += j->sync.recoveries;
@@ -546,6 +560,8 @@ static void publish(struct server *srv) {
     srv->m.pool_ram = ps.ram_bytes;
     srv->m.pool_spill = ps.spill_bytes;
     srv->m.pool_dropped = ps.n_dropped;
+    srv->m.have_store = sc->store != NULL;
+    if (sc->store) kvt_store_get_stats(sc->store, &srv->m.store);
     pthread_mutex_unlock(&srv->mu);
 }
 

@@ -27,6 +27,7 @@ struct sched {
     struct sess *sess;          /* [cap]: max_sessions hold a sequence, the others are parked */
     int32_t      cap;
     kvt_pool    *pool;
+    kvt_store   *store;         /* content-addressed block store; NULL with --no-store */
     uint64_t     n_new;         /* sessions opened without a name (their ids count them) */
     const char  *fallback;      /* the sessions' chat template fallback (request tokens must agree) */
     int32_t      comp_seq0, n_comp;

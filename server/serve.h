@@ -91,6 +91,10 @@ struct metrics {
     int64_t evictions, recoveries, recomputes;
     int64_t resident_tokens, n_sessions, n_parked, queue_len, active;
     int64_t pool_ram, pool_spill, pool_dropped;
+    int64_t route[4];              /* chat requests by enum kvt_route of their prompt */
+    int64_t prompt_from_store;     /* prompt tokens loaded from the block store */
+    struct kvt_store_stats store;  /* zero without a store */
+    bool    have_store;
     struct hist ttft, per_token;
 };
 
@@ -117,6 +121,10 @@ struct server {
     char            model_name[128];
     int32_t         n_ctx, budget, parallel, threads, max_sessions, pool_mb, spill_mb, block, max_tokens_default;
     const char     *spill_dir;
+    const char     *store_dir;     /* block store (--store); NULL = the user's cache directory */
+    bool            no_store;      /* --no-store */
+    bool            share_store;   /* --share-store: tenants (API keys) share blocks */
+    int32_t         store_ram_mb, store_disk_mb;
     char          **keys;          /* API keys (NULL = no auth) */
     int32_t         n_keys;
     /* published by the engine thread */

@@ -281,6 +281,8 @@ int kvt_engine_open(const struct kvt_engine_params *params, kvt_engine **out) {
     e->p = p;
     snprintf(e->model_path, sizeof e->model_path, "%s", p.model_path);
     e->p.model_path = e->model_path;
+    e->model_size = (int64_t) st.st_size;
+    e->model_mtime_ns = (int64_t) st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
     e->info.type_k = ggml_type_name(tk);
     e->info.type_v = ggml_type_name(tv);
     e->p.type_k = e->info.type_k;

@@ -10,6 +10,7 @@
 **              in streams mode also the whole-sequence paths of seq_cp and seq_shift
 **   attn.c     attention capture (graph callback on kq_soft_max) mapped to positions
 **   embed.c    the embedder: its own model and context for dense retrieval
+**   ident.c    what names the engine's blocks in a store: model fingerprint, cache layout
 **
 ** Facts and traps of the llama.cpp API this relies on: shared/notes/llama-kv-api.md (the team's
 ** notes beside the repository); for kv_unified = false, bench/llama-streams/REPORT.md. */
@@ -56,6 +57,9 @@ struct kvt_engine {
     struct kvt_engine_params    p;
     struct kvt_engine_info      info;
     char                        model_path[1024];
+    int64_t                     model_size, model_mtime_ns; /* of the file loaded (ident.c checks them) */
+    kvt_key                     fingerprint;             /* SHA-256 of the GGUF file, once have_fp */
+    bool                        have_fp;
     int32_t                     seq_a, seq_b, seq_flush; /* scratch sequence ids; -1 where the mode has none */
     int                         n_parts;                 /* 2 for iSWA caches */
     bool                        unified;                 /* kv_unified: one cache shared by all sequences */

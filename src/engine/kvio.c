@@ -392,6 +392,97 @@ int kvt_block_load(kvt_engine *e, const kvt_blob *blob, int32_t seq, kvt_pos new
     return rc;
 }
 
+/* Streams + HOST re-anchoring: every block (copied and re-anchored where it moves) after the
+** sequence's cells, one assembly, one set_data: the cost is one write of the result, not one per
+** block (a prefix of k blocks loaded one by one rewrites the sequence k times). */
+static int load_many_streams(kvt_engine *e, const kvt_blob *const *blobs, int32_t n, int32_t seq, const kvt_pos *new_p0,
+                             struct kvt__blob_layout *Ls) {
+    int rc = kvt__engine_flush_shift(e);
+    if (rc) return rc;
+    struct state *cur = NULL;
+    uint8_t **tmp = calloc((size_t) n, sizeof *tmp);
+    struct kvt__blob_src *src = calloc((size_t) n + 2, sizeof *src);
+    struct kvt__blob_layout *Lref = malloc(sizeof *Lref);
+    uint8_t *asm_buf = NULL;
+    size_t asm_n = 0;
+    if (!tmp || !src || !Lref) { rc = kvt__fail(KVT_ENOMEM, "load of %d blocks", n); goto out; }
+    if ((rc = kvt__blob_parse(e->ref, e->ref_n, e->n_parts, Lref)) || (rc = state_get(e, seq, &cur))) goto out;
+    int64_t n_cells = cur->L.part[0].n_cells;
+    kvt_pos new_max = kvt__pm_max(&e->pm[seq]);
+    for (int32_t i = 0; i < n; i++) {
+        n_cells += Ls[i].part[0].n_cells;
+        new_max = KVT_MAX(new_max, new_p0[i] + blobs[i]->n_tokens - 1);
+    }
+    if (n_cells > e->n_ctx_seq) {
+        rc = kvt__fail(KVT_ECTX, "load of %d blocks (%lld cells with the %u sequence %d holds): its stream has %d cells", n,
+                       (long long) n_cells, cur->L.part[0].n_cells, seq, e->n_ctx_seq);
+        goto out;
+    }
+    const kvt_pos win = swa_lo(e, new_max);
+    src[0] = (struct kvt__blob_src) { e->ref, Lref, { 0, 0 }, { 0, 0 }, 0 };
+    src[1] = (struct kvt__blob_src) { cur->buf, &cur->L, { INT32_MIN, win }, { INT32_MAX, INT32_MAX }, 0 };
+    for (int32_t i = 0; i < n; i++) {
+        const int32_t delta = new_p0[i] - blobs[i]->p0;
+        const uint8_t *buf = blobs[i]->data;
+        if (delta != 0) {
+            if (!(tmp[i] = malloc(blobs[i]->size))) { rc = kvt__fail(KVT_ENOMEM, "block copy of %zu bytes", blobs[i]->size); goto out; }
+            memcpy(tmp[i], blobs[i]->data, blobs[i]->size);
+            if ((rc = kvt__blob_reanchor(tmp[i], &Ls[i], delta, e->info.n_head_kv, e->rope))) goto out;
+            buf = tmp[i];
+        }
+        src[i + 2] = (struct kvt__blob_src) { buf, &Ls[i], { INT32_MIN, win }, { INT32_MAX, INT32_MAX }, 0 };
+    }
+    if ((rc = kvt__blob_write(src, n + 2, e->n_parts, e->n_stream, (uint32_t) seq, seq, &asm_buf, &asm_n))) goto out;
+    rc = replace_seq(e, seq, asm_buf, asm_n, cur, "load of blocks");
+out:
+    for (int32_t i = 0; tmp && i < n; i++) free(tmp[i]);
+    free(tmp);
+    free(src);
+    free(Lref);
+    free(asm_buf);
+    state_free(cur);
+    return rc;
+}
+
+int kvt_blocks_load(kvt_engine *e, const kvt_blob *const *blobs, int32_t n, int32_t seq, const kvt_pos *new_p0) {
+    if (n <= 0 || !blobs || !new_p0) return kvt__fail(KVT_EINVAL, "load of %d blocks", n);
+    if (!kvt__engine_seq_ok(e, seq) || seq >= e->p.n_seq) return kvt__fail(KVT_EINVAL, "block load: sequence id %d", seq);
+    kvt_pos prev = kvt__pm_max(&e->pm[seq]);
+    for (int32_t i = 0; i < n; i++) {
+        if (!blobs[i] || !blobs[i]->data) return kvt__fail(KVT_EINVAL, "load of blocks: block %d is NULL", i);
+        if (new_p0[i] <= prev)
+            return kvt__fail(KVT_EINVAL, "load of blocks: block %d at position %d is not past position %d (blocks go in "
+                             "ascending order at the tail)", i, new_p0[i], prev);
+        prev = new_p0[i] + blobs[i]->n_tokens - 1;
+    }
+    if (e->unified || e->info.reanchor != KVT_REANCHOR_HOST) { /* one by one; on error the loaded ones go again */
+        kvt_pos tail = kvt__pm_max(&e->pm[seq]);
+        for (int32_t i = 0; i < n; i++) {
+            int rc = kvt_block_load(e, blobs[i], seq, new_p0[i]);
+            if (rc) {
+                kvt_seq_rm(e, seq, tail + 1, -1); /* keeps the error message */
+                return rc;
+            }
+        }
+        return 0;
+    }
+    struct kvt__blob_layout *Ls = malloc(sizeof *Ls * (size_t) n);
+    if (!Ls) return kvt__fail(KVT_ENOMEM, "load of %d blocks", n);
+    int rc = 0;
+    for (int32_t i = 0; rc == 0 && i < n; i++) {
+        rc = kvt__blob_parse(blobs[i]->data, blobs[i]->size, e->n_parts, &Ls[i]);
+        if (rc == 0 && Ls[i].part[0].n_cells == 0) rc = kvt__fail(KVT_EFORMAT, "load of blocks: block %d holds no cells", i);
+        if (rc == 0) rc = check_swa_cells(e, blobs[i], &Ls[i]);
+    }
+    if (rc == 0) rc = load_many_streams(e, blobs, n, seq, new_p0, Ls);
+    for (int32_t i = 0; rc == 0 && i < n; i++)
+        for (uint32_t c = 0; rc == 0 && c < Ls[i].part[0].n_cells; c++)
+            rc = kvt__pm_set(&e->pm[seq], kvt__blob_cell_pos(blobs[i]->data, &Ls[i], 0, c) + new_p0[i] - blobs[i]->p0);
+    free(Ls);
+    if (rc == 0) e->gen++;
+    return rc;
+}
+
 /* ---- streams mode: seq_cp and seq_shift through whole-sequence state ---- */
 
 int kvt__engine_seq_cp_host(kvt_engine *e, int32_t src, int32_t dst, kvt_pos p0, kvt_pos p1) {

@@ -27,6 +27,7 @@ static int save_block(kvt_session *s, struct blk *b) {
     b->blob_cells = blob->n_cells;
     b->blob_cells_swa = blob->n_cells_swa;
     b->blob_bytes = blob->size;
+    kvt__sess_store_block(s, b, blob);
     if (s->p.policy == KVT_POLICY_INFLLM) kvt__sess_pick_representatives(s, b, blob);
     kvt_blob_free(blob);
     char *text = NULL;
@@ -53,6 +54,7 @@ static void close_open_block(kvt_session *s, struct blk *b) {
 int kvt__sess_seal(kvt_session *s) {
     if (s->open < 0) return 0;
     struct blk *b = &s->b[s->open];
+    if (b->info.n_tokens < s->p.block) kvt__sess_chain_off(s); /* the blocks after it are not aligned */
     int rc = save_block(s, b);
     if (rc) return rc;
     close_open_block(s, b);
@@ -148,6 +150,7 @@ static void evict(kvt_session *s, int32_t i) {
     kvt_seq_rm(s->eng, s->p.seq, b->info.p0, b->info.p0 + b->info.n_tokens);
     b->info.n_evictions++;
     s->evictions++;
+    kvt__sess_chain_off(s); /* blocks decoded from now on attend to a context with a hole */
     if (s->p.recovery == KVT_RECOVERY_DISCARD) {
         kvt_pool_del(s->pool, b->key);
         b->info.residency = KVT_RES_LOST;
@@ -258,6 +261,7 @@ int kvt__sess_load_block(kvt_session *s, int32_t i) {
     struct blk *b = &s->b[i];
     int rc0 = kvt__sess_reserve_positions(s, b->info.n_tokens); /* loads go at the tail */
     if (rc0) return rc0;
+    kvt__sess_chain_off(s);
     if (s->p.recovery == KVT_RECOVERY_BREADCRUMB) {
         int rc = breadcrumb(s, b);
         if (rc) return rc;
@@ -266,6 +270,10 @@ int kvt__sess_load_block(kvt_session *s, int32_t i) {
     void *data = NULL;
     size_t n = 0;
     int rc = kvt_pool_get(s->pool, b->key, &data, &n);
+    if ((rc == KVT_ECORRUPT || rc == KVT_EIO || rc == KVT_ENOENT) && kvt__sess_store_fetch(s, b, &data, &n) == 0) {
+        kvt__clear_error(); /* the pool lost its copy; the store (same bytes by its chain key) has one */
+        rc = 0;
+    }
     if (rc == KVT_ECORRUPT || rc == KVT_EIO || rc == KVT_ENOENT) { /* the saved copy is gone */
         if ((rc = recompute_lost(s, b, rc))) return rc;
         goto placed;

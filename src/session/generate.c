@@ -21,10 +21,17 @@ static int save_logits(kvt_session *s) {
 
 /* Decode tokens for the conversation, keeping the budget at every chunk. */
 int kvt__sess_feed(kvt_session *s, const kvt_token *tok, int32_t n, int role, int32_t reserve_after) {
-    struct kvt_engine_info I;
-    kvt_engine_info(s->eng, &I);
     int32_t off = 0;
+    bool routed = role == KVT_ROLE_ASSISTANT; /* a prompt's blocks may be in the store */
     while (off < n) {
+        if (!routed && s->open < 0) { /* at the first block boundary (after completing an open block) */
+            int32_t used = 0;
+            int rc = kvt__sess_route(s, tok + off, n - off, role, &used);
+            if (rc) return rc;
+            routed = true;
+            off += used;
+            continue;
+        }
         /* chunks end at block boundaries so each completed block is sealed right after it is
         ** decoded (its SWA cells still exist) */
         int32_t room_in_block = s->open >= 0 ? s->p.block - s->b[s->open].info.n_tokens : s->p.block;

@@ -47,6 +47,7 @@ int kvt__sess_compact(kvt_session *s) {
     if (rc) return rc;
     s->next_pos = to;
     s->compactions++;
+    kvt__sess_chain_off(s);
     return 0;
 }
 

@@ -130,6 +130,12 @@ int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *params, k
         if (rc) { free(s->head_w); free(s->layers); free(s->kv_text); free(s); return rc; }
         s->own_pool = true;
     }
+    if (p.tenant && *p.tenant && !(s->tenant = strdup(p.tenant))) {
+        kvt_session_free(s);
+        return kvt__fail(KVT_ENOMEM, "tenant");
+    }
+    s->p.tenant = s->tenant;
+    s->chain_ok = p.store != NULL;
     *out = s;
     return 0;
 }
@@ -157,6 +163,7 @@ void kvt_session_free(kvt_session *s) {
     free(s->seg_chr);
     free(s->logits);
     free(s->gen);
+    free(s->tenant);
     free(s);
 }
 
@@ -213,6 +220,12 @@ void kvt_session_get_stats(kvt_session *s, struct kvt_session_stats *st) {
     st->policy_ms = s->policy_ms;
     st->decode_ms = s->decode_ms;
     kvt_pool_get_stats(s->pool, &st->pool);
+    st->route = kvt__sess_route_kind(s->route_want, s->route_tokens);
+    st->route_tokens = s->route_tokens;
+    st->route_lookup_tokens = s->route_want;
+    st->store_tokens = s->store_tokens;
+    st->store_blocks_put = s->store_put;
+    st->store_ms = s->store_ms;
 }
 
 int32_t kvt_session_n_blocks(const kvt_session *s) { return s->n_b; }

@@ -10,6 +10,8 @@
 **   session/sync.c        the conversation: messages, template text diff, cut-back, sync
 **   session/generate.c    prefill in budget-sized chunks (feed), generation, batched steps
 **   session/positions.c   positions kept below the trained context (compaction of the gaps)
+**   session/reuse.c       blocks in the content-addressed store: chain keys, store at seal,
+**                         prompt prefix lookup and load before prefill
 **   policy/signals.c      attention captured per chunk -> H2O / SnapKV / EWMA block signals
 **   retrieval/recovery.c  which evicted blocks come back before a message (BM25 novel terms,
 **                         successor blocks, dense/HNSW, InfLLM representatives, own tail)
@@ -38,6 +40,8 @@ struct blk {
     size_t     blob_bytes;
     float     *emb;             /* [emb_dim] unit vector of the text (with an embedder), else NULL */
     bool       parked;          /* resident when the session was parked: comes back on resume */
+    kvt_key    ckey;            /* chain key (session/reuse.c), when has_ckey */
+    bool       has_ckey;
 };
 
 struct msg {
@@ -93,6 +97,15 @@ struct kvt_session {
     int64_t     compactions;    /* times the resident blocks were moved down to close gaps */
     kvt_chunk_cb chunk_cb;      /* called between prefill chunks (kvt_session_set_chunk_cb) */
     void       *chunk_ud;
+    /* block store (session/reuse.c) */
+    char       *tenant;         /* copy of p.tenant */
+    bool        chain_ok;       /* every block so far is what a cold prefill gives: store them */
+    bool        have_root, store_broken;
+    kvt_key     root, model_fp; /* h_0 of the chain; the engine's model fingerprint */
+    int32_t     route_want, route_tokens; /* this turn: tokens looked up / loaded from the store */
+    int64_t     route_want_all, route_tokens_all; /* the same over the session's life */
+    int64_t     store_tokens, store_put, store_load_errors;
+    double      store_ms;
 };
 
 /* A recovery candidate: block index and score (higher first). */
@@ -160,6 +173,21 @@ int  kvt__sess_append_reply(kvt_session *s, const char *text);
 int  kvt__sess_reserve_positions(kvt_session *s, int32_t n);
 /* Move every resident block down, in position order, to sit contiguously from 0. */
 int  kvt__sess_compact(kvt_session *s);
+
+/* ---- session/reuse.c ---- */
+/* The session's KV stops being a cold prefill's (eviction, recovery, compaction, early seal):
+** no block from now on gets a chain key. */
+void kvt__sess_chain_off(kvt_session *s);
+/* Block b was just saved as blob: while the session is pure, give it its chain key and put it in
+** the store (write-behind).  Never fails (the store is a cache). */
+void kvt__sess_store_block(kvt_session *s, struct blk *b, const kvt_blob *blob);
+/* b's bytes from the store by its chain key (a copy the pool lost).  KVT_ENOENT when none. */
+int  kvt__sess_store_fetch(kvt_session *s, const struct blk *b, void **data, size_t *n);
+/* Before prefilling tok[0..n) of a prompt: the longest prefix of its full blocks found in the
+** store is loaded and recorded; *used = its tokens (the caller decodes the rest). */
+int  kvt__sess_route(kvt_session *s, const kvt_token *tok, int32_t n, int role, int32_t *used);
+/* enum kvt_route of lookups that wanted `want` tokens and found `found`. */
+int32_t kvt__sess_route_kind(int64_t want, int64_t found);
 
 /* ---- policy/signals.c ---- */
 /* Attention captured for the last decoded chunk -> block signals (best effort). */

@@ -199,6 +199,7 @@ int kvt_session_add_ex(kvt_session *s, enum kvt_role role, const char *text, int
     int rc = kvt__sess_push_msg(s, role, text, keep);
     if (rc || role != KVT_ROLE_USER) return rc; /* system/assistant text is decoded with the next user turn */
     s->turn++;
+    s->route_want = s->route_tokens = 0;
     kvt_token *tok = NULL;
     int32_t n = 0;
     char *fmt = NULL;
@@ -362,6 +363,7 @@ int kvt_session_sync(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_
     while (s->n_m > k) free(s->m[--s->n_m].content);
     if (s->n_m_decoded > k) s->n_m_decoded = k;
     const int64_t dec0 = s->decoded, rec0 = s->recovered, ev0 = s->evictions, nrec0 = s->recoveries, rc0 = s->recomputes;
+    const int64_t want0 = s->route_want_all, got0 = s->route_tokens_all;
     int rc = 0;
     for (int32_t i = k; rc == 0 && i < n_msgs; i++) rc = kvt_session_add(s, (enum kvt_role) role_from_name(msgs[i].role), msgs[i].content);
     if (rc == 0) rc = refresh_logits(s);
@@ -369,7 +371,9 @@ int kvt_session_sync(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_
         out->prompt_tokens = s->total;
         out->tokens_decoded = s->decoded - dec0;
         out->tokens_recovered = s->recovered - rec0;
-        out->tokens_reused = KVT_MAX(0, s->total - (int32_t) out->tokens_decoded);
+        out->tokens_from_store = s->route_tokens_all - got0;
+        out->route = kvt__sess_route_kind(s->route_want_all - want0, out->tokens_from_store);
+        out->tokens_reused = KVT_MAX(0, s->total - (int32_t) out->tokens_decoded - (int32_t) out->tokens_from_store);
         out->evictions = s->evictions - ev0;
         out->recoveries = s->recoveries - nrec0;
         out->recomputes = s->recomputes - rc0;

@@ -10,6 +10,9 @@
 t_init() {
     TMP=$(mktemp -d "${TMPDIR:-/tmp}/kvt-$1.XXXXXX")
     trap 'rm -rf "$TMP"' EXIT
+    # the block store's default directory (kvt_store_default_dir): private to this script, so a
+    # test never reuses blocks another test (or the user) computed
+    export XDG_CACHE_HOME="$TMP/cache"
     pass=0
     fail=0
 }

@@ -18,6 +18,7 @@ if [ -z "$MODEL" ] || [ ! -f "$MODEL" ]; then
     exit 0
 fi
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/kvt-cli-serve.XXXXXX")
+export XDG_CACHE_HOME="$TMP/cache" # the servers' default block store: private to this script
 PID=
 cleanup() {
     [ -n "$PID" ] && kill -KILL "$PID" 2>/dev/null

@@ -2,6 +2,9 @@
 **
 **   mkmodel OUT.gguf llama [--no-tokenizer]           pure-attention llama-style model
 **                                                     (NORM RoPE, GQA 4:2)
+**   ... [--ctx-train N] [--seed S]                    trained context (default 8192); weights
+**                                                     from another seed (same shapes; the last
+**                                                     option when both are given)
 **   mkmodel OUT.gguf gemma3 [N_SWA] [--no-tokenizer]  Gemma 3-style: NEOX RoPE, Q/K norm, sliding
 **                                                     window N_SWA (default 32) on 5 of 6 layers,
 **                                                     full attention on layer 5
@@ -138,6 +141,11 @@ static void add_tokenizer(int n_vocab) {
 
 int main(int argc, char **argv) {
     int tokenizer = 1, n_ctx_train = 8192;
+    if (argc > 4 && !strcmp(argv[argc - 2], "--seed")) { /* other weights, same shapes and tokenizer */
+        rng ^= strtoull(argv[argc - 1], NULL, 10) * 0x9E3779B97F4A7C15ull;
+        if (!rng) rng = 1;
+        argc -= 2;
+    }
     if (argc > 4 && !strcmp(argv[argc - 2], "--ctx-train")) {
         n_ctx_train = atoi(argv[argc - 1]);
         argc -= 2;

@@ -1,0 +1,173 @@
+/* reuse.c — a session's blocks in the content-addressed block store (section 8 of kvtier.h).
+**
+** A block's chain key names the K/V a cold prefill of the token stream from position 0 gives
+** (vLLM's prefix caching and LMCache key blocks the same way).  A session's block i carries that
+** K/V exactly while the session is "chain-pure": every block before it was resident at its
+** original position when it was decoded or loaded.  The first eviction ends that: a block decoded
+** after it attended to a context with a hole, and its K/V belong to no prefix.  So the session
+** keeps `chain_ok` from open until the first eviction, recovery, compaction or early seal, stores
+** each full block it seals while pure (write-behind: kvt_store_put copies and returns), and before
+** a prompt is prefilled looks its full blocks up in order: the found prefix is loaded with
+** kvt_blocks_load (one state write, no forward pass) and recorded like decoded tokens (sealed,
+** saved to the pool for its own recovery later), the rest is decoded.  The last prompt token is
+** always decoded: its logits start the reply.
+**
+** Gemma 3's sliding-window cells: each block is saved right after it is decoded, with the SWA
+** cells of its own positions; a prefix of k blocks loaded together keeps the cells of the last
+** n_swa positions (kvt_blocks_load drops the older ones), which the last blocks of the chain carry
+** (tests/unit/test_reuse.c checks the logits after such a load against a cold prefill). */
+#include "session/session_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *kvt_route_name(int route) {
+    static const char *const names[] = { "none", "miss", "partial", "exact" };
+    return route >= 0 && route < 4 ? names[route] : "unknown";
+}
+
+/* h_0 for this session, computed once (the model's fingerprint reads the GGUF file once per
+** engine).  A failure turns the store off for the session: it is a cache, never a reason to fail
+** a request. */
+static bool chain_root(kvt_session *s) {
+    if (s->have_root) return true;
+    if (!s->p.store || s->store_broken) return false;
+    struct kvt_chain_params cp;
+    char layout[512];
+    memset(&cp, 0, sizeof cp);
+    int rc = kvt_engine_fingerprint(s->eng, &cp.model);
+    if (rc == 0) {
+        kvt_engine_layout(s->eng, layout, sizeof layout);
+        cp.layout = layout;
+        cp.block = s->p.block;
+        cp.tenant = s->tenant;
+        rc = kvt_chain_root(&cp, &s->root);
+    }
+    if (rc) {
+        fprintf(stderr, "kvtier: block store off for this session: %s\n", kvt_errmsg());
+        kvt__clear_error();
+        s->store_broken = true;
+        return false;
+    }
+    s->model_fp = cp.model;
+    s->have_root = true;
+    return true;
+}
+
+/* Key of block i from its predecessor's; false when there is none (not pure, not full). */
+static bool block_key(kvt_session *s, int32_t i, kvt_key *out) {
+    const struct blk *b = &s->b[i];
+    if (b->info.n_tokens != s->p.block || b->info.orig_p0 != i * s->p.block) return false;
+    const kvt_key *prev = NULL;
+    if (i == 0) {
+        if (!chain_root(s)) return false;
+        prev = &s->root;
+    } else if (s->b[i - 1].has_ckey) {
+        prev = &s->b[i - 1].ckey;
+    } else {
+        return false;
+    }
+    kvt_chain_next(prev, b->tok, b->info.n_tokens, out);
+    return true;
+}
+
+void kvt__sess_chain_off(kvt_session *s) {
+    s->chain_ok = false;
+}
+
+void kvt__sess_store_block(kvt_session *s, struct blk *b, const kvt_blob *blob) {
+    if (!s->p.store || !s->chain_ok) return;
+    const int32_t i = (int32_t) (b - s->b);
+    if (blob->p0 != b->info.orig_p0 || !block_key(s, i, &b->ckey)) return;
+    b->has_ckey = true;
+    if (kvt_store_has(s->p.store, &b->ckey)) return;
+    struct kvt_store_meta m = { s->model_fp, b->info.n_tokens, 0 };
+    if (kvt_store_put(s->p.store, &b->ckey, &m, blob->data, blob->size) == 0) s->store_put++;
+    kvt__clear_error(); /* a store that cannot take it (memory) costs a later prefill, nothing now */
+}
+
+int kvt__sess_store_fetch(kvt_session *s, const struct blk *b, void **data, size_t *n) {
+    *data = NULL;
+    *n = 0;
+    if (!s->p.store || !b->has_ckey || !s->have_root) return KVT_ENOENT;
+    int rc = kvt_store_get(s->p.store, &b->ckey, &s->model_fp, data, n, NULL, NULL);
+    if (rc) kvt__clear_error();
+    return rc;
+}
+
+int kvt__sess_route(kvt_session *s, const kvt_token *tok, int32_t n, int role, int32_t *used) {
+    *used = 0;
+    const int32_t B = s->p.block;
+    /* at a block boundary of a pure stream, with at least one full block before the last token */
+    if (!s->p.store || !s->chain_ok || s->open >= 0 || s->next_pos != s->total || s->total % B != 0 || n <= B)
+        return 0;
+    if (!chain_root(s)) return 0;
+    const int32_t i0 = s->n_b;
+    if (i0 > 0 && !s->b[i0 - 1].has_ckey) return 0;
+    const int32_t want = (n - 1) / B;
+    s->route_want += want * B;
+    s->route_want_all += want * B;
+    /* what fits the budget beside what is resident, leaving a block of room for the rest: loaded
+    ** blocks that had to be evicted at once would only cost a copy */
+    int32_t k_max = KVT_MIN(want, (s->p.budget - kvt__sess_resident(s) - B) / B);
+    if (k_max <= 0) return 0;
+    const double t0 = kvt__now_ms();
+    kvt_blob *blobs = calloc((size_t) k_max, sizeof *blobs);
+    const kvt_blob **bp = calloc((size_t) k_max, sizeof *bp);
+    kvt_pos *p0 = calloc((size_t) k_max, sizeof *p0);
+    int32_t found = 0;
+    int rc = 0;
+    if (!blobs || !bp || !p0) {
+        rc = kvt__fail(KVT_ENOMEM, "store lookup of %d blocks", k_max);
+        goto out;
+    }
+    kvt_key key = i0 > 0 ? s->b[i0 - 1].ckey : s->root;
+    for (int32_t j = 0; j < k_max; j++) {
+        kvt_key next;
+        kvt_chain_next(&key, tok + (size_t) j * B, B, &next);
+        key = next;
+        void *data = NULL;
+        size_t sz = 0;
+        struct kvt_store_meta m;
+        if (kvt_store_get(s->p.store, &key, &s->model_fp, &data, &sz, &m, NULL)) break;
+        blobs[found] = (kvt_blob) { data, sz, (i0 + j) * B, B, 0, 0 };
+        if (m.n_tokens != B || m.codec != 0) break; /* freed below with the others */
+        bp[found] = &blobs[found];
+        p0[found] = s->next_pos + j * B;
+        found++;
+    }
+    kvt__clear_error();
+    if (found == 0) goto out;
+    if ((rc = kvt__sess_reserve_positions(s, found * B))) goto out;
+    rc = kvt_blocks_load(s->eng, bp, found, s->p.seq, p0);
+    if (rc) { /* all or nothing: nothing was loaded, the tokens are prefilled instead */
+        fprintf(stderr, "kvtier: %d blocks found in the store could not be loaded, prefilled instead: %s\n", found,
+                kvt_errmsg());
+        kvt__clear_error();
+        s->store_load_errors++;
+        rc = 0;
+        goto out;
+    }
+    /* recorded as if decoded: the blocks seal (pool copies for this session's recovery; their
+    ** keys are found in the store, so nothing is written twice) */
+    if ((rc = kvt__sess_record(s, tok, found * B, role))) goto out;
+    kvt__sess_note_peak(s);
+    *used = found * B;
+    s->route_tokens += found * B;
+    s->route_tokens_all += found * B;
+    s->store_tokens += found * B;
+out:
+    for (int32_t j = 0; blobs && j <= found && j < k_max; j++) free(blobs[j].data);
+    free(blobs);
+    free(bp);
+    free(p0);
+    s->store_ms += kvt__now_ms() - t0;
+    return rc;
+}
+
+int32_t kvt__sess_route_kind(int64_t want, int64_t found) {
+    if (want == 0) return KVT_ROUTE_NONE;
+    if (found == 0) return KVT_ROUTE_MISS;
+    return found >= want ? KVT_ROUTE_EXACT : KVT_ROUTE_PARTIAL;
+}

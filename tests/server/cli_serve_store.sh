@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# cli_serve_store — the block store across a server restart, on Gemma 3 270M (iSWA: the sliding-
+# window cells of the prompt's last window come with its last blocks):
+#   1. a server answers a ~4k-token prompt (store "miss": prefilled, every full block stored), and
+#      is stopped with SIGTERM (its writer drains the queue);
+#   2. a new server on the same --store answers the same prompt with store "exact", nearly every
+#      prompt token from the store, the identical greedy reply, disk hits in /metrics, and a
+#      shorter time to the reply (printed, not asserted: timing is a benchmark's job);
+#   3. tenancy: with API keys, key B never gets key A's blocks unless --share-store;
+#   4. --no-store: nothing looked up; a --store that is not a directory: a clear error, exit 1.
+# Environment (from tests/CMakeLists.txt): KVTIER_BIN, KVTIER_MODEL, KVT_SOURCE_DIR.
+set -u
+BIN=${KVTIER_BIN:?KVTIER_BIN is not set}
+MODEL=${KVTIER_MODEL:-}
+if [ -z "$MODEL" ] || [ ! -f "$MODEL" ]; then
+    echo "SKIP: KVTIER_MODEL ('$MODEL') is not a file"
+    exit 0
+fi
+. "$(dirname "$0")/../cli/lib.sh"
+t_init serve-store
+PID=
+trap '[ -n "$PID" ] && kill -KILL "$PID" 2>/dev/null; rm -rf "$TMP"' EXIT
+STORE=$TMP/store
+
+# start ERR ARGS...: `kvtier serve ARGS` on a free port; sets PID and PORT once it listens
+start() {
+    local err=$1
+    shift
+    "$BIN" serve -m "$MODEL" --port 0 --threads 2 "$@" >/dev/null 2>"$TMP/$err" &
+    PID=$!
+    PORT=
+    for _ in $(seq 1 300); do
+        PORT=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$TMP/$err" | sed 's/.*://')
+        [ -n "$PORT" ] && return 0
+        kill -0 "$PID" 2>/dev/null || break
+        sleep 0.2
+    done
+    bad "server did not start: $(tail -3 "$TMP/$err")"
+    t_finish
+    exit 1
+}
+stop() {
+    kill -TERM "$PID" 2>/dev/null
+    wait "$PID"
+    local rc=$?
+    PID=
+    return $rc
+}
+
+# ask NAME WORDS [KEY [TITLE]]: one greedy chat request with a system document of WORDS words
+# (deterministic; TITLE opens it); the reply JSON, with the seconds it took, in $TMP/NAME.json
+ask() {
+    python3 - "$PORT" "$2" "${3:-}" "${4:-Archive notes}" >"$TMP/$1.json" 2>"$TMP/$1.pyerr" <<'EOF'
+import json, sys, time, urllib.request
+port, words, key, title = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+vocab = ("the river mill lantern harbor orchard comet glacier violin stone garden window winter summer market "
+         "bridge quiet old north road letter clock paper music forest light small village").split()
+r, out = 12345, []
+for i in range(words):
+    r = (r * 1103515245 + 12345) % 2**31
+    out.append(vocab[(r >> 8) % len(vocab)] + ("." if i % 11 == 10 else ""))
+doc = title + ": " + " ".join(out)
+body = {"model": "m", "temperature": 0, "max_tokens": 12,
+        "messages": [{"role": "system", "content": doc}, {"role": "user", "content": "What is the first word of the notes?"}]}
+req = urllib.request.Request("http://127.0.0.1:%s/v1/chat/completions" % port, json.dumps(body).encode(),
+                             {"Content-Type": "application/json"})
+if key:
+    req.add_header("Authorization", "Bearer " + key)
+t0 = time.time()
+res = json.load(urllib.request.urlopen(req, timeout=600))
+res["_seconds"] = time.time() - t0
+print(json.dumps(res))
+EOF
+}
+field() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))" "$TMP/$1.json" "$2" 2>/dev/null; }
+
+# --- 1. cold, then a restart on the same store ---
+start err1 --store "$STORE" --budget 4608 -c 9216 --parallel 1
+ask cold 3300
+route=$(field cold 'd["usage"]["kvtier"]["store"]')
+pt=$(field cold 'd["usage"]["prompt_tokens"]')
+[ "$route" = miss ] && [ "${pt:-0}" -ge 3500 ] && ok "cold: $pt prompt tokens, store miss" || bad "cold: route '$route', prompt $pt: $(cat "$TMP/cold.pyerr")"
+stop && ok "SIGTERM: exit 0 (queued block writes drained)" || bad "first server exit status"
+[ -f "$STORE/index.db" ] && ok "the store has its index" || bad "no $STORE/index.db"
+
+start err2 --store "$STORE" --budget 4608 -c 9216 --parallel 1
+ask warm 3300
+route=$(field warm 'd["usage"]["kvtier"]["store"]')
+fs=$(field warm 'd["usage"]["kvtier"]["prompt_tokens_from_store"]')
+dec=$(field warm 'd["usage"]["kvtier"]["prompt_tokens_decoded"]')
+[ "$route" = exact ] && [ "${fs:-0}" -ge $((pt - 128)) ] \
+    && ok "after restart: store exact, $fs of $pt prompt tokens from the store, $dec decoded" \
+    || bad "after restart: route '$route', from store '$fs', decoded '$dec' of $pt"
+c1=$(field cold 'd["choices"][0]["message"]["content"]')
+c2=$(field warm 'd["choices"][0]["message"]["content"]')
+[ -n "$c1" ] && [ "$c1" = "$c2" ] && ok "identical greedy reply: '$c1'" || bad "replies differ: '$c1' vs '$c2'"
+echo "  time to the reply: cold $(field cold 'round(d["_seconds"], 2)') s, from the store after a restart $(field warm 'round(d["_seconds"], 2)') s"
+curl -s "http://127.0.0.1:$PORT/metrics" >"$TMP/metrics"
+grep -q '^kvtier_store_hits_total{tier="disk"} [1-9]' "$TMP/metrics" && grep -q '^kvtier_store_routes_total{route="exact"} 1$' "$TMP/metrics" \
+    && ok "/metrics: disk hits and one exact route" || bad "/metrics: $(grep kvtier_store "$TMP/metrics" | head -20)"
+stop || bad "second server exit status"
+
+# --- 3. tenancy: one salt per API key unless --share-store ---
+printf 'key-tenant-a\nkey-tenant-b\n' >"$TMP/keys"
+start err3 --store "$STORE" --budget 1024 -c 4096 --api-key-file "$TMP/keys"
+ask ta1 600 key-tenant-a   # the opening of the document the shared namespace holds: salted away
+ask ta2 600 key-tenant-a
+ask tb1 600 key-tenant-b
+ra1=$(field ta1 'd["usage"]["kvtier"]["store"]'); ra2=$(field ta2 'd["usage"]["kvtier"]["store"]'); rb1=$(field tb1 'd["usage"]["kvtier"]["store"]')
+[ "$ra1" = miss ] && [ "$rb1" = miss ] && ok "key B does not get key A's blocks (A: $ra1, B: $rb1)" || bad "tenancy: A $ra1, B $rb1"
+# ta2 named no session: a new request with the same messages may go to A's session (prefix) or a new one
+[ "$ra2" = exact ] || [ "$ra2" = none ] && ok "key A again: $ra2 (exact from the store, or its own session)" || bad "key A again: $ra2"
+stop || bad "third server exit status"
+start err4 --store "$STORE" --budget 1024 -c 4096 --api-key-file "$TMP/keys" --share-store
+ask sa 600 key-tenant-a "Shared ledger"
+ask sb 600 key-tenant-b "Shared ledger"
+rsa=$(field sa 'd["usage"]["kvtier"]["store"]'); rsb=$(field sb 'd["usage"]["kvtier"]["store"]')
+[ "$rsa" = miss ] && [ "$rsb" = exact ] && ok "--share-store: B reuses what A computed ($rsa, $rsb)" || bad "--share-store: A $rsa, B $rsb"
+stop || bad "fourth server exit status"
+
+# --- 4. --no-store, and a store path that is not a directory ---
+start err5 --no-store --budget 1024 -c 4096
+ask ns 600
+rns=$(field ns 'd["usage"]["kvtier"]["store"]')
+[ "$rns" = none ] && ok "--no-store: store none" || bad "--no-store: $rns"
+curl -s "http://127.0.0.1:$PORT/metrics" | grep -q 'kvtier_store_hits_total' && bad "--no-store: tier metrics present" || ok "--no-store: no tier metrics"
+stop || bad "fifth server exit status"
+touch "$TMP/afile"
+"$BIN" serve -m "$MODEL" --port 0 --store "$TMP/afile" >/dev/null 2>"$TMP/err6"; rc=$?
+[ $rc -eq 1 ] && grep -q "afile" "$TMP/err6" && ok "--store naming a file: exit 1 naming it" || bad "--store file: rc $rc: $(cat "$TMP/err6")"
+t_finish

@@ -1,0 +1,351 @@
+/* test_reuse — sessions over the content-addressed block store (src/session/reuse.c) on the tiny
+** generated models (F32 cache: exactness within 1e-3 of a cold prefill's logits):
+**   - restart: a prompt prefilled by one engine and store comes back EXACT in a new engine on
+**     the same store directory, only the tail decoded, logits equal to the cold prefill's;
+**   - PARTIAL: a prompt sharing its first blocks loads those and prefills the rest;
+**   - fingerprint: a model with the same shapes and other weights never gets those blocks;
+**   - tenants: another tenant's salt misses, the same tenant hits;
+**   - purity: a session that evicted stores only the blocks computed before its first eviction;
+**   - iSWA: on the Gemma-3-style model (window 32, blocks of 16) a prefix much longer than the
+**     window loads with the sliding-window cells of its last window, logits exact;
+**   - a corrupted blob file is a miss, never a wrong answer. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "kvtier.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+enum { BLOCK = 16 };
+
+static kvt_engine *open_tiny(const char *name) {
+    static char path[1024];
+    const char *d = getenv("KVT_TINY_DIR");
+    snprintf(path, sizeof path, "%s/%s.gguf", d ? d : "tests/models", name);
+    struct kvt_engine_params p = kvt_engine_default_params();
+    p.model_path = path;
+    p.n_ctx = 1024;
+    p.type_k = "f32";
+    p.type_v = "f32";
+    kvt_engine *e = NULL;
+    int rc = kvt_engine_open(&p, &e);
+    if (rc) fprintf(stderr, "open %s: %s: %s\n", path, kvt_strerror(rc), kvt_errmsg());
+    assert_int_equal(rc, 0);
+    return e;
+}
+
+static kvt_store *open_store(const char *dir) {
+    struct kvt_store_params p = kvt_store_default_params();
+    p.dir = dir;
+    p.ram_bytes = 64u << 20;
+    p.disk_bytes = 256u << 20;
+    kvt_store *st = NULL;
+    int rc = kvt_store_open(&p, &st);
+    if (rc) fprintf(stderr, "store %s: %s: %s\n", dir, kvt_strerror(rc), kvt_errmsg());
+    assert_int_equal(rc, 0);
+    return st;
+}
+
+static const char *words[] = { "the", "river", "mill", "lantern", "harbor", "orchard", "comet", "glacier",
+                               "violin", "stone", "garden", "window", "winter", "summer", "market", "bridge" };
+
+/* A system prompt of about n words that differs from another seed's after `same` words. */
+static char *document(int n, int same, unsigned seed) {
+    char *t = calloc((size_t) n * 12 + 1, 1);
+    unsigned r = 7;
+    for (int i = 0; i < n; i++) {
+        if (i == same) r ^= seed * 2654435761u;
+        r = r * 1103515245u + 12345u;
+        strcat(t, words[(r >> 8) % 16]);
+        strcat(t, i % 9 == 8 ? ". " : " ");
+    }
+    return t;
+}
+
+struct run {
+    float  *logits;
+    int32_t n_vocab;
+    struct kvt_session_stats st;
+};
+
+/* One conversation turn (system document + question) in a fresh session; its stats and logits. */
+static void turn(kvt_engine *e, kvt_store *store, const char *tenant, int32_t budget, const char *doc, const char *q,
+                 struct run *out) {
+    struct kvt_session_params p = kvt_session_default_params();
+    p.block = BLOCK;
+    p.budget = budget;
+    p.gen_reserve = 8;
+    p.template_fallback = "chatml";
+    p.store = store;
+    p.tenant = tenant;
+    kvt_session *s = NULL;
+    assert_int_equal(kvt_session_open(e, &p, &s), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_SYSTEM, doc), 0);
+    int rc = kvt_session_add(s, KVT_ROLE_USER, q);
+    if (rc) fprintf(stderr, "add: %s\n", kvt_errmsg());
+    assert_int_equal(rc, 0);
+    struct kvt_engine_info I;
+    kvt_engine_info(e, &I);
+    out->n_vocab = I.n_vocab;
+    out->logits = malloc(sizeof(float) * (size_t) I.n_vocab);
+    memcpy(out->logits, kvt_logits(e), sizeof(float) * (size_t) I.n_vocab);
+    kvt_session_get_stats(s, &out->st);
+    kvt_session_free(s);
+}
+
+static double max_diff(const struct run *a, const struct run *b) {
+    double m = 0;
+    for (int32_t i = 0; i < a->n_vocab; i++) m = fmax(m, fabs((double) a->logits[i] - b->logits[i]));
+    return m;
+}
+
+static void show(const char *what, const struct run *r) {
+    printf("  %-28s route %-7s %4d of %4d looked-up tokens from the store, %4lld decoded, %lld blocks put\n", what,
+           kvt_route_name(r->st.route), r->st.route_tokens, r->st.route_lookup_tokens, (long long) r->st.tokens_decoded,
+           (long long) r->st.store_blocks_put);
+}
+
+static char *tmp_dir(void) {
+    char *d = strdup("/tmp/kvt-reuse-XXXXXX");
+    assert_non_null(mkdtemp(d));
+    return d;
+}
+
+static void rm_rf(const char *dir) {
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void test_restart_exact_and_partial(void **state) {
+    (void) state;
+    char *dir = tmp_dir();
+    char *doc = document(300, 300, 0), *doc2 = document(300, 150, 99);
+    struct run cold, warm, part, part_cold, other;
+    /* process 1: a cold prefill stores its blocks */
+    kvt_engine *e = open_tiny("tiny-llama");
+    kvt_store *st = open_store(dir);
+    turn(e, st, NULL, 1024, doc, "what is by the river", &cold);
+    show("first run (cold)", &cold);
+    assert_int_equal(cold.st.route, KVT_ROUTE_MISS);
+    assert_int_equal(cold.st.store_tokens, 0);
+    assert_true(cold.st.store_blocks_put >= cold.st.total_tokens / BLOCK - 1);
+    kvt_store_close(st);
+    kvt_engine_free(e);
+    /* process 2 (a restart): a new engine on the same store directory */
+    e = open_tiny("tiny-llama");
+    st = open_store(dir);
+    turn(e, st, NULL, 1024, doc, "what is by the river", &warm);
+    show("after restart, same prompt", &warm);
+    assert_int_equal(warm.st.route, KVT_ROUTE_EXACT);
+    assert_int_equal(warm.st.route_tokens, warm.st.route_lookup_tokens);
+    /* decoded: the tail of the system text after its last full block, then the question (a
+    ** message that starts inside a block completes it by decoding; a short one is all tail) */
+    assert_int_equal(warm.st.tokens_decoded, warm.st.total_tokens - warm.st.route_tokens);
+    assert_true(warm.st.tokens_decoded <= 2 * BLOCK);
+    assert_int_equal(warm.st.store_blocks_put, 0); /* found, so not written again */
+    double d = max_diff(&cold, &warm);
+    printf("  exact: max|dlogit| vs the cold prefill %.3g (tolerance 1e-3)\n", d);
+    assert_true(d <= 1e-3);
+    /* a prompt that shares its first half: those blocks come back, the rest is prefilled */
+    turn(e, st, NULL, 1024, doc2, "what is by the river", &part);
+    show("shared first half", &part);
+    assert_int_equal(part.st.route, KVT_ROUTE_PARTIAL);
+    assert_true(part.st.route_tokens >= 4 * BLOCK);
+    assert_true(part.st.route_tokens < part.st.route_lookup_tokens);
+    turn(e, NULL, NULL, 1024, doc2, "what is by the river", &part_cold);
+    assert_int_equal(part_cold.st.route, KVT_ROUTE_NONE);
+    d = max_diff(&part, &part_cold);
+    printf("  partial: max|dlogit| vs its cold prefill %.3g (tolerance 1e-3)\n", d);
+    assert_true(d <= 1e-3);
+    /* control: the comparison sees a different context */
+    turn(e, NULL, NULL, 1024, doc, "what is by the mill", &other);
+    double dc = max_diff(&cold, &other);
+    printf("  control: another question moves the logits by %.3g\n", dc);
+    assert_true(dc > 1e-2);
+    kvt_store_close(st);
+    kvt_engine_free(e);
+    free(cold.logits); free(warm.logits); free(part.logits); free(part_cold.logits); free(other.logits);
+    free(doc);
+    free(doc2);
+    rm_rf(dir);
+    free(dir);
+}
+
+static void test_fingerprint_and_tenant(void **state) {
+    (void) state;
+    char *dir = tmp_dir();
+    char *doc = document(200, 200, 0);
+    kvt_engine *a = open_tiny("tiny-llama"), *a2 = open_tiny("tiny-llama"), *b = open_tiny("tiny-llama-seed2");
+    kvt_key fa, fa2, fb;
+    assert_int_equal(kvt_engine_fingerprint(a, &fa), 0);
+    assert_int_equal(kvt_engine_fingerprint(a2, &fa2), 0);
+    assert_int_equal(kvt_engine_fingerprint(b, &fb), 0);
+    assert_memory_equal(fa.b, fa2.b, KVT_KEY_BYTES);
+    assert_memory_not_equal(fa.b, fb.b, KVT_KEY_BYTES);
+    char la[512], lb[512];
+    kvt_engine_layout(a, la, sizeof la);
+    kvt_engine_layout(b, lb, sizeof lb);
+    assert_string_equal(la, lb); /* same shapes and cache: only the fingerprint tells them apart */
+    kvt_store *st = open_store(dir);
+    struct run r1, r2, r3, r4, r5;
+    turn(a, st, "tenant-a", 1024, doc, "what is by the river", &r1);
+    assert_int_equal(r1.st.route, KVT_ROUTE_MISS);
+    turn(b, st, "tenant-a", 1024, doc, "what is by the river", &r2);
+    show("other weights, same shapes", &r2);
+    assert_int_equal(r2.st.route, KVT_ROUTE_MISS);
+    turn(a2, st, "tenant-b", 1024, doc, "what is by the river", &r3);
+    show("other tenant", &r3);
+    assert_int_equal(r3.st.route, KVT_ROUTE_MISS);
+    turn(a2, st, "tenant-a", 1024, doc, "what is by the river", &r4);
+    show("same tenant, other engine", &r4);
+    assert_int_equal(r4.st.route, KVT_ROUTE_EXACT);
+    turn(a2, st, NULL, 1024, doc, "what is by the river", &r5);
+    assert_int_equal(r5.st.route, KVT_ROUTE_MISS); /* the shared namespace is a namespace too */
+    assert_true(max_diff(&r1, &r4) <= 1e-3);
+    kvt_store_close(st);
+    kvt_engine_free(a);
+    kvt_engine_free(a2);
+    kvt_engine_free(b);
+    free(r1.logits); free(r2.logits); free(r3.logits); free(r4.logits); free(r5.logits);
+    free(doc);
+    rm_rf(dir);
+    free(dir);
+}
+
+/* Budget 128 under a prompt of ~300 tokens: the session evicts while the prompt is decoded.  Only
+** the blocks sealed before the first eviction are stored: a block decoded after it attended to a
+** context with a hole.  A later session with room for everything finds exactly those. */
+static void test_purity_after_eviction(void **state) {
+    (void) state;
+    char *dir = tmp_dir();
+    char *doc = document(240, 240, 0);
+    kvt_engine *e = open_tiny("tiny-llama");
+    kvt_store *st = open_store(dir);
+    struct run small, big, cold;
+    turn(e, st, NULL, 128, doc, "what is by the river", &small);
+    show("budget 128 (evicts)", &small);
+    assert_true(small.st.evictions > 0);
+    /* the first eviction happens when resident passes 0.95 * 128: at most 7 full blocks before it */
+    assert_true(small.st.store_blocks_put >= 1 && small.st.store_blocks_put <= 128 / BLOCK);
+    turn(e, st, NULL, 1024, doc, "what is by the river", &big);
+    show("budget 1024, same prompt", &big);
+    assert_int_equal(big.st.route, KVT_ROUTE_PARTIAL);
+    assert_int_equal(big.st.route_tokens, small.st.store_blocks_put * BLOCK);
+    turn(e, NULL, NULL, 1024, doc, "what is by the river", &cold);
+    double d = max_diff(&big, &cold);
+    printf("  after the evicting run: max|dlogit| vs a cold prefill %.3g (tolerance 1e-3)\n", d);
+    assert_true(d <= 1e-3);
+    kvt_store_close(st);
+    kvt_engine_free(e);
+    free(small.logits); free(big.logits); free(cold.logits);
+    free(doc);
+    rm_rf(dir);
+    free(dir);
+}
+
+/* Gemma-3-style: 5 of 6 layers see a window of 32 positions.  Each block carries the SWA cells of
+** its own 16 positions (saved when sealed); loading 20+ blocks keeps those of the last window. */
+static void test_swa_prefix(void **state) {
+    (void) state;
+    char *dir = tmp_dir();
+    char *doc = document(300, 300, 0);
+    kvt_engine *e = open_tiny("tiny-gemma3");
+    struct kvt_engine_info I;
+    kvt_engine_info(e, &I);
+    assert_int_equal(I.n_swa, 32);
+    kvt_store *st = open_store(dir);
+    struct run cold, warm;
+    turn(e, st, NULL, 1024, doc, "what is by the river", &cold);
+    kvt_store_close(st);
+    st = open_store(dir);
+    turn(e, st, NULL, 1024, doc, "what is by the river", &warm);
+    show("iSWA, window 32", &warm);
+    assert_int_equal(warm.st.route, KVT_ROUTE_EXACT);
+    assert_true(warm.st.route_tokens >= 10 * I.n_swa);
+    double d = max_diff(&cold, &warm);
+    printf("  iSWA exact: max|dlogit| vs the cold prefill %.3g (tolerance 1e-3)\n", d);
+    assert_true(d <= 1e-3);
+    kvt_store_close(st);
+    kvt_engine_free(e);
+    free(cold.logits); free(warm.logits);
+    free(doc);
+    rm_rf(dir);
+    free(dir);
+}
+
+/* Flip a byte in the middle of every blob file under dir (all but the SQLite index). */
+static int corrupt_files(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.' || !strncmp(de->d_name, "index.db", 8)) continue;
+        char path[2048];
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        struct stat sb;
+        if (stat(path, &sb) != 0) continue;
+        if (S_ISDIR(sb.st_mode)) { n += corrupt_files(path); continue; }
+        if (!S_ISREG(sb.st_mode) || sb.st_size < 2) continue;
+        int fd = open(path, O_RDWR);
+        assert_true(fd >= 0);
+        unsigned char c;
+        assert_int_equal(pread(fd, &c, 1, sb.st_size / 2), 1);
+        c ^= 0x5a;
+        assert_int_equal(pwrite(fd, &c, 1, sb.st_size / 2), 1);
+        close(fd);
+        n++;
+    }
+    closedir(d);
+    return n;
+}
+
+static void test_corrupt_is_a_miss(void **state) {
+    (void) state;
+    char *dir = tmp_dir();
+    char *doc = document(200, 200, 0);
+    kvt_engine *e = open_tiny("tiny-llama");
+    kvt_store *st = open_store(dir);
+    struct run cold, bad;
+    turn(e, st, NULL, 1024, doc, "what is by the river", &cold);
+    kvt_store_close(st);
+    int n = corrupt_files(dir);
+    printf("  corrupted %d blob files\n", n);
+    assert_true(n >= cold.st.store_blocks_put);
+    st = open_store(dir);
+    turn(e, st, NULL, 1024, doc, "what is by the river", &bad);
+    show("every blob corrupted", &bad);
+    assert_int_equal(bad.st.route, KVT_ROUTE_MISS);
+    struct kvt_store_stats ss;
+    kvt_store_get_stats(st, &ss);
+    assert_true(ss.disk.corrupt >= 1);
+    assert_true(max_diff(&cold, &bad) <= 1e-3);
+    kvt_store_close(st);
+    kvt_engine_free(e);
+    free(cold.logits); free(bad.logits);
+    free(doc);
+    rm_rf(dir);
+    free(dir);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_restart_exact_and_partial),
+        cmocka_unit_test(test_fingerprint_and_tenant),
+        cmocka_unit_test(test_purity_after_eviction),
+        cmocka_unit_test(test_swa_prefix),
+        cmocka_unit_test(test_corrupt_is_a_miss),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
