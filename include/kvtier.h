@@ -1036,23 +1036,26 @@ int32_t kvt_ann_size(const kvt_ann *ann);
 **   h_0 = SHA-256("kvtier-chain" | format version | model fingerprint | layout | block | tenant)
 **   h_i = SHA-256(h_{i-1} | tokens of block i as little-endian int32)
 ** so a key names the K/V a cold prefill of exactly those tokens from position 0 produces, on
-** exactly those weights and cache layout.  Deterministic across processes and machines (no
-** seed: the production bug of hash-seeded prefix caches, 0 % hits after a restart, cannot
-** happen).  Pure functions (any thread). */
+** exactly those weights and cache layout.  Strings are length-prefixed and integers
+** little-endian (docs/STORE.md gives the exact bytes), so no two parameter sets share an input.
+** Deterministic across processes and machines (no seed: the production bug of hash-seeded
+** prefix caches, 0 % hits after a restart, cannot happen).  Pure functions (any thread). */
 struct kvt_chain_params {
     kvt_key     model;       /* kvt_engine_fingerprint */
     const char *layout;      /* kvt_engine_layout; required */
     int32_t     block;       /* tokens per block (> 0) */
-    const char *tenant;      /* salt: blocks of different tenants never share keys; NULL or
-                             ** "" = the shared namespace */
+    const char *tenant;      /* salt: blocks of different tenants never share keys; NULL and ""
+                             ** are the same, shared namespace */
 };
-/* h_0 of the chain.  Errors: KVT_EINVAL (NULL layout, block <= 0). */
+/* h_0 of the chain.  Errors: KVT_EINVAL (NULL layout, block <= 0), KVT_ENOMEM (OpenSSL could
+** not allocate a digest context). */
 int  kvt_chain_root(const struct kvt_chain_params *p, kvt_key *out /* OUT */);
-/* h_i from h_{i-1} and block i's n tokens.  Cannot fail (n >= 0). */
-void kvt_chain_next(const kvt_key *prev, const kvt_token *tok, int32_t n, kvt_key *out /* OUT */);
+/* h_i from h_{i-1} and block i's n tokens (out may be prev).  Errors: KVT_EINVAL (NULL prev or
+** out, n < 0, NULL tok with n > 0), KVT_ENOMEM (as kvt_chain_root); *out is unchanged then. */
+int  kvt_chain_next(const kvt_key *prev, const kvt_token *tok, int32_t n, kvt_key *out /* OUT */);
 /* 64 lowercase hex digits + NUL into out[65].  Cannot fail. */
 void kvt_key_hex(const kvt_key *k, char out[2 * KVT_KEY_BYTES + 1]);
-/* Parse 64 hex digits.  Errors: KVT_EINVAL (message names the text). */
+/* Parse exactly 64 hex digits (either case).  Errors: KVT_EINVAL (message names the text). */
 int  kvt_key_parse(const char *hex, kvt_key *out /* OUT */);
 
 typedef struct kvt_store kvt_store;
@@ -1062,111 +1065,154 @@ enum kvt_tier { KVT_TIER_NONE = 0, KVT_TIER_RAM = 1, KVT_TIER_DISK = 2, KVT_TIER
 /* "none", "ram", "disk", "redis" (static; "unknown" out of range).  Pure. */
 const char *kvt_tier_name(int tier);
 
+/* TTL (EdgeSync-LLM's rule): an entry expires ttl_s after its last hit (or its write), or
+** ttl_hot_s after once it has hot_hits hits.  Expiry is decided with the parameters of the
+** process that asks (the index stores last hit and hit count, not a deadline), so a changed
+** ttl applies to blocks already stored.  Expired entries are misses and are removed when met
+** (get) or by gc.  Disk quota eviction takes expired entries first, then cold entries (fewer
+** than hot_hits hits) least recently hit first, then hot ones the same way. */
 struct kvt_store_params {
-    const char *dir;          /* the disk tier: DIR/index.db (SQLite, WAL) + DIR/blobs/; NULL =
-                              ** kvt_store_default_dir().  Created (mode 0700) if missing */
-    size_t  ram_bytes;        /* RAM tier budget (LRU); default 256 MiB; 0 = no RAM tier */
-    size_t  disk_bytes;       /* disk tier quota (blob bytes); default 8 GiB; 0 = no disk tier
-                              ** (RAM only: nothing persists, dir unused) */
-    double  ttl_s;            /* an entry expires this long after its last hit (or its write);
-                              ** default 1800 (30 min, EdgeSync-LLM) */
-    double  ttl_hot_s;        /* ... or this long once it has hot_hits hits; default 7 days */
-    int32_t hot_hits;         /* default 5 */
-    int32_t queue_max;        /* write-behind queue (blocks waiting for the disk writer); default
-                              ** 256.  A put that finds it full drops the disk write (counted) */
-    bool    read_only;        /* inspect only (kvtier store ls/stats/verify without repair) */
+    const char *dir;          /* the disk tier: DIR/index.db (SQLite, WAL) + DIR/blobs/ + DIR/lock;
+                              ** NULL = kvt_store_default_dir().  Created (mode 0700) if missing,
+                              ** unless read_only */
+    size_t  ram_bytes;        /* RAM tier budget (payload bytes, LRU); default 256 MiB; 0 = no RAM
+                              ** tier */
+    size_t  disk_bytes;       /* disk tier quota (payload bytes of the blob files); default 8 GiB;
+                              ** 0 = no disk tier (RAM only: nothing persists, dir unused) */
+    double  ttl_s;            /* seconds, > 0; default 1800 (30 min, EdgeSync-LLM) */
+    double  ttl_hot_s;        /* seconds, >= ttl_s; default 604800 (7 days) */
+    int32_t hot_hits;         /* >= 1; default 5 */
+    int32_t queue_max;        /* write-behind queue (blocks waiting for the disk writer), >= 1;
+                              ** default 256.  A put that finds it full drops the disk write
+                              ** (counted in disk.writes_dropped); the queue's blocks share their
+                              ** bytes with the RAM tier's copy when it holds them */
+    bool    read_only;        /* inspect only: no writer thread, nothing created or removed (a
+                              ** corrupt or expired entry is still a miss); put, gc, clear and
+                              ** verify with repair return KVT_EINVAL */
 };
 
 /* Defaults listed above.  Cannot fail. */
 struct kvt_store_params kvt_store_default_params(void);
 
-/* $XDG_CACHE_HOME/kvtier/store, else $HOME/.cache/kvtier/store, into buf[n].
-** Errors: KVT_EINVAL (neither variable set, or n too small). */
+/* $XDG_CACHE_HOME/kvtier/store (when absolute), else $HOME/.cache/kvtier/store, into buf[n].
+** Errors: KVT_EINVAL (neither variable set, or n too small; buf is "" then). */
 int kvt_store_default_dir(char *buf, size_t n);
 
-/* Open (or create) a store and start its disk writer thread.  An index or blob directory left
-** by a killed process opens fine: SQLite's WAL recovers the index, temporary blob files are
-** removed, and entries whose file is missing are dropped at the first read (or by gc/verify).
-** Errors: KVT_EINVAL (bad params), KVT_EIO (dir not a writable directory, or the index cannot
-** be opened: the message names the path and SQLite's error), KVT_ENOMEM.  OUT *out. */
+/* Open (or create) a store (p NULL = defaults) and start its disk writer thread.  An index or
+** blob directory left by a killed process opens fine: SQLite's WAL recovers the index,
+** temporary blob files of dead writers are removed, and entries whose file is missing are
+** dropped at the first read (or by gc/verify).  Several processes may open one directory at
+** once (SQLite's locking, busy_timeout 10 s; DIR/lock keeps gc from taking another process's
+** write in flight for an orphan).
+** Errors: KVT_EINVAL (bad params: the message names the value), KVT_EIO (dir not a writable
+** directory, read_only and no store there, or the index cannot be opened or is of a newer
+** format: the message names the path and SQLite's error), KVT_ENOMEM.  OUT *out (NULL on
+** error; nothing is leaked). */
 int  kvt_store_open(const struct kvt_store_params *p, kvt_store **out /* OUT */);
 
-/* Write out the queue (waits for the writer), stop the thread, close.  Accepts NULL. */
+/* Write out the queue (waits for the writer), record pending hits, stop the thread, close.
+** Accepts NULL.  Must not run concurrently with other calls on the same store. */
 void kvt_store_close(kvt_store *st);
 
 /* What the header of a stored block records besides its bytes (checked on every read). */
 struct kvt_store_meta {
     kvt_key model;            /* the fingerprint of the model that computed it */
-    int32_t n_tokens;         /* tokens the block covers */
+    int32_t n_tokens;         /* tokens the block covers (>= 0) */
     int32_t codec;            /* 0 = raw blob bytes (block codecs add others) */
 };
 
-/* Store a copy of data[0..n) under key: into the RAM tier now (LRU eviction within ram_bytes),
-** and queued for the disk tier (write-behind: temp file + fsync + rename, then the index row).
-** Never blocks on disk: a full queue drops the disk write (writes_dropped).  A key already
-** stored is not rewritten (content-addressed: same key, same bytes).
-** Errors: KVT_EINVAL, KVT_ENOMEM (nothing stored).  Thread-safe. */
+/* Store a copy of data[0..n) under key: into the RAM tier now (LRU eviction within ram_bytes;
+** a block larger than ram_bytes skips RAM, counted in ram.writes_dropped), and queued for the
+** disk tier (write-behind by the writer thread: temp file + fsync + rename + fsync of the
+** directory, then the index row; a write that would pass disk_bytes evicts first).  Never
+** blocks on disk: a full queue, a block larger than the quota, or a failed write (a full disk,
+** an I/O error, the index) drops the disk write (disk.writes_dropped), never an error here.
+** A key already stored (RAM, queue or index) is not rewritten (content-addressed: same key,
+** same bytes); put never updates hit counts.
+** Errors: KVT_EINVAL (NULL store, key or meta; NULL data with n > 0; negative n_tokens;
+** read-only store), KVT_ENOMEM (the RAM copy may be stored, the disk write is not queued).
+** Thread-safe. */
 int  kvt_store_put(kvt_store *st, const kvt_key *key, const struct kvt_store_meta *m, const void *data, size_t n);
 
-/* Fetch key's bytes: RAM tier, else disk tier (a disk hit is copied into RAM).  The header's
-** key, model fingerprint and the SHA-256 of the bytes are checked: a mismatch is never returned
-** (the entry is removed and counted as corrupt or foreign).  A hit updates last-hit time and
-** hit count.  OUT *data (free()), *n, *meta, *tier (any OUT may be NULL except data and n).
-** Errors: KVT_ENOENT (miss, expired, corrupt, foreign model: callers prefill instead),
-** KVT_EINVAL, KVT_ENOMEM, KVT_EIO (the index cannot be read).  Thread-safe. */
+/* Fetch key's bytes: RAM tier, else disk tier (its write queue, then the index and the blob
+** file; a disk hit is copied into RAM).  A disk read checks the file's header (magic, version,
+** key, model, size, codec, tokens) against the index row and the payload's SHA-256 against
+** both: a mismatch, a truncated or a missing file is never returned: the entry is removed,
+** counted in disk.corrupt, and the get is a miss.  model must equal the stored block's model
+** fingerprint, else the get is a miss counted in corrupt (the entry, intact, stays for its own
+** model).  A hit updates last-hit time and hit count (RAM at once; the index through the writer
+** thread, in batches: a get never waits for an index write).  OUT *data (free()), *n (bytes),
+** *meta, *tier (meta and tier may be NULL).
+** Errors: KVT_ENOENT (miss, expired, corrupt, foreign model: callers prefill instead; the
+** message says which), KVT_EINVAL (NULL store, key, model, data or n), KVT_ENOMEM, KVT_EIO (the
+** index cannot be read).  On error *data is NULL and *n 0.  Thread-safe. */
 int  kvt_store_get(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
                    struct kvt_store_meta *meta, enum kvt_tier *tier);
 
-/* Is key in some tier (no read, no checksum, no hit counted)?  Thread-safe. */
+/* Is key in some tier and not expired (no file read, no checksum, no hit counted)?  False for
+** NULL arguments.  Thread-safe. */
 bool kvt_store_has(kvt_store *st, const kvt_key *key);
 
-/* Wait until every queued disk write is done (tests, shutdown, `kvtier store`).  Thread-safe. */
+/* Wait until every queued disk write is done and every pending hit is in the index (tests,
+** shutdown, `kvtier store`).  Returns at once without a writer (read-only, no disk tier).
+** Thread-safe. */
 void kvt_store_flush(kvt_store *st);
 
 struct kvt_store_tier_stats {
-    int64_t entries, bytes;          /* held now */
+    int64_t entries, bytes;          /* held now (payload bytes) */
     int64_t hits, misses;            /* gets answered / not answered by this tier */
-    int64_t writes, writes_dropped;  /* puts written / dropped (full queue, quota, I/O error) */
+    int64_t writes, writes_dropped;  /* puts written / dropped (full queue, quota, I/O error; RAM:
+                                     ** larger than the tier) */
     int64_t evictions, expired;      /* removed for room (LRU) / by TTL */
-    int64_t corrupt;                 /* reads that failed the checksum, key or fingerprint check */
+    int64_t corrupt;                 /* reads that failed the checksum, key or fingerprint check,
+                                     ** or found their file missing */
 };
 struct kvt_store_stats {
     struct kvt_store_tier_stats ram, disk;
     int64_t queue_len;               /* disk writes waiting now */
 };
-/* Counters of this process (entries/bytes of the disk tier from the index).  Thread-safe. */
+/* Counters of this process since open; entries/bytes of the disk tier are the index's (all
+** processes').  Cannot fail (zeros for NULL).  Thread-safe. */
 void kvt_store_get_stats(kvt_store *st, struct kvt_store_stats *out /* OUT */);
 
 /* One entry of the disk tier as `kvtier store ls` shows it. */
 struct kvt_store_entry {
     kvt_key key, model;
     int32_t n_tokens, codec;
-    int64_t bytes;
+    int64_t bytes;                   /* payload bytes */
     double  created, last_hit;       /* seconds since the epoch */
     int64_t hits;
-    double  expires;                 /* seconds since the epoch */
+    double  expires;                 /* seconds since the epoch (this process's TTL rule) */
 };
-/* Call cb for every disk entry (index order); a non-zero return from cb stops and is returned.
-** Errors: KVT_EIO.  Thread-safe. */
+/* Call cb for every disk entry, most recently hit first (a snapshot of the index taken before
+** the first call; cb may call the store); a non-zero return from cb stops and is returned.
+** Errors: KVT_EINVAL (no disk tier, NULL cb), KVT_EIO, KVT_ENOMEM.  Thread-safe. */
 int  kvt_store_ls(kvt_store *st, int (*cb)(void *ud, const struct kvt_store_entry *e), void *ud);
 
 struct kvt_store_report {
-    int64_t checked, ok;
-    int64_t expired;                 /* removed by TTL */
-    int64_t over_quota;              /* removed (LRU) to get within disk_bytes */
-    int64_t corrupt;                 /* files failing their checksum / header */
+    int64_t checked, ok;             /* index rows looked at / found good */
+    int64_t expired;                 /* removed by TTL (gc) */
+    int64_t over_quota;              /* removed (cold before hot, LRU) to get within disk_bytes (gc) */
+    int64_t corrupt;                 /* files failing their checksum / header (verify) */
     int64_t missing;                 /* index rows without a file */
-    int64_t orphans;                 /* files without an index row */
+    int64_t orphans;                 /* files without an index row, temporary files included */
     int64_t removed;                 /* entries and files removed */
-    int64_t bytes_freed;
+    int64_t bytes_freed;             /* payload bytes of removed entries, file bytes of orphans */
 };
-/* Garbage-collect the disk tier: expired entries, LRU down to the quota, index rows without a
-** file and files without a row (temporary files of killed writers included).  Errors: KVT_EIO. */
+/* Garbage-collect the disk tier: expired entries, index rows without a file, cold-then-LRU
+** down to the quota, files without a row (temporary files of killed writers included).  Waits
+** for a write in flight in any process (DIR/lock).  Errors: KVT_EINVAL (read-only, no disk
+** tier, NULL out), KVT_EIO, KVT_ENOMEM.  Thread-safe. */
 int  kvt_store_gc(kvt_store *st, struct kvt_store_report *out /* OUT */);
-/* Re-check every file's header and checksum against the index and list orphans both ways;
-** with repair, remove what fails.  Errors: KVT_EIO. */
+/* Re-read every file the index names and check its header (magic, version, key, model, size,
+** codec, tokens) and payload SHA-256 against the row; list orphans both ways (rows without a
+** file: missing; files without a row: orphans).  With repair, remove what fails (rows and
+** files).  Expiry is not looked at (gc's job).  Reads every byte of the tier.
+** Errors: KVT_EINVAL (repair on a read-only store, no disk tier, NULL out), KVT_EIO,
+** KVT_ENOMEM.  Thread-safe. */
 int  kvt_store_verify(kvt_store *st, bool repair, struct kvt_store_report *out /* OUT */);
-/* Remove every entry of both tiers.  Errors: KVT_EIO. */
+/* Remove every entry of both tiers (queued writes included).  Errors: KVT_EINVAL (NULL,
+** read-only), KVT_EIO.  Thread-safe. */
 int  kvt_store_clear(kvt_store *st);
 
 #ifdef __cplusplus

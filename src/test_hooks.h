@@ -25,4 +25,14 @@ bool kvt_engine_shift_pending(const kvt_engine *eng);
 ** test checks that the target sequence is left exactly as it was.  part < 0: off.  Fires once. */
 void kvt_engine_set_unsafe_corrupt_next_load(kvt_engine *eng, int part);
 
+/* The block store's tests (tests/unit/test_store*.c): a fake "now" in epoch seconds for every TTL
+** decision, created and last-hit time of the store (0 = the real clock again), so expiry and hot
+** promotion are tested without waiting.  Thread-safe. */
+void kvt_store_test_set_clock(kvt_store *st, double now);
+
+/* While hold is true the store's writer thread takes nothing from its queue (puts still queue,
+** then drop when the queue is full): the full-queue test.  kvt_store_flush waits forever while
+** held; kvt_store_close releases the hold.  Thread-safe. */
+void kvt_store_test_hold_writer(kvt_store *st, bool hold);
+
 #endif

@@ -1,0 +1,248 @@
+/* blobfile.c — the disk tier's blob files: one file per block, a 128-byte header (store_int.h)
+** then the payload, written durably and atomically, checked on every read.
+**
+** Write: a temporary name no reader looks for ("<blobs>/.tmp-<pid>-<16 hex of key>-XXXXXX",
+** O_EXCL), the whole file, fsync, rename to "<64 hex>.kvb", fsync of the directory.  A writer
+** killed at any point leaves at most a temporary file (removed by open and gc) or a complete,
+** durable file; the index row that makes it visible is written only after the rename is durable
+** (store.c), so a row never names a half-written file. */
+#include "store/store_int.h"
+#include "fault.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static void le32(uint8_t *b, uint32_t v) {
+    for (int i = 0; i < 4; i++) b[i] = (uint8_t)(v >> (8 * i));
+}
+static void le64(uint8_t *b, uint64_t v) {
+    for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t rd32(const uint8_t *b) {
+    return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+}
+static uint64_t rd64(const uint8_t *b) {
+    return (uint64_t)rd32(b) | (uint64_t)rd32(b + 4) << 32;
+}
+
+int kvt__sha256(const void *data, size_t n, uint8_t out[32]) {
+    unsigned len = 0;
+    static const uint8_t empty = 0;
+    return EVP_Digest(n ? data : &empty, n, out, &len, EVP_sha256(), NULL) == 1 && len == 32 ? 0 : -1;
+}
+
+void kvt__blob_name(const kvt_key *key, char name[70]) {
+    kvt_key_hex(key, name);
+    memcpy(name + 64, ".kvb", 5);
+}
+
+bool kvt__blob_is_blob(const char *name, kvt_key *key) {
+    char hex[65];
+    if (strlen(name) != 68 || strcmp(name + 64, ".kvb")) return false;
+    memcpy(hex, name, 64);
+    hex[64] = '\0';
+    for (int i = 0; i < 64; i++)
+        if (!((hex[i] >= '0' && hex[i] <= '9') || (hex[i] >= 'a' && hex[i] <= 'f'))) return false;
+    return kvt_key_parse(hex, key) == 0;
+}
+
+bool kvt__blob_is_tmp(const char *name, long *pid) {
+    if (strncmp(name, ".tmp-", 5)) return false;
+    char *end;
+    long p = strtol(name + 5, &end, 10);
+    if (end == name + 5 || *end != '-' || p <= 0) return false;
+    *pid = p;
+    return true;
+}
+
+static void encode(const struct kvt__blob_hdr *h, uint8_t b[KVT__BLOB_HDR]) {
+    memset(b, 0, KVT__BLOB_HDR);
+    memcpy(b, KVT__BLOB_MAGIC, 8);
+    le32(b + 8, KVT__BLOB_VERSION);
+    le32(b + 12, (uint32_t)h->codec);
+    memcpy(b + 16, h->key.b, 32);
+    memcpy(b + 48, h->model.b, 32);
+    le32(b + 80, (uint32_t)h->n_tokens);
+    le64(b + 88, h->size);
+    memcpy(b + 96, h->sha, 32);
+}
+
+static int write_all(int fd, const uint8_t *p, size_t n) {
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return errno;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+int kvt__blob_write(int blobs_fd, const char *blobs_dir, const struct kvt__blob_hdr *h, const void *data,
+                    const char **what) {
+    char hex[65], name[70], tmp[128];
+    uint8_t hdr[KVT__BLOB_HDR];
+    kvt_key_hex(&h->key, hex);
+    kvt__blob_name(&h->key, name);
+    encode(h, hdr);
+    snprintf(tmp, sizeof tmp, ".tmp-%ld-%.16s-XXXXXX", (long)getpid(), hex);
+    /* mkstemp needs a path: build it under blobs_dir, then work relative to blobs_fd */
+    char path[4096];
+    int len = snprintf(path, sizeof path, "%s/%s", blobs_dir, tmp);
+    if (len < 0 || (size_t)len >= sizeof path) {
+        *what = "create";
+        return ENAMETOOLONG;
+    }
+    int fd = mkstemp(path);
+    if (fd < 0) {
+        *what = "create";
+        return errno;
+    }
+    const char *tmp_name = path + strlen(blobs_dir) + 1;
+    int err = 0;
+    if (kvt__fault_check(KVT__FAULT_STORE_WRITE)) {
+        *what = "write";
+        err = ENOSPC;
+    } else if ((err = write_all(fd, hdr, sizeof hdr)) || (err = write_all(fd, data, (size_t)h->size))) {
+        *what = "write";
+    } else if (kvt__fault_check(KVT__FAULT_STORE_SYNC) ? (errno = EIO, true) : fsync(fd) != 0) {
+        *what = "fsync";
+        err = errno;
+    }
+    if (close(fd) && !err) {
+        *what = "close";
+        err = errno;
+    }
+    if (!err &&
+        (kvt__fault_check(KVT__FAULT_STORE_SYNC) ? (errno = EIO, true) : renameat(blobs_fd, tmp_name, blobs_fd, name) != 0)) {
+        *what = "rename";
+        err = errno;
+    }
+    if (err) {
+        unlinkat(blobs_fd, tmp_name, 0);
+        return err;
+    }
+    if (fsync(blobs_fd)) { /* the rename is not durable: never let an index row name it */
+        *what = "fsync of the directory";
+        err = errno;
+        unlinkat(blobs_fd, name, 0);
+        return err;
+    }
+    return 0;
+}
+
+static int read_all(int fd, uint8_t *p, size_t n, size_t *got) {
+    *got = 0;
+    while (*got < n) {
+        ssize_t r = read(fd, p + *got, n - *got);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return errno;
+        }
+        if (r == 0) break;
+        *got += (size_t)r;
+    }
+    return 0;
+}
+
+int kvt__blob_read(int blobs_fd, const char *name, struct kvt__blob_hdr *h, uint8_t **data, const char **why) {
+    uint8_t hdr[KVT__BLOB_HDR], sha[32];
+    struct stat sb;
+    size_t got;
+    if (data) *data = NULL;
+    int fd = openat(blobs_fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) {
+        *why = strerror(errno);
+        return errno == ENOENT ? KVT__BLOB_MISSING : errno == ELOOP ? KVT__BLOB_BAD : KVT__BLOB_IOERR;
+    }
+    int rc = KVT__BLOB_BAD;
+    uint8_t *buf = NULL;
+    if (fstat(fd, &sb) || !S_ISREG(sb.st_mode)) {
+        *why = "not a regular file";
+        goto out;
+    }
+    if (read_all(fd, hdr, sizeof hdr, &got)) {
+        *why = strerror(errno);
+        rc = KVT__BLOB_IOERR;
+        goto out;
+    }
+    if (got < sizeof hdr || memcmp(hdr, KVT__BLOB_MAGIC, 8)) {
+        *why = got < sizeof hdr ? "truncated header" : "bad magic";
+        goto out;
+    }
+    if (rd32(hdr + 8) != KVT__BLOB_VERSION) {
+        *why = "unknown format version";
+        goto out;
+    }
+    h->codec = (int32_t)rd32(hdr + 12);
+    memcpy(h->key.b, hdr + 16, 32);
+    memcpy(h->model.b, hdr + 48, 32);
+    h->n_tokens = (int32_t)rd32(hdr + 80);
+    h->size = rd64(hdr + 88);
+    memcpy(h->sha, hdr + 96, 32);
+    if ((uint64_t)sb.st_size != KVT__BLOB_HDR + h->size || h->size > SIZE_MAX - 1) {
+        *why = (uint64_t)sb.st_size < KVT__BLOB_HDR + h->size ? "truncated payload" : "file longer than its header says";
+        goto out;
+    }
+    /* the payload is hashed as it is read; without data it is read in chunks and dropped */
+    EVP_MD_CTX *c = EVP_MD_CTX_new();
+    if (!c || EVP_DigestInit_ex(c, EVP_sha256(), NULL) != 1) {
+        EVP_MD_CTX_free(c);
+        rc = KVT__BLOB_NOMEM;
+        *why = "no memory for SHA-256";
+        goto out;
+    }
+    size_t chunk = data ? (size_t)h->size : KVT_MIN((size_t)h->size, (size_t)1 << 20);
+    buf = malloc(chunk ? chunk : 1);
+    if (!buf) {
+        EVP_MD_CTX_free(c);
+        rc = KVT__BLOB_NOMEM;
+        *why = "no memory for the payload";
+        goto out;
+    }
+    uint64_t left = h->size;
+    int ok = 1;
+    while (left > 0 && ok) {
+        size_t want = (size_t)KVT_MIN(left, (uint64_t)chunk);
+        uint8_t *dst = data ? buf + (h->size - left) : buf;
+        if (read_all(fd, dst, want, &got) || got != want) {
+            *why = got != want ? "truncated payload" : strerror(errno);
+            rc = got != want ? KVT__BLOB_BAD : KVT__BLOB_IOERR;
+            ok = 0;
+            break;
+        }
+        ok = EVP_DigestUpdate(c, dst, want) == 1;
+        left -= want;
+    }
+    unsigned len = 0;
+    if (ok) ok = EVP_DigestFinal_ex(c, sha, &len) == 1;
+    EVP_MD_CTX_free(c);
+    if (!ok) {
+        if (left == 0) {
+            rc = KVT__BLOB_NOMEM;
+            *why = "SHA-256 failed";
+        }
+        goto out;
+    }
+    if (memcmp(sha, h->sha, 32)) {
+        *why = "payload SHA-256 mismatch";
+        goto out;
+    }
+    rc = KVT__BLOB_OK;
+    if (data) {
+        *data = buf;
+        buf = NULL;
+    }
+out:
+    free(buf);
+    close(fd);
+    return rc;
+}

@@ -1,0 +1,752 @@
+/* store.c — the block store (kvtier.h section 8): content-addressed blocks in a RAM tier (ram.c)
+** over a persistent disk tier (an SQLite index, DIR/index.db, and checksummed blob files under
+** DIR/blobs/, blobfile.c), written behind the caller by one writer thread.
+**
+** Threads.  Any thread may call put/get/has/stats/flush/ls/gc/verify/clear.  The writer thread
+** takes disk writes from a bounded queue (queue_max); a put that finds it full drops the disk
+** write (writes_dropped) and never waits.  The index has two connections: `rd` for lookups
+** (rd_mu) and `wr` for every change (wr_mu), so a get's lookup never waits for a write's
+** transaction; WAL lets them run at once, busy_timeout covers other processes.  Neither mutex is
+** held during file I/O.  Hits of gets are queued too (hits[]) and applied by the writer in
+** batches, so a get never writes to the index (except to remove a corrupt or expired entry).
+**
+** Write order of a block: blob file durable under its name (blobfile.c), then the index row.  A
+** row therefore always names a complete, durable file; a crash in between leaves a file without
+** a row (an orphan gc removes).  The writer holds DIR/lock shared for each write; gc, verify and
+** clear hold it exclusive, so they never mistake another process's write in flight for an
+** orphan.
+**
+** Eviction (disk): before a write that would pass disk_bytes, entries leave in this order:
+** expired ones, then cold ones (fewer than hot_hits hits) least recently hit first, then hot ones
+** least recently hit first: hit-count promotion protects hot blocks from a scan of cold ones, as
+** EdgeSync-LLM's TTL rule (30 min, 7 days once hot) does. */
+#include "store/store_int.h"
+#include "fault.h"
+#include "test_hooks.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <dirent.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define HITS_MAX     4096 /* pending hit records; more are not recorded (advisory counts) */
+#define HITS_BATCH   256  /* wake the writer at this many */
+#define SCHEMA_VERSION 1
+
+static const char *SCHEMA =
+    "CREATE TABLE IF NOT EXISTS blocks("
+    "  key BLOB PRIMARY KEY,"        /* 32-byte chain key */
+    "  file TEXT NOT NULL,"          /* name under blobs/ */
+    "  size INTEGER NOT NULL,"       /* payload bytes */
+    "  codec INTEGER NOT NULL,"
+    "  checksum BLOB NOT NULL,"      /* SHA-256 of the payload */
+    "  model BLOB NOT NULL,"         /* model fingerprint */
+    "  n_tokens INTEGER NOT NULL,"
+    "  created REAL NOT NULL,"       /* epoch seconds */
+    "  last_hit REAL NOT NULL,"      /* epoch seconds: the write, then the last get */
+    "  hits INTEGER NOT NULL DEFAULT 0"
+    ") WITHOUT ROWID;"
+    "CREATE INDEX IF NOT EXISTS blocks_last_hit ON blocks(last_hit);";
+
+struct kvt_store_params kvt_store_default_params(void) {
+    return (struct kvt_store_params){ .dir = NULL, .ram_bytes = (size_t)256 << 20, .disk_bytes = (size_t)8 << 30,
+                                      .ttl_s = 1800, .ttl_hot_s = 7 * 86400.0, .hot_hits = 5, .queue_max = 256,
+                                      .read_only = false };
+}
+
+double kvt__store_now(kvt_store *st) {
+    long long us = atomic_load_explicit(&st->clock_us, memory_order_relaxed);
+    if (us) return (double)us / 1e6;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+void kvt_store_test_set_clock(kvt_store *st, double now) {
+    atomic_store(&st->clock_us, (long long)(now * 1e6));
+}
+
+void kvt_store_test_hold_writer(kvt_store *st, bool hold) {
+    pthread_mutex_lock(&st->q_mu);
+    st->hold = hold;
+    pthread_cond_broadcast(&st->q_cv);
+    pthread_mutex_unlock(&st->q_mu);
+}
+
+int kvt__store_sql_fail(kvt_store *st, sqlite3 *db, const char *what) {
+    return kvt__fail(KVT_EIO, "store index %s/index.db: %s: %s", st->dir, what, db ? sqlite3_errmsg(db) : "no connection");
+}
+
+int kvt__store_lock_all(kvt_store *st) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/lock", st->dir);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    while (flock(fd, LOCK_EX) && errno == EINTR) {}
+    return fd;
+}
+
+void kvt__store_unlock(int fd) {
+    if (fd >= 0) close(fd); /* releases the flock */
+}
+
+/* ---- index ---------------------------------------------------------------------------------- */
+
+static int exec(kvt_store *st, sqlite3 *db, const char *sql) {
+    char *err = NULL;
+    if (sqlite3_exec(db, sql, NULL, NULL, &err) != SQLITE_OK) {
+        int rc = kvt__fail(KVT_EIO, "store index %s/index.db: %s: %s", st->dir, sql, err ? err : "?");
+        sqlite3_free(err);
+        return rc;
+    }
+    return 0;
+}
+
+static int open_db(kvt_store *st, bool writer, sqlite3 **db) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/index.db", st->dir);
+    int flags = SQLITE_OPEN_NOMUTEX | (st->p.read_only ? SQLITE_OPEN_READONLY
+                                                       : SQLITE_OPEN_READWRITE | (writer ? SQLITE_OPEN_CREATE : 0));
+    if (sqlite3_open_v2(path, db, flags, NULL) != SQLITE_OK) {
+        int rc = kvt__fail(KVT_EIO, "store index %s: cannot open: %s", path, *db ? sqlite3_errmsg(*db) : "no memory");
+        sqlite3_close(*db);
+        *db = NULL;
+        return rc;
+    }
+    sqlite3_busy_timeout(*db, 10000);
+    return 0;
+}
+
+static int prepare(kvt_store *st, sqlite3 *db, const char *sql, sqlite3_stmt **out) {
+    return sqlite3_prepare_v2(db, sql, -1, out, NULL) == SQLITE_OK ? 0 : kvt__store_sql_fail(st, db, sql);
+}
+
+static int open_index(kvt_store *st) {
+    int rc;
+    if (!st->p.read_only) {
+        if ((rc = open_db(st, true, &st->wr))) return rc;
+        if ((rc = exec(st, st->wr, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"))) return rc;
+        sqlite3_stmt *v;
+        if ((rc = prepare(st, st->wr, "PRAGMA user_version", &v))) return rc;
+        int version = sqlite3_step(v) == SQLITE_ROW ? sqlite3_column_int(v, 0) : -1;
+        sqlite3_finalize(v);
+        if (version > SCHEMA_VERSION)
+            return kvt__fail(KVT_EIO, "store index %s/index.db has format version %d, newer than this kvtier's %d",
+                             st->dir, version, SCHEMA_VERSION);
+        if ((rc = exec(st, st->wr, "BEGIN IMMEDIATE"))) return rc;
+        if ((rc = exec(st, st->wr, SCHEMA)) || (rc = exec(st, st->wr, "PRAGMA user_version = 1")) ||
+            (rc = exec(st, st->wr, "COMMIT"))) {
+            exec(st, st->wr, "ROLLBACK");
+            return rc;
+        }
+        if ((rc = prepare(st, st->wr, "SELECT 1 FROM blocks WHERE key = ?1", &st->wr_exists)) ||
+            (rc = prepare(st, st->wr,
+                          "INSERT OR REPLACE INTO blocks(key, file, size, codec, checksum, model, n_tokens, created, "
+                          "last_hit, hits) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8, 0)", &st->wr_ins)) ||
+            (rc = prepare(st, st->wr, "UPDATE blocks SET hits = hits + 1, last_hit = max(last_hit, ?2) WHERE key = ?1",
+                          &st->wr_hit)) ||
+            (rc = prepare(st, st->wr, "DELETE FROM blocks WHERE key = ?1 RETURNING size", &st->wr_del)))
+            return rc;
+    }
+    if ((rc = open_db(st, false, &st->rd))) return rc;
+    return prepare(st, st->rd,
+                   "SELECT file, size, codec, checksum, model, n_tokens, last_hit, hits FROM blocks WHERE key = ?1",
+                   &st->rd_get);
+}
+
+static int64_t sum_sizes(sqlite3 *db) {
+    sqlite3_stmt *s;
+    int64_t n = 0;
+    if (sqlite3_prepare_v2(db, "SELECT COALESCE(SUM(size), 0) FROM blocks", -1, &s, NULL) != SQLITE_OK) return 0;
+    if (sqlite3_step(s) == SQLITE_ROW) n = sqlite3_column_int64(s, 0);
+    sqlite3_finalize(s);
+    return n;
+}
+
+int64_t kvt__store_remove(kvt_store *st, const kvt_key *key) {
+    if (!st->wr) return -1;
+    int64_t freed = -1;
+    pthread_mutex_lock(&st->wr_mu);
+    sqlite3_bind_blob(st->wr_del, 1, key->b, KVT_KEY_BYTES, SQLITE_STATIC);
+    if (sqlite3_step(st->wr_del) == SQLITE_ROW) freed = sqlite3_column_int64(st->wr_del, 0);
+    while (sqlite3_step(st->wr_del) == SQLITE_ROW) {}
+    sqlite3_reset(st->wr_del);
+    if (freed >= 0) st->disk_bytes_now -= freed;
+    pthread_mutex_unlock(&st->wr_mu);
+    char name[70];
+    kvt__blob_name(key, name);
+    unlinkat(st->blobs_fd, name, 0); /* row first: no reader is sent to a file going away */
+    return freed;
+}
+
+/* ---- writer thread ----------------------------------------------------------------------- */
+
+static void apply_hits(kvt_store *st, struct kvt__hit *h, size_t n) {
+    if (!n) return;
+    pthread_mutex_lock(&st->wr_mu);
+    sqlite3_exec(st->wr, "BEGIN", NULL, NULL, NULL);
+    for (size_t i = 0; i < n; i++) {
+        sqlite3_bind_blob(st->wr_hit, 1, h[i].key.b, KVT_KEY_BYTES, SQLITE_STATIC);
+        sqlite3_bind_double(st->wr_hit, 2, h[i].t);
+        sqlite3_step(st->wr_hit);
+        sqlite3_reset(st->wr_hit);
+    }
+    if (sqlite3_exec(st->wr, "COMMIT", NULL, NULL, NULL) != SQLITE_OK) sqlite3_exec(st->wr, "ROLLBACK", NULL, NULL, NULL);
+    pthread_mutex_unlock(&st->wr_mu);
+}
+
+/* Make room for `need` more blob bytes within disk_bytes (wr_mu held): expired entries first,
+** then cold, then hot, least recently hit first.  Returns false if it cannot. */
+static bool make_room(kvt_store *st, int64_t need, double now) {
+    const int64_t quota = (int64_t)st->p.disk_bytes;
+    if (need > quota) return false;
+    if (st->disk_bytes_now + need <= quota) return true;
+    st->disk_bytes_now = sum_sizes(st->wr); /* other processes may have written or removed */
+    sqlite3_stmt *sel;
+    if (sqlite3_prepare_v2(st->wr,
+                           "SELECT key, size, last_hit + CASE WHEN hits >= ?1 THEN ?2 ELSE ?3 END <= ?4 FROM blocks "
+                           "ORDER BY 3 DESC, hits >= ?1, last_hit LIMIT 256", -1, &sel, NULL) != SQLITE_OK)
+        return false;
+    bool ok = true;
+    while (ok && st->disk_bytes_now + need > quota) {
+        sqlite3_bind_int(sel, 1, st->ttl.hot_hits);
+        sqlite3_bind_double(sel, 2, st->ttl.ttl_hot_s);
+        sqlite3_bind_double(sel, 3, st->ttl.ttl_s);
+        sqlite3_bind_double(sel, 4, now);
+        kvt_key victims[256];
+        int64_t sizes[256];
+        int expired[256], n = 0;
+        int64_t freed = 0;
+        while (n < 256 && st->disk_bytes_now + need - freed > quota && sqlite3_step(sel) == SQLITE_ROW) {
+            if (sqlite3_column_bytes(sel, 0) != KVT_KEY_BYTES) continue;
+            memcpy(victims[n].b, sqlite3_column_blob(sel, 0), KVT_KEY_BYTES);
+            sizes[n] = sqlite3_column_int64(sel, 1);
+            expired[n] = sqlite3_column_int(sel, 2);
+            freed += sizes[n];
+            n++;
+        }
+        sqlite3_reset(sel);
+        if (n == 0) {
+            ok = false;
+            break;
+        }
+        sqlite3_exec(st->wr, "BEGIN", NULL, NULL, NULL);
+        for (int i = 0; i < n; i++) {
+            sqlite3_bind_blob(st->wr_del, 1, victims[i].b, KVT_KEY_BYTES, SQLITE_STATIC);
+            while (sqlite3_step(st->wr_del) == SQLITE_ROW) {}
+            sqlite3_reset(st->wr_del);
+        }
+        if (sqlite3_exec(st->wr, "COMMIT", NULL, NULL, NULL) != SQLITE_OK) {
+            sqlite3_exec(st->wr, "ROLLBACK", NULL, NULL, NULL);
+            ok = false;
+            break;
+        }
+        int64_t n_exp = 0;
+        for (int i = 0; i < n; i++) {
+            char name[70];
+            kvt__blob_name(&victims[i], name);
+            unlinkat(st->blobs_fd, name, 0);
+            n_exp += expired[i];
+        }
+        st->disk_bytes_now -= freed;
+        pthread_mutex_lock(&st->q_mu);
+        st->d_expired += n_exp;
+        st->d_evictions += n - n_exp;
+        pthread_mutex_unlock(&st->q_mu);
+    }
+    sqlite3_finalize(sel);
+    return ok;
+}
+
+/* Write one queued block: skip a key already in the index, make room, write the file, then the
+** row.  Any failure drops the write (counted); nothing half-written stays visible. */
+static void write_job(kvt_store *st, struct kvt__job *j) {
+    while (flock(st->lock_fd, LOCK_SH) && errno == EINTR) {}
+    bool written = false, skipped = false;
+    pthread_mutex_lock(&st->wr_mu);
+    sqlite3_bind_blob(st->wr_exists, 1, j->key.b, KVT_KEY_BYTES, SQLITE_STATIC);
+    skipped = sqlite3_step(st->wr_exists) == SQLITE_ROW;
+    sqlite3_reset(st->wr_exists);
+    bool room = skipped || make_room(st, (int64_t)j->buf->n, kvt__store_now(st));
+    pthread_mutex_unlock(&st->wr_mu);
+    if (!skipped && room) {
+        struct kvt__blob_hdr h = { .key = j->key, .model = j->meta.model, .codec = j->meta.codec,
+                                   .n_tokens = j->meta.n_tokens, .size = j->buf->n };
+        const char *what = NULL;
+        if (kvt__sha256(j->buf->data, j->buf->n, h.sha) == 0 &&
+            kvt__blob_write(st->blobs_fd, st->blobs_dir, &h, j->buf->data, &what) == 0) {
+            char name[70];
+            kvt__blob_name(&j->key, name);
+            pthread_mutex_lock(&st->wr_mu);
+            sqlite3_stmt *s = st->wr_ins;
+            sqlite3_bind_blob(s, 1, j->key.b, KVT_KEY_BYTES, SQLITE_STATIC);
+            sqlite3_bind_text(s, 2, name, -1, SQLITE_STATIC);
+            sqlite3_bind_int64(s, 3, (sqlite3_int64)j->buf->n);
+            sqlite3_bind_int(s, 4, j->meta.codec);
+            sqlite3_bind_blob(s, 5, h.sha, 32, SQLITE_STATIC);
+            sqlite3_bind_blob(s, 6, j->meta.model.b, KVT_KEY_BYTES, SQLITE_STATIC);
+            sqlite3_bind_int(s, 7, j->meta.n_tokens);
+            sqlite3_bind_double(s, 8, j->t);
+            written = !kvt__fault_check(KVT__FAULT_STORE_INDEX) && sqlite3_step(s) == SQLITE_DONE;
+            sqlite3_reset(s);
+            if (written) st->disk_bytes_now += (int64_t)j->buf->n;
+            pthread_mutex_unlock(&st->wr_mu);
+            if (!written) unlinkat(st->blobs_fd, name, 0); /* no row names it: it must not stay */
+        }
+    }
+    flock(st->lock_fd, LOCK_UN);
+    pthread_mutex_lock(&st->q_mu);
+    if (written) st->d_writes++;
+    else if (!skipped) st->d_dropped++;
+    pthread_mutex_unlock(&st->q_mu);
+}
+
+static void *writer_main(void *arg) {
+    kvt_store *st = arg;
+    pthread_mutex_lock(&st->q_mu);
+    for (;;) {
+        while (!st->stop && (st->hold || (!st->q_head && !st->flush_req && st->n_hits < HITS_BATCH))) {
+            if (st->n_hits && !st->hold) {
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                ts.tv_sec += 1;
+                if (pthread_cond_timedwait(&st->q_cv, &st->q_mu, &ts) == ETIMEDOUT) break;
+            } else {
+                pthread_cond_wait(&st->q_cv, &st->q_mu);
+            }
+        }
+        if (st->stop && !st->q_head && !st->n_hits) break;
+        struct kvt__hit *hits = st->hits;
+        size_t n_hits = st->n_hits;
+        st->hits = NULL;
+        st->n_hits = st->cap_hits = 0;
+        struct kvt__job *j = st->q_head;
+        if (j) {
+            st->q_head = j->next;
+            if (!st->q_head) st->q_tail = NULL;
+            st->q_len--;
+        }
+        st->busy = true;
+        pthread_mutex_unlock(&st->q_mu);
+        apply_hits(st, hits, n_hits);
+        free(hits);
+        if (j) {
+            write_job(st, j);
+            kvt__sbuf_unref(j->buf);
+            free(j);
+        }
+        pthread_mutex_lock(&st->q_mu);
+        st->busy = false;
+        pthread_cond_broadcast(&st->idle_cv);
+    }
+    pthread_mutex_unlock(&st->q_mu);
+    return NULL;
+}
+
+/* ---- open / close --------------------------------------------------------------------------- */
+
+static int mkdir_p(const char *path) {
+    char buf[4096];
+    size_t n = strlen(path);
+    if (n >= sizeof buf) return ENAMETOOLONG;
+    memcpy(buf, path, n + 1);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(buf, 0700) && errno != EEXIST) return errno;
+        *p = '/';
+    }
+    if (mkdir(buf, 0700) && errno != EEXIST) return errno;
+    struct stat sb;
+    if (stat(buf, &sb)) return errno;
+    return S_ISDIR(sb.st_mode) ? 0 : ENOTDIR;
+}
+
+/* Remove temporary files of writers that died (none is in flight: we hold DIR/lock exclusive). */
+static void remove_stale_tmp(kvt_store *st) {
+    int fd = kvt__store_lock_all(st);
+    if (fd < 0) return;
+    int dfd = dup(st->blobs_fd);
+    DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
+    struct dirent *de;
+    long pid;
+    while (d && (de = readdir(d)))
+        if (kvt__blob_is_tmp(de->d_name, &pid)) unlinkat(st->blobs_fd, de->d_name, 0);
+    if (d) closedir(d); else if (dfd >= 0) close(dfd);
+    kvt__store_unlock(fd);
+}
+
+static int check_params(const struct kvt_store_params *p) {
+    if (p->dir && !*p->dir) return kvt__fail(KVT_EINVAL, "store directory is the empty string");
+    if (!(p->ttl_s > 0)) return kvt__fail(KVT_EINVAL, "store ttl_s %g is not positive", p->ttl_s);
+    if (!(p->ttl_hot_s >= p->ttl_s))
+        return kvt__fail(KVT_EINVAL, "store ttl_hot_s %g is shorter than ttl_s %g", p->ttl_hot_s, p->ttl_s);
+    if (p->hot_hits < 1) return kvt__fail(KVT_EINVAL, "store hot_hits %d is below 1", p->hot_hits);
+    if (p->queue_max < 1) return kvt__fail(KVT_EINVAL, "store queue_max %d is below 1", p->queue_max);
+    return 0;
+}
+
+int kvt_store_open(const struct kvt_store_params *pp, kvt_store **out) {
+    if (!out) return kvt__fail(KVT_EINVAL, "kvt_store_open: out is NULL");
+    *out = NULL;
+    struct kvt_store_params p = pp ? *pp : kvt_store_default_params();
+    int rc = check_params(&p);
+    if (rc) return rc;
+    kvt_store *st = calloc(1, sizeof *st);
+    if (!st) return kvt__fail(KVT_ENOMEM, "kvt_store_open: no memory");
+    st->p = p;
+    st->blobs_fd = st->lock_fd = -1;
+    st->ttl = (struct kvt__ttl){ p.ttl_s, p.ttl_hot_s, p.hot_hits };
+    st->disk = p.disk_bytes > 0;
+    pthread_mutex_init(&st->rd_mu, NULL);
+    pthread_mutex_init(&st->wr_mu, NULL);
+    pthread_mutex_init(&st->q_mu, NULL);
+    pthread_cond_init(&st->q_cv, NULL);
+    pthread_cond_init(&st->idle_cv, NULL);
+    if ((rc = kvt__ram_init(&st->ram, p.ram_bytes))) goto fail;
+    if (st->disk) {
+        char def[4096];
+        if (!p.dir) {
+            if ((rc = kvt_store_default_dir(def, sizeof def))) goto fail;
+            p.dir = def;
+        }
+        size_t n = strlen(p.dir);
+        while (n > 1 && p.dir[n - 1] == '/') n--;
+        if (!(st->dir = strndup(p.dir, n)) || !(st->blobs_dir = malloc(n + 8))) {
+            rc = kvt__fail(KVT_ENOMEM, "kvt_store_open: no memory");
+            goto fail;
+        }
+        snprintf(st->blobs_dir, n + 8, "%s/blobs", st->dir);
+        int err = p.read_only ? 0 : mkdir_p(st->blobs_dir);
+        if (err) {
+            rc = kvt__fail(KVT_EIO, "store directory %s: %s", st->blobs_dir, strerror(err));
+            goto fail;
+        }
+        if ((st->blobs_fd = open(st->blobs_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
+            rc = kvt__fail(KVT_EIO, "store directory %s: %s%s", st->blobs_dir, strerror(errno),
+                           p.read_only && errno == ENOENT ? " (no store there)" : "");
+            goto fail;
+        }
+        char path[4200];
+        snprintf(path, sizeof path, "%s/lock", st->dir);
+        if (!p.read_only && (st->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600)) < 0) {
+            rc = kvt__fail(KVT_EIO, "store lock file %s: %s", path, strerror(errno));
+            goto fail;
+        }
+        if ((rc = open_index(st))) goto fail;
+        if (!p.read_only) {
+            remove_stale_tmp(st);
+            st->disk_bytes_now = sum_sizes(st->wr);
+            if ((err = pthread_create(&st->writer, NULL, writer_main, st))) {
+                rc = kvt__fail(KVT_ENOMEM, "store writer thread: %s", strerror(err));
+                goto fail;
+            }
+            st->writer_started = true;
+        }
+    }
+    st->p.dir = st->dir;
+    *out = st;
+    return 0;
+fail:
+    kvt_store_close(st);
+    return rc;
+}
+
+void kvt_store_close(kvt_store *st) {
+    if (!st) return;
+    if (st->writer_started) {
+        pthread_mutex_lock(&st->q_mu);
+        st->stop = true;
+        st->hold = false;
+        pthread_cond_broadcast(&st->q_cv);
+        pthread_mutex_unlock(&st->q_mu);
+        pthread_join(st->writer, NULL);
+    }
+    sqlite3_stmt *stmts[] = { st->rd_get, st->wr_exists, st->wr_ins, st->wr_hit, st->wr_del };
+    for (size_t i = 0; i < sizeof stmts / sizeof *stmts; i++) sqlite3_finalize(stmts[i]);
+    if (st->wr) sqlite3_exec(st->wr, "PRAGMA optimize", NULL, NULL, NULL);
+    sqlite3_close(st->rd);
+    sqlite3_close(st->wr);
+    for (struct kvt__job *j = st->q_head, *nx; j; j = nx) { /* only if the writer never started */
+        nx = j->next;
+        kvt__sbuf_unref(j->buf);
+        free(j);
+    }
+    free(st->hits);
+    kvt__ram_free(&st->ram);
+    if (st->blobs_fd >= 0) close(st->blobs_fd);
+    if (st->lock_fd >= 0) close(st->lock_fd);
+    pthread_mutex_destroy(&st->rd_mu);
+    pthread_mutex_destroy(&st->wr_mu);
+    pthread_mutex_destroy(&st->q_mu);
+    pthread_cond_destroy(&st->q_cv);
+    pthread_cond_destroy(&st->idle_cv);
+    free(st->dir);
+    free(st->blobs_dir);
+    free(st);
+}
+
+/* ---- put / get / has ------------------------------------------------------------------------ */
+
+static bool key_queued(kvt_store *st, const kvt_key *key) { /* q_mu held */
+    for (struct kvt__job *j = st->q_head; j; j = j->next)
+        if (!memcmp(j->key.b, key->b, KVT_KEY_BYTES)) return true;
+    return false;
+}
+
+int kvt_store_put(kvt_store *st, const kvt_key *key, const struct kvt_store_meta *m, const void *data, size_t n) {
+    if (!st || !key || !m || (!data && n > 0))
+        return kvt__fail(KVT_EINVAL, "kvt_store_put: NULL %s", !st ? "store" : !key ? "key" : !m ? "meta" : "data");
+    if (st->p.read_only) return kvt__fail(KVT_EINVAL, "kvt_store_put: the store at %s is open read-only", st->dir);
+    if (m->n_tokens < 0) return kvt__fail(KVT_EINVAL, "kvt_store_put: n_tokens %d is negative", m->n_tokens);
+    if (kvt__ram_has(&st->ram, key)) return 0; /* content-addressed: same key, same bytes */
+    struct kvt__sbuf *buf = kvt__sbuf_new(data, n);
+    if (!buf) return kvt__fail(KVT_ENOMEM, "kvt_store_put: no memory for %zu bytes", n);
+    const double now = kvt__store_now(st);
+    kvt__ram_put(&st->ram, key, m, buf, now);
+    int rc = 0;
+    if (st->disk) {
+        struct kvt__job *j = malloc(sizeof *j);
+        pthread_mutex_lock(&st->q_mu);
+        if (key_queued(st, key)) {
+            free(j);
+        } else if (!j) {
+            rc = kvt__fail(KVT_ENOMEM, "kvt_store_put: no memory for the disk write");
+        } else if (st->q_len >= st->p.queue_max) {
+            st->d_dropped++; /* write-behind never waits for the disk */
+            free(j);
+        } else {
+            *j = (struct kvt__job){ .key = *key, .meta = *m, .buf = kvt__sbuf_ref(buf), .t = now };
+            if (st->q_tail) st->q_tail->next = j; else st->q_head = j;
+            st->q_tail = j;
+            st->q_len++;
+            pthread_cond_signal(&st->q_cv);
+        }
+        pthread_mutex_unlock(&st->q_mu);
+    }
+    kvt__sbuf_unref(buf);
+    return rc;
+}
+
+static void record_hit(kvt_store *st, const kvt_key *key, double now) {
+    if (!st->writer_started) return;
+    pthread_mutex_lock(&st->q_mu);
+    if (st->n_hits == st->cap_hits && st->cap_hits < HITS_MAX) {
+        size_t cap = st->cap_hits ? 2 * st->cap_hits : 64;
+        struct kvt__hit *h = realloc(st->hits, cap * sizeof *h);
+        if (h) {
+            st->hits = h;
+            st->cap_hits = cap;
+        }
+    }
+    if (st->n_hits < st->cap_hits) {
+        st->hits[st->n_hits++] = (struct kvt__hit){ .key = *key, .t = now };
+        if (st->n_hits == HITS_BATCH) pthread_cond_signal(&st->q_cv);
+    }
+    pthread_mutex_unlock(&st->q_mu);
+}
+
+static void count(kvt_store *st, int64_t *ctr) {
+    pthread_mutex_lock(&st->q_mu);
+    (*ctr)++;
+    pthread_mutex_unlock(&st->q_mu);
+}
+
+/* A block still waiting for the writer is the disk tier's too: copy it out (q_mu held). */
+static int get_queued(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
+                      struct kvt_store_meta *meta, bool *found) {
+    *found = false;
+    for (struct kvt__job *j = st->q_head; j; j = j->next) {
+        if (memcmp(j->key.b, key->b, KVT_KEY_BYTES)) continue;
+        *found = true;
+        if (memcmp(j->meta.model.b, model->b, KVT_KEY_BYTES)) {
+            st->d_corrupt++;
+            st->d_misses++;
+            return KVT_ENOENT;
+        }
+        if (!(*data = malloc(j->buf->n ? j->buf->n : 1))) return KVT_ENOMEM;
+        if (j->buf->n) memcpy(*data, j->buf->data, j->buf->n);
+        *n = j->buf->n;
+        *meta = j->meta;
+        st->d_hits++;
+        return 0;
+    }
+    return KVT_ENOENT;
+}
+
+static int miss(kvt_store *st, int64_t *ctr, const char *why, const char *hex) {
+    pthread_mutex_lock(&st->q_mu);
+    if (ctr) (*ctr)++;
+    st->d_misses++;
+    pthread_mutex_unlock(&st->q_mu);
+    return kvt__fail(KVT_ENOENT, "block %.16s: %s", hex, why);
+}
+
+int kvt_store_get(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
+                  struct kvt_store_meta *meta, enum kvt_tier *tier) {
+    if (data) *data = NULL;
+    if (n) *n = 0;
+    if (tier) *tier = KVT_TIER_NONE;
+    if (!st || !key || !model || !data || !n)
+        return kvt__fail(KVT_EINVAL, "kvt_store_get: NULL %s",
+                         !st ? "store" : !key ? "key" : !model ? "model fingerprint" : "data or n");
+    struct kvt_store_meta mt;
+    char hex[65];
+    kvt_key_hex(key, hex);
+    const double now = kvt__store_now(st);
+    bool oom, found;
+    int r = kvt__ram_get(&st->ram, key, model, &st->ttl, now, data, n, &mt, &oom);
+    if (r == KVT__RAM_HIT) {
+        if (oom) return kvt__fail(KVT_ENOMEM, "kvt_store_get: no memory for block %.16s", hex);
+        record_hit(st, key, now);
+        if (meta) *meta = mt;
+        if (tier) *tier = KVT_TIER_RAM;
+        return 0;
+    }
+    if (r == KVT__RAM_FOREIGN) return kvt__fail(KVT_ENOENT, "block %.16s belongs to another model", hex);
+    if (!st->disk) return kvt__fail(KVT_ENOENT, "block %.16s is not stored", hex);
+
+    pthread_mutex_lock(&st->q_mu);
+    int rc = get_queued(st, key, model, data, n, &mt, &found);
+    pthread_mutex_unlock(&st->q_mu);
+    if (found) {
+        if (rc) return rc == KVT_ENOMEM ? kvt__fail(rc, "kvt_store_get: no memory for block %.16s", hex)
+                                        : kvt__fail(rc, "block %.16s belongs to another model", hex);
+        if (meta) *meta = mt;
+        if (tier) *tier = KVT_TIER_DISK;
+        return 0;
+    }
+
+    struct { int64_t size, hits; int32_t codec, n_tokens; uint8_t sha[32]; kvt_key model; double last_hit; } row;
+    pthread_mutex_lock(&st->rd_mu);
+    sqlite3_bind_blob(st->rd_get, 1, key->b, KVT_KEY_BYTES, SQLITE_STATIC);
+    int s = sqlite3_step(st->rd_get);
+    bool have = s == SQLITE_ROW && sqlite3_column_bytes(st->rd_get, 3) == 32 && sqlite3_column_bytes(st->rd_get, 4) == 32;
+    if (have) {
+        row.size = sqlite3_column_int64(st->rd_get, 1);
+        row.codec = sqlite3_column_int(st->rd_get, 2);
+        memcpy(row.sha, sqlite3_column_blob(st->rd_get, 3), 32);
+        memcpy(row.model.b, sqlite3_column_blob(st->rd_get, 4), 32);
+        row.n_tokens = sqlite3_column_int(st->rd_get, 5);
+        row.last_hit = sqlite3_column_double(st->rd_get, 6);
+        row.hits = sqlite3_column_int64(st->rd_get, 7);
+    }
+    sqlite3_reset(st->rd_get);
+    if (s != SQLITE_ROW && s != SQLITE_DONE) {
+        rc = kvt__store_sql_fail(st, st->rd, "lookup");
+        pthread_mutex_unlock(&st->rd_mu);
+        return rc;
+    }
+    pthread_mutex_unlock(&st->rd_mu);
+    if (!have) return miss(st, s == SQLITE_ROW ? &st->d_corrupt : NULL, "not stored", hex);
+    if (kvt__expires(&st->ttl, row.last_hit, row.hits) <= now) {
+        kvt__store_remove(st, key);
+        return miss(st, &st->d_expired, "expired", hex);
+    }
+    if (memcmp(row.model.b, model->b, KVT_KEY_BYTES))
+        return miss(st, &st->d_corrupt, "stored for another model fingerprint", hex);
+
+    char name[70];
+    struct kvt__blob_hdr h;
+    const char *why = "";
+    uint8_t *buf = NULL;
+    kvt__blob_name(key, name);
+    r = kvt__blob_read(st->blobs_fd, name, &h, &buf, &why);
+    if (r == KVT__BLOB_NOMEM) return kvt__fail(KVT_ENOMEM, "kvt_store_get: block %.16s: %s", hex, why);
+    if (r == KVT__BLOB_OK) {
+        why = memcmp(h.key.b, key->b, 32) ? "header names another key"
+            : memcmp(h.model.b, row.model.b, 32) ? "header names another model"
+            : (int64_t)h.size != row.size || h.codec != row.codec || h.n_tokens != row.n_tokens
+                ? "header disagrees with the index"
+            : memcmp(h.sha, row.sha, 32) ? "checksum disagrees with the index" : NULL;
+        if (!why) {
+            if (st->ram.budget) { /* a disk hit is copied into RAM */
+                struct kvt__sbuf *b = kvt__sbuf_new(buf, (size_t)h.size);
+                if (b) kvt__ram_put(&st->ram, key, &(struct kvt_store_meta){ row.model, row.n_tokens, row.codec }, b, now);
+                kvt__sbuf_unref(b);
+            }
+            record_hit(st, key, now);
+            count(st, &st->d_hits);
+            *data = buf;
+            *n = (size_t)h.size;
+            if (meta) *meta = (struct kvt_store_meta){ row.model, row.n_tokens, row.codec };
+            if (tier) *tier = KVT_TIER_DISK;
+            return 0;
+        }
+        free(buf);
+    } else if (r == KVT__BLOB_MISSING) {
+        /* evicted between the lookup and the open is an ordinary miss; a row left without its
+        ** file is not */
+        pthread_mutex_lock(&st->rd_mu);
+        sqlite3_bind_blob(st->rd_get, 1, key->b, KVT_KEY_BYTES, SQLITE_STATIC);
+        bool still = sqlite3_step(st->rd_get) == SQLITE_ROW;
+        sqlite3_reset(st->rd_get);
+        pthread_mutex_unlock(&st->rd_mu);
+        if (!still) return miss(st, NULL, "evicted", hex);
+        why = "file missing";
+    }
+    kvt__store_remove(st, key); /* never returned, never read again */
+    return miss(st, &st->d_corrupt, why, hex);
+}
+
+bool kvt_store_has(kvt_store *st, const kvt_key *key) {
+    if (!st || !key) return false;
+    if (kvt__ram_has(&st->ram, key)) return true;
+    if (!st->disk) return false;
+    pthread_mutex_lock(&st->q_mu);
+    bool has = key_queued(st, key);
+    pthread_mutex_unlock(&st->q_mu);
+    if (has) return true;
+    pthread_mutex_lock(&st->rd_mu);
+    sqlite3_bind_blob(st->rd_get, 1, key->b, KVT_KEY_BYTES, SQLITE_STATIC);
+    if (sqlite3_step(st->rd_get) == SQLITE_ROW)
+        has = kvt__expires(&st->ttl, sqlite3_column_double(st->rd_get, 6), sqlite3_column_int64(st->rd_get, 7)) >
+              kvt__store_now(st);
+    sqlite3_reset(st->rd_get);
+    pthread_mutex_unlock(&st->rd_mu);
+    return has;
+}
+
+void kvt_store_flush(kvt_store *st) {
+    if (!st || !st->writer_started) return;
+    pthread_mutex_lock(&st->q_mu);
+    st->flush_req++;
+    pthread_cond_broadcast(&st->q_cv);
+    while (st->q_head || st->busy || st->n_hits) pthread_cond_wait(&st->idle_cv, &st->q_mu);
+    st->flush_req--;
+    pthread_mutex_unlock(&st->q_mu);
+}
+
+void kvt_store_get_stats(kvt_store *st, struct kvt_store_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (!st) return;
+    kvt__ram_stats(&st->ram, &out->ram);
+    pthread_mutex_lock(&st->q_mu);
+    struct kvt_store_tier_stats *d = &out->disk;
+    d->hits = st->d_hits;
+    d->misses = st->d_misses;
+    d->writes = st->d_writes;
+    d->writes_dropped = st->d_dropped;
+    d->evictions = st->d_evictions;
+    d->expired = st->d_expired;
+    d->corrupt = st->d_corrupt;
+    out->queue_len = st->q_len;
+    pthread_mutex_unlock(&st->q_mu);
+    if (!st->rd) return;
+    pthread_mutex_lock(&st->rd_mu);
+    sqlite3_stmt *s;
+    if (sqlite3_prepare_v2(st->rd, "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM blocks", -1, &s, NULL) == SQLITE_OK) {
+        if (sqlite3_step(s) == SQLITE_ROW) {
+            d->entries = sqlite3_column_int64(s, 0);
+            d->bytes = sqlite3_column_int64(s, 1);
+        }
+        sqlite3_finalize(s);
+    }
+    pthread_mutex_unlock(&st->rd_mu);
+}

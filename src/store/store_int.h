@@ -1,0 +1,177 @@
+/* store_int.h — what the block store's files share (src/store/store*.c, ram.c, blobfile.c):
+** the shared payload buffer, the TTL rule, the RAM tier and the blob files.  Never installed. */
+#ifndef KVT_STORE_INT_H
+#define KVT_STORE_INT_H
+
+#include "internal.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- payload buffer shared by the RAM tier and the write-behind queue -------------------- */
+
+/* One copy of a put's bytes, reference-counted: the RAM entry and the queued disk write hold a
+** reference each, so a put copies the caller's bytes once. */
+struct kvt__sbuf {
+    atomic_int ref;
+    size_t     n;
+    uint8_t    data[];
+};
+/* New buffer holding a copy of data[0..n) with one reference; NULL on ENOMEM. */
+struct kvt__sbuf *kvt__sbuf_new(const void *data, size_t n);
+struct kvt__sbuf *kvt__sbuf_ref(struct kvt__sbuf *b);
+void kvt__sbuf_unref(struct kvt__sbuf *b); /* accepts NULL */
+
+/* ---- TTL and hot promotion ---------------------------------------------------------------- */
+
+struct kvt__ttl {
+    double  ttl_s, ttl_hot_s; /* seconds after the last hit (or the write) */
+    int32_t hot_hits;         /* hits from which ttl_hot_s applies */
+};
+/* When an entry last hit (or written) at last_hit with `hits` hits expires (epoch seconds). */
+static inline double kvt__expires(const struct kvt__ttl *t, double last_hit, int64_t hits) {
+    return last_hit + (hits >= t->hot_hits ? t->ttl_hot_s : t->ttl_s);
+}
+
+/* ---- RAM tier (ram.c): a byte-budgeted LRU over a hash table -------------------------------- */
+
+struct kvt__ram_ent;
+struct kvt__ram {
+    pthread_mutex_t mu;
+    size_t   budget, bytes;         /* payload bytes allowed / held */
+    struct kvt__ram_ent **tab;      /* hash buckets (chained); key's first 8 bytes as the hash */
+    size_t   n_buckets, count;
+    struct kvt__ram_ent *head, *tail; /* LRU list: head most recently used */
+    int64_t  hits, misses, writes, writes_dropped, evictions, expired, corrupt;
+};
+
+enum { KVT__RAM_HIT = 0, KVT__RAM_MISS, KVT__RAM_FOREIGN };
+
+/* Budget 0 is a disabled tier (every put dropped silently, every get a miss).  Errors: ENOMEM. */
+int  kvt__ram_init(struct kvt__ram *r, size_t budget);
+void kvt__ram_free(struct kvt__ram *r);
+/* Insert (taking a reference on buf) unless key is present.  Least recently used entries leave
+** until the new one fits; one larger than the whole budget is not stored (writes_dropped).
+** Returns true if key was already present (nothing changed).  Thread-safe. */
+bool kvt__ram_put(struct kvt__ram *r, const kvt_key *key, const struct kvt_store_meta *m, struct kvt__sbuf *buf,
+                  double now);
+/* Look up key: a hit copies the bytes out (malloc; *data NULL on ENOMEM with KVT__RAM_HIT and
+** *oom set), counts a hit and makes the entry most recently used; an expired entry is removed
+** (expired, miss); model mismatch is KVT__RAM_FOREIGN (corrupt counted, entry kept: it is intact
+** and belongs to its own model).  Thread-safe. */
+int  kvt__ram_get(struct kvt__ram *r, const kvt_key *key, const kvt_key *model, const struct kvt__ttl *t,
+                  double now, void **data, size_t *n, struct kvt_store_meta *meta, bool *oom);
+bool kvt__ram_has(struct kvt__ram *r, const kvt_key *key);
+/* Remove everything; returns entries removed. */
+int64_t kvt__ram_clear(struct kvt__ram *r);
+void kvt__ram_stats(struct kvt__ram *r, struct kvt_store_tier_stats *out);
+
+/* ---- blob files (blobfile.c) ------------------------------------------------------------- */
+
+/* The header of a blob file, 128 bytes, all integers little-endian:
+**   0  "KVTBLOCK"          8  u32 format version (1)   12 u32 codec
+**   16 key[32]             48 model fingerprint[32]     80 i32 n_tokens   84 u32 0 (reserved)
+**   88 u64 payload bytes   96 SHA-256 of the payload[32]                 128 payload */
+#define KVT__BLOB_MAGIC   "KVTBLOCK"
+#define KVT__BLOB_VERSION 1u
+#define KVT__BLOB_HDR     128
+
+struct kvt__blob_hdr {
+    kvt_key  key, model;
+    int32_t  codec, n_tokens;
+    uint64_t size;
+    uint8_t  sha[32];
+};
+
+/* File name of key under blobs/: "<64 hex>.kvb" into name[70]. */
+void kvt__blob_name(const kvt_key *key, char name[70]);
+/* SHA-256 of data[0..n).  Returns 0, or -1 if OpenSSL failed (no memory). */
+int  kvt__sha256(const void *data, size_t n, uint8_t out[32]);
+
+/* Write a blob file durably and atomically: "<blobs>/.tmp-<pid>-<hex>-XXXXXX" (O_EXCL, 0600),
+** header + payload, fsync, rename to its name, fsync of blobs/.  Returns 0, or the errno of the
+** failed step with *what naming it ("create", "write", "fsync", "rename", "fsync of the
+** directory", "SHA-256 of"); the temporary file never stays, and on a failed directory fsync the
+** renamed file is removed again.  Fault sites: KVT__FAULT_STORE_WRITE (write: ENOSPC),
+** KVT__FAULT_STORE_SYNC (the file's fsync, then the rename: EIO). */
+int  kvt__blob_write(int blobs_fd, const char *blobs_dir, const struct kvt__blob_hdr *h, const void *data,
+                     const char **what);
+
+enum { KVT__BLOB_OK = 0, KVT__BLOB_MISSING, KVT__BLOB_BAD, KVT__BLOB_NOMEM, KVT__BLOB_IOERR };
+/* Read and check the blob file `name` in blobs/: magic, version, payload size against the file
+** size, and the payload's SHA-256 against the header.  OUT *h; *data (malloc'd payload, at least
+** one byte allocated) when data is not NULL (else only the header and checksum are checked).
+** Returns KVT__BLOB_OK, _MISSING (no such file), _BAD (any mismatch, truncation; *why names it),
+** _NOMEM or _IOERR (read error other than ENOENT; *why). */
+int  kvt__blob_read(int blobs_fd, const char *name, struct kvt__blob_hdr *h, uint8_t **data, const char **why);
+
+/* Is `name` a temporary file of a writer ("<.tmp->pid-...")?  OUT *pid. */
+bool kvt__blob_is_tmp(const char *name, long *pid);
+/* Is `name` a blob file name; OUT *key. */
+bool kvt__blob_is_blob(const char *name, kvt_key *key);
+
+/* ---- the store (store.c: open, put/get, writer; store_gc.c: ls, gc, verify, clear) ----------- */
+
+#include <sqlite3.h>
+
+struct kvt__job { /* a disk write waiting for the writer thread */
+    kvt_key key;
+    struct kvt_store_meta meta;
+    struct kvt__sbuf *buf;
+    double t;               /* put time: the row's created and last_hit */
+    struct kvt__job *next;
+};
+
+struct kvt__hit { /* a get to record in the index (hit count, last hit) */
+    kvt_key key;
+    double  t;
+};
+
+struct kvt_store {
+    struct kvt_store_params p; /* p.dir points at dir */
+    char   *dir, *blobs_dir;
+    int     blobs_fd;          /* DIR/blobs, -1 without a disk tier */
+    int     lock_fd;           /* DIR/lock: the writer's shared flock per write (gc takes it exclusive) */
+    struct kvt__ttl ttl;
+    struct kvt__ram ram;
+    bool    disk;              /* disk tier on */
+
+    sqlite3 *rd, *wr;          /* readers' connection (rd_mu) and writers' (wr_mu); wr NULL read-only */
+    pthread_mutex_t rd_mu, wr_mu;
+    sqlite3_stmt *rd_get;      /* the row of a key */
+    sqlite3_stmt *wr_exists, *wr_ins, *wr_hit, *wr_del;
+    int64_t disk_bytes_now;    /* blob bytes in the index as this process last knew (wr_mu) */
+
+    pthread_mutex_t q_mu;      /* queue, hits, writer state, disk counters */
+    pthread_cond_t  q_cv;      /* wakes the writer */
+    pthread_cond_t  idle_cv;   /* the writer went idle */
+    struct kvt__job *q_head, *q_tail;
+    int64_t q_len;
+    struct kvt__hit *hits;
+    size_t  n_hits, cap_hits;
+    int64_t flush_req;         /* flushes waiting: the writer applies hits now */
+    bool    busy, stop, hold;
+    bool    writer_started;
+    pthread_t writer;
+    /* disk tier counters (q_mu) */
+    int64_t d_hits, d_misses, d_writes, d_dropped, d_evictions, d_expired, d_corrupt;
+
+    atomic_llong clock_us;     /* test clock (epoch microseconds); 0 = the real clock */
+};
+
+/* Now, in epoch seconds (the test clock when set). */
+double kvt__store_now(kvt_store *st);
+/* SQLite failure -> KVT_EIO naming the store's index and SQLite's message. */
+int  kvt__store_sql_fail(kvt_store *st, sqlite3 *db, const char *what);
+/* Remove the index row of key and its file (wr_mu taken inside).  Returns the bytes freed or -1
+** if no row was there. */
+int64_t kvt__store_remove(kvt_store *st, const kvt_key *key);
+/* Flock DIR/lock exclusively (gc, verify, clear: no write of any process is half done while it
+** is held).  Returns the fd to release with kvt__store_unlock, or -1 (no lock file). */
+int  kvt__store_lock_all(kvt_store *st);
+void kvt__store_unlock(int fd);
+
+#endif
