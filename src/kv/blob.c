@@ -240,7 +240,7 @@ static void put_runs(struct wr *w, const uint8_t *base, const struct selection *
     }
 }
 
-enum { MAX_SRC = 8 };
+enum { MAX_SRC = 1 << 16 }; /* a prefix load passes one source per block */
 
 int kvt__blob_write(const struct kvt__blob_src *src, int n_src, int n_parts, uint32_t n_stream, uint32_t slot,
                     int32_t seq, uint8_t **out, size_t *n) {
@@ -252,8 +252,8 @@ int kvt__blob_write(const struct kvt__blob_src *src, int n_src, int n_parts, uin
     for (int i = 0; i < n_src; i++)
         if (src[i].L->n_parts != n_parts)
             return kvt__fail(KVT_EFORMAT, "KV block source %d has %d parts, the cache %d", i, src[i].L->n_parts, n_parts);
-    struct selection sel[MAX_SRC][2];
-    memset(sel, 0, sizeof sel);
+    struct selection (*sel)[2] = calloc((size_t) (n_src > 0 ? n_src : 1), sizeof *sel);
+    if (!sel) return kvt__fail(KVT_ENOMEM, "KV block writer: %d sources", n_src);
     const struct kvt__blob_part *ref[2] = { NULL, NULL };
     uint32_t tot[2] = { 0, 0 };
     int rc = 0;
@@ -334,6 +334,7 @@ int kvt__blob_write(const struct kvt__blob_src *src, int n_src, int n_parts, uin
 done:
     for (int i = 0; i < n_src; i++)
         for (int p = 0; p < 2; p++) { free(sel[i][p].idx); free(sel[i][p].pos); }
+    free(sel);
     return rc;
 }
 

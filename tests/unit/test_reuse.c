@@ -59,7 +59,8 @@ static kvt_store *open_store(const char *dir) {
 static const char *words[] = { "the", "river", "mill", "lantern", "harbor", "orchard", "comet", "glacier",
                                "violin", "stone", "garden", "window", "winter", "summer", "market", "bridge" };
 
-/* A system prompt of about n words that differs from another seed's after `same` words. */
+/* A system prompt of n words (about 5 tokens each with the tiny models' tokenizer) that differs
+** from another seed's after `same` words. */
 static char *document(int n, int same, unsigned seed) {
     char *t = calloc((size_t) n * 12 + 1, 1);
     unsigned r = 7;
@@ -130,7 +131,7 @@ static void rm_rf(const char *dir) {
 static void test_restart_exact_and_partial(void **state) {
     (void) state;
     char *dir = tmp_dir();
-    char *doc = document(300, 300, 0), *doc2 = document(300, 150, 99);
+    char *doc = document(64, 64, 0), *doc2 = document(64, 32, 99);
     struct run cold, warm, part, part_cold, other;
     /* process 1: a cold prefill stores its blocks */
     kvt_engine *e = open_tiny("tiny-llama");
@@ -152,7 +153,7 @@ static void test_restart_exact_and_partial(void **state) {
     /* decoded: the tail of the system text after its last full block, then the question (a
     ** message that starts inside a block completes it by decoding; a short one is all tail) */
     assert_int_equal(warm.st.tokens_decoded, warm.st.total_tokens - warm.st.route_tokens);
-    assert_true(warm.st.tokens_decoded <= 2 * BLOCK);
+    assert_true(warm.st.tokens_decoded <= 4 * BLOCK);
     assert_int_equal(warm.st.store_blocks_put, 0); /* found, so not written again */
     double d = max_diff(&cold, &warm);
     printf("  exact: max|dlogit| vs the cold prefill %.3g (tolerance 1e-3)\n", d);
@@ -185,7 +186,7 @@ static void test_restart_exact_and_partial(void **state) {
 static void test_fingerprint_and_tenant(void **state) {
     (void) state;
     char *dir = tmp_dir();
-    char *doc = document(200, 200, 0);
+    char *doc = document(48, 48, 0);
     kvt_engine *a = open_tiny("tiny-llama"), *a2 = open_tiny("tiny-llama"), *b = open_tiny("tiny-llama-seed2");
     kvt_key fa, fa2, fb;
     assert_int_equal(kvt_engine_fingerprint(a, &fa), 0);
@@ -229,7 +230,7 @@ static void test_fingerprint_and_tenant(void **state) {
 static void test_purity_after_eviction(void **state) {
     (void) state;
     char *dir = tmp_dir();
-    char *doc = document(240, 240, 0);
+    char *doc = document(64, 64, 0);
     kvt_engine *e = open_tiny("tiny-llama");
     kvt_store *st = open_store(dir);
     struct run small, big, cold;
@@ -259,7 +260,7 @@ static void test_purity_after_eviction(void **state) {
 static void test_swa_prefix(void **state) {
     (void) state;
     char *dir = tmp_dir();
-    char *doc = document(300, 300, 0);
+    char *doc = document(80, 80, 0);
     kvt_engine *e = open_tiny("tiny-gemma3");
     struct kvt_engine_info I;
     kvt_engine_info(e, &I);
@@ -314,7 +315,7 @@ static int corrupt_files(const char *dir) {
 static void test_corrupt_is_a_miss(void **state) {
     (void) state;
     char *dir = tmp_dir();
-    char *doc = document(200, 200, 0);
+    char *doc = document(48, 48, 0);
     kvt_engine *e = open_tiny("tiny-llama");
     kvt_store *st = open_store(dir);
     struct run cold, bad;

@@ -1,0 +1,274 @@
+"""store_bench.py — the block store (kvtier.h section 8) measured through `kvtier serve`.
+
+Two benchmarks; each starts and stops its own servers (restarts are part of what is measured):
+
+  ttft      Warm TTFT against a cold prefill at several prompt sizes (default 1k, 4k, 8k tokens):
+            cold (empty store), RAM hit (same server, a new session), disk hit after a restart
+            (page cache warm; and cold when /proc/sys/vm/drop_caches is writable), and PARTIAL
+            (the first half of the prompt cached).  TTFT = a non-streamed request with
+            max_tokens 1 (prefill + one token), wall clock at the client.
+  edgesync  EdgeSync-LLM's workload run for real: R requests (default 1000) drawn Zipf(s) over C
+            clusters (default 8); a cluster is a system prompt + a document of 1-2k tokens, a
+            request asks one of its questions (distinct questions and rephrasings), max_tokens 8.
+            Configurations: kvtier with its store, a fresh session per request (every reuse goes
+            through the store); the same with the client's own sessions (no header: the server
+            picks the session by prefix); no cache (--no-store, fresh sessions: every prompt
+            prefilled; run on the first --baseline-requests requests); an exact-response cache
+            (a client-side dict keyed by the request: its hit ratio is measured on the trace,
+            its misses cost the no-cache run's measured mean, as it would pay a prefill).
+            Reports average / p50 / p99 TTFT, token hit ratio (prompt tokens not prefilled),
+            store bytes.
+
+  python bench/store_bench.py ttft --bin build/kvtier --model M [--sizes 1024,4096,8192] [--json F]
+  python bench/store_bench.py edgesync --bin build/kvtier --model M [--requests 1000] [--json F]
+
+Text: ../shared/data/pg_essays when present (natural English), else a deterministic word salad.
+"""
+import argparse
+import glob
+import json
+import os
+import random
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def pct(xs, p):
+    xs = sorted(xs)
+    if not xs:
+        return float("nan")
+    k = (len(xs) - 1) * p / 100
+    f = int(k)
+    return xs[f] if f + 1 >= len(xs) else xs[f] + (xs[f + 1] - xs[f]) * (k - f)
+
+
+def corpus_words():
+    d = os.path.join(HERE, "..", "..", "shared", "data", "pg_essays")
+    files = sorted(f for f in glob.glob(os.path.join(d, "*.txt")) if "LICENSE" not in f)
+    words = []
+    for f in files:
+        words += open(f, encoding="utf-8", errors="replace").read().split()
+    if len(words) > 50000:
+        return words, "pg_essays"
+    rnd = random.Random(7)
+    vocab = ("the river mill lantern harbor orchard comet glacier violin stone garden window winter summer market "
+             "bridge quiet old north road letter clock paper music forest light small village").split()
+    return [rnd.choice(vocab) for _ in range(200000)], "synthetic"
+
+
+class Server:
+    def __init__(self, a, store, extra, log):
+        args = [a.bin, "serve", "-m", a.model, "--port", "0", "--threads", str(a.threads)] + extra
+        args += ["--store", store] if store else ["--no-store"]
+        self.log = open(log, "w")
+        self.p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self.log)
+        self.port = None
+        for _ in range(600):
+            txt = open(log).read()
+            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", txt)
+            if m:
+                self.port = int(m.group(1))
+                break
+            if self.p.poll() is not None:
+                raise SystemExit("server exited: " + txt[-2000:])
+            time.sleep(0.2)
+        if not self.port:
+            raise SystemExit("server did not start")
+
+    def chat(self, messages, max_tokens=1, session=None):
+        body = {"model": "m", "temperature": 0, "max_tokens": max_tokens, "messages": messages}
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/chat/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        if session:
+            req.add_header("X-Session-Id", session)
+        t0 = time.perf_counter()
+        res = json.load(urllib.request.urlopen(req, timeout=3600))
+        return time.perf_counter() - t0, res
+
+    def metrics(self):
+        return urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=60).read().decode()
+
+    def stop(self):
+        self.p.terminate()
+        rc = self.p.wait(timeout=600)
+        self.log.close()
+        if rc != 0:
+            raise SystemExit(f"server exit status {rc}")
+
+
+def drop_page_cache():
+    try:
+        subprocess.run(["sync"], check=True)
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1\n")
+        return True
+    except OSError:
+        return False
+
+
+def kv(res):
+    return res["usage"]["kvtier"]
+
+
+def build_info(a):
+    out = subprocess.run([a.bin, "--version"], capture_output=True, text=True).stdout.strip()
+    try:
+        commit = subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = "?"
+    return {"kvtier": out, "commit": commit, "model": os.path.basename(a.model), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "cpu": open("/proc/cpuinfo").read().split("model name")[1].split(":")[1].split("\n")[0].strip(), "cores": os.cpu_count()}
+
+
+def ttft(a):
+    words, src = corpus_words()
+    sizes = [int(x) for x in a.sizes.split(",")]
+    rows = []
+    for n in sizes:
+        # ~0.75 words per token for English: pick words until the server says the prompt has n tokens
+        nw = int(n * 0.72)
+        doc = " ".join(words[:nw])
+        # PARTIAL: the first half of the same text, then other text
+        alt = " ".join(words[:nw // 2] + words[len(words) - (nw - nw // 2):])
+        msgs = [{"role": "system", "content": doc}, {"role": "user", "content": "Summarize the text in one sentence."}]
+        half = [{"role": "system", "content": alt}, {"role": "user", "content": "Summarize the text in one sentence."}]
+        budget = ((n + 600) // 64 + 1) * 64
+        extra = ["--budget", str(budget), "-c", str(2 * budget), "--parallel", "1"]
+        store = tempfile.mkdtemp(prefix="kvt-store-bench-")
+        log = os.path.join(store, "..", os.path.basename(store) + ".log")
+        try:
+            s = Server(a, store, extra, log)
+            t_cold, r_cold = s.chat(msgs, session="cold")
+            t_ram, r_ram = s.chat(msgs, session="ram")
+            t_part, r_part = s.chat(half, session="partial")
+            s.stop()
+            s = Server(a, store, extra, log)
+            t_disk, r_disk = s.chat(msgs, session="disk-warm")
+            s.stop()
+            dropped = drop_page_cache()
+            t_dcold = None
+            if dropped:
+                s = Server(a, store, extra, log)
+                t_dcold, r_dcold = s.chat(msgs, session="disk-cold")
+                s.stop()
+            store_mb = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(store) for f in fs) / 2**20
+        finally:
+            shutil.rmtree(store, ignore_errors=True)
+        row = {"prompt_tokens": r_cold["usage"]["prompt_tokens"], "cold_s": t_cold, "ram_s": t_ram, "disk_warm_s": t_disk,
+               "disk_cold_s": t_dcold, "partial_s": t_part, "routes": [kv(r)["store"] for r in (r_cold, r_ram, r_disk, r_part)],
+               "from_store": [kv(r)["prompt_tokens_from_store"] for r in (r_cold, r_ram, r_disk, r_part)],
+               "partial_prompt_tokens": r_part["usage"]["prompt_tokens"], "store_mb": store_mb}
+        rows.append(row)
+        print(f"{row['prompt_tokens']:6d} tokens: cold {t_cold:7.3f} s | RAM {t_ram:6.3f} s ({t_cold / t_ram:5.1f}x) | "
+              f"disk after restart {t_disk:6.3f} s ({t_cold / t_disk:5.1f}x)"
+              + (f" | page cache dropped {t_dcold:6.3f} s ({t_cold / t_dcold:5.1f}x)" if t_dcold else "")
+              + f" | partial {t_part:6.3f} s ({t_cold / t_part:4.1f}x) | routes {row['routes']} from store {row['from_store']}"
+              f" | store {store_mb:.1f} MiB", flush=True)
+    out = {"bench": "ttft", "text": src, "page_cache_drop": dropped, "info": build_info(a), "rows": rows}
+    if a.json:
+        json.dump(out, open(a.json, "w"), indent=1)
+    return out
+
+
+QUESTIONS = ["What is the main argument of the document?", "Who is the intended reader of this text?",
+             "Name one example the author gives.", "What does the author conclude?", "Is the tone optimistic or pessimistic?",
+             "Which claim is the most surprising?", "What would a critic say about it?", "Give a title for the document.",
+             "What problem does the text describe?", "What advice does the author give?"]
+REPHRASE = ["", "Briefly: ", "In one sentence, ", "Please answer: "]
+
+
+def edgesync(a):
+    words, src = corpus_words()
+    rnd = random.Random(a.seed)
+    clusters = []
+    pos = 0
+    for c in range(a.clusters):
+        nw = rnd.randint(750, 1500)  # ~1-2k tokens
+        clusters.append(f"You are assistant {c} for the archive. Answer from the document below.\n\n" + " ".join(words[pos:pos + nw]))
+        pos += nw
+    w = [1 / (k + 1) ** a.zipf for k in range(a.clusters)]
+    trace = []
+    for _ in range(a.requests):
+        c = rnd.choices(range(a.clusters), weights=w)[0]
+        q = rnd.choice(REPHRASE) + rnd.choice(QUESTIONS)
+        trace.append((c, q))
+    budget = 2560
+    extra = ["--budget", str(budget), "-c", str(budget * 8), "--parallel", "1"]
+    results = {}
+
+    def run(label, store, fresh, n):
+        d = tempfile.mkdtemp(prefix="kvt-edgesync-")
+        log = d + ".log"
+        s = Server(a, os.path.join(d, "store") if store else None, extra, log)
+        ts, hit_tok, all_tok, routes = [], 0, 0, {}
+        t0 = time.time()
+        for i, (c, q) in enumerate(trace[:n]):
+            t, r = s.chat([{"role": "system", "content": clusters[c]}, {"role": "user", "content": q}], max_tokens=8,
+                          session=f"r{i}" if fresh else None)
+            ts.append(t)
+            u = r["usage"]
+            all_tok += u["prompt_tokens"]
+            hit_tok += u["prompt_tokens"] - kv(r)["prompt_tokens_decoded"]
+            routes[kv(r)["store"]] = routes.get(kv(r)["store"], 0) + 1
+            if (i + 1) % 100 == 0:
+                print(f"  {label}: {i + 1}/{n} requests, {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+        m = s.metrics()
+        s.stop()
+        sb = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(d) for f in fs)
+        shutil.rmtree(d, ignore_errors=True)
+        os.unlink(log)
+        res = {"requests": n, "avg_s": statistics.mean(ts), "p50_s": pct(ts, 50), "p99_s": pct(ts, 99),
+               "token_hit_ratio": hit_tok / all_tok, "routes": routes, "store_bytes": sb}
+        results[label] = res
+        print(f"{label:34s} {n:5d} req  TTFT avg {res['avg_s']:.3f} s  p50 {res['p50_s']:.3f}  p99 {res['p99_s']:.3f}  "
+              f"token hit ratio {res['token_hit_ratio']:.3f}  routes {routes}  store {sb / 2**20:.1f} MiB", flush=True)
+        return ts
+
+    run("kvtier store, fresh session each", True, True, a.requests)
+    run("kvtier store, sessions by prefix", True, False, a.requests)
+    base = run("no cache (--no-store, fresh sessions)", False, True, min(a.baseline_requests, a.requests))
+    seen, hits = set(), 0
+    for c, q in trace:
+        hits += (c, q) in seen
+        seen.add((c, q))
+    mean_miss = statistics.mean(base)
+    results["exact-response cache"] = {"requests": a.requests, "hit_ratio": hits / a.requests,
+                                       "avg_s": (a.requests - hits) * mean_miss / a.requests,
+                                       "note": "hits: 0 s; misses: the no-cache run's measured mean"}
+    print(f"{'exact-response cache':34s} hit ratio {hits / a.requests:.3f}  TTFT avg {(a.requests - hits) * mean_miss / a.requests:.3f} s"
+          f" (misses at the no-cache mean {mean_miss:.3f} s)")
+    out = {"bench": "edgesync", "text": src, "clusters": a.clusters, "zipf": a.zipf, "info": build_info(a), "results": results}
+    if a.json:
+        json.dump(out, open(a.json, "w"), indent=1)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=["ttft", "edgesync"])
+    ap.add_argument("--bin", default=os.path.join(HERE, "..", "build", "kvtier"))
+    ap.add_argument("--model", default=os.environ.get("KVTIER_MODEL", ""))
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--sizes", default="1024,4096,8192")
+    ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--baseline-requests", type=int, default=60)
+    ap.add_argument("--clusters", type=int, default=8)
+    ap.add_argument("--zipf", type=float, default=1.1)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", default="")
+    a = ap.parse_args()
+    if not a.model:
+        raise SystemExit("--model (or $KVTIER_MODEL) is required")
+    (ttft if a.what == "ttft" else edgesync)(a)
+
+
+if __name__ == "__main__":
+    main()
