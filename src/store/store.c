@@ -72,6 +72,12 @@ void kvt_store_test_set_clock(kvt_store *st, double now) {
     atomic_store(&st->clock_us, (long long)(now * 1e6));
 }
 
+void kvt_store_test_unsafe_write_order(kvt_store *st, bool on) {
+    pthread_mutex_lock(&st->q_mu);
+    st->unsafe_order = on;
+    pthread_mutex_unlock(&st->q_mu);
+}
+
 void kvt_store_test_hold_writer(kvt_store *st, bool hold) {
     pthread_mutex_lock(&st->q_mu);
     st->hold = hold;
@@ -264,8 +270,32 @@ static bool make_room(kvt_store *st, int64_t need, double now) {
     return ok;
 }
 
+/* The index row of a block whose file is written (wr_mu taken inside).  Fault site:
+** KVT__FAULT_STORE_INDEX. */
+static bool insert_row(kvt_store *st, const struct kvt__job *j, const struct kvt__sblob_hdr *h, const char *name) {
+    pthread_mutex_lock(&st->wr_mu);
+    sqlite3_stmt *s = st->wr_ins;
+    sqlite3_bind_blob(s, 1, j->key.b, KVT_KEY_BYTES, SQLITE_STATIC);
+    sqlite3_bind_text(s, 2, name, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(s, 3, (sqlite3_int64)j->buf->n);
+    sqlite3_bind_int(s, 4, j->meta.codec);
+    sqlite3_bind_blob(s, 5, h->sha, 32, SQLITE_STATIC);
+    sqlite3_bind_blob(s, 6, j->meta.model.b, KVT_KEY_BYTES, SQLITE_STATIC);
+    sqlite3_bind_int(s, 7, j->meta.n_tokens);
+    sqlite3_bind_double(s, 8, j->t);
+    sqlite3_bind_double(s, 9, j->last_hit);
+    sqlite3_bind_int64(s, 10, j->hits);
+    bool ok = !kvt__fault_check(KVT__FAULT_STORE_INDEX) && sqlite3_step(s) == SQLITE_DONE;
+    sqlite3_reset(s);
+    if (ok) st->disk_bytes_now += (int64_t)j->buf->n;
+    pthread_mutex_unlock(&st->wr_mu);
+    return ok;
+}
+
 /* Write one queued block: skip a key already in the index, make room, write the file, then the
-** row.  Any failure drops the write (counted); nothing half-written stays visible. */
+** row.  Any failure drops the write (counted); nothing half-written stays visible.  (The test
+** hook kvt_store_test_unsafe_write_order reverses the order on purpose: row first, then the
+** file in place, slowly; the kill -9 test's control.) */
 static void write_job(kvt_store *st, struct kvt__job *j) {
     while (flock(st->lock_fd, LOCK_SH) && errno == EINTR) {}
     bool written = false, skipped = false;
@@ -279,26 +309,14 @@ static void write_job(kvt_store *st, struct kvt__job *j) {
         struct kvt__sblob_hdr h = { .key = j->key, .model = j->meta.model, .codec = j->meta.codec,
                                    .n_tokens = j->meta.n_tokens, .size = j->buf->n };
         const char *what = NULL;
-        if (kvt__sha256(j->buf->data, j->buf->n, h.sha) == 0 &&
-            kvt__sblob_write(st->blobs_fd, st->blobs_dir, &h, j->buf->data, &what) == 0) {
-            char name[70];
-            kvt__sblob_name(&j->key, name);
-            pthread_mutex_lock(&st->wr_mu);
-            sqlite3_stmt *s = st->wr_ins;
-            sqlite3_bind_blob(s, 1, j->key.b, KVT_KEY_BYTES, SQLITE_STATIC);
-            sqlite3_bind_text(s, 2, name, -1, SQLITE_STATIC);
-            sqlite3_bind_int64(s, 3, (sqlite3_int64)j->buf->n);
-            sqlite3_bind_int(s, 4, j->meta.codec);
-            sqlite3_bind_blob(s, 5, h.sha, 32, SQLITE_STATIC);
-            sqlite3_bind_blob(s, 6, j->meta.model.b, KVT_KEY_BYTES, SQLITE_STATIC);
-            sqlite3_bind_int(s, 7, j->meta.n_tokens);
-            sqlite3_bind_double(s, 8, j->t);
-            sqlite3_bind_double(s, 9, j->last_hit);
-            sqlite3_bind_int64(s, 10, j->hits);
-            written = !kvt__fault_check(KVT__FAULT_STORE_INDEX) && sqlite3_step(s) == SQLITE_DONE;
-            sqlite3_reset(s);
-            if (written) st->disk_bytes_now += (int64_t)j->buf->n;
-            pthread_mutex_unlock(&st->wr_mu);
+        char name[70];
+        kvt__sblob_name(&j->key, name);
+        if (kvt__sha256(j->buf->data, j->buf->n, h.sha) != 0) {
+            /* dropped */
+        } else if (st->unsafe_order) {
+            written = insert_row(st, j, &h, name) && kvt__sblob_write_unsafe(st->blobs_fd, &h, j->buf->data) == 0;
+        } else if (kvt__sblob_write(st->blobs_fd, st->blobs_dir, &h, j->buf->data, &what) == 0) {
+            written = insert_row(st, j, &h, name);
             if (!written) unlinkat(st->blobs_fd, name, 0); /* no row names it: it must not stay */
         }
     }

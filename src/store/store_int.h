@@ -101,6 +101,11 @@ int  kvt__sha256(const void *data, size_t n, uint8_t out[32]);
 int  kvt__sblob_write(int blobs_fd, const char *blobs_dir, const struct kvt__sblob_hdr *h, const void *data,
                      const char **what);
 
+/* The kill -9 test's control only (kvt_store_test_unsafe_write_order): the file written in place
+** under its final name, no temporary file, no fsync, with a 2 ms pause halfway.  Returns 0 or an
+** errno. */
+int  kvt__sblob_write_unsafe(int blobs_fd, const struct kvt__sblob_hdr *h, const void *data);
+
 enum { KVT__SBLOB_OK = 0, KVT__SBLOB_MISSING, KVT__SBLOB_BAD, KVT__SBLOB_NOMEM, KVT__SBLOB_IOERR };
 /* Read and check the blob file `name` in blobs/: magic, version, payload size against the file
 ** size, and the payload's SHA-256 against the header.  OUT *h; *data (malloc'd payload, at least
@@ -157,6 +162,7 @@ struct kvt_store {
     size_t  n_hits, cap_hits;
     int64_t flush_req;         /* flushes waiting: the writer applies hits now */
     bool    busy, stop, hold;
+    bool    unsafe_order;      /* test hook: row before file, file written in place (a control) */
     bool    writer_started;
     pthread_t writer;
     /* disk tier counters (q_mu) */
