@@ -165,5 +165,6 @@ int cmd_bench_policy(int argc, char **argv); /* cmd_bench_policy.c, run by cmd_b
 int cmd_calibrate(int argc, char **argv); /* cmd_calibrate.c */
 int cmd_eval(int argc, char **argv);      /* cmd_eval.c */
 int cmd_serve(int argc, char **argv);     /* cmd_serve.c */
+int cmd_store(int argc, char **argv);     /* cmd_store.c */
 
 #endif

@@ -439,6 +439,7 @@ static void usage(FILE *f) {
             "  kvtier demo [-m MODEL] [options]   planted-fact session; ends with one JSON line\n"
             "  kvtier bench primitives [options]  block save / load / re-prefill timings\n"
             "  kvtier serve -m MODEL [options]    OpenAI-compatible server; sessions keep their KV\n"
+            "  kvtier store stats|ls|verify|gc|clear  the persistent KV block store\n"
             "  kvtier --version                   kvtier and llama.cpp versions\n"
             "\n"
             "Run 'kvtier COMMAND --help' for a command's options.\n"
@@ -477,6 +478,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "calibrate")) return cmd_calibrate(argc - 2, argv + 2);
     if (!strcmp(cmd, "eval")) return cmd_eval(argc - 2, argv + 2);
     if (!strcmp(cmd, "serve")) return cmd_serve(argc - 2, argv + 2);
+    if (!strcmp(cmd, "store")) return cmd_store(argc - 2, argv + 2);
     if (cmd[0] == '-')
         fprintf(stderr, "kvtier: unknown option '%s'\n", cmd);
     else

@@ -35,4 +35,11 @@ void kvt_store_test_set_clock(kvt_store *st, double now);
 ** held; kvt_store_close releases the hold.  Thread-safe. */
 void kvt_store_test_hold_writer(kvt_store *st, bool hold);
 
+/* The control of the kill -9 test (tests/unit/test_store_faults.c): while on, the writer writes
+** the index row first and then the blob file in place under its final name (no temporary file,
+** no fsync, a 2 ms pause halfway): the order the store exists to avoid.  The test asserts that
+** killing such a writer leaves rows whose file is missing or torn, which verify finds.  Never set
+** outside that test.  Thread-safe. */
+void kvt_store_test_unsafe_write_order(kvt_store *st, bool on);
+
 #endif

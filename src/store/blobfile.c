@@ -37,12 +37,12 @@ int kvt__sha256(const void *data, size_t n, uint8_t out[32]) {
     return EVP_Digest(n ? data : &empty, n, out, &len, EVP_sha256(), NULL) == 1 && len == 32 ? 0 : -1;
 }
 
-void kvt__blob_name(const kvt_key *key, char name[70]) {
+void kvt__sblob_name(const kvt_key *key, char name[70]) {
     kvt_key_hex(key, name);
     memcpy(name + 64, ".kvb", 5);
 }
 
-bool kvt__blob_is_blob(const char *name, kvt_key *key) {
+bool kvt__sblob_is_blob(const char *name, kvt_key *key) {
     char hex[65];
     if (strlen(name) != 68 || strcmp(name + 64, ".kvb")) return false;
     memcpy(hex, name, 64);
@@ -52,7 +52,7 @@ bool kvt__blob_is_blob(const char *name, kvt_key *key) {
     return kvt_key_parse(hex, key) == 0;
 }
 
-bool kvt__blob_is_tmp(const char *name, long *pid) {
+bool kvt__sblob_is_tmp(const char *name, long *pid) {
     if (strncmp(name, ".tmp-", 5)) return false;
     char *end;
     long p = strtol(name + 5, &end, 10);
@@ -61,10 +61,10 @@ bool kvt__blob_is_tmp(const char *name, long *pid) {
     return true;
 }
 
-static void encode(const struct kvt__blob_hdr *h, uint8_t b[KVT__BLOB_HDR]) {
-    memset(b, 0, KVT__BLOB_HDR);
-    memcpy(b, KVT__BLOB_MAGIC, 8);
-    le32(b + 8, KVT__BLOB_VERSION);
+static void encode(const struct kvt__sblob_hdr *h, uint8_t b[KVT__SBLOB_HDR]) {
+    memset(b, 0, KVT__SBLOB_HDR);
+    memcpy(b, KVT__SBLOB_MAGIC, 8);
+    le32(b + 8, KVT__SBLOB_VERSION);
     le32(b + 12, (uint32_t)h->codec);
     memcpy(b + 16, h->key.b, 32);
     memcpy(b + 48, h->model.b, 32);
@@ -86,12 +86,12 @@ static int write_all(int fd, const uint8_t *p, size_t n) {
     return 0;
 }
 
-int kvt__blob_write(int blobs_fd, const char *blobs_dir, const struct kvt__blob_hdr *h, const void *data,
+int kvt__sblob_write(int blobs_fd, const char *blobs_dir, const struct kvt__sblob_hdr *h, const void *data,
                     const char **what) {
     char hex[65], name[70], tmp[128];
-    uint8_t hdr[KVT__BLOB_HDR];
+    uint8_t hdr[KVT__SBLOB_HDR];
     kvt_key_hex(&h->key, hex);
-    kvt__blob_name(&h->key, name);
+    kvt__sblob_name(&h->key, name);
     encode(h, hdr);
     snprintf(tmp, sizeof tmp, ".tmp-%ld-%.16s-XXXXXX", (long)getpid(), hex);
     /* mkstemp needs a path: build it under blobs_dir, then work relative to blobs_fd */
@@ -139,6 +139,22 @@ int kvt__blob_write(int blobs_fd, const char *blobs_dir, const struct kvt__blob_
     return 0;
 }
 
+int kvt__sblob_write_unsafe(int blobs_fd, const struct kvt__sblob_hdr *h, const void *data) {
+    char name[70];
+    uint8_t hdr[KVT__SBLOB_HDR];
+    kvt__sblob_name(&h->key, name);
+    encode(h, hdr);
+    int fd = openat(blobs_fd, name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return errno;
+    size_t half = (size_t)h->size / 2;
+    int err = write_all(fd, hdr, sizeof hdr);
+    if (!err) err = write_all(fd, data, half);
+    usleep(2000);
+    if (!err) err = write_all(fd, (const uint8_t *)data + half, (size_t)h->size - half);
+    close(fd);
+    return err;
+}
+
 static int read_all(int fd, uint8_t *p, size_t n, size_t *got) {
     *got = 0;
     while (*got < n) {
@@ -153,17 +169,17 @@ static int read_all(int fd, uint8_t *p, size_t n, size_t *got) {
     return 0;
 }
 
-int kvt__blob_read(int blobs_fd, const char *name, struct kvt__blob_hdr *h, uint8_t **data, const char **why) {
-    uint8_t hdr[KVT__BLOB_HDR], sha[32];
+int kvt__sblob_read(int blobs_fd, const char *name, struct kvt__sblob_hdr *h, uint8_t **data, const char **why) {
+    uint8_t hdr[KVT__SBLOB_HDR], sha[32];
     struct stat sb;
     size_t got;
     if (data) *data = NULL;
     int fd = openat(blobs_fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) {
         *why = strerror(errno);
-        return errno == ENOENT ? KVT__BLOB_MISSING : errno == ELOOP ? KVT__BLOB_BAD : KVT__BLOB_IOERR;
+        return errno == ENOENT ? KVT__SBLOB_MISSING : errno == ELOOP ? KVT__SBLOB_BAD : KVT__SBLOB_IOERR;
     }
-    int rc = KVT__BLOB_BAD;
+    int rc = KVT__SBLOB_BAD;
     uint8_t *buf = NULL;
     if (fstat(fd, &sb) || !S_ISREG(sb.st_mode)) {
         *why = "not a regular file";
@@ -171,14 +187,14 @@ int kvt__blob_read(int blobs_fd, const char *name, struct kvt__blob_hdr *h, uint
     }
     if (read_all(fd, hdr, sizeof hdr, &got)) {
         *why = strerror(errno);
-        rc = KVT__BLOB_IOERR;
+        rc = KVT__SBLOB_IOERR;
         goto out;
     }
-    if (got < sizeof hdr || memcmp(hdr, KVT__BLOB_MAGIC, 8)) {
+    if (got < sizeof hdr || memcmp(hdr, KVT__SBLOB_MAGIC, 8)) {
         *why = got < sizeof hdr ? "truncated header" : "bad magic";
         goto out;
     }
-    if (rd32(hdr + 8) != KVT__BLOB_VERSION) {
+    if (rd32(hdr + 8) != KVT__SBLOB_VERSION) {
         *why = "unknown format version";
         goto out;
     }
@@ -188,15 +204,15 @@ int kvt__blob_read(int blobs_fd, const char *name, struct kvt__blob_hdr *h, uint
     h->n_tokens = (int32_t)rd32(hdr + 80);
     h->size = rd64(hdr + 88);
     memcpy(h->sha, hdr + 96, 32);
-    if ((uint64_t)sb.st_size != KVT__BLOB_HDR + h->size || h->size > SIZE_MAX - 1) {
-        *why = (uint64_t)sb.st_size < KVT__BLOB_HDR + h->size ? "truncated payload" : "file longer than its header says";
+    if ((uint64_t)sb.st_size != KVT__SBLOB_HDR + h->size || h->size > SIZE_MAX - 1) {
+        *why = (uint64_t)sb.st_size < KVT__SBLOB_HDR + h->size ? "truncated payload" : "file longer than its header says";
         goto out;
     }
     /* the payload is hashed as it is read; without data it is read in chunks and dropped */
     EVP_MD_CTX *c = EVP_MD_CTX_new();
     if (!c || EVP_DigestInit_ex(c, EVP_sha256(), NULL) != 1) {
         EVP_MD_CTX_free(c);
-        rc = KVT__BLOB_NOMEM;
+        rc = KVT__SBLOB_NOMEM;
         *why = "no memory for SHA-256";
         goto out;
     }
@@ -204,7 +220,7 @@ int kvt__blob_read(int blobs_fd, const char *name, struct kvt__blob_hdr *h, uint
     buf = malloc(chunk ? chunk : 1);
     if (!buf) {
         EVP_MD_CTX_free(c);
-        rc = KVT__BLOB_NOMEM;
+        rc = KVT__SBLOB_NOMEM;
         *why = "no memory for the payload";
         goto out;
     }
@@ -215,7 +231,7 @@ int kvt__blob_read(int blobs_fd, const char *name, struct kvt__blob_hdr *h, uint
         uint8_t *dst = data ? buf + (h->size - left) : buf;
         if (read_all(fd, dst, want, &got) || got != want) {
             *why = got != want ? "truncated payload" : strerror(errno);
-            rc = got != want ? KVT__BLOB_BAD : KVT__BLOB_IOERR;
+            rc = got != want ? KVT__SBLOB_BAD : KVT__SBLOB_IOERR;
             ok = 0;
             break;
         }
@@ -227,7 +243,7 @@ int kvt__blob_read(int blobs_fd, const char *name, struct kvt__blob_hdr *h, uint
     EVP_MD_CTX_free(c);
     if (!ok) {
         if (left == 0) {
-            rc = KVT__BLOB_NOMEM;
+            rc = KVT__SBLOB_NOMEM;
             *why = "SHA-256 failed";
         }
         goto out;
@@ -236,7 +252,7 @@ int kvt__blob_read(int blobs_fd, const char *name, struct kvt__blob_hdr *h, uint
         *why = "payload SHA-256 mismatch";
         goto out;
     }
-    rc = KVT__BLOB_OK;
+    rc = KVT__SBLOB_OK;
     if (data) {
         *data = buf;
         buf = NULL;

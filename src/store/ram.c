@@ -104,10 +104,14 @@ static void grow(struct kvt__ram *r) {
 }
 
 bool kvt__ram_put(struct kvt__ram *r, const kvt_key *key, const struct kvt_store_meta *m, struct kvt__sbuf *buf,
-                  double now) {
+                  const struct kvt__ttl *t, double now) {
     if (r->budget == 0) return false;
     pthread_mutex_lock(&r->mu);
-    if (*slot(r, key)) {
+    struct kvt__ram_ent *old = *slot(r, key);
+    if (old && kvt__expires(t, old->last_hit, old->hits) <= now) { /* expired: replaced */
+        drop(r, old);
+        r->expired++;
+    } else if (old) {
         pthread_mutex_unlock(&r->mu);
         return true;
     }
@@ -149,6 +153,7 @@ int kvt__ram_get(struct kvt__ram *r, const kvt_key *key, const kvt_key *model, c
         drop(r, e);
         r->expired++;
         r->misses++;
+        rc = KVT__RAM_EXPIRED;
     } else if (memcmp(e->meta.model.b, model->b, KVT_KEY_BYTES)) {
         r->corrupt++;
         r->misses++;
@@ -173,10 +178,11 @@ int kvt__ram_get(struct kvt__ram *r, const kvt_key *key, const kvt_key *model, c
     return rc;
 }
 
-bool kvt__ram_has(struct kvt__ram *r, const kvt_key *key) {
+bool kvt__ram_has(struct kvt__ram *r, const kvt_key *key, const struct kvt__ttl *t, double now) {
     if (r->budget == 0) return false;
     pthread_mutex_lock(&r->mu);
-    bool has = *slot(r, key) != NULL;
+    const struct kvt__ram_ent *e = *slot(r, key);
+    bool has = e && kvt__expires(t, e->last_hit, e->hits) > now;
     pthread_mutex_unlock(&r->mu);
     return has;
 }

@@ -72,6 +72,12 @@ void kvt_store_test_set_clock(kvt_store *st, double now) {
     atomic_store(&st->clock_us, (long long)(now * 1e6));
 }
 
+void kvt_store_test_unsafe_write_order(kvt_store *st, bool on) {
+    pthread_mutex_lock(&st->q_mu);
+    st->unsafe_order = on;
+    pthread_mutex_unlock(&st->q_mu);
+}
+
 void kvt_store_test_hold_writer(kvt_store *st, bool hold) {
     pthread_mutex_lock(&st->q_mu);
     st->hold = hold;
@@ -148,7 +154,7 @@ static int open_index(kvt_store *st) {
         if ((rc = prepare(st, st->wr, "SELECT 1 FROM blocks WHERE key = ?1", &st->wr_exists)) ||
             (rc = prepare(st, st->wr,
                           "INSERT OR REPLACE INTO blocks(key, file, size, codec, checksum, model, n_tokens, created, "
-                          "last_hit, hits) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8, 0)", &st->wr_ins)) ||
+                          "last_hit, hits) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)", &st->wr_ins)) ||
             (rc = prepare(st, st->wr, "UPDATE blocks SET hits = hits + 1, last_hit = max(last_hit, ?2) WHERE key = ?1",
                           &st->wr_hit)) ||
             (rc = prepare(st, st->wr, "DELETE FROM blocks WHERE key = ?1 RETURNING size", &st->wr_del)))
@@ -180,7 +186,7 @@ int64_t kvt__store_remove(kvt_store *st, const kvt_key *key) {
     if (freed >= 0) st->disk_bytes_now -= freed;
     pthread_mutex_unlock(&st->wr_mu);
     char name[70];
-    kvt__blob_name(key, name);
+    kvt__sblob_name(key, name);
     unlinkat(st->blobs_fd, name, 0); /* row first: no reader is sent to a file going away */
     return freed;
 }
@@ -250,7 +256,7 @@ static bool make_room(kvt_store *st, int64_t need, double now) {
         int64_t n_exp = 0;
         for (int i = 0; i < n; i++) {
             char name[70];
-            kvt__blob_name(&victims[i], name);
+            kvt__sblob_name(&victims[i], name);
             unlinkat(st->blobs_fd, name, 0);
             n_exp += expired[i];
         }
@@ -264,8 +270,32 @@ static bool make_room(kvt_store *st, int64_t need, double now) {
     return ok;
 }
 
+/* The index row of a block whose file is written (wr_mu taken inside).  Fault site:
+** KVT__FAULT_STORE_INDEX. */
+static bool insert_row(kvt_store *st, const struct kvt__job *j, const struct kvt__sblob_hdr *h, const char *name) {
+    pthread_mutex_lock(&st->wr_mu);
+    sqlite3_stmt *s = st->wr_ins;
+    sqlite3_bind_blob(s, 1, j->key.b, KVT_KEY_BYTES, SQLITE_STATIC);
+    sqlite3_bind_text(s, 2, name, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(s, 3, (sqlite3_int64)j->buf->n);
+    sqlite3_bind_int(s, 4, j->meta.codec);
+    sqlite3_bind_blob(s, 5, h->sha, 32, SQLITE_STATIC);
+    sqlite3_bind_blob(s, 6, j->meta.model.b, KVT_KEY_BYTES, SQLITE_STATIC);
+    sqlite3_bind_int(s, 7, j->meta.n_tokens);
+    sqlite3_bind_double(s, 8, j->t);
+    sqlite3_bind_double(s, 9, j->last_hit);
+    sqlite3_bind_int64(s, 10, j->hits);
+    bool ok = !kvt__fault_check(KVT__FAULT_STORE_INDEX) && sqlite3_step(s) == SQLITE_DONE;
+    sqlite3_reset(s);
+    if (ok) st->disk_bytes_now += (int64_t)j->buf->n;
+    pthread_mutex_unlock(&st->wr_mu);
+    return ok;
+}
+
 /* Write one queued block: skip a key already in the index, make room, write the file, then the
-** row.  Any failure drops the write (counted); nothing half-written stays visible. */
+** row.  Any failure drops the write (counted); nothing half-written stays visible.  (The test
+** hook kvt_store_test_unsafe_write_order reverses the order on purpose: row first, then the
+** file in place, slowly; the kill -9 test's control.) */
 static void write_job(kvt_store *st, struct kvt__job *j) {
     while (flock(st->lock_fd, LOCK_SH) && errno == EINTR) {}
     bool written = false, skipped = false;
@@ -276,27 +306,17 @@ static void write_job(kvt_store *st, struct kvt__job *j) {
     bool room = skipped || make_room(st, (int64_t)j->buf->n, kvt__store_now(st));
     pthread_mutex_unlock(&st->wr_mu);
     if (!skipped && room) {
-        struct kvt__blob_hdr h = { .key = j->key, .model = j->meta.model, .codec = j->meta.codec,
+        struct kvt__sblob_hdr h = { .key = j->key, .model = j->meta.model, .codec = j->meta.codec,
                                    .n_tokens = j->meta.n_tokens, .size = j->buf->n };
         const char *what = NULL;
-        if (kvt__sha256(j->buf->data, j->buf->n, h.sha) == 0 &&
-            kvt__blob_write(st->blobs_fd, st->blobs_dir, &h, j->buf->data, &what) == 0) {
-            char name[70];
-            kvt__blob_name(&j->key, name);
-            pthread_mutex_lock(&st->wr_mu);
-            sqlite3_stmt *s = st->wr_ins;
-            sqlite3_bind_blob(s, 1, j->key.b, KVT_KEY_BYTES, SQLITE_STATIC);
-            sqlite3_bind_text(s, 2, name, -1, SQLITE_STATIC);
-            sqlite3_bind_int64(s, 3, (sqlite3_int64)j->buf->n);
-            sqlite3_bind_int(s, 4, j->meta.codec);
-            sqlite3_bind_blob(s, 5, h.sha, 32, SQLITE_STATIC);
-            sqlite3_bind_blob(s, 6, j->meta.model.b, KVT_KEY_BYTES, SQLITE_STATIC);
-            sqlite3_bind_int(s, 7, j->meta.n_tokens);
-            sqlite3_bind_double(s, 8, j->t);
-            written = !kvt__fault_check(KVT__FAULT_STORE_INDEX) && sqlite3_step(s) == SQLITE_DONE;
-            sqlite3_reset(s);
-            if (written) st->disk_bytes_now += (int64_t)j->buf->n;
-            pthread_mutex_unlock(&st->wr_mu);
+        char name[70];
+        kvt__sblob_name(&j->key, name);
+        if (kvt__sha256(j->buf->data, j->buf->n, h.sha) != 0) {
+            /* dropped */
+        } else if (st->unsafe_order) {
+            written = insert_row(st, j, &h, name) && kvt__sblob_write_unsafe(st->blobs_fd, &h, j->buf->data) == 0;
+        } else if (kvt__sblob_write(st->blobs_fd, st->blobs_dir, &h, j->buf->data, &what) == 0) {
+            written = insert_row(st, j, &h, name);
             if (!written) unlinkat(st->blobs_fd, name, 0); /* no row names it: it must not stay */
         }
     }
@@ -311,12 +331,15 @@ static void *writer_main(void *arg) {
     kvt_store *st = arg;
     pthread_mutex_lock(&st->q_mu);
     for (;;) {
-        while (!st->stop && (st->hold || (!st->q_head && !st->flush_req && st->n_hits < HITS_BATCH))) {
+        /* sleep until there is a block to write, or hits that are many, old (1 s) or flushed */
+        bool timed_out = false;
+        while (!st->stop &&
+               (st->hold || (!st->q_head && !(st->n_hits && (st->flush_req || st->n_hits >= HITS_BATCH || timed_out))))) {
             if (st->n_hits && !st->hold) {
                 struct timespec ts;
                 clock_gettime(CLOCK_REALTIME, &ts);
                 ts.tv_sec += 1;
-                if (pthread_cond_timedwait(&st->q_cv, &st->q_mu, &ts) == ETIMEDOUT) break;
+                timed_out = pthread_cond_timedwait(&st->q_cv, &st->q_mu, &ts) == ETIMEDOUT;
             } else {
                 pthread_cond_wait(&st->q_cv, &st->q_mu);
             }
@@ -377,7 +400,7 @@ static void remove_stale_tmp(kvt_store *st) {
     struct dirent *de;
     long pid;
     while (d && (de = readdir(d)))
-        if (kvt__blob_is_tmp(de->d_name, &pid)) unlinkat(st->blobs_fd, de->d_name, 0);
+        if (kvt__sblob_is_tmp(de->d_name, &pid)) unlinkat(st->blobs_fd, de->d_name, 0);
     if (d) closedir(d); else if (dfd >= 0) close(dfd);
     kvt__store_unlock(fd);
 }
@@ -505,11 +528,11 @@ int kvt_store_put(kvt_store *st, const kvt_key *key, const struct kvt_store_meta
         return kvt__fail(KVT_EINVAL, "kvt_store_put: NULL %s", !st ? "store" : !key ? "key" : !m ? "meta" : "data");
     if (st->p.read_only) return kvt__fail(KVT_EINVAL, "kvt_store_put: the store at %s is open read-only", st->dir);
     if (m->n_tokens < 0) return kvt__fail(KVT_EINVAL, "kvt_store_put: n_tokens %d is negative", m->n_tokens);
-    if (kvt__ram_has(&st->ram, key)) return 0; /* content-addressed: same key, same bytes */
+    if (kvt__ram_has(&st->ram, key, &st->ttl, kvt__store_now(st))) return 0; /* content-addressed: same key, same bytes */
     struct kvt__sbuf *buf = kvt__sbuf_new(data, n);
     if (!buf) return kvt__fail(KVT_ENOMEM, "kvt_store_put: no memory for %zu bytes", n);
     const double now = kvt__store_now(st);
-    kvt__ram_put(&st->ram, key, m, buf, now);
+    kvt__ram_put(&st->ram, key, m, buf, &st->ttl, now);
     int rc = 0;
     if (st->disk) {
         struct kvt__job *j = malloc(sizeof *j);
@@ -522,7 +545,7 @@ int kvt_store_put(kvt_store *st, const kvt_key *key, const struct kvt_store_meta
             st->d_dropped++; /* write-behind never waits for the disk */
             free(j);
         } else {
-            *j = (struct kvt__job){ .key = *key, .meta = *m, .buf = kvt__sbuf_ref(buf), .t = now };
+            *j = (struct kvt__job){ .key = *key, .meta = *m, .buf = kvt__sbuf_ref(buf), .t = now, .last_hit = now };
             if (st->q_tail) st->q_tail->next = j; else st->q_head = j;
             st->q_tail = j;
             st->q_len++;
@@ -537,6 +560,13 @@ int kvt_store_put(kvt_store *st, const kvt_key *key, const struct kvt_store_meta
 static void record_hit(kvt_store *st, const kvt_key *key, double now) {
     if (!st->writer_started) return;
     pthread_mutex_lock(&st->q_mu);
+    for (struct kvt__job *j = st->q_head; j; j = j->next) { /* not in the index yet: its row starts with them */
+        if (memcmp(j->key.b, key->b, KVT_KEY_BYTES)) continue;
+        j->hits++;
+        j->last_hit = now;
+        pthread_mutex_unlock(&st->q_mu);
+        return;
+    }
     if (st->n_hits == st->cap_hits && st->cap_hits < HITS_MAX) {
         size_t cap = st->cap_hits ? 2 * st->cap_hits : 64;
         struct kvt__hit *h = realloc(st->hits, cap * sizeof *h);
@@ -610,7 +640,7 @@ int kvt_store_get(kvt_store *st, const kvt_key *key, const kvt_key *model, void 
         return 0;
     }
     if (r == KVT__RAM_FOREIGN) return kvt__fail(KVT_ENOENT, "block %.16s belongs to another model", hex);
-    if (!st->disk) return kvt__fail(KVT_ENOENT, "block %.16s is not stored", hex);
+    if (!st->disk) return kvt__fail(KVT_ENOENT, "block %.16s %s", hex, r == KVT__RAM_EXPIRED ? "expired" : "is not stored");
 
     pthread_mutex_lock(&st->q_mu);
     int rc = get_queued(st, key, model, data, n, &mt, &found);
@@ -618,6 +648,7 @@ int kvt_store_get(kvt_store *st, const kvt_key *key, const kvt_key *model, void 
     if (found) {
         if (rc) return rc == KVT_ENOMEM ? kvt__fail(rc, "kvt_store_get: no memory for block %.16s", hex)
                                         : kvt__fail(rc, "block %.16s belongs to another model", hex);
+        record_hit(st, key, now);
         if (meta) *meta = mt;
         if (tier) *tier = KVT_TIER_DISK;
         return 0;
@@ -653,13 +684,13 @@ int kvt_store_get(kvt_store *st, const kvt_key *key, const kvt_key *model, void 
         return miss(st, &st->d_corrupt, "stored for another model fingerprint", hex);
 
     char name[70];
-    struct kvt__blob_hdr h;
+    struct kvt__sblob_hdr h;
     const char *why = "";
     uint8_t *buf = NULL;
-    kvt__blob_name(key, name);
-    r = kvt__blob_read(st->blobs_fd, name, &h, &buf, &why);
-    if (r == KVT__BLOB_NOMEM) return kvt__fail(KVT_ENOMEM, "kvt_store_get: block %.16s: %s", hex, why);
-    if (r == KVT__BLOB_OK) {
+    kvt__sblob_name(key, name);
+    r = kvt__sblob_read(st->blobs_fd, name, &h, &buf, &why);
+    if (r == KVT__SBLOB_NOMEM) return kvt__fail(KVT_ENOMEM, "kvt_store_get: block %.16s: %s", hex, why);
+    if (r == KVT__SBLOB_OK) {
         why = memcmp(h.key.b, key->b, 32) ? "header names another key"
             : memcmp(h.model.b, row.model.b, 32) ? "header names another model"
             : (int64_t)h.size != row.size || h.codec != row.codec || h.n_tokens != row.n_tokens
@@ -668,7 +699,7 @@ int kvt_store_get(kvt_store *st, const kvt_key *key, const kvt_key *model, void 
         if (!why) {
             if (st->ram.budget) { /* a disk hit is copied into RAM */
                 struct kvt__sbuf *b = kvt__sbuf_new(buf, (size_t)h.size);
-                if (b) kvt__ram_put(&st->ram, key, &(struct kvt_store_meta){ row.model, row.n_tokens, row.codec }, b, now);
+                if (b) kvt__ram_put(&st->ram, key, &(struct kvt_store_meta){ row.model, row.n_tokens, row.codec }, b, &st->ttl, now);
                 kvt__sbuf_unref(b);
             }
             record_hit(st, key, now);
@@ -680,7 +711,7 @@ int kvt_store_get(kvt_store *st, const kvt_key *key, const kvt_key *model, void 
             return 0;
         }
         free(buf);
-    } else if (r == KVT__BLOB_MISSING) {
+    } else if (r == KVT__SBLOB_MISSING) {
         /* evicted between the lookup and the open is an ordinary miss; a row left without its
         ** file is not */
         pthread_mutex_lock(&st->rd_mu);
@@ -697,7 +728,7 @@ int kvt_store_get(kvt_store *st, const kvt_key *key, const kvt_key *model, void 
 
 bool kvt_store_has(kvt_store *st, const kvt_key *key) {
     if (!st || !key) return false;
-    if (kvt__ram_has(&st->ram, key)) return true;
+    if (kvt__ram_has(&st->ram, key, &st->ttl, kvt__store_now(st))) return true;
     if (!st->disk) return false;
     pthread_mutex_lock(&st->q_mu);
     bool has = key_queued(st, key);

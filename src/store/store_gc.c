@@ -135,7 +135,7 @@ static int remove_rows(kvt_store *st, struct row **victims, size_t n) {
     if (rc) return rc;
     for (size_t i = 0; i < n; i++) {
         char name[70];
-        kvt__blob_name(&victims[i]->key, name);
+        kvt__sblob_name(&victims[i]->key, name);
         unlinkat(st->blobs_fd, name, 0);
         victims[i]->gone = true;
     }
@@ -157,10 +157,10 @@ static int scan_orphans(kvt_store *st, const struct row *rows, size_t n, bool re
         struct row probe;
         long pid;
         bool orphan = false;
-        if (kvt__blob_is_blob(de->d_name, &probe.key))
+        if (kvt__sblob_is_blob(de->d_name, &probe.key))
             orphan = n == 0 || !bsearch(&probe, rows, n, sizeof *rows, cmp_row);
         else
-            orphan = kvt__blob_is_tmp(de->d_name, &pid);
+            orphan = kvt__sblob_is_tmp(de->d_name, &pid);
         if (!orphan) continue;
         out->orphans++;
         if (!remove) continue;
@@ -195,7 +195,7 @@ int kvt_store_gc(kvt_store *st, struct kvt_store_report *out) {
         char name[70];
         struct stat sb;
         out->checked++;
-        kvt__blob_name(&r->key, name);
+        kvt__sblob_name(&r->key, name);
         if (kvt__expires(&st->ttl, r->last_hit, r->hits) <= now) {
             out->expired++;
         } else if (fstatat(st->blobs_fd, name, &sb, AT_SYMLINK_NOFOLLOW) && errno == ENOENT) {
@@ -265,19 +265,19 @@ int kvt_store_verify(kvt_store *st, bool repair, struct kvt_store_report *out) {
     }
     for (size_t i = 0; i < n; i++) {
         struct row *r = &rows[i];
-        struct kvt__blob_hdr h;
+        struct kvt__sblob_hdr h;
         const char *why = NULL;
         char name[70];
-        kvt__blob_name(&r->key, name);
+        kvt__sblob_name(&r->key, name);
         out->checked++;
-        int b = kvt__blob_read(st->blobs_fd, name, &h, NULL, &why);
-        if (b == KVT__BLOB_NOMEM) {
+        int b = kvt__sblob_read(st->blobs_fd, name, &h, NULL, &why);
+        if (b == KVT__SBLOB_NOMEM) {
             rc = kvt__fail(KVT_ENOMEM, "kvt_store_verify: %s", why);
             goto done;
         }
-        if (b == KVT__BLOB_MISSING) {
+        if (b == KVT__SBLOB_MISSING) {
             out->missing++;
-        } else if (b != KVT__BLOB_OK || memcmp(h.key.b, r->key.b, 32) || memcmp(h.model.b, r->model.b, 32) ||
+        } else if (b != KVT__SBLOB_OK || memcmp(h.key.b, r->key.b, 32) || memcmp(h.model.b, r->model.b, 32) ||
                    (int64_t)h.size != r->size || h.codec != r->codec || h.n_tokens != r->n_tokens || !r->sha_ok ||
                    memcmp(h.sha, r->sha, 32)) {
             out->corrupt++;

@@ -48,23 +48,24 @@ struct kvt__ram {
     int64_t  hits, misses, writes, writes_dropped, evictions, expired, corrupt;
 };
 
-enum { KVT__RAM_HIT = 0, KVT__RAM_MISS, KVT__RAM_FOREIGN };
+enum { KVT__RAM_HIT = 0, KVT__RAM_MISS, KVT__RAM_EXPIRED, KVT__RAM_FOREIGN };
 
 /* Budget 0 is a disabled tier (every put dropped silently, every get a miss).  Errors: ENOMEM. */
 int  kvt__ram_init(struct kvt__ram *r, size_t budget);
 void kvt__ram_free(struct kvt__ram *r);
-/* Insert (taking a reference on buf) unless key is present.  Least recently used entries leave
+/* Insert (taking a reference on buf) unless key is present (an expired entry is replaced).  Least recently used entries leave
 ** until the new one fits; one larger than the whole budget is not stored (writes_dropped).
 ** Returns true if key was already present (nothing changed).  Thread-safe. */
 bool kvt__ram_put(struct kvt__ram *r, const kvt_key *key, const struct kvt_store_meta *m, struct kvt__sbuf *buf,
-                  double now);
+                  const struct kvt__ttl *t, double now);
 /* Look up key: a hit copies the bytes out (malloc; *data NULL on ENOMEM with KVT__RAM_HIT and
 ** *oom set), counts a hit and makes the entry most recently used; an expired entry is removed
-** (expired, miss); model mismatch is KVT__RAM_FOREIGN (corrupt counted, entry kept: it is intact
+** (expired, miss: KVT__RAM_EXPIRED); model mismatch is KVT__RAM_FOREIGN (corrupt counted, entry kept: it is intact
 ** and belongs to its own model).  Thread-safe. */
 int  kvt__ram_get(struct kvt__ram *r, const kvt_key *key, const kvt_key *model, const struct kvt__ttl *t,
                   double now, void **data, size_t *n, struct kvt_store_meta *meta, bool *oom);
-bool kvt__ram_has(struct kvt__ram *r, const kvt_key *key);
+/* Present and not expired (nothing counted). */
+bool kvt__ram_has(struct kvt__ram *r, const kvt_key *key, const struct kvt__ttl *t, double now);
 /* Remove everything; returns entries removed. */
 int64_t kvt__ram_clear(struct kvt__ram *r);
 void kvt__ram_stats(struct kvt__ram *r, struct kvt_store_tier_stats *out);
@@ -75,11 +76,11 @@ void kvt__ram_stats(struct kvt__ram *r, struct kvt_store_tier_stats *out);
 **   0  "KVTBLOCK"          8  u32 format version (1)   12 u32 codec
 **   16 key[32]             48 model fingerprint[32]     80 i32 n_tokens   84 u32 0 (reserved)
 **   88 u64 payload bytes   96 SHA-256 of the payload[32]                 128 payload */
-#define KVT__BLOB_MAGIC   "KVTBLOCK"
-#define KVT__BLOB_VERSION 1u
-#define KVT__BLOB_HDR     128
+#define KVT__SBLOB_MAGIC   "KVTBLOCK"
+#define KVT__SBLOB_VERSION 1u
+#define KVT__SBLOB_HDR     128
 
-struct kvt__blob_hdr {
+struct kvt__sblob_hdr {
     kvt_key  key, model;
     int32_t  codec, n_tokens;
     uint64_t size;
@@ -87,7 +88,7 @@ struct kvt__blob_hdr {
 };
 
 /* File name of key under blobs/: "<64 hex>.kvb" into name[70]. */
-void kvt__blob_name(const kvt_key *key, char name[70]);
+void kvt__sblob_name(const kvt_key *key, char name[70]);
 /* SHA-256 of data[0..n).  Returns 0, or -1 if OpenSSL failed (no memory). */
 int  kvt__sha256(const void *data, size_t n, uint8_t out[32]);
 
@@ -97,21 +98,26 @@ int  kvt__sha256(const void *data, size_t n, uint8_t out[32]);
 ** directory", "SHA-256 of"); the temporary file never stays, and on a failed directory fsync the
 ** renamed file is removed again.  Fault sites: KVT__FAULT_STORE_WRITE (write: ENOSPC),
 ** KVT__FAULT_STORE_SYNC (the file's fsync, then the rename: EIO). */
-int  kvt__blob_write(int blobs_fd, const char *blobs_dir, const struct kvt__blob_hdr *h, const void *data,
+int  kvt__sblob_write(int blobs_fd, const char *blobs_dir, const struct kvt__sblob_hdr *h, const void *data,
                      const char **what);
 
-enum { KVT__BLOB_OK = 0, KVT__BLOB_MISSING, KVT__BLOB_BAD, KVT__BLOB_NOMEM, KVT__BLOB_IOERR };
+/* The kill -9 test's control only (kvt_store_test_unsafe_write_order): the file written in place
+** under its final name, no temporary file, no fsync, with a 2 ms pause halfway.  Returns 0 or an
+** errno. */
+int  kvt__sblob_write_unsafe(int blobs_fd, const struct kvt__sblob_hdr *h, const void *data);
+
+enum { KVT__SBLOB_OK = 0, KVT__SBLOB_MISSING, KVT__SBLOB_BAD, KVT__SBLOB_NOMEM, KVT__SBLOB_IOERR };
 /* Read and check the blob file `name` in blobs/: magic, version, payload size against the file
 ** size, and the payload's SHA-256 against the header.  OUT *h; *data (malloc'd payload, at least
 ** one byte allocated) when data is not NULL (else only the header and checksum are checked).
-** Returns KVT__BLOB_OK, _MISSING (no such file), _BAD (any mismatch, truncation; *why names it),
+** Returns KVT__SBLOB_OK, _MISSING (no such file), _BAD (any mismatch, truncation; *why names it),
 ** _NOMEM or _IOERR (read error other than ENOENT; *why). */
-int  kvt__blob_read(int blobs_fd, const char *name, struct kvt__blob_hdr *h, uint8_t **data, const char **why);
+int  kvt__sblob_read(int blobs_fd, const char *name, struct kvt__sblob_hdr *h, uint8_t **data, const char **why);
 
 /* Is `name` a temporary file of a writer ("<.tmp->pid-...")?  OUT *pid. */
-bool kvt__blob_is_tmp(const char *name, long *pid);
+bool kvt__sblob_is_tmp(const char *name, long *pid);
 /* Is `name` a blob file name; OUT *key. */
-bool kvt__blob_is_blob(const char *name, kvt_key *key);
+bool kvt__sblob_is_blob(const char *name, kvt_key *key);
 
 /* ---- the store (store.c: open, put/get, writer; store_gc.c: ls, gc, verify, clear) ----------- */
 
@@ -121,7 +127,9 @@ struct kvt__job { /* a disk write waiting for the writer thread */
     kvt_key key;
     struct kvt_store_meta meta;
     struct kvt__sbuf *buf;
-    double t;               /* put time: the row's created and last_hit */
+    double t;               /* put time: the row's created */
+    double last_hit;        /* t, or the last get answered while it waited */
+    int64_t hits;           /* gets answered while it waited (record_hit) */
     struct kvt__job *next;
 };
 
@@ -154,6 +162,7 @@ struct kvt_store {
     size_t  n_hits, cap_hits;
     int64_t flush_req;         /* flushes waiting: the writer applies hits now */
     bool    busy, stop, hold;
+    bool    unsafe_order;      /* test hook: row before file, file written in place (a control) */
     bool    writer_started;
     pthread_t writer;
     /* disk tier counters (q_mu) */
