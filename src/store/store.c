@@ -528,22 +528,29 @@ int kvt_store_put(kvt_store *st, const kvt_key *key, const struct kvt_store_meta
         return kvt__fail(KVT_EINVAL, "kvt_store_put: NULL %s", !st ? "store" : !key ? "key" : !m ? "meta" : "data");
     if (st->p.read_only) return kvt__fail(KVT_EINVAL, "kvt_store_put: the store at %s is open read-only", st->dir);
     if (m->n_tokens < 0) return kvt__fail(KVT_EINVAL, "kvt_store_put: n_tokens %d is negative", m->n_tokens);
-    if (kvt__ram_has(&st->ram, key, &st->ttl, kvt__store_now(st))) return 0; /* content-addressed: same key, same bytes */
+    const double now = kvt__store_now(st);
+    bool on_disk;
+    const bool in_ram = kvt__ram_has(&st->ram, key, &st->ttl, now, &on_disk);
+    /* content-addressed: same key, same bytes; but a block whose disk write was dropped (a full
+    ** queue) while RAM kept it is queued again */
+    if (in_ram && (on_disk || !st->disk)) return 0;
     struct kvt__sbuf *buf = kvt__sbuf_new(data, n);
     if (!buf) return kvt__fail(KVT_ENOMEM, "kvt_store_put: no memory for %zu bytes", n);
-    const double now = kvt__store_now(st);
-    kvt__ram_put(&st->ram, key, m, buf, &st->ttl, now);
+    if (!in_ram) kvt__ram_put(&st->ram, key, m, buf, &st->ttl, now);
     int rc = 0;
     if (st->disk) {
         struct kvt__job *j = malloc(sizeof *j);
+        bool queued = true;
         pthread_mutex_lock(&st->q_mu);
         if (key_queued(st, key)) {
             free(j);
         } else if (!j) {
+            queued = false;
             rc = kvt__fail(KVT_ENOMEM, "kvt_store_put: no memory for the disk write");
         } else if (st->q_len >= st->p.queue_max) {
             st->d_dropped++; /* write-behind never waits for the disk */
             free(j);
+            queued = false;
         } else {
             *j = (struct kvt__job){ .key = *key, .meta = *m, .buf = kvt__sbuf_ref(buf), .t = now, .last_hit = now };
             if (st->q_tail) st->q_tail->next = j; else st->q_head = j;
@@ -552,6 +559,7 @@ int kvt_store_put(kvt_store *st, const kvt_key *key, const struct kvt_store_meta
             pthread_cond_signal(&st->q_cv);
         }
         pthread_mutex_unlock(&st->q_mu);
+        if (queued) kvt__ram_set_on_disk(&st->ram, key);
     }
     kvt__sbuf_unref(buf);
     return rc;
@@ -699,7 +707,11 @@ int kvt_store_get(kvt_store *st, const kvt_key *key, const kvt_key *model, void 
         if (!why) {
             if (st->ram.budget) { /* a disk hit is copied into RAM */
                 struct kvt__sbuf *b = kvt__sbuf_new(buf, (size_t)h.size);
-                if (b) kvt__ram_put(&st->ram, key, &(struct kvt_store_meta){ row.model, row.n_tokens, row.codec }, b, &st->ttl, now);
+                if (b) {
+                    kvt__ram_put(&st->ram, key, &(struct kvt_store_meta){ row.model, row.n_tokens, row.codec }, b,
+                                 &st->ttl, now);
+                    kvt__ram_set_on_disk(&st->ram, key);
+                }
                 kvt__sbuf_unref(b);
             }
             record_hit(st, key, now);
@@ -728,7 +740,7 @@ int kvt_store_get(kvt_store *st, const kvt_key *key, const kvt_key *model, void 
 
 bool kvt_store_has(kvt_store *st, const kvt_key *key) {
     if (!st || !key) return false;
-    if (kvt__ram_has(&st->ram, key, &st->ttl, kvt__store_now(st))) return true;
+    if (kvt__ram_has(&st->ram, key, &st->ttl, kvt__store_now(st), NULL)) return true;
     if (!st->disk) return false;
     pthread_mutex_lock(&st->q_mu);
     bool has = key_queued(st, key);
