@@ -395,7 +395,7 @@ static int mkdir_p(const char *path) {
 static void remove_stale_tmp(kvt_store *st) {
     int fd = kvt__store_lock_all(st);
     if (fd < 0) return;
-    int dfd = dup(st->blobs_fd);
+    int dfd = openat(st->blobs_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC); /* its own offset */
     DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
     struct dirent *de;
     long pid;
@@ -526,7 +526,7 @@ static bool key_queued(kvt_store *st, const kvt_key *key) { /* q_mu held */
 int kvt_store_put(kvt_store *st, const kvt_key *key, const struct kvt_store_meta *m, const void *data, size_t n) {
     if (!st || !key || !m || (!data && n > 0))
         return kvt__fail(KVT_EINVAL, "kvt_store_put: NULL %s", !st ? "store" : !key ? "key" : !m ? "meta" : "data");
-    if (st->p.read_only) return kvt__fail(KVT_EINVAL, "kvt_store_put: the store at %s is open read-only", st->dir);
+    if (st->p.read_only) return kvt__fail(KVT_EINVAL, "kvt_store_put: the store at %s is open read-only", st->dir ? st->dir : "(RAM only)");
     if (m->n_tokens < 0) return kvt__fail(KVT_EINVAL, "kvt_store_put: n_tokens %d is negative", m->n_tokens);
     const double now = kvt__store_now(st);
     bool on_disk;

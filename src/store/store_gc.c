@@ -145,13 +145,12 @@ static int remove_rows(kvt_store *st, struct row **victims, size_t n) {
 /* Files of blobs/ without a row (blob names) and temporary files: counted in out->orphans and,
 ** with remove, unlinked (bytes_freed, removed). */
 static int scan_orphans(kvt_store *st, const struct row *rows, size_t n, bool remove, struct kvt_store_report *out) {
-    int dfd = dup(st->blobs_fd);
+    int dfd = openat(st->blobs_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC); /* its own offset */
     DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
     if (!d) {
         if (dfd >= 0) close(dfd);
         return kvt__fail(KVT_EIO, "store directory %s: %s", st->blobs_dir, strerror(errno));
     }
-    rewinddir(d);
     struct dirent *de;
     while ((de = readdir(d))) {
         struct row probe;
@@ -302,7 +301,7 @@ done:
 
 int kvt_store_clear(kvt_store *st) {
     if (!st) return kvt__fail(KVT_EINVAL, "kvt_store_clear: store is NULL");
-    if (st->p.read_only) return kvt__fail(KVT_EINVAL, "kvt_store_clear: the store at %s is open read-only", st->dir);
+    if (st->p.read_only) return kvt__fail(KVT_EINVAL, "kvt_store_clear: the store at %s is open read-only", st->dir ? st->dir : "(RAM only)");
     /* queued writes would write entries back after the clear: drop them, wait for the one in flight */
     pthread_mutex_lock(&st->q_mu);
     struct kvt__job *j = st->q_head;
