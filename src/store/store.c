@@ -133,18 +133,25 @@ static int prepare(kvt_store *st, sqlite3 *db, const char *sql, sqlite3_stmt **o
     return sqlite3_prepare_v2(db, sql, -1, out, NULL) == SQLITE_OK ? 0 : kvt__store_sql_fail(st, db, sql);
 }
 
+/* Refuse an index written by a newer kvtier (PRAGMA user_version). */
+static int check_version(kvt_store *st, sqlite3 *db) {
+    sqlite3_stmt *v;
+    int rc = prepare(st, db, "PRAGMA user_version", &v);
+    if (rc) return rc;
+    int version = sqlite3_step(v) == SQLITE_ROW ? sqlite3_column_int(v, 0) : -1;
+    sqlite3_finalize(v);
+    if (version > SCHEMA_VERSION)
+        return kvt__fail(KVT_EIO, "store index %s/index.db has format version %d, newer than this kvtier's %d",
+                         st->dir, version, SCHEMA_VERSION);
+    return 0;
+}
+
 static int open_index(kvt_store *st) {
     int rc;
     if (!st->p.read_only) {
         if ((rc = open_db(st, true, &st->wr))) return rc;
         if ((rc = exec(st, st->wr, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"))) return rc;
-        sqlite3_stmt *v;
-        if ((rc = prepare(st, st->wr, "PRAGMA user_version", &v))) return rc;
-        int version = sqlite3_step(v) == SQLITE_ROW ? sqlite3_column_int(v, 0) : -1;
-        sqlite3_finalize(v);
-        if (version > SCHEMA_VERSION)
-            return kvt__fail(KVT_EIO, "store index %s/index.db has format version %d, newer than this kvtier's %d",
-                             st->dir, version, SCHEMA_VERSION);
+        if ((rc = check_version(st, st->wr))) return rc;
         if ((rc = exec(st, st->wr, "BEGIN IMMEDIATE"))) return rc;
         if ((rc = exec(st, st->wr, SCHEMA)) || (rc = exec(st, st->wr, "PRAGMA user_version = 1")) ||
             (rc = exec(st, st->wr, "COMMIT"))) {
@@ -160,7 +167,7 @@ static int open_index(kvt_store *st) {
             (rc = prepare(st, st->wr, "DELETE FROM blocks WHERE key = ?1 RETURNING size", &st->wr_del)))
             return rc;
     }
-    if ((rc = open_db(st, false, &st->rd))) return rc;
+    if ((rc = open_db(st, false, &st->rd)) || (st->p.read_only && (rc = check_version(st, st->rd)))) return rc;
     return prepare(st, st->rd,
                    "SELECT file, size, codec, checksum, model, n_tokens, last_hit, hits FROM blocks WHERE key = ?1",
                    &st->rd_get);
@@ -764,32 +771,4 @@ void kvt_store_flush(kvt_store *st) {
     while (st->q_head || st->busy || st->n_hits) pthread_cond_wait(&st->idle_cv, &st->q_mu);
     st->flush_req--;
     pthread_mutex_unlock(&st->q_mu);
-}
-
-void kvt_store_get_stats(kvt_store *st, struct kvt_store_stats *out) {
-    memset(out, 0, sizeof *out);
-    if (!st) return;
-    kvt__ram_stats(&st->ram, &out->ram);
-    pthread_mutex_lock(&st->q_mu);
-    struct kvt_store_tier_stats *d = &out->disk;
-    d->hits = st->d_hits;
-    d->misses = st->d_misses;
-    d->writes = st->d_writes;
-    d->writes_dropped = st->d_dropped;
-    d->evictions = st->d_evictions;
-    d->expired = st->d_expired;
-    d->corrupt = st->d_corrupt;
-    out->queue_len = st->q_len;
-    pthread_mutex_unlock(&st->q_mu);
-    if (!st->rd) return;
-    pthread_mutex_lock(&st->rd_mu);
-    sqlite3_stmt *s;
-    if (sqlite3_prepare_v2(st->rd, "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM blocks", -1, &s, NULL) == SQLITE_OK) {
-        if (sqlite3_step(s) == SQLITE_ROW) {
-            d->entries = sqlite3_column_int64(s, 0);
-            d->bytes = sqlite3_column_int64(s, 1);
-        }
-        sqlite3_finalize(s);
-    }
-    pthread_mutex_unlock(&st->rd_mu);
 }
