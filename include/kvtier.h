@@ -41,7 +41,7 @@
 ** call by call (each keeps its own logits).  With one KV stream per sequence (the default) a
 ** session's numbers are bit-identical to a lone run; with kv_unified they depend slightly on the
 ** other sessions' cells.
-** The host pool is thread-safe.  An embedder and an ANN index are single-threaded objects like
+** The host pool and the block store are thread-safe.  An embedder and an ANN index are single-threaded objects like
 ** an engine.  Functions marked "pure" (BM25, section 6) touch no shared state and may be called
 ** from any thread, as may kvt_strerror() and kvt_errmsg().
 */
@@ -1128,7 +1128,8 @@ struct kvt_store_meta {
 ** blocks on disk: a full queue, a block larger than the quota, or a failed write (a full disk,
 ** an I/O error, the index) drops the disk write (disk.writes_dropped), never an error here.
 ** A key already stored (RAM, queue or index) is not rewritten (content-addressed: same key,
-** same bytes); put never updates hit counts.
+** same bytes), except that a block the RAM tier holds whose disk write was dropped at a full
+** queue is queued again; put never updates hit counts.
 ** Errors: KVT_EINVAL (NULL store, key or meta; NULL data with n > 0; negative n_tokens;
 ** read-only store), KVT_ENOMEM (the RAM copy may be stored, the disk write is not queued).
 ** Thread-safe. */

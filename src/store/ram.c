@@ -17,6 +17,7 @@ struct kvt__ram_ent {
     struct kvt__sbuf *buf;
     double  last_hit;
     int64_t hits;
+    bool    on_disk;                  /* queued for the disk tier or read from it */
     struct kvt__ram_ent *hnext;       /* hash chain */
     struct kvt__ram_ent *prev, *next; /* LRU list */
 };
@@ -178,13 +179,23 @@ int kvt__ram_get(struct kvt__ram *r, const kvt_key *key, const kvt_key *model, c
     return rc;
 }
 
-bool kvt__ram_has(struct kvt__ram *r, const kvt_key *key, const struct kvt__ttl *t, double now) {
+bool kvt__ram_has(struct kvt__ram *r, const kvt_key *key, const struct kvt__ttl *t, double now, bool *on_disk) {
+    if (on_disk) *on_disk = false;
     if (r->budget == 0) return false;
     pthread_mutex_lock(&r->mu);
     const struct kvt__ram_ent *e = *slot(r, key);
     bool has = e && kvt__expires(t, e->last_hit, e->hits) > now;
+    if (has && on_disk) *on_disk = e->on_disk;
     pthread_mutex_unlock(&r->mu);
     return has;
+}
+
+void kvt__ram_set_on_disk(struct kvt__ram *r, const kvt_key *key) {
+    if (r->budget == 0) return;
+    pthread_mutex_lock(&r->mu);
+    struct kvt__ram_ent *e = *slot(r, key);
+    if (e) e->on_disk = true;
+    pthread_mutex_unlock(&r->mu);
 }
 
 int64_t kvt__ram_clear(struct kvt__ram *r) {

@@ -133,18 +133,25 @@ static int prepare(kvt_store *st, sqlite3 *db, const char *sql, sqlite3_stmt **o
     return sqlite3_prepare_v2(db, sql, -1, out, NULL) == SQLITE_OK ? 0 : kvt__store_sql_fail(st, db, sql);
 }
 
+/* Refuse an index written by a newer kvtier (PRAGMA user_version). */
+static int check_version(kvt_store *st, sqlite3 *db) {
+    sqlite3_stmt *v;
+    int rc = prepare(st, db, "PRAGMA user_version", &v);
+    if (rc) return rc;
+    int version = sqlite3_step(v) == SQLITE_ROW ? sqlite3_column_int(v, 0) : -1;
+    sqlite3_finalize(v);
+    if (version > SCHEMA_VERSION)
+        return kvt__fail(KVT_EIO, "store index %s/index.db has format version %d, newer than this kvtier's %d",
+                         st->dir, version, SCHEMA_VERSION);
+    return 0;
+}
+
 static int open_index(kvt_store *st) {
     int rc;
     if (!st->p.read_only) {
         if ((rc = open_db(st, true, &st->wr))) return rc;
         if ((rc = exec(st, st->wr, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"))) return rc;
-        sqlite3_stmt *v;
-        if ((rc = prepare(st, st->wr, "PRAGMA user_version", &v))) return rc;
-        int version = sqlite3_step(v) == SQLITE_ROW ? sqlite3_column_int(v, 0) : -1;
-        sqlite3_finalize(v);
-        if (version > SCHEMA_VERSION)
-            return kvt__fail(KVT_EIO, "store index %s/index.db has format version %d, newer than this kvtier's %d",
-                             st->dir, version, SCHEMA_VERSION);
+        if ((rc = check_version(st, st->wr))) return rc;
         if ((rc = exec(st, st->wr, "BEGIN IMMEDIATE"))) return rc;
         if ((rc = exec(st, st->wr, SCHEMA)) || (rc = exec(st, st->wr, "PRAGMA user_version = 1")) ||
             (rc = exec(st, st->wr, "COMMIT"))) {
@@ -160,7 +167,7 @@ static int open_index(kvt_store *st) {
             (rc = prepare(st, st->wr, "DELETE FROM blocks WHERE key = ?1 RETURNING size", &st->wr_del)))
             return rc;
     }
-    if ((rc = open_db(st, false, &st->rd))) return rc;
+    if ((rc = open_db(st, false, &st->rd)) || (st->p.read_only && (rc = check_version(st, st->rd)))) return rc;
     return prepare(st, st->rd,
                    "SELECT file, size, codec, checksum, model, n_tokens, last_hit, hits FROM blocks WHERE key = ?1",
                    &st->rd_get);
@@ -395,7 +402,7 @@ static int mkdir_p(const char *path) {
 static void remove_stale_tmp(kvt_store *st) {
     int fd = kvt__store_lock_all(st);
     if (fd < 0) return;
-    int dfd = dup(st->blobs_fd);
+    int dfd = openat(st->blobs_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC); /* its own offset */
     DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
     struct dirent *de;
     long pid;
@@ -526,24 +533,31 @@ static bool key_queued(kvt_store *st, const kvt_key *key) { /* q_mu held */
 int kvt_store_put(kvt_store *st, const kvt_key *key, const struct kvt_store_meta *m, const void *data, size_t n) {
     if (!st || !key || !m || (!data && n > 0))
         return kvt__fail(KVT_EINVAL, "kvt_store_put: NULL %s", !st ? "store" : !key ? "key" : !m ? "meta" : "data");
-    if (st->p.read_only) return kvt__fail(KVT_EINVAL, "kvt_store_put: the store at %s is open read-only", st->dir);
+    if (st->p.read_only) return kvt__fail(KVT_EINVAL, "kvt_store_put: the store at %s is open read-only", st->dir ? st->dir : "(RAM only)");
     if (m->n_tokens < 0) return kvt__fail(KVT_EINVAL, "kvt_store_put: n_tokens %d is negative", m->n_tokens);
-    if (kvt__ram_has(&st->ram, key, &st->ttl, kvt__store_now(st))) return 0; /* content-addressed: same key, same bytes */
+    const double now = kvt__store_now(st);
+    bool on_disk;
+    const bool in_ram = kvt__ram_has(&st->ram, key, &st->ttl, now, &on_disk);
+    /* content-addressed: same key, same bytes; but a block whose disk write was dropped (a full
+    ** queue) while RAM kept it is queued again */
+    if (in_ram && (on_disk || !st->disk)) return 0;
     struct kvt__sbuf *buf = kvt__sbuf_new(data, n);
     if (!buf) return kvt__fail(KVT_ENOMEM, "kvt_store_put: no memory for %zu bytes", n);
-    const double now = kvt__store_now(st);
-    kvt__ram_put(&st->ram, key, m, buf, &st->ttl, now);
+    if (!in_ram) kvt__ram_put(&st->ram, key, m, buf, &st->ttl, now);
     int rc = 0;
     if (st->disk) {
         struct kvt__job *j = malloc(sizeof *j);
+        bool queued = true;
         pthread_mutex_lock(&st->q_mu);
         if (key_queued(st, key)) {
             free(j);
         } else if (!j) {
+            queued = false;
             rc = kvt__fail(KVT_ENOMEM, "kvt_store_put: no memory for the disk write");
         } else if (st->q_len >= st->p.queue_max) {
             st->d_dropped++; /* write-behind never waits for the disk */
             free(j);
+            queued = false;
         } else {
             *j = (struct kvt__job){ .key = *key, .meta = *m, .buf = kvt__sbuf_ref(buf), .t = now, .last_hit = now };
             if (st->q_tail) st->q_tail->next = j; else st->q_head = j;
@@ -552,6 +566,7 @@ int kvt_store_put(kvt_store *st, const kvt_key *key, const struct kvt_store_meta
             pthread_cond_signal(&st->q_cv);
         }
         pthread_mutex_unlock(&st->q_mu);
+        if (queued) kvt__ram_set_on_disk(&st->ram, key);
     }
     kvt__sbuf_unref(buf);
     return rc;
@@ -699,7 +714,11 @@ int kvt_store_get(kvt_store *st, const kvt_key *key, const kvt_key *model, void 
         if (!why) {
             if (st->ram.budget) { /* a disk hit is copied into RAM */
                 struct kvt__sbuf *b = kvt__sbuf_new(buf, (size_t)h.size);
-                if (b) kvt__ram_put(&st->ram, key, &(struct kvt_store_meta){ row.model, row.n_tokens, row.codec }, b, &st->ttl, now);
+                if (b) {
+                    kvt__ram_put(&st->ram, key, &(struct kvt_store_meta){ row.model, row.n_tokens, row.codec }, b,
+                                 &st->ttl, now);
+                    kvt__ram_set_on_disk(&st->ram, key);
+                }
                 kvt__sbuf_unref(b);
             }
             record_hit(st, key, now);
@@ -728,7 +747,7 @@ int kvt_store_get(kvt_store *st, const kvt_key *key, const kvt_key *model, void 
 
 bool kvt_store_has(kvt_store *st, const kvt_key *key) {
     if (!st || !key) return false;
-    if (kvt__ram_has(&st->ram, key, &st->ttl, kvt__store_now(st))) return true;
+    if (kvt__ram_has(&st->ram, key, &st->ttl, kvt__store_now(st), NULL)) return true;
     if (!st->disk) return false;
     pthread_mutex_lock(&st->q_mu);
     bool has = key_queued(st, key);
@@ -752,32 +771,4 @@ void kvt_store_flush(kvt_store *st) {
     while (st->q_head || st->busy || st->n_hits) pthread_cond_wait(&st->idle_cv, &st->q_mu);
     st->flush_req--;
     pthread_mutex_unlock(&st->q_mu);
-}
-
-void kvt_store_get_stats(kvt_store *st, struct kvt_store_stats *out) {
-    memset(out, 0, sizeof *out);
-    if (!st) return;
-    kvt__ram_stats(&st->ram, &out->ram);
-    pthread_mutex_lock(&st->q_mu);
-    struct kvt_store_tier_stats *d = &out->disk;
-    d->hits = st->d_hits;
-    d->misses = st->d_misses;
-    d->writes = st->d_writes;
-    d->writes_dropped = st->d_dropped;
-    d->evictions = st->d_evictions;
-    d->expired = st->d_expired;
-    d->corrupt = st->d_corrupt;
-    out->queue_len = st->q_len;
-    pthread_mutex_unlock(&st->q_mu);
-    if (!st->rd) return;
-    pthread_mutex_lock(&st->rd_mu);
-    sqlite3_stmt *s;
-    if (sqlite3_prepare_v2(st->rd, "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM blocks", -1, &s, NULL) == SQLITE_OK) {
-        if (sqlite3_step(s) == SQLITE_ROW) {
-            d->entries = sqlite3_column_int64(s, 0);
-            d->bytes = sqlite3_column_int64(s, 1);
-        }
-        sqlite3_finalize(s);
-    }
-    pthread_mutex_unlock(&st->rd_mu);
 }

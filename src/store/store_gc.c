@@ -1,4 +1,5 @@
-/* store_gc.c — the block store's maintenance: ls, gc, verify, clear (kvtier.h section 8).
+/* store_gc.c — the block store's reports and maintenance: stats, ls, gc, verify, clear (kvtier.h
+** section 8).
 **
 ** Each takes DIR/lock exclusively (gc, verify and clear) while it compares the index with the
 ** blob directory: every writer of every process holds it shared for the whole of one block's
@@ -91,6 +92,34 @@ static int need_disk(kvt_store *st, const char *fn, bool write) {
     return 0;
 }
 
+void kvt_store_get_stats(kvt_store *st, struct kvt_store_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (!st) return;
+    kvt__ram_stats(&st->ram, &out->ram);
+    pthread_mutex_lock(&st->q_mu);
+    struct kvt_store_tier_stats *d = &out->disk;
+    d->hits = st->d_hits;
+    d->misses = st->d_misses;
+    d->writes = st->d_writes;
+    d->writes_dropped = st->d_dropped;
+    d->evictions = st->d_evictions;
+    d->expired = st->d_expired;
+    d->corrupt = st->d_corrupt;
+    out->queue_len = st->q_len;
+    pthread_mutex_unlock(&st->q_mu);
+    if (!st->rd) return;
+    pthread_mutex_lock(&st->rd_mu);
+    sqlite3_stmt *s;
+    if (sqlite3_prepare_v2(st->rd, "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM blocks", -1, &s, NULL) == SQLITE_OK) {
+        if (sqlite3_step(s) == SQLITE_ROW) {
+            d->entries = sqlite3_column_int64(s, 0);
+            d->bytes = sqlite3_column_int64(s, 1);
+        }
+        sqlite3_finalize(s);
+    }
+    pthread_mutex_unlock(&st->rd_mu);
+}
+
 int kvt_store_ls(kvt_store *st, int (*cb)(void *ud, const struct kvt_store_entry *e), void *ud) {
     int rc = need_disk(st, "kvt_store_ls", false);
     if (rc) return rc;
@@ -145,13 +174,12 @@ static int remove_rows(kvt_store *st, struct row **victims, size_t n) {
 /* Files of blobs/ without a row (blob names) and temporary files: counted in out->orphans and,
 ** with remove, unlinked (bytes_freed, removed). */
 static int scan_orphans(kvt_store *st, const struct row *rows, size_t n, bool remove, struct kvt_store_report *out) {
-    int dfd = dup(st->blobs_fd);
+    int dfd = openat(st->blobs_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC); /* its own offset */
     DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
     if (!d) {
         if (dfd >= 0) close(dfd);
         return kvt__fail(KVT_EIO, "store directory %s: %s", st->blobs_dir, strerror(errno));
     }
-    rewinddir(d);
     struct dirent *de;
     while ((de = readdir(d))) {
         struct row probe;
@@ -302,7 +330,7 @@ done:
 
 int kvt_store_clear(kvt_store *st) {
     if (!st) return kvt__fail(KVT_EINVAL, "kvt_store_clear: store is NULL");
-    if (st->p.read_only) return kvt__fail(KVT_EINVAL, "kvt_store_clear: the store at %s is open read-only", st->dir);
+    if (st->p.read_only) return kvt__fail(KVT_EINVAL, "kvt_store_clear: the store at %s is open read-only", st->dir ? st->dir : "(RAM only)");
     /* queued writes would write entries back after the clear: drop them, wait for the one in flight */
     pthread_mutex_lock(&st->q_mu);
     struct kvt__job *j = st->q_head;

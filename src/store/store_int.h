@@ -64,8 +64,10 @@ bool kvt__ram_put(struct kvt__ram *r, const kvt_key *key, const struct kvt_store
 ** and belongs to its own model).  Thread-safe. */
 int  kvt__ram_get(struct kvt__ram *r, const kvt_key *key, const kvt_key *model, const struct kvt__ttl *t,
                   double now, void **data, size_t *n, struct kvt_store_meta *meta, bool *oom);
-/* Present and not expired (nothing counted). */
-bool kvt__ram_has(struct kvt__ram *r, const kvt_key *key, const struct kvt__ttl *t, double now);
+/* Present and not expired (nothing counted); OUT *on_disk (may be NULL): its disk write was
+** queued, or it came from disk (kvt__ram_set_on_disk). */
+bool kvt__ram_has(struct kvt__ram *r, const kvt_key *key, const struct kvt__ttl *t, double now, bool *on_disk);
+void kvt__ram_set_on_disk(struct kvt__ram *r, const kvt_key *key);
 /* Remove everything; returns entries removed. */
 int64_t kvt__ram_clear(struct kvt__ram *r);
 void kvt__ram_stats(struct kvt__ram *r, struct kvt_store_tier_stats *out);

@@ -1,6 +1,6 @@
 /* store_fill.c — fills a block store for tests/cli/cli_store.sh: `store_fill DIR N [TAG]` puts N
 ** blocks whose keys are SHA-256("TAG/i") (TAG defaults to "cli") and whose bytes are a function
-** of the key (store_fixture.h), under the model fingerprint SHA-256("model/65"), then closes the
+** of the key (store_fixture.h), flushing every 64 so that none is dropped, under the model fingerprint SHA-256("model/65"), then closes the
 ** store (the queue is written out).  Prints the key of block 0.  Exit 0, or 1 with a message. */
 #include "store_fixture.h"
 
@@ -28,6 +28,7 @@ int main(int argc, char **argv) {
         struct kvt_store_meta m = sk_meta(&model, &k);
         rc = kvt_store_put(st, &k, &m, b, len);
         free(b);
+        if (i % 64 == 63) kvt_store_flush(st); /* a full write-behind queue would drop blocks */
         if (rc) {
             fprintf(stderr, "store_fill: put %d: %s\n", i, kvt_errmsg());
             kvt_store_close(st);

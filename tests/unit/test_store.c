@@ -577,6 +577,18 @@ static void test_errors(void **state) {
     assert_int_equal(kvt_store_put(st, NULL, &m, "x", 1), KVT_EINVAL);
     kvt_store_close(st);
     kvt_store_close(NULL);
+    /* an index of a newer format is refused, read-write and read-only */
+    char db_path[128];
+    snprintf(db_path, sizeof db_path, "%s/index.db", f->dir);
+    sqlite3 *db;
+    assert_int_equal(sqlite3_open(db_path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, "PRAGMA user_version = 7", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    for (int ro = 0; ro < 2; ro++) {
+        p.read_only = ro;
+        assert_int_equal(kvt_store_open(&p, &st), KVT_EIO);
+        assert_non_null(strstr(kvt_errmsg(), "format version 7"));
+    }
     char buf[8];
     assert_int_equal(kvt_store_default_dir(buf, sizeof buf), KVT_EINVAL);
 }

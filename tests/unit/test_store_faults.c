@@ -120,6 +120,29 @@ static void test_full_queue(void **state) {
     st = open_store(f->dir, 0, 1 << 20, 4);
     assert_int_equal(stats(st).disk.entries, 5);
     kvt_store_close(st);
+
+    /* with a RAM tier: a block whose disk write was dropped stays in RAM, and putting it again
+    ** queues the disk write again (a block RAM holds whose write was queued is not queued twice) */
+    char dir2[128];
+    snprintf(dir2, sizeof dir2, "%s/ram", f->dir);
+    st = open_store(dir2, 1 << 20, 1 << 20, 1);
+    kvt_store_test_hold_writer(st, true);
+    assert_int_equal(put_block(st, &ks[0]), 0);
+    assert_int_equal(put_block(st, &ks[1]), 0); /* dropped: the queue holds one */
+    assert_int_equal(put_block(st, &ks[0]), 0); /* already queued: nothing */
+    s = stats(st);
+    assert_int_equal(s.disk.writes_dropped, 1);
+    assert_int_equal(s.queue_len, 1);
+    kvt_store_test_hold_writer(st, false);
+    kvt_store_flush(st);
+    assert_int_equal(put_block(st, &ks[1]), 0); /* in RAM, not on disk: queued again */
+    assert_int_equal(put_block(st, &ks[0]), 0); /* in RAM and on disk: nothing */
+    kvt_store_flush(st);
+    s = stats(st);
+    assert_int_equal(s.disk.writes, 2);
+    assert_int_equal(s.disk.writes_dropped, 1);
+    assert_int_equal(s.disk.entries, 2);
+    kvt_store_close(st);
 }
 
 /* Each fault site: the put still succeeds, the disk write is dropped and counted, no file (not
