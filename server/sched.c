@@ -87,6 +87,20 @@ int serve_engine_open(struct server *srv) {
             serve_engine_close(srv);
             return APP_ERR;
         }
+        /* the model's fingerprint names every block: hash the GGUF now, not in the first request */
+        kvt_key fp;
+        double t0 = mono_ms();
+        if ((rc = kvt_engine_fingerprint(srv->eng, &fp))) {
+            app_fail("kvtier serve", "cannot fingerprint the model for the block store (--no-store runs without one)", rc);
+            serve_engine_close(srv);
+            return APP_ERR;
+        }
+        char hex[2 * KVT_KEY_BYTES + 1], dir[1024];
+        kvt_key_hex(&fp, hex);
+        if (srv->store_dir) snprintf(dir, sizeof dir, "%s", srv->store_dir);
+        else if (kvt_store_default_dir(dir, sizeof dir)) snprintf(dir, sizeof dir, "(default directory)");
+        fprintf(stderr, "kvtier serve: block store %s, model fingerprint %.16s (hashed in %.0f ms)\n", dir, hex,
+                mono_ms() - t0);
     }
     struct kvt_engine_info I;
     kvt_engine_info(srv->eng, &I);

@@ -15,21 +15,33 @@
 ** nothing of b is in the pool and b's text is unchanged. */
 static int save_block(kvt_session *s, struct blk *b) {
     kvt_blob *blob = NULL;
-    int rc = kvt_block_save(s->eng, s->p.seq, b->info.p0, b->info.p0 + b->info.n_tokens, &blob);
-    if (rc) return rc;
+    int rc = 0;
+    /* a block just loaded from the store: its bytes are at hand, no need to read them back */
+    const bool preloaded = s->preload && s->n_preload > 0 && s->preload[0]->p0 == b->info.p0 &&
+                           s->preload[0]->n_tokens == b->info.n_tokens;
+    if (preloaded) {
+        blob = (kvt_blob *) s->preload[0];
+        s->preload++;
+        s->n_preload--;
+    } else if ((rc = kvt_block_save(s->eng, s->p.seq, b->info.p0, b->info.p0 + b->info.n_tokens, &blob))) {
+        return rc;
+    }
     b->key = ((uint64_t) s->serial << 32) | (uint32_t) b->info.id;
     b->info.pool_key = b->key;
     rc = kvt_pool_put(s->pool, b->key, blob->data, blob->size);
     /* KVT_EIO: a spill failed and the pool dropped what it was for, possibly this block's copy;
     ** a block without a copy is recomputed from its tokens when it is needed (load_block) */
-    if (rc && rc != KVT_EIO) { kvt_blob_free(blob); return rc; }
+    if (rc && rc != KVT_EIO) {
+        if (!preloaded) kvt_blob_free(blob);
+        return rc;
+    }
     b->blob_p0 = blob->p0;
     b->blob_cells = blob->n_cells;
     b->blob_cells_swa = blob->n_cells_swa;
     b->blob_bytes = blob->size;
     kvt__sess_store_block(s, b, blob);
     if (s->p.policy == KVT_POLICY_INFLLM) kvt__sess_pick_representatives(s, b, blob);
-    kvt_blob_free(blob);
+    if (!preloaded) kvt_blob_free(blob);
     char *text = NULL;
     if ((rc = kvt_detokenize(s->eng, b->tok, b->info.n_tokens, false, &text))) {
         kvt_pool_del(s->pool, b->key);

@@ -131,7 +131,7 @@ int kvt__sess_route(kvt_session *s, const kvt_token *tok, int32_t n, int role, i
         size_t sz = 0;
         struct kvt_store_meta m;
         if (kvt_store_get(s->p.store, &key, &s->model_fp, &data, &sz, &m, NULL)) break;
-        blobs[found] = (kvt_blob) { data, sz, (i0 + j) * B, B, 0, 0 };
+        blobs[found] = (kvt_blob) { data, sz, (i0 + j) * B, B, B, 0 };
         if (m.n_tokens != B || m.codec != 0) break; /* freed below with the others */
         bp[found] = &blobs[found];
         p0[found] = s->next_pos + j * B;
@@ -149,9 +149,14 @@ int kvt__sess_route(kvt_session *s, const kvt_token *tok, int32_t n, int role, i
         rc = 0;
         goto out;
     }
-    /* recorded as if decoded: the blocks seal (pool copies for this session's recovery; their
-    ** keys are found in the store, so nothing is written twice) */
-    if ((rc = kvt__sess_record(s, tok, found * B, role))) goto out;
+    /* recorded as if decoded: the blocks seal with the bytes just loaded (pool copies for this
+    ** session's recovery; their keys are in the store, so nothing is written twice) */
+    s->preload = bp;
+    s->n_preload = found;
+    rc = kvt__sess_record(s, tok, found * B, role);
+    s->preload = NULL;
+    s->n_preload = 0;
+    if (rc) goto out;
     kvt__sess_note_peak(s);
     *used = found * B;
     s->route_tokens += found * B;

@@ -105,6 +105,8 @@ struct kvt_session {
     int32_t     route_want, route_tokens; /* this turn: tokens looked up / loaded from the store */
     int64_t     route_want_all, route_tokens_all; /* the same over the session's life */
     int64_t     store_tokens, store_put, store_load_errors;
+    const kvt_blob *const *preload; /* blocks just loaded from the store, in order: their seal */
+    int32_t     n_preload;          /*   takes these bytes instead of reading the cache back */
     double      store_ms;
 };
 
