@@ -1197,7 +1197,7 @@ const char *kvt_codec_name(int32_t codec);
 
 /* Parse a codec spec: NAME[:ARGS], ARGS comma-separated:
 **   raw                      no arguments
-**   q8[:GK[,GV]], q4[:GK[,GV]]               group sizes (cells for K, channels for V)
+**   q8[:GK[,GV[,SINK]]], q4[:GK[,GV[,SINK]]] group sizes (cells for K, channels for V), sinks
 **   elastic[:SK[,SV[,SINK]]]                 e.g. "elastic:0.45,0.50" or "elastic:0.3,0.3,0"
 **   elastic+q8[:SK[,SV[,SINK]]]
 ** Omitted values keep kvt_codec_default_params(codec); n_head_kv is left 0 (set it from the

@@ -77,21 +77,22 @@ int kvt_codec_parse(const char *spec, struct kvt_codec_params *out) {
     struct kvt_codec_params p = kvt_codec_default_params(id);
     if (spec[nl] == ':') {
         const char *a = spec + nl + 1;
-        int max = id == KVT_CODEC_RAW ? 0 : (id == KVT_CODEC_Q8 || id == KVT_CODEC_Q4) ? 2 : 3;
+        const bool q = id == KVT_CODEC_Q8 || id == KVT_CODEC_Q4;
+        int max = id == KVT_CODEC_RAW ? 0 : 3;
         for (int k = 0;; k++) {
             size_t len = strcspn(a, ",");
             if (k >= max)
                 return kvt__fail(KVT_EINVAL, "codec '%s': %s takes at most %d value%s (%s)", spec, NAMES[id], max,
                                  max == 1 ? "" : "s",
-                                 max == 0 ? "no arguments" : max == 2 ? "K group cells, V group channels"
-                                                                      : "s_K, s_V, sink tokens");
+                                 max == 0 ? "no arguments" : q ? "K group cells, V group channels, sink tokens"
+                                                               : "s_K, s_V, sink tokens");
             char tmp[64], *end;
             if (len == 0 || len >= sizeof tmp)
                 return kvt__fail(KVT_EINVAL, "codec '%s': value %d is empty or too long", spec, k + 1);
             memcpy(tmp, a, len);
             tmp[len] = '\0';
             errno = 0;
-            bool scale = max == 3 && k < 2;
+            bool scale = !q && k < 2;
             double v = scale ? strtod(tmp, &end) : (double) strtol(tmp, &end, 10);
             if (*end || errno == ERANGE)
                 return kvt__fail(KVT_EINVAL, "codec '%s': '%s' is not %s", spec, tmp, scale ? "a number" : "an integer");
@@ -99,7 +100,7 @@ int kvt_codec_parse(const char *spec, struct kvt_codec_params *out) {
                 if (!(v > 0 && v <= 10))
                     return kvt__fail(KVT_EINVAL, "codec '%s': threshold scale %s outside (0, 10]", spec, tmp);
                 *(k == 0 ? &p.s_k : &p.s_v) = (float) v;
-            } else if (max == 3) {
+            } else if (k == 2) {
                 if (v < 0 || v > (1 << 30))
                     return kvt__fail(KVT_EINVAL, "codec '%s': sink tokens %s outside 0..2^30", spec, tmp);
                 p.n_sink = (int32_t) v;

@@ -93,6 +93,12 @@ static uint32_t group_elems(const struct groups *g, size_t gi, uint32_t *idx) {
     return k;
 }
 
+/* One element: constant-size copies the compiler inlines (the sizes are 2 and 4 only). */
+static inline void el_cp(uint8_t *d, const uint8_t *s, uint32_t es) {
+    if (es == 2) memcpy(d, s, 2);
+    else memcpy(d, s, 4);
+}
+
 static size_t bytes_of_bits(size_t bits) { return (bits + 7) / 8; }
 static bool bit_get(const uint8_t *bm, size_t i) { return (bm[i >> 3] >> (i & 7)) & 1; }
 static void bit_set(uint8_t *bm, size_t i) { bm[i >> 3] |= (uint8_t) (1u << (i & 7)); }
@@ -120,9 +126,10 @@ static int quantise(struct kvt__buf *out, const float *y, const uint8_t *keep, c
         float step = (hi - lo) / levels;
         float prm[2] = { lo, step };
         kvt__buf_put(out, prm, sizeof prm);
+        const float inv = step > 0 ? 1.0f / step : 0; /* round half up: (x - lo) * inv >= 0 */
         for (uint32_t i = 0; i < w; i++) {
-            float q = step > 0 ? rintf((y[idx[i]] - lo) / step) : 0;
-            codes[nc++] = (uint8_t) (q < 0 ? 0 : q > levels ? levels : q);
+            float q = (y[idx[i]] - lo) * inv + 0.5f;
+            codes[nc++] = (uint8_t) (q > levels ? levels : q);
         }
     }
     free(idx);
@@ -130,57 +137,112 @@ static int quantise(struct kvt__buf *out, const float *y, const uint8_t *keep, c
     return 0;
 }
 
+/* The tensor's elements cell-major (row c = cell c): m->base itself unless V is transposed,
+** else a transposed copy in *tmp (caller frees). */
+static const uint8_t *gather(const struct kvt__mat *m, uint8_t **tmp) {
+    *tmp = NULL;
+    if (!m->trans) return m->base;
+    const uint32_t N = m->n_cells, E = m->n_embd;
+    uint8_t *t = malloc((size_t) N * E * m->elsize + 1);
+    if (!t) return NULL;
+    if (m->elsize == 2) {
+        const uint16_t *src = (const uint16_t *) (const void *) m->base;
+        uint16_t *dst = (uint16_t *) (void *) t;
+        for (uint32_t e = 0; e < E; e++)
+            for (uint32_t c = 0; c < N; c++) dst[(size_t) c * E + e] = src[(size_t) e * N + c];
+    } else {
+        const uint32_t *src = (const uint32_t *) (const void *) m->base;
+        uint32_t *dst = (uint32_t *) (void *) t;
+        for (uint32_t e = 0; e < E; e++)
+            for (uint32_t c = 0; c < N; c++) dst[(size_t) c * E + e] = src[(size_t) e * N + c];
+    }
+    *tmp = t;
+    return t;
+}
+
+/* Write cell-major elements src back into the tensor's own layout. */
+static void scatter(const struct kvt__mat *m, const uint8_t *src) {
+    const uint32_t N = m->n_cells, E = m->n_embd;
+    if (!m->trans) {
+        if (src != m->base) memcpy(m->base, src, (size_t) N * E * m->elsize);
+        return;
+    }
+    if (m->elsize == 2) {
+        const uint16_t *s16 = (const uint16_t *) (const void *) src;
+        uint16_t *d16 = (uint16_t *) (void *) m->base;
+        for (uint32_t e = 0; e < E; e++)
+            for (uint32_t c = 0; c < N; c++) d16[(size_t) e * N + c] = s16[(size_t) c * E + e];
+    } else {
+        const uint32_t *s32 = (const uint32_t *) (const void *) src;
+        uint32_t *d32 = (uint32_t *) (void *) m->base;
+        for (uint32_t e = 0; e < E; e++)
+            for (uint32_t c = 0; c < N; c++) d32[(size_t) e * N + c] = s32[(size_t) c * E + e];
+    }
+}
+
+static void row_to_f32(const uint8_t *src, float *dst, size_t n, uint32_t elsize) {
+    if (elsize == 4) memcpy(dst, src, n * 4);
+    else ggml_fp16_to_fp32_row((const ggml_fp16_t *) (const void *) src, dst, (int64_t) n);
+}
+
+static void row_from_f32(const float *src, uint8_t *dst, size_t n, uint32_t elsize) {
+    if (elsize == 4) memcpy(dst, src, n * 4);
+    else ggml_fp32_to_fp16_row(src, (ggml_fp16_t *) (void *) dst, (int64_t) n);
+}
+
 int kvt__sec_encode(struct kvt__buf *out, const struct kvt__mat *m, const bool *raw_cell, int kind,
                     const struct kvt_codec_params *p, int n_head, int64_t *n_lossy, int64_t *n_zeroed) {
-    const uint32_t N = m->n_cells, E = m->n_embd;
-    uint8_t *cbm = calloc(bytes_of_bits(N) + 1, 1);
+    const uint32_t N = m->n_cells, E = m->n_embd, es = m->elsize;
+    const size_t row = (size_t) E * es;
+    uint8_t *cbm = calloc(bytes_of_bits(N) + 1, 1), *tmp = NULL;
     uint32_t n_raw = 0;
     if (!cbm) return kvt__fail(KVT_ENOMEM, "codec: cell bitmap");
     for (uint32_t c = 0; c < N; c++)
         if (raw_cell[c]) { bit_set(cbm, c); n_raw++; }
     kvt__buf_put(out, cbm, bytes_of_bits(N));
     free(cbm);
-    for (uint32_t c = 0; c < N; c++)
-        if (raw_cell[c])
-            for (uint32_t e = 0; e < E; e++) kvt__buf_put(out, m->base + mat_idx(m, c, e) * m->elsize, m->elsize);
-
+    const uint8_t *cm = gather(m, &tmp);
     const uint32_t M = N - n_raw;
     const size_t ne = (size_t) M * E;
-    float *y = malloc(sizeof *y * (ne ? ne : 1));
+    float *y = malloc(sizeof *y * (ne + 1));
     float *all = malloc(sizeof *all * ((size_t) N * E + 1));
     uint8_t *keep = calloc(bytes_of_bits(ne) + 1, 1);
-    uint8_t *codes = malloc(ne ? ne : 1);
+    uint8_t *codes = malloc(ne + 1);
     int rc = 0;
-    if (!y || !all || !keep || !codes) { rc = kvt__fail(KVT_ENOMEM, "codec: %u x %u tensor", N, E); goto out; }
-    for (uint32_t c = 0, r = 0; c < N; c++) {
-        for (uint32_t e = 0; e < E; e++) {
-            all[(size_t) c * E + e] = kvt__mat_get(m, c, e);
-            if (!raw_cell[c]) y[(size_t) r * E + e] = all[(size_t) c * E + e];
-        }
-        r += !raw_cell[c];
-    }
+    if (!cm || !y || !all || !keep || !codes) { rc = kvt__fail(KVT_ENOMEM, "codec: %u x %u tensor", N, E); goto out; }
+    for (uint32_t c = 0; c < N; c++)
+        if (raw_cell[c]) kvt__buf_put(out, cm + c * row, row);
+    row_to_f32(cm, all, (size_t) N * E, es);
+    for (uint32_t c = 0, r = 0; c < N; c++)
+        if (!raw_cell[c]) memcpy(y + (size_t) (r++) * E, all + (size_t) c * E, sizeof *y * E);
     *n_lossy += (int64_t) ne;
     const bool elastic = p->codec == KVT_CODEC_ELASTIC || p->codec == KVT_CODEC_ELASTIC_Q8;
-    size_t n_kept = ne;
     if (elastic) {
         float tau[KVT__MAX_HEADS];
         /* statistics over every cell of the block (sinks included), pruning of the lossy ones */
         kvt__elastic_tau(all, N, E, n_head, kind == KVT__SEC_K ? p->s_k : p->s_v, tau);
         kvt__buf_put(out, tau, sizeof(float) * (size_t) n_head);
         uint32_t hd = E / (uint32_t) n_head;
-        n_kept = 0;
-        for (size_t i = 0; i < ne; i++)
-            if (fabsf(y[i]) >= tau[(i % E) / hd]) { bit_set(keep, i); n_kept++; }
+        size_t n_kept = 0;
+        for (size_t r = 0, i = 0; r < M; r++)
+            for (uint32_t e = 0; e < E; e++, i++)
+                if (fabsf(y[i]) >= tau[e / hd]) { bit_set(keep, i); n_kept++; }
         *n_zeroed += (int64_t) (ne - n_kept);
         kvt__buf_put(out, keep, bytes_of_bits(ne));
     }
     if (p->codec == KVT_CODEC_ELASTIC) {
+        uint8_t *vals = malloc(ne * es + 1);
+        if (!vals) { rc = kvt__fail(KVT_ENOMEM, "codec: kept values"); goto out; }
+        size_t k = 0;
         for (uint32_t c = 0, r = 0; c < N; c++) {
             if (raw_cell[c]) continue;
+            const uint8_t *src = cm + c * row;
             for (uint32_t e = 0; e < E; e++)
-                if (bit_get(keep, (size_t) r * E + e)) kvt__buf_put(out, m->base + mat_idx(m, c, e) * m->elsize, m->elsize);
+                if (bit_get(keep, (size_t) r * E + e)) { el_cp(vals + k * es, src + (size_t) e * es, es); k++; }
             r++;
         }
+        kvt__buf_put(out, vals, k * es);
+        free(vals);
     } else {
         struct groups g = groups_of(kind, M, E, p);
         int bits = p->codec == KVT_CODEC_ELASTIC_Q8 ? 8 : q_bits(p->codec);
@@ -197,6 +259,7 @@ int kvt__sec_encode(struct kvt__buf *out, const struct kvt__mat *m, const bool *
     }
     if (out->err) rc = kvt__fail(KVT_ENOMEM, "codec: output buffer");
 out:
+    free(tmp);
     free(y);
     free(all);
     free(keep);
@@ -224,36 +287,35 @@ static int short_sec(const struct cur *c, const char *part, size_t need) {
 }
 
 static size_t popcount_bits(const uint8_t *bm, size_t n_bits) {
-    size_t k = 0;
-    for (size_t i = 0; i < n_bits; i++) k += bit_get(bm, i);
+    size_t k = 0, full = n_bits / 8;
+    for (size_t i = 0; i < full; i++) k += (size_t) __builtin_popcount(bm[i]);
+    for (size_t i = full * 8; i < n_bits; i++) k += bit_get(bm, i); /* bits past n_bits do not count */
     return k;
 }
 
 int kvt__sec_decode(const uint8_t *enc, size_t n, const struct kvt__mat *m, int kind,
                     const struct kvt_codec_params *p, int n_head, const char *what) {
     struct cur cu = { enc, n, 0, what };
-    const uint32_t N = m->n_cells, E = m->n_embd;
+    const uint32_t N = m->n_cells, E = m->n_embd, es = m->elsize;
+    const size_t row = (size_t) E * es;
     const uint8_t *cbm = take(&cu, bytes_of_bits(N));
     if (!cbm) return short_sec(&cu, "raw-cell bitmap", bytes_of_bits(N));
     uint32_t n_raw = (uint32_t) popcount_bits(cbm, N);
-    const uint8_t *rawv = take(&cu, (size_t) n_raw * E * m->elsize);
-    if (!rawv) return short_sec(&cu, "raw cells", (size_t) n_raw * E * m->elsize);
-    for (uint32_t c = 0, r = 0; c < N; c++) {
-        if (!bit_get(cbm, c)) continue;
-        for (uint32_t e = 0; e < E; e++)
-            memcpy(m->base + mat_idx(m, c, e) * m->elsize, rawv + ((size_t) r * E + e) * m->elsize, m->elsize);
-        r++;
-    }
+    const uint8_t *rawv = take(&cu, (size_t) n_raw * row);
+    if (!rawv) return short_sec(&cu, "raw cells", (size_t) n_raw * row);
     const uint32_t M = N - n_raw;
     const size_t ne = (size_t) M * E;
-    /* lossy rows in cell order: row r is cell rows[r] */
-    uint32_t *rows = malloc(sizeof *rows * (M ? M : 1));
-    float *y = calloc(ne ? ne : 1, sizeof *y);
+    /* cell-major output: the tensor itself unless V is transposed */
+    uint8_t *cm = m->trans ? malloc((size_t) N * row + 1) : m->base;
+    uint32_t *rows = malloc(sizeof *rows * (M + 1)); /* lossy row r is cell rows[r] */
+    float *y = calloc(ne + 1, sizeof *y);
     uint32_t *idx = NULL;
     int rc = 0;
-    if (!rows || !y) { rc = kvt__fail(KVT_ENOMEM, "codec: %u x %u tensor", M, E); goto out; }
-    for (uint32_t c = 0, r = 0; c < N; c++)
-        if (!bit_get(cbm, c)) rows[r++] = c;
+    if (!cm || !rows || !y) { rc = kvt__fail(KVT_ENOMEM, "codec: %u x %u tensor", M, E); goto out; }
+    for (uint32_t c = 0, r = 0, k = 0; c < N; c++) {
+        if (bit_get(cbm, c)) memcpy(cm + c * row, rawv + (size_t) (k++) * row, row);
+        else rows[r++] = c;
+    }
     const bool elastic = p->codec == KVT_CODEC_ELASTIC || p->codec == KVT_CODEC_ELASTIC_Q8;
     const uint8_t *keep = NULL;
     size_t n_kept = ne;
@@ -263,14 +325,14 @@ int kvt__sec_decode(const uint8_t *enc, size_t n, const struct kvt__mat *m, int 
         n_kept = popcount_bits(keep, ne);
     }
     if (p->codec == KVT_CODEC_ELASTIC) {
-        const uint8_t *kv = take(&cu, n_kept * m->elsize);
-        if (!kv) { rc = short_sec(&cu, "kept values", n_kept * m->elsize); goto out; }
+        const uint8_t *kv = take(&cu, n_kept * es);
+        if (!kv) { rc = short_sec(&cu, "kept values", n_kept * es); goto out; }
         size_t k = 0;
-        for (size_t i = 0; i < ne; i++) {
-            uint32_t c = rows[i / E], e = (uint32_t) (i % E);
-            uint8_t *dst = m->base + mat_idx(m, c, e) * m->elsize;
-            if (bit_get(keep, i)) memcpy(dst, kv + (k++) * m->elsize, m->elsize);
-            else memset(dst, 0, m->elsize);
+        for (uint32_t r = 0; r < M; r++) {
+            uint8_t *dst = cm + rows[r] * row;
+            memset(dst, 0, row); /* +0 in F16 and F32 */
+            for (uint32_t e = 0; e < E; e++)
+                if (bit_get(keep, (size_t) r * E + e)) { el_cp(dst + (size_t) e * es, kv + k * es, es); k++; }
         }
     } else {
         struct groups g = groups_of(kind, M, E, p);
@@ -287,18 +349,23 @@ int kvt__sec_decode(const uint8_t *enc, size_t n, const struct kvt__mat *m, int 
             memcpy(&lo, prm + gi * 8, 4);
             memcpy(&step, prm + gi * 8 + 4, 4);
             uint32_t k = group_elems(&g, gi, idx);
-            for (uint32_t i = 0; i < k; i++) {
-                if (keep && !bit_get(keep, idx[i])) continue;
-                unsigned q = bits == 8 ? codes[ci] : (codes[ci >> 1] >> ((ci & 1) * 4)) & 15u;
-                ci++;
-                y[idx[i]] = lo + (float) q * step;
+            if (keep) {
+                for (uint32_t i = 0; i < k; i++)
+                    if (bit_get(keep, idx[i])) y[idx[i]] = lo + (float) codes[ci++] * step;
+            } else if (bits == 8) {
+                for (uint32_t i = 0; i < k; i++) y[idx[i]] = lo + (float) codes[ci++] * step;
+            } else {
+                for (uint32_t i = 0; i < k; i++, ci++) y[idx[i]] = lo + (float) ((codes[ci >> 1] >> ((ci & 1) * 4)) & 15u) * step;
             }
         }
-        for (size_t i = 0; i < ne; i++) kvt__mat_set(m, rows[i / E], (uint32_t) (i % E), y[i]);
+        for (uint32_t r = 0; r < M; r++) row_from_f32(y + (size_t) r * E, cm + rows[r] * row, E, es);
     }
     if (cu.off != cu.n)
         rc = kvt__fail(KVT_ECORRUPT, "codec: %s: section has %zu trailing bytes after %zu", what, cu.n - cu.off, cu.off);
+    else if (m->trans)
+        scatter(m, cm);
 out:
+    if (m->trans) free(cm);
     free(rows);
     free(y);
     free(idx);

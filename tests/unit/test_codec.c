@@ -216,7 +216,7 @@ static void test_names(void **st) {
     assert_true(p.group_k == 32 && p.group_v == 128 && p.n_sink == 0);
     struct kvt_codec_params d = kvt_codec_default_params(KVT_CODEC_ELASTIC);
     assert_true(fabsf(d.s_k - 0.45f) < 1e-6f && fabsf(d.s_v - 0.50f) < 1e-6f && d.n_sink == 64);
-    const char *bad[] = { "zstd", "q8:", "q8:0", "q8:abc", "q4:1,2,3", "raw:1", "elastic:0", "elastic:-1",
+    const char *bad[] = { "zstd", "q8:", "q8:0", "q8:abc", "q4:1,2,3,4", "q4:1,2,-1", "raw:1", "elastic:0", "elastic:-1",
                           "elastic:0.4,0.5,-3", "elastic:x", "Q8", "elastic+q8:1,2,3,4", "", "q8,q4" };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         assert_int_equal(kvt_codec_parse(bad[i], &p), KVT_EINVAL);
