@@ -1210,7 +1210,7 @@ int kvt_codec_parse(const char *spec, struct kvt_codec_params *out /* OUT */);
 struct kvt_codec_stats {
     size_t  raw_bytes;       /* blob->size */
     size_t  encoded_bytes;   /* *n */
-    int64_t n_elems;         /* K/V elements in the blob */
+    int64_t n_elems;         /* K/V elements the codec saw (0 for raw, which copies bytes) */
     int64_t n_lossy;         /* of them, encoded by the lossy codec (not sinks, not raw) */
     int64_t n_zeroed;        /* of them, pruned to 0 (elastic codecs) */
 };
