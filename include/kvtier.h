@@ -28,6 +28,8 @@
 **   8. Block store            content-addressed blocks (chained SHA-256    src/store/
 **                             keys) in tiers: RAM -> disk (SQLite index,
 **                             checksummed files), across restarts.
+**   9. Block codecs           self-describing block encodings: raw, KIVI   src/kv/codec.c
+**                             q8/q4, ElasticKV sparsification.
 **
 ** The server (server/), the command-line tool (cli/) and the evaluation (eval/) are built on
 ** this header alone.  It is one file on purpose (a user reads it top to bottom), so it is the
@@ -1215,6 +1217,131 @@ int  kvt_store_verify(kvt_store *st, bool repair, struct kvt_store_report *out /
 /* Remove every entry of both tiers (queued writes included).  Errors: KVT_EINVAL (NULL,
 ** read-only), KVT_EIO.  Thread-safe. */
 int  kvt_store_clear(kvt_store *st);
+
+/* ====================================================================================== */
+/* 9. Block codecs: self-describing encodings of a block leaving the device               */
+/* ====================================================================================== */
+
+/* A codec turns a kvt_blob (section 3) into bytes for a host or disk tier and back.  The
+** encoded bytes describe themselves (little-endian):
+**   header  "KVTC" magic, format version (KVT_CODEC_VERSION), codec id, the parameters, the
+**           original blob size, the blob's p0 / n_tokens / n_cells / n_cells_swa, the payload
+**           size and the SHA-256 of the payload (OpenSSL);
+**   payload the blob's bytes outside its K/V tensors (cell records, per-layer headers) verbatim,
+**           then one section per K or V tensor of every layer of every part.
+** Decoding re-assembles a blob that kvt_block_load accepts (same layout, cells and positions;
+** only K/V values differ for a lossy codec).
+**
+** Each tensor is read as a matrix X[cell][channel] (channels = K or V row elements of the layer,
+** channel j of KV head h = j / head_dim), whatever its layout (V transposed when flash attention
+** is off).  Cells whose position is < n_sink are stored raw (bit-exact) by every lossy codec;
+** the others by the codec:
+**   raw         the blob's bytes, bit-exact (any cache type).
+**   q8, q4      KIVI (Liu et al. 2024, "KIVI: a tuning-free asymmetric 2bit quantization for KV
+**               cache"): keys per channel (a group is group_k consecutive cells of one channel:
+**               K outliers live in fixed channels), values per token (a group is group_v
+**               consecutive channels of one cell).  Asymmetric min/max per group: F32 min m and
+**               step d = (max - min) / (2^bits - 1), codes q = round((x - m) / d) in bits bits,
+**               x^ = m + q d.  Error bound, every element:
+**                   |x - x^| <= (max - min) / (2^bits - 1) / 2  (+ F32 arithmetic, ~1e-6 relative)
+**                               + half an F16 ulp of x^ (F16 caches: x^ is stored back as F16).
+**               Defaults group_k = 64 cells (a 64-token block is one group per channel),
+**               group_v = 64 channels; a last, shorter group takes what is left.  Bytes per
+**               element: bits / 8 + 8 / group (F16 raw: 2), so q4 ~0.31x and q8 ~0.56x of raw.
+**   elastic     ElasticKV-style magnitude sparsification: for every layer, K and V apart, and
+**               every KV head h, over the head's elements of all cells in the block, mu_h and
+**               sigma_h = mean and standard deviation of |x|, and
+**                   tau_h = max(sigma_h / 2, mu_h) * s     (s = s_k for K, s_v for V)
+**               elements with |x| < tau_h are set to 0 (cells < n_sink are never pruned).  Stored
+**               as a bitmap (1 bit per element) plus the kept values in the cache type.
+**   elastic+q8  elastic's bitmap, the kept values quantised as q8 (KIVI groups, min/max over the
+**               group's kept elements; pruned elements decode as exact 0).
+** Lossy codecs need F16 or F32 K and V; a quantised cache type (q8_0) is KVT_EUNSUPPORTED (callers
+** keep such blocks raw).  All functions of this section are pure: no engine, no shared state,
+** callable from any thread (encoding can run off the decode path). */
+#define KVT_CODEC_VERSION 1
+
+enum kvt_codec_id {
+    KVT_CODEC_RAW        = 0,
+    KVT_CODEC_Q8         = 1,
+    KVT_CODEC_Q4         = 2,
+    KVT_CODEC_ELASTIC    = 3,
+    KVT_CODEC_ELASTIC_Q8 = 4,
+    KVT_CODEC__COUNT
+};
+
+struct kvt_codec_params {
+    int32_t codec;      /* enum kvt_codec_id */
+    int32_t n_head_kv;  /* KV heads per layer (kvt_engine_info.n_head_kv): the elastic codecs'
+                        ** thresholds are per head; 0 = one head per row.  Row elements must be
+                        ** a multiple of it */
+    int32_t group_k;    /* q8/q4/elastic+q8: cells per K group (default 64) */
+    int32_t group_v;    /* q8/q4/elastic+q8: channels per V group (default 64) */
+    float   s_k, s_v;   /* elastic: threshold scales for K and V (defaults 0.45, 0.50) */
+    int32_t n_sink;     /* cells with position < n_sink stay raw (attention sinks); default 64
+                        ** for the elastic codecs, 0 for q8/q4 */
+};
+
+/* The defaults above for one codec (an unknown id gives raw's).  Cannot fail. */
+struct kvt_codec_params kvt_codec_default_params(int32_t codec);
+
+/* "raw", "q8", "q4", "elastic", "elastic+q8" (static; "unknown" out of range).  Pure. */
+const char *kvt_codec_name(int32_t codec);
+
+/* Parse a codec spec: NAME[:ARGS], ARGS comma-separated:
+**   raw                      no arguments
+**   q8[:GK[,GV[,SINK]]], q4[:GK[,GV[,SINK]]] group sizes (cells for K, channels for V), sinks
+**   elastic[:SK[,SV[,SINK]]]                 e.g. "elastic:0.45,0.50" or "elastic:0.3,0.3,0"
+**   elastic+q8[:SK[,SV[,SINK]]]
+** Omitted values keep kvt_codec_default_params(codec); n_head_kv is left 0 (set it from the
+** engine).  OUT *out.  Errors: KVT_EINVAL with a message naming the spec and the bad part
+** (unknown name, a non-number, a scale outside (0, 10], a group outside 1..65536, a sink
+** count outside 0..2^30, too many values).  Pure. */
+int kvt_codec_parse(const char *spec, struct kvt_codec_params *out /* OUT */);
+
+/* What encoding measured (optional OUT of kvt_codec_encode). */
+struct kvt_codec_stats {
+    size_t  raw_bytes;       /* blob->size */
+    size_t  encoded_bytes;   /* *n */
+    int64_t n_elems;         /* K/V elements the codec saw (0 for raw, which copies bytes) */
+    int64_t n_lossy;         /* of them, encoded by the lossy codec (not sinks, not raw) */
+    int64_t n_zeroed;        /* of them, pruned to 0 (elastic codecs) */
+};
+
+/* Encode a blob.  The blob is read, never modified; it must be a blob of kvt_block_save (or
+** kvt_codec_decode), any model.  OUT *out (caller frees with free()), *n bytes; stats (may be
+** NULL) filled on success.
+** Errors: KVT_EINVAL (NULL argument, bad params: the message names the value), KVT_EFORMAT
+** (the blob does not parse), KVT_EUNSUPPORTED (a lossy codec on a quantised K or V type, or row
+** elements not a multiple of n_head_kv: the message names the layer and type; encode raw
+** instead), KVT_ENOMEM.  On error *out is NULL.  Pure; thread-safe.
+** Cost: linear in the blob (tens to hundreds of MB/s, see docs/BENCHMARKS.md). */
+int kvt_codec_encode(const kvt_blob *blob, const struct kvt_codec_params *p, uint8_t **out /* OUT */,
+                     size_t *n /* OUT */, struct kvt_codec_stats *stats /* OUT, may be NULL */);
+
+/* The header of encoded bytes, read without decoding the payload. */
+struct kvt_codec_info {
+    int32_t version;
+    struct kvt_codec_params params;
+    size_t  raw_bytes;      /* size of the blob it decodes to */
+    size_t  encoded_bytes;  /* header + payload */
+    kvt_pos p0;
+    int32_t n_tokens, n_cells, n_cells_swa;
+};
+
+/* Read and check the header (magic, version, codec id, sizes; not the checksum).
+** Errors: KVT_EFORMAT (not kvtier codec bytes, truncated header, another format version, an
+** unknown codec id: the message names the value).  Pure. */
+int kvt_codec_inspect(const void *data, size_t n, struct kvt_codec_info *out /* OUT */);
+
+/* Decode bytes of kvt_codec_encode into a new blob (loadable with kvt_block_load on an engine
+** of the same model and cache types).  The payload's SHA-256 is checked before anything else.
+** OUT *out (caller frees with kvt_blob_free).
+** Errors: KVT_EFORMAT (foreign magic, other format version, unknown codec id, truncated
+** header), KVT_ECORRUPT (payload shorter or longer than its header says, checksum mismatch, or
+** a section inconsistent with the header: the message names it), KVT_ENOMEM.  Never reads
+** outside data[0..n).  On error *out is NULL.  Pure; thread-safe. */
+int kvt_codec_decode(const void *data, size_t n, kvt_blob **out /* OUT */);
 
 #ifdef __cplusplus
 }

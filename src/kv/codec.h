@@ -1,0 +1,65 @@
+/* codec.h — internals of the block codecs (kvtier.h section 9): a K/V tensor of a blob seen as
+** a matrix, and the per-tensor section coders (codec_tensor.c) the container (codec.c) calls.
+** Never installed; tests include it for the host reference computations.
+**
+** A section encodes one K or V tensor of one layer (n_cells x n_embd elements):
+**   raw-cell bitmap   ceil(n_cells / 8) bytes, bit c set = cell c stored raw (a sink)
+**   raw cells         n_raw x n_embd elements in the cache type, cell-major
+**   body              the m = n_cells - n_raw other cells (matrix Y[m][n_embd], in cell order):
+**     q8 / q4         n_groups x { f32 min, f32 step }, then the codes (bits each, packed low
+**                     nibble first for q4) in group order
+**     elastic         n_head x f32 tau, bitmap of kept elements (ceil(m n_embd / 8) bytes,
+**                     row-major), the kept elements in the cache type, row-major
+**     elastic+q8      n_head x f32 tau, bitmap, n_groups x { f32 min, f32 step } over the kept
+**                     elements of each group, one u8 code per kept element in group order
+** Groups (KIVI): K groups are group_k consecutive cells of one channel, channel-major
+** (channel 0's groups first); V groups are group_v consecutive channels of one cell, cell-major. */
+#ifndef KVT_CODEC_INT_H
+#define KVT_CODEC_INT_H
+
+#include "kvtier.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum { KVT__SEC_K = 0, KVT__SEC_V = 1 };
+#define KVT__MAX_HEADS 256 /* n_head_kv the codecs accept */
+
+/* One F16 or F32 tensor inside a blob buffer: element (c, e) of cell c, channel e lives at
+** base + (trans ? e * n_cells + c : c * n_embd + e) * elsize. */
+struct kvt__mat {
+    uint8_t *base;
+    uint32_t n_cells, n_embd;
+    uint32_t elsize;   /* 2 (F16) or 4 (F32) */
+    bool     trans;
+};
+
+/* A growing output buffer; err latches the first allocation failure. */
+struct kvt__buf {
+    uint8_t *p;
+    size_t   n, cap;
+    bool     err;
+};
+void kvt__buf_put(struct kvt__buf *b, const void *src, size_t k);
+
+float kvt__mat_get(const struct kvt__mat *m, uint32_t c, uint32_t e);
+void  kvt__mat_set(const struct kvt__mat *m, uint32_t c, uint32_t e, float v);
+
+/* ElasticKV threshold of each head of a row-major matrix x[n_cells][n_embd] (head h = channels
+** [h * n_embd / n_head, (h + 1) * n_embd / n_head)): tau[h] = max(sigma / 2, mu) * s, mu and
+** sigma the mean and (population) standard deviation of |x| over the head's elements. */
+void kvt__elastic_tau(const float *x, uint32_t n_cells, uint32_t n_embd, int n_head, float s, float *tau /* OUT */);
+
+/* Encode tensor m as a section (layout above) appended to out.  raw_cell[c]: cell c stays raw.
+** Adds to *n_lossy / *n_zeroed.  Errors: KVT_ENOMEM. */
+int kvt__sec_encode(struct kvt__buf *out, const struct kvt__mat *m, const bool *raw_cell, int kind,
+                    const struct kvt_codec_params *p, int n_head, int64_t *n_lossy, int64_t *n_zeroed);
+
+/* Decode a section of exactly n bytes into m (every element written).  Errors: KVT_ECORRUPT
+** (sizes or counts inconsistent with the tensor; the message names the section `what`),
+** KVT_ENOMEM. */
+int kvt__sec_decode(const uint8_t *enc, size_t n, const struct kvt__mat *m, int kind,
+                    const struct kvt_codec_params *p, int n_head, const char *what);
+
+#endif

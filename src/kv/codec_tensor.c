@@ -1,0 +1,373 @@
+/* codec_tensor.c — the lossy coders of one K/V tensor (layout in codec.h).
+**
+** q8 / q4 follow KIVI (Liu et al. 2024): keys are quantised per channel (outlier channels keep
+** their own range), values per token; asymmetric min/max per group, round to nearest, so every
+** element is within half a step of its original (plus F32 arithmetic and the F16 store).
+** elastic follows ElasticKV's magnitude pruning: per KV head tau = max(sigma/2, mu) * s over |x|. */
+#include "kv/codec.h"
+#include "internal.h"
+
+#include "ggml.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+void kvt__buf_put(struct kvt__buf *b, const void *src, size_t k) {
+    if (b->err || k == 0) return;
+    if (b->n + k > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->n + k) cap *= 2;
+        uint8_t *np = realloc(b->p, cap);
+        if (!np) { b->err = true; return; }
+        b->p = np;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, src, k);
+    b->n += k;
+}
+
+static size_t mat_idx(const struct kvt__mat *m, uint32_t c, uint32_t e) {
+    return m->trans ? (size_t) e * m->n_cells + c : (size_t) c * m->n_embd + e;
+}
+
+float kvt__mat_get(const struct kvt__mat *m, uint32_t c, uint32_t e) {
+    const uint8_t *q = m->base + mat_idx(m, c, e) * m->elsize;
+    if (m->elsize == 4) { float f; memcpy(&f, q, 4); return f; }
+    ggml_fp16_t h;
+    memcpy(&h, q, 2);
+    return ggml_fp16_to_fp32(h);
+}
+
+void kvt__mat_set(const struct kvt__mat *m, uint32_t c, uint32_t e, float v) {
+    uint8_t *q = m->base + mat_idx(m, c, e) * m->elsize;
+    if (m->elsize == 4) { memcpy(q, &v, 4); return; }
+    ggml_fp16_t h = ggml_fp32_to_fp16(v);
+    memcpy(q, &h, 2);
+}
+
+void kvt__elastic_tau(const float *x, uint32_t n_cells, uint32_t n_embd, int n_head, float s, float *tau) {
+    uint32_t hd = n_embd / (uint32_t) n_head;
+    for (int h = 0; h < n_head; h++) {
+        double sum = 0, sq = 0;
+        for (uint32_t c = 0; c < n_cells; c++)
+            for (uint32_t e = (uint32_t) h * hd; e < (uint32_t) (h + 1) * hd; e++) {
+                double a = fabs((double) x[(size_t) c * n_embd + e]);
+                sum += a;
+                sq += a * a;
+            }
+        double n = (double) n_cells * hd;
+        double mu = n > 0 ? sum / n : 0, var = n > 0 ? sq / n - mu * mu : 0;
+        double sigma = sqrt(var > 0 ? var : 0);
+        tau[h] = (float) (fmax(sigma / 2, mu) * s);
+    }
+}
+
+/* ---- KIVI groups over the lossy rows Y[m][E] ---- */
+
+struct groups {
+    int      kind;
+    uint32_t m, E, G;
+    size_t   n;        /* groups */
+};
+
+static struct groups groups_of(int kind, uint32_t m, uint32_t E, const struct kvt_codec_params *p) {
+    struct groups g = { kind, m, E, (uint32_t) (kind == KVT__SEC_K ? p->group_k : p->group_v), 0 };
+    if (kind == KVT__SEC_K) g.n = (size_t) E * ((m + g.G - 1) / g.G);
+    else g.n = (size_t) m * ((E + g.G - 1) / g.G);
+    return g;
+}
+
+/* Row-major indices (c * E + e) of group gi's elements into idx; returns the count. */
+static uint32_t group_elems(const struct groups *g, size_t gi, uint32_t *idx) {
+    uint32_t k = 0;
+    if (g->kind == KVT__SEC_K) {
+        size_t per = (g->m + g->G - 1) / g->G;
+        uint32_t e = (uint32_t) (gi / per), c0 = (uint32_t) (gi % per) * g->G;
+        for (uint32_t c = c0; c < g->m && c < c0 + g->G; c++) idx[k++] = c * g->E + e;
+    } else {
+        size_t per = (g->E + g->G - 1) / g->G;
+        uint32_t c = (uint32_t) (gi / per), e0 = (uint32_t) (gi % per) * g->G;
+        for (uint32_t e = e0; e < g->E && e < e0 + g->G; e++) idx[k++] = c * g->E + e;
+    }
+    return k;
+}
+
+/* One element: constant-size copies the compiler inlines (the sizes are 2 and 4 only). */
+static inline void el_cp(uint8_t *d, const uint8_t *s, uint32_t es) {
+    if (es == 2) memcpy(d, s, 2);
+    else memcpy(d, s, 4);
+}
+
+static size_t bytes_of_bits(size_t bits) { return (bits + 7) / 8; }
+static bool bit_get(const uint8_t *bm, size_t i) { return (bm[i >> 3] >> (i & 7)) & 1; }
+static void bit_set(uint8_t *bm, size_t i) { bm[i >> 3] |= (uint8_t) (1u << (i & 7)); }
+
+static int q_bits(int codec) { return codec == KVT_CODEC_Q4 ? 4 : 8; }
+
+/* Quantise the (kept) elements of every group: params to out, codes to codes[] (one per
+** element in group order; packed by the caller). */
+static int quantise(struct kvt__buf *out, const float *y, const uint8_t *keep, const struct groups *g, int bits,
+                    uint8_t *codes, size_t *n_codes) {
+    uint32_t *idx = malloc(sizeof *idx * g->G);
+    if (!idx) return kvt__fail(KVT_ENOMEM, "codec: group index of %u", g->G);
+    const float levels = (float) ((1 << bits) - 1);
+    size_t nc = 0;
+    for (size_t gi = 0; gi < g->n; gi++) {
+        uint32_t k = group_elems(g, gi, idx), w = 0;
+        for (uint32_t i = 0; i < k; i++)
+            if (!keep || bit_get(keep, idx[i])) idx[w++] = idx[i];
+        float lo = 0, hi = 0;
+        for (uint32_t i = 0; i < w; i++) {
+            float v = y[idx[i]];
+            if (i == 0 || v < lo) lo = v;
+            if (i == 0 || v > hi) hi = v;
+        }
+        float step = (hi - lo) / levels;
+        float prm[2] = { lo, step };
+        kvt__buf_put(out, prm, sizeof prm);
+        const float inv = step > 0 ? 1.0f / step : 0; /* round half up: (x - lo) * inv >= 0 */
+        for (uint32_t i = 0; i < w; i++) {
+            float q = (y[idx[i]] - lo) * inv + 0.5f;
+            codes[nc++] = (uint8_t) (q > levels ? levels : q);
+        }
+    }
+    free(idx);
+    *n_codes = nc;
+    return 0;
+}
+
+/* The tensor's elements cell-major (row c = cell c): m->base itself unless V is transposed,
+** else a transposed copy in *tmp (caller frees). */
+static const uint8_t *gather(const struct kvt__mat *m, uint8_t **tmp) {
+    *tmp = NULL;
+    if (!m->trans) return m->base;
+    const uint32_t N = m->n_cells, E = m->n_embd;
+    uint8_t *t = malloc((size_t) N * E * m->elsize + 1);
+    if (!t) return NULL;
+    if (m->elsize == 2) {
+        const uint16_t *src = (const uint16_t *) (const void *) m->base;
+        uint16_t *dst = (uint16_t *) (void *) t;
+        for (uint32_t e = 0; e < E; e++)
+            for (uint32_t c = 0; c < N; c++) dst[(size_t) c * E + e] = src[(size_t) e * N + c];
+    } else {
+        const uint32_t *src = (const uint32_t *) (const void *) m->base;
+        uint32_t *dst = (uint32_t *) (void *) t;
+        for (uint32_t e = 0; e < E; e++)
+            for (uint32_t c = 0; c < N; c++) dst[(size_t) c * E + e] = src[(size_t) e * N + c];
+    }
+    *tmp = t;
+    return t;
+}
+
+/* Write cell-major elements src back into the tensor's own layout. */
+static void scatter(const struct kvt__mat *m, const uint8_t *src) {
+    const uint32_t N = m->n_cells, E = m->n_embd;
+    if (!m->trans) {
+        if (src != m->base) memcpy(m->base, src, (size_t) N * E * m->elsize);
+        return;
+    }
+    if (m->elsize == 2) {
+        const uint16_t *s16 = (const uint16_t *) (const void *) src;
+        uint16_t *d16 = (uint16_t *) (void *) m->base;
+        for (uint32_t e = 0; e < E; e++)
+            for (uint32_t c = 0; c < N; c++) d16[(size_t) e * N + c] = s16[(size_t) c * E + e];
+    } else {
+        const uint32_t *s32 = (const uint32_t *) (const void *) src;
+        uint32_t *d32 = (uint32_t *) (void *) m->base;
+        for (uint32_t e = 0; e < E; e++)
+            for (uint32_t c = 0; c < N; c++) d32[(size_t) e * N + c] = s32[(size_t) c * E + e];
+    }
+}
+
+static void row_to_f32(const uint8_t *src, float *dst, size_t n, uint32_t elsize) {
+    if (elsize == 4) memcpy(dst, src, n * 4);
+    else ggml_fp16_to_fp32_row((const ggml_fp16_t *) (const void *) src, dst, (int64_t) n);
+}
+
+static void row_from_f32(const float *src, uint8_t *dst, size_t n, uint32_t elsize) {
+    if (elsize == 4) memcpy(dst, src, n * 4);
+    else ggml_fp32_to_fp16_row(src, (ggml_fp16_t *) (void *) dst, (int64_t) n);
+}
+
+int kvt__sec_encode(struct kvt__buf *out, const struct kvt__mat *m, const bool *raw_cell, int kind,
+                    const struct kvt_codec_params *p, int n_head, int64_t *n_lossy, int64_t *n_zeroed) {
+    const uint32_t N = m->n_cells, E = m->n_embd, es = m->elsize;
+    const size_t row = (size_t) E * es;
+    uint8_t *cbm = calloc(bytes_of_bits(N) + 1, 1), *tmp = NULL;
+    uint32_t n_raw = 0;
+    if (!cbm) return kvt__fail(KVT_ENOMEM, "codec: cell bitmap");
+    for (uint32_t c = 0; c < N; c++)
+        if (raw_cell[c]) { bit_set(cbm, c); n_raw++; }
+    kvt__buf_put(out, cbm, bytes_of_bits(N));
+    free(cbm);
+    const uint8_t *cm = gather(m, &tmp);
+    const uint32_t M = N - n_raw;
+    const size_t ne = (size_t) M * E;
+    float *y = malloc(sizeof *y * (ne + 1));
+    float *all = malloc(sizeof *all * ((size_t) N * E + 1));
+    uint8_t *keep = calloc(bytes_of_bits(ne) + 1, 1);
+    uint8_t *codes = malloc(ne + 1);
+    int rc = 0;
+    if (!cm || !y || !all || !keep || !codes) { rc = kvt__fail(KVT_ENOMEM, "codec: %u x %u tensor", N, E); goto out; }
+    for (uint32_t c = 0; c < N; c++)
+        if (raw_cell[c]) kvt__buf_put(out, cm + c * row, row);
+    row_to_f32(cm, all, (size_t) N * E, es);
+    for (uint32_t c = 0, r = 0; c < N; c++)
+        if (!raw_cell[c]) memcpy(y + (size_t) (r++) * E, all + (size_t) c * E, sizeof *y * E);
+    *n_lossy += (int64_t) ne;
+    const bool elastic = p->codec == KVT_CODEC_ELASTIC || p->codec == KVT_CODEC_ELASTIC_Q8;
+    if (elastic) {
+        float tau[KVT__MAX_HEADS];
+        /* statistics over every cell of the block (sinks included), pruning of the lossy ones */
+        kvt__elastic_tau(all, N, E, n_head, kind == KVT__SEC_K ? p->s_k : p->s_v, tau);
+        kvt__buf_put(out, tau, sizeof(float) * (size_t) n_head);
+        uint32_t hd = E / (uint32_t) n_head;
+        size_t n_kept = 0;
+        for (size_t r = 0, i = 0; r < M; r++)
+            for (uint32_t e = 0; e < E; e++, i++)
+                if (fabsf(y[i]) >= tau[e / hd]) { bit_set(keep, i); n_kept++; }
+        *n_zeroed += (int64_t) (ne - n_kept);
+        kvt__buf_put(out, keep, bytes_of_bits(ne));
+    }
+    if (p->codec == KVT_CODEC_ELASTIC) {
+        uint8_t *vals = malloc(ne * es + 1);
+        if (!vals) { rc = kvt__fail(KVT_ENOMEM, "codec: kept values"); goto out; }
+        size_t k = 0;
+        for (uint32_t c = 0, r = 0; c < N; c++) {
+            if (raw_cell[c]) continue;
+            const uint8_t *src = cm + c * row;
+            for (uint32_t e = 0; e < E; e++)
+                if (bit_get(keep, (size_t) r * E + e)) { el_cp(vals + k * es, src + (size_t) e * es, es); k++; }
+            r++;
+        }
+        kvt__buf_put(out, vals, k * es);
+        free(vals);
+    } else {
+        struct groups g = groups_of(kind, M, E, p);
+        int bits = p->codec == KVT_CODEC_ELASTIC_Q8 ? 8 : q_bits(p->codec);
+        size_t nc = 0;
+        if ((rc = quantise(out, y, elastic ? keep : NULL, &g, bits, codes, &nc))) goto out;
+        if (bits == 8) kvt__buf_put(out, codes, nc);
+        else {
+            uint8_t *packed = calloc(bytes_of_bits(nc * 4) + 1, 1);
+            if (!packed) { rc = kvt__fail(KVT_ENOMEM, "codec: packed codes"); goto out; }
+            for (size_t i = 0; i < nc; i++) packed[i >> 1] |= (uint8_t) (codes[i] << ((i & 1) * 4));
+            kvt__buf_put(out, packed, bytes_of_bits(nc * 4));
+            free(packed);
+        }
+    }
+    if (out->err) rc = kvt__fail(KVT_ENOMEM, "codec: output buffer");
+out:
+    free(tmp);
+    free(y);
+    free(all);
+    free(keep);
+    free(codes);
+    return rc;
+}
+
+/* A cursor over the section's bytes that refuses to read past its end. */
+struct cur {
+    const uint8_t *p;
+    size_t n, off;
+    const char *what;
+};
+
+static const uint8_t *take(struct cur *c, size_t k) {
+    if (k > c->n - c->off) return NULL;
+    const uint8_t *q = c->p + c->off;
+    c->off += k;
+    return q;
+}
+
+static int short_sec(const struct cur *c, const char *part, size_t need) {
+    return kvt__fail(KVT_ECORRUPT, "codec: %s: section of %zu bytes ends inside the %s (needs %zu more at byte %zu)",
+                     c->what, c->n, part, need, c->off);
+}
+
+static size_t popcount_bits(const uint8_t *bm, size_t n_bits) {
+    size_t k = 0, full = n_bits / 8;
+    for (size_t i = 0; i < full; i++) k += (size_t) __builtin_popcount(bm[i]);
+    for (size_t i = full * 8; i < n_bits; i++) k += bit_get(bm, i); /* bits past n_bits do not count */
+    return k;
+}
+
+int kvt__sec_decode(const uint8_t *enc, size_t n, const struct kvt__mat *m, int kind,
+                    const struct kvt_codec_params *p, int n_head, const char *what) {
+    struct cur cu = { enc, n, 0, what };
+    const uint32_t N = m->n_cells, E = m->n_embd, es = m->elsize;
+    const size_t row = (size_t) E * es;
+    const uint8_t *cbm = take(&cu, bytes_of_bits(N));
+    if (!cbm) return short_sec(&cu, "raw-cell bitmap", bytes_of_bits(N));
+    uint32_t n_raw = (uint32_t) popcount_bits(cbm, N);
+    const uint8_t *rawv = take(&cu, (size_t) n_raw * row);
+    if (!rawv) return short_sec(&cu, "raw cells", (size_t) n_raw * row);
+    const uint32_t M = N - n_raw;
+    const size_t ne = (size_t) M * E;
+    /* cell-major output: the tensor itself unless V is transposed */
+    uint8_t *cm = m->trans ? malloc((size_t) N * row + 1) : m->base;
+    uint32_t *rows = malloc(sizeof *rows * (M + 1)); /* lossy row r is cell rows[r] */
+    float *y = calloc(ne + 1, sizeof *y);
+    uint32_t *idx = NULL;
+    int rc = 0;
+    if (!cm || !rows || !y) { rc = kvt__fail(KVT_ENOMEM, "codec: %u x %u tensor", M, E); goto out; }
+    for (uint32_t c = 0, r = 0, k = 0; c < N; c++) {
+        if (bit_get(cbm, c)) memcpy(cm + c * row, rawv + (size_t) (k++) * row, row);
+        else rows[r++] = c;
+    }
+    const bool elastic = p->codec == KVT_CODEC_ELASTIC || p->codec == KVT_CODEC_ELASTIC_Q8;
+    const uint8_t *keep = NULL;
+    size_t n_kept = ne;
+    if (elastic) {
+        if (!take(&cu, sizeof(float) * (size_t) n_head)) { rc = short_sec(&cu, "thresholds", 4 * (size_t) n_head); goto out; }
+        if (!(keep = take(&cu, bytes_of_bits(ne)))) { rc = short_sec(&cu, "element bitmap", bytes_of_bits(ne)); goto out; }
+        n_kept = popcount_bits(keep, ne);
+    }
+    if (p->codec == KVT_CODEC_ELASTIC) {
+        const uint8_t *kv = take(&cu, n_kept * es);
+        if (!kv) { rc = short_sec(&cu, "kept values", n_kept * es); goto out; }
+        size_t k = 0;
+        for (uint32_t r = 0; r < M; r++) {
+            uint8_t *dst = cm + rows[r] * row;
+            memset(dst, 0, row); /* +0 in F16 and F32 */
+            for (uint32_t e = 0; e < E; e++)
+                if (bit_get(keep, (size_t) r * E + e)) { el_cp(dst + (size_t) e * es, kv + k * es, es); k++; }
+        }
+    } else {
+        struct groups g = groups_of(kind, M, E, p);
+        int bits = p->codec == KVT_CODEC_ELASTIC_Q8 ? 8 : q_bits(p->codec);
+        const uint8_t *prm = take(&cu, g.n * 8);
+        if (!prm) { rc = short_sec(&cu, "group parameters", g.n * 8); goto out; }
+        size_t code_bytes = bits == 8 ? n_kept : bytes_of_bits(n_kept * 4);
+        const uint8_t *codes = take(&cu, code_bytes);
+        if (!codes) { rc = short_sec(&cu, "codes", code_bytes); goto out; }
+        if (!(idx = malloc(sizeof *idx * g.G))) { rc = kvt__fail(KVT_ENOMEM, "codec: group index"); goto out; }
+        size_t ci = 0;
+        for (size_t gi = 0; gi < g.n; gi++) {
+            float lo, step;
+            memcpy(&lo, prm + gi * 8, 4);
+            memcpy(&step, prm + gi * 8 + 4, 4);
+            uint32_t k = group_elems(&g, gi, idx);
+            if (keep) {
+                for (uint32_t i = 0; i < k; i++)
+                    if (bit_get(keep, idx[i])) y[idx[i]] = lo + (float) codes[ci++] * step;
+            } else if (bits == 8) {
+                for (uint32_t i = 0; i < k; i++) y[idx[i]] = lo + (float) codes[ci++] * step;
+            } else {
+                for (uint32_t i = 0; i < k; i++, ci++) y[idx[i]] = lo + (float) ((codes[ci >> 1] >> ((ci & 1) * 4)) & 15u) * step;
+            }
+        }
+        for (uint32_t r = 0; r < M; r++) row_from_f32(y + (size_t) r * E, cm + rows[r] * row, E, es);
+    }
+    if (cu.off != cu.n)
+        rc = kvt__fail(KVT_ECORRUPT, "codec: %s: section has %zu trailing bytes after %zu", what, cu.n - cu.off, cu.off);
+    else if (m->trans)
+        scatter(m, cm);
+out:
+    if (m->trans) free(cm);
+    free(rows);
+    free(y);
+    free(idx);
+    return rc;
+}
