@@ -16,6 +16,7 @@
 enum kvt__fault_site {
     KVT__FAULT_POOL_PUT = 0,  /* kvt_pool_put fails with KVT_ENOMEM before touching the pool */
     KVT__FAULT_SPILL_WRITE,   /* a spill file write fails with ENOSPC (a full disk) */
+    KVT__FAULT_CODEC_ALLOC,   /* a block codec allocation fails (encode's output growth, decode's block) */
     KVT__FAULT__COUNT
 };
 
