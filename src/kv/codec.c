@@ -427,7 +427,8 @@ int kvt_codec_decode(const void *data, size_t n, kvt_blob **out) {
         if (s == n_sec) break;
         char what[64];
         snprintf(what, sizeof what, "section %u (%s)", s, S.kind == KVT__SEC_K ? "K" : "V");
-        if (S.kind > 1 || S.trans > 1 || (S.elsize != 2 && S.elsize != 4) || S.n_embd == 0 || S.n_embd % (uint32_t) n_head ||
+        if (S.kind > 1 || S.trans > 1 || (S.elsize != 2 && S.elsize != 4) || S.n_embd == 0 || S.n_embd > (1u << 24) ||
+            S.n_cells > (1u << 24) || S.n_embd % (uint32_t) n_head ||
             S.len != (uint64_t) S.n_cells * S.n_embd * S.elsize || S.len > I.raw_bytes - at || S.enc_len > left - e_at) {
             rc = kvt__fail(KVT_ECORRUPT, "codec: %s: shape %u x %u x %u bytes, length %llu, encoded %llu inconsistent "
                            "with the block", what, S.n_cells, S.n_embd, S.elsize, (unsigned long long) S.len,
