@@ -19,6 +19,7 @@
 ** raw has no sections: the residue is the whole blob. */
 #include "kv/codec.h"
 #include "kv/blob.h"
+#include "fault.h"
 #include "internal.h"
 
 #include "ggml.h"
@@ -393,7 +394,10 @@ int kvt_codec_decode(const void *data, size_t n, kvt_blob **out) {
     kvt_blob *b = calloc(1, sizeof *b);
     uint8_t *buf = malloc(I.raw_bytes ? I.raw_bytes : 1);
     struct kvt__blob_layout *L = malloc(sizeof *L);
-    if (!b || !buf || !L) { rc = kvt__fail(KVT_ENOMEM, "codec: block of %zu bytes", I.raw_bytes); goto fail; }
+    if (!b || !buf || !L || kvt__fault_check(KVT__FAULT_CODEC_ALLOC)) {
+        rc = kvt__fail(KVT_ENOMEM, "codec: block of %zu bytes", I.raw_bytes);
+        goto fail;
+    }
     uint64_t at = 0, r_at = 0, e_at = 0;
     int n_head = I.params.n_head_kv > 0 ? I.params.n_head_kv : 1;
     for (uint32_t s = 0; s <= n_sec; s++) {
@@ -423,7 +427,8 @@ int kvt_codec_decode(const void *data, size_t n, kvt_blob **out) {
         if (s == n_sec) break;
         char what[64];
         snprintf(what, sizeof what, "section %u (%s)", s, S.kind == KVT__SEC_K ? "K" : "V");
-        if (S.kind > 1 || S.trans > 1 || (S.elsize != 2 && S.elsize != 4) || S.n_embd == 0 || S.n_embd % (uint32_t) n_head ||
+        if (S.kind > 1 || S.trans > 1 || (S.elsize != 2 && S.elsize != 4) || S.n_embd == 0 || S.n_embd > (1u << 24) ||
+            S.n_cells > (1u << 24) || S.n_embd % (uint32_t) n_head ||
             S.len != (uint64_t) S.n_cells * S.n_embd * S.elsize || S.len > I.raw_bytes - at || S.enc_len > left - e_at) {
             rc = kvt__fail(KVT_ECORRUPT, "codec: %s: shape %u x %u x %u bytes, length %llu, encoded %llu inconsistent "
                            "with the block", what, S.n_cells, S.n_embd, S.elsize, (unsigned long long) S.len,

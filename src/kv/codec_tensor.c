@@ -5,6 +5,7 @@
 ** element is within half a step of its original (plus F32 arithmetic and the F16 store).
 ** elastic follows ElasticKV's magnitude pruning: per KV head tau = max(sigma/2, mu) * s over |x|. */
 #include "kv/codec.h"
+#include "fault.h"
 #include "internal.h"
 
 #include "ggml.h"
@@ -16,6 +17,7 @@
 void kvt__buf_put(struct kvt__buf *b, const void *src, size_t k) {
     if (b->err || k == 0) return;
     if (b->n + k > b->cap) {
+        if (kvt__fault_check(KVT__FAULT_CODEC_ALLOC)) { b->err = true; return; }
         size_t cap = b->cap ? b->cap : 4096;
         while (cap < b->n + k) cap *= 2;
         uint8_t *np = realloc(b->p, cap);

@@ -8,6 +8,8 @@
 **   elastic    a tensor built with two heads of different scale: the zeroed elements are exactly
 **              those under a host reference tau_h = max(sigma_h/2, mu_h) * s, kept ones and sink
 **              cells are bit-exact; controls (one threshold for both heads, a wrong s) disagree;
+**   faults     an allocation failing at each point of encode and of decode: KVT_ENOMEM, nothing
+**              returned or leaked; threads encoding one blob at once get the same bytes;
 **   damage     a flipped byte, every truncation, an extra byte, foreign magic, another version,
 **              an unknown codec id give KVT_EFORMAT / KVT_ECORRUPT with a message; random
 **              mutations with a re-computed SHA-256 never crash (run under ASan);
@@ -22,7 +24,10 @@
 #include <cmocka.h>
 
 #include "kvtier.h"
+#include "fault.h"
 #include "kv/codec.h"
+
+#include <pthread.h>
 
 #include <math.h>
 #include <openssl/evp.h>
@@ -474,6 +479,85 @@ static void test_damage(void **st) {
     assert_int_equal(kvt_codec_decode("KVTC", 4, &d), KVT_EFORMAT);
 }
 
+/* An allocation that fails at any point of encode or decode: KVT_ENOMEM, nothing returned,
+** nothing leaked (ASan), and the next call works. */
+static void test_alloc_faults(void **st) {
+    (void) st;
+    kvt_blob *b = syn_blob(&SYN[2]);
+    for (int c = 0; c < KVT_CODEC__COUNT; c++) {
+        struct kvt_codec_params p = kvt_codec_default_params(c);
+        p.n_sink = 200; /* some cells raw */
+        int failed = 0;
+        for (int64_t skip = 0; skip < 200; skip++) {
+            kvt__fault_set(KVT__FAULT_CODEC_ALLOC, skip, 1);
+            uint8_t *enc = (uint8_t *) 1;
+            size_t n = 1;
+            int rc = kvt_codec_encode(b, &p, &enc, &n, NULL);
+            bool hit = kvt__fault_hits(KVT__FAULT_CODEC_ALLOC) > 0;
+            kvt__fault_set(KVT__FAULT_CODEC_ALLOC, 0, 0);
+            if (!hit) { assert_int_equal(rc, 0); free(enc); break; } /* past the last allocation */
+            assert_int_equal(rc, KVT_ENOMEM);
+            assert_null(enc);
+            assert_int_equal(n, 0);
+            failed++;
+        }
+        assert_true(failed > 0);
+        uint8_t *enc;
+        size_t n;
+        assert_int_equal(kvt_codec_encode(b, &p, &enc, &n, NULL), 0);
+        kvt__fault_set(KVT__FAULT_CODEC_ALLOC, 0, 1);
+        kvt_blob *d = (kvt_blob *) 1;
+        assert_int_equal(kvt_codec_decode(enc, n, &d), KVT_ENOMEM);
+        assert_null(d);
+        kvt__fault_set(KVT__FAULT_CODEC_ALLOC, 0, 0);
+        assert_int_equal(kvt_codec_decode(enc, n, &d), 0);
+        kvt_blob_free(d);
+        free(enc);
+    }
+    kvt_blob_free(b);
+}
+
+/* Encoding is pure: threads encoding the same blob at once get the single-threaded bytes. */
+struct enc_job { const kvt_blob *b; const uint8_t *want; size_t want_n; int same; };
+static void *enc_thread(void *arg) {
+    struct enc_job *j = arg;
+    struct kvt_codec_params p = kvt_codec_default_params(KVT_CODEC_ELASTIC_Q8);
+    p.n_head_kv = 2;
+    for (int i = 0; i < 20; i++) {
+        uint8_t *enc;
+        size_t n;
+        kvt_blob *d = NULL;
+        if (kvt_codec_encode(j->b, &p, &enc, &n, NULL) == 0) {
+            j->same += n == j->want_n && !memcmp(enc, j->want, n) && kvt_codec_decode(enc, n, &d) == 0;
+            kvt_blob_free(d);
+            free(enc);
+        }
+    }
+    return NULL;
+}
+
+static void test_threads(void **st) {
+    (void) st;
+    kvt_blob *b = syn_blob(&SYN[0]);
+    struct kvt_codec_params p = kvt_codec_default_params(KVT_CODEC_ELASTIC_Q8);
+    p.n_head_kv = 2;
+    uint8_t *want;
+    size_t n;
+    assert_int_equal(kvt_codec_encode(b, &p, &want, &n, NULL), 0);
+    struct enc_job jobs[3];
+    pthread_t th[3];
+    for (int i = 0; i < 3; i++) {
+        jobs[i] = (struct enc_job) { b, want, n, 0 };
+        assert_int_equal(pthread_create(&th[i], NULL, enc_thread, &jobs[i]), 0);
+    }
+    for (int i = 0; i < 3; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(jobs[i].same, 20);
+    }
+    free(want);
+    kvt_blob_free(b);
+}
+
 /* ---- real blocks ---- */
 
 static char *model_path(const char *name) {
@@ -615,7 +699,8 @@ static void test_engine_gemma(void **st) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_names),     cmocka_unit_test(test_synthetic),   cmocka_unit_test(test_elastic),
-        cmocka_unit_test(test_damage),    cmocka_unit_test(test_engine_tiny), cmocka_unit_test(test_engine_gemma),
+        cmocka_unit_test(test_damage),    cmocka_unit_test(test_alloc_faults), cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_engine_tiny), cmocka_unit_test(test_engine_gemma),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
