@@ -1089,6 +1089,20 @@ struct kvt_store_params {
     bool    read_only;        /* inspect only: no writer thread, nothing created or removed (a
                               ** corrupt or expired entry is still a miss); put, gc, clear and
                               ** verify with repair return KVT_EINVAL */
+    /* Redis tier (src/store/redis.c; docs/STORE.md "Redis tier"): a cache shared by several
+    ** servers, below RAM and disk.  Correctness never depends on it: every error or timeout is a
+    ** miss (callers prefill) or a dropped write, counted in stats.redis. */
+    const char *redis_url;    /* NULL or "" = no Redis tier.  "redis://[[user:]password@]host[:port][/db]"
+                              ** (port 6379, db 0 by default; host may be [IPv6]) or "unix://path[?db=N]";
+                              ** the string is copied at open */
+    int32_t redis_timeout_ms; /* deadline of a read (connect, send, reply), ms, >= 1; default 20.  A
+                              ** get that passes it is a miss (timeouts) and the tier backs off */
+    int32_t redis_ttl_s;      /* EX of every key written, seconds, >= 1; default 86400 (1 day): the
+                              ** TTL runs from the last write of the block by any server */
+    size_t  redis_max_bytes;  /* largest value written or accepted (128-byte header + payload);
+                              ** default 64 MiB; a larger block is not written (writes_dropped) */
+    int32_t redis_queue_max;  /* Redis writes waiting for the Redis writer thread, >= 1; default
+                              ** 256; a put that finds it full drops the Redis write */
 };
 
 /* Defaults listed above.  Cannot fail. */
@@ -1167,14 +1181,33 @@ struct kvt_store_tier_stats {
     int64_t evictions, expired;      /* removed for room (LRU) / by TTL */
     int64_t corrupt;                 /* reads that failed the checksum, key or fingerprint check,
                                      ** or found their file missing */
+    int64_t errors;                  /* Redis: failed commands and connections (not timeouts) */
+    int64_t timeouts;                /* Redis: operations that passed redis_timeout_ms */
 };
 struct kvt_store_stats {
     struct kvt_store_tier_stats ram, disk;
     int64_t queue_len;               /* disk writes waiting now */
+    struct kvt_store_tier_stats redis; /* zeros without a Redis tier; entries/bytes not filled
+                                     ** (kvt_store_redis_info counts them) */
+    int64_t redis_queue_len;         /* Redis writes waiting now */
+    bool    redis_on;                /* a Redis tier is configured */
 };
 /* Counters of this process since open; entries/bytes of the disk tier are the index's (all
-** processes').  Cannot fail (zeros for NULL).  Thread-safe. */
+** processes').  Cannot fail (zeros for NULL).  Never talks to Redis.  Thread-safe. */
 void kvt_store_get_stats(kvt_store *st, struct kvt_store_stats *out /* OUT */);
+
+/* The Redis tier as the server sees it: keys under this kvtier's prefix ("kvtier:b1:", every
+** model's, counted with SCAN, so it costs a pass over the Redis keyspace: for `kvtier store
+** stats`, not for every request) and their value bytes (STRLEN of each), and the server's
+** used_memory and maxmemory (INFO memory; 0 = no limit).  Waits at most 10 s per command.
+** Errors: KVT_EINVAL (NULL arguments, no Redis tier), KVT_EIO (Redis unreachable or answering
+** with an error: the message names the host, never the password).  Thread-safe. */
+struct kvt_store_redis_info {
+    int64_t keys, bytes;             /* keys under our prefix, their value bytes */
+    int64_t used_memory, maxmemory;  /* the server's, bytes */
+    char    server[128];             /* "host:port/db" or "unix:path" (no credentials) */
+};
+int  kvt_store_redis_info(kvt_store *st, struct kvt_store_redis_info *out /* OUT */);
 
 /* One entry of the disk tier as `kvtier store ls` shows it. */
 struct kvt_store_entry {
