@@ -1029,7 +1029,8 @@ int kvt_ann_search(kvt_ann *ann, const float *q, int32_t k, uint64_t *ids, float
 int32_t kvt_ann_size(const kvt_ann *ann);
 
 /* ====================================================================================== */
-/* 8. Block store: content-addressed KV blocks in tiers (RAM -> disk), across restarts    */
+/* 8. Block store: content-addressed KV blocks in tiers (RAM -> disk -> Redis), across     */
+/*    restarts and servers                                                                */
 /* ====================================================================================== */
 
 /* A block's identity is the chain of its prefix (vLLM's prefix caching, LMCache's chunk keys):
@@ -1117,14 +1118,17 @@ int kvt_store_default_dir(char *buf, size_t n);
 ** temporary blob files of dead writers are removed, and entries whose file is missing are
 ** dropped at the first read (or by gc/verify).  Several processes may open one directory at
 ** once (SQLite's locking, busy_timeout 10 s; DIR/lock keeps gc from taking another process's
-** write in flight for an orphan).
-** Errors: KVT_EINVAL (bad params: the message names the value), KVT_EIO (dir not a writable
+** write in flight for an orphan).  With redis_url, the Redis tier's writer thread starts too
+** (unless read_only), but nothing connects yet: a Redis that is down is not an error here.
+** Errors: KVT_EINVAL (bad params, a malformed redis_url: the message names the value, a URL
+** with its password as "***"), KVT_EIO (dir not a writable
 ** directory, read_only and no store there, or the index cannot be opened or is of a newer
 ** format: the message names the path and SQLite's error), KVT_ENOMEM.  OUT *out (NULL on
 ** error; nothing is leaked). */
 int  kvt_store_open(const struct kvt_store_params *p, kvt_store **out /* OUT */);
 
-/* Write out the queue (waits for the writer), record pending hits, stop the thread, close.
+/* Write out the queues (waits for the writers; Redis writes each bounded by max(redis_timeout_ms,
+** 1 s), dropped at once while Redis is backed off), record pending hits, stop the threads, close.
 ** Accepts NULL.  Must not run concurrently with other calls on the same store. */
 void kvt_store_close(kvt_store *st);
 
@@ -1143,7 +1147,9 @@ struct kvt_store_meta {
 ** an I/O error, the index) drops the disk write (disk.writes_dropped), never an error here.
 ** A key already stored (RAM, queue or index) is not rewritten (content-addressed: same key,
 ** same bytes), except that a block the RAM tier holds whose disk write was dropped at a full
-** queue is queued again; put never updates hit counts.
+** queue is queued again; put never updates hit counts.  With a Redis tier, a block new to RAM
+** is also queued for the Redis writer thread (its own bounded queue, redis_queue_max; full,
+** Redis down or refusing: redis.writes_dropped), never waited for.
 ** Errors: KVT_EINVAL (NULL store, key or meta; NULL data with n > 0; negative n_tokens;
 ** read-only store), KVT_ENOMEM (the RAM copy may be stored, the disk write is not queued).
 ** Thread-safe. */
@@ -1156,7 +1162,11 @@ int  kvt_store_put(kvt_store *st, const kvt_key *key, const struct kvt_store_met
 ** counted in disk.corrupt, and the get is a miss.  model must equal the stored block's model
 ** fingerprint, else the get is a miss counted in corrupt (the entry, intact, stays for its own
 ** model).  A hit updates last-hit time and hit count (RAM at once; the index through the writer
-** thread, in batches: a get never waits for an index write).  OUT *data (free()), *n (bytes),
+** thread, in batches: a get never waits for an index write).  With a Redis tier, a local miss
+** asks Redis within redis_timeout_ms: the value is checked as a blob file is (header key and
+** model, size, SHA-256; a bad one is counted in redis.corrupt, deleted, a miss); a hit is
+** copied into RAM and queued for disk (*tier KVT_TIER_REDIS); a timeout or error is a miss
+** (counted; the tier then backs off 100 ms doubling to 5 s, each get meanwhile a miss at once).  OUT *data (free()), *n (bytes),
 ** *meta, *tier (meta and tier may be NULL).
 ** Errors: KVT_ENOENT (miss, expired, corrupt, foreign model: callers prefill instead; the
 ** message says which), KVT_EINVAL (NULL store, key, model, data or n), KVT_ENOMEM, KVT_EIO (the
@@ -1164,11 +1174,11 @@ int  kvt_store_put(kvt_store *st, const kvt_key *key, const struct kvt_store_met
 int  kvt_store_get(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
                    struct kvt_store_meta *meta, enum kvt_tier *tier);
 
-/* Is key in some tier and not expired (no file read, no checksum, no hit counted)?  False for
-** NULL arguments.  Thread-safe. */
+/* Is key in RAM or on disk and not expired (no file read, no checksum, no hit counted; Redis is
+** not asked)?  False for NULL arguments.  Thread-safe. */
 bool kvt_store_has(kvt_store *st, const kvt_key *key);
 
-/* Wait until every queued disk write is done and every pending hit is in the index (tests,
+/* Wait until every queued disk and Redis write is done and every pending hit is in the index (tests,
 ** shutdown, `kvtier store`).  Returns at once without a writer (read-only, no disk tier).
 ** Thread-safe. */
 void kvt_store_flush(kvt_store *st);
