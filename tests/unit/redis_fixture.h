@@ -28,6 +28,8 @@ struct rfx {
     int   port;
     char  dir[64];
     char  url[64];
+    char  unix_url[128]; /* unix://DIR/redis.sock */
+    char  sock[96];
     char  maxmemory[32]; /* "" = none; else with maxmemory-policy noeviction */
 };
 
@@ -62,9 +64,11 @@ static inline int rfx_start(struct rfx *r) {
     }
     if (!r->port && (r->port = rfx_free_port()) < 0) return -1;
     snprintf(r->url, sizeof r->url, "redis://127.0.0.1:%d/0", r->port);
+    snprintf(r->sock, sizeof r->sock, "%s/redis.sock", r->dir);
+    snprintf(r->unix_url, sizeof r->unix_url, "unix://%s", r->sock);
     char port[16];
     snprintf(port, sizeof port, "%d", r->port);
-    char *argv[24];
+    char *argv[28];
     int a = 0;
     argv[a++] = "redis-server";
     argv[a++] = "--port"; argv[a++] = port;
@@ -73,6 +77,7 @@ static inline int rfx_start(struct rfx *r) {
     argv[a++] = "--save"; argv[a++] = "";
     argv[a++] = "--appendonly"; argv[a++] = "no";
     argv[a++] = "--logfile"; argv[a++] = "redis.log";
+    argv[a++] = "--unixsocket"; argv[a++] = r->sock;
     if (r->maxmemory[0]) {
         argv[a++] = "--maxmemory"; argv[a++] = r->maxmemory;
         argv[a++] = "--maxmemory-policy"; argv[a++] = "noeviction";

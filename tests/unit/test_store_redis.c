@@ -174,6 +174,21 @@ static void test_share(void **state) {
         assert_int_equal(get_tier(b, &MODEL_A, &k), KVT_TIER_RAM); /* copied into RAM */
         assert_int_equal(get_tier(b, &MODEL_B, &k), KVT_TIER_NONE); /* another model: never */
     }
+    /* the same blocks through the Unix socket, in database 0 (a third store) and database 1 (empty) */
+    char dir_c[64] = "/tmp/kvt-test-redis-c-XXXXXX", url1[160];
+    assert_non_null(mkdtemp(dir_c));
+    kvt_store *c = open_store(dir_c, f->redis.unix_url, 200);
+    kvt_key k3 = sk_key("share", 3);
+    assert_int_equal(get_tier(c, &MODEL_A, &k3), KVT_TIER_REDIS);
+    kvt_store_close(c);
+    sk_rm_rf(dir_c);
+    assert_non_null(mkdtemp(strcpy(dir_c, "/tmp/kvt-test-redis-c-XXXXXX")));
+    snprintf(url1, sizeof url1, "%s?db=1", f->redis.unix_url);
+    c = open_store(dir_c, url1, 200);
+    assert_int_equal(get_tier(c, &MODEL_A, &k3), KVT_TIER_NONE);
+    assert_int_equal(rstats(c).errors, 0);
+    kvt_store_close(c);
+    sk_rm_rf(dir_c);
     kvt_key other = sk_key("share", 1000);
     assert_int_equal(get_tier(b, &MODEL_A, &other), KVT_TIER_NONE);
     struct kvt_store_tier_stats s = rstats(b);
@@ -247,6 +262,38 @@ static void test_keys(void **state) {
     kvt_store *b = open_store(f->dir_b, f->redis.url, 200);
     assert_int_equal(get_tier(b, &MODEL_A, &k_a), KVT_TIER_REDIS);
     assert_int_equal(get_tier(b, &MODEL_A, &k_t), KVT_TIER_NONE); /* other tenant's chain */
+    kvt_store_close(b);
+}
+
+/* A password (requirepass) and an ACL user: the right ones hit, a wrong one is a counted error. */
+static void test_auth(void **state) {
+    struct fx *f = *state;
+    need_redis(f);
+    redisReply *rep = rfx_cmd(&f->redis, "ACL SETUSER bob on >b%%40b ~kvtier:* +@all");
+    assert_non_null(rep);
+    assert_int_equal(rep->type, REDIS_REPLY_STATUS);
+    freeReplyObject(rep);
+    rep = rfx_cmd(&f->redis, "CONFIG SET requirepass s3cret");
+    assert_non_null(rep);
+    freeReplyObject(rep);
+    char good[160], bob[160], wrong[160];
+    snprintf(good, sizeof good, "redis://:s3cret@127.0.0.1:%d", f->redis.port);
+    snprintf(bob, sizeof bob, "redis://bob:b%%2540b@127.0.0.1:%d/0", f->redis.port); /* password "b%40b" */
+    snprintf(wrong, sizeof wrong, "redis://:nope@127.0.0.1:%d", f->redis.port);
+    kvt_store *a = open_store(f->dir_a, good, 200);
+    kvt_key k = sk_key("auth", 0);
+    put_block(a, &MODEL_A, &k);
+    kvt_store_flush(a);
+    assert_int_equal(rstats(a).writes, 1);
+    kvt_store_close(a);
+    kvt_store *b = open_store(f->dir_b, wrong, 200);
+    assert_int_equal(get_tier(b, &MODEL_A, &k), KVT_TIER_NONE);
+    assert_int_equal(rstats(b).errors, 1);
+    kvt_store_close(b);
+    sk_rm_rf(f->dir_b);
+    assert_int_equal(mkdir(f->dir_b, 0700), 0);
+    b = open_store(f->dir_b, bob, 200);
+    assert_int_equal(get_tier(b, &MODEL_A, &k), KVT_TIER_REDIS);
     kvt_store_close(b);
 }
 
@@ -441,6 +488,7 @@ int main(void) {
         cmocka_unit_test(test_url),
         cmocka_unit_test_setup_teardown(test_share, setup, teardown),
         cmocka_unit_test_setup_teardown(test_keys, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_auth, setup, teardown),
         cmocka_unit_test_setup_teardown(test_down_and_back, setup, teardown),
         cmocka_unit_test_setup_teardown(test_slow, setup, teardown),
         cmocka_unit_test_setup_teardown(test_poison, setup, teardown),
