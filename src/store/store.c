@@ -1,6 +1,7 @@
 /* store.c — the block store (kvtier.h section 8): content-addressed blocks in a RAM tier (ram.c)
 ** over a persistent disk tier (an SQLite index, DIR/index.db, and checksummed blob files under
-** DIR/blobs/, blobfile.c), written behind the caller by one writer thread.
+** DIR/blobs/, blobfile.c), written behind the caller by one writer thread; optionally over a
+** Redis tier shared by servers (redis.c: asked on a local miss, written behind by its own thread).
 **
 ** Threads.  Any thread may call put/get/has/stats/flush/ls/gc/verify/clear.  The writer thread
 ** takes disk writes from a bounded queue (queue_max); a put that finds it full drops the disk
@@ -537,13 +538,6 @@ static bool key_queued(kvt_store *st, const kvt_key *key) { /* q_mu held */
 
 /* RAM + disk (+ Redis when to_redis: a block that came from Redis is not sent back). */
 static int put_local(kvt_store *st, const kvt_key *key, const struct kvt_store_meta *m, const void *data, size_t n,
-                     bool to_redis);
-
-int kvt_store_put(kvt_store *st, const kvt_key *key, const struct kvt_store_meta *m, const void *data, size_t n) {
-    return put_local(st, key, m, data, n, true);
-}
-
-static int put_local(kvt_store *st, const kvt_key *key, const struct kvt_store_meta *m, const void *data, size_t n,
                      bool to_redis) {
     if (!st || !key || !m || (!data && n > 0))
         return kvt__fail(KVT_EINVAL, "kvt_store_put: NULL %s", !st ? "store" : !key ? "key" : !m ? "meta" : "data");
@@ -585,6 +579,10 @@ static int put_local(kvt_store *st, const kvt_key *key, const struct kvt_store_m
     if (to_redis && st->redis && !in_ram) kvt__redis_put(st->redis, key, m, buf); /* after the local tiers have it */
     kvt__sbuf_unref(buf);
     return rc;
+}
+
+int kvt_store_put(kvt_store *st, const kvt_key *key, const struct kvt_store_meta *m, const void *data, size_t n) {
+    return put_local(st, key, m, data, n, true);
 }
 
 static void record_hit(kvt_store *st, const kvt_key *key, double now) {
@@ -646,31 +644,6 @@ static int miss(kvt_store *st, int64_t *ctr, const char *why, const char *hex) {
     st->d_misses++;
     pthread_mutex_unlock(&st->q_mu);
     return kvt__fail(KVT_ENOENT, "block %.16s: %s", hex, why);
-}
-
-static int get_local(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
-                     struct kvt_store_meta *meta, enum kvt_tier *tier);
-
-/* RAM, disk, then Redis: a Redis hit is copied into RAM and queued for disk. */
-int kvt_store_get(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
-                  struct kvt_store_meta *meta, enum kvt_tier *tier) {
-    int rc = get_local(st, key, model, data, n, meta, tier);
-    if (rc != KVT_ENOENT || !st->redis) return rc;
-    char local[256], hex[65];
-    snprintf(local, sizeof local, "%s", kvt_errmsg());
-    kvt_key_hex(key, hex);
-    struct kvt_store_meta mt;
-    const char *why = "";
-    rc = kvt__redis_get(st->redis, key, model, data, n, &mt, &why);
-    if (rc == KVT_ENOMEM) return kvt__fail(rc, "kvt_store_get: no memory for block %.16s from Redis", hex);
-    if (rc) return kvt__fail(rc, "%s; %s", local, why);
-    if (!st->p.read_only) {
-        put_local(st, key, &mt, *data, *n, false);
-        kvt__clear_error();
-    }
-    if (meta) *meta = mt;
-    if (tier) *tier = KVT_TIER_REDIS;
-    return 0;
 }
 
 static int get_local(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
@@ -783,6 +756,28 @@ static int get_local(kvt_store *st, const kvt_key *key, const kvt_key *model, vo
     }
     kvt__store_remove(st, key); /* never returned, never read again */
     return miss(st, &st->d_corrupt, why, hex);
+}
+
+/* RAM, disk, then Redis: a Redis hit is copied into RAM and queued for disk. */
+int kvt_store_get(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
+                  struct kvt_store_meta *meta, enum kvt_tier *tier) {
+    int rc = get_local(st, key, model, data, n, meta, tier);
+    if (rc != KVT_ENOENT || !st->redis) return rc;
+    char local[256], hex[65];
+    snprintf(local, sizeof local, "%s", kvt_errmsg());
+    kvt_key_hex(key, hex);
+    struct kvt_store_meta mt;
+    const char *why = "";
+    rc = kvt__redis_get(st->redis, key, model, data, n, &mt, &why);
+    if (rc == KVT_ENOMEM) return kvt__fail(rc, "kvt_store_get: no memory for block %.16s from Redis", hex);
+    if (rc) return kvt__fail(rc, "%s; %s", local, why);
+    if (!st->p.read_only) {
+        put_local(st, key, &mt, *data, *n, false);
+        kvt__clear_error();
+    }
+    if (meta) *meta = mt;
+    if (tier) *tier = KVT_TIER_REDIS;
+    return 0;
 }
 
 bool kvt_store_has(kvt_store *st, const kvt_key *key) {
