@@ -23,6 +23,7 @@
 
 #include <errno.h>
 #include <hiredis/hiredis.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -221,6 +222,30 @@ static void backoff_fail(struct backoff *b) { /* under the lock that guards b */
     b->until_ms = mono_ms() + b->ms;
 }
 
+/* SIGPIPE.  hiredis writes with write(2): a server that closed the connection mid-command (killed,
+** or refusing a value past proto-max-bulk-len) would raise SIGPIPE, whose default action kills
+** the process.  A library must not change the process's disposition, so a reader (the caller's
+** thread) blocks SIGPIPE around its commands and takes back a SIGPIPE they raised; the writer
+** thread blocks it for its lifetime.  The write then fails with EPIPE: an error, counted. */
+static void pipe_block(sigset_t *old) {
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &s, old);
+}
+
+static void pipe_restore(const sigset_t *old) {
+    if (sigismember(old, SIGPIPE)) return; /* it was blocked already: nothing of ours to undo */
+    sigset_t s, pend;
+    sigemptyset(&s);
+    sigaddset(&s, SIGPIPE);
+    if (sigpending(&pend) == 0 && sigismember(&pend, SIGPIPE)) {
+        const struct timespec zero = { 0, 0 };
+        while (sigtimedwait(&s, NULL, &zero) < 0 && errno == EINTR) {}
+    }
+    pthread_sigmask(SIG_SETMASK, old, NULL);
+}
+
 static bool is_timeout(const redisContext *c) {
     return c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK || errno == ETIMEDOUT ||
                                       strstr(c->errstr, "temporarily unavailable") || strstr(c->errstr, "timed out"));
@@ -309,8 +334,20 @@ static void broken(struct kvt__redis *r, redisContext *c, bool *was_timeout) {
     redisFree(c);
 }
 
+static int get_unguarded(struct kvt__redis *r, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
+                         struct kvt_store_meta *meta, const char **why);
+
 int kvt__redis_get(struct kvt__redis *r, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
                    struct kvt_store_meta *meta, const char **why) {
+    sigset_t old;
+    pipe_block(&old);
+    int rc = get_unguarded(r, key, model, data, n, meta, why);
+    pipe_restore(&old);
+    return rc;
+}
+
+static int get_unguarded(struct kvt__redis *r, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
+                         struct kvt_store_meta *meta, const char **why) {
     *data = NULL;
     *n = 0;
     char k[160];
@@ -327,7 +364,7 @@ int kvt__redis_get(struct kvt__redis *r, const kvt_key *key, const kvt_key *mode
         }
         rep = redisCommand(c, "GET %b", k, (size_t)klen);
         if (rep) break;
-        if (pooled && c->err == REDIS_ERR_EOF) { /* the server closed it while it idled (restart) */
+        if (attempt == 0 && pooled && c->err == REDIS_ERR_EOF) { /* the server closed it while it idled (restart) */
             redisFree(c);
             c = NULL;
             continue;
@@ -491,6 +528,8 @@ static void write_job(struct kvt__redis *r, struct rjob *j) {
 
 static void *writer_main(void *arg) {
     struct kvt__redis *r = arg;
+    sigset_t old;
+    pipe_block(&old); /* for the thread's lifetime */
     pthread_mutex_lock(&r->q_mu);
     for (;;) {
         while (!r->q_head && !r->stop) pthread_cond_wait(&r->q_cv, &r->q_mu);
@@ -602,7 +641,17 @@ static int64_t info_field(const char *info, const char *name) {
     return p ? strtoll(p + strlen(name), NULL, 10) : 0;
 }
 
+static int info_unguarded(struct kvt__redis *r, struct kvt_store_redis_info *o);
+
 int kvt__redis_info(struct kvt__redis *r, struct kvt_store_redis_info *o) {
+    sigset_t old;
+    pipe_block(&old);
+    int rc = info_unguarded(r, o);
+    pipe_restore(&old);
+    return rc;
+}
+
+static int info_unguarded(struct kvt__redis *r, struct kvt_store_redis_info *o) {
     memset(o, 0, sizeof *o);
     snprintf(o->server, sizeof o->server, "%.127s", r->where);
     bool to;
