@@ -1096,8 +1096,10 @@ struct kvt_store_params {
     const char *redis_url;    /* NULL or "" = no Redis tier.  "redis://[[user:]password@]host[:port][/db]"
                               ** (port 6379, db 0 by default; host may be [IPv6]) or "unix://path[?db=N]";
                               ** the string is copied at open */
-    int32_t redis_timeout_ms; /* deadline of a read (connect, send, reply), ms, >= 1; default 20.  A
-                              ** get that passes it is a miss (timeouts) and the tier backs off */
+    int32_t redis_timeout_ms; /* deadline of a read, ms, >= 1; default 20: the socket timeout of the
+                              ** connect, of each send and of each receive (a reply that trickles in
+                              ** may take longer in all; a host name's DNS lookup is not covered).
+                              ** A get that passes it is a miss (timeouts) and the tier backs off */
     int32_t redis_ttl_s;      /* EX of every key written, seconds, >= 1; default 86400 (1 day): the
                               ** TTL runs from the last write of the block by any server */
     size_t  redis_max_bytes;  /* largest value written or accepted (128-byte header + payload);
