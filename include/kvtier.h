@@ -1257,8 +1257,9 @@ int  kvt_store_gc(kvt_store *st, struct kvt_store_report *out /* OUT */);
 ** Errors: KVT_EINVAL (repair on a read-only store, no disk tier, NULL out), KVT_EIO,
 ** KVT_ENOMEM.  Thread-safe. */
 int  kvt_store_verify(kvt_store *st, bool repair, struct kvt_store_report *out /* OUT */);
-/* Remove every entry of both tiers (queued writes included).  Errors: KVT_EINVAL (NULL,
-** read-only), KVT_EIO.  Thread-safe. */
+/* Remove every entry of both local tiers (queued writes included).  The Redis tier, shared
+** with other servers, is left alone (its keys expire by redis_ttl_s; `redis-cli --scan --pattern
+** 'kvtier:b1:*'` lists them).  Errors: KVT_EINVAL (NULL, read-only), KVT_EIO.  Thread-safe. */
 int  kvt_store_clear(kvt_store *st);
 
 #ifdef __cplusplus
