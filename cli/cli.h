@@ -57,6 +57,8 @@ struct cli_run_opts {
     bool        verbose;
     const char *store;         /* block store directory; NULL = kvt_store_default_dir() */
     bool        no_store;      /* run without a block store */
+    const char *redis;         /* the store's Redis tier URL (NULL = none) */
+    int32_t     redis_timeout_ms;
 };
 
 void cli_run_opts_default(struct cli_run_opts *o);
@@ -97,6 +99,11 @@ void cli_run_opts_default(struct cli_run_opts *o);
       "block store: prompt blocks computed before (by any session or process on this model) are "  \
       "loaded instead of prefilled (default $XDG_CACHE_HOME/kvtier/store or ~/.cache/kvtier/store)", NULL }, \
     { "no-store", 0, OPT_FLAG, &(o)->no_store, 0, 0, NULL, "run without the block store", NULL },  \
+    { "redis", 0, OPT_STR, &(o)->redis, 0, 0, "URL",                                               \
+      "Redis tier of the block store, shared with servers: redis://[[user:]password@]host[:port][/db] " \
+      "or unix:///path[?db=N]", NULL },                                                             \
+    { "redis-timeout-ms", 0, OPT_INT, &(o)->redis_timeout_ms, 1, 60000, "N",                       \
+      "deadline of a Redis read in ms (default 20)", NULL },                                        \
     { "system", 0, OPT_STR, &(o)->system, 0, 0, "TEXT", "system message to start the session with", NULL }, \
     { "verbose", 'v', OPT_FLAG, &(o)->verbose, 0, 0, NULL,                                         \
       "llama.cpp's log, and the block table after every turn, on stderr", NULL }

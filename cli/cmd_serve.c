@@ -133,6 +133,8 @@ int cmd_serve(int argc, char **argv) {
     srv.max_queue = 64;
     srv.store_ram_mb = 256;
     srv.store_disk_mb = 8192;
+    srv.redis_timeout_ms = 20;
+    srv.redis_ttl_s = 86400;
     srv.max_tokens_default = 256;
     const struct cli_opt opts[] = {
         { "model", 'm', OPT_STR, &srv.model_path, 0, 0, "MODEL", "GGUF model file (default $KVTIER_MODEL)", NULL },
@@ -163,6 +165,12 @@ int cmd_serve(int argc, char **argv) {
         { "store-ram-mb", 0, OPT_INT, &srv.store_ram_mb, 0, 1 << 20, "N", "RAM tier of the block store in MiB (default 256)", NULL },
         { "store-disk-mb", 0, OPT_INT, &srv.store_disk_mb, 0, 1 << 24, "N",
           "disk quota of the block store in MiB (default 8192; least recently used blocks go past it)", NULL },
+        { "redis", 0, OPT_STR, &srv.redis_url, 0, 0, "URL",
+          "Redis tier below the block store's RAM and disk, shared with other servers: redis://[[user:]password@]"
+          "host[:port][/db] or unix:///path[?db=N] (a password on the command line is visible to other local users)", NULL },
+        { "redis-timeout-ms", 0, OPT_INT, &srv.redis_timeout_ms, 1, 60000, "N",
+          "deadline of a Redis read in ms; past it the block is prefilled (default 20)", NULL },
+        { "redis-ttl-s", 0, OPT_INT, &srv.redis_ttl_s, 1, 1 << 30, "N", "expiry of the blocks written to Redis in seconds (default 86400)", NULL },
         { "share-store", 0, OPT_FLAG, &srv.share_store, 0, 0, NULL,
           "let sessions of different API keys reuse each other's blocks (default: a salt per key)", NULL },
         { "max-tokens", 0, OPT_INT, &srv.max_tokens_default, 1, 1 << 20, "N", "reply limit when a request gives none (default 256)", NULL },
@@ -186,6 +194,10 @@ int cmd_serve(int argc, char **argv) {
     if ((int64_t) (srv.max_sessions + 1) * srv.budget > srv.n_ctx) {
         fprintf(stderr, "%s: %d sessions of --budget %d plus one budget for completions need %lld KV cells; -c is %d\n", cmd,
                 srv.max_sessions, srv.budget, (long long) (srv.max_sessions + 1) * srv.budget, srv.n_ctx);
+        goto out;
+    }
+    if (srv.redis_url && srv.no_store) {
+        fprintf(stderr, "%s: --redis is a tier of the block store: it cannot be used with --no-store\n", cmd);
         goto out;
     }
     if (srv.parallel > srv.max_sessions) srv.parallel = srv.max_sessions;

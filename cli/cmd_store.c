@@ -19,6 +19,7 @@
 struct store_opts {
     const char *dir;
     bool json, repair;
+    const char *redis; /* stats: the Redis tier too */
 };
 
 static const char *SUBCMDS = "stats, ls, verify, gc, clear";
@@ -27,7 +28,8 @@ static void store_usage(FILE *f) {
     fprintf(f, "Usage: kvtier store stats|ls|verify|gc|clear [--store DIR] [--json]\n"
                "\n"
                "The persistent KV block store (content-addressed blocks; SQLite index + checksummed files):\n"
-               "  stats    entries, bytes, tokens, hot and expired blocks of the disk tier\n"
+               "  stats    entries, bytes, tokens, hot and expired blocks of the disk tier (--redis URL:\n"
+               "           and the blocks in that Redis)\n"
                "  ls       one line per stored block, most recently hit first\n"
                "  verify   re-check every file against the index (--repair removes what fails);\n"
                "           exit status 1 when problems remain\n"
@@ -50,6 +52,7 @@ static int open_store(const char *cmd, const struct store_opts *o, bool read_onl
     p.dir = dir;
     p.ram_bytes = 0;
     p.read_only = read_only;
+    p.redis_url = o->redis;
     if ((rc = kvt_store_open(&p, st))) {
         app_fail(cmd, "cannot open the store", rc);
         return rc == KVT_EINVAL ? APP_USAGE : APP_ERR;
@@ -110,13 +113,23 @@ static int do_stats(const char *cmd, kvt_store *st, const char *dir, const struc
         app_fail(cmd, "cannot read the index", rc);
         return APP_ERR;
     }
-    if (o->json)
-        return app_json_line(cmd, json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f}", "store", dir,
-                                            "entries", (json_int_t)a.entries, "bytes", (json_int_t)a.bytes,
-                                            "disk_quota", (json_int_t)dp.disk_bytes, "tokens", (json_int_t)a.tokens,
-                                            "hits", (json_int_t)a.hits, "hot", (json_int_t)a.hot, "expired",
-                                            (json_int_t)a.expired, "oldest_created", a.oldest, "last_hit",
-                                            a.newest_hit));
+    struct kvt_store_redis_info ri;
+    int rrc = o->redis ? kvt_store_redis_info(st, &ri) : 0;
+    if (rrc) app_fail(cmd, "cannot read the Redis tier", rrc);
+    if (o->json) {
+        json_t *j = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f}", "store", dir,
+                              "entries", (json_int_t)a.entries, "bytes", (json_int_t)a.bytes,
+                              "disk_quota", (json_int_t)dp.disk_bytes, "tokens", (json_int_t)a.tokens,
+                              "hits", (json_int_t)a.hits, "hot", (json_int_t)a.hot, "expired",
+                              (json_int_t)a.expired, "oldest_created", a.oldest, "last_hit", a.newest_hit);
+        if (j && o->redis && !rrc)
+            json_object_set_new(j, "redis", json_pack("{s:s, s:I, s:I, s:I, s:I}", "server", ri.server, "keys",
+                                                      (json_int_t)ri.keys, "bytes", (json_int_t)ri.bytes,
+                                                      "used_memory", (json_int_t)ri.used_memory, "maxmemory",
+                                                      (json_int_t)ri.maxmemory));
+        rc = app_json_line(cmd, j);
+        return rc ? rc : rrc ? APP_ERR : APP_OK;
+    }
     char b[32], q[32], age1[16], age2[16];
     fmt_bytes(b, sizeof b, (double)a.bytes);
     fmt_bytes(q, sizeof q, (double)dp.disk_bytes);
@@ -129,7 +142,16 @@ static int do_stats(const char *cmd, kvt_store *st, const char *dir, const struc
     printf("tokens    %lld\n", (long long)a.tokens);
     printf("hits      %lld\n", (long long)a.hits);
     printf("oldest    %s ago; last hit %s ago\n", age1, age2);
-    return APP_OK;
+    if (o->redis && !rrc) {
+        char rb[32], um[32], mm[32];
+        fmt_bytes(rb, sizeof rb, (double)ri.bytes);
+        fmt_bytes(um, sizeof um, (double)ri.used_memory);
+        fmt_bytes(mm, sizeof mm, (double)ri.maxmemory);
+        printf("redis     %s: %lld blocks (all models), %lld bytes (%s); the server uses %s, maxmemory %s\n", ri.server,
+               (long long)ri.keys, (long long)ri.bytes, rb, um, ri.maxmemory ? mm : "none");
+        printf("          (this server's hit ratio: /metrics kvtier_store_hit_ratio{tier=\"redis\"})\n");
+    }
+    return rrc ? APP_ERR : APP_OK;
 }
 
 /* ---- ls ----------------------------------------------------------------------------------- */
@@ -290,18 +312,25 @@ int cmd_store(int argc, char **argv) {
     char cmd[32];
     snprintf(cmd, sizeof cmd, "kvtier store %s", subs[s].name);
     struct store_opts o = { 0 };
-    const bool is_verify = !strcmp(subs[s].name, "verify");
+    const bool is_verify = !strcmp(subs[s].name, "verify"), is_stats = !strcmp(subs[s].name, "stats");
     struct cli_opt opts[] = {
         { "store", 0, OPT_STR, &o.dir, 0, 0, "DIR", "the store directory (default: $XDG_CACHE_HOME/kvtier/store)", NULL },
         { "json", 0, OPT_FLAG, &o.json, 0, 0, NULL, "one JSON object on stdout instead of the table", NULL },
-        { is_verify ? "repair" : NULL, 0, OPT_FLAG, &o.repair, 0, 0, NULL, "remove what fails (verify)", NULL },
+        { NULL, 0, 0, NULL, 0, 0, NULL, NULL, NULL }, /* --repair (verify) or --redis (stats) */
         { NULL, 0, 0, NULL, 0, 0, NULL, NULL, NULL },
     };
+    const struct cli_opt repair = { "repair", 0, OPT_FLAG, &o.repair, 0, 0, NULL, "remove what fails (verify)", NULL };
+    const struct cli_opt redis = { "redis", 0, OPT_STR, &o.redis, 0, 0, "URL",
+                                   "also count the blocks in this Redis (redis://[[user:]password@]host[:port][/db] or "
+                                   "unix:///path): a SCAN over its keys", NULL };
+    if (is_verify) opts[2] = repair;
+    if (is_stats) opts[2] = redis;
     char *pos[1];
     int n_pos;
     int rc = cli_parse(cmd, opts, argc - 1, argv + 1, pos, 0, &n_pos);
     if (rc == -1) {
-        printf("Usage: %s [--store DIR] [--json]%s\n\n%s\n\nOptions:\n", cmd, is_verify ? " [--repair]" : "",
+        printf("Usage: %s [--store DIR] [--json]%s\n\n%s\n\nOptions:\n", cmd,
+               is_verify ? " [--repair]" : is_stats ? " [--redis URL]" : "",
                subs[s].help);
         cli_print_opts(stdout, opts);
         return APP_OK;

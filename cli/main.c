@@ -222,11 +222,18 @@ int cli_session_open(const char *cmd, const struct cli_run_opts *o, struct cli_s
         return rc == KVT_EINVAL ? APP_USAGE : APP_ERR;
     }
 
+    if (o->no_store && o->redis) {
+        fprintf(stderr, "%s: --redis is a tier of the block store: it cannot be used with --no-store\n", cmd);
+        cli_session_close(cs);
+        return APP_USAGE;
+    }
     if (!o->no_store) {
         struct kvt_store_params stp = kvt_store_default_params();
         stp.dir = o->store;
+        stp.redis_url = o->redis;
+        if (o->redis_timeout_ms > 0) stp.redis_timeout_ms = o->redis_timeout_ms;
         if ((rc = kvt_store_open(&stp, &cs->store))) {
-            if (o->store) { /* the directory the user named: an error */
+            if (o->store || o->redis) { /* the directory or Redis the user named: an error */
                 app_fail(cmd, "cannot open the block store", rc);
                 cli_session_close(cs);
                 return rc == KVT_EINVAL ? APP_USAGE : APP_ERR;

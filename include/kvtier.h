@@ -1031,7 +1031,8 @@ int kvt_ann_search(kvt_ann *ann, const float *q, int32_t k, uint64_t *ids, float
 int32_t kvt_ann_size(const kvt_ann *ann);
 
 /* ====================================================================================== */
-/* 8. Block store: content-addressed KV blocks in tiers (RAM -> disk), across restarts    */
+/* 8. Block store: content-addressed KV blocks in tiers (RAM -> disk -> Redis), across     */
+/*    restarts and servers                                                                */
 /* ====================================================================================== */
 
 /* A block's identity is the chain of its prefix (vLLM's prefix caching, LMCache's chunk keys):
@@ -1091,6 +1092,22 @@ struct kvt_store_params {
     bool    read_only;        /* inspect only: no writer thread, nothing created or removed (a
                               ** corrupt or expired entry is still a miss); put, gc, clear and
                               ** verify with repair return KVT_EINVAL */
+    /* Redis tier (src/store/redis.c; docs/STORE.md "Redis tier"): a cache shared by several
+    ** servers, below RAM and disk.  Correctness never depends on it: every error or timeout is a
+    ** miss (callers prefill) or a dropped write, counted in stats.redis. */
+    const char *redis_url;    /* NULL or "" = no Redis tier.  "redis://[[user:]password@]host[:port][/db]"
+                              ** (port 6379, db 0 by default; host may be [IPv6]) or "unix://path[?db=N]";
+                              ** the string is copied at open */
+    int32_t redis_timeout_ms; /* deadline of a read, ms, >= 1; default 20: the socket timeout of the
+                              ** connect, of each send and of each receive (a reply that trickles in
+                              ** may take longer in all; a host name's DNS lookup is not covered).
+                              ** A get that passes it is a miss (timeouts) and the tier backs off */
+    int32_t redis_ttl_s;      /* EX of every key written, seconds, >= 1; default 86400 (1 day): the
+                              ** TTL runs from the last write of the block by any server */
+    size_t  redis_max_bytes;  /* largest value written or accepted (128-byte header + payload);
+                              ** default 64 MiB; a larger block is not written (writes_dropped) */
+    int32_t redis_queue_max;  /* Redis writes waiting for the Redis writer thread, >= 1; default
+                              ** 256; a put that finds it full drops the Redis write */
 };
 
 /* Defaults listed above.  Cannot fail. */
@@ -1105,14 +1122,17 @@ int kvt_store_default_dir(char *buf, size_t n);
 ** temporary blob files of dead writers are removed, and entries whose file is missing are
 ** dropped at the first read (or by gc/verify).  Several processes may open one directory at
 ** once (SQLite's locking, busy_timeout 10 s; DIR/lock keeps gc from taking another process's
-** write in flight for an orphan).
-** Errors: KVT_EINVAL (bad params: the message names the value), KVT_EIO (dir not a writable
+** write in flight for an orphan).  With redis_url, the Redis tier's writer thread starts too
+** (unless read_only), but nothing connects yet: a Redis that is down is not an error here.
+** Errors: KVT_EINVAL (bad params, a malformed redis_url: the message names the value, a URL
+** with its password as "***"), KVT_EIO (dir not a writable
 ** directory, read_only and no store there, or the index cannot be opened or is of a newer
 ** format: the message names the path and SQLite's error), KVT_ENOMEM.  OUT *out (NULL on
 ** error; nothing is leaked). */
 int  kvt_store_open(const struct kvt_store_params *p, kvt_store **out /* OUT */);
 
-/* Write out the queue (waits for the writer), record pending hits, stop the thread, close.
+/* Write out the queues (waits for the writers; Redis writes each bounded by max(redis_timeout_ms,
+** 1 s), dropped at once while Redis is backed off), record pending hits, stop the threads, close.
 ** Accepts NULL.  Must not run concurrently with other calls on the same store. */
 void kvt_store_close(kvt_store *st);
 
@@ -1131,7 +1151,9 @@ struct kvt_store_meta {
 ** an I/O error, the index) drops the disk write (disk.writes_dropped), never an error here.
 ** A key already stored (RAM, queue or index) is not rewritten (content-addressed: same key,
 ** same bytes), except that a block the RAM tier holds whose disk write was dropped at a full
-** queue is queued again; put never updates hit counts.
+** queue is queued again; put never updates hit counts.  With a Redis tier, a block new to RAM
+** is also queued for the Redis writer thread (its own bounded queue, redis_queue_max; full,
+** Redis down or refusing: redis.writes_dropped), never waited for.
 ** Errors: KVT_EINVAL (NULL store, key or meta; NULL data with n > 0; negative n_tokens;
 ** read-only store), KVT_ENOMEM (the RAM copy may be stored, the disk write is not queued).
 ** Thread-safe. */
@@ -1144,7 +1166,11 @@ int  kvt_store_put(kvt_store *st, const kvt_key *key, const struct kvt_store_met
 ** counted in disk.corrupt, and the get is a miss.  model must equal the stored block's model
 ** fingerprint, else the get is a miss counted in corrupt (the entry, intact, stays for its own
 ** model).  A hit updates last-hit time and hit count (RAM at once; the index through the writer
-** thread, in batches: a get never waits for an index write).  OUT *data (free()), *n (bytes),
+** thread, in batches: a get never waits for an index write).  With a Redis tier, a local miss
+** asks Redis within redis_timeout_ms: the value is checked as a blob file is (header key and
+** model, size, SHA-256; a bad one is counted in redis.corrupt, deleted, a miss); a hit is
+** copied into RAM and queued for disk (*tier KVT_TIER_REDIS); a timeout or error is a miss
+** (counted; the tier then backs off 100 ms doubling to 5 s, each get meanwhile a miss at once).  OUT *data (free()), *n (bytes),
 ** *meta, *tier (meta and tier may be NULL).
 ** Errors: KVT_ENOENT (miss, expired, corrupt, foreign model: callers prefill instead; the
 ** message says which), KVT_EINVAL (NULL store, key, model, data or n), KVT_ENOMEM, KVT_EIO (the
@@ -1152,11 +1178,11 @@ int  kvt_store_put(kvt_store *st, const kvt_key *key, const struct kvt_store_met
 int  kvt_store_get(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
                    struct kvt_store_meta *meta, enum kvt_tier *tier);
 
-/* Is key in some tier and not expired (no file read, no checksum, no hit counted)?  False for
-** NULL arguments.  Thread-safe. */
+/* Is key in RAM or on disk and not expired (no file read, no checksum, no hit counted; Redis is
+** not asked)?  False for NULL arguments.  Thread-safe. */
 bool kvt_store_has(kvt_store *st, const kvt_key *key);
 
-/* Wait until every queued disk write is done and every pending hit is in the index (tests,
+/* Wait until every queued disk and Redis write is done and every pending hit is in the index (tests,
 ** shutdown, `kvtier store`).  Returns at once without a writer (read-only, no disk tier).
 ** Thread-safe. */
 void kvt_store_flush(kvt_store *st);
@@ -1169,14 +1195,33 @@ struct kvt_store_tier_stats {
     int64_t evictions, expired;      /* removed for room (LRU) / by TTL */
     int64_t corrupt;                 /* reads that failed the checksum, key or fingerprint check,
                                      ** or found their file missing */
+    int64_t errors;                  /* Redis: failed commands and connections (not timeouts) */
+    int64_t timeouts;                /* Redis: operations that passed redis_timeout_ms */
 };
 struct kvt_store_stats {
     struct kvt_store_tier_stats ram, disk;
     int64_t queue_len;               /* disk writes waiting now */
+    struct kvt_store_tier_stats redis; /* zeros without a Redis tier; entries/bytes not filled
+                                     ** (kvt_store_redis_info counts them) */
+    int64_t redis_queue_len;         /* Redis writes waiting now */
+    bool    redis_on;                /* a Redis tier is configured */
 };
 /* Counters of this process since open; entries/bytes of the disk tier are the index's (all
-** processes').  Cannot fail (zeros for NULL).  Thread-safe. */
+** processes').  Cannot fail (zeros for NULL).  Never talks to Redis.  Thread-safe. */
 void kvt_store_get_stats(kvt_store *st, struct kvt_store_stats *out /* OUT */);
+
+/* The Redis tier as the server sees it: keys under this kvtier's prefix ("kvtier:b1:", every
+** model's, counted with SCAN, so it costs a pass over the Redis keyspace: for `kvtier store
+** stats`, not for every request) and their value bytes (STRLEN of each), and the server's
+** used_memory and maxmemory (INFO memory; 0 = no limit).  Waits at most 10 s per command.
+** Errors: KVT_EINVAL (NULL arguments, no Redis tier), KVT_EIO (Redis unreachable or answering
+** with an error: the message names the host, never the password).  Thread-safe. */
+struct kvt_store_redis_info {
+    int64_t keys, bytes;             /* keys under our prefix, their value bytes */
+    int64_t used_memory, maxmemory;  /* the server's, bytes */
+    char    server[128];             /* "host:port/db" or "unix:path" (no credentials) */
+};
+int  kvt_store_redis_info(kvt_store *st, struct kvt_store_redis_info *out /* OUT */);
 
 /* One entry of the disk tier as `kvtier store ls` shows it. */
 struct kvt_store_entry {
@@ -1214,8 +1259,9 @@ int  kvt_store_gc(kvt_store *st, struct kvt_store_report *out /* OUT */);
 ** Errors: KVT_EINVAL (repair on a read-only store, no disk tier, NULL out), KVT_EIO,
 ** KVT_ENOMEM.  Thread-safe. */
 int  kvt_store_verify(kvt_store *st, bool repair, struct kvt_store_report *out /* OUT */);
-/* Remove every entry of both tiers (queued writes included).  Errors: KVT_EINVAL (NULL,
-** read-only), KVT_EIO.  Thread-safe. */
+/* Remove every entry of both local tiers (queued writes included).  The Redis tier, shared
+** with other servers, is left alone (its keys expire by redis_ttl_s; `redis-cli --scan --pattern
+** 'kvtier:b1:*'` lists them).  Errors: KVT_EINVAL (NULL, read-only), KVT_EIO.  Thread-safe. */
 int  kvt_store_clear(kvt_store *st);
 
 /* ====================================================================================== */

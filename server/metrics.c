@@ -62,27 +62,35 @@ char *serve_metrics_text(struct server *srv) {
                "# TYPE kvtier_store_routes_total counter\n");
     for (int r = 0; r < 4; r++) fprintf(f, "kvtier_store_routes_total{route=\"%s\"} %lld\n", kvt_route_name(r), (long long) m.route[r]);
     if (m.have_store) {
-        const struct kvt_store_tier_stats *t[2] = { &m.store.ram, &m.store.disk };
-        const char *tn[2] = { "ram", "disk" };
-#define TIER(name, type, help, field)                                                                              \
-        fprintf(f, "# HELP " name " " help "\n# TYPE " name " " type "\n");                                       \
-        for (int k = 0; k < 2; k++) fprintf(f, name "{tier=\"%s\"} %lld\n", tn[k], (long long) t[k]->field);
-        TIER("kvtier_store_hits_total", "counter", "Block store lookups answered by the tier.", hits)
-        TIER("kvtier_store_misses_total", "counter", "Block store lookups the tier could not answer.", misses)
-        TIER("kvtier_store_writes_total", "counter", "Blocks written to the tier.", writes)
-        TIER("kvtier_store_writes_dropped_total", "counter", "Block writes dropped (full queue, quota, I/O error).", writes_dropped)
-        TIER("kvtier_store_evictions_total", "counter", "Blocks removed from the tier for room (LRU).", evictions)
-        TIER("kvtier_store_expired_total", "counter", "Blocks removed from the tier by TTL.", expired)
-        TIER("kvtier_store_corrupt_total", "counter", "Reads that failed the checksum, key or fingerprint check.", corrupt)
-        TIER("kvtier_store_entries", "gauge", "Blocks held by the tier.", entries)
-        TIER("kvtier_store_bytes", "gauge", "Bytes held by the tier.", bytes)
+        /* the Redis tier when configured: its entries and bytes are Redis's (kvtier store stats) */
+        const struct kvt_store_tier_stats *t[3] = { &m.store.ram, &m.store.disk, &m.store.redis };
+        const char *tn[3] = { "ram", "disk", "redis" };
+        const int nt = m.store.redis_on ? 3 : 2;
+#define TIER(name, type, help, field, n)                                                                           \
+        fprintf(f, "# HELP " name " " help "\n# TYPE " name " " type "\n");                                     \
+        for (int k = 0; k < (n); k++) fprintf(f, name "{tier=\"%s\"} %lld\n", tn[k], (long long) t[k]->field);
+        TIER("kvtier_store_hits_total", "counter", "Block store lookups answered by the tier.", hits, nt)
+        TIER("kvtier_store_misses_total", "counter", "Block store lookups the tier could not answer.", misses, nt)
+        TIER("kvtier_store_writes_total", "counter", "Blocks written to the tier.", writes, nt)
+        TIER("kvtier_store_writes_dropped_total", "counter", "Block writes dropped (full queue, quota, I/O error).", writes_dropped, nt)
+        TIER("kvtier_store_evictions_total", "counter", "Blocks removed from the tier for room (LRU).", evictions, 2)
+        TIER("kvtier_store_expired_total", "counter", "Blocks removed from the tier by TTL.", expired, 2)
+        TIER("kvtier_store_corrupt_total", "counter", "Reads that failed the checksum, key or fingerprint check.", corrupt, nt)
+        TIER("kvtier_store_entries", "gauge", "Blocks held by the tier.", entries, 2)
+        TIER("kvtier_store_bytes", "gauge", "Bytes held by the tier.", bytes, 2)
+        if (m.store.redis_on) {
+            TIER("kvtier_store_errors_total", "counter", "Failed commands and connections of the tier (Redis).", errors, 3)
+            TIER("kvtier_store_timeouts_total", "counter", "Operations past the tier's deadline (Redis).", timeouts, 3)
+        }
 #undef TIER
         fprintf(f, "# HELP kvtier_store_hit_ratio Block store hits / lookups since start, per tier.\n"
                    "# TYPE kvtier_store_hit_ratio gauge\n");
         const int64_t lookups = m.store.ram.hits + m.store.ram.misses;
-        for (int k = 0; k < 2; k++)
+        for (int k = 0; k < nt; k++)
             fprintf(f, "kvtier_store_hit_ratio{tier=\"%s\"} %.6f\n", tn[k], lookups ? (double) t[k]->hits / (double) lookups : 0.0);
         GAUGE("kvtier_store_queue_length", "Block writes waiting for the disk writer.", m.store.queue_len);
+        if (m.store.redis_on)
+            GAUGE("kvtier_store_redis_queue_length", "Block writes waiting for the Redis writer.", m.store.redis_queue_len);
     }
     hist_text(f, "kvtier_ttft_seconds", "Time to first token.", &m.ttft);
     hist_text(f, "kvtier_token_latency_seconds", "Time between generated tokens.", &m.per_token);

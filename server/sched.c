@@ -82,6 +82,9 @@ int serve_engine_open(struct server *srv) {
         stp.dir = srv->store_dir;
         stp.ram_bytes = (size_t) srv->store_ram_mb << 20;
         stp.disk_bytes = (size_t) srv->store_disk_mb << 20;
+        stp.redis_url = srv->redis_url;
+        if (srv->redis_timeout_ms > 0) stp.redis_timeout_ms = srv->redis_timeout_ms;
+        if (srv->redis_ttl_s > 0) stp.redis_ttl_s = srv->redis_ttl_s;
         if ((rc = kvt_store_open(&stp, &sc->store))) {
             app_fail("kvtier serve", "cannot open the block store (--no-store runs without one)", rc);
             serve_engine_close(srv);

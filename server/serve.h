@@ -125,6 +125,8 @@ struct server {
     bool            no_store;      /* --no-store */
     bool            share_store;   /* --share-store: tenants (API keys) share blocks */
     int32_t         store_ram_mb, store_disk_mb;
+    const char     *redis_url;     /* --redis: the block store's Redis tier (NULL = none) */
+    int32_t         redis_timeout_ms, redis_ttl_s; /* --redis-timeout-ms, --redis-ttl-s */
     char          **keys;          /* API keys (NULL = no auth) */
     int32_t         n_keys;
     /* published by the engine thread */

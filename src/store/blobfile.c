@@ -262,3 +262,47 @@ out:
     close(fd);
     return rc;
 }
+
+/* ---- the same bytes in memory (the Redis tier's values) ---------------------------------------- */
+
+uint8_t *kvt__sblob_encode_mem(const struct kvt__sblob_hdr *h, const void *data, size_t *n) {
+    *n = 0;
+    if (h->size > SIZE_MAX - KVT__SBLOB_HDR) return NULL;
+    uint8_t *v = malloc(KVT__SBLOB_HDR + (size_t)h->size);
+    if (!v) return NULL;
+    encode(h, v);
+    if (h->size) memcpy(v + KVT__SBLOB_HDR, data, (size_t)h->size);
+    *n = KVT__SBLOB_HDR + (size_t)h->size;
+    return v;
+}
+
+int kvt__sblob_check_mem(const uint8_t *v, size_t n, struct kvt__sblob_hdr *h, const char **why) {
+    uint8_t sha[32];
+    if (n < KVT__SBLOB_HDR || memcmp(v, KVT__SBLOB_MAGIC, 8)) {
+        *why = n < KVT__SBLOB_HDR ? "truncated header" : "bad magic";
+        return KVT__SBLOB_BAD;
+    }
+    if (rd32(v + 8) != KVT__SBLOB_VERSION) {
+        *why = "unknown format version";
+        return KVT__SBLOB_BAD;
+    }
+    h->codec = (int32_t)rd32(v + 12);
+    memcpy(h->key.b, v + 16, 32);
+    memcpy(h->model.b, v + 48, 32);
+    h->n_tokens = (int32_t)rd32(v + 80);
+    h->size = rd64(v + 88);
+    memcpy(h->sha, v + 96, 32);
+    if (h->size != (uint64_t)(n - KVT__SBLOB_HDR)) {
+        *why = h->size > (uint64_t)(n - KVT__SBLOB_HDR) ? "truncated payload" : "value longer than its header says";
+        return KVT__SBLOB_BAD;
+    }
+    if (kvt__sha256(v + KVT__SBLOB_HDR, (size_t)h->size, sha)) {
+        *why = "SHA-256 failed";
+        return KVT__SBLOB_NOMEM;
+    }
+    if (memcmp(sha, h->sha, 32)) {
+        *why = "payload SHA-256 mismatch";
+        return KVT__SBLOB_BAD;
+    }
+    return KVT__SBLOB_OK;
+}

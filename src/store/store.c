@@ -1,6 +1,7 @@
 /* store.c — the block store (kvtier.h section 8): content-addressed blocks in a RAM tier (ram.c)
 ** over a persistent disk tier (an SQLite index, DIR/index.db, and checksummed blob files under
-** DIR/blobs/, blobfile.c), written behind the caller by one writer thread.
+** DIR/blobs/, blobfile.c), written behind the caller by one writer thread; optionally over a
+** Redis tier shared by servers (redis.c: asked on a local miss, written behind by its own thread).
 **
 ** Threads.  Any thread may call put/get/has/stats/flush/ls/gc/verify/clear.  The writer thread
 ** takes disk writes from a bounded queue (queue_max); a put that finds it full drops the disk
@@ -57,7 +58,9 @@ static const char *SCHEMA =
 struct kvt_store_params kvt_store_default_params(void) {
     return (struct kvt_store_params){ .dir = NULL, .ram_bytes = (size_t)256 << 20, .disk_bytes = (size_t)8 << 30,
                                       .ttl_s = 1800, .ttl_hot_s = 7 * 86400.0, .hot_hits = 5, .queue_max = 256,
-                                      .read_only = false };
+                                      .read_only = false, .redis_url = NULL, .redis_timeout_ms = 20,
+                                      .redis_ttl_s = 86400, .redis_max_bytes = (size_t)64 << 20,
+                                      .redis_queue_max = 256 };
 }
 
 double kvt__store_now(kvt_store *st) {
@@ -480,7 +483,9 @@ int kvt_store_open(const struct kvt_store_params *pp, kvt_store **out) {
             st->writer_started = true;
         }
     }
+    if (p.redis_url && *p.redis_url && (rc = kvt__redis_open(&p, &st->redis))) goto fail;
     st->p.dir = st->dir;
+    st->p.redis_url = NULL; /* the caller's string; the tier keeps what it parsed */
     *out = st;
     return 0;
 fail:
@@ -490,6 +495,7 @@ fail:
 
 void kvt_store_close(kvt_store *st) {
     if (!st) return;
+    kvt__redis_close(st->redis); /* its queue holds references to RAM's buffers: first */
     if (st->writer_started) {
         pthread_mutex_lock(&st->q_mu);
         st->stop = true;
@@ -530,7 +536,9 @@ static bool key_queued(kvt_store *st, const kvt_key *key) { /* q_mu held */
     return false;
 }
 
-int kvt_store_put(kvt_store *st, const kvt_key *key, const struct kvt_store_meta *m, const void *data, size_t n) {
+/* RAM + disk (+ Redis when to_redis: a block that came from Redis is not sent back). */
+static int put_local(kvt_store *st, const kvt_key *key, const struct kvt_store_meta *m, const void *data, size_t n,
+                     bool to_redis) {
     if (!st || !key || !m || (!data && n > 0))
         return kvt__fail(KVT_EINVAL, "kvt_store_put: NULL %s", !st ? "store" : !key ? "key" : !m ? "meta" : "data");
     if (st->p.read_only) return kvt__fail(KVT_EINVAL, "kvt_store_put: the store at %s is open read-only", st->dir ? st->dir : "(RAM only)");
@@ -568,8 +576,13 @@ int kvt_store_put(kvt_store *st, const kvt_key *key, const struct kvt_store_meta
         pthread_mutex_unlock(&st->q_mu);
         if (queued) kvt__ram_set_on_disk(&st->ram, key);
     }
+    if (to_redis && st->redis && !in_ram) kvt__redis_put(st->redis, key, m, buf); /* after the local tiers have it */
     kvt__sbuf_unref(buf);
     return rc;
+}
+
+int kvt_store_put(kvt_store *st, const kvt_key *key, const struct kvt_store_meta *m, const void *data, size_t n) {
+    return put_local(st, key, m, data, n, true);
 }
 
 static void record_hit(kvt_store *st, const kvt_key *key, double now) {
@@ -633,8 +646,8 @@ static int miss(kvt_store *st, int64_t *ctr, const char *why, const char *hex) {
     return kvt__fail(KVT_ENOENT, "block %.16s: %s", hex, why);
 }
 
-int kvt_store_get(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
-                  struct kvt_store_meta *meta, enum kvt_tier *tier) {
+static int get_local(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
+                     struct kvt_store_meta *meta, enum kvt_tier *tier) {
     if (data) *data = NULL;
     if (n) *n = 0;
     if (tier) *tier = KVT_TIER_NONE;
@@ -745,6 +758,28 @@ int kvt_store_get(kvt_store *st, const kvt_key *key, const kvt_key *model, void 
     return miss(st, &st->d_corrupt, why, hex);
 }
 
+/* RAM, disk, then Redis: a Redis hit is copied into RAM and queued for disk. */
+int kvt_store_get(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
+                  struct kvt_store_meta *meta, enum kvt_tier *tier) {
+    int rc = get_local(st, key, model, data, n, meta, tier);
+    if (rc != KVT_ENOENT || !st->redis) return rc;
+    char local[256], hex[65];
+    snprintf(local, sizeof local, "%s", kvt_errmsg());
+    kvt_key_hex(key, hex);
+    struct kvt_store_meta mt;
+    const char *why = "";
+    rc = kvt__redis_get(st->redis, key, model, data, n, &mt, &why);
+    if (rc == KVT_ENOMEM) return kvt__fail(rc, "kvt_store_get: no memory for block %.16s from Redis", hex);
+    if (rc) return kvt__fail(rc, "%s; %s", local, why);
+    if (!st->p.read_only) {
+        put_local(st, key, &mt, *data, *n, false);
+        kvt__clear_error();
+    }
+    if (meta) *meta = mt;
+    if (tier) *tier = KVT_TIER_REDIS;
+    return 0;
+}
+
 bool kvt_store_has(kvt_store *st, const kvt_key *key) {
     if (!st || !key) return false;
     if (kvt__ram_has(&st->ram, key, &st->ttl, kvt__store_now(st), NULL)) return true;
@@ -764,7 +799,9 @@ bool kvt_store_has(kvt_store *st, const kvt_key *key) {
 }
 
 void kvt_store_flush(kvt_store *st) {
-    if (!st || !st->writer_started) return;
+    if (!st) return;
+    kvt__redis_flush(st->redis);
+    if (!st->writer_started) return;
     pthread_mutex_lock(&st->q_mu);
     st->flush_req++;
     pthread_cond_broadcast(&st->q_cv);

@@ -107,6 +107,10 @@ void kvt_store_get_stats(kvt_store *st, struct kvt_store_stats *out) {
     d->corrupt = st->d_corrupt;
     out->queue_len = st->q_len;
     pthread_mutex_unlock(&st->q_mu);
+    if (st->redis) {
+        out->redis_on = true;
+        kvt__redis_stats(st->redis, &out->redis, &out->redis_queue_len);
+    }
     if (!st->rd) return;
     pthread_mutex_lock(&st->rd_mu);
     sqlite3_stmt *s;
@@ -360,4 +364,10 @@ int kvt_store_clear(kvt_store *st) {
     }
     kvt__store_unlock(lk);
     return rc;
+}
+
+int kvt_store_redis_info(kvt_store *st, struct kvt_store_redis_info *out) {
+    if (!st || !out) return kvt__fail(KVT_EINVAL, "kvt_store_redis_info: NULL %s", !st ? "store" : "out");
+    if (!st->redis) return kvt__fail(KVT_EINVAL, "kvt_store_redis_info: the store has no Redis tier (no redis_url)");
+    return kvt__redis_info(st->redis, out);
 }

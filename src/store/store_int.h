@@ -116,10 +116,54 @@ enum { KVT__SBLOB_OK = 0, KVT__SBLOB_MISSING, KVT__SBLOB_BAD, KVT__SBLOB_NOMEM, 
 ** _NOMEM or _IOERR (read error other than ENOENT; *why). */
 int  kvt__sblob_read(int blobs_fd, const char *name, struct kvt__sblob_hdr *h, uint8_t **data, const char **why);
 
+/* The blob file's bytes in memory (header + payload; the Redis tier's values): a new malloc'd
+** buffer of *n bytes, or NULL (no memory; *n 0).  h->sha must be the payload's SHA-256. */
+uint8_t *kvt__sblob_encode_mem(const struct kvt__sblob_hdr *h, const void *data, size_t *n);
+/* Check a value of n bytes as kvt__sblob_read checks a file: magic, version, payload size
+** against n, SHA-256.  OUT *h (the payload is v + KVT__SBLOB_HDR).  Returns KVT__SBLOB_OK, _BAD
+** (*why names the mismatch) or _NOMEM. */
+int  kvt__sblob_check_mem(const uint8_t *v, size_t n, struct kvt__sblob_hdr *h, const char **why);
+
 /* Is `name` a temporary file of a writer ("<.tmp->pid-...")?  OUT *pid. */
 bool kvt__sblob_is_tmp(const char *name, long *pid);
 /* Is `name` a blob file name; OUT *key. */
 bool kvt__sblob_is_blob(const char *name, kvt_key *key);
+
+/* ---- Redis tier (redis.c) --------------------------------------------------------------------- */
+
+/* A parsed Redis URL (kvt_store_params.redis_url). */
+struct kvt__redis_url {
+    bool unix_sock;
+    char host[256];   /* without [] for IPv6 */
+    int  port;
+    char path[256];   /* unix socket */
+    char user[128], pass[256]; /* percent-decoded; "" = none */
+    int  db;
+};
+/* Parse "redis://[[user:]password@]host[:port][/db]" or "unix://path[?db=N]".  Errors:
+** KVT_EINVAL with a message naming the URL with its password replaced by "***". */
+int  kvt__redis_url_parse(const char *url, struct kvt__redis_url *out /* OUT */);
+/* url with the password replaced by "***" into out[n] (for messages). */
+void kvt__redis_url_redact(const char *url, char *out, size_t n);
+/* The Redis key of a block: "kvtier:b1:<model hex>:<chain key hex>" into out[160]; returns its
+** length.  b1 = blob format version (KVT__SBLOB_VERSION). */
+int  kvt__redis_key(const kvt_key *model, const kvt_key *key, char out[160]);
+
+struct kvt__redis;
+/* Parse the URL and check the params, start the Redis writer thread unless read_only; never
+** connects (Redis may be down: the tier is then a counted miss).  Errors: KVT_EINVAL, KVT_ENOMEM. */
+int  kvt__redis_open(const struct kvt_store_params *p, struct kvt__redis **out /* OUT */);
+/* Write out the queue (each write bounded by the write timeout), stop the thread, close.  NULL ok. */
+void kvt__redis_close(struct kvt__redis *r);
+/* Queue a write of key (taking a reference on buf); a full queue drops it (counted).  Never blocks on the network. */
+void kvt__redis_put(struct kvt__redis *r, const kvt_key *key, const struct kvt_store_meta *m, struct kvt__sbuf *buf);
+/* Look key up within the deadline.  0: *data (malloc), *n, *meta; KVT_ENOENT: miss, timeout,
+** error, corrupt or foreign value (*why says which); KVT_ENOMEM.  Counted.  Thread-safe. */
+int  kvt__redis_get(struct kvt__redis *r, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
+                    struct kvt_store_meta *meta, const char **why);
+void kvt__redis_flush(struct kvt__redis *r);
+void kvt__redis_stats(struct kvt__redis *r, struct kvt_store_tier_stats *out, int64_t *queue_len);
+int  kvt__redis_info(struct kvt__redis *r, struct kvt_store_redis_info *out);
 
 /* ---- the store (store.c: open, put/get, writer; store_gc.c: ls, gc, verify, clear) ----------- */
 
@@ -171,6 +215,7 @@ struct kvt_store {
     int64_t d_hits, d_misses, d_writes, d_dropped, d_evictions, d_expired, d_corrupt;
 
     atomic_llong clock_us;     /* test clock (epoch microseconds); 0 = the real clock */
+    struct kvt__redis *redis;  /* the Redis tier, NULL without one */
 };
 
 /* Now, in epoch seconds (the test clock when set). */
