@@ -59,6 +59,7 @@ struct cli_run_opts {
     bool        no_store;      /* run without a block store */
     const char *redis;         /* the store's Redis tier URL (NULL = none) */
     int32_t     redis_timeout_ms;
+    const char *codec_disk;    /* the store's disk tier codec (NULL = raw) */
 };
 
 void cli_run_opts_default(struct cli_run_opts *o);
@@ -102,6 +103,8 @@ void cli_run_opts_default(struct cli_run_opts *o);
     { "redis", 0, OPT_STR, &(o)->redis, 0, 0, "URL",                                               \
       "Redis tier of the block store, shared with servers: redis://[[user:]password@]host[:port][/db] " \
       "or unix:///path[?db=N]", NULL },                                                             \
+    { "codec-disk", 0, OPT_STR, &(o)->codec_disk, 0, 0, "SPEC",                                    \
+      "codec of the block store's disk tier: raw (default), q8, q4, elastic, elastic+q8", NULL },   \
     { "redis-timeout-ms", 0, OPT_INT, &(o)->redis_timeout_ms, 1, 60000, "N",                       \
       "deadline of a Redis read in ms (default 20)", NULL },                                        \
     { "system", 0, OPT_STR, &(o)->system, 0, 0, "TEXT", "system message to start the session with", NULL }, \

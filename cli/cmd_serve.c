@@ -170,6 +170,9 @@ int cmd_serve(int argc, char **argv) {
           "host[:port][/db] or unix:///path[?db=N] (a password on the command line is visible to other local users)", NULL },
         { "redis-timeout-ms", 0, OPT_INT, &srv.redis_timeout_ms, 1, 60000, "N",
           "deadline of a Redis read in ms; past it the block is prefilled (default 20)", NULL },
+        { "codec-disk", 0, OPT_STR, &srv.codec_disk, 0, 0, "SPEC",
+          "codec of the block store's disk tier: raw (default: exact K/V), q8, q4, elastic, elastic+q8 "
+          "(kvtier bench codec measures bytes and KL)", NULL },
         { "redis-ttl-s", 0, OPT_INT, &srv.redis_ttl_s, 1, 1 << 30, "N", "expiry of the blocks written to Redis in seconds (default 86400)", NULL },
         { "share-store", 0, OPT_FLAG, &srv.share_store, 0, 0, NULL,
           "let sessions of different API keys reuse each other's blocks (default: a salt per key)", NULL },

@@ -231,6 +231,8 @@ int cli_session_open(const char *cmd, const struct cli_run_opts *o, struct cli_s
         struct kvt_store_params stp = kvt_store_default_params();
         stp.dir = o->store;
         stp.redis_url = o->redis;
+        stp.disk_codec = o->codec_disk;
+        stp.disk_codec_heads = cs->info.n_head_kv;
         if (o->redis_timeout_ms > 0) stp.redis_timeout_ms = o->redis_timeout_ms;
         if ((rc = kvt_store_open(&stp, &cs->store))) {
             if (o->store || o->redis) { /* the directory or Redis the user named: an error */

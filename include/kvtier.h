@@ -1108,6 +1108,17 @@ struct kvt_store_params {
                               ** default 64 MiB; a larger block is not written (writes_dropped) */
     int32_t redis_queue_max;  /* Redis writes waiting for the Redis writer thread, >= 1; default
                               ** 256; a put that finds it full drops the Redis write */
+    const char *disk_codec;   /* block codec of the disk tier (section 9 spec: "raw", "q8", "q4",
+                              ** "elastic", "elastic+q8", with parameters); NULL = "raw" (the
+                              ** default: a hit then loads the exact K/V a cold prefill computed).
+                              ** Encoded on the writer thread, off the decode path; decoded on a
+                              ** disk hit (the RAM tier and callers always see raw blob bytes).
+                              ** Lossy codecs trade exactness for bytes: docs/BENCHMARKS.md
+                              ** "Block codecs" (q4: 0.32x raw at KL ~0.01 nats/token on Gemma 3
+                              ** 270M).  A block the codec cannot take (a quantised cache) is
+                              ** written raw */
+    int32_t disk_codec_heads; /* KV heads per layer for the elastic codecs' per-head thresholds
+                              ** (kvt_engine_info.n_head_kv); 0 = one threshold per row */
 };
 
 /* Defaults listed above.  Cannot fail. */

@@ -83,6 +83,10 @@ int serve_engine_open(struct server *srv) {
         stp.ram_bytes = (size_t) srv->store_ram_mb << 20;
         stp.disk_bytes = (size_t) srv->store_disk_mb << 20;
         stp.redis_url = srv->redis_url;
+        stp.disk_codec = srv->codec_disk;
+        struct kvt_engine_info EI;
+        kvt_engine_info(srv->eng, &EI);
+        stp.disk_codec_heads = EI.n_head_kv;
         if (srv->redis_timeout_ms > 0) stp.redis_timeout_ms = srv->redis_timeout_ms;
         if (srv->redis_ttl_s > 0) stp.redis_ttl_s = srv->redis_ttl_s;
         if ((rc = kvt_store_open(&stp, &sc->store))) {

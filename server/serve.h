@@ -127,6 +127,7 @@ struct server {
     int32_t         store_ram_mb, store_disk_mb;
     const char     *redis_url;     /* --redis: the block store's Redis tier (NULL = none) */
     int32_t         redis_timeout_ms, redis_ttl_s; /* --redis-timeout-ms, --redis-ttl-s */
+    const char     *codec_disk;    /* --codec-disk: the store's disk tier codec (NULL = raw) */
     char          **keys;          /* API keys (NULL = no auth) */
     int32_t         n_keys;
     /* published by the engine thread */

@@ -22,6 +22,7 @@
 ** least recently hit first: hit-count promotion protects hot blocks from a scan of cold ones, as
 ** EdgeSync-LLM's TTL rule (30 min, 7 days once hot) does. */
 #include "store/store_int.h"
+#include "kv/blob.h"
 #include "fault.h"
 #include "test_hooks.h"
 
@@ -287,8 +288,8 @@ static bool insert_row(kvt_store *st, const struct kvt__job *j, const struct kvt
     sqlite3_stmt *s = st->wr_ins;
     sqlite3_bind_blob(s, 1, j->key.b, KVT_KEY_BYTES, SQLITE_STATIC);
     sqlite3_bind_text(s, 2, name, -1, SQLITE_STATIC);
-    sqlite3_bind_int64(s, 3, (sqlite3_int64)j->buf->n);
-    sqlite3_bind_int(s, 4, j->meta.codec);
+    sqlite3_bind_int64(s, 3, (sqlite3_int64)h->size);
+    sqlite3_bind_int(s, 4, h->codec);
     sqlite3_bind_blob(s, 5, h->sha, 32, SQLITE_STATIC);
     sqlite3_bind_blob(s, 6, j->meta.model.b, KVT_KEY_BYTES, SQLITE_STATIC);
     sqlite3_bind_int(s, 7, j->meta.n_tokens);
@@ -297,9 +298,28 @@ static bool insert_row(kvt_store *st, const struct kvt__job *j, const struct kvt
     sqlite3_bind_int64(s, 10, j->hits);
     bool ok = !kvt__fault_check(KVT__FAULT_STORE_INDEX) && sqlite3_step(s) == SQLITE_DONE;
     sqlite3_reset(s);
-    if (ok) st->disk_bytes_now += (int64_t)j->buf->n;
+    if (ok) st->disk_bytes_now += (int64_t)h->size;
     pthread_mutex_unlock(&st->wr_mu);
     return ok;
+}
+
+/* What the codec header records of a block: cells of each part and the first position (the
+** store gets bytes only; an iSWA cache's blob has two parts). */
+static int blob_shape(kvt_blob *b) {
+    struct kvt__blob_layout *L = malloc(sizeof *L);
+    if (!L) return KVT_ENOMEM;
+    int rc = kvt__blob_parse(b->data, b->size, 1, L);
+    if (rc) rc = kvt__blob_parse(b->data, b->size, 2, L);
+    if (rc == 0) {
+        b->n_cells = (int32_t)L->part[0].n_cells;
+        b->n_cells_swa = L->n_parts > 1 ? (int32_t)L->part[1].n_cells : 0;
+        kvt_pos p0 = INT32_MAX;
+        for (uint32_t c = 0; c < L->part[0].n_cells; c++) p0 = KVT_MIN(p0, kvt__blob_cell_pos(b->data, L, 0, c));
+        b->p0 = L->part[0].n_cells ? p0 : 0;
+    }
+    free(L);
+    kvt__clear_error();
+    return rc;
 }
 
 /* Write one queued block: skip a key already in the index, make room, write the file, then the
@@ -315,22 +335,39 @@ static void write_job(kvt_store *st, struct kvt__job *j) {
     sqlite3_reset(st->wr_exists);
     bool room = skipped || make_room(st, (int64_t)j->buf->n, kvt__store_now(st));
     pthread_mutex_unlock(&st->wr_mu);
+    /* the disk tier's codec, here on the writer thread (off the decode path) */
+    const uint8_t *data = j->buf->data;
+    size_t size = j->buf->n;
+    int32_t codec = j->meta.codec;
+    uint8_t *enc = NULL;
+    kvt_blob raw = { (uint8_t *)j->buf->data, j->buf->n, 0, j->meta.n_tokens, 0, 0 };
+    if (!skipped && room && codec == KVT_CODEC_RAW && st->dcodec.codec != KVT_CODEC_RAW && blob_shape(&raw) == 0) {
+        size_t en = 0;
+        if (kvt_codec_encode(&raw, &st->dcodec, &enc, &en, NULL) == 0) {
+            data = enc;
+            size = en;
+            codec = st->dcodec.codec;
+        } else { /* e.g. a quantised cache: stored raw */
+            kvt__clear_error();
+        }
+    }
     if (!skipped && room) {
-        struct kvt__sblob_hdr h = { .key = j->key, .model = j->meta.model, .codec = j->meta.codec,
-                                   .n_tokens = j->meta.n_tokens, .size = j->buf->n };
+        struct kvt__sblob_hdr h = { .key = j->key, .model = j->meta.model, .codec = codec,
+                                   .n_tokens = j->meta.n_tokens, .size = size };
         const char *what = NULL;
         char name[70];
         kvt__sblob_name(&j->key, name);
-        if (kvt__sha256(j->buf->data, j->buf->n, h.sha) != 0) {
+        if (kvt__sha256(data, size, h.sha) != 0) {
             /* dropped */
         } else if (st->unsafe_order) {
-            written = insert_row(st, j, &h, name) && kvt__sblob_write_unsafe(st->blobs_fd, &h, j->buf->data) == 0;
-        } else if (kvt__sblob_write(st->blobs_fd, st->blobs_dir, &h, j->buf->data, &what) == 0) {
+            written = insert_row(st, j, &h, name) && kvt__sblob_write_unsafe(st->blobs_fd, &h, data) == 0;
+        } else if (kvt__sblob_write(st->blobs_fd, st->blobs_dir, &h, data, &what) == 0) {
             written = insert_row(st, j, &h, name);
             if (!written) unlinkat(st->blobs_fd, name, 0); /* no row names it: it must not stay */
         }
     }
     flock(st->lock_fd, LOCK_UN);
+    free(enc);
     pthread_mutex_lock(&st->q_mu);
     if (written) st->d_writes++;
     else if (!skipped) st->d_dropped++;
@@ -422,6 +459,10 @@ static int check_params(const struct kvt_store_params *p) {
         return kvt__fail(KVT_EINVAL, "store ttl_hot_s %g is shorter than ttl_s %g", p->ttl_hot_s, p->ttl_s);
     if (p->hot_hits < 1) return kvt__fail(KVT_EINVAL, "store hot_hits %d is below 1", p->hot_hits);
     if (p->queue_max < 1) return kvt__fail(KVT_EINVAL, "store queue_max %d is below 1", p->queue_max);
+    struct kvt_codec_params cp;
+    if (p->disk_codec && kvt_codec_parse(p->disk_codec, &cp))
+        return kvt__fail(KVT_EINVAL, "store disk codec: %s", kvt_errmsg());
+    if (p->disk_codec_heads < 0) return kvt__fail(KVT_EINVAL, "store disk_codec_heads %d is negative", p->disk_codec_heads);
     return 0;
 }
 
@@ -486,6 +527,10 @@ int kvt_store_open(const struct kvt_store_params *pp, kvt_store **out) {
     if (p.redis_url && *p.redis_url && (rc = kvt__redis_open(&p, &st->redis))) goto fail;
     st->p.dir = st->dir;
     st->p.redis_url = NULL; /* the caller's string; the tier keeps what it parsed */
+    st->dcodec = kvt_codec_default_params(KVT_CODEC_RAW);
+    if (p.disk_codec) kvt_codec_parse(p.disk_codec, &st->dcodec); /* checked by check_params */
+    st->dcodec.n_head_kv = p.disk_codec_heads;
+    st->p.disk_codec = NULL; /* the caller's string */
     *out = st;
     return 0;
 fail:
@@ -724,6 +769,25 @@ static int get_local(kvt_store *st, const kvt_key *key, const kvt_key *model, vo
             : (int64_t)h.size != row.size || h.codec != row.codec || h.n_tokens != row.n_tokens
                 ? "header disagrees with the index"
             : memcmp(h.sha, row.sha, 32) ? "checksum disagrees with the index" : NULL;
+        char dec_why[512];
+        if (!why && h.codec != KVT_CODEC_RAW) { /* the disk tier's codec: callers see raw bytes */
+            kvt_blob *dec = NULL;
+            int drc = kvt_codec_decode(buf, (size_t)h.size, &dec);
+            free(buf);
+            buf = NULL;
+            if (drc == KVT_ENOMEM) return kvt__fail(KVT_ENOMEM, "kvt_store_get: decoding block %.16s", hex);
+            if (drc) {
+                snprintf(dec_why, sizeof dec_why, "codec payload does not decode (%s)", kvt_errmsg());
+                why = dec_why;
+            } else {
+                buf = dec->data;
+                h.size = dec->size;
+                h.codec = KVT_CODEC_RAW;
+                row.codec = KVT_CODEC_RAW;
+                dec->data = NULL;
+                kvt_blob_free(dec);
+            }
+        }
         if (!why) {
             if (st->ram.budget) { /* a disk hit is copied into RAM */
                 struct kvt__sbuf *b = kvt__sbuf_new(buf, (size_t)h.size);

@@ -186,6 +186,7 @@ struct kvt__hit { /* a get to record in the index (hit count, last hit) */
 
 struct kvt_store {
     struct kvt_store_params p; /* p.dir points at dir */
+    struct kvt_codec_params dcodec; /* the disk tier's codec (p.disk_codec parsed); RAW = none */
     char   *dir, *blobs_dir;
     int     blobs_fd;          /* DIR/blobs, -1 without a disk tier */
     int     lock_fd;           /* DIR/lock: the writer's shared flock per write (gc takes it exclusive) */

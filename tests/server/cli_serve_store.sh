@@ -6,6 +6,7 @@
 #   2. a new server on the same --store answers the same prompt with store "exact", nearly every
 #      prompt token from the store, the identical greedy reply, disk hits in /metrics, and a
 #      shorter time to the reply (printed, not asserted: timing is a benchmark's job);
+#   2b. that session parked by another prompt (one session slot) and resumed: same reply;
 #   3. tenancy: with API keys, key B never gets key A's blocks unless --share-store;
 #   4. --no-store: nothing looked up; a --store that is not a directory: a clear error, exit 1.
 # Environment (from tests/CMakeLists.txt): KVTIER_BIN, KVTIER_MODEL, KVT_SOURCE_DIR.
@@ -98,6 +99,14 @@ echo "  time to the reply: cold $(field cold 'round(d["_seconds"], 2)') s, from 
 curl -s "http://127.0.0.1:$PORT/metrics" >"$TMP/metrics"
 grep -q '^kvtier_store_hits_total{tier="disk"} [1-9]' "$TMP/metrics" && grep -q '^kvtier_store_routes_total{route="exact"} 1$' "$TMP/metrics" \
     && ok "/metrics: disk hits and one exact route" || bad "/metrics: $(grep kvtier_store "$TMP/metrics" | head -20)"
+# a session whose prefix came from the store is parked (one session slot: another prompt takes
+# it) and resumed: its blocks go to the pool with their sliding-window cells and come back
+ask other 1200 "" "Other notes"
+ask again 3300
+st_other=$(field other 'd["object"]'); st_again=$(field again 'd["choices"][0]["message"]["content"]')
+[ "$st_other" = chat.completion ] && [ "$st_again" = "$c1" ] \
+    && ok "parked and resumed after a load from the store: same reply" \
+    || bad "park/resume after a store load: '$st_other' / '$st_again': $(cat "$TMP/again.pyerr" | tail -2)"
 stop || bad "second server exit status"
 
 # --- 3. tenancy: one salt per API key unless --share-store ---
