@@ -343,6 +343,7 @@ int cmd_bench(int argc, char **argv) {
         return argc < 1 ? APP_USAGE : APP_OK;
     }
     if (!strcmp(argv[0], "policy")) return cmd_bench_policy(argc - 1, argv + 1);
+    if (!strcmp(argv[0], "chunks")) return cmd_bench_chunks(argc - 1, argv + 1);
     if (strcmp(argv[0], "primitives") != 0) {
         fprintf(stderr, "kvtier bench: unknown benchmark '%s' (expected: primitives, policy)\n", argv[0]);
         return APP_USAGE;
