@@ -337,15 +337,16 @@ static int bench_primitives(int argc, char **argv) {
 int cmd_bench(int argc, char **argv) {
     if (argc < 1 || !strcmp(argv[0], "--help") || !strcmp(argv[0], "-h")) {
         FILE *f = argc < 1 ? stderr : stdout;
-        fprintf(f, "Usage: kvtier bench primitives|policy [options]\n"
+        fprintf(f, "Usage: kvtier bench primitives|policy|chunks [options]\n"
                    "Benchmarks: primitives (block save / load / re-prefill), policy (per-decode-step cost of "
-                   "each eviction policy). Run 'kvtier bench NAME --help' for its options.\n");
+                   "each eviction policy), chunks (quality of non-prefix chunk reuse). Run 'kvtier bench NAME "
+                   "--help' for its options.\n");
         return argc < 1 ? APP_USAGE : APP_OK;
     }
     if (!strcmp(argv[0], "policy")) return cmd_bench_policy(argc - 1, argv + 1);
     if (!strcmp(argv[0], "chunks")) return cmd_bench_chunks(argc - 1, argv + 1);
     if (strcmp(argv[0], "primitives") != 0) {
-        fprintf(stderr, "kvtier bench: unknown benchmark '%s' (expected: primitives, policy)\n", argv[0]);
+        fprintf(stderr, "kvtier bench: unknown benchmark '%s' (expected: primitives, policy, chunks)\n", argv[0]);
         return APP_USAGE;
     }
     return bench_primitives(argc - 1, argv + 1);

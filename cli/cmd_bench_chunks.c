@@ -227,11 +227,11 @@ static int run_case(struct run *R, struct eval_corpus *corpus, int32_t seed, int
     for (int32_t d = 0; d < n_docs && !rc; d++) {
         /* a distinct essay with enough sentences, a random start, sentences up to doc_tokens */
         int e;
-        for (;;) {
+        for (int tries = 0;; tries++) { /* essays of > 8 sentences first; any unused one after 1000 tries */
             e = (int) eval_rng_below(&r, (uint32_t) corpus->n);
             bool dup = false;
             for (int j = 0; j < d; j++) dup |= used[j] == e;
-            if (!dup && corpus->e[e].n_sent > 8) break;
+            if (!dup && (corpus->e[e].n_sent > 8 || (tries > 1000 && corpus->e[e].n_sent > 0))) break;
         }
         used[d] = e;
         const struct eval_essay *es = &corpus->e[e];
@@ -254,7 +254,7 @@ static int run_case(struct run *R, struct eval_corpus *corpus, int32_t seed, int
                 break;
             }
             if (got + t > budget && n_sent > 0) break;
-            if (len + (size_t) es->s_len[s] + 2 >= cap) break;
+            if (len + (size_t) es->s_len[s] + 2 + sizeof needle + 8 >= cap) break; /* room for the needle */
             len += (size_t) snprintf(text + len, cap - len, "%s%.*s", n_sent ? " " : "", es->s_len[s], es->text + es->s_off[s]);
             got += t;
             n_sent++;
