@@ -93,6 +93,8 @@ struct kvt_session {
     int64_t     compactions;    /* times the resident blocks were moved down to close gaps */
     kvt_chunk_cb chunk_cb;      /* called between prefill chunks (kvt_session_set_chunk_cb) */
     void       *chunk_ud;
+    struct kvt_prefill_hooks hooks; /* mixed prefill (kvt_session_set_prefill_hooks); decode NULL: off */
+    bool        reply_feed;     /* kvt__sess_feed is decoding a generated token (not a prefill chunk) */
 };
 
 /* A recovery candidate: block index and score (higher first). */
