@@ -49,8 +49,9 @@ run() { # label cmd...
 }
 
 CTX_SLOT=2048
+# EXTRA: more `kvtier serve` flags (e.g. "--batch-tokens 0" for the schedule before mixed prefill)
 run kvtier-budget512 "$KVTIER" serve -m "$KVTIER_MODEL" -c 8192 --budget 512 --parallel "$SESSIONS" \
-  --max-sessions "$SESSIONS" --threads "$THREADS"
+  --max-sessions "$SESSIONS" --threads "$THREADS" ${EXTRA:-}
 if [ -x "$LLAMA_SERVER" ]; then
   # --no-jinja: with jinja (the default) "--chat-template gemma" is taken as a template text and the
   # messages never reach the prompt (3-token prompts); the GGUF has no template of its own
@@ -60,4 +61,4 @@ else
   echo "llama-server not built (scripts/bootstrap.sh llama-server); skipped" >&2
 fi
 run kvtier-budget2048 "$KVTIER" serve -m "$KVTIER_MODEL" -c $((CTX_SLOT * (SESSIONS + 1))) --budget $CTX_SLOT \
-  --parallel "$SESSIONS" --max-sessions "$SESSIONS" --threads "$THREADS"
+  --parallel "$SESSIONS" --max-sessions "$SESSIONS" --threads "$THREADS" ${EXTRA:-}

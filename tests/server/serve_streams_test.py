@@ -30,13 +30,13 @@ from serve_client import check, finish, init, metric, raw
 
 KEY = None
 PROBE_TOKENS = 16
-BG_TOKENS = 96
+BG_TOKENS = 72
 
 # the probe: a prompt of several blocks (its prefill takes several chunks) and a question
 PROBE = [{"role": "system", "content": "You are a careful assistant. Answer briefly."},
          {"role": "user", "content": " ".join(
              f"Note {i}: the harbour of town {i} received {i * 13 % 29} boats and {i * 5 % 17} barges on day {i}."
-             for i in range(14)) + " Which town received the most boats, and how many?"}]
+             for i in range(9)) + " Which town received the most boats, and how many?"}]
 
 
 def background_prompt(i):
