@@ -70,6 +70,12 @@ serve() {
     PID=
 }
 
+"$BIN" serve -m "$MODEL" --batch-tokens 600 >/dev/null 2>"$TMP/err"; rc=$?
+[ $rc -eq 2 ] && grep -q "600" "$TMP/err" && ok "--batch-tokens 600 -> usage error naming the value" \
+    || bad "--batch-tokens 600 ($rc): $(cat "$TMP/err")"
+"$BIN" serve --help >"$TMP/help" 2>&1; grep -q -- "--kv-unified" "$TMP/help" && grep -q -- "--batch-tokens N" "$TMP/help" && ok "serve --help lists --batch-tokens and --kv-unified" \
+    || bad "serve --help"
+
 EXPECT_MIXED=1 serve mixed
 serve alone-chunks --batch-tokens 0
 serve unified --kv-unified

@@ -106,6 +106,15 @@ def wait_idle(limit=60):
 def run_probe(url, out, expect_mixed):
     init(url, KEY)
     wait_idle()
+    if expect_mixed:  # bad input for the new fields: 400 naming the field, the server keeps serving
+        m = [{"role": "user", "content": "hi"}]
+        for body, field, words in (({"logprobs": "yes"}, "logprobs", "must be a boolean, got a string"),
+                                   ({"logprobs": True, "stream": True}, "logprobs", "without 'stream'"),
+                                   ({"logprobs": True, "top_logprobs": 3}, "top_logprobs", "other than 0")):
+            st, _, b = raw("POST", "/v1/chat/completions", dict(body, messages=m, max_tokens=2))
+            err = b.get("error", {}) if isinstance(b, dict) else {}
+            check(f"{body} -> 400 naming '{field}'", st == 400 and err.get("param") == field and words in err.get("message", ""),
+                  f"{st} {b}")
     a1 = probe("probe-alone-1")
     a2 = probe("probe-alone-2")
     check("the probe alone replies with log-probs for every token",
