@@ -42,7 +42,7 @@ one() { # label binary flags...
   awk -v l="$label" -v hz="$(getconf CLK_TCK)" '{ printf "%s cpu_s %.1f\n", l, ($14 + $15) / hz }' "/proc/$PID/stat" \
     | tee -a "$OUT/serve_ab.cpu"
   curl -s "http://127.0.0.1:$port/metrics" | grep -E '^kvtier_(steps|step_tokens|mixed_steps|mixed_prefill_tokens)_total' \
-    | tr '\n' ' ' | sed "s/^/$label metrics: /; s/\$/\n/" | tee -a "$OUT/serve_ab.cpu"
+    | tr '\n' ' ' | sed "s/^/$label metrics: /; s/\$/\n/" | tee -a "$OUT/serve_ab.cpu" || true
   kill -TERM "$PID"
   wait "$PID" || true
   PID=

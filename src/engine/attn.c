@@ -48,10 +48,15 @@ bool kvt__attn_eval_cb(struct ggml_tensor *t, bool ask, void *ud) {
     if (!e->capturing) return ask ? false : true;
     if ((il = layer_of(t->name, "kq_soft_max")) >= 0) {
         struct attn_cap *c = kvt__attn_cap_for(e, il);
-        if (ask) return c != NULL;
-        /* one llama_decode may run several ubatches (kvt_decode_mixed): the lowest captured layer's
-        ** softmax comes first in each, so counting it tells which ubatch this is */
-        if (c && il == e->cap_first_layer) e->ub_seen++;
+        /* One llama_decode may run several ubatches (kvt_decode_mixed): the scheduler asks about
+        ** every node once per ubatch, and the lowest captured layer's softmax is the first asked
+        ** of ours, so counting those asks tells which ubatch this is.  Only the target ubatch's
+        ** nodes are asked for: each one asked splits the graph compute there (a sync of the
+        ** threads), which the other ubatches are spared. */
+        if (ask) {
+            if (c && il == e->cap_first_layer) e->ub_seen++;
+            return c != NULL && e->ub_seen == e->cap_ubatch;
+        }
         if (!c || !t->src[1] || !ggml_backend_buffer_is_host(t->buffer) || e->ub_seen != e->cap_ubatch) return true;
         const struct ggml_tensor *m = t->src[1];
         const int32_t n_kv = (int32_t) t->ne[0], n_rows = (int32_t) t->ne[1], n_head = (int32_t) t->ne[2];
@@ -79,13 +84,14 @@ bool kvt__attn_eval_cb(struct ggml_tensor *t, bool ask, void *ud) {
     }
     if (e->capture_q && (il = layer_of(t->name, "Qcur")) >= 0) {
         struct attn_cap *c = kvt__attn_cap_for(e, il);
-        if (ask) return c != NULL && t->op == GGML_OP_ROPE;
+        /* Q comes before the softmax of its layer: in the lowest captured layer the count of
+        ** ubatches is still that of the previous one */
+        const bool ours = e->ub_seen + (il == e->cap_first_layer) == e->cap_ubatch;
+        if (ask) return c != NULL && t->op == GGML_OP_ROPE && ours;
         if (!c || t->op != GGML_OP_ROPE || t->type != GGML_TYPE_F32 || !ggml_backend_buffer_is_host(t->buffer)) return true;
         /* [head_dim, n_head, n_tokens] */
         int32_t hd = (int32_t) t->ne[0], nh = (int32_t) t->ne[1], nt = e->cur_n;
-        /* Q comes before the softmax of its layer: in the lowest captured layer the count of
-        ** ubatches is still that of the previous one */
-        if ((int32_t) t->ne[2] != e->cap_rows || e->ub_seen + (il == e->cap_first_layer) != e->cap_ubatch) return true;
+        if ((int32_t) t->ne[2] != e->cap_rows || !ours) return true;
         if (!grow((void **) &c->q, &c->cap_q, (size_t) hd * nh * nt * sizeof(float))) return true;
         for (int tk = 0; tk < nt; tk++)
             for (int h = 0; h < nh; h++)
