@@ -6,13 +6,14 @@
 ** scheduler step generates one token for each of them in ONE llama_decode
 ** (kvt_session_gen_step_mixed: continuous batching; a job joins or leaves the batch between
 ** steps).  A job's prompt (for a chat, the new tail after the session's cached prefix) is
-** prefilled when the job is admitted, in chunks of at most one block, and each chunk rides in a
-** step: ONE llama_decode holds every active job's next decode token AND the chunk (mixed
-** prefill and decode, as llama-server and vLLM schedule chunked prefill), the chunk cut so that
-** the step holds at most --batch-tokens tokens (kvt_session_set_prefill_hooks for sessions;
-** completions cut their chunks here).  A long prefill thus never stalls the generating jobs, and
-** costs them no extra llama_decode.  --batch-tokens 0: the older schedule, each chunk decoded
-** alone with a batched step of the active jobs between chunks (kvt_session_set_chunk_cb).
+** prefilled when the job is admitted, in chunks of at most one block, and each chunk but the
+** last rides in a step: ONE llama_decode holds every active job's next decode token AND the
+** chunk (mixed prefill and decode, as llama-server and vLLM schedule chunked prefill), the chunk
+** cut so that the step holds at most --batch-tokens tokens (kvt_session_set_prefill_hooks for
+** sessions; completions cut their chunks here).  The last chunk goes alone: the step after the
+** prefill takes the new job too (see chunk_decode).  A long prefill thus never stalls the
+** generating jobs.  --batch-tokens 0: the older schedule, each chunk decoded alone with a
+** batched step of the active jobs between chunks (kvt_session_set_chunk_cb).
 **
 ** Completions (/v1/completions, no session) are raw rows of the batch: each runs in a scratch
 ** sequence of its own (sequences max_sessions .., one per job that may run at once, at most 64
@@ -662,10 +663,23 @@ static int32_t chunk_room(void *ud) {
     return KVT_MAX(1, srv->batch_tokens - srv->sched->n_active);
 }
 
-/* A prefill chunk rides in a step of the active jobs: one llama_decode for all. */
+/* A prefill chunk rides in a step of the active jobs: one llama_decode for all.  Except the last
+** chunk of what is being prefilled (it wants logits): the step right after the prefill decodes
+** every active job AND the new one, so a step here too would cost the active jobs one more
+** pass over the weights per admitted request for no token of the new one (measured: +9% CPU on
+** bench/run_serve_ab.sh).  With one KV stream per sequence llama.cpp runs the chunk as a ubatch
+** of its own anyway (kvt_decode_mixed), so mixing it saves the call, not the weight pass.  The
+** steps between chunks are thus exactly those of --batch-tokens 0, each merged with a chunk. */
 static int chunk_decode(void *ud, const struct kvt_decode_chunk *c) {
     struct server *srv = ud;
     int rc = 0;
+    if (c->want_logits) {
+        rc = kvt_decode(srv->eng, c->seq, c->tokens, c->n, c->pos0, true);
+        pthread_mutex_lock(&srv->mu);
+        if (rc == 0) srv->m.prefill_alone_tokens += c->n;
+        pthread_mutex_unlock(&srv->mu);
+        return rc;
+    }
     if (step_active(srv, c, &rc)) publish(srv);
     return rc;
 }

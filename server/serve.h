@@ -98,6 +98,7 @@ struct metrics {
     int64_t pool_ram, pool_spill, pool_dropped;
     int64_t steps, step_tokens;    /* scheduler steps (one llama_decode each) and the tokens they held */
     int64_t mixed_steps, mixed_prefill_tokens; /* steps holding a prefill chunk AND decode tokens; the chunks' tokens */
+    int64_t prefill_alone_tokens;  /* prefill tokens of chunks decoded alone (a prompt's last chunk) */
     struct hist ttft, per_token;
 };
 

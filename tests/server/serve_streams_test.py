@@ -126,6 +126,7 @@ def run_probe(url, out, expect_mixed):
         time.sleep(0.01)
     # from here on, the only prefill is the probe's
     mixed0, mtok0 = metric("kvtier_mixed_steps_total"), metric("kvtier_mixed_prefill_tokens_total")
+    alone0 = metric("kvtier_prefill_alone_tokens_total")
     busy = probe("probe-busy")
     for c in bg:
         c.th.join()
@@ -141,10 +142,13 @@ def run_probe(url, out, expect_mixed):
     if expect_mixed:
         d_steps = metric("kvtier_mixed_steps_total") - mixed0
         d_tok = metric("kvtier_mixed_prefill_tokens_total") - mtok0
+        d_alone = metric("kvtier_prefill_alone_tokens_total") - alone0
         pt = busy[2]["kvtier"]["prompt_tokens_decoded"]
-        # the probe's whole prompt arrived while all 7 generated: each of its chunks was a mixed step
-        check(f"the probe's prefill went into mixed steps ({d_steps:.0f} mixed steps held its {d_tok:.0f} prefill "
-              f"tokens; it decoded {pt})", d_steps >= 2 and d_tok == pt, f"{d_steps} {d_tok} {pt}")
+        # the probe's whole prompt arrived while all 7 generated: each of its chunks but the last
+        # of each part (system message, user message, ...) was a mixed step
+        check(f"the probe's prefill went into mixed steps ({d_steps:.0f} mixed steps held {d_tok:.0f} of its prefill "
+              f"tokens, {d_alone:.0f} went alone as last chunks; it decoded {pt})",
+              d_steps >= 2 and d_tok > d_alone and d_tok + d_alone == pt, f"{d_steps} {d_tok} {d_alone} {pt}")
     json.dump({"alone1": a1[:2], "alone2": a2[:2], "busy": busy[:2],
                "mixed_steps": metric("kvtier_mixed_steps_total")}, open(out, "w"))
     finish()
