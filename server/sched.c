@@ -666,9 +666,10 @@ static int32_t chunk_room(void *ud) {
 /* A prefill chunk rides in a step of the active jobs: one llama_decode for all.  Except the last
 ** chunk of what is being prefilled (it wants logits): the step right after the prefill decodes
 ** every active job AND the new one, so a step here too would cost the active jobs one more
-** pass over the weights per admitted request for no token of the new one (measured: +9% CPU on
-** bench/run_serve_ab.sh).  With one KV stream per sequence llama.cpp runs the chunk as a ubatch
-** of its own anyway (kvt_decode_mixed), so mixing it saves the call, not the weight pass.  The
+** pass over the weights per admitted request for no token of the new one (measured: 187 steps
+** instead of 160 for the same decode tokens, docs/BENCHMARKS.md).  With one KV stream per
+** sequence llama.cpp runs the chunk as a ubatch of its own anyway (kvt_decode_mixed), so mixing
+** it saves the call, not the weight pass.  The
 ** steps between chunks are thus exactly those of --batch-tokens 0, each merged with a chunk. */
 static int chunk_decode(void *ud, const struct kvt_decode_chunk *c) {
     struct server *srv = ud;
