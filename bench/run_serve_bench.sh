@@ -4,7 +4,8 @@
 #
 #   bench/run_serve_bench.sh [OUT_DIR]      (default: bench/results)
 #
-# Environment: SESSIONS (8), TURNS (10), WORDS (90), MAX_TOKENS (32), THREADS (2).
+# Environment: SESSIONS (8), TURNS (10), WORDS (90), MAX_TOKENS (32), THREADS (2), KVTIER (the
+# kvtier binary, default build/kvtier), EXTRA (more `kvtier serve` flags).
 # Servers run one at a time (never two model processes at once); results are JSON lines in
 # OUT_DIR/serve_bench.jsonl, one per server configuration.
 set -euo pipefail
@@ -17,7 +18,7 @@ PY=$("$SRC/scripts/bootstrap.sh" pyclient-path)
 "$SRC/scripts/bootstrap.sh" pyclient
 LLAMA_SERVER=$("$SRC/scripts/bootstrap.sh" llama-server-path)
 SESSIONS=${SESSIONS:-8} TURNS=${TURNS:-10} WORDS=${WORDS:-90} MAX_TOKENS=${MAX_TOKENS:-32} THREADS=${THREADS:-2}
-KVTIER=$SRC/build/kvtier
+KVTIER=${KVTIER:-$SRC/build/kvtier}  # KVTIER=path: another build (before/after runs)
 # idle OpenMP threads sleep instead of spinning: on a shared, loaded machine spinning threads of a
 # nice'd server starve each other (llama-server measured 1.3 tok/s without this, 46 with it)
 export OMP_WAIT_POLICY=PASSIVE
@@ -48,8 +49,9 @@ run() { # label cmd...
 }
 
 CTX_SLOT=2048
+# EXTRA: more `kvtier serve` flags (e.g. "--batch-tokens 0" for the schedule before mixed prefill)
 run kvtier-budget512 "$KVTIER" serve -m "$KVTIER_MODEL" -c 8192 --budget 512 --parallel "$SESSIONS" \
-  --max-sessions "$SESSIONS" --threads "$THREADS"
+  --max-sessions "$SESSIONS" --threads "$THREADS" ${EXTRA:-}
 if [ -x "$LLAMA_SERVER" ]; then
   # --no-jinja: with jinja (the default) "--chat-template gemma" is taken as a template text and the
   # messages never reach the prompt (3-token prompts); the GGUF has no template of its own
@@ -59,4 +61,4 @@ else
   echo "llama-server not built (scripts/bootstrap.sh llama-server); skipped" >&2
 fi
 run kvtier-budget2048 "$KVTIER" serve -m "$KVTIER_MODEL" -c $((CTX_SLOT * (SESSIONS + 1))) --budget $CTX_SLOT \
-  --parallel "$SESSIONS" --max-sessions "$SESSIONS" --threads "$THREADS"
+  --parallel "$SESSIONS" --max-sessions "$SESSIONS" --threads "$THREADS" ${EXTRA:-}

@@ -3,7 +3,7 @@
 **
 **   kvtier serve [-m MODEL] [--host 127.0.0.1] [--port 8080] [-c 4096] [--budget 512] [--parallel 4]
 **                [--threads N] [--api-key KEY]... [--api-key-file FILE] [--max-sessions N] [--pool-mb 256]
-**                [--spill-dir DIR]
+**                [--spill-dir DIR] [--batch-tokens 128] [--kv-unified]
 **
 ** Startup: flags, API keys, model (without -m the one $KVTIER_MODEL names: cli/model.c); then
 ** the engine thread (server/sched.c) and libmicrohttpd (server/http.c).  The main thread waits
@@ -136,6 +136,7 @@ int cmd_serve(int argc, char **argv) {
     srv.redis_timeout_ms = 20;
     srv.redis_ttl_s = 86400;
     srv.max_tokens_default = 256;
+    srv.batch_tokens = 128;
     const struct cli_opt opts[] = {
         { "model", 'm', OPT_STR, &srv.model_path, 0, 0, "MODEL", "GGUF model file (default $KVTIER_MODEL)", NULL },
         { "host", 0, OPT_STR, &host, 0, 0, "ADDR", "IPv4 address to listen on (default 127.0.0.1)", NULL },
@@ -178,6 +179,12 @@ int cmd_serve(int argc, char **argv) {
           "let sessions of different API keys reuse each other's blocks (default: a salt per key)", NULL },
         { "max-tokens", 0, OPT_INT, &srv.max_tokens_default, 1, 1 << 20, "N", "reply limit when a request gives none (default 256)", NULL },
         { "queue", 0, OPT_INT, &srv.max_queue, 1, 1 << 16, "N", "requests waiting for a slot before 429 (default 64)", NULL },
+        { "batch-tokens", 0, OPT_INT, &srv.batch_tokens, 0, 512, "N",
+          "tokens of one scheduler step: every generating request's next token plus a chunk of a new prompt in ONE "
+          "llama_decode (mixed prefill; default 128); 0 = prefill chunks decoded alone, between steps", NULL },
+        { "kv-unified", 0, OPT_FLAG, &srv.kv_unified, 0, 0, NULL,
+          "one KV cache shared by all sequences (llama.cpp kv_unified) instead of one stream per sequence: a "
+          "session's numbers then depend on the others' (for comparison only)", NULL },
         { NULL, 0, 0, NULL, 0, 0, NULL, NULL, NULL },
     };
     char *pos[1];
@@ -230,9 +237,10 @@ int cmd_serve(int argc, char **argv) {
     int32_t bound = port;
     struct MHD_Daemon *d = serve_http_start(&srv, host, port, &bound);
     if (d) {
-        fprintf(stderr, "%s: listening on http://%s:%d (model %s; context %d, budget %d, %d sessions, %d parallel%s)\n",
-                cmd, host, bound, srv.model_name, srv.n_ctx, srv.budget, srv.max_sessions, srv.parallel,
-                srv.keys ? ", API keys required" : "");
+        fprintf(stderr, "%s: listening on http://%s:%d (model %s; context %d, budget %d, %d sessions, %d parallel, "
+                        "batch %d tokens%s%s)\n",
+                cmd, host, bound, srv.model_name, srv.n_ctx, srv.budget, srv.max_sessions, srv.parallel, srv.batch_tokens,
+                srv.kv_unified ? ", unified KV cache" : "", srv.keys ? ", API keys required" : "");
         int sig = 0;
         sigwait(&set, &sig);
         fprintf(stderr, "%s: %s: finishing the requests in flight\n", cmd, sig == SIGTERM ? "SIGTERM" : "SIGINT");

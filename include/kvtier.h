@@ -266,6 +266,30 @@ int kvt_decode(kvt_engine *eng, int32_t seq, const kvt_token *tokens, int32_t n,
 int kvt_decode_multi(kvt_engine *eng, const int32_t *seqs, const kvt_token *toks, const kvt_pos *pos, int32_t n,
                      float *logits_out /* OUT [n * n_vocab] */);
 
+/* A prefill chunk of one sequence, to decode beside other sequences' decode rows. */
+struct kvt_decode_chunk {
+    int32_t          seq;         /* the chunk's sequence: none of the rows' */
+    const kvt_token *tokens;      /* [n], not retained */
+    int32_t          n;           /* tokens, >= 1 (n = 0: no chunk) */
+    kvt_pos          pos0;        /* position of tokens[0]: the sequence's next position */
+    bool             want_logits; /* keep the logits of its last token for kvt_logits() */
+};
+
+/* Mixed prefill and decode in ONE llama_decode (chunked prefill inside the batch, as llama-server
+** and vLLM schedule it): the n decode rows of kvt_decode_multi (n may be 0) plus, when chunk is
+** not NULL, the chunk's tokens; n + chunk->n in 1..min(n_ubatch, 512).  OUT logits_out as
+** kvt_decode_multi's; the chunk's last logits go to kvt_logits() when it wants them (else
+** kvt_logits() has nothing).  The rows are ordered for llama.cpp's ubatch split so that, with one
+** stream per sequence, the chunk is a ubatch of its own (the decode rows of consecutive
+** sequences share the others): its numbers are those kvt_decode gives it, and its attention is
+** captured as kvt_decode's (kvt_attn_get works for the chunk's sequence; the rows' sequences
+** get KVT_EUNSUPPORTED as after kvt_decode_multi).  The unified cache puts all in one ubatch,
+** the chunk's rows first, and captures those rows.
+** Errors: those of kvt_decode_multi, and KVT_EINVAL for a chunk sequence out of range or also a
+** row.  On KVT_ECTX none of the tokens is in the cache.  Not thread-safe (engine rule). */
+int kvt_decode_mixed(kvt_engine *eng, const int32_t *seqs, const kvt_token *toks, const kvt_pos *pos, int32_t n,
+                     float *logits_out /* OUT [n * n_vocab] */, const struct kvt_decode_chunk *chunk);
+
 /* Logits (n_vocab floats) of the last token decoded with want_logits.  Owned by the engine,
 ** valid until the next decode.  NULL if none.  Cannot fail. */
 const float *kvt_logits(kvt_engine *eng);
@@ -820,12 +844,52 @@ int kvt_session_gen_step_batch_ex(kvt_engine *eng, kvt_session *const *ss, int32
                                   kvt_token *tok /* OUT [n] */, bool *done /* OUT [n] */, int *status /* OUT [n] */,
                                   struct kvt_gen_row *rows /* IN/OUT [n_rows] */, int32_t n_rows);
 
+/* The logits (n_vocab floats) the session's next token is sampled from: those after its last
+** decoded token (a prompt's last token or the last reply token), as kvt_session_gen_step and
+** kvt_session_gen_step_batch_ex sample them.  A server reads them before a step for the sampled
+** token's log-probability (OpenAI "logprobs").  Owned by the session, valid until its next
+** decode; NULL when there are none (no user turn decoded yet, parked).  Cannot fail. */
+const float *kvt_session_logits(const kvt_session *s);
+
 /* Chunked prefill: cb(ud) is called between the chunks (at most one block of tokens each) in which
 ** this session decodes a prompt (kvt_session_add, kvt_session_sync), so a server can generate
 ** tokens for OTHER sessions on the engine meanwhile.  The callback must not call into this session.
 ** NULL removes it.  Cannot fail. */
 typedef void (*kvt_chunk_cb)(void *ud);
 void kvt_session_set_chunk_cb(kvt_session *s, kvt_chunk_cb cb, void *ud);
+
+/* Mixed prefill (chunked prefill inside the batch, as llama-server and vLLM schedule it): with
+** hooks set, every prefill chunk of this session (kvt_session_add, kvt_session_sync, resume
+** re-feeds; not the tokens it generates) is decoded by the scheduler instead of alone, so that
+** one llama_decode holds it AND other requests' decode tokens (kvt_session_gen_step_mixed).
+** Chunking is otherwise unchanged: a chunk never crosses a block boundary; before it the
+** session makes room (evictions), after it seals the completed block and observes the chunk's
+** attention (kvt_decode_mixed captures it as kvt_decode would): the same blocks sealed, the same
+** evictions as without hooks when room() leaves chunks whole.
+**   room(ud):     tokens the next chunk may hold (the step's token budget left), >= 1; NULL = no
+**                 limit beyond the block boundary.
+**   decode(ud,c): decode exactly chunk c (c->seq is this session's sequence, c->pos0 its next
+**                 position) in a shared llama_decode, leaving the chunk's last logits in
+**                 kvt_logits() when c->want_logits; 0 or the error (the chunk is then not in the
+**                 cache and the prefill fails with it).  It must not call into this session.
+** The kvt_chunk_cb, if any, still runs between chunks.  hooks is copied; NULL (or decode NULL)
+** removes them.  Cannot fail. */
+struct kvt_prefill_hooks {
+    int32_t (*room)(void *ud);
+    int (*decode)(void *ud, const struct kvt_decode_chunk *c);
+    void *ud;
+};
+void kvt_session_set_prefill_hooks(kvt_session *s, const struct kvt_prefill_hooks *hooks);
+
+/* kvt_session_gen_step_batch_ex plus, when chunk is not NULL, another sequence's prefill chunk in
+** the SAME llama_decode (kvt_decode_mixed): what a kvt_prefill_hooks.decode calls.  The chunk's
+** sequence must be none of the sessions' or rows'.  With no session or row taking a token the
+** chunk is decoded alone.  Returns as kvt_session_gen_step_batch_ex; on an error of the shared
+** decode the chunk is not in the cache either.  Not thread-safe (engine rule). */
+int kvt_session_gen_step_mixed(kvt_engine *eng, kvt_session *const *ss, int32_t n, const struct kvt_sampling *smp,
+                               kvt_token *tok /* OUT [n] */, bool *done /* OUT [n] */, int *status /* OUT [n] */,
+                               struct kvt_gen_row *rows /* IN/OUT [n_rows] */, int32_t n_rows,
+                               const struct kvt_decode_chunk *chunk);
 
 /* Park a session: every resident block is saved to the pool (the open block is sealed early; all
 ** sealed blocks are there already, write-through) and its cells leave the cache, so its sequence

@@ -209,7 +209,7 @@ enum pick admit_session(struct server *srv, struct job *j, struct sess **out) {
     sp.store = sc->store;
     sp.tenant = srv->share_store ? NULL : j->ns; /* API keys never see each other's blocks */
     int rc = kvt_session_open(srv->eng, &sp, &x->s);
-    if (rc == 0) kvt_session_set_chunk_cb(x->s, serve_on_chunk, srv);
+    if (rc == 0) serve_session_hooks(srv, x->s);
     if (rc) {
         serve_job_lib_error(j, "cannot open a session", rc);
         x->s = NULL;

@@ -100,13 +100,14 @@ static enum MHD_Result send_error(struct server *srv, struct MHD_Connection *c, 
 /* replies                                                                                  */
 
 static json_t *usage_obj(const struct job *j) {
-    return json_pack("{s:i, s:i, s:i, s:{s:I, s:I, s:I, s:I, s:I, s:i, s:s, s:s, s:I}}", "prompt_tokens", j->prompt_tokens,
+    return json_pack("{s:i, s:i, s:i, s:{s:I, s:I, s:I, s:I, s:I, s:i, s:s, s:s, s:I, s:i}}", "prompt_tokens", j->prompt_tokens,
                      "completion_tokens", j->completion_tokens, "total_tokens", j->prompt_tokens + j->completion_tokens,
                      "kvtier", "prompt_tokens_reused", (json_int_t) j->sync.tokens_reused, "prompt_tokens_decoded",
                      (json_int_t) j->sync.tokens_decoded, "evictions", (json_int_t) j->sync.evictions, "recoveries",
                      (json_int_t) j->sync.recoveries, "recomputes", (json_int_t) j->sync.recomputes, "resident_tokens",
                      j->resident_tokens, "session_id", j->out_session, "store", kvt_route_name(j->sync.route),
-                     "prompt_tokens_from_store", (json_int_t) j->sync.tokens_from_store);
+                     "prompt_tokens_from_store", (json_int_t) j->sync.tokens_from_store, "decode_steps_shared",
+                     j->shared_steps);
 }
 
 static json_t *final_obj(struct server *srv, const struct job *j) {
@@ -122,6 +123,7 @@ static json_t *final_obj(struct server *srv, const struct job *j) {
         choice = json_pack("{s:i, s:s, s:s, s:n}", "index", 0, "text", text ? text : "", "finish_reason", j->finish, "logprobs");
         free(text);
     }
+    if (choice && j->lp_json) json_object_set_new(choice, "logprobs", json_pack("{s:O}", "content", j->lp_json));
     return json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", id, "object",
                      j->kind == JOB_CHAT ? "chat.completion" : "text_completion", "created", (json_int_t) time(NULL),
                      "model", srv->model_name, "choices", choice, "usage", usage_obj(j));

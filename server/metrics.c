@@ -50,6 +50,11 @@ char *serve_metrics_text(struct server *srv) {
     COUNTER("kvtier_recoveries_total", "KV block recoveries (kv_restore loads).", m.recoveries);
     COUNTER("kvtier_recomputes_total", "KV blocks re-decoded because their saved copy was lost.", m.recomputes);
     COUNTER("kvtier_pool_dropped_total", "Saved KV blocks the host pool dropped (failed spill or disk quota).", m.pool_dropped);
+    COUNTER("kvtier_steps_total", "Scheduler steps: llama_decode calls holding decode tokens and/or a prefill chunk.", m.steps);
+    COUNTER("kvtier_step_tokens_total", "Tokens in those steps (decode tokens plus prefill chunk tokens).", m.step_tokens);
+    COUNTER("kvtier_mixed_steps_total", "Steps holding a prefill chunk AND other requests' decode tokens in one llama_decode.", m.mixed_steps);
+    COUNTER("kvtier_mixed_prefill_tokens_total", "Prefill tokens decoded in mixed steps.", m.mixed_prefill_tokens);
+    COUNTER("kvtier_prefill_alone_tokens_total", "Prefill tokens of chunks decoded alone (with --batch-tokens > 0: the last chunk of each prompt part).", m.prefill_alone_tokens);
     GAUGE("kvtier_resident_tokens", "KV cells held by all sessions.", m.resident_tokens);
     GAUGE("kvtier_sessions", "Open sessions (resident and parked).", m.n_sessions);
     GAUGE("kvtier_sessions_parked", "Sessions parked whole in the host tiers.", m.n_parked);

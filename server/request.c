@@ -97,10 +97,21 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, char *e
         snprintf(err, n_err, "'model' must be a string, got %s", serve_json_type(v));
         return -1;
     }
-    if ((v = json_object_get(root, "logprobs")) && json_is_true(v)) {
+    if ((v = json_object_get(root, "logprobs")) && !json_is_null(v)) {
         *param = "logprobs";
-        snprintf(err, n_err, "'logprobs' is not supported");
-        return -1;
+        if (!json_is_boolean(v) && !(json_is_integer(v) && json_integer_value(v) == 0)) {
+            snprintf(err, n_err, "'logprobs' must be a boolean, got %s", serve_json_type(v));
+            return -1;
+        }
+        j->logprobs = json_is_true(v);
+        if (j->logprobs && j->stream) { snprintf(err, n_err, "'logprobs' is supported without 'stream' only"); return -1; }
+    }
+    if ((v = json_object_get(root, "top_logprobs")) && !json_is_null(v)) {
+        *param = "top_logprobs";
+        if (!json_is_integer(v) || json_integer_value(v) != 0) {
+            snprintf(err, n_err, "'top_logprobs' other than 0 is not supported");
+            return -1;
+        }
     }
     *param = NULL;
     return 0;

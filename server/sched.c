@@ -4,11 +4,16 @@
 **
 ** Scheduling: up to --parallel jobs, chats and completions alike, are active at once; every
 ** scheduler step generates one token for each of them in ONE llama_decode
-** (kvt_session_gen_step_batch_ex: continuous batching; a job joins or leaves the batch between
+** (kvt_session_gen_step_mixed: continuous batching; a job joins or leaves the batch between
 ** steps).  A job's prompt (for a chat, the new tail after the session's cached prefix) is
-** prefilled when the job is admitted, in chunks of at most one block; between chunks the active
-** jobs take a batched step (kvt_session_set_chunk_cb for sessions), so a long prefill does not
-** stall them.  Prefill chunks and decode tokens are not mixed in one llama_decode.
+** prefilled when the job is admitted, in chunks of at most one block, and each chunk but the
+** last rides in a step: ONE llama_decode holds every active job's next decode token AND the
+** chunk (mixed prefill and decode, as llama-server and vLLM schedule chunked prefill), the chunk
+** cut so that the step holds at most --batch-tokens tokens (kvt_session_set_prefill_hooks for
+** sessions; completions cut their chunks here).  The last chunk goes alone: the step after the
+** prefill takes the new job too (see chunk_decode).  A long prefill thus never stalls the
+** generating jobs.  --batch-tokens 0: the older schedule, each chunk decoded alone with a
+** batched step of the active jobs between chunks (kvt_session_set_chunk_cb).
 **
 ** Completions (/v1/completions, no session) are raw rows of the batch: each runs in a scratch
 ** sequence of its own (sequences max_sessions .., one per job that may run at once, at most 64
@@ -24,6 +29,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+static int32_t chunk_room(void *ud);
+static int chunk_decode(void *ud, const struct kvt_decode_chunk *c);
 
 static double wall_s(void) {
     struct timespec ts;
@@ -62,6 +70,7 @@ int serve_engine_open(struct server *srv) {
     ** must hold a whole budget in its own stream, whatever -c divided by the sequences gives */
     ep.n_ctx = KVT_MAX(srv->n_ctx, srv->budget * ep.n_seq);
     ep.n_threads = srv->threads;
+    ep.kv_unified = srv->kv_unified;
     int rc = kvt_engine_open(&ep, &srv->eng);
     if (rc) {
         app_fail("kvtier serve", "cannot open the model", rc);
@@ -148,6 +157,8 @@ void serve_job_free(struct job *j) {
     for (int32_t i = 0; i < j->n_stop; i++) free(j->stop[i]);
     free(j->text);
     free(j->gen);
+    free(j->lp);
+    json_decref(j->lp_json);
     free(j->ptok);
     free(j->row.logits);
     pthread_cond_destroy(&j->cv);
@@ -228,7 +239,36 @@ void serve_job_lib_error(struct job *j, const char *what, int rc) {
         serve_job_error(j, 500, "server_error", NULL, "%s: %s: %s", what, kvt_strerror(rc), kvt_errmsg());
 }
 
+/* "logprobs": the reply's logprobs.content (token text, ln p, UTF-8 bytes), built on the engine
+** thread (it detokenizes) for the HTTP side to send. */
+static void build_logprobs(struct server *srv, struct job *j) {
+    if (!j->logprobs || !j->lp || j->lp_json) return;
+    json_t *a = json_array();
+    for (int32_t i = 0; a && i < j->n_gen; i++) {
+        char *piece = NULL;
+        if (kvt_detokenize(srv->eng, &j->gen[i], 1, false, &piece)) piece = NULL;
+        json_t *bytes = json_array();
+        for (const unsigned char *p = (const unsigned char *) (piece ? piece : ""); bytes && *p; p++)
+            json_array_append_new(bytes, json_integer(*p));
+        char *clean = app_utf8_clean(piece ? piece : "");
+        json_array_append_new(a, json_pack("{s:s, s:f, s:o, s:[]}", "token", clean ? clean : "", "logprob", (double) j->lp[i],
+                                           "bytes", bytes ? bytes : json_null(), "top_logprobs"));
+        free(clean);
+        free(piece);
+    }
+    j->lp_json = a;
+}
+
+/* ln softmax(l)[tok] over n_vocab logits */
+static float log_prob(const float *l, int32_t n_vocab, kvt_token tok) {
+    double mx = -INFINITY, z = 0;
+    for (int32_t v = 0; v < n_vocab; v++) mx = fmax(mx, l[v]);
+    for (int32_t v = 0; v < n_vocab; v++) z += exp(l[v] - mx);
+    return (float) (l[tok] - mx - log(z));
+}
+
 static void finish(struct server *srv, struct job *j) {
+    build_logprobs(srv, j);
     pthread_mutex_lock(&srv->mu);
     j->state = JOB_DONE;
     srv->m.active--;
@@ -272,14 +312,21 @@ static bool update_text(struct server *srv, struct job *j, kvt_engine *eng) {
     return stopped;
 }
 
-static int add_gen(struct job *j, kvt_token t) {
+/* lp: ln p of t (with logprobs) */
+static int add_gen(struct job *j, kvt_token t, float lp) {
     if (j->n_gen == j->cap_gen) {
         int32_t cap = j->cap_gen ? 2 * j->cap_gen : 64;
         kvt_token *g = realloc(j->gen, sizeof *g * (size_t) cap);
         if (!g) return -1;
         j->gen = g;
+        if (j->logprobs) {
+            float *l = realloc(j->lp, sizeof *l * (size_t) cap);
+            if (!l) return -1;
+            j->lp = l;
+        }
         j->cap_gen = cap;
     }
+    if (j->logprobs) j->lp[j->n_gen] = lp;
     j->gen[j->n_gen++] = t;
     return 0;
 }
@@ -364,6 +411,13 @@ static bool start_completion(struct server *srv, struct job *j) {
     const int32_t n = j->prompt_tokens;
     for (int32_t off = 0; rc == 0 && off < n;) {
         int32_t m = KVT_MIN(n - off, srv->block);
+        if (srv->batch_tokens > 0) { /* mixed: the chunk rides in a step of the active jobs */
+            m = KVT_MIN(m, chunk_room(srv));
+            const struct kvt_decode_chunk c = { j->seq, j->ptok + off, m, off, off + m == n };
+            rc = chunk_decode(srv, &c);
+            off += m;
+            continue;
+        }
         rc = kvt_decode(srv->eng, j->seq, j->ptok + off, m, off, off + m == n);
         off += m;
         if (rc == 0 && off < n) serve_on_chunk(srv);
@@ -469,10 +523,12 @@ static void end_chat(struct server *srv, struct job *j, int rc) {
     x->last_used = wall_s();
 }
 
-/* One token for every active job, chats and completions, all in one llama_decode (continuous
-** batching: kvt_session_gen_step_batch_ex, completions as raw rows).  Fills over[k] for the jobs
-** whose reply ended.  Returns the number that ended. */
-static int32_t step_all(struct server *srv, struct job **active, int32_t n_active, double *t_last, bool *over) {
+/* One token for every active job, chats and completions, and the prefill chunk c of a job being
+** admitted (NULL: none), all in one llama_decode (continuous batching with mixed prefill:
+** kvt_session_gen_step_mixed, completions as raw rows).  Fills over[k] for the jobs whose reply
+** ended.  Returns the number that ended; *drc: the shared decode's error (0: the chunk is in). */
+static int32_t step_all(struct server *srv, struct job **active, int32_t n_active, double *t_last, bool *over,
+                        const struct kvt_decode_chunk *c, int *drc) {
     kvt_session *ss[64] = { 0 };
     struct kvt_sampling smp[64] = { { 0 } };
     struct kvt_gen_row rows[64];
@@ -480,7 +536,10 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
     bool done[64];
     int st[64];
     int64_t ev0[64], rec0[64];
+    float *lpl[64] = { 0 }; /* with logprobs: the logits each job samples from */
     int32_t map[64], rmap[64], n = 0, n_rows = 0, n_over = 0;
+    struct kvt_engine_info I;
+    kvt_engine_info(srv->eng, &I);
     for (int32_t k = 0; k < n_active; k++) {
         struct job *j = active[k];
         bool cancelled;
@@ -489,6 +548,9 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
         pthread_mutex_unlock(&srv->mu);
         over[k] = cancelled || j->n_gen >= j->max_tokens;
         if (over[k]) continue;
+        const float *from = j->kind == JOB_COMPLETION ? j->row.logits : kvt_session_logits(((struct sess *) j->slot)->s);
+        if (j->logprobs && from && (lpl[k] = malloc(sizeof(float) * (size_t) I.n_vocab)))
+            memcpy(lpl[k], from, sizeof(float) * (size_t) I.n_vocab);
         if (j->kind == JOB_COMPLETION) {
             rows[n_rows] = j->row;
             rows[n_rows].smp = j->smp;
@@ -506,7 +568,24 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
         smp[n].seed += (uint32_t) j->n_gen;
         map[n++] = k;
     }
-    int rc = n + n_rows > 0 ? kvt_session_gen_step_batch_ex(srv->eng, ss, n, smp, tok, done, st, rows, n_rows) : 0;
+    int rc = n + n_rows > 0 || c ? kvt_session_gen_step_mixed(srv->eng, ss, n, smp, tok, done, st, rows, n_rows, c) : 0;
+    if (drc) *drc = rc;
+    /* the decode rows that went in (sampled tokens that did not end a generation) */
+    int32_t n_dec = 0;
+    for (int32_t i = 0; rc == 0 && i < n; i++) n_dec += !st[i] && !done[i];
+    for (int32_t i = 0; rc == 0 && i < n_rows; i++) n_dec += !rows[i].status && !rows[i].done;
+    const int32_t n_chunk = c ? c->n : 0;
+    if (rc == 0 && n_dec + n_chunk > 0) {
+        pthread_mutex_lock(&srv->mu);
+        srv->m.steps++;
+        srv->m.step_tokens += n_dec + n_chunk;
+        if (n_chunk > 0 && n_dec > 0) {
+            srv->m.mixed_steps++;
+            srv->m.mixed_prefill_tokens += n_chunk;
+        }
+        pthread_mutex_unlock(&srv->mu);
+    }
+    const bool shared = n_dec + (n_chunk > 0) > 1; /* another request's tokens were in this llama_decode */
     for (int32_t i = 0; i < n; i++) {
         struct job *j = active[map[i]];
         struct kvt_session_stats s1;
@@ -516,7 +595,9 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
         int r = rc ? rc : st[i];
         if (r) { end_chat(srv, j, r); over[map[i]] = true; continue; }
         if (done[i]) { j->finish = "stop"; over[map[i]] = true; continue; }
-        if (add_gen(j, tok[i])) { end_chat(srv, j, KVT_ENOMEM); over[map[i]] = true; continue; }
+        j->shared_steps += shared;
+        float lp = lpl[map[i]] ? log_prob(lpl[map[i]], I.n_vocab, tok[i]) : 0;
+        if (add_gen(j, tok[i], lp)) { end_chat(srv, j, KVT_ENOMEM); over[map[i]] = true; continue; }
         note_token(srv, j, &t_last[map[i]]);
         if (update_text(srv, j, srv->eng)) { j->finish = "stop"; over[map[i]] = true; }
         else if (j->n_gen >= j->max_tokens) over[map[i]] = true;
@@ -527,12 +608,15 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
         int r = rc ? rc : rows[i].status;
         if (r) { end_completion(srv, j, r); over[rmap[i]] = true; continue; }
         if (rows[i].done) { j->finish = "stop"; over[rmap[i]] = true; continue; }
-        if (add_gen(j, rows[i].tok)) { end_completion(srv, j, KVT_ENOMEM); over[rmap[i]] = true; continue; }
+        j->shared_steps += shared;
+        float lp = lpl[rmap[i]] ? log_prob(lpl[rmap[i]], I.n_vocab, rows[i].tok) : 0;
+        if (add_gen(j, rows[i].tok, lp)) { end_completion(srv, j, KVT_ENOMEM); over[rmap[i]] = true; continue; }
         note_token(srv, j, &t_last[rmap[i]]);
         if (update_text(srv, j, srv->eng)) { j->finish = "stop"; over[rmap[i]] = true; }
         else if (j->n_gen >= j->max_tokens) over[rmap[i]] = true;
     }
     for (int32_t k = 0; k < n_active; k++) {
+        free(lpl[k]);
         if (!over[k]) continue;
         n_over++;
         struct job *j = active[k];
@@ -586,11 +670,14 @@ static void publish(struct server *srv) {
     pthread_mutex_unlock(&srv->mu);
 }
 
-/* One batched step of the active jobs; finished ones leave the set.  Returns true if any did. */
-static bool step_active(struct server *srv) {
+/* One batched step of the active jobs, with the prefill chunk c (NULL: none) in the same
+** llama_decode; finished ones leave the set.  Returns true if any did; *drc: the decode's error. */
+static bool step_active(struct server *srv, const struct kvt_decode_chunk *c, int *drc) {
     struct sched *sc = srv->sched;
     bool over[64];
-    if (sc->n_active == 0 || step_all(srv, sc->active, sc->n_active, sc->t_last, over) == 0) return false;
+    if (drc) *drc = 0;
+    if (sc->n_active == 0 && !c) return false;
+    if (step_all(srv, sc->active, sc->n_active, sc->t_last, over, c, drc) == 0) return false;
     int32_t w = 0;
     for (int32_t k = 0; k < sc->n_active; k++) {
         if (over[k]) { finish(srv, sc->active[k]); continue; }
@@ -601,9 +688,47 @@ static bool step_active(struct server *srv) {
     return true;
 }
 
-/* Between the prefill chunks of an admitted job: the others keep generating. */
+/* Between the prefill chunks of an admitted job (--batch-tokens 0): the others keep generating. */
 void serve_on_chunk(void *ud) {
-    if (step_active(ud)) publish(ud);
+    if (step_active(ud, NULL, NULL)) publish(ud);
+}
+
+/* The tokens the next prefill chunk may take: --batch-tokens less one per active job (each
+** decodes one token in the same step), at least 1. */
+static int32_t chunk_room(void *ud) {
+    struct server *srv = ud;
+    return KVT_MAX(1, srv->batch_tokens - srv->sched->n_active);
+}
+
+/* A prefill chunk rides in a step of the active jobs: one llama_decode for all.  Except the last
+** chunk of what is being prefilled (it wants logits): the step right after the prefill decodes
+** every active job AND the new one, so a step here too would cost the active jobs one more
+** pass over the weights per admitted request for no token of the new one (measured: 187 steps
+** instead of 160 for the same decode tokens, docs/BENCHMARKS.md).  With one KV stream per
+** sequence llama.cpp runs the chunk as a ubatch of its own anyway (kvt_decode_mixed), so mixing
+** it saves the call, not the weight pass.  The
+** steps between chunks are thus exactly those of --batch-tokens 0, each merged with a chunk. */
+static int chunk_decode(void *ud, const struct kvt_decode_chunk *c) {
+    struct server *srv = ud;
+    int rc = 0;
+    if (c->want_logits) {
+        rc = kvt_decode(srv->eng, c->seq, c->tokens, c->n, c->pos0, true);
+        pthread_mutex_lock(&srv->mu);
+        if (rc == 0) srv->m.prefill_alone_tokens += c->n;
+        pthread_mutex_unlock(&srv->mu);
+        return rc;
+    }
+    if (step_active(srv, c, &rc)) publish(srv);
+    return rc;
+}
+
+void serve_session_hooks(struct server *srv, kvt_session *s) {
+    if (srv->batch_tokens > 0) {
+        const struct kvt_prefill_hooks h = { chunk_room, chunk_decode, srv };
+        kvt_session_set_prefill_hooks(s, &h);
+    } else {
+        kvt_session_set_chunk_cb(s, serve_on_chunk, srv);
+    }
 }
 
 void *serve_engine_main(void *arg) {
@@ -667,7 +792,7 @@ void *serve_engine_main(void *arg) {
         start_waiting(srv);
         if (n_adm > 0) publish(srv);
         /* one token for every active job, one batched decode */
-        bool ended = step_active(srv);
+        bool ended = step_active(srv, NULL, NULL);
         if (ended) publish(srv);
     }
     pthread_mutex_lock(&srv->mu);

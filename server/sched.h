@@ -53,6 +53,9 @@ void serve_job_lib_error(struct job *j, const char *what, int rc);
 /* The chunk callback of every session (ud: the server): between the prefill chunks of one job,
 ** the active ones take a batched step. */
 void serve_on_chunk(void *ud);
+/* Give a new session the server's prefill schedule: mixed prefill hooks (--batch-tokens > 0),
+** else the chunk callback serve_on_chunk. */
+void serve_session_hooks(struct server *srv, kvt_session *s);
 
 /* server/admit.c */
 

@@ -69,7 +69,12 @@ struct job {
     void         *slot;            /* struct sess * while running */
     int64_t       resumed;         /* blocks loaded back by resuming a parked session */
     kvt_token    *gen;
+    float        *lp;              /* [cap_gen] with logprobs: ln p of each generated token, else NULL */
     int32_t       n_gen, cap_gen;
+    bool          logprobs;        /* "logprobs": true (no top_logprobs) */
+    json_t       *lp_json;         /* with logprobs, once done: the reply's logprobs.content array (owned) */
+    int32_t       shared_steps;    /* decode steps of this job that shared their llama_decode with
+                                   ** another request's tokens (usage.kvtier.decode_steps_shared) */
     /* JOB_COMPLETION: a raw row of the batched step in a scratch sequence */
     kvt_token    *ptok;            /* prompt tokens, until prefilled */
     int32_t       seq;             /* scratch sequence while running, -1 otherwise */
@@ -95,6 +100,9 @@ struct metrics {
     int64_t prompt_from_store;     /* prompt tokens loaded from the block store */
     struct kvt_store_stats store;  /* zero without a store */
     bool    have_store;
+    int64_t steps, step_tokens;    /* scheduler steps (one llama_decode each) and the tokens they held */
+    int64_t mixed_steps, mixed_prefill_tokens; /* steps holding a prefill chunk AND decode tokens; the chunks' tokens */
+    int64_t prefill_alone_tokens;  /* prefill tokens of chunks decoded alone (a prompt's last chunk) */
     struct hist ttft, per_token;
 };
 
@@ -120,6 +128,8 @@ struct server {
     const char     *model_path;
     char            model_name[128];
     int32_t         n_ctx, budget, parallel, threads, max_sessions, pool_mb, spill_mb, block, max_tokens_default;
+    int32_t         batch_tokens;  /* --batch-tokens: tokens of one scheduler step (decode rows + a prefill chunk) */
+    bool            kv_unified;    /* --kv-unified: one KV cache shared by all sequences (the old layout) */
     const char     *spill_dir;
     const char     *store_dir;     /* block store (--store); NULL = the user's cache directory */
     bool            no_store;      /* --no-store */

@@ -48,11 +48,20 @@ bool kvt__attn_eval_cb(struct ggml_tensor *t, bool ask, void *ud) {
     if (!e->capturing) return ask ? false : true;
     if ((il = layer_of(t->name, "kq_soft_max")) >= 0) {
         struct attn_cap *c = kvt__attn_cap_for(e, il);
-        if (ask) return c != NULL;
-        if (!c || !t->src[1] || !ggml_backend_buffer_is_host(t->buffer)) return true;
+        /* One llama_decode may run several ubatches (kvt_decode_mixed): the scheduler asks about
+        ** every node once per ubatch, and the lowest captured layer's softmax is the first asked
+        ** of ours, so counting those asks tells which ubatch this is.  Only the target ubatch's
+        ** nodes are asked for: each one asked splits the graph compute there (a sync of the
+        ** threads), which the other ubatches are spared. */
+        if (ask) {
+            if (c && il == e->cap_first_layer) e->ub_seen++;
+            return c != NULL && e->ub_seen == e->cap_ubatch;
+        }
+        if (!c || !t->src[1] || !ggml_backend_buffer_is_host(t->buffer) || e->ub_seen != e->cap_ubatch) return true;
         const struct ggml_tensor *m = t->src[1];
-        const int32_t n_kv = (int32_t) t->ne[0], n_tok = (int32_t) t->ne[1], n_head = (int32_t) t->ne[2];
-        if (n_tok != e->cur_n || t->ne[3] != 1) return true; /* not our ubatch layout */
+        const int32_t n_kv = (int32_t) t->ne[0], n_rows = (int32_t) t->ne[1], n_head = (int32_t) t->ne[2];
+        const int32_t n_tok = e->cur_n; /* our rows: the first cur_n of the ubatch's cap_rows */
+        if (n_rows != e->cap_rows || n_tok > n_rows || t->ne[3] != 1) return true; /* not our ubatch layout */
         size_t nw = (size_t) n_kv * n_tok * n_head, nv = (size_t) n_kv * n_tok;
         if (!grow((void **) &c->w, &c->cap_w, nw * sizeof(float)) || !grow((void **) &c->vis, &c->cap_vis, nv) ||
             !grow((void **) &c->q_pos, &c->cap_qpos, (size_t) n_tok * sizeof(kvt_pos)))
@@ -75,11 +84,14 @@ bool kvt__attn_eval_cb(struct ggml_tensor *t, bool ask, void *ud) {
     }
     if (e->capture_q && (il = layer_of(t->name, "Qcur")) >= 0) {
         struct attn_cap *c = kvt__attn_cap_for(e, il);
-        if (ask) return c != NULL && t->op == GGML_OP_ROPE;
+        /* Q comes before the softmax of its layer: in the lowest captured layer the count of
+        ** ubatches is still that of the previous one */
+        const bool ours = e->ub_seen + (il == e->cap_first_layer) == e->cap_ubatch;
+        if (ask) return c != NULL && t->op == GGML_OP_ROPE && ours;
         if (!c || t->op != GGML_OP_ROPE || t->type != GGML_TYPE_F32 || !ggml_backend_buffer_is_host(t->buffer)) return true;
         /* [head_dim, n_head, n_tokens] */
-        int32_t hd = (int32_t) t->ne[0], nh = (int32_t) t->ne[1], nt = (int32_t) t->ne[2];
-        if (nt != e->cur_n) return true;
+        int32_t hd = (int32_t) t->ne[0], nh = (int32_t) t->ne[1], nt = e->cur_n;
+        if ((int32_t) t->ne[2] != e->cap_rows || !ours) return true;
         if (!grow((void **) &c->q, &c->cap_q, (size_t) hd * nh * nt * sizeof(float))) return true;
         for (int tk = 0; tk < nt; tk++)
             for (int h = 0; h < nh; h++)
@@ -104,7 +116,11 @@ int kvt_attn_capture(kvt_engine *e, const int32_t *layers, int32_t n, bool captu
         free(e->caps[i].w); free(e->caps[i].vis); free(e->caps[i].q); free(e->caps[i].q_pos);
     }
     free(e->caps);
-    for (int32_t i = 0; i < n; i++) c[i].layer = layers[i];
+    e->cap_first_layer = n > 0 ? layers[0] : -1;
+    for (int32_t i = 0; i < n; i++) {
+        c[i].layer = layers[i];
+        e->cap_first_layer = KVT_MIN(e->cap_first_layer, layers[i]);
+    }
     e->caps = c;
     e->n_caps = n;
     e->capture_q = capture_q;
@@ -121,9 +137,9 @@ int kvt_attn_get(kvt_engine *e, int32_t layer, int32_t seq, kvt_attn **out) {
     *out = NULL;
     struct attn_cap *c = kvt__attn_cap_for(e, layer);
     if (c && kvt__engine_seq_ok(e, seq) && e->multi_gen[seq] == e->gen && e->gen != 0)
-        return kvt__fail(KVT_EUNSUPPORTED, "the last decode of sequence %d was a row of a multi-sequence batch "
-                         "(kvt_decode_multi), whose ubatches mix sequences: attention is captured for kvt_decode only",
-                         seq);
+        return kvt__fail(KVT_EUNSUPPORTED, "the last decode of sequence %d was a decode row of a multi-sequence batch "
+                         "(kvt_decode_multi / kvt_decode_mixed): attention is captured for kvt_decode and for the "
+                         "prefill chunk of kvt_decode_mixed only", seq);
     if (!c || !c->have || c->seq != seq)
         return kvt__fail(KVT_ENOENT, "no attention captured for layer %d of sequence %d", layer, seq);
     if (c->gen != e->gen)

@@ -33,6 +33,9 @@ int kvt_decode(kvt_engine *e, int32_t seq, const kvt_token *tokens, int32_t n, k
         e->cur_seq = seq;
         e->cur_n = m;
         e->cur_pos = pos_buf;
+        e->cap_ubatch = 0;
+        e->cap_rows = m;
+        e->ub_seen = -1;
         for (int i = 0; e->capturing && i < e->n_caps; i++) e->caps[i].have = e->caps[i].have_q = false;
         int r = llama_decode(e->ctx, *b);
         e->capturing = false;
@@ -60,36 +63,122 @@ int kvt_decode_multi(kvt_engine *e, const int32_t *seqs, const kvt_token *toks, 
                      float *logits_out) {
     if (n <= 0 || n > e->p.n_ubatch || !seqs || !toks || !pos || !logits_out)
         return kvt__fail(KVT_EINVAL, "multi-sequence decode of %d tokens (1..%d)", n, e->p.n_ubatch);
+    return kvt_decode_mixed(e, seqs, toks, pos, n, logits_out, NULL);
+}
+
+/* Order of the batch rows, chosen for llama.cpp's ubatch split (llama-batch.cpp split_equal with
+** sequential = true, used with one stream per sequence): a ubatch holds a run of CONSECUTIVE
+** sequence ids taken in batch order from the first unused row, and as many tokens of each as
+** the one with fewest has.  Rows in ascending sequence order form the fewest runs.  A chunk goes
+** between the rows of higher and of lower sequences: the run of the higher ones cannot reach it
+** (it starts above it), and when its ubatch begins no row of sequence chunk + 1 is left, so the
+** chunk's ubatch is the chunk alone, all of it, exactly as kvt_decode would have decoded it (same
+** numbers; its attention is captured as kvt_decode's).  Returns the index of the chunk's ubatch
+** (the runs of rows above it).  The unified cache (split_simple: ubatches of n_ubatch rows in
+** batch order) gets the chunk first, in ubatch 0 with the rows. */
+static int32_t mixed_order(const kvt_engine *e, const int32_t *seqs, int32_t n, int32_t chunk_seq, int32_t *ord,
+                           int32_t *chunk_at) {
+    for (int32_t i = 0; i < n; i++) ord[i] = i;
+    for (int32_t i = 1; i < n; i++) { /* insertion sort by sequence: n <= n_ubatch, nearly sorted */
+        int32_t x = ord[i], k = i - 1;
+        while (k >= 0 && seqs[ord[k]] > seqs[x]) { ord[k + 1] = ord[k]; k--; }
+        ord[k + 1] = x;
+    }
+    if (e->unified || chunk_seq < 0) { *chunk_at = 0; return 0; }
+    int32_t n_low = 0;
+    while (n_low < n && seqs[ord[n_low]] < chunk_seq) n_low++;
+    int32_t tmp[512], runs = 0; /* rotate: the higher rows first, then the lower ones */
+    for (int32_t i = 0; i < n; i++) tmp[i] = ord[(i + n_low) % (n > 0 ? n : 1)];
+    memcpy(ord, tmp, sizeof(int32_t) * (size_t) n);
+    for (int32_t i = 0; i < n - n_low; i++) runs += i == 0 || seqs[ord[i]] != seqs[ord[i - 1]] + 1;
+    *chunk_at = n - n_low;
+    return runs;
+}
+
+int kvt_decode_mixed(kvt_engine *e, const int32_t *seqs, const kvt_token *toks, const kvt_pos *pos, int32_t n,
+                     float *logits_out, const struct kvt_decode_chunk *c) {
+    const int32_t m = c ? c->n : 0;
+    if (n < 0 || m < 0 || n + m <= 0 || n + m > KVT_MIN(e->p.n_ubatch, 512) || (n > 0 && (!seqs || !toks || !pos || !logits_out)) ||
+        (m > 0 && !c->tokens))
+        return kvt__fail(KVT_EINVAL, "mixed decode of %d rows and a chunk of %d tokens (1..%d in all)", n, m,
+                         KVT_MIN(e->p.n_ubatch, 512));
+    if (m > 0 && (c->seq < 0 || c->seq >= e->p.n_seq))
+        return kvt__fail(KVT_EINVAL, "chunk sequence id %d is outside 0..%d", c->seq, e->p.n_seq - 1);
     struct llama_batch *b = &e->batch;
     for (int32_t i = 0; i < n; i++) {
         if (seqs[i] < 0 || seqs[i] >= e->p.n_seq) return kvt__fail(KVT_EINVAL, "sequence id %d is outside 0..%d", seqs[i], e->p.n_seq - 1);
         for (int32_t k = 0; k < i; k++)
             if (seqs[k] == seqs[i]) return kvt__fail(KVT_EINVAL, "sequence %d appears twice in one multi-sequence decode", seqs[i]);
+        if (m > 0 && seqs[i] == c->seq)
+            return kvt__fail(KVT_EINVAL, "sequence %d is both a decode row and the prefill chunk of one decode", seqs[i]);
         if (toks[i] < 0 || toks[i] >= e->info.n_vocab)
             return kvt__fail(KVT_EINVAL, "token %d at index %d is outside the vocabulary of %d", toks[i], i, e->info.n_vocab);
-        b->token[i] = toks[i];
-        b->pos[i] = pos[i];
-        b->n_seq_id[i] = 1;
-        b->seq_id[i][0] = seqs[i];
-        b->logits[i] = 1;
     }
-    b->n_tokens = n;
+    for (int32_t i = 0; i < m; i++)
+        if (c->tokens[i] < 0 || c->tokens[i] >= e->info.n_vocab)
+            return kvt__fail(KVT_EINVAL, "chunk token %d at index %d is outside the vocabulary of %d", c->tokens[i], i,
+                             e->info.n_vocab);
+    int32_t ord[512], at[512], chunk_at = 0;
+    const int32_t ub = mixed_order(e, seqs, n, m > 0 ? c->seq : -1, ord, &chunk_at);
+    kvt_pos cpos[512];
+    int32_t r = 0;
+    for (int32_t k = 0; k <= n; k++) {
+        if (k == chunk_at)
+            for (int32_t i = 0; i < m; i++, r++) {
+                b->token[r] = c->tokens[i];
+                b->pos[r] = cpos[i] = c->pos0 + i;
+                b->n_seq_id[r] = 1;
+                b->seq_id[r][0] = c->seq;
+                b->logits[r] = c->want_logits && i == m - 1;
+            }
+        if (k == n) break;
+        const int32_t i = ord[k];
+        at[i] = r;
+        b->token[r] = toks[i];
+        b->pos[r] = pos[i];
+        b->n_seq_id[r] = 1;
+        b->seq_id[r][0] = seqs[i];
+        b->logits[r++] = 1;
+    }
+    b->n_tokens = r;
     e->have_logits = false;
-    e->capturing = false; /* the capture maps one sequence per ubatch */
-    int r = llama_decode(e->ctx, *b);
-    if (r == 1)
-        return kvt__fail(KVT_ECTX, "no free KV cells for %d tokens (%s of %d cells)", n,
+    /* the chunk's attention: its rows of its ubatch (streams: the chunk alone; unified: rows
+    ** 0 .. m-1 of the one ubatch) */
+    e->capturing = m > 0 && e->n_caps > 0;
+    e->cur_seq = m > 0 ? c->seq : -1;
+    e->cur_n = m;
+    e->cur_pos = cpos;
+    e->cap_ubatch = ub;
+    e->cap_rows = e->unified ? r : m;
+    e->ub_seen = -1;
+    for (int i = 0; e->capturing && i < e->n_caps; i++) e->caps[i].have = e->caps[i].have_q = false;
+    int rc = llama_decode(e->ctx, *b);
+    e->capturing = false;
+    e->cap_ubatch = 0;
+    e->cap_rows = 0;
+    if (rc == 1)
+        return kvt__fail(KVT_ECTX, "no free KV cells for %d rows and a chunk of %d tokens (%s of %d cells)", n, m,
                          e->unified ? "context" : "one sequence's stream", e->n_ctx_seq);
-    if (r != 0) return kvt__fail(KVT_ELLAMA, "llama_decode returned %d for a batch of %d sequences", r, n);
+    if (rc != 0) return kvt__fail(KVT_ELLAMA, "llama_decode returned %d for a batch of %d rows and a chunk of %d", rc, n, m);
     e->shift_pending = false;
     for (int32_t i = 0; i < n; i++)
         if (kvt__pm_set(&e->pm[seqs[i]], pos[i])) return KVT_ENOMEM;
+    for (int32_t i = 0; i < m; i++)
+        if (kvt__pm_set(&e->pm[c->seq], c->pos0 + i)) return KVT_ENOMEM;
     e->gen++;
     for (int32_t i = 0; i < n; i++) e->multi_gen[seqs[i]] = e->gen; /* kvt_attn_get refuses these rows */
+    for (int i = 0; m > 0 && i < e->n_caps; i++)
+        if (e->caps[i].have) e->caps[i].gen = e->gen;
     for (int32_t i = 0; i < n; i++) {
-        const float *l = llama_get_logits_ith(e->ctx, i);
+        const float *l = llama_get_logits_ith(e->ctx, at[i]);
         if (!l) return kvt__fail(KVT_ELLAMA, "llama.cpp returned no logits for batch row %d", i);
         memcpy(logits_out + (size_t) i * e->info.n_vocab, l, sizeof(float) * (size_t) e->info.n_vocab);
+    }
+    if (m > 0 && c->want_logits) {
+        const float *l = llama_get_logits_ith(e->ctx, chunk_at + m - 1);
+        if (!l) return kvt__fail(KVT_ELLAMA, "llama.cpp returned no logits for the chunk's last token");
+        memcpy(e->logits, l, sizeof(float) * (size_t) e->info.n_vocab);
+        e->have_logits = true;
     }
     return 0;
 }

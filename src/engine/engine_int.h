@@ -87,8 +87,11 @@ struct kvt_engine {
     struct attn_cap            *caps;
     int32_t                     n_caps;
     bool                        capture_q, capturing;
-    int32_t                     cur_seq, cur_n;
-    const kvt_pos              *cur_pos;
+    int32_t                     cur_seq, cur_n;          /* the captured rows: sequence, count, */
+    const kvt_pos              *cur_pos;                 /*   positions */
+    int32_t                     cap_ubatch, cap_rows;    /* their ubatch (index in the llama_decode) and its rows */
+    int32_t                     ub_seen;                 /* ubatches of this llama_decode begun so far - 1 */
+    int32_t                     cap_first_layer;         /* lowest captured layer: its softmax starts a ubatch */
     void                       *mask_probe[KVT__MAX_LAYERS]; /* open-time: mask tensor per layer */
     bool                        probing;
     /* sampler chain, rebuilt when the sampling params change */

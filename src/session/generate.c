@@ -19,8 +19,12 @@ static int save_logits(kvt_session *s) {
     return 0;
 }
 
-/* Decode tokens for the conversation, keeping the budget at every chunk. */
+/* Decode tokens for the conversation, keeping the budget at every chunk.  The start of a prompt's
+** prefill: whatever must see the whole prompt before its first chunk (a store lookup) goes here,
+** before the loop.  With prefill hooks (kvt_session_set_prefill_hooks) each chunk is decoded by
+** the scheduler inside a shared llama_decode; everything around the decode is the same. */
 int kvt__sess_feed(kvt_session *s, const kvt_token *tok, int32_t n, int role, int32_t reserve_after) {
+    const bool mixed = s->hooks.decode && !s->reply_feed;
     int32_t off = 0;
     bool routed = role == KVT_ROLE_ASSISTANT; /* a prompt's blocks may be in the store */
     while (off < n) {
@@ -36,6 +40,7 @@ int kvt__sess_feed(kvt_session *s, const kvt_token *tok, int32_t n, int role, in
         ** decoded (its SWA cells still exist) */
         int32_t room_in_block = s->open >= 0 ? s->p.block - s->b[s->open].info.n_tokens : s->p.block;
         int32_t m = KVT_MIN(n - off, room_in_block);
+        if (mixed && s->hooks.room) m = KVT_MIN(m, KVT_MAX(1, s->hooks.room(s->hooks.ud)));
         bool last = off + m == n;
         double t1 = kvt__now_ms();
         int rc = kvt__sess_make_room(s, m + (last ? reserve_after : 0));
@@ -43,7 +48,12 @@ int kvt__sess_feed(kvt_session *s, const kvt_token *tok, int32_t n, int role, in
         s->policy_ms += kvt__now_ms() - t1; /* scoring; the seq_rm of evictions is in here too (cheap) */
         if (rc || (rc = kvt__sess_reserve_positions(s, m))) return rc;
         double t0 = kvt__now_ms();
-        rc = kvt_decode(s->eng, s->p.seq, tok + off, m, s->next_pos, last);
+        if (mixed) {
+            const struct kvt_decode_chunk c = { s->p.seq, tok + off, m, s->next_pos, last };
+            rc = s->hooks.decode(s->hooks.ud, &c);
+        } else {
+            rc = kvt_decode(s->eng, s->p.seq, tok + off, m, s->next_pos, last);
+        }
         s->decode_ms += kvt__now_ms() - t0;
         if (rc) return rc;
         if (last && (rc = save_logits(s))) return rc;
@@ -76,7 +86,10 @@ int kvt_session_generate(kvt_session *s, int32_t max_tokens, const struct kvt_sa
         if ((rc = kvt_sample(s->eng, smp, &t))) break;
         if (kvt_token_is_eog(s->eng, t)) break;
         gen[n++] = t;
-        if ((rc = kvt__sess_feed(s, &t, 1, KVT_ROLE_ASSISTANT, 0))) break;
+        s->reply_feed = true;
+        rc = kvt__sess_feed(s, &t, 1, KVT_ROLE_ASSISTANT, 0);
+        s->reply_feed = false;
+        if (rc) break;
         if (cb) {
             char *piece = NULL;
             if (kvt_detokenize(s->eng, &t, 1, false, &piece) == 0) {
@@ -164,7 +177,10 @@ int kvt_session_gen_step(kvt_session *s, const struct kvt_sampling *smp, kvt_tok
         s->gen = g;
         s->cap_gen = cap;
     }
-    if ((rc = kvt__sess_feed(s, &t, 1, KVT_ROLE_ASSISTANT, 0))) return rc;
+    s->reply_feed = true;
+    rc = kvt__sess_feed(s, &t, 1, KVT_ROLE_ASSISTANT, 0);
+    s->reply_feed = false;
+    if (rc) return rc;
     s->gen[s->n_gen++] = t;
     return 0;
 }
@@ -191,10 +207,17 @@ int kvt_session_gen_step_batch(kvt_session *const *ss, int32_t n, const struct k
 
 int kvt_session_gen_step_batch_ex(kvt_engine *eng, kvt_session *const *ss, int32_t n, const struct kvt_sampling *smp,
                                   kvt_token *tok, bool *done, int *status, struct kvt_gen_row *rows, int32_t n_rows) {
+    return kvt_session_gen_step_mixed(eng, ss, n, smp, tok, done, status, rows, n_rows, NULL);
+}
+
+int kvt_session_gen_step_mixed(kvt_engine *eng, kvt_session *const *ss, int32_t n, const struct kvt_sampling *smp,
+                               kvt_token *tok, bool *done, int *status, struct kvt_gen_row *rows, int32_t n_rows,
+                               const struct kvt_decode_chunk *chunk) {
     kvt__clear_error();
     if (n < 0 || n_rows < 0 || (n > 0 && (!ss || !smp || !tok || !done || !status)) || (n_rows > 0 && !rows))
         return kvt__fail(KVT_EINVAL, "batch of %d sessions and %d rows", n, n_rows);
-    if (n + n_rows == 0) return 0;
+    if (chunk && chunk->n <= 0) chunk = NULL;
+    if (n + n_rows == 0) return chunk ? kvt_decode_mixed(eng, NULL, NULL, NULL, 0, NULL, chunk) : 0;
     struct kvt_engine_info I;
     kvt_engine_info(eng, &I);
     const int32_t nt = n + n_rows;
@@ -246,10 +269,10 @@ int kvt_session_gen_step_batch_ex(kvt_engine *eng, kvt_session *const *ss, int32
         bt[m] = w->tok;
         idx[m++] = n + r;
     }
-    if (rc == 0 && m > 0) {
+    if (rc == 0 && (m > 0 || chunk)) {
         double t0 = kvt__now_ms();
-        rc = kvt_decode_multi(eng, seqs, bt, pos, m, logits);
-        double dt = (kvt__now_ms() - t0) / m;
+        rc = kvt_decode_mixed(eng, seqs, bt, pos, m, logits, chunk);
+        double dt = (kvt__now_ms() - t0) / (m > 0 ? m : 1);
         for (int32_t k = 0; rc == 0 && k < m; k++) {
             const float *l = logits + (size_t) k * I.n_vocab;
             if (idx[k] >= n) {
@@ -274,6 +297,13 @@ int kvt_session_gen_step_batch_ex(kvt_engine *eng, kvt_session *const *ss, int32
     free(bt);
     free(logits);
     return rc;
+}
+
+const float *kvt_session_logits(const kvt_session *s) { return s->have_logits && !s->is_parked ? s->logits : NULL; }
+
+void kvt_session_set_prefill_hooks(kvt_session *s, const struct kvt_prefill_hooks *hooks) {
+    if (hooks && hooks->decode) s->hooks = *hooks;
+    else memset(&s->hooks, 0, sizeof s->hooks);
 }
 
 void kvt_session_set_chunk_cb(kvt_session *s, kvt_chunk_cb cb, void *ud) {

@@ -108,6 +108,8 @@ struct kvt_session {
     const kvt_blob *const *preload; /* blocks just loaded from the store, in order: their seal */
     int32_t     n_preload;          /*   takes these bytes instead of reading the cache back */
     double      store_ms;
+    struct kvt_prefill_hooks hooks; /* mixed prefill (kvt_session_set_prefill_hooks); decode NULL: off */
+    bool        reply_feed;     /* kvt__sess_feed is decoding a generated token (not a prefill chunk) */
 };
 
 /* A recovery candidate: block index and score (higher first). */
