@@ -50,8 +50,10 @@ py() {
 serve() {
     local name=$1 port=
     shift
+    # --no-store: every run of the probe prefills its whole prompt (the schedule is what is
+    # measured; with the block store its second run would load most of it, tests/server/cli_serve_store.sh)
     "$BIN" serve -m "$MODEL" --port 0 -c 4608 --budget 512 --max-sessions 8 --parallel 8 --threads 2 \
-        --spill-dir "$TMP" "$@" >/dev/null 2>"$TMP/$name.err" &
+        --spill-dir "$TMP" --no-store "$@" >/dev/null 2>"$TMP/$name.err" &
     PID=$!
     for _ in $(seq 1 300); do
         port=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$TMP/$name.err" | sed 's/.*://')
