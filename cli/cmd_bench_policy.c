@@ -54,21 +54,7 @@ static int bench_policy_usage(FILE *f, const struct cli_opt *opts) {
 /* The conversation: consecutive essay text cut into n turns of `tokens` tokens each. */
 static int make_turns(const char *cmd, kvt_engine *eng, const struct eval_corpus *c, int32_t n, int32_t tokens,
                       char ***out) {
-    size_t cap = 0, len = 0;
-    char *all = NULL;
-    for (int i = 0; i < c->n && len < (size_t) n * (size_t) tokens * 8; i++) {
-        size_t l = strlen(c->e[i].text);
-        if (len + l + 2 > cap) {
-            cap = (len + l + 2) * 2;
-            char *na = realloc(all, cap);
-            if (!na) { free(all); return APP_ERR; }
-            all = na;
-        }
-        memcpy(all + len, c->e[i].text, l);
-        len += l;
-        all[len++] = ' ';
-        all[len] = '\0';
-    }
+    char *all = eval_corpus_join(c, (size_t) n * (size_t) tokens * 8);
     kvt_token *tok = NULL;
     int32_t nt = 0;
     int rc = all ? kvt_tokenize(eng, all, false, false, &tok, &nt) : KVT_ENOMEM;

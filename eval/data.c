@@ -210,6 +210,27 @@ int eval_corpus_load(const char *cmd, const char *texts_opt, struct eval_corpus 
     return rc;
 }
 
+char *eval_corpus_join(const struct eval_corpus *c, size_t min_bytes) {
+    size_t cap = 1, len = 0;
+    char *all = malloc(cap);
+    if (!all) return NULL;
+    all[0] = '\0';
+    for (int i = 0; i < c->n && len < min_bytes; i++) {
+        size_t l = strlen(c->e[i].text);
+        if (len + l + 2 > cap) {
+            cap = (len + l + 2) * 2;
+            char *na = realloc(all, cap);
+            if (!na) { free(all); return NULL; }
+            all = na;
+        }
+        memcpy(all + len, c->e[i].text, l);
+        len += l;
+        all[len++] = ' ';
+        all[len] = '\0';
+    }
+    return all;
+}
+
 void eval_corpus_free(struct eval_corpus *c) {
     for (int i = 0; i < c->n; i++) {
         free(c->e[i].name);

@@ -73,6 +73,9 @@ struct eval_corpus {
 ** or APP_USAGE / APP_ERR with a message naming the directory.  Free with eval_corpus_free. */
 int  eval_corpus_load(const char *cmd, const char *texts_opt, struct eval_corpus *c);
 void eval_corpus_free(struct eval_corpus *c);
+/* The essays in order, joined by single spaces, up to the first essay that brings the text to at
+** least min_bytes (all of them if they hold less).  Caller frees; NULL when out of memory. */
+char *eval_corpus_join(const struct eval_corpus *c, size_t min_bytes);
 
 /* ---- one case ---- */
 struct eval_fact {

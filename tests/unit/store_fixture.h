@@ -90,4 +90,28 @@ static inline void sk_blob_path(const char *dir, const kvt_key *k, char *buf, si
     snprintf(buf, n, "%s/blobs/%s", dir, name);
 }
 
+/* cmocka fixture: a fresh temporary directory per test (*state is a struct sk_fx), removed after. */
+struct sk_fx {
+    char dir[64];
+};
+
+static inline int sk_setup(void **state) {
+    struct sk_fx *f = calloc(1, sizeof *f);
+    if (!f) return -1;
+    strcpy(f->dir, "/tmp/kvt-test-store-XXXXXX");
+    if (!mkdtemp(f->dir)) {
+        free(f);
+        return -1;
+    }
+    *state = f;
+    return 0;
+}
+
+static inline int sk_teardown(void **state) {
+    struct sk_fx *f = *state;
+    sk_rm_rf(f->dir);
+    free(f);
+    return 0;
+}
+
 #endif

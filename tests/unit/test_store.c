@@ -20,28 +20,6 @@ extern char **environ;
 
 static kvt_key MODEL_A, MODEL_B;
 
-struct fx {
-    char dir[64];
-};
-
-static int setup(void **state) {
-    struct fx *f = calloc(1, sizeof *f);
-    if (!f) return -1;
-    strcpy(f->dir, "/tmp/kvt-test-store-XXXXXX");
-    if (!mkdtemp(f->dir)) {
-        free(f);
-        return -1;
-    }
-    *state = f;
-    return 0;
-}
-
-static int teardown(void **state) {
-    struct fx *f = *state;
-    sk_rm_rf(f->dir);
-    free(f);
-    return 0;
-}
 
 static kvt_store *open_store(const char *dir, size_t ram, size_t disk) {
     struct kvt_store_params p = kvt_store_default_params();
@@ -276,7 +254,7 @@ static int sum_hits(void *ud, const struct kvt_store_entry *e) {
 
 /* RAM first; after close + reopen the same blocks come from disk, then from RAM again. */
 static void test_roundtrip_restart(void **state) {
-    struct fx *f = *state;
+    struct sk_fx *f = *state;
     enum { N = 24 };
     kvt_store *st = open_store(f->dir, 1 << 20, 64 << 20);
     for (int i = 0; i < N; i++) {
@@ -359,7 +337,7 @@ static void test_ram_lru(void **state) {
 /* Disk quota of 10 blocks: writing 15 evicts the 5 least recently hit, except a hot block
 ** (hot_hits hits), which outlives colder ones written after it. */
 static void test_disk_quota(void **state) {
-    struct fx *f = *state;
+    struct sk_fx *f = *state;
     struct kvt_store_params p = kvt_store_default_params();
     p.dir = f->dir;
     p.ram_bytes = 0;
@@ -448,7 +426,7 @@ static void ttl_case(const char *dir, size_t ram, size_t disk) {
 }
 
 static void test_ttl_hot(void **state) {
-    struct fx *f = *state;
+    struct sk_fx *f = *state;
     ttl_case(f->dir, 0, 1 << 20);   /* disk: the index's hits and last hit */
     ttl_case(NULL, 1 << 20, 0);     /* RAM */
 }
@@ -457,7 +435,7 @@ static void test_ttl_hot(void **state) {
 ** key's file, a header naming another model) are misses counted in corrupt, removed, never
 ** returned; the untouched block still reads back. */
 static void test_corrupt_files(void **state) {
-    struct fx *f = *state;
+    struct sk_fx *f = *state;
     enum { N = 7 };
     kvt_key ks[N];
     kvt_store *st = open_store(f->dir, 0, 1 << 20);
@@ -504,7 +482,7 @@ static void test_corrupt_files(void **state) {
 /* The same key asked with another model's fingerprint is a miss (counted), in RAM, in the
 ** queue and on disk; the entry stays for its own model. */
 static void test_foreign_model(void **state) {
-    struct fx *f = *state;
+    struct sk_fx *f = *state;
     kvt_key k = sk_key("foreign", 0);
     kvt_store *st = open_store(f->dir, 1 << 20, 1 << 20);
     put_block(st, &MODEL_A, &k);
@@ -523,7 +501,7 @@ static void test_foreign_model(void **state) {
 /* Bad parameters and arguments are refused with a message naming the value; a read-only open
 ** of a directory with no store fails; a read-only store refuses writes. */
 static void test_errors(void **state) {
-    struct fx *f = *state;
+    struct sk_fx *f = *state;
     struct kvt_store_params p = kvt_store_default_params();
     kvt_store *st = (kvt_store *)1;
     p.dir = f->dir;
@@ -606,13 +584,13 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_chain_sensitivity),
         cmocka_unit_test(test_key_hex),
         cmocka_unit_test(test_chain_across_processes),
-        cmocka_unit_test_setup_teardown(test_roundtrip_restart, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_roundtrip_restart, sk_setup, sk_teardown),
         cmocka_unit_test(test_ram_lru),
-        cmocka_unit_test_setup_teardown(test_disk_quota, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_ttl_hot, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_corrupt_files, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_foreign_model, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_disk_quota, sk_setup, sk_teardown),
+        cmocka_unit_test_setup_teardown(test_ttl_hot, sk_setup, sk_teardown),
+        cmocka_unit_test_setup_teardown(test_corrupt_files, sk_setup, sk_teardown),
+        cmocka_unit_test_setup_teardown(test_foreign_model, sk_setup, sk_teardown),
+        cmocka_unit_test_setup_teardown(test_errors, sk_setup, sk_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

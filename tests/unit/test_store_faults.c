@@ -21,28 +21,6 @@
 
 static kvt_key MODEL_A;
 
-struct fx {
-    char dir[64];
-};
-
-static int setup(void **state) {
-    struct fx *f = calloc(1, sizeof *f);
-    if (!f) return -1;
-    strcpy(f->dir, "/tmp/kvt-test-storef-XXXXXX");
-    if (!mkdtemp(f->dir)) {
-        free(f);
-        return -1;
-    }
-    *state = f;
-    return 0;
-}
-
-static int teardown(void **state) {
-    struct fx *f = *state;
-    sk_rm_rf(f->dir);
-    free(f);
-    return 0;
-}
 
 static kvt_store *open_store(const char *dir, size_t ram, size_t disk, int32_t queue_max) {
     struct kvt_store_params p = kvt_store_default_params();
@@ -89,7 +67,7 @@ static struct kvt_store_stats stats(kvt_store *st) {
 /* queue_max 4 with the writer held: 7 puts queue 4 and drop 3, none waits; released, the 4 are
 ** written.  Gets of queued blocks are answered from the queue (RAM tier off). */
 static void test_full_queue(void **state) {
-    struct fx *f = *state;
+    struct sk_fx *f = *state;
     kvt_store *st = open_store(f->dir, 0, 1 << 20, 4);
     kvt_store_test_hold_writer(st, true);
     kvt_key ks[7];
@@ -149,7 +127,7 @@ static void test_full_queue(void **state) {
 ** even a temporary one) and no row stays, the block is a miss on disk (the RAM copy, when there
 ** is a RAM tier, still answers); disarmed, the same block is written. */
 static void test_fault_sites(void **state) {
-    struct fx *f = *state;
+    struct sk_fx *f = *state;
     const struct { enum kvt__fault_site site; int skip; const char *what; } cases[] = {
         { KVT__FAULT_STORE_WRITE, 0, "write (ENOSPC)" },
         { KVT__FAULT_STORE_SYNC, 0, "fsync" },
@@ -263,7 +241,7 @@ static int kill_loop(const char *dir, int n, bool unsafe, int64_t *orphans, int6
 ** a writer with the unsafe order (row first, file in place) must leave such damage (which
 ** verify --repair then removes, so the reads stay exact even there). */
 static void test_kill9(void **state) {
-    struct fx *f = *state;
+    struct sk_fx *f = *state;
     unsigned seed = (unsigned)time(NULL);
     srand(seed);
     print_message("kill -9 test: seed %u\n", seed);
@@ -290,7 +268,7 @@ static void write_file(const char *path, const void *data, size_t n) {
 }
 
 static void test_gc_verify(void **state) {
-    struct fx *f = *state;
+    struct sk_fx *f = *state;
     struct kvt_store_params p = kvt_store_default_params();
     p.dir = f->dir;
     p.ram_bytes = 0;
@@ -416,7 +394,7 @@ static void *worker_main(void *arg) {
 ** quota of ~12 blocks (evictions and drops all the time): every hit has the right bytes, and
 ** the store verifies clean afterwards. */
 static void test_threads(void **state) {
-    struct fx *f = *state;
+    struct sk_fx *f = *state;
     kvt_store *st = open_store(f->dir, 40000, 60000, 16);
     pthread_t th[4];
     struct worker w[4];
@@ -445,11 +423,11 @@ static void test_threads(void **state) {
 int main(void) {
     MODEL_A = sk_key("model", 'A');
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_full_queue, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_fault_sites, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_gc_verify, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_kill9, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_full_queue, sk_setup, sk_teardown),
+        cmocka_unit_test_setup_teardown(test_fault_sites, sk_setup, sk_teardown),
+        cmocka_unit_test_setup_teardown(test_gc_verify, sk_setup, sk_teardown),
+        cmocka_unit_test_setup_teardown(test_threads, sk_setup, sk_teardown),
+        cmocka_unit_test_setup_teardown(test_kill9, sk_setup, sk_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
