@@ -694,6 +694,19 @@ struct kvt_session_params {
                               ** on what was evicted and are never stored under a chain key */
     const char *tenant;       /* chain salt (kvt_chain_params.tenant): sessions of different
                               ** tenants never share blocks; NULL/"" = shared.  Copied at open */
+    const char *codec_ram;    /* codec of the blocks the session saves to its host pool (a
+                              ** section 9 spec: "raw", "q8", "q4", "elastic", "elastic+q8", with
+                              ** arguments); NULL or "raw" = the blob's bytes (bit-exact).  Parsed
+                              ** at open (KVT_EINVAL naming a bad spec); n_head_kv comes from the
+                              ** engine.  A sealed block is encoded when it is saved (on the
+                              ** calling thread: ~1-4 ms per 64-token block on the reference
+                              ** models, see docs/BENCHMARKS.md) and decoded when it is recovered;
+                              ** the pool holds and counts the encoded bytes, so a lossy codec
+                              ** fits more blocks in the pool's budget.  A block the codec cannot
+                              ** take (a quantised cache type) is saved raw.  Encoded bytes that
+                              ** fail to decode (checksum, format) make the block LOST: it is
+                              ** recomputed from its tokens, never loaded.  Blocks given to the
+                              ** block store (`store`) stay raw (its disk tier has its own codec) */
 };
 
 /* Where the last prompt prefill's tokens came from (kvt_session_route). */
@@ -961,6 +974,12 @@ struct kvt_session_stats {
     int64_t store_tokens;        /* all tokens loaded from the store (not in tokens_decoded) */
     int64_t store_blocks_put;    /* blocks given to the store (a key already there is not) */
     double  store_ms;            /* time in lookups, reads and loads of store blocks (ms) */
+    /* host pool saves (kvt_session_params.codec_ram) */
+    int64_t pool_saved_tokens;   /* tokens of every block save to the pool (re-saves included) */
+    int64_t pool_raw_bytes;      /* their raw blob bytes */
+    int64_t pool_stored_bytes;   /* the bytes the pool was given for them (encoded) */
+    double  codec_encode_ms;     /* time encoding them (ms; 0 with raw) */
+    double  codec_decode_ms;     /* time decoding recovered blocks (ms; 0 with raw) */
 };
 /* Fill *st (HOST/DISK block counts as the pool holds them now).  Works on a parked session.
 ** Cannot fail.  Not thread-safe (engine rule). */
