@@ -1400,6 +1400,7 @@ int  kvt_store_clear(kvt_store *st);
 ** keep such blocks raw).  All functions of this section are pure: no engine, no shared state,
 ** callable from any thread (encoding can run off the decode path). */
 #define KVT_CODEC_VERSION 1
+#define KVT_CODEC_VERSION_HEADS 2 /* a version-1 header followed by the per-head bits table */
 
 enum kvt_codec_id {
     KVT_CODEC_RAW        = 0,
@@ -1420,6 +1421,15 @@ struct kvt_codec_params {
     float   s_k, s_v;   /* elastic: threshold scales for K and V (defaults 0.45, 0.50) */
     int32_t n_sink;     /* cells with position < n_sink stay raw (attention sinks); default 64
                         ** for the elastic codecs, 0 for q8/q4 */
+    const uint8_t *head_bits; /* q8/q4 only ("entropy-sized heads"): NULL = every head in the
+                        ** codec's bits (the default); else [n_head_bits] = bits (4 or 8) of each
+                        ** (layer, KV head) of the blob, layer-major, layers in blob order (the
+                        ** full-attention part's layers, then the sliding-window part's: see
+                        ** kvt_engine_layer_part).  n_head_bits must be the blob's layers x
+                        ** n_head_kv, and head_dim a multiple of group_v.  The table goes into the
+                        ** header (format version KVT_CODEC_VERSION_HEADS), so decoding needs
+                        ** nothing else; borrowed (kvt_codec_inspect points it into the bytes) */
+    int32_t n_head_bits;
 };
 
 /* The defaults above for one codec (an unknown id gives raw's).  Cannot fail. */
