@@ -698,9 +698,11 @@ struct kvt_session_params {
                               ** section 9 spec: "raw", "q8", "q4", "elastic", "elastic+q8", with
                               ** arguments); NULL or "raw" = the blob's bytes (bit-exact).  Parsed
                               ** at open (KVT_EINVAL naming a bad spec); n_head_kv comes from the
-                              ** engine.  A sealed block is encoded when it is saved (on the
-                              ** calling thread: ~1-4 ms per 64-token block on the reference
-                              ** models, see docs/BENCHMARKS.md) and decoded when it is recovered;
+                              ** engine.  A sealed block is encoded when it is saved, on the
+                              ** calling thread (q8/q4: 7-50 ms per 64-token block of the
+                              ** reference models on a loaded 2-core machine, 1-2 % of the time
+                              ** decoding its 64 tokens took; docs/EVALUATION.md) and decoded when
+                              ** it is recovered;
                               ** the pool holds and counts the encoded bytes, so a lossy codec
                               ** fits more blocks in the pool's budget.  A block the codec cannot
                               ** take (a quantised cache type) is saved raw.  Encoded bytes that

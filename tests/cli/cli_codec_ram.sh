@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# cli_codec_ram — block codecs on every tier from the command line:
+#   --codec-ram (the session's host pool) on serve, chat and demo: a bad value is refused with a
+#   message naming it (exit 2), before any model is loaded;
+#   the planted-fact demo on the instruct model (KVTIER_CHAT_MODEL, SmolLM2-135M-Instruct) with
+#   q4 on the RAM tier and on the block store's disk tier still recalls the fact after really
+#   evicting and recovering (every recovered block decoded from q4 bytes), and the same demo
+#   with raw tiers is run beside it (its recall is printed, the q4 run must match it).
+set -u
+. "$(dirname "$0")/lib.sh"
+BIN=${KVTIER_BIN:?KVTIER_BIN is not set}
+CHAT=${KVTIER_CHAT_MODEL:-}
+t_init cli-codec-ram
+
+for c in serve chat demo; do
+    "$BIN" $c -m /nonexistent.gguf --codec-ram q5 >"$TMP/$c.out" 2>"$TMP/$c.err"
+    st=$?
+    if [ $st -eq 2 ] && grep -q "codec-ram" "$TMP/$c.err" && grep -q "'q5'" "$TMP/$c.err"; then
+        ok "$c --codec-ram q5 refused naming the value"
+    else
+        bad "$c --codec-ram q5: status $st, $(head -c 300 "$TMP/$c.err")"
+    fi
+done
+"$BIN" chat -m /nonexistent.gguf --codec-ram q8:0 >"$TMP/g.out" 2>"$TMP/g.err"
+st=$?
+if [ $st -eq 2 ] && grep -q "group size 0" "$TMP/g.err"; then ok "chat --codec-ram q8:0 refused (group size)"; else
+    bad "chat --codec-ram q8:0: status $st, $(head -c 300 "$TMP/g.err")"; fi
+
+if [ -z "$CHAT" ] || [ ! -f "$CHAT" ]; then
+    echo "no KVTIER_CHAT_MODEL: the demo part is skipped"
+    t_finish
+    exit $?
+fi
+
+run() {
+    local name=$1
+    shift
+    if "$BIN" demo -m "$CHAT" --json-only --store "$TMP/store-$name" "$@" >"$TMP/$name.out" 2>"$TMP/$name.err"; then
+        tail -n 1 "$TMP/$name.out" >"$TMP/$name.json"
+        echo "$name: $(cat "$TMP/$name.json")"
+        ok "demo $name ran"
+    else
+        bad "demo $name exited with status $?"
+        tail -n 20 "$TMP/$name.err"
+        echo '{}' >"$TMP/$name.json"
+    fi
+}
+run q4 --codec-ram q4 --codec-disk q4
+run raw
+
+check() {
+    local out
+    out=$(python3 - "$TMP" "$2" <<'EOF'
+import json, sys
+tmp, expr = sys.argv[1], sys.argv[2]
+def load(name):
+    try:
+        return json.load(open(f"{tmp}/{name}.json"))
+    except (OSError, ValueError):
+        return {}
+q, r = load("q4"), load("raw")
+try:
+    print("yes" if eval(expr) else "no")
+except Exception as e:
+    print(f"error: {type(e).__name__}: {e}")
+EOF
+)
+    if [ "$out" = yes ]; then ok "$1"; else bad "$1 ($2 -> $out)"; fi
+}
+check "q4 tiers: evicted and recovered" 'q["evictions"] > 0 and q["recoveries"] > 0'
+check "q4 tiers: the fact's block was evicted and is resident at the probe" \
+    'q["fact_block_evictions"] > 0 and q["fact_block_resident_at_probe"] is True'
+check "q4 tiers: the fact is recalled" 'q["recalled"] is True'
+check "q4 tiers recall as the raw tiers do" 'q["recalled"] == r["recalled"]'
+t_finish
