@@ -1398,6 +1398,14 @@ int  kvt_store_clear(kvt_store *st);
 **               as a bitmap (1 bit per element) plus the kept values in the cache type.
 **   elastic+q8  elastic's bitmap, the kept values quantised as q8 (KIVI groups, min/max over the
 **               group's kept elements; pruned elements decode as exact 0).
+** Per-head bits ("entropy-sized heads", q8/q4 only): kvt_codec_params.head_bits gives every
+** (layer, KV head) its own bits, 4 or 8; each head's elements are then coded exactly as the
+** uniform codec of its bits codes them (same groups; a V group must lie within one head).  The
+** table follows the fixed header (format version KVT_CODEC_VERSION_HEADS: u32 count, u32 0, one
+** byte per entry, zero-padded to 8 bytes) and the SHA-256 covers it with the payload; decoding
+** refuses a table whose size, entries or layer count disagree with the header or the block.
+** `kvtier bench codec --heads PROFILE` compares assignments from a calibration profile
+** (docs/BENCHMARKS.md: whether it is worth using).
 ** Lossy codecs need F16 or F32 K and V; a quantised cache type (q8_0) is KVT_EUNSUPPORTED (callers
 ** keep such blocks raw).  All functions of this section are pure: no engine, no shared state,
 ** callable from any thread (encoding can run off the decode path). */
@@ -1463,7 +1471,9 @@ struct kvt_codec_stats {
 /* Encode a blob.  The blob is read, never modified; it must be a blob of kvt_block_save (or
 ** kvt_codec_decode), any model.  OUT *out (caller frees with free()), *n bytes; stats (may be
 ** NULL) filled on success.
-** Errors: KVT_EINVAL (NULL argument, bad params: the message names the value), KVT_EFORMAT
+** Errors: KVT_EINVAL (NULL argument, bad params: the message names the value; a per-head table
+** whose size is not the blob's layers x n_head_kv, an entry not 4 or 8, head_dim not a multiple
+** of group_v, a per-head table on a codec other than q8/q4), KVT_EFORMAT
 ** (the blob does not parse), KVT_EUNSUPPORTED (a lossy codec on a quantised K or V type, or row
 ** elements not a multiple of n_head_kv: the message names the layer and type; encode raw
 ** instead), KVT_ENOMEM.  On error *out is NULL.  Pure; thread-safe.
@@ -1481,9 +1491,12 @@ struct kvt_codec_info {
     int32_t n_tokens, n_cells, n_cells_swa;
 };
 
-/* Read and check the header (magic, version, codec id, sizes; not the checksum).
+/* Read and check the header (magic, version, codec id, sizes, the per-head table's size and
+** entries; not the checksum).  out->params.head_bits points into data when the bytes have a
+** per-head table (valid while data is).
 ** Errors: KVT_EFORMAT (not kvtier codec bytes, truncated header, another format version, an
-** unknown codec id: the message names the value).  Pure. */
+** unknown codec id, a per-head table of another size than the header says or with an entry not
+** 4 or 8: the message names the value).  Pure. */
 int kvt_codec_inspect(const void *data, size_t n, struct kvt_codec_info *out /* OUT */);
 
 /* Decode bytes of kvt_codec_encode into a new blob (loadable with kvt_block_load on an engine

