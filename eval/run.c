@@ -10,7 +10,10 @@
 **                    into the session's sequence (kvt_decode at the session's next position,
 **                    then kvt_seq_rm, as kvt_session_answer_logprob does), and each position's
 **                    full next-token distribution is read with kvt_logits: NLL, top-1 hit, and
-**                    KL from no_eviction's distribution at the same position. */
+**                    KL from no_eviction's distribution at the same position.
+** With --codec, a policy's session stores its host pool's blocks through o->codec[pi]
+** (kvt_session_params.codec_ram), so every block it recovers was decoded from that codec; the
+** session record keeps the pool's raw and stored bytes and the codec's time. */
 #include "eval.h"
 
 #include <math.h>
