@@ -64,6 +64,13 @@ static int parse_codecs(const char *cmd, const char *s, struct eval_opts *o, cha
         p += len + (p[len] == ',');
     }
     const int n_pol = o->n_policies;
+    bool any = false;
+    for (int i = 0; i < n_pol; i++) any |= o->policies[i] == KVT_POLICY_KVTIER || o->policies[i] == KVT_POLICY_INFLLM;
+    if (!any) {
+        fprintf(stderr, "%s: --codec applies to the policies that recover evicted blocks (kvtier, infllm); "
+                        "--policies lists neither\n", cmd);
+        return APP_USAGE;
+    }
     for (int i = 0; i < n_pol; i++) {
         if (o->policies[i] != KVT_POLICY_KVTIER && o->policies[i] != KVT_POLICY_INFLLM) continue;
         o->codec[i] = buf[0];

@@ -29,6 +29,19 @@ st=$?
 if [ $st -eq 2 ] && grep -q "group size 0" "$TMP/g.err"; then ok "chat --codec-ram q8:0 refused (group size)"; else
     bad "chat --codec-ram q8:0: status $st, $(head -c 300 "$TMP/g.err")"; fi
 
+# eval --codec: bad lists refused naming what is wrong
+expect_usage() { # DESCRIPTION NEEDLE ARGS...
+    local what=$1 needle=$2
+    shift 2
+    "$BIN" eval ppl -m /nonexistent.gguf "$@" >"$TMP/e.out" 2>"$TMP/e.err"
+    local st=$?
+    if [ $st -eq 2 ] && grep -qF -- "$needle" "$TMP/e.err"; then ok "$what"; else
+        bad "$what: status $st, $(head -c 300 "$TMP/e.err")"; fi
+}
+expect_usage "eval --codec q9 refused naming it" "'q9'" --policies no_eviction,kvtier --codec q9
+expect_usage "eval --codec with an empty element refused" "empty" --policies kvtier --codec q4,,q8
+expect_usage "eval --codec without a recovering policy refused" "lists neither" --policies no_eviction,h2o --codec q4
+
 if [ -z "$CHAT" ] || [ ! -f "$CHAT" ]; then
     echo "no KVTIER_CHAT_MODEL: the demo part is skipped"
     t_finish
