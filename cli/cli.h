@@ -60,6 +60,7 @@ struct cli_run_opts {
     const char *redis;         /* the store's Redis tier URL (NULL = none) */
     int32_t     redis_timeout_ms;
     const char *codec_disk;    /* the store's disk tier codec (NULL = raw) */
+    const char *codec_ram;     /* codec of the session's host pool (NULL = raw) */
 };
 
 void cli_run_opts_default(struct cli_run_opts *o);
@@ -105,6 +106,8 @@ void cli_run_opts_default(struct cli_run_opts *o);
       "or unix:///path[?db=N]", NULL },                                                             \
     { "codec-disk", 0, OPT_STR, &(o)->codec_disk, 0, 0, "SPEC",                                    \
       "codec of the block store's disk tier: raw (default), q8, q4, elastic, elastic+q8", NULL },   \
+    { "codec-ram", 0, OPT_STR, &(o)->codec_ram, 0, 0, "SPEC",                                      \
+      "codec of the blocks saved to the host RAM tier: raw (default), q8, q4, elastic, elastic+q8", NULL }, \
     { "redis-timeout-ms", 0, OPT_INT, &(o)->redis_timeout_ms, 1, 60000, "N",                       \
       "deadline of a Redis read in ms (default 20)", NULL },                                        \
     { "system", 0, OPT_STR, &(o)->system, 0, 0, "TEXT", "system message to start the session with", NULL }, \

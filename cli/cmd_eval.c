@@ -26,6 +26,65 @@
 
 static const char DEFAULT_POLICIES[] = "no_eviction,truncate,streaming,h2o,snapkv,infllm,kvtier";
 
+/* --codec "a,b,c": every policy that recovers evicted blocks (kvtier, infllm) runs once per codec,
+** its session's host pool storing blocks through it (kvt_session_params.codec_ram); "raw" is
+** always among them (first), the reference the others are compared with.  Labels "policy/codec".
+** Usage error naming a bad spec (the library's parser says what is wrong with it). */
+static int parse_codecs(const char *cmd, const char *s, struct eval_opts *o, char (*buf)[64]) {
+    for (int i = 0; i < o->n_policies; i++) {
+        snprintf(o->label[i], sizeof o->label[i], "%s", kvt_policy_name(o->policies[i]));
+        o->codec[i] = NULL;
+    }
+    if (!s) return APP_OK;
+    int n = 0;
+    snprintf(buf[n++], 64, "raw");
+    for (const char *p = s; *p;) {
+        size_t len = strcspn(p, ",");
+        if (len == 0 || len >= 64) {
+            fprintf(stderr, "%s: --codec '%s' has an empty or overlong element\n", cmd, s);
+            return APP_USAGE;
+        }
+        char spec[64];
+        memcpy(spec, p, len);
+        spec[len] = '\0';
+        struct kvt_codec_params cp;
+        if (kvt_codec_parse(spec, &cp)) {
+            fprintf(stderr, "%s: --codec: %s\n", cmd, kvt_errmsg());
+            return APP_USAGE;
+        }
+        bool dup = false;
+        for (int k = 0; k < n; k++) dup |= !strcmp(buf[k], spec);
+        if (!dup) {
+            if (n >= EVAL_MAX_CODECS) {
+                fprintf(stderr, "%s: --codec '%s' names more than %d codecs\n", cmd, s, EVAL_MAX_CODECS - 1);
+                return APP_USAGE;
+            }
+            snprintf(buf[n++], 64, "%s", spec);
+        }
+        p += len + (p[len] == ',');
+    }
+    const int n_pol = o->n_policies;
+    bool any = false;
+    for (int i = 0; i < n_pol; i++) any |= o->policies[i] == KVT_POLICY_KVTIER || o->policies[i] == KVT_POLICY_INFLLM;
+    if (!any) {
+        fprintf(stderr, "%s: --codec applies to the policies that recover evicted blocks (kvtier, infllm); "
+                        "--policies lists neither\n", cmd);
+        return APP_USAGE;
+    }
+    for (int i = 0; i < n_pol; i++) {
+        if (o->policies[i] != KVT_POLICY_KVTIER && o->policies[i] != KVT_POLICY_INFLLM) continue;
+        o->codec[i] = buf[0];
+        snprintf(o->label[i], sizeof o->label[i], "%.16s/%.63s", kvt_policy_name(o->policies[i]), buf[0]);
+        for (int k = 1; k < n; k++) {
+            int j = o->n_policies++;
+            o->policies[j] = o->policies[i];
+            o->codec[j] = buf[k];
+            snprintf(o->label[j], sizeof o->label[j], "%.16s/%.63s", kvt_policy_name(o->policies[i]), buf[k]);
+        }
+    }
+    return APP_OK;
+}
+
 static void eval_usage(FILE *f, const char *task, const struct cli_opt *opts) {
     fprintf(f,
             "Usage: kvtier eval niah|multifact|ppl [-m MODEL] [options]\n"
@@ -131,7 +190,8 @@ int cmd_eval(int argc, char **argv) {
     char cmd[64] = "kvtier eval";
     struct eval_opts o;
     memset(&o, 0, sizeof o);
-    const char *policies_s = DEFAULT_POLICIES, *depths_s = NULL;
+    const char *policies_s = DEFAULT_POLICIES, *depths_s = NULL, *codec_s = NULL;
+    char codec_buf[EVAL_MAX_CODECS][64];
     double min_cosine = 0.5;
     bool depths_seen = false, segment_seen = false, chunk_seen = false, ppl_seen = false, fresh_engine = false;
     o.model = getenv("KVTIER_MODEL");
@@ -180,6 +240,9 @@ int cmd_eval(int argc, char **argv) {
           "kvtier recovers by cosine of mean-pooled embeddings from this model instead of BM25", NULL },
         { "min-cosine", 0, OPT_FLOAT, &min_cosine, -1, 1, "F",
           "with --embed-model: cosine an evicted block needs to come back (default 0.5)", NULL },
+        { "codec", 0, OPT_STR, &codec_s, 0, 0, "LIST",
+          "host pool codecs (raw, q8, q4, elastic, elastic+q8, with arguments): kvtier and infllm run once per "
+          "codec, every recovered block decoded from it, beside raw; reports bytes per token stored", NULL },
         { "verbose", 'v', OPT_FLAG, &o.verbose, 0, 0, NULL, "llama.cpp's log on stderr", NULL },
         { NULL, 0, 0, NULL, 0, 0, NULL, NULL, NULL },
     };
@@ -213,6 +276,7 @@ int cmd_eval(int argc, char **argv) {
 
     /* ---- validation that needs no model ---- */
     if ((rc = parse_policies(cmd, policies_s, &o))) return rc;
+    if ((rc = parse_codecs(cmd, codec_s, &o, codec_buf))) return rc;
     if (o.task == EVAL_PPL && depths_seen) {
         fprintf(stderr, "%s: --depths does not apply to ppl\n", cmd);
         return APP_USAGE;
@@ -334,7 +398,7 @@ int cmd_eval(int argc, char **argv) {
             o.cases, o.seed, corpus.dir);
 
     /* no_eviction runs first in every case: ppl compares the others with its distributions */
-    int32_t order[KVT_POLICY__COUNT], n_order = 0;
+    int32_t order[EVAL_MAX_VARIANTS], n_order = 0;
     struct eval_results res;
     memset(&res, 0, sizeof res);
     res.ref_pi = -1;

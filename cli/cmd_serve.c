@@ -174,6 +174,9 @@ int cmd_serve(int argc, char **argv) {
         { "codec-disk", 0, OPT_STR, &srv.codec_disk, 0, 0, "SPEC",
           "codec of the block store's disk tier: raw (default: exact K/V), q8, q4, elastic, elastic+q8 "
           "(kvtier bench codec measures bytes and KL)", NULL },
+        { "codec-ram", 0, OPT_STR, &srv.codec_ram, 0, 0, "SPEC",
+          "codec of the blocks sessions save to the host RAM tier: raw (default: exact K/V), q8, q4, elastic, "
+          "elastic+q8 (kvtier eval ppl --codec measures KL and bytes)", NULL },
         { "redis-ttl-s", 0, OPT_INT, &srv.redis_ttl_s, 1, 1 << 30, "N", "expiry of the blocks written to Redis in seconds (default 86400)", NULL },
         { "share-store", 0, OPT_FLAG, &srv.share_store, 0, 0, NULL,
           "let sessions of different API keys reuse each other's blocks (default: a salt per key)", NULL },
@@ -208,6 +211,11 @@ int cmd_serve(int argc, char **argv) {
     }
     if (srv.redis_url && srv.no_store) {
         fprintf(stderr, "%s: --redis is a tier of the block store: it cannot be used with --no-store\n", cmd);
+        goto out;
+    }
+    struct kvt_codec_params cparse;
+    if (srv.codec_ram && kvt_codec_parse(srv.codec_ram, &cparse)) {
+        fprintf(stderr, "%s: --codec-ram: %s\n", cmd, kvt_errmsg());
         goto out;
     }
     if (srv.parallel > srv.max_sessions) srv.parallel = srv.max_sessions;

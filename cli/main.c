@@ -181,6 +181,11 @@ int cli_run_opts_check(const char *cmd, const struct cli_run_opts *o) {
         fprintf(stderr, "%s: --policy: %s\n", cmd, kvt_errmsg());
         return usage_hint(cmd);
     }
+    struct kvt_codec_params cparse;
+    if (o->codec_ram && kvt_codec_parse(o->codec_ram, &cparse)) {
+        fprintf(stderr, "%s: --codec-ram: %s\n", cmd, kvt_errmsg());
+        return usage_hint(cmd);
+    }
     if (!o->model || !*o->model) {
         fprintf(stderr, "%s: no model given (use -m MODEL)\n", cmd);
         return usage_hint(cmd);
@@ -257,6 +262,7 @@ int cli_session_open(const char *cmd, const struct cli_run_opts *o, struct cli_s
     if (o->gen_reserve >= 0) sp.gen_reserve = o->gen_reserve;
     sp.pool = cs->pool;
     sp.store = cs->store;
+    sp.codec_ram = o->codec_ram;
     if ((rc = kvt_session_open(cs->eng, &sp, &cs->s))) {
         app_fail(cmd, "cannot open the session", rc);
         cli_session_close(cs);

@@ -21,6 +21,8 @@ enum eval_task { EVAL_NIAH = 0, EVAL_MULTIFACT = 1, EVAL_PPL = 2 };
 #define EVAL_MAX_DEPTHS 16
 #define EVAL_MAX_FACTS  EVAL_MAX_DEPTHS
 #define EVAL_REPLY      "Noted." /* the replayed assistant reply after every document turn */
+#define EVAL_MAX_CODECS 8
+#define EVAL_MAX_VARIANTS (KVT_POLICY__COUNT * EVAL_MAX_CODECS) /* (policy, codec) pairs */
 
 struct eval_opts {
     enum eval_task task;
@@ -32,7 +34,9 @@ struct eval_opts {
     int32_t        score_tokens;  /* ppl: tokens of the next segment scored per turn */
     int32_t        skip;          /* ppl: turns fed before the first scored one */
     bool           json, verbose;
-    int32_t        policies[KVT_POLICY__COUNT];
+    int32_t        policies[EVAL_MAX_VARIANTS]; /* a policy appears once per codec of --codec */
+    const char    *codec[EVAL_MAX_VARIANTS];    /* --codec: its session's codec_ram (NULL = raw) */
+    char           label[EVAL_MAX_VARIANTS][96]; /* "kvtier", or "kvtier/q4" with --codec */
     int            n_policies;
     int32_t        depths[EVAL_MAX_DEPTHS]; /* percent of the haystack */
     int            n_depths;
@@ -145,6 +149,9 @@ struct eval_sess {
     int32_t peak_resident, total_tokens;
     double  seconds, policy_ms, decode_ms;
     bool    error;
+    /* host pool saves (kvt_session_stats.pool_*): tokens, raw and stored (encoded) bytes */
+    int64_t pool_tokens, pool_raw_bytes, pool_bytes;
+    double  encode_ms, decode_codec_ms;
 };
 
 /* The ppl reference: no_eviction's full next-token log-softmax at every scored position

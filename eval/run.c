@@ -10,7 +10,10 @@
 **                    into the session's sequence (kvt_decode at the session's next position,
 **                    then kvt_seq_rm, as kvt_session_answer_logprob does), and each position's
 **                    full next-token distribution is read with kvt_logits: NLL, top-1 hit, and
-**                    KL from no_eviction's distribution at the same position. */
+**                    KL from no_eviction's distribution at the same position.
+** With --codec, a policy's session stores its host pool's blocks through o->codec[pi]
+** (kvt_session_params.codec_ram), so every block it recovers was decoded from that codec; the
+** session record keeps the pool's raw and stored bytes and the codec's time. */
 #include "eval.h"
 
 #include <math.h>
@@ -302,6 +305,7 @@ int eval_run_case(const char *cmd, kvt_engine *eng, kvt_pool *pool, const struct
     sp.budget = policy == KVT_POLICY_NO_EVICTION ? o->n_ctx : o->budget;
     sp.block = o->block;
     sp.pool = pool;
+    sp.codec_ram = o->codec[pi];
     if (policy == KVT_POLICY_KVTIER && o->embedder) {
         sp.embedder = o->embedder;
         sp.min_recovery_cosine = o->min_cosine;
@@ -347,7 +351,8 @@ int eval_run_case(const char *cmd, kvt_engine *eng, kvt_pool *pool, const struct
     kvt_session_get_stats(s, &st);
     struct eval_sess se = { pi, k->index, st.evictions, st.recoveries, st.tokens_decoded, st.tokens_recovered,
                             st.peak_resident_tokens, st.total_tokens, (now_ms() - t0) / 1e3, st.policy_ms,
-                            st.decode_ms, rc != 0 };
+                            st.decode_ms, rc != 0, st.pool_saved_tokens, st.pool_raw_bytes,
+                            st.pool_stored_bytes, st.codec_encode_ms, st.codec_decode_ms };
     kvt_session_free(s);
     if (eval_add_sess(res, &se)) rc = rc ? rc : KVT_ENOMEM;
 
@@ -370,7 +375,7 @@ int eval_run_case(const char *cmd, kvt_engine *eng, kvt_pool *pool, const struct
     int32_t n_rows = res->n_rows - first_row;
     fprintf(stderr, "[%s] case %d/%d", o->task_name, k->index + 1, o->cases);
     if (o->task == EVAL_NIAH) fprintf(stderr, " depth %d%%", k->depth);
-    fprintf(stderr, " policy %s: ", pname);
+    fprintf(stderr, " policy %s: ", o->label[pi][0] ? o->label[pi] : pname);
     if (rc) {
         fprintf(stderr, "ERROR (%s)", kvt_strerror(rc));
     } else if (o->task == EVAL_NIAH) {

@@ -694,6 +694,21 @@ struct kvt_session_params {
                               ** on what was evicted and are never stored under a chain key */
     const char *tenant;       /* chain salt (kvt_chain_params.tenant): sessions of different
                               ** tenants never share blocks; NULL/"" = shared.  Copied at open */
+    const char *codec_ram;    /* codec of the blocks the session saves to its host pool (a
+                              ** section 9 spec: "raw", "q8", "q4", "elastic", "elastic+q8", with
+                              ** arguments); NULL or "raw" = the blob's bytes (bit-exact).  Parsed
+                              ** at open (KVT_EINVAL naming a bad spec); n_head_kv comes from the
+                              ** engine.  A sealed block is encoded when it is saved, on the
+                              ** calling thread (q8/q4: 7-50 ms per 64-token block of the
+                              ** reference models on a loaded 2-core machine, 1-2 % of the time
+                              ** decoding its 64 tokens took; docs/EVALUATION.md) and decoded when
+                              ** it is recovered;
+                              ** the pool holds and counts the encoded bytes, so a lossy codec
+                              ** fits more blocks in the pool's budget.  A block the codec cannot
+                              ** take (a quantised cache type) is saved raw.  Encoded bytes that
+                              ** fail to decode (checksum, format) make the block LOST: it is
+                              ** recomputed from its tokens, never loaded.  Blocks given to the
+                              ** block store (`store`) stay raw (its disk tier has its own codec) */
 };
 
 /* Where the last prompt prefill's tokens came from (kvt_session_route). */
@@ -961,6 +976,12 @@ struct kvt_session_stats {
     int64_t store_tokens;        /* all tokens loaded from the store (not in tokens_decoded) */
     int64_t store_blocks_put;    /* blocks given to the store (a key already there is not) */
     double  store_ms;            /* time in lookups, reads and loads of store blocks (ms) */
+    /* host pool saves (kvt_session_params.codec_ram) */
+    int64_t pool_saved_tokens;   /* tokens of every block save to the pool (re-saves included) */
+    int64_t pool_raw_bytes;      /* their raw blob bytes */
+    int64_t pool_stored_bytes;   /* the bytes the pool was given for them (encoded) */
+    double  codec_encode_ms;     /* time encoding them (ms; 0 with raw) */
+    double  codec_decode_ms;     /* time decoding recovered blocks (ms; 0 with raw) */
 };
 /* Fill *st (HOST/DISK block counts as the pool holds them now).  Works on a parked session.
 ** Cannot fail.  Not thread-safe (engine rule). */
@@ -1377,10 +1398,19 @@ int  kvt_store_clear(kvt_store *st);
 **               as a bitmap (1 bit per element) plus the kept values in the cache type.
 **   elastic+q8  elastic's bitmap, the kept values quantised as q8 (KIVI groups, min/max over the
 **               group's kept elements; pruned elements decode as exact 0).
+** Per-head bits ("entropy-sized heads", q8/q4 only): kvt_codec_params.head_bits gives every
+** (layer, KV head) its own bits, 4 or 8; each head's elements are then coded exactly as the
+** uniform codec of its bits codes them (same groups; a V group must lie within one head).  The
+** table follows the fixed header (format version KVT_CODEC_VERSION_HEADS: u32 count, u32 0, one
+** byte per entry, zero-padded to 8 bytes) and the SHA-256 covers it with the payload; decoding
+** refuses a table whose size, entries or layer count disagree with the header or the block.
+** `kvtier bench codec --heads PROFILE` compares assignments from a calibration profile
+** (docs/BENCHMARKS.md: whether it is worth using).
 ** Lossy codecs need F16 or F32 K and V; a quantised cache type (q8_0) is KVT_EUNSUPPORTED (callers
 ** keep such blocks raw).  All functions of this section are pure: no engine, no shared state,
 ** callable from any thread (encoding can run off the decode path). */
 #define KVT_CODEC_VERSION 1
+#define KVT_CODEC_VERSION_HEADS 2 /* a version-1 header followed by the per-head bits table */
 
 enum kvt_codec_id {
     KVT_CODEC_RAW        = 0,
@@ -1401,6 +1431,15 @@ struct kvt_codec_params {
     float   s_k, s_v;   /* elastic: threshold scales for K and V (defaults 0.45, 0.50) */
     int32_t n_sink;     /* cells with position < n_sink stay raw (attention sinks); default 64
                         ** for the elastic codecs, 0 for q8/q4 */
+    const uint8_t *head_bits; /* q8/q4 only ("entropy-sized heads"): NULL = every head in the
+                        ** codec's bits (the default); else [n_head_bits] = bits (4 or 8) of each
+                        ** (layer, KV head) of the blob, layer-major, layers in blob order (the
+                        ** full-attention part's layers, then the sliding-window part's: see
+                        ** kvt_engine_layer_part).  n_head_bits must be the blob's layers x
+                        ** n_head_kv, and head_dim a multiple of group_v.  The table goes into the
+                        ** header (format version KVT_CODEC_VERSION_HEADS), so decoding needs
+                        ** nothing else; borrowed (kvt_codec_inspect points it into the bytes) */
+    int32_t n_head_bits;
 };
 
 /* The defaults above for one codec (an unknown id gives raw's).  Cannot fail. */
@@ -1432,7 +1471,9 @@ struct kvt_codec_stats {
 /* Encode a blob.  The blob is read, never modified; it must be a blob of kvt_block_save (or
 ** kvt_codec_decode), any model.  OUT *out (caller frees with free()), *n bytes; stats (may be
 ** NULL) filled on success.
-** Errors: KVT_EINVAL (NULL argument, bad params: the message names the value), KVT_EFORMAT
+** Errors: KVT_EINVAL (NULL argument, bad params: the message names the value; a per-head table
+** whose size is not the blob's layers x n_head_kv, an entry not 4 or 8, head_dim not a multiple
+** of group_v, a per-head table on a codec other than q8/q4), KVT_EFORMAT
 ** (the blob does not parse), KVT_EUNSUPPORTED (a lossy codec on a quantised K or V type, or row
 ** elements not a multiple of n_head_kv: the message names the layer and type; encode raw
 ** instead), KVT_ENOMEM.  On error *out is NULL.  Pure; thread-safe.
@@ -1450,9 +1491,12 @@ struct kvt_codec_info {
     int32_t n_tokens, n_cells, n_cells_swa;
 };
 
-/* Read and check the header (magic, version, codec id, sizes; not the checksum).
+/* Read and check the header (magic, version, codec id, sizes, the per-head table's size and
+** entries; not the checksum).  out->params.head_bits points into data when the bytes have a
+** per-head table (valid while data is).
 ** Errors: KVT_EFORMAT (not kvtier codec bytes, truncated header, another format version, an
-** unknown codec id: the message names the value).  Pure. */
+** unknown codec id, a per-head table of another size than the header says or with an entry not
+** 4 or 8: the message names the value).  Pure. */
 int kvt_codec_inspect(const void *data, size_t n, struct kvt_codec_info *out /* OUT */);
 
 /* Decode bytes of kvt_codec_encode into a new blob (loadable with kvt_block_load on an engine

@@ -138,6 +138,7 @@ struct server {
     const char     *redis_url;     /* --redis: the block store's Redis tier (NULL = none) */
     int32_t         redis_timeout_ms, redis_ttl_s; /* --redis-timeout-ms, --redis-ttl-s */
     const char     *codec_disk;    /* --codec-disk: the store's disk tier codec (NULL = raw) */
+    const char     *codec_ram;     /* --codec-ram: codec of the sessions' host pool (NULL = raw) */
     char          **keys;          /* API keys (NULL = no auth) */
     int32_t         n_keys;
     /* published by the engine thread */

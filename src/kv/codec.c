@@ -12,9 +12,11 @@
 **   36  i32 p0, n_tokens, n_cells, n_cells_swa ; u32 n_parts
 **   56  u64 raw bytes ; u64 payload bytes
 **   72  SHA-256 of the payload (32 bytes)
-**   104 payload: u32 n_sections ; u64 residue bytes ;
+**   104 (version 2 only: per-head bits) u32 n_units ; u32 0 ; n_units x u8 bits (4 or 8), zero-
+**       padded to a multiple of 8 bytes; the SHA-256 then covers this table and the payload
+**   hb  payload: u32 n_sections ; u64 residue bytes ;
 **                n_sections x { u64 off ; u64 len ; u32 n_cells ; u32 n_embd ; u8 kind ;
-**                               u8 trans ; u8 elsize ; u8 pad ; u32 pad ; u64 enc_len } ;
+**                               u8 trans ; u8 elsize ; u8 pad ; u32 layer (v2; v1: 0) ; u64 enc_len } ;
 **                residue (the blob's bytes outside the sections, in order) ; the sections.
 ** raw has no sections: the residue is the whole blob. */
 #include "kv/codec.h"
@@ -33,6 +35,8 @@
 #include <string.h>
 
 #define HDR_BYTES 104
+/* Header bytes of a version-2 header with n per-head entries (the table, padded to 8). */
+static size_t hdr_bytes_heads(uint32_t n) { return HDR_BYTES + 8 + ((size_t) n + 7) / 8 * 8; }
 #define SEC_BYTES 40
 static const uint8_t MAGIC[4] = { 'K', 'V', 'T', 'C' };
 
@@ -45,11 +49,23 @@ const char *kvt_codec_name(int32_t codec) {
 struct kvt_codec_params kvt_codec_default_params(int32_t codec) {
     bool el = codec == KVT_CODEC_ELASTIC || codec == KVT_CODEC_ELASTIC_Q8;
     struct kvt_codec_params p = { codec >= 0 && codec < KVT_CODEC__COUNT ? codec : KVT_CODEC_RAW, 0, 64, 64,
-                                  0.45f, 0.50f, el ? 64 : 0 };
+                                  0.45f, 0.50f, el ? 64 : 0, NULL, 0 };
     return p;
 }
 
 static int check_params(const struct kvt_codec_params *p) {
+    if (p->head_bits || p->n_head_bits) {
+        if (p->codec != KVT_CODEC_Q8 && p->codec != KVT_CODEC_Q4)
+            return kvt__fail(KVT_EINVAL, "codec %s: per-head bits apply to q8 and q4 only", kvt_codec_name(p->codec));
+        if (!p->head_bits || p->n_head_bits < 1 || p->n_head_kv < 1 || p->n_head_bits % p->n_head_kv ||
+            p->n_head_bits > KVT__MAX_LAYERS * KVT__MAX_HEADS)
+            return kvt__fail(KVT_EINVAL, "codec %s: per-head bits table of %d entries is not layers x %d KV heads",
+                             kvt_codec_name(p->codec), p->n_head_bits, p->n_head_kv);
+        for (int32_t i = 0; i < p->n_head_bits; i++)
+            if (p->head_bits[i] != 4 && p->head_bits[i] != 8)
+                return kvt__fail(KVT_EINVAL, "codec %s: per-head bits entry %d is %u (4 or 8)", kvt_codec_name(p->codec),
+                                 i, p->head_bits[i]);
+    }
     if (p->codec < 0 || p->codec >= KVT_CODEC__COUNT)
         return kvt__fail(KVT_EINVAL, "codec id %d is not a codec (0..%d)", p->codec, KVT_CODEC__COUNT - 1);
     if (p->n_head_kv < 0 || p->n_head_kv > KVT__MAX_HEADS)
@@ -142,6 +158,7 @@ static int parse_any(const uint8_t *buf, size_t n, int hint, struct kvt__blob_la
 struct sec {
     uint64_t off, len;
     uint32_t n_cells, n_embd;
+    uint32_t layer;  /* in blob order: part 0's layers, then part 1's */
     uint8_t  kind, trans, elsize;
     uint64_t enc_len;
 };
@@ -157,7 +174,7 @@ static int list_sections(const struct kvt__blob_layout *L, struct sec **out, int
     struct sec *S = calloc((size_t) cap + 1, sizeof *S);
     if (!S) return kvt__fail(KVT_ENOMEM, "codec: section table");
     int k = 0;
-    for (int p = 0; p < L->n_parts; p++) {
+    for (int p = 0, l0 = 0; p < L->n_parts; l0 += (int) L->part[p].n_layer, p++) {
         const struct kvt__blob_part *P = &L->part[p];
         if (!P->n_cells) continue;
         for (uint32_t l = 0; l < P->n_layer; l++) {
@@ -168,7 +185,8 @@ static int list_sections(const struct kvt__blob_layout *L, struct sec **out, int
                                  "(F16 or F32 only; keep the block raw)", p, l, ggml_type_name((enum ggml_type) P->k_type[l]));
             }
             S[k++] = (struct sec) { P->k_off[l], P->k_row_bytes[l] * P->n_cells, P->n_cells,
-                                    (uint32_t) (P->k_row_bytes[l] / (uint64_t) es), KVT__SEC_K, 0, (uint8_t) es, 0 };
+                                    (uint32_t) (P->k_row_bytes[l] / (uint64_t) es), (uint32_t) l0 + l, KVT__SEC_K, 0,
+                                    (uint8_t) es, 0 };
         }
         for (uint32_t l = 0; l < P->n_layer; l++) {
             int es = elsize_of(P->v_type[l]);
@@ -179,7 +197,7 @@ static int list_sections(const struct kvt__blob_layout *L, struct sec **out, int
                                  "(F16 or F32 only; keep the block raw)", p, l, ggml_type_name((enum ggml_type) P->v_type[l]));
             }
             S[k++] = (struct sec) { P->v_off[l], row * P->n_cells, P->n_cells, (uint32_t) (row / (uint64_t) es),
-                                    KVT__SEC_V, (uint8_t) (P->v_trans != 0), (uint8_t) es, 0 };
+                                    (uint32_t) l0 + l, KVT__SEC_V, (uint8_t) (P->v_trans != 0), (uint8_t) es, 0 };
         }
     }
     *out = S;
@@ -192,8 +210,9 @@ static void put64(struct kvt__buf *b, uint64_t v) { kvt__buf_put(b, &v, 8); }
 
 static void write_header(uint8_t *h, const struct kvt_codec_params *p, const kvt_blob *blob, int n_parts,
                          uint64_t payload, const uint8_t md[32]) {
-    uint16_t ver = KVT_CODEC_VERSION, id = (uint16_t) p->codec;
-    uint32_t hb = HDR_BYTES, np = (uint32_t) n_parts;
+    uint16_t ver = p->head_bits ? KVT_CODEC_VERSION_HEADS : KVT_CODEC_VERSION, id = (uint16_t) p->codec;
+    uint32_t hb = (uint32_t) (p->head_bits ? hdr_bytes_heads((uint32_t) p->n_head_bits) : HDR_BYTES);
+    uint32_t np = (uint32_t) n_parts;
     uint64_t raw = blob->size;
     memcpy(h, MAGIC, 4);
     memcpy(h + 4, &ver, 2);
@@ -233,6 +252,18 @@ int kvt_codec_encode(const kvt_blob *blob, const struct kvt_codec_params *p, uin
         if (S[s].n_embd % (uint32_t) n_head)
             { rc = kvt__fail(KVT_EUNSUPPORTED, "codec %s: a row of %u elements does not split into %d KV heads",
                              kvt_codec_name(p->codec), S[s].n_embd, n_head); goto out; }
+    if (p->head_bits) { /* one entry per (layer, KV head) of the blob; V groups within one head */
+        int32_t n_layers = 0;
+        for (int q = 0; q < L->n_parts; q++) n_layers += (int32_t) L->part[q].n_layer;
+        if (p->n_head_bits != n_layers * n_head)
+            { rc = kvt__fail(KVT_EINVAL, "codec %s: per-head bits table of %d entries, the block has %d layers x %d "
+                             "KV heads", kvt_codec_name(p->codec), p->n_head_bits, n_layers, n_head); goto out; }
+        for (int s = 0; s < n_sec; s++)
+            if ((S[s].n_embd / (uint32_t) n_head) % (uint32_t) p->group_v)
+                { rc = kvt__fail(KVT_EINVAL, "codec %s: per-head bits need V groups within a head: head_dim %u is "
+                                 "not a multiple of group_v %d", kvt_codec_name(p->codec), S[s].n_embd / (uint32_t) n_head,
+                                 p->group_v); goto out; }
+    }
     /* sections, then the table that needs their sizes */
     for (int s = 0, p_i = -1, cells_seen = 0; s < n_sec; s++) {
         /* which part this section belongs to: sections are grouped by part, 2 * n_layer each */
@@ -246,7 +277,8 @@ int kvt_codec_encode(const kvt_blob *blob, const struct kvt_codec_params *p, uin
         }
         struct kvt__mat m = { blob->data + S[s].off, S[s].n_cells, S[s].n_embd, S[s].elsize, S[s].trans };
         size_t before = body.n;
-        if ((rc = kvt__sec_encode(&body, &m, raw_cell, S[s].kind, p, n_head, &n_lossy, &n_zeroed))) goto out;
+        const uint8_t *hb = p->head_bits ? p->head_bits + (size_t) S[s].layer * (size_t) n_head : NULL;
+        if ((rc = kvt__sec_encode(&body, &m, raw_cell, S[s].kind, p, n_head, &n_lossy, &n_zeroed, hb))) goto out;
         S[s].enc_len = body.n - before;
         n_elems += (int64_t) S[s].n_cells * S[s].n_embd;
     }
@@ -261,7 +293,7 @@ int kvt_codec_encode(const kvt_blob *blob, const struct kvt_codec_params *p, uin
         put32(&pay, S[s].n_cells);
         put32(&pay, S[s].n_embd);
         kvt__buf_put(&pay, k4, 4);
-        put32(&pay, 0);
+        put32(&pay, p->head_bits ? S[s].layer : 0);
         put64(&pay, S[s].enc_len);
     }
     uint64_t at = 0;
@@ -273,13 +305,19 @@ int kvt_codec_encode(const kvt_blob *blob, const struct kvt_codec_params *p, uin
     kvt__buf_put(&pay, body.p, body.n);
     if (pay.err || body.err) { rc = kvt__fail(KVT_ENOMEM, "codec: payload of %zu bytes", pay.n + body.n); goto out; }
     uint8_t md[32];
-    if ((rc = sha256(pay.p, pay.n, md))) goto out;
-    uint8_t *res = malloc(HDR_BYTES + pay.n);
-    if (!res) { rc = kvt__fail(KVT_ENOMEM, "codec: %zu bytes", HDR_BYTES + pay.n); goto out; }
+    const size_t hb = p->head_bits ? hdr_bytes_heads((uint32_t) p->n_head_bits) : HDR_BYTES;
+    uint8_t *res = calloc(1, hb + pay.n);
+    if (!res) { rc = kvt__fail(KVT_ENOMEM, "codec: %zu bytes", hb + pay.n); goto out; }
+    if (p->head_bits) {
+        uint32_t nu = (uint32_t) p->n_head_bits;
+        memcpy(res + HDR_BYTES, &nu, 4);
+        memcpy(res + HDR_BYTES + 8, p->head_bits, nu);
+    }
+    memcpy(res + hb, pay.p, pay.n);
+    if ((rc = sha256(res + HDR_BYTES, hb - HDR_BYTES + pay.n, md))) { free(res); goto out; } /* table + payload */
     write_header(res, p, blob, n_parts, pay.n, md);
-    memcpy(res + HDR_BYTES, pay.p, pay.n);
     *out = res;
-    *n = HDR_BYTES + pay.n;
+    *n = hb + pay.n;
     if (stats) *stats = (struct kvt_codec_stats) { blob->size, *n, n_elems, n_lossy, n_zeroed };
 out:
     free(L);
@@ -299,14 +337,28 @@ static int read_header(const uint8_t *h, size_t n, struct kvt_codec_info *o, uin
     uint16_t ver, id;
     memcpy(&ver, h + 4, 2);
     memcpy(&id, h + 6, 2);
-    if (ver != KVT_CODEC_VERSION)
-        return kvt__fail(KVT_EFORMAT, "codec: format version %u, this build reads version %d", ver, KVT_CODEC_VERSION);
+    if (ver != KVT_CODEC_VERSION && ver != KVT_CODEC_VERSION_HEADS)
+        return kvt__fail(KVT_EFORMAT, "codec: format version %u, this build reads versions %d and %d", ver,
+                         KVT_CODEC_VERSION, KVT_CODEC_VERSION_HEADS);
     if (id >= KVT_CODEC__COUNT) return kvt__fail(KVT_EFORMAT, "codec: unknown codec id %u (0..%d known)", id, KVT_CODEC__COUNT - 1);
     uint32_t hb;
     if (n < HDR_BYTES) return kvt__fail(KVT_EFORMAT, "codec: header truncated (%zu of %d bytes)", n, HDR_BYTES);
     memcpy(&hb, h + 8, 4);
-    if (hb != HDR_BYTES) return kvt__fail(KVT_EFORMAT, "codec: header of %u bytes, version %d has %d", hb, KVT_CODEC_VERSION, HDR_BYTES);
+    uint32_t nu = 0;
+    if (ver == KVT_CODEC_VERSION_HEADS) { /* the per-head bits table */
+        if (n < HDR_BYTES + 8) return kvt__fail(KVT_EFORMAT, "codec: header truncated before its per-head table (%zu bytes)", n);
+        memcpy(&nu, h + HDR_BYTES, 4);
+        if (nu < 1 || nu > KVT__MAX_LAYERS * KVT__MAX_HEADS || hb != hdr_bytes_heads(nu))
+            return kvt__fail(KVT_EFORMAT, "codec: per-head table of %u entries in a header of %u bytes", nu, hb);
+        if (n < hb) return kvt__fail(KVT_EFORMAT, "codec: header truncated (%zu of %u bytes)", n, hb);
+    } else if (hb != HDR_BYTES) {
+        return kvt__fail(KVT_EFORMAT, "codec: header of %u bytes, version %d has %d", hb, KVT_CODEC_VERSION, HDR_BYTES);
+    }
     memset(o, 0, sizeof *o);
+    if (nu) {
+        o->params.head_bits = h + HDR_BYTES + 8;
+        o->params.n_head_bits = (int32_t) nu;
+    }
     o->version = ver;
     o->params.codec = id;
     memcpy(&o->params.n_head_kv, h + 12, 4);
@@ -324,13 +376,17 @@ static int read_header(const uint8_t *h, size_t n, struct kvt_codec_info *o, uin
     memcpy(&raw, h + 56, 8);
     memcpy(&pay, h + 64, 8);
     *md = h + 72;
-    if (check_params(&o->params)) return kvt__fail(KVT_EFORMAT, "codec: header parameters invalid: %s", kvt_errmsg());
+    if (check_params(&o->params)) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", kvt_errmsg()); /* kvt__fail writes the message buffer */
+        return kvt__fail(KVT_EFORMAT, "codec: header parameters invalid: %s", why);
+    }
     if (*n_parts < 1 || *n_parts > 2) return kvt__fail(KVT_EFORMAT, "codec: header says %u parts (1 or 2)", *n_parts);
     if (pay > (uint64_t) 1 << 40 || raw > (uint64_t) 1 << 40)
         return kvt__fail(KVT_EFORMAT, "codec: header sizes %llu / %llu bytes are implausible", (unsigned long long) raw,
                          (unsigned long long) pay);
     o->raw_bytes = (size_t) raw;
-    o->encoded_bytes = HDR_BYTES + (size_t) pay;
+    o->encoded_bytes = hb + (size_t) pay;
     return 0;
 }
 
@@ -350,13 +406,14 @@ int kvt_codec_decode(const void *data, size_t n, kvt_blob **out) {
     const uint8_t *md;
     int rc = read_header(h, n, &I, &n_parts, &md);
     if (rc) return rc;
+    const size_t hb = I.params.head_bits ? hdr_bytes_heads((uint32_t) I.params.n_head_bits) : HDR_BYTES;
     if (n != I.encoded_bytes)
-        return kvt__fail(KVT_ECORRUPT, "codec: %zu bytes, the header says %zu (header %d + payload %zu)%s", n,
-                         I.encoded_bytes, HDR_BYTES, I.encoded_bytes - HDR_BYTES, n < I.encoded_bytes ? ": truncated" : "");
-    const uint8_t *pay = h + HDR_BYTES;
-    size_t pn = n - HDR_BYTES;
+        return kvt__fail(KVT_ECORRUPT, "codec: %zu bytes, the header says %zu (header %zu + payload %zu)%s", n,
+                         I.encoded_bytes, hb, I.encoded_bytes - hb, n < I.encoded_bytes ? ": truncated" : "");
+    const uint8_t *pay = h + hb;
+    size_t pn = n - hb;
     uint8_t dig[32];
-    if ((rc = sha256(pay, pn, dig))) return rc;
+    if ((rc = sha256(h + HDR_BYTES, n - HDR_BYTES, dig))) return rc; /* per-head table + payload */
     if (memcmp(dig, md, 32) != 0)
         return kvt__fail(KVT_ECORRUPT, "codec: payload of %zu bytes (%s block at p0 %d) failed its SHA-256 check", pn,
                          kvt_codec_name(I.params.codec), I.p0);
@@ -411,6 +468,7 @@ int kvt_codec_decode(const void *data, size_t n, kvt_blob **out) {
             S.kind = t[24];
             S.trans = t[25];
             S.elsize = t[26];
+            memcpy(&S.layer, t + 28, 4);
             memcpy(&S.enc_len, t + 32, 8);
         } else {
             S.off = I.raw_bytes;
@@ -435,8 +493,18 @@ int kvt_codec_decode(const void *data, size_t n, kvt_blob **out) {
                            (unsigned long long) S.enc_len);
             goto fail;
         }
+        const uint8_t *hbits = NULL;
+        if (I.params.head_bits) {
+            if (S.layer >= (uint32_t) (I.params.n_head_bits / n_head) || (S.n_embd / (uint32_t) n_head) % (uint32_t) I.params.group_v) {
+                rc = kvt__fail(KVT_ECORRUPT, "codec: %s: layer %u outside the per-head table of %d layers x %d heads, "
+                               "or head_dim %u not a multiple of group_v %d", what, S.layer, I.params.n_head_bits / n_head,
+                               n_head, S.n_embd / (uint32_t) n_head, I.params.group_v);
+                goto fail;
+            }
+            hbits = I.params.head_bits + (size_t) S.layer * (size_t) n_head;
+        }
         struct kvt__mat m = { buf + at, S.n_cells, S.n_embd, S.elsize, S.trans != 0 };
-        if ((rc = kvt__sec_decode(enc + e_at, S.enc_len, &m, S.kind, &I.params, n_head, what))) goto fail;
+        if ((rc = kvt__sec_decode(enc + e_at, S.enc_len, &m, S.kind, &I.params, n_head, what, hbits))) goto fail;
         e_at += S.enc_len;
         at += S.len;
     }
@@ -447,6 +515,12 @@ int kvt_codec_decode(const void *data, size_t n, kvt_blob **out) {
     }
     if (kvt__blob_parse(buf, I.raw_bytes, (int) n_parts, L) != 0) {
         rc = kvt__fail(KVT_ECORRUPT, "codec: the decoded block does not parse: %s", kvt_errmsg());
+        goto fail;
+    }
+    if (I.params.head_bits && (int64_t) (L->part[0].n_layer + (n_parts > 1 ? L->part[1].n_layer : 0)) * n_head !=
+                                  I.params.n_head_bits) {
+        rc = kvt__fail(KVT_ECORRUPT, "codec: per-head table of %d entries, the decoded block has %u layers x %d KV heads",
+                       I.params.n_head_bits, L->part[0].n_layer + (n_parts > 1 ? L->part[1].n_layer : 0), n_head);
         goto fail;
     }
     if (L->part[0].n_cells != (uint32_t) I.n_cells || (n_parts > 1 && L->part[1].n_cells != (uint32_t) I.n_cells_swa)) {

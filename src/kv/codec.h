@@ -12,6 +12,9 @@
 **                     row-major), the kept elements in the cache type, row-major
 **     elastic+q8      n_head x f32 tau, bitmap, n_groups x { f32 min, f32 step } over the kept
 **                     elements of each group, one u8 code per kept element in group order
+**     q8 / q4 with per-head bits (head_bits, header version 2): n_groups x { f32 min, f32 step },
+**                     then each group's codes in its head's bits (4 or 8), a 4-bit group packed
+**                     low nibble first and padded to a whole byte
 ** Groups (KIVI): K groups are group_k consecutive cells of one channel, channel-major
 ** (channel 0's groups first); V groups are group_v consecutive channels of one cell, cell-major. */
 #ifndef KVT_CODEC_INT_H
@@ -52,14 +55,17 @@ void  kvt__mat_set(const struct kvt__mat *m, uint32_t c, uint32_t e, float v);
 void kvt__elastic_tau(const float *x, uint32_t n_cells, uint32_t n_embd, int n_head, float s, float *tau /* OUT */);
 
 /* Encode tensor m as a section (layout above) appended to out.  raw_cell[c]: cell c stays raw.
-** Adds to *n_lossy / *n_zeroed.  Errors: KVT_ENOMEM. */
+** Adds to *n_lossy / *n_zeroed.  head_bits: NULL, or (q8/q4) [n_head] bits of each KV head of
+** this tensor's layer (every group lies within one head: the caller checks head_dim % group_v).
+** Errors: KVT_ENOMEM. */
 int kvt__sec_encode(struct kvt__buf *out, const struct kvt__mat *m, const bool *raw_cell, int kind,
-                    const struct kvt_codec_params *p, int n_head, int64_t *n_lossy, int64_t *n_zeroed);
+                    const struct kvt_codec_params *p, int n_head, int64_t *n_lossy, int64_t *n_zeroed,
+                    const uint8_t *head_bits);
 
 /* Decode a section of exactly n bytes into m (every element written).  Errors: KVT_ECORRUPT
 ** (sizes or counts inconsistent with the tensor; the message names the section `what`),
 ** KVT_ENOMEM. */
 int kvt__sec_decode(const uint8_t *enc, size_t n, const struct kvt__mat *m, int kind,
-                    const struct kvt_codec_params *p, int n_head, const char *what);
+                    const struct kvt_codec_params *p, int n_head, const char *what, const uint8_t *head_bits);
 
 #endif

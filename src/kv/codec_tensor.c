@@ -139,6 +139,64 @@ static int quantise(struct kvt__buf *out, const float *y, const uint8_t *keep, c
     return 0;
 }
 
+/* The KV head of group gi (its first channel's). */
+static uint32_t group_head(const struct groups *g, size_t gi, uint32_t hd) {
+    if (g->kind == KVT__SEC_K) return (uint32_t) (gi / ((g->m + g->G - 1) / g->G)) / hd;
+    return (uint32_t) ((gi % ((g->E + g->G - 1) / g->G)) * g->G) / hd;
+}
+
+/* Elements in group gi (without listing them). */
+static uint32_t group_size(const struct groups *g, size_t gi) {
+    if (g->kind == KVT__SEC_K) {
+        size_t per = (g->m + g->G - 1) / g->G;
+        uint32_t c0 = (uint32_t) (gi % per) * g->G;
+        return KVT_MIN(g->G, g->m - c0);
+    }
+    size_t per = (g->E + g->G - 1) / g->G;
+    uint32_t e0 = (uint32_t) (gi % per) * g->G;
+    return KVT_MIN(g->G, g->E - e0);
+}
+
+/* q8/q4 with per-head bits: every group's min/step, then each group's codes in hb[its head] bits
+** (a 4-bit group packed low nibble first, padded to a byte). */
+static int quantise_mixed(struct kvt__buf *out, const float *y, const struct groups *g, const uint8_t *hb, uint32_t hd) {
+    uint32_t *idx = malloc(sizeof *idx * g->G);
+    float *prm = malloc(sizeof *prm * 2 * (g->n + 1));
+    uint8_t *codes = calloc((size_t) g->m * g->E + g->n + 1, 1);
+    int rc = 0;
+    if (!idx || !prm || !codes) { rc = kvt__fail(KVT_ENOMEM, "codec: per-head groups"); goto out; }
+    size_t at = 0;
+    for (size_t gi = 0; gi < g->n; gi++) {
+        uint32_t k = group_elems(g, gi, idx);
+        const int bits = hb[group_head(g, gi, hd)];
+        const float levels = (float) ((1 << bits) - 1);
+        float lo = 0, hi = 0;
+        for (uint32_t i = 0; i < k; i++) {
+            float v = y[idx[i]];
+            if (i == 0 || v < lo) lo = v;
+            if (i == 0 || v > hi) hi = v;
+        }
+        float step = (hi - lo) / levels;
+        prm[2 * gi] = lo;
+        prm[2 * gi + 1] = step;
+        const float inv = step > 0 ? 1.0f / step : 0;
+        for (uint32_t i = 0; i < k; i++) {
+            float q = (y[idx[i]] - lo) * inv + 0.5f;
+            uint8_t c = (uint8_t) (q > levels ? levels : q);
+            if (bits == 8) codes[at + i] = c;
+            else codes[at + i / 2] |= (uint8_t) (c << ((i & 1) * 4));
+        }
+        at += bits == 8 ? k : (k + 1) / 2;
+    }
+    kvt__buf_put(out, prm, sizeof *prm * 2 * g->n);
+    kvt__buf_put(out, codes, at);
+out:
+    free(idx);
+    free(prm);
+    free(codes);
+    return rc;
+}
+
 /* The tensor's elements cell-major (row c = cell c): m->base itself unless V is transposed,
 ** else a transposed copy in *tmp (caller frees). */
 static const uint8_t *gather(const struct kvt__mat *m, uint8_t **tmp) {
@@ -193,7 +251,8 @@ static void row_from_f32(const float *src, uint8_t *dst, size_t n, uint32_t elsi
 }
 
 int kvt__sec_encode(struct kvt__buf *out, const struct kvt__mat *m, const bool *raw_cell, int kind,
-                    const struct kvt_codec_params *p, int n_head, int64_t *n_lossy, int64_t *n_zeroed) {
+                    const struct kvt_codec_params *p, int n_head, int64_t *n_lossy, int64_t *n_zeroed,
+                    const uint8_t *head_bits) {
     const uint32_t N = m->n_cells, E = m->n_embd, es = m->elsize;
     const size_t row = (size_t) E * es;
     uint8_t *cbm = calloc(bytes_of_bits(N) + 1, 1), *tmp = NULL;
@@ -245,6 +304,9 @@ int kvt__sec_encode(struct kvt__buf *out, const struct kvt__mat *m, const bool *
         }
         kvt__buf_put(out, vals, k * es);
         free(vals);
+    } else if (head_bits) {
+        struct groups g = groups_of(kind, M, E, p);
+        if ((rc = quantise_mixed(out, y, &g, head_bits, E / (uint32_t) n_head))) goto out;
     } else {
         struct groups g = groups_of(kind, M, E, p);
         int bits = p->codec == KVT_CODEC_ELASTIC_Q8 ? 8 : q_bits(p->codec);
@@ -288,6 +350,10 @@ static int short_sec(const struct cur *c, const char *part, size_t need) {
                      c->what, c->n, part, need, c->off);
 }
 
+static int hb_bits(const uint8_t *hb, const struct groups *g, size_t gi, uint32_t hd) {
+    return hb[group_head(g, gi, hd)];
+}
+
 static size_t popcount_bits(const uint8_t *bm, size_t n_bits) {
     size_t k = 0, full = n_bits / 8;
     for (size_t i = 0; i < full; i++) k += (size_t) __builtin_popcount(bm[i]);
@@ -296,7 +362,7 @@ static size_t popcount_bits(const uint8_t *bm, size_t n_bits) {
 }
 
 int kvt__sec_decode(const uint8_t *enc, size_t n, const struct kvt__mat *m, int kind,
-                    const struct kvt_codec_params *p, int n_head, const char *what) {
+                    const struct kvt_codec_params *p, int n_head, const char *what, const uint8_t *head_bits) {
     struct cur cu = { enc, n, 0, what };
     const uint32_t N = m->n_cells, E = m->n_embd, es = m->elsize;
     const size_t row = (size_t) E * es;
@@ -336,6 +402,34 @@ int kvt__sec_decode(const uint8_t *enc, size_t n, const struct kvt__mat *m, int 
             for (uint32_t e = 0; e < E; e++)
                 if (bit_get(keep, (size_t) r * E + e)) { el_cp(dst + (size_t) e * es, kv + k * es, es); k++; }
         }
+    } else if (head_bits) {
+        struct groups g = groups_of(kind, M, E, p);
+        const uint32_t hd = E / (uint32_t) n_head;
+        const uint8_t *prm = take(&cu, g.n * 8);
+        if (!prm) { rc = short_sec(&cu, "group parameters", g.n * 8); goto out; }
+        size_t code_bytes = 0;
+        for (size_t gi = 0; gi < g.n; gi++) {
+            uint32_t k = group_size(&g, gi);
+            code_bytes += hb_bits(head_bits, &g, gi, hd) == 8 ? k : (k + 1) / 2;
+        }
+        const uint8_t *codes = take(&cu, code_bytes);
+        if (!codes) { rc = short_sec(&cu, "codes", code_bytes); goto out; }
+        if (!(idx = malloc(sizeof *idx * g.G))) { rc = kvt__fail(KVT_ENOMEM, "codec: group index"); goto out; }
+        size_t at = 0;
+        for (size_t gi = 0; gi < g.n; gi++) {
+            float lo, step;
+            memcpy(&lo, prm + gi * 8, 4);
+            memcpy(&step, prm + gi * 8 + 4, 4);
+            uint32_t k = group_elems(&g, gi, idx);
+            if (hb_bits(head_bits, &g, gi, hd) == 8) {
+                for (uint32_t i = 0; i < k; i++) y[idx[i]] = lo + (float) codes[at + i] * step;
+                at += k;
+            } else {
+                for (uint32_t i = 0; i < k; i++) y[idx[i]] = lo + (float) ((codes[at + i / 2] >> ((i & 1) * 4)) & 15u) * step;
+                at += (k + 1) / 2;
+            }
+        }
+        for (uint32_t r = 0; r < M; r++) row_from_f32(y + (size_t) r * E, cm + rows[r] * row, E, es);
     } else {
         struct groups g = groups_of(kind, M, E, p);
         int bits = p->codec == KVT_CODEC_ELASTIC_Q8 ? 8 : q_bits(p->codec);

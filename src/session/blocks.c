@@ -11,6 +11,33 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Put block b's blob into the pool under b->key, encoded with the session's codec_ram (raw: the
+** blob's bytes).  A blob the codec refuses (a quantised cache type: KVT_EUNSUPPORTED) is put raw.
+** b->enc says which the pool holds.  Returns kvt_pool_put's code (KVT_ENOMEM also when encoding
+** runs out of memory). */
+static int pool_save(kvt_session *s, struct blk *b, const kvt_blob *blob) {
+    uint8_t *enc = NULL;
+    size_t n = 0;
+    if (s->codec.codec != KVT_CODEC_RAW) {
+        const double t0 = kvt__now_ms();
+        int rc = kvt_codec_encode(blob, &s->codec, &enc, &n, NULL);
+        s->codec_enc_ms += kvt__now_ms() - t0;
+        if (rc == KVT_ENOMEM) return rc;
+        if (rc) kvt__clear_error(); /* not codable: saved raw */
+    }
+    const void *data = enc ? (const void *) enc : (const void *) blob->data;
+    const size_t size = enc ? n : blob->size;
+    int rc = kvt_pool_put(s->pool, b->key, data, size);
+    free(enc);
+    b->enc = enc != NULL;
+    if (rc == 0 || rc == KVT_EIO) {
+        s->pool_tokens += b->info.n_tokens;
+        s->pool_raw_bytes += (int64_t) blob->size;
+        s->pool_bytes += (int64_t) size;
+    }
+    return rc;
+}
+
 /* Save block b (resident at [p0, p0 + n_tokens)) to the pool and detokenize its text.  On error
 ** nothing of b is in the pool and b's text is unchanged. */
 static int save_block(kvt_session *s, struct blk *b) {
@@ -28,7 +55,7 @@ static int save_block(kvt_session *s, struct blk *b) {
     }
     b->key = ((uint64_t) s->serial << 32) | (uint32_t) b->info.id;
     b->info.pool_key = b->key;
-    rc = kvt_pool_put(s->pool, b->key, blob->data, blob->size);
+    rc = pool_save(s, b, blob);
     /* KVT_EIO: a spill failed and the pool dropped what it was for, possibly this block's copy;
     ** a block without a copy is recomputed from its tokens when it is needed (load_block) */
     if (rc && rc != KVT_EIO) {
@@ -240,7 +267,7 @@ static int breadcrumb(kvt_session *s, struct blk *b) {
     }
     kvt_blob *blob = NULL;
     if (kvt_block_save(s->eng, s->p.seq, s->next_pos, s->next_pos + b->info.n_tokens, &blob) == 0) {
-        kvt_pool_put(s->pool, b->key, blob->data, blob->size); /* a failure only means: no copy */
+        pool_save(s, b, blob); /* a failure only means: no copy */
         b->blob_p0 = blob->p0;
         b->blob_cells = blob->n_cells;
         b->blob_cells_swa = blob->n_cells_swa;
@@ -282,6 +309,23 @@ int kvt__sess_load_block(kvt_session *s, int32_t i) {
     void *data = NULL;
     size_t n = 0;
     int rc = kvt_pool_get(s->pool, b->key, &data, &n);
+    bool enc = rc == 0 && b->enc;
+    kvt_blob *dec = NULL;
+    if (enc) { /* codec_ram: decoded here, on the load path; bytes that do not decode are lost */
+        const double t0 = kvt__now_ms();
+        rc = kvt_codec_decode(data, n, &dec);
+        s->codec_dec_ms += kvt__now_ms() - t0;
+        free(data);
+        data = NULL;
+        if (rc == KVT_EFORMAT) rc = KVT_ECORRUPT;
+        else if (rc == 0 && (dec->n_tokens != b->info.n_tokens || dec->p0 != b->blob_p0 ||
+                             dec->n_cells != b->blob_cells || dec->n_cells_swa != b->blob_cells_swa)) {
+            rc = kvt__fail(KVT_ECORRUPT, "block %d: its encoded copy decodes to %d tokens at %d, expected %d at %d",
+                           b->info.id, dec->n_tokens, dec->p0, b->info.n_tokens, b->blob_p0);
+            kvt_blob_free(dec);
+            dec = NULL;
+        }
+    }
     if ((rc == KVT_ECORRUPT || rc == KVT_EIO || rc == KVT_ENOENT) && kvt__sess_store_fetch(s, b, &data, &n) == 0) {
         kvt__clear_error(); /* the pool lost its copy; the store (same bytes by its chain key) has one */
         rc = 0;
@@ -292,8 +336,9 @@ int kvt__sess_load_block(kvt_session *s, int32_t i) {
     }
     if (rc) return rc;
     kvt_blob blob = { data, n, b->blob_p0, b->info.n_tokens, b->blob_cells, b->blob_cells_swa };
-    rc = kvt_block_load(s->eng, &blob, s->p.seq, s->next_pos);
+    rc = kvt_block_load(s->eng, dec ? dec : &blob, s->p.seq, s->next_pos);
     free(data);
+    kvt_blob_free(dec);
     if (rc) return rc;
     s->recovered += b->info.n_tokens;
 placed:

@@ -6,6 +6,7 @@
 
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -81,8 +82,17 @@ int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *params, k
     if (p.embedder && (!(p.min_recovery_cosine >= -1 && p.min_recovery_cosine <= 1) || p.ann_min_blocks < 1))
         return kvt__fail(KVT_EINVAL, "min_recovery_cosine %.2f must be in [-1, 1] and ann_min_blocks %d >= 1",
                          p.min_recovery_cosine, p.ann_min_blocks);
+    struct kvt_codec_params codec = kvt_codec_default_params(KVT_CODEC_RAW);
+    if (p.codec_ram && kvt_codec_parse(p.codec_ram, &codec)) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", kvt_errmsg()); /* kvt__fail writes the message buffer */
+        return kvt__fail(KVT_EINVAL, "codec_ram: %s", why);
+    }
+    codec.n_head_kv = I.n_head_kv;
     kvt_session *s = calloc(1, sizeof *s);
     if (!s) return kvt__fail(KVT_ENOMEM, "session");
+    s->codec = codec;
+    p.codec_ram = NULL; /* the caller's string: parsed into s->codec */
     s->eng = eng;
     s->emb_dim = p.embedder ? kvt_embedder_dim(p.embedder) : 0;
     s->p = p;
@@ -226,6 +236,11 @@ void kvt_session_get_stats(kvt_session *s, struct kvt_session_stats *st) {
     st->store_tokens = s->store_tokens;
     st->store_blocks_put = s->store_put;
     st->store_ms = s->store_ms;
+    st->pool_saved_tokens = s->pool_tokens;
+    st->pool_raw_bytes = s->pool_raw_bytes;
+    st->pool_stored_bytes = s->pool_bytes;
+    st->codec_encode_ms = s->codec_enc_ms;
+    st->codec_decode_ms = s->codec_dec_ms;
 }
 
 int32_t kvt_session_n_blocks(const kvt_session *s) { return s->n_b; }

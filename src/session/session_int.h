@@ -38,6 +38,7 @@ struct blk {
     kvt_pos    blob_p0;         /* position the saved K is rotated for */
     int32_t    blob_cells, blob_cells_swa;
     size_t     blob_bytes;
+    bool       enc;             /* the pool's copy is codec_ram-encoded (else the raw blob) */
     float     *emb;             /* [emb_dim] unit vector of the text (with an embedder), else NULL */
     bool       parked;          /* resident when the session was parked: comes back on resume */
     kvt_key    ckey;            /* chain key (session/reuse.c), when has_ckey */
@@ -110,6 +111,10 @@ struct kvt_session {
     double      store_ms;
     struct kvt_prefill_hooks hooks; /* mixed prefill (kvt_session_set_prefill_hooks); decode NULL: off */
     bool        reply_feed;     /* kvt__sess_feed is decoding a generated token (not a prefill chunk) */
+    /* host pool codec (p.codec_ram parsed; RAW = none) and what saving and loading cost */
+    struct kvt_codec_params codec;
+    int64_t     pool_tokens, pool_raw_bytes, pool_bytes;
+    double      codec_enc_ms, codec_dec_ms;
 };
 
 /* A recovery candidate: block index and score (higher first). */

@@ -446,8 +446,8 @@ static void test_damage(void **st) {
         x[1] = 'X';
         expect_err(x, n, KVT_EFORMAT, "magic");
         memcpy(x, enc, n);
-        x[4] = 2;
-        expect_err(x, n, KVT_EFORMAT, "version 2");
+        x[4] = 3;
+        expect_err(x, n, KVT_EFORMAT, "version 3");
         memcpy(x, enc, n);
         x[6] = 9;
         expect_err(x, n, KVT_EFORMAT, "codec id 9");
@@ -477,6 +477,114 @@ static void test_damage(void **st) {
     kvt_blob *d = (kvt_blob *) 1;
     assert_int_equal(kvt_codec_decode(NULL, 0, &d), KVT_EFORMAT);
     assert_int_equal(kvt_codec_decode("KVTC", 4, &d), KVT_EFORMAT);
+}
+
+/* Per-head bits (entropy-sized heads): every element of a head decodes exactly as the uniform
+** codec of that head's bits decodes it (same groups, same min/step, same rounding: the uniform
+** codecs' bounds are checked by test_synthetic), the table travels in the header, and a header
+** whose table is inconsistent is refused. */
+static void test_head_bits(void **st) {
+    (void) st;
+    const struct syn *S = &SYN[2]; /* 2 parts x 3 layers, K rows 128, V rows 64 */
+    kvt_blob *b = syn_blob(S);
+    enum { NH = 2, NU = 6 * NH };
+    uint8_t tab[NU];
+    for (int i = 0; i < NU; i++) tab[i] = (uint8_t) (i % 3 == 0 ? 8 : 4);
+    struct kvt_codec_params pm = kvt_codec_default_params(KVT_CODEC_Q4), p8 = kvt_codec_default_params(KVT_CODEC_Q8),
+                            p4 = kvt_codec_default_params(KVT_CODEC_Q4);
+    pm.group_v = p8.group_v = p4.group_v = 32; /* V head_dim is 32 */
+    pm.group_k = p8.group_k = p4.group_k = 32;
+    pm.n_head_kv = p8.n_head_kv = p4.n_head_kv = NH;
+    pm.head_bits = tab;
+    pm.n_head_bits = NU;
+    struct kvt_codec_stats cm, c8, c4;
+    kvt_blob *dm = round_trip(b, &pm, &cm), *d8 = round_trip(b, &p8, &c8), *d4 = round_trip(b, &p4, &c4);
+    struct kvt__mat mm[16], m8[16], m4[16];
+    int kind[16];
+    int nm = syn_mats(S, dm->data, mm, kind);
+    syn_mats(S, d8->data, m8, kind);
+    syn_mats(S, d4->data, m4, kind);
+    long n8 = 0, n4 = 0;
+    for (int i = 0; i < nm; i++) {
+        const int layer = (i / (2 * S->n_layer)) * S->n_layer + (i % S->n_layer); /* blob order */
+        const uint32_t hd = mm[i].n_embd / NH;
+        for (uint32_t c = 0; c < mm[i].n_cells; c++)
+            for (uint32_t e = 0; e < mm[i].n_embd; e++) {
+                const int bits = tab[layer * NH + (int) (e / hd)];
+                float want = bits == 8 ? kvt__mat_get(&m8[i], c, e) : kvt__mat_get(&m4[i], c, e);
+                if (kvt__mat_get(&mm[i], c, e) != want)
+                    fail_msg("tensor %d cell %u channel %u (%d bits): %g, uniform q%d gives %g", i, c, e, bits,
+                             (double) kvt__mat_get(&mm[i], c, e), bits, (double) want);
+                if (bits == 8) n8++; else n4++;
+            }
+    }
+    printf("per-head bits: %ld elements at 8 bits, %ld at 4; %zu bytes (q8 %zu, q4 %zu)\n", n8, n4, cm.encoded_bytes,
+           c8.encoded_bytes, c4.encoded_bytes);
+    assert_true(n8 > 0 && n4 > 0);
+    assert_true(cm.encoded_bytes > c4.encoded_bytes && cm.encoded_bytes < c8.encoded_bytes);
+    /* control: the uniform codecs differ where the table says 4 (else the check above is empty) */
+    assert_true(memcmp(d8->data, d4->data, b->size) != 0);
+    kvt_blob_free(dm);
+    kvt_blob_free(d8);
+    kvt_blob_free(d4);
+    /* the header carries the table */
+    uint8_t *enc;
+    size_t n;
+    assert_int_equal(kvt_codec_encode(b, &pm, &enc, &n, NULL), 0);
+    struct kvt_codec_info I;
+    assert_int_equal(kvt_codec_inspect(enc, n, &I), 0);
+    assert_int_equal(I.version, KVT_CODEC_VERSION_HEADS);
+    assert_int_equal(I.params.n_head_bits, NU);
+    assert_memory_equal(I.params.head_bits, tab, NU);
+    const size_t hb = 104 + 8 + 16; /* 12 entries padded to 16 */
+    uint8_t *x = malloc(n + 64);
+    memcpy(x, enc, n);
+    x[104 + 8 + 3] = 5; /* an entry that is not 4 or 8 */
+    sha(x + 104, n - 104, x + 72);
+    expect_err(x, n, KVT_EFORMAT, "entry 3");
+    memcpy(x, enc, n);
+    x[104] = 13; /* a count that does not match the header size */
+    expect_err(x, n, KVT_EFORMAT, "13 entries");
+    memcpy(x, enc, n);
+    x[104 + 8 + 1] ^= 12; /* 4 <-> 8 under a valid checksum: the sections no longer add up */
+    sha(x + 104, n - 104, x + 72);
+    expect_err(x, n, KVT_ECORRUPT, NULL);
+    memcpy(x, enc, n);
+    x[104 + 8 + 1] ^= 12; /* the same without re-hashing: the checksum covers the table */
+    expect_err(x, n, KVT_ECORRUPT, "SHA-256");
+    /* a table of 2 layers x 2 heads for a block of 6 layers (header size and checksum consistent) */
+    uint8_t *y = calloc(1, n + 64);
+    memcpy(y, enc, 104);
+    uint32_t nu = 4, hb2 = 104 + 8 + 8;
+    memcpy(y + 8, &hb2, 4);
+    memcpy(y + 104, &nu, 4);
+    memcpy(y + 112, tab, 4);
+    memcpy(y + hb2, enc + hb, n - hb);
+    size_t ny = hb2 + (n - hb);
+    sha(y + 104, ny - 104, y + 72);
+    expect_err(y, ny, KVT_ECORRUPT, "per-head table");
+    free(y);
+    free(x);
+    free(enc);
+    /* encode refuses inconsistent tables, naming them */
+    enc = (uint8_t *) 1;
+    pm.n_head_bits = NU - NH;
+    assert_int_equal(kvt_codec_encode(b, &pm, &enc, &n, NULL), KVT_EINVAL);
+    assert_non_null(strstr(kvt_errmsg(), "10 entries"));
+    assert_null(enc);
+    pm.n_head_bits = NU;
+    pm.group_v = 64;
+    assert_int_equal(kvt_codec_encode(b, &pm, &enc, &n, NULL), KVT_EINVAL);
+    assert_non_null(strstr(kvt_errmsg(), "group_v 64"));
+    pm.group_v = 32;
+    tab[0] = 6;
+    assert_int_equal(kvt_codec_encode(b, &pm, &enc, &n, NULL), KVT_EINVAL);
+    assert_non_null(strstr(kvt_errmsg(), "entry 0 is 6"));
+    tab[0] = 8;
+    pm.codec = KVT_CODEC_ELASTIC;
+    assert_int_equal(kvt_codec_encode(b, &pm, &enc, &n, NULL), KVT_EINVAL);
+    assert_non_null(strstr(kvt_errmsg(), "q8 and q4 only"));
+    kvt_blob_free(b);
 }
 
 /* An allocation that fails at any point of encode or decode: KVT_ENOMEM, nothing returned,
@@ -700,7 +808,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_names),     cmocka_unit_test(test_synthetic),   cmocka_unit_test(test_elastic),
         cmocka_unit_test(test_damage),    cmocka_unit_test(test_alloc_faults), cmocka_unit_test(test_threads),
-        cmocka_unit_test(test_engine_tiny), cmocka_unit_test(test_engine_gemma),
+        cmocka_unit_test(test_engine_tiny), cmocka_unit_test(test_engine_gemma), cmocka_unit_test(test_head_bits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
