@@ -81,6 +81,8 @@ int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *params, k
     if (p.embedder && (!(p.min_recovery_cosine >= -1 && p.min_recovery_cosine <= 1) || p.ann_min_blocks < 1))
         return kvt__fail(KVT_EINVAL, "min_recovery_cosine %.2f must be in [-1, 1] and ann_min_blocks %d >= 1",
                          p.min_recovery_cosine, p.ann_min_blocks);
+    int rce = kvt__sess_elastic_check(&p);
+    if (rce) return rce;
     kvt_session *s = calloc(1, sizeof *s);
     if (!s) return kvt__fail(KVT_ENOMEM, "session");
     s->eng = eng;
@@ -226,6 +228,7 @@ void kvt_session_get_stats(kvt_session *s, struct kvt_session_stats *st) {
     st->store_tokens = s->store_tokens;
     st->store_blocks_put = s->store_put;
     st->store_ms = s->store_ms;
+    kvt__sess_elastic_stats(s, st);
 }
 
 int32_t kvt_session_n_blocks(const kvt_session *s) { return s->n_b; }
