@@ -85,6 +85,8 @@ static int parse_policies(const char *cmd, const char *s, struct eval_opts *o) {
                 return APP_USAGE;
             }
         if (o->n_policies >= KVT_POLICY__COUNT) return APP_USAGE; /* unreachable: names are distinct */
+        o->variant[o->n_policies] = EVAL_PLAIN;
+        snprintf(o->label[o->n_policies], sizeof o->label[0], "%s", kvt_policy_name(pol));
         o->policies[o->n_policies++] = pol;
         if (!p[len]) return APP_OK;
         p += len + 1;
@@ -133,6 +135,8 @@ int cmd_eval(int argc, char **argv) {
     memset(&o, 0, sizeof o);
     const char *policies_s = DEFAULT_POLICIES, *depths_s = NULL;
     double min_cosine = 0.5;
+    const char *elastic_s = NULL;
+    bool elastic_random = false;
     bool depths_seen = false, segment_seen = false, chunk_seen = false, ppl_seen = false, fresh_engine = false;
     o.model = getenv("KVTIER_MODEL");
     o.out = "results";
@@ -180,6 +184,12 @@ int cmd_eval(int argc, char **argv) {
           "kvtier recovers by cosine of mean-pooled embeddings from this model instead of BM25", NULL },
         { "min-cosine", 0, OPT_FLOAT, &min_cosine, -1, 1, "F",
           "with --embed-model: cosine an evicted block needs to come back (default 0.5)", NULL },
+        { "elastic", 0, OPT_STR, &elastic_s, 0, 0, "S_K,S_V",
+          "also run every policy with live ElasticKV at these threshold scales (rows <policy>+elastic; "
+          "no_eviction's plain run stays the reference), e.g. 0.45,0.50", NULL },
+        { "elastic-random", 0, OPT_FLAG, &elastic_random, 0, 0, NULL,
+          "with --elastic: also run the matched-random control (rows <policy>+random: per layer, tensor and head "
+          "as many elements zeroed, uniformly at random)", NULL },
         { "verbose", 'v', OPT_FLAG, &o.verbose, 0, 0, NULL, "llama.cpp's log on stderr", NULL },
         { NULL, 0, 0, NULL, 0, 0, NULL, NULL, NULL },
     };
@@ -213,6 +223,22 @@ int cmd_eval(int argc, char **argv) {
 
     /* ---- validation that needs no model ---- */
     if ((rc = parse_policies(cmd, policies_s, &o))) return rc;
+    if (elastic_random && !elastic_s) {
+        fprintf(stderr, "%s: --elastic-random needs --elastic S_K,S_V (the scales whose zero counts it matches)\n", cmd);
+        return APP_USAGE;
+    }
+    if (elastic_s) {
+        if ((rc = cli_parse_elastic(cmd, "--elastic", elastic_s, &o.elastic_sk, &o.elastic_sv))) return rc;
+        const int n_base = o.n_policies;
+        for (int v = EVAL_ELASTIC; v <= (elastic_random ? EVAL_ELASTIC_RANDOM : EVAL_ELASTIC); v++)
+            for (int i = 0; i < n_base; i++) {
+                o.policies[o.n_policies] = o.policies[i];
+                o.variant[o.n_policies] = (int8_t) v;
+                snprintf(o.label[o.n_policies], sizeof o.label[0], "%s+%s", kvt_policy_name(o.policies[i]),
+                         v == EVAL_ELASTIC ? "elastic" : "random");
+                o.n_policies++;
+            }
+    }
     if (o.task == EVAL_PPL && depths_seen) {
         fprintf(stderr, "%s: --depths does not apply to ppl\n", cmd);
         return APP_USAGE;
@@ -334,17 +360,17 @@ int cmd_eval(int argc, char **argv) {
             o.cases, o.seed, corpus.dir);
 
     /* no_eviction runs first in every case: ppl compares the others with its distributions */
-    int32_t order[KVT_POLICY__COUNT], n_order = 0;
+    int32_t order[EVAL_MAX_RUNS], n_order = 0;
     struct eval_results res;
     memset(&res, 0, sizeof res);
     res.ref_pi = -1;
     for (int i = 0; i < o.n_policies; i++)
-        if (o.policies[i] == KVT_POLICY_NO_EVICTION) {
+        if (o.policies[i] == KVT_POLICY_NO_EVICTION && o.variant[i] == EVAL_PLAIN) {
             order[n_order++] = i;
             res.ref_pi = i;
         }
     for (int i = 0; i < o.n_policies; i++)
-        if (o.policies[i] != KVT_POLICY_NO_EVICTION) order[n_order++] = i;
+        if (o.policies[i] != KVT_POLICY_NO_EVICTION || o.variant[i] != EVAL_PLAIN) order[n_order++] = i;
 
     struct eval_case *cases = calloc((size_t) o.cases, sizeof *cases);
     struct eval_ref ref;

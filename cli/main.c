@@ -195,6 +195,30 @@ int cli_run_opts_check(const char *cmd, const struct cli_run_opts *o) {
 
 
 
+int cli_parse_elastic(const char *cmd, const char *flag, const char *spec, float *sk, float *sv) {
+    float v[2];
+    const char *p = spec;
+    for (int i = 0; i < 2; i++) {
+        char *end;
+        errno = 0;
+        double d = strtod(p, &end);
+        if (end == p || errno == ERANGE || *end != (i == 0 ? ',' : '\0')) {
+            fprintf(stderr, "%s: %s '%s' is not two numbers S_K,S_V (e.g. 0.45,0.50)\n", cmd, flag, spec);
+            return APP_USAGE;
+        }
+        if (!(d >= 0 && d <= 2)) {
+            fprintf(stderr, "%s: %s '%s': %s scale %.*s is outside [0, 2]\n", cmd, flag, spec, i ? "V" : "K",
+                    (int) (end - p), p);
+            return APP_USAGE;
+        }
+        v[i] = (float) d;
+        p = end + 1;
+    }
+    *sk = v[0];
+    *sv = v[1];
+    return APP_OK;
+}
+
 int cli_session_open(const char *cmd, const struct cli_run_opts *o, struct cli_session *cs) {
     int rc;
     memset(cs, 0, sizeof *cs);
@@ -254,6 +278,8 @@ int cli_session_open(const char *cmd, const struct cli_run_opts *o, struct cli_s
     if (!o->budget) sp.policy = KVT_POLICY_NO_EVICTION;
     sp.head_profile = o->head_profile;
     sp.top_k = o->top_k;
+    sp.elastic_sk = o->elastic_sk;
+    sp.elastic_sv = o->elastic_sv;
     if (o->gen_reserve >= 0) sp.gen_reserve = o->gen_reserve;
     sp.pool = cs->pool;
     sp.store = cs->store;

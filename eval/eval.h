@@ -22,6 +22,12 @@ enum eval_task { EVAL_NIAH = 0, EVAL_MULTIFACT = 1, EVAL_PPL = 2 };
 #define EVAL_MAX_FACTS  EVAL_MAX_DEPTHS
 #define EVAL_REPLY      "Noted." /* the replayed assistant reply after every document turn */
 
+/* A run is a policy, plain or with live ElasticKV (--elastic adds one run per listed policy,
+** --elastic-random one more with the matched-random control); no_eviction's plain run is the
+** ppl reference. */
+enum eval_variant { EVAL_PLAIN = 0, EVAL_ELASTIC = 1, EVAL_ELASTIC_RANDOM = 2 };
+#define EVAL_MAX_RUNS (3 * KVT_POLICY__COUNT)
+
 struct eval_opts {
     enum eval_task task;
     const char    *task_name;     /* "niah", "multifact", "ppl" */
@@ -32,8 +38,11 @@ struct eval_opts {
     int32_t        score_tokens;  /* ppl: tokens of the next segment scored per turn */
     int32_t        skip;          /* ppl: turns fed before the first scored one */
     bool           json, verbose;
-    int32_t        policies[KVT_POLICY__COUNT];
-    int            n_policies;
+    int32_t        policies[EVAL_MAX_RUNS]; /* enum kvt_policy of each run */
+    int8_t         variant[EVAL_MAX_RUNS];  /* enum eval_variant of each run */
+    char           label[EVAL_MAX_RUNS][40]; /* "h2o", "no_eviction+elastic", ... */
+    int            n_policies;               /* runs per case */
+    float          elastic_sk, elastic_sv;   /* --elastic (0 = off) */
     int32_t        depths[EVAL_MAX_DEPTHS]; /* percent of the haystack */
     int            n_depths;
     int32_t        n_ctx;         /* engine context (cells); no_eviction's budget */

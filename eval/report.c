@@ -206,7 +206,7 @@ static json_t *policy_json(const struct eval_opts *o, const struct eval_results 
     json_t *j = json_object();
     if (!j) return NULL;
     int bad = 0;
-    bad |= json_object_set_new(j, "policy", json_string(kvt_policy_name(o->policies[pi])));
+    bad |= json_object_set_new(j, "policy", json_string(o->label[pi]));
     bad |= json_object_set_new(j, "budget", json_integer(policy_budget(o, pi)));
     bad |= json_object_set_new(j, "n", json_integer(p->n));
     bad |= json_object_set_new(j, "passes", json_integer(p->passes));
@@ -320,7 +320,7 @@ static void print_table(const struct eval_opts *o, const struct eval_stamp *st, 
         if (o->task == EVAL_PPL) {
             char vs[16] = "        -";
             if (has_ref) snprintf(vs, sizeof vs, "%9.4f", mean(p->nll_absdiff, p->n_absdiff));
-            printf("%-12s %6d %6lld %8.3f %8.4f %9s %9.4f %6.3f %-15s %7.1f %7.1f %6d", kvt_policy_name(o->policies[i]),
+            printf("%-12s %6d %6lld %8.3f %8.4f %9s %9.4f %6.3f %-15s %7.1f %7.1f %6d", o->label[i],
                    policy_budget(o, i), (long long) p->n_tok, exp(mean(p->nll_tok, p->n_tok)), mean(p->nll_tok, p->n_tok),
                    vs, mean(p->kl, p->n_kl), mean((double) p->passes, p->n), ci, mean(p->evictions, p->n_sess),
                    mean(p->recoveries, p->n_sess), p->peak);
@@ -331,7 +331,7 @@ static void print_table(const struct eval_opts *o, const struct eval_stamp *st, 
             eval_wilson(p->prefix_passes, p->n, &lo, &hi);
             snprintf(pci, sizeof pci, "[%.3f, %.3f]", lo, hi);
             printf("%-12s %6d %4lld %4lld %6.3f %-15s %4lld %6.3f %-15s %9.3f %8s %9.3f %8s %7.1f %7.1f %8.1f %6d",
-                   kvt_policy_name(o->policies[i]), policy_budget(o, i), (long long) p->n, (long long) p->passes,
+                   o->label[i], policy_budget(o, i), (long long) p->n, (long long) p->passes,
                    mean((double) p->passes, p->n), ci, (long long) p->prefix_passes,
                    mean((double) p->prefix_passes, p->n), pci, mean(p->lp, p->n_rows), vs,
                    mean(p->number_lp, p->n_number), vsn, mean(p->evictions, p->n_sess), mean(p->recoveries, p->n_sess),
@@ -346,7 +346,7 @@ static void print_table(const struct eval_opts *o, const struct eval_stamp *st, 
         for (int d = 0; d < o->n_depths; d++) printf(" %7d%%", o->depths[d]);
         putchar('\n');
         for (int i = 0; i < o->n_policies; i++) {
-            printf("%-12s", kvt_policy_name(o->policies[i]));
+            printf("%-12s", o->label[i]);
             for (int d = 0; d < o->n_depths; d++) {
                 char cell[32];
                 snprintf(cell, sizeof cell, "%lld/%lld/%lld", (long long) ps[i].depth[d].passes,
@@ -396,7 +396,7 @@ static int write_csv(const char *path, const struct eval_opts *o, const struct e
                "tokens,peak_resident_tokens,ttft_ms,nll_per_token,kl,number_logprob,prefix_passed,error,reply\n");
     for (int32_t i = 0; i < res->n_rows; i++) {
         const struct eval_row *r = &res->rows[i];
-        fprintf(f, "%s,%d,", kvt_policy_name(o->policies[r->pi]), r->case_index + 1);
+        fprintf(f, "%s,%d,", o->label[r->pi], r->case_index + 1);
         if (r->depth >= 0) fprintf(f, "%d", r->depth);
         fprintf(f, ",%d,%d,%d,", o->context, policy_budget(o, r->pi), r->passed);
         csv_num(f, r->answer_logprob, "%.6f");
@@ -425,7 +425,7 @@ static json_t *rows_json(const struct eval_opts *o, const struct eval_results *r
         const struct eval_row *r = &res->rows[i];
         char *reply = app_utf8_clean(r->reply ? r->reply : "");
         json_t *j = reply ? json_pack("{s:s, s:i, s:i, s:o, s:i, s:i, s:o, s:i, s:o, s:i, s:I, s:I, s:i, s:i, s:o, s:o, s:o, s:b, s:s}",
-                                      "policy", kvt_policy_name(o->policies[r->pi]), "case", r->case_index + 1, "item",
+                                      "policy", o->label[r->pi], "case", r->case_index + 1, "item",
                                       r->item, "depth", r->depth >= 0 ? json_integer(r->depth) : json_null(), "n", r->n,
                                       "passed", r->passed, "answer_logprob", jnum(r->answer_logprob), "answer_tokens",
                                       r->answer_tokens, "number_logprob", jnum(r->number_logprob), "prefix_passed",
@@ -497,7 +497,7 @@ static int write_png(const char *cmd, const char *path, const struct eval_opts *
                                  pr = mean((double) ps[i].prefix_passes, ps[i].n);
         eval_wilson(ps[i].passes, ps[i].n, &lo, &hi);
         eval_wilson(ps[i].prefix_passes, ps[i].n, &plo, &phi);
-        fprintf(g, "%d %s %.6f %.6f %.6f %.6f %.6f %.6f %.6f\n", i, kvt_policy_name(o->policies[i]),
+        fprintf(g, "%d %s %.6f %.6f %.6f %.6f %.6f %.6f %.6f\n", i, o->label[i],
                 isfinite(r) ? r : 0, lo, hi, exp(mean(ps[i].nll_tok, ps[i].n_tok)), isfinite(pr) ? pr : 0, plo, phi);
     }
     fprintf(g, "EOD\n");
@@ -531,7 +531,7 @@ static int write_png(const char *cmd, const char *path, const struct eval_opts *
             fputc('\n', g);
         }
         fprintf(g, "EOD\nnames = '");
-        for (int i = 0; i < o->n_policies; i++) fprintf(g, "%s%s", i ? " " : "", kvt_policy_name(o->policies[i]));
+        for (int i = 0; i < o->n_policies; i++) fprintf(g, "%s%s", i ? " " : "", o->label[i]);
         fprintf(g, "'\nset title 'pass rate by %s depth (solid: after the answer prefix, dashed: free reply)'\n"
                    "set xlabel 'depth (%% of the document)'\nset xrange [-2:102]\nset xtics norotate\n"
                    "set key outside right\n",

@@ -138,6 +138,7 @@ struct server {
     const char     *redis_url;     /* --redis: the block store's Redis tier (NULL = none) */
     int32_t         redis_timeout_ms, redis_ttl_s; /* --redis-timeout-ms, --redis-ttl-s */
     const char     *codec_disk;    /* --codec-disk: the store's disk tier codec (NULL = raw) */
+    float           elastic_sk, elastic_sv; /* --elastic: live ElasticKV scales of every session, 0 = off */
     char          **keys;          /* API keys (NULL = no auth) */
     int32_t         n_keys;
     /* published by the engine thread */
