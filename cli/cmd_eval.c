@@ -186,10 +186,11 @@ int cmd_eval(int argc, char **argv) {
           "with --embed-model: cosine an evicted block needs to come back (default 0.5)", NULL },
         { "elastic", 0, OPT_STR, &elastic_s, 0, 0, "S_K,S_V",
           "also run every policy with live ElasticKV at these threshold scales (rows <policy>+elastic; "
-          "no_eviction's plain run stays the reference), e.g. 0.45,0.50", NULL },
+          "no_eviction's plain run stays the reference), e.g. 0.45,0.50; several pairs: 0.35,0.17/0.45,0.50", NULL },
         { "elastic-random", 0, OPT_FLAG, &elastic_random, 0, 0, NULL,
-          "with --elastic: also run the matched-random control (rows <policy>+random: per layer, tensor and head "
-          "as many elements zeroed, uniformly at random)", NULL },
+          "with --elastic: also run the matched-random control (rows <policy>+random: every pass holds each head's "
+          "thresholded range at the zero fraction its +elastic twin ended the case with, zeros placed uniformly at "
+          "random)", NULL },
         { "verbose", 'v', OPT_FLAG, &o.verbose, 0, 0, NULL, "llama.cpp's log on stderr", NULL },
         { NULL, 0, 0, NULL, 0, 0, NULL, NULL, NULL },
     };
@@ -227,17 +228,42 @@ int cmd_eval(int argc, char **argv) {
         fprintf(stderr, "%s: --elastic-random needs --elastic S_K,S_V (the scales whose zero counts it matches)\n", cmd);
         return APP_USAGE;
     }
-    if (elastic_s) {
-        if ((rc = cli_parse_elastic(cmd, "--elastic", elastic_s, &o.elastic_sk, &o.elastic_sv))) return rc;
+    static double el_frac[EVAL_MAX_RUNS];
+    o.el_frac = el_frac;
+    if (elastic_s) { /* PAIR[/PAIR...]: runs per pair, elastic ones first, each random after its twin */
+        float sk[EVAL_MAX_PAIRS], sv[EVAL_MAX_PAIRS];
+        int n_pairs = 0;
+        for (const char *p = elastic_s;;) {
+            size_t len = strcspn(p, "/");
+            char one[64];
+            if (n_pairs == EVAL_MAX_PAIRS || len >= sizeof one) {
+                fprintf(stderr, "%s: --elastic '%s' lists more than %d scale pairs\n", cmd, elastic_s, EVAL_MAX_PAIRS);
+                return APP_USAGE;
+            }
+            memcpy(one, p, len);
+            one[len] = '\0';
+            if ((rc = cli_parse_elastic(cmd, "--elastic", one, &sk[n_pairs], &sv[n_pairs]))) return rc;
+            n_pairs++;
+            if (!p[len]) break;
+            p += len + 1;
+        }
         const int n_base = o.n_policies;
         for (int v = EVAL_ELASTIC; v <= (elastic_random ? EVAL_ELASTIC_RANDOM : EVAL_ELASTIC); v++)
-            for (int i = 0; i < n_base; i++) {
-                o.policies[o.n_policies] = o.policies[i];
-                o.variant[o.n_policies] = (int8_t) v;
-                snprintf(o.label[o.n_policies], sizeof o.label[0], "%s+%s", kvt_policy_name(o.policies[i]),
-                         v == EVAL_ELASTIC ? "elastic" : "random");
-                o.n_policies++;
-            }
+            for (int k = 0; k < n_pairs; k++)
+                for (int i = 0; i < n_base; i++) {
+                    const int r = o.n_policies++;
+                    o.policies[r] = o.policies[i];
+                    o.variant[r] = (int8_t) v;
+                    o.el_sk[r] = sk[k];
+                    o.el_sv[r] = sv[k];
+                    o.el_twin[r] = v == EVAL_ELASTIC_RANDOM ? n_base * (1 + k) + i : -1;
+                    const char *what = v == EVAL_ELASTIC ? "elastic" : "random";
+                    if (n_pairs == 1)
+                        snprintf(o.label[r], sizeof o.label[0], "%s+%s", kvt_policy_name(o.policies[i]), what);
+                    else
+                        snprintf(o.label[r], sizeof o.label[0], "%s+%s:%.2f,%.2f", kvt_policy_name(o.policies[i]), what,
+                                 sk[k], sv[k]);
+                }
     }
     if (o.task == EVAL_PPL && depths_seen) {
         fprintf(stderr, "%s: --depths does not apply to ppl\n", cmd);

@@ -22,11 +22,13 @@ enum eval_task { EVAL_NIAH = 0, EVAL_MULTIFACT = 1, EVAL_PPL = 2 };
 #define EVAL_MAX_FACTS  EVAL_MAX_DEPTHS
 #define EVAL_REPLY      "Noted." /* the replayed assistant reply after every document turn */
 
-/* A run is a policy, plain or with live ElasticKV (--elastic adds one run per listed policy,
-** --elastic-random one more with the matched-random control); no_eviction's plain run is the
-** ppl reference. */
+/* A run is a policy, plain or with live ElasticKV (--elastic adds one run per listed policy and
+** scale pair, --elastic-random one more per pair with the matched-random control, which holds
+** the sparsity its elastic twin reached in the same case); no_eviction's plain run is the ppl
+** reference. */
 enum eval_variant { EVAL_PLAIN = 0, EVAL_ELASTIC = 1, EVAL_ELASTIC_RANDOM = 2 };
-#define EVAL_MAX_RUNS (3 * KVT_POLICY__COUNT)
+#define EVAL_MAX_PAIRS 4
+#define EVAL_MAX_RUNS ((1 + 2 * EVAL_MAX_PAIRS) * KVT_POLICY__COUNT)
 
 struct eval_opts {
     enum eval_task task;
@@ -42,7 +44,11 @@ struct eval_opts {
     int8_t         variant[EVAL_MAX_RUNS];  /* enum eval_variant of each run */
     char           label[EVAL_MAX_RUNS][40]; /* "h2o", "no_eviction+elastic", ... */
     int            n_policies;               /* runs per case */
-    float          elastic_sk, elastic_sv;   /* --elastic (0 = off) */
+    float          el_sk[EVAL_MAX_RUNS], el_sv[EVAL_MAX_RUNS]; /* live ElasticKV scales of each run */
+    int32_t        el_twin[EVAL_MAX_RUNS];   /* random run: the elastic run whose sparsity it matches */
+    double        *el_frac;                  /* [EVAL_MAX_RUNS]: per run, the zero fraction of the
+                                             ** thresholded range at the end of the current case
+                                             ** (written by eval_run_case; owned by cmd_eval) */
     int32_t        depths[EVAL_MAX_DEPTHS]; /* percent of the haystack */
     int            n_depths;
     int32_t        n_ctx;         /* engine context (cells); no_eviction's budget */

@@ -302,9 +302,13 @@ int eval_run_case(const char *cmd, kvt_engine *eng, kvt_pool *pool, const struct
     sp.block = o->block;
     sp.pool = pool;
     if (o->variant[pi] != EVAL_PLAIN) { /* live ElasticKV, or its matched-random control */
-        sp.elastic_sk = o->elastic_sk;
-        sp.elastic_sv = o->elastic_sv;
+        sp.elastic_sk = o->el_sk[pi];
+        sp.elastic_sv = o->el_sv[pi];
         sp.elastic_random = o->variant[pi] == EVAL_ELASTIC_RANDOM;
+        if (sp.elastic_random) { /* the sparsity the twin reached on this case (it ran just before) */
+            const double f = o->el_frac[o->el_twin[pi]];
+            sp.elastic_random_frac = (float) (f > 0 && f <= 1 ? f : 0);
+        }
     }
     if (policy == KVT_POLICY_KVTIER && o->embedder) {
         sp.embedder = o->embedder;
@@ -349,6 +353,7 @@ int eval_run_case(const char *cmd, kvt_engine *eng, kvt_pool *pool, const struct
     }
     struct kvt_session_stats st;
     kvt_session_get_stats(s, &st);
+    o->el_frac[pi] = st.elastic_eligible ? (double) st.elastic_zero_eligible / (double) st.elastic_eligible : 0;
     struct eval_sess se = { pi, k->index, st.evictions, st.recoveries, st.tokens_decoded, st.tokens_recovered,
                             st.peak_resident_tokens, st.total_tokens, (now_ms() - t0) / 1e3, st.policy_ms,
                             st.decode_ms, rc != 0 };

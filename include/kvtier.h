@@ -472,6 +472,12 @@ struct kvt_elastic_params {
                         ** instead zeroes that many elements of [p0, p1) chosen uniformly at
                         ** random (elements already 0 count towards it), so the head's zero count
                         ** equals the threshold's */
+    float    random_frac; /* random with random_frac in (0, 1]: instead of the threshold's count,
+                        ** each head's zeros in [p0, p1) are brought up to round(random_frac x its
+                        ** elements there) (never fewer than already are).  Repeated passes then
+                        ** hold a fixed sparsity, where matching the count pass by pass would
+                        ** ratchet it up: tau over a randomly thinned range still counts the small
+                        ** elements random zeroing spared.  0 = match the threshold's count */
     uint64_t seed;      /* random: seed of the choice (splitmix64) */
 };
 
@@ -770,6 +776,10 @@ struct kvt_session_params {
     bool    elastic_random;   /* control for evaluation: each pass zeroes, per layer, tensor and
                               ** head, the same number of elements uniformly at random instead
                               ** (kvt_elastic_params.random); default false */
+    float   elastic_random_frac; /* with elastic_random: the sparsity each pass holds the
+                              ** thresholded range at (kvt_elastic_params.random_frac, e.g. the
+                              ** threshold's measured fraction); 0 = match each pass's threshold
+                              ** count (ratchets up over passes); default 0 */
 };
 
 /* Live ElasticKV in sessions (kvt_session_params.elastic_sk): the source design's constants. */

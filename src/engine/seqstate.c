@@ -58,7 +58,7 @@ static int grow(void **p, size_t *cap, size_t need, size_t el) {
 
 /* Threshold one tensor: eligible cells cells[0..n), scale s.  Adds to st. */
 static int threshold(const struct kvt__mat *m, const uint32_t *cells, uint32_t n, int n_head, float s, bool random,
-                     uint64_t *rng, struct work *w, struct kvt_elastic_stats *st) {
+                     float frac, uint64_t *rng, struct work *w, struct kvt_elastic_stats *st) {
     const uint32_t E = m->n_embd, hd = E / (uint32_t) n_head;
     int rc;
     if ((rc = grow((void **) &w->x, &w->cap_x, (size_t) n * E + 1, sizeof *w->x))) return rc;
@@ -88,6 +88,7 @@ static int threshold(const struct kvt__mat *m, const uint32_t *cells, uint32_t n
                 if (v != 0.0f) w->idx[cand++] = r * E + e;
             }
         const size_t zeros = (size_t) n * hd - cand;
+        if (frac > 0) below = (size_t) llround((double) frac * n * hd);
         size_t need = below > zeros ? below - zeros : 0;
         for (size_t i = 0; i < need; i++) { /* partial Fisher-Yates over the non-zero elements */
             size_t j = i + (size_t) (splitmix(rng) % (cand - i));
@@ -126,6 +127,8 @@ int kvt_seq_elastic(kvt_engine *e, int32_t seq, const struct kvt_elastic_params 
     if (!(isfinite(p->s_k) && isfinite(p->s_v) && p->s_k >= 0 && p->s_v >= 0))
         return kvt__fail(KVT_EINVAL, "elastic: scales s_k %g, s_v %g must be finite and >= 0", (double) p->s_k,
                          (double) p->s_v);
+    if (!(p->random_frac >= 0 && p->random_frac <= 1))
+        return kvt__fail(KVT_EINVAL, "elastic: random_frac %g is outside [0, 1]", (double) p->random_frac);
     if (p->p0 > p->p1) return kvt__fail(KVT_EINVAL, "elastic: range [%d, %d) is reversed", p->p0, p->p1);
     const int n_head = e->info.n_head_kv > 0 ? e->info.n_head_kv : 1;
     if (n_head > KVT__MAX_HEADS) return kvt__fail(KVT_EUNSUPPORTED, "elastic: %d KV heads (at most %d)", n_head, KVT__MAX_HEADS);
@@ -167,7 +170,7 @@ int kvt_seq_elastic(kvt_engine *e, int32_t seq, const struct kvt_elastic_params 
                     goto out;
                 }
                 const float s = kind == KVT__SEC_K ? p->s_k : p->s_v;
-                if (s > 0 && n_el > 0 && (rc = threshold(&m, w.cells, n_el, n_head, s, p->random, &rng, &w, &st)))
+                if (s > 0 && n_el > 0 && (rc = threshold(&m, w.cells, n_el, n_head, s, p->random, p->random_frac, &rng, &w, &st)))
                     goto out;
                 count(&m, eligible, &st);
             }

@@ -16,6 +16,8 @@ int kvt__sess_elastic_check(const struct kvt_session_params *p) {
         return kvt__fail(KVT_EINVAL, "elastic_sk %g is outside [0, 2]", (double) p->elastic_sk);
     if (!(isfinite(p->elastic_sv) && p->elastic_sv >= 0 && p->elastic_sv <= 2))
         return kvt__fail(KVT_EINVAL, "elastic_sv %g is outside [0, 2]", (double) p->elastic_sv);
+    if (!(p->elastic_random_frac >= 0 && p->elastic_random_frac <= 1))
+        return kvt__fail(KVT_EINVAL, "elastic_random_frac %g is outside [0, 1]", (double) p->elastic_random_frac);
     return 0;
 }
 
@@ -27,7 +29,8 @@ int kvt__sess_elastic(kvt_session *s, int32_t n) {
     if (s->open >= 0 && s->b[s->open].info.p0 < tail) tail = s->b[s->open].info.p0;
     if (tail <= KVT_ELASTIC_SINK) return 0;
     const struct kvt_elastic_params ep = { s->p.elastic_sk, s->p.elastic_sv, KVT_ELASTIC_SINK, tail,
-                                           s->p.elastic_random, ((uint64_t) s->serial << 32) ^ (uint64_t) s->el_passes };
+                                           s->p.elastic_random, s->p.elastic_random_frac,
+                                           ((uint64_t) s->serial << 32) ^ (uint64_t) s->el_passes };
     struct kvt_elastic_stats st;
     int rc = kvt_seq_elastic(s->eng, s->p.seq, &ep, &st);
     if (rc) return rc; /* the cache is unchanged; el_pending stays, so the next tokens retry */

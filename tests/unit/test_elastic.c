@@ -168,7 +168,7 @@ static void run_reference(const char *name, bool unified) {
     kvt_token tok[N];
     fill(e, 0, tok, N);
     kvt_blob *b0 = state(e, 0);
-    struct kvt_elastic_params ep = { 0.45f, 0.50f, SINK, N - TAIL, false, 0 };
+    struct kvt_elastic_params ep = { 0.45f, 0.50f, SINK, N - TAIL, false, 0, 0 };
     struct kvt_elastic_stats st;
     int rc = kvt_seq_elastic(e, 0, &ep, &st);
     if (rc) fprintf(stderr, "elastic: %s\n", kvt_errmsg());
@@ -218,7 +218,7 @@ static void test_zero(void **stp) {
     kvt_token tok[N];
     fill(e, 0, tok, N);
     kvt_blob *b0 = state(e, 0);
-    struct kvt_elastic_params ep = { 0, 0, SINK, N - TAIL, false, 0 };
+    struct kvt_elastic_params ep = { 0, 0, SINK, N - TAIL, false, 0, 0 };
     struct kvt_elastic_stats st;
     assert_int_equal(kvt_seq_elastic(e, 0, &ep, &st), 0);
     assert_int_equal(st.n_zeroed, 0);
@@ -273,7 +273,7 @@ static void run_control(const char *name) {
     const int nv = info.n_vocab;
     float *ref = malloc(sizeof *ref * (size_t) nv), *thr = malloc(sizeof *thr * (size_t) nv),
           *rnd = malloc(sizeof *rnd * (size_t) nv);
-    struct kvt_elastic_params ep = { 0.45f, 0.50f, SINK, N - TAIL, false, 0 };
+    struct kvt_elastic_params ep = { 0.45f, 0.50f, SINK, N - TAIL, false, 0, 0 };
     struct kvt_elastic_stats st_t, st_r;
     step(e, b0, NULL, tok[N], ref, nv, NULL);
     step(e, b0, &ep, tok[N], thr, nv, &st_t);
@@ -290,6 +290,21 @@ static void run_control(const char *name) {
         kl_r += k;
     }
     assert_true(kl_r / 3 > 2 * kl_t);
+    /* a fixed sparsity (random_frac): every head's range at round(frac x elements), and a second
+    ** pass adds nothing (matching the threshold's count pass by pass would ratchet up) */
+    ep.random_frac = 0.25f;
+    step(e, b0, &ep, tok[N], rnd, nv, &st_r);
+    printf("%s: random_frac 0.25 -> %.4f of the range\n", name, (double) st_r.n_zero_eligible / st_r.n_eligible);
+    assert_true(fabs((double) st_r.n_zero_eligible / st_r.n_eligible - 0.25) < 0.002);
+    assert_int_equal(kvt_seq_rm(e, 0, N, -1), 0);
+    assert_int_equal(kvt_seq_elastic(e, 0, &ep, &st_r), 0);
+    assert_int_equal(st_r.n_zeroed, 0);
+    ep.random_frac = 0;
+    assert_int_equal(kvt_seq_elastic(e, 0, &ep, &st_r), 0);
+    printf("%s: matching the count again on the thinned range zeroes %lld more\n", name, (long long) st_r.n_zeroed);
+    assert_true(st_r.n_zeroed > 0); /* the ratchet the fixed fraction avoids */
+    ep.random_frac = 1.5f;
+    assert_int_equal(kvt_seq_elastic(e, 0, &ep, NULL), KVT_EINVAL);
     free(ref);
     free(thr);
     free(rnd);
@@ -309,7 +324,7 @@ static void test_faults(void **stp) {
     kvt_token tok[N];
     fill(e, 0, tok, N);
     kvt_blob *b0 = state(e, 0);
-    struct kvt_elastic_params ep = { 0.45f, 0.50f, SINK, N - TAIL, false, 0 };
+    struct kvt_elastic_params ep = { 0.45f, 0.50f, SINK, N - TAIL, false, 0, 0 };
     int n_fail = 0;
     for (int k = 0; k < 64; k++) { /* the k-th allocation check fails */
         kvt__fault_set(KVT__FAULT_ELASTIC_ALLOC, k, 1);
