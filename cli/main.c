@@ -455,6 +455,18 @@ json_t *cli_stats_json(struct cli_session *cs) {
         json_decref(o);
         return NULL;
     }
+    if (st.elastic_passes) { /* live ElasticKV: the sparsity at the last pass (no memory saved) */
+        json_t *el = json_pack("{s:I, s:I, s:f, s:f, s:f}", "passes", (json_int_t) st.elastic_passes, "zeroed",
+                               (json_int_t) st.elastic_zeroed, "zero_fraction_resident",
+                               st.elastic_elems ? (double) st.elastic_zero / (double) st.elastic_elems : 0.0,
+                               "zero_fraction_range",
+                               st.elastic_eligible ? (double) st.elastic_zero_eligible / (double) st.elastic_eligible : 0.0,
+                               "ms", st.elastic_ms);
+        if (!el || json_object_set_new(o, "elastic", el)) {
+            json_decref(o);
+            return NULL;
+        }
+    }
     return o;
 }
 
