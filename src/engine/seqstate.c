@@ -11,6 +11,7 @@
 #include "kv/codec.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -56,14 +57,43 @@ static int grow(void **p, size_t *cap, size_t need, size_t el) {
     return 0;
 }
 
+/* F16 -> F32 of every bit pattern (256 KiB, built once): a pass converts every element of the
+** sequence, and a table lookup is several times faster than a call per element. */
+static float f16_tab[65536];
+static pthread_once_t f16_once = PTHREAD_ONCE_INIT;
+static void f16_init(void) {
+    for (uint32_t h = 0; h < 65536; h++) f16_tab[h] = ggml_fp16_to_fp32((ggml_fp16_t) h);
+}
+
+static inline size_t at(const struct kvt__mat *m, uint32_t c, uint32_t e) {
+    return m->trans ? (size_t) e * m->n_cells + c : (size_t) c * m->n_embd + e;
+}
+static inline float get(const struct kvt__mat *m, size_t i) {
+    if (m->elsize == 2) {
+        uint16_t h;
+        memcpy(&h, m->base + i * 2, 2);
+        return f16_tab[h];
+    }
+    float f;
+    memcpy(&f, m->base + i * 4, 4);
+    return f;
+}
+/* +0 is all-zero bytes in F16 and F32 alike */
+static inline void zero(const struct kvt__mat *m, size_t i) { memset(m->base + i * m->elsize, 0, m->elsize); }
+
 /* Threshold one tensor: eligible cells cells[0..n), scale s.  Adds to st. */
 static int threshold(const struct kvt__mat *m, const uint32_t *cells, uint32_t n, int n_head, float s, bool random,
                      float frac, uint64_t *rng, struct work *w, struct kvt_elastic_stats *st) {
     const uint32_t E = m->n_embd, hd = E / (uint32_t) n_head;
     int rc;
     if ((rc = grow((void **) &w->x, &w->cap_x, (size_t) n * E + 1, sizeof *w->x))) return rc;
-    for (uint32_t r = 0; r < n; r++)
-        for (uint32_t e = 0; e < E; e++) w->x[(size_t) r * E + e] = kvt__mat_get(m, cells[r], e);
+    if (m->trans) { /* channel-major in memory: walk it that way */
+        for (uint32_t e = 0; e < E; e++)
+            for (uint32_t r = 0; r < n; r++) w->x[(size_t) r * E + e] = get(m, (size_t) e * m->n_cells + cells[r]);
+    } else {
+        for (uint32_t r = 0; r < n; r++)
+            for (uint32_t e = 0; e < E; e++) w->x[(size_t) r * E + e] = get(m, (size_t) cells[r] * E + e);
+    }
     float tau[KVT__MAX_HEADS];
     kvt__elastic_tau(w->x, n, E, n_head, s, tau);
     if (!random) {
@@ -71,13 +101,14 @@ static int threshold(const struct kvt__mat *m, const uint32_t *cells, uint32_t n
             for (uint32_t e = 0; e < E; e++) {
                 const float v = w->x[(size_t) r * E + e];
                 if (v != 0.0f && fabsf(v) < tau[e / hd]) {
-                    kvt__mat_set(m, cells[r], e, 0.0f);
+                    zero(m, at(m, cells[r], e));
                     st->n_zeroed++;
                 }
             }
         return 0;
     }
-    /* control: per head, as many zeros as the threshold leaves, placed uniformly at random */
+    /* control: per head, as many zeros as the threshold leaves (or random_frac of the head's
+    ** elements), placed uniformly at random */
     if ((rc = grow((void **) &w->idx, &w->cap_idx, (size_t) n * hd + 1, sizeof *w->idx))) return rc;
     for (int h = 0; h < n_head; h++) {
         size_t below = 0, cand = 0;
@@ -95,7 +126,7 @@ static int threshold(const struct kvt__mat *m, const uint32_t *cells, uint32_t n
             uint32_t t = w->idx[i];
             w->idx[i] = w->idx[j];
             w->idx[j] = t;
-            kvt__mat_set(m, cells[w->idx[i] / E], w->idx[i] % E, 0.0f);
+            zero(m, at(m, cells[w->idx[i] / E], w->idx[i] % E));
             st->n_zeroed++;
         }
     }
@@ -104,16 +135,28 @@ static int threshold(const struct kvt__mat *m, const uint32_t *cells, uint32_t n
 
 /* Count elements and zeros of m (all cells) and of its eligible cells. */
 static void count(const struct kvt__mat *m, const uint8_t *eligible, struct kvt_elastic_stats *st) {
-    for (uint32_t c = 0; c < m->n_cells; c++)
-        for (uint32_t e = 0; e < m->n_embd; e++) {
-            const bool z = kvt__mat_get(m, c, e) == 0.0f;
-            st->n_zero += z;
-            if (eligible[c]) {
-                st->n_eligible++;
-                st->n_zero_eligible += z;
-            }
+    const size_t ne = (size_t) m->n_cells * m->n_embd;
+    int64_t z_all = 0, z_el = 0, n_el = 0;
+    for (size_t i = 0; i < ne; i++) { /* every element in memory order; its cell from the layout */
+        const uint32_t c = (uint32_t) (m->trans ? i % m->n_cells : i / m->n_embd);
+        bool z;
+        if (m->elsize == 2) {
+            uint16_t h;
+            memcpy(&h, m->base + i * 2, 2);
+            z = (h & 0x7fff) == 0;
+        } else {
+            float f;
+            memcpy(&f, m->base + i * 4, 4);
+            z = f == 0.0f;
         }
-    st->n_elems += (int64_t) m->n_cells * m->n_embd;
+        z_all += z;
+        n_el += eligible[c];
+        z_el += z && eligible[c];
+    }
+    st->n_zero += z_all;
+    st->n_eligible += n_el;
+    st->n_zero_eligible += z_el;
+    st->n_elems += (int64_t) ne;
 }
 
 int kvt_seq_elastic(kvt_engine *e, int32_t seq, const struct kvt_elastic_params *p, struct kvt_elastic_stats *out) {
@@ -134,6 +177,7 @@ int kvt_seq_elastic(kvt_engine *e, int32_t seq, const struct kvt_elastic_params 
     if (n_head > KVT__MAX_HEADS) return kvt__fail(KVT_EUNSUPPORTED, "elastic: %d KV heads (at most %d)", n_head, KVT__MAX_HEADS);
     int rc = kvt__engine_flush_shift(e);
     if (rc) return rc;
+    pthread_once(&f16_once, f16_init);
     uint8_t *prev = NULL, *buf = NULL, *eligible = NULL;
     size_t n = 0;
     struct kvt__blob_layout *L = malloc(sizeof *L);
@@ -162,7 +206,7 @@ int kvt_seq_elastic(kvt_engine *e, int32_t seq, const struct kvt_elastic_params 
         }
         for (int kind = KVT__SEC_K; kind <= KVT__SEC_V; kind++)
             for (uint32_t l = 0; l < P->n_layer; l++) {
-                struct kvt__mat m;
+                struct kvt__mat m = { 0 };
                 if ((rc = tensor_of(P, buf, l, kind, part, &m))) goto out;
                 if (m.n_embd % (uint32_t) n_head) {
                     rc = kvt__fail(KVT_EUNSUPPORTED, "elastic: part %d layer %u: %u channels are not a multiple of %d "
