@@ -772,7 +772,13 @@ struct kvt_session_params {
                               ** pool copy and a recovered block are unpruned until the next pass),
                               ** and a session with elastic on puts no block into a block store
                               ** after its first pass (its KV is no longer a cold prefill's).
-                              ** Counted in kvt_session_stats.elastic_* */
+                              ** The first pass with anything to threshold comes at 192 tokens
+                              ** (64 sinks + 64 tail before it).  A pass that fails (KVT_ENOMEM,
+                              ** KVT_ELLAMA) leaves the cache as it was and its error is returned
+                              ** by the call that decoded the tokens (kvt_session_add, _generate,
+                              ** _gen_step...): those tokens are in the cache and recorded, the
+                              ** call's later chunks are not decoded, and the pass runs again after
+                              ** the next tokens.  Counted in kvt_session_stats.elastic_* */
     bool    elastic_random;   /* control for evaluation: each pass zeroes, per layer, tensor and
                               ** head, the same number of elements uniformly at random instead
                               ** (kvt_elastic_params.random); default false */

@@ -13,7 +13,8 @@
 **              rejecting the write-back (corrupted part): error, state bit-identical;
 **   session    a session with elastic on runs passes every 64 tokens after 128, reports the
 **              sparsity, keeps the sinks bit-equal to a session without elastic; bad scales are
-**              rejected naming the value. */
+**              rejected naming the value; a pass failing inside kvt_session_add is its error,
+**              the session stays consistent and the next call's passes run. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -444,6 +445,20 @@ static void test_session(void **stp) {
     char *reply = NULL;
     assert_int_equal(kvt_session_generate(s, 70, &smp, NULL, NULL, &reply), 0);
     free(reply);
+    /* a pass that fails is returned by the call that decoded the tokens; the cache and the block
+    ** table stay consistent, and the next call's passes run again */
+    kvt_session_get_stats(s, &st);
+    const int64_t passes = st.elastic_passes;
+    kvt__fault_set(KVT__FAULT_ELASTIC_ALLOC, 0, -1);
+    int rcf = kvt_session_add(s, KVT_ROLE_USER, text);
+    kvt__fault_set(KVT__FAULT_ELASTIC_ALLOC, 0, 0);
+    assert_int_equal(rcf, KVT_ENOMEM);
+    kvt_session_get_stats(s, &st);
+    assert_int_equal(st.elastic_passes, passes);
+    assert_int_equal(st.resident_tokens, kvt_seq_n_cells(e, 0));
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, "and one more short message to go on with"), 0);
+    kvt_session_get_stats(s, &st);
+    assert_true(st.elastic_passes > passes);
     free(text);
     kvt_session_free(s);
     kvt_session_free(plain);
