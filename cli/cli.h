@@ -61,6 +61,7 @@ struct cli_run_opts {
     int32_t     redis_timeout_ms;
     const char *codec_disk;    /* the store's disk tier codec (NULL = raw) */
     const char *codec_ram;     /* codec of the session's host pool (NULL = raw) */
+    float       elastic_sk, elastic_sv; /* --elastic (chat): live ElasticKV scales, 0 = off */
 };
 
 void cli_run_opts_default(struct cli_run_opts *o);
@@ -130,6 +131,11 @@ struct cli_session {
                                            ** rarely emit end-of-turn); the reply is cut there */
     bool                   streaming;      /* the reply being generated goes to stdout */
 };
+
+/* --elastic S_K,S_V: two numbers in [0, 2] (live ElasticKV threshold scales,
+** kvt_session_params.elastic_sk / elastic_sv).  APP_OK, or APP_USAGE with a message on stderr
+** naming the flag, the spec and the bad part. */
+int cli_parse_elastic(const char *cmd, const char *flag, const char *spec, float *sk /* OUT */, float *sv /* OUT */);
 
 /* Validate the shared options that need no model (exit code APP_USAGE with a message). */
 int cli_run_opts_check(const char *cmd, const struct cli_run_opts *o);

@@ -48,12 +48,16 @@ int cmd_chat(int argc, char **argv) {
     struct cli_run_opts o;
     const char *script = NULL;
     bool json = false;
+    const char *elastic = NULL;
     cli_run_opts_default(&o);
     const struct cli_opt opts[] = {
         CLI_RUN_OPT_ROWS(&o),
         { "script", 0, OPT_STR, &script, 0, 0, "FILE",
           "user turns, one per line ('-' = stdin); blank and '#' lines skipped", NULL },
         { "json", 0, OPT_FLAG, &json, 0, 0, NULL, "one JSON object per turn on stdout instead of the reply text", NULL },
+        { "elastic", 0, OPT_STR, &elastic, 0, 0, "S_K,S_V",
+          "live ElasticKV: zero K/V elements under max(sigma/2, mu) x s per head every 64 tokens (sinks and the last "
+          "64 tokens kept; no memory saved in the dense cache), e.g. 0.45,0.50 (default off)", NULL },
         { NULL, 0, 0, NULL, 0, 0, NULL, NULL, NULL },
     };
     int n_pos;
@@ -64,6 +68,7 @@ int cmd_chat(int argc, char **argv) {
     }
     if (rc) return rc;
     if ((rc = cli_run_opts_check(cmd, &o))) return rc;
+    if (elastic && (rc = cli_parse_elastic(cmd, "--elastic", elastic, &o.elastic_sk, &o.elastic_sv))) return rc;
     if (!o.seed_set) o.seed = (int32_t) (((unsigned) time(NULL) ^ ((unsigned) getpid() << 16)) & 0x7fffffff);
 
     FILE *in = stdin;

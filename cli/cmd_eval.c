@@ -144,6 +144,8 @@ static int parse_policies(const char *cmd, const char *s, struct eval_opts *o) {
                 return APP_USAGE;
             }
         if (o->n_policies >= KVT_POLICY__COUNT) return APP_USAGE; /* unreachable: names are distinct */
+        o->variant[o->n_policies] = EVAL_PLAIN;
+        snprintf(o->label[o->n_policies], sizeof o->label[0], "%s", kvt_policy_name(pol));
         o->policies[o->n_policies++] = pol;
         if (!p[len]) return APP_OK;
         p += len + 1;
@@ -193,6 +195,8 @@ int cmd_eval(int argc, char **argv) {
     const char *policies_s = DEFAULT_POLICIES, *depths_s = NULL, *codec_s = NULL;
     char codec_buf[EVAL_MAX_CODECS][64];
     double min_cosine = 0.5;
+    const char *elastic_s = NULL;
+    bool elastic_random = false;
     bool depths_seen = false, segment_seen = false, chunk_seen = false, ppl_seen = false, fresh_engine = false;
     o.model = getenv("KVTIER_MODEL");
     o.out = "results";
@@ -243,6 +247,13 @@ int cmd_eval(int argc, char **argv) {
         { "codec", 0, OPT_STR, &codec_s, 0, 0, "LIST",
           "host pool codecs (raw, q8, q4, elastic, elastic+q8, with arguments): kvtier and infllm run once per "
           "codec, every recovered block decoded from it, beside raw; reports bytes per token stored", NULL },
+        { "elastic", 0, OPT_STR, &elastic_s, 0, 0, "S_K,S_V",
+          "also run every policy with live ElasticKV at these threshold scales (rows <policy>+elastic; "
+          "no_eviction's plain run stays the reference), e.g. 0.45,0.50; several pairs: 0.35,0.17/0.45,0.50", NULL },
+        { "elastic-random", 0, OPT_FLAG, &elastic_random, 0, 0, NULL,
+          "with --elastic: also run the matched-random control (rows <policy>+random: every pass holds each head's "
+          "thresholded range at the zero fraction its +elastic twin ended the case with, zeros placed uniformly at "
+          "random)", NULL },
         { "verbose", 'v', OPT_FLAG, &o.verbose, 0, 0, NULL, "llama.cpp's log on stderr", NULL },
         { NULL, 0, 0, NULL, 0, 0, NULL, NULL, NULL },
     };
@@ -277,6 +288,47 @@ int cmd_eval(int argc, char **argv) {
     /* ---- validation that needs no model ---- */
     if ((rc = parse_policies(cmd, policies_s, &o))) return rc;
     if ((rc = parse_codecs(cmd, codec_s, &o, codec_buf))) return rc;
+    if (elastic_random && !elastic_s) {
+        fprintf(stderr, "%s: --elastic-random needs --elastic S_K,S_V (the scales whose zero counts it matches)\n", cmd);
+        return APP_USAGE;
+    }
+    static double el_frac[EVAL_MAX_RUNS];
+    o.el_frac = el_frac;
+    if (elastic_s) { /* PAIR[/PAIR...]: runs per pair, elastic ones first, each random after its twin */
+        float sk[EVAL_MAX_PAIRS], sv[EVAL_MAX_PAIRS];
+        int n_pairs = 0;
+        for (const char *p = elastic_s;;) {
+            size_t len = strcspn(p, "/");
+            char one[64];
+            if (n_pairs == EVAL_MAX_PAIRS || len >= sizeof one) {
+                fprintf(stderr, "%s: --elastic '%s' lists more than %d scale pairs\n", cmd, elastic_s, EVAL_MAX_PAIRS);
+                return APP_USAGE;
+            }
+            memcpy(one, p, len);
+            one[len] = '\0';
+            if ((rc = cli_parse_elastic(cmd, "--elastic", one, &sk[n_pairs], &sv[n_pairs]))) return rc;
+            n_pairs++;
+            if (!p[len]) break;
+            p += len + 1;
+        }
+        const int n_base = o.n_policies;
+        for (int v = EVAL_ELASTIC; v <= (elastic_random ? EVAL_ELASTIC_RANDOM : EVAL_ELASTIC); v++)
+            for (int k = 0; k < n_pairs; k++)
+                for (int i = 0; i < n_base; i++) {
+                    const int r = o.n_policies++;
+                    o.policies[r] = o.policies[i];
+                    o.codec[r] = o.codec[i];
+                    o.variant[r] = (int8_t) v;
+                    o.el_sk[r] = sk[k];
+                    o.el_sv[r] = sv[k];
+                    o.el_twin[r] = v == EVAL_ELASTIC_RANDOM ? n_base * (1 + k) + i : -1;
+                    const char *what = v == EVAL_ELASTIC ? "elastic" : "random";
+                    if (n_pairs == 1)
+                        snprintf(o.label[r], sizeof o.label[0], "%.63s+%s", o.label[i], what);
+                    else
+                        snprintf(o.label[r], sizeof o.label[0], "%.63s+%s:%.2f,%.2f", o.label[i], what, sk[k], sv[k]);
+                }
+    }
     if (o.task == EVAL_PPL && depths_seen) {
         fprintf(stderr, "%s: --depths does not apply to ppl\n", cmd);
         return APP_USAGE;
@@ -398,17 +450,17 @@ int cmd_eval(int argc, char **argv) {
             o.cases, o.seed, corpus.dir);
 
     /* no_eviction runs first in every case: ppl compares the others with its distributions */
-    int32_t order[EVAL_MAX_VARIANTS], n_order = 0;
+    int32_t order[EVAL_MAX_RUNS], n_order = 0;
     struct eval_results res;
     memset(&res, 0, sizeof res);
     res.ref_pi = -1;
     for (int i = 0; i < o.n_policies; i++)
-        if (o.policies[i] == KVT_POLICY_NO_EVICTION) {
+        if (o.policies[i] == KVT_POLICY_NO_EVICTION && o.variant[i] == EVAL_PLAIN) {
             order[n_order++] = i;
             res.ref_pi = i;
         }
     for (int i = 0; i < o.n_policies; i++)
-        if (o.policies[i] != KVT_POLICY_NO_EVICTION) order[n_order++] = i;
+        if (o.policies[i] != KVT_POLICY_NO_EVICTION || o.variant[i] != EVAL_PLAIN) order[n_order++] = i;
 
     struct eval_case *cases = calloc((size_t) o.cases, sizeof *cases);
     struct eval_ref ref;

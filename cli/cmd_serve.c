@@ -122,7 +122,7 @@ int cmd_serve(int argc, char **argv) {
     memset(&srv, 0, sizeof srv);
     pthread_mutex_init(&srv.mu, NULL);
     pthread_cond_init(&srv.work, NULL);
-    const char *host = "127.0.0.1", *key_file = NULL, *key_unused = NULL;
+    const char *host = "127.0.0.1", *key_file = NULL, *key_unused = NULL, *elastic = NULL;
     int32_t port = 8080, max_sessions = 0;
     srv.n_ctx = 4096;
     srv.budget = 512;
@@ -185,6 +185,9 @@ int cmd_serve(int argc, char **argv) {
         { "batch-tokens", 0, OPT_INT, &srv.batch_tokens, 0, 512, "N",
           "tokens of one scheduler step: every generating request's next token plus a chunk of a new prompt in ONE "
           "llama_decode (mixed prefill; default 128); 0 = prefill chunks decoded alone, between steps", NULL },
+        { "elastic", 0, OPT_STR, &elastic, 0, 0, "S_K,S_V",
+          "live ElasticKV in every session: zero K/V elements under max(sigma/2, mu) x s per head every 64 tokens "
+          "(sinks and the last 64 tokens kept; no memory saved in the dense cache), e.g. 0.45,0.50 (default off)", NULL },
         { "kv-unified", 0, OPT_FLAG, &srv.kv_unified, 0, 0, NULL,
           "one KV cache shared by all sequences (llama.cpp kv_unified) instead of one stream per sequence: a "
           "session's numbers then depend on the others' (for comparison only)", NULL },
@@ -199,6 +202,7 @@ int cmd_serve(int argc, char **argv) {
     bool model_from_env = false;
     rc = APP_USAGE;
     if (!(srv.model_path = cli_model_path(cmd, srv.model_path, &model_from_env))) goto out;
+    if (elastic && cli_parse_elastic(cmd, "--elastic", elastic, &srv.elastic_sk, &srv.elastic_sv)) goto out;
     if (srv.budget < 2 * srv.block) {
         fprintf(stderr, "%s: --budget %d is smaller than two blocks of %d tokens\n", cmd, srv.budget, srv.block);
         goto out;

@@ -200,6 +200,30 @@ int cli_run_opts_check(const char *cmd, const struct cli_run_opts *o) {
 
 
 
+int cli_parse_elastic(const char *cmd, const char *flag, const char *spec, float *sk, float *sv) {
+    float v[2];
+    const char *p = spec;
+    for (int i = 0; i < 2; i++) {
+        char *end;
+        errno = 0;
+        double d = strtod(p, &end);
+        if (end == p || errno == ERANGE || *end != (i == 0 ? ',' : '\0')) {
+            fprintf(stderr, "%s: %s '%s' is not two numbers S_K,S_V (e.g. 0.45,0.50)\n", cmd, flag, spec);
+            return APP_USAGE;
+        }
+        if (!(d >= 0 && d <= 2)) {
+            fprintf(stderr, "%s: %s '%s': %s scale %.*s is outside [0, 2]\n", cmd, flag, spec, i ? "V" : "K",
+                    (int) (end - p), p);
+            return APP_USAGE;
+        }
+        v[i] = (float) d;
+        p = end + 1;
+    }
+    *sk = v[0];
+    *sv = v[1];
+    return APP_OK;
+}
+
 int cli_session_open(const char *cmd, const struct cli_run_opts *o, struct cli_session *cs) {
     int rc;
     memset(cs, 0, sizeof *cs);
@@ -259,6 +283,8 @@ int cli_session_open(const char *cmd, const struct cli_run_opts *o, struct cli_s
     if (!o->budget) sp.policy = KVT_POLICY_NO_EVICTION;
     sp.head_profile = o->head_profile;
     sp.top_k = o->top_k;
+    sp.elastic_sk = o->elastic_sk;
+    sp.elastic_sv = o->elastic_sv;
     if (o->gen_reserve >= 0) sp.gen_reserve = o->gen_reserve;
     sp.pool = cs->pool;
     sp.store = cs->store;
@@ -434,6 +460,18 @@ json_t *cli_stats_json(struct cli_session *cs) {
     if (!store || json_object_set_new(o, "store", store)) {
         json_decref(o);
         return NULL;
+    }
+    if (st.elastic_passes) { /* live ElasticKV: the sparsity at the last pass (no memory saved) */
+        json_t *el = json_pack("{s:I, s:I, s:f, s:f, s:f}", "passes", (json_int_t) st.elastic_passes, "zeroed",
+                               (json_int_t) st.elastic_zeroed, "zero_fraction_resident",
+                               st.elastic_elems ? (double) st.elastic_zero / (double) st.elastic_elems : 0.0,
+                               "zero_fraction_range",
+                               st.elastic_eligible ? (double) st.elastic_zero_eligible / (double) st.elastic_eligible : 0.0,
+                               "ms", st.elastic_ms);
+        if (!el || json_object_set_new(o, "elastic", el)) {
+            json_decref(o);
+            return NULL;
+        }
     }
     return o;
 }

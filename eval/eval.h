@@ -22,7 +22,14 @@ enum eval_task { EVAL_NIAH = 0, EVAL_MULTIFACT = 1, EVAL_PPL = 2 };
 #define EVAL_MAX_FACTS  EVAL_MAX_DEPTHS
 #define EVAL_REPLY      "Noted." /* the replayed assistant reply after every document turn */
 #define EVAL_MAX_CODECS 8
-#define EVAL_MAX_VARIANTS (KVT_POLICY__COUNT * EVAL_MAX_CODECS) /* (policy, codec) pairs */
+
+/* A run is a policy with a host-pool codec (--codec: kvtier and infllm once per codec), plain or
+** with live ElasticKV (--elastic adds one run per listed run and scale pair, --elastic-random one
+** more per pair with the matched-random control, which holds the sparsity its elastic twin reached
+** in the same case); no_eviction's plain run is the ppl reference. */
+enum eval_variant { EVAL_PLAIN = 0, EVAL_ELASTIC = 1, EVAL_ELASTIC_RANDOM = 2 };
+#define EVAL_MAX_PAIRS 4
+#define EVAL_MAX_RUNS ((1 + 2 * EVAL_MAX_PAIRS) * KVT_POLICY__COUNT * EVAL_MAX_CODECS)
 
 struct eval_opts {
     enum eval_task task;
@@ -34,10 +41,16 @@ struct eval_opts {
     int32_t        score_tokens;  /* ppl: tokens of the next segment scored per turn */
     int32_t        skip;          /* ppl: turns fed before the first scored one */
     bool           json, verbose;
-    int32_t        policies[EVAL_MAX_VARIANTS]; /* a policy appears once per codec of --codec */
-    const char    *codec[EVAL_MAX_VARIANTS];    /* --codec: its session's codec_ram (NULL = raw) */
-    char           label[EVAL_MAX_VARIANTS][96]; /* "kvtier", or "kvtier/q4" with --codec */
-    int            n_policies;
+    int32_t        policies[EVAL_MAX_RUNS]; /* enum kvt_policy of each run */
+    const char    *codec[EVAL_MAX_RUNS];    /* --codec: its session's codec_ram (NULL = raw) */
+    int8_t         variant[EVAL_MAX_RUNS];  /* enum eval_variant of each run */
+    char           label[EVAL_MAX_RUNS][96]; /* "h2o", "kvtier/q4", "no_eviction+elastic", ... */
+    int            n_policies;               /* runs per case */
+    float          el_sk[EVAL_MAX_RUNS], el_sv[EVAL_MAX_RUNS]; /* live ElasticKV scales of each run */
+    int32_t        el_twin[EVAL_MAX_RUNS];   /* random run: the elastic run whose sparsity it matches */
+    double        *el_frac;                  /* [EVAL_MAX_RUNS]: per run, the zero fraction of the
+                                             ** thresholded range at the end of the current case
+                                             ** (written by eval_run_case; owned by cmd_eval) */
     int32_t        depths[EVAL_MAX_DEPTHS]; /* percent of the haystack */
     int            n_depths;
     int32_t        n_ctx;         /* engine context (cells); no_eviction's budget */

@@ -225,7 +225,7 @@ static void fill_session_fields(kvt_session *s, struct eval_row *row) {
 
 static int run_ppl(const char *cmd, kvt_engine *eng, kvt_session *s, const struct eval_opts *o, int32_t pi,
                    const struct eval_case *k, struct eval_ref *ref, struct eval_results *res, int32_t n_vocab) {
-    const bool is_ref = o->policies[pi] == KVT_POLICY_NO_EVICTION;
+    const bool is_ref = o->policies[pi] == KVT_POLICY_NO_EVICTION && o->variant[pi] == EVAL_PLAIN;
     const bool have_ref = ref && ref->f && !is_ref;
     if (is_ref && ref) {
         eval_ref_free(ref);
@@ -297,7 +297,6 @@ static int run_ppl(const char *cmd, kvt_engine *eng, kvt_session *s, const struc
 int eval_run_case(const char *cmd, kvt_engine *eng, kvt_pool *pool, const struct eval_opts *o, int32_t pi,
                   const struct eval_case *k, struct eval_ref *ref, struct eval_results *res) {
     const int32_t policy = o->policies[pi];
-    const char *pname = kvt_policy_name(policy);
     struct kvt_engine_info info;
     kvt_engine_info(eng, &info);
     struct kvt_session_params sp = kvt_session_default_params();
@@ -306,6 +305,15 @@ int eval_run_case(const char *cmd, kvt_engine *eng, kvt_pool *pool, const struct
     sp.block = o->block;
     sp.pool = pool;
     sp.codec_ram = o->codec[pi];
+    if (o->variant[pi] != EVAL_PLAIN) { /* live ElasticKV, or its matched-random control */
+        sp.elastic_sk = o->el_sk[pi];
+        sp.elastic_sv = o->el_sv[pi];
+        sp.elastic_random = o->variant[pi] == EVAL_ELASTIC_RANDOM;
+        if (sp.elastic_random) { /* the sparsity the twin reached on this case (it ran just before) */
+            const double f = o->el_frac[o->el_twin[pi]];
+            sp.elastic_random_frac = (float) (f > 0 && f <= 1 ? f : 0);
+        }
+    }
     if (policy == KVT_POLICY_KVTIER && o->embedder) {
         sp.embedder = o->embedder;
         sp.min_recovery_cosine = o->min_cosine;
@@ -349,6 +357,7 @@ int eval_run_case(const char *cmd, kvt_engine *eng, kvt_pool *pool, const struct
     }
     struct kvt_session_stats st;
     kvt_session_get_stats(s, &st);
+    o->el_frac[pi] = st.elastic_eligible ? (double) st.elastic_zero_eligible / (double) st.elastic_eligible : 0;
     struct eval_sess se = { pi, k->index, st.evictions, st.recoveries, st.tokens_decoded, st.tokens_recovered,
                             st.peak_resident_tokens, st.total_tokens, (now_ms() - t0) / 1e3, st.policy_ms,
                             st.decode_ms, rc != 0, st.pool_saved_tokens, st.pool_raw_bytes,
@@ -375,7 +384,7 @@ int eval_run_case(const char *cmd, kvt_engine *eng, kvt_pool *pool, const struct
     int32_t n_rows = res->n_rows - first_row;
     fprintf(stderr, "[%s] case %d/%d", o->task_name, k->index + 1, o->cases);
     if (o->task == EVAL_NIAH) fprintf(stderr, " depth %d%%", k->depth);
-    fprintf(stderr, " policy %s: ", o->label[pi][0] ? o->label[pi] : pname);
+    fprintf(stderr, " policy %s: ", o->label[pi]);
     if (rc) {
         fprintf(stderr, "ERROR (%s)", kvt_strerror(rc));
     } else if (o->task == EVAL_NIAH) {
@@ -396,8 +405,13 @@ int eval_run_case(const char *cmd, kvt_engine *eng, kvt_pool *pool, const struct
         fprintf(stderr, "ppl %.3f, top-1 %d/%d", n ? exp(nll / n) : NAN, passed, n);
         if (n_kl) fprintf(stderr, ", kl %.4f", kl / n_kl);
     }
-    fprintf(stderr, " | evictions %lld, recoveries %lld, peak %d, %.1f s\n", (long long) st.evictions,
+    fprintf(stderr, " | evictions %lld, recoveries %lld, peak %d, %.1f s", (long long) st.evictions,
             (long long) st.recoveries, st.peak_resident_tokens, se.seconds);
+    if (st.elastic_passes)
+        fprintf(stderr, " | elastic %lld passes, %.1f ms, zeros %.2f%% of resident K/V, %.2f%% of the thresholded range",
+                (long long) st.elastic_passes, st.elastic_ms, 100.0 * (double) st.elastic_zero / (double) st.elastic_elems,
+                100.0 * (double) st.elastic_zero_eligible / (double) st.elastic_eligible);
+    fprintf(stderr, "\n");
     if (rc) {
         /* a session that failed contributes no partial rows, only an error row */
         for (int32_t i = first_row; i < res->n_rows; i++) free(res->rows[i].reply);

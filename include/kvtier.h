@@ -445,6 +445,69 @@ void kvt_blob_free(kvt_blob *blob);
 /* Copy a blob (deep).  OUT *out.  Errors: KVT_ENOMEM. */
 int kvt_blob_dup(const kvt_blob *blob, kvt_blob **out);
 
+/* ---- Live ElasticKV: magnitude pruning of a sequence's resident K/V ----
+** Source: ElasticKV (a CUDA patch of llama.cpp; "attention haze" removal): per layer, K and V
+** apart, and per KV head h, mu_h and sigma_h are the mean and (population) standard deviation
+** of |x| over the head's elements of the cells being thresholded, and
+**     tau_h = max(sigma_h / 2, mu_h) * s          (s = s_k for K, s_v for V)
+** every such element with |x| < tau_h is set to 0.  The same computation as the elastic block
+** codec (section 9; one shared implementation, src/kv/codec_tensor.c kvt__elastic_tau).
+** Which elements: the cells of the sequence whose position is in [p0, p1), in both parts of an
+** iSWA cache (the sliding-window part holds only the window's cells).  Cells outside [p0, p1)
+** (the attention sinks before p0, the tail from p1) are neither thresholded nor counted in
+** mu/sigma, and come back bit-identical.  Elements already 0 (earlier passes) ARE counted in
+** mu/sigma, as the source design thresholds the dense cache as it is: a pass over an already
+** pruned range lowers mu, so repeated passes do not ratchet the sparsity up (a second pass on
+** unchanged cells zeroes nothing new unless sigma grew).
+** IMPORTANT: the zeros stay in llama.cpp's dense cache and save no memory there.  What a pass
+** buys is measured quality at a given sparsity (docs/EVALUATION.md "Live ElasticKV"); the tier
+** codecs (section 9) turn sparsity into bytes. */
+struct kvt_elastic_params {
+    float    s_k, s_v;  /* threshold scales, >= 0; 0 leaves that tensor kind untouched.  The
+                        ** source design's sweet spot: s_k = 0.45, s_v = 0.50 */
+    kvt_pos  p0, p1;    /* positions thresholded: [p0, p1) (p0 = attention sinks, e.g. 64;
+                        ** p1 = start of the protected tail) */
+    bool     random;    /* control (matched-random zeroing): per layer, tensor and head, the pass
+                        ** computes tau_h as above, counts the elements it would leave 0, and
+                        ** instead zeroes that many elements of [p0, p1) chosen uniformly at
+                        ** random (elements already 0 count towards it), so the head's zero count
+                        ** equals the threshold's */
+    float    random_frac; /* random with random_frac in (0, 1]: instead of the threshold's count,
+                        ** each head's zeros in [p0, p1) are brought up to round(random_frac x its
+                        ** elements there) (never fewer than already are).  Repeated passes then
+                        ** hold a fixed sparsity, where matching the count pass by pass would
+                        ** ratchet it up: tau over a randomly thinned range still counts the small
+                        ** elements random zeroing spared.  0 = match the threshold's count */
+    uint64_t seed;      /* random: seed of the choice (splitmix64) */
+};
+
+/* What one pass saw and did (OUT of kvt_seq_elastic); element = one K or V scalar of one cell
+** in one layer. */
+struct kvt_elastic_stats {
+    int64_t n_elems;          /* K and V elements of all the sequence's cells, all layers, both
+                              ** parts (sinks and tail included) */
+    int64_t n_zero;           /* of them equal to 0 after the pass */
+    int64_t n_eligible;       /* of them in cells with position in [p0, p1) */
+    int64_t n_zero_eligible;  /* of those equal to 0 after the pass */
+    int64_t n_zeroed;         /* elements this pass changed from non-zero to 0 */
+    double  ms;               /* wall time of the pass (read, threshold, write back) */
+};
+
+/* Threshold the resident K/V of sequence seq in place (ElasticKV, above): reads the whole
+** sequence state (llama_state_seq_get_data; a pending K-shift is applied first), zeroes on the
+** host, and writes it back with llama_state_seq_set_data, the sequence emptied first.  Nothing
+** is written when no element changes (s_k = s_v = 0 or nothing below tau).
+** Unified cache: cells the sequence shared with other sequences (kvt_seq_cp) become its own
+** copies, the others keep the unpruned ones (the write-back needs free cells for them).
+** Cost: one read and one write of the sequence's whole K/V (all layers), O(cells x row).
+** OUT *st (may be NULL).  Errors: KVT_EINVAL (seq, negative or non-finite scale, p0 > p1),
+** KVT_EUNSUPPORTED (a quantised K or V cache type), KVT_ENOMEM, KVT_ELLAMA (llama.cpp rejected
+** the write: the sequence's previous state is written back, bit-identical).  On every error the
+** sequence's K/V is unchanged (unless putting it back failed too, which the message says).
+** Not thread-safe (engine rule). */
+int kvt_seq_elastic(kvt_engine *eng, int32_t seq, const struct kvt_elastic_params *p,
+                    struct kvt_elastic_stats *st /* OUT */);
+
 /* ---- Attention capture ----
 ** Captures post-softmax attention (llama.cpp's "kq_soft_max-<il>" nodes, flash attention off)
 ** of the chosen layers during every kvt_decode, keeps the last ubatch per layer, and maps
@@ -709,7 +772,42 @@ struct kvt_session_params {
                               ** fail to decode (checksum, format) make the block LOST: it is
                               ** recomputed from its tokens, never loaded.  Blocks given to the
                               ** block store (`store`) stay raw (its disk tier has its own codec) */
+    float   elastic_sk, elastic_sv; /* live ElasticKV (kvt_seq_elastic, section 3): threshold
+                              ** scales s_k, s_v in [0, 2] (dimensionless: tau_h = max(sigma_h / 2,
+                              ** mu_h) x s); both 0 = off (the default).  The source design's sweet
+                              ** spot is 0.45, 0.50.  When on, every KVT_ELASTIC_INTERVAL (64)
+                              ** tokens decoded into the session (prefill chunks and generated
+                              ** tokens), once at least KVT_ELASTIC_WARMUP (128) tokens are resident,
+                              ** the session's resident K/V is thresholded over the positions
+                              ** [KVT_ELASTIC_SINK, tail): the first 64 positions (attention sinks)
+                              ** and the tail (the open block and at least the last 64 positions)
+                              ** stay bit-untouched.  Zeros already in the range count in mu/sigma
+                              ** (kvt_seq_elastic).  The zeros save no memory in llama.cpp's dense
+                              ** cache.  Blocks are sealed to the pool before they are pruned (the
+                              ** pool copy and a recovered block are unpruned until the next pass),
+                              ** and a session with elastic on puts no block into a block store
+                              ** after its first pass (its KV is no longer a cold prefill's).
+                              ** The first pass with anything to threshold comes at 192 tokens
+                              ** (64 sinks + 64 tail before it).  A pass that fails (KVT_ENOMEM,
+                              ** KVT_ELLAMA) leaves the cache as it was and its error is returned
+                              ** by the call that decoded the tokens (kvt_session_add, _generate,
+                              ** _gen_step...): those tokens are in the cache and recorded, the
+                              ** call's later chunks are not decoded, and the pass runs again after
+                              ** the next tokens.  Counted in kvt_session_stats.elastic_* */
+    bool    elastic_random;   /* control for evaluation: each pass zeroes, per layer, tensor and
+                              ** head, the same number of elements uniformly at random instead
+                              ** (kvt_elastic_params.random); default false */
+    float   elastic_random_frac; /* with elastic_random: the sparsity each pass holds the
+                              ** thresholded range at (kvt_elastic_params.random_frac, e.g. the
+                              ** threshold's measured fraction); 0 = match each pass's threshold
+                              ** count (ratchets up over passes); default 0 */
 };
+
+/* Live ElasticKV in sessions (kvt_session_params.elastic_sk): the source design's constants. */
+#define KVT_ELASTIC_SINK     64  /* positions [0, 64) are never pruned (attention sinks) */
+#define KVT_ELASTIC_TAIL     64  /* nor the last 64 positions (nor the open block) */
+#define KVT_ELASTIC_INTERVAL 64  /* a pass every 64 tokens decoded into the session */
+#define KVT_ELASTIC_WARMUP   128 /* from 128 resident tokens on */
 
 /* Where the last prompt prefill's tokens came from (kvt_session_route). */
 enum kvt_route {
@@ -982,6 +1080,16 @@ struct kvt_session_stats {
     int64_t pool_stored_bytes;   /* the bytes the pool was given for them (encoded) */
     double  codec_encode_ms;     /* time encoding them (ms; 0 with raw) */
     double  codec_decode_ms;     /* time decoding recovered blocks (ms; 0 with raw) */
+    /* live ElasticKV (kvt_session_params.elastic_sk; all 0 when off) */
+    int64_t elastic_passes;      /* thresholding passes run */
+    int64_t elastic_zeroed;      /* elements set to 0 by all passes (each counted once) */
+    int64_t elastic_elems;       /* K/V elements of the resident cells at the last pass (all
+                                 ** layers, sinks and tail included: kvt_elastic_stats.n_elems) */
+    int64_t elastic_zero;        /* of them 0 after it: the resident sparsity is
+                                 ** elastic_zero / elastic_elems */
+    int64_t elastic_eligible;    /* of them in the thresholded range at the last pass */
+    int64_t elastic_zero_eligible; /* of those 0 after it */
+    double  elastic_ms;          /* time in passes (ms; read, threshold, write back) */
 };
 /* Fill *st (HOST/DISK block counts as the pool holds them now).  Works on a parked session.
 ** Cannot fail.  Not thread-safe (engine rule). */

@@ -205,6 +205,8 @@ enum pick admit_session(struct server *srv, struct job *j, struct sess **out) {
     sp.seq = q;
     sp.budget = srv->budget;
     sp.block = srv->block;
+    sp.elastic_sk = srv->elastic_sk;
+    sp.elastic_sv = srv->elastic_sv;
     sp.pool = sc->pool;
     sp.store = sc->store;
     sp.codec_ram = srv->codec_ram;

@@ -139,6 +139,7 @@ struct server {
     int32_t         redis_timeout_ms, redis_ttl_s; /* --redis-timeout-ms, --redis-ttl-s */
     const char     *codec_disk;    /* --codec-disk: the store's disk tier codec (NULL = raw) */
     const char     *codec_ram;     /* --codec-ram: codec of the sessions' host pool (NULL = raw) */
+    float           elastic_sk, elastic_sv; /* --elastic: live ElasticKV scales of every session, 0 = off */
     char          **keys;          /* API keys (NULL = no auth) */
     int32_t         n_keys;
     /* published by the engine thread */

@@ -20,6 +20,7 @@ enum kvt__fault_site {
     KVT__FAULT_STORE_SYNC,    /* a blob file's fsync (1st check of a write), then its rename (2nd), fails: EIO */
     KVT__FAULT_STORE_INDEX,   /* the block store's index insert of a written blob fails (SQLITE_IOERR) */
     KVT__FAULT_CODEC_ALLOC,   /* a block codec allocation fails (encode's output growth, decode's block) */
+    KVT__FAULT_ELASTIC_ALLOC, /* a live ElasticKV pass's allocation fails (kvt_seq_elastic: KVT_ENOMEM) */
     KVT__FAULT__COUNT
 };
 

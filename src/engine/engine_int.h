@@ -130,6 +130,12 @@ int kvt__engine_seq_cp_host(kvt_engine *e, int32_t src, int32_t dst, kvt_pos p0,
 /* Streams mode, host re-anchoring: move [p0, p1) of seq by delta (K rotated on the host). */
 int kvt__engine_seq_shift_host(kvt_engine *e, int32_t seq, kvt_pos p0, kvt_pos p1, kvt_pos delta);
 
+/* Replace every cell of seq by the state buf[0..n) (this context's layout); if llama.cpp rejects
+** it, prev[0..prev_n) (the sequence's state before, borrowed) is written back (KVT_ELLAMA).  Both
+** cache modes. */
+int kvt__engine_replace_seq(kvt_engine *e, int32_t seq, uint8_t *buf, size_t n, const uint8_t *prev, size_t prev_n,
+                            const char *what);
+
 /* ---- attn.c ---- */
 /* llama.cpp's cb_eval: keeps the softmax (and Q) of the captured layers' last ubatch. */
 bool kvt__attn_eval_cb(struct ggml_tensor *t, bool ask, void *ud);

@@ -131,6 +131,18 @@ static int replace_seq(kvt_engine *e, int32_t seq, uint8_t *buf, size_t n, const
                      "says why); the sequence's previous %u cells are back", what, r, n, seq, prev->L.part[0].n_cells);
 }
 
+int kvt__engine_replace_seq(kvt_engine *e, int32_t seq, uint8_t *buf, size_t n, const uint8_t *prev, size_t prev_n,
+                            const char *what) {
+    struct state *st = calloc(1, sizeof *st);
+    if (!st) return kvt__fail(KVT_ENOMEM, "%s: sequence state", what);
+    int rc = kvt__blob_parse(prev, prev_n, e->n_parts, &st->L);
+    st->buf = (uint8_t *) prev; /* borrowed: not freed here */
+    st->n = prev_n;
+    if (rc == 0) rc = replace_seq(e, seq, buf, n, st, what);
+    free(st);
+    return rc;
+}
+
 /* The sliding-window position below which a sequence whose highest position is pos_max keeps no
 ** SWA cells (llama.cpp's own state write keeps pos > pos_max - n_swa); INT32_MIN without SWA. */
 static kvt_pos swa_lo(const kvt_engine *e, kvt_pos pos_max) {

@@ -60,6 +60,7 @@ int kvt__sess_feed(kvt_session *s, const kvt_token *tok, int32_t n, int role, in
         s->decoded += m;
         kvt__sess_note_peak(s);
         if ((rc = kvt__sess_record(s, tok + off, m, role))) return rc;
+        if ((rc = kvt__sess_elastic(s, m))) return rc;
         /* prompt chunks always feed the attention signals; generated tokens every 8th (one
         ** token's attention changes the accumulated mass little, and each read costs a copy
         ** of the sequence's cells) */
@@ -289,6 +290,7 @@ int kvt_session_gen_step_mixed(kvt_engine *eng, kvt_session *const *ss, int32_t 
             s->have_logits = true;
             s->gen[s->n_gen++] = bt[k];
             status[idx[k]] = kvt__sess_record(s, &bt[k], 1, KVT_ROLE_ASSISTANT);
+            if (status[idx[k]] == 0) status[idx[k]] = kvt__sess_elastic(s, 1);
         }
     }
     free(seqs);

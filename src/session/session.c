@@ -82,6 +82,8 @@ int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *params, k
     if (p.embedder && (!(p.min_recovery_cosine >= -1 && p.min_recovery_cosine <= 1) || p.ann_min_blocks < 1))
         return kvt__fail(KVT_EINVAL, "min_recovery_cosine %.2f must be in [-1, 1] and ann_min_blocks %d >= 1",
                          p.min_recovery_cosine, p.ann_min_blocks);
+    int rce = kvt__sess_elastic_check(&p);
+    if (rce) return rce;
     struct kvt_codec_params codec = kvt_codec_default_params(KVT_CODEC_RAW);
     if (p.codec_ram && kvt_codec_parse(p.codec_ram, &codec)) {
         char why[256];
@@ -241,6 +243,7 @@ void kvt_session_get_stats(kvt_session *s, struct kvt_session_stats *st) {
     st->pool_stored_bytes = s->pool_bytes;
     st->codec_encode_ms = s->codec_enc_ms;
     st->codec_decode_ms = s->codec_dec_ms;
+    kvt__sess_elastic_stats(s, st);
 }
 
 int32_t kvt_session_n_blocks(const kvt_session *s) { return s->n_b; }

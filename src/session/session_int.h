@@ -115,6 +115,11 @@ struct kvt_session {
     struct kvt_codec_params codec;
     int64_t     pool_tokens, pool_raw_bytes, pool_bytes;
     double      codec_enc_ms, codec_dec_ms;
+    /* live ElasticKV (session/elastic.c) */
+    int32_t     el_pending;     /* tokens decoded since the last pass */
+    int64_t     el_passes, el_zeroed;
+    struct kvt_elastic_stats el_last; /* the last pass */
+    double      el_ms;
 };
 
 /* A recovery candidate: block index and score (higher first). */
@@ -168,6 +173,16 @@ void kvt__sess_drop_block(kvt_session *s, struct blk *b);
 /* Decode tokens for the conversation in chunks that end at block boundaries, keeping the budget
 ** (plus reserve_after free tokens after the last chunk) at every chunk. */
 int  kvt__sess_feed(kvt_session *s, const kvt_token *tok, int32_t n, int role, int32_t reserve_after);
+
+/* ---- session/elastic.c ---- */
+/* Validate p's elastic fields (KVT_EINVAL naming the value). */
+int  kvt__sess_elastic_check(const struct kvt_session_params *p);
+/* n tokens were just decoded into the session: run a live ElasticKV pass when one is due
+** (kvt_session_params.elastic_sk).  On error the cache is unchanged (kvt_seq_elastic) and the
+** pass is tried again after the next tokens. */
+int  kvt__sess_elastic(kvt_session *s, int32_t n);
+/* The elastic_* fields of st. */
+void kvt__sess_elastic_stats(const kvt_session *s, struct kvt_session_stats *st);
 
 /* ---- session/sync.c ---- */
 int  kvt__sess_push_msg(kvt_session *s, int role, const char *text, int keep);
