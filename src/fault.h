@@ -20,6 +20,7 @@ enum kvt__fault_site {
     KVT__FAULT_STORE_SYNC,    /* a blob file's fsync (1st check of a write), then its rename (2nd), fails: EIO */
     KVT__FAULT_STORE_INDEX,   /* the block store's index insert of a written blob fails (SQLITE_IOERR) */
     KVT__FAULT_CODEC_ALLOC,   /* a block codec allocation fails (encode's output growth, decode's block) */
+    KVT__FAULT_STORE_PREFETCH, /* a block store prefetch's read fails (not promoted, prefetch.failed) */
     KVT__FAULT__COUNT
 };
 

@@ -698,3 +698,86 @@ out:
     redisFree(c);
     return rc;
 }
+
+/* ---- prefetch: pipelined reads ------------------------------------------------------------ */
+
+/* Check one GET reply for keys[i]; 0 with the payload copied out, KVT_ENOENT (nil, error reply,
+** bad value: corrupt counted, *del set) or KVT_ENOMEM. */
+static int check_reply(struct kvt__redis *r, const redisReply *rep, const kvt_key *key, const kvt_key *model,
+                       void **data, size_t *n, struct kvt_store_meta *meta, bool *del) {
+    *del = false;
+    if (rep->type == REDIS_REPLY_NIL) return KVT_ENOENT;
+    if (rep->type != REDIS_REPLY_STRING) {
+        bump(r, &r->errors, 1);
+        return KVT_ENOENT;
+    }
+    struct kvt__sblob_hdr h;
+    const char *bad = NULL;
+    int cr = rep->len > r->max_bytes ? (bad = "too large", KVT__SBLOB_BAD)
+                                     : kvt__sblob_check_mem((const uint8_t *)rep->str, rep->len, &h, &bad);
+    if (cr == KVT__SBLOB_NOMEM) return KVT_ENOMEM;
+    if (cr == KVT__SBLOB_OK)
+        bad = memcmp(h.key.b, key->b, KVT_KEY_BYTES) || memcmp(h.model.b, model->b, KVT_KEY_BYTES) || h.n_tokens < 0
+                  ? "mismatch" : NULL;
+    if (bad) {
+        bump(r, &r->corrupt, 1);
+        *del = true;
+        return KVT_ENOENT;
+    }
+    if (!(*data = malloc(h.size ? (size_t)h.size : 1))) return KVT_ENOMEM;
+    memcpy(*data, rep->str + KVT__SBLOB_HDR, (size_t)h.size);
+    *n = (size_t)h.size;
+    *meta = (struct kvt_store_meta){ h.model, h.n_tokens, h.codec };
+    return 0;
+}
+
+static void mget_unguarded(struct kvt__redis *r, int nk, const kvt_key *keys, const kvt_key *models, void **data,
+                           size_t *n, struct kvt_store_meta *meta, int *rc) {
+    for (int i = 0; i < nk; i++) {
+        data[i] = NULL;
+        n[i] = 0;
+        rc[i] = KVT_ENOENT;
+    }
+    bool pooled, skipped;
+    redisContext *c = take(r, &pooled, &skipped);
+    if (!c) return;
+    char k[160];
+    for (int i = 0; i < nk; i++) { /* appended to hiredis's output buffer: one write for all */
+        int klen = kvt__redis_key(&models[i], &keys[i], k);
+        if (redisAppendCommand(c, "GET %b", k, (size_t)klen) != REDIS_OK) {
+            broken(r, c, NULL);
+            return;
+        }
+    }
+    bool del_any = false, dels[64] = { false };
+    for (int i = 0; i < nk; i++) {
+        redisReply *rep = NULL;
+        if (redisGetReply(c, (void **)&rep) != REDIS_OK || !rep) { /* each receive within redis_timeout_ms */
+            broken(r, c, NULL); /* the rest are misses; a late reply must not answer another command */
+            return;
+        }
+        rc[i] = check_reply(r, rep, &keys[i], &models[i], &data[i], &n[i], &meta[i], &dels[i]);
+        del_any |= dels[i];
+        freeReplyObject(rep);
+    }
+    for (int i = 0; del_any && i < nk; i++) { /* a bad value is never read again */
+        if (!dels[i]) continue;
+        int klen = kvt__redis_key(&models[i], &keys[i], k);
+        redisReply *rep = redisCommand(c, "DEL %b", k, (size_t)klen);
+        if (!rep) {
+            broken(r, c, NULL);
+            return;
+        }
+        freeReplyObject(rep);
+    }
+    give(r, c);
+}
+
+void kvt__redis_mget(struct kvt__redis *r, int nk, const kvt_key *keys, const kvt_key *models, void **data, size_t *n,
+                     struct kvt_store_meta *meta, int *rc) {
+    sigset_t old;
+    pipe_block(&old);
+    mget_unguarded(r, nk > 64 ? 64 : nk, keys, models, data, n, meta, rc);
+    for (int i = 64; i < nk; i++) rc[i] = KVT_ENOENT;
+    pipe_restore(&old);
+}
