@@ -82,6 +82,29 @@ static void finish_slot(struct kvt__pf *pf, struct pf_slot *sl, int result) {
     pthread_mutex_unlock(&pf->mu);
 }
 
+struct redis_batch {
+    kvt_store *st;
+    struct pf_slot *slots;
+    const kvt_key *keys;
+    const int *idx; /* slot of each key asked of Redis */
+};
+
+/* One Redis reply of a prefetch batch: promoted and its slot finished at once (a get waiting for
+** this block does not wait for the rest of the batch). */
+static void redis_done(void *ud, int k, int rc, void *data, size_t n, const struct kvt_store_meta *m) {
+    struct redis_batch *b = ud;
+    kvt_store *st = b->st;
+    int res = rc == 0 ? KVT__PF_PROMOTED : rc == KVT_ENOENT ? KVT__PF_ABSENT : KVT__PF_FAILED;
+    if (rc == 0) {
+        /* into RAM (marked prefetched) and queued for disk, as a get's Redis hit is; a read-only
+        ** store keeps it nowhere, so the get must read it itself */
+        if (st->p.read_only || kvt__store_put_local(st, &b->keys[k], m, data, n, false, true)) res = KVT__PF_SKIPPED;
+        kvt__clear_error();
+    }
+    free(data);
+    finish_slot(st->pf, &b->slots[b->idx[k]], res);
+}
+
 /* Read the keys of slots[0..n) (models[i]) into RAM; each slot is finished as soon as it is known. */
 static void run_batch(kvt_store *st, struct pf_slot *slots, const kvt_key *models, int n) {
     struct kvt__pf *pf = st->pf;
@@ -113,23 +136,8 @@ static void run_batch(kvt_store *st, struct pf_slot *slots, const kvt_key *model
         finish_slot(pf, sl, res == KVT__PF_NONE ? KVT__PF_FAILED : res);
     }
     if (nr == 0) return;
-    void *data[PF_BATCH];
-    size_t sz[PF_BATCH];
-    struct kvt_store_meta meta[PF_BATCH];
-    int rc[PF_BATCH];
-    kvt__redis_mget(st->redis, nr, rkeys, rmodels, data, sz, meta, rc);
-    for (int k = 0; k < nr; k++) {
-        int res = rc[k] == 0 ? KVT__PF_PROMOTED : rc[k] == KVT_ENOENT ? KVT__PF_ABSENT : KVT__PF_FAILED;
-        if (rc[k] == 0) {
-            /* into RAM (marked prefetched) and queued for disk, as a get's Redis hit is; a
-            ** read-only store keeps it nowhere, so the get must read it itself */
-            if (st->p.read_only || kvt__store_put_local(st, &rkeys[k], &meta[k], data[k], sz[k], false, true))
-                res = KVT__PF_SKIPPED;
-            kvt__clear_error();
-        }
-        free(data[k]);
-        finish_slot(pf, &slots[ridx[k]], res);
-    }
+    struct redis_batch b = { st, slots, rkeys, ridx };
+    kvt__redis_mget(st->redis, nr, rkeys, rmodels, redis_done, &b);
 }
 
 static void *worker_main(void *arg) {

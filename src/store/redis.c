@@ -731,34 +731,35 @@ static int check_reply(struct kvt__redis *r, const redisReply *rep, const kvt_ke
     return 0;
 }
 
-static void mget_unguarded(struct kvt__redis *r, int nk, const kvt_key *keys, const kvt_key *models, void **data,
-                           size_t *n, struct kvt_store_meta *meta, int *rc) {
-    for (int i = 0; i < nk; i++) {
-        data[i] = NULL;
-        n[i] = 0;
-        rc[i] = KVT_ENOENT;
-    }
+static void mget_unguarded(struct kvt__redis *r, int nk, const kvt_key *keys, const kvt_key *models,
+                           void (*done)(void *ud, int i, int rc, void *data, size_t n, const struct kvt_store_meta *m),
+                           void *ud) {
+    int next = 0; /* keys before it have been handed to done */
     bool pooled, skipped;
     redisContext *c = take(r, &pooled, &skipped);
-    if (!c) return;
+    if (!c) goto rest;
     char k[160];
     for (int i = 0; i < nk; i++) { /* appended to hiredis's output buffer: one write for all */
         int klen = kvt__redis_key(&models[i], &keys[i], k);
         if (redisAppendCommand(c, "GET %b", k, (size_t)klen) != REDIS_OK) {
             broken(r, c, NULL);
-            return;
+            goto rest;
         }
     }
     bool del_any = false, dels[64] = { false };
-    for (int i = 0; i < nk; i++) {
+    for (; next < nk; next++) { /* each block handed on as its reply arrives */
         redisReply *rep = NULL;
         if (redisGetReply(c, (void **)&rep) != REDIS_OK || !rep) { /* each receive within redis_timeout_ms */
             broken(r, c, NULL); /* the rest are misses; a late reply must not answer another command */
-            return;
+            goto rest;
         }
-        rc[i] = check_reply(r, rep, &keys[i], &models[i], &data[i], &n[i], &meta[i], &dels[i]);
-        del_any |= dels[i];
+        void *data = NULL;
+        size_t n = 0;
+        struct kvt_store_meta meta;
+        int rc = check_reply(r, rep, &keys[next], &models[next], &data, &n, &meta, &dels[next]);
+        del_any |= dels[next];
         freeReplyObject(rep);
+        done(ud, next, rc, data, n, &meta);
     }
     for (int i = 0; del_any && i < nk; i++) { /* a bad value is never read again */
         if (!dels[i]) continue;
@@ -771,13 +772,17 @@ static void mget_unguarded(struct kvt__redis *r, int nk, const kvt_key *keys, co
         freeReplyObject(rep);
     }
     give(r, c);
+    return;
+rest:
+    for (; next < nk; next++) done(ud, next, KVT_ENOENT, NULL, 0, NULL);
 }
 
-void kvt__redis_mget(struct kvt__redis *r, int nk, const kvt_key *keys, const kvt_key *models, void **data, size_t *n,
-                     struct kvt_store_meta *meta, int *rc) {
+void kvt__redis_mget(struct kvt__redis *r, int nk, const kvt_key *keys, const kvt_key *models,
+                     void (*done)(void *ud, int i, int rc, void *data, size_t n, const struct kvt_store_meta *m),
+                     void *ud) {
     sigset_t old;
     pipe_block(&old);
-    mget_unguarded(r, nk > 64 ? 64 : nk, keys, models, data, n, meta, rc);
-    for (int i = 64; i < nk; i++) rc[i] = KVT_ENOENT;
+    mget_unguarded(r, nk > 64 ? 64 : nk, keys, models, done, ud);
+    for (int i = 64; i < nk; i++) done(ud, i, KVT_ENOENT, NULL, 0, NULL);
     pipe_restore(&old);
 }

@@ -169,12 +169,14 @@ int  kvt__redis_get(struct kvt__redis *r, const kvt_key *key, const kvt_key *mod
                     struct kvt_store_meta *meta, const char **why);
 /* Prefetch's read: GETs of keys[0..nk) (nk <= 64; more are misses) pipelined on one connection
 ** (one write, then the replies in order), each value checked as kvt__redis_get checks it (a bad
-** one counted in corrupt and deleted).  rc[i]: 0 with data[i] (malloc), n[i], meta[i]; KVT_ENOENT
-** (nil, bad, or not answered: a failure or a receive that passed redis_timeout_ms drops the
-** connection, counts an error or timeout, starts the backoff and leaves the rest misses);
-** KVT_ENOMEM.  Counts no hits or misses (a prefetch is not a get).  Thread-safe. */
-void kvt__redis_mget(struct kvt__redis *r, int nk, const kvt_key *keys, const kvt_key *models, void **data, size_t *n,
-                     struct kvt_store_meta *meta, int *rc);
+** one counted in corrupt and deleted).  done(ud, i, rc, data, n, meta) is called once per key, in
+** order, as soon as its reply is checked: rc 0 with data (malloc'd, done frees it), n, meta;
+** KVT_ENOENT (nil, bad, or not answered: a failure or a receive that passed redis_timeout_ms drops
+** the connection, counts an error or timeout, starts the backoff and makes the rest misses; data
+** NULL); KVT_ENOMEM.  Counts no hits or misses (a prefetch is not a get).  Thread-safe. */
+void kvt__redis_mget(struct kvt__redis *r, int nk, const kvt_key *keys, const kvt_key *models,
+                     void (*done)(void *ud, int i, int rc, void *data, size_t n, const struct kvt_store_meta *m),
+                     void *ud);
 void kvt__redis_flush(struct kvt__redis *r);
 void kvt__redis_stats(struct kvt__redis *r, struct kvt_store_tier_stats *out, int64_t *queue_len);
 int  kvt__redis_info(struct kvt__redis *r, struct kvt_store_redis_info *out);
