@@ -1295,7 +1295,8 @@ struct kvt_store_stats {
         int64_t issued;              /* keys queued by kvt_store_prefetch */
         int64_t promoted;            /* of those, read from disk or Redis into RAM */
         int64_t dropped;             /* keys not queued: queue full, or prefetch_bytes unread */
-        int64_t skipped;             /* taken but not read (in RAM meanwhile, prefetch_bytes) */
+        int64_t skipped;             /* taken but not read (in RAM meanwhile, prefetch_bytes,
+                                     ** Redis unreachable, backed off or past its deadline) */
         int64_t absent;              /* taken, and no tier held them */
         int64_t failed;              /* taken and refused (corrupt: also in disk/redis corrupt;
                                      ** no memory; an injected fault) */
@@ -1321,8 +1322,10 @@ void kvt_store_get_stats(kvt_store *st, struct kvt_store_stats *out /* OUT */);
 ** would, RAM untouched: the disk tier (index row, blob header, SHA-256; model must match:
 ** another model's block or a missing one is "absent"), then, on a disk miss, the Redis tier,
 ** with up to 8 keys per pipelined round trip on one connection (each reply within
-** redis_timeout_ms; a timeout ends the batch: the rest are absent, the tier backs off as after a
-** get's timeout).  A block that passes is put into RAM as its most recently used entry (evicting
+** redis_timeout_ms; a timeout ends the batch, counted in redis.timeouts: the rest are skipped
+** and their gets ask Redis themselves; a prefetch's failure does not start the tier's backoff).
+** The threads run at nice 10 (setpriority on each thread): on a machine whose cores the model's
+** decode keeps busy they yield to it.  A block that passes is put into RAM as its most recently used entry (evicting
 ** least recently used entries as any insert does; prefetch_bytes bounds how much of RAM unread
 ** promotions can take), marked prefetched until a get reads it (prefetch.hits) or it leaves RAM
 ** unread (prefetch.wasted); one from Redis is also queued for disk.  A block that fails a check

@@ -25,6 +25,9 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -94,7 +97,7 @@ struct redis_batch {
 static void redis_done(void *ud, int k, int rc, void *data, size_t n, const struct kvt_store_meta *m) {
     struct redis_batch *b = ud;
     kvt_store *st = b->st;
-    int res = rc == 0 ? KVT__PF_PROMOTED : rc == KVT_ENOENT ? KVT__PF_ABSENT : KVT__PF_FAILED;
+    int res = rc == 0 ? KVT__PF_PROMOTED : rc == KVT_ENOENT ? KVT__PF_ABSENT : rc == KVT_EIO ? KVT__PF_SKIPPED : KVT__PF_FAILED;
     if (rc == 0) {
         /* into RAM (marked prefetched) and queued for disk, as a get's Redis hit is; a read-only
         ** store keeps it nowhere, so the get must read it itself */
@@ -147,6 +150,9 @@ static void *worker_main(void *arg) {
     struct pf_slot *mine = &pf->slots[wa->idx * PF_BATCH];
     const int batch = st->redis ? PF_BATCH : 1;
     free(wa);
+    /* below the model's threads: a prefetch that takes a core from llama.cpp's decode (whose
+    ** OpenMP workers wait for each other) costs more than it saves (docs/BENCHMARKS.md) */
+    setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10);
     kvt_key models[PF_BATCH];
     pthread_mutex_lock(&pf->mu);
     for (;;) {

@@ -731,6 +731,15 @@ static int check_reply(struct kvt__redis *r, const redisReply *rep, const kvt_ke
     return 0;
 }
 
+/* A prefetch's command failed on c: counted like a get's failure, the connection dropped, but no
+** backoff: a prefetch is speculative, and a big pipelined batch that passed its deadline on a
+** loaded machine must not make the gets that follow skip Redis (their own failure backs off). */
+static void broken_pf(struct kvt__redis *r, redisContext *c) {
+    bool to = is_timeout(c);
+    bump(r, to ? &r->timeouts : &r->errors, 1);
+    redisFree(c);
+}
+
 static void mget_unguarded(struct kvt__redis *r, int nk, const kvt_key *keys, const kvt_key *models,
                            void (*done)(void *ud, int i, int rc, void *data, size_t n, const struct kvt_store_meta *m),
                            void *ud) {
@@ -742,7 +751,7 @@ static void mget_unguarded(struct kvt__redis *r, int nk, const kvt_key *keys, co
     for (int i = 0; i < nk; i++) { /* appended to hiredis's output buffer: one write for all */
         int klen = kvt__redis_key(&models[i], &keys[i], k);
         if (redisAppendCommand(c, "GET %b", k, (size_t)klen) != REDIS_OK) {
-            broken(r, c, NULL);
+            broken_pf(r, c);
             goto rest;
         }
     }
@@ -750,7 +759,7 @@ static void mget_unguarded(struct kvt__redis *r, int nk, const kvt_key *keys, co
     for (; next < nk; next++) { /* each block handed on as its reply arrives */
         redisReply *rep = NULL;
         if (redisGetReply(c, (void **)&rep) != REDIS_OK || !rep) { /* each receive within redis_timeout_ms */
-            broken(r, c, NULL); /* the rest are misses; a late reply must not answer another command */
+            broken_pf(r, c); /* the rest are misses; a late reply must not answer another command */
             goto rest;
         }
         void *data = NULL;
@@ -766,15 +775,15 @@ static void mget_unguarded(struct kvt__redis *r, int nk, const kvt_key *keys, co
         int klen = kvt__redis_key(&models[i], &keys[i], k);
         redisReply *rep = redisCommand(c, "DEL %b", k, (size_t)klen);
         if (!rep) {
-            broken(r, c, NULL);
+            broken_pf(r, c);
             return;
         }
         freeReplyObject(rep);
     }
     give(r, c);
     return;
-rest:
-    for (; next < nk; next++) done(ud, next, KVT_ENOENT, NULL, 0, NULL);
+rest: /* not answered (unreachable, backed off, a failure or a timeout) */
+    for (; next < nk; next++) done(ud, next, KVT_EIO, NULL, 0, NULL);
 }
 
 void kvt__redis_mget(struct kvt__redis *r, int nk, const kvt_key *keys, const kvt_key *models,
@@ -783,6 +792,6 @@ void kvt__redis_mget(struct kvt__redis *r, int nk, const kvt_key *keys, const kv
     sigset_t old;
     pipe_block(&old);
     mget_unguarded(r, nk > 64 ? 64 : nk, keys, models, done, ud);
-    for (int i = 64; i < nk; i++) done(ud, i, KVT_ENOENT, NULL, 0, NULL);
+    for (int i = 64; i < nk; i++) done(ud, i, KVT_EIO, NULL, 0, NULL);
     pipe_restore(&old);
 }

@@ -171,9 +171,11 @@ int  kvt__redis_get(struct kvt__redis *r, const kvt_key *key, const kvt_key *mod
 ** (one write, then the replies in order), each value checked as kvt__redis_get checks it (a bad
 ** one counted in corrupt and deleted).  done(ud, i, rc, data, n, meta) is called once per key, in
 ** order, as soon as its reply is checked: rc 0 with data (malloc'd, done frees it), n, meta;
-** KVT_ENOENT (nil, bad, or not answered: a failure or a receive that passed redis_timeout_ms drops
-** the connection, counts an error or timeout, starts the backoff and makes the rest misses; data
-** NULL); KVT_ENOMEM.  Counts no hits or misses (a prefetch is not a get).  Thread-safe. */
+** KVT_ENOENT (nil: not in Redis; or a bad value); KVT_EIO (not answered: Redis unreachable or
+** backed off, or a failure or a receive that passed redis_timeout_ms, which drops the connection,
+** counts an error or timeout and leaves the rest unanswered, without starting the readers'
+** backoff: the gets that follow try Redis themselves); KVT_ENOMEM.
+** data is NULL unless rc is 0.  Counts no hits or misses (a prefetch is not a get).  Thread-safe. */
 void kvt__redis_mget(struct kvt__redis *r, int nk, const kvt_key *keys, const kvt_key *models,
                      void (*done)(void *ud, int i, int rc, void *data, size_t n, const struct kvt_store_meta *m),
                      void *ud);
@@ -261,7 +263,8 @@ int  kvt__store_put_local(kvt_store *st, const kvt_key *key, const struct kvt_st
 enum { KVT__PF_NONE = 0, /* no prefetch of the key was queued or in flight */
        KVT__PF_PROMOTED, /* now in RAM (marked prefetched) */
        KVT__PF_ABSENT,   /* no tier holds it (not stored, expired, another model's; Redis missed) */
-       KVT__PF_SKIPPED,  /* not read (already in RAM or queued for disk, over prefetch_bytes) */
+       KVT__PF_SKIPPED,  /* not read (already in RAM or queued for disk, over prefetch_bytes, Redis
+                         ** did not answer in time): the get reads it itself */
        KVT__PF_FAILED }; /* read and refused (corrupt, counted; injected fault), or no memory */
 
 /* Start the prefetch threads (none when prefetch_threads is 0, there is no RAM tier or nothing

@@ -5,8 +5,9 @@
 ** queue drops, the caller never waits; prefetch_bytes caps unread promotions; a promotion evicted
 ** unread is wasted); a corrupt blob is not promoted and the later get misses; a Redis prefetch
 ** (pipelined) returns the same bytes; a frozen Redis: the prefetch call returns at once, a get of
-** a key in flight waits at most the deadline, a get of a key still queued reads it itself; the
-** fault site fails reads, which the gets then do themselves. */
+** a key in flight waits at most the deadline (the key then counts as skipped: not answered), a
+** get of a key still queued reads it itself; the fault site fails reads, which the gets then do
+** themselves. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -338,6 +339,7 @@ static void test_redis_frozen(void **state) {
     kvt_store_prefetch(b, ks, N, &MODEL);
     kvt_store_prefetch(b, &d, 1, &MODEL);
     double t_call = rfx_now_ms() - t0;
+    for (int i = 0; i < 2000 && pstats(b).queue_len == N + 1; i++) usleep(100); /* the thread took its first batch */
     assert_int_equal(get_tier(b, &d), KVT_TIER_DISK); /* queued behind the stuck batch: read here */
     double t_d = rfx_now_ms() - t0;
     assert_int_equal(get_tier(b, &ks[0]), KVT_TIER_NONE); /* in flight: waits, then a miss */
@@ -349,14 +351,14 @@ static void test_redis_frozen(void **state) {
                   t_call, t_d, t_k, t_all, T);
     assert_true(t_call < 50);
     assert_true(t_d < T / 2);
-    assert_true(t_k < 4.0 * T + 100);
-    assert_true(t_all < 4.0 * T + 100);
+    assert_true(t_k < 4.0 * T + 100); /* its prefetch's deadline, then its own */
+    assert_true(t_all < 5.0 * T + 100);
     assert_int_equal(s.claimed, 1);
     assert_true(s.waited >= 1);
-    assert_int_equal(s.absent, N);
+    assert_int_equal(s.skipped, N); /* not answered: skipped, and the get asked Redis itself */
     struct kvt_store_stats ss;
     kvt_store_get_stats(b, &ss);
-    assert_true(ss.redis.timeouts >= 1 && ss.redis.timeouts <= 2);
+    assert_true(ss.redis.timeouts >= 1 && ss.redis.timeouts <= 3); /* the batches', then the get's own */
     kvt_store_close(b);
 }
 
