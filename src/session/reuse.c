@@ -123,9 +123,13 @@ int kvt__sess_route(kvt_session *s, const kvt_token *tok, int32_t n, int role, i
         rc = kvt__fail(KVT_ENOMEM, "store lookup of %d blocks", k_max);
         goto out;
     }
-    /* the keys first: blocks 1..k_max-1 are prefetched (kvt_store_prefetch: the store's threads
-    ** read them from disk or Redis while this thread reads block 0 and the next), then asked
-    ** for in order */
+    /* the keys first: all k_max blocks are prefetched (kvt_store_prefetch: the store's threads
+    ** read them from disk or Redis, a Redis batch pipelined, while this thread takes back and
+    ** reads the ones still queued), then asked for in order.  Block 0 too: a get of block 0
+    ** racing the threads' pipelined batches for a loaded Redis missed its deadline in the
+    ** measurements (docs/BENCHMARKS.md "Block store prefetch"), and a miss at block 0 costs the
+    ** whole prompt's prefill; in a batch it comes first, and a prefetch that is not answered in
+    ** time leaves the get its own try */
     keys = malloc(sizeof *keys * (size_t) k_max);
     if (!keys) {
         rc = kvt__fail(KVT_ENOMEM, "store lookup of %d blocks", k_max);
@@ -134,7 +138,7 @@ int kvt__sess_route(kvt_session *s, const kvt_token *tok, int32_t n, int role, i
     for (int32_t j = 0; j < k_max; j++)
         kvt_chain_next(j ? &keys[j - 1] : i0 > 0 ? &s->b[i0 - 1].ckey : &s->root, tok + (size_t) j * B, B, &keys[j]);
     if (k_max > 1) { /* nothing happens when the store runs no prefetch threads */
-        kvt_store_prefetch(s->p.store, keys + 1, k_max - 1, &s->model_fp);
+        kvt_store_prefetch(s->p.store, keys, k_max, &s->model_fp);
         kvt__clear_error();
     }
     for (int32_t j = 0; j < k_max; j++) {

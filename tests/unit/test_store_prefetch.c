@@ -358,7 +358,8 @@ static void test_redis_frozen(void **state) {
     assert_int_equal(s.skipped, N); /* not answered: skipped, and the get asked Redis itself */
     struct kvt_store_stats ss;
     kvt_store_get_stats(b, &ss);
-    assert_true(ss.redis.timeouts >= 1 && ss.redis.timeouts <= 3); /* the batches', then the get's own */
+    /* one per batch (the first may be short: at most 3 batches of N = 16), then the get's own */
+    assert_true(ss.redis.timeouts >= 1 && ss.redis.timeouts <= 4);
     kvt_store_close(b);
 }
 
