@@ -341,10 +341,9 @@ int kvt_store_prefetch_chain(kvt_store *st, const struct kvt_chain_params *cp, c
     if (!st || !cp || (!tok && n > 0))
         return kvt__fail(KVT_EINVAL, "kvt_store_prefetch_chain: NULL %s", !st ? "store" : !cp ? "chain params" : "tokens");
     if (n < 0) return kvt__fail(KVT_EINVAL, "kvt_store_prefetch_chain: n %d is negative", n);
-    if (!st->pf) return 0;
     kvt_key key;
-    int rc = kvt_chain_root(cp, &key);
-    if (rc) return rc;
+    int rc = kvt_chain_root(cp, &key); /* checks cp, with or without prefetch threads */
+    if (rc || !st->pf) return rc;
     const int32_t nb = n > 0 ? (n - 1) / cp->block : 0; /* full blocks before the last token */
     if (nb == 0) return 0;
     kvt_key *keys = malloc(sizeof *keys * (size_t)nb);

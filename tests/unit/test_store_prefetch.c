@@ -271,6 +271,43 @@ static void test_fault(void **state) {
     kvt_store_close(st);
 }
 
+/* kvt_store_prefetch_chain: the keys of a prompt's full blocks before its last token, from the
+** chain root as a session computes them: blocks stored under those keys are promoted, the
+** partial last block is not asked for, and bad arguments are refused. */
+static void test_chain(void **state) {
+    struct fx *f = *state;
+    enum { B = 16, NT = 5 * B + 1 }; /* 5 full blocks before the last token */
+    kvt_token tok[NT];
+    for (int i = 0; i < NT; i++) tok[i] = 1000 + i * 7;
+    struct kvt_chain_params cp = { .model = MODEL, .layout = "test-layout", .block = B, .tenant = "t1" };
+    kvt_key ks[6], k;
+    assert_int_equal(kvt_chain_root(&cp, &k), 0);
+    for (int i = 0; i < 6; i++) { /* 6 keys: the 6th would be the block holding the last token */
+        assert_int_equal(kvt_chain_next(&k, tok + i * B, B, &k), 0);
+        ks[i] = k;
+    }
+    struct kvt_store_params p = params(f->dir_a, 0);
+    kvt_store *st = open_p(&p);
+    for (int i = 0; i < 6; i++) put_block(st, &ks[i]);
+    kvt_store_close(st);
+    p = params(f->dir_a, 2);
+    st = open_p(&p);
+    assert_int_equal(kvt_store_prefetch_chain(st, &cp, tok, NT), 5);
+    struct kvt_store_prefetch_stats s = wait_idle(st);
+    assert_int_equal(s.promoted, 5);
+    for (int i = 0; i < 6; i++) assert_int_equal(get_tier(st, &ks[i]), i < 5 ? KVT_TIER_RAM : KVT_TIER_DISK);
+    cp.tenant = "t2"; /* another tenant's chain: nothing of it is stored */
+    assert_int_equal(kvt_store_prefetch_chain(st, &cp, tok, NT), 5);
+    s = wait_idle(st);
+    assert_int_equal(s.absent, 5);
+    assert_int_equal(kvt_store_prefetch_chain(st, &cp, tok, B), 0); /* no full block before the last token */
+    assert_int_equal(kvt_store_prefetch_chain(st, &cp, tok, -1), KVT_EINVAL);
+    assert_int_equal(kvt_store_prefetch_chain(st, NULL, tok, NT), KVT_EINVAL);
+    cp.block = 0;
+    assert_int_equal(kvt_store_prefetch_chain(st, &cp, tok, NT), KVT_EINVAL);
+    kvt_store_close(st);
+}
+
 static struct kvt_store_params rparams(const char *dir, const char *url, int threads, int timeout_ms) {
     struct kvt_store_params p = params(dir, threads);
     p.redis_url = url;
@@ -370,6 +407,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_bounded, setup, teardown),
         cmocka_unit_test_setup_teardown(test_corrupt, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fault, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_chain, setup, teardown),
         cmocka_unit_test_setup_teardown(test_redis, setup, teardown),
         cmocka_unit_test_setup_teardown(test_redis_frozen, setup, teardown),
     };
