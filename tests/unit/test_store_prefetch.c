@@ -277,8 +277,8 @@ static void test_fault(void **state) {
 static void test_chain(void **state) {
     struct fx *f = *state;
     enum { B = 16, NT = 5 * B + 1 }; /* 5 full blocks before the last token */
-    kvt_token tok[NT];
-    for (int i = 0; i < NT; i++) tok[i] = 1000 + i * 7;
+    kvt_token tok[6 * B]; /* the prompt is tok[0..NT); the 6th block's key is computed for the control */
+    for (int i = 0; i < 6 * B; i++) tok[i] = 1000 + i * 7;
     struct kvt_chain_params cp = { .model = MODEL, .layout = "test-layout", .block = B, .tenant = "t1" };
     kvt_key ks[6], k;
     assert_int_equal(kvt_chain_root(&cp, &k), 0);
