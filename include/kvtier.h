@@ -1325,11 +1325,12 @@ void kvt_store_get_stats(kvt_store *st, struct kvt_store_stats *out /* OUT */);
 ** redis_timeout_ms; a timeout ends the batch, counted in redis.timeouts: the rest are skipped
 ** and their gets ask Redis themselves; a prefetch's failure does not start the tier's backoff).
 ** The threads run at nice 10 (setpriority on each thread): on a machine whose cores the model's
-** decode keeps busy they yield to it.  A block that passes is put into RAM as its most recently used entry (evicting
-** least recently used entries as any insert does; prefetch_bytes bounds how much of RAM unread
-** promotions can take), marked prefetched until a get reads it (prefetch.hits) or it leaves RAM
-** unread (prefetch.wasted); one from Redis is also queued for disk.  A block that fails a check
-** is removed as a get would remove it (disk/redis corrupt, prefetch.failed) and never promoted.
+** decode keeps busy they yield to it.  A block that passes is put into RAM as its most recently
+** used entry (evicting least recently used entries as any insert does; prefetch_bytes bounds
+** how much of RAM unread promotions can take), marked prefetched until a get reads it
+** (prefetch.hits) or it leaves RAM unread (prefetch.wasted); one from Redis is also queued for
+** disk.  A block that fails a check is removed as a get would remove it (disk/redis corrupt,
+** prefetch.failed) and never promoted.
 ** Reads count no tier hits or misses (those are the gets'), and record no hit in the index.
 ** A kvt_store_get of a key whose prefetch is still queued takes it back and reads it itself
 ** (prefetch.claimed, so the caller and the threads read different blocks at once); of one in
@@ -1337,7 +1338,9 @@ void kvt_store_get_stats(kvt_store *st, struct kvt_store_stats *out /* OUT */);
 ** prefetch found no tier holding the key: a block is never read twice.  model: the fingerprint
 ** the blocks must carry.  Returns the number of keys queued (>= 0; 0 also when the store runs
 ** no prefetch threads).  Errors: KVT_EINVAL (NULL store or model, NULL keys with n > 0, n < 0).
-** Thread-safe.  Fault site (tests): KVT__FAULT_STORE_PREFETCH fails a thread's read. */
+** Thread-safe.  Fault site (tests): KVT__FAULT_STORE_PREFETCH fails a thread's read.  A session
+** with a store prefetches the chain of a prompt's full blocks before it asks for them in order
+** (kvt_session_sync's routing); `kvtier serve` prefetches the prompts of queued chat requests. */
 int  kvt_store_prefetch(kvt_store *st, const kvt_key *keys, int n, const kvt_key *model);
 /* The prefetch of a prompt: the chain keys of the full blocks of tok[0..n) before its last
 ** token (the blocks a session's prompt routing asks for, kvt_session_sync; cp as for
@@ -1353,7 +1356,8 @@ int  kvt_store_prefetch_cancel(kvt_store *st);
 ** session's stream is followed by tok[0..n) (kvt_session_sync / kvt_session_prefill route only
 ** at a block boundary of a chain-pure stream; otherwise nothing is queued) passed to
 ** kvt_store_prefetch.  Returns keys queued (0 without a store).  Errors: KVT_EINVAL (NULL s,
-** NULL tok with n > 0, n < 0).  Not thread-safe (the session's). */
+** NULL tok with n > 0, n < 0), KVT_ENOMEM.  Not thread-safe (the session's).  Declared here,
+** beside the store it feeds. */
 int  kvt_session_prefetch(kvt_session *s, const kvt_token *tok, int32_t n);
 
 /* The Redis tier as the server sees it: keys under this kvtier's prefix ("kvtier:b1:", every
