@@ -1302,6 +1302,7 @@ struct kvt_store_stats {
                                      ** no memory; an injected fault) */
         int64_t claimed;             /* still queued when a get asked: the get read them itself */
         int64_t waited;              /* gets that waited for a prefetch of their key in flight */
+        int64_t cancelled;           /* taken back by kvt_store_prefetch_cancel */
         int64_t hits;                /* gets served from a promoted block (counted once each) */
         int64_t wasted;              /* promoted blocks evicted or expired before any get */
         int64_t unread_bytes;        /* RAM bytes of promoted blocks not read yet */
@@ -1349,8 +1350,8 @@ int  kvt_store_prefetch(kvt_store *st, const kvt_key *keys, int n, const kvt_key
 ** KVT_EINVAL (NULL st or cp, NULL tok with n > 0, n < 0, cp invalid as kvt_chain_root says),
 ** KVT_ENOMEM.  Thread-safe. */
 int  kvt_store_prefetch_chain(kvt_store *st, const struct kvt_chain_params *cp, const kvt_token *tok, int32_t n);
-/* Take back every key still queued (not those in flight).  Returns how many.  NULL ok.
-** Thread-safe. */
+/* Take back every key still queued (not those in flight; prefetch.cancelled).  Returns how many.
+** NULL ok.  Thread-safe. */
 int  kvt_store_prefetch_cancel(kvt_store *st);
 /* A session's prefetch: the keys of the full blocks its next prompt routing would ask for if the
 ** session's stream is followed by tok[0..n) (kvt_session_sync / kvt_session_prefill route only

@@ -57,7 +57,7 @@ struct kvt__pf {
     int     n_thr, n_started;
     bool    stop;
     size_t  bytes_max;
-    int64_t issued, promoted, dropped, skipped, absent, failed, claimed, waited;
+    int64_t issued, promoted, dropped, skipped, absent, failed, claimed, waited, cancelled;
 };
 
 static bool same(const kvt_key *a, const kvt_key *b) {
@@ -314,6 +314,7 @@ int kvt_store_prefetch_cancel(kvt_store *st) {
             n++;
         }
     }
+    pf->cancelled += n;
     pthread_mutex_unlock(&pf->mu);
     return n;
 }
@@ -333,6 +334,7 @@ void kvt__pf_stats(kvt_store *st, struct kvt_store_prefetch_stats *o) {
     o->failed = pf->failed;
     o->claimed = pf->claimed;
     o->waited = pf->waited;
+    o->cancelled = pf->cancelled;
     for (int32_t i = 0; i < pf->len; i++) o->queue_len += !pf->ring[(pf->head + i) % pf->cap].dead;
     pthread_mutex_unlock(&pf->mu);
 }

@@ -117,7 +117,7 @@ static struct kvt_store_prefetch_stats wait_idle(kvt_store *st) {
     struct kvt_store_prefetch_stats s;
     for (int i = 0; i < 5000; i++) {
         s = pstats(st);
-        if (s.issued == s.promoted + s.skipped + s.absent + s.failed + s.claimed) return s;
+        if (s.issued == s.promoted + s.skipped + s.absent + s.failed + s.claimed + s.cancelled) return s;
         usleep(1000);
     }
     fail_msg("prefetch never went idle: issued %lld", (long long)s.issued);
@@ -393,10 +393,41 @@ static void test_redis_frozen(void **state) {
     assert_int_equal(s.claimed, 1);
     assert_true(s.waited >= 1);
     assert_int_equal(s.skipped, N); /* not answered: skipped, and the get asked Redis itself */
+    assert_int_equal(s.cancelled, 0);
     struct kvt_store_stats ss;
     kvt_store_get_stats(b, &ss);
     /* one per batch (the first may be short: at most 3 batches of N = 16), then the get's own */
     assert_true(ss.redis.timeouts >= 1 && ss.redis.timeouts <= 4);
+    kvt_store_close(b);
+}
+
+/* kvt_store_prefetch_cancel takes back what is still queued behind a batch stuck on a frozen
+** Redis (counted), not the batch in flight. */
+static void test_cancel(void **state) {
+    struct fx *f = *state;
+    need_redis(f);
+    enum { N = 24 };
+    const int T = 150;
+    kvt_key ks[N];
+    struct kvt_store_params pb = rparams(f->dir_b, f->redis.url, 1, T);
+    kvt_store *b = open_p(&pb);
+    for (int i = 0; i < N; i++) ks[i] = sk_key("pfcancel", i);
+    kvt_key warm = sk_key("pfcancel", 99);
+    assert_int_equal(get_tier(b, &warm), KVT_TIER_NONE);
+    kill(f->redis.pid, SIGSTOP);
+    assert_int_equal(kvt_store_prefetch(b, ks, N, &MODEL), N);
+    for (int i = 0; i < 2000 && pstats(b).queue_len == N; i++) usleep(100); /* the thread took its first batch */
+    int64_t queued = pstats(b).queue_len;
+    int n = kvt_store_prefetch_cancel(b);
+    struct kvt_store_prefetch_stats s = wait_idle(b);
+    kill(f->redis.pid, SIGCONT);
+    print_message("cancel: %d of %d keys taken back (%lld queued just before)\n", n, N, (long long)queued);
+    assert_true(n >= N - 8 && n <= queued); /* at most one batch of 8 was in flight */
+    assert_int_equal(s.cancelled, n);
+    assert_int_equal(s.skipped + s.absent, N - n); /* the batch in flight: not answered */
+    assert_int_equal(s.queue_len, 0);
+    assert_int_equal(kvt_store_prefetch_cancel(b), 0);
+    assert_int_equal(kvt_store_prefetch_cancel(NULL), 0);
     kvt_store_close(b);
 }
 
@@ -410,6 +441,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_chain, setup, teardown),
         cmocka_unit_test_setup_teardown(test_redis, setup, teardown),
         cmocka_unit_test_setup_teardown(test_redis_frozen, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cancel, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
