@@ -19,7 +19,18 @@ Two benchmarks; each starts and stops its own servers (restarts are part of what
             Reports average / p50 / p99 TTFT, token hit ratio (prompt tokens not prefilled),
             store bytes.
 
+  prefetch  The store's prefetch (kvt_store_prefetch), A/B with --prefetch / --no-prefetch
+            alternating in one run (--repeats pairs, the order flipped each pair): (1) disk hit
+            after a restart with the page cache dropped (--prefetch-size tokens); (2) server B
+            served from Redis (a redis-server started on a free port; server A computes the
+            prompt once, every B starts on an empty store); (3) queued requests: --parallel 1,
+            --clients requests at once whose prompts (--queued-size tokens each) are in the
+            store, page cache dropped; each request's latency (queue wait + prefill + --gen
+            tokens) at the client.  Reports TTFT / latency and the tiers the blocks came from
+            (the server's /metrics before it stops).
+
   python bench/store_bench.py ttft --bin build/kvtier --model M [--sizes 1024,4096,8192] [--json F]
+  python bench/store_bench.py prefetch --bin build/kvtier --model M [--repeats 3] [--json F]
   python bench/store_bench.py edgesync --bin build/kvtier --model M [--requests 1000] [--json F]
 
 Text: ../shared/data/pg_essays when present (natural English), else a deterministic word salad.
@@ -251,9 +262,149 @@ def edgesync(a):
     return out
 
 
+def metric_map(text):
+    """The block store's counters from /metrics: {"hits:ram": n, "prefetch:promoted": n, ...}."""
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r'kvtier_store_(hits|misses)_total\{tier="(\w+)"\} (\d+)', line)
+        if m:
+            out[m.group(1) + ":" + m.group(2)] = int(m.group(3))
+        m = re.match(r'kvtier_store_prefetch_total\{what="(\w+)"\} (\d+)', line)
+        if m:
+            out["prefetch:" + m.group(1)] = int(m.group(2))
+    return out
+
+
+def start_redis():
+    import socket
+    so = socket.socket()
+    so.bind(("127.0.0.1", 0))
+    port = so.getsockname()[1]
+    so.close()
+    d = tempfile.mkdtemp(prefix="kvt-bench-redis-")
+    p = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                          "--dir", d], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return p, port, d
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit("redis-server did not start")
+
+
+def prefetch_ab(a):
+    import threading
+    words, src = corpus_words()
+    info = build_info(a)
+    dropped = drop_page_cache()
+    if not dropped:
+        print("note: /proc/sys/vm/drop_caches is not writable: disk reads come from the page cache", flush=True)
+
+    def prompt(offset, n):
+        nw = int(n * 0.72)
+        return [{"role": "system", "content": " ".join(words[offset:offset + nw])},
+                {"role": "user", "content": "Summarize the text in one sentence."}]
+
+    budget = ((a.prefetch_size + 600) // 64 + 1) * 64
+    base = ["--budget", str(budget), "-c", str(2 * budget), "--parallel", "1"]
+    modes = lambda r: (["off", "on"] if r % 2 == 0 else ["on", "off"])
+    flag = {"on": ["--prefetch"], "off": ["--no-prefetch"]}
+    res = {"disk_cold": [], "redis": [], "queued": []}
+    root = tempfile.mkdtemp(prefix="kvt-prefetch-bench-")
+    rp = None
+    try:
+        # (1) disk hit after restart, page cache dropped
+        msgs = prompt(0, a.prefetch_size)
+        store = os.path.join(root, "store1")
+        s = Server(a, store, base + ["--no-prefetch"], os.path.join(root, "s1.log"))
+        t_cold, r_cold = s.chat(msgs, session="cold")
+        s.stop()
+        print(f"(1) prompt {r_cold['usage']['prompt_tokens']} tokens, cold prefill {t_cold:.2f} s", flush=True)
+        for r in range(a.repeats):
+            for mode in modes(r):
+                s = Server(a, store, base + flag[mode], os.path.join(root, "s1.log"))
+                drop_page_cache()
+                t, rr = s.chat(msgs, session=f"d{r}{mode}")
+                m = metric_map(s.metrics())
+                s.stop()
+                row = {"mode": mode, "repeat": r, "ttft_s": t, "route": kv(rr)["store"],
+                       "from_store": kv(rr)["prompt_tokens_from_store"], "metrics": m}
+                res["disk_cold"].append(row)
+                print(f"(1) disk, cache dropped, prefetch {mode:3s}: TTFT {t:.3f} s  route {row['route']}  {m}", flush=True)
+        # (2) server B from Redis
+        rp, rport, rdir = start_redis()
+        url = f"redis://127.0.0.1:{rport}/0"
+        rb = ["--redis", url, "--redis-timeout-ms", str(a.redis_timeout_ms)]
+        s = Server(a, os.path.join(root, "storeA"), base + rb + ["--no-prefetch"], os.path.join(root, "s2.log"))
+        s.chat(msgs, session="A")
+        s.stop()  # writes its Redis queue out
+        for r in range(a.repeats):
+            for mode in modes(r):
+                sb = os.path.join(root, f"storeB-{r}-{mode}")
+                s = Server(a, sb, base + rb + flag[mode], os.path.join(root, "s2.log"))
+                t, rr = s.chat(msgs, session=f"b{r}{mode}")
+                m = metric_map(s.metrics())
+                s.stop()
+                shutil.rmtree(sb, ignore_errors=True)
+                row = {"mode": mode, "repeat": r, "ttft_s": t, "route": kv(rr)["store"],
+                       "from_store": kv(rr)["prompt_tokens_from_store"], "metrics": m}
+                res["redis"].append(row)
+                print(f"(2) server B from Redis, prefetch {mode:3s}: TTFT {t:.3f} s  route {row['route']}  {m}", flush=True)
+        # (3) queued requests, --parallel 1
+        qb = ((a.queued_size + 600) // 64 + 1) * 64
+        qbase = ["--budget", str(qb), "-c", str((a.clients + 1) * qb), "--parallel", "1", "--max-sessions", str(a.clients)]
+        qmsgs = [prompt(20000 + 5000 * c, a.queued_size) for c in range(a.clients)]
+        store = os.path.join(root, "store3")
+        s = Server(a, store, qbase + ["--no-prefetch"], os.path.join(root, "s3.log"))
+        for c in range(a.clients):
+            s.chat(qmsgs[c], session=f"fill{c}")
+        s.stop()
+        for r in range(a.repeats):
+            for mode in modes(r):
+                s = Server(a, store, qbase + flag[mode], os.path.join(root, "s3.log"))
+                drop_page_cache()
+                lat = [None] * a.clients
+                routes = [None] * a.clients
+
+                def one(c):
+                    t, rr = s.chat(qmsgs[c], max_tokens=a.gen, session=f"q{r}{mode}{c}")
+                    lat[c] = t
+                    routes[c] = kv(rr)["store"]
+                th = [threading.Thread(target=one, args=(c,)) for c in range(a.clients)]
+                for t_ in th:
+                    t_.start()
+                    time.sleep(0.02)  # arrival order
+                for t_ in th:
+                    t_.join()
+                m = metric_map(s.metrics())
+                s.stop()
+                row = {"mode": mode, "repeat": r, "latency_s": lat, "mean_s": statistics.mean(lat), "routes": routes, "metrics": m}
+                res["queued"].append(row)
+                print(f"(3) {a.clients} queued clients, prefetch {mode:3s}: latency {[round(x, 3) for x in lat]} mean "
+                      f"{row['mean_s']:.3f} s routes {routes}  {m}", flush=True)
+    finally:
+        if rp:
+            rp.terminate()
+            rp.wait()
+        shutil.rmtree(root, ignore_errors=True)
+    summary = {}
+    for k, key in (("disk_cold", "ttft_s"), ("redis", "ttft_s"), ("queued", "mean_s")):
+        for mode in ("off", "on"):
+            xs = [row[key] for row in res[k] if row["mode"] == mode]
+            if xs:
+                summary[f"{k}:{mode}"] = {"median": statistics.median(xs), "min": min(xs), "n": len(xs)}
+    for k, v in summary.items():
+        print(f"{k:16s} median {v['median']:.3f} s  min {v['min']:.3f} s  (n {v['n']})")
+    out = {"bench": "prefetch", "text": src, "page_cache_drop": dropped, "info": info, "results": res, "summary": summary}
+    if a.json:
+        json.dump(out, open(a.json, "w"), indent=1)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["ttft", "edgesync"])
+    ap.add_argument("what", choices=["ttft", "edgesync", "prefetch"])
     ap.add_argument("--bin", default=os.path.join(HERE, "..", "build", "kvtier"))
     ap.add_argument("--model", default=os.environ.get("KVTIER_MODEL", ""))
     ap.add_argument("--threads", type=int, default=0)
@@ -264,10 +415,16 @@ def main():
     ap.add_argument("--zipf", type=float, default=1.1)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", default="")
+    ap.add_argument("--repeats", type=int, default=3, help="prefetch: A/B pairs per case")
+    ap.add_argument("--prefetch-size", type=int, default=4096, help="prefetch: prompt size of cases 1 and 2 (tokens, approx.)")
+    ap.add_argument("--queued-size", type=int, default=2048, help="prefetch: prompt size of each queued client (approx.)")
+    ap.add_argument("--clients", type=int, default=3, help="prefetch: clients at once in case 3")
+    ap.add_argument("--gen", type=int, default=16, help="prefetch: tokens generated per queued request")
+    ap.add_argument("--redis-timeout-ms", type=int, default=100, help="prefetch: --redis-timeout-ms of the servers")
     a = ap.parse_args()
     if not a.model:
         raise SystemExit("--model (or $KVTIER_MODEL) is required")
-    (ttft if a.what == "ttft" else edgesync)(a)
+    {"ttft": ttft, "edgesync": edgesync, "prefetch": prefetch_ab}[a.what](a)
 
 
 if __name__ == "__main__":

@@ -124,6 +124,7 @@ int cmd_serve(int argc, char **argv) {
     pthread_cond_init(&srv.work, NULL);
     const char *host = "127.0.0.1", *key_file = NULL, *key_unused = NULL, *elastic = NULL;
     int32_t port = 8080, max_sessions = 0;
+    bool prefetch_on = false, prefetch_off = false;
     srv.n_ctx = 4096;
     srv.budget = 512;
     srv.block = 64;
@@ -178,6 +179,10 @@ int cmd_serve(int argc, char **argv) {
           "codec of the blocks sessions save to the host RAM tier: raw (default: exact K/V), q8, q4, elastic, "
           "elastic+q8 (kvtier eval ppl --codec measures KL and bytes)", NULL },
         { "redis-ttl-s", 0, OPT_INT, &srv.redis_ttl_s, 1, 1 << 30, "N", "expiry of the blocks written to Redis in seconds (default 86400)", NULL },
+        { "prefetch", 0, OPT_FLAG, &prefetch_on, 0, 0, NULL,
+          "read the blocks a prompt will load from the block store's disk/Redis tiers into its RAM tier ahead of need "
+          "(while the request waits in the queue, and during its routing; the default)", NULL },
+        { "no-prefetch", 0, OPT_FLAG, &prefetch_off, 0, 0, NULL, "no block store prefetch (every block read when asked for)", NULL },
         { "share-store", 0, OPT_FLAG, &srv.share_store, 0, 0, NULL,
           "let sessions of different API keys reuse each other's blocks (default: a salt per key)", NULL },
         { "max-tokens", 0, OPT_INT, &srv.max_tokens_default, 1, 1 << 20, "N", "reply limit when a request gives none (default 256)", NULL },
@@ -222,6 +227,11 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "%s: --codec-ram: %s\n", cmd, kvt_errmsg());
         goto out;
     }
+    if (prefetch_on && prefetch_off) {
+        fprintf(stderr, "%s: --prefetch and --no-prefetch contradict each other\n", cmd);
+        goto out;
+    }
+    srv.prefetch = !prefetch_off;
     if (srv.parallel > srv.max_sessions) srv.parallel = srv.max_sessions;
     rc = APP_OK;
     if (key_file && (rc = load_keys(&srv, key_file))) goto out;

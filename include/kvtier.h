@@ -1312,6 +1312,16 @@ struct kvt_store_params {
                               ** written raw */
     int32_t disk_codec_heads; /* KV heads per layer for the elastic codecs' per-head thresholds
                               ** (kvt_engine_info.n_head_kv); 0 = one threshold per row */
+    /* Prefetch (kvt_store_prefetch; docs/STORE.md "Prefetch"). */
+    int32_t prefetch_threads; /* threads reading prefetched blocks into RAM, 0..16; default 2; 0 =
+                              ** no prefetch (kvt_store_prefetch then does nothing).  None are
+                              ** started without a RAM tier or without a disk or Redis tier */
+    int32_t prefetch_queue;   /* keys waiting for those threads, >= 1 when prefetch_threads > 0;
+                              ** default 256; a key that finds the queue full is dropped (counted) */
+    size_t  prefetch_bytes;   /* bound on RAM bytes of promoted blocks no get has read yet; default
+                              ** 0 = ram_bytes / 4.  At the bound new keys are dropped (counted);
+                              ** each thread may overshoot it by the blocks it holds (one, or 8
+                              ** with a Redis tier) */
 };
 
 /* Defaults listed above.  Cannot fail. */
@@ -1409,10 +1419,76 @@ struct kvt_store_stats {
                                      ** (kvt_store_redis_info counts them) */
     int64_t redis_queue_len;         /* Redis writes waiting now */
     bool    redis_on;                /* a Redis tier is configured */
+    struct kvt_store_prefetch_stats {
+        bool    on;                  /* prefetch threads run */
+        int64_t issued;              /* keys queued by kvt_store_prefetch */
+        int64_t promoted;            /* of those, read from disk or Redis into RAM */
+        int64_t dropped;             /* keys not queued: queue full, or prefetch_bytes unread */
+        int64_t skipped;             /* taken but not read (in RAM meanwhile, prefetch_bytes,
+                                     ** Redis unreachable, backed off or past its deadline) */
+        int64_t absent;              /* taken, and no tier held them */
+        int64_t failed;              /* taken and refused (corrupt: also in disk/redis corrupt;
+                                     ** no memory; an injected fault) */
+        int64_t claimed;             /* still queued when a get asked: the get read them itself */
+        int64_t waited;              /* gets that waited for a prefetch of their key in flight */
+        int64_t cancelled;           /* taken back by kvt_store_prefetch_cancel */
+        int64_t hits;                /* gets served from a promoted block (counted once each) */
+        int64_t wasted;              /* promoted blocks evicted or expired before any get */
+        int64_t unread_bytes;        /* RAM bytes of promoted blocks not read yet */
+        int64_t queue_len;           /* keys queued now */
+    } prefetch;
 };
 /* Counters of this process since open; entries/bytes of the disk tier are the index's (all
 ** processes').  Cannot fail (zeros for NULL).  Never talks to Redis.  Thread-safe. */
 void kvt_store_get_stats(kvt_store *st, struct kvt_store_stats *out /* OUT */);
+
+/* Prefetch: ask for blocks to be read into the RAM tier ahead of the gets that will want them
+** (LMCache's prefetch of the chunks following a matched prefix; EdgeSync-LLM's predictor, which
+** loads a session's blocks before it resumes).  keys[0..n) (chain keys, in the order they will
+** be asked for) are queued for the store's prefetch threads and the call returns: it never
+** reads, never waits for I/O, never blocks on a full queue.  A key already in RAM, queued or in
+** flight is skipped; one that finds the queue full (prefetch_queue) or prefetch_bytes of
+** promoted blocks still unread is dropped (prefetch.dropped).  A thread reads each key as a get
+** would, RAM untouched: the disk tier (index row, blob header, SHA-256; model must match:
+** another model's block or a missing one is "absent"), then, on a disk miss, the Redis tier,
+** with up to 8 keys per pipelined round trip on one connection (each reply within
+** redis_timeout_ms; a timeout ends the batch, counted in redis.timeouts: the rest are skipped
+** and their gets ask Redis themselves; a prefetch's failure does not start the tier's backoff).
+** The threads run at nice 10 (setpriority on each thread): on a machine whose cores the model's
+** decode keeps busy they yield to it.  A block that passes is put into RAM as its most recently
+** used entry (evicting least recently used entries as any insert does; prefetch_bytes bounds
+** how much of RAM unread promotions can take), marked prefetched until a get reads it
+** (prefetch.hits) or it leaves RAM unread (prefetch.wasted); one from Redis is also queued for
+** disk.  A block that fails a check is removed as a get would remove it (disk/redis corrupt,
+** prefetch.failed) and never promoted.
+** Reads count no tier hits or misses (those are the gets'), and record no hit in the index.
+** A kvt_store_get of a key whose prefetch is still queued takes it back and reads it itself
+** (prefetch.claimed, so the caller and the threads read different blocks at once); of one in
+** flight waits for it (prefetch.waited), then reads RAM, or answers KVT_ENOENT at once if the
+** prefetch found no tier holding the key: a block is never read twice.  model: the fingerprint
+** the blocks must carry.  Returns the number of keys queued (>= 0; 0 also when the store runs
+** no prefetch threads).  Errors: KVT_EINVAL (NULL store or model, NULL keys with n > 0, n < 0).
+** Thread-safe.  Fault site (tests): KVT__FAULT_STORE_PREFETCH fails a thread's read.  A session
+** with a store prefetches the chain of a prompt's full blocks before it asks for them in order
+** (kvt_session_sync's routing); `kvtier serve` prefetches the prompts of queued chat requests. */
+int  kvt_store_prefetch(kvt_store *st, const kvt_key *keys, int n, const kvt_key *model);
+/* The prefetch of a prompt: the chain keys of the full blocks of tok[0..n) before its last
+** token (the blocks a session's prompt routing asks for, kvt_session_sync; cp as for
+** kvt_chain_root, with the tenant the session will use) passed to kvt_store_prefetch.  For a
+** caller that has no session yet (a server's queued request).  Returns keys queued.  Errors:
+** KVT_EINVAL (NULL st or cp, NULL tok with n > 0, n < 0, cp invalid as kvt_chain_root says),
+** KVT_ENOMEM.  Thread-safe. */
+int  kvt_store_prefetch_chain(kvt_store *st, const struct kvt_chain_params *cp, const kvt_token *tok, int32_t n);
+/* Take back every key still queued (not those in flight; prefetch.cancelled).  Returns how many.
+** NULL ok.  Thread-safe. */
+int  kvt_store_prefetch_cancel(kvt_store *st);
+/* A session's prefetch: the keys of the full blocks its next prompt routing would ask for if the
+** session's stream is followed by tok[0..n) (kvt_session_sync / kvt_session_prefill route only
+** at a block boundary of a chain-pure stream; otherwise nothing is queued) passed to
+** kvt_store_prefetch.  Returns keys queued (0 without a store).  Errors: KVT_EINVAL (NULL s,
+** NULL tok with n > 0, n < 0), KVT_ENOMEM.  Not thread-safe (the session's).  Declared here,
+** beside the store it feeds. */
+int  kvt_session_prefetch(kvt_session *s, const kvt_token *tok, int32_t n);
 
 /* The Redis tier as the server sees it: keys under this kvtier's prefix ("kvtier:b1:", every
 ** model's, counted with SCAN, so it costs a pass over the Redis keyspace: for `kvtier store

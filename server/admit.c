@@ -226,6 +226,21 @@ enum pick admit_session(struct server *srv, struct job *j, struct sess **out) {
     return PICK_OK;
 }
 
+void admit_prefetch(struct server *srv, struct job *j) {
+    struct sched *sc = srv->sched;
+    if (!sc->store || j->kind != JOB_CHAT) return;
+    kvt_token *tok = NULL;
+    int32_t n = 0;
+    struct kvt_chain_params cp = { .block = srv->block, .tenant = srv->share_store ? NULL : j->ns };
+    char layout[512];
+    if (request_tokens(srv, j, &tok, &n) == 0 && kvt_engine_fingerprint(srv->eng, &cp.model) == 0) {
+        kvt_engine_layout(srv->eng, layout, sizeof layout);
+        cp.layout = layout;
+        kvt_store_prefetch_chain(sc->store, &cp, tok, n);
+    }
+    free(tok);
+}
+
 bool admit_runnable(struct server *srv, const struct job *j) {
     if (j->kind != JOB_CHAT || !j->session_id[0]) return true;
     struct sess *x = find_session(srv, j->ns, j->session_id);

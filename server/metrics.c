@@ -96,6 +96,14 @@ char *serve_metrics_text(struct server *srv) {
         GAUGE("kvtier_store_queue_length", "Block writes waiting for the disk writer.", m.store.queue_len);
         if (m.store.redis_on)
             GAUGE("kvtier_store_redis_queue_length", "Block writes waiting for the Redis writer.", m.store.redis_queue_len);
+        if (m.store.prefetch.on) { /* kvt_store_prefetch: what its counters mean is in kvtier.h */
+            const struct kvt_store_prefetch_stats *P = &m.store.prefetch;
+            const char *pn[] = { "issued", "promoted", "dropped", "skipped", "absent", "failed", "claimed", "waited", "hits", "wasted" };
+            const int64_t pv[] = { P->issued, P->promoted, P->dropped, P->skipped, P->absent, P->failed, P->claimed, P->waited, P->hits, P->wasted };
+            fprintf(f, "# HELP kvtier_store_prefetch_total Block store prefetch: keys issued, promoted into RAM, dropped, ...; gets served by promoted blocks (hits), promoted blocks evicted unread (wasted).\n"
+                       "# TYPE kvtier_store_prefetch_total counter\n");
+            for (int k = 0; k < 10; k++) fprintf(f, "kvtier_store_prefetch_total{what=\"%s\"} %lld\n", pn[k], (long long) pv[k]);
+        }
     }
     hist_text(f, "kvtier_ttft_seconds", "Time to first token.", &m.ttft);
     hist_text(f, "kvtier_token_latency_seconds", "Time between generated tokens.", &m.per_token);

@@ -98,6 +98,7 @@ int serve_engine_open(struct server *srv) {
         stp.disk_codec_heads = EI.n_head_kv;
         if (srv->redis_timeout_ms > 0) stp.redis_timeout_ms = srv->redis_timeout_ms;
         if (srv->redis_ttl_s > 0) stp.redis_ttl_s = srv->redis_ttl_s;
+        if (!srv->prefetch) stp.prefetch_threads = 0; /* --no-prefetch */
         if ((rc = kvt_store_open(&stp, &sc->store))) {
             app_fail("kvtier serve", "cannot open the block store (--no-store runs without one)", rc);
             serve_engine_close(srv);
@@ -731,6 +732,27 @@ void serve_session_hooks(struct server *srv, kvt_session *s) {
     }
 }
 
+/* Chat jobs left waiting in the queue (--parallel busy, their session generating): their prompts'
+** blocks are prefetched into the store's RAM tier once each (admit_prefetch), so that the disk and
+** Redis reads happen while they wait, not after admission.  A reference keeps each job alive
+** while it is tokenized outside the lock. */
+static void prefetch_queued(struct server *srv) {
+    struct job *pf[16];
+    int n = 0;
+    pthread_mutex_lock(&srv->mu);
+    for (struct job *j = srv->head; j && n < 16; j = j->next)
+        if (j->kind == JOB_CHAT && !j->prefetched && !j->cancelled) {
+            j->prefetched = true;
+            j->refs++;
+            pf[n++] = j;
+        }
+    pthread_mutex_unlock(&srv->mu);
+    for (int k = 0; k < n; k++) {
+        admit_prefetch(srv, pf[k]);
+        serve_job_release(srv, pf[k]);
+    }
+}
+
 void *serve_engine_main(void *arg) {
     struct server *srv = arg;
     struct sched *sc = srv->sched;
@@ -790,6 +812,7 @@ void *serve_engine_main(void *arg) {
             activate(srv, j);
         }
         start_waiting(srv);
+        if (srv->prefetch && sc->store) prefetch_queued(srv);
         if (n_adm > 0) publish(srv);
         /* one token for every active job, one batched decode */
         bool ended = step_active(srv, NULL, NULL);

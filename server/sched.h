@@ -71,5 +71,10 @@ enum pick admit_session(struct server *srv, struct job *j, struct sess **out);
 bool admit_runnable(struct server *srv, const struct job *j);
 /* DELETE /v1/sessions/ID: frees the session, or fills the job's error (404 none, 409 busy). */
 void admit_delete(struct server *srv, struct job *j);
+/* A chat job that waits in the queue: its prompt's chain (the template's tokens, the tenant a new
+** session of its namespace would use) is prefetched from the block store's disk/Redis tiers into
+** RAM (kvt_store_prefetch_chain), so its routing finds the blocks in RAM when it is admitted.
+** Engine thread; the caller holds a reference on j. */
+void admit_prefetch(struct server *srv, struct job *j);
 
 #endif

@@ -68,6 +68,7 @@ struct job {
     /* engine-side generation state */
     void         *slot;            /* struct sess * while running */
     int64_t       resumed;         /* blocks loaded back by resuming a parked session */
+    bool          prefetched;      /* its prompt's blocks were prefetched while it waited (engine thread) */
     kvt_token    *gen;
     float        *lp;              /* [cap_gen] with logprobs: ln p of each generated token, else NULL */
     int32_t       n_gen, cap_gen;
@@ -137,6 +138,7 @@ struct server {
     int32_t         store_ram_mb, store_disk_mb;
     const char     *redis_url;     /* --redis: the block store's Redis tier (NULL = none) */
     int32_t         redis_timeout_ms, redis_ttl_s; /* --redis-timeout-ms, --redis-ttl-s */
+    bool            prefetch;      /* --prefetch / --no-prefetch: the block store's prefetch */
     const char     *codec_disk;    /* --codec-disk: the store's disk tier codec (NULL = raw) */
     const char     *codec_ram;     /* --codec-ram: codec of the sessions' host pool (NULL = raw) */
     float           elastic_sk, elastic_sv; /* --elastic: live ElasticKV scales of every session, 0 = off */

@@ -118,15 +118,31 @@ int kvt__sess_route(kvt_session *s, const kvt_token *tok, int32_t n, int role, i
     kvt_pos *p0 = calloc((size_t) k_max, sizeof *p0);
     int32_t found = 0;
     int rc = 0;
+    kvt_key *keys = NULL;
     if (!blobs || !bp || !p0) {
         rc = kvt__fail(KVT_ENOMEM, "store lookup of %d blocks", k_max);
         goto out;
     }
-    kvt_key key = i0 > 0 ? s->b[i0 - 1].ckey : s->root;
+    /* the keys first: all k_max blocks are prefetched (kvt_store_prefetch: the store's threads
+    ** read them from disk or Redis, a Redis batch pipelined, while this thread takes back and
+    ** reads the ones still queued), then asked for in order.  Block 0 too: a get of block 0
+    ** racing the threads' pipelined batches for a loaded Redis missed its deadline in the
+    ** measurements (docs/BENCHMARKS.md "Block store prefetch"), and a miss at block 0 costs the
+    ** whole prompt's prefill; in a batch it comes first, and a prefetch that is not answered in
+    ** time leaves the get its own try */
+    keys = malloc(sizeof *keys * (size_t) k_max);
+    if (!keys) {
+        rc = kvt__fail(KVT_ENOMEM, "store lookup of %d blocks", k_max);
+        goto out;
+    }
+    for (int32_t j = 0; j < k_max; j++)
+        kvt_chain_next(j ? &keys[j - 1] : i0 > 0 ? &s->b[i0 - 1].ckey : &s->root, tok + (size_t) j * B, B, &keys[j]);
+    if (k_max > 1) { /* nothing happens when the store runs no prefetch threads */
+        kvt_store_prefetch(s->p.store, keys, k_max, &s->model_fp);
+        kvt__clear_error();
+    }
     for (int32_t j = 0; j < k_max; j++) {
-        kvt_key next;
-        kvt_chain_next(&key, tok + (size_t) j * B, B, &next);
-        key = next;
+        const kvt_key key = keys[j];
         void *data = NULL;
         size_t sz = 0;
         struct kvt_store_meta m;
@@ -167,7 +183,27 @@ out:
     free(blobs);
     free(bp);
     free(p0);
+    free(keys);
     s->store_ms += kvt__now_ms() - t0;
+    return rc;
+}
+
+int kvt_session_prefetch(kvt_session *s, const kvt_token *tok, int32_t n) {
+    if (!s || (!tok && n > 0) || n < 0)
+        return kvt__fail(KVT_EINVAL, "kvt_session_prefetch: %s", !s ? "session is NULL" : n < 0 ? "n is negative" : "tokens are NULL");
+    const int32_t B = s->p.block;
+    /* the conditions of kvt__sess_route: a pure stream at a block boundary */
+    if (!s->p.store || !s->chain_ok || s->open >= 0 || s->next_pos != s->total || s->total % B != 0 || n <= B) return 0;
+    if (!chain_root(s)) return 0;
+    const int32_t i0 = s->n_b;
+    if (i0 > 0 && !s->b[i0 - 1].has_ckey) return 0;
+    const int32_t nb = (n - 1) / B;
+    kvt_key *keys = malloc(sizeof *keys * (size_t) nb);
+    if (!keys) return kvt__fail(KVT_ENOMEM, "kvt_session_prefetch: no memory for %d keys", nb);
+    for (int32_t j = 0; j < nb; j++)
+        kvt_chain_next(j ? &keys[j - 1] : i0 > 0 ? &s->b[i0 - 1].ckey : &s->root, tok + (size_t) j * B, B, &keys[j]);
+    int rc = kvt_store_prefetch(s->p.store, keys, nb, &s->model_fp);
+    free(keys);
     return rc;
 }
 

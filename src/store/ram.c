@@ -18,6 +18,7 @@ struct kvt__ram_ent {
     double  last_hit;
     int64_t hits;
     bool    on_disk;                  /* queued for the disk tier or read from it */
+    bool    pf;                       /* promoted by a prefetch and not read since (r->pf_bytes) */
     struct kvt__ram_ent *hnext;       /* hash chain */
     struct kvt__ram_ent *prev, *next; /* LRU list */
 };
@@ -81,6 +82,7 @@ static void drop(struct kvt__ram *r, struct kvt__ram_ent *e) {
     lru_unlink(r, e);
     r->bytes -= e->buf->n;
     r->count--;
+    if (e->pf) r->pf_bytes -= e->buf->n;
     kvt__sbuf_unref(e->buf);
     free(e);
 }
@@ -105,11 +107,12 @@ static void grow(struct kvt__ram *r) {
 }
 
 bool kvt__ram_put(struct kvt__ram *r, const kvt_key *key, const struct kvt_store_meta *m, struct kvt__sbuf *buf,
-                  const struct kvt__ttl *t, double now) {
+                  const struct kvt__ttl *t, double now, bool prefetched) {
     if (r->budget == 0) return false;
     pthread_mutex_lock(&r->mu);
     struct kvt__ram_ent *old = *slot(r, key);
     if (old && kvt__expires(t, old->last_hit, old->hits) <= now) { /* expired: replaced */
+        r->pf_wasted += old->pf;
         drop(r, old);
         r->expired++;
     } else if (old) {
@@ -123,6 +126,7 @@ bool kvt__ram_put(struct kvt__ram *r, const kvt_key *key, const struct kvt_store
         return false;
     }
     while (r->bytes + buf->n > r->budget && r->tail) {
+        r->pf_wasted += r->tail->pf;
         drop(r, r->tail);
         r->evictions++;
     }
@@ -130,6 +134,8 @@ bool kvt__ram_put(struct kvt__ram *r, const kvt_key *key, const struct kvt_store
     e->meta = *m;
     e->buf = kvt__sbuf_ref(buf);
     e->last_hit = now;
+    e->pf = prefetched;
+    if (prefetched) r->pf_bytes += buf->n;
     struct kvt__ram_ent **p = slot(r, key);
     *p = e;
     lru_push_front(r, e);
@@ -151,6 +157,7 @@ int kvt__ram_get(struct kvt__ram *r, const kvt_key *key, const kvt_key *model, c
     if (!e) {
         r->misses++;
     } else if (kvt__expires(t, e->last_hit, e->hits) <= now) {
+        r->pf_wasted += e->pf;
         drop(r, e);
         r->expired++;
         r->misses++;
@@ -170,6 +177,11 @@ int kvt__ram_get(struct kvt__ram *r, const kvt_key *key, const kvt_key *model, c
             *meta = e->meta;
             e->hits++;
             e->last_hit = now;
+            if (e->pf) { /* the prefetch was used */
+                r->pf_hits++;
+                r->pf_bytes -= e->buf->n;
+                e->pf = false;
+            }
             lru_unlink(r, e);
             lru_push_front(r, e);
             r->hits++;
@@ -219,6 +231,21 @@ void kvt__ram_stats(struct kvt__ram *r, struct kvt_store_tier_stats *o) {
     o->expired = r->expired;
     o->corrupt = r->corrupt;
     pthread_mutex_unlock(&r->mu);
+}
+
+void kvt__ram_pf_stats(struct kvt__ram *r, int64_t *bytes, int64_t *hits, int64_t *wasted) {
+    pthread_mutex_lock(&r->mu);
+    *bytes = (int64_t)r->pf_bytes;
+    *hits = r->pf_hits;
+    *wasted = r->pf_wasted;
+    pthread_mutex_unlock(&r->mu);
+}
+
+size_t kvt__ram_pf_bytes(struct kvt__ram *r) {
+    pthread_mutex_lock(&r->mu);
+    size_t n = r->pf_bytes;
+    pthread_mutex_unlock(&r->mu);
+    return n;
 }
 
 void kvt__ram_free(struct kvt__ram *r) {

@@ -698,3 +698,100 @@ out:
     redisFree(c);
     return rc;
 }
+
+/* ---- prefetch: pipelined reads ------------------------------------------------------------ */
+
+/* Check one GET reply for keys[i]; 0 with the payload copied out, KVT_ENOENT (nil, error reply,
+** bad value: corrupt counted, *del set) or KVT_ENOMEM. */
+static int check_reply(struct kvt__redis *r, const redisReply *rep, const kvt_key *key, const kvt_key *model,
+                       void **data, size_t *n, struct kvt_store_meta *meta, bool *del) {
+    *del = false;
+    if (rep->type == REDIS_REPLY_NIL) return KVT_ENOENT;
+    if (rep->type != REDIS_REPLY_STRING) {
+        bump(r, &r->errors, 1);
+        return KVT_ENOENT;
+    }
+    struct kvt__sblob_hdr h;
+    const char *bad = NULL;
+    int cr = rep->len > r->max_bytes ? (bad = "too large", KVT__SBLOB_BAD)
+                                     : kvt__sblob_check_mem((const uint8_t *)rep->str, rep->len, &h, &bad);
+    if (cr == KVT__SBLOB_NOMEM) return KVT_ENOMEM;
+    if (cr == KVT__SBLOB_OK)
+        bad = memcmp(h.key.b, key->b, KVT_KEY_BYTES) || memcmp(h.model.b, model->b, KVT_KEY_BYTES) || h.n_tokens < 0
+                  ? "mismatch" : NULL;
+    if (bad) {
+        bump(r, &r->corrupt, 1);
+        *del = true;
+        return KVT_ENOENT;
+    }
+    if (!(*data = malloc(h.size ? (size_t)h.size : 1))) return KVT_ENOMEM;
+    memcpy(*data, rep->str + KVT__SBLOB_HDR, (size_t)h.size);
+    *n = (size_t)h.size;
+    *meta = (struct kvt_store_meta){ h.model, h.n_tokens, h.codec };
+    return 0;
+}
+
+/* A prefetch's command failed on c: counted like a get's failure, the connection dropped, but no
+** backoff: a prefetch is speculative, and a big pipelined batch that passed its deadline on a
+** loaded machine must not make the gets that follow skip Redis (their own failure backs off). */
+static void broken_pf(struct kvt__redis *r, redisContext *c) {
+    bool to = is_timeout(c);
+    bump(r, to ? &r->timeouts : &r->errors, 1);
+    redisFree(c);
+}
+
+static void mget_unguarded(struct kvt__redis *r, int nk, const kvt_key *keys, const kvt_key *models,
+                           void (*done)(void *ud, int i, int rc, void *data, size_t n, const struct kvt_store_meta *m),
+                           void *ud) {
+    int next = 0; /* keys before it have been handed to done */
+    bool pooled, skipped;
+    redisContext *c = take(r, &pooled, &skipped);
+    if (!c) goto rest;
+    char k[160];
+    for (int i = 0; i < nk; i++) { /* appended to hiredis's output buffer: one write for all */
+        int klen = kvt__redis_key(&models[i], &keys[i], k);
+        if (redisAppendCommand(c, "GET %b", k, (size_t)klen) != REDIS_OK) {
+            broken_pf(r, c);
+            goto rest;
+        }
+    }
+    bool del_any = false, dels[64] = { false };
+    for (; next < nk; next++) { /* each block handed on as its reply arrives */
+        redisReply *rep = NULL;
+        if (redisGetReply(c, (void **)&rep) != REDIS_OK || !rep) { /* each receive within redis_timeout_ms */
+            broken_pf(r, c); /* the rest are misses; a late reply must not answer another command */
+            goto rest;
+        }
+        void *data = NULL;
+        size_t n = 0;
+        struct kvt_store_meta meta;
+        int rc = check_reply(r, rep, &keys[next], &models[next], &data, &n, &meta, &dels[next]);
+        del_any |= dels[next];
+        freeReplyObject(rep);
+        done(ud, next, rc, data, n, &meta);
+    }
+    for (int i = 0; del_any && i < nk; i++) { /* a bad value is never read again */
+        if (!dels[i]) continue;
+        int klen = kvt__redis_key(&models[i], &keys[i], k);
+        redisReply *rep = redisCommand(c, "DEL %b", k, (size_t)klen);
+        if (!rep) {
+            broken_pf(r, c);
+            return;
+        }
+        freeReplyObject(rep);
+    }
+    give(r, c);
+    return;
+rest: /* not answered (unreachable, backed off, a failure or a timeout) */
+    for (; next < nk; next++) done(ud, next, KVT_EIO, NULL, 0, NULL);
+}
+
+void kvt__redis_mget(struct kvt__redis *r, int nk, const kvt_key *keys, const kvt_key *models,
+                     void (*done)(void *ud, int i, int rc, void *data, size_t n, const struct kvt_store_meta *m),
+                     void *ud) {
+    sigset_t old;
+    pipe_block(&old);
+    mget_unguarded(r, nk > 64 ? 64 : nk, keys, models, done, ud);
+    for (int i = 64; i < nk; i++) done(ud, i, KVT_EIO, NULL, 0, NULL);
+    pipe_restore(&old);
+}

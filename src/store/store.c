@@ -61,7 +61,8 @@ struct kvt_store_params kvt_store_default_params(void) {
                                       .ttl_s = 1800, .ttl_hot_s = 7 * 86400.0, .hot_hits = 5, .queue_max = 256,
                                       .read_only = false, .redis_url = NULL, .redis_timeout_ms = 20,
                                       .redis_ttl_s = 86400, .redis_max_bytes = (size_t)64 << 20,
-                                      .redis_queue_max = 256 };
+                                      .redis_queue_max = 256, .prefetch_threads = 2, .prefetch_queue = 256,
+                                      .prefetch_bytes = 0 };
 }
 
 double kvt__store_now(kvt_store *st) {
@@ -463,6 +464,10 @@ static int check_params(const struct kvt_store_params *p) {
     if (p->disk_codec && kvt_codec_parse(p->disk_codec, &cp))
         return kvt__fail(KVT_EINVAL, "store disk codec: %s", kvt_errmsg());
     if (p->disk_codec_heads < 0) return kvt__fail(KVT_EINVAL, "store disk_codec_heads %d is negative", p->disk_codec_heads);
+    if (p->prefetch_threads < 0 || p->prefetch_threads > 16)
+        return kvt__fail(KVT_EINVAL, "store prefetch_threads %d is outside 0..16", p->prefetch_threads);
+    if (p->prefetch_threads > 0 && p->prefetch_queue < 1)
+        return kvt__fail(KVT_EINVAL, "store prefetch_queue %d is below 1", p->prefetch_queue);
     return 0;
 }
 
@@ -525,6 +530,7 @@ int kvt_store_open(const struct kvt_store_params *pp, kvt_store **out) {
         }
     }
     if (p.redis_url && *p.redis_url && (rc = kvt__redis_open(&p, &st->redis))) goto fail;
+    if ((rc = kvt__pf_start(st))) goto fail;
     st->p.dir = st->dir;
     st->p.redis_url = NULL; /* the caller's string; the tier keeps what it parsed */
     st->dcodec = kvt_codec_default_params(KVT_CODEC_RAW);
@@ -540,6 +546,7 @@ fail:
 
 void kvt_store_close(kvt_store *st) {
     if (!st) return;
+    kvt__pf_stop(st);            /* its threads read the tiers: before anything closes */
     kvt__redis_close(st->redis); /* its queue holds references to RAM's buffers: first */
     if (st->writer_started) {
         pthread_mutex_lock(&st->q_mu);
@@ -582,8 +589,8 @@ static bool key_queued(kvt_store *st, const kvt_key *key) { /* q_mu held */
 }
 
 /* RAM + disk (+ Redis when to_redis: a block that came from Redis is not sent back). */
-static int put_local(kvt_store *st, const kvt_key *key, const struct kvt_store_meta *m, const void *data, size_t n,
-                     bool to_redis) {
+int kvt__store_put_local(kvt_store *st, const kvt_key *key, const struct kvt_store_meta *m, const void *data, size_t n,
+                         bool to_redis, bool prefetched) {
     if (!st || !key || !m || (!data && n > 0))
         return kvt__fail(KVT_EINVAL, "kvt_store_put: NULL %s", !st ? "store" : !key ? "key" : !m ? "meta" : "data");
     if (st->p.read_only) return kvt__fail(KVT_EINVAL, "kvt_store_put: the store at %s is open read-only", st->dir ? st->dir : "(RAM only)");
@@ -596,7 +603,7 @@ static int put_local(kvt_store *st, const kvt_key *key, const struct kvt_store_m
     if (in_ram && (on_disk || !st->disk)) return 0;
     struct kvt__sbuf *buf = kvt__sbuf_new(data, n);
     if (!buf) return kvt__fail(KVT_ENOMEM, "kvt_store_put: no memory for %zu bytes", n);
-    if (!in_ram) kvt__ram_put(&st->ram, key, m, buf, &st->ttl, now);
+    if (!in_ram) kvt__ram_put(&st->ram, key, m, buf, &st->ttl, now, prefetched);
     int rc = 0;
     if (st->disk) {
         struct kvt__job *j = malloc(sizeof *j);
@@ -627,7 +634,7 @@ static int put_local(kvt_store *st, const kvt_key *key, const struct kvt_store_m
 }
 
 int kvt_store_put(kvt_store *st, const kvt_key *key, const struct kvt_store_meta *m, const void *data, size_t n) {
-    return put_local(st, key, m, data, n, true);
+    return kvt__store_put_local(st, key, m, data, n, true, false);
 }
 
 static void record_hit(kvt_store *st, const kvt_key *key, double now) {
@@ -683,16 +690,21 @@ static int get_queued(kvt_store *st, const kvt_key *key, const kvt_key *model, v
     return KVT_ENOENT;
 }
 
-static int miss(kvt_store *st, int64_t *ctr, const char *why, const char *hex) {
+static int miss(kvt_store *st, int64_t *ctr, const char *why, const char *hex, int *pf) {
     pthread_mutex_lock(&st->q_mu);
     if (ctr) (*ctr)++;
-    st->d_misses++;
+    if (!pf) st->d_misses++; /* a prefetch is not a get: the get that follows counts */
     pthread_mutex_unlock(&st->q_mu);
     return kvt__fail(KVT_ENOENT, "block %.16s: %s", hex, why);
 }
 
-static int get_local(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
-                     struct kvt_store_meta *meta, enum kvt_tier *tier) {
+/* The local tiers.  pf NULL: a get.  pf set: a prefetch's read (prefetch.c): RAM and the write
+** queue are only looked at (*pf KVT__PF_SKIPPED, nothing read), a disk hit goes into RAM marked
+** prefetched without counting a hit or recording one in the index, and *pf says what happened
+** (PROMOTED with rc 0; ABSENT: not stored, expired or another model's; FAILED: corrupt, removed,
+** counted in disk.corrupt as a get's read is). */
+int kvt__store_get_local(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
+                         struct kvt_store_meta *meta, enum kvt_tier *tier, int *pf) {
     if (data) *data = NULL;
     if (n) *n = 0;
     if (tier) *tier = KVT_TIER_NONE;
@@ -704,6 +716,20 @@ static int get_local(kvt_store *st, const kvt_key *key, const kvt_key *model, vo
     kvt_key_hex(key, hex);
     const double now = kvt__store_now(st);
     bool oom, found;
+    if (pf) {
+        *pf = KVT__PF_SKIPPED;
+        if (kvt__ram_has(&st->ram, key, &st->ttl, now, NULL)) return KVT_ENOENT;
+        *pf = KVT__PF_ABSENT;
+        if (!st->disk) return KVT_ENOENT;
+        pthread_mutex_lock(&st->q_mu);
+        found = key_queued(st, key);
+        pthread_mutex_unlock(&st->q_mu);
+        if (found) { /* waiting for the writer: RAM holds it, or held it moments ago */
+            *pf = KVT__PF_SKIPPED;
+            return KVT_ENOENT;
+        }
+        goto index;
+    }
     int r = kvt__ram_get(&st->ram, key, model, &st->ttl, now, data, n, &mt, &oom);
     if (r == KVT__RAM_HIT) {
         if (oom) return kvt__fail(KVT_ENOMEM, "kvt_store_get: no memory for block %.16s", hex);
@@ -727,6 +753,7 @@ static int get_local(kvt_store *st, const kvt_key *key, const kvt_key *model, vo
         return 0;
     }
 
+index:;
     struct { int64_t size, hits; int32_t codec, n_tokens; uint8_t sha[32]; kvt_key model; double last_hit; } row;
     pthread_mutex_lock(&st->rd_mu);
     sqlite3_bind_blob(st->rd_get, 1, key->b, KVT_KEY_BYTES, SQLITE_STATIC);
@@ -748,13 +775,14 @@ static int get_local(kvt_store *st, const kvt_key *key, const kvt_key *model, vo
         return rc;
     }
     pthread_mutex_unlock(&st->rd_mu);
-    if (!have) return miss(st, s == SQLITE_ROW ? &st->d_corrupt : NULL, "not stored", hex);
+    if (!have) return miss(st, s == SQLITE_ROW ? &st->d_corrupt : NULL, "not stored", hex, pf);
     if (kvt__expires(&st->ttl, row.last_hit, row.hits) <= now) {
         kvt__store_remove(st, key);
-        return miss(st, &st->d_expired, "expired", hex);
+        return miss(st, &st->d_expired, "expired", hex, pf);
     }
     if (memcmp(row.model.b, model->b, KVT_KEY_BYTES))
-        return miss(st, &st->d_corrupt, "stored for another model fingerprint", hex);
+        return miss(st, &st->d_corrupt, "stored for another model fingerprint", hex, pf);
+    if (pf) *pf = KVT__PF_FAILED; /* from here on a miss is a bad file */
 
     char name[70];
     struct kvt__sblob_hdr h;
@@ -793,13 +821,17 @@ static int get_local(kvt_store *st, const kvt_key *key, const kvt_key *model, vo
                 struct kvt__sbuf *b = kvt__sbuf_new(buf, (size_t)h.size);
                 if (b) {
                     kvt__ram_put(&st->ram, key, &(struct kvt_store_meta){ row.model, row.n_tokens, row.codec }, b,
-                                 &st->ttl, now);
+                                 &st->ttl, now, pf != NULL);
                     kvt__ram_set_on_disk(&st->ram, key);
                 }
                 kvt__sbuf_unref(b);
             }
-            record_hit(st, key, now);
-            count(st, &st->d_hits);
+            if (pf) {
+                *pf = KVT__PF_PROMOTED;
+            } else {
+                record_hit(st, key, now);
+                count(st, &st->d_hits);
+            }
             *data = buf;
             *n = (size_t)h.size;
             if (meta) *meta = (struct kvt_store_meta){ row.model, row.n_tokens, row.codec };
@@ -815,17 +847,33 @@ static int get_local(kvt_store *st, const kvt_key *key, const kvt_key *model, vo
         bool still = sqlite3_step(st->rd_get) == SQLITE_ROW;
         sqlite3_reset(st->rd_get);
         pthread_mutex_unlock(&st->rd_mu);
-        if (!still) return miss(st, NULL, "evicted", hex);
+        if (!still) {
+            if (pf) *pf = KVT__PF_ABSENT;
+            return miss(st, NULL, "evicted", hex, pf);
+        }
         why = "file missing";
     }
     kvt__store_remove(st, key); /* never returned, never read again */
-    return miss(st, &st->d_corrupt, why, hex);
+    return miss(st, &st->d_corrupt, why, hex, pf);
 }
 
 /* RAM, disk, then Redis: a Redis hit is copied into RAM and queued for disk. */
 int kvt_store_get(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
                   struct kvt_store_meta *meta, enum kvt_tier *tier) {
-    int rc = get_local(st, key, model, data, n, meta, tier);
+    /* a prefetch of key in flight is waited for (never read twice); one that found no tier
+    ** holding it answers for the get */
+    if (st && key && model && data && n && kvt__pf_wait(st, key) == KVT__PF_ABSENT) {
+        *data = NULL;
+        *n = 0;
+        if (tier) *tier = KVT_TIER_NONE;
+        char hex[65];
+        kvt_key_hex(key, hex);
+        pthread_mutex_lock(&st->q_mu);
+        if (st->disk) st->d_misses++;
+        pthread_mutex_unlock(&st->q_mu);
+        return kvt__fail(KVT_ENOENT, "block %.16s is not stored (its prefetch, just done, found it in no tier)", hex);
+    }
+    int rc = kvt__store_get_local(st, key, model, data, n, meta, tier, NULL);
     if (rc != KVT_ENOENT || !st->redis) return rc;
     char local[256], hex[65];
     snprintf(local, sizeof local, "%s", kvt_errmsg());
@@ -836,7 +884,7 @@ int kvt_store_get(kvt_store *st, const kvt_key *key, const kvt_key *model, void 
     if (rc == KVT_ENOMEM) return kvt__fail(rc, "kvt_store_get: no memory for block %.16s from Redis", hex);
     if (rc) return kvt__fail(rc, "%s; %s", local, why);
     if (!st->p.read_only) {
-        put_local(st, key, &mt, *data, *n, false);
+        kvt__store_put_local(st, key, &mt, *data, *n, false, false);
         kvt__clear_error();
     }
     if (meta) *meta = mt;

@@ -46,6 +46,8 @@ struct kvt__ram {
     size_t   n_buckets, count;
     struct kvt__ram_ent *head, *tail; /* LRU list: head most recently used */
     int64_t  hits, misses, writes, writes_dropped, evictions, expired, corrupt;
+    size_t   pf_bytes;              /* bytes of entries a prefetch promoted that no get has read yet */
+    int64_t  pf_hits, pf_wasted;    /* gets served by such entries / such entries evicted or expired unread */
 };
 
 enum { KVT__RAM_HIT = 0, KVT__RAM_MISS, KVT__RAM_EXPIRED, KVT__RAM_FOREIGN };
@@ -55,9 +57,11 @@ int  kvt__ram_init(struct kvt__ram *r, size_t budget);
 void kvt__ram_free(struct kvt__ram *r);
 /* Insert (taking a reference on buf) unless key is present (an expired entry is replaced).  Least recently used entries leave
 ** until the new one fits; one larger than the whole budget is not stored (writes_dropped).
-** Returns true if key was already present (nothing changed).  Thread-safe. */
+** prefetched: a prefetch's promotion, counted in pf_bytes until a get reads it (pf_hits) or it
+** leaves unread (pf_wasted).  Returns true if key was already present (nothing changed).
+** Thread-safe. */
 bool kvt__ram_put(struct kvt__ram *r, const kvt_key *key, const struct kvt_store_meta *m, struct kvt__sbuf *buf,
-                  const struct kvt__ttl *t, double now);
+                  const struct kvt__ttl *t, double now, bool prefetched);
 /* Look up key: a hit copies the bytes out (malloc; *data NULL on ENOMEM with KVT__RAM_HIT and
 ** *oom set), counts a hit and makes the entry most recently used; an expired entry is removed
 ** (expired, miss: KVT__RAM_EXPIRED); model mismatch is KVT__RAM_FOREIGN (corrupt counted, entry kept: it is intact
@@ -71,6 +75,8 @@ void kvt__ram_set_on_disk(struct kvt__ram *r, const kvt_key *key);
 /* Remove everything; returns entries removed. */
 int64_t kvt__ram_clear(struct kvt__ram *r);
 void kvt__ram_stats(struct kvt__ram *r, struct kvt_store_tier_stats *out);
+void kvt__ram_pf_stats(struct kvt__ram *r, int64_t *bytes, int64_t *hits, int64_t *wasted);
+size_t kvt__ram_pf_bytes(struct kvt__ram *r);
 
 /* ---- blob files (blobfile.c) ------------------------------------------------------------- */
 
@@ -161,6 +167,18 @@ void kvt__redis_put(struct kvt__redis *r, const kvt_key *key, const struct kvt_s
 ** error, corrupt or foreign value (*why says which); KVT_ENOMEM.  Counted.  Thread-safe. */
 int  kvt__redis_get(struct kvt__redis *r, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
                     struct kvt_store_meta *meta, const char **why);
+/* Prefetch's read: GETs of keys[0..nk) (nk <= 64; more are misses) pipelined on one connection
+** (one write, then the replies in order), each value checked as kvt__redis_get checks it (a bad
+** one counted in corrupt and deleted).  done(ud, i, rc, data, n, meta) is called once per key, in
+** order, as soon as its reply is checked: rc 0 with data (malloc'd, done frees it), n, meta;
+** KVT_ENOENT (nil: not in Redis; or a bad value); KVT_EIO (not answered: Redis unreachable or
+** backed off, or a failure or a receive that passed redis_timeout_ms, which drops the connection,
+** counts an error or timeout and leaves the rest unanswered, without starting the readers'
+** backoff: the gets that follow try Redis themselves); KVT_ENOMEM.
+** data is NULL unless rc is 0.  Counts no hits or misses (a prefetch is not a get).  Thread-safe. */
+void kvt__redis_mget(struct kvt__redis *r, int nk, const kvt_key *keys, const kvt_key *models,
+                     void (*done)(void *ud, int i, int rc, void *data, size_t n, const struct kvt_store_meta *m),
+                     void *ud);
 void kvt__redis_flush(struct kvt__redis *r);
 void kvt__redis_stats(struct kvt__redis *r, struct kvt_store_tier_stats *out, int64_t *queue_len);
 int  kvt__redis_info(struct kvt__redis *r, struct kvt_store_redis_info *out);
@@ -217,6 +235,7 @@ struct kvt_store {
 
     atomic_llong clock_us;     /* test clock (epoch microseconds); 0 = the real clock */
     struct kvt__redis *redis;  /* the Redis tier, NULL without one */
+    struct kvt__pf *pf;        /* prefetch threads and queue (prefetch.c), NULL without them */
 };
 
 /* Now, in epoch seconds (the test clock when set). */
@@ -230,5 +249,31 @@ int64_t kvt__store_remove(kvt_store *st, const kvt_key *key);
 ** is held).  Returns the fd to release with kvt__store_unlock, or -1 (no lock file). */
 int  kvt__store_lock_all(kvt_store *st);
 void kvt__store_unlock(int fd);
+
+/* The local tiers' get (pf NULL) or a prefetch's read of them (pf: see store.c). */
+int  kvt__store_get_local(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
+                          struct kvt_store_meta *meta, enum kvt_tier *tier, int *pf);
+/* RAM + disk (+ Redis when to_redis); prefetched: the RAM entry is a prefetch's promotion. */
+int  kvt__store_put_local(kvt_store *st, const kvt_key *key, const struct kvt_store_meta *m, const void *data,
+                          size_t n, bool to_redis, bool prefetched);
+
+/* ---- prefetch (prefetch.c) ----------------------------------------------------------------- */
+
+/* What a prefetch of a key did (a get waiting for it acts on this). */
+enum { KVT__PF_NONE = 0, /* no prefetch of the key was queued or in flight */
+       KVT__PF_PROMOTED, /* now in RAM (marked prefetched) */
+       KVT__PF_ABSENT,   /* no tier holds it (not stored, expired, another model's; Redis missed) */
+       KVT__PF_SKIPPED,  /* not read (already in RAM or queued for disk, over prefetch_bytes, Redis
+                         ** did not answer in time): the get reads it itself */
+       KVT__PF_FAILED }; /* read and refused (corrupt, counted; injected fault), or no memory */
+
+/* Start the prefetch threads (none when prefetch_threads is 0, there is no RAM tier or nothing
+** below it).  Errors: KVT_ENOMEM.  kvt__pf_stop joins them and drops the queue; NULL-safe. */
+int  kvt__pf_start(kvt_store *st);
+void kvt__pf_stop(kvt_store *st);
+/* Before a get of key: a queued prefetch of it is taken back (the get reads it itself); one in
+** flight is waited for.  Returns what that prefetch did, KVT__PF_NONE if there was none. */
+int  kvt__pf_wait(kvt_store *st, const kvt_key *key);
+void kvt__pf_stats(kvt_store *st, struct kvt_store_prefetch_stats *out);
 
 #endif

@@ -85,7 +85,10 @@ metric() { curl -s "http://127.0.0.1:$1/metrics" | grep "^$2 " | awk '{print $2}
 
 # --- 1-3. A computes, B loads it from Redis ---
 start A errA --store "$TMP/storeA" --redis "$URL" --redis-timeout-ms 200 --budget 2048 -c 6144 --parallel 1
-start B errB --store "$TMP/storeB" --redis "$URL" --redis-timeout-ms 200 --budget 2048 -c 6144 --parallel 1
+# B without prefetch: its gets themselves read Redis, so its /metrics count Redis hits (with
+# prefetch, on by default, the blocks are promoted from Redis ahead and the gets hit RAM:
+# tests/unit/test_store_prefetch.c and docs/BENCHMARKS.md "Block store prefetch")
+start B errB --store "$TMP/storeB" --redis "$URL" --redis-timeout-ms 200 --budget 2048 -c 6144 --parallel 1 --no-prefetch
 ask cold "$PORTA" 1000
 route=$(field cold 'd["usage"]["kvtier"]["store"]')
 pt=$(field cold 'd["usage"]["prompt_tokens"]')
