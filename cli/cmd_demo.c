@@ -164,6 +164,7 @@ struct fact_state {
     int  n_blocks;      /* blocks holding any byte of the fact's value */
     bool resident;      /* all of them on the device */
     int  n_evictions;   /* evictions those blocks went through */
+    int  n_recoveries;  /* and loads back (kv_restore) */
     int  first_block;   /* id of the first, -1 if the value was not found */
 };
 
@@ -214,6 +215,7 @@ static int find_fact(struct cli_session *cs, const char *value, struct fact_stat
             if (fs->first_block < 0) fs->first_block = b.id;
             fs->n_blocks++;
             fs->n_evictions += b.n_evictions;
+            fs->n_recoveries += b.n_recoveries;
             if (b.residency != KVT_RES_DEVICE) fs->resident = false;
         }
     }
@@ -264,7 +266,7 @@ int cmd_demo(int argc, char **argv) {
 
     struct kvt_session_stats st;
     char *reply = NULL;
-    struct fact_state fs = { 0, false, 0, -1 };
+    struct fact_state fs = { 0, false, 0, 0, -1 };
     double lp = 0;
     int32_t n_lp = 0;
     const bool stream = !json_only;
@@ -310,12 +312,13 @@ int cmd_demo(int argc, char **argv) {
     app_build_llama(llama, sizeof llama);
     json_t *obj = answer ? json_pack(
         "{s:b, s:I, s:I, s:i, s:i, s:s, s:s, s:f, s:i, s:b, s:i, s:s, s:s,"
-        " s:s, s:s, s:i, s:i, s:i, s:b, s:i, s:I, s:I, s:f}",
+        " s:s, s:s, s:i, s:i, s:i, s:i, s:b, s:i, s:I, s:I, s:f}",
         "recalled", strstr(reply, value) != NULL, "evictions", (json_int_t) st.evictions, "recoveries",
         (json_int_t) st.recoveries, "peak_resident_tokens", st.peak_resident_tokens, "budget", cs.budget,
         "recovery", o.recovery, "answer", answer, "answer_logprob", lp, "answer_tokens", n_lp,
         "fact_block_resident_at_probe", fs.resident, "turns", cs.n_turns, "model", cs.info.desc, "llama_cpp", llama,
         "probe", probe, "expected", expected, "fact_block", fs.first_block, "fact_block_evictions", fs.n_evictions,
+        "fact_block_recoveries", fs.n_recoveries,
         "block", o.block, "live", live, "total_tokens", st.total_tokens, "tokens_decoded", (json_int_t) st.tokens_decoded,
         "tokens_recovered", (json_int_t) st.tokens_recovered, "seconds",
         (double) (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9) : NULL;
