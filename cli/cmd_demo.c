@@ -5,7 +5,10 @@
 ** Just before the probe's reply is generated, the teacher-forced log-probability of the
 ** expected answer is read (kvt_session_answer_logprob), which compares recovery modes without
 ** depending on what greedy decoding happens to say.  Ends with one JSON line on stdout.
-** Greedy decoding by default, so a run is deterministic for a given model and build. */
+** Greedy decoding by default, so a run is deterministic for a given model and build.
+** Two conversations: the replayed one below for a base model (Gemma 3 270M, the default), and
+** with --live a shorter one for an instruction-tuned model (SmolLM2-135M-Instruct) whose every
+** reply is generated (LIVE_TEXT). */
 #include "cli.h"
 #include "model.h"
 
