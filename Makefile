@@ -1,5 +1,6 @@
 # kvtier — two commands for a fresh machine:
-#   make demo   the planted-fact session on Gemma 3 270M (budget 512), kv_restore vs discard
+#   make demo   the planted-fact session at budget 512, kv_restore vs discard, on Gemma 3 270M
+#               (replayed conversation) then SmolLM2-135M-Instruct (every reply generated live)
 #   make test   build (normal + ASan/UBSan) and run the whole test suite
 SHELL := /bin/bash
 BOOT  := scripts/bootstrap.sh
@@ -27,9 +28,19 @@ test: build build-asan
 	cd build && ctest --output-on-failure
 	cd build-asan && ctest --output-on-failure -E 'cli_demo|cli_bench'
 
+# Two models, budget 512 each, kv_restore then discard as the contrast:
+#   1. Gemma 3 270M (base model): the replayed conversation, only the probe's reply generated;
+#   2. SmolLM2-135M-Instruct (chat model): every reply generated live (--live).
 demo: build
-	@eval "$$($(BOOT) env)"; ./build/kvtier demo -m "$$KVTIER_MODEL"; \
-	./build/kvtier demo -m "$$KVTIER_MODEL" --recovery discard
+	@eval "$$($(BOOT) env)"; set -e; \
+	for r in kv_restore discard; do \
+	  printf '\n=== 1/2 Gemma 3 270M (base model): replayed conversation, probe reply generated | budget 512 | --recovery %s ===\n' $$r; \
+	  ./build/kvtier demo -m "$$KVTIER_MODEL" --recovery $$r; \
+	done; \
+	for r in kv_restore discard; do \
+	  printf '\n=== 2/2 SmolLM2-135M-Instruct (chat model): every reply generated live | budget 512 | --recovery %s ===\n' $$r; \
+	  ./build/kvtier demo -m "$$KVTIER_CHAT_MODEL" --live --recovery $$r; \
+	done
 
 # The OpenAI-compatible server on the same model, on http://127.0.0.1:8080 until Ctrl-C
 # (more flags: make serve SERVE_ARGS="--port 9000 --api-key-file keys.txt").

@@ -5,7 +5,10 @@
 ** Just before the probe's reply is generated, the teacher-forced log-probability of the
 ** expected answer is read (kvt_session_answer_logprob), which compares recovery modes without
 ** depending on what greedy decoding happens to say.  Ends with one JSON line on stdout.
-** Greedy decoding by default, so a run is deterministic for a given model and build. */
+** Greedy decoding by default, so a run is deterministic for a given model and build.
+** Two conversations: the replayed one below for a base model (Gemma 3 270M, the default), and
+** with --live a shorter one for an instruction-tuned model (SmolLM2-135M-Instruct) whose every
+** reply is generated (LIVE_TEXT). */
 #include "cli.h"
 #include "model.h"
 
@@ -108,6 +111,36 @@ static const char *const QA[][2] = {
 };
 #define N_QUESTIONS ((int) (sizeof QA / sizeof QA[0]))
 
+/* --live: the conversation for an instruction-tuned chat model (SmolLM2-135M-Instruct), every
+** reply generated.  LIVE_TEXT[0] states the fact once and asks the model to repeat it, a dozen
+** quick unrelated questions follow, and the probe asks the same question again.  Why this shape
+** (measured with --budget 0, docs/EVALUATION.md): a 135M model does not pull a number out of
+** ~500 tokens of unrelated chat when asked in other words, and after long replies it copies the
+** latest one; it does answer a question it has seen before by copying its earlier answer, which
+** it can only do while that turn's KV is in the cache.  The questions ask for one word, so the
+** replies stay short; none shares a content word with the probe.  The fact sits in the chat's
+** first tokens, so --live uses blocks of 8 tokens: only the first block (the attention sink,
+** "My favourite number is ") is never evicted, the value itself can be. */
+static const char LIVE_FACT_VALUE[] = "4242";
+static const char *const LIVE_TEXT[] = {
+    "My favourite number is 4242. Can you repeat my favourite number back to me?",
+    "Answer in one word: what is the capital city of France?",
+    "Answer in one word: which planet is known as the Red Planet?",
+    "Answer in one word: what gas do plants absorb from the air?",
+    "Answer in one word: which ocean lies between Africa and Australia?",
+    "Answer in one word: who wrote the play Romeo and Juliet?",
+    "Answer in one word: what is the largest mammal on Earth?",
+    "Answer in one word: which metal is liquid at room temperature?",
+    "Answer in one word: what is the hardest natural substance?",
+    "Answer in one word: which country has the city of Kyoto?",
+    "Answer in one word: what is the chemical symbol for gold?",
+    "Answer in one word: which instrument has eighty-eight keys?",
+    "Answer in one word: what is the longest river in Africa?",
+    "Can you repeat my favourite number back to me?",
+};
+#define N_LIVE ((int) (sizeof LIVE_TEXT / sizeof LIVE_TEXT[0]))
+static const char LIVE_ANSWER[] = "Your favourite number is 4242.";
+
 static void demo_usage(FILE *f, const struct cli_opt *opts) {
     fprintf(f,
             "Usage: kvtier demo [-m MODEL] [options]\n"
@@ -119,12 +152,14 @@ static void demo_usage(FILE *f, const struct cli_opt *opts) {
             "answer_logprob (teacher-forced log-probability of \"%s\" before the reply), ...\n"
             "The questions' answers are replayed (Gemma 3 270M is a base model and copies its own\n"
             "earlier replies); only the probe's reply is generated, greedily, and cut at its first line\n"
-            "break. --live generates every reply (for instruction-tuned models).\n"
-            "MODEL defaults to $KVTIER_MODEL; --max-tokens defaults to 48 here. --budget 0 runs\n"
-            "without eviction (the reference).\n"
+            "break. --live runs a conversation for an instruction-tuned model (SmolLM2-135M-Instruct,\n"
+            "$KVTIER_CHAT_MODEL) and generates every reply: the fact with a request to repeat it, %d\n"
+            "one-word quiz questions, and the same request again as the probe.\n"
+            "MODEL defaults to $KVTIER_MODEL; --max-tokens defaults to 48 here (24 per reply with\n"
+            "--live), --block to 64 (8 with --live). --budget 0 runs without eviction (the reference).\n"
             "\n"
             "Options:\n",
-            FACT_VALUE, N_QUESTIONS, ANSWER);
+            FACT_VALUE, N_QUESTIONS, ANSWER, N_LIVE - 2);
     cli_print_opts(f, opts);
 }
 
@@ -132,6 +167,7 @@ struct fact_state {
     int  n_blocks;      /* blocks holding any byte of the fact's value */
     bool resident;      /* all of them on the device */
     int  n_evictions;   /* evictions those blocks went through */
+    int  n_recoveries;  /* and loads back (kv_restore) */
     int  first_block;   /* id of the first, -1 if the value was not found */
 };
 
@@ -182,6 +218,7 @@ static int find_fact(struct cli_session *cs, const char *value, struct fact_stat
             if (fs->first_block < 0) fs->first_block = b.id;
             fs->n_blocks++;
             fs->n_evictions += b.n_evictions;
+            fs->n_recoveries += b.n_recoveries;
             if (b.residency != KVT_RES_DEVICE) fs->resident = false;
         }
     }
@@ -195,7 +232,8 @@ int cmd_demo(int argc, char **argv) {
     struct cli_run_opts o;
     bool json_only = false, live = false;
     cli_run_opts_default(&o);
-    o.max_tokens = 48;
+    o.max_tokens = 0; /* resolved below: 48 for the replayed probe, 24 per live reply */
+    o.block = 0;      /* resolved below: 64, or 8 with --live (the fact sits in the chat's first tokens) */
     const struct cli_opt opts[] = {
         CLI_RUN_OPT_ROWS(&o),
         { "json-only", 0, OPT_FLAG, &json_only, 0, 0, NULL,
@@ -211,6 +249,8 @@ int cmd_demo(int argc, char **argv) {
         return APP_OK;
     }
     if (rc) return rc;
+    if (!o.max_tokens) o.max_tokens = live ? 24 : 48;
+    if (!o.block) o.block = live ? 8 : 64;
     if (!o.store) o.no_store = true; /* the demo compares recovery modes from a cold start: a store only when named */
     if (!(o.model = cli_model_path(cmd, o.model, NULL))) return APP_USAGE;
     if ((rc = cli_run_opts_check(cmd, &o))) return rc;
@@ -219,19 +259,24 @@ int cmd_demo(int argc, char **argv) {
     clock_gettime(CLOCK_MONOTONIC, &t0);
     struct cli_session cs;
     if ((rc = cli_session_open(cmd, &o, &cs))) return rc;
-    fprintf(stderr, "%s: %s | budget %d%s | block %d | recovery %s | %d turns\n", cmd, cs.info.desc, cs.budget,
-            o.budget ? "" : " (no eviction)", o.block, o.recovery, N_QUESTIONS + 2);
+    /* the conversation: replayed (base model) or live (instruction-tuned model) */
+    const int n_turns = live ? N_LIVE : N_QUESTIONS + 2;
+    const char *value = live ? LIVE_FACT_VALUE : FACT_VALUE, *expected = live ? LIVE_ANSWER : ANSWER;
+    const char *probe = live ? LIVE_TEXT[N_LIVE - 1] : PROBE;
+    fprintf(stderr, "%s: %s | budget %d%s | block %d | recovery %s | %d turns, %s\n", cmd, cs.info.desc, cs.budget,
+            o.budget ? "" : " (no eviction)", o.block, o.recovery, n_turns,
+            live ? "every reply generated (--live)" : "replies replayed, the probe's generated");
 
     struct kvt_session_stats st;
     char *reply = NULL;
-    struct fact_state fs = { 0, false, 0, -1 };
+    struct fact_state fs = { 0, false, 0, 0, -1 };
     double lp = 0;
     int32_t n_lp = 0;
     const bool stream = !json_only;
 
     /* plant, distract */
-    for (int t = 0; t <= N_QUESTIONS && rc == APP_OK; t++) {
-        const char *user = t == 0 ? FACT_TURN : QA[t - 1][0];
+    for (int t = 0; t < n_turns - 1 && rc == APP_OK; t++) {
+        const char *user = live ? LIVE_TEXT[t] : t == 0 ? FACT_TURN : QA[t - 1][0];
         if (stream) printf("> %s\n", user);
         if (live) {
             rc = cli_turn(cmd, &cs, &o, user, stream, false, &reply);
@@ -243,26 +288,26 @@ int cmd_demo(int argc, char **argv) {
     }
     /* probe: look at the block table and score the expected answer between add and generate */
     if (rc == APP_OK) {
-        if (stream) printf("> %s\n", PROBE);
-        rc = cli_turn_begin(cmd, &cs, PROBE);
+        if (stream) printf("> %s\n", probe);
+        rc = cli_turn_begin(cmd, &cs, probe);
     }
-    if (rc == APP_OK && (rc = find_fact(&cs, FACT_VALUE, &fs)))
+    if (rc == APP_OK && (rc = find_fact(&cs, value, &fs)))
         fprintf(stderr, "%s: out of memory reading the block table\n", cmd);
     if (rc == APP_OK) {
-        int lrc = kvt_session_answer_logprob(cs.s, ANSWER, &lp, &n_lp);
+        int lrc = kvt_session_answer_logprob(cs.s, expected, &lp, &n_lp);
         if (lrc) {
             app_fail(cmd, "answer log-probability", lrc);
             rc = APP_ERR;
         }
     }
-    cs.stop_at_newline = true; /* the answer is one line; a base model would ramble on */
+    cs.stop_at_newline = !live; /* the answer is one line; a base model would ramble on */
     if (rc == APP_OK) rc = cli_turn_end(cmd, &cs, &o, stream, false, &reply);
     if (rc) {
         cli_session_close(&cs);
         return rc;
     }
     if (fs.first_block < 0)
-        fprintf(stderr, "%s: warning: no block holds \"%s\" any more\n", cmd, FACT_VALUE);
+        fprintf(stderr, "%s: warning: no block holds \"%s\" any more\n", cmd, value);
     clock_gettime(CLOCK_MONOTONIC, &t1);
 
     kvt_session_get_stats(cs.s, &st);
@@ -270,12 +315,13 @@ int cmd_demo(int argc, char **argv) {
     app_build_llama(llama, sizeof llama);
     json_t *obj = answer ? json_pack(
         "{s:b, s:I, s:I, s:i, s:i, s:s, s:s, s:f, s:i, s:b, s:i, s:s, s:s,"
-        " s:s, s:s, s:i, s:i, s:i, s:b, s:i, s:I, s:I, s:f}",
-        "recalled", strstr(reply, FACT_VALUE) != NULL, "evictions", (json_int_t) st.evictions, "recoveries",
+        " s:s, s:s, s:i, s:i, s:i, s:i, s:b, s:i, s:I, s:I, s:f}",
+        "recalled", strstr(reply, value) != NULL, "evictions", (json_int_t) st.evictions, "recoveries",
         (json_int_t) st.recoveries, "peak_resident_tokens", st.peak_resident_tokens, "budget", cs.budget,
         "recovery", o.recovery, "answer", answer, "answer_logprob", lp, "answer_tokens", n_lp,
         "fact_block_resident_at_probe", fs.resident, "turns", cs.n_turns, "model", cs.info.desc, "llama_cpp", llama,
-        "probe", PROBE, "expected", ANSWER, "fact_block", fs.first_block, "fact_block_evictions", fs.n_evictions,
+        "probe", probe, "expected", expected, "fact_block", fs.first_block, "fact_block_evictions", fs.n_evictions,
+        "fact_block_recoveries", fs.n_recoveries,
         "block", o.block, "live", live, "total_tokens", st.total_tokens, "tokens_decoded", (json_int_t) st.tokens_decoded,
         "tokens_recovered", (json_int_t) st.tokens_recovered, "seconds",
         (double) (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9) : NULL;
