@@ -452,10 +452,11 @@ json_t *cli_stats_json(struct cli_session *cs) {
                      "turn_tokens_decoded", (json_int_t) cs->turn_decoded, "tokens_recovered",
                      (json_int_t) st.tokens_recovered, "pool_ram_bytes", (json_int_t) st.pool.ram_bytes,
                      "pool_spill_bytes", (json_int_t) st.pool.spill_bytes);
-    json_t *store = o ? json_pack("{s:b, s:s, s:i, s:i, s:I, s:I}", "enabled", cs->store != NULL, "route",
+    json_t *store = o ? json_pack("{s:b, s:s, s:i, s:i, s:I, s:I, s:I}", "enabled", cs->store != NULL, "route",
                                   kvt_route_name(st.route), "turn_tokens_from_store", st.route_tokens,
                                   "turn_tokens_looked_up", st.route_lookup_tokens, "tokens_from_store",
-                                  (json_int_t) st.store_tokens, "blocks_put", (json_int_t) st.store_blocks_put)
+                                  (json_int_t) st.store_tokens, "blocks_put", (json_int_t) st.store_blocks_put,
+                                  "load_errors", (json_int_t) st.store_load_errors)
                       : NULL;
     if (!store || json_object_set_new(o, "store", store)) {
         json_decref(o);

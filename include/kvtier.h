@@ -1074,6 +1074,9 @@ struct kvt_session_stats {
     int64_t store_tokens;        /* all tokens loaded from the store (not in tokens_decoded) */
     int64_t store_blocks_put;    /* blocks given to the store (a key already there is not) */
     double  store_ms;            /* time in lookups, reads and loads of store blocks (ms) */
+    int64_t store_load_errors;   /* prefixes found in the store that kvt_blocks_load refused (the
+                                 ** tokens were prefilled instead: correct, but the lookup was
+                                 ** wasted; a persistent count points at a store/engine mismatch) */
     /* host pool saves (kvt_session_params.codec_ram) */
     int64_t pool_saved_tokens;   /* tokens of every block save to the pool (re-saves included) */
     int64_t pool_raw_bytes;      /* their raw blob bytes */

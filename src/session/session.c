@@ -238,6 +238,7 @@ void kvt_session_get_stats(kvt_session *s, struct kvt_session_stats *st) {
     st->store_tokens = s->store_tokens;
     st->store_blocks_put = s->store_put;
     st->store_ms = s->store_ms;
+    st->store_load_errors = s->store_load_errors;
     st->pool_saved_tokens = s->pool_tokens;
     st->pool_raw_bytes = s->pool_raw_bytes;
     st->pool_stored_bytes = s->pool_bytes;
