@@ -323,10 +323,13 @@ int cmd_eval(int argc, char **argv) {
                     o.el_sv[r] = sv[k];
                     o.el_twin[r] = v == EVAL_ELASTIC_RANDOM ? n_base * (1 + k) + i : -1;
                     const char *what = v == EVAL_ELASTIC ? "elastic" : "random";
+                    char base[64]; /* the plain run's label ("kvtier", "kvtier/q4"): a copy, since
+                                   ** o.label[r] and o.label[i] live in the same object */
+                    snprintf(base, sizeof base, "%.63s", o.label[i]);
                     if (n_pairs == 1)
-                        snprintf(o.label[r], sizeof o.label[0], "%.63s+%s", o.label[i], what);
+                        snprintf(o.label[r], sizeof o.label[0], "%s+%s", base, what);
                     else
-                        snprintf(o.label[r], sizeof o.label[0], "%.63s+%s:%.2f,%.2f", o.label[i], what, sk[k], sv[k]);
+                        snprintf(o.label[r], sizeof o.label[0], "%s+%s:%.2f,%.2f", base, what, sk[k], sv[k]);
                 }
     }
     if (o.task == EVAL_PPL && depths_seen) {
