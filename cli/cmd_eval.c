@@ -16,6 +16,7 @@
 #include "cli.h"
 #include "eval.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -39,7 +40,10 @@ static int parse_codecs(const char *cmd, const char *s, struct eval_opts *o, cha
     int n = 0;
     snprintf(buf[n++], 64, "raw");
     for (const char *p = s; *p;) {
-        size_t len = strcspn(p, ",");
+        /* elements end at a comma before a codec name (a letter): "q4:32,64,q8" is q4:32,64 and q8 */
+        size_t len = 0;
+        while (p[len] && !(p[len] == ',' && (isalpha((unsigned char) p[len + 1]) || p[len + 1] == ',' || !p[len + 1])))
+            len++;
         if (len == 0 || len >= 64) {
             fprintf(stderr, "%s: --codec '%s' has an empty or overlong element\n", cmd, s);
             return APP_USAGE;

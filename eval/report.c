@@ -422,7 +422,8 @@ static int write_csv(const char *path, const struct eval_opts *o, const struct e
                "tokens,peak_resident_tokens,ttft_ms,nll_per_token,kl,number_logprob,prefix_passed,error,reply\n");
     for (int32_t i = 0; i < res->n_rows; i++) {
         const struct eval_row *r = &res->rows[i];
-        fprintf(f, "%s,%d,", o->label[r->pi], r->case_index + 1);
+        csv_str(f, o->label[r->pi]); /* quoted: "kvtier+elastic:0.35,0.17" holds a comma */
+        fprintf(f, ",%d,", r->case_index + 1);
         if (r->depth >= 0) fprintf(f, "%d", r->depth);
         fprintf(f, ",%d,%d,%d,", o->context, policy_budget(o, r->pi), r->passed);
         csv_num(f, r->answer_logprob, "%.6f");

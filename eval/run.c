@@ -297,6 +297,7 @@ static int run_ppl(const char *cmd, kvt_engine *eng, kvt_session *s, const struc
 int eval_run_case(const char *cmd, kvt_engine *eng, kvt_pool *pool, const struct eval_opts *o, int32_t pi,
                   const struct eval_case *k, struct eval_ref *ref, struct eval_results *res) {
     const int32_t policy = o->policies[pi];
+    o->el_frac[pi] = 0; /* set again when this run ends: a +random twin never reads a previous case's */
     struct kvt_engine_info info;
     kvt_engine_info(eng, &info);
     struct kvt_session_params sp = kvt_session_default_params();

@@ -769,8 +769,10 @@ struct kvt_session_params {
                               ** the pool holds and counts the encoded bytes, so a lossy codec
                               ** fits more blocks in the pool's budget.  A block the codec cannot
                               ** take (a quantised cache type) is saved raw.  Encoded bytes that
-                              ** fail to decode (checksum, format) make the block LOST: it is
-                              ** recomputed from its tokens, never loaded.  Blocks given to the
+                              ** fail to decode (checksum, format) are never loaded: the block
+                              ** comes from the block store by its chain key when the store
+                              ** holds it (a block saved at its original position), else it is
+                              ** LOST and recomputed from its tokens.  Blocks given to the
                               ** block store (`store`) stay raw (its disk tier has its own codec) */
     float   elastic_sk, elastic_sv; /* live ElasticKV (kvt_seq_elastic, section 3): threshold
                               ** scales s_k, s_v in [0, 2] (dimensionless: tau_h = max(sigma_h / 2,

@@ -326,8 +326,12 @@ int kvt__sess_load_block(kvt_session *s, int32_t i) {
             dec = NULL;
         }
     }
-    if ((rc == KVT_ECORRUPT || rc == KVT_EIO || rc == KVT_ENOENT) && kvt__sess_store_fetch(s, b, &data, &n) == 0) {
-        kvt__clear_error(); /* the pool lost its copy; the store (same bytes by its chain key) has one */
+    /* the pool lost its copy; the store has the block's bytes by its chain key, saved at its
+    ** original position: usable only while the pool's copy was saved there too (a block
+    ** recomputed or re-saved at another position has other cells than the store's bytes) */
+    if ((rc == KVT_ECORRUPT || rc == KVT_EIO || rc == KVT_ENOENT) && b->blob_p0 == b->info.orig_p0 &&
+        kvt__sess_store_fetch(s, b, &data, &n) == 0) {
+        kvt__clear_error();
         rc = 0;
     }
     if (rc == KVT_ECORRUPT || rc == KVT_EIO || rc == KVT_ENOENT) { /* the saved copy is gone */

@@ -861,20 +861,11 @@ index:;
 int kvt_store_get(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
                   struct kvt_store_meta *meta, enum kvt_tier *tier) {
     /* a prefetch of key in flight is waited for (never read twice); one that found no tier
-    ** holding it answers for the get */
-    if (st && key && model && data && n && kvt__pf_wait(st, key) == KVT__PF_ABSENT) {
-        *data = NULL;
-        *n = 0;
-        if (tier) *tier = KVT_TIER_NONE;
-        char hex[65];
-        kvt_key_hex(key, hex);
-        pthread_mutex_lock(&st->q_mu);
-        if (st->disk) st->d_misses++;
-        pthread_mutex_unlock(&st->q_mu);
-        return kvt__fail(KVT_ENOENT, "block %.16s is not stored (its prefetch, just done, found it in no tier)", hex);
-    }
+    ** holding it spares the get Redis's round trip, not the local tiers: the key may have been
+    ** put since the prefetch looked */
+    const bool pf_absent = st && key && model && data && n && kvt__pf_wait(st, key) == KVT__PF_ABSENT;
     int rc = kvt__store_get_local(st, key, model, data, n, meta, tier, NULL);
-    if (rc != KVT_ENOENT || !st->redis) return rc;
+    if (rc != KVT_ENOENT || !st->redis || pf_absent) return rc;
     char local[256], hex[65];
     snprintf(local, sizeof local, "%s", kvt_errmsg());
     kvt_key_hex(key, hex);

@@ -39,6 +39,8 @@ expect_usage() { # DESCRIPTION NEEDLE ARGS...
 }
 expect_usage "eval --codec q9 refused naming it" "'q9'" --policies no_eviction,kvtier --codec q9
 expect_usage "eval --codec with an empty element refused" "empty" --policies kvtier --codec q4,,q8
+# a codec's own arguments are comma-separated too: "q4:32,64,q9" is q4:32,64 (valid) and q9 (refused)
+expect_usage "eval --codec keeps a codec's arguments together" "'q9'" --policies kvtier --codec q4:32,64,q9
 expect_usage "eval --codec without a recovering policy refused" "lists neither" --policies no_eviction,h2o --codec q4
 
 if [ -z "$CHAT" ] || [ ! -f "$CHAT" ]; then
