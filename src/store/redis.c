@@ -285,8 +285,9 @@ bad:
 }
 
 /* A reader's connection: pooled, or dialled unless backed off.  NULL: *skipped (backed off) or a
-** failure already counted (errors/timeouts) with the backoff started. */
-static redisContext *take(struct kvt__redis *r, bool *pooled, bool *skipped) {
+** failure already counted (errors/timeouts), with the backoff started unless the caller is a
+** prefetch (speculative: its failures never make the gets skip Redis). */
+static redisContext *take(struct kvt__redis *r, bool speculative, bool *pooled, bool *skipped) {
     *skipped = *pooled = false;
     pthread_mutex_lock(&r->mu);
     if (r->rb.ms && mono_ms() < r->rb.until_ms) {
@@ -305,7 +306,7 @@ static redisContext *take(struct kvt__redis *r, bool *pooled, bool *skipped) {
     if (!c) {
         pthread_mutex_lock(&r->mu);
         if (to) r->timeouts++; else r->errors++;
-        backoff_fail(&r->rb);
+        if (!speculative) backoff_fail(&r->rb);
         pthread_mutex_unlock(&r->mu);
     }
     return c;
@@ -356,7 +357,7 @@ static int get_unguarded(struct kvt__redis *r, const kvt_key *key, const kvt_key
     redisContext *c = NULL;
     for (int attempt = 0; attempt < 2; attempt++) { /* a pooled connection may have died idle: one fresh try */
         bool pooled, skipped;
-        c = take(r, &pooled, &skipped);
+        c = take(r, false, &pooled, &skipped);
         if (!c) {
             *why = skipped ? "Redis backed off after an error" : "Redis unreachable";
             bump(r, &r->misses, 1);
@@ -745,7 +746,7 @@ static void mget_unguarded(struct kvt__redis *r, int nk, const kvt_key *keys, co
                            void *ud) {
     int next = 0; /* keys before it have been handed to done */
     bool pooled, skipped;
-    redisContext *c = take(r, &pooled, &skipped);
+    redisContext *c = take(r, true, &pooled, &skipped);
     if (!c) goto rest;
     char k[160];
     for (int i = 0; i < nk; i++) { /* appended to hiredis's output buffer: one write for all */
