@@ -19,6 +19,15 @@
 ** its own file name (a per-pool generation number), so a late writer or unlink can never touch
 ** the file of a newer value under the same key.
 **
+** Prefetch (kvt_pool_prefetch): one thread per pool, started by the first call, reads queued
+** spilled values back into RAM ahead of the gets that will want them.  An entry carries its
+** prefetch state (queued, in flight) and a `promoted` mark until a get reads it; a get of a key
+** in flight waits on `pf_done`, one of a queued key takes it back and reads the file itself, and
+** the thread never touches an entry a get is reading from disk (`reading`), so no file is read
+** twice.  A promoted value becomes an ordinary most recently used RAM entry under a new
+** generation (its old file is unlinked) and make_room spills least recently used values, as a
+** put would, so the RAM budget stays a ceiling; unread promotions may take half of it.
+**
 ** The spill files themselves (format, names, the private directory, stale directories of dead
 ** processes) are store/spill.c's.
 */
@@ -34,9 +43,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define JOBS_MAX      16 /* spill writes one put starts per round (then it relocks and looks again) */
+#define PF_QUEUE      128 /* keys waiting for the prefetch thread */
+
+enum { PF_NONE, PF_QUEUED, PF_FLIGHT };
 
 enum { E_RAM, E_SPILLING, E_DISK };
 
@@ -49,6 +63,10 @@ struct pool_entry {
     uint8_t  state;    /* E_RAM; E_SPILLING: in RAM, a put is writing it outside the lock;
                        ** E_DISK: only in its spill file */
     uint64_t last_use; /* LRU stamp: larger = more recent */
+    uint8_t  pf;       /* PF_NONE, PF_QUEUED (its key waits in the prefetch queue), PF_FLIGHT (the
+                       ** prefetch thread is reading its file outside the lock) */
+    bool     promoted; /* in RAM by prefetch, no get has read it yet (its bytes count in pf_unread) */
+    int32_t  reading;  /* gets reading its spill file outside the lock (prefetch leaves it alone) */
 };
 
 /* A spill write taken out of the lock: the writer owns nothing but reads `data`, which stays
@@ -80,6 +98,14 @@ struct kvt_pool {
     int64_t  in_flight;     /* RAM bytes of E_SPILLING values (and of orphaned ones being written) */
     int64_t  disk_reserved; /* spill bytes reserved by writes in flight (the quota counts them) */
     struct kvt_pool_stats st;
+    /* prefetch (kvt_pool_prefetch) */
+    pthread_cond_t pf_wake;   /* the thread: a key was queued, or stop */
+    pthread_cond_t pf_done;   /* gets waiting for a read in flight */
+    pthread_t pf_thread;
+    bool      pf_on, pf_stop;
+    uint64_t  pf_q[PF_QUEUE];
+    int       pf_head, pf_n;
+    int64_t   pf_unread;      /* RAM bytes of promoted values no get has read */
 };
 
 static atomic_uint_fast64_t pool_serial;
@@ -131,6 +157,11 @@ static void trash_empty(const kvt_pool *pool, struct trash *t) {
 /* Release e's value and its share of the counters; the slot itself stays.  A value being spilled
 ** keeps its buffer and its RAM bytes: the writer frees them when it finds the value gone. */
 static void release_value(kvt_pool *pool, struct pool_entry *e, struct trash *t) {
+    if (e->promoted) {
+        pool->pf_unread -= (int64_t)e->n;
+        pool->st.pf_wasted++;
+        e->promoted = false;
+    }
     if (e->state == E_DISK) {
         trash_add(pool, t, e->key, e->gen);
         pool->st.n_spilled--;
@@ -254,6 +285,11 @@ static int make_room(kvt_pool *pool, uint64_t key, uint64_t gen, struct trash *t
                 continue;
             }
             v = find_value(pool, vk, vg, NULL);
+            if (v->promoted) { /* spilled again before any get read it */
+                pool->pf_unread -= (int64_t)v->n;
+                pool->st.pf_wasted++;
+                v->promoted = false;
+            }
             v->state = E_SPILLING;
             pool->in_flight += (int64_t)v->n;
             jobs[nj++] = (struct spill_job){ .key = vk, .gen = vg, .data = v->data, .n = v->n };
@@ -322,7 +358,8 @@ int kvt_pool_open(const struct kvt_pool_params *p, kvt_pool **out) {
         free(pool);
         return kvt__fail(KVT_ENOMEM, "out of memory for spill_dir %s", d.spill_dir);
     }
-    if (pthread_mutex_init(&pool->mu, NULL)) {
+    if (pthread_mutex_init(&pool->mu, NULL) || pthread_cond_init(&pool->pf_wake, NULL) ||
+        pthread_cond_init(&pool->pf_done, NULL)) {
         free(pool->sp.dir);
         free(pool);
         return kvt__fail(KVT_ENOMEM, "pthread_mutex_init failed for a pool");
@@ -340,6 +377,13 @@ int kvt_pool_open(const struct kvt_pool_params *p, kvt_pool **out) {
 ** with other calls on the same pool (so no value is being spilled). */
 void kvt_pool_free(kvt_pool *pool) {
     if (!pool) return;
+    if (pool->pf_on) {
+        pthread_mutex_lock(&pool->mu);
+        pool->pf_stop = true;
+        pthread_cond_signal(&pool->pf_wake);
+        pthread_mutex_unlock(&pool->mu);
+        pthread_join(pool->pf_thread, NULL);
+    }
     for (size_t i = 0; i < pool->n_e; i++) {
         struct pool_entry *e = &pool->e[i];
         if (e->state == E_DISK) kvt__spill_unlink(&pool->sp, e->key, e->gen);
@@ -347,6 +391,8 @@ void kvt_pool_free(kvt_pool *pool) {
     }
     kvt__spill_close(&pool->sp);
     free(pool->e);
+    pthread_cond_destroy(&pool->pf_wake);
+    pthread_cond_destroy(&pool->pf_done);
     pthread_mutex_destroy(&pool->mu);
     free(pool);
 }
@@ -425,11 +471,22 @@ int kvt_pool_get(kvt_pool *pool, uint64_t key, void **data, size_t *n) {
     *n = 0;
     pthread_mutex_lock(&pool->mu);
     size_t i;
-    if (!find(pool, key, &i)) {
-        pthread_mutex_unlock(&pool->mu);
-        return kvt__fail(KVT_ENOENT, "key %016llx is not in the pool", (unsigned long long)key);
+    bool waited = false;
+    for (;;) {
+        if (!find(pool, key, &i)) {
+            pthread_mutex_unlock(&pool->mu);
+            return kvt__fail(KVT_ENOENT, "key %016llx is not in the pool", (unsigned long long)key);
+        }
+        if (pool->e[i].pf != PF_FLIGHT) break;
+        if (!waited) pool->st.pf_waited++; /* the prefetch thread is reading it: wait, then look again */
+        waited = true;
+        pthread_cond_wait(&pool->pf_done, &pool->mu);
     }
     struct pool_entry *e = &pool->e[i];
+    if (e->pf == PF_QUEUED) { /* still queued: taken back and read here */
+        e->pf = PF_NONE;
+        pool->st.pf_claimed++;
+    }
     const uint64_t gen = e->gen;
     const size_t len = e->n;
     uint8_t *buf = NULL;
@@ -440,12 +497,19 @@ int kvt_pool_get(kvt_pool *pool, uint64_t key, void **data, size_t *n) {
                            (unsigned long long)key);
         else if (len > 0)
             memcpy(buf, e->data, len);
+        if (buf && e->promoted) {
+            pool->st.pf_hits++;
+            pool->pf_unread -= (int64_t)len;
+            e->promoted = false;
+        }
     } else {
+        e->reading++;
         pthread_mutex_unlock(&pool->mu);
         bool missing = false;
         rc = kvt__spill_read(&pool->sp, key, gen, len, &buf, &missing);
         pthread_mutex_lock(&pool->mu);
         e = find_value(pool, key, gen, NULL);
+        if (e) e->reading--;
         if (rc == 0) pool->st.n_spill_reads++;
         if (rc == KVT_ECORRUPT) pool->st.n_corrupt++;
         if (rc == KVT_EIO && missing && !e)
@@ -511,4 +575,101 @@ void kvt_pool_get_stats(kvt_pool *pool, struct kvt_pool_stats *st) {
     pthread_mutex_lock(&pool->mu);
     *st = pool->st;
     pthread_mutex_unlock(&pool->mu);
+}
+
+/* ---- prefetch ---------------------------------------------------------------------- */
+
+/* The prefetch thread: takes queued keys in order and reads each value still on disk back into
+** RAM (see the top of the file).  Runs until kvt_pool_free sets pf_stop. */
+static void *pf_main(void *arg) {
+    kvt_pool *pool = arg;
+    setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10); /* yield to the decode's cores */
+    pthread_mutex_lock(&pool->mu);
+    while (!pool->pf_stop) {
+        if (pool->pf_n == 0) {
+            pthread_cond_wait(&pool->pf_wake, &pool->mu);
+            continue;
+        }
+        const uint64_t key = pool->pf_q[pool->pf_head];
+        pool->pf_head = (pool->pf_head + 1) % PF_QUEUE;
+        pool->pf_n--;
+        size_t i;
+        if (!find(pool, key, &i) || pool->e[i].pf != PF_QUEUED) continue; /* taken back, deleted, replaced */
+        struct pool_entry *e = &pool->e[i];
+        e->pf = PF_NONE;
+        if (e->state != E_DISK || e->reading || e->n > pool->budget ||
+            pool->pf_unread + (int64_t)e->n > (int64_t)(pool->budget / 2)) {
+            pool->st.pf_skipped++;
+            continue;
+        }
+        e->pf = PF_FLIGHT;
+        const uint64_t gen = e->gen;
+        const size_t n = e->n;
+        pthread_mutex_unlock(&pool->mu);
+        uint8_t *buf = NULL;
+        bool missing = false;
+        int rc = kvt__fault_check(KVT__FAULT_POOL_PREFETCH)
+                     ? kvt__fail(KVT_EIO, "prefetch read of key %016llx failed (injected)", (unsigned long long)key)
+                     : kvt__spill_read(&pool->sp, key, gen, n, &buf, &missing);
+        pthread_mutex_lock(&pool->mu);
+        e = find_value(pool, key, gen, NULL);
+        if (e) e->pf = PF_NONE;
+        pthread_cond_broadcast(&pool->pf_done);
+        if (rc || !e || e->state != E_DISK) { /* a failed check leaves the entry for its get to report */
+            if (rc) pool->st.pf_failed++;
+            else pool->st.pf_skipped++;
+            free(buf);
+            continue;
+        }
+        struct trash t = {0};
+        trash_add(pool, &t, key, gen); /* the old file goes; the value gets a new name should it spill again */
+        pool->st.n_spilled--;
+        pool->st.spill_bytes -= (int64_t)n;
+        const uint64_t ngen = ++pool->gen;
+        e->gen = ngen;
+        e->data = buf;
+        e->state = E_RAM;
+        e->last_use = ++pool->clock;
+        e->promoted = true;
+        pool->st.ram_bytes += (int64_t)n;
+        pool->pf_unread += (int64_t)n;
+        pool->st.pf_promoted++;
+        bool self_dropped = false;
+        make_room(pool, key, ngen, &t, &self_dropped); /* a failed spill write is counted in n_dropped */
+        pthread_mutex_unlock(&pool->mu);
+        trash_empty(pool, &t);
+        kvt__clear_error();
+        pthread_mutex_lock(&pool->mu);
+    }
+    pthread_mutex_unlock(&pool->mu);
+    return NULL;
+}
+
+int kvt_pool_prefetch(kvt_pool *pool, const uint64_t *keys, int n) {
+    if (!pool || (!keys && n > 0) || n < 0)
+        return kvt__fail(KVT_EINVAL, "kvt_pool_prefetch: %s", !pool ? "pool is NULL"
+                         : n < 0 ? "n is negative" : "keys is NULL with n > 0");
+    int queued = 0, rc = 0;
+    pthread_mutex_lock(&pool->mu);
+    if (!pool->pf_on && n > 0) {
+        int e = pthread_create(&pool->pf_thread, NULL, pf_main, pool);
+        if (e) rc = kvt__fail(KVT_ENOMEM, "cannot start the pool's prefetch thread: %s", strerror(e));
+        else pool->pf_on = true;
+    }
+    for (int k = 0; rc == 0 && k < n; k++) {
+        size_t i;
+        if (!find(pool, keys[k], &i) || pool->e[i].state != E_DISK || pool->e[i].pf != PF_NONE) continue;
+        if (pool->pf_n == PF_QUEUE) {
+            pool->st.pf_dropped++;
+            continue;
+        }
+        pool->pf_q[(pool->pf_head + pool->pf_n) % PF_QUEUE] = keys[k];
+        pool->pf_n++;
+        pool->e[i].pf = PF_QUEUED;
+        pool->st.pf_issued++;
+        queued++;
+    }
+    if (queued) pthread_cond_signal(&pool->pf_wake);
+    pthread_mutex_unlock(&pool->mu);
+    return rc ? rc : queued;
 }
