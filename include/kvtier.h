@@ -629,7 +629,8 @@ struct kvt_pool_stats {
     int64_t pf_hits;     /* gets served from RAM by a promoted value (each promotion at most once) */
     int64_t pf_wasted;   /* promoted values that left RAM (spilled, deleted, replaced) unread */
     int64_t pf_skipped;  /* taken but not read: in RAM or being read by a get meanwhile, larger than
-                         ** the budget, or unread promotions already hold half the budget */
+                         ** the budget, unread promotions already hold half the budget, or no
+                         ** room: RAM is taken by values a prefetch brought in or named */
     int64_t pf_failed;   /* reads that failed (spill file corrupt, missing, unreadable): not promoted */
     int64_t pf_claimed;  /* gets that took their key back from the queue and read it themselves */
     int64_t pf_waited;   /* gets that waited for a prefetch read of their key in flight */
@@ -647,8 +648,10 @@ void kvt_pool_get_stats(kvt_pool *pool, struct kvt_pool_stats *st /* OUT */);
 ** SHA-256); a value that fails is not promoted (pf_failed) and stays as it was, so its get reports
 ** it (KVT_ECORRUPT, KVT_EIO) exactly as without prefetch.  A value that passes becomes the most
 ** recently used RAM entry (its spill file is unlinked) and least recently used values are spilled
-** to keep RAM within budget_bytes, as a put would; promoted values no get has read yet may hold
-** at most half the budget (past it keys are skipped, pf_skipped).  A get of a key still queued
+** to keep RAM within budget_bytes, as a put would, but only values no prefetch brought in or named
+** (keys already in RAM when listed are kept for their gets) that no get has read since: a value
+** those cannot make room for is not read (pf_skipped).  Promoted values no get has read yet may
+** hold at most half the budget (past it keys are skipped too).  The budget stays a ceiling.  A get of a key still queued
 ** takes it back and reads the file itself (pf_claimed); of one in flight waits for that read
 ** (pf_waited) and then copies from RAM: a file is never read twice.  Returns the number of keys
 ** queued (>= 0).  Errors: KVT_EINVAL (NULL pool, NULL keys with n > 0, n < 0), KVT_ENOMEM (the

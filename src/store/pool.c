@@ -26,7 +26,10 @@
 ** the thread never touches an entry a get is reading from disk (`reading`), so no file is read
 ** twice.  A promoted value becomes an ordinary most recently used RAM entry under a new
 ** generation (its old file is unlinked) and make_room spills least recently used values, as a
-** put would, so the RAM budget stays a ceiling; unread promotions may take half of it.
+** put would, so the RAM budget stays a ceiling; unread promotions may take half of it.  A
+** promotion spills only values no prefetch brought in or named (`wanted`: in RAM when a prefetch
+** listed them) that no get has read since: a value is promoted only if those make room for it,
+** so a prefetch never pushes out the blocks the same resume is about to read from RAM.
 **
 ** The spill files themselves (format, names, the private directory, stale directories of dead
 ** processes) are store/spill.c's.
@@ -66,6 +69,8 @@ struct pool_entry {
     uint8_t  pf;       /* PF_NONE, PF_QUEUED (its key waits in the prefetch queue), PF_FLIGHT (the
                        ** prefetch thread is reading its file outside the lock) */
     bool     promoted; /* in RAM by prefetch, no get has read it yet (its bytes count in pf_unread) */
+    bool     wanted;   /* named by a prefetch while in RAM, no get has read it yet: a promotion
+                       ** does not evict it (a put may) */
     int32_t  reading;  /* gets reading its spill file outside the lock (prefetch leaves it alone) */
 };
 
@@ -189,11 +194,13 @@ static struct pool_entry *find_value(kvt_pool *pool, uint64_t key, uint64_t gen,
     return &pool->e[i];
 }
 
-/* Least recently used entry in `state` with a payload, or NULL. */
-static struct pool_entry *lru(kvt_pool *pool, int state) {
+/* Least recently used entry in `state` with a payload, or NULL; `protect`: not one a prefetch
+** brought in or named (promoted, wanted) that no get has read yet. */
+static struct pool_entry *lru(kvt_pool *pool, int state, bool protect) {
     struct pool_entry *v = NULL;
     for (size_t j = 0; j < pool->n_e; j++) {
         struct pool_entry *c = &pool->e[j];
+        if (protect && (c->promoted || c->wanted)) continue;
         if (c->state == state && c->n > 0 && (!v || c->last_use < v->last_use)) v = c;
     }
     return v;
@@ -210,7 +217,7 @@ static int reserve_disk(kvt_pool *pool, uint64_t key, uint64_t gen, struct trash
     const int64_t n = (int64_t)v->n, max = (int64_t)pool->spill_max;
     if (max && n > max) return RESERVE_DROP;
     while (max && pool->st.spill_bytes + pool->disk_reserved + n > max) {
-        struct pool_entry *d = lru(pool, E_DISK);
+        struct pool_entry *d = lru(pool, E_DISK, false);
         if (!d) return RESERVE_WAIT;
         if (d->last_use > v->last_use) return RESERVE_DROP;
         release_value(pool, d, t);
@@ -261,7 +268,7 @@ static bool commit_job(kvt_pool *pool, const struct spill_job *j, struct trash *
 ** RAM already, so two puts never spill for the same excess.  OUT *self_dropped: (key, gen) is
 ** no longer stored.  Returns KVT_EIO when a write failed (message: the first failure, how many
 ** entries were dropped for it), else 0. */
-static int make_room(kvt_pool *pool, uint64_t key, uint64_t gen, struct trash *t, bool *self_dropped) {
+static int make_room(kvt_pool *pool, uint64_t key, uint64_t gen, struct trash *t, bool *self_dropped, bool protect) {
     char first[PATH_MAX + 160] = "";
     int n_failed = 0;
     *self_dropped = false;
@@ -270,7 +277,8 @@ static int make_room(kvt_pool *pool, uint64_t key, uint64_t gen, struct trash *t
         int nj = 0;
         while (nj < JOBS_MAX && pool->st.ram_bytes - pool->in_flight > (int64_t)pool->budget) {
             struct pool_entry *v = find_value(pool, key, gen, NULL);
-            if (!v || v->state != E_RAM || v->n <= pool->budget) v = lru(pool, E_RAM);
+            if (!v || v->state != E_RAM || v->n <= pool->budget) v = lru(pool, E_RAM, protect);
+            if (!v && protect) v = lru(pool, E_RAM, false); /* the budget is a ceiling all the same */
             if (!v) break; /* everything left is being written by other puts */
             const uint64_t vk = v->key, vg = v->gen;
             const int res = reserve_disk(pool, vk, vg, t);
@@ -290,6 +298,7 @@ static int make_room(kvt_pool *pool, uint64_t key, uint64_t gen, struct trash *t
                 pool->st.pf_wasted++;
                 v->promoted = false;
             }
+            v->wanted = false;
             v->state = E_SPILLING;
             pool->in_flight += (int64_t)v->n;
             jobs[nj++] = (struct spill_job){ .key = vk, .gen = vg, .data = v->data, .n = v->n };
@@ -444,7 +453,7 @@ int kvt_pool_put(kvt_pool *pool, uint64_t key, const void *data, size_t n) {
                                       .last_use = ++pool->clock };
     pool->st.ram_bytes += (int64_t)n;
     bool self_dropped = false;
-    int rc = make_room(pool, key, gen, &t, &self_dropped);
+    int rc = make_room(pool, key, gen, &t, &self_dropped, false);
     if (rc) {
         char why[900];
         snprintf(why, sizeof why, "%s", kvt_errmsg());
@@ -497,6 +506,7 @@ int kvt_pool_get(kvt_pool *pool, uint64_t key, void **data, size_t *n) {
                            (unsigned long long)key);
         else if (len > 0)
             memcpy(buf, e->data, len);
+        if (buf) e->wanted = false;
         if (buf && e->promoted) {
             pool->st.pf_hits++;
             pool->pf_unread -= (int64_t)len;
@@ -597,8 +607,14 @@ static void *pf_main(void *arg) {
         if (!find(pool, key, &i) || pool->e[i].pf != PF_QUEUED) continue; /* taken back, deleted, replaced */
         struct pool_entry *e = &pool->e[i];
         e->pf = PF_NONE;
+        int64_t evictable = 0; /* RAM a promotion may spill: values no prefetch brought in or named */
+        for (size_t j = 0; j < pool->n_e; j++) {
+            const struct pool_entry *c = &pool->e[j];
+            if (c->state == E_RAM && !c->promoted && !c->wanted) evictable += (int64_t)c->n;
+        }
         if (e->state != E_DISK || e->reading || e->n > pool->budget ||
-            pool->pf_unread + (int64_t)e->n > (int64_t)(pool->budget / 2)) {
+            pool->pf_unread + (int64_t)e->n > (int64_t)(pool->budget / 2) ||
+            pool->st.ram_bytes - pool->in_flight - evictable + (int64_t)e->n > (int64_t)pool->budget) {
             pool->st.pf_skipped++;
             continue;
         }
@@ -635,7 +651,7 @@ static void *pf_main(void *arg) {
         pool->pf_unread += (int64_t)n;
         pool->st.pf_promoted++;
         bool self_dropped = false;
-        make_room(pool, key, ngen, &t, &self_dropped); /* a failed spill write is counted in n_dropped */
+        make_room(pool, key, ngen, &t, &self_dropped, true); /* a failed spill write is counted in n_dropped */
         pthread_mutex_unlock(&pool->mu);
         trash_empty(pool, &t);
         kvt__clear_error();
@@ -658,7 +674,12 @@ int kvt_pool_prefetch(kvt_pool *pool, const uint64_t *keys, int n) {
     }
     for (int k = 0; rc == 0 && k < n; k++) {
         size_t i;
-        if (!find(pool, keys[k], &i) || pool->e[i].state != E_DISK || pool->e[i].pf != PF_NONE) continue;
+        if (!find(pool, keys[k], &i)) continue;
+        if (pool->e[i].state != E_DISK) { /* in RAM: a promotion will not push it out before its get */
+            pool->e[i].wanted = true;
+            continue;
+        }
+        if (pool->e[i].pf != PF_NONE) continue;
         if (pool->pf_n == PF_QUEUE) {
             pool->st.pf_dropped++;
             continue;

@@ -15,7 +15,9 @@
 **                  read exactly once (spill reads by gets + promotions == keys).
 **   session        a parked session whose blocks spilled, resumed with and without
 **                  kvt_session_prefetch_resume: bit-identical logits; with it, resume's gets are
-**                  served by promoted blocks (pf_hits == pf_promoted > 0), no file read twice.
+**                  served by promoted blocks (pf_hits == pf_promoted > 0), no file read twice,
+**                  none of its blocks pushed out of RAM.  A session alone in its pool (RAM
+**                  holds its own blocks, named by the prefetch): nothing promoted, same logits.
 */
 #include "pool_fixture.h"
 
@@ -239,9 +241,10 @@ struct run_out {
     int64_t n_blocks, pool_bytes, spilled, queued, promoted, hits, spill_reads, recomputes;
 };
 
-/* A session of a few turns (blocks of 32) in a pool of `budget` bytes, parked, [prefetched],
-** resumed, then one probe token: OUT r (r->logits freed by the caller). */
-static void run(struct fx *f, kvt_engine *e, size_t budget, bool prefetch, struct run_out *r) {
+/* A session of a few turns (blocks of 32) in a pool of `budget` bytes, parked, `other` values of
+** `block` bytes put after it (another session parked later), [prefetched], resumed, then one
+** probe token: OUT r (r->logits freed by the caller). */
+static void run(struct fx *f, kvt_engine *e, size_t budget, bool prefetch, int other, size_t block, struct run_out *r) {
     struct kvt_engine_info I;
     kvt_engine_info(e, &I);
     kvt_pool *pool = open_pool(budget, f->dir);
@@ -259,6 +262,13 @@ static void run(struct fx *f, kvt_engine *e, size_t budget, bool prefetch, struc
     }
     assert_int_equal(kvt_session_prefetch_resume(s), 0); /* not parked: nothing */
     assert_int_equal(kvt_session_park(s), 0);
+    /* another session parked after it: its blocks take the RAM (this one's are spilled) */
+    uint64_t seed = 42;
+    for (int k = 0; k < other; k++) {
+        uint8_t *junk = rand_bytes(&seed, block);
+        assert_int_equal(kvt_pool_put(pool, 0xabc000 + (uint64_t)k, junk, block), 0);
+        free(junk);
+    }
     struct kvt_pool_stats ps;
     stats(pool, &ps);
     r->spilled = ps.n_spilled;
@@ -294,13 +304,17 @@ static void test_session(void **state) {
     struct kvt_engine_info I;
     kvt_engine_info(e, &I);
     struct run_out probe, off, on;
-    run(f, e, (size_t)256 << 20, false, &probe); /* nothing spills: the block size */
+    run(f, e, (size_t)256 << 20, false, 0, 0, &probe); /* nothing spills: the block size */
     assert_int_equal(probe.spilled, 0);
     assert_true(probe.n_blocks >= 5);
     const size_t block = (size_t)(probe.pool_bytes / probe.n_blocks);
     const size_t budget = 4 * block + block / 2; /* about 4 blocks in RAM, the rest spilled */
-    run(f, e, budget, false, &off);
-    run(f, e, budget, true, &on);
+    run(f, e, budget, false, 4, block, &off);
+    run(f, e, budget, true, 4, block, &on);
+    struct run_out alone; /* no other session: its own blocks fill RAM and prefetch evicts none */
+    run(f, e, budget, true, 0, block, &alone);
+    assert_true(alone.queued > 0);
+    assert_int_equal(alone.promoted, 0);
     print_message("blocks %lld (about %zu bytes), budget %zu: %lld spilled; prefetch queued %lld, promoted %lld, "
                   "hits %lld, spill reads %lld (off: %lld)\n", (long long)off.n_blocks, block, budget,
                   (long long)off.spilled, (long long)on.queued, (long long)on.promoted, (long long)on.hits,
@@ -311,19 +325,20 @@ static void test_session(void **state) {
     assert_true(on.promoted >= 1);
     assert_int_equal(on.hits, on.promoted); /* every promoted block served resume */
     assert_int_equal(off.hits, 0);
-    assert_true(on.spill_reads + on.promoted <= on.n_blocks); /* no block file read twice */
-    assert_true(on.spill_reads < off.spill_reads + on.promoted);
+    assert_int_equal(on.spill_reads + on.promoted, off.spill_reads); /* each file read once, none pushed out */
     assert_int_equal(on.recomputes, 0);
     assert_int_equal(off.recomputes, 0);
     double m = 0;
     for (int i = 0; i < I.n_vocab; i++) {
         m = fmax(m, fabs((double)on.logits[i] - off.logits[i]));
         m = fmax(m, fabs((double)on.logits[i] - probe.logits[i]));
+        m = fmax(m, fabs((double)alone.logits[i] - probe.logits[i]));
     }
     assert_true(m == 0.0);
     free(probe.logits);
     free(off.logits);
     free(on.logits);
+    free(alone.logits);
     kvt_engine_free(e);
 }
 
