@@ -657,7 +657,8 @@ void kvt_pool_get_stats(kvt_pool *pool, struct kvt_pool_stats *st /* OUT */);
 ** queued (>= 0).  Errors: KVT_EINVAL (NULL pool, NULL keys with n > 0, n < 0), KVT_ENOMEM (the
 ** thread could not be started; nothing queued).  Thread-safe.  Fault site (tests):
 ** KVT__FAULT_POOL_PREFETCH fails the thread's read.  kvt_session_prefetch_resume queues a parked
-** session's blocks; `kvtier serve` calls it for a queued or picked request of a parked session. */
+** session's blocks.  `kvtier serve` does not call it: measured, it did not shorten a resume
+** (docs/BENCHMARKS.md, "Block store prefetch"). */
 int kvt_pool_prefetch(kvt_pool *pool, const uint64_t *keys, int n);
 
 /* ====================================================================================== */

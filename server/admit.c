@@ -186,7 +186,6 @@ enum pick admit_session(struct server *srv, struct job *j, struct sess **out) {
         if (q < 0) return PICK_ERR;
         struct kvt_session_stats s0, s1;
         kvt_session_get_stats(x->s, &s0);
-        if (srv->prefetch) kvt_session_prefetch_resume(x->s); /* later blocks read while earlier ones load */
         int rc = kvt_session_resume(x->s, q);
         kvt_session_get_stats(x->s, &s1);
         j->resumed = s1.recoveries - s0.recoveries;
@@ -229,12 +228,7 @@ enum pick admit_session(struct server *srv, struct job *j, struct sess **out) {
 
 void admit_prefetch(struct server *srv, struct job *j) {
     struct sched *sc = srv->sched;
-    if (j->kind != JOB_CHAT) return;
-    if (j->session_id[0]) { /* a parked session's spilled blocks come back into the pool's RAM */
-        struct sess *x = find_session(srv, j->ns, j->session_id);
-        if (x && x->s && x->seq < 0) kvt_session_prefetch_resume(x->s);
-    }
-    if (!sc->store) return;
+    if (!sc->store || j->kind != JOB_CHAT) return;
     kvt_token *tok = NULL;
     int32_t n = 0;
     struct kvt_chain_params cp = { .block = srv->block, .tenant = srv->share_store ? NULL : j->ns };

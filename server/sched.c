@@ -812,7 +812,7 @@ void *serve_engine_main(void *arg) {
             activate(srv, j);
         }
         start_waiting(srv);
-        if (srv->prefetch) prefetch_queued(srv); /* store chains; parked sessions' pool blocks */
+        if (srv->prefetch && sc->store) prefetch_queued(srv);
         if (n_adm > 0) publish(srv);
         /* one token for every active job, one batched decode */
         bool ended = step_active(srv, NULL, NULL);
