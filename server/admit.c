@@ -226,9 +226,20 @@ enum pick admit_session(struct server *srv, struct job *j, struct sess **out) {
     return PICK_OK;
 }
 
+/* A queued job that names an existing session, or continues one's whole conversation, finds its
+** history in that session (resident, or in the host pool when parked): prefetching its chain from
+** the root would only push other entries out of the store's RAM tier for blocks no get reads. */
+static bool has_session(struct server *srv, const struct job *j) {
+    struct sched *sc = srv->sched;
+    if (j->session_id[0]) return find_session(srv, j->ns, j->session_id) != NULL;
+    for (int32_t i = 0; i < sc->cap; i++)
+        if (sc->sess[i].s && !strcmp(sc->sess[i].ns, j->ns) && continues(&sc->sess[i], j)) return true;
+    return false;
+}
+
 void admit_prefetch(struct server *srv, struct job *j) {
     struct sched *sc = srv->sched;
-    if (!sc->store || j->kind != JOB_CHAT) return;
+    if (!sc->store || j->kind != JOB_CHAT || has_session(srv, j)) return;
     kvt_token *tok = NULL;
     int32_t n = 0;
     struct kvt_chain_params cp = { .block = srv->block, .tenant = srv->share_store ? NULL : j->ns };

@@ -74,7 +74,8 @@ void admit_delete(struct server *srv, struct job *j);
 /* A chat job that waits in the queue: its prompt's chain (the template's tokens, the tenant a new
 ** session of its namespace would use) is prefetched from the block store's disk/Redis tiers into
 ** RAM (kvt_store_prefetch_chain), so its routing finds the blocks in RAM when it is admitted.
-** Engine thread; the caller holds a reference on j. */
+** Not for a job that names an existing session or continues one's conversation (its history is
+** in that session).  Engine thread; the caller holds a reference on j. */
 void admit_prefetch(struct server *srv, struct job *j);
 
 #endif
