@@ -1471,7 +1471,7 @@ struct kvt_store_stats {
                                      ** no memory; an injected fault) */
         int64_t claimed;             /* still queued when a get asked: the get read them itself */
         int64_t waited;              /* gets that waited for a prefetch of their key in flight */
-        int64_t cancelled;           /* taken back by kvt_store_prefetch_cancel */
+        int64_t cancelled;           /* taken back by kvt_store_prefetch_cancel / _forget */
         int64_t hits;                /* gets served from a promoted block (counted once each) */
         int64_t wasted;              /* promoted blocks evicted or expired before any get */
         int64_t unread_bytes;        /* RAM bytes of promoted blocks not read yet */
@@ -1522,6 +1522,12 @@ int  kvt_store_prefetch_chain(kvt_store *st, const struct kvt_chain_params *cp, 
 /* Take back every key still queued (not those in flight; prefetch.cancelled).  Returns how many.
 ** NULL ok.  Thread-safe. */
 int  kvt_store_prefetch_cancel(kvt_store *st);
+/* Take back the queued (not yet started) prefetches of the keys in keys[0..n): for a caller that
+** will not ask for them after all (a session's routing whose chain broke at an earlier miss, so
+** the threads do not look up keys no tier holds).  Returns how many were taken back (counted in
+** prefetch.cancelled); 0 for NULL st or keys, n <= 0, or a store without prefetch threads.  O(queue
+** length x n).  Thread-safe. */
+int  kvt_store_prefetch_forget(kvt_store *st, const kvt_key *keys, int n);
 /* A session's prefetch: the keys of the full blocks its next prompt routing would ask for if the
 ** session's stream is followed by tok[0..n) (kvt_session_sync / kvt_session_prefill route only
 ** at a block boundary of a chain-pure stream; otherwise nothing is queued) passed to

@@ -141,7 +141,8 @@ int kvt__sess_route(kvt_session *s, const kvt_token *tok, int32_t n, int role, i
         kvt_store_prefetch(s->p.store, keys, k_max, &s->model_fp);
         kvt__clear_error();
     }
-    for (int32_t j = 0; j < k_max; j++) {
+    int32_t j = 0;
+    for (; j < k_max; j++) {
         const kvt_key key = keys[j];
         void *data = NULL;
         size_t sz = 0;
@@ -153,6 +154,7 @@ int kvt__sess_route(kvt_session *s, const kvt_token *tok, int32_t n, int role, i
         p0[found] = s->next_pos + j * B;
         found++;
     }
+    if (j + 1 < k_max) kvt_store_prefetch_forget(s->p.store, keys + j + 1, k_max - j - 1); /* the chain broke at j */
     kvt__clear_error();
     if (found == 0) goto out;
     if ((rc = kvt__sess_reserve_positions(s, found * B))) goto out;
@@ -179,7 +181,7 @@ int kvt__sess_route(kvt_session *s, const kvt_token *tok, int32_t n, int role, i
     s->route_tokens_all += found * B;
     s->store_tokens += found * B;
 out:
-    for (int32_t j = 0; blobs && j <= found && j < k_max; j++) free(blobs[j].data);
+    for (int32_t q = 0; blobs && q <= found && q < k_max; q++) free(blobs[q].data);
     free(blobs);
     free(bp);
     free(p0);

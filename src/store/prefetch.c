@@ -302,21 +302,33 @@ int kvt__pf_wait(kvt_store *st, const kvt_key *key) {
     return res;
 }
 
-int kvt_store_prefetch_cancel(kvt_store *st) {
+/* Mark the queued items dead: all of them (keys NULL), or those whose key is in keys[0..n). */
+static int take_back(kvt_store *st, const kvt_key *keys, int n) {
     if (!st || !st->pf) return 0;
     struct kvt__pf *pf = st->pf;
-    int n = 0;
+    int got = 0;
     pthread_mutex_lock(&pf->mu);
     for (int32_t i = 0; i < pf->len; i++) {
         struct pf_item *it = &pf->ring[(pf->head + i) % pf->cap];
-        if (!it->dead) {
+        if (it->dead) continue;
+        bool hit = !keys;
+        for (int k = 0; !hit && k < n; k++) hit = same(&it->key, &keys[k]);
+        if (hit) {
             it->dead = true;
-            n++;
+            got++;
         }
     }
-    pf->cancelled += n;
+    pf->cancelled += got;
     pthread_mutex_unlock(&pf->mu);
-    return n;
+    return got;
+}
+
+int kvt_store_prefetch_cancel(kvt_store *st) {
+    return take_back(st, NULL, 0);
+}
+
+int kvt_store_prefetch_forget(kvt_store *st, const kvt_key *keys, int n) {
+    return keys && n > 0 ? take_back(st, keys, n) : 0;
 }
 
 void kvt__pf_stats(kvt_store *st, struct kvt_store_prefetch_stats *o) {

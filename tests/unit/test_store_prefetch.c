@@ -401,7 +401,7 @@ static void test_redis_frozen(void **state) {
     kvt_store_close(b);
 }
 
-/* kvt_store_prefetch_cancel takes back what is still queued behind a batch stuck on a frozen
+/* kvt_store_prefetch_forget / _cancel take back what is still queued behind a batch stuck on a frozen
 ** Redis (counted), not the batch in flight. */
 static void test_cancel(void **state) {
     struct fx *f = *state;
@@ -418,7 +418,12 @@ static void test_cancel(void **state) {
     assert_int_equal(kvt_store_prefetch(b, ks, N, &MODEL), N);
     for (int i = 0; i < 2000 && pstats(b).queue_len == N; i++) usleep(100); /* the thread took its first batch */
     int64_t queued = pstats(b).queue_len;
-    int n = kvt_store_prefetch_cancel(b);
+    /* the last 8 keys are queued behind the batch in flight: forget takes back exactly those */
+    assert_int_equal(kvt_store_prefetch_forget(b, ks + N - 8, 8), 8);
+    assert_int_equal(kvt_store_prefetch_forget(b, ks + N - 8, 8), 0); /* already taken back */
+    assert_int_equal(kvt_store_prefetch_forget(b, &warm, 1), 0);      /* never queued */
+    assert_int_equal(kvt_store_prefetch_forget(b, NULL, 3), 0);
+    int n = 8 + kvt_store_prefetch_cancel(b);
     struct kvt_store_prefetch_stats s = wait_idle(b);
     kill(f->redis.pid, SIGCONT);
     print_message("cancel: %d of %d keys taken back (%lld queued just before)\n", n, N, (long long)queued);
