@@ -4,7 +4,7 @@
 #   1. a server answers a ~4k-token prompt (store "miss": prefilled, every full block stored), and
 #      is stopped with SIGTERM (its writer drains the queue);
 #   2. a new server on the same --store answers the same prompt with store "exact", nearly every
-#      prompt token from the store, the identical greedy reply, disk hits in /metrics, and a
+#      prompt token from the store, the identical greedy reply, disk reads in /metrics, and a
 #      shorter time to the reply (printed, not asserted: timing is a benchmark's job);
 #   2b. that session parked by another prompt (one session slot) and resumed: same reply;
 #   3. tenancy: with API keys, key B never gets key A's blocks unless --share-store;
@@ -97,8 +97,14 @@ c2=$(field warm 'd["choices"][0]["message"]["content"]')
 [ -n "$c1" ] && [ "$c1" = "$c2" ] && ok "identical greedy reply: '$c1'" || bad "replies differ: '$c1' vs '$c2'"
 echo "  time to the reply: cold $(field cold 'round(d["_seconds"], 2)') s, from the store after a restart $(field warm 'round(d["_seconds"], 2)') s"
 curl -s "http://127.0.0.1:$PORT/metrics" >"$TMP/metrics"
-grep -q '^kvtier_store_hits_total{tier="disk"} [1-9]' "$TMP/metrics" && grep -q '^kvtier_store_routes_total{route="exact"} 1$' "$TMP/metrics" \
-    && ok "/metrics: disk hits and one exact route" || bad "/metrics: $(grep kvtier_store "$TMP/metrics" | head -20)"
+# the restarted server's RAM tier starts empty: its blocks came from disk, read either by the gets
+# (disk hits) or, ahead of them, by the prefetch threads (promoted into RAM, then RAM hits): which
+# one wins the race depends on the machine's load
+{ grep -q '^kvtier_store_hits_total{tier="disk"} [1-9]' "$TMP/metrics" ||
+    grep -q '^kvtier_store_prefetch_total{what="promoted"} [1-9]' "$TMP/metrics"; } &&
+    grep -q '^kvtier_store_routes_total{route="exact"} 1$' "$TMP/metrics" &&
+    ok "/metrics: blocks read from disk (by gets or prefetch) and one exact route" ||
+    bad "/metrics: $(grep kvtier_store "$TMP/metrics" | head -40)"
 # a session whose prefix came from the store is parked (one session slot: another prompt takes
 # it) and resumed: its blocks go to the pool with their sliding-window cells and come back
 ask other 1200 "" "Other notes"
