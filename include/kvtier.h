@@ -622,44 +622,9 @@ struct kvt_pool_stats {
     int64_t n_spill_writes, n_spill_reads, n_corrupt;
     int64_t n_dropped;                    /* entries dropped: their spill write failed, or the
                                           ** spill quota had no room for them */
-    /* prefetch (kvt_pool_prefetch), counts of keys: */
-    int64_t pf_issued;   /* queued */
-    int64_t pf_dropped;  /* not queued: the queue (128 keys) was full */
-    int64_t pf_promoted; /* read back into RAM */
-    int64_t pf_hits;     /* gets served from RAM by a promoted value (each promotion at most once) */
-    int64_t pf_wasted;   /* promoted values that left RAM (spilled, deleted, replaced) unread */
-    int64_t pf_skipped;  /* taken but not read: in RAM or being read by a get meanwhile, larger than
-                         ** the budget, unread promotions already hold half the budget, or no
-                         ** room: RAM is taken by values a prefetch brought in or named */
-    int64_t pf_failed;   /* reads that failed (spill file corrupt, missing, unreadable): not promoted */
-    int64_t pf_claimed;  /* gets that took their key back from the queue and read it themselves */
-    int64_t pf_waited;   /* gets that waited for a prefetch read of their key in flight */
 };
 /* Cannot fail; thread-safe.  n_corrupt counts failed reads, not distinct entries. */
 void kvt_pool_get_stats(kvt_pool *pool, struct kvt_pool_stats *st /* OUT */);
-
-/* Prefetch: ask for spilled values to be read back into RAM ahead of the gets that will want them
-** (the host-pool counterpart of kvt_store_prefetch; EdgeSync-LLM loads a session's KV before it
-** resumes).  keys[0..n) (in the order they will be asked for) that are on disk and not already
-** queued or in flight are queued for the pool's prefetch thread (started by the first call, run
-** at nice 10, stopped by kvt_pool_free) and the call returns: it never reads a file, never waits
-** for I/O, never blocks on a full queue (128 keys: the rest are dropped, pf_dropped).  Keys absent
-** or in RAM are ignored.  The thread reads each file as kvt_pool_get does (header, length,
-** SHA-256); a value that fails is not promoted (pf_failed) and stays as it was, so its get reports
-** it (KVT_ECORRUPT, KVT_EIO) exactly as without prefetch.  A value that passes becomes the most
-** recently used RAM entry (its spill file is unlinked) and least recently used values are spilled
-** to keep RAM within budget_bytes, as a put would, but only values no prefetch brought in or named
-** (keys already in RAM when listed are kept for their gets) that no get has read since: a value
-** those cannot make room for is not read (pf_skipped).  Promoted values no get has read yet may
-** hold at most half the budget (past it keys are skipped too).  The budget stays a ceiling.  A get of a key still queued
-** takes it back and reads the file itself (pf_claimed); of one in flight waits for that read
-** (pf_waited) and then copies from RAM: a file is never read twice.  Returns the number of keys
-** queued (>= 0).  Errors: KVT_EINVAL (NULL pool, NULL keys with n > 0, n < 0), KVT_ENOMEM (the
-** thread could not be started; nothing queued).  Thread-safe.  Fault site (tests):
-** KVT__FAULT_POOL_PREFETCH fails the thread's read.  kvt_session_prefetch_resume queues a parked
-** session's blocks.  `kvtier serve` does not call it: measured, it did not shorten a resume
-** (docs/BENCHMARKS.md, "Block store prefetch"). */
-int kvt_pool_prefetch(kvt_pool *pool, const uint64_t *keys, int n);
 
 /* ====================================================================================== */
 /* 5. Session: one conversation under a token budget                                      */
@@ -1535,13 +1500,6 @@ int  kvt_store_prefetch_forget(kvt_store *st, const kvt_key *keys, int n);
 ** NULL tok with n > 0, n < 0), KVT_ENOMEM.  Not thread-safe (the session's).  Declared here,
 ** beside the store it feeds. */
 int  kvt_session_prefetch(kvt_session *s, const kvt_token *tok, int32_t n);
-/* A parked session's prefetch: the pool keys of the blocks kvt_session_resume will load (those
-** parked on the device, in the order resume loads them) passed to kvt_pool_prefetch, so their
-** spilled copies are read back into the pool's RAM while the caller does other work (or while
-** resume loads the blocks before them).  Returns keys queued (0 if the session is not parked or
-** its recovery is breadcrumb).  Errors: KVT_EINVAL (NULL s), kvt_pool_prefetch's, KVT_ENOMEM.
-** Not thread-safe (the session's). */
-int  kvt_session_prefetch_resume(kvt_session *s);
 
 /* The Redis tier as the server sees it: keys under this kvtier's prefix ("kvtier:b1:", every
 ** model's, counted with SCAN, so it costs a pass over the Redis keyspace: for `kvtier store

@@ -22,7 +22,6 @@ enum kvt__fault_site {
     KVT__FAULT_CODEC_ALLOC,   /* a block codec allocation fails (encode's output growth, decode's block) */
     KVT__FAULT_ELASTIC_ALLOC, /* a live ElasticKV pass's allocation fails (kvt_seq_elastic: KVT_ENOMEM) */
     KVT__FAULT_STORE_PREFETCH, /* a block store prefetch's read fails (not promoted, prefetch.failed) */
-    KVT__FAULT_POOL_PREFETCH, /* a pool prefetch's spill file read fails: KVT_EIO (not promoted, pf_failed) */
     KVT__FAULT__COUNT
 };
 

@@ -308,28 +308,3 @@ int kvt_session_resume(kvt_session *s, int32_t seq) {
     s->next_pos = kvt_seq_pos_max(s->eng, s->p.seq) + 1;
     return rc;
 }
-
-int kvt_session_prefetch_resume(kvt_session *s) {
-    if (!s) return kvt__fail(KVT_EINVAL, "kvt_session_prefetch_resume: s is NULL");
-    if (!s->is_parked || s->p.recovery == KVT_RECOVERY_BREADCRUMB || s->n_b == 0) return 0;
-    uint64_t *keys = malloc(sizeof *keys * (size_t)s->n_b);
-    int32_t *p0 = malloc(sizeof *p0 * (size_t)s->n_b);
-    if (!keys || !p0) {
-        free(keys);
-        free(p0);
-        return kvt__fail(KVT_ENOMEM, "out of memory for %d prefetch keys", s->n_b);
-    }
-    int n = 0;
-    for (int32_t i = 0; i < s->n_b; i++) { /* resume's order: position (insertion sort) */
-        const struct blk *b = &s->b[i];
-        if (!b->parked) continue;
-        int k = n++;
-        for (; k > 0 && p0[k - 1] > b->info.p0; k--) { keys[k] = keys[k - 1]; p0[k] = p0[k - 1]; }
-        keys[k] = b->key;
-        p0[k] = b->info.p0;
-    }
-    int rc = kvt_pool_prefetch(s->pool, keys, n);
-    free(keys);
-    free(p0);
-    return rc;
-}

@@ -19,18 +19,6 @@
 ** its own file name (a per-pool generation number), so a late writer or unlink can never touch
 ** the file of a newer value under the same key.
 **
-** Prefetch (kvt_pool_prefetch): one thread per pool, started by the first call, reads queued
-** spilled values back into RAM ahead of the gets that will want them.  An entry carries its
-** prefetch state (queued, in flight) and a `promoted` mark until a get reads it; a get of a key
-** in flight waits on `pf_done`, one of a queued key takes it back and reads the file itself, and
-** the thread never touches an entry a get is reading from disk (`reading`), so no file is read
-** twice.  A promoted value becomes an ordinary most recently used RAM entry under a new
-** generation (its old file is unlinked) and make_room spills least recently used values, as a
-** put would, so the RAM budget stays a ceiling; unread promotions may take half of it.  A
-** promotion spills only values no prefetch brought in or named (`wanted`: in RAM when a prefetch
-** listed them) that no get has read since: a value is promoted only if those make room for it,
-** so a prefetch never pushes out the blocks the same resume is about to read from RAM.
-**
 ** The spill files themselves (format, names, the private directory, stale directories of dead
 ** processes) are store/spill.c's.
 */
@@ -46,14 +34,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #define JOBS_MAX      16 /* spill writes one put starts per round (then it relocks and looks again) */
-#define PF_QUEUE      128 /* keys waiting for the prefetch thread */
-
-enum { PF_NONE, PF_QUEUED, PF_FLIGHT };
 
 enum { E_RAM, E_SPILLING, E_DISK };
 
@@ -66,12 +49,6 @@ struct pool_entry {
     uint8_t  state;    /* E_RAM; E_SPILLING: in RAM, a put is writing it outside the lock;
                        ** E_DISK: only in its spill file */
     uint64_t last_use; /* LRU stamp: larger = more recent */
-    uint8_t  pf;       /* PF_NONE, PF_QUEUED (its key waits in the prefetch queue), PF_FLIGHT (the
-                       ** prefetch thread is reading its file outside the lock) */
-    bool     promoted; /* in RAM by prefetch, no get has read it yet (its bytes count in pf_unread) */
-    bool     wanted;   /* named by a prefetch while in RAM, no get has read it yet: a promotion
-                       ** does not evict it (a put may) */
-    int32_t  reading;  /* gets reading its spill file outside the lock (prefetch leaves it alone) */
 };
 
 /* A spill write taken out of the lock: the writer owns nothing but reads `data`, which stays
@@ -103,14 +80,6 @@ struct kvt_pool {
     int64_t  in_flight;     /* RAM bytes of E_SPILLING values (and of orphaned ones being written) */
     int64_t  disk_reserved; /* spill bytes reserved by writes in flight (the quota counts them) */
     struct kvt_pool_stats st;
-    /* prefetch (kvt_pool_prefetch) */
-    pthread_cond_t pf_wake;   /* the thread: a key was queued, or stop */
-    pthread_cond_t pf_done;   /* gets waiting for a read in flight */
-    pthread_t pf_thread;
-    bool      pf_on, pf_stop;
-    uint64_t  pf_q[PF_QUEUE];
-    int       pf_head, pf_n;
-    int64_t   pf_unread;      /* RAM bytes of promoted values no get has read */
 };
 
 static atomic_uint_fast64_t pool_serial;
@@ -162,11 +131,6 @@ static void trash_empty(const kvt_pool *pool, struct trash *t) {
 /* Release e's value and its share of the counters; the slot itself stays.  A value being spilled
 ** keeps its buffer and its RAM bytes: the writer frees them when it finds the value gone. */
 static void release_value(kvt_pool *pool, struct pool_entry *e, struct trash *t) {
-    if (e->promoted) {
-        pool->pf_unread -= (int64_t)e->n;
-        pool->st.pf_wasted++;
-        e->promoted = false;
-    }
     if (e->state == E_DISK) {
         trash_add(pool, t, e->key, e->gen);
         pool->st.n_spilled--;
@@ -194,13 +158,11 @@ static struct pool_entry *find_value(kvt_pool *pool, uint64_t key, uint64_t gen,
     return &pool->e[i];
 }
 
-/* Least recently used entry in `state` with a payload, or NULL; `protect`: not one a prefetch
-** brought in or named (promoted, wanted) that no get has read yet. */
-static struct pool_entry *lru(kvt_pool *pool, int state, bool protect) {
+/* Least recently used entry in `state` with a payload, or NULL. */
+static struct pool_entry *lru(kvt_pool *pool, int state) {
     struct pool_entry *v = NULL;
     for (size_t j = 0; j < pool->n_e; j++) {
         struct pool_entry *c = &pool->e[j];
-        if (protect && (c->promoted || c->wanted)) continue;
         if (c->state == state && c->n > 0 && (!v || c->last_use < v->last_use)) v = c;
     }
     return v;
@@ -217,7 +179,7 @@ static int reserve_disk(kvt_pool *pool, uint64_t key, uint64_t gen, struct trash
     const int64_t n = (int64_t)v->n, max = (int64_t)pool->spill_max;
     if (max && n > max) return RESERVE_DROP;
     while (max && pool->st.spill_bytes + pool->disk_reserved + n > max) {
-        struct pool_entry *d = lru(pool, E_DISK, false);
+        struct pool_entry *d = lru(pool, E_DISK);
         if (!d) return RESERVE_WAIT;
         if (d->last_use > v->last_use) return RESERVE_DROP;
         release_value(pool, d, t);
@@ -268,7 +230,7 @@ static bool commit_job(kvt_pool *pool, const struct spill_job *j, struct trash *
 ** RAM already, so two puts never spill for the same excess.  OUT *self_dropped: (key, gen) is
 ** no longer stored.  Returns KVT_EIO when a write failed (message: the first failure, how many
 ** entries were dropped for it), else 0. */
-static int make_room(kvt_pool *pool, uint64_t key, uint64_t gen, struct trash *t, bool *self_dropped, bool protect) {
+static int make_room(kvt_pool *pool, uint64_t key, uint64_t gen, struct trash *t, bool *self_dropped) {
     char first[PATH_MAX + 160] = "";
     int n_failed = 0;
     *self_dropped = false;
@@ -277,8 +239,7 @@ static int make_room(kvt_pool *pool, uint64_t key, uint64_t gen, struct trash *t
         int nj = 0;
         while (nj < JOBS_MAX && pool->st.ram_bytes - pool->in_flight > (int64_t)pool->budget) {
             struct pool_entry *v = find_value(pool, key, gen, NULL);
-            if (!v || v->state != E_RAM || v->n <= pool->budget) v = lru(pool, E_RAM, protect);
-            if (!v && protect) v = lru(pool, E_RAM, false); /* the budget is a ceiling all the same */
+            if (!v || v->state != E_RAM || v->n <= pool->budget) v = lru(pool, E_RAM);
             if (!v) break; /* everything left is being written by other puts */
             const uint64_t vk = v->key, vg = v->gen;
             const int res = reserve_disk(pool, vk, vg, t);
@@ -293,12 +254,6 @@ static int make_room(kvt_pool *pool, uint64_t key, uint64_t gen, struct trash *t
                 continue;
             }
             v = find_value(pool, vk, vg, NULL);
-            if (v->promoted) { /* spilled again before any get read it */
-                pool->pf_unread -= (int64_t)v->n;
-                pool->st.pf_wasted++;
-                v->promoted = false;
-            }
-            v->wanted = false;
             v->state = E_SPILLING;
             pool->in_flight += (int64_t)v->n;
             jobs[nj++] = (struct spill_job){ .key = vk, .gen = vg, .data = v->data, .n = v->n };
@@ -367,8 +322,7 @@ int kvt_pool_open(const struct kvt_pool_params *p, kvt_pool **out) {
         free(pool);
         return kvt__fail(KVT_ENOMEM, "out of memory for spill_dir %s", d.spill_dir);
     }
-    if (pthread_mutex_init(&pool->mu, NULL) || pthread_cond_init(&pool->pf_wake, NULL) ||
-        pthread_cond_init(&pool->pf_done, NULL)) {
+    if (pthread_mutex_init(&pool->mu, NULL)) {
         free(pool->sp.dir);
         free(pool);
         return kvt__fail(KVT_ENOMEM, "pthread_mutex_init failed for a pool");
@@ -386,13 +340,6 @@ int kvt_pool_open(const struct kvt_pool_params *p, kvt_pool **out) {
 ** with other calls on the same pool (so no value is being spilled). */
 void kvt_pool_free(kvt_pool *pool) {
     if (!pool) return;
-    if (pool->pf_on) {
-        pthread_mutex_lock(&pool->mu);
-        pool->pf_stop = true;
-        pthread_cond_signal(&pool->pf_wake);
-        pthread_mutex_unlock(&pool->mu);
-        pthread_join(pool->pf_thread, NULL);
-    }
     for (size_t i = 0; i < pool->n_e; i++) {
         struct pool_entry *e = &pool->e[i];
         if (e->state == E_DISK) kvt__spill_unlink(&pool->sp, e->key, e->gen);
@@ -400,8 +347,6 @@ void kvt_pool_free(kvt_pool *pool) {
     }
     kvt__spill_close(&pool->sp);
     free(pool->e);
-    pthread_cond_destroy(&pool->pf_wake);
-    pthread_cond_destroy(&pool->pf_done);
     pthread_mutex_destroy(&pool->mu);
     free(pool);
 }
@@ -453,7 +398,7 @@ int kvt_pool_put(kvt_pool *pool, uint64_t key, const void *data, size_t n) {
                                       .last_use = ++pool->clock };
     pool->st.ram_bytes += (int64_t)n;
     bool self_dropped = false;
-    int rc = make_room(pool, key, gen, &t, &self_dropped, false);
+    int rc = make_room(pool, key, gen, &t, &self_dropped);
     if (rc) {
         char why[900];
         snprintf(why, sizeof why, "%s", kvt_errmsg());
@@ -480,22 +425,11 @@ int kvt_pool_get(kvt_pool *pool, uint64_t key, void **data, size_t *n) {
     *n = 0;
     pthread_mutex_lock(&pool->mu);
     size_t i;
-    bool waited = false;
-    for (;;) {
-        if (!find(pool, key, &i)) {
-            pthread_mutex_unlock(&pool->mu);
-            return kvt__fail(KVT_ENOENT, "key %016llx is not in the pool", (unsigned long long)key);
-        }
-        if (pool->e[i].pf != PF_FLIGHT) break;
-        if (!waited) pool->st.pf_waited++; /* the prefetch thread is reading it: wait, then look again */
-        waited = true;
-        pthread_cond_wait(&pool->pf_done, &pool->mu);
+    if (!find(pool, key, &i)) {
+        pthread_mutex_unlock(&pool->mu);
+        return kvt__fail(KVT_ENOENT, "key %016llx is not in the pool", (unsigned long long)key);
     }
     struct pool_entry *e = &pool->e[i];
-    if (e->pf == PF_QUEUED) { /* still queued: taken back and read here */
-        e->pf = PF_NONE;
-        pool->st.pf_claimed++;
-    }
     const uint64_t gen = e->gen;
     const size_t len = e->n;
     uint8_t *buf = NULL;
@@ -506,20 +440,12 @@ int kvt_pool_get(kvt_pool *pool, uint64_t key, void **data, size_t *n) {
                            (unsigned long long)key);
         else if (len > 0)
             memcpy(buf, e->data, len);
-        if (buf) e->wanted = false;
-        if (buf && e->promoted) {
-            pool->st.pf_hits++;
-            pool->pf_unread -= (int64_t)len;
-            e->promoted = false;
-        }
     } else {
-        e->reading++;
         pthread_mutex_unlock(&pool->mu);
         bool missing = false;
         rc = kvt__spill_read(&pool->sp, key, gen, len, &buf, &missing);
         pthread_mutex_lock(&pool->mu);
         e = find_value(pool, key, gen, NULL);
-        if (e) e->reading--;
         if (rc == 0) pool->st.n_spill_reads++;
         if (rc == KVT_ECORRUPT) pool->st.n_corrupt++;
         if (rc == KVT_EIO && missing && !e)
@@ -585,112 +511,4 @@ void kvt_pool_get_stats(kvt_pool *pool, struct kvt_pool_stats *st) {
     pthread_mutex_lock(&pool->mu);
     *st = pool->st;
     pthread_mutex_unlock(&pool->mu);
-}
-
-/* ---- prefetch ---------------------------------------------------------------------- */
-
-/* The prefetch thread: takes queued keys in order and reads each value still on disk back into
-** RAM (see the top of the file).  Runs until kvt_pool_free sets pf_stop. */
-static void *pf_main(void *arg) {
-    kvt_pool *pool = arg;
-    setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10); /* yield to the decode's cores */
-    pthread_mutex_lock(&pool->mu);
-    while (!pool->pf_stop) {
-        if (pool->pf_n == 0) {
-            pthread_cond_wait(&pool->pf_wake, &pool->mu);
-            continue;
-        }
-        const uint64_t key = pool->pf_q[pool->pf_head];
-        pool->pf_head = (pool->pf_head + 1) % PF_QUEUE;
-        pool->pf_n--;
-        size_t i;
-        if (!find(pool, key, &i) || pool->e[i].pf != PF_QUEUED) continue; /* taken back, deleted, replaced */
-        struct pool_entry *e = &pool->e[i];
-        e->pf = PF_NONE;
-        int64_t evictable = 0; /* RAM a promotion may spill: values no prefetch brought in or named */
-        for (size_t j = 0; j < pool->n_e; j++) {
-            const struct pool_entry *c = &pool->e[j];
-            if (c->state == E_RAM && !c->promoted && !c->wanted) evictable += (int64_t)c->n;
-        }
-        if (e->state != E_DISK || e->reading || e->n > pool->budget ||
-            pool->pf_unread + (int64_t)e->n > (int64_t)(pool->budget / 2) ||
-            pool->st.ram_bytes - pool->in_flight - evictable + (int64_t)e->n > (int64_t)pool->budget) {
-            pool->st.pf_skipped++;
-            continue;
-        }
-        e->pf = PF_FLIGHT;
-        const uint64_t gen = e->gen;
-        const size_t n = e->n;
-        pthread_mutex_unlock(&pool->mu);
-        uint8_t *buf = NULL;
-        bool missing = false;
-        int rc = kvt__fault_check(KVT__FAULT_POOL_PREFETCH)
-                     ? kvt__fail(KVT_EIO, "prefetch read of key %016llx failed (injected)", (unsigned long long)key)
-                     : kvt__spill_read(&pool->sp, key, gen, n, &buf, &missing);
-        pthread_mutex_lock(&pool->mu);
-        e = find_value(pool, key, gen, NULL);
-        if (e) e->pf = PF_NONE;
-        pthread_cond_broadcast(&pool->pf_done);
-        if (rc || !e || e->state != E_DISK) { /* a failed check leaves the entry for its get to report */
-            if (rc) pool->st.pf_failed++;
-            else pool->st.pf_skipped++;
-            free(buf);
-            continue;
-        }
-        struct trash t = {0};
-        trash_add(pool, &t, key, gen); /* the old file goes; the value gets a new name should it spill again */
-        pool->st.n_spilled--;
-        pool->st.spill_bytes -= (int64_t)n;
-        const uint64_t ngen = ++pool->gen;
-        e->gen = ngen;
-        e->data = buf;
-        e->state = E_RAM;
-        e->last_use = ++pool->clock;
-        e->promoted = true;
-        pool->st.ram_bytes += (int64_t)n;
-        pool->pf_unread += (int64_t)n;
-        pool->st.pf_promoted++;
-        bool self_dropped = false;
-        make_room(pool, key, ngen, &t, &self_dropped, true); /* a failed spill write is counted in n_dropped */
-        pthread_mutex_unlock(&pool->mu);
-        trash_empty(pool, &t);
-        kvt__clear_error();
-        pthread_mutex_lock(&pool->mu);
-    }
-    pthread_mutex_unlock(&pool->mu);
-    return NULL;
-}
-
-int kvt_pool_prefetch(kvt_pool *pool, const uint64_t *keys, int n) {
-    if (!pool || (!keys && n > 0) || n < 0)
-        return kvt__fail(KVT_EINVAL, "kvt_pool_prefetch: %s", !pool ? "pool is NULL"
-                         : n < 0 ? "n is negative" : "keys is NULL with n > 0");
-    int queued = 0, rc = 0;
-    pthread_mutex_lock(&pool->mu);
-    if (!pool->pf_on && n > 0) {
-        int e = pthread_create(&pool->pf_thread, NULL, pf_main, pool);
-        if (e) rc = kvt__fail(KVT_ENOMEM, "cannot start the pool's prefetch thread: %s", strerror(e));
-        else pool->pf_on = true;
-    }
-    for (int k = 0; rc == 0 && k < n; k++) {
-        size_t i;
-        if (!find(pool, keys[k], &i)) continue;
-        if (pool->e[i].state != E_DISK) { /* in RAM: a promotion will not push it out before its get */
-            pool->e[i].wanted = true;
-            continue;
-        }
-        if (pool->e[i].pf != PF_NONE) continue;
-        if (pool->pf_n == PF_QUEUE) {
-            pool->st.pf_dropped++;
-            continue;
-        }
-        pool->pf_q[(pool->pf_head + pool->pf_n) % PF_QUEUE] = keys[k];
-        pool->pf_n++;
-        pool->e[i].pf = PF_QUEUED;
-        pool->st.pf_issued++;
-        queued++;
-    }
-    if (queued) pthread_cond_signal(&pool->pf_wake);
-    pthread_mutex_unlock(&pool->mu);
-    return rc ? rc : queued;
 }
