@@ -153,8 +153,20 @@ struct eval_row {
     double  kl;             /* ppl: mean KL(no_eviction || policy) per token over the full
                             ** vocabulary (nats); NaN without a reference */
     bool    error;
+    int32_t fact;           /* enum eval_fact_state: where the probed fact's statement was when
+                            ** the question had been added (after its recovery); ppl: unknown */
     char   *reply;          /* generated reply (malloc'd), "" for ppl */
 };
+
+/* Where a probed fact's statement (located by its number's first occurrence in the block texts)
+** was once the question had been added: what a failed case needs to say why it failed. */
+enum eval_fact_state {
+    EVAL_FACT_UNKNOWN   = 0, /* not found in the block texts (ppl rows; detokenization split) */
+    EVAL_FACT_RESIDENT  = 1, /* resident, never evicted */
+    EVAL_FACT_RECOVERED = 2, /* evicted, then recovered: resident again */
+    EVAL_FACT_EVICTED   = 3, /* evicted and not resident (at least one of its blocks) */
+};
+const char *eval_fact_state_name(int32_t state);
 
 struct eval_sess {
     int32_t pi, case_index;

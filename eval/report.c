@@ -419,7 +419,7 @@ static int write_csv(const char *path, const struct eval_opts *o, const struct e
     FILE *f = fopen(path, "w");
     if (!f) return -1;
     fprintf(f, "policy,case,depth,context,budget,passed,answer_logprob,evictions,recoveries,task,item,n,answer_tokens,"
-               "tokens,peak_resident_tokens,ttft_ms,nll_per_token,kl,number_logprob,prefix_passed,error,reply\n");
+               "tokens,peak_resident_tokens,ttft_ms,nll_per_token,kl,number_logprob,prefix_passed,error,fact,reply\n");
     for (int32_t i = 0; i < res->n_rows; i++) {
         const struct eval_row *r = &res->rows[i];
         csv_str(f, o->label[r->pi]); /* quoted: "kvtier+elastic:0.35,0.17" holds a comma */
@@ -436,7 +436,7 @@ static int write_csv(const char *path, const struct eval_opts *o, const struct e
         csv_num(f, r->kl, "%.6f");
         fputc(',', f);
         csv_num(f, r->number_logprob, "%.6f");
-        fprintf(f, ",%d,%d,", r->prefix_passed, r->error ? 1 : 0);
+        fprintf(f, ",%d,%d,%s,", r->prefix_passed, r->error ? 1 : 0, eval_fact_state_name(r->fact));
         char *reply = app_utf8_clean(r->reply ? r->reply : ""); /* the file is UTF-8 */
         csv_str(f, reply ? reply : "");
         free(reply);
@@ -451,7 +451,7 @@ static json_t *rows_json(const struct eval_opts *o, const struct eval_results *r
     for (int32_t i = 0; a && i < res->n_rows; i++) {
         const struct eval_row *r = &res->rows[i];
         char *reply = app_utf8_clean(r->reply ? r->reply : "");
-        json_t *j = reply ? json_pack("{s:s, s:i, s:i, s:o, s:i, s:i, s:o, s:i, s:o, s:i, s:I, s:I, s:i, s:i, s:o, s:o, s:o, s:b, s:s}",
+        json_t *j = reply ? json_pack("{s:s, s:i, s:i, s:o, s:i, s:i, s:o, s:i, s:o, s:i, s:I, s:I, s:i, s:i, s:o, s:o, s:o, s:b, s:s, s:s}",
                                       "policy", o->label[r->pi], "case", r->case_index + 1, "item",
                                       r->item, "depth", r->depth >= 0 ? json_integer(r->depth) : json_null(), "n", r->n,
                                       "passed", r->passed, "answer_logprob", jnum(r->answer_logprob), "answer_tokens",
@@ -459,7 +459,7 @@ static json_t *rows_json(const struct eval_opts *o, const struct eval_results *r
                                       r->prefix_passed, "evictions", (json_int_t) r->evictions, "recoveries",
                                       (json_int_t) r->recoveries, "tokens", r->tokens, "peak_resident_tokens",
                                       r->peak_resident, "ttft_ms", jnum(r->ttft_ms), "nll_per_token", jnum(r->nll),
-                                      "kl", jnum(r->kl), "error", r->error, "reply", reply)
+                                      "kl", jnum(r->kl), "error", r->error, "fact", eval_fact_state_name(r->fact), "reply", reply)
                           : NULL;
         free(reply);
         if (!j || json_array_append_new(a, j)) {

@@ -89,6 +89,54 @@ static void trim_reply(char *r) {
     memmove(r, p, strlen(p) + 1);
 }
 
+const char *eval_fact_state_name(int32_t state) {
+    static const char *const names[] = { "unknown", "resident", "recovered", "evicted" };
+    return state >= 0 && state < 4 ? names[state] : "unknown";
+}
+
+/* Where the fact is now: the blocks whose texts (concatenated in creation order: the
+** conversation's text) cover the first occurrence of its number, and whether each of them is
+** resident and was ever evicted. */
+static int32_t fact_state(kvt_session *s, const struct eval_fact *f) {
+    const int32_t nb = kvt_session_n_blocks(s);
+    size_t len = 0, cap = 0;
+    char *all = NULL;
+    size_t *start = malloc(sizeof *start * (size_t) (nb > 0 ? nb + 1 : 1));
+    int32_t state = EVAL_FACT_UNKNOWN;
+    if (!start) return state;
+    for (int32_t i = 0; i < nb; i++) {
+        struct kvt_block_info bi;
+        start[i] = len;
+        if (kvt_session_block(s, i, &bi) || !bi.text) continue;
+        size_t m = strlen(bi.text);
+        if (len + m + 1 > cap) {
+            size_t nc = (len + m + 1) * 2;
+            char *t = realloc(all, nc);
+            if (!t) goto out;
+            all = t;
+            cap = nc;
+        }
+        memcpy(all + len, bi.text, m + 1);
+        len += m;
+    }
+    start[nb] = len;
+    const char *hit = all ? strstr(all, f->number) : NULL;
+    if (!hit) goto out;
+    const size_t a = (size_t) (hit - all), b = a + strlen(f->number);
+    bool evicted = false, resident = true;
+    for (int32_t i = 0; i < nb; i++) {
+        struct kvt_block_info bi;
+        if (start[i + 1] <= a || start[i] >= b || kvt_session_block(s, i, &bi)) continue;
+        evicted |= bi.n_evictions > 0;
+        resident &= bi.residency == KVT_RES_DEVICE;
+    }
+    state = !resident ? EVAL_FACT_EVICTED : evicted ? EVAL_FACT_RECOVERED : EVAL_FACT_RESIDENT;
+out:
+    free(all);
+    free(start);
+    return state;
+}
+
 /* One probe: question; log-probabilities of the answer and of the number after the answer's
 ** prefix; greedy reply.  OUT row fields. */
 static int probe(const char *cmd, kvt_engine *eng, kvt_session *s, const struct eval_opts *o,
@@ -100,6 +148,7 @@ static int probe(const char *cmd, kvt_engine *eng, kvt_session *s, const struct 
         return rc;
     }
     double t_added = now_ms();
+    row->fact = fact_state(s, f);
     if ((rc = kvt_session_answer_logprob(s, f->answer, &row->answer_logprob, &row->answer_tokens))) {
         app_fail(cmd, "answer log-probability", rc);
         return rc;
@@ -390,8 +439,8 @@ int eval_run_case(const char *cmd, kvt_engine *eng, kvt_pool *pool, const struct
         fprintf(stderr, "ERROR (%s)", kvt_strerror(rc));
     } else if (o->task == EVAL_NIAH) {
         const struct eval_row *r = &res->rows[first_row];
-        fprintf(stderr, "%s, prefix %s, lp %.2f, number lp %.2f", passed ? "pass" : "fail",
-                r->prefix_passed ? "pass" : "fail", lp, r->number_logprob);
+        fprintf(stderr, "%s, prefix %s, lp %.2f, number lp %.2f, needle %s", passed ? "pass" : "fail",
+                r->prefix_passed ? "pass" : "fail", lp, r->number_logprob, eval_fact_state_name(r->fact));
         char *clean = app_utf8_clean(r->reply ? r->reply : "");
         if (clean) {
             for (char *c = clean; *c; c++) *c = (*c == '\n' || *c == '\r' || *c == '\t') ? ' ' : *c;
@@ -399,9 +448,13 @@ int eval_run_case(const char *cmd, kvt_engine *eng, kvt_pool *pool, const struct
         }
         free(clean);
     } else if (o->task == EVAL_MULTIFACT) {
-        int32_t pp = 0;
-        for (int32_t i = first_row; i < res->n_rows; i++) pp += res->rows[i].prefix_passed;
-        fprintf(stderr, "%d/%d pass, %d/%d prefix pass, mean lp %.2f", passed, n, pp, n, n_rows ? lp / n_rows : 0.0);
+        int32_t pp = 0, nf[4] = { 0 };
+        for (int32_t i = first_row; i < res->n_rows; i++) {
+            pp += res->rows[i].prefix_passed;
+            nf[res->rows[i].fact >= 0 && res->rows[i].fact < 4 ? res->rows[i].fact : 0]++;
+        }
+        fprintf(stderr, "%d/%d pass, %d/%d prefix pass, mean lp %.2f, facts resident %d recovered %d evicted %d", passed, n,
+                pp, n, n_rows ? lp / n_rows : 0.0, nf[EVAL_FACT_RESIDENT], nf[EVAL_FACT_RECOVERED], nf[EVAL_FACT_EVICTED]);
     } else {
         fprintf(stderr, "ppl %.3f, top-1 %d/%d", n ? exp(nll / n) : NAN, passed, n);
         if (n_kl) fprintf(stderr, ", kl %.4f", kl / n_kl);

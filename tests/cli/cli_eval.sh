@@ -104,10 +104,15 @@ for task in niah multifact ppl; do
     if ! grep -q "^\[$task\] case 2/2" "$TMP/$task.err"; then bad "$task: progress lines on stderr"; else ok "$task: progress lines on stderr"; fi
 done
 check niah "niah: one row per case and policy" 'len(rows) == 6 and all(r["passed"] in ("0", "1") for r in rows)'
+check niah "niah: each row says where the needle was at the question (no_eviction: resident; streaming: evicted in some case; ppl: unknown)" \
+    'all(r["fact"] == "resident" for r in rows if r["policy"] == "no_eviction") and any(r["fact"] == "evicted" for r in rows if r["policy"] == "streaming") and all(r["fact"] in ("resident", "recovered", "evicted") for r in rows) and [r["fact"] for r in rows] == [r["fact"] for r in f["rows"]]'
 check niah "niah: cases cycle through the depths" 'sorted(set(r["depth"] for r in rows)) == ["25", "5"]'
 check niah "niah: the table is on stdout before the JSON line" \
     'open(f"{tmp}/niah.out").read().startswith("# kvtier eval niah")'
 check multifact "multifact: five probes per case and policy" 'len(rows) == 30'
+check multifact "multifact: no_eviction's facts are all resident, streaming lost some" \
+    'all(r["fact"] == "resident" for r in rows if r["policy"] == "no_eviction") and any(r["fact"] == "evicted" for r in rows if r["policy"] == "streaming")'
+check ppl "ppl: rows carry no fact (unknown)" 'all(r["fact"] == "unknown" for r in rows)'
 check ppl "ppl: perplexity, NLL difference and KL bound per policy" \
     'all(p["ppl"] > 1 for p in j["policies"]) and P["no_eviction"]["kl_vs_ref"] < 1e-6 and P["streaming"]["kl_vs_ref"] > 0 and all(p["kl_vs_ref"] >= 0 for p in j["policies"]) and P["streaming"]["nll_abs_diff_vs_ref"] >= 0'
 
