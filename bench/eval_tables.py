@@ -1,10 +1,17 @@
 #!/usr/bin/env python3
-"""bench/eval_tables.py DIR — Markdown tables from the JSON files `kvtier eval` wrote into DIR
-(e.g. results/grid-<time>/ from bench/eval_grid.sh), for docs/EVALUATION.md: one table per
+"""bench/eval_tables.py [--pool] DIR — Markdown tables from the JSON files `kvtier eval` wrote into
+DIR (e.g. results/grid-<time>/ from bench/eval_grid.sh), for docs/EVALUATION.md: one table per
 run (niah/multifact: pass rates with Wilson intervals, log-probabilities and their paired
-differences to no_eviction; ppl: perplexity, exact KL), then a grid summary of the niah runs."""
+differences to no_eviction; ppl: perplexity, exact KL), then a grid summary of the niah runs.
+
+--pool: runs of the same task, context and budget (e.g. several seeds) pooled into one table per
+cell, with Wilson intervals over all their cases, and each policy's failed probes sorted by why,
+from the per-case rows: 'model' (no_eviction failed the same probe too), 'not recovered' (the
+fact's block was evicted and not resident at the question), 'not used' (the fact was resident,
+never evicted or recovered, and the reply still missed it)."""
 import glob
 import json
+import math
 import sys
 
 
@@ -76,8 +83,66 @@ def grid(rs):
     print()
 
 
+def wilson(k, n, z=1.959964):
+    if n == 0:
+        return (0.0, 0.0)
+    p = k / n
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return (max(0.0, c - h), min(1.0, c + h))
+
+
+def pooled(rs):
+    cells = {}
+    for f, j in rs:
+        if j["task"] in ("niah", "multifact"):
+            cells.setdefault((j["task"], j["context"], j["budget"]), []).append((f, j))
+    for (task, ctx, budget), group in sorted(cells.items()):
+        seeds = sorted(j["seed"] for _, j in group)
+        rows = []  # (run, case, item, row)
+        for f, j in group:
+            for r in j.get("rows", []):
+                rows.append(((j["seed"], r["case"], r["item"]), r))
+        pols = [p["policy"] for p in group[0][1]["policies"]]
+        ref = {k: r for k, r in rows if r["policy"] == "no_eviction"}
+        n_cases = sum(j["cases"] for _, j in group)
+        print(f"#### {task}, context {ctx}, budget {budget}: {n_cases} cases pooled over seeds "
+              f"{', '.join(map(str, seeds))} (commit `{group[0][1]['commit']}`, "
+              f"{sum(j['seconds'] for _, j in group) / 3600:.1f} h of runs)\n")
+        print("| policy | pass (free reply) [95% CI] | vs no_eviction | prefix pass [95% CI] | answer log-prob | "
+              "Δ vs no_eviction | fact at the question: resident / recovered / evicted | failed: model / not recovered / not used |")
+        print("|---|---|---|---|---|---|---|---|")
+        ref_pass = sum(r["passed"] for r in ref.values())
+        for name in pols:
+            mine = [(k, r) for k, r in rows if r["policy"] == name and not r.get("error")]
+            n = len(mine)
+            k_pass = sum(r["passed"] for _, r in mine)
+            k_pre = sum(r["prefix_passed"] for _, r in mine)
+            lo, hi = wilson(k_pass, n)
+            plo, phi = wilson(k_pre, n)
+            lps = [r["answer_logprob"] for _, r in mine if r["answer_logprob"] is not None]
+            d = [r["answer_logprob"] - ref[k]["answer_logprob"] for k, r in mine
+                 if k in ref and r["answer_logprob"] is not None and ref[k]["answer_logprob"] is not None]
+            st = {s: sum(1 for _, r in mine if r.get("fact") == s) for s in ("resident", "recovered", "evicted")}
+            fails = [(k, r) for k, r in mine if not r["passed"]]
+            model = sum(1 for k, r in fails if k in ref and not ref[k]["passed"])
+            lost = sum(1 for k, r in fails if not (k in ref and not ref[k]["passed"]) and r.get("fact") == "evicted")
+            unused = len(fails) - model - lost
+            rel = f"{k_pass / ref_pass * 100:.0f} %" if ref_pass else "–"
+            print(f"| {name} | {k_pass}/{n} = {k_pass / n if n else 0:.2f} [{lo:.2f}, {hi:.2f}] | {rel} | "
+                  f"{k_pre}/{n} [{plo:.2f}, {phi:.2f}] | {sum(lps) / len(lps) if lps else float('nan'):.2f} | "
+                  f"{(sum(d) / len(d)) if d else 0:+.2f} | {st['resident']} / {st['recovered']} / {st['evicted']} | "
+                  f"{model} / {lost} / {unused} |")
+        print()
+
+
 if __name__ == "__main__":
-    rs = runs(sys.argv[1])
+    args = sys.argv[1:]
+    if args and args[0] == "--pool":
+        pooled(runs(args[1]))
+        sys.exit(0)
+    rs = runs(args[0])
     for f, j in rs:
         table(f, j)
     grid(rs)
