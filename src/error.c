@@ -1,5 +1,6 @@
 /* error.c — the error table, thread-local detailed messages, version strings, the monotonic clock. */
 #include "internal.h"
+#include "kvt_commit.h" /* KVT_GIT_COMMIT, generated at each build (cmake/commit.cmake) */
 
 #include <stdarg.h>
 #include <stdio.h>
