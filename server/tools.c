@@ -519,7 +519,7 @@ bool tools_same_reply(const char *stored, const char *echo) {
     bool same = false;
     json_t *b = json_loads(echo, 0, &e);
     if (b) same = json_equal(a, b);
-    else { /* a plain reply echoed back: stored as {"response": text} */
+    else { /* a plain reply echoed back, stored in the former format {"response": text} */
         const json_t *r = json_object_get(a, "response");
         same = json_object_size(a) == 1 && r && json_is_string(r) && !strcmp(json_string_value(r), echo);
     }
