@@ -1,13 +1,14 @@
 """tool_bench.py — how well the model behind a running server calls tools, through the openai client.
 
-  python tool_bench.py --url http://127.0.0.1:8080 [--label NAME] [--json]
+  python tool_bench.py --url http://127.0.0.1:8080 [--label NAME] [--json] [--show]
 
 Cases: 12 cities x 2 questions (weather -> get_weather, local time -> get_time) and 6 questions
 that need no tool.  Modes:
   required  tool_choice "required": is the call well-formed JSON under its schema (the grammar's
             job), the right function, the city named in the question?
   auto      tool_choice "auto": does the model call a tool for the 24 tool questions and answer
-            in text for the 6 others?
+            in text for the 6 others (and is that text only the system message repeated, as a
+            base model's may be)?
   control   the same system message as the server writes for tools (server/tools.c), sent
             as a plain system message without `tools`: no grammar.  How many free-text replies
             are a well-formed call of the right function anyway?
@@ -36,9 +37,11 @@ NO_TOOL = ["Write a short poem about the sea.", "What is two plus two?", "Say he
 # what server/tools.c puts in the system message for TOOLS (keep in step with it)
 CONTROL_SYSTEM = ("You can call any of the following tools to satisfy the user's requests: " +
                   json.dumps([{k: v for k, v in t["function"].items()} for t in TOOLS], separators=(",", ":")) +
-                  "\n\nRespond in JSON format, either with `tool_call` (a request to call tools) or with `response` "
-                  "reply to the user's request, for example {\"tool_call\":{\"name\":\"tool_name\",\"arguments\":"
-                  "{\"arg1\":\"value\"}}} or {\"response\":\"text\"}")
+                  "\n\nTo call a tool, respond with only a JSON object, for example {\"tool_call\":{\"name\":\"tool_name\","
+                  "\"arguments\":{\"arg1\":\"value\"}}}. To answer the user directly, respond in plain text.")
+
+
+ECHO = "You can call any of the following tools"
 
 
 def cases():
@@ -53,6 +56,7 @@ def main():
     ap.add_argument("--label", default="kvtier")
     ap.add_argument("--api-key", default="none")
     ap.add_argument("--json", action="store_true", help="also print one JSON line")
+    ap.add_argument("--show", action="store_true", help="print the auto replies to the questions needing no tool")
     a = ap.parse_args()
     cl = openai.OpenAI(base_url=a.url + "/v1", api_key=a.api_key, max_retries=0, timeout=300)
 
@@ -82,7 +86,7 @@ def main():
         req["well_formed"] += ok
         req["right_function"] += ok and calls[0].function.name == fn
         req["right_city"] += ok and args["city"].strip().lower() == city.lower()
-    auto = {"tool_q": 0, "tool_called": 0, "plain_q": 0, "plain_answered": 0, "ms": []}
+    auto = {"tool_q": 0, "tool_called": 0, "plain_q": 0, "plain_answered": 0, "plain_echo": 0, "ms": []}
     for q, _, _ in cases():
         ch, ms = ask(q, "auto")
         auto["tool_q"] += 1
@@ -92,7 +96,11 @@ def main():
         ch, ms = ask(q, "auto")
         auto["plain_q"] += 1
         auto["ms"].append(ms)
-        auto["plain_answered"] += not ch.message.tool_calls and bool(ch.message.content)
+        text = ch.message.content if not ch.message.tool_calls else None
+        auto["plain_answered"] += bool(text)
+        auto["plain_echo"] += bool(text) and ECHO in text  # a base model repeating the system message
+        if a.show:
+            print(f"  auto {q!r}: {(text or ch.message.tool_calls)!r}"[:160])
     free = {"n": 0, "well_formed": 0, "right_function": 0}
     for q, fn, _ in cases():
         ch, _ = ask(q, "control")
@@ -117,6 +125,7 @@ def main():
     print(f"{a.label}: tool_choice=auto")
     print(f"  tool questions answered by a call  {auto['tool_called']}/{auto['tool_q']}")
     print(f"  other questions answered in text   {auto['plain_answered']}/{auto['plain_q']}")
+    print(f"  ... text repeating the system msg  {auto['plain_echo']}/{auto['plain_q']}")
     print(f"  latency p50                        {out['auto_ms_p50']} ms")
     print(f"{a.label}: control (the same system message, no tools, no grammar)")
     print(f"  well-formed call in the free text  {free['well_formed']}/{free['n']}")

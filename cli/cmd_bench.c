@@ -3,7 +3,8 @@
 ** For each block size L, with L tokens decoded into sequence 0 at [0, L):
 **   save    kvt_block_save of [0, L) into a host blob;
 **   load    kvt_block_load of that blob at [L, 2L) of sequence 0 (RoPE re-anchoring by L, no
-**           forward pass), then those positions are removed again;
+**           forward pass), then (untimed) sequence 0 is emptied and the blob loaded back at
+**           [0, L), so every round saves the same cells (iSWA: the load moved the window);
 **   prefill kvt_decode of the same L tokens into the empty sequence 1 (the recompute a
 **           discarded block would need; with no other context it is a lower bound), then removed.
 ** The three run interleaved within each repeat, after one untimed warm-up round, and the table
@@ -155,12 +156,22 @@ static int bench_round(const char *cmd, kvt_engine *eng, const kvt_token *tok, i
     t = now_ms();
     rc = kvt_block_load(eng, blob, 0, L);
     *load_ms = now_ms() - t;
-    kvt_blob_free(blob);
     if (rc) {
+        kvt_blob_free(blob);
         app_fail(cmd, "block load", rc);
         return APP_ERR;
     }
-    kvt_seq_rm(eng, 0, L, -1);
+    /* Untimed: sequence 0 back to [0, L) as decoded.  Removing [L, 2L) is not enough on iSWA
+    ** models (Gemma 3): the load at [L, 2L) moved the sliding window past [0, L)'s last
+    ** positions and their SWA cells were dropped, so the next round's save would lack them
+    ** (kvt_block_load refuses such a block; with L >= the window it failed at L = 1024). */
+    kvt_seq_rm(eng, 0, -1, -1);
+    rc = kvt_block_load(eng, blob, 0, 0);
+    kvt_blob_free(blob);
+    if (rc) {
+        app_fail(cmd, "block reload at [0, L)", rc);
+        return APP_ERR;
+    }
     t = now_ms();
     rc = kvt_decode(eng, 1, tok, L, 0, false);
     *prefill_ms = now_ms() - t;

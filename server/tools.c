@@ -3,9 +3,15 @@
 ** Gemma's chat template (and many others llama.cpp's built-in formatter knows) has no tool
 ** syntax.  We do what llama-server does for such templates (its "generic" tool-call format,
 ** common/chat.cpp): the tools are described in the system message, the reply is constrained by
-** a GBNF grammar (kvt_grammar, llama.cpp's grammar sampler) to one JSON object, either
-**     {"tool_call":{"name":"NAME","arguments":{...}}}     or     {"response":"text"}
-** and that object is parsed into OpenAI `tool_calls` or `content`.  The arguments follow each
+** a GBNF grammar (kvt_grammar, llama.cpp's grammar sampler): a call is one JSON object
+**     {"tool_call":{"name":"NAME","arguments":{...}}}
+** parsed into OpenAI `tool_calls`.  Under tool_choice "auto" the grammar lets the reply be plain
+** text instead, chosen by its first character ('{' starts a call; text may not start with '{' or
+** a blank), like llama-server's lazy grammars for templates that have a tool syntax: the model
+** answers in its own words unless it starts a call.  llama-server's generic format held every
+** reply to {"tool_call": ...} or {"response": "text"}; on Gemma 3 270M and SmolLM2-135M that
+** made "auto" answer none of the questions needing no tool in text ("Who wrote Hamlet?" got a
+** get_weather call; docs/BENCHMARKS.md, Tool calls).  "none" allows only the plain text.  The arguments follow each
 ** tool's JSON schema (the subset below); a history the client sends back renders assistant tool
 ** calls in the same JSON and tool results as user messages
 **     {"tool_response":{"tool":"NAME","content":...}}
@@ -382,17 +388,17 @@ int tools_parse(json_t *root, struct job *j, char **sys_extra, char *err, size_t
         }
         if (rc == 0) {
             bool must = !strcmp(mode, "required") || forced;
-            /* "none": the same system message, so the reply is still held to the JSON protocol,
-            ** but only its response half */
-            if (none) bput(&root_rule, "root ::= \"{\\\"response\\\":\" string \"}\"\n");
-            else bput(&root_rule, "root ::= %s%s\n", calls.s ? calls.s : "", must ? "" : " | \"{\\\"response\\\":\" string \"}\"");
+            /* "auto": the model's first character chooses: '{' begins a call, anything else
+            ** (not blank) is a plain-text answer.  "none": the same system message, plain text only */
+            if (none) bput(&root_rule, "root ::= plain\n");
+            else bput(&root_rule, "root ::= %s%s\n", calls.s ? calls.s : "", must ? "" : " | plain");
+            if (!must) bput(&root_rule, "plain ::= [^{ \\t\\r\\n] [^\\x00]*\n");
             j->format = REPLY_TOOLS;
             char *list = json_dumps(desc, JSON_COMPACT);
             struct buf sys = { 0 };
             bput(&sys, "You can call any of the following tools to satisfy the user's requests: %s\n\n", list ? list : "[]");
-            bput(&sys, "Respond in JSON format, either with `tool_call` (a request to call tools) or with `response` "
-                       "reply to the user's request, for example {\"tool_call\":{\"name\":\"tool_name\",\"arguments\":"
-                       "{\"arg1\":\"value\"}}} or {\"response\":\"text\"}");
+            bput(&sys, "To call a tool, respond with only a JSON object, for example {\"tool_call\":{\"name\":\"tool_name\","
+                       "\"arguments\":{\"arg1\":\"value\"}}}. To answer the user directly, respond in plain text.");
             free(list);
             if (sys.oom) rc = -1;
             *sys_extra = sys.s;
@@ -513,7 +519,7 @@ bool tools_same_reply(const char *stored, const char *echo) {
     bool same = false;
     json_t *b = json_loads(echo, 0, &e);
     if (b) same = json_equal(a, b);
-    else { /* a plain reply echoed back: stored as {"response": text} */
+    else { /* a plain reply echoed back, stored in the former format {"response": text} */
         const json_t *r = json_object_get(a, "response");
         same = json_object_size(a) == 1 && r && json_is_string(r) && !strcmp(json_string_value(r), echo);
     }

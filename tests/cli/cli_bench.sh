@@ -65,6 +65,40 @@ else
 fi
 if grep -qE '^ +16 +[0-9.]+ +[0-9.]+ +[0-9.]+ ' "$TMP/table.out"; then ok "table row for block 16"; else bad "no table row for block 16"; fi
 
+# iSWA (Gemma 3, window 512): the load at [512, 1024) moves the window past [0, 512), whose
+# sliding-window cells llama.cpp then drops; every round must still save a whole block.  The
+# second round (after the warm-up) failed, "holds 0 of the 511 sliding-window cells", before
+# the bench restored sequence 0 between rounds.
+if "$BIN" bench primitives -m "$MODEL" --repeats 1 --blocks 512 >"$TMP/swa.out" 2>"$TMP/swa.err" \
+    && grep -qE '^ +512 +[0-9.]+ +[0-9.]+ +[0-9.]+ ' "$TMP/swa.out"; then
+    ok "bench primitives, block 512 = the sliding window: every round saves and loads"
+else
+    bad "bench primitives --blocks 512: $(tail -n 3 "$TMP/swa.err")"
+fi
+# the chat model (SmolLM2, llama architecture, no sliding window): the same bytes per token at
+# every block size
+CHAT=${KVTIER_CHAT_MODEL:-}
+if [ -n "$CHAT" ] && [ -f "$CHAT" ]; then
+    if "$BIN" bench primitives -m "$CHAT" --json --repeats 1 --blocks 16,64 >"$TMP/chat.out" 2>"$TMP/chat.err"; then
+        ok "bench primitives on the chat model ran"
+    else
+        bad "bench primitives on the chat model: $(tail -n 3 "$TMP/chat.err")"
+    fi
+    python3 -c '
+import json, sys
+d = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+r = d["rows"]
+b = [x["bytes_per_token"] for x in r]
+ok = [x["block"] for x in r] == [16, 64] and all(x["load_ms"] > 0 and x["prefill_ms"] > 0 for x in r) and abs(b[0] - b[1]) < 0.01 * b[1]
+print(("ok   " if ok else "FAIL ") + f"chat model: rows 16, 64, bytes per token {b}")' "$TMP/chat.out" >"$TMP/checks3" 2>&1 || echo "FAIL chat model JSON: $(cat "$TMP/checks3")" >"$TMP/checks3"
+    while IFS= read -r line; do
+        case "$line" in
+            ok*) ok "${line#ok   }" ;;
+            *) bad "${line#FAIL }" ;;
+        esac
+    done <"$TMP/checks3"
+fi
+
 if "$BIN" bench policy -m "$MODEL" --policies no_eviction,streaming,kvtier --turns 4 --turn-tokens 160 --gen 8 \
     --budget 256 --json >"$TMP/pol.out" 2>"$TMP/pol.err"; then
     ok "bench policy --json ran"

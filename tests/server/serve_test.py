@@ -242,9 +242,20 @@ check("tool round trip: same session, the echoed call matches the cached tokens 
       tc2.headers.get("x-session-id") == tc1.headers.get("x-session-id")
       and k2["prompt_tokens_reused"] >= t1.usage.prompt_tokens + t1.usage.completion_tokens - 1, str(k2))
 
+# tool_choice "auto" (the default with tools): the grammar lets the reply be plain text (its first
+# character chooses), so a question needing no tool is answered in text.  It fails with a grammar
+# holding every reply to {"tool_call"|"response": ...} (this model then called get_weather for it).
+ah = [{"role": "user", "content": "Who wrote Hamlet?"}]
+a1 = A.chat.completions.create(model=model, messages=ah, tools=tools, tool_choice="auto", max_tokens=24, temperature=0)
+print(f"     tool_choice auto, no tool needed: {a1.choices[0].message.content!r} calls {a1.choices[0].message.tool_calls}")
+check("tool_choice auto: a question needing no tool is answered in plain text, not a call",
+      isinstance(a1.choices[0].message.content, str) and a1.choices[0].message.content.strip()
+      and not a1.choices[0].message.tool_calls and not a1.choices[0].message.content.startswith("{"), str(a1.choices[0]))
+
 # tool_choice "none": the tools stay described (same system message, same session), the reply is
-# held to {"response": ...} and comes back as plain content; the client echoes that plain text and
-# the next turn still continues the session (its stored reply is the JSON the model generated)
+# held to plain text (it may not start with '{'); the client echoes that text and the next turn
+# still continues the session.  This base model's free text after the tools' system message
+# often repeats that message until max_tokens, so "length" is a valid end here.
 nh = [{"role": "user", "content": "Say hello to me."}]
 n1 = A.chat.completions.create(model=model, messages=nh, tools=tools, tool_choice="none", max_tokens=48, temperature=0)
 c1 = n1.choices[0].message.content
@@ -252,8 +263,8 @@ nh += [{"role": "assistant", "content": c1}, {"role": "user", "content": "Now sa
 n2 = A.chat.completions.create(model=model, messages=nh, tools=tools, tool_choice="none", max_tokens=8, temperature=0)
 print(f"     tool_choice none: {c1!r} finish {n1.choices[0].finish_reason}; turn 2 {kvt(n2)}")
 check("tool_choice none: plain content, no tool call, not the JSON wrapper",
-      isinstance(c1, str) and not n1.choices[0].message.tool_calls and not c1.startswith('{"response"')
-      and n1.choices[0].finish_reason == "stop", repr(c1))
+      isinstance(c1, str) and c1.strip() and not n1.choices[0].message.tool_calls and not c1.startswith("{")
+      and n1.choices[0].finish_reason in ("stop", "length"), repr(c1))
 check("tool_choice none: the plain-text echo continues the session (reused, not re-prefilled)",
       kvt(n2)["session_id"] == kvt(n1)["session_id"]
       and kvt(n2)["prompt_tokens_reused"] >= n1.usage.prompt_tokens + n1.usage.completion_tokens - 1, str(kvt(n2)))
