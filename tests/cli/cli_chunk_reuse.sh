@@ -1,0 +1,52 @@
+#!/bin/bash
+# cli_chunk_reuse.sh — --chunk-reuse / --chunk-recompute on chat and serve: bad values are usage
+# errors (exit 2) naming the value; --chunk-recompute needs --chunk-reuse, --chunk-reuse a store;
+# end to end on the tiny model, a second `kvtier chat` process whose prompt holds the first one's
+# documents in another order loads them as chunks (the JSON stats say how many tokens), and
+# without --chunk-reuse loads none (the mechanism itself: tests/unit/test_chunk_reuse.c).
+. "$(dirname "$0")/lib.sh"
+t_init chunk_reuse
+K=${KVTIER_BIN:?}
+TINY=${KVT_TINY_DIR:?}/tiny-llama.gguf
+
+check_usage() { # what expected-substring cmd...
+    local what=$1 want=$2
+    shift 2
+    local err
+    err=$("$@" 2>&1 >/dev/null </dev/null)
+    local rc=$?
+    if [ $rc -eq 2 ] && grep -qF -- "$want" <<<"$err"; then ok "$what"; else bad "$what: rc $rc, '$err'"; fi
+}
+
+for c in chat serve; do
+    check_usage "$c: words" "chunk recompute 'abc' is not a token count K or a percentage P%" \
+        $K $c -m "$TINY" --chunk-reuse --chunk-recompute abc
+    check_usage "$c: above 100 %" "chunk recompute '150%': 150 % is outside 0..100 %" \
+        $K $c -m "$TINY" --chunk-reuse --chunk-recompute 150%
+    check_usage "$c: negative" "chunk recompute '-4' is not a whole number of tokens" \
+        $K $c -m "$TINY" --chunk-reuse --chunk-recompute -4
+    check_usage "$c: recompute without reuse" "--chunk-recompute '16' needs --chunk-reuse" \
+        $K $c -m "$TINY" --chunk-recompute 16
+    check_usage "$c: no store" "--chunk-reuse finds blocks in the block store" $K $c -m "$TINY" --chunk-reuse --no-store
+done
+
+# three "documents" of distinct words; the second process has them in another order
+doc() { local w=$1; for i in $(seq 1 12); do printf '%s%d ' "$w" "$i"; done; }
+A=$(doc amber); B=$(doc basil); C=$(doc cedar)
+run() { # store extra-flags line -> the JSON turn line
+    local store=$1 flags=$2 line=$3
+    printf '%s\n' "$line" | $K chat -m "$TINY" --ctx 2048 --budget 0 --block 16 --store "$store" $flags --max-tokens 2 \
+        --json --seed 1 2>>"$TMP/err"
+}
+out1=$(run "$TMP/s1" "--chunk-reuse --chunk-recompute 0" "$A. $B. $C. first question")
+out2=$(run "$TMP/s1" "--chunk-reuse --chunk-recompute 0" "$C. $A. $B. second question")
+n=$(sed -n 's/.*"prompt_tokens_from_chunks":\([0-9]*\).*/\1/p' <<<"$out2")
+if [ -n "$n" ] && [ "$n" -ge 32 ]; then ok "chat --chunk-reuse: $n prompt tokens loaded as chunks in another order"
+else bad "chat --chunk-reuse: '$n' from $out2 (first: $out1) $(cat "$TMP/err")"; fi
+p=$(sed -n 's/.*"blocks_put":\([0-9]*\),"load_errors".*/\1/p' <<<"$out1")
+out3=$(run "$TMP/s2" "" "$A. $B. $C. first question")
+out4=$(run "$TMP/s2" "" "$C. $A. $B. second question")
+if [ -n "$out4" ] && ! grep -q '"chunks"' <<<"$out3$out4"; then ok "chat without --chunk-reuse: no chunk stored or loaded"
+else bad "chat without --chunk-reuse: $out3 $out4 $(cat "$TMP/err")"; fi
+[ -n "$p" ] || p=0
+t_finish
