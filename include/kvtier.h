@@ -826,8 +826,8 @@ struct kvt_session_params {
     const char *chunk_recompute; /* with chunk_reuse: tokens of each reused chunk re-decoded in
                               ** context at its start (EPIC's boundary recompute): "K" (tokens,
                               ** >= 0) or "P%" (percent of the run's tokens, 0-100, rounded up);
-                              ** NULL = "15%" (CacheBlend's ratio; the best of k = 0, 4, 16, 64,
-                              ** 15 % measured).  Rounded UP to whole blocks (a stored block loads
+                              ** NULL = "15%" (CacheBlend's ratio; never worse than k = 0, 4, 16,
+                              ** 64 in docs/BENCHMARKS.md).  Rounded UP to whole blocks (a stored block loads
                               ** whole); a run that does not outlast them is decoded entirely.
                               ** Parsed at open (KVT_EINVAL naming the spec; kvt_chunk_recompute_parse) */
 };

@@ -12,6 +12,8 @@
 **   session/positions.c   positions kept below the trained context (compaction of the gaps)
 **   session/reuse.c       blocks in the content-addressed store: chain keys, store at seal,
 **                         prompt prefix lookup and load before prefill
+**   session/chunks.c      non-prefix chunk reuse: chunk keys at seal, the scan of a prompt for
+**                         stored blocks at any offset, their load with boundary recompute
 **   policy/signals.c      attention captured per chunk -> H2O / SnapKV / EWMA block signals
 **   retrieval/recovery.c  which evicted blocks come back before a message (BM25 novel terms,
 **                         successor blocks, dense/HNSW, InfLLM representatives, own tail)
