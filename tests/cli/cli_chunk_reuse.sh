@@ -48,6 +48,41 @@ out4=$(run "$TMP/s2" "" "$C. $A. $B. second question")
 if [ -n "$out4" ] && ! grep -q '"chunks"' <<<"$out3$out4"; then ok "chat without --chunk-reuse: no chunk stored or loaded"
 else bad "chat without --chunk-reuse: $out3 $out4 $(cat "$TMP/err")"; fi
 
+# the server: --chunk-reuse through HTTP, counted in usage.kvtier and /metrics
+PID=
+trap '[ -n "$PID" ] && kill -KILL "$PID" 2>/dev/null; rm -rf "$TMP"' EXIT
+$K serve -m "$TINY" --port 0 --threads 1 -c 2048 --budget 512 --block 16 --store "$TMP/ss" --chunk-reuse \
+    --chunk-recompute 0 >/dev/null 2>"$TMP/serr" &
+PID=$!
+PORT=
+for _ in $(seq 1 300); do
+    PORT=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$TMP/serr" | sed 's/.*://')
+    [ -n "$PORT" ] && break
+    kill -0 "$PID" 2>/dev/null || break
+    sleep 0.2
+done
+ask() { # system-text -> usage.kvtier.prompt_tokens_from_chunks of a greedy 2-token reply
+    python3 - "$PORT" "$1" <<'PYEOF'
+import json, sys, urllib.request
+port, system = sys.argv[1], sys.argv[2]
+body = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": "which words?"}],
+        "max_tokens": 2, "temperature": 0}
+req = urllib.request.Request("http://127.0.0.1:%s/v1/chat/completions" % port, json.dumps(body).encode(),
+                             {"Content-Type": "application/json"})
+print(json.load(urllib.request.urlopen(req, timeout=120))["usage"]["kvtier"]["prompt_tokens_from_chunks"])
+PYEOF
+}
+if [ -n "$PORT" ]; then
+    c1=$(ask "$A. $B. $C.")
+    c2=$(ask "$C. $A. $B.")
+    m=$(python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$PORT/metrics').read().decode())" |
+        awk '$1 == "kvtier_prompt_tokens_from_chunks_total" { print $2 }')
+    if [ "$c1" = 0 ] && [ -n "$c2" ] && [ "$c2" -ge 32 ] && [ "$m" = "$c2" ]; then
+        ok "serve --chunk-reuse: usage.kvtier.prompt_tokens_from_chunks 0 then $c2, /metrics $m"
+    else bad "serve --chunk-reuse: '$c1' then '$c2', /metrics '$m' $(tail -3 "$TMP/serr")"; fi
+    kill -TERM "$PID"; wait "$PID"; PID=
+else bad "server did not start: $(tail -3 "$TMP/serr")"; fi
+
 # kvtier bench chunks --live: the measurement through sessions runs, and its rows say what they
 # measured (k=0 loads chunks, off loads none); the numbers themselves: docs/BENCHMARKS.md
 ESSAYS=${KVT_SOURCE_DIR:?}/../shared/data/pg_essays
