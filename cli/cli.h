@@ -62,6 +62,8 @@ struct cli_run_opts {
     const char *codec_disk;    /* the store's disk tier codec (NULL = raw) */
     const char *codec_ram;     /* codec of the session's host pool (NULL = raw) */
     float       elastic_sk, elastic_sv; /* --elastic (chat): live ElasticKV scales, 0 = off */
+    bool        chunk_reuse;   /* --chunk-reuse: non-prefix chunk reuse (kvt_session_params) */
+    const char *chunk_recompute; /* --chunk-recompute K|P% (NULL = the library's 15%) */
 };
 
 void cli_run_opts_default(struct cli_run_opts *o);
@@ -109,6 +111,12 @@ void cli_run_opts_default(struct cli_run_opts *o);
       "codec of the block store's disk tier: raw (default), q8, q4, elastic, elastic+q8", NULL },   \
     { "codec-ram", 0, OPT_STR, &(o)->codec_ram, 0, 0, "SPEC",                                      \
       "codec of the blocks saved to the host RAM tier: raw (default), q8, q4, elastic, elastic+q8", NULL }, \
+    { "chunk-reuse", 0, OPT_FLAG, &(o)->chunk_reuse, 0, 0, NULL,                                   \
+      "non-prefix chunk reuse: blocks are also stored by their own tokens and found anywhere in a "  \
+      "prompt, loaded at their new positions; costs answer quality (default off)", NULL },         \
+    { "chunk-recompute", 0, OPT_STR, &(o)->chunk_recompute, 0, 0, "K|P%",                          \
+      "with --chunk-reuse: tokens (K) or percent (P%) of each reused chunk decoded in context at "  \
+      "its start, rounded up to whole blocks (default 15%)", NULL },                               \
     { "redis-timeout-ms", 0, OPT_INT, &(o)->redis_timeout_ms, 1, 60000, "N",                       \
       "deadline of a Redis read in ms (default 20)", NULL },                                        \
     { "system", 0, OPT_STR, &(o)->system, 0, 0, "TEXT", "system message to start the session with", NULL }, \

@@ -46,6 +46,7 @@
 #define MAX_ANS   24
 #define K_ALL     (-1000) /* config code: decode every token (k = n) */
 #define K_DROP    (-2000) /* config code: the drop-the-other-documents control */
+#define K_OFF     (-3000) /* config code (--live): chunk_reuse off (prefix reuse only) */
 
 struct cfg {
     int32_t k;           /* >= 0 tokens; -P for P percent; K_ALL; K_DROP */
@@ -191,7 +192,103 @@ struct run {
     struct cfg *cfg;
     int         n_cfg;
     bool        chunk_bos;
+    bool        live;      /* --live: through sessions with kvt_session_params.chunk_reuse */
+    int32_t     block;     /* --live: session block size */
 };
+
+/* --live, one case: the documents' texts in their original order (session 1, which stores the
+** chunk keys) and in the case's permutation (session 2, measured), through kvt_session_add with
+** chunk_reuse and chunk_recompute as `kvtier serve --chunk-reuse` sets them, a fresh RAM-only
+** store per config.  Reference: a session without a store (a full prefill).  Per config:
+** KL(reference || session 2) of the next-token distribution after the prompt, the answer's
+** teacher-forced log-prob minus the reference's (kvt_session_answer_logprob), whether the greedy
+** reply (16 tokens) equals the reference's (agree) and holds the number (match), and the prompt
+** tokens decoded (frac) and loaded as chunks (ms column reused) over the prompt. */
+static int run_live(struct run *R, int ci, char *const *dtext, int32_t n_docs, const int *perm, const char *instr,
+                    const char *question, const char *answer, const char *number, double *ref_logp, int *ref_match) {
+    const int32_t V = R->n_vocab;
+    struct kvt_engine_info I;
+    kvt_engine_info(R->eng, &I);
+    size_t cap = strlen(instr) + 1;
+    for (int32_t d = 0; d < n_docs; d++) cap += strlen(dtext[d]);
+    char *sys[2] = { malloc(cap), malloc(cap) };
+    float *ref = malloc(sizeof(float) * (size_t) V);
+    char *ref_reply = NULL;
+    int rc = sys[0] && sys[1] && ref ? 0 : KVT_ENOMEM;
+    for (int o = 0; o < 2 && !rc; o++) {
+        strcpy(sys[o], instr);
+        for (int32_t d = 0; d < n_docs; d++) strcat(sys[o], dtext[o ? perm[d] : d]);
+    }
+    struct kvt_sampling smp = { 0, 1.0f, 0, 0, NULL };
+    for (int c = -1; c < R->n_cfg && !rc; c++) { /* c = -1: the reference */
+        struct cfg *cf = c >= 0 ? &R->cfg[c] : NULL;
+        kvt_store *st = NULL;
+        struct kvt_store_params stp = kvt_store_default_params();
+        stp.disk_bytes = 0; /* RAM only: nothing of one config is seen by the next */
+        if (cf && (rc = kvt_store_open(&stp, &st))) break;
+        char spec[32];
+        if (cf && cf->k >= 0) snprintf(spec, sizeof spec, "%d", cf->k);
+        else if (cf) snprintf(spec, sizeof spec, "%d%%", -cf->k);
+        kvt_session *s = NULL;
+        double logp = 0, t0 = now_ms();
+        int32_t n_ans = 0;
+        char *reply = NULL;
+        struct kvt_session_stats ss;
+        for (int o = cf ? 0 : 1; o < 2 && !rc; o++) {
+            struct kvt_session_params sp = kvt_session_default_params();
+            sp.budget = I.n_ctx_seq;
+            sp.block = R->block;
+            sp.store = st;
+            sp.chunk_reuse = cf && cf->k != K_OFF;
+            sp.chunk_recompute = sp.chunk_reuse ? spec : NULL;
+            if ((rc = kvt_session_open(R->eng, &sp, &s))) break;
+            if (!(rc = kvt_session_add(s, KVT_ROLE_SYSTEM, sys[o])) && !(rc = kvt_session_add(s, KVT_ROLE_USER, question)) &&
+                o == 1) {
+                kvt_session_get_stats(s, &ss);
+                const float *l = kvt_session_logits(s);
+                if (!cf) memcpy(ref, l, sizeof(float) * (size_t) V);
+                else {
+                    double mr = -INFINITY, ml = -INFINITY, zr = 0, zl = 0, kl = 0;
+                    for (int32_t v = 0; v < V; v++) { mr = fmax(mr, ref[v]); ml = fmax(ml, l[v]); }
+                    for (int32_t v = 0; v < V; v++) { zr += exp(ref[v] - mr); zl += exp(l[v] - ml); }
+                    for (int32_t v = 0; v < V; v++) {
+                        double a = ref[v] - mr - log(zr), b = l[v] - ml - log(zl);
+                        kl += exp(a) * (a - b);
+                    }
+                    cf->kl[ci] = kl;
+                    cf->ms[ci] = ss.chunk_tokens / (double) ss.total_tokens;
+                    cf->frac[ci] = ss.tokens_decoded / (double) ss.total_tokens;
+                }
+                if (!rc) rc = kvt_session_answer_logprob(s, answer, &logp, &n_ans);
+                if (!rc) rc = kvt_session_generate(s, 16, &smp, NULL, NULL, &reply);
+            }
+            kvt_session_free(s);
+            s = NULL;
+        }
+        kvt_store_close(st);
+        if (rc) { free(reply); break; }
+        if (!cf) {
+            *ref_logp = logp;
+            *ref_match = strstr(reply, number) != NULL;
+            ref_reply = reply;
+            fprintf(stderr, "[bench chunks] case %d reference reply '%s'\n", ci, reply);
+            continue;
+        }
+        cf->dlogp[ci] = logp - *ref_logp;
+        cf->agree[ci] = !strcmp(reply, ref_reply);
+        cf->match[ci] = strstr(reply, number) != NULL;
+        fprintf(stderr, "[bench chunks] case %d %-8s KL %.5f dlogp %+.3f same reply %d match %d decoded %.3f chunks %.3f "
+                "(%.0f ms)\n", ci, cf->label, cf->kl[ci], cf->dlogp[ci], (int) cf->agree[ci], cf->match[ci],
+                cf->frac[ci], cf->ms[ci], now_ms() - t0);
+        free(reply);
+    }
+    if (rc) app_fail(R->cmd, "live case failed", rc);
+    free(sys[0]);
+    free(sys[1]);
+    free(ref);
+    free(ref_reply);
+    return rc ? APP_ERR : APP_OK;
+}
 
 /* One case: build, reference, chunks, every config.  Returns APP_OK or APP_ERR (printed). */
 static int run_case(struct run *R, struct eval_corpus *corpus, int32_t seed, int ci, int32_t n_docs, int32_t doc_tokens,
@@ -218,8 +315,10 @@ static int run_case(struct run *R, struct eval_corpus *corpus, int32_t seed, int
     struct doc docs[MAX_DOCS];
     memset(docs, 0, sizeof docs);
     kvt_token *instr = NULL, *q = NULL, *ans = NULL, *prompt = NULL;
+    char *dtext[MAX_DOCS] = { 0 };
+    static const char instr_text[] = "Read the documents below and answer the question at the end.\n\n";
     int32_t n_instr = 0, n_q = 0, n_ans = 0, n_prompt = 0;
-    int rc = push_text(eng, "Read the documents below and answer the question at the end.\n\n", true, &instr, &n_instr);
+    int rc = push_text(eng, instr_text, true, &instr, &n_instr);
     if (!rc) rc = push_text(eng, question, false, &q, &n_q);
     if (!rc) rc = push_text(eng, answer, false, &ans, &n_ans);
     if (!rc && n_ans > MAX_ANS) n_ans = MAX_ANS;
@@ -237,8 +336,7 @@ static int run_case(struct run *R, struct eval_corpus *corpus, int32_t seed, int
         const struct eval_essay *es = &corpus->e[e];
         int32_t s0 = (int32_t) eval_rng_below(&r, (uint32_t) (es->n_sent / 2));
         size_t cap = (size_t) doc_tokens * 16 + 256, len = 0;
-        free(text);
-        if (!(text = malloc(cap))) {
+        if (!(text = dtext[d] = malloc(cap))) {
             rc = KVT_ENOMEM;
             break;
         }
@@ -272,7 +370,6 @@ static int run_case(struct run *R, struct eval_corpus *corpus, int32_t seed, int
         snprintf(text + len, cap - len, "\n\n");
         if (!rc) rc = push_text(eng, text, false, &docs[d].tok, &docs[d].n);
     }
-    free(text);
     for (int32_t d = 0; d < n_docs; d++) perm[d] = d;
     for (int32_t d = n_docs - 1; d > 0; d--) {
         int j = (int) eval_rng_below(&r, (uint32_t) d + 1), t = perm[d];
@@ -299,6 +396,10 @@ static int run_case(struct run *R, struct eval_corpus *corpus, int32_t seed, int
     for (int32_t i = 0; i < n_docs && !rc; i++) fprintf(stderr, " %d%s", docs[perm[i]].n, perm[i] == needle_doc ? "*" : "");
     if (!rc) fprintf(stderr, " (* needle), answer %d tokens\n", n_ans);
 
+    if (R->live) {
+        if (!rc) rc = run_live(R, ci, dtext, n_docs, perm, instr_text, question, answer, number, ref_logp, ref_match) ? KVT_EINVAL : 0;
+        goto done;
+    }
     /* reference */
     double t0 = now_ms();
     kvt_seq_rm(eng, 0, -1, -1);
@@ -374,7 +475,9 @@ static int run_case(struct run *R, struct eval_corpus *corpus, int32_t seed, int
                 ci, cf->label, cf->kl[ci], cf->dlogp[ci], match, cf->frac[ci], cf->ms[ci], ref_ms);
     }
     if (rc) app_fail(R->cmd, "case failed", rc);
+done:
     kvt_seq_rm(eng, 0, -1, -1);
+    for (int32_t d = 0; d < n_docs; d++) free(dtext[d]);
     for (int32_t d = 0; d < n_docs; d++) {
         free(docs[d].tok);
         for (int c = 0; c < MAX_KS; c++) kvt_blob_free(docs[d].blob[c]);
@@ -390,7 +493,8 @@ int cmd_bench_chunks(int argc, char **argv) {
     static const char cmd[] = "kvtier bench chunks";
     const char *model = getenv("KVTIER_MODEL"), *texts = NULL, *ks = "0,4,16,64,15%";
     int32_t cases = 12, n_docs = 4, doc_tokens = 300, seed = 1, threads = 0;
-    bool json = false, verbose = false, quick = false, chunk_bos = false;
+    bool json = false, verbose = false, quick = false, chunk_bos = false, live = false;
+    int32_t block = 64;
     const struct cli_opt opts[] = {
         { "model", 'm', OPT_STR, &model, 0, 0, "MODEL", "GGUF model file (default $KVTIER_MODEL)", NULL },
         { "cases", 0, OPT_INT, &cases, 2, 1000, "N", "prompts (seeded cases) (default 12)", NULL },
@@ -400,6 +504,10 @@ int cmd_bench_chunks(int argc, char **argv) {
           "tokens re-decoded at the start of each chunk: counts or percentages (default 0,4,16,64,15%)", NULL },
         { "chunk-bos", 0, OPT_FLAG, &chunk_bos, 0, 0, NULL,
           "prefill each document alone after a BOS token (default: from position 0 without one)", NULL },
+        { "live", 0, OPT_FLAG, &live, 0, 0, NULL,
+          "through sessions with chunk_reuse (kvtier serve --chunk-reuse --chunk-recompute K): session 1 stores the "
+          "documents in their order, session 2 reads them permuted; KL of the next token, reply agreement", NULL },
+        { "block", 0, OPT_INT, &block, 1, 4096, "N", "--live: session block size (default 64)", NULL },
         { "seed", 0, OPT_INT, &seed, 0, 2147483647, "N", "case seed (default 1)", NULL },
         { "quick", 0, OPT_FLAG, &quick, 0, 0, NULL, "smoke test: 2 cases, 2 documents of 48 tokens, k 0,4,15%", NULL },
         { "threads", 't', OPT_INT, &threads, 0, 1024, "N", "CPU threads (default 0 = all cores)", NULL },
@@ -425,10 +533,15 @@ int cmd_bench_chunks(int argc, char **argv) {
     memset(cfg, 0, sizeof cfg);
     int n_cfg = 0;
     if ((rc = parse_ks(cmd, ks, cfg, &n_cfg))) return rc;
-    cfg[n_cfg].k = K_ALL;
-    snprintf(cfg[n_cfg++].label, sizeof cfg[0].label, "k=all");
-    cfg[n_cfg].k = K_DROP;
-    snprintf(cfg[n_cfg++].label, sizeof cfg[0].label, "drop");
+    if (live) {
+        cfg[n_cfg].k = K_OFF;
+        snprintf(cfg[n_cfg++].label, sizeof cfg[0].label, "off");
+    } else {
+        cfg[n_cfg].k = K_ALL;
+        snprintf(cfg[n_cfg++].label, sizeof cfg[0].label, "k=all");
+        cfg[n_cfg].k = K_DROP;
+        snprintf(cfg[n_cfg++].label, sizeof cfg[0].label, "drop");
+    }
     if (!model || !*model) {
         fprintf(stderr, "%s: no model given (use -m MODEL or set KVTIER_MODEL)\n", cmd);
         return APP_USAGE;
@@ -480,7 +593,7 @@ int cmd_bench_chunks(int argc, char **argv) {
             cf->ms = cf->kl + 4 * cases;
         }
     }
-    struct run R = { cmd, eng, info.n_vocab, cfg, n_cfg, chunk_bos };
+    struct run R = { cmd, eng, info.n_vocab, cfg, n_cfg, chunk_bos, live, block };
     if (oom) {
         fprintf(stderr, "%s: out of memory\n", cmd);
         rc = APP_ERR;
@@ -509,8 +622,12 @@ int cmd_bench_chunks(int argc, char **argv) {
                    doc_tokens, chunk_bos ? " (chunks prefilled after BOS)" : "", seed, wall_s);
             printf("# reference (full prefill): greedy match %d/%d [%.2f, %.2f], answer log-prob %.3f +- %.3f nats\n",
                    ref_k, cases, rlo, rhi, ref_m, ref_h);
-            printf("%-8s %9s %21s %20s %20s %14s %8s %8s\n", "config", "decoded", "KL nats/token", "dlogp answer",
-                   "greedy match", "top1 agree", "KL max", "ms");
+            if (live)
+                printf("# --live: KL of the next token after the prompt; match = the greedy reply holds the number; "
+                       "same = the reply equals the reference's; chunks = prompt tokens loaded as chunks\n");
+            printf("%-8s %9s %21s %20s %20s %14s %8s %8s\n", "config", "decoded", live ? "KL nats (next token)" :
+                   "KL nats/token", "dlogp answer", live ? "reply match" : "greedy match", live ? "same reply" :
+                   "top1 agree", "KL max", live ? "chunks" : "ms");
         }
         for (int c = 0; c < n_cfg; c++) {
             const struct cfg *cf = &cfg[c];
@@ -534,7 +651,8 @@ int cmd_bench_chunks(int argc, char **argv) {
                                       lo, "match_hi", hi, "top1_agree", am, "top1_agree_ci95", ah, "ms_mean", mm);
                 if (!o || json_array_append_new(arr, o)) rc = APP_ERR;
             } else {
-                printf("%-8s %9.3f %10.5f +- %7.5f %8.3f +- %7.3f %3d/%-3d [%.2f, %.2f] %6.3f+-%5.3f %8.5f %8.0f\n",
+                printf(live ? "%-8s %9.3f %10.5f +- %7.5f %8.3f +- %7.3f %3d/%-3d [%.2f, %.2f] %6.3f+-%5.3f %8.5f %8.3f\n"
+                            : "%-8s %9.3f %10.5f +- %7.5f %8.3f +- %7.3f %3d/%-3d [%.2f, %.2f] %6.3f+-%5.3f %8.5f %8.0f\n",
                        cf->label, fm, klm, klh, dm, dh, mk, cases, lo, hi, am, ah, klmax, mm);
             }
         }

@@ -193,6 +193,13 @@ int cmd_serve(int argc, char **argv) {
         { "elastic", 0, OPT_STR, &elastic, 0, 0, "S_K,S_V",
           "live ElasticKV in every session: zero K/V elements under max(sigma/2, mu) x s per head every 64 tokens "
           "(sinks and the last 64 tokens kept; no memory saved in the dense cache), e.g. 0.45,0.50 (default off)", NULL },
+        { "chunk-reuse", 0, OPT_FLAG, &srv.chunk_reuse, 0, 0, NULL,
+          "non-prefix chunk reuse: blocks are also stored by their own tokens and found anywhere in a prompt (RAG "
+          "documents in another order), loaded at their new positions; costs answer quality (docs/BENCHMARKS.md; "
+          "default off)", NULL },
+        { "chunk-recompute", 0, OPT_STR, &srv.chunk_recompute, 0, 0, "K|P%",
+          "with --chunk-reuse: tokens (K) or percent (P%) of each reused chunk decoded in context at its start, "
+          "rounded up to whole blocks (default 15%)", NULL },
         { "kv-unified", 0, OPT_FLAG, &srv.kv_unified, 0, 0, NULL,
           "one KV cache shared by all sequences (llama.cpp kv_unified) instead of one stream per sequence: a "
           "session's numbers then depend on the others' (for comparison only)", NULL },
@@ -225,6 +232,20 @@ int cmd_serve(int argc, char **argv) {
     struct kvt_codec_params cparse;
     if (srv.codec_ram && kvt_codec_parse(srv.codec_ram, &cparse)) {
         fprintf(stderr, "%s: --codec-ram: %s\n", cmd, kvt_errmsg());
+        goto out;
+    }
+    int32_t ck_tok;
+    double ck_pct;
+    if (srv.chunk_recompute && kvt_chunk_recompute_parse(srv.chunk_recompute, &ck_tok, &ck_pct)) {
+        fprintf(stderr, "%s: --chunk-recompute: %s\n", cmd, kvt_errmsg());
+        goto out;
+    }
+    if (srv.chunk_recompute && !srv.chunk_reuse) {
+        fprintf(stderr, "%s: --chunk-recompute '%s' needs --chunk-reuse\n", cmd, srv.chunk_recompute);
+        goto out;
+    }
+    if (srv.chunk_reuse && srv.no_store) {
+        fprintf(stderr, "%s: --chunk-reuse finds blocks in the block store: it cannot be used with --no-store\n", cmd);
         goto out;
     }
     if (prefetch_on && prefetch_off) {

@@ -186,6 +186,20 @@ int cli_run_opts_check(const char *cmd, const struct cli_run_opts *o) {
         fprintf(stderr, "%s: --codec-ram: %s\n", cmd, kvt_errmsg());
         return usage_hint(cmd);
     }
+    int32_t ck_tok;
+    double ck_pct;
+    if (o->chunk_recompute && kvt_chunk_recompute_parse(o->chunk_recompute, &ck_tok, &ck_pct)) {
+        fprintf(stderr, "%s: --chunk-recompute: %s\n", cmd, kvt_errmsg());
+        return usage_hint(cmd);
+    }
+    if (o->chunk_recompute && !o->chunk_reuse) {
+        fprintf(stderr, "%s: --chunk-recompute '%s' needs --chunk-reuse\n", cmd, o->chunk_recompute);
+        return usage_hint(cmd);
+    }
+    if (o->chunk_reuse && o->no_store) {
+        fprintf(stderr, "%s: --chunk-reuse finds blocks in the block store: it cannot be used with --no-store\n", cmd);
+        return usage_hint(cmd);
+    }
     if (!o->model || !*o->model) {
         fprintf(stderr, "%s: no model given (use -m MODEL)\n", cmd);
         return usage_hint(cmd);
@@ -289,6 +303,8 @@ int cli_session_open(const char *cmd, const struct cli_run_opts *o, struct cli_s
     sp.pool = cs->pool;
     sp.store = cs->store;
     sp.codec_ram = o->codec_ram;
+    sp.chunk_reuse = o->chunk_reuse && cs->store; /* the default store could not be opened: off */
+    sp.chunk_recompute = o->chunk_recompute;
     if ((rc = kvt_session_open(cs->eng, &sp, &cs->s))) {
         app_fail(cmd, "cannot open the session", rc);
         cli_session_close(cs);
@@ -470,6 +486,16 @@ json_t *cli_stats_json(struct cli_session *cs) {
                                st.elastic_eligible ? (double) st.elastic_zero_eligible / (double) st.elastic_eligible : 0.0,
                                "ms", st.elastic_ms);
         if (!el || json_object_set_new(o, "elastic", el)) {
+            json_decref(o);
+            return NULL;
+        }
+    }
+    if (st.chunk_runs || st.chunk_blocks_put) { /* --chunk-reuse */
+        json_t *ch = json_pack("{s:I, s:I, s:I, s:I, s:I, s:f}", "prompt_tokens_from_chunks", (json_int_t) st.chunk_tokens,
+                               "recompute_tokens", (json_int_t) st.chunk_recompute_tokens, "runs",
+                               (json_int_t) st.chunk_runs, "blocks_put", (json_int_t) st.chunk_blocks_put, "load_errors",
+                               (json_int_t) st.chunk_load_errors, "scan_ms", st.chunk_scan_ms);
+        if (!ch || json_object_set_new(o, "chunks", ch)) {
             json_decref(o);
             return NULL;
         }

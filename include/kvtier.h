@@ -803,7 +803,38 @@ struct kvt_session_params {
                               ** thresholded range at (kvt_elastic_params.random_frac, e.g. the
                               ** threshold's measured fraction); 0 = match each pass's threshold
                               ** count (ratchets up over passes); default 0 */
+    bool    chunk_reuse;      /* non-prefix chunk reuse (issue #12; EPIC, Hu et al. 2024, and
+                              ** CacheBlend, Yao et al. 2025, reuse a RAG document's KV wherever
+                              ** it stands); needs `store`; default false (off: measured quality
+                              ** loss, docs/BENCHMARKS.md "Non-prefix chunk reuse").  On: every
+                              ** full block the session seals is ALSO put in the store under its
+                              ** chunk key (kvt_chunk_root: its own tokens only, position-free),
+                              ** whatever context it was computed in (that is the premise of chunk
+                              ** reuse: the K/V come from *some* context, not a cold prefill's);
+                              ** and after the prefix lookup of a prompt stops, the rest of the
+                              ** prompt is scanned at EVERY token offset for block-sized windows
+                              ** whose chunk key is in the store's RAM or disk tier (Redis is not
+                              ** asked), greedily left to right.  A run of consecutive hits is a
+                              ** reused chunk: the tokens before it are decoded and the open block
+                              ** sealed there (early seal), the run's first blocks are decoded in
+                              ** context (chunk_recompute), the rest loaded at the tail with RoPE
+                              ** re-anchoring (kvt_blocks_load).  After a chunk load the session
+                              ** stores no more chain keys (its KV is no longer a cold prefill's).
+                              ** The last prompt token is always decoded.  A load that fails is
+                              ** decoded instead (counted in chunk_load_errors).  Counted in
+                              ** kvt_session_stats.chunk_* */
+    const char *chunk_recompute; /* with chunk_reuse: tokens of each reused chunk re-decoded in
+                              ** context at its start (EPIC's boundary recompute): "K" (tokens,
+                              ** >= 0) or "P%" (percent of the run's tokens, 0-100, rounded up);
+                              ** NULL = "15%" (CacheBlend's ratio; never worse than k = 0, 4, 16,
+                              ** 64 in docs/BENCHMARKS.md).  Rounded UP to whole blocks (a stored block loads
+                              ** whole); a run that does not outlast them is decoded entirely.
+                              ** Parsed at open (KVT_EINVAL naming the spec; kvt_chunk_recompute_parse) */
 };
+
+/* Parse a chunk_recompute spec: "K" (0..1<<20 tokens) -> *tokens = K, *pct = -1; "P%" (0..100,
+** decimals allowed) -> *tokens = -1, *pct = P.  Errors: KVT_EINVAL naming the spec. */
+int kvt_chunk_recompute_parse(const char *spec, int32_t *tokens /* OUT */, double *pct /* OUT */);
 
 /* Live ElasticKV in sessions (kvt_session_params.elastic_sk): the source design's constants. */
 #define KVT_ELASTIC_SINK     64  /* positions [0, 64) are never pruned (attention sinks) */
@@ -892,6 +923,10 @@ struct kvt_sync_info {
                                ** lost (kvt_session_stats.recomputes) */
     int32_t route;             /* enum kvt_route over this call's prompt lookups (block store) */
     int64_t tokens_from_store; /* prompt tokens loaded from the store (neither decoded nor reused) */
+    int64_t tokens_from_chunks; /* prompt tokens loaded as reused chunks (chunk_reuse; neither
+                               ** decoded, reused nor in tokens_from_store) */
+    int64_t chunk_recompute_tokens; /* tokens of found chunks decoded at their start (in
+                               ** tokens_decoded) */
 };
 
 /* Make the session's conversation exactly msgs[0..n_msgs) followed by the assistant prefix, ready
@@ -1095,6 +1130,15 @@ struct kvt_session_stats {
     int64_t elastic_eligible;    /* of them in the thresholded range at the last pass */
     int64_t elastic_zero_eligible; /* of those 0 after it */
     double  elastic_ms;          /* time in passes (ms; read, threshold, write back) */
+    /* non-prefix chunk reuse (kvt_session_params.chunk_reuse; all 0 when off) */
+    int64_t chunk_tokens;        /* prompt tokens loaded from chunk blocks (not decoded; also in
+                                 ** store_tokens) */
+    int64_t chunk_recompute_tokens; /* tokens of found chunks decoded at their start instead
+                                 ** (boundary recompute; in tokens_decoded) */
+    int64_t chunk_runs;          /* reused chunks (runs of consecutive chunk hits) */
+    int64_t chunk_blocks_put;    /* blocks given to the store under a chunk key */
+    int64_t chunk_load_errors;   /* chunk runs whose load failed (decoded instead) */
+    double  chunk_scan_ms;       /* time hashing windows and asking the store (ms) */
 };
 /* Fill *st (HOST/DISK block counts as the pool holds them now).  Works on a parked session.
 ** Cannot fail.  Not thread-safe (engine rule). */
@@ -1120,6 +1164,8 @@ struct kvt_block_info {
     double  attn_window;   /* attention from the last observation window (SnapKV) */
     double  relevance;     /* BM25 score against the latest user message */
     int32_t recovered_turn;/* turn of its last recovery, -1 never */
+    bool    from_chunk;    /* its K/V were loaded as a reused chunk (chunk_reuse), computed in
+                           ** another context: not a cold prefill's */
     const char *text;      /* detokenized text (owned by the session; valid until next call) */
 };
 
@@ -1254,6 +1300,13 @@ int  kvt_chain_root(const struct kvt_chain_params *p, kvt_key *out /* OUT */);
 /* h_i from h_{i-1} and block i's n tokens (out may be prev).  Errors: KVT_EINVAL (NULL prev or
 ** out, n < 0, NULL tok with n > 0), KVT_ENOMEM (as kvt_chain_root); *out is unchanged then. */
 int  kvt_chain_next(const kvt_key *prev, const kvt_token *tok, int32_t n, kvt_key *out /* OUT */);
+/* Root of the chunk keys (non-prefix chunk reuse, kvt_session_params.chunk_reuse): the same
+** inputs as kvt_chain_root behind another domain string,
+**   c_0 = SHA-256("kvtier-chunk" | format version | model fingerprint | layout | block | tenant)
+** and a block's chunk key is kvt_chain_next(c_0, its tokens): it names a block by its own tokens
+** only, so the same tokens anywhere give the same key; no chunk key equals a chain key (other
+** domain string).  Errors: those of kvt_chain_root. */
+int  kvt_chunk_root(const struct kvt_chain_params *p, kvt_key *out /* OUT */);
 /* 64 lowercase hex digits + NUL into out[65].  Cannot fail. */
 void kvt_key_hex(const kvt_key *k, char out[2 * KVT_KEY_BYTES + 1]);
 /* Parse exactly 64 hex digits (either case).  Errors: KVT_EINVAL (message names the text). */

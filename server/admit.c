@@ -210,6 +210,8 @@ enum pick admit_session(struct server *srv, struct job *j, struct sess **out) {
     sp.pool = sc->pool;
     sp.store = sc->store;
     sp.codec_ram = srv->codec_ram;
+    sp.chunk_reuse = srv->chunk_reuse && sc->store; /* without a store (--no-store): nothing to reuse */
+    sp.chunk_recompute = srv->chunk_recompute;
     sp.tenant = srv->share_store ? NULL : j->ns; /* API keys never see each other's blocks */
     int rc = kvt_session_open(srv->eng, &sp, &x->s);
     if (rc == 0) serve_session_hooks(srv, x->s);

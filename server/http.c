@@ -100,13 +100,15 @@ static enum MHD_Result send_error(struct server *srv, struct MHD_Connection *c, 
 /* replies                                                                                  */
 
 static json_t *usage_obj(const struct job *j) {
-    return json_pack("{s:i, s:i, s:i, s:{s:I, s:I, s:I, s:I, s:I, s:i, s:s, s:s, s:I, s:i}}", "prompt_tokens", j->prompt_tokens,
+    return json_pack("{s:i, s:i, s:i, s:{s:I, s:I, s:I, s:I, s:I, s:i, s:s, s:s, s:I, s:I, s:I, s:i}}", "prompt_tokens", j->prompt_tokens,
                      "completion_tokens", j->completion_tokens, "total_tokens", j->prompt_tokens + j->completion_tokens,
                      "kvtier", "prompt_tokens_reused", (json_int_t) j->sync.tokens_reused, "prompt_tokens_decoded",
                      (json_int_t) j->sync.tokens_decoded, "evictions", (json_int_t) j->sync.evictions, "recoveries",
                      (json_int_t) j->sync.recoveries, "recomputes", (json_int_t) j->sync.recomputes, "resident_tokens",
                      j->resident_tokens, "session_id", j->out_session, "store", kvt_route_name(j->sync.route),
-                     "prompt_tokens_from_store", (json_int_t) j->sync.tokens_from_store, "decode_steps_shared",
+                     "prompt_tokens_from_store", (json_int_t) j->sync.tokens_from_store, "prompt_tokens_from_chunks",
+                     (json_int_t) j->sync.tokens_from_chunks, "prompt_tokens_chunk_recomputed",
+                     (json_int_t) j->sync.chunk_recompute_tokens, "decode_steps_shared",
                      j->shared_steps);
 }
 

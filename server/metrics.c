@@ -63,6 +63,7 @@ char *serve_metrics_text(struct server *srv) {
     GAUGE("kvtier_pool_ram_bytes", "Evicted KV bytes in the host RAM tier.", m.pool_ram);
     GAUGE("kvtier_pool_spill_bytes", "Evicted KV bytes in spill files.", m.pool_spill);
     COUNTER("kvtier_prompt_tokens_from_store_total", "Prompt tokens loaded from the block store (no forward pass).", m.prompt_from_store);
+    COUNTER("kvtier_prompt_tokens_from_chunks_total", "Prompt tokens loaded as reused chunks (--chunk-reuse; no forward pass).", m.prompt_from_chunks);
     fprintf(f, "# HELP kvtier_store_routes_total Chat requests by where their prompt's full blocks were found.\n"
                "# TYPE kvtier_store_routes_total counter\n");
     for (int r = 0; r < 4; r++) fprintf(f, "kvtier_store_routes_total{route=\"%s\"} %lld\n", kvt_route_name(r), (long long) m.route[r]);

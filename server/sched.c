@@ -278,6 +278,7 @@ static void finish(struct server *srv, struct job *j) {
     srv->m.prompt_reused += j->sync.tokens_reused;
     if (j->kind == JOB_CHAT && j->sync.route >= 0 && j->sync.route < 4) srv->m.route[j->sync.route]++;
     srv->m.prompt_from_store += j->sync.tokens_from_store;
+    srv->m.prompt_from_chunks += j->sync.tokens_from_chunks;
     srv->m.prompt_decoded += j->sync.tokens_decoded;
     srv->m.evictions += j->sync.evictions;
     srv->m.recoveries += j->sync.recoveries;

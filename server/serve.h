@@ -99,6 +99,7 @@ struct metrics {
     int64_t pool_ram, pool_spill, pool_dropped;
     int64_t route[4];              /* chat requests by enum kvt_route of their prompt */
     int64_t prompt_from_store;     /* prompt tokens loaded from the block store */
+    int64_t prompt_from_chunks;    /* prompt tokens loaded as reused chunks (--chunk-reuse) */
     struct kvt_store_stats store;  /* zero without a store */
     bool    have_store;
     int64_t steps, step_tokens;    /* scheduler steps (one llama_decode each) and the tokens they held */
@@ -142,6 +143,8 @@ struct server {
     const char     *codec_disk;    /* --codec-disk: the store's disk tier codec (NULL = raw) */
     const char     *codec_ram;     /* --codec-ram: codec of the sessions' host pool (NULL = raw) */
     float           elastic_sk, elastic_sv; /* --elastic: live ElasticKV scales of every session, 0 = off */
+    bool            chunk_reuse;   /* --chunk-reuse: non-prefix chunk reuse in every session */
+    const char     *chunk_recompute; /* --chunk-recompute K|P% (NULL = the library's 15%) */
     char          **keys;          /* API keys (NULL = no auth) */
     int32_t         n_keys;
     /* published by the engine thread */

@@ -27,26 +27,37 @@ int kvt__sess_feed(kvt_session *s, const kvt_token *tok, int32_t n, int role, in
     const bool mixed = s->hooks.decode && !s->reply_feed;
     int32_t off = 0;
     bool routed = role == KVT_ROLE_ASSISTANT; /* a prompt's blocks may be in the store */
+    struct chunk_run *runs = NULL; /* reused chunks after the prefix (session/chunks.c) */
+    int32_t n_runs = 0, next_run = 0, runs_base = 0;
+    int rc = 0;
     while (off < n) {
         if (!routed && s->open < 0) { /* at the first block boundary (after completing an open block) */
             int32_t used = 0;
-            int rc = kvt__sess_route(s, tok + off, n - off, role, &used);
-            if (rc) return rc;
+            if ((rc = kvt__sess_route(s, tok + off, n - off, role, &used))) break;
             routed = true;
             off += used;
+            runs_base = off;
+            if ((rc = kvt__sess_chunk_plan(s, tok + off, n - off, &runs, &n_runs))) break;
             continue;
         }
+        if (next_run < n_runs && off == runs_base + runs[next_run].at) {
+            int32_t used = 0;
+            if ((rc = kvt__sess_chunk_load(s, &runs[next_run++], tok + off, role, &used))) break;
+            off += used;
+            if (used) continue;
+        }
         /* chunks end at block boundaries so each completed block is sealed right after it is
-        ** decoded (its SWA cells still exist) */
+        ** decoded (its SWA cells still exist), and where a reused chunk's load starts */
         int32_t room_in_block = s->open >= 0 ? s->p.block - s->b[s->open].info.n_tokens : s->p.block;
         int32_t m = KVT_MIN(n - off, room_in_block);
+        if (next_run < n_runs) m = KVT_MIN(m, runs_base + runs[next_run].at - off);
         if (mixed && s->hooks.room) m = KVT_MIN(m, KVT_MAX(1, s->hooks.room(s->hooks.ud)));
         bool last = off + m == n;
         double t1 = kvt__now_ms();
-        int rc = kvt__sess_make_room(s, m + (last ? reserve_after : 0));
+        rc = kvt__sess_make_room(s, m + (last ? reserve_after : 0));
         if (rc == KVT_EBUDGET && last && reserve_after) rc = kvt__sess_make_room(s, m); /* reply room is best effort */
         s->policy_ms += kvt__now_ms() - t1; /* scoring; the seq_rm of evictions is in here too (cheap) */
-        if (rc || (rc = kvt__sess_reserve_positions(s, m))) return rc;
+        if (rc || (rc = kvt__sess_reserve_positions(s, m))) break;
         double t0 = kvt__now_ms();
         if (mixed) {
             const struct kvt_decode_chunk c = { s->p.seq, tok + off, m, s->next_pos, last };
@@ -55,12 +66,12 @@ int kvt__sess_feed(kvt_session *s, const kvt_token *tok, int32_t n, int role, in
             rc = kvt_decode(s->eng, s->p.seq, tok + off, m, s->next_pos, last);
         }
         s->decode_ms += kvt__now_ms() - t0;
-        if (rc) return rc;
-        if (last && (rc = save_logits(s))) return rc;
+        if (rc) break;
+        if (last && (rc = save_logits(s))) break;
         s->decoded += m;
         kvt__sess_note_peak(s);
-        if ((rc = kvt__sess_record(s, tok + off, m, role))) return rc;
-        if ((rc = kvt__sess_elastic(s, m))) return rc;
+        if ((rc = kvt__sess_record(s, tok + off, m, role))) break;
+        if ((rc = kvt__sess_elastic(s, m))) break;
         /* prompt chunks always feed the attention signals; generated tokens every 8th (one
         ** token's attention changes the accumulated mass little, and each read costs a copy
         ** of the sequence's cells) */
@@ -68,7 +79,8 @@ int kvt__sess_feed(kvt_session *s, const kvt_token *tok, int32_t n, int role, in
         off += m;
         if (s->chunk_cb && off < n) s->chunk_cb(s->chunk_ud); /* others may decode between our chunks */
     }
-    return 0;
+    kvt__sess_chunk_free(runs, n_runs);
+    return rc;
 }
 
 int kvt_session_generate(kvt_session *s, int32_t max_tokens, const struct kvt_sampling *smp, kvt_token_cb cb, void *ud,

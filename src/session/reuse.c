@@ -30,7 +30,7 @@ const char *kvt_route_name(int route) {
 /* h_0 for this session, computed once (the model's fingerprint reads the GGUF file once per
 ** engine).  A failure turns the store off for the session: it is a cache, never a reason to fail
 ** a request. */
-static bool chain_root(kvt_session *s) {
+bool kvt__sess_roots(kvt_session *s) {
     if (s->have_root) return true;
     if (!s->p.store || s->store_broken) return false;
     struct kvt_chain_params cp;
@@ -43,6 +43,7 @@ static bool chain_root(kvt_session *s) {
         cp.block = s->p.block;
         cp.tenant = s->tenant;
         rc = kvt_chain_root(&cp, &s->root);
+        if (rc == 0 && s->p.chunk_reuse) rc = kvt_chunk_root(&cp, &s->croot);
     }
     if (rc) {
         fprintf(stderr, "kvtier: block store off for this session: %s\n", kvt_errmsg());
@@ -61,7 +62,7 @@ static bool block_key(kvt_session *s, int32_t i, kvt_key *out) {
     if (b->info.n_tokens != s->p.block || b->info.orig_p0 != i * s->p.block) return false;
     const kvt_key *prev = NULL;
     if (i == 0) {
-        if (!chain_root(s)) return false;
+        if (!kvt__sess_roots(s)) return false;
         prev = &s->root;
     } else if (s->b[i - 1].has_ckey) {
         prev = &s->b[i - 1].ckey;
@@ -77,6 +78,7 @@ void kvt__sess_chain_off(kvt_session *s) {
 }
 
 void kvt__sess_store_block(kvt_session *s, struct blk *b, const kvt_blob *blob) {
+    kvt__sess_chunk_store(s, b, blob); /* chunk keys: blocks of any purity */
     if (!s->p.store || !s->chain_ok) return;
     const int32_t i = (int32_t) (b - s->b);
     if (blob->p0 != b->info.orig_p0 || !block_key(s, i, &b->ckey)) return;
@@ -102,7 +104,7 @@ int kvt__sess_route(kvt_session *s, const kvt_token *tok, int32_t n, int role, i
     /* at a block boundary of a pure stream, with at least one full block before the last token */
     if (!s->p.store || !s->chain_ok || s->open >= 0 || s->next_pos != s->total || s->total % B != 0 || n <= B)
         return 0;
-    if (!chain_root(s)) return 0;
+    if (!kvt__sess_roots(s)) return 0;
     const int32_t i0 = s->n_b;
     if (i0 > 0 && !s->b[i0 - 1].has_ckey) return 0;
     const int32_t want = (n - 1) / B;
@@ -196,7 +198,7 @@ int kvt_session_prefetch(kvt_session *s, const kvt_token *tok, int32_t n) {
     const int32_t B = s->p.block;
     /* the conditions of kvt__sess_route: a pure stream at a block boundary */
     if (!s->p.store || !s->chain_ok || s->open >= 0 || s->next_pos != s->total || s->total % B != 0 || n <= B) return 0;
-    if (!chain_root(s)) return 0;
+    if (!kvt__sess_roots(s)) return 0;
     const int32_t i0 = s->n_b;
     if (i0 > 0 && !s->b[i0 - 1].has_ckey) return 0;
     const int32_t nb = (n - 1) / B;

@@ -91,10 +91,21 @@ int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *params, k
         return kvt__fail(KVT_EINVAL, "codec_ram: %s", why);
     }
     codec.n_head_kv = I.n_head_kv;
+    int32_t chunk_k_tok = -1;
+    double chunk_k_pct = 15;
+    if (p.chunk_recompute && kvt_chunk_recompute_parse(p.chunk_recompute, &chunk_k_tok, &chunk_k_pct)) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", kvt_errmsg());
+        return kvt__fail(KVT_EINVAL, "chunk_recompute: %s", why);
+    }
+    if (p.chunk_reuse && !p.store) return kvt__fail(KVT_EINVAL, "chunk_reuse needs a block store (store is NULL)");
     kvt_session *s = calloc(1, sizeof *s);
     if (!s) return kvt__fail(KVT_ENOMEM, "session");
+    s->chunk_k_tok = chunk_k_tok;
+    s->chunk_k_pct = chunk_k_pct;
     s->codec = codec;
     p.codec_ram = NULL; /* the caller's string: parsed into s->codec */
+    p.chunk_recompute = NULL; /* parsed into chunk_k_tok / chunk_k_pct */
     s->eng = eng;
     s->emb_dim = p.embedder ? kvt_embedder_dim(p.embedder) : 0;
     s->p = p;
@@ -245,6 +256,12 @@ void kvt_session_get_stats(kvt_session *s, struct kvt_session_stats *st) {
     st->codec_encode_ms = s->codec_enc_ms;
     st->codec_decode_ms = s->codec_dec_ms;
     kvt__sess_elastic_stats(s, st);
+    st->chunk_tokens = s->chunk_tokens;
+    st->chunk_recompute_tokens = s->chunk_recompute_tokens;
+    st->chunk_runs = s->chunk_runs;
+    st->chunk_blocks_put = s->chunk_put;
+    st->chunk_load_errors = s->chunk_load_errors;
+    st->chunk_scan_ms = s->chunk_scan_ms;
 }
 
 int32_t kvt_session_n_blocks(const kvt_session *s) { return s->n_b; }

@@ -12,6 +12,8 @@
 **   session/positions.c   positions kept below the trained context (compaction of the gaps)
 **   session/reuse.c       blocks in the content-addressed store: chain keys, store at seal,
 **                         prompt prefix lookup and load before prefill
+**   session/chunks.c      non-prefix chunk reuse: chunk keys at seal, the scan of a prompt for
+**                         stored blocks at any offset, their load with boundary recompute
 **   policy/signals.c      attention captured per chunk -> H2O / SnapKV / EWMA block signals
 **   retrieval/recovery.c  which evicted blocks come back before a message (BM25 novel terms,
 **                         successor blocks, dense/HNSW, InfLLM representatives, own tail)
@@ -120,6 +122,19 @@ struct kvt_session {
     int64_t     el_passes, el_zeroed;
     struct kvt_elastic_stats el_last; /* the last pass */
     double      el_ms;
+    /* non-prefix chunk reuse (session/chunks.c) */
+    kvt_key     croot;          /* c_0 of the chunk keys (kvt_chunk_root), with have_root */
+    int32_t     chunk_k_tok;    /* chunk_recompute parsed: tokens, or -1 ... */
+    double      chunk_k_pct;    /*   ... percent of the run, or -1 */
+    int64_t     chunk_tokens, chunk_recompute_tokens, chunk_runs, chunk_put, chunk_load_errors;
+    double      chunk_scan_ms;
+};
+
+/* A reused chunk found in a prompt (session/chunks.c): its blocks from tokens[at] on are loaded. */
+struct chunk_run {
+    int32_t  at;                /* prompt offset of the first loaded block */
+    int32_t  n_blocks;          /* blocks loaded */
+    kvt_key *keys;              /* [n_blocks] chunk keys */
 };
 
 /* A recovery candidate: block index and score (higher first). */
@@ -212,6 +227,23 @@ int  kvt__sess_store_fetch(kvt_session *s, const struct blk *b, void **data, siz
 int  kvt__sess_route(kvt_session *s, const kvt_token *tok, int32_t n, int role, int32_t *used);
 /* enum kvt_route of lookups that wanted `want` tokens and found `found`. */
 int32_t kvt__sess_route_kind(int64_t want, int64_t found);
+/* h_0 (and c_0 with chunk_reuse) and the model fingerprint, computed once; false (store off for
+** the session, reported on stderr) when they cannot be. */
+bool kvt__sess_roots(kvt_session *s);
+
+/* ---- session/chunks.c ---- */
+/* Block b (full) was just saved as blob: with chunk_reuse, put it in the store under its chunk
+** key too (write-behind).  Never fails (the store is a cache). */
+void kvt__sess_chunk_store(kvt_session *s, const struct blk *b, const kvt_blob *blob);
+/* The reused chunks of prompt tokens tok[0..n) (the last token never in one), greedy left to
+** right at every offset, with the boundary recompute taken off their starts.  *runs: caller
+** frees with kvt__sess_chunk_free.  0 runs without chunk_reuse or a store.  Errors: KVT_ENOMEM. */
+int  kvt__sess_chunk_plan(kvt_session *s, const kvt_token *tok, int32_t n, struct chunk_run **runs, int32_t *n_runs);
+void kvt__sess_chunk_free(struct chunk_run *runs, int32_t n_runs);
+/* Load run r (its tokens at tok) at the tail: early-seal the open block, fetch, kvt_blocks_load,
+** record.  *used = tokens loaded (0: nothing loaded, the caller decodes them; a store miss or a
+** failed load is not an error).  Errors: those of kvt__sess_record. */
+int  kvt__sess_chunk_load(kvt_session *s, const struct chunk_run *r, const kvt_token *tok, int role, int32_t *used);
 
 /* ---- policy/signals.c ---- */
 /* Attention captured for the last decoded chunk -> block signals (best effort). */

@@ -364,6 +364,7 @@ int kvt_session_sync(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_
     if (s->n_m_decoded > k) s->n_m_decoded = k;
     const int64_t dec0 = s->decoded, rec0 = s->recovered, ev0 = s->evictions, nrec0 = s->recoveries, rc0 = s->recomputes;
     const int64_t want0 = s->route_want_all, got0 = s->route_tokens_all;
+    const int64_t ch0 = s->chunk_tokens, chr0 = s->chunk_recompute_tokens;
     int rc = 0;
     for (int32_t i = k; rc == 0 && i < n_msgs; i++) rc = kvt_session_add(s, (enum kvt_role) role_from_name(msgs[i].role), msgs[i].content);
     if (rc == 0) rc = refresh_logits(s);
@@ -373,7 +374,10 @@ int kvt_session_sync(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_
         out->tokens_recovered = s->recovered - rec0;
         out->tokens_from_store = s->route_tokens_all - got0;
         out->route = kvt__sess_route_kind(s->route_want_all - want0, out->tokens_from_store);
-        out->tokens_reused = KVT_MAX(0, s->total - (int32_t) out->tokens_decoded - (int32_t) out->tokens_from_store);
+        out->tokens_from_chunks = s->chunk_tokens - ch0;
+        out->chunk_recompute_tokens = s->chunk_recompute_tokens - chr0;
+        out->tokens_reused = KVT_MAX(0, s->total - (int32_t) out->tokens_decoded - (int32_t) out->tokens_from_store -
+                                            (int32_t) out->tokens_from_chunks);
         out->evictions = s->evictions - ev0;
         out->recoveries = s->recoveries - nrec0;
         out->recomputes = s->recomputes - rc0;

@@ -6,7 +6,9 @@
 **   h_0 = SHA-256( u32 12 | "kvtier-chain" | u32 KVT__CHAIN_VERSION | model[32] |
 **                  u32 len | layout | i32 block | u32 len | tenant )
 **   h_i = SHA-256( h_{i-1}[32] | tok_0 | tok_1 | ... )   each token as a little-endian int32
-** h_{i-1} is fixed-size and tokens are fixed-size, so h_i's input is unambiguous too.  Nothing
+** h_{i-1} is fixed-size and tokens are fixed-size, so h_i's input is unambiguous too.
+** Chunk keys (non-prefix chunk reuse): c_0 is h_0's input with "kvtier-chunk" for
+** "kvtier-chain", and a block's chunk key is SHA-256(c_0 | its tokens): position-free.  Nothing
 ** depends on the process (no seed, no pointer, no locale): the same inputs give the same key in
 ** every process on every machine. */
 #include "internal.h"
@@ -45,18 +47,28 @@ static int finish(EVP_MD_CTX *c, int ok, kvt_key *out) {
     return 0;
 }
 
-int kvt_chain_root(const struct kvt_chain_params *p, kvt_key *out) {
-    if (!p || !out) return kvt__fail(KVT_EINVAL, "kvt_chain_root: NULL %s", !p ? "params" : "out");
-    if (!p->layout) return kvt__fail(KVT_EINVAL, "kvt_chain_root: layout is NULL (use kvt_engine_layout)");
-    if (p->block <= 0) return kvt__fail(KVT_EINVAL, "kvt_chain_root: block size %d is not positive", p->block);
+/* h_0 (domain "kvtier-chain") or c_0 (domain "kvtier-chunk": same length, so the two inputs
+** differ in their domain bytes only). */
+static int root(const char *fn, const char *domain, const struct kvt_chain_params *p, kvt_key *out) {
+    if (!p || !out) return kvt__fail(KVT_EINVAL, "%s: NULL %s", fn, !p ? "params" : "out");
+    if (!p->layout) return kvt__fail(KVT_EINVAL, "%s: layout is NULL (use kvt_engine_layout)", fn);
+    if (p->block <= 0) return kvt__fail(KVT_EINVAL, "%s: block size %d is not positive", fn, p->block);
     if (strlen(p->layout) > UINT32_MAX || (p->tenant && strlen(p->tenant) > UINT32_MAX))
-        return kvt__fail(KVT_EINVAL, "kvt_chain_root: layout or tenant longer than 4 GiB");
+        return kvt__fail(KVT_EINVAL, "%s: layout or tenant longer than 4 GiB", fn);
     EVP_MD_CTX *c = EVP_MD_CTX_new();
     if (!c) return kvt__fail(KVT_ENOMEM, "SHA-256 of a chain key: no memory for a digest context");
-    int ok = EVP_DigestInit_ex(c, EVP_sha256(), NULL) == 1 && update_str(c, "kvtier-chain") &&
+    int ok = EVP_DigestInit_ex(c, EVP_sha256(), NULL) == 1 && update_str(c, domain) &&
              update_u32(c, KVT__CHAIN_VERSION) && EVP_DigestUpdate(c, p->model.b, KVT_KEY_BYTES) &&
              update_str(c, p->layout) && update_u32(c, (uint32_t)p->block) && update_str(c, p->tenant);
     return finish(c, ok, out);
+}
+
+int kvt_chain_root(const struct kvt_chain_params *p, kvt_key *out) {
+    return root("kvt_chain_root", "kvtier-chain", p, out);
+}
+
+int kvt_chunk_root(const struct kvt_chain_params *p, kvt_key *out) {
+    return root("kvt_chunk_root", "kvtier-chunk", p, out);
 }
 
 int kvt_chain_next(const kvt_key *prev, const kvt_token *tok, int32_t n, kvt_key *out) {

@@ -1,0 +1,224 @@
+/* chunks.c — non-prefix chunk reuse (kvt_session_params.chunk_reuse, issue #12).
+**
+** RAG prompts put the same documents in different orders, so a document's blocks are rarely a
+** prefix the chain keys (session/reuse.c) can find.  EPIC (Hu et al. 2024, "position-independent
+** context caching") and CacheBlend (Yao et al. 2025) reuse a chunk's KV wherever it stands and
+** recompute a few tokens to repair the cross-chunk attention it lacks.  Here:
+**
+**   store    every full block the session seals is also put in the block store under its chunk
+**            key, SHA-256(c_0 | its tokens) (kvt_chunk_root: the chain root's inputs behind the
+**            domain "kvtier-chunk", so model, cache layout, block size and tenant are in it, and
+**            no chunk key equals a chain key).  Whatever the block's purity: its K/V come from
+**            *some* context, which is the premise of chunk reuse.  The bytes are the plain blob
+**            (the store's disk codec applies); the position it was saved at is read back from
+**            the blob's own cells when it is loaded, so it is re-anchored by the right delta.
+**   scan     after the prefix lookup stops, the rest of the prompt (its last token excluded: its
+**            logits start the reply) is hashed at EVERY token offset, one block-sized window
+**            each (SHA-256 of `block` tokens: ~1 us for 64 tokens), and each window's key asked
+**            of the store's RAM and disk tiers (kvt_store_has: no read; Redis is not asked).
+**            Greedy left to right: a hit starts a run, which extends block by block while the
+**            next window hits; the scan goes on after the run.
+**   recompute the first chunk_recompute tokens of each run are decoded in context (EPIC's
+**            boundary recompute), rounded UP to whole blocks because a stored block loads whole;
+**            a run that does not outlast them is decoded entirely.
+**   load     at the first loaded block of a run the open block is sealed early (the session's
+**            blocks are fixed-size and the run's blocks must start one), the run fetched from the
+**            store and loaded at the tail with kvt_blocks_load (one state write, RoPE re-anchored
+**            from each blob's saved position), and recorded like decoded tokens.  The session's
+**            chain purity ends there (kvt__sess_chain_off): no later block is stored under a
+**            prefix chain key.  A block the store no longer has ends the run there; a load that
+**            fails (counted in chunk_load_errors) leaves the cache unchanged (all or nothing) and
+**            the tokens are decoded: never a hole. */
+#include "session/session_int.h"
+#include "fault.h"
+#include "kv/blob.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int kvt_chunk_recompute_parse(const char *spec, int32_t *tokens, double *pct) {
+    if (!spec || !tokens || !pct) return kvt__fail(KVT_EINVAL, "kvt_chunk_recompute_parse: NULL argument");
+    char *end = NULL;
+    double v = strtod(spec, &end);
+    const bool is_pct = end && *end == '%' && end[1] == '\0';
+    if (end == spec || (!is_pct && *end != '\0') || !isfinite(v) || spec[0] == ' ' || spec[0] == '+')
+        return kvt__fail(KVT_EINVAL, "chunk recompute '%.80s' is not a token count K or a percentage P%%", spec);
+    if (is_pct) {
+        if (!(v >= 0 && v <= 100))
+            return kvt__fail(KVT_EINVAL, "chunk recompute '%.80s': %g %% is outside 0..100 %%", spec, v);
+        *tokens = -1;
+        *pct = v;
+        return 0;
+    }
+    if (!(v >= 0 && v <= (1 << 20)) || v != floor(v))
+        return kvt__fail(KVT_EINVAL, "chunk recompute '%.80s' is not a whole number of tokens in 0..%d", spec, 1 << 20);
+    *tokens = (int32_t) v;
+    *pct = -1;
+    return 0;
+}
+
+void kvt__sess_chunk_store(kvt_session *s, const struct blk *b, const kvt_blob *blob) {
+    const int32_t B = s->p.block;
+    if (!s->p.chunk_reuse || !s->p.store || b->info.n_tokens != B || !kvt__sess_roots(s)) return;
+    kvt_key key;
+    if (kvt_chain_next(&s->croot, b->tok, B, &key) == 0 && !kvt_store_has(s->p.store, &key)) {
+        struct kvt_store_meta m = { s->model_fp, B, 0 };
+        if (kvt_store_put(s->p.store, &key, &m, blob->data, blob->size) == 0) s->chunk_put++;
+    }
+    kvt__clear_error(); /* a store that cannot take it costs a later prefill, nothing now */
+}
+
+void kvt__sess_chunk_free(struct chunk_run *runs, int32_t n_runs) {
+    for (int32_t i = 0; runs && i < n_runs; i++) free(runs[i].keys);
+    free(runs);
+}
+
+/* Blocks of a run of `blocks` blocks decoded at its start (boundary recompute). */
+static int32_t recompute_blocks(const kvt_session *s, int32_t blocks) {
+    const int32_t B = s->p.block;
+    double k = s->chunk_k_tok >= 0 ? s->chunk_k_tok : ceil(s->chunk_k_pct / 100.0 * blocks * B - 1e-9);
+    return (int32_t) ceil(k / B);
+}
+
+int kvt__sess_chunk_plan(kvt_session *s, const kvt_token *tok, int32_t n, struct chunk_run **runs, int32_t *n_runs) {
+    *runs = NULL;
+    *n_runs = 0;
+    const int32_t B = s->p.block;
+    if (!s->p.chunk_reuse || !s->p.store || n - 1 < B || !kvt__sess_roots(s)) return 0;
+    const double t0 = kvt__now_ms();
+    const int32_t max_blocks = (n - 1) / B;
+    kvt_key *keys = malloc(sizeof *keys * (size_t) max_blocks);
+    struct chunk_run *out = NULL;
+    int32_t n_out = 0, cap = 0;
+    int rc = keys ? 0 : kvt__fail(KVT_ENOMEM, "chunk lookup of %d tokens", n);
+    for (int32_t i = 0; rc == 0 && i + B <= n - 1;) {
+        int32_t nb = 0;
+        for (int32_t j = i; j + B <= n - 1; j += B) { /* the run from i */
+            if (kvt_chain_next(&s->croot, tok + j, B, &keys[nb])) break;
+            if (!kvt_store_has(s->p.store, &keys[nb])) break;
+            nb++;
+        }
+        kvt__clear_error();
+        if (nb == 0) {
+            i++;
+            continue;
+        }
+        s->chunk_runs++;
+        const int32_t r = recompute_blocks(s, nb);
+        if (r >= nb) { /* simply decoded */
+            s->chunk_recompute_tokens += (int64_t) nb * B;
+        } else {
+            if (n_out == cap) {
+                int32_t c2 = cap ? 2 * cap : 8;
+                struct chunk_run *o2 = realloc(out, sizeof *o2 * (size_t) c2);
+                if (!o2) { rc = kvt__fail(KVT_ENOMEM, "chunk runs"); break; }
+                out = o2;
+                cap = c2;
+            }
+            struct chunk_run *cr = &out[n_out];
+            cr->at = i + r * B;
+            cr->n_blocks = nb - r;
+            cr->keys = malloc(sizeof *cr->keys * (size_t) cr->n_blocks);
+            if (!cr->keys) { rc = kvt__fail(KVT_ENOMEM, "chunk run of %d blocks", cr->n_blocks); break; }
+            memcpy(cr->keys, keys + r, sizeof *cr->keys * (size_t) cr->n_blocks);
+            n_out++;
+            s->chunk_recompute_tokens += (int64_t) r * B;
+        }
+        i += nb * B;
+    }
+    free(keys);
+    s->chunk_scan_ms += kvt__now_ms() - t0;
+    if (rc) {
+        kvt__sess_chunk_free(out, n_out);
+        return rc;
+    }
+    *runs = out;
+    *n_runs = n_out;
+    return 0;
+}
+
+/* The position a stored block's K rows are rotated for, and its cells, from its own bytes. */
+static int blob_shape(kvt_blob *b) {
+    struct kvt__blob_layout *L = malloc(sizeof *L);
+    if (!L) return kvt__fail(KVT_ENOMEM, "blob layout");
+    int rc = kvt__blob_parse(b->data, b->size, 1, L);
+    if (rc) rc = kvt__blob_parse(b->data, b->size, 2, L);
+    if (rc == 0 && L->part[0].n_cells > 0) {
+        b->n_cells = (int32_t) L->part[0].n_cells;
+        b->n_cells_swa = L->n_parts > 1 ? (int32_t) L->part[1].n_cells : 0;
+        kvt_pos p0 = INT32_MAX;
+        for (uint32_t c = 0; c < L->part[0].n_cells; c++) p0 = KVT_MIN(p0, kvt__blob_cell_pos(b->data, L, 0, c));
+        b->p0 = p0;
+    } else if (rc == 0) {
+        rc = kvt__fail(KVT_EFORMAT, "stored chunk block has no cells");
+    }
+    free(L);
+    return rc;
+}
+
+int kvt__sess_chunk_load(kvt_session *s, const struct chunk_run *r, const kvt_token *tok, int role, int32_t *used) {
+    *used = 0;
+    const int32_t B = s->p.block;
+    if (s->open >= 0 && kvt__sess_seal(s)) { /* early seal: chain purity ends there (kvt__sess_seal) */
+        kvt__clear_error();
+        return 0; /* the block stays open: the run is decoded */
+    }
+    if (kvt__sess_make_room(s, r->n_blocks * B + B) || kvt__sess_reserve_positions(s, r->n_blocks * B)) {
+        kvt__clear_error();
+        return 0;
+    }
+    const double t0 = kvt__now_ms();
+    kvt_blob *blobs = calloc((size_t) r->n_blocks, sizeof *blobs);
+    const kvt_blob **bp = calloc((size_t) r->n_blocks, sizeof *bp);
+    kvt_pos *p0 = calloc((size_t) r->n_blocks, sizeof *p0);
+    int32_t found = 0;
+    int rc = 0;
+    if (!blobs || !bp || !p0) {
+        rc = kvt__fail(KVT_ENOMEM, "chunk load of %d blocks", r->n_blocks);
+        goto out;
+    }
+    for (; found < r->n_blocks; found++) { /* a block gone since the scan ends the run there */
+        struct kvt_store_meta m;
+        kvt_blob *b = &blobs[found];
+        if (kvt_store_get(s->p.store, &r->keys[found], &s->model_fp, (void **) &b->data, &b->size, &m, NULL)) break;
+        b->n_tokens = B;
+        if (m.n_tokens != B || m.codec != 0 || blob_shape(b)) {
+            free(b->data);
+            b->data = NULL;
+            break;
+        }
+        bp[found] = b;
+        p0[found] = s->next_pos + found * B;
+    }
+    kvt__clear_error();
+    if (found == 0) goto out;
+    rc = kvt__fault_check(KVT__FAULT_CHUNK_LOAD) ? kvt__fail(KVT_ELLAMA, "chunk load (injected fault)")
+                                                  : kvt_blocks_load(s->eng, bp, found, s->p.seq, p0);
+    if (rc) { /* all or nothing: nothing was loaded, the tokens are decoded instead */
+        fprintf(stderr, "kvtier: a reused chunk of %d blocks could not be loaded, decoded instead: %s\n", found,
+                kvt_errmsg());
+        kvt__clear_error();
+        s->chunk_load_errors++;
+        rc = 0;
+        goto out;
+    }
+    kvt__sess_chain_off(s); /* from here on the KV is not a cold prefill's: no more chain keys */
+    /* recorded as if decoded; each block's seal saves it to the pool from the cache (at its new
+    ** position: the store's bytes are rotated for the old one) */
+    const int32_t first = s->n_b;
+    if ((rc = kvt__sess_record(s, tok, found * B, role))) goto out;
+    for (int32_t i = first; i < s->n_b; i++) s->b[i].info.from_chunk = true;
+    kvt__sess_note_peak(s);
+    *used = found * B;
+    s->chunk_tokens += found * B;
+    s->store_tokens += found * B;
+out:
+    for (int32_t q = 0; blobs && q < r->n_blocks; q++) free(blobs[q].data);
+    free(blobs);
+    free(bp);
+    free(p0);
+    s->store_ms += kvt__now_ms() - t0;
+    return rc;
+}
