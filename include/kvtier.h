@@ -1133,11 +1133,14 @@ struct kvt_session_stats {
     /* non-prefix chunk reuse (kvt_session_params.chunk_reuse; all 0 when off) */
     int64_t chunk_tokens;        /* prompt tokens loaded from chunk blocks (not decoded; also in
                                  ** store_tokens) */
-    int64_t chunk_recompute_tokens; /* tokens of found chunks decoded at their start instead
-                                 ** (boundary recompute; in tokens_decoded) */
-    int64_t chunk_runs;          /* reused chunks (runs of consecutive chunk hits) */
+    int64_t chunk_recompute_tokens; /* tokens of found chunks planned for decoding at their start
+                                 ** (boundary recompute; a run no longer than that is decoded
+                                 ** whole and counted here entirely) */
+    int64_t chunk_runs;          /* runs of consecutive chunk hits the scan found (those decoded
+                                 ** whole included) */
     int64_t chunk_blocks_put;    /* blocks given to the store under a chunk key */
-    int64_t chunk_load_errors;   /* chunk runs whose load failed (decoded instead) */
+    int64_t chunk_load_errors;   /* chunk runs found but decoded instead: the load failed, or the
+                                 ** early seal / room / positions for it could not be had */
     double  chunk_scan_ms;       /* time hashing windows and asking the store (ms) */
 };
 /* Fill *st (HOST/DISK block counts as the pool holds them now).  Works on a parked session.

@@ -44,8 +44,8 @@ static int save_block(kvt_session *s, struct blk *b) {
     kvt_blob *blob = NULL;
     int rc = 0;
     /* a block just loaded from the store: its bytes are at hand, no need to read them back */
-    const bool preloaded = s->preload && s->n_preload > 0 && s->preload[0]->p0 == b->info.p0 &&
-                           s->preload[0]->n_tokens == b->info.n_tokens;
+    const bool preloaded = s->preload && s->n_preload > 0 && s->preload[0]->n_tokens == b->info.n_tokens &&
+                           (s->preload_moved || s->preload[0]->p0 == b->info.p0);
     if (preloaded) {
         blob = (kvt_blob *) s->preload[0];
         s->preload++;
@@ -343,6 +343,11 @@ int kvt__sess_load_block(kvt_session *s, int32_t i) {
     rc = kvt_block_load(s->eng, dec ? dec : &blob, s->p.seq, s->next_pos);
     free(data);
     kvt_blob_free(dec);
+    if (rc == KVT_EFORMAT) { /* a copy that cannot be loaded here (e.g. an iSWA block saved without
+                             ** the sliding-window cells it needs): recomputed, never a hole */
+        if ((rc = recompute_lost(s, b, KVT_ECORRUPT))) return rc;
+        goto placed;
+    }
     if (rc) return rc;
     s->recovered += b->info.n_tokens;
 placed:

@@ -161,14 +161,10 @@ static int blob_shape(kvt_blob *b) {
 int kvt__sess_chunk_load(kvt_session *s, const struct chunk_run *r, const kvt_token *tok, int role, int32_t *used) {
     *used = 0;
     const int32_t B = s->p.block;
-    if (s->open >= 0 && kvt__sess_seal(s)) { /* early seal: chain purity ends there (kvt__sess_seal) */
-        kvt__clear_error();
-        return 0; /* the block stays open: the run is decoded */
-    }
-    if (kvt__sess_make_room(s, r->n_blocks * B + B) || kvt__sess_reserve_positions(s, r->n_blocks * B)) {
-        kvt__clear_error();
-        return 0;
-    }
+    /* at most what fits the budget beside a block of room and the reply reserve (the prefix
+    ** route's cap): the rest of a longer run is decoded */
+    const int32_t n_max = KVT_MIN(r->n_blocks, (s->p.budget - s->p.gen_reserve - 2 * B) / B);
+    if (n_max <= 0) return 0;
     const double t0 = kvt__now_ms();
     kvt_blob *blobs = calloc((size_t) r->n_blocks, sizeof *blobs);
     const kvt_blob **bp = calloc((size_t) r->n_blocks, sizeof *bp);
@@ -179,7 +175,7 @@ int kvt__sess_chunk_load(kvt_session *s, const struct chunk_run *r, const kvt_to
         rc = kvt__fail(KVT_ENOMEM, "chunk load of %d blocks", r->n_blocks);
         goto out;
     }
-    for (; found < r->n_blocks; found++) { /* a block gone since the scan ends the run there */
+    for (; found < n_max; found++) { /* a block gone since the scan ends the run there */
         struct kvt_store_meta m;
         kvt_blob *b = &blobs[found];
         if (kvt_store_get(s->p.store, &r->keys[found], &s->model_fp, (void **) &b->data, &b->size, &m, NULL)) break;
@@ -190,10 +186,19 @@ int kvt__sess_chunk_load(kvt_session *s, const struct chunk_run *r, const kvt_to
             break;
         }
         bp[found] = b;
-        p0[found] = s->next_pos + found * B;
     }
     kvt__clear_error();
     if (found == 0) goto out;
+    /* only now, with the bytes at hand, anything that changes the session: the open block is
+    ** sealed early (chain purity ends there, kvt__sess_seal) and room made; if that fails the
+    ** run is decoded */
+    if ((s->open >= 0 && kvt__sess_seal(s)) || kvt__sess_make_room(s, found * B + B) ||
+        kvt__sess_reserve_positions(s, found * B)) {
+        kvt__clear_error();
+        s->chunk_load_errors++;
+        goto out;
+    }
+    for (int32_t q = 0; q < found; q++) p0[q] = s->next_pos + q * B;
     rc = kvt__fault_check(KVT__FAULT_CHUNK_LOAD) ? kvt__fail(KVT_ELLAMA, "chunk load (injected fault)")
                                                   : kvt_blocks_load(s->eng, bp, found, s->p.seq, p0);
     if (rc) { /* all or nothing: nothing was loaded, the tokens are decoded instead */
@@ -205,10 +210,19 @@ int kvt__sess_chunk_load(kvt_session *s, const struct chunk_run *r, const kvt_to
         goto out;
     }
     kvt__sess_chain_off(s); /* from here on the KV is not a cold prefill's: no more chain keys */
-    /* recorded as if decoded; each block's seal saves it to the pool from the cache (at its new
-    ** position: the store's bytes are rotated for the old one) */
+    /* recorded as if decoded; each block seals with the bytes just loaded (the pool's copy keeps
+    ** the position they were saved at, so a recovery re-anchors by the right delta).  Not read
+    ** back from the cache: on Gemma 3 a run longer than the sliding window has lost the older
+    ** blocks' SWA cells there, and a copy without them could not be loaded again */
     const int32_t first = s->n_b;
-    if ((rc = kvt__sess_record(s, tok, found * B, role))) goto out;
+    s->preload = bp;
+    s->n_preload = found;
+    s->preload_moved = true;
+    rc = kvt__sess_record(s, tok, found * B, role);
+    s->preload = NULL;
+    s->n_preload = 0;
+    s->preload_moved = false;
+    if (rc) goto out;
     for (int32_t i = first; i < s->n_b; i++) s->b[i].info.from_chunk = true;
     kvt__sess_note_peak(s);
     *used = found * B;

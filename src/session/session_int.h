@@ -110,6 +110,8 @@ struct kvt_session {
     int64_t     store_tokens, store_put, store_load_errors;
     const kvt_blob *const *preload; /* blocks just loaded from the store, in order: their seal */
     int32_t     n_preload;          /*   takes these bytes instead of reading the cache back */
+    bool        preload_moved;      /*   they were saved at other positions (reused chunks):
+                                    ** matched by order, kept with their own saved position */
     double      store_ms;
     struct kvt_prefill_hooks hooks; /* mixed prefill (kvt_session_set_prefill_hooks); decode NULL: off */
     bool        reply_feed;     /* kvt__sess_feed is decoding a generated token (not a prefill chunk) */
