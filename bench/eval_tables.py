@@ -4,11 +4,13 @@ DIR (e.g. results/grid-<time>/ from bench/eval_grid.sh), for docs/EVALUATION.md:
 run (niah/multifact: pass rates with Wilson intervals, log-probabilities and their paired
 differences to no_eviction; ppl: perplexity, exact KL), then a grid summary of the niah runs.
 
---pool: runs of the same task, context and budget (e.g. several seeds) pooled into one table per
-cell, with Wilson intervals over all their cases, and each policy's failed probes sorted by why,
-from the per-case rows: 'model' (no_eviction failed the same probe too), 'not recovered' (the
-fact's block was evicted and not resident at the question), 'not used' (the fact was resident,
-never evicted or recovered, and the reply still missed it)."""
+--pool: runs of the same model, task, context and budget (e.g. several seeds) pooled into one
+table per cell, with Wilson intervals over all their probes (multifact: five probes per case, not
+independent, so its intervals are narrower than the cases justify), and each policy's failed
+probes sorted by why, from the per-case rows: 'model' (no_eviction failed the same probe too),
+'not recovered' (the fact's block was evicted and not resident at the question), 'recovered, not
+used' (evicted, back at the question, the reply still missed it), 'resident, not used' (never
+evicted), 'unknown' (the fact was not found in the block texts)."""
 import glob
 import json
 import math
@@ -97,8 +99,8 @@ def pooled(rs):
     cells = {}
     for f, j in rs:
         if j["task"] in ("niah", "multifact"):
-            cells.setdefault((j["task"], j["context"], j["budget"]), []).append((f, j))
-    for (task, ctx, budget), group in sorted(cells.items()):
+            cells.setdefault((j["model"], j["task"], j["context"], j["budget"]), []).append((f, j))
+    for (model, task, ctx, budget), group in sorted(cells.items()):
         seeds = sorted(j["seed"] for _, j in group)
         rows = []  # (run, case, item, row)
         for f, j in group:
@@ -107,13 +109,14 @@ def pooled(rs):
         pols = [p["policy"] for p in group[0][1]["policies"]]
         ref = {k: r for k, r in rows if r["policy"] == "no_eviction"}
         n_cases = sum(j["cases"] for _, j in group)
-        print(f"#### {task}, context {ctx}, budget {budget}: {n_cases} cases pooled over seeds "
-              f"{', '.join(map(str, seeds))} (commit `{group[0][1]['commit']}`, "
+        commits = sorted(set(j["commit"] for _, j in group))
+        print(f"#### {model}: {task}, context {ctx}, budget {budget}: {n_cases} cases ({len(rows) // max(1, len(pols))} "
+              f"probes) pooled over seeds {', '.join(map(str, seeds))} (commit {', '.join(f'`{c}`' for c in commits)}, "
               f"{sum(j['seconds'] for _, j in group) / 3600:.1f} h of runs)\n")
-        print("| policy | pass (free reply) [95% CI] | vs no_eviction | prefix pass [95% CI] | answer log-prob | "
-              "Δ vs no_eviction | fact at the question: resident / recovered / evicted | failed: model / not recovered / not used |")
+        print("| policy | pass (free reply) [95% CI] | vs no_eviction (same probes) | prefix pass [95% CI] | answer log-prob | "
+              "Δ vs no_eviction | fact at the question: resident / recovered / evicted | "
+              "failed: model / not recovered / recovered, not used / resident, not used / unknown |")
         print("|---|---|---|---|---|---|---|---|")
-        ref_pass = sum(r["passed"] for r in ref.values())
         for name in pols:
             mine = [(k, r) for k, r in rows if r["policy"] == name and not r.get("error")]
             n = len(mine)
@@ -126,14 +129,17 @@ def pooled(rs):
                  if k in ref and r["answer_logprob"] is not None and ref[k]["answer_logprob"] is not None]
             st = {s: sum(1 for _, r in mine if r.get("fact") == s) for s in ("resident", "recovered", "evicted")}
             fails = [(k, r) for k, r in mine if not r["passed"]]
-            model = sum(1 for k, r in fails if k in ref and not ref[k]["passed"])
-            lost = sum(1 for k, r in fails if not (k in ref and not ref[k]["passed"]) and r.get("fact") == "evicted")
-            unused = len(fails) - model - lost
-            rel = f"{k_pass / ref_pass * 100:.0f} %" if ref_pass else "–"
+            mod = [(k, r) for k, r in fails if k in ref and not ref[k]["passed"]]
+            rest = [r for k, r in fails if not (k in ref and not ref[k]["passed"])]
+            why = [sum(1 for r in rest if r.get("fact") == f) for f in ("evicted", "recovered", "resident")]
+            why.append(len(rest) - sum(why))
+            ref_pass = sum(ref[k]["passed"] for k, _ in mine if k in ref)
+            k_matched = sum(r["passed"] for k, r in mine if k in ref)
+            rel = f"{k_matched / ref_pass * 100:.0f} %" if ref_pass else "–"
             print(f"| {name} | {k_pass}/{n} = {k_pass / n if n else 0:.2f} [{lo:.2f}, {hi:.2f}] | {rel} | "
                   f"{k_pre}/{n} [{plo:.2f}, {phi:.2f}] | {sum(lps) / len(lps) if lps else float('nan'):.2f} | "
                   f"{(sum(d) / len(d)) if d else 0:+.2f} | {st['resident']} / {st['recovered']} / {st['evicted']} | "
-                  f"{model} / {lost} / {unused} |")
+                  f"{len(mod)} / {' / '.join(map(str, why))} |")
         print()
 
 

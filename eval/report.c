@@ -15,6 +15,7 @@
 #include "eval.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -597,11 +598,22 @@ int eval_report(const char *cmd, const struct eval_opts *o, const struct eval_st
         fprintf(stderr, "%s: cannot create the output directory '%s': %s\n", cmd, o->out, strerror(errno));
         rc = APP_ERR;
     }
-    /* <task>-<stamp>, with -2, -3, ... if a run in the same second already wrote it */
+    /* <task>-<stamp>, with -2, -3, ... if a run in the same second already wrote it; the name is
+    ** claimed by creating the .json exclusively (runs side by side in one directory,
+    ** bench/eval_cases.sh, may finish in the same second) */
     snprintf(base, sizeof base, "%s/%s-%s", o->out, o->task_name, st->stamp);
     for (int k = 2; rc == APP_OK; k++) {
         snprintf(path, sizeof path, "%s.json", base);
-        if (access(path, F_OK) != 0) break;
+        int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0644);
+        if (fd >= 0) {
+            close(fd);
+            break;
+        }
+        if (errno != EEXIST || k > 1000) {
+            fprintf(stderr, "%s: cannot create '%s': %s\n", cmd, path, strerror(errno));
+            rc = APP_ERR;
+            break;
+        }
         snprintf(base, sizeof base, "%s/%s-%s-%d", o->out, o->task_name, st->stamp, k);
     }
     json_t *summary = summary_json(o, st, res, ps, seconds);

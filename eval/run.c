@@ -16,6 +16,7 @@
 ** session record keeps the pool's raw and stored bytes and the codec's time. */
 #include "eval.h"
 
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -120,7 +121,12 @@ static int32_t fact_state(kvt_session *s, const struct eval_fact *f) {
         len += m;
     }
     start[nb] = len;
-    const char *hit = all ? strstr(all, f->number) : NULL;
+    /* the number's first occurrence as a whole number (not inside a longer one) */
+    const size_t nl = strlen(f->number);
+    const char *hit = all;
+    while (hit && (hit = strstr(hit, f->number)) &&
+           ((hit > all && isdigit((unsigned char) hit[-1])) || isdigit((unsigned char) hit[nl])))
+        hit++;
     if (!hit) goto out;
     const size_t a = (size_t) (hit - all), b = a + strlen(f->number);
     bool evicted = false, resident = true;
