@@ -7,7 +7,8 @@ differences to no_eviction; ppl: perplexity, exact KL), then a grid summary of t
 --pool: runs of the same model, task, context and budget (e.g. several seeds) pooled into one
 table per cell, with Wilson intervals over all their probes (multifact: five probes per case, not
 independent, so its intervals are narrower than the cases justify), and each policy's failed
-probes sorted by why, from the per-case rows: 'model' (no_eviction failed the same probe too),
+probes sorted by why, from the per-case rows (and, when DIR holds several niah cells, one grid table
+of them: passes [Wilson 95 %] and the mean answer log-prob difference to no_eviction per policy): 'model' (no_eviction failed the same probe too),
 'not recovered' (the fact's block was evicted and not resident at the question), 'recovered, not
 used' (evicted, back at the question, the reply still missed it), 'resident, not used' (never
 evicted), 'unknown' (the fact was not found in the block texts)."""
@@ -102,17 +103,26 @@ def pooled(rs):
             cells.setdefault((j["model"], j["task"], j["context"], j["budget"]), []).append((f, j))
     for (model, task, ctx, budget), group in sorted(cells.items()):
         seeds = sorted(j["seed"] for _, j in group)
-        rows = []  # (run, case, item, row)
+        rows, seen, differ = [], {}, 0  # rows: ((seed, case, item), row)
         for f, j in group:
             for r in j.get("rows", []):
-                rows.append(((j["seed"], r["case"], r["item"]), r))
-        pols = [p["policy"] for p in group[0][1]["policies"]]
+                k = (j["seed"], r["case"], r["item"])
+                if (r["policy"], k) in seen:  # the same probe run again (e.g. no_eviction in two runs)
+                    differ += seen[(r["policy"], k)]["passed"] != r["passed"]
+                    continue
+                seen[(r["policy"], k)] = r
+                rows.append((k, r))
+        pols = []
+        for _, j in group:
+            pols += [p["policy"] for p in j["policies"] if p["policy"] not in pols]
         ref = {k: r for k, r in rows if r["policy"] == "no_eviction"}
-        n_cases = sum(j["cases"] for _, j in group)
+        n_cases = len({(k[0], k[1]) for k, _ in rows})
         commits = sorted(set(j["commit"] for _, j in group))
         print(f"#### {model}: {task}, context {ctx}, budget {budget}: {n_cases} cases ({len(rows) // max(1, len(pols))} "
               f"probes) pooled over seeds {', '.join(map(str, seeds))} (commit {', '.join(f'`{c}`' for c in commits)}, "
               f"{sum(j['seconds'] for _, j in group) / 3600:.1f} h of runs)\n")
+        if differ:
+            print(f"(warning: {differ} probes run twice passed in one run and failed in the other; the first run counts)\n")
         print("| policy | pass (free reply) [95% CI] | vs no_eviction (same probes) | prefix pass [95% CI] | answer log-prob | "
               "Δ vs no_eviction | fact at the question: resident / recovered / evicted | "
               "failed: model / not recovered / recovered, not used / resident, not used / unknown |")
@@ -141,6 +151,44 @@ def pooled(rs):
                   f"{(sum(d) / len(d)) if d else 0:+.2f} | {st['resident']} / {st['recovered']} / {st['evicted']} | "
                   f"{len(mod)} / {' / '.join(map(str, why))} |")
         print()
+    pooled_grid(cells)
+
+
+def pooled_grid(cells):
+    niah = {k: g for k, g in cells.items() if k[1] == "niah"}
+    if len(niah) < 2:
+        return
+    pols = []
+    for g in niah.values():
+        for _, j in g:
+            for p in j["policies"]:
+                if p["policy"] not in pols:
+                    pols.append(p["policy"])
+    print("#### NIAH grid (pooled): free-reply passes [Wilson 95 %] / mean answer log-prob Δ vs no_eviction "
+          "(nats, same cases) per cell\n")
+    print("| model | context | budget | cases | " + " | ".join(pols) + " |")
+    print("|---|---|---|---|" + "---|" * len(pols))
+    for (model, _, ctx, budget), group in sorted(niah.items()):
+        rows = list({(r["policy"], j["seed"], r["case"], r["item"]): ((j["seed"], r["case"], r["item"]), r)
+                     for _, j in reversed(group) for r in j.get("rows", [])}.values())  # a probe run twice: the first run's
+        ref = {k: r for k, r in rows if r["policy"] == "no_eviction"}
+        out = []
+        for name in pols:
+            mine = [(k, r) for k, r in rows if r["policy"] == name and not r.get("error")]
+            n = len(mine)
+            if not n:
+                out.append("–")
+                continue
+            k_pass = sum(r["passed"] for _, r in mine)
+            lo, hi = wilson(k_pass, n)
+            d = [r["answer_logprob"] - ref[k]["answer_logprob"] for k, r in mine
+                 if k in ref and r["answer_logprob"] is not None and ref[k]["answer_logprob"] is not None]
+            cell = f"{k_pass}/{n} [{lo:.2f}, {hi:.2f}]"
+            if name != "no_eviction" and d:
+                cell += f" / {sum(d) / len(d):+.2f}"
+            out.append(cell)
+        print(f"| {model} | {ctx} | {budget} | {len({(k[0], k[1]) for k, _ in rows})} | " + " | ".join(out) + " |")
+    print()
 
 
 if __name__ == "__main__":
