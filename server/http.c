@@ -151,11 +151,19 @@ static bool peer_gone(struct MHD_Connection *c) {
     return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
-/* Wait (under srv->mu) for a non-streamed job to finish, checking every 100 ms that the client
-** is still connected: one that went away cancels the job at its next token (as a dropped stream
-** does), so its slot is not held to max_tokens for nobody. */
-static void wait_watching(struct server *srv, struct MHD_Connection *c, struct job *j) {
-    while (j->state != JOB_DONE) {
+/* First non-blank byte of the job's text so far, or 0 (under srv->mu). */
+static char first_char(const struct job *j) {
+    for (size_t i = 0; j->text && i < j->n_text; i++)
+        if (!strchr(" \t\r\n", j->text[i])) return j->text[i];
+    return 0;
+}
+
+/* Wait (under srv->mu) for a job to finish, or with until_first_char only until its text has a
+** non-blank byte, checking every 100 ms that the client is still connected (nothing is written
+** meanwhile): one that went away cancels the job at its next token (as a dropped stream does), so
+** its slot is not held to max_tokens for nobody. */
+static void wait_watching_for(struct server *srv, struct MHD_Connection *c, struct job *j, bool until_first_char) {
+    while (j->state != JOB_DONE && !(until_first_char && first_char(j))) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 100 * 1000000L;
@@ -165,12 +173,18 @@ static void wait_watching(struct server *srv, struct MHD_Connection *c, struct j
     }
 }
 
+static void wait_watching(struct server *srv, struct MHD_Connection *c, struct job *j) {
+    wait_watching_for(srv, c, j, false);
+}
+
 struct stream {
     struct server *srv;
     struct MHD_Connection *c; /* to notice a client that leaves while nothing is sent */
     struct job    *j;
     char           id[64];
     int            phase;   /* 0 role chunk, 1 content, 2 done */
+    int            tools_text; /* a reply under tools: -1 not known yet, 1 plain text (streamed),
+                               ** 0 a call or JSON (sent whole) */
     char          *out;     /* pending bytes */
     size_t         n_out, off;
 };
@@ -228,9 +242,19 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             st->phase = 1;
             if (j->kind == JOB_CHAT) { stream_emit(st, chunk(st, NULL, NULL, true)); continue; }
         }
-        /* a tool-call reply is one JSON object: parsed and sent whole when it is complete */
-        bool whole = j->kind == JOB_CHAT && j->format == REPLY_TOOLS;
+        /* a tool-call reply is one JSON object: parsed and sent whole when it is complete.  Under
+        ** tool_choice auto the reply's first character chooses (server/tools.c): '{' a call (or
+        ** the JSON reply format), anything else plain text, streamed as it comes like any reply */
+        bool whole = false;
         pthread_mutex_lock(&srv->mu);
+        if (j->kind == JOB_CHAT && j->format == REPLY_TOOLS && st->tools_text <= 0) {
+            if (st->tools_text < 0) {
+                wait_watching_for(srv, st->c, j, true);
+                const char c0 = first_char(j);
+                st->tools_text = c0 && c0 != '{';
+            }
+            whole = !st->tools_text;
+        }
         if (whole) wait_watching(srv, st->c, j); /* nothing is written meanwhile: watch the socket */
         else WAIT_UNTIL(j->state == JOB_DONE || j->n_text > j->n_sent);
         bool done = j->state == JOB_DONE;
@@ -338,6 +362,7 @@ static enum MHD_Result run_job(struct server *srv, struct MHD_Connection *c, str
     st->srv = srv;
     st->c = c;
     st->j = j;
+    st->tools_text = -1;
     snprintf(st->id, sizeof st->id, "%s-%llu", j->kind == JOB_CHAT ? "chatcmpl" : "cmpl", __atomic_add_fetch(&srv->n_replies, 1, __ATOMIC_RELAXED));
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, st, stream_free);
     if (!r) { stream_free(st); return MHD_NO; }

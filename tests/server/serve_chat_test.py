@@ -118,6 +118,22 @@ ac = a1.choices[0].message.content
 print(f"     auto, no tool needed: {ac!r}")
 check("tool_choice auto: a question needing no tool is answered in plain text",
       isinstance(ac, str) and ac.strip() and not ac.startswith("{") and not a1.choices[0].message.tool_calls, str(a1))
+# streamed, the plain-text reply comes piece by piece (its first character chose text), the same greedy text;
+# a call (control: tool_choice required) still comes whole, in one delta
+sa = list(A.chat.completions.create(model=model, messages=[{"role": "user", "content": "Who wrote Hamlet?"}], tools=tools,
+                                    tool_choice="auto", max_tokens=24, temperature=0, stream=True))
+pieces = [ch.choices[0].delta.content for ch in sa if ch.choices and ch.choices[0].delta.content]
+check("tool_choice auto, stream: a plain-text reply is streamed in several deltas, the same text, no tool_calls",
+      len(pieces) >= 2 and "".join(pieces) == ac and not any(ch.choices and ch.choices[0].delta.tool_calls for ch in sa),
+      f"{len(pieces)} content deltas: {pieces!r}")
+sr = list(A.chat.completions.create(model=model, messages=th, tools=tools, tool_choice="required", max_tokens=48,
+                                    temperature=0, stream=True))
+cd = [ch for ch in sr if ch.choices and ch.choices[0].delta.tool_calls]
+check("tool_choice required, stream: the call comes whole in one delta, no content, finish_reason tool_calls",
+      len(cd) == 1 and cd[0].choices[0].delta.tool_calls[0].function.name == "get_weather"
+      and not any(ch.choices and ch.choices[0].delta.content for ch in sr)
+      and [ch.choices[0].finish_reason for ch in sr if ch.choices and ch.choices[0].finish_reason] == ["tool_calls"],
+      f"{len(cd)} call deltas of {len(sr)} chunks")
 
 # ---- errors the client raises ----------------------------------------------------------------
 try:
