@@ -150,6 +150,57 @@ static int dense_candidates(kvt_session *s, const char *query, struct cand *c, i
     return rc;
 }
 
+/* BM25 recovery candidates: the query's terms that occur in no block of res[0..n_res) (the
+** resident context: kvt_bm25_novel_terms) score the evicted blocks (docs[i]: block i's text,
+** "" when unsealed; sc: room for s->n_b scores); those scoring at least min_recovery_score are
+** candidates.  OUT c[0..*n_c) unsorted, *novel (the novel terms, caller frees; "" when none). */
+static int bm25_candidates(kvt_session *s, const char *query, const char **res, int32_t n_res, const char **docs,
+                           double *sc, struct cand *c, int32_t *n_c, char **novel) {
+    *n_c = 0;
+    int rc = kvt_bm25_novel_terms(query, res, n_res, novel);
+    if (rc == 0 && (*novel)[0]) rc = kvt_bm25_score(docs, s->n_b, *novel, sc);
+    for (int32_t i = 0; rc == 0 && (*novel)[0] && i < s->n_b; i++)
+        if (kvt__sess_evicted(s, &s->b[i]) && sc[i] >= s->p.min_recovery_score) c[(*n_c)++] = (struct cand){ i, sc[i] };
+    return rc;
+}
+
+/* The candidates c[0..n_c) sorted best first and cut to top_k, each hit followed by up to
+** successor_blocks evicted blocks after it (a contiguous run, none a hit itself): a fact cut by
+** a block boundary goes on there ("... the secret code of Tavoren" | "is 48213.").  BM25 hits
+** (novel != NULL) take successors only when the match is in the block's last quarter, where a
+** statement about it may run on past the boundary (a successor that starts the next turn would
+** otherwise come back as noise).  c has room for 2 * nb entries (the second half is scratch).
+** Returns the new count. */
+static int32_t top_with_successors(kvt_session *s, struct cand *c, int32_t n_c, size_t nb, const char *novel) {
+    qsort(c, (size_t) n_c, sizeof *c, cmp_cand);
+    if (n_c > s->p.top_k) n_c = s->p.top_k;
+    int32_t n_hit = n_c;
+    struct cand *x = c + nb;
+    int32_t n_x = 0;
+    for (int32_t k = 0; k < n_hit; k++) {
+        x[n_x++] = c[k];
+        const char *t = s->b[c[k].i].text;
+        if (novel && t && kvt__bm25_last_match(t, novel) < (int32_t) (strlen(t) * 3 / 4)) continue;
+        for (int32_t j = c[k].i + 1; j <= c[k].i + s->p.successor_blocks && n_x < (int32_t) nb; j++) {
+            bool taken = j >= s->n_b || !s->b[j].info.sealed || !kvt__sess_evicted(s, &s->b[j]);
+            for (int32_t q = 0; q < n_x && !taken; q++) taken = x[q].i == j;
+            for (int32_t q = k + 1; q < n_hit && !taken; q++) taken = c[q].i == j;
+            if (taken) break; /* only a contiguous run after the hit */
+            x[n_x++] = (struct cand){ j, c[k].score };
+        }
+    }
+    memcpy(c, x, sizeof *c * (size_t) n_x);
+    return n_x;
+}
+
+static void debug_candidates(const kvt_session *s, const char *what, const char *novel, const struct cand *c,
+                             int32_t n_c) {
+    if (!getenv("KVT_DEBUG_RECOVERY")) return;
+    fprintf(stderr, "[recovery] turn %d %s \"%.80s\":", s->turn, what, novel ? novel : "");
+    for (int32_t k = 0; k < n_c; k++) fprintf(stderr, " blk%d=%.2f", s->b[c[k].i].info.id, c[k].score);
+    fprintf(stderr, "\n");
+}
+
 /* Before a user message.  Every sealed block gets its BM25 relevance to the message (the kvtier
 ** policy's relevance signal).  Recovery asks what the resident context lacks: the message's
 ** terms that occur in no resident block (kvt_bm25_novel_terms) score the evicted blocks, and
@@ -185,45 +236,11 @@ int kvt__sess_recover(kvt_session *s, const char *query, int32_t msg_tokens) {
         if (s->open >= 0 &&
             kvt_detokenize(s->eng, s->b[s->open].tok, s->b[s->open].info.n_tokens, false, &open_text) == 0)
             res[n_res++] = open_text;
-        if (s->emb_dim > 0) {
-            rc = dense_candidates(s, query, c, &n_c);
-        } else {
-            rc = kvt_bm25_novel_terms(query, res, n_res, &novel);
-            if (rc == 0 && novel[0]) rc = kvt_bm25_score(docs, s->n_b, novel, sc);
-            for (int32_t i = 0; rc == 0 && novel[0] && i < s->n_b; i++) {
-                if (kvt__sess_evicted(s, &s->b[i]) && sc[i] >= s->p.min_recovery_score)
-                    c[n_c++] = (struct cand){ i, sc[i] };
-            }
-        }
-        qsort(c, (size_t) n_c, sizeof *c, cmp_cand);
-        if (n_c > s->p.top_k) n_c = s->p.top_k;
-        /* each hit followed by its successor block, if that is evicted and not a hit itself */
-        int32_t n_hit = n_c;
-        struct cand *x = c + nb;
-        int32_t n_x = 0;
-        for (int32_t k = 0; k < n_hit; k++) {
-            x[n_x++] = c[k];
-            /* BM25 hits: only when the match is in the block's last quarter, where a statement
-            ** about it may run on past the boundary (a successor that starts the next turn
-            ** would otherwise come back as noise) */
-            const char *t = s->b[c[k].i].text;
-            if (s->emb_dim == 0 && t && novel && kvt__bm25_last_match(t, novel) < (int32_t) (strlen(t) * 3 / 4)) continue;
-            for (int32_t j = c[k].i + 1; j <= c[k].i + s->p.successor_blocks && n_x < (int32_t) nb; j++) {
-                bool taken = j >= s->n_b || !s->b[j].info.sealed ||
-                             !kvt__sess_evicted(s, &s->b[j]);
-                for (int32_t q = 0; q < n_x && !taken; q++) taken = x[q].i == j;
-                for (int32_t q = k + 1; q < n_hit && !taken; q++) taken = c[q].i == j;
-                if (taken) break; /* only a contiguous run after the hit */
-                x[n_x++] = (struct cand){ j, c[k].score };
-            }
-        }
-        memcpy(c, x, sizeof *c * (size_t) n_x);
-        n_c = n_x;
-        if (getenv("KVT_DEBUG_RECOVERY")) {
-            fprintf(stderr, "[recovery] turn %d %s \"%.80s\":", s->turn, s->emb_dim ? "cosine" : "novel terms",
-                    novel ? novel : "");
-            for (int32_t k = 0; k < n_c; k++) fprintf(stderr, " blk%d=%.2f", s->b[c[k].i].info.id, c[k].score);
-            fprintf(stderr, "\n");
+        if (s->emb_dim > 0) rc = dense_candidates(s, query, c, &n_c);
+        else rc = bm25_candidates(s, query, res, n_res, docs, sc, c, &n_c, &novel);
+        if (rc == 0) {
+            n_c = top_with_successors(s, c, n_c, nb, s->emb_dim == 0 ? novel : NULL);
+            debug_candidates(s, s->emb_dim ? "cosine" : "novel terms", novel, c, n_c);
         }
     }
     if (rc == 0 && n_c > 0) {
@@ -305,10 +322,11 @@ int kvt__sess_infllm_recover(kvt_session *s, int32_t suffix_tokens) {
 
 /* A message longer than the budget evicted blocks of its own during its prefill.  Before the
 ** reply, the ones relevant to the end of the message (its last ~40 words, the question, as
-** SnapKV's observation window is the prompt's end) come back at the tail: BM25 against that
-** query; at most top_k; a block must score at least min_recovery_score and above every resident
-** non-sink block except the two newest (which hold the query itself).  Best effort: nothing is
-** recovered when no block qualifies or none fits. */
+** SnapKV's observation window is the prompt's end) come back at the tail by recover()'s rule:
+** the query's terms that no resident block holds score the evicted blocks (the blocks holding
+** the query itself, the message's last ones, do not count as resident context), at least
+** min_recovery_score, at most top_k, each followed by its evicted successors when the match is
+** in its last quarter.  Best effort: nothing is recovered when no block qualifies or none fits. */
 int kvt__sess_recover_own_tail(kvt_session *s, const char *text) {
     if (s->p.recovery != KVT_RECOVERY_KV_RESTORE || s->p.top_k == 0) return 0;
     bool lost = false;
@@ -318,36 +336,40 @@ int kvt__sess_recover_own_tail(kvt_session *s, const char *text) {
     size_t len = strlen(text), from = len > 240 ? len - 240 : 0;
     while (from > 0 && from < len && text[from - 1] != ' ') from++;
     const char *query = text + from;
-    const char **docs = malloc(sizeof(char *) * (size_t) s->n_b);
-    double *sc = malloc(sizeof(double) * (size_t) s->n_b);
-    struct cand *c = malloc(sizeof *c * (size_t) s->n_b);
-    int rc = (!docs || !sc || !c) ? kvt__fail(KVT_ENOMEM, "recovery scores") : 0;
-    int32_t n_c = 0;
-    if (rc == 0) {
-        for (int32_t i = 0; i < s->n_b; i++) docs[i] = s->b[i].info.sealed && s->b[i].text ? s->b[i].text : "";
-        rc = kvt_bm25_score(docs, s->n_b, query, sc);
+    const size_t nb = (size_t) (s->n_b > 0 ? s->n_b : 1);
+    const char **docs = malloc(sizeof(char *) * nb), **res = malloc(sizeof(char *) * nb);
+    double *sc = malloc(sizeof(double) * nb);
+    struct cand *c = malloc(sizeof *c * 2 * nb);
+    char *novel = NULL;
+    kvt_token *qt = NULL;
+    int32_t n_qt = 0, n_c = 0, n_res = 0;
+    int rc = (!docs || !res || !sc || !c) ? kvt__fail(KVT_ENOMEM, "recovery scores") : 0;
+    /* the blocks holding the query: the last ones, back to the query's token count (and a few
+    ** template tokens after it) */
+    if (rc == 0 && kvt_tokenize(s->eng, query, false, false, &qt, &n_qt)) { /* best effort: a block's worth */
+        kvt__clear_error();
+        n_qt = s->p.block;
     }
     if (rc == 0) {
-        int32_t newest[2] = { -1, -1 }; /* the two resident blocks with the highest positions */
+        int32_t q_blocks = 0;
+        for (int32_t i = s->n_b - 1, covered = 0; i >= 0 && covered < n_qt + 8; i--, q_blocks++)
+            covered += s->b[i].info.n_tokens;
         for (int32_t i = 0; i < s->n_b; i++) {
-            if (s->b[i].info.residency != KVT_RES_DEVICE) continue;
-            if (newest[0] < 0 || s->b[i].info.p0 > s->b[newest[0]].info.p0) { newest[1] = newest[0]; newest[0] = i; }
-            else if (newest[1] < 0 || s->b[i].info.p0 > s->b[newest[1]].info.p0) newest[1] = i;
+            docs[i] = s->b[i].info.sealed && s->b[i].text ? s->b[i].text : "";
+            if (i < s->n_b - q_blocks && s->b[i].info.residency == KVT_RES_DEVICE && s->b[i].info.sealed)
+                res[n_res++] = docs[i];
         }
-        double bar = 0;
-        for (int32_t i = 0; i < s->n_b; i++)
-            if (s->b[i].info.residency == KVT_RES_DEVICE && s->b[i].info.sealed && s->b[i].info.id >= s->p.n_sink_blocks &&
-                i != newest[0] && i != newest[1])
-                bar = fmax(bar, sc[i]);
-        for (int32_t i = 0; i < s->n_b; i++) {
-            if (kvt__sess_evicted(s, &s->b[i]) && sc[i] > bar && sc[i] >= s->p.min_recovery_score)
-                c[n_c++] = (struct cand){ i, sc[i] };
-        }
-        qsort(c, (size_t) n_c, sizeof *c, cmp_cand);
-        if (n_c > s->p.top_k) n_c = s->p.top_k;
+        rc = bm25_candidates(s, query, res, n_res, docs, sc, c, &n_c, &novel);
+    }
+    if (rc == 0) {
+        n_c = top_with_successors(s, c, n_c, nb, novel);
+        debug_candidates(s, "own tail, novel terms", novel, c, n_c);
         rc = kvt__sess_load_candidates(s, c, n_c, s->p.gen_reserve);
     }
+    free(qt);
+    free(novel);
     free(docs);
+    free(res);
     free(sc);
     free(c);
     return rc;

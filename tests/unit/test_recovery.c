@@ -6,6 +6,8 @@
 ** the person, so only the first half matches it.  Both halves must come back, in order, right
 ** before the question, and the number's log-probability must beat the same session with
 ** successor_blocks = 0 (control: only the name's half comes back) and with recovery off.
+** The same inside one user message longer than the budget (its own blocks evicted during its
+** prefill, recovered before the reply by its end), with the same controls.
 ** Dense recovery (Gemma 3 270M as its own embedder): the evicted block with the highest cosine to
 ** the question, measured here with kvt_embed, is recovered, by a linear scan and through the
 ** HNSW index (ann_min_blocks 1); with min_recovery_cosine 1.0 nothing is (the threshold binds). */
@@ -179,6 +181,100 @@ static void test_successor_recovered(void **state) {
     kvt_engine_free(e);
 }
 
+/* The same cut fact inside ONE user message longer than the budget (a document with the question
+** at its end, as a RAG prompt or a pasted file): its own blocks are evicted while it is prefilled,
+** and before the reply the ones its end asks about come back (recover_own_tail, by recover()'s
+** rule).  Returns the number's log-prob; *a_back / *b_back: the name's and the number's blocks are
+** resident at the reply, *adjacent: in order, next to each other. */
+static double own_tail_session(kvt_engine *e, int32_t recovery, int32_t successors, bool *split_ok, bool *a_back,
+                               bool *b_back, bool *adjacent, int64_t *recoveries) {
+    struct kvt_session_params sp = kvt_session_default_params();
+    sp.budget = 384;
+    sp.recovery = recovery;
+    sp.successor_blocks = successors;
+    kvt_session *s = NULL;
+    assert_int_equal(kvt_session_open(e, &sp, &s), 0);
+    /* pad so that "Kelvarin's locker" ends a block, as in split_fact_session */
+    char head[2048];
+    *split_ok = false;
+    for (int32_t pad = 0; pad < 150 && !*split_ok; pad++) {
+        snprintf(head, sizeof head, "%s ", filler[0]);
+        for (int32_t k = 0; k < pad; k++) strcat(head, "so ");
+        strcat(head, "Kelvarin's locker");
+        struct kvt_chat_msg cm[1] = { { "user", head } };
+        char *fmt = NULL;
+        assert_int_equal(kvt_chat_format(e, cm, 1, false, "gemma", &fmt), 0);
+        char *end = strstr(fmt, "Kelvarin's locker");
+        assert_non_null(end);
+        end[strlen("Kelvarin's locker")] = '\0';
+        kvt_token *tok = NULL;
+        int32_t n = 0;
+        assert_int_equal(kvt_tokenize(e, fmt, true, true, &tok, &n), 0);
+        free(tok);
+        free(fmt);
+        *split_ok = n % sp.block == 0 && n >= 2 * sp.block; /* not in the sink block */
+    }
+    char *msg = malloc(16384);
+    assert_non_null(msg);
+    snprintf(msg, 16384, "%s number is 58213. Please keep that in mind.", head);
+    for (int32_t k = 1; k < 13; k++) { /* ~800 tokens after the fact, the message ~950 > the budget */
+        strcat(msg, " ");
+        strcat(msg, filler[k % 6]);
+    }
+    strcat(msg, " Now the question about the lockers. Which locker does Kelvarin have?");
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, msg), 0);
+    free(msg);
+    int32_t n_b = kvt_session_n_blocks(s), first = -1;
+    for (int32_t i = 0; i < n_b && first < 0; i++) {
+        struct kvt_block_info b;
+        kvt_session_block(s, i, &b);
+        if (strstr(b.text, "Kelvarin")) first = i;
+    }
+    assert_true(first > 0 && first + 1 < n_b);
+    struct kvt_block_info a, b;
+    kvt_session_block(s, first, &a);
+    kvt_session_block(s, first + 1, &b);
+    if (*split_ok) {
+        assert_non_null(strstr(b.text, "58213"));
+        assert_null(strstr(b.text, "Kelvarin"));
+    }
+    assert_true(a.n_evictions > 0 && b.n_evictions > 0); /* both halves left during the prefill */
+    *a_back = a.residency == KVT_RES_DEVICE;
+    *b_back = b.residency == KVT_RES_DEVICE;
+    *adjacent = *a_back && *b_back && b.p0 == a.p0 + a.n_tokens;
+    double lp_all = 0, lp_pre = 0;
+    int32_t n1 = 0, n2 = 0;
+    assert_int_equal(kvt_session_answer_logprob(s, "Kelvarin's locker number is 58213.", &lp_all, &n1), 0);
+    assert_int_equal(kvt_session_answer_logprob(s, "Kelvarin's locker number is", &lp_pre, &n2), 0);
+    struct kvt_session_stats st;
+    kvt_session_get_stats(s, &st);
+    *recoveries = st.recoveries;
+    kvt_session_free(s);
+    return lp_all - lp_pre;
+}
+
+static void test_own_tail_successor(void **state) {
+    (void) state;
+    kvt_engine *e = open_real();
+    if (!e) skip();
+    bool split[3], a[3], b[3], adj[3];
+    int64_t rec[3];
+    double lp = own_tail_session(e, KVT_RECOVERY_KV_RESTORE, 1, &split[0], &a[0], &b[0], &adj[0], &rec[0]);
+    double lp_hit = own_tail_session(e, KVT_RECOVERY_KV_RESTORE, 0, &split[1], &a[1], &b[1], &adj[1], &rec[1]);
+    double lp_off = own_tail_session(e, KVT_RECOVERY_DISCARD, 1, &split[2], &a[2], &b[2], &adj[2], &rec[2]);
+    printf("  one message over the budget, fact cut at a block boundary: %s; number log-prob %.2f with the successor "
+           "(%lld recoveries, name %s, number %s), %.2f with only the hit (%lld, number %s), %.2f with no recovery\n",
+           split[0] ? "yes" : "no", lp, (long long) rec[0], a[0] ? "back" : "out", b[0] ? "back" : "out", lp_hit,
+           (long long) rec[1], b[1] ? "back" : "out", lp_off);
+    assert_true(split[0] && split[1] && split[2]);
+    assert_true(a[0] && b[0] && adj[0]); /* both halves, in order, adjacent */
+    assert_true(a[1] && !b[1]);          /* control: the hit only */
+    assert_int_equal(rec[2], 0);
+    assert_true(lp > lp_off + 2.0);
+    assert_true(lp > lp_hit + 2.0);
+    kvt_engine_free(e);
+}
+
 static const char *topics[] = {
     "Volcanoes erupt when magma from deep inside the earth rises through cracks in the crust, releasing lava, "
     "ash and gas; some eruptions are explosive and others pour out slow rivers of molten rock.",
@@ -262,6 +358,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_novel_terms),
         cmocka_unit_test(test_successor_recovered),
+        cmocka_unit_test(test_own_tail_successor),
         cmocka_unit_test(test_dense_recovery),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
