@@ -73,33 +73,22 @@ static int32_t total_tokens(kvt_session *s) {
     return st.total_tokens;
 }
 
-/* A session at budget 256 whose fact "... Kelvarin's locker number is 58213." is cut after
-** "Kelvarin's locker" at a block boundary, then buried under filler.  Returns the log-prob of
-** the answer's number after the question; *split_ok tells that the cut landed as planned. */
-static double split_fact_session(kvt_engine *e, int32_t recovery, int32_t successors, bool *split_ok,
-                                 int64_t *recoveries) {
-    struct kvt_session_params sp = kvt_session_default_params();
-    sp.budget = 384;
-    sp.recovery = recovery;
-    sp.successor_blocks = successors;
-    kvt_session *s = NULL;
-    assert_int_equal(kvt_session_open(e, &sp, &s), 0);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, filler[0]), 0);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "Noted."), 0);
-    /* pad the next message so that "locker" ends a block: find the padding by tokenizing */
-    int32_t base = total_tokens(s);
-    char msg[2048];
-    int32_t pad = 0;
-    *split_ok = false;
-    for (pad = 0; pad < 150 && !*split_ok; pad++) {
-        char head[512] = "";
-        for (int32_t k = 0; k < pad; k++) strcat(head, "so ");
-        snprintf(msg, sizeof msg, "%sKelvarin's locker", head);
-        /* the prefix up to "locker" must end exactly at a block boundary: measure it through the
-        ** chat template by tokenizing the formatted prefix of the turn */
-        struct kvt_chat_msg cm[3] = { { "user", filler[0] }, { "assistant", "Noted." }, { "user", msg } };
+/* The padding that cuts "Kelvarin's locker" | " number is 58213." at a block boundary: the last
+** user message "<lead>so so ... Kelvarin's locker" after before[0..n_before), formatted by the
+** chat template and tokenized, must end exactly at a block boundary past the sink block and past
+** min_tokens.  OUT out[n_out]: that message.  Returns whether a padding of < 150 words does it. */
+static bool pad_to_boundary(kvt_engine *e, int32_t block, const struct kvt_chat_msg *before, int32_t n_before,
+                            const char *lead, int32_t min_tokens, char *out, size_t n_out) {
+    for (int32_t pad = 0; pad < 150; pad++) {
+        snprintf(out, n_out, "%s", lead);
+        for (int32_t k = 0; k < pad; k++) strncat(out, "so ", n_out - strlen(out) - 1);
+        strncat(out, "Kelvarin's locker", n_out - strlen(out) - 1);
+        struct kvt_chat_msg cm[4];
+        assert_true(n_before < 4);
+        for (int32_t k = 0; k < n_before; k++) cm[k] = before[k];
+        cm[n_before] = (struct kvt_chat_msg){ "user", out };
         char *fmt = NULL;
-        assert_int_equal(kvt_chat_format(e, cm, 3, false, "gemma", &fmt), 0);
+        assert_int_equal(kvt_chat_format(e, cm, n_before + 1, false, "gemma", &fmt), 0);
         char *end = strstr(fmt, "Kelvarin's locker");
         assert_non_null(end);
         end[strlen("Kelvarin's locker")] = '\0';
@@ -108,9 +97,69 @@ static double split_fact_session(kvt_engine *e, int32_t recovery, int32_t succes
         assert_int_equal(kvt_tokenize(e, fmt, true, true, &tok, &n), 0);
         free(tok);
         free(fmt);
-        *split_ok = n % sp.block == 0 && n >= 2 * sp.block && n > base; /* not in the sink block */
-        if (*split_ok) break;
+        if (n % block == 0 && n >= 2 * block && n > min_tokens) return true;
     }
+    return false;
+}
+
+/* The number's log-prob after the teacher-forced "Kelvarin's locker number is"; OUT *recoveries
+** (the session's); frees the session. */
+static double number_logprob_free(kvt_session *s, int64_t *recoveries) {
+    double lp_all = 0, lp_pre = 0;
+    int32_t n1 = 0, n2 = 0;
+    assert_int_equal(kvt_session_answer_logprob(s, "Kelvarin's locker number is 58213.", &lp_all, &n1), 0);
+    assert_int_equal(kvt_session_answer_logprob(s, "Kelvarin's locker number is", &lp_pre, &n2), 0);
+    struct kvt_session_stats st;
+    kvt_session_get_stats(s, &st);
+    *recoveries = st.recoveries;
+    kvt_session_free(s);
+    return lp_all - lp_pre;
+}
+
+/* The block holding "Kelvarin" (*a, its index returned) and the one after it (*b); when the cut
+** landed (split_ok), *b holds the number and not the name. */
+static int32_t fact_halves(kvt_session *s, bool split_ok, struct kvt_block_info *a, struct kvt_block_info *b) {
+    int32_t n_b = kvt_session_n_blocks(s), first = -1;
+    for (int32_t i = 0; i < n_b && first < 0; i++) {
+        kvt_session_block(s, i, a);
+        if (strstr(a->text, "Kelvarin")) first = i;
+    }
+    if (!(first > 0 && first + 1 < n_b)) printf("  fact block %d of %d\n", first, n_b);
+    assert_true(first > 0 && first + 1 < n_b);
+    kvt_session_block(s, first, a);
+    kvt_session_block(s, first + 1, b);
+    if (split_ok) {
+        assert_non_null(strstr(b->text, "58213"));
+        assert_null(strstr(b->text, "Kelvarin"));
+    }
+    return first;
+}
+
+/* A session at budget 384 with the given recovery and successor_blocks; OUT *sp its params. */
+static kvt_session *open_split_session(kvt_engine *e, int32_t recovery, int32_t successors,
+                                       struct kvt_session_params *sp) {
+    *sp = kvt_session_default_params();
+    sp->budget = 384;
+    sp->recovery = recovery;
+    sp->successor_blocks = successors;
+    kvt_session *s = NULL;
+    assert_int_equal(kvt_session_open(e, sp, &s), 0);
+    return s;
+}
+
+/* A session at budget 384 whose fact "... Kelvarin's locker number is 58213." is cut after
+** "Kelvarin's locker" at a block boundary, then buried under filler.  Returns the log-prob of
+** the answer's number after the question; *split_ok tells that the cut landed as planned. */
+static double split_fact_session(kvt_engine *e, int32_t recovery, int32_t successors, bool *split_ok,
+                                 int64_t *recoveries) {
+    struct kvt_session_params sp;
+    kvt_session *s = open_split_session(e, recovery, successors, &sp);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, filler[0]), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "Noted."), 0);
+    /* pad the next message so that "locker" ends a block: find the padding by tokenizing */
+    char msg[2048];
+    const struct kvt_chat_msg before[2] = { { "user", filler[0] }, { "assistant", "Noted." } };
+    *split_ok = pad_to_boundary(e, sp.block, before, 2, "", total_tokens(s), msg, sizeof msg);
     char full[2200];
     snprintf(full, sizeof full, "%s number is 58213. Please keep that in mind.", msg);
     assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, full), 0);
@@ -120,21 +169,8 @@ static double split_fact_session(kvt_engine *e, int32_t recovery, int32_t succes
         assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "Noted."), 0);
     }
     /* both halves are evicted by now */
-    int32_t n_b = kvt_session_n_blocks(s), first = -1;
-    for (int32_t i = 0; i < n_b; i++) {
-        struct kvt_block_info b;
-        kvt_session_block(s, i, &b);
-        if (strstr(b.text, "Kelvarin") && first < 0) first = i;
-    }
-    if (!(first > 0 && first + 1 < n_b)) printf("  fact block %d of %d\n", first, n_b);
-    assert_true(first > 0 && first + 1 < n_b);
     struct kvt_block_info a, b;
-    kvt_session_block(s, first, &a);
-    kvt_session_block(s, first + 1, &b);
-    if (*split_ok) {
-        assert_non_null(strstr(b.text, "58213"));
-        assert_null(strstr(b.text, "Kelvarin"));
-    }
+    const int32_t first = fact_halves(s, *split_ok, &a, &b);
     assert_int_not_equal(a.residency, KVT_RES_DEVICE);
     assert_int_not_equal(b.residency, KVT_RES_DEVICE);
 
@@ -150,15 +186,7 @@ static double split_fact_session(kvt_engine *e, int32_t recovery, int32_t succes
         assert_int_equal(b.residency, KVT_RES_DEVICE);
         assert_int_equal(b.p0, a.p0 + a.n_tokens);
     }
-    double lp_all = 0, lp_pre = 0;
-    int32_t n1 = 0, n2 = 0;
-    assert_int_equal(kvt_session_answer_logprob(s, "Kelvarin's locker number is 58213.", &lp_all, &n1), 0);
-    assert_int_equal(kvt_session_answer_logprob(s, "Kelvarin's locker number is", &lp_pre, &n2), 0);
-    struct kvt_session_stats st;
-    kvt_session_get_stats(s, &st);
-    *recoveries = st.recoveries;
-    kvt_session_free(s);
-    return lp_all - lp_pre;
+    return number_logprob_free(s, recoveries);
 }
 
 static void test_successor_recovered(void **state) {
@@ -188,32 +216,12 @@ static void test_successor_recovered(void **state) {
 ** resident at the reply, *adjacent: in order, next to each other. */
 static double own_tail_session(kvt_engine *e, int32_t recovery, int32_t successors, bool *split_ok, bool *a_back,
                                bool *b_back, bool *adjacent, int64_t *recoveries) {
-    struct kvt_session_params sp = kvt_session_default_params();
-    sp.budget = 384;
-    sp.recovery = recovery;
-    sp.successor_blocks = successors;
-    kvt_session *s = NULL;
-    assert_int_equal(kvt_session_open(e, &sp, &s), 0);
+    struct kvt_session_params sp;
+    kvt_session *s = open_split_session(e, recovery, successors, &sp);
     /* pad so that "Kelvarin's locker" ends a block, as in split_fact_session */
-    char head[2048];
-    *split_ok = false;
-    for (int32_t pad = 0; pad < 150 && !*split_ok; pad++) {
-        snprintf(head, sizeof head, "%s ", filler[0]);
-        for (int32_t k = 0; k < pad; k++) strcat(head, "so ");
-        strcat(head, "Kelvarin's locker");
-        struct kvt_chat_msg cm[1] = { { "user", head } };
-        char *fmt = NULL;
-        assert_int_equal(kvt_chat_format(e, cm, 1, false, "gemma", &fmt), 0);
-        char *end = strstr(fmt, "Kelvarin's locker");
-        assert_non_null(end);
-        end[strlen("Kelvarin's locker")] = '\0';
-        kvt_token *tok = NULL;
-        int32_t n = 0;
-        assert_int_equal(kvt_tokenize(e, fmt, true, true, &tok, &n), 0);
-        free(tok);
-        free(fmt);
-        *split_ok = n % sp.block == 0 && n >= 2 * sp.block; /* not in the sink block */
-    }
+    char head[2048], lead[1024];
+    snprintf(lead, sizeof lead, "%s ", filler[0]);
+    *split_ok = pad_to_boundary(e, sp.block, NULL, 0, lead, 0, head, sizeof head);
     char *msg = malloc(16384);
     assert_non_null(msg);
     snprintf(msg, 16384, "%s number is 58213. Please keep that in mind.", head);
@@ -224,33 +232,13 @@ static double own_tail_session(kvt_engine *e, int32_t recovery, int32_t successo
     strcat(msg, " Now the question about the lockers. Which locker does Kelvarin have?");
     assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, msg), 0);
     free(msg);
-    int32_t n_b = kvt_session_n_blocks(s), first = -1;
-    for (int32_t i = 0; i < n_b && first < 0; i++) {
-        struct kvt_block_info b;
-        kvt_session_block(s, i, &b);
-        if (strstr(b.text, "Kelvarin")) first = i;
-    }
-    assert_true(first > 0 && first + 1 < n_b);
     struct kvt_block_info a, b;
-    kvt_session_block(s, first, &a);
-    kvt_session_block(s, first + 1, &b);
-    if (*split_ok) {
-        assert_non_null(strstr(b.text, "58213"));
-        assert_null(strstr(b.text, "Kelvarin"));
-    }
+    fact_halves(s, *split_ok, &a, &b);
     assert_true(a.n_evictions > 0 && b.n_evictions > 0); /* both halves left during the prefill */
     *a_back = a.residency == KVT_RES_DEVICE;
     *b_back = b.residency == KVT_RES_DEVICE;
     *adjacent = *a_back && *b_back && b.p0 == a.p0 + a.n_tokens;
-    double lp_all = 0, lp_pre = 0;
-    int32_t n1 = 0, n2 = 0;
-    assert_int_equal(kvt_session_answer_logprob(s, "Kelvarin's locker number is 58213.", &lp_all, &n1), 0);
-    assert_int_equal(kvt_session_answer_logprob(s, "Kelvarin's locker number is", &lp_pre, &n2), 0);
-    struct kvt_session_stats st;
-    kvt_session_get_stats(s, &st);
-    *recoveries = st.recoveries;
-    kvt_session_free(s);
-    return lp_all - lp_pre;
+    return number_logprob_free(s, recoveries);
 }
 
 static void test_own_tail_successor(void **state) {
