@@ -96,13 +96,21 @@ def wilson(k, n, z=1.959964):
     return (max(0.0, c - h), min(1.0, c + h))
 
 
+ORDER = ["no_eviction", "truncate", "streaming", "h2o", "snapkv", "infllm", "kvtier"]
+
+
+def order(name):
+    """The eval's own policy order (kvtier eval --help); others after it, as met."""
+    return ORDER.index(name) if name in ORDER else len(ORDER)
+
+
 def pooled(rs):
     cells = {}
     for f, j in rs:
         if j["task"] in ("niah", "multifact"):
             cells.setdefault((j["model"], j["task"], j["context"], j["budget"]), []).append((f, j))
     for (model, task, ctx, budget), group in sorted(cells.items()):
-        seeds = sorted(j["seed"] for _, j in group)
+        seeds = sorted(set(j["seed"] for _, j in group))
         rows, seen, differ = [], {}, 0  # rows: ((seed, case, item), row)
         for f, j in group:
             for r in j.get("rows", []):
@@ -115,6 +123,7 @@ def pooled(rs):
         pols = []
         for _, j in group:
             pols += [p["policy"] for p in j["policies"] if p["policy"] not in pols]
+        pols.sort(key=order)
         ref = {k: r for k, r in rows if r["policy"] == "no_eviction"}
         n_cases = len({(k[0], k[1]) for k, _ in rows})
         commits = sorted(set(j["commit"] for _, j in group))
@@ -164,6 +173,7 @@ def pooled_grid(cells):
             for p in j["policies"]:
                 if p["policy"] not in pols:
                     pols.append(p["policy"])
+    pols.sort(key=order)
     print("#### NIAH grid (pooled): free-reply passes [Wilson 95 %] / mean answer log-prob Δ vs no_eviction "
           "(nats, same cases) per cell\n")
     print("| model | context | budget | cases | " + " | ".join(pols) + " |")
