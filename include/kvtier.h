@@ -16,7 +16,9 @@
 **                             pass), capture per-head attention mapped to  src/engine/attn.c
 **                             positions.
 **   4. Host pool              byte-budgeted host RAM tier that spills to   src/store/
-**                             checksummed files.
+**                             checksummed files: a session's block copies
+**                             without a store; with one, the store's
+**                             private entries (section 8).
 **   5. Session                one conversation in one sequence under a     src/session/ (table,
 **                             token budget, with a block table, watermark  eviction, positions,
 **                             eviction and recompute-free recovery; BM25   sync, generation),
@@ -27,7 +29,9 @@
 **                             approximate nearest neighbours (HNSW).       src/retrieval/ann.cpp
 **   8. Block store            content-addressed blocks (chained SHA-256    src/store/
 **                             keys) in tiers: RAM -> disk (SQLite index,
-**                             checksummed files), across restarts.
+**                             checksummed files) -> Redis, across restarts
+**                             and servers; holds a session's block copies
+**                             (pure ones by content, the rest private).
 **   9. Block codecs           self-describing block encodings: raw, KIVI   src/kv/codec.c
 **                             q8/q4, ElasticKV sparsification.
 **
@@ -636,7 +640,7 @@ enum kvt_role { KVT_ROLE_SYSTEM = 0, KVT_ROLE_USER = 1, KVT_ROLE_ASSISTANT = 2 }
 
 enum kvt_residency {
     KVT_RES_DEVICE = 0, /* in the llama.cpp KV cache */
-    KVT_RES_HOST   = 1, /* evicted; blob in the pool's RAM */
+    KVT_RES_HOST   = 1, /* evicted; blob in host RAM (the pool's, or the store's RAM tier) */
     KVT_RES_DISK   = 2, /* evicted; blob in a spill file */
     KVT_RES_LOST   = 3, /* evicted with no saved copy: with recovery "discard" gone for good;
                         ** otherwise the copy failed its checksum, its spill file went missing,
@@ -715,7 +719,9 @@ struct kvt_session_params {
     float   min_recovery_score; /* BM25 score a block needs to be recovered; default 3.0
                               ** (one shared rare term scores about 2-3, a common one < 1) */
     const char *template_fallback; /* chat template when the GGUF has none; default "gemma" */
-    kvt_pool *pool;           /* host tier; NULL = the session makes a private 256 MiB pool */
+    kvt_pool *pool;           /* host tier for a session without a store; NULL = the session
+                              ** makes a private 256 MiB pool.  Must be NULL with a store: the
+                              ** store then holds every copy (see store) */
     kvt_scorer_fn scorer;     /* overrides the policy's scorer when set */
     void *scorer_ud;
     int32_t policy;           /* enum kvt_policy; default KVTIER.  Baselines set their own
@@ -754,7 +760,15 @@ struct kvt_session_params {
                               ** full blocks is looked up: the longest found prefix is loaded
                               ** (kvt_blocks_load, no forward pass) and only the rest decoded
                               ** (kvt_session_route).  Blocks computed after an eviction depend
-                              ** on what was evicted and are never stored under a chain key */
+                              ** on what was evicted and are never stored under a chain key.
+                              ** The store also replaces the host pool: a sealed block's copy
+                              ** (eviction, recovery, park/resume) is its content entry when it
+                              ** is pure (one copy in RAM, shared with every session of the
+                              ** store, and on disk), else a private entry of the store
+                              ** (kvt_store_put_private), deleted when the session drops the
+                              ** block.  A content entry that left every tier (TTL, quota, a
+                              ** full write queue, `kvtier store clear`) is recomputed from the
+                              ** block's tokens when the block is needed (recomputes) */
     const char *tenant;       /* chain salt (kvt_chain_params.tenant): sessions of different
                               ** tenants never share blocks; NULL/"" = shared.  Copied at open */
     const char *codec_ram;    /* codec of the blocks the session saves to its host pool (a
@@ -766,8 +780,10 @@ struct kvt_session_params {
                               ** reference models on a loaded 2-core machine, 1-2 % of the time
                               ** decoding its 64 tokens took; docs/EVALUATION.md) and decoded when
                               ** it is recovered;
-                              ** the pool holds and counts the encoded bytes, so a lossy codec
-                              ** fits more blocks in the pool's budget.  A block the codec cannot
+                              ** the pool (or the store's private entries) holds and counts the
+                              ** encoded bytes, so a lossy codec fits more blocks in the RAM
+                              ** budget.  With a store, a pure block's copy is its content entry
+                              ** (raw); codec_ram applies to the private entries.  A block the codec cannot
                               ** take (a quantised cache type) is saved raw.  Encoded bytes that
                               ** fail to decode (checksum, format) are never loaded: the block
                               ** comes from the block store by its chain key when the store
@@ -860,7 +876,8 @@ struct kvt_session_params kvt_session_default_params(void);
 ** watermarks out of order, seq out of range), KVT_ENOMEM. */
 int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *p, kvt_session **out);
 
-/* Free the session, its blobs in the pool, and its cells in the engine.  Accepts NULL. */
+/* Free the session, its blobs in the pool (or its private entries in the store; content
+** entries stay, shared), and its cells in the engine.  Accepts NULL. */
 void kvt_session_free(kvt_session *s);
 
 /* Append a message.  System and assistant messages (a client replaying history) are recorded
@@ -1041,8 +1058,8 @@ int kvt_session_gen_step_mixed(kvt_engine *eng, kvt_session *const *ss, int32_t 
                                struct kvt_gen_row *rows /* IN/OUT [n_rows] */, int32_t n_rows,
                                const struct kvt_decode_chunk *chunk);
 
-/* Park a session: every resident block is saved to the pool (the open block is sealed early; all
-** sealed blocks are there already, write-through) and its cells leave the cache, so its sequence
+/* Park a session: every resident block is saved (to the pool, or with kvt_session_params.store
+** the store; the open block is sealed early; all sealed blocks are there already, write-through) and its cells leave the cache, so its sequence
 ** id can serve another session.  kvt_session_resume loads the blocks back; only a block whose
 ** copy is gone by then (see kvt_session_resume) is recomputed.  A parked session accepts only kvt_session_resume, stats/info calls and kvt_session_free.
 ** Errors: KVT_EINVAL (a reply is being generated), those of kvt_block_save / kvt_pool_put (the
@@ -1103,7 +1120,9 @@ struct kvt_session_stats {
     double  policy_ms;           /* time in eviction policy work: attention signals, scoring,
                                  ** bookkeeping (ms; the block primitives are not included) */
     double  decode_ms;           /* time in kvt_decode for this session (ms) */
-    struct kvt_pool_stats pool;
+    struct kvt_pool_stats pool;     /* the host pool's counters, or with a store its private
+                                    ** entries' (kvt_store_private_stats); both are shared with
+                                    ** the pool's or store's other sessions */
     /* block store (kvt_session_params.store) */
     int32_t route;               /* enum kvt_route of the last prompt prefill */
     int32_t route_tokens;        /* its tokens loaded from the store (not decoded) */
@@ -1159,7 +1178,9 @@ struct kvt_block_info {
     bool    sealed;        /* complete and saved; the open tail block is not */
     int32_t n_evictions, n_recoveries;
     int32_t last_use_turn; /* last turn it was decoded or recovered */
-    uint64_t pool_key;     /* key of its saved K/V in the pool (sealed blocks) */
+    uint64_t pool_key;     /* key of its saved K/V in the pool or among the store's private
+                           ** entries (sealed blocks; a pure block's copy may be its content
+                           ** entry instead) */
     int32_t keep;          /* enum kvt_keep of the message it starts in */
     double  attn_mass;     /* accumulated attention mass (H2O), sum over heads/layers/queries
                            ** of normalised weights on its tokens */
@@ -1333,7 +1354,8 @@ struct kvt_store_params {
                               ** NULL = kvt_store_default_dir().  Created (mode 0700) if missing,
                               ** unless read_only */
     size_t  ram_bytes;        /* RAM tier budget (payload bytes, LRU); default 256 MiB; 0 = no RAM
-                              ** tier */
+                              ** tier.  Shared with the private entries (kvt_store_put_private),
+                              ** which take it first */
     size_t  disk_bytes;       /* disk tier quota (payload bytes of the blob files); default 8 GiB;
                               ** 0 = no disk tier (RAM only: nothing persists, dir unused) */
     double  ttl_s;            /* seconds, > 0; default 1800 (30 min, EdgeSync-LLM) */
@@ -1373,6 +1395,13 @@ struct kvt_store_params {
                               ** written raw */
     int32_t disk_codec_heads; /* KV heads per layer for the elastic codecs' per-head thresholds
                               ** (kvt_engine_info.n_head_kv); 0 = one threshold per row */
+    /* Private entries (kvt_store_put_private: sessions' own block copies, RAM within ram_bytes,
+    ** then spill files). */
+    const char *private_dir;  /* directory of their spill files; NULL = a private directory under
+                              ** $TMPDIR (kvt_pool_params.spill_dir); copied at open */
+    size_t  private_disk_bytes; /* quota of those files (payload bytes); 0 = unlimited (the
+                              ** default); past it the least recently used are dropped (their
+                              ** blocks recomputed if needed again) */
     /* Prefetch (kvt_store_prefetch; docs/STORE.md "Prefetch"). */
     int32_t prefetch_threads; /* threads reading prefetched blocks into RAM, 0..16; default 2; 0 =
                               ** no prefetch (kvt_store_prefetch then does nothing).  None are
@@ -1456,6 +1485,38 @@ int  kvt_store_get(kvt_store *st, const kvt_key *key, const kvt_key *model, void
 /* Is key in RAM or on disk and not expired (no file read, no checksum, no hit counted; Redis is
 ** not asked)?  False for NULL arguments.  Thread-safe. */
 bool kvt_store_has(kvt_store *st, const kvt_key *key);
+/* The same question, answered with where: KVT_TIER_RAM (the RAM tier, or its write queued for
+** disk), KVT_TIER_DISK (the index), KVT_TIER_NONE (neither; NULL arguments).  Thread-safe. */
+int  kvt_store_tier(kvt_store *st, const kvt_key *key);
+
+/* Private entries: the copies a session keeps of its blocks that no content key may name (a
+** block decoded after an eviction attended to a context with a hole; one recomputed or re-saved
+** at another position, or encoded with a lossy codec_ram, is not a cold prefill's K/V), and of
+** its pure blocks when their content entry could not be written.  A session with a store keeps
+** every block copy here or under its chain key, so the store replaces the session's host pool
+** (section 4): one RAM budget, one set of tiers (docs/STORE.md "Sessions and the store").
+** They are the host pool's entries (kvt_pool_put / _get / _del semantics; the store owns the
+** pool): RAM within ram_bytes, shared with the content RAM tier, private entries first (the
+** content tier evicts its least recently used entries to give them room, the pool spills its
+** own least recently used ones to checksummed files once ram_bytes is theirs); spill files in a
+** private directory under $TMPDIR or in private_dir (never fsync'd, removed at close; a dead
+** process's by the next pool or store opened with that $TMPDIR), at most private_disk_bytes.  They
+** never expire, are never written to the index or to Redis, never found by kvt_store_get, and
+** not listed, verified, gc'd or cleared: they belong to a live session, which deletes them.
+** key: the caller's 64-bit name, unique among the store's users (a session uses its process-
+** unique serial and the block's id).  A read-only store takes them too (nothing goes to DIR).
+** put errors: those of kvt_pool_put (KVT_EIO: a spill failed, the entries it was for are
+** dropped, counted in stats.priv.n_dropped); get: those of kvt_pool_get (KVT_ENOENT, KVT_ECORRUPT,
+** KVT_EIO, KVT_ENOMEM); del: KVT_ENOENT.  KVT_EINVAL for a NULL store.  Thread-safe. */
+int  kvt_store_put_private(kvt_store *st, uint64_t key, const void *data, size_t n);
+int  kvt_store_get_private(kvt_store *st, uint64_t key, void **data /* OUT, free() */, size_t *n /* OUT */);
+int  kvt_store_del_private(kvt_store *st, uint64_t key);
+/* Where a private entry is: KVT_TIER_RAM, KVT_TIER_DISK (spilled), KVT_TIER_NONE (absent,
+** dropped, or NULL store).  Thread-safe. */
+int  kvt_store_private_tier(kvt_store *st, uint64_t key);
+/* The private entries' counters (kvt_store_get_stats's priv, without the index query the rest
+** of it costs).  Zeros for NULL.  Thread-safe. */
+void kvt_store_private_stats(kvt_store *st, struct kvt_pool_stats *out /* OUT */);
 
 /* Wait until every queued disk and Redis write is done and every pending hit is in the index (tests,
 ** shutdown, `kvtier store`).  Returns at once without a writer (read-only, no disk tier).
@@ -1498,6 +1559,8 @@ struct kvt_store_stats {
         int64_t unread_bytes;        /* RAM bytes of promoted blocks not read yet */
         int64_t queue_len;           /* keys queued now */
     } prefetch;
+    struct kvt_pool_stats priv;      /* private entries (kvt_store_put_private): sessions' own
+                                     ** copies; their RAM bytes count against ram_bytes */
 };
 /* Counters of this process since open; entries/bytes of the disk tier are the index's (all
 ** processes').  Cannot fail (zeros for NULL).  Never talks to Redis.  Thread-safe. */

@@ -50,6 +50,7 @@ static uint64_t hash_key(const kvt_key *k) {
 int kvt__ram_init(struct kvt__ram *r, size_t budget) {
     memset(r, 0, sizeof *r);
     r->budget = budget;
+    atomic_init(&r->reserved, 0);
     r->n_buckets = 64;
     if (!(r->tab = calloc(r->n_buckets, sizeof *r->tab))) return kvt__fail(KVT_ENOMEM, "RAM tier: no memory");
     pthread_mutex_init(&r->mu, NULL);
@@ -106,6 +107,29 @@ static void grow(struct kvt__ram *r) {
     r->n_buckets = nb;
 }
 
+/* What this tier may hold now: its budget less what the private entries hold (r->mu held). */
+static size_t limit(struct kvt__ram *r) {
+    const size_t res = atomic_load_explicit(&r->reserved, memory_order_relaxed);
+    return res < r->budget ? r->budget - res : 0;
+}
+
+/* Evict least recently used entries until `need` more bytes fit under limit() (r->mu held). */
+static void evict_for(struct kvt__ram *r, size_t need) {
+    const size_t lim = limit(r);
+    while (r->tail && r->bytes + need > lim) {
+        r->pf_wasted += r->tail->pf;
+        drop(r, r->tail);
+        r->evictions++;
+    }
+}
+
+void kvt__ram_trim(struct kvt__ram *r) {
+    if (r->budget == 0) return;
+    pthread_mutex_lock(&r->mu);
+    evict_for(r, 0);
+    pthread_mutex_unlock(&r->mu);
+}
+
 bool kvt__ram_put(struct kvt__ram *r, const kvt_key *key, const struct kvt_store_meta *m, struct kvt__sbuf *buf,
                   const struct kvt__ttl *t, double now, bool prefetched) {
     if (r->budget == 0) return false;
@@ -119,17 +143,13 @@ bool kvt__ram_put(struct kvt__ram *r, const kvt_key *key, const struct kvt_store
         pthread_mutex_unlock(&r->mu);
         return true;
     }
-    struct kvt__ram_ent *e = buf->n <= r->budget ? calloc(1, sizeof *e) : NULL;
-    if (!e) { /* larger than the whole tier, or no memory for the entry: not kept in RAM */
+    struct kvt__ram_ent *e = buf->n <= limit(r) ? calloc(1, sizeof *e) : NULL;
+    if (!e) { /* larger than what the tier may hold, or no memory for the entry: not kept in RAM */
         r->writes_dropped++;
         pthread_mutex_unlock(&r->mu);
         return false;
     }
-    while (r->bytes + buf->n > r->budget && r->tail) {
-        r->pf_wasted += r->tail->pf;
-        drop(r, r->tail);
-        r->evictions++;
-    }
+    evict_for(r, buf->n);
     e->key = *key;
     e->meta = *m;
     e->buf = kvt__sbuf_ref(buf);

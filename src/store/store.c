@@ -531,8 +531,10 @@ int kvt_store_open(const struct kvt_store_params *pp, kvt_store **out) {
     }
     if (p.redis_url && *p.redis_url && (rc = kvt__redis_open(&p, &st->redis))) goto fail;
     if ((rc = kvt__pf_start(st))) goto fail;
+    if ((rc = kvt__store_priv_open(st))) goto fail;
     st->p.dir = st->dir;
     st->p.redis_url = NULL; /* the caller's string; the tier keeps what it parsed */
+    st->p.private_dir = NULL; /* the caller's string; the pool copied it */
     st->dcodec = kvt_codec_default_params(KVT_CODEC_RAW);
     if (p.disk_codec) kvt_codec_parse(p.disk_codec, &st->dcodec); /* checked by check_params */
     st->dcodec.n_head_kv = p.disk_codec_heads;
@@ -567,6 +569,7 @@ void kvt_store_close(kvt_store *st) {
         free(j);
     }
     free(st->hits);
+    kvt_pool_free(st->priv);
     kvt__ram_free(&st->ram);
     if (st->blobs_fd >= 0) close(st->blobs_fd);
     if (st->lock_fd >= 0) close(st->lock_fd);
@@ -883,14 +886,14 @@ int kvt_store_get(kvt_store *st, const kvt_key *key, const kvt_key *model, void 
     return 0;
 }
 
-bool kvt_store_has(kvt_store *st, const kvt_key *key) {
-    if (!st || !key) return false;
-    if (kvt__ram_has(&st->ram, key, &st->ttl, kvt__store_now(st), NULL)) return true;
-    if (!st->disk) return false;
+int kvt_store_tier(kvt_store *st, const kvt_key *key) {
+    if (!st || !key) return KVT_TIER_NONE;
+    if (kvt__ram_has(&st->ram, key, &st->ttl, kvt__store_now(st), NULL)) return KVT_TIER_RAM;
+    if (!st->disk) return KVT_TIER_NONE;
     pthread_mutex_lock(&st->q_mu);
     bool has = key_queued(st, key);
     pthread_mutex_unlock(&st->q_mu);
-    if (has) return true;
+    if (has) return KVT_TIER_RAM; /* its bytes wait in the write queue */
     pthread_mutex_lock(&st->rd_mu);
     sqlite3_bind_blob(st->rd_get, 1, key->b, KVT_KEY_BYTES, SQLITE_STATIC);
     if (sqlite3_step(st->rd_get) == SQLITE_ROW)
@@ -898,7 +901,11 @@ bool kvt_store_has(kvt_store *st, const kvt_key *key) {
               kvt__store_now(st);
     sqlite3_reset(st->rd_get);
     pthread_mutex_unlock(&st->rd_mu);
-    return has;
+    return has ? KVT_TIER_DISK : KVT_TIER_NONE;
+}
+
+bool kvt_store_has(kvt_store *st, const kvt_key *key) {
+    return kvt_store_tier(st, key) != KVT_TIER_NONE;
 }
 
 void kvt_store_flush(kvt_store *st) {

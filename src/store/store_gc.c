@@ -108,6 +108,7 @@ void kvt_store_get_stats(kvt_store *st, struct kvt_store_stats *out) {
     out->queue_len = st->q_len;
     pthread_mutex_unlock(&st->q_mu);
     kvt__pf_stats(st, &out->prefetch);
+    kvt_pool_get_stats(st->priv, &out->priv);
     if (st->redis) {
         out->redis_on = true;
         kvt__redis_stats(st->redis, &out->redis, &out->redis_queue_len);

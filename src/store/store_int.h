@@ -42,6 +42,9 @@ struct kvt__ram_ent;
 struct kvt__ram {
     pthread_mutex_t mu;
     size_t   budget, bytes;         /* payload bytes allowed / held */
+    atomic_size_t reserved;         /* of budget, bytes the store's private entries hold (RAM
+                                    ** held by kvt_store_put_private): this tier keeps within
+                                    ** budget - reserved, so both share one RAM budget */
     struct kvt__ram_ent **tab;      /* hash buckets (chained); key's first 8 bytes as the hash */
     size_t   n_buckets, count;
     struct kvt__ram_ent *head, *tail; /* LRU list: head most recently used */
@@ -62,6 +65,9 @@ void kvt__ram_free(struct kvt__ram *r);
 ** Thread-safe. */
 bool kvt__ram_put(struct kvt__ram *r, const kvt_key *key, const struct kvt_store_meta *m, struct kvt__sbuf *buf,
                   const struct kvt__ttl *t, double now, bool prefetched);
+/* Evict least recently used entries until the tier is within budget - reserved (after the
+** private entries grew).  Thread-safe. */
+void kvt__ram_trim(struct kvt__ram *r);
 /* Look up key: a hit copies the bytes out (malloc; *data NULL on ENOMEM with KVT__RAM_HIT and
 ** *oom set), counts a hit and makes the entry most recently used; an expired entry is removed
 ** (expired, miss: KVT__RAM_EXPIRED); model mismatch is KVT__RAM_FOREIGN (corrupt counted, entry kept: it is intact
@@ -236,7 +242,11 @@ struct kvt_store {
     atomic_llong clock_us;     /* test clock (epoch microseconds); 0 = the real clock */
     struct kvt__redis *redis;  /* the Redis tier, NULL without one */
     struct kvt__pf *pf;        /* prefetch threads and queue (prefetch.c), NULL without them */
+    kvt_pool *priv;            /* private entries (store_private.c): sessions' own copies */
 };
+
+/* Open the private entries' pool (store_private.c).  Errors: those of kvt_pool_open. */
+int  kvt__store_priv_open(kvt_store *st);
 
 /* Now, in epoch seconds (the test clock when set). */
 double kvt__store_now(kvt_store *st);

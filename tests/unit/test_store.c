@@ -1,7 +1,8 @@
 /* test_store.c — the block store (kvtier.h section 8): chain keys (their exact bytes, across
 ** processes, sensitivity to every parameter), round trips through RAM and through disk after a
 ** restart, RAM LRU, disk quota eviction with hot promotion, TTL expiry (injected clock), and
-** every kind of damaged blob file read back as a counted miss, never as data.
+** every kind of damaged blob file read back as a counted miss, never as data; private entries
+** (sessions' own copies) sharing the RAM budget, spilling, without TTL, outside the index.
 ** Faults, the full queue, kill -9 and gc/verify are in test_store_faults.c. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -571,6 +572,100 @@ static void test_errors(void **state) {
     assert_int_equal(kvt_store_default_dir(buf, sizeof buf), KVT_EINVAL);
 }
 
+/* Private entries (kvt_store_put_private: a session's own block copies, the host pool the store
+** replaces).  One RAM budget: the content RAM tier gives its room to them (its LRU entries leave),
+** the private entries spill to files once the budget is theirs and read back byte-exact.  They
+** never expire (test clock past the hot TTL), never enter the index, ls, or kvt_store_get's key
+** space, survive a clear, go with del; a read-only store takes them too. */
+static void test_private_entries(void **state) {
+    struct sk_fx *f = *state;
+    enum { SZ = 1000 };
+    kvt_store *st = open_store(f->dir, 10 * SZ, 1 << 20);
+    uint8_t blob[SZ];
+    kvt_key ck[8];
+    for (int i = 0; i < 8; i++) { /* 8 content entries: 8000 of the 10000 bytes */
+        ck[i] = sk_key("priv-content", i);
+        memset(blob, 0x40 + i, SZ);
+        struct kvt_store_meta m = { .model = MODEL_A, .n_tokens = 8 };
+        assert_int_equal(kvt_store_put(st, &ck[i], &m, blob, SZ), 0);
+    }
+    kvt_store_flush(st);
+    assert_int_equal(stats(st).ram.entries, 8);
+    /* 6 private entries: the content tier keeps within 10000 - their bytes */
+    for (int i = 0; i < 6; i++) {
+        memset(blob, i, SZ);
+        assert_int_equal(kvt_store_put_private(st, 100 + (uint64_t)i, blob, SZ), 0);
+        struct kvt_store_stats s = stats(st);
+        assert_true(s.ram.bytes + s.priv.ram_bytes <= 10 * SZ);
+        assert_int_equal(kvt_store_private_tier(st, 100 + (uint64_t)i), KVT_TIER_RAM);
+    }
+    struct kvt_store_stats s = stats(st);
+    printf("  6 private entries: content RAM %lld B in %lld entries (evicted %lld), private RAM %lld B\n",
+           (long long)s.ram.bytes, (long long)s.ram.entries, (long long)s.ram.evictions, (long long)s.priv.ram_bytes);
+    assert_int_equal(s.priv.ram_bytes, 6 * SZ);
+    assert_int_equal(s.ram.entries, 4);
+    assert_int_equal(s.ram.evictions, 4);
+    for (int i = 0; i < 4; i++) assert_int_equal(kvt_store_tier(st, &ck[i]), KVT_TIER_DISK); /* LRU left RAM */
+    for (int i = 4; i < 8; i++) assert_int_equal(kvt_store_tier(st, &ck[i]), KVT_TIER_RAM);
+    /* 6 more: the budget is theirs; the oldest private entries spill, nothing is dropped */
+    for (int i = 6; i < 12; i++) {
+        memset(blob, i, SZ);
+        assert_int_equal(kvt_store_put_private(st, 100 + (uint64_t)i, blob, SZ), 0);
+    }
+    s = stats(st);
+    printf("  12 private entries: content RAM %lld entries, private RAM %lld B, %lld spilled (%lld B)\n",
+           (long long)s.ram.entries, (long long)s.priv.ram_bytes, (long long)s.priv.n_spilled,
+           (long long)s.priv.spill_bytes);
+    assert_int_equal(s.ram.entries, 0);
+    assert_true(s.priv.ram_bytes <= 10 * SZ);
+    assert_int_equal(s.priv.n_spilled, 2);
+    assert_int_equal(s.priv.n_dropped, 0);
+    assert_int_equal(kvt_store_private_tier(st, 100), KVT_TIER_DISK);
+    for (int i = 0; i < 12; i++) {
+        void *d = NULL;
+        size_t n = 0;
+        assert_int_equal(kvt_store_get_private(st, 100 + (uint64_t)i, &d, &n), 0);
+        assert_int_equal(n, SZ);
+        memset(blob, i, SZ);
+        assert_memory_equal(d, blob, SZ);
+        free(d);
+    }
+    /* no TTL: a week and a day later they are all there; the content entries have expired */
+    kvt_store_test_set_clock(st, (double)time(NULL) + 8 * 86400.0);
+    for (int i = 0; i < 12; i++) assert_int_not_equal(kvt_store_private_tier(st, 100 + (uint64_t)i), KVT_TIER_NONE);
+    assert_int_equal(get_rc(st, &MODEL_A, &ck[7]), KVT_ENOENT);
+    /* never in the index, ls or the content key space; a clear leaves them */
+    kvt_store_flush(st);
+    assert_int_equal(stats(st).disk.entries, 7); /* the content entries but the expired one; no private */
+    assert_int_equal(kvt_store_clear(st), 0);
+    assert_int_equal(stats(st).priv.n_entries, 12);
+    /* del: gone, and their RAM given back */
+    for (int i = 0; i < 12; i++) assert_int_equal(kvt_store_del_private(st, 100 + (uint64_t)i), 0);
+    assert_int_equal(kvt_store_del_private(st, 100), KVT_ENOENT);
+    s = stats(st);
+    assert_int_equal(s.priv.n_entries, 0);
+    assert_int_equal(s.priv.ram_bytes, 0);
+    void *d = (void *)1;
+    size_t n = 7;
+    assert_int_equal(kvt_store_get_private(st, 100, &d, &n), KVT_ENOENT);
+    assert_null(d);
+    assert_int_equal(n, 0);
+    kvt_store_close(st);
+    /* a read-only store keeps a session's copies too (nothing of them goes to DIR) */
+    struct kvt_store_params p = kvt_store_default_params();
+    p.dir = f->dir;
+    p.read_only = true;
+    int rc = kvt_store_open(&p, &st);
+    if (rc) fail_msg("read-only open: %s", kvt_errmsg());
+    memset(blob, 7, SZ);
+    assert_int_equal(kvt_store_put_private(st, 1, blob, SZ), 0);
+    assert_int_equal(kvt_store_get_private(st, 1, &d, &n), 0);
+    assert_memory_equal(d, blob, SZ);
+    free(d);
+    kvt_store_close(st);
+    assert_int_equal(kvt_store_put_private(NULL, 1, blob, SZ), KVT_EINVAL);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--print-chain-key")) {
         MODEL_A = sk_key("model", 'A');
@@ -591,6 +686,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_corrupt_files, sk_setup, sk_teardown),
         cmocka_unit_test_setup_teardown(test_foreign_model, sk_setup, sk_teardown),
         cmocka_unit_test_setup_teardown(test_errors, sk_setup, sk_teardown),
+        cmocka_unit_test_setup_teardown(test_private_entries, sk_setup, sk_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
