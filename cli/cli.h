@@ -94,7 +94,8 @@ void cli_run_opts_default(struct cli_run_opts *o);
     { "type-k", 0, OPT_STR, &(o)->type_k, 0, 0, "TYPE", "K cache type: f16, f32, q8_0 (default f16)", NULL }, \
     { "type-v", 0, OPT_STR, &(o)->type_v, 0, 0, "TYPE", "V cache type: f16, f32 (default f16)", NULL }, \
     { "pool-mb", 0, OPT_INT, &(o)->pool_mb, 1, 1 << 20, "N",                                       \
-      "host RAM tier in MiB before blocks spill to disk (default 256)", NULL },                    \
+      "host RAM for KV blocks in MiB: the block store's RAM tier (evicted blocks first), or with " \
+      "--no-store the host pool; past it blocks spill to disk (default 256)", NULL },             \
     { "spill-mb", 0, OPT_INT, &(o)->spill_mb, 0, 1 << 24, "N",                                     \
       "disk quota of the spill files in MiB; past it the least recently used spilled blocks are "  \
       "dropped (recomputed if needed again) (default 0 = unlimited)", NULL },                      \

@@ -129,7 +129,7 @@ int cmd_serve(int argc, char **argv) {
     srv.budget = 512;
     srv.block = 64;
     srv.parallel = 4;
-    srv.pool_mb = 256;
+    srv.pool_mb = 0; /* 256 with --no-store; refused with a store (see below) */
     srv.spill_mb = 0;
     srv.max_queue = 64;
     srv.store_ram_mb = 256;
@@ -155,8 +155,11 @@ int cmd_serve(int argc, char **argv) {
         { "max-sessions", 0, OPT_INT, &max_sessions, 1, 63, "N",
           "sessions holding KV cells at once (default: ctx-size / budget - 1); past it the least recently used idle "
           "one is parked in the host tier (4x as many kept in all)", NULL },
-        { "pool-mb", 0, OPT_INT, &srv.pool_mb, 1, 1 << 20, "N", "host RAM tier for evicted KV blocks in MiB (default 256)", NULL },
-        { "spill-dir", 0, OPT_STR, &srv.spill_dir, 0, 0, "DIR", "directory for spill files (default: private, under $TMPDIR)", NULL },
+        { "pool-mb", 0, OPT_INT, &srv.pool_mb, 1, 1 << 20, "N",
+          "with --no-store: host RAM for evicted KV blocks in MiB (default 256); with the block store, "
+          "--store-ram-mb holds them", NULL },
+        { "spill-dir", 0, OPT_STR, &srv.spill_dir, 0, 0, "DIR",
+          "directory for the spill files of evicted blocks that leave host RAM (default: private, under $TMPDIR)", NULL },
         { "spill-mb", 0, OPT_INT, &srv.spill_mb, 0, 1 << 24, "N",
           "disk quota of the spill files in MiB; least recently used spilled blocks are dropped past it "
           "(recomputed if needed again; default 0 = unlimited)", NULL },
@@ -164,7 +167,9 @@ int cmd_serve(int argc, char **argv) {
           "content-addressed block store shared by sessions and restarts (default: $XDG_CACHE_HOME/kvtier/store or "
           "~/.cache/kvtier/store)", NULL },
         { "no-store", 0, OPT_FLAG, &srv.no_store, 0, 0, NULL, "run without a block store (nothing outlives the process)", NULL },
-        { "store-ram-mb", 0, OPT_INT, &srv.store_ram_mb, 0, 1 << 20, "N", "RAM tier of the block store in MiB (default 256)", NULL },
+        { "store-ram-mb", 0, OPT_INT, &srv.store_ram_mb, 0, 1 << 20, "N",
+          "host RAM of the block store in MiB: sessions' evicted blocks first, then cached prompt blocks "
+          "(default 256)", NULL },
         { "store-disk-mb", 0, OPT_INT, &srv.store_disk_mb, 0, 1 << 24, "N",
           "disk quota of the block store in MiB (default 8192; least recently used blocks go past it)", NULL },
         { "redis", 0, OPT_STR, &srv.redis_url, 0, 0, "URL",
@@ -225,6 +230,12 @@ int cmd_serve(int argc, char **argv) {
                 srv.max_sessions, srv.budget, (long long) (srv.max_sessions + 1) * srv.budget, srv.n_ctx);
         goto out;
     }
+    if (srv.pool_mb && !srv.no_store) {
+        fprintf(stderr, "%s: --pool-mb %d: with the block store, evicted blocks live in the store's RAM tier "
+                "(--store-ram-mb %d); --pool-mb sizes the host pool of --no-store\n", cmd, srv.pool_mb, srv.store_ram_mb);
+        goto out;
+    }
+    if (!srv.pool_mb) srv.pool_mb = 256;
     if (srv.redis_url && srv.no_store) {
         fprintf(stderr, "%s: --redis is a tier of the block store: it cannot be used with --no-store\n", cmd);
         goto out;

@@ -255,16 +255,6 @@ int cli_session_open(const char *cmd, const struct cli_run_opts *o, struct cli_s
     kvt_engine_info(cs->eng, &cs->info);
     cs->budget = o->budget ? o->budget : cs->info.n_ctx_seq;
 
-    struct kvt_pool_params pp = kvt_pool_default_params();
-    pp.budget_bytes = (size_t) o->pool_mb << 20;
-    pp.spill_bytes_max = (size_t) o->spill_mb << 20;
-    pp.spill_dir = o->spill_dir;
-    if ((rc = kvt_pool_open(&pp, &cs->pool))) {
-        app_fail(cmd, "cannot open the host pool", rc);
-        cli_session_close(cs);
-        return rc == KVT_EINVAL ? APP_USAGE : APP_ERR;
-    }
-
     if (o->no_store && o->redis) {
         fprintf(stderr, "%s: --redis is a tier of the block store: it cannot be used with --no-store\n", cmd);
         cli_session_close(cs);
@@ -277,6 +267,10 @@ int cli_session_open(const char *cmd, const struct cli_run_opts *o, struct cli_s
         stp.disk_codec = o->codec_disk;
         stp.disk_codec_heads = cs->info.n_head_kv;
         if (o->redis_timeout_ms > 0) stp.redis_timeout_ms = o->redis_timeout_ms;
+        /* the store replaces the host pool: its RAM tier holds evicted blocks too */
+        stp.ram_bytes = (size_t) o->pool_mb << 20;
+        stp.private_dir = o->spill_dir;
+        stp.private_disk_bytes = (size_t) o->spill_mb << 20;
         if ((rc = kvt_store_open(&stp, &cs->store))) {
             if (o->store || o->redis) { /* the directory or Redis the user named: an error */
                 app_fail(cmd, "cannot open the block store", rc);
@@ -286,6 +280,18 @@ int cli_session_open(const char *cmd, const struct cli_run_opts *o, struct cli_s
             /* the default one (no cache directory, read-only home): a cache, not a reason to fail */
             fprintf(stderr, "%s: running without a block store: %s\n", cmd, kvt_errmsg());
             cs->store = NULL;
+        }
+    }
+
+    if (!cs->store) { /* no block store: the session's host pool */
+        struct kvt_pool_params pp = kvt_pool_default_params();
+        pp.budget_bytes = (size_t) o->pool_mb << 20;
+        pp.spill_bytes_max = (size_t) o->spill_mb << 20;
+        pp.spill_dir = o->spill_dir;
+        if ((rc = kvt_pool_open(&pp, &cs->pool))) {
+            app_fail(cmd, "cannot open the host pool", rc);
+            cli_session_close(cs);
+            return rc == KVT_EINVAL ? APP_USAGE : APP_ERR;
         }
     }
 

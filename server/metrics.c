@@ -60,7 +60,7 @@ char *serve_metrics_text(struct server *srv) {
     GAUGE("kvtier_sessions_parked", "Sessions parked whole in the host tiers.", m.n_parked);
     GAUGE("kvtier_queue_length", "Requests waiting for a slot.", m.queue_len);
     GAUGE("kvtier_active_requests", "Requests being served.", m.active);
-    GAUGE("kvtier_pool_ram_bytes", "Evicted KV bytes in the host RAM tier.", m.pool_ram);
+    GAUGE("kvtier_pool_ram_bytes", "Evicted KV bytes in host RAM (the host pool, or the block store's private entries).", m.pool_ram);
     GAUGE("kvtier_pool_spill_bytes", "Evicted KV bytes in spill files.", m.pool_spill);
     COUNTER("kvtier_prompt_tokens_from_store_total", "Prompt tokens loaded from the block store (no forward pass).", m.prompt_from_store);
     COUNTER("kvtier_prompt_tokens_from_chunks_total", "Prompt tokens loaded as reused chunks (--chunk-reuse; no forward pass).", m.prompt_from_chunks);

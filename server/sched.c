@@ -77,21 +77,24 @@ int serve_engine_open(struct server *srv) {
         serve_engine_close(srv);
         return APP_ERR;
     }
-    struct kvt_pool_params pp = kvt_pool_default_params();
-    pp.budget_bytes = (size_t) srv->pool_mb << 20;
-    pp.spill_dir = srv->spill_dir;
-    pp.spill_bytes_max = (size_t) srv->spill_mb << 20;
-    if ((rc = kvt_pool_open(&pp, &sc->pool))) {
-        app_fail("kvtier serve", "cannot open the host pool", rc);
-        serve_engine_close(srv);
-        return APP_ERR;
-    }
-    if (!srv->no_store) {
+    if (srv->no_store) { /* no block store: the sessions' host pool */
+        struct kvt_pool_params pp = kvt_pool_default_params();
+        pp.budget_bytes = (size_t) srv->pool_mb << 20;
+        pp.spill_dir = srv->spill_dir;
+        pp.spill_bytes_max = (size_t) srv->spill_mb << 20;
+        if ((rc = kvt_pool_open(&pp, &sc->pool))) {
+            app_fail("kvtier serve", "cannot open the host pool", rc);
+            serve_engine_close(srv);
+            return APP_ERR;
+        }
+    } else { /* the store replaces the pool: evicted blocks are its private entries */
         struct kvt_store_params stp = kvt_store_default_params();
         stp.dir = srv->store_dir;
         stp.ram_bytes = (size_t) srv->store_ram_mb << 20;
         stp.disk_bytes = (size_t) srv->store_disk_mb << 20;
         stp.redis_url = srv->redis_url;
+        stp.private_dir = srv->spill_dir;
+        stp.private_disk_bytes = (size_t) srv->spill_mb << 20;
         stp.disk_codec = srv->codec_disk;
         struct kvt_engine_info EI;
         kvt_engine_info(srv->eng, &EI);
@@ -668,7 +671,12 @@ static void publish(struct server *srv) {
     srv->m.pool_spill = ps.spill_bytes;
     srv->m.pool_dropped = ps.n_dropped;
     srv->m.have_store = sc->store != NULL;
-    if (sc->store) kvt_store_get_stats(sc->store, &srv->m.store);
+    if (sc->store) {
+        kvt_store_get_stats(sc->store, &srv->m.store);
+        srv->m.pool_ram = srv->m.store.priv.ram_bytes; /* the store holds evicted blocks */
+        srv->m.pool_spill = srv->m.store.priv.spill_bytes;
+        srv->m.pool_dropped = srv->m.store.priv.n_dropped;
+    }
     pthread_mutex_unlock(&srv->mu);
 }
 

@@ -11,10 +11,43 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Put block b's blob into the pool under b->key, encoded with the session's codec_ram (raw: the
-** blob's bytes).  A blob the codec refuses (a quantised cache type: KVT_EUNSUPPORTED) is put raw.
-** b->enc says which the pool holds.  Returns kvt_pool_put's code (KVT_ENOMEM also when encoding
-** runs out of memory). */
+/* ---- where copies live: the host pool, or the store (which replaces it) ---------------------- */
+
+static int copy_put(kvt_session *s, uint64_t key, const void *data, size_t n) {
+    return s->p.store ? kvt_store_put_private(s->p.store, key, data, n) : kvt_pool_put(s->pool, key, data, n);
+}
+
+static int copy_get(kvt_session *s, const struct blk *b, void **data, size_t *n) {
+    if (b->copy_content) {
+        int rc = kvt__sess_store_fetch(s, b, data, n);
+        if (rc == KVT_ENOENT)
+            kvt__fail(rc, "its content entry is in no tier of the store any more (TTL, quota, a dropped write, "
+                      "a store clear)");
+        return rc;
+    }
+    return s->p.store ? kvt_store_get_private(s->p.store, b->key, data, n) : kvt_pool_get(s->pool, b->key, data, n);
+}
+
+void kvt__sess_copy_del(kvt_session *s, struct blk *b) {
+    if (b->copy_content) b->copy_content = false; /* shared with other sessions: never deleted */
+    else if (s->p.store) kvt_store_del_private(s->p.store, b->key);
+    else kvt_pool_del(s->pool, b->key);
+    kvt__clear_error();
+}
+
+int kvt__sess_copy_tier(const kvt_session *s, const struct blk *b) {
+    if (b->copy_content) return kvt_store_tier(s->p.store, &b->ckey);
+    if (s->p.store) return kvt_store_private_tier(s->p.store, b->key);
+    char path[4096];
+    int rc = kvt_pool_spill_path(s->pool, b->key, path, sizeof path);
+    kvt__clear_error();
+    return rc ? KVT_TIER_NONE : path[0] ? KVT_TIER_DISK : KVT_TIER_RAM;
+}
+
+/* Put block b's blob under b->key (the pool, or the store's private entries), encoded with the
+** session's codec_ram (raw: the blob's bytes).  A blob the codec refuses (a quantised cache type:
+** KVT_EUNSUPPORTED) is put raw.  b->enc says which is held.  Returns kvt_pool_put's code
+** (KVT_ENOMEM also when encoding runs out of memory). */
 static int pool_save(kvt_session *s, struct blk *b, const kvt_blob *blob) {
     uint8_t *enc = NULL;
     size_t n = 0;
@@ -27,7 +60,8 @@ static int pool_save(kvt_session *s, struct blk *b, const kvt_blob *blob) {
     }
     const void *data = enc ? (const void *) enc : (const void *) blob->data;
     const size_t size = enc ? n : blob->size;
-    int rc = kvt_pool_put(s->pool, b->key, data, size);
+    b->copy_content = false;
+    int rc = copy_put(s, b->key, data, size);
     free(enc);
     b->enc = enc != NULL;
     if (rc == 0 || rc == KVT_EIO) {
@@ -55,7 +89,11 @@ static int save_block(kvt_session *s, struct blk *b) {
     }
     b->key = ((uint64_t) s->serial << 32) | (uint32_t) b->info.id;
     b->info.pool_key = b->key;
-    rc = pool_save(s, b, blob);
+    /* with a store, a pure block's copy is its content entry (one copy, shared), any other
+    ** block's a private entry; without one, the pool's */
+    const bool content = kvt__sess_store_block(s, b, blob);
+    rc = content ? 0 : pool_save(s, b, blob);
+    b->copy_content = content;
     /* KVT_EIO: a spill failed and the pool dropped what it was for, possibly this block's copy;
     ** a block without a copy is recomputed from its tokens when it is needed (load_block) */
     if (rc && rc != KVT_EIO) {
@@ -66,12 +104,11 @@ static int save_block(kvt_session *s, struct blk *b) {
     b->blob_cells = blob->n_cells;
     b->blob_cells_swa = blob->n_cells_swa;
     b->blob_bytes = blob->size;
-    kvt__sess_store_block(s, b, blob);
     if (s->p.policy == KVT_POLICY_INFLLM) kvt__sess_pick_representatives(s, b, blob);
     if (!preloaded) kvt_blob_free(blob);
     char *text = NULL;
     if ((rc = kvt_detokenize(s->eng, b->tok, b->info.n_tokens, false, &text))) {
-        kvt_pool_del(s->pool, b->key);
+        kvt__sess_copy_del(s, b);
         return rc;
     }
     free(b->text);
@@ -191,7 +228,7 @@ static void evict(kvt_session *s, int32_t i) {
     s->evictions++;
     kvt__sess_chain_off(s); /* blocks decoded from now on attend to a context with a hole */
     if (s->p.recovery == KVT_RECOVERY_DISCARD) {
-        kvt_pool_del(s->pool, b->key);
+        kvt__sess_copy_del(s, b);
         b->info.residency = KVT_RES_LOST;
         return;
     }
@@ -288,7 +325,8 @@ static int breadcrumb(kvt_session *s, struct blk *b) {
 static int recompute_lost(kvt_session *s, struct blk *b, int why) {
     fprintf(stderr, "kvtier: block %d is recomputed from its %d tokens: %s\n", b->info.id, b->info.n_tokens,
             kvt_errmsg());
-    if (why != KVT_ENOENT) kvt_pool_del(s->pool, b->key);
+    if (why != KVT_ENOENT) kvt__sess_copy_del(s, b);
+    b->copy_content = false;
     b->info.residency = KVT_RES_LOST;
     kvt__clear_error();
     int rc = breadcrumb(s, b);
@@ -308,8 +346,8 @@ int kvt__sess_load_block(kvt_session *s, int32_t i) {
     }
     void *data = NULL;
     size_t n = 0;
-    int rc = kvt_pool_get(s->pool, b->key, &data, &n);
-    bool enc = rc == 0 && b->enc;
+    int rc = copy_get(s, b, &data, &n);
+    bool enc = rc == 0 && b->enc && !b->copy_content;
     kvt_blob *dec = NULL;
     if (enc) { /* codec_ram: decoded here, on the load path; bytes that do not decode are lost */
         const double t0 = kvt__now_ms();
@@ -329,7 +367,7 @@ int kvt__sess_load_block(kvt_session *s, int32_t i) {
     /* the pool lost its copy; the store has the block's bytes by its chain key, saved at its
     ** original position: usable only while the pool's copy was saved there too (a block
     ** recomputed or re-saved at another position has other cells than the store's bytes) */
-    if ((rc == KVT_ECORRUPT || rc == KVT_EIO || rc == KVT_ENOENT) && b->blob_p0 == b->info.orig_p0 &&
+    if ((rc == KVT_ECORRUPT || rc == KVT_EIO || rc == KVT_ENOENT) && !b->copy_content && b->blob_p0 == b->info.orig_p0 &&
         kvt__sess_store_fetch(s, b, &data, &n) == 0) {
         kvt__clear_error();
         rc = 0;
@@ -364,7 +402,7 @@ placed:
 
 void kvt__sess_drop_block(kvt_session *s, struct blk *b) {
     if (b->info.residency == KVT_RES_DEVICE) kvt_seq_rm(s->eng, s->p.seq, b->info.p0, b->info.p0 + b->info.n_tokens);
-    if (b->info.sealed && b->info.residency != KVT_RES_LOST) kvt_pool_del(s->pool, b->key);
+    if (b->info.sealed && b->info.residency != KVT_RES_LOST) kvt__sess_copy_del(s, b);
     if (s->ann && b->emb) kvt_ann_remove(s->ann, (uint64_t) b->info.id);
     kvt__clear_error();
     free(b->tok);

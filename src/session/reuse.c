@@ -77,16 +77,20 @@ void kvt__sess_chain_off(kvt_session *s) {
     s->chain_ok = false;
 }
 
-void kvt__sess_store_block(kvt_session *s, struct blk *b, const kvt_blob *blob) {
+bool kvt__sess_store_block(kvt_session *s, struct blk *b, const kvt_blob *blob) {
     kvt__sess_chunk_store(s, b, blob); /* chunk keys: blocks of any purity */
-    if (!s->p.store || !s->chain_ok) return;
+    if (!s->p.store || !s->chain_ok) return false;
     const int32_t i = (int32_t) (b - s->b);
-    if (blob->p0 != b->info.orig_p0 || !block_key(s, i, &b->ckey)) return;
+    if (blob->p0 != b->info.orig_p0 || !block_key(s, i, &b->ckey)) return false;
     b->has_ckey = true;
-    if (kvt_store_has(s->p.store, &b->ckey)) return;
+    if (kvt_store_has(s->p.store, &b->ckey)) return true;
     struct kvt_store_meta m = { s->model_fp, b->info.n_tokens, 0 };
-    if (kvt_store_put(s->p.store, &b->ckey, &m, blob->data, blob->size) == 0) s->store_put++;
+    const bool put = kvt_store_put(s->p.store, &b->ckey, &m, blob->data, blob->size) == 0;
+    if (put) s->store_put++;
+    /* a put that neither tier kept (larger than RAM with no disk tier, say) is no copy */
+    const bool held = put && kvt_store_has(s->p.store, &b->ckey);
     kvt__clear_error(); /* a store that cannot take it (memory) costs a later prefill, nothing now */
+    return held;
 }
 
 int kvt__sess_store_fetch(kvt_session *s, const struct blk *b, void **data, size_t *n) {

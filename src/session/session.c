@@ -145,9 +145,14 @@ int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *params, k
         s->p.attn_layers = s->layers;
         s->p.n_attn_layers = s->n_layers;
     }
+    if (p.pool && p.store) {
+        free(s->head_w); free(s->layers); free(s->kv_text); free(s);
+        return kvt__fail(KVT_EINVAL, "kvt_session_open: both a pool and a store given: with a store the session "
+                         "keeps its block copies in the store (its private entries); pass pool NULL");
+    }
     if (p.pool) {
         s->pool = p.pool;
-    } else {
+    } else if (!p.store) {
         struct kvt_pool_params pp = kvt_pool_default_params();
         int rc = kvt_pool_open(&pp, &s->pool);
         if (rc) { free(s->head_w); free(s->layers); free(s->kv_text); free(s); return rc; }
@@ -167,7 +172,7 @@ void kvt_session_free(kvt_session *s) {
     if (!s) return;
     if (!s->is_parked) kvt_seq_rm(s->eng, s->p.seq, -1, -1);
     for (int32_t i = 0; i < s->n_b; i++) {
-        if (s->b[i].info.sealed && s->b[i].info.residency != KVT_RES_LOST) kvt_pool_del(s->pool, s->b[i].key);
+        if (s->b[i].info.sealed && s->b[i].info.residency != KVT_RES_LOST) kvt__sess_copy_del(s, &s->b[i]);
         free(s->b[i].tok);
         free(s->b[i].text);
         free(s->b[i].tok_mass);
@@ -206,14 +211,13 @@ int kvt__sess_block_role(const struct blk *b) {
     return best;
 }
 
-/* HOST vs DISK changes under the pool's LRU spilling, and the pool may drop a copy (a failed
-** spill, the spill quota): ask the pool.  A block without a copy is LOST until it is recomputed. */
+/* HOST vs DISK changes under the pool's (or the store's) LRU, and a copy may be dropped (a failed
+** spill, a quota, a content entry's TTL): ask where it is.  A block without a copy is LOST until
+** it is recomputed. */
 void kvt__sess_refresh_residency(const kvt_session *s, struct blk *b) {
     if (b->info.residency == KVT_RES_HOST || b->info.residency == KVT_RES_DISK) {
-        char path[1024];
-        int rc = kvt_pool_spill_path(s->pool, b->key, path, sizeof path);
-        if (rc == 0) b->info.residency = path[0] ? KVT_RES_DISK : KVT_RES_HOST;
-        else if (rc == KVT_ENOENT) b->info.residency = KVT_RES_LOST;
+        const int t = kvt__sess_copy_tier(s, b);
+        b->info.residency = t == KVT_TIER_RAM ? KVT_RES_HOST : t == KVT_TIER_DISK ? KVT_RES_DISK : KVT_RES_LOST;
     }
 }
 
@@ -242,7 +246,8 @@ void kvt_session_get_stats(kvt_session *s, struct kvt_session_stats *st) {
     st->compactions = s->compactions;
     st->policy_ms = s->policy_ms;
     st->decode_ms = s->decode_ms;
-    kvt_pool_get_stats(s->pool, &st->pool);
+    if (s->p.store) kvt_store_private_stats(s->p.store, &st->pool);
+    else kvt_pool_get_stats(s->pool, &st->pool);
     st->route = kvt__sess_route_kind(s->route_want, s->route_tokens);
     st->route_tokens = s->route_tokens;
     st->route_lookup_tokens = s->route_want;

@@ -45,6 +45,8 @@ struct blk {
     bool       parked;          /* resident when the session was parked: comes back on resume */
     kvt_key    ckey;            /* chain key (session/reuse.c), when has_ckey */
     bool       has_ckey;
+    bool       copy_content;    /* with a store: the block's copy is its content entry (ckey),
+                                ** not a private entry under key */
 };
 
 struct msg {
@@ -185,6 +187,12 @@ int  kvt__sess_make_room(kvt_session *s, int32_t need);
 int  kvt__sess_load_block(kvt_session *s, int32_t i);
 /* Remove block b from the cache, the pool and the index and free its memory (b is zeroed). */
 void kvt__sess_drop_block(kvt_session *s, struct blk *b);
+/* Where a sealed block's copy lives: the session's host pool, or with a store the store (its
+** content entry when b->copy_content, else a private entry under b->key: the store replaces
+** the pool).  Delete b's copy (a content entry, shared, is only forgotten).  Errors ignored. */
+void kvt__sess_copy_del(kvt_session *s, struct blk *b);
+/* enum kvt_tier of b's copy now: RAM, DISK or NONE. */
+int  kvt__sess_copy_tier(const kvt_session *s, const struct blk *b);
 
 /* ---- session/generate.c ---- */
 /* Decode tokens for the conversation in chunks that end at block boundaries, keeping the budget
@@ -220,8 +228,9 @@ int  kvt__sess_compact(kvt_session *s);
 ** no block from now on gets a chain key. */
 void kvt__sess_chain_off(kvt_session *s);
 /* Block b was just saved as blob: while the session is pure, give it its chain key and put it in
-** the store (write-behind).  Never fails (the store is a cache). */
-void kvt__sess_store_block(kvt_session *s, struct blk *b, const kvt_blob *blob);
+** the store (write-behind).  Never fails (the store is a cache).  Returns true if the store
+** holds b's bytes under its chain key now (put, or there already). */
+bool kvt__sess_store_block(kvt_session *s, struct blk *b, const kvt_blob *blob);
 /* b's bytes from the store by its chain key (a copy the pool lost).  KVT_ENOENT when none. */
 int  kvt__sess_store_fetch(kvt_session *s, const struct blk *b, void **data, size_t *n);
 /* Before prefilling tok[0..n) of a prompt: the longest prefix of its full blocks found in the

@@ -68,7 +68,7 @@ int kvt__sess_cut_stream(kvt_session *s, int32_t keep) {
                 cut -= d;
                 if (d == 0) break;
             }
-            if (b->info.sealed) kvt_pool_del(s->pool, b->key);
+            if (b->info.sealed) kvt__sess_copy_del(s, b);
             b->info.sealed = false;
             if (s->ann && b->emb) kvt_ann_remove(s->ann, (uint64_t) b->info.id); /* embedded again when resealed */
             kvt__clear_error();

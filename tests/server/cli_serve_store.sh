@@ -106,7 +106,8 @@ curl -s "http://127.0.0.1:$PORT/metrics" >"$TMP/metrics"
     ok "/metrics: blocks read from disk (by gets or prefetch) and one exact route" ||
     bad "/metrics: $(grep kvtier_store "$TMP/metrics" | head -40)"
 # a session whose prefix came from the store is parked (one session slot: another prompt takes
-# it) and resumed: its blocks go to the pool with their sliding-window cells and come back
+# it) and resumed: its blocks' copies are in the store (content entries; the store replaces the
+# host pool) with their sliding-window cells and come back
 ask other 1200 "" "Other notes"
 ask again 3300
 st_other=$(field other 'd["object"]'); st_again=$(field again 'd["choices"][0]["message"]["content"]')
@@ -134,12 +135,16 @@ rsa=$(field sa 'd["usage"]["kvtier"]["store"]'); rsb=$(field sb 'd["usage"]["kvt
 stop || bad "fourth server exit status"
 
 # --- 4. --no-store, and a store path that is not a directory ---
-start err5 --no-store --budget 1024 -c 4096
+start err5 --no-store --pool-mb 64 --budget 1024 -c 4096
 ask ns 600
 rns=$(field ns 'd["usage"]["kvtier"]["store"]')
 [ "$rns" = none ] && ok "--no-store: store none" || bad "--no-store: $rns"
 curl -s "http://127.0.0.1:$PORT/metrics" | grep -q 'kvtier_store_hits_total' && bad "--no-store: tier metrics present" || ok "--no-store: no tier metrics"
 stop || bad "fifth server exit status"
+# the store holds evicted blocks: --pool-mb (the host pool of --no-store) is refused beside it
+"$BIN" serve -m "$MODEL" --port 0 --pool-mb 64 >/dev/null 2>"$TMP/err7"; rc=$?
+[ $rc -eq 2 ] && grep -q -- "--pool-mb 64: with the block store" "$TMP/err7" && grep -q -- "--store-ram-mb 256" "$TMP/err7" \
+    && ok "--pool-mb with the store: usage error naming --store-ram-mb" || bad "--pool-mb with a store: rc $rc: $(cat "$TMP/err7")"
 touch "$TMP/afile"
 "$BIN" serve -m "$MODEL" --port 0 --store "$TMP/afile" >/dev/null 2>"$TMP/err6"; rc=$?
 [ $rc -eq 1 ] && grep -q "afile" "$TMP/err6" && ok "--store naming a file: exit 1 naming it" || bad "--store file: rc $rc: $(cat "$TMP/err6")"

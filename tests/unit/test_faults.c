@@ -16,6 +16,9 @@
 **   full_disk_session every spill write fails: the pool's RAM stays within its budget, the
 **                     copies it cannot write are dropped (counted), and the probe recomputes the
 **                     fact block (answer equal to breadcrumb recovery); a reply is generated.
+**   full_disk_store   the same with a block store holding the copies (no pool): private entries'
+**                     spills and the store's blob writes fail; RAM (one budget) within ram_bytes,
+**                     drops counted, the fact block recomputed as breadcrumb would.
 **   resume_*          a parked session whose block copy is corrupted / deleted resumes with that
 **                     block recomputed in place: the log-probability equals the intact resume to
 **                     1e-4; control: the same session with the block's cells removed differs.
@@ -213,25 +216,49 @@ struct lost_run {
     int32_t fact_block;  /* the damaged block (the evicted one with "zebra") */
     int32_t residency;   /* its residency after the probe */
     int32_t n_tokens;    /* the stream's length */
+    int64_t store_dropped; /* with a store: its disk writes dropped */
 };
 
 /* Pool RAM after a message, the most seen so far in *max_ram. */
-static void note_ram(kvt_pool *pool, int64_t *max_ram) {
-    struct kvt_pool_stats ps;
-    kvt_pool_get_stats(pool, &ps);
-    if (ps.ram_bytes > *max_ram) *max_ram = ps.ram_bytes;
+/* Host RAM held for block copies: the pool's, or the store's (private entries + content RAM tier:
+** one budget). */
+static void note_ram(kvt_pool *pool, kvt_store *st, int64_t *max_ram) {
+    int64_t ram;
+    if (st) {
+        struct kvt_store_stats ss;
+        kvt_store_get_stats(st, &ss);
+        ram = ss.priv.ram_bytes + ss.ram.bytes;
+    } else {
+        struct kvt_pool_stats ps;
+        kvt_pool_get_stats(pool, &ps);
+        ram = ps.ram_bytes;
+    }
+    if (ram > *max_ram) *max_ram = ram;
 }
 
 /* Fact, filler that evicts it, [damage its copy], probe.  The pool holds pool_budget bytes in RAM
-** (1: every copy is a spill file); with full_disk every spill write fails. */
-static struct lost_run lost_session(kvt_engine *e, int32_t recovery, enum damage d, size_t pool_budget, bool full_disk) {
-    char dir[] = "/tmp/kvt-faults-XXXXXX";
+** (1: every copy is a spill file); with full_disk every spill write fails.  with_store: no pool,
+** a block store holds the copies (pool_budget its ram_bytes; full_disk: its blob writes fail too). */
+static struct lost_run lost_session_ex(kvt_engine *e, int32_t recovery, enum damage d, size_t pool_budget, bool full_disk,
+                                       bool with_store) {
+    char dir[] = "/tmp/kvt-faults-XXXXXX", sdir[] = "/tmp/kvt-faults-store-XXXXXX";
     assert_non_null(mkdtemp(dir));
-    struct kvt_pool_params pp = kvt_pool_default_params();
-    pp.budget_bytes = pool_budget;
-    pp.spill_dir = dir;
     kvt_pool *pool = NULL;
-    assert_int_equal(kvt_pool_open(&pp, &pool), 0);
+    kvt_store *store = NULL;
+    if (with_store) {
+        assert_non_null(mkdtemp(sdir));
+        struct kvt_store_params stp = kvt_store_default_params();
+        stp.dir = sdir;
+        stp.ram_bytes = pool_budget;
+        stp.disk_bytes = 64u << 20;
+        stp.private_dir = dir;
+        assert_int_equal(kvt_store_open(&stp, &store), 0);
+    } else {
+        struct kvt_pool_params pp = kvt_pool_default_params();
+        pp.budget_bytes = pool_budget;
+        pp.spill_dir = dir;
+        assert_int_equal(kvt_pool_open(&pp, &pool), 0);
+    }
     struct kvt_session_params sp = kvt_session_default_params();
     sp.budget = 192;
     sp.block = 32;
@@ -241,22 +268,24 @@ static struct lost_run lost_session(kvt_engine *e, int32_t recovery, enum damage
     sp.min_recovery_score = 0.5f;
     sp.gen_reserve = 16;
     sp.pool = pool;
+    sp.store = store;
     kvt_session *s = NULL;
     assert_int_equal(kvt_session_open(e, &sp, &s), 0);
     struct lost_run r = { .fact_block = -1 };
     if (full_disk) kvt__fault_set(KVT__FAULT_SPILL_WRITE, 0, -1);
+    if (full_disk && store) kvt__fault_set(KVT__FAULT_STORE_WRITE, 0, -1);
     char msg[512];
     filler_msg(msg, sizeof msg, 1, 12);
     assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, msg), 0);
     assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "ok"), 0);
     assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, fact), 0);
     assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "ok"), 0);
-    note_ram(pool, &r.max_ram);
+    note_ram(pool, store, &r.max_ram);
     for (uint32_t k = 2; k < 10; k++) {
         filler_msg(msg, sizeof msg, k, 12);
         assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, msg), 0);
         assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "ok"), 0);
-        note_ram(pool, &r.max_ram);
+        note_ram(pool, store, &r.max_ram);
     }
     struct kvt_session_stats st;
     kvt_session_get_stats(s, &st);
@@ -275,7 +304,7 @@ static struct lost_run lost_session(kvt_engine *e, int32_t recovery, enum damage
     damage_block(s, pool, r.fact_block, d);
 
     assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, probe), 0);
-    note_ram(pool, &r.max_ram);
+    note_ram(pool, store, &r.max_ram);
     int32_t n = 0;
     assert_int_equal(kvt_session_answer_logprob(s, answer_text, &r.lp, &n), 0);
     kvt_session_get_stats(s, &st);
@@ -289,15 +318,30 @@ static struct lost_run lost_session(kvt_engine *e, int32_t recovery, enum damage
         char *reply = NULL;
         assert_int_equal(kvt_session_generate(s, 8, NULL, NULL, NULL, &reply), 0);
         free(reply);
-        note_ram(pool, &r.max_ram);
+        note_ram(pool, store, &r.max_ram);
         kvt__fault_set(KVT__FAULT_SPILL_WRITE, 0, 0);
+        kvt__fault_set(KVT__FAULT_STORE_WRITE, 0, 0);
     }
     r.residency = b.residency;
     r.n_tokens = st.total_tokens;
     kvt_session_free(s);
     kvt_pool_free(pool);
+    if (store) {
+        struct kvt_store_stats ss;
+        kvt_store_get_stats(store, &ss);
+        r.store_dropped = ss.disk.writes_dropped;
+        assert_int_equal(ss.priv.n_entries, 0); /* the session's private entries went with it */
+        kvt_store_close(store);
+        char cmd[128];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", sdir);
+        assert_int_equal(system(cmd), 0);
+    }
     rmdir(dir);
     return r;
+}
+
+static struct lost_run lost_session(kvt_engine *e, int32_t recovery, enum damage d, size_t pool_budget, bool full_disk) {
+    return lost_session_ex(e, recovery, d, pool_budget, full_disk, false);
 }
 
 static void lost_block(enum damage d) {
@@ -498,6 +542,30 @@ static void test_full_disk_session(void **state) {
     kvt_engine_free(e);
 }
 
+/* The same full disk under a session whose block store holds its copies (the store replaces the
+** pool): the private entries' spills and the store's blob writes all fail.  Host RAM (private
+** entries + content RAM tier: one budget) stays within ram_bytes, the copies that cannot be
+** written are dropped and counted, the fact block is recomputed (answer equal to breadcrumb
+** recovery over a pool), the session answers, and its private entries go with it. */
+static void test_full_disk_store(void **state) {
+    (void) state;
+    kvt_engine *e = open_tiny();
+    const size_t budget = 450000;
+    struct lost_run bc = lost_session(e, KVT_RECOVERY_BREADCRUMB, INTACT, 1, false);
+    struct lost_run x = lost_session_ex(e, KVT_RECOVERY_KV_RESTORE, INTACT, budget, true, true);
+    printf("  full disk under a store: RAM at most %lld of %zu bytes, %lld private copies and %lld disk writes "
+           "dropped, %lld recomputed; log-prob %.4f, breadcrumb %.4f\n", (long long) x.max_ram, budget,
+           (long long) x.dropped, (long long) x.store_dropped, (long long) x.recomputes, x.lp, bc.lp);
+    assert_true(x.max_ram <= (int64_t) budget);
+    assert_true(x.max_ram > 0);
+    assert_true(x.dropped > 0);
+    assert_true(x.store_dropped > 0);
+    assert_int_equal(x.recomputes, 1);
+    assert_int_equal(x.residency, KVT_RES_DEVICE);
+    assert_true(fabs(x.lp - bc.lp) < 1e-4);
+    kvt_engine_free(e);
+}
+
 /* A failed test must not leave a site armed for the next one. */
 static int disarm(void **state) {
     (void) state;
@@ -515,6 +583,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_resume_deleted, disarm),
         cmocka_unit_test_teardown(test_resume_after_gap, disarm),
         cmocka_unit_test_teardown(test_full_disk_session, disarm),
+        cmocka_unit_test_teardown(test_full_disk_store, disarm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

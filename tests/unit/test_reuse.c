@@ -8,7 +8,9 @@
 **   - purity: a session that evicted stores only the blocks computed before its first eviction;
 **   - iSWA: on the Gemma-3-style model (window 32, blocks of 16) a prefix much longer than the
 **     window loads with the sliding-window cells of its last window, logits exact;
-**   - a corrupted blob file is a miss, never a wrong answer. */
+**   - a corrupted blob file is a miss, never a wrong answer;
+**   - the store replaces the host pool: one copy per sealed block (content or private entry),
+**     the pool's logits, private entries gone with the session, cleared content recomputed. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -403,6 +405,128 @@ static void test_disk_codec(void **state) {
     free(dir_raw);
 }
 
+/* ---- the store replaces the host pool ------------------------------------------------------ */
+
+struct conv {
+    float  *logits;
+    int32_t n_vocab, sealed;
+    struct kvt_session_stats st;
+};
+
+/* A conversation under budget 128 (it evicts while the ~300-token document is decoded): the
+** document, a question, park + resume (every resident block comes back from its copy), a second
+** question.  With a store the session has no pool: its copies are the store's.  clear_store:
+** `kvtier store clear` between the park and the resume (the content entries go, the private ones
+** stay).  *out: the logits after the second question and the stats before the free. */
+static kvt_session *conversation(kvt_engine *e, kvt_store *store, bool clear_store, struct conv *out) {
+    struct kvt_session_params p = kvt_session_default_params();
+    p.block = BLOCK;
+    p.budget = 128;
+    p.gen_reserve = 8;
+    p.template_fallback = "chatml";
+    p.store = store;
+    kvt_session *s = NULL;
+    assert_int_equal(kvt_session_open(e, &p, &s), 0);
+    char *doc = document(64, 64, 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_SYSTEM, doc), 0);
+    free(doc);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, "what is by the river"), 0);
+    assert_int_equal(kvt_session_park(s), 0);
+    if (clear_store) assert_int_equal(kvt_store_clear(store), 0);
+    assert_int_equal(kvt_session_resume(s, 0), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, "and what is in the orchard"), 0);
+    struct kvt_engine_info I;
+    kvt_engine_info(e, &I);
+    out->n_vocab = I.n_vocab;
+    out->logits = malloc(sizeof(float) * (size_t) I.n_vocab);
+    memcpy(out->logits, kvt_logits(e), sizeof(float) * (size_t) I.n_vocab);
+    kvt_session_get_stats(s, &out->st);
+    out->sealed = 0;
+    for (int32_t i = 0; i < out->st.n_blocks; i++) {
+        struct kvt_block_info bi;
+        assert_int_equal(kvt_session_block(s, i, &bi), 0);
+        out->sealed += bi.sealed;
+    }
+    return s;
+}
+
+static double conv_diff(const struct conv *a, const struct conv *b) {
+    double m = 0;
+    for (int32_t i = 0; i < a->n_vocab; i++) m = fmax(m, fabs((double) a->logits[i] - b->logits[i]));
+    return m;
+}
+
+/* A session with a store keeps each sealed block's copy exactly once: a pure block's is its
+** content entry (shared), every other block's a private entry of the store; no host pool.  The
+** conversation (evictions, park/resume loading every resident block) gives the logits of the
+** same conversation over a host pool; freeing the session removes its private entries, not the
+** shared ones.  Content entries gone meanwhile (store clear) are recomputed, counted, never a
+** hole; the private entries survive a clear.  A pool and a store together are refused. */
+static void test_store_replaces_pool(void **state) {
+    (void) state;
+    char *dir = tmp_dir();
+    kvt_engine *e = open_tiny("tiny-llama");
+    struct conv pool, store;
+    kvt_session *s = conversation(e, NULL, false, &pool);
+    kvt_session_free(s);
+    kvt_store *st = open_store(dir);
+    s = conversation(e, st, false, &store);
+    struct kvt_store_stats ss;
+    kvt_store_get_stats(st, &ss);
+    printf("  pool:  %d sealed blocks, %lld evictions, %lld recoveries, %lld recomputes, pool %lld entries\n",
+           pool.sealed, (long long) pool.st.evictions, (long long) pool.st.recoveries, (long long) pool.st.recomputes,
+           (long long) pool.st.pool.n_entries);
+    printf("  store: %d sealed blocks, %lld evictions, %lld recoveries, %lld recomputes; %lld content blocks put, "
+           "%lld private entries (%lld B RAM); RAM tier %lld entries\n", store.sealed, (long long) store.st.evictions,
+           (long long) store.st.recoveries, (long long) store.st.recomputes, (long long) store.st.store_blocks_put,
+           (long long) ss.priv.n_entries, (long long) ss.priv.ram_bytes, (long long) ss.ram.entries);
+    assert_true(store.st.evictions > 0 && store.st.recoveries > 0);
+    assert_int_equal(store.st.recomputes, 0);
+    assert_int_equal(store.st.evictions, pool.st.evictions);
+    assert_int_equal(store.st.recoveries, pool.st.recoveries);
+    assert_true(store.st.store_blocks_put > 0 && ss.priv.n_entries > 0);
+    /* one copy per sealed block: content entries for the pure ones, private entries for the rest */
+    assert_int_equal(store.st.store_blocks_put + ss.priv.n_entries, store.sealed);
+    assert_int_equal(pool.st.pool.n_entries, pool.sealed); /* the pool holds every block's copy */
+    assert_int_equal(store.st.pool.n_entries, ss.priv.n_entries); /* the session's stats show the store's */
+    double d = conv_diff(&store, &pool);
+    printf("  max|dlogit| store vs pool %.3g\n", d);
+    assert_true(d <= 1e-5);
+    kvt_session_free(s);
+    kvt_store_get_stats(st, &ss);
+    assert_int_equal(ss.priv.n_entries, 0);
+    assert_int_equal(ss.priv.ram_bytes, 0);
+    assert_true(ss.ram.entries >= store.st.store_blocks_put); /* shared: they stay */
+
+    /* the content entries cleared while the session is parked: its pure blocks are recomputed */
+    struct conv cleared;
+    s = conversation(e, st, true, &cleared);
+    printf("  store cleared while parked: %lld recomputes, %lld recoveries\n", (long long) cleared.st.recomputes,
+           (long long) cleared.st.recoveries);
+    assert_true(cleared.st.recomputes > 0);
+    assert_true(cleared.st.recomputes < cleared.st.recoveries); /* the private entries came back as they were */
+    d = conv_diff(&cleared, &pool);
+    printf("  max|dlogit| after recomputes vs pool %.3g (tolerance 1e-3)\n", d);
+    assert_true(d <= 1e-3);
+    kvt_session_free(s);
+
+    /* a pool and a store together: refused, naming both */
+    kvt_pool *pl = NULL;
+    assert_int_equal(kvt_pool_open(NULL, &pl), 0);
+    struct kvt_session_params p = kvt_session_default_params();
+    p.pool = pl;
+    p.store = st;
+    assert_int_equal(kvt_session_open(e, &p, &s), KVT_EINVAL);
+    assert_non_null(strstr(kvt_errmsg(), "pool"));
+    assert_non_null(strstr(kvt_errmsg(), "store"));
+    kvt_pool_free(pl);
+    kvt_store_close(st);
+    kvt_engine_free(e);
+    free(pool.logits); free(store.logits); free(cleared.logits);
+    rm_rf(dir);
+    free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_restart_exact_and_partial),
@@ -411,6 +535,7 @@ int main(void) {
         cmocka_unit_test(test_swa_prefix),
         cmocka_unit_test(test_corrupt_is_a_miss),
         cmocka_unit_test(test_disk_codec),
+        cmocka_unit_test(test_store_replaces_pool),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
