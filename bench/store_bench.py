@@ -29,7 +29,16 @@ Two benchmarks; each starts and stops its own servers (restarts are part of what
             tokens) at the client.  Reports TTFT / latency and the tiers the blocks came from
             (the server's /metrics before it stops).
 
+  ram       Host RAM held for block copies (issue #12: the store replaces the host pool): K sessions
+            (--ram-sessions, default 4) share one document (--ram-doc tokens, default 1536) under a
+            --budget (512) below it, so each evicts while its prompt is decoded; each asks its own
+            question, then a second one.  Per binary (--bin, and --bin-before: an older build, to
+            compare): /metrics after the last request, host RAM = kvtier_pool_ram_bytes (the host pool,
+            or the store's private entries) + kvtier_store_bytes{tier="ram"} (content entries), and
+            spill bytes; the replies (greedy: equal replies = the same K/V loaded) and TTFT.
+
   python bench/store_bench.py ttft --bin build/kvtier --model M [--sizes 1024,4096,8192] [--json F]
+  python bench/store_bench.py ram --bin build/kvtier [--bin-before OLD/kvtier] --model M [--json F]
   python bench/store_bench.py prefetch --bin build/kvtier --model M [--repeats 3] [--json F]
   python bench/store_bench.py edgesync --bin build/kvtier --model M [--requests 1000] [--json F]
 
@@ -402,9 +411,73 @@ def prefetch_ab(a):
     return out
 
 
+def gauge(text, name):
+    m = re.search("^" + re.escape(name) + r" (\d+)$", text, re.M)
+    return int(m.group(1)) if m else 0
+
+
+def host_ram(a):
+    words, src = corpus_words()
+    doc = " ".join(words[:int(a.ram_doc * 0.72)])
+    K, budget = a.ram_sessions, a.ram_budget
+    extra = ["--budget", str(budget), "-c", str((K + 1) * budget), "--max-sessions", str(K), "--parallel", "1",
+             "--store-ram-mb", "1024"]
+    runs = []
+    for label, binary in [("after", a.bin)] + ([("before", a.bin_before)] if a.bin_before else []):
+        b = argparse.Namespace(**vars(a))
+        b.bin = binary
+        store = tempfile.mkdtemp(prefix="kvt-ram-bench-")
+        log = store + ".log"
+        try:
+            s = Server(b, store, extra, log)
+            replies, ttfts, usage = [], [], []
+            for turn in range(2):
+                for k in range(K):
+                    q = QUESTIONS[(2 * k + turn) % len(QUESTIONS)]
+                    msgs = [{"role": "system", "content": doc}]
+                    if turn == 1:
+                        msgs += [{"role": "user", "content": QUESTIONS[2 * k % len(QUESTIONS)]},
+                                 {"role": "assistant", "content": replies[k]}]
+                    msgs.append({"role": "user", "content": q})
+                    t, r = s.chat(msgs, max_tokens=8, session=f"s{k}")
+                    replies.append(r["choices"][0]["message"]["content"])
+                    ttfts.append(t)
+                    usage.append(kv(r))
+            m = s.metrics()
+            s.stop()
+        finally:
+            shutil.rmtree(store, ignore_errors=True)
+        row = {"label": label, "bin": binary, "version": subprocess.run([binary, "--version"], capture_output=True,
+                                                                        text=True).stdout.strip(),
+               "pool_ram": gauge(m, "kvtier_pool_ram_bytes"), "pool_spill": gauge(m, "kvtier_pool_spill_bytes"),
+               "store_ram": gauge(m, 'kvtier_store_bytes{tier="ram"}'), "store_ram_entries": gauge(m, 'kvtier_store_entries{tier="ram"}'),
+               "evictions": gauge(m, "kvtier_evictions_total"), "recoveries": gauge(m, "kvtier_recoveries_total"),
+               "recomputes": gauge(m, "kvtier_recomputes_total"), "replies": replies, "seconds": ttfts,
+               "prompt_tokens_from_store": [u["prompt_tokens_from_store"] for u in usage]}
+        row["host_ram"] = row["pool_ram"] + row["store_ram"]
+        runs.append(row)
+        print(f"{label:6s}: host RAM {row['host_ram'] / 2**20:7.2f} MiB = pool/private {row['pool_ram'] / 2**20:6.2f} + "
+              f"content {row['store_ram'] / 2**20:6.2f} ({row['store_ram_entries']} blocks); spill "
+              f"{row['pool_spill'] / 2**20:.2f} MiB; {row['evictions']} evictions, {row['recoveries']} recoveries, "
+              f"{row['recomputes']} recomputes; mean request {statistics.mean(ttfts):.2f} s", flush=True)
+    if len(runs) == 2:
+        same = runs[0]["replies"] == runs[1]["replies"]
+        print(f"replies identical before/after: {same}; host RAM after/before = "
+              f"{runs[0]['host_ram'] / max(1, runs[1]['host_ram']):.3f}")
+    out = {"bench": "ram", "text": src, "doc_tokens": a.ram_doc, "sessions": K, "budget": budget, "info": build_info(a),
+           "runs": runs}
+    if a.json:
+        json.dump(out, open(a.json, "w"), indent=1)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["ttft", "edgesync", "prefetch"])
+    ap.add_argument("what", choices=["ttft", "edgesync", "prefetch", "ram"])
+    ap.add_argument("--bin-before", default="", help="ram: an older kvtier binary to compare with")
+    ap.add_argument("--ram-sessions", type=int, default=4, help="ram: sessions sharing the document")
+    ap.add_argument("--ram-doc", type=int, default=1536, help="ram: document length (tokens, approx.)")
+    ap.add_argument("--ram-budget", type=int, default=512, help="ram: --budget of the server")
     ap.add_argument("--bin", default=os.path.join(HERE, "..", "build", "kvtier"))
     ap.add_argument("--model", default=os.environ.get("KVTIER_MODEL", ""))
     ap.add_argument("--threads", type=int, default=0)
@@ -424,7 +497,7 @@ def main():
     a = ap.parse_args()
     if not a.model:
         raise SystemExit("--model (or $KVTIER_MODEL) is required")
-    {"ttft": ttft, "edgesync": edgesync, "prefetch": prefetch_ab}[a.what](a)
+    {"ttft": ttft, "edgesync": edgesync, "prefetch": prefetch_ab, "ram": host_ram}[a.what](a)
 
 
 if __name__ == "__main__":
