@@ -524,22 +524,27 @@ static void test_resume_after_gap(void **state) {
 ** budget by dropping the copies it cannot write (counted), the evicted fact block is LOST, and
 ** the probe recomputes it: the answer equals recovery "breadcrumb" (the same computation), and
 ** the session still generates a reply. */
-static void test_full_disk_session(void **state) {
-    (void) state;
+static void full_disk(bool with_store) {
     kvt_engine *e = open_tiny();
     const size_t budget = 450000; /* about two blocks' copies */
     struct lost_run bc = lost_session(e, KVT_RECOVERY_BREADCRUMB, INTACT, 1, false);
-    struct lost_run x = lost_session(e, KVT_RECOVERY_KV_RESTORE, INTACT, budget, true);
-    printf("  full disk: pool RAM at most %lld of %zu bytes, %lld copies dropped, %lld recomputed; log-prob %.4f, "
-           "breadcrumb %.4f\n", (long long) x.max_ram, budget, (long long) x.dropped, (long long) x.recomputes, x.lp,
-           bc.lp);
+    struct lost_run x = lost_session_ex(e, KVT_RECOVERY_KV_RESTORE, INTACT, budget, true, with_store);
+    printf("  full disk%s: RAM at most %lld of %zu bytes, %lld copies and %lld store disk writes dropped, %lld "
+           "recomputed; log-prob %.4f, breadcrumb %.4f\n", with_store ? " under a store" : "", (long long) x.max_ram,
+           budget, (long long) x.dropped, (long long) x.store_dropped, (long long) x.recomputes, x.lp, bc.lp);
     assert_true(x.max_ram <= (int64_t) budget);
     assert_true(x.max_ram > 0);
     assert_true(x.dropped > 0);
+    if (with_store) assert_true(x.store_dropped > 0);
     assert_int_equal(x.recomputes, 1);
     assert_int_equal(x.residency, KVT_RES_DEVICE);
     assert_true(fabs(x.lp - bc.lp) < 1e-4);
     kvt_engine_free(e);
+}
+
+static void test_full_disk_session(void **state) {
+    (void) state;
+    full_disk(false);
 }
 
 /* The same full disk under a session whose block store holds its copies (the store replaces the
@@ -549,21 +554,7 @@ static void test_full_disk_session(void **state) {
 ** recovery over a pool), the session answers, and its private entries go with it. */
 static void test_full_disk_store(void **state) {
     (void) state;
-    kvt_engine *e = open_tiny();
-    const size_t budget = 450000;
-    struct lost_run bc = lost_session(e, KVT_RECOVERY_BREADCRUMB, INTACT, 1, false);
-    struct lost_run x = lost_session_ex(e, KVT_RECOVERY_KV_RESTORE, INTACT, budget, true, true);
-    printf("  full disk under a store: RAM at most %lld of %zu bytes, %lld private copies and %lld disk writes "
-           "dropped, %lld recomputed; log-prob %.4f, breadcrumb %.4f\n", (long long) x.max_ram, budget,
-           (long long) x.dropped, (long long) x.store_dropped, (long long) x.recomputes, x.lp, bc.lp);
-    assert_true(x.max_ram <= (int64_t) budget);
-    assert_true(x.max_ram > 0);
-    assert_true(x.dropped > 0);
-    assert_true(x.store_dropped > 0);
-    assert_int_equal(x.recomputes, 1);
-    assert_int_equal(x.residency, KVT_RES_DEVICE);
-    assert_true(fabs(x.lp - bc.lp) < 1e-4);
-    kvt_engine_free(e);
+    full_disk(true);
 }
 
 /* A failed test must not leave a site armed for the next one. */

@@ -84,6 +84,15 @@ struct run {
     struct kvt_session_stats st;
 };
 
+/* The engine's last logits into out (malloc'd). */
+static void keep_logits(kvt_engine *e, struct run *out) {
+    struct kvt_engine_info I;
+    kvt_engine_info(e, &I);
+    out->n_vocab = I.n_vocab;
+    out->logits = malloc(sizeof(float) * (size_t) I.n_vocab);
+    memcpy(out->logits, kvt_logits(e), sizeof(float) * (size_t) I.n_vocab);
+}
+
 /* One conversation turn (system document + question) in a fresh session; its stats and logits. */
 static void turn(kvt_engine *e, kvt_store *store, const char *tenant, int32_t budget, const char *doc, const char *q,
                  struct run *out) {
@@ -100,11 +109,7 @@ static void turn(kvt_engine *e, kvt_store *store, const char *tenant, int32_t bu
     int rc = kvt_session_add(s, KVT_ROLE_USER, q);
     if (rc) fprintf(stderr, "add: %s\n", kvt_errmsg());
     assert_int_equal(rc, 0);
-    struct kvt_engine_info I;
-    kvt_engine_info(e, &I);
-    out->n_vocab = I.n_vocab;
-    out->logits = malloc(sizeof(float) * (size_t) I.n_vocab);
-    memcpy(out->logits, kvt_logits(e), sizeof(float) * (size_t) I.n_vocab);
+    keep_logits(e, out);
     kvt_session_get_stats(s, &out->st);
     kvt_session_free(s);
 }
@@ -407,18 +412,12 @@ static void test_disk_codec(void **state) {
 
 /* ---- the store replaces the host pool ------------------------------------------------------ */
 
-struct conv {
-    float  *logits;
-    int32_t n_vocab, sealed;
-    struct kvt_session_stats st;
-};
-
 /* A conversation under budget 128 (it evicts while the ~300-token document is decoded): the
 ** document, a question, park + resume (every resident block comes back from its copy), a second
 ** question.  With a store the session has no pool: its copies are the store's.  clear_store:
 ** `kvtier store clear` between the park and the resume (the content entries go, the private ones
-** stay).  *out: the logits after the second question and the stats before the free. */
-static kvt_session *conversation(kvt_engine *e, kvt_store *store, bool clear_store, struct conv *out) {
+** stay).  *out: the logits after the second question and the stats; *sealed: sealed blocks. */
+static kvt_session *conversation(kvt_engine *e, kvt_store *store, bool clear_store, struct run *out, int32_t *sealed) {
     struct kvt_session_params p = kvt_session_default_params();
     p.block = BLOCK;
     p.budget = 128;
@@ -435,25 +434,15 @@ static kvt_session *conversation(kvt_engine *e, kvt_store *store, bool clear_sto
     if (clear_store) assert_int_equal(kvt_store_clear(store), 0);
     assert_int_equal(kvt_session_resume(s, 0), 0);
     assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, "and what is in the orchard"), 0);
-    struct kvt_engine_info I;
-    kvt_engine_info(e, &I);
-    out->n_vocab = I.n_vocab;
-    out->logits = malloc(sizeof(float) * (size_t) I.n_vocab);
-    memcpy(out->logits, kvt_logits(e), sizeof(float) * (size_t) I.n_vocab);
+    keep_logits(e, out);
     kvt_session_get_stats(s, &out->st);
-    out->sealed = 0;
+    *sealed = 0;
     for (int32_t i = 0; i < out->st.n_blocks; i++) {
         struct kvt_block_info bi;
         assert_int_equal(kvt_session_block(s, i, &bi), 0);
-        out->sealed += bi.sealed;
+        *sealed += bi.sealed;
     }
     return s;
-}
-
-static double conv_diff(const struct conv *a, const struct conv *b) {
-    double m = 0;
-    for (int32_t i = 0; i < a->n_vocab; i++) m = fmax(m, fabs((double) a->logits[i] - b->logits[i]));
-    return m;
 }
 
 /* A session with a store keeps each sealed block's copy exactly once: a pure block's is its
@@ -466,18 +455,19 @@ static void test_store_replaces_pool(void **state) {
     (void) state;
     char *dir = tmp_dir();
     kvt_engine *e = open_tiny("tiny-llama");
-    struct conv pool, store;
-    kvt_session *s = conversation(e, NULL, false, &pool);
+    struct run pool, store, cleared;
+    int32_t pool_sealed, store_sealed, cleared_sealed;
+    kvt_session *s = conversation(e, NULL, false, &pool, &pool_sealed);
     kvt_session_free(s);
     kvt_store *st = open_store(dir);
-    s = conversation(e, st, false, &store);
+    s = conversation(e, st, false, &store, &store_sealed);
     struct kvt_store_stats ss;
     kvt_store_get_stats(st, &ss);
     printf("  pool:  %d sealed blocks, %lld evictions, %lld recoveries, %lld recomputes, pool %lld entries\n",
-           pool.sealed, (long long) pool.st.evictions, (long long) pool.st.recoveries, (long long) pool.st.recomputes,
+           pool_sealed, (long long) pool.st.evictions, (long long) pool.st.recoveries, (long long) pool.st.recomputes,
            (long long) pool.st.pool.n_entries);
     printf("  store: %d sealed blocks, %lld evictions, %lld recoveries, %lld recomputes; %lld content blocks put, "
-           "%lld private entries (%lld B RAM); RAM tier %lld entries\n", store.sealed, (long long) store.st.evictions,
+           "%lld private entries (%lld B RAM); RAM tier %lld entries\n", store_sealed, (long long) store.st.evictions,
            (long long) store.st.recoveries, (long long) store.st.recomputes, (long long) store.st.store_blocks_put,
            (long long) ss.priv.n_entries, (long long) ss.priv.ram_bytes, (long long) ss.ram.entries);
     assert_true(store.st.evictions > 0 && store.st.recoveries > 0);
@@ -486,10 +476,10 @@ static void test_store_replaces_pool(void **state) {
     assert_int_equal(store.st.recoveries, pool.st.recoveries);
     assert_true(store.st.store_blocks_put > 0 && ss.priv.n_entries > 0);
     /* one copy per sealed block: content entries for the pure ones, private entries for the rest */
-    assert_int_equal(store.st.store_blocks_put + ss.priv.n_entries, store.sealed);
-    assert_int_equal(pool.st.pool.n_entries, pool.sealed); /* the pool holds every block's copy */
+    assert_int_equal(store.st.store_blocks_put + ss.priv.n_entries, store_sealed);
+    assert_int_equal(pool.st.pool.n_entries, pool_sealed); /* the pool holds every block's copy */
     assert_int_equal(store.st.pool.n_entries, ss.priv.n_entries); /* the session's stats show the store's */
-    double d = conv_diff(&store, &pool);
+    double d = max_diff(&store, &pool);
     printf("  max|dlogit| store vs pool %.3g\n", d);
     assert_true(d <= 1e-5);
     kvt_session_free(s);
@@ -499,13 +489,13 @@ static void test_store_replaces_pool(void **state) {
     assert_true(ss.ram.entries >= store.st.store_blocks_put); /* shared: they stay */
 
     /* the content entries cleared while the session is parked: its pure blocks are recomputed */
-    struct conv cleared;
-    s = conversation(e, st, true, &cleared);
+    s = conversation(e, st, true, &cleared, &cleared_sealed);
     printf("  store cleared while parked: %lld recomputes, %lld recoveries\n", (long long) cleared.st.recomputes,
            (long long) cleared.st.recoveries);
+    assert_int_equal(cleared_sealed, pool_sealed);
     assert_true(cleared.st.recomputes > 0);
     assert_true(cleared.st.recomputes < cleared.st.recoveries); /* the private entries came back as they were */
-    d = conv_diff(&cleared, &pool);
+    d = max_diff(&cleared, &pool);
     printf("  max|dlogit| after recomputes vs pool %.3g (tolerance 1e-3)\n", d);
     assert_true(d <= 1e-3);
     kvt_session_free(s);
