@@ -1485,9 +1485,20 @@ int  kvt_store_get(kvt_store *st, const kvt_key *key, const kvt_key *model, void
 /* Is key in RAM or on disk and not expired (no file read, no checksum, no hit counted; Redis is
 ** not asked)?  False for NULL arguments.  Thread-safe. */
 bool kvt_store_has(kvt_store *st, const kvt_key *key);
-/* The same question, answered with where: KVT_TIER_RAM (the RAM tier, or its write queued for
-** disk), KVT_TIER_DISK (the index), KVT_TIER_NONE (neither; NULL arguments).  Thread-safe. */
+/* Where key's bytes are, whatever their age (expired entries count until something removes
+** them): KVT_TIER_RAM (the RAM tier, or its write queued for disk), KVT_TIER_DISK (the index),
+** KVT_TIER_NONE (neither; NULL arguments).  What kvt_store_get_copy would find locally.
+** Thread-safe. */
 int  kvt_store_tier(kvt_store *st, const kvt_key *key);
+
+/* A session's own copy of one of its blocks (kvt_session_params.store): kvt_store_get with the
+** TTL not applied, so an entry past its TTL that no get, gc or quota has removed yet is still
+** returned (age does not change K/V; the TTL governs reuse by lookups).  A hit refreshes the
+** entry (last hit, hit count) as any hit does.  A session parked longer than the TTL resumes its
+** pure blocks without recompute unless the entry went meanwhile.  Errors: as kvt_store_get.
+** Thread-safe. */
+int  kvt_store_get_copy(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data /* OUT */,
+                        size_t *n /* OUT */);
 
 /* Private entries: the copies a session keeps of its blocks that no content key may name (a
 ** block decoded after an eviction attended to a context with a hole; one recomputed or re-saved

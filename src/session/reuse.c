@@ -97,7 +97,7 @@ int kvt__sess_store_fetch(kvt_session *s, const struct blk *b, void **data, size
     *data = NULL;
     *n = 0;
     if (!s->p.store || !b->has_ckey || !s->have_root) return KVT_ENOENT;
-    int rc = kvt_store_get(s->p.store, &b->ckey, &s->model_fp, data, n, NULL, NULL);
+    int rc = kvt_store_get_copy(s->p.store, &b->ckey, &s->model_fp, data, n); /* its own copy: any age */
     if (rc) kvt__clear_error();
     return rc;
 }

@@ -706,8 +706,10 @@ static int miss(kvt_store *st, int64_t *ctr, const char *why, const char *hex, i
 ** prefetched without counting a hit or recording one in the index, and *pf says what happened
 ** (PROMOTED with rc 0; ABSENT: not stored, expired or another model's; FAILED: corrupt, removed,
 ** counted in disk.corrupt as a get's read is). */
+const struct kvt__ttl kvt__ttl_forever = { 1e300, 1e300, 1 };
+
 int kvt__store_get_local(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
-                         struct kvt_store_meta *meta, enum kvt_tier *tier, int *pf) {
+                         struct kvt_store_meta *meta, enum kvt_tier *tier, int *pf, const struct kvt__ttl *ttl) {
     if (data) *data = NULL;
     if (n) *n = 0;
     if (tier) *tier = KVT_TIER_NONE;
@@ -721,7 +723,7 @@ int kvt__store_get_local(kvt_store *st, const kvt_key *key, const kvt_key *model
     bool oom, found;
     if (pf) {
         *pf = KVT__PF_SKIPPED;
-        if (kvt__ram_has(&st->ram, key, &st->ttl, now, NULL)) return KVT_ENOENT;
+        if (kvt__ram_has(&st->ram, key, ttl, now, NULL)) return KVT_ENOENT;
         *pf = KVT__PF_ABSENT;
         if (!st->disk) return KVT_ENOENT;
         pthread_mutex_lock(&st->q_mu);
@@ -733,7 +735,7 @@ int kvt__store_get_local(kvt_store *st, const kvt_key *key, const kvt_key *model
         }
         goto index;
     }
-    int r = kvt__ram_get(&st->ram, key, model, &st->ttl, now, data, n, &mt, &oom);
+    int r = kvt__ram_get(&st->ram, key, model, ttl, now, data, n, &mt, &oom);
     if (r == KVT__RAM_HIT) {
         if (oom) return kvt__fail(KVT_ENOMEM, "kvt_store_get: no memory for block %.16s", hex);
         record_hit(st, key, now);
@@ -779,7 +781,7 @@ index:;
     }
     pthread_mutex_unlock(&st->rd_mu);
     if (!have) return miss(st, s == SQLITE_ROW ? &st->d_corrupt : NULL, "not stored", hex, pf);
-    if (kvt__expires(&st->ttl, row.last_hit, row.hits) <= now) {
+    if (kvt__expires(ttl, row.last_hit, row.hits) <= now) {
         kvt__store_remove(st, key);
         return miss(st, &st->d_expired, "expired", hex, pf);
     }
@@ -861,13 +863,13 @@ index:;
 }
 
 /* RAM, disk, then Redis: a Redis hit is copied into RAM and queued for disk. */
-int kvt_store_get(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
-                  struct kvt_store_meta *meta, enum kvt_tier *tier) {
+static int get_tiers(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
+                     struct kvt_store_meta *meta, enum kvt_tier *tier, const struct kvt__ttl *ttl) {
     /* a prefetch of key in flight is waited for (never read twice); one that found no tier
     ** holding it spares the get Redis's round trip, not the local tiers: the key may have been
     ** put since the prefetch looked */
     const bool pf_absent = st && key && model && data && n && kvt__pf_wait(st, key) == KVT__PF_ABSENT;
-    int rc = kvt__store_get_local(st, key, model, data, n, meta, tier, NULL);
+    int rc = kvt__store_get_local(st, key, model, data, n, meta, tier, NULL, ttl);
     if (rc != KVT_ENOENT || !st->redis || pf_absent) return rc;
     char local[256], hex[65];
     snprintf(local, sizeof local, "%s", kvt_errmsg());
@@ -886,9 +888,19 @@ int kvt_store_get(kvt_store *st, const kvt_key *key, const kvt_key *model, void 
     return 0;
 }
 
-int kvt_store_tier(kvt_store *st, const kvt_key *key) {
+int kvt_store_get(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
+                  struct kvt_store_meta *meta, enum kvt_tier *tier) {
+    return get_tiers(st, key, model, data, n, meta, tier, st ? &st->ttl : NULL);
+}
+
+int kvt_store_get_copy(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n) {
+    return get_tiers(st, key, model, data, n, NULL, NULL, &kvt__ttl_forever);
+}
+
+/* Where key's bytes are under ttl: RAM (or its write queued), disk, none. */
+static int tier_of(kvt_store *st, const kvt_key *key, const struct kvt__ttl *ttl) {
     if (!st || !key) return KVT_TIER_NONE;
-    if (kvt__ram_has(&st->ram, key, &st->ttl, kvt__store_now(st), NULL)) return KVT_TIER_RAM;
+    if (kvt__ram_has(&st->ram, key, ttl, kvt__store_now(st), NULL)) return KVT_TIER_RAM;
     if (!st->disk) return KVT_TIER_NONE;
     pthread_mutex_lock(&st->q_mu);
     bool has = key_queued(st, key);
@@ -897,15 +909,19 @@ int kvt_store_tier(kvt_store *st, const kvt_key *key) {
     pthread_mutex_lock(&st->rd_mu);
     sqlite3_bind_blob(st->rd_get, 1, key->b, KVT_KEY_BYTES, SQLITE_STATIC);
     if (sqlite3_step(st->rd_get) == SQLITE_ROW)
-        has = kvt__expires(&st->ttl, sqlite3_column_double(st->rd_get, 6), sqlite3_column_int64(st->rd_get, 7)) >
+        has = kvt__expires(ttl, sqlite3_column_double(st->rd_get, 6), sqlite3_column_int64(st->rd_get, 7)) >
               kvt__store_now(st);
     sqlite3_reset(st->rd_get);
     pthread_mutex_unlock(&st->rd_mu);
     return has ? KVT_TIER_DISK : KVT_TIER_NONE;
 }
 
+int kvt_store_tier(kvt_store *st, const kvt_key *key) {
+    return tier_of(st, key, &kvt__ttl_forever);
+}
+
 bool kvt_store_has(kvt_store *st, const kvt_key *key) {
-    return kvt_store_tier(st, key) != KVT_TIER_NONE;
+    return st && tier_of(st, key, &st->ttl) != KVT_TIER_NONE;
 }
 
 void kvt_store_flush(kvt_store *st) {

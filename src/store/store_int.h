@@ -260,9 +260,12 @@ int64_t kvt__store_remove(kvt_store *st, const kvt_key *key);
 int  kvt__store_lock_all(kvt_store *st);
 void kvt__store_unlock(int fd);
 
-/* The local tiers' get (pf NULL) or a prefetch's read of them (pf: see store.c). */
+/* The local tiers' get (pf NULL) or a prefetch's read of them (pf: see store.c); expiry by ttl
+** (&st->ttl; kvt__ttl_forever for a session's own copy). */
 int  kvt__store_get_local(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
-                          struct kvt_store_meta *meta, enum kvt_tier *tier, int *pf);
+                          struct kvt_store_meta *meta, enum kvt_tier *tier, int *pf, const struct kvt__ttl *ttl);
+/* A TTL under which nothing expires. */
+extern const struct kvt__ttl kvt__ttl_forever;
 /* RAM + disk (+ Redis when to_redis); prefetched: the RAM entry is a prefetch's promotion. */
 int  kvt__store_put_local(kvt_store *st, const kvt_key *key, const struct kvt_store_meta *m, const void *data,
                           size_t n, bool to_redis, bool prefetched);

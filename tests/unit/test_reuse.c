@@ -18,6 +18,7 @@
 #include <cmocka.h>
 
 #include "kvtier.h"
+#include "test_hooks.h" /* kvt_store_test_set_clock */
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -26,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 enum { BLOCK = 16 };
@@ -416,8 +418,24 @@ static void test_disk_codec(void **state) {
 ** document, a question, park + resume (every resident block comes back from its copy), a second
 ** question.  With a store the session has no pool: its copies are the store's.  clear_store:
 ** `kvtier store clear` between the park and the resume (the content entries go, the private ones
-** stay).  *out: the logits after the second question and the stats; *sealed: sealed blocks. */
-static kvt_session *conversation(kvt_engine *e, kvt_store *store, bool clear_store, struct run *out, int32_t *sealed) {
+** stay); AGED: the store's clock moves 8 days on instead (every content entry past its TTL, 7
+** days hot).  *out: the logits after the second question and the stats; *sealed: sealed blocks. */
+enum parked { KEPT, CLEARED, AGED };
+
+struct fresh {
+    double  now;
+    int64_t n, fresh;
+};
+
+static int count_fresh(void *ud, const struct kvt_store_entry *e) {
+    struct fresh *f = ud;
+    f->n++;
+    f->fresh += e->expires > f->now;
+    return 0;
+}
+
+static kvt_session *conversation(kvt_engine *e, kvt_store *store, enum parked meanwhile, struct run *out,
+                                 int32_t *sealed) {
     struct kvt_session_params p = kvt_session_default_params();
     p.block = BLOCK;
     p.budget = 128;
@@ -431,7 +449,17 @@ static kvt_session *conversation(kvt_engine *e, kvt_store *store, bool clear_sto
     free(doc);
     assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, "what is by the river"), 0);
     assert_int_equal(kvt_session_park(s), 0);
-    if (clear_store) assert_int_equal(kvt_store_clear(store), 0);
+    if (meanwhile == CLEARED) assert_int_equal(kvt_store_clear(store), 0);
+    if (meanwhile == AGED) {
+        kvt_store_flush(store); /* the index rows written: ls sees them */
+        struct fresh f = { (double) time(NULL) + 8 * 86400.0, 0, 0 };
+        kvt_store_test_set_clock(store, f.now);
+        assert_int_equal(kvt_store_ls(store, count_fresh, &f), 0);
+        printf("  8 days later: %lld content entries, %lld of them within their TTL\n", (long long) f.n,
+               (long long) f.fresh);
+        assert_true(f.n > 0);
+        assert_int_equal(f.fresh, 0); /* a lookup by another session would miss every one */
+    }
     assert_int_equal(kvt_session_resume(s, 0), 0);
     assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, "and what is in the orchard"), 0);
     keep_logits(e, out);
@@ -450,17 +478,18 @@ static kvt_session *conversation(kvt_engine *e, kvt_store *store, bool clear_sto
 ** conversation (evictions, park/resume loading every resident block) gives the logits of the
 ** same conversation over a host pool; freeing the session removes its private entries, not the
 ** shared ones.  Content entries gone meanwhile (store clear) are recomputed, counted, never a
-** hole; the private entries survive a clear.  A pool and a store together are refused. */
+** hole; the private entries survive a clear.  Parked past every content entry's TTL, the session
+** still loads its own copies (none recomputed).  A pool and a store together are refused. */
 static void test_store_replaces_pool(void **state) {
     (void) state;
     char *dir = tmp_dir();
     kvt_engine *e = open_tiny("tiny-llama");
     struct run pool, store, cleared;
     int32_t pool_sealed, store_sealed, cleared_sealed;
-    kvt_session *s = conversation(e, NULL, false, &pool, &pool_sealed);
+    kvt_session *s = conversation(e, NULL, KEPT, &pool, &pool_sealed);
     kvt_session_free(s);
     kvt_store *st = open_store(dir);
-    s = conversation(e, st, false, &store, &store_sealed);
+    s = conversation(e, st, KEPT, &store, &store_sealed);
     struct kvt_store_stats ss;
     kvt_store_get_stats(st, &ss);
     printf("  pool:  %d sealed blocks, %lld evictions, %lld recoveries, %lld recomputes, pool %lld entries\n",
@@ -489,7 +518,7 @@ static void test_store_replaces_pool(void **state) {
     assert_true(ss.ram.entries >= store.st.store_blocks_put); /* shared: they stay */
 
     /* the content entries cleared while the session is parked: its pure blocks are recomputed */
-    s = conversation(e, st, true, &cleared, &cleared_sealed);
+    s = conversation(e, st, CLEARED, &cleared, &cleared_sealed);
     printf("  store cleared while parked: %lld recomputes, %lld recoveries\n", (long long) cleared.st.recomputes,
            (long long) cleared.st.recoveries);
     assert_int_equal(cleared_sealed, pool_sealed);
@@ -498,6 +527,19 @@ static void test_store_replaces_pool(void **state) {
     d = max_diff(&cleared, &pool);
     printf("  max|dlogit| after recomputes vs pool %.3g (tolerance 1e-3)\n", d);
     assert_true(d <= 1e-3);
+    kvt_session_free(s);
+
+    /* parked past every content entry's TTL: its own copies still load (kvt_store_get_copy), none
+    ** recomputed, the pool run's logits */
+    struct run aged;
+    int32_t aged_sealed;
+    s = conversation(e, st, AGED, &aged, &aged_sealed);
+    d = max_diff(&aged, &pool);
+    printf("  parked 8 days: %lld recomputes, %lld recoveries, max|dlogit| vs pool %.3g\n",
+           (long long) aged.st.recomputes, (long long) aged.st.recoveries, d);
+    assert_int_equal(aged.st.recomputes, 0);
+    assert_int_equal(aged.st.recoveries, pool.st.recoveries);
+    assert_true(d <= 1e-5);
     kvt_session_free(s);
 
     /* a pool and a store together: refused, naming both */
@@ -512,7 +554,7 @@ static void test_store_replaces_pool(void **state) {
     kvt_pool_free(pl);
     kvt_store_close(st);
     kvt_engine_free(e);
-    free(pool.logits); free(store.logits); free(cleared.logits);
+    free(pool.logits); free(store.logits); free(cleared.logits); free(aged.logits);
     rm_rf(dir);
     free(dir);
 }
