@@ -766,9 +766,11 @@ struct kvt_session_params {
                               ** is pure (one copy in RAM, shared with every session of the
                               ** store, and on disk), else a private entry of the store
                               ** (kvt_store_put_private), deleted when the session drops the
-                              ** block.  A content entry that left every tier (TTL, quota, a
-                              ** full write queue, `kvtier store clear`) is recomputed from the
-                              ** block's tokens when the block is needed (recomputes) */
+                              ** block.  The session reads its content entries at any age
+                              ** (kvt_store_get_copy); one that left every tier (removed by an
+                              ** expired lookup, the quota, a full write queue, `kvtier store
+                              ** clear`) is recomputed from the block's tokens when the block is
+                              ** needed (recomputes) */
     const char *tenant;       /* chain salt (kvt_chain_params.tenant): sessions of different
                               ** tenants never share blocks; NULL/"" = shared.  Copied at open */
     const char *codec_ram;    /* codec of the blocks the session saves to its host pool (a
