@@ -82,6 +82,9 @@ int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *params, k
     if (p.embedder && (!(p.min_recovery_cosine >= -1 && p.min_recovery_cosine <= 1) || p.ann_min_blocks < 1))
         return kvt__fail(KVT_EINVAL, "min_recovery_cosine %.2f must be in [-1, 1] and ann_min_blocks %d >= 1",
                          p.min_recovery_cosine, p.ann_min_blocks);
+    if (p.pool && p.store)
+        return kvt__fail(KVT_EINVAL, "kvt_session_open: both a pool and a store given: with a store the session "
+                         "keeps its block copies in the store (its private entries); pass pool NULL");
     int rce = kvt__sess_elastic_check(&p);
     if (rce) return rce;
     struct kvt_codec_params codec = kvt_codec_default_params(KVT_CODEC_RAW);
@@ -144,11 +147,6 @@ int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *params, k
         if (rc0) { free(s->head_w); free(s->layers); free(s->kv_text); free(s); return rc0; }
         s->p.attn_layers = s->layers;
         s->p.n_attn_layers = s->n_layers;
-    }
-    if (p.pool && p.store) {
-        free(s->head_w); free(s->layers); free(s->kv_text); free(s);
-        return kvt__fail(KVT_EINVAL, "kvt_session_open: both a pool and a store given: with a store the session "
-                         "keeps its block copies in the store (its private entries); pass pool NULL");
     }
     if (p.pool) {
         s->pool = p.pool;

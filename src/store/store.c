@@ -701,13 +701,13 @@ static int miss(kvt_store *st, int64_t *ctr, const char *why, const char *hex, i
     return kvt__fail(KVT_ENOENT, "block %.16s: %s", hex, why);
 }
 
+const struct kvt__ttl kvt__ttl_forever = { 1e300, 1e300, 1 };
+
 /* The local tiers.  pf NULL: a get.  pf set: a prefetch's read (prefetch.c): RAM and the write
 ** queue are only looked at (*pf KVT__PF_SKIPPED, nothing read), a disk hit goes into RAM marked
 ** prefetched without counting a hit or recording one in the index, and *pf says what happened
 ** (PROMOTED with rc 0; ABSENT: not stored, expired or another model's; FAILED: corrupt, removed,
 ** counted in disk.corrupt as a get's read is). */
-const struct kvt__ttl kvt__ttl_forever = { 1e300, 1e300, 1 };
-
 int kvt__store_get_local(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
                          struct kvt_store_meta *meta, enum kvt_tier *tier, int *pf, const struct kvt__ttl *ttl) {
     if (data) *data = NULL;
