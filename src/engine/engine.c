@@ -22,6 +22,14 @@ void kvt__engine_log_cb(enum ggml_log_level level, const char *text, void *ud) {
 
 bool kvt__engine_quiet_progress(float progress, void *ud) { (void) progress; (void) ud; return true; }
 
+/* A llama.cpp built with GGML_BACKEND_DL (the bootstrap's KVTIER_LLAMA_PORTABLE=1: one CPU
+** backend per x86-64 level) registers no backend until one is loaded: load them all, and ggml
+** keeps the best CPU variant this CPU supports.  A native build has its CPU backend linked in,
+** so this does nothing there.  Idempotent: the second engine finds the CPU device present. */
+void kvt__engine_backends(void) {
+    if (ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU) == NULL) ggml_backend_load_all();
+}
+
 int kvt__pm_set(struct posmap *m, kvt_pos p) {
     if (p < 0) return KVT_EINVAL;
     if (p >= m->cap) {
@@ -290,6 +298,7 @@ int kvt_engine_open(const struct kvt_engine_params *params, kvt_engine **out) {
 
     kvt__engine_verbose = p.verbose;
     llama_log_set(kvt__engine_log_cb, NULL);
+    kvt__engine_backends();
     llama_backend_init();
 
     struct llama_model_params mp = llama_model_default_params();

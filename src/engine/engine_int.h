@@ -109,6 +109,7 @@ struct kvt_engine {
 extern bool kvt__engine_verbose; /* llama.cpp's log on stderr (kvt_engine_params.verbose) */
 void kvt__engine_log_cb(enum ggml_log_level level, const char *text, void *ud);
 bool kvt__engine_quiet_progress(float progress, void *ud);
+void kvt__engine_backends(void); /* loads ggml's dynamic backends when none is linked in */
 /* Position shadow: mark / clear [p0, p1) / highest set position (-1 when empty). */
 int     kvt__pm_set(struct posmap *m, kvt_pos p);
 void    kvt__pm_clear(struct posmap *m, kvt_pos p0, kvt_pos p1);
