@@ -202,6 +202,7 @@ int cmd_eval(int argc, char **argv) {
     const char *elastic_s = NULL;
     bool elastic_random = false;
     bool depths_seen = false, segment_seen = false, chunk_seen = false, ppl_seen = false, fresh_engine = false;
+    bool single_prompt = false;
     o.model = getenv("KVTIER_MODEL");
     o.out = "results";
     o.budget = 1024;
@@ -240,6 +241,9 @@ int cmd_eval(int argc, char **argv) {
           "ppl: tokens of the next segment scored after each turn (default 64)", &ppl_seen },
         { "skip", 0, OPT_INT, &o.skip, 0, 1 << 20, "N", "ppl: turns fed before the first scored one (default 2)",
           &ppl_seen },
+        { "single-prompt", 0, OPT_FLAG, &single_prompt, 0, 0, NULL,
+          "niah: the whole document and the question in ONE user message longer than the budget (what a user "
+          "pasting a document sends), instead of document turns; results are recorded as task niah-single", NULL },
         { "texts", 0, OPT_STR, &o.texts, 0, 0, "DIR", "essay directory (default ../shared/data/pg_essays)", NULL },
         { "fresh-engine", 0, OPT_FLAG, &fresh_engine, 0, 0, NULL,
           "load the model again for every session, so no session runs on a KV cache earlier sessions "
@@ -290,6 +294,18 @@ int cmd_eval(int argc, char **argv) {
     if (rc) return rc;
 
     /* ---- validation that needs no model ---- */
+    if (single_prompt && o.task != EVAL_NIAH) {
+        fprintf(stderr, "%s: --single-prompt applies to niah only\n", cmd);
+        return APP_USAGE;
+    }
+    if (single_prompt && chunk_seen) {
+        fprintf(stderr, "%s: --chunk does not apply with --single-prompt (the document is one message)\n", cmd);
+        return APP_USAGE;
+    }
+    if (single_prompt) {
+        o.single_prompt = true;
+        o.task_name = "niah-single";
+    }
     if ((rc = parse_policies(cmd, policies_s, &o))) return rc;
     if ((rc = parse_codecs(cmd, codec_s, &o, codec_buf))) return rc;
     if (elastic_random && !elastic_s) {

@@ -433,6 +433,23 @@ static const char INTRO[] =
     "I am going to give you a long document in several parts. Read it carefully and reply to each part "
     "with \"Noted.\" only. When the document is complete I will ask you questions about it: answer them.\n\n";
 
+/* --single-prompt: the document as one message, the question at its end. */
+static const char SINGLE_INTRO[] = "Read the following document. A question about it comes at the end.\n\n";
+
+static char *single_message(const struct pieces *ps, const char *question) {
+    char *doc = join(SINGLE_INTRO, ps, 0, ps->n);
+    if (!doc) return NULL;
+    size_t a = strlen(doc), b = strlen(question);
+    char *m = malloc(a + b + 3);
+    if (m) {
+        memcpy(m, doc, a);
+        memcpy(m + a, "\n\n", 2);
+        memcpy(m + a + 2, question, b + 1);
+    }
+    free(doc);
+    return m;
+}
+
 /* Group the pieces into document turns of at most `body` tokens of text each. */
 static int make_turns(const struct pieces *ps, int32_t body, struct eval_case *k) {
     int32_t n_chunks = 0, cap = 16;
@@ -505,6 +522,7 @@ int32_t eval_framing_tokens(kvt_engine *eng, bool intro) {
 void eval_case_free(struct eval_case *k) {
     free_turns(k->turns, k->n_turns);
     free_turns(k->score, k->n_turns);
+    free(k->single);
     memset(k, 0, sizeof *k);
 }
 
@@ -557,14 +575,18 @@ static int build_haystack_case(kvt_engine *eng, struct eval_corpus *c, const str
         k->turns = NULL;
         k->n_turns = 0;
         if (rc == 0) rc = make_turns(&ps, body, k);
+        free(k->single);
+        k->single = NULL;
+        if (rc == 0 && o->single_prompt && !(k->single = single_message(&ps, question))) rc = -1;
         free(ps.v);
         if (rc) return -1;
-        k->n_tokens = conversation_tokens(eng, k->turns, k->n_turns, question);
+        k->n_tokens = o->single_prompt ? conversation_tokens(eng, NULL, 0, k->single)
+                                       : conversation_tokens(eng, k->turns, k->n_turns, question);
         if (k->n_tokens < 0) return -1;
         bool fits = k->n_tokens <= o->context;
         if (fits && (o->context - k->n_tokens <= 48 || iter >= 6)) return 0;
-        /* each text token also brings its share of the turns' framing */
-        target += (int32_t) ((double) (o->context - k->n_tokens - 8) * body / (body + framing));
+        /* each text token also brings its share of the turns' framing (none in one message) */
+        target += (int32_t) ((double) (o->context - k->n_tokens - 8) * (o->single_prompt ? 1.0 : (double) body / (body + framing)));
     }
     return -1;
 }

@@ -41,6 +41,7 @@ struct eval_opts {
     int32_t        score_tokens;  /* ppl: tokens of the next segment scored per turn */
     int32_t        skip;          /* ppl: turns fed before the first scored one */
     bool           json, verbose;
+    bool           single_prompt; /* niah: document + question in one user message (task "niah-single") */
     int32_t        policies[EVAL_MAX_RUNS]; /* enum kvt_policy of each run */
     const char    *codec[EVAL_MAX_RUNS];    /* --codec: its session's codec_ram (NULL = raw) */
     int8_t         variant[EVAL_MAX_RUNS];  /* enum eval_variant of each run */
@@ -108,6 +109,8 @@ struct eval_case {
     int32_t          index;     /* 0-based */
     int32_t          depth;     /* NIAH: the needle's depth (percent); else -1 */
     char           **turns;     /* user messages of the document, each followed by EVAL_REPLY */
+    char            *single;    /* --single-prompt: the whole document and the question in one user
+                                ** message (turns are then not fed); NULL otherwise */
     int32_t          n_turns;
     struct eval_fact facts[EVAL_MAX_FACTS];
     int32_t          n_facts;

@@ -143,12 +143,13 @@ out:
     return state;
 }
 
-/* One probe: question; log-probabilities of the answer and of the number after the answer's
-** prefix; greedy reply.  OUT row fields. */
+/* One probe: the question (or `message`, the whole single-prompt message ending with it);
+** log-probabilities of the answer and of the number after the answer's prefix; greedy reply.
+** OUT row fields. */
 static int probe(const char *cmd, kvt_engine *eng, kvt_session *s, const struct eval_opts *o,
-                 const struct eval_fact *f, struct eval_row *row) {
+                 const struct eval_fact *f, const char *message, struct eval_row *row) {
     double t0 = now_ms();
-    int rc = kvt_session_add(s, KVT_ROLE_USER, f->question);
+    int rc = kvt_session_add(s, KVT_ROLE_USER, message ? message : f->question);
     if (rc) {
         app_fail(cmd, "question", rc);
         return rc;
@@ -385,7 +386,7 @@ int eval_run_case(const char *cmd, kvt_engine *eng, kvt_pool *pool, const struct
     if (o->task == EVAL_PPL) {
         rc = run_ppl(cmd, eng, s, o, pi, k, ref, res, info.n_vocab);
     } else {
-        for (int32_t t = 0; t < k->n_turns && rc == 0; t++) {
+        for (int32_t t = 0; t < k->n_turns && !k->single && rc == 0; t++) {
             if ((rc = kvt_session_add(s, KVT_ROLE_USER, k->turns[t]))) {
                 char what[64];
                 snprintf(what, sizeof what, "document turn %d of %d", t + 1, k->n_turns);
@@ -403,7 +404,7 @@ int eval_run_case(const char *cmd, kvt_engine *eng, kvt_pool *pool, const struct
             row.item = q;
             row.depth = f->depth;
             row.nll = row.kl = NAN;
-            if ((rc = probe(cmd, eng, s, o, f, &row))) break;
+            if ((rc = probe(cmd, eng, s, o, f, q == 0 ? k->single : NULL, &row))) break;
             fill_session_fields(s, &row);
             if (eval_add_row(res, &row)) {
                 free(row.reply);
