@@ -155,20 +155,15 @@ cpu_detect() {
     local entry name macro flags res
     for entry in "${CPU_FEATURES[@]}"; do
       read -r name macro flags <<<"$entry"
+      # a forced failure compiles the extension out even where -march=native would not use it
+      if probe_forced "$name"; then out+=("$name(KVTIER_PROBE_FAIL)"); CPU_ISA_FLAGS+=" $flags"; continue; fi
       if ! grep -q "^#define $macro " <<<"$native_macros"; then absent+=("$name"); continue; fi
       res=$(grep "^$name " <<<"$probe_out" | cut -d' ' -f2-)
-      if probe_forced "$name"; then
-        out+=("$name(KVTIER_PROBE_FAIL)"); CPU_ISA_FLAGS+=" $flags"
-      elif [ "${res%% *}" = ok ]; then
+      if [ "${res%% *}" = ok ]; then
         kept+=("$name")
       else
         out+=("$name(${res#fail })"); CPU_ISA_FLAGS+=" $flags"
       fi
-    done
-    # a forced failure compiles the extension out even where -march=native would not use it
-    for entry in "${CPU_FEATURES[@]}"; do
-      read -r name macro flags <<<"$entry"
-      if probe_forced "$name" && ! grep -q "^#define $macro " <<<"$native_macros"; then CPU_ISA_FLAGS+=" $flags"; fi
     done
   fi
   CPU_ISA_FLAGS=$(tr ' ' '\n' <<<"$CPU_ISA_FLAGS" | sed '/^$/d' | sort -u | tr '\n' ' ')
@@ -179,7 +174,7 @@ cpu_detect() {
   target=$("$cc" -march=native $CPU_ISA_FLAGS -Q --help=target 2>/dev/null) || die "$cc rejected: -march=native $CPU_ISA_FLAGS"
   march=$(awk '$1 == "-march=" { print $2; exit }' <<<"$target")
   CPU_KEY=native-${march:-$arch}-$(printf '%s\n%s\n%s\n' "$ccver" "$CPU_ISA_FLAGS" "$target" | sha256sum | cut -c1-10)
-  CPU_LINE="cpu: probed the $(( ${#kept[@]} + ${#out[@]} )) extensions -march=native ($march) would use;"
+  CPU_LINE="cpu: probed the extensions -march=native ($march) would use;"
   CPU_LINE+=" kept: ${kept[*]:-none}; compiled out: ${out[*]:-none}"
   [ ${#absent[@]} -gt 0 ] && CPU_LINE+="; not in this CPU's target: ${absent[*]}"
   CPU_SUMMARY="-march=native ($march), compiled out: ${out[*]:-none}"

@@ -61,7 +61,7 @@ boot() { KVTIER_PROBE_FAIL=$1 bash "$SRC/scripts/bootstrap.sh" cpu 2>&1; }
 base=$(boot "")
 echo "$base"
 key0=$(sed -n 's/^CPU_KEY=//p' <<<"$base")
-grep -q '^cpu: probed the [0-9]* extensions -march=native' <<<"$base" && ok "the bootstrap's one line names what it probed" \
+grep -q '^cpu: probed the extensions -march=native' <<<"$base" && ok "the bootstrap's one line names what it probed" \
     || bad "no 'cpu: probed ...' line"
 grep -q '; kept: ' <<<"$base" && ok "... and what it kept" || bad "the cpu line does not say what was kept"
 for forced in avx512:__AVX512F__:-mno-avx512f amx:__AMX_TILE__:-mno-amx-tile; do
