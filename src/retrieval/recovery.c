@@ -320,9 +320,50 @@ int kvt__sess_infllm_recover(kvt_session *s, int32_t suffix_tokens) {
     return rc;
 }
 
+/* Load candidates c[0..n_c) of a long message's own blocks so that the message's end (its last
+** q_tokens: the question and the end of its turn) stays last, right before the assistant prefix,
+** as recover() puts what it brings back before the message: the blocks holding that end are
+** lifted, the candidates loaded, and those blocks placed back after them (RoPE re-anchoring, no
+** forward pass).  Loaded after the question instead, a document fragment sits between the end of
+** the user's turn and the reply, and models go on with the document (issue #23). */
+static int load_before_question(kvt_session *s, struct cand *c, int32_t n_c, int32_t q_tokens) {
+    int rc = kvt__sess_seal(s); /* the question's last block too: it moves as a whole */
+    if (rc) return rc;
+    /* the blocks holding the message's end: the last ones back to q_tokens (all just decoded) */
+    int32_t first = s->n_b;
+    for (int32_t covered = 0; first > 0 && covered < q_tokens; covered += s->b[--first].info.n_tokens)
+        if (s->b[first - 1].info.residency != KVT_RES_DEVICE || !s->b[first - 1].info.sealed) break;
+    /* room first, with those blocks resident and pinned for the while (the question is what the
+    ** reply needs most; lifted, they would also move the recent-tail protection to older blocks
+    ** and leave less to evict); the weakest candidates are dropped while they do not fit, as
+    ** kvt__sess_load_candidates does, which then finds the room made */
+    int32_t need = 0, keep[8];
+    const int32_t n_keep = KVT_MIN(s->n_b - first, 8);
+    first = s->n_b - n_keep;
+    for (int32_t k = 0; k < n_c; k++) need += s->b[c[k].i].info.n_tokens;
+    for (int32_t j = 0; j < n_keep; j++) {
+        keep[j] = s->b[first + j].info.keep;
+        s->b[first + j].info.keep = KVT_KEEP_PIN;
+    }
+    while (n_c > 0 && kvt__sess_make_room(s, need + s->p.gen_reserve) == KVT_EBUDGET) need -= s->b[c[--n_c].i].info.n_tokens;
+    kvt__clear_error();
+    for (int32_t j = 0; j < n_keep; j++) s->b[first + j].info.keep = keep[j];
+    if (n_c == 0) return 0;
+    int32_t q_held = 0;
+    for (int32_t i = first; i < s->n_b; i++) q_held += s->b[i].info.n_tokens;
+    for (int32_t i = first; i < s->n_b; i++) kvt__sess_lift_block(s, i);
+    rc = kvt__sess_load_candidates(s, c, n_c, q_held + s->p.gen_reserve);
+    for (int32_t i = first; i < s->n_b; i++) {
+        int rc2 = kvt__sess_place_block(s, i); /* placed back even when a candidate failed to load */
+        if (rc == 0) rc = rc2;
+    }
+    return rc;
+}
+
 /* A message longer than the budget evicted blocks of its own during its prefill.  Before the
 ** reply, the ones relevant to the end of the message (its last ~40 words, the question, as
-** SnapKV's observation window is the prompt's end) come back at the tail by recover()'s rule:
+** SnapKV's observation window is the prompt's end) come back right before that end (which is
+** moved after them: load_before_question) by recover()'s rule:
 ** the query's terms that no resident block holds score the evicted blocks (the blocks holding
 ** the query itself, the message's last ones, do not count as resident context), at least
 ** min_recovery_score, at most top_k, each followed by its evicted successors when the match is
@@ -335,6 +376,16 @@ int kvt__sess_recover_own_tail(kvt_session *s, const char *text) {
     if (!lost) return 0;
     size_t len = strlen(text), from = len > 240 ? len - 240 : 0;
     while (from > 0 && from < len && text[from - 1] != ' ') from++;
+    /* a question set off from the document by a line break (how people paste a document and ask
+    ** about it) is the query by itself: the document's last words would only bring back blocks
+    ** that share its vocabulary */
+    for (size_t i = len; i > from; i--)
+        if (text[i - 1] == '\n') {
+            size_t words = 0;
+            for (size_t j = i; j < len; j++) words += text[j] != ' ' && (j == i || text[j - 1] == ' ');
+            if (words >= 3) from = i;
+            break;
+        }
     const char *query = text + from;
     const size_t nb = (size_t) (s->n_b > 0 ? s->n_b : 1);
     const char **docs = malloc(sizeof(char *) * nb), **res = malloc(sizeof(char *) * nb);
@@ -364,7 +415,7 @@ int kvt__sess_recover_own_tail(kvt_session *s, const char *text) {
     if (rc == 0) {
         n_c = top_with_successors(s, c, n_c, nb, novel);
         debug_candidates(s, "own tail, novel terms", novel, c, n_c);
-        rc = kvt__sess_load_candidates(s, c, n_c, s->p.gen_reserve);
+        if (n_c > 0) rc = load_before_question(s, c, n_c, n_qt + 8);
     }
     free(qt);
     free(novel);

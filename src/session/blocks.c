@@ -334,7 +334,9 @@ static int recompute_lost(kvt_session *s, struct blk *b, int why) {
     return rc;
 }
 
-int kvt__sess_load_block(kvt_session *s, int32_t i) {
+/* Load block i at the tail.  `counted`: a recovery (stats, recovered_turn); a move of a resident
+** block (kvt__sess_move_to_tail) is not one. */
+static int load_block(kvt_session *s, int32_t i, bool counted) {
     struct blk *b = &s->b[i];
     int rc0 = kvt__sess_reserve_positions(s, b->info.n_tokens); /* loads go at the tail */
     if (rc0) return rc0;
@@ -387,18 +389,31 @@ int kvt__sess_load_block(kvt_session *s, int32_t i) {
         goto placed;
     }
     if (rc) return rc;
-    s->recovered += b->info.n_tokens;
+    if (counted) s->recovered += b->info.n_tokens;
 placed:
     b->info.p0 = s->next_pos;
-    b->info.recovered_turn = s->turn;
     b->info.residency = KVT_RES_DEVICE;
-    b->info.n_recoveries++;
     b->info.last_use_turn = s->turn;
     s->next_pos += b->info.n_tokens;
-    s->recoveries++;
+    if (counted) {
+        b->info.recovered_turn = s->turn;
+        b->info.n_recoveries++;
+        s->recoveries++;
+    }
     kvt__sess_note_peak(s);
     return 0;
 }
+
+int kvt__sess_load_block(kvt_session *s, int32_t i) { return load_block(s, i, true); }
+
+void kvt__sess_lift_block(kvt_session *s, int32_t i) {
+    struct blk *b = &s->b[i];
+    kvt_seq_rm(s->eng, s->p.seq, b->info.p0, b->info.p0 + b->info.n_tokens);
+    kvt__sess_chain_off(s);
+    b->info.residency = KVT_RES_HOST; /* its sealed copy; kvt_session_get_stats refreshes HOST vs DISK */
+}
+
+int kvt__sess_place_block(kvt_session *s, int32_t i) { return load_block(s, i, false); }
 
 void kvt__sess_drop_block(kvt_session *s, struct blk *b) {
     if (b->info.residency == KVT_RES_DEVICE) kvt_seq_rm(s->eng, s->p.seq, b->info.p0, b->info.p0 + b->info.n_tokens);

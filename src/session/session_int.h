@@ -185,6 +185,13 @@ int  kvt__sess_make_room(kvt_session *s, int32_t need);
 ** re-decoded from its tokens instead (counted in recomputes).  Errors: those of kvt_block_load
 ** and kvt_decode (a block whose recompute failed is left LOST, evicted). */
 int  kvt__sess_load_block(kvt_session *s, int32_t i);
+/* Move sealed resident blocks to the tail so that blocks loaded meanwhile read before them (a long
+** message's question stays last: kvt__sess_recover_own_tail): lift takes block i's cells out of
+** the cache (its sealed copy stays; not counted as an eviction), place loads it back at next_pos
+** by RoPE re-anchoring (its copy gone: re-decoded, counted in recomputes; not counted as a
+** recovery).  Errors of place: those of kvt__sess_load_block. */
+void kvt__sess_lift_block(kvt_session *s, int32_t i);
+int  kvt__sess_place_block(kvt_session *s, int32_t i);
 /* Remove block b from the cache, the pool and the index and free its memory (b is zeroed). */
 void kvt__sess_drop_block(kvt_session *s, struct blk *b);
 /* Where a sealed block's copy lives: the session's host pool, or with a store the store (its

@@ -238,6 +238,23 @@ static double own_tail_session(kvt_engine *e, int32_t recovery, int32_t successo
     *a_back = a.residency == KVT_RES_DEVICE;
     *b_back = b.residency == KVT_RES_DEVICE;
     *adjacent = *a_back && *b_back && b.p0 == a.p0 + a.n_tokens;
+    /* the message's end stays last: the block holding the question is resident after every
+    ** recovered block (issue #23: loaded after the question, between the end of the user's turn
+    ** and the reply, the recovered text made models go on with the document) */
+    struct kvt_block_info q, x;
+    int32_t qi = -1;
+    for (int32_t i = kvt_session_n_blocks(s) - 1; i >= 0 && qi < 0; i--)
+        if (kvt_session_block(s, i, &q) == 0 && q.text && strstr(q.text, "Kelvarin have")) qi = i;
+    assert_true(qi >= 0);
+    if (q.residency != KVT_RES_DEVICE) /* what went where, to see why */
+        for (int32_t i = 0; i < kvt_session_n_blocks(s); i++)
+            if (kvt_session_block(s, i, &x) == 0)
+                printf("  block %d: p0 %d n %d res %d ev %d rec %d \"%.40s\"\n", i, x.p0, x.n_tokens, x.residency,
+                       x.n_evictions, x.n_recoveries, x.text ? x.text : "");
+    assert_int_equal(q.residency, KVT_RES_DEVICE);
+    for (int32_t i = 0; i < kvt_session_n_blocks(s); i++)
+        if (kvt_session_block(s, i, &x) == 0 && x.residency == KVT_RES_DEVICE && x.n_recoveries > 0)
+            assert_true(x.p0 < q.p0);
     return number_logprob_free(s, recoveries);
 }
 
