@@ -25,8 +25,8 @@ build-asan: setup
 	cmake -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=Debug -DKVT_SANITIZE=ON -DLLAMA_PREFIX="$$LLAMA_PREFIX" -DKVTIER_MODEL="$$KVTIER_MODEL" -DKVTIER_CHAT_MODEL="$$KVTIER_CHAT_MODEL" >/dev/null && \
 	cmake --build $(BUILD_ASAN) -j $(JOBS)
 
-# The full suite on the normal build, then again under AddressSanitizer + UBSan (the demo and
-# the benchmark smoke test only once: they exercise the same code paths at model speed); the
+# The full suite on the normal build, then again under AddressSanitizer + UBSan (the demo, the
+# benchmark smoke test and the single-prompt NIAH checks only once: tests/run_suite.sh); the
 # sanitizer half runs even when the normal half fails, and the end lists both halves' failures.
 test: build build-asan
 	@tests/run_suite.sh $(BUILD) $(BUILD_ASAN)

@@ -3,8 +3,9 @@
 # AddressSanitizer + UBSan, the second half run even when the first has failures; the exit status
 # and the closing lines name both halves' failures.
 #   tests/run_suite.sh [BUILD_DIR [ASAN_DIR]]     (default: build build-asan)
-# The demo and the benchmark smoke test run only in the normal half: they exercise the same code
-# paths at model speed.
+# The demo, the benchmark smoke test and the single-prompt NIAH checks (cli_eval_single,
+# cli_serve_long) run only in the normal half: they exercise code paths the unit tests run under
+# the sanitizers too (test_recovery's own-tail cases), at model speed.
 set -u
 cd "$(dirname "$0")/.."
 NORMAL=${1:-build}
@@ -37,7 +38,7 @@ summary() {
 
 rc_n=0 rc_a=0
 half normal "$NORMAL" || rc_n=$?
-half sanitizer "$ASAN" -E 'cli_demo|cli_bench' || rc_a=$?
+half sanitizer "$ASAN" -E 'cli_demo|cli_bench|cli_eval_single|cli_serve_long' || rc_a=$?
 
 echo
 echo "=== make test: both halves ==="

@@ -416,6 +416,11 @@ int kvt__sess_recover_own_tail(kvt_session *s, const char *text) {
         n_c = top_with_successors(s, c, n_c, nb, novel);
         debug_candidates(s, "own tail, novel terms", novel, c, n_c);
         if (n_c > 0) rc = load_before_question(s, c, n_c, n_qt + 8);
+        if (getenv("KVT_DEBUG_RECOVERY")) /* what the reply will see (block order; p0: position) */
+            for (int32_t i = 0; i < s->n_b; i++)
+                if (s->b[i].info.residency == KVT_RES_DEVICE)
+                    fprintf(stderr, "[recovery]   resident blk%d p0 %d n %d%s \"%.60s\"\n", s->b[i].info.id, s->b[i].info.p0,
+                            s->b[i].info.n_tokens, s->b[i].info.n_recoveries ? " (recovered)" : "", s->b[i].text ? s->b[i].text : "");
     }
     free(qt);
     free(novel);

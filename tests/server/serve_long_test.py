@@ -7,8 +7,14 @@ and a reference that never evicts.
 For each of DOCS documents (essay text, ~4x the budget, the sentence at 25/50/75 %):
   - kvtier served the whole prompt within its budget (evictions, resident <= 512), the reference
     evicted nothing;
-  - kvtier recalls the planted number in at least as many documents as the reference does (the
-    reference runs here, on this CPU: greedy text is never judged on its own).
+  - kvtier's reply answers the question (it names the question's subject) in every document where
+    the reference's does.  At e52d987 the blocks recovered for the question were loaded between
+    the end of the user's turn and the reply, and the replies went on with the document
+    ("[1] The original text is from the 1990s...").  The reference runs here, on this CPU:
+    greedy text is never judged on its own.
+Whether the number itself comes back is printed, not asserted: three documents are too few to
+compare recall rates (kvtier eval niah --single-prompt does, on >= 10 cases per cell, and
+tests/cli/cli_eval_single.sh on the answer's log-probability).
 Prints "ok   NAME" / "FAIL NAME: why"; exit status = failures.
 
   python serve_long_test.py KVTIER_URL REFERENCE_URL ESSAY_DIR
@@ -61,7 +67,9 @@ for i, (name, number, depth, essay) in enumerate(DOCS):
     check(f"doc {i + 1}: one {rk.usage.prompt_tokens}-token message (> 3x the budget) served within the budget",
           rk.usage.prompt_tokens > 3 * BUDGET and kk["evictions"] > 0 and 0 < kk["resident_tokens"] <= BUDGET, str(kk))
     check(f"doc {i + 1}: the reference held it all", kr["evictions"] == 0, str(kr))
-print(f"     recalled: kvtier {hits_k}/{len(DOCS)}, reference (no eviction) {hits_r}/{len(DOCS)}")
-check("kvtier recalls the planted number in at least as many documents as the no-eviction reference",
-      hits_k >= hits_r, f"kvtier {hits_k}, reference {hits_r}")
+    if name in ar:
+        check(f"doc {i + 1}: kvtier answers the question (names {name}), as the reference does", name in ak, repr(ak))
+    else:
+        print(f"     doc {i + 1}: the reference's reply does not name {name}: not judged")
+print(f"     recalled the number: kvtier {hits_k}/{len(DOCS)}, reference (no eviction) {hits_r}/{len(DOCS)}")
 finish()
