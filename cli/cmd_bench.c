@@ -262,7 +262,7 @@ static int bench_primitives(int argc, char **argv) {
         return rc;
     }
 
-    char commit[64], llama[256], date[32];
+    char commit[64], llama[512], date[32];
     app_build_commit(commit, sizeof commit);
     app_build_llama(llama, sizeof llama);
     time_t now = time(NULL);

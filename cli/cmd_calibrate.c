@@ -361,7 +361,7 @@ int cmd_calibrate(int argc, char **argv) {
         mean += H[i] / NLH;
     }
     const double r_all = cnt[1] ? pearson(Ha, Hb, NLH) : NAN;
-    char llama[256], date[32];
+    char llama[512], date[32];
     app_build_llama(llama, sizeof llama);
     time_t now = time(NULL);
     struct tm tm;

@@ -311,7 +311,7 @@ int cmd_demo(int argc, char **argv) {
     clock_gettime(CLOCK_MONOTONIC, &t1);
 
     kvt_session_get_stats(cs.s, &st);
-    char llama[256], *answer = app_utf8_clean(reply);
+    char llama[512], *answer = app_utf8_clean(reply);
     app_build_llama(llama, sizeof llama);
     json_t *obj = answer ? json_pack(
         "{s:b, s:I, s:I, s:i, s:i, s:s, s:s, s:f, s:i, s:b, s:i, s:s, s:s,"

@@ -218,7 +218,7 @@ void eval_ref_free(struct eval_ref *ref);
 
 /* ---- reporting ---- */
 struct eval_stamp {
-    char model[192], model_file[256], llama[256], commit[64], date[32], stamp[32], machine[256];
+    char model[192], model_file[256], llama[512], commit[64], date[32], stamp[32], machine[256];
     int32_t n_threads;
 };
 void eval_stamp_fill(struct eval_stamp *st, const struct kvt_engine_info *info, const char *model_path,

@@ -177,7 +177,8 @@ cpu_detect() {
   CPU_LINE="cpu: probed the extensions -march=native ($march) would use;"
   CPU_LINE+=" kept: ${kept[*]:-none}; compiled out: ${out[*]:-none}"
   [ ${#absent[@]} -gt 0 ] && CPU_LINE+="; not in this CPU's target: ${absent[*]}"
-  CPU_SUMMARY="-march=native ($march), compiled out: ${out[*]:-none}"
+  local names=("${out[@]%%(*}")   # the names without the reasons: a few words for the records
+  CPU_SUMMARY="-march=native ($march), compiled out: ${names[*]:-none}"
   return 0
 }
 cpu_detect_quiet() { cpu_detect; LLAMA_DIR=$LLAMA_BASE/$CPU_KEY; LLAMA_PREFIX=$LLAMA_DIR/prefix; LLAMA_SERVER=$LLAMA_DIR/build-server/bin/llama-server; }
@@ -325,7 +326,7 @@ case "${1:-all}" in
   pyclient) do_pyclient ;;
   llama-server) do_llama_server ;;
   llama-server-path) cpu_detect_quiet; echo "$LLAMA_SERVER"; exit 0 ;;
-  cpu)   cpu_detect_quiet; echo "$CPU_LINE"; echo "CPU_KEY=$CPU_KEY"; echo "LLAMA_CFLAGS=$CPU_ISA_FLAGS"; exit 0 ;;
+  cpu)   cpu_detect_quiet; echo "$CPU_LINE"; echo "CPU_KEY=$CPU_KEY"; echo "LLAMA_CFLAGS=$CPU_ISA_FLAGS"; echo "CPU_SUMMARY=$CPU_SUMMARY"; exit 0 ;;
   pyclient-path) echo "$VENV/bin/python"; exit 0 ;;
   all)   do_deps; do_llama; do_model; do_chat_model ;;
   env)   cpu_detect_quiet ;;
