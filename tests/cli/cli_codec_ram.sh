@@ -5,9 +5,9 @@
 #   the live planted-fact demo on the instruct model (KVTIER_CHAT_MODEL, SmolLM2-135M-Instruct,
 #   `demo --live`: 14 generated turns at budget 512) with q4 on the RAM tier and on the block
 #   store's disk tier, beside the same demo with raw tiers: the q4 run evicts the fact's block,
-#   loads it back from the q4-encoded pool copy and recalls the fact, as the raw run does
+#   loads it back from the q4-encoded pool copy and recalls the fact whenever the raw run does
 #   (issue #14: "a session with codecs on all tiers passes the demo's recall on the instruct
-#   model"), with the same evictions and recoveries.
+#   model"), its answer's log-probability within 0.5 nats of raw's.
 set -u
 . "$(dirname "$0")/lib.sh"
 BIN=${KVTIER_BIN:?KVTIER_BIN is not set}
@@ -90,8 +90,8 @@ check "q4 tiers: the fact's block was evicted and is resident at the probe" \
 check "q4 tiers: the fact's block was loaded back" 'q["fact_block_recoveries"] > 0'
 # greedy text moves with the CPU: q4's recall is judged against raw's in this same run
 check "q4 tiers recall the fact whenever raw tiers do" 'q["recalled"] is True or r["recalled"] is False'
-check "q4 tiers: same evictions and recoveries as raw" \
-    'q["evictions"] == r["evictions"] and q["recoveries"] == r["recoveries"]'
+# (the counts are not compared with raw's: q4 and raw are not bit-identical, and live replies
+# that part at a near tie on one CPU and not on another change every later count)
 check "q4 tiers: the expected answer's log-probability within 0.5 nats of raw's" \
     'abs(q["answer_logprob"] - r["answer_logprob"]) <= 0.5'
 python3 - "$TMP" <<'EOF2'

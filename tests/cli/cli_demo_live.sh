@@ -13,11 +13,7 @@
 set -u
 . "$(dirname "$0")/lib.sh"
 BIN=${KVTIER_BIN:?KVTIER_BIN is not set}
-MODEL=${KVTIER_CHAT_MODEL:-}
-if [ ! -f "$MODEL" ]; then
-    echo "SKIP: KVTIER_CHAT_MODEL ('$MODEL') is not a file"
-    exit 77
-fi
+t_need_chat_model
 t_init cli-demo-live
 
 # start NAME ARGS...: the demo in the background, stdout/stderr into $TMP/NAME.{out,err}

@@ -19,11 +19,7 @@ set -u
 . "$(dirname "$0")/lib.sh"
 t_need_essays
 BIN=${KVTIER_BIN:?KVTIER_BIN is not set}
-MODEL=${KVTIER_CHAT_MODEL:-}
-if [ ! -f "$MODEL" ]; then
-    echo "SKIP: KVTIER_CHAT_MODEL ('$MODEL') is not a file"
-    exit 77
-fi
+t_need_chat_model
 t_init cli-eval-single
 
 if "$BIN" eval niah --single-prompt -m "$MODEL" --context 2048 --budget 512 --cases 3 --depths 25,50,75 \

@@ -5,6 +5,7 @@
 #   t_init NAME          TMP=a fresh directory, pass=0, fail=0
 #   t_need_essays        ESSAYS=../shared/data/pg_essays beside the repository, or exit 77
 #                        (reported as skipped: SKIP_RETURN_CODE in tests/CMakeLists.txt)
+#   t_need_chat_model    MODEL=$KVTIER_CHAT_MODEL (SmolLM2-135M-Instruct), or exit 77
 #   ok MSG / bad MSG     count and print one check
 #   t_finish             print the counts; the script's status is 0 only when nothing failed
 t_init() {
@@ -25,6 +26,14 @@ t_need_essays() {
     ESSAYS=${KVT_SOURCE_DIR:?KVT_SOURCE_DIR is not set}/../shared/data/pg_essays
     if [ ! -d "$ESSAYS" ]; then
         echo "SKIP: $ESSAYS is not a directory (make test expects shared/ beside the repository)"
+        exit 77
+    fi
+}
+
+t_need_chat_model() {
+    MODEL=${KVTIER_CHAT_MODEL:-}
+    if [ ! -f "$MODEL" ]; then
+        echo "SKIP: KVTIER_CHAT_MODEL ('$MODEL') is not a file"
         exit 77
     fi
 }

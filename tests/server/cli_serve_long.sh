@@ -9,11 +9,7 @@ set -u
 t_need_essays
 BIN=${KVTIER_BIN:?KVTIER_BIN is not set}
 SRC=${KVT_SOURCE_DIR:?KVT_SOURCE_DIR is not set}
-MODEL=${KVTIER_CHAT_MODEL:-}
-if [ ! -f "$MODEL" ]; then
-    echo "SKIP: KVTIER_CHAT_MODEL ('$MODEL') is not a file"
-    exit 77
-fi
+t_need_chat_model
 t_init cli-serve-long
 PIDS=()
 trap 'for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done; rm -rf "$TMP"' EXIT

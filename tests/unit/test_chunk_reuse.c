@@ -445,10 +445,11 @@ static void test_load_fault(void **state) {
     assert_int_equal(r2.st.tokens_decoded + r2.st.route_tokens, r2.n_tok); /* no hole */
     printf("  failed chunk loads decoded instead: KL %.6f, reply '%s' (without reuse: '%s')\n",
            kl(cold->logits, r2.logits), r2.reply, cold->reply);
-    /* the same tokens decoded in other pieces (early seals): ~1e-3 nats of f16 numerics */
+    /* the same tokens decoded in other pieces (early seals): ~1e-3 nats of f16 numerics.  The
+    ** greedy replies are printed, not compared: runs that are not bit-identical may part at a
+    ** near tie after the first token, and where depends on the CPU's float summation order */
     assert_true(kl(cold->logits, r2.logits) < 5e-3);
     assert_int_equal(argmax(cold->logits), argmax(r2.logits));
-    assert_string_equal(cold->reply, r2.reply);
     run_free(&r2);
     kvt_store_close(st);
     rm_rf(dir);
