@@ -894,8 +894,13 @@ void kvt_session_free(kvt_session *s);
 ** from its tokens instead (kvt_session_stats.recomputes).  No recovery runs before a message that with gen_reserve fills half the budget (a document
 ** being pasted: what came back would be evicted again while it is decoded).  Then the message
 ** and the assistant prefix are decoded, evicting by watermark so that they plus gen_reserve
-** fit the budget.  Every sealed block's relevance (kvt_block_info) is its BM25 score against
-** the whole message.
+** fit the budget.  A message longer than the budget evicts blocks of its own while it is
+** decoded; before the assistant prefix (kv_restore) the ones its end asks about come back by
+** the same BM25 rule, the query being its last line when that line holds a question set off by
+** a line break, else its last ~40 words; they are placed before the blocks holding the
+** message's end, which move after them (RoPE re-anchoring, no forward pass; counted neither as
+** evictions nor as recoveries), so the question and the assistant prefix stay last.  Every
+** sealed block's relevance (kvt_block_info) is its BM25 score against the whole message.
 ** The decoded stream is always the template's tokens of the whole conversation so far: where the
 ** newly formatted conversation differs from what was decoded (a second user message replaces the
 ** assistant prefix; a system message after a user turn is merged into the next user turn by the
