@@ -896,8 +896,9 @@ void kvt_session_free(kvt_session *s);
 ** and the assistant prefix are decoded, evicting by watermark so that they plus gen_reserve
 ** fit the budget.  A message longer than the budget evicts blocks of its own while it is
 ** decoded; before the assistant prefix (kv_restore) the ones its end asks about come back by
-** the same BM25 rule, the query being its last line when that line holds a question set off by
-** a line break, else its last ~40 words; they are placed before the blocks holding the
+** the same BM25 rule, the query being its last line when a line break within its last ~240
+** characters sets off at least three words (a question after a pasted document), else its last
+** ~40 words; they are placed before the blocks holding the
 ** message's end, which move after them (RoPE re-anchoring, no forward pass; counted neither as
 ** evictions nor as recoveries), so the question and the assistant prefix stay last.  Every
 ** sealed block's relevance (kvt_block_info) is its BM25 score against the whole message.
