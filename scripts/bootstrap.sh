@@ -168,6 +168,20 @@ cpu_detect() {
   fi
   CPU_ISA_FLAGS=$(tr ' ' '\n' <<<"$CPU_ISA_FLAGS" | sed '/^$/d' | sort -u | tr '\n' ' ')
   CPU_ISA_FLAGS=${CPU_ISA_FLAGS% }
+  # an extension built on a compiled-out one goes with it (-mno-avx2 takes AVX-512 and AVX-VNNI)
+  if [ -n "$CPU_ISA_FLAGS" ] && [ ${#kept[@]} -gt 0 ]; then
+    local final_macros still=() k
+    # shellcheck disable=SC2086
+    final_macros=$("$cc" -march=native $CPU_ISA_FLAGS -dM -E - </dev/null 2>/dev/null)
+    for k in "${kept[@]}"; do
+      for entry in "${CPU_FEATURES[@]}"; do
+        read -r name macro flags <<<"$entry"
+        [ "$name" = "$k" ] || continue
+        if grep -q "^#define $macro " <<<"$final_macros"; then still+=("$k"); else out+=("$k(with a compiled-out one)"); fi
+      done
+    done
+    kept=("${still[@]}")
+  fi
   # the key: the target the compiler resolves -march=native (and the flags) to, and its version
   local target march
   # shellcheck disable=SC2086
