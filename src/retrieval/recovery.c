@@ -326,7 +326,8 @@ int kvt__sess_infllm_recover(kvt_session *s, int32_t suffix_tokens) {
 ** lifted, the candidates loaded, and those blocks placed back after them (RoPE re-anchoring, no
 ** forward pass).  Loaded after the question instead, a document fragment sits between the end of
 ** the user's turn and the reply, and models go on with the document (issue #23). */
-static int load_before_question(kvt_session *s, struct cand *c, int32_t n_c, int32_t q_tokens) {
+static int load_before_question(kvt_session *s, struct cand *c, int32_t n_c, int32_t q_tokens, const int32_t *hold,
+                                int32_t n_hold) {
     int rc = kvt__sess_seal(s); /* the question's last block too: it moves as a whole */
     if (rc) return rc;
     /* the blocks holding the message's end: the last ones back to q_tokens (all just decoded) */
@@ -335,19 +336,23 @@ static int load_before_question(kvt_session *s, struct cand *c, int32_t n_c, int
         if (s->b[first - 1].info.residency != KVT_RES_DEVICE || !s->b[first - 1].info.sealed) break;
     /* room first, with those blocks resident and pinned for the while (the question is what the
     ** reply needs most; lifted, they would also move the recent-tail protection to older blocks
-    ** and leave less to evict); the weakest candidates are dropped while they do not fit, as
-    ** kvt__sess_load_candidates does, which then finds the room made */
-    int32_t need = 0, keep[8];
-    const int32_t n_keep = KVT_MIN(s->n_b - first, 8);
-    first = s->n_b - n_keep;
+    ** and leave less to evict), and so are hold[0..n_hold): resident blocks that answer the
+    ** question already (the room for what comes back must not be made by evicting them); the
+    ** weakest candidates are dropped while they do not fit, as kvt__sess_load_candidates does,
+    ** which then finds the room made */
+    int32_t need = 0, pin[16], keep[16], n_pin = 0;
+    first = s->n_b - KVT_MIN(s->n_b - first, 8);
+    for (int32_t i = first; i < s->n_b; i++) pin[n_pin++] = i;
+    for (int32_t j = 0; j < n_hold && n_pin < 16; j++)
+        if (hold[j] < first) pin[n_pin++] = hold[j];
     for (int32_t k = 0; k < n_c; k++) need += s->b[c[k].i].info.n_tokens;
-    for (int32_t j = 0; j < n_keep; j++) {
-        keep[j] = s->b[first + j].info.keep;
-        s->b[first + j].info.keep = KVT_KEEP_PIN;
+    for (int32_t j = 0; j < n_pin; j++) {
+        keep[j] = s->b[pin[j]].info.keep;
+        s->b[pin[j]].info.keep = KVT_KEEP_PIN;
     }
     while (n_c > 0 && kvt__sess_make_room(s, need + s->p.gen_reserve) == KVT_EBUDGET) need -= s->b[c[--n_c].i].info.n_tokens;
     kvt__clear_error();
-    for (int32_t j = 0; j < n_keep; j++) s->b[first + j].info.keep = keep[j];
+    for (int32_t j = 0; j < n_pin; j++) s->b[pin[j]].info.keep = keep[j];
     if (n_c == 0) return 0;
     int32_t q_held = 0;
     for (int32_t i = first; i < s->n_b; i++) q_held += s->b[i].info.n_tokens;
@@ -401,8 +406,8 @@ int kvt__sess_recover_own_tail(kvt_session *s, const char *text) {
         kvt__clear_error();
         n_qt = s->p.block;
     }
+    int32_t q_blocks = 0;
     if (rc == 0) {
-        int32_t q_blocks = 0;
         for (int32_t i = s->n_b - 1, covered = 0; i >= 0 && covered < n_qt + 8; i--, q_blocks++)
             covered += s->b[i].info.n_tokens;
         for (int32_t i = 0; i < s->n_b; i++) {
@@ -412,10 +417,28 @@ int kvt__sess_recover_own_tail(kvt_session *s, const char *text) {
         }
         rc = bm25_candidates(s, query, res, n_res, docs, sc, c, &n_c, &novel);
     }
+    /* resident blocks other than the query's own that match the whole query (its terms that are
+    ** not novel are resident somewhere: the answer may be there already), best first, at most
+    ** top_k: kept while room is made for what comes back */
+    int32_t hold[8], n_hold = 0;
+    const int32_t max_hold = KVT_MIN(s->p.top_k, 8);
+    if (rc == 0 && n_c > 0 && (rc = kvt_bm25_score(docs, s->n_b, query, sc)) == 0)
+        while (n_hold < max_hold) {
+            int32_t best = -1;
+            for (int32_t i = 0; i < s->n_b - q_blocks; i++) {
+                if (s->b[i].info.residency != KVT_RES_DEVICE || !s->b[i].info.sealed || sc[i] < s->p.min_recovery_score)
+                    continue;
+                bool taken = false;
+                for (int32_t j = 0; j < n_hold; j++) taken |= hold[j] == i;
+                if (!taken && (best < 0 || sc[i] > sc[best])) best = i;
+            }
+            if (best < 0) break;
+            hold[n_hold++] = best;
+        }
     if (rc == 0) {
         n_c = top_with_successors(s, c, n_c, nb, novel);
         debug_candidates(s, "own tail, novel terms", novel, c, n_c);
-        if (n_c > 0) rc = load_before_question(s, c, n_c, n_qt + 8);
+        if (n_c > 0) rc = load_before_question(s, c, n_c, n_qt + 8, hold, n_hold);
         if (getenv("KVT_DEBUG_RECOVERY")) /* what the reply will see (block order; p0: position) */
             for (int32_t i = 0; i < s->n_b; i++)
                 if (s->b[i].info.residency == KVT_RES_DEVICE)
