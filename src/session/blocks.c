@@ -335,7 +335,7 @@ static int recompute_lost(kvt_session *s, struct blk *b, int why) {
 }
 
 /* Load block i at the tail.  `counted`: a recovery (stats, recovered_turn); a move of a resident
-** block (kvt__sess_move_to_tail) is not one. */
+** block (kvt__sess_lift_block / kvt__sess_place_block) is not one. */
 static int load_block(kvt_session *s, int32_t i, bool counted) {
     struct blk *b = &s->b[i];
     int rc0 = kvt__sess_reserve_positions(s, b->info.n_tokens); /* loads go at the tail */
