@@ -119,13 +119,17 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, char *e
 
 /* The text of messages[i].content: a string, or text parts joined; NULL (allowed only where
 ** *optional) when absent or null.  Returns -1 on a bad shape. */
-static int content_text(const json_t *ct, size_t i, char **out, bool optional, char *err, size_t n_err) {
+static int content_text(const json_t *ct, size_t i, char **out, bool optional, int32_t max_parts, char *err, size_t n_err) {
     *out = NULL;
     if ((!ct || json_is_null(ct)) && optional) return 0;
     if (ct && json_is_string(ct)) {
         *out = strdup(json_string_value(ct));
     } else if (ct && json_is_array(ct)) { /* content parts: text only, joined */
         size_t total = 1, k;
+        if (json_array_size(ct) > (size_t) max_parts) {
+            snprintf(err, n_err, "'messages[%zu].content' has %zu parts; at most %d (--max-content-parts)", i, json_array_size(ct), max_parts);
+            return -1;
+        }
         json_t *part;
         json_array_foreach(ct, k, part) {
             json_t *ty = json_is_object(part) ? json_object_get(part, "type") : NULL, *tx = json_is_object(part) ? json_object_get(part, "text") : NULL;
@@ -133,11 +137,16 @@ static int content_text(const json_t *ct, size_t i, char **out, bool optional, c
                 snprintf(err, n_err, "'messages[%zu].content[%zu]' must be {\"type\": \"text\", \"text\": string}; other parts are not supported", i, k);
                 return -1;
             }
-            total += strlen(json_string_value(tx));
+            total += json_string_length(tx);
         }
-        if ((*out = malloc(total))) {
-            (*out)[0] = '\0';
-            json_array_foreach(ct, k, part) strcat(*out, json_string_value(json_object_get(part, "text")));
+        if ((*out = malloc(total))) { /* one pass: strcat would rescan the text joined so far */
+            size_t at = 0;
+            json_array_foreach(ct, k, part) {
+                const json_t *tx = json_object_get(part, "text");
+                memcpy(*out + at, json_string_value(tx), json_string_length(tx));
+                at += json_string_length(tx);
+            }
+            (*out)[at] = '\0';
         }
     } else {
         snprintf(err, n_err, "'messages[%zu].content' must be a string or an array of text parts, got %s", i, ct ? serve_json_type(ct) : "nothing");
@@ -160,38 +169,54 @@ static int push_msg(struct job *j, const char *role, char *content) {
 ** and "tool" results become user messages (consecutive ones joined), naming the tool called by
 ** the matching tool_call_id.  sys_extra (the tools' description) is appended to the system
 ** message, or becomes one at the start. */
-static int parse_messages(json_t *root, struct job *j, const char *sys_extra, char *err, size_t n_err, const char **param) {
+static int parse_messages(json_t *root, struct job *j, const struct serve_limits *lim, const char *sys_extra, char *err,
+                          size_t n_err, const char **param) {
     json_t *ms = json_object_get(root, "messages");
     *param = "messages";
     if (!ms) { snprintf(err, n_err, "'messages' is required"); return -1; }
     if (!json_is_array(ms)) { snprintf(err, n_err, "'messages' must be an array, got %s", serve_json_type(ms)); return -1; }
     size_t n = json_array_size(ms);
     if (n == 0) { snprintf(err, n_err, "'messages' must not be empty"); return -1; }
+    if (n > (size_t) lim->max_messages) {
+        snprintf(err, n_err, "'messages' has %zu entries; at most %d (--max-messages)", n, lim->max_messages);
+        return -1;
+    }
     if (!(j->msgs = calloc(n + 1, sizeof *j->msgs))) { snprintf(err, n_err, "out of memory"); return -1; }
     size_t i;
     json_t *m;
     bool last_tool = false;
+    size_t joined_len = 0, joined_cap = 0; /* the last message while it joins tool results */
+    json_t *call_names = json_object(); /* tool_call id -> function name, from the calls seen so far */
+    if (!call_names) { snprintf(err, n_err, "out of memory"); return -1; }
+    int rc = -1;
     json_array_foreach(ms, i, m) {
-        if (!json_is_object(m)) { snprintf(err, n_err, "'messages[%zu]' must be an object, got %s", i, serve_json_type(m)); return -1; }
+        if (!json_is_object(m)) { snprintf(err, n_err, "'messages[%zu]' must be an object, got %s", i, serve_json_type(m)); goto out; }
         json_t *r = json_object_get(m, "role"), *ct = json_object_get(m, "content"), *calls = json_object_get(m, "tool_calls");
-        if (!r || !json_is_string(r)) { snprintf(err, n_err, "'messages[%zu].role' must be a string", i); return -1; }
+        if (!r || !json_is_string(r)) { snprintf(err, n_err, "'messages[%zu].role' must be a string", i); goto out; }
         const char *role = json_string_value(r);
         if (!strcmp(role, "developer")) role = "system";
         bool tool = !strcmp(role, "tool");
         if (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant") && !tool) {
             snprintf(err, n_err, "'messages[%zu].role' '%.40s' is not supported; expected system, developer, user, assistant or tool", i, role);
-            return -1;
+            goto out;
         }
         bool has_calls = calls && !json_is_null(calls) && !(json_is_array(calls) && json_array_size(calls) == 0);
         if (has_calls && strcmp(role, "assistant")) {
             snprintf(err, n_err, "'messages[%zu]' is a %s message with 'tool_calls'; only assistant messages make tool calls", i, role);
-            return -1;
+            goto out;
         }
         char *content = NULL;
-        if (content_text(ct, i, &content, has_calls, err, n_err)) return -1;
+        if (content_text(ct, i, &content, has_calls, lim->max_parts, err, n_err)) goto out;
         if (has_calls) { /* the call as generated; any text beside it is dropped (the model emits one JSON object) */
             free(content);
-            if (!(content = tools_render_calls(calls, i, err, n_err))) return -1;
+            if (!(content = tools_render_calls(calls, i, err, n_err))) goto out;
+            size_t q;
+            json_t *c;
+            json_array_foreach(calls, q, c) { /* remembered for the "tool" messages answering them */
+                json_t *cid = json_object_get(c, "id"), *fn = json_object_get(c, "function"), *fnm = fn ? json_object_get(fn, "name") : NULL;
+                if (cid && json_is_string(cid) && fnm && json_is_string(fnm) && !json_object_get(call_names, json_string_value(cid)))
+                    json_object_set(call_names, json_string_value(cid), fnm);
+            }
         }
         if (tool) {
             json_t *id = json_object_get(m, "tool_call_id"), *nm = json_object_get(m, "name");
@@ -199,39 +224,42 @@ static int parse_messages(json_t *root, struct job *j, const char *sys_extra, ch
             if (!id || !json_is_string(id)) {
                 free(content);
                 snprintf(err, n_err, "'messages[%zu].tool_call_id' must be a string (the id of the call it answers)", i);
-                return -1;
+                goto out;
             }
-            /* the tool's name: from the assistant message that made the call */
-            for (size_t k = 0; !name && k < i; k++) {
-                json_t *cs = json_object_get(json_array_get(ms, k), "tool_calls"), *c;
-                size_t q;
-                json_array_foreach(cs, q, c) {
-                    json_t *cid = json_object_get(c, "id");
-                    if (cid && json_is_string(cid) && !strcmp(json_string_value(cid), json_string_value(id))) {
-                        json_t *fn = json_object_get(c, "function"), *fnm = fn ? json_object_get(fn, "name") : NULL;
-                        if (fnm && json_is_string(fnm)) name = json_string_value(fnm);
-                    }
-                }
-            }
+            /* the tool's name: from the assistant message that made the call (one lookup) */
+            const json_t *called = name ? NULL : json_object_get(call_names, json_string_value(id));
+            if (called) name = json_string_value(called);
             char *t = tools_render_result(name, content);
             free(content);
-            if (!(content = t)) { snprintf(err, n_err, "out of memory"); return -1; }
-            if (last_tool) { /* results of one turn's calls: one user message */
+            if (!(content = t)) { snprintf(err, n_err, "out of memory"); goto out; }
+            if (last_tool) { /* results of one turn's calls: one user message, grown by doubling */
                 struct kvt_chat_msg *prev = &j->msgs[j->n_msgs - 1];
-                size_t np = strlen(prev->content), nc = strlen(content);
-                char *joined = realloc((char *) prev->content, np + nc + 2);
-                if (!joined) { free(content); snprintf(err, n_err, "out of memory"); return -1; }
-                joined[np] = '\n';
-                memcpy(joined + np + 1, content, nc + 1);
-                prev->content = joined;
+                size_t nc = strlen(content);
+                if (joined_len + nc + 2 > joined_cap) {
+                    size_t cap = KVT_MAX(2 * joined_cap, joined_len + nc + 2);
+                    char *joined = realloc((char *) prev->content, cap);
+                    if (!joined) { free(content); snprintf(err, n_err, "out of memory"); goto out; }
+                    prev->content = joined;
+                    joined_cap = cap;
+                }
+                char *joined = (char *) prev->content;
+                joined[joined_len] = '\n';
+                memcpy(joined + joined_len + 1, content, nc + 1);
+                joined_len += nc + 1;
                 free(content);
                 continue;
             }
+            joined_len = strlen(content); /* the first result of a run: it may be joined to */
+            joined_cap = joined_len + 1;
             role = "user";
         }
         last_tool = tool;
-        if (push_msg(j, role, content)) { snprintf(err, n_err, "out of memory"); return -1; }
+        if (push_msg(j, role, content)) { snprintf(err, n_err, "out of memory"); goto out; }
     }
+    rc = 0;
+out:
+    json_decref(call_names);
+    if (rc) return -1;
     if (sys_extra) {
         if (!strcmp(j->msgs[0].role, "system")) {
             size_t a = strlen(j->msgs[0].content), b = strlen(sys_extra);
@@ -260,8 +288,8 @@ int serve_request_parse(struct server *srv, json_t *root, struct job *j, bool ch
     *param = NULL;
     int rc = parse_common(srv, root, j, err, n_err, param);
     char *sys_extra = NULL;
-    if (rc == 0 && chat) rc = tools_parse(root, j, &sys_extra, err, n_err, param);
-    if (rc == 0 && chat) rc = parse_messages(root, j, sys_extra, err, n_err, param);
+    if (rc == 0 && chat) rc = tools_parse(root, j, &srv->lim, &sys_extra, err, n_err, param);
+    if (rc == 0 && chat) rc = parse_messages(root, j, &srv->lim, sys_extra, err, n_err, param);
     free(sys_extra);
     if (rc == 0 && !chat) {
         const char *chat_only[] = { "tools", "tool_choice", "functions", "function_call", "response_format" };

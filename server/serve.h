@@ -16,7 +16,26 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-enum { SERVE_MAX_STOP = 4, SERVE_MAX_BODY = 8 << 20, SERVE_PARK_FACTOR = 4 };
+enum { SERVE_MAX_STOP = 4, SERVE_PARK_FACTOR = 4 };
+
+/* What one client may ask of the server: every cap is a `kvtier serve` flag (cli/cmd_serve.c
+** gives the defaults, docs/RELIABILITY.md why); past one the request gets a 4xx naming the cap
+** and the value, or the connection is closed, before unbounded work is done. */
+struct serve_limits {
+    int64_t max_body;           /* --max-body-mb: bytes of one request body */
+    int32_t max_messages;       /* --max-messages: entries of messages[] */
+    int32_t max_parts;          /* --max-content-parts: content parts of one message */
+    int32_t max_tools;          /* --max-tools: entries of tools[] */
+    int32_t max_schema_nodes;   /* --max-schema-nodes: schema nodes expanded into grammar, per request */
+    int32_t max_alternatives;   /* --max-schema-alternatives: entries of one enum / anyOf / oneOf */
+    int32_t max_connections;    /* --max-connections: open connections in all */
+    int32_t max_per_ip;         /* --max-connections-per-ip */
+    int32_t idle_timeout_s;     /* --idle-timeout-s: a connection silent this long is closed */
+    int32_t header_timeout_s;   /* --header-timeout-s: from accept to the end of the headers, in all */
+    int32_t body_timeout_s;     /* --body-timeout-s: from the headers to the end of the body, in all */
+    int32_t request_timeout_s;  /* --request-timeout-s: from arrival to the last token; 0 = none */
+    bool    metrics_public;     /* --metrics-public: GET /metrics without a key */
+};
 
 #define KVT_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define KVT_MAX(a, b) ((a) > (b) ? (a) : (b))
@@ -105,6 +124,8 @@ struct metrics {
     int64_t steps, step_tokens;    /* scheduler steps (one llama_decode each) and the tokens they held */
     int64_t mixed_steps, mixed_prefill_tokens; /* steps holding a prefill chunk AND decode tokens; the chunks' tokens */
     int64_t prefill_alone_tokens;  /* prefill tokens of chunks decoded alone (a prompt's last chunk) */
+    int64_t connections_accepted;  /* TCP connections libmicrohttpd accepted */
+    int64_t closed_header_timeout, closed_body_timeout; /* connections shut for --header/--body-timeout-s */
     struct hist ttft, per_token;
 };
 
@@ -147,6 +168,10 @@ struct server {
     const char     *chunk_recompute; /* --chunk-recompute K|P% (NULL = the library's 15%) */
     char          **keys;          /* API keys (NULL = no auth) */
     int32_t         n_keys;
+    char          (*key_ns)[40];   /* [n_keys]: each key's tenant, "t" + 32 hex digits of
+                                   ** HMAC-SHA-256(server secret, key) (server/tenant.c) */
+    struct serve_limits lim;
+    struct conn_watch *watch;      /* deadlines of connections still sending (server/http.c) */
     /* published by the engine thread */
     struct metrics  m;
     struct sess_view *views;
@@ -175,11 +200,13 @@ void serve_job_free(struct job *j);
 
 /* server/tools.c — tool calling and structured output (see the file's header) */
 
-/* Validate tools / tool_choice / parallel_tool_calls / response_format of a chat request.  Sets
+/* Validate tools / tool_choice / parallel_tool_calls / response_format of a chat request, within
+** lim's caps on tools, schema nodes (counted as they are expanded) and alternatives.  Sets
 ** j->format and j->grammar (owned by the job); *sys_extra (caller frees) is the text describing
 ** the tools, to append to the system message, or NULL.  On a bad field: message in err, the
 ** field in *param, returns -1. */
-int   tools_parse(json_t *root, struct job *j, char **sys_extra, char *err, size_t n_err, const char **param);
+int   tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, char **sys_extra, char *err, size_t n_err,
+                  const char **param);
 /* An assistant message's tool_calls (as a client echoes them) as the JSON text the model
 ** generates.  NULL with err filled if malformed.  Caller frees. */
 char *tools_render_calls(const json_t *calls, size_t msg_index, char *err, size_t n_err);
@@ -207,6 +234,12 @@ int serve_request_parse(struct server *srv, json_t *root, struct job *j, bool ch
 void serve_hist_add(struct hist *h, double ms);
 /* GET /metrics: srv->m in the Prometheus text format.  Caller frees; NULL on OOM. */
 char *serve_metrics_text(struct server *srv);
+
+/* server/tenant.c */
+/* srv->key_ns: each API key's tenant id, a keyed hash under the server secret of the store
+** directory (created at the first start with keys) or, with --no-store, a secret drawn now (see
+** the file's header).  Call after the store is open.  0, or -1 with the reason in err. */
+int serve_tenant_init(struct server *srv, char *err, size_t n_err);
 
 /* server/http.c */
 struct MHD_Daemon;

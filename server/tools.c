@@ -106,6 +106,8 @@ struct gram {
     struct buf rules; /* extra rules, one per line */
     int        n_rules;
     int        depth;
+    int64_t    work, max_work; /* schema nodes expanded so far / allowed (--max-schema-nodes) */
+    int32_t    max_alt;        /* entries of one enum / anyOf / oneOf (--max-schema-alternatives) */
     char      *err;
     size_t     n_err;
     bool       failed;
@@ -158,6 +160,7 @@ static void object_expr(struct gram *g, const json_t *sc, struct buf *out) {
     const char *key;
     const json_t *ps;
     json_object_foreach((json_t *) props, key, ps) {
+        if (g->failed) break;
         struct buf one = { 0 };
         json_t *k = json_string(key);
         bput_json_lit(&one, k);
@@ -223,6 +226,16 @@ static void type_expr(struct gram *g, const json_t *sc, const char *type, struct
 
 static void schema_expr(struct gram *g, const json_t *sc, struct buf *out) {
     if (g->failed) return;
+    /* bounded work before any error: every node expanded counts (a node reached twice counts
+    ** twice), and the grammar's size is checked as it grows, not once it is built */
+    if (++g->work > g->max_work) {
+        gfail(g, "the JSON schemas expand to more than %lld nodes (--max-schema-nodes)", (long long) g->max_work);
+        return;
+    }
+    if (g->rules.n + out->n > GBNF_MAX_BYTES) {
+        gfail(g, "the schemas make a grammar of more than %d bytes", GBNF_MAX_BYTES);
+        return;
+    }
     if (++g->depth > 32) { gfail(g, "the JSON schema nests deeper than 32 levels"); g->depth--; return; }
     const json_t *v;
     if (json_is_true(sc) || (json_is_object(sc) && json_object_size(sc) == 0)) bput(out, "value");
@@ -230,32 +243,45 @@ static void schema_expr(struct gram *g, const json_t *sc, struct buf *out) {
     else if ((v = json_object_get(sc, "const"))) bput_json_lit(out, v);
     else if ((v = json_object_get(sc, "enum"))) {
         if (!json_is_array(v) || json_array_size(v) == 0) gfail(g, "'enum' must be a non-empty array");
+        else if (json_array_size(v) > (size_t) g->max_alt)
+            gfail(g, "'enum' has %zu values; at most %d (--max-schema-alternatives)", json_array_size(v), g->max_alt);
         size_t i;
         const json_t *x;
         bput(out, "( ");
         json_array_foreach(v, i, x) {
+            if (g->failed) break;
             if (i) bput(out, " | ");
             bput_json_lit(out, x);
         }
         bput(out, " )");
     } else if ((v = json_object_get(sc, "anyOf")) || (v = json_object_get(sc, "oneOf"))) {
         if (!json_is_array(v) || json_array_size(v) == 0) gfail(g, "'anyOf'/'oneOf' must be a non-empty array");
+        else if (json_array_size(v) > (size_t) g->max_alt)
+            gfail(g, "'anyOf'/'oneOf' has %zu schemas; at most %d (--max-schema-alternatives)", json_array_size(v), g->max_alt);
         size_t i;
         const json_t *x;
         bput(out, "( ");
         json_array_foreach(v, i, x) {
+            if (g->failed) break;
             if (i) bput(out, " | ");
             schema_rule(g, x, out);
         }
         bput(out, " )");
     } else if ((v = json_object_get(sc, "type"))) {
         if (json_is_string(v)) type_expr(g, sc, json_string_value(v), out);
+        else if (json_is_array(v) && json_array_size(v) > 8)
+            gfail(g, "'type' lists %zu types; JSON schema has 7", json_array_size(v));
         else if (json_is_array(v) && json_array_size(v) > 0) {
-            size_t i;
+            size_t i, k;
             const json_t *t;
             bput(out, "( ");
             json_array_foreach(v, i, t) {
                 if (!json_is_string(t)) { gfail(g, "'type' lists must hold strings"); break; }
+                if (g->failed) break;
+                /* each type once: ["object","object"] nested 31 deep would otherwise expand the
+                ** same properties 2^31 times (issue #24) */
+                for (k = 0; k < i && strcmp(json_string_value(json_array_get(v, k)), json_string_value(t)); k++) {}
+                if (k < i) continue;
                 if (i) bput(out, " | ");
                 type_expr(g, sc, json_string_value(t), out);
             }
@@ -269,7 +295,8 @@ static void schema_expr(struct gram *g, const json_t *sc, struct buf *out) {
 /* ---------------------------------------------------------------------------------------- */
 /* request                                                                                   */
 
-int tools_parse(json_t *root, struct job *j, char **sys_extra, char *err, size_t n_err, const char **param) {
+int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, char **sys_extra, char *err, size_t n_err,
+                const char **param) {
     *sys_extra = NULL;
     j->format = REPLY_TEXT;
     const json_t *tools = json_object_get(root, "tools"), *choice = json_object_get(root, "tool_choice"),
@@ -286,7 +313,7 @@ int tools_parse(json_t *root, struct job *j, char **sys_extra, char *err, size_t
         snprintf(err, n_err, "'parallel_tool_calls' must be a boolean, got %s", serve_json_type(v));
         return -1;
     }
-    struct gram g = { .err = err, .n_err = n_err };
+    struct gram g = { .err = err, .n_err = n_err, .max_work = lim->max_schema_nodes, .max_alt = lim->max_alternatives };
     struct buf root_rule = { 0 };
     int rc = 0;
     /* tools */
@@ -295,6 +322,10 @@ int tools_parse(json_t *root, struct job *j, char **sys_extra, char *err, size_t
     if (tools) {
         *param = "tools";
         if (!json_is_array(tools)) { snprintf(err, n_err, "'tools' must be an array, got %s", serve_json_type(tools)); return -1; }
+        if (json_array_size(tools) > (size_t) lim->max_tools) {
+            snprintf(err, n_err, "'tools' has %zu entries; at most %d (--max-tools)", json_array_size(tools), lim->max_tools);
+            return -1;
+        }
         if (json_array_size(tools) == 0) tools = NULL;
     }
     if (choice && !json_is_null(choice)) {
