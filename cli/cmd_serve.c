@@ -138,6 +138,11 @@ int cmd_serve(int argc, char **argv) {
     srv.redis_ttl_s = 86400;
     srv.max_tokens_default = 256;
     srv.batch_tokens = 128;
+    int32_t max_body_mb = 8;
+    srv.lim = (struct serve_limits){
+        .max_messages = 4096, .max_parts = 1024, .max_tools = 128, .max_schema_nodes = 10000, .max_alternatives = 1024,
+        .max_connections = 256, .max_per_ip = 64, .idle_timeout_s = 60, .header_timeout_s = 10, .body_timeout_s = 60,
+    };
     const struct cli_opt opts[] = {
         { "model", 'm', OPT_STR, &srv.model_path, 0, 0, "MODEL", "GGUF model file (default $KVTIER_MODEL)", NULL },
         { "host", 0, OPT_STR, &host, 0, 0, "ADDR", "IPv4 address to listen on (default 127.0.0.1)", NULL },
@@ -208,6 +213,25 @@ int cmd_serve(int argc, char **argv) {
         { "kv-unified", 0, OPT_FLAG, &srv.kv_unified, 0, 0, NULL,
           "one KV cache shared by all sequences (llama.cpp kv_unified) instead of one stream per sequence: a "
           "session's numbers then depend on the others' (for comparison only)", NULL },
+        /* what one client may ask (docs/RELIABILITY.md) */
+        { "max-body-mb", 0, OPT_INT, &max_body_mb, 1, 1024, "N", "largest request body in MiB (default 8); a larger Content-Length gets 413 before the body is read", NULL },
+        { "max-messages", 0, OPT_INT, &srv.lim.max_messages, 1, 1 << 20, "N", "entries of one request's messages[] (default 4096)", NULL },
+        { "max-content-parts", 0, OPT_INT, &srv.lim.max_parts, 1, 1 << 20, "N", "content parts of one message (default 1024)", NULL },
+        { "max-tools", 0, OPT_INT, &srv.lim.max_tools, 1, 1 << 16, "N", "entries of one request's tools[] (default 128)", NULL },
+        { "max-schema-nodes", 0, OPT_INT, &srv.lim.max_schema_nodes, 1, 1 << 24, "N",
+          "JSON schema nodes one request's tools and response_format may expand into grammar, counted as they are "
+          "expanded (default 10000)", NULL },
+        { "max-schema-alternatives", 0, OPT_INT, &srv.lim.max_alternatives, 1, 1 << 20, "N",
+          "entries of one enum, anyOf or oneOf (default 1024)", NULL },
+        { "max-connections", 0, OPT_INT, &srv.lim.max_connections, 1, 1 << 16, "N",
+          "open connections in all, one thread each (default 256); past it new ones are closed at once", NULL },
+        { "max-connections-per-ip", 0, OPT_INT, &srv.lim.max_per_ip, 1, 1 << 16, "N", "open connections from one client address (default 64)", NULL },
+        { "idle-timeout-s", 0, OPT_INT, &srv.lim.idle_timeout_s, 1, 86400, "N", "a connection silent this long is closed (default 60)", NULL },
+        { "header-timeout-s", 0, OPT_INT, &srv.lim.header_timeout_s, 1, 3600, "N",
+          "a request's headers must arrive within this time of the connection (or of the previous reply on it), "
+          "however slowly they trickle (default 10)", NULL },
+        { "body-timeout-s", 0, OPT_INT, &srv.lim.body_timeout_s, 1, 3600, "N", "a request's body must arrive within this time of its headers (default 60)", NULL },
+        { "metrics-public", 0, OPT_FLAG, &srv.lim.metrics_public, 0, 0, NULL, "serve GET /metrics without an API key (default: a key is needed when keys are set)", NULL },
         { NULL, 0, 0, NULL, 0, 0, NULL, NULL, NULL },
     };
     char *pos[1];
@@ -264,6 +288,7 @@ int cmd_serve(int argc, char **argv) {
         goto out;
     }
     srv.prefetch = !prefetch_off;
+    srv.lim.max_body = (int64_t) max_body_mb << 20;
     if (srv.parallel > srv.max_sessions) srv.parallel = srv.max_sessions;
     rc = APP_OK;
     if (key_file && (rc = load_keys(&srv, key_file))) goto out;
@@ -279,6 +304,16 @@ int cmd_serve(int argc, char **argv) {
     if ((rc = serve_engine_open(&srv))) goto out;
     struct kvt_engine_info info;
     kvt_engine_info(srv.eng, &info);
+    char terr[1300];
+    if (serve_tenant_init(&srv, terr, sizeof terr)) {
+        fprintf(stderr, "%s: API keys: %s\n", cmd, terr);
+        serve_engine_close(&srv);
+        rc = APP_ERR;
+        goto out;
+    }
+    if (!srv.keys && strcmp(host, "127.0.0.1") && strcmp(host, "localhost"))
+        fprintf(stderr, "%s: warning: listening on %s without --api-key-file: anyone who can reach this address can use "
+                        "the server, its sessions and its store\n", cmd, host);
     fprintf(stderr, "%s: model %s: %s (%s)%s\n", cmd, srv.model_path, srv.model_name, info.desc,
             model_from_env ? " (no -m given: $KVTIER_MODEL or the build's default)" : "");
     pthread_t eng_thread;
@@ -311,6 +346,7 @@ int cmd_serve(int argc, char **argv) {
 out:
     for (int32_t i = 0; i < srv.n_keys; i++) free(srv.keys[i]);
     free(srv.keys);
+    free(srv.key_ns);
     free(srv.views);
     pthread_cond_destroy(&srv.work);
     pthread_mutex_destroy(&srv.mu);

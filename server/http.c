@@ -19,7 +19,36 @@ struct req {
     char  *body;
     size_t n, cap;
     bool   too_big;
+    char   ns[40];     /* the caller's tenant, from the headers */
+    bool   authorized; /* the key was checked when the headers arrived */
 };
+
+/* ---------------------------------------------------------------------------------------- */
+/* deadlines of connections still sending                                                   */
+
+/* libmicrohttpd's timeout is an idle one: a client sending a byte a minute keeps a connection
+** (and, thread per connection, a thread) for hours.  A watchdog thread holds every connection
+** to a total deadline for its headers (--header-timeout-s, from accept or from the end of the
+** previous request on a kept-alive connection) and for its body (--body-timeout-s, from the end
+** of the headers); past it the socket is shut down (shutdown(2) from another thread is safe;
+** libmicrohttpd then sees end-of-file and closes the connection itself).  A request being
+** answered has no deadline here. */
+enum conn_phase { PHASE_HEADERS, PHASE_BODY, PHASE_ANSWER };
+struct conn {
+    int              fd;
+    enum conn_phase  phase;
+    double           t0;      /* ms, monotonic: start of the phase */
+    struct conn     *prev, *next;
+};
+struct conn_watch {
+    pthread_mutex_t mu;
+    pthread_cond_t  cv;
+    struct conn     head;     /* list sentinel */
+    bool            stop, started;
+    pthread_t       thread;
+};
+
+static void watch_stop(struct server *srv);
 
 static double mono_ms(void) {
     struct timespec ts;
@@ -42,6 +71,84 @@ static size_t utf8_prefix(const char *s, size_t n) {
         p += len;
     }
     return (size_t) (p - b);
+}
+
+static void watch_phase(struct server *srv, struct conn *cn, enum conn_phase phase) {
+    if (!cn) return;
+    pthread_mutex_lock(&srv->watch->mu);
+    cn->phase = phase;
+    cn->t0 = mono_ms();
+    pthread_mutex_unlock(&srv->watch->mu);
+}
+
+static void *watch_main(void *arg) {
+    struct server *srv = arg;
+    struct conn_watch *w = srv->watch;
+    pthread_mutex_lock(&w->mu);
+    while (!w->stop) {
+        double now = mono_ms();
+        int64_t n_header = 0, n_body = 0;
+        for (struct conn *cn = w->head.next; cn != &w->head; cn = cn->next) {
+            double limit = cn->phase == PHASE_HEADERS ? srv->lim.header_timeout_s * 1e3
+                         : cn->phase == PHASE_BODY    ? srv->lim.body_timeout_s * 1e3 : 0;
+            if (limit <= 0 || now - cn->t0 <= limit || cn->fd < 0) continue;
+            shutdown(cn->fd, SHUT_RDWR);
+            cn->fd = -1; /* once */
+            if (cn->phase == PHASE_HEADERS) n_header++;
+            else n_body++;
+        }
+        if (n_header || n_body) {
+            pthread_mutex_lock(&srv->mu);
+            srv->m.closed_header_timeout += n_header;
+            srv->m.closed_body_timeout += n_body;
+            pthread_mutex_unlock(&srv->mu);
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 200 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+/* libmicrohttpd: a connection was accepted (listening thread) or is being closed, before its
+** socket is. */
+static void notify_connection(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode code) {
+    struct server *srv = cls;
+    struct conn_watch *w = srv->watch;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        struct conn *cn = calloc(1, sizeof *cn);
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        *socket_context = cn;
+        if (!cn) return; /* not watched: the idle timeout still holds it */
+        cn->fd = ci ? ci->connect_fd : -1;
+        cn->t0 = mono_ms();
+        pthread_mutex_lock(&w->mu);
+        cn->next = w->head.next;
+        cn->prev = &w->head;
+        w->head.next->prev = cn;
+        w->head.next = cn;
+        pthread_mutex_unlock(&w->mu);
+        pthread_mutex_lock(&srv->mu);
+        srv->m.connections_accepted++;
+        pthread_mutex_unlock(&srv->mu);
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        struct conn *cn = *socket_context;
+        if (!cn) return;
+        pthread_mutex_lock(&w->mu);
+        cn->prev->next = cn->next;
+        cn->next->prev = cn->prev;
+        pthread_mutex_unlock(&w->mu);
+        free(cn);
+        *socket_context = NULL;
+    }
+}
+
+static struct conn *conn_of(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -382,7 +489,8 @@ static enum MHD_Result run_job(struct server *srv, struct MHD_Connection *c, str
 
 static enum MHD_Result post_generate(struct server *srv, struct MHD_Connection *c, struct req *rq, const char *ns, bool chat) {
     if (rq->too_big)
-        return send_error(srv, c, 413, "invalid_request_error", NULL, "request_too_large", "the request body is over the limit of %d bytes", SERVE_MAX_BODY);
+        return send_error(srv, c, 413, "invalid_request_error", NULL, "request_too_large",
+                          "the request body is over the limit of %lld bytes (--max-body-mb)", (long long) srv->lim.max_body);
     size_t ok = utf8_prefix(rq->body ? rq->body : "", rq->n);
     if (ok < rq->n) return BAD(NULL, "the request body is not valid UTF-8 (byte %zu)", ok);
     json_error_t e;
@@ -466,14 +574,24 @@ static bool same_secret(const char *a, const char *b) {
     return d == 0;
 }
 
-/* The caller's namespace: "" without keys; "key<i>" for the i-th key; NULL if unauthorised. */
+/* The caller's tenant: "" without keys; the key's keyed hash (srv->key_ns, server/tenant.c:
+** the same for the same key whatever its line in the key file); NULL if unauthorised.  Every key
+** is compared, so the time does not say which one matched. */
 static const char *auth(struct server *srv, struct MHD_Connection *c, char *ns, size_t n) {
     if (!srv->keys) { ns[0] = '\0'; return ns; }
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
     if (!h || strncmp(h, "Bearer ", 7)) return NULL;
+    int32_t hit = -1;
     for (int32_t i = 0; i < srv->n_keys; i++)
-        if (same_secret(h + 7, srv->keys[i])) { snprintf(ns, n, "key%d", i); return ns; }
-    return NULL;
+        if (same_secret(h + 7, srv->keys[i])) hit = i;
+    if (hit < 0) return NULL;
+    snprintf(ns, n, "%s", srv->key_ns[hit]);
+    return ns;
+}
+
+static enum MHD_Result send_unauthorized(struct server *srv, struct MHD_Connection *c) {
+    return send_error(srv, c, 401, "invalid_request_error", NULL, "invalid_api_key",
+                      "missing or incorrect API key (send Authorization: Bearer KEY)");
 }
 
 static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, const char *method, const char *version,
@@ -481,16 +599,33 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     struct server *srv = cls;
     (void) version;
     struct req *rq = *con_cls;
-    if (!rq) {
+    if (!rq) { /* the headers are in, no body byte has been read */
         if (!(rq = calloc(1, sizeof *rq))) return MHD_NO;
         *con_cls = rq;
         pthread_mutex_lock(&srv->mu); /* until completed(): serve_http_stop waits for it */
         srv->n_http++;
         pthread_mutex_unlock(&srv->mu);
+        watch_phase(srv, conn_of(c), PHASE_BODY);
+        bool open = !strcmp(url, "/health") || (!strcmp(url, "/metrics") && srv->lim.metrics_public);
+        rq->authorized = auth(srv, c, rq->ns, sizeof rq->ns) != NULL;
+        /* answered before the body is read: the client learns at once, and a client without a
+        ** key cannot make the server buffer anything (libmicrohttpd closes the connection
+        ** after a reply sent before the body) */
+        if (!open && !rq->authorized) return send_unauthorized(srv, c);
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl) {
+            char *e;
+            errno = 0;
+            unsigned long long n = strtoull(cl, &e, 10);
+            if (errno || e == cl || *e || n > (unsigned long long) srv->lim.max_body)
+                return send_error(srv, c, 413, "invalid_request_error", NULL, "request_too_large",
+                                  "Content-Length %.32s is over the limit of %lld bytes (--max-body-mb)", cl,
+                                  (long long) srv->lim.max_body);
+        }
         return MHD_YES;
     }
     if (*upload_size) {
-        if (!rq->too_big && rq->n + *upload_size > SERVE_MAX_BODY) {
+        if (!rq->too_big && rq->n + *upload_size > (size_t) srv->lim.max_body) {
             rq->too_big = true;
             free(rq->body);
             rq->body = NULL;
@@ -511,6 +646,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         *upload_size = 0;
         return MHD_YES;
     }
+    watch_phase(srv, conn_of(c), PHASE_ANSWER);
     bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST"), del = !strcmp(method, "DELETE");
     if (get && !strcmp(url, "/health")) {
         pthread_mutex_lock(&srv->mu);
@@ -518,11 +654,10 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         pthread_mutex_unlock(&srv->mu);
         return send_json(srv, c, stopping ? 503 : 200, json_pack("{s:s}", "status", stopping ? "shutting down" : "ok"), NULL);
     }
+    if (get && !strcmp(url, "/metrics") && srv->lim.metrics_public) return get_metrics(srv, c);
+    if (!rq->authorized) return send_unauthorized(srv, c);
+    const char *ns = rq->ns;
     if (get && !strcmp(url, "/metrics")) return get_metrics(srv, c);
-    char ns[32];
-    if (!auth(srv, c, ns, sizeof ns))
-        return send_error(srv, c, 401, "invalid_request_error", NULL, "invalid_api_key",
-                          "missing or incorrect API key (send Authorization: Bearer KEY)");
     if (!strcmp(url, "/v1/chat/completions") || !strcmp(url, "/v1/completions")) {
         if (!post) return send_error(srv, c, 405, "invalid_request_error", NULL, NULL, "%s %s: use POST", method, url);
         return post_generate(srv, c, rq, ns, url[4] == 'c' && url[5] == 'h');
@@ -548,8 +683,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
 /* The request is over: its reply was sent, or the connection failed. */
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
     struct server *srv = cls;
-    (void) c;
     (void) toe;
+    watch_phase(srv, conn_of(c), PHASE_HEADERS); /* kept alive: the next request's headers are due */
     struct req *rq = *con_cls;
     if (rq) {
         free(rq->body);
@@ -571,18 +706,51 @@ struct MHD_Daemon *serve_http_start(struct server *srv, const char *host, int32_
         fprintf(stderr, "kvtier serve: --host '%s' is not an IPv4 address\n", host);
         return NULL;
     }
+    struct conn_watch *w = calloc(1, sizeof *w);
+    if (!w) return NULL;
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    w->head.next = w->head.prev = &w->head;
+    srv->watch = w;
+    if (!(w->started = !pthread_create(&w->thread, NULL, watch_main, srv))) {
+        fprintf(stderr, "kvtier serve: cannot start the connection watchdog thread\n");
+        goto fail;
+    }
+    /* thread per connection: a small stack (the handlers' deepest recursion is the JSON parser's,
+    ** 2048 levels at most, and the schema's, 32), so the connection cap, not the address space,
+    ** bounds the threads */
     struct MHD_Daemon *d = MHD_start_daemon(
         MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG,
         (uint16_t) port, NULL, NULL, handler, srv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *) &sa,
-        MHD_OPTION_NOTIFY_COMPLETED, completed, srv, MHD_OPTION_CONNECTION_LIMIT, (unsigned) 256,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned) 600, MHD_OPTION_END);
+        MHD_OPTION_NOTIFY_COMPLETED, completed, srv, MHD_OPTION_NOTIFY_CONNECTION, notify_connection, srv,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned) srv->lim.max_connections,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned) srv->lim.max_per_ip,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned) srv->lim.idle_timeout_s,
+        MHD_OPTION_THREAD_STACK_SIZE, (size_t) 1 << 20, MHD_OPTION_END);
     if (!d) {
         fprintf(stderr, "kvtier serve: cannot listen on %s:%d (in use, or not allowed)\n", host, port);
-        return NULL;
+        goto fail;
     }
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
     *bound_port = info ? info->port : port;
     return d;
+fail:
+    watch_stop(srv);
+    return NULL;
+}
+
+static void watch_stop(struct server *srv) {
+    struct conn_watch *w = srv->watch;
+    if (!w) return;
+    pthread_mutex_lock(&w->mu);
+    w->stop = true;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    if (w->started) pthread_join(w->thread, NULL);
+    pthread_cond_destroy(&w->cv);
+    pthread_mutex_destroy(&w->mu);
+    free(w);
+    srv->watch = NULL;
 }
 
 void serve_http_stop(struct server *srv, struct MHD_Daemon *d) {
@@ -594,4 +762,5 @@ void serve_http_stop(struct server *srv, struct MHD_Daemon *d) {
         nanosleep(&(struct timespec){ 0, 10 * 1000000L }, NULL);
     }
     MHD_stop_daemon(d);
+    watch_stop(srv); /* after the daemon: its last connections are closed (and unlinked) by now */
 }

@@ -55,6 +55,12 @@ char *serve_metrics_text(struct server *srv) {
     COUNTER("kvtier_mixed_steps_total", "Steps holding a prefill chunk AND other requests' decode tokens in one llama_decode.", m.mixed_steps);
     COUNTER("kvtier_mixed_prefill_tokens_total", "Prefill tokens decoded in mixed steps.", m.mixed_prefill_tokens);
     COUNTER("kvtier_prefill_alone_tokens_total", "Prefill tokens of chunks decoded alone (with --batch-tokens > 0: the last chunk of each prompt part).", m.prefill_alone_tokens);
+    COUNTER("kvtier_connections_accepted_total", "TCP connections accepted.", m.connections_accepted);
+    fprintf(f, "# HELP kvtier_connections_closed_total Connections the server shut for missing a deadline.\n"
+               "# TYPE kvtier_connections_closed_total counter\n"
+               "kvtier_connections_closed_total{reason=\"header_timeout\"} %lld\n"
+               "kvtier_connections_closed_total{reason=\"body_timeout\"} %lld\n",
+            (long long) m.closed_header_timeout, (long long) m.closed_body_timeout);
     GAUGE("kvtier_resident_tokens", "KV cells held by all sessions.", m.resident_tokens);
     GAUGE("kvtier_sessions", "Open sessions (resident and parked).", m.n_sessions);
     GAUGE("kvtier_sessions_parked", "Sessions parked whole in the host tiers.", m.n_parked);
