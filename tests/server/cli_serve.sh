@@ -125,7 +125,7 @@ curl -s -o "$TMP/inflight" -w '%{http_code}' -H "Authorization: Bearer key-alpha
     "http://127.0.0.1:$PORT/v1/chat/completions" >"$TMP/code" &
 CURL=$!
 for _ in $(seq 1 200); do # until the request is really in flight (admitted by the engine)
-    curl -s "http://127.0.0.1:$PORT/metrics" | grep -q '^kvtier_active_requests 1$' && break
+    curl -s -H "Authorization: Bearer key-alpha-123" "http://127.0.0.1:$PORT/metrics" | grep -q '^kvtier_active_requests 1$' && break
     sleep 0.05
 done
 kill -TERM "$PID"

@@ -51,8 +51,9 @@ def raw(method, path, body=None, key="default", headers=None, timeout=300):
 
 
 def metric(name):
-    """The value of one /metrics line without labels (None if absent)."""
-    _, _, txt = raw("GET", "/metrics", key=None)
+    """The value of one /metrics line without labels (None if absent); read with the default key
+    (/metrics needs one where the server has keys, unless --metrics-public)."""
+    _, _, txt = raw("GET", "/metrics")
     m = re.search(rf"^{re.escape(name)} (\S+)$", txt, re.M)
     return float(m.group(1)) if m else None
 

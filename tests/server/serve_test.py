@@ -479,7 +479,9 @@ check("queue full -> 429 rate_limit_error; the others are served", busy and queu
       and all(by[i][0] == 200 for i in range(3)), f"busy {busy} queued {queued} {codes}")
 
 # ---- metrics ---------------------------------------------------------------------------
-_, h, txt = raw("GET", "/metrics", key=None)
+st, _, _ = raw("GET", "/metrics", key=None)
+check("/metrics without a key -> 401 (the server has keys; --metrics-public opens it)", st == 401, st)
+_, h, txt = raw("GET", "/metrics")
 for name in ("kvtier_sessions_parked", "kvtier_requests_total{status=\"2xx\"}", "kvtier_requests_total{status=\"4xx\"}",
              "kvtier_ttft_seconds_count", "kvtier_token_latency_seconds_bucket", "kvtier_prompt_tokens_reused_total",
              "kvtier_resident_tokens", "kvtier_pool_ram_bytes"):
