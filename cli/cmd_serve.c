@@ -197,6 +197,9 @@ int cmd_serve(int argc, char **argv) {
           "let sessions of different API keys reuse each other's blocks (default: a salt per key)", NULL },
         { "max-tokens", 0, OPT_INT, &srv.max_tokens_default, 1, 1 << 20, "N", "reply limit when a request gives none (default 256)", NULL },
         { "queue", 0, OPT_INT, &srv.max_queue, 1, 1 << 16, "N", "requests waiting for a slot before 429 (default 64)", NULL },
+        { "queue-per-key", 0, OPT_INT, &srv.queue_per_key, 1, 1 << 16, "N",
+          "requests one API key may have waiting (default: half of --queue with two keys or more, so one key "
+          "cannot fill it; all of it otherwise)", NULL },
         { "batch-tokens", 0, OPT_INT, &srv.batch_tokens, 0, 512, "N",
           "tokens of one scheduler step: every generating request's next token plus a chunk of a new prompt in ONE "
           "llama_decode (mixed prefill; default 128); 0 = prefill chunks decoded alone, between steps", NULL },
@@ -289,9 +292,11 @@ int cmd_serve(int argc, char **argv) {
     }
     srv.prefetch = !prefetch_off;
     srv.lim.max_body = (int64_t) max_body_mb << 20;
+    bool per_key_given = srv.queue_per_key > 0;
     if (srv.parallel > srv.max_sessions) srv.parallel = srv.max_sessions;
     rc = APP_OK;
     if (key_file && (rc = load_keys(&srv, key_file))) goto out;
+    if (!per_key_given) srv.queue_per_key = srv.n_keys >= 2 ? KVT_MAX(1, srv.max_queue / 2) : srv.max_queue;
 
     /* signals: handled by sigwait in this thread only */
     sigset_t set;

@@ -12,7 +12,9 @@
 ** session.  Past --max-sessions the least recently used idle session is parked (kvt_session_park:
 ** its KV goes to the host pool and comes back with kvt_session_resume, no recompute);
 ** SERVE_PARK_FACTOR x --max-sessions sessions are kept in all, past that the least
-** recently used parked one is freed.
+** recently used parked one is freed.  With several API keys the session parked or freed is
+** taken from the key over its share first (victim_tenant), so one key cannot push out the
+** others' sessions.
 **
 ** A session is given to one job at a time.  A job naming a session that is generating waits in
 ** the queue (admit_runnable keeps it there; admit_session answers PICK_BUSY when a job without
@@ -68,18 +70,56 @@ static int32_t common_tokens(const struct sess *x, const kvt_token *req, int32_t
     return c;
 }
 
-/* A free sequence: one no session holds, else the one of the least recently used idle session,
-** which is parked (its KV goes to the host pool, nothing is lost).  -1 if all are generating. */
-static int32_t take_seq(struct server *srv) {
+/* Sessions of tenant ns among those in `in` (resident: holding a sequence; all: any). */
+static int32_t n_of(const struct sched *sc, const char *ns, bool resident) {
+    int32_t n = 0;
+    for (int32_t i = 0; i < sc->cap; i++) n += sc->sess[i].s && (!resident || sc->sess[i].seq >= 0) && !strcmp(sc->sess[i].ns, ns);
+    return n;
+}
+
+/* Which tenant gives up a session when tenant ns needs room among `slots` (resident sessions:
+** sequences; all sessions: entries), so that no API key can park or free every other key's
+** sessions: a tenant holding at least its share (slots / tenants present, the requester
+** counted) makes room among its own; otherwise the tenant holding the most over its share does;
+** NULL when nobody is over (then the least recently used anywhere, as without keys). */
+static const char *victim_tenant(const struct sched *sc, const char *ns, int32_t slots, bool resident) {
+    int32_t n_ten = 0, mine = n_of(sc, ns, resident);
+    for (int32_t i = 0; i < sc->cap; i++) { /* distinct tenants present */
+        if (!sc->sess[i].s || (resident && sc->sess[i].seq < 0) || !strcmp(sc->sess[i].ns, ns)) continue;
+        bool seen = false;
+        for (int32_t k = 0; k < i && !seen; k++)
+            seen = sc->sess[k].s && (!resident || sc->sess[k].seq >= 0) && !strcmp(sc->sess[k].ns, sc->sess[i].ns);
+        n_ten += !seen;
+    }
+    int32_t share = KVT_MAX(1, slots / (n_ten + 1));
+    if (mine >= share) return ns;
+    const char *worst = NULL;
+    int32_t most = share;
+    for (int32_t i = 0; i < sc->cap; i++) {
+        if (!sc->sess[i].s || (resident && sc->sess[i].seq < 0) || sc->sess[i].job) continue;
+        int32_t c = n_of(sc, sc->sess[i].ns, resident);
+        if (c > most) { most = c; worst = sc->sess[i].ns; }
+    }
+    return worst;
+}
+
+/* A free sequence: one no session holds, else the one of the least recently used idle session
+** of the tenant victim_tenant() names (any tenant's if that one has none idle), which is parked
+** (its KV goes to the host pool, nothing is lost).  -1 if all are generating. */
+static int32_t take_seq(struct server *srv, const char *ns) {
     struct sched *sc = srv->sched;
     for (int32_t q = 0; q < srv->max_sessions; q++) {
         bool used = false;
         for (int32_t i = 0; i < sc->cap && !used; i++) used = sc->sess[i].s && sc->sess[i].seq == q;
         if (!used) return q;
     }
+    const char *vt = victim_tenant(sc, ns, srv->max_sessions, true);
     struct sess *lru = NULL;
-    for (int32_t i = 0; i < sc->cap; i++)
-        if (sc->sess[i].s && sc->sess[i].seq >= 0 && !sc->sess[i].job && (!lru || sc->sess[i].last_used < lru->last_used)) lru = &sc->sess[i];
+    for (int pass = vt ? 0 : 1; pass < 2 && !lru; pass++)
+        for (int32_t i = 0; i < sc->cap; i++)
+            if (sc->sess[i].s && sc->sess[i].seq >= 0 && !sc->sess[i].job && (pass || !strcmp(sc->sess[i].ns, vt)) &&
+                (!lru || sc->sess[i].last_used < lru->last_used))
+                lru = &sc->sess[i];
     if (!lru) return -1;
     int32_t q = lru->seq;
     if (kvt_session_park(lru->s)) { /* cannot park: free it */
@@ -92,17 +132,21 @@ static int32_t take_seq(struct server *srv) {
     return q;
 }
 
-/* An empty entry, freeing the least recently used parked (else idle) session if all are taken. */
-static struct sess *new_slot(struct server *srv) {
+/* An empty entry, freeing the least recently used parked (else idle) session if all are taken,
+** of the tenant victim_tenant() names when it has one idle. */
+static struct sess *new_slot(struct server *srv, const char *ns) {
     struct sched *sc = srv->sched;
-    struct sess *lru = NULL;
-    for (int32_t i = 0; i < sc->cap; i++) {
+    for (int32_t i = 0; i < sc->cap; i++)
         if (!sc->sess[i].s) return &sc->sess[i];
-        if (sc->sess[i].job) continue;
-        if (!lru || (sc->sess[i].seq < 0 && lru->seq >= 0) ||
-            ((sc->sess[i].seq < 0) == (lru->seq < 0) && sc->sess[i].last_used < lru->last_used))
-            lru = &sc->sess[i];
-    }
+    const char *vt = victim_tenant(sc, ns, sc->cap, false);
+    struct sess *lru = NULL;
+    for (int pass = vt ? 0 : 1; pass < 2 && !lru; pass++)
+        for (int32_t i = 0; i < sc->cap; i++) {
+            if (sc->sess[i].job || (!pass && strcmp(sc->sess[i].ns, vt))) continue;
+            if (!lru || (sc->sess[i].seq < 0 && lru->seq >= 0) ||
+                ((sc->sess[i].seq < 0) == (lru->seq < 0) && sc->sess[i].last_used < lru->last_used))
+                lru = &sc->sess[i];
+        }
     if (lru) {
         kvt_session_free(lru->s);
         memset(lru, 0, sizeof *lru);
@@ -182,7 +226,7 @@ enum pick admit_session(struct server *srv, struct job *j, struct sess **out) {
         free(buf);
     }
     if (x && x->seq < 0) { /* parked: back into a sequence, no recompute */
-        int32_t q = take_seq(srv);
+        int32_t q = take_seq(srv, j->ns);
         if (q < 0) return PICK_ERR;
         struct kvt_session_stats s0, s1;
         kvt_session_get_stats(x->s, &s0);
@@ -198,8 +242,8 @@ enum pick admit_session(struct server *srv, struct job *j, struct sess **out) {
         x->seq = q;
     }
     if (x) { *out = x; return PICK_OK; }
-    if (!(x = new_slot(srv))) return PICK_ERR;
-    int32_t q = take_seq(srv);
+    if (!(x = new_slot(srv, j->ns))) return PICK_ERR;
+    int32_t q = take_seq(srv, j->ns);
     if (q < 0) return PICK_ERR;
     struct kvt_session_params sp = kvt_session_default_params();
     sp.seq = q;

@@ -447,6 +447,10 @@ static enum MHD_Result run_job(struct server *srv, struct MHD_Connection *c, str
         serve_job_free(j);
         if (q == 429)
             return send_error(srv, c, 429, "rate_limit_error", NULL, "queue_full", "the request queue is full (%d waiting); retry later", srv->max_queue);
+        if (q == 430)
+            return send_error(srv, c, 429, "rate_limit_error", NULL, "queue_share_full",
+                              "this API key has %d requests waiting, its share of the queue (--queue-per-key); retry later",
+                              srv->queue_per_key);
         return send_error(srv, c, 503, "server_error", NULL, NULL, "the server is shutting down");
     }
     pthread_mutex_lock(&srv->mu);

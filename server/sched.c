@@ -179,6 +179,14 @@ int serve_submit(struct server *srv, struct job *j) {
         pthread_mutex_unlock(&srv->mu);
         return 429;
     }
+    if (j->kind != JOB_DELETE && srv->queue_per_key < srv->max_queue) { /* one key's share */
+        int32_t mine = 0;
+        for (struct job *q = srv->head; q; q = q->next) mine += q->kind != JOB_DELETE && !strcmp(q->ns, j->ns);
+        if (mine >= srv->queue_per_key) {
+            pthread_mutex_unlock(&srv->mu);
+            return 430; /* 429 for the client: this key's share is full */
+        }
+    }
     j->state = JOB_QUEUED;
     j->refs = 2;
     j->ticket = srv->n_tickets++;

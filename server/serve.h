@@ -143,6 +143,7 @@ struct server {
     pthread_cond_t  work;          /* queue non-empty or shutting down */
     struct job     *head, *tail;
     int32_t         n_queued, max_queue;
+    int32_t         queue_per_key; /* --queue-per-key: one API key's jobs waiting at most */
     uint64_t        n_tickets;     /* jobs ever queued (the next job's ticket) */
     bool            stopping;      /* SIGTERM: finish what is queued and running, take nothing new */
     bool            engine_done;
@@ -190,8 +191,9 @@ void *serve_engine_main(void *srv);                 /* the engine thread */
 /* Free the sessions, the pool, srv->sched and srv->eng (what is open of them). */
 void serve_engine_close(struct server *srv);
 
-/* Queue a job (refs becomes 2: caller + engine).  Returns 0, or 429 when the queue is full, or
-** 503 when shutting down. */
+/* Queue a job (refs becomes 2: caller + engine).  Returns 0, or 429 when the queue is full, 430
+** when the job's API key holds its share of it (--queue-per-key; a 429 for the client), or 503
+** when shutting down. */
 int  serve_submit(struct server *srv, struct job *j);
 /* Drop the caller's reference (and free the job when the engine is done with it). */
 void serve_job_release(struct server *srv, struct job *j);

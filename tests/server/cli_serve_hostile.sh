@@ -39,9 +39,9 @@ stop() {
 
 printf 'key-one-111\nkey-two-222\n' >"$TMP/keys"
 start hostile --api-key-file "$TMP/keys" --store "$TMP/store" --header-timeout-s 2 --body-timeout-s 3 \
-    --max-connections-per-ip 150 --max-body-mb 1
+    --max-connections-per-ip 150 --max-body-mb 1 --queue 4
 if [ -n "$PORT" ]; then
-    ( cd "$SRC/tests/server" && "$PY" serve_hostile_test.py "http://127.0.0.1:$PORT" key-two-222 ) >"$TMP/py" 2>&1
+    ( cd "$SRC/tests/server" && "$PY" serve_hostile_test.py "http://127.0.0.1:$PORT" key-two-222 key-one-111 ) >"$TMP/py" 2>&1
     prc=$?
     cat "$TMP/py"
     pass=$((pass + $(grep -c '^ok ' "$TMP/py")))

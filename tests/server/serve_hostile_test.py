@@ -4,8 +4,9 @@ the value) within a bounded time, never a stall; connections that trickle header
 shut at their total deadline while /health keeps answering; nothing a bad request did changes
 what a good one gets.
 
-Usage: serve_hostile_test.py BASE_URL KEY   (the server: tests/server/cli_serve_hostile.sh, run
-with --header-timeout-s 2 --body-timeout-s 3 --max-connections-per-ip 150 --max-body-mb 1 ...)
+Usage: serve_hostile_test.py BASE_URL KEY OTHER_KEY   (the server: tests/server/cli_serve_hostile.sh,
+run with --header-timeout-s 2 --body-timeout-s 3 --max-connections-per-ip 150 --max-body-mb 1
+--queue 4 -c 2048 --budget 512, hence 3 resident sessions, and the two keys)
 The table BAD below is the list docs/RELIABILITY.md points to; each row is one class.
 """
 import json
@@ -17,7 +18,7 @@ import time
 
 from serve_client import check, finish, init, raw
 
-BASE, KEY = sys.argv[1], sys.argv[2]
+BASE, KEY, OTHER = sys.argv[1], sys.argv[2], sys.argv[3]
 init(BASE, KEY)
 HOST, PORT = BASE.split("//")[1].split(":")[0], int(BASE.rsplit(":", 1)[1])
 MAX_BODY = 1 << 20  # --max-body-mb 1 in cli_serve_hostile.sh
@@ -190,6 +191,48 @@ except OSError as e:
     resp = str(e).encode()
 s.close()
 check("chunked body over --max-body-mb -> 413", resp.startswith(b"HTTP/1.1 413"), resp[:120])
+
+
+# ---- tenants: one key cannot push out another's sessions or fill the queue -----------------
+def say(key, sid, text, n=1):
+    h = {"X-Session-Id": sid} if sid else None
+    return raw("POST", CHAT, chat(messages=[{"role": "user", "content": text}], max_tokens=n, temperature=0), key=key, headers=h)
+
+
+st, _, _ = say(KEY, "mine", "Keep this session, please.")
+for i in range(8):  # OTHER opens 8 sessions; 3 hold a sequence at once
+    say(OTHER, f"flood-{i}", f"Flood message number {i}.")
+_, _, js = raw("GET", "/v1/sessions")
+mine = [x for x in js.get("data", []) if x["id"] == "mine"]
+check("another key opening 8 sessions (3 resident at once) parks its own, not this key's idle one",
+      st == 200 and len(mine) == 1 and mine[0]["parked"] is False, f"{st} {mine}")
+_, _, js2 = raw("GET", "/v1/sessions", key=OTHER)
+check("... and parks its own instead", sum(x["parked"] for x in js2.get("data", [])) >= 5, js2)
+
+codes = []
+
+
+def hit(key, n):
+    st, _, b = say(key, None, "Tell me a long story about a river.", n)
+    codes.append((key, st, b.get("error", {}).get("code") if isinstance(b, dict) else None))
+
+
+ths = [threading.Thread(target=hit, args=(OTHER, 120))]  # --parallel 1: runs; the next ones wait
+ths[0].start()
+time.sleep(1.0)
+for _ in range(2):  # --queue 4 with 2 keys: 2 places a key
+    ths.append(threading.Thread(target=hit, args=(OTHER, 1)))
+    ths[-1].start()
+time.sleep(0.5)
+hit(OTHER, 1)  # a third waiting request of the same key: refused at once
+ths.append(threading.Thread(target=hit, args=(KEY, 1)))  # the other key still finds a place
+ths[-1].start()
+for t in ths:
+    t.join()
+refused = [c for c in codes if c[1] == 429]
+check("--queue 4, two keys: a key's third waiting request -> 429 queue_share_full, the other key is served",
+      len(refused) == 1 and refused[0][0] == OTHER and refused[0][2] == "queue_share_full" and
+      any(k == KEY and st == 200 for k, st, _ in codes), codes)
 
 
 # ---- slow clients ---------------------------------------------------------------------------
