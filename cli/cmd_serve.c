@@ -142,6 +142,7 @@ int cmd_serve(int argc, char **argv) {
     srv.lim = (struct serve_limits){
         .max_messages = 4096, .max_parts = 1024, .max_tools = 128, .max_schema_nodes = 10000, .max_alternatives = 1024,
         .max_connections = 256, .max_per_ip = 64, .idle_timeout_s = 60, .header_timeout_s = 10, .body_timeout_s = 60,
+        .request_timeout_s = 600,
     };
     const struct cli_opt opts[] = {
         { "model", 'm', OPT_STR, &srv.model_path, 0, 0, "MODEL", "GGUF model file (default $KVTIER_MODEL)", NULL },
@@ -234,6 +235,9 @@ int cmd_serve(int argc, char **argv) {
           "a request's headers must arrive within this time of the connection (or of the previous reply on it), "
           "however slowly they trickle (default 10)", NULL },
         { "body-timeout-s", 0, OPT_INT, &srv.lim.body_timeout_s, 1, 3600, "N", "a request's body must arrive within this time of its headers (default 60)", NULL },
+        { "request-timeout-s", 0, OPT_INT, &srv.lim.request_timeout_s, 0, 86400, "N",
+          "a request's time from arrival to its last token: queued or prefilling past it gets 408, generating past it "
+          "ends the reply (finish_reason \"length\"); 0 = none (default 600)", NULL },
         { "metrics-public", 0, OPT_FLAG, &srv.lim.metrics_public, 0, 0, NULL, "serve GET /metrics without an API key (default: a key is needed when keys are set)", NULL },
         { NULL, 0, 0, NULL, 0, 0, NULL, NULL, NULL },
     };

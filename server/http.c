@@ -441,6 +441,7 @@ static void stream_free(void *cls) {
 
 static enum MHD_Result run_job(struct server *srv, struct MHD_Connection *c, struct job *j) {
     j->t_arrival = mono_ms();
+    if (srv->lim.request_timeout_s > 0) j->deadline = j->t_arrival + srv->lim.request_timeout_s * 1e3;
     pthread_cond_init(&j->cv, NULL);
     int q = serve_submit(srv, j);
     if (q) {

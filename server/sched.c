@@ -45,6 +45,22 @@ static double mono_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+/* Is the job to stop: its client left, or it ran past its deadline (--request-timeout-s, from
+** its arrival; j->timed_out then says which)?  Any thread may set cancelled: read under srv->mu. */
+static bool job_stopped(struct server *srv, struct job *j) {
+    pthread_mutex_lock(&srv->mu);
+    bool stop = j->cancelled;
+    pthread_mutex_unlock(&srv->mu);
+    if (!stop && j->deadline > 0 && mono_ms() > j->deadline) stop = j->timed_out = true;
+    return stop;
+}
+
+/* The error of a job stopped by its deadline before its reply began. */
+static void job_timeout_error(struct server *srv, struct job *j, const char *where) {
+    serve_job_error(j, 408, "invalid_request_error", "request_timeout", "the request ran past --request-timeout-s %d (%s)",
+                    srv->lim.request_timeout_s, where);
+}
+
 int serve_engine_open(struct server *srv) {
     struct sched *sc = srv->sched = calloc(1, sizeof *sc);
     if (sc) {
@@ -422,6 +438,7 @@ static bool start_completion(struct server *srv, struct job *j) {
     kvt_engine_info(srv->eng, &I);
     int rc = (j->row.logits = malloc(sizeof(float) * (size_t) I.n_vocab)) ? 0 : KVT_ENOMEM;
     const int32_t n = j->prompt_tokens;
+    sc->prefilling = j;
     for (int32_t off = 0; rc == 0 && off < n;) {
         int32_t m = KVT_MIN(n - off, srv->block);
         if (srv->batch_tokens > 0) { /* mixed: the chunk rides in a step of the active jobs */
@@ -431,16 +448,18 @@ static bool start_completion(struct server *srv, struct job *j) {
             off += m;
             continue;
         }
-        rc = kvt_decode(srv->eng, j->seq, j->ptok + off, m, off, off + m == n);
+        rc = job_stopped(srv, j) ? KVT_ECANCELED : kvt_decode(srv->eng, j->seq, j->ptok + off, m, off, off + m == n);
         off += m;
         if (rc == 0 && off < n) serve_on_chunk(srv);
     }
+    sc->prefilling = NULL;
     const float *l = rc == 0 ? kvt_logits(srv->eng) : NULL;
     if (rc == 0 && !l) rc = KVT_ELLAMA;
     free(j->ptok);
     j->ptok = NULL;
     if (rc) {
-        serve_job_lib_error(j, "prompt", rc);
+        if (rc == KVT_ECANCELED && j->timed_out) job_timeout_error(srv, j, "prefill");
+        else serve_job_lib_error(j, "prompt", rc);
         end_completion(srv, j, 0);
         finish(srv, j);
         return false;
@@ -458,9 +477,8 @@ static void start_waiting(struct server *srv) {
     struct sched *sc = srv->sched;
     int32_t w = 0; /* first, the ones whose client left, wherever they wait */
     for (int32_t k = 0; k < sc->n_wait; k++) {
-        pthread_mutex_lock(&srv->mu);
-        bool gone = sc->wait[k]->cancelled;
-        pthread_mutex_unlock(&srv->mu);
+        bool gone = job_stopped(srv, sc->wait[k]);
+        if (gone && sc->wait[k]->timed_out) job_timeout_error(srv, sc->wait[k], "waiting for a sequence");
         if (gone) { sc->wait[k]->completion_tokens = 0; sc->wait[k]->finish = "stop"; finish(srv, sc->wait[k]); }
         else sc->wait[w++] = sc->wait[k];
     }
@@ -507,12 +525,15 @@ static enum pick start_chat(struct server *srv, struct job *j) {
     snprintf(j->out_session, sizeof j->out_session, "%s", x->id);
     x->last_used = wall_s();
     x->job = j; /* busy from here: its prompt is decoded with other jobs stepping in between */
+    srv->sched->prefilling = j;
     int rc = kvt_session_sync(x->s, j->msgs, j->n_msgs, &j->sync);
+    srv->sched->prefilling = NULL;
     j->sync.recoveries += j->resumed;
     j->prompt_tokens = j->sync.prompt_tokens;
     if (rc) {
         x->job = NULL;
-        serve_job_lib_error(j, "prompt", rc);
+        if (rc == KVT_ECANCELED && j->timed_out) job_timeout_error(srv, j, "prefill");
+        else serve_job_lib_error(j, "prompt", rc);
         return PICK_OK;
     }
     j->slot = x;
@@ -555,11 +576,7 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
     kvt_engine_info(srv->eng, &I);
     for (int32_t k = 0; k < n_active; k++) {
         struct job *j = active[k];
-        bool cancelled;
-        pthread_mutex_lock(&srv->mu);
-        cancelled = j->cancelled;
-        pthread_mutex_unlock(&srv->mu);
-        over[k] = cancelled || j->n_gen >= j->max_tokens;
+        over[k] = job_stopped(srv, j) || j->n_gen >= j->max_tokens; /* a deadline cuts the reply: "length" */
         if (over[k]) continue;
         const float *from = j->kind == JOB_COMPLETION ? j->row.logits : kvt_session_logits(((struct sess *) j->slot)->s);
         if (j->logprobs && from && (lpl[k] = malloc(sizeof(float) * (size_t) I.n_vocab)))
@@ -729,6 +746,9 @@ static int32_t chunk_room(void *ud) {
 static int chunk_decode(void *ud, const struct kvt_decode_chunk *c) {
     struct server *srv = ud;
     int rc = 0;
+    /* a prompt whose client left or whose deadline passed stops between chunks: the session
+    ** keeps what was decoded before (kvt_prefill_hooks: the prefill fails with this error) */
+    if (srv->sched->prefilling && job_stopped(srv, srv->sched->prefilling)) return KVT_ECANCELED;
     if (c->want_logits) {
         rc = kvt_decode(srv->eng, c->seq, c->tokens, c->n, c->pos0, true);
         pthread_mutex_lock(&srv->mu);
@@ -815,9 +835,8 @@ void *serve_engine_main(void *arg) {
                 pthread_mutex_unlock(&srv->mu);
                 continue;
             }
-            pthread_mutex_lock(&srv->mu);
-            bool gone = j->cancelled; /* its client left while it was queued */
-            pthread_mutex_unlock(&srv->mu);
+            bool gone = job_stopped(srv, j); /* its client left while it was queued, or its time is up */
+            if (gone && j->timed_out) job_timeout_error(srv, j, "queued");
             if (gone) { j->finish = "stop"; finish(srv, j); continue; }
             if (j->kind == JOB_COMPLETION) {
                 if (prepare_completion(srv, j)) sc->wait[sc->n_wait++] = j;

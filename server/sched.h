@@ -40,6 +40,7 @@ struct sched {
     struct job **active;        /* [parallel] */
     double      *t_last;        /* [parallel] ms of each active job's last token */
     int32_t      n_active;
+    struct job  *prefilling;    /* the job whose prompt is being prefilled, NULL between prefills */
 };
 
 /* server/sched.c, for server/admit.c */

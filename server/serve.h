@@ -65,10 +65,12 @@ struct job {
     char         *grammar;         /* GBNF for the reply (tools / response_format), NULL = free text;
                                    ** compiled into smp.grammar by the engine thread */
     double        t_arrival;       /* ms, monotonic */
+    double        deadline;        /* ms, monotonic: t_arrival + --request-timeout-s; 0 = none */
     uint64_t      ticket;          /* arrival order, set by serve_submit: a job put back keeps its place */
     /* --- engine side */
     enum job_state state;
     bool          cancelled;       /* client went away (set by the HTTP thread) */
+    bool          timed_out;       /* stopped by its deadline (engine thread) */
     bool          started;         /* the prompt is in: a stream may send its headers */
     int           http_status;     /* error status when != 200 */
     char          err_msg[512], err_type[48], err_code[48];

@@ -4,6 +4,7 @@
 ** sync for servers. */
 #include "session/session_int.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -198,6 +199,7 @@ int kvt_session_add_ex(kvt_session *s, enum kvt_role role, const char *text, int
     if (s->is_parked) return kvt__sess_parked_error();
     int rc = kvt__sess_push_msg(s, role, text, keep);
     if (rc || role != KVT_ROLE_USER) return rc; /* system/assistant text is decoded with the next user turn */
+    int32_t total0 = -1;
     s->turn++;
     s->route_want = s->route_tokens = 0;
     kvt_token *tok = NULL;
@@ -221,6 +223,7 @@ int kvt_session_add_ex(kvt_session *s, enum kvt_role role, const char *text, int
     /* 2. the new user message (the assistant prefix follows as its own segment, so a message
     **    added after it replaces only the prefix) */
     if ((rc = pending_tokens(s, s->n_m, s->p.policy == KVT_POLICY_INFLLM, &tok, &n, &fmt))) goto fail;
+    total0 = s->total; /* the stream before the message: what a failure cuts back to */
     struct kvt_engine_info I;
     kvt_engine_info(s->eng, &I);
     /* a message longer than the budget is served (its own blocks are evicted while it is prefilled,
@@ -269,11 +272,23 @@ int kvt_session_add_ex(kvt_session *s, enum kvt_role role, const char *text, int
     }
     return 0;
 fail:
-    /* the message is not part of the conversation; decoded chunks stay (the table matches) */
+    /* the message is not part of the conversation, nor are its tokens: the chunks of it already
+    ** decoded (a prefill stopped by the scheduler's hook, KVT_ECANCELED, or failed mid-way) are
+    ** cut back, or the next call would find them in the stream but not in kv_text and reply to a
+    ** conversation holding a fragment of a message nobody sent (issue #24) */
     free(tok);
     free(fmt);
     if (s->n_m_decoded < s->n_m) {
         free(s->m[--s->n_m].content);
+    }
+    if (total0 >= 0 && s->total > total0) {
+        int rc2 = kvt__sess_cut_stream(s, total0);
+        while (s->n_seg > 0 && s->seg_tok[s->n_seg - 1] > total0) s->n_seg--;
+        if (rc2) { /* the message says both */
+            char m[512];
+            snprintf(m, sizeof m, "%s", kvt_errmsg());
+            kvt__fail(rc, "%s (and cutting its decoded part back failed: %s)", m, kvt_strerror(rc2));
+        }
     }
     return rc;
 }

@@ -78,6 +78,17 @@ start other --api-key-file "$TMP/keys2" --store "$TMP/store2"
 cmp -s "$TMP/store/server-secret" "$TMP/store2/server-secret" && bad "two stores drew the same secret" ||
     ok "another store, another secret"
 stop
+# --request-timeout-s: a stopped prefill leaves its session as it was (tests/server/serve_deadline_test.py)
+start deadline --no-store -c 16384 --request-timeout-s 2
+if [ -n "$PORT" ]; then
+    ( cd "$SRC/tests/server" && "$PY" serve_deadline_test.py "http://127.0.0.1:$PORT" ) >"$TMP/py2" 2>&1
+    prc=$?
+    cat "$TMP/py2"
+    pass=$((pass + $(grep -c '^ok ' "$TMP/py2")))
+    fail=$((fail + $(grep -c '^FAIL ' "$TMP/py2")))
+    [ $prc -eq 0 ] || [ "$(grep -c '^FAIL ' "$TMP/py2")" -gt 0 ] || bad "serve_deadline_test.py exited with status $prc"
+fi
+stop
 if grep -qE 'AddressSanitizer|LeakSanitizer|UndefinedBehaviorSanitizer|runtime error:' "$TMP"/*.err; then
     bad "sanitizer report on a server's stderr"; grep -A20 -E 'Sanitizer|runtime error' "$TMP"/*.err | head -60
 else
