@@ -146,6 +146,29 @@ static void notify_connection(void *cls, struct MHD_Connection *c, void **socket
     }
 }
 
+/* libmicrohttpd's own messages ("Server reached connection limit", "Failed to create a new
+** thread"): a hostile client can make one per connection, so at most one line a second reaches
+** stderr, with the count of those held back. */
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static double t_last;
+    static long held;
+    (void) cls;
+    double now = mono_ms();
+    pthread_mutex_lock(&mu);
+    if (now - t_last < 1000) { held++; pthread_mutex_unlock(&mu); return; }
+    t_last = now;
+    long h = held;
+    held = 0;
+    pthread_mutex_unlock(&mu);
+    char line[512];
+    vsnprintf(line, sizeof line, fmt, ap);
+    size_t n = strlen(line);
+    while (n && (line[n - 1] == '\n' || line[n - 1] == ' ')) line[--n] = '\0';
+    if (h) fprintf(stderr, "kvtier serve: libmicrohttpd: %s (and %ld messages in the last second, not shown)\n", line, h);
+    else fprintf(stderr, "kvtier serve: libmicrohttpd: %s\n", line);
+}
+
 static struct conn *conn_of(struct MHD_Connection *c) {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
     return ci ? ci->socket_context : NULL;
@@ -731,7 +754,7 @@ struct MHD_Daemon *serve_http_start(struct server *srv, const char *host, int32_
         MHD_OPTION_CONNECTION_LIMIT, (unsigned) srv->lim.max_connections,
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned) srv->lim.max_per_ip,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned) srv->lim.idle_timeout_s,
-        MHD_OPTION_THREAD_STACK_SIZE, (size_t) 1 << 20, MHD_OPTION_END);
+        MHD_OPTION_THREAD_STACK_SIZE, (size_t) 1 << 20, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, srv, MHD_OPTION_END);
     if (!d) {
         fprintf(stderr, "kvtier serve: cannot listen on %s:%d (in use, or not allowed)\n", host, port);
         goto fail;

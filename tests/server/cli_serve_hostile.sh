@@ -55,6 +55,9 @@ words=$(for i in $(seq 1 120); do printf 'river%d stone ' "$i"; done)
 q="{\"messages\":[{\"role\":\"user\",\"content\":\"Remember these words: $words\"}],\"max_tokens\":2}"
 curl -s -H "Authorization: Bearer key-two-222" -d "$q" "http://127.0.0.1:$PORT/v1/chat/completions" >/dev/null
 stop
+n_log=$(grep -c 'libmicrohttpd\|connection limit' "$TMP/hostile.err")
+[ "$n_log" -le 10 ] && ok "libmicrohttpd's messages about refused connections: $n_log lines (at most one a second)" ||
+    bad "libmicrohttpd flooded the log: $n_log lines"
 [ -f "$TMP/store/server-secret" ] && [ "$(stat -c %a "$TMP/store/server-secret")" = 600 ] &&
     [ "$(stat -c %s "$TMP/store/server-secret")" = 32 ] && ok "server secret: 32 bytes, mode 600, in the store" ||
     bad "server secret: $(ls -l "$TMP/store" 2>&1)"
