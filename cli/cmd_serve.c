@@ -142,7 +142,7 @@ int cmd_serve(int argc, char **argv) {
     srv.lim = (struct serve_limits){
         .max_messages = 4096, .max_parts = 1024, .max_tools = 128, .max_schema_nodes = 10000, .max_alternatives = 1024,
         .max_connections = 256, .max_per_ip = 64, .idle_timeout_s = 60, .header_timeout_s = 10, .body_timeout_s = 60,
-        .request_timeout_s = 600,
+        .request_timeout_s = 600, .drain_s = 30,
     };
     const struct cli_opt opts[] = {
         { "model", 'm', OPT_STR, &srv.model_path, 0, 0, "MODEL", "GGUF model file (default $KVTIER_MODEL)", NULL },
@@ -238,6 +238,9 @@ int cmd_serve(int argc, char **argv) {
         { "request-timeout-s", 0, OPT_INT, &srv.lim.request_timeout_s, 0, 86400, "N",
           "a request's time from arrival to its last token: queued or prefilling past it gets 408, generating past it "
           "ends the reply (finish_reason \"length\"); 0 = none (default 600)", NULL },
+        { "drain-s", 0, OPT_INT, &srv.lim.drain_s, 0, 86400, "N",
+          "after SIGTERM/SIGINT, requests in flight get this long to finish; then, or at a second signal, they are "
+          "stopped (replies end, waiting requests get 503) (default 30)", NULL },
         { "metrics-public", 0, OPT_FLAG, &srv.lim.metrics_public, 0, 0, NULL, "serve GET /metrics without an API key (default: a key is needed when keys are set)", NULL },
         { NULL, 0, 0, NULL, 0, 0, NULL, NULL, NULL },
     };
@@ -341,12 +344,35 @@ int cmd_serve(int argc, char **argv) {
                 srv.kv_unified ? ", unified KV cache" : "", srv.keys ? ", API keys required" : "");
         int sig = 0;
         sigwait(&set, &sig);
-        fprintf(stderr, "%s: %s: finishing the requests in flight\n", cmd, sig == SIGTERM ? "SIGTERM" : "SIGINT");
+        fprintf(stderr, "%s: %s: finishing the requests in flight (at most %d s; a second signal stops them now)\n", cmd,
+                sig == SIGTERM ? "SIGTERM" : "SIGINT", srv.lim.drain_s);
     }
     pthread_mutex_lock(&srv.mu);
     srv.stopping = true;
     pthread_cond_broadcast(&srv.work);
     pthread_mutex_unlock(&srv.mu);
+    /* the drain: until the engine is done, --drain-s passes or another signal comes */
+    struct timespec t_end;
+    clock_gettime(CLOCK_MONOTONIC, &t_end);
+    t_end.tv_sec += srv.lim.drain_s;
+    for (bool done = false; !done;) {
+        pthread_mutex_lock(&srv.mu);
+        done = srv.engine_done;
+        pthread_mutex_unlock(&srv.mu);
+        if (done) break;
+        struct timespec now, step = { 0, 100 * 1000000L };
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        int got = sigtimedwait(&set, NULL, &step);
+        bool late = now.tv_sec > t_end.tv_sec || (now.tv_sec == t_end.tv_sec && now.tv_nsec >= t_end.tv_nsec);
+        if (got > 0 || late) {
+            fprintf(stderr, "%s: %s: stopping the requests in flight\n", cmd, got > 0 ? "second signal" : "--drain-s passed");
+            pthread_mutex_lock(&srv.mu);
+            srv.abort_jobs = true;
+            pthread_cond_broadcast(&srv.work);
+            pthread_mutex_unlock(&srv.mu);
+            break;
+        }
+    }
     pthread_join(eng_thread, NULL);
     if (d) serve_http_stop(&srv, d);
     serve_engine_close(&srv);

@@ -49,16 +49,27 @@ static double mono_ms(void) {
 ** its arrival; j->timed_out then says which)?  Any thread may set cancelled: read under srv->mu. */
 static bool job_stopped(struct server *srv, struct job *j) {
     pthread_mutex_lock(&srv->mu);
-    bool stop = j->cancelled;
+    bool stop = j->cancelled || srv->abort_jobs;
     pthread_mutex_unlock(&srv->mu);
     if (!stop && j->deadline > 0 && mono_ms() > j->deadline) stop = j->timed_out = true;
     return stop;
 }
 
-/* The error of a job stopped by its deadline before its reply began. */
+/* The error of a job stopped by its deadline (or by the end of the drain) before its reply began. */
 static void job_timeout_error(struct server *srv, struct job *j, const char *where) {
-    serve_job_error(j, 408, "invalid_request_error", "request_timeout", "the request ran past --request-timeout-s %d (%s)",
-                    srv->lim.request_timeout_s, where);
+    if (j->timed_out)
+        serve_job_error(j, 408, "invalid_request_error", "request_timeout", "the request ran past --request-timeout-s %d (%s)",
+                        srv->lim.request_timeout_s, where);
+    else
+        serve_job_error(j, 503, "server_error", "shutting_down", "the server is shutting down (--drain-s %d passed; %s)",
+                        srv->lim.drain_s, where);
+}
+
+static bool aborting(struct server *srv) {
+    pthread_mutex_lock(&srv->mu);
+    bool a = srv->abort_jobs;
+    pthread_mutex_unlock(&srv->mu);
+    return a;
 }
 
 int serve_engine_open(struct server *srv) {
@@ -458,7 +469,7 @@ static bool start_completion(struct server *srv, struct job *j) {
     free(j->ptok);
     j->ptok = NULL;
     if (rc) {
-        if (rc == KVT_ECANCELED && j->timed_out) job_timeout_error(srv, j, "prefill");
+        if (rc == KVT_ECANCELED && (j->timed_out || aborting(srv))) job_timeout_error(srv, j, "prefill");
         else serve_job_lib_error(j, "prompt", rc);
         end_completion(srv, j, 0);
         finish(srv, j);
@@ -478,7 +489,7 @@ static void start_waiting(struct server *srv) {
     int32_t w = 0; /* first, the ones whose client left, wherever they wait */
     for (int32_t k = 0; k < sc->n_wait; k++) {
         bool gone = job_stopped(srv, sc->wait[k]);
-        if (gone && sc->wait[k]->timed_out) job_timeout_error(srv, sc->wait[k], "waiting for a sequence");
+        if (gone && (sc->wait[k]->timed_out || aborting(srv))) job_timeout_error(srv, sc->wait[k], "waiting for a sequence");
         if (gone) { sc->wait[k]->completion_tokens = 0; sc->wait[k]->finish = "stop"; finish(srv, sc->wait[k]); }
         else sc->wait[w++] = sc->wait[k];
     }
@@ -532,7 +543,7 @@ static enum pick start_chat(struct server *srv, struct job *j) {
     j->prompt_tokens = j->sync.prompt_tokens;
     if (rc) {
         x->job = NULL;
-        if (rc == KVT_ECANCELED && j->timed_out) job_timeout_error(srv, j, "prefill");
+        if (rc == KVT_ECANCELED && (j->timed_out || aborting(srv))) job_timeout_error(srv, j, "prefill");
         else serve_job_lib_error(j, "prompt", rc);
         return PICK_OK;
     }
@@ -836,7 +847,7 @@ void *serve_engine_main(void *arg) {
                 continue;
             }
             bool gone = job_stopped(srv, j); /* its client left while it was queued, or its time is up */
-            if (gone && j->timed_out) job_timeout_error(srv, j, "queued");
+            if (gone && (j->timed_out || aborting(srv))) job_timeout_error(srv, j, "queued");
             if (gone) { j->finish = "stop"; finish(srv, j); continue; }
             if (j->kind == JOB_COMPLETION) {
                 if (prepare_completion(srv, j)) sc->wait[sc->n_wait++] = j;

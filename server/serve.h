@@ -34,6 +34,7 @@ struct serve_limits {
     int32_t header_timeout_s;   /* --header-timeout-s: from accept to the end of the headers, in all */
     int32_t body_timeout_s;     /* --body-timeout-s: from the headers to the end of the body, in all */
     int32_t request_timeout_s;  /* --request-timeout-s: from arrival to the last token; 0 = none */
+    int32_t drain_s;            /* --drain-s: after SIGTERM, jobs still running past this are stopped */
     bool    metrics_public;     /* --metrics-public: GET /metrics without a key */
 };
 
@@ -149,6 +150,7 @@ struct server {
     uint64_t        n_tickets;     /* jobs ever queued (the next job's ticket) */
     bool            stopping;      /* SIGTERM: finish what is queued and running, take nothing new */
     bool            engine_done;
+    bool            abort_jobs;    /* --drain-s passed or a second signal: every job stops now */
     int32_t         n_http;        /* requests whose reply is not yet sent (HTTP threads) */
     /* configuration */
     const char     *model_path;

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 
-from serve_client import check, finish, init, raw
+from serve_client import check, finish, init, metric, raw
 
 BASE, KEY, OTHER = sys.argv[1], sys.argv[2], sys.argv[3]
 init(BASE, KEY)
@@ -217,13 +217,20 @@ def hit(key, n):
     codes.append((key, st, b.get("error", {}).get("code") if isinstance(b, dict) else None))
 
 
-ths = [threading.Thread(target=hit, args=(OTHER, 120))]  # --parallel 1: runs; the next ones wait
+def wait_metric(name, value, limit=20):
+    t0 = time.time()
+    while time.time() - t0 < limit and metric(name) != value:
+        time.sleep(0.05)
+    return metric(name) == value
+
+
+ths = [threading.Thread(target=hit, args=(OTHER, 400))]  # --parallel 1: runs (~5 s); the next ones wait
 ths[0].start()
-time.sleep(1.0)
+running = wait_metric("kvtier_active_requests", 1)
 for _ in range(2):  # --queue 4 with 2 keys: 2 places a key
     ths.append(threading.Thread(target=hit, args=(OTHER, 1)))
     ths[-1].start()
-time.sleep(0.5)
+queued = wait_metric("kvtier_queue_length", 2)
 hit(OTHER, 1)  # a third waiting request of the same key: refused at once
 ths.append(threading.Thread(target=hit, args=(KEY, 1)))  # the other key still finds a place
 ths[-1].start()
@@ -231,7 +238,7 @@ for t in ths:
     t.join()
 refused = [c for c in codes if c[1] == 429]
 check("--queue 4, two keys: a key's third waiting request -> 429 queue_share_full, the other key is served",
-      len(refused) == 1 and refused[0][0] == OTHER and refused[0][2] == "queue_share_full" and
+      running and queued and len(refused) == 1 and refused[0][0] == OTHER and refused[0][2] == "queue_share_full" and
       any(k == KEY and st == 200 for k, st, _ in codes), codes)
 
 
