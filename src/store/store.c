@@ -163,7 +163,7 @@ static int open_index(kvt_store *st) {
             exec(st, st->wr, "ROLLBACK");
             return rc;
         }
-        if ((rc = prepare(st, st->wr, "SELECT 1 FROM blocks WHERE key = ?1", &st->wr_exists)) ||
+        if ((rc = prepare(st, st->wr, "SELECT last_hit, hits FROM blocks WHERE key = ?1", &st->wr_exists)) ||
             (rc = prepare(st, st->wr,
                           "INSERT OR REPLACE INTO blocks(key, file, size, codec, checksum, model, n_tokens, created, "
                           "last_hit, hits) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)", &st->wr_ins)) ||
@@ -331,10 +331,24 @@ static void write_job(kvt_store *st, struct kvt__job *j) {
     while (flock(st->lock_fd, LOCK_SH) && errno == EINTR) {}
     bool written = false, skipped = false;
     pthread_mutex_lock(&st->wr_mu);
+    const double now = kvt__store_now(st);
     sqlite3_bind_blob(st->wr_exists, 1, j->key.b, KVT_KEY_BYTES, SQLITE_STATIC);
-    skipped = sqlite3_step(st->wr_exists) == SQLITE_ROW;
+    bool expired = false;
+    if (sqlite3_step(st->wr_exists) == SQLITE_ROW) {
+        /* an expired row is no copy: a get would remove it, so skipping the fresh write for it
+        ** (while the RAM tier records the block as on disk) lost the block (issue #24 item 7).
+        ** Its row goes; the fresh file replaces the old one under the same name. */
+        expired = kvt__expires(&st->ttl, sqlite3_column_double(st->wr_exists, 0), sqlite3_column_int64(st->wr_exists, 1)) <= now;
+        skipped = !expired;
+    }
     sqlite3_reset(st->wr_exists);
-    bool room = skipped || make_room(st, (int64_t)j->buf->n, kvt__store_now(st));
+    if (expired) {
+        sqlite3_bind_blob(st->wr_del, 1, j->key.b, KVT_KEY_BYTES, SQLITE_STATIC);
+        if (sqlite3_step(st->wr_del) == SQLITE_ROW) st->disk_bytes_now -= sqlite3_column_int64(st->wr_del, 0);
+        while (sqlite3_step(st->wr_del) == SQLITE_ROW) {}
+        sqlite3_reset(st->wr_del);
+    }
+    bool room = skipped || make_room(st, (int64_t)j->buf->n, now);
     pthread_mutex_unlock(&st->wr_mu);
     /* the disk tier's codec, here on the writer thread (off the decode path) */
     const uint8_t *data = j->buf->data;

@@ -432,6 +432,39 @@ static void test_ttl_hot(void **state) {
     ttl_case(NULL, 1 << 20, 0);     /* RAM */
 }
 
+/* A block put again after its disk row expired (no get met the row, so it is still in the
+** index) is written afresh: the writer once skipped it as "already in the index", and the next
+** get found only the expired row and lost the block (issue #24 item 7). */
+static void test_rewrite_expired(void **state) {
+    struct sk_fx *f = *state;
+    struct kvt_store_params p = kvt_store_default_params();
+    p.dir = f->dir;
+    p.ram_bytes = 0;
+    p.disk_bytes = 1 << 20;
+    p.ttl_s = 100;
+    p.ttl_hot_s = 1000;
+    p.hot_hits = 3;
+    kvt_store *st;
+    assert_int_equal(kvt_store_open(&p, &st), 0);
+    const double t0 = 1.8e9;
+    kvt_store_test_set_clock(st, t0);
+    kvt_key k = sk_key("expired-then-put", 0);
+    put_block(st, &MODEL_A, &k);
+    kvt_store_flush(st);
+    kvt_store_test_set_clock(st, t0 + 150); /* expired; its row still there */
+    put_block(st, &MODEL_A, &k);            /* the same content again, fresh */
+    kvt_store_flush(st);
+    kvt_store_test_set_clock(st, t0 + 160);
+    expect_block(st, &MODEL_A, &k);
+    struct kvt_store_stats s = stats(st);
+    assert_int_equal(s.disk.entries, 1);
+    assert_int_equal(s.disk.writes, 2);
+    struct kvt_store_report r;
+    assert_int_equal(kvt_store_verify(st, false, &r), 0);
+    assert_int_equal(r.corrupt + r.missing, 0);
+    kvt_store_close(st);
+}
+
 /* Damaged blob files (flipped payload byte, flipped header byte, truncated, missing, another
 ** key's file, a header naming another model) are misses counted in corrupt, removed, never
 ** returned; the untouched block still reads back. */
@@ -683,6 +716,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_ram_lru),
         cmocka_unit_test_setup_teardown(test_disk_quota, sk_setup, sk_teardown),
         cmocka_unit_test_setup_teardown(test_ttl_hot, sk_setup, sk_teardown),
+        cmocka_unit_test_setup_teardown(test_rewrite_expired, sk_setup, sk_teardown),
         cmocka_unit_test_setup_teardown(test_corrupt_files, sk_setup, sk_teardown),
         cmocka_unit_test_setup_teardown(test_foreign_model, sk_setup, sk_teardown),
         cmocka_unit_test_setup_teardown(test_errors, sk_setup, sk_teardown),
