@@ -281,14 +281,13 @@ fail:
     if (s->n_m_decoded < s->n_m) {
         free(s->m[--s->n_m].content);
     }
-    if (total0 >= 0 && s->total > total0) {
+    if (total0 >= 0 && s->total > total0) { /* cutting clears the error message: it is kept */
+        char m[512];
+        snprintf(m, sizeof m, "%s", kvt_errmsg());
         int rc2 = kvt__sess_cut_stream(s, total0);
         while (s->n_seg > 0 && s->seg_tok[s->n_seg - 1] > total0) s->n_seg--;
-        if (rc2) { /* the message says both */
-            char m[512];
-            snprintf(m, sizeof m, "%s", kvt_errmsg());
-            kvt__fail(rc, "%s (and cutting its decoded part back failed: %s)", m, kvt_strerror(rc2));
-        }
+        if (rc2) kvt__fail(rc, "%s (and cutting its decoded part back failed: %s)", m, kvt_strerror(rc2));
+        else kvt__fail(rc, "%s", m);
     }
     return rc;
 }
