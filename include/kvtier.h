@@ -252,7 +252,7 @@ int kvt_chat_format(kvt_engine *eng, const struct kvt_chat_msg *msgs, int32_t n_
 ** chunks of n_batch tokens.  pos0 must be the sequence's next position (max resident + 1, or
 ** any position for an empty sequence).  want_logits: keep the logits of the last token for
 ** kvt_logits() / kvt_sample().
-** Errors: KVT_EINVAL (bad seq or n), KVT_ECTX (no free KV cells: the message gives the cell
+** Errors: KVT_EINVAL (bad seq or n; positions outside [0, 2^30)), KVT_ECTX (no free KV cells: the message gives the cell
 ** count; streams: the sequence's own stream is full, whatever the others hold), KVT_ELLAMA.  On error, tokens of the failed chunk are not in the cache; earlier chunks
 ** are (the caller's block table records what was decoded via the return of kvt_seq_pos_max). */
 int kvt_decode(kvt_engine *eng, int32_t seq, const kvt_token *tokens, int32_t n, kvt_pos pos0,
@@ -424,9 +424,14 @@ int kvt_block_save(kvt_engine *eng, int32_t seq, kvt_pos p0, kvt_pos p1, kvt_blo
 ** (it clears the part that failed and keeps the others), the previous cells are written back.
 ** new_p0 must be past every resident position of seq (blocks are loaded at the tail); the next
 ** decode continues at the highest position + 1.  The blob is not modified.
-** Errors: KVT_EINVAL (new_p0 not past the tail), KVT_EFORMAT (blob from another model or cache
-** layout; an iSWA block without the sliding-window cells of its last positions, which would
-** decode without that local context), KVT_ECTX (no free cells; streams: the stream cannot hold
+** The blob's bytes are not trusted (they may come from disk or a shared Redis): before anything
+** is written, its cells must be what its fields say -- positions in [0, 2^30), part 0 holding
+** n_cells cells, every cell of every part within [p0, p0 + n_tokens), no position twice -- and
+** new_p0 + n_tokens must not pass 2^30.
+** Errors: KVT_EINVAL (new_p0 not past the tail, or the block would pass position 2^30 - 1),
+** KVT_EFORMAT (blob from another model or cache layout; cells that are not what the blob's
+** fields say, the message naming the cell and position; an iSWA block without the sliding-window
+** cells of its last positions, which would decode without that local context), KVT_ECTX (no free cells; streams: the stream cannot hold
 ** the sequence's cells plus the block's, checked before anything is touched),
 ** KVT_EUNSUPPORTED (rope type cannot be re-anchored, e.g. M-RoPE), KVT_ENOMEM, KVT_ELLAMA
 ** (streams: llama.cpp rejected the assembled state; the sequence has its previous cells back).

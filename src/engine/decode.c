@@ -12,6 +12,8 @@ bool kvt__engine_seq_ok(const kvt_engine *e, int32_t seq) { return seq >= 0 && s
 int kvt_decode(kvt_engine *e, int32_t seq, const kvt_token *tokens, int32_t n, kvt_pos pos0, bool want_logits) {
     if (!kvt__engine_seq_ok(e, seq)) return kvt__fail(KVT_EINVAL, "sequence id %d is outside 0..%d", seq, e->p.n_seq - 1);
     if (n <= 0 || !tokens) return kvt__fail(KVT_EINVAL, "decode of %d tokens", n);
+    if (pos0 < 0 || (int64_t) pos0 + n > KVT__MAX_POS)
+        return kvt__fail(KVT_EINVAL, "decode of %d tokens at position %d: positions are 0..%d", n, pos0, KVT__MAX_POS - 1);
     kvt_pos pos_buf[4096];
     e->have_logits = false;
     for (int32_t off = 0; off < n; off += e->p.n_ubatch) {
@@ -113,7 +115,11 @@ int kvt_decode_mixed(kvt_engine *e, const int32_t *seqs, const kvt_token *toks, 
             return kvt__fail(KVT_EINVAL, "sequence %d is both a decode row and the prefill chunk of one decode", seqs[i]);
         if (toks[i] < 0 || toks[i] >= e->info.n_vocab)
             return kvt__fail(KVT_EINVAL, "token %d at index %d is outside the vocabulary of %d", toks[i], i, e->info.n_vocab);
+        if (pos[i] < 0 || pos[i] >= KVT__MAX_POS)
+            return kvt__fail(KVT_EINVAL, "row %d at position %d: positions are 0..%d", i, pos[i], KVT__MAX_POS - 1);
     }
+    if (m > 0 && (c->pos0 < 0 || (int64_t) c->pos0 + m > KVT__MAX_POS))
+        return kvt__fail(KVT_EINVAL, "chunk of %d tokens at position %d: positions are 0..%d", m, c->pos0, KVT__MAX_POS - 1);
     for (int32_t i = 0; i < m; i++)
         if (c->tokens[i] < 0 || c->tokens[i] >= e->info.n_vocab)
             return kvt__fail(KVT_EINVAL, "chunk token %d at index %d is outside the vocabulary of %d", c->tokens[i], i,

@@ -30,17 +30,23 @@ void kvt__engine_backends(void) {
     if (ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU) == NULL) ggml_backend_load_all();
 }
 
+int kvt__pm_reserve(struct posmap *m, kvt_pos p) {
+    if (p < 0 || p >= KVT__MAX_POS)
+        return kvt__fail(KVT_EINVAL, "position %d is outside 0..%d", p, KVT__MAX_POS - 1);
+    if (p < m->cap) return 0;
+    int64_t cap = m->cap ? m->cap : 4096; /* a power of two, so at most KVT__MAX_POS: no overflow */
+    while (cap <= p) cap *= 2;
+    uint8_t *nb = realloc(m->bits, (size_t) cap / 8);
+    if (!nb) return kvt__fail(KVT_ENOMEM, "position map of %lld positions", (long long) cap);
+    memset(nb + m->cap / 8, 0, (size_t) (cap - m->cap) / 8);
+    m->bits = nb;
+    m->cap = (int32_t) cap;
+    return 0;
+}
+
 int kvt__pm_set(struct posmap *m, kvt_pos p) {
-    if (p < 0) return KVT_EINVAL;
-    if (p >= m->cap) {
-        int32_t cap = m->cap ? m->cap : 4096;
-        while (cap <= p) cap *= 2;
-        uint8_t *nb = realloc(m->bits, (size_t) cap / 8);
-        if (!nb) return kvt__fail(KVT_ENOMEM, "position map of %d positions", cap);
-        memset(nb + m->cap / 8, 0, (size_t) (cap - m->cap) / 8);
-        m->bits = nb;
-        m->cap = cap;
-    }
+    int rc = kvt__pm_reserve(m, p);
+    if (rc) return rc;
     if (!(m->bits[p >> 3] & (1u << (p & 7)))) {
         m->bits[p >> 3] |= (uint8_t) (1u << (p & 7));
         m->n++;

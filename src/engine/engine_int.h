@@ -110,7 +110,12 @@ extern bool kvt__engine_verbose; /* llama.cpp's log on stderr (kvt_engine_params
 void kvt__engine_log_cb(enum ggml_log_level level, const char *text, void *ud);
 bool kvt__engine_quiet_progress(float progress, void *ud);
 void kvt__engine_backends(void); /* loads ggml's dynamic backends when none is linked in */
-/* Position shadow: mark / clear [p0, p1) / highest set position (-1 when empty). */
+/* Position shadow: mark / clear [p0, p1) / highest set position (-1 when empty).  Positions are
+** [0, KVT__MAX_POS): set and reserve refuse others (KVT_EINVAL, naming it); both can fail with
+** KVT_ENOMEM while the map grows, so a caller that must not fail after changing the cache
+** reserves its highest position first (kvt__pm_reserve: the map then covers [0, p], nothing set),
+** after which a set of any position up to p cannot fail. */
+int     kvt__pm_reserve(struct posmap *m, kvt_pos p);
 int     kvt__pm_set(struct posmap *m, kvt_pos p);
 void    kvt__pm_clear(struct posmap *m, kvt_pos p0, kvt_pos p1);
 kvt_pos kvt__pm_max(const struct posmap *m);

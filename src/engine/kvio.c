@@ -14,6 +14,7 @@
 #include "engine/engine_int.h"
 #include "test_hooks.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -165,6 +166,49 @@ static int check_swa_cells(const kvt_engine *e, const kvt_blob *blob, const stru
                          "(window of %d; it was saved after they left the window): loading it would decode without "
                          "that local context", lo, last, n_swa, n_full, e->info.n_swa);
     return 0;
+}
+
+static int cmp_pos(const void *a, const void *b) {
+    const int32_t x = *(const int32_t *) a, y = *(const int32_t *) b;
+    return (x > y) - (x < y);
+}
+
+/* A block's bytes may come from disk, Redis or any caller: before anything is written into the
+** context, its cells must be what its kvt_blob fields say (part 0 holds n_cells cells; every
+** cell of every part lies in [p0, p0 + n_tokens), no position twice in a part) and it must fit
+** at new_p0.  Every position a load then computes (pos + new_p0 - p0) lies in [new_p0, new_p0 +
+** n_tokens) within [0, KVT__MAX_POS), and nothing can overflow.  KVT_EFORMAT (the block) or
+** KVT_EINVAL (new_p0), naming the value. */
+static int check_blob(const kvt_blob *blob, const struct kvt__blob_layout *L, kvt_pos new_p0, const char *what) {
+    const kvt_pos p0 = blob->p0;
+    if (blob->n_tokens < 1 || p0 < 0 || (int64_t) p0 + blob->n_tokens > KVT__MAX_POS)
+        return kvt__fail(KVT_EFORMAT, "%s: the block says %d tokens at position %d (positions are 0..%d)", what,
+                         blob->n_tokens, p0, KVT__MAX_POS - 1);
+    if (new_p0 < 0 || (int64_t) new_p0 + blob->n_tokens > KVT__MAX_POS)
+        return kvt__fail(KVT_EINVAL, "%s at position %d: its %d tokens would pass position %d", what, new_p0,
+                         blob->n_tokens, KVT__MAX_POS - 1);
+    if (blob->n_cells < 0 || L->part[0].n_cells != (uint32_t) blob->n_cells)
+        return kvt__fail(KVT_EFORMAT, "%s: the block's bytes hold %u cells, the block says %d", what, L->part[0].n_cells,
+                         blob->n_cells);
+    uint32_t most = 1;
+    for (int p = 0; p < L->n_parts; p++) most = KVT_MAX(most, L->part[p].n_cells);
+    int32_t *pos = malloc(sizeof *pos * most);
+    if (!pos) return kvt__fail(KVT_ENOMEM, "%s: positions of %u cells", what, most);
+    int rc = 0;
+    for (int p = 0; p < L->n_parts && rc == 0; p++) {
+        const uint32_t n = L->part[p].n_cells;
+        kvt__blob_positions(blob->data, L, p, pos);
+        for (uint32_t c = 0; c < n && rc == 0; c++)
+            if (pos[c] < p0 || pos[c] - p0 >= blob->n_tokens)
+                rc = kvt__fail(KVT_EFORMAT, "%s: cell %u of part %d is at position %d, outside the block's [%d, %d)", what,
+                               c, p, pos[c], p0, p0 + blob->n_tokens);
+        qsort(pos, n, sizeof *pos, cmp_pos);
+        for (uint32_t c = 1; c < n && rc == 0; c++)
+            if (pos[c] == pos[c - 1])
+                rc = kvt__fail(KVT_EFORMAT, "%s: position %d holds two cells in part %d of the block", what, pos[c], p);
+    }
+    free(pos);
+    return rc;
 }
 
 /* ---- save ---- */
@@ -394,11 +438,14 @@ int kvt_block_load(kvt_engine *e, const kvt_blob *blob, int32_t seq, kvt_pos new
     if (!L) return kvt__fail(KVT_ENOMEM, "block load");
     int rc = kvt__blob_parse(blob->data, blob->size, e->n_parts, L);
     if (rc == 0 && L->part[0].n_cells == 0) rc = kvt__fail(KVT_EFORMAT, "block load: the blob holds no cells");
+    if (rc == 0) rc = check_blob(blob, L, new_p0, "block load");
     if (rc == 0) rc = check_swa_cells(e, blob, L);
-    const int32_t delta = new_p0 - blob->p0;
+    /* the position map covers the block before the cache changes: the sets below cannot fail */
+    if (rc == 0) rc = kvt__pm_reserve(&e->pm[seq], new_p0 + blob->n_tokens - 1);
+    const int32_t delta = rc == 0 ? new_p0 - blob->p0 : 0;
     if (rc == 0) rc = e->unified ? load_unified(e, blob, L, seq, delta) : load_streams(e, blob, L, seq, delta);
     for (uint32_t c = 0; rc == 0 && c < L->part[0].n_cells; c++)
-        rc = kvt__pm_set(&e->pm[seq], kvt__blob_cell_pos(blob->data, L, 0, c) + delta);
+        kvt__pm_set(&e->pm[seq], kvt__blob_cell_pos(blob->data, L, 0, c) + delta);
     free(L);
     if (rc == 0) e->gen++;
     return rc;
@@ -460,17 +507,31 @@ int kvt_blocks_load(kvt_engine *e, const kvt_blob *const *blobs, int32_t n, int3
     if (n <= 0 || !blobs || !new_p0) return kvt__fail(KVT_EINVAL, "load of %d blocks", n);
     if (!kvt__engine_seq_ok(e, seq) || seq >= e->p.n_seq) return kvt__fail(KVT_EINVAL, "block load: sequence id %d", seq);
     kvt_pos prev = kvt__pm_max(&e->pm[seq]);
-    for (int32_t i = 0; i < n; i++) {
-        if (!blobs[i] || !blobs[i]->data) return kvt__fail(KVT_EINVAL, "load of blocks: block %d is NULL", i);
-        if (new_p0[i] <= prev)
-            return kvt__fail(KVT_EINVAL, "load of blocks: block %d at position %d is not past position %d (blocks go in "
-                             "ascending order at the tail)", i, new_p0[i], prev);
-        prev = new_p0[i] + blobs[i]->n_tokens - 1;
+    struct kvt__blob_layout *Ls = malloc(sizeof *Ls * (size_t) n);
+    if (!Ls) return kvt__fail(KVT_ENOMEM, "load of %d blocks", n);
+    /* every block checked before any is loaded: bytes that are not what they claim (disk, Redis)
+    ** fail the whole load with the sequence untouched */
+    int rc = 0;
+    char what[64];
+    for (int32_t i = 0; rc == 0 && i < n; i++) {
+        snprintf(what, sizeof what, "load of blocks: block %d", i);
+        if (!blobs[i] || !blobs[i]->data) rc = kvt__fail(KVT_EINVAL, "%s is NULL", what);
+        else if (new_p0[i] <= prev)
+            rc = kvt__fail(KVT_EINVAL, "%s at position %d is not past position %d (blocks go in ascending order at the "
+                           "tail)", what, new_p0[i], prev);
+        if (rc == 0) rc = kvt__blob_parse(blobs[i]->data, blobs[i]->size, e->n_parts, &Ls[i]);
+        if (rc == 0 && Ls[i].part[0].n_cells == 0) rc = kvt__fail(KVT_EFORMAT, "%s holds no cells", what);
+        if (rc == 0) rc = check_blob(blobs[i], &Ls[i], new_p0[i], what);
+        if (rc == 0) rc = check_swa_cells(e, blobs[i], &Ls[i]);
+        if (rc == 0) prev = new_p0[i] + blobs[i]->n_tokens - 1;
     }
+    if (rc == 0) rc = kvt__pm_reserve(&e->pm[seq], prev); /* the sets after the write cannot fail */
+    if (rc) { free(Ls); return rc; }
     if (e->unified || e->info.reanchor != KVT_REANCHOR_HOST) { /* one by one; on error the loaded ones go again */
+        free(Ls);
         kvt_pos tail = kvt__pm_max(&e->pm[seq]);
         for (int32_t i = 0; i < n; i++) {
-            int rc = kvt_block_load(e, blobs[i], seq, new_p0[i]);
+            rc = kvt_block_load(e, blobs[i], seq, new_p0[i]);
             if (rc) {
                 kvt_seq_rm(e, seq, tail + 1, -1); /* keeps the error message */
                 return rc;
@@ -478,18 +539,10 @@ int kvt_blocks_load(kvt_engine *e, const kvt_blob *const *blobs, int32_t n, int3
         }
         return 0;
     }
-    struct kvt__blob_layout *Ls = malloc(sizeof *Ls * (size_t) n);
-    if (!Ls) return kvt__fail(KVT_ENOMEM, "load of %d blocks", n);
-    int rc = 0;
-    for (int32_t i = 0; rc == 0 && i < n; i++) {
-        rc = kvt__blob_parse(blobs[i]->data, blobs[i]->size, e->n_parts, &Ls[i]);
-        if (rc == 0 && Ls[i].part[0].n_cells == 0) rc = kvt__fail(KVT_EFORMAT, "load of blocks: block %d holds no cells", i);
-        if (rc == 0) rc = check_swa_cells(e, blobs[i], &Ls[i]);
-    }
-    if (rc == 0) rc = load_many_streams(e, blobs, n, seq, new_p0, Ls);
+    rc = load_many_streams(e, blobs, n, seq, new_p0, Ls);
     for (int32_t i = 0; rc == 0 && i < n; i++)
-        for (uint32_t c = 0; rc == 0 && c < Ls[i].part[0].n_cells; c++)
-            rc = kvt__pm_set(&e->pm[seq], kvt__blob_cell_pos(blobs[i]->data, &Ls[i], 0, c) + new_p0[i] - blobs[i]->p0);
+        for (uint32_t c = 0; c < Ls[i].part[0].n_cells; c++)
+            kvt__pm_set(&e->pm[seq], kvt__blob_cell_pos(blobs[i]->data, &Ls[i], 0, c) + new_p0[i] - blobs[i]->p0);
     free(Ls);
     if (rc == 0) e->gen++;
     return rc;

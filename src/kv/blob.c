@@ -43,15 +43,28 @@ static int skip(struct rd *r, uint64_t k, const char *what) {
     return 0;
 }
 
+/* A type ggml knows (not one of its removed ids, whose sizes are 0) and a row of whole elements
+** (blocks, for a quantised type) of it. */
+static bool type_ok(int32_t t, uint64_t row_bytes) {
+    if (t < 0 || t >= GGML_TYPE_COUNT) return false;
+    const size_t ts = ggml_type_size((enum ggml_type) t);
+    return ts > 0 && ggml_blck_size((enum ggml_type) t) > 0 && row_bytes % ts == 0;
+}
+
 /* One non-empty stream record: cells, then K and V of every layer. */
 static int parse_record(struct rd *r, struct kvt__blob_part *P) {
     P->cells_off = r->off;
+    P->cells_fixed = true;
     for (uint32_t c = 0; c < P->n_cells; c++) {
         int32_t pos = 0;
         uint32_t n_seq_id = 0;
         RD(r, pos, "cell pos");
+        if (pos < 0 || pos >= KVT__MAX_POS)
+            return kvt__fail(KVT_EFORMAT, "KV block cell %u at byte %zu has position %d (0..%d expected)", c,
+                             r->off - 4, pos, KVT__MAX_POS - 1);
         RD(r, n_seq_id, "cell n_seq_id");
         if (n_seq_id > 64) return kvt__fail(KVT_EFORMAT, "KV block cell %u has %u seq ids", c, n_seq_id);
+        P->cells_fixed &= n_seq_id == 1;
         int rc = skip(r, (uint64_t) n_seq_id * 4, "cell seq ids");
         if (rc) return rc;
     }
@@ -62,8 +75,7 @@ static int parse_record(struct rd *r, struct kvt__blob_part *P) {
     for (uint32_t l = 0; l < P->n_layer; l++) {
         RD(r, P->k_type[l], "k type");
         RD(r, P->k_row_bytes[l], "k row bytes");
-        if (P->k_type[l] < 0 || P->k_type[l] >= GGML_TYPE_COUNT || P->k_row_bytes[l] == 0 ||
-            P->k_row_bytes[l] > (1u << 24))
+        if (P->k_row_bytes[l] == 0 || P->k_row_bytes[l] > (1u << 24) || !type_ok(P->k_type[l], P->k_row_bytes[l]))
             return kvt__fail(KVT_EFORMAT, "KV block layer %u: bad K type %d / row bytes %llu", l,
                              P->k_type[l], (unsigned long long) P->k_row_bytes[l]);
         P->k_off[l] = r->off;
@@ -76,8 +88,9 @@ static int parse_record(struct rd *r, struct kvt__blob_part *P) {
         int rc;
         if (!P->v_trans) {
             RD(r, P->v_row_bytes[l], "v row bytes");
-            if (P->v_row_bytes[l] > (1u << 24))
-                return kvt__fail(KVT_EFORMAT, "KV block layer %u: V row of %llu bytes", l, (unsigned long long) P->v_row_bytes[l]);
+            if (P->v_row_bytes[l] > (1u << 24) || !type_ok(P->v_type[l], P->v_row_bytes[l]))
+                return kvt__fail(KVT_EFORMAT, "KV block layer %u: bad V type %d / row bytes %llu", l, P->v_type[l],
+                                 (unsigned long long) P->v_row_bytes[l]);
             P->v_n_embd[l] = 0;
             P->v_off[l] = r->off;
             rc = skip(r, P->v_row_bytes[l] * P->n_cells, "V rows");
@@ -85,8 +98,10 @@ static int parse_record(struct rd *r, struct kvt__blob_part *P) {
             uint32_t el = 0, ne = 0;
             RD(r, el, "v elem size");
             RD(r, ne, "n_embd_v");
-            if (el == 0 || el > 64 || ne > (1u << 20))
-                return kvt__fail(KVT_EFORMAT, "KV block layer %u: transposed V of %u elements of %u bytes", l, ne, el);
+            if (el == 0 || el > 64 || ne > (1u << 20) || !type_ok(P->v_type[l], el) ||
+                el != ggml_type_size((enum ggml_type) P->v_type[l]))
+                return kvt__fail(KVT_EFORMAT, "KV block layer %u: transposed V of %u elements of %u bytes, type %d", l,
+                                 ne, el, P->v_type[l]);
             P->v_row_bytes[l] = el;
             P->v_n_embd[l] = ne;
             P->v_off[l] = r->off;
@@ -107,6 +122,7 @@ static int parse_part(struct rd *r, struct kvt__blob_part *P) {
     P->slot = 0;
     P->n_cells = 0;
     P->cells_off = r->off;
+    P->cells_fixed = true;
     P->n_layer = 0;
     P->v_trans = 0;
     P->v_bytes = 0;
@@ -151,6 +167,7 @@ int kvt__blob_parse(const uint8_t *buf, size_t n, int n_parts, struct kvt__blob_
 
 /* Cell records can have several seq ids, so cell c is found by walking. */
 static size_t cell_off(const uint8_t *buf, const struct kvt__blob_part *P, uint32_t c) {
+    if (P->cells_fixed) return P->cells_off + (size_t) c * 12;
     size_t off = P->cells_off;
     for (uint32_t i = 0; i < c; i++) {
         uint32_t nsid;
@@ -166,6 +183,17 @@ int32_t kvt__blob_cell_pos(const uint8_t *buf, const struct kvt__blob_layout *L,
     return pos;
 }
 
+void kvt__blob_positions(const uint8_t *buf, const struct kvt__blob_layout *L, int p, int32_t *pos) {
+    const struct kvt__blob_part *P = &L->part[p];
+    size_t off = P->cells_off;
+    for (uint32_t c = 0; c < P->n_cells; c++) {
+        uint32_t nsid;
+        memcpy(&pos[c], buf + off, 4);
+        memcpy(&nsid, buf + off + 4, 4);
+        off += 8 + (size_t) nsid * 4;
+    }
+}
+
 /* ---- writer ---- */
 
 struct selection {
@@ -173,6 +201,14 @@ struct selection {
     int32_t  *pos;  /* their positions, delta applied */
     uint32_t  n;
 };
+
+/* pos moved by delta, if that stays in [0, KVT__MAX_POS). */
+static bool move_pos(int32_t pos, int32_t delta, int32_t *out) {
+    const int64_t q = (int64_t) pos + delta;
+    if (q < 0 || q >= KVT__MAX_POS) return false;
+    *out = (int32_t) q;
+    return true;
+}
 
 static int select_cells(const struct kvt__blob_src *S, int p, struct selection *out) {
     const struct kvt__blob_part *P = &S->L->part[p];
@@ -191,8 +227,10 @@ static int select_cells(const struct kvt__blob_src *S, int p, struct selection *
         memcpy(&nsid, S->buf + off + 4, 4);
         off += 8 + (size_t) nsid * 4;
         if (pos >= S->lo[p] && pos < S->hi[p]) {
-            out->idx[out->n] = c;
-            out->pos[out->n++] = pos + S->delta;
+            if (!move_pos(pos, S->delta, &out->pos[out->n]))
+                return kvt__fail(KVT_EFORMAT, "KV block cell %u: position %d moved by %d leaves 0..%d", c, pos, S->delta,
+                                 KVT__MAX_POS - 1);
+            out->idx[out->n++] = c;
         }
     }
     return 0;
@@ -403,6 +441,20 @@ int kvt__blob_reanchor_range(uint8_t *buf, const struct kvt__blob_layout *L, int
             if (hd > 4096) return kvt__fail(KVT_EUNSUPPORTED, "head_dim %d > 4096", hd);
         }
     }
+    for (int p = 0; p < L->n_parts; p++) { /* every moved position stays a position */
+        const struct kvt__blob_part *P = &L->part[p];
+        size_t off = P->cells_off;
+        for (uint32_t c = 0; c < P->n_cells; c++) {
+            int32_t pos, moved;
+            uint32_t nsid;
+            memcpy(&pos, buf + off, 4);
+            memcpy(&nsid, buf + off + 4, 4);
+            off += 8 + (size_t) nsid * 4;
+            if (pos >= lo && pos < hi && !move_pos(pos, delta, &moved))
+                return kvt__fail(KVT_EFORMAT, "re-anchoring: part %d cell %u at position %d moved by %d leaves 0..%d", p, c,
+                                 pos, delta, KVT__MAX_POS - 1);
+        }
+    }
     for (int p = 0; p < L->n_parts; p++) {
         const struct kvt__blob_part *P = &L->part[p];
         if (P->n_cells == 0) continue;
@@ -428,12 +480,31 @@ int kvt__blob_reanchor_range(uint8_t *buf, const struct kvt__blob_layout *L, int
             const struct kvt__rope *r = &rope[p][il];
             float tmp[4096], cs[4096];
             kvt__rope_table(r, delta, cs); /* one table per layer: the angles depend only on delta */
+            const size_t es = P->k_type[il] == GGML_TYPE_F32 ? 4 : 2; /* rows are whole elements apart */
+            const bool aligned = (uintptr_t) (buf + P->k_off[il]) % es == 0;
             for (uint32_t c = 0; c < P->n_cells; c++) {
                 if (!hit[c]) continue;
                 uint8_t *row = buf + P->k_off[il] + (size_t) c * P->k_row_bytes[il];
                 for (int h = 0; h < n_head_kv; h++) {
-                    if (P->k_type[il] == GGML_TYPE_F32) {
+                    if (P->k_type[il] == GGML_TYPE_F32 && aligned) {
                         kvt__rope_apply((float *) (void *) row + (size_t) h * hd, r, cs);
+                    } else if (P->k_type[il] == GGML_TYPE_F32) { /* rows where the bytes put them: copied */
+                        uint8_t *x = row + (size_t) h * hd * 4;
+                        memcpy(tmp, x, (size_t) r->n_rot * 4);
+                        kvt__rope_apply(tmp, r, cs);
+                        memcpy(x, tmp, (size_t) r->n_rot * 4);
+                    } else if (!aligned) {
+                        uint8_t *x = row + (size_t) h * hd * 2;
+                        for (int i = 0; i < r->n_rot; i++) {
+                            ggml_fp16_t v;
+                            memcpy(&v, x + 2 * i, 2);
+                            tmp[i] = ggml_fp16_to_fp32(v);
+                        }
+                        kvt__rope_apply(tmp, r, cs);
+                        for (int i = 0; i < r->n_rot; i++) {
+                            ggml_fp16_t v = ggml_fp32_to_fp16(tmp[i]);
+                            memcpy(x + 2 * i, &v, 2);
+                        }
                     } else {
                         ggml_fp16_t *x = (ggml_fp16_t *) (void *) row + (size_t) h * hd;
                         ggml_fp16_to_fp32_row(x, tmp, r->n_rot);
@@ -467,8 +538,11 @@ int kvt__blob_k_f32(const uint8_t *buf, const struct kvt__blob_layout *L, int p,
     if (P->k_type[il] == GGML_TYPE_F32) {
         memcpy(out, k, n * sizeof(float));
     } else {
-        const ggml_fp16_t *h = (const ggml_fp16_t *) (const void *) k;
-        for (size_t i = 0; i < n; i++) out[i] = ggml_fp16_to_fp32(h[i]);
+        for (size_t i = 0; i < n; i++) { /* memcpy: the rows may be misaligned (offsets come from the bytes) */
+            ggml_fp16_t h;
+            memcpy(&h, k + 2 * i, 2);
+            out[i] = ggml_fp16_to_fp32(h);
+        }
     }
     return 0;
 }

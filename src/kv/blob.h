@@ -32,12 +32,19 @@
 
 #define KVT__MAX_STREAMS 256          /* LLAMA_MAX_SEQ */
 
+/* Cell positions a blob may carry, and positions a block may be moved to: [0, 2^30).  Far past
+** any trained context, and room below INT32_MAX for position + delta and for the engine's
+** position map, which grows by doubling.  Bytes from disk or Redis are untrusted: a position
+** outside this range is a malformed block (KVT_EFORMAT), never arithmetic on it. */
+#define KVT__MAX_POS (1 << 30)
+
 /* One part, described by its only non-empty stream record (all other records are empty). */
 struct kvt__blob_part {
     uint32_t n_stream;           /* stream records in the part */
     uint32_t slot;               /* the non-empty record's stream (0 when the part is empty) */
     uint32_t n_cells;
     size_t   cells_off;          /* offset of the first cell record */
+    bool     cells_fixed;        /* every cell record has one seq id (12 bytes): cell c is found at once */
     uint32_t v_trans, n_layer;
     int32_t  k_type[KVT__MAX_LAYERS];
     uint64_t k_row_bytes[KVT__MAX_LAYERS];
@@ -56,16 +63,22 @@ struct kvt__blob_layout {
 };
 
 /* Walk a blob with n_parts memory parts (2 for iSWA caches) and any n_stream (1..256) per part,
-** with at most one non-empty stream record per part.  Returns 0 or KVT_EFORMAT with a message
-** naming the offset and field that was wrong.  Never reads past n. */
+** with at most one non-empty stream record per part.  Checks every field the other functions
+** here index or size with: cell positions in [0, KVT__MAX_POS), K/V types known to ggml, row
+** sizes whole elements of their type, every record inside n.  Returns 0 or KVT_EFORMAT with a
+** message naming the offset or field and its value.  Never reads past n. */
 int kvt__blob_parse(const uint8_t *buf, size_t n, int n_parts, struct kvt__blob_layout *out);
 
-/* Position of cell c of part p (cells are in ascending cell-index order). */
+/* Position of cell c of part p (cells are in ascending cell-index order).  Constant time when
+** every cell has one seq id (llama.cpp's sequence states), else a walk over cells 0..c-1. */
 int32_t kvt__blob_cell_pos(const uint8_t *buf, const struct kvt__blob_layout *L, int p, uint32_t c);
+/* The positions of every cell of part p, in cell order, into pos[0..n_cells) (one walk). */
+void kvt__blob_positions(const uint8_t *buf, const struct kvt__blob_layout *L, int p, int32_t *pos);
 
 /* One source of cells for kvt__blob_write: the cells of a parsed blob whose positions lie in
 ** [lo[p], hi[p]) in part p (use INT32_MIN / INT32_MAX for "all"), positions moved by delta
-** (positions only: rotate K beforehand with kvt__blob_reanchor). */
+** (positions only: rotate K beforehand with kvt__blob_reanchor); a moved position must stay in
+** [0, KVT__MAX_POS) (else KVT_EFORMAT). */
 struct kvt__blob_src {
     const uint8_t *buf;
     const struct kvt__blob_layout *L;
@@ -100,7 +113,8 @@ void kvt__rope_apply(float *x, const struct kvt__rope *r, const float *cs);
 /* Re-anchor a blob in place: add delta to the position of every cell whose position is in
 ** [lo, hi) (every part) and rotate its K rows of every layer by delta with rope[p][il] (F32 or
 ** F16 K only; head_dim = row elems / n_head_kv).  Nothing is modified unless it returns 0;
-** errors: KVT_EUNSUPPORTED (quantised K), KVT_EFORMAT. */
+** errors: KVT_EUNSUPPORTED (quantised K), KVT_EFORMAT (also: a moved position would leave
+** [0, KVT__MAX_POS)), KVT_ENOMEM. */
 int kvt__blob_reanchor_range(uint8_t *buf, const struct kvt__blob_layout *L, int32_t delta, int32_t lo, int32_t hi,
                              int n_head_kv, struct kvt__rope *const rope[2]);
 

@@ -433,14 +433,21 @@ int kvt_codec_decode(const void *data, size_t n, kvt_blob **out) {
                          (unsigned long long) residue, left, I.raw_bytes);
     const uint8_t *enc = res + residue;
     left -= residue;
-    /* before allocating the block: the sizes must add up, and no section may claim more than
-    ** its encoding could describe (the sparsest, a 1-bit mask of F32, is 32x smaller) */
-    uint64_t total = residue;
+    /* before allocating the block: the sizes must add up, the encoded sections must lie in the
+    ** payload, and no section may claim more than its encoding could describe (the sparsest, a
+    ** 1-bit mask of F32, is 32x smaller): the block allocated is then at most ~64x the bytes
+    ** given, whatever the header says.  No sum can overflow: each term is at most the payload
+    ** or the raw size (both < 2^41), and there are at most 4 * KVT__MAX_LAYERS of them. */
+    uint64_t total = residue, enc_total = 0;
     for (uint32_t s = 0; s < n_sec; s++) {
         uint64_t len, el;
         memcpy(&len, tab + (size_t) s * SEC_BYTES + 8, 8);
         memcpy(&el, tab + (size_t) s * SEC_BYTES + 32, 8);
-        if (len > 64 * el + 4096 || len > I.raw_bytes)
+        if (el > left - enc_total)
+            return kvt__fail(KVT_ECORRUPT, "codec: section %u claims %llu encoded bytes, %llu of the payload are left", s,
+                             (unsigned long long) el, (unsigned long long) (left - enc_total));
+        enc_total += el;
+        if (len > I.raw_bytes || len > 64 * el + 4096)
             return kvt__fail(KVT_ECORRUPT, "codec: section %u claims %llu bytes from %llu encoded", s,
                              (unsigned long long) len, (unsigned long long) el);
         total += len;

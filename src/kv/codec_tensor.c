@@ -107,6 +107,12 @@ static void bit_set(uint8_t *bm, size_t i) { bm[i >> 3] |= (uint8_t) (1u << (i &
 
 static int q_bits(int codec) { return codec == KVT_CODEC_Q4 ? 4 : 8; }
 
+/* A rounded code in [0, levels]: a NaN or infinite element (a block decoded from hostile bytes
+** can hold any bits) gives 0 or levels, never a float-to-integer conversion out of range. */
+static uint8_t code_of(float q, float levels) {
+    return !(q > 0) ? 0 : q > levels ? (uint8_t) levels : (uint8_t) q;
+}
+
 /* Quantise the (kept) elements of every group: params to out, codes to codes[] (one per
 ** element in group order; packed by the caller). */
 static int quantise(struct kvt__buf *out, const float *y, const uint8_t *keep, const struct groups *g, int bits,
@@ -131,7 +137,7 @@ static int quantise(struct kvt__buf *out, const float *y, const uint8_t *keep, c
         const float inv = step > 0 ? 1.0f / step : 0; /* round half up: (x - lo) * inv >= 0 */
         for (uint32_t i = 0; i < w; i++) {
             float q = (y[idx[i]] - lo) * inv + 0.5f;
-            codes[nc++] = (uint8_t) (q > levels ? levels : q);
+            codes[nc++] = code_of(q, levels);
         }
     }
     free(idx);
@@ -182,7 +188,7 @@ static int quantise_mixed(struct kvt__buf *out, const float *y, const struct gro
         const float inv = step > 0 ? 1.0f / step : 0;
         for (uint32_t i = 0; i < k; i++) {
             float q = (y[idx[i]] - lo) * inv + 0.5f;
-            uint8_t c = (uint8_t) (q > levels ? levels : q);
+            uint8_t c = code_of(q, levels);
             if (bits == 8) codes[at + i] = c;
             else codes[at + i / 2] |= (uint8_t) (c << ((i & 1) * 4));
         }
@@ -197,57 +203,53 @@ out:
     return rc;
 }
 
+/* Element copies go through el_cp, never typed pointers into the blob: a tensor's offset in a
+** blob is whatever the bytes say (only whole elements apart), so it may be misaligned. */
+
 /* The tensor's elements cell-major (row c = cell c): m->base itself unless V is transposed,
 ** else a transposed copy in *tmp (caller frees). */
 static const uint8_t *gather(const struct kvt__mat *m, uint8_t **tmp) {
     *tmp = NULL;
     if (!m->trans) return m->base;
-    const uint32_t N = m->n_cells, E = m->n_embd;
-    uint8_t *t = malloc((size_t) N * E * m->elsize + 1);
+    const uint32_t N = m->n_cells, E = m->n_embd, es = m->elsize;
+    uint8_t *t = malloc((size_t) N * E * es + 1);
     if (!t) return NULL;
-    if (m->elsize == 2) {
-        const uint16_t *src = (const uint16_t *) (const void *) m->base;
-        uint16_t *dst = (uint16_t *) (void *) t;
-        for (uint32_t e = 0; e < E; e++)
-            for (uint32_t c = 0; c < N; c++) dst[(size_t) c * E + e] = src[(size_t) e * N + c];
-    } else {
-        const uint32_t *src = (const uint32_t *) (const void *) m->base;
-        uint32_t *dst = (uint32_t *) (void *) t;
-        for (uint32_t e = 0; e < E; e++)
-            for (uint32_t c = 0; c < N; c++) dst[(size_t) c * E + e] = src[(size_t) e * N + c];
-    }
+    for (uint32_t e = 0; e < E; e++)
+        for (uint32_t c = 0; c < N; c++) el_cp(t + ((size_t) c * E + e) * es, m->base + ((size_t) e * N + c) * es, es);
     *tmp = t;
     return t;
 }
 
 /* Write cell-major elements src back into the tensor's own layout. */
 static void scatter(const struct kvt__mat *m, const uint8_t *src) {
-    const uint32_t N = m->n_cells, E = m->n_embd;
+    const uint32_t N = m->n_cells, E = m->n_embd, es = m->elsize;
     if (!m->trans) {
-        if (src != m->base) memcpy(m->base, src, (size_t) N * E * m->elsize);
+        if (src != m->base) memcpy(m->base, src, (size_t) N * E * es);
         return;
     }
-    if (m->elsize == 2) {
-        const uint16_t *s16 = (const uint16_t *) (const void *) src;
-        uint16_t *d16 = (uint16_t *) (void *) m->base;
-        for (uint32_t e = 0; e < E; e++)
-            for (uint32_t c = 0; c < N; c++) d16[(size_t) e * N + c] = s16[(size_t) c * E + e];
-    } else {
-        const uint32_t *s32 = (const uint32_t *) (const void *) src;
-        uint32_t *d32 = (uint32_t *) (void *) m->base;
-        for (uint32_t e = 0; e < E; e++)
-            for (uint32_t c = 0; c < N; c++) d32[(size_t) e * N + c] = s32[(size_t) c * E + e];
-    }
+    for (uint32_t e = 0; e < E; e++)
+        for (uint32_t c = 0; c < N; c++) el_cp(m->base + ((size_t) e * N + c) * es, src + ((size_t) c * E + e) * es, es);
 }
 
+/* F16/F32 rows to and from F32: ggml's row converters where the F16 side is 2-byte aligned (as
+** llama.cpp's own states are), element by element through memcpy where it is not. */
 static void row_to_f32(const uint8_t *src, float *dst, size_t n, uint32_t elsize) {
-    if (elsize == 4) memcpy(dst, src, n * 4);
-    else ggml_fp16_to_fp32_row((const ggml_fp16_t *) (const void *) src, dst, (int64_t) n);
+    if (elsize == 4) { memcpy(dst, src, n * 4); return; }
+    if (!((uintptr_t) src & 1)) { ggml_fp16_to_fp32_row((const ggml_fp16_t *) (const void *) src, dst, (int64_t) n); return; }
+    for (size_t i = 0; i < n; i++) {
+        ggml_fp16_t h;
+        memcpy(&h, src + 2 * i, 2);
+        dst[i] = ggml_fp16_to_fp32(h);
+    }
 }
 
 static void row_from_f32(const float *src, uint8_t *dst, size_t n, uint32_t elsize) {
-    if (elsize == 4) memcpy(dst, src, n * 4);
-    else ggml_fp32_to_fp16_row(src, (ggml_fp16_t *) (void *) dst, (int64_t) n);
+    if (elsize == 4) { memcpy(dst, src, n * 4); return; }
+    if (!((uintptr_t) dst & 1)) { ggml_fp32_to_fp16_row(src, (ggml_fp16_t *) (void *) dst, (int64_t) n); return; }
+    for (size_t i = 0; i < n; i++) {
+        ggml_fp16_t h = ggml_fp32_to_fp16(src[i]);
+        memcpy(dst + 2 * i, &h, 2);
+    }
 }
 
 int kvt__sec_encode(struct kvt__buf *out, const struct kvt__mat *m, const bool *raw_cell, int kind,
@@ -339,7 +341,9 @@ struct cur {
 };
 
 static const uint8_t *take(struct cur *c, size_t k) {
+    static const uint8_t none = 0;
     if (k > c->n - c->off) return NULL;
+    if (!c->p) return &none; /* a section of 0 bytes may come without a buffer: nothing to read */
     const uint8_t *q = c->p + c->off;
     c->off += k;
     return q;
@@ -373,6 +377,14 @@ int kvt__sec_decode(const uint8_t *enc, size_t n, const struct kvt__mat *m, int 
     if (!rawv) return short_sec(&cu, "raw cells", (size_t) n_raw * row);
     const uint32_t M = N - n_raw;
     const size_t ne = (size_t) M * E;
+    const bool elastic = p->codec == KVT_CODEC_ELASTIC || p->codec == KVT_CODEC_ELASTIC_Q8;
+    /* before allocating from N and E: the body must hold at least its smallest encoding (elastic:
+    ** the thresholds and a 1-bit mask per element; q8/q4: half a byte per element), so what is
+    ** allocated stays within a fixed multiple of the section's bytes; element indices fit 32 bits */
+    const size_t min_body = elastic ? sizeof(float) * (size_t) n_head + bytes_of_bits(ne) : bytes_of_bits(ne * 4);
+    if (ne > UINT32_MAX)
+        return kvt__fail(KVT_ECORRUPT, "codec: %s: %u x %u lossy elements exceed 2^32", what, M, E);
+    if (min_body > cu.n - cu.off) return short_sec(&cu, "body", min_body);
     /* cell-major output: the tensor itself unless V is transposed */
     uint8_t *cm = m->trans ? malloc((size_t) N * row + 1) : m->base;
     uint32_t *rows = malloc(sizeof *rows * (M + 1)); /* lossy row r is cell rows[r] */
@@ -384,7 +396,6 @@ int kvt__sec_decode(const uint8_t *enc, size_t n, const struct kvt__mat *m, int 
         if (bit_get(cbm, c)) memcpy(cm + c * row, rawv + (size_t) (k++) * row, row);
         else rows[r++] = c;
     }
-    const bool elastic = p->codec == KVT_CODEC_ELASTIC || p->codec == KVT_CODEC_ELASTIC_Q8;
     const uint8_t *keep = NULL;
     size_t n_kept = ne;
     if (elastic) {

@@ -335,6 +335,23 @@ static void broken(struct kvt__redis *r, redisContext *c, bool *was_timeout) {
     redisFree(c);
 }
 
+int kvt__redis_check_value(const uint8_t *v, size_t n, size_t max_bytes, const kvt_key *key, const kvt_key *model,
+                           struct kvt__sblob_hdr *h, const char **why) {
+    *why = NULL;
+    if (n > max_bytes) {
+        *why = "value larger than redis_max_bytes";
+        return KVT__SBLOB_BAD;
+    }
+    int cr = kvt__sblob_check_mem(v, n, h, why);
+    if (cr != KVT__SBLOB_OK) return cr;
+    *why = memcmp(h->key.b, key->b, KVT_KEY_BYTES) ? "value names another key"
+         : memcmp(h->model.b, model->b, KVT_KEY_BYTES) ? "value belongs to another model"
+         : h->n_tokens < 0 || h->n_tokens > KVT__REDIS_MAX_TOKENS ? "token count outside 0..2^30"
+         : h->codec < 0 || h->codec >= KVT_CODEC__COUNT ? "unknown codec id"
+         : NULL;
+    return *why ? KVT__SBLOB_BAD : KVT__SBLOB_OK;
+}
+
 static int get_unguarded(struct kvt__redis *r, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
                          struct kvt_store_meta *meta, const char **why);
 
@@ -394,12 +411,7 @@ static int get_unguarded(struct kvt__redis *r, const kvt_key *key, const kvt_key
     } else {
         struct kvt__sblob_hdr h;
         const char *bad = NULL;
-        int cr = rep->len > r->max_bytes ? (bad = "value larger than redis_max_bytes", KVT__SBLOB_BAD)
-                                         : kvt__sblob_check_mem((const uint8_t *)rep->str, rep->len, &h, &bad);
-        if (cr == KVT__SBLOB_OK)
-            bad = memcmp(h.key.b, key->b, KVT_KEY_BYTES) ? "value names another key"
-                : memcmp(h.model.b, model->b, KVT_KEY_BYTES) ? "value belongs to another model"
-                : h.n_tokens < 0 ? "negative token count" : NULL;
+        int cr = kvt__redis_check_value((const uint8_t *)rep->str, rep->len, r->max_bytes, key, model, &h, &bad);
         if (cr == KVT__SBLOB_NOMEM) {
             rc = KVT_ENOMEM;
             *why = "no memory";
@@ -714,13 +726,9 @@ static int check_reply(struct kvt__redis *r, const redisReply *rep, const kvt_ke
     }
     struct kvt__sblob_hdr h;
     const char *bad = NULL;
-    int cr = rep->len > r->max_bytes ? (bad = "too large", KVT__SBLOB_BAD)
-                                     : kvt__sblob_check_mem((const uint8_t *)rep->str, rep->len, &h, &bad);
+    int cr = kvt__redis_check_value((const uint8_t *)rep->str, rep->len, r->max_bytes, key, model, &h, &bad);
     if (cr == KVT__SBLOB_NOMEM) return KVT_ENOMEM;
-    if (cr == KVT__SBLOB_OK)
-        bad = memcmp(h.key.b, key->b, KVT_KEY_BYTES) || memcmp(h.model.b, model->b, KVT_KEY_BYTES) || h.n_tokens < 0
-                  ? "mismatch" : NULL;
-    if (bad) {
+    if (cr != KVT__SBLOB_OK) {
         bump(r, &r->corrupt, 1);
         *del = true;
         return KVT_ENOENT;

@@ -169,6 +169,15 @@ int  kvt__redis_open(const struct kvt_store_params *p, struct kvt__redis **out /
 void kvt__redis_close(struct kvt__redis *r);
 /* Queue a write of key (taking a reference on buf); a full queue drops it (counted).  Never blocks on the network. */
 void kvt__redis_put(struct kvt__redis *r, const kvt_key *key, const struct kvt_store_meta *m, struct kvt__sbuf *buf);
+/* The check of a value read from Redis for key and model (a get's and a prefetch's alike; the
+** value is untrusted: anyone who can write to the Redis can put bytes there): at most max_bytes,
+** a well-formed blob value (kvt__sblob_check_mem: magic, version, size, SHA-256), naming key and
+** model, a token count in 0..KVT__REDIS_MAX_TOKENS and a known codec id.  Returns
+** KVT__SBLOB_OK (OUT *h; the payload is v + KVT__SBLOB_HDR, h->size bytes), _BAD (*why names
+** the mismatch) or _NOMEM.  Reads only v[0..n).  Pure apart from the SHA-256. */
+#define KVT__REDIS_MAX_TOKENS (1 << 30)
+int  kvt__redis_check_value(const uint8_t *v, size_t n, size_t max_bytes, const kvt_key *key, const kvt_key *model,
+                            struct kvt__sblob_hdr *h, const char **why);
 /* Look key up within the deadline.  0: *data (malloc), *n, *meta; KVT_ENOENT: miss, timeout,
 ** error, corrupt or foreign value (*why says which); KVT_ENOMEM.  Counted.  Thread-safe. */
 int  kvt__redis_get(struct kvt__redis *r, const kvt_key *key, const kvt_key *model, void **data, size_t *n,

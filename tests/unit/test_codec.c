@@ -104,6 +104,11 @@ static kvt_blob *syn_blob(const struct syn *S) {
         }
         for (int l = 0; l < S->n_layer; l++) {
             w32(&b, (uint32_t) S->type);
+            if (S->type == T_Q8_0) { /* rows of whole q8_0 blocks (34 bytes per 32 elements), as llama.cpp writes them */
+                w64(&b, (uint64_t) S->n_embd_v / 32 * 34);
+                for (int i = 0; i < nc * S->n_embd_v / 32 * 34; i++) { uint8_t z = (uint8_t) lcg(&s); w(&b, &z, 1); }
+                continue;
+            }
             if (!S->v_trans) {
                 w64(&b, S->n_embd_v * es);
                 for (int c = 0; c < nc; c++)
