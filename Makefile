@@ -9,7 +9,7 @@ JOBS  ?= $(shell nproc)
 BUILD      ?= build
 BUILD_ASAN ?= build-asan
 
-.PHONY: all build build-asan test test-isa demo serve bench clean setup
+.PHONY: all build build-asan test test-isa demo serve bench clean setup fuzz
 all: build
 
 setup:
@@ -61,5 +61,22 @@ serve: build
 bench: build
 	@eval "$$($(BOOT) env)"; ./$(BUILD)/kvtier bench primitives -m "$$KVTIER_MODEL"
 
+# Fuzzing (tests/fuzz/README.md): every parser of untrusted bytes (state blobs, codec
+# containers and sections, blob files, Redis values, the server's request bodies) under libFuzzer with ASan + UBSan, each for
+# FUZZ_SECONDS (make fuzz FUZZ_SECONDS=600 FUZZ_HARNESSES=codec for one), built by clang in
+# build-fuzz/; the end prints executions and crashes per harness.  A crash input is left in
+# build-fuzz/fuzz-out/<harness>/: fix the bug, copy the input into tests/fuzz/crashes/<harness>/,
+# and `make test` replays it (ctest fuzz_replay_<harness>) with the committed corpora from then on.
+FUZZ_SECONDS   ?= 60
+FUZZ_HARNESSES ?= blob codec codec_tensor blobfile redis_value request
+BUILD_FUZZ     ?= build-fuzz
+fuzz: setup
+	@eval "$$($(BOOT) env)"; set -e; \
+	CC=clang CXX=clang++ cmake -S . -B $(BUILD_FUZZ) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVT_SANITIZE=ON -DKVT_FUZZ=ON \
+	  -DKVT_BUILD_TESTS=OFF -DCMAKE_C_FLAGS=-fsanitize=fuzzer-no-link -DCMAKE_CXX_FLAGS=-fsanitize=fuzzer-no-link \
+	  -DLLAMA_PREFIX="$$LLAMA_PREFIX" >/dev/null && \
+	cmake --build $(BUILD_FUZZ) -j $(JOBS) --target $(addprefix fuzz_,$(FUZZ_HARNESSES)) && \
+	tests/fuzz/run.sh $(BUILD_FUZZ) $(FUZZ_SECONDS) $(FUZZ_HARNESSES)
+
 clean:
-	rm -rf build build-asan build-isa build-isa-asan
+	rm -rf build build-asan build-isa build-isa-asan build-fuzz

@@ -1,0 +1,45 @@
+/* fuzz_request.c — the body of POST /v1/chat/completions and /v1/completions (untrusted: any
+** client with a key sends it) through the server's parser: JSON, then server/request.c
+** (sampling, stop, messages, tool calls and results) and server/tools.c (tools, tool_choice,
+** response_format: JSON schema to GBNF, bounded by the caps of struct serve_limits).  Each input
+** is parsed as a chat and as a completion.  Invariants: a parse either fails with a message and
+** the field named, or succeeds with messages whose last one is from the user and a grammar within
+** 1 MiB; the work per input is bounded by the caps (libFuzzer's -timeout catches a bomb). */
+#include "fuzz.h"
+#include "serve.h"
+
+#include <jansson.h>
+#include <string.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    static struct server srv;
+    if (!srv.n_ctx) {
+        srv.n_ctx = 4096;
+        srv.max_tokens_default = 16;
+        srv.lim = (struct serve_limits){ .max_body = 8 << 20, .max_messages = 4096, .max_parts = 1024, .max_tools = 128,
+                                         .max_schema_nodes = 10000, .max_alternatives = 1024 };
+    }
+    json_error_t e;
+    json_t *root = json_loadb((const char *) data, size, 0, &e);
+    if (!root) return 0;
+    if (!json_is_object(root)) { json_decref(root); return 0; }
+    for (int chat = 0; chat < 2; chat++) {
+        struct job *j = calloc(1, sizeof *j);
+        FUZZ_CHECK(j != NULL);
+        char err[1024] = "";
+        const char *param = NULL;
+        int rc = serve_request_parse(&srv, root, j, chat, err, sizeof err, &param);
+        if (rc == 0 && chat) {
+            FUZZ_CHECK(j->n_msgs > 0 && !strcmp(j->msgs[j->n_msgs - 1].role, "user"));
+            for (int32_t i = 0; i < j->n_msgs; i++) FUZZ_CHECK(j->msgs[i].role && j->msgs[i].content);
+        }
+        if (rc == 0 && !chat) FUZZ_CHECK(j->prompt != NULL);
+        if (rc == 0 && j->grammar) FUZZ_CHECK(strlen(j->grammar) <= (1u << 20) && strstr(j->grammar, "root ::= "));
+        FUZZ_CHECK(j->max_tokens >= 1 && j->max_tokens <= srv.n_ctx);
+        FUZZ_CHECK(j->n_stop <= SERVE_MAX_STOP);
+        pthread_cond_init(&j->cv, NULL);
+        serve_job_free(j);
+    }
+    json_decref(root);
+    return 0;
+}
