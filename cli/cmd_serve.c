@@ -189,6 +189,10 @@ int cmd_serve(int argc, char **argv) {
         { "codec-ram", 0, OPT_STR, &srv.codec_ram, 0, 0, "SPEC",
           "codec of the blocks sessions save to the host RAM tier: raw (default: exact K/V), q8, q4, elastic, "
           "elastic+q8 (kvtier eval ppl --codec measures KL and bytes)", NULL },
+        { "redis-secret-file", 0, OPT_STR, &srv.redis_secret_file, 0, 0, "FILE",
+          "16-4096 bytes shared by the servers sharing --redis: every value written carries HMAC-SHA-256 under it "
+          "and a value read without a matching one is a miss, counted and deleted (default: values carry a SHA-256 "
+          "only, so whoever can write to the Redis can plant K/V)", NULL },
         { "redis-ttl-s", 0, OPT_INT, &srv.redis_ttl_s, 1, 1 << 30, "N", "expiry of the blocks written to Redis in seconds (default 86400)", NULL },
         { "prefetch", 0, OPT_FLAG, &prefetch_on, 0, 0, NULL,
           "read the blocks a prompt will load from the block store's disk/Redis tiers into its RAM tier ahead of need "
@@ -270,6 +274,10 @@ int cmd_serve(int argc, char **argv) {
         goto out;
     }
     if (!srv.pool_mb) srv.pool_mb = 256;
+    if (srv.redis_secret_file && !srv.redis_url) {
+        fprintf(stderr, "%s: --redis-secret-file authenticates the values of --redis: give --redis too\n", cmd);
+        goto out;
+    }
     if (srv.redis_url && srv.no_store) {
         fprintf(stderr, "%s: --redis is a tier of the block store: it cannot be used with --no-store\n", cmd);
         goto out;

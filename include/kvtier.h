@@ -1398,6 +1398,14 @@ struct kvt_store_params {
                               ** default 64 MiB; a larger block is not written (writes_dropped) */
     int32_t redis_queue_max;  /* Redis writes waiting for the Redis writer thread, >= 1; default
                               ** 256; a put that finds it full drops the Redis write */
+    const char *redis_secret_file; /* NULL = values carry a SHA-256 but no key: anyone who can
+                              ** write to the Redis can plant K/V for any chain key.  Else a file
+                              ** of 16 to 4096 bytes (read at open), shared by the servers that share
+                              ** the Redis: every value written carries HMAC-SHA-256(secret, value)
+                              ** after it, and a value read whose MAC does not match is a miss,
+                              ** counted in redis.corrupt and deleted (servers with different secrets
+                              ** on one Redis therefore delete each other's values).  Errors at open:
+                              ** KVT_EINVAL (unreadable, shorter than 16 or longer than 4096 bytes) */
     const char *disk_codec;   /* block codec of the disk tier (section 9 spec: "raw", "q8", "q4",
                               ** "elastic", "elastic+q8", with parameters); NULL = "raw" (the
                               ** default: a hit then loads the exact K/V a cold prefill computed).

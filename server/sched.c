@@ -120,6 +120,7 @@ int serve_engine_open(struct server *srv) {
         stp.ram_bytes = (size_t) srv->store_ram_mb << 20;
         stp.disk_bytes = (size_t) srv->store_disk_mb << 20;
         stp.redis_url = srv->redis_url;
+        stp.redis_secret_file = srv->redis_secret_file;
         stp.private_dir = srv->spill_dir;
         stp.private_disk_bytes = (size_t) srv->spill_mb << 20;
         stp.disk_codec = srv->codec_disk;

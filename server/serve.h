@@ -164,6 +164,7 @@ struct server {
     bool            share_store;   /* --share-store: tenants (API keys) share blocks */
     int32_t         store_ram_mb, store_disk_mb;
     const char     *redis_url;     /* --redis: the block store's Redis tier (NULL = none) */
+    const char     *redis_secret_file; /* --redis-secret-file: values MACed under it (NULL = none) */
     int32_t         redis_timeout_ms, redis_ttl_s; /* --redis-timeout-ms, --redis-ttl-s */
     bool            prefetch;      /* --prefetch / --no-prefetch: the block store's prefetch */
     const char     *codec_disk;    /* --codec-disk: the store's disk tier codec (NULL = raw) */

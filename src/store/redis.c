@@ -23,6 +23,9 @@
 
 #include <errno.h>
 #include <hiredis/hiredis.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -189,6 +192,9 @@ struct kvt__redis {
     int    timeout_ms, w_timeout_ms, ttl_s, queue_max;
     size_t max_bytes;
 
+    uint8_t secret[4096];   /* redis_secret_file's bytes (n_secret 0: values not authenticated) */
+    size_t  n_secret;
+
     pthread_mutex_t mu;     /* pool, readers' backoff, counters */
     redisContext *pool[POOL_MAX];
     int    n_pool;
@@ -352,6 +358,24 @@ int kvt__redis_check_value(const uint8_t *v, size_t n, size_t max_bytes, const k
     return *why ? KVT__SBLOB_BAD : KVT__SBLOB_OK;
 }
 
+/* With a secret: the value's last 32 bytes must be HMAC-SHA-256(secret, the bytes before them);
+** *n_body: the length without them.  0, or -1 with *why (a miss: the caller counts it corrupt).
+** Without a secret: *n_body = n. */
+static int auth_value(const struct kvt__redis *r, const uint8_t *v, size_t n, size_t *n_body, const char **why) {
+    *n_body = n;
+    if (!r->n_secret) return 0;
+    uint8_t mac[EVP_MAX_MD_SIZE];
+    unsigned int ml = 0;
+    if (n < KVT__REDIS_MAC) { *why = "value without a MAC (redis_secret_file)"; return -1; }
+    if (!HMAC(EVP_sha256(), r->secret, (int)r->n_secret, v, n - KVT__REDIS_MAC, mac, &ml) || ml != KVT__REDIS_MAC ||
+        CRYPTO_memcmp(mac, v + n - KVT__REDIS_MAC, KVT__REDIS_MAC)) {
+        *why = "value's MAC does not match (redis_secret_file)";
+        return -1;
+    }
+    *n_body = n - KVT__REDIS_MAC;
+    return 0;
+}
+
 static int get_unguarded(struct kvt__redis *r, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
                          struct kvt_store_meta *meta, const char **why);
 
@@ -411,7 +435,9 @@ static int get_unguarded(struct kvt__redis *r, const kvt_key *key, const kvt_key
     } else {
         struct kvt__sblob_hdr h;
         const char *bad = NULL;
-        int cr = kvt__redis_check_value((const uint8_t *)rep->str, rep->len, r->max_bytes, key, model, &h, &bad);
+        size_t body = 0;
+        int cr = auth_value(r, (const uint8_t *)rep->str, rep->len, &body, &bad) ? KVT__SBLOB_BAD
+               : kvt__redis_check_value((const uint8_t *)rep->str, body, r->max_bytes, key, model, &h, &bad);
         if (cr == KVT__SBLOB_NOMEM) {
             rc = KVT_ENOMEM;
             *why = "no memory";
@@ -493,7 +519,7 @@ static void write_job(struct kvt__redis *r, struct rjob *j) {
             return;
         }
     }
-    if (KVT__SBLOB_HDR + j->buf->n > r->max_bytes) {
+    if (KVT__SBLOB_HDR + j->buf->n + (r->n_secret ? KVT__REDIS_MAC : 0) > r->max_bytes) {
         bump(r, &r->dropped, 1);
         return;
     }
@@ -516,6 +542,17 @@ static void write_job(struct kvt__redis *r, struct rjob *j) {
                                .n_tokens = j->meta.n_tokens, .size = j->buf->n };
     size_t vn = 0;
     uint8_t *v = kvt__sha256(j->buf->data, j->buf->n, h.sha) ? NULL : kvt__sblob_encode_mem(&h, j->buf->data, &vn);
+    if (v && r->n_secret) { /* the MAC after the value */
+        uint8_t *w = realloc(v, vn + KVT__REDIS_MAC);
+        unsigned int ml = 0;
+        if (!w || !HMAC(EVP_sha256(), r->secret, (int)r->n_secret, w, vn, w + vn, &ml) || ml != KVT__REDIS_MAC) {
+            free(w ? w : v);
+            v = NULL;
+        } else {
+            v = w;
+            vn += KVT__REDIS_MAC;
+        }
+    }
     if (!v) {
         bump(r, &r->dropped, 1);
         return;
@@ -591,6 +628,20 @@ int kvt__redis_open(const struct kvt_store_params *p, struct kvt__redis **out) {
                          p->redis_max_bytes, KVT__SBLOB_HDR, safe);
     struct kvt__redis *r = calloc(1, sizeof *r);
     if (!r) return kvt__fail(KVT_ENOMEM, "Redis tier: no memory");
+    if (p->redis_secret_file) {
+        FILE *f = fopen(p->redis_secret_file, "rb");
+        size_t got = f ? fread(r->secret, 1, sizeof r->secret, f) : 0;
+        bool more = f && fgetc(f) != EOF;
+        if (f) fclose(f);
+        if (!f || got < 16 || more) {
+            rc = kvt__fail(KVT_EINVAL, "Redis secret file '%s': %s", p->redis_secret_file,
+                           !f ? strerror(errno) : more ? "longer than 4096 bytes" : "shorter than 16 bytes");
+            memset(r->secret, 0, sizeof r->secret);
+            free(r);
+            return rc;
+        }
+        r->n_secret = got;
+    }
     r->u = u;
     if (u.unix_sock) snprintf(r->where, sizeof r->where, "unix:%s/%d", u.path, u.db);
     else snprintf(r->where, sizeof r->where, strchr(u.host, ':') ? "[%s]:%d/%d" : "%s:%d/%d", u.host, u.port, u.db);
@@ -726,7 +777,9 @@ static int check_reply(struct kvt__redis *r, const redisReply *rep, const kvt_ke
     }
     struct kvt__sblob_hdr h;
     const char *bad = NULL;
-    int cr = kvt__redis_check_value((const uint8_t *)rep->str, rep->len, r->max_bytes, key, model, &h, &bad);
+    size_t body = 0;
+    int cr = auth_value(r, (const uint8_t *)rep->str, rep->len, &body, &bad) ? KVT__SBLOB_BAD
+           : kvt__redis_check_value((const uint8_t *)rep->str, body, r->max_bytes, key, model, &h, &bad);
     if (cr == KVT__SBLOB_NOMEM) return KVT_ENOMEM;
     if (cr != KVT__SBLOB_OK) {
         bump(r, &r->corrupt, 1);

@@ -548,6 +548,7 @@ int kvt_store_open(const struct kvt_store_params *pp, kvt_store **out) {
     if ((rc = kvt__store_priv_open(st))) goto fail;
     st->p.dir = st->dir;
     st->p.redis_url = NULL; /* the caller's string; the tier keeps what it parsed */
+    st->p.redis_secret_file = NULL; /* read at open */
     st->p.private_dir = NULL; /* the caller's string; the pool copied it */
     st->dcodec = kvt_codec_default_params(KVT_CODEC_RAW);
     if (p.disk_codec) kvt_codec_parse(p.disk_codec, &st->dcodec); /* checked by check_params */

@@ -176,6 +176,7 @@ void kvt__redis_put(struct kvt__redis *r, const kvt_key *key, const struct kvt_s
 ** KVT__SBLOB_OK (OUT *h; the payload is v + KVT__SBLOB_HDR, h->size bytes), _BAD (*why names
 ** the mismatch) or _NOMEM.  Reads only v[0..n).  Pure apart from the SHA-256. */
 #define KVT__REDIS_MAX_TOKENS (1 << 30)
+enum { KVT__REDIS_MAC = 32 }; /* bytes of the HMAC-SHA-256 after a value (redis_secret_file) */
 int  kvt__redis_check_value(const uint8_t *v, size_t n, size_t max_bytes, const kvt_key *key, const kvt_key *model,
                             struct kvt__sblob_hdr *h, const char **why);
 /* Look key up within the deadline.  0: *data (malloc), *n, *meta; KVT_ENOENT: miss, timeout,

@@ -379,6 +379,82 @@ static void test_slow(void **state) {
     kvt_store_close(b);
 }
 
+static kvt_store *open_secret(const char *dir, const char *url, const char *secret_file) {
+    struct kvt_store_params p = kvt_store_default_params();
+    p.dir = dir;
+    p.redis_url = url;
+    p.redis_timeout_ms = 200;
+    p.redis_secret_file = secret_file;
+    kvt_store *st = NULL;
+    int rc = kvt_store_open(&p, &st);
+    if (rc) fail_msg("kvt_store_open %s: %s (%s)", dir, kvt_strerror(rc), kvt_errmsg());
+    return st;
+}
+
+static void write_file(const char *path, const char *text) {
+    FILE *fp = fopen(path, "wb");
+    assert_non_null(fp);
+    fputs(text, fp);
+    fclose(fp);
+}
+
+/* redis_secret_file (issue #24): a value planted by someone who can write to the Redis -- a
+** well-formed block with a correct SHA-256, written by a store without the secret -- is a miss
+** (corrupt, deleted) for a store with the secret; values written under the same secret are hits;
+** under another secret, misses.  Control: the store without a secret accepts the planted value. */
+static void test_secret(void **state) {
+    struct fx *f = *state;
+    need_redis(f);
+    char s1[128], s2[128], shortf[128], dir_c[64] = "/tmp/kvt-test-redis-c-XXXXXX";
+    snprintf(s1, sizeof s1, "%s/secret1", f->dir_a);
+    snprintf(s2, sizeof s2, "%s/secret2", f->dir_a);
+    snprintf(shortf, sizeof shortf, "%s/short", f->dir_a);
+    write_file(s1, "correct horse battery staple 1");
+    write_file(s2, "another secret entirely, 22");
+    write_file(shortf, "too short");
+    struct kvt_store_params p = kvt_store_default_params();
+    p.dir = f->dir_b;
+    p.redis_url = f->redis.url;
+    p.redis_secret_file = shortf;
+    kvt_store *bad = NULL;
+    assert_int_equal(kvt_store_open(&p, &bad), KVT_EINVAL);
+    assert_non_null(strstr(kvt_errmsg(), "shorter than 16 bytes"));
+    kvt_key k = sk_key("secret", 0), planted = sk_key("secret", 1);
+    kvt_store *a = open_secret(f->dir_a, f->redis.url, s1);
+    put_block(a, &MODEL_A, &k);
+    kvt_store_flush(a);
+    kvt_store *attacker = open_store(f->dir_b, f->redis.url, 200); /* no secret: a plain valid value */
+    put_block(attacker, &MODEL_A, &planted);
+    kvt_store_flush(attacker);
+    kvt_store_close(attacker);
+    sk_rm_rf(f->dir_b);
+    assert_int_equal(mkdir(f->dir_b, 0700), 0);
+    assert_non_null(mkdtemp(dir_c));
+    kvt_store *same = open_secret(f->dir_b, f->redis.url, s1);
+    assert_int_equal(get_tier(same, &MODEL_A, &k), KVT_TIER_REDIS);         /* same secret: a hit */
+    assert_int_equal(get_tier(same, &MODEL_A, &planted), KVT_TIER_NONE);   /* planted: refused */
+    assert_int_equal(rstats(same).corrupt, 1);
+    kvt_store_close(same);
+    /* the planted value was deleted; plant it again for the control */
+    attacker = open_store(dir_c, f->redis.url, 200);
+    put_block(attacker, &MODEL_A, &planted);
+    kvt_store_flush(attacker);
+    kvt_store_close(attacker);
+    sk_rm_rf(dir_c);
+    assert_int_equal(mkdir(dir_c, 0700), 0);
+    kvt_store *plain = open_store(dir_c, f->redis.url, 200);
+    assert_int_equal(get_tier(plain, &MODEL_A, &planted), KVT_TIER_REDIS); /* control: no secret, accepted */
+    kvt_store_close(plain);
+    sk_rm_rf(dir_c);
+    assert_int_equal(mkdir(dir_c, 0700), 0);
+    kvt_store *other = open_secret(dir_c, f->redis.url, s2);
+    assert_int_equal(get_tier(other, &MODEL_A, &k), KVT_TIER_NONE);        /* another secret: a miss */
+    assert_int_equal(rstats(other).corrupt, 1);
+    kvt_store_close(other);
+    kvt_store_close(a);
+    sk_rm_rf(dir_c);
+}
+
 static void test_poison(void **state) {
     struct fx *f = *state;
     need_redis(f);
@@ -522,6 +598,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_auth, setup, teardown),
         cmocka_unit_test_setup_teardown(test_down_and_back, setup, teardown),
         cmocka_unit_test_setup_teardown(test_slow, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_secret, setup, teardown),
         cmocka_unit_test_setup_teardown(test_poison, setup, teardown),
         cmocka_unit_test_setup_teardown(test_full, setup_full, teardown),
         cmocka_unit_test_setup_teardown(test_sigpipe, setup, teardown),
