@@ -1,7 +1,7 @@
 # soak.gp — the timeline of bench/soak.py: RSS and the p99 request latency over time.
 #   gnuplot -e "in='DIR/timeline.csv'; out='DIR/soak.png'; title='...'" bench/soak.gp
 set datafile separator ","
-set terminal pngcairo size 1000,520 font ",10"
+set terminal pngcairo size 1000,520 font ",10" noenhanced
 set output out
 set title title
 set xlabel "time (s)"

@@ -101,6 +101,8 @@ def request(method, path, body, sid=None, key=None, stream=False, drop=False, ti
     finally:
         c.close()
     note(st, time.time() - t0, f"{method} {path} -> {st} {str(js)[:200]}")
+    if st == -1:
+        time.sleep(0.2)  # a client whose connection failed does not spin
     return st, js
 
 

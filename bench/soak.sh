@@ -3,7 +3,9 @@
 # (default 600), then the timeline plotted (bench/soak.gp) into OUT/soak.png.  Loopback only.
 #   bench/soak.sh [SECONDS] [SESSIONS] [HOSTILE]        (defaults 600 64 200)
 # Environment: OUT=results/soak-<time> BIN=./build/kvtier MODEL=$KVTIER_CHAT_MODEL, SERVE_ARGS
-# (more flags for the server; default -c 8192 --budget 512 --parallel 4 --queue 128), SOAK_ARGS
+# (more flags for the server; default -c 8192 --budget 512 --parallel 4 --queue 128
+# --max-connections-per-ip 100: the sessions and the health checks come from 127.0.0.1, the
+# hostile connections from 127.0.0.2, so each address stays under its cap), SOAK_ARGS
 # (more flags for bench/soak.py, e.g. --rss-slack-mb 512 for a run too short for the tiers to fill).
 set -u
 cd "$(dirname "$0")/.." || exit 2
@@ -17,7 +19,7 @@ mkdir -p "$OUT"
 KEY=soak-key-$RANDOM$RANDOM
 echo "$KEY" >"$OUT/keys"
 # shellcheck disable=SC2086
-"$BIN" serve -m "$MODEL" --port 0 --api-key-file "$OUT/keys" --store "$OUT/store" ${SERVE_ARGS:--c 8192 --budget 512 --parallel 4 --queue 128} \
+"$BIN" serve -m "$MODEL" --port 0 --api-key-file "$OUT/keys" --store "$OUT/store" ${SERVE_ARGS:--c 8192 --budget 512 --parallel 4 --queue 128 --max-connections-per-ip 100} \
     >/dev/null 2>"$OUT/server.err" &
 PID=$!
 trap 'kill -KILL $PID 2>/dev/null' EXIT
@@ -36,7 +38,7 @@ wait "$PID"; src=$?
 echo "soak: server exit status $src after SIGTERM"
 { echo "commit $(git rev-parse --short HEAD) | $("$BIN" --version | tail -1) | $(date -u +%FT%TZ)"
   echo "cpu $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores | model $(basename "$MODEL")"
-  echo "seconds $SECONDS_RUN sessions $SESSIONS hostile $HOSTILE | server ${SERVE_ARGS:--c 8192 --budget 512 --parallel 4 --queue 128}"; } >"$OUT/stamp.txt"
+  echo "seconds $SECONDS_RUN sessions $SESSIONS hostile $HOSTILE | server ${SERVE_ARGS:--c 8192 --budget 512 --parallel 4 --queue 128 --max-connections-per-ip 100}"; } >"$OUT/stamp.txt"
 cat "$OUT/stamp.txt"
 command -v gnuplot >/dev/null && gnuplot -e "in='$OUT/timeline.csv'; out='$OUT/soak.png'; title='kvtier serve soak: $SESSIONS sessions + $HOSTILE hostile connections, $(basename "$MODEL")'" bench/soak.gp &&
     echo "soak: $OUT/soak.png"

@@ -233,7 +233,7 @@ int cmd_serve(int argc, char **argv) {
           "entries of one enum, anyOf or oneOf (default 1024)", NULL },
         { "max-connections", 0, OPT_INT, &srv.lim.max_connections, 1, 1 << 16, "N",
           "open connections in all, one thread each (default 256); past it new ones are closed at once", NULL },
-        { "max-connections-per-ip", 0, OPT_INT, &srv.lim.max_per_ip, 1, 1 << 16, "N", "open connections from one client address (default 64)", NULL },
+        { "max-connections-per-ip", 0, OPT_INT, &srv.lim.max_per_ip, 1, 1 << 16, "N", "open connections from one client address (default 64; behind a reverse proxy every client has the proxy's address: raise it there)", NULL },
         { "idle-timeout-s", 0, OPT_INT, &srv.lim.idle_timeout_s, 1, 86400, "N", "a connection silent this long is closed (default 60)", NULL },
         { "header-timeout-s", 0, OPT_INT, &srv.lim.header_timeout_s, 1, 3600, "N",
           "a request's headers must arrive within this time of the connection (or of the previous reply on it), "

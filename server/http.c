@@ -28,15 +28,17 @@ struct req {
 
 /* libmicrohttpd's timeout is an idle one: a client sending a byte a minute keeps a connection
 ** (and, thread per connection, a thread) for hours.  A watchdog thread holds every connection
-** to a total deadline for its headers (--header-timeout-s, from accept or from the end of the
-** previous request on a kept-alive connection) and for its body (--body-timeout-s, from the end
-** of the headers); past it the socket is shut down (shutdown(2) from another thread is safe;
+** to a total deadline for its headers (--header-timeout-s from accept; on a kept-alive
+** connection, --idle-timeout-s plus that from the end of the previous reply, since a client's
+** pool may leave it unused a while) and for its body (--body-timeout-s, from the end of the
+** headers); past it the socket is shut down (shutdown(2) from another thread is safe;
 ** libmicrohttpd then sees end-of-file and closes the connection itself).  A request being
 ** answered has no deadline here. */
 enum conn_phase { PHASE_HEADERS, PHASE_BODY, PHASE_ANSWER };
 struct conn {
     int              fd;
     enum conn_phase  phase;
+    bool             kept;    /* kept alive after a reply: its next headers may take the idle time too */
     double           t0;      /* ms, monotonic: start of the phase */
     struct conn     *prev, *next;
 };
@@ -76,6 +78,7 @@ static size_t utf8_prefix(const char *s, size_t n) {
 static void watch_phase(struct server *srv, struct conn *cn, enum conn_phase phase) {
     if (!cn) return;
     pthread_mutex_lock(&srv->watch->mu);
+    if (phase == PHASE_HEADERS) cn->kept = true; /* only completed() goes back to the headers */
     cn->phase = phase;
     cn->t0 = mono_ms();
     pthread_mutex_unlock(&srv->watch->mu);
@@ -89,7 +92,9 @@ static void *watch_main(void *arg) {
         double now = mono_ms();
         int64_t n_header = 0, n_body = 0;
         for (struct conn *cn = w->head.next; cn != &w->head; cn = cn->next) {
-            double limit = cn->phase == PHASE_HEADERS ? srv->lim.header_timeout_s * 1e3
+            /* a kept-alive connection waits for the client's next request: the idle timeout's
+            ** worth first (clients pool connections), then the header deadline */
+            double limit = cn->phase == PHASE_HEADERS ? (srv->lim.header_timeout_s + (cn->kept ? srv->lim.idle_timeout_s : 0)) * 1e3
                          : cn->phase == PHASE_BODY    ? srv->lim.body_timeout_s * 1e3 : 0;
             if (limit <= 0 || now - cn->t0 <= limit || cn->fd < 0) continue;
             shutdown(cn->fd, SHUT_RDWR);
@@ -749,12 +754,13 @@ struct MHD_Daemon *serve_http_start(struct server *srv, const char *host, int32_
     ** bounds the threads */
     struct MHD_Daemon *d = MHD_start_daemon(
         MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG,
-        (uint16_t) port, NULL, NULL, handler, srv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *) &sa,
+        (uint16_t) port, NULL, NULL, handler, srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, srv, /* first: it covers the others */
+        MHD_OPTION_SOCK_ADDR, (struct sockaddr *) &sa,
         MHD_OPTION_NOTIFY_COMPLETED, completed, srv, MHD_OPTION_NOTIFY_CONNECTION, notify_connection, srv,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned) srv->lim.max_connections,
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned) srv->lim.max_per_ip,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned) srv->lim.idle_timeout_s,
-        MHD_OPTION_THREAD_STACK_SIZE, (size_t) 1 << 20, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, srv, MHD_OPTION_END);
+        MHD_OPTION_THREAD_STACK_SIZE, (size_t) 1 << 20, MHD_OPTION_END);
     if (!d) {
         fprintf(stderr, "kvtier serve: cannot listen on %s:%d (in use, or not allowed)\n", host, port);
         goto fail;

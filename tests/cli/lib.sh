@@ -7,6 +7,8 @@
 #                        (reported as skipped: SKIP_RETURN_CODE in tests/CMakeLists.txt)
 #   t_need_chat_model    MODEL=$KVTIER_CHAT_MODEL (SmolLM2-135M-Instruct), or exit 77
 #   ok MSG / bad MSG     count and print one check
+#   t_listening ERR PID  the port a `kvtier serve` logs in file ERR once it listens (60 s at most;
+#                        empty when the process PID ended first)
 #   t_finish             print the counts; the script's status is 0 only when nothing failed
 t_init() {
     TMP=$(mktemp -d "${TMPDIR:-/tmp}/kvt-$1.XXXXXX")
@@ -41,4 +43,15 @@ t_need_chat_model() {
 t_finish() {
     echo "$pass passed, $fail failed"
     [ "$fail" -eq 0 ]
+}
+
+t_listening() {
+    local port=
+    for _ in $(seq 1 300); do
+        port=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$1" 2>/dev/null | sed 's/.*://')
+        [ -n "$port" ] && break
+        kill -0 "$2" 2>/dev/null || break
+        sleep 0.2
+    done
+    echo "$port"
 }

@@ -27,12 +27,7 @@ start() { # NAME ARGS...: PID, PORT
     "$BIN" serve -m "$MODEL" --port 0 --threads 1 --api-key-file "$TMP/keys" -c 4096 --budget 512 --parallel 2 --queue 128 "$@" \
         >/dev/null 2>"$TMP/$name.err" &
     PID=$!
-    for _ in $(seq 1 300); do
-        PORT=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$TMP/$name.err" | sed 's/.*://')
-        [ -n "$PORT" ] && break
-        kill -0 "$PID" 2>/dev/null || break
-        sleep 0.1
-    done
+    PORT=$(t_listening "$TMP/$name.err" "$PID")
     [ -n "$PORT" ] && ok "$name server listening on port $PORT" || bad "$name server did not start: $(tail -3 "$TMP/$name.err")"
 }
 load() { # NAME SECONDS: bench/soak.py against the server; its PASS/FAIL counted

@@ -23,12 +23,7 @@ start() {
     PORT=
     "$BIN" serve -m "$MODEL" --port 0 --threads 1 --parallel 1 -c 2048 --budget 512 "$@" >/dev/null 2>"$TMP/$name.err" &
     PID=$!
-    for _ in $(seq 1 300); do
-        PORT=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$TMP/$name.err" | sed 's/.*://')
-        [ -n "$PORT" ] && break
-        kill -0 "$PID" 2>/dev/null || break
-        sleep 0.2
-    done
+    PORT=$(t_listening "$TMP/$name.err" "$PID")
     [ -n "$PORT" ] && ok "$name server listening on port $PORT" || { bad "$name server did not start"; cat "$TMP/$name.err"; }
 }
 stop() {

@@ -320,6 +320,19 @@ got = {ln.split("}")[0].split('"')[1]: float(ln.split()[-1]) for ln in txt.split
 check("/metrics counts them: kvtier_connections_closed_total", got.get("header_timeout", 0) >= 120 and got.get("body_timeout", 0) >= 20,
       got)
 
+# a kept-alive connection left unused longer than --header-timeout-s (clients pool connections)
+# still takes the next request: its deadline is the idle timeout plus the header deadline
+s = socket.create_connection((HOST, PORT), timeout=10)
+got = []
+for i in range(2):
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    r = s.recv(4096)
+    got.append(r.split(b"\r\n")[0] if r else b"(closed)")
+    if i == 0:
+        time.sleep(3)
+s.close()
+check("a kept-alive connection idle 3 s (> --header-timeout-s 2) serves its next request", got == [b"HTTP/1.1 200 OK"] * 2, got)
+
 # per-address cap: --max-connections-per-ip 150; 170 idle connections from 127.0.0.3
 socks, refused = [], 0
 for _ in range(170):
