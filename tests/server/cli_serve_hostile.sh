@@ -87,14 +87,15 @@ if [ -n "$PORT" ]; then
     [ $prc -eq 0 ] || [ "$(grep -c '^FAIL ' "$TMP/py2")" -gt 0 ] || bad "serve_deadline_test.py exited with status $prc"
 fi
 stop
-# SIGTERM drains with a deadline (--drain-s), a second signal stops at once: a reply of 1500
-# tokens (~20 s here) in flight; the server must be gone within a few seconds either way, and the
+# SIGTERM drains with a deadline (--drain-s), a second signal stops at once: a completion of 4000
+# tokens (~40 s here) in flight; the server must be gone within a few seconds either way, and the
 # client gets its reply cut (200, finish_reason length)
 for how in deadline second-signal; do
-    if [ $how = deadline ]; then start drain-$how --no-store --drain-s 2 --request-timeout-s 0
-    else start drain-$how --no-store --drain-s 600 --request-timeout-s 0; fi
-    curl -s -o "$TMP/drain-$how.json" -d '{"messages":[{"role":"user","content":"Tell me a very long story."}],"max_tokens":1500,"temperature":0.9,"seed":3}' \
-        "http://127.0.0.1:$PORT/v1/chat/completions" &
+    if [ $how = deadline ]; then start drain-$how --no-store -c 8192 --budget 4096 --drain-s 2 --request-timeout-s 0
+    else start drain-$how --no-store -c 8192 --budget 4096 --drain-s 600 --request-timeout-s 0; fi
+    # a completion that counts on (it does not end by itself)
+    curl -s -o "$TMP/drain-$how.json" -d '{"prompt":"1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,","max_tokens":4000,"temperature":0}' \
+        "http://127.0.0.1:$PORT/v1/completions" &
     CURL=$!
     for _ in $(seq 1 100); do
         curl -s "http://127.0.0.1:$PORT/metrics" | grep -q '^kvtier_active_requests 1$' && break
@@ -108,7 +109,7 @@ for how in deadline second-signal; do
     PID=
     wait "$CURL"
     fin=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["choices"][0]["finish_reason"], d["usage"]["completion_tokens"])' "$TMP/drain-$how.json" 2>/dev/null)
-    [ "$dt" -lt 6 ] && [ $src -eq 0 ] && [ "${fin%% *}" = length ] && [ "${fin##* }" -lt 1500 ] &&
+    [ "$dt" -lt 6 ] && [ $src -eq 0 ] && [ "${fin%% *}" = length ] && [ "${fin##* }" -lt 4000 ] &&
         ok "SIGTERM, $how: exited 0 in $dt s, the reply in flight cut ($fin)" ||
         bad "SIGTERM, $how: exit $src after $dt s, reply '$fin' $(tail -2 "$TMP/drain-$how.err")"
 done
