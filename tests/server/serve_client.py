@@ -40,7 +40,10 @@ def raw(method, path, body=None, key="default", headers=None, timeout=300):
     h.update(headers or {})
     if isinstance(body, (dict, list)):
         body = json.dumps(body).encode()
-    c.request(method, path, body=body, headers=h)
+    try:
+        c.request(method, path, body=body, headers=h)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the server answered before taking the whole body (a 401 or 413 at the headers): read it
     r = c.getresponse()
     data = r.read()
     c.close()
