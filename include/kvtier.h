@@ -773,9 +773,9 @@ struct kvt_session_params {
                               ** store, and on disk), else a private entry of the store
                               ** (kvt_store_put_private), deleted when the session drops the
                               ** block.  The session reads its content entries at any age
-                              ** (kvt_store_get_copy); one that left every tier (removed by an
-                              ** expired lookup, the quota, a full write queue, `kvtier store
-                              ** clear`) is recomputed from the block's tokens when the block is
+                              ** (kvt_store_get_copy); one that left every tier (removed by
+                              ** the quota, gc, a full write queue, `kvtier store clear`) is
+                              ** recomputed from the block's tokens when the block is
                               ** needed (recomputes) */
     const char *tenant;       /* chain salt (kvt_chain_params.tenant): sessions of different
                               ** tenants never share blocks; NULL/"" = shared.  Copied at open */
@@ -1360,8 +1360,8 @@ const char *kvt_tier_name(int tier);
 /* TTL (EdgeSync-LLM's rule): an entry expires ttl_s after its last hit (or its write), or
 ** ttl_hot_s after once it has hot_hits hits.  Expiry is decided with the parameters of the
 ** process that asks (the index stores last hit and hit count, not a deadline), so a changed
-** ttl applies to blocks already stored.  Expired entries are misses and are removed when met
-** (get) or by gc.  Disk quota eviction takes expired entries first, then cold entries (fewer
+** ttl applies to blocks already stored.  Expired entries are misses for lookups but stay (the
+** writing session's copy, kvt_store_get_copy) until the quota, gc or a fresh put removes them.  Disk quota eviction takes expired entries first, then cold entries (fewer
 ** than hot_hits hits) least recently hit first, then hot ones the same way. */
 struct kvt_store_params {
     const char *dir;          /* the disk tier: DIR/index.db (SQLite, WAL) + DIR/blobs/ + DIR/lock;

@@ -30,6 +30,12 @@ void kvt_engine_set_unsafe_corrupt_next_load(kvt_engine *eng, int part);
 ** promotion are tested without waiting.  Thread-safe. */
 void kvt_store_test_set_clock(kvt_store *st, double now);
 
+/* Called by the store's removal of a corrupt entry (kvt__store_remove) after its index row is
+** deleted and before its file is unlinked: tests/unit/test_store.c's race test puts a fresh copy
+** of the same key there, which the unlink must not take.  cb NULL: off.  Not thread-safe with
+** removals in flight. */
+void kvt_store_test_on_remove(kvt_store *st, void (*cb)(void *ud), void *ud);
+
 /* While hold is true the store's writer thread takes nothing from its queue (puts still queue,
 ** then drop when the queue is full): the full-queue test.  kvt_store_flush waits forever while
 ** held; kvt_store_close releases the hold.  Thread-safe. */

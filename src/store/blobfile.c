@@ -2,10 +2,17 @@
 ** then the payload, written durably and atomically, checked on every read.
 **
 ** Write: a temporary name no reader looks for ("<blobs>/.tmp-<pid>-<16 hex of key>-XXXXXX",
-** O_EXCL), the whole file, fsync, rename to "<64 hex>.kvb", fsync of the directory.  A writer
-** killed at any point leaves at most a temporary file (removed by open and gc) or a complete,
-** durable file; the index row that makes it visible is written only after the rename is durable
-** (store.c), so a row never names a half-written file. */
+** O_EXCL), the whole file, fsync, rename to "<64 hex of key>-<16 hex generation>.kvb", fsync of
+** the directory.  A writer killed at any point leaves at most a temporary file (removed by open
+** and gc) or a complete, durable file; the index row that makes it visible is written only after
+** the rename is durable (store.c), so a row never names a half-written file.
+**
+** Every write has a name of its own (a random 64-bit generation), and the index row names its
+** file: whoever removes a row unlinks the file that row named, never a fresh copy of the same
+** key another thread or process has just written (issue #24 item 7; with one name per key, a
+** remove that deleted the row and then unlinked could take the file of a write that came in
+** between, leaving a row without its file).  Stores written before this name files
+** "<64 hex>.kvb"; their rows still name them and they read as before. */
 #include "store/store_int.h"
 #include "fault.h"
 
@@ -15,7 +22,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 static void le32(uint8_t *b, uint32_t v) {
@@ -37,19 +46,43 @@ int kvt__sha256(const void *data, size_t n, uint8_t out[32]) {
     return EVP_Digest(n ? data : &empty, n, out, &len, EVP_sha256(), NULL) == 1 && len == 32 ? 0 : -1;
 }
 
-void kvt__sblob_name(const kvt_key *key, char name[70]) {
+void kvt__sblob_name(const kvt_key *key, uint64_t gen, char name[KVT__SBLOB_NAME]) {
     kvt_key_hex(key, name);
-    memcpy(name + 64, ".kvb", 5);
+    if (gen)
+        snprintf(name + 64, KVT__SBLOB_NAME - 64, "-%016llx.kvb", (unsigned long long)gen);
+    else
+        memcpy(name + 64, ".kvb", 5);
+}
+
+static bool is_hex(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return false;
+    return true;
 }
 
 bool kvt__sblob_is_blob(const char *name, kvt_key *key) {
     char hex[65];
-    if (strlen(name) != 68 || strcmp(name + 64, ".kvb")) return false;
+    const size_t len = strlen(name);
+    if (!((len == 68 && !strcmp(name + 64, ".kvb")) ||
+          (len == 85 && name[64] == '-' && is_hex(name + 65, 16) && !strcmp(name + 81, ".kvb"))))
+        return false;
+    if (!is_hex(name, 64)) return false;
     memcpy(hex, name, 64);
     hex[64] = '\0';
-    for (int i = 0; i < 64; i++)
-        if (!((hex[i] >= '0' && hex[i] <= '9') || (hex[i] >= 'a' && hex[i] <= 'f'))) return false;
     return kvt_key_parse(hex, key) == 0;
+}
+
+/* A new file's generation: random, never 0 (the name of stores from before generations). */
+static uint64_t new_gen(void) {
+    static _Atomic uint64_t counter;
+    uint64_t g = 0;
+    if (getrandom(&g, sizeof g, GRND_NONBLOCK) != (ssize_t)sizeof g) { /* no entropy yet: unique enough */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        g = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+        g ^= (uint64_t)getpid() << 40 ^ (++counter * 0x9e3779b97f4a7c15u);
+    }
+    return g ? g : 1;
 }
 
 bool kvt__sblob_is_tmp(const char *name, long *pid) {
@@ -87,11 +120,11 @@ static int write_all(int fd, const uint8_t *p, size_t n) {
 }
 
 int kvt__sblob_write(int blobs_fd, const char *blobs_dir, const struct kvt__sblob_hdr *h, const void *data,
-                    const char **what) {
-    char hex[65], name[70], tmp[128];
+                     char name[KVT__SBLOB_NAME], const char **what) {
+    char hex[65], tmp[128];
     uint8_t hdr[KVT__SBLOB_HDR];
     kvt_key_hex(&h->key, hex);
-    kvt__sblob_name(&h->key, name);
+    kvt__sblob_name(&h->key, new_gen(), name);
     encode(h, hdr);
     snprintf(tmp, sizeof tmp, ".tmp-%ld-%.16s-XXXXXX", (long)getpid(), hex);
     /* mkstemp needs a path: build it under blobs_dir, then work relative to blobs_fd */
@@ -139,10 +172,9 @@ int kvt__sblob_write(int blobs_fd, const char *blobs_dir, const struct kvt__sblo
     return 0;
 }
 
-int kvt__sblob_write_unsafe(int blobs_fd, const struct kvt__sblob_hdr *h, const void *data) {
-    char name[70];
+int kvt__sblob_write_unsafe(int blobs_fd, const struct kvt__sblob_hdr *h, const void *data,
+                            const char name[KVT__SBLOB_NAME]) {
     uint8_t hdr[KVT__SBLOB_HDR];
-    kvt__sblob_name(&h->key, name);
     encode(h, hdr);
     int fd = openat(blobs_fd, name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) return errno;

@@ -177,8 +177,8 @@ int kvt__ram_get(struct kvt__ram *r, const kvt_key *key, const kvt_key *model, c
     if (!e) {
         r->misses++;
     } else if (kvt__expires(t, e->last_hit, e->hits) <= now) {
-        r->pf_wasted += e->pf;
-        drop(r, e);
+        /* a miss for lookups; the entry stays (its session reads it at any age, with the TTL
+        ** of kvt__ttl_forever) until the LRU or a fresh put replaces it */
         r->expired++;
         r->misses++;
         rc = KVT__RAM_EXPIRED;

@@ -9,7 +9,7 @@
 ** (rd_mu) and `wr` for every change (wr_mu), so a get's lookup never waits for a write's
 ** transaction; WAL lets them run at once, busy_timeout covers other processes.  Neither mutex is
 ** held during file I/O.  Hits of gets are queued too (hits[]) and applied by the writer in
-** batches, so a get never writes to the index (except to remove a corrupt or expired entry).
+** batches, so a get never writes to the index (except to remove a corrupt entry).
 **
 ** Write order of a block: blob file durable under its name (blobfile.c), then the index row.  A
 ** row therefore always names a complete, durable file; a crash in between leaves a file without
@@ -163,13 +163,13 @@ static int open_index(kvt_store *st) {
             exec(st, st->wr, "ROLLBACK");
             return rc;
         }
-        if ((rc = prepare(st, st->wr, "SELECT last_hit, hits FROM blocks WHERE key = ?1", &st->wr_exists)) ||
+        if ((rc = prepare(st, st->wr, "SELECT last_hit, hits, file, size FROM blocks WHERE key = ?1", &st->wr_exists)) ||
             (rc = prepare(st, st->wr,
                           "INSERT OR REPLACE INTO blocks(key, file, size, codec, checksum, model, n_tokens, created, "
                           "last_hit, hits) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)", &st->wr_ins)) ||
             (rc = prepare(st, st->wr, "UPDATE blocks SET hits = hits + 1, last_hit = max(last_hit, ?2) WHERE key = ?1",
                           &st->wr_hit)) ||
-            (rc = prepare(st, st->wr, "DELETE FROM blocks WHERE key = ?1 RETURNING size", &st->wr_del)))
+            (rc = prepare(st, st->wr, "DELETE FROM blocks WHERE key = ?1 AND (?2 IS NULL OR file = ?2) RETURNING size", &st->wr_del)))
             return rc;
     }
     if ((rc = open_db(st, false, &st->rd)) || (st->p.read_only && (rc = check_version(st, st->rd)))) return rc;
@@ -187,20 +187,28 @@ static int64_t sum_sizes(sqlite3 *db) {
     return n;
 }
 
-int64_t kvt__store_remove(kvt_store *st, const kvt_key *key) {
+int64_t kvt__store_remove(kvt_store *st, const kvt_key *key, const char *file) {
     if (!st->wr) return -1;
     int64_t freed = -1;
     pthread_mutex_lock(&st->wr_mu);
     sqlite3_bind_blob(st->wr_del, 1, key->b, KVT_KEY_BYTES, SQLITE_STATIC);
+    sqlite3_bind_text(st->wr_del, 2, file, -1, SQLITE_STATIC);
     if (sqlite3_step(st->wr_del) == SQLITE_ROW) freed = sqlite3_column_int64(st->wr_del, 0);
     while (sqlite3_step(st->wr_del) == SQLITE_ROW) {}
     sqlite3_reset(st->wr_del);
     if (freed >= 0) st->disk_bytes_now -= freed;
     pthread_mutex_unlock(&st->wr_mu);
-    char name[70];
-    kvt__sblob_name(key, name);
-    unlinkat(st->blobs_fd, name, 0); /* row first: no reader is sent to a file going away */
+    if (st->on_remove) st->on_remove(st->on_remove_ud);
+    /* the file that row named, and only a blob's name: a fresh write of key has a name of its
+    ** own, and a row's text never sends the unlink out of blobs/ */
+    kvt_key k;
+    if (kvt__sblob_is_blob(file, &k)) unlinkat(st->blobs_fd, file, 0);
     return freed;
+}
+
+void kvt_store_test_on_remove(kvt_store *st, void (*cb)(void *), void *ud) {
+    st->on_remove = cb;
+    st->on_remove_ud = ud;
 }
 
 /* ---- writer thread ----------------------------------------------------------------------- */
@@ -228,7 +236,7 @@ static bool make_room(kvt_store *st, int64_t need, double now) {
     st->disk_bytes_now = sum_sizes(st->wr); /* other processes may have written or removed */
     sqlite3_stmt *sel;
     if (sqlite3_prepare_v2(st->wr,
-                           "SELECT key, size, last_hit + CASE WHEN hits >= ?1 THEN ?2 ELSE ?3 END <= ?4 FROM blocks "
+                           "SELECT key, size, last_hit + CASE WHEN hits >= ?1 THEN ?2 ELSE ?3 END <= ?4, file FROM blocks "
                            "ORDER BY 3 DESC, hits >= ?1, last_hit LIMIT 256", -1, &sel, NULL) != SQLITE_OK)
         return false;
     bool ok = true;
@@ -238,12 +246,15 @@ static bool make_room(kvt_store *st, int64_t need, double now) {
         sqlite3_bind_double(sel, 3, st->ttl.ttl_s);
         sqlite3_bind_double(sel, 4, now);
         kvt_key victims[256];
+        char files[256][KVT__SBLOB_NAME];
         int64_t sizes[256];
         int expired[256], n = 0;
         int64_t freed = 0;
         while (n < 256 && st->disk_bytes_now + need - freed > quota && sqlite3_step(sel) == SQLITE_ROW) {
             if (sqlite3_column_bytes(sel, 0) != KVT_KEY_BYTES) continue;
             memcpy(victims[n].b, sqlite3_column_blob(sel, 0), KVT_KEY_BYTES);
+            const char *f = (const char *)sqlite3_column_text(sel, 3);
+            snprintf(files[n], sizeof files[n], "%s", f ? f : "");
             sizes[n] = sqlite3_column_int64(sel, 1);
             expired[n] = sqlite3_column_int(sel, 2);
             freed += sizes[n];
@@ -257,6 +268,7 @@ static bool make_room(kvt_store *st, int64_t need, double now) {
         sqlite3_exec(st->wr, "BEGIN", NULL, NULL, NULL);
         for (int i = 0; i < n; i++) {
             sqlite3_bind_blob(st->wr_del, 1, victims[i].b, KVT_KEY_BYTES, SQLITE_STATIC);
+            sqlite3_bind_text(st->wr_del, 2, files[i], -1, SQLITE_STATIC);
             while (sqlite3_step(st->wr_del) == SQLITE_ROW) {}
             sqlite3_reset(st->wr_del);
         }
@@ -267,9 +279,8 @@ static bool make_room(kvt_store *st, int64_t need, double now) {
         }
         int64_t n_exp = 0;
         for (int i = 0; i < n; i++) {
-            char name[70];
-            kvt__sblob_name(&victims[i], name);
-            unlinkat(st->blobs_fd, name, 0);
+            kvt_key k;
+            if (kvt__sblob_is_blob(files[i], &k)) unlinkat(st->blobs_fd, files[i], 0);
             n_exp += expired[i];
         }
         st->disk_bytes_now -= freed;
@@ -282,25 +293,53 @@ static bool make_room(kvt_store *st, int64_t need, double now) {
     return ok;
 }
 
-/* The index row of a block whose file is written (wr_mu taken inside).  Fault site:
-** KVT__FAULT_STORE_INDEX. */
+/* Fill old[KVT__SBLOB_NAME] with the file key's row names ("" if none); OUT *size (wr_mu held). */
+static bool row_file(kvt_store *st, const kvt_key *key, char old[KVT__SBLOB_NAME], int64_t *size,
+                     double *last_hit, int64_t *hits) {
+    old[0] = '\0';
+    sqlite3_bind_blob(st->wr_exists, 1, key->b, KVT_KEY_BYTES, SQLITE_STATIC);
+    bool have = sqlite3_step(st->wr_exists) == SQLITE_ROW;
+    if (have) {
+        const char *f = (const char *)sqlite3_column_text(st->wr_exists, 2);
+        snprintf(old, KVT__SBLOB_NAME, "%s", f ? f : "");
+        if (size) *size = sqlite3_column_int64(st->wr_exists, 3);
+        if (last_hit) *last_hit = sqlite3_column_double(st->wr_exists, 0);
+        if (hits) *hits = sqlite3_column_int64(st->wr_exists, 1);
+    }
+    sqlite3_reset(st->wr_exists);
+    return have;
+}
+
+/* The index row of a block whose file `name` is written (wr_mu taken inside).  A row another
+** process wrote for key since write_job looked is replaced, and the file it named unlinked after
+** the commit (its name is its own).  Fault site: KVT__FAULT_STORE_INDEX. */
 static bool insert_row(kvt_store *st, const struct kvt__job *j, const struct kvt__sblob_hdr *h, const char *name) {
+    char old[KVT__SBLOB_NAME] = "";
+    int64_t old_size = 0;
     pthread_mutex_lock(&st->wr_mu);
-    sqlite3_stmt *s = st->wr_ins;
-    sqlite3_bind_blob(s, 1, j->key.b, KVT_KEY_BYTES, SQLITE_STATIC);
-    sqlite3_bind_text(s, 2, name, -1, SQLITE_STATIC);
-    sqlite3_bind_int64(s, 3, (sqlite3_int64)h->size);
-    sqlite3_bind_int(s, 4, h->codec);
-    sqlite3_bind_blob(s, 5, h->sha, 32, SQLITE_STATIC);
-    sqlite3_bind_blob(s, 6, j->meta.model.b, KVT_KEY_BYTES, SQLITE_STATIC);
-    sqlite3_bind_int(s, 7, j->meta.n_tokens);
-    sqlite3_bind_double(s, 8, j->t);
-    sqlite3_bind_double(s, 9, j->last_hit);
-    sqlite3_bind_int64(s, 10, j->hits);
-    bool ok = !kvt__fault_check(KVT__FAULT_STORE_INDEX) && sqlite3_step(s) == SQLITE_DONE;
-    sqlite3_reset(s);
-    if (ok) st->disk_bytes_now += (int64_t)h->size;
+    bool ok = !kvt__fault_check(KVT__FAULT_STORE_INDEX) && sqlite3_exec(st->wr, "BEGIN IMMEDIATE", NULL, NULL, NULL) == SQLITE_OK;
+    if (ok) {
+        if (!row_file(st, &j->key, old, &old_size, NULL, NULL)) old_size = 0;
+        sqlite3_stmt *s = st->wr_ins;
+        sqlite3_bind_blob(s, 1, j->key.b, KVT_KEY_BYTES, SQLITE_STATIC);
+        sqlite3_bind_text(s, 2, name, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(s, 3, (sqlite3_int64)h->size);
+        sqlite3_bind_int(s, 4, h->codec);
+        sqlite3_bind_blob(s, 5, h->sha, 32, SQLITE_STATIC);
+        sqlite3_bind_blob(s, 6, j->meta.model.b, KVT_KEY_BYTES, SQLITE_STATIC);
+        sqlite3_bind_int(s, 7, j->meta.n_tokens);
+        sqlite3_bind_double(s, 8, j->t);
+        sqlite3_bind_double(s, 9, j->last_hit);
+        sqlite3_bind_int64(s, 10, j->hits);
+        ok = sqlite3_step(s) == SQLITE_DONE;
+        sqlite3_reset(s);
+        ok = ok && sqlite3_exec(st->wr, "COMMIT", NULL, NULL, NULL) == SQLITE_OK;
+        if (!ok) sqlite3_exec(st->wr, "ROLLBACK", NULL, NULL, NULL);
+    }
+    if (ok) st->disk_bytes_now += (int64_t)h->size - old_size;
     pthread_mutex_unlock(&st->wr_mu);
+    kvt_key k;
+    if (ok && old[0] && strcmp(old, name) && kvt__sblob_is_blob(old, &k)) unlinkat(st->blobs_fd, old, 0);
     return ok;
 }
 
@@ -332,21 +371,16 @@ static void write_job(kvt_store *st, struct kvt__job *j) {
     bool written = false, skipped = false;
     pthread_mutex_lock(&st->wr_mu);
     const double now = kvt__store_now(st);
-    sqlite3_bind_blob(st->wr_exists, 1, j->key.b, KVT_KEY_BYTES, SQLITE_STATIC);
     bool expired = false;
-    if (sqlite3_step(st->wr_exists) == SQLITE_ROW) {
-        /* an expired row is no copy: a get would remove it, so skipping the fresh write for it
-        ** (while the RAM tier records the block as on disk) lost the block (issue #24 item 7).
-        ** Its row goes; the fresh file replaces the old one under the same name. */
-        expired = kvt__expires(&st->ttl, sqlite3_column_double(st->wr_exists, 0), sqlite3_column_int64(st->wr_exists, 1)) <= now;
+    char old[KVT__SBLOB_NAME];
+    double last_hit = 0;
+    int64_t hits = 0;
+    if (row_file(st, &j->key, old, NULL, &last_hit, &hits)) {
+        /* an expired row is no copy for lookups: skipping the fresh write for it (while the RAM
+        ** tier records the block as on disk) lost the block (issue #24 item 7).  The fresh row
+        ** replaces it (insert_row), and its file goes; until then it is still the session's copy. */
+        expired = kvt__expires(&st->ttl, last_hit, hits) <= now;
         skipped = !expired;
-    }
-    sqlite3_reset(st->wr_exists);
-    if (expired) {
-        sqlite3_bind_blob(st->wr_del, 1, j->key.b, KVT_KEY_BYTES, SQLITE_STATIC);
-        if (sqlite3_step(st->wr_del) == SQLITE_ROW) st->disk_bytes_now -= sqlite3_column_int64(st->wr_del, 0);
-        while (sqlite3_step(st->wr_del) == SQLITE_ROW) {}
-        sqlite3_reset(st->wr_del);
     }
     bool room = skipped || make_room(st, (int64_t)j->buf->n, now);
     pthread_mutex_unlock(&st->wr_mu);
@@ -370,13 +404,13 @@ static void write_job(kvt_store *st, struct kvt__job *j) {
         struct kvt__sblob_hdr h = { .key = j->key, .model = j->meta.model, .codec = codec,
                                    .n_tokens = j->meta.n_tokens, .size = size };
         const char *what = NULL;
-        char name[70];
-        kvt__sblob_name(&j->key, name);
+        char name[KVT__SBLOB_NAME];
         if (kvt__sha256(data, size, h.sha) != 0) {
             /* dropped */
         } else if (st->unsafe_order) {
-            written = insert_row(st, j, &h, name) && kvt__sblob_write_unsafe(st->blobs_fd, &h, data) == 0;
-        } else if (kvt__sblob_write(st->blobs_fd, st->blobs_dir, &h, data, &what) == 0) {
+            kvt__sblob_name(&j->key, 0, name); /* one name per key, rewritten in place */
+            written = insert_row(st, j, &h, name) && kvt__sblob_write_unsafe(st->blobs_fd, &h, data, name) == 0;
+        } else if (kvt__sblob_write(st->blobs_fd, st->blobs_dir, &h, data, name, &what) == 0) {
             written = insert_row(st, j, &h, name);
             if (!written) unlinkat(st->blobs_fd, name, 0); /* no row names it: it must not stay */
         }
@@ -774,12 +808,15 @@ int kvt__store_get_local(kvt_store *st, const kvt_key *key, const kvt_key *model
     }
 
 index:;
-    struct { int64_t size, hits; int32_t codec, n_tokens; uint8_t sha[32]; kvt_key model; double last_hit; } row;
+    struct { int64_t size, hits; int32_t codec, n_tokens; uint8_t sha[32]; kvt_key model; double last_hit;
+             char file[KVT__SBLOB_NAME]; } row;
     pthread_mutex_lock(&st->rd_mu);
     sqlite3_bind_blob(st->rd_get, 1, key->b, KVT_KEY_BYTES, SQLITE_STATIC);
     int s = sqlite3_step(st->rd_get);
     bool have = s == SQLITE_ROW && sqlite3_column_bytes(st->rd_get, 3) == 32 && sqlite3_column_bytes(st->rd_get, 4) == 32;
     if (have) {
+        const char *f = (const char *)sqlite3_column_text(st->rd_get, 0);
+        snprintf(row.file, sizeof row.file, "%s", f ? f : "");
         row.size = sqlite3_column_int64(st->rd_get, 1);
         row.codec = sqlite3_column_int(st->rd_get, 2);
         memcpy(row.sha, sqlite3_column_blob(st->rd_get, 3), 32);
@@ -796,20 +833,22 @@ index:;
     }
     pthread_mutex_unlock(&st->rd_mu);
     if (!have) return miss(st, s == SQLITE_ROW ? &st->d_corrupt : NULL, "not stored", hex, pf);
-    if (kvt__expires(ttl, row.last_hit, row.hits) <= now) {
-        kvt__store_remove(st, key);
-        return miss(st, &st->d_expired, "expired", hex, pf);
-    }
+    /* an expired row is a miss for lookups but stays: it is still the copy of the session that
+    ** wrote it (kvt_store_get_copy reads at any age); the quota (make_room) and gc remove it */
+    if (kvt__expires(ttl, row.last_hit, row.hits) <= now) return miss(st, &st->d_expired, "expired", hex, pf);
     if (memcmp(row.model.b, model->b, KVT_KEY_BYTES))
         return miss(st, &st->d_corrupt, "stored for another model fingerprint", hex, pf);
     if (pf) *pf = KVT__PF_FAILED; /* from here on a miss is a bad file */
 
-    char name[70];
     struct kvt__sblob_hdr h;
     const char *why = "";
     uint8_t *buf = NULL;
-    kvt__sblob_name(key, name);
-    r = kvt__sblob_read(st->blobs_fd, name, &h, &buf, &why);
+    kvt_key fk;
+    if (!kvt__sblob_is_blob(row.file, &fk) || memcmp(fk.b, key->b, KVT_KEY_BYTES)) {
+        kvt__store_remove(st, key, row.file);
+        return miss(st, &st->d_corrupt, "the index names a file of another key", hex, pf);
+    }
+    r = kvt__sblob_read(st->blobs_fd, row.file, &h, &buf, &why);
     if (r == KVT__SBLOB_NOMEM) return kvt__fail(KVT_ENOMEM, "kvt_store_get: block %.16s: %s", hex, why);
     if (r == KVT__SBLOB_OK) {
         why = memcmp(h.key.b, key->b, 32) ? "header names another key"
@@ -865,6 +904,10 @@ index:;
         pthread_mutex_lock(&st->rd_mu);
         sqlite3_bind_blob(st->rd_get, 1, key->b, KVT_KEY_BYTES, SQLITE_STATIC);
         bool still = sqlite3_step(st->rd_get) == SQLITE_ROW;
+        if (still) { /* the same write's row: a fresh one names another file */
+            const char *f = (const char *)sqlite3_column_text(st->rd_get, 0);
+            still = f && !strcmp(f, row.file);
+        }
         sqlite3_reset(st->rd_get);
         pthread_mutex_unlock(&st->rd_mu);
         if (!still) {
@@ -873,7 +916,7 @@ index:;
         }
         why = "file missing";
     }
-    kvt__store_remove(st, key); /* never returned, never read again */
+    kvt__store_remove(st, key, row.file); /* never returned, never read again */
     return miss(st, &st->d_corrupt, why, hex, pf);
 }
 

@@ -24,6 +24,7 @@ struct row {
     int32_t codec, n_tokens;
     uint8_t sha[32];
     double  created, last_hit;
+    char    file[KVT__SBLOB_NAME]; /* the file the row names ("" if it is no blob name of key) */
     bool    sha_ok;  /* the checksum column is 32 bytes */
     bool    gone;    /* removed by this pass */
 };
@@ -38,7 +39,7 @@ static int read_rows(kvt_store *st, const char *order, struct row **rows, size_t
     *n = 0;
     char sql[256];
     snprintf(sql, sizeof sql,
-             "SELECT key, model, size, hits, codec, n_tokens, checksum, created, last_hit FROM blocks ORDER BY %s",
+             "SELECT key, model, size, hits, codec, n_tokens, checksum, created, last_hit, file FROM blocks ORDER BY %s",
              order);
     pthread_mutex_lock(&st->rd_mu);
     sqlite3_stmt *s;
@@ -73,6 +74,10 @@ static int read_rows(kvt_store *st, const char *order, struct row **rows, size_t
         if (r->sha_ok) memcpy(r->sha, sqlite3_column_blob(s, 6), 32);
         r->created = sqlite3_column_double(s, 7);
         r->last_hit = sqlite3_column_double(s, 8);
+        const char *f = (const char *)sqlite3_column_text(s, 9);
+        kvt_key fk;
+        if (f && strlen(f) < sizeof r->file && kvt__sblob_is_blob(f, &fk) && !memcmp(fk.b, r->key.b, KVT_KEY_BYTES))
+            strcpy(r->file, f);
     }
     if (!rc && step != SQLITE_DONE) rc = kvt__store_sql_fail(st, st->rd, "listing");
     sqlite3_finalize(s);
@@ -152,6 +157,7 @@ static int remove_rows(kvt_store *st, struct row **victims, size_t n) {
     sqlite3_exec(st->wr, "BEGIN IMMEDIATE", NULL, NULL, NULL);
     for (size_t i = 0; i < n; i++) {
         sqlite3_bind_blob(st->wr_del, 1, victims[i]->key.b, KVT_KEY_BYTES, SQLITE_STATIC);
+        sqlite3_bind_null(st->wr_del, 2);
         int s;
         while ((s = sqlite3_step(st->wr_del)) == SQLITE_ROW) {}
         sqlite3_reset(st->wr_del);
@@ -169,9 +175,7 @@ static int remove_rows(kvt_store *st, struct row **victims, size_t n) {
     pthread_mutex_unlock(&st->wr_mu);
     if (rc) return rc;
     for (size_t i = 0; i < n; i++) {
-        char name[70];
-        kvt__sblob_name(&victims[i]->key, name);
-        unlinkat(st->blobs_fd, name, 0);
+        if (victims[i]->file[0]) unlinkat(st->blobs_fd, victims[i]->file, 0);
         victims[i]->gone = true;
     }
     return 0;
@@ -191,9 +195,10 @@ static int scan_orphans(kvt_store *st, const struct row *rows, size_t n, bool re
         struct row probe;
         long pid;
         bool orphan = false;
-        if (kvt__sblob_is_blob(de->d_name, &probe.key))
-            orphan = n == 0 || !bsearch(&probe, rows, n, sizeof *rows, cmp_row);
-        else
+        if (kvt__sblob_is_blob(de->d_name, &probe.key)) { /* no row of its key names it */
+            const struct row *r = n ? bsearch(&probe, rows, n, sizeof *rows, cmp_row) : NULL;
+            orphan = !r || strcmp(r->file, de->d_name);
+        } else
             orphan = kvt__sblob_is_tmp(de->d_name, &pid);
         if (!orphan) continue;
         out->orphans++;
@@ -226,13 +231,11 @@ int kvt_store_gc(kvt_store *st, struct kvt_store_report *out) {
     /* expired rows, and rows whose file is gone */
     for (size_t i = 0; i < n; i++) {
         struct row *r = &rows[i];
-        char name[70];
         struct stat sb;
         out->checked++;
-        kvt__sblob_name(&r->key, name);
         if (kvt__expires(&st->ttl, r->last_hit, r->hits) <= now) {
             out->expired++;
-        } else if (fstatat(st->blobs_fd, name, &sb, AT_SYMLINK_NOFOLLOW) && errno == ENOENT) {
+        } else if (!r->file[0] || (fstatat(st->blobs_fd, r->file, &sb, AT_SYMLINK_NOFOLLOW) && errno == ENOENT)) {
             out->missing++;
         } else {
             continue;
@@ -301,10 +304,8 @@ int kvt_store_verify(kvt_store *st, bool repair, struct kvt_store_report *out) {
         struct row *r = &rows[i];
         struct kvt__sblob_hdr h;
         const char *why = NULL;
-        char name[70];
-        kvt__sblob_name(&r->key, name);
         out->checked++;
-        int b = kvt__sblob_read(st->blobs_fd, name, &h, NULL, &why);
+        int b = r->file[0] ? kvt__sblob_read(st->blobs_fd, r->file, &h, NULL, &why) : KVT__SBLOB_BAD;
         if (b == KVT__SBLOB_NOMEM) {
             rc = kvt__fail(KVT_ENOMEM, "kvt_store_verify: %s", why);
             goto done;

@@ -101,24 +101,29 @@ struct kvt__sblob_hdr {
     uint8_t  sha[32];
 };
 
-/* File name of key under blobs/: "<64 hex>.kvb" into name[70]. */
-void kvt__sblob_name(const kvt_key *key, char name[70]);
+/* File name of one write of key under blobs/: "<64 hex>-<16 hex of gen>.kvb" into
+** name[KVT__SBLOB_NAME]; gen 0 is the name stores from before generations gave every block,
+** "<64 hex>.kvb" (blobfile.c says why each write has its own name). */
+#define KVT__SBLOB_NAME 96
+void kvt__sblob_name(const kvt_key *key, uint64_t gen, char name[KVT__SBLOB_NAME]);
 /* SHA-256 of data[0..n).  Returns 0, or -1 if OpenSSL failed (no memory). */
 int  kvt__sha256(const void *data, size_t n, uint8_t out[32]);
 
 /* Write a blob file durably and atomically: "<blobs>/.tmp-<pid>-<hex>-XXXXXX" (O_EXCL, 0600),
-** header + payload, fsync, rename to its name, fsync of blobs/.  Returns 0, or the errno of the
+** header + payload, fsync, rename to a name of its own (OUT name: key and a new random
+** generation), fsync of blobs/.  Returns 0, or the errno of the
 ** failed step with *what naming it ("create", "write", "fsync", "rename", "fsync of the
 ** directory", "SHA-256 of"); the temporary file never stays, and on a failed directory fsync the
 ** renamed file is removed again.  Fault sites: KVT__FAULT_STORE_WRITE (write: ENOSPC),
 ** KVT__FAULT_STORE_SYNC (the file's fsync, then the rename: EIO). */
 int  kvt__sblob_write(int blobs_fd, const char *blobs_dir, const struct kvt__sblob_hdr *h, const void *data,
-                     const char **what);
+                      char name[KVT__SBLOB_NAME], const char **what);
 
 /* The kill -9 test's control only (kvt_store_test_unsafe_write_order): the file written in place
 ** under its final name, no temporary file, no fsync, with a 2 ms pause halfway.  Returns 0 or an
-** errno. */
-int  kvt__sblob_write_unsafe(int blobs_fd, const struct kvt__sblob_hdr *h, const void *data);
+** errno.  name: the file's name (kvt__sblob_name). */
+int  kvt__sblob_write_unsafe(int blobs_fd, const struct kvt__sblob_hdr *h, const void *data,
+                             const char name[KVT__SBLOB_NAME]);
 
 enum { KVT__SBLOB_OK = 0, KVT__SBLOB_MISSING, KVT__SBLOB_BAD, KVT__SBLOB_NOMEM, KVT__SBLOB_IOERR };
 /* Read and check the blob file `name` in blobs/: magic, version, payload size against the file
@@ -138,7 +143,7 @@ int  kvt__sblob_check_mem(const uint8_t *v, size_t n, struct kvt__sblob_hdr *h, 
 
 /* Is `name` a temporary file of a writer ("<.tmp->pid-...")?  OUT *pid. */
 bool kvt__sblob_is_tmp(const char *name, long *pid);
-/* Is `name` a blob file name; OUT *key. */
+/* Is `name` a blob file name (either form of kvt__sblob_name: no directory part); OUT *key. */
 bool kvt__sblob_is_blob(const char *name, kvt_key *key);
 
 /* ---- Redis tier (redis.c) --------------------------------------------------------------------- */
@@ -232,6 +237,8 @@ struct kvt_store {
     pthread_mutex_t rd_mu, wr_mu;
     sqlite3_stmt *rd_get;      /* the row of a key */
     sqlite3_stmt *wr_exists, *wr_ins, *wr_hit, *wr_del;
+    void (*on_remove)(void *);  /* test hook (kvt_store_test_on_remove): between row and unlink */
+    void *on_remove_ud;
     int64_t disk_bytes_now;    /* blob bytes in the index as this process last knew (wr_mu) */
 
     pthread_mutex_t q_mu;      /* queue, hits, writer state, disk counters */
@@ -262,9 +269,9 @@ int  kvt__store_priv_open(kvt_store *st);
 double kvt__store_now(kvt_store *st);
 /* SQLite failure -> KVT_EIO naming the store's index and SQLite's message. */
 int  kvt__store_sql_fail(kvt_store *st, sqlite3 *db, const char *what);
-/* Remove the index row of key and its file (wr_mu taken inside).  Returns the bytes freed or -1
-** if no row was there. */
-int64_t kvt__store_remove(kvt_store *st, const kvt_key *key);
+/* Remove the index row of key that names `file`, then that file (wr_mu taken inside; a row of a
+** fresher write names another file and stays).  Returns the bytes freed or -1 if no such row. */
+int64_t kvt__store_remove(kvt_store *st, const kvt_key *key, const char *file);
 /* Flock DIR/lock exclusively (gc, verify, clear: no write of any process is half done while it
 ** is held).  Returns the fd to release with kvt__store_unlock, or -1 (no lock file). */
 int  kvt__store_lock_all(kvt_store *st);

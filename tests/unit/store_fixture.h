@@ -84,10 +84,23 @@ static inline int sk_count_files(const char *dir) {
     return n;
 }
 
+/* The path of key's blob file under dir/blobs/: the file whose name starts with the key's hex
+** (each write has a generation of its own in its name), or the generation-less name when there
+** is none (a path to create a stray file at). */
 static inline void sk_blob_path(const char *dir, const kvt_key *k, char *buf, size_t n) {
-    char name[70];
-    kvt__sblob_name(k, name);
-    snprintf(buf, n, "%s/blobs/%s", dir, name);
+    char name[KVT__SBLOB_NAME], bdir[PATH_MAX - 128];
+    kvt__sblob_name(k, 0, name);
+    snprintf(bdir, sizeof bdir, "%s/blobs", dir);
+    DIR *d = opendir(bdir);
+    struct dirent *de;
+    kvt_key fk;
+    while (d && (de = readdir(d)))
+        if (kvt__sblob_is_blob(de->d_name, &fk) && !memcmp(fk.b, k->b, KVT_KEY_BYTES)) {
+            memcpy(name, de->d_name, strlen(de->d_name) + 1); /* a blob name fits */
+            break;
+        }
+    if (d) closedir(d);
+    if ((size_t)snprintf(buf, n, "%s/blobs/%s", dir, name) >= n) abort();
 }
 
 /* cmocka fixture: a fresh temporary directory per test (*state is a struct sk_fx), removed after. */

@@ -369,8 +369,8 @@ static void test_store_values(void **st) {
     assert_non_null(mkdtemp(dir));
     int dfd = open(dir, O_RDONLY | O_DIRECTORY);
     assert_true(dfd >= 0);
-    char name[70];
-    kvt__sblob_name(&key, name);
+    char name[KVT__SBLOB_NAME];
+    kvt__sblob_name(&key, 1, name);
     int fd = openat(dfd, name, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     assert_true(fd >= 0);
     assert_int_equal(write(fd, v, n - 1), (ssize_t) (n - 1));
