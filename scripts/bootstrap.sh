@@ -25,7 +25,9 @@
 # of XCR0 by a hypervisor; AMX tile data whose permission a guest kernel grants and then traps
 # on). So every extension the native build would use is first *executed* by scripts/cpu_probe.c
 # in a child process; one that fails is compiled out (-mno-...), and the bootstrap says so in
-# one line. The llama.cpp prefix lives under a directory named for the resulting compiler
+# one line. One probe tests the compiler instead: amx_cc configures a tile through the
+# compiler's intrinsics as ggml does (GCC 12 drops the config's stores, and ggml's AMX kernels
+# then trap on a CPU whose AMX works); it fails -> AMX is compiled out. The llama.cpp prefix lives under a directory named for the resulting compiler
 # target (march + a hash of every target option and the compiler's version), so a cache copied
 # to or shared with another CPU gets its own build instead of running one made elsewhere.
 #   KVTIER_PROBE_FAIL=amx,avx512   treat these probes as failed (a name matches that probe and
@@ -115,6 +117,7 @@ CPU_FEATURES=(
   "amx_tile    __AMX_TILE__    -mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
   "amx_int8    __AMX_INT8__    -mno-amx-int8"
   "amx_bf16    __AMX_BF16__    -mno-amx-bf16"
+  "amx_cc      __AMX_TILE__    -mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 )
 CPU_ISA_FLAGS=""   # the -mno-... flags for llama.cpp's compiler (set by cpu_detect)
 CPU_LINE=""        # the one line the bootstrap prints
@@ -145,10 +148,11 @@ cpu_detect() {
     local src probe
     src=$(dirname "${BASH_SOURCE[0]}")/cpu_probe.c
     [ -f "$src" ] || die "missing $src"
-    probe=$CACHE/bin/cpu_probe-$(sha256sum "$src" | cut -c1-12)
+    probe=$CACHE/bin/cpu_probe-$( { sha256sum "$src"; echo "$ccver -O2"; } | sha256sum | cut -c1-12)
     if [ ! -x "$probe" ]; then
       mkdir -p "$CACHE/bin"
-      "$cc" -std=c11 -O1 -o "$probe.tmp.$$" "$src" || die "could not build the CPU probe ($src)"
+      # -O2 as llama.cpp: the amx_cc probe tests what the compiler's optimiser does to AMX code
+      "$cc" -std=c11 -O2 -o "$probe.tmp.$$" "$src" || die "could not build the CPU probe ($src)"
       mv -f "$probe.tmp.$$" "$probe"
     fi
     probe_out=$("$probe") || die "the CPU probe ($probe) failed to run"
@@ -162,7 +166,7 @@ cpu_detect() {
       if [ "${res%% *}" = ok ]; then
         kept+=("$name")
       else
-        out+=("$name(${res#fail })"); CPU_ISA_FLAGS+=" $flags"
+        res=${res#fail }; res=${res#(}; out+=("$name(${res%)})"); CPU_ISA_FLAGS+=" $flags"
       fi
     done
   fi

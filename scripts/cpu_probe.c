@@ -16,6 +16,14 @@
  *
  * Built and run by scripts/bootstrap.sh with the host compiler and no -m flags: the instructions
  * are inline assembly (binutils knows them all), so the probe itself runs on any x86-64.
+ *
+ * One probe tests the compiler, not the CPU: amx_cc configures a tile through the compiler's own
+ * intrinsics (<immintrin.h>, as ggml's AMX kernels do, amx/mmq.cpp ggml_tile_config_init) and
+ * uses it. GCC 12's _tile_loadconfig declares an 8-byte memory operand, so at -O1 and above the
+ * stores of the tile sizes are dead to it and dropped: the tile is configured with palette 1 and
+ * no rows (or from stack bytes never written), and ggml's first tilezero traps (seen on a Xeon with AMX enabled: SIGILL in
+ * tinygemm_kernel_amx at the first prefill of a Q4_1 model). bootstrap.sh builds this file at
+ * -O2, as llama.cpp is built.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -79,6 +87,34 @@ static void p_amx_bf16(void)
     __asm__ volatile("tdpbf16ps %%tmm2, %%tmm1, %%tmm0\n\ttilerelease" ::: "memory");
 }
 
+/* AMX through the compiler's intrinsics, the way ggml configures its tiles: a zeroed 64-byte
+ * config, the fields stored one by one, _tile_loadconfig, then a tile instruction on tile 4. */
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 11
+static void p_amx_cc(void) { _exit(4); } /* no AMX intrinsics: -march=native cannot use AMX either */
+#else
+#include <immintrin.h>
+struct amx_cfg {
+    uint8_t  palette_id, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t  rows[16];
+};
+__attribute__((target("amx-tile"), noinline)) static void amx_cc_use(void)
+{
+    struct amx_cfg tc __attribute__((aligned(64)));
+    memset(&tc, 0, sizeof tc);
+    tc.palette_id = 1;
+    for (int i = 0; i < 8; i++) { tc.rows[i] = 16; tc.colsb[i] = 64; }
+    _tile_loadconfig(&tc);
+    _tile_zero(4);
+    _tile_release();
+}
+static void p_amx_cc(void)
+{
+    if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0) _exit(3);
+    amx_cc_use();
+}
+#endif
+
 /* The control: an instruction that traps on every CPU, so a probe that cannot fail is noticed
  * (tests/cli/cli_cpu_probe.sh expects "ud2 fail"). */
 static void p_ud2(void) { __asm__ volatile("ud2"); }
@@ -88,7 +124,7 @@ static const struct probe { const char *name; void (*run)(void); } probes[] = {
     {"avx_vnni", p_avxvnni}, {"avx512", p_avx512}, {"avx512_vbmi", p_avx512vbmi},
     {"avx512_vnni", p_avx512vnni}, {"avx512_bf16", p_avx512bf16},
     {"amx_tile", p_amx_tile}, {"amx_int8", p_amx_int8}, {"amx_bf16", p_amx_bf16},
-    {"ud2", p_ud2},
+    {"amx_cc", p_amx_cc}, {"ud2", p_ud2},
 };
 #define N_PROBES (sizeof probes / sizeof probes[0])
 
@@ -106,6 +142,12 @@ static int run_probe(const struct probe *p)
     while (waitpid(pid, &st, 0) < 0) { /* EINTR */ }
     if (WIFEXITED(st) && WEXITSTATUS(st) == 0) printf("%s ok\n", p->name);
     else if (WIFEXITED(st) && WEXITSTATUS(st) == 3) printf("%s fail (arch_prctl refused the tile data permission)\n", p->name);
+    else if (WIFEXITED(st) && WEXITSTATUS(st) == 4) printf("%s fail (the compiler has no AMX intrinsics)\n", p->name);
+    else if (p->run == p_amx_cc && WIFSIGNALED(st) && (WTERMSIG(st) == SIGILL || WTERMSIG(st) == SIGSEGV))
+        /* SIGILL: a tile without rows; SIGSEGV: ldtilecfg of stack bytes never stored (#GP);
+        ** which one depends on the stack's old bytes, so the line names neither */
+        printf("%s fail (a tile configured through the compiler's _tile_loadconfig traps: it drops the config's stores)\n",
+               p->name);
     else if (WIFSIGNALED(st)) printf("%s fail (%s)\n", p->name, strsignal(WTERMSIG(st)));
     else printf("%s fail (exit %d)\n", p->name, WEXITSTATUS(st));
     return 0;

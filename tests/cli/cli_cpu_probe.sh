@@ -22,7 +22,7 @@ if [ "$(uname -m)" != x86_64 ]; then
 fi
 
 # --- 1. the probe program -------------------------------------------------------------------
-if "$CC" -std=c11 -O1 -Wall -Wextra -Werror -o "$TMP/cpu_probe" "$SRC/scripts/cpu_probe.c" 2>"$TMP/cc.err"; then
+if "$CC" -std=c11 -O2 -Wall -Wextra -Werror -o "$TMP/cpu_probe" "$SRC/scripts/cpu_probe.c" 2>"$TMP/cc.err"; then
     ok "cpu_probe.c builds warning-free with no -m flags"
 else
     bad "cpu_probe.c does not build"; cat "$TMP/cc.err"
@@ -32,13 +32,22 @@ rc=$?
 cat "$TMP/probe.out"
 [ "$rc" -eq 0 ] && ok "cpu_probe exits 0" || bad "cpu_probe exited $rc"
 n=$(grep -cE '^[a-z0-9_]+ (ok|fail \(.+\))$' "$TMP/probe.out")
-[ "$n" -eq 14 ] && ok "14 probes answered, one line each" || bad "expected 14 probe lines, got $n"
+[ "$n" -eq 15 ] && ok "15 probes answered, one line each" || bad "expected 15 probe lines, got $n"
 grep -qx 'ud2 fail (Illegal instruction)' "$TMP/probe.out" && ok "control: ud2 traps and its probe fails" \
     || bad "control: the ud2 probe did not fail with SIGILL"
 "$TMP/cpu_probe" no_such_probe >/dev/null 2>"$TMP/unknown.err"
 rc=$?
 [ "$rc" -eq 2 ] && grep -q "unknown probe 'no_such_probe'" "$TMP/unknown.err" && ok "an unknown probe name: exit 2 and its name" \
     || bad "unknown probe: rc $rc, '$(cat "$TMP/unknown.err")'"
+
+# amx_cc tests the compiler (the tile config's stores kept by the optimiser), so its control is the
+# same probe built at -O0, where no store is dropped: where the CPU runs tiles (amx_tile ok), that
+# build must pass, or the probe could not tell a good compiler from a bad one
+if [ "$(grep '^amx_tile ' "$TMP/probe.out" | cut -d' ' -f2)" = ok ]; then
+    "$CC" -std=c11 -O0 -o "$TMP/cpu_probe_O0" "$SRC/scripts/cpu_probe.c" && r0=$("$TMP/cpu_probe_O0" amx_cc)
+    [ "${r0:-}" = "amx_cc ok" ] && ok "control: amx_cc built at -O0 passes on this AMX CPU (-O2: $(grep '^amx_cc ' "$TMP/probe.out"))" \
+        || bad "amx_cc fails even at -O0: '${r0:-}'"
+fi
 
 flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
 has() { [[ "$flags" == *" $1 "* ]]; }
@@ -70,8 +79,14 @@ for forced in avx512:__AVX512F__:-mno-avx512f amx:__AMX_TILE__:-mno-amx-tile; do
     key=$(sed -n 's/^CPU_KEY=//p' <<<"$out")
     cflags=$(sed -n 's/^LLAMA_CFLAGS=//p' <<<"$out")
     [[ " $cflags " == *" $flag "* ]] && ok "KVTIER_PROBE_FAIL=$name adds $flag" || bad "KVTIER_PROBE_FAIL=$name: flags '$cflags' lack $flag"
-    [ -n "$key" ] && [ "$key" != "$key0" ] && ok "KVTIER_PROBE_FAIL=$name: another cache key ($key vs $key0)" \
-        || bad "KVTIER_PROBE_FAIL=$name left the cache key at '$key'"
+    if [[ " $(sed -n 's/^LLAMA_CFLAGS=//p' <<<"$base") " == *" $flag "* ]]; then
+        # already compiled out on this machine (a failed probe): the same build, the same key
+        [ "$key" = "$key0" ] && ok "KVTIER_PROBE_FAIL=$name: $name is compiled out here anyway, the same key" \
+            || bad "KVTIER_PROBE_FAIL=$name changed the key ($key vs $key0) though $flag was there already"
+    else
+        [ -n "$key" ] && [ "$key" != "$key0" ] && ok "KVTIER_PROBE_FAIL=$name: another cache key ($key vs $key0)" \
+            || bad "KVTIER_PROBE_FAIL=$name left the cache key at '$key'"
+    fi
     # shellcheck disable=SC2086
     if "$CC" -march=native $cflags -dM -E - </dev/null | grep -q "^#define $macro "; then
         bad "-march=native $cflags still defines $macro"
