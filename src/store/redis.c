@@ -5,7 +5,11 @@
 ** values are the bytes of a disk blob file (store_int.h: 128-byte header with key, model,
 ** sizes and the payload's SHA-256, then the payload), checked on every read as a disk read is:
 ** a value that fails (garbage, another model's block, truncated) is counted in corrupt, deleted
-** and never returned.  Every key is written with EX redis_ttl_s.
+** and never returned.  Every key is written with EX redis_ttl_s.  Reads ask GETRANGE 0
+** redis_max_bytes, not GET: whoever can write the Redis may plant a value of any size, and
+** hiredis buffers a whole reply before we see its length, so the reply is bounded at the source
+** (a longer value comes back cut at redis_max_bytes + 1 bytes and fails the size check; a missing
+** key reads as "", a miss).
 **
 ** Redis is a cache: correctness never depends on it.  A read runs only after RAM and disk
 ** missed, under a deadline (redis_timeout_ms on connect, send and receive); a timeout or an
@@ -191,6 +195,7 @@ struct kvt__redis {
     char   where[300];      /* "host:port/db" or "unix:path/db": messages, never credentials */
     int    timeout_ms, w_timeout_ms, ttl_s, queue_max;
     size_t max_bytes;
+    char   range_end[24];   /* max_bytes in decimal: GETRANGE's last index (a read of max_bytes + 1) */
 
     uint8_t secret[4096];   /* redis_secret_file's bytes (n_secret 0: values not authenticated) */
     size_t  n_secret;
@@ -404,7 +409,7 @@ static int get_unguarded(struct kvt__redis *r, const kvt_key *key, const kvt_key
             bump(r, &r->misses, 1);
             return KVT_ENOENT;
         }
-        rep = redisCommand(c, "GET %b", k, (size_t)klen);
+        rep = redisCommand(c, "GETRANGE %b 0 %s", k, (size_t)klen, r->range_end); /* hiredis knows no %zu */
         if (rep) break;
         if (attempt == 0 && pooled && c->err == REDIS_ERR_EOF) { /* the server closed it while it idled (restart) */
             redisFree(c);
@@ -423,7 +428,7 @@ static int get_unguarded(struct kvt__redis *r, const kvt_key *key, const kvt_key
         return KVT_ENOENT;
     }
     int rc = KVT_ENOENT;
-    if (rep->type == REDIS_REPLY_NIL) {
+    if (rep->type == REDIS_REPLY_NIL || (rep->type == REDIS_REPLY_STRING && rep->len == 0)) {
         *why = "not in Redis";
         bump(r, &r->misses, 1);
     } else if (rep->type != REDIS_REPLY_STRING) {
@@ -650,6 +655,7 @@ int kvt__redis_open(const struct kvt_store_params *p, struct kvt__redis **out) {
     r->ttl_s = p->redis_ttl_s;
     r->queue_max = p->redis_queue_max;
     r->max_bytes = p->redis_max_bytes;
+    snprintf(r->range_end, sizeof r->range_end, "%zu", r->max_bytes);
     pthread_mutex_init(&r->mu, NULL);
     pthread_mutex_init(&r->q_mu, NULL);
     pthread_cond_init(&r->q_cv, NULL);
@@ -770,7 +776,7 @@ out:
 static int check_reply(struct kvt__redis *r, const redisReply *rep, const kvt_key *key, const kvt_key *model,
                        void **data, size_t *n, struct kvt_store_meta *meta, bool *del) {
     *del = false;
-    if (rep->type == REDIS_REPLY_NIL) return KVT_ENOENT;
+    if (rep->type == REDIS_REPLY_NIL || (rep->type == REDIS_REPLY_STRING && rep->len == 0)) return KVT_ENOENT;
     if (rep->type != REDIS_REPLY_STRING) {
         bump(r, &r->errors, 1);
         return KVT_ENOENT;
@@ -812,7 +818,7 @@ static void mget_unguarded(struct kvt__redis *r, int nk, const kvt_key *keys, co
     char k[160];
     for (int i = 0; i < nk; i++) { /* appended to hiredis's output buffer: one write for all */
         int klen = kvt__redis_key(&models[i], &keys[i], k);
-        if (redisAppendCommand(c, "GET %b", k, (size_t)klen) != REDIS_OK) {
+        if (redisAppendCommand(c, "GETRANGE %b 0 %s", k, (size_t)klen, r->range_end) != REDIS_OK) {
             broken_pf(r, c);
             goto rest;
         }

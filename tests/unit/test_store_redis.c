@@ -511,6 +511,74 @@ static void test_poison(void **state) {
     kvt_store_close(b);
 }
 
+/* Total bytes the Redis server has sent to clients (INFO stats total_net_output_bytes). */
+static long long net_out(struct fx *f) {
+    redisReply *rep = rfx_cmd(&f->redis, "INFO stats");
+    assert_non_null(rep);
+    const char *p = strstr(rep->str, "total_net_output_bytes:");
+    assert_non_null(p);
+    long long v = atoll(p + strlen("total_net_output_bytes:"));
+    freeReplyObject(rep);
+    return v;
+}
+
+/* A planted value far larger than redis_max_bytes (64 KiB here, 8 MiB planted) under a block's
+** key: a miss counted in corrupt, deleted, and the reply read from Redis is bounded by
+** redis_max_bytes, not by the value (issue #24 item 4: GET made hiredis buffer the whole value
+** before its size was checked).  The control: the same get by GET would have moved >= 8 MiB;
+** the server's own byte counter says what was sent. */
+static void test_oversize(void **state) {
+    struct fx *f = *state;
+    need_redis(f);
+    enum { MAX = 64 << 10, BIG = 8 << 20 };
+    struct kvt_store_params p = kvt_store_default_params();
+    p.dir = f->dir_a;
+    p.redis_url = f->redis.url;
+    p.redis_timeout_ms = 2000;
+    p.redis_max_bytes = MAX;
+    kvt_store *st;
+    assert_int_equal(kvt_store_open(&p, &st), 0);
+    kvt_key k = sk_key("oversize", 0);
+    char key[160];
+    kvt__redis_key(&MODEL_A, &k, key);
+    char *v = malloc(BIG);
+    memset(v, 'x', BIG);
+    freeReplyObject(rfx_cmd(&f->redis, "SET %s %b", key, v, (size_t)BIG));
+    free(v);
+    long long before = net_out(f);
+    assert_int_equal(get_tier(st, &MODEL_A, &k), KVT_TIER_NONE);
+    long long sent = net_out(f) - before;
+    print_message("a planted %d-byte value, redis_max_bytes %d: the server sent %lld bytes for the get\n", BIG, MAX,
+                  sent);
+    assert_true(sent < 2 * MAX);
+    assert_int_equal(rstats(st).corrupt, 1);
+    redisReply *rep = rfx_cmd(&f->redis, "EXISTS %s", key);
+    assert_int_equal(rep->integer, 0); /* deleted */
+    freeReplyObject(rep);
+    /* the control of the counter: a plain GET of such a value moves all of it */
+    v = malloc(BIG);
+    memset(v, 'y', BIG);
+    freeReplyObject(rfx_cmd(&f->redis, "SET %s %b", key, v, (size_t)BIG));
+    free(v);
+    before = net_out(f);
+    freeReplyObject(rfx_cmd(&f->redis, "GET %s", key));
+    assert_true(net_out(f) - before >= BIG);
+    /* and a real block within the limit is still a hit through GETRANGE */
+    kvt_key k2 = sk_key("oversize", 1);
+    put_block(st, &MODEL_A, &k2);
+    kvt_store_flush(st);
+    kvt_store_close(st);
+    assert_int_equal(kvt_store_open(&p, &st), 0);
+    sk_rm_rf(f->dir_b);
+    assert_int_equal(mkdir(f->dir_b, 0700), 0);
+    p.dir = f->dir_b;
+    kvt_store *b;
+    assert_int_equal(kvt_store_open(&p, &b), 0);
+    assert_int_equal(get_tier(b, &MODEL_A, &k2), KVT_TIER_REDIS);
+    kvt_store_close(b);
+    kvt_store_close(st);
+}
+
 static void test_full(void **state) {
     struct fx *f = *state;
     need_redis(f);
@@ -600,6 +668,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_slow, setup, teardown),
         cmocka_unit_test_setup_teardown(test_secret, setup, teardown),
         cmocka_unit_test_setup_teardown(test_poison, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_oversize, setup, teardown),
         cmocka_unit_test_setup_teardown(test_full, setup_full, teardown),
         cmocka_unit_test_setup_teardown(test_sigpipe, setup, teardown),
     };
