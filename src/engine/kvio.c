@@ -620,12 +620,6 @@ int kvt__engine_seq_shift_host(kvt_engine *e, int32_t seq, kvt_pos p0, kvt_pos p
     return rc;
 }
 
-void kvt_blob_free(kvt_blob *b) {
-    if (!b) return;
-    free(b->data);
-    free(b);
-}
-
 int kvt_blob_dup(const kvt_blob *b, kvt_blob **out) {
     kvt_blob *n = malloc(sizeof *n);
     *out = NULL;

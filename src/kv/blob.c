@@ -546,3 +546,29 @@ int kvt__blob_k_f32(const uint8_t *buf, const struct kvt__blob_layout *L, int p,
     }
     return 0;
 }
+
+/* kvt_blob is the blob's owner-facing handle (kvtier.h); it lives here, with the format, so the
+** store frees blobs without depending on the engine. */
+void kvt_blob_free(kvt_blob *b) {
+    if (!b) return;
+    free(b->data);
+    free(b);
+}
+
+int kvt__blob_shape(kvt_blob *b) {
+    struct kvt__blob_layout *L = malloc(sizeof *L);
+    if (!L) return kvt__fail(KVT_ENOMEM, "blob layout");
+    int rc = kvt__blob_parse(b->data, b->size, 1, L);
+    if (rc) rc = kvt__blob_parse(b->data, b->size, 2, L);
+    if (rc == 0 && L->part[0].n_cells > 0) {
+        b->n_cells = (int32_t) L->part[0].n_cells;
+        b->n_cells_swa = L->n_parts > 1 ? (int32_t) L->part[1].n_cells : 0;
+        kvt_pos p0 = INT32_MAX;
+        for (uint32_t c = 0; c < L->part[0].n_cells; c++) p0 = KVT_MIN(p0, kvt__blob_cell_pos(b->data, L, 0, c));
+        b->p0 = p0;
+    } else if (rc == 0) {
+        rc = kvt__fail(KVT_EFORMAT, "block blob has no cells");
+    }
+    free(L);
+    return rc;
+}

@@ -27,6 +27,8 @@
 #include <stdint.h>
 #include <stdbool.h>
 
+#include "kvtier.h" /* kvt_blob */
+
 #define KVT__BLOB_MAGIC 0xaf143cd8u
 #define KVT__MAX_LAYERS 512
 
@@ -68,6 +70,12 @@ struct kvt__blob_layout {
 ** sizes whole elements of their type, every record inside n.  Returns 0 or KVT_EFORMAT with a
 ** message naming the offset or field and its value.  Never reads past n. */
 int kvt__blob_parse(const uint8_t *buf, size_t n, int n_parts, struct kvt__blob_layout *out);
+
+/* A stored block's shape from its own bytes (the store and the chunk cache get bytes only): sets
+** b->n_cells, b->n_cells_swa (cells of each part; 0 without a sliding-window part) and b->p0 (the
+** lowest position of part 0, the one its K rows are rotated for).  Returns 0, KVT_EFORMAT (does
+** not parse with 1 or 2 parts, or no cells) or KVT_ENOMEM; b is unchanged on error. */
+int kvt__blob_shape(kvt_blob *b);
 
 /* Position of cell c of part p (cells are in ascending cell-index order).  Constant time when
 ** every cell has one seq id (llama.cpp's sequence states), else a walk over cells 0..c-1. */

@@ -139,25 +139,6 @@ int kvt__sess_chunk_plan(kvt_session *s, const kvt_token *tok, int32_t n, struct
     return 0;
 }
 
-/* The position a stored block's K rows are rotated for, and its cells, from its own bytes. */
-static int blob_shape(kvt_blob *b) {
-    struct kvt__blob_layout *L = malloc(sizeof *L);
-    if (!L) return kvt__fail(KVT_ENOMEM, "blob layout");
-    int rc = kvt__blob_parse(b->data, b->size, 1, L);
-    if (rc) rc = kvt__blob_parse(b->data, b->size, 2, L);
-    if (rc == 0 && L->part[0].n_cells > 0) {
-        b->n_cells = (int32_t) L->part[0].n_cells;
-        b->n_cells_swa = L->n_parts > 1 ? (int32_t) L->part[1].n_cells : 0;
-        kvt_pos p0 = INT32_MAX;
-        for (uint32_t c = 0; c < L->part[0].n_cells; c++) p0 = KVT_MIN(p0, kvt__blob_cell_pos(b->data, L, 0, c));
-        b->p0 = p0;
-    } else if (rc == 0) {
-        rc = kvt__fail(KVT_EFORMAT, "stored chunk block has no cells");
-    }
-    free(L);
-    return rc;
-}
-
 int kvt__sess_chunk_load(kvt_session *s, const struct chunk_run *r, const kvt_token *tok, int role, int32_t *used) {
     *used = 0;
     const int32_t B = s->p.block;
@@ -180,7 +161,7 @@ int kvt__sess_chunk_load(kvt_session *s, const struct chunk_run *r, const kvt_to
         kvt_blob *b = &blobs[found];
         if (kvt_store_get(s->p.store, &r->keys[found], &s->model_fp, (void **) &b->data, &b->size, &m, NULL)) break;
         b->n_tokens = B;
-        if (m.n_tokens != B || m.codec != 0 || blob_shape(b)) {
+        if (m.n_tokens != B || m.codec != 0 || kvt__blob_shape(b)) {
             free(b->data);
             b->data = NULL;
             break;

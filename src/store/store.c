@@ -343,25 +343,6 @@ static bool insert_row(kvt_store *st, const struct kvt__job *j, const struct kvt
     return ok;
 }
 
-/* What the codec header records of a block: cells of each part and the first position (the
-** store gets bytes only; an iSWA cache's blob has two parts). */
-static int blob_shape(kvt_blob *b) {
-    struct kvt__blob_layout *L = malloc(sizeof *L);
-    if (!L) return KVT_ENOMEM;
-    int rc = kvt__blob_parse(b->data, b->size, 1, L);
-    if (rc) rc = kvt__blob_parse(b->data, b->size, 2, L);
-    if (rc == 0) {
-        b->n_cells = (int32_t)L->part[0].n_cells;
-        b->n_cells_swa = L->n_parts > 1 ? (int32_t)L->part[1].n_cells : 0;
-        kvt_pos p0 = INT32_MAX;
-        for (uint32_t c = 0; c < L->part[0].n_cells; c++) p0 = KVT_MIN(p0, kvt__blob_cell_pos(b->data, L, 0, c));
-        b->p0 = L->part[0].n_cells ? p0 : 0;
-    }
-    free(L);
-    kvt__clear_error();
-    return rc;
-}
-
 /* Write one queued block: skip a key already in the index, make room, write the file, then the
 ** row.  Any failure drops the write (counted); nothing half-written stays visible.  (The test
 ** hook kvt_store_test_unsafe_write_order reverses the order on purpose: row first, then the
@@ -390,7 +371,12 @@ static void write_job(kvt_store *st, struct kvt__job *j) {
     int32_t codec = j->meta.codec;
     uint8_t *enc = NULL;
     kvt_blob raw = { (uint8_t *)j->buf->data, j->buf->n, 0, j->meta.n_tokens, 0, 0 };
-    if (!skipped && room && codec == KVT_CODEC_RAW && st->dcodec.codec != KVT_CODEC_RAW && blob_shape(&raw) == 0) {
+    bool encode = !skipped && room && codec == KVT_CODEC_RAW && st->dcodec.codec != KVT_CODEC_RAW;
+    if (encode && kvt__blob_shape(&raw) != 0) { /* not a block's blob: stored raw */
+        encode = false;
+        kvt__clear_error();
+    }
+    if (encode) {
         size_t en = 0;
         if (kvt_codec_encode(&raw, &st->dcodec, &enc, &en, NULL) == 0) {
             data = enc;
