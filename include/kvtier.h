@@ -2,7 +2,9 @@
 ** kvtier.h — a KV-cache memory hierarchy for llama.cpp.
 **
 ** This header is the whole public API and its manual: anything not declared here is
-** internal.  Read it top to bottom:
+** internal (the functions the library's own files share, and its tests call, are declared in
+** src/kvtier_int.h, never installed; libkvtier.so exports exactly the functions declared here).
+** Read it top to bottom:
 **
 **   section                   what                                       implemented in
 **   1. Errors                 int returns, 0 = success, negative KVT_E*    src/error.c
@@ -233,9 +235,6 @@ int kvt_tokenize(kvt_engine *eng, const char *text, bool add_bos, bool parse_spe
 int kvt_detokenize(kvt_engine *eng, const kvt_token *tokens, int32_t n, bool render_special,
                    char **text /* OUT */);
 
-/* True if the token ends a generation (EOS, <end_of_turn>, ...).  Cannot fail. */
-bool kvt_token_is_eog(const kvt_engine *eng, kvt_token tok);
-
 struct kvt_chat_msg {
     const char *role;    /* "system", "user" or "assistant" */
     const char *content; /* UTF-8 */
@@ -257,19 +256,6 @@ int kvt_chat_format(kvt_engine *eng, const struct kvt_chat_msg *msgs, int32_t n_
 ** are (the caller's block table records what was decoded via the return of kvt_seq_pos_max). */
 int kvt_decode(kvt_engine *eng, int32_t seq, const kvt_token *tokens, int32_t n, kvt_pos pos0,
                bool want_logits);
-
-/* Continuous batching: decode one token for each of n different caller sequences in ONE
-** llama_decode: tokens toks[i] at positions pos[i] of sequences seqs[i] (each seq at most once,
-** each pos its sequence's next position).  OUT logits_out[i * n_vocab + v]: every row's logits
-** (caller allocates n * n_vocab floats).  kvt_logits() has nothing afterwards.  Attention
-** capture is skipped for these tokens (kvt_attn_get maps one sequence per ubatch, and says
-** KVT_EUNSUPPORTED for these sequences until their next kvt_decode).  Streams: llama.cpp puts
-** consecutive sequence ids with one token each into one ubatch; its attention width is the
-** longest of those sequences' (REPORT.md §5).
-** Errors: KVT_EINVAL (n outside 1..n_ubatch, bad or repeated seq, token outside the vocabulary),
-** KVT_ECTX (no free KV cells: then none of the tokens is in the cache), KVT_ELLAMA. */
-int kvt_decode_multi(kvt_engine *eng, const int32_t *seqs, const kvt_token *toks, const kvt_pos *pos, int32_t n,
-                     float *logits_out /* OUT [n * n_vocab] */);
 
 /* A prefill chunk of one sequence, to decode beside other sequences' decode rows. */
 struct kvt_decode_chunk {
@@ -325,14 +311,6 @@ struct kvt_sampling {
                           ** sampled, and the sampled token advances it (borrowed, not owned) */
 };
 
-/* Sample the next token from kvt_logits() (llama.cpp sampler chain).  With a grammar the token
-** is first sampled unconstrained and kept if the grammar allows it; otherwise the grammar masks
-** the whole vocabulary and the chain samples again (llama.cpp common's order: the full mask
-** costs a pass over n_vocab token texts).  Errors: KVT_EINVAL (no logits available; the grammar
-** allows no token, e.g. it completed and the vocabulary has no end-of-generation token).
-** Deterministic for a given seed. */
-int kvt_sample(kvt_engine *eng, const struct kvt_sampling *s, kvt_token *tok /* OUT */);
-
 /* Remove positions [p0, p1) of a sequence from the KV cache (p1 < 0: to the end).  Cannot
 ** fail for a valid seq; KVT_EINVAL otherwise. */
 int kvt_seq_rm(kvt_engine *eng, int32_t seq, kvt_pos p0, kvt_pos p1);
@@ -364,14 +342,6 @@ int kvt_seq_cp(kvt_engine *eng, int32_t src, int32_t dst, kvt_pos p0, kvt_pos p1
 ** Errors: KVT_EINVAL (bad sequence, empty range, negative target, target occupied: the message
 ** names the position), KVT_ENOMEM, KVT_ELLAMA (streams).  On error the sequence is unchanged. */
 int kvt_seq_shift(kvt_engine *eng, int32_t seq, kvt_pos p0, kvt_pos p1, kvt_pos delta);
-
-/* Highest resident position of a sequence, -1 if empty (full-attention cache on iSWA models)
-** or if seq is out of range.  Cannot fail. */
-kvt_pos kvt_seq_pos_max(kvt_engine *eng, int32_t seq);
-
-/* KV cells the sequence occupies (tokens), counted from the engine's own bookkeeping; 0 if seq
-** is out of range.  Cannot fail. */
-int32_t kvt_seq_n_cells(kvt_engine *eng, int32_t seq);
 
 /* ====================================================================================== */
 /* 3. Block primitives                                                                    */
@@ -438,17 +408,6 @@ int kvt_block_save(kvt_engine *eng, int32_t seq, kvt_pos p0, kvt_pos p1, kvt_blo
 ** On error the sequence is unchanged (streams: the same cells, packed within its stream). */
 int kvt_block_load(kvt_engine *eng, const kvt_blob *blob, int32_t seq, kvt_pos new_p0);
 
-/* Load n saved blocks into sequence seq at positions new_p0[i] (ascending, each block past the
-** previous one and past every resident position), re-anchoring each block whose position
-** changes.  What a prefix found in a block store needs: streams mode on the HOST path assembles
-** the sequence's cells and all n blocks on the host and writes them with ONE
-** llama_state_seq_set_data (k blocks one by one would rewrite the sequence k times); sliding-
-** window cells older than the final window are dropped, so a chain of blocks that each carry
-** their own SWA cells gives the last window exactly.  Other modes load them one by one.
-** All or nothing: on error the sequence holds what it held before.
-** Errors: those of kvt_block_load (KVT_EINVAL also for order or overlap, naming the block). */
-int kvt_blocks_load(kvt_engine *eng, const kvt_blob *const *blobs, int32_t n, int32_t seq, const kvt_pos *new_p0);
-
 /* Free a blob.  Accepts NULL. */
 void kvt_blob_free(kvt_blob *blob);
 
@@ -503,21 +462,6 @@ struct kvt_elastic_stats {
     double  ms;               /* wall time of the pass (read, threshold, write back) */
 };
 
-/* Threshold the resident K/V of sequence seq in place (ElasticKV, above): reads the whole
-** sequence state (llama_state_seq_get_data; a pending K-shift is applied first), zeroes on the
-** host, and writes it back with llama_state_seq_set_data, the sequence emptied first.  Nothing
-** is written when no element changes (s_k = s_v = 0 or nothing below tau).
-** Unified cache: cells the sequence shared with other sequences (kvt_seq_cp) become its own
-** copies, the others keep the unpruned ones (the write-back needs free cells for them).
-** Cost: one read and one write of the sequence's whole K/V (all layers), O(cells x row).
-** OUT *st (may be NULL).  Errors: KVT_EINVAL (seq, negative or non-finite scale, p0 > p1),
-** KVT_EUNSUPPORTED (a quantised K or V cache type), KVT_ENOMEM, KVT_ELLAMA (llama.cpp rejected
-** the write: the sequence's previous state is written back, bit-identical).  On every error the
-** sequence's K/V is unchanged (unless putting it back failed too, which the message says).
-** Not thread-safe (engine rule). */
-int kvt_seq_elastic(kvt_engine *eng, int32_t seq, const struct kvt_elastic_params *p,
-                    struct kvt_elastic_stats *st /* OUT */);
-
 /* ---- Attention capture ----
 ** Captures post-softmax attention (llama.cpp's "kq_soft_max-<il>" nodes, flash attention off)
 ** of the chosen layers during every kvt_decode, keeps the last ubatch per layer, and maps
@@ -553,13 +497,6 @@ typedef struct kvt_attn {
 ** rows are not captured), KVT_EFORMAT (the cell map could not be reconstructed), KVT_ENOMEM. */
 int kvt_attn_get(kvt_engine *eng, int32_t layer, int32_t seq, kvt_attn **out);
 void kvt_attn_free(kvt_attn *a); /* frees the struct and its arrays; accepts NULL */
-
-/* Parse a blob's K rows of one layer to F32 (for verification and host-side scoring).
-** part: 0 = full-attention cache, 1 = sliding-window cache.  il: layer index within the part.
-** OUT *k: [n_cells * row] floats (caller frees with free()), *pos: [n_cells] (caller frees),
-** *n_cells, *row_elems.  Errors: KVT_EFORMAT, KVT_EUNSUPPORTED (quantised K), KVT_ENOMEM. */
-int kvt_blob_k_rows(const kvt_engine *eng, const kvt_blob *blob, int part, int il,
-                    float **k, kvt_pos **pos, int32_t *n_cells, int32_t *row_elems);
 
 /* Layer il's cache part (0 = full-attention cache, 1 = sliding-window cache of an iSWA model)
 ** and its index among that part's layers, as found at engine open (by which attention mask
@@ -698,7 +635,6 @@ const char *kvt_policy_name(int32_t policy);
 
 /* Recovery <-> name ("kv_restore", "discard", "breadcrumb"); same contract. */
 int kvt_recovery_from_name(const char *name, int32_t *recovery /* OUT */);
-const char *kvt_recovery_name(int32_t recovery);
 
 /* "keep" hint on a message (kvt_session_add_ex): PIN blocks are never evicted; PREFER blocks get
 ** a score bonus under the kvtier policy. */
@@ -764,8 +700,8 @@ struct kvt_session_params {
                               ** moved before it, no early seal) is stored under its chain key,
                               ** write-behind; and before a prompt is prefilled the chain of its
                               ** full blocks is looked up: the longest found prefix is loaded
-                              ** (kvt_blocks_load, no forward pass) and only the rest decoded
-                              ** (kvt_session_route).  Blocks computed after an eviction depend
+                              ** (no forward pass) and only the rest decoded (the route:
+                              ** enum kvt_route in the stats).  Blocks computed after an eviction depend
                               ** on what was evicted and are never stored under a chain key.
                               ** The store also replaces the host pool: a sealed block's copy
                               ** (eviction, recovery, park/resume) is its content entry when it
@@ -866,7 +802,8 @@ int kvt_chunk_recompute_parse(const char *spec, int32_t *tokens /* OUT */, doubl
 #define KVT_ELASTIC_INTERVAL 64  /* a pass every 64 tokens decoded into the session */
 #define KVT_ELASTIC_WARMUP   128 /* from 128 resident tokens on */
 
-/* Where the last prompt prefill's tokens came from (kvt_session_route). */
+/* Where the last prompt prefill's tokens came from: the block store's lookup before a prefill
+** (kvt_session_stats.route, kvt_sync_info.route). */
 enum kvt_route {
     KVT_ROUTE_NONE    = 0, /* no lookup: no store, no full block to look up, or the session's KV
                            ** is no longer a cold prefill's (after an eviction) */
@@ -920,9 +857,6 @@ void kvt_session_free(kvt_session *s);
 ** with the KV cache. */
 int kvt_session_add(kvt_session *s, enum kvt_role role, const char *text);
 
-/* kvt_session_add with a keep hint for the message's blocks (enum kvt_keep). */
-int kvt_session_add_ex(kvt_session *s, enum kvt_role role, const char *text, int32_t keep);
-
 /* Per generated token callback; return false to stop.  piece is the token's UTF-8 text. */
 typedef bool (*kvt_token_cb)(const char *piece, void *ud);
 
@@ -973,25 +907,6 @@ struct kvt_sync_info {
 ** Errors: KVT_EINVAL (no messages, unknown role, NULL content, last message not from the user,
 ** a reply still being generated), plus those of kvt_session_add.  Not thread-safe (engine rule). */
 int kvt_session_sync(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_msgs, struct kvt_sync_info *out);
-
-/* One generated token: samples from the session's own logits (llama.cpp sampler chain, as
-** kvt_sample), and unless it ends the generation decodes it into the session (evicting by
-** watermark) and appends it to the reply being built.  OUT *tok: the token; *done: true when it
-** is an end-of-generation token (not decoded, not part of the reply).  Call kvt_session_gen_end
-** to finish the reply, whatever stopped it.
-** Errors: KVT_EINVAL (no user turn to reply to), KVT_ENOMEM, KVT_ECTX, KVT_ELLAMA, KVT_EBUDGET;
-** on error the token is not part of the reply. */
-int kvt_session_gen_step(kvt_session *s, const struct kvt_sampling *smp, kvt_token *tok /* OUT */, bool *done /* OUT */);
-
-/* Continuous batching: kvt_session_gen_step for n sessions on ONE engine (distinct sequences) with
-** a single llama_decode for all the tokens that do not end their generation.  smp[i], tok[i],
-** done[i] and status[i] are per session; status[i] is 0 or that session's error (e.g. KVT_EBUDGET
-** when its reserve cannot be made; its token is then not part of its reply).  Attention signals
-** are not observed for batched tokens (H2O/SnapKV/kvtier scores see prompt chunks only).
-** Returns 0, or the error of the shared decode (KVT_ECTX, KVT_ELLAMA, KVT_ENOMEM), in which case no
-** session took a token.  Not thread-safe (engine rule). */
-int kvt_session_gen_step_batch(kvt_session *const *ss, int32_t n, const struct kvt_sampling *smp,
-                               kvt_token *tok /* OUT [n] */, bool *done /* OUT [n] */, int *status /* OUT [n] */);
 
 /* A row of kvt_session_gen_step_batch_ex that belongs to no session: plain text generation in a
 ** sequence the caller manages itself (a server's /v1/completions), stepped in the same
@@ -1212,47 +1127,9 @@ struct kvt_block_info {
 int32_t kvt_session_n_blocks(const kvt_session *s);
 int kvt_session_block(kvt_session *s, int32_t i, struct kvt_block_info *info /* OUT */);
 
-/* Recency scorer (the default): the block's current last position.  Cannot fail. */
-double kvt_scorer_recency(const struct kvt_block_info *b, kvt_pos now, void *ud);
-
-/* ---- Retrieval: Okapi BM25 (Robertson & Zaragoza 2009), k1 = 1.2, b = 0.75 ----
-** Scores n_docs texts against a query: lower-cased alphanumeric terms, English stop words
-** removed, idf = ln(1 + (N - df + 0.5) / (df + 0.5)).  OUT scores[n_docs].
-** Errors: KVT_ENOMEM.  Pure function; thread-safe. */
-int kvt_bm25_score(const char *const *docs, int32_t n_docs, const char *query,
-                   double *scores /* OUT */);
-
-/* The query's terms (same analysis as kvt_bm25_score: lower-cased, stop words dropped, each once)
-** that occur in none of the n_context texts, joined by single spaces; "" when every term is
-** covered.  Session recovery scores evicted blocks with this query, so that a block comes back
-** for what the resident context lacks (a needle's name), not for words the resident context
-** already holds (the question's own phrasing in earlier turns).  OUT *out: caller frees with
-** free().  Errors: KVT_ENOMEM.  Pure function; thread-safe. */
-int kvt_bm25_novel_terms(const char *query, const char *const *context, int32_t n_context, char **out /* OUT */);
-
 /* ====================================================================================== */
 /* 6. Signals: attention mass per block, entropy                                          */
 /* ====================================================================================== */
-
-/* Attention mass per block from one captured layer (the H2O / SnapKV signal): for query rows
-** [q_from, a->n_query) and every head h, each row's weights (which sum to 1) times head_w[h]
-** are added to the block that holds the key position; the total is divided by the number of
-** rows times the sum of head weights, so the result over all blocks sums to <= 1 (keys outside
-** every block are not counted).  head_w: [a->n_head] non-negative weights, NULL = equal (e.g.
-** from an entropy profile, see kvt_head_weights_load).  Blocks are given as half-open ranges
-** [p0[i], p0[i] + n[i]), in any order, non-overlapping.
-** OUT mass[n_blocks] (overwritten).  Errors: KVT_EINVAL (q_from out of range).  Pure. */
-int kvt_attn_block_mass(const kvt_attn *a, int32_t q_from, const float *head_w, const kvt_pos *p0, const int32_t *n,
-                        int32_t n_blocks, double *mass /* OUT */);
-
-/* Head weights from a `kvtier calibrate` profile (JSON): for each of the n_layers layers in
-** layers[], n_head weights w = (1 / H) / mean over the layer's heads of (1 / H), H the head's
-** mean entropy in bits (floored at 0.05): focused heads, whose attention singles out tokens,
-** count more than diffuse ones.  OUT w[n_layers * n_head], row-major by layers[] order.
-** Errors: KVT_EIO (unreadable file), KVT_EFORMAT (not a profile, or a layer/head missing: the
-** message names it).  Pure apart from reading the file. */
-int kvt_head_weights_load(const char *profile_path, const int32_t *layers, int32_t n_layers, int32_t n_head,
-                          float *w /* OUT */);
 
 /* Shannon entropy in bits of the distribution w[0..n) (normalised here; zeros skipped).
 ** Uniform over n -> log2(n); one-hot -> 0.  Returns 0 for n <= 0 or an all-zero w.  Pure. */
@@ -1281,36 +1158,11 @@ typedef struct kvt_embedder kvt_embedder;
 ** Errors: KVT_EINVAL, KVT_EMODEL (message names the path), KVT_ELLAMA. */
 int kvt_embedder_open(const char *model_path, int32_t n_ctx, int32_t n_threads, kvt_embedder **out);
 void kvt_embedder_free(kvt_embedder *em); /* accepts NULL */
-int32_t kvt_embedder_dim(const kvt_embedder *em); /* embedding width (floats); 0 for NULL */
-
-/* Embed UTF-8 text: mean-pooled over its tokens, L2-normalised, written to out[dim].  Text
-** longer than n_ctx tokens is cut to its first n_ctx tokens.  Errors: KVT_EINVAL (empty text
-** or no tokenizer), KVT_ELLAMA. */
-int kvt_embed(kvt_embedder *em, const char *text, float *out /* OUT [dim] */);
 
 /* Approximate nearest-neighbour index over L2-normalised vectors by cosine similarity: HNSW
 ** (Malkov & Yashunin 2018) through hnswlib, defaults M = 16, ef_construction = 200,
 ** ef_search = 50.  Ids are caller-chosen uint64.  Not thread-safe. */
 typedef struct kvt_ann kvt_ann;
-
-/* dim: vector width; capacity: initial element count (grows by doubling).  m / ef_search <= 0:
-** defaults.  Errors: KVT_EINVAL, KVT_ENOMEM. */
-int kvt_ann_open(int32_t dim, int32_t capacity, int32_t m, int32_t ef_search, kvt_ann **out);
-void kvt_ann_free(kvt_ann *ann); /* accepts NULL */
-
-/* Add or replace id's vector (normalised inside).  Errors: KVT_EINVAL (NULL/zero vector),
-** KVT_ENOMEM. */
-int kvt_ann_add(kvt_ann *ann, uint64_t id, const float *v);
-
-/* Remove id (marked deleted; never returned again).  Errors: KVT_ENOENT. */
-int kvt_ann_remove(kvt_ann *ann, uint64_t id);
-
-/* The k nearest ids to q by cosine, best first.  OUT ids[k], sims[k] (cosine in [-1, 1]),
-** *n_found <= k (fewer when the index holds fewer).  Errors: KVT_EINVAL. */
-int kvt_ann_search(kvt_ann *ann, const float *q, int32_t k, uint64_t *ids, float *sims, int32_t *n_found);
-
-/* Number of live (not removed) elements; 0 for NULL.  Cannot fail. */
-int32_t kvt_ann_size(const kvt_ann *ann);
 
 /* ====================================================================================== */
 /* 8. Block store: content-addressed KV blocks in tiers (RAM -> disk -> Redis), across     */
@@ -1332,30 +1184,12 @@ struct kvt_chain_params {
     const char *tenant;      /* salt: blocks of different tenants never share keys; NULL and ""
                              ** are the same, shared namespace */
 };
-/* h_0 of the chain.  Errors: KVT_EINVAL (NULL layout, block <= 0), KVT_ENOMEM (OpenSSL could
-** not allocate a digest context). */
-int  kvt_chain_root(const struct kvt_chain_params *p, kvt_key *out /* OUT */);
-/* h_i from h_{i-1} and block i's n tokens (out may be prev).  Errors: KVT_EINVAL (NULL prev or
-** out, n < 0, NULL tok with n > 0), KVT_ENOMEM (as kvt_chain_root); *out is unchanged then. */
-int  kvt_chain_next(const kvt_key *prev, const kvt_token *tok, int32_t n, kvt_key *out /* OUT */);
-/* Root of the chunk keys (non-prefix chunk reuse, kvt_session_params.chunk_reuse): the same
-** inputs as kvt_chain_root behind another domain string,
-**   c_0 = SHA-256("kvtier-chunk" | format version | model fingerprint | layout | block | tenant)
-** and a block's chunk key is kvt_chain_next(c_0, its tokens): it names a block by its own tokens
-** only, so the same tokens anywhere give the same key; no chunk key equals a chain key (other
-** domain string).  Errors: those of kvt_chain_root. */
-int  kvt_chunk_root(const struct kvt_chain_params *p, kvt_key *out /* OUT */);
 /* 64 lowercase hex digits + NUL into out[65].  Cannot fail. */
 void kvt_key_hex(const kvt_key *k, char out[2 * KVT_KEY_BYTES + 1]);
-/* Parse exactly 64 hex digits (either case).  Errors: KVT_EINVAL (message names the text). */
-int  kvt_key_parse(const char *hex, kvt_key *out /* OUT */);
 
 typedef struct kvt_store kvt_store;
 
 enum kvt_tier { KVT_TIER_NONE = 0, KVT_TIER_RAM = 1, KVT_TIER_DISK = 2, KVT_TIER_REDIS = 3 };
-
-/* "none", "ram", "disk", "redis" (static; "unknown" out of range).  Pure. */
-const char *kvt_tier_name(int tier);
 
 /* TTL (EdgeSync-LLM's rule): an entry expires ttl_s after its last hit (or its write), or
 ** ttl_hot_s after once it has hot_hits hits.  Expiry is decided with the parameters of the
@@ -1469,93 +1303,6 @@ struct kvt_store_meta {
     int32_t codec;            /* 0 = raw blob bytes (block codecs add others) */
 };
 
-/* Store a copy of data[0..n) under key: into the RAM tier now (LRU eviction within ram_bytes;
-** a block larger than ram_bytes skips RAM, counted in ram.writes_dropped), and queued for the
-** disk tier (write-behind by the writer thread: temp file + fsync + rename + fsync of the
-** directory, then the index row; a write that would pass disk_bytes evicts first).  Never
-** blocks on disk: a full queue, a block larger than the quota, or a failed write (a full disk,
-** an I/O error, the index) drops the disk write (disk.writes_dropped), never an error here.
-** A key already stored (RAM, queue or index) is not rewritten (content-addressed: same key,
-** same bytes), except that a block the RAM tier holds whose disk write was dropped at a full
-** queue is queued again; put never updates hit counts.  With a Redis tier, a block new to RAM
-** is also queued for the Redis writer thread (its own bounded queue, redis_queue_max; full,
-** Redis down or refusing: redis.writes_dropped), never waited for.
-** Errors: KVT_EINVAL (NULL store, key or meta; NULL data with n > 0; negative n_tokens;
-** read-only store), KVT_ENOMEM (the RAM copy may be stored, the disk write is not queued).
-** Thread-safe. */
-int  kvt_store_put(kvt_store *st, const kvt_key *key, const struct kvt_store_meta *m, const void *data, size_t n);
-
-/* Fetch key's bytes: RAM tier, else disk tier (its write queue, then the index and the blob
-** file; a disk hit is copied into RAM).  A disk read checks the file's header (magic, version,
-** key, model, size, codec, tokens) against the index row and the payload's SHA-256 against
-** both: a mismatch, a truncated or a missing file is never returned: the entry is removed,
-** counted in disk.corrupt, and the get is a miss.  model must equal the stored block's model
-** fingerprint, else the get is a miss counted in corrupt (the entry, intact, stays for its own
-** model).  A hit updates last-hit time and hit count (RAM at once; the index through the writer
-** thread, in batches: a get never waits for an index write).  With a Redis tier, a local miss
-** asks Redis within redis_timeout_ms: the value is checked as a blob file is (header key and
-** model, size, SHA-256; a bad one is counted in redis.corrupt, deleted, a miss); a hit is
-** copied into RAM and queued for disk (*tier KVT_TIER_REDIS); a timeout or error is a miss
-** (counted; the tier then backs off 100 ms doubling to 5 s, each get meanwhile a miss at once).  OUT *data (free()), *n (bytes),
-** *meta, *tier (meta and tier may be NULL).
-** Errors: KVT_ENOENT (miss, expired, corrupt, foreign model: callers prefill instead; the
-** message says which), KVT_EINVAL (NULL store, key, model, data or n), KVT_ENOMEM, KVT_EIO (the
-** index cannot be read).  On error *data is NULL and *n 0.  Thread-safe. */
-int  kvt_store_get(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
-                   struct kvt_store_meta *meta, enum kvt_tier *tier);
-
-/* Is key in RAM or on disk and not expired (no file read, no checksum, no hit counted; Redis is
-** not asked)?  False for NULL arguments.  Thread-safe. */
-bool kvt_store_has(kvt_store *st, const kvt_key *key);
-/* Where key's bytes are, whatever their age (expired entries count until something removes
-** them): KVT_TIER_RAM (the RAM tier, or its write queued for disk), KVT_TIER_DISK (the index),
-** KVT_TIER_NONE (neither; NULL arguments).  What kvt_store_get_copy would find locally.
-** Thread-safe. */
-int  kvt_store_tier(kvt_store *st, const kvt_key *key);
-
-/* A session's own copy of one of its blocks (kvt_session_params.store): kvt_store_get with the
-** TTL not applied, so an entry past its TTL that no get, gc or quota has removed yet is still
-** returned (age does not change K/V; the TTL governs reuse by lookups).  A hit refreshes the
-** entry (last hit, hit count) as any hit does.  A session parked longer than the TTL resumes its
-** pure blocks without recompute unless the entry went meanwhile.  Errors: as kvt_store_get.
-** Thread-safe. */
-int  kvt_store_get_copy(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data /* OUT */,
-                        size_t *n /* OUT */);
-
-/* Private entries: the copies a session keeps of its blocks that no content key may name (a
-** block decoded after an eviction attended to a context with a hole; one recomputed or re-saved
-** at another position, or encoded with a lossy codec_ram, is not a cold prefill's K/V), and of
-** its pure blocks when their content entry could not be written.  A session with a store keeps
-** every block copy here or under its chain key, so the store replaces the session's host pool
-** (section 4): one RAM budget, one set of tiers (docs/STORE.md "Sessions and the store").
-** They are the host pool's entries (kvt_pool_put / _get / _del semantics; the store owns the
-** pool): RAM within ram_bytes, shared with the content RAM tier, private entries first (the
-** content tier evicts its least recently used entries to give them room, the pool spills its
-** own least recently used ones to checksummed files once ram_bytes is theirs); spill files in a
-** private directory under $TMPDIR or in private_dir (never fsync'd, removed at close; a dead
-** process's by the next pool or store opened with that $TMPDIR), at most private_disk_bytes.  They
-** never expire, are never written to the index or to Redis, never found by kvt_store_get, and
-** not listed, verified, gc'd or cleared: they belong to a live session, which deletes them.
-** key: the caller's 64-bit name, unique among the store's users (a session uses its process-
-** unique serial and the block's id).  A read-only store takes them too (nothing goes to DIR).
-** put errors: those of kvt_pool_put (KVT_EIO: a spill failed, the entries it was for are
-** dropped, counted in stats.priv.n_dropped); get: those of kvt_pool_get (KVT_ENOENT, KVT_ECORRUPT,
-** KVT_EIO, KVT_ENOMEM); del: KVT_ENOENT.  KVT_EINVAL for a NULL store.  Thread-safe. */
-int  kvt_store_put_private(kvt_store *st, uint64_t key, const void *data, size_t n);
-int  kvt_store_get_private(kvt_store *st, uint64_t key, void **data /* OUT, free() */, size_t *n /* OUT */);
-int  kvt_store_del_private(kvt_store *st, uint64_t key);
-/* Where a private entry is: KVT_TIER_RAM, KVT_TIER_DISK (spilled), KVT_TIER_NONE (absent,
-** dropped, or NULL store).  Thread-safe. */
-int  kvt_store_private_tier(kvt_store *st, uint64_t key);
-/* The private entries' counters (kvt_store_get_stats's priv, without the index query the rest
-** of it costs).  Zeros for NULL.  Thread-safe. */
-void kvt_store_private_stats(kvt_store *st, struct kvt_pool_stats *out /* OUT */);
-
-/* Wait until every queued disk and Redis write is done and every pending hit is in the index (tests,
-** shutdown, `kvtier store`).  Returns at once without a writer (read-only, no disk tier).
-** Thread-safe. */
-void kvt_store_flush(kvt_store *st);
-
 struct kvt_store_tier_stats {
     int64_t entries, bytes;          /* held now (payload bytes) */
     int64_t hits, misses;            /* gets answered / not answered by this tier */
@@ -1636,22 +1383,6 @@ int  kvt_store_prefetch(kvt_store *st, const kvt_key *keys, int n, const kvt_key
 ** KVT_EINVAL (NULL st or cp, NULL tok with n > 0, n < 0, cp invalid as kvt_chain_root says),
 ** KVT_ENOMEM.  Thread-safe. */
 int  kvt_store_prefetch_chain(kvt_store *st, const struct kvt_chain_params *cp, const kvt_token *tok, int32_t n);
-/* Take back every key still queued (not those in flight; prefetch.cancelled).  Returns how many.
-** NULL ok.  Thread-safe. */
-int  kvt_store_prefetch_cancel(kvt_store *st);
-/* Take back the queued (not yet started) prefetches of the keys in keys[0..n): for a caller that
-** will not ask for them after all (a session's routing whose chain broke at an earlier miss, so
-** the threads do not look up keys no tier holds).  Returns how many were taken back (counted in
-** prefetch.cancelled); 0 for NULL st or keys, n <= 0, or a store without prefetch threads.  O(queue
-** length x n).  Thread-safe. */
-int  kvt_store_prefetch_forget(kvt_store *st, const kvt_key *keys, int n);
-/* A session's prefetch: the keys of the full blocks its next prompt routing would ask for if the
-** session's stream is followed by tok[0..n) (kvt_session_sync / kvt_session_prefill route only
-** at a block boundary of a chain-pure stream; otherwise nothing is queued) passed to
-** kvt_store_prefetch.  Returns keys queued (0 without a store).  Errors: KVT_EINVAL (NULL s,
-** NULL tok with n > 0, n < 0), KVT_ENOMEM.  Not thread-safe (the session's).  Declared here,
-** beside the store it feeds. */
-int  kvt_session_prefetch(kvt_session *s, const kvt_token *tok, int32_t n);
 
 /* The Redis tier as the server sees it: keys under this kvtier's prefix ("kvtier:b1:", every
 ** model's, counted with SCAN, so it costs a pass over the Redis keyspace: for `kvtier store
@@ -1792,9 +1523,6 @@ struct kvt_codec_params {
 /* The defaults above for one codec (an unknown id gives raw's).  Cannot fail. */
 struct kvt_codec_params kvt_codec_default_params(int32_t codec);
 
-/* "raw", "q8", "q4", "elastic", "elastic+q8" (static; "unknown" out of range).  Pure. */
-const char *kvt_codec_name(int32_t codec);
-
 /* Parse a codec spec: NAME[:ARGS], ARGS comma-separated:
 **   raw                      no arguments
 **   q8[:GK[,GV[,SINK]]], q4[:GK[,GV[,SINK]]] group sizes (cells for K, channels for V), sinks
@@ -1837,14 +1565,6 @@ struct kvt_codec_info {
     kvt_pos p0;
     int32_t n_tokens, n_cells, n_cells_swa;
 };
-
-/* Read and check the header (magic, version, codec id, sizes, the per-head table's size and
-** entries; not the checksum).  out->params.head_bits points into data when the bytes have a
-** per-head table (valid while data is).
-** Errors: KVT_EFORMAT (not kvtier codec bytes, truncated header, another format version, an
-** unknown codec id, a per-head table of another size than the header says or with an entry not
-** 4 or 8: the message names the value).  Pure. */
-int kvt_codec_inspect(const void *data, size_t n, struct kvt_codec_info *out /* OUT */);
 
 /* Decode bytes of kvt_codec_encode into a new blob (loadable with kvt_block_load on an engine
 ** of the same model and cache types).  The payload's SHA-256 is checked before anything else.

@@ -3,6 +3,7 @@
 #define KVT_INTERNAL_H
 
 #include "kvtier.h"
+#include "kvtier_int.h"
 
 /* Record a detailed message for kvt_errmsg() and return err (printf-style). */
 int kvt__fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -196,25 +196,6 @@ out:
     return rc;
 }
 
-int kvt_session_prefetch(kvt_session *s, const kvt_token *tok, int32_t n) {
-    if (!s || (!tok && n > 0) || n < 0)
-        return kvt__fail(KVT_EINVAL, "kvt_session_prefetch: %s", !s ? "session is NULL" : n < 0 ? "n is negative" : "tokens are NULL");
-    const int32_t B = s->p.block;
-    /* the conditions of kvt__sess_route: a pure stream at a block boundary */
-    if (!s->p.store || !s->chain_ok || s->open >= 0 || s->next_pos != s->total || s->total % B != 0 || n <= B) return 0;
-    if (!kvt__sess_roots(s)) return 0;
-    const int32_t i0 = s->n_b;
-    if (i0 > 0 && !s->b[i0 - 1].has_ckey) return 0;
-    const int32_t nb = (n - 1) / B;
-    kvt_key *keys = malloc(sizeof *keys * (size_t) nb);
-    if (!keys) return kvt__fail(KVT_ENOMEM, "kvt_session_prefetch: no memory for %d keys", nb);
-    for (int32_t j = 0; j < nb; j++)
-        kvt_chain_next(j ? &keys[j - 1] : i0 > 0 ? &s->b[i0 - 1].ckey : &s->root, tok + (size_t) j * B, B, &keys[j]);
-    int rc = kvt_store_prefetch(s->p.store, keys, nb, &s->model_fp);
-    free(keys);
-    return rc;
-}
-
 int32_t kvt__sess_route_kind(int64_t want, int64_t found) {
     if (want == 0) return KVT_ROUTE_NONE;
     if (found == 0) return KVT_ROUTE_MISS;

@@ -37,12 +37,6 @@ struct kvt_session_params kvt_session_default_params(void) {
     return p;
 }
 
-double kvt_scorer_recency(const struct kvt_block_info *b, kvt_pos now, void *ud) {
-    (void) now;
-    (void) ud;
-    return (double) (b->p0 + b->n_tokens);
-}
-
 int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *params, kvt_session **out) {
     struct kvt_session_params p = params ? *params : kvt_session_default_params();
     struct kvt_engine_info I;

@@ -73,6 +73,25 @@ else
 fi
 check "installed kvtier.h is include/kvtier.h" cmp "$SRC/include/kvtier.h" "$P/include/kvtier.h"
 check "SONAME is libkvtier.so.$SOV" sh -c "readelf -d '$P/lib/libkvtier.so' | grep -F '[libkvtier.so.$SOV]'"
+# libkvtier.so exports exactly the functions the installed kvtier.h declares (issue #25: the
+# header is the manual, src/kvtier_int.h and the kvt__ internals stay local).  A declaration
+# is a line at column 0 that starts with a lower-case type and names kvt_...( (not a typedef).
+grep -E '^[a-z][a-z0-9_ ]*[ *]+kvt_[a-z0-9_]+ *\(' "$P/include/kvtier.h" | grep -v '^typedef' |
+    grep -oE 'kvt_[a-z0-9_]+ *\(' | tr -d ' (' | sort -u >"$TMP/declared"
+nm -D --defined-only "$P/lib/libkvtier.so" | awk '$2 == "T" { print $3 }' | sort -u >"$TMP/exported"
+if [ "$(wc -l <"$TMP/declared")" -ge 50 ] && diff "$TMP/declared" "$TMP/exported" >"$TMP/expdiff"; then
+    ok "libkvtier.so exports the $(wc -l <"$TMP/exported") functions kvtier.h declares, nothing else"
+else
+    bad "exports differ from kvtier.h's declarations ($(wc -l <"$TMP/declared") declared)" "$TMP/expdiff"
+fi
+# the control: a function of the internal header is in libkvtier.a and not in libkvtier.so
+if nm --defined-only "$P/lib/libkvtier.a" 2>/dev/null | grep -q ' T kvt_store_put$' && ! grep -qx kvt_store_put "$TMP/exported"; then
+    ok "control: kvt_store_put (src/kvtier_int.h) is in libkvtier.a, not exported by libkvtier.so"
+else
+    bad "control: kvt_store_put is exported, or missing from libkvtier.a"
+fi
+nm -D --defined-only "$P/lib/libkvtier.so" | awk '$2 != "T" && $2 != "A" { print }' >"$TMP/exp_other"
+[ ! -s "$TMP/exp_other" ] && ok "libkvtier.so exports no data symbols" || bad "libkvtier.so exports data" "$TMP/exp_other"
 check "installed bin/kvtier runs (RPATH) and reports $VERSION" \
     sh -c "'$P/bin/kvtier' --version | grep -Fx 'kvtier $VERSION'"
 

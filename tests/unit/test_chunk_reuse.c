@@ -21,6 +21,7 @@
 #include "fault.h"
 #include "kv/blob.h"
 #include "kvtier.h"
+#include "kvtier_int.h" /* what the library shares internally: the tests call it too */
 
 #include <math.h>
 #include <stdio.h>

@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include "kvtier.h"
+#include "kvtier_int.h" /* what the library shares internally: the tests call it too */
 
 #include <math.h>
 #include <stdio.h>

@@ -22,6 +22,7 @@
 #include <cmocka.h>
 
 #include "kvtier.h"
+#include "kvtier_int.h" /* what the library shares internally: the tests call it too */
 #include "fault.h"
 #include "kv/blob.h"
 #include "kv/codec.h"

@@ -8,6 +8,7 @@
 #include <cmocka.h>
 
 #include "kvtier.h"
+#include "kvtier_int.h" /* what the library shares internally: the tests call it too */
 #include "policy/policy.h"
 
 #include <math.h>

@@ -16,6 +16,7 @@
 #include <cmocka.h>
 
 #include "kvtier.h"
+#include "kvtier_int.h" /* what the library shares internally: the tests call it too */
 #include "test_hooks.h"   /* kvt_engine_set_unsafe_skip_shift_flush, kvt_engine_shift_pending */
 
 #include <math.h>

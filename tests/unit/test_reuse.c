@@ -18,6 +18,7 @@
 #include <cmocka.h>
 
 #include "kvtier.h"
+#include "kvtier_int.h" /* what the library shares internally: the tests call it too */
 #include "test_hooks.h" /* kvt_store_test_set_clock */
 
 #include <dirent.h>

@@ -21,6 +21,7 @@
 #include <cmocka.h>
 
 #include "kvtier.h"
+#include "kvtier_int.h" /* what the library shares internally: the tests call it too */
 #include "kv/blob.h"      /* the canonical form and llama.cpp's N-stream form */
 #include "test_hooks.h"   /* kvt_engine_set_unsafe_corrupt_next_load, kvt_engine_shift_pending */
 
