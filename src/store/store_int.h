@@ -272,6 +272,18 @@ int  kvt__store_sql_fail(kvt_store *st, sqlite3 *db, const char *what);
 /* Remove the index row of key that names `file`, then that file (wr_mu taken inside; a row of a
 ** fresher write names another file and stays).  Returns the bytes freed or -1 if no such row. */
 int64_t kvt__store_remove(kvt_store *st, const kvt_key *key, const char *file);
+/* store_index.c: open the index's connections (the writer's only for a writable store), create
+** or check the schema, prepare the statements.  Returns 0 or KVT_EIO naming the step. */
+int  kvt__store_index_open(kvt_store *st);
+/* Payload bytes the index's rows hold (0 if it cannot be read). */
+int64_t kvt__store_sum_sizes(sqlite3 *db);
+/* store_writer.c: the writer thread's body (arg: the store), started by kvt_store_open. */
+void *kvt__store_writer_main(void *arg);
+/* Is a write of key waiting in the queue (q_mu held)? */
+bool kvt__store_key_queued(kvt_store *st, const kvt_key *key);
+/* Record a get's hit for the index (applied by the writer in batches; a queued write of key gets
+** it in its row).  Takes q_mu. */
+void kvt__store_record_hit(kvt_store *st, const kvt_key *key, double now);
 /* Flock DIR/lock exclusively (gc, verify, clear: no write of any process is half done while it
 ** is held).  Returns the fd to release with kvt__store_unlock, or -1 (no lock file). */
 int  kvt__store_lock_all(kvt_store *st);
