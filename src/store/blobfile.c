@@ -201,6 +201,21 @@ static int read_all(int fd, uint8_t *p, size_t n, size_t *got) {
     return 0;
 }
 
+/* The header's fields from its first n bytes (a file's or a Redis value's): NULL, or why not
+** (short, magic, version).  The one reader of the layout encode() writes. */
+static const char *decode(const uint8_t *hdr, size_t n, struct kvt__sblob_hdr *h) {
+    if (n < KVT__SBLOB_HDR) return "truncated header";
+    if (memcmp(hdr, KVT__SBLOB_MAGIC, 8)) return "bad magic";
+    if (rd32(hdr + 8) != KVT__SBLOB_VERSION) return "unknown format version";
+    h->codec = (int32_t)rd32(hdr + 12);
+    memcpy(h->key.b, hdr + 16, 32);
+    memcpy(h->model.b, hdr + 48, 32);
+    h->n_tokens = (int32_t)rd32(hdr + 80);
+    h->size = rd64(hdr + 88);
+    memcpy(h->sha, hdr + 96, 32);
+    return NULL;
+}
+
 int kvt__sblob_read(int blobs_fd, const char *name, struct kvt__sblob_hdr *h, uint8_t **data, const char **why) {
     uint8_t hdr[KVT__SBLOB_HDR], sha[32];
     struct stat sb;
@@ -222,20 +237,7 @@ int kvt__sblob_read(int blobs_fd, const char *name, struct kvt__sblob_hdr *h, ui
         rc = KVT__SBLOB_IOERR;
         goto out;
     }
-    if (got < sizeof hdr || memcmp(hdr, KVT__SBLOB_MAGIC, 8)) {
-        *why = got < sizeof hdr ? "truncated header" : "bad magic";
-        goto out;
-    }
-    if (rd32(hdr + 8) != KVT__SBLOB_VERSION) {
-        *why = "unknown format version";
-        goto out;
-    }
-    h->codec = (int32_t)rd32(hdr + 12);
-    memcpy(h->key.b, hdr + 16, 32);
-    memcpy(h->model.b, hdr + 48, 32);
-    h->n_tokens = (int32_t)rd32(hdr + 80);
-    h->size = rd64(hdr + 88);
-    memcpy(h->sha, hdr + 96, 32);
+    if ((*why = decode(hdr, got, h))) goto out;
     if ((uint64_t)sb.st_size != KVT__SBLOB_HDR + h->size || h->size > SIZE_MAX - 1) {
         *why = (uint64_t)sb.st_size < KVT__SBLOB_HDR + h->size ? "truncated payload" : "file longer than its header says";
         goto out;
@@ -310,20 +312,7 @@ uint8_t *kvt__sblob_encode_mem(const struct kvt__sblob_hdr *h, const void *data,
 
 int kvt__sblob_check_mem(const uint8_t *v, size_t n, struct kvt__sblob_hdr *h, const char **why) {
     uint8_t sha[32];
-    if (n < KVT__SBLOB_HDR || memcmp(v, KVT__SBLOB_MAGIC, 8)) {
-        *why = n < KVT__SBLOB_HDR ? "truncated header" : "bad magic";
-        return KVT__SBLOB_BAD;
-    }
-    if (rd32(v + 8) != KVT__SBLOB_VERSION) {
-        *why = "unknown format version";
-        return KVT__SBLOB_BAD;
-    }
-    h->codec = (int32_t)rd32(v + 12);
-    memcpy(h->key.b, v + 16, 32);
-    memcpy(h->model.b, v + 48, 32);
-    h->n_tokens = (int32_t)rd32(v + 80);
-    h->size = rd64(v + 88);
-    memcpy(h->sha, v + 96, 32);
+    if ((*why = decode(v, n, h))) return KVT__SBLOB_BAD;
     if (h->size != (uint64_t)(n - KVT__SBLOB_HDR)) {
         *why = h->size > (uint64_t)(n - KVT__SBLOB_HDR) ? "truncated payload" : "value longer than its header says";
         return KVT__SBLOB_BAD;
