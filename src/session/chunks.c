@@ -30,7 +30,6 @@
 **            fails (counted in chunk_load_errors) leaves the cache unchanged (all or nothing) and
 **            the tokens are decoded: never a hole. */
 #include "session/session_int.h"
-#include "fault.h"
 #include "kv/blob.h"
 
 #include <math.h>
@@ -149,10 +148,9 @@ int kvt__sess_chunk_load(kvt_session *s, const struct chunk_run *r, const kvt_to
     const double t0 = kvt__now_ms();
     kvt_blob *blobs = calloc((size_t) r->n_blocks, sizeof *blobs);
     const kvt_blob **bp = calloc((size_t) r->n_blocks, sizeof *bp);
-    kvt_pos *p0 = calloc((size_t) r->n_blocks, sizeof *p0);
     int32_t found = 0;
     int rc = 0;
-    if (!blobs || !bp || !p0) {
+    if (!blobs || !bp) {
         rc = kvt__fail(KVT_ENOMEM, "chunk load of %d blocks", r->n_blocks);
         goto out;
     }
@@ -179,41 +177,17 @@ int kvt__sess_chunk_load(kvt_session *s, const struct chunk_run *r, const kvt_to
         s->chunk_load_errors++;
         goto out;
     }
-    for (int32_t q = 0; q < found; q++) p0[q] = s->next_pos + q * B;
-    rc = kvt__fault_check(KVT__FAULT_CHUNK_LOAD) ? kvt__fail(KVT_ELLAMA, "chunk load (injected fault)")
-                                                  : kvt_blocks_load(s->eng, bp, found, s->p.seq, p0);
-    if (rc) { /* all or nothing: nothing was loaded, the tokens are decoded instead */
-        fprintf(stderr, "kvtier: a reused chunk of %d blocks could not be loaded, decoded instead: %s\n", found,
-                kvt_errmsg());
-        kvt__clear_error();
-        s->chunk_load_errors++;
-        rc = 0;
-        goto out;
-    }
-    kvt__sess_chain_off(s); /* from here on the KV is not a cold prefill's: no more chain keys */
-    /* recorded as if decoded; each block seals with the bytes just loaded (the pool's copy keeps
-    ** the position they were saved at, so a recovery re-anchors by the right delta).  Not read
-    ** back from the cache: on Gemma 3 a run longer than the sliding window has lost the older
-    ** blocks' SWA cells there, and a copy without them could not be loaded again */
-    const int32_t first = s->n_b;
-    s->preload = bp;
-    s->n_preload = found;
-    s->preload_moved = true;
-    rc = kvt__sess_record(s, tok, found * B, role);
-    s->preload = NULL;
-    s->n_preload = 0;
-    s->preload_moved = false;
-    if (rc) goto out;
-    for (int32_t i = first; i < s->n_b; i++) s->b[i].info.from_chunk = true;
-    kvt__sess_note_peak(s);
-    *used = found * B;
+    /* each block seals with the bytes just loaded (the pool's copy keeps the position they were
+    ** saved at, so a recovery re-anchors by the right delta).  Not read back from the cache: on
+    ** Gemma 3 a run longer than the sliding window has lost the older blocks' SWA cells there,
+    ** and a copy without them could not be loaded again */
+    if ((rc = kvt__sess_load_run(s, bp, found, tok, role, true, used)) || *used == 0) goto out;
     s->chunk_tokens += found * B;
     s->store_tokens += found * B;
 out:
     for (int32_t q = 0; blobs && q < r->n_blocks; q++) free(blobs[q].data);
     free(blobs);
     free(bp);
-    free(p0);
     s->store_ms += kvt__now_ms() - t0;
     return rc;
 }

@@ -17,6 +17,7 @@
 ** n_swa positions (kvt_blocks_load drops the older ones), which the last blocks of the chain carry
 ** (tests/unit/test_reuse.c checks the logits after such a load against a cold prefill). */
 #include "session/session_int.h"
+#include "fault.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -121,11 +122,10 @@ int kvt__sess_route(kvt_session *s, const kvt_token *tok, int32_t n, int role, i
     const double t0 = kvt__now_ms();
     kvt_blob *blobs = calloc((size_t) k_max, sizeof *blobs);
     const kvt_blob **bp = calloc((size_t) k_max, sizeof *bp);
-    kvt_pos *p0 = calloc((size_t) k_max, sizeof *p0);
     int32_t found = 0;
     int rc = 0;
     kvt_key *keys = NULL;
-    if (!blobs || !bp || !p0) {
+    if (!blobs || !bp) {
         rc = kvt__fail(KVT_ENOMEM, "store lookup of %d blocks", k_max);
         goto out;
     }
@@ -157,32 +157,15 @@ int kvt__sess_route(kvt_session *s, const kvt_token *tok, int32_t n, int role, i
         blobs[found] = (kvt_blob) { data, sz, (i0 + j) * B, B, B, 0 };
         if (m.n_tokens != B || m.codec != 0) break; /* freed below with the others */
         bp[found] = &blobs[found];
-        p0[found] = s->next_pos + j * B;
         found++;
     }
     if (j + 1 < k_max) kvt_store_prefetch_forget(s->p.store, keys + j + 1, k_max - j - 1); /* the chain broke at j */
     kvt__clear_error();
     if (found == 0) goto out;
     if ((rc = kvt__sess_reserve_positions(s, found * B))) goto out;
-    rc = kvt_blocks_load(s->eng, bp, found, s->p.seq, p0);
-    if (rc) { /* all or nothing: nothing was loaded, the tokens are prefilled instead */
-        fprintf(stderr, "kvtier: %d blocks found in the store could not be loaded, prefilled instead: %s\n", found,
-                kvt_errmsg());
-        kvt__clear_error();
-        s->store_load_errors++;
-        rc = 0;
-        goto out;
-    }
-    /* recorded as if decoded: the blocks seal with the bytes just loaded (pool copies for this
-    ** session's recovery; their keys are in the store, so nothing is written twice) */
-    s->preload = bp;
-    s->n_preload = found;
-    rc = kvt__sess_record(s, tok, found * B, role);
-    s->preload = NULL;
-    s->n_preload = 0;
-    if (rc) goto out;
-    kvt__sess_note_peak(s);
-    *used = found * B;
+    /* the blocks seal with the bytes just loaded (pool copies for this session's recovery; their
+    ** keys are in the store, so nothing is written twice) */
+    if ((rc = kvt__sess_load_run(s, bp, found, tok, role, false, used)) || *used == 0) goto out;
     s->route_tokens += found * B;
     s->route_tokens_all += found * B;
     s->store_tokens += found * B;
@@ -190,10 +173,47 @@ out:
     for (int32_t q = 0; blobs && q <= found && q < k_max; q++) free(blobs[q].data);
     free(blobs);
     free(bp);
-    free(p0);
     free(keys);
     s->store_ms += kvt__now_ms() - t0;
     return rc;
+}
+
+int kvt__sess_load_run(kvt_session *s, const kvt_blob **bp, int32_t found, const kvt_token *tok, int role,
+                       bool moved, int32_t *loaded) {
+    const int32_t B = s->p.block;
+    *loaded = 0;
+    kvt_pos *p0 = malloc(sizeof *p0 * (size_t) found);
+    if (!p0) return kvt__fail(KVT_ENOMEM, "loading %d blocks", found);
+    for (int32_t q = 0; q < found; q++) p0[q] = s->next_pos + q * B;
+    int rc = moved && kvt__fault_check(KVT__FAULT_CHUNK_LOAD) ? kvt__fail(KVT_ELLAMA, "chunk load (injected fault)")
+                                                             : kvt_blocks_load(s->eng, bp, found, s->p.seq, p0);
+    free(p0);
+    if (rc) { /* all or nothing: nothing was loaded, the tokens go through the model instead */
+        if (moved)
+            fprintf(stderr, "kvtier: a reused chunk of %d blocks could not be loaded, decoded instead: %s\n", found,
+                    kvt_errmsg());
+        else
+            fprintf(stderr, "kvtier: %d blocks found in the store could not be loaded, prefilled instead: %s\n", found,
+                    kvt_errmsg());
+        kvt__clear_error();
+        if (moved) s->chunk_load_errors++; else s->store_load_errors++;
+        return 0;
+    }
+    if (moved) kvt__sess_chain_off(s); /* from here on the KV is not a cold prefill's: no more chain keys */
+    const int32_t first = s->n_b;
+    s->preload = bp;
+    s->n_preload = found;
+    s->preload_moved = moved;
+    rc = kvt__sess_record(s, tok, found * B, role);
+    s->preload = NULL;
+    s->n_preload = 0;
+    s->preload_moved = false;
+    if (rc) return rc;
+    if (moved)
+        for (int32_t i = first; i < s->n_b; i++) s->b[i].info.from_chunk = true;
+    kvt__sess_note_peak(s);
+    *loaded = found * B;
+    return 0;
 }
 
 int32_t kvt__sess_route_kind(int64_t want, int64_t found) {

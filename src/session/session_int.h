@@ -243,6 +243,17 @@ int  kvt__sess_store_fetch(kvt_session *s, const struct blk *b, void **data, siz
 /* Before prefilling tok[0..n) of a prompt: the longest prefix of its full blocks found in the
 ** store is loaded and recorded; *used = its tokens (the caller decodes the rest). */
 int  kvt__sess_route(kvt_session *s, const kvt_token *tok, int32_t n, int role, int32_t *used);
+/* reuse.c: the load-or-decode step of both reuse paths (the store's prompt prefix, a reused
+** chunk): the `found` blocks bp[] are loaded at s->next_pos + q * block in one kvt_blocks_load,
+** all or nothing, and recorded as the next found * block tokens of tok as if decoded (each block
+** seals with the bytes loaded: s->preload).  moved: a reused chunk (saved at other positions:
+** the session's chain keys end, copies keep their saved position, blocks marked from_chunk; the
+** KVT__FAULT_CHUNK_LOAD site).  A failed load leaves the sequence as it was, is counted
+** (chunk_load_errors / store_load_errors) and reported on stderr, and *loaded is 0: the caller
+** runs the tokens through the model instead.  Positions must be reserved by the caller.
+** OUT *loaded (tokens).  Returns 0 or the error of recording them (KVT_ENOMEM, ...). */
+int  kvt__sess_load_run(kvt_session *s, const kvt_blob **bp, int32_t found, const kvt_token *tok, int role,
+                        bool moved, int32_t *loaded);
 /* enum kvt_route of lookups that wanted `want` tokens and found `found`. */
 int32_t kvt__sess_route_kind(int64_t want, int64_t found);
 /* h_0 (and c_0 with chunk_reuse) and the model fingerprint, computed once; false (store off for
