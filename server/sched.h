@@ -1,5 +1,6 @@
 /* sched.h — what the engine thread's files share: the sessions and the scheduler state of one
-** server (server/sched.c runs the jobs, server/admit.c chooses their sessions).  Engine thread
+** server (server/sched.c runs the jobs, queue.c holds them, step.c decodes their tokens,
+** completion.c runs /v1/completions, admit.c chooses chats' sessions).  Engine thread
 ** only; the HTTP side sees none of it.  Never installed. */
 #ifndef KVT_SCHED_H
 #define KVT_SCHED_H
@@ -43,7 +44,8 @@ struct sched {
     struct job  *prefilling;    /* the job whose prompt is being prefilled, NULL between prefills */
 };
 
-/* server/sched.c, for server/admit.c */
+/* server/queue.c: jobs between the HTTP side and the engine thread (serve_submit,
+** serve_job_release, serve_job_free are in serve.h) */
 
 /* Fill the job's error (status, OpenAI error type, code or NULL, message). */
 void serve_job_error(struct job *j, int status, const char *type, const char *code, const char *fmt, ...)
@@ -51,12 +53,62 @@ void serve_job_error(struct job *j, int status, const char *type, const char *co
 /* A library error as an HTTP error: input the library refused is the client's (400), the rest
 ** is ours (500).  what: the step that failed ("prompt"). */
 void serve_job_lib_error(struct job *j, const char *what, int rc);
+/* An admitted job that cannot start yet (the session it names is generating) goes back to the
+** queue at its place in arrival order; it stays queued for the client and does not count
+** against --queue a second time. */
+void serve_job_requeue(struct server *srv, struct job *j);
+/* Drop one reference (srv->mu held); the last frees the job. */
+void serve_job_release_locked(struct job *j);
+/* Is the job to stop: its client left, the drain's end aborts jobs, or it ran past its deadline
+** (--request-timeout-s from its arrival; j->timed_out then says which)?  Takes srv->mu. */
+bool serve_job_stopped(struct server *srv, struct job *j);
+/* The error of a job stopped by its deadline (408) or by the end of the drain (503) before its
+** reply began; where: the stage ("queued", "prefill", ...). */
+void serve_job_timeout_error(struct server *srv, struct job *j, const char *where);
+/* Has the end of --drain-s aborted the jobs?  Takes srv->mu. */
+bool serve_aborting(struct server *srv);
+/* Seconds since the epoch; monotonic milliseconds. */
+double serve_wall_s(void);
+double serve_mono_ms(void);
+
+/* server/step.c: one scheduler step and what a token does to its job */
+
+/* The job's prompt is in: it joins the active set, and its stream may send its headers. */
+void serve_job_activate(struct server *srv, struct job *j);
+/* The job is over: logprobs built, counted in the metrics, the HTTP side woken, the engine
+** thread's reference dropped. */
+void serve_job_finish(struct server *srv, struct job *j);
+/* One batched step of the active jobs, with the prefill chunk c (NULL: none) in the same
+** llama_decode; finished ones leave the set.  Returns true if any did; *drc: the decode's error. */
+bool serve_step_active(struct server *srv, const struct kvt_decode_chunk *c, int *drc);
+/* Sessions and gauges for GET /v1/sessions and /metrics. */
+void serve_publish(struct server *srv);
 /* The chunk callback of every session (ud: the server): between the prefill chunks of one job,
 ** the active ones take a batched step. */
 void serve_on_chunk(void *ud);
+/* --batch-tokens > 0: the tokens the next prefill chunk may take, and the decode of a chunk
+** riding in a step of the active jobs (kvt_prefill_hooks; ud: the server). */
+int32_t serve_chunk_room(void *ud);
+int  serve_chunk_decode(void *ud, const struct kvt_decode_chunk *c);
 /* Give a new session the server's prefill schedule: mixed prefill hooks (--batch-tokens > 0),
 ** else the chunk callback serve_on_chunk. */
 void serve_session_hooks(struct server *srv, kvt_session *s);
+
+/* server/completion.c: /v1/completions */
+
+/* Admitted: the prompt's tokens and its KV cell reservation.  False (the job has its error) when
+** it cannot run at all; else it waits for a sequence (serve_completion_start_waiting). */
+bool serve_completion_prepare(struct server *srv, struct job *j);
+/* Start the waiting completions, in arrival order, while a scratch sequence is free and their
+** cells fit the shared budget; a cancelled one leaves without running. */
+void serve_completion_start_waiting(struct server *srv);
+/* The completion leaves its sequence and gives back its reservation (rc: the error, if any). */
+void serve_completion_end(struct server *srv, struct job *j, int rc);
+
+/* server/sched.c */
+
+/* The chat's reply is over: closed in its session, which is free again (rc: the error, if any). */
+void serve_chat_end(struct server *srv, struct job *j, int rc);
 
 /* server/admit.c */
 

@@ -1,0 +1,126 @@
+/* completion.c — /v1/completions on the engine thread: no session, a scratch sequence per job
+** and one shared budget of KV cells (sched.c's header says how they are shared); a completion
+** waits in arrival order for a sequence and room, is prefilled in chunks riding in the steps,
+** then runs as a raw row of the batch (step.c). */
+#include "sched.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* /v1/completions, admitted: the prompt's tokens and its KV cell reservation.  Returns false
+** (the job has its error) when it cannot run at all; else it waits for a sequence (serve_completion_start_waiting). */
+bool serve_completion_prepare(struct server *srv, struct job *j) {
+    int rc = kvt_tokenize(srv->eng, j->prompt, true, false, &j->ptok, &j->prompt_tokens);
+    if (rc) { serve_job_lib_error(j, "prompt", rc); return false; }
+    const int32_t n = j->prompt_tokens;
+    j->sync.prompt_tokens = n;
+    j->sync.tokens_decoded = n;
+    j->finish = "length";
+    j->seq = -1;
+    if (n + j->max_tokens > srv->budget) {
+        serve_job_error(j, 400, "invalid_request_error", "context_length_exceeded",
+                  "the prompt is %d tokens and max_tokens %d; together they must fit the budget of %d tokens", n,
+                  j->max_tokens, srv->budget);
+        return false;
+    }
+    if (n == 0) {
+        serve_job_error(j, 400, "invalid_request_error", NULL, "the prompt is empty (0 tokens)");
+        return false;
+    }
+    j->cells = n + j->max_tokens;
+    return true;
+}
+/* The completion leaves its sequence (its cells are freed) and gives back its reservation. */
+void serve_completion_end(struct server *srv, struct job *j, int rc) {
+    struct sched *sc = srv->sched;
+    if (rc) serve_job_lib_error(j, "generation", rc);
+    if (j->seq >= 0) {
+        kvt_seq_rm(srv->eng, j->seq, -1, -1);
+        sc->comp_busy[j->seq - sc->comp_seq0] = false;
+        sc->comp_cells -= j->cells;
+        j->seq = -1;
+    }
+    free(j->row.logits);
+    j->row.logits = NULL;
+    j->completion_tokens = j->n_gen;
+}
+/* Prefill a completion's prompt into a free scratch sequence, in chunks of one block with a
+** batched step of the active jobs between them (as sessions prefill); then it joins the active
+** set as a raw row of kvt_session_gen_step_batch_ex.  Returns false when it failed (finished). */
+static bool start_completion(struct server *srv, struct job *j) {
+    struct sched *sc = srv->sched;
+    int32_t q = 0;
+    while (sc->comp_busy[q]) q++;
+    sc->comp_busy[q] = true;
+    sc->comp_cells += j->cells;
+    j->seq = sc->comp_seq0 + q;
+    struct kvt_engine_info I;
+    kvt_engine_info(srv->eng, &I);
+    int rc = (j->row.logits = malloc(sizeof(float) * (size_t) I.n_vocab)) ? 0 : KVT_ENOMEM;
+    const int32_t n = j->prompt_tokens;
+    sc->prefilling = j;
+    for (int32_t off = 0; rc == 0 && off < n;) {
+        int32_t m = KVT_MIN(n - off, srv->block);
+        if (srv->batch_tokens > 0) { /* mixed: the chunk rides in a step of the active jobs */
+            m = KVT_MIN(m, serve_chunk_room(srv));
+            const struct kvt_decode_chunk c = { j->seq, j->ptok + off, m, off, off + m == n };
+            rc = serve_chunk_decode(srv, &c);
+            off += m;
+            continue;
+        }
+        rc = serve_job_stopped(srv, j) ? KVT_ECANCELED : kvt_decode(srv->eng, j->seq, j->ptok + off, m, off, off + m == n);
+        off += m;
+        if (rc == 0 && off < n) serve_on_chunk(srv);
+    }
+    sc->prefilling = NULL;
+    const float *l = rc == 0 ? kvt_logits(srv->eng) : NULL;
+    if (rc == 0 && !l) rc = KVT_ELLAMA;
+    free(j->ptok);
+    j->ptok = NULL;
+    if (rc) {
+        if (rc == KVT_ECANCELED && (j->timed_out || serve_aborting(srv))) serve_job_timeout_error(srv, j, "prefill");
+        else serve_job_lib_error(j, "prompt", rc);
+        serve_completion_end(srv, j, 0);
+        serve_job_finish(srv, j);
+        return false;
+    }
+    memcpy(j->row.logits, l, sizeof(float) * (size_t) I.n_vocab);
+    j->row.seq = j->seq;
+    j->row.pos = n;
+    serve_job_activate(srv, j);
+    return true;
+}
+/* Start the waiting completions, in arrival order, while a scratch sequence is free and the
+** cells they reserve fit the shared budget; a cancelled one leaves without running. */
+void serve_completion_start_waiting(struct server *srv) {
+    struct sched *sc = srv->sched;
+    int32_t w = 0; /* first, the ones whose client left, wherever they wait */
+    for (int32_t k = 0; k < sc->n_wait; k++) {
+        bool gone = serve_job_stopped(srv, sc->wait[k]);
+        if (gone && (sc->wait[k]->timed_out || serve_aborting(srv))) serve_job_timeout_error(srv, sc->wait[k], "waiting for a sequence");
+        if (gone) { sc->wait[k]->completion_tokens = 0; sc->wait[k]->finish = "stop"; serve_job_finish(srv, sc->wait[k]); }
+        else sc->wait[w++] = sc->wait[k];
+    }
+    sc->n_wait = w;
+    while (sc->n_wait > 0) {
+        struct job *j = sc->wait[0];
+        bool cancelled;
+        pthread_mutex_lock(&srv->mu);
+        cancelled = j->cancelled;
+        pthread_mutex_unlock(&srv->mu);
+        bool seq_free = false;
+        for (int32_t q = 0; q < sc->n_comp; q++) seq_free |= !sc->comp_busy[q];
+        if (!cancelled && (!seq_free || sc->comp_cells + j->cells > srv->budget)) break;
+        memmove(sc->wait, sc->wait + 1, sizeof *sc->wait * (size_t) --sc->n_wait);
+        if (cancelled) {
+            j->completion_tokens = 0;
+            serve_job_finish(srv, j);
+            continue;
+        }
+        start_completion(srv, j);
+    }
+}

@@ -1,0 +1,140 @@
+/* queue.c — the jobs of `kvtier serve` between the HTTP side and the engine thread: submit (the
+** global and per-key queue limits), requeue in arrival order, references, and a job's error and
+** stop conditions (client gone, --request-timeout-s, the end of --drain-s).  Any thread; the
+** queue is under srv->mu. */
+#include "sched.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+void serve_job_free(struct job *j) {
+    if (!j) return;
+    for (int32_t i = 0; i < j->n_msgs; i++) {
+        free((char *) j->msgs[i].role);
+        free((char *) j->msgs[i].content);
+    }
+    free(j->msgs);
+    free(j->prompt);
+    free(j->grammar);
+    kvt_grammar_free(j->smp.grammar);
+    for (int32_t i = 0; i < j->n_stop; i++) free(j->stop[i]);
+    free(j->text);
+    free(j->gen);
+    free(j->lp);
+    json_decref(j->lp_json);
+    free(j->ptok);
+    free(j->row.logits);
+    pthread_cond_destroy(&j->cv);
+    free(j);
+}
+int serve_submit(struct server *srv, struct job *j) {
+    pthread_mutex_lock(&srv->mu);
+    if (srv->stopping) {
+        pthread_mutex_unlock(&srv->mu);
+        return 503;
+    }
+    if (j->kind != JOB_DELETE && srv->n_queued >= srv->max_queue) {
+        pthread_mutex_unlock(&srv->mu);
+        return 429;
+    }
+    if (j->kind != JOB_DELETE && srv->queue_per_key < srv->max_queue) { /* one key's share */
+        int32_t mine = 0;
+        for (struct job *q = srv->head; q; q = q->next) mine += q->kind != JOB_DELETE && !strcmp(q->ns, j->ns);
+        if (mine >= srv->queue_per_key) {
+            pthread_mutex_unlock(&srv->mu);
+            return 430; /* 429 for the client: this key's share is full */
+        }
+    }
+    j->state = JOB_QUEUED;
+    j->refs = 2;
+    j->ticket = srv->n_tickets++;
+    j->next = NULL;
+    if (srv->tail) srv->tail->next = j;
+    else srv->head = j;
+    srv->tail = j;
+    srv->n_queued++;
+    srv->m.queue_len = srv->n_queued;
+    pthread_cond_signal(&srv->work);
+    pthread_mutex_unlock(&srv->mu);
+    return 0;
+}
+/* An admitted job that cannot start yet (the session it names is generating) goes back to the
+** queue at its place in arrival order; it is admitted again once runnable() says so.  It stays
+** queued for the client (not an error) and does not count against --queue a second time. */
+void serve_job_requeue(struct server *srv, struct job *j) {
+    pthread_mutex_lock(&srv->mu);
+    struct job **pp = &srv->head;
+    while (*pp && (*pp)->ticket < j->ticket) pp = &(*pp)->next;
+    j->next = *pp;
+    *pp = j;
+    if (!j->next) srv->tail = j;
+    j->state = JOB_QUEUED;
+    srv->n_queued++;
+    srv->m.queue_len = srv->n_queued;
+    srv->m.active--;
+    pthread_mutex_unlock(&srv->mu);
+}
+/* under srv->mu */
+void serve_job_release_locked(struct job *j) {
+    if (--j->refs == 0) serve_job_free(j);
+}
+void serve_job_release(struct server *srv, struct job *j) {
+    pthread_mutex_lock(&srv->mu);
+    serve_job_release_locked(j);
+    pthread_mutex_unlock(&srv->mu);
+}
+void serve_job_error(struct job *j, int status, const char *type, const char *code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(j->err_msg, sizeof j->err_msg, fmt, ap);
+    va_end(ap);
+    j->http_status = status;
+    snprintf(j->err_type, sizeof j->err_type, "%s", type);
+    snprintf(j->err_code, sizeof j->err_code, "%s", code ? code : "");
+}
+void serve_job_lib_error(struct job *j, const char *what, int rc) {
+    if (rc == KVT_ECTX || rc == KVT_EBUDGET)
+        serve_job_error(j, 400, "invalid_request_error", "context_length_exceeded", "%s: %s", what, kvt_errmsg());
+    else if (rc == KVT_EINVAL)
+        serve_job_error(j, 400, "invalid_request_error", NULL, "%s: %s", what, kvt_errmsg());
+    else
+        serve_job_error(j, 500, "server_error", NULL, "%s: %s: %s", what, kvt_strerror(rc), kvt_errmsg());
+}
+/* Is the job to stop: its client left, or it ran past its deadline (--request-timeout-s, from
+** its arrival; j->timed_out then says which)?  Any thread may set cancelled: read under srv->mu. */
+bool serve_job_stopped(struct server *srv, struct job *j) {
+    pthread_mutex_lock(&srv->mu);
+    bool stop = j->cancelled || srv->abort_jobs;
+    pthread_mutex_unlock(&srv->mu);
+    if (!stop && j->deadline > 0 && serve_mono_ms() > j->deadline) stop = j->timed_out = true;
+    return stop;
+}
+/* The error of a job stopped by its deadline (or by the end of the drain) before its reply began. */
+void serve_job_timeout_error(struct server *srv, struct job *j, const char *where) {
+    if (j->timed_out)
+        serve_job_error(j, 408, "invalid_request_error", "request_timeout", "the request ran past --request-timeout-s %d (%s)",
+                        srv->lim.request_timeout_s, where);
+    else
+        serve_job_error(j, 503, "server_error", "shutting_down", "the server is shutting down (--drain-s %d passed; %s)",
+                        srv->lim.drain_s, where);
+}
+bool serve_aborting(struct server *srv) {
+    pthread_mutex_lock(&srv->mu);
+    bool a = srv->abort_jobs;
+    pthread_mutex_unlock(&srv->mu);
+    return a;
+}
+double serve_wall_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+double serve_mono_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}

@@ -1,0 +1,330 @@
+/* step.c — one scheduler step of `kvtier serve` (engine thread): a token for every active job,
+** chats and completions, and the prefill chunk of a job being admitted, in ONE llama_decode
+** (kvt_session_gen_step_mixed); the reply text, stop strings, logprobs, TTFT and per-token
+** times; the sessions' prefill hooks; the gauges published for /v1/sessions and /metrics.
+** sched.c says how the steps are scheduled. */
+#include "sched.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* "logprobs": the reply's logprobs.content (token text, ln p, UTF-8 bytes), built on the engine
+** thread (it detokenizes) for the HTTP side to send. */
+static void build_logprobs(struct server *srv, struct job *j) {
+    if (!j->logprobs || !j->lp || j->lp_json) return;
+    json_t *a = json_array();
+    for (int32_t i = 0; a && i < j->n_gen; i++) {
+        char *piece = NULL;
+        if (kvt_detokenize(srv->eng, &j->gen[i], 1, false, &piece)) piece = NULL;
+        json_t *bytes = json_array();
+        for (const unsigned char *p = (const unsigned char *) (piece ? piece : ""); bytes && *p; p++)
+            json_array_append_new(bytes, json_integer(*p));
+        char *clean = app_utf8_clean(piece ? piece : "");
+        json_array_append_new(a, json_pack("{s:s, s:f, s:o, s:[]}", "token", clean ? clean : "", "logprob", (double) j->lp[i],
+                                           "bytes", bytes ? bytes : json_null(), "top_logprobs"));
+        free(clean);
+        free(piece);
+    }
+    j->lp_json = a;
+}
+/* ln softmax(l)[tok] over n_vocab logits */
+static float log_prob(const float *l, int32_t n_vocab, kvt_token tok) {
+    double mx = -INFINITY, z = 0;
+    for (int32_t v = 0; v < n_vocab; v++) mx = fmax(mx, l[v]);
+    for (int32_t v = 0; v < n_vocab; v++) z += exp(l[v] - mx);
+    return (float) (l[tok] - mx - log(z));
+}
+void serve_job_finish(struct server *srv, struct job *j) {
+    build_logprobs(srv, j);
+    pthread_mutex_lock(&srv->mu);
+    j->state = JOB_DONE;
+    srv->m.active--;
+    srv->m.prompt_tokens += j->prompt_tokens;
+    srv->m.completion_tokens += j->completion_tokens;
+    srv->m.prompt_reused += j->sync.tokens_reused;
+    if (j->kind == JOB_CHAT && j->sync.route >= 0 && j->sync.route < 4) srv->m.route[j->sync.route]++;
+    srv->m.prompt_from_store += j->sync.tokens_from_store;
+    srv->m.prompt_from_chunks += j->sync.tokens_from_chunks;
+    srv->m.prompt_decoded += j->sync.tokens_decoded;
+    srv->m.evictions += j->sync.evictions;
+    srv->m.recoveries += j->sync.recoveries;
+    srv->m.recomputes += j->sync.recomputes;
+    pthread_cond_broadcast(&j->cv);
+    serve_job_release_locked(j);
+    pthread_mutex_unlock(&srv->mu);
+}
+/* Append the new token's text; apply stop strings.  Returns true when a stop string ended the reply. */
+static bool update_text(struct server *srv, struct job *j, kvt_engine *eng) {
+    char *t = NULL;
+    if (kvt_detokenize(eng, j->gen, j->n_gen, false, &t)) return false;
+    size_t n = strlen(t);
+    bool stopped = false;
+    size_t hold = 0;
+    for (int32_t i = 0; i < j->n_stop; i++) {
+        char *p = strstr(t, j->stop[i]);
+        if (p) {
+            n = KVT_MIN(n, (size_t) (p - t));
+            stopped = true;
+        }
+        hold = KVT_MAX(hold, strlen(j->stop[i]) - 1);
+    }
+    pthread_mutex_lock(&srv->mu);
+    free(j->text);
+    t[n] = '\0';
+    j->text = t;
+    /* published bytes: hold back what could still become a stop string */
+    j->n_text = stopped ? n : (n > hold ? n - hold : 0);
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&srv->mu);
+    return stopped;
+}
+/* lp: ln p of t (with logprobs) */
+static int add_gen(struct job *j, kvt_token t, float lp) {
+    if (j->n_gen == j->cap_gen) {
+        int32_t cap = j->cap_gen ? 2 * j->cap_gen : 64;
+        kvt_token *g = realloc(j->gen, sizeof *g * (size_t) cap);
+        if (!g) return -1;
+        j->gen = g;
+        if (j->logprobs) {
+            float *l = realloc(j->lp, sizeof *l * (size_t) cap);
+            if (!l) return -1;
+            j->lp = l;
+        }
+        j->cap_gen = cap;
+    }
+    if (j->logprobs) j->lp[j->n_gen] = lp;
+    j->gen[j->n_gen++] = t;
+    return 0;
+}
+static void note_token(struct server *srv, struct job *j, double *t_last) {
+    double now = serve_mono_ms();
+    pthread_mutex_lock(&srv->mu);
+    if (j->t_first == 0) {
+        j->t_first = now;
+        serve_hist_add(&srv->m.ttft, now - j->t_arrival);
+    } else {
+        serve_hist_add(&srv->m.per_token, now - *t_last);
+    }
+    pthread_mutex_unlock(&srv->mu);
+    *t_last = now;
+}
+/* The job's prompt is in: it joins the batch of running requests, and its stream may send its
+** headers (HTTP side waits on j->cv for `started`). */
+void serve_job_activate(struct server *srv, struct job *j) {
+    struct sched *sc = srv->sched;
+    pthread_mutex_lock(&srv->mu);
+    j->started = true;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&srv->mu);
+    sc->t_last[sc->n_active] = 0;
+    sc->active[sc->n_active++] = j;
+}
+/* One token for every active job, chats and completions, and the prefill chunk c of a job being
+** admitted (NULL: none), all in one llama_decode (continuous batching with mixed prefill:
+** kvt_session_gen_step_mixed, completions as raw rows).  Fills over[k] for the jobs whose reply
+** ended.  Returns the number that ended; *drc: the shared decode's error (0: the chunk is in). */
+static int32_t step_all(struct server *srv, struct job **active, int32_t n_active, double *t_last, bool *over,
+                        const struct kvt_decode_chunk *c, int *drc) {
+    kvt_session *ss[64] = { 0 };
+    struct kvt_sampling smp[64] = { { 0 } };
+    struct kvt_gen_row rows[64];
+    kvt_token tok[64];
+    bool done[64];
+    int st[64];
+    int64_t ev0[64], rec0[64];
+    float *lpl[64] = { 0 }; /* with logprobs: the logits each job samples from */
+    int32_t map[64], rmap[64], n = 0, n_rows = 0, n_over = 0;
+    struct kvt_engine_info I;
+    kvt_engine_info(srv->eng, &I);
+    for (int32_t k = 0; k < n_active; k++) {
+        struct job *j = active[k];
+        over[k] = serve_job_stopped(srv, j) || j->n_gen >= j->max_tokens; /* a deadline cuts the reply: "length" */
+        if (over[k]) continue;
+        const float *from = j->kind == JOB_COMPLETION ? j->row.logits : kvt_session_logits(((struct sess *) j->slot)->s);
+        if (j->logprobs && from && (lpl[k] = malloc(sizeof(float) * (size_t) I.n_vocab)))
+            memcpy(lpl[k], from, sizeof(float) * (size_t) I.n_vocab);
+        if (j->kind == JOB_COMPLETION) {
+            rows[n_rows] = j->row;
+            rows[n_rows].smp = j->smp;
+            rows[n_rows].smp.seed += (uint32_t) j->n_gen;
+            rmap[n_rows++] = k;
+            continue;
+        }
+        struct sess *x = j->slot;
+        struct kvt_session_stats s0;
+        kvt_session_get_stats(x->s, &s0);
+        ev0[n] = s0.evictions;
+        rec0[n] = s0.recoveries;
+        ss[n] = x->s;
+        smp[n] = j->smp;
+        smp[n].seed += (uint32_t) j->n_gen;
+        map[n++] = k;
+    }
+    int rc = n + n_rows > 0 || c ? kvt_session_gen_step_mixed(srv->eng, ss, n, smp, tok, done, st, rows, n_rows, c) : 0;
+    if (drc) *drc = rc;
+    /* the decode rows that went in (sampled tokens that did not end a generation) */
+    int32_t n_dec = 0;
+    for (int32_t i = 0; rc == 0 && i < n; i++) n_dec += !st[i] && !done[i];
+    for (int32_t i = 0; rc == 0 && i < n_rows; i++) n_dec += !rows[i].status && !rows[i].done;
+    const int32_t n_chunk = c ? c->n : 0;
+    if (rc == 0 && n_dec + n_chunk > 0) {
+        pthread_mutex_lock(&srv->mu);
+        srv->m.steps++;
+        srv->m.step_tokens += n_dec + n_chunk;
+        if (n_chunk > 0 && n_dec > 0) {
+            srv->m.mixed_steps++;
+            srv->m.mixed_prefill_tokens += n_chunk;
+        }
+        pthread_mutex_unlock(&srv->mu);
+    }
+    const bool shared = n_dec + (n_chunk > 0) > 1; /* another request's tokens were in this llama_decode */
+    for (int32_t i = 0; i < n; i++) {
+        struct job *j = active[map[i]];
+        struct kvt_session_stats s1;
+        kvt_session_get_stats(ss[i], &s1);
+        j->sync.evictions += s1.evictions - ev0[i];
+        j->sync.recoveries += s1.recoveries - rec0[i];
+        int r = rc ? rc : st[i];
+        if (r) { serve_chat_end(srv, j, r); over[map[i]] = true; continue; }
+        if (done[i]) { j->finish = "stop"; over[map[i]] = true; continue; }
+        j->shared_steps += shared;
+        float lp = lpl[map[i]] ? log_prob(lpl[map[i]], I.n_vocab, tok[i]) : 0;
+        if (add_gen(j, tok[i], lp)) { serve_chat_end(srv, j, KVT_ENOMEM); over[map[i]] = true; continue; }
+        note_token(srv, j, &t_last[map[i]]);
+        if (update_text(srv, j, srv->eng)) { j->finish = "stop"; over[map[i]] = true; }
+        else if (j->n_gen >= j->max_tokens) over[map[i]] = true;
+    }
+    for (int32_t i = 0; i < n_rows; i++) {
+        struct job *j = active[rmap[i]];
+        j->row.pos = rows[i].pos; /* the logits were written in place */
+        int r = rc ? rc : rows[i].status;
+        if (r) { serve_completion_end(srv, j, r); over[rmap[i]] = true; continue; }
+        if (rows[i].done) { j->finish = "stop"; over[rmap[i]] = true; continue; }
+        j->shared_steps += shared;
+        float lp = lpl[rmap[i]] ? log_prob(lpl[rmap[i]], I.n_vocab, rows[i].tok) : 0;
+        if (add_gen(j, rows[i].tok, lp)) { serve_completion_end(srv, j, KVT_ENOMEM); over[rmap[i]] = true; continue; }
+        note_token(srv, j, &t_last[rmap[i]]);
+        if (update_text(srv, j, srv->eng)) { j->finish = "stop"; over[rmap[i]] = true; }
+        else if (j->n_gen >= j->max_tokens) over[rmap[i]] = true;
+    }
+    for (int32_t k = 0; k < n_active; k++) {
+        free(lpl[k]);
+        if (!over[k]) continue;
+        n_over++;
+        struct job *j = active[k];
+        if (j->kind == JOB_COMPLETION) serve_completion_end(srv, j, 0);
+        else if (j->slot && ((struct sess *) j->slot)->job == j) serve_chat_end(srv, j, 0);
+    }
+    return n_over;
+}
+/* Sessions and gauges for GET /v1/sessions and /metrics. */
+void serve_publish(struct server *srv) {
+    struct sched *sc = srv->sched;
+    struct sess_view *v = calloc((size_t) sc->cap, sizeof *v);
+    int32_t n = 0;
+    int64_t resident = 0, parked = 0;
+    for (int32_t i = 0; v && i < sc->cap; i++) {
+        struct sess *x = &sc->sess[i];
+        if (!x->s) continue;
+        struct kvt_session_stats st;
+        kvt_session_get_stats(x->s, &st);
+        snprintf(v[n].id, sizeof v[n].id, "%s", x->id);
+        snprintf(v[n].ns, sizeof v[n].ns, "%s", x->ns);
+        v[n].n_messages = kvt_session_n_messages(x->s);
+        v[n].total_tokens = st.total_tokens;
+        v[n].resident_tokens = st.resident_tokens;
+        v[n].evictions = st.evictions;
+        v[n].recoveries = st.recoveries;
+        v[n].last_used = x->last_used;
+        v[n].busy = x->job != NULL;
+        v[n].parked = x->seq < 0;
+        parked += x->seq < 0;
+        resident += st.resident_tokens;
+        n++;
+    }
+    struct kvt_pool_stats ps;
+    kvt_pool_get_stats(sc->pool, &ps);
+    pthread_mutex_lock(&srv->mu);
+    if (v) {
+        free(srv->views);
+        srv->views = v;
+        srv->n_views = n;
+    }
+    srv->m.resident_tokens = resident;
+    srv->m.n_sessions = n;
+    srv->m.n_parked = parked;
+    srv->m.pool_ram = ps.ram_bytes;
+    srv->m.pool_spill = ps.spill_bytes;
+    srv->m.pool_dropped = ps.n_dropped;
+    srv->m.have_store = sc->store != NULL;
+    if (sc->store) {
+        kvt_store_get_stats(sc->store, &srv->m.store);
+        srv->m.pool_ram = srv->m.store.priv.ram_bytes; /* the store holds evicted blocks */
+        srv->m.pool_spill = srv->m.store.priv.spill_bytes;
+        srv->m.pool_dropped = srv->m.store.priv.n_dropped;
+    }
+    pthread_mutex_unlock(&srv->mu);
+}
+/* One batched step of the active jobs, with the prefill chunk c (NULL: none) in the same
+** llama_decode; finished ones leave the set.  Returns true if any did; *drc: the decode's error. */
+bool serve_step_active(struct server *srv, const struct kvt_decode_chunk *c, int *drc) {
+    struct sched *sc = srv->sched;
+    bool over[64];
+    if (drc) *drc = 0;
+    if (sc->n_active == 0 && !c) return false;
+    if (step_all(srv, sc->active, sc->n_active, sc->t_last, over, c, drc) == 0) return false;
+    int32_t w = 0;
+    for (int32_t k = 0; k < sc->n_active; k++) {
+        if (over[k]) { serve_job_finish(srv, sc->active[k]); continue; }
+        sc->active[w] = sc->active[k];
+        sc->t_last[w++] = sc->t_last[k];
+    }
+    sc->n_active = w;
+    return true;
+}
+/* Between the prefill chunks of an admitted job (--batch-tokens 0): the others keep generating. */
+void serve_on_chunk(void *ud) {
+    if (serve_step_active(ud, NULL, NULL)) serve_publish(ud);
+}
+/* The tokens the next prefill chunk may take: --batch-tokens less one per active job (each
+** decodes one token in the same step), at least 1. */
+int32_t serve_chunk_room(void *ud) {
+    struct server *srv = ud;
+    return KVT_MAX(1, srv->batch_tokens - srv->sched->n_active);
+}
+/* A prefill chunk rides in a step of the active jobs: one llama_decode for all.  Except the last
+** chunk of what is being prefilled (it wants logits): the step right after the prefill decodes
+** every active job AND the new one, so a step here too would cost the active jobs one more
+** pass over the weights per admitted request for no token of the new one (measured: 187 steps
+** instead of 160 for the same decode tokens, docs/BENCHMARKS.md).  With one KV stream per
+** sequence llama.cpp runs the chunk as a ubatch of its own anyway (kvt_decode_mixed), so mixing
+** it saves the call, not the weight pass.  The
+** steps between chunks are thus exactly those of --batch-tokens 0, each merged with a chunk. */
+int serve_chunk_decode(void *ud, const struct kvt_decode_chunk *c) {
+    struct server *srv = ud;
+    int rc = 0;
+    /* a prompt whose client left or whose deadline passed stops between chunks: the session
+    ** keeps what was decoded before (kvt_prefill_hooks: the prefill fails with this error) */
+    if (srv->sched->prefilling && serve_job_stopped(srv, srv->sched->prefilling)) return KVT_ECANCELED;
+    if (c->want_logits) {
+        rc = kvt_decode(srv->eng, c->seq, c->tokens, c->n, c->pos0, true);
+        pthread_mutex_lock(&srv->mu);
+        if (rc == 0) srv->m.prefill_alone_tokens += c->n;
+        pthread_mutex_unlock(&srv->mu);
+        return rc;
+    }
+    if (serve_step_active(srv, c, &rc)) serve_publish(srv);
+    return rc;
+}
+void serve_session_hooks(struct server *srv, kvt_session *s) {
+    if (srv->batch_tokens > 0) {
+        const struct kvt_prefill_hooks h = { serve_chunk_room, serve_chunk_decode, srv };
+        kvt_session_set_prefill_hooks(s, &h);
+    } else {
+        kvt_session_set_chunk_cb(s, serve_on_chunk, srv);
+    }
+}
