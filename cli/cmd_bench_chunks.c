@@ -265,7 +265,7 @@ static int run_live(struct run *R, int ci, char *const *dtext, int32_t n_docs, c
             kvt_session_free(s);
             s = NULL;
         }
-        kvt_store_close(st);
+        kvt_store_free(st);
         if (rc) { free(reply); break; }
         if (!cf) {
             *ref_logp = logp;

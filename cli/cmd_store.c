@@ -344,6 +344,6 @@ int cmd_store(int argc, char **argv) {
     kvt_store *st = NULL;
     if ((rc = open_store(cmd, &o, subs[s].read_only && !o.repair, &st, dir, sizeof dir))) return rc;
     rc = subs[s].run(cmd, st, dir, &o);
-    kvt_store_close(st);
+    kvt_store_free(st);
     return rc;
 }

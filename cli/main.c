@@ -331,7 +331,7 @@ int cli_session_open(const char *cmd, const struct cli_run_opts *o, struct cli_s
 void cli_session_close(struct cli_session *cs) {
     kvt_session_free(cs->s);
     kvt_pool_free(cs->pool);
-    kvt_store_close(cs->store); /* writes out the queued blocks */
+    kvt_store_free(cs->store); /* writes out the queued blocks */
     kvt_engine_free(cs->eng);
     cs->s = NULL;
     cs->pool = NULL;

@@ -1294,7 +1294,7 @@ int  kvt_store_open(const struct kvt_store_params *p, kvt_store **out /* OUT */)
 /* Write out the queues (waits for the writers; Redis writes each bounded by max(redis_timeout_ms,
 ** 1 s), dropped at once while Redis is backed off), record pending hits, stop the threads, close.
 ** Accepts NULL.  Must not run concurrently with other calls on the same store. */
-void kvt_store_close(kvt_store *st);
+void kvt_store_free(kvt_store *st);
 
 /* What the header of a stored block records besides its bytes (checked on every read). */
 struct kvt_store_meta {

@@ -121,7 +121,7 @@ void serve_engine_close(struct server *srv) {
         for (int32_t i = 0; sc->sess && i < sc->cap; i++) kvt_session_free(sc->sess[i].s);
         free(sc->sess);
         kvt_pool_free(sc->pool);
-        kvt_store_close(sc->store); /* writes out what is queued */
+        kvt_store_free(sc->store); /* writes out what is queued */
         free(sc->active);
         free(sc->t_last);
         free(sc->wait);

@@ -38,7 +38,7 @@ void kvt_store_test_on_remove(kvt_store *st, void (*cb)(void *ud), void *ud);
 
 /* While hold is true the store's writer thread takes nothing from its queue (puts still queue,
 ** then drop when the queue is full): the full-queue test.  kvt_store_flush waits forever while
-** held; kvt_store_close releases the hold.  Thread-safe. */
+** held; kvt_store_free releases the hold.  Thread-safe. */
 void kvt_store_test_hold_writer(kvt_store *st, bool hold);
 
 /* The control of the kill -9 test (tests/unit/test_store_faults.c): while on, the writer writes

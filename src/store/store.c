@@ -216,11 +216,11 @@ int kvt_store_open(const struct kvt_store_params *pp, kvt_store **out) {
     *out = st;
     return 0;
 fail:
-    kvt_store_close(st);
+    kvt_store_free(st);
     return rc;
 }
 
-void kvt_store_close(kvt_store *st) {
+void kvt_store_free(kvt_store *st) {
     if (!st) return;
     kvt__pf_stop(st);            /* its threads read the tiers: before anything closes */
     kvt__redis_close(st->redis); /* its queue holds references to RAM's buffers: first */

@@ -31,11 +31,11 @@ int main(int argc, char **argv) {
         if (i % 64 == 63) kvt_store_flush(st); /* a full write-behind queue would drop blocks */
         if (rc) {
             fprintf(stderr, "store_fill: put %d: %s\n", i, kvt_errmsg());
-            kvt_store_close(st);
+            kvt_store_free(st);
             return 1;
         }
     }
-    kvt_store_close(st);
+    kvt_store_free(st);
     kvt_key k0 = sk_key(tag, 0);
     char hex[65];
     kvt_key_hex(&k0, hex);

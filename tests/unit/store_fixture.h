@@ -103,6 +103,19 @@ static inline void sk_blob_path(const char *dir, const kvt_key *k, char *buf, si
     if ((size_t)snprintf(buf, n, "%s/blobs/%s", dir, name) >= n) abort();
 }
 
+/* Flip the bits `mask` of the byte at `off` of key's blob file under dir/blobs/ (a damaged
+** payload or header); aborts if the file cannot be read and written there. */
+static inline void sk_flip_byte(const char *dir, const kvt_key *k, off_t off, uint8_t mask) {
+    char path[PATH_MAX];
+    sk_blob_path(dir, k, path, sizeof path);
+    int fd = open(path, O_RDWR);
+    uint8_t c;
+    if (fd < 0 || pread(fd, &c, 1, off) != 1) abort();
+    c ^= mask;
+    if (pwrite(fd, &c, 1, off) != 1) abort();
+    close(fd);
+}
+
 /* cmocka fixture: a fresh temporary directory per test (*state is a struct sk_fx), removed after. */
 struct sk_fx {
     char dir[64];

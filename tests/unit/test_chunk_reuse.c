@@ -213,7 +213,7 @@ static int setup(void **state) {
     g_base = tmp_dir();
     kvt_store *st = open_store(g_base);
     turn(st, true, "0", NULL, S1, Q1, &g_r1);                 /* session 1 stores chunk keys */
-    kvt_store_close(st);
+    kvt_store_free(st);
     return 0;
 }
 
@@ -350,7 +350,7 @@ static void test_reorder(void **state) {
     ** session 1's blocks only: session 2's own would match its whole prompt) */
     kvt_store *st_rec = base_copy(&dir_rec);
     turn(st_rec, true, NULL, NULL, S2, Q2, &rec);
-    kvt_store_close(st_rec);
+    kvt_store_free(st_rec);
     rm_rf(dir_rec);
     free(dir_rec);
     printf("  default recompute: KL %.5f nats\n", kl(cold->logits, rec.logits));
@@ -364,9 +364,9 @@ static void test_reorder(void **state) {
         }
     run_free(&r2); run_free(&off2);
     run_free(&ctl); run_free(&pure); run_free(&other); run_free(&rec);
-    kvt_store_close(st);
-    kvt_store_close(st_off);
-    kvt_store_close(st_ctl);
+    kvt_store_free(st);
+    kvt_store_free(st_off);
+    kvt_store_free(st_ctl);
     rm_rf(dir); rm_rf(dir_off); rm_rf(dir_ctl);
     free(dir); free(dir_off); free(dir_ctl);
 }
@@ -422,7 +422,7 @@ static void test_chain_purity(void **state) {
         pad += (BLOCK - mis) % BLOCK;
         run_free(&r2);
         free(s2);
-        kvt_store_close(st);
+        kvt_store_free(st);
         rm_rf(dir);
         free(dir);
     }
@@ -452,7 +452,7 @@ static void test_load_fault(void **state) {
     assert_true(kl(cold->logits, r2.logits) < 5e-3);
     assert_int_equal(argmax(cold->logits), argmax(r2.logits));
     run_free(&r2);
-    kvt_store_close(st);
+    kvt_store_free(st);
     rm_rf(dir);
     free(dir);
 }

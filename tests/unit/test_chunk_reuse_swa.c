@@ -171,7 +171,7 @@ static void test_long_run_parks_and_resumes(void **state) {
     double d_plain = park_vs_live(NULL, false, sys_b, &sp0);
     printf("  KL(live || resumed): chunk-loaded %.3g, plain %.3g\n", d_chunk, d_plain);
     assert_true(d_chunk <= 4 * d_plain + 1e-3);
-    kvt_store_close(st);
+    kvt_store_free(st);
     char cmd[200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     assert_int_equal(system(cmd), 0);

@@ -331,7 +331,7 @@ static struct lost_run lost_session_ex(kvt_engine *e, int32_t recovery, enum dam
         kvt_store_get_stats(store, &ss);
         r.store_dropped = ss.disk.writes_dropped;
         assert_int_equal(ss.priv.n_entries, 0); /* the session's private entries went with it */
-        kvt_store_close(store);
+        kvt_store_free(store);
         char cmd[128];
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", sdir);
         assert_int_equal(system(cmd), 0);

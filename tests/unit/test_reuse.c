@@ -154,7 +154,7 @@ static void test_restart_exact_and_partial(void **state) {
     assert_int_equal(cold.st.route, KVT_ROUTE_MISS);
     assert_int_equal(cold.st.store_tokens, 0);
     assert_true(cold.st.store_blocks_put >= cold.st.total_tokens / BLOCK - 1);
-    kvt_store_close(st);
+    kvt_store_free(st);
     kvt_engine_free(e);
     /* process 2 (a restart): a new engine on the same store directory */
     e = open_tiny("tiny-llama");
@@ -187,7 +187,7 @@ static void test_restart_exact_and_partial(void **state) {
     double dc = max_diff(&cold, &other);
     printf("  control: another question moves the logits by %.3g\n", dc);
     assert_true(dc > 1e-2);
-    kvt_store_close(st);
+    kvt_store_free(st);
     kvt_engine_free(e);
     free(cold.logits); free(warm.logits); free(part.logits); free(part_cold.logits); free(other.logits);
     free(doc);
@@ -227,7 +227,7 @@ static void test_fingerprint_and_tenant(void **state) {
     turn(a2, st, NULL, 1024, doc, "what is by the river", &r5);
     assert_int_equal(r5.st.route, KVT_ROUTE_MISS); /* the shared namespace is a namespace too */
     assert_true(max_diff(&r1, &r4) <= 1e-3);
-    kvt_store_close(st);
+    kvt_store_free(st);
     kvt_engine_free(a);
     kvt_engine_free(a2);
     kvt_engine_free(b);
@@ -260,7 +260,7 @@ static void test_purity_after_eviction(void **state) {
     double d = max_diff(&big, &cold);
     printf("  after the evicting run: max|dlogit| vs a cold prefill %.3g (tolerance 1e-3)\n", d);
     assert_true(d <= 1e-3);
-    kvt_store_close(st);
+    kvt_store_free(st);
     kvt_engine_free(e);
     free(small.logits); free(big.logits); free(cold.logits);
     free(doc);
@@ -281,7 +281,7 @@ static void test_swa_prefix(void **state) {
     kvt_store *st = open_store(dir);
     struct run cold, warm;
     turn(e, st, NULL, 1024, doc, "what is by the river", &cold);
-    kvt_store_close(st);
+    kvt_store_free(st);
     st = open_store(dir);
     turn(e, st, NULL, 1024, doc, "what is by the river", &warm);
     show("iSWA, window 32", &warm);
@@ -290,7 +290,7 @@ static void test_swa_prefix(void **state) {
     double d = max_diff(&cold, &warm);
     printf("  iSWA exact: max|dlogit| vs the cold prefill %.3g (tolerance 1e-3)\n", d);
     assert_true(d <= 1e-3);
-    kvt_store_close(st);
+    kvt_store_free(st);
     kvt_engine_free(e);
     free(cold.logits); free(warm.logits);
     free(doc);
@@ -333,7 +333,7 @@ static void test_corrupt_is_a_miss(void **state) {
     kvt_store *st = open_store(dir);
     struct run cold, bad;
     turn(e, st, NULL, 1024, doc, "what is by the river", &cold);
-    kvt_store_close(st);
+    kvt_store_free(st);
     int n = corrupt_files(dir);
     printf("  corrupted %d blob files\n", n);
     assert_true(n >= cold.st.store_blocks_put);
@@ -345,7 +345,7 @@ static void test_corrupt_is_a_miss(void **state) {
     kvt_store_get_stats(st, &ss);
     assert_true(ss.disk.corrupt >= 1);
     assert_true(max_diff(&cold, &bad) <= 1e-3);
-    kvt_store_close(st);
+    kvt_store_free(st);
     kvt_engine_free(e);
     free(cold.logits); free(bad.logits);
     free(doc);
@@ -376,13 +376,13 @@ static void test_disk_codec(void **state) {
     struct run cold, warm, cold_raw;
     kvt_store *st = open_store_codec(dir, "q8");
     turn(e, st, NULL, 1024, doc, "what is by the river", &cold);
-    kvt_store_close(st);
+    kvt_store_free(st);
     st = open_store_codec(dir_raw, "raw");
     turn(e, st, NULL, 1024, doc, "what is by the river", &cold_raw);
     struct sizes zr = { 0, 0, 0 }, zq = { 0, 0, 0 };
     kvt_store_flush(st);
     assert_int_equal(kvt_store_ls(st, add_size, &zr), 0);
-    kvt_store_close(st);
+    kvt_store_free(st);
     st = open_store_codec(dir, "q8");
     assert_int_equal(kvt_store_ls(st, add_size, &zq), 0);
     turn(e, st, NULL, 1024, doc, "what is by the river", &warm);
@@ -396,7 +396,7 @@ static void test_disk_codec(void **state) {
     double d = max_diff(&cold, &warm);
     printf("  q8 exact load: max|dlogit| vs the cold prefill %.3g (bound 0.25, a tenth of what another question moves; raw gives 0)\n", d);
     assert_true(d > 0 && d <= 0.25); /* lossy, bounded: really decoded, not the RAM copy */
-    kvt_store_close(st);
+    kvt_store_free(st);
     /* a spec the codec parser refuses is refused at open, naming it */
     struct kvt_store_params p = kvt_store_default_params();
     p.dir = dir;
@@ -553,7 +553,7 @@ static void test_store_replaces_pool(void **state) {
     assert_non_null(strstr(kvt_errmsg(), "pool"));
     assert_non_null(strstr(kvt_errmsg(), "store"));
     kvt_pool_free(pl);
-    kvt_store_close(st);
+    kvt_store_free(st);
     kvt_engine_free(e);
     free(pool.logits); free(store.logits); free(cleared.logits); free(aged.logits);
     rm_rf(dir);

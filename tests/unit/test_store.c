@@ -267,7 +267,7 @@ static void test_roundtrip_restart(void **state) {
         assert_int_equal(expect_block(st, &MODEL_A, &k), KVT_TIER_RAM);
         assert_true(kvt_store_has(st, &k));
     }
-    kvt_store_close(st); /* writes the queue out */
+    kvt_store_free(st); /* writes the queue out */
     st = open_store(f->dir, 1 << 20, 64 << 20);
     struct kvt_store_stats s = stats(st);
     assert_int_equal(s.disk.entries, N);
@@ -286,13 +286,13 @@ static void test_roundtrip_restart(void **state) {
     assert_int_equal(get_rc(st, &MODEL_A, &absent), KVT_ENOENT);
     /* hits reach the index (batched by the writer, written out at close) */
     assert_int_equal(kvt_store_ls(st, NULL, NULL), KVT_EINVAL);
-    kvt_store_close(st);
+    kvt_store_free(st);
     st = open_store(f->dir, 0, 64 << 20);
     int64_t acc[2] = { 0, 0 };
     assert_int_equal(kvt_store_ls(st, sum_hits, acc), 0);
     assert_int_equal(acc[1], N);
     assert_int_equal(acc[0], 3 * N); /* RAM hit, disk hit, RAM hit */
-    kvt_store_close(st);
+    kvt_store_free(st);
 }
 
 /* RAM only: a budget of 10 blocks keeps the 10 most recently used; a block touched by a get
@@ -332,7 +332,7 @@ static void test_ram_lru(void **state) {
     free(big);
     assert_false(kvt_store_has(st, &kb));
     assert_int_equal(stats(st).ram.writes_dropped, 1);
-    kvt_store_close(st);
+    kvt_store_free(st);
 }
 
 /* Disk quota of 10 blocks: writing 15 evicts the 5 least recently hit, except a hot block
@@ -382,7 +382,7 @@ static void test_disk_quota(void **state) {
     kvt_store_flush(st);
     assert_int_equal(stats(st).disk.writes_dropped, 1);
     assert_int_equal(stats(st).disk.entries, 10);
-    kvt_store_close(st);
+    kvt_store_free(st);
 }
 
 /* TTL 100 s, 1000 s once hot (3 hits), on the injected clock; disk tier and RAM tier. */
@@ -446,7 +446,7 @@ static void ttl_case(const char *dir, size_t ram, size_t disk) {
         assert_int_equal(stats(st).disk.entries, 0);
         assert_int_equal(sk_count_files(dir), 0);
     }
-    kvt_store_close(st);
+    kvt_store_free(st);
 }
 
 static void test_ttl_hot(void **state) {
@@ -485,7 +485,7 @@ static void test_rewrite_expired(void **state) {
     struct kvt_store_report r;
     assert_int_equal(kvt_store_verify(st, false, &r), 0);
     assert_int_equal(r.corrupt + r.missing, 0);
-    kvt_store_close(st);
+    kvt_store_free(st);
 }
 
 /* A corrupt entry's removal and a fresh write of the same key, interleaved: another store (as
@@ -513,15 +513,7 @@ static void test_remove_write_race(void **state) {
     struct race_ctx c = { .other = b, .key = sk_key("race", 0) };
     put_block(a, &MODEL_A, &c.key);
     kvt_store_flush(a);
-    char path[PATH_MAX];
-    sk_blob_path(f->dir, &c.key, path, sizeof path);
-    int fd = open(path, O_RDWR);
-    assert_true(fd >= 0);
-    uint8_t x;
-    assert_int_equal(pread(fd, &x, 1, KVT__SBLOB_HDR + 9), 1);
-    x ^= 0x01;
-    assert_int_equal(pwrite(fd, &x, 1, KVT__SBLOB_HDR + 9), 1);
-    close(fd);
+    sk_flip_byte(f->dir, &c.key, KVT__SBLOB_HDR + 9, 0x01);
     kvt_store_test_on_remove(a, race_put, &c);
     assert_int_equal(get_rc(a, &MODEL_A, &c.key), KVT_ENOENT); /* the corrupt copy: removed */
     assert_int_equal(c.calls, 1);
@@ -535,8 +527,8 @@ static void test_remove_write_race(void **state) {
     assert_int_equal(r.ok, 1);
     assert_int_equal(r.missing + r.corrupt + r.orphans, 0);
     assert_int_equal(sk_count_files(f->dir), 1);
-    kvt_store_close(b);
-    kvt_store_close(a);
+    kvt_store_free(b);
+    kvt_store_free(a);
 }
 
 /* Damaged blob files (flipped payload byte, flipped header byte, truncated, missing, another
@@ -551,7 +543,7 @@ static void test_corrupt_files(void **state) {
         ks[i] = sk_key("bad", i);
         put_block(st, &MODEL_A, &ks[i]);
     }
-    kvt_store_close(st);
+    kvt_store_free(st);
     char p[N][PATH_MAX];
     for (int i = 0; i < N; i++) sk_blob_path(f->dir, &ks[i], p[i], sizeof p[i]);
     /* 0: flip a payload byte */
@@ -584,7 +576,7 @@ static void test_corrupt_files(void **state) {
     expect_block(st, &MODEL_A, &ks[N - 1]); /* the control */
     assert_int_equal(stats(st).disk.entries, 1);
     assert_int_equal(sk_count_files(f->dir), 1);
-    kvt_store_close(st);
+    kvt_store_free(st);
 }
 
 /* The same key asked with another model's fingerprint is a miss (counted), in RAM, in the
@@ -598,12 +590,12 @@ static void test_foreign_model(void **state) {
     assert_non_null(strstr(kvt_errmsg(), "another model"));
     assert_int_equal(stats(st).ram.corrupt, 1);
     assert_int_equal(expect_block(st, &MODEL_A, &k), KVT_TIER_RAM);
-    kvt_store_close(st);
+    kvt_store_free(st);
     st = open_store(f->dir, 0, 1 << 20);
     assert_int_equal(get_rc(st, &MODEL_B, &k), KVT_ENOENT);
     assert_int_equal(stats(st).disk.corrupt, 1);
     assert_int_equal(expect_block(st, &MODEL_A, &k), KVT_TIER_DISK);
-    kvt_store_close(st);
+    kvt_store_free(st);
 }
 
 /* Bad parameters and arguments are refused with a message naming the value; a read-only open
@@ -642,7 +634,7 @@ static void test_errors(void **state) {
     st = open_store(f->dir, 0, 1 << 20);
     kvt_key k = sk_key("ro", 0);
     put_block(st, &MODEL_A, &k);
-    kvt_store_close(st);
+    kvt_store_free(st);
     p = kvt_store_default_params();
     p.dir = f->dir;
     p.read_only = true;
@@ -661,8 +653,8 @@ static void test_errors(void **state) {
     size_t n;
     assert_int_equal(kvt_store_get(st, &k, NULL, &d, &n, NULL, NULL), KVT_EINVAL);
     assert_int_equal(kvt_store_put(st, NULL, &m, "x", 1), KVT_EINVAL);
-    kvt_store_close(st);
-    kvt_store_close(NULL);
+    kvt_store_free(st);
+    kvt_store_free(NULL);
     /* an index of a newer format is refused, read-write and read-only */
     char db_path[128];
     snprintf(db_path, sizeof db_path, "%s/index.db", f->dir);
@@ -757,7 +749,7 @@ static void test_private_entries(void **state) {
     assert_int_equal(kvt_store_get_private(st, 100, &d, &n), KVT_ENOENT);
     assert_null(d);
     assert_int_equal(n, 0);
-    kvt_store_close(st);
+    kvt_store_free(st);
     /* a read-only store keeps a session's copies too (nothing of them goes to DIR) */
     struct kvt_store_params p = kvt_store_default_params();
     p.dir = f->dir;
@@ -769,7 +761,7 @@ static void test_private_entries(void **state) {
     assert_int_equal(kvt_store_get_private(st, 1, &d, &n), 0);
     assert_memory_equal(d, blob, SZ);
     free(d);
-    kvt_store_close(st);
+    kvt_store_free(st);
     assert_int_equal(kvt_store_put_private(NULL, 1, blob, SZ), KVT_EINVAL);
 }
 

@@ -94,10 +94,10 @@ static void test_full_queue(void **state) {
     kvt_store_test_hold_writer(st, true);
     assert_int_equal(put_block(st, &ks[4]), 0);
     assert_int_equal(stats(st).queue_len, 1);
-    kvt_store_close(st);
+    kvt_store_free(st);
     st = open_store(f->dir, 0, 1 << 20, 4);
     assert_int_equal(stats(st).disk.entries, 5);
-    kvt_store_close(st);
+    kvt_store_free(st);
 
     /* with a RAM tier: a block whose disk write was dropped stays in RAM, and putting it again
     ** queues the disk write again (a block RAM holds whose write was queued is not queued twice) */
@@ -120,7 +120,7 @@ static void test_full_queue(void **state) {
     assert_int_equal(s.disk.writes, 2);
     assert_int_equal(s.disk.writes_dropped, 1);
     assert_int_equal(s.disk.entries, 2);
-    kvt_store_close(st);
+    kvt_store_free(st);
 }
 
 /* Each fault site: the put still succeeds, the disk write is dropped and counted, no file (not
@@ -151,14 +151,14 @@ static void test_fault_sites(void **state) {
             if (sk_count_files(dir) != 0) fail_msg("%s: %d files left in blobs/", cases[c].what, sk_count_files(dir));
             assert_int_equal(check_block(st, &k), with_ram ? 0 : KVT_ENOENT);
             kvt__fault_set(cases[c].site, 0, 0);
-            kvt_store_close(st);
+            kvt_store_free(st);
             st = open_store(dir, 0, 1 << 20, 16); /* after a restart: nothing of it */
             assert_int_equal(check_block(st, &k), KVT_ENOENT);
             assert_int_equal(put_block(st, &k), 0);
             kvt_store_flush(st);
             assert_int_equal(check_block(st, &k), 0);
             assert_int_equal(sk_count_files(dir), 1);
-            kvt_store_close(st);
+            kvt_store_free(st);
         }
     }
 }
@@ -232,7 +232,7 @@ static int kill_loop(const char *dir, int n, bool unsafe, int64_t *orphans, int6
         free(ks.k);
         *max_entries = KVT_MAX(*max_entries, (int64_t)ks.n);
         assert_int_equal(stats(st).disk.corrupt, 0);
-        kvt_store_close(st);
+        kvt_store_free(st);
     }
     return damaged;
 }
@@ -335,7 +335,7 @@ static void test_gc_verify(void **state) {
     assert_int_equal(r.checked, 2);
     assert_int_equal(r.ok, 2);
     assert_int_equal(r.corrupt + r.missing + r.orphans, 0);
-    kvt_store_close(st);
+    kvt_store_free(st);
 
     /* over quota: reopened with room for one of the two, gc removes the least recently hit */
     p.disk_bytes = sk_size(&ks[5]) > sk_size(&ks[3]) ? sk_size(&ks[5]) : sk_size(&ks[3]);
@@ -355,7 +355,7 @@ static void test_gc_verify(void **state) {
     assert_int_equal(kvt_store_clear(st), 0);
     assert_int_equal(stats(st).disk.entries, 0);
     assert_int_equal(sk_count_files(f->dir), 1);
-    kvt_store_close(st);
+    kvt_store_free(st);
 }
 
 /* ---- threads ------------------------------------------------------------------------------- */
@@ -417,7 +417,7 @@ static void test_threads(void **state) {
                   (long long)s.disk.writes_dropped, (long long)s.disk.evictions);
     assert_true(hits > 0);
     assert_true(s.disk.bytes <= 60000);
-    kvt_store_close(st);
+    kvt_store_free(st);
 }
 
 int main(void) {

@@ -83,7 +83,7 @@ static void fill(const char *dir, const char *tag, int n, kvt_key *ks) {
         ks[i] = sk_key(tag, i);
         put_block(st, &ks[i]);
     }
-    kvt_store_close(st);
+    kvt_store_free(st);
 }
 
 /* get key, check the bytes on a hit; returns the tier (NONE on a miss). */
@@ -149,7 +149,7 @@ static void test_promote(void **state) {
         assert_int_equal(ss.prefetch.wasted, 0);
         assert_int_equal(ss.disk.hits, on ? 0 : N);
         assert_int_equal(ss.ram.hits, on ? N : 0);
-        kvt_store_close(st);
+        kvt_store_free(st);
     }
     /* bad arguments */
     struct kvt_store_params p = params(f->dir_a, 1);
@@ -159,7 +159,7 @@ static void test_promote(void **state) {
     assert_non_null(strstr(kvt_errmsg(), "-1"));
     assert_int_equal(kvt_store_prefetch(st, NULL, 2, &MODEL), KVT_EINVAL);
     assert_int_equal(kvt_store_prefetch(st, ks, 1, NULL), KVT_EINVAL);
-    kvt_store_close(st);
+    kvt_store_free(st);
     p.prefetch_threads = 17;
     assert_int_equal(kvt_store_open(&p, &st), KVT_EINVAL);
     assert_non_null(strstr(kvt_errmsg(), "17"));
@@ -188,7 +188,7 @@ static void test_bounded(void **state) {
     assert_int_equal(s.issued + s.dropped, N);
     assert_true(s.dropped >= N / 2);
     assert_true(dt < 200);
-    kvt_store_close(st);
+    kvt_store_free(st);
 
     p = params(f->dir_a, 1);
     p.prefetch_bytes = 3 * 8692; /* sk_size() < 8692 */
@@ -200,7 +200,7 @@ static void test_bounded(void **state) {
     assert_true(s.unread_bytes <= (int64_t)p.prefetch_bytes + 8692);
     assert_true(s.promoted >= 3 && s.promoted < 40);
     assert_int_equal(s.promoted + s.dropped + s.skipped, 40);
-    kvt_store_close(st);
+    kvt_store_free(st);
 
     p = params(f->dir_a, 1);
     p.ram_bytes = 20 * 8692; /* holds >= 20 blocks */
@@ -216,7 +216,7 @@ static void test_bounded(void **state) {
                   (long long)ss.ram.evictions);
     assert_true(s.wasted > 0);
     assert_int_equal(s.wasted, ss.ram.evictions); /* every eviction here was an unread promotion */
-    kvt_store_close(st);
+    kvt_store_free(st);
     free(ks);
 }
 
@@ -227,15 +227,7 @@ static void test_corrupt(void **state) {
     enum { N = 8, BAD = 3 };
     kvt_key ks[N];
     fill(f->dir_a, "pfbad", N, ks);
-    char path[PATH_MAX];
-    sk_blob_path(f->dir_a, &ks[BAD], path, sizeof path);
-    int fd = open(path, O_RDWR);
-    assert_true(fd >= 0);
-    uint8_t c;
-    assert_int_equal(pread(fd, &c, 1, KVT__SBLOB_HDR + 7), 1);
-    c ^= 0x40;
-    assert_int_equal(pwrite(fd, &c, 1, KVT__SBLOB_HDR + 7), 1);
-    close(fd);
+    sk_flip_byte(f->dir_a, &ks[BAD], KVT__SBLOB_HDR + 7, 0x40);
     struct kvt_store_params p = params(f->dir_a, 2);
     kvt_store *st = open_p(&p);
     kvt_store_prefetch(st, ks, N, &MODEL);
@@ -248,7 +240,7 @@ static void test_corrupt(void **state) {
     assert_int_equal(ss.disk.corrupt, 1);
     assert_int_equal(ss.prefetch.hits, N - 1);
     assert_int_equal(sk_count_files(f->dir_a), N - 1);
-    kvt_store_close(st);
+    kvt_store_free(st);
 }
 
 /* The fault site: the first two reads fail; those blocks stay on disk and their gets read them
@@ -268,7 +260,7 @@ static void test_fault(void **state) {
     assert_int_equal(s.failed, 2);
     assert_int_equal(s.promoted, N - 2);
     for (int i = 0; i < N; i++) assert_int_equal(get_tier(st, &ks[i]), i < 2 ? KVT_TIER_DISK : KVT_TIER_RAM);
-    kvt_store_close(st);
+    kvt_store_free(st);
 }
 
 /* kvt_store_prefetch_chain: the keys of a prompt's full blocks before its last token, from the
@@ -289,7 +281,7 @@ static void test_chain(void **state) {
     struct kvt_store_params p = params(f->dir_a, 0);
     kvt_store *st = open_p(&p);
     for (int i = 0; i < 6; i++) put_block(st, &ks[i]);
-    kvt_store_close(st);
+    kvt_store_free(st);
     p = params(f->dir_a, 2);
     st = open_p(&p);
     assert_int_equal(kvt_store_prefetch_chain(st, &cp, tok, NT), 5);
@@ -305,7 +297,7 @@ static void test_chain(void **state) {
     assert_int_equal(kvt_store_prefetch_chain(st, NULL, tok, NT), KVT_EINVAL);
     cp.block = 0;
     assert_int_equal(kvt_store_prefetch_chain(st, &cp, tok, NT), KVT_EINVAL);
-    kvt_store_close(st);
+    kvt_store_free(st);
 }
 
 static struct kvt_store_params rparams(const char *dir, const char *url, int threads, int timeout_ms) {
@@ -329,7 +321,7 @@ static void test_redis(void **state) {
         put_block(a, &ks[i]);
     }
     kvt_store_flush(a);
-    kvt_store_close(a);
+    kvt_store_free(a);
     struct kvt_store_params pb = rparams(f->dir_b, f->redis.url, 2, 1000);
     kvt_store *b = open_p(&pb);
     kvt_key absent = sk_key("pfredis", N + 1);
@@ -348,7 +340,7 @@ static void test_redis(void **state) {
     kvt_store_flush(b); /* promoted from Redis: queued for B's disk too */
     kvt_store_get_stats(b, &ss);
     assert_int_equal(ss.disk.entries, N);
-    kvt_store_close(b);
+    kvt_store_free(b);
 }
 
 /* A frozen Redis (SIGSTOP): the prefetch call returns at once; a get of a key whose prefetch is
@@ -366,7 +358,7 @@ static void test_redis_frozen(void **state) {
     d = sk_key("pfdisk", 0);
     put_block(b, &d);
     kvt_store_flush(b);
-    kvt_store_close(b);
+    kvt_store_free(b);
     b = open_p(&pb); /* d is on disk only */
     for (int i = 0; i < N; i++) ks[i] = sk_key("pffrozen", i);
     kvt_key warm = sk_key("pffrozen", 99);
@@ -398,7 +390,7 @@ static void test_redis_frozen(void **state) {
     kvt_store_get_stats(b, &ss);
     /* one per batch (the first may be short: at most 3 batches of N = 16), then the get's own */
     assert_true(ss.redis.timeouts >= 1 && ss.redis.timeouts <= 4);
-    kvt_store_close(b);
+    kvt_store_free(b);
 }
 
 /* kvt_store_prefetch_forget / _cancel take back what is still queued behind a batch stuck on a frozen
@@ -433,7 +425,7 @@ static void test_cancel(void **state) {
     assert_int_equal(s.queue_len, 0);
     assert_int_equal(kvt_store_prefetch_cancel(b), 0);
     assert_int_equal(kvt_store_prefetch_cancel(NULL), 0);
-    kvt_store_close(b);
+    kvt_store_free(b);
 }
 
 int main(void) {

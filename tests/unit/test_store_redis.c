@@ -180,14 +180,14 @@ static void test_share(void **state) {
     kvt_store *c = open_store(dir_c, f->redis.unix_url, 200);
     kvt_key k3 = sk_key("share", 3);
     assert_int_equal(get_tier(c, &MODEL_A, &k3), KVT_TIER_REDIS);
-    kvt_store_close(c);
+    kvt_store_free(c);
     sk_rm_rf(dir_c);
     assert_non_null(mkdtemp(strcpy(dir_c, "/tmp/kvt-test-redis-c-XXXXXX")));
     snprintf(url1, sizeof url1, "%s?db=1", f->redis.unix_url);
     c = open_store(dir_c, url1, 200);
     assert_int_equal(get_tier(c, &MODEL_A, &k3), KVT_TIER_NONE);
     assert_int_equal(rstats(c).errors, 0);
-    kvt_store_close(c);
+    kvt_store_free(c);
     sk_rm_rf(dir_c);
     kvt_key other = sk_key("share", 1000);
     assert_int_equal(get_tier(b, &MODEL_A, &other), KVT_TIER_NONE);
@@ -200,8 +200,8 @@ static void test_share(void **state) {
     assert_int_equal(kvt_store_redis_info(b, &info), 0);
     assert_int_equal(info.keys, N);
     assert_true(info.bytes > N * KVT__SBLOB_HDR);
-    kvt_store_close(a);
-    kvt_store_close(b); /* writes B's disk copies */
+    kvt_store_free(a);
+    kvt_store_free(b); /* writes B's disk copies */
     /* the Redis hits were queued to B's disk: found there without Redis */
     struct kvt_store_params p = kvt_store_default_params();
     p.dir = f->dir_b;
@@ -212,7 +212,7 @@ static void test_share(void **state) {
         kvt_key k = sk_key("share", i);
         assert_int_equal(get_tier(b, &MODEL_A, &k), KVT_TIER_DISK);
     }
-    kvt_store_close(b);
+    kvt_store_free(b);
 }
 
 /* Keys are the same in two processes for the same chain, and differ per model and tenant. */
@@ -240,7 +240,7 @@ static void test_keys(void **state) {
         kvt_key r2, k2;
         if (kvt_chain_root(&cp, &r2) || kvt_chain_next(&r2, tok, 4, &k2)) _exit(2);
         put_block(c, &MODEL_A, &k2);
-        kvt_store_close(c);
+        kvt_store_free(c);
         _exit(0);
     }
     int status;
@@ -262,7 +262,7 @@ static void test_keys(void **state) {
     kvt_store *b = open_store(f->dir_b, f->redis.url, 200);
     assert_int_equal(get_tier(b, &MODEL_A, &k_a), KVT_TIER_REDIS);
     assert_int_equal(get_tier(b, &MODEL_A, &k_t), KVT_TIER_NONE); /* other tenant's chain */
-    kvt_store_close(b);
+    kvt_store_free(b);
 }
 
 /* A password (requirepass) and an ACL user: the right ones hit, a wrong one is a counted error. */
@@ -285,16 +285,16 @@ static void test_auth(void **state) {
     put_block(a, &MODEL_A, &k);
     kvt_store_flush(a);
     assert_int_equal(rstats(a).writes, 1);
-    kvt_store_close(a);
+    kvt_store_free(a);
     kvt_store *b = open_store(f->dir_b, wrong, 200);
     assert_int_equal(get_tier(b, &MODEL_A, &k), KVT_TIER_NONE);
     assert_int_equal(rstats(b).errors, 1);
-    kvt_store_close(b);
+    kvt_store_free(b);
     sk_rm_rf(f->dir_b);
     assert_int_equal(mkdir(f->dir_b, 0700), 0);
     b = open_store(f->dir_b, bob, 200);
     assert_int_equal(get_tier(b, &MODEL_A, &k), KVT_TIER_REDIS);
-    kvt_store_close(b);
+    kvt_store_free(b);
 }
 
 /* ---- failures ------------------------------------------------------------------------------- */
@@ -344,8 +344,8 @@ static void test_down_and_back(void **state) {
     assert_int_equal(t, KVT_TIER_REDIS);
     print_message("reconnected after %.0f ms\n", rfx_now_ms() - t1);
     assert_int_equal(get_tier(b, &MODEL_A, &k2), KVT_TIER_RAM);
-    kvt_store_close(a);
-    kvt_store_close(b);
+    kvt_store_free(a);
+    kvt_store_free(b);
 }
 
 /* A Redis that stops answering (SIGSTOP: as DEBUG SLEEP does, the server takes the connection
@@ -375,8 +375,8 @@ static void test_slow(void **state) {
     /* thawed: after the backoff the same key is a hit */
     usleep(150 * 1000);
     assert_int_equal(get_tier(b, &MODEL_A, &k), KVT_TIER_REDIS);
-    kvt_store_close(a);
-    kvt_store_close(b);
+    kvt_store_free(a);
+    kvt_store_free(b);
 }
 
 static kvt_store *open_secret(const char *dir, const char *url, const char *secret_file) {
@@ -426,7 +426,7 @@ static void test_secret(void **state) {
     kvt_store *attacker = open_store(f->dir_b, f->redis.url, 200); /* no secret: a plain valid value */
     put_block(attacker, &MODEL_A, &planted);
     kvt_store_flush(attacker);
-    kvt_store_close(attacker);
+    kvt_store_free(attacker);
     sk_rm_rf(f->dir_b);
     assert_int_equal(mkdir(f->dir_b, 0700), 0);
     assert_non_null(mkdtemp(dir_c));
@@ -434,24 +434,24 @@ static void test_secret(void **state) {
     assert_int_equal(get_tier(same, &MODEL_A, &k), KVT_TIER_REDIS);         /* same secret: a hit */
     assert_int_equal(get_tier(same, &MODEL_A, &planted), KVT_TIER_NONE);   /* planted: refused */
     assert_int_equal(rstats(same).corrupt, 1);
-    kvt_store_close(same);
+    kvt_store_free(same);
     /* the planted value was deleted; plant it again for the control */
     attacker = open_store(dir_c, f->redis.url, 200);
     put_block(attacker, &MODEL_A, &planted);
     kvt_store_flush(attacker);
-    kvt_store_close(attacker);
+    kvt_store_free(attacker);
     sk_rm_rf(dir_c);
     assert_int_equal(mkdir(dir_c, 0700), 0);
     kvt_store *plain = open_store(dir_c, f->redis.url, 200);
     assert_int_equal(get_tier(plain, &MODEL_A, &planted), KVT_TIER_REDIS); /* control: no secret, accepted */
-    kvt_store_close(plain);
+    kvt_store_free(plain);
     sk_rm_rf(dir_c);
     assert_int_equal(mkdir(dir_c, 0700), 0);
     kvt_store *other = open_secret(dir_c, f->redis.url, s2);
     assert_int_equal(get_tier(other, &MODEL_A, &k), KVT_TIER_NONE);        /* another secret: a miss */
     assert_int_equal(rstats(other).corrupt, 1);
-    kvt_store_close(other);
-    kvt_store_close(a);
+    kvt_store_free(other);
+    kvt_store_free(a);
     sk_rm_rf(dir_c);
 }
 
@@ -469,7 +469,7 @@ static void test_poison(void **state) {
     /* control: the untouched value is a hit */
     kvt_store *b = open_store(f->dir_b, f->redis.url, 200);
     assert_int_equal(get_tier(b, &MODEL_A, &k), KVT_TIER_REDIS);
-    kvt_store_close(b);
+    kvt_store_free(b);
     sk_rm_rf(f->dir_b);
     assert_int_equal(mkdir(f->dir_b, 0700), 0);
 
@@ -507,8 +507,8 @@ static void test_poison(void **state) {
     freeReplyObject(rfx_cmd(&f->redis, "SET %s %b", key, v, n));
     assert_int_equal(get_tier(b, &MODEL_A, &k), KVT_TIER_REDIS);
     free(v);
-    kvt_store_close(a);
-    kvt_store_close(b);
+    kvt_store_free(a);
+    kvt_store_free(b);
 }
 
 /* Total bytes the Redis server has sent to clients (INFO stats total_net_output_bytes). */
@@ -567,7 +567,7 @@ static void test_oversize(void **state) {
     kvt_key k2 = sk_key("oversize", 1);
     put_block(st, &MODEL_A, &k2);
     kvt_store_flush(st);
-    kvt_store_close(st);
+    kvt_store_free(st);
     assert_int_equal(kvt_store_open(&p, &st), 0);
     sk_rm_rf(f->dir_b);
     assert_int_equal(mkdir(f->dir_b, 0700), 0);
@@ -575,8 +575,8 @@ static void test_oversize(void **state) {
     kvt_store *b;
     assert_int_equal(kvt_store_open(&p, &b), 0);
     assert_int_equal(get_tier(b, &MODEL_A, &k2), KVT_TIER_REDIS);
-    kvt_store_close(b);
-    kvt_store_close(st);
+    kvt_store_free(b);
+    kvt_store_free(st);
 }
 
 static void test_full(void **state) {
@@ -609,7 +609,7 @@ static void test_full(void **state) {
         free(d);
     }
     /* a block above redis_max_bytes is never sent */
-    kvt_store_close(a);
+    kvt_store_free(a);
     struct kvt_store_params p = kvt_store_default_params();
     p.dir = f->dir_a;
     p.redis_url = f->redis.url;
@@ -622,7 +622,7 @@ static void test_full(void **state) {
     assert_int_equal(rstats(a).writes_dropped, 1);
     assert_int_equal(rstats(a).errors, 0);
     free(buf);
-    kvt_store_close(a);
+    kvt_store_free(a);
 }
 
 /* A server that drops the connection while a value is being sent (here: a value past its
@@ -653,7 +653,7 @@ static void test_sigpipe(void **state) {
     kvt_store_flush(a);
     assert_int_equal(rstats(a).writes, 1);
     free(buf);
-    kvt_store_close(a);
+    kvt_store_free(a);
 }
 
 int main(void) {
