@@ -253,7 +253,7 @@ int kvt_chat_format(kvt_engine *eng, const struct kvt_chat_msg *msgs, int32_t n_
 ** kvt_logits() / kvt_sample().
 ** Errors: KVT_EINVAL (bad seq or n; positions outside [0, 2^30)), KVT_ECTX (no free KV cells: the message gives the cell
 ** count; streams: the sequence's own stream is full, whatever the others hold), KVT_ELLAMA.  On error, tokens of the failed chunk are not in the cache; earlier chunks
-** are (the caller's block table records what was decoded via the return of kvt_seq_pos_max). */
+** are (the caller's block table records what was decoded). */
 int kvt_decode(kvt_engine *eng, int32_t seq, const kvt_token *tokens, int32_t n, kvt_pos pos0,
                bool want_logits);
 
@@ -265,6 +265,19 @@ struct kvt_decode_chunk {
     kvt_pos          pos0;        /* position of tokens[0]: the sequence's next position */
     bool             want_logits; /* keep the logits of its last token for kvt_logits() */
 };
+
+/* Continuous batching: decode one token for each of n different caller sequences in ONE
+** llama_decode: tokens toks[i] at positions pos[i] of sequences seqs[i] (each seq at most once,
+** each pos its sequence's next position).  OUT logits_out[i * n_vocab + v]: every row's logits
+** (caller allocates n * n_vocab floats).  kvt_logits() has nothing afterwards.  Attention
+** capture is skipped for these tokens (kvt_attn_get maps one sequence per ubatch, and says
+** KVT_EUNSUPPORTED for these sequences until their next kvt_decode).  Streams: llama.cpp puts
+** consecutive sequence ids with one token each into one ubatch; its attention width is the
+** longest of those sequences' (REPORT.md §5).
+** Errors: KVT_EINVAL (n outside 1..n_ubatch, bad or repeated seq, token outside the vocabulary),
+** KVT_ECTX (no free KV cells: then none of the tokens is in the cache), KVT_ELLAMA. */
+int kvt_decode_multi(kvt_engine *eng, const int32_t *seqs, const kvt_token *toks, const kvt_pos *pos, int32_t n,
+                     float *logits_out /* OUT [n * n_vocab] */);
 
 /* Mixed prefill and decode in ONE llama_decode (chunked prefill inside the batch, as llama-server
 ** and vLLM schedule it): the n decode rows of kvt_decode_multi (n may be 0) plus, when chunk is
@@ -310,6 +323,14 @@ struct kvt_sampling {
     kvt_grammar *grammar; /* NULL = unconstrained; else only tokens the grammar allows are
                           ** sampled, and the sampled token advances it (borrowed, not owned) */
 };
+
+/* Sample the next token from kvt_logits() (llama.cpp sampler chain).  With a grammar the token
+** is first sampled unconstrained and kept if the grammar allows it; otherwise the grammar masks
+** the whole vocabulary and the chain samples again (llama.cpp common's order: the full mask
+** costs a pass over n_vocab token texts).  Errors: KVT_EINVAL (no logits available; the grammar
+** allows no token, e.g. it completed and the vocabulary has no end-of-generation token).
+** Deterministic for a given seed. */
+int kvt_sample(kvt_engine *eng, const struct kvt_sampling *s, kvt_token *tok /* OUT */);
 
 /* Remove positions [p0, p1) of a sequence from the KV cache (p1 < 0: to the end).  Cannot
 ** fail for a valid seq; KVT_EINVAL otherwise. */
@@ -469,6 +490,21 @@ struct kvt_elastic_stats {
 ** verification.  Source: EVOKE-style attention signals for H2O (Zhang et al. 2023) and SnapKV
 ** (Li et al. 2024). */
 
+/* Threshold the resident K/V of sequence seq in place (ElasticKV, above): reads the whole
+** sequence state (llama_state_seq_get_data; a pending K-shift is applied first), zeroes on the
+** host, and writes it back with llama_state_seq_set_data, the sequence emptied first.  Nothing
+** is written when no element changes (s_k = s_v = 0 or nothing below tau).
+** Unified cache: cells the sequence shared with other sequences (kvt_seq_cp) become its own
+** copies, the others keep the unpruned ones (the write-back needs free cells for them).
+** Cost: one read and one write of the sequence's whole K/V (all layers), O(cells x row).
+** OUT *st (may be NULL).  Errors: KVT_EINVAL (seq, negative or non-finite scale, p0 > p1),
+** KVT_EUNSUPPORTED (a quantised K or V cache type), KVT_ENOMEM, KVT_ELLAMA (llama.cpp rejected
+** the write: the sequence's previous state is written back, bit-identical).  On every error the
+** sequence's K/V is unchanged (unless putting it back failed too, which the message says).
+** Not thread-safe (engine rule). */
+int kvt_seq_elastic(kvt_engine *eng, int32_t seq, const struct kvt_elastic_params *p,
+                    struct kvt_elastic_stats *st /* OUT */);
+
 /* Choose layers to capture (il in [0, n_layer)); n = 0 turns capture off.  capture_q also
 ** keeps Q.  Errors: KVT_EINVAL (layer out of range), KVT_EUNSUPPORTED (flash attention on). */
 int kvt_attn_capture(kvt_engine *eng, const int32_t *layers, int32_t n, bool capture_q);
@@ -497,6 +533,13 @@ typedef struct kvt_attn {
 ** rows are not captured), KVT_EFORMAT (the cell map could not be reconstructed), KVT_ENOMEM. */
 int kvt_attn_get(kvt_engine *eng, int32_t layer, int32_t seq, kvt_attn **out);
 void kvt_attn_free(kvt_attn *a); /* frees the struct and its arrays; accepts NULL */
+
+/* Parse a blob's K rows of one layer to F32 (for verification and host-side scoring).
+** part: 0 = full-attention cache, 1 = sliding-window cache.  il: layer index within the part.
+** OUT *k: [n_cells * row] floats (caller frees with free()), *pos: [n_cells] (caller frees),
+** *n_cells, *row_elems.  Errors: KVT_EFORMAT, KVT_EUNSUPPORTED (quantised K), KVT_ENOMEM. */
+int kvt_blob_k_rows(const kvt_engine *eng, const kvt_blob *blob, int part, int il,
+                    float **k, kvt_pos **pos, int32_t *n_cells, int32_t *row_elems);
 
 /* Layer il's cache part (0 = full-attention cache, 1 = sliding-window cache of an iSWA model)
 ** and its index among that part's layers, as found at engine open (by which attention mask
@@ -675,9 +718,9 @@ struct kvt_session_params {
     int32_t snap_window;      /* SnapKV observation window (queries); default 32 */
     float   ewma_alpha;       /* attention EWMA weight of the newest observation; default 0.3 */
     const char *head_profile; /* `kvtier calibrate` profile: weights heads in the attention
-                              ** signals (kvt_head_weights_load); NULL = equal weights */
+                              ** signals (read at open); NULL = equal weights */
     struct kvt_embedder *embedder; /* optional dense retrieval for recovery (section 7): every
-                              ** sealed block's text is embedded (one kvt_embed per block, ~2.5x
+                              ** sealed block's text is embedded (one embedding per block, ~2.5x
                               ** its prefill on Gemma 3 270M), and recovery ranks evicted blocks
                               ** by cosine to the user message instead of BM25.  Borrowed: must
                               ** outlive the session; NULL = BM25 only (the default) */
@@ -707,9 +750,9 @@ struct kvt_session_params {
                               ** (eviction, recovery, park/resume) is its content entry when it
                               ** is pure (one copy in RAM, shared with every session of the
                               ** store, and on disk), else a private entry of the store
-                              ** (kvt_store_put_private), deleted when the session drops the
+                              ** (not under any content key), deleted when the session drops the
                               ** block.  The session reads its content entries at any age
-                              ** (kvt_store_get_copy); one that left every tier (removed by
+                              ** (its TTL applies to lookups only); one that left every tier (removed by
                               ** the quota, gc, a full write queue, `kvtier store clear`) is
                               ** recomputed from the block's tokens when the block is
                               ** needed (recomputes) */
@@ -768,7 +811,7 @@ struct kvt_session_params {
                               ** it stands); needs `store`; default false (off: measured quality
                               ** loss, docs/BENCHMARKS.md "Non-prefix chunk reuse").  On: every
                               ** full block the session seals is ALSO put in the store under its
-                              ** chunk key (kvt_chunk_root: its own tokens only, position-free),
+                              ** chunk key (its own tokens only, position-free),
                               ** whatever context it was computed in (that is the premise of chunk
                               ** reuse: the K/V come from *some* context, not a cold prefill's);
                               ** and after the prefix lookup of a prompt stops, the rest of the
@@ -778,7 +821,7 @@ struct kvt_session_params {
                               ** reused chunk: the tokens before it are decoded and the open block
                               ** sealed there (early seal), the run's first blocks are decoded in
                               ** context (chunk_recompute), the rest loaded at the tail with RoPE
-                              ** re-anchoring (kvt_blocks_load).  After a chunk load the session
+                              ** re-anchoring (no forward pass).  After a chunk load the session
                               ** stores no more chain keys (its KV is no longer a cold prefill's).
                               ** The last prompt token is always decoded.  A load that fails is
                               ** decoded instead (counted in chunk_load_errors).  Counted in
@@ -829,7 +872,7 @@ void kvt_session_free(kvt_session *s);
 ** and decoded with the next user message.  For a user message: first the pending text of
 ** earlier messages is decoded, then evicted blocks relevant to the message come back at the
 ** tail (kv_restore: no recompute): scored by BM25 with the message's terms that no resident
-** block contains (kvt_bm25_novel_terms; at least min_recovery_score), or with an embedder by
+** block contains (the message's novel terms; at least min_recovery_score), or with an embedder by
 ** cosine (at least min_recovery_cosine); the top_k best, each followed by successor_blocks
 ** more when they are evicted too (a fact cut at a block boundary continues there).  A block
 ** whose saved copy is lost (corrupt or missing spill file, dropped by the pool) is recomputed
@@ -859,6 +902,9 @@ int kvt_session_add(kvt_session *s, enum kvt_role role, const char *text);
 
 /* Per generated token callback; return false to stop.  piece is the token's UTF-8 text. */
 typedef bool (*kvt_token_cb)(const char *piece, void *ud);
+
+/* kvt_session_add with a keep hint for the message's blocks (enum kvt_keep). */
+int kvt_session_add_ex(kvt_session *s, enum kvt_role role, const char *text, int32_t keep);
 
 /* Generate the assistant reply (at most max_tokens; stops at end-of-generation) and keep it in
 ** the KV cache; evicts by watermark as it goes.  OUT *reply: caller frees with free() (may be
@@ -925,6 +971,25 @@ struct kvt_gen_row {
     bool      done;           /* OUT: tok ends the generation (it is not decoded) */
     int       status;         /* OUT: 0 or this row's error (KVT_EINVAL: NULL logits; sampling) */
 };
+
+/* One generated token: samples from the session's own logits (llama.cpp sampler chain, as
+** kvt_sample), and unless it ends the generation decodes it into the session (evicting by
+** watermark) and appends it to the reply being built.  OUT *tok: the token; *done: true when it
+** is an end-of-generation token (not decoded, not part of the reply).  Call kvt_session_gen_end
+** to finish the reply, whatever stopped it.
+** Errors: KVT_EINVAL (no user turn to reply to), KVT_ENOMEM, KVT_ECTX, KVT_ELLAMA, KVT_EBUDGET;
+** on error the token is not part of the reply. */
+int kvt_session_gen_step(kvt_session *s, const struct kvt_sampling *smp, kvt_token *tok /* OUT */, bool *done /* OUT */);
+
+/* Continuous batching: kvt_session_gen_step for n sessions on ONE engine (distinct sequences) with
+** a single llama_decode for all the tokens that do not end their generation.  smp[i], tok[i],
+** done[i] and status[i] are per session; status[i] is 0 or that session's error (e.g. KVT_EBUDGET
+** when its reserve cannot be made; its token is then not part of its reply).  Attention signals
+** are not observed for batched tokens (H2O/SnapKV/kvtier scores see prompt chunks only).
+** Returns 0, or the error of the shared decode (KVT_ECTX, KVT_ELLAMA, KVT_ENOMEM), in which case no
+** session took a token.  Not thread-safe (engine rule). */
+int kvt_session_gen_step_batch(kvt_session *const *ss, int32_t n, const struct kvt_sampling *smp,
+                               kvt_token *tok /* OUT [n] */, bool *done /* OUT [n] */, int *status /* OUT [n] */);
 
 /* kvt_session_gen_step_batch for n sessions (n may be 0) plus n_rows raw rows, all on engine eng:
 ** every session and row samples its next token from its own logits, and the tokens that do not
@@ -1050,7 +1115,7 @@ struct kvt_session_stats {
                                  ** bookkeeping (ms; the block primitives are not included) */
     double  decode_ms;           /* time in kvt_decode for this session (ms) */
     struct kvt_pool_stats pool;     /* the host pool's counters, or with a store its private
-                                    ** entries' (kvt_store_private_stats); both are shared with
+                                    ** entries' (kvt_store_stats.priv); both are shared with
                                     ** the pool's or store's other sessions */
     /* block store (kvt_session_params.store) */
     int32_t route;               /* enum kvt_route of the last prompt prefill */
@@ -1059,7 +1124,7 @@ struct kvt_session_stats {
     int64_t store_tokens;        /* all tokens loaded from the store (not in tokens_decoded) */
     int64_t store_blocks_put;    /* blocks given to the store (a key already there is not) */
     double  store_ms;            /* time in lookups, reads and loads of store blocks (ms) */
-    int64_t store_load_errors;   /* prefixes found in the store that kvt_blocks_load refused (the
+    int64_t store_load_errors;   /* prefixes found in the store that the engine refused to load (the
                                  ** tokens were prefilled instead: correct, but the lookup was
                                  ** wasted; a persistent count points at a store/engine mismatch) */
     /* host pool saves (kvt_session_params.codec_ram) */
@@ -1195,14 +1260,14 @@ enum kvt_tier { KVT_TIER_NONE = 0, KVT_TIER_RAM = 1, KVT_TIER_DISK = 2, KVT_TIER
 ** ttl_hot_s after once it has hot_hits hits.  Expiry is decided with the parameters of the
 ** process that asks (the index stores last hit and hit count, not a deadline), so a changed
 ** ttl applies to blocks already stored.  Expired entries are misses for lookups but stay (the
-** writing session's copy, kvt_store_get_copy) until the quota, gc or a fresh put removes them.  Disk quota eviction takes expired entries first, then cold entries (fewer
+** writing session's copy) until the quota, gc or a fresh put removes them.  Disk quota eviction takes expired entries first, then cold entries (fewer
 ** than hot_hits hits) least recently hit first, then hot ones the same way. */
 struct kvt_store_params {
     const char *dir;          /* the disk tier: DIR/index.db (SQLite, WAL) + DIR/blobs/ + DIR/lock;
                               ** NULL = kvt_store_default_dir().  Created (mode 0700) if missing,
                               ** unless read_only */
     size_t  ram_bytes;        /* RAM tier budget (payload bytes, LRU); default 256 MiB; 0 = no RAM
-                              ** tier.  Shared with the private entries (kvt_store_put_private),
+                              ** tier.  Shared with the private entries (sessions' own block copies),
                               ** which take it first */
     size_t  disk_bytes;       /* disk tier quota (payload bytes of the blob files); default 8 GiB;
                               ** 0 = no disk tier (RAM only: nothing persists, dir unused) */
@@ -1251,7 +1316,7 @@ struct kvt_store_params {
                               ** written raw */
     int32_t disk_codec_heads; /* KV heads per layer for the elastic codecs' per-head thresholds
                               ** (kvt_engine_info.n_head_kv); 0 = one threshold per row */
-    /* Private entries (kvt_store_put_private: sessions' own block copies, RAM within ram_bytes,
+    /* Private entries (sessions' own block copies, RAM within ram_bytes,
     ** then spill files). */
     const char *private_dir;  /* directory of their spill files; NULL = a private directory under
                               ** $TMPDIR (kvt_pool_params.spill_dir); copied at open */
@@ -1333,13 +1398,13 @@ struct kvt_store_stats {
                                      ** no memory; an injected fault) */
         int64_t claimed;             /* still queued when a get asked: the get read them itself */
         int64_t waited;              /* gets that waited for a prefetch of their key in flight */
-        int64_t cancelled;           /* taken back by kvt_store_prefetch_cancel / _forget */
+        int64_t cancelled;           /* taken back before they were read (no longer wanted) */
         int64_t hits;                /* gets served from a promoted block (counted once each) */
         int64_t wasted;              /* promoted blocks evicted or expired before any get */
         int64_t unread_bytes;        /* RAM bytes of promoted blocks not read yet */
         int64_t queue_len;           /* keys queued now */
     } prefetch;
-    struct kvt_pool_stats priv;      /* private entries (kvt_store_put_private): sessions' own
+    struct kvt_pool_stats priv;      /* private entries: sessions' own
                                      ** copies; their RAM bytes count against ram_bytes */
 };
 /* Counters of this process since open; entries/bytes of the disk tier are the index's (all
@@ -1366,7 +1431,7 @@ void kvt_store_get_stats(kvt_store *st, struct kvt_store_stats *out /* OUT */);
 ** disk.  A block that fails a check is removed as a get would remove it (disk/redis corrupt,
 ** prefetch.failed) and never promoted.
 ** Reads count no tier hits or misses (those are the gets'), and record no hit in the index.
-** A kvt_store_get of a key whose prefetch is still queued takes it back and reads it itself
+** A get of a key whose prefetch is still queued takes it back and reads it itself
 ** (prefetch.claimed, so the caller and the threads read different blocks at once); of one in
 ** flight waits for it (prefetch.waited), then reads RAM, or answers KVT_ENOENT at once if the
 ** prefetch found no tier holding the key: a block is never read twice.  model: the fingerprint
@@ -1377,10 +1442,10 @@ void kvt_store_get_stats(kvt_store *st, struct kvt_store_stats *out /* OUT */);
 ** (kvt_session_sync's routing); `kvtier serve` prefetches the prompts of queued chat requests. */
 int  kvt_store_prefetch(kvt_store *st, const kvt_key *keys, int n, const kvt_key *model);
 /* The prefetch of a prompt: the chain keys of the full blocks of tok[0..n) before its last
-** token (the blocks a session's prompt routing asks for, kvt_session_sync; cp as for
-** kvt_chain_root, with the tenant the session will use) passed to kvt_store_prefetch.  For a
+** token (the blocks a session's prompt routing asks for, kvt_session_sync; cp: the chain
+** parameters, with the tenant the session will use) passed to kvt_store_prefetch.  For a
 ** caller that has no session yet (a server's queued request).  Returns keys queued.  Errors:
-** KVT_EINVAL (NULL st or cp, NULL tok with n > 0, n < 0, cp invalid as kvt_chain_root says),
+** KVT_EINVAL (NULL st or cp, NULL tok with n > 0, n < 0, cp invalid),
 ** KVT_ENOMEM.  Thread-safe. */
 int  kvt_store_prefetch_chain(kvt_store *st, const struct kvt_chain_params *cp, const kvt_token *tok, int32_t n);
 
@@ -1516,7 +1581,7 @@ struct kvt_codec_params {
                         ** kvt_engine_layer_part).  n_head_bits must be the blob's layers x
                         ** n_head_kv, and head_dim a multiple of group_v.  The table goes into the
                         ** header (format version KVT_CODEC_VERSION_HEADS), so decoding needs
-                        ** nothing else; borrowed (kvt_codec_inspect points it into the bytes) */
+                        ** nothing else; borrowed (it points into the bytes) */
     int32_t n_head_bits;
 };
 

@@ -5,10 +5,13 @@
 ** declarations, CMakeLists.txt).  Never installed.  Sections follow kvtier.h's numbering; each
 ** function's types are kvtier.h's.
 **
-** What moved here (issue #25): every function no caller in server/, cli/ or eval/ uses — the
-** engine's sampling and multi-sequence decode, block loads by batch, pool entries, BM25 scoring,
-** attention signals, embeddings and the ANN index, chain keys, the store's entries and private
-** entries, codec names.  The server, the command-line tool and the evaluation are built on
+** What moved here (issue #25): functions no caller in server/, cli/ or eval/ uses and that no
+** public function's contract is written in terms of — sequence bookkeeping, block loads by
+** batch, BM25 scoring, attention block mass and head weights, embeddings and the ANN index, chain
+** keys, the store's entries and private entries, prefetch cancel, codec and tier names.  (The
+** engine's multi-sequence decode and sampling, ElasticKV on a sequence, a blob's K rows, the
+** keep hint's kvt_session_add_ex and the step-wise generation calls stay in kvtier.h: public
+** calls are defined by them.)  The server, the command-line tool and the evaluation are built on
 ** kvtier.h alone.
 */
 #ifndef KVTIER_INT_H
@@ -24,27 +27,6 @@ extern "C" {
 
 /* True if the token ends a generation (EOS, <end_of_turn>, ...).  Cannot fail. */
 bool kvt_token_is_eog(const kvt_engine *eng, kvt_token tok);
-
-/* Sample the next token from kvt_logits() (llama.cpp sampler chain).  With a grammar the token
-** is first sampled unconstrained and kept if the grammar allows it; otherwise the grammar masks
-** the whole vocabulary and the chain samples again (llama.cpp common's order: the full mask
-** costs a pass over n_vocab token texts).  Errors: KVT_EINVAL (no logits available; the grammar
-** allows no token, e.g. it completed and the vocabulary has no end-of-generation token).
-** Deterministic for a given seed. */
-int kvt_sample(kvt_engine *eng, const struct kvt_sampling *s, kvt_token *tok /* OUT */);
-
-/* Continuous batching: decode one token for each of n different caller sequences in ONE
-** llama_decode: tokens toks[i] at positions pos[i] of sequences seqs[i] (each seq at most once,
-** each pos its sequence's next position).  OUT logits_out[i * n_vocab + v]: every row's logits
-** (caller allocates n * n_vocab floats).  kvt_logits() has nothing afterwards.  Attention
-** capture is skipped for these tokens (kvt_attn_get maps one sequence per ubatch, and says
-** KVT_EUNSUPPORTED for these sequences until their next kvt_decode).  Streams: llama.cpp puts
-** consecutive sequence ids with one token each into one ubatch; its attention width is the
-** longest of those sequences' (REPORT.md §5).
-** Errors: KVT_EINVAL (n outside 1..n_ubatch, bad or repeated seq, token outside the vocabulary),
-** KVT_ECTX (no free KV cells: then none of the tokens is in the cache), KVT_ELLAMA. */
-int kvt_decode_multi(kvt_engine *eng, const int32_t *seqs, const kvt_token *toks, const kvt_pos *pos, int32_t n,
-                     float *logits_out /* OUT [n * n_vocab] */);
 
 /* Highest resident position of a sequence, -1 if empty (full-attention cache on iSWA models)
 ** or if seq is out of range.  Cannot fail. */
@@ -67,53 +49,9 @@ int32_t kvt_seq_n_cells(kvt_engine *eng, int32_t seq);
 ** Errors: those of kvt_block_load (KVT_EINVAL also for order or overlap, naming the block). */
 int kvt_blocks_load(kvt_engine *eng, const kvt_blob *const *blobs, int32_t n, int32_t seq, const kvt_pos *new_p0);
 
-/* Threshold the resident K/V of sequence seq in place (ElasticKV, above): reads the whole
-** sequence state (llama_state_seq_get_data; a pending K-shift is applied first), zeroes on the
-** host, and writes it back with llama_state_seq_set_data, the sequence emptied first.  Nothing
-** is written when no element changes (s_k = s_v = 0 or nothing below tau).
-** Unified cache: cells the sequence shared with other sequences (kvt_seq_cp) become its own
-** copies, the others keep the unpruned ones (the write-back needs free cells for them).
-** Cost: one read and one write of the sequence's whole K/V (all layers), O(cells x row).
-** OUT *st (may be NULL).  Errors: KVT_EINVAL (seq, negative or non-finite scale, p0 > p1),
-** KVT_EUNSUPPORTED (a quantised K or V cache type), KVT_ENOMEM, KVT_ELLAMA (llama.cpp rejected
-** the write: the sequence's previous state is written back, bit-identical).  On every error the
-** sequence's K/V is unchanged (unless putting it back failed too, which the message says).
-** Not thread-safe (engine rule). */
-int kvt_seq_elastic(kvt_engine *eng, int32_t seq, const struct kvt_elastic_params *p,
-                    struct kvt_elastic_stats *st /* OUT */);
-
-/* Parse a blob's K rows of one layer to F32 (for verification and host-side scoring).
-** part: 0 = full-attention cache, 1 = sliding-window cache.  il: layer index within the part.
-** OUT *k: [n_cells * row] floats (caller frees with free()), *pos: [n_cells] (caller frees),
-** *n_cells, *row_elems.  Errors: KVT_EFORMAT, KVT_EUNSUPPORTED (quantised K), KVT_ENOMEM. */
-int kvt_blob_k_rows(const kvt_engine *eng, const kvt_blob *blob, int part, int il,
-                    float **k, kvt_pos **pos, int32_t *n_cells, int32_t *row_elems);
-
 /* ---- 5. Session: one conversation under a token budget (kvtier.h section 5) ---- */
 
 const char *kvt_recovery_name(int32_t recovery);
-
-/* kvt_session_add with a keep hint for the message's blocks (enum kvt_keep). */
-int kvt_session_add_ex(kvt_session *s, enum kvt_role role, const char *text, int32_t keep);
-
-/* One generated token: samples from the session's own logits (llama.cpp sampler chain, as
-** kvt_sample), and unless it ends the generation decodes it into the session (evicting by
-** watermark) and appends it to the reply being built.  OUT *tok: the token; *done: true when it
-** is an end-of-generation token (not decoded, not part of the reply).  Call kvt_session_gen_end
-** to finish the reply, whatever stopped it.
-** Errors: KVT_EINVAL (no user turn to reply to), KVT_ENOMEM, KVT_ECTX, KVT_ELLAMA, KVT_EBUDGET;
-** on error the token is not part of the reply. */
-int kvt_session_gen_step(kvt_session *s, const struct kvt_sampling *smp, kvt_token *tok /* OUT */, bool *done /* OUT */);
-
-/* Continuous batching: kvt_session_gen_step for n sessions on ONE engine (distinct sequences) with
-** a single llama_decode for all the tokens that do not end their generation.  smp[i], tok[i],
-** done[i] and status[i] are per session; status[i] is 0 or that session's error (e.g. KVT_EBUDGET
-** when its reserve cannot be made; its token is then not part of its reply).  Attention signals
-** are not observed for batched tokens (H2O/SnapKV/kvtier scores see prompt chunks only).
-** Returns 0, or the error of the shared decode (KVT_ECTX, KVT_ELLAMA, KVT_ENOMEM), in which case no
-** session took a token.  Not thread-safe (engine rule). */
-int kvt_session_gen_step_batch(kvt_session *const *ss, int32_t n, const struct kvt_sampling *smp,
-                               kvt_token *tok /* OUT [n] */, bool *done /* OUT [n] */, int *status /* OUT [n] */);
 
 /* Okapi BM25 (Robertson & Zaragoza 2009), k1 = 1.2, b = 0.75:
 ** Scores n_docs texts against a query: lower-cased alphanumeric terms, English stop words
