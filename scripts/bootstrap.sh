@@ -27,9 +27,10 @@
 # in a child process; one that fails is compiled out (-mno-...), and the bootstrap says so in
 # one line. One probe tests the compiler instead: amx_cc configures a tile through the
 # compiler's intrinsics as ggml does (GCC 12 drops the config's stores, and ggml's AMX kernels
-# then trap on a CPU whose AMX works); it fails -> AMX is compiled out. The llama.cpp prefix lives under a directory named for the resulting compiler
-# target (march + a hash of every target option and the compiler's version), so a cache copied
-# to or shared with another CPU gets its own build instead of running one made elsewhere.
+# then trap on a CPU whose AMX works); where it fails, AMX is compiled out. The llama.cpp prefix
+# lives under a directory named for the resulting compiler target (march + a hash of every
+# target option and the compiler's version), so a cache copied to or shared with another CPU
+# gets its own build instead of running one made elsewhere.
 #   KVTIER_PROBE_FAIL=amx,avx512   treat these probes as failed (a name matches that probe and
 #                                  every probe "NAME_*"): the extension is compiled out exactly
 #                                  as on a CPU or OS that refuses it. KVTIER_PROBE_FAIL=avx512

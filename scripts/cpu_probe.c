@@ -21,9 +21,9 @@
  * intrinsics (<immintrin.h>, as ggml's AMX kernels do, amx/mmq.cpp ggml_tile_config_init) and
  * uses it. GCC 12's _tile_loadconfig declares an 8-byte memory operand, so at -O1 and above the
  * stores of the tile sizes are dead to it and dropped: the tile is configured with palette 1 and
- * no rows (or from stack bytes never written), and ggml's first tilezero traps (seen on a Xeon with AMX enabled: SIGILL in
- * tinygemm_kernel_amx at the first prefill of a Q4_1 model). bootstrap.sh builds this file at
- * -O2, as llama.cpp is built.
+ * no rows (or from stack bytes never written), and ggml's first tilezero traps (seen on a Xeon
+ * with AMX enabled: SIGILL in tinygemm_kernel_amx at the first prefill of a Q4_1 model).
+ * bootstrap.sh builds this file at -O2, as llama.cpp is built.
  */
 #define _GNU_SOURCE
 #include <errno.h>

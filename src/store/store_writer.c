@@ -243,17 +243,13 @@ static void write_job(kvt_store *st, struct kvt__job *j) {
     bool written = false, skipped = false;
     pthread_mutex_lock(&st->wr_mu);
     const double now = kvt__store_now(st);
-    bool expired = false;
     char old[KVT__SBLOB_NAME];
     double last_hit = 0;
     int64_t hits = 0;
-    if (row_file(st, &j->key, old, NULL, &last_hit, &hits)) {
-        /* an expired row is no copy for lookups: skipping the fresh write for it (while the RAM
-        ** tier records the block as on disk) lost the block (issue #24 item 7).  The fresh row
-        ** replaces it (insert_row), and its file goes; until then it is still the session's copy. */
-        expired = kvt__expires(&st->ttl, last_hit, hits) <= now;
-        skipped = !expired;
-    }
+    /* an expired row is no copy for lookups: skipping the fresh write for it (while the RAM tier
+    ** records the block as on disk) lost the block (issue #24 item 7).  The fresh row replaces it
+    ** (insert_row), and its file goes; until then it is still the session's copy. */
+    if (row_file(st, &j->key, old, NULL, &last_hit, &hits)) skipped = kvt__expires(&st->ttl, last_hit, hits) > now;
     bool room = skipped || make_room(st, (int64_t)j->buf->n, now);
     pthread_mutex_unlock(&st->wr_mu);
     /* the disk tier's codec, here on the writer thread (off the decode path) */
