@@ -5,7 +5,7 @@
 **   load    kvt_block_load of that blob at [L, 2L) of sequence 0 (RoPE re-anchoring by L, no
 **           forward pass), then (untimed) sequence 0 is emptied and the blob loaded back at
 **           [0, L), so every round saves the same cells (iSWA: the load moved the window);
-**   prefill kvt_decode of the same L tokens into the empty sequence 1 (the recompute a
+**   prefill kvt_engine_decode of the same L tokens into the empty sequence 1 (the recompute a
 **           discarded block would need; with no other context it is a lower bound), then removed.
 ** The three run interleaved within each repeat, after one untimed warm-up round, and the table
 ** reports medians.  Speedups are ratios inside one run (shared machines are noisy). */
@@ -43,7 +43,7 @@ static void bench_usage(FILE *f, const struct cli_opt *opts) {
             "\n"
             "Times, for each block size L: kvt_block_save of L just-decoded tokens, kvt_block_load of\n"
             "the blob at a new position (RoPE re-anchoring, no forward pass), and re-prefill of the same\n"
-            "L tokens with kvt_decode. Medians over --repeats, the three interleaved in each repeat,\n"
+            "L tokens with kvt_engine_decode. Medians over --repeats, the three interleaved in each repeat,\n"
             "after a warm-up. MODEL defaults to $KVTIER_MODEL. Progress goes to stderr.\n"
             "\n"
             "Options:\n");
@@ -173,7 +173,7 @@ static int bench_round(const char *cmd, kvt_engine *eng, const kvt_token *tok, i
         return APP_ERR;
     }
     t = now_ms();
-    rc = kvt_decode(eng, 1, tok, L, 0, false);
+    rc = kvt_engine_decode(eng, 1, tok, L, 0, false);
     *prefill_ms = now_ms() - t;
     kvt_seq_rm(eng, 1, -1, -1);
     if (rc) {
@@ -287,7 +287,7 @@ static int bench_primitives(int argc, char **argv) {
         fprintf(stderr, "[bench] block %d: ", L);
         kvt_seq_rm(eng, 0, -1, -1);
         kvt_seq_rm(eng, 1, -1, -1);
-        if ((rc = kvt_decode(eng, 0, tok, L, 0, false))) {
+        if ((rc = kvt_engine_decode(eng, 0, tok, L, 0, false))) {
             fputc('\n', stderr);
             app_fail(cmd, "decoding the block", rc);
             rc = APP_ERR;

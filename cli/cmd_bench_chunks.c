@@ -124,7 +124,7 @@ static int push_text(kvt_engine *eng, const char *text, bool bos, kvt_token **bu
 
 /* log-softmax of the engine's last logits into out[n_vocab] (double). */
 static int logsoftmax(kvt_engine *eng, int32_t n_vocab, double *out) {
-    const float *l = kvt_logits(eng);
+    const float *l = kvt_engine_logits(eng);
     if (!l) return KVT_EINVAL;
     double mx = -INFINITY, s = 0;
     for (int32_t v = 0; v < n_vocab; v++) mx = l[v] > mx ? l[v] : mx;
@@ -146,7 +146,7 @@ static int teacher_force(kvt_engine *eng, int32_t n_vocab, const kvt_token *ans,
     int rc = KVT_OK;
     for (int32_t j = 0; j < m && !rc; j++) {
         if ((rc = logsoftmax(eng, n_vocab, lp + (size_t) j * n_vocab))) break;
-        if (j + 1 < m) rc = kvt_decode(eng, 0, &ans[j], 1, pos + j, true);
+        if (j + 1 < m) rc = kvt_engine_decode(eng, 0, &ans[j], 1, pos + j, true);
     }
     return rc;
 }
@@ -242,7 +242,7 @@ static int run_live(struct run *R, int ci, char *const *dtext, int32_t n_docs, c
             sp.chunk_reuse = cf && cf->k != K_OFF;
             sp.chunk_recompute = sp.chunk_reuse ? spec : NULL;
             if ((rc = kvt_session_open(R->eng, &sp, &s))) break;
-            if (!(rc = kvt_session_add(s, KVT_ROLE_SYSTEM, sys[o])) && !(rc = kvt_session_add(s, KVT_ROLE_USER, question)) &&
+            if (!(rc = kvt_session_add(s, KVT_ROLE_SYSTEM, sys[o], KVT_KEEP_NONE)) && !(rc = kvt_session_add(s, KVT_ROLE_USER, question, KVT_KEEP_NONE)) &&
                 o == 1) {
                 kvt_session_get_stats(s, &ss);
                 const float *l = kvt_session_logits(s);
@@ -403,7 +403,7 @@ static int run_case(struct run *R, struct eval_corpus *corpus, int32_t seed, int
     /* reference */
     double t0 = now_ms();
     kvt_seq_rm(eng, 0, -1, -1);
-    if (!rc) rc = kvt_decode(eng, 0, prompt, n_prompt, 0, true);
+    if (!rc) rc = kvt_engine_decode(eng, 0, prompt, n_prompt, 0, true);
     double ref_ms = now_ms() - t0;
     if (!rc) rc = teacher_force(eng, V, ans, n_ans, n_prompt, ref_lp);
     if (!rc) {
@@ -418,8 +418,8 @@ static int run_case(struct run *R, struct eval_corpus *corpus, int32_t seed, int
     const int32_t off = R->chunk_bos ? 1 : 0;
     for (int32_t d = 0; d < n_docs && !rc; d++) {
         kvt_seq_rm(eng, 0, -1, -1);
-        if (off) rc = kvt_decode(eng, 0, instr, 1, 0, false);
-        if (!rc) rc = kvt_decode(eng, 0, docs[d].tok, docs[d].n, off, false);
+        if (off) rc = kvt_engine_decode(eng, 0, instr, 1, 0, false);
+        if (!rc) rc = kvt_engine_decode(eng, 0, docs[d].tok, docs[d].n, off, false);
         for (int c = 0; c < R->n_cfg && !rc; c++) {
             if (R->cfg[c].k == K_DROP) continue;
             int32_t k = cfg_k(&R->cfg[c], docs[d].n);
@@ -432,24 +432,24 @@ static int run_case(struct run *R, struct eval_corpus *corpus, int32_t seed, int
         int32_t decoded = n_instr + n_q, pos;
         kvt_seq_rm(eng, 0, -1, -1);
         t0 = now_ms();
-        rc = kvt_decode(eng, 0, instr, n_instr, 0, false);
+        rc = kvt_engine_decode(eng, 0, instr, n_instr, 0, false);
         pos = n_instr;
         if (cf->k == K_DROP) {
             const struct doc *dd = &docs[needle_doc];
-            if (!rc) rc = kvt_decode(eng, 0, dd->tok, dd->n, pos, false);
+            if (!rc) rc = kvt_engine_decode(eng, 0, dd->tok, dd->n, pos, false);
             pos += dd->n;
             decoded += dd->n;
         } else {
             for (int32_t i = 0; i < n_docs && !rc; i++) {
                 const struct doc *dd = &docs[perm[i]];
                 int32_t k = cfg_k(cf, dd->n);
-                if (k > 0) rc = kvt_decode(eng, 0, dd->tok, k, pos, false);
+                if (k > 0) rc = kvt_engine_decode(eng, 0, dd->tok, k, pos, false);
                 if (!rc && k < dd->n) rc = kvt_block_load(eng, dd->blob[c], 0, pos + k);
                 pos += dd->n;
                 decoded += k;
             }
         }
-        if (!rc) rc = kvt_decode(eng, 0, q, n_q, pos, true);
+        if (!rc) rc = kvt_engine_decode(eng, 0, q, n_q, pos, true);
         cf->ms[ci] = now_ms() - t0;
         pos += n_q;
         if (!rc) rc = teacher_force(eng, V, ans, n_ans, pos, lp);

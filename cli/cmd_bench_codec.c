@@ -228,8 +228,8 @@ static int run_codec(const char *cmd, kvt_engine *eng, struct crow *r, int rep, 
         double sum = 0, mx = 0, dmax = 0;
         int32_t agree = 0;
         for (int32_t t = 0; t < n_eval && rc == 0; t++) {
-            if ((rc = kvt_decode(eng, 1, &evt[t], 1, nb * block + t, true))) break;
-            memcpy(capture ? ref + (size_t) t * n_vocab : tmp, kvt_logits(eng), sizeof *tmp * (size_t) n_vocab);
+            if ((rc = kvt_engine_decode(eng, 1, &evt[t], 1, nb * block + t, true))) break;
+            memcpy(capture ? ref + (size_t) t * n_vocab : tmp, kvt_engine_logits(eng), sizeof *tmp * (size_t) n_vocab);
             if (capture) continue;
             bool top1;
             double k = kl_div(ref + (size_t) t * n_vocab, tmp, n_vocab, &dmax, &top1);
@@ -392,7 +392,7 @@ int cmd_bench_codec(int argc, char **argv) {
             info.desc, tokens, nb, block, n_eval, n_rows - 1, repeats);
     size_t raw_bytes = 0;
     for (int32_t i = 0; i < nb; i++) {
-        if ((rc = kvt_decode(eng, 0, tok + (size_t) i * block, block, i * block, false)) ||
+        if ((rc = kvt_engine_decode(eng, 0, tok + (size_t) i * block, block, i * block, false)) ||
             (rc = kvt_block_save(eng, 0, i * block, (i + 1) * block, &raw[i]))) {
             app_fail(cmd, "prefill", rc);
             goto out;
@@ -401,8 +401,8 @@ int cmd_bench_codec(int argc, char **argv) {
     }
     double direct_kl = 0, direct_dmax = 0; /* the prefilled sequence against the loaded raw blocks */
     for (int32_t t = 0; t < n_eval; t++) {
-        if ((rc = kvt_decode(eng, 0, tok + tokens + t, 1, tokens + t, true))) { app_fail(cmd, "reference", rc); goto out; }
-        memcpy(ref0 + (size_t) t * info.n_vocab, kvt_logits(eng), sizeof *ref * (size_t) info.n_vocab);
+        if ((rc = kvt_engine_decode(eng, 0, tok + tokens + t, 1, tokens + t, true))) { app_fail(cmd, "reference", rc); goto out; }
+        memcpy(ref0 + (size_t) t * info.n_vocab, kvt_engine_logits(eng), sizeof *ref * (size_t) info.n_vocab);
     }
     kvt_seq_rm(eng, 0, 0, -1); /* sequence 0 is done: only sequence 1 is loaded from here on */
     /* the reference: the raw blocks loaded the way every codec's are (same cells, same order) */

@@ -4,7 +4,7 @@
 ** --turn-tokens tokens of essay text, each followed by a greedy reply of at most --gen tokens
 ** (the decode steps actually run are counted).  The session's own
 ** clocks (kvt_session_stats) split the time:
-**   decode_ms   time in kvt_decode (llama.cpp's forward pass, with attention capture on for
+**   decode_ms   time in kvt_engine_decode (llama.cpp's forward pass, with attention capture on for
 **               the policies that read attention);
 **   policy_ms   eviction policy work: attention signals (reading the captured attention and
 **               mapping it to blocks), scoring, bookkeeping — not the block primitives.
@@ -102,7 +102,7 @@ static int run_one(const char *cmd, kvt_engine *eng, kvt_pool *pool, struct pol_
     const struct kvt_sampling smp = { 0.0f, 1.0f, 0, 0, NULL };
     for (int32_t t = 0; t < n_turns && rc == 0; t++) {
         kvt_session_get_stats(s, &a);
-        if ((rc = kvt_session_add(s, KVT_ROLE_USER, turns[t]))) break;
+        if ((rc = kvt_session_add(s, KVT_ROLE_USER, turns[t], KVT_KEEP_NONE))) break;
         kvt_session_get_stats(s, &b);
         /* at most `gen` steps (end of turn ends a reply early); the steps are counted */
         rc = kvt_session_generate(s, gen, &smp, no_stop, NULL, NULL);

@@ -309,7 +309,7 @@ int cmd_calibrate(int argc, char **argv) {
         fprintf(stderr, "[calibrate] text %d/%d %s (half %c):", n_used + 1, n_texts, names[i], "ab"[half]);
         kvt_seq_rm(eng, 0, -1, -1);
         for (int k = 0, p = 0; k < n_pos && rc == APP_OK; p = pos[k++]) {
-            if ((rc = kvt_decode(eng, 0, tok + p, pos[k] - p, p, false))) {
+            if ((rc = kvt_engine_decode(eng, 0, tok + p, pos[k] - p, p, false))) {
                 fputc('\n', stderr);
                 app_fail(cmd, "decoding", rc);
                 break;

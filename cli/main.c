@@ -316,7 +316,7 @@ int cli_session_open(const char *cmd, const struct cli_run_opts *o, struct cli_s
         cli_session_close(cs);
         return rc == KVT_EINVAL ? usage_hint(cmd) : APP_ERR;
     }
-    if (o->system && *o->system && (rc = kvt_session_add(cs->s, KVT_ROLE_SYSTEM, o->system))) {
+    if (o->system && *o->system && (rc = kvt_session_add(cs->s, KVT_ROLE_SYSTEM, o->system, KVT_KEEP_NONE))) {
         app_fail(cmd, "system message", rc);
         cli_session_close(cs);
         return APP_ERR;
@@ -356,7 +356,7 @@ int cli_turn_begin(const char *cmd, struct cli_session *cs, const char *user) {
     kvt_session_get_stats(cs->s, &st);
     cs->decoded_before = st.tokens_decoded;
     /* the library names the message's token count and the context or budget it exceeds */
-    if ((rc = kvt_session_add(cs->s, KVT_ROLE_USER, user))) {
+    if ((rc = kvt_session_add(cs->s, KVT_ROLE_USER, user, KVT_KEEP_NONE))) {
         char what[64];
         snprintf(what, sizeof what, "turn %d: user message of %zu bytes", cs->n_turns, strlen(user));
         app_fail(cmd, what, rc);
@@ -417,7 +417,7 @@ int cli_turn_scripted(const char *cmd, struct cli_session *cs, const struct cli_
         puts(reply);
         fflush(stdout);
     }
-    if ((rc = kvt_session_add(cs->s, KVT_ROLE_ASSISTANT, reply))) {
+    if ((rc = kvt_session_add(cs->s, KVT_ROLE_ASSISTANT, reply, KVT_KEEP_NONE))) {
         char what[64];
         snprintf(what, sizeof what, "turn %d: scripted reply", cs->n_turns);
         app_fail(cmd, what, rc);

@@ -7,9 +7,9 @@
 **                    the number.
 **   ppl              after each fed turn from --skip on: the next segment's first
 **                    --score-tokens tokens are teacher-forced as the reply, one token at a time
-**                    into the session's sequence (kvt_decode at the session's next position,
+**                    into the session's sequence (kvt_engine_decode at the session's next position,
 **                    then kvt_seq_rm, as kvt_session_answer_logprob does), and each position's
-**                    full next-token distribution is read with kvt_logits: NLL, top-1 hit, and
+**                    full next-token distribution is read with kvt_engine_logits: NLL, top-1 hit, and
 **                    KL from no_eviction's distribution at the same position.
 ** With --codec, a policy's session stores its host pool's blocks through o->codec[pi]
 ** (kvt_session_params.codec_ram), so every block it recovers was decoded from that codec; the
@@ -149,7 +149,7 @@ out:
 static int probe(const char *cmd, kvt_engine *eng, kvt_session *s, const struct eval_opts *o,
                  const struct eval_fact *f, const char *message, struct eval_row *row) {
     double t0 = now_ms();
-    int rc = kvt_session_add(s, KVT_ROLE_USER, message ? message : f->question);
+    int rc = kvt_session_add(s, KVT_ROLE_USER, message ? message : f->question, KVT_KEEP_NONE);
     if (rc) {
         app_fail(cmd, "question", rc);
         return rc;
@@ -236,7 +236,7 @@ static int score_segment(kvt_engine *eng, kvt_session *s, const kvt_token *tok, 
     if ((fill || row0 >= 0) && !row) return KVT_ENOMEM;
     int rc = 0;
     for (int32_t i = 0; i < n && rc == 0; i++) {
-        const float *l = kvt_logits(eng);
+        const float *l = kvt_engine_logits(eng);
         if (!l) { rc = KVT_EINVAL; break; }
         double mx, logz;
         lse(l, n_vocab, &mx, &logz);
@@ -259,7 +259,7 @@ static int score_segment(kvt_engine *eng, kvt_session *s, const kvt_token *tok, 
             }
             *kl += full_kl(row, l, n_vocab, mx, logz);
         }
-        if (i + 1 < n) rc = kvt_decode(eng, 0, &tok[i], 1, start + i, true);
+        if (i + 1 < n) rc = kvt_engine_decode(eng, 0, &tok[i], 1, start + i, true);
     }
     if (fill && ref->f) fseeko(ref->f, 0, SEEK_END);
     free(row);
@@ -300,8 +300,8 @@ static int run_ppl(const char *cmd, kvt_engine *eng, kvt_session *s, const struc
     }
     int rc = 0;
     for (int32_t t = 0; t < k->n_turns && rc == 0; t++) {
-        if (t > 0 && (rc = kvt_session_add(s, KVT_ROLE_ASSISTANT, EVAL_REPLY))) break;
-        if ((rc = kvt_session_add(s, KVT_ROLE_USER, k->turns[t]))) {
+        if (t > 0 && (rc = kvt_session_add(s, KVT_ROLE_ASSISTANT, EVAL_REPLY, KVT_KEEP_NONE))) break;
+        if ((rc = kvt_session_add(s, KVT_ROLE_USER, k->turns[t], KVT_KEEP_NONE))) {
             char what[64];
             snprintf(what, sizeof what, "turn %d", t + 1);
             app_fail(cmd, what, rc);
@@ -387,11 +387,11 @@ int eval_run_case(const char *cmd, kvt_engine *eng, kvt_pool *pool, const struct
         rc = run_ppl(cmd, eng, s, o, pi, k, ref, res, info.n_vocab);
     } else {
         for (int32_t t = 0; t < k->n_turns && !k->single && rc == 0; t++) {
-            if ((rc = kvt_session_add(s, KVT_ROLE_USER, k->turns[t]))) {
+            if ((rc = kvt_session_add(s, KVT_ROLE_USER, k->turns[t], KVT_KEEP_NONE))) {
                 char what[64];
                 snprintf(what, sizeof what, "document turn %d of %d", t + 1, k->n_turns);
                 app_fail(cmd, what, rc);
-            } else if ((rc = kvt_session_add(s, KVT_ROLE_ASSISTANT, EVAL_REPLY))) {
+            } else if ((rc = kvt_session_add(s, KVT_ROLE_ASSISTANT, EVAL_REPLY, KVT_KEEP_NONE))) {
                 app_fail(cmd, "replayed reply", rc);
             }
         }

@@ -250,11 +250,11 @@ int kvt_chat_format(kvt_engine *eng, const struct kvt_chat_msg *msgs, int32_t n_
 /* Prefill/decode tokens[0..n) into sequence seq at positions pos0, pos0+1, ..., split into
 ** chunks of n_batch tokens.  pos0 must be the sequence's next position (max resident + 1, or
 ** any position for an empty sequence).  want_logits: keep the logits of the last token for
-** kvt_logits() / kvt_sample().
+** kvt_engine_logits() / kvt_engine_sample().
 ** Errors: KVT_EINVAL (bad seq or n; positions outside [0, 2^30)), KVT_ECTX (no free KV cells: the message gives the cell
 ** count; streams: the sequence's own stream is full, whatever the others hold), KVT_ELLAMA.  On error, tokens of the failed chunk are not in the cache; earlier chunks
 ** are (the caller's block table records what was decoded). */
-int kvt_decode(kvt_engine *eng, int32_t seq, const kvt_token *tokens, int32_t n, kvt_pos pos0,
+int kvt_engine_decode(kvt_engine *eng, int32_t seq, const kvt_token *tokens, int32_t n, kvt_pos pos0,
                bool want_logits);
 
 /* A prefill chunk of one sequence, to decode beside other sequences' decode rows. */
@@ -263,40 +263,33 @@ struct kvt_decode_chunk {
     const kvt_token *tokens;      /* [n], not retained */
     int32_t          n;           /* tokens, >= 1 (n = 0: no chunk) */
     kvt_pos          pos0;        /* position of tokens[0]: the sequence's next position */
-    bool             want_logits; /* keep the logits of its last token for kvt_logits() */
+    bool             want_logits; /* keep the logits of its last token for kvt_engine_logits() */
 };
 
-/* Continuous batching: decode one token for each of n different caller sequences in ONE
-** llama_decode: tokens toks[i] at positions pos[i] of sequences seqs[i] (each seq at most once,
-** each pos its sequence's next position).  OUT logits_out[i * n_vocab + v]: every row's logits
-** (caller allocates n * n_vocab floats).  kvt_logits() has nothing afterwards.  Attention
-** capture is skipped for these tokens (kvt_attn_get maps one sequence per ubatch, and says
-** KVT_EUNSUPPORTED for these sequences until their next kvt_decode).  Streams: llama.cpp puts
-** consecutive sequence ids with one token each into one ubatch; its attention width is the
-** longest of those sequences' (REPORT.md §5).
-** Errors: KVT_EINVAL (n outside 1..n_ubatch, bad or repeated seq, token outside the vocabulary),
-** KVT_ECTX (no free KV cells: then none of the tokens is in the cache), KVT_ELLAMA. */
-int kvt_decode_multi(kvt_engine *eng, const int32_t *seqs, const kvt_token *toks, const kvt_pos *pos, int32_t n,
-                     float *logits_out /* OUT [n * n_vocab] */);
-
-/* Mixed prefill and decode in ONE llama_decode (chunked prefill inside the batch, as llama-server
-** and vLLM schedule it): the n decode rows of kvt_decode_multi (n may be 0) plus, when chunk is
-** not NULL, the chunk's tokens; n + chunk->n in 1..min(n_ubatch, 512).  OUT logits_out as
-** kvt_decode_multi's; the chunk's last logits go to kvt_logits() when it wants them (else
-** kvt_logits() has nothing).  The rows are ordered for llama.cpp's ubatch split so that, with one
-** stream per sequence, the chunk is a ubatch of its own (the decode rows of consecutive
-** sequences share the others): its numbers are those kvt_decode gives it, and its attention is
-** captured as kvt_decode's (kvt_attn_get works for the chunk's sequence; the rows' sequences
-** get KVT_EUNSUPPORTED as after kvt_decode_multi).  The unified cache puts all in one ubatch,
-** the chunk's rows first, and captures those rows.
-** Errors: those of kvt_decode_multi, and KVT_EINVAL for a chunk sequence out of range or also a
-** row.  On KVT_ECTX none of the tokens is in the cache.  Not thread-safe (engine rule). */
-int kvt_decode_mixed(kvt_engine *eng, const int32_t *seqs, const kvt_token *toks, const kvt_pos *pos, int32_t n,
-                     float *logits_out /* OUT [n * n_vocab] */, const struct kvt_decode_chunk *chunk);
+/* Continuous batching with chunked prefill (as llama-server and vLLM schedule it), in ONE
+** llama_decode: n decode rows, one token for each of n different caller sequences (toks[i] at
+** position pos[i] of sequence seqs[i]; each seq at most once, each pos its sequence's next
+** position; n may be 0 with a chunk), plus, when chunk is not NULL, one other sequence's prefill
+** chunk; n + chunk->n in 1..min(n_ubatch, 512).  OUT logits_out[i * n_vocab + v]: every row's
+** logits (caller allocates n * n_vocab floats); the chunk's last logits go to
+** kvt_engine_logits() when it wants them (else kvt_engine_logits() has nothing).
+** The rows are ordered for llama.cpp's ubatch split so that, with one stream per sequence, the
+** chunk is a ubatch of its own (the decode rows of consecutive sequences share the others): its
+** numbers are those kvt_engine_decode gives it, and its attention is captured as
+** kvt_engine_decode's.  Attention capture is skipped for the rows (kvt_attn_get maps one
+** sequence per ubatch, and says KVT_EUNSUPPORTED for the rows' sequences until their next
+** kvt_engine_decode).  Streams: llama.cpp puts consecutive sequence ids with one token each into
+** one ubatch; its attention width is the longest of those sequences' (REPORT.md §5).  The
+** unified cache puts all in one ubatch, the chunk's rows first, and captures those rows.
+** Errors: KVT_EINVAL (sizes out of range, bad or repeated seq, a chunk sequence out of range or
+** also a row, token outside the vocabulary), KVT_ECTX (no free KV cells: then none of the tokens
+** is in the cache), KVT_ELLAMA.  Not thread-safe (engine rule). */
+int kvt_engine_decode_batch(kvt_engine *eng, const int32_t *seqs, const kvt_token *toks, const kvt_pos *pos, int32_t n,
+                            float *logits_out /* OUT [n * n_vocab] */, const struct kvt_decode_chunk *chunk);
 
 /* Logits (n_vocab floats) of the last token decoded with want_logits.  Owned by the engine,
 ** valid until the next decode.  NULL if none.  Cannot fail. */
-const float *kvt_logits(kvt_engine *eng);
+const float *kvt_engine_logits(kvt_engine *eng);
 
 /* A grammar-constrained decoding state (llama.cpp's GBNF grammar sampler, the mechanism behind
 ** llama-server's "grammar" / "json_schema" fields and its generic tool calling).  It tracks
@@ -324,13 +317,13 @@ struct kvt_sampling {
                           ** sampled, and the sampled token advances it (borrowed, not owned) */
 };
 
-/* Sample the next token from kvt_logits() (llama.cpp sampler chain).  With a grammar the token
+/* Sample the next token from kvt_engine_logits() (llama.cpp sampler chain).  With a grammar the token
 ** is first sampled unconstrained and kept if the grammar allows it; otherwise the grammar masks
 ** the whole vocabulary and the chain samples again (llama.cpp common's order: the full mask
 ** costs a pass over n_vocab token texts).  Errors: KVT_EINVAL (no logits available; the grammar
 ** allows no token, e.g. it completed and the vocabulary has no end-of-generation token).
 ** Deterministic for a given seed. */
-int kvt_sample(kvt_engine *eng, const struct kvt_sampling *s, kvt_token *tok /* OUT */);
+int kvt_engine_sample(kvt_engine *eng, const struct kvt_sampling *s, kvt_token *tok /* OUT */);
 
 /* Remove positions [p0, p1) of a sequence from the KV cache (p1 < 0: to the end).  Cannot
 ** fail for a valid seq; KVT_EINVAL otherwise. */
@@ -485,7 +478,7 @@ struct kvt_elastic_stats {
 
 /* ---- Attention capture ----
 ** Captures post-softmax attention (llama.cpp's "kq_soft_max-<il>" nodes, flash attention off)
-** of the chosen layers during every kvt_decode, keeps the last ubatch per layer, and maps
+** of the chosen layers during every kvt_engine_decode, keeps the last ubatch per layer, and maps
 ** KV-cell columns to token positions.  Optionally captures post-RoPE queries ("Qcur-<il>") for
 ** verification.  Source: EVOKE-style attention signals for H2O (Zhang et al. 2023) and SnapKV
 ** (Li et al. 2024). */
@@ -529,7 +522,7 @@ typedef struct kvt_attn {
 /* Works in both cache modes: with one stream per sequence the softmax columns are the cells of
 ** the sequence's own stream (REPORT.md §5), mapped through that sequence's state.
 ** Errors: KVT_ENOENT (layer not captured or nothing decoded since), KVT_EUNSUPPORTED (the
-** sequence's last decode was a row of kvt_decode_multi: its ubatches mix sequences, and their
+** sequence's last decode was a row of kvt_engine_decode_batch: its ubatches mix sequences, and their
 ** rows are not captured), KVT_EFORMAT (the cell map could not be reconstructed), KVT_ENOMEM. */
 int kvt_attn_get(kvt_engine *eng, int32_t layer, int32_t seq, kvt_attn **out);
 void kvt_attn_free(kvt_attn *a); /* frees the struct and its arrays; accepts NULL */
@@ -679,7 +672,7 @@ const char *kvt_policy_name(int32_t policy);
 /* Recovery <-> name ("kv_restore", "discard", "breadcrumb"); same contract. */
 int kvt_recovery_from_name(const char *name, int32_t *recovery /* OUT */);
 
-/* "keep" hint on a message (kvt_session_add_ex): PIN blocks are never evicted; PREFER blocks get
+/* "keep" hint on a message (kvt_session_add): PIN blocks are never evicted; PREFER blocks get
 ** a score bonus under the kvtier policy. */
 enum kvt_keep { KVT_KEEP_NONE = 0, KVT_KEEP_PREFER = 1, KVT_KEEP_PIN = 2 };
 
@@ -897,14 +890,12 @@ void kvt_session_free(kvt_session *s);
 ** re-tokenized from the template's trimmed text).
 ** Errors: KVT_EINVAL (role), KVT_EBUDGET (the message alone does not fit: message names its
 ** token count and the budget), KVT_ECTX, KVT_ELLAMA.  On error the block table is consistent
-** with the KV cache. */
-int kvt_session_add(kvt_session *s, enum kvt_role role, const char *text);
+** with the KV cache.  keep: the hint for the message's blocks (enum kvt_keep; KVT_KEEP_NONE
+** for none). */
+int kvt_session_add(kvt_session *s, enum kvt_role role, const char *text, int32_t keep);
 
 /* Per generated token callback; return false to stop.  piece is the token's UTF-8 text. */
 typedef bool (*kvt_token_cb)(const char *piece, void *ud);
-
-/* kvt_session_add with a keep hint for the message's blocks (enum kvt_keep). */
-int kvt_session_add_ex(kvt_session *s, enum kvt_role role, const char *text, int32_t keep);
 
 /* Generate the assistant reply (at most max_tokens; stops at end-of-generation) and keep it in
 ** the KV cache; evicts by watermark as it goes.  OUT *reply: caller frees with free() (may be
@@ -954,10 +945,10 @@ struct kvt_sync_info {
 ** a reply still being generated), plus those of kvt_session_add.  Not thread-safe (engine rule). */
 int kvt_session_sync(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_msgs, struct kvt_sync_info *out);
 
-/* A row of kvt_session_gen_step_batch_ex that belongs to no session: plain text generation in a
+/* A row of kvt_session_gen_step_batch that belongs to no session: plain text generation in a
 ** sequence the caller manages itself (a server's /v1/completions), stepped in the same
-** llama_decode as the sessions.  The caller prefills the prompt with kvt_decode (want_logits on
-** the last token), copies kvt_logits() into `logits`, and sets pos to the prompt's length; the
+** llama_decode as the sessions.  The caller prefills the prompt with kvt_engine_decode (want_logits on
+** the last token), copies kvt_engine_logits() into `logits`, and sets pos to the prompt's length; the
 ** row then needs no budget, block table or pool (the caller reserves its KV cells and clears the
 ** sequence with kvt_seq_rm when done). */
 struct kvt_gen_row {
@@ -966,14 +957,14 @@ struct kvt_gen_row {
                               ** advanced by one when the token is decoded */
     float    *logits;         /* IN/OUT [n_vocab]: the logits to sample from; overwritten by those
                               ** after the sampled token when it is decoded.  Owned by the caller */
-    struct kvt_sampling smp;  /* IN: this row's sampling (as kvt_sample) */
+    struct kvt_sampling smp;  /* IN: this row's sampling (as kvt_engine_sample) */
     kvt_token tok;            /* OUT: the sampled token */
     bool      done;           /* OUT: tok ends the generation (it is not decoded) */
     int       status;         /* OUT: 0 or this row's error (KVT_EINVAL: NULL logits; sampling) */
 };
 
 /* One generated token: samples from the session's own logits (llama.cpp sampler chain, as
-** kvt_sample), and unless it ends the generation decodes it into the session (evicting by
+** kvt_engine_sample), and unless it ends the generation decodes it into the session (evicting by
 ** watermark) and appends it to the reply being built.  OUT *tok: the token; *done: true when it
 ** is an end-of-generation token (not decoded, not part of the reply).  Call kvt_session_gen_end
 ** to finish the reply, whatever stopped it.
@@ -981,33 +972,39 @@ struct kvt_gen_row {
 ** on error the token is not part of the reply. */
 int kvt_session_gen_step(kvt_session *s, const struct kvt_sampling *smp, kvt_token *tok /* OUT */, bool *done /* OUT */);
 
-/* Continuous batching: kvt_session_gen_step for n sessions on ONE engine (distinct sequences) with
-** a single llama_decode for all the tokens that do not end their generation.  smp[i], tok[i],
-** done[i] and status[i] are per session; status[i] is 0 or that session's error (e.g. KVT_EBUDGET
-** when its reserve cannot be made; its token is then not part of its reply).  Attention signals
-** are not observed for batched tokens (H2O/SnapKV/kvtier scores see prompt chunks only).
-** Returns 0, or the error of the shared decode (KVT_ECTX, KVT_ELLAMA, KVT_ENOMEM), in which case no
-** session took a token.  Not thread-safe (engine rule). */
-int kvt_session_gen_step_batch(kvt_session *const *ss, int32_t n, const struct kvt_sampling *smp,
-                               kvt_token *tok /* OUT [n] */, bool *done /* OUT [n] */, int *status /* OUT [n] */);
+/* One step of continuous batching (kvt_session_gen_step_batch): n sessions and n_rows raw rows
+** on one engine, and optionally another sequence's prefill chunk in the same llama_decode. */
+struct kvt_gen_batch {
+    kvt_session *const *sessions;    /* [n] distinct sequences of one engine; n may be 0 */
+    int32_t n;
+    const struct kvt_sampling *smp;  /* [n] each session's sampling */
+    kvt_token *tok;                  /* OUT [n] the sampled tokens */
+    bool *done;                      /* OUT [n] tok[i] ends session i's generation (not decoded) */
+    int *status;                     /* OUT [n] 0 or session i's error (its token is then not part
+                                     ** of its reply: e.g. KVT_EBUDGET, its reserve cannot be made) */
+    struct kvt_gen_row *rows;        /* IN/OUT [n_rows] raw rows (see struct kvt_gen_row) */
+    int32_t n_rows;
+    const struct kvt_decode_chunk *chunk; /* NULL or another sequence's prefill chunk (none of the
+                                     ** sessions' or rows'): what a kvt_prefill_hooks.decode passes */
+};
 
-/* kvt_session_gen_step_batch for n sessions (n may be 0) plus n_rows raw rows, all on engine eng:
-** every session and row samples its next token from its own logits, and the tokens that do not
-** end a generation go into ONE llama_decode (continuous batching of chats and completions; at
-** most the engine's n_ubatch rows in all).  Per session: smp[i], tok[i], done[i], status[i] as in
-** kvt_session_gen_step_batch; per row: the fields of struct kvt_gen_row.  A token sampled for the
-** last allowed step is decoded like any other (the caller discards it with the sequence).
+/* Continuous batching: kvt_session_gen_step for every session of b and a sampled token for every
+** raw row, from their own logits, with ONE llama_decode (kvt_engine_decode_batch) for all the
+** tokens that do not end a generation (chats and completions; at most the engine's n_ubatch
+** rows in all) and b->chunk's tokens.  With no session or row taking a token the chunk is decoded
+** alone.  A token sampled for the last allowed step is decoded like any other (the caller
+** discards it with the sequence).  Attention signals are not observed for batched tokens
+** (H2O/SnapKV/kvtier scores see prompt chunks only).
 ** Returns 0, or KVT_EINVAL (negative counts, NULL arrays), or the error of the shared decode
 ** (KVT_EINVAL for a sequence out of range or used twice, KVT_ECTX, KVT_ELLAMA, KVT_ENOMEM), in
-** which case no session and no row took a token (rows' pos and logits are unchanged).
-** Row logits are not retained.  Not thread-safe (engine rule). */
-int kvt_session_gen_step_batch_ex(kvt_engine *eng, kvt_session *const *ss, int32_t n, const struct kvt_sampling *smp,
-                                  kvt_token *tok /* OUT [n] */, bool *done /* OUT [n] */, int *status /* OUT [n] */,
-                                  struct kvt_gen_row *rows /* IN/OUT [n_rows] */, int32_t n_rows);
+** which case no session and no row took a token (rows' pos and logits are unchanged) and the
+** chunk is not in the cache either.  Row logits are not retained.  Not thread-safe (engine
+** rule). */
+int kvt_session_gen_step_batch(kvt_engine *eng, const struct kvt_gen_batch *b);
 
 /* The logits (n_vocab floats) the session's next token is sampled from: those after its last
 ** decoded token (a prompt's last token or the last reply token), as kvt_session_gen_step and
-** kvt_session_gen_step_batch_ex sample them.  A server reads them before a step for the sampled
+** kvt_session_gen_step_batch sample them.  A server reads them before a step for the sampled
 ** token's log-probability (OpenAI "logprobs").  Owned by the session, valid until its next
 ** decode; NULL when there are none (no user turn decoded yet, parked).  Cannot fail. */
 const float *kvt_session_logits(const kvt_session *s);
@@ -1022,16 +1019,16 @@ void kvt_session_set_chunk_cb(kvt_session *s, kvt_chunk_cb cb, void *ud);
 /* Mixed prefill (chunked prefill inside the batch, as llama-server and vLLM schedule it): with
 ** hooks set, every prefill chunk of this session (kvt_session_add, kvt_session_sync, resume
 ** re-feeds; not the tokens it generates) is decoded by the scheduler instead of alone, so that
-** one llama_decode holds it AND other requests' decode tokens (kvt_session_gen_step_mixed).
+** one llama_decode holds it AND other requests' decode tokens (kvt_gen_batch.chunk).
 ** Chunking is otherwise unchanged: a chunk never crosses a block boundary; before it the
 ** session makes room (evictions), after it seals the completed block and observes the chunk's
-** attention (kvt_decode_mixed captures it as kvt_decode would): the same blocks sealed, the same
+** attention (kvt_engine_decode_batch captures it as kvt_engine_decode would): the same blocks sealed, the same
 ** evictions as without hooks when room() leaves chunks whole.
 **   room(ud):     tokens the next chunk may hold (the step's token budget left), >= 1; NULL = no
 **                 limit beyond the block boundary.
 **   decode(ud,c): decode exactly chunk c (c->seq is this session's sequence, c->pos0 its next
 **                 position) in a shared llama_decode, leaving the chunk's last logits in
-**                 kvt_logits() when c->want_logits; 0 or the error (the chunk is then not in the
+**                 kvt_engine_logits() when c->want_logits; 0 or the error (the chunk is then not in the
 **                 cache and the prefill fails with it).  It must not call into this session.
 ** The kvt_chunk_cb, if any, still runs between chunks.  hooks is copied; NULL (or decode NULL)
 ** removes them.  Cannot fail. */
@@ -1041,16 +1038,6 @@ struct kvt_prefill_hooks {
     void *ud;
 };
 void kvt_session_set_prefill_hooks(kvt_session *s, const struct kvt_prefill_hooks *hooks);
-
-/* kvt_session_gen_step_batch_ex plus, when chunk is not NULL, another sequence's prefill chunk in
-** the SAME llama_decode (kvt_decode_mixed): what a kvt_prefill_hooks.decode calls.  The chunk's
-** sequence must be none of the sessions' or rows'.  With no session or row taking a token the
-** chunk is decoded alone.  Returns as kvt_session_gen_step_batch_ex; on an error of the shared
-** decode the chunk is not in the cache either.  Not thread-safe (engine rule). */
-int kvt_session_gen_step_mixed(kvt_engine *eng, kvt_session *const *ss, int32_t n, const struct kvt_sampling *smp,
-                               kvt_token *tok /* OUT [n] */, bool *done /* OUT [n] */, int *status /* OUT [n] */,
-                               struct kvt_gen_row *rows /* IN/OUT [n_rows] */, int32_t n_rows,
-                               const struct kvt_decode_chunk *chunk);
 
 /* Park a session: every resident block is saved (to the pool, or with kvt_session_params.store
 ** the store; the open block is sealed early; all sealed blocks are there already, write-through) and its cells leave the cache, so its sequence
@@ -1067,7 +1054,7 @@ int kvt_session_park(kvt_session *s);
 ** dropped it) is recomputed in place from its tokens, after the blocks before it (counted in
 ** recomputes), so the context has no hole.
 ** Errors: KVT_EINVAL (not parked, seq out of range or not empty), those of kvt_block_load and
-** kvt_decode (the blocks not loaded by then stay evicted). */
+** kvt_engine_decode (the blocks not loaded by then stay evicted). */
 int kvt_session_resume(kvt_session *s, int32_t seq);
 
 /* Finish the reply built by kvt_session_gen_step (possibly empty): it becomes an assistant message
@@ -1113,7 +1100,7 @@ struct kvt_session_stats {
     int64_t compactions;         /* times that happened (kvt_seq_shift of every resident block) */
     double  policy_ms;           /* time in eviction policy work: attention signals, scoring,
                                  ** bookkeeping (ms; the block primitives are not included) */
-    double  decode_ms;           /* time in kvt_decode for this session (ms) */
+    double  decode_ms;           /* time in kvt_engine_decode for this session (ms) */
     struct kvt_pool_stats pool;     /* the host pool's counters, or with a store its private
                                     ** entries' (kvt_store_stats.priv); both are shared with
                                     ** the pool's or store's other sessions */

@@ -39,9 +39,9 @@ static struct sess *find_session(struct server *srv, const char *ns, const char 
 ** role and content byte-equal, begins the request)?  Nothing is then cut back. */
 static bool continues(const struct sess *x, const struct job *j) {
     int32_t n = kvt_session_n_messages(x->s), k = 0;
-    while (k < n && k < j->n_msgs) {
+    while (k < n && k < j->req.n_msgs) {
         struct kvt_chat_msg m;
-        if (kvt_session_message(x->s, k, &m) || strcmp(m.role, j->msgs[k].role) || strcmp(m.content, j->msgs[k].content))
+        if (kvt_session_message(x->s, k, &m) || strcmp(m.role, j->req.msgs[k].role) || strcmp(m.content, j->req.msgs[k].content))
             break;
         k++;
     }
@@ -49,18 +49,26 @@ static bool continues(const struct sess *x, const struct job *j) {
 }
 
 /* The request as kvt_session_sync decodes it: the template's tokens of its messages with the
-** assistant prefix (same template fallback, BOS and special-token parsing as the sessions).
-** OUT *tok (caller frees), *n.  Returns a library error; the request then matches by
-** conversation only. */
-static int request_tokens(struct server *srv, const struct job *j, kvt_token **tok, int32_t *n) {
-    struct sched *sc = srv->sched;
-    char *text = NULL;
-    *tok = NULL;
-    *n = 0;
-    int rc = kvt_chat_format(srv->eng, j->msgs, j->n_msgs, true, sc->fallback, &text);
-    if (rc == 0) rc = kvt_tokenize(srv->eng, text, true, true, tok, n);
-    free(text);
-    return rc;
+** assistant prefix (same template fallback, BOS and special-token parsing as the sessions),
+** computed once per job (prefetch while it waits, then admission) and again only if
+** canonicalise_replies changed a message.  OUT *tok (the job owns it), *n.  Returns a library
+** error; the request then matches by conversation only. */
+static int request_tokens(struct server *srv, struct job *j, const kvt_token **tok, int32_t *n) {
+    if (!j->have_ptok) {
+        char *text = NULL;
+        int rc = kvt_chat_format(srv->eng, j->req.msgs, j->req.n_msgs, true, srv->sched->fallback, &text);
+        if (rc == 0) rc = kvt_tokenize(srv->eng, text, true, true, &j->ptok, &j->n_ptok);
+        free(text);
+        if (rc) {
+            free(j->ptok);
+            j->ptok = NULL;
+            j->n_ptok = 0;
+        }
+        j->have_ptok = true;
+    }
+    *tok = j->ptok;
+    *n = j->n_ptok;
+    return j->ptok ? 0 : KVT_EINVAL;
 }
 
 /* Tokens at the start of the session's stream equal to req[0..n); buf: room for n tokens. */
@@ -159,16 +167,20 @@ static struct sess *new_slot(struct server *srv, const char *ns) {
 ** of a tool-mode reply echoed as plain content, is replaced by the stored text, so the session's
 ** tokens are reused instead of cut back and re-decoded (server/tools.c). */
 static int canonicalise_replies(struct sess *x, struct job *j) {
-    int32_t n = KVT_MIN(kvt_session_n_messages(x->s), j->n_msgs);
+    int32_t n = KVT_MIN(kvt_session_n_messages(x->s), j->req.n_msgs);
     for (int32_t k = 0; k < n; k++) {
         struct kvt_chat_msg m;
-        if (kvt_session_message(x->s, k, &m) || strcmp(m.role, j->msgs[k].role)) break;
-        if (!strcmp(m.content, j->msgs[k].content)) continue;
-        if (strcmp(m.role, "assistant") || !tools_same_reply(m.content, j->msgs[k].content)) break;
+        if (kvt_session_message(x->s, k, &m) || strcmp(m.role, j->req.msgs[k].role)) break;
+        if (!strcmp(m.content, j->req.msgs[k].content)) continue;
+        if (strcmp(m.role, "assistant") || !tools_same_reply(m.content, j->req.msgs[k].content)) break;
         char *c = strdup(m.content);
         if (!c) return -1;
-        free((char *) j->msgs[k].content);
-        j->msgs[k].content = c;
+        free((char *) j->req.msgs[k].content);
+        j->req.msgs[k].content = c;
+        free(j->ptok); /* the request's tokens change with it */
+        j->ptok = NULL;
+        j->n_ptok = 0;
+        j->have_ptok = false;
     }
     return 0;
 }
@@ -182,8 +194,8 @@ enum pick admit_session(struct server *srv, struct job *j, struct sess **out) {
     struct sched *sc = srv->sched;
     struct sess *x = NULL;
     *out = NULL;
-    if (j->session_id[0]) {
-        x = find_session(srv, j->ns, j->session_id);
+    if (j->req.session_id[0]) {
+        x = find_session(srv, j->req.ns, j->req.session_id);
         if (x && x->job) return PICK_BUSY;
         if (x && canonicalise_replies(x, j)) { serve_job_error(j, 500, "server_error", NULL, "out of memory"); return PICK_ERR; }
     } else {
@@ -191,13 +203,14 @@ enum pick admit_session(struct server *srv, struct job *j, struct sess **out) {
         ** longest token prefix with the request, if at least one block (shorter: a common system
         ** prompt or template opening, not worth cutting another conversation back for); the
         ** request is tokenized once and compared with every idle session of its namespace */
-        kvt_token *req = NULL, *buf = NULL;
+        const kvt_token *req = NULL;
+        kvt_token *buf = NULL;
         int32_t n_req = 0, best = 0;
         bool best_whole = false, any = false;
         /* echoed replies in the sessions' own generated form first (a tool-mode reply echoed as
         ** plain text), so that the comparison sees the tokens the sessions hold */
         for (int32_t i = 0; i < sc->cap; i++)
-            if (sc->sess[i].s && !sc->sess[i].job && !strcmp(sc->sess[i].ns, j->ns)) {
+            if (sc->sess[i].s && !sc->sess[i].job && !strcmp(sc->sess[i].ns, j->req.ns)) {
                 any = true;
                 if (canonicalise_replies(&sc->sess[i], j)) { serve_job_error(j, 500, "server_error", NULL, "out of memory"); return PICK_ERR; }
             }
@@ -205,7 +218,7 @@ enum pick admit_session(struct server *srv, struct job *j, struct sess **out) {
             n_req = 0;
         for (int32_t i = 0; any && i < sc->cap; i++) {
             struct sess *c = &sc->sess[i];
-            if (!c->s || c->job || strcmp(c->ns, j->ns)) continue;
+            if (!c->s || c->job || strcmp(c->ns, j->req.ns)) continue;
             bool whole = continues(c, j);
             int32_t common = buf ? common_tokens(c, req, n_req, buf) : 0;
             if (!whole && common < srv->block) continue;
@@ -222,11 +235,10 @@ enum pick admit_session(struct server *srv, struct job *j, struct sess **out) {
                 x = c;
             }
         }
-        free(req);
         free(buf);
     }
     if (x && x->seq < 0) { /* parked: back into a sequence, no recompute */
-        int32_t q = take_seq(srv, j->ns);
+        int32_t q = take_seq(srv, j->req.ns);
         if (q < 0) return PICK_ERR;
         struct kvt_session_stats s0, s1;
         kvt_session_get_stats(x->s, &s0);
@@ -242,8 +254,8 @@ enum pick admit_session(struct server *srv, struct job *j, struct sess **out) {
         x->seq = q;
     }
     if (x) { *out = x; return PICK_OK; }
-    if (!(x = new_slot(srv, j->ns))) return PICK_ERR;
-    int32_t q = take_seq(srv, j->ns);
+    if (!(x = new_slot(srv, j->req.ns))) return PICK_ERR;
+    int32_t q = take_seq(srv, j->req.ns);
     if (q < 0) return PICK_ERR;
     struct kvt_session_params sp = kvt_session_default_params();
     sp.seq = q;
@@ -256,7 +268,7 @@ enum pick admit_session(struct server *srv, struct job *j, struct sess **out) {
     sp.codec_ram = srv->codec_ram;
     sp.chunk_reuse = srv->chunk_reuse && sc->store; /* without a store (--no-store): nothing to reuse */
     sp.chunk_recompute = srv->chunk_recompute;
-    sp.tenant = srv->share_store ? NULL : j->ns; /* API keys never see each other's blocks */
+    sp.tenant = srv->share_store ? NULL : j->req.ns; /* API keys never see each other's blocks */
     int rc = kvt_session_open(srv->eng, &sp, &x->s);
     if (rc == 0) serve_session_hooks(srv, x->s);
     if (rc) {
@@ -265,8 +277,8 @@ enum pick admit_session(struct server *srv, struct job *j, struct sess **out) {
         return PICK_ERR;
     }
     x->seq = q;
-    snprintf(x->ns, sizeof x->ns, "%s", j->ns);
-    if (j->session_id[0]) snprintf(x->id, sizeof x->id, "%s", j->session_id);
+    snprintf(x->ns, sizeof x->ns, "%s", j->req.ns);
+    if (j->req.session_id[0]) snprintf(x->id, sizeof x->id, "%s", j->req.session_id);
     else snprintf(x->id, sizeof x->id, "sess-%llu-%llu", (unsigned long long) time(NULL), (unsigned long long) ++sc->n_new);
     *out = x;
     return PICK_OK;
@@ -277,40 +289,39 @@ enum pick admit_session(struct server *srv, struct job *j, struct sess **out) {
 ** the root would only push other entries out of the store's RAM tier for blocks no get reads. */
 static bool has_session(struct server *srv, const struct job *j) {
     struct sched *sc = srv->sched;
-    if (j->session_id[0]) return find_session(srv, j->ns, j->session_id) != NULL;
+    if (j->req.session_id[0]) return find_session(srv, j->req.ns, j->req.session_id) != NULL;
     for (int32_t i = 0; i < sc->cap; i++)
-        if (sc->sess[i].s && !strcmp(sc->sess[i].ns, j->ns) && continues(&sc->sess[i], j)) return true;
+        if (sc->sess[i].s && !strcmp(sc->sess[i].ns, j->req.ns) && continues(&sc->sess[i], j)) return true;
     return false;
 }
 
 void admit_prefetch(struct server *srv, struct job *j) {
     struct sched *sc = srv->sched;
     if (!sc->store || j->kind != JOB_CHAT || has_session(srv, j)) return;
-    kvt_token *tok = NULL;
+    const kvt_token *tok = NULL;
     int32_t n = 0;
-    struct kvt_chain_params cp = { .block = srv->block, .tenant = srv->share_store ? NULL : j->ns };
+    struct kvt_chain_params cp = { .block = srv->block, .tenant = srv->share_store ? NULL : j->req.ns };
     char layout[512];
     if (request_tokens(srv, j, &tok, &n) == 0 && kvt_engine_fingerprint(srv->eng, &cp.model) == 0) {
         kvt_engine_layout(srv->eng, layout, sizeof layout);
         cp.layout = layout;
         kvt_store_prefetch_chain(sc->store, &cp, tok, n);
     }
-    free(tok);
 }
 
 bool admit_runnable(struct server *srv, const struct job *j) {
-    if (j->kind != JOB_CHAT || !j->session_id[0]) return true;
-    struct sess *x = find_session(srv, j->ns, j->session_id);
+    if (j->kind != JOB_CHAT || !j->req.session_id[0]) return true;
+    struct sess *x = find_session(srv, j->req.ns, j->req.session_id);
     return !x || !x->job;
 }
 
 void admit_delete(struct server *srv, struct job *j) {
-    struct sess *x = find_session(srv, j->ns, j->session_id);
-    if (!x) serve_job_error(j, 404, "invalid_request_error", "session_not_found", "no session '%s'", j->session_id);
-    else if (x->job) serve_job_error(j, 409, "invalid_request_error", "session_busy", "session '%s' is generating a reply", j->session_id);
+    struct sess *x = find_session(srv, j->req.ns, j->req.session_id);
+    if (!x) serve_job_error(j, 404, "invalid_request_error", "session_not_found", "no session '%s'", j->req.session_id);
+    else if (x->job) serve_job_error(j, 409, "invalid_request_error", "session_busy", "session '%s' is generating a reply", j->req.session_id);
     else {
         kvt_session_free(x->s);
         memset(x, 0, sizeof *x);
     }
-    snprintf(j->out_session, sizeof j->out_session, "%s", j->session_id);
+    snprintf(j->out_session, sizeof j->out_session, "%s", j->req.session_id);
 }

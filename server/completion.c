@@ -14,24 +14,24 @@
 /* /v1/completions, admitted: the prompt's tokens and its KV cell reservation.  Returns false
 ** (the job has its error) when it cannot run at all; else it waits for a sequence (serve_completion_start_waiting). */
 bool serve_completion_prepare(struct server *srv, struct job *j) {
-    int rc = kvt_tokenize(srv->eng, j->prompt, true, false, &j->ptok, &j->prompt_tokens);
+    int rc = kvt_tokenize(srv->eng, j->req.prompt, true, false, &j->ptok, &j->prompt_tokens);
     if (rc) { serve_job_lib_error(j, "prompt", rc); return false; }
     const int32_t n = j->prompt_tokens;
     j->sync.prompt_tokens = n;
     j->sync.tokens_decoded = n;
     j->finish = "length";
     j->seq = -1;
-    if (n + j->max_tokens > srv->budget) {
+    if (n + j->req.max_tokens > srv->budget) {
         serve_job_error(j, 400, "invalid_request_error", "context_length_exceeded",
                   "the prompt is %d tokens and max_tokens %d; together they must fit the budget of %d tokens", n,
-                  j->max_tokens, srv->budget);
+                  j->req.max_tokens, srv->budget);
         return false;
     }
     if (n == 0) {
         serve_job_error(j, 400, "invalid_request_error", NULL, "the prompt is empty (0 tokens)");
         return false;
     }
-    j->cells = n + j->max_tokens;
+    j->cells = n + j->req.max_tokens;
     return true;
 }
 /* The completion leaves its sequence (its cells are freed) and gives back its reservation. */
@@ -50,7 +50,7 @@ void serve_completion_end(struct server *srv, struct job *j, int rc) {
 }
 /* Prefill a completion's prompt into a free scratch sequence, in chunks of one block with a
 ** batched step of the active jobs between them (as sessions prefill); then it joins the active
-** set as a raw row of kvt_session_gen_step_batch_ex.  Returns false when it failed (finished). */
+** set as a raw row of kvt_session_gen_step_batch.  Returns false when it failed (finished). */
 static bool start_completion(struct server *srv, struct job *j) {
     struct sched *sc = srv->sched;
     int32_t q = 0;
@@ -72,12 +72,12 @@ static bool start_completion(struct server *srv, struct job *j) {
             off += m;
             continue;
         }
-        rc = serve_job_stopped(srv, j) ? KVT_ECANCELED : kvt_decode(srv->eng, j->seq, j->ptok + off, m, off, off + m == n);
+        rc = serve_job_stopped(srv, j) ? KVT_ECANCELED : kvt_engine_decode(srv->eng, j->seq, j->ptok + off, m, off, off + m == n);
         off += m;
         if (rc == 0 && off < n) serve_on_chunk(srv);
     }
     sc->prefilling = NULL;
-    const float *l = rc == 0 ? kvt_logits(srv->eng) : NULL;
+    const float *l = rc == 0 ? kvt_engine_logits(srv->eng) : NULL;
     if (rc == 0 && !l) rc = KVT_ELLAMA;
     free(j->ptok);
     j->ptok = NULL;

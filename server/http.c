@@ -253,7 +253,7 @@ static json_t *final_obj(struct server *srv, const struct job *j) {
     json_t *choice;
     if (j->kind == JOB_CHAT) {
         const char *fin = j->finish;
-        json_t *msg = tools_reply(srv, j->text ? j->text : "", j->format, &fin);
+        json_t *msg = tools_reply(srv, j->text ? j->text : "", j->req.format, &fin);
         choice = json_pack("{s:i, s:o, s:s, s:n}", "index", 0, "message", msg, "finish_reason", fin, "logprobs");
     } else {
         char *text = app_utf8_clean(j->text ? j->text : "");
@@ -382,7 +382,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         ** the JSON reply format), anything else plain text, streamed as it comes like any reply */
         bool whole = false;
         pthread_mutex_lock(&srv->mu);
-        if (j->kind == JOB_CHAT && j->format == REPLY_TOOLS && st->tools_text <= 0) {
+        if (j->kind == JOB_CHAT && j->req.format == REPLY_TOOLS && st->tools_text <= 0) {
             if (st->tools_text < 0) {
                 wait_watching_for(srv, st->c, j, true);
                 const char c0 = first_char(j);
@@ -397,7 +397,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         if (whole) {
             pthread_mutex_unlock(&srv->mu);
             if (!(j->http_status && j->http_status != 200)) {
-                json_t *msg = tools_reply(srv, j->text ? j->text : "", j->format, &fin);
+                json_t *msg = tools_reply(srv, j->text ? j->text : "", j->req.format, &fin);
                 if (msg) {
                     json_object_del(msg, "role");
                     if (json_is_null(json_object_get(msg, "content"))) json_object_del(msg, "content");
@@ -435,7 +435,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             stream_emit(st, error_obj(j->err_msg, j->err_type, NULL, j->err_code));
         } else {
             stream_emit(st, chunk(st, NULL, fin, false));
-            if (j->include_usage) {
+            if (j->req.include_usage) {
                 json_t *u = json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", st->id, "object",
                                       j->kind == JOB_CHAT ? "chat.completion.chunk" : "text_completion", "created",
                                       (json_int_t) time(NULL), "model", srv->model_name, "choices", "usage", usage_obj(j));
@@ -468,8 +468,8 @@ static void stream_free(void *cls) {
 }
 
 static enum MHD_Result run_job(struct server *srv, struct MHD_Connection *c, struct job *j) {
-    j->t_arrival = mono_ms();
-    if (srv->lim.request_timeout_s > 0) j->deadline = j->t_arrival + srv->lim.request_timeout_s * 1e3;
+    j->req.t_arrival = mono_ms();
+    if (srv->lim.request_timeout_s > 0) j->req.deadline = j->req.t_arrival + srv->lim.request_timeout_s * 1e3;
     pthread_cond_init(&j->cv, NULL);
     int q = serve_submit(srv, j);
     if (q) {
@@ -483,7 +483,7 @@ static enum MHD_Result run_job(struct server *srv, struct MHD_Connection *c, str
         return send_error(srv, c, 503, "server_error", NULL, NULL, "the server is shutting down");
     }
     pthread_mutex_lock(&srv->mu);
-    if (j->stream) WAIT_UNTIL(j->state == JOB_DONE || j->started); /* prompt accepted: headers can go */
+    if (j->req.stream) WAIT_UNTIL(j->state == JOB_DONE || j->started); /* prompt accepted: headers can go */
     else wait_watching(srv, c, j);
     bool failed = j->state == JOB_DONE && j->http_status && j->http_status != 200;
     pthread_mutex_unlock(&srv->mu);
@@ -492,7 +492,7 @@ static enum MHD_Result run_job(struct server *srv, struct MHD_Connection *c, str
         serve_job_release(srv, j);
         return r;
     }
-    if (!j->stream) {
+    if (!j->req.stream) {
         enum MHD_Result r = send_json(srv, c, 200, final_obj(srv, j), j->out_session);
         serve_job_release(srv, j);
         return r;
@@ -537,9 +537,9 @@ static enum MHD_Result post_generate(struct server *srv, struct MHD_Connection *
     struct job *j = calloc(1, sizeof *j);
     if (!j) { json_decref(root); return MHD_NO; }
     j->kind = chat ? JOB_CHAT : JOB_COMPLETION;
-    snprintf(j->ns, sizeof j->ns, "%s", ns);
+    snprintf(j->req.ns, sizeof j->req.ns, "%s", ns);
     const char *sid = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Session-Id");
-    if (sid) snprintf(j->session_id, sizeof j->session_id, "%s", sid);
+    if (sid) snprintf(j->req.session_id, sizeof j->req.session_id, "%s", sid);
     char err[1024] = "";
     const char *param = NULL;
     int rc = serve_request_parse(srv, root, j, chat, err, sizeof err, &param);
@@ -572,9 +572,9 @@ static enum MHD_Result delete_session(struct server *srv, struct MHD_Connection 
     struct job *j = calloc(1, sizeof *j);
     if (!j) return MHD_NO;
     j->kind = JOB_DELETE;
-    snprintf(j->ns, sizeof j->ns, "%s", ns);
-    snprintf(j->session_id, sizeof j->session_id, "%s", id);
-    j->t_arrival = mono_ms();
+    snprintf(j->req.ns, sizeof j->req.ns, "%s", ns);
+    snprintf(j->req.session_id, sizeof j->req.session_id, "%s", id);
+    j->req.t_arrival = mono_ms();
     pthread_cond_init(&j->cv, NULL);
     if (serve_submit(srv, j)) {
         serve_job_free(j);

@@ -13,15 +13,15 @@
 
 void serve_job_free(struct job *j) {
     if (!j) return;
-    for (int32_t i = 0; i < j->n_msgs; i++) {
-        free((char *) j->msgs[i].role);
-        free((char *) j->msgs[i].content);
+    for (int32_t i = 0; i < j->req.n_msgs; i++) {
+        free((char *) j->req.msgs[i].role);
+        free((char *) j->req.msgs[i].content);
     }
-    free(j->msgs);
-    free(j->prompt);
-    free(j->grammar);
-    kvt_grammar_free(j->smp.grammar);
-    for (int32_t i = 0; i < j->n_stop; i++) free(j->stop[i]);
+    free(j->req.msgs);
+    free(j->req.prompt);
+    free(j->req.grammar);
+    kvt_grammar_free(j->req.smp.grammar);
+    for (int32_t i = 0; i < j->req.n_stop; i++) free(j->req.stop[i]);
     free(j->text);
     free(j->gen);
     free(j->lp);
@@ -43,7 +43,7 @@ int serve_submit(struct server *srv, struct job *j) {
     }
     if (j->kind != JOB_DELETE && srv->queue_per_key < srv->max_queue) { /* one key's share */
         int32_t mine = 0;
-        for (struct job *q = srv->head; q; q = q->next) mine += q->kind != JOB_DELETE && !strcmp(q->ns, j->ns);
+        for (struct job *q = srv->head; q; q = q->next) mine += q->kind != JOB_DELETE && !strcmp(q->req.ns, j->req.ns);
         if (mine >= srv->queue_per_key) {
             pthread_mutex_unlock(&srv->mu);
             return 430; /* 429 for the client: this key's share is full */
@@ -110,7 +110,7 @@ bool serve_job_stopped(struct server *srv, struct job *j) {
     pthread_mutex_lock(&srv->mu);
     bool stop = j->cancelled || srv->abort_jobs;
     pthread_mutex_unlock(&srv->mu);
-    if (!stop && j->deadline > 0 && serve_mono_ms() > j->deadline) stop = j->timed_out = true;
+    if (!stop && j->req.deadline > 0 && serve_mono_ms() > j->req.deadline) stop = j->timed_out = true;
     return stop;
 }
 /* The error of a job stopped by its deadline (or by the end of the drain) before its reply began. */

@@ -25,8 +25,8 @@ const char *serve_json_type(const json_t *v) {
 ** writes a message into err (and the field's name into *param) and returns -1. */
 static int parse_common(struct server *srv, json_t *root, struct job *j, char *err, size_t n_err, const char **param) {
     json_t *v;
-    j->max_tokens = srv->max_tokens_default;
-    j->smp = (struct kvt_sampling){ 1.0f, 1.0f, 0, 0, NULL };
+    j->req.max_tokens = srv->max_tokens_default;
+    j->req.smp = (struct kvt_sampling){ 1.0f, 1.0f, 0, 0, NULL };
     const char *len_keys[] = { "max_tokens", "max_completion_tokens" };
     for (int i = 0; i < 2; i++)
         if ((v = json_object_get(root, len_keys[i])) && !json_is_null(v)) {
@@ -34,31 +34,31 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, char *e
             if (!json_is_integer(v)) { snprintf(err, n_err, "'%s' must be an integer, got %s", len_keys[i], serve_json_type(v)); return -1; }
             json_int_t x = json_integer_value(v);
             if (x < 1 || x > srv->n_ctx) { snprintf(err, n_err, "'%s' %lld is outside 1..%d", len_keys[i], (long long) x, srv->n_ctx); return -1; }
-            j->max_tokens = (int32_t) x;
+            j->req.max_tokens = (int32_t) x;
         }
     if ((v = json_object_get(root, "temperature")) && !json_is_null(v)) {
         *param = "temperature";
         if (!json_is_number(v)) { snprintf(err, n_err, "'temperature' must be a number, got %s", serve_json_type(v)); return -1; }
         double t = json_number_value(v);
         if (!(t >= 0 && t <= 2)) { snprintf(err, n_err, "'temperature' %g is outside 0..2", t); return -1; }
-        j->smp.temperature = (float) t;
+        j->req.smp.temperature = (float) t;
     }
     if ((v = json_object_get(root, "top_p")) && !json_is_null(v)) {
         *param = "top_p";
         if (!json_is_number(v)) { snprintf(err, n_err, "'top_p' must be a number, got %s", serve_json_type(v)); return -1; }
         double p = json_number_value(v);
         if (!(p > 0 && p <= 1)) { snprintf(err, n_err, "'top_p' %g is outside (0, 1]", p); return -1; }
-        j->smp.top_p = (float) p;
+        j->req.smp.top_p = (float) p;
     }
     if ((v = json_object_get(root, "seed")) && !json_is_null(v)) {
         *param = "seed";
         if (!json_is_integer(v)) { snprintf(err, n_err, "'seed' must be an integer, got %s", serve_json_type(v)); return -1; }
-        j->smp.seed = (uint32_t) json_integer_value(v);
-        j->seeded = true;
+        j->req.smp.seed = (uint32_t) json_integer_value(v);
+        j->req.seeded = true;
     } else {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
-        j->smp.seed = (uint32_t) (ts.tv_nsec ^ ts.tv_sec);
+        j->req.smp.seed = (uint32_t) (ts.tv_nsec ^ ts.tv_sec);
     }
     if ((v = json_object_get(root, "n")) && !json_is_null(v)) {
         *param = "n";
@@ -67,30 +67,30 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, char *e
     if ((v = json_object_get(root, "stop")) && !json_is_null(v)) {
         *param = "stop";
         if (json_is_string(v)) {
-            if (!(j->stop[j->n_stop++] = strdup(json_string_value(v)))) return -1;
+            if (!(j->req.stop[j->req.n_stop++] = strdup(json_string_value(v)))) return -1;
         } else if (json_is_array(v)) {
             if (json_array_size(v) > SERVE_MAX_STOP) { snprintf(err, n_err, "'stop' has %zu strings; at most %d", json_array_size(v), SERVE_MAX_STOP); return -1; }
             size_t i;
             json_t *s;
             json_array_foreach(v, i, s) {
                 if (!json_is_string(s)) { snprintf(err, n_err, "'stop[%zu]' must be a string, got %s", i, serve_json_type(s)); return -1; }
-                if (!(j->stop[j->n_stop++] = strdup(json_string_value(s)))) return -1;
+                if (!(j->req.stop[j->req.n_stop++] = strdup(json_string_value(s)))) return -1;
             }
         } else { snprintf(err, n_err, "'stop' must be a string or an array of strings, got %s", serve_json_type(v)); return -1; }
-        for (int32_t i = 0; i < j->n_stop; i++)
-            if (!j->stop[i][0]) { snprintf(err, n_err, "'stop' strings must not be empty"); return -1; }
+        for (int32_t i = 0; i < j->req.n_stop; i++)
+            if (!j->req.stop[i][0]) { snprintf(err, n_err, "'stop' strings must not be empty"); return -1; }
     }
     if ((v = json_object_get(root, "stream")) && !json_is_null(v)) {
         *param = "stream";
         if (!json_is_boolean(v)) { snprintf(err, n_err, "'stream' must be a boolean, got %s", serve_json_type(v)); return -1; }
-        j->stream = json_is_true(v);
+        j->req.stream = json_is_true(v);
     }
     if ((v = json_object_get(root, "stream_options")) && !json_is_null(v)) {
         *param = "stream_options";
         if (!json_is_object(v)) { snprintf(err, n_err, "'stream_options' must be an object, got %s", serve_json_type(v)); return -1; }
         json_t *u = json_object_get(v, "include_usage");
         if (u && !json_is_boolean(u)) { snprintf(err, n_err, "'stream_options.include_usage' must be a boolean, got %s", serve_json_type(u)); return -1; }
-        j->include_usage = u && json_is_true(u);
+        j->req.include_usage = u && json_is_true(u);
     }
     if ((v = json_object_get(root, "model")) && !json_is_null(v) && !json_is_string(v)) {
         *param = "model";
@@ -103,8 +103,8 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, char *e
             snprintf(err, n_err, "'logprobs' must be a boolean, got %s", serve_json_type(v));
             return -1;
         }
-        j->logprobs = json_is_true(v);
-        if (j->logprobs && j->stream) { snprintf(err, n_err, "'logprobs' is supported without 'stream' only"); return -1; }
+        j->req.logprobs = json_is_true(v);
+        if (j->req.logprobs && j->req.stream) { snprintf(err, n_err, "'logprobs' is supported without 'stream' only"); return -1; }
     }
     if ((v = json_object_get(root, "top_logprobs")) && !json_is_null(v)) {
         *param = "top_logprobs";
@@ -158,10 +158,10 @@ static int content_text(const json_t *ct, size_t i, char **out, bool optional, i
 
 /* Append a message (role and content owned by the job from here on). */
 static int push_msg(struct job *j, const char *role, char *content) {
-    j->msgs[j->n_msgs].role = strdup(role);
-    j->msgs[j->n_msgs].content = content;
-    j->n_msgs++;
-    return j->msgs[j->n_msgs - 1].role && content ? 0 : -1;
+    j->req.msgs[j->req.n_msgs].role = strdup(role);
+    j->req.msgs[j->req.n_msgs].content = content;
+    j->req.n_msgs++;
+    return j->req.msgs[j->req.n_msgs - 1].role && content ? 0 : -1;
 }
 
 /* messages[] into owned (role, content) pairs; "developer" is a system message.  Tool calling
@@ -181,7 +181,7 @@ static int parse_messages(json_t *root, struct job *j, const struct serve_limits
         snprintf(err, n_err, "'messages' has %zu entries; at most %d (--max-messages)", n, lim->max_messages);
         return -1;
     }
-    if (!(j->msgs = calloc(n + 1, sizeof *j->msgs))) { snprintf(err, n_err, "out of memory"); return -1; }
+    if (!(j->req.msgs = calloc(n + 1, sizeof *j->req.msgs))) { snprintf(err, n_err, "out of memory"); return -1; }
     size_t i;
     json_t *m;
     bool last_tool = false;
@@ -233,7 +233,7 @@ static int parse_messages(json_t *root, struct job *j, const struct serve_limits
             free(content);
             if (!(content = t)) { snprintf(err, n_err, "out of memory"); goto out; }
             if (last_tool) { /* results of one turn's calls: one user message, grown by doubling */
-                struct kvt_chat_msg *prev = &j->msgs[j->n_msgs - 1];
+                struct kvt_chat_msg *prev = &j->req.msgs[j->req.n_msgs - 1];
                 size_t nc = strlen(content);
                 if (joined_len + nc + 2 > joined_cap) {
                     size_t cap = KVT_MAX(2 * joined_cap, joined_len + nc + 2);
@@ -261,23 +261,23 @@ out:
     json_decref(call_names);
     if (rc) return -1;
     if (sys_extra) {
-        if (!strcmp(j->msgs[0].role, "system")) {
-            size_t a = strlen(j->msgs[0].content), b = strlen(sys_extra);
-            char *c = realloc((char *) j->msgs[0].content, a + b + 3);
+        if (!strcmp(j->req.msgs[0].role, "system")) {
+            size_t a = strlen(j->req.msgs[0].content), b = strlen(sys_extra);
+            char *c = realloc((char *) j->req.msgs[0].content, a + b + 3);
             if (!c) { snprintf(err, n_err, "out of memory"); return -1; }
             if (a) memcpy(c + a, "\n\n", 2), a += 2;
             memcpy(c + a, sys_extra, b + 1);
-            j->msgs[0].content = c;
+            j->req.msgs[0].content = c;
         } else {
-            memmove(j->msgs + 1, j->msgs, sizeof *j->msgs * (size_t) j->n_msgs);
-            j->msgs[0].role = strdup("system");
-            j->msgs[0].content = strdup(sys_extra);
-            j->n_msgs++;
-            if (!j->msgs[0].role || !j->msgs[0].content) { snprintf(err, n_err, "out of memory"); return -1; }
+            memmove(j->req.msgs + 1, j->req.msgs, sizeof *j->req.msgs * (size_t) j->req.n_msgs);
+            j->req.msgs[0].role = strdup("system");
+            j->req.msgs[0].content = strdup(sys_extra);
+            j->req.n_msgs++;
+            if (!j->req.msgs[0].role || !j->req.msgs[0].content) { snprintf(err, n_err, "out of memory"); return -1; }
         }
     }
-    if (strcmp(j->msgs[j->n_msgs - 1].role, "user")) {
-        snprintf(err, n_err, "the last message is '%s'; it must be a user or tool message", j->msgs[j->n_msgs - 1].role);
+    if (strcmp(j->req.msgs[j->req.n_msgs - 1].role, "user")) {
+        snprintf(err, n_err, "the last message is '%s'; it must be a user or tool message", j->req.msgs[j->req.n_msgs - 1].role);
         return -1;
     }
     *param = NULL;
@@ -307,7 +307,7 @@ int serve_request_parse(struct server *srv, json_t *root, struct job *j, bool ch
         *param = "prompt";
         if (p && json_is_array(p) && json_array_size(p) == 1) p = json_array_get(p, 0);
         if (!p || !json_is_string(p)) { snprintf(err, n_err, "'prompt' must be a string"); rc = -1; }
-        else if (!(j->prompt = strdup(json_string_value(p)))) rc = -1;
+        else if (!(j->req.prompt = strdup(json_string_value(p)))) rc = -1;
     }
     return rc;
 }

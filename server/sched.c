@@ -4,7 +4,7 @@
 **
 ** Scheduling: up to --parallel jobs, chats and completions alike, are active at once; every
 ** scheduler step generates one token for each of them in ONE llama_decode
-** (kvt_session_gen_step_mixed: continuous batching; a job joins or leaves the batch between
+** (kvt_session_gen_step_batch: continuous batching; a job joins or leaves the batch between
 ** steps).  A job's prompt (for a chat, the new tail after the session's cached prefix) is
 ** prefilled when the job is admitted, in chunks of at most one block, and each chunk but the
 ** last rides in a step: ONE llama_decode holds every active job's next decode token AND the
@@ -136,8 +136,8 @@ void serve_engine_close(struct server *srv) {
 ** the job failed: it has its error), or PICK_BUSY: the session it names is generating, the job
 ** must wait (serve_job_requeue). */
 static enum pick start_chat(struct server *srv, struct job *j) {
-    if (j->grammar && !j->smp.grammar) {
-        int rc = kvt_grammar_new(srv->eng, j->grammar, "root", &j->smp.grammar);
+    if (j->req.grammar && !j->req.smp.grammar) {
+        int rc = kvt_grammar_new(srv->eng, j->req.grammar, "root", &j->req.smp.grammar);
         if (rc) { /* our own translation of the schema failed: say which text */
             serve_job_error(j, 400, "invalid_request_error", NULL, "the tools / response_format schema could not be compiled to a grammar: %s",
                       kvt_errmsg());
@@ -156,7 +156,7 @@ static enum pick start_chat(struct server *srv, struct job *j) {
     x->last_used = serve_wall_s();
     x->job = j; /* busy from here: its prompt is decoded with other jobs stepping in between */
     srv->sched->prefilling = j;
-    int rc = kvt_session_sync(x->s, j->msgs, j->n_msgs, &j->sync);
+    int rc = kvt_session_sync(x->s, j->req.msgs, j->req.n_msgs, &j->sync);
     srv->sched->prefilling = NULL;
     j->sync.recoveries += j->resumed;
     j->prompt_tokens = j->sync.prompt_tokens;
@@ -224,8 +224,8 @@ void *serve_engine_main(void *arg) {
                 bool take = j->kind == JOB_DELETE || (sc->n_active + sc->n_wait + n_adm < srv->parallel && admit_runnable(srv, j));
                 /* one job per named session per round, so two queued turns of one session run in order */
                 for (int32_t k = 0; take && k < n_adm; k++)
-                    if (adm[k]->kind == JOB_CHAT && j->kind == JOB_CHAT && j->session_id[0] &&
-                        !strcmp(adm[k]->session_id, j->session_id) && !strcmp(adm[k]->ns, j->ns))
+                    if (adm[k]->kind == JOB_CHAT && j->kind == JOB_CHAT && j->req.session_id[0] &&
+                        !strcmp(adm[k]->req.session_id, j->req.session_id) && !strcmp(adm[k]->req.ns, j->req.ns))
                         take = false;
                 if (!take) { prev = j; pp = &j->next; continue; }
                 *pp = j->next;

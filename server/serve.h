@@ -47,10 +47,11 @@ enum job_kind { JOB_CHAT, JOB_COMPLETION, JOB_DELETE };
 enum reply_format { REPLY_TEXT, REPLY_JSON, REPLY_TOOLS };
 enum job_state { JOB_QUEUED, JOB_RUNNING, JOB_DONE };
 
-/* One request.  Fields above `--- engine side` are written by the HTTP thread before the job is
-** queued and read-only afterwards; the rest are written by the engine thread under srv->mu. */
-struct job {
-    enum job_kind kind;
+/* What the client asked for, parsed by the HTTP thread (server/request.c) before the job is
+** queued.  The engine thread changes two things in it: smp.grammar (grammar compiled) and
+** msgs[k].content of assistant messages (echoed replies replaced by the session's own text,
+** server/admit.c). */
+struct job_req {
     char          ns[80];          /* API-key namespace ("" without --api-key-file) */
     char          session_id[80];  /* X-Session-Id ("" = choose by prefix / new) */
     struct kvt_chat_msg *msgs;     /* JOB_CHAT: owned copies */
@@ -62,13 +63,20 @@ struct job {
     char         *stop[SERVE_MAX_STOP];
     int32_t       n_stop;
     bool          stream, include_usage;
+    bool          logprobs;        /* "logprobs": true (no top_logprobs) */
     enum reply_format format;
     char         *grammar;         /* GBNF for the reply (tools / response_format), NULL = free text;
                                    ** compiled into smp.grammar by the engine thread */
     double        t_arrival;       /* ms, monotonic */
     double        deadline;        /* ms, monotonic: t_arrival + --request-timeout-s; 0 = none */
+};
+
+/* One request: what was asked (req) and how its run stands.  The run state is written by the
+** engine thread under srv->mu (cancelled: by the HTTP thread). */
+struct job {
+    enum job_kind kind;
+    struct job_req req;
     uint64_t      ticket;          /* arrival order, set by serve_submit: a job put back keeps its place */
-    /* --- engine side */
     enum job_state state;
     bool          cancelled;       /* client went away (set by the HTTP thread) */
     bool          timed_out;       /* stopped by its deadline (engine thread) */
@@ -94,12 +102,15 @@ struct job {
     kvt_token    *gen;
     float        *lp;              /* [cap_gen] with logprobs: ln p of each generated token, else NULL */
     int32_t       n_gen, cap_gen;
-    bool          logprobs;        /* "logprobs": true (no top_logprobs) */
     json_t       *lp_json;         /* with logprobs, once done: the reply's logprobs.content array (owned) */
     int32_t       shared_steps;    /* decode steps of this job that shared their llama_decode with
                                    ** another request's tokens (usage.kvtier.decode_steps_shared) */
     /* JOB_COMPLETION: a raw row of the batched step in a scratch sequence */
-    kvt_token    *ptok;            /* prompt tokens, until prefilled */
+    kvt_token    *ptok;            /* prompt tokens: a completion's until prefilled; a chat's template
+                                   ** tokens with the assistant prefix, once computed (server/admit.c:
+                                   ** prefetch and admission share them) */
+    int32_t       n_ptok;          /* JOB_CHAT: tokens in ptok */
+    bool          have_ptok;       /* JOB_CHAT: ptok computed (NULL when it could not be) */
     int32_t       seq;             /* scratch sequence while running, -1 otherwise */
     int32_t       cells;           /* KV cells reserved: prompt + max_tokens */
     struct kvt_gen_row row;        /* position and logits (row.logits owned) */
@@ -209,7 +220,7 @@ void serve_job_free(struct job *j);
 
 /* Validate tools / tool_choice / parallel_tool_calls / response_format of a chat request, within
 ** lim's caps on tools, schema nodes (counted as they are expanded) and alternatives.  Sets
-** j->format and j->grammar (owned by the job); *sys_extra (caller frees) is the text describing
+** j->req.format and j->req.grammar (owned by the job); *sys_extra (caller frees) is the text describing
 ** the tools, to append to the system message, or NULL.  On a bad field: message in err, the
 ** field in *param, returns -1. */
 int   tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, char **sys_extra, char *err, size_t n_err,

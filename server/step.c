@@ -1,6 +1,6 @@
 /* step.c — one scheduler step of `kvtier serve` (engine thread): a token for every active job,
 ** chats and completions, and the prefill chunk of a job being admitted, in ONE llama_decode
-** (kvt_session_gen_step_mixed); the reply text, stop strings, logprobs, TTFT and per-token
+** (kvt_session_gen_step_batch); the reply text, stop strings, logprobs, TTFT and per-token
 ** times; the sessions' prefill hooks; the gauges published for /v1/sessions and /metrics.
 ** sched.c says how the steps are scheduled. */
 #include "sched.h"
@@ -15,7 +15,7 @@
 /* "logprobs": the reply's logprobs.content (token text, ln p, UTF-8 bytes), built on the engine
 ** thread (it detokenizes) for the HTTP side to send. */
 static void build_logprobs(struct server *srv, struct job *j) {
-    if (!j->logprobs || !j->lp || j->lp_json) return;
+    if (!j->req.logprobs || !j->lp || j->lp_json) return;
     json_t *a = json_array();
     for (int32_t i = 0; a && i < j->n_gen; i++) {
         char *piece = NULL;
@@ -64,13 +64,13 @@ static bool update_text(struct server *srv, struct job *j, kvt_engine *eng) {
     size_t n = strlen(t);
     bool stopped = false;
     size_t hold = 0;
-    for (int32_t i = 0; i < j->n_stop; i++) {
-        char *p = strstr(t, j->stop[i]);
+    for (int32_t i = 0; i < j->req.n_stop; i++) {
+        char *p = strstr(t, j->req.stop[i]);
         if (p) {
             n = KVT_MIN(n, (size_t) (p - t));
             stopped = true;
         }
-        hold = KVT_MAX(hold, strlen(j->stop[i]) - 1);
+        hold = KVT_MAX(hold, strlen(j->req.stop[i]) - 1);
     }
     pthread_mutex_lock(&srv->mu);
     free(j->text);
@@ -89,14 +89,14 @@ static int add_gen(struct job *j, kvt_token t, float lp) {
         kvt_token *g = realloc(j->gen, sizeof *g * (size_t) cap);
         if (!g) return -1;
         j->gen = g;
-        if (j->logprobs) {
+        if (j->req.logprobs) {
             float *l = realloc(j->lp, sizeof *l * (size_t) cap);
             if (!l) return -1;
             j->lp = l;
         }
         j->cap_gen = cap;
     }
-    if (j->logprobs) j->lp[j->n_gen] = lp;
+    if (j->req.logprobs) j->lp[j->n_gen] = lp;
     j->gen[j->n_gen++] = t;
     return 0;
 }
@@ -105,7 +105,7 @@ static void note_token(struct server *srv, struct job *j, double *t_last) {
     pthread_mutex_lock(&srv->mu);
     if (j->t_first == 0) {
         j->t_first = now;
-        serve_hist_add(&srv->m.ttft, now - j->t_arrival);
+        serve_hist_add(&srv->m.ttft, now - j->req.t_arrival);
     } else {
         serve_hist_add(&srv->m.per_token, now - *t_last);
     }
@@ -125,7 +125,7 @@ void serve_job_activate(struct server *srv, struct job *j) {
 }
 /* One token for every active job, chats and completions, and the prefill chunk c of a job being
 ** admitted (NULL: none), all in one llama_decode (continuous batching with mixed prefill:
-** kvt_session_gen_step_mixed, completions as raw rows).  Fills over[k] for the jobs whose reply
+** kvt_session_gen_step_batch, completions as raw rows).  Fills over[k] for the jobs whose reply
 ** ended.  Returns the number that ended; *drc: the shared decode's error (0: the chunk is in). */
 static int32_t step_all(struct server *srv, struct job **active, int32_t n_active, double *t_last, bool *over,
                         const struct kvt_decode_chunk *c, int *drc) {
@@ -142,14 +142,14 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
     kvt_engine_info(srv->eng, &I);
     for (int32_t k = 0; k < n_active; k++) {
         struct job *j = active[k];
-        over[k] = serve_job_stopped(srv, j) || j->n_gen >= j->max_tokens; /* a deadline cuts the reply: "length" */
+        over[k] = serve_job_stopped(srv, j) || j->n_gen >= j->req.max_tokens; /* a deadline cuts the reply: "length" */
         if (over[k]) continue;
         const float *from = j->kind == JOB_COMPLETION ? j->row.logits : kvt_session_logits(((struct sess *) j->slot)->s);
-        if (j->logprobs && from && (lpl[k] = malloc(sizeof(float) * (size_t) I.n_vocab)))
+        if (j->req.logprobs && from && (lpl[k] = malloc(sizeof(float) * (size_t) I.n_vocab)))
             memcpy(lpl[k], from, sizeof(float) * (size_t) I.n_vocab);
         if (j->kind == JOB_COMPLETION) {
             rows[n_rows] = j->row;
-            rows[n_rows].smp = j->smp;
+            rows[n_rows].smp = j->req.smp;
             rows[n_rows].smp.seed += (uint32_t) j->n_gen;
             rmap[n_rows++] = k;
             continue;
@@ -160,11 +160,11 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
         ev0[n] = s0.evictions;
         rec0[n] = s0.recoveries;
         ss[n] = x->s;
-        smp[n] = j->smp;
+        smp[n] = j->req.smp;
         smp[n].seed += (uint32_t) j->n_gen;
         map[n++] = k;
     }
-    int rc = n + n_rows > 0 || c ? kvt_session_gen_step_mixed(srv->eng, ss, n, smp, tok, done, st, rows, n_rows, c) : 0;
+    int rc = n + n_rows > 0 || c ? kvt_session_gen_step_batch(srv->eng, &(struct kvt_gen_batch){ ss, n, smp, tok, done, st, rows, n_rows, c }) : 0;
     if (drc) *drc = rc;
     /* the decode rows that went in (sampled tokens that did not end a generation) */
     int32_t n_dec = 0;
@@ -196,7 +196,7 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
         if (add_gen(j, tok[i], lp)) { serve_chat_end(srv, j, KVT_ENOMEM); over[map[i]] = true; continue; }
         note_token(srv, j, &t_last[map[i]]);
         if (update_text(srv, j, srv->eng)) { j->finish = "stop"; over[map[i]] = true; }
-        else if (j->n_gen >= j->max_tokens) over[map[i]] = true;
+        else if (j->n_gen >= j->req.max_tokens) over[map[i]] = true;
     }
     for (int32_t i = 0; i < n_rows; i++) {
         struct job *j = active[rmap[i]];
@@ -209,7 +209,7 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
         if (add_gen(j, rows[i].tok, lp)) { serve_completion_end(srv, j, KVT_ENOMEM); over[rmap[i]] = true; continue; }
         note_token(srv, j, &t_last[rmap[i]]);
         if (update_text(srv, j, srv->eng)) { j->finish = "stop"; over[rmap[i]] = true; }
-        else if (j->n_gen >= j->max_tokens) over[rmap[i]] = true;
+        else if (j->n_gen >= j->req.max_tokens) over[rmap[i]] = true;
     }
     for (int32_t k = 0; k < n_active; k++) {
         free(lpl[k]);
@@ -301,7 +301,7 @@ int32_t serve_chunk_room(void *ud) {
 ** every active job AND the new one, so a step here too would cost the active jobs one more
 ** pass over the weights per admitted request for no token of the new one (measured: 187 steps
 ** instead of 160 for the same decode tokens, docs/BENCHMARKS.md).  With one KV stream per
-** sequence llama.cpp runs the chunk as a ubatch of its own anyway (kvt_decode_mixed), so mixing
+** sequence llama.cpp runs the chunk as a ubatch of its own anyway (kvt_engine_decode_batch), so mixing
 ** it saves the call, not the weight pass.  The
 ** steps between chunks are thus exactly those of --batch-tokens 0, each merged with a chunk. */
 int serve_chunk_decode(void *ud, const struct kvt_decode_chunk *c) {
@@ -311,7 +311,7 @@ int serve_chunk_decode(void *ud, const struct kvt_decode_chunk *c) {
     ** keeps what was decoded before (kvt_prefill_hooks: the prefill fails with this error) */
     if (srv->sched->prefilling && serve_job_stopped(srv, srv->sched->prefilling)) return KVT_ECANCELED;
     if (c->want_logits) {
-        rc = kvt_decode(srv->eng, c->seq, c->tokens, c->n, c->pos0, true);
+        rc = kvt_engine_decode(srv->eng, c->seq, c->tokens, c->n, c->pos0, true);
         pthread_mutex_lock(&srv->mu);
         if (rc == 0) srv->m.prefill_alone_tokens += c->n;
         pthread_mutex_unlock(&srv->mu);

@@ -298,7 +298,7 @@ static void schema_expr(struct gram *g, const json_t *sc, struct buf *out) {
 int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, char **sys_extra, char *err, size_t n_err,
                 const char **param) {
     *sys_extra = NULL;
-    j->format = REPLY_TEXT;
+    j->req.format = REPLY_TEXT;
     const json_t *tools = json_object_get(root, "tools"), *choice = json_object_get(root, "tool_choice"),
                  *rf = json_object_get(root, "response_format"), *v;
     const char *legacy[] = { "functions", "function_call" };
@@ -424,7 +424,7 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
             if (none) bput(&root_rule, "root ::= plain\n");
             else bput(&root_rule, "root ::= %s%s\n", calls.s ? calls.s : "", must ? "" : " | plain");
             if (!must) bput(&root_rule, "plain ::= [^{ \\t\\r\\n] [^\\x00]*\n");
-            j->format = REPLY_TOOLS;
+            j->req.format = REPLY_TOOLS;
             char *list = json_dumps(desc, JSON_COMPACT);
             struct buf sys = { 0 };
             bput(&sys, "You can call any of the following tools to satisfy the user's requests: %s\n\n", list ? list : "[]");
@@ -447,12 +447,12 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
             snprintf(err, n_err, "'response_format.type' %s%.40s%s is not one of text, json_object, json_schema", t ? "'" : "",
                      t ? t : "(missing)", t ? "'" : "");
             rc = -1;
-        } else if (strcmp(t, "text") && j->format == REPLY_TOOLS) {
+        } else if (strcmp(t, "text") && j->req.format == REPLY_TOOLS) {
             snprintf(err, n_err, "'response_format' %s cannot be combined with 'tools' (the reply is a tool call or a response)", t);
             rc = -1;
         } else if (!strcmp(t, "json_object")) {
             bput(&root_rule, "root ::= object\n");
-            j->format = REPLY_JSON;
+            j->req.format = REPLY_JSON;
         } else if (!strcmp(t, "json_schema")) {
             const json_t *js = json_object_get(rf, "json_schema"), *sc = js && json_is_object(js) ? json_object_get(js, "schema") : NULL;
             if (!sc) {
@@ -468,7 +468,7 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
                     snprintf(err, n_err, "'response_format.json_schema.schema': %s", tmp);
                     rc = -1;
                 }
-                j->format = REPLY_JSON;
+                j->req.format = REPLY_JSON;
             }
         }
     }
@@ -479,10 +479,10 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
         else if (all.n > GBNF_MAX_BYTES) {
             free(all.s);
             rc = -1;
-            *param = j->format == REPLY_TOOLS ? "tools" : "response_format";
+            *param = j->req.format == REPLY_TOOLS ? "tools" : "response_format";
             snprintf(err, n_err, "the schemas make a grammar of %zu bytes; at most %d", all.n, GBNF_MAX_BYTES);
         }
-        else j->grammar = all.s;
+        else j->req.grammar = all.s;
     }
     free(root_rule.s);
     free(g.rules.s);

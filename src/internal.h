@@ -17,7 +17,7 @@ double kvt__now_ms(void);
 
 
 /* Replace the engine's last logits (n_vocab floats), e.g. after a side computation such as a
-** teacher-forced score, so that the next kvt_sample sees the conversation's logits again. */
+** teacher-forced score, so that the next kvt_engine_sample sees the conversation's logits again. */
 void kvt__engine_set_logits(kvt_engine *e, const float *logits);
 /* Rotate one head vector x[0..n) of layer il by delta positions with the RoPE verified at
 ** engine open (host re-anchoring path).  Errors: KVT_EUNSUPPORTED (no verified RoPE). */

@@ -10,7 +10,7 @@
 ** batch, BM25 scoring, attention block mass and head weights, embeddings and the ANN index, chain
 ** keys, the store's entries and private entries, prefetch cancel, codec and tier names.  (The
 ** engine's multi-sequence decode and sampling, ElasticKV on a sequence, a blob's K rows, the
-** keep hint's kvt_session_add_ex and the step-wise generation calls stay in kvtier.h: public
+** kvt_session_add with its keep hint and the step-wise generation calls stay in kvtier.h: public
 ** calls are defined by them.)  The server, the command-line tool and the evaluation are built on
 ** kvtier.h alone.
 */
@@ -97,7 +97,7 @@ int32_t kvt_embedder_dim(const kvt_embedder *em); /* embedding width (floats); 0
 /* Embed UTF-8 text: mean-pooled over its tokens, L2-normalised, written to out[dim].  Text
 ** longer than n_ctx tokens is cut to its first n_ctx tokens.  Errors: KVT_EINVAL (empty text
 ** or no tokenizer), KVT_ELLAMA. */
-int kvt_embed(kvt_embedder *em, const char *text, float *out /* OUT [dim] */);
+int kvt_embedder_embed(kvt_embedder *em, const char *text, float *out /* OUT [dim] */);
 
 /* dim: vector width; capacity: initial element count (grows by doubling).  m / ef_search <= 0:
 ** defaults.  Errors: KVT_EINVAL, KVT_ENOMEM. */

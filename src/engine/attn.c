@@ -48,7 +48,7 @@ bool kvt__attn_eval_cb(struct ggml_tensor *t, bool ask, void *ud) {
     if (!e->capturing) return ask ? false : true;
     if ((il = layer_of(t->name, "kq_soft_max")) >= 0) {
         struct attn_cap *c = kvt__attn_cap_for(e, il);
-        /* One llama_decode may run several ubatches (kvt_decode_mixed): the scheduler asks about
+        /* One llama_decode may run several ubatches (kvt_engine_decode_batch): the scheduler asks about
         ** every node once per ubatch, and the lowest captured layer's softmax is the first asked
         ** of ours, so counting those asks tells which ubatch this is.  Only the target ubatch's
         ** nodes are asked for: each one asked splits the graph compute there (a sync of the
@@ -138,8 +138,8 @@ int kvt_attn_get(kvt_engine *e, int32_t layer, int32_t seq, kvt_attn **out) {
     struct attn_cap *c = kvt__attn_cap_for(e, layer);
     if (c && kvt__engine_seq_ok(e, seq) && e->multi_gen[seq] == e->gen && e->gen != 0)
         return kvt__fail(KVT_EUNSUPPORTED, "the last decode of sequence %d was a decode row of a multi-sequence batch "
-                         "(kvt_decode_multi / kvt_decode_mixed): attention is captured for kvt_decode and for the "
-                         "prefill chunk of kvt_decode_mixed only", seq);
+                         "(kvt_engine_decode_batch): attention is captured for kvt_engine_decode and for the "
+                         "prefill chunk of kvt_engine_decode_batch only", seq);
     if (!c || !c->have || c->seq != seq)
         return kvt__fail(KVT_ENOENT, "no attention captured for layer %d of sequence %d", layer, seq);
     if (c->gen != e->gen)

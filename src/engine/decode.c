@@ -9,7 +9,7 @@
 
 bool kvt__engine_seq_ok(const kvt_engine *e, int32_t seq) { return seq >= 0 && seq < e->n_seq_max; }
 
-int kvt_decode(kvt_engine *e, int32_t seq, const kvt_token *tokens, int32_t n, kvt_pos pos0, bool want_logits) {
+int kvt_engine_decode(kvt_engine *e, int32_t seq, const kvt_token *tokens, int32_t n, kvt_pos pos0, bool want_logits) {
     if (!kvt__engine_seq_ok(e, seq)) return kvt__fail(KVT_EINVAL, "sequence id %d is outside 0..%d", seq, e->p.n_seq - 1);
     if (n <= 0 || !tokens) return kvt__fail(KVT_EINVAL, "decode of %d tokens", n);
     if (pos0 < 0 || (int64_t) pos0 + n > KVT__MAX_POS)
@@ -61,21 +61,14 @@ int kvt_decode(kvt_engine *e, int32_t seq, const kvt_token *tokens, int32_t n, k
     return 0;
 }
 
-int kvt_decode_multi(kvt_engine *e, const int32_t *seqs, const kvt_token *toks, const kvt_pos *pos, int32_t n,
-                     float *logits_out) {
-    if (n <= 0 || n > e->p.n_ubatch || !seqs || !toks || !pos || !logits_out)
-        return kvt__fail(KVT_EINVAL, "multi-sequence decode of %d tokens (1..%d)", n, e->p.n_ubatch);
-    return kvt_decode_mixed(e, seqs, toks, pos, n, logits_out, NULL);
-}
-
 /* Order of the batch rows, chosen for llama.cpp's ubatch split (llama-batch.cpp split_equal with
 ** sequential = true, used with one stream per sequence): a ubatch holds a run of CONSECUTIVE
 ** sequence ids taken in batch order from the first unused row, and as many tokens of each as
 ** the one with fewest has.  Rows in ascending sequence order form the fewest runs.  A chunk goes
 ** between the rows of higher and of lower sequences: the run of the higher ones cannot reach it
 ** (it starts above it), and when its ubatch begins no row of sequence chunk + 1 is left, so the
-** chunk's ubatch is the chunk alone, all of it, exactly as kvt_decode would have decoded it (same
-** numbers; its attention is captured as kvt_decode's).  Returns the index of the chunk's ubatch
+** chunk's ubatch is the chunk alone, all of it, exactly as kvt_engine_decode would have decoded it (same
+** numbers; its attention is captured as kvt_engine_decode's).  Returns the index of the chunk's ubatch
 ** (the runs of rows above it).  The unified cache (split_simple: ubatches of n_ubatch rows in
 ** batch order) gets the chunk first, in ubatch 0 with the rows. */
 static int32_t mixed_order(const kvt_engine *e, const int32_t *seqs, int32_t n, int32_t chunk_seq, int32_t *ord,
@@ -97,7 +90,7 @@ static int32_t mixed_order(const kvt_engine *e, const int32_t *seqs, int32_t n, 
     return runs;
 }
 
-int kvt_decode_mixed(kvt_engine *e, const int32_t *seqs, const kvt_token *toks, const kvt_pos *pos, int32_t n,
+int kvt_engine_decode_batch(kvt_engine *e, const int32_t *seqs, const kvt_token *toks, const kvt_pos *pos, int32_t n,
                      float *logits_out, const struct kvt_decode_chunk *c) {
     const int32_t m = c ? c->n : 0;
     if (n < 0 || m < 0 || n + m <= 0 || n + m > KVT_MIN(e->p.n_ubatch, 512) || (n > 0 && (!seqs || !toks || !pos || !logits_out)) ||
@@ -189,7 +182,7 @@ int kvt_decode_mixed(kvt_engine *e, const int32_t *seqs, const kvt_token *toks, 
     return 0;
 }
 
-const float *kvt_logits(kvt_engine *e) { return e->have_logits ? e->logits : NULL; }
+const float *kvt_engine_logits(kvt_engine *e) { return e->have_logits ? e->logits : NULL; }
 
 void kvt__engine_set_logits(kvt_engine *e, const float *logits) {
     memcpy(e->logits, logits, sizeof(float) * (size_t) e->info.n_vocab);
@@ -225,7 +218,7 @@ static void fill_candidates(const kvt_engine *e, llama_token_data *d) {
     for (int32_t i = 0; i < e->info.n_vocab; i++) d[i] = (llama_token_data){ i, e->logits[i], 0.0f };
 }
 
-int kvt_sample(kvt_engine *e, const struct kvt_sampling *s, kvt_token *tok) {
+int kvt_engine_sample(kvt_engine *e, const struct kvt_sampling *s, kvt_token *tok) {
     static const struct kvt_sampling greedy = { 0, 1, 0, 0, NULL };
     if (!s) s = &greedy;
     if (!e->have_logits) return kvt__fail(KVT_EINVAL, "sample: no logits (decode with want_logits first)");

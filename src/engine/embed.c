@@ -103,7 +103,7 @@ void kvt_embedder_free(kvt_embedder *em) {
 
 int32_t kvt_embedder_dim(const kvt_embedder *em) { return em ? em->dim : 0; }
 
-int kvt_embed(kvt_embedder *em, const char *text, float *out) {
+int kvt_embedder_embed(kvt_embedder *em, const char *text, float *out) {
     if (!em || !out) return kvt__fail(KVT_EINVAL, "embed: NULL %s", em ? "output" : "embedder");
     if (!text || !*text) return kvt__fail(KVT_EINVAL, "embed: empty text");
     if (llama_vocab_type(em->vocab) == LLAMA_VOCAB_TYPE_NONE)

@@ -123,12 +123,12 @@ static int calibrate_reanchor(kvt_engine *e, double *err_out) {
     int rc;
     *err_out = -1;
     e->probing = true;
-    rc = kvt_decode(e, 0, toks, N, 0, false);
+    rc = kvt_engine_decode(e, 0, toks, N, 0, false);
     e->probing = false;
     if (rc == 0) rc = kvt__engine_save_seq(e, 0, &ba, &na);
     if (rc == 0) {
         llama_memory_seq_add(llama_get_memory(e->ctx), 0, -1, -1, D);
-        rc = kvt_decode(e, 0, toks, 1, N + D, false); /* runs the pending shift first */
+        rc = kvt_engine_decode(e, 0, toks, 1, N + D, false); /* runs the pending shift first */
     }
     if (rc == 0) rc = kvt__engine_save_seq(e, 0, &bb, &nb);
     llama_memory_seq_rm(llama_get_memory(e->ctx), 0, -1, -1);
@@ -399,7 +399,7 @@ int kvt_engine_open(const struct kvt_engine_params *params, kvt_engine **out) {
         kvt_token t0 = 1 % I->n_vocab;
         uint8_t *b = NULL;
         size_t n = 0, n0;
-        rc = kvt_decode(e, 0, &t0, 1, 0, false);
+        rc = kvt_engine_decode(e, 0, &t0, 1, 0, false);
         if (rc == 0) rc = kvt__engine_save_seq(e, 0, &b, &n);
         kvt_seq_rm(e, 0, -1, -1);
         n0 = 8 + (size_t) e->n_parts * (4 + 4 * (size_t) e->n_stream); /* header + per-part stream/cell counts */

@@ -68,7 +68,7 @@ struct kvt_engine {
     int32_t                     n_ctx_seq;               /* cells one sequence can hold */
     uint8_t                    *ref;                     /* streams mode: a one-token state of this context, */
     size_t                      ref_n;                   /*   canonical form: the layout loads are checked against */
-    uint64_t                   *multi_gen;               /* [n_seq_max]: gen after a kvt_decode_multi with the seq */
+    uint64_t                   *multi_gen;               /* [n_seq_max]: gen after a a rows-only decode batch with the seq */
     int                         test_corrupt_part;       /* test hook: corrupt the next set_data's part; -1 off */
     struct llama_batch          batch;
     float                      *logits;

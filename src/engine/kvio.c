@@ -24,7 +24,7 @@ int kvt__engine_flush_shift(kvt_engine *e) {
     if (!e->shift_pending || e->skip_flush) return 0;
     if (e->seq_flush < 0) return kvt__fail(KVT_ELLAMA, "a K-shift is pending but the context has no flush sequence");
     kvt_token t = 0;
-    int rc = kvt_decode(e, e->seq_flush, &t, 1, 0, false);
+    int rc = kvt_engine_decode(e, e->seq_flush, &t, 1, 0, false);
     kvt_seq_rm(e, e->seq_flush, -1, -1);
     return rc;
 }
@@ -337,7 +337,7 @@ static int shift_in_scratch(kvt_engine *e, const kvt_blob *blob, const struct kv
     }
     llama_memory_seq_add(mem, s, -1, -1, delta);
     kvt_token t = 0;
-    rc = kvt_decode(e, s, &t, 1, hi + delta + 1, false); /* runs the pending shift first */
+    rc = kvt_engine_decode(e, s, &t, 1, hi + delta + 1, false); /* runs the pending shift first */
     struct state *st = NULL;
     if (rc == 0) rc = state_get(e, s, &st);
     kvt_seq_rm(e, s, -1, -1);

@@ -54,7 +54,7 @@ static int pool_save(kvt_session *s, struct blk *b, const kvt_blob *blob) {
     if (s->codec.codec != KVT_CODEC_RAW) {
         const double t0 = kvt__now_ms();
         int rc = kvt_codec_encode(blob, &s->codec, &enc, &n, NULL);
-        s->codec_enc_ms += kvt__now_ms() - t0;
+        s->st.codec_enc_ms += kvt__now_ms() - t0;
         if (rc == KVT_ENOMEM) return rc;
         if (rc) kvt__clear_error(); /* not codable: saved raw */
     }
@@ -65,9 +65,9 @@ static int pool_save(kvt_session *s, struct blk *b, const kvt_blob *blob) {
     free(enc);
     b->enc = enc != NULL;
     if (rc == 0 || rc == KVT_EIO) {
-        s->pool_tokens += b->info.n_tokens;
-        s->pool_raw_bytes += (int64_t) blob->size;
-        s->pool_bytes += (int64_t) size;
+        s->st.pool_tokens += b->info.n_tokens;
+        s->st.pool_raw_bytes += (int64_t) blob->size;
+        s->st.pool_bytes += (int64_t) size;
     }
     return rc;
 }
@@ -78,12 +78,12 @@ static int save_block(kvt_session *s, struct blk *b) {
     kvt_blob *blob = NULL;
     int rc = 0;
     /* a block just loaded from the store: its bytes are at hand, no need to read them back */
-    const bool preloaded = s->preload && s->n_preload > 0 && s->preload[0]->n_tokens == b->info.n_tokens &&
-                           (s->preload_moved || s->preload[0]->p0 == b->info.p0);
+    const bool preloaded = s->reuse.preload && s->reuse.n_preload > 0 && s->reuse.preload[0]->n_tokens == b->info.n_tokens &&
+                           (s->reuse.preload_moved || s->reuse.preload[0]->p0 == b->info.p0);
     if (preloaded) {
-        blob = (kvt_blob *) s->preload[0];
-        s->preload++;
-        s->n_preload--;
+        blob = (kvt_blob *) s->reuse.preload[0];
+        s->reuse.preload++;
+        s->reuse.n_preload--;
     } else if ((rc = kvt_block_save(s->eng, s->p.seq, b->info.p0, b->info.p0 + b->info.n_tokens, &blob))) {
         return rc;
     }
@@ -122,7 +122,7 @@ static void close_open_block(kvt_session *s, struct blk *b) {
     b->info.role = kvt__sess_block_role(b);
     b->info.sealed = true;
     s->open = -1;
-    if (s->emb_dim > 0) kvt__sess_embed_block(s, b);
+    if (s->rcv.emb_dim > 0) kvt__sess_embed_block(s, b);
 }
 
 /* Seal the open block: save its K/V to the pool (write-through) and detokenize its text.
@@ -225,7 +225,7 @@ static void evict(kvt_session *s, int32_t i) {
     struct blk *b = &s->b[i];
     kvt_seq_rm(s->eng, s->p.seq, b->info.p0, b->info.p0 + b->info.n_tokens);
     b->info.n_evictions++;
-    s->evictions++;
+    s->st.evictions++;
     kvt__sess_chain_off(s); /* blocks decoded from now on attend to a context with a hole */
     if (s->p.recovery == KVT_RECOVERY_DISCARD) {
         kvt__sess_copy_del(s, b);
@@ -297,7 +297,7 @@ static int breadcrumb(kvt_session *s, struct blk *b) {
     ** goes right after what is already back instead */
     const kvt_pos tail = kvt_seq_pos_max(s->eng, s->p.seq) + 1;
     if (s->next_pos > tail) s->next_pos = tail;
-    int rc = kvt_decode(s->eng, s->p.seq, b->tok, b->info.n_tokens, s->next_pos, false);
+    int rc = kvt_engine_decode(s->eng, s->p.seq, b->tok, b->info.n_tokens, s->next_pos, false);
     if (rc) {
         kvt_seq_rm(s->eng, s->p.seq, s->next_pos, s->next_pos + b->info.n_tokens);
         return rc;
@@ -312,7 +312,7 @@ static int breadcrumb(kvt_session *s, struct blk *b) {
         kvt_blob_free(blob);
     }
     kvt__clear_error();
-    s->decoded += b->info.n_tokens;
+    s->st.decoded += b->info.n_tokens;
     return 0;
 }
 
@@ -330,7 +330,7 @@ static int recompute_lost(kvt_session *s, struct blk *b, int why) {
     b->info.residency = KVT_RES_LOST;
     kvt__clear_error();
     int rc = breadcrumb(s, b);
-    if (rc == 0) s->recomputes++;
+    if (rc == 0) s->st.recomputes++;
     return rc;
 }
 
@@ -354,7 +354,7 @@ static int load_block(kvt_session *s, int32_t i, bool counted) {
     if (enc) { /* codec_ram: decoded here, on the load path; bytes that do not decode are lost */
         const double t0 = kvt__now_ms();
         rc = kvt_codec_decode(data, n, &dec);
-        s->codec_dec_ms += kvt__now_ms() - t0;
+        s->st.codec_dec_ms += kvt__now_ms() - t0;
         free(data);
         data = NULL;
         if (rc == KVT_EFORMAT) rc = KVT_ECORRUPT;
@@ -389,7 +389,7 @@ static int load_block(kvt_session *s, int32_t i, bool counted) {
         goto placed;
     }
     if (rc) return rc;
-    if (counted) s->recovered += b->info.n_tokens;
+    if (counted) s->st.recovered += b->info.n_tokens;
 placed:
     b->info.p0 = s->next_pos;
     b->info.residency = KVT_RES_DEVICE;
@@ -398,7 +398,7 @@ placed:
     if (counted) {
         b->info.recovered_turn = s->turn;
         b->info.n_recoveries++;
-        s->recoveries++;
+        s->st.recoveries++;
     }
     kvt__sess_note_peak(s);
     return 0;
@@ -418,7 +418,7 @@ int kvt__sess_place_block(kvt_session *s, int32_t i) { return load_block(s, i, f
 void kvt__sess_drop_block(kvt_session *s, struct blk *b) {
     if (b->info.residency == KVT_RES_DEVICE) kvt_seq_rm(s->eng, s->p.seq, b->info.p0, b->info.p0 + b->info.n_tokens);
     if (b->info.sealed && b->info.residency != KVT_RES_LOST) kvt__sess_copy_del(s, b);
-    if (s->ann && b->emb) kvt_ann_remove(s->ann, (uint64_t) b->info.id);
+    if (s->rcv.ann && b->emb) kvt_ann_remove(s->rcv.ann, (uint64_t) b->info.id);
     kvt__clear_error();
     free(b->tok);
     free(b->text);

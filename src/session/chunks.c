@@ -62,9 +62,9 @@ void kvt__sess_chunk_store(kvt_session *s, const struct blk *b, const kvt_blob *
     const int32_t B = s->p.block;
     if (!s->p.chunk_reuse || !s->p.store || b->info.n_tokens != B || !kvt__sess_roots(s)) return;
     kvt_key key;
-    if (kvt_chain_next(&s->croot, b->tok, B, &key) == 0 && !kvt_store_has(s->p.store, &key)) {
-        struct kvt_store_meta m = { s->model_fp, B, 0 };
-        if (kvt_store_put(s->p.store, &key, &m, blob->data, blob->size) == 0) s->chunk_put++;
+    if (kvt_chain_next(&s->chunk.root, b->tok, B, &key) == 0 && !kvt_store_has(s->p.store, &key)) {
+        struct kvt_store_meta m = { s->reuse.model_fp, B, 0 };
+        if (kvt_store_put(s->p.store, &key, &m, blob->data, blob->size) == 0) s->st.chunk_put++;
     }
     kvt__clear_error(); /* a store that cannot take it costs a later prefill, nothing now */
 }
@@ -77,7 +77,7 @@ void kvt__sess_chunk_free(struct chunk_run *runs, int32_t n_runs) {
 /* Blocks of a run of `blocks` blocks decoded at its start (boundary recompute). */
 static int32_t recompute_blocks(const kvt_session *s, int32_t blocks) {
     const int32_t B = s->p.block;
-    double k = s->chunk_k_tok >= 0 ? s->chunk_k_tok : ceil(s->chunk_k_pct / 100.0 * blocks * B - 1e-9);
+    double k = s->chunk.k_tok >= 0 ? s->chunk.k_tok : ceil(s->chunk.k_pct / 100.0 * blocks * B - 1e-9);
     return (int32_t) ceil(k / B);
 }
 
@@ -95,7 +95,7 @@ int kvt__sess_chunk_plan(kvt_session *s, const kvt_token *tok, int32_t n, struct
     for (int32_t i = 0; rc == 0 && i + B <= n - 1;) {
         int32_t nb = 0;
         for (int32_t j = i; j + B <= n - 1; j += B) { /* the run from i */
-            if (kvt_chain_next(&s->croot, tok + j, B, &keys[nb])) break;
+            if (kvt_chain_next(&s->chunk.root, tok + j, B, &keys[nb])) break;
             if (!kvt_store_has(s->p.store, &keys[nb])) break;
             nb++;
         }
@@ -104,10 +104,10 @@ int kvt__sess_chunk_plan(kvt_session *s, const kvt_token *tok, int32_t n, struct
             i++;
             continue;
         }
-        s->chunk_runs++;
+        s->st.chunk_runs++;
         const int32_t r = recompute_blocks(s, nb);
         if (r >= nb) { /* simply decoded */
-            s->chunk_recompute_tokens += (int64_t) nb * B;
+            s->st.chunk_recompute_tokens += (int64_t) nb * B;
         } else {
             if (n_out == cap) {
                 int32_t c2 = cap ? 2 * cap : 8;
@@ -123,12 +123,12 @@ int kvt__sess_chunk_plan(kvt_session *s, const kvt_token *tok, int32_t n, struct
             if (!cr->keys) { rc = kvt__fail(KVT_ENOMEM, "chunk run of %d blocks", cr->n_blocks); break; }
             memcpy(cr->keys, keys + r, sizeof *cr->keys * (size_t) cr->n_blocks);
             n_out++;
-            s->chunk_recompute_tokens += (int64_t) r * B;
+            s->st.chunk_recompute_tokens += (int64_t) r * B;
         }
         i += nb * B;
     }
     free(keys);
-    s->chunk_scan_ms += kvt__now_ms() - t0;
+    s->st.chunk_scan_ms += kvt__now_ms() - t0;
     if (rc) {
         kvt__sess_chunk_free(out, n_out);
         return rc;
@@ -157,7 +157,7 @@ int kvt__sess_chunk_load(kvt_session *s, const struct chunk_run *r, const kvt_to
     for (; found < n_max; found++) { /* a block gone since the scan ends the run there */
         struct kvt_store_meta m;
         kvt_blob *b = &blobs[found];
-        if (kvt_store_get(s->p.store, &r->keys[found], &s->model_fp, (void **) &b->data, &b->size, &m, NULL)) break;
+        if (kvt_store_get(s->p.store, &r->keys[found], &s->reuse.model_fp, (void **) &b->data, &b->size, &m, NULL)) break;
         b->n_tokens = B;
         if (m.n_tokens != B || m.codec != 0 || kvt__blob_shape(b)) {
             free(b->data);
@@ -174,7 +174,7 @@ int kvt__sess_chunk_load(kvt_session *s, const struct chunk_run *r, const kvt_to
     if ((s->open >= 0 && kvt__sess_seal(s)) || kvt__sess_make_room(s, found * B + B) ||
         kvt__sess_reserve_positions(s, found * B)) {
         kvt__clear_error();
-        s->chunk_load_errors++;
+        s->st.chunk_load_errors++;
         goto out;
     }
     /* each block seals with the bytes just loaded (the pool's copy keeps the position they were
@@ -182,12 +182,12 @@ int kvt__sess_chunk_load(kvt_session *s, const struct chunk_run *r, const kvt_to
     ** Gemma 3 a run longer than the sliding window has lost the older blocks' SWA cells there,
     ** and a copy without them could not be loaded again */
     if ((rc = kvt__sess_load_run(s, bp, found, tok, role, true, used)) || *used == 0) goto out;
-    s->chunk_tokens += found * B;
-    s->store_tokens += found * B;
+    s->st.chunk_tokens += found * B;
+    s->st.store_tokens += found * B;
 out:
     for (int32_t q = 0; blobs && q < r->n_blocks; q++) free(blobs[q].data);
     free(blobs);
     free(bp);
-    s->store_ms += kvt__now_ms() - t0;
+    s->st.store_ms += kvt__now_ms() - t0;
     return rc;
 }

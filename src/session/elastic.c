@@ -30,25 +30,25 @@ int kvt__sess_elastic(kvt_session *s, int32_t n) {
     if (tail <= KVT_ELASTIC_SINK) return 0;
     const struct kvt_elastic_params ep = { s->p.elastic_sk, s->p.elastic_sv, KVT_ELASTIC_SINK, tail,
                                            s->p.elastic_random, s->p.elastic_random_frac,
-                                           ((uint64_t) s->serial << 32) ^ (uint64_t) s->el_passes };
+                                           ((uint64_t) s->serial << 32) ^ (uint64_t) s->st.el_passes };
     struct kvt_elastic_stats st;
     int rc = kvt_seq_elastic(s->eng, s->p.seq, &ep, &st);
     if (rc) return rc; /* the cache is unchanged; el_pending stays, so the next tokens retry */
     s->el_pending = 0;
-    s->el_passes++;
-    s->el_zeroed += st.n_zeroed;
-    s->el_last = st;
-    s->el_ms += st.ms;
+    s->st.el_passes++;
+    s->st.el_zeroed += st.n_zeroed;
+    s->st.el_last = st;
+    s->st.el_ms += st.ms;
     if (st.n_zeroed > 0) kvt__sess_chain_off(s); /* what follows is no cold prefill's any more */
     return 0;
 }
 
 void kvt__sess_elastic_stats(const kvt_session *s, struct kvt_session_stats *st) {
-    st->elastic_passes = s->el_passes;
-    st->elastic_zeroed = s->el_zeroed;
-    st->elastic_elems = s->el_last.n_elems;
-    st->elastic_zero = s->el_last.n_zero;
-    st->elastic_eligible = s->el_last.n_eligible;
-    st->elastic_zero_eligible = s->el_last.n_zero_eligible;
-    st->elastic_ms = s->el_ms;
+    st->elastic_passes = s->st.el_passes;
+    st->elastic_zeroed = s->st.el_zeroed;
+    st->elastic_elems = s->st.el_last.n_elems;
+    st->elastic_zero = s->st.el_last.n_zero;
+    st->elastic_eligible = s->st.el_last.n_eligible;
+    st->elastic_zero_eligible = s->st.el_last.n_zero_eligible;
+    st->elastic_ms = s->st.el_ms;
 }

@@ -10,12 +10,12 @@
 
 /* Keep the engine's logits of this session's last token (sessions share the engine). */
 static int save_logits(kvt_session *s) {
-    const float *l = kvt_logits(s->eng);
-    s->have_logits = false;
+    const float *l = kvt_engine_logits(s->eng);
+    s->dec.have_logits = false;
     if (!l) return 0;
-    if (!s->logits && !(s->logits = malloc(sizeof(float) * (size_t) s->n_vocab))) return kvt__fail(KVT_ENOMEM, "logits");
-    memcpy(s->logits, l, sizeof(float) * (size_t) s->n_vocab);
-    s->have_logits = true;
+    if (!s->dec.logits && !(s->dec.logits = malloc(sizeof(float) * (size_t) s->n_vocab))) return kvt__fail(KVT_ENOMEM, "logits");
+    memcpy(s->dec.logits, l, sizeof(float) * (size_t) s->n_vocab);
+    s->dec.have_logits = true;
     return 0;
 }
 
@@ -24,7 +24,7 @@ static int save_logits(kvt_session *s) {
 ** before the loop.  With prefill hooks (kvt_session_set_prefill_hooks) each chunk is decoded by
 ** the scheduler inside a shared llama_decode; everything around the decode is the same. */
 int kvt__sess_feed(kvt_session *s, const kvt_token *tok, int32_t n, int role, int32_t reserve_after) {
-    const bool mixed = s->hooks.decode && !s->reply_feed;
+    const bool mixed = s->dec.hooks.decode && !s->dec.reply_feed;
     int32_t off = 0;
     bool routed = role == KVT_ROLE_ASSISTANT; /* a prompt's blocks may be in the store */
     struct chunk_run *runs = NULL; /* reused chunks after the prefix (session/chunks.c) */
@@ -51,33 +51,33 @@ int kvt__sess_feed(kvt_session *s, const kvt_token *tok, int32_t n, int role, in
         int32_t room_in_block = s->open >= 0 ? s->p.block - s->b[s->open].info.n_tokens : s->p.block;
         int32_t m = KVT_MIN(n - off, room_in_block);
         if (next_run < n_runs) m = KVT_MIN(m, runs_base + runs[next_run].at - off);
-        if (mixed && s->hooks.room) m = KVT_MIN(m, KVT_MAX(1, s->hooks.room(s->hooks.ud)));
+        if (mixed && s->dec.hooks.room) m = KVT_MIN(m, KVT_MAX(1, s->dec.hooks.room(s->dec.hooks.ud)));
         bool last = off + m == n;
         double t1 = kvt__now_ms();
         rc = kvt__sess_make_room(s, m + (last ? reserve_after : 0));
         if (rc == KVT_EBUDGET && last && reserve_after) rc = kvt__sess_make_room(s, m); /* reply room is best effort */
-        s->policy_ms += kvt__now_ms() - t1; /* scoring; the seq_rm of evictions is in here too (cheap) */
+        s->st.policy_ms += kvt__now_ms() - t1; /* scoring; the seq_rm of evictions is in here too (cheap) */
         if (rc || (rc = kvt__sess_reserve_positions(s, m))) break;
         double t0 = kvt__now_ms();
         if (mixed) {
             const struct kvt_decode_chunk c = { s->p.seq, tok + off, m, s->next_pos, last };
-            rc = s->hooks.decode(s->hooks.ud, &c);
+            rc = s->dec.hooks.decode(s->dec.hooks.ud, &c);
         } else {
-            rc = kvt_decode(s->eng, s->p.seq, tok + off, m, s->next_pos, last);
+            rc = kvt_engine_decode(s->eng, s->p.seq, tok + off, m, s->next_pos, last);
         }
-        s->decode_ms += kvt__now_ms() - t0;
+        s->st.decode_ms += kvt__now_ms() - t0;
         if (rc) break;
         if (last && (rc = save_logits(s))) break;
-        s->decoded += m;
+        s->st.decoded += m;
         kvt__sess_note_peak(s);
         if ((rc = kvt__sess_record(s, tok + off, m, role))) break;
         if ((rc = kvt__sess_elastic(s, m))) break;
         /* prompt chunks always feed the attention signals; generated tokens every 8th (one
         ** token's attention changes the accumulated mass little, and each read costs a copy
         ** of the sequence's cells) */
-        if (role != KVT_ROLE_ASSISTANT || s->decoded % 8 == 0) kvt__sess_observe(s, role != KVT_ROLE_ASSISTANT);
+        if (role != KVT_ROLE_ASSISTANT || s->st.decoded % 8 == 0) kvt__sess_observe(s, role != KVT_ROLE_ASSISTANT);
         off += m;
-        if (s->chunk_cb && off < n) s->chunk_cb(s->chunk_ud); /* others may decode between our chunks */
+        if (s->dec.chunk_cb && off < n) s->dec.chunk_cb(s->dec.chunk_ud); /* others may decode between our chunks */
     }
     kvt__sess_chunk_free(runs, n_runs);
     return rc;
@@ -88,20 +88,20 @@ int kvt_session_generate(kvt_session *s, int32_t max_tokens, const struct kvt_sa
     kvt__clear_error();
     if (reply) *reply = NULL;
     if (s->is_parked) return kvt__sess_parked_error();
-    if (!s->have_logits) return kvt__fail(KVT_EINVAL, "generate: no user turn to reply to");
-    kvt__engine_set_logits(s->eng, s->logits);
+    if (!s->dec.have_logits) return kvt__fail(KVT_EINVAL, "generate: no user turn to reply to");
+    kvt__engine_set_logits(s->eng, s->dec.logits);
     kvt_token *gen = malloc(sizeof(kvt_token) * (size_t) (max_tokens > 0 ? max_tokens : 1));
     if (!gen) return kvt__fail(KVT_ENOMEM, "generate");
     int32_t n = 0;
     int rc = 0;
     while (n < max_tokens) {
         kvt_token t;
-        if ((rc = kvt_sample(s->eng, smp, &t))) break;
+        if ((rc = kvt_engine_sample(s->eng, smp, &t))) break;
         if (kvt_token_is_eog(s->eng, t)) break;
         gen[n++] = t;
-        s->reply_feed = true;
+        s->dec.reply_feed = true;
         rc = kvt__sess_feed(s, &t, 1, KVT_ROLE_ASSISTANT, 0);
-        s->reply_feed = false;
+        s->dec.reply_feed = false;
         if (rc) break;
         if (cb) {
             char *piece = NULL;
@@ -124,8 +124,8 @@ int kvt_session_generate(kvt_session *s, int32_t max_tokens, const struct kvt_sa
 
 int kvt_session_answer_logprob(kvt_session *s, const char *answer, double *logprob, int32_t *n_tokens) {
     if (s->is_parked) return kvt__sess_parked_error();
-    if (s->have_logits) kvt__engine_set_logits(s->eng, s->logits);
-    const float *cur = s->have_logits ? kvt_logits(s->eng) : NULL;
+    if (s->dec.have_logits) kvt__engine_set_logits(s->eng, s->dec.logits);
+    const float *cur = s->dec.have_logits ? kvt_engine_logits(s->eng) : NULL;
     *logprob = 0;
     *n_tokens = 0;
     if (!cur) return kvt__fail(KVT_EINVAL, "answer_logprob: no user turn decoded yet");
@@ -149,13 +149,13 @@ int kvt_session_answer_logprob(kvt_session *s, const char *answer, double *logpr
     double lp = 0;
     const kvt_pos start = s->next_pos;
     for (int32_t i = 0; i < n && rc == 0; i++) {
-        const float *l = kvt_logits(s->eng);
+        const float *l = kvt_engine_logits(s->eng);
         double mx = -INFINITY, z = 0;
         for (int32_t v = 0; v < s->n_vocab; v++) mx = fmax(mx, l[v]);
         for (int32_t v = 0; v < s->n_vocab; v++) z += exp(l[v] - mx);
         lp += l[tok[i]] - mx - log(z);
         if (i + 1 < n) {
-            rc = kvt_decode(s->eng, s->p.seq, &tok[i], 1, start + i, true);
+            rc = kvt_engine_decode(s->eng, s->p.seq, &tok[i], 1, start + i, true);
             kvt__sess_note_peak(s);
         }
     }
@@ -174,27 +174,27 @@ int kvt_session_gen_step(kvt_session *s, const struct kvt_sampling *smp, kvt_tok
     kvt__clear_error();
     *done = false;
     if (s->is_parked) return kvt__sess_parked_error();
-    if (!s->have_logits) return kvt__fail(KVT_EINVAL, "gen_step: no user turn to reply to");
-    if (!s->generating) s->n_gen = 0;
-    s->generating = true;
-    kvt__engine_set_logits(s->eng, s->logits);
+    if (!s->dec.have_logits) return kvt__fail(KVT_EINVAL, "gen_step: no user turn to reply to");
+    if (!s->dec.generating) s->dec.n_gen = 0;
+    s->dec.generating = true;
+    kvt__engine_set_logits(s->eng, s->dec.logits);
     kvt_token t;
-    int rc = kvt_sample(s->eng, smp, &t);
+    int rc = kvt_engine_sample(s->eng, smp, &t);
     if (rc) return rc;
     *tok = t;
     if (kvt_token_is_eog(s->eng, t)) { *done = true; return 0; }
-    if (s->n_gen == s->cap_gen) {
-        int32_t cap = s->cap_gen ? 2 * s->cap_gen : 64;
-        kvt_token *g = realloc(s->gen, sizeof *g * (size_t) cap);
+    if (s->dec.n_gen == s->dec.cap_gen) {
+        int32_t cap = s->dec.cap_gen ? 2 * s->dec.cap_gen : 64;
+        kvt_token *g = realloc(s->dec.gen, sizeof *g * (size_t) cap);
         if (!g) return kvt__fail(KVT_ENOMEM, "reply of %d tokens", cap);
-        s->gen = g;
-        s->cap_gen = cap;
+        s->dec.gen = g;
+        s->dec.cap_gen = cap;
     }
-    s->reply_feed = true;
+    s->dec.reply_feed = true;
     rc = kvt__sess_feed(s, &t, 1, KVT_ROLE_ASSISTANT, 0);
-    s->reply_feed = false;
+    s->dec.reply_feed = false;
     if (rc) return rc;
-    s->gen[s->n_gen++] = t;
+    s->dec.gen[s->dec.n_gen++] = t;
     return 0;
 }
 
@@ -202,35 +202,31 @@ int kvt_session_gen_end(kvt_session *s, char **reply) {
     kvt__clear_error();
     if (reply) *reply = NULL;
     char *text = NULL;
-    int rc = kvt_detokenize(s->eng, s->gen, s->n_gen, false, &text);
+    int rc = kvt_detokenize(s->eng, s->dec.gen, s->dec.n_gen, false, &text);
     if (rc) return rc;
     rc = kvt__sess_append_reply(s, text);
-    s->generating = false;
-    s->n_gen = 0;
+    s->dec.generating = false;
+    s->dec.n_gen = 0;
     if (reply && rc == 0) *reply = text;
     else free(text);
     return rc;
 }
 
-int kvt_session_gen_step_batch(kvt_session *const *ss, int32_t n, const struct kvt_sampling *smp, kvt_token *tok,
-                               bool *done, int *status) {
-    kvt__clear_error();
-    return n > 0 ? kvt_session_gen_step_batch_ex(ss[0]->eng, ss, n, smp, tok, done, status, NULL, 0) : 0;
-}
-
-int kvt_session_gen_step_batch_ex(kvt_engine *eng, kvt_session *const *ss, int32_t n, const struct kvt_sampling *smp,
-                                  kvt_token *tok, bool *done, int *status, struct kvt_gen_row *rows, int32_t n_rows) {
-    return kvt_session_gen_step_mixed(eng, ss, n, smp, tok, done, status, rows, n_rows, NULL);
-}
-
-int kvt_session_gen_step_mixed(kvt_engine *eng, kvt_session *const *ss, int32_t n, const struct kvt_sampling *smp,
-                               kvt_token *tok, bool *done, int *status, struct kvt_gen_row *rows, int32_t n_rows,
-                               const struct kvt_decode_chunk *chunk) {
+int kvt_session_gen_step_batch(kvt_engine *eng, const struct kvt_gen_batch *gb) {
+    if (!gb) return kvt__fail(KVT_EINVAL, "NULL batch");
+    kvt_session *const *ss = gb->sessions;
+    const int32_t n = gb->n, n_rows = gb->n_rows;
+    const struct kvt_sampling *smp = gb->smp;
+    kvt_token *tok = gb->tok;
+    bool *done = gb->done;
+    int *status = gb->status;
+    struct kvt_gen_row *rows = gb->rows;
+    const struct kvt_decode_chunk *chunk = gb->chunk;
     kvt__clear_error();
     if (n < 0 || n_rows < 0 || (n > 0 && (!ss || !smp || !tok || !done || !status)) || (n_rows > 0 && !rows))
         return kvt__fail(KVT_EINVAL, "batch of %d sessions and %d rows", n, n_rows);
     if (chunk && chunk->n <= 0) chunk = NULL;
-    if (n + n_rows == 0) return chunk ? kvt_decode_mixed(eng, NULL, NULL, NULL, 0, NULL, chunk) : 0;
+    if (n + n_rows == 0) return chunk ? kvt_engine_decode_batch(eng, NULL, NULL, NULL, 0, NULL, chunk) : 0;
     struct kvt_engine_info I;
     kvt_engine_info(eng, &I);
     const int32_t nt = n + n_rows;
@@ -246,22 +242,22 @@ int kvt_session_gen_step_mixed(kvt_engine *eng, kvt_session *const *ss, int32_t 
         status[i] = 0;
         if (s->eng != eng) { status[i] = kvt__fail(KVT_EINVAL, "batched sessions must share one engine"); continue; }
         if (s->is_parked) { status[i] = kvt__sess_parked_error(); continue; }
-        if (!s->have_logits) { status[i] = kvt__fail(KVT_EINVAL, "gen_step: no user turn to reply to"); continue; }
-        if (!s->generating) s->n_gen = 0;
-        s->generating = true;
-        kvt__engine_set_logits(eng, s->logits);
-        if ((status[i] = kvt_sample(eng, &smp[i], &tok[i]))) continue;
+        if (!s->dec.have_logits) { status[i] = kvt__fail(KVT_EINVAL, "gen_step: no user turn to reply to"); continue; }
+        if (!s->dec.generating) s->dec.n_gen = 0;
+        s->dec.generating = true;
+        kvt__engine_set_logits(eng, s->dec.logits);
+        if ((status[i] = kvt_engine_sample(eng, &smp[i], &tok[i]))) continue;
         if (kvt_token_is_eog(eng, tok[i])) { done[i] = true; continue; }
-        if (s->n_gen == s->cap_gen) {
-            int32_t cap = s->cap_gen ? 2 * s->cap_gen : 64;
-            kvt_token *g = realloc(s->gen, sizeof *g * (size_t) cap);
+        if (s->dec.n_gen == s->dec.cap_gen) {
+            int32_t cap = s->dec.cap_gen ? 2 * s->dec.cap_gen : 64;
+            kvt_token *g = realloc(s->dec.gen, sizeof *g * (size_t) cap);
             if (!g) { status[i] = kvt__fail(KVT_ENOMEM, "reply of %d tokens", cap); continue; }
-            s->gen = g;
-            s->cap_gen = cap;
+            s->dec.gen = g;
+            s->dec.cap_gen = cap;
         }
         double t1 = kvt__now_ms();
         status[i] = kvt__sess_make_room(s, 1);
-        s->policy_ms += kvt__now_ms() - t1;
+        s->st.policy_ms += kvt__now_ms() - t1;
         if (status[i]) continue;
         if ((status[i] = kvt__sess_reserve_positions(s, 1))) continue;
         seqs[m] = s->p.seq;
@@ -275,7 +271,7 @@ int kvt_session_gen_step_mixed(kvt_engine *eng, kvt_session *const *ss, int32_t 
         w->status = 0;
         if (!w->logits) { w->status = kvt__fail(KVT_EINVAL, "batch row %d has no logits", r); continue; }
         kvt__engine_set_logits(eng, w->logits);
-        if ((w->status = kvt_sample(eng, &w->smp, &w->tok))) continue;
+        if ((w->status = kvt_engine_sample(eng, &w->smp, &w->tok))) continue;
         if (kvt_token_is_eog(eng, w->tok)) { w->done = true; continue; }
         seqs[m] = w->seq;
         pos[m] = w->pos;
@@ -284,7 +280,7 @@ int kvt_session_gen_step_mixed(kvt_engine *eng, kvt_session *const *ss, int32_t 
     }
     if (rc == 0 && (m > 0 || chunk)) {
         double t0 = kvt__now_ms();
-        rc = kvt_decode_mixed(eng, seqs, bt, pos, m, logits, chunk);
+        rc = kvt_engine_decode_batch(eng, seqs, bt, pos, m, logits, chunk);
         double dt = (kvt__now_ms() - t0) / (m > 0 ? m : 1);
         for (int32_t k = 0; rc == 0 && k < m; k++) {
             const float *l = logits + (size_t) k * I.n_vocab;
@@ -295,12 +291,12 @@ int kvt_session_gen_step_mixed(kvt_engine *eng, kvt_session *const *ss, int32_t 
                 continue;
             }
             kvt_session *s = ss[idx[k]];
-            s->decode_ms += dt;
-            s->decoded++;
+            s->st.decode_ms += dt;
+            s->st.decoded++;
             kvt__sess_note_peak(s);
-            memcpy(s->logits, l, sizeof(float) * (size_t) s->n_vocab);
-            s->have_logits = true;
-            s->gen[s->n_gen++] = bt[k];
+            memcpy(s->dec.logits, l, sizeof(float) * (size_t) s->n_vocab);
+            s->dec.have_logits = true;
+            s->dec.gen[s->dec.n_gen++] = bt[k];
             status[idx[k]] = kvt__sess_record(s, &bt[k], 1, KVT_ROLE_ASSISTANT);
             if (status[idx[k]] == 0) status[idx[k]] = kvt__sess_elastic(s, 1);
         }
@@ -313,14 +309,14 @@ int kvt_session_gen_step_mixed(kvt_engine *eng, kvt_session *const *ss, int32_t 
     return rc;
 }
 
-const float *kvt_session_logits(const kvt_session *s) { return s->have_logits && !s->is_parked ? s->logits : NULL; }
+const float *kvt_session_logits(const kvt_session *s) { return s->dec.have_logits && !s->is_parked ? s->dec.logits : NULL; }
 
 void kvt_session_set_prefill_hooks(kvt_session *s, const struct kvt_prefill_hooks *hooks) {
-    if (hooks && hooks->decode) s->hooks = *hooks;
-    else memset(&s->hooks, 0, sizeof s->hooks);
+    if (hooks && hooks->decode) s->dec.hooks = *hooks;
+    else memset(&s->dec.hooks, 0, sizeof s->dec.hooks);
 }
 
 void kvt_session_set_chunk_cb(kvt_session *s, kvt_chunk_cb cb, void *ud) {
-    s->chunk_cb = cb;
-    s->chunk_ud = ud;
+    s->dec.chunk_cb = cb;
+    s->dec.chunk_ud = ud;
 }

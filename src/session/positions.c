@@ -46,7 +46,7 @@ int kvt__sess_compact(kvt_session *s) {
     free(ix);
     if (rc) return rc;
     s->next_pos = to;
-    s->compactions++;
+    s->st.compactions++;
     kvt__sess_chain_off(s);
     return 0;
 }

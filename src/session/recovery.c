@@ -22,7 +22,7 @@ void kvt__sess_pick_representatives(kvt_session *s, struct blk *b, const kvt_blo
     int32_t nc = 0, row = 0;
     struct kvt_engine_info I;
     kvt_engine_info(s->eng, &I);
-    if (kvt_engine_layer_part(s->eng, s->rep_layer, &part, &idx) ||
+    if (kvt_engine_layer_part(s->eng, s->rcv.rep_layer, &part, &idx) ||
         kvt_blob_k_rows(s->eng, blob, part, idx, &K, &pos, &nc, &row)) {
         kvt__clear_error();
         return;
@@ -46,11 +46,11 @@ void kvt__sess_pick_representatives(kvt_session *s, struct blk *b, const kvt_blo
             if (pos[c] == b->info.p0 + pick[r]) {
                 float *dst = b->rep + (size_t) b->n_rep * row;
                 memcpy(dst, K + (size_t) c * row, sizeof(float) * (size_t) row);
-                for (int32_t h = 0; h < I.n_head_kv; h++) kvt__engine_rotate(s->eng, s->rep_layer, dst + h * hd, hd, -pos[c]);
+                for (int32_t h = 0; h < I.n_head_kv; h++) kvt__engine_rotate(s->eng, s->rcv.rep_layer, dst + h * hd, hd, -pos[c]);
                 b->n_rep++;
                 break;
             }
-    s->rep_row = row;
+    s->rcv.rep_row = row;
     kvt__clear_error();
     free(K);
     free(pos);
@@ -62,21 +62,21 @@ void kvt__sess_pick_representatives(kvt_session *s, struct blk *b, const kvt_blo
 void kvt__sess_embed_block(kvt_session *s, struct blk *b) {
     double t0 = kvt__now_ms();
     if (!b->text || !b->text[0]) return;
-    if (!(b->emb = malloc(sizeof(float) * (size_t) s->emb_dim))) return;
-    if (kvt_embed(s->p.embedder, b->text, b->emb) != 0) {
+    if (!(b->emb = malloc(sizeof(float) * (size_t) s->rcv.emb_dim))) return;
+    if (kvt_embedder_embed(s->p.embedder, b->text, b->emb) != 0) {
         free(b->emb);
         b->emb = NULL;
         kvt__clear_error();
         return;
     }
-    if (!s->ann && b->info.id + 1 >= s->p.ann_min_blocks) {
-        if (kvt_ann_open(s->emb_dim, 2 * s->p.ann_min_blocks, 0, 0, &s->ann) == 0)
+    if (!s->rcv.ann && b->info.id + 1 >= s->p.ann_min_blocks) {
+        if (kvt_ann_open(s->rcv.emb_dim, 2 * s->p.ann_min_blocks, 0, 0, &s->rcv.ann) == 0)
             for (int32_t i = 0; i < b->info.id; i++)
-                if (s->b[i].emb) kvt_ann_add(s->ann, (uint64_t) i, s->b[i].emb);
+                if (s->b[i].emb) kvt_ann_add(s->rcv.ann, (uint64_t) i, s->b[i].emb);
     }
-    if (s->ann) kvt_ann_add(s->ann, (uint64_t) b->info.id, b->emb);
+    if (s->rcv.ann) kvt_ann_add(s->rcv.ann, (uint64_t) b->info.id, b->emb);
     kvt__clear_error();
-    s->embed_ms += kvt__now_ms() - t0;
+    s->st.embed_ms += kvt__now_ms() - t0;
 }
 
 static int cmp_cand(const void *a, const void *b) {
@@ -113,22 +113,22 @@ int kvt__sess_load_candidates(kvt_session *s, struct cand *c, int32_t n_c, int32
 static int dense_candidates(kvt_session *s, const char *query, struct cand *c, int32_t *n_c) {
     double t0 = kvt__now_ms();
     *n_c = 0;
-    float *q = malloc(sizeof(float) * (size_t) s->emb_dim);
+    float *q = malloc(sizeof(float) * (size_t) s->rcv.emb_dim);
     if (!q) return kvt__fail(KVT_ENOMEM, "query vector");
-    int rc = kvt_embed(s->p.embedder, query, q);
+    int rc = kvt_embedder_embed(s->p.embedder, query, q);
     if (rc) {
         free(q);
         kvt__clear_error(); /* e.g. an empty message: nothing to retrieve with */
         return 0;
     }
 #define EVICTED(b) kvt__sess_evicted(s, (b))
-    if (s->ann) {
+    if (s->rcv.ann) {
         int32_t n_res = 0;
         for (int32_t i = 0; i < s->n_b; i++) n_res += !EVICTED(&s->b[i]);
         int32_t k = KVT_MIN(s->n_b, n_res + 4 * s->p.top_k + 16), got = 0;
         uint64_t *ids = malloc(sizeof(uint64_t) * (size_t) k);
         float *sims = malloc(sizeof(float) * (size_t) k);
-        if (ids && sims && (rc = kvt_ann_search(s->ann, q, k, ids, sims, &got)) == 0)
+        if (ids && sims && (rc = kvt_ann_search(s->rcv.ann, q, k, ids, sims, &got)) == 0)
             for (int32_t j = 0; j < got; j++)
                 if (ids[j] < (uint64_t) s->n_b && EVICTED(&s->b[ids[j]]) && sims[j] >= s->p.min_recovery_cosine)
                     c[(*n_c)++] = (struct cand){ (int32_t) ids[j], sims[j] };
@@ -140,13 +140,13 @@ static int dense_candidates(kvt_session *s, const char *query, struct cand *c, i
             const struct blk *b = &s->b[i];
             if (!b->emb || !EVICTED(b)) continue;
             double dot = 0;
-            for (int32_t d = 0; d < s->emb_dim; d++) dot += (double) q[d] * b->emb[d];
+            for (int32_t d = 0; d < s->rcv.emb_dim; d++) dot += (double) q[d] * b->emb[d];
             if (dot >= s->p.min_recovery_cosine) c[(*n_c)++] = (struct cand){ i, dot };
         }
     }
 #undef EVICTED
     free(q);
-    s->embed_ms += kvt__now_ms() - t0;
+    s->st.embed_ms += kvt__now_ms() - t0;
     return rc;
 }
 
@@ -236,11 +236,11 @@ int kvt__sess_recover(kvt_session *s, const char *query, int32_t msg_tokens) {
         if (s->open >= 0 &&
             kvt_detokenize(s->eng, s->b[s->open].tok, s->b[s->open].info.n_tokens, false, &open_text) == 0)
             res[n_res++] = open_text;
-        if (s->emb_dim > 0) rc = dense_candidates(s, query, c, &n_c);
+        if (s->rcv.emb_dim > 0) rc = dense_candidates(s, query, c, &n_c);
         else rc = bm25_candidates(s, query, res, n_res, docs, sc, c, &n_c, &novel);
         if (rc == 0) {
-            n_c = top_with_successors(s, c, n_c, nb, s->emb_dim == 0 ? novel : NULL);
-            debug_candidates(s, s->emb_dim ? "cosine" : "novel terms", novel, c, n_c);
+            n_c = top_with_successors(s, c, n_c, nb, s->rcv.emb_dim == 0 ? novel : NULL);
+            debug_candidates(s, s->rcv.emb_dim ? "cosine" : "novel terms", novel, c, n_c);
         }
     }
     if (rc == 0 && n_c > 0) {
@@ -262,7 +262,7 @@ int kvt__sess_infllm_recover(kvt_session *s, int32_t suffix_tokens) {
     kvt_attn *a = NULL;
     struct kvt_engine_info I;
     kvt_engine_info(s->eng, &I);
-    if (s->p.top_k == 0 || s->rep_row == 0 || kvt_attn_get(s->eng, s->rep_layer, s->p.seq, &a) || !a->q) {
+    if (s->p.top_k == 0 || s->rcv.rep_row == 0 || kvt_attn_get(s->eng, s->rcv.rep_layer, s->p.seq, &a) || !a->q) {
         kvt_attn_free(a);
         kvt__clear_error();
         return 0;
@@ -272,11 +272,11 @@ int kvt__sess_infllm_recover(kvt_session *s, int32_t suffix_tokens) {
     float *qbar = calloc((size_t) nh * hd, sizeof(float)), *tmp = malloc(sizeof(float) * (size_t) hd);
     struct cand *c = malloc(sizeof *c * (size_t) (s->n_b ? s->n_b : 1));
     int32_t from = a->n_query > INFLLM_WINDOW ? a->n_query - INFLLM_WINDOW : 0, n_c = 0;
-    if (qbar && tmp && c && hd == s->rep_row / I.n_head_kv) {
+    if (qbar && tmp && c && hd == s->rcv.rep_row / I.n_head_kv) {
         for (int32_t t = from; t < a->n_query; t++)
             for (int32_t h = 0; h < nh; h++) {
                 memcpy(tmp, a->q + ((size_t) t * nh + h) * hd, sizeof(float) * (size_t) hd);
-                kvt__engine_rotate(s->eng, s->rep_layer, tmp, hd, -a->q_pos[t]);
+                kvt__engine_rotate(s->eng, s->rcv.rep_layer, tmp, hd, -a->q_pos[t]);
                 for (int32_t d = 0; d < hd; d++) qbar[(size_t) h * hd + d] += tmp[d] / (float) (a->n_query - from);
             }
         double bar = -INFINITY; /* like the BM25 rule: only blocks that beat every resident non-sink block */
@@ -289,7 +289,7 @@ int kvt__sess_infllm_recover(kvt_session *s, int32_t suffix_tokens) {
             for (int32_t r = 0; r < b->n_rep; r++) {
                 double dot = 0;
                 for (int32_t h = 0; h < nh; h++) {
-                    const float *k = b->rep + (size_t) r * s->rep_row + (size_t) (h / group) * hd;
+                    const float *k = b->rep + (size_t) r * s->rcv.rep_row + (size_t) (h / group) * hd;
                     for (int32_t d = 0; d < hd; d++) dot += (double) qbar[(size_t) h * hd + d] * k[d];
                 }
                 best = fmax(best, dot / sqrt((double) hd));
@@ -307,7 +307,7 @@ int kvt__sess_infllm_recover(kvt_session *s, int32_t suffix_tokens) {
     kvt_attn_free(a);
     free(qbar);
     free(tmp);
-    s->policy_ms += kvt__now_ms() - t0;
+    s->st.policy_ms += kvt__now_ms() - t0;
     int rc = 0;
     int32_t need = 0;
     for (int32_t k = 0; k < n_c; k++) need += s->b[c[k].i].info.n_tokens;

@@ -32,8 +32,8 @@ const char *kvt_route_name(int route) {
 ** engine).  A failure turns the store off for the session: it is a cache, never a reason to fail
 ** a request. */
 bool kvt__sess_roots(kvt_session *s) {
-    if (s->have_root) return true;
-    if (!s->p.store || s->store_broken) return false;
+    if (s->reuse.have_root) return true;
+    if (!s->p.store || s->reuse.store_broken) return false;
     struct kvt_chain_params cp;
     char layout[512];
     memset(&cp, 0, sizeof cp);
@@ -42,18 +42,18 @@ bool kvt__sess_roots(kvt_session *s) {
         kvt_engine_layout(s->eng, layout, sizeof layout);
         cp.layout = layout;
         cp.block = s->p.block;
-        cp.tenant = s->tenant;
-        rc = kvt_chain_root(&cp, &s->root);
-        if (rc == 0 && s->p.chunk_reuse) rc = kvt_chunk_root(&cp, &s->croot);
+        cp.tenant = s->reuse.tenant;
+        rc = kvt_chain_root(&cp, &s->reuse.root);
+        if (rc == 0 && s->p.chunk_reuse) rc = kvt_chunk_root(&cp, &s->chunk.root);
     }
     if (rc) {
         fprintf(stderr, "kvtier: block store off for this session: %s\n", kvt_errmsg());
         kvt__clear_error();
-        s->store_broken = true;
+        s->reuse.store_broken = true;
         return false;
     }
-    s->model_fp = cp.model;
-    s->have_root = true;
+    s->reuse.model_fp = cp.model;
+    s->reuse.have_root = true;
     return true;
 }
 
@@ -64,7 +64,7 @@ static bool block_key(kvt_session *s, int32_t i, kvt_key *out) {
     const kvt_key *prev = NULL;
     if (i == 0) {
         if (!kvt__sess_roots(s)) return false;
-        prev = &s->root;
+        prev = &s->reuse.root;
     } else if (s->b[i - 1].has_ckey) {
         prev = &s->b[i - 1].ckey;
     } else {
@@ -75,19 +75,19 @@ static bool block_key(kvt_session *s, int32_t i, kvt_key *out) {
 }
 
 void kvt__sess_chain_off(kvt_session *s) {
-    s->chain_ok = false;
+    s->reuse.chain_ok = false;
 }
 
 bool kvt__sess_store_block(kvt_session *s, struct blk *b, const kvt_blob *blob) {
     kvt__sess_chunk_store(s, b, blob); /* chunk keys: blocks of any purity */
-    if (!s->p.store || !s->chain_ok) return false;
+    if (!s->p.store || !s->reuse.chain_ok) return false;
     const int32_t i = (int32_t) (b - s->b);
     if (blob->p0 != b->info.orig_p0 || !block_key(s, i, &b->ckey)) return false;
     b->has_ckey = true;
     if (kvt_store_has(s->p.store, &b->ckey)) return true;
-    struct kvt_store_meta m = { s->model_fp, b->info.n_tokens, 0 };
+    struct kvt_store_meta m = { s->reuse.model_fp, b->info.n_tokens, 0 };
     const bool put = kvt_store_put(s->p.store, &b->ckey, &m, blob->data, blob->size) == 0;
-    if (put) s->store_put++;
+    if (put) s->st.store_put++;
     /* a put that neither tier kept (larger than RAM with no disk tier, say) is no copy */
     const bool held = put && kvt_store_has(s->p.store, &b->ckey);
     kvt__clear_error(); /* a store that cannot take it (memory) costs a later prefill, nothing now */
@@ -97,8 +97,8 @@ bool kvt__sess_store_block(kvt_session *s, struct blk *b, const kvt_blob *blob) 
 int kvt__sess_store_fetch(kvt_session *s, const struct blk *b, void **data, size_t *n) {
     *data = NULL;
     *n = 0;
-    if (!s->p.store || !b->has_ckey || !s->have_root) return KVT_ENOENT;
-    int rc = kvt_store_get_copy(s->p.store, &b->ckey, &s->model_fp, data, n); /* its own copy: any age */
+    if (!s->p.store || !b->has_ckey || !s->reuse.have_root) return KVT_ENOENT;
+    int rc = kvt_store_get_copy(s->p.store, &b->ckey, &s->reuse.model_fp, data, n); /* its own copy: any age */
     if (rc) kvt__clear_error();
     return rc;
 }
@@ -107,14 +107,14 @@ int kvt__sess_route(kvt_session *s, const kvt_token *tok, int32_t n, int role, i
     *used = 0;
     const int32_t B = s->p.block;
     /* at a block boundary of a pure stream, with at least one full block before the last token */
-    if (!s->p.store || !s->chain_ok || s->open >= 0 || s->next_pos != s->total || s->total % B != 0 || n <= B)
+    if (!s->p.store || !s->reuse.chain_ok || s->open >= 0 || s->next_pos != s->total || s->total % B != 0 || n <= B)
         return 0;
     if (!kvt__sess_roots(s)) return 0;
     const int32_t i0 = s->n_b;
     if (i0 > 0 && !s->b[i0 - 1].has_ckey) return 0;
     const int32_t want = (n - 1) / B;
-    s->route_want += want * B;
-    s->route_want_all += want * B;
+    s->reuse.route_want += want * B;
+    s->reuse.route_want_all += want * B;
     /* what fits the budget beside what is resident, leaving a block of room for the rest: loaded
     ** blocks that had to be evicted at once would only cost a copy */
     int32_t k_max = KVT_MIN(want, (s->p.budget - kvt__sess_resident(s) - B) / B);
@@ -142,9 +142,9 @@ int kvt__sess_route(kvt_session *s, const kvt_token *tok, int32_t n, int role, i
         goto out;
     }
     for (int32_t j = 0; j < k_max; j++)
-        kvt_chain_next(j ? &keys[j - 1] : i0 > 0 ? &s->b[i0 - 1].ckey : &s->root, tok + (size_t) j * B, B, &keys[j]);
+        kvt_chain_next(j ? &keys[j - 1] : i0 > 0 ? &s->b[i0 - 1].ckey : &s->reuse.root, tok + (size_t) j * B, B, &keys[j]);
     if (k_max > 1) { /* nothing happens when the store runs no prefetch threads */
-        kvt_store_prefetch(s->p.store, keys, k_max, &s->model_fp);
+        kvt_store_prefetch(s->p.store, keys, k_max, &s->reuse.model_fp);
         kvt__clear_error();
     }
     int32_t j = 0;
@@ -153,7 +153,7 @@ int kvt__sess_route(kvt_session *s, const kvt_token *tok, int32_t n, int role, i
         void *data = NULL;
         size_t sz = 0;
         struct kvt_store_meta m;
-        if (kvt_store_get(s->p.store, &key, &s->model_fp, &data, &sz, &m, NULL)) break;
+        if (kvt_store_get(s->p.store, &key, &s->reuse.model_fp, &data, &sz, &m, NULL)) break;
         blobs[found] = (kvt_blob) { data, sz, (i0 + j) * B, B, B, 0 };
         if (m.n_tokens != B || m.codec != 0) break; /* freed below with the others */
         bp[found] = &blobs[found];
@@ -166,15 +166,15 @@ int kvt__sess_route(kvt_session *s, const kvt_token *tok, int32_t n, int role, i
     /* the blocks seal with the bytes just loaded (pool copies for this session's recovery; their
     ** keys are in the store, so nothing is written twice) */
     if ((rc = kvt__sess_load_run(s, bp, found, tok, role, false, used)) || *used == 0) goto out;
-    s->route_tokens += found * B;
-    s->route_tokens_all += found * B;
-    s->store_tokens += found * B;
+    s->reuse.route_tokens += found * B;
+    s->reuse.route_tokens_all += found * B;
+    s->st.store_tokens += found * B;
 out:
     for (int32_t q = 0; blobs && q <= found && q < k_max; q++) free(blobs[q].data);
     free(blobs);
     free(bp);
     free(keys);
-    s->store_ms += kvt__now_ms() - t0;
+    s->st.store_ms += kvt__now_ms() - t0;
     return rc;
 }
 
@@ -196,18 +196,18 @@ int kvt__sess_load_run(kvt_session *s, const kvt_blob **bp, int32_t found, const
             fprintf(stderr, "kvtier: %d blocks found in the store could not be loaded, prefilled instead: %s\n", found,
                     kvt_errmsg());
         kvt__clear_error();
-        if (moved) s->chunk_load_errors++; else s->store_load_errors++;
+        if (moved) s->st.chunk_load_errors++; else s->st.store_load_errors++;
         return 0;
     }
     if (moved) kvt__sess_chain_off(s); /* from here on the KV is not a cold prefill's: no more chain keys */
     const int32_t first = s->n_b;
-    s->preload = bp;
-    s->n_preload = found;
-    s->preload_moved = moved;
+    s->reuse.preload = bp;
+    s->reuse.n_preload = found;
+    s->reuse.preload_moved = moved;
     rc = kvt__sess_record(s, tok, found * B, role);
-    s->preload = NULL;
-    s->n_preload = 0;
-    s->preload_moved = false;
+    s->reuse.preload = NULL;
+    s->reuse.n_preload = 0;
+    s->reuse.preload_moved = false;
     if (rc) return rc;
     if (moved)
         for (int32_t i = first; i < s->n_b; i++) s->b[i].info.from_chunk = true;

@@ -98,64 +98,64 @@ int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *params, k
     if (p.chunk_reuse && !p.store) return kvt__fail(KVT_EINVAL, "chunk_reuse needs a block store (store is NULL)");
     kvt_session *s = calloc(1, sizeof *s);
     if (!s) return kvt__fail(KVT_ENOMEM, "session");
-    s->chunk_k_tok = chunk_k_tok;
-    s->chunk_k_pct = chunk_k_pct;
+    s->chunk.k_tok = chunk_k_tok;
+    s->chunk.k_pct = chunk_k_pct;
     s->codec = codec;
     p.codec_ram = NULL; /* the caller's string: parsed into s->codec */
     p.chunk_recompute = NULL; /* parsed into chunk_k_tok / chunk_k_pct */
     s->eng = eng;
-    s->emb_dim = p.embedder ? kvt_embedder_dim(p.embedder) : 0;
+    s->rcv.emb_dim = p.embedder ? kvt_embedder_dim(p.embedder) : 0;
     s->p = p;
     s->open = -1;
     s->n_vocab = I.n_vocab;
     s->pos_limit = I.n_ctx_train > 0 ? I.n_ctx_train : INT32_MAX / 2;
     s->serial = atomic_fetch_add(&g_serial, 1) + 1;
-    s->kv_text = strdup("");
-    if (!s->kv_text) { free(s); return kvt__fail(KVT_ENOMEM, "session"); }
+    s->conv.kv_text = strdup("");
+    if (!s->conv.kv_text) { free(s); return kvt__fail(KVT_ENOMEM, "session"); }
     int rc0 = 0;
     if (p.policy == KVT_POLICY_H2O || p.policy == KVT_POLICY_SNAPKV || p.policy == KVT_POLICY_KVTIER ||
         p.policy == KVT_POLICY_INFLLM) {
         /* attention signals: the given layers, else the full-attention layers of an iSWA model
         ** (Gemma 3 270M: 5, 11, 17), else three spread layers */
-        s->layers = malloc(sizeof(int32_t) * (size_t) (I.n_layer > 3 ? I.n_layer : 3));
-        if (!s->layers) rc0 = kvt__fail(KVT_ENOMEM, "layers");
-        for (int32_t i = 0; rc0 == 0 && i < p.n_attn_layers; i++) s->layers[s->n_layers++] = p.attn_layers[i];
+        s->sig.layers = malloc(sizeof(int32_t) * (size_t) (I.n_layer > 3 ? I.n_layer : 3));
+        if (!s->sig.layers) rc0 = kvt__fail(KVT_ENOMEM, "layers");
+        for (int32_t i = 0; rc0 == 0 && i < p.n_attn_layers; i++) s->sig.layers[s->sig.n_layers++] = p.attn_layers[i];
         if (rc0 == 0 && p.n_attn_layers == 0 && I.n_swa > 0)
             for (int32_t il = 0; il < I.n_layer; il++) {
                 int part, idx;
-                if (kvt_engine_layer_part(eng, il, &part, &idx) == 0 && part == 0) s->layers[s->n_layers++] = il;
+                if (kvt_engine_layer_part(eng, il, &part, &idx) == 0 && part == 0) s->sig.layers[s->sig.n_layers++] = il;
             }
-        if (rc0 == 0 && s->n_layers == 0) {
-            s->layers[s->n_layers++] = I.n_layer / 4;
-            if (I.n_layer > 1) s->layers[s->n_layers++] = I.n_layer / 2;
-            if (I.n_layer > 2) s->layers[s->n_layers++] = (3 * I.n_layer) / 4;
+        if (rc0 == 0 && s->sig.n_layers == 0) {
+            s->sig.layers[s->sig.n_layers++] = I.n_layer / 4;
+            if (I.n_layer > 1) s->sig.layers[s->sig.n_layers++] = I.n_layer / 2;
+            if (I.n_layer > 2) s->sig.layers[s->sig.n_layers++] = (3 * I.n_layer) / 4;
         }
-        if (rc0 == 0) rc0 = kvt_attn_capture(eng, s->layers, s->n_layers, p.policy == KVT_POLICY_INFLLM);
-        s->n_head = I.n_head;
+        if (rc0 == 0) rc0 = kvt_attn_capture(eng, s->sig.layers, s->sig.n_layers, p.policy == KVT_POLICY_INFLLM);
+        s->sig.n_head = I.n_head;
         if (rc0 == 0 && p.head_profile) {
-            s->head_w = malloc(sizeof(float) * (size_t) s->n_layers * (size_t) I.n_head);
-            rc0 = s->head_w ? kvt_head_weights_load(p.head_profile, s->layers, s->n_layers, I.n_head, s->head_w)
+            s->sig.head_w = malloc(sizeof(float) * (size_t) s->sig.n_layers * (size_t) I.n_head);
+            rc0 = s->sig.head_w ? kvt_head_weights_load(p.head_profile, s->sig.layers, s->sig.n_layers, I.n_head, s->sig.head_w)
                             : kvt__fail(KVT_ENOMEM, "head weights");
         }
-        s->rep_layer = s->layers[s->n_layers / 2];
-        if (rc0) { free(s->head_w); free(s->layers); free(s->kv_text); free(s); return rc0; }
-        s->p.attn_layers = s->layers;
-        s->p.n_attn_layers = s->n_layers;
+        s->rcv.rep_layer = s->sig.layers[s->sig.n_layers / 2];
+        if (rc0) { free(s->sig.head_w); free(s->sig.layers); free(s->conv.kv_text); free(s); return rc0; }
+        s->p.attn_layers = s->sig.layers;
+        s->p.n_attn_layers = s->sig.n_layers;
     }
     if (p.pool) {
         s->pool = p.pool;
     } else if (!p.store) {
         struct kvt_pool_params pp = kvt_pool_default_params();
         int rc = kvt_pool_open(&pp, &s->pool);
-        if (rc) { free(s->head_w); free(s->layers); free(s->kv_text); free(s); return rc; }
+        if (rc) { free(s->sig.head_w); free(s->sig.layers); free(s->conv.kv_text); free(s); return rc; }
         s->own_pool = true;
     }
-    if (p.tenant && *p.tenant && !(s->tenant = strdup(p.tenant))) {
+    if (p.tenant && *p.tenant && !(s->reuse.tenant = strdup(p.tenant))) {
         kvt_session_free(s);
         return kvt__fail(KVT_ENOMEM, "tenant");
     }
-    s->p.tenant = s->tenant;
-    s->chain_ok = p.store != NULL;
+    s->p.tenant = s->reuse.tenant;
+    s->reuse.chain_ok = p.store != NULL;
     *out = s;
     return 0;
 }
@@ -171,19 +171,19 @@ void kvt_session_free(kvt_session *s) {
         free(s->b[i].rep);
         free(s->b[i].emb);
     }
-    kvt_ann_free(s->ann);
-    for (int32_t i = 0; i < s->n_m; i++) free(s->m[i].content);
+    kvt_ann_free(s->rcv.ann);
+    for (int32_t i = 0; i < s->conv.n_m; i++) free(s->conv.m[i].content);
     if (s->own_pool) kvt_pool_free(s->pool);
     free(s->b);
-    free(s->m);
-    free(s->kv_text);
-    free(s->layers);
-    free(s->head_w);
-    free(s->seg_tok);
-    free(s->seg_chr);
-    free(s->logits);
-    free(s->gen);
-    free(s->tenant);
+    free(s->conv.m);
+    free(s->conv.kv_text);
+    free(s->sig.layers);
+    free(s->sig.head_w);
+    free(s->conv.seg_tok);
+    free(s->conv.seg_chr);
+    free(s->dec.logits);
+    free(s->dec.gen);
+    free(s->reuse.tenant);
     free(s);
 }
 
@@ -193,7 +193,7 @@ int kvt__sess_parked_error(void) { return kvt__fail(KVT_EINVAL, "the session is 
 
 void kvt__sess_note_peak(kvt_session *s) {
     int32_t r = kvt__sess_resident(s);
-    if (r > s->peak) s->peak = r;
+    if (r > s->st.peak) s->st.peak = r;
 }
 
 int kvt__sess_block_role(const struct blk *b) {
@@ -216,7 +216,7 @@ void kvt__sess_refresh_residency(const kvt_session *s, struct blk *b) {
 void kvt_session_get_stats(kvt_session *s, struct kvt_session_stats *st) {
     memset(st, 0, sizeof *st);
     st->resident_tokens = kvt__sess_resident(s);
-    st->peak_resident_tokens = s->peak;
+    st->peak_resident_tokens = s->st.peak;
     st->total_tokens = s->total;
     st->n_blocks = s->n_b;
     for (int32_t i = 0; i < s->n_b; i++) {
@@ -229,36 +229,36 @@ void kvt_session_get_stats(kvt_session *s, struct kvt_session_stats *st) {
         default: st->n_blocks_lost++; break;
         }
     }
-    st->evictions = s->evictions;
-    st->recoveries = s->recoveries;
-    st->tokens_decoded = s->decoded;
-    st->tokens_recovered = s->recovered;
-    st->recomputes = s->recomputes;
+    st->evictions = s->st.evictions;
+    st->recoveries = s->st.recoveries;
+    st->tokens_decoded = s->st.decoded;
+    st->tokens_recovered = s->st.recovered;
+    st->recomputes = s->st.recomputes;
     st->next_pos = s->next_pos;
-    st->compactions = s->compactions;
-    st->policy_ms = s->policy_ms;
-    st->decode_ms = s->decode_ms;
+    st->compactions = s->st.compactions;
+    st->policy_ms = s->st.policy_ms;
+    st->decode_ms = s->st.decode_ms;
     if (s->p.store) kvt_store_private_stats(s->p.store, &st->pool);
     else kvt_pool_get_stats(s->pool, &st->pool);
-    st->route = kvt__sess_route_kind(s->route_want, s->route_tokens);
-    st->route_tokens = s->route_tokens;
-    st->route_lookup_tokens = s->route_want;
-    st->store_tokens = s->store_tokens;
-    st->store_blocks_put = s->store_put;
-    st->store_ms = s->store_ms;
-    st->store_load_errors = s->store_load_errors;
-    st->pool_saved_tokens = s->pool_tokens;
-    st->pool_raw_bytes = s->pool_raw_bytes;
-    st->pool_stored_bytes = s->pool_bytes;
-    st->codec_encode_ms = s->codec_enc_ms;
-    st->codec_decode_ms = s->codec_dec_ms;
+    st->route = kvt__sess_route_kind(s->reuse.route_want, s->reuse.route_tokens);
+    st->route_tokens = s->reuse.route_tokens;
+    st->route_lookup_tokens = s->reuse.route_want;
+    st->store_tokens = s->st.store_tokens;
+    st->store_blocks_put = s->st.store_put;
+    st->store_ms = s->st.store_ms;
+    st->store_load_errors = s->st.store_load_errors;
+    st->pool_saved_tokens = s->st.pool_tokens;
+    st->pool_raw_bytes = s->st.pool_raw_bytes;
+    st->pool_stored_bytes = s->st.pool_bytes;
+    st->codec_encode_ms = s->st.codec_enc_ms;
+    st->codec_decode_ms = s->st.codec_dec_ms;
     kvt__sess_elastic_stats(s, st);
-    st->chunk_tokens = s->chunk_tokens;
-    st->chunk_recompute_tokens = s->chunk_recompute_tokens;
-    st->chunk_runs = s->chunk_runs;
-    st->chunk_blocks_put = s->chunk_put;
-    st->chunk_load_errors = s->chunk_load_errors;
-    st->chunk_scan_ms = s->chunk_scan_ms;
+    st->chunk_tokens = s->st.chunk_tokens;
+    st->chunk_recompute_tokens = s->st.chunk_recompute_tokens;
+    st->chunk_runs = s->st.chunk_runs;
+    st->chunk_blocks_put = s->st.chunk_put;
+    st->chunk_load_errors = s->st.chunk_load_errors;
+    st->chunk_scan_ms = s->st.chunk_scan_ms;
 }
 
 int32_t kvt_session_n_blocks(const kvt_session *s) { return s->n_b; }
@@ -283,7 +283,7 @@ int kvt_session_block(kvt_session *s, int32_t i, struct kvt_block_info *info) {
 int kvt_session_park(kvt_session *s) {
     kvt__clear_error();
     if (s->is_parked) return 0;
-    if (s->generating) return kvt__fail(KVT_EINVAL, "park: a reply is being generated (call kvt_session_gen_end first)");
+    if (s->dec.generating) return kvt__fail(KVT_EINVAL, "park: a reply is being generated (call kvt_session_gen_end first)");
     int rc = kvt__sess_seal(s); /* the open block is saved as it is (sealed early) */
     if (rc) return rc;
     for (int32_t i = 0; i < s->n_b; i++) {

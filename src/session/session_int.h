@@ -14,8 +14,8 @@
 **                         prompt prefix lookup and load before prefill
 **   session/chunks.c      non-prefix chunk reuse: chunk keys at seal, the scan of a prompt for
 **                         stored blocks at any offset, their load with boundary recompute
-**   policy/signals.c      attention captured per chunk -> H2O / SnapKV / EWMA block signals
-**   retrieval/recovery.c  which evicted blocks come back before a message (BM25 novel terms,
+**   session/signals.c     attention captured per chunk -> H2O / SnapKV / EWMA block signals
+**   session/recovery.c    which evicted blocks come back before a message (BM25 novel terms,
 **                         successor blocks, dense/HNSW, InfLLM representatives, own tail)
 **
 ** Single-threaded like the public session API: one thread at a time per engine. */
@@ -55,83 +55,117 @@ struct msg {
     char *content;
 };
 
-struct kvt_session {
-    kvt_engine *eng;
-    struct kvt_session_params p;
-    kvt_pool   *pool;
-    bool        own_pool;
-    uint32_t    serial;
-    struct blk *b;
-    int32_t     n_b, cap_b;
-    int32_t     open;           /* index of the open tail block, -1 if none */
-    kvt_pos     next_pos;
+/* The parts of a session's state, each written by one file (the others may read it). */
+
+/* The conversation (session/sync.c): messages, the template text decoded so far, and the
+** segment boundaries (tokens in the stream, bytes of kv_text) wherever kv_text was extended: a
+** conversation that diverges from kv_text is cut back to the last boundary before the divergence
+** and re-fed from there (kvt__sess_cut_stream). */
+struct sess_conv {
     struct msg *m;
     int32_t     n_m, cap_m, n_m_decoded;
     char       *kv_text;        /* template text whose tokens are in the stream */
-    int32_t     turn;
-    int32_t     peak, total;
-    int64_t     evictions, recoveries, decoded, recovered;
-    int64_t     recomputes;     /* blocks decoded again because their saved copy was gone */
-    int32_t     n_vocab;
-    int32_t     cur_keep;       /* keep hint of the message being decoded */
-    int32_t     n_layers;       /* attention layers observed (0 = no attention signals) */
-    int32_t    *layers;
-    float      *head_w;         /* [n_layers * n_head] from head_profile, NULL = equal */
-    int32_t     n_head;
-    double      policy_ms;      /* signals + scoring + bookkeeping (not the primitives) */
-    int32_t     rep_layer;      /* InfLLM: layer of the representative keys */
-    int32_t     rep_row;        /* floats per representative key row (n_head_kv * head_dim) */
-    double      decode_ms;      /* time in kvt_decode for this session's tokens */
-    int32_t     emb_dim;        /* embedder width, 0 without one */
-    kvt_ann    *ann;            /* HNSW over block vectors once ann_min_blocks are sealed */
-    double      embed_ms;       /* time embedding blocks and messages */
-    /* segment boundaries (tokens in the stream, bytes of kv_text) wherever kv_text was extended:
-    ** a conversation that diverges from kv_text is cut back to the last boundary before the
-    ** divergence and re-fed from there (cut_stream) */
     int32_t    *seg_tok;
     size_t     *seg_chr;
     int32_t     n_seg, cap_seg;
-    /* logits after this session's last token (the engine's are shared by every session) */
-    float      *logits;
+};
+
+/* Decoding and generation (session/generate.c). */
+struct sess_dec {
+    float      *logits;         /* after this session's last token (the engine's are shared) */
     bool        have_logits;
     kvt_token  *gen;            /* reply being generated step-wise (kvt_session_gen_step) */
     int32_t     n_gen, cap_gen;
     bool        generating;
-    bool        is_parked;      /* kvt_session_park: no cells, no sequence */
-    kvt_pos     pos_limit;      /* positions stay below this: n_ctx_train (session/positions.c) */
-    int64_t     compactions;    /* times the resident blocks were moved down to close gaps */
+    struct kvt_prefill_hooks hooks; /* mixed prefill (kvt_session_set_prefill_hooks); decode NULL: off */
+    bool        reply_feed;     /* kvt__sess_feed is decoding a generated token (not a prefill chunk) */
     kvt_chunk_cb chunk_cb;      /* called between prefill chunks (kvt_session_set_chunk_cb) */
     void       *chunk_ud;
-    /* block store (session/reuse.c) */
+};
+
+/* Attention signals (session/signals.c; the layers and head weights are set up at open). */
+struct sess_sig {
+    int32_t     n_layers;       /* attention layers observed (0 = no attention signals) */
+    int32_t    *layers;
+    float      *head_w;         /* [n_layers * n_head] from head_profile, NULL = equal */
+    int32_t     n_head;
+};
+
+/* Recovery's indexes (session/recovery.c). */
+struct sess_rcv {
+    int32_t     rep_layer;      /* InfLLM: layer of the representative keys */
+    int32_t     rep_row;        /* floats per representative key row (n_head_kv * head_dim) */
+    int32_t     emb_dim;        /* embedder width, 0 without one */
+    kvt_ann    *ann;            /* HNSW over block vectors once ann_min_blocks are sealed */
+};
+
+/* The block store's prefix reuse (session/reuse.c). */
+struct sess_reuse {
     char       *tenant;         /* copy of p.tenant */
     bool        chain_ok;       /* every block so far is what a cold prefill gives: store them */
     bool        have_root, store_broken;
     kvt_key     root, model_fp; /* h_0 of the chain; the engine's model fingerprint */
     int32_t     route_want, route_tokens; /* this turn: tokens looked up / loaded from the store */
     int64_t     route_want_all, route_tokens_all; /* the same over the session's life */
-    int64_t     store_tokens, store_put, store_load_errors;
     const kvt_blob *const *preload; /* blocks just loaded from the store, in order: their seal */
     int32_t     n_preload;          /*   takes these bytes instead of reading the cache back */
     bool        preload_moved;      /*   they were saved at other positions (reused chunks):
                                     ** matched by order, kept with their own saved position */
+};
+
+/* Non-prefix chunk reuse (session/chunks.c). */
+struct sess_chunk {
+    kvt_key     root;           /* c_0 of the chunk keys (kvt_chunk_root), with reuse.have_root */
+    int32_t     k_tok;          /* chunk_recompute parsed: tokens, or -1 ... */
+    double      k_pct;          /*   ... percent of the run, or -1 */
+};
+
+/* Counters and timings, summed by the file that does the work, read by kvt_session_get_stats. */
+struct sess_stats {
+    int32_t     peak;           /* resident tokens */
+    int64_t     evictions, recoveries, decoded, recovered;
+    int64_t     recomputes;     /* blocks decoded again because their saved copy was gone */
+    int64_t     compactions;    /* times the resident blocks were moved down to close gaps */
+    double      policy_ms;      /* signals + scoring + bookkeeping (not the primitives) */
+    double      decode_ms;      /* time in kvt_engine_decode for this session's tokens */
+    double      embed_ms;       /* time embedding blocks and messages */
+    int64_t     store_tokens, store_put, store_load_errors;
     double      store_ms;
-    struct kvt_prefill_hooks hooks; /* mixed prefill (kvt_session_set_prefill_hooks); decode NULL: off */
-    bool        reply_feed;     /* kvt__sess_feed is decoding a generated token (not a prefill chunk) */
-    /* host pool codec (p.codec_ram parsed; RAW = none) and what saving and loading cost */
-    struct kvt_codec_params codec;
-    int64_t     pool_tokens, pool_raw_bytes, pool_bytes;
+    int64_t     pool_tokens, pool_raw_bytes, pool_bytes; /* what saving to the host pool cost */
     double      codec_enc_ms, codec_dec_ms;
-    /* live ElasticKV (session/elastic.c) */
-    int32_t     el_pending;     /* tokens decoded since the last pass */
-    int64_t     el_passes, el_zeroed;
+    int64_t     el_passes, el_zeroed; /* live ElasticKV (session/elastic.c) */
     struct kvt_elastic_stats el_last; /* the last pass */
     double      el_ms;
-    /* non-prefix chunk reuse (session/chunks.c) */
-    kvt_key     croot;          /* c_0 of the chunk keys (kvt_chunk_root), with have_root */
-    int32_t     chunk_k_tok;    /* chunk_recompute parsed: tokens, or -1 ... */
-    double      chunk_k_pct;    /*   ... percent of the run, or -1 */
     int64_t     chunk_tokens, chunk_recompute_tokens, chunk_runs, chunk_put, chunk_load_errors;
     double      chunk_scan_ms;
+};
+
+/* What every file reads: the engine, the parameters, the block table and the positions. */
+struct kvt_session {
+    kvt_engine *eng;
+    struct kvt_session_params p;
+    kvt_pool   *pool;
+    bool        own_pool;
+    uint32_t    serial;
+    struct blk *b;              /* the block table (session/blocks.c), by id */
+    int32_t     n_b, cap_b;
+    int32_t     open;           /* index of the open tail block, -1 if none */
+    kvt_pos     next_pos;
+    kvt_pos     pos_limit;      /* positions stay below this: n_ctx_train (session/positions.c) */
+    int32_t     total;          /* tokens in the stream */
+    int32_t     turn;
+    int32_t     cur_keep;       /* keep hint of the message being decoded */
+    int32_t     n_vocab;
+    bool        is_parked;      /* kvt_session_park: no cells, no sequence */
+    struct kvt_codec_params codec; /* host pool codec (p.codec_ram parsed; RAW = none) */
+    int32_t     el_pending;     /* live ElasticKV: tokens decoded since the last pass */
+    struct sess_conv  conv;
+    struct sess_dec   dec;
+    struct sess_sig   sig;
+    struct sess_rcv   rcv;
+    struct sess_reuse reuse;
+    struct sess_chunk chunk;
+    struct sess_stats st;
 };
 
 /* A reused chunk found in a prompt (session/chunks.c): its blocks from tokens[at] on are loaded. */
@@ -183,7 +217,7 @@ int  kvt__sess_make_room(kvt_session *s, int32_t need);
 /* Load evicted block i back at next_pos (kv_restore: pool copy + RoPE re-anchoring; breadcrumb:
 ** re-decode).  A block whose copy is gone (corrupt, missing spill file, dropped by the pool) is
 ** re-decoded from its tokens instead (counted in recomputes).  Errors: those of kvt_block_load
-** and kvt_decode (a block whose recompute failed is left LOST, evicted). */
+** and kvt_engine_decode (a block whose recompute failed is left LOST, evicted). */
 int  kvt__sess_load_block(kvt_session *s, int32_t i);
 /* Move sealed resident blocks to the tail so that blocks loaded meanwhile read before them (a long
 ** message's question stays last: kvt__sess_recover_own_tail): lift takes block i's cells out of
@@ -274,11 +308,11 @@ void kvt__sess_chunk_free(struct chunk_run *runs, int32_t n_runs);
 ** failed load is not an error).  Errors: those of kvt__sess_record. */
 int  kvt__sess_chunk_load(kvt_session *s, const struct chunk_run *r, const kvt_token *tok, int role, int32_t *used);
 
-/* ---- policy/signals.c ---- */
+/* ---- session/signals.c ---- */
 /* Attention captured for the last decoded chunk -> block signals (best effort). */
 void kvt__sess_observe(kvt_session *s, bool prompt);
 
-/* ---- retrieval/recovery.c ---- */
+/* ---- session/recovery.c ---- */
 void kvt__sess_pick_representatives(kvt_session *s, struct blk *b, const kvt_blob *blob);
 void kvt__sess_embed_block(kvt_session *s, struct blk *b);
 int  kvt__sess_load_candidates(kvt_session *s, struct cand *c, int32_t n_c, int32_t extra);

@@ -10,7 +10,7 @@
 ** mass, SnapKV's observation-window share (prompt chunks only), kvtier's EWMA.  Best effort: a
 ** capture that cannot be mapped leaves the signals as they were. */
 void kvt__sess_observe(kvt_session *s, bool prompt) {
-    if (s->n_layers == 0 || s->n_b == 0) return;
+    if (s->sig.n_layers == 0 || s->n_b == 0) return;
     double t0 = kvt__now_ms();
     kvt_pos *p0 = malloc(sizeof(kvt_pos) * (size_t) s->n_b);
     int32_t *n = malloc(sizeof(int32_t) * (size_t) s->n_b), *idx = malloc(sizeof(int32_t) * (size_t) s->n_b);
@@ -24,10 +24,10 @@ void kvt__sess_observe(kvt_session *s, bool prompt) {
                 n[nb] = s->b[i].info.n_tokens;
                 idx[nb++] = i;
             }
-        for (int32_t l = 0; l < s->n_layers; l++) {
+        for (int32_t l = 0; l < s->sig.n_layers; l++) {
             kvt_attn *a = NULL;
-            if (kvt_attn_get(s->eng, s->layers[l], s->p.seq, &a) != 0) {
-                if (getenv("KVT_DEBUG_SIGNALS")) fprintf(stderr, "[signals] layer %d: %s\n", s->layers[l], kvt_errmsg());
+            if (kvt_attn_get(s->eng, s->sig.layers[l], s->p.seq, &a) != 0) {
+                if (getenv("KVT_DEBUG_SIGNALS")) fprintf(stderr, "[signals] layer %d: %s\n", s->sig.layers[l], kvt_errmsg());
                 continue;
             }
             if (s->p.policy == KVT_POLICY_INFLLM) /* per-token attention received, for representatives */
@@ -41,7 +41,7 @@ void kvt__sess_observe(kvt_session *s, bool prompt) {
                         bk->tok_mass[a->k_pos[k] - p0[j]] += (float) w;
                         break;
                     }
-            const float *hw = s->head_w && a->n_head == s->n_head ? s->head_w + (size_t) l * s->n_head : NULL;
+            const float *hw = s->sig.head_w && a->n_head == s->sig.n_head ? s->sig.head_w + (size_t) l * s->sig.n_head : NULL;
             if (kvt_attn_block_mass(a, 0, hw, p0, n, nb, m) == 0) {
                 for (int32_t j = 0; j < nb; j++) all[j] += m[j] * a->n_query; /* mass summed over queries */
                 got++;
@@ -65,5 +65,5 @@ void kvt__sess_observe(kvt_session *s, bool prompt) {
     }
     kvt__clear_error();
     free(p0); free(n); free(idx); free(all); free(win); free(m);
-    s->policy_ms += kvt__now_ms() - t0;
+    s->st.policy_ms += kvt__now_ms() - t0;
 }

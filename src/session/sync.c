@@ -9,17 +9,17 @@
 #include <string.h>
 
 int kvt__sess_push_msg(kvt_session *s, int role, const char *text, int keep) {
-    if (s->n_m == s->cap_m) {
-        int32_t cap = s->cap_m ? 2 * s->cap_m : 16;
-        struct msg *nm = realloc(s->m, sizeof *nm * (size_t) cap);
+    if (s->conv.n_m == s->conv.cap_m) {
+        int32_t cap = s->conv.cap_m ? 2 * s->conv.cap_m : 16;
+        struct msg *nm = realloc(s->conv.m, sizeof *nm * (size_t) cap);
         if (!nm) return kvt__fail(KVT_ENOMEM, "messages");
-        s->m = nm;
-        s->cap_m = cap;
+        s->conv.m = nm;
+        s->conv.cap_m = cap;
     }
-    if (!(s->m[s->n_m].content = strdup(text))) return kvt__fail(KVT_ENOMEM, "message of %zu bytes", strlen(text));
-    s->m[s->n_m].role = role;
-    s->m[s->n_m].keep = keep;
-    s->n_m++;
+    if (!(s->conv.m[s->conv.n_m].content = strdup(text))) return kvt__fail(KVT_ENOMEM, "message of %zu bytes", strlen(text));
+    s->conv.m[s->conv.n_m].role = role;
+    s->conv.m[s->conv.n_m].keep = keep;
+    s->conv.n_m++;
     return 0;
 }
 
@@ -27,20 +27,20 @@ int kvt__sess_push_msg(kvt_session *s, int role, const char *text, int keep) {
 ** the stream.  Cannot fail: a boundary that cannot be recorded only makes later cut-backs go
 ** further back. */
 void kvt__sess_set_text(kvt_session *s, char *fmt) {
-    free(s->kv_text);
-    s->kv_text = fmt;
-    if (s->n_seg == s->cap_seg) {
-        int32_t cap = s->cap_seg ? 2 * s->cap_seg : 16;
-        int32_t *t = realloc(s->seg_tok, sizeof *t * (size_t) cap);
-        if (t) s->seg_tok = t;
-        size_t *c = realloc(s->seg_chr, sizeof *c * (size_t) cap);
-        if (c) s->seg_chr = c;
+    free(s->conv.kv_text);
+    s->conv.kv_text = fmt;
+    if (s->conv.n_seg == s->conv.cap_seg) {
+        int32_t cap = s->conv.cap_seg ? 2 * s->conv.cap_seg : 16;
+        int32_t *t = realloc(s->conv.seg_tok, sizeof *t * (size_t) cap);
+        if (t) s->conv.seg_tok = t;
+        size_t *c = realloc(s->conv.seg_chr, sizeof *c * (size_t) cap);
+        if (c) s->conv.seg_chr = c;
         if (!t || !c) return;
-        s->cap_seg = cap;
+        s->conv.cap_seg = cap;
     }
-    s->seg_tok[s->n_seg] = s->total;
-    s->seg_chr[s->n_seg] = strlen(fmt);
-    s->n_seg++;
+    s->conv.seg_tok[s->conv.n_seg] = s->total;
+    s->conv.seg_chr[s->conv.n_seg] = strlen(fmt);
+    s->conv.n_seg++;
 }
 
 /* Cut the stream (the conversation's tokens in the order they were said, i.e. the blocks by id)
@@ -71,7 +71,7 @@ int kvt__sess_cut_stream(kvt_session *s, int32_t keep) {
             }
             if (b->info.sealed) kvt__sess_copy_del(s, b);
             b->info.sealed = false;
-            if (s->ann && b->emb) kvt_ann_remove(s->ann, (uint64_t) b->info.id); /* embedded again when resealed */
+            if (s->rcv.ann && b->emb) kvt_ann_remove(s->rcv.ann, (uint64_t) b->info.id); /* embedded again when resealed */
             kvt__clear_error();
             free(b->emb);
             b->emb = NULL;
@@ -92,7 +92,7 @@ int kvt__sess_cut_stream(kvt_session *s, int32_t keep) {
     s->n_b = n_keep;
     s->next_pos = kvt_seq_pos_max(s->eng, s->p.seq) + 1;
     s->total = keep - n_re;
-    s->have_logits = false;
+    s->dec.have_logits = false;
     int rc = n_re > 0 ? kvt__sess_feed(s, re, n_re, re_role, 0) : 0;
     free(re);
     return rc;
@@ -117,9 +117,9 @@ static int32_t stream_common(const kvt_session *s, const kvt_token *tok, int32_t
 ** the cut point cannot be mapped back to a byte of fmt (the tokens' text is not a suffix of fmt),
 ** else 0 or an error of cut_stream / allocation. */
 static int cut_to_common_tokens(kvt_session *s, const char *fmt, size_t common, kvt_token **tok, int32_t *n) {
-    int32_t k = s->n_seg - 1;
-    while (k >= 0 && s->seg_chr[k] > common) k--;
-    const int32_t at_boundary = k >= 0 ? s->seg_tok[k] : 0;
+    int32_t k = s->conv.n_seg - 1;
+    while (k >= 0 && s->conv.seg_chr[k] > common) k--;
+    const int32_t at_boundary = k >= 0 ? s->conv.seg_tok[k] : 0;
     kvt_token *all = NULL;
     int32_t n_all = 0;
     if (kvt_tokenize(s->eng, fmt, true, true, &all, &n_all)) { kvt__clear_error(); return 1; }
@@ -142,8 +142,8 @@ static int cut_to_common_tokens(kvt_session *s, const char *fmt, size_t common, 
     free(tail);
     int rc = kvt__sess_cut_stream(s, c);
     if (rc) { free(all); return rc; }
-    while (s->n_seg > 0 && (s->seg_tok[s->n_seg - 1] > c || s->seg_chr[s->n_seg - 1] > off)) s->n_seg--;
-    s->kv_text[off] = '\0';
+    while (s->conv.n_seg > 0 && (s->conv.seg_tok[s->conv.n_seg - 1] > c || s->conv.seg_chr[s->conv.n_seg - 1] > off)) s->conv.n_seg--;
+    s->conv.kv_text[off] = '\0';
     memmove(all, all + c, sizeof(kvt_token) * (size_t) (n_all - c));
     *tok = all;
     *n = n_all - c;
@@ -158,13 +158,13 @@ static int cut_to_common_tokens(kvt_session *s, const char *fmt, size_t common, 
 static int pending_tokens(kvt_session *s, int32_t n_msgs, bool add_ass, kvt_token **tok, int32_t *n, char **fmt_out) {
     struct kvt_chat_msg *cm = malloc(sizeof *cm * (size_t) (n_msgs > 0 ? n_msgs : 1));
     if (!cm) return kvt__fail(KVT_ENOMEM, "chat");
-    for (int32_t i = 0; i < n_msgs; i++) cm[i] = (struct kvt_chat_msg){ kvt__sess_role_name[s->m[i].role], s->m[i].content };
+    for (int32_t i = 0; i < n_msgs; i++) cm[i] = (struct kvt_chat_msg){ kvt__sess_role_name[s->conv.m[i].role], s->conv.m[i].content };
     char *fmt = NULL;
     int rc = kvt_chat_format(s->eng, cm, n_msgs, add_ass, s->p.template_fallback, &fmt);
     free(cm);
     if (rc) return rc;
-    size_t common = 0, have = strlen(s->kv_text);
-    while (common < have && fmt[common] == s->kv_text[common]) common++;
+    size_t common = 0, have = strlen(s->conv.kv_text);
+    while (common < have && fmt[common] == s->conv.kv_text[common]) common++;
     *tok = NULL;
     *n = 0;
     if (common < have && (rc = cut_to_common_tokens(s, fmt, common, tok, n)) != 1) {
@@ -173,12 +173,12 @@ static int pending_tokens(kvt_session *s, int32_t n_msgs, bool add_ass, kvt_toke
         return 0;
     }
     if (common < have) {
-        int32_t k = s->n_seg - 1;
-        while (k >= 0 && s->seg_chr[k] > common) k--;
-        if ((rc = kvt__sess_cut_stream(s, k >= 0 ? s->seg_tok[k] : 0))) { free(fmt); return rc; }
-        s->n_seg = k + 1;
-        common = have = k >= 0 ? s->seg_chr[k] : 0;
-        s->kv_text[have] = '\0';
+        int32_t k = s->conv.n_seg - 1;
+        while (k >= 0 && s->conv.seg_chr[k] > common) k--;
+        if ((rc = kvt__sess_cut_stream(s, k >= 0 ? s->conv.seg_tok[k] : 0))) { free(fmt); return rc; }
+        s->conv.n_seg = k + 1;
+        common = have = k >= 0 ? s->conv.seg_chr[k] : 0;
+        s->conv.kv_text[have] = '\0';
     }
     if (fmt[common] == '\0') { *fmt_out = fmt; return 0; }
     rc = kvt_tokenize(s->eng, fmt + common, have == 0, true, tok, n);
@@ -187,11 +187,7 @@ static int pending_tokens(kvt_session *s, int32_t n_msgs, bool add_ass, kvt_toke
     return 0;
 }
 
-int kvt_session_add(kvt_session *s, enum kvt_role role, const char *text) {
-    return kvt_session_add_ex(s, role, text, KVT_KEEP_NONE);
-}
-
-int kvt_session_add_ex(kvt_session *s, enum kvt_role role, const char *text, int32_t keep) {
+int kvt_session_add(kvt_session *s, enum kvt_role role, const char *text, int32_t keep) {
     kvt__clear_error();
     if (keep < KVT_KEEP_NONE || keep > KVT_KEEP_PIN) return kvt__fail(KVT_EINVAL, "keep %d is not none, prefer or pin", keep);
     if ((int) role < 0 || role > KVT_ROLE_ASSISTANT) return kvt__fail(KVT_EINVAL, "role %d is not system, user or assistant", role);
@@ -201,28 +197,28 @@ int kvt_session_add_ex(kvt_session *s, enum kvt_role role, const char *text, int
     if (rc || role != KVT_ROLE_USER) return rc; /* system/assistant text is decoded with the next user turn */
     int32_t total0 = -1;
     s->turn++;
-    s->route_want = s->route_tokens = 0;
+    s->reuse.route_want = s->reuse.route_tokens = 0;
     kvt_token *tok = NULL;
     int32_t n = 0;
     char *fmt = NULL;
     /* 1. text of messages added since the last decode (assistant replies a client replays,
     **    system prompts) goes in first, so recovered blocks never split a turn */
-    if (s->n_m_decoded < s->n_m - 1) {
-        if ((rc = pending_tokens(s, s->n_m - 1, false, &tok, &n, &fmt))) goto fail;
+    if (s->conv.n_m_decoded < s->conv.n_m - 1) {
+        if ((rc = pending_tokens(s, s->conv.n_m - 1, false, &tok, &n, &fmt))) goto fail;
         s->cur_keep = KVT_KEEP_NONE;
-        for (int32_t i = s->n_m_decoded; i < s->n_m - 1; i++) s->cur_keep = KVT_MAX(s->cur_keep, s->m[i].keep);
-        rc = n > 0 ? kvt__sess_feed(s, tok, n, s->m[s->n_m - 2].role, 0) : 0;
+        for (int32_t i = s->conv.n_m_decoded; i < s->conv.n_m - 1; i++) s->cur_keep = KVT_MAX(s->cur_keep, s->conv.m[i].keep);
+        rc = n > 0 ? kvt__sess_feed(s, tok, n, s->conv.m[s->conv.n_m - 2].role, 0) : 0;
         s->cur_keep = KVT_KEEP_NONE;
         if (rc) goto fail;
         kvt__sess_set_text(s, fmt);
         fmt = NULL;
         free(tok);
         tok = NULL;
-        s->n_m_decoded = s->n_m - 1;
+        s->conv.n_m_decoded = s->conv.n_m - 1;
     }
     /* 2. the new user message (the assistant prefix follows as its own segment, so a message
     **    added after it replaces only the prefix) */
-    if ((rc = pending_tokens(s, s->n_m, s->p.policy == KVT_POLICY_INFLLM, &tok, &n, &fmt))) goto fail;
+    if ((rc = pending_tokens(s, s->conv.n_m, s->p.policy == KVT_POLICY_INFLLM, &tok, &n, &fmt))) goto fail;
     total0 = s->total; /* the stream before the message: what a failure cuts back to */
     struct kvt_engine_info I;
     kvt_engine_info(s->eng, &I);
@@ -239,7 +235,7 @@ int kvt_session_add_ex(kvt_session *s, enum kvt_role role, const char *text, int
         kvt_token *tc = NULL;
         int32_t nc = 0;
         char *fc = NULL;
-        if ((rc = pending_tokens(s, s->n_m, false, &tc, &nc, &fc))) goto fail;
+        if ((rc = pending_tokens(s, s->conv.n_m, false, &tc, &nc, &fc))) goto fail;
         s->cur_keep = keep;
         rc = nc > 0 ? kvt__sess_feed(s, tc, nc, KVT_ROLE_USER, s->p.gen_reserve) : 0;
         s->cur_keep = KVT_KEEP_NONE;
@@ -251,7 +247,7 @@ int kvt_session_add_ex(kvt_session *s, enum kvt_role role, const char *text, int
         tok = NULL;
         fmt = NULL;
         if ((rc = kvt__sess_infllm_recover(s, 8))) goto fail;
-        if ((rc = pending_tokens(s, s->n_m, true, &tok, &n, &fmt))) goto fail; /* the assistant prefix */
+        if ((rc = pending_tokens(s, s->conv.n_m, true, &tok, &n, &fmt))) goto fail; /* the assistant prefix */
     } else if ((rc = kvt__sess_recover(s, text, n))) {
         goto fail;
     }
@@ -260,12 +256,12 @@ int kvt_session_add_ex(kvt_session *s, enum kvt_role role, const char *text, int
     s->cur_keep = KVT_KEEP_NONE;
     kvt__sess_set_text(s, fmt);
     fmt = NULL;
-    s->n_m_decoded = s->n_m;
+    s->conv.n_m_decoded = s->conv.n_m;
     free(tok);
     tok = NULL;
     if (s->p.policy != KVT_POLICY_INFLLM) { /* 4. the assistant prefix */
         if ((rc = kvt__sess_recover_own_tail(s, text))) return rc;
-        if ((rc = pending_tokens(s, s->n_m, true, &tok, &n, &fmt))) return rc;
+        if ((rc = pending_tokens(s, s->conv.n_m, true, &tok, &n, &fmt))) return rc;
         if (n > 0 && (rc = kvt__sess_feed(s, tok, n, KVT_ROLE_USER, s->p.gen_reserve))) { free(tok); free(fmt); return rc; }
         kvt__sess_set_text(s, fmt);
         free(tok);
@@ -278,14 +274,14 @@ fail:
     ** conversation holding a fragment of a message nobody sent (issue #24) */
     free(tok);
     free(fmt);
-    if (s->n_m_decoded < s->n_m) {
-        free(s->m[--s->n_m].content);
+    if (s->conv.n_m_decoded < s->conv.n_m) {
+        free(s->conv.m[--s->conv.n_m].content);
     }
     if (total0 >= 0 && s->total > total0) { /* cutting clears the error message: it is kept */
         char m[512];
         snprintf(m, sizeof m, "%s", kvt_errmsg());
         int rc2 = kvt__sess_cut_stream(s, total0);
-        while (s->n_seg > 0 && s->seg_tok[s->n_seg - 1] > total0) s->n_seg--;
+        while (s->conv.n_seg > 0 && s->conv.seg_tok[s->conv.n_seg - 1] > total0) s->conv.n_seg--;
         if (rc2) kvt__fail(rc, "%s (and cutting its decoded part back failed: %s)", m, kvt_strerror(rc2));
         else kvt__fail(rc, "%s", m);
     }
@@ -300,20 +296,20 @@ fail:
 int kvt__sess_append_reply(kvt_session *s, const char *text) {
     int rc = kvt__sess_push_msg(s, KVT_ROLE_ASSISTANT, text, KVT_KEEP_NONE);
     if (rc) return rc;
-    s->n_m_decoded = s->n_m;
-    size_t a = strlen(s->kv_text), b = strlen(text);
+    s->conv.n_m_decoded = s->conv.n_m;
+    size_t a = strlen(s->conv.kv_text), b = strlen(text);
     const char *t0 = text, *t1 = text + b;
     while (t0 < t1 && (*t0 == ' ' || *t0 == '\n' || *t0 == '\t' || *t0 == '\r')) t0++;
     while (t1 > t0 && (t1[-1] == ' ' || t1[-1] == '\n' || t1[-1] == '\t' || t1[-1] == '\r')) t1--;
-    struct kvt_chat_msg *cm = malloc(sizeof *cm * (size_t) s->n_m);
+    struct kvt_chat_msg *cm = malloc(sizeof *cm * (size_t) s->conv.n_m);
     char *fmt = NULL;
     if (cm) {
-        for (int32_t i = 0; i < s->n_m; i++) cm[i] = (struct kvt_chat_msg){ kvt__sess_role_name[s->m[i].role], s->m[i].content };
-        if (kvt_chat_format(s->eng, cm, s->n_m, false, s->p.template_fallback, &fmt)) fmt = NULL;
+        for (int32_t i = 0; i < s->conv.n_m; i++) cm[i] = (struct kvt_chat_msg){ kvt__sess_role_name[s->conv.m[i].role], s->conv.m[i].content };
+        if (kvt_chat_format(s->eng, cm, s->conv.n_m, false, s->p.template_fallback, &fmt)) fmt = NULL;
         free(cm);
     }
     kvt__clear_error();
-    if (fmt && !strncmp(fmt, s->kv_text, a)) {
+    if (fmt && !strncmp(fmt, s->conv.kv_text, a)) {
         size_t n = (size_t) (t1 - t0);
         char *hit = n ? NULL : fmt + a;
         for (char *p = fmt + a; n && *p; p++)
@@ -327,7 +323,7 @@ int kvt__sess_append_reply(kvt_session *s, const char *text) {
     free(fmt);
     char *kv = malloc(a + b + 1);
     if (!kv) return kvt__fail(KVT_ENOMEM, "reply text");
-    memcpy(kv, s->kv_text, a);
+    memcpy(kv, s->conv.kv_text, a);
     memcpy(kv + a, text, b + 1);
     kvt__sess_set_text(s, kv);
     return 0;
@@ -342,13 +338,13 @@ static int role_from_name(const char *r) {
 /* The stream ends with a token whose logits are not kept (nothing was decoded after a cut back):
 ** decode its last token again. */
 static int refresh_logits(kvt_session *s) {
-    if (s->have_logits || s->n_b == 0) return 0;
+    if (s->dec.have_logits || s->n_b == 0) return 0;
     struct blk *b = &s->b[s->n_b - 1];
     if (b->info.residency != KVT_RES_DEVICE || b->info.n_tokens == 0) return kvt__fail(KVT_EINVAL, "no user turn to reply to");
     kvt_token t = b->tok[b->info.n_tokens - 1];
     int role = kvt__sess_block_role(b);
     int rc = kvt__sess_cut_stream(s, s->total - 1);
-    if (rc == 0 && s->n_seg > 0 && s->seg_tok[s->n_seg - 1] > s->total) s->seg_tok[s->n_seg - 1] = s->total + 1;
+    if (rc == 0 && s->conv.n_seg > 0 && s->conv.seg_tok[s->conv.n_seg - 1] > s->total) s->conv.seg_tok[s->conv.n_seg - 1] = s->total + 1;
     return rc ? rc : kvt__sess_feed(s, &t, 1, role, 0);
 }
 
@@ -356,7 +352,7 @@ int kvt_session_sync(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_
     kvt__clear_error();
     if (out) memset(out, 0, sizeof *out);
     if (s->is_parked) return kvt__sess_parked_error();
-    if (s->generating) return kvt__fail(KVT_EINVAL, "sync: a reply is being generated (call kvt_session_gen_end first)");
+    if (s->dec.generating) return kvt__fail(KVT_EINVAL, "sync: a reply is being generated (call kvt_session_gen_end first)");
     if (!msgs || n_msgs < 1) return kvt__fail(KVT_EINVAL, "sync: %d messages; at least one user message is needed", n_msgs);
     for (int32_t i = 0; i < n_msgs; i++) {
         if (role_from_name(msgs[i].role) < 0)
@@ -367,39 +363,39 @@ int kvt_session_sync(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_
     if (role_from_name(msgs[n_msgs - 1].role) != KVT_ROLE_USER)
         return kvt__fail(KVT_EINVAL, "the last message is '%s'; it must be a user message", msgs[n_msgs - 1].role);
     int32_t k = 0;
-    while (k < n_msgs && k < s->n_m && s->m[k].role == role_from_name(msgs[k].role) && !strcmp(s->m[k].content, msgs[k].content))
+    while (k < n_msgs && k < s->conv.n_m && s->conv.m[k].role == role_from_name(msgs[k].role) && !strcmp(s->conv.m[k].content, msgs[k].content))
         k++;
-    if (k == n_msgs && s->n_m == n_msgs && s->n_m_decoded == n_msgs && s->have_logits) { /* nothing new */
+    if (k == n_msgs && s->conv.n_m == n_msgs && s->conv.n_m_decoded == n_msgs && s->dec.have_logits) { /* nothing new */
         if (out) out->prompt_tokens = out->tokens_reused = s->total;
         return 0;
     }
     if (k == n_msgs) k--; /* the same conversation again: its last user message is added once more */
-    while (s->n_m > k) free(s->m[--s->n_m].content);
-    if (s->n_m_decoded > k) s->n_m_decoded = k;
-    const int64_t dec0 = s->decoded, rec0 = s->recovered, ev0 = s->evictions, nrec0 = s->recoveries, rc0 = s->recomputes;
-    const int64_t want0 = s->route_want_all, got0 = s->route_tokens_all;
-    const int64_t ch0 = s->chunk_tokens, chr0 = s->chunk_recompute_tokens;
+    while (s->conv.n_m > k) free(s->conv.m[--s->conv.n_m].content);
+    if (s->conv.n_m_decoded > k) s->conv.n_m_decoded = k;
+    const int64_t dec0 = s->st.decoded, rec0 = s->st.recovered, ev0 = s->st.evictions, nrec0 = s->st.recoveries, rc0 = s->st.recomputes;
+    const int64_t want0 = s->reuse.route_want_all, got0 = s->reuse.route_tokens_all;
+    const int64_t ch0 = s->st.chunk_tokens, chr0 = s->st.chunk_recompute_tokens;
     int rc = 0;
-    for (int32_t i = k; rc == 0 && i < n_msgs; i++) rc = kvt_session_add(s, (enum kvt_role) role_from_name(msgs[i].role), msgs[i].content);
+    for (int32_t i = k; rc == 0 && i < n_msgs; i++) rc = kvt_session_add(s, (enum kvt_role) role_from_name(msgs[i].role), msgs[i].content, KVT_KEEP_NONE);
     if (rc == 0) rc = refresh_logits(s);
     if (out) {
         out->prompt_tokens = s->total;
-        out->tokens_decoded = s->decoded - dec0;
-        out->tokens_recovered = s->recovered - rec0;
-        out->tokens_from_store = s->route_tokens_all - got0;
-        out->route = kvt__sess_route_kind(s->route_want_all - want0, out->tokens_from_store);
-        out->tokens_from_chunks = s->chunk_tokens - ch0;
-        out->chunk_recompute_tokens = s->chunk_recompute_tokens - chr0;
+        out->tokens_decoded = s->st.decoded - dec0;
+        out->tokens_recovered = s->st.recovered - rec0;
+        out->tokens_from_store = s->reuse.route_tokens_all - got0;
+        out->route = kvt__sess_route_kind(s->reuse.route_want_all - want0, out->tokens_from_store);
+        out->tokens_from_chunks = s->st.chunk_tokens - ch0;
+        out->chunk_recompute_tokens = s->st.chunk_recompute_tokens - chr0;
         out->tokens_reused = KVT_MAX(0, s->total - (int32_t) out->tokens_decoded - (int32_t) out->tokens_from_store -
                                             (int32_t) out->tokens_from_chunks);
-        out->evictions = s->evictions - ev0;
-        out->recoveries = s->recoveries - nrec0;
-        out->recomputes = s->recomputes - rc0;
+        out->evictions = s->st.evictions - ev0;
+        out->recoveries = s->st.recoveries - nrec0;
+        out->recomputes = s->st.recomputes - rc0;
     }
     return rc;
 }
 
-int32_t kvt_session_n_messages(const kvt_session *s) { return s->n_m; }
+int32_t kvt_session_n_messages(const kvt_session *s) { return s->conv.n_m; }
 
 int32_t kvt_session_tokens(const kvt_session *s, kvt_token *out, int32_t n_max) {
     int32_t c = 0;
@@ -413,8 +409,8 @@ int32_t kvt_session_tokens(const kvt_session *s, kvt_token *out, int32_t n_max) 
 }
 
 int kvt_session_message(const kvt_session *s, int32_t i, struct kvt_chat_msg *msg) {
-    if (i < 0 || i >= s->n_m) return kvt__fail(KVT_EINVAL, "message %d is outside 0..%d", i, s->n_m - 1);
-    msg->role = kvt__sess_role_name[s->m[i].role];
-    msg->content = s->m[i].content;
+    if (i < 0 || i >= s->conv.n_m) return kvt__fail(KVT_EINVAL, "message %d is outside 0..%d", i, s->conv.n_m - 1);
+    msg->role = kvt__sess_role_name[s->conv.m[i].role];
+    msg->content = s->conv.m[i].content;
     return 0;
 }

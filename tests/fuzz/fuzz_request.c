@@ -30,13 +30,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         const char *param = NULL;
         int rc = serve_request_parse(&srv, root, j, chat, err, sizeof err, &param);
         if (rc == 0 && chat) {
-            FUZZ_CHECK(j->n_msgs > 0 && !strcmp(j->msgs[j->n_msgs - 1].role, "user"));
-            for (int32_t i = 0; i < j->n_msgs; i++) FUZZ_CHECK(j->msgs[i].role && j->msgs[i].content);
+            FUZZ_CHECK(j->req.n_msgs > 0 && !strcmp(j->req.msgs[j->req.n_msgs - 1].role, "user"));
+            for (int32_t i = 0; i < j->req.n_msgs; i++) FUZZ_CHECK(j->req.msgs[i].role && j->req.msgs[i].content);
         }
-        if (rc == 0 && !chat) FUZZ_CHECK(j->prompt != NULL);
-        if (rc == 0 && j->grammar) FUZZ_CHECK(strlen(j->grammar) <= (1u << 20) && strstr(j->grammar, "root ::= "));
-        FUZZ_CHECK(j->max_tokens >= 1 && j->max_tokens <= srv.n_ctx);
-        FUZZ_CHECK(j->n_stop <= SERVE_MAX_STOP);
+        if (rc == 0 && !chat) FUZZ_CHECK(j->req.prompt != NULL);
+        if (rc == 0 && j->req.grammar) FUZZ_CHECK(strlen(j->req.grammar) <= (1u << 20) && strstr(j->req.grammar, "root ::= "));
+        FUZZ_CHECK(j->req.max_tokens >= 1 && j->req.max_tokens <= srv.n_ctx);
+        FUZZ_CHECK(j->req.n_stop <= SERVE_MAX_STOP);
         pthread_cond_init(&j->cv, NULL);
         serve_job_free(j);
     }

@@ -90,15 +90,15 @@ static void run(const char *model, const int32_t *layers, int n_layers) {
     toks(T, 160, 11);
     /* 100 tokens, evict [20,50), move [60,80) to the tail at 100 via save/evict/load.  The block is
     ** saved as soon as it is decoded, while its sliding-window cells exist (kvt_block_save) */
-    assert_int_equal(kvt_decode(e, 0, T, 80, 0, false), 0);
+    assert_int_equal(kvt_engine_decode(e, 0, T, 80, 0, false), 0);
     kvt_blob *b = NULL;
     assert_int_equal(kvt_block_save(e, 0, 60, 80, &b), 0);
-    assert_int_equal(kvt_decode(e, 0, T + 80, 20, 80, false), 0);
+    assert_int_equal(kvt_engine_decode(e, 0, T + 80, 20, 80, false), 0);
     kvt_seq_rm(e, 0, 20, 50);
     kvt_seq_rm(e, 0, 60, 80);
     assert_int_equal(kvt_block_load(e, b, 0, 100), 0);
     kvt_blob_free(b);
-    assert_int_equal(kvt_decode(e, 0, T + 120, 8, 120, false), 0);
+    assert_int_equal(kvt_engine_decode(e, 0, T + 120, 8, 120, false), 0);
     /* the resident positions, for checking the key list */
     kvt_pos expect[128];
     int n_expect = 0;
@@ -179,7 +179,7 @@ static void test_capture_errors(void **st) {
     kvt_engine_free(e);
 }
 
-/* A multi-sequence batch (kvt_decode_multi) puts several sequences in one ubatch; its rows are not
+/* A multi-sequence batch (a rows-only decode batch) puts several sequences in one ubatch; its rows are not
 ** captured, and kvt_attn_get says so for those sequences instead of mapping another ubatch. */
 static void test_multi_sequence_refused(void **st) {
     (void) st;
@@ -202,25 +202,25 @@ static void test_multi_sequence_refused(void **st) {
     assert_int_equal(kvt_attn_capture(e, layers, 2, false), 0);
     kvt_token T[40];
     toks(T, 40, 3);
-    assert_int_equal(kvt_decode(e, 0, T, 20, 0, false), 0);
-    assert_int_equal(kvt_decode(e, 1, T + 20, 12, 0, false), 0);
+    assert_int_equal(kvt_engine_decode(e, 0, T, 20, 0, false), 0);
+    assert_int_equal(kvt_engine_decode(e, 1, T + 20, 12, 0, false), 0);
     kvt_attn *a = NULL;
-    assert_int_equal(kvt_attn_get(e, 5, 1, &a), 0); /* the last kvt_decode: sequence 1 */
+    assert_int_equal(kvt_attn_get(e, 5, 1, &a), 0); /* the last kvt_engine_decode: sequence 1 */
     assert_int_equal(a->n_query, 12);
     kvt_attn_free(a);
     const int32_t seqs[2] = { 0, 1 };
     const kvt_token tk[2] = { T[30], T[31] };
     const kvt_pos pos[2] = { 20, 12 };
     float *logits = malloc(sizeof(float) * 2 * (size_t) I.n_vocab);
-    assert_int_equal(kvt_decode_multi(e, seqs, tk, pos, 2, logits), 0);
+    assert_int_equal(kvt_engine_decode_batch(e, seqs, tk, pos, 2, logits, NULL), 0);
     for (int s = 0; s < 2; s++) {
         a = NULL;
         assert_int_equal(kvt_attn_get(e, 5, s, &a), KVT_EUNSUPPORTED);
         assert_null(a);
-        assert_non_null(strstr(kvt_errmsg(), "kvt_decode_multi"));
+        assert_non_null(strstr(kvt_errmsg(), "kvt_engine_decode_batch"));
     }
     /* the next single-sequence decode is captured again */
-    assert_int_equal(kvt_decode(e, 0, T + 32, 3, 21, false), 0);
+    assert_int_equal(kvt_engine_decode(e, 0, T + 32, 3, 21, false), 0);
     assert_int_equal(kvt_attn_get(e, 0, 0, &a), 0);
     assert_int_equal(a->n_query, 3);
     assert_int_equal(a->q_pos[0], 21);

@@ -114,8 +114,8 @@ static void turn_ex(kvt_store *st, bool chunk, const char *recompute, const char
     int rc = kvt_session_open(g_eng, &p, &s);
     if (rc) fprintf(stderr, "open: %s\n", kvt_errmsg());
     assert_int_equal(rc, 0);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_SYSTEM, sys), 0);
-    rc = kvt_session_add(s, KVT_ROLE_USER, q);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_SYSTEM, sys, KVT_KEEP_NONE), 0);
+    rc = kvt_session_add(s, KVT_ROLE_USER, q, KVT_KEEP_NONE);
     if (rc) fprintf(stderr, "add: %s\n", kvt_errmsg());
     assert_int_equal(rc, 0);
     out->logits = malloc(sizeof(float) * (size_t) g_vocab);

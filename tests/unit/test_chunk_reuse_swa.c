@@ -83,7 +83,7 @@ static kvt_session *open_session(kvt_store *st, int32_t seq, bool chunk) {
 }
 
 static void add(kvt_session *s, enum kvt_role role, const char *text) {
-    int rc = kvt_session_add(s, role, text);
+    int rc = kvt_session_add(s, role, text, KVT_KEEP_NONE);
     if (rc) fprintf(stderr, "add: %s\n", kvt_errmsg());
     assert_int_equal(rc, 0);
 }

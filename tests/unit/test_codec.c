@@ -708,8 +708,8 @@ static void load_and_step(kvt_engine *e, kvt_blob **blk, kvt_token next, float *
         if (rc) fprintf(stderr, "load: %s\n", kvt_errmsg());
         assert_int_equal(rc, 0);
     }
-    assert_int_equal(kvt_decode(e, 1, &next, 1, NB * BL, true), 0);
-    memcpy(logits, kvt_logits(e), sizeof *logits * (size_t) n_vocab);
+    assert_int_equal(kvt_engine_decode(e, 1, &next, 1, NB * BL, true), 0);
+    memcpy(logits, kvt_engine_logits(e), sizeof *logits * (size_t) n_vocab);
 }
 
 static void run_engine(const char *name, bool text) {
@@ -745,7 +745,7 @@ static void run_engine(const char *name, bool text) {
     }
     kvt_blob *raw[NB];
     for (int i = 0; i < NB; i++) { /* saved right after decoding: iSWA blocks keep their window's cells */
-        assert_int_equal(kvt_decode(e, 0, tok + i * BL, BL, i * BL, false), 0);
+        assert_int_equal(kvt_engine_decode(e, 0, tok + i * BL, BL, i * BL, false), 0);
         assert_int_equal(kvt_block_save(e, 0, i * BL, (i + 1) * BL, &raw[i]), 0);
     }
     float *ref = malloc(sizeof *ref * (size_t) info.n_vocab), *got = malloc(sizeof *got * (size_t) info.n_vocab);

@@ -85,8 +85,8 @@ static void run(kvt_engine *e, const char *spec, enum damage d, struct result *r
     char msg[512];
     for (uint32_t t = 1; t <= 3; t++) {
         filler_msg(msg, sizeof msg, t, 40);
-        assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, msg), 0);
-        assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "ok"), 0);
+        assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, msg, KVT_KEEP_NONE), 0);
+        assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "ok", KVT_KEEP_NONE), 0);
     }
     assert_int_equal(kvt_session_park(s), 0); /* seals the open block: every block is in the pool */
     const int32_t victim = 2;
@@ -108,9 +108,9 @@ static void run(kvt_engine *e, const char *spec, enum damage d, struct result *r
     kvt_session_get_stats(s, &st);
     assert_int_equal(st.n_blocks_resident, st.n_blocks);
     const kvt_token probe = 7;
-    assert_int_equal(kvt_decode(e, 0, &probe, 1, st.next_pos, true), 0);
+    assert_int_equal(kvt_engine_decode(e, 0, &probe, 1, st.next_pos, true), 0);
     r->logits = malloc(sizeof(float) * (size_t) I.n_vocab);
-    memcpy(r->logits, kvt_logits(e), sizeof(float) * (size_t) I.n_vocab);
+    memcpy(r->logits, kvt_engine_logits(e), sizeof(float) * (size_t) I.n_vocab);
     kvt_seq_rm(e, 0, st.next_pos, -1);
     r->recomputes = st.recomputes;
     r->raw_bytes = st.pool_raw_bytes;

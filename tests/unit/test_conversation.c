@@ -53,17 +53,17 @@ static double ref_logprob_text(kvt_engine *e, int32_t seq, const char *fmt) {
     int32_t n = 0, na = 0;
     assert_int_equal(kvt_tokenize(e, fmt, true, true, &t, &n), 0);
     assert_int_equal(kvt_tokenize(e, answer, false, false, &a, &na), 0);
-    assert_int_equal(kvt_decode(e, seq, t, n, 0, true), 0);
+    assert_int_equal(kvt_engine_decode(e, seq, t, n, 0, true), 0);
     struct kvt_engine_info I;
     kvt_engine_info(e, &I);
     double lp = 0;
     for (int32_t i = 0; i < na; i++) {
-        const float *l = kvt_logits(e);
+        const float *l = kvt_engine_logits(e);
         double mx = -INFINITY, z = 0;
         for (int32_t v = 0; v < I.n_vocab; v++) mx = fmax(mx, l[v]);
         for (int32_t v = 0; v < I.n_vocab; v++) z += exp(l[v] - mx);
         lp += l[a[i]] - mx - log(z);
-        if (i + 1 < na) assert_int_equal(kvt_decode(e, seq, &a[i], 1, n + i, true), 0);
+        if (i + 1 < na) assert_int_equal(kvt_engine_decode(e, seq, &a[i], 1, n + i, true), 0);
     }
     kvt_seq_rm(e, seq, -1, -1);
     free(t);
@@ -109,8 +109,8 @@ static void test_two_user_messages(void **state) {
     (void) state;
     kvt_engine *e = open_tiny(2);
     kvt_session *s = open_session(e, 0, KVT_POLICY_KVTIER);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, conv[0].content), 0);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, conv[1].content), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, conv[0].content, KVT_KEEP_NONE), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, conv[1].content, KVT_KEEP_NONE), 0);
     struct kvt_session_stats st;
     kvt_session_get_stats(s, &st);
     assert_int_equal(st.total_tokens, ref_tokens(e, conv, 2));
@@ -140,9 +140,9 @@ static void test_system_after_user(void **state) {
     kvt_engine *e = open_tiny(2);
     kvt_session *s = open_session(e, 0, KVT_POLICY_KVTIER);
     const struct kvt_chat_msg m[] = { conv[0], { "system", "answer in one word" }, conv[1] };
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, m[0].content), 0);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_SYSTEM, m[1].content), 0);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, m[2].content), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, m[0].content, KVT_KEEP_NONE), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_SYSTEM, m[1].content, KVT_KEEP_NONE), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, m[2].content, KVT_KEEP_NONE), 0);
     struct kvt_session_stats st;
     kvt_session_get_stats(s, &st);
     assert_int_equal(st.total_tokens, ref_tokens(e, m, 3));
@@ -320,10 +320,10 @@ static kvt_session *open_real_session(kvt_engine *e, int32_t seq, int32_t policy
 
 static void real_conv(kvt_session *s, int32_t n) {
     for (int32_t t = 0; t < n; t++) {
-        assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, real_turns[t]), 0);
-        assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, real_reply), 0);
+        assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, real_turns[t], KVT_KEEP_NONE), 0);
+        assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, real_reply, KVT_KEEP_NONE), 0);
     }
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, "What is the code word for the vault?"), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, "What is the code word for the vault?", KVT_KEEP_NONE), 0);
 }
 
 static double real_lp(kvt_session *s) {
@@ -365,14 +365,14 @@ static void test_real_independent(void **state) {
     b = open_real_session(e, 1, KVT_POLICY_KVTIER);
     for (int32_t t = 0; t < 6; t++) { /* interleaved turn by turn */
         if (t < 4) {
-            assert_int_equal(kvt_session_add(a, KVT_ROLE_USER, real_turns[t]), 0);
-            assert_int_equal(kvt_session_add(a, KVT_ROLE_ASSISTANT, real_reply), 0);
+            assert_int_equal(kvt_session_add(a, KVT_ROLE_USER, real_turns[t], KVT_KEEP_NONE), 0);
+            assert_int_equal(kvt_session_add(a, KVT_ROLE_ASSISTANT, real_reply, KVT_KEEP_NONE), 0);
         }
-        assert_int_equal(kvt_session_add(b, KVT_ROLE_USER, real_turns[t]), 0);
-        assert_int_equal(kvt_session_add(b, KVT_ROLE_ASSISTANT, real_reply), 0);
+        assert_int_equal(kvt_session_add(b, KVT_ROLE_USER, real_turns[t], KVT_KEEP_NONE), 0);
+        assert_int_equal(kvt_session_add(b, KVT_ROLE_ASSISTANT, real_reply, KVT_KEEP_NONE), 0);
     }
-    assert_int_equal(kvt_session_add(b, KVT_ROLE_USER, "What is the code word for the vault?"), 0);
-    assert_int_equal(kvt_session_add(a, KVT_ROLE_USER, "And the steam engine?"), 0); /* A decodes last */
+    assert_int_equal(kvt_session_add(b, KVT_ROLE_USER, "What is the code word for the vault?", KVT_KEEP_NONE), 0);
+    assert_int_equal(kvt_session_add(a, KVT_ROLE_USER, "And the steam engine?", KVT_KEEP_NONE), 0); /* A decodes last */
     double conc = real_lp(b);
     printf("Gemma: B beside A %.6f (diff %.2e nats)\n", conc, fabs(conc - fresh));
     assert_true(fabs(conc - fresh) < 1.0);
@@ -420,7 +420,7 @@ static void test_grammar(void **state) {
         kvt_token tok[2];
         bool done[2];
         int st[2];
-        assert_int_equal(kvt_session_gen_step_batch(act, n, as, tok, done, st), 0);
+        assert_int_equal(kvt_session_gen_step_batch(e, &(struct kvt_gen_batch){ .sessions = act, .n = n, .smp = as, .tok = tok, .done = done, .status = st }), 0);
         for (int32_t q = 0; q < n; q++) {
             assert_int_equal(st[q], 0);
             steps[map[q]]++;
@@ -481,7 +481,7 @@ static void test_batch_step(void **state) {
         kvt_token tok[2];
         bool done[2];
         int st[2];
-        assert_int_equal(kvt_session_gen_step_batch(live, n, smp, tok, done, st), 0);
+        assert_int_equal(kvt_session_gen_step_batch(e, &(struct kvt_gen_batch){ .sessions = live, .n = n, .smp = smp, .tok = tok, .done = done, .status = st }), 0);
         for (int32_t k = 0; k < n; k++) {
             assert_int_equal(st[k], 0);
             (map[k] ? got_b : got_a)[i] = done[k] ? -1 : tok[k];
@@ -505,7 +505,7 @@ static void test_batch_step(void **state) {
     kvt_token tok[2];
     bool done[2];
     int st[2];
-    int rc = kvt_session_gen_step_batch(twice, 2, smp, tok, done, st);
+    int rc = kvt_session_gen_step_batch(e, &(struct kvt_gen_batch){ .sessions = twice, .n = 2, .smp = smp, .tok = tok, .done = done, .status = st });
     assert_true(rc == KVT_EINVAL || done[0]);
     free(ra);
     kvt_session_free(ss[0]);
@@ -515,18 +515,18 @@ static void test_batch_step(void **state) {
 
 /* A raw row (no session: a plain completion in a sequence the caller manages) stepped in the same
 ** llama_decode as a session: its greedy tokens equal the same prompt decoded and sampled alone
-** with kvt_decode / kvt_sample, and the session's equal the session's alone. */
+** with kvt_engine_decode / kvt_engine_sample, and the session's equal the session's alone. */
 static void raw_alone(const char *prompt, int32_t seq, kvt_token *out, int32_t n) {
     kvt_engine *e = open_tiny(3);
     kvt_token *t = NULL;
     int32_t nt = 0;
     assert_int_equal(kvt_tokenize(e, prompt, true, false, &t, &nt), 0);
-    assert_int_equal(kvt_decode(e, seq, t, nt, 0, true), 0);
+    assert_int_equal(kvt_engine_decode(e, seq, t, nt, 0, true), 0);
     struct kvt_sampling smp = { 0, 1, 0, 0, NULL };
     for (int32_t i = 0; i < n; i++) {
-        assert_int_equal(kvt_sample(e, &smp, &out[i]), 0);
+        assert_int_equal(kvt_engine_sample(e, &smp, &out[i]), 0);
         if (kvt_token_is_eog(e, out[i])) { for (int32_t k = i; k < n; k++) out[k] = -1; break; }
-        assert_int_equal(kvt_decode(e, seq, &out[i], 1, nt + i, true), 0);
+        assert_int_equal(kvt_engine_decode(e, seq, &out[i], 1, nt + i, true), 0);
     }
     free(t);
     kvt_engine_free(e);
@@ -548,13 +548,13 @@ static void test_batch_rows(void **state) {
     kvt_token *t = NULL;
     int32_t nt = 0;
     assert_int_equal(kvt_tokenize(e, prompt, true, false, &t, &nt), 0);
-    assert_int_equal(kvt_decode(e, 2, t, nt, 0, true), 0);
+    assert_int_equal(kvt_engine_decode(e, 2, t, nt, 0, true), 0);
     struct kvt_gen_row row;
     memset(&row, 0, sizeof row);
     row.seq = 2;
     row.pos = nt;
     row.logits = malloc(sizeof(float) * (size_t) I.n_vocab);
-    memcpy(row.logits, kvt_logits(e), sizeof(float) * (size_t) I.n_vocab);
+    memcpy(row.logits, kvt_engine_logits(e), sizeof(float) * (size_t) I.n_vocab);
     row.smp = (struct kvt_sampling){ 0, 1, 0, 0, NULL };
     struct kvt_sampling smp[1] = { { 0, 1, 0, 0, NULL } };
     bool fin_a = false, fin_r = false;
@@ -562,7 +562,7 @@ static void test_batch_rows(void **state) {
         kvt_token tok[1];
         bool done[1];
         int st[1];
-        assert_int_equal(kvt_session_gen_step_batch_ex(e, &s, fin_a ? 0 : 1, smp, tok, done, st, &row, fin_r ? 0 : 1), 0);
+        assert_int_equal(kvt_session_gen_step_batch(e, &(struct kvt_gen_batch){ .sessions = &s, .n = fin_a ? 0 : 1, .smp = smp, .tok = tok, .done = done, .status = st, .rows = &row, .n_rows = fin_r ? 0 : 1 }), 0);
         got_a[i] = fin_a || done[0] ? -1 : tok[0];
         if (!fin_a) assert_int_equal(st[0], 0);
         fin_a = fin_a || done[0];
@@ -586,10 +586,10 @@ static void test_batch_rows(void **state) {
     row.seq = 0;
     row.done = false;
     const kvt_pos pos0 = row.pos;
-    int rc = kvt_session_gen_step_batch_ex(e, &s, 1, smp, tok, done, st, &row, 1);
+    int rc = kvt_session_gen_step_batch(e, &(struct kvt_gen_batch){ .sessions = &s, .n = 1, .smp = smp, .tok = tok, .done = done, .status = st, .rows = &row, .n_rows = 1 });
     assert_true(rc == KVT_EINVAL || done[0] || row.done);
     if (rc) assert_int_equal(row.pos, pos0);
-    assert_int_equal(kvt_session_gen_step_batch_ex(e, NULL, -1, NULL, NULL, NULL, NULL, NULL, 0), KVT_EINVAL);
+    assert_int_equal(kvt_session_gen_step_batch(e, &(struct kvt_gen_batch){ .n = -1 }), KVT_EINVAL);
     assert_int_equal(kvt_session_gen_end(s, NULL), 0);
     free(row.logits);
     free(t);
@@ -741,9 +741,9 @@ static void test_park_resume(void **state) {
     assert_int_equal(kvt_session_open(e, &sp, &s), 0);
     char msg[2048] = "";
     for (int i = 0; i < 6; i++) strcat(msg, "the dog ran to the park and the cat sat on the wall ");
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, msg), 0);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "the cat sat"), 0);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, "what did the cat do"), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, msg, KVT_KEEP_NONE), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "the cat sat", KVT_KEEP_NONE), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, "what did the cat do", KVT_KEEP_NONE), 0);
     double before = session_logprob(s);
     struct kvt_session_stats st0, st1;
     kvt_session_get_stats(s, &st0);
@@ -751,7 +751,7 @@ static void test_park_resume(void **state) {
     assert_int_equal(kvt_seq_n_cells(e, 0), 0);
     kvt_session_get_stats(s, &st1);
     assert_int_equal(st1.resident_tokens, 0);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, "x"), KVT_EINVAL); /* parked: refused */
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, "x", KVT_KEEP_NONE), KVT_EINVAL); /* parked: refused */
     /* another session on the freed sequence */
     kvt_session *o = open_session(e, 0, KVT_POLICY_KVTIER);
     const struct kvt_chat_msg mo[] = { { "user", "the sun is hot and the moon is cold" } };

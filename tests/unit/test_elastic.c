@@ -62,7 +62,7 @@ static void fill(kvt_engine *e, int32_t seq, kvt_token *tok, int n) {
     kvt_engine_info(e, &info);
     unsigned s = 11;
     for (int i = 0; i < n; i++) tok[i] = 3 + (kvt_token) (lcg(&s) >> 8) % (info.n_vocab - 3);
-    for (int i = 0; i < n; i += 64) assert_int_equal(kvt_decode(e, seq, tok + i, n - i < 64 ? n - i : 64, i, false), 0);
+    for (int i = 0; i < n; i += 64) assert_int_equal(kvt_engine_decode(e, seq, tok + i, n - i < 64 ? n - i : 64, i, false), 0);
 }
 
 /* The whole sequence as a canonical blob (the state read back). */
@@ -196,8 +196,8 @@ static void run_reference(const char *name, bool unified) {
            100.0 * st2.n_zeroed / st.n_eligible);
     assert_true(st2.n_zeroed < st.n_eligible / 100);
     /* the decode continues after the write-back */
-    assert_int_equal(kvt_decode(e, 0, tok, 1, N, true), 0);
-    assert_non_null(kvt_logits(e));
+    assert_int_equal(kvt_engine_decode(e, 0, tok, 1, N, true), 0);
+    assert_non_null(kvt_engine_logits(e));
     kvt_blob_free(b0);
     kvt_blob_free(b1);
     kvt_engine_free(e);
@@ -260,8 +260,8 @@ static void step(kvt_engine *e, const kvt_blob *b, const struct kvt_elastic_para
     assert_int_equal(kvt_seq_rm(e, 0, -1, -1), 0);
     assert_int_equal(kvt_block_load(e, b, 0, 0), 0);
     if (ep) assert_int_equal(kvt_seq_elastic(e, 0, ep, st), 0);
-    assert_int_equal(kvt_decode(e, 0, &next, 1, N, true), 0);
-    memcpy(out, kvt_logits(e), sizeof *out * (size_t) n_vocab);
+    assert_int_equal(kvt_engine_decode(e, 0, &next, 1, N, true), 0);
+    memcpy(out, kvt_engine_logits(e), sizeof *out * (size_t) n_vocab);
 }
 
 static void run_control(const char *name) {
@@ -410,10 +410,10 @@ static void test_session(void **stp) {
     pp.elastic_sk = pp.elastic_sv = 0;
     assert_int_equal(kvt_session_open(e, &pp, &plain), 0);
     char *text = words(100);
-    int rca = kvt_session_add(s, KVT_ROLE_USER, text);
+    int rca = kvt_session_add(s, KVT_ROLE_USER, text, KVT_KEEP_NONE);
     if (rca) fprintf(stderr, "add: %s\n", kvt_errmsg());
     assert_int_equal(rca, 0);
-    assert_int_equal(kvt_session_add(plain, KVT_ROLE_USER, text), 0);
+    assert_int_equal(kvt_session_add(plain, KVT_ROLE_USER, text, KVT_KEEP_NONE), 0);
     struct kvt_session_stats st, stp0;
     kvt_session_get_stats(s, &st);
     kvt_session_get_stats(plain, &stp0);
@@ -451,13 +451,13 @@ static void test_session(void **stp) {
     kvt_session_get_stats(s, &st);
     const int64_t passes = st.elastic_passes;
     kvt__fault_set(KVT__FAULT_ELASTIC_ALLOC, 0, -1);
-    int rcf = kvt_session_add(s, KVT_ROLE_USER, text);
+    int rcf = kvt_session_add(s, KVT_ROLE_USER, text, KVT_KEEP_NONE);
     kvt__fault_set(KVT__FAULT_ELASTIC_ALLOC, 0, 0);
     assert_int_equal(rcf, KVT_ENOMEM);
     kvt_session_get_stats(s, &st);
     assert_int_equal(st.elastic_passes, passes);
     assert_int_equal(st.resident_tokens, kvt_seq_n_cells(e, 0));
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, "and one more short message to go on with"), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, "and one more short message to go on with", KVT_KEEP_NONE), 0);
     kvt_session_get_stats(s, &st);
     assert_true(st.elastic_passes > passes);
     free(text);

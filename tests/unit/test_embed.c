@@ -343,7 +343,7 @@ static float *embed(kvt_embedder *em, const char *text) {
     int32_t dim = kvt_embedder_dim(em);
     float *v = malloc(sizeof(float) * (size_t) dim);
     assert_non_null(v);
-    int rc = kvt_embed(em, text, v);
+    int rc = kvt_embedder_embed(em, text, v);
     if (rc) fprintf(stderr, "embed: %s: %s\n", kvt_strerror(rc), kvt_errmsg());
     assert_int_equal(rc, 0);
     return v;
@@ -452,11 +452,11 @@ static void test_embed_bad_args(void **state) {
     assert_int_equal(kvt_embedder_dim(NULL), 0);
     if (!g_em) return;
     float v[640];
-    assert_int_equal(kvt_embed(g_em, "", v), KVT_EINVAL);
+    assert_int_equal(kvt_embedder_embed(g_em, "", v), KVT_EINVAL);
     assert_non_null(strstr(kvt_errmsg(), "empty"));
-    assert_int_equal(kvt_embed(g_em, NULL, v), KVT_EINVAL);
-    assert_int_equal(kvt_embed(g_em, "text", NULL), KVT_EINVAL);
-    assert_int_equal(kvt_embed(NULL, "text", v), KVT_EINVAL);
+    assert_int_equal(kvt_embedder_embed(g_em, NULL, v), KVT_EINVAL);
+    assert_int_equal(kvt_embedder_embed(g_em, "text", NULL), KVT_EINVAL);
+    assert_int_equal(kvt_embedder_embed(NULL, "text", v), KVT_EINVAL);
     /* n_ctx beyond the trained context */
     assert_int_equal(kvt_embedder_open(getenv("KVTIER_MODEL"), 1 << 20, 0, &em), KVT_EINVAL);
     assert_non_null(strstr(kvt_errmsg(), "1048576"));

@@ -148,7 +148,7 @@ static void test_capture(void **state) {
     assert_int_equal(kvt_attn_capture(e, &layer0, 1, false), 0);
     kvt_token t[64];
     for (int i = 0; i < 64; i++) t[i] = (kvt_token) (3 + (i * 37) % 498); /* ids 3..500 */
-    assert_int_equal(kvt_decode(e, 0, t, 64, 0, false), 0);
+    assert_int_equal(kvt_engine_decode(e, 0, t, 64, 0, false), 0);
     kvt_attn *a = NULL;
     if (kvt_attn_get(e, 0, 0, &a)) fail_msg("attn_get: %s", kvt_errmsg());
     assert_int_equal(a->n_query, 64);

@@ -76,12 +76,12 @@ static void check_blocks(kvt_session *s, int32_t block) {
 
 /* One generated token, by gen_step or by a batch of one.  OUT *tok, *done; returns the step's
 ** error (0 = the token is in the session). */
-static int step(kvt_session *s, bool batch, kvt_token *tok, bool *done) {
+static int step(kvt_engine *e, kvt_session *s, bool batch, kvt_token *tok, bool *done) {
     struct kvt_sampling smp = { 0 }; /* greedy */
     *done = false;
     if (batch) {
         int status = 0;
-        assert_int_equal(kvt_session_gen_step_batch(&s, 1, &smp, tok, done, &status), 0);
+        assert_int_equal(kvt_session_gen_step_batch(e, &(struct kvt_gen_batch){ .sessions = &s, .n = 1, .smp = &smp, .tok = tok, .done = done, .status = &status }), 0);
         return status;
     }
     return kvt_session_gen_step(s, &smp, tok, done);
@@ -98,7 +98,7 @@ static void seal_fails(bool batch) {
     sp.pool = pool;
     kvt_session *s = NULL;
     assert_int_equal(kvt_session_open(e, &sp, &s), 0);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, words), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, words, KVT_KEEP_NONE), 0);
     struct kvt_pool_stats ps0, ps1;
     kvt_pool_get_stats(pool, &ps0);
 
@@ -112,7 +112,7 @@ static void seal_fails(bool batch) {
     for (int32_t k = 0; k < N; k++) { /* keep stepping after an error: what does the table do? */
         kvt_token t;
         bool done;
-        int rc = step(s, batch, &t, &done);
+        int rc = step(e, s, batch, &t, &done);
         if (rc && !first_err) {
             first_err = rc;
             snprintf(first_msg, sizeof first_msg, "step %d: %s", k, kvt_errmsg());
@@ -144,7 +144,7 @@ static void seal_fails(bool batch) {
     for (int32_t k = 0; k < sp.block + 1; k++) {
         kvt_token t;
         bool done;
-        assert_int_equal(step(s, batch, &t, &done), 0);
+        assert_int_equal(step(e, s, batch, &t, &done), 0);
         if (done) break;
     }
     check_blocks(s, sp.block);
@@ -276,15 +276,15 @@ static struct lost_run lost_session_ex(kvt_engine *e, int32_t recovery, enum dam
     if (full_disk && store) kvt__fault_set(KVT__FAULT_STORE_WRITE, 0, -1);
     char msg[512];
     filler_msg(msg, sizeof msg, 1, 12);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, msg), 0);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "ok"), 0);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, fact), 0);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "ok"), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, msg, KVT_KEEP_NONE), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "ok", KVT_KEEP_NONE), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, fact, KVT_KEEP_NONE), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "ok", KVT_KEEP_NONE), 0);
     note_ram(pool, store, &r.max_ram);
     for (uint32_t k = 2; k < 10; k++) {
         filler_msg(msg, sizeof msg, k, 12);
-        assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, msg), 0);
-        assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "ok"), 0);
+        assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, msg, KVT_KEEP_NONE), 0);
+        assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "ok", KVT_KEEP_NONE), 0);
         note_ram(pool, store, &r.max_ram);
     }
     struct kvt_session_stats st;
@@ -303,7 +303,7 @@ static struct lost_run lost_session_ex(kvt_engine *e, int32_t recovery, enum dam
     if (recovery != KVT_RECOVERY_DISCARD) assert_int_equal(b.residency, full_disk ? KVT_RES_LOST : KVT_RES_DISK);
     damage_block(s, pool, r.fact_block, d);
 
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, probe), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, probe, KVT_KEEP_NONE), 0);
     note_ram(pool, store, &r.max_ram);
     int32_t n = 0;
     assert_int_equal(kvt_session_answer_logprob(s, answer_text, &r.lp, &n), 0);
@@ -404,11 +404,11 @@ static void resume_session(kvt_engine *e, enum damage d, bool hole, double *lp, 
     assert_int_equal(kvt_session_open(e, &sp, &s), 0);
     char msg[512];
     filler_msg(msg, sizeof msg, 1, 12);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, msg), 0);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "ok"), 0);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, fact), 0);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "ok"), 0);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, probe), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, msg, KVT_KEEP_NONE), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "ok", KVT_KEEP_NONE), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, fact, KVT_KEEP_NONE), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "ok", KVT_KEEP_NONE), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, probe, KVT_KEEP_NONE), 0);
     assert_int_equal(kvt_session_park(s), 0);
     const int32_t victim = 2; /* a block in the middle: blocks after it were computed with it */
     assert_true(kvt_session_n_blocks(s) > victim + 1);
@@ -481,11 +481,11 @@ static void test_resume_after_gap(void **state) {
     char msg[512];
     for (uint32_t t = 1; t <= 6; t++) {
         filler_msg(msg, sizeof msg, t, 12);
-        assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, msg), 0);
-        assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "ok"), 0);
+        assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, msg, KVT_KEEP_NONE), 0);
+        assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "ok", KVT_KEEP_NONE), 0);
     }
     filler_msg(msg, sizeof msg, 99, 4);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, msg), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, msg, KVT_KEEP_NONE), 0);
     /* a resident sealed block whose position-predecessor is not resident: it sits after a gap */
     int32_t victim = -1, n_res = 0;
     kvt_pos prev_end = 0;
@@ -509,7 +509,7 @@ static void test_resume_after_gap(void **state) {
     assert_int_equal(st.recomputes, 1);
     assert_int_equal(st.n_blocks_resident, n_res);
     assert_int_equal(st.next_pos, kvt_seq_pos_max(e, 1) + 1);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, "and then?"), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, "and then?", KVT_KEEP_NONE), 0);
     char *reply = NULL;
     struct kvt_sampling smp = { 0 };
     assert_int_equal(kvt_session_generate(s, 4, &smp, NULL, NULL, &reply), 0);

@@ -108,7 +108,7 @@ static void positions(bool unified, int reanchor) {
     kvt_engine *e = open_engine(unified, reanchor);
     kvt_token t[32];
     for (int i = 0; i < 32; i++) t[i] = 5 + (7 * i) % 50;
-    assert_int_equal(kvt_decode(e, 0, t, 32, 0, false), 0);
+    assert_int_equal(kvt_engine_decode(e, 0, t, 32, 0, false), 0);
     kvt_blob *b = NULL;
     assert_int_equal(kvt_block_save(e, 0, 16, 32, &b), 0);
     assert_int_equal(b->p0, 16);
@@ -149,7 +149,7 @@ static void positions(bool unified, int reanchor) {
     /* the caller's position: the block's last token would pass 2^30 - 1 */
     expect(kvt_block_load(e, b, 0, KVT__MAX_POS - 4), KVT_EINVAL, "would pass position 1073741823");
     same(e, &before);
-    expect(kvt_decode(e, 0, t, 8, KVT__MAX_POS - 4, false), KVT_EINVAL, "positions are 0..1073741823");
+    expect(kvt_engine_decode(e, 0, t, 8, KVT__MAX_POS - 4, false), KVT_EINVAL, "positions are 0..1073741823");
     same(e, &before);
     /* all or nothing: a good block, then a hostile one */
     x = with_pos(b, 3, 100000);

@@ -1,12 +1,12 @@
-/* test_mixed — kvt_decode_mixed: one llama_decode holding other sequences' decode rows and one
+/* test_mixed — kvt_engine_decode_batch: one llama_decode holding other sequences' decode rows and one
 ** sequence's prefill chunk.
 **
-** The chunk must come out as if decoded alone with kvt_decode: the same last-token logits and the
+** The chunk must come out as if decoded alone with kvt_engine_decode: the same last-token logits and the
 ** same captured attention (queries, key positions, weights) as a twin sequence holding the same
 ** tokens that decodes the chunk alone.  With one KV stream per sequence the numbers are equal bit
 ** for bit (the chunk is a ubatch of its own); with the unified cache they are close (other
 ** sequences' cells widen the attention) and the rows are still the chunk's.  The decode rows get
-** the logits kvt_decode_multi gives them.  Sequences of decode rows are refused by kvt_attn_get
+** the logits a rows-only decode batch gives them.  Sequences of decode rows are refused by kvt_attn_get
 ** (KVT_EUNSUPPORTED), the chunk's is not.  Chunk placements: between rows of lower and higher
 ** sequences (its ubatch is the second), above all rows, below all rows.  Bad input: a chunk whose
 ** sequence is also a row, too many tokens, an empty call.
@@ -64,7 +64,7 @@ static double max_diff(const float *a, const float *b, size_t n) {
 
 /* Sequence `chunk` decodes CH tokens inside a mixed decode with one row for each sequence of
 ** rows[0..n_rows); the twin sequence (N_SEQ - 1, same prefix) decodes them alone.  Compared:
-** logits, attention of both layers; the rows' logits against kvt_decode_multi on copies. */
+** logits, attention of both layers; the rows' logits against a rows-only decode batch on copies. */
 static void run(const char *model, int32_t chunk, const int32_t *rows, int32_t n_rows) {
     kvt_engine *e = open_tiny(model);
     struct kvt_engine_info I;
@@ -76,11 +76,11 @@ static void run(const char *model, int32_t chunk, const int32_t *rows, int32_t n
     for (int32_t s = 0; s < N_SEQ; s++) toks(P[s], PRE, 7 + (unsigned) s);
     memcpy(P[twin], P[chunk], sizeof P[0]);
     toks(C, CH, 99);
-    for (int32_t s = 0; s < N_SEQ; s++) assert_int_equal(kvt_decode(e, s, P[s], PRE, 0, false), 0);
+    for (int32_t s = 0; s < N_SEQ; s++) assert_int_equal(kvt_engine_decode(e, s, P[s], PRE, 0, false), 0);
     /* the reference: the twin decodes the chunk alone */
-    assert_int_equal(kvt_decode(e, twin, C, CH, PRE, true), 0);
+    assert_int_equal(kvt_engine_decode(e, twin, C, CH, PRE, true), 0);
     float *ref = malloc(sizeof(float) * (size_t) I.n_vocab);
-    memcpy(ref, kvt_logits(e), sizeof(float) * (size_t) I.n_vocab);
+    memcpy(ref, kvt_engine_logits(e), sizeof(float) * (size_t) I.n_vocab);
     kvt_attn *ra[2];
     for (int l = 0; l < 2; l++) assert_int_equal(kvt_attn_get(e, layers[l], twin, &ra[l]), 0);
     /* the mixed decode */
@@ -94,8 +94,8 @@ static void run(const char *model, int32_t chunk, const int32_t *rows, int32_t n
     }
     float *lo = malloc(sizeof(float) * (size_t) (n_rows ? n_rows : 1) * (size_t) I.n_vocab);
     const struct kvt_decode_chunk c = { chunk, C, CH, PRE, true };
-    assert_int_equal(kvt_decode_mixed(e, seqs, rt, rp, n_rows, lo, &c), 0);
-    const float *l = kvt_logits(e);
+    assert_int_equal(kvt_engine_decode_batch(e, seqs, rt, rp, n_rows, lo, &c), 0);
+    const float *l = kvt_engine_logits(e);
     assert_non_null(l);
     const double tol = g_kv_unified ? 1e-3 : 0.0;
     double dl = max_diff(l, ref, (size_t) I.n_vocab);
@@ -118,14 +118,14 @@ static void run(const char *model, int32_t chunk, const int32_t *rows, int32_t n
         assert_int_equal(kvt_attn_get(e, layers[1], rows[i], &a), KVT_EUNSUPPORTED);
         assert_null(a);
     }
-    /* the rows: what kvt_decode_multi gives the same tokens after the same prefixes, decoded
+    /* the rows: what a rows-only decode batch gives the same tokens after the same prefixes, decoded
     ** again at the same positions once the mixed decode's cells are removed */
     if (n_rows > 0) {
         float *lm = malloc(sizeof(float) * (size_t) n_rows * (size_t) I.n_vocab);
         for (int32_t i = 0; i < n_rows; i++) assert_int_equal(kvt_seq_rm(e, rows[i], PRE, -1), 0);
-        assert_int_equal(kvt_decode_multi(e, seqs, rt, rp, n_rows, lm), 0);
+        assert_int_equal(kvt_engine_decode_batch(e, seqs, rt, rp, n_rows, lm, NULL), 0);
         double dr = max_diff(lo, lm, (size_t) n_rows * (size_t) I.n_vocab);
-        if (dr > tol) fail_msg("%s: decode rows beside a chunk differ from kvt_decode_multi by %g", model, dr);
+        if (dr > tol) fail_msg("%s: decode rows beside a chunk differ from a rows-only decode batch by %g", model, dr);
         free(lm);
     }
     free(lo);
@@ -162,23 +162,23 @@ static void test_bad_input(void **st) {
     kvt_engine_info(e, &I);
     kvt_token T[PRE];
     toks(T, PRE, 5);
-    assert_int_equal(kvt_decode(e, 0, T, 4, 0, false), 0);
-    assert_int_equal(kvt_decode(e, 1, T, 4, 0, false), 0);
+    assert_int_equal(kvt_engine_decode(e, 0, T, 4, 0, false), 0);
+    assert_int_equal(kvt_engine_decode(e, 1, T, 4, 0, false), 0);
     float *lo = malloc(sizeof(float) * (size_t) I.n_vocab);
     const int32_t seqs[1] = { 1 };
     const kvt_token tk[1] = { 9 };
     const kvt_pos pos[1] = { 4 };
     struct kvt_decode_chunk c = { 1, T, 3, 4, true };
-    assert_int_equal(kvt_decode_mixed(e, seqs, tk, pos, 1, lo, &c), KVT_EINVAL);
+    assert_int_equal(kvt_engine_decode_batch(e, seqs, tk, pos, 1, lo, &c), KVT_EINVAL);
     assert_non_null(strstr(kvt_errmsg(), "both a decode row and the prefill chunk"));
     c.seq = 77;
-    assert_int_equal(kvt_decode_mixed(e, seqs, tk, pos, 1, lo, &c), KVT_EINVAL);
+    assert_int_equal(kvt_engine_decode_batch(e, seqs, tk, pos, 1, lo, &c), KVT_EINVAL);
     assert_non_null(strstr(kvt_errmsg(), "77"));
     c.seq = 0;
     c.n = 600;
-    assert_int_equal(kvt_decode_mixed(e, seqs, tk, pos, 1, lo, &c), KVT_EINVAL);
+    assert_int_equal(kvt_engine_decode_batch(e, seqs, tk, pos, 1, lo, &c), KVT_EINVAL);
     assert_non_null(strstr(kvt_errmsg(), "600"));
-    assert_int_equal(kvt_decode_mixed(e, seqs, tk, pos, 0, lo, NULL), KVT_EINVAL);
+    assert_int_equal(kvt_engine_decode_batch(e, seqs, tk, pos, 0, lo, NULL), KVT_EINVAL);
     /* nothing was decoded by the refused calls */
     assert_int_equal(kvt_seq_pos_max(e, 0), 3);
     assert_int_equal(kvt_seq_pos_max(e, 1), 3);
@@ -205,7 +205,7 @@ static int decode_cb(void *ud, const struct kvt_decode_chunk *c) {
     bool done = false;
     int st = 0;
     u->n_calls++;
-    int rc = kvt_session_gen_step_mixed(u->e, &u->gen, 1, &g, &t, &done, &st, NULL, 0, c);
+    int rc = kvt_session_gen_step_batch(u->e, &(struct kvt_gen_batch){ .sessions = &u->gen, .n = 1, .smp = &g, .tok = &t, .done = &done, .status = &st, .chunk = c });
     if (rc == 0 && st == 0 && !done && u->n_gen < 256) u->toks[u->n_gen++] = t;
     return rc;
 }
@@ -251,7 +251,7 @@ static bool hooks_run(int32_t room, bool expect_equal_scores, int32_t recovery) 
     struct sched_ud u = { .e = e, .gen = G, .room = room };
     const struct kvt_prefill_hooks h = { room_cb, decode_cb, &u };
     kvt_session_set_prefill_hooks(H, &h);
-    assert_int_equal(kvt_session_add(G, KVT_ROLE_USER, "count the comets over the glacier"), 0);
+    assert_int_equal(kvt_session_add(G, KVT_ROLE_USER, "count the comets over the glacier", KVT_KEEP_NONE), 0);
     struct kvt_engine_info I;
     kvt_engine_info(e, &I);
     char text[2048];
@@ -259,8 +259,8 @@ static bool hooks_run(int32_t room, bool expect_equal_scores, int32_t recovery) 
     for (int turn = 0; turn < 3; turn++) {
         long_text(text, sizeof text, turn);
         int32_t calls0 = u.n_calls;
-        assert_int_equal(kvt_session_add(H, KVT_ROLE_USER, text), 0);
-        assert_int_equal(kvt_session_add(R, KVT_ROLE_USER, text), 0);
+        assert_int_equal(kvt_session_add(H, KVT_ROLE_USER, text, KVT_KEEP_NONE), 0);
+        assert_int_equal(kvt_session_add(R, KVT_ROLE_USER, text, KVT_KEEP_NONE), 0);
         assert_true(u.n_calls - calls0 >= 2); /* several chunks, each a mixed step */
         struct kvt_session_stats sh, sr;
         kvt_session_get_stats(H, &sh);

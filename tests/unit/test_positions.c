@@ -61,15 +61,15 @@ static void scene(kvt_engine *e, const kvt_token *S, const kvt_token *B) {
     kvt_token X[GAP];
     tokens(X, GAP, 5);
     kvt_seq_rm(e, 0, -1, -1);
-    assert_int_equal(kvt_decode(e, 0, S, NS, 0, false), 0);
-    assert_int_equal(kvt_decode(e, 0, X, GAP, NS, false), 0);
-    assert_int_equal(kvt_decode(e, 0, B, NB, NS + GAP, false), 0);
+    assert_int_equal(kvt_engine_decode(e, 0, S, NS, 0, false), 0);
+    assert_int_equal(kvt_engine_decode(e, 0, X, GAP, NS, false), 0);
+    assert_int_equal(kvt_engine_decode(e, 0, B, NB, NS + GAP, false), 0);
     assert_int_equal(kvt_seq_rm(e, 0, NS, NS + GAP), 0);
 }
 
 static void next_logits(kvt_engine *e, kvt_token t, kvt_pos pos, float *out, int nv) {
-    assert_int_equal(kvt_decode(e, 0, &t, 1, pos, true), 0);
-    memcpy(out, kvt_logits(e), sizeof(float) * (size_t) nv);
+    assert_int_equal(kvt_engine_decode(e, 0, &t, 1, pos, true), 0);
+    memcpy(out, kvt_engine_logits(e), sizeof(float) * (size_t) nv);
     kvt_seq_rm(e, 0, pos, -1);
 }
 
@@ -145,7 +145,7 @@ static void test_session_positions_bounded(void **st) {
         /* every fourth turn names an earlier turn's word, so evicted blocks come back */
         if (t % 4 == 3) snprintf(msg, sizeof msg, "what about the %s", words[(t / 4) % 8]);
         else snprintf(msg, sizeof msg, "note %d the %s by the %s", t, words[t % 8], words[(t + 3) % 8]);
-        assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, msg), 0);
+        assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, msg, KVT_KEEP_NONE), 0);
         char *reply = NULL;
         assert_int_equal(kvt_session_generate(s, 4, &smp, NULL, NULL, &reply), 0);
         free(reply);
@@ -184,7 +184,7 @@ static void test_session_past_trained_context(void **st) {
     assert_int_equal(kvt_session_open(e, &p, &s), 0);
     char msg[4096] = "";
     for (int i = 0; i < 24; i++) strcat(msg, i % 2 ? "lantern harbor " : "river orchard ");
-    int rc = kvt_session_add(s, KVT_ROLE_USER, msg);
+    int rc = kvt_session_add(s, KVT_ROLE_USER, msg, KVT_KEEP_NONE);
     printf("  no_eviction, a %zu-byte message: %s: %s\n", strlen(msg), kvt_strerror(rc), kvt_errmsg());
     assert_int_equal(rc, KVT_ECTX);
     assert_non_null(strstr(kvt_errmsg(), "trained context of 256 positions"));

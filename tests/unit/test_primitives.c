@@ -97,17 +97,17 @@ static void make_scene(struct scene *sc, int n_vocab, unsigned seed) {
 static void reference_logits_at(kvt_engine *e, const struct scene *sc, float *out, int nv, int off) {
     kvt_seq_rm(e, 0, -1, -1);
     kvt_seq_rm(e, 1, -1, -1);
-    assert_int_equal(kvt_decode(e, 0, sc->S, NS, off, false), 0);
-    assert_int_equal(kvt_decode(e, 1, sc->X1, NX, off + Q1 - NX, false), 0);
-    assert_int_equal(kvt_decode(e, 1, sc->B1, L1, off + Q1, false), 0);
+    assert_int_equal(kvt_engine_decode(e, 0, sc->S, NS, off, false), 0);
+    assert_int_equal(kvt_engine_decode(e, 1, sc->X1, NX, off + Q1 - NX, false), 0);
+    assert_int_equal(kvt_engine_decode(e, 1, sc->B1, L1, off + Q1, false), 0);
     assert_int_equal(kvt_seq_cp(e, 1, 0, off + Q1, off + Q1 + L1), 0);
     kvt_seq_rm(e, 1, -1, -1);
-    assert_int_equal(kvt_decode(e, 1, sc->X2, NX, off + Q2 - NX, false), 0);
-    assert_int_equal(kvt_decode(e, 1, sc->B2, L2, off + Q2, false), 0);
+    assert_int_equal(kvt_engine_decode(e, 1, sc->X2, NX, off + Q2 - NX, false), 0);
+    assert_int_equal(kvt_engine_decode(e, 1, sc->B2, L2, off + Q2, false), 0);
     assert_int_equal(kvt_seq_cp(e, 1, 0, off + Q2, off + Q2 + L2), 0);
     kvt_seq_rm(e, 1, -1, -1);
-    assert_int_equal(kvt_decode(e, 0, sc->T, 1, off + QT, true), 0);
-    memcpy(out, kvt_logits(e), sizeof(float) * (size_t) nv);
+    assert_int_equal(kvt_engine_decode(e, 0, sc->T, 1, off + QT, true), 0);
+    memcpy(out, kvt_engine_logits(e), sizeof(float) * (size_t) nv);
     kvt_seq_rm(e, 0, -1, -1);
 }
 
@@ -125,27 +125,27 @@ static void splice_logits(kvt_engine *e, const struct scene *sc, float *out, int
         kvt_token F[400];
         unsigned seed = 99;
         rand_tokens(F, 400, nv, &seed);
-        assert_int_equal(kvt_decode(e, 1, F, 400, 0, false), 0);
+        assert_int_equal(kvt_engine_decode(e, 1, F, 400, 0, false), 0);
         for (int i = 0; i < 400; i += 2) kvt_seq_rm(e, 1, i, i + 1);
     }
     const int s = frag ? 0 : 1; /* where B is computed: seq 1 normally, seq 0 when 1 holds filler */
-    assert_int_equal(kvt_decode(e, s, sc->X1, NX, FAR, false), 0);
-    assert_int_equal(kvt_decode(e, s, sc->B1, L1, FAR + NX, false), 0);
+    assert_int_equal(kvt_engine_decode(e, s, sc->X1, NX, FAR, false), 0);
+    assert_int_equal(kvt_engine_decode(e, s, sc->B1, L1, FAR + NX, false), 0);
     assert_int_equal(kvt_block_save(e, s, FAR + NX, FAR + NX + L1, &b1), 0);
     assert_int_equal(b1->n_tokens, L1);
     assert_int_equal(b1->p0, FAR + NX);
     kvt_seq_rm(e, s, -1, -1); /* evict */
-    assert_int_equal(kvt_decode(e, s, sc->X2, NX, 3 * FAR, false), 0);
-    assert_int_equal(kvt_decode(e, s, sc->B2, L2, 3 * FAR + NX, false), 0);
+    assert_int_equal(kvt_engine_decode(e, s, sc->X2, NX, 3 * FAR, false), 0);
+    assert_int_equal(kvt_engine_decode(e, s, sc->B2, L2, 3 * FAR + NX, false), 0);
     assert_int_equal(kvt_block_save(e, s, 3 * FAR + NX, 3 * FAR + NX + L2, &b2), 0);
     kvt_seq_rm(e, s, -1, -1);
-    assert_int_equal(kvt_decode(e, 0, sc->S, NS, 0, false), 0);
+    assert_int_equal(kvt_engine_decode(e, 0, sc->S, NS, 0, false), 0);
     assert_int_equal(kvt_block_load(e, b1, 0, Q1), 0);
     assert_int_equal(kvt_block_load(e, b2, 0, Q2), 0);
     assert_int_equal(kvt_seq_pos_max(e, 0), Q2 + L2 - 1);
     assert_int_equal(kvt_seq_n_cells(e, 0), NS + L1 + L2);
-    assert_int_equal(kvt_decode(e, 0, sc->T, 1, QT, true), 0);
-    memcpy(out, kvt_logits(e), sizeof(float) * (size_t) nv);
+    assert_int_equal(kvt_engine_decode(e, 0, sc->T, 1, QT, true), 0);
+    memcpy(out, kvt_engine_logits(e), sizeof(float) * (size_t) nv);
     kvt_seq_rm(e, 0, -1, -1);
     kvt_seq_rm(e, 1, -1, -1);
     kvt_blob_free(b1);
@@ -248,16 +248,16 @@ static double pending_shift_roundtrip(const char *model, bool skip_flush) {
     make_scene(&sc, nv, 77);
     reference_logits(e, &sc, ref, nv);
     kvt_blob *b1 = NULL, *b2 = NULL, *again = NULL;
-    assert_int_equal(kvt_decode(e, 1, sc.X1, NX, FAR, false), 0);
-    assert_int_equal(kvt_decode(e, 1, sc.B1, L1, FAR + NX, false), 0);
+    assert_int_equal(kvt_engine_decode(e, 1, sc.X1, NX, FAR, false), 0);
+    assert_int_equal(kvt_engine_decode(e, 1, sc.B1, L1, FAR + NX, false), 0);
     assert_int_equal(kvt_block_save(e, 1, FAR + NX, FAR + NX + L1, &b1), 0);
     kvt_seq_rm(e, 1, -1, -1);
-    assert_int_equal(kvt_decode(e, 1, sc.X2, NX, 3 * FAR, false), 0);
-    assert_int_equal(kvt_decode(e, 1, sc.B2, L2, 3 * FAR + NX, false), 0);
+    assert_int_equal(kvt_engine_decode(e, 1, sc.X2, NX, 3 * FAR, false), 0);
+    assert_int_equal(kvt_engine_decode(e, 1, sc.B2, L2, 3 * FAR + NX, false), 0);
     assert_int_equal(kvt_block_save(e, 1, 3 * FAR + NX, 3 * FAR + NX + L2, &b2), 0);
     kvt_seq_rm(e, 1, -1, -1);
     /* load B1 at Q1 (shift pending), then save it straight back and reload that copy */
-    assert_int_equal(kvt_decode(e, 0, sc.S, NS, 0, false), 0);
+    assert_int_equal(kvt_engine_decode(e, 0, sc.S, NS, 0, false), 0);
     assert_int_equal(kvt_block_load(e, b1, 0, Q1), 0);
     assert_true(kvt_engine_shift_pending(e));
     kvt_engine_set_unsafe_skip_shift_flush(e, skip_flush);
@@ -266,8 +266,8 @@ static double pending_shift_roundtrip(const char *model, bool skip_flush) {
     kvt_seq_rm(e, 0, Q1, Q1 + L1);
     assert_int_equal(kvt_block_load(e, again, 0, Q1), 0); /* delta 0: no new shift */
     assert_int_equal(kvt_block_load(e, b2, 0, Q2), 0);
-    assert_int_equal(kvt_decode(e, 0, sc.T, 1, QT, true), 0);
-    memcpy(out, kvt_logits(e), sizeof(float) * (size_t) nv);
+    assert_int_equal(kvt_engine_decode(e, 0, sc.T, 1, QT, true), 0);
+    memcpy(out, kvt_engine_logits(e), sizeof(float) * (size_t) nv);
     double d = max_abs_diff(ref, out, nv);
     kvt_blob_free(b1);
     kvt_blob_free(b2);
@@ -299,9 +299,9 @@ static void test_foreign_blob_rejected(void **st) {
     unsigned seed = 5;
     rand_tokens(t, 16, 512, &seed);
     kvt_blob *blob = NULL;
-    assert_int_equal(kvt_decode(a, 0, t, 16, 0, false), 0);
+    assert_int_equal(kvt_engine_decode(a, 0, t, 16, 0, false), 0);
     assert_int_equal(kvt_block_save(a, 0, 0, 16, &blob), 0);
-    assert_int_equal(kvt_decode(b, 0, t, 8, 0, false), 0);
+    assert_int_equal(kvt_engine_decode(b, 0, t, 8, 0, false), 0);
     int rc = kvt_block_load(b, blob, 0, 100);
     assert_true(rc == KVT_EFORMAT || rc == KVT_ECTX);
     assert_true(strlen(kvt_errmsg()) > 10);

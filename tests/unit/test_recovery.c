@@ -9,7 +9,7 @@
 ** The same inside one user message longer than the budget (its own blocks evicted during its
 ** prefill, recovered before the reply by its end), with the same controls.
 ** Dense recovery (Gemma 3 270M as its own embedder): the evicted block with the highest cosine to
-** the question, measured here with kvt_embed, is recovered, by a linear scan and through the
+** the question, measured here with kvt_embedder_embed, is recovered, by a linear scan and through the
 ** HNSW index (ann_min_blocks 1); with min_recovery_cosine 1.0 nothing is (the threshold binds). */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -155,19 +155,19 @@ static double split_fact_session(kvt_engine *e, int32_t recovery, int32_t succes
                                  int64_t *recoveries) {
     struct kvt_session_params sp;
     kvt_session *s = open_split_session(e, recovery, successors, &sp);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, filler[0]), 0);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "Noted."), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, filler[0], KVT_KEEP_NONE), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "Noted.", KVT_KEEP_NONE), 0);
     /* pad the next message so that "locker" ends a block: find the padding by tokenizing */
     char msg[2048];
     const struct kvt_chat_msg before[2] = { { "user", filler[0] }, { "assistant", "Noted." } };
     *split_ok = pad_to_boundary(e, sp.block, before, 2, "", total_tokens(s), msg, sizeof msg);
     char full[2200];
     snprintf(full, sizeof full, "%s number is 58213. Please keep that in mind.", msg);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, full), 0);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "Noted."), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, full, KVT_KEEP_NONE), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "Noted.", KVT_KEEP_NONE), 0);
     for (int32_t k = 1; k < 18; k++) { /* ~950 tokens after the fact */
-        assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, filler[k % 6]), 0);
-        assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "Noted."), 0);
+        assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, filler[k % 6], KVT_KEEP_NONE), 0);
+        assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "Noted.", KVT_KEEP_NONE), 0);
     }
     /* both halves are evicted by now */
     struct kvt_block_info a, b;
@@ -175,7 +175,7 @@ static double split_fact_session(kvt_engine *e, int32_t recovery, int32_t succes
     assert_int_not_equal(a.residency, KVT_RES_DEVICE);
     assert_int_not_equal(b.residency, KVT_RES_DEVICE);
 
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, "Which locker does Kelvarin have?"), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, "Which locker does Kelvarin have?", KVT_KEEP_NONE), 0);
     kvt_session_block(s, first, &a);
     kvt_session_block(s, first + 1, &b);
     if (recovery == KVT_RECOVERY_KV_RESTORE && successors == 0) {
@@ -231,7 +231,7 @@ static double own_tail_session(kvt_engine *e, int32_t recovery, int32_t successo
         strcat(msg, filler[k % 6]);
     }
     strcat(msg, " Now the question about the lockers. Which locker does Kelvarin have?");
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, msg), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, msg, KVT_KEEP_NONE), 0);
     free(msg);
     struct kvt_block_info a, b;
     fact_halves(s, *split_ok, &a, &b);
@@ -306,8 +306,8 @@ static int64_t dense_session(kvt_engine *e, kvt_embedder *em, float min_cos, int
     kvt_session *s = NULL;
     assert_int_equal(kvt_session_open(e, &sp, &s), 0);
     for (int32_t k = 0; k < 12; k++) { /* ~700 tokens: the first topics are evicted */
-        assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, k < 6 ? topics[k] : filler[k - 6]), 0);
-        assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "Noted."), 0);
+        assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, k < 6 ? topics[k] : filler[k - 6], KVT_KEEP_NONE), 0);
+        assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "Noted.", KVT_KEEP_NONE), 0);
     }
     const char *question = "Tell me again about molten rock coming out of a mountain.";
     /* the evicted blocks before the question, and their cosine to it */
@@ -316,12 +316,12 @@ static int64_t dense_session(kvt_engine *e, kvt_embedder *em, float min_cos, int
     float *qv = malloc(sizeof(float) * (size_t) dim), *bv = malloc(sizeof(float) * (size_t) dim);
     assert_non_null(qv);
     assert_non_null(bv);
-    assert_int_equal(kvt_embed(em, question, qv), 0);
+    assert_int_equal(kvt_embedder_embed(em, question, qv), 0);
     for (int32_t i = 0; i < n_b; i++) {
         struct kvt_block_info b;
         kvt_session_block(s, i, &b);
         if (b.residency != KVT_RES_HOST && b.residency != KVT_RES_DISK) continue;
-        assert_int_equal(kvt_embed(em, b.text, bv), 0);
+        assert_int_equal(kvt_embedder_embed(em, b.text, bv), 0);
         double c = 0;
         for (int32_t d = 0; d < dim; d++) c += (double) qv[d] * bv[d];
         if (c > best_cos) { best_cos = c; best = i; }
@@ -331,7 +331,7 @@ static int64_t dense_session(kvt_engine *e, kvt_embedder *em, float min_cos, int
     assert_true(best >= 0);
     struct kvt_session_stats st0, st1;
     kvt_session_get_stats(s, &st0);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, question), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, question, KVT_KEEP_NONE), 0);
     kvt_session_get_stats(s, &st1);
     struct kvt_block_info b;
     kvt_session_block(s, best, &b);

@@ -93,7 +93,7 @@ static void keep_logits(kvt_engine *e, struct run *out) {
     kvt_engine_info(e, &I);
     out->n_vocab = I.n_vocab;
     out->logits = malloc(sizeof(float) * (size_t) I.n_vocab);
-    memcpy(out->logits, kvt_logits(e), sizeof(float) * (size_t) I.n_vocab);
+    memcpy(out->logits, kvt_engine_logits(e), sizeof(float) * (size_t) I.n_vocab);
 }
 
 /* One conversation turn (system document + question) in a fresh session; its stats and logits. */
@@ -108,8 +108,8 @@ static void turn(kvt_engine *e, kvt_store *store, const char *tenant, int32_t bu
     p.tenant = tenant;
     kvt_session *s = NULL;
     assert_int_equal(kvt_session_open(e, &p, &s), 0);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_SYSTEM, doc), 0);
-    int rc = kvt_session_add(s, KVT_ROLE_USER, q);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_SYSTEM, doc, KVT_KEEP_NONE), 0);
+    int rc = kvt_session_add(s, KVT_ROLE_USER, q, KVT_KEEP_NONE);
     if (rc) fprintf(stderr, "add: %s\n", kvt_errmsg());
     assert_int_equal(rc, 0);
     keep_logits(e, out);
@@ -446,9 +446,9 @@ static kvt_session *conversation(kvt_engine *e, kvt_store *store, enum parked me
     kvt_session *s = NULL;
     assert_int_equal(kvt_session_open(e, &p, &s), 0);
     char *doc = document(64, 64, 0);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_SYSTEM, doc), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_SYSTEM, doc, KVT_KEEP_NONE), 0);
     free(doc);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, "what is by the river"), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, "what is by the river", KVT_KEEP_NONE), 0);
     assert_int_equal(kvt_session_park(s), 0);
     if (meanwhile == CLEARED) assert_int_equal(kvt_store_clear(store), 0);
     if (meanwhile == AGED) {
@@ -462,7 +462,7 @@ static kvt_session *conversation(kvt_engine *e, kvt_store *store, enum parked me
         assert_int_equal(f.fresh, 0); /* a lookup by another session would miss every one */
     }
     assert_int_equal(kvt_session_resume(s, 0), 0);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, "and what is in the orchard"), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, "and what is in the orchard", KVT_KEEP_NONE), 0);
     keep_logits(e, out);
     kvt_session_get_stats(s, &out->st);
     *sealed = 0;

@@ -98,11 +98,11 @@ static void test_budget_long_session(void **state) {
     sp.budget = 384;
     kvt_session *s = NULL;
     assert_int_equal(kvt_session_open(e, &sp, &s), 0);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_SYSTEM, system_prompt), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_SYSTEM, system_prompt, KVT_KEEP_NONE), 0);
     struct watch w = { s, sp.budget, 0, 0 };
     int64_t last_recoveries = 0;
     for (size_t t = 0; t < sizeof turns / sizeof turns[0]; t++) {
-        assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, turns[t]), 0);
+        assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, turns[t], KVT_KEEP_NONE), 0);
         struct kvt_session_stats st;
         kvt_session_get_stats(s, &st);
         /* blocks recovered for this turn sit contiguously right before the new message */
@@ -178,7 +178,7 @@ static void test_discard_never_recovers(void **state) {
     kvt_session *s = NULL;
     assert_int_equal(kvt_session_open(e, &sp, &s), 0);
     for (size_t t = 0; t < 8; t++) {
-        assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, turns[t]), 0);
+        assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, turns[t], KVT_KEEP_NONE), 0);
         assert_int_equal(kvt_session_generate(s, 24, NULL, NULL, NULL, NULL), 0);
         check_table(s, sp.budget);
     }
@@ -211,10 +211,10 @@ static void test_corrupt_spill_recomputed(void **state) {
     sp.pool = pool;
     kvt_session *s = NULL;
     assert_int_equal(kvt_session_open(e, &sp, &s), 0);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_SYSTEM, system_prompt), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_SYSTEM, system_prompt, KVT_KEEP_NONE), 0);
     size_t n = sizeof turns / sizeof turns[0];
     for (size_t t = 0; t + 1 < n; t++) {
-        assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, turns[t]), 0);
+        assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, turns[t], KVT_KEEP_NONE), 0);
         assert_int_equal(kvt_session_generate(s, 40, NULL, NULL, NULL, NULL), 0);
     }
     /* corrupt every evicted block that mentions the code word */
@@ -237,7 +237,7 @@ static void test_corrupt_spill_recomputed(void **state) {
     assert_true(corrupted > 0);
     struct kvt_session_stats before, after;
     kvt_session_get_stats(s, &before);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, turns[n - 1]), 0); /* the probe wants it back */
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, turns[n - 1], KVT_KEEP_NONE), 0); /* the probe wants it back */
     kvt_session_get_stats(s, &after);
     assert_true(after.pool.n_corrupt >= 1);
     bool back = false;
@@ -268,10 +268,10 @@ static uint64_t run_policy(kvt_engine *e, int32_t policy, int32_t recovery) {
     sp.recovery = recovery;
     kvt_session *s = NULL;
     assert_int_equal(kvt_session_open(e, &sp, &s), 0);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_SYSTEM, system_prompt), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_SYSTEM, system_prompt, KVT_KEEP_NONE), 0);
     for (size_t t = 0; t < 12; t++) {
         int32_t keep = t == 2 ? KVT_KEEP_PIN : KVT_KEEP_NONE;
-        assert_int_equal(kvt_session_add_ex(s, KVT_ROLE_USER, turns[t], keep), 0);
+        assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, turns[t], keep), 0);
         assert_int_equal(kvt_session_generate(s, 16, NULL, NULL, NULL, NULL), 0);
         if (policy != KVT_POLICY_NO_EVICTION) check_table(s, sp.budget);
     }

@@ -88,8 +88,8 @@ static kvt_blob *make_block(kvt_engine *e, int32_t s, unsigned seed) {
     toks(X, NX, seed);
     toks(B, NB, seed + 1);
     kvt_seq_rm(e, s, -1, -1);
-    assert_int_equal(kvt_decode(e, s, X, NX, FAR, false), 0);
-    assert_int_equal(kvt_decode(e, s, B, NB, FAR + NX, false), 0);
+    assert_int_equal(kvt_engine_decode(e, s, X, NX, FAR, false), 0);
+    assert_int_equal(kvt_engine_decode(e, s, B, NB, FAR + NX, false), 0);
     kvt_blob *b = NULL;
     assert_int_equal(kvt_block_save(e, s, FAR + NX, FAR + NX + NB, &b), 0);
     kvt_seq_rm(e, s, -1, -1);
@@ -101,12 +101,12 @@ static void logits_with(kvt_engine *e, const kvt_blob *b, float *out) {
     kvt_token S[NS], T = 77;
     toks(S, NS, 4242);
     kvt_seq_rm(e, 0, -1, -1);
-    assert_int_equal(kvt_decode(e, 0, S, NS, 0, false), 0);
+    assert_int_equal(kvt_engine_decode(e, 0, S, NS, 0, false), 0);
     int rc = kvt_block_load(e, b, 0, Q);
     if (rc) fprintf(stderr, "load: %s\n", kvt_errmsg());
     assert_int_equal(rc, 0);
-    assert_int_equal(kvt_decode(e, 0, &T, 1, Q + NB, true), 0);
-    memcpy(out, kvt_logits(e), sizeof(float) * (size_t) n_vocab(e));
+    assert_int_equal(kvt_engine_decode(e, 0, &T, 1, Q + NB, true), 0);
+    memcpy(out, kvt_engine_logits(e), sizeof(float) * (size_t) n_vocab(e));
     kvt_seq_rm(e, 0, -1, -1);
 }
 
@@ -188,9 +188,9 @@ static void take(kvt_engine *e, int32_t seq, kvt_pos next, struct snapshot *s) {
     s->n_cells = kvt_seq_n_cells(e, seq);
     s->pos_max = kvt_seq_pos_max(e, seq);
     assert_int_equal(kvt_block_save(e, seq, 0, 100000, &s->all), 0);
-    assert_int_equal(kvt_decode(e, seq, &T, 1, next, true), 0);
+    assert_int_equal(kvt_engine_decode(e, seq, &T, 1, next, true), 0);
     s->logits = malloc(sizeof(float) * (size_t) n_vocab(e));
-    memcpy(s->logits, kvt_logits(e), sizeof(float) * (size_t) n_vocab(e));
+    memcpy(s->logits, kvt_engine_logits(e), sizeof(float) * (size_t) n_vocab(e));
     assert_int_equal(kvt_seq_rm(e, seq, next, next + 1), 0);
 }
 
@@ -217,7 +217,7 @@ static void check_failed_loads(const char *model, bool unified) {
     printf("  %s, %s:\n", model, unified ? "unified" : "streams");
     kvt_token A[120];
     toks(A, 120, 8);
-    assert_int_equal(kvt_decode(e, 0, A, 60, 0, false), 0);
+    assert_int_equal(kvt_engine_decode(e, 0, A, 60, 0, false), 0);
     assert_int_equal(kvt_seq_rm(e, 0, 10, 20), 0); /* a hole, as eviction leaves */
     kvt_blob *b = make_block(e, 1, 3);
     /* Streams mode packs a sequence's cells whenever it writes the sequence back, successful or
@@ -245,7 +245,7 @@ static void check_failed_loads(const char *model, bool unified) {
         /* seq_cp and a host seq_shift write the whole sequence too */
         kvt_token C[30];
         toks(C, 30, 17);
-        assert_int_equal(kvt_decode(e, 1, C, 30, 200, false), 0);
+        assert_int_equal(kvt_engine_decode(e, 1, C, 30, 200, false), 0);
         kvt_engine_set_unsafe_corrupt_next_load(e, n_parts - 1);
         assert_int_equal(kvt_seq_cp(e, 1, 0, 200, 230), KVT_ELLAMA);
         same_as(e, 0, 60, &before, "a rejected seq_cp");
@@ -278,8 +278,8 @@ static void test_refused_loads_streams(void **st) {
     assert_false(I.kv_unified);
     kvt_token A[240];
     toks(A, 240, 9);
-    assert_int_equal(kvt_decode(e, 0, A, 200, 0, false), 0);
-    assert_int_equal(kvt_decode(e, 1, A, 100, 0, false), 0);
+    assert_int_equal(kvt_engine_decode(e, 0, A, 200, 0, false), 0);
+    assert_int_equal(kvt_engine_decode(e, 1, A, 100, 0, false), 0);
     kvt_blob *big = NULL, *late = NULL;
     assert_int_equal(kvt_block_save(e, 1, 0, 100, &big), 0);
     assert_int_equal(kvt_block_save(e, 1, 10, 40, &late), 0); /* 60 positions ago, window of 32 */
@@ -296,7 +296,7 @@ static void test_refused_loads_streams(void **st) {
     assert_int_equal(rc, KVT_EFORMAT);
     same_as(e, 0, 200, &before, "the late block");
     /* decode past the stream: ECTX naming the stream */
-    rc = kvt_decode(e, 0, A, 60, 200, false);
+    rc = kvt_engine_decode(e, 0, A, 60, 200, false);
     assert_int_equal(rc, KVT_ECTX);
     assert_non_null(strstr(kvt_errmsg(), "stream"));
     kvt_blob_free(before.all);
@@ -320,13 +320,13 @@ static void greedy(kvt_engine *e, bool busy, float *out, kvt_token *gen) {
     kvt_seq_rm(e, 0, -1, -1);
     kvt_seq_rm(e, 1, -1, -1);
     kvt_pos o = 0;
-    if (busy) { assert_int_equal(kvt_decode(e, 1, O, 200, 0, false), 0); o = 200; }
-    assert_int_equal(kvt_decode(e, 0, P, NP, 0, true), 0);
+    if (busy) { assert_int_equal(kvt_engine_decode(e, 1, O, 200, 0, false), 0); o = 200; }
+    assert_int_equal(kvt_engine_decode(e, 0, P, NP, 0, true), 0);
     for (int i = 0; i < NGEN; i++) {
-        memcpy(out + (size_t) i * nv, kvt_logits(e), sizeof(float) * (size_t) nv);
-        assert_int_equal(kvt_sample(e, NULL, &gen[i]), 0);
-        if (busy) { assert_int_equal(kvt_decode(e, 1, O + o % 295, 5, o, false), 0); o += 5; }
-        assert_int_equal(kvt_decode(e, 0, &gen[i], 1, NP + i, true), 0);
+        memcpy(out + (size_t) i * nv, kvt_engine_logits(e), sizeof(float) * (size_t) nv);
+        assert_int_equal(kvt_engine_sample(e, NULL, &gen[i]), 0);
+        if (busy) { assert_int_equal(kvt_engine_decode(e, 1, O + o % 295, 5, o, false), 0); o += 5; }
+        assert_int_equal(kvt_engine_decode(e, 0, &gen[i], 1, NP + i, true), 0);
     }
 }
 
@@ -380,11 +380,11 @@ static void session_run(kvt_engine *e, bool busy, char **reply, double *lp) {
     for (int t = 0; t < 3; t++) {
         if (busy) {
             char *r = NULL;
-            assert_int_equal(kvt_session_add(s1, KVT_ROLE_USER, "a comet over the glacier and the violin mill"), 0);
+            assert_int_equal(kvt_session_add(s1, KVT_ROLE_USER, "a comet over the glacier and the violin mill", KVT_KEEP_NONE), 0);
             assert_int_equal(kvt_session_generate(s1, 6, &g, NULL, NULL, &r), 0);
             free(r);
         }
-        assert_int_equal(kvt_session_add(s0, KVT_ROLE_USER, turns[t]), 0);
+        assert_int_equal(kvt_session_add(s0, KVT_ROLE_USER, turns[t], KVT_KEEP_NONE), 0);
         free(*reply);
         *reply = NULL;
         assert_int_equal(kvt_session_generate(s0, 8, &g, NULL, NULL, reply), 0);
@@ -435,8 +435,8 @@ static void test_seq_cp_streams(void **st) {
     toks(A, 100, 21);
     for (int m = 0; m < 2; m++) {
         kvt_engine *e = E[m];
-        assert_int_equal(kvt_decode(e, 0, A, 20, 0, false), 0);
-        assert_int_equal(kvt_decode(e, 1, A + 20, 80, 0, false), 0);
+        assert_int_equal(kvt_engine_decode(e, 0, A, 20, 0, false), 0);
+        assert_int_equal(kvt_engine_decode(e, 1, A + 20, 80, 0, false), 0);
         /* the middle of sequence 1 into sequence 0, after a gap; then the whole of it into 2 */
         assert_int_equal(kvt_seq_cp(e, 1, 0, 40, 80), 0);
         assert_int_equal(kvt_seq_n_cells(e, 0), 60);
@@ -444,8 +444,8 @@ static void test_seq_cp_streams(void **st) {
         assert_int_equal(kvt_seq_n_cells(e, 1), 80); /* the source keeps its cells */
         assert_int_equal(kvt_seq_cp(e, 1, 2, -1, -1), 0);
         assert_int_equal(kvt_seq_n_cells(e, 2), 80);
-        assert_int_equal(kvt_decode(e, 0, &T, 1, 80, true), 0);
-        memcpy(l[m], kvt_logits(e), sizeof(float) * nv);
+        assert_int_equal(kvt_engine_decode(e, 0, &T, 1, 80, true), 0);
+        memcpy(l[m], kvt_engine_logits(e), sizeof(float) * nv);
         if (m == 1) {
             int rc = kvt_seq_cp(e, 1, 0, 60, 70); /* positions sequence 0 already holds */
             assert_int_equal(rc, KVT_EINVAL);
@@ -454,11 +454,11 @@ static void test_seq_cp_streams(void **st) {
             assert_int_equal(kvt_seq_n_cells(e, 0), 61);
             /* and the full copy decodes like its source */
             float *a = malloc(sizeof(float) * nv);
-            assert_int_equal(kvt_decode(e, 1, &T, 1, 80, true), 0);
-            memcpy(a, kvt_logits(e), sizeof(float) * nv);
-            assert_int_equal(kvt_decode(e, 2, &T, 1, 80, true), 0);
-            printf("  seq_cp: full copy vs its source: max|dlogit| %.3g\n", max_abs_diff(a, kvt_logits(e), nv));
-            assert_true(max_abs_diff(a, kvt_logits(e), nv) == 0);
+            assert_int_equal(kvt_engine_decode(e, 1, &T, 1, 80, true), 0);
+            memcpy(a, kvt_engine_logits(e), sizeof(float) * nv);
+            assert_int_equal(kvt_engine_decode(e, 2, &T, 1, 80, true), 0);
+            printf("  seq_cp: full copy vs its source: max|dlogit| %.3g\n", max_abs_diff(a, kvt_engine_logits(e), nv));
+            assert_true(max_abs_diff(a, kvt_engine_logits(e), nv) == 0);
             free(a);
         }
     }
@@ -488,18 +488,18 @@ static void test_seqadd_overlap_streams(void **st) {
         kvt_engine *e = E[i];
         /* the block [30, 70) of sequence 1, loaded at 100 into sequence 0, which holds [0, 90): its old
         ** range is occupied there, so llama.cpp's shift cannot run in the target */
-        assert_int_equal(kvt_decode(e, 1, A, 70, 0, false), 0);
+        assert_int_equal(kvt_engine_decode(e, 1, A, 70, 0, false), 0);
         kvt_blob *b = NULL;
         assert_int_equal(kvt_block_save(e, 1, 30, 70, &b), 0);
         kvt_seq_rm(e, 1, -1, -1);
-        assert_int_equal(kvt_decode(e, 0, A + 30, 90, 0, false), 0);
+        assert_int_equal(kvt_engine_decode(e, 0, A + 30, 90, 0, false), 0);
         assert_int_equal(kvt_block_load(e, b, 0, 100), 0);
         assert_false(kvt_engine_shift_pending(e)); /* shifted at once, in the scratch stream */
         kvt_blob_free(b);
         assert_int_equal(kvt_seq_n_cells(e, 0), 130);
         assert_int_equal(kvt_seq_pos_max(e, 0), 139);
-        assert_int_equal(kvt_decode(e, 0, &T, 1, 140, true), 0);
-        memcpy(L[i], kvt_logits(e), sizeof(float) * nv);
+        assert_int_equal(kvt_engine_decode(e, 0, &T, 1, 140, true), 0);
+        memcpy(L[i], kvt_engine_logits(e), sizeof(float) * nv);
     }
     double d = max_abs_diff(lh, ls, nv);
     printf("  SEQ_ADD through the scratch stream vs host re-anchoring: max|dlogit| %.3g (tolerance 1e-3)\n", d);
