@@ -945,6 +945,50 @@ struct kvt_sync_info {
 ** a reply still being generated), plus those of kvt_session_add.  Not thread-safe (engine rule). */
 int kvt_session_sync(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_msgs, struct kvt_sync_info *out);
 
+/* kvt_session_sync as steps, for a scheduler that decodes the prompt's chunks itself: alone, or
+** inside one llama_decode with its other requests' decode tokens (kvt_gen_batch.chunk: chunked
+** prefill inside the batch, as llama-server and vLLM schedule it).  The session does everything
+** else (the cut-back, store and chunk loads, recovery, eviction, sealing, attention signals) in
+** kvt_prefill_next and kvt_prefill_done, and never calls into the caller:
+**
+**     kvt_prefill *pf;
+**     struct kvt_decode_chunk c;
+**     int rc = kvt_session_prefill(s, msgs, n_msgs, &pf);
+**     while (rc == 0 && (rc = kvt_prefill_next(pf, room, &c)) == 1)
+**         rc = kvt_prefill_done(pf, decode_somehow(&c));  // 0, an error, or KVT_ECANCELED
+**     rc = kvt_prefill_end(pf, &info);                    // kvt_session_sync's result
+**
+** The chunks, their evictions and sealed blocks are those kvt_session_sync gives (the same
+** numbers when each chunk is decoded as kvt_engine_decode would: alone, or in
+** kvt_engine_decode_batch with one KV stream per sequence), as long as room leaves chunks whole.
+** Between kvt_prefill_done and the next kvt_prefill_next the caller may use the engine for other
+** sessions and sequences, not this session.  msgs must stay valid until kvt_prefill_end.
+** OUT *pf: free with kvt_prefill_end.  Errors: those kvt_session_sync gives before decoding. */
+typedef struct kvt_prefill kvt_prefill;
+int kvt_session_prefill(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_msgs, kvt_prefill **pf /* OUT */);
+
+/* The next prefill chunk: returns 1 with *chunk (c->seq is the session's sequence, c->tokens
+** owned by pf until kvt_prefill_done, c->pos0 the next position, c->want_logits on the last
+** chunk of a run of tokens).  Decode exactly those tokens, then call kvt_prefill_done before any
+** other call on this session; a chunk that wants logits must leave them in kvt_engine_logits()
+** (no other decode in between).  room > 0: the chunk holds at most room tokens (a step's token
+** budget left); 0: up to the block boundary.  Returns 0 when the conversation is in (call
+** kvt_prefill_end), or the prefill's error (it stops there: kvt_prefill_end returns it too). */
+int kvt_prefill_next(kvt_prefill *pf, int32_t room, struct kvt_decode_chunk *chunk /* OUT */);
+
+/* The chunk kvt_prefill_next handed out was decoded with result rc (0; the decode's error, in
+** which case its tokens are not in the cache; or KVT_ECANCELED, not decoded: the caller stops
+** the prefill, e.g. its client left).  Records the tokens, seals completed blocks.  Returns 0,
+** or the error that stops the prefill: the message being added is then not part of the
+** conversation and its decoded chunks are cut back (the session is as before the message). */
+int kvt_prefill_done(kvt_prefill *pf, int rc);
+
+/* End the prefill and free pf (NULL: nothing).  Ending before kvt_prefill_next returned 0 stops
+** it (KVT_ECANCELED; a chunk still out is removed from the cache; the message being added is
+** undone).  OUT *info (may be NULL): as kvt_session_sync's.  Returns the prefill's error, with
+** its message in kvt_errmsg(), or 0. */
+int kvt_prefill_end(kvt_prefill *pf, struct kvt_sync_info *info /* OUT */);
+
 /* A row of kvt_session_gen_step_batch that belongs to no session: plain text generation in a
 ** sequence the caller manages itself (a server's /v1/completions), stepped in the same
 ** llama_decode as the sessions.  The caller prefills the prompt with kvt_engine_decode (want_logits on
@@ -985,7 +1029,7 @@ struct kvt_gen_batch {
     struct kvt_gen_row *rows;        /* IN/OUT [n_rows] raw rows (see struct kvt_gen_row) */
     int32_t n_rows;
     const struct kvt_decode_chunk *chunk; /* NULL or another sequence's prefill chunk (none of the
-                                     ** sessions' or rows'): what a kvt_prefill_hooks.decode passes */
+                                     ** sessions' or rows'): a chunk of kvt_prefill_next */
 };
 
 /* Continuous batching: kvt_session_gen_step for every session of b and a sampled token for every
@@ -1008,36 +1052,6 @@ int kvt_session_gen_step_batch(kvt_engine *eng, const struct kvt_gen_batch *b);
 ** token's log-probability (OpenAI "logprobs").  Owned by the session, valid until its next
 ** decode; NULL when there are none (no user turn decoded yet, parked).  Cannot fail. */
 const float *kvt_session_logits(const kvt_session *s);
-
-/* Chunked prefill: cb(ud) is called between the chunks (at most one block of tokens each) in which
-** this session decodes a prompt (kvt_session_add, kvt_session_sync), so a server can generate
-** tokens for OTHER sessions on the engine meanwhile.  The callback must not call into this session.
-** NULL removes it.  Cannot fail. */
-typedef void (*kvt_chunk_cb)(void *ud);
-void kvt_session_set_chunk_cb(kvt_session *s, kvt_chunk_cb cb, void *ud);
-
-/* Mixed prefill (chunked prefill inside the batch, as llama-server and vLLM schedule it): with
-** hooks set, every prefill chunk of this session (kvt_session_add, kvt_session_sync, resume
-** re-feeds; not the tokens it generates) is decoded by the scheduler instead of alone, so that
-** one llama_decode holds it AND other requests' decode tokens (kvt_gen_batch.chunk).
-** Chunking is otherwise unchanged: a chunk never crosses a block boundary; before it the
-** session makes room (evictions), after it seals the completed block and observes the chunk's
-** attention (kvt_engine_decode_batch captures it as kvt_engine_decode would): the same blocks sealed, the same
-** evictions as without hooks when room() leaves chunks whole.
-**   room(ud):     tokens the next chunk may hold (the step's token budget left), >= 1; NULL = no
-**                 limit beyond the block boundary.
-**   decode(ud,c): decode exactly chunk c (c->seq is this session's sequence, c->pos0 its next
-**                 position) in a shared llama_decode, leaving the chunk's last logits in
-**                 kvt_engine_logits() when c->want_logits; 0 or the error (the chunk is then not in the
-**                 cache and the prefill fails with it).  It must not call into this session.
-** The kvt_chunk_cb, if any, still runs between chunks.  hooks is copied; NULL (or decode NULL)
-** removes them.  Cannot fail. */
-struct kvt_prefill_hooks {
-    int32_t (*room)(void *ud);
-    int (*decode)(void *ud, const struct kvt_decode_chunk *c);
-    void *ud;
-};
-void kvt_session_set_prefill_hooks(kvt_session *s, const struct kvt_prefill_hooks *hooks);
 
 /* Park a session: every resident block is saved (to the pool, or with kvt_session_params.store
 ** the store; the open block is sealed early; all sealed blocks are there already, write-through) and its cells leave the cache, so its sequence

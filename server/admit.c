@@ -270,7 +270,6 @@ enum pick admit_session(struct server *srv, struct job *j, struct sess **out) {
     sp.chunk_recompute = srv->chunk_recompute;
     sp.tenant = srv->share_store ? NULL : j->req.ns; /* API keys never see each other's blocks */
     int rc = kvt_session_open(srv->eng, &sp, &x->s);
-    if (rc == 0) serve_session_hooks(srv, x->s);
     if (rc) {
         serve_job_lib_error(j, "cannot open a session", rc);
         x->s = NULL;

@@ -9,11 +9,11 @@
 ** prefilled when the job is admitted, in chunks of at most one block, and each chunk but the
 ** last rides in a step: ONE llama_decode holds every active job's next decode token AND the
 ** chunk (mixed prefill and decode, as llama-server and vLLM schedule chunked prefill), the chunk
-** cut so that the step holds at most --batch-tokens tokens (kvt_session_set_prefill_hooks for
-** sessions; completions cut their chunks here).  The last chunk goes alone: the step after the
-** prefill takes the new job too (see serve_chunk_decode).  A long prefill thus never stalls the
-** generating jobs.  --batch-tokens 0: the older schedule, each chunk decoded alone with a
-** batched step of the active jobs between chunks (kvt_session_set_chunk_cb).
+** cut so that the step holds at most --batch-tokens tokens (a session hands out its chunks,
+** kvt_session_prefill; completions cut theirs in completion.c).  The last chunk goes alone: the
+** step after the prefill takes the new job too (see serve_prefill_decode).  A long prefill thus
+** never stalls the generating jobs.  --batch-tokens 0: the older schedule, each chunk decoded
+** alone with a batched step of the active jobs between chunks (serve_prefill_between).
 **
 ** Completions (/v1/completions, no session) are raw rows of the batch: each runs in a scratch
 ** sequence of its own (sequences max_sessions .., one per job that may run at once, at most 64
@@ -155,9 +155,19 @@ static enum pick start_chat(struct server *srv, struct job *j) {
     snprintf(j->out_session, sizeof j->out_session, "%s", x->id);
     x->last_used = serve_wall_s();
     x->job = j; /* busy from here: its prompt is decoded with other jobs stepping in between */
-    srv->sched->prefilling = j;
-    int rc = kvt_session_sync(x->s, j->req.msgs, j->req.n_msgs, &j->sync);
-    srv->sched->prefilling = NULL;
+    /* the session hands out its prompt's chunks; each is decoded here, in a step of the active
+    ** jobs or alone (step.c), and handed back */
+    kvt_prefill *pf = NULL;
+    int rc = kvt_session_prefill(x->s, j->req.msgs, j->req.n_msgs, &pf);
+    memset(&j->sync, 0, sizeof j->sync);
+    if (rc == 0) {
+        struct kvt_decode_chunk c;
+        while ((rc = kvt_prefill_next(pf, serve_prefill_room(srv), &c)) == 1) {
+            if (kvt_prefill_done(pf, serve_prefill_decode(srv, j, &c))) break;
+            serve_prefill_between(srv, &c);
+        }
+        rc = kvt_prefill_end(pf, &j->sync);
+    }
     j->sync.recoveries += j->resumed;
     j->prompt_tokens = j->sync.prompt_tokens;
     if (rc) {

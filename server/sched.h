@@ -36,12 +36,11 @@ struct sched {
     int32_t      comp_cells;
     struct job **wait;          /* [parallel] admitted completions waiting for a sequence or cells, FIFO */
     int32_t      n_wait;
-    /* the jobs generating now; shared with the chunk callback, which keeps them generating while
-    ** another job's prompt is prefilled */
+    /* the jobs generating now; they keep taking steps while another job's prompt is prefilled
+    ** (serve_prefill_decode, serve_prefill_between) */
     struct job **active;        /* [parallel] */
     double      *t_last;        /* [parallel] ms of each active job's last token */
     int32_t      n_active;
-    struct job  *prefilling;    /* the job whose prompt is being prefilled, NULL between prefills */
 };
 
 /* server/queue.c: jobs between the HTTP side and the engine thread (serve_submit,
@@ -83,16 +82,15 @@ void serve_job_finish(struct server *srv, struct job *j);
 bool serve_step_active(struct server *srv, const struct kvt_decode_chunk *c, int *drc);
 /* Sessions and gauges for GET /v1/sessions and /metrics. */
 void serve_publish(struct server *srv);
-/* The chunk callback of every session (ud: the server): between the prefill chunks of one job,
-** the active ones take a batched step. */
-void serve_on_chunk(void *ud);
-/* --batch-tokens > 0: the tokens the next prefill chunk may take, and the decode of a chunk
-** riding in a step of the active jobs (kvt_prefill_hooks; ud: the server). */
-int32_t serve_chunk_room(void *ud);
-int  serve_chunk_decode(void *ud, const struct kvt_decode_chunk *c);
-/* Give a new session the server's prefill schedule: mixed prefill hooks (--batch-tokens > 0),
-** else the chunk callback serve_on_chunk. */
-void serve_session_hooks(struct server *srv, kvt_session *s);
+/* The prefill chunks of an admitted job (a chat's from kvt_prefill_next, a completion's cut in
+** completion.c).  room: the tokens the next chunk may take (--batch-tokens less one per active
+** job, at least 1; 0 with --batch-tokens 0: up to the block boundary).  decode: the chunk in a
+** step of the active jobs (--batch-tokens > 0, all but a chunk that wants logits) or alone;
+** KVT_ECANCELED when the job's client left or its deadline passed.  between: after a chunk was
+** taken in (--batch-tokens 0, all but a run's last chunk), the active jobs take a step. */
+int32_t serve_prefill_room(struct server *srv);
+int  serve_prefill_decode(struct server *srv, struct job *j, const struct kvt_decode_chunk *c);
+void serve_prefill_between(struct server *srv, const struct kvt_decode_chunk *c);
 
 /* server/completion.c: /v1/completions */
 

@@ -1,7 +1,7 @@
 /* step.c — one scheduler step of `kvtier serve` (engine thread): a token for every active job,
 ** chats and completions, and the prefill chunk of a job being admitted, in ONE llama_decode
 ** (kvt_session_gen_step_batch); the reply text, stop strings, logprobs, TTFT and per-token
-** times; the sessions' prefill hooks; the gauges published for /v1/sessions and /metrics.
+** times; the decode of prefill chunks; the gauges published for /v1/sessions and /metrics.
 ** sched.c says how the steps are scheduled. */
 #include "sched.h"
 
@@ -286,45 +286,34 @@ bool serve_step_active(struct server *srv, const struct kvt_decode_chunk *c, int
     sc->n_active = w;
     return true;
 }
-/* Between the prefill chunks of an admitted job (--batch-tokens 0): the others keep generating. */
-void serve_on_chunk(void *ud) {
-    if (serve_step_active(ud, NULL, NULL)) serve_publish(ud);
-}
-/* The tokens the next prefill chunk may take: --batch-tokens less one per active job (each
-** decodes one token in the same step), at least 1. */
-int32_t serve_chunk_room(void *ud) {
-    struct server *srv = ud;
-    return KVT_MAX(1, srv->batch_tokens - srv->sched->n_active);
+int32_t serve_prefill_room(struct server *srv) {
+    return srv->batch_tokens > 0 ? KVT_MAX(1, srv->batch_tokens - srv->sched->n_active) : 0;
 }
 /* A prefill chunk rides in a step of the active jobs: one llama_decode for all.  Except the last
 ** chunk of what is being prefilled (it wants logits): the step right after the prefill decodes
 ** every active job AND the new one, so a step here too would cost the active jobs one more
 ** pass over the weights per admitted request for no token of the new one (measured: 187 steps
 ** instead of 160 for the same decode tokens, docs/BENCHMARKS.md).  With one KV stream per
-** sequence llama.cpp runs the chunk as a ubatch of its own anyway (kvt_engine_decode_batch), so mixing
-** it saves the call, not the weight pass.  The
-** steps between chunks are thus exactly those of --batch-tokens 0, each merged with a chunk. */
-int serve_chunk_decode(void *ud, const struct kvt_decode_chunk *c) {
-    struct server *srv = ud;
+** sequence llama.cpp runs the chunk as a ubatch of its own anyway (kvt_engine_decode_batch), so
+** mixing it saves the call, not the weight pass.  The steps between chunks are thus exactly
+** those of --batch-tokens 0, each merged with a chunk. */
+int serve_prefill_decode(struct server *srv, struct job *j, const struct kvt_decode_chunk *c) {
+    /* a prompt whose client left or whose deadline passed stops between chunks: what was
+    ** decoded before stays (a chat's message is undone by its session, kvt_prefill_done) */
+    if (serve_job_stopped(srv, j)) return KVT_ECANCELED;
     int rc = 0;
-    /* a prompt whose client left or whose deadline passed stops between chunks: the session
-    ** keeps what was decoded before (kvt_prefill_hooks: the prefill fails with this error) */
-    if (srv->sched->prefilling && serve_job_stopped(srv, srv->sched->prefilling)) return KVT_ECANCELED;
-    if (c->want_logits) {
-        rc = kvt_engine_decode(srv->eng, c->seq, c->tokens, c->n, c->pos0, true);
+    if (srv->batch_tokens > 0 && !c->want_logits) {
+        if (serve_step_active(srv, c, &rc)) serve_publish(srv);
+        return rc;
+    }
+    rc = kvt_engine_decode(srv->eng, c->seq, c->tokens, c->n, c->pos0, c->want_logits);
+    if (srv->batch_tokens > 0) {
         pthread_mutex_lock(&srv->mu);
         if (rc == 0) srv->m.prefill_alone_tokens += c->n;
         pthread_mutex_unlock(&srv->mu);
-        return rc;
     }
-    if (serve_step_active(srv, c, &rc)) serve_publish(srv);
     return rc;
 }
-void serve_session_hooks(struct server *srv, kvt_session *s) {
-    if (srv->batch_tokens > 0) {
-        const struct kvt_prefill_hooks h = { serve_chunk_room, serve_chunk_decode, srv };
-        kvt_session_set_prefill_hooks(s, &h);
-    } else {
-        kvt_session_set_chunk_cb(s, serve_on_chunk, srv);
-    }
+void serve_prefill_between(struct server *srv, const struct kvt_decode_chunk *c) {
+    if (srv->batch_tokens == 0 && !c->want_logits && serve_step_active(srv, NULL, NULL)) serve_publish(srv);
 }

@@ -1,87 +1,12 @@
-/* generate.c — prefill in budget-keeping chunks (feed), reply generation (whole or step-wise),
-** teacher-forced answer log-probabilities, and batched decode steps over several sessions and
-** raw rows (continuous batching: one llama_decode for all). */
+/* generate.c — reply generation (whole or step-wise), teacher-forced answer log-probabilities,
+** and batched decode steps over several sessions and raw rows (continuous batching: one
+** llama_decode for all). */
 #include "session/session_int.h"
 
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* Keep the engine's logits of this session's last token (sessions share the engine). */
-static int save_logits(kvt_session *s) {
-    const float *l = kvt_engine_logits(s->eng);
-    s->dec.have_logits = false;
-    if (!l) return 0;
-    if (!s->dec.logits && !(s->dec.logits = malloc(sizeof(float) * (size_t) s->n_vocab))) return kvt__fail(KVT_ENOMEM, "logits");
-    memcpy(s->dec.logits, l, sizeof(float) * (size_t) s->n_vocab);
-    s->dec.have_logits = true;
-    return 0;
-}
-
-/* Decode tokens for the conversation, keeping the budget at every chunk.  The start of a prompt's
-** prefill: whatever must see the whole prompt before its first chunk (a store lookup) goes here,
-** before the loop.  With prefill hooks (kvt_session_set_prefill_hooks) each chunk is decoded by
-** the scheduler inside a shared llama_decode; everything around the decode is the same. */
-int kvt__sess_feed(kvt_session *s, const kvt_token *tok, int32_t n, int role, int32_t reserve_after) {
-    const bool mixed = s->dec.hooks.decode && !s->dec.reply_feed;
-    int32_t off = 0;
-    bool routed = role == KVT_ROLE_ASSISTANT; /* a prompt's blocks may be in the store */
-    struct chunk_run *runs = NULL; /* reused chunks after the prefix (session/chunks.c) */
-    int32_t n_runs = 0, next_run = 0, runs_base = 0;
-    int rc = 0;
-    while (off < n) {
-        if (!routed && s->open < 0) { /* at the first block boundary (after completing an open block) */
-            int32_t used = 0;
-            if ((rc = kvt__sess_route(s, tok + off, n - off, role, &used))) break;
-            routed = true;
-            off += used;
-            runs_base = off;
-            if ((rc = kvt__sess_chunk_plan(s, tok + off, n - off, &runs, &n_runs))) break;
-            continue;
-        }
-        if (next_run < n_runs && off == runs_base + runs[next_run].at) {
-            int32_t used = 0;
-            if ((rc = kvt__sess_chunk_load(s, &runs[next_run++], tok + off, role, &used))) break;
-            off += used;
-            if (used) continue;
-        }
-        /* chunks end at block boundaries so each completed block is sealed right after it is
-        ** decoded (its SWA cells still exist), and where a reused chunk's load starts */
-        int32_t room_in_block = s->open >= 0 ? s->p.block - s->b[s->open].info.n_tokens : s->p.block;
-        int32_t m = KVT_MIN(n - off, room_in_block);
-        if (next_run < n_runs) m = KVT_MIN(m, runs_base + runs[next_run].at - off);
-        if (mixed && s->dec.hooks.room) m = KVT_MIN(m, KVT_MAX(1, s->dec.hooks.room(s->dec.hooks.ud)));
-        bool last = off + m == n;
-        double t1 = kvt__now_ms();
-        rc = kvt__sess_make_room(s, m + (last ? reserve_after : 0));
-        if (rc == KVT_EBUDGET && last && reserve_after) rc = kvt__sess_make_room(s, m); /* reply room is best effort */
-        s->st.policy_ms += kvt__now_ms() - t1; /* scoring; the seq_rm of evictions is in here too (cheap) */
-        if (rc || (rc = kvt__sess_reserve_positions(s, m))) break;
-        double t0 = kvt__now_ms();
-        if (mixed) {
-            const struct kvt_decode_chunk c = { s->p.seq, tok + off, m, s->next_pos, last };
-            rc = s->dec.hooks.decode(s->dec.hooks.ud, &c);
-        } else {
-            rc = kvt_engine_decode(s->eng, s->p.seq, tok + off, m, s->next_pos, last);
-        }
-        s->st.decode_ms += kvt__now_ms() - t0;
-        if (rc) break;
-        if (last && (rc = save_logits(s))) break;
-        s->st.decoded += m;
-        kvt__sess_note_peak(s);
-        if ((rc = kvt__sess_record(s, tok + off, m, role))) break;
-        if ((rc = kvt__sess_elastic(s, m))) break;
-        /* prompt chunks always feed the attention signals; generated tokens every 8th (one
-        ** token's attention changes the accumulated mass little, and each read costs a copy
-        ** of the sequence's cells) */
-        if (role != KVT_ROLE_ASSISTANT || s->st.decoded % 8 == 0) kvt__sess_observe(s, role != KVT_ROLE_ASSISTANT);
-        off += m;
-        if (s->dec.chunk_cb && off < n) s->dec.chunk_cb(s->dec.chunk_ud); /* others may decode between our chunks */
-    }
-    kvt__sess_chunk_free(runs, n_runs);
-    return rc;
-}
 
 int kvt_session_generate(kvt_session *s, int32_t max_tokens, const struct kvt_sampling *smp, kvt_token_cb cb, void *ud,
                          char **reply) {
@@ -99,9 +24,7 @@ int kvt_session_generate(kvt_session *s, int32_t max_tokens, const struct kvt_sa
         if ((rc = kvt_engine_sample(s->eng, smp, &t))) break;
         if (kvt_token_is_eog(s->eng, t)) break;
         gen[n++] = t;
-        s->dec.reply_feed = true;
         rc = kvt__sess_feed(s, &t, 1, KVT_ROLE_ASSISTANT, 0);
-        s->dec.reply_feed = false;
         if (rc) break;
         if (cb) {
             char *piece = NULL;
@@ -190,9 +113,7 @@ int kvt_session_gen_step(kvt_session *s, const struct kvt_sampling *smp, kvt_tok
         s->dec.gen = g;
         s->dec.cap_gen = cap;
     }
-    s->dec.reply_feed = true;
     rc = kvt__sess_feed(s, &t, 1, KVT_ROLE_ASSISTANT, 0);
-    s->dec.reply_feed = false;
     if (rc) return rc;
     s->dec.gen[s->dec.n_gen++] = t;
     return 0;
@@ -310,13 +231,3 @@ int kvt_session_gen_step_batch(kvt_engine *eng, const struct kvt_gen_batch *gb) 
 }
 
 const float *kvt_session_logits(const kvt_session *s) { return s->dec.have_logits && !s->is_parked ? s->dec.logits : NULL; }
-
-void kvt_session_set_prefill_hooks(kvt_session *s, const struct kvt_prefill_hooks *hooks) {
-    if (hooks && hooks->decode) s->dec.hooks = *hooks;
-    else memset(&s->dec.hooks, 0, sizeof s->dec.hooks);
-}
-
-void kvt_session_set_chunk_cb(kvt_session *s, kvt_chunk_cb cb, void *ud) {
-    s->dec.chunk_cb = cb;
-    s->dec.chunk_ud = ud;
-}

@@ -7,8 +7,10 @@
 **   session/session.c     open/free, parameters, statistics, block info, park/resume
 **   session/blocks.c      block table: record tokens, seal (write-through save to the pool),
 **                         evict under the watermarks, load a block back, drop a block
-**   session/sync.c        the conversation: messages, template text diff, cut-back, sync
-**   session/generate.c    prefill in budget-sized chunks (feed), generation, batched steps
+**   session/sync.c        the conversation: messages, template text diff, cut-back
+**   session/prefill.c     a prompt's path as steps (kvt_prefill): feeding tokens in budget-sized
+**                         chunks, the pipeline of a new message; kvt_session_sync and _add
+**   session/generate.c    generation, batched steps
 **   session/positions.c   positions kept below the trained context (compaction of the gaps)
 **   session/reuse.c       blocks in the content-addressed store: chain keys, store at seal,
 **                         prompt prefix lookup and load before prefill
@@ -77,10 +79,6 @@ struct sess_dec {
     kvt_token  *gen;            /* reply being generated step-wise (kvt_session_gen_step) */
     int32_t     n_gen, cap_gen;
     bool        generating;
-    struct kvt_prefill_hooks hooks; /* mixed prefill (kvt_session_set_prefill_hooks); decode NULL: off */
-    bool        reply_feed;     /* kvt__sess_feed is decoding a generated token (not a prefill chunk) */
-    kvt_chunk_cb chunk_cb;      /* called between prefill chunks (kvt_session_set_chunk_cb) */
-    void       *chunk_ud;
 };
 
 /* Attention signals (session/signals.c; the layers and head weights are set up at open). */
@@ -235,9 +233,9 @@ void kvt__sess_copy_del(kvt_session *s, struct blk *b);
 /* enum kvt_tier of b's copy now: RAM, DISK or NONE. */
 int  kvt__sess_copy_tier(const kvt_session *s, const struct blk *b);
 
-/* ---- session/generate.c ---- */
+/* ---- session/prefill.c ---- */
 /* Decode tokens for the conversation in chunks that end at block boundaries, keeping the budget
-** (plus reserve_after free tokens after the last chunk) at every chunk. */
+** (plus reserve_after free tokens after the last chunk) at every chunk, each chunk alone. */
 int  kvt__sess_feed(kvt_session *s, const kvt_token *tok, int32_t n, int role, int32_t reserve_after);
 
 /* ---- session/elastic.c ---- */
@@ -255,6 +253,15 @@ int  kvt__sess_push_msg(kvt_session *s, int role, const char *text, int keep);
 void kvt__sess_set_text(kvt_session *s, char *fmt);
 int  kvt__sess_cut_stream(kvt_session *s, int32_t keep);
 int  kvt__sess_append_reply(kvt_session *s, const char *text);
+/* Tokens of the template text of messages [0, n_msgs) (with the assistant prefix when add_ass)
+** not yet in the stream, the stream cut back first where the text diverges.  OUT *tok (caller
+** frees), *n, *fmt_out: the whole template text (caller frees; kv_text once they are in). */
+int  kvt__sess_pending_tokens(kvt_session *s, int32_t n_msgs, bool add_ass, kvt_token **tok, int32_t *n, char **fmt_out);
+/* enum kvt_role of "system", "user", "assistant"; -1 for anything else. */
+int  kvt__sess_role_from_name(const char *r);
+/* The stream ends with a token whose logits are not kept (nothing was decoded after a cut back):
+** decode it again. */
+int  kvt__sess_refresh_logits(kvt_session *s);
 
 /* ---- session/positions.c ---- */
 /* Make room for n more positions below pos_limit: compact the resident blocks down to close the

@@ -1,7 +1,7 @@
 /* sync.c — the conversation: messages, the chat template's text as decoded so far (kv_text) and
 ** its segment boundaries, cut-back of a diverging history (to a message boundary or the first
-** differing token), adding a user turn (pending text, recovery, prefill), and whole-conversation
-** sync for servers. */
+** differing token), the template tokens not yet in the stream.  session/prefill.c runs a new
+** message through them. */
 #include "session/session_int.h"
 
 #include <stdio.h>
@@ -155,7 +155,7 @@ static int cut_to_common_tokens(kvt_session *s, const char *fmt, size_t common, 
 ** diverges from what was decoded (two user messages in a row replace the assistant prefix; a
 ** client edits its history), the stream is first cut back to the last segment boundary before
 ** the divergence, so the stream always holds exactly the template's tokens. */
-static int pending_tokens(kvt_session *s, int32_t n_msgs, bool add_ass, kvt_token **tok, int32_t *n, char **fmt_out) {
+int kvt__sess_pending_tokens(kvt_session *s, int32_t n_msgs, bool add_ass, kvt_token **tok, int32_t *n, char **fmt_out) {
     struct kvt_chat_msg *cm = malloc(sizeof *cm * (size_t) (n_msgs > 0 ? n_msgs : 1));
     if (!cm) return kvt__fail(KVT_ENOMEM, "chat");
     for (int32_t i = 0; i < n_msgs; i++) cm[i] = (struct kvt_chat_msg){ kvt__sess_role_name[s->conv.m[i].role], s->conv.m[i].content };
@@ -185,107 +185,6 @@ static int pending_tokens(kvt_session *s, int32_t n_msgs, bool add_ass, kvt_toke
     if (rc) { free(fmt); return rc; }
     *fmt_out = fmt;
     return 0;
-}
-
-int kvt_session_add(kvt_session *s, enum kvt_role role, const char *text, int32_t keep) {
-    kvt__clear_error();
-    if (keep < KVT_KEEP_NONE || keep > KVT_KEEP_PIN) return kvt__fail(KVT_EINVAL, "keep %d is not none, prefer or pin", keep);
-    if ((int) role < 0 || role > KVT_ROLE_ASSISTANT) return kvt__fail(KVT_EINVAL, "role %d is not system, user or assistant", role);
-    if (!text) return kvt__fail(KVT_EINVAL, "NULL message text");
-    if (s->is_parked) return kvt__sess_parked_error();
-    int rc = kvt__sess_push_msg(s, role, text, keep);
-    if (rc || role != KVT_ROLE_USER) return rc; /* system/assistant text is decoded with the next user turn */
-    int32_t total0 = -1;
-    s->turn++;
-    s->reuse.route_want = s->reuse.route_tokens = 0;
-    kvt_token *tok = NULL;
-    int32_t n = 0;
-    char *fmt = NULL;
-    /* 1. text of messages added since the last decode (assistant replies a client replays,
-    **    system prompts) goes in first, so recovered blocks never split a turn */
-    if (s->conv.n_m_decoded < s->conv.n_m - 1) {
-        if ((rc = pending_tokens(s, s->conv.n_m - 1, false, &tok, &n, &fmt))) goto fail;
-        s->cur_keep = KVT_KEEP_NONE;
-        for (int32_t i = s->conv.n_m_decoded; i < s->conv.n_m - 1; i++) s->cur_keep = KVT_MAX(s->cur_keep, s->conv.m[i].keep);
-        rc = n > 0 ? kvt__sess_feed(s, tok, n, s->conv.m[s->conv.n_m - 2].role, 0) : 0;
-        s->cur_keep = KVT_KEEP_NONE;
-        if (rc) goto fail;
-        kvt__sess_set_text(s, fmt);
-        fmt = NULL;
-        free(tok);
-        tok = NULL;
-        s->conv.n_m_decoded = s->conv.n_m - 1;
-    }
-    /* 2. the new user message (the assistant prefix follows as its own segment, so a message
-    **    added after it replaces only the prefix) */
-    if ((rc = pending_tokens(s, s->conv.n_m, s->p.policy == KVT_POLICY_INFLLM, &tok, &n, &fmt))) goto fail;
-    total0 = s->total; /* the stream before the message: what a failure cuts back to */
-    struct kvt_engine_info I;
-    kvt_engine_info(s->eng, &I);
-    /* a message longer than the budget is served (its own blocks are evicted while it is prefilled,
-    ** positions stay below n_ctx_train by compaction); one longer than the whole context is not */
-    if (n + s->p.gen_reserve > I.n_ctx) {
-        rc = kvt__fail(KVT_ECTX, "the message is %d tokens; the context holds %d (with %d reserved for the reply)", n,
-                       I.n_ctx, s->p.gen_reserve);
-        goto fail;
-    }
-    /* 3. evicted blocks relevant to it come back right before it (InfLLM: right after it,
-    **    since its retrieval query is the message's own attention queries) */
-    if (s->p.policy == KVT_POLICY_INFLLM) {
-        kvt_token *tc = NULL;
-        int32_t nc = 0;
-        char *fc = NULL;
-        if ((rc = pending_tokens(s, s->conv.n_m, false, &tc, &nc, &fc))) goto fail;
-        s->cur_keep = keep;
-        rc = nc > 0 ? kvt__sess_feed(s, tc, nc, KVT_ROLE_USER, s->p.gen_reserve) : 0;
-        s->cur_keep = KVT_KEEP_NONE;
-        free(tc);
-        if (rc) { free(fc); goto fail; }
-        kvt__sess_set_text(s, fc);
-        free(tok);
-        free(fmt);
-        tok = NULL;
-        fmt = NULL;
-        if ((rc = kvt__sess_infllm_recover(s, 8))) goto fail;
-        if ((rc = pending_tokens(s, s->conv.n_m, true, &tok, &n, &fmt))) goto fail; /* the assistant prefix */
-    } else if ((rc = kvt__sess_recover(s, text, n))) {
-        goto fail;
-    }
-    s->cur_keep = keep;
-    if (n > 0 && (rc = kvt__sess_feed(s, tok, n, KVT_ROLE_USER, s->p.gen_reserve))) { s->cur_keep = KVT_KEEP_NONE; goto fail; }
-    s->cur_keep = KVT_KEEP_NONE;
-    kvt__sess_set_text(s, fmt);
-    fmt = NULL;
-    s->conv.n_m_decoded = s->conv.n_m;
-    free(tok);
-    tok = NULL;
-    if (s->p.policy != KVT_POLICY_INFLLM) { /* 4. the assistant prefix */
-        if ((rc = kvt__sess_recover_own_tail(s, text))) return rc;
-        if ((rc = pending_tokens(s, s->conv.n_m, true, &tok, &n, &fmt))) return rc;
-        if (n > 0 && (rc = kvt__sess_feed(s, tok, n, KVT_ROLE_USER, s->p.gen_reserve))) { free(tok); free(fmt); return rc; }
-        kvt__sess_set_text(s, fmt);
-        free(tok);
-    }
-    return 0;
-fail:
-    /* the message is not part of the conversation, nor are its tokens: the chunks of it already
-    ** decoded (a prefill stopped by the scheduler's hook, KVT_ECANCELED, or failed mid-way) are
-    ** cut back, or the next call would find them in the stream but not in kv_text and reply to a
-    ** conversation holding a fragment of a message nobody sent (issue #24) */
-    free(tok);
-    free(fmt);
-    if (s->conv.n_m_decoded < s->conv.n_m) {
-        free(s->conv.m[--s->conv.n_m].content);
-    }
-    if (total0 >= 0 && s->total > total0) { /* cutting clears the error message: it is kept */
-        char m[512];
-        snprintf(m, sizeof m, "%s", kvt_errmsg());
-        int rc2 = kvt__sess_cut_stream(s, total0);
-        while (s->conv.n_seg > 0 && s->conv.seg_tok[s->conv.n_seg - 1] > total0) s->conv.n_seg--;
-        if (rc2) kvt__fail(rc, "%s (and cutting its decoded part back failed: %s)", m, kvt_strerror(rc2));
-        else kvt__fail(rc, "%s", m);
-    }
-    return rc;
 }
 
 /* A generated reply is in the stream: it becomes an assistant message, and kv_text is extended
@@ -329,7 +228,7 @@ int kvt__sess_append_reply(kvt_session *s, const char *text) {
     return 0;
 }
 
-static int role_from_name(const char *r) {
+int kvt__sess_role_from_name(const char *r) {
     for (int i = 0; r && i < 3; i++)
         if (!strcmp(r, kvt__sess_role_name[i])) return i;
     return -1;
@@ -337,7 +236,7 @@ static int role_from_name(const char *r) {
 
 /* The stream ends with a token whose logits are not kept (nothing was decoded after a cut back):
 ** decode its last token again. */
-static int refresh_logits(kvt_session *s) {
+int kvt__sess_refresh_logits(kvt_session *s) {
     if (s->dec.have_logits || s->n_b == 0) return 0;
     struct blk *b = &s->b[s->n_b - 1];
     if (b->info.residency != KVT_RES_DEVICE || b->info.n_tokens == 0) return kvt__fail(KVT_EINVAL, "no user turn to reply to");
@@ -346,53 +245,6 @@ static int refresh_logits(kvt_session *s) {
     int rc = kvt__sess_cut_stream(s, s->total - 1);
     if (rc == 0 && s->conv.n_seg > 0 && s->conv.seg_tok[s->conv.n_seg - 1] > s->total) s->conv.seg_tok[s->conv.n_seg - 1] = s->total + 1;
     return rc ? rc : kvt__sess_feed(s, &t, 1, role, 0);
-}
-
-int kvt_session_sync(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_msgs, struct kvt_sync_info *out) {
-    kvt__clear_error();
-    if (out) memset(out, 0, sizeof *out);
-    if (s->is_parked) return kvt__sess_parked_error();
-    if (s->dec.generating) return kvt__fail(KVT_EINVAL, "sync: a reply is being generated (call kvt_session_gen_end first)");
-    if (!msgs || n_msgs < 1) return kvt__fail(KVT_EINVAL, "sync: %d messages; at least one user message is needed", n_msgs);
-    for (int32_t i = 0; i < n_msgs; i++) {
-        if (role_from_name(msgs[i].role) < 0)
-            return kvt__fail(KVT_EINVAL, "message %d has role '%s'; expected system, user or assistant", i,
-                             msgs[i].role ? msgs[i].role : "(null)");
-        if (!msgs[i].content) return kvt__fail(KVT_EINVAL, "message %d has no content", i);
-    }
-    if (role_from_name(msgs[n_msgs - 1].role) != KVT_ROLE_USER)
-        return kvt__fail(KVT_EINVAL, "the last message is '%s'; it must be a user message", msgs[n_msgs - 1].role);
-    int32_t k = 0;
-    while (k < n_msgs && k < s->conv.n_m && s->conv.m[k].role == role_from_name(msgs[k].role) && !strcmp(s->conv.m[k].content, msgs[k].content))
-        k++;
-    if (k == n_msgs && s->conv.n_m == n_msgs && s->conv.n_m_decoded == n_msgs && s->dec.have_logits) { /* nothing new */
-        if (out) out->prompt_tokens = out->tokens_reused = s->total;
-        return 0;
-    }
-    if (k == n_msgs) k--; /* the same conversation again: its last user message is added once more */
-    while (s->conv.n_m > k) free(s->conv.m[--s->conv.n_m].content);
-    if (s->conv.n_m_decoded > k) s->conv.n_m_decoded = k;
-    const int64_t dec0 = s->st.decoded, rec0 = s->st.recovered, ev0 = s->st.evictions, nrec0 = s->st.recoveries, rc0 = s->st.recomputes;
-    const int64_t want0 = s->reuse.route_want_all, got0 = s->reuse.route_tokens_all;
-    const int64_t ch0 = s->st.chunk_tokens, chr0 = s->st.chunk_recompute_tokens;
-    int rc = 0;
-    for (int32_t i = k; rc == 0 && i < n_msgs; i++) rc = kvt_session_add(s, (enum kvt_role) role_from_name(msgs[i].role), msgs[i].content, KVT_KEEP_NONE);
-    if (rc == 0) rc = refresh_logits(s);
-    if (out) {
-        out->prompt_tokens = s->total;
-        out->tokens_decoded = s->st.decoded - dec0;
-        out->tokens_recovered = s->st.recovered - rec0;
-        out->tokens_from_store = s->reuse.route_tokens_all - got0;
-        out->route = kvt__sess_route_kind(s->reuse.route_want_all - want0, out->tokens_from_store);
-        out->tokens_from_chunks = s->st.chunk_tokens - ch0;
-        out->chunk_recompute_tokens = s->st.chunk_recompute_tokens - chr0;
-        out->tokens_reused = KVT_MAX(0, s->total - (int32_t) out->tokens_decoded - (int32_t) out->tokens_from_store -
-                                            (int32_t) out->tokens_from_chunks);
-        out->evictions = s->st.evictions - ev0;
-        out->recoveries = s->st.recoveries - nrec0;
-        out->recomputes = s->st.recomputes - rc0;
-    }
-    return rc;
 }
 
 int32_t kvt_session_n_messages(const kvt_session *s) { return s->conv.n_m; }

@@ -676,8 +676,8 @@ static void test_shared_start(void **state) {
     kvt_engine_free(e);
 }
 
-/* Chunked prefill: while B prefills a long prompt, A takes a token between B's chunks (from the
-** chunk callback); A's greedy tokens equal A's alone, B's stream equals the template's tokens. */
+/* Chunked prefill: while B prefills a long prompt in steps (kvt_session_prefill), A takes a token
+** between B's chunks; A's greedy tokens equal A's alone, B's stream equals the template's tokens. */
 struct interleave {
     kvt_session *a;
     kvt_token got[64];
@@ -708,9 +708,18 @@ static void test_chunked_prefill(void **state) {
     it.a = open_session(e, 0, KVT_POLICY_KVTIER);
     kvt_session *b = open_session(e, 1, KVT_POLICY_KVTIER);
     assert_int_equal(kvt_session_sync(it.a, ma, 1, NULL), 0);
-    kvt_session_set_chunk_cb(b, on_chunk_step, &it);
+    /* B's prompt in steps: A takes a token between B's chunks (a run's last chunk excepted) */
+    kvt_prefill *pf = NULL;
+    assert_int_equal(kvt_session_prefill(b, mb, 1, &pf), 0);
+    struct kvt_decode_chunk c;
+    int r;
+    while ((r = kvt_prefill_next(pf, 0, &c)) == 1) {
+        assert_int_equal(kvt_prefill_done(pf, kvt_engine_decode(e, c.seq, c.tokens, c.n, c.pos0, c.want_logits)), 0);
+        if (!c.want_logits) on_chunk_step(&it);
+    }
+    assert_int_equal(r, 0);
     struct kvt_sync_info si;
-    assert_int_equal(kvt_session_sync(b, mb, 1, &si), 0);
+    assert_int_equal(kvt_prefill_end(pf, &si), 0);
     printf("chunked prefill: %d prompt tokens, %d callbacks, %d tokens of A meanwhile\n", si.prompt_tokens, it.calls, it.n);
     assert_true(it.calls >= si.prompt_tokens / 64 - 1);
     assert_int_equal(si.prompt_tokens, ref_tokens(e, mb, 1));
@@ -718,7 +727,6 @@ static void test_chunked_prefill(void **state) {
         if (want[i] < 0) break;
         assert_int_equal(it.got[i], want[i]);
     }
-    kvt_session_set_chunk_cb(b, NULL, NULL);
     double got = session_logprob(b);
     assert_int_equal(kvt_session_gen_end(it.a, NULL), 0);
     kvt_session_free(it.a);
@@ -776,6 +784,81 @@ static void test_park_resume(void **state) {
     kvt_engine_free(e);
 }
 
+/* A prefill in steps stopped part-way, by its caller (kvt_prefill_done(KVT_ECANCELED): a client
+** that left) or by ending it with a chunk still out, leaves the session as before the message:
+** the same tokens, the same messages; the next sync of the whole conversation then gives the
+** log-probability of a session that was never stopped.  Misuse (next with a chunk out, done without one) is refused.
+** Control: the same prefill run to its end holds more tokens than before. */
+static size_t stream_of(kvt_session *s, kvt_token **out) {
+    int32_t n = kvt_session_tokens(s, NULL, 0);
+    *out = malloc(sizeof(kvt_token) * (size_t) (n > 0 ? n : 1));
+    assert_non_null(*out);
+    kvt_session_tokens(s, *out, n);
+    return (size_t) n;
+}
+
+static void test_prefill_stopped(void **state) {
+    (void) state;
+    char long_msg[4096] = "";
+    for (int i = 0; i < 18; i++) strcat(long_msg, "the keeper of the harbour logged the boats and the storms ");
+    struct kvt_chat_msg m[] = { { "user", "what did the keeper log" }, { "assistant", NULL }, { "user", long_msg } };
+    kvt_engine *e = open_tiny(2);
+    kvt_session *s = open_session(e, 0, KVT_POLICY_KVTIER);
+    assert_int_equal(kvt_session_sync(s, m, 1, NULL), 0);
+    struct kvt_sampling g = { 0 };
+    char *reply = NULL; /* the reply is in the stream: only the long message is new */
+    assert_int_equal(kvt_session_generate(s, 4, &g, NULL, NULL, &reply), 0);
+    m[1].content = reply;
+    kvt_token *t0 = NULL, *t1 = NULL;
+    const size_t n0 = stream_of(s, &t0);
+    const int32_t msgs0 = kvt_session_n_messages(s);
+    for (int how = 0; how < 2; how++) {
+        kvt_prefill *pf = NULL;
+        assert_int_equal(kvt_session_prefill(s, m, 3, &pf), 0);
+        struct kvt_decode_chunk c;
+        assert_int_equal(kvt_prefill_next(pf, 0, &c), 1);
+        assert_int_equal(kvt_prefill_done(pf, kvt_engine_decode(e, c.seq, c.tokens, c.n, c.pos0, c.want_logits)), 0);
+        assert_int_equal(kvt_prefill_done(pf, 0), KVT_EINVAL);       /* no chunk is out */
+        assert_int_equal(kvt_prefill_next(pf, 0, &c), 1);
+        assert_int_equal(kvt_prefill_next(pf, 0, &c), KVT_EINVAL);   /* the chunk out is not done */
+        if (how == 0) {
+            assert_int_equal(kvt_prefill_done(pf, KVT_ECANCELED), KVT_ECANCELED);
+            assert_non_null(strstr(kvt_errmsg(), "stopped"));
+            assert_int_equal(kvt_prefill_next(pf, 0, &c), KVT_ECANCELED); /* it stays stopped */
+        } else { /* the chunk out is decoded, then the prefill ends without taking it back */
+            assert_int_equal(kvt_engine_decode(e, c.seq, c.tokens, c.n, c.pos0, c.want_logits), 0);
+        }
+        assert_int_equal(kvt_prefill_end(pf, NULL), KVT_ECANCELED);
+        const size_t n1 = stream_of(s, &t1);
+        printf("prefill stopped (%s): %zu tokens before, %zu after\n", how ? "ended early" : "cancelled", n0, n1);
+        assert_int_equal(n1, n0);
+        assert_memory_equal(t1, t0, sizeof(kvt_token) * n0);
+        assert_int_equal(kvt_session_n_messages(s), msgs0);
+        free(t1);
+    }
+    struct kvt_sync_info si;
+    assert_int_equal(kvt_session_sync(s, m, 3, &si), 0); /* control: the whole prefill */
+    assert_true((size_t) si.prompt_tokens > n0);
+    /* reference: a session on sequence 1 given the same turns with no stopped prefill */
+    kvt_session *r = open_session(e, 1, KVT_POLICY_KVTIER);
+    struct kvt_sync_info ri;
+    char *reply_r = NULL;
+    assert_int_equal(kvt_session_sync(r, m, 1, NULL), 0);
+    assert_int_equal(kvt_session_generate(r, 4, &g, NULL, NULL, &reply_r), 0);
+    assert_string_equal(reply_r, reply);
+    assert_int_equal(kvt_session_sync(r, m, 3, &ri), 0);
+    assert_int_equal(si.prompt_tokens, ri.prompt_tokens);
+    double got = session_logprob(s), want = session_logprob(r);
+    printf("after the stopped prefills %.6f, without them %.6f\n", got, want);
+    assert_true(fabs(got - want) < TOL_CONC);
+    free(reply_r);
+    kvt_session_free(r);
+    free(t0);
+    free(reply);
+    kvt_session_free(s);
+    kvt_engine_free(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_user_messages),
@@ -786,6 +869,7 @@ int main(void) {
         cmocka_unit_test(test_batch_rows),
         cmocka_unit_test(test_shared_start),
         cmocka_unit_test(test_chunked_prefill),
+        cmocka_unit_test(test_prefill_stopped),
         cmocka_unit_test(test_park_resume),
         cmocka_unit_test(test_real_independent),
         cmocka_unit_test(test_grammar),

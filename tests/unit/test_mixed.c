@@ -10,9 +10,9 @@
 ** (KVT_EUNSUPPORTED), the chunk's is not.  Chunk placements: between rows of lower and higher
 ** sequences (its ubatch is the second), above all rows, below all rows.  Bad input: a chunk whose
 ** sequence is also a row, too many tokens, an empty call.
-** Sessions: a prefill through kvt_session_set_prefill_hooks, every chunk decoded inside a step of
+** Sessions: a prefill in steps (kvt_session_prefill), every chunk decoded inside a step of
 ** another generating session, seals the same blocks, evicts the same ones, scores them the same
-** and ends with the same logits as the same prefill without hooks. */
+** and ends with the same logits as the same prefill decoded by the session itself. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -186,7 +186,7 @@ static void test_bad_input(void **st) {
     kvt_engine_free(e);
 }
 
-/* ---- sessions: prefill hooks ---------------------------------------------------------- */
+/* ---- sessions: prefill in steps ---------------------------------------------------------- */
 
 struct sched_ud {
     kvt_engine  *e;
@@ -194,8 +194,6 @@ struct sched_ud {
     int32_t      n_calls, n_gen, room;
     kvt_token    toks[256];
 };
-
-static int32_t room_cb(void *ud) { return ((struct sched_ud *) ud)->room; }
 
 /* the scheduler's step: the generating session's next token and the chunk, one llama_decode */
 static int decode_cb(void *ud, const struct kvt_decode_chunk *c) {
@@ -210,6 +208,27 @@ static int decode_cb(void *ud, const struct kvt_decode_chunk *c) {
     return rc;
 }
 
+/* H's next user turn through the steps of kvt_session_prefill (its conversation so far and the
+** new message, as a server sends it): every chunk, at most u->room tokens, decoded by the
+** scheduler's step (decode_cb). */
+static int add_stepped(struct sched_ud *u, kvt_session *H, const char *text) {
+    const int32_t n = kvt_session_n_messages(H);
+    struct kvt_chat_msg *m = calloc((size_t) n + 1, sizeof *m);
+    assert_non_null(m);
+    for (int32_t i = 0; i < n; i++) assert_int_equal(kvt_session_message(H, i, &m[i]), 0);
+    m[n] = (struct kvt_chat_msg){ "user", text };
+    kvt_prefill *pf = NULL;
+    int rc = kvt_session_prefill(H, m, n + 1, &pf);
+    if (rc == 0) {
+        struct kvt_decode_chunk c;
+        while ((rc = kvt_prefill_next(pf, u->room, &c)) == 1)
+            if ((rc = kvt_prefill_done(pf, decode_cb(u, &c)))) break;
+        rc = kvt_prefill_end(pf, NULL);
+    }
+    free(m);
+    return rc;
+}
+
 static void long_text(char *buf, size_t n, int turn) {
     buf[0] = '\0';
     for (int i = 0; i < 14; i++) {
@@ -219,11 +238,11 @@ static void long_text(char *buf, size_t n, int turn) {
     }
 }
 
-/* Session H prefills through the hooks (each chunk inside a step of session G, which generates),
+/* Session H prefills in steps (each chunk inside a step of session G, which generates),
 ** session R the same turns alone: the same blocks (positions, residency, sealed), evictions,
-** attention scores and logits; R's greedy reply is H's.  With room() below a block the chunks
+** attention scores and logits; R's greedy reply is H's.  With room below a block the chunks
 ** are cut shorter and still everything decodes (same tokens as R with streams). */
-static bool hooks_run(int32_t room, bool expect_equal_scores, int32_t recovery) {
+static bool stepped_run(int32_t room, bool expect_equal_scores, int32_t recovery) {
     bool scores_equal = true;
     char path[1024];
     const char *d = getenv("KVT_TINY_DIR");
@@ -249,8 +268,6 @@ static bool hooks_run(int32_t room, bool expect_equal_scores, int32_t recovery) 
     p.seq = 2;
     assert_int_equal(kvt_session_open(e, &p, &R), 0);
     struct sched_ud u = { .e = e, .gen = G, .room = room };
-    const struct kvt_prefill_hooks h = { room_cb, decode_cb, &u };
-    kvt_session_set_prefill_hooks(H, &h);
     assert_int_equal(kvt_session_add(G, KVT_ROLE_USER, "count the comets over the glacier", KVT_KEEP_NONE), 0);
     struct kvt_engine_info I;
     kvt_engine_info(e, &I);
@@ -259,7 +276,7 @@ static bool hooks_run(int32_t room, bool expect_equal_scores, int32_t recovery) 
     for (int turn = 0; turn < 3; turn++) {
         long_text(text, sizeof text, turn);
         int32_t calls0 = u.n_calls;
-        assert_int_equal(kvt_session_add(H, KVT_ROLE_USER, text, KVT_KEEP_NONE), 0);
+        assert_int_equal(add_stepped(&u, H, text), 0);
         assert_int_equal(kvt_session_add(R, KVT_ROLE_USER, text, KVT_KEEP_NONE), 0);
         assert_true(u.n_calls - calls0 >= 2); /* several chunks, each a mixed step */
         struct kvt_session_stats sh, sr;
@@ -312,9 +329,9 @@ static bool hooks_run(int32_t room, bool expect_equal_scores, int32_t recovery) 
     return scores_equal;
 }
 
-static void test_session_hooks(void **st) {
+static void test_session_steps(void **st) {
     (void) st;
-    bool eq = hooks_run(128, true, KVT_RECOVERY_KV_RESTORE);
+    bool eq = stepped_run(128, true, KVT_RECOVERY_KV_RESTORE);
     if (!g_kv_unified) assert_true(eq);
 }
 
@@ -323,9 +340,9 @@ static void test_session_hooks(void **st) {
 ** Recovery is off here: with other scores other blocks are evicted, so a long message's own
 ** evicted blocks that come back before the reply (recover_own_tail) differ too, and with them
 ** the replies and the next turn's tokens; without it, the turns' tokens must be the same. */
-static void test_session_hooks_short_room(void **st) {
+static void test_session_steps_short_room(void **st) {
     (void) st;
-    bool eq = hooks_run(5, false, KVT_RECOVERY_DISCARD);
+    bool eq = stepped_run(5, false, KVT_RECOVERY_DISCARD);
     if (!g_kv_unified) assert_false(eq);
 }
 
@@ -335,8 +352,8 @@ int main(void) {
         cmocka_unit_test(test_chunk_above_and_below),
         cmocka_unit_test(test_chunk_alone),
         cmocka_unit_test(test_bad_input),
-        cmocka_unit_test(test_session_hooks),
-        cmocka_unit_test(test_session_hooks_short_room),
+        cmocka_unit_test(test_session_steps),
+        cmocka_unit_test(test_session_steps_short_room),
     };
     int failed = cmocka_run_group_tests_name("unified KV cache", tests, mode_unified, NULL);
     failed += cmocka_run_group_tests_name("one KV stream per sequence", tests, mode_streams, NULL);

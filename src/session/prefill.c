@@ -1,0 +1,480 @@
+/* prefill.c — a prompt's path through the session, as steps the caller drives.
+**
+** Feeding tokens (struct feed): a run of tokens goes into the cache in chunks that end at block
+** boundaries, each preceded by eviction under the budget and followed by recording, sealing and
+** the attention signals; before the first chunk the longest prefix of full blocks comes from the
+** block store and reused chunks are planned (session/reuse.c, session/chunks.c).
+**
+** A conversation (struct kvt_prefill): kvt_session_sync's pipeline, message by message: the text
+** of messages not yet decoded goes in first, then the new user message's tokens (evicted blocks
+** relevant to it are recovered before it; InfLLM: after it), then the assistant prefix.  Every
+** decode of a prefill chunk is handed to the caller (kvt_prefill_next) and its result taken back
+** (kvt_prefill_done): the session never calls into the caller, and a server decodes the chunk
+** where it likes (alone, or in the step of its other requests).  kvt_session_sync and
+** kvt_session_add run the same steps, decoding every chunk alone. */
+#include "session/session_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- feeding tokens ---------------------------------------------------------------------- */
+
+/* One run of tokens being fed. */
+struct feed {
+    const kvt_token  *tok;          /* [n], not owned */
+    int32_t           n, role, reserve_after;
+    int32_t           off;          /* tokens of tok in the cache (decoded or loaded) */
+    bool              routed;       /* the store's prefix lookup is done (or not wanted) */
+    struct chunk_run *runs;         /* reused chunks after the prefix (session/chunks.c) */
+    int32_t           n_runs, next_run, runs_base;
+    int32_t           m;            /* the chunk handed out: its tokens, */
+    bool              last;         /*   the run's last chunk (it wants logits), */
+    double            t0;           /*   when it was handed out (ms) */
+};
+
+static void feed_init(struct feed *f, const kvt_token *tok, int32_t n, int role, int32_t reserve_after) {
+    memset(f, 0, sizeof *f);
+    f->tok = tok;
+    f->n = n;
+    f->role = role;
+    f->reserve_after = reserve_after;
+    f->routed = role == KVT_ROLE_ASSISTANT; /* a prompt's blocks may be in the store */
+}
+
+static void feed_free(struct feed *f) {
+    kvt__sess_chunk_free(f->runs, f->n_runs);
+    f->runs = NULL;
+    f->n_runs = 0;
+}
+
+/* Keep the engine's logits of this session's last token (sessions share the engine). */
+static int save_logits(kvt_session *s) {
+    const float *l = kvt_engine_logits(s->eng);
+    s->dec.have_logits = false;
+    if (!l) return 0;
+    if (!s->dec.logits && !(s->dec.logits = malloc(sizeof(float) * (size_t) s->n_vocab))) return kvt__fail(KVT_ENOMEM, "logits");
+    memcpy(s->dec.logits, l, sizeof(float) * (size_t) s->n_vocab);
+    s->dec.have_logits = true;
+    return 0;
+}
+
+/* The next chunk of the run: whatever must see the whole prompt before its first chunk (the
+** store's prefix lookup, the plan of reused chunks) and the loads of reused chunks happen here;
+** then room is made for the chunk (eviction) and its positions reserved.  room > 0: at most that
+** many tokens.  Returns 1 with *c (decode it, then feed_done), 0 when the run is in, or an error. */
+static int feed_next(kvt_session *s, struct feed *f, int32_t room, struct kvt_decode_chunk *c) {
+    int rc = 0;
+    while (f->off < f->n) {
+        if (!f->routed && s->open < 0) { /* at the first block boundary (after completing an open block) */
+            int32_t used = 0;
+            if ((rc = kvt__sess_route(s, f->tok + f->off, f->n - f->off, f->role, &used))) return rc;
+            f->routed = true;
+            f->off += used;
+            f->runs_base = f->off;
+            if ((rc = kvt__sess_chunk_plan(s, f->tok + f->off, f->n - f->off, &f->runs, &f->n_runs))) return rc;
+            continue;
+        }
+        if (f->next_run < f->n_runs && f->off == f->runs_base + f->runs[f->next_run].at) {
+            int32_t used = 0;
+            if ((rc = kvt__sess_chunk_load(s, &f->runs[f->next_run++], f->tok + f->off, f->role, &used))) return rc;
+            f->off += used;
+            if (used) continue;
+        }
+        /* chunks end at block boundaries so each completed block is sealed right after it is
+        ** decoded (its SWA cells still exist), and where a reused chunk's load starts */
+        int32_t room_in_block = s->open >= 0 ? s->p.block - s->b[s->open].info.n_tokens : s->p.block;
+        int32_t m = KVT_MIN(f->n - f->off, room_in_block);
+        if (f->next_run < f->n_runs) m = KVT_MIN(m, f->runs_base + f->runs[f->next_run].at - f->off);
+        if (room > 0) m = KVT_MIN(m, room);
+        const bool last = f->off + m == f->n;
+        double t1 = kvt__now_ms();
+        rc = kvt__sess_make_room(s, m + (last ? f->reserve_after : 0));
+        if (rc == KVT_EBUDGET && last && f->reserve_after) rc = kvt__sess_make_room(s, m); /* reply room is best effort */
+        s->st.policy_ms += kvt__now_ms() - t1; /* scoring; the seq_rm of evictions is in here too (cheap) */
+        if (rc || (rc = kvt__sess_reserve_positions(s, m))) return rc;
+        *c = (struct kvt_decode_chunk){ s->p.seq, f->tok + f->off, m, s->next_pos, last };
+        f->m = m;
+        f->last = last;
+        f->t0 = kvt__now_ms();
+        return 1;
+    }
+    return 0;
+}
+
+/* The chunk feed_next handed out was decoded with result rc (its last logits in the engine when
+** it wanted them): record its tokens, seal completed blocks, run the attention signals. */
+static int feed_done(kvt_session *s, struct feed *f, int rc) {
+    s->st.decode_ms += kvt__now_ms() - f->t0;
+    if (rc) return rc;
+    if (f->last && (rc = save_logits(s))) return rc;
+    s->st.decoded += f->m;
+    kvt__sess_note_peak(s);
+    if ((rc = kvt__sess_record(s, f->tok + f->off, f->m, f->role))) return rc;
+    if ((rc = kvt__sess_elastic(s, f->m))) return rc;
+    /* prompt chunks always feed the attention signals; generated tokens every 8th (one token's
+    ** attention changes the accumulated mass little, and each read costs a copy of the
+    ** sequence's cells) */
+    if (f->role != KVT_ROLE_ASSISTANT || s->st.decoded % 8 == 0) kvt__sess_observe(s, f->role != KVT_ROLE_ASSISTANT);
+    f->off += f->m;
+    return 0;
+}
+
+int kvt__sess_feed(kvt_session *s, const kvt_token *tok, int32_t n, int role, int32_t reserve_after) {
+    struct feed f;
+    struct kvt_decode_chunk c;
+    int rc;
+    feed_init(&f, tok, n, role, reserve_after);
+    while ((rc = feed_next(s, &f, 0, &c)) == 1) {
+        rc = kvt_engine_decode(s->eng, c.seq, c.tokens, c.n, c.pos0, c.want_logits);
+        if ((rc = feed_done(s, &f, rc))) break;
+    }
+    feed_free(&f);
+    return rc;
+}
+
+/* ---- a conversation, step by step --------------------------------------------------------- */
+
+/* Where a prefill stands: the message being added and what comes next for it. */
+enum pf_phase {
+    PF_MESSAGE,       /* add message i (a user message starts the steps below) */
+    PF_PENDING_FED,   /* the text of earlier messages not yet decoded went in */
+    PF_MESSAGE_TOKENS,/* the message's tokens; recovery before it */
+    PF_INFLLM_FED,    /* InfLLM: the message went in; recovery by its queries, then the prefix */
+    PF_MESSAGE_FED,   /* the message went in */
+    PF_PREFIX_FED,    /* the assistant prefix went in */
+    PF_LOGITS,        /* every message is in: logits of the last token */
+    PF_DONE
+};
+
+struct kvt_prefill {
+    kvt_session *s;
+    const struct kvt_chat_msg *msgs; /* [n_msgs] the caller's, valid until kvt_prefill_end */
+    int32_t      n_msgs, i;          /* the message being added */
+    int32_t      keep;               /* its keep hint (kvt_session_add), else KVT_KEEP_NONE */
+    bool         sync;               /* kvt_session_sync: logits refreshed and a kvt_sync_info */
+    enum pf_phase phase;
+    int          rc;                 /* the first error; the prefill stops there */
+    char         msg[512];           /* its message (the caller may make library calls meanwhile) */
+    struct feed  f;                  /* the run being fed, when feeding */
+    bool         feeding, chunk_out; /* a run is being fed; one of its chunks is out */
+    enum pf_phase after;             /* the phase that takes the run's result */
+    kvt_token   *tok, *tc;           /* the message's tokens; InfLLM: those without the prefix */
+    int32_t      n, nc;
+    char        *fmt, *fc;           /* the template text they complete */
+    int32_t      total0;             /* the stream before the message: what a failure cuts back to */
+    /* the session's counters when the prefill began (kvt_sync_info is their difference) */
+    int64_t      dec0, rec0, ev0, nrec0, rc0, want0, got0, ch0, chr0;
+};
+
+static void pf_free_text(struct kvt_prefill *pf) {
+    free(pf->tok);
+    free(pf->tc);
+    free(pf->fmt);
+    free(pf->fc);
+    pf->tok = pf->tc = NULL;
+    pf->fmt = pf->fc = NULL;
+    pf->n = pf->nc = 0;
+}
+
+/* Start feeding tok[0..n) (nothing to feed: the run's result, 0, goes straight to `after`). */
+static void pf_feed(struct kvt_prefill *pf, const kvt_token *tok, int32_t n, int role, int32_t reserve, enum pf_phase after) {
+    pf->after = after;
+    pf->phase = after;
+    if (n <= 0) return;
+    feed_init(&pf->f, tok, n, role, reserve);
+    pf->feeding = true;
+}
+
+/* The message being added failed: it is not part of the conversation, nor are its tokens.  The
+** chunks of it already decoded (a prefill stopped by its caller, KVT_ECANCELED, or failed
+** mid-way) are cut back, or the next call would find them in the stream but not in kv_text and
+** reply to a conversation holding a fragment of a message nobody sent (issue #24). */
+static int pf_fail_message(struct kvt_prefill *pf, int rc) {
+    kvt_session *s = pf->s;
+    pf_free_text(pf);
+    s->cur_keep = KVT_KEEP_NONE;
+    if (s->conv.n_m_decoded < s->conv.n_m) free(s->conv.m[--s->conv.n_m].content);
+    if (pf->total0 >= 0 && s->total > pf->total0) { /* cutting clears the error message: it is kept */
+        char m[512];
+        snprintf(m, sizeof m, "%s", kvt_errmsg());
+        int rc2 = kvt__sess_cut_stream(s, pf->total0);
+        while (s->conv.n_seg > 0 && s->conv.seg_tok[s->conv.n_seg - 1] > pf->total0) s->conv.n_seg--;
+        if (rc2) kvt__fail(rc, "%s (and cutting its decoded part back failed: %s)", m, kvt_strerror(rc2));
+        else kvt__fail(rc, "%s", m);
+    }
+    return rc;
+}
+
+/* The work of the current phase up to the next run to feed, or to the end.  A run's result
+** arrives as res (0 when there was nothing to feed).  Errors of the message's own steps go
+** through pf_fail_message; those after it is in (the own-tail recovery, the assistant prefix)
+** leave it in the conversation. */
+static int pf_advance(struct kvt_prefill *pf, int res) {
+    kvt_session *s = pf->s;
+    int rc = 0;
+    switch (pf->phase) {
+    case PF_MESSAGE: {
+        if (pf->i == pf->n_msgs) { pf->phase = PF_LOGITS; return 0; }
+        const struct kvt_chat_msg *m = &pf->msgs[pf->i];
+        const int role = kvt__sess_role_from_name(m->role);
+        if ((rc = kvt__sess_push_msg(s, role, m->content, pf->keep))) return rc;
+        if (role != KVT_ROLE_USER) { pf->i++; return 0; } /* decoded with the next user turn */
+        pf->total0 = -1;
+        s->turn++;
+        s->reuse.route_want = s->reuse.route_tokens = 0;
+        /* text of messages added since the last decode (assistant replies a client replays,
+        ** system prompts) goes in first, so recovered blocks never split a turn */
+        if (s->conv.n_m_decoded < s->conv.n_m - 1) {
+            if ((rc = kvt__sess_pending_tokens(s, s->conv.n_m - 1, false, &pf->tok, &pf->n, &pf->fmt))) return pf_fail_message(pf, rc);
+            s->cur_keep = KVT_KEEP_NONE;
+            for (int32_t i = s->conv.n_m_decoded; i < s->conv.n_m - 1; i++) s->cur_keep = KVT_MAX(s->cur_keep, s->conv.m[i].keep);
+            pf_feed(pf, pf->tok, pf->n, s->conv.m[s->conv.n_m - 2].role, 0, PF_PENDING_FED);
+            return 0;
+        }
+        pf->phase = PF_MESSAGE_TOKENS;
+        return 0;
+    }
+    case PF_PENDING_FED:
+        s->cur_keep = KVT_KEEP_NONE;
+        if (res) return pf_fail_message(pf, res);
+        kvt__sess_set_text(s, pf->fmt);
+        pf->fmt = NULL;
+        pf_free_text(pf);
+        s->conv.n_m_decoded = s->conv.n_m - 1;
+        pf->phase = PF_MESSAGE_TOKENS;
+        return 0;
+    case PF_MESSAGE_TOKENS: {
+        /* the new user message (the assistant prefix follows as its own segment, so a message
+        ** added after it replaces only the prefix) */
+        const bool infllm = s->p.policy == KVT_POLICY_INFLLM;
+        if ((rc = kvt__sess_pending_tokens(s, s->conv.n_m, infllm, &pf->tok, &pf->n, &pf->fmt))) return pf_fail_message(pf, rc);
+        pf->total0 = s->total;
+        struct kvt_engine_info I;
+        kvt_engine_info(s->eng, &I);
+        /* a message longer than the budget is served (its own blocks are evicted while it is
+        ** prefilled, positions stay below n_ctx_train by compaction); one longer than the whole
+        ** context is not */
+        if (pf->n + s->p.gen_reserve > I.n_ctx)
+            return pf_fail_message(pf, kvt__fail(KVT_ECTX, "the message is %d tokens; the context holds %d (with %d reserved for the reply)",
+                                                 pf->n, I.n_ctx, s->p.gen_reserve));
+        /* evicted blocks relevant to it come back right before it (InfLLM: right after it,
+        ** since its retrieval query is the message's own attention queries) */
+        if (infllm) {
+            if ((rc = kvt__sess_pending_tokens(s, s->conv.n_m, false, &pf->tc, &pf->nc, &pf->fc))) return pf_fail_message(pf, rc);
+            s->cur_keep = s->conv.m[s->conv.n_m - 1].keep;
+            pf_feed(pf, pf->tc, pf->nc, KVT_ROLE_USER, s->p.gen_reserve, PF_INFLLM_FED);
+            return 0;
+        }
+        if ((rc = kvt__sess_recover(s, s->conv.m[s->conv.n_m - 1].content, pf->n))) return pf_fail_message(pf, rc);
+        s->cur_keep = s->conv.m[s->conv.n_m - 1].keep;
+        pf_feed(pf, pf->tok, pf->n, KVT_ROLE_USER, s->p.gen_reserve, PF_MESSAGE_FED);
+        return 0;
+    }
+    case PF_INFLLM_FED:
+        s->cur_keep = KVT_KEEP_NONE;
+        if (res) return pf_fail_message(pf, res);
+        kvt__sess_set_text(s, pf->fc);
+        pf->fc = NULL;
+        pf_free_text(pf);
+        if ((rc = kvt__sess_infllm_recover(s, 8))) return pf_fail_message(pf, rc);
+        if ((rc = kvt__sess_pending_tokens(s, s->conv.n_m, true, &pf->tok, &pf->n, &pf->fmt))) /* the assistant prefix */
+            return pf_fail_message(pf, rc);
+        s->cur_keep = s->conv.m[s->conv.n_m - 1].keep;
+        pf_feed(pf, pf->tok, pf->n, KVT_ROLE_USER, s->p.gen_reserve, PF_MESSAGE_FED);
+        return 0;
+    case PF_MESSAGE_FED:
+        s->cur_keep = KVT_KEEP_NONE;
+        if (res) return pf_fail_message(pf, res);
+        kvt__sess_set_text(s, pf->fmt);
+        pf->fmt = NULL;
+        pf_free_text(pf);
+        s->conv.n_m_decoded = s->conv.n_m;
+        if (s->p.policy == KVT_POLICY_INFLLM) { /* its prefix went in with it */
+            pf->i++;
+            pf->phase = PF_MESSAGE;
+            return 0;
+        }
+        /* the assistant prefix */
+        if ((rc = kvt__sess_recover_own_tail(s, s->conv.m[s->conv.n_m - 1].content))) return rc;
+        if ((rc = kvt__sess_pending_tokens(s, s->conv.n_m, true, &pf->tok, &pf->n, &pf->fmt))) return rc;
+        pf_feed(pf, pf->tok, pf->n, KVT_ROLE_USER, s->p.gen_reserve, PF_PREFIX_FED);
+        return 0;
+    case PF_PREFIX_FED:
+        if (res) { pf_free_text(pf); return res; }
+        kvt__sess_set_text(s, pf->fmt);
+        pf->fmt = NULL;
+        pf_free_text(pf);
+        pf->i++;
+        pf->phase = PF_MESSAGE;
+        return 0;
+    case PF_LOGITS:
+        pf->phase = PF_DONE;
+        return pf->sync ? kvt__sess_refresh_logits(s) : 0;
+    case PF_DONE:
+        return 0;
+    }
+    return 0;
+}
+
+/* The prefill stops at its first error: kept with its message. */
+static int pf_stop(struct kvt_prefill *pf, int rc) {
+    pf->rc = rc;
+    snprintf(pf->msg, sizeof pf->msg, "%s", kvt_errmsg());
+    if (pf->feeding) feed_free(&pf->f);
+    pf->feeding = pf->chunk_out = false;
+    pf->phase = PF_DONE;
+    return rc;
+}
+
+int kvt_prefill_next(kvt_prefill *pf, int32_t room, struct kvt_decode_chunk *chunk) {
+    if (!pf || !chunk) return kvt__fail(KVT_EINVAL, "kvt_prefill_next: %s is NULL", !pf ? "pf" : "chunk");
+    if (pf->rc) return kvt__fail(pf->rc, "%s", pf->msg);
+    if (pf->chunk_out) return kvt__fail(KVT_EINVAL, "kvt_prefill_next: the chunk handed out has not been done (kvt_prefill_done)");
+    for (;;) {
+        if (pf->feeding) {
+            int r = feed_next(pf->s, &pf->f, room, chunk);
+            if (r == 1) { pf->chunk_out = true; return 1; }
+            feed_free(&pf->f);
+            pf->feeding = false;
+            pf->phase = pf->after;
+            if ((r = pf_advance(pf, r))) return pf_stop(pf, r);
+            continue;
+        }
+        if (pf->phase == PF_DONE) return 0;
+        int rc = pf_advance(pf, 0);
+        if (rc) return pf_stop(pf, rc);
+    }
+}
+
+int kvt_prefill_done(kvt_prefill *pf, int rc) {
+    if (!pf) return kvt__fail(KVT_EINVAL, "kvt_prefill_done: pf is NULL");
+    if (!pf->chunk_out) return kvt__fail(KVT_EINVAL, "kvt_prefill_done: no chunk is out (kvt_prefill_next)");
+    pf->chunk_out = false;
+    if (rc == KVT_ECANCELED) kvt__fail(rc, "the prefill was stopped by its caller");
+    if ((rc = feed_done(pf->s, &pf->f, rc)) == 0) return 0;
+    /* the run failed (the decode, the caller's stop, or recording it): its phase takes the error */
+    feed_free(&pf->f);
+    pf->feeding = false;
+    pf->phase = pf->after;
+    int r = pf_advance(pf, rc);
+    return pf_stop(pf, r ? r : rc);
+}
+
+/* Validate and set up; k: the first message to add. */
+static int pf_new(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n, int32_t k, int32_t keep, bool sync, kvt_prefill **out) {
+    kvt_prefill *pf = calloc(1, sizeof *pf);
+    if (!pf) return kvt__fail(KVT_ENOMEM, "prefill");
+    pf->s = s;
+    pf->msgs = msgs;
+    pf->n_msgs = n;
+    pf->i = k;
+    pf->keep = keep;
+    pf->sync = sync;
+    pf->total0 = -1;
+    pf->phase = PF_MESSAGE;
+    pf->dec0 = s->st.decoded;
+    pf->rec0 = s->st.recovered;
+    pf->ev0 = s->st.evictions;
+    pf->nrec0 = s->st.recoveries;
+    pf->rc0 = s->st.recomputes;
+    pf->want0 = s->reuse.route_want_all;
+    pf->got0 = s->reuse.route_tokens_all;
+    pf->ch0 = s->st.chunk_tokens;
+    pf->chr0 = s->st.chunk_recompute_tokens;
+    *out = pf;
+    return 0;
+}
+
+int kvt_session_prefill(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_msgs, kvt_prefill **out) {
+    kvt__clear_error();
+    if (!out) return kvt__fail(KVT_EINVAL, "kvt_session_prefill: out is NULL");
+    *out = NULL;
+    if (s->is_parked) return kvt__sess_parked_error();
+    if (s->dec.generating) return kvt__fail(KVT_EINVAL, "sync: a reply is being generated (call kvt_session_gen_end first)");
+    if (!msgs || n_msgs < 1) return kvt__fail(KVT_EINVAL, "sync: %d messages; at least one user message is needed", n_msgs);
+    for (int32_t i = 0; i < n_msgs; i++) {
+        if (kvt__sess_role_from_name(msgs[i].role) < 0)
+            return kvt__fail(KVT_EINVAL, "message %d has role '%s'; expected system, user or assistant", i,
+                             msgs[i].role ? msgs[i].role : "(null)");
+        if (!msgs[i].content) return kvt__fail(KVT_EINVAL, "message %d has no content", i);
+    }
+    if (kvt__sess_role_from_name(msgs[n_msgs - 1].role) != KVT_ROLE_USER)
+        return kvt__fail(KVT_EINVAL, "the last message is '%s'; it must be a user message", msgs[n_msgs - 1].role);
+    /* the longest common prefix of messages is kept */
+    int32_t k = 0;
+    while (k < n_msgs && k < s->conv.n_m && s->conv.m[k].role == kvt__sess_role_from_name(msgs[k].role) &&
+           !strcmp(s->conv.m[k].content, msgs[k].content))
+        k++;
+    const bool nothing_new = k == n_msgs && s->conv.n_m == n_msgs && s->conv.n_m_decoded == n_msgs && s->dec.have_logits;
+    if (!nothing_new) {
+        if (k == n_msgs) k--; /* the same conversation again: its last user message is added once more */
+        while (s->conv.n_m > k) free(s->conv.m[--s->conv.n_m].content);
+        if (s->conv.n_m_decoded > k) s->conv.n_m_decoded = k;
+    }
+    int rc = pf_new(s, msgs, n_msgs, nothing_new ? n_msgs : k, KVT_KEEP_NONE, true, out);
+    if (rc == 0 && nothing_new) (*out)->phase = PF_DONE;
+    return rc;
+}
+
+int kvt_prefill_end(kvt_prefill *pf, struct kvt_sync_info *out) {
+    if (out) memset(out, 0, sizeof *out);
+    if (!pf) return 0;
+    kvt_session *s = pf->s;
+    if (pf->rc == 0 && pf->phase != PF_DONE) { /* ended before its end: as if its caller stopped it */
+        /* a chunk handed out may be in the cache; it was not recorded (positions from next_pos on) */
+        if (pf->chunk_out) kvt_seq_rm(s->eng, s->p.seq, s->next_pos, -1);
+        const bool in_message = pf->feeding && pf->after != PF_PREFIX_FED;
+        if (pf->feeding) feed_free(&pf->f);
+        pf->feeding = pf->chunk_out = false;
+        int rc = kvt__fail(KVT_ECANCELED, "the prefill was ended before its last chunk");
+        pf_stop(pf, in_message ? pf_fail_message(pf, rc) : rc);
+    }
+    if (out) {
+        out->prompt_tokens = s->total;
+        out->tokens_decoded = s->st.decoded - pf->dec0;
+        out->tokens_recovered = s->st.recovered - pf->rec0;
+        out->tokens_from_store = s->reuse.route_tokens_all - pf->got0;
+        out->route = kvt__sess_route_kind(s->reuse.route_want_all - pf->want0, out->tokens_from_store);
+        out->tokens_from_chunks = s->st.chunk_tokens - pf->ch0;
+        out->chunk_recompute_tokens = s->st.chunk_recompute_tokens - pf->chr0;
+        out->tokens_reused = KVT_MAX(0, s->total - (int32_t) out->tokens_decoded - (int32_t) out->tokens_from_store -
+                                            (int32_t) out->tokens_from_chunks);
+        out->evictions = s->st.evictions - pf->ev0;
+        out->recoveries = s->st.recoveries - pf->nrec0;
+        out->recomputes = s->st.recomputes - pf->rc0;
+    }
+    const int rc = pf->rc;
+    if (rc) kvt__fail(rc, "%s", pf->msg); /* the prefill's own message, whatever ran since */
+    pf_free_text(pf);
+    free(pf);
+    return rc;
+}
+
+/* Run a prefill to its end, every chunk decoded alone. */
+static int pf_run(kvt_prefill *pf, struct kvt_sync_info *out) {
+    struct kvt_decode_chunk c;
+    int r;
+    while ((r = kvt_prefill_next(pf, 0, &c)) == 1)
+        if (kvt_prefill_done(pf, kvt_engine_decode(pf->s->eng, c.seq, c.tokens, c.n, c.pos0, c.want_logits))) break;
+    return kvt_prefill_end(pf, out);
+}
+
+int kvt_session_sync(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_msgs, struct kvt_sync_info *out) {
+    if (out) memset(out, 0, sizeof *out);
+    kvt_prefill *pf = NULL;
+    int rc = kvt_session_prefill(s, msgs, n_msgs, &pf);
+    return rc ? rc : pf_run(pf, out);
+}
+
+int kvt_session_add(kvt_session *s, enum kvt_role role, const char *text, int32_t keep) {
+    kvt__clear_error();
+    if (keep < KVT_KEEP_NONE || keep > KVT_KEEP_PIN) return kvt__fail(KVT_EINVAL, "keep %d is not none, prefer or pin", keep);
+    if ((int) role < 0 || role > KVT_ROLE_ASSISTANT) return kvt__fail(KVT_EINVAL, "role %d is not system, user or assistant", role);
+    if (!text) return kvt__fail(KVT_EINVAL, "NULL message text");
+    if (s->is_parked) return kvt__sess_parked_error();
+    const struct kvt_chat_msg m = { kvt__sess_role_name[role], text };
+    kvt_prefill *pf = NULL;
+    int rc = pf_new(s, &m, 1, 0, keep, false, &pf);
+    return rc ? rc : pf_run(pf, NULL);
+}
