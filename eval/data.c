@@ -500,14 +500,10 @@ static int32_t conversation_tokens(kvt_engine *eng, char *const *turns, int32_t 
         m[2 * i + 1] = (struct kvt_chat_msg){ "assistant", EVAL_REPLY };
     }
     if (question) m[n_msgs - 1] = (struct kvt_chat_msg){ "user", question };
-    char *fmt = NULL;
-    int rc = kvt_chat_format(eng, m, n_msgs, question != NULL, "gemma", &fmt);
-    free(m);
-    if (rc) return -1;
     kvt_token *t = NULL;
     int32_t n = 0;
-    rc = kvt_tokenize(eng, fmt, true, true, &t, &n);
-    free(fmt);
+    int rc = kvt_chat_tokenize(eng, m, n_msgs, question != NULL, "gemma", &t, &n);
+    free(m);
     free(t);
     return rc ? -1 : n;
 }

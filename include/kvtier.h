@@ -247,6 +247,14 @@ struct kvt_chat_msg {
 int kvt_chat_format(kvt_engine *eng, const struct kvt_chat_msg *msgs, int32_t n_msgs,
                     bool add_assistant, const char *fallback, char **text /* OUT */);
 
+/* The tokens a session decodes for a conversation: kvt_chat_format's text tokenized with BOS and
+** control tokens parsed (kvt_tokenize(eng, text, true, true)).  A server compares them with its
+** sessions' streams (kvt_session_tokens) to choose one, and computes the prompt's chain keys
+** from them.  fallback: the sessions' kvt_session_params.template_fallback.  OUT *tokens (caller
+** frees with free()), *n_tokens.  Errors: those of kvt_chat_format and kvt_tokenize. */
+int kvt_chat_tokenize(kvt_engine *eng, const struct kvt_chat_msg *msgs, int32_t n_msgs, bool add_assistant,
+                      const char *fallback, kvt_token **tokens /* OUT */, int32_t *n_tokens /* OUT */);
+
 /* Prefill/decode tokens[0..n) into sequence seq at positions pos0, pos0+1, ..., split into
 ** chunks of n_batch tokens.  pos0 must be the sequence's next position (max resident + 1, or
 ** any position for an empty sequence).  want_logits: keep the logits of the last token for

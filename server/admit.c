@@ -48,18 +48,13 @@ static bool continues(const struct sess *x, const struct job *j) {
     return k == n && k > 0;
 }
 
-/* The request as kvt_session_sync decodes it: the template's tokens of its messages with the
-** assistant prefix (same template fallback, BOS and special-token parsing as the sessions),
-** computed once per job (prefetch while it waits, then admission) and again only if
+/* The request as its session will decode it: the template's tokens of its messages with the
+** assistant prefix (kvt_chat_tokenize with the sessions' template fallback), computed once per job (prefetch while it waits, then admission) and again only if
 ** canonicalise_replies changed a message.  OUT *tok (the job owns it), *n.  Returns a library
 ** error; the request then matches by conversation only. */
 static int request_tokens(struct server *srv, struct job *j, const kvt_token **tok, int32_t *n) {
     if (!j->have_ptok) {
-        char *text = NULL;
-        int rc = kvt_chat_format(srv->eng, j->req.msgs, j->req.n_msgs, true, srv->sched->fallback, &text);
-        if (rc == 0) rc = kvt_tokenize(srv->eng, text, true, true, &j->ptok, &j->n_ptok);
-        free(text);
-        if (rc) {
+        if (kvt_chat_tokenize(srv->eng, j->req.msgs, j->req.n_msgs, true, srv->sched->fallback, &j->ptok, &j->n_ptok)) {
             free(j->ptok);
             j->ptok = NULL;
             j->n_ptok = 0;
@@ -197,7 +192,7 @@ enum pick admit_session(struct server *srv, struct job *j, struct sess **out) {
     if (j->req.session_id[0]) {
         x = find_session(srv, j->req.ns, j->req.session_id);
         if (x && x->job) return PICK_BUSY;
-        if (x && canonicalise_replies(x, j)) { serve_job_error(j, 500, "server_error", NULL, "out of memory"); return PICK_ERR; }
+        if (x && canonicalise_replies(x, j)) { serve_error_set(&j->err, 500, "server_error", NULL, "out of memory"); return PICK_ERR; }
     } else {
         /* the session whose whole conversation the request continues, else the one sharing the
         ** longest token prefix with the request, if at least one block (shorter: a common system
@@ -212,7 +207,7 @@ enum pick admit_session(struct server *srv, struct job *j, struct sess **out) {
         for (int32_t i = 0; i < sc->cap; i++)
             if (sc->sess[i].s && !sc->sess[i].job && !strcmp(sc->sess[i].ns, j->req.ns)) {
                 any = true;
-                if (canonicalise_replies(&sc->sess[i], j)) { serve_job_error(j, 500, "server_error", NULL, "out of memory"); return PICK_ERR; }
+                if (canonicalise_replies(&sc->sess[i], j)) { serve_error_set(&j->err, 500, "server_error", NULL, "out of memory"); return PICK_ERR; }
             }
         if (any && request_tokens(srv, j, &req, &n_req) == 0 && !(buf = malloc(sizeof *buf * (size_t) KVT_MAX(n_req, 1))))
             n_req = 0;
@@ -246,7 +241,7 @@ enum pick admit_session(struct server *srv, struct job *j, struct sess **out) {
         kvt_session_get_stats(x->s, &s1);
         j->resumed = s1.recoveries - s0.recoveries;
         if (rc) {
-            serve_job_lib_error(j, "cannot resume the session", rc);
+            serve_error_lib(&j->err, "cannot resume the session", rc);
             kvt_session_free(x->s);
             memset(x, 0, sizeof *x);
             return PICK_ERR;
@@ -271,7 +266,7 @@ enum pick admit_session(struct server *srv, struct job *j, struct sess **out) {
     sp.tenant = srv->share_store ? NULL : j->req.ns; /* API keys never see each other's blocks */
     int rc = kvt_session_open(srv->eng, &sp, &x->s);
     if (rc) {
-        serve_job_lib_error(j, "cannot open a session", rc);
+        serve_error_lib(&j->err, "cannot open a session", rc);
         x->s = NULL;
         return PICK_ERR;
     }
@@ -316,8 +311,8 @@ bool admit_runnable(struct server *srv, const struct job *j) {
 
 void admit_delete(struct server *srv, struct job *j) {
     struct sess *x = find_session(srv, j->req.ns, j->req.session_id);
-    if (!x) serve_job_error(j, 404, "invalid_request_error", "session_not_found", "no session '%s'", j->req.session_id);
-    else if (x->job) serve_job_error(j, 409, "invalid_request_error", "session_busy", "session '%s' is generating a reply", j->req.session_id);
+    if (!x) serve_error_set(&j->err, 404, "invalid_request_error", "session_not_found", "no session '%s'", j->req.session_id);
+    else if (x->job) serve_error_set(&j->err, 409, "invalid_request_error", "session_busy", "session '%s' is generating a reply", j->req.session_id);
     else {
         kvt_session_free(x->s);
         memset(x, 0, sizeof *x);

@@ -15,20 +15,20 @@
 ** (the job has its error) when it cannot run at all; else it waits for a sequence (serve_completion_start_waiting). */
 bool serve_completion_prepare(struct server *srv, struct job *j) {
     int rc = kvt_tokenize(srv->eng, j->req.prompt, true, false, &j->ptok, &j->prompt_tokens);
-    if (rc) { serve_job_lib_error(j, "prompt", rc); return false; }
+    if (rc) { serve_error_lib(&j->err, "prompt", rc); return false; }
     const int32_t n = j->prompt_tokens;
     j->sync.prompt_tokens = n;
     j->sync.tokens_decoded = n;
     j->finish = "length";
     j->seq = -1;
     if (n + j->req.max_tokens > srv->budget) {
-        serve_job_error(j, 400, "invalid_request_error", "context_length_exceeded",
+        serve_error_set(&j->err, 400, "invalid_request_error", "context_length_exceeded",
                   "the prompt is %d tokens and max_tokens %d; together they must fit the budget of %d tokens", n,
                   j->req.max_tokens, srv->budget);
         return false;
     }
     if (n == 0) {
-        serve_job_error(j, 400, "invalid_request_error", NULL, "the prompt is empty (0 tokens)");
+        serve_error_set(&j->err, 400, "invalid_request_error", NULL, "the prompt is empty (0 tokens)");
         return false;
     }
     j->cells = n + j->req.max_tokens;
@@ -37,7 +37,7 @@ bool serve_completion_prepare(struct server *srv, struct job *j) {
 /* The completion leaves its sequence (its cells are freed) and gives back its reservation. */
 void serve_completion_end(struct server *srv, struct job *j, int rc) {
     struct sched *sc = srv->sched;
-    if (rc) serve_job_lib_error(j, "generation", rc);
+    if (rc) serve_error_lib(&j->err, "generation", rc);
     if (j->seq >= 0) {
         kvt_seq_rm(srv->eng, j->seq, -1, -1);
         sc->comp_busy[j->seq - sc->comp_seq0] = false;
@@ -76,7 +76,7 @@ static bool start_completion(struct server *srv, struct job *j) {
     j->ptok = NULL;
     if (rc) {
         if (rc == KVT_ECANCELED && (j->timed_out || serve_aborting(srv))) serve_job_timeout_error(srv, j, "prefill");
-        else serve_job_lib_error(j, "prompt", rc);
+        else serve_error_lib(&j->err, "prompt", rc);
         serve_completion_end(srv, j, 0);
         serve_job_finish(srv, j);
         return false;

@@ -208,28 +208,27 @@ static enum MHD_Result send_json(struct server *srv, struct MHD_Connection *c, i
     return send_text(srv, c, status, "application/json", txt, sid);
 }
 
-static json_t *error_obj(const char *msg, const char *type, const char *param, const char *code) {
-    char *clean = app_utf8_clean(msg);
-    json_t *o = json_pack("{s:{s:s, s:s, s:o, s:o}}", "error", "message", clean ? clean : "error", "type", type, "param",
-                          param ? json_string(param) : json_null(), "code", code && *code ? json_string(code) : json_null());
-    free(clean);
-    return o;
+/* Every error reply: the server's one error form (serve.h, server/error.c). */
+static enum MHD_Result send_err(struct server *srv, struct MHD_Connection *c, const struct serve_error *e) {
+    return send_json(srv, c, e->status ? e->status : 500, serve_error_json(e), NULL);
 }
 
-static enum MHD_Result send_error(struct server *srv, struct MHD_Connection *c, int status, const char *type,
-                                  const char *param, const char *code, const char *fmt, ...)
-    __attribute__((format(printf, 7, 8)));
-static enum MHD_Result send_error(struct server *srv, struct MHD_Connection *c, int status, const char *type,
-                                  const char *param, const char *code, const char *fmt, ...) {
-    char msg[1024];
+static enum MHD_Result send_error(struct server *srv, struct MHD_Connection *c, int status, const char *type, const char *code,
+                                  const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+static enum MHD_Result send_error(struct server *srv, struct MHD_Connection *c, int status, const char *type, const char *code,
+                                  const char *fmt, ...) {
+    struct serve_error e = { 0 };
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    vsnprintf(e.msg, sizeof e.msg, fmt, ap);
     va_end(ap);
-    return send_json(srv, c, status, error_obj(msg, type, param, code), NULL);
+    e.status = status;
+    e.type = type;
+    snprintf(e.code, sizeof e.code, "%s", code ? code : "");
+    return send_err(srv, c, &e);
 }
 
-#define BAD(param, ...) send_error(srv, c, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
+#define BAD(...) send_error(srv, c, 400, "invalid_request_error", NULL, __VA_ARGS__)
 
 /* ---------------------------------------------------------------------------------------- */
 /* replies                                                                                  */
@@ -396,7 +395,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         const char *fin = j->finish;
         if (whole) {
             pthread_mutex_unlock(&srv->mu);
-            if (!(j->http_status && j->http_status != 200)) {
+            if (!(j->err.status && j->err.status != 200)) {
                 json_t *msg = tools_reply(srv, j->text ? j->text : "", j->req.format, &fin);
                 if (msg) {
                     json_object_del(msg, "role");
@@ -431,8 +430,8 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             }
             continue;
         }
-        if (j->http_status && j->http_status != 200) {
-            stream_emit(st, error_obj(j->err_msg, j->err_type, NULL, j->err_code));
+        if (j->err.status && j->err.status != 200) {
+            stream_emit(st, serve_error_json(&j->err));
         } else {
             stream_emit(st, chunk(st, NULL, fin, false));
             if (j->req.include_usage) {
@@ -475,20 +474,20 @@ static enum MHD_Result run_job(struct server *srv, struct MHD_Connection *c, str
     if (q) {
         serve_job_free(j);
         if (q == 429)
-            return send_error(srv, c, 429, "rate_limit_error", NULL, "queue_full", "the request queue is full (%d waiting); retry later", srv->max_queue);
+            return send_error(srv, c, 429, "rate_limit_error", "queue_full", "the request queue is full (%d waiting); retry later", srv->max_queue);
         if (q == 430)
-            return send_error(srv, c, 429, "rate_limit_error", NULL, "queue_share_full",
+            return send_error(srv, c, 429, "rate_limit_error", "queue_share_full",
                               "this API key has %d requests waiting, its share of the queue (--queue-per-key); retry later",
                               srv->queue_per_key);
-        return send_error(srv, c, 503, "server_error", NULL, NULL, "the server is shutting down");
+        return send_error(srv, c, 503, "server_error", NULL, "the server is shutting down");
     }
     pthread_mutex_lock(&srv->mu);
     if (j->req.stream) WAIT_UNTIL(j->state == JOB_DONE || j->started); /* prompt accepted: headers can go */
     else wait_watching(srv, c, j);
-    bool failed = j->state == JOB_DONE && j->http_status && j->http_status != 200;
+    bool failed = j->state == JOB_DONE && j->err.status && j->err.status != 200;
     pthread_mutex_unlock(&srv->mu);
     if (failed) {
-        enum MHD_Result r = send_json(srv, c, j->http_status, error_obj(j->err_msg, j->err_type, NULL, j->err_code), NULL);
+        enum MHD_Result r = send_err(srv, c, &j->err);
         serve_job_release(srv, j);
         return r;
     }
@@ -522,15 +521,15 @@ static enum MHD_Result run_job(struct server *srv, struct MHD_Connection *c, str
 
 static enum MHD_Result post_generate(struct server *srv, struct MHD_Connection *c, struct req *rq, const char *ns, bool chat) {
     if (rq->too_big)
-        return send_error(srv, c, 413, "invalid_request_error", NULL, "request_too_large",
+        return send_error(srv, c, 413, "invalid_request_error", "request_too_large",
                           "the request body is over the limit of %lld bytes (--max-body-mb)", (long long) srv->lim.max_body);
     size_t ok = utf8_prefix(rq->body ? rq->body : "", rq->n);
-    if (ok < rq->n) return BAD(NULL, "the request body is not valid UTF-8 (byte %zu)", ok);
-    json_error_t e;
-    json_t *root = json_loadb(rq->body ? rq->body : "", rq->n, 0, &e);
-    if (!root) return BAD(NULL, "the request body is not valid JSON: %s (line %d, column %d)", e.text, e.line, e.column);
+    if (ok < rq->n) return BAD("the request body is not valid UTF-8 (byte %zu)", ok);
+    json_error_t je;
+    json_t *root = json_loadb(rq->body ? rq->body : "", rq->n, 0, &je);
+    if (!root) return BAD("the request body is not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
     if (!json_is_object(root)) {
-        enum MHD_Result r = BAD(NULL, "the request body must be a JSON object, got %s", serve_json_type(root));
+        enum MHD_Result r = BAD("the request body must be a JSON object, got %s", serve_json_type(root));
         json_decref(root);
         return r;
     }
@@ -540,14 +539,14 @@ static enum MHD_Result post_generate(struct server *srv, struct MHD_Connection *
     snprintf(j->req.ns, sizeof j->req.ns, "%s", ns);
     const char *sid = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Session-Id");
     if (sid) snprintf(j->req.session_id, sizeof j->req.session_id, "%s", sid);
-    char err[1024] = "";
-    const char *param = NULL;
-    int rc = serve_request_parse(srv, root, j, chat, err, sizeof err, &param);
+    struct serve_error e = { 0 };
+    int rc = serve_request_parse(srv, root, j, chat, &e);
     json_decref(root);
     if (rc) {
         pthread_cond_init(&j->cv, NULL);
         serve_job_free(j);
-        return BAD(param, "%s", err[0] ? err : "out of memory");
+        if (!e.status) serve_error_oom(&e); /* a failure that said nothing: an allocation */
+        return send_err(srv, c, &e);
     }
     return run_job(srv, c, j);
 }
@@ -578,13 +577,13 @@ static enum MHD_Result delete_session(struct server *srv, struct MHD_Connection 
     pthread_cond_init(&j->cv, NULL);
     if (serve_submit(srv, j)) {
         serve_job_free(j);
-        return send_error(srv, c, 503, "server_error", NULL, NULL, "the server is shutting down");
+        return send_error(srv, c, 503, "server_error", NULL, "the server is shutting down");
     }
     pthread_mutex_lock(&srv->mu);
     WAIT_UNTIL(j->state == JOB_DONE);
     pthread_mutex_unlock(&srv->mu);
     enum MHD_Result r;
-    if (j->http_status) r = send_json(srv, c, j->http_status, error_obj(j->err_msg, j->err_type, NULL, j->err_code), NULL);
+    if (j->err.status) r = send_err(srv, c, &j->err);
     else r = send_json(srv, c, 200, json_pack("{s:s, s:s, s:b}", "id", id, "object", "session", "deleted", 1), NULL);
     serve_job_release(srv, j);
     return r;
@@ -623,7 +622,7 @@ static const char *auth(struct server *srv, struct MHD_Connection *c, char *ns, 
 }
 
 static enum MHD_Result send_unauthorized(struct server *srv, struct MHD_Connection *c) {
-    return send_error(srv, c, 401, "invalid_request_error", NULL, "invalid_api_key",
+    return send_error(srv, c, 401, "invalid_request_error", "invalid_api_key",
                       "missing or incorrect API key (send Authorization: Bearer KEY)");
 }
 
@@ -651,7 +650,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
             errno = 0;
             unsigned long long n = strtoull(cl, &e, 10);
             if (errno || e == cl || *e || n > (unsigned long long) srv->lim.max_body)
-                return send_error(srv, c, 413, "invalid_request_error", NULL, "request_too_large",
+                return send_error(srv, c, 413, "invalid_request_error", "request_too_large",
                                   "Content-Length %.32s is over the limit of %lld bytes (--max-body-mb)", cl,
                                   (long long) srv->lim.max_body);
         }
@@ -692,25 +691,25 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     const char *ns = rq->ns;
     if (get && !strcmp(url, "/metrics")) return get_metrics(srv, c);
     if (!strcmp(url, "/v1/chat/completions") || !strcmp(url, "/v1/completions")) {
-        if (!post) return send_error(srv, c, 405, "invalid_request_error", NULL, NULL, "%s %s: use POST", method, url);
+        if (!post) return send_error(srv, c, 405, "invalid_request_error", NULL, "%s %s: use POST", method, url);
         return post_generate(srv, c, rq, ns, url[4] == 'c' && url[5] == 'h');
     }
     if (!strcmp(url, "/v1/models")) {
-        if (!get) return send_error(srv, c, 405, "invalid_request_error", NULL, NULL, "%s %s: use GET", method, url);
+        if (!get) return send_error(srv, c, 405, "invalid_request_error", NULL, "%s %s: use GET", method, url);
         return send_json(srv, c, 200,
                          json_pack("{s:s, s:[{s:s, s:s, s:I, s:s}]}", "object", "list", "data", "id", srv->model_name, "object",
                                    "model", "created", (json_int_t) time(NULL), "owned_by", "kvtier"),
                          NULL);
     }
     if (!strcmp(url, "/v1/sessions")) {
-        if (!get) return send_error(srv, c, 405, "invalid_request_error", NULL, NULL, "%s %s: use GET", method, url);
+        if (!get) return send_error(srv, c, 405, "invalid_request_error", NULL, "%s %s: use GET", method, url);
         return get_sessions(srv, c, ns);
     }
     if (!strncmp(url, "/v1/sessions/", 13) && url[13]) {
-        if (!del) return send_error(srv, c, 405, "invalid_request_error", NULL, NULL, "%s %s: use DELETE", method, url);
+        if (!del) return send_error(srv, c, 405, "invalid_request_error", NULL, "%s %s: use DELETE", method, url);
         return delete_session(srv, c, ns, url + 13);
     }
-    return send_error(srv, c, 404, "invalid_request_error", NULL, "not_found", "no endpoint %s %s", method, url);
+    return send_error(srv, c, 404, "invalid_request_error", "not_found", "no endpoint %s %s", method, url);
 }
 
 /* The request is over: its reply was sent, or the connection failed. */

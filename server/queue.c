@@ -87,23 +87,6 @@ void serve_job_release(struct server *srv, struct job *j) {
     serve_job_release_locked(j);
     pthread_mutex_unlock(&srv->mu);
 }
-void serve_job_error(struct job *j, int status, const char *type, const char *code, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(j->err_msg, sizeof j->err_msg, fmt, ap);
-    va_end(ap);
-    j->http_status = status;
-    snprintf(j->err_type, sizeof j->err_type, "%s", type);
-    snprintf(j->err_code, sizeof j->err_code, "%s", code ? code : "");
-}
-void serve_job_lib_error(struct job *j, const char *what, int rc) {
-    if (rc == KVT_ECTX || rc == KVT_EBUDGET)
-        serve_job_error(j, 400, "invalid_request_error", "context_length_exceeded", "%s: %s", what, kvt_errmsg());
-    else if (rc == KVT_EINVAL)
-        serve_job_error(j, 400, "invalid_request_error", NULL, "%s: %s", what, kvt_errmsg());
-    else
-        serve_job_error(j, 500, "server_error", NULL, "%s: %s: %s", what, kvt_strerror(rc), kvt_errmsg());
-}
 /* Is the job to stop: its client left, or it ran past its deadline (--request-timeout-s, from
 ** its arrival; j->timed_out then says which)?  Any thread may set cancelled: read under srv->mu. */
 bool serve_job_stopped(struct server *srv, struct job *j) {
@@ -116,10 +99,10 @@ bool serve_job_stopped(struct server *srv, struct job *j) {
 /* The error of a job stopped by its deadline (or by the end of the drain) before its reply began. */
 void serve_job_timeout_error(struct server *srv, struct job *j, const char *where) {
     if (j->timed_out)
-        serve_job_error(j, 408, "invalid_request_error", "request_timeout", "the request ran past --request-timeout-s %d (%s)",
+        serve_error_set(&j->err, 408, "invalid_request_error", "request_timeout", "the request ran past --request-timeout-s %d (%s)",
                         srv->lim.request_timeout_s, where);
     else
-        serve_job_error(j, 503, "server_error", "shutting_down", "the server is shutting down (--drain-s %d passed; %s)",
+        serve_error_set(&j->err, 503, "server_error", "shutting_down", "the server is shutting down (--drain-s %d passed; %s)",
                         srv->lim.drain_s, where);
 }
 bool serve_aborting(struct server *srv) {

@@ -22,37 +22,37 @@ const char *serve_json_type(const json_t *v) {
 }
 
 /* Fill the sampling / length / stop / stream fields shared by both endpoints.  On a bad field,
-** writes a message into err (and the field's name into *param) and returns -1. */
-static int parse_common(struct server *srv, json_t *root, struct job *j, char *err, size_t n_err, const char **param) {
+** fills e (e->param: the field's name) and returns -1. */
+static int parse_common(struct server *srv, json_t *root, struct job *j, struct serve_error *e) {
     json_t *v;
     j->req.max_tokens = srv->max_tokens_default;
     j->req.smp = (struct kvt_sampling){ 1.0f, 1.0f, 0, 0, NULL };
     const char *len_keys[] = { "max_tokens", "max_completion_tokens" };
     for (int i = 0; i < 2; i++)
         if ((v = json_object_get(root, len_keys[i])) && !json_is_null(v)) {
-            *param = len_keys[i];
-            if (!json_is_integer(v)) { snprintf(err, n_err, "'%s' must be an integer, got %s", len_keys[i], serve_json_type(v)); return -1; }
+            e->param = len_keys[i];
+            if (!json_is_integer(v)) { serve_bad(e, "'%s' must be an integer, got %s", len_keys[i], serve_json_type(v)); return -1; }
             json_int_t x = json_integer_value(v);
-            if (x < 1 || x > srv->n_ctx) { snprintf(err, n_err, "'%s' %lld is outside 1..%d", len_keys[i], (long long) x, srv->n_ctx); return -1; }
+            if (x < 1 || x > srv->n_ctx) { serve_bad(e, "'%s' %lld is outside 1..%d", len_keys[i], (long long) x, srv->n_ctx); return -1; }
             j->req.max_tokens = (int32_t) x;
         }
     if ((v = json_object_get(root, "temperature")) && !json_is_null(v)) {
-        *param = "temperature";
-        if (!json_is_number(v)) { snprintf(err, n_err, "'temperature' must be a number, got %s", serve_json_type(v)); return -1; }
+        e->param = "temperature";
+        if (!json_is_number(v)) { serve_bad(e, "'temperature' must be a number, got %s", serve_json_type(v)); return -1; }
         double t = json_number_value(v);
-        if (!(t >= 0 && t <= 2)) { snprintf(err, n_err, "'temperature' %g is outside 0..2", t); return -1; }
+        if (!(t >= 0 && t <= 2)) { serve_bad(e, "'temperature' %g is outside 0..2", t); return -1; }
         j->req.smp.temperature = (float) t;
     }
     if ((v = json_object_get(root, "top_p")) && !json_is_null(v)) {
-        *param = "top_p";
-        if (!json_is_number(v)) { snprintf(err, n_err, "'top_p' must be a number, got %s", serve_json_type(v)); return -1; }
+        e->param = "top_p";
+        if (!json_is_number(v)) { serve_bad(e, "'top_p' must be a number, got %s", serve_json_type(v)); return -1; }
         double p = json_number_value(v);
-        if (!(p > 0 && p <= 1)) { snprintf(err, n_err, "'top_p' %g is outside (0, 1]", p); return -1; }
+        if (!(p > 0 && p <= 1)) { serve_bad(e, "'top_p' %g is outside (0, 1]", p); return -1; }
         j->req.smp.top_p = (float) p;
     }
     if ((v = json_object_get(root, "seed")) && !json_is_null(v)) {
-        *param = "seed";
-        if (!json_is_integer(v)) { snprintf(err, n_err, "'seed' must be an integer, got %s", serve_json_type(v)); return -1; }
+        e->param = "seed";
+        if (!json_is_integer(v)) { serve_bad(e, "'seed' must be an integer, got %s", serve_json_type(v)); return -1; }
         j->req.smp.seed = (uint32_t) json_integer_value(v);
         j->req.seeded = true;
     } else {
@@ -61,65 +61,65 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, char *e
         j->req.smp.seed = (uint32_t) (ts.tv_nsec ^ ts.tv_sec);
     }
     if ((v = json_object_get(root, "n")) && !json_is_null(v)) {
-        *param = "n";
-        if (!json_is_integer(v) || json_integer_value(v) != 1) { snprintf(err, n_err, "'n' must be 1 (one choice per request)"); return -1; }
+        e->param = "n";
+        if (!json_is_integer(v) || json_integer_value(v) != 1) { serve_bad(e, "'n' must be 1 (one choice per request)"); return -1; }
     }
     if ((v = json_object_get(root, "stop")) && !json_is_null(v)) {
-        *param = "stop";
+        e->param = "stop";
         if (json_is_string(v)) {
-            if (!(j->req.stop[j->req.n_stop++] = strdup(json_string_value(v)))) return -1;
+            if (!(j->req.stop[j->req.n_stop++] = strdup(json_string_value(v)))) return serve_error_oom(e);
         } else if (json_is_array(v)) {
-            if (json_array_size(v) > SERVE_MAX_STOP) { snprintf(err, n_err, "'stop' has %zu strings; at most %d", json_array_size(v), SERVE_MAX_STOP); return -1; }
+            if (json_array_size(v) > SERVE_MAX_STOP) { serve_bad(e, "'stop' has %zu strings; at most %d", json_array_size(v), SERVE_MAX_STOP); return -1; }
             size_t i;
             json_t *s;
             json_array_foreach(v, i, s) {
-                if (!json_is_string(s)) { snprintf(err, n_err, "'stop[%zu]' must be a string, got %s", i, serve_json_type(s)); return -1; }
-                if (!(j->req.stop[j->req.n_stop++] = strdup(json_string_value(s)))) return -1;
+                if (!json_is_string(s)) { serve_bad(e, "'stop[%zu]' must be a string, got %s", i, serve_json_type(s)); return -1; }
+                if (!(j->req.stop[j->req.n_stop++] = strdup(json_string_value(s)))) return serve_error_oom(e);
             }
-        } else { snprintf(err, n_err, "'stop' must be a string or an array of strings, got %s", serve_json_type(v)); return -1; }
+        } else { serve_bad(e, "'stop' must be a string or an array of strings, got %s", serve_json_type(v)); return -1; }
         for (int32_t i = 0; i < j->req.n_stop; i++)
-            if (!j->req.stop[i][0]) { snprintf(err, n_err, "'stop' strings must not be empty"); return -1; }
+            if (!j->req.stop[i][0]) { serve_bad(e, "'stop' strings must not be empty"); return -1; }
     }
     if ((v = json_object_get(root, "stream")) && !json_is_null(v)) {
-        *param = "stream";
-        if (!json_is_boolean(v)) { snprintf(err, n_err, "'stream' must be a boolean, got %s", serve_json_type(v)); return -1; }
+        e->param = "stream";
+        if (!json_is_boolean(v)) { serve_bad(e, "'stream' must be a boolean, got %s", serve_json_type(v)); return -1; }
         j->req.stream = json_is_true(v);
     }
     if ((v = json_object_get(root, "stream_options")) && !json_is_null(v)) {
-        *param = "stream_options";
-        if (!json_is_object(v)) { snprintf(err, n_err, "'stream_options' must be an object, got %s", serve_json_type(v)); return -1; }
+        e->param = "stream_options";
+        if (!json_is_object(v)) { serve_bad(e, "'stream_options' must be an object, got %s", serve_json_type(v)); return -1; }
         json_t *u = json_object_get(v, "include_usage");
-        if (u && !json_is_boolean(u)) { snprintf(err, n_err, "'stream_options.include_usage' must be a boolean, got %s", serve_json_type(u)); return -1; }
+        if (u && !json_is_boolean(u)) { serve_bad(e, "'stream_options.include_usage' must be a boolean, got %s", serve_json_type(u)); return -1; }
         j->req.include_usage = u && json_is_true(u);
     }
     if ((v = json_object_get(root, "model")) && !json_is_null(v) && !json_is_string(v)) {
-        *param = "model";
-        snprintf(err, n_err, "'model' must be a string, got %s", serve_json_type(v));
+        e->param = "model";
+        serve_bad(e, "'model' must be a string, got %s", serve_json_type(v));
         return -1;
     }
     if ((v = json_object_get(root, "logprobs")) && !json_is_null(v)) {
-        *param = "logprobs";
+        e->param = "logprobs";
         if (!json_is_boolean(v) && !(json_is_integer(v) && json_integer_value(v) == 0)) {
-            snprintf(err, n_err, "'logprobs' must be a boolean, got %s", serve_json_type(v));
+            serve_bad(e, "'logprobs' must be a boolean, got %s", serve_json_type(v));
             return -1;
         }
         j->req.logprobs = json_is_true(v);
-        if (j->req.logprobs && j->req.stream) { snprintf(err, n_err, "'logprobs' is supported without 'stream' only"); return -1; }
+        if (j->req.logprobs && j->req.stream) { serve_bad(e, "'logprobs' is supported without 'stream' only"); return -1; }
     }
     if ((v = json_object_get(root, "top_logprobs")) && !json_is_null(v)) {
-        *param = "top_logprobs";
+        e->param = "top_logprobs";
         if (!json_is_integer(v) || json_integer_value(v) != 0) {
-            snprintf(err, n_err, "'top_logprobs' other than 0 is not supported");
+            serve_bad(e, "'top_logprobs' other than 0 is not supported");
             return -1;
         }
     }
-    *param = NULL;
+    e->param = NULL;
     return 0;
 }
 
 /* The text of messages[i].content: a string, or text parts joined; NULL (allowed only where
 ** *optional) when absent or null.  Returns -1 on a bad shape. */
-static int content_text(const json_t *ct, size_t i, char **out, bool optional, int32_t max_parts, char *err, size_t n_err) {
+static int content_text(const json_t *ct, size_t i, char **out, bool optional, int32_t max_parts, struct serve_error *e) {
     *out = NULL;
     if ((!ct || json_is_null(ct)) && optional) return 0;
     if (ct && json_is_string(ct)) {
@@ -127,14 +127,14 @@ static int content_text(const json_t *ct, size_t i, char **out, bool optional, i
     } else if (ct && json_is_array(ct)) { /* content parts: text only, joined */
         size_t total = 1, k;
         if (json_array_size(ct) > (size_t) max_parts) {
-            snprintf(err, n_err, "'messages[%zu].content' has %zu parts; at most %d (--max-content-parts)", i, json_array_size(ct), max_parts);
+            serve_bad(e, "'messages[%zu].content' has %zu parts; at most %d (--max-content-parts)", i, json_array_size(ct), max_parts);
             return -1;
         }
         json_t *part;
         json_array_foreach(ct, k, part) {
             json_t *ty = json_is_object(part) ? json_object_get(part, "type") : NULL, *tx = json_is_object(part) ? json_object_get(part, "text") : NULL;
             if (!ty || !json_is_string(ty) || strcmp(json_string_value(ty), "text") || !tx || !json_is_string(tx)) {
-                snprintf(err, n_err, "'messages[%zu].content[%zu]' must be {\"type\": \"text\", \"text\": string}; other parts are not supported", i, k);
+                serve_bad(e, "'messages[%zu].content[%zu]' must be {\"type\": \"text\", \"text\": string}; other parts are not supported", i, k);
                 return -1;
             }
             total += json_string_length(tx);
@@ -149,10 +149,10 @@ static int content_text(const json_t *ct, size_t i, char **out, bool optional, i
             (*out)[at] = '\0';
         }
     } else {
-        snprintf(err, n_err, "'messages[%zu].content' must be a string or an array of text parts, got %s", i, ct ? serve_json_type(ct) : "nothing");
+        serve_bad(e, "'messages[%zu].content' must be a string or an array of text parts, got %s", i, ct ? serve_json_type(ct) : "nothing");
         return -1;
     }
-    if (!*out) { snprintf(err, n_err, "out of memory"); return -1; }
+    if (!*out) { serve_error_oom(e); return -1; }
     return 0;
 }
 
@@ -169,47 +169,46 @@ static int push_msg(struct job *j, const char *role, char *content) {
 ** and "tool" results become user messages (consecutive ones joined), naming the tool called by
 ** the matching tool_call_id.  sys_extra (the tools' description) is appended to the system
 ** message, or becomes one at the start. */
-static int parse_messages(json_t *root, struct job *j, const struct serve_limits *lim, const char *sys_extra, char *err,
-                          size_t n_err, const char **param) {
+static int parse_messages(json_t *root, struct job *j, const struct serve_limits *lim, const char *sys_extra, struct serve_error *e) {
     json_t *ms = json_object_get(root, "messages");
-    *param = "messages";
-    if (!ms) { snprintf(err, n_err, "'messages' is required"); return -1; }
-    if (!json_is_array(ms)) { snprintf(err, n_err, "'messages' must be an array, got %s", serve_json_type(ms)); return -1; }
+    e->param = "messages";
+    if (!ms) { serve_bad(e, "'messages' is required"); return -1; }
+    if (!json_is_array(ms)) { serve_bad(e, "'messages' must be an array, got %s", serve_json_type(ms)); return -1; }
     size_t n = json_array_size(ms);
-    if (n == 0) { snprintf(err, n_err, "'messages' must not be empty"); return -1; }
+    if (n == 0) { serve_bad(e, "'messages' must not be empty"); return -1; }
     if (n > (size_t) lim->max_messages) {
-        snprintf(err, n_err, "'messages' has %zu entries; at most %d (--max-messages)", n, lim->max_messages);
+        serve_bad(e, "'messages' has %zu entries; at most %d (--max-messages)", n, lim->max_messages);
         return -1;
     }
-    if (!(j->req.msgs = calloc(n + 1, sizeof *j->req.msgs))) { snprintf(err, n_err, "out of memory"); return -1; }
+    if (!(j->req.msgs = calloc(n + 1, sizeof *j->req.msgs))) { serve_error_oom(e); return -1; }
     size_t i;
     json_t *m;
     bool last_tool = false;
     size_t joined_len = 0, joined_cap = 0; /* the last message while it joins tool results */
     json_t *call_names = json_object(); /* tool_call id -> function name, from the calls seen so far */
-    if (!call_names) { snprintf(err, n_err, "out of memory"); return -1; }
+    if (!call_names) { serve_error_oom(e); return -1; }
     int rc = -1;
     json_array_foreach(ms, i, m) {
-        if (!json_is_object(m)) { snprintf(err, n_err, "'messages[%zu]' must be an object, got %s", i, serve_json_type(m)); goto out; }
+        if (!json_is_object(m)) { serve_bad(e, "'messages[%zu]' must be an object, got %s", i, serve_json_type(m)); goto out; }
         json_t *r = json_object_get(m, "role"), *ct = json_object_get(m, "content"), *calls = json_object_get(m, "tool_calls");
-        if (!r || !json_is_string(r)) { snprintf(err, n_err, "'messages[%zu].role' must be a string", i); goto out; }
+        if (!r || !json_is_string(r)) { serve_bad(e, "'messages[%zu].role' must be a string", i); goto out; }
         const char *role = json_string_value(r);
         if (!strcmp(role, "developer")) role = "system";
         bool tool = !strcmp(role, "tool");
         if (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant") && !tool) {
-            snprintf(err, n_err, "'messages[%zu].role' '%.40s' is not supported; expected system, developer, user, assistant or tool", i, role);
+            serve_bad(e, "'messages[%zu].role' '%.40s' is not supported; expected system, developer, user, assistant or tool", i, role);
             goto out;
         }
         bool has_calls = calls && !json_is_null(calls) && !(json_is_array(calls) && json_array_size(calls) == 0);
         if (has_calls && strcmp(role, "assistant")) {
-            snprintf(err, n_err, "'messages[%zu]' is a %s message with 'tool_calls'; only assistant messages make tool calls", i, role);
+            serve_bad(e, "'messages[%zu]' is a %s message with 'tool_calls'; only assistant messages make tool calls", i, role);
             goto out;
         }
         char *content = NULL;
-        if (content_text(ct, i, &content, has_calls, lim->max_parts, err, n_err)) goto out;
+        if (content_text(ct, i, &content, has_calls, lim->max_parts, e)) goto out;
         if (has_calls) { /* the call as generated; any text beside it is dropped (the model emits one JSON object) */
             free(content);
-            if (!(content = tools_render_calls(calls, i, err, n_err))) goto out;
+            if (!(content = tools_render_calls(calls, i, e))) goto out;
             size_t q;
             json_t *c;
             json_array_foreach(calls, q, c) { /* remembered for the "tool" messages answering them */
@@ -223,7 +222,7 @@ static int parse_messages(json_t *root, struct job *j, const struct serve_limits
             const char *name = nm && json_is_string(nm) ? json_string_value(nm) : NULL;
             if (!id || !json_is_string(id)) {
                 free(content);
-                snprintf(err, n_err, "'messages[%zu].tool_call_id' must be a string (the id of the call it answers)", i);
+                serve_bad(e, "'messages[%zu].tool_call_id' must be a string (the id of the call it answers)", i);
                 goto out;
             }
             /* the tool's name: from the assistant message that made the call (one lookup) */
@@ -231,14 +230,14 @@ static int parse_messages(json_t *root, struct job *j, const struct serve_limits
             if (called) name = json_string_value(called);
             char *t = tools_render_result(name, content);
             free(content);
-            if (!(content = t)) { snprintf(err, n_err, "out of memory"); goto out; }
+            if (!(content = t)) { serve_error_oom(e); goto out; }
             if (last_tool) { /* results of one turn's calls: one user message, grown by doubling */
                 struct kvt_chat_msg *prev = &j->req.msgs[j->req.n_msgs - 1];
                 size_t nc = strlen(content);
                 if (joined_len + nc + 2 > joined_cap) {
                     size_t cap = KVT_MAX(2 * joined_cap, joined_len + nc + 2);
                     char *joined = realloc((char *) prev->content, cap);
-                    if (!joined) { free(content); snprintf(err, n_err, "out of memory"); goto out; }
+                    if (!joined) { free(content); serve_error_oom(e); goto out; }
                     prev->content = joined;
                     joined_cap = cap;
                 }
@@ -254,7 +253,7 @@ static int parse_messages(json_t *root, struct job *j, const struct serve_limits
             role = "user";
         }
         last_tool = tool;
-        if (push_msg(j, role, content)) { snprintf(err, n_err, "out of memory"); goto out; }
+        if (push_msg(j, role, content)) { serve_error_oom(e); goto out; }
     }
     rc = 0;
 out:
@@ -264,7 +263,7 @@ out:
         if (!strcmp(j->req.msgs[0].role, "system")) {
             size_t a = strlen(j->req.msgs[0].content), b = strlen(sys_extra);
             char *c = realloc((char *) j->req.msgs[0].content, a + b + 3);
-            if (!c) { snprintf(err, n_err, "out of memory"); return -1; }
+            if (!c) { serve_error_oom(e); return -1; }
             if (a) memcpy(c + a, "\n\n", 2), a += 2;
             memcpy(c + a, sys_extra, b + 1);
             j->req.msgs[0].content = c;
@@ -273,40 +272,40 @@ out:
             j->req.msgs[0].role = strdup("system");
             j->req.msgs[0].content = strdup(sys_extra);
             j->req.n_msgs++;
-            if (!j->req.msgs[0].role || !j->req.msgs[0].content) { snprintf(err, n_err, "out of memory"); return -1; }
+            if (!j->req.msgs[0].role || !j->req.msgs[0].content) { serve_error_oom(e); return -1; }
         }
     }
     if (strcmp(j->req.msgs[j->req.n_msgs - 1].role, "user")) {
-        snprintf(err, n_err, "the last message is '%s'; it must be a user or tool message", j->req.msgs[j->req.n_msgs - 1].role);
+        serve_bad(e, "the last message is '%s'; it must be a user or tool message", j->req.msgs[j->req.n_msgs - 1].role);
         return -1;
     }
-    *param = NULL;
+    e->param = NULL;
     return 0;
 }
 
-int serve_request_parse(struct server *srv, json_t *root, struct job *j, bool chat, char *err, size_t n_err, const char **param) {
-    *param = NULL;
-    int rc = parse_common(srv, root, j, err, n_err, param);
+int serve_request_parse(struct server *srv, json_t *root, struct job *j, bool chat, struct serve_error *e) {
+    e->param = NULL;
+    int rc = parse_common(srv, root, j, e);
     char *sys_extra = NULL;
-    if (rc == 0 && chat) rc = tools_parse(root, j, &srv->lim, &sys_extra, err, n_err, param);
-    if (rc == 0 && chat) rc = parse_messages(root, j, &srv->lim, sys_extra, err, n_err, param);
+    if (rc == 0 && chat) rc = tools_parse(root, j, &srv->lim, &sys_extra, e);
+    if (rc == 0 && chat) rc = parse_messages(root, j, &srv->lim, sys_extra, e);
     free(sys_extra);
     if (rc == 0 && !chat) {
         const char *chat_only[] = { "tools", "tool_choice", "functions", "function_call", "response_format" };
         for (int i = 0; rc == 0 && i < 5; i++) {
             json_t *v = json_object_get(root, chat_only[i]);
             if (v && !json_is_null(v)) {
-                *param = chat_only[i];
-                snprintf(err, n_err, "'%s' is not supported on /v1/completions; use /v1/chat/completions", chat_only[i]);
+                e->param = chat_only[i];
+                serve_bad(e, "'%s' is not supported on /v1/completions; use /v1/chat/completions", chat_only[i]);
                 rc = -1;
             }
         }
     }
     if (rc == 0 && !chat) {
         json_t *p = json_object_get(root, "prompt");
-        *param = "prompt";
+        e->param = "prompt";
         if (p && json_is_array(p) && json_array_size(p) == 1) p = json_array_get(p, 0);
-        if (!p || !json_is_string(p)) { snprintf(err, n_err, "'prompt' must be a string"); rc = -1; }
+        if (!p || !json_is_string(p)) { serve_bad(e, "'prompt' must be a string"); rc = -1; }
         else if (!(j->req.prompt = strdup(json_string_value(p)))) rc = -1;
     }
     return rc;

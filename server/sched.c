@@ -139,7 +139,7 @@ static enum pick start_chat(struct server *srv, struct job *j) {
     if (j->req.grammar && !j->req.smp.grammar) {
         int rc = kvt_grammar_new(srv->eng, j->req.grammar, "root", &j->req.smp.grammar);
         if (rc) { /* our own translation of the schema failed: say which text */
-            serve_job_error(j, 400, "invalid_request_error", NULL, "the tools / response_format schema could not be compiled to a grammar: %s",
+            serve_error_set(&j->err, 400, "invalid_request_error", NULL, "the tools / response_format schema could not be compiled to a grammar: %s",
                       kvt_errmsg());
             return PICK_OK;
         }
@@ -148,8 +148,8 @@ static enum pick start_chat(struct server *srv, struct job *j) {
     enum pick p = admit_session(srv, j, &x);
     if (p == PICK_BUSY) return p;
     if (!x) {
-        if (!j->http_status)
-            serve_job_error(j, 503, "server_error", NULL, "every one of the %d session slots is generating", srv->max_sessions);
+        if (!j->err.status)
+            serve_error_set(&j->err, 503, "server_error", NULL, "every one of the %d session slots is generating", srv->max_sessions);
         return PICK_OK;
     }
     snprintf(j->out_session, sizeof j->out_session, "%s", x->id);
@@ -173,7 +173,7 @@ static enum pick start_chat(struct server *srv, struct job *j) {
     if (rc) {
         x->job = NULL;
         if (rc == KVT_ECANCELED && (j->timed_out || serve_aborting(srv))) serve_job_timeout_error(srv, j, "prefill");
-        else serve_job_lib_error(j, "prompt", rc);
+        else serve_error_lib(&j->err, "prompt", rc);
         return PICK_OK;
     }
     j->slot = x;
@@ -186,9 +186,9 @@ static enum pick start_chat(struct server *srv, struct job *j) {
 void serve_chat_end(struct server *srv, struct job *j, int rc) {
     struct sess *x = j->slot;
     (void) srv;
-    if (rc) serve_job_lib_error(j, "generation", rc);
+    if (rc) serve_error_lib(&j->err, "generation", rc);
     int rc2 = kvt_session_gen_end(x->s, NULL);
-    if (rc2 && !rc) serve_job_lib_error(j, "reply", rc2);
+    if (rc2 && !rc) serve_error_lib(&j->err, "reply", rc2);
     struct kvt_session_stats st;
     kvt_session_get_stats(x->s, &st);
     j->resident_tokens = st.resident_tokens;

@@ -46,12 +46,6 @@ struct sched {
 /* server/queue.c: jobs between the HTTP side and the engine thread (serve_submit,
 ** serve_job_release, serve_job_free are in serve.h) */
 
-/* Fill the job's error (status, OpenAI error type, code or NULL, message). */
-void serve_job_error(struct job *j, int status, const char *type, const char *code, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-/* A library error as an HTTP error: input the library refused is the client's (400), the rest
-** is ours (500).  what: the step that failed ("prompt"). */
-void serve_job_lib_error(struct job *j, const char *what, int rc);
 /* An admitted job that cannot start yet (the session it names is generating) goes back to the
 ** queue at its place in arrival order; it stays queued for the client and does not count
 ** against --queue a second time. */

@@ -18,6 +18,33 @@
 
 enum { SERVE_MAX_STOP = 4, SERVE_PARK_FACTOR = 4 };
 
+/* The one form every error of the server takes, wherever it arises (a header, the body's JSON, a
+** field, the queue, the engine thread): an HTTP status and the OpenAI error object's type, code
+** and param, with a message naming what was wrong and the value.  status 0: no error.  Filled by
+** the serve_error_* functions (server/error.c), sent by server/http.c as
+** {"error": {"message", "type", "param", "code"}}. */
+struct serve_error {
+    int         status;
+    const char *type;          /* "invalid_request_error", "server_error", ... (static) */
+    const char *param;         /* the request field at fault, NULL when none (static) */
+    char        code[48];      /* "" when none */
+    char        msg[1024];
+};
+
+/* Fill e.  Returns -1, so that a parser can end with `return serve_error_set(...)`. */
+int serve_error_set(struct serve_error *e, int status, const char *type, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+/* 400 invalid_request_error about the field e->param (set by the caller); returns -1. */
+int serve_bad(struct serve_error *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* 500 server_error "out of memory"; returns -1. */
+int serve_error_oom(struct serve_error *e);
+/* A library error as an HTTP error: input the library refused is the client's (400;
+** context_length_exceeded for KVT_ECTX / KVT_EBUDGET), the rest is ours (500).  what: the step
+** that failed ("prompt"); the message is kvt_errmsg(). */
+void serve_error_lib(struct serve_error *e, const char *what, int rc);
+/* {"error": {...}} for e (a fresh reference). */
+json_t *serve_error_json(const struct serve_error *e);
+
 /* What one client may ask of the server: every cap is a `kvtier serve` flag (cli/cmd_serve.c
 ** gives the defaults, docs/RELIABILITY.md why); past one the request gets a 4xx naming the cap
 ** and the value, or the connection is closed, before unbounded work is done. */
@@ -81,8 +108,7 @@ struct job {
     bool          cancelled;       /* client went away (set by the HTTP thread) */
     bool          timed_out;       /* stopped by its deadline (engine thread) */
     bool          started;         /* the prompt is in: a stream may send its headers */
-    int           http_status;     /* error status when != 200 */
-    char          err_msg[512], err_type[48], err_code[48];
+    struct serve_error err;        /* err.status != 0: the job failed */
     char         *text;            /* reply so far (valid UTF-8 prefix sent as it grows) */
     size_t        n_text, cap_text;
     size_t        n_sent;          /* bytes of text already streamed (HTTP side) */
@@ -221,13 +247,12 @@ void serve_job_free(struct job *j);
 /* Validate tools / tool_choice / parallel_tool_calls / response_format of a chat request, within
 ** lim's caps on tools, schema nodes (counted as they are expanded) and alternatives.  Sets
 ** j->req.format and j->req.grammar (owned by the job); *sys_extra (caller frees) is the text describing
-** the tools, to append to the system message, or NULL.  On a bad field: message in err, the
-** field in *param, returns -1. */
-int   tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, char **sys_extra, char *err, size_t n_err,
-                  const char **param);
+** the tools, to append to the system message, or NULL.  On a bad field: e filled (e->param the
+** field), returns -1. */
+int   tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, char **sys_extra, struct serve_error *e);
 /* An assistant message's tool_calls (as a client echoes them) as the JSON text the model
-** generates.  NULL with err filled if malformed.  Caller frees. */
-char *tools_render_calls(const json_t *calls, size_t msg_index, char *err, size_t n_err);
+** generates.  NULL with e filled if malformed.  Caller frees. */
+char *tools_render_calls(const json_t *calls, size_t msg_index, struct serve_error *e);
 /* A tool result as the user-message text the model sees.  Caller frees; NULL on OOM. */
 char *tools_render_result(const char *tool_name, const char *content);
 /* Is `echo` (an assistant message a client sent back) the reply the session stored as `stored`?
@@ -243,9 +268,9 @@ json_t *tools_reply(struct server *srv, const char *text, int format, const char
 const char *serve_json_type(const json_t *v);
 /* The JSON body of POST /v1/chat/completions (chat) or /v1/completions into the job: sampling,
 ** max_tokens, stop, stream, then tools / response_format and messages (chat) or prompt.  Returns
-** 0; or -1 with the message in err (naming the field and the bad value; empty on OOM) and the
-** field in *param (NULL when none).  On error the job holds what was parsed: serve_job_free. */
-int serve_request_parse(struct server *srv, json_t *root, struct job *j, bool chat, char *err, size_t n_err, const char **param);
+** 0; or -1 with e filled (400 naming the field, e->param, and the bad value; 500 out of memory).
+** On error the job holds what was parsed: serve_job_free. */
+int serve_request_parse(struct server *srv, json_t *root, struct job *j, bool chat, struct serve_error *e);
 
 /* server/metrics.c */
 /* Add one sample (ms) to a histogram (caller holds srv->mu).  Cannot fail. */

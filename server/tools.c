@@ -108,8 +108,7 @@ struct gram {
     int        depth;
     int64_t    work, max_work; /* schema nodes expanded so far / allowed (--max-schema-nodes) */
     int32_t    max_alt;        /* entries of one enum / anyOf / oneOf (--max-schema-alternatives) */
-    char      *err;
-    size_t     n_err;
+    char       msg[512];       /* why it failed */
     bool       failed;
 };
 
@@ -119,7 +118,7 @@ static void gfail(struct gram *g, const char *fmt, ...) {
     g->failed = true;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(g->err, g->n_err, fmt, ap);
+    vsnprintf(g->msg, sizeof g->msg, fmt, ap);
     va_end(ap);
 }
 
@@ -295,8 +294,7 @@ static void schema_expr(struct gram *g, const json_t *sc, struct buf *out) {
 /* ---------------------------------------------------------------------------------------- */
 /* request                                                                                   */
 
-int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, char **sys_extra, char *err, size_t n_err,
-                const char **param) {
+int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, char **sys_extra, struct serve_error *e) {
     *sys_extra = NULL;
     j->req.format = REPLY_TEXT;
     const json_t *tools = json_object_get(root, "tools"), *choice = json_object_get(root, "tool_choice"),
@@ -304,59 +302,59 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
     const char *legacy[] = { "functions", "function_call" };
     for (int i = 0; i < 2; i++)
         if ((v = json_object_get(root, legacy[i])) && !json_is_null(v)) {
-            *param = legacy[i];
-            snprintf(err, n_err, "'%s' is the deprecated function-calling API; send 'tools' and 'tool_choice'", legacy[i]);
+            e->param = legacy[i];
+            serve_bad(e, "'%s' is the deprecated function-calling API; send 'tools' and 'tool_choice'", legacy[i]);
             return -1;
         }
     if ((v = json_object_get(root, "parallel_tool_calls")) && !json_is_null(v) && !json_is_boolean(v)) {
-        *param = "parallel_tool_calls";
-        snprintf(err, n_err, "'parallel_tool_calls' must be a boolean, got %s", serve_json_type(v));
+        e->param = "parallel_tool_calls";
+        serve_bad(e, "'parallel_tool_calls' must be a boolean, got %s", serve_json_type(v));
         return -1;
     }
-    struct gram g = { .err = err, .n_err = n_err, .max_work = lim->max_schema_nodes, .max_alt = lim->max_alternatives };
+    struct gram g = { .max_work = lim->max_schema_nodes, .max_alt = lim->max_alternatives };
     struct buf root_rule = { 0 };
     int rc = 0;
     /* tools */
     const char *mode = "auto", *forced = NULL;
     if (tools && json_is_null(tools)) tools = NULL;
     if (tools) {
-        *param = "tools";
-        if (!json_is_array(tools)) { snprintf(err, n_err, "'tools' must be an array, got %s", serve_json_type(tools)); return -1; }
+        e->param = "tools";
+        if (!json_is_array(tools)) { serve_bad(e, "'tools' must be an array, got %s", serve_json_type(tools)); return -1; }
         if (json_array_size(tools) > (size_t) lim->max_tools) {
-            snprintf(err, n_err, "'tools' has %zu entries; at most %d (--max-tools)", json_array_size(tools), lim->max_tools);
+            serve_bad(e, "'tools' has %zu entries; at most %d (--max-tools)", json_array_size(tools), lim->max_tools);
             return -1;
         }
         if (json_array_size(tools) == 0) tools = NULL;
     }
     if (choice && !json_is_null(choice)) {
-        *param = "tool_choice";
+        e->param = "tool_choice";
         if (json_is_string(choice)) {
             mode = json_string_value(choice);
             if (strcmp(mode, "none") && strcmp(mode, "auto") && strcmp(mode, "required")) {
-                snprintf(err, n_err, "'tool_choice' '%.40s' is not one of none, auto, required or {\"type\": \"function\", ...}", mode);
+                serve_bad(e, "'tool_choice' '%.40s' is not one of none, auto, required or {\"type\": \"function\", ...}", mode);
                 return -1;
             }
         } else if (json_is_object(choice)) {
             const json_t *fn = json_object_get(choice, "function"), *nm = fn ? json_object_get(fn, "name") : NULL;
             if (!nm || !json_is_string(nm)) {
-                snprintf(err, n_err, "'tool_choice' object must be {\"type\": \"function\", \"function\": {\"name\": string}}");
+                serve_bad(e, "'tool_choice' object must be {\"type\": \"function\", \"function\": {\"name\": string}}");
                 return -1;
             }
             mode = "function";
             forced = json_string_value(nm);
         } else {
-            snprintf(err, n_err, "'tool_choice' must be a string or an object, got %s", serve_json_type(choice));
+            serve_bad(e, "'tool_choice' must be a string or an object, got %s", serve_json_type(choice));
             return -1;
         }
         if (!tools && strcmp(mode, "none") && strcmp(mode, "auto")) {
-            snprintf(err, n_err, "'tool_choice' '%s' needs 'tools'", forced ? forced : mode);
+            serve_bad(e, "'tool_choice' '%s' needs 'tools'", forced ? forced : mode);
             return -1;
         }
     }
     if (tools) { /* described whatever tool_choice says, so the system message (and the session's
                  ** tokens) stay the same from turn to turn; "none" only drops the grammar */
         bool none = !strcmp(mode, "none");
-        *param = "tools";
+        e->param = "tools";
         json_t *desc = json_array();
         struct buf calls = { 0 };
         size_t i;
@@ -367,21 +365,21 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
             const json_t *nm = fn && json_is_object(fn) ? json_object_get(fn, "name") : NULL;
             if (!ty || !json_is_string(ty) || strcmp(json_string_value(ty), "function") || !nm || !json_is_string(nm) ||
                 !json_string_length(nm)) {
-                snprintf(err, n_err, "'tools[%zu]' must be {\"type\": \"function\", \"function\": {\"name\": non-empty string, ...}}", i);
+                serve_bad(e, "'tools[%zu]' must be {\"type\": \"function\", \"function\": {\"name\": non-empty string, ...}}", i);
                 rc = -1;
                 break;
             }
             const char *name = json_string_value(nm);
             for (const char *p = name; *p; p++)
                 if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '_' || *p == '-')) {
-                    snprintf(err, n_err, "'tools[%zu].function.name' '%.64s' may hold only a-z, A-Z, 0-9, _ and -", i, name);
+                    serve_bad(e, "'tools[%zu].function.name' '%.64s' may hold only a-z, A-Z, 0-9, _ and -", i, name);
                     rc = -1;
                     break;
                 }
             if (rc) break;
             const json_t *params = json_object_get(fn, "parameters"), *d = json_object_get(fn, "description");
             if (params && !json_is_object(params)) {
-                snprintf(err, n_err, "'tools[%zu].function.parameters' must be a JSON schema object, got %s", i, serve_json_type(params));
+                serve_bad(e, "'tools[%zu].function.parameters' must be a JSON schema object, got %s", i, serve_json_type(params));
                 rc = -1;
                 break;
             }
@@ -400,21 +398,19 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
             bput(&calls, " ");
             bool untyped = !params || json_object_size(params) == 0; /* arguments are an object anyway */
             json_t *obj = untyped ? json_pack("{s:s}", "type", "object") : NULL;
-            *param = "tools";
+            e->param = "tools";
             schema_rule(&g, untyped ? obj : params, &calls);
             json_decref(obj);
             bput(&calls, " \"}}\"");
             if (g.failed) {
-                char tmp[512];
-                snprintf(tmp, sizeof tmp, "%s", err);
-                snprintf(err, n_err, "'tools[%zu].function.parameters': %s", i, tmp);
+                serve_bad(e, "'tools[%zu].function.parameters': %s", i, g.msg);
                 rc = -1;
                 break;
             }
         }
         if (rc == 0 && !found && !none) {
-            *param = "tool_choice";
-            snprintf(err, n_err, "'tool_choice' names the function '%.64s', which is not in 'tools'", forced);
+            e->param = "tool_choice";
+            serve_bad(e, "'tool_choice' names the function '%.64s', which is not in 'tools'", forced);
             rc = -1;
         }
         if (rc == 0) {
@@ -440,15 +436,15 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
     }
     /* response_format (only when no tool call is possible: one grammar per reply) */
     if (rc == 0 && rf && !json_is_null(rf)) {
-        *param = "response_format";
+        e->param = "response_format";
         const json_t *ty = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
         const char *t = ty && json_is_string(ty) ? json_string_value(ty) : NULL;
         if (!t || (strcmp(t, "text") && strcmp(t, "json_object") && strcmp(t, "json_schema"))) {
-            snprintf(err, n_err, "'response_format.type' %s%.40s%s is not one of text, json_object, json_schema", t ? "'" : "",
+            serve_bad(e, "'response_format.type' %s%.40s%s is not one of text, json_object, json_schema", t ? "'" : "",
                      t ? t : "(missing)", t ? "'" : "");
             rc = -1;
         } else if (strcmp(t, "text") && j->req.format == REPLY_TOOLS) {
-            snprintf(err, n_err, "'response_format' %s cannot be combined with 'tools' (the reply is a tool call or a response)", t);
+            serve_bad(e, "'response_format' %s cannot be combined with 'tools' (the reply is a tool call or a response)", t);
             rc = -1;
         } else if (!strcmp(t, "json_object")) {
             bput(&root_rule, "root ::= object\n");
@@ -456,16 +452,14 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
         } else if (!strcmp(t, "json_schema")) {
             const json_t *js = json_object_get(rf, "json_schema"), *sc = js && json_is_object(js) ? json_object_get(js, "schema") : NULL;
             if (!sc) {
-                snprintf(err, n_err, "'response_format' json_schema needs {\"json_schema\": {\"name\": ..., \"schema\": {...}}}");
+                serve_bad(e, "'response_format' json_schema needs {\"json_schema\": {\"name\": ..., \"schema\": {...}}}");
                 rc = -1;
             } else {
                 bput(&root_rule, "root ::= ");
                 schema_expr(&g, sc, &root_rule);
                 bput(&root_rule, "\n");
                 if (g.failed) {
-                    char tmp[512];
-                    snprintf(tmp, sizeof tmp, "%s", err);
-                    snprintf(err, n_err, "'response_format.json_schema.schema': %s", tmp);
+                    serve_bad(e, "'response_format.json_schema.schema': %s", g.msg);
                     rc = -1;
                 }
                 j->req.format = REPLY_JSON;
@@ -475,12 +469,12 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
     if (rc == 0 && root_rule.n) {
         struct buf all = { 0 };
         bput(&all, "%s%s%s", root_rule.s, g.rules.s ? g.rules.s : "", GBNF_PRIMITIVES);
-        if (all.oom || g.rules.oom) { free(all.s); rc = -1; snprintf(err, n_err, "out of memory"); }
+        if (all.oom || g.rules.oom) { free(all.s); rc = -1; serve_error_oom(e); }
         else if (all.n > GBNF_MAX_BYTES) {
             free(all.s);
             rc = -1;
-            *param = j->req.format == REPLY_TOOLS ? "tools" : "response_format";
-            snprintf(err, n_err, "the schemas make a grammar of %zu bytes; at most %d", all.n, GBNF_MAX_BYTES);
+            e->param = j->req.format == REPLY_TOOLS ? "tools" : "response_format";
+            serve_bad(e, "the schemas make a grammar of %zu bytes; at most %d", all.n, GBNF_MAX_BYTES);
         }
         else j->req.grammar = all.s;
     }
@@ -491,16 +485,16 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
         *sys_extra = NULL;
         return -1;
     }
-    *param = NULL;
+    e->param = NULL;
     return 0;
 }
 
 /* ---------------------------------------------------------------------------------------- */
 /* history                                                                                   */
 
-char *tools_render_calls(const json_t *calls, size_t msg, char *err, size_t n_err) {
+char *tools_render_calls(const json_t *calls, size_t msg, struct serve_error *e) {
     if (!json_is_array(calls) || json_array_size(calls) == 0) {
-        snprintf(err, n_err, "'messages[%zu].tool_calls' must be a non-empty array", msg);
+        serve_bad(e, "'messages[%zu].tool_calls' must be a non-empty array", msg);
         return NULL;
     }
     json_t *out = json_array();
@@ -510,14 +504,14 @@ char *tools_render_calls(const json_t *calls, size_t msg, char *err, size_t n_er
         const json_t *fn = json_is_object(c) ? json_object_get(c, "function") : NULL;
         const json_t *nm = fn ? json_object_get(fn, "name") : NULL, *ar = fn ? json_object_get(fn, "arguments") : NULL;
         if (!nm || !json_is_string(nm) || !ar || !json_is_string(ar)) {
-            snprintf(err, n_err, "'messages[%zu].tool_calls[%zu]' must be {\"function\": {\"name\": string, \"arguments\": string}}", msg, i);
+            serve_bad(e, "'messages[%zu].tool_calls[%zu]' must be {\"function\": {\"name\": string, \"arguments\": string}}", msg, i);
             json_decref(out);
             return NULL;
         }
-        json_error_t e;
-        json_t *args = json_loads(json_string_value(ar), JSON_DECODE_ANY, &e);
+        json_error_t je;
+        json_t *args = json_loads(json_string_value(ar), JSON_DECODE_ANY, &je);
         if (!args) {
-            snprintf(err, n_err, "'messages[%zu].tool_calls[%zu].function.arguments' is not JSON: %s", msg, i, e.text);
+            serve_bad(e, "'messages[%zu].tool_calls[%zu].function.arguments' is not JSON: %s", msg, i, je.text);
             json_decref(out);
             return NULL;
         }
@@ -528,7 +522,7 @@ char *tools_render_calls(const json_t *calls, size_t msg, char *err, size_t n_er
     json_decref(out);
     char *t = wrap ? json_dumps(wrap, JSON_COMPACT) : NULL;
     json_decref(wrap);
-    if (!t) snprintf(err, n_err, "out of memory");
+    if (!t) serve_error_oom(e);
     return t;
 }
 

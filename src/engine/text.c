@@ -52,6 +52,17 @@ int kvt_detokenize(kvt_engine *e, const kvt_token *tokens, int32_t n, bool rende
 
 bool kvt_token_is_eog(const kvt_engine *e, kvt_token tok) { return llama_vocab_is_eog(e->vocab, tok); }
 
+int kvt_chat_tokenize(kvt_engine *e, const struct kvt_chat_msg *msgs, int32_t n, bool add_ass, const char *fallback,
+                      kvt_token **tok, int32_t *n_tok) {
+    char *text = NULL;
+    *tok = NULL;
+    *n_tok = 0;
+    int rc = kvt_chat_format(e, msgs, n, add_ass, fallback, &text);
+    if (rc == 0) rc = kvt_tokenize(e, text, true, true, tok, n_tok);
+    free(text);
+    return rc;
+}
+
 int kvt_chat_format(kvt_engine *e, const struct kvt_chat_msg *msgs, int32_t n, bool add_ass, const char *fallback,
                     char **text) {
     *text = NULL;

@@ -2,8 +2,8 @@
 ** client with a key sends it) through the server's parser: JSON, then server/request.c
 ** (sampling, stop, messages, tool calls and results) and server/tools.c (tools, tool_choice,
 ** response_format: JSON schema to GBNF, bounded by the caps of struct serve_limits).  Each input
-** is parsed as a chat and as a completion.  Invariants: a parse either fails with a message and
-** the field named, or succeeds with messages whose last one is from the user and a grammar within
+** is parsed as a chat and as a completion.  Invariants: a parse either fails with its error
+** filled (status, type, message), or succeeds with messages whose last one is from the user and a grammar within
 ** 1 MiB; the work per input is bounded by the caps (libFuzzer's -timeout catches a bomb). */
 #include "fuzz.h"
 #include "serve.h"
@@ -26,9 +26,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (int chat = 0; chat < 2; chat++) {
         struct job *j = calloc(1, sizeof *j);
         FUZZ_CHECK(j != NULL);
-        char err[1024] = "";
-        const char *param = NULL;
-        int rc = serve_request_parse(&srv, root, j, chat, err, sizeof err, &param);
+        struct serve_error se = { 0 };
+        int rc = serve_request_parse(&srv, root, j, chat, &se);
+        FUZZ_CHECK(rc == 0 || (se.status >= 400 && se.type && se.msg[0])); /* no failure without its error */
         if (rc == 0 && chat) {
             FUZZ_CHECK(j->req.n_msgs > 0 && !strcmp(j->req.msgs[j->req.n_msgs - 1].role, "user"));
             for (int32_t i = 0; i < j->req.n_msgs; i++) FUZZ_CHECK(j->req.msgs[i].role && j->req.msgs[i].content);

@@ -1,0 +1,54 @@
+/* error.c — the server's one error form (struct serve_error, serve.h): filled where an error
+** arises, sent as an OpenAI error object by server/http.c. */
+#include "serve.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static void set_msg(struct serve_error *e, const char *fmt, va_list ap) { vsnprintf(e->msg, sizeof e->msg, fmt, ap); }
+
+int serve_error_set(struct serve_error *e, int status, const char *type, const char *code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    set_msg(e, fmt, ap);
+    va_end(ap);
+    e->status = status;
+    e->type = type;
+    snprintf(e->code, sizeof e->code, "%s", code ? code : "");
+    return -1;
+}
+
+int serve_bad(struct serve_error *e, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    set_msg(e, fmt, ap);
+    va_end(ap);
+    e->status = 400;
+    e->type = "invalid_request_error";
+    e->code[0] = '\0';
+    return -1;
+}
+
+int serve_error_oom(struct serve_error *e) {
+    e->param = NULL;
+    return serve_error_set(e, 500, "server_error", NULL, "out of memory");
+}
+
+void serve_error_lib(struct serve_error *e, const char *what, int rc) {
+    if (rc == KVT_ECTX || rc == KVT_EBUDGET)
+        serve_error_set(e, 400, "invalid_request_error", "context_length_exceeded", "%s: %s", what, kvt_errmsg());
+    else if (rc == KVT_EINVAL)
+        serve_error_set(e, 400, "invalid_request_error", NULL, "%s: %s", what, kvt_errmsg());
+    else
+        serve_error_set(e, 500, "server_error", NULL, "%s: %s: %s", what, kvt_strerror(rc), kvt_errmsg());
+}
+
+json_t *serve_error_json(const struct serve_error *e) {
+    char *clean = app_utf8_clean(e->msg);
+    json_t *o = json_pack("{s:{s:s, s:s, s:o, s:o}}", "error", "message", clean ? clean : "error", "type",
+                          e->type ? e->type : "server_error", "param", e->param ? json_string(e->param) : json_null(), "code",
+                          e->code[0] ? json_string(e->code) : json_null());
+    free(clean);
+    return o;
+}
