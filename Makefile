@@ -9,7 +9,7 @@ JOBS  ?= $(shell nproc)
 BUILD      ?= build
 BUILD_ASAN ?= build-asan
 
-.PHONY: all build build-asan test test-isa demo serve bench clean setup fuzz
+.PHONY: all build build-asan test test-isa demo serve bench clean setup fuzz format
 all: build
 
 setup:
@@ -77,6 +77,11 @@ fuzz: setup
 	  -DLLAMA_PREFIX="$$LLAMA_PREFIX" >/dev/null && \
 	cmake --build $(BUILD_FUZZ) -j $(JOBS) --target $(addprefix fuzz_,$(FUZZ_HARNESSES)) && \
 	tests/fuzz/run.sh $(BUILD_FUZZ) $(FUZZ_SECONDS) $(FUZZ_HARNESSES)
+
+# .clang-format over every tracked C/C++ file (clang-format 14, Debian's clang-format package)
+format:
+	@command -v clang-format >/dev/null || { echo "make format: clang-format is not installed (apt-get install clang-format)" >&2; exit 2; }
+	git ls-files '*.c' '*.h' '*.cpp' | xargs clang-format -i
 
 clean:
 	rm -rf build build-asan build-isa build-isa-asan build-fuzz

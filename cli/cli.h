@@ -19,22 +19,21 @@
 enum cli_kind { OPT_FLAG, OPT_INT, OPT_FLOAT, OPT_STR };
 
 struct cli_opt {
-    const char   *name;      /* long name without "--"; NULL ends the table */
-    char          short_name;/* 0 = none */
+    const char *name; /* long name without "--"; NULL ends the table */
+    char short_name;  /* 0 = none */
     enum cli_kind kind;
-    void         *dst;       /* bool*, int32_t*, double*, const char** */
-    double        min, max;  /* OPT_INT / OPT_FLOAT range (inclusive) */
-    const char   *metavar;   /* "N", "FILE", ... (NULL for flags) */
-    const char   *help;      /* one line, with the default */
-    bool         *seen;      /* optional: set when given */
+    void *dst;           /* bool*, int32_t*, double*, const char** */
+    double min, max;     /* OPT_INT / OPT_FLOAT range (inclusive) */
+    const char *metavar; /* "N", "FILE", ... (NULL for flags) */
+    const char *help;    /* one line, with the default */
+    bool *seen;          /* optional: set when given */
 };
 
 /* Parse argv[0..argc) (argv[0] is the first flag, not the command name) for command `cmd`
 ** ("kvtier chat").  Positional arguments go to pos[0..*n_pos) (at most max_pos, else a usage
 ** error).  Returns APP_OK, APP_USAGE (message printed to stderr), or -1 if --help was given
 ** (usage printed to stdout by the caller via cli_print_opts). */
-int cli_parse(const char *cmd, const struct cli_opt *opts, int argc, char **argv,
-              char **pos, int max_pos, int *n_pos);
+int cli_parse(const char *cmd, const struct cli_opt *opts, int argc, char **argv, char **pos, int max_pos, int *n_pos);
 
 /* Print the option table, one line per option, to f. */
 void cli_print_opts(FILE *f, const struct cli_opt *opts);
@@ -42,33 +41,34 @@ void cli_print_opts(FILE *f, const struct cli_opt *opts);
 /* ---- engine + session options shared by chat and demo ---- */
 struct cli_run_opts {
     const char *model;
-    int32_t     ctx, threads;
+    int32_t ctx, threads;
     const char *type_k, *type_v;
-    int32_t     budget, block, top_k, max_tokens, pool_mb, gen_reserve;
-    int32_t     spill_mb;      /* spill-file quota in MiB, 0 = unlimited */
-    const char *recovery;      /* "kv_restore" | "discard" | "breadcrumb" */
-    const char *policy;        /* kvt_policy_from_name */
-    const char *head_profile;  /* `kvtier calibrate` profile */
-    double      temp;
-    int32_t     seed;
-    bool        seed_set;
+    int32_t budget, block, top_k, max_tokens, pool_mb, gen_reserve;
+    int32_t spill_mb;         /* spill-file quota in MiB, 0 = unlimited */
+    const char *recovery;     /* "kv_restore" | "discard" | "breadcrumb" */
+    const char *policy;       /* kvt_policy_from_name */
+    const char *head_profile; /* `kvtier calibrate` profile */
+    double temp;
+    int32_t seed;
+    bool seed_set;
     const char *spill_dir;
     const char *system;
-    bool        verbose;
-    const char *store;         /* block store directory; NULL = kvt_store_default_dir() */
-    bool        no_store;      /* run without a block store */
-    const char *redis;         /* the store's Redis tier URL (NULL = none) */
-    int32_t     redis_timeout_ms;
-    const char *codec_disk;    /* the store's disk tier codec (NULL = raw) */
-    const char *codec_ram;     /* codec of the session's host pool (NULL = raw) */
-    float       elastic_sk, elastic_sv; /* --elastic (chat): live ElasticKV scales, 0 = off */
-    bool        chunk_reuse;   /* --chunk-reuse: non-prefix chunk reuse (kvt_session_params) */
-    const char *chunk_recompute; /* --chunk-recompute K|P% (NULL = the library's 15%) */
+    bool verbose;
+    const char *store; /* block store directory; NULL = kvt_store_default_dir() */
+    bool no_store;     /* run without a block store */
+    const char *redis; /* the store's Redis tier URL (NULL = none) */
+    int32_t redis_timeout_ms;
+    const char *codec_disk;       /* the store's disk tier codec (NULL = raw) */
+    const char *codec_ram;        /* codec of the session's host pool (NULL = raw) */
+    float elastic_sk, elastic_sv; /* --elastic (chat): live ElasticKV scales, 0 = off */
+    bool chunk_reuse;             /* --chunk-reuse: non-prefix chunk reuse (kvt_session_params) */
+    const char *chunk_recompute;  /* --chunk-recompute K|P% (NULL = the library's 15%) */
 };
 
 void cli_run_opts_default(struct cli_run_opts *o);
 
 /* Table rows for the shared options (to splice into a command's table). */
+/* clang-format off */
 #define CLI_RUN_OPT_ROWS(o)                                                                        \
     { "model", 'm', OPT_STR, &(o)->model, 0, 0, "MODEL", "GGUF model file", NULL },                \
     { "budget", 0, OPT_INT, &(o)->budget, 0, 1 << 24, "N",                                         \
@@ -123,22 +123,23 @@ void cli_run_opts_default(struct cli_run_opts *o);
     { "system", 0, OPT_STR, &(o)->system, 0, 0, "TEXT", "system message to start the session with", NULL }, \
     { "verbose", 'v', OPT_FLAG, &(o)->verbose, 0, 0, NULL,                                         \
       "llama.cpp's log, and the block table after every turn, on stderr", NULL }
+/* clang-format on */
 
 /* An open engine + pool + session. */
 struct cli_session {
-    kvt_engine            *eng;
-    kvt_pool              *pool;
-    kvt_store             *store;      /* NULL with --no-store */
-    kvt_session           *s;
+    kvt_engine *eng;
+    kvt_pool *pool;
+    kvt_store *store; /* NULL with --no-store */
+    kvt_session *s;
     struct kvt_engine_info info;
-    int32_t                budget;     /* effective budget (0 resolved to the context size) */
-    struct kvt_sampling    smp;
-    int32_t                n_turns;    /* user turns run so far */
-    int64_t                decoded_before; /* tokens_decoded when the turn began */
-    int64_t                turn_decoded;   /* tokens run through the model in the last turn */
-    bool                   stop_at_newline;/* end a reply at its first line break (base models
+    int32_t budget; /* effective budget (0 resolved to the context size) */
+    struct kvt_sampling smp;
+    int32_t n_turns;        /* user turns run so far */
+    int64_t decoded_before; /* tokens_decoded when the turn began */
+    int64_t turn_decoded;   /* tokens run through the model in the last turn */
+    bool stop_at_newline;   /* end a reply at its first line break (base models
                                            ** rarely emit end-of-turn); the reply is cut there */
-    bool                   streaming;      /* the reply being generated goes to stdout */
+    bool streaming;         /* the reply being generated goes to stdout */
 };
 
 /* --elastic S_K,S_V: two numbers in [0, 2] (live ElasticKV threshold scales,
@@ -160,17 +161,16 @@ void cli_session_close(struct cli_session *cs);
 **          (unless quiet) and, with --verbose, the block table.  OUT *reply (caller frees).
 ** Both return APP_OK or APP_ERR (message printed).  cli_turn runs both. */
 int cli_turn_begin(const char *cmd, struct cli_session *cs, const char *user);
-int cli_turn_end(const char *cmd, struct cli_session *cs, const struct cli_run_opts *o, bool stream, bool quiet,
-                 char **reply);
-int cli_turn(const char *cmd, struct cli_session *cs, const struct cli_run_opts *o, const char *user,
-             bool stream, bool quiet, char **reply);
+int cli_turn_end(const char *cmd, struct cli_session *cs, const struct cli_run_opts *o, bool stream, bool quiet, char **reply);
+int cli_turn(const char *cmd, struct cli_session *cs, const struct cli_run_opts *o, const char *user, bool stream, bool quiet,
+             char **reply);
 
 /* A user turn whose reply is given, not generated (a replayed conversation): begin, then
 ** kvt_session_add(ASSISTANT, reply) (echoed to stdout when echo), then the status line.  The
 ** reply's tokens are decoded with the next user turn, as the library does for any added
 ** assistant message. */
-int cli_turn_scripted(const char *cmd, struct cli_session *cs, const struct cli_run_opts *o, const char *user,
-                      const char *reply, bool echo, bool quiet);
+int cli_turn_scripted(const char *cmd, struct cli_session *cs, const struct cli_run_opts *o, const char *user, const char *reply,
+                      bool echo, bool quiet);
 
 /* The status line of the last turn, on stderr. */
 void cli_print_status(struct cli_session *cs);
@@ -192,9 +192,9 @@ int cmd_bench(int argc, char **argv);
 int cmd_bench_policy(int argc, char **argv); /* cmd_bench_policy.c, run by cmd_bench */
 int cmd_bench_codec(int argc, char **argv);  /* cmd_bench_codec.c, run by cmd_bench */
 int cmd_bench_chunks(int argc, char **argv); /* cmd_bench_chunks.c, run by cmd_bench */
-int cmd_calibrate(int argc, char **argv); /* cmd_calibrate.c */
-int cmd_eval(int argc, char **argv);      /* cmd_eval.c */
-int cmd_serve(int argc, char **argv);     /* cmd_serve.c */
-int cmd_store(int argc, char **argv);     /* cmd_store.c */
+int cmd_calibrate(int argc, char **argv);    /* cmd_calibrate.c */
+int cmd_eval(int argc, char **argv);         /* cmd_eval.c */
+int cmd_serve(int argc, char **argv);        /* cmd_serve.c */
+int cmd_store(int argc, char **argv);        /* cmd_store.c */
 
 #endif

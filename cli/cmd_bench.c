@@ -38,15 +38,14 @@ static double median(double *v, int n) {
 }
 
 static void bench_usage(FILE *f, const struct cli_opt *opts) {
-    fprintf(f,
-            "Usage: kvtier bench primitives [-m MODEL] [options]\n"
-            "\n"
-            "Times, for each block size L: kvt_block_save of L just-decoded tokens, kvt_block_load of\n"
-            "the blob at a new position (RoPE re-anchoring, no forward pass), and re-prefill of the same\n"
-            "L tokens with kvt_engine_decode. Medians over --repeats, the three interleaved in each repeat,\n"
-            "after a warm-up. MODEL defaults to $KVTIER_MODEL. Progress goes to stderr.\n"
-            "\n"
-            "Options:\n");
+    fprintf(f, "Usage: kvtier bench primitives [-m MODEL] [options]\n"
+               "\n"
+               "Times, for each block size L: kvt_block_save of L just-decoded tokens, kvt_block_load of\n"
+               "the blob at a new position (RoPE re-anchoring, no forward pass), and re-prefill of the same\n"
+               "L tokens with kvt_engine_decode. Medians over --repeats, the three interleaved in each repeat,\n"
+               "after a warm-up. MODEL defaults to $KVTIER_MODEL. Progress goes to stderr.\n"
+               "\n"
+               "Options:\n");
     cli_print_opts(f, opts);
 }
 
@@ -60,8 +59,7 @@ static int parse_blocks(const char *cmd, const char *s, int32_t *sizes, int *n) 
         long v = strtol(p, &end, 10);
         if (end == p || (*end && *end != ',') || errno == ERANGE || v < 1 || v > 65536) {
             size_t len = strcspn(p, ",");
-            fprintf(stderr, "%s: --blocks element '%.*s' is not a block size in 1..65536 (in '%s')\n", cmd, (int) len,
-                    p, s);
+            fprintf(stderr, "%s: --blocks element '%.*s' is not a block size in 1..65536 (in '%s')\n", cmd, (int) len, p, s);
             return APP_USAGE;
         }
         if (*n >= MAX_BLOCK_SIZES) {
@@ -76,8 +74,7 @@ static int parse_blocks(const char *cmd, const char *s, int32_t *sizes, int *n) 
 
 /* n tokens: the text file's tokens (repeated if short), else pseudo-random ids clear of the
 ** first few (BOS/EOS/pad).  OUT *out (caller frees).  Returns APP_OK or APP_ERR. */
-static int bench_tokens(const char *cmd, kvt_engine *eng, const char *text_path, int32_t n, int32_t n_vocab,
-                        kvt_token **out) {
+static int bench_tokens(const char *cmd, kvt_engine *eng, const char *text_path, int32_t n, int32_t n_vocab, kvt_token **out) {
     kvt_token *t = malloc(sizeof *t * (size_t) n);
     *out = NULL;
     if (!t) {
@@ -138,12 +135,12 @@ static int bench_tokens(const char *cmd, kvt_engine *eng, const char *text_path,
 
 struct row {
     int32_t block;
-    double  save_ms, load_ms, prefill_ms, bytes_per_token;
+    double save_ms, load_ms, prefill_ms, bytes_per_token;
 };
 
 /* One interleaved round for block size L: save, load (+ remove), prefill (+ remove). */
-static int bench_round(const char *cmd, kvt_engine *eng, const kvt_token *tok, int32_t L, double *save_ms,
-                       double *load_ms, double *prefill_ms, size_t *blob_bytes) {
+static int bench_round(const char *cmd, kvt_engine *eng, const kvt_token *tok, int32_t L, double *save_ms, double *load_ms,
+                       double *prefill_ms, size_t *blob_bytes) {
     kvt_blob *blob = NULL;
     double t = now_ms();
     int rc = kvt_block_save(eng, 0, 0, L, &blob);
@@ -185,27 +182,27 @@ static int bench_round(const char *cmd, kvt_engine *eng, const kvt_token *tok, i
 
 static int bench_primitives(int argc, char **argv) {
     static const char cmd[] = "kvtier bench primitives";
-    const char *model = getenv("KVTIER_MODEL"), *blocks_s = "16,32,64,128,256,512,1024", *type_k = "f16",
-               *type_v = NULL, *text = NULL, *reanchor_s = "host";
+    const char *model = getenv("KVTIER_MODEL"), *blocks_s = "16,32,64,128,256,512,1024", *type_k = "f16", *type_v = NULL,
+               *text = NULL, *reanchor_s = "host";
     int32_t repeats = 5, ctx = 0, threads = 0;
     bool json = false, verbose = false;
+    /* clang-format off: one row per option, laid out by hand */
     const struct cli_opt opts[] = {
         { "model", 'm', OPT_STR, &model, 0, 0, "MODEL", "GGUF model file (default $KVTIER_MODEL)", NULL },
         { "json", 0, OPT_FLAG, &json, 0, 0, NULL, "print one JSON object (the last line) instead of the table", NULL },
         { "repeats", 0, OPT_INT, &repeats, 1, 10000, "N", "timed repeats per block size (default 5)", NULL },
-        { "blocks", 0, OPT_STR, &blocks_s, 0, 0, "LIST", "block sizes in tokens (default 16,32,64,128,256,512,1024)",
-          NULL },
+        { "blocks", 0, OPT_STR, &blocks_s, 0, 0, "LIST", "block sizes in tokens (default 16,32,64,128,256,512,1024)", NULL },
         { "type-k", 0, OPT_STR, &type_k, 0, 0, "TYPE", "K cache type: f16, f32, q8_0 (default f16)", NULL },
         { "type-v", 0, OPT_STR, &type_v, 0, 0, "TYPE", "V cache type: f16, f32 (default f16)", NULL },
         { "ctx", 0, OPT_INT, &ctx, 0, 1 << 24, "N", "context cells (default max(4096, 4 x largest block))", NULL },
         { "threads", 't', OPT_INT, &threads, 0, 1024, "N", "CPU threads (default 0 = all cores)", NULL },
-        { "text", 0, OPT_STR, &text, 0, 0, "FILE", "tokenize this text for the blocks (default: pseudo-random ids)",
-          NULL },
+        { "text", 0, OPT_STR, &text, 0, 0, "FILE", "tokenize this text for the blocks (default: pseudo-random ids)", NULL },
         { "reanchor", 0, OPT_STR, &reanchor_s, 0, 0, "PATH",
           "host (rotate K on the host), seq_add (llama.cpp's lazy K-shift) or auto (default host)", NULL },
         { "verbose", 'v', OPT_FLAG, &verbose, 0, 0, NULL, "llama.cpp's log on stderr", NULL },
         { NULL, 0, 0, NULL, 0, 0, NULL, NULL, NULL },
     };
+    /* clang-format on */
     int n_pos;
     int rc = cli_parse(cmd, opts, argc, argv, NULL, 0, &n_pos);
     if (rc < 0) {
@@ -228,8 +225,8 @@ static int bench_primitives(int argc, char **argv) {
     /* seq 0 holds [0, L) plus the load at [L, 2L); seq 1 the re-prefill of L */
     if (ctx == 0) ctx = 4 * max_block > 4096 ? 4 * max_block : 4096;
     if (ctx < 3 * max_block + 64) {
-        fprintf(stderr, "%s: --ctx %d is too small for block %d (needs at least %d cells: 3 blocks + 64)\n", cmd, ctx,
-                max_block, 3 * max_block + 64);
+        fprintf(stderr, "%s: --ctx %d is too small for block %d (needs at least %d cells: 3 blocks + 64)\n", cmd, ctx, max_block,
+                3 * max_block + 64);
         return APP_USAGE;
     }
     if (!model || !*model) {
@@ -299,10 +296,8 @@ static int bench_primitives(int argc, char **argv) {
             fputc('.', stderr);
         }
         if (rc) break;
-        rows[i] = (struct row){ L, median(sv, repeats), median(lv, repeats), median(pv, repeats),
-                                (double) blob_bytes / L };
-        fprintf(stderr, " save %.3f ms, load %.3f ms, prefill %.3f ms\n", rows[i].save_ms, rows[i].load_ms,
-                rows[i].prefill_ms);
+        rows[i] = (struct row){ L, median(sv, repeats), median(lv, repeats), median(pv, repeats), (double) blob_bytes / L };
+        fprintf(stderr, " save %.3f ms, load %.3f ms, prefill %.3f ms\n", rows[i].save_ms, rows[i].load_ms, rows[i].prefill_ms);
     }
     free(sv);
     free(tok);
@@ -314,20 +309,19 @@ static int bench_primitives(int argc, char **argv) {
         json_t *arr = json_array();
         for (int i = 0; arr && i < n_sizes; i++) {
             const struct row *r = &rows[i];
-            json_t *o = json_pack("{s:i, s:f, s:f, s:f, s:f, s:f, s:f}", "block", r->block, "save_ms", r->save_ms,
-                                  "load_ms", r->load_ms, "prefill_ms", r->prefill_ms, "load_speedup",
-                                  r->prefill_ms / r->load_ms, "lifecycle_speedup",
-                                  r->prefill_ms / (r->save_ms + r->load_ms), "bytes_per_token", r->bytes_per_token);
+            json_t *o = json_pack("{s:i, s:f, s:f, s:f, s:f, s:f, s:f}", "block", r->block, "save_ms", r->save_ms, "load_ms",
+                                  r->load_ms, "prefill_ms", r->prefill_ms, "load_speedup", r->prefill_ms / r->load_ms,
+                                  "lifecycle_speedup", r->prefill_ms / (r->save_ms + r->load_ms), "bytes_per_token",
+                                  r->bytes_per_token);
             if (!o || json_array_append_new(arr, o)) {
                 json_decref(arr);
                 arr = NULL;
             }
         }
-        json_t *obj = arr ? json_pack("{s:s, s:s, s:s, s:s, s:i, s:s, s:s, s:s, s:i, s:i, s:s, s:o}", "model",
-                                      info.desc, "llama_cpp", llama, "commit", commit, "date", date, "threads",
-                                      n_threads, "type_k", info.type_k, "type_v", info.type_v, "reanchor",
-                                      reanchor_used, "ctx", info.n_ctx, "repeats", repeats, "tokens",
-                                      text ? text : "pseudo-random", "rows", arr)
+        json_t *obj = arr ? json_pack("{s:s, s:s, s:s, s:s, s:i, s:s, s:s, s:s, s:i, s:i, s:s, s:o}", "model", info.desc,
+                                      "llama_cpp", llama, "commit", commit, "date", date, "threads", n_threads, "type_k",
+                                      info.type_k, "type_v", info.type_v, "reanchor", reanchor_used, "ctx", info.n_ctx, "repeats",
+                                      repeats, "tokens", text ? text : "pseudo-random", "rows", arr)
                           : NULL;
         return app_json_line(cmd, obj);
     }
@@ -335,8 +329,8 @@ static int bench_primitives(int argc, char **argv) {
            " | ctx %d | tokens: %s | median of %d\n",
            info.desc, llama, commit, date, n_threads, info.type_k, info.type_v, reanchor_used, info.n_ctx,
            text ? text : "pseudo-random ids", repeats);
-    printf("%6s %10s %10s %11s %13s %18s %16s\n", "block", "save_ms", "load_ms", "prefill_ms", "load_speedup",
-           "lifecycle_speedup", "bytes_per_token");
+    printf("%6s %10s %10s %11s %13s %18s %16s\n", "block", "save_ms", "load_ms", "prefill_ms", "load_speedup", "lifecycle_speedup",
+           "bytes_per_token");
     for (int i = 0; i < n_sizes; i++) {
         const struct row *r = &rows[i];
         printf("%6d %10.3f %10.3f %11.3f %12.1fx %17.1fx %16.0f\n", r->block, r->save_ms, r->load_ms, r->prefill_ms,

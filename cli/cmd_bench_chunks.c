@@ -41,25 +41,25 @@
 
 #include <jansson.h>
 
-#define MAX_DOCS  8
-#define MAX_KS    16
-#define MAX_ANS   24
-#define K_ALL     (-1000) /* config code: decode every token (k = n) */
-#define K_DROP    (-2000) /* config code: the drop-the-other-documents control */
-#define K_OFF     (-3000) /* config code (--live): chunk_reuse off (prefix reuse only) */
+#define MAX_DOCS 8
+#define MAX_KS   16
+#define MAX_ANS  24
+#define K_ALL    (-1000) /* config code: decode every token (k = n) */
+#define K_DROP   (-2000) /* config code: the drop-the-other-documents control */
+#define K_OFF    (-3000) /* config code (--live): chunk_reuse off (prefix reuse only) */
 
 struct cfg {
-    int32_t k;           /* >= 0 tokens; -P for P percent; K_ALL; K_DROP */
-    char    label[24];
+    int32_t k; /* >= 0 tokens; -P for P percent; K_ALL; K_DROP */
+    char label[24];
     /* per-case values */
     double *kl, *dlogp, *agree, *frac, *ms;
-    int    *match;
+    int *match;
 };
 
 struct doc {
     kvt_token *tok;
-    int32_t    n;
-    kvt_blob  *blob[MAX_KS]; /* [k_i, n) saved from the standalone prefill, per config (NULL: none) */
+    int32_t n;
+    kvt_blob *blob[MAX_KS]; /* [k_i, n) saved from the standalone prefill, per config (NULL: none) */
 };
 
 static double now_ms(void) {
@@ -87,8 +87,8 @@ static int parse_ks(const char *cmd, const char *s, struct cfg *c, int *n) {
         if (pct) end++;
         if (end == p || (*end && *end != ',') || errno == ERANGE || v < 0 || v > (pct ? 100 : 1 << 20)) {
             size_t len = strcspn(p, ",");
-            fprintf(stderr, "%s: --ks element '%.*s' is neither a token count nor a percentage 0%%..100%% (in '%s')\n",
-                    cmd, (int) len, p, s);
+            fprintf(stderr, "%s: --ks element '%.*s' is neither a token count nor a percentage 0%%..100%% (in '%s')\n", cmd,
+                    (int) len, p, s);
             return APP_USAGE;
         }
         if (*n >= MAX_KS - 2) {
@@ -169,31 +169,30 @@ static void mean_ci(const double *x, int n, double *mean, double *half) {
 }
 
 static void usage(FILE *f, const struct cli_opt *opts) {
-    fprintf(f,
-            "Usage: kvtier bench chunks [-m MODEL] [options]\n"
-            "\n"
-            "Measures non-prefix chunk reuse (issue #12): RAG-style prompts of --docs documents in a\n"
-            "random order with a planted fact; each document's KV computed alone from position 0, loaded\n"
-            "at its new position (RoPE re-anchoring) with its first k tokens re-decoded in context (EPIC\n"
-            "boundary recompute). Per k: KL(full prefill || reuse) over the teacher-forced answer tokens,\n"
-            "answer log-prob difference, greedy answer match, fraction of prompt tokens decoded. Also\n"
-            "k=all (everything decoded: KL ~ 0, a sanity check) and 'drop' (only the needle's document).\n"
-            "MODEL defaults to $KVTIER_MODEL; texts to $KVT_SOURCE_DIR/../shared/data/pg_essays.\n"
-            "Progress goes to stderr.\n"
-            "\n"
-            "Options:\n");
+    fprintf(f, "Usage: kvtier bench chunks [-m MODEL] [options]\n"
+               "\n"
+               "Measures non-prefix chunk reuse (issue #12): RAG-style prompts of --docs documents in a\n"
+               "random order with a planted fact; each document's KV computed alone from position 0, loaded\n"
+               "at its new position (RoPE re-anchoring) with its first k tokens re-decoded in context (EPIC\n"
+               "boundary recompute). Per k: KL(full prefill || reuse) over the teacher-forced answer tokens,\n"
+               "answer log-prob difference, greedy answer match, fraction of prompt tokens decoded. Also\n"
+               "k=all (everything decoded: KL ~ 0, a sanity check) and 'drop' (only the needle's document).\n"
+               "MODEL defaults to $KVTIER_MODEL; texts to $KVT_SOURCE_DIR/../shared/data/pg_essays.\n"
+               "Progress goes to stderr.\n"
+               "\n"
+               "Options:\n");
     cli_print_opts(f, opts);
 }
 
 struct run {
     const char *cmd;
     kvt_engine *eng;
-    int32_t     n_vocab;
+    int32_t n_vocab;
     struct cfg *cfg;
-    int         n_cfg;
-    bool        chunk_bos;
-    bool        live;      /* --live: through sessions with kvt_session_params.chunk_reuse */
-    int32_t     block;     /* --live: session block size */
+    int n_cfg;
+    bool chunk_bos;
+    bool live;     /* --live: through sessions with kvt_session_params.chunk_reuse */
+    int32_t block; /* --live: session block size */
 };
 
 /* --live, one case: the documents' texts in their original order (session 1, which stores the
@@ -242,15 +241,21 @@ static int run_live(struct run *R, int ci, char *const *dtext, int32_t n_docs, c
             sp.chunk_reuse = cf && cf->k != K_OFF;
             sp.chunk_recompute = sp.chunk_reuse ? spec : NULL;
             if ((rc = kvt_session_open(R->eng, &sp, &s))) break;
-            if (!(rc = kvt_session_add(s, KVT_ROLE_SYSTEM, sys[o], KVT_KEEP_NONE)) && !(rc = kvt_session_add(s, KVT_ROLE_USER, question, KVT_KEEP_NONE)) &&
-                o == 1) {
+            if (!(rc = kvt_session_add(s, KVT_ROLE_SYSTEM, sys[o], KVT_KEEP_NONE)) &&
+                !(rc = kvt_session_add(s, KVT_ROLE_USER, question, KVT_KEEP_NONE)) && o == 1) {
                 kvt_session_get_stats(s, &ss);
                 const float *l = kvt_session_logits(s);
                 if (!cf) memcpy(ref, l, sizeof(float) * (size_t) V);
                 else {
                     double mr = -INFINITY, ml = -INFINITY, zr = 0, zl = 0, kl = 0;
-                    for (int32_t v = 0; v < V; v++) { mr = fmax(mr, ref[v]); ml = fmax(ml, l[v]); }
-                    for (int32_t v = 0; v < V; v++) { zr += exp(ref[v] - mr); zl += exp(l[v] - ml); }
+                    for (int32_t v = 0; v < V; v++) {
+                        mr = fmax(mr, ref[v]);
+                        ml = fmax(ml, l[v]);
+                    }
+                    for (int32_t v = 0; v < V; v++) {
+                        zr += exp(ref[v] - mr);
+                        zl += exp(l[v] - ml);
+                    }
                     for (int32_t v = 0; v < V; v++) {
                         double a = ref[v] - mr - log(zr), b = l[v] - ml - log(zl);
                         kl += exp(a) * (a - b);
@@ -266,7 +271,10 @@ static int run_live(struct run *R, int ci, char *const *dtext, int32_t n_docs, c
             s = NULL;
         }
         kvt_store_free(st);
-        if (rc) { free(reply); break; }
+        if (rc) {
+            free(reply);
+            break;
+        }
         if (!cf) {
             *ref_logp = logp;
             *ref_match = strstr(reply, number) != NULL;
@@ -277,9 +285,11 @@ static int run_live(struct run *R, int ci, char *const *dtext, int32_t n_docs, c
         cf->dlogp[ci] = logp - *ref_logp;
         cf->agree[ci] = !strcmp(reply, ref_reply);
         cf->match[ci] = strstr(reply, number) != NULL;
-        fprintf(stderr, "[bench chunks] case %d %-8s KL %.5f dlogp %+.3f same reply %d match %d decoded %.3f chunks %.3f "
-                "(%.0f ms)\n", ci, cf->label, cf->kl[ci], cf->dlogp[ci], (int) cf->agree[ci], cf->match[ci],
-                cf->frac[ci], cf->ms[ci], now_ms() - t0);
+        fprintf(stderr,
+                "[bench chunks] case %d %-8s KL %.5f dlogp %+.3f same reply %d match %d decoded %.3f chunks %.3f "
+                "(%.0f ms)\n",
+                ci, cf->label, cf->kl[ci], cf->dlogp[ci], (int) cf->agree[ci], cf->match[ci], cf->frac[ci], cf->ms[ci],
+                now_ms() - t0);
         free(reply);
     }
     if (rc) app_fail(R->cmd, "live case failed", rc);
@@ -306,8 +316,7 @@ static int run_case(struct run *R, struct eval_corpus *corpus, int32_t seed, int
     name[0] = (char) (name[0] - 'a' + 'A');
     snprintf(number, sizeof number, "%u", 10000u + eval_rng_below(&r, 90000u));
     snprintf(needle, sizeof needle, "The secret code of %s is %s.", name, number);
-    snprintf(question, sizeof question, "Question: What is the secret code of %s?\nAnswer: The secret code of %s is", name,
-             name);
+    snprintf(question, sizeof question, "Question: What is the secret code of %s?\nAnswer: The secret code of %s is", name, name);
     snprintf(answer, sizeof answer, " %s.", number);
 
     int32_t needle_doc = (int32_t) eval_rng_below(&r, (uint32_t) n_docs);
@@ -363,8 +372,8 @@ static int run_case(struct run *R, struct eval_corpus *corpus, int32_t seed, int
             for (int32_t s = 0; s <= n_sent; s++) {
                 if (s == plant) len += (size_t) snprintf(text + len, cap - len, "%s%s", s ? " " : "", needle);
                 if (s < n_sent)
-                    len += (size_t) snprintf(text + len, cap - len, "%s%.*s", s || plant == 0 ? " " : "",
-                                             es->s_len[s0 + s], es->text + es->s_off[s0 + s]);
+                    len += (size_t) snprintf(text + len, cap - len, "%s%.*s", s || plant == 0 ? " " : "", es->s_len[s0 + s],
+                                             es->text + es->s_off[s0 + s]);
             }
         }
         snprintf(text + len, cap - len, "\n\n");
@@ -391,13 +400,13 @@ static int run_case(struct run *R, struct eval_corpus *corpus, int32_t seed, int
         memcpy(prompt + n_prompt, q, sizeof *q * (size_t) n_q);
         n_prompt += n_q;
     }
-    if (!rc)
-        fprintf(stderr, "[bench chunks] case %d: %d prompt tokens, docs", ci, n_prompt);
+    if (!rc) fprintf(stderr, "[bench chunks] case %d: %d prompt tokens, docs", ci, n_prompt);
     for (int32_t i = 0; i < n_docs && !rc; i++) fprintf(stderr, " %d%s", docs[perm[i]].n, perm[i] == needle_doc ? "*" : "");
     if (!rc) fprintf(stderr, " (* needle), answer %d tokens\n", n_ans);
 
     if (R->live) {
-        if (!rc) rc = run_live(R, ci, dtext, n_docs, perm, instr_text, question, answer, number, ref_logp, ref_match) ? KVT_EINVAL : 0;
+        if (!rc)
+            rc = run_live(R, ci, dtext, n_docs, perm, instr_text, question, answer, number, ref_logp, ref_match) ? KVT_EINVAL : 0;
         goto done;
     }
     /* reference */
@@ -471,8 +480,8 @@ static int run_case(struct run *R, struct eval_corpus *corpus, int32_t seed, int
         cf->agree[ci] = (double) agree / n_ans;
         cf->match[ci] = match;
         cf->frac[ci] = (double) decoded / n_prompt;
-        fprintf(stderr, "[bench chunks] case %d %-8s KL %.5f dlogp %+.3f match %d decoded %.3f (%.0f ms; ref %.0f ms)\n",
-                ci, cf->label, cf->kl[ci], cf->dlogp[ci], match, cf->frac[ci], cf->ms[ci], ref_ms);
+        fprintf(stderr, "[bench chunks] case %d %-8s KL %.5f dlogp %+.3f match %d decoded %.3f (%.0f ms; ref %.0f ms)\n", ci,
+                cf->label, cf->kl[ci], cf->dlogp[ci], match, cf->frac[ci], cf->ms[ci], ref_ms);
     }
     if (rc) app_fail(R->cmd, "case failed", rc);
 done:
@@ -495,6 +504,7 @@ int cmd_bench_chunks(int argc, char **argv) {
     int32_t cases = 12, n_docs = 4, doc_tokens = 300, seed = 1, threads = 0;
     bool json = false, verbose = false, quick = false, chunk_bos = false, live = false;
     int32_t block = 64;
+    /* clang-format off: one row per option, laid out by hand */
     const struct cli_opt opts[] = {
         { "model", 'm', OPT_STR, &model, 0, 0, "MODEL", "GGUF model file (default $KVTIER_MODEL)", NULL },
         { "cases", 0, OPT_INT, &cases, 2, 1000, "N", "prompts (seeded cases) (default 12)", NULL },
@@ -506,7 +516,8 @@ int cmd_bench_chunks(int argc, char **argv) {
           "prefill each document alone after a BOS token (default: from position 0 without one)", NULL },
         { "live", 0, OPT_FLAG, &live, 0, 0, NULL,
           "through sessions with chunk_reuse (kvtier serve --chunk-reuse --chunk-recompute K): session 1 stores the "
-          "documents in their order, session 2 reads them permuted; KL of the next token, reply agreement", NULL },
+          "documents in their order, session 2 reads them permuted; KL of the next token, reply agreement",
+          NULL },
         { "block", 0, OPT_INT, &block, 1, 4096, "N", "--live: session block size (default 64)", NULL },
         { "seed", 0, OPT_INT, &seed, 0, 2147483647, "N", "case seed (default 1)", NULL },
         { "quick", 0, OPT_FLAG, &quick, 0, 0, NULL, "smoke test: 2 cases, 2 documents of 48 tokens, k 0,4,15%", NULL },
@@ -516,6 +527,7 @@ int cmd_bench_chunks(int argc, char **argv) {
         { "verbose", 'v', OPT_FLAG, &verbose, 0, 0, NULL, "llama.cpp's log on stderr", NULL },
         { NULL, 0, 0, NULL, 0, 0, NULL, NULL, NULL },
     };
+    /* clang-format on */
     int n_pos;
     int rc = cli_parse(cmd, opts, argc, argv, NULL, 0, &n_pos);
     if (rc < 0) {
@@ -571,11 +583,12 @@ int cmd_bench_chunks(int argc, char **argv) {
     struct eval_stamp st;
     eval_stamp_fill(&st, &info, model, n_threads);
     if (info.n_swa > 0 && doc_tokens + 64 > info.n_swa)
-        fprintf(stderr, "%s: warning: documents of up to %d tokens pass the sliding window (%d); a saved chunk may "
-                "lack SWA cells and fail to load\n", cmd, doc_tokens + 64, info.n_swa);
-    fprintf(stderr, "%s: %s | %d cases x %d documents of ~%d tokens | %d configs | swa %d | reanchor %s\n", cmd,
-            info.desc, cases, n_docs, doc_tokens, n_cfg, info.n_swa,
-            info.reanchor == KVT_REANCHOR_HOST ? "host" : "seq_add");
+        fprintf(stderr,
+                "%s: warning: documents of up to %d tokens pass the sliding window (%d); a saved chunk may "
+                "lack SWA cells and fail to load\n",
+                cmd, doc_tokens + 64, info.n_swa);
+    fprintf(stderr, "%s: %s | %d cases x %d documents of ~%d tokens | %d configs | swa %d | reanchor %s\n", cmd, info.desc, cases,
+            n_docs, doc_tokens, n_cfg, info.n_swa, info.reanchor == KVT_REANCHOR_HOST ? "host" : "seq_add");
     const size_t V = (size_t) info.n_vocab;
     double *ref_lp = malloc(sizeof(double) * V * MAX_ANS), *lp = malloc(sizeof(double) * V * MAX_ANS);
     double *ref_logp = calloc((size_t) cases, sizeof(double));
@@ -618,16 +631,16 @@ int cmd_bench_chunks(int argc, char **argv) {
         if (!json) {
             printf("# kvtier bench chunks | %s | %s | kvtier commit %s | %s | %s | %d threads | swa %d | %d cases x %d docs"
                    " of ~%d tokens%s | seed %d | %.0f s\n",
-                   st.model, st.llama, st.commit, st.date, st.machine, n_threads, info.n_swa, cases, n_docs,
-                   doc_tokens, chunk_bos ? " (chunks prefilled after BOS)" : "", seed, wall_s);
-            printf("# reference (full prefill): greedy match %d/%d [%.2f, %.2f], answer log-prob %.3f +- %.3f nats\n",
-                   ref_k, cases, rlo, rhi, ref_m, ref_h);
+                   st.model, st.llama, st.commit, st.date, st.machine, n_threads, info.n_swa, cases, n_docs, doc_tokens,
+                   chunk_bos ? " (chunks prefilled after BOS)" : "", seed, wall_s);
+            printf("# reference (full prefill): greedy match %d/%d [%.2f, %.2f], answer log-prob %.3f +- %.3f nats\n", ref_k, cases,
+                   rlo, rhi, ref_m, ref_h);
             if (live)
                 printf("# --live: KL of the next token after the prompt; match = the greedy reply holds the number; "
                        "same = the reply equals the reference's; chunks = prompt tokens loaded as chunks\n");
-            printf("%-8s %9s %21s %20s %20s %14s %8s %8s\n", "config", "decoded", live ? "KL nats (next token)" :
-                   "KL nats/token", "dlogp answer", live ? "reply match" : "greedy match", live ? "same reply" :
-                   "top1 agree", "KL max", live ? "chunks" : "ms");
+            printf("%-8s %9s %21s %20s %20s %14s %8s %8s\n", "config", "decoded", live ? "KL nats (next token)" : "KL nats/token",
+                   "dlogp answer", live ? "reply match" : "greedy match", live ? "same reply" : "top1 agree", "KL max",
+                   live ? "chunks" : "ms");
         }
         for (int c = 0; c < n_cfg; c++) {
             const struct cfg *cf = &cfg[c];
@@ -645,10 +658,10 @@ int cmd_bench_chunks(int argc, char **argv) {
             double lo, hi;
             eval_wilson(mk, cases, &lo, &hi);
             if (json) {
-                json_t *o = json_pack("{s:s, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:i, s:f, s:f, s:f, s:f, s:f}", "config",
-                                      cf->label, "k", cf->k, "decoded_frac", fm, "kl_mean", klm, "kl_ci95", klh,
-                                      "kl_max", klmax, "dlogp_mean", dm, "dlogp_ci95", dh, "match", mk, "match_lo",
-                                      lo, "match_hi", hi, "top1_agree", am, "top1_agree_ci95", ah, "ms_mean", mm);
+                json_t *o = json_pack("{s:s, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:i, s:f, s:f, s:f, s:f, s:f}", "config", cf->label,
+                                      "k", cf->k, "decoded_frac", fm, "kl_mean", klm, "kl_ci95", klh, "kl_max", klmax, "dlogp_mean",
+                                      dm, "dlogp_ci95", dh, "match", mk, "match_lo", lo, "match_hi", hi, "top1_agree", am,
+                                      "top1_agree_ci95", ah, "ms_mean", mm);
                 if (!o || json_array_append_new(arr, o)) rc = APP_ERR;
             } else {
                 printf(live ? "%-8s %9.3f %10.5f +- %7.5f %8.3f +- %7.3f %3d/%-3d [%.2f, %.2f] %6.3f+-%5.3f %8.5f %8.3f\n"
@@ -659,11 +672,10 @@ int cmd_bench_chunks(int argc, char **argv) {
         if (json) {
             json_t *obj = arr ? json_pack("{s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:b, s:f, s:i, s:f, "
                                           "s:f, s:o}",
-                                          "model", st.model, "llama_cpp", st.llama, "commit", st.commit, "date", st.date,
-                                          "machine", st.machine, "threads", n_threads, "swa", info.n_swa, "cases",
-                                          cases, "docs", n_docs, "doc_tokens", doc_tokens, "seed", seed, "chunk_bos",
-                                          chunk_bos, "wall_s", wall_s, "ref_match", ref_k, "ref_logp_mean", ref_m,
-                                          "ref_logp_ci95", ref_h, "configs", arr)
+                                          "model", st.model, "llama_cpp", st.llama, "commit", st.commit, "date", st.date, "machine",
+                                          st.machine, "threads", n_threads, "swa", info.n_swa, "cases", cases, "docs", n_docs,
+                                          "doc_tokens", doc_tokens, "seed", seed, "chunk_bos", chunk_bos, "wall_s", wall_s,
+                                          "ref_match", ref_k, "ref_logp_mean", ref_m, "ref_logp_ci95", ref_h, "configs", arr)
                               : NULL;
             rc = app_json_line(cmd, obj);
         }

@@ -39,15 +39,15 @@
 #define MAX_CODECS 16
 
 struct crow {
-    char    spec[64];
+    char spec[64];
     struct kvt_codec_params p;
-    bool    rawload;                 /* the baseline: kvt_block_load of the raw blobs, no codec */
-    bool    floor;                   /* control: the raw blobs with one element nudged by ~1 ulp */
-    uint8_t *bits;                   /* --heads: per-(layer, KV head) bits of this row, else NULL */
-    size_t  enc_bytes;
+    bool rawload;  /* the baseline: kvt_block_load of the raw blobs, no codec */
+    bool floor;    /* control: the raw blobs with one element nudged by ~1 ulp */
+    uint8_t *bits; /* --heads: per-(layer, KV head) bits of this row, else NULL */
+    size_t enc_bytes;
     int64_t n_lossy, n_zeroed;
     double *enc_ms, *dec_ms, *load_ms; /* per repeat */
-    double  kl_mean, kl_max, dlogit_max;
+    double kl_mean, kl_max, dlogit_max;
     int32_t top1_agree;
 };
 
@@ -73,18 +73,17 @@ static double median(const double *v, int n) {
 }
 
 static int usage(FILE *f, const struct cli_opt *opts) {
-    fprintf(f,
-            "Usage: kvtier bench codec [-m MODEL] [options]\n"
-            "\n"
-            "Block codecs on a real model: prefill --tokens tokens of essay text in blocks of --block,\n"
-            "then for each codec of --codecs: bytes per token and ratio to the raw blob, encode and\n"
-            "decode MB/s, load time (decode + kvt_block_load) against loading the raw blobs, and the\n"
-            "quality of the decoded blocks: KL(raw || codec) of the next-token distributions over the\n"
-            "next --eval tokens of the text (nats per token, mean and max) and max |dlogit|.\n"
-            "MODEL defaults to $KVTIER_MODEL; texts to $KVT_SOURCE_DIR/../shared/data/pg_essays.\n"
-            "Progress on stderr; --json prints one JSON object as the last stdout line.\n"
-            "\n"
-            "Options:\n");
+    fprintf(f, "Usage: kvtier bench codec [-m MODEL] [options]\n"
+               "\n"
+               "Block codecs on a real model: prefill --tokens tokens of essay text in blocks of --block,\n"
+               "then for each codec of --codecs: bytes per token and ratio to the raw blob, encode and\n"
+               "decode MB/s, load time (decode + kvt_block_load) against loading the raw blobs, and the\n"
+               "quality of the decoded blocks: KL(raw || codec) of the next-token distributions over the\n"
+               "next --eval tokens of the text (nats per token, mean and max) and max |dlogit|.\n"
+               "MODEL defaults to $KVTIER_MODEL; texts to $KVT_SOURCE_DIR/../shared/data/pg_essays.\n"
+               "Progress on stderr; --json prints one JSON object as the last stdout line.\n"
+               "\n"
+               "Options:\n");
     cli_print_opts(f, opts);
     return APP_OK;
 }
@@ -96,7 +95,10 @@ static int text_tokens(const char *cmd, kvt_engine *eng, const struct eval_corpu
     int32_t nt = 0;
     int rc = all ? kvt_tokenize(eng, all, true, false, &tok, &nt) : KVT_ENOMEM;
     free(all);
-    if (rc) { app_fail(cmd, "tokenizing the essays", rc); return APP_ERR; }
+    if (rc) {
+        app_fail(cmd, "tokenizing the essays", rc);
+        return APP_ERR;
+    }
     if (nt < n) {
         fprintf(stderr, "%s: the essays hold %d tokens, %d are needed\n", cmd, nt, n);
         free(tok);
@@ -110,11 +112,20 @@ static double kl_div(const float *p, const float *q, int n, double *dmax, bool *
     double mp = -INFINITY, mq = -INFINITY, zp = 0, zq = 0, k = 0;
     int ap = 0, aq = 0;
     for (int i = 0; i < n; i++) {
-        if (p[i] > mp) { mp = p[i]; ap = i; }
-        if (q[i] > mq) { mq = q[i]; aq = i; }
+        if (p[i] > mp) {
+            mp = p[i];
+            ap = i;
+        }
+        if (q[i] > mq) {
+            mq = q[i];
+            aq = i;
+        }
         *dmax = fmax(*dmax, fabs((double) p[i] - q[i]));
     }
-    for (int i = 0; i < n; i++) { zp += exp(p[i] - mp); zq += exp(q[i] - mq); }
+    for (int i = 0; i < n; i++) {
+        zp += exp(p[i] - mp);
+        zq += exp(q[i] - mq);
+    }
     double lzp = log(zp), lzq = log(zq);
     for (int i = 0; i < n; i++) {
         double lp = p[i] - mp - lzp, lq = q[i] - mq - lzq;
@@ -127,8 +138,7 @@ static double kl_div(const float *p, const float *q, int n, double *dmax, bool *
 /* Mean attention entropy of every (layer, KV head) in blob order (kvt_codec_params.head_bits)
 ** from a `kvtier calibrate` profile: a KV head's is the mean of its query heads'.  OUT ent[n_units]
 ** (n_units = n_layer * n_head_kv).  APP_OK or APP_ERR (message names the file and what is missing). */
-static int unit_entropy(const char *cmd, kvt_engine *eng, const struct kvt_engine_info *I, const char *path,
-                        double *ent) {
+static int unit_entropy(const char *cmd, kvt_engine *eng, const struct kvt_engine_info *I, const char *path, double *ent) {
     json_error_t err;
     json_t *root = json_load_file(path, 0, &err);
     json_t *layers = root ? json_object_get(root, "layers") : NULL;
@@ -146,7 +156,10 @@ static int unit_entropy(const char *cmd, kvt_engine *eng, const struct kvt_engin
     int rc = APP_OK;
     for (int32_t il = 0; il < I->n_layer && rc == APP_OK; il++) {
         int part = 0, idx = il;
-        if (kvt_engine_layer_part(eng, il, &part, &idx)) { part = 0; idx = il; }
+        if (kvt_engine_layer_part(eng, il, &part, &idx)) {
+            part = 0;
+            idx = il;
+        }
         const int32_t bl = part == 0 ? idx : n_part0 + idx; /* blob order */
         json_t *L = NULL;
         size_t k;
@@ -169,7 +182,10 @@ static int unit_entropy(const char *cmd, kvt_engine *eng, const struct kvt_engin
     return rc;
 }
 
-struct unit { double e; int32_t i; };
+struct unit {
+    double e;
+    int32_t i;
+};
 static int cmp_unit(const void *a, const void *b) {
     const struct unit *x = a, *y = b;
     return (x->e > y->e) - (x->e < y->e);
@@ -178,8 +194,7 @@ static int cmp_unit(const void *a, const void *b) {
 /* One codec (or the raw-load baseline) once: encode + decode timed, load timed; with quality,
 ** the eval tokens are decoded after the load and compared with ref. */
 static int run_codec(const char *cmd, kvt_engine *eng, struct crow *r, int rep, kvt_blob **raw, int32_t nb, int32_t block,
-                     const kvt_token *evt, int32_t n_eval, float *ref, int32_t n_vocab, float *tmp, bool quality,
-                     bool capture) {
+                     const kvt_token *evt, int32_t n_eval, float *ref, int32_t n_vocab, float *tmp, bool quality, bool capture) {
     kvt_blob **dec = calloc((size_t) nb, sizeof *dec);
     uint8_t **enc = calloc((size_t) nb, sizeof *enc);
     size_t *en = calloc((size_t) nb, sizeof *en);
@@ -211,7 +226,10 @@ static int run_codec(const char *cmd, kvt_engine *eng, struct crow *r, int rep, 
         r->n_lossy = lossy;
         r->n_zeroed = zeroed;
     }
-    if (rc) { app_fail(cmd, r->spec, rc); goto out; }
+    if (rc) {
+        app_fail(cmd, r->spec, rc);
+        goto out;
+    }
     kvt_seq_rm(eng, 1, 0, -1);
     double t0 = now_ms();
     for (int32_t i = 0; i < nb && rc == 0; i++) {
@@ -223,7 +241,10 @@ static int run_codec(const char *cmd, kvt_engine *eng, struct crow *r, int rep, 
         rc = kvt_block_load(eng, b, 1, i * block);
     }
     r->load_ms[rep] = now_ms() - t0;
-    if (rc) { app_fail(cmd, r->spec, rc); goto out; }
+    if (rc) {
+        app_fail(cmd, r->spec, rc);
+        goto out;
+    }
     if (quality) {
         double sum = 0, mx = 0, dmax = 0;
         int32_t agree = 0;
@@ -237,7 +258,10 @@ static int run_codec(const char *cmd, kvt_engine *eng, struct crow *r, int rep, 
             mx = fmax(mx, k);
             agree += top1;
         }
-        if (rc) { app_fail(cmd, r->spec, rc); goto out; }
+        if (rc) {
+            app_fail(cmd, r->spec, rc);
+            goto out;
+        }
         r->kl_mean = sum / n_eval;
         r->kl_max = mx;
         r->dlogit_max = dmax;
@@ -261,6 +285,7 @@ int cmd_bench_codec(int argc, char **argv) {
     const char *heads = NULL;
     double heads_frac = 0.5;
     bool json = false, verbose = false;
+    /* clang-format off: one row per option, laid out by hand */
     const struct cli_opt opts[] = {
         { "model", 'm', OPT_STR, &model, 0, 0, "MODEL", "GGUF model file (default $KVTIER_MODEL)", NULL },
         { "tokens", 0, OPT_INT, &tokens, 2, 1 << 20, "N", "prefix tokens saved as blocks (default 1024)", NULL },
@@ -268,18 +293,21 @@ int cmd_bench_codec(int argc, char **argv) {
         { "eval", 0, OPT_INT, &n_eval, 1, 1 << 16, "N", "next tokens of the text the KL is measured on (default 64)", NULL },
         { "codecs", 0, OPT_STR, &codecs_s, 0, 0, "LIST",
           "codec specs, comma between codecs, ';' between a codec's values (default raw,q8,q4,elastic,elastic+q8; "
-          "e.g. 'elastic:0.3;0.3')", NULL },
+          "e.g. 'elastic:0.3;0.3')",
+          NULL },
         { "repeats", 0, OPT_INT, &repeats, 1, 1000, "N", "timing repeats, codecs interleaved (default 3)", NULL },
         { "threads", 't', OPT_INT, &threads, 0, 1024, "N", "CPU threads (default 0 = all cores)", NULL },
         { "texts", 0, OPT_STR, &texts, 0, 0, "DIR", "essay directory (default ../shared/data/pg_essays)", NULL },
         { "heads", 0, OPT_STR, &heads, 0, 0, "PROFILE",
           "entropy-sized heads from a `kvtier calibrate` profile: q4 with --heads-frac of the (layer, KV head) units "
-          "at 8 bits, given to the lowest-entropy units, the highest (reverse) and a random set", NULL },
+          "at 8 bits, given to the lowest-entropy units, the highest (reverse) and a random set",
+          NULL },
         { "heads-frac", 0, OPT_FLOAT, &heads_frac, 0, 1, "F", "with --heads: fraction of units at 8 bits (default 0.5)", NULL },
         { "json", 0, OPT_FLAG, &json, 0, 0, NULL, "print the results as one JSON object on the last stdout line", NULL },
         { "verbose", 'v', OPT_FLAG, &verbose, 0, 0, NULL, "llama.cpp's log on stderr", NULL },
         { NULL, 0, 0, NULL, 0, 0, NULL, NULL, NULL },
     };
+    /* clang-format on */
     int n_pos;
     int rc = cli_parse(cmd, opts, argc, argv, NULL, 0, &n_pos);
     if (rc < 0) return usage(stdout, opts);
@@ -305,7 +333,8 @@ int cmd_bench_codec(int argc, char **argv) {
         }
         struct crow *r = &rows[n_rows];
         snprintf(r->spec, sizeof r->spec, "%s", t);
-        for (char *c = r->spec; *c; c++) if (*c == ';') *c = ',';
+        for (char *c = r->spec; *c; c++)
+            if (*c == ';') *c = ',';
         if (kvt_codec_parse(r->spec, &r->p)) {
             fprintf(stderr, "%s: --codecs: %s\n", cmd, kvt_errmsg());
             free(list);
@@ -352,24 +381,37 @@ int cmd_bench_codec(int argc, char **argv) {
         const int32_t nu = info.n_layer * info.n_head_kv, k8 = (int32_t) lround(heads_frac * nu);
         double *ent = malloc(sizeof *ent * (size_t) nu);
         struct unit *u = malloc(sizeof *u * (size_t) nu);
-        if (!ent || !u || unit_entropy(cmd, eng, &info, heads, ent)) { free(ent); free(u); goto out; }
-        for (int32_t i = 0; i < nu; i++) u[i] = (struct unit) { ent[i], i };
+        if (!ent || !u || unit_entropy(cmd, eng, &info, heads, ent)) {
+            free(ent);
+            free(u);
+            goto out;
+        }
+        for (int32_t i = 0; i < nu; i++) u[i] = (struct unit){ ent[i], i };
         qsort(u, (size_t) nu, sizeof *u, cmp_unit);
         static const char *const mode[3] = { "entropy", "reverse", "random" };
         for (int m = 0; m < 3; m++) {
             struct crow *r = &rows[n_rows];
             r->p = kvt_codec_default_params(KVT_CODEC_Q4);
             r->p.n_head_kv = info.n_head_kv;
-            if (!(r->bits = malloc((size_t) nu))) { free(ent); free(u); goto out; }
+            if (!(r->bits = malloc((size_t) nu))) {
+                free(ent);
+                free(u);
+                goto out;
+            }
             memset(r->bits, 4, (size_t) nu);
-            if (m == 0) for (int32_t i = 0; i < k8; i++) r->bits[u[i].i] = 8;
-            if (m == 1) for (int32_t i = 0; i < k8; i++) r->bits[u[nu - 1 - i].i] = 8;
+            if (m == 0)
+                for (int32_t i = 0; i < k8; i++) r->bits[u[i].i] = 8;
+            if (m == 1)
+                for (int32_t i = 0; i < k8; i++) r->bits[u[nu - 1 - i].i] = 8;
             if (m == 2) { /* k8 distinct units, seeded */
                 struct eval_rng g;
                 eval_rng_init(&g, 1, "heads", 0);
                 for (int32_t i = 0; i < k8;) {
                     uint32_t j = eval_rng_below(&g, (uint32_t) nu);
-                    if (r->bits[j] == 4) { r->bits[j] = 8; i++; }
+                    if (r->bits[j] == 4) {
+                        r->bits[j] = 8;
+                        i++;
+                    }
                 }
             }
             r->p.head_bits = r->bits;
@@ -377,19 +419,29 @@ int cmd_bench_codec(int argc, char **argv) {
             snprintf(r->spec, sizeof r->spec, "q4+%d/%d@8:%s", k8, nu, mode[m]);
             if (!(r->enc_ms = calloc((size_t) repeats, sizeof(double))) ||
                 !(r->dec_ms = calloc((size_t) repeats, sizeof(double))) ||
-                !(r->load_ms = calloc((size_t) repeats, sizeof(double)))) { n_rows++; free(ent); free(u); goto out; }
+                !(r->load_ms = calloc((size_t) repeats, sizeof(double)))) {
+                n_rows++;
+                free(ent);
+                free(u);
+                goto out;
+            }
             n_rows++;
         }
         double e_lo = 0, e_hi = 0;
-        for (int32_t i = 0; i < k8; i++) { e_lo += u[i].e / k8; e_hi += u[nu - 1 - i].e / k8; }
-        fprintf(stderr, "%s: --heads: %d of %d (layer, KV head) units at 8 bits; their mean attention entropy %.3f "
-                "bits (entropy), %.3f (reverse); all units %.3f..%.3f\n", cmd, k8, nu, e_lo, e_hi, u[0].e, u[nu - 1].e);
+        for (int32_t i = 0; i < k8; i++) {
+            e_lo += u[i].e / k8;
+            e_hi += u[nu - 1 - i].e / k8;
+        }
+        fprintf(stderr,
+                "%s: --heads: %d of %d (layer, KV head) units at 8 bits; their mean attention entropy %.3f "
+                "bits (entropy), %.3f (reverse); all units %.3f..%.3f\n",
+                cmd, k8, nu, e_lo, e_hi, u[0].e, u[nu - 1].e);
         free(ent);
         free(u);
     }
     if (!raw || !ref || !ref0 || !tmp || text_tokens(cmd, eng, &corpus, tokens + n_eval, &tok)) goto out;
-    fprintf(stderr, "%s: %s | %d tokens in %d blocks of %d | KL over %d tokens | %d codecs x %d repeats\n", cmd,
-            info.desc, tokens, nb, block, n_eval, n_rows - 1, repeats);
+    fprintf(stderr, "%s: %s | %d tokens in %d blocks of %d | KL over %d tokens | %d codecs x %d repeats\n", cmd, info.desc, tokens,
+            nb, block, n_eval, n_rows - 1, repeats);
     size_t raw_bytes = 0;
     for (int32_t i = 0; i < nb; i++) {
         if ((rc = kvt_engine_decode(eng, 0, tok + (size_t) i * block, block, i * block, false)) ||
@@ -401,23 +453,25 @@ int cmd_bench_codec(int argc, char **argv) {
     }
     double direct_kl = 0, direct_dmax = 0; /* the prefilled sequence against the loaded raw blocks */
     for (int32_t t = 0; t < n_eval; t++) {
-        if ((rc = kvt_engine_decode(eng, 0, tok + tokens + t, 1, tokens + t, true))) { app_fail(cmd, "reference", rc); goto out; }
+        if ((rc = kvt_engine_decode(eng, 0, tok + tokens + t, 1, tokens + t, true))) {
+            app_fail(cmd, "reference", rc);
+            goto out;
+        }
         memcpy(ref0 + (size_t) t * info.n_vocab, kvt_engine_logits(eng), sizeof *ref * (size_t) info.n_vocab);
     }
     kvt_seq_rm(eng, 0, 0, -1); /* sequence 0 is done: only sequence 1 is loaded from here on */
     /* the reference: the raw blocks loaded the way every codec's are (same cells, same order) */
-    if (run_codec(cmd, eng, &rows[0], 0, raw, nb, block, tok + tokens, n_eval, ref, info.n_vocab, tmp, true, true))
-        goto out;
+    if (run_codec(cmd, eng, &rows[0], 0, raw, nb, block, tok + tokens, n_eval, ref, info.n_vocab, tmp, true, true)) goto out;
     for (int32_t t = 0; t < n_eval; t++) {
         bool top1;
-        direct_kl += kl_div(ref0 + (size_t) t * info.n_vocab, ref + (size_t) t * info.n_vocab, info.n_vocab,
-                            &direct_dmax, &top1) / n_eval;
+        direct_kl += kl_div(ref0 + (size_t) t * info.n_vocab, ref + (size_t) t * info.n_vocab, info.n_vocab, &direct_dmax, &top1) /
+                     n_eval;
     }
     for (int32_t rep = 0; rep < repeats; rep++)
         for (int k = 0; k < n_rows; k++) {
             int j = (k + rep) % n_rows; /* rotate the order each repeat */
-            if (run_codec(cmd, eng, &rows[j], rep, raw, nb, block, tok + tokens, n_eval, ref, info.n_vocab, tmp,
-                          rep == repeats - 1, false))
+            if (run_codec(cmd, eng, &rows[j], rep, raw, nb, block, tok + tokens, n_eval, ref, info.n_vocab, tmp, rep == repeats - 1,
+                          false))
                 goto out;
         }
     int n_threads = threads > 0 ? threads : (int) sysconf(_SC_NPROCESSORS_ONLN);
@@ -426,10 +480,10 @@ int cmd_bench_codec(int argc, char **argv) {
     const double raw_load = median(rows[0].load_ms, repeats);
     printf("# kvtier bench codec | %s | %s | kvtier commit %s | %s | %s | %d threads | %d tokens, blocks of %d, "
            "KL over %d tokens | %d repeats | type_k %s type_v %s | raw %.0f bytes/token\n",
-           st.model, st.llama, st.commit, st.date, st.machine, n_threads, tokens, block, n_eval, repeats, info.type_k,
-           info.type_v, (double) raw_bytes / tokens);
-    printf("%-16s %10s %7s %9s %9s %9s %8s %9s %9s %10s %6s %8s\n", "codec", "bytes/tok", "ratio", "enc_MB/s",
-           "dec_MB/s", "load_ms", "load_x", "KL_mean", "KL_max", "max|dlog|", "top1", "sparsity");
+           st.model, st.llama, st.commit, st.date, st.machine, n_threads, tokens, block, n_eval, repeats, info.type_k, info.type_v,
+           (double) raw_bytes / tokens);
+    printf("%-16s %10s %7s %9s %9s %9s %8s %9s %9s %10s %6s %8s\n", "codec", "bytes/tok", "ratio", "enc_MB/s", "dec_MB/s",
+           "load_ms", "load_x", "KL_mean", "KL_max", "max|dlog|", "top1", "sparsity");
     json_t *arr = json_array();
     for (int i = 0; i < n_rows; i++) {
         struct crow *r = &rows[i];
@@ -439,13 +493,12 @@ int cmd_bench_codec(int argc, char **argv) {
         double bytes = plain ? (double) raw_bytes : (double) r->enc_bytes, load = median(r->load_ms, repeats);
         double sparsity = r->n_lossy ? (double) r->n_zeroed / (double) r->n_lossy : 0;
         printf("%-16s %10.0f %7.3f %9.0f %9.0f %9.2f %8.2f %9.2e %9.2e %10.4f %3d/%-3d %7.1f%%\n", r->spec, bytes / tokens,
-               bytes / (double) raw_bytes, enc, dec, load, load / raw_load, r->kl_mean, r->kl_max, r->dlogit_max,
-               r->top1_agree, n_eval, 100 * sparsity);
-        json_t *o = json_pack("{s:s, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:i, s:f}", "codec", r->spec,
-                              "bytes_per_token", bytes / tokens, "ratio", bytes / (double) raw_bytes, "load_ms", load,
-                              "load_vs_raw", load / raw_load, "kl_mean", r->kl_mean, "kl_max", r->kl_max,
-                              "max_dlogit", r->dlogit_max, "sparsity", sparsity, "top1_agree", r->top1_agree,
-                              "encoded_bytes", bytes);
+               bytes / (double) raw_bytes, enc, dec, load, load / raw_load, r->kl_mean, r->kl_max, r->dlogit_max, r->top1_agree,
+               n_eval, 100 * sparsity);
+        json_t *o = json_pack("{s:s, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:i, s:f}", "codec", r->spec, "bytes_per_token",
+                              bytes / tokens, "ratio", bytes / (double) raw_bytes, "load_ms", load, "load_vs_raw", load / raw_load,
+                              "kl_mean", r->kl_mean, "kl_max", r->kl_max, "max_dlogit", r->dlogit_max, "sparsity", sparsity,
+                              "top1_agree", r->top1_agree, "encoded_bytes", bytes);
         if (o && !plain) {
             json_object_set_new(o, "encode_mb_s", json_real(enc));
             json_object_set_new(o, "decode_mb_s", json_real(dec));
@@ -461,21 +514,19 @@ int cmd_bench_codec(int argc, char **argv) {
     for (int i = 2; i < n_rows; i++) {
         struct crow *r = &rows[i];
         double ratio = (double) r->enc_bytes / (double) raw_bytes, lx = median(r->load_ms, repeats) / raw_load;
-        printf("  %-16s bytes %.3fx %s, KL %.2e %s, load %.2fx %s\n", r->spec, ratio, ratio <= 0.4 ? "met" : "NOT met",
-               r->kl_mean, r->kl_mean <= 0.01 ? "met" : "NOT met", lx, lx <= 2 ? "met" : "NOT met");
+        printf("  %-16s bytes %.3fx %s, KL %.2e %s, load %.2fx %s\n", r->spec, ratio, ratio <= 0.4 ? "met" : "NOT met", r->kl_mean,
+               r->kl_mean <= 0.01 ? "met" : "NOT met", lx, lx <= 2 ? "met" : "NOT met");
     }
     status = APP_OK;
     if (json)
-        status = app_json_line(cmd, json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:s, s:s, s:f, s:f, s:f, s:o}",
-                                              "model", st.model, "model_file", st.model_file, "llama_cpp", st.llama,
-                                              "commit", st.commit, "date", st.date, "machine", st.machine, "threads",
-                                              n_threads, "tokens", tokens, "block", block, "eval_tokens", n_eval,
-                                              "repeats", repeats, "type_k", info.type_k, "type_v", info.type_v,
-                                              "raw_bytes_per_token", (double) raw_bytes / tokens,
-                                              "prefill_vs_rawload_kl", direct_kl, "prefill_vs_rawload_max_dlogit",
-                                              direct_dmax, "rows", arr));
-    else
-        json_decref(arr);
+        status = app_json_line(cmd,
+                               json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:s, s:s, s:f, s:f, s:f, s:o}",
+                                         "model", st.model, "model_file", st.model_file, "llama_cpp", st.llama, "commit", st.commit,
+                                         "date", st.date, "machine", st.machine, "threads", n_threads, "tokens", tokens, "block",
+                                         block, "eval_tokens", n_eval, "repeats", repeats, "type_k", info.type_k, "type_v",
+                                         info.type_v, "raw_bytes_per_token", (double) raw_bytes / tokens, "prefill_vs_rawload_kl",
+                                         direct_kl, "prefill_vs_rawload_max_dlogit", direct_dmax, "rows", arr));
+    else json_decref(arr);
 out:
     for (int i = 0; i < n_rows; i++) {
         free(rows[i].bits);

@@ -28,32 +28,30 @@
 struct pol_sum {
     int32_t policy;
     int64_t steps, prefill_tokens, evictions, recoveries;
-    double  dec_decode_ms, dec_policy_ms;   /* decode phase */
-    double  pre_decode_ms, pre_policy_ms;   /* prefill of the user turns (incl. recovery scoring) */
+    double dec_decode_ms, dec_policy_ms; /* decode phase */
+    double pre_decode_ms, pre_policy_ms; /* prefill of the user turns (incl. recovery scoring) */
     int32_t peak;
-    int     errors;
+    int errors;
 };
 
 static int bench_policy_usage(FILE *f, const struct cli_opt *opts) {
-    fprintf(f,
-            "Usage: kvtier bench policy [-m MODEL] [options]\n"
-            "\n"
-            "Per-decode-step overhead of each eviction policy: the same conversation (--turns user\n"
-            "turns of --turn-tokens tokens of essay text, each answered by --gen greedy tokens) under\n"
-            "every policy of --policies, interleaved --rounds times on one engine. Reports decode ms\n"
-            "per step, policy ms per step (attention signals, scoring, bookkeeping; not the block\n"
-            "primitives) and their ratio, for the decode phase and for the prefill of the turns.\n"
-            "MODEL defaults to $KVTIER_MODEL; texts to $KVT_SOURCE_DIR/../shared/data/pg_essays.\n"
-            "Progress on stderr; --json prints one JSON object as the last stdout line.\n"
-            "\n"
-            "Options:\n");
+    fprintf(f, "Usage: kvtier bench policy [-m MODEL] [options]\n"
+               "\n"
+               "Per-decode-step overhead of each eviction policy: the same conversation (--turns user\n"
+               "turns of --turn-tokens tokens of essay text, each answered by --gen greedy tokens) under\n"
+               "every policy of --policies, interleaved --rounds times on one engine. Reports decode ms\n"
+               "per step, policy ms per step (attention signals, scoring, bookkeeping; not the block\n"
+               "primitives) and their ratio, for the decode phase and for the prefill of the turns.\n"
+               "MODEL defaults to $KVTIER_MODEL; texts to $KVT_SOURCE_DIR/../shared/data/pg_essays.\n"
+               "Progress on stderr; --json prints one JSON object as the last stdout line.\n"
+               "\n"
+               "Options:\n");
     cli_print_opts(f, opts);
     return APP_OK;
 }
 
 /* The conversation: consecutive essay text cut into n turns of `tokens` tokens each. */
-static int make_turns(const char *cmd, kvt_engine *eng, const struct eval_corpus *c, int32_t n, int32_t tokens,
-                      char ***out) {
+static int make_turns(const char *cmd, kvt_engine *eng, const struct eval_corpus *c, int32_t n, int32_t tokens, char ***out) {
     char *all = eval_corpus_join(c, (size_t) n * (size_t) tokens * 8);
     kvt_token *tok = NULL;
     int32_t nt = 0;
@@ -134,12 +132,12 @@ int cmd_bench_policy(int argc, char **argv) {
                *texts = NULL;
     int32_t budget = 512, turns = 12, turn_tokens = 200, gen = 32, rounds = 1, threads = 0;
     bool json = false, verbose = false;
+    /* clang-format off: one row per option, laid out by hand */
     const struct cli_opt opts[] = {
         { "model", 'm', OPT_STR, &model, 0, 0, "MODEL", "GGUF model file (default $KVTIER_MODEL)", NULL },
         { "policies", 0, OPT_STR, &policies_s, 0, 0, "LIST",
           "policies to time (default no_eviction,truncate,streaming,h2o,snapkv,infllm,kvtier)", NULL },
-        { "budget", 0, OPT_INT, &budget, 128, 1 << 20, "N", "resident-token budget of the evicting policies (default 512)",
-          NULL },
+        { "budget", 0, OPT_INT, &budget, 128, 1 << 20, "N", "resident-token budget of the evicting policies (default 512)", NULL },
         { "turns", 0, OPT_INT, &turns, 1, 10000, "N", "user turns per session (default 12)", NULL },
         { "turn-tokens", 0, OPT_INT, &turn_tokens, 8, 1 << 16, "N", "essay tokens per user turn (default 200)", NULL },
         { "gen", 0, OPT_INT, &gen, 1, 1 << 16, "N", "generated tokens per turn, the decode steps (default 32)", NULL },
@@ -150,6 +148,7 @@ int cmd_bench_policy(int argc, char **argv) {
         { "verbose", 'v', OPT_FLAG, &verbose, 0, 0, NULL, "llama.cpp's log on stderr", NULL },
         { NULL, 0, 0, NULL, 0, 0, NULL, NULL, NULL },
     };
+    /* clang-format on */
     int n_pos;
     int rc = cli_parse(cmd, opts, argc, argv, NULL, 0, &n_pos);
     if (rc < 0) return bench_policy_usage(stdout, opts);
@@ -214,16 +213,16 @@ int cmd_bench_policy(int argc, char **argv) {
     int n_threads = threads > 0 ? threads : (int) sysconf(_SC_NPROCESSORS_ONLN);
     struct eval_stamp st;
     eval_stamp_fill(&st, &info, model, n_threads);
-    fprintf(stderr, "%s: %s | %d policies x %d rounds | %d turns of %d tokens + %d generated | budget %d | ctx %d\n",
-            cmd, info.desc, n_pol, rounds, turns, turn_tokens, gen, budget, n_ctx);
+    fprintf(stderr, "%s: %s | %d policies x %d rounds | %d turns of %d tokens + %d generated | budget %d | ctx %d\n", cmd,
+            info.desc, n_pol, rounds, turns, turn_tokens, gen, budget, n_ctx);
     int errors = 0;
     for (int32_t r = 0; r < rounds; r++)
         for (int i = 0; i < n_pol; i++) {
             int j = (i + r) % n_pol; /* rotate the order each round */
             double t0 = (double) clock() / CLOCKS_PER_SEC;
             errors += run_one(cmd, eng, pool, &ps[j], budget, n_ctx, conv, turns, gen) != 0;
-            fprintf(stderr, "[bench policy] round %d/%d %-11s policy %.3f ms/step, decode %.2f ms/step (%.1f s CPU)\n",
-                    r + 1, rounds, kvt_policy_name(ps[j].policy), per(ps[j].dec_policy_ms, ps[j].steps),
+            fprintf(stderr, "[bench policy] round %d/%d %-11s policy %.3f ms/step, decode %.2f ms/step (%.1f s CPU)\n", r + 1,
+                    rounds, kvt_policy_name(ps[j].policy), per(ps[j].dec_policy_ms, ps[j].steps),
                     per(ps[j].dec_decode_ms, ps[j].steps), (double) clock() / CLOCKS_PER_SEC - t0);
         }
     double ref_step = NAN;
@@ -232,8 +231,8 @@ int cmd_bench_policy(int argc, char **argv) {
     printf("# kvtier bench policy | %s | %s | kvtier commit %s | %s | %s | %d threads | budget %d | %d turns x (%d + "
            "%d) tokens | %d rounds\n",
            st.model, st.llama, st.commit, st.date, st.machine, n_threads, budget, turns, turn_tokens, gen, rounds);
-    printf("%-12s %7s %12s %13s %10s %12s %13s %10s %10s %7s %7s\n", "policy", "steps", "decode_ms/st",
-           "policy_ms/st", "overhead", "decode_vs_st", "prefill_ms/t", "pf_policy", "overhead", "evict", "recov");
+    printf("%-12s %7s %12s %13s %10s %12s %13s %10s %10s %7s %7s\n", "policy", "steps", "decode_ms/st", "policy_ms/st", "overhead",
+           "decode_vs_st", "prefill_ms/t", "pf_policy", "overhead", "evict", "recov");
     json_t *arr = json_array();
     for (int i = 0; i < n_pol; i++) {
         const struct pol_sum *p = &ps[i];
@@ -242,20 +241,19 @@ int cmd_bench_policy(int argc, char **argv) {
         printf("%-12s %7lld %12.3f %13.4f %9.2f%% %12.3f %13.3f %10.4f %9.2f%% %7lld %7lld\n", kvt_policy_name(p->policy),
                (long long) p->steps, d, q, 100 * q / d, d / ref_step, pd, pq, 100 * pq / pd, (long long) p->evictions,
                (long long) p->recoveries);
-        json_array_append_new(
-            arr, json_pack("{s:s, s:I, s:f, s:f, s:f, s:f, s:I, s:f, s:f, s:f, s:I, s:I, s:i, s:i}", "policy",
-                           kvt_policy_name(p->policy), "decode_steps", (json_int_t) p->steps, "decode_ms_per_step", d,
-                           "policy_ms_per_step", q, "policy_overhead_decode", q / d,
-                           "decode_ms_per_step_vs_streaming", isnan(ref_step) ? 0.0 : d / ref_step, "prefill_tokens",
-                           (json_int_t) p->prefill_tokens, "prefill_ms_per_token", pd, "policy_ms_per_prefill_token", pq,
-                           "policy_overhead_prefill", pq / pd, "evictions", (json_int_t) p->evictions, "recoveries",
-                           (json_int_t) p->recoveries, "peak_resident_tokens", p->peak, "errors", p->errors));
+        json_array_append_new(arr,
+                              json_pack("{s:s, s:I, s:f, s:f, s:f, s:f, s:I, s:f, s:f, s:f, s:I, s:I, s:i, s:i}", "policy",
+                                        kvt_policy_name(p->policy), "decode_steps", (json_int_t) p->steps, "decode_ms_per_step", d,
+                                        "policy_ms_per_step", q, "policy_overhead_decode", q / d, "decode_ms_per_step_vs_streaming",
+                                        isnan(ref_step) ? 0.0 : d / ref_step, "prefill_tokens", (json_int_t) p->prefill_tokens,
+                                        "prefill_ms_per_token", pd, "policy_ms_per_prefill_token", pq, "policy_overhead_prefill",
+                                        pq / pd, "evictions", (json_int_t) p->evictions, "recoveries", (json_int_t) p->recoveries,
+                                        "peak_resident_tokens", p->peak, "errors", p->errors));
     }
     if (json) {
-        json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:o}", "benchmark", "policy",
-                              "model", st.model, "llama_cpp", st.llama, "commit", st.commit, "date", st.date,
-                              "threads", n_threads, "budget", budget, "turns", turns, "turn_tokens", turn_tokens,
-                              "gen", gen, "rounds", rounds, "policies", arr);
+        json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:o}", "benchmark", "policy", "model",
+                              st.model, "llama_cpp", st.llama, "commit", st.commit, "date", st.date, "threads", n_threads, "budget",
+                              budget, "turns", turns, "turn_tokens", turn_tokens, "gen", gen, "rounds", rounds, "policies", arr);
         char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
         if (s) printf("%s\n", s);
         free(s);

@@ -24,16 +24,15 @@
 #define MAX_POSITIONS 64
 
 static void calib_usage(FILE *f, const struct cli_opt *opts) {
-    fprintf(f,
-            "Usage: kvtier calibrate -m MODEL [-o PROFILE.json] [options]\n"
-            "\n"
-            "Per-head attention entropy (bits) of the last query at each --positions, averaged over\n"
-            "--n-texts texts (sorted by name), with head classes (sink < 0.5 <= focused < 1.5 <= moderate\n"
-            "< 3 <= mixed), entropy-adaptive budgets and a split-half (even/odd texts) stability check.\n"
-            "Each text is decoded up to the last position; texts with fewer tokens are skipped.\n"
-            "Sliding-window layers only see the window. Table on stdout, progress on stderr.\n"
-            "\n"
-            "Options:\n");
+    fprintf(f, "Usage: kvtier calibrate -m MODEL [-o PROFILE.json] [options]\n"
+               "\n"
+               "Per-head attention entropy (bits) of the last query at each --positions, averaged over\n"
+               "--n-texts texts (sorted by name), with head classes (sink < 0.5 <= focused < 1.5 <= moderate\n"
+               "< 3 <= mixed), entropy-adaptive budgets and a split-half (even/odd texts) stability check.\n"
+               "Each text is decoded up to the last position; texts with fewer tokens are skipped.\n"
+               "Sliding-window layers only see the window. Table on stdout, progress on stderr.\n"
+               "\n"
+               "Options:\n");
     cli_print_opts(f, opts);
 }
 
@@ -45,8 +44,8 @@ static int parse_positions(const char *cmd, const char *s, int32_t *pos, int *n)
         errno = 0;
         long v = strtol(p, &end, 10);
         if (end == p || (*end && *end != ',') || errno == ERANGE || v < 1 || v > (1 << 24)) {
-            fprintf(stderr, "%s: --positions element '%.*s' is not a position in 1..%d (in '%s')\n", cmd,
-                    (int) strcspn(p, ","), p, 1 << 24, s);
+            fprintf(stderr, "%s: --positions element '%.*s' is not a position in 1..%d (in '%s')\n", cmd, (int) strcspn(p, ","), p,
+                    1 << 24, s);
             return APP_USAGE;
         }
         if (*n >= MAX_POSITIONS) {
@@ -54,8 +53,7 @@ static int parse_positions(const char *cmd, const char *s, int32_t *pos, int *n)
             return APP_USAGE;
         }
         if (*n > 0 && v <= pos[*n - 1]) {
-            fprintf(stderr, "%s: --positions must be strictly ascending: %ld follows %d (in '%s')\n", cmd, v,
-                    pos[*n - 1], s);
+            fprintf(stderr, "%s: --positions must be strictly ascending: %ld follows %d (in '%s')\n", cmd, v, pos[*n - 1], s);
             return APP_USAGE;
         }
         pos[(*n)++] = (int32_t) v;
@@ -115,15 +113,20 @@ static int list_texts(const char *dir, char ***names, int *n) {
     int cap = 0, err = 0;
     while ((de = readdir(d))) {
         size_t l = strlen(de->d_name);
-        if (de->d_name[0] == '.' || l < 5 || strcmp(de->d_name + l - 4, ".txt") || !strncmp(de->d_name, "LICENSE", 7))
-            continue;
+        if (de->d_name[0] == '.' || l < 5 || strcmp(de->d_name + l - 4, ".txt") || !strncmp(de->d_name, "LICENSE", 7)) continue;
         if (*n == cap) {
             cap = cap ? 2 * cap : 64;
             char **nn = realloc(*names, sizeof *nn * (size_t) cap);
-            if (!nn) { err = ENOMEM; break; }
+            if (!nn) {
+                err = ENOMEM;
+                break;
+            }
             *names = nn;
         }
-        if (!((*names)[*n] = strdup(de->d_name))) { err = ENOMEM; break; }
+        if (!((*names)[*n] = strdup(de->d_name))) {
+            err = ENOMEM;
+            break;
+        }
         (*n)++;
     }
     closedir(d);
@@ -181,14 +184,14 @@ int cmd_calibrate(int argc, char **argv) {
     const char *model = getenv("KVTIER_MODEL"), *out = NULL, *texts = NULL, *pos_s = "128,256,512,768,1024";
     int32_t n_texts = 8, n_tok = 1024, ctx = 0, threads = 0, base = 512;
     bool json = false, verbose = false;
+    /* clang-format off: one row per option, laid out by hand */
     const struct cli_opt opts[] = {
         { "model", 'm', OPT_STR, &model, 0, 0, "MODEL", "GGUF model file (default $KVTIER_MODEL)", NULL },
         { "output", 'o', OPT_STR, &out, 0, 0, "FILE", "write the JSON profile here (via FILE.tmp + rename)", NULL },
-        { "texts", 0, OPT_STR, &texts, 0, 0, "DIR",
-          "directory of .txt texts (default $KVT_SOURCE_DIR/../shared/data/pg_essays)", NULL },
-        { "n-texts", 0, OPT_INT, &n_texts, 1, 100000, "N", "texts to use (default 8)", NULL },
-        { "tokens", 0, OPT_INT, &n_tok, 1, 1 << 24, "N", "tokens per text; positions may not exceed it (default 1024)",
+        { "texts", 0, OPT_STR, &texts, 0, 0, "DIR", "directory of .txt texts (default $KVT_SOURCE_DIR/../shared/data/pg_essays)",
           NULL },
+        { "n-texts", 0, OPT_INT, &n_texts, 1, 100000, "N", "texts to use (default 8)", NULL },
+        { "tokens", 0, OPT_INT, &n_tok, 1, 1 << 24, "N", "tokens per text; positions may not exceed it (default 1024)", NULL },
         { "positions", 0, OPT_STR, &pos_s, 0, 0, "LIST", "measurement positions (default 128,256,512,768,1024)", NULL },
         { "base-budget", 0, OPT_INT, &base, 1, 1 << 24, "N", "budget of a head of mean entropy (default 512)", NULL },
         { "ctx", 0, OPT_INT, &ctx, 0, 1 << 24, "N", "context cells (default: last position + 64)", NULL },
@@ -197,6 +200,7 @@ int cmd_calibrate(int argc, char **argv) {
         { "verbose", 'v', OPT_FLAG, &verbose, 0, 0, NULL, "llama.cpp's log on stderr", NULL },
         { NULL, 0, 0, NULL, 0, 0, NULL, NULL, NULL },
     };
+    /* clang-format on */
     int n_pos, rc = cli_parse(cmd, opts, argc, argv, NULL, 0, &n_pos);
     if (rc < 0) {
         calib_usage(stdout, opts);
@@ -231,8 +235,10 @@ int cmd_calibrate(int argc, char **argv) {
     char dir[PATH_MAX];
     if (texts) snprintf(dir, sizeof dir, "%s", texts);
     else if (!find_texts_dir(dir, sizeof dir)) {
-        fprintf(stderr, "%s: no --texts given and shared/data/pg_essays not found ($KVT_SOURCE_DIR/../, or an "
-                        "ancestor of the executable or the working directory)\n", cmd);
+        fprintf(stderr,
+                "%s: no --texts given and shared/data/pg_essays not found ($KVT_SOURCE_DIR/../, or an "
+                "ancestor of the executable or the working directory)\n",
+                cmd);
         return APP_ERR;
     }
     char **names = NULL;
@@ -322,8 +328,8 @@ int cmd_calibrate(int argc, char **argv) {
                     break;
                 }
                 if (a->n_head != NH || a->n_query < 1 || a->q_pos[a->n_query - 1] != pos[k] - 1) {
-                    fprintf(stderr, "\n%s: layer %d attention has %d heads, last query at %d (expected %d, %d)\n",
-                            cmd, l, a->n_head, a->n_query ? a->q_pos[a->n_query - 1] : -1, NH, pos[k] - 1);
+                    fprintf(stderr, "\n%s: layer %d attention has %d heads, last query at %d (expected %d, %d)\n", cmd, l,
+                            a->n_head, a->n_query ? a->q_pos[a->n_query - 1] : -1, NH, pos[k] - 1);
                     kvt_attn_free(a);
                     rc = KVT_EFORMAT;
                     break;
@@ -345,8 +351,8 @@ int cmd_calibrate(int argc, char **argv) {
     }
     kvt_seq_rm(eng, 0, -1, -1);
     if (n_used < n_texts) {
-        fprintf(stderr, "%s: only %d of the %d texts in '%s' have at least %d tokens; --n-texts %d\n", cmd, n_used,
-                n_names, dir, last, n_texts);
+        fprintf(stderr, "%s: only %d of the %d texts in '%s' have at least %d tokens; --n-texts %d\n", cmd, n_used, n_names, dir,
+                last, n_texts);
         rc = APP_ERR;
         goto done;
     }
@@ -391,17 +397,17 @@ int cmd_calibrate(int argc, char **argv) {
             const char *cls = kvt_head_class_name(kvt_head_classify(H[i]));
             mx = b > mx ? b : mx;
             printf("  %8.3f %-9s", H[i], cls);
-            if (json_array_append_new(jh, json_pack("{s:i, s:o, s:o, s:o, s:s, s:i}", "head", h, "entropy_bits",
-                                                    jnum(H[i]), "entropy_half_a", jnum(Ha[i]), "entropy_half_b",
-                                                    jnum(Hb[i]), "class", cls, "budget", b)))
+            if (json_array_append_new(jh, json_pack("{s:i, s:o, s:o, s:o, s:s, s:i}", "head", h, "entropy_bits", jnum(H[i]),
+                                                    "entropy_half_a", jnum(Ha[i]), "entropy_half_b", jnum(Hb[i]), "class", cls,
+                                                    "budget", b)))
                 json_decref(jh), jh = NULL;
         }
         sum_max += mx;
         const double r = cnt[1] ? pearson(Ha + l * NH, Hb + l * NH, NH) : NAN;
         if (isfinite(r)) printf(" %10d %7.3f\n", mx, r);
         else printf(" %10d %7s\n", mx, "-");
-        json_t *lo = jh ? json_pack("{s:i, s:s, s:o, s:i, s:o}", "layer", l, "type", type, "heads", jh, "max_budget",
-                                    mx, "split_half_correlation", jnum(r))
+        json_t *lo = jh ? json_pack("{s:i, s:s, s:o, s:i, s:o}", "layer", l, "type", type, "heads", jh, "max_budget", mx,
+                                    "split_half_correlation", jnum(r))
                         : NULL;
         if (lo && !strcmp(type, "swa")) json_object_set_new(lo, "window", json_integer(info.n_swa));
         if (!lo || json_array_append_new(jl, lo)) json_decref(jl), jl = NULL;
@@ -418,12 +424,10 @@ int cmd_calibrate(int argc, char **argv) {
     for (int i = 0; jt && i < n_used; i++) json_array_append_new(jt, json_string(names[used[i]]));
     for (int k = 0; jp && k < n_pos; k++) json_array_append_new(jp, json_integer(pos[k]));
     if (jl && jt && jp) /* json_pack takes the three references, also when it fails */
-        obj = json_pack("{s:s, s:s, s:s, s:o, s:o, s:i, s:o, s:o, s:o, s:o}", "model", info.desc, "llama_cpp", llama,
-                        "date", date, "texts", jt, "positions", jp, "base_budget", base, "mean_entropy_bits",
-                        jnum(mean), "split_half_correlation", jnum(r_all), "effective_compression",
-                        jnum(compression), "layers", jl);
-    else
-        json_decref(jt), json_decref(jp), json_decref(jl);
+        obj = json_pack("{s:s, s:s, s:s, s:o, s:o, s:i, s:o, s:o, s:o, s:o}", "model", info.desc, "llama_cpp", llama, "date", date,
+                        "texts", jt, "positions", jp, "base_budget", base, "mean_entropy_bits", jnum(mean),
+                        "split_half_correlation", jnum(r_all), "effective_compression", jnum(compression), "layers", jl);
+    else json_decref(jt), json_decref(jp), json_decref(jl);
     jl = NULL;
     if (!obj) {
         fprintf(stderr, "%s: could not build the JSON profile\n", cmd);

@@ -20,16 +20,15 @@ static void on_sigint(int sig) {
 }
 
 static void chat_usage(FILE *f, const struct cli_opt *opts) {
-    fprintf(f,
-            "Usage: kvtier chat -m MODEL [options]\n"
-            "\n"
-            "Chat with MODEL while keeping at most --budget tokens in the llama.cpp KV cache: blocks\n"
-            "of --block tokens are evicted to host RAM (then disk), and the ones most relevant to a\n"
-            "new user turn are loaded back (--recovery kv_restore) or lost (--recovery discard).\n"
-            "Reads user turns line by line from stdin, or from --script. Each reply streams to\n"
-            "stdout; a status line per turn goes to stderr.\n"
-            "\n"
-            "Options:\n");
+    fprintf(f, "Usage: kvtier chat -m MODEL [options]\n"
+               "\n"
+               "Chat with MODEL while keeping at most --budget tokens in the llama.cpp KV cache: blocks\n"
+               "of --block tokens are evicted to host RAM (then disk), and the ones most relevant to a\n"
+               "new user turn are loaded back (--recovery kv_restore) or lost (--recovery discard).\n"
+               "Reads user turns line by line from stdin, or from --script. Each reply streams to\n"
+               "stdout; a status line per turn goes to stderr.\n"
+               "\n"
+               "Options:\n");
     cli_print_opts(f, opts);
 }
 
@@ -50,16 +49,19 @@ int cmd_chat(int argc, char **argv) {
     bool json = false;
     const char *elastic = NULL;
     cli_run_opts_default(&o);
+    /* clang-format off: one row per option, laid out by hand */
     const struct cli_opt opts[] = {
         CLI_RUN_OPT_ROWS(&o),
-        { "script", 0, OPT_STR, &script, 0, 0, "FILE",
-          "user turns, one per line ('-' = stdin); blank and '#' lines skipped", NULL },
+        { "script", 0, OPT_STR, &script, 0, 0, "FILE", "user turns, one per line ('-' = stdin); blank and '#' lines skipped",
+          NULL },
         { "json", 0, OPT_FLAG, &json, 0, 0, NULL, "one JSON object per turn on stdout instead of the reply text", NULL },
         { "elastic", 0, OPT_STR, &elastic, 0, 0, "S_K,S_V",
           "live ElasticKV: zero K/V elements under max(sigma/2, mu) x s per head every 64 tokens (sinks and the last "
-          "64 tokens kept; no memory saved in the dense cache), e.g. 0.45,0.50 (default off)", NULL },
+          "64 tokens kept; no memory saved in the dense cache), e.g. 0.45,0.50 (default off)",
+          NULL },
         { NULL, 0, 0, NULL, 0, 0, NULL, NULL, NULL },
     };
+    /* clang-format on */
     int n_pos;
     int rc = cli_parse(cmd, opts, argc, argv, NULL, 0, &n_pos);
     if (rc < 0) {
@@ -89,8 +91,8 @@ int cmd_chat(int argc, char **argv) {
         return rc;
     }
     if (o.verbose)
-        fprintf(stderr, "%s: %s, context %d, budget %d, block %d, recovery %s, seed %d\n", cmd, cs.info.desc,
-                cs.info.n_ctx, cs.budget, o.block, o.recovery, o.seed);
+        fprintf(stderr, "%s: %s, context %d, budget %d, block %d, recovery %s, seed %d\n", cmd, cs.info.desc, cs.info.n_ctx,
+                cs.budget, o.block, o.recovery, o.seed);
     if (interactive) {
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);

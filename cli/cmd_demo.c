@@ -164,11 +164,11 @@ static void demo_usage(FILE *f, const struct cli_opt *opts) {
 }
 
 struct fact_state {
-    int  n_blocks;      /* blocks holding any byte of the fact's value */
-    bool resident;      /* all of them on the device */
-    int  n_evictions;   /* evictions those blocks went through */
-    int  n_recoveries;  /* and loads back (kv_restore) */
-    int  first_block;   /* id of the first, -1 if the value was not found */
+    int n_blocks;     /* blocks holding any byte of the fact's value */
+    bool resident;    /* all of them on the device */
+    int n_evictions;  /* evictions those blocks went through */
+    int n_recoveries; /* and loads back (kv_restore) */
+    int first_block;  /* id of the first, -1 if the value was not found */
 };
 
 /* Find the blocks holding the fact's value: its first occurrence in the concatenated block
@@ -234,6 +234,7 @@ int cmd_demo(int argc, char **argv) {
     cli_run_opts_default(&o);
     o.max_tokens = 0; /* resolved below: 48 for the replayed probe, 24 per live reply */
     o.block = 0;      /* resolved below: 64, or 8 with --live (the fact sits in the chat's first tokens) */
+    /* clang-format off: one row per option, laid out by hand */
     const struct cli_opt opts[] = {
         CLI_RUN_OPT_ROWS(&o),
         { "json-only", 0, OPT_FLAG, &json_only, 0, 0, NULL,
@@ -242,6 +243,7 @@ int cmd_demo(int argc, char **argv) {
           "generate every reply instead of replaying the scripted answers (instruction-tuned models)", NULL },
         { NULL, 0, 0, NULL, 0, 0, NULL, NULL, NULL },
     };
+    /* clang-format on */
     int n_pos;
     int rc = cli_parse(cmd, opts, argc, argv, NULL, 0, &n_pos);
     if (rc < 0) {
@@ -291,8 +293,7 @@ int cmd_demo(int argc, char **argv) {
         if (stream) printf("> %s\n", probe);
         rc = cli_turn_begin(cmd, &cs, probe);
     }
-    if (rc == APP_OK && (rc = find_fact(&cs, value, &fs)))
-        fprintf(stderr, "%s: out of memory reading the block table\n", cmd);
+    if (rc == APP_OK && (rc = find_fact(&cs, value, &fs))) fprintf(stderr, "%s: out of memory reading the block table\n", cmd);
     if (rc == APP_OK) {
         int lrc = kvt_session_answer_logprob(cs.s, expected, &lp, &n_lp);
         if (lrc) {
@@ -306,25 +307,24 @@ int cmd_demo(int argc, char **argv) {
         cli_session_close(&cs);
         return rc;
     }
-    if (fs.first_block < 0)
-        fprintf(stderr, "%s: warning: no block holds \"%s\" any more\n", cmd, value);
+    if (fs.first_block < 0) fprintf(stderr, "%s: warning: no block holds \"%s\" any more\n", cmd, value);
     clock_gettime(CLOCK_MONOTONIC, &t1);
 
     kvt_session_get_stats(cs.s, &st);
     char llama[512], *answer = app_utf8_clean(reply);
     app_build_llama(llama, sizeof llama);
-    json_t *obj = answer ? json_pack(
-        "{s:b, s:I, s:I, s:i, s:i, s:s, s:s, s:f, s:i, s:b, s:i, s:s, s:s,"
-        " s:s, s:s, s:i, s:i, s:i, s:i, s:b, s:i, s:I, s:I, s:f}",
-        "recalled", strstr(reply, value) != NULL, "evictions", (json_int_t) st.evictions, "recoveries",
-        (json_int_t) st.recoveries, "peak_resident_tokens", st.peak_resident_tokens, "budget", cs.budget,
-        "recovery", o.recovery, "answer", answer, "answer_logprob", lp, "answer_tokens", n_lp,
-        "fact_block_resident_at_probe", fs.resident, "turns", cs.n_turns, "model", cs.info.desc, "llama_cpp", llama,
-        "probe", probe, "expected", expected, "fact_block", fs.first_block, "fact_block_evictions", fs.n_evictions,
-        "fact_block_recoveries", fs.n_recoveries,
-        "block", o.block, "live", live, "total_tokens", st.total_tokens, "tokens_decoded", (json_int_t) st.tokens_decoded,
-        "tokens_recovered", (json_int_t) st.tokens_recovered, "seconds",
-        (double) (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9) : NULL;
+    json_t *obj = answer ? json_pack("{s:b, s:I, s:I, s:i, s:i, s:s, s:s, s:f, s:i, s:b, s:i, s:s, s:s,"
+                                     " s:s, s:s, s:i, s:i, s:i, s:i, s:b, s:i, s:I, s:I, s:f}",
+                                     "recalled", strstr(reply, value) != NULL, "evictions", (json_int_t) st.evictions, "recoveries",
+                                     (json_int_t) st.recoveries, "peak_resident_tokens", st.peak_resident_tokens, "budget",
+                                     cs.budget, "recovery", o.recovery, "answer", answer, "answer_logprob", lp, "answer_tokens",
+                                     n_lp, "fact_block_resident_at_probe", fs.resident, "turns", cs.n_turns, "model", cs.info.desc,
+                                     "llama_cpp", llama, "probe", probe, "expected", expected, "fact_block", fs.first_block,
+                                     "fact_block_evictions", fs.n_evictions, "fact_block_recoveries", fs.n_recoveries, "block",
+                                     o.block, "live", live, "total_tokens", st.total_tokens, "tokens_decoded",
+                                     (json_int_t) st.tokens_decoded, "tokens_recovered", (json_int_t) st.tokens_recovered,
+                                     "seconds", (double) (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9)
+                         : NULL;
     free(answer);
     free(reply);
     cli_session_close(&cs);

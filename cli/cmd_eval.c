@@ -42,8 +42,7 @@ static int parse_codecs(const char *cmd, const char *s, struct eval_opts *o, cha
     for (const char *p = s; *p;) {
         /* elements end at a comma before a codec name (a letter): "q4:32,64,q8" is q4:32,64 and q8 */
         size_t len = 0;
-        while (p[len] && !(p[len] == ',' && (isalpha((unsigned char) p[len + 1]) || p[len + 1] == ',' || !p[len + 1])))
-            len++;
+        while (p[len] && !(p[len] == ',' && (isalpha((unsigned char) p[len + 1]) || p[len + 1] == ',' || !p[len + 1]))) len++;
         if (len == 0 || len >= 64) {
             fprintf(stderr, "%s: --codec '%s' has an empty or overlong element\n", cmd, s);
             return APP_USAGE;
@@ -71,8 +70,10 @@ static int parse_codecs(const char *cmd, const char *s, struct eval_opts *o, cha
     bool any = false;
     for (int i = 0; i < n_pol; i++) any |= o->policies[i] == KVT_POLICY_KVTIER || o->policies[i] == KVT_POLICY_INFLLM;
     if (!any) {
-        fprintf(stderr, "%s: --codec applies to the policies that recover evicted blocks (kvtier, infllm); "
-                        "--policies lists neither\n", cmd);
+        fprintf(stderr,
+                "%s: --codec applies to the policies that recover evicted blocks (kvtier, infllm); "
+                "--policies lists neither\n",
+                cmd);
         return APP_USAGE;
     }
     for (int i = 0; i < n_pol; i++) {
@@ -164,8 +165,8 @@ static int parse_depths(const char *cmd, const char *s, struct eval_opts *o) {
         errno = 0;
         long v = strtol(p, &end, 10);
         if (end == p || (*end && *end != ',') || errno == ERANGE || v < 0 || v > 100) {
-            fprintf(stderr, "%s: --depths element '%.*s' is not a percentage in 0..100 (in '%s')\n", cmd,
-                    (int) strcspn(p, ","), p, s);
+            fprintf(stderr, "%s: --depths element '%.*s' is not a percentage in 0..100 (in '%s')\n", cmd, (int) strcspn(p, ","), p,
+                    s);
             return APP_USAGE;
         }
         if (o->n_depths >= EVAL_MAX_DEPTHS) {
@@ -184,9 +185,9 @@ static int parse_depths(const char *cmd, const char *s, struct eval_opts *o) {
 static int32_t engine_ctx(const struct eval_opts *o) {
     int32_t extra;
     switch (o->task) {
-    case EVAL_NIAH: extra = 128 + o->max_tokens + 64; break;
-    case EVAL_MULTIFACT: extra = o->n_depths * (96 + o->max_tokens) + 64; break;
-    default: extra = o->score_tokens + 64; break;
+        case EVAL_NIAH: extra = 128 + o->max_tokens + 64; break;
+        case EVAL_MULTIFACT: extra = o->n_depths * (96 + o->max_tokens) + 64; break;
+        default: extra = o->score_tokens + 64; break;
     }
     int32_t n = (int32_t) ceil((o->context + extra) / 0.95) + 64;
     return (n + 255) / 256 * 256;
@@ -214,57 +215,60 @@ int cmd_eval(int argc, char **argv) {
     o.segment = 256;
     o.score_tokens = 64;
     o.skip = 2;
+    /* clang-format off: one row per option, laid out by hand */
     const struct cli_opt opts[] = {
         { "model", 'm', OPT_STR, &o.model, 0, 0, "MODEL", "GGUF model file (default $KVTIER_MODEL)", NULL },
         { "policies", 0, OPT_STR, &policies_s, 0, 0, "LIST",
           "policies to compare (default no_eviction,truncate,streaming,h2o,snapkv,infllm,kvtier)", NULL },
-        { "budget", 0, OPT_INT, &o.budget, 2, 1 << 24, "N", "resident-token budget of the evicting policies (default 1024)",
-          NULL },
+        { "budget", 0, OPT_INT, &o.budget, 2, 1 << 24, "N", "resident-token budget of the evicting policies (default 1024)", NULL },
         { "context", 0, OPT_INT, &o.context, 64, 1 << 22, "N",
           "conversation length in tokens up to the first question (default 4096)", NULL },
         { "cases", 0, OPT_INT, &o.cases, 1, 100000, "N", "cases per policy (default 10)", NULL },
         { "seed", 0, OPT_INT, &o.seed, 0, 2147483647, "S", "seed of the texts, names and numbers (default 1)", NULL },
         { "depths", 0, OPT_STR, &depths_s, 0, 0, "LIST",
-          "needle depths in % (niah default 5,25,50,75,95; multifact: one fact each, default 10,30,50,70,90)",
-          &depths_seen },
+          "needle depths in % (niah default 5,25,50,75,95; multifact: one fact each, default 10,30,50,70,90)", &depths_seen },
         { "json", 0, OPT_FLAG, &o.json, 0, 0, NULL, "print the summary as one JSON object on the last stdout line", NULL },
         { "out", 0, OPT_STR, &o.out, 0, 0, "DIR", "directory for the .json/.csv/.png files (default results)", NULL },
         { "threads", 't', OPT_INT, &o.threads, 0, 1024, "N", "CPU threads (default 0 = all cores)", NULL },
         { "max-tokens", 0, OPT_INT, &o.max_tokens, 1, 4096, "N", "reply length limit in tokens (default 24)", NULL },
         { "block", 0, OPT_INT, &o.block, 1, 4096, "N", "tokens per KV block (default 64)", NULL },
         { "chunk", 0, OPT_INT, &o.chunk, 32, 1 << 20, "N",
-          "tokens per document turn, template included (default: half the budget in whole blocks, at most 512)",
-          &chunk_seen },
+          "tokens per document turn, template included (default: half the budget in whole blocks, at most 512)", &chunk_seen },
         { "segment", 0, OPT_INT, &o.segment, 16, 1 << 20, "N",
           "ppl: text tokens per user turn (default 256, at most the --chunk default)", &segment_seen },
         { "score-tokens", 0, OPT_INT, &o.score_tokens, 1, 1024, "N",
           "ppl: tokens of the next segment scored after each turn (default 64)", &ppl_seen },
-        { "skip", 0, OPT_INT, &o.skip, 0, 1 << 20, "N", "ppl: turns fed before the first scored one (default 2)",
-          &ppl_seen },
+        { "skip", 0, OPT_INT, &o.skip, 0, 1 << 20, "N", "ppl: turns fed before the first scored one (default 2)", &ppl_seen },
         { "single-prompt", 0, OPT_FLAG, &single_prompt, 0, 0, NULL,
           "niah: the whole document and the question in ONE user message longer than the budget (what a user "
-          "pasting a document sends), instead of document turns; results are recorded as task niah-single", NULL },
+          "pasting a document sends), instead of document turns; results are recorded as task niah-single",
+          NULL },
         { "texts", 0, OPT_STR, &o.texts, 0, 0, "DIR", "essay directory (default ../shared/data/pg_essays)", NULL },
         { "fresh-engine", 0, OPT_FLAG, &fresh_engine, 0, 0, NULL,
           "load the model again for every session, so no session runs on a KV cache earlier sessions "
-          "have used (about 0.7 s per session for Gemma 3 270M)", NULL },
+          "have used (about 0.7 s per session for Gemma 3 270M)",
+          NULL },
         { "embed-model", 0, OPT_STR, &o.embed_model, 0, 0, "GGUF",
           "kvtier recovers by cosine of mean-pooled embeddings from this model instead of BM25", NULL },
         { "min-cosine", 0, OPT_FLOAT, &min_cosine, -1, 1, "F",
           "with --embed-model: cosine an evicted block needs to come back (default 0.5)", NULL },
         { "codec", 0, OPT_STR, &codec_s, 0, 0, "LIST",
           "host pool codecs (raw, q8, q4, elastic, elastic+q8, with arguments): kvtier and infllm run once per "
-          "codec, every recovered block decoded from it, beside raw; reports bytes per token stored", NULL },
+          "codec, every recovered block decoded from it, beside raw; reports bytes per token stored",
+          NULL },
         { "elastic", 0, OPT_STR, &elastic_s, 0, 0, "S_K,S_V",
           "also run every policy with live ElasticKV at these threshold scales (rows <policy>+elastic; "
-          "no_eviction's plain run stays the reference), e.g. 0.45,0.50; several pairs: 0.35,0.17/0.45,0.50", NULL },
+          "no_eviction's plain run stays the reference), e.g. 0.45,0.50; several pairs: 0.35,0.17/0.45,0.50",
+          NULL },
         { "elastic-random", 0, OPT_FLAG, &elastic_random, 0, 0, NULL,
           "with --elastic: also run the matched-random control (rows <policy>+random: every pass holds each head's "
           "thresholded range at the zero fraction its +elastic twin ended the case with, zeros placed uniformly at "
-          "random)", NULL },
+          "random)",
+          NULL },
         { "verbose", 'v', OPT_FLAG, &o.verbose, 0, 0, NULL, "llama.cpp's log on stderr", NULL },
         { NULL, 0, 0, NULL, 0, 0, NULL, NULL, NULL },
     };
+    /* clang-format on */
 
     /* the task comes first: kvtier eval TASK [options] */
     if (argc < 1 || argv[0][0] == '-') {
@@ -280,8 +284,7 @@ int cmd_eval(int argc, char **argv) {
     else if (!strcmp(o.task_name, "multifact")) o.task = EVAL_MULTIFACT;
     else if (!strcmp(o.task_name, "ppl")) o.task = EVAL_PPL;
     else {
-        fprintf(stderr, "%s: unknown task '%s' (known: niah, multifact, ppl)\nTry 'kvtier eval --help'.\n", cmd,
-                o.task_name);
+        fprintf(stderr, "%s: unknown task '%s' (known: niah, multifact, ppl)\nTry 'kvtier eval --help'.\n", cmd, o.task_name);
         return APP_USAGE;
     }
     snprintf(cmd, sizeof cmd, "kvtier eval %s", o.task_name);
@@ -346,10 +349,8 @@ int cmd_eval(int argc, char **argv) {
                     char base[64]; /* the plain run's label ("kvtier", "kvtier/q4"): a copy, since
                                    ** o.label[r] and o.label[i] live in the same object */
                     snprintf(base, sizeof base, "%.63s", o.label[i]);
-                    if (n_pairs == 1)
-                        snprintf(o.label[r], sizeof o.label[0], "%s+%s", base, what);
-                    else
-                        snprintf(o.label[r], sizeof o.label[0], "%s+%s:%.2f,%.2f", base, what, sk[k], sv[k]);
+                    if (n_pairs == 1) snprintf(o.label[r], sizeof o.label[0], "%s+%s", base, what);
+                    else snprintf(o.label[r], sizeof o.label[0], "%s+%s:%.2f,%.2f", base, what, sk[k], sv[k]);
                 }
     }
     if (o.task == EVAL_PPL && depths_seen) {
@@ -387,20 +388,20 @@ int cmd_eval(int argc, char **argv) {
         return APP_USAGE;
     }
     if (o.chunk > o.context / 2) {
-        fprintf(stderr, "%s: --chunk %d is more than half of --context %d; the document would be one turn\n", cmd,
-                o.chunk, o.context);
+        fprintf(stderr, "%s: --chunk %d is more than half of --context %d; the document would be one turn\n", cmd, o.chunk,
+                o.context);
         return APP_USAGE;
     }
     if (o.task == EVAL_PPL) {
         if (!segment_seen && o.segment > o.chunk) o.segment = o.chunk;
         if (o.segment + 64 > (int32_t) (0.95 * o.budget)) {
-            fprintf(stderr, "%s: --segment %d plus 64 reply tokens does not fit under 95%% of --budget %d\n", cmd,
-                    o.segment, o.budget);
+            fprintf(stderr, "%s: --segment %d plus 64 reply tokens does not fit under 95%% of --budget %d\n", cmd, o.segment,
+                    o.budget);
             return APP_USAGE;
         }
         if (o.skip >= o.context / o.segment) {
-            fprintf(stderr, "%s: --skip %d leaves no scored turn: --context %d holds about %d segments of %d tokens\n",
-                    cmd, o.skip, o.context, o.context / o.segment, o.segment);
+            fprintf(stderr, "%s: --skip %d leaves no scored turn: --context %d holds about %d segments of %d tokens\n", cmd, o.skip,
+                    o.context, o.context / o.segment, o.segment);
             return APP_USAGE;
         }
     }
@@ -451,8 +452,7 @@ int cmd_eval(int argc, char **argv) {
     int32_t framing = eval_framing_tokens(eng, true);
     int32_t room = o.task == EVAL_PPL ? o.segment : o.chunk - framing;
     if (framing < 0 || room < 32) {
-        if (framing < 0)
-            app_fail(cmd, "formatting a document turn with the chat template", KVT_EINVAL);
+        if (framing < 0) app_fail(cmd, "formatting a document turn with the chat template", KVT_EINVAL);
         else
             fprintf(stderr,
                     "%s: --chunk %d leaves %d tokens of text per turn after the %d tokens of chat template and "
@@ -467,10 +467,11 @@ int cmd_eval(int argc, char **argv) {
     int n_threads = o.threads > 0 ? o.threads : (int) sysconf(_SC_NPROCESSORS_ONLN);
     struct eval_stamp stamp;
     eval_stamp_fill(&stamp, &info, o.model, n_threads);
-    fprintf(stderr, "%s: %s | %d policies | context %d | budget %d (no_eviction %d) | chunk %d | %d cases | seed %d | "
-                    "texts %s\n",
-            cmd, info.desc, o.n_policies, o.context, o.budget, o.n_ctx, o.task == EVAL_PPL ? o.segment : o.chunk,
-            o.cases, o.seed, corpus.dir);
+    fprintf(stderr,
+            "%s: %s | %d policies | context %d | budget %d (no_eviction %d) | chunk %d | %d cases | seed %d | "
+            "texts %s\n",
+            cmd, info.desc, o.n_policies, o.context, o.budget, o.n_ctx, o.task == EVAL_PPL ? o.segment : o.chunk, o.cases, o.seed,
+            corpus.dir);
 
     /* no_eviction runs first in every case: ppl compares the others with its distributions */
     int32_t order[EVAL_MAX_RUNS], n_order = 0;
@@ -508,8 +509,7 @@ int cmd_eval(int argc, char **argv) {
                     break;
                 }
             }
-            if (eval_run_case(cmd, eng, pool, &o, order[j], &cases[c], o.task == EVAL_PPL ? &ref : NULL, &res))
-                n_errors++;
+            if (eval_run_case(cmd, eng, pool, &o, order[j], &cases[c], o.task == EVAL_PPL ? &ref : NULL, &res)) n_errors++;
         }
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
@@ -519,8 +519,7 @@ int cmd_eval(int argc, char **argv) {
         rc = eval_report(cmd, &o, &stamp, &res, cases, n_cases, secs);
     }
     if (rc == APP_OK && n_errors) {
-        fprintf(stderr, "%s: %d session(s) failed (see above); their cases are left out of the rates\n", cmd,
-                n_errors);
+        fprintf(stderr, "%s: %d session(s) failed (see above); their cases are left out of the rates\n", cmd, n_errors);
         rc = APP_ERR;
     }
     for (int32_t c = 0; c < n_cases; c++) eval_case_free(&cases[c]);

@@ -70,8 +70,10 @@ static int take_api_keys(struct server *srv, const struct cli_opt *opts, int *ar
             snprintf(what, sizeof what, "--api-key #%d", ++n_flag);
             for (const char *p = key; *p; p++)
                 if (isspace((unsigned char) *p) || iscntrl((unsigned char) *p)) {
-                    fprintf(stderr, "kvtier serve: %s holds white space or a control character; a client sends the key as "
-                                    "'Authorization: Bearer KEY'\n", what);
+                    fprintf(stderr,
+                            "kvtier serve: %s holds white space or a control character; a client sends the key as "
+                            "'Authorization: Bearer KEY'\n",
+                            what);
                     return APP_USAGE;
                 }
             int rc = add_key(srv, key, what);
@@ -106,7 +108,10 @@ static int load_keys(struct server *srv, const char *path) {
         while (e > line && isspace((unsigned char) e[-1])) *--e = '\0';
         if (!*line || *line == '#') continue;
         int rc = add_key(srv, line, "--api-key-file");
-        if (rc) { free(txt); return rc; }
+        if (rc) {
+            free(txt);
+            return rc;
+        }
     }
     free(txt);
     if (srv->n_keys == n0) {
@@ -140,119 +145,168 @@ int cmd_serve(int argc, char **argv) {
     srv.batch_tokens = 128;
     int32_t max_body_mb = 8;
     srv.lim = (struct serve_limits){
-        .max_messages = 4096, .max_parts = 1024, .max_tools = 128, .max_schema_nodes = 10000, .max_alternatives = 1024,
-        .max_connections = 256, .max_per_ip = 64, .idle_timeout_s = 60, .header_timeout_s = 10, .body_timeout_s = 60,
-        .request_timeout_s = 600, .drain_s = 30,
+        .max_messages = 4096,
+        .max_parts = 1024,
+        .max_tools = 128,
+        .max_schema_nodes = 10000,
+        .max_alternatives = 1024,
+        .max_connections = 256,
+        .max_per_ip = 64,
+        .idle_timeout_s = 60,
+        .header_timeout_s = 10,
+        .body_timeout_s = 60,
+        .request_timeout_s = 600,
+        .drain_s = 30,
     };
+    /* clang-format off: one row per option, laid out by hand */
     const struct cli_opt opts[] = {
         { "model", 'm', OPT_STR, &srv.model_path, 0, 0, "MODEL", "GGUF model file (default $KVTIER_MODEL)", NULL },
         { "host", 0, OPT_STR, &host, 0, 0, "ADDR", "IPv4 address to listen on (default 127.0.0.1)", NULL },
         { "port", 0, OPT_INT, &port, 0, 65535, "N", "TCP port (default 8080; 0 = any free port, printed at start)", NULL },
-        { "ctx-size", 'c', OPT_INT, &srv.n_ctx, 256, 1 << 20, "N", "KV cells in all (default 4096); each session and completion slot gets its own stream of at least --budget cells", NULL },
+        { "ctx-size", 'c', OPT_INT, &srv.n_ctx, 256, 1 << 20, "N",
+          "KV cells in all (default 4096); each session and completion slot gets its own stream of at least --budget cells", NULL },
         { "budget", 0, OPT_INT, &srv.budget, 128, 1 << 20, "N", "resident-token budget of each session (default 512)", NULL },
         { "block", 0, OPT_INT, &srv.block, 16, 4096, "N", "tokens per KV block (default 64)", NULL },
         { "parallel", 0, OPT_INT, &srv.parallel, 1, 64, "N", "requests generating at once (default 4)", NULL },
         { "threads", 't', OPT_INT, &srv.threads, 0, 1024, "N", "CPU threads (default 0 = all cores)", NULL },
         { "api-key", 0, OPT_STR, &key_unused, 0, 0, "KEY",
           "require Authorization: Bearer KEY; may be given more than once, and with --api-key-file (a key on the "
-          "command line is visible to other local users: prefer the file)", NULL },
+          "command line is visible to other local users: prefer the file)",
+          NULL },
         { "api-key-file", 0, OPT_STR, &key_file, 0, 0, "FILE",
           "require Authorization: Bearer KEY, one key per line; sessions are private to their key", NULL },
         { "max-sessions", 0, OPT_INT, &max_sessions, 1, 63, "N",
           "sessions holding KV cells at once (default: ctx-size / budget - 1); past it the least recently used idle "
-          "one is parked in the host tier (4x as many kept in all)", NULL },
+          "one is parked in the host tier (4x as many kept in all)",
+          NULL },
         { "pool-mb", 0, OPT_INT, &srv.pool_mb, 1, 1 << 20, "N",
           "with --no-store: host RAM for evicted KV blocks in MiB (default 256); with the block store, "
-          "--store-ram-mb holds them", NULL },
+          "--store-ram-mb holds them",
+          NULL },
         { "spill-dir", 0, OPT_STR, &srv.spill_dir, 0, 0, "DIR",
           "directory for the spill files of evicted blocks that leave host RAM (default: private, under $TMPDIR)", NULL },
         { "spill-mb", 0, OPT_INT, &srv.spill_mb, 0, 1 << 24, "N",
           "disk quota of the spill files in MiB; least recently used spilled blocks are dropped past it "
-          "(recomputed if needed again; default 0 = unlimited)", NULL },
+          "(recomputed if needed again; default 0 = unlimited)",
+          NULL },
         { "store", 0, OPT_STR, &srv.store_dir, 0, 0, "DIR",
           "content-addressed block store shared by sessions and restarts (default: $XDG_CACHE_HOME/kvtier/store or "
-          "~/.cache/kvtier/store)", NULL },
+          "~/.cache/kvtier/store)",
+          NULL },
         { "no-store", 0, OPT_FLAG, &srv.no_store, 0, 0, NULL, "run without a block store (nothing outlives the process)", NULL },
         { "store-ram-mb", 0, OPT_INT, &srv.store_ram_mb, 0, 1 << 20, "N",
           "host RAM of the block store in MiB: sessions' evicted blocks first, then cached prompt blocks "
-          "(default 256)", NULL },
+          "(default 256)",
+          NULL },
         { "store-disk-mb", 0, OPT_INT, &srv.store_disk_mb, 0, 1 << 24, "N",
           "disk quota of the block store in MiB (default 8192; least recently used blocks go past it)", NULL },
         { "redis", 0, OPT_STR, &srv.redis_url, 0, 0, "URL",
           "Redis tier below the block store's RAM and disk, shared with other servers: redis://[[user:]password@]"
-          "host[:port][/db] or unix:///path[?db=N] (a password on the command line is visible to other local users)", NULL },
+          "host[:port][/db] or unix:///path[?db=N] (a password on the command line is visible to other local users)",
+          NULL },
         { "redis-timeout-ms", 0, OPT_INT, &srv.redis_timeout_ms, 1, 60000, "N",
           "deadline of a Redis read in ms; past it the block is prefilled (default 20)", NULL },
         { "codec-disk", 0, OPT_STR, &srv.codec_disk, 0, 0, "SPEC",
           "codec of the block store's disk tier: raw (default: exact K/V), q8, q4, elastic, elastic+q8 "
-          "(kvtier bench codec measures bytes and KL)", NULL },
+          "(kvtier bench codec measures bytes and KL)",
+          NULL },
         { "codec-ram", 0, OPT_STR, &srv.codec_ram, 0, 0, "SPEC",
           "codec of the blocks sessions save to the host RAM tier: raw (default: exact K/V), q8, q4, elastic, "
-          "elastic+q8 (kvtier eval ppl --codec measures KL and bytes)", NULL },
+          "elastic+q8 (kvtier eval ppl --codec measures KL and bytes)",
+          NULL },
         { "redis-secret-file", 0, OPT_STR, &srv.redis_secret_file, 0, 0, "FILE",
           "16-4096 bytes shared by the servers sharing --redis: every value written carries HMAC-SHA-256 under it "
           "and a value read without a matching one is a miss, counted and deleted (default: values carry a SHA-256 "
-          "only, so whoever can write to the Redis can plant K/V)", NULL },
-        { "redis-ttl-s", 0, OPT_INT, &srv.redis_ttl_s, 1, 1 << 30, "N", "expiry of the blocks written to Redis in seconds (default 86400)", NULL },
+          "only, so whoever can write to the Redis can plant K/V)",
+          NULL },
+        { "redis-ttl-s", 0, OPT_INT, &srv.redis_ttl_s, 1, 1 << 30, "N",
+          "expiry of the blocks written to Redis in seconds (default 86400)", NULL },
         { "prefetch", 0, OPT_FLAG, &prefetch_on, 0, 0, NULL,
           "read the blocks a prompt will load from the block store's disk/Redis tiers into its RAM tier ahead of need "
-          "(while the request waits in the queue, and during its routing; the default)", NULL },
-        { "no-prefetch", 0, OPT_FLAG, &prefetch_off, 0, 0, NULL, "no block store prefetch (every block read when asked for)", NULL },
+          "(while the request waits in the queue, and during its routing; the default)",
+          NULL },
+        { "no-prefetch", 0, OPT_FLAG, &prefetch_off, 0, 0, NULL, "no block store prefetch (every block read when asked for)",
+          NULL },
         { "share-store", 0, OPT_FLAG, &srv.share_store, 0, 0, NULL,
           "let sessions of different API keys reuse each other's blocks (default: a salt per key)", NULL },
-        { "max-tokens", 0, OPT_INT, &srv.max_tokens_default, 1, 1 << 20, "N", "reply limit when a request gives none (default 256)", NULL },
+        { "max-tokens", 0, OPT_INT, &srv.max_tokens_default, 1, 1 << 20, "N", "reply limit when a request gives none (default 256)",
+          NULL },
         { "queue", 0, OPT_INT, &srv.max_queue, 1, 1 << 16, "N", "requests waiting for a slot before 429 (default 64)", NULL },
         { "queue-per-key", 0, OPT_INT, &srv.queue_per_key, 1, 1 << 16, "N",
           "requests one API key may have waiting (default: half of --queue with two keys or more, so one key "
-          "cannot fill it; all of it otherwise)", NULL },
+          "cannot fill it; all of it otherwise)",
+          NULL },
         { "batch-tokens", 0, OPT_INT, &srv.batch_tokens, 0, 512, "N",
           "tokens of one scheduler step: every generating request's next token plus a chunk of a new prompt in ONE "
-          "llama_decode (mixed prefill; default 128); 0 = prefill chunks decoded alone, between steps", NULL },
+          "llama_decode (mixed prefill; default 128); 0 = prefill chunks decoded alone, between steps",
+          NULL },
         { "elastic", 0, OPT_STR, &elastic, 0, 0, "S_K,S_V",
           "live ElasticKV in every session: zero K/V elements under max(sigma/2, mu) x s per head every 64 tokens "
-          "(sinks and the last 64 tokens kept; no memory saved in the dense cache), e.g. 0.45,0.50 (default off)", NULL },
+          "(sinks and the last 64 tokens kept; no memory saved in the dense cache), e.g. 0.45,0.50 (default off)",
+          NULL },
         { "chunk-reuse", 0, OPT_FLAG, &srv.chunk_reuse, 0, 0, NULL,
           "non-prefix chunk reuse: blocks are also stored by their own tokens and found anywhere in a prompt (RAG "
           "documents in another order), loaded at their new positions; costs answer quality (docs/BENCHMARKS.md; "
-          "default off)", NULL },
+          "default off)",
+          NULL },
         { "chunk-recompute", 0, OPT_STR, &srv.chunk_recompute, 0, 0, "K|P%",
           "with --chunk-reuse: tokens (K) or percent (P%) of each reused chunk decoded in context at its start, "
-          "rounded up to whole blocks (default 15%)", NULL },
+          "rounded up to whole blocks (default 15%)",
+          NULL },
         { "kv-unified", 0, OPT_FLAG, &srv.kv_unified, 0, 0, NULL,
           "one KV cache shared by all sequences (llama.cpp kv_unified) instead of one stream per sequence: a "
-          "session's numbers then depend on the others' (for comparison only)", NULL },
+          "session's numbers then depend on the others' (for comparison only)",
+          NULL },
         /* what one client may ask (docs/RELIABILITY.md) */
-        { "max-body-mb", 0, OPT_INT, &max_body_mb, 1, 1024, "N", "largest request body in MiB (default 8); a larger Content-Length gets 413 before the body is read", NULL },
-        { "max-messages", 0, OPT_INT, &srv.lim.max_messages, 1, 1 << 20, "N", "entries of one request's messages[] (default 4096)", NULL },
-        { "max-content-parts", 0, OPT_INT, &srv.lim.max_parts, 1, 1 << 20, "N", "content parts of one message (default 1024)", NULL },
+        { "max-body-mb", 0, OPT_INT, &max_body_mb, 1, 1024, "N",
+          "largest request body in MiB (default 8); a larger Content-Length gets 413 before the body is read", NULL },
+        { "max-messages", 0, OPT_INT, &srv.lim.max_messages, 1, 1 << 20, "N", "entries of one request's messages[] (default 4096)",
+          NULL },
+        { "max-content-parts", 0, OPT_INT, &srv.lim.max_parts, 1, 1 << 20, "N", "content parts of one message (default 1024)",
+          NULL },
         { "max-tools", 0, OPT_INT, &srv.lim.max_tools, 1, 1 << 16, "N", "entries of one request's tools[] (default 128)", NULL },
         { "max-schema-nodes", 0, OPT_INT, &srv.lim.max_schema_nodes, 1, 1 << 24, "N",
           "JSON schema nodes one request's tools and response_format may expand into grammar, counted as they are "
-          "expanded (default 10000)", NULL },
+          "expanded (default 10000)",
+          NULL },
         { "max-schema-alternatives", 0, OPT_INT, &srv.lim.max_alternatives, 1, 1 << 20, "N",
           "entries of one enum, anyOf or oneOf (default 1024)", NULL },
         { "max-connections", 0, OPT_INT, &srv.lim.max_connections, 1, 1 << 16, "N",
           "open connections in all, one thread each (default 256); past it new ones are closed at once", NULL },
-        { "max-connections-per-ip", 0, OPT_INT, &srv.lim.max_per_ip, 1, 1 << 16, "N", "open connections from one client address (default 64; behind a reverse proxy every client has the proxy's address: raise it there)", NULL },
-        { "idle-timeout-s", 0, OPT_INT, &srv.lim.idle_timeout_s, 1, 86400, "N", "a connection silent this long is closed (default 60)", NULL },
+        { "max-connections-per-ip", 0, OPT_INT, &srv.lim.max_per_ip, 1, 1 << 16, "N",
+          "open connections from one client address (default 64; behind a reverse proxy every client has the proxy's address: "
+          "raise it there)",
+          NULL },
+        { "idle-timeout-s", 0, OPT_INT, &srv.lim.idle_timeout_s, 1, 86400, "N",
+          "a connection silent this long is closed (default 60)", NULL },
         { "header-timeout-s", 0, OPT_INT, &srv.lim.header_timeout_s, 1, 3600, "N",
           "a request's headers must arrive within this time of the connection (or of the previous reply on it), "
-          "however slowly they trickle (default 10)", NULL },
-        { "body-timeout-s", 0, OPT_INT, &srv.lim.body_timeout_s, 1, 3600, "N", "a request's body must arrive within this time of its headers (default 60)", NULL },
+          "however slowly they trickle (default 10)",
+          NULL },
+        { "body-timeout-s", 0, OPT_INT, &srv.lim.body_timeout_s, 1, 3600, "N",
+          "a request's body must arrive within this time of its headers (default 60)", NULL },
         { "request-timeout-s", 0, OPT_INT, &srv.lim.request_timeout_s, 0, 86400, "N",
           "a request's time from arrival to its last token: queued or prefilling past it gets 408, generating past it "
-          "ends the reply (finish_reason \"length\"); 0 = none (default 600)", NULL },
+          "ends the reply (finish_reason \"length\"); 0 = none (default 600)",
+          NULL },
         { "drain-s", 0, OPT_INT, &srv.lim.drain_s, 0, 86400, "N",
           "after SIGTERM/SIGINT, requests in flight get this long to finish; then, or at a second signal, they are "
-          "stopped (replies end, waiting requests get 503) (default 30)", NULL },
-        { "metrics-public", 0, OPT_FLAG, &srv.lim.metrics_public, 0, 0, NULL, "serve GET /metrics without an API key (default: a key is needed when keys are set)", NULL },
+          "stopped (replies end, waiting requests get 503) (default 30)",
+          NULL },
+        { "metrics-public", 0, OPT_FLAG, &srv.lim.metrics_public, 0, 0, NULL,
+          "serve GET /metrics without an API key (default: a key is needed when keys are set)", NULL },
         { NULL, 0, 0, NULL, 0, 0, NULL, NULL, NULL },
     };
+    /* clang-format on */
     char *pos[1];
     int n_pos = 0;
     int rc = take_api_keys(&srv, opts, &argc, argv);
     if (rc == APP_OK) rc = cli_parse(cmd, opts, argc, argv, pos, 0, &n_pos);
-    if (rc < 0) { serve_usage(stdout, opts); rc = APP_OK; goto out; }
+    if (rc < 0) {
+        serve_usage(stdout, opts);
+        rc = APP_OK;
+        goto out;
+    }
     if (rc) goto out;
     bool model_from_env = false;
     rc = APP_USAGE;
@@ -269,8 +323,10 @@ int cmd_serve(int argc, char **argv) {
         goto out;
     }
     if (srv.pool_mb && !srv.no_store) {
-        fprintf(stderr, "%s: --pool-mb %d: with the block store, evicted blocks live in the store's RAM tier "
-                "(--store-ram-mb %d); --pool-mb sizes the host pool of --no-store\n", cmd, srv.pool_mb, srv.store_ram_mb);
+        fprintf(stderr,
+                "%s: --pool-mb %d: with the block store, evicted blocks live in the store's RAM tier "
+                "(--store-ram-mb %d); --pool-mb sizes the host pool of --no-store\n",
+                cmd, srv.pool_mb, srv.store_ram_mb);
         goto out;
     }
     if (!srv.pool_mb) srv.pool_mb = 256;
@@ -332,8 +388,10 @@ int cmd_serve(int argc, char **argv) {
         goto out;
     }
     if (!srv.keys && strcmp(host, "127.0.0.1") && strcmp(host, "localhost"))
-        fprintf(stderr, "%s: warning: listening on %s without --api-key-file: anyone who can reach this address can use "
-                        "the server, its sessions and its store\n", cmd, host);
+        fprintf(stderr,
+                "%s: warning: listening on %s without --api-key-file: anyone who can reach this address can use "
+                "the server, its sessions and its store\n",
+                cmd, host);
     fprintf(stderr, "%s: model %s: %s (%s)%s\n", cmd, srv.model_path, srv.model_name, info.desc,
             model_from_env ? " (no -m given: $KVTIER_MODEL or the build's default)" : "");
     pthread_t eng_thread;
@@ -346,8 +404,9 @@ int cmd_serve(int argc, char **argv) {
     int32_t bound = port;
     struct MHD_Daemon *d = serve_http_start(&srv, host, port, &bound);
     if (d) {
-        fprintf(stderr, "%s: listening on http://%s:%d (model %s; context %d, budget %d, %d sessions, %d parallel, "
-                        "batch %d tokens%s%s)\n",
+        fprintf(stderr,
+                "%s: listening on http://%s:%d (model %s; context %d, budget %d, %d sessions, %d parallel, "
+                "batch %d tokens%s%s)\n",
                 cmd, host, bound, srv.model_name, srv.n_ctx, srv.budget, srv.max_sessions, srv.parallel, srv.batch_tokens,
                 srv.kv_unified ? ", unified KV cache" : "", srv.keys ? ", API keys required" : "");
         int sig = 0;

@@ -39,8 +39,7 @@ static void store_usage(FILE *f) {
                "Run 'kvtier store COMMAND --help' for a command's options.\n");
 }
 
-static int open_store(const char *cmd, const struct store_opts *o, bool read_only, kvt_store **st, char *dir,
-                      size_t n) {
+static int open_store(const char *cmd, const struct store_opts *o, bool read_only, kvt_store **st, char *dir, size_t n) {
     int rc;
     if (o->dir) {
         snprintf(dir, n, "%s", o->dir);
@@ -81,7 +80,7 @@ static void fmt_age(char *buf, size_t n, double secs) { /* "42s", "5m", "3h", "2
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+    return (double) ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
 /* ---- stats ------------------------------------------------------------------------------ */
@@ -117,38 +116,37 @@ static int do_stats(const char *cmd, kvt_store *st, const char *dir, const struc
     int rrc = o->redis ? kvt_store_redis_info(st, &ri) : 0;
     if (rrc) app_fail(cmd, "cannot read the Redis tier", rrc);
     if (o->json) {
-        json_t *j = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f}", "store", dir,
-                              "entries", (json_int_t)a.entries, "bytes", (json_int_t)a.bytes,
-                              "disk_quota", (json_int_t)dp.disk_bytes, "tokens", (json_int_t)a.tokens,
-                              "hits", (json_int_t)a.hits, "hot", (json_int_t)a.hot, "expired",
-                              (json_int_t)a.expired, "oldest_created", a.oldest, "last_hit", a.newest_hit);
+        json_t *j = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f}", "store", dir, "entries", (json_int_t) a.entries,
+                              "bytes", (json_int_t) a.bytes, "disk_quota", (json_int_t) dp.disk_bytes, "tokens",
+                              (json_int_t) a.tokens, "hits", (json_int_t) a.hits, "hot", (json_int_t) a.hot, "expired",
+                              (json_int_t) a.expired, "oldest_created", a.oldest, "last_hit", a.newest_hit);
         if (j && o->redis && !rrc)
-            json_object_set_new(j, "redis", json_pack("{s:s, s:I, s:I, s:I, s:I}", "server", ri.server, "keys",
-                                                      (json_int_t)ri.keys, "bytes", (json_int_t)ri.bytes,
-                                                      "used_memory", (json_int_t)ri.used_memory, "maxmemory",
-                                                      (json_int_t)ri.maxmemory));
+            json_object_set_new(j, "redis",
+                                json_pack("{s:s, s:I, s:I, s:I, s:I}", "server", ri.server, "keys", (json_int_t) ri.keys, "bytes",
+                                          (json_int_t) ri.bytes, "used_memory", (json_int_t) ri.used_memory, "maxmemory",
+                                          (json_int_t) ri.maxmemory));
         rc = app_json_line(cmd, j);
         return rc ? rc : rrc ? APP_ERR : APP_OK;
     }
     char b[32], q[32], age1[16], age2[16];
-    fmt_bytes(b, sizeof b, (double)a.bytes);
-    fmt_bytes(q, sizeof q, (double)dp.disk_bytes);
+    fmt_bytes(b, sizeof b, (double) a.bytes);
+    fmt_bytes(q, sizeof q, (double) dp.disk_bytes);
     fmt_age(age1, sizeof age1, a.entries ? a.now - a.oldest : -1);
     fmt_age(age2, sizeof age2, a.entries ? a.now - a.newest_hit : -1);
     printf("store     %s\n", dir);
-    printf("entries   %lld (%lld hot: >= %d hits; %lld expired, removed by gc)\n", (long long)a.entries,
-           (long long)a.hot, a.hot_hits, (long long)a.expired);
-    printf("bytes     %lld (%s of a %s default quota)\n", (long long)a.bytes, b, q);
-    printf("tokens    %lld\n", (long long)a.tokens);
-    printf("hits      %lld\n", (long long)a.hits);
+    printf("entries   %lld (%lld hot: >= %d hits; %lld expired, removed by gc)\n", (long long) a.entries, (long long) a.hot,
+           a.hot_hits, (long long) a.expired);
+    printf("bytes     %lld (%s of a %s default quota)\n", (long long) a.bytes, b, q);
+    printf("tokens    %lld\n", (long long) a.tokens);
+    printf("hits      %lld\n", (long long) a.hits);
     printf("oldest    %s ago; last hit %s ago\n", age1, age2);
     if (o->redis && !rrc) {
         char rb[32], um[32], mm[32];
-        fmt_bytes(rb, sizeof rb, (double)ri.bytes);
-        fmt_bytes(um, sizeof um, (double)ri.used_memory);
-        fmt_bytes(mm, sizeof mm, (double)ri.maxmemory);
+        fmt_bytes(rb, sizeof rb, (double) ri.bytes);
+        fmt_bytes(um, sizeof um, (double) ri.used_memory);
+        fmt_bytes(mm, sizeof mm, (double) ri.maxmemory);
         printf("redis     %s: %lld blocks (all models), %lld bytes (%s); the server uses %s, maxmemory %s\n", ri.server,
-               (long long)ri.keys, (long long)ri.bytes, rb, um, ri.maxmemory ? mm : "none");
+               (long long) ri.keys, (long long) ri.bytes, rb, um, ri.maxmemory ? mm : "none");
         printf("          (this server's hit ratio: /metrics kvtier_store_hit_ratio{tier=\"redis\"})\n");
     }
     return rrc ? APP_ERR : APP_OK;
@@ -168,10 +166,9 @@ static int ls_entry(void *ud, const struct kvt_store_entry *e) {
     kvt_key_hex(&e->key, key);
     kvt_key_hex(&e->model, model);
     if (c->arr) {
-        json_t *j = json_pack("{s:s, s:s, s:i, s:i, s:I, s:f, s:f, s:I, s:f}", "key", key, "model", model,
-                              "n_tokens", e->n_tokens, "codec", e->codec, "bytes", (json_int_t)e->bytes, "created",
-                              e->created, "last_hit", e->last_hit, "hits", (json_int_t)e->hits, "expires",
-                              e->expires);
+        json_t *j = json_pack("{s:s, s:s, s:i, s:i, s:I, s:f, s:f, s:I, s:f}", "key", key, "model", model, "n_tokens", e->n_tokens,
+                              "codec", e->codec, "bytes", (json_int_t) e->bytes, "created", e->created, "last_hit", e->last_hit,
+                              "hits", (json_int_t) e->hits, "expires", e->expires);
         if (!j || json_array_append_new(c->arr, j)) {
             c->fail = true;
             return 1;
@@ -182,8 +179,8 @@ static int ls_entry(void *ud, const struct kvt_store_entry *e) {
     fmt_age(age, sizeof age, c->now - e->last_hit);
     if (e->expires <= c->now) snprintf(exp, sizeof exp, "expired");
     else fmt_age(exp, sizeof exp, e->expires - c->now);
-    printf("%.16s  %.8s  %6d  %5d  %10lld  %6lld  %8s  %8s\n", key, model, e->n_tokens, e->codec,
-           (long long)e->bytes, (long long)e->hits, age, exp);
+    printf("%.16s  %.8s  %6d  %5d  %10lld  %6lld  %8s  %8s\n", key, model, e->n_tokens, e->codec, (long long) e->bytes,
+           (long long) e->hits, age, exp);
     return 0;
 }
 
@@ -191,8 +188,8 @@ static int do_ls(const char *cmd, kvt_store *st, const char *dir, const struct s
     struct ls_ctx c = { .arr = o->json ? json_array() : NULL, .now = now_s() };
     if (o->json && !c.arr) return app_json_line(cmd, NULL);
     if (!o->json)
-        printf("%-16s  %-8s  %6s  %5s  %10s  %6s  %8s  %8s\n", "KEY", "MODEL", "TOKENS", "CODEC", "BYTES", "HITS",
-               "LAST-HIT", "EXPIRES");
+        printf("%-16s  %-8s  %6s  %5s  %10s  %6s  %8s  %8s\n", "KEY", "MODEL", "TOKENS", "CODEC", "BYTES", "HITS", "LAST-HIT",
+               "EXPIRES");
     int rc = kvt_store_ls(st, ls_entry, &c);
     if (rc && !c.fail) {
         json_decref(c.arr);
@@ -210,25 +207,22 @@ static int do_ls(const char *cmd, kvt_store *st, const char *dir, const struct s
 /* ---- verify / gc / clear -------------------------------------------------------------------- */
 
 static json_t *report_json(const char *dir, const struct kvt_store_report *r) {
-    return json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "store", dir, "checked",
-                     (json_int_t)r->checked, "ok", (json_int_t)r->ok, "expired", (json_int_t)r->expired,
-                     "over_quota", (json_int_t)r->over_quota, "corrupt", (json_int_t)r->corrupt, "missing",
-                     (json_int_t)r->missing, "orphans", (json_int_t)r->orphans, "removed", (json_int_t)r->removed,
-                     "bytes_freed", (json_int_t)r->bytes_freed);
+    return json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "store", dir, "checked", (json_int_t) r->checked, "ok",
+                     (json_int_t) r->ok, "expired", (json_int_t) r->expired, "over_quota", (json_int_t) r->over_quota, "corrupt",
+                     (json_int_t) r->corrupt, "missing", (json_int_t) r->missing, "orphans", (json_int_t) r->orphans, "removed",
+                     (json_int_t) r->removed, "bytes_freed", (json_int_t) r->bytes_freed);
 }
 
 static void report_print(const char *dir, const struct kvt_store_report *r, bool gc) {
     char b[32];
-    fmt_bytes(b, sizeof b, (double)r->bytes_freed);
+    fmt_bytes(b, sizeof b, (double) r->bytes_freed);
     printf("store     %s\n", dir);
-    printf("checked   %lld index entries: %lld ok\n", (long long)r->checked, (long long)r->ok);
-    if (gc)
-        printf("expired   %lld\nover quota %lld\n", (long long)r->expired, (long long)r->over_quota);
-    else
-        printf("corrupt   %lld (header or SHA-256 does not match the index)\n", (long long)r->corrupt);
-    printf("missing   %lld (index entries without a file)\n", (long long)r->missing);
-    printf("orphans   %lld (files without an index entry, temporary files included)\n", (long long)r->orphans);
-    printf("removed   %lld (%s)\n", (long long)r->removed, b);
+    printf("checked   %lld index entries: %lld ok\n", (long long) r->checked, (long long) r->ok);
+    if (gc) printf("expired   %lld\nover quota %lld\n", (long long) r->expired, (long long) r->over_quota);
+    else printf("corrupt   %lld (header or SHA-256 does not match the index)\n", (long long) r->corrupt);
+    printf("missing   %lld (index entries without a file)\n", (long long) r->missing);
+    printf("orphans   %lld (files without an index entry, temporary files included)\n", (long long) r->orphans);
+    printf("removed   %lld (%s)\n", (long long) r->removed, b);
 }
 
 static int do_verify(const char *cmd, kvt_store *st, const char *dir, const struct store_opts *o) {
@@ -271,11 +265,11 @@ static int do_clear(const char *cmd, kvt_store *st, const char *dir, const struc
         return APP_ERR;
     }
     if (o->json)
-        return app_json_line(cmd, json_pack("{s:s, s:I, s:I}", "store", dir, "removed", (json_int_t)s.disk.entries,
-                                            "bytes_freed", (json_int_t)s.disk.bytes));
+        return app_json_line(cmd, json_pack("{s:s, s:I, s:I}", "store", dir, "removed", (json_int_t) s.disk.entries, "bytes_freed",
+                                            (json_int_t) s.disk.bytes));
     char b[32];
-    fmt_bytes(b, sizeof b, (double)s.disk.bytes);
-    printf("removed %lld blocks (%s) from %s\n", (long long)s.disk.entries, b, dir);
+    fmt_bytes(b, sizeof b, (double) s.disk.bytes);
+    printf("removed %lld blocks (%s) from %s\n", (long long) s.disk.entries, b, dir);
     return APP_OK;
 }
 
@@ -293,36 +287,42 @@ int cmd_store(int argc, char **argv) {
     } subs[] = {
         { "stats", "Entries, bytes, tokens, hot and expired blocks of the disk tier (read-only).", do_stats, true },
         { "ls", "One line per stored block, most recently hit first (read-only).", do_ls, true },
-        { "verify", "Re-read every file the index names and check its header and SHA-256 against the index;\n"
-                    "list rows without files and files without rows. Read-only unless --repair, which\n"
-                    "removes what fails. Exit status 1 when problems remain.", do_verify, true },
-        { "gc", "Remove expired entries, entries past the disk quota (cold before hot, least recently hit\n"
-                "first), rows without files and files without rows (temporary files of killed writers).",
+        { "verify",
+          "Re-read every file the index names and check its header and SHA-256 against the index;\n"
+          "list rows without files and files without rows. Read-only unless --repair, which\n"
+          "removes what fails. Exit status 1 when problems remain.",
+          do_verify, true },
+        { "gc",
+          "Remove expired entries, entries past the disk quota (cold before hot, least recently hit\n"
+          "first), rows without files and files without rows (temporary files of killed writers).",
           do_gc, false },
         { "clear", "Remove every block of the store. Asks nothing; prints what it removed.", do_clear, false },
     };
     int s = -1;
-    for (int i = 0; i < (int)(sizeof subs / sizeof *subs); i++)
+    for (int i = 0; i < (int) (sizeof subs / sizeof *subs); i++)
         if (!strcmp(argv[0], subs[i].name)) s = i;
     if (s < 0) {
-        fprintf(stderr, "kvtier store: unknown command '%s' (expected: %s)\nTry 'kvtier store --help'.\n", argv[0],
-                SUBCMDS);
+        fprintf(stderr, "kvtier store: unknown command '%s' (expected: %s)\nTry 'kvtier store --help'.\n", argv[0], SUBCMDS);
         return APP_USAGE;
     }
     char cmd[32];
     snprintf(cmd, sizeof cmd, "kvtier store %s", subs[s].name);
     struct store_opts o = { 0 };
     const bool is_verify = !strcmp(subs[s].name, "verify"), is_stats = !strcmp(subs[s].name, "stats");
+    /* clang-format off: one row per option, laid out by hand */
     struct cli_opt opts[] = {
         { "store", 0, OPT_STR, &o.dir, 0, 0, "DIR", "the store directory (default: $XDG_CACHE_HOME/kvtier/store)", NULL },
         { "json", 0, OPT_FLAG, &o.json, 0, 0, NULL, "one JSON object on stdout instead of the table", NULL },
         { NULL, 0, 0, NULL, 0, 0, NULL, NULL, NULL }, /* --repair (verify) or --redis (stats) */
         { NULL, 0, 0, NULL, 0, 0, NULL, NULL, NULL },
     };
+    /* clang-format on */
+    /* clang-format off */
     const struct cli_opt repair = { "repair", 0, OPT_FLAG, &o.repair, 0, 0, NULL, "remove what fails (verify)", NULL };
     const struct cli_opt redis = { "redis", 0, OPT_STR, &o.redis, 0, 0, "URL",
                                    "also count the blocks in this Redis (redis://[[user:]password@]host[:port][/db] or "
                                    "unix:///path): a SCAN over its keys", NULL };
+    /* clang-format on */
     if (is_verify) opts[2] = repair;
     if (is_stats) opts[2] = redis;
     char *pos[1];
@@ -330,7 +330,9 @@ int cmd_store(int argc, char **argv) {
     int rc = cli_parse(cmd, opts, argc - 1, argv + 1, pos, 0, &n_pos);
     if (rc == -1) {
         printf("Usage: %s [--store DIR] [--json]%s\n\n%s\n\nOptions:\n", cmd,
-               is_verify ? " [--repair]" : is_stats ? " [--redis URL]" : "",
+               is_verify  ? " [--repair]"
+               : is_stats ? " [--redis URL]"
+                          : "",
                subs[s].help);
         cli_print_opts(stdout, opts);
         return APP_OK;

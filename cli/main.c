@@ -47,45 +47,40 @@ static int set_value(const char *cmd, const struct cli_opt *o, const char *flag,
     char *end = NULL;
     errno = 0;
     switch (o->kind) {
-    case OPT_FLAG:
-        *(bool *) o->dst = true;
-        break;
-    case OPT_STR:
-        *(const char **) o->dst = val;
-        break;
-    case OPT_INT: {
-        long long v = strtoll(val, &end, 10);
-        if (end == val || *end || errno == ERANGE) {
-            fprintf(stderr, "%s: %s '%s' is not an integer\n", cmd, flag, val);
-            return usage_hint(cmd);
+        case OPT_FLAG: *(bool *) o->dst = true; break;
+        case OPT_STR: *(const char **) o->dst = val; break;
+        case OPT_INT: {
+            long long v = strtoll(val, &end, 10);
+            if (end == val || *end || errno == ERANGE) {
+                fprintf(stderr, "%s: %s '%s' is not an integer\n", cmd, flag, val);
+                return usage_hint(cmd);
+            }
+            if ((double) v < o->min || (double) v > o->max) {
+                fprintf(stderr, "%s: %s %lld is outside %.0f..%.0f\n", cmd, flag, v, o->min, o->max);
+                return usage_hint(cmd);
+            }
+            *(int32_t *) o->dst = (int32_t) v;
+            break;
         }
-        if ((double) v < o->min || (double) v > o->max) {
-            fprintf(stderr, "%s: %s %lld is outside %.0f..%.0f\n", cmd, flag, v, o->min, o->max);
-            return usage_hint(cmd);
+        case OPT_FLOAT: {
+            double v = strtod(val, &end);
+            if (end == val || *end || errno == ERANGE || !isfinite(v)) {
+                fprintf(stderr, "%s: %s '%s' is not a number\n", cmd, flag, val);
+                return usage_hint(cmd);
+            }
+            if (v < o->min || v > o->max) {
+                fprintf(stderr, "%s: %s %g is outside %g..%g\n", cmd, flag, v, o->min, o->max);
+                return usage_hint(cmd);
+            }
+            *(double *) o->dst = v;
+            break;
         }
-        *(int32_t *) o->dst = (int32_t) v;
-        break;
-    }
-    case OPT_FLOAT: {
-        double v = strtod(val, &end);
-        if (end == val || *end || errno == ERANGE || !isfinite(v)) {
-            fprintf(stderr, "%s: %s '%s' is not a number\n", cmd, flag, val);
-            return usage_hint(cmd);
-        }
-        if (v < o->min || v > o->max) {
-            fprintf(stderr, "%s: %s %g is outside %g..%g\n", cmd, flag, v, o->min, o->max);
-            return usage_hint(cmd);
-        }
-        *(double *) o->dst = v;
-        break;
-    }
     }
     if (o->seen) *o->seen = true;
     return APP_OK;
 }
 
-int cli_parse(const char *cmd, const struct cli_opt *opts, int argc, char **argv, char **pos, int max_pos,
-              int *n_pos) {
+int cli_parse(const char *cmd, const struct cli_opt *opts, int argc, char **argv, char **pos, int max_pos, int *n_pos) {
     bool only_pos = false;
     *n_pos = 0;
     for (int i = 0; i < argc; i++) {
@@ -98,7 +93,10 @@ int cli_parse(const char *cmd, const struct cli_opt *opts, int argc, char **argv
             pos[(*n_pos)++] = argv[i];
             continue;
         }
-        if (!strcmp(a, "--")) { only_pos = true; continue; }
+        if (!strcmp(a, "--")) {
+            only_pos = true;
+            continue;
+        }
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return -1;
         const struct cli_opt *o;
         const char *val = NULL;
@@ -143,8 +141,7 @@ void cli_print_opts(FILE *f, const struct cli_opt *opts) {
         if (o->short_name)
             snprintf(left, sizeof left, "-%c, --%s%s%s", o->short_name, o->name, o->metavar ? " " : "",
                      o->metavar ? o->metavar : "");
-        else
-            snprintf(left, sizeof left, "    --%s%s%s", o->name, o->metavar ? " " : "", o->metavar ? o->metavar : "");
+        else snprintf(left, sizeof left, "    --%s%s%s", o->name, o->metavar ? " " : "", o->metavar ? o->metavar : "");
         fprintf(f, "  %-24s %s\n", left, o->help);
     }
     fprintf(f, "  %-24s %s\n", "-h, --help", "this help");
@@ -205,13 +202,11 @@ int cli_run_opts_check(const char *cmd, const struct cli_run_opts *o) {
         return usage_hint(cmd);
     }
     if (o->budget > o->ctx) {
-        fprintf(stderr, "%s: budget %d exceeds the context of %d tokens (raise --ctx or lower --budget)\n", cmd,
-                o->budget, o->ctx);
+        fprintf(stderr, "%s: budget %d exceeds the context of %d tokens (raise --ctx or lower --budget)\n", cmd, o->budget, o->ctx);
         return usage_hint(cmd);
     }
     return APP_OK;
 }
-
 
 
 int cli_parse_elastic(const char *cmd, const char *flag, const char *spec, float *sk, float *sv) {
@@ -226,8 +221,7 @@ int cli_parse_elastic(const char *cmd, const char *flag, const char *spec, float
             return APP_USAGE;
         }
         if (!(d >= 0 && d <= 2)) {
-            fprintf(stderr, "%s: %s '%s': %s scale %.*s is outside [0, 2]\n", cmd, flag, spec, i ? "V" : "K",
-                    (int) (end - p), p);
+            fprintf(stderr, "%s: %s '%s': %s scale %.*s is outside [0, 2]\n", cmd, flag, spec, i ? "V" : "K", (int) (end - p), p);
             return APP_USAGE;
         }
         v[i] = (float) d;
@@ -377,8 +371,7 @@ static int turn_done(struct cli_session *cs, const struct cli_run_opts *o, bool 
     return APP_OK;
 }
 
-int cli_turn_end(const char *cmd, struct cli_session *cs, const struct cli_run_opts *o, bool stream, bool quiet,
-                 char **reply) {
+int cli_turn_end(const char *cmd, struct cli_session *cs, const struct cli_run_opts *o, bool stream, bool quiet, char **reply) {
     *reply = NULL;
     cs->streaming = stream;
     int rc = kvt_session_generate(cs->s, o->max_tokens, &cs->smp, stream_piece, cs, reply);
@@ -402,15 +395,15 @@ int cli_turn_end(const char *cmd, struct cli_session *cs, const struct cli_run_o
     return turn_done(cs, o, quiet);
 }
 
-int cli_turn(const char *cmd, struct cli_session *cs, const struct cli_run_opts *o, const char *user, bool stream,
-             bool quiet, char **reply) {
+int cli_turn(const char *cmd, struct cli_session *cs, const struct cli_run_opts *o, const char *user, bool stream, bool quiet,
+             char **reply) {
     *reply = NULL;
     int rc = cli_turn_begin(cmd, cs, user);
     return rc ? rc : cli_turn_end(cmd, cs, o, stream, quiet, reply);
 }
 
-int cli_turn_scripted(const char *cmd, struct cli_session *cs, const struct cli_run_opts *o, const char *user,
-                      const char *reply, bool echo, bool quiet) {
+int cli_turn_scripted(const char *cmd, struct cli_session *cs, const struct cli_run_opts *o, const char *user, const char *reply,
+                      bool echo, bool quiet) {
     int rc = cli_turn_begin(cmd, cs, user);
     if (rc) return rc;
     if (echo) {
@@ -438,9 +431,9 @@ void cli_print_status(struct cli_session *cs) {
     fprintf(stderr,
             "[turn %d] resident %d/%d tokens | blocks %d (dev %d, host %d, disk %d%s) | evictions %lld | "
             "recoveries %lld%s | pool %.1f MiB%s | decoded %lld tok\n",
-            cs->n_turns, st.resident_tokens, cs->budget, st.n_blocks, st.n_blocks_resident, st.n_blocks_host,
-            st.n_blocks_disk, lost, (long long) st.evictions, (long long) st.recoveries, recomp,
-            st.pool.ram_bytes / 1048576.0, disk, (long long) cs->turn_decoded);
+            cs->n_turns, st.resident_tokens, cs->budget, st.n_blocks, st.n_blocks_resident, st.n_blocks_host, st.n_blocks_disk,
+            lost, (long long) st.evictions, (long long) st.recoveries, recomp, st.pool.ram_bytes / 1048576.0, disk,
+            (long long) cs->turn_decoded);
 }
 
 void cli_print_blocks(struct cli_session *cs) {
@@ -464,21 +457,18 @@ void cli_print_blocks(struct cli_session *cs) {
 json_t *cli_stats_json(struct cli_session *cs) {
     struct kvt_session_stats st;
     kvt_session_get_stats(cs->s, &st);
-    json_t *o = json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
-                     "resident_tokens", st.resident_tokens, "budget", cs->budget, "peak_resident_tokens",
-                     st.peak_resident_tokens, "total_tokens", st.total_tokens, "blocks", st.n_blocks,
-                     "blocks_device", st.n_blocks_resident, "blocks_host", st.n_blocks_host, "blocks_disk",
-                     st.n_blocks_disk, "blocks_lost", st.n_blocks_lost, "evictions", (json_int_t) st.evictions,
-                     "recoveries", (json_int_t) st.recoveries, "recomputes", (json_int_t) st.recomputes,
-                     "tokens_decoded", (json_int_t) st.tokens_decoded,
-                     "turn_tokens_decoded", (json_int_t) cs->turn_decoded, "tokens_recovered",
-                     (json_int_t) st.tokens_recovered, "pool_ram_bytes", (json_int_t) st.pool.ram_bytes,
-                     "pool_spill_bytes", (json_int_t) st.pool.spill_bytes);
+    json_t *o = json_pack(
+        "{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "resident_tokens",
+        st.resident_tokens, "budget", cs->budget, "peak_resident_tokens", st.peak_resident_tokens, "total_tokens", st.total_tokens,
+        "blocks", st.n_blocks, "blocks_device", st.n_blocks_resident, "blocks_host", st.n_blocks_host, "blocks_disk",
+        st.n_blocks_disk, "blocks_lost", st.n_blocks_lost, "evictions", (json_int_t) st.evictions, "recoveries",
+        (json_int_t) st.recoveries, "recomputes", (json_int_t) st.recomputes, "tokens_decoded", (json_int_t) st.tokens_decoded,
+        "turn_tokens_decoded", (json_int_t) cs->turn_decoded, "tokens_recovered", (json_int_t) st.tokens_recovered,
+        "pool_ram_bytes", (json_int_t) st.pool.ram_bytes, "pool_spill_bytes", (json_int_t) st.pool.spill_bytes);
     json_t *store = o ? json_pack("{s:b, s:s, s:i, s:i, s:I, s:I, s:I}", "enabled", cs->store != NULL, "route",
-                                  kvt_route_name(st.route), "turn_tokens_from_store", st.route_tokens,
-                                  "turn_tokens_looked_up", st.route_lookup_tokens, "tokens_from_store",
-                                  (json_int_t) st.store_tokens, "blocks_put", (json_int_t) st.store_blocks_put,
-                                  "load_errors", (json_int_t) st.store_load_errors)
+                                  kvt_route_name(st.route), "turn_tokens_from_store", st.route_tokens, "turn_tokens_looked_up",
+                                  st.route_lookup_tokens, "tokens_from_store", (json_int_t) st.store_tokens, "blocks_put",
+                                  (json_int_t) st.store_blocks_put, "load_errors", (json_int_t) st.store_load_errors)
                       : NULL;
     if (!store || json_object_set_new(o, "store", store)) {
         json_decref(o);
@@ -487,10 +477,9 @@ json_t *cli_stats_json(struct cli_session *cs) {
     if (st.elastic_passes) { /* live ElasticKV: the sparsity at the last pass (no memory saved) */
         json_t *el = json_pack("{s:I, s:I, s:f, s:f, s:f}", "passes", (json_int_t) st.elastic_passes, "zeroed",
                                (json_int_t) st.elastic_zeroed, "zero_fraction_resident",
-                               st.elastic_elems ? (double) st.elastic_zero / (double) st.elastic_elems : 0.0,
-                               "zero_fraction_range",
-                               st.elastic_eligible ? (double) st.elastic_zero_eligible / (double) st.elastic_eligible : 0.0,
-                               "ms", st.elastic_ms);
+                               st.elastic_elems ? (double) st.elastic_zero / (double) st.elastic_elems : 0.0, "zero_fraction_range",
+                               st.elastic_eligible ? (double) st.elastic_zero_eligible / (double) st.elastic_eligible : 0.0, "ms",
+                               st.elastic_ms);
         if (!el || json_object_set_new(o, "elastic", el)) {
             json_decref(o);
             return NULL;
@@ -498,9 +487,9 @@ json_t *cli_stats_json(struct cli_session *cs) {
     }
     if (st.chunk_runs || st.chunk_blocks_put) { /* --chunk-reuse */
         json_t *ch = json_pack("{s:I, s:I, s:I, s:I, s:I, s:f}", "prompt_tokens_from_chunks", (json_int_t) st.chunk_tokens,
-                               "recompute_tokens", (json_int_t) st.chunk_recompute_tokens, "runs",
-                               (json_int_t) st.chunk_runs, "blocks_put", (json_int_t) st.chunk_blocks_put, "load_errors",
-                               (json_int_t) st.chunk_load_errors, "scan_ms", st.chunk_scan_ms);
+                               "recompute_tokens", (json_int_t) st.chunk_recompute_tokens, "runs", (json_int_t) st.chunk_runs,
+                               "blocks_put", (json_int_t) st.chunk_blocks_put, "load_errors", (json_int_t) st.chunk_load_errors,
+                               "scan_ms", st.chunk_scan_ms);
         if (!ch || json_object_set_new(o, "chunks", ch)) {
             json_decref(o);
             return NULL;
@@ -508,9 +497,6 @@ json_t *cli_stats_json(struct cli_session *cs) {
     }
     return o;
 }
-
-
-
 
 
 /* ---------------------------------------------------------------------------------------- */
@@ -552,8 +538,7 @@ int main(int argc, char **argv) {
         return APP_USAGE;
     }
     const char *cmd = argv[1];
-    if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V") || !strcmp(cmd, "version"))
-        return cmd_version(argc - 2, argv + 2);
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V") || !strcmp(cmd, "version")) return cmd_version(argc - 2, argv + 2);
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
         usage(stdout);
         return APP_OK;
@@ -565,9 +550,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "eval")) return cmd_eval(argc - 2, argv + 2);
     if (!strcmp(cmd, "serve")) return cmd_serve(argc - 2, argv + 2);
     if (!strcmp(cmd, "store")) return cmd_store(argc - 2, argv + 2);
-    if (cmd[0] == '-')
-        fprintf(stderr, "kvtier: unknown option '%s'\n", cmd);
-    else
-        fprintf(stderr, "kvtier: unknown command '%s'\n", cmd);
+    if (cmd[0] == '-') fprintf(stderr, "kvtier: unknown option '%s'\n", cmd);
+    else fprintf(stderr, "kvtier: unknown command '%s'\n", cmd);
     return usage_hint("kvtier");
 }

@@ -12,8 +12,10 @@ const char *cli_model_path(const char *cmd, const char *given, bool *from_env) {
     if ((!m || !*m) && KVT_DEFAULT_MODEL[0] && access(KVT_DEFAULT_MODEL, R_OK) == 0) m = KVT_DEFAULT_MODEL;
 #endif
     if (!m || !*m) {
-        fprintf(stderr, "%s: no model given (use -m MODEL, set KVTIER_MODEL, or run scripts/bootstrap.sh model and "
-                        "rebuild)\n", cmd);
+        fprintf(stderr,
+                "%s: no model given (use -m MODEL, set KVTIER_MODEL, or run scripts/bootstrap.sh model and "
+                "rebuild)\n",
+                cmd);
         return NULL;
     }
     return m;

@@ -8,10 +8,8 @@
 
 void app_fail(const char *cmd, const char *what, int rc) {
     const char *m = kvt_errmsg();
-    if (m && *m)
-        fprintf(stderr, "%s: %s: %s\n", cmd, what, m);
-    else
-        fprintf(stderr, "%s: %s: %s\n", cmd, what, kvt_strerror(rc));
+    if (m && *m) fprintf(stderr, "%s: %s: %s\n", cmd, what, m);
+    else fprintf(stderr, "%s: %s: %s\n", cmd, what, kvt_strerror(rc));
 }
 
 char *app_read_file(const char *path, size_t *len) {
@@ -51,8 +49,7 @@ char *app_utf8_clean(const char *s) {
     const unsigned char *p = (const unsigned char *) s, *e = p + n;
     while (p < e) {
         unsigned c = *p;
-        int len = c < 0x80 ? 1 : (c >= 0xC2 && c <= 0xDF) ? 2 : (c >= 0xE0 && c <= 0xEF) ? 3
-                                : (c >= 0xF0 && c <= 0xF4) ? 4 : 0;
+        int len = c < 0x80 ? 1 : (c >= 0xC2 && c <= 0xDF) ? 2 : (c >= 0xE0 && c <= 0xEF) ? 3 : (c >= 0xF0 && c <= 0xF4) ? 4 : 0;
         bool ok = len > 0 && p + len <= e;
         for (int k = 1; ok && k < len; k++) ok = (p[k] & 0xC0) == 0x80;
         if (ok && len == 3) ok = !(c == 0xE0 && p[1] < 0xA0) && !(c == 0xED && p[1] >= 0xA0); /* overlong, surrogate */

@@ -220,7 +220,10 @@ char *eval_corpus_join(const struct eval_corpus *c, size_t min_bytes) {
         if (len + l + 2 > cap) {
             cap = (len + l + 2) * 2;
             char *na = realloc(all, cap);
-            if (!na) { free(all); return NULL; }
+            if (!na) {
+                free(all);
+                return NULL;
+            }
             all = na;
         }
         memcpy(all + len, c->e[i].text, l);
@@ -278,9 +281,7 @@ static void make_name(struct eval_rng *r, char *buf, size_t n) {
     buf[0] = (char) (buf[0] - 'a' + 'A');
 }
 
-static void make_number(struct eval_rng *r, char *buf, size_t n) {
-    snprintf(buf, n, "%u", 10000u + eval_rng_below(r, 90000u));
-}
+static void make_number(struct eval_rng *r, char *buf, size_t n) { snprintf(buf, n, "%u", 10000u + eval_rng_below(r, 90000u)); }
 
 /* NIAH's needle: "The secret code of <name> is <number>." */
 static void make_needle(struct eval_rng *r, struct eval_fact *f) {
@@ -288,16 +289,17 @@ static void make_needle(struct eval_rng *r, struct eval_fact *f) {
     make_number(r, f->number, sizeof f->number);
     snprintf(f->attr, sizeof f->attr, "secret code");
     snprintf(f->statement, sizeof f->statement, "The secret code of %.47s is %.15s.", f->name, f->number);
-    snprintf(f->question, sizeof f->question, "The document is complete. What is the secret code of %.47s? Answer with the number.", f->name);
+    snprintf(f->question, sizeof f->question, "The document is complete. What is the secret code of %.47s? Answer with the number.",
+             f->name);
     snprintf(f->answer, sizeof f->answer, "The secret code of %.47s is %.15s.", f->name, f->number);
     snprintf(f->prefix, sizeof f->prefix, "The secret code of %.47s is", f->name);
 }
 
 /* multifact: "<name>'s <attribute> is <number>." with distinct names, attributes and numbers. */
 static void make_facts(struct eval_rng *r, struct eval_fact *f, int n) {
-    static const char *const ATTR[] = { "locker number", "room number", "badge number", "ticket number",
-                                        "parking spot number", "account number", "membership number",
-                                        "seat number", "order number", "desk number" };
+    static const char *const ATTR[] = { "locker number",       "room number",    "badge number",      "ticket number",
+                                        "parking spot number", "account number", "membership number", "seat number",
+                                        "order number",        "desk number" };
     const int n_attr = (int) (sizeof ATTR / sizeof ATTR[0]);
     int perm[sizeof ATTR / sizeof ATTR[0]];
     for (int i = 0; i < n_attr; i++) perm[i] = i;
@@ -312,14 +314,12 @@ static void make_facts(struct eval_rng *r, struct eval_fact *f, int n) {
             make_name(r, f[i].name, sizeof f[i].name);
             make_number(r, f[i].number, sizeof f[i].number);
             dup = false;
-            for (int j = 0; j < i; j++)
-                dup |= !strcmp(f[i].name, f[j].name) || !strcmp(f[i].number, f[j].number);
+            for (int j = 0; j < i; j++) dup |= !strcmp(f[i].name, f[j].name) || !strcmp(f[i].number, f[j].number);
         } while (dup);
         snprintf(f[i].attr, sizeof f[i].attr, "%s", ATTR[perm[i % n_attr]]);
-        snprintf(f[i].statement, sizeof f[i].statement, "%.47s's %.31s is %.15s.", f[i].name, f[i].attr,
-                 f[i].number);
-        snprintf(f[i].question, sizeof f[i].question, "The document is complete. What is %.47s's %.31s? Answer with the number.", f[i].name,
-                 f[i].attr);
+        snprintf(f[i].statement, sizeof f[i].statement, "%.47s's %.31s is %.15s.", f[i].name, f[i].attr, f[i].number);
+        snprintf(f[i].question, sizeof f[i].question, "The document is complete. What is %.47s's %.31s? Answer with the number.",
+                 f[i].name, f[i].attr);
         snprintf(f[i].answer, sizeof f[i].answer, "%.47s's %.31s is %.15s.", f[i].name, f[i].attr, f[i].number);
         snprintf(f[i].prefix, sizeof f[i].prefix, "%.47s's %.31s is", f[i].name, f[i].attr);
     }
@@ -330,14 +330,14 @@ static void make_facts(struct eval_rng *r, struct eval_fact *f, int n) {
 
 struct piece {
     const char *p;
-    int32_t     len, tok;
-    int32_t     fact; /* -1: essay text; else the fact it states */
+    int32_t len, tok;
+    int32_t fact; /* -1: essay text; else the fact it states */
 };
 
 struct pieces {
     struct piece *v;
-    int32_t       n, cap;
-    int32_t       tok;
+    int32_t n, cap;
+    int32_t tok;
 };
 
 static int pieces_push(struct pieces *ps, struct piece pc) {
@@ -357,8 +357,8 @@ static int pieces_push(struct pieces *ps, struct piece pc) {
 ** starting at a seeded sentence of the first one, until `target` tokens.  Sentences longer
 ** than max_tok (tables, run-ons) are skipped so chunks stay near their size.  The essays used
 ** are listed in names[]. */
-static int take_text(kvt_engine *eng, struct eval_corpus *c, struct eval_rng *r, bool held_out, int32_t target,
-                     int32_t max_tok, struct pieces *ps, char *names, size_t names_len) {
+static int take_text(kvt_engine *eng, struct eval_corpus *c, struct eval_rng *r, bool held_out, int32_t target, int32_t max_tok,
+                     struct pieces *ps, char *names, size_t names_len) {
     int idx[1024], n = 0;
     for (int i = 0; i < c->n && n < 1024; i++)
         if (c->e[i].held_out == held_out && c->e[i].n_sent > 4) idx[n++] = i;
@@ -478,8 +478,7 @@ static int make_turns(const struct pieces *ps, int32_t body, struct eval_case *k
     k->n_turns = n_chunks;
     for (int32_t c = 0; c < n_chunks; c++) {
         char prefix[sizeof INTRO + 64];
-        snprintf(prefix, sizeof prefix, "%sHere is part %d of %d of the document:\n", c == 0 ? INTRO : "", c + 1,
-                 n_chunks);
+        snprintf(prefix, sizeof prefix, "%sHere is part %d of %d of the document:\n", c == 0 ? INTRO : "", c + 1, n_chunks);
         if (!(k->turns[c] = join(prefix, ps, start[c], start[c + 1]))) {
             free(start);
             return -1;
@@ -549,7 +548,7 @@ static int build_haystack_case(kvt_engine *eng, struct eval_corpus *c, const str
     int32_t q_tok = eval_count_tokens(eng, k->facts[k->probe_order[0]].question);
     if (framing_first < 0 || framing < 0 || q_tok < 0) return -1;
     int32_t body = o->chunk - framing_first; /* text tokens per turn: every turn fits o->chunk */
-    if (body < 16) return -1;                 /* cmd_eval.c checked this with a message */
+    if (body < 16) return -1;                /* cmd_eval.c checked this with a message */
     const char *question = k->facts[k->probe_order[0]].question;
     /* aim the haystack at the context minus the framing, then correct by the measured length
     ** of the formatted conversation until it fits (and is within 48 tokens of the context) */
@@ -589,8 +588,7 @@ static int build_haystack_case(kvt_engine *eng, struct eval_corpus *c, const str
 
 /* ppl: held-out text in segments of o->segment tokens; turns[i] is fed, score[i] is the
 ** segment after it, until the fed turns fill the context. */
-static int build_ppl_case(kvt_engine *eng, struct eval_corpus *c, const struct eval_opts *o, int32_t index,
-                          struct eval_case *k) {
+static int build_ppl_case(kvt_engine *eng, struct eval_corpus *c, const struct eval_opts *o, int32_t index, struct eval_case *k) {
     struct eval_rng r;
     eval_rng_init(&r, (uint64_t) o->seed, "ppl-text", index);
     k->depth = -1;
@@ -599,8 +597,7 @@ static int build_ppl_case(kvt_engine *eng, struct eval_corpus *c, const struct e
     if (framing < 0) return -1;
     int32_t n_seg = o->context / (o->segment + framing) + 2;
     struct pieces ps = { 0 };
-    if (take_text(eng, c, &r, true, n_seg * o->segment + o->segment, o->segment, &ps, k->essays,
-                  sizeof k->essays)) {
+    if (take_text(eng, c, &r, true, n_seg * o->segment + o->segment, o->segment, &ps, k->essays, sizeof k->essays)) {
         free(ps.v);
         return -1;
     }
@@ -641,8 +638,8 @@ static int build_ppl_case(kvt_engine *eng, struct eval_corpus *c, const struct e
     return k->n_tokens < 0 ? -1 : 0;
 }
 
-int eval_case_build(const char *cmd, kvt_engine *eng, struct eval_corpus *c, const struct eval_opts *o,
-                    int32_t index, struct eval_case *k) {
+int eval_case_build(const char *cmd, kvt_engine *eng, struct eval_corpus *c, const struct eval_opts *o, int32_t index,
+                    struct eval_case *k) {
     memset(k, 0, sizeof *k);
     k->index = index;
     int rc = o->task == EVAL_PPL ? build_ppl_case(eng, c, o, index, k) : build_haystack_case(eng, c, o, index, k);

@@ -29,67 +29,67 @@ enum eval_task { EVAL_NIAH = 0, EVAL_MULTIFACT = 1, EVAL_PPL = 2 };
 ** in the same case); no_eviction's plain run is the ppl reference. */
 enum eval_variant { EVAL_PLAIN = 0, EVAL_ELASTIC = 1, EVAL_ELASTIC_RANDOM = 2 };
 #define EVAL_MAX_PAIRS 4
-#define EVAL_MAX_RUNS ((1 + 2 * EVAL_MAX_PAIRS) * KVT_POLICY__COUNT * EVAL_MAX_CODECS)
+#define EVAL_MAX_RUNS  ((1 + 2 * EVAL_MAX_PAIRS) * KVT_POLICY__COUNT * EVAL_MAX_CODECS)
 
 struct eval_opts {
     enum eval_task task;
-    const char    *task_name;     /* "niah", "multifact", "ppl" */
-    const char    *model, *texts, *out;
-    int32_t        budget, context, cases, seed, threads, max_tokens, block;
-    int32_t        chunk;         /* tokens of one document turn (text + framing) */
-    int32_t        segment;       /* ppl: tokens of held-out text per user turn */
-    int32_t        score_tokens;  /* ppl: tokens of the next segment scored per turn */
-    int32_t        skip;          /* ppl: turns fed before the first scored one */
-    bool           json, verbose;
-    bool           single_prompt; /* niah: document + question in one user message (task "niah-single") */
-    int32_t        policies[EVAL_MAX_RUNS]; /* enum kvt_policy of each run */
-    const char    *codec[EVAL_MAX_RUNS];    /* --codec: its session's codec_ram (NULL = raw) */
-    int8_t         variant[EVAL_MAX_RUNS];  /* enum eval_variant of each run */
-    char           label[EVAL_MAX_RUNS][96]; /* "h2o", "kvtier/q4", "no_eviction+elastic", ... */
-    int            n_policies;               /* runs per case */
-    float          el_sk[EVAL_MAX_RUNS], el_sv[EVAL_MAX_RUNS]; /* live ElasticKV scales of each run */
-    int32_t        el_twin[EVAL_MAX_RUNS];   /* random run: the elastic run whose sparsity it matches */
-    double        *el_frac;                  /* [EVAL_MAX_RUNS]: per run, the zero fraction of the
+    const char *task_name; /* "niah", "multifact", "ppl" */
+    const char *model, *texts, *out;
+    int32_t budget, context, cases, seed, threads, max_tokens, block;
+    int32_t chunk;        /* tokens of one document turn (text + framing) */
+    int32_t segment;      /* ppl: tokens of held-out text per user turn */
+    int32_t score_tokens; /* ppl: tokens of the next segment scored per turn */
+    int32_t skip;         /* ppl: turns fed before the first scored one */
+    bool json, verbose;
+    bool single_prompt;                               /* niah: document + question in one user message (task "niah-single") */
+    int32_t policies[EVAL_MAX_RUNS];                  /* enum kvt_policy of each run */
+    const char *codec[EVAL_MAX_RUNS];                 /* --codec: its session's codec_ram (NULL = raw) */
+    int8_t variant[EVAL_MAX_RUNS];                    /* enum eval_variant of each run */
+    char label[EVAL_MAX_RUNS][96];                    /* "h2o", "kvtier/q4", "no_eviction+elastic", ... */
+    int n_policies;                                   /* runs per case */
+    float el_sk[EVAL_MAX_RUNS], el_sv[EVAL_MAX_RUNS]; /* live ElasticKV scales of each run */
+    int32_t el_twin[EVAL_MAX_RUNS];                   /* random run: the elastic run whose sparsity it matches */
+    double *el_frac;                                  /* [EVAL_MAX_RUNS]: per run, the zero fraction of the
                                              ** thresholded range at the end of the current case
                                              ** (written by eval_run_case; owned by cmd_eval) */
-    int32_t        depths[EVAL_MAX_DEPTHS]; /* percent of the haystack */
-    int            n_depths;
-    int32_t        n_ctx;         /* engine context (cells); no_eviction's budget */
-    const char    *embed_model;   /* --embed-model: dense recovery for kvtier, NULL = BM25 */
-    float          min_cosine;    /* --min-cosine: min_recovery_cosine with --embed-model */
-    kvt_embedder  *embedder;      /* opened from embed_model by cmd_eval */
+    int32_t depths[EVAL_MAX_DEPTHS];                  /* percent of the haystack */
+    int n_depths;
+    int32_t n_ctx;           /* engine context (cells); no_eviction's budget */
+    const char *embed_model; /* --embed-model: dense recovery for kvtier, NULL = BM25 */
+    float min_cosine;        /* --min-cosine: min_recovery_cosine with --embed-model */
+    kvt_embedder *embedder;  /* opened from embed_model by cmd_eval */
 };
 
 /* ---- seeded randomness: splitmix64, one independent stream per (seed, purpose, index) ---- */
 struct eval_rng {
     uint64_t s;
 };
-void     eval_rng_init(struct eval_rng *r, uint64_t seed, const char *stream, int64_t index);
+void eval_rng_init(struct eval_rng *r, uint64_t seed, const char *stream, int64_t index);
 uint64_t eval_rng_next(struct eval_rng *r);
 uint32_t eval_rng_below(struct eval_rng *r, uint32_t n); /* uniform in [0, n); n > 0 */
 
 /* ---- the text corpus: the essays of a directory, as sentences ---- */
 struct eval_essay {
-    char    *name;    /* file name */
-    char    *text;    /* whitespace-normalised text; sentences point into it */
+    char *name; /* file name */
+    char *text; /* whitespace-normalised text; sentences point into it */
     int32_t *s_off, *s_len;
-    int32_t *s_tok;   /* tokens of each sentence, -1 until counted */
-    int32_t  n_sent;
-    bool     held_out;/* reserved for ppl: never used in a haystack */
+    int32_t *s_tok; /* tokens of each sentence, -1 until counted */
+    int32_t n_sent;
+    bool held_out; /* reserved for ppl: never used in a haystack */
 };
 
 struct eval_corpus {
-    char               dir[1024];
+    char dir[1024];
     struct eval_essay *e;
-    int                n;
-    int                n_held_out;
+    int n;
+    int n_held_out;
 };
 
 /* Find the texts directory (--texts, else $KVT_SOURCE_DIR/../shared/data/pg_essays, else next
 ** to the executable's checkout, else ../shared/data/pg_essays) and load every *.txt in it
 ** (LICENSE* skipped), sorted by name; every fifth essay is held out for ppl.  Returns APP_OK,
 ** or APP_USAGE / APP_ERR with a message naming the directory.  Free with eval_corpus_free. */
-int  eval_corpus_load(const char *cmd, const char *texts_opt, struct eval_corpus *c);
+int eval_corpus_load(const char *cmd, const char *texts_opt, struct eval_corpus *c);
 void eval_corpus_free(struct eval_corpus *c);
 /* The essays in order, joined by single spaces, up to the first essay that brings the text to at
 ** least min_bytes (all of them if they hold less).  Caller frees; NULL when out of memory. */
@@ -97,36 +97,36 @@ char *eval_corpus_join(const struct eval_corpus *c, size_t min_bytes);
 
 /* ---- one case ---- */
 struct eval_fact {
-    char    name[48], attr[32], number[16];
-    char    statement[192]; /* "The secret code of Tavoren is 48213." */
-    char    question[224];  /* "What is the secret code of Tavoren? Answer with the number." */
-    char    answer[192];    /* the teacher-forced expected reply */
-    char    prefix[160];    /* the answer up to the number: "The secret code of Tavoren is" */
-    int32_t depth;          /* percent of the haystack where the statement sits */
+    char name[48], attr[32], number[16];
+    char statement[192]; /* "The secret code of Tavoren is 48213." */
+    char question[224];  /* "What is the secret code of Tavoren? Answer with the number." */
+    char answer[192];    /* the teacher-forced expected reply */
+    char prefix[160];    /* the answer up to the number: "The secret code of Tavoren is" */
+    int32_t depth;       /* percent of the haystack where the statement sits */
 };
 
 struct eval_case {
-    int32_t          index;     /* 0-based */
-    int32_t          depth;     /* NIAH: the needle's depth (percent); else -1 */
-    char           **turns;     /* user messages of the document, each followed by EVAL_REPLY */
-    char            *single;    /* --single-prompt: the whole document and the question in one user
+    int32_t index; /* 0-based */
+    int32_t depth; /* NIAH: the needle's depth (percent); else -1 */
+    char **turns;  /* user messages of the document, each followed by EVAL_REPLY */
+    char *single;  /* --single-prompt: the whole document and the question in one user
                                 ** message (turns are then not fed); NULL otherwise */
-    int32_t          n_turns;
+    int32_t n_turns;
     struct eval_fact facts[EVAL_MAX_FACTS];
-    int32_t          n_facts;
-    int32_t          probe_order[EVAL_MAX_FACTS]; /* multifact: facts in the order probed */
+    int32_t n_facts;
+    int32_t probe_order[EVAL_MAX_FACTS]; /* multifact: facts in the order probed */
     /* ppl: turns[k] is segment k; score[k] the next segment's text (turns fed: n_turns) */
-    char           **score;
-    int32_t          n_tokens;  /* tokens of the formatted conversation up to the first question
+    char **score;
+    int32_t n_tokens; /* tokens of the formatted conversation up to the first question
                                 ** (NIAH/multifact) or of all fed turns (ppl) */
-    char             essays[256]; /* names of the essays used, for the record */
+    char essays[256]; /* names of the essays used, for the record */
 };
 
 /* Build case `index` of the task from the corpus and the seed (deterministic).  The conversation
 ** up to the first question is at most o->context tokens as the engine's chat template formats
 ** it.  Returns APP_OK or APP_ERR (message printed).  Free with eval_case_free. */
-int  eval_case_build(const char *cmd, kvt_engine *eng, struct eval_corpus *c, const struct eval_opts *o,
-                     int32_t index, struct eval_case *k);
+int eval_case_build(const char *cmd, kvt_engine *eng, struct eval_corpus *c, const struct eval_opts *o, int32_t index,
+                    struct eval_case *k);
 void eval_case_free(struct eval_case *k);
 
 /* Tokens the chat template and the part header add around one document turn's text (plus the
@@ -138,36 +138,36 @@ int32_t eval_count_tokens(kvt_engine *eng, const char *text);
 
 /* ---- results ---- */
 struct eval_row {
-    int32_t pi;             /* index into o->policies */
+    int32_t pi;               /* index into o->policies */
     int32_t case_index, item; /* item: multifact probe number, ppl turn; 0 for NIAH */
-    int32_t depth;          /* percent, -1 when not applicable (ppl) */
-    int32_t n;              /* trials in this row: 1, or the scored tokens of a ppl segment */
-    int32_t passed;         /* passes among them */
-    double  answer_logprob; /* nats, summed over answer_tokens */
+    int32_t depth;            /* percent, -1 when not applicable (ppl) */
+    int32_t n;                /* trials in this row: 1, or the scored tokens of a ppl segment */
+    int32_t passed;           /* passes among them */
+    double answer_logprob;    /* nats, summed over answer_tokens */
     int32_t answer_tokens;
-    double  number_logprob; /* log P(number + "." | question, answer prefix), nats; NaN for ppl */
-    int32_t prefix_passed;  /* number_logprob > ln 1/2: the number is then the greedy continuation
+    double number_logprob;         /* log P(number + "." | question, answer prefix), nats; NaN for ppl */
+    int32_t prefix_passed;         /* number_logprob > ln 1/2: the number is then the greedy continuation
                             ** of the teacher-forced prefix (every token's conditional is > 1/2) */
     int64_t evictions, recoveries; /* the session's counts when the row was taken */
-    int32_t tokens;         /* conversation tokens when the row was taken */
+    int32_t tokens;                /* conversation tokens when the row was taken */
     int32_t peak_resident;
-    double  ttft_ms;        /* question add + first token; NaN for ppl */
-    double  nll;            /* ppl: mean NLL per scored token (nats); NaN otherwise */
-    double  kl;             /* ppl: mean KL(no_eviction || policy) per token over the full
+    double ttft_ms; /* question add + first token; NaN for ppl */
+    double nll;     /* ppl: mean NLL per scored token (nats); NaN otherwise */
+    double kl;      /* ppl: mean KL(no_eviction || policy) per token over the full
                             ** vocabulary (nats); NaN without a reference */
-    bool    error;
-    int32_t fact;           /* enum eval_fact_state: where the probed fact's statement was when
+    bool error;
+    int32_t fact; /* enum eval_fact_state: where the probed fact's statement was when
                             ** the question had been added (after its recovery); ppl: unknown */
-    char   *reply;          /* generated reply (malloc'd), "" for ppl */
+    char *reply;  /* generated reply (malloc'd), "" for ppl */
 };
 
 /* Where a probed fact's statement (located by its number's first occurrence in the block texts)
 ** was once the question had been added: what a failed case needs to say why it failed. */
 enum eval_fact_state {
-    EVAL_FACT_UNKNOWN   = 0, /* not found in the block texts (ppl rows; detokenization split) */
-    EVAL_FACT_RESIDENT  = 1, /* resident, never evicted */
+    EVAL_FACT_UNKNOWN = 0,   /* not found in the block texts (ppl rows; detokenization split) */
+    EVAL_FACT_RESIDENT = 1,  /* resident, never evicted */
     EVAL_FACT_RECOVERED = 2, /* evicted, then recovered: resident again */
-    EVAL_FACT_EVICTED   = 3, /* evicted and not resident (at least one of its blocks) */
+    EVAL_FACT_EVICTED = 3,   /* evicted and not resident (at least one of its blocks) */
 };
 const char *eval_fact_state_name(int32_t state);
 
@@ -175,35 +175,35 @@ struct eval_sess {
     int32_t pi, case_index;
     int64_t evictions, recoveries, tokens_decoded, tokens_recovered;
     int32_t peak_resident, total_tokens;
-    double  seconds, policy_ms, decode_ms;
-    bool    error;
+    double seconds, policy_ms, decode_ms;
+    bool error;
     /* host pool saves (kvt_session_stats.pool_*): tokens, raw and stored (encoded) bytes */
     int64_t pool_tokens, pool_raw_bytes, pool_bytes;
-    double  encode_ms, decode_codec_ms;
+    double encode_ms, decode_codec_ms;
 };
 
 /* The ppl reference: no_eviction's full next-token log-softmax at every scored position
 ** (n_vocab floats a row; 1 MiB for Gemma 3's 262144), written to an anonymous temporary file so
 ** that long runs do not hold gigabytes in RAM.  Row r of turn t is at row index off[t] + r. */
 struct eval_ref {
-    FILE    *f;        /* tmpfile(), NULL until the reference ran */
-    int32_t  n_vocab;
-    int64_t *off;      /* [n_seg] first row of each turn */
-    int32_t *n;        /* [n_seg] positions scored per turn */
-    int32_t  n_seg;
-    int64_t  n_rows;   /* rows written */
+    FILE *f; /* tmpfile(), NULL until the reference ran */
+    int32_t n_vocab;
+    int64_t *off; /* [n_seg] first row of each turn */
+    int32_t *n;   /* [n_seg] positions scored per turn */
+    int32_t n_seg;
+    int64_t n_rows; /* rows written */
 };
 
 struct eval_results {
-    struct eval_row  *rows;
-    int32_t           n_rows, cap_rows;
+    struct eval_row *rows;
+    int32_t n_rows, cap_rows;
     struct eval_sess *sess;
-    int32_t           n_sess, cap_sess;
-    int32_t           ref_pi; /* index of no_eviction in o->policies, -1 if not run */
+    int32_t n_sess, cap_sess;
+    int32_t ref_pi; /* index of no_eviction in o->policies, -1 if not run */
 };
 
-int  eval_add_row(struct eval_results *r, const struct eval_row *row); /* copies; takes reply */
-int  eval_add_sess(struct eval_results *r, const struct eval_sess *s);
+int eval_add_row(struct eval_results *r, const struct eval_row *row); /* copies; takes reply */
+int eval_add_sess(struct eval_results *r, const struct eval_sess *s);
 void eval_results_free(struct eval_results *r);
 
 /* Run one case under policy o->policies[pi] on a fresh session (sequence 0 of eng, which must
@@ -221,8 +221,7 @@ struct eval_stamp {
     char model[192], model_file[256], llama[512], commit[64], date[32], stamp[32], machine[256];
     int32_t n_threads;
 };
-void eval_stamp_fill(struct eval_stamp *st, const struct kvt_engine_info *info, const char *model_path,
-                     int32_t n_threads);
+void eval_stamp_fill(struct eval_stamp *st, const struct kvt_engine_info *info, const char *model_path, int32_t n_threads);
 
 /* Wilson score interval (95 %, z = 1.96) of k passes in n trials; [0, 1] for n = 0. */
 void eval_wilson(int64_t k, int64_t n, double *lo, double *hi);

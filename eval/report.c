@@ -38,8 +38,7 @@ void eval_wilson(int64_t k, int64_t n, double *lo, double *hi) {
     *hi = fmin(1.0, fmax(p, centre + half));
 }
 
-void eval_stamp_fill(struct eval_stamp *st, const struct kvt_engine_info *info, const char *model_path,
-                     int32_t n_threads) {
+void eval_stamp_fill(struct eval_stamp *st, const struct kvt_engine_info *info, const char *model_path, int32_t n_threads) {
     memset(st, 0, sizeof *st);
     snprintf(st->model, sizeof st->model, "%s", info->desc);
     const char *base = strrchr(model_path, '/');
@@ -71,10 +70,9 @@ void eval_stamp_fill(struct eval_stamp *st, const struct kvt_engine_info *info, 
     /* the stamp may be cut to fit st->machine; snprintf's result is checked so that is explicit */
     int w;
     if (uname(&u) == 0)
-        w = snprintf(st->machine, sizeof st->machine, "%.32s %.48s %.16s, %.96s, %ld cores", u.sysname, u.release,
-                     u.machine, cpu, nproc);
-    else
-        w = snprintf(st->machine, sizeof st->machine, "%.96s, %ld cores", cpu, nproc);
+        w = snprintf(st->machine, sizeof st->machine, "%.32s %.48s %.16s, %.96s, %ld cores", u.sysname, u.release, u.machine, cpu,
+                     nproc);
+    else w = snprintf(st->machine, sizeof st->machine, "%.96s, %ld cores", cpu, nproc);
     if (w < 0) st->machine[0] = '\0';
     st->n_threads = n_threads;
 }
@@ -84,25 +82,25 @@ void eval_stamp_fill(struct eval_stamp *st, const struct kvt_engine_info *info, 
 
 struct depth_sum {
     int64_t n, passes, prefix_passes;
-    double  lp;
+    double lp;
     int32_t n_rows;
 };
 
 struct psum {
     int64_t n, passes, prefix_passes;
     int32_t n_rows, errors, n_sess;
-    double  lp, dlp, number_lp, dnumber_lp;
+    double lp, dlp, number_lp, dnumber_lp;
     int32_t n_dlp, n_number, n_dnumber;
-    double  ttft;
+    double ttft;
     int32_t n_ttft;
-    double  evictions, recoveries, tokens_recovered, tokens_decoded, total_tokens, seconds, policy_ms, decode_ms;
+    double evictions, recoveries, tokens_recovered, tokens_decoded, total_tokens, seconds, policy_ms, decode_ms;
     int32_t peak;
-    double  pool_tokens, pool_raw_bytes, pool_bytes, encode_ms, codec_decode_ms; /* host pool saves */
-    double  nll_tok;       /* sum of NLL over tokens */
+    double pool_tokens, pool_raw_bytes, pool_bytes, encode_ms, codec_decode_ms; /* host pool saves */
+    double nll_tok;                                                             /* sum of NLL over tokens */
     int64_t n_tok;
-    double  nll_absdiff;
+    double nll_absdiff;
     int32_t n_absdiff;
-    double  kl;            /* token-weighted */
+    double kl; /* token-weighted */
     int64_t n_kl;
     struct depth_sum depth[EVAL_MAX_DEPTHS];
 };
@@ -205,8 +203,7 @@ static int32_t policy_budget(const struct eval_opts *o, int32_t pi) {
     return o->policies[pi] == KVT_POLICY_NO_EVICTION ? o->n_ctx : o->budget;
 }
 
-static json_t *policy_json(const struct eval_opts *o, const struct eval_results *res, const struct psum *p,
-                           int32_t pi) {
+static json_t *policy_json(const struct eval_opts *o, const struct eval_results *res, const struct psum *p, int32_t pi) {
     double lo, hi;
     eval_wilson(p->passes, p->n, &lo, &hi);
     bool has_ref = res->ref_pi >= 0 && pi != res->ref_pi;
@@ -237,8 +234,7 @@ static json_t *policy_json(const struct eval_opts *o, const struct eval_results 
     /* the host pool's codec (--codec): bytes per token stored vs the raw blob, and its cost */
     bad |= json_object_set_new(j, "codec", json_string(o->codec[pi] ? o->codec[pi] : "raw"));
     bad |= json_object_set_new(j, "pool_bytes_per_token", jnum(p->pool_tokens > 0 ? p->pool_bytes / p->pool_tokens : NAN));
-    bad |= json_object_set_new(j, "pool_raw_bytes_per_token",
-                               jnum(p->pool_tokens > 0 ? p->pool_raw_bytes / p->pool_tokens : NAN));
+    bad |= json_object_set_new(j, "pool_raw_bytes_per_token", jnum(p->pool_tokens > 0 ? p->pool_raw_bytes / p->pool_tokens : NAN));
     bad |= json_object_set_new(j, "codec_encode_ms", jnum(mean(p->encode_ms, p->n_sess)));
     bad |= json_object_set_new(j, "codec_decode_ms", jnum(mean(p->codec_decode_ms, p->n_sess)));
     if (o->task == EVAL_PPL) {
@@ -263,10 +259,10 @@ static json_t *policy_json(const struct eval_opts *o, const struct eval_results 
             bad |= json_array_append_new(
                 arr, json_pack("{s:i, s:I, s:I, s:o, s:f, s:f, s:I, s:o, s:f, s:f, s:o}", "depth", o->depths[d], "n",
                                (json_int_t) p->depth[d].n, "passes", (json_int_t) p->depth[d].passes, "pass_rate",
-                               jnum(mean((double) p->depth[d].passes, p->depth[d].n)), "ci_low", dl, "ci_high", dh,
-                               "prefix_passes", (json_int_t) p->depth[d].prefix_passes, "prefix_pass_rate",
-                               jnum(mean((double) p->depth[d].prefix_passes, p->depth[d].n)), "prefix_ci_low", ql,
-                               "prefix_ci_high", qh, "answer_logprob", jnum(mean(p->depth[d].lp, p->depth[d].n_rows))));
+                               jnum(mean((double) p->depth[d].passes, p->depth[d].n)), "ci_low", dl, "ci_high", dh, "prefix_passes",
+                               (json_int_t) p->depth[d].prefix_passes, "prefix_pass_rate",
+                               jnum(mean((double) p->depth[d].prefix_passes, p->depth[d].n)), "prefix_ci_low", ql, "prefix_ci_high",
+                               qh, "answer_logprob", jnum(mean(p->depth[d].lp, p->depth[d].n_rows))));
         }
         bad |= arr ? json_object_set_new(j, "by_depth", arr) : -1;
     }
@@ -287,18 +283,19 @@ static json_t *summary_json(const struct eval_opts *o, const struct eval_stamp *
             pol = NULL;
         }
     }
-    for (int d = 0; depths && d < o->n_depths && o->task != EVAL_PPL; d++) json_array_append_new(depths, json_integer(o->depths[d]));
+    for (int d = 0; depths && d < o->n_depths && o->task != EVAL_PPL; d++)
+        json_array_append_new(depths, json_integer(o->depths[d]));
     if (!pol || !depths) {
         json_decref(pol);
         json_decref(depths);
         return NULL;
     }
-    json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:o, s:f, s:o}",
-                          "task", o->task_name, "model", st->model, "model_file", st->model_file, "llama_cpp",
-                          st->llama, "commit", st->commit, "date", st->date, "machine", st->machine, "threads",
-                          st->n_threads, "budget", o->budget, "context", o->context, "cases", o->cases, "seed", o->seed,
-                          "block", o->block, "chunk", o->task == EVAL_PPL ? o->segment : o->chunk, "n_ctx", o->n_ctx,
-                          "depths", depths, "seconds", seconds, "policies", pol);
+    json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:o, s:f, s:o}", "task",
+                          o->task_name, "model", st->model, "model_file", st->model_file, "llama_cpp", st->llama, "commit",
+                          st->commit, "date", st->date, "machine", st->machine, "threads", st->n_threads, "budget", o->budget,
+                          "context", o->context, "cases", o->cases, "seed", o->seed, "block", o->block, "chunk",
+                          o->task == EVAL_PPL ? o->segment : o->chunk, "n_ctx", o->n_ctx, "depths", depths, "seconds", seconds,
+                          "policies", pol);
     if (j && o->task == EVAL_PPL) {
         json_object_set_new(j, "score_tokens", json_integer(o->score_tokens));
         json_object_set_new(j, "skip", json_integer(o->skip));
@@ -315,15 +312,15 @@ static void print_table(const struct eval_opts *o, const struct eval_stamp *st, 
                         const struct psum *ps, double seconds) {
     printf("# kvtier eval %s | %s | %s | kvtier commit %s | %s | %s | %d threads | context %d | budget %d "
            "(no_eviction %d) | %d cases | seed %d | %.0f s\n",
-           o->task_name, st->model, st->llama, st->commit, st->date, st->machine, st->n_threads, o->context, o->budget,
-           o->n_ctx, o->cases, o->seed, seconds);
+           o->task_name, st->model, st->llama, st->commit, st->date, st->machine, st->n_threads, o->context, o->budget, o->n_ctx,
+           o->cases, o->seed, seconds);
     if (o->task == EVAL_PPL)
-        printf("%-12s %6s %6s %8s %8s %9s %9s %6s %-15s %7s %7s %6s\n", "policy", "budget", "tokens", "ppl",
-               "nll/tok", "|dnll|ref", "kl/tok", "top1", "95% CI", "evict", "recov", "peak");
+        printf("%-12s %6s %6s %8s %8s %9s %9s %6s %-15s %7s %7s %6s\n", "policy", "budget", "tokens", "ppl", "nll/tok", "|dnll|ref",
+               "kl/tok", "top1", "95% CI", "evict", "recov", "peak");
     else
-        printf("%-12s %6s %4s %4s %6s %-15s %4s %6s %-15s %9s %8s %9s %8s %7s %7s %8s %6s\n", "policy", "budget", "n",
-               "pass", "rate", "95% CI", "pfx", "rate", "95% CI", "answer_lp", "vs_ref", "number_lp", "vs_ref", "evict",
-               "recov", "ttft_ms", "peak");
+        printf("%-12s %6s %4s %4s %6s %-15s %4s %6s %-15s %9s %8s %9s %8s %7s %7s %8s %6s\n", "policy", "budget", "n", "pass",
+               "rate", "95% CI", "pfx", "rate", "95% CI", "answer_lp", "vs_ref", "number_lp", "vs_ref", "evict", "recov", "ttft_ms",
+               "peak");
     for (int i = 0; i < o->n_policies; i++) {
         const struct psum *p = &ps[i];
         double lo, hi;
@@ -334,20 +331,18 @@ static void print_table(const struct eval_opts *o, const struct eval_stamp *st, 
         if (o->task == EVAL_PPL) {
             char vs[16] = "        -";
             if (has_ref) snprintf(vs, sizeof vs, "%9.4f", mean(p->nll_absdiff, p->n_absdiff));
-            printf("%-12s %6d %6lld %8.3f %8.4f %9s %9.4f %6.3f %-15s %7.1f %7.1f %6d", o->label[i],
-                   policy_budget(o, i), (long long) p->n_tok, exp(mean(p->nll_tok, p->n_tok)), mean(p->nll_tok, p->n_tok),
-                   vs, mean(p->kl, p->n_kl), mean((double) p->passes, p->n), ci, mean(p->evictions, p->n_sess),
-                   mean(p->recoveries, p->n_sess), p->peak);
+            printf("%-12s %6d %6lld %8.3f %8.4f %9s %9.4f %6.3f %-15s %7.1f %7.1f %6d", o->label[i], policy_budget(o, i),
+                   (long long) p->n_tok, exp(mean(p->nll_tok, p->n_tok)), mean(p->nll_tok, p->n_tok), vs, mean(p->kl, p->n_kl),
+                   mean((double) p->passes, p->n), ci, mean(p->evictions, p->n_sess), mean(p->recoveries, p->n_sess), p->peak);
         } else {
             char vs[16] = "       -", vsn[16] = "       -", pci[32];
             if (has_ref) snprintf(vs, sizeof vs, "%+8.3f", mean(p->dlp, p->n_dlp));
             if (has_ref) snprintf(vsn, sizeof vsn, "%+8.3f", mean(p->dnumber_lp, p->n_dnumber));
             eval_wilson(p->prefix_passes, p->n, &lo, &hi);
             snprintf(pci, sizeof pci, "[%.3f, %.3f]", lo, hi);
-            printf("%-12s %6d %4lld %4lld %6.3f %-15s %4lld %6.3f %-15s %9.3f %8s %9.3f %8s %7.1f %7.1f %8.1f %6d",
-                   o->label[i], policy_budget(o, i), (long long) p->n, (long long) p->passes,
-                   mean((double) p->passes, p->n), ci, (long long) p->prefix_passes,
-                   mean((double) p->prefix_passes, p->n), pci, mean(p->lp, p->n_rows), vs,
+            printf("%-12s %6d %4lld %4lld %6.3f %-15s %4lld %6.3f %-15s %9.3f %8s %9.3f %8s %7.1f %7.1f %8.1f %6d", o->label[i],
+                   policy_budget(o, i), (long long) p->n, (long long) p->passes, mean((double) p->passes, p->n), ci,
+                   (long long) p->prefix_passes, mean((double) p->prefix_passes, p->n), pci, mean(p->lp, p->n_rows), vs,
                    mean(p->number_lp, p->n_number), vsn, mean(p->evictions, p->n_sess), mean(p->recoveries, p->n_sess),
                    mean(p->ttft, p->n_ttft), p->peak);
         }
@@ -357,19 +352,19 @@ static void print_table(const struct eval_opts *o, const struct eval_stamp *st, 
     bool codecs = false;
     for (int i = 0; i < o->n_policies; i++) codecs |= o->codec[i] != NULL;
     if (codecs) { /* --codec: what the host pool's codec stores and costs */
-        printf("\nhost pool codec (every recovered block decoded from it):\n%-18s %12s %10s %8s %9s %11s %11s\n",
-               "policy/codec", "bytes/token", "raw b/tok", "ratio", "kl/tok", "encode ms", "decode ms");
+        printf("\nhost pool codec (every recovered block decoded from it):\n%-18s %12s %10s %8s %9s %11s %11s\n", "policy/codec",
+               "bytes/token", "raw b/tok", "ratio", "kl/tok", "encode ms", "decode ms");
         for (int i = 0; i < o->n_policies; i++) {
             const struct psum *p = &ps[i];
             double bpt = p->pool_tokens > 0 ? p->pool_bytes / p->pool_tokens : NAN;
             double rpt = p->pool_tokens > 0 ? p->pool_raw_bytes / p->pool_tokens : NAN;
-            printf("%-18s %12.1f %10.1f %8.3f %9.5f %11.1f %11.1f\n", o->label[i], bpt, rpt, bpt / rpt,
-                   mean(p->kl, p->n_kl), mean(p->encode_ms, p->n_sess), mean(p->codec_decode_ms, p->n_sess));
+            printf("%-18s %12.1f %10.1f %8.3f %9.5f %11.1f %11.1f\n", o->label[i], bpt, rpt, bpt / rpt, mean(p->kl, p->n_kl),
+                   mean(p->encode_ms, p->n_sess), mean(p->codec_decode_ms, p->n_sess));
         }
     }
     if (o->task != EVAL_PPL) {
-        printf("\npasses (free reply / after the answer prefix) by %s depth:\n%-12s",
-               o->task == EVAL_NIAH ? "needle" : "fact", "policy");
+        printf("\npasses (free reply / after the answer prefix) by %s depth:\n%-12s", o->task == EVAL_NIAH ? "needle" : "fact",
+               "policy");
         for (int d = 0; d < o->n_depths; d++) printf(" %7d%%", o->depths[d]);
         putchar('\n');
         for (int i = 0; i < o->n_policies; i++) {
@@ -428,8 +423,8 @@ static int write_csv(const char *path, const struct eval_opts *o, const struct e
         if (r->depth >= 0) fprintf(f, "%d", r->depth);
         fprintf(f, ",%d,%d,%d,", o->context, policy_budget(o, r->pi), r->passed);
         csv_num(f, r->answer_logprob, "%.6f");
-        fprintf(f, ",%lld,%lld,%s,%d,%d,%d,%d,%d,", (long long) r->evictions, (long long) r->recoveries, o->task_name,
-                r->item, r->n, r->answer_tokens, r->tokens, r->peak_resident);
+        fprintf(f, ",%lld,%lld,%s,%d,%d,%d,%d,%d,", (long long) r->evictions, (long long) r->recoveries, o->task_name, r->item,
+                r->n, r->answer_tokens, r->tokens, r->peak_resident);
         csv_num(f, r->ttft_ms, "%.2f");
         fputc(',', f);
         csv_num(f, r->nll, "%.6f");
@@ -452,16 +447,17 @@ static json_t *rows_json(const struct eval_opts *o, const struct eval_results *r
     for (int32_t i = 0; a && i < res->n_rows; i++) {
         const struct eval_row *r = &res->rows[i];
         char *reply = app_utf8_clean(r->reply ? r->reply : "");
-        json_t *j = reply ? json_pack("{s:s, s:i, s:i, s:o, s:i, s:i, s:o, s:i, s:o, s:i, s:I, s:I, s:i, s:i, s:o, s:o, s:o, s:b, s:s, s:s}",
-                                      "policy", o->label[r->pi], "case", r->case_index + 1, "item",
-                                      r->item, "depth", r->depth >= 0 ? json_integer(r->depth) : json_null(), "n", r->n,
-                                      "passed", r->passed, "answer_logprob", jnum(r->answer_logprob), "answer_tokens",
-                                      r->answer_tokens, "number_logprob", jnum(r->number_logprob), "prefix_passed",
-                                      r->prefix_passed, "evictions", (json_int_t) r->evictions, "recoveries",
-                                      (json_int_t) r->recoveries, "tokens", r->tokens, "peak_resident_tokens",
-                                      r->peak_resident, "ttft_ms", jnum(r->ttft_ms), "nll_per_token", jnum(r->nll),
-                                      "kl", jnum(r->kl), "error", r->error, "fact", eval_fact_state_name(r->fact), "reply", reply)
-                          : NULL;
+        json_t *j =
+            reply
+                ? json_pack("{s:s, s:i, s:i, s:o, s:i, s:i, s:o, s:i, s:o, s:i, s:I, s:I, s:i, s:i, s:o, s:o, s:o, s:b, s:s, s:s}",
+                            "policy", o->label[r->pi], "case", r->case_index + 1, "item", r->item, "depth",
+                            r->depth >= 0 ? json_integer(r->depth) : json_null(), "n", r->n, "passed", r->passed, "answer_logprob",
+                            jnum(r->answer_logprob), "answer_tokens", r->answer_tokens, "number_logprob", jnum(r->number_logprob),
+                            "prefix_passed", r->prefix_passed, "evictions", (json_int_t) r->evictions, "recoveries",
+                            (json_int_t) r->recoveries, "tokens", r->tokens, "peak_resident_tokens", r->peak_resident, "ttft_ms",
+                            jnum(r->ttft_ms), "nll_per_token", jnum(r->nll), "kl", jnum(r->kl), "error", r->error, "fact",
+                            eval_fact_state_name(r->fact), "reply", reply)
+                : NULL;
         free(reply);
         if (!j || json_array_append_new(a, j)) {
             json_decref(a);
@@ -478,13 +474,12 @@ static json_t *cases_json(const struct eval_opts *o, const struct eval_case *cas
         json_t *facts = json_array();
         for (int32_t q = 0; facts && q < k->n_facts; q++) {
             const struct eval_fact *f = &k->facts[k->probe_order[q]];
-            json_array_append_new(facts, json_pack("{s:s, s:s, s:s, s:s, s:i}", "statement", f->statement, "question",
-                                                   f->question, "answer", f->answer, "prefix", f->prefix, "depth",
-                                                   f->depth));
+            json_array_append_new(facts, json_pack("{s:s, s:s, s:s, s:s, s:i}", "statement", f->statement, "question", f->question,
+                                                   "answer", f->answer, "prefix", f->prefix, "depth", f->depth));
         }
         json_t *j = facts ? json_pack("{s:i, s:o, s:i, s:i, s:s, s:o}", "case", c + 1, "depth",
-                                      k->depth >= 0 ? json_integer(k->depth) : json_null(), "tokens", k->n_tokens,
-                                      "turns", k->n_turns, "essays", k->essays, "facts", facts)
+                                      k->depth >= 0 ? json_integer(k->depth) : json_null(), "tokens", k->n_tokens, "turns",
+                                      k->n_turns, "essays", k->essays, "facts", facts)
                           : NULL;
         if (!j || json_array_append_new(a, j)) {
             json_decref(a);
@@ -521,18 +516,18 @@ static int write_png(const char *cmd, const char *path, const struct eval_opts *
     /* columns: index, name, pass rate, ci low, ci high, perplexity, prefix rate, its ci low, high */
     fprintf(g, "$rate << EOD\n");
     for (int i = 0; i < o->n_policies; i++) {
-        double lo, hi, plo, phi, r = mean((double) ps[i].passes, ps[i].n),
-                                 pr = mean((double) ps[i].prefix_passes, ps[i].n);
+        double lo, hi, plo, phi, r = mean((double) ps[i].passes, ps[i].n), pr = mean((double) ps[i].prefix_passes, ps[i].n);
         eval_wilson(ps[i].passes, ps[i].n, &lo, &hi);
         eval_wilson(ps[i].prefix_passes, ps[i].n, &plo, &phi);
-        fprintf(g, "%d %s %.6f %.6f %.6f %.6f %.6f %.6f %.6f\n", i, o->label[i],
-                isfinite(r) ? r : 0, lo, hi, exp(mean(ps[i].nll_tok, ps[i].n_tok)), isfinite(pr) ? pr : 0, plo, phi);
+        fprintf(g, "%d %s %.6f %.6f %.6f %.6f %.6f %.6f %.6f\n", i, o->label[i], isfinite(r) ? r : 0, lo, hi,
+                exp(mean(ps[i].nll_tok, ps[i].n_tok)), isfinite(pr) ? pr : 0, plo, phi);
     }
     fprintf(g, "EOD\n");
     fprintf(g, "set multiplot layout 1,2 title '%s: %s | context %d, budget %d, %d cases, seed %d | kvtier %s | %s'\n",
             o->task_name, st->model, o->context, o->budget, o->cases, o->seed, st->commit, st->date);
-    fprintf(g, "set style fill solid 0.5 border -1\nset grid ytics\nset xrange [-0.7:%d.7]\n"
-               "set yrange [0:1.05]\nset xtics rotate by -30\nset key top right\n",
+    fprintf(g,
+            "set style fill solid 0.5 border -1\nset grid ytics\nset xrange [-0.7:%d.7]\n"
+            "set yrange [0:1.05]\nset xtics rotate by -30\nset key top right\n",
             o->n_policies - 1);
     if (o->task == EVAL_PPL) {
         fprintf(g, "set title 'top-1 accuracy per policy (Wilson 95%% CI)'\nset boxwidth 0.6\n");
@@ -560,12 +555,14 @@ static int write_png(const char *cmd, const char *path, const struct eval_opts *
         }
         fprintf(g, "EOD\nnames = '");
         for (int i = 0; i < o->n_policies; i++) fprintf(g, "%s%s", i ? " " : "", o->label[i]);
-        fprintf(g, "'\nset title 'pass rate by %s depth (solid: after the answer prefix, dashed: free reply)'\n"
-                   "set xlabel 'depth (%% of the document)'\nset xrange [-2:102]\nset xtics norotate\n"
-                   "set key outside right\n",
+        fprintf(g,
+                "'\nset title 'pass rate by %s depth (solid: after the answer prefix, dashed: free reply)'\n"
+                "set xlabel 'depth (%% of the document)'\nset xrange [-2:102]\nset xtics norotate\n"
+                "set key outside right\n",
                 o->task == EVAL_NIAH ? "needle" : "fact");
-        fprintf(g, "plot for [i=1:%d] $depth using 1:(column(2*i+1)) with linespoints lw 2 lc i title word(names, i), "
-                   "for [i=1:%d] $depth using 1:(column(2*i)) with lines dt 2 lc i notitle\n",
+        fprintf(g,
+                "plot for [i=1:%d] $depth using 1:(column(2*i+1)) with linespoints lw 2 lc i title word(names, i), "
+                "for [i=1:%d] $depth using 1:(column(2*i)) with lines dt 2 lc i notitle\n",
                 o->n_policies, o->n_policies);
     }
     fprintf(g, "unset multiplot\n");
@@ -625,8 +622,8 @@ int eval_report(const char *cmd, const struct eval_opts *o, const struct eval_st
         json_t *full = json_deep_copy(summary);
         json_t *rows = rows_json(o, res), *cs = cases_json(o, cases, n_cases);
         snprintf(path, sizeof path, "%s.json", base);
-        if (!full || !rows || !cs || json_object_set_new(full, "cases_detail", cs) ||
-            json_object_set_new(full, "rows", rows) || write_json_file(path, full)) {
+        if (!full || !rows || !cs || json_object_set_new(full, "cases_detail", cs) || json_object_set_new(full, "rows", rows) ||
+            write_json_file(path, full)) {
             fprintf(stderr, "%s: cannot write '%s'\n", cmd, path);
             rc = APP_ERR;
         } else {

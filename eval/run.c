@@ -72,7 +72,7 @@ void eval_ref_free(struct eval_ref *ref) {
 /* generation                                                                               */
 
 struct gen_state {
-    double t_first;   /* ms timestamp of the first piece, 0 before */
+    double t_first; /* ms timestamp of the first piece, 0 before */
 };
 
 /* Notes the time of the first token; generation runs to --max-tokens or end of turn. */
@@ -146,8 +146,8 @@ out:
 /* One probe: the question (or `message`, the whole single-prompt message ending with it);
 ** log-probabilities of the answer and of the number after the answer's prefix; greedy reply.
 ** OUT row fields. */
-static int probe(const char *cmd, kvt_engine *eng, kvt_session *s, const struct eval_opts *o,
-                 const struct eval_fact *f, const char *message, struct eval_row *row) {
+static int probe(const char *cmd, kvt_engine *eng, kvt_session *s, const struct eval_opts *o, const struct eval_fact *f,
+                 const char *message, struct eval_row *row) {
     double t0 = now_ms();
     int rc = kvt_session_add(s, KVT_ROLE_USER, message ? message : f->question, KVT_KEEP_NONE);
     if (rc) {
@@ -171,9 +171,8 @@ static int probe(const char *cmd, kvt_engine *eng, kvt_session *s, const struct 
     row->number_logprob = NAN;
     kvt_token *ta = NULL, *tp = NULL;
     int32_t na = 0, np = 0;
-    if (kvt_tokenize(eng, f->answer, false, false, &ta, &na) == 0 &&
-        kvt_tokenize(eng, f->prefix, false, false, &tp, &np) == 0 && np < na && np == n_prefix &&
-        !memcmp(ta, tp, sizeof *ta * (size_t) np))
+    if (kvt_tokenize(eng, f->answer, false, false, &ta, &na) == 0 && kvt_tokenize(eng, f->prefix, false, false, &tp, &np) == 0 &&
+        np < na && np == n_prefix && !memcmp(ta, tp, sizeof *ta * (size_t) np))
         row->number_logprob = row->answer_logprob - lp_prefix;
     free(ta);
     free(tp);
@@ -225,8 +224,8 @@ static double full_kl(const float *ref, const float *l, int32_t n_vocab, double 
 ** into the session's sequence at its next position, then remove them.  fill: append each
 ** position's log-softmax to the reference file; row0 >= 0 (and not fill): compare against the
 ** reference rows row0.. (exact KL).  OUT sums over positions. */
-static int score_segment(kvt_engine *eng, kvt_session *s, const kvt_token *tok, int32_t n, int32_t n_vocab,
-                         struct eval_ref *ref, bool fill, int64_t row0, double *nll, int32_t *hits, double *kl) {
+static int score_segment(kvt_engine *eng, kvt_session *s, const kvt_token *tok, int32_t n, int32_t n_vocab, struct eval_ref *ref,
+                         bool fill, int64_t row0, double *nll, int32_t *hits, double *kl) {
     struct kvt_session_stats st;
     kvt_session_get_stats(s, &st);
     const kvt_pos start = st.next_pos;
@@ -237,7 +236,10 @@ static int score_segment(kvt_engine *eng, kvt_session *s, const kvt_token *tok, 
     int rc = 0;
     for (int32_t i = 0; i < n && rc == 0; i++) {
         const float *l = kvt_engine_logits(eng);
-        if (!l) { rc = KVT_EINVAL; break; }
+        if (!l) {
+            rc = KVT_EINVAL;
+            break;
+        }
         double mx, logz;
         lse(l, n_vocab, &mx, &logz);
         *nll -= l[tok[i]] - mx - logz;
@@ -415,10 +417,23 @@ int eval_run_case(const char *cmd, kvt_engine *eng, kvt_pool *pool, const struct
     struct kvt_session_stats st;
     kvt_session_get_stats(s, &st);
     o->el_frac[pi] = st.elastic_eligible ? (double) st.elastic_zero_eligible / (double) st.elastic_eligible : 0;
-    struct eval_sess se = { pi, k->index, st.evictions, st.recoveries, st.tokens_decoded, st.tokens_recovered,
-                            st.peak_resident_tokens, st.total_tokens, (now_ms() - t0) / 1e3, st.policy_ms,
-                            st.decode_ms, rc != 0, st.pool_saved_tokens, st.pool_raw_bytes,
-                            st.pool_stored_bytes, st.codec_encode_ms, st.codec_decode_ms };
+    struct eval_sess se = { pi,
+                            k->index,
+                            st.evictions,
+                            st.recoveries,
+                            st.tokens_decoded,
+                            st.tokens_recovered,
+                            st.peak_resident_tokens,
+                            st.total_tokens,
+                            (now_ms() - t0) / 1e3,
+                            st.policy_ms,
+                            st.decode_ms,
+                            rc != 0,
+                            st.pool_saved_tokens,
+                            st.pool_raw_bytes,
+                            st.pool_stored_bytes,
+                            st.codec_encode_ms,
+                            st.codec_decode_ms };
     kvt_session_free(s);
     if (eval_add_sess(res, &se)) rc = rc ? rc : KVT_ENOMEM;
 
@@ -460,14 +475,14 @@ int eval_run_case(const char *cmd, kvt_engine *eng, kvt_pool *pool, const struct
             pp += res->rows[i].prefix_passed;
             nf[res->rows[i].fact >= 0 && res->rows[i].fact < 4 ? res->rows[i].fact : 0]++;
         }
-        fprintf(stderr, "%d/%d pass, %d/%d prefix pass, mean lp %.2f, facts resident %d recovered %d evicted %d", passed, n,
-                pp, n, n_rows ? lp / n_rows : 0.0, nf[EVAL_FACT_RESIDENT], nf[EVAL_FACT_RECOVERED], nf[EVAL_FACT_EVICTED]);
+        fprintf(stderr, "%d/%d pass, %d/%d prefix pass, mean lp %.2f, facts resident %d recovered %d evicted %d", passed, n, pp, n,
+                n_rows ? lp / n_rows : 0.0, nf[EVAL_FACT_RESIDENT], nf[EVAL_FACT_RECOVERED], nf[EVAL_FACT_EVICTED]);
     } else {
         fprintf(stderr, "ppl %.3f, top-1 %d/%d", n ? exp(nll / n) : NAN, passed, n);
         if (n_kl) fprintf(stderr, ", kl %.4f", kl / n_kl);
     }
-    fprintf(stderr, " | evictions %lld, recoveries %lld, peak %d, %.1f s", (long long) st.evictions,
-            (long long) st.recoveries, st.peak_resident_tokens, se.seconds);
+    fprintf(stderr, " | evictions %lld, recoveries %lld, peak %d, %.1f s", (long long) st.evictions, (long long) st.recoveries,
+            st.peak_resident_tokens, se.seconds);
     if (st.elastic_passes)
         fprintf(stderr, " | elastic %lld passes, %.1f ms, zeros %.2f%% of resident K/V, %.2f%% of the thresholded range",
                 (long long) st.elastic_passes, st.elastic_ms, 100.0 * (double) st.elastic_zero / (double) st.elastic_elems,

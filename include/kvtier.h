@@ -70,19 +70,19 @@ extern "C" {
 
 /* One table of error codes (libuv style).  Every function that can fail returns 0 or one of
 ** these negative values, and leaves a message naming the offending value in kvt_errmsg(). */
-#define KVT_ERRNO_MAP(X)                                                                 \
-    X(EINVAL,       -1,  "invalid argument")                                             \
-    X(ENOMEM,       -2,  "out of memory")                                                \
-    X(EIO,          -3,  "i/o error")                                                    \
-    X(ECORRUPT,     -4,  "stored data failed its checksum")                             \
-    X(ENOENT,       -5,  "not found")                                                    \
-    X(EMODEL,       -6,  "model could not be loaded")                                    \
-    X(ELLAMA,       -7,  "llama.cpp call failed")                                        \
-    X(ECTX,         -8,  "does not fit in the context window")                          \
-    X(EBUDGET,      -9,  "does not fit in the token budget")                            \
-    X(EUNSUPPORTED, -10, "not supported for this model or cache configuration")        \
-    X(EFORMAT,      -11, "malformed KV block")                                           \
-    X(ECANCELED,    -12, "canceled by the caller")
+#define KVT_ERRNO_MAP(X)                                                        \
+    X(EINVAL, -1, "invalid argument")                                           \
+    X(ENOMEM, -2, "out of memory")                                              \
+    X(EIO, -3, "i/o error")                                                     \
+    X(ECORRUPT, -4, "stored data failed its checksum")                          \
+    X(ENOENT, -5, "not found")                                                  \
+    X(EMODEL, -6, "model could not be loaded")                                  \
+    X(ELLAMA, -7, "llama.cpp call failed")                                      \
+    X(ECTX, -8, "does not fit in the context window")                           \
+    X(EBUDGET, -9, "does not fit in the token budget")                          \
+    X(EUNSUPPORTED, -10, "not supported for this model or cache configuration") \
+    X(EFORMAT, -11, "malformed KV block")                                       \
+    X(ECANCELED, -12, "canceled by the caller")
 
 enum kvt_errno {
     KVT_OK = 0,
@@ -125,23 +125,23 @@ typedef struct kvt_store kvt_store;
 
 /* How saved K is re-anchored to a new position (see kvt_block_load). */
 enum kvt_reanchor {
-    KVT_REANCHOR_AUTO    = 0, /* host rotation when verified at open, else SEQ_ADD */
-    KVT_REANCHOR_HOST    = 1, /* rotate K rows of the saved block on the host (F32/F16 K only) */
+    KVT_REANCHOR_AUTO = 0,    /* host rotation when verified at open, else SEQ_ADD */
+    KVT_REANCHOR_HOST = 1,    /* rotate K rows of the saved block on the host (F32/F16 K only) */
     KVT_REANCHOR_SEQ_ADD = 2, /* llama_memory_seq_add: llama.cpp's lazy K-shift at the next decode */
 };
 
 struct kvt_engine_params {
-    const char *model_path;   /* GGUF file; required */
-    int32_t n_ctx;            /* KV cells for the caller's sequences (tokens); default 4096.  Streams:
+    const char *model_path; /* GGUF file; required */
+    int32_t n_ctx;          /* KV cells for the caller's sequences (tokens); default 4096.  Streams:
                               ** each of the n_seq sequences gets n_ctx / n_seq cells of its own,
                               ** rounded up to a multiple of 256 (llama.cpp's padding).  Unified: one
                               ** cache of n_ctx cells that all sequences share. */
-    int32_t n_batch;          /* max tokens per llama_decode call; default 512 */
-    int32_t n_ubatch;         /* physical micro-batch (tokens); default 512 */
-    int32_t n_seq;            /* live sequences the caller will use (ids 0..n_seq-1), 1..64; default 1.
+    int32_t n_batch;        /* max tokens per llama_decode call; default 512 */
+    int32_t n_ubatch;       /* physical micro-batch (tokens); default 512 */
+    int32_t n_seq;          /* live sequences the caller will use (ids 0..n_seq-1), 1..64; default 1.
                               ** The engine adds scratch sequences for the block primitives (unified:
                               ** three; streams: one, and only on the SEQ_ADD re-anchoring path). */
-    bool kv_unified;          /* default false.
+    bool kv_unified;        /* default false.
                               ** false ("streams"): one KV stream per sequence (llama.cpp kv_unified =
                               ** false): attention runs over the sequence's own cells only, so its cost
                               ** does not grow with other sessions and a sequence's numbers are
@@ -160,12 +160,12 @@ struct kvt_engine_params {
                               ** sequence may use all n_ctx cells), for kvt_seq_cp that shares cells
                               ** instead of copying them, and as the reference streams mode is tested
                               ** against. */
-    int32_t n_threads;        /* CPU threads; 0 = all cores */
-    const char *type_k;       /* KV cache element type: "f16" (default), "f32", "q8_0" */
-    const char *type_v;       /* same choices; quantised V needs flash attention */
-    bool flash_attn;          /* default false; attention capture needs it off */
-    int32_t reanchor;         /* enum kvt_reanchor; default AUTO */
-    bool verbose;             /* pass llama.cpp's log through to stderr */
+    int32_t n_threads;      /* CPU threads; 0 = all cores */
+    const char *type_k;     /* KV cache element type: "f16" (default), "f32", "q8_0" */
+    const char *type_v;     /* same choices; quantised V needs flash attention */
+    bool flash_attn;        /* default false; attention capture needs it off */
+    int32_t reanchor;       /* enum kvt_reanchor; default AUTO */
+    bool verbose;           /* pass llama.cpp's log through to stderr */
 };
 
 /* Defaults listed above.  Returned by value; cannot fail. */
@@ -189,22 +189,22 @@ int kvt_engine_open(const struct kvt_engine_params *params, kvt_engine **out);
 void kvt_engine_free(kvt_engine *eng);
 
 struct kvt_engine_info {
-    char    desc[128];        /* llama_model_desc, e.g. "gemma3 270M Q4_K - Medium" */
-    char    arch[32];         /* general.architecture */
-    char    name[128];        /* general.name ("" if absent) */
-    bool    has_chat_template;/* the GGUF carries tokenizer.chat_template */
+    char desc[128];         /* llama_model_desc, e.g. "gemma3 270M Q4_K - Medium" */
+    char arch[32];          /* general.architecture */
+    char name[128];         /* general.name ("" if absent) */
+    bool has_chat_template; /* the GGUF carries tokenizer.chat_template */
     int32_t n_layer, n_head, n_head_kv, n_embd;
-    int32_t n_swa;            /* sliding window (tokens), 0 = none */
-    int32_t n_ctx;            /* cells in the context (all streams; scratch streams included) */
-    int32_t n_ctx_seq;        /* cells one sequence can hold: n_ctx when unified, its stream's size
+    int32_t n_swa;     /* sliding window (tokens), 0 = none */
+    int32_t n_ctx;     /* cells in the context (all streams; scratch streams included) */
+    int32_t n_ctx_seq; /* cells one sequence can hold: n_ctx when unified, its stream's size
                               ** in streams mode (budgets of one sequence must fit this) */
-    bool    kv_unified;       /* the cache mode in use (kvt_engine_params.kv_unified) */
+    bool kv_unified;   /* the cache mode in use (kvt_engine_params.kv_unified) */
     int32_t n_ctx_train;
     int32_t n_vocab;
-    int32_t n_seq;            /* caller-usable sequence ids */
-    int32_t reanchor;         /* path in use: KVT_REANCHOR_HOST or KVT_REANCHOR_SEQ_ADD */
-    double  reanchor_err;     /* max |K_host_rotated - K_llama| / max|K| seen at open; -1 if n/a */
-    size_t  kv_bytes_per_token; /* K+V bytes of one token across all layers of the cache types */
+    int32_t n_seq;             /* caller-usable sequence ids */
+    int32_t reanchor;          /* path in use: KVT_REANCHOR_HOST or KVT_REANCHOR_SEQ_ADD */
+    double reanchor_err;       /* max |K_host_rotated - K_llama| / max|K| seen at open; -1 if n/a */
+    size_t kv_bytes_per_token; /* K+V bytes of one token across all layers of the cache types */
     const char *type_k, *type_v;
 };
 
@@ -227,13 +227,12 @@ void kvt_engine_layout(const kvt_engine *eng, char *buf, size_t n);
 ** "<start_of_turn>" etc. as control tokens.
 ** OUT *tokens (caller frees with free()), *n_tokens.
 ** Errors: KVT_EINVAL (model has no tokenizer), KVT_ENOMEM. */
-int kvt_tokenize(kvt_engine *eng, const char *text, bool add_bos, bool parse_special,
-                 kvt_token **tokens /* OUT */, int32_t *n_tokens /* OUT */);
+int kvt_tokenize(kvt_engine *eng, const char *text, bool add_bos, bool parse_special, kvt_token **tokens /* OUT */,
+                 int32_t *n_tokens /* OUT */);
 
 /* Detokenize n tokens to a NUL-terminated UTF-8 string (special tokens rendered when
 ** render_special).  OUT *text, caller frees with free().  Errors: KVT_ENOMEM. */
-int kvt_detokenize(kvt_engine *eng, const kvt_token *tokens, int32_t n, bool render_special,
-                   char **text /* OUT */);
+int kvt_detokenize(kvt_engine *eng, const kvt_token *tokens, int32_t n, bool render_special, char **text /* OUT */);
 
 struct kvt_chat_msg {
     const char *role;    /* "system", "user" or "assistant" */
@@ -244,16 +243,16 @@ struct kvt_chat_msg {
 ** has none, the template named by `fallback`, e.g. "gemma", or "chatml" when NULL).
 ** add_assistant: append the assistant-turn prefix.  OUT *text, caller frees with free().
 ** Errors: KVT_EINVAL (unknown role or template), KVT_ENOMEM. */
-int kvt_chat_format(kvt_engine *eng, const struct kvt_chat_msg *msgs, int32_t n_msgs,
-                    bool add_assistant, const char *fallback, char **text /* OUT */);
+int kvt_chat_format(kvt_engine *eng, const struct kvt_chat_msg *msgs, int32_t n_msgs, bool add_assistant, const char *fallback,
+                    char **text /* OUT */);
 
 /* The tokens a session decodes for a conversation: kvt_chat_format's text tokenized with BOS and
 ** control tokens parsed (kvt_tokenize(eng, text, true, true)).  A server compares them with its
 ** sessions' streams (kvt_session_tokens) to choose one, and computes the prompt's chain keys
 ** from them.  fallback: the sessions' kvt_session_params.template_fallback.  OUT *tokens (caller
 ** frees with free()), *n_tokens.  Errors: those of kvt_chat_format and kvt_tokenize. */
-int kvt_chat_tokenize(kvt_engine *eng, const struct kvt_chat_msg *msgs, int32_t n_msgs, bool add_assistant,
-                      const char *fallback, kvt_token **tokens /* OUT */, int32_t *n_tokens /* OUT */);
+int kvt_chat_tokenize(kvt_engine *eng, const struct kvt_chat_msg *msgs, int32_t n_msgs, bool add_assistant, const char *fallback,
+                      kvt_token **tokens /* OUT */, int32_t *n_tokens /* OUT */);
 
 /* Prefill/decode tokens[0..n) into sequence seq at positions pos0, pos0+1, ..., split into
 ** chunks of n_batch tokens.  pos0 must be the sequence's next position (max resident + 1, or
@@ -262,16 +261,15 @@ int kvt_chat_tokenize(kvt_engine *eng, const struct kvt_chat_msg *msgs, int32_t 
 ** Errors: KVT_EINVAL (bad seq or n; positions outside [0, 2^30)), KVT_ECTX (no free KV cells: the message gives the cell
 ** count; streams: the sequence's own stream is full, whatever the others hold), KVT_ELLAMA.  On error, tokens of the failed chunk are not in the cache; earlier chunks
 ** are (the caller's block table records what was decoded). */
-int kvt_engine_decode(kvt_engine *eng, int32_t seq, const kvt_token *tokens, int32_t n, kvt_pos pos0,
-               bool want_logits);
+int kvt_engine_decode(kvt_engine *eng, int32_t seq, const kvt_token *tokens, int32_t n, kvt_pos pos0, bool want_logits);
 
 /* A prefill chunk of one sequence, to decode beside other sequences' decode rows. */
 struct kvt_decode_chunk {
-    int32_t          seq;         /* the chunk's sequence: none of the rows' */
-    const kvt_token *tokens;      /* [n], not retained */
-    int32_t          n;           /* tokens, >= 1 (n = 0: no chunk) */
-    kvt_pos          pos0;        /* position of tokens[0]: the sequence's next position */
-    bool             want_logits; /* keep the logits of its last token for kvt_engine_logits() */
+    int32_t seq;             /* the chunk's sequence: none of the rows' */
+    const kvt_token *tokens; /* [n], not retained */
+    int32_t n;               /* tokens, >= 1 (n = 0: no chunk) */
+    kvt_pos pos0;            /* position of tokens[0]: the sequence's next position */
+    bool want_logits;        /* keep the logits of its last token for kvt_engine_logits() */
 };
 
 /* Continuous batching with chunked prefill (as llama-server and vLLM schedule it), in ONE
@@ -317,9 +315,9 @@ int kvt_grammar_new(kvt_engine *eng, const char *gbnf, const char *root, kvt_gra
 void kvt_grammar_free(kvt_grammar *g);
 
 struct kvt_sampling {
-    float    temperature; /* <= 0: greedy (argmax) */
-    float    top_p;       /* 1.0 = off */
-    int32_t  top_k;       /* 0 = off */
+    float temperature;    /* <= 0: greedy (argmax) */
+    float top_p;          /* 1.0 = off */
+    int32_t top_k;        /* 0 = off */
     uint32_t seed;        /* used when temperature > 0 */
     kvt_grammar *grammar; /* NULL = unconstrained; else only tokens the grammar allows are
                           ** sampled, and the sampled token advances it (borrowed, not owned) */
@@ -376,12 +374,12 @@ int kvt_seq_shift(kvt_engine *eng, int32_t seq, kvt_pos p0, kvt_pos p1, kvt_pos 
 ** and cache types; kvt_block_load also accepts llama.cpp's per-sequence form (n_stream =
 ** n_seq_max, one non-empty stream record). */
 typedef struct kvt_blob {
-    uint8_t *data;        /* llama.cpp sequence-state bytes (llama_state_seq_get_data format) */
-    size_t   size;        /* bytes */
-    kvt_pos  p0;          /* first position the K rows are rotated for */
-    int32_t  n_tokens;    /* positions covered: [p0, p0 + n_tokens) */
-    int32_t  n_cells;     /* cells in the full-attention part */
-    int32_t  n_cells_swa; /* cells in the sliding-window part (iSWA models), else 0 */
+    uint8_t *data;       /* llama.cpp sequence-state bytes (llama_state_seq_get_data format) */
+    size_t size;         /* bytes */
+    kvt_pos p0;          /* first position the K rows are rotated for */
+    int32_t n_tokens;    /* positions covered: [p0, p0 + n_tokens) */
+    int32_t n_cells;     /* cells in the full-attention part */
+    int32_t n_cells_swa; /* cells in the sliding-window part (iSWA models), else 0 */
 } kvt_blob;
 
 /* Block save: copy positions [p0, p1) of sequence seq into a new host blob.  Non-destructive:
@@ -454,34 +452,34 @@ int kvt_blob_dup(const kvt_blob *blob, kvt_blob **out);
 ** buys is measured quality at a given sparsity (docs/EVALUATION.md "Live ElasticKV"); the tier
 ** codecs (section 9) turn sparsity into bytes. */
 struct kvt_elastic_params {
-    float    s_k, s_v;  /* threshold scales, >= 0; 0 leaves that tensor kind untouched.  The
+    float s_k, s_v;    /* threshold scales, >= 0; 0 leaves that tensor kind untouched.  The
                         ** source design's sweet spot: s_k = 0.45, s_v = 0.50 */
-    kvt_pos  p0, p1;    /* positions thresholded: [p0, p1) (p0 = attention sinks, e.g. 64;
+    kvt_pos p0, p1;    /* positions thresholded: [p0, p1) (p0 = attention sinks, e.g. 64;
                         ** p1 = start of the protected tail) */
-    bool     random;    /* control (matched-random zeroing): per layer, tensor and head, the pass
+    bool random;       /* control (matched-random zeroing): per layer, tensor and head, the pass
                         ** computes tau_h as above, counts the elements it would leave 0, and
                         ** instead zeroes that many elements of [p0, p1) chosen uniformly at
                         ** random (elements already 0 count towards it), so the head's zero count
                         ** equals the threshold's */
-    float    random_frac; /* random with random_frac in (0, 1]: instead of the threshold's count,
+    float random_frac; /* random with random_frac in (0, 1]: instead of the threshold's count,
                         ** each head's zeros in [p0, p1) are brought up to round(random_frac x its
                         ** elements there) (never fewer than already are).  Repeated passes then
                         ** hold a fixed sparsity, where matching the count pass by pass would
                         ** ratchet it up: tau over a randomly thinned range still counts the small
                         ** elements random zeroing spared.  0 = match the threshold's count */
-    uint64_t seed;      /* random: seed of the choice (splitmix64) */
+    uint64_t seed;     /* random: seed of the choice (splitmix64) */
 };
 
 /* What one pass saw and did (OUT of kvt_seq_elastic); element = one K or V scalar of one cell
 ** in one layer. */
 struct kvt_elastic_stats {
-    int64_t n_elems;          /* K and V elements of all the sequence's cells, all layers, both
+    int64_t n_elems;         /* K and V elements of all the sequence's cells, all layers, both
                               ** parts (sinks and tail included) */
-    int64_t n_zero;           /* of them equal to 0 after the pass */
-    int64_t n_eligible;       /* of them in cells with position in [p0, p1) */
-    int64_t n_zero_eligible;  /* of those equal to 0 after the pass */
-    int64_t n_zeroed;         /* elements this pass changed from non-zero to 0 */
-    double  ms;               /* wall time of the pass (read, threshold, write back) */
+    int64_t n_zero;          /* of them equal to 0 after the pass */
+    int64_t n_eligible;      /* of them in cells with position in [p0, p1) */
+    int64_t n_zero_eligible; /* of those equal to 0 after the pass */
+    int64_t n_zeroed;        /* elements this pass changed from non-zero to 0 */
+    double ms;               /* wall time of the pass (read, threshold, write back) */
 };
 
 /* ---- Attention capture ----
@@ -503,8 +501,7 @@ struct kvt_elastic_stats {
 ** the write: the sequence's previous state is written back, bit-identical).  On every error the
 ** sequence's K/V is unchanged (unless putting it back failed too, which the message says).
 ** Not thread-safe (engine rule). */
-int kvt_seq_elastic(kvt_engine *eng, int32_t seq, const struct kvt_elastic_params *p,
-                    struct kvt_elastic_stats *st /* OUT */);
+int kvt_seq_elastic(kvt_engine *eng, int32_t seq, const struct kvt_elastic_params *p, struct kvt_elastic_stats *st /* OUT */);
 
 /* Choose layers to capture (il in [0, n_layer)); n = 0 turns capture off.  capture_q also
 ** keeps Q.  Errors: KVT_EINVAL (layer out of range), KVT_EUNSUPPORTED (flash attention on). */
@@ -521,10 +518,10 @@ int kvt_attn_capture(kvt_engine *eng, const int32_t *layers, int32_t n, bool cap
 ** All arrays are malloc'd for the caller, who frees the struct with kvt_attn_free. */
 typedef struct kvt_attn {
     int32_t layer, n_query, n_head, n_keys, head_dim;
-    kvt_pos *q_pos;  /* [n_query] */
-    kvt_pos *k_pos;  /* [n_keys] */
-    float   *w;      /* [n_query * n_head * n_keys] */
-    float   *q;      /* [n_query * n_head * head_dim] or NULL */
+    kvt_pos *q_pos; /* [n_query] */
+    kvt_pos *k_pos; /* [n_keys] */
+    float *w;       /* [n_query * n_head * n_keys] */
+    float *q;       /* [n_query * n_head * head_dim] or NULL */
 } kvt_attn;
 
 /* Works in both cache modes: with one stream per sequence the softmax columns are the cells of
@@ -539,8 +536,8 @@ void kvt_attn_free(kvt_attn *a); /* frees the struct and its arrays; accepts NUL
 ** part: 0 = full-attention cache, 1 = sliding-window cache.  il: layer index within the part.
 ** OUT *k: [n_cells * row] floats (caller frees with free()), *pos: [n_cells] (caller frees),
 ** *n_cells, *row_elems.  Errors: KVT_EFORMAT, KVT_EUNSUPPORTED (quantised K), KVT_ENOMEM. */
-int kvt_blob_k_rows(const kvt_engine *eng, const kvt_blob *blob, int part, int il,
-                    float **k, kvt_pos **pos, int32_t *n_cells, int32_t *row_elems);
+int kvt_blob_k_rows(const kvt_engine *eng, const kvt_blob *blob, int part, int il, float **k, kvt_pos **pos, int32_t *n_cells,
+                    int32_t *row_elems);
 
 /* Layer il's cache part (0 = full-attention cache, 1 = sliding-window cache of an iSWA model)
 ** and its index among that part's layers, as found at engine open (by which attention mask
@@ -554,11 +551,11 @@ int kvt_engine_layer_part(const kvt_engine *eng, int32_t il, int *part /* OUT */
 typedef struct kvt_pool kvt_pool;
 
 struct kvt_pool_params {
-    size_t      budget_bytes; /* RAM the pool may hold; default 256 MiB.  A ceiling: see
+    size_t budget_bytes;    /* RAM the pool may hold; default 256 MiB.  A ceiling: see
                               ** kvt_pool_put */
-    const char *spill_dir;    /* directory for spill files; NULL = a private directory made
+    const char *spill_dir;  /* directory for spill files; NULL = a private directory made
                               ** under $TMPDIR (or /tmp) on first spill, removed by free */
-    size_t      spill_bytes_max; /* payload bytes the spill files may hold; 0 = unlimited (the
+    size_t spill_bytes_max; /* payload bytes the spill files may hold; 0 = unlimited (the
                               ** default).  When a spill would exceed it, the least recently
                               ** used entries on disk are dropped to make room (n_dropped); the
                               ** entry being spilled is dropped instead when it is less recently
@@ -609,9 +606,9 @@ int kvt_pool_del(kvt_pool *pool, uint64_t key);
 
 struct kvt_pool_stats {
     int64_t n_entries, n_spilled;
-    int64_t ram_bytes, spill_bytes;       /* payload bytes held in RAM / in spill files */
+    int64_t ram_bytes, spill_bytes; /* payload bytes held in RAM / in spill files */
     int64_t n_spill_writes, n_spill_reads, n_corrupt;
-    int64_t n_dropped;                    /* entries dropped: their spill write failed, or the
+    int64_t n_dropped; /* entries dropped: their spill write failed, or the
                                           ** spill quota had no room for them */
 };
 /* Cannot fail; thread-safe.  n_corrupt counts failed reads, not distinct entries. */
@@ -627,9 +624,9 @@ enum kvt_role { KVT_ROLE_SYSTEM = 0, KVT_ROLE_USER = 1, KVT_ROLE_ASSISTANT = 2 }
 
 enum kvt_residency {
     KVT_RES_DEVICE = 0, /* in the llama.cpp KV cache */
-    KVT_RES_HOST   = 1, /* evicted; blob in host RAM (the pool's, or the store's RAM tier) */
-    KVT_RES_DISK   = 2, /* evicted; blob in a spill file */
-    KVT_RES_LOST   = 3, /* evicted with no saved copy: with recovery "discard" gone for good;
+    KVT_RES_HOST = 1,   /* evicted; blob in host RAM (the pool's, or the store's RAM tier) */
+    KVT_RES_DISK = 2,   /* evicted; blob in a spill file */
+    KVT_RES_LOST = 3,   /* evicted with no saved copy: with recovery "discard" gone for good;
                         ** otherwise the copy failed its checksum, its spill file went missing,
                         ** the pool dropped it (failed spill, spill quota) or its save failed,
                         ** and recovery recomputes the block from its tokens (recomputes) */
@@ -637,7 +634,7 @@ enum kvt_residency {
 
 enum kvt_recovery {
     KVT_RECOVERY_KV_RESTORE = 0, /* load saved K/V back, no recompute */
-    KVT_RECOVERY_DISCARD    = 1, /* evicted blocks are gone (truncation baseline) */
+    KVT_RECOVERY_DISCARD = 1,    /* evicted blocks are gone (truncation baseline) */
     KVT_RECOVERY_BREADCRUMB = 2, /* re-prefill the block's tokens at the tail (the recompute path) */
 };
 
@@ -691,53 +688,53 @@ struct kvt_block_info;
 typedef double (*kvt_scorer_fn)(const struct kvt_block_info *b, kvt_pos now, void *ud);
 
 struct kvt_session_params {
-    int32_t seq;              /* engine sequence id to use; default 0 */
-    int32_t budget;           /* max resident tokens; default 512; >= 2 blocks */
-    int32_t block;            /* tokens per block; default 64 */
-    float   high_watermark;   /* evict when resident > high * budget; default 0.95 */
-    float   low_watermark;    /* ... down to low * budget; default 0.75 */
-    int32_t n_sink_blocks;    /* leading blocks never evicted (attention sinks); default 1 */
-    int32_t n_recent_blocks;  /* trailing complete blocks never evicted; default 1 */
-    int32_t recovery;         /* enum kvt_recovery; default KV_RESTORE */
-    int32_t top_k;            /* blocks recovered per user turn at most; default 4 */
-    int32_t gen_reserve;      /* tokens kept free for the reply when a turn is admitted;
+    int32_t seq;                   /* engine sequence id to use; default 0 */
+    int32_t budget;                /* max resident tokens; default 512; >= 2 blocks */
+    int32_t block;                 /* tokens per block; default 64 */
+    float high_watermark;          /* evict when resident > high * budget; default 0.95 */
+    float low_watermark;           /* ... down to low * budget; default 0.75 */
+    int32_t n_sink_blocks;         /* leading blocks never evicted (attention sinks); default 1 */
+    int32_t n_recent_blocks;       /* trailing complete blocks never evicted; default 1 */
+    int32_t recovery;              /* enum kvt_recovery; default KV_RESTORE */
+    int32_t top_k;                 /* blocks recovered per user turn at most; default 4 */
+    int32_t gen_reserve;           /* tokens kept free for the reply when a turn is admitted;
                               ** default 64 */
-    float   min_recovery_score; /* BM25 score a block needs to be recovered; default 3.0
+    float min_recovery_score;      /* BM25 score a block needs to be recovered; default 3.0
                               ** (one shared rare term scores about 2-3, a common one < 1) */
     const char *template_fallback; /* chat template when the GGUF has none; default "gemma" */
-    kvt_pool *pool;           /* host tier for a session without a store; NULL = the session
+    kvt_pool *pool;                /* host tier for a session without a store; NULL = the session
                               ** makes a private 256 MiB pool.  Must be NULL with a store: the
                               ** store then holds every copy (see store) */
-    kvt_scorer_fn scorer;     /* overrides the policy's scorer when set */
+    kvt_scorer_fn scorer;          /* overrides the policy's scorer when set */
     void *scorer_ud;
-    int32_t policy;           /* enum kvt_policy; default KVTIER.  Baselines set their own
+    int32_t policy;             /* enum kvt_policy; default KVTIER.  Baselines set their own
                               ** recovery (discard) whatever `recovery` says. */
     const int32_t *attn_layers; /* layers whose attention feeds H2O/SnapKV/kvtier; NULL = the
                               ** full-attention layers of an iSWA model (Gemma 3 270M: 5, 11, 17),
                               ** else three spread layers.  Copied at open. */
     int32_t n_attn_layers;
-    int32_t snap_window;      /* SnapKV observation window (queries); default 32 */
-    float   ewma_alpha;       /* attention EWMA weight of the newest observation; default 0.3 */
-    const char *head_profile; /* `kvtier calibrate` profile: weights heads in the attention
+    int32_t snap_window;           /* SnapKV observation window (queries); default 32 */
+    float ewma_alpha;              /* attention EWMA weight of the newest observation; default 0.3 */
+    const char *head_profile;      /* `kvtier calibrate` profile: weights heads in the attention
                               ** signals (read at open); NULL = equal weights */
     struct kvt_embedder *embedder; /* optional dense retrieval for recovery (section 7): every
                               ** sealed block's text is embedded (one embedding per block, ~2.5x
                               ** its prefill on Gemma 3 270M), and recovery ranks evicted blocks
                               ** by cosine to the user message instead of BM25.  Borrowed: must
                               ** outlive the session; NULL = BM25 only (the default) */
-    float   min_recovery_cosine; /* with an embedder: cosine an evicted block needs to come
+    float min_recovery_cosine;     /* with an embedder: cosine an evicted block needs to come
                               ** back; default 0.5 (model-dependent: mean-pooled generative
                               ** models are anisotropic, Gemma 3 270M puts unrelated sentences
                               ** at ~0.6) */
-    int32_t ann_min_blocks;   /* with an embedder: sealed blocks from which the block vectors
+    int32_t ann_min_blocks;        /* with an embedder: sealed blocks from which the block vectors
                               ** go into an HNSW index (kvt_ann) instead of a linear scan;
                               ** default 1024 */
-    int32_t successor_blocks; /* evicted blocks right after a recovered one that come back with
+    int32_t successor_blocks;      /* evicted blocks right after a recovered one that come back with
                               ** it (a fact cut at a block boundary continues there; RAG systems
                               ** expand a hit to its neighbouring chunk the same way), for BM25
                               ** hits whose last matching word is in the block's last quarter,
                               ** and for every dense hit; default 1, 0 = only the hits */
-    kvt_store *store;         /* content-addressed block store (section 8), shared by sessions
+    kvt_store *store;              /* content-addressed block store (section 8), shared by sessions
                               ** and processes; NULL = none (the default).  Borrowed: must outlive
                               ** the session.  With a store, every full block the session
                               ** computed as a cold prefill would (no block evicted, recovered or
@@ -757,9 +754,9 @@ struct kvt_session_params {
                               ** the quota, gc, a full write queue, `kvtier store clear`) is
                               ** recomputed from the block's tokens when the block is
                               ** needed (recomputes) */
-    const char *tenant;       /* chain salt (kvt_chain_params.tenant): sessions of different
+    const char *tenant;            /* chain salt (kvt_chain_params.tenant): sessions of different
                               ** tenants never share blocks; NULL/"" = shared.  Copied at open */
-    const char *codec_ram;    /* codec of the blocks the session saves to its host pool (a
+    const char *codec_ram;         /* codec of the blocks the session saves to its host pool (a
                               ** section 9 spec: "raw", "q8", "q4", "elastic", "elastic+q8", with
                               ** arguments); NULL or "raw" = the blob's bytes (bit-exact).  Parsed
                               ** at open (KVT_EINVAL naming a bad spec); n_head_kv comes from the
@@ -778,7 +775,7 @@ struct kvt_session_params {
                               ** holds it (a block saved at its original position), else it is
                               ** LOST and recomputed from its tokens.  Blocks given to the
                               ** block store (`store`) stay raw (its disk tier has its own codec) */
-    float   elastic_sk, elastic_sv; /* live ElasticKV (kvt_seq_elastic, section 3): threshold
+    float elastic_sk, elastic_sv;  /* live ElasticKV (kvt_seq_elastic, section 3): threshold
                               ** scales s_k, s_v in [0, 2] (dimensionless: tau_h = max(sigma_h / 2,
                               ** mu_h) x s); both 0 = off (the default).  The source design's sweet
                               ** spot is 0.45, 0.50.  When on, every KVT_ELASTIC_INTERVAL (64)
@@ -800,14 +797,14 @@ struct kvt_session_params {
                               ** _gen_step...): those tokens are in the cache and recorded, the
                               ** call's later chunks are not decoded, and the pass runs again after
                               ** the next tokens.  Counted in kvt_session_stats.elastic_* */
-    bool    elastic_random;   /* control for evaluation: each pass zeroes, per layer, tensor and
+    bool elastic_random;           /* control for evaluation: each pass zeroes, per layer, tensor and
                               ** head, the same number of elements uniformly at random instead
                               ** (kvt_elastic_params.random); default false */
-    float   elastic_random_frac; /* with elastic_random: the sparsity each pass holds the
+    float elastic_random_frac;     /* with elastic_random: the sparsity each pass holds the
                               ** thresholded range at (kvt_elastic_params.random_frac, e.g. the
                               ** threshold's measured fraction); 0 = match each pass's threshold
                               ** count (ratchets up over passes); default 0 */
-    bool    chunk_reuse;      /* non-prefix chunk reuse (issue #12; EPIC, Hu et al. 2024, and
+    bool chunk_reuse;              /* non-prefix chunk reuse (issue #12; EPIC, Hu et al. 2024, and
                               ** CacheBlend, Yao et al. 2025, reuse a RAG document's KV wherever
                               ** it stands); needs `store`; default false (off: measured quality
                               ** loss, docs/BENCHMARKS.md "Non-prefix chunk reuse").  On: every
@@ -827,7 +824,7 @@ struct kvt_session_params {
                               ** The last prompt token is always decoded.  A load that fails is
                               ** decoded instead (counted in chunk_load_errors).  Counted in
                               ** kvt_session_stats.chunk_* */
-    const char *chunk_recompute; /* with chunk_reuse: tokens of each reused chunk re-decoded in
+    const char *chunk_recompute;   /* with chunk_reuse: tokens of each reused chunk re-decoded in
                               ** context at its start (EPIC's boundary recompute): "K" (tokens,
                               ** >= 0) or "P%" (percent of the run's tokens, 0-100, rounded up);
                               ** NULL = "15%" (CacheBlend's ratio; never worse than k = 0, 4, 16,
@@ -849,11 +846,11 @@ int kvt_chunk_recompute_parse(const char *spec, int32_t *tokens /* OUT */, doubl
 /* Where the last prompt prefill's tokens came from: the block store's lookup before a prefill
 ** (kvt_session_stats.route, kvt_sync_info.route). */
 enum kvt_route {
-    KVT_ROUTE_NONE    = 0, /* no lookup: no store, no full block to look up, or the session's KV
+    KVT_ROUTE_NONE = 0,    /* no lookup: no store, no full block to look up, or the session's KV
                            ** is no longer a cold prefill's (after an eviction) */
-    KVT_ROUTE_MISS    = 1, /* looked up, the first block was not found */
+    KVT_ROUTE_MISS = 1,    /* looked up, the first block was not found */
     KVT_ROUTE_PARTIAL = 2, /* a prefix of the blocks was found and loaded, the rest prefilled */
-    KVT_ROUTE_EXACT   = 3, /* every full block before the prompt's last token was found */
+    KVT_ROUTE_EXACT = 3,   /* every full block before the prompt's last token was found */
 };
 /* "none", "miss", "partial", "exact" (static; "unknown" out of range).  Pure. */
 const char *kvt_route_name(int route);
@@ -908,15 +905,14 @@ typedef bool (*kvt_token_cb)(const char *piece, void *ud);
 /* Generate the assistant reply (at most max_tokens; stops at end-of-generation) and keep it in
 ** the KV cache; evicts by watermark as it goes.  OUT *reply: caller frees with free() (may be
 ** NULL if not wanted).  Errors: KVT_ECTX, KVT_ELLAMA, KVT_EBUDGET. */
-int kvt_session_generate(kvt_session *s, int32_t max_tokens, const struct kvt_sampling *smp,
-                         kvt_token_cb cb, void *ud, char **reply);
+int kvt_session_generate(kvt_session *s, int32_t max_tokens, const struct kvt_sampling *smp, kvt_token_cb cb, void *ud,
+                         char **reply);
 
 /* Teacher-forced log-probability (natural log, summed) of `answer` as the assistant's reply to
 ** the conversation so far: decodes the assistant prefix and answer tokens into a scratch copy
 ** of the sequence, reads each token's log-softmax, and removes them again.  Session state is
 ** unchanged.  OUT *logprob (nats), *n_tokens.  Errors: KVT_ECTX, KVT_ELLAMA. */
-int kvt_session_answer_logprob(kvt_session *s, const char *answer, double *logprob,
-                               int32_t *n_tokens);
+int kvt_session_answer_logprob(kvt_session *s, const char *answer, double *logprob, int32_t *n_tokens);
 
 /* ---- Servers: whole-conversation sync and step-wise generation ----
 ** A server receives the whole history with every request (OpenAI clients resend it) and steps
@@ -924,16 +920,16 @@ int kvt_session_answer_logprob(kvt_session *s, const char *answer, double *logpr
 ** last token, so sessions on one engine may be interleaved call by call. */
 
 struct kvt_sync_info {
-    int32_t prompt_tokens;     /* tokens of the formatted conversation (with assistant prefix) */
-    int32_t tokens_reused;     /* prompt tokens already in the session (prompt - decoded, >= 0) */
-    int64_t tokens_decoded;    /* tokens run through the model by this call (prefill, re-fed tails) */
-    int64_t tokens_recovered;  /* tokens brought back by kv_restore by this call */
-    int64_t evictions, recoveries; /* block evictions / loads by this call */
-    int64_t recomputes;        /* of those loads, blocks re-decoded because their saved copy was
+    int32_t prompt_tokens;          /* tokens of the formatted conversation (with assistant prefix) */
+    int32_t tokens_reused;          /* prompt tokens already in the session (prompt - decoded, >= 0) */
+    int64_t tokens_decoded;         /* tokens run through the model by this call (prefill, re-fed tails) */
+    int64_t tokens_recovered;       /* tokens brought back by kv_restore by this call */
+    int64_t evictions, recoveries;  /* block evictions / loads by this call */
+    int64_t recomputes;             /* of those loads, blocks re-decoded because their saved copy was
                                ** lost (kvt_session_stats.recomputes) */
-    int32_t route;             /* enum kvt_route over this call's prompt lookups (block store) */
-    int64_t tokens_from_store; /* prompt tokens loaded from the store (neither decoded nor reused) */
-    int64_t tokens_from_chunks; /* prompt tokens loaded as reused chunks (chunk_reuse; neither
+    int32_t route;                  /* enum kvt_route over this call's prompt lookups (block store) */
+    int64_t tokens_from_store;      /* prompt tokens loaded from the store (neither decoded nor reused) */
+    int64_t tokens_from_chunks;     /* prompt tokens loaded as reused chunks (chunk_reuse; neither
                                ** decoded, reused nor in tokens_from_store) */
     int64_t chunk_recompute_tokens; /* tokens of found chunks decoded at their start (in
                                ** tokens_decoded) */
@@ -1004,15 +1000,15 @@ int kvt_prefill_end(kvt_prefill *pf, struct kvt_sync_info *info /* OUT */);
 ** row then needs no budget, block table or pool (the caller reserves its KV cells and clears the
 ** sequence with kvt_seq_rm when done). */
 struct kvt_gen_row {
-    int32_t   seq;            /* IN: caller sequence, used by no session of the batch nor another row */
-    kvt_pos   pos;            /* IN/OUT: position the sampled token takes (the sequence's next);
+    int32_t seq;             /* IN: caller sequence, used by no session of the batch nor another row */
+    kvt_pos pos;             /* IN/OUT: position the sampled token takes (the sequence's next);
                               ** advanced by one when the token is decoded */
-    float    *logits;         /* IN/OUT [n_vocab]: the logits to sample from; overwritten by those
+    float *logits;           /* IN/OUT [n_vocab]: the logits to sample from; overwritten by those
                               ** after the sampled token when it is decoded.  Owned by the caller */
-    struct kvt_sampling smp;  /* IN: this row's sampling (as kvt_engine_sample) */
-    kvt_token tok;            /* OUT: the sampled token */
-    bool      done;           /* OUT: tok ends the generation (it is not decoded) */
-    int       status;         /* OUT: 0 or this row's error (KVT_EINVAL: NULL logits; sampling) */
+    struct kvt_sampling smp; /* IN: this row's sampling (as kvt_engine_sample) */
+    kvt_token tok;           /* OUT: the sampled token */
+    bool done;               /* OUT: tok ends the generation (it is not decoded) */
+    int status;              /* OUT: 0 or this row's error (KVT_EINVAL: NULL logits; sampling) */
 };
 
 /* One generated token: samples from the session's own logits (llama.cpp sampler chain, as
@@ -1027,14 +1023,14 @@ int kvt_session_gen_step(kvt_session *s, const struct kvt_sampling *smp, kvt_tok
 /* One step of continuous batching (kvt_session_gen_step_batch): n sessions and n_rows raw rows
 ** on one engine, and optionally another sequence's prefill chunk in the same llama_decode. */
 struct kvt_gen_batch {
-    kvt_session *const *sessions;    /* [n] distinct sequences of one engine; n may be 0 */
+    kvt_session *const *sessions; /* [n] distinct sequences of one engine; n may be 0 */
     int32_t n;
-    const struct kvt_sampling *smp;  /* [n] each session's sampling */
-    kvt_token *tok;                  /* OUT [n] the sampled tokens */
-    bool *done;                      /* OUT [n] tok[i] ends session i's generation (not decoded) */
-    int *status;                     /* OUT [n] 0 or session i's error (its token is then not part
+    const struct kvt_sampling *smp; /* [n] each session's sampling */
+    kvt_token *tok;                 /* OUT [n] the sampled tokens */
+    bool *done;                     /* OUT [n] tok[i] ends session i's generation (not decoded) */
+    int *status;                    /* OUT [n] 0 or session i's error (its token is then not part
                                      ** of its reply: e.g. KVT_EBUDGET, its reserve cannot be made) */
-    struct kvt_gen_row *rows;        /* IN/OUT [n_rows] raw rows (see struct kvt_gen_row) */
+    struct kvt_gen_row *rows;       /* IN/OUT [n_rows] raw rows (see struct kvt_gen_row) */
     int32_t n_rows;
     const struct kvt_decode_chunk *chunk; /* NULL or another sequence's prefill chunk (none of the
                                      ** sessions' or rows'): a chunk of kvt_prefill_next */
@@ -1103,27 +1099,27 @@ int kvt_session_message(const kvt_session *s, int32_t i, struct kvt_chat_msg *ms
 int32_t kvt_session_tokens(const kvt_session *s, kvt_token *out /* OUT [n_max] */, int32_t n_max);
 
 struct kvt_session_stats {
-    int32_t resident_tokens;     /* cells of this session in the llama.cpp cache */
+    int32_t resident_tokens; /* cells of this session in the llama.cpp cache */
     int32_t peak_resident_tokens;
-    int32_t total_tokens;        /* tokens of the conversation so far */
+    int32_t total_tokens; /* tokens of the conversation so far */
     int32_t n_blocks, n_blocks_resident, n_blocks_host, n_blocks_disk, n_blocks_lost;
-    int64_t evictions;           /* block evictions */
-    int64_t recoveries;          /* block loads back into the cache */
-    int64_t tokens_decoded;      /* tokens run through the model (prefill + decode) */
-    int64_t tokens_recovered;    /* tokens brought back by kv_restore instead */
-    int64_t recomputes;          /* blocks recomputed (their tokens decoded again at the tail)
+    int64_t evictions;          /* block evictions */
+    int64_t recoveries;         /* block loads back into the cache */
+    int64_t tokens_decoded;     /* tokens run through the model (prefill + decode) */
+    int64_t tokens_recovered;   /* tokens brought back by kv_restore instead */
+    int64_t recomputes;         /* blocks recomputed (their tokens decoded again at the tail)
                                  ** because their saved copy was lost: corrupt, spill file
                                  ** missing, dropped by the pool, or never saved.  Also counted
                                  ** in recoveries, their tokens in tokens_decoded.  Recovery
                                  ** "breadcrumb" recomputes by design and is not counted here */
-    kvt_pos next_pos;            /* position the next token will take; always below the model's
+    kvt_pos next_pos;           /* position the next token will take; always below the model's
                                  ** trained context (n_ctx_train): gaps left by eviction are
                                  ** closed by moving resident blocks down when it would pass */
-    int64_t compactions;         /* times that happened (kvt_seq_shift of every resident block) */
-    double  policy_ms;           /* time in eviction policy work: attention signals, scoring,
+    int64_t compactions;        /* times that happened (kvt_seq_shift of every resident block) */
+    double policy_ms;           /* time in eviction policy work: attention signals, scoring,
                                  ** bookkeeping (ms; the block primitives are not included) */
-    double  decode_ms;           /* time in kvt_engine_decode for this session (ms) */
-    struct kvt_pool_stats pool;     /* the host pool's counters, or with a store its private
+    double decode_ms;           /* time in kvt_engine_decode for this session (ms) */
+    struct kvt_pool_stats pool; /* the host pool's counters, or with a store its private
                                     ** entries' (kvt_store_stats.priv); both are shared with
                                     ** the pool's or store's other sessions */
     /* block store (kvt_session_params.store) */
@@ -1132,38 +1128,38 @@ struct kvt_session_stats {
     int32_t route_lookup_tokens; /* its tokens in full blocks looked up */
     int64_t store_tokens;        /* all tokens loaded from the store (not in tokens_decoded) */
     int64_t store_blocks_put;    /* blocks given to the store (a key already there is not) */
-    double  store_ms;            /* time in lookups, reads and loads of store blocks (ms) */
+    double store_ms;             /* time in lookups, reads and loads of store blocks (ms) */
     int64_t store_load_errors;   /* prefixes found in the store that the engine refused to load (the
                                  ** tokens were prefilled instead: correct, but the lookup was
                                  ** wasted; a persistent count points at a store/engine mismatch) */
     /* host pool saves (kvt_session_params.codec_ram) */
-    int64_t pool_saved_tokens;   /* tokens of every block save to the pool (re-saves included) */
-    int64_t pool_raw_bytes;      /* their raw blob bytes */
-    int64_t pool_stored_bytes;   /* the bytes the pool was given for them (encoded) */
-    double  codec_encode_ms;     /* time encoding them (ms; 0 with raw) */
-    double  codec_decode_ms;     /* time decoding recovered blocks (ms; 0 with raw) */
+    int64_t pool_saved_tokens; /* tokens of every block save to the pool (re-saves included) */
+    int64_t pool_raw_bytes;    /* their raw blob bytes */
+    int64_t pool_stored_bytes; /* the bytes the pool was given for them (encoded) */
+    double codec_encode_ms;    /* time encoding them (ms; 0 with raw) */
+    double codec_decode_ms;    /* time decoding recovered blocks (ms; 0 with raw) */
     /* live ElasticKV (kvt_session_params.elastic_sk; all 0 when off) */
-    int64_t elastic_passes;      /* thresholding passes run */
-    int64_t elastic_zeroed;      /* elements set to 0 by all passes (each counted once) */
-    int64_t elastic_elems;       /* K/V elements of the resident cells at the last pass (all
+    int64_t elastic_passes;        /* thresholding passes run */
+    int64_t elastic_zeroed;        /* elements set to 0 by all passes (each counted once) */
+    int64_t elastic_elems;         /* K/V elements of the resident cells at the last pass (all
                                  ** layers, sinks and tail included: kvt_elastic_stats.n_elems) */
-    int64_t elastic_zero;        /* of them 0 after it: the resident sparsity is
+    int64_t elastic_zero;          /* of them 0 after it: the resident sparsity is
                                  ** elastic_zero / elastic_elems */
-    int64_t elastic_eligible;    /* of them in the thresholded range at the last pass */
+    int64_t elastic_eligible;      /* of them in the thresholded range at the last pass */
     int64_t elastic_zero_eligible; /* of those 0 after it */
-    double  elastic_ms;          /* time in passes (ms; read, threshold, write back) */
+    double elastic_ms;             /* time in passes (ms; read, threshold, write back) */
     /* non-prefix chunk reuse (kvt_session_params.chunk_reuse; all 0 when off) */
-    int64_t chunk_tokens;        /* prompt tokens loaded from chunk blocks (not decoded; also in
+    int64_t chunk_tokens;           /* prompt tokens loaded from chunk blocks (not decoded; also in
                                  ** store_tokens) */
     int64_t chunk_recompute_tokens; /* tokens of found chunks planned for decoding at their start
                                  ** (boundary recompute; a run no longer than that is decoded
                                  ** whole and counted here entirely) */
-    int64_t chunk_runs;          /* runs of consecutive chunk hits the scan found (those decoded
+    int64_t chunk_runs;             /* runs of consecutive chunk hits the scan found (those decoded
                                  ** whole included) */
-    int64_t chunk_blocks_put;    /* blocks given to the store under a chunk key */
-    int64_t chunk_load_errors;   /* chunk runs found but decoded instead: the load failed, or the
+    int64_t chunk_blocks_put;       /* blocks given to the store under a chunk key */
+    int64_t chunk_load_errors;      /* chunk runs found but decoded instead: the load failed, or the
                                  ** early seal / room / positions for it could not be had */
-    double  chunk_scan_ms;       /* time hashing windows and asking the store (ms) */
+    double chunk_scan_ms;           /* time hashing windows and asking the store (ms) */
 };
 /* Fill *st (HOST/DISK block counts as the pool holds them now).  Works on a parked session.
 ** Cannot fail.  Not thread-safe (engine rule). */
@@ -1171,29 +1167,29 @@ void kvt_session_get_stats(kvt_session *s, struct kvt_session_stats *st /* OUT *
 
 /* One row of the block table. */
 struct kvt_block_info {
-    int32_t id;            /* stable block id (creation order) */
-    int32_t n_tokens;      /* tokens in the block (= block size unless sealed early) */
-    kvt_pos orig_p0;       /* position of the first token when it was decoded */
-    kvt_pos p0;            /* current position of the first token (if resident) */
-    int32_t role;          /* enum kvt_role of the majority of its tokens */
-    int32_t turn;          /* message index its first token belongs to */
-    int32_t residency;     /* enum kvt_residency */
-    bool    sealed;        /* complete and saved; the open tail block is not */
+    int32_t id;        /* stable block id (creation order) */
+    int32_t n_tokens;  /* tokens in the block (= block size unless sealed early) */
+    kvt_pos orig_p0;   /* position of the first token when it was decoded */
+    kvt_pos p0;        /* current position of the first token (if resident) */
+    int32_t role;      /* enum kvt_role of the majority of its tokens */
+    int32_t turn;      /* message index its first token belongs to */
+    int32_t residency; /* enum kvt_residency */
+    bool sealed;       /* complete and saved; the open tail block is not */
     int32_t n_evictions, n_recoveries;
-    int32_t last_use_turn; /* last turn it was decoded or recovered */
-    uint64_t pool_key;     /* key of its saved K/V in the pool or among the store's private
+    int32_t last_use_turn;  /* last turn it was decoded or recovered */
+    uint64_t pool_key;      /* key of its saved K/V in the pool or among the store's private
                            ** entries (sealed blocks; a pure block's copy may be its content
                            ** entry instead) */
-    int32_t keep;          /* enum kvt_keep of the message it starts in */
-    double  attn_mass;     /* accumulated attention mass (H2O), sum over heads/layers/queries
+    int32_t keep;           /* enum kvt_keep of the message it starts in */
+    double attn_mass;       /* accumulated attention mass (H2O), sum over heads/layers/queries
                            ** of normalised weights on its tokens */
-    double  attn_ewma;     /* EWMA of the per-ubatch attention share (kvtier policy) */
-    double  attn_window;   /* attention from the last observation window (SnapKV) */
-    double  relevance;     /* BM25 score against the latest user message */
-    int32_t recovered_turn;/* turn of its last recovery, -1 never */
-    bool    from_chunk;    /* its K/V were loaded as a reused chunk (chunk_reuse), computed in
+    double attn_ewma;       /* EWMA of the per-ubatch attention share (kvtier policy) */
+    double attn_window;     /* attention from the last observation window (SnapKV) */
+    double relevance;       /* BM25 score against the latest user message */
+    int32_t recovered_turn; /* turn of its last recovery, -1 never */
+    bool from_chunk;        /* its K/V were loaded as a reused chunk (chunk_reuse), computed in
                            ** another context: not a cold prefill's */
-    const char *text;      /* detokenized text (owned by the session; valid until next call) */
+    const char *text;       /* detokenized text (owned by the session; valid until next call) */
 };
 
 /* Number of blocks in the table (cannot fail), and row i (0 <= i < n) in position order of
@@ -1252,10 +1248,10 @@ typedef struct kvt_ann kvt_ann;
 ** Deterministic across processes and machines (no seed: the production bug of hash-seeded
 ** prefix caches, 0 % hits after a restart, cannot happen).  Pure functions (any thread). */
 struct kvt_chain_params {
-    kvt_key     model;       /* kvt_engine_fingerprint */
-    const char *layout;      /* kvt_engine_layout; required */
-    int32_t     block;       /* tokens per block (> 0) */
-    const char *tenant;      /* salt: blocks of different tenants never share keys; NULL and ""
+    kvt_key model;      /* kvt_engine_fingerprint */
+    const char *layout; /* kvt_engine_layout; required */
+    int32_t block;      /* tokens per block (> 0) */
+    const char *tenant; /* salt: blocks of different tenants never share keys; NULL and ""
                              ** are the same, shared namespace */
 };
 /* 64 lowercase hex digits + NUL into out[65].  Cannot fail. */
@@ -1272,39 +1268,39 @@ enum kvt_tier { KVT_TIER_NONE = 0, KVT_TIER_RAM = 1, KVT_TIER_DISK = 2, KVT_TIER
 ** writing session's copy) until the quota, gc or a fresh put removes them.  Disk quota eviction takes expired entries first, then cold entries (fewer
 ** than hot_hits hits) least recently hit first, then hot ones the same way. */
 struct kvt_store_params {
-    const char *dir;          /* the disk tier: DIR/index.db (SQLite, WAL) + DIR/blobs/ + DIR/lock;
+    const char *dir;   /* the disk tier: DIR/index.db (SQLite, WAL) + DIR/blobs/ + DIR/lock;
                               ** NULL = kvt_store_default_dir().  Created (mode 0700) if missing,
                               ** unless read_only */
-    size_t  ram_bytes;        /* RAM tier budget (payload bytes, LRU); default 256 MiB; 0 = no RAM
+    size_t ram_bytes;  /* RAM tier budget (payload bytes, LRU); default 256 MiB; 0 = no RAM
                               ** tier.  Shared with the private entries (sessions' own block copies),
                               ** which take it first */
-    size_t  disk_bytes;       /* disk tier quota (payload bytes of the blob files); default 8 GiB;
+    size_t disk_bytes; /* disk tier quota (payload bytes of the blob files); default 8 GiB;
                               ** 0 = no disk tier (RAM only: nothing persists, dir unused) */
-    double  ttl_s;            /* seconds, > 0; default 1800 (30 min, EdgeSync-LLM) */
-    double  ttl_hot_s;        /* seconds, >= ttl_s; default 604800 (7 days) */
-    int32_t hot_hits;         /* >= 1; default 5 */
-    int32_t queue_max;        /* write-behind queue (blocks waiting for the disk writer), >= 1;
+    double ttl_s;      /* seconds, > 0; default 1800 (30 min, EdgeSync-LLM) */
+    double ttl_hot_s;  /* seconds, >= ttl_s; default 604800 (7 days) */
+    int32_t hot_hits;  /* >= 1; default 5 */
+    int32_t queue_max; /* write-behind queue (blocks waiting for the disk writer), >= 1;
                               ** default 256.  A put that finds it full drops the disk write
                               ** (counted in disk.writes_dropped); the queue's blocks share their
                               ** bytes with the RAM tier's copy when it holds them */
-    bool    read_only;        /* inspect only: no writer thread, nothing created or removed (a
+    bool read_only;    /* inspect only: no writer thread, nothing created or removed (a
                               ** corrupt or expired entry is still a miss); put, gc, clear and
                               ** verify with repair return KVT_EINVAL */
     /* Redis tier (src/store/redis.c; docs/STORE.md "Redis tier"): a cache shared by several
     ** servers, below RAM and disk.  Correctness never depends on it: every error or timeout is a
     ** miss (callers prefill) or a dropped write, counted in stats.redis. */
-    const char *redis_url;    /* NULL or "" = no Redis tier.  "redis://[[user:]password@]host[:port][/db]"
+    const char *redis_url;         /* NULL or "" = no Redis tier.  "redis://[[user:]password@]host[:port][/db]"
                               ** (port 6379, db 0 by default; host may be [IPv6]) or "unix://path[?db=N]";
                               ** the string is copied at open */
-    int32_t redis_timeout_ms; /* deadline of a read, ms, >= 1; default 20: the socket timeout of the
+    int32_t redis_timeout_ms;      /* deadline of a read, ms, >= 1; default 20: the socket timeout of the
                               ** connect, of each send and of each receive (a reply that trickles in
                               ** may take longer in all; a host name's DNS lookup is not covered).
                               ** A get that passes it is a miss (timeouts) and the tier backs off */
-    int32_t redis_ttl_s;      /* EX of every key written, seconds, >= 1; default 86400 (1 day): the
+    int32_t redis_ttl_s;           /* EX of every key written, seconds, >= 1; default 86400 (1 day): the
                               ** TTL runs from the last write of the block by any server */
-    size_t  redis_max_bytes;  /* largest value written or accepted (128-byte header + payload);
+    size_t redis_max_bytes;        /* largest value written or accepted (128-byte header + payload);
                               ** default 64 MiB; a larger block is not written (writes_dropped) */
-    int32_t redis_queue_max;  /* Redis writes waiting for the Redis writer thread, >= 1; default
+    int32_t redis_queue_max;       /* Redis writes waiting for the Redis writer thread, >= 1; default
                               ** 256; a put that finds it full drops the Redis write */
     const char *redis_secret_file; /* NULL = values carry a SHA-256 but no key: anyone who can
                               ** write to the Redis can plant K/V for any chain key.  Else a file
@@ -1314,7 +1310,7 @@ struct kvt_store_params {
                               ** counted in redis.corrupt and deleted (servers with different secrets
                               ** on one Redis therefore delete each other's values).  Errors at open:
                               ** KVT_EINVAL (unreadable, shorter than 16 or longer than 4096 bytes) */
-    const char *disk_codec;   /* block codec of the disk tier (section 9 spec: "raw", "q8", "q4",
+    const char *disk_codec;        /* block codec of the disk tier (section 9 spec: "raw", "q8", "q4",
                               ** "elastic", "elastic+q8", with parameters); NULL = "raw" (the
                               ** default: a hit then loads the exact K/V a cold prefill computed).
                               ** Encoded on the writer thread, off the decode path; decoded on a
@@ -1323,13 +1319,13 @@ struct kvt_store_params {
                               ** "Block codecs" (q4: 0.32x raw at KL ~0.01 nats/token on Gemma 3
                               ** 270M).  A block the codec cannot take (a quantised cache) is
                               ** written raw */
-    int32_t disk_codec_heads; /* KV heads per layer for the elastic codecs' per-head thresholds
+    int32_t disk_codec_heads;      /* KV heads per layer for the elastic codecs' per-head thresholds
                               ** (kvt_engine_info.n_head_kv); 0 = one threshold per row */
     /* Private entries (sessions' own block copies, RAM within ram_bytes,
     ** then spill files). */
-    const char *private_dir;  /* directory of their spill files; NULL = a private directory under
+    const char *private_dir;   /* directory of their spill files; NULL = a private directory under
                               ** $TMPDIR (kvt_pool_params.spill_dir); copied at open */
-    size_t  private_disk_bytes; /* quota of those files (payload bytes); 0 = unlimited (the
+    size_t private_disk_bytes; /* quota of those files (payload bytes); 0 = unlimited (the
                               ** default); past it the least recently used are dropped (their
                               ** blocks recomputed if needed again) */
     /* Prefetch (kvt_store_prefetch; docs/STORE.md "Prefetch"). */
@@ -1338,7 +1334,7 @@ struct kvt_store_params {
                               ** started without a RAM tier or without a disk or Redis tier */
     int32_t prefetch_queue;   /* keys waiting for those threads, >= 1 when prefetch_threads > 0;
                               ** default 256; a key that finds the queue full is dropped (counted) */
-    size_t  prefetch_bytes;   /* bound on RAM bytes of promoted blocks no get has read yet; default
+    size_t prefetch_bytes;    /* bound on RAM bytes of promoted blocks no get has read yet; default
                               ** 0 = ram_bytes / 4.  At the bound new keys are dropped (counted);
                               ** each thread may overshoot it by the blocks it holds (one, or 8
                               ** with a Redis tier) */
@@ -1363,7 +1359,7 @@ int kvt_store_default_dir(char *buf, size_t n);
 ** directory, read_only and no store there, or the index cannot be opened or is of a newer
 ** format: the message names the path and SQLite's error), KVT_ENOMEM.  OUT *out (NULL on
 ** error; nothing is leaked). */
-int  kvt_store_open(const struct kvt_store_params *p, kvt_store **out /* OUT */);
+int kvt_store_open(const struct kvt_store_params *p, kvt_store **out /* OUT */);
 
 /* Write out the queues (waits for the writers; Redis writes each bounded by max(redis_timeout_ms,
 ** 1 s), dropped at once while Redis is backed off), record pending hits, stop the threads, close.
@@ -1372,48 +1368,48 @@ void kvt_store_free(kvt_store *st);
 
 /* What the header of a stored block records besides its bytes (checked on every read). */
 struct kvt_store_meta {
-    kvt_key model;            /* the fingerprint of the model that computed it */
-    int32_t n_tokens;         /* tokens the block covers (>= 0) */
-    int32_t codec;            /* 0 = raw blob bytes (block codecs add others) */
+    kvt_key model;    /* the fingerprint of the model that computed it */
+    int32_t n_tokens; /* tokens the block covers (>= 0) */
+    int32_t codec;    /* 0 = raw blob bytes (block codecs add others) */
 };
 
 struct kvt_store_tier_stats {
-    int64_t entries, bytes;          /* held now (payload bytes) */
-    int64_t hits, misses;            /* gets answered / not answered by this tier */
-    int64_t writes, writes_dropped;  /* puts written / dropped (full queue, quota, I/O error; RAM:
+    int64_t entries, bytes;         /* held now (payload bytes) */
+    int64_t hits, misses;           /* gets answered / not answered by this tier */
+    int64_t writes, writes_dropped; /* puts written / dropped (full queue, quota, I/O error; RAM:
                                      ** larger than the tier) */
-    int64_t evictions, expired;      /* removed for room (LRU) / by TTL */
-    int64_t corrupt;                 /* reads that failed the checksum, key or fingerprint check,
+    int64_t evictions, expired;     /* removed for room (LRU) / by TTL */
+    int64_t corrupt;                /* reads that failed the checksum, key or fingerprint check,
                                      ** or found their file missing */
-    int64_t errors;                  /* Redis: failed commands and connections (not timeouts) */
-    int64_t timeouts;                /* Redis: operations that passed redis_timeout_ms */
+    int64_t errors;                 /* Redis: failed commands and connections (not timeouts) */
+    int64_t timeouts;               /* Redis: operations that passed redis_timeout_ms */
 };
 struct kvt_store_stats {
     struct kvt_store_tier_stats ram, disk;
-    int64_t queue_len;               /* disk writes waiting now */
+    int64_t queue_len;                 /* disk writes waiting now */
     struct kvt_store_tier_stats redis; /* zeros without a Redis tier; entries/bytes not filled
                                      ** (kvt_store_redis_info counts them) */
-    int64_t redis_queue_len;         /* Redis writes waiting now */
-    bool    redis_on;                /* a Redis tier is configured */
+    int64_t redis_queue_len;           /* Redis writes waiting now */
+    bool redis_on;                     /* a Redis tier is configured */
     struct kvt_store_prefetch_stats {
-        bool    on;                  /* prefetch threads run */
-        int64_t issued;              /* keys queued by kvt_store_prefetch */
-        int64_t promoted;            /* of those, read from disk or Redis into RAM */
-        int64_t dropped;             /* keys not queued: queue full, or prefetch_bytes unread */
-        int64_t skipped;             /* taken but not read (in RAM meanwhile, prefetch_bytes,
+        bool on;              /* prefetch threads run */
+        int64_t issued;       /* keys queued by kvt_store_prefetch */
+        int64_t promoted;     /* of those, read from disk or Redis into RAM */
+        int64_t dropped;      /* keys not queued: queue full, or prefetch_bytes unread */
+        int64_t skipped;      /* taken but not read (in RAM meanwhile, prefetch_bytes,
                                      ** Redis unreachable, backed off or past its deadline) */
-        int64_t absent;              /* taken, and no tier held them */
-        int64_t failed;              /* taken and refused (corrupt: also in disk/redis corrupt;
+        int64_t absent;       /* taken, and no tier held them */
+        int64_t failed;       /* taken and refused (corrupt: also in disk/redis corrupt;
                                      ** no memory; an injected fault) */
-        int64_t claimed;             /* still queued when a get asked: the get read them itself */
-        int64_t waited;              /* gets that waited for a prefetch of their key in flight */
-        int64_t cancelled;           /* taken back before they were read (no longer wanted) */
-        int64_t hits;                /* gets served from a promoted block (counted once each) */
-        int64_t wasted;              /* promoted blocks evicted or expired before any get */
-        int64_t unread_bytes;        /* RAM bytes of promoted blocks not read yet */
-        int64_t queue_len;           /* keys queued now */
+        int64_t claimed;      /* still queued when a get asked: the get read them itself */
+        int64_t waited;       /* gets that waited for a prefetch of their key in flight */
+        int64_t cancelled;    /* taken back before they were read (no longer wanted) */
+        int64_t hits;         /* gets served from a promoted block (counted once each) */
+        int64_t wasted;       /* promoted blocks evicted or expired before any get */
+        int64_t unread_bytes; /* RAM bytes of promoted blocks not read yet */
+        int64_t queue_len;    /* keys queued now */
     } prefetch;
-    struct kvt_pool_stats priv;      /* private entries: sessions' own
+    struct kvt_pool_stats priv; /* private entries: sessions' own
                                      ** copies; their RAM bytes count against ram_bytes */
 };
 /* Counters of this process since open; entries/bytes of the disk tier are the index's (all
@@ -1449,14 +1445,14 @@ void kvt_store_get_stats(kvt_store *st, struct kvt_store_stats *out /* OUT */);
 ** Thread-safe.  Fault site (tests): KVT__FAULT_STORE_PREFETCH fails a thread's read.  A session
 ** with a store prefetches the chain of a prompt's full blocks before it asks for them in order
 ** (kvt_session_sync's routing); `kvtier serve` prefetches the prompts of queued chat requests. */
-int  kvt_store_prefetch(kvt_store *st, const kvt_key *keys, int n, const kvt_key *model);
+int kvt_store_prefetch(kvt_store *st, const kvt_key *keys, int n, const kvt_key *model);
 /* The prefetch of a prompt: the chain keys of the full blocks of tok[0..n) before its last
 ** token (the blocks a session's prompt routing asks for, kvt_session_sync; cp: the chain
 ** parameters, with the tenant the session will use) passed to kvt_store_prefetch.  For a
 ** caller that has no session yet (a server's queued request).  Returns keys queued.  Errors:
 ** KVT_EINVAL (NULL st or cp, NULL tok with n > 0, n < 0, cp invalid),
 ** KVT_ENOMEM.  Thread-safe. */
-int  kvt_store_prefetch_chain(kvt_store *st, const struct kvt_chain_params *cp, const kvt_token *tok, int32_t n);
+int kvt_store_prefetch_chain(kvt_store *st, const struct kvt_chain_params *cp, const kvt_token *tok, int32_t n);
 
 /* The Redis tier as the server sees it: keys under this kvtier's prefix ("kvtier:b1:", every
 ** model's, counted with SCAN, so it costs a pass over the Redis keyspace: for `kvtier store
@@ -1465,52 +1461,52 @@ int  kvt_store_prefetch_chain(kvt_store *st, const struct kvt_chain_params *cp, 
 ** Errors: KVT_EINVAL (NULL arguments, no Redis tier), KVT_EIO (Redis unreachable or answering
 ** with an error: the message names the host, never the password).  Thread-safe. */
 struct kvt_store_redis_info {
-    int64_t keys, bytes;             /* keys under our prefix, their value bytes */
-    int64_t used_memory, maxmemory;  /* the server's, bytes */
-    char    server[128];             /* "host:port/db" or "unix:path" (no credentials) */
+    int64_t keys, bytes;            /* keys under our prefix, their value bytes */
+    int64_t used_memory, maxmemory; /* the server's, bytes */
+    char server[128];               /* "host:port/db" or "unix:path" (no credentials) */
 };
-int  kvt_store_redis_info(kvt_store *st, struct kvt_store_redis_info *out /* OUT */);
+int kvt_store_redis_info(kvt_store *st, struct kvt_store_redis_info *out /* OUT */);
 
 /* One entry of the disk tier as `kvtier store ls` shows it. */
 struct kvt_store_entry {
     kvt_key key, model;
     int32_t n_tokens, codec;
-    int64_t bytes;                   /* payload bytes */
-    double  created, last_hit;       /* seconds since the epoch */
+    int64_t bytes;            /* payload bytes */
+    double created, last_hit; /* seconds since the epoch */
     int64_t hits;
-    double  expires;                 /* seconds since the epoch (this process's TTL rule) */
+    double expires; /* seconds since the epoch (this process's TTL rule) */
 };
 /* Call cb for every disk entry, most recently hit first (a snapshot of the index taken before
 ** the first call; cb may call the store); a non-zero return from cb stops and is returned.
 ** Errors: KVT_EINVAL (no disk tier, NULL cb), KVT_EIO, KVT_ENOMEM.  Thread-safe. */
-int  kvt_store_ls(kvt_store *st, int (*cb)(void *ud, const struct kvt_store_entry *e), void *ud);
+int kvt_store_ls(kvt_store *st, int (*cb)(void *ud, const struct kvt_store_entry *e), void *ud);
 
 struct kvt_store_report {
-    int64_t checked, ok;             /* index rows looked at / found good */
-    int64_t expired;                 /* removed by TTL (gc) */
-    int64_t over_quota;              /* removed (cold before hot, LRU) to get within disk_bytes (gc) */
-    int64_t corrupt;                 /* files failing their checksum / header (verify) */
-    int64_t missing;                 /* index rows without a file */
-    int64_t orphans;                 /* files without an index row, temporary files included */
-    int64_t removed;                 /* entries and files removed */
-    int64_t bytes_freed;             /* payload bytes of removed entries, file bytes of orphans */
+    int64_t checked, ok; /* index rows looked at / found good */
+    int64_t expired;     /* removed by TTL (gc) */
+    int64_t over_quota;  /* removed (cold before hot, LRU) to get within disk_bytes (gc) */
+    int64_t corrupt;     /* files failing their checksum / header (verify) */
+    int64_t missing;     /* index rows without a file */
+    int64_t orphans;     /* files without an index row, temporary files included */
+    int64_t removed;     /* entries and files removed */
+    int64_t bytes_freed; /* payload bytes of removed entries, file bytes of orphans */
 };
 /* Garbage-collect the disk tier: expired entries, index rows without a file, cold-then-LRU
 ** down to the quota, files without a row (temporary files of killed writers included).  Waits
 ** for a write in flight in any process (DIR/lock).  Errors: KVT_EINVAL (read-only, no disk
 ** tier, NULL out), KVT_EIO, KVT_ENOMEM.  Thread-safe. */
-int  kvt_store_gc(kvt_store *st, struct kvt_store_report *out /* OUT */);
+int kvt_store_gc(kvt_store *st, struct kvt_store_report *out /* OUT */);
 /* Re-read every file the index names and check its header (magic, version, key, model, size,
 ** codec, tokens) and payload SHA-256 against the row; list orphans both ways (rows without a
 ** file: missing; files without a row: orphans).  With repair, remove what fails (rows and
 ** files).  Expiry is not looked at (gc's job).  Reads every byte of the tier.
 ** Errors: KVT_EINVAL (repair on a read-only store, no disk tier, NULL out), KVT_EIO,
 ** KVT_ENOMEM.  Thread-safe. */
-int  kvt_store_verify(kvt_store *st, bool repair, struct kvt_store_report *out /* OUT */);
+int kvt_store_verify(kvt_store *st, bool repair, struct kvt_store_report *out /* OUT */);
 /* Remove every entry of both local tiers (queued writes included).  The Redis tier, shared
 ** with other servers, is left alone (its keys expire by redis_ttl_s; `redis-cli --scan --pattern
 ** 'kvtier:b1:*'` lists them).  Errors: KVT_EINVAL (NULL, read-only), KVT_EIO.  Thread-safe. */
-int  kvt_store_clear(kvt_store *st);
+int kvt_store_clear(kvt_store *st);
 
 /* ====================================================================================== */
 /* 9. Block codecs: self-describing encodings of a block leaving the device               */
@@ -1561,27 +1557,27 @@ int  kvt_store_clear(kvt_store *st);
 ** Lossy codecs need F16 or F32 K and V; a quantised cache type (q8_0) is KVT_EUNSUPPORTED (callers
 ** keep such blocks raw).  All functions of this section are pure: no engine, no shared state,
 ** callable from any thread (encoding can run off the decode path). */
-#define KVT_CODEC_VERSION 1
+#define KVT_CODEC_VERSION       1
 #define KVT_CODEC_VERSION_HEADS 2 /* a version-1 header followed by the per-head bits table */
 
 enum kvt_codec_id {
-    KVT_CODEC_RAW        = 0,
-    KVT_CODEC_Q8         = 1,
-    KVT_CODEC_Q4         = 2,
-    KVT_CODEC_ELASTIC    = 3,
+    KVT_CODEC_RAW = 0,
+    KVT_CODEC_Q8 = 1,
+    KVT_CODEC_Q4 = 2,
+    KVT_CODEC_ELASTIC = 3,
     KVT_CODEC_ELASTIC_Q8 = 4,
     KVT_CODEC__COUNT
 };
 
 struct kvt_codec_params {
-    int32_t codec;      /* enum kvt_codec_id */
-    int32_t n_head_kv;  /* KV heads per layer (kvt_engine_info.n_head_kv): the elastic codecs'
+    int32_t codec;            /* enum kvt_codec_id */
+    int32_t n_head_kv;        /* KV heads per layer (kvt_engine_info.n_head_kv): the elastic codecs'
                         ** thresholds are per head; 0 = one head per row.  Row elements must be
                         ** a multiple of it */
-    int32_t group_k;    /* q8/q4/elastic+q8: cells per K group (default 64) */
-    int32_t group_v;    /* q8/q4/elastic+q8: channels per V group (default 64) */
-    float   s_k, s_v;   /* elastic: threshold scales for K and V (defaults 0.45, 0.50) */
-    int32_t n_sink;     /* cells with position < n_sink stay raw (attention sinks); default 64
+    int32_t group_k;          /* q8/q4/elastic+q8: cells per K group (default 64) */
+    int32_t group_v;          /* q8/q4/elastic+q8: channels per V group (default 64) */
+    float s_k, s_v;           /* elastic: threshold scales for K and V (defaults 0.45, 0.50) */
+    int32_t n_sink;           /* cells with position < n_sink stay raw (attention sinks); default 64
                         ** for the elastic codecs, 0 for q8/q4 */
     const uint8_t *head_bits; /* q8/q4 only ("entropy-sized heads"): NULL = every head in the
                         ** codec's bits (the default); else [n_head_bits] = bits (4 or 8) of each
@@ -1610,11 +1606,11 @@ int kvt_codec_parse(const char *spec, struct kvt_codec_params *out /* OUT */);
 
 /* What encoding measured (optional OUT of kvt_codec_encode). */
 struct kvt_codec_stats {
-    size_t  raw_bytes;       /* blob->size */
-    size_t  encoded_bytes;   /* *n */
-    int64_t n_elems;         /* K/V elements the codec saw (0 for raw, which copies bytes) */
-    int64_t n_lossy;         /* of them, encoded by the lossy codec (not sinks, not raw) */
-    int64_t n_zeroed;        /* of them, pruned to 0 (elastic codecs) */
+    size_t raw_bytes;     /* blob->size */
+    size_t encoded_bytes; /* *n */
+    int64_t n_elems;      /* K/V elements the codec saw (0 for raw, which copies bytes) */
+    int64_t n_lossy;      /* of them, encoded by the lossy codec (not sinks, not raw) */
+    int64_t n_zeroed;     /* of them, pruned to 0 (elastic codecs) */
 };
 
 /* Encode a blob.  The blob is read, never modified; it must be a blob of kvt_block_save (or
@@ -1627,15 +1623,15 @@ struct kvt_codec_stats {
 ** elements not a multiple of n_head_kv: the message names the layer and type; encode raw
 ** instead), KVT_ENOMEM.  On error *out is NULL.  Pure; thread-safe.
 ** Cost: linear in the blob (tens to hundreds of MB/s, see docs/BENCHMARKS.md). */
-int kvt_codec_encode(const kvt_blob *blob, const struct kvt_codec_params *p, uint8_t **out /* OUT */,
-                     size_t *n /* OUT */, struct kvt_codec_stats *stats /* OUT, may be NULL */);
+int kvt_codec_encode(const kvt_blob *blob, const struct kvt_codec_params *p, uint8_t **out /* OUT */, size_t *n /* OUT */,
+                     struct kvt_codec_stats *stats /* OUT, may be NULL */);
 
 /* The header of encoded bytes, read without decoding the payload. */
 struct kvt_codec_info {
     int32_t version;
     struct kvt_codec_params params;
-    size_t  raw_bytes;      /* size of the blob it decodes to */
-    size_t  encoded_bytes;  /* header + payload */
+    size_t raw_bytes;     /* size of the blob it decodes to */
+    size_t encoded_bytes; /* header + payload */
     kvt_pos p0;
     int32_t n_tokens, n_cells, n_cells_swa;
 };

@@ -36,24 +36,30 @@
 #include <unistd.h>
 
 #if !defined(__x86_64__)
-int main(void) { puts("cpu_probe: not x86-64, nothing to probe"); return 0; }
+int main(void) {
+    puts("cpu_probe: not x86-64, nothing to probe");
+    return 0;
+}
 #else
 
-static void p_avx(void)     { __asm__ volatile("vxorps %%ymm0, %%ymm0, %%ymm0" ::: "xmm0"); }
-static void p_avx2(void)    { __asm__ volatile("vpaddd %%ymm0, %%ymm0, %%ymm0" ::: "xmm0"); }
-static void p_fma(void)     { __asm__ volatile("vfmadd231ps %%ymm0, %%ymm0, %%ymm0" ::: "xmm0"); }
-static void p_f16c(void)    { __asm__ volatile("vcvtph2ps %%xmm0, %%ymm0" ::: "xmm0"); }
-static void p_bmi2(void)    { unsigned r = 0; __asm__ volatile("pdep %0, %0, %0" : "+r"(r)); }
+static void p_avx(void) { __asm__ volatile("vxorps %%ymm0, %%ymm0, %%ymm0" ::: "xmm0"); }
+static void p_avx2(void) { __asm__ volatile("vpaddd %%ymm0, %%ymm0, %%ymm0" ::: "xmm0"); }
+static void p_fma(void) { __asm__ volatile("vfmadd231ps %%ymm0, %%ymm0, %%ymm0" ::: "xmm0"); }
+static void p_f16c(void) { __asm__ volatile("vcvtph2ps %%xmm0, %%ymm0" ::: "xmm0"); }
+static void p_bmi2(void) {
+    unsigned r = 0;
+    __asm__ volatile("pdep %0, %0, %0" : "+r"(r));
+}
 static void p_avxvnni(void) { __asm__ volatile("%{vex%} vpdpbusd %%ymm0, %%ymm0, %%ymm0" ::: "xmm0"); }
-static void p_avx512(void)  /* F, BW, DQ, VL, CD: what ggml's GGML_AVX512 compiles for */
+static void p_avx512(void) /* F, BW, DQ, VL, CD: what ggml's GGML_AVX512 compiles for */
 {
-    __asm__ volatile("vpaddd %%zmm0, %%zmm0, %%zmm0\n\t"        /* F  */
-                     "vpaddb %%zmm0, %%zmm0, %%zmm0\n\t"        /* BW */
-                     "vandps %%zmm0, %%zmm0, %%zmm0\n\t"        /* DQ */
+    __asm__ volatile("vpaddd %%zmm0, %%zmm0, %%zmm0\n\t"         /* F  */
+                     "vpaddb %%zmm0, %%zmm0, %%zmm0\n\t"         /* BW */
+                     "vandps %%zmm0, %%zmm0, %%zmm0\n\t"         /* DQ */
                      "vpaddd %%ymm0, %%ymm0, %%ymm0%{%%k1%}\n\t" /* VL: EVEX ymm */
-                     "vplzcntd %%zmm0, %%zmm0\n\t"              /* CD */
-                     "kmovw %%k1, %%eax"
-                     ::: "xmm0", "eax");
+                     "vplzcntd %%zmm0, %%zmm0\n\t"               /* CD */
+                     "kmovw %%k1, %%eax" ::
+                         : "xmm0", "eax");
 }
 static void p_avx512vbmi(void) { __asm__ volatile("vpermb %%zmm0, %%zmm0, %%zmm0" ::: "xmm0"); }
 static void p_avx512vnni(void) { __asm__ volatile("vpdpbusd %%zmm0, %%zmm0, %%zmm0" ::: "xmm0"); }
@@ -63,26 +69,33 @@ static void p_avx512bf16(void) { __asm__ volatile("vdpbf16ps %%zmm0, %%zmm0, %%z
  * three 16x64-byte tiles and run the instructions ggml's AMX kernels use. */
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA  18
-static int amx_begin(void)
-{
+static int amx_begin(void) {
     if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0) return -1;
-    static struct __attribute__((aligned(64))) { uint8_t palette, start; uint8_t rsv[14];
-                                                 uint16_t colsb[16]; uint8_t rows[16]; } cfg;
+    static struct __attribute__((aligned(64))) {
+        uint8_t palette, start;
+        uint8_t rsv[14];
+        uint16_t colsb[16];
+        uint8_t rows[16];
+    } cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
-    for (int i = 0; i < 3; i++) { cfg.colsb[i] = 64; cfg.rows[i] = 16; }
-    __asm__ volatile("ldtilecfg %0" :: "m"(cfg));
+    for (int i = 0; i < 3; i++) {
+        cfg.colsb[i] = 64;
+        cfg.rows[i] = 16;
+    }
+    __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
     __asm__ volatile("tilezero %%tmm0\n\ttilezero %%tmm1\n\ttilezero %%tmm2" ::: "memory");
     return 0;
 }
-static void p_amx_tile(void) { if (amx_begin()) _exit(3); __asm__ volatile("tilerelease"); }
-static void p_amx_int8(void)
-{
+static void p_amx_tile(void) {
+    if (amx_begin()) _exit(3);
+    __asm__ volatile("tilerelease");
+}
+static void p_amx_int8(void) {
     if (amx_begin()) _exit(3);
     __asm__ volatile("tdpbssd %%tmm2, %%tmm1, %%tmm0\n\ttilerelease" ::: "memory");
 }
-static void p_amx_bf16(void)
-{
+static void p_amx_bf16(void) {
     if (amx_begin()) _exit(3);
     __asm__ volatile("tdpbf16ps %%tmm2, %%tmm1, %%tmm0\n\ttilerelease" ::: "memory");
 }
@@ -94,22 +107,23 @@ static void p_amx_cc(void) { _exit(4); } /* no AMX intrinsics: -march=native can
 #else
 #include <immintrin.h>
 struct amx_cfg {
-    uint8_t  palette_id, start_row, reserved[14];
+    uint8_t palette_id, start_row, reserved[14];
     uint16_t colsb[16];
-    uint8_t  rows[16];
+    uint8_t rows[16];
 };
-__attribute__((target("amx-tile"), noinline)) static void amx_cc_use(void)
-{
+__attribute__((target("amx-tile"), noinline)) static void amx_cc_use(void) {
     struct amx_cfg tc __attribute__((aligned(64)));
     memset(&tc, 0, sizeof tc);
     tc.palette_id = 1;
-    for (int i = 0; i < 8; i++) { tc.rows[i] = 16; tc.colsb[i] = 64; }
+    for (int i = 0; i < 8; i++) {
+        tc.rows[i] = 16;
+        tc.colsb[i] = 64;
+    }
     _tile_loadconfig(&tc);
     _tile_zero(4);
     _tile_release();
 }
-static void p_amx_cc(void)
-{
+static void p_amx_cc(void) {
     if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0) _exit(3);
     amx_cc_use();
 }
@@ -119,27 +133,43 @@ static void p_amx_cc(void)
  * (tests/cli/cli_cpu_probe.sh expects "ud2 fail"). */
 static void p_ud2(void) { __asm__ volatile("ud2"); }
 
-static const struct probe { const char *name; void (*run)(void); } probes[] = {
-    {"avx", p_avx}, {"avx2", p_avx2}, {"fma", p_fma}, {"f16c", p_f16c}, {"bmi2", p_bmi2},
-    {"avx_vnni", p_avxvnni}, {"avx512", p_avx512}, {"avx512_vbmi", p_avx512vbmi},
-    {"avx512_vnni", p_avx512vnni}, {"avx512_bf16", p_avx512bf16},
-    {"amx_tile", p_amx_tile}, {"amx_int8", p_amx_int8}, {"amx_bf16", p_amx_bf16},
-    {"amx_cc", p_amx_cc}, {"ud2", p_ud2},
+static const struct probe {
+    const char *name;
+    void (*run)(void);
+} probes[] = {
+    { "avx", p_avx },
+    { "avx2", p_avx2 },
+    { "fma", p_fma },
+    { "f16c", p_f16c },
+    { "bmi2", p_bmi2 },
+    { "avx_vnni", p_avxvnni },
+    { "avx512", p_avx512 },
+    { "avx512_vbmi", p_avx512vbmi },
+    { "avx512_vnni", p_avx512vnni },
+    { "avx512_bf16", p_avx512bf16 },
+    { "amx_tile", p_amx_tile },
+    { "amx_int8", p_amx_int8 },
+    { "amx_bf16", p_amx_bf16 },
+    { "amx_cc", p_amx_cc },
+    { "ud2", p_ud2 },
 };
 #define N_PROBES (sizeof probes / sizeof probes[0])
 
-static int run_probe(const struct probe *p)
-{
+static int run_probe(const struct probe *p) {
     fflush(stdout);
     pid_t pid = fork();
-    if (pid < 0) { printf("%s fail (fork: %s)\n", p->name, strerror(errno)); return 1; }
+    if (pid < 0) {
+        printf("%s fail (fork: %s)\n", p->name, strerror(errno));
+        return 1;
+    }
     if (pid == 0) {
         alarm(5);
         p->run();
         _exit(0);
     }
     int st = 0;
-    while (waitpid(pid, &st, 0) < 0) { /* EINTR */ }
+    while (waitpid(pid, &st, 0) < 0) { /* EINTR */
+    }
     if (WIFEXITED(st) && WEXITSTATUS(st) == 0) printf("%s ok\n", p->name);
     else if (WIFEXITED(st) && WEXITSTATUS(st) == 3) printf("%s fail (arch_prctl refused the tile data permission)\n", p->name);
     else if (WIFEXITED(st) && WEXITSTATUS(st) == 4) printf("%s fail (the compiler has no AMX intrinsics)\n", p->name);
@@ -153,8 +183,7 @@ static int run_probe(const struct probe *p)
     return 0;
 }
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
     if (argc == 1) {
         for (size_t i = 0; i < N_PROBES; i++) run_probe(&probes[i]);
         return 0;
@@ -163,7 +192,11 @@ int main(int argc, char **argv)
     for (int a = 1; a < argc; a++) {
         size_t i = 0;
         while (i < N_PROBES && strcmp(probes[i].name, argv[a]) != 0) i++;
-        if (i == N_PROBES) { fprintf(stderr, "cpu_probe: unknown probe '%s'\n", argv[a]); rc = 2; continue; }
+        if (i == N_PROBES) {
+            fprintf(stderr, "cpu_probe: unknown probe '%s'\n", argv[a]);
+            rc = 2;
+            continue;
+        }
         run_probe(&probes[i]);
     }
     return rc;

@@ -101,7 +101,10 @@ static const char *victim_tenant(const struct sched *sc, const char *ns, int32_t
     for (int32_t i = 0; i < sc->cap; i++) {
         if (!sc->sess[i].s || (resident && sc->sess[i].seq < 0) || sc->sess[i].job) continue;
         int32_t c = n_of(sc, sc->sess[i].ns, resident);
-        if (c > most) { most = c; worst = sc->sess[i].ns; }
+        if (c > most) {
+            most = c;
+            worst = sc->sess[i].ns;
+        }
     }
     return worst;
 }
@@ -192,7 +195,10 @@ enum pick admit_session(struct server *srv, struct job *j, struct sess **out) {
     if (j->req.session_id[0]) {
         x = find_session(srv, j->req.ns, j->req.session_id);
         if (x && x->job) return PICK_BUSY;
-        if (x && canonicalise_replies(x, j)) { serve_error_set(&j->err, 500, "server_error", NULL, "out of memory"); return PICK_ERR; }
+        if (x && canonicalise_replies(x, j)) {
+            serve_error_set(&j->err, 500, "server_error", NULL, "out of memory");
+            return PICK_ERR;
+        }
     } else {
         /* the session whose whole conversation the request continues, else the one sharing the
         ** longest token prefix with the request, if at least one block (shorter: a common system
@@ -207,7 +213,10 @@ enum pick admit_session(struct server *srv, struct job *j, struct sess **out) {
         for (int32_t i = 0; i < sc->cap; i++)
             if (sc->sess[i].s && !sc->sess[i].job && !strcmp(sc->sess[i].ns, j->req.ns)) {
                 any = true;
-                if (canonicalise_replies(&sc->sess[i], j)) { serve_error_set(&j->err, 500, "server_error", NULL, "out of memory"); return PICK_ERR; }
+                if (canonicalise_replies(&sc->sess[i], j)) {
+                    serve_error_set(&j->err, 500, "server_error", NULL, "out of memory");
+                    return PICK_ERR;
+                }
             }
         if (any && request_tokens(srv, j, &req, &n_req) == 0 && !(buf = malloc(sizeof *buf * (size_t) KVT_MAX(n_req, 1))))
             n_req = 0;
@@ -248,7 +257,10 @@ enum pick admit_session(struct server *srv, struct job *j, struct sess **out) {
         }
         x->seq = q;
     }
-    if (x) { *out = x; return PICK_OK; }
+    if (x) {
+        *out = x;
+        return PICK_OK;
+    }
     if (!(x = new_slot(srv, j->req.ns))) return PICK_ERR;
     int32_t q = take_seq(srv, j->req.ns);
     if (q < 0) return PICK_ERR;
@@ -312,7 +324,9 @@ bool admit_runnable(struct server *srv, const struct job *j) {
 void admit_delete(struct server *srv, struct job *j) {
     struct sess *x = find_session(srv, j->req.ns, j->req.session_id);
     if (!x) serve_error_set(&j->err, 404, "invalid_request_error", "session_not_found", "no session '%s'", j->req.session_id);
-    else if (x->job) serve_error_set(&j->err, 409, "invalid_request_error", "session_busy", "session '%s' is generating a reply", j->req.session_id);
+    else if (x->job)
+        serve_error_set(&j->err, 409, "invalid_request_error", "session_busy", "session '%s' is generating a reply",
+                        j->req.session_id);
     else {
         kvt_session_free(x->s);
         memset(x, 0, sizeof *x);

@@ -15,7 +15,10 @@
 ** (the job has its error) when it cannot run at all; else it waits for a sequence (serve_completion_start_waiting). */
 bool serve_completion_prepare(struct server *srv, struct job *j) {
     int rc = kvt_tokenize(srv->eng, j->req.prompt, true, false, &j->ptok, &j->prompt_tokens);
-    if (rc) { serve_error_lib(&j->err, "prompt", rc); return false; }
+    if (rc) {
+        serve_error_lib(&j->err, "prompt", rc);
+        return false;
+    }
     const int32_t n = j->prompt_tokens;
     j->sync.prompt_tokens = n;
     j->sync.tokens_decoded = n;
@@ -23,8 +26,8 @@ bool serve_completion_prepare(struct server *srv, struct job *j) {
     j->seq = -1;
     if (n + j->req.max_tokens > srv->budget) {
         serve_error_set(&j->err, 400, "invalid_request_error", "context_length_exceeded",
-                  "the prompt is %d tokens and max_tokens %d; together they must fit the budget of %d tokens", n,
-                  j->req.max_tokens, srv->budget);
+                        "the prompt is %d tokens and max_tokens %d; together they must fit the budget of %d tokens", n,
+                        j->req.max_tokens, srv->budget);
         return false;
     }
     if (n == 0) {
@@ -94,9 +97,13 @@ void serve_completion_start_waiting(struct server *srv) {
     int32_t w = 0; /* first, the ones whose client left, wherever they wait */
     for (int32_t k = 0; k < sc->n_wait; k++) {
         bool gone = serve_job_stopped(srv, sc->wait[k]);
-        if (gone && (sc->wait[k]->timed_out || serve_aborting(srv))) serve_job_timeout_error(srv, sc->wait[k], "waiting for a sequence");
-        if (gone) { sc->wait[k]->completion_tokens = 0; sc->wait[k]->finish = "stop"; serve_job_finish(srv, sc->wait[k]); }
-        else sc->wait[w++] = sc->wait[k];
+        if (gone && (sc->wait[k]->timed_out || serve_aborting(srv)))
+            serve_job_timeout_error(srv, sc->wait[k], "waiting for a sequence");
+        if (gone) {
+            sc->wait[k]->completion_tokens = 0;
+            sc->wait[k]->finish = "stop";
+            serve_job_finish(srv, sc->wait[k]);
+        } else sc->wait[w++] = sc->wait[k];
     }
     sc->n_wait = w;
     while (sc->n_wait > 0) {

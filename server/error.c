@@ -38,10 +38,8 @@ int serve_error_oom(struct serve_error *e) {
 void serve_error_lib(struct serve_error *e, const char *what, int rc) {
     if (rc == KVT_ECTX || rc == KVT_EBUDGET)
         serve_error_set(e, 400, "invalid_request_error", "context_length_exceeded", "%s: %s", what, kvt_errmsg());
-    else if (rc == KVT_EINVAL)
-        serve_error_set(e, 400, "invalid_request_error", NULL, "%s: %s", what, kvt_errmsg());
-    else
-        serve_error_set(e, 500, "server_error", NULL, "%s: %s: %s", what, kvt_strerror(rc), kvt_errmsg());
+    else if (rc == KVT_EINVAL) serve_error_set(e, 400, "invalid_request_error", NULL, "%s: %s", what, kvt_errmsg());
+    else serve_error_set(e, 500, "server_error", NULL, "%s: %s: %s", what, kvt_strerror(rc), kvt_errmsg());
 }
 
 json_t *serve_error_json(const struct serve_error *e) {

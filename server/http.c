@@ -16,11 +16,11 @@
 #include <time.h>
 
 struct req {
-    char  *body;
+    char *body;
     size_t n, cap;
-    bool   too_big;
-    char   ns[40];     /* the caller's tenant, from the headers */
-    bool   authorized; /* the key was checked when the headers arrived */
+    bool too_big;
+    char ns[40];     /* the caller's tenant, from the headers */
+    bool authorized; /* the key was checked when the headers arrived */
 };
 
 /* ---------------------------------------------------------------------------------------- */
@@ -36,18 +36,18 @@ struct req {
 ** answered has no deadline here. */
 enum conn_phase { PHASE_HEADERS, PHASE_BODY, PHASE_ANSWER };
 struct conn {
-    int              fd;
-    enum conn_phase  phase;
-    bool             kept;    /* kept alive after a reply: its next headers may take the idle time too */
-    double           t0;      /* ms, monotonic: start of the phase */
-    struct conn     *prev, *next;
+    int fd;
+    enum conn_phase phase;
+    bool kept; /* kept alive after a reply: its next headers may take the idle time too */
+    double t0; /* ms, monotonic: start of the phase */
+    struct conn *prev, *next;
 };
 struct conn_watch {
     pthread_mutex_t mu;
-    pthread_cond_t  cv;
-    struct conn     head;     /* list sentinel */
-    bool            stop, started;
-    pthread_t       thread;
+    pthread_cond_t cv;
+    struct conn head; /* list sentinel */
+    bool stop, started;
+    pthread_t thread;
 };
 
 static void watch_stop(struct server *srv);
@@ -95,7 +95,8 @@ static void *watch_main(void *arg) {
             /* a kept-alive connection waits for the client's next request: the idle timeout's
             ** worth first (clients pool connections), then the header deadline */
             double limit = cn->phase == PHASE_HEADERS ? (srv->lim.header_timeout_s + (cn->kept ? srv->lim.idle_timeout_s : 0)) * 1e3
-                         : cn->phase == PHASE_BODY    ? srv->lim.body_timeout_s * 1e3 : 0;
+                           : cn->phase == PHASE_BODY  ? srv->lim.body_timeout_s * 1e3
+                                                      : 0;
             if (limit <= 0 || now - cn->t0 <= limit || cn->fd < 0) continue;
             shutdown(cn->fd, SHUT_RDWR);
             cn->fd = -1; /* once */
@@ -111,7 +112,10 @@ static void *watch_main(void *arg) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 200 * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
         pthread_cond_timedwait(&w->cv, &w->mu, &ts);
     }
     pthread_mutex_unlock(&w->mu);
@@ -120,7 +124,8 @@ static void *watch_main(void *arg) {
 
 /* libmicrohttpd: a connection was accepted (listening thread) or is being closed, before its
 ** socket is. */
-static void notify_connection(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode code) {
+static void notify_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                              enum MHD_ConnectionNotificationCode code) {
     struct server *srv = cls;
     struct conn_watch *w = srv->watch;
     if (code == MHD_CONNECTION_NOTIFY_STARTED) {
@@ -161,7 +166,11 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
     (void) cls;
     double now = mono_ms();
     pthread_mutex_lock(&mu);
-    if (now - t_last < 1000) { held++; pthread_mutex_unlock(&mu); return; }
+    if (now - t_last < 1000) {
+        held++;
+        pthread_mutex_unlock(&mu);
+        return;
+    }
     t_last = now;
     long h = held;
     held = 0;
@@ -192,7 +201,10 @@ static void count_status(struct server *srv, int status) {
 static enum MHD_Result send_text(struct server *srv, struct MHD_Connection *c, int status, const char *ctype, char *text,
                                  const char *session_id) {
     struct MHD_Response *r = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
-    if (!r) { free(text); return MHD_NO; }
+    if (!r) {
+        free(text);
+        return MHD_NO;
+    }
     MHD_add_response_header(r, "Content-Type", ctype);
     if (session_id && *session_id) MHD_add_response_header(r, "X-Session-Id", session_id);
     count_status(srv, status);
@@ -234,21 +246,21 @@ static enum MHD_Result send_error(struct server *srv, struct MHD_Connection *c, 
 /* replies                                                                                  */
 
 static json_t *usage_obj(const struct job *j) {
-    return json_pack("{s:i, s:i, s:i, s:{s:I, s:I, s:I, s:I, s:I, s:i, s:s, s:s, s:I, s:I, s:I, s:i}}", "prompt_tokens", j->prompt_tokens,
-                     "completion_tokens", j->completion_tokens, "total_tokens", j->prompt_tokens + j->completion_tokens,
-                     "kvtier", "prompt_tokens_reused", (json_int_t) j->sync.tokens_reused, "prompt_tokens_decoded",
-                     (json_int_t) j->sync.tokens_decoded, "evictions", (json_int_t) j->sync.evictions, "recoveries",
-                     (json_int_t) j->sync.recoveries, "recomputes", (json_int_t) j->sync.recomputes, "resident_tokens",
-                     j->resident_tokens, "session_id", j->out_session, "store", kvt_route_name(j->sync.route),
+    return json_pack("{s:i, s:i, s:i, s:{s:I, s:I, s:I, s:I, s:I, s:i, s:s, s:s, s:I, s:I, s:I, s:i}}", "prompt_tokens",
+                     j->prompt_tokens, "completion_tokens", j->completion_tokens, "total_tokens",
+                     j->prompt_tokens + j->completion_tokens, "kvtier", "prompt_tokens_reused", (json_int_t) j->sync.tokens_reused,
+                     "prompt_tokens_decoded", (json_int_t) j->sync.tokens_decoded, "evictions", (json_int_t) j->sync.evictions,
+                     "recoveries", (json_int_t) j->sync.recoveries, "recomputes", (json_int_t) j->sync.recomputes,
+                     "resident_tokens", j->resident_tokens, "session_id", j->out_session, "store", kvt_route_name(j->sync.route),
                      "prompt_tokens_from_store", (json_int_t) j->sync.tokens_from_store, "prompt_tokens_from_chunks",
                      (json_int_t) j->sync.tokens_from_chunks, "prompt_tokens_chunk_recomputed",
-                     (json_int_t) j->sync.chunk_recompute_tokens, "decode_steps_shared",
-                     j->shared_steps);
+                     (json_int_t) j->sync.chunk_recompute_tokens, "decode_steps_shared", j->shared_steps);
 }
 
 static json_t *final_obj(struct server *srv, const struct job *j) {
     char id[64];
-    snprintf(id, sizeof id, "%s-%llu", j->kind == JOB_CHAT ? "chatcmpl" : "cmpl", __atomic_add_fetch(&srv->n_replies, 1, __ATOMIC_RELAXED));
+    snprintf(id, sizeof id, "%s-%llu", j->kind == JOB_CHAT ? "chatcmpl" : "cmpl",
+             __atomic_add_fetch(&srv->n_replies, 1, __ATOMIC_RELAXED));
     json_t *choice;
     if (j->kind == JOB_CHAT) {
         const char *fin = j->finish;
@@ -261,14 +273,14 @@ static json_t *final_obj(struct server *srv, const struct job *j) {
     }
     if (choice && j->lp_json) json_object_set_new(choice, "logprobs", json_pack("{s:O}", "content", j->lp_json));
     return json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", id, "object",
-                     j->kind == JOB_CHAT ? "chat.completion" : "text_completion", "created", (json_int_t) time(NULL),
-                     "model", srv->model_name, "choices", choice, "usage", usage_obj(j));
+                     j->kind == JOB_CHAT ? "chat.completion" : "text_completion", "created", (json_int_t) time(NULL), "model",
+                     srv->model_name, "choices", choice, "usage", usage_obj(j));
 }
 
 /* Wait (under srv->mu) until the job satisfies cond. */
-#define WAIT_UNTIL(cond)                                                                       \
-    do {                                                                                       \
-        while (!(cond)) pthread_cond_wait(&j->cv, &srv->mu);                                   \
+#define WAIT_UNTIL(cond)                                     \
+    do {                                                     \
+        while (!(cond)) pthread_cond_wait(&j->cv, &srv->mu); \
     } while (0)
 
 /* The client closed its end (a recv that peeks at end-of-file or fails)?  A client that sent more
@@ -301,26 +313,27 @@ static void wait_watching_for(struct server *srv, struct MHD_Connection *c, stru
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 100 * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
         pthread_cond_timedwait(&j->cv, &srv->mu, &ts);
         if (j->state != JOB_DONE && !j->cancelled && peer_gone(c)) j->cancelled = true;
     }
 }
 
-static void wait_watching(struct server *srv, struct MHD_Connection *c, struct job *j) {
-    wait_watching_for(srv, c, j, false);
-}
+static void wait_watching(struct server *srv, struct MHD_Connection *c, struct job *j) { wait_watching_for(srv, c, j, false); }
 
 struct stream {
     struct server *srv;
     struct MHD_Connection *c; /* to notice a client that leaves while nothing is sent */
-    struct job    *j;
-    char           id[64];
-    int            phase;   /* 0 role chunk, 1 content, 2 done */
-    int            tools_text; /* a reply under tools: -1 not known yet, 1 plain text (streamed),
+    struct job *j;
+    char id[64];
+    int phase;      /* 0 role chunk, 1 content, 2 done */
+    int tools_text; /* a reply under tools: -1 not known yet, 1 plain text (streamed),
                                ** 0 a call or JSON (sent whole) */
-    char          *out;     /* pending bytes */
-    size_t         n_out, off;
+    char *out;      /* pending bytes */
+    size_t n_out, off;
 };
 
 static void stream_emit(struct stream *st, json_t *obj) {
@@ -356,8 +369,8 @@ static json_t *chunk_delta(struct stream *st, json_t *delta, const char *content
                            finish ? json_string(finish) : json_null(), "logprobs");
     }
     return json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", st->id, "object",
-                     j->kind == JOB_CHAT ? "chat.completion.chunk" : "text_completion", "created", (json_int_t) time(NULL),
-                     "model", st->srv->model_name, "choices", choice);
+                     j->kind == JOB_CHAT ? "chat.completion.chunk" : "text_completion", "created", (json_int_t) time(NULL), "model",
+                     st->srv->model_name, "choices", choice);
 }
 
 static json_t *chunk(struct stream *st, const char *content, const char *finish, bool role) {
@@ -374,7 +387,10 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         if (st->phase == 3) return MHD_CONTENT_READER_END_OF_STREAM;
         if (st->phase == 0) {
             st->phase = 1;
-            if (j->kind == JOB_CHAT) { stream_emit(st, chunk(st, NULL, NULL, true)); continue; }
+            if (j->kind == JOB_CHAT) {
+                stream_emit(st, chunk(st, NULL, NULL, true));
+                continue;
+            }
         }
         /* a tool-call reply is one JSON object: parsed and sent whole when it is complete.  Under
         ** tool_choice auto the reply's first character chooses (server/tools.c): '{' a call (or
@@ -474,7 +490,8 @@ static enum MHD_Result run_job(struct server *srv, struct MHD_Connection *c, str
     if (q) {
         serve_job_free(j);
         if (q == 429)
-            return send_error(srv, c, 429, "rate_limit_error", "queue_full", "the request queue is full (%d waiting); retry later", srv->max_queue);
+            return send_error(srv, c, 429, "rate_limit_error", "queue_full", "the request queue is full (%d waiting); retry later",
+                              srv->max_queue);
         if (q == 430)
             return send_error(srv, c, 429, "rate_limit_error", "queue_share_full",
                               "this API key has %d requests waiting, its share of the queue (--queue-per-key); retry later",
@@ -497,14 +514,21 @@ static enum MHD_Result run_job(struct server *srv, struct MHD_Connection *c, str
         return r;
     }
     struct stream *st = calloc(1, sizeof *st);
-    if (!st) { serve_job_release(srv, j); return MHD_NO; }
+    if (!st) {
+        serve_job_release(srv, j);
+        return MHD_NO;
+    }
     st->srv = srv;
     st->c = c;
     st->j = j;
     st->tools_text = -1;
-    snprintf(st->id, sizeof st->id, "%s-%llu", j->kind == JOB_CHAT ? "chatcmpl" : "cmpl", __atomic_add_fetch(&srv->n_replies, 1, __ATOMIC_RELAXED));
+    snprintf(st->id, sizeof st->id, "%s-%llu", j->kind == JOB_CHAT ? "chatcmpl" : "cmpl",
+             __atomic_add_fetch(&srv->n_replies, 1, __ATOMIC_RELAXED));
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, st, stream_free);
-    if (!r) { stream_free(st); return MHD_NO; }
+    if (!r) {
+        stream_free(st);
+        return MHD_NO;
+    }
     MHD_add_response_header(r, "Content-Type", "text/event-stream");
     MHD_add_response_header(r, "Cache-Control", "no-cache");
     pthread_mutex_lock(&srv->mu);
@@ -534,7 +558,10 @@ static enum MHD_Result post_generate(struct server *srv, struct MHD_Connection *
         return r;
     }
     struct job *j = calloc(1, sizeof *j);
-    if (!j) { json_decref(root); return MHD_NO; }
+    if (!j) {
+        json_decref(root);
+        return MHD_NO;
+    }
     j->kind = chat ? JOB_CHAT : JOB_COMPLETION;
     snprintf(j->req.ns, sizeof j->req.ns, "%s", ns);
     const char *sid = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Session-Id");
@@ -557,11 +584,11 @@ static enum MHD_Result get_sessions(struct server *srv, struct MHD_Connection *c
     for (int32_t i = 0; i < srv->n_views; i++) {
         const struct sess_view *v = &srv->views[i];
         if (strcmp(v->ns, ns)) continue;
-        json_array_append_new(data, json_pack("{s:s, s:s, s:i, s:i, s:i, s:I, s:I, s:I, s:b, s:b}", "id", v->id, "object", "session",
-                                              "messages", v->n_messages, "total_tokens", v->total_tokens, "resident_tokens",
-                                              v->resident_tokens, "evictions", (json_int_t) v->evictions, "recoveries",
-                                              (json_int_t) v->recoveries, "last_used", (json_int_t) v->last_used, "busy", v->busy,
-                                              "parked", v->parked));
+        json_array_append_new(data, json_pack("{s:s, s:s, s:i, s:i, s:i, s:I, s:I, s:I, s:b, s:b}", "id", v->id, "object",
+                                              "session", "messages", v->n_messages, "total_tokens", v->total_tokens,
+                                              "resident_tokens", v->resident_tokens, "evictions", (json_int_t) v->evictions,
+                                              "recoveries", (json_int_t) v->recoveries, "last_used", (json_int_t) v->last_used,
+                                              "busy", v->busy, "parked", v->parked));
     }
     pthread_mutex_unlock(&srv->mu);
     return send_json(srv, c, 200, json_pack("{s:s, s:o}", "object", "list", "data", data), NULL);
@@ -610,7 +637,10 @@ static bool same_secret(const char *a, const char *b) {
 ** the same for the same key whatever its line in the key file); NULL if unauthorised.  Every key
 ** is compared, so the time does not say which one matched. */
 static const char *auth(struct server *srv, struct MHD_Connection *c, char *ns, size_t n) {
-    if (!srv->keys) { ns[0] = '\0'; return ns; }
+    if (!srv->keys) {
+        ns[0] = '\0';
+        return ns;
+    }
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
     if (!h || strncmp(h, "Bearer ", 7)) return NULL;
     int32_t hit = -1;
@@ -752,14 +782,12 @@ struct MHD_Daemon *serve_http_start(struct server *srv, const char *host, int32_
     ** 2048 levels at most, and the schema's, 32), so the connection cap, not the address space,
     ** bounds the threads */
     struct MHD_Daemon *d = MHD_start_daemon(
-        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG,
-        (uint16_t) port, NULL, NULL, handler, srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, srv, /* first: it covers the others */
-        MHD_OPTION_SOCK_ADDR, (struct sockaddr *) &sa,
-        MHD_OPTION_NOTIFY_COMPLETED, completed, srv, MHD_OPTION_NOTIFY_CONNECTION, notify_connection, srv,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned) srv->lim.max_connections,
-        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned) srv->lim.max_per_ip,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned) srv->lim.idle_timeout_s,
-        MHD_OPTION_THREAD_STACK_SIZE, (size_t) 1 << 20, MHD_OPTION_END);
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG, (uint16_t) port, NULL, NULL, handler,
+        srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, srv, /* first: it covers the others */
+        MHD_OPTION_SOCK_ADDR, (struct sockaddr *) &sa, MHD_OPTION_NOTIFY_COMPLETED, completed, srv, MHD_OPTION_NOTIFY_CONNECTION,
+        notify_connection, srv, MHD_OPTION_CONNECTION_LIMIT, (unsigned) srv->lim.max_connections,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned) srv->lim.max_per_ip, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned) srv->lim.idle_timeout_s, MHD_OPTION_THREAD_STACK_SIZE, (size_t) 1 << 20, MHD_OPTION_END);
     if (!d) {
         fprintf(stderr, "kvtier serve: cannot listen on %s:%d (in use, or not allowed)\n", host, port);
         goto fail;

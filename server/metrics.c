@@ -41,7 +41,7 @@ char *serve_metrics_text(struct server *srv) {
     fprintf(f, "# HELP kvtier_requests_total HTTP responses by status class.\n# TYPE kvtier_requests_total counter\n");
     for (int i = 1; i < 6; i++) fprintf(f, "kvtier_requests_total{status=\"%dxx\"} %lld\n", i, (long long) m.by_status[i]);
 #define COUNTER(name, help, v) fprintf(f, "# HELP " name " " help "\n# TYPE " name " counter\n" name " %lld\n", (long long) (v))
-#define GAUGE(name, help, v) fprintf(f, "# HELP " name " " help "\n# TYPE " name " gauge\n" name " %lld\n", (long long) (v))
+#define GAUGE(name, help, v)   fprintf(f, "# HELP " name " " help "\n# TYPE " name " gauge\n" name " %lld\n", (long long) (v))
     COUNTER("kvtier_prompt_tokens_total", "Prompt tokens of finished requests.", m.prompt_tokens);
     COUNTER("kvtier_generated_tokens_total", "Generated tokens.", m.completion_tokens);
     COUNTER("kvtier_prompt_tokens_reused_total", "Prompt tokens found in a session's cache.", m.prompt_reused);
@@ -52,39 +52,48 @@ char *serve_metrics_text(struct server *srv) {
     COUNTER("kvtier_pool_dropped_total", "Saved KV blocks the host pool dropped (failed spill or disk quota).", m.pool_dropped);
     COUNTER("kvtier_steps_total", "Scheduler steps: llama_decode calls holding decode tokens and/or a prefill chunk.", m.steps);
     COUNTER("kvtier_step_tokens_total", "Tokens in those steps (decode tokens plus prefill chunk tokens).", m.step_tokens);
-    COUNTER("kvtier_mixed_steps_total", "Steps holding a prefill chunk AND other requests' decode tokens in one llama_decode.", m.mixed_steps);
+    COUNTER("kvtier_mixed_steps_total", "Steps holding a prefill chunk AND other requests' decode tokens in one llama_decode.",
+            m.mixed_steps);
     COUNTER("kvtier_mixed_prefill_tokens_total", "Prefill tokens decoded in mixed steps.", m.mixed_prefill_tokens);
-    COUNTER("kvtier_prefill_alone_tokens_total", "Prefill tokens of chunks decoded alone (with --batch-tokens > 0: the last chunk of each prompt part).", m.prefill_alone_tokens);
+    COUNTER("kvtier_prefill_alone_tokens_total",
+            "Prefill tokens of chunks decoded alone (with --batch-tokens > 0: the last chunk of each prompt part).",
+            m.prefill_alone_tokens);
     COUNTER("kvtier_connections_accepted_total", "TCP connections accepted.", m.connections_accepted);
-    fprintf(f, "# HELP kvtier_connections_closed_total Connections the server shut for missing a deadline.\n"
-               "# TYPE kvtier_connections_closed_total counter\n"
-               "kvtier_connections_closed_total{reason=\"header_timeout\"} %lld\n"
-               "kvtier_connections_closed_total{reason=\"body_timeout\"} %lld\n",
+    fprintf(f,
+            "# HELP kvtier_connections_closed_total Connections the server shut for missing a deadline.\n"
+            "# TYPE kvtier_connections_closed_total counter\n"
+            "kvtier_connections_closed_total{reason=\"header_timeout\"} %lld\n"
+            "kvtier_connections_closed_total{reason=\"body_timeout\"} %lld\n",
             (long long) m.closed_header_timeout, (long long) m.closed_body_timeout);
     GAUGE("kvtier_resident_tokens", "KV cells held by all sessions.", m.resident_tokens);
     GAUGE("kvtier_sessions", "Open sessions (resident and parked).", m.n_sessions);
     GAUGE("kvtier_sessions_parked", "Sessions parked whole in the host tiers.", m.n_parked);
     GAUGE("kvtier_queue_length", "Requests waiting for a slot.", m.queue_len);
     GAUGE("kvtier_active_requests", "Requests being served.", m.active);
-    GAUGE("kvtier_pool_ram_bytes", "Evicted KV bytes in host RAM (the host pool, or the block store's private entries).", m.pool_ram);
+    GAUGE("kvtier_pool_ram_bytes", "Evicted KV bytes in host RAM (the host pool, or the block store's private entries).",
+          m.pool_ram);
     GAUGE("kvtier_pool_spill_bytes", "Evicted KV bytes in spill files.", m.pool_spill);
-    COUNTER("kvtier_prompt_tokens_from_store_total", "Prompt tokens loaded from the block store (no forward pass).", m.prompt_from_store);
-    COUNTER("kvtier_prompt_tokens_from_chunks_total", "Prompt tokens loaded as reused chunks (--chunk-reuse; no forward pass).", m.prompt_from_chunks);
+    COUNTER("kvtier_prompt_tokens_from_store_total", "Prompt tokens loaded from the block store (no forward pass).",
+            m.prompt_from_store);
+    COUNTER("kvtier_prompt_tokens_from_chunks_total", "Prompt tokens loaded as reused chunks (--chunk-reuse; no forward pass).",
+            m.prompt_from_chunks);
     fprintf(f, "# HELP kvtier_store_routes_total Chat requests by where their prompt's full blocks were found.\n"
                "# TYPE kvtier_store_routes_total counter\n");
-    for (int r = 0; r < 4; r++) fprintf(f, "kvtier_store_routes_total{route=\"%s\"} %lld\n", kvt_route_name(r), (long long) m.route[r]);
+    for (int r = 0; r < 4; r++)
+        fprintf(f, "kvtier_store_routes_total{route=\"%s\"} %lld\n", kvt_route_name(r), (long long) m.route[r]);
     if (m.have_store) {
         /* the Redis tier when configured: its entries and bytes are Redis's (kvtier store stats) */
         const struct kvt_store_tier_stats *t[3] = { &m.store.ram, &m.store.disk, &m.store.redis };
         const char *tn[3] = { "ram", "disk", "redis" };
         const int nt = m.store.redis_on ? 3 : 2;
-#define TIER(name, type, help, field, n)                                                                           \
-        fprintf(f, "# HELP " name " " help "\n# TYPE " name " " type "\n");                                     \
-        for (int k = 0; k < (n); k++) fprintf(f, name "{tier=\"%s\"} %lld\n", tn[k], (long long) t[k]->field);
+#define TIER(name, type, help, field, n)                                \
+    fprintf(f, "# HELP " name " " help "\n# TYPE " name " " type "\n"); \
+    for (int k = 0; k < (n); k++) fprintf(f, name "{tier=\"%s\"} %lld\n", tn[k], (long long) t[k]->field);
         TIER("kvtier_store_hits_total", "counter", "Block store lookups answered by the tier.", hits, nt)
         TIER("kvtier_store_misses_total", "counter", "Block store lookups the tier could not answer.", misses, nt)
         TIER("kvtier_store_writes_total", "counter", "Blocks written to the tier.", writes, nt)
-        TIER("kvtier_store_writes_dropped_total", "counter", "Block writes dropped (full queue, quota, I/O error).", writes_dropped, nt)
+        TIER("kvtier_store_writes_dropped_total", "counter", "Block writes dropped (full queue, quota, I/O error).", writes_dropped,
+             nt)
         TIER("kvtier_store_evictions_total", "counter", "Blocks removed from the tier for room (LRU).", evictions, 2)
         TIER("kvtier_store_expired_total", "counter", "Blocks removed from the tier by TTL.", expired, 2)
         TIER("kvtier_store_corrupt_total", "counter", "Reads that failed the checksum, key or fingerprint check.", corrupt, nt)
@@ -105,15 +114,21 @@ char *serve_metrics_text(struct server *srv) {
             GAUGE("kvtier_store_redis_queue_length", "Block writes waiting for the Redis writer.", m.store.redis_queue_len);
         if (m.store.prefetch.on) { /* kvt_store_prefetch: what its counters mean is in kvtier.h */
             const struct kvt_store_prefetch_stats *P = &m.store.prefetch;
-            const char *pn[] = { "issued", "promoted", "dropped", "skipped", "absent", "failed", "claimed", "waited", "hits", "wasted" };
-            const int64_t pv[] = { P->issued, P->promoted, P->dropped, P->skipped, P->absent, P->failed, P->claimed, P->waited, P->hits, P->wasted };
-            fprintf(f, "# HELP kvtier_store_prefetch_total Block store prefetch: keys issued, promoted into RAM, dropped, ...; gets served by promoted blocks (hits), promoted blocks evicted unread (wasted).\n"
+            const char *pn[] = { "issued", "promoted", "dropped", "skipped", "absent",
+                                 "failed", "claimed",  "waited",  "hits",    "wasted" };
+            const int64_t pv[] = { P->issued, P->promoted, P->dropped, P->skipped, P->absent,
+                                   P->failed, P->claimed,  P->waited,  P->hits,    P->wasted };
+            fprintf(f, "# HELP kvtier_store_prefetch_total Block store prefetch: keys issued, promoted into RAM, dropped, ...; "
+                       "gets served by promoted blocks (hits), promoted blocks evicted unread (wasted).\n"
                        "# TYPE kvtier_store_prefetch_total counter\n");
             for (int k = 0; k < 10; k++) fprintf(f, "kvtier_store_prefetch_total{what=\"%s\"} %lld\n", pn[k], (long long) pv[k]);
         }
     }
     hist_text(f, "kvtier_ttft_seconds", "Time to first token.", &m.ttft);
     hist_text(f, "kvtier_token_latency_seconds", "Time between generated tokens.", &m.per_token);
-    if (fclose(f)) { free(buf); return NULL; }
+    if (fclose(f)) {
+        free(buf);
+        return NULL;
+    }
     return buf;
 }

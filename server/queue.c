@@ -99,8 +99,8 @@ bool serve_job_stopped(struct server *srv, struct job *j) {
 /* The error of a job stopped by its deadline (or by the end of the drain) before its reply began. */
 void serve_job_timeout_error(struct server *srv, struct job *j, const char *where) {
     if (j->timed_out)
-        serve_error_set(&j->err, 408, "invalid_request_error", "request_timeout", "the request ran past --request-timeout-s %d (%s)",
-                        srv->lim.request_timeout_s, where);
+        serve_error_set(&j->err, 408, "invalid_request_error", "request_timeout",
+                        "the request ran past --request-timeout-s %d (%s)", srv->lim.request_timeout_s, where);
     else
         serve_error_set(&j->err, 503, "server_error", "shutting_down", "the server is shutting down (--drain-s %d passed; %s)",
                         srv->lim.drain_s, where);

@@ -11,13 +11,14 @@
 
 const char *serve_json_type(const json_t *v) {
     switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
-    case JSON_TRUE: case JSON_FALSE: return "a boolean";
-    default: return "null";
+        case JSON_OBJECT: return "an object";
+        case JSON_ARRAY: return "an array";
+        case JSON_STRING: return "a string";
+        case JSON_INTEGER: return "an integer";
+        case JSON_REAL: return "a number";
+        case JSON_TRUE:
+        case JSON_FALSE: return "a boolean";
+        default: return "null";
     }
 }
 
@@ -31,28 +32,49 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
     for (int i = 0; i < 2; i++)
         if ((v = json_object_get(root, len_keys[i])) && !json_is_null(v)) {
             e->param = len_keys[i];
-            if (!json_is_integer(v)) { serve_bad(e, "'%s' must be an integer, got %s", len_keys[i], serve_json_type(v)); return -1; }
+            if (!json_is_integer(v)) {
+                serve_bad(e, "'%s' must be an integer, got %s", len_keys[i], serve_json_type(v));
+                return -1;
+            }
             json_int_t x = json_integer_value(v);
-            if (x < 1 || x > srv->n_ctx) { serve_bad(e, "'%s' %lld is outside 1..%d", len_keys[i], (long long) x, srv->n_ctx); return -1; }
+            if (x < 1 || x > srv->n_ctx) {
+                serve_bad(e, "'%s' %lld is outside 1..%d", len_keys[i], (long long) x, srv->n_ctx);
+                return -1;
+            }
             j->req.max_tokens = (int32_t) x;
         }
     if ((v = json_object_get(root, "temperature")) && !json_is_null(v)) {
         e->param = "temperature";
-        if (!json_is_number(v)) { serve_bad(e, "'temperature' must be a number, got %s", serve_json_type(v)); return -1; }
+        if (!json_is_number(v)) {
+            serve_bad(e, "'temperature' must be a number, got %s", serve_json_type(v));
+            return -1;
+        }
         double t = json_number_value(v);
-        if (!(t >= 0 && t <= 2)) { serve_bad(e, "'temperature' %g is outside 0..2", t); return -1; }
+        if (!(t >= 0 && t <= 2)) {
+            serve_bad(e, "'temperature' %g is outside 0..2", t);
+            return -1;
+        }
         j->req.smp.temperature = (float) t;
     }
     if ((v = json_object_get(root, "top_p")) && !json_is_null(v)) {
         e->param = "top_p";
-        if (!json_is_number(v)) { serve_bad(e, "'top_p' must be a number, got %s", serve_json_type(v)); return -1; }
+        if (!json_is_number(v)) {
+            serve_bad(e, "'top_p' must be a number, got %s", serve_json_type(v));
+            return -1;
+        }
         double p = json_number_value(v);
-        if (!(p > 0 && p <= 1)) { serve_bad(e, "'top_p' %g is outside (0, 1]", p); return -1; }
+        if (!(p > 0 && p <= 1)) {
+            serve_bad(e, "'top_p' %g is outside (0, 1]", p);
+            return -1;
+        }
         j->req.smp.top_p = (float) p;
     }
     if ((v = json_object_get(root, "seed")) && !json_is_null(v)) {
         e->param = "seed";
-        if (!json_is_integer(v)) { serve_bad(e, "'seed' must be an integer, got %s", serve_json_type(v)); return -1; }
+        if (!json_is_integer(v)) {
+            serve_bad(e, "'seed' must be an integer, got %s", serve_json_type(v));
+            return -1;
+        }
         j->req.smp.seed = (uint32_t) json_integer_value(v);
         j->req.seeded = true;
     } else {
@@ -62,34 +84,58 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
     }
     if ((v = json_object_get(root, "n")) && !json_is_null(v)) {
         e->param = "n";
-        if (!json_is_integer(v) || json_integer_value(v) != 1) { serve_bad(e, "'n' must be 1 (one choice per request)"); return -1; }
+        if (!json_is_integer(v) || json_integer_value(v) != 1) {
+            serve_bad(e, "'n' must be 1 (one choice per request)");
+            return -1;
+        }
     }
     if ((v = json_object_get(root, "stop")) && !json_is_null(v)) {
         e->param = "stop";
         if (json_is_string(v)) {
             if (!(j->req.stop[j->req.n_stop++] = strdup(json_string_value(v)))) return serve_error_oom(e);
         } else if (json_is_array(v)) {
-            if (json_array_size(v) > SERVE_MAX_STOP) { serve_bad(e, "'stop' has %zu strings; at most %d", json_array_size(v), SERVE_MAX_STOP); return -1; }
+            if (json_array_size(v) > SERVE_MAX_STOP) {
+                serve_bad(e, "'stop' has %zu strings; at most %d", json_array_size(v), SERVE_MAX_STOP);
+                return -1;
+            }
             size_t i;
             json_t *s;
             json_array_foreach(v, i, s) {
-                if (!json_is_string(s)) { serve_bad(e, "'stop[%zu]' must be a string, got %s", i, serve_json_type(s)); return -1; }
+                if (!json_is_string(s)) {
+                    serve_bad(e, "'stop[%zu]' must be a string, got %s", i, serve_json_type(s));
+                    return -1;
+                }
                 if (!(j->req.stop[j->req.n_stop++] = strdup(json_string_value(s)))) return serve_error_oom(e);
             }
-        } else { serve_bad(e, "'stop' must be a string or an array of strings, got %s", serve_json_type(v)); return -1; }
+        } else {
+            serve_bad(e, "'stop' must be a string or an array of strings, got %s", serve_json_type(v));
+            return -1;
+        }
         for (int32_t i = 0; i < j->req.n_stop; i++)
-            if (!j->req.stop[i][0]) { serve_bad(e, "'stop' strings must not be empty"); return -1; }
+            if (!j->req.stop[i][0]) {
+                serve_bad(e, "'stop' strings must not be empty");
+                return -1;
+            }
     }
     if ((v = json_object_get(root, "stream")) && !json_is_null(v)) {
         e->param = "stream";
-        if (!json_is_boolean(v)) { serve_bad(e, "'stream' must be a boolean, got %s", serve_json_type(v)); return -1; }
+        if (!json_is_boolean(v)) {
+            serve_bad(e, "'stream' must be a boolean, got %s", serve_json_type(v));
+            return -1;
+        }
         j->req.stream = json_is_true(v);
     }
     if ((v = json_object_get(root, "stream_options")) && !json_is_null(v)) {
         e->param = "stream_options";
-        if (!json_is_object(v)) { serve_bad(e, "'stream_options' must be an object, got %s", serve_json_type(v)); return -1; }
+        if (!json_is_object(v)) {
+            serve_bad(e, "'stream_options' must be an object, got %s", serve_json_type(v));
+            return -1;
+        }
         json_t *u = json_object_get(v, "include_usage");
-        if (u && !json_is_boolean(u)) { serve_bad(e, "'stream_options.include_usage' must be a boolean, got %s", serve_json_type(u)); return -1; }
+        if (u && !json_is_boolean(u)) {
+            serve_bad(e, "'stream_options.include_usage' must be a boolean, got %s", serve_json_type(u));
+            return -1;
+        }
         j->req.include_usage = u && json_is_true(u);
     }
     if ((v = json_object_get(root, "model")) && !json_is_null(v) && !json_is_string(v)) {
@@ -104,7 +150,10 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
             return -1;
         }
         j->req.logprobs = json_is_true(v);
-        if (j->req.logprobs && j->req.stream) { serve_bad(e, "'logprobs' is supported without 'stream' only"); return -1; }
+        if (j->req.logprobs && j->req.stream) {
+            serve_bad(e, "'logprobs' is supported without 'stream' only");
+            return -1;
+        }
     }
     if ((v = json_object_get(root, "top_logprobs")) && !json_is_null(v)) {
         e->param = "top_logprobs";
@@ -127,14 +176,18 @@ static int content_text(const json_t *ct, size_t i, char **out, bool optional, i
     } else if (ct && json_is_array(ct)) { /* content parts: text only, joined */
         size_t total = 1, k;
         if (json_array_size(ct) > (size_t) max_parts) {
-            serve_bad(e, "'messages[%zu].content' has %zu parts; at most %d (--max-content-parts)", i, json_array_size(ct), max_parts);
+            serve_bad(e, "'messages[%zu].content' has %zu parts; at most %d (--max-content-parts)", i, json_array_size(ct),
+                      max_parts);
             return -1;
         }
         json_t *part;
         json_array_foreach(ct, k, part) {
-            json_t *ty = json_is_object(part) ? json_object_get(part, "type") : NULL, *tx = json_is_object(part) ? json_object_get(part, "text") : NULL;
+            json_t *ty = json_is_object(part) ? json_object_get(part, "type") : NULL,
+                   *tx = json_is_object(part) ? json_object_get(part, "text") : NULL;
             if (!ty || !json_is_string(ty) || strcmp(json_string_value(ty), "text") || !tx || !json_is_string(tx)) {
-                serve_bad(e, "'messages[%zu].content[%zu]' must be {\"type\": \"text\", \"text\": string}; other parts are not supported", i, k);
+                serve_bad(
+                    e, "'messages[%zu].content[%zu]' must be {\"type\": \"text\", \"text\": string}; other parts are not supported",
+                    i, k);
                 return -1;
             }
             total += json_string_length(tx);
@@ -149,10 +202,14 @@ static int content_text(const json_t *ct, size_t i, char **out, bool optional, i
             (*out)[at] = '\0';
         }
     } else {
-        serve_bad(e, "'messages[%zu].content' must be a string or an array of text parts, got %s", i, ct ? serve_json_type(ct) : "nothing");
+        serve_bad(e, "'messages[%zu].content' must be a string or an array of text parts, got %s", i,
+                  ct ? serve_json_type(ct) : "nothing");
         return -1;
     }
-    if (!*out) { serve_error_oom(e); return -1; }
+    if (!*out) {
+        serve_error_oom(e);
+        return -1;
+    }
     return 0;
 }
 
@@ -169,34 +226,57 @@ static int push_msg(struct job *j, const char *role, char *content) {
 ** and "tool" results become user messages (consecutive ones joined), naming the tool called by
 ** the matching tool_call_id.  sys_extra (the tools' description) is appended to the system
 ** message, or becomes one at the start. */
-static int parse_messages(json_t *root, struct job *j, const struct serve_limits *lim, const char *sys_extra, struct serve_error *e) {
+static int parse_messages(json_t *root, struct job *j, const struct serve_limits *lim, const char *sys_extra,
+                          struct serve_error *e) {
     json_t *ms = json_object_get(root, "messages");
     e->param = "messages";
-    if (!ms) { serve_bad(e, "'messages' is required"); return -1; }
-    if (!json_is_array(ms)) { serve_bad(e, "'messages' must be an array, got %s", serve_json_type(ms)); return -1; }
+    if (!ms) {
+        serve_bad(e, "'messages' is required");
+        return -1;
+    }
+    if (!json_is_array(ms)) {
+        serve_bad(e, "'messages' must be an array, got %s", serve_json_type(ms));
+        return -1;
+    }
     size_t n = json_array_size(ms);
-    if (n == 0) { serve_bad(e, "'messages' must not be empty"); return -1; }
+    if (n == 0) {
+        serve_bad(e, "'messages' must not be empty");
+        return -1;
+    }
     if (n > (size_t) lim->max_messages) {
         serve_bad(e, "'messages' has %zu entries; at most %d (--max-messages)", n, lim->max_messages);
         return -1;
     }
-    if (!(j->req.msgs = calloc(n + 1, sizeof *j->req.msgs))) { serve_error_oom(e); return -1; }
+    if (!(j->req.msgs = calloc(n + 1, sizeof *j->req.msgs))) {
+        serve_error_oom(e);
+        return -1;
+    }
     size_t i;
     json_t *m;
     bool last_tool = false;
     size_t joined_len = 0, joined_cap = 0; /* the last message while it joins tool results */
-    json_t *call_names = json_object(); /* tool_call id -> function name, from the calls seen so far */
-    if (!call_names) { serve_error_oom(e); return -1; }
+    json_t *call_names = json_object();    /* tool_call id -> function name, from the calls seen so far */
+    if (!call_names) {
+        serve_error_oom(e);
+        return -1;
+    }
     int rc = -1;
     json_array_foreach(ms, i, m) {
-        if (!json_is_object(m)) { serve_bad(e, "'messages[%zu]' must be an object, got %s", i, serve_json_type(m)); goto out; }
+        if (!json_is_object(m)) {
+            serve_bad(e, "'messages[%zu]' must be an object, got %s", i, serve_json_type(m));
+            goto out;
+        }
         json_t *r = json_object_get(m, "role"), *ct = json_object_get(m, "content"), *calls = json_object_get(m, "tool_calls");
-        if (!r || !json_is_string(r)) { serve_bad(e, "'messages[%zu].role' must be a string", i); goto out; }
+        if (!r || !json_is_string(r)) {
+            serve_bad(e, "'messages[%zu].role' must be a string", i);
+            goto out;
+        }
         const char *role = json_string_value(r);
         if (!strcmp(role, "developer")) role = "system";
         bool tool = !strcmp(role, "tool");
         if (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant") && !tool) {
-            serve_bad(e, "'messages[%zu].role' '%.40s' is not supported; expected system, developer, user, assistant or tool", i, role);
+            serve_bad(e, "'messages[%zu].role' '%.40s' is not supported; expected system, developer, user, assistant or tool", i,
+                      role);
             goto out;
         }
         bool has_calls = calls && !json_is_null(calls) && !(json_is_array(calls) && json_array_size(calls) == 0);
@@ -212,8 +292,10 @@ static int parse_messages(json_t *root, struct job *j, const struct serve_limits
             size_t q;
             json_t *c;
             json_array_foreach(calls, q, c) { /* remembered for the "tool" messages answering them */
-                json_t *cid = json_object_get(c, "id"), *fn = json_object_get(c, "function"), *fnm = fn ? json_object_get(fn, "name") : NULL;
-                if (cid && json_is_string(cid) && fnm && json_is_string(fnm) && !json_object_get(call_names, json_string_value(cid)))
+                json_t *cid = json_object_get(c, "id"), *fn = json_object_get(c, "function"),
+                       *fnm = fn ? json_object_get(fn, "name") : NULL;
+                if (cid && json_is_string(cid) && fnm && json_is_string(fnm) &&
+                    !json_object_get(call_names, json_string_value(cid)))
                     json_object_set(call_names, json_string_value(cid), fnm);
             }
         }
@@ -230,14 +312,21 @@ static int parse_messages(json_t *root, struct job *j, const struct serve_limits
             if (called) name = json_string_value(called);
             char *t = tools_render_result(name, content);
             free(content);
-            if (!(content = t)) { serve_error_oom(e); goto out; }
+            if (!(content = t)) {
+                serve_error_oom(e);
+                goto out;
+            }
             if (last_tool) { /* results of one turn's calls: one user message, grown by doubling */
                 struct kvt_chat_msg *prev = &j->req.msgs[j->req.n_msgs - 1];
                 size_t nc = strlen(content);
                 if (joined_len + nc + 2 > joined_cap) {
                     size_t cap = KVT_MAX(2 * joined_cap, joined_len + nc + 2);
                     char *joined = realloc((char *) prev->content, cap);
-                    if (!joined) { free(content); serve_error_oom(e); goto out; }
+                    if (!joined) {
+                        free(content);
+                        serve_error_oom(e);
+                        goto out;
+                    }
                     prev->content = joined;
                     joined_cap = cap;
                 }
@@ -253,7 +342,10 @@ static int parse_messages(json_t *root, struct job *j, const struct serve_limits
             role = "user";
         }
         last_tool = tool;
-        if (push_msg(j, role, content)) { serve_error_oom(e); goto out; }
+        if (push_msg(j, role, content)) {
+            serve_error_oom(e);
+            goto out;
+        }
     }
     rc = 0;
 out:
@@ -263,7 +355,10 @@ out:
         if (!strcmp(j->req.msgs[0].role, "system")) {
             size_t a = strlen(j->req.msgs[0].content), b = strlen(sys_extra);
             char *c = realloc((char *) j->req.msgs[0].content, a + b + 3);
-            if (!c) { serve_error_oom(e); return -1; }
+            if (!c) {
+                serve_error_oom(e);
+                return -1;
+            }
             if (a) memcpy(c + a, "\n\n", 2), a += 2;
             memcpy(c + a, sys_extra, b + 1);
             j->req.msgs[0].content = c;
@@ -272,7 +367,10 @@ out:
             j->req.msgs[0].role = strdup("system");
             j->req.msgs[0].content = strdup(sys_extra);
             j->req.n_msgs++;
-            if (!j->req.msgs[0].role || !j->req.msgs[0].content) { serve_error_oom(e); return -1; }
+            if (!j->req.msgs[0].role || !j->req.msgs[0].content) {
+                serve_error_oom(e);
+                return -1;
+            }
         }
     }
     if (strcmp(j->req.msgs[j->req.n_msgs - 1].role, "user")) {
@@ -305,8 +403,10 @@ int serve_request_parse(struct server *srv, json_t *root, struct job *j, bool ch
         json_t *p = json_object_get(root, "prompt");
         e->param = "prompt";
         if (p && json_is_array(p) && json_array_size(p) == 1) p = json_array_get(p, 0);
-        if (!p || !json_is_string(p)) { serve_bad(e, "'prompt' must be a string"); rc = -1; }
-        else if (!(j->req.prompt = strdup(json_string_value(p)))) rc = -1;
+        if (!p || !json_is_string(p)) {
+            serve_bad(e, "'prompt' must be a string");
+            rc = -1;
+        } else if (!(j->req.prompt = strdup(json_string_value(p)))) rc = -1;
     }
     return rc;
 }

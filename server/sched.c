@@ -139,8 +139,8 @@ static enum pick start_chat(struct server *srv, struct job *j) {
     if (j->req.grammar && !j->req.smp.grammar) {
         int rc = kvt_grammar_new(srv->eng, j->req.grammar, "root", &j->req.smp.grammar);
         if (rc) { /* our own translation of the schema failed: say which text */
-            serve_error_set(&j->err, 400, "invalid_request_error", NULL, "the tools / response_format schema could not be compiled to a grammar: %s",
-                      kvt_errmsg());
+            serve_error_set(&j->err, 400, "invalid_request_error", NULL,
+                            "the tools / response_format schema could not be compiled to a grammar: %s", kvt_errmsg());
             return PICK_OK;
         }
     }
@@ -149,7 +149,8 @@ static enum pick start_chat(struct server *srv, struct job *j) {
     if (p == PICK_BUSY) return p;
     if (!x) {
         if (!j->err.status)
-            serve_error_set(&j->err, 503, "server_error", NULL, "every one of the %d session slots is generating", srv->max_sessions);
+            serve_error_set(&j->err, 503, "server_error", NULL, "every one of the %d session slots is generating",
+                            srv->max_sessions);
         return PICK_OK;
     }
     snprintf(j->out_session, sizeof j->out_session, "%s", x->id);
@@ -237,7 +238,11 @@ void *serve_engine_main(void *arg) {
                     if (adm[k]->kind == JOB_CHAT && j->kind == JOB_CHAT && j->req.session_id[0] &&
                         !strcmp(adm[k]->req.session_id, j->req.session_id) && !strcmp(adm[k]->req.ns, j->req.ns))
                         take = false;
-                if (!take) { prev = j; pp = &j->next; continue; }
+                if (!take) {
+                    prev = j;
+                    pp = &j->next;
+                    continue;
+                }
                 *pp = j->next;
                 if (srv->tail == j) srv->tail = prev;
                 srv->n_queued--;
@@ -265,14 +270,24 @@ void *serve_engine_main(void *arg) {
             }
             bool gone = serve_job_stopped(srv, j); /* its client left while it was queued, or its time is up */
             if (gone && (j->timed_out || serve_aborting(srv))) serve_job_timeout_error(srv, j, "queued");
-            if (gone) { j->finish = "stop"; serve_job_finish(srv, j); continue; }
+            if (gone) {
+                j->finish = "stop";
+                serve_job_finish(srv, j);
+                continue;
+            }
             if (j->kind == JOB_COMPLETION) {
                 if (serve_completion_prepare(srv, j)) sc->wait[sc->n_wait++] = j;
                 else serve_job_finish(srv, j);
                 continue;
             }
-            if (start_chat(srv, j) == PICK_BUSY) { serve_job_requeue(srv, j); continue; }
-            if (!j->slot) { serve_job_finish(srv, j); continue; }
+            if (start_chat(srv, j) == PICK_BUSY) {
+                serve_job_requeue(srv, j);
+                continue;
+            }
+            if (!j->slot) {
+                serve_job_finish(srv, j);
+                continue;
+            }
             serve_job_activate(srv, j);
         }
         serve_completion_start_waiting(srv);

@@ -11,10 +11,10 @@
 ** reply is over: a busy session is never given to another job (server/admit.c). */
 struct sess {
     kvt_session *s;
-    int32_t      seq;        /* engine sequence, -1 while parked */
-    char         id[80], ns[80];
-    double       last_used;  /* seconds since the epoch */
-    struct job  *job;        /* running job, NULL when idle */
+    int32_t seq; /* engine sequence, -1 while parked */
+    char id[80], ns[80];
+    double last_used; /* seconds since the epoch */
+    struct job *job;  /* running job, NULL when idle */
 };
 
 /* /v1/completions run in scratch sequences comp_seq0 .. comp_seq0 + n_comp - 1 and share one
@@ -25,22 +25,22 @@ enum { SERVE_MAX_SEQ = 64 }; /* kvt_engine_open takes at most 64 sequences */
 ** globals, so two servers can live in one process).  Created by serve_engine_open, freed by
 ** serve_engine_close; touched by the engine thread only. */
 struct sched {
-    struct sess *sess;          /* [cap]: max_sessions hold a sequence, the others are parked */
-    int32_t      cap;
-    kvt_pool    *pool;
-    kvt_store   *store;         /* content-addressed block store; NULL with --no-store */
-    uint64_t     n_new;         /* sessions opened without a name (their ids count them) */
-    const char  *fallback;      /* the sessions' chat template fallback (request tokens must agree) */
-    int32_t      comp_seq0, n_comp;
-    bool         comp_busy[SERVE_MAX_SEQ];
-    int32_t      comp_cells;
-    struct job **wait;          /* [parallel] admitted completions waiting for a sequence or cells, FIFO */
-    int32_t      n_wait;
+    struct sess *sess; /* [cap]: max_sessions hold a sequence, the others are parked */
+    int32_t cap;
+    kvt_pool *pool;
+    kvt_store *store;     /* content-addressed block store; NULL with --no-store */
+    uint64_t n_new;       /* sessions opened without a name (their ids count them) */
+    const char *fallback; /* the sessions' chat template fallback (request tokens must agree) */
+    int32_t comp_seq0, n_comp;
+    bool comp_busy[SERVE_MAX_SEQ];
+    int32_t comp_cells;
+    struct job **wait; /* [parallel] admitted completions waiting for a sequence or cells, FIFO */
+    int32_t n_wait;
     /* the jobs generating now; they keep taking steps while another job's prompt is prefilled
     ** (serve_prefill_decode, serve_prefill_between) */
-    struct job **active;        /* [parallel] */
-    double      *t_last;        /* [parallel] ms of each active job's last token */
-    int32_t      n_active;
+    struct job **active; /* [parallel] */
+    double *t_last;      /* [parallel] ms of each active job's last token */
+    int32_t n_active;
 };
 
 /* server/queue.c: jobs between the HTTP side and the engine thread (serve_submit,
@@ -83,7 +83,7 @@ void serve_publish(struct server *srv);
 ** KVT_ECANCELED when the job's client left or its deadline passed.  between: after a chunk was
 ** taken in (--batch-tokens 0, all but a run's last chunk), the active jobs take a step. */
 int32_t serve_prefill_room(struct server *srv);
-int  serve_prefill_decode(struct server *srv, struct job *j, const struct kvt_decode_chunk *c);
+int serve_prefill_decode(struct server *srv, struct job *j, const struct kvt_decode_chunk *c);
 void serve_prefill_between(struct server *srv, const struct kvt_decode_chunk *c);
 
 /* server/completion.c: /v1/completions */

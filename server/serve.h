@@ -24,11 +24,11 @@ enum { SERVE_MAX_STOP = 4, SERVE_PARK_FACTOR = 4 };
 ** the serve_error_* functions (server/error.c), sent by server/http.c as
 ** {"error": {"message", "type", "param", "code"}}. */
 struct serve_error {
-    int         status;
-    const char *type;          /* "invalid_request_error", "server_error", ... (static) */
-    const char *param;         /* the request field at fault, NULL when none (static) */
-    char        code[48];      /* "" when none */
-    char        msg[1024];
+    int status;
+    const char *type;  /* "invalid_request_error", "server_error", ... (static) */
+    const char *param; /* the request field at fault, NULL when none (static) */
+    char code[48];     /* "" when none */
+    char msg[1024];
 };
 
 /* Fill e.  Returns -1, so that a parser can end with `return serve_error_set(...)`. */
@@ -49,20 +49,20 @@ json_t *serve_error_json(const struct serve_error *e);
 ** gives the defaults, docs/RELIABILITY.md why); past one the request gets a 4xx naming the cap
 ** and the value, or the connection is closed, before unbounded work is done. */
 struct serve_limits {
-    int64_t max_body;           /* --max-body-mb: bytes of one request body */
-    int32_t max_messages;       /* --max-messages: entries of messages[] */
-    int32_t max_parts;          /* --max-content-parts: content parts of one message */
-    int32_t max_tools;          /* --max-tools: entries of tools[] */
-    int32_t max_schema_nodes;   /* --max-schema-nodes: schema nodes expanded into grammar, per request */
-    int32_t max_alternatives;   /* --max-schema-alternatives: entries of one enum / anyOf / oneOf */
-    int32_t max_connections;    /* --max-connections: open connections in all */
-    int32_t max_per_ip;         /* --max-connections-per-ip */
-    int32_t idle_timeout_s;     /* --idle-timeout-s: a connection silent this long is closed */
-    int32_t header_timeout_s;   /* --header-timeout-s: from accept to the end of the headers, in all */
-    int32_t body_timeout_s;     /* --body-timeout-s: from the headers to the end of the body, in all */
-    int32_t request_timeout_s;  /* --request-timeout-s: from arrival to the last token; 0 = none */
-    int32_t drain_s;            /* --drain-s: after SIGTERM, jobs still running past this are stopped */
-    bool    metrics_public;     /* --metrics-public: GET /metrics without a key */
+    int64_t max_body;          /* --max-body-mb: bytes of one request body */
+    int32_t max_messages;      /* --max-messages: entries of messages[] */
+    int32_t max_parts;         /* --max-content-parts: content parts of one message */
+    int32_t max_tools;         /* --max-tools: entries of tools[] */
+    int32_t max_schema_nodes;  /* --max-schema-nodes: schema nodes expanded into grammar, per request */
+    int32_t max_alternatives;  /* --max-schema-alternatives: entries of one enum / anyOf / oneOf */
+    int32_t max_connections;   /* --max-connections: open connections in all */
+    int32_t max_per_ip;        /* --max-connections-per-ip */
+    int32_t idle_timeout_s;    /* --idle-timeout-s: a connection silent this long is closed */
+    int32_t header_timeout_s;  /* --header-timeout-s: from accept to the end of the headers, in all */
+    int32_t body_timeout_s;    /* --body-timeout-s: from the headers to the end of the body, in all */
+    int32_t request_timeout_s; /* --request-timeout-s: from arrival to the last token; 0 = none */
+    int32_t drain_s;           /* --drain-s: after SIGTERM, jobs still running past this are stopped */
+    bool metrics_public;       /* --metrics-public: GET /metrics without a key */
 };
 
 #define KVT_MIN(a, b) ((a) < (b) ? (a) : (b))
@@ -79,23 +79,23 @@ enum job_state { JOB_QUEUED, JOB_RUNNING, JOB_DONE };
 ** msgs[k].content of assistant messages (echoed replies replaced by the session's own text,
 ** server/admit.c). */
 struct job_req {
-    char          ns[80];          /* API-key namespace ("" without --api-key-file) */
-    char          session_id[80];  /* X-Session-Id ("" = choose by prefix / new) */
-    struct kvt_chat_msg *msgs;     /* JOB_CHAT: owned copies */
-    int32_t       n_msgs;
-    char         *prompt;          /* JOB_COMPLETION */
-    int32_t       max_tokens;
+    char ns[80];               /* API-key namespace ("" without --api-key-file) */
+    char session_id[80];       /* X-Session-Id ("" = choose by prefix / new) */
+    struct kvt_chat_msg *msgs; /* JOB_CHAT: owned copies */
+    int32_t n_msgs;
+    char *prompt; /* JOB_COMPLETION */
+    int32_t max_tokens;
     struct kvt_sampling smp;
-    bool          seeded;
-    char         *stop[SERVE_MAX_STOP];
-    int32_t       n_stop;
-    bool          stream, include_usage;
-    bool          logprobs;        /* "logprobs": true (no top_logprobs) */
+    bool seeded;
+    char *stop[SERVE_MAX_STOP];
+    int32_t n_stop;
+    bool stream, include_usage;
+    bool logprobs; /* "logprobs": true (no top_logprobs) */
     enum reply_format format;
-    char         *grammar;         /* GBNF for the reply (tools / response_format), NULL = free text;
+    char *grammar;    /* GBNF for the reply (tools / response_format), NULL = free text;
                                    ** compiled into smp.grammar by the engine thread */
-    double        t_arrival;       /* ms, monotonic */
-    double        deadline;        /* ms, monotonic: t_arrival + --request-timeout-s; 0 = none */
+    double t_arrival; /* ms, monotonic */
+    double deadline;  /* ms, monotonic: t_arrival + --request-timeout-s; 0 = none */
 };
 
 /* One request: what was asked (req) and how its run stands.  The run state is written by the
@@ -103,140 +103,140 @@ struct job_req {
 struct job {
     enum job_kind kind;
     struct job_req req;
-    uint64_t      ticket;          /* arrival order, set by serve_submit: a job put back keeps its place */
+    uint64_t ticket; /* arrival order, set by serve_submit: a job put back keeps its place */
     enum job_state state;
-    bool          cancelled;       /* client went away (set by the HTTP thread) */
-    bool          timed_out;       /* stopped by its deadline (engine thread) */
-    bool          started;         /* the prompt is in: a stream may send its headers */
-    struct serve_error err;        /* err.status != 0: the job failed */
-    char         *text;            /* reply so far (valid UTF-8 prefix sent as it grows) */
-    size_t        n_text, cap_text;
-    size_t        n_sent;          /* bytes of text already streamed (HTTP side) */
-    const char   *finish;          /* "stop" | "length" */
-    int32_t       prompt_tokens, completion_tokens;
+    bool cancelled;         /* client went away (set by the HTTP thread) */
+    bool timed_out;         /* stopped by its deadline (engine thread) */
+    bool started;           /* the prompt is in: a stream may send its headers */
+    struct serve_error err; /* err.status != 0: the job failed */
+    char *text;             /* reply so far (valid UTF-8 prefix sent as it grows) */
+    size_t n_text, cap_text;
+    size_t n_sent;      /* bytes of text already streamed (HTTP side) */
+    const char *finish; /* "stop" | "length" */
+    int32_t prompt_tokens, completion_tokens;
     struct kvt_sync_info sync;
-    int32_t       resident_tokens;
-    char          out_session[80]; /* session the job ran in */
-    double        t_first;         /* ms of the first token, 0 before */
-    pthread_cond_t cv;             /* signalled on every change */
-    int           refs;            /* HTTP side + engine side; freed at 0 (under srv->mu) */
-    struct job   *next;            /* queue link */
+    int32_t resident_tokens;
+    char out_session[80]; /* session the job ran in */
+    double t_first;       /* ms of the first token, 0 before */
+    pthread_cond_t cv;    /* signalled on every change */
+    int refs;             /* HTTP side + engine side; freed at 0 (under srv->mu) */
+    struct job *next;     /* queue link */
     /* engine-side generation state */
-    void         *slot;            /* struct sess * while running */
-    int64_t       resumed;         /* blocks loaded back by resuming a parked session */
-    bool          prefetched;      /* its prompt's blocks were prefetched while it waited (engine thread) */
-    kvt_token    *gen;
-    float        *lp;              /* [cap_gen] with logprobs: ln p of each generated token, else NULL */
-    int32_t       n_gen, cap_gen;
-    json_t       *lp_json;         /* with logprobs, once done: the reply's logprobs.content array (owned) */
-    int32_t       shared_steps;    /* decode steps of this job that shared their llama_decode with
+    void *slot;      /* struct sess * while running */
+    int64_t resumed; /* blocks loaded back by resuming a parked session */
+    bool prefetched; /* its prompt's blocks were prefetched while it waited (engine thread) */
+    kvt_token *gen;
+    float *lp; /* [cap_gen] with logprobs: ln p of each generated token, else NULL */
+    int32_t n_gen, cap_gen;
+    json_t *lp_json;      /* with logprobs, once done: the reply's logprobs.content array (owned) */
+    int32_t shared_steps; /* decode steps of this job that shared their llama_decode with
                                    ** another request's tokens (usage.kvtier.decode_steps_shared) */
     /* JOB_COMPLETION: a raw row of the batched step in a scratch sequence */
-    kvt_token    *ptok;            /* prompt tokens: a completion's until prefilled; a chat's template
+    kvt_token *ptok;        /* prompt tokens: a completion's until prefilled; a chat's template
                                    ** tokens with the assistant prefix, once computed (server/admit.c:
                                    ** prefetch and admission share them) */
-    int32_t       n_ptok;          /* JOB_CHAT: tokens in ptok */
-    bool          have_ptok;       /* JOB_CHAT: ptok computed (NULL when it could not be) */
-    int32_t       seq;             /* scratch sequence while running, -1 otherwise */
-    int32_t       cells;           /* KV cells reserved: prompt + max_tokens */
-    struct kvt_gen_row row;        /* position and logits (row.logits owned) */
+    int32_t n_ptok;         /* JOB_CHAT: tokens in ptok */
+    bool have_ptok;         /* JOB_CHAT: ptok computed (NULL when it could not be) */
+    int32_t seq;            /* scratch sequence while running, -1 otherwise */
+    int32_t cells;          /* KV cells reserved: prompt + max_tokens */
+    struct kvt_gen_row row; /* position and logits (row.logits owned) */
 };
 
 /* Histogram with fixed upper bounds (ms), Prometheus style (cumulative when printed). */
 enum { HIST_N = 12 };
 struct hist {
-    double  sum;
+    double sum;
     int64_t count, bucket[HIST_N + 1];
 };
 
 struct metrics {
-    int64_t by_status[6];          /* index status / 100 */
+    int64_t by_status[6]; /* index status / 100 */
     int64_t requests;
     int64_t prompt_tokens, completion_tokens, prompt_reused, prompt_decoded;
     int64_t evictions, recoveries, recomputes;
     int64_t resident_tokens, n_sessions, n_parked, queue_len, active;
     int64_t pool_ram, pool_spill, pool_dropped;
-    int64_t route[4];              /* chat requests by enum kvt_route of their prompt */
-    int64_t prompt_from_store;     /* prompt tokens loaded from the block store */
-    int64_t prompt_from_chunks;    /* prompt tokens loaded as reused chunks (--chunk-reuse) */
-    struct kvt_store_stats store;  /* zero without a store */
-    bool    have_store;
-    int64_t steps, step_tokens;    /* scheduler steps (one llama_decode each) and the tokens they held */
-    int64_t mixed_steps, mixed_prefill_tokens; /* steps holding a prefill chunk AND decode tokens; the chunks' tokens */
-    int64_t prefill_alone_tokens;  /* prefill tokens of chunks decoded alone (a prompt's last chunk) */
-    int64_t connections_accepted;  /* TCP connections libmicrohttpd accepted */
+    int64_t route[4];             /* chat requests by enum kvt_route of their prompt */
+    int64_t prompt_from_store;    /* prompt tokens loaded from the block store */
+    int64_t prompt_from_chunks;   /* prompt tokens loaded as reused chunks (--chunk-reuse) */
+    struct kvt_store_stats store; /* zero without a store */
+    bool have_store;
+    int64_t steps, step_tokens;                         /* scheduler steps (one llama_decode each) and the tokens they held */
+    int64_t mixed_steps, mixed_prefill_tokens;          /* steps holding a prefill chunk AND decode tokens; the chunks' tokens */
+    int64_t prefill_alone_tokens;                       /* prefill tokens of chunks decoded alone (a prompt's last chunk) */
+    int64_t connections_accepted;                       /* TCP connections libmicrohttpd accepted */
     int64_t closed_header_timeout, closed_body_timeout; /* connections shut for --header/--body-timeout-s */
     struct hist ttft, per_token;
 };
 
 /* Snapshot of one session for GET /v1/sessions (the engine thread publishes them). */
 struct sess_view {
-    char    id[80], ns[80];
+    char id[80], ns[80];
     int32_t n_messages, total_tokens, resident_tokens;
     int64_t evictions, recoveries;
-    double  last_used;             /* seconds since the epoch */
-    bool    busy, parked;
+    double last_used; /* seconds since the epoch */
+    bool busy, parked;
 };
 
 struct server {
     pthread_mutex_t mu;
-    pthread_cond_t  work;          /* queue non-empty or shutting down */
-    struct job     *head, *tail;
-    int32_t         n_queued, max_queue;
-    int32_t         queue_per_key; /* --queue-per-key: one API key's jobs waiting at most */
-    uint64_t        n_tickets;     /* jobs ever queued (the next job's ticket) */
-    bool            stopping;      /* SIGTERM: finish what is queued and running, take nothing new */
-    bool            engine_done;
-    bool            abort_jobs;    /* --drain-s passed or a second signal: every job stops now */
-    int32_t         n_http;        /* requests whose reply is not yet sent (HTTP threads) */
+    pthread_cond_t work; /* queue non-empty or shutting down */
+    struct job *head, *tail;
+    int32_t n_queued, max_queue;
+    int32_t queue_per_key; /* --queue-per-key: one API key's jobs waiting at most */
+    uint64_t n_tickets;    /* jobs ever queued (the next job's ticket) */
+    bool stopping;         /* SIGTERM: finish what is queued and running, take nothing new */
+    bool engine_done;
+    bool abort_jobs; /* --drain-s passed or a second signal: every job stops now */
+    int32_t n_http;  /* requests whose reply is not yet sent (HTTP threads) */
     /* configuration */
-    const char     *model_path;
-    char            model_name[128];
-    int32_t         n_ctx, budget, parallel, threads, max_sessions, pool_mb, spill_mb, block, max_tokens_default;
-    int32_t         batch_tokens;  /* --batch-tokens: tokens of one scheduler step (decode rows + a prefill chunk) */
-    bool            kv_unified;    /* --kv-unified: one KV cache shared by all sequences (the old layout) */
-    const char     *spill_dir;
-    const char     *store_dir;     /* block store (--store); NULL = the user's cache directory */
-    bool            no_store;      /* --no-store */
-    bool            share_store;   /* --share-store: tenants (API keys) share blocks */
-    int32_t         store_ram_mb, store_disk_mb;
-    const char     *redis_url;     /* --redis: the block store's Redis tier (NULL = none) */
-    const char     *redis_secret_file; /* --redis-secret-file: values MACed under it (NULL = none) */
-    int32_t         redis_timeout_ms, redis_ttl_s; /* --redis-timeout-ms, --redis-ttl-s */
-    bool            prefetch;      /* --prefetch / --no-prefetch: the block store's prefetch */
-    const char     *codec_disk;    /* --codec-disk: the store's disk tier codec (NULL = raw) */
-    const char     *codec_ram;     /* --codec-ram: codec of the sessions' host pool (NULL = raw) */
-    float           elastic_sk, elastic_sv; /* --elastic: live ElasticKV scales of every session, 0 = off */
-    bool            chunk_reuse;   /* --chunk-reuse: non-prefix chunk reuse in every session */
-    const char     *chunk_recompute; /* --chunk-recompute K|P% (NULL = the library's 15%) */
-    char          **keys;          /* API keys (NULL = no auth) */
-    int32_t         n_keys;
-    char          (*key_ns)[40];   /* [n_keys]: each key's tenant, "t" + 32 hex digits of
+    const char *model_path;
+    char model_name[128];
+    int32_t n_ctx, budget, parallel, threads, max_sessions, pool_mb, spill_mb, block, max_tokens_default;
+    int32_t batch_tokens; /* --batch-tokens: tokens of one scheduler step (decode rows + a prefill chunk) */
+    bool kv_unified;      /* --kv-unified: one KV cache shared by all sequences (the old layout) */
+    const char *spill_dir;
+    const char *store_dir; /* block store (--store); NULL = the user's cache directory */
+    bool no_store;         /* --no-store */
+    bool share_store;      /* --share-store: tenants (API keys) share blocks */
+    int32_t store_ram_mb, store_disk_mb;
+    const char *redis_url;                 /* --redis: the block store's Redis tier (NULL = none) */
+    const char *redis_secret_file;         /* --redis-secret-file: values MACed under it (NULL = none) */
+    int32_t redis_timeout_ms, redis_ttl_s; /* --redis-timeout-ms, --redis-ttl-s */
+    bool prefetch;                         /* --prefetch / --no-prefetch: the block store's prefetch */
+    const char *codec_disk;                /* --codec-disk: the store's disk tier codec (NULL = raw) */
+    const char *codec_ram;                 /* --codec-ram: codec of the sessions' host pool (NULL = raw) */
+    float elastic_sk, elastic_sv;          /* --elastic: live ElasticKV scales of every session, 0 = off */
+    bool chunk_reuse;                      /* --chunk-reuse: non-prefix chunk reuse in every session */
+    const char *chunk_recompute;           /* --chunk-recompute K|P% (NULL = the library's 15%) */
+    char **keys;                           /* API keys (NULL = no auth) */
+    int32_t n_keys;
+    char (*key_ns)[40]; /* [n_keys]: each key's tenant, "t" + 32 hex digits of
                                    ** HMAC-SHA-256(server secret, key) (server/tenant.c) */
     struct serve_limits lim;
-    struct conn_watch *watch;      /* deadlines of connections still sending (server/http.c) */
+    struct conn_watch *watch; /* deadlines of connections still sending (server/http.c) */
     /* published by the engine thread */
-    struct metrics  m;
+    struct metrics m;
     struct sess_view *views;
-    int32_t         n_views;
+    int32_t n_views;
     unsigned long long n_replies, n_calls; /* ids given to replies / tool calls so far (atomic, any thread) */
-    kvt_engine     *eng;           /* used only by the engine thread */
-    struct sched   *sched;         /* the engine thread's state (server/sched.h), owned */
+    kvt_engine *eng;                       /* used only by the engine thread */
+    struct sched *sched;                   /* the engine thread's state (server/sched.h), owned */
 };
 
 /* server/sched.c */
 /* Open the model (srv->eng), the host pool and the scheduler state (srv->sched) from srv's
 ** configuration; fills srv->model_name.  Returns APP_OK, or APP_ERR with the message printed and
 ** nothing left open. */
-int  serve_engine_open(struct server *srv);
-void *serve_engine_main(void *srv);                 /* the engine thread */
+int serve_engine_open(struct server *srv);
+void *serve_engine_main(void *srv); /* the engine thread */
 /* Free the sessions, the pool, srv->sched and srv->eng (what is open of them). */
 void serve_engine_close(struct server *srv);
 
 /* Queue a job (refs becomes 2: caller + engine).  Returns 0, or 429 when the queue is full, 430
 ** when the job's API key holds its share of it (--queue-per-key; a 429 for the client), or 503
 ** when shutting down. */
-int  serve_submit(struct server *srv, struct job *j);
+int serve_submit(struct server *srv, struct job *j);
 /* Drop the caller's reference (and free the job when the engine is done with it). */
 void serve_job_release(struct server *srv, struct job *j);
 void serve_job_free(struct job *j);
@@ -249,7 +249,7 @@ void serve_job_free(struct job *j);
 ** j->req.format and j->req.grammar (owned by the job); *sys_extra (caller frees) is the text describing
 ** the tools, to append to the system message, or NULL.  On a bad field: e filled (e->param the
 ** field), returns -1. */
-int   tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, char **sys_extra, struct serve_error *e);
+int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, char **sys_extra, struct serve_error *e);
 /* An assistant message's tool_calls (as a client echoes them) as the JSON text the model
 ** generates.  NULL with e filled if malformed.  Caller frees. */
 char *tools_render_calls(const json_t *calls, size_t msg_index, struct serve_error *e);
@@ -257,7 +257,7 @@ char *tools_render_calls(const json_t *calls, size_t msg_index, struct serve_err
 char *tools_render_result(const char *tool_name, const char *content);
 /* Is `echo` (an assistant message a client sent back) the reply the session stored as `stored`?
 ** Byte-equal, or equal as JSON, or the "response" text of a stored {"response": ...}. */
-bool  tools_same_reply(const char *stored, const char *echo);
+bool tools_same_reply(const char *stored, const char *echo);
 /* The assistant message for a finished reply: {"role", "content", "tool_calls"?}; the calls'
 ** ids count on srv->n_calls.  *finish becomes "tool_calls" when the reply is a complete tool call.
 ** New reference; NULL on OOM. */

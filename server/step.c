@@ -164,7 +164,9 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
         smp[n].seed += (uint32_t) j->n_gen;
         map[n++] = k;
     }
-    int rc = n + n_rows > 0 || c ? kvt_session_gen_step_batch(srv->eng, &(struct kvt_gen_batch){ ss, n, smp, tok, done, st, rows, n_rows, c }) : 0;
+    int rc = n + n_rows > 0 || c
+                 ? kvt_session_gen_step_batch(srv->eng, &(struct kvt_gen_batch){ ss, n, smp, tok, done, st, rows, n_rows, c })
+                 : 0;
     if (drc) *drc = rc;
     /* the decode rows that went in (sampled tokens that did not end a generation) */
     int32_t n_dec = 0;
@@ -189,27 +191,55 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
         j->sync.evictions += s1.evictions - ev0[i];
         j->sync.recoveries += s1.recoveries - rec0[i];
         int r = rc ? rc : st[i];
-        if (r) { serve_chat_end(srv, j, r); over[map[i]] = true; continue; }
-        if (done[i]) { j->finish = "stop"; over[map[i]] = true; continue; }
+        if (r) {
+            serve_chat_end(srv, j, r);
+            over[map[i]] = true;
+            continue;
+        }
+        if (done[i]) {
+            j->finish = "stop";
+            over[map[i]] = true;
+            continue;
+        }
         j->shared_steps += shared;
         float lp = lpl[map[i]] ? log_prob(lpl[map[i]], I.n_vocab, tok[i]) : 0;
-        if (add_gen(j, tok[i], lp)) { serve_chat_end(srv, j, KVT_ENOMEM); over[map[i]] = true; continue; }
+        if (add_gen(j, tok[i], lp)) {
+            serve_chat_end(srv, j, KVT_ENOMEM);
+            over[map[i]] = true;
+            continue;
+        }
         note_token(srv, j, &t_last[map[i]]);
-        if (update_text(srv, j, srv->eng)) { j->finish = "stop"; over[map[i]] = true; }
-        else if (j->n_gen >= j->req.max_tokens) over[map[i]] = true;
+        if (update_text(srv, j, srv->eng)) {
+            j->finish = "stop";
+            over[map[i]] = true;
+        } else if (j->n_gen >= j->req.max_tokens) over[map[i]] = true;
     }
     for (int32_t i = 0; i < n_rows; i++) {
         struct job *j = active[rmap[i]];
         j->row.pos = rows[i].pos; /* the logits were written in place */
         int r = rc ? rc : rows[i].status;
-        if (r) { serve_completion_end(srv, j, r); over[rmap[i]] = true; continue; }
-        if (rows[i].done) { j->finish = "stop"; over[rmap[i]] = true; continue; }
+        if (r) {
+            serve_completion_end(srv, j, r);
+            over[rmap[i]] = true;
+            continue;
+        }
+        if (rows[i].done) {
+            j->finish = "stop";
+            over[rmap[i]] = true;
+            continue;
+        }
         j->shared_steps += shared;
         float lp = lpl[rmap[i]] ? log_prob(lpl[rmap[i]], I.n_vocab, rows[i].tok) : 0;
-        if (add_gen(j, rows[i].tok, lp)) { serve_completion_end(srv, j, KVT_ENOMEM); over[rmap[i]] = true; continue; }
+        if (add_gen(j, rows[i].tok, lp)) {
+            serve_completion_end(srv, j, KVT_ENOMEM);
+            over[rmap[i]] = true;
+            continue;
+        }
         note_token(srv, j, &t_last[rmap[i]]);
-        if (update_text(srv, j, srv->eng)) { j->finish = "stop"; over[rmap[i]] = true; }
-        else if (j->n_gen >= j->req.max_tokens) over[rmap[i]] = true;
+        if (update_text(srv, j, srv->eng)) {
+            j->finish = "stop";
+            over[rmap[i]] = true;
+        } else if (j->n_gen >= j->req.max_tokens) over[rmap[i]] = true;
     }
     for (int32_t k = 0; k < n_active; k++) {
         free(lpl[k]);
@@ -279,7 +309,10 @@ bool serve_step_active(struct server *srv, const struct kvt_decode_chunk *c, int
     if (step_all(srv, sc->active, sc->n_active, sc->t_last, over, c, drc) == 0) return false;
     int32_t w = 0;
     for (int32_t k = 0; k < sc->n_active; k++) {
-        if (over[k]) { serve_job_finish(srv, sc->active[k]); continue; }
+        if (over[k]) {
+            serve_job_finish(srv, sc->active[k]);
+            continue;
+        }
         sc->active[w] = sc->active[k];
         sc->t_last[w++] = sc->t_last[k];
     }

@@ -43,36 +43,59 @@ static int store_secret(const char *dir, unsigned char *s, char *err, size_t n_e
     snprintf(path, sizeof path, "%s/server-secret", dir);
     int rc = read_secret(path, s);
     if (rc == 0) return 0;
-    if (rc == -2) { snprintf(err, n_err, "%s is not %d bytes: remove it to draw a new secret (tenants then change)", path, SECRET_BYTES); return -1; }
-    if (RAND_bytes(s, SECRET_BYTES) != 1) { snprintf(err, n_err, "cannot draw random bytes for %s", path); return -1; }
+    if (rc == -2) {
+        snprintf(err, n_err, "%s is not %d bytes: remove it to draw a new secret (tenants then change)", path, SECRET_BYTES);
+        return -1;
+    }
+    if (RAND_bytes(s, SECRET_BYTES) != 1) {
+        snprintf(err, n_err, "cannot draw random bytes for %s", path);
+        return -1;
+    }
     snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long) getpid());
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0) { snprintf(err, n_err, "cannot create %s: %s", tmp, strerror(errno)); return -1; }
+    if (fd < 0) {
+        snprintf(err, n_err, "cannot create %s: %s", tmp, strerror(errno));
+        return -1;
+    }
     bool ok = write(fd, s, SECRET_BYTES) == SECRET_BYTES && fsync(fd) == 0;
     ok = close(fd) == 0 && ok;
     if (ok && link(tmp, path) != 0 && errno != EEXIST) ok = false;
     int e = errno;
     unlink(tmp);
-    if (!ok) { snprintf(err, n_err, "cannot write %s: %s", path, strerror(e)); return -1; }
-    return read_secret(path, s) == 0 ? 0 : (snprintf(err, n_err, "cannot read %s back", path), -1); /* another server's, if it won */
+    if (!ok) {
+        snprintf(err, n_err, "cannot write %s: %s", path, strerror(e));
+        return -1;
+    }
+    return read_secret(path, s) == 0 ? 0
+                                     : (snprintf(err, n_err, "cannot read %s back", path), -1); /* another server's, if it won */
 }
 
 int serve_tenant_init(struct server *srv, char *err, size_t n_err) {
     if (!srv->n_keys) return 0;
     unsigned char secret[SECRET_BYTES];
     if (srv->no_store) {
-        if (RAND_bytes(secret, SECRET_BYTES) != 1) { snprintf(err, n_err, "cannot draw random bytes for the tenant secret"); return -1; }
+        if (RAND_bytes(secret, SECRET_BYTES) != 1) {
+            snprintf(err, n_err, "cannot draw random bytes for the tenant secret");
+            return -1;
+        }
     } else {
         char dir[1024];
         if (srv->store_dir) snprintf(dir, sizeof dir, "%s", srv->store_dir);
-        else if (kvt_store_default_dir(dir, sizeof dir)) { snprintf(err, n_err, "no default store directory"); return -1; }
+        else if (kvt_store_default_dir(dir, sizeof dir)) {
+            snprintf(err, n_err, "no default store directory");
+            return -1;
+        }
         if (store_secret(dir, secret, err, n_err)) return -1;
     }
-    if (!(srv->key_ns = calloc((size_t) srv->n_keys, sizeof *srv->key_ns))) { snprintf(err, n_err, "out of memory"); return -1; }
+    if (!(srv->key_ns = calloc((size_t) srv->n_keys, sizeof *srv->key_ns))) {
+        snprintf(err, n_err, "out of memory");
+        return -1;
+    }
     for (int32_t i = 0; i < srv->n_keys; i++) {
         unsigned char mac[EVP_MAX_MD_SIZE];
         unsigned int n = 0;
-        if (!HMAC(EVP_sha256(), secret, SECRET_BYTES, (const unsigned char *) srv->keys[i], strlen(srv->keys[i]), mac, &n) || n < 16) {
+        if (!HMAC(EVP_sha256(), secret, SECRET_BYTES, (const unsigned char *) srv->keys[i], strlen(srv->keys[i]), mac, &n) ||
+            n < 16) {
             snprintf(err, n_err, "HMAC-SHA-256 failed");
             return -1;
         }

@@ -38,9 +38,9 @@
 /* a growing string                                                                          */
 
 struct buf {
-    char  *s;
+    char *s;
     size_t n, cap;
-    bool   oom;
+    bool oom;
 };
 
 static void bput(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -50,11 +50,17 @@ static void bput(struct buf *b, const char *fmt, ...) {
     va_start(ap, fmt);
     int k = vsnprintf(NULL, 0, fmt, ap);
     va_end(ap);
-    if (k < 0) { b->oom = true; return; }
+    if (k < 0) {
+        b->oom = true;
+        return;
+    }
     if (b->n + (size_t) k + 1 > b->cap) {
         size_t cap = KVT_MAX(b->cap * 2, b->n + (size_t) k + 256);
         char *s = realloc(b->s, cap);
-        if (!s) { b->oom = true; return; }
+        if (!s) {
+            b->oom = true;
+            return;
+        }
         b->s = s;
         b->cap = cap;
     }
@@ -81,7 +87,10 @@ static void bput_lit(struct buf *b, const char *s) {
 /* A GBNF literal matching the compact JSON text of v. */
 static void bput_json_lit(struct buf *b, const json_t *v) {
     char *t = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
-    if (!t) { b->oom = true; return; }
+    if (!t) {
+        b->oom = true;
+        return;
+    }
     bput_lit(b, t);
     free(t);
 }
@@ -89,27 +98,26 @@ static void bput_json_lit(struct buf *b, const json_t *v) {
 /* ---------------------------------------------------------------------------------------- */
 /* JSON schema -> GBNF                                                                       */
 
-static const char GBNF_PRIMITIVES[] =
-    "value ::= object | array | string | number | boolean | null\n"
-    "object ::= \"{\" ( string \":\" value ( \",\" string \":\" value )* )? \"}\"\n"
-    "array ::= \"[\" ( value ( \",\" value )* )? \"]\"\n"
-    "string ::= \"\\\"\" char* \"\\\"\"\n"
-    "char ::= [^\"\\\\\\x00-\\x1F\\x7F] | \"\\\\\" [\"\\\\bfnrt]\n"
-    "integer ::= \"-\"? ( \"0\" | [1-9] [0-9]{0,15} )\n"
-    "number ::= integer ( \".\" [0-9]+ )? ( [eE] [-+]? [0-9]+ )?\n"
-    "boolean ::= \"true\" | \"false\"\n"
-    "null ::= \"null\"\n";
+static const char GBNF_PRIMITIVES[] = "value ::= object | array | string | number | boolean | null\n"
+                                      "object ::= \"{\" ( string \":\" value ( \",\" string \":\" value )* )? \"}\"\n"
+                                      "array ::= \"[\" ( value ( \",\" value )* )? \"]\"\n"
+                                      "string ::= \"\\\"\" char* \"\\\"\"\n"
+                                      "char ::= [^\"\\\\\\x00-\\x1F\\x7F] | \"\\\\\" [\"\\\\bfnrt]\n"
+                                      "integer ::= \"-\"? ( \"0\" | [1-9] [0-9]{0,15} )\n"
+                                      "number ::= integer ( \".\" [0-9]+ )? ( [eE] [-+]? [0-9]+ )?\n"
+                                      "boolean ::= \"true\" | \"false\"\n"
+                                      "null ::= \"null\"\n";
 
 enum { SCHEMA_MAX_PROPS = 256, GBNF_MAX_BYTES = 1 << 20 };
 
 struct gram {
     struct buf rules; /* extra rules, one per line */
-    int        n_rules;
-    int        depth;
-    int64_t    work, max_work; /* schema nodes expanded so far / allowed (--max-schema-nodes) */
-    int32_t    max_alt;        /* entries of one enum / anyOf / oneOf (--max-schema-alternatives) */
-    char       msg[512];       /* why it failed */
-    bool       failed;
+    int n_rules;
+    int depth;
+    int64_t work, max_work; /* schema nodes expanded so far / allowed (--max-schema-nodes) */
+    int32_t max_alt;        /* entries of one enum / anyOf / oneOf (--max-schema-alternatives) */
+    char msg[512];          /* why it failed */
+    bool failed;
 };
 
 static void gfail(struct gram *g, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -142,20 +150,31 @@ static void object_expr(struct gram *g, const json_t *sc, struct buf *out) {
         bput(out, ap && json_is_false(ap) ? "\"{}\"" : "object");
         return;
     }
-    if (req && !json_is_array(req)) { gfail(g, "'required' must be an array of property names"); return; }
+    if (req && !json_is_array(req)) {
+        gfail(g, "'required' must be an array of property names");
+        return;
+    }
     size_t n = json_object_size(props), i = 0;
-    if (n > SCHEMA_MAX_PROPS) { gfail(g, "an object schema has %zu properties; at most %d", n, SCHEMA_MAX_PROPS); return; }
+    if (n > SCHEMA_MAX_PROPS) {
+        gfail(g, "an object schema has %zu properties; at most %d", n, SCHEMA_MAX_PROPS);
+        return;
+    }
     size_t r;
     const json_t *rn;
-    json_array_foreach(req, r, rn)
-        if (!json_is_string(rn) || !json_object_get(props, json_string_value(rn))) {
-            gfail(g, "'required' names '%.64s', which is not in 'properties'", json_is_string(rn) ? json_string_value(rn) : "(not a string)");
-            return;
-        }
+    json_array_foreach(req, r, rn) if (!json_is_string(rn) || !json_object_get(props, json_string_value(rn))) {
+        gfail(g, "'required' names '%.64s', which is not in 'properties'",
+              json_is_string(rn) ? json_string_value(rn) : "(not a string)");
+        return;
+    }
     /* property i: "key":value as one rule name; required flag */
     char **kv = calloc(n, sizeof *kv);
     bool *must = calloc(n, sizeof *must);
-    if (!kv || !must) { free(kv); free(must); out->oom = true; return; }
+    if (!kv || !must) {
+        free(kv);
+        free(must);
+        out->oom = true;
+        return;
+    }
     const char *key;
     const json_t *ps;
     json_object_foreach((json_t *) props, key, ps) {
@@ -177,7 +196,10 @@ static void object_expr(struct gram *g, const json_t *sc, struct buf *out) {
     if (n_must > 0) { /* the required ones in order, each optional one after them, skippable */
         bool first = true;
         for (i = 0; i < n; i++)
-            if (must[i]) { bput(out, "%s%s ", first ? "" : "\",\" ", kv[i]); first = false; }
+            if (must[i]) {
+                bput(out, "%s%s ", first ? "" : "\",\" ", kv[i]);
+                first = false;
+            }
         for (i = 0; i < n; i++)
             if (!must[i]) bput(out, "( \",\" %s )? ", kv[i]);
     } else { /* all optional: the first present one, then any later ones in order, through one
@@ -216,8 +238,8 @@ static void type_expr(struct gram *g, const json_t *sc, const char *type, struct
         if (items && json_is_object(items)) schema_rule(g, items, &item);
         else bput(&item, "value");
         bool nonempty = mi && json_is_integer(mi) && json_integer_value(mi) >= 1;
-        bput(out, "\"[\" %s%s ( \",\" %s )*%s \"]\"", nonempty ? "" : "( ", item.s ? item.s : "value",
-             item.s ? item.s : "value", nonempty ? "" : " )?");
+        bput(out, "\"[\" %s%s ( \",\" %s )*%s \"]\"", nonempty ? "" : "( ", item.s ? item.s : "value", item.s ? item.s : "value",
+             nonempty ? "" : " )?");
         if (item.oom) out->oom = true;
         free(item.s);
     } else gfail(g, "unknown JSON schema type '%.40s'", type);
@@ -235,7 +257,11 @@ static void schema_expr(struct gram *g, const json_t *sc, struct buf *out) {
         gfail(g, "the schemas make a grammar of more than %d bytes", GBNF_MAX_BYTES);
         return;
     }
-    if (++g->depth > 32) { gfail(g, "the JSON schema nests deeper than 32 levels"); g->depth--; return; }
+    if (++g->depth > 32) {
+        gfail(g, "the JSON schema nests deeper than 32 levels");
+        g->depth--;
+        return;
+    }
     const json_t *v;
     if (json_is_true(sc) || (json_is_object(sc) && json_object_size(sc) == 0)) bput(out, "value");
     else if (!json_is_object(sc)) gfail(g, "a JSON schema must be an object, got %s", json_is_array(sc) ? "an array" : "a scalar");
@@ -275,7 +301,10 @@ static void schema_expr(struct gram *g, const json_t *sc, struct buf *out) {
             const json_t *t;
             bput(out, "( ");
             json_array_foreach(v, i, t) {
-                if (!json_is_string(t)) { gfail(g, "'type' lists must hold strings"); break; }
+                if (!json_is_string(t)) {
+                    gfail(g, "'type' lists must hold strings");
+                    break;
+                }
                 if (g->failed) break;
                 /* each type once: ["object","object"] nested 31 deep would otherwise expand the
                 ** same properties 2^31 times (issue #24) */
@@ -319,7 +348,10 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
     if (tools && json_is_null(tools)) tools = NULL;
     if (tools) {
         e->param = "tools";
-        if (!json_is_array(tools)) { serve_bad(e, "'tools' must be an array, got %s", serve_json_type(tools)); return -1; }
+        if (!json_is_array(tools)) {
+            serve_bad(e, "'tools' must be an array, got %s", serve_json_type(tools));
+            return -1;
+        }
         if (json_array_size(tools) > (size_t) lim->max_tools) {
             serve_bad(e, "'tools' has %zu entries; at most %d (--max-tools)", json_array_size(tools), lim->max_tools);
             return -1;
@@ -361,7 +393,8 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
         const json_t *t;
         bool found = !forced;
         json_array_foreach(tools, i, t) {
-            const json_t *ty = json_is_object(t) ? json_object_get(t, "type") : NULL, *fn = json_is_object(t) ? json_object_get(t, "function") : NULL;
+            const json_t *ty = json_is_object(t) ? json_object_get(t, "type") : NULL,
+                         *fn = json_is_object(t) ? json_object_get(t, "function") : NULL;
             const json_t *nm = fn && json_is_object(fn) ? json_object_get(fn, "name") : NULL;
             if (!ty || !json_is_string(ty) || strcmp(json_string_value(ty), "function") || !nm || !json_is_string(nm) ||
                 !json_string_length(nm)) {
@@ -441,7 +474,7 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
         const char *t = ty && json_is_string(ty) ? json_string_value(ty) : NULL;
         if (!t || (strcmp(t, "text") && strcmp(t, "json_object") && strcmp(t, "json_schema"))) {
             serve_bad(e, "'response_format.type' %s%.40s%s is not one of text, json_object, json_schema", t ? "'" : "",
-                     t ? t : "(missing)", t ? "'" : "");
+                      t ? t : "(missing)", t ? "'" : "");
             rc = -1;
         } else if (strcmp(t, "text") && j->req.format == REPLY_TOOLS) {
             serve_bad(e, "'response_format' %s cannot be combined with 'tools' (the reply is a tool call or a response)", t);
@@ -450,7 +483,8 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
             bput(&root_rule, "root ::= object\n");
             j->req.format = REPLY_JSON;
         } else if (!strcmp(t, "json_schema")) {
-            const json_t *js = json_object_get(rf, "json_schema"), *sc = js && json_is_object(js) ? json_object_get(js, "schema") : NULL;
+            const json_t *js = json_object_get(rf, "json_schema"),
+                         *sc = js && json_is_object(js) ? json_object_get(js, "schema") : NULL;
             if (!sc) {
                 serve_bad(e, "'response_format' json_schema needs {\"json_schema\": {\"name\": ..., \"schema\": {...}}}");
                 rc = -1;
@@ -469,14 +503,16 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
     if (rc == 0 && root_rule.n) {
         struct buf all = { 0 };
         bput(&all, "%s%s%s", root_rule.s, g.rules.s ? g.rules.s : "", GBNF_PRIMITIVES);
-        if (all.oom || g.rules.oom) { free(all.s); rc = -1; serve_error_oom(e); }
-        else if (all.n > GBNF_MAX_BYTES) {
+        if (all.oom || g.rules.oom) {
+            free(all.s);
+            rc = -1;
+            serve_error_oom(e);
+        } else if (all.n > GBNF_MAX_BYTES) {
             free(all.s);
             rc = -1;
             e->param = j->req.format == REPLY_TOOLS ? "tools" : "response_format";
             serve_bad(e, "the schemas make a grammar of %zu bytes; at most %d", all.n, GBNF_MAX_BYTES);
-        }
-        else j->req.grammar = all.s;
+        } else j->req.grammar = all.s;
     }
     free(root_rule.s);
     free(g.rules.s);
@@ -504,7 +540,8 @@ char *tools_render_calls(const json_t *calls, size_t msg, struct serve_error *e)
         const json_t *fn = json_is_object(c) ? json_object_get(c, "function") : NULL;
         const json_t *nm = fn ? json_object_get(fn, "name") : NULL, *ar = fn ? json_object_get(fn, "arguments") : NULL;
         if (!nm || !json_is_string(nm) || !ar || !json_is_string(ar)) {
-            serve_bad(e, "'messages[%zu].tool_calls[%zu]' must be {\"function\": {\"name\": string, \"arguments\": string}}", msg, i);
+            serve_bad(e, "'messages[%zu].tool_calls[%zu]' must be {\"function\": {\"name\": string, \"arguments\": string}}", msg,
+                      i);
             json_decref(out);
             return NULL;
         }
@@ -571,7 +608,8 @@ json_t *tools_reply(struct server *srv, const char *text, int format, const char
             const json_t *nm = json_object_get(c, "name"), *ar = json_object_get(c, "arguments");
             char *args = ar ? json_dumps(ar, JSON_COMPACT | JSON_ENCODE_ANY) : strdup("{}");
             char id[48];
-            snprintf(id, sizeof id, "call_%llx%llu", (unsigned long long) time(NULL), __atomic_add_fetch(&srv->n_calls, 1, __ATOMIC_RELAXED));
+            snprintf(id, sizeof id, "call_%llx%llu", (unsigned long long) time(NULL),
+                     __atomic_add_fetch(&srv->n_calls, 1, __ATOMIC_RELAXED));
             json_array_append_new(calls, json_pack("{s:i, s:s, s:s, s:{s:s, s:s}}", "index", (int) i, "id", id, "type", "function",
                                                    "function", "name", nm && json_is_string(nm) ? json_string_value(nm) : "",
                                                    "arguments", args ? args : "{}"));

@@ -10,11 +10,12 @@ static _Thread_local char errmsg_buf[1024];
 
 const char *kvt_strerror(int err) {
     switch (err) {
-    case KVT_OK: return "success";
-#define KVT__ERR_CASE(name, code, msg) case KVT_##name: return msg;
-    KVT_ERRNO_MAP(KVT__ERR_CASE)
+        case KVT_OK: return "success";
+#define KVT__ERR_CASE(name, code, msg) \
+    case KVT_##name: return msg;
+            KVT_ERRNO_MAP(KVT__ERR_CASE)
 #undef KVT__ERR_CASE
-    default: return "unknown error";
+        default: return "unknown error";
     }
 }
 

@@ -14,15 +14,15 @@
 #include <stdint.h>
 
 enum kvt__fault_site {
-    KVT__FAULT_POOL_PUT = 0,  /* kvt_pool_put fails with KVT_ENOMEM before touching the pool */
-    KVT__FAULT_SPILL_WRITE,   /* a spill file write fails with ENOSPC (a full disk) */
-    KVT__FAULT_STORE_WRITE,   /* a block store blob file write fails with ENOSPC (a full disk) */
-    KVT__FAULT_STORE_SYNC,    /* a blob file's fsync (1st check of a write), then its rename (2nd), fails: EIO */
-    KVT__FAULT_STORE_INDEX,   /* the block store's index insert of a written blob fails (SQLITE_IOERR) */
-    KVT__FAULT_CODEC_ALLOC,   /* a block codec allocation fails (encode's output growth, decode's block) */
-    KVT__FAULT_ELASTIC_ALLOC, /* a live ElasticKV pass's allocation fails (kvt_seq_elastic: KVT_ENOMEM) */
+    KVT__FAULT_POOL_PUT = 0,   /* kvt_pool_put fails with KVT_ENOMEM before touching the pool */
+    KVT__FAULT_SPILL_WRITE,    /* a spill file write fails with ENOSPC (a full disk) */
+    KVT__FAULT_STORE_WRITE,    /* a block store blob file write fails with ENOSPC (a full disk) */
+    KVT__FAULT_STORE_SYNC,     /* a blob file's fsync (1st check of a write), then its rename (2nd), fails: EIO */
+    KVT__FAULT_STORE_INDEX,    /* the block store's index insert of a written blob fails (SQLITE_IOERR) */
+    KVT__FAULT_CODEC_ALLOC,    /* a block codec allocation fails (encode's output growth, decode's block) */
+    KVT__FAULT_ELASTIC_ALLOC,  /* a live ElasticKV pass's allocation fails (kvt_seq_elastic: KVT_ENOMEM) */
     KVT__FAULT_STORE_PREFETCH, /* a block store prefetch's read fails (not promoted, prefetch.failed) */
-    KVT__FAULT_CHUNK_LOAD,    /* a session's load of a reused chunk (kvt_blocks_load) fails: KVT_ELLAMA */
+    KVT__FAULT_CHUNK_LOAD,     /* a session's load of a reused chunk (kvt_blocks_load) fails: KVT_ELLAMA */
     KVT__FAULT__COUNT
 };
 

@@ -57,8 +57,7 @@ const char *kvt_recovery_name(int32_t recovery);
 ** Scores n_docs texts against a query: lower-cased alphanumeric terms, English stop words
 ** removed, idf = ln(1 + (N - df + 0.5) / (df + 0.5)).  OUT scores[n_docs].
 ** Errors: KVT_ENOMEM.  Pure function; thread-safe. */
-int kvt_bm25_score(const char *const *docs, int32_t n_docs, const char *query,
-                   double *scores /* OUT */);
+int kvt_bm25_score(const char *const *docs, int32_t n_docs, const char *query, double *scores /* OUT */);
 
 /* The query's terms (same analysis as kvt_bm25_score: lower-cased, stop words dropped, each once)
 ** that occur in none of the n_context texts, joined by single spaces; "" when every term is
@@ -87,8 +86,7 @@ int kvt_attn_block_mass(const kvt_attn *a, int32_t q_from, const float *head_w, 
 ** count more than diffuse ones.  OUT w[n_layers * n_head], row-major by layers[] order.
 ** Errors: KVT_EIO (unreadable file), KVT_EFORMAT (not a profile, or a layer/head missing: the
 ** message names it).  Pure apart from reading the file. */
-int kvt_head_weights_load(const char *profile_path, const int32_t *layers, int32_t n_layers, int32_t n_head,
-                          float *w /* OUT */);
+int kvt_head_weights_load(const char *profile_path, const int32_t *layers, int32_t n_layers, int32_t n_head, float *w /* OUT */);
 
 /* ---- 7. Optional dense retrieval: embeddings through llama.cpp, approximate nearest neighbours (kvtier.h section 7) ---- */
 
@@ -123,11 +121,11 @@ int32_t kvt_ann_size(const kvt_ann *ann);
 
 /* h_0 of the chain.  Errors: KVT_EINVAL (NULL layout, block <= 0), KVT_ENOMEM (OpenSSL could
 ** not allocate a digest context). */
-int  kvt_chain_root(const struct kvt_chain_params *p, kvt_key *out /* OUT */);
+int kvt_chain_root(const struct kvt_chain_params *p, kvt_key *out /* OUT */);
 
 /* h_i from h_{i-1} and block i's n tokens (out may be prev).  Errors: KVT_EINVAL (NULL prev or
 ** out, n < 0, NULL tok with n > 0), KVT_ENOMEM (as kvt_chain_root); *out is unchanged then. */
-int  kvt_chain_next(const kvt_key *prev, const kvt_token *tok, int32_t n, kvt_key *out /* OUT */);
+int kvt_chain_next(const kvt_key *prev, const kvt_token *tok, int32_t n, kvt_key *out /* OUT */);
 
 /* Root of the chunk keys (non-prefix chunk reuse, kvt_session_params.chunk_reuse): the same
 ** inputs as kvt_chain_root behind another domain string,
@@ -135,10 +133,10 @@ int  kvt_chain_next(const kvt_key *prev, const kvt_token *tok, int32_t n, kvt_ke
 ** and a block's chunk key is kvt_chain_next(c_0, its tokens): it names a block by its own tokens
 ** only, so the same tokens anywhere give the same key; no chunk key equals a chain key (other
 ** domain string).  Errors: those of kvt_chain_root. */
-int  kvt_chunk_root(const struct kvt_chain_params *p, kvt_key *out /* OUT */);
+int kvt_chunk_root(const struct kvt_chain_params *p, kvt_key *out /* OUT */);
 
 /* Parse exactly 64 hex digits (either case).  Errors: KVT_EINVAL (message names the text). */
-int  kvt_key_parse(const char *hex, kvt_key *out /* OUT */);
+int kvt_key_parse(const char *hex, kvt_key *out /* OUT */);
 
 /* "none", "ram", "disk", "redis" (static; "unknown" out of range).  Pure. */
 const char *kvt_tier_name(int tier);
@@ -157,7 +155,7 @@ const char *kvt_tier_name(int tier);
 ** Errors: KVT_EINVAL (NULL store, key or meta; NULL data with n > 0; negative n_tokens;
 ** read-only store), KVT_ENOMEM (the RAM copy may be stored, the disk write is not queued).
 ** Thread-safe. */
-int  kvt_store_put(kvt_store *st, const kvt_key *key, const struct kvt_store_meta *m, const void *data, size_t n);
+int kvt_store_put(kvt_store *st, const kvt_key *key, const struct kvt_store_meta *m, const void *data, size_t n);
 
 /* Fetch key's bytes: RAM tier, else disk tier (its write queue, then the index and the blob
 ** file; a disk hit is copied into RAM).  A disk read checks the file's header (magic, version,
@@ -175,8 +173,8 @@ int  kvt_store_put(kvt_store *st, const kvt_key *key, const struct kvt_store_met
 ** Errors: KVT_ENOENT (miss, expired, corrupt, foreign model: callers prefill instead; the
 ** message says which), KVT_EINVAL (NULL store, key, model, data or n), KVT_ENOMEM, KVT_EIO (the
 ** index cannot be read).  On error *data is NULL and *n 0.  Thread-safe. */
-int  kvt_store_get(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
-                   struct kvt_store_meta *meta, enum kvt_tier *tier);
+int kvt_store_get(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n, struct kvt_store_meta *meta,
+                  enum kvt_tier *tier);
 
 /* Is key in RAM or on disk and not expired (no file read, no checksum, no hit counted; Redis is
 ** not asked)?  False for NULL arguments.  Thread-safe. */
@@ -186,7 +184,7 @@ bool kvt_store_has(kvt_store *st, const kvt_key *key);
 ** them): KVT_TIER_RAM (the RAM tier, or its write queued for disk), KVT_TIER_DISK (the index),
 ** KVT_TIER_NONE (neither; NULL arguments).  What kvt_store_get_copy would find locally.
 ** Thread-safe. */
-int  kvt_store_tier(kvt_store *st, const kvt_key *key);
+int kvt_store_tier(kvt_store *st, const kvt_key *key);
 
 /* A session's own copy of one of its blocks (kvt_session_params.store): kvt_store_get with the
 ** TTL not applied, so an entry past its TTL that no get, gc or quota has removed yet is still
@@ -194,8 +192,7 @@ int  kvt_store_tier(kvt_store *st, const kvt_key *key);
 ** entry (last hit, hit count) as any hit does.  A session parked longer than the TTL resumes its
 ** pure blocks without recompute unless the entry went meanwhile.  Errors: as kvt_store_get.
 ** Thread-safe. */
-int  kvt_store_get_copy(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data /* OUT */,
-                        size_t *n /* OUT */);
+int kvt_store_get_copy(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data /* OUT */, size_t *n /* OUT */);
 
 /* Private entries: the copies a session keeps of its blocks that no content key may name (a
 ** block decoded after an eviction attended to a context with a hole; one recomputed or re-saved
@@ -216,15 +213,15 @@ int  kvt_store_get_copy(kvt_store *st, const kvt_key *key, const kvt_key *model,
 ** put errors: those of kvt_pool_put (KVT_EIO: a spill failed, the entries it was for are
 ** dropped, counted in stats.priv.n_dropped); get: those of kvt_pool_get (KVT_ENOENT, KVT_ECORRUPT,
 ** KVT_EIO, KVT_ENOMEM); del: KVT_ENOENT.  KVT_EINVAL for a NULL store.  Thread-safe. */
-int  kvt_store_put_private(kvt_store *st, uint64_t key, const void *data, size_t n);
+int kvt_store_put_private(kvt_store *st, uint64_t key, const void *data, size_t n);
 
-int  kvt_store_get_private(kvt_store *st, uint64_t key, void **data /* OUT, free() */, size_t *n /* OUT */);
+int kvt_store_get_private(kvt_store *st, uint64_t key, void **data /* OUT, free() */, size_t *n /* OUT */);
 
-int  kvt_store_del_private(kvt_store *st, uint64_t key);
+int kvt_store_del_private(kvt_store *st, uint64_t key);
 
 /* Where a private entry is: KVT_TIER_RAM, KVT_TIER_DISK (spilled), KVT_TIER_NONE (absent,
 ** dropped, or NULL store).  Thread-safe. */
-int  kvt_store_private_tier(kvt_store *st, uint64_t key);
+int kvt_store_private_tier(kvt_store *st, uint64_t key);
 
 /* The private entries' counters (kvt_store_get_stats's priv, without the index query the rest
 ** of it costs).  Zeros for NULL.  Thread-safe. */
@@ -237,14 +234,14 @@ void kvt_store_flush(kvt_store *st);
 
 /* Take back every key still queued (not those in flight; prefetch.cancelled).  Returns how many.
 ** NULL ok.  Thread-safe. */
-int  kvt_store_prefetch_cancel(kvt_store *st);
+int kvt_store_prefetch_cancel(kvt_store *st);
 
 /* Take back the queued (not yet started) prefetches of the keys in keys[0..n): for a caller that
 ** will not ask for them after all (a session's routing whose chain broke at an earlier miss, so
 ** the threads do not look up keys no tier holds).  Returns how many were taken back (counted in
 ** prefetch.cancelled); 0 for NULL st or keys, n <= 0, or a store without prefetch threads.  O(queue
 ** length x n).  Thread-safe. */
-int  kvt_store_prefetch_forget(kvt_store *st, const kvt_key *keys, int n);
+int kvt_store_prefetch_forget(kvt_store *st, const kvt_key *keys, int n);
 
 /* ---- 9. Block codecs: self-describing encodings of a block leaving the device (kvtier.h section 9) ---- */
 

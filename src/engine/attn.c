@@ -95,8 +95,8 @@ bool kvt__attn_eval_cb(struct ggml_tensor *t, bool ask, void *ud) {
         if (!grow((void **) &c->q, &c->cap_q, (size_t) hd * nh * nt * sizeof(float))) return true;
         for (int tk = 0; tk < nt; tk++)
             for (int h = 0; h < nh; h++)
-                memcpy(c->q + ((size_t) tk * nh + h) * hd,
-                       (const uint8_t *) t->data + tk * t->nb[2] + h * t->nb[1], (size_t) hd * sizeof(float));
+                memcpy(c->q + ((size_t) tk * nh + h) * hd, (const uint8_t *) t->data + tk * t->nb[2] + h * t->nb[1],
+                       (size_t) hd * sizeof(float));
         c->hd = hd;
         c->have_q = true;
         return true;
@@ -113,7 +113,10 @@ int kvt_attn_capture(kvt_engine *e, const int32_t *layers, int32_t n, bool captu
     struct attn_cap *c = n ? calloc((size_t) n, sizeof *c) : NULL;
     if (n && !c) return kvt__fail(KVT_ENOMEM, "attention capture");
     for (int i = 0; i < e->n_caps; i++) {
-        free(e->caps[i].w); free(e->caps[i].vis); free(e->caps[i].q); free(e->caps[i].q_pos);
+        free(e->caps[i].w);
+        free(e->caps[i].vis);
+        free(e->caps[i].q);
+        free(e->caps[i].q_pos);
     }
     free(e->caps);
     e->cap_first_layer = n > 0 ? layers[0] : -1;
@@ -129,7 +132,10 @@ int kvt_attn_capture(kvt_engine *e, const int32_t *layers, int32_t n, bool captu
 
 void kvt_attn_free(kvt_attn *a) {
     if (!a) return;
-    free(a->q_pos); free(a->k_pos); free(a->w); free(a->q);
+    free(a->q_pos);
+    free(a->k_pos);
+    free(a->w);
+    free(a->q);
     free(a);
 }
 
@@ -137,13 +143,14 @@ int kvt_attn_get(kvt_engine *e, int32_t layer, int32_t seq, kvt_attn **out) {
     *out = NULL;
     struct attn_cap *c = kvt__attn_cap_for(e, layer);
     if (c && kvt__engine_seq_ok(e, seq) && e->multi_gen[seq] == e->gen && e->gen != 0)
-        return kvt__fail(KVT_EUNSUPPORTED, "the last decode of sequence %d was a decode row of a multi-sequence batch "
+        return kvt__fail(KVT_EUNSUPPORTED,
+                         "the last decode of sequence %d was a decode row of a multi-sequence batch "
                          "(kvt_engine_decode_batch): attention is captured for kvt_engine_decode and for the "
-                         "prefill chunk of kvt_engine_decode_batch only", seq);
+                         "prefill chunk of kvt_engine_decode_batch only",
+                         seq);
     if (!c || !c->have || c->seq != seq)
         return kvt__fail(KVT_ENOENT, "no attention captured for layer %d of sequence %d", layer, seq);
-    if (c->gen != e->gen)
-        return kvt__fail(KVT_ENOENT, "the KV cache changed since layer %d was captured", layer);
+    if (c->gen != e->gen) return kvt__fail(KVT_ENOENT, "the KV cache changed since layer %d was captured", layer);
     int part = 0, idx = 0;
     if (kvt_engine_layer_part(e, layer, &part, &idx)) return kvt__fail(KVT_EFORMAT, "layer %d: cache part unknown", layer);
     int rc;
@@ -161,7 +168,10 @@ int kvt_attn_get(kvt_engine *e, int32_t layer, int32_t seq, kvt_attn **out) {
     kvt_pos *cell_pos = malloc(sizeof(kvt_pos) * (size_t) nk);
     kvt_pos *cand = malloc(sizeof(kvt_pos) * (nc ? nc : 1));
     kvt_attn *a = calloc(1, sizeof *a);
-    if (!vis_cells || !cell_pos || !cand || !a) { rc = kvt__fail(KVT_ENOMEM, "attention map"); goto done; }
+    if (!vis_cells || !cell_pos || !cand || !a) {
+        rc = kvt__fail(KVT_ENOMEM, "attention map");
+        goto done;
+    }
     /* Full-attention layers: every cell of the sequence some query row can see.  SWA layers:
     ** the cells the last row can see, since llama.cpp serialises only SWA cells within the
     ** window of the sequence's last position. */
@@ -186,11 +196,17 @@ int kvt_attn_get(kvt_engine *e, int32_t layer, int32_t seq, kvt_attn **out) {
     for (int32_t i = 0; i < n_vis; i++) cell_pos[i] = cand[i];
     /* keys sorted by position: order of visible cells by pos */
     int32_t *ord = malloc(sizeof(int32_t) * (size_t) (n_vis ? n_vis : 1));
-    if (!ord) { rc = kvt__fail(KVT_ENOMEM, "attention map"); goto done; }
+    if (!ord) {
+        rc = kvt__fail(KVT_ENOMEM, "attention map");
+        goto done;
+    }
     for (int32_t i = 0; i < n_vis; i++) ord[i] = i;
     for (int32_t i = 1; i < n_vis; i++) { /* insertion sort: cells are nearly sorted by position */
         int32_t x = ord[i], j = i - 1;
-        while (j >= 0 && cell_pos[ord[j]] > cell_pos[x]) { ord[j + 1] = ord[j]; j--; }
+        while (j >= 0 && cell_pos[ord[j]] > cell_pos[x]) {
+            ord[j + 1] = ord[j];
+            j--;
+        }
         ord[j + 1] = x;
     }
     a->layer = layer;
@@ -200,21 +216,28 @@ int kvt_attn_get(kvt_engine *e, int32_t layer, int32_t seq, kvt_attn **out) {
     a->q_pos = malloc(sizeof(kvt_pos) * (size_t) nt);
     a->k_pos = malloc(sizeof(kvt_pos) * (size_t) (n_vis ? n_vis : 1));
     a->w = calloc((size_t) nt * nh * (n_vis ? n_vis : 1), sizeof(float));
-    if (!a->q_pos || !a->k_pos || !a->w) { free(ord); rc = kvt__fail(KVT_ENOMEM, "attention"); goto done; }
+    if (!a->q_pos || !a->k_pos || !a->w) {
+        free(ord);
+        rc = kvt__fail(KVT_ENOMEM, "attention");
+        goto done;
+    }
     memcpy(a->q_pos, c->q_pos, sizeof(kvt_pos) * (size_t) nt);
     for (int32_t i = 0; i < n_vis; i++) a->k_pos[i] = cell_pos[ord[i]];
     for (int32_t t = 0; t < nt; t++)
         for (int32_t h = 0; h < nh; h++)
             for (int32_t i = 0; i < n_vis; i++) {
                 int32_t cell = vis_cells[ord[i]];
-                a->w[((size_t) t * nh + h) * n_vis + i] =
-                    c->vis[(size_t) t * nk + cell] ? c->w[((size_t) h * nt + t) * nk + cell] : 0.0f;
+                a->w[((size_t) t * nh + h) * n_vis + i] = c->vis[(size_t) t * nk + cell] ? c->w[((size_t) h * nt + t) * nk + cell]
+                                                                                         : 0.0f;
             }
     free(ord);
     if (e->capture_q && c->have_q) {
         a->head_dim = c->hd;
         a->q = malloc(sizeof(float) * (size_t) nt * nh * c->hd);
-        if (!a->q) { rc = kvt__fail(KVT_ENOMEM, "attention Q"); goto done; }
+        if (!a->q) {
+            rc = kvt__fail(KVT_ENOMEM, "attention Q");
+            goto done;
+        }
         memcpy(a->q, c->q, sizeof(float) * (size_t) nt * nh * c->hd);
     }
     *out = a;

@@ -21,8 +21,8 @@ int kvt_engine_decode(kvt_engine *e, int32_t seq, const kvt_token *tokens, int32
         struct llama_batch *b = &e->batch;
         for (int32_t i = 0; i < m; i++) {
             if (tokens[off + i] < 0 || tokens[off + i] >= e->info.n_vocab)
-                return kvt__fail(KVT_EINVAL, "token %d at index %d is outside the vocabulary of %d", tokens[off + i],
-                                 off + i, e->info.n_vocab);
+                return kvt__fail(KVT_EINVAL, "token %d at index %d is outside the vocabulary of %d", tokens[off + i], off + i,
+                                 e->info.n_vocab);
             b->token[i] = tokens[off + i];
             b->pos[i] = pos0 + off + i;
             b->n_seq_id[i] = 1;
@@ -76,10 +76,16 @@ static int32_t mixed_order(const kvt_engine *e, const int32_t *seqs, int32_t n, 
     for (int32_t i = 0; i < n; i++) ord[i] = i;
     for (int32_t i = 1; i < n; i++) { /* insertion sort by sequence: n <= n_ubatch, nearly sorted */
         int32_t x = ord[i], k = i - 1;
-        while (k >= 0 && seqs[ord[k]] > seqs[x]) { ord[k + 1] = ord[k]; k--; }
+        while (k >= 0 && seqs[ord[k]] > seqs[x]) {
+            ord[k + 1] = ord[k];
+            k--;
+        }
         ord[k + 1] = x;
     }
-    if (e->unified || chunk_seq < 0) { *chunk_at = 0; return 0; }
+    if (e->unified || chunk_seq < 0) {
+        *chunk_at = 0;
+        return 0;
+    }
     int32_t n_low = 0;
     while (n_low < n && seqs[ord[n_low]] < chunk_seq) n_low++;
     int32_t tmp[512], runs = 0; /* rotate: the higher rows first, then the lower ones */
@@ -91,7 +97,7 @@ static int32_t mixed_order(const kvt_engine *e, const int32_t *seqs, int32_t n, 
 }
 
 int kvt_engine_decode_batch(kvt_engine *e, const int32_t *seqs, const kvt_token *toks, const kvt_pos *pos, int32_t n,
-                     float *logits_out, const struct kvt_decode_chunk *c) {
+                            float *logits_out, const struct kvt_decode_chunk *c) {
     const int32_t m = c ? c->n : 0;
     if (n < 0 || m < 0 || n + m <= 0 || n + m > KVT_MIN(e->p.n_ubatch, 512) || (n > 0 && (!seqs || !toks || !pos || !logits_out)) ||
         (m > 0 && !c->tokens))
@@ -101,7 +107,8 @@ int kvt_engine_decode_batch(kvt_engine *e, const int32_t *seqs, const kvt_token 
         return kvt__fail(KVT_EINVAL, "chunk sequence id %d is outside 0..%d", c->seq, e->p.n_seq - 1);
     struct llama_batch *b = &e->batch;
     for (int32_t i = 0; i < n; i++) {
-        if (seqs[i] < 0 || seqs[i] >= e->p.n_seq) return kvt__fail(KVT_EINVAL, "sequence id %d is outside 0..%d", seqs[i], e->p.n_seq - 1);
+        if (seqs[i] < 0 || seqs[i] >= e->p.n_seq)
+            return kvt__fail(KVT_EINVAL, "sequence id %d is outside 0..%d", seqs[i], e->p.n_seq - 1);
         for (int32_t k = 0; k < i; k++)
             if (seqs[k] == seqs[i]) return kvt__fail(KVT_EINVAL, "sequence %d appears twice in one multi-sequence decode", seqs[i]);
         if (m > 0 && seqs[i] == c->seq)
@@ -298,11 +305,10 @@ int kvt_seq_cp(kvt_engine *e, int32_t src, int32_t dst, kvt_pos p0, kvt_pos p1) 
 int kvt_seq_shift(kvt_engine *e, int32_t seq, kvt_pos p0, kvt_pos p1, kvt_pos delta) {
     if (!kvt__engine_seq_ok(e, seq) || seq >= e->p.n_seq) return kvt__fail(KVT_EINVAL, "seq_shift: sequence id %d", seq);
     if (p0 < 0 || p1 <= p0) return kvt__fail(KVT_EINVAL, "seq_shift: empty range [%d, %d)", p0, p1);
-    if (p0 + delta < 0)
-        return kvt__fail(KVT_EINVAL, "seq_shift: position %d moved by %d would be negative", p0, delta);
+    if (p0 + delta < 0) return kvt__fail(KVT_EINVAL, "seq_shift: position %d moved by %d would be negative", p0, delta);
     if (delta == 0) return 0;
     struct posmap *m = &e->pm[seq];
-#define PM_HAS(p) ((p) >= 0 && (p) < m->cap && (m->bits[(p) >> 3] & (1u << ((p) & 7))))
+#define PM_HAS(p) ((p) >= 0 && (p) < m->cap && (m->bits[(p) >> 3] & (1u << (7 & (p)))))
     for (kvt_pos p = p0 + delta; p < p1 + delta; p++)
         if ((p < p0 || p >= p1) && PM_HAS(p))
             return kvt__fail(KVT_EINVAL, "seq_shift: target position %d of sequence %d is occupied", p, seq);
@@ -315,7 +321,10 @@ int kvt_seq_shift(kvt_engine *e, int32_t seq, kvt_pos p0, kvt_pos p1, kvt_pos de
         if (PM_HAS(p)) moved[n++] = p;
 #undef PM_HAS
     /* grow the map before touching the cache, so that nothing can fail after llama.cpp moved */
-    if (n > 0 && kvt__pm_set(m, moved[n - 1] + (delta > 0 ? delta : 0)) != 0) { free(moved); return KVT_ENOMEM; }
+    if (n > 0 && kvt__pm_set(m, moved[n - 1] + (delta > 0 ? delta : 0)) != 0) {
+        free(moved);
+        return KVT_ENOMEM;
+    }
     if (n > 0 && delta > 0) kvt__pm_clear(m, moved[n - 1] + delta, moved[n - 1] + delta + 1);
     /* streams mode with host re-anchoring: rotate on the host and write the sequence back, so no
     ** shift is ever pending (a pending shift needs a decode in a scratch stream to land) */
@@ -323,7 +332,10 @@ int kvt_seq_shift(kvt_engine *e, int32_t seq, kvt_pos p0, kvt_pos p1, kvt_pos de
     int rc = 0;
     if (n > 0 && host) rc = kvt__engine_seq_shift_host(e, seq, p0, p1, delta);
     else llama_memory_seq_add(llama_get_memory(e->ctx), seq, p0, p1, delta);
-    if (rc) { free(moved); return rc; }
+    if (rc) {
+        free(moved);
+        return rc;
+    }
     kvt__pm_clear(m, p0, p1);
     for (int32_t i = 0; i < n; i++) kvt__pm_set(m, moved[i] + delta); /* cannot fail: the map covers it */
     free(moved);

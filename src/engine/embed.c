@@ -16,15 +16,15 @@
 #include <unistd.h>
 
 struct kvt_embedder {
-    struct llama_model       *model;
-    struct llama_context     *ctx;
+    struct llama_model *model;
+    struct llama_context *ctx;
     const struct llama_vocab *vocab;
-    int32_t                   n_ctx;   /* longest text in tokens (requested, not padded) */
-    int32_t                   dim;     /* pooled embedding width */
-    bool                      add_bos; /* the vocab asks for BOS */
-    kvt_token                *tok;     /* tokenizer scratch */
-    int32_t                   cap_tok;
-    char                      path[1024];
+    int32_t n_ctx;  /* longest text in tokens (requested, not padded) */
+    int32_t dim;    /* pooled embedding width */
+    bool add_bos;   /* the vocab asks for BOS */
+    kvt_token *tok; /* tokenizer scratch */
+    int32_t cap_tok;
+    char path[1024];
 };
 
 int kvt_embedder_open(const char *model_path, int32_t n_ctx, int32_t n_threads, kvt_embedder **out) {
@@ -36,8 +36,7 @@ int kvt_embedder_open(const char *model_path, int32_t n_ctx, int32_t n_threads, 
     if (n_ctx < 8) return kvt__fail(KVT_EINVAL, "embedder context of %d tokens is too small (minimum 8)", n_ctx);
     if (n_threads < 0) return kvt__fail(KVT_EINVAL, "embedder: %d threads", n_threads);
     struct stat st;
-    if (stat(model_path, &st) != 0)
-        return kvt__fail(KVT_EMODEL, "embedding model file '%s': %s", model_path, strerror(errno));
+    if (stat(model_path, &st) != 0) return kvt__fail(KVT_EMODEL, "embedding model file '%s': %s", model_path, strerror(errno));
     if (!S_ISREG(st.st_mode)) return kvt__fail(KVT_EMODEL, "embedding model path '%s' is not a regular file", model_path);
 
     kvt_embedder *em = calloc(1, sizeof *em);
@@ -51,15 +50,17 @@ int kvt_embedder_open(const char *model_path, int32_t n_ctx, int32_t n_threads, 
     em->model = llama_model_load_from_file(model_path, mp);
     if (!em->model) {
         free(em);
-        return kvt__fail(KVT_EMODEL, "llama.cpp could not load embedding model '%s' (%lld bytes): not a GGUF file, "
-                         "truncated, or an unsupported architecture", model_path, (long long) st.st_size);
+        return kvt__fail(KVT_EMODEL,
+                         "llama.cpp could not load embedding model '%s' (%lld bytes): not a GGUF file, "
+                         "truncated, or an unsupported architecture",
+                         model_path, (long long) st.st_size);
     }
     em->vocab = llama_model_get_vocab(em->model);
     const int32_t n_train = llama_model_n_ctx_train(em->model);
     if (n_train > 0 && n_ctx > n_train) {
         kvt_embedder_free(em);
-        return kvt__fail(KVT_EINVAL, "embedder context of %d tokens exceeds the %d tokens '%s' was trained on", n_ctx,
-                         n_train, model_path);
+        return kvt__fail(KVT_EINVAL, "embedder context of %d tokens exceeds the %d tokens '%s' was trained on", n_ctx, n_train,
+                         model_path);
     }
     em->n_ctx = n_ctx;
     em->dim = llama_model_n_embd_out(em->model);
@@ -67,7 +68,7 @@ int kvt_embedder_open(const char *model_path, int32_t n_ctx, int32_t n_threads, 
 
     struct llama_context_params cp = llama_context_default_params();
     cp.n_ctx = (uint32_t) n_ctx;
-    cp.n_batch = (uint32_t) n_ctx;  /* one text = one batch = one ubatch (see above) */
+    cp.n_batch = (uint32_t) n_ctx; /* one text = one batch = one ubatch (see above) */
     cp.n_ubatch = (uint32_t) n_ctx;
     cp.n_seq_max = 1;
     cp.kv_unified = true;
@@ -81,8 +82,7 @@ int kvt_embedder_open(const char *model_path, int32_t n_ctx, int32_t n_threads, 
     em->ctx = llama_init_from_model(em->model, cp);
     if (!em->ctx) {
         kvt_embedder_free(em);
-        return kvt__fail(KVT_ELLAMA, "llama.cpp could not create an embedding context of %d tokens for '%s'", n_ctx,
-                         model_path);
+        return kvt__fail(KVT_ELLAMA, "llama.cpp could not create an embedding context of %d tokens for '%s'", n_ctx, model_path);
     }
     if (em->dim <= 0 || llama_pooling_type(em->ctx) != LLAMA_POOLING_TYPE_MEAN) {
         int32_t d = em->dim;

@@ -20,7 +20,11 @@ void kvt__engine_log_cb(enum ggml_log_level level, const char *text, void *ud) {
     if (kvt__engine_verbose || level >= GGML_LOG_LEVEL_ERROR) fputs(text, stderr);
 }
 
-bool kvt__engine_quiet_progress(float progress, void *ud) { (void) progress; (void) ud; return true; }
+bool kvt__engine_quiet_progress(float progress, void *ud) {
+    (void) progress;
+    (void) ud;
+    return true;
+}
 
 /* A llama.cpp built with GGML_BACKEND_DL (the bootstrap's KVTIER_LLAMA_PORTABLE=1: one CPU
 ** backend per x86-64 level) registers no backend until one is loaded: load them all, and ggml
@@ -31,8 +35,7 @@ void kvt__engine_backends(void) {
 }
 
 int kvt__pm_reserve(struct posmap *m, kvt_pos p) {
-    if (p < 0 || p >= KVT__MAX_POS)
-        return kvt__fail(KVT_EINVAL, "position %d is outside 0..%d", p, KVT__MAX_POS - 1);
+    if (p < 0 || p >= KVT__MAX_POS) return kvt__fail(KVT_EINVAL, "position %d is outside 0..%d", p, KVT__MAX_POS - 1);
     if (p < m->cap) return 0;
     int64_t cap = m->cap ? m->cap : 4096; /* a power of two, so at most KVT__MAX_POS: no overflow */
     while (cap <= p) cap *= 2;
@@ -186,16 +189,27 @@ static int calibrate_reanchor(kvt_engine *e, double *err_out) {
                 goto out;
             }
         e->rope[p] = calloc(A->n_layer, sizeof(struct kvt__rope));
-        if (!e->rope[p]) { rc = kvt__fail(KVT_ENOMEM, "rope table"); goto out; }
+        if (!e->rope[p]) {
+            rc = kvt__fail(KVT_ENOMEM, "rope table");
+            goto out;
+        }
         int32_t ne;
         if ((rc = kvt__blob_k_f32(ba, &La, p, 0, NULL, &ne))) goto out;
         float *ka = malloc(sizeof(float) * N * ne), *kb = malloc(sizeof(float) * (N + 1) * ne);
-        if (!ka || !kb) { free(ka); free(kb); rc = kvt__fail(KVT_ENOMEM, "calibration rows"); goto out; }
+        if (!ka || !kb) {
+            free(ka);
+            free(kb);
+            rc = kvt__fail(KVT_ENOMEM, "calibration rows");
+            goto out;
+        }
         /* Every layer: the same K bytes rotated by us and by llama.cpp must agree. */
         for (uint32_t il = 0; il < A->n_layer && rc == 0; il++) {
             int32_t ne_l = 0;
             if ((rc = kvt__blob_k_f32(ba, &La, p, (int) il, NULL, &ne_l))) break;
-            if (ne_l != ne) { rc = kvt__fail(KVT_EUNSUPPORTED, "K rows differ in size across layers (%d vs %d)", ne_l, ne); break; }
+            if (ne_l != ne) {
+                rc = kvt__fail(KVT_EUNSUPPORTED, "K rows differ in size across layers (%d vs %d)", ne_l, ne);
+                break;
+            }
             kvt__blob_k_f32(ba, &La, p, (int) il, ka, &ne);
             kvt__blob_k_f32(bb, &Lb, p, (int) il, kb, &ne);
             const int hd = ne / e->info.n_head_kv;
@@ -211,19 +225,25 @@ static int calibrate_reanchor(kvt_engine *e, double *err_out) {
                         for (int h = 0; h < e->info.n_head_kv; h++) {
                             memcpy(tmp, ka + (size_t) c * ne + (size_t) h * hd, sizeof(float) * hd);
                             kvt__rope_rotate_f32(tmp, &r, D);
-                            for (int d = 0; d < hd; d++)
-                                err = fmax(err, fabs(tmp[d] - kb[(size_t) c * ne + (size_t) h * hd + d]));
+                            for (int d = 0; d < hd; d++) err = fmax(err, fabs(tmp[d] - kb[(size_t) c * ne + (size_t) h * hd + d]));
                         }
-                    if (err < best) { best = err; best_r = r; }
+                    if (err < best) {
+                        best = err;
+                        best_r = r;
+                    }
                 }
             e->rope[p][il] = best_r;
             double rel = kmax > 0 ? best / kmax : best;
             if (getenv("KVT_DEBUG_CALIB"))
-                fprintf(stderr, "calib part %d layer %u: base %g scale %g n_rot %d err %.3g kmax %.3g\n", p, il,
-                        best_r.base, best_r.scale, best_r.n_rot, best, kmax);
+                fprintf(stderr, "calib part %d layer %u: base %g scale %g n_rot %d err %.3g kmax %.3g\n", p, il, best_r.base,
+                        best_r.scale, best_r.n_rot, best, kmax);
             worst = fmax(worst, rel);
         }
-        if (rc) { free(ka); free(kb); goto out; }
+        if (rc) {
+            free(ka);
+            free(kb);
+            goto out;
+        }
         free(ka);
         free(kb);
         if (rc) goto out;
@@ -231,8 +251,8 @@ static int calibrate_reanchor(kvt_engine *e, double *err_out) {
     *err_out = worst;
     const double tol = (!strcmp(e->info.type_k, "f32")) ? 1e-4 : 5e-3; /* relative to max|K| */
     if (worst > tol)
-        rc = kvt__fail(KVT_EUNSUPPORTED, "host RoPE re-anchoring differs from llama.cpp by %.3g (relative, tolerance %.3g)",
-                       worst, tol);
+        rc = kvt__fail(KVT_EUNSUPPORTED, "host RoPE re-anchoring differs from llama.cpp by %.3g (relative, tolerance %.3g)", worst,
+                       tol);
 out:
     free(ba);
     free(bb);
@@ -262,8 +282,8 @@ static int make_context(kvt_engine *e, struct llama_context_params *cp, bool scr
     cp->kv_unified = e->unified;
     e->ctx = llama_init_from_model(e->model, *cp);
     if (!e->ctx)
-        return kvt__fail(KVT_ELLAMA, "llama.cpp could not create a context of %u cells (%s, %d sequences) for '%s'",
-                         cp->n_ctx, e->unified ? "unified" : "one stream per sequence", e->n_seq_max, p->model_path);
+        return kvt__fail(KVT_ELLAMA, "llama.cpp could not create a context of %u cells (%s, %d sequences) for '%s'", cp->n_ctx,
+                         e->unified ? "unified" : "one stream per sequence", e->n_seq_max, p->model_path);
     e->n_stream = e->unified ? 1 : (uint32_t) e->n_seq_max;
     e->n_ctx_seq = (int32_t) llama_n_ctx_seq(e->ctx);
     e->info.n_ctx = (int32_t) llama_n_ctx(e->ctx);
@@ -280,14 +300,15 @@ int kvt_engine_open(const struct kvt_engine_params *params, kvt_engine **out) {
     if (!p.model_path || !*p.model_path) return kvt__fail(KVT_EINVAL, "no model path given");
     if ((rc = parse_type(p.type_k, &tk, "K")) || (rc = parse_type(p.type_v, &tv, "V"))) return rc;
     if (tv != GGML_TYPE_F16 && tv != GGML_TYPE_F32 && !p.flash_attn)
-        return kvt__fail(KVT_EINVAL, "V cache type %s needs flash attention (quantised V is stored transposed otherwise)", p.type_v);
+        return kvt__fail(KVT_EINVAL, "V cache type %s needs flash attention (quantised V is stored transposed otherwise)",
+                         p.type_v);
     if (p.n_ctx < 64) return kvt__fail(KVT_EINVAL, "context of %d tokens is too small (minimum 64)", p.n_ctx);
     if (p.n_seq < 1 || p.n_seq > 64) return kvt__fail(KVT_EINVAL, "n_seq %d is outside 1..64", p.n_seq);
-    if (p.n_batch < 1 || p.n_ubatch < 1) return kvt__fail(KVT_EINVAL, "batch %d / ubatch %d must be positive", p.n_batch, p.n_ubatch);
+    if (p.n_batch < 1 || p.n_ubatch < 1)
+        return kvt__fail(KVT_EINVAL, "batch %d / ubatch %d must be positive", p.n_batch, p.n_ubatch);
     if (p.n_ubatch > p.n_batch) p.n_ubatch = p.n_batch;
     struct stat st;
-    if (stat(p.model_path, &st) != 0)
-        return kvt__fail(KVT_EMODEL, "model file '%s': %s", p.model_path, strerror(errno));
+    if (stat(p.model_path, &st) != 0) return kvt__fail(KVT_EMODEL, "model file '%s': %s", p.model_path, strerror(errno));
     if (!S_ISREG(st.st_mode)) return kvt__fail(KVT_EMODEL, "model path '%s' is not a regular file", p.model_path);
 
     kvt_engine *e = calloc(1, sizeof *e);
@@ -312,7 +333,8 @@ int kvt_engine_open(const struct kvt_engine_params *params, kvt_engine **out) {
     e->model = llama_model_load_from_file(p.model_path, mp);
     if (!e->model) {
         free(e);
-        return kvt__fail(KVT_EMODEL, "llama.cpp could not load '%s' (%lld bytes): not a GGUF file, truncated, or an "
+        return kvt__fail(KVT_EMODEL,
+                         "llama.cpp could not load '%s' (%lld bytes): not a GGUF file, truncated, or an "
                          "unsupported architecture (run with --verbose for llama.cpp's reason)",
                          p.model_path, (long long) st.st_size);
     }
@@ -374,7 +396,10 @@ int kvt_engine_open(const struct kvt_engine_params *params, kvt_engine **out) {
     ** rotated on the host); AUTO learns its path at calibration and re-creates the context if it
     ** guessed wrong. */
     bool scratch = p.reanchor == KVT_REANCHOR_SEQ_ADD || (tk != GGML_TYPE_F16 && tk != GGML_TYPE_F32);
-    if ((rc = make_context(e, &cp, scratch))) { kvt_engine_free(e); return rc; }
+    if ((rc = make_context(e, &cp, scratch))) {
+        kvt_engine_free(e);
+        return rc;
+    }
 
     double err = -1;
     rc = calibrate_reanchor(e, &err);
@@ -391,7 +416,10 @@ int kvt_engine_open(const struct kvt_engine_params *params, kvt_engine **out) {
     if (!e->unified && I->reanchor == KVT_REANCHOR_SEQ_ADD && !scratch) {
         llama_free(e->ctx);
         e->ctx = NULL;
-        if ((rc = make_context(e, &cp, true))) { kvt_engine_free(e); return rc; }
+        if ((rc = make_context(e, &cp, true))) {
+            kvt_engine_free(e);
+            return rc;
+        }
     }
     /* bytes per token, from a one-token save; in streams mode it is also the reference layout
     ** that blocks are checked against before any cell of a sequence is touched */
@@ -413,7 +441,10 @@ int kvt_engine_open(const struct kvt_engine_params *params, kvt_engine **out) {
             }
         }
         free(b);
-        if (rc) { kvt_engine_free(e); return rc; }
+        if (rc) {
+            kvt_engine_free(e);
+            return rc;
+        }
     }
     kvt__clear_error();
     *out = e;
@@ -430,7 +461,10 @@ void kvt_engine_free(kvt_engine *e) {
     free(e->multi_gen);
     free(e->ref);
     for (int i = 0; i < e->n_caps; i++) {
-        free(e->caps[i].w); free(e->caps[i].vis); free(e->caps[i].q); free(e->caps[i].q_pos);
+        free(e->caps[i].w);
+        free(e->caps[i].vis);
+        free(e->caps[i].q);
+        free(e->caps[i].q_pos);
     }
     free(e->caps);
     free(e->snap);

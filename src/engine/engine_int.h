@@ -29,79 +29,79 @@
 /* Per-sequence shadow of which positions hold a cell (the full-attention cache). */
 struct posmap {
     uint8_t *bits;
-    int32_t  cap;  /* positions covered */
-    int32_t  n;    /* positions set */
+    int32_t cap; /* positions covered */
+    int32_t n;   /* positions set */
 };
 
 /* What the attention callback keeps for one layer: the last ubatch. */
 struct attn_cap {
     int32_t layer;
-    int32_t n_kv, n_tok, n_head;  /* softmax shape */
-    float   *w;                   /* [n_head][n_tok][n_kv] */
-    uint8_t *vis;                 /* [n_tok][n_kv]: mask says visible */
-    size_t   cap_w, cap_vis;
-    int32_t  hd;                  /* Q head dim */
-    float   *q;                   /* [n_tok][n_head][hd] */
-    size_t   cap_q;
-    bool     have, have_q;
-    uint64_t gen;                 /* cache generation right after the capture */
-    int32_t  seq;
-    kvt_pos *q_pos;               /* [n_tok] */
-    size_t   cap_qpos;
+    int32_t n_kv, n_tok, n_head; /* softmax shape */
+    float *w;                    /* [n_head][n_tok][n_kv] */
+    uint8_t *vis;                /* [n_tok][n_kv]: mask says visible */
+    size_t cap_w, cap_vis;
+    int32_t hd; /* Q head dim */
+    float *q;   /* [n_tok][n_head][hd] */
+    size_t cap_q;
+    bool have, have_q;
+    uint64_t gen; /* cache generation right after the capture */
+    int32_t seq;
+    kvt_pos *q_pos; /* [n_tok] */
+    size_t cap_qpos;
 };
 
 struct kvt_engine {
-    struct llama_model         *model;
-    struct llama_context       *ctx;
-    const struct llama_vocab   *vocab;
-    struct kvt_engine_params    p;
-    struct kvt_engine_info      info;
-    char                        model_path[1024];
-    int64_t                     model_size, model_mtime_ns; /* of the file loaded (ident.c checks them) */
-    kvt_key                     fingerprint;             /* SHA-256 of the GGUF file, once have_fp */
-    bool                        have_fp;
-    int32_t                     seq_a, seq_b, seq_flush; /* scratch sequence ids; -1 where the mode has none */
-    int                         n_parts;                 /* 2 for iSWA caches */
-    bool                        unified;                 /* kv_unified: one cache shared by all sequences */
-    int32_t                     n_seq_max;               /* sequence ids in the context: caller's + scratch */
-    uint32_t                    n_stream;                /* stream records per part of a state: 1 or n_seq_max */
-    int32_t                     n_ctx_seq;               /* cells one sequence can hold */
-    uint8_t                    *ref;                     /* streams mode: a one-token state of this context, */
-    size_t                      ref_n;                   /*   canonical form: the layout loads are checked against */
-    uint64_t                   *multi_gen;               /* [n_seq_max]: gen after a a rows-only decode batch with the seq */
-    int                         test_corrupt_part;       /* test hook: corrupt the next set_data's part; -1 off */
-    struct llama_batch          batch;
-    float                      *logits;
-    bool                        have_logits;
-    bool                        shift_pending, skip_flush;
-    struct posmap              *pm;                      /* [n_seq_max] */
-    uint64_t                    gen;                     /* bumps on every cache mutation */
+    struct llama_model *model;
+    struct llama_context *ctx;
+    const struct llama_vocab *vocab;
+    struct kvt_engine_params p;
+    struct kvt_engine_info info;
+    char model_path[1024];
+    int64_t model_size, model_mtime_ns; /* of the file loaded (ident.c checks them) */
+    kvt_key fingerprint;                /* SHA-256 of the GGUF file, once have_fp */
+    bool have_fp;
+    int32_t seq_a, seq_b, seq_flush; /* scratch sequence ids; -1 where the mode has none */
+    int n_parts;                     /* 2 for iSWA caches */
+    bool unified;                    /* kv_unified: one cache shared by all sequences */
+    int32_t n_seq_max;               /* sequence ids in the context: caller's + scratch */
+    uint32_t n_stream;               /* stream records per part of a state: 1 or n_seq_max */
+    int32_t n_ctx_seq;               /* cells one sequence can hold */
+    uint8_t *ref;                    /* streams mode: a one-token state of this context, */
+    size_t ref_n;                    /*   canonical form: the layout loads are checked against */
+    uint64_t *multi_gen;             /* [n_seq_max]: gen after a a rows-only decode batch with the seq */
+    int test_corrupt_part;           /* test hook: corrupt the next set_data's part; -1 off */
+    struct llama_batch batch;
+    float *logits;
+    bool have_logits;
+    bool shift_pending, skip_flush;
+    struct posmap *pm; /* [n_seq_max] */
+    uint64_t gen;      /* bumps on every cache mutation */
     /* re-anchoring */
-    struct kvt__rope           *rope[2];                 /* per part, per layer of the part */
-    int32_t                     n_rot;
-    bool                        neox;
+    struct kvt__rope *rope[2]; /* per part, per layer of the part */
+    int32_t n_rot;
+    bool neox;
     /* layer il -> part (0 full, 1 SWA) and index within the part; -1 unknown */
-    int8_t                     *layer_part;
-    int16_t                    *layer_idx;
+    int8_t *layer_part;
+    int16_t *layer_idx;
     /* attention capture */
-    struct attn_cap            *caps;
-    int32_t                     n_caps;
-    bool                        capture_q, capturing;
-    int32_t                     cur_seq, cur_n;          /* the captured rows: sequence, count, */
-    const kvt_pos              *cur_pos;                 /*   positions */
-    int32_t                     cap_ubatch, cap_rows;    /* their ubatch (index in the llama_decode) and its rows */
-    int32_t                     ub_seen;                 /* ubatches of this llama_decode begun so far - 1 */
-    int32_t                     cap_first_layer;         /* lowest captured layer: its softmax starts a ubatch */
-    void                       *mask_probe[KVT__MAX_LAYERS]; /* open-time: mask tensor per layer */
-    bool                        probing;
+    struct attn_cap *caps;
+    int32_t n_caps;
+    bool capture_q, capturing;
+    int32_t cur_seq, cur_n;            /* the captured rows: sequence, count, */
+    const kvt_pos *cur_pos;            /*   positions */
+    int32_t cap_ubatch, cap_rows;      /* their ubatch (index in the llama_decode) and its rows */
+    int32_t ub_seen;                   /* ubatches of this llama_decode begun so far - 1 */
+    int32_t cap_first_layer;           /* lowest captured layer: its softmax starts a ubatch */
+    void *mask_probe[KVT__MAX_LAYERS]; /* open-time: mask tensor per layer */
+    bool probing;
     /* sampler chain, rebuilt when the sampling params change */
-    struct llama_sampler       *smpl;
-    struct kvt_sampling         smpl_p;
+    struct llama_sampler *smpl;
+    struct kvt_sampling smpl_p;
     /* last whole-sequence snapshot taken for attention mapping, reused while gen is unchanged */
-    uint8_t                    *snap;
-    size_t                      snap_n;
-    uint64_t                    snap_gen;
-    int32_t                     snap_seq;
+    uint8_t *snap;
+    size_t snap_n;
+    uint64_t snap_gen;
+    int32_t snap_seq;
 };
 
 
@@ -115,9 +115,9 @@ void kvt__engine_backends(void); /* loads ggml's dynamic backends when none is l
 ** KVT_ENOMEM while the map grows, so a caller that must not fail after changing the cache
 ** reserves its highest position first (kvt__pm_reserve: the map then covers [0, p], nothing set),
 ** after which a set of any position up to p cannot fail. */
-int     kvt__pm_reserve(struct posmap *m, kvt_pos p);
-int     kvt__pm_set(struct posmap *m, kvt_pos p);
-void    kvt__pm_clear(struct posmap *m, kvt_pos p0, kvt_pos p1);
+int kvt__pm_reserve(struct posmap *m, kvt_pos p);
+int kvt__pm_set(struct posmap *m, kvt_pos p);
+void kvt__pm_clear(struct posmap *m, kvt_pos p0, kvt_pos p1);
 kvt_pos kvt__pm_max(const struct posmap *m);
 
 /* ---- decode.c ---- */

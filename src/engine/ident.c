@@ -29,8 +29,10 @@ int kvt_engine_fingerprint(kvt_engine *e, kvt_key *out) {
         close(fd);
         /* the bytes on disk are no longer the weights in memory: a fingerprint of them would
         ** name this engine's blocks after another model */
-        return kvt__fail(KVT_EIO, "model file '%s' changed since it was loaded (%lld bytes then, %lld now): restart to "
-                         "fingerprint it", e->model_path, (long long) e->model_size, (long long) st.st_size);
+        return kvt__fail(KVT_EIO,
+                         "model file '%s' changed since it was loaded (%lld bytes then, %lld now): restart to "
+                         "fingerprint it",
+                         e->model_path, (long long) e->model_size, (long long) st.st_size);
     }
     enum { CHUNK = 1 << 20 };
     unsigned char *buf = malloc(CHUNK);

@@ -36,7 +36,10 @@ int kvt__engine_save_seq(kvt_engine *e, int32_t seq, uint8_t **buf, size_t *n) {
     uint8_t *b = malloc(sz);
     if (!b) return kvt__fail(KVT_ENOMEM, "KV block of %zu bytes", sz);
     size_t w = llama_state_seq_get_data(e->ctx, b, sz, seq);
-    if (w != sz) { free(b); return kvt__fail(KVT_ELLAMA, "llama_state_seq_get_data wrote %zu of %zu bytes", w, sz); }
+    if (w != sz) {
+        free(b);
+        return kvt__fail(KVT_ELLAMA, "llama_state_seq_get_data wrote %zu of %zu bytes", w, sz);
+    }
     *buf = b;
     *n = sz;
     return 0;
@@ -75,7 +78,10 @@ static int state_get(kvt_engine *e, int32_t seq, struct state **out) {
     if (!st) return kvt__fail(KVT_ENOMEM, "sequence state");
     int rc = kvt__engine_save_seq(e, seq, &st->buf, &st->n);
     if (rc == 0) rc = kvt__blob_parse(st->buf, st->n, e->n_parts, &st->L);
-    if (rc) { state_free(st); return rc; }
+    if (rc) {
+        state_free(st);
+        return rc;
+    }
     *out = st;
     return 0;
 }
@@ -124,12 +130,15 @@ static int replace_seq(kvt_engine *e, int32_t seq, uint8_t *buf, size_t n, const
     if (r2 != prev->n) {
         llama_memory_seq_rm(mem, seq, -1, -1);
         kvt__pm_clear(&e->pm[seq], -1, -1);
-        return kvt__fail(KVT_ELLAMA, "%s: llama_state_seq_set_data read %zu of %zu bytes into sequence %d, and putting "
+        return kvt__fail(KVT_ELLAMA,
+                         "%s: llama_state_seq_set_data read %zu of %zu bytes into sequence %d, and putting "
                          "back its previous %u cells failed too (%zu of %zu bytes): the sequence is now empty",
                          what, r, n, seq, prev->L.part[0].n_cells, r2, prev->n);
     }
-    return kvt__fail(KVT_ELLAMA, "%s: llama_state_seq_set_data read %zu of %zu bytes into sequence %d (llama.cpp's log "
-                     "says why); the sequence's previous %u cells are back", what, r, n, seq, prev->L.part[0].n_cells);
+    return kvt__fail(KVT_ELLAMA,
+                     "%s: llama_state_seq_set_data read %zu of %zu bytes into sequence %d (llama.cpp's log "
+                     "says why); the sequence's previous %u cells are back",
+                     what, r, n, seq, prev->L.part[0].n_cells);
 }
 
 int kvt__engine_replace_seq(kvt_engine *e, int32_t seq, uint8_t *buf, size_t n, const uint8_t *prev, size_t prev_n,
@@ -162,9 +171,11 @@ static int check_swa_cells(const kvt_engine *e, const kvt_blob *blob, const stru
     for (uint32_t c = 0; c < L->part[0].n_cells; c++) n_full += kvt__blob_cell_pos(blob->data, L, 0, c) >= need_from;
     for (uint32_t c = 0; c < L->part[1].n_cells; c++) n_swa += kvt__blob_cell_pos(blob->data, L, 1, c) >= need_from;
     if (n_swa < n_full)
-        return kvt__fail(KVT_EFORMAT, "block [%d, %d] holds %d of the %d sliding-window cells its last positions need "
+        return kvt__fail(KVT_EFORMAT,
+                         "block [%d, %d] holds %d of the %d sliding-window cells its last positions need "
                          "(window of %d; it was saved after they left the window): loading it would decode without "
-                         "that local context", lo, last, n_swa, n_full, e->info.n_swa);
+                         "that local context",
+                         lo, last, n_swa, n_full, e->info.n_swa);
     return 0;
 }
 
@@ -182,11 +193,11 @@ static int cmp_pos(const void *a, const void *b) {
 static int check_blob(const kvt_blob *blob, const struct kvt__blob_layout *L, kvt_pos new_p0, const char *what) {
     const kvt_pos p0 = blob->p0;
     if (blob->n_tokens < 1 || p0 < 0 || (int64_t) p0 + blob->n_tokens > KVT__MAX_POS)
-        return kvt__fail(KVT_EFORMAT, "%s: the block says %d tokens at position %d (positions are 0..%d)", what,
-                         blob->n_tokens, p0, KVT__MAX_POS - 1);
+        return kvt__fail(KVT_EFORMAT, "%s: the block says %d tokens at position %d (positions are 0..%d)", what, blob->n_tokens, p0,
+                         KVT__MAX_POS - 1);
     if (new_p0 < 0 || (int64_t) new_p0 + blob->n_tokens > KVT__MAX_POS)
-        return kvt__fail(KVT_EINVAL, "%s at position %d: its %d tokens would pass position %d", what, new_p0,
-                         blob->n_tokens, KVT__MAX_POS - 1);
+        return kvt__fail(KVT_EINVAL, "%s at position %d: its %d tokens would pass position %d", what, new_p0, blob->n_tokens,
+                         KVT__MAX_POS - 1);
     if (blob->n_cells < 0 || L->part[0].n_cells != (uint32_t) blob->n_cells)
         return kvt__fail(KVT_EFORMAT, "%s: the block's bytes hold %u cells, the block says %d", what, L->part[0].n_cells,
                          blob->n_cells);
@@ -200,8 +211,8 @@ static int check_blob(const kvt_blob *blob, const struct kvt__blob_layout *L, kv
         kvt__blob_positions(blob->data, L, p, pos);
         for (uint32_t c = 0; c < n && rc == 0; c++)
             if (pos[c] < p0 || pos[c] - p0 >= blob->n_tokens)
-                rc = kvt__fail(KVT_EFORMAT, "%s: cell %u of part %d is at position %d, outside the block's [%d, %d)", what,
-                               c, p, pos[c], p0, p0 + blob->n_tokens);
+                rc = kvt__fail(KVT_EFORMAT, "%s: cell %u of part %d is at position %d, outside the block's [%d, %d)", what, c, p,
+                               pos[c], p0, p0 + blob->n_tokens);
         qsort(pos, n, sizeof *pos, cmp_pos);
         for (uint32_t c = 1; c < n && rc == 0; c++)
             if (pos[c] == pos[c - 1])
@@ -247,10 +258,20 @@ int kvt_block_save(kvt_engine *e, int32_t seq, kvt_pos p0, kvt_pos p1, kvt_blob 
     kvt_blob *b = calloc(1, sizeof *b);
     if (!b) return kvt__fail(KVT_ENOMEM, "blob");
     rc = e->unified ? save_unified(e, seq, p0, p1, b) : save_streams(e, seq, p0, p1, b);
-    if (rc) { free(b); return rc; }
+    if (rc) {
+        free(b);
+        return rc;
+    }
     struct kvt__blob_layout *L = malloc(sizeof *L);
-    if (!L) { kvt_blob_free(b); return kvt__fail(KVT_ENOMEM, "blob"); }
-    if ((rc = kvt__blob_parse(b->data, b->size, e->n_parts, L))) { free(L); kvt_blob_free(b); return rc; }
+    if (!L) {
+        kvt_blob_free(b);
+        return kvt__fail(KVT_ENOMEM, "blob");
+    }
+    if ((rc = kvt__blob_parse(b->data, b->size, e->n_parts, L))) {
+        free(L);
+        kvt_blob_free(b);
+        return rc;
+    }
     if (L->part[0].n_cells == 0) {
         free(L);
         kvt_blob_free(b);
@@ -269,8 +290,7 @@ int kvt_block_save(kvt_engine *e, int32_t seq, kvt_pos p0, kvt_pos p1, kvt_blob 
 
 /* ---- load ---- */
 
-static int load_unified(kvt_engine *e, const kvt_blob *blob, const struct kvt__blob_layout *L, int32_t seq,
-                        int32_t delta) {
+static int load_unified(kvt_engine *e, const kvt_blob *blob, const struct kvt__blob_layout *L, int32_t seq, int32_t delta) {
     llama_memory_t mem = llama_get_memory(e->ctx);
     const uint8_t *src = blob->data;
     size_t n = blob->size;
@@ -290,7 +310,10 @@ static int load_unified(kvt_engine *e, const kvt_blob *blob, const struct kvt__b
         if (rc == 0 && e->info.reanchor == KVT_REANCHOR_HOST && delta != 0)
             rc = kvt__blob_reanchor(tmp, T, delta, e->info.n_head_kv, e->rope);
         free(T);
-        if (rc) { free(tmp); return rc; }
+        if (rc) {
+            free(tmp);
+            return rc;
+        }
         if (e->test_corrupt_part >= 0) corrupt_for_test(e, tmp, n);
         src = tmp;
     }
@@ -299,8 +322,10 @@ static int load_unified(kvt_engine *e, const kvt_blob *blob, const struct kvt__b
     free(tmp);
     if (r != n) {
         llama_memory_seq_rm(mem, e->seq_b, -1, -1);
-        return kvt__fail(KVT_ECTX, "block load of %d tokens failed (llama.cpp read %zu of %zu bytes): no free KV cells "
-                         "or a blob from another model/cache layout", blob->n_tokens, r, n);
+        return kvt__fail(KVT_ECTX,
+                         "block load of %d tokens failed (llama.cpp read %zu of %zu bytes): no free KV cells "
+                         "or a blob from another model/cache layout",
+                         blob->n_tokens, r, n);
     }
     if (e->info.reanchor == KVT_REANCHOR_SEQ_ADD && delta != 0) {
         llama_memory_seq_add(mem, e->seq_b, -1, -1, delta);
@@ -314,8 +339,8 @@ static int load_unified(kvt_engine *e, const kvt_blob *blob, const struct kvt__b
 /* Streams, SEQ_ADD path, when the block's old positions overlap the target's cells: llama.cpp's
 ** K-shift of the block alone, in the scratch stream, applied at once by one more token there.
 ** OUT *out: the shifted block in canonical form (caller frees). */
-static int shift_in_scratch(kvt_engine *e, const kvt_blob *blob, const struct kvt__blob_layout *L, int32_t delta,
-                            uint8_t **out, size_t *out_n) {
+static int shift_in_scratch(kvt_engine *e, const kvt_blob *blob, const struct kvt__blob_layout *L, int32_t delta, uint8_t **out,
+                            size_t *out_n) {
     llama_memory_t mem = llama_get_memory(e->ctx);
     const int32_t s = e->seq_flush;
     uint8_t *in = NULL;
@@ -332,8 +357,8 @@ static int shift_in_scratch(kvt_engine *e, const kvt_blob *blob, const struct kv
     free(in);
     if (r != in_n) {
         llama_memory_seq_rm(mem, s, -1, -1);
-        return kvt__fail(KVT_ELLAMA, "block load: llama_state_seq_set_data read %zu of %zu bytes into the scratch sequence %d",
-                         r, in_n, s);
+        return kvt__fail(KVT_ELLAMA, "block load: llama_state_seq_set_data read %zu of %zu bytes into the scratch sequence %d", r,
+                         in_n, s);
     }
     llama_memory_seq_add(mem, s, -1, -1, delta);
     kvt_token t = 0;
@@ -351,8 +376,7 @@ static int shift_in_scratch(kvt_engine *e, const kvt_blob *blob, const struct kv
 
 /* Streams: the target's cells plus the block's (re-anchored, positions rewritten), SWA cells
 ** trimmed to the new window, one set_data; on failure the previous cells are put back. */
-static int load_streams(kvt_engine *e, const kvt_blob *blob, const struct kvt__blob_layout *Lb, int32_t seq,
-                        int32_t delta) {
+static int load_streams(kvt_engine *e, const kvt_blob *blob, const struct kvt__blob_layout *Lb, int32_t seq, int32_t delta) {
     int rc = kvt__engine_flush_shift(e); /* a pending shift must land in K before the state is read */
     if (rc) return rc;
     struct state *cur = NULL, *blk = NULL;
@@ -397,7 +421,10 @@ static int load_streams(kvt_engine *e, const kvt_blob *blob, const struct kvt__b
         if (!overlap) {
             pending = delta;
         } else {
-            if (!(blk = calloc(1, sizeof *blk))) { rc = kvt__fail(KVT_ENOMEM, "block load"); goto out; }
+            if (!(blk = calloc(1, sizeof *blk))) {
+                rc = kvt__fail(KVT_ENOMEM, "block load");
+                goto out;
+            }
             if ((rc = shift_in_scratch(e, blob, Lb, delta, &blk->buf, &blk->n)) ||
                 (rc = kvt__blob_parse(blk->buf, blk->n, e->n_parts, &blk->L)))
                 goto out;
@@ -432,8 +459,8 @@ int kvt_block_load(kvt_engine *e, const kvt_blob *blob, int32_t seq, kvt_pos new
     if (!kvt__engine_seq_ok(e, seq) || seq >= e->p.n_seq) return kvt__fail(KVT_EINVAL, "block load: sequence id %d", seq);
     kvt_pos tail = kvt__pm_max(&e->pm[seq]);
     if (new_p0 <= tail)
-        return kvt__fail(KVT_EINVAL, "block load at position %d: sequence %d already holds position %d (load at the tail)",
-                         new_p0, seq, tail);
+        return kvt__fail(KVT_EINVAL, "block load at position %d: sequence %d already holds position %d (load at the tail)", new_p0,
+                         seq, tail);
     struct kvt__blob_layout *L = malloc(sizeof *L);
     if (!L) return kvt__fail(KVT_ENOMEM, "block load");
     int rc = kvt__blob_parse(blob->data, blob->size, e->n_parts, L);
@@ -464,7 +491,10 @@ static int load_many_streams(kvt_engine *e, const kvt_blob *const *blobs, int32_
     struct kvt__blob_layout *Lref = malloc(sizeof *Lref);
     uint8_t *asm_buf = NULL;
     size_t asm_n = 0;
-    if (!tmp || !src || !Lref) { rc = kvt__fail(KVT_ENOMEM, "load of %d blocks", n); goto out; }
+    if (!tmp || !src || !Lref) {
+        rc = kvt__fail(KVT_ENOMEM, "load of %d blocks", n);
+        goto out;
+    }
     if ((rc = kvt__blob_parse(e->ref, e->ref_n, e->n_parts, Lref)) || (rc = state_get(e, seq, &cur))) goto out;
     int64_t n_cells = cur->L.part[0].n_cells;
     kvt_pos new_max = kvt__pm_max(&e->pm[seq]);
@@ -478,18 +508,21 @@ static int load_many_streams(kvt_engine *e, const kvt_blob *const *blobs, int32_
         goto out;
     }
     const kvt_pos win = swa_lo(e, new_max);
-    src[0] = (struct kvt__blob_src) { e->ref, Lref, { 0, 0 }, { 0, 0 }, 0 };
-    src[1] = (struct kvt__blob_src) { cur->buf, &cur->L, { INT32_MIN, win }, { INT32_MAX, INT32_MAX }, 0 };
+    src[0] = (struct kvt__blob_src){ e->ref, Lref, { 0, 0 }, { 0, 0 }, 0 };
+    src[1] = (struct kvt__blob_src){ cur->buf, &cur->L, { INT32_MIN, win }, { INT32_MAX, INT32_MAX }, 0 };
     for (int32_t i = 0; i < n; i++) {
         const int32_t delta = new_p0[i] - blobs[i]->p0;
         const uint8_t *buf = blobs[i]->data;
         if (delta != 0) {
-            if (!(tmp[i] = malloc(blobs[i]->size))) { rc = kvt__fail(KVT_ENOMEM, "block copy of %zu bytes", blobs[i]->size); goto out; }
+            if (!(tmp[i] = malloc(blobs[i]->size))) {
+                rc = kvt__fail(KVT_ENOMEM, "block copy of %zu bytes", blobs[i]->size);
+                goto out;
+            }
             memcpy(tmp[i], blobs[i]->data, blobs[i]->size);
             if ((rc = kvt__blob_reanchor(tmp[i], &Ls[i], delta, e->info.n_head_kv, e->rope))) goto out;
             buf = tmp[i];
         }
-        src[i + 2] = (struct kvt__blob_src) { buf, &Ls[i], { INT32_MIN, win }, { INT32_MAX, INT32_MAX }, 0 };
+        src[i + 2] = (struct kvt__blob_src){ buf, &Ls[i], { INT32_MIN, win }, { INT32_MAX, INT32_MAX }, 0 };
     }
     if ((rc = kvt__blob_write(src, n + 2, e->n_parts, e->n_stream, (uint32_t) seq, seq, &asm_buf, &asm_n))) goto out;
     rc = replace_seq(e, seq, asm_buf, asm_n, cur, "load of blocks");
@@ -517,8 +550,10 @@ int kvt_blocks_load(kvt_engine *e, const kvt_blob *const *blobs, int32_t n, int3
         snprintf(what, sizeof what, "load of blocks: block %d", i);
         if (!blobs[i] || !blobs[i]->data) rc = kvt__fail(KVT_EINVAL, "%s is NULL", what);
         else if (new_p0[i] <= prev)
-            rc = kvt__fail(KVT_EINVAL, "%s at position %d is not past position %d (blocks go in ascending order at the "
-                           "tail)", what, new_p0[i], prev);
+            rc = kvt__fail(KVT_EINVAL,
+                           "%s at position %d is not past position %d (blocks go in ascending order at the "
+                           "tail)",
+                           what, new_p0[i], prev);
         if (rc == 0) rc = kvt__blob_parse(blobs[i]->data, blobs[i]->size, e->n_parts, &Ls[i]);
         if (rc == 0 && Ls[i].part[0].n_cells == 0) rc = kvt__fail(KVT_EFORMAT, "%s holds no cells", what);
         if (rc == 0) rc = check_blob(blobs[i], &Ls[i], new_p0[i], what);
@@ -526,7 +561,10 @@ int kvt_blocks_load(kvt_engine *e, const kvt_blob *const *blobs, int32_t n, int3
         if (rc == 0) prev = new_p0[i] + blobs[i]->n_tokens - 1;
     }
     if (rc == 0) rc = kvt__pm_reserve(&e->pm[seq], prev); /* the sets after the write cannot fail */
-    if (rc) { free(Ls); return rc; }
+    if (rc) {
+        free(Ls);
+        return rc;
+    }
     if (e->unified || e->info.reanchor != KVT_REANCHOR_HOST) { /* one by one; on error the loaded ones go again */
         free(Ls);
         kvt_pos tail = kvt__pm_max(&e->pm[seq]);
@@ -559,8 +597,7 @@ int kvt__engine_seq_cp_host(kvt_engine *e, int32_t src, int32_t dst, kvt_pos p0,
     size_t asm_n = 0;
     struct kvt__blob_layout *Lref = malloc(sizeof *Lref);
     if (!Lref) return kvt__fail(KVT_ENOMEM, "seq_cp");
-    if ((rc = kvt__blob_parse(e->ref, e->ref_n, e->n_parts, Lref)) || (rc = state_get(e, src, &S)) ||
-        (rc = state_get(e, dst, &D)))
+    if ((rc = kvt__blob_parse(e->ref, e->ref_n, e->n_parts, Lref)) || (rc = state_get(e, src, &S)) || (rc = state_get(e, dst, &D)))
         goto out;
     int32_t n = 0;
     kvt_pos s_max = -1;
@@ -569,8 +606,10 @@ int kvt__engine_seq_cp_host(kvt_engine *e, int32_t src, int32_t dst, kvt_pos p0,
         if (pp < lo || pp >= hi) continue;
         const struct posmap *m = &e->pm[dst];
         if (pp < m->cap && (m->bits[pp >> 3] & (1u << (pp & 7)))) {
-            rc = kvt__fail(KVT_EINVAL, "seq_cp from %d to %d: sequence %d already holds position %d (with one stream per "
-                           "sequence a copy is a copy: the positions must be free)", src, dst, dst, pp);
+            rc = kvt__fail(KVT_EINVAL,
+                           "seq_cp from %d to %d: sequence %d already holds position %d (with one stream per "
+                           "sequence a copy is a copy: the positions must be free)",
+                           src, dst, dst, pp);
             goto out;
         }
         n++;
@@ -626,7 +665,10 @@ int kvt_blob_dup(const kvt_blob *b, kvt_blob **out) {
     if (!n) return kvt__fail(KVT_ENOMEM, "blob");
     *n = *b;
     n->data = malloc(b->size);
-    if (!n->data) { free(n); return kvt__fail(KVT_ENOMEM, "blob of %zu bytes", b->size); }
+    if (!n->data) {
+        free(n);
+        return kvt__fail(KVT_ENOMEM, "blob of %zu bytes", b->size);
+    }
     memcpy(n->data, b->data, b->size);
     *out = n;
     return 0;
@@ -638,8 +680,8 @@ void kvt_engine_set_unsafe_corrupt_next_load(kvt_engine *e, int part) { e->test_
 
 bool kvt_engine_shift_pending(const kvt_engine *e) { return e->shift_pending; }
 
-int kvt_blob_k_rows(const kvt_engine *e, const kvt_blob *blob, int part, int il, float **k, kvt_pos **pos,
-                    int32_t *n_cells, int32_t *row_elems) {
+int kvt_blob_k_rows(const kvt_engine *e, const kvt_blob *blob, int part, int il, float **k, kvt_pos **pos, int32_t *n_cells,
+                    int32_t *row_elems) {
     struct kvt__blob_layout L;
     *k = NULL;
     *pos = NULL;
@@ -650,7 +692,11 @@ int kvt_blob_k_rows(const kvt_engine *e, const kvt_blob *blob, int part, int il,
     if ((rc = kvt__blob_k_f32(blob->data, &L, part, il, NULL, row_elems))) return rc;
     float *kk = malloc(sizeof(float) * (nc ? nc : 1) * (size_t) (*row_elems ? *row_elems : 1));
     kvt_pos *pp = malloc(sizeof(kvt_pos) * (nc ? nc : 1));
-    if (!kk || !pp) { free(kk); free(pp); return kvt__fail(KVT_ENOMEM, "K rows"); }
+    if (!kk || !pp) {
+        free(kk);
+        free(pp);
+        return kvt__fail(KVT_ENOMEM, "K rows");
+    }
     if (nc) kvt__blob_k_f32(blob->data, &L, part, il, kk, row_elems);
     for (uint32_t c = 0; c < nc; c++) pp[c] = kvt__blob_cell_pos(blob->data, &L, part, c);
     *k = kk;

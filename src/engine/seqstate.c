@@ -20,15 +20,17 @@ static int tensor_of(const struct kvt__blob_part *P, uint8_t *buf, uint32_t l, i
     const int32_t type = kind == KVT__SEC_K ? P->k_type[l] : P->v_type[l];
     const uint32_t es = type == GGML_TYPE_F16 ? 2 : type == GGML_TYPE_F32 ? 4 : 0;
     if (!es)
-        return kvt__fail(KVT_EUNSUPPORTED, "elastic: part %d layer %u: %s cache type %s cannot be thresholded (F16 or F32 "
-                         "only)", p, l, kind == KVT__SEC_K ? "K" : "V", ggml_type_name((enum ggml_type) type));
+        return kvt__fail(KVT_EUNSUPPORTED,
+                         "elastic: part %d layer %u: %s cache type %s cannot be thresholded (F16 or F32 "
+                         "only)",
+                         p, l, kind == KVT__SEC_K ? "K" : "V", ggml_type_name((enum ggml_type) type));
     if (kind == KVT__SEC_K) {
-        *m = (struct kvt__mat) { buf + P->k_off[l], P->n_cells, (uint32_t) (P->k_row_bytes[l] / es), es, false };
+        *m = (struct kvt__mat){ buf + P->k_off[l], P->n_cells, (uint32_t) (P->k_row_bytes[l] / es), es, false };
     } else if (P->v_trans) {
         if (P->v_row_bytes[l] != es) return kvt__fail(KVT_EFORMAT, "elastic: part %d layer %u: V element size", p, l);
-        *m = (struct kvt__mat) { buf + P->v_off[l], P->n_cells, P->v_n_embd[l], es, true };
+        *m = (struct kvt__mat){ buf + P->v_off[l], P->n_cells, P->v_n_embd[l], es, true };
     } else {
-        *m = (struct kvt__mat) { buf + P->v_off[l], P->n_cells, (uint32_t) (P->v_row_bytes[l] / es), es, false };
+        *m = (struct kvt__mat){ buf + P->v_off[l], P->n_cells, (uint32_t) (P->v_row_bytes[l] / es), es, false };
     }
     return 0;
 }
@@ -41,10 +43,10 @@ static uint64_t splitmix(uint64_t *s) {
 }
 
 struct work {
-    float    *x;      /* [n_elig * E]: the eligible cells' elements, F32 */
-    uint32_t *cells;  /* [n_cells]: eligible cell indices */
-    uint32_t *idx;    /* random control: candidate element indices of one head */
-    size_t    cap_x, cap_cells, cap_idx;
+    float *x;        /* [n_elig * E]: the eligible cells' elements, F32 */
+    uint32_t *cells; /* [n_cells]: eligible cell indices */
+    uint32_t *idx;   /* random control: candidate element indices of one head */
+    size_t cap_x, cap_cells, cap_idx;
 };
 
 static int grow(void **p, size_t *cap, size_t need, size_t el) {
@@ -82,8 +84,8 @@ static inline float get(const struct kvt__mat *m, size_t i) {
 static inline void zero(const struct kvt__mat *m, size_t i) { memset(m->base + i * m->elsize, 0, m->elsize); }
 
 /* Threshold one tensor: eligible cells cells[0..n), scale s.  Adds to st. */
-static int threshold(const struct kvt__mat *m, const uint32_t *cells, uint32_t n, int n_head, float s, bool random,
-                     float frac, uint64_t *rng, struct work *w, struct kvt_elastic_stats *st) {
+static int threshold(const struct kvt__mat *m, const uint32_t *cells, uint32_t n, int n_head, float s, bool random, float frac,
+                     uint64_t *rng, struct work *w, struct kvt_elastic_stats *st) {
     const uint32_t E = m->n_embd, hd = E / (uint32_t) n_head;
     int rc;
     if ((rc = grow((void **) &w->x, &w->cap_x, (size_t) n * E + 1, sizeof *w->x))) return rc;
@@ -168,8 +170,7 @@ int kvt_seq_elastic(kvt_engine *e, int32_t seq, const struct kvt_elastic_params 
     if (!p) return kvt__fail(KVT_EINVAL, "elastic: no parameters");
     if (!kvt__engine_seq_ok(e, seq)) return kvt__fail(KVT_EINVAL, "elastic: sequence %d is out of range", seq);
     if (!(isfinite(p->s_k) && isfinite(p->s_v) && p->s_k >= 0 && p->s_v >= 0))
-        return kvt__fail(KVT_EINVAL, "elastic: scales s_k %g, s_v %g must be finite and >= 0", (double) p->s_k,
-                         (double) p->s_v);
+        return kvt__fail(KVT_EINVAL, "elastic: scales s_k %g, s_v %g must be finite and >= 0", (double) p->s_k, (double) p->s_v);
     if (!(p->random_frac >= 0 && p->random_frac <= 1))
         return kvt__fail(KVT_EINVAL, "elastic: random_frac %g is outside [0, 1]", (double) p->random_frac);
     if (p->p0 > p->p1) return kvt__fail(KVT_EINVAL, "elastic: range [%d, %d) is reversed", p->p0, p->p1);
@@ -184,7 +185,10 @@ int kvt_seq_elastic(kvt_engine *e, int32_t seq, const struct kvt_elastic_params 
     struct work w;
     memset(&w, 0, sizeof w);
     uint64_t rng = p->seed;
-    if (!L || kvt__fault_check(KVT__FAULT_ELASTIC_ALLOC)) { rc = kvt__fail(KVT_ENOMEM, "elastic: state layout"); goto out; }
+    if (!L || kvt__fault_check(KVT__FAULT_ELASTIC_ALLOC)) {
+        rc = kvt__fail(KVT_ENOMEM, "elastic: state layout");
+        goto out;
+    }
     if ((rc = kvt__engine_save_seq(e, seq, &prev, &n)) || (rc = kvt__blob_parse(prev, n, e->n_parts, L))) goto out;
     if (!(buf = malloc(n)) || kvt__fault_check(KVT__FAULT_ELASTIC_ALLOC)) {
         rc = kvt__fail(KVT_ENOMEM, "elastic: copy of the %zu-byte state", n);
@@ -195,7 +199,10 @@ int kvt_seq_elastic(kvt_engine *e, int32_t seq, const struct kvt_elastic_params 
         const struct kvt__blob_part *P = &L->part[part];
         if (!P->n_cells) continue;
         uint8_t *el = realloc(eligible, P->n_cells);
-        if (!el) { rc = kvt__fail(KVT_ENOMEM, "elastic: cell map"); goto out; }
+        if (!el) {
+            rc = kvt__fail(KVT_ENOMEM, "elastic: cell map");
+            goto out;
+        }
         eligible = el;
         if ((rc = grow((void **) &w.cells, &w.cap_cells, P->n_cells, sizeof *w.cells))) goto out;
         uint32_t n_el = 0;
@@ -209,8 +216,10 @@ int kvt_seq_elastic(kvt_engine *e, int32_t seq, const struct kvt_elastic_params 
                 struct kvt__mat m = { 0 };
                 if ((rc = tensor_of(P, buf, l, kind, part, &m))) goto out;
                 if (m.n_embd % (uint32_t) n_head) {
-                    rc = kvt__fail(KVT_EUNSUPPORTED, "elastic: part %d layer %u: %u channels are not a multiple of %d "
-                                   "KV heads", part, l, m.n_embd, n_head);
+                    rc = kvt__fail(KVT_EUNSUPPORTED,
+                                   "elastic: part %d layer %u: %u channels are not a multiple of %d "
+                                   "KV heads",
+                                   part, l, m.n_embd, n_head);
                     goto out;
                 }
                 const float s = kind == KVT__SEC_K ? p->s_k : p->s_v;

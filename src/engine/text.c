@@ -5,8 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-int kvt_tokenize(kvt_engine *e, const char *text, bool add_bos, bool parse_special, kvt_token **tokens,
-                 int32_t *n_tokens) {
+int kvt_tokenize(kvt_engine *e, const char *text, bool add_bos, bool parse_special, kvt_token **tokens, int32_t *n_tokens) {
     *tokens = NULL;
     *n_tokens = 0;
     if (!text) return kvt__fail(KVT_EINVAL, "tokenize: NULL text");
@@ -21,10 +20,16 @@ int kvt_tokenize(kvt_engine *e, const char *text, bool add_bos, bool parse_speci
     if (n < 0) {
         cap = -n;
         kvt_token *t2 = realloc(t, sizeof(kvt_token) * (size_t) cap);
-        if (!t2) { free(t); return kvt__fail(KVT_ENOMEM, "tokenize"); }
+        if (!t2) {
+            free(t);
+            return kvt__fail(KVT_ENOMEM, "tokenize");
+        }
         t = t2;
         n = llama_tokenize(e->vocab, text, (int32_t) len, t, cap, add_bos, parse_special);
-        if (n < 0) { free(t); return kvt__fail(KVT_ELLAMA, "llama_tokenize failed"); }
+        if (n < 0) {
+            free(t);
+            return kvt__fail(KVT_ELLAMA, "llama_tokenize failed");
+        }
     }
     *tokens = t;
     *n_tokens = n;
@@ -40,10 +45,16 @@ int kvt_detokenize(kvt_engine *e, const kvt_token *tokens, int32_t n, bool rende
     if (r < 0) {
         cap = -r + 1;
         char *b2 = realloc(buf, (size_t) cap);
-        if (!b2) { free(buf); return kvt__fail(KVT_ENOMEM, "detokenize"); }
+        if (!b2) {
+            free(buf);
+            return kvt__fail(KVT_ENOMEM, "detokenize");
+        }
         buf = b2;
         r = llama_detokenize(e->vocab, tokens, n, buf, cap - 1, false, render_special);
-        if (r < 0) { free(buf); return kvt__fail(KVT_ELLAMA, "llama_detokenize failed"); }
+        if (r < 0) {
+            free(buf);
+            return kvt__fail(KVT_ELLAMA, "llama_detokenize failed");
+        }
     }
     buf[r] = '\0';
     *text = buf;
@@ -63,8 +74,7 @@ int kvt_chat_tokenize(kvt_engine *e, const struct kvt_chat_msg *msgs, int32_t n,
     return rc;
 }
 
-int kvt_chat_format(kvt_engine *e, const struct kvt_chat_msg *msgs, int32_t n, bool add_ass, const char *fallback,
-                    char **text) {
+int kvt_chat_format(kvt_engine *e, const struct kvt_chat_msg *msgs, int32_t n, bool add_ass, const char *fallback, char **text) {
     *text = NULL;
     const char *tmpl = llama_model_chat_template(e->model, NULL);
     if (!tmpl) tmpl = fallback ? fallback : "chatml";
@@ -82,11 +92,18 @@ int kvt_chat_format(kvt_engine *e, const struct kvt_chat_msg *msgs, int32_t n, b
         total += strlen(cm[i].content) + 64;
     }
     char *buf = malloc(total * 2);
-    if (!buf) { free(cm); return kvt__fail(KVT_ENOMEM, "chat format"); }
+    if (!buf) {
+        free(cm);
+        return kvt__fail(KVT_ENOMEM, "chat format");
+    }
     int32_t r = llama_chat_apply_template(tmpl, cm, (size_t) n, add_ass, buf, (int32_t) (total * 2));
     if (r > (int32_t) (total * 2)) {
         char *b2 = realloc(buf, (size_t) r + 1);
-        if (!b2) { free(buf); free(cm); return kvt__fail(KVT_ENOMEM, "chat format"); }
+        if (!b2) {
+            free(buf);
+            free(cm);
+            return kvt__fail(KVT_ENOMEM, "chat format");
+        }
         buf = b2;
         r = llama_chat_apply_template(tmpl, cm, (size_t) n, add_ass, buf, r + 1);
     }

@@ -22,23 +22,23 @@ struct rd {
 
 static int rd_bytes(struct rd *r, void *dst, size_t k, const char *what) {
     if (k > r->n - r->off)
-        return kvt__fail(KVT_EFORMAT, "KV block truncated: %s at byte %zu needs %zu bytes, %zu left",
-                         what, r->off, k, r->n - r->off);
+        return kvt__fail(KVT_EFORMAT, "KV block truncated: %s at byte %zu needs %zu bytes, %zu left", what, r->off, k,
+                         r->n - r->off);
     if (dst) memcpy(dst, r->buf + r->off, k);
     r->off += k;
     return 0;
 }
 
-#define RD(r, v, what)                                          \
-    do {                                                        \
-        int rc_ = rd_bytes((r), &(v), sizeof(v), (what));       \
-        if (rc_) return rc_;                                    \
+#define RD(r, v, what)                                    \
+    do {                                                  \
+        int rc_ = rd_bytes((r), &(v), sizeof(v), (what)); \
+        if (rc_) return rc_;                              \
     } while (0)
 
 static int skip(struct rd *r, uint64_t k, const char *what) {
     if (k > r->n - r->off)
-        return kvt__fail(KVT_EFORMAT, "KV block truncated: %s at byte %zu needs %llu bytes, %zu left",
-                         what, r->off, (unsigned long long) k, r->n - r->off);
+        return kvt__fail(KVT_EFORMAT, "KV block truncated: %s at byte %zu needs %llu bytes, %zu left", what, r->off,
+                         (unsigned long long) k, r->n - r->off);
     r->off += (size_t) k;
     return 0;
 }
@@ -60,8 +60,8 @@ static int parse_record(struct rd *r, struct kvt__blob_part *P) {
         uint32_t n_seq_id = 0;
         RD(r, pos, "cell pos");
         if (pos < 0 || pos >= KVT__MAX_POS)
-            return kvt__fail(KVT_EFORMAT, "KV block cell %u at byte %zu has position %d (0..%d expected)", c,
-                             r->off - 4, pos, KVT__MAX_POS - 1);
+            return kvt__fail(KVT_EFORMAT, "KV block cell %u at byte %zu has position %d (0..%d expected)", c, r->off - 4, pos,
+                             KVT__MAX_POS - 1);
         RD(r, n_seq_id, "cell n_seq_id");
         if (n_seq_id > 64) return kvt__fail(KVT_EFORMAT, "KV block cell %u has %u seq ids", c, n_seq_id);
         P->cells_fixed &= n_seq_id == 1;
@@ -76,8 +76,8 @@ static int parse_record(struct rd *r, struct kvt__blob_part *P) {
         RD(r, P->k_type[l], "k type");
         RD(r, P->k_row_bytes[l], "k row bytes");
         if (P->k_row_bytes[l] == 0 || P->k_row_bytes[l] > (1u << 24) || !type_ok(P->k_type[l], P->k_row_bytes[l]))
-            return kvt__fail(KVT_EFORMAT, "KV block layer %u: bad K type %d / row bytes %llu", l,
-                             P->k_type[l], (unsigned long long) P->k_row_bytes[l]);
+            return kvt__fail(KVT_EFORMAT, "KV block layer %u: bad K type %d / row bytes %llu", l, P->k_type[l],
+                             (unsigned long long) P->k_row_bytes[l]);
         P->k_off[l] = r->off;
         int rc = skip(r, P->k_row_bytes[l] * P->n_cells, "K rows");
         if (rc) return rc;
@@ -100,8 +100,8 @@ static int parse_record(struct rd *r, struct kvt__blob_part *P) {
             RD(r, ne, "n_embd_v");
             if (el == 0 || el > 64 || ne > (1u << 20) || !type_ok(P->v_type[l], el) ||
                 el != ggml_type_size((enum ggml_type) P->v_type[l]))
-                return kvt__fail(KVT_EFORMAT, "KV block layer %u: transposed V of %u elements of %u bytes, type %d", l,
-                                 ne, el, P->v_type[l]);
+                return kvt__fail(KVT_EFORMAT, "KV block layer %u: transposed V of %u elements of %u bytes, type %d", l, ne, el,
+                                 P->v_type[l]);
             P->v_row_bytes[l] = el;
             P->v_n_embd[l] = ne;
             P->v_off[l] = r->off;
@@ -132,8 +132,8 @@ static int parse_part(struct rd *r, struct kvt__blob_part *P) {
         RD(r, nc, "cell_count");
         if (nc == 0) continue;
         if (seen) /* llama.cpp would load each record over the previous one: only the last survives */
-            return kvt__fail(KVT_EFORMAT, "KV block part has cells in streams %u and %u (one sequence's state has one)",
-                             P->slot, s);
+            return kvt__fail(KVT_EFORMAT, "KV block part has cells in streams %u and %u (one sequence's state has one)", P->slot,
+                             s);
         seen = true;
         P->slot = s;
         P->n_cells = nc;
@@ -160,8 +160,8 @@ int kvt__blob_parse(const uint8_t *buf, size_t n, int n_parts, struct kvt__blob_
     }
     out->end = r.off;
     if (r.off != n)
-        return kvt__fail(KVT_EFORMAT, "KV block has %zu trailing bytes after %d parts (%zu of %zu used)",
-                         n - r.off, n_parts, r.off, n);
+        return kvt__fail(KVT_EFORMAT, "KV block has %zu trailing bytes after %d parts (%zu of %zu used)", n - r.off, n_parts, r.off,
+                         n);
     return 0;
 }
 
@@ -197,9 +197,9 @@ void kvt__blob_positions(const uint8_t *buf, const struct kvt__blob_layout *L, i
 /* ---- writer ---- */
 
 struct selection {
-    uint32_t *idx;  /* cell indices of the source part, in cell order */
-    int32_t  *pos;  /* their positions, delta applied */
-    uint32_t  n;
+    uint32_t *idx; /* cell indices of the source part, in cell order */
+    int32_t *pos;  /* their positions, delta applied */
+    uint32_t n;
 };
 
 /* pos moved by delta, if that stays in [0, KVT__MAX_POS). */
@@ -239,14 +239,17 @@ static int select_cells(const struct kvt__blob_src *S, int p, struct selection *
 /* Same layers, types and row sizes: cells of both can share one record. */
 static int same_layout(const struct kvt__blob_part *A, const struct kvt__blob_part *B, int p) {
     if (A->v_trans != B->v_trans || A->n_layer != B->n_layer)
-        return kvt__fail(KVT_EFORMAT, "KV blocks of another cache layout: part %d has v_trans %u and %u layers, "
-                         "the other %u and %u", p, B->v_trans, B->n_layer, A->v_trans, A->n_layer);
+        return kvt__fail(KVT_EFORMAT,
+                         "KV blocks of another cache layout: part %d has v_trans %u and %u layers, "
+                         "the other %u and %u",
+                         p, B->v_trans, B->n_layer, A->v_trans, A->n_layer);
     for (uint32_t l = 0; l < A->n_layer; l++)
         if (A->k_type[l] != B->k_type[l] || A->k_row_bytes[l] != B->k_row_bytes[l] || A->v_type[l] != B->v_type[l] ||
             A->v_row_bytes[l] != B->v_row_bytes[l] || A->v_n_embd[l] != B->v_n_embd[l])
-            return kvt__fail(KVT_EFORMAT, "KV blocks of another cache layout: part %d layer %u has K type %d (%llu-byte rows), "
-                             "V type %d, the other K type %d (%llu-byte rows), V type %d", p, l, B->k_type[l],
-                             (unsigned long long) B->k_row_bytes[l], B->v_type[l], A->k_type[l],
+            return kvt__fail(KVT_EFORMAT,
+                             "KV blocks of another cache layout: part %d layer %u has K type %d (%llu-byte rows), "
+                             "V type %d, the other K type %d (%llu-byte rows), V type %d",
+                             p, l, B->k_type[l], (unsigned long long) B->k_row_bytes[l], B->v_type[l], A->k_type[l],
                              (unsigned long long) A->k_row_bytes[l], A->v_type[l]);
     return 0;
 }
@@ -261,10 +264,10 @@ static void put(struct wr *w, const void *d, size_t k) {
     w->off += k;
 }
 
-#define PUT(w, T, v)                  \
-    do {                              \
-        T v_ = (T) (v);               \
-        put((w), &v_, sizeof v_);     \
+#define PUT(w, T, v)              \
+    do {                          \
+        T v_ = (T) (v);           \
+        put((w), &v_, sizeof v_); \
     } while (0)
 
 /* Copy the selected cells' pieces of size `el` from base (piece of cell c at base + c * el),
@@ -280,8 +283,8 @@ static void put_runs(struct wr *w, const uint8_t *base, const struct selection *
 
 enum { MAX_SRC = 1 << 16 }; /* a prefix load passes one source per block */
 
-int kvt__blob_write(const struct kvt__blob_src *src, int n_src, int n_parts, uint32_t n_stream, uint32_t slot,
-                    int32_t seq, uint8_t **out, size_t *n) {
+int kvt__blob_write(const struct kvt__blob_src *src, int n_src, int n_parts, uint32_t n_stream, uint32_t slot, int32_t seq,
+                    uint8_t **out, size_t *n) {
     *out = NULL;
     *n = 0;
     if (n_parts < 1 || n_parts > 2 || n_src < 0 || n_src > MAX_SRC || n_stream < 1 || n_stream > KVT__MAX_STREAMS ||
@@ -290,7 +293,7 @@ int kvt__blob_write(const struct kvt__blob_src *src, int n_src, int n_parts, uin
     for (int i = 0; i < n_src; i++)
         if (src[i].L->n_parts != n_parts)
             return kvt__fail(KVT_EFORMAT, "KV block source %d has %d parts, the cache %d", i, src[i].L->n_parts, n_parts);
-    struct selection (*sel)[2] = calloc((size_t) (n_src > 0 ? n_src : 1), sizeof *sel);
+    struct selection(*sel)[2] = calloc((size_t) (n_src > 0 ? n_src : 1), sizeof *sel);
     if (!sel) return kvt__fail(KVT_ENOMEM, "KV block writer: %d sources", n_src);
     const struct kvt__blob_part *ref[2] = { NULL, NULL };
     uint32_t tot[2] = { 0, 0 };
@@ -324,7 +327,10 @@ int kvt__blob_write(const struct kvt__blob_src *src, int n_src, int n_parts, uin
     for (int p = 0; p < n_parts; p++) {
         PUT(&w, uint32_t, n_stream);
         for (uint32_t s = 0; s < n_stream; s++) {
-            if (s != slot || tot[p] == 0) { PUT(&w, uint32_t, 0); continue; }
+            if (s != slot || tot[p] == 0) {
+                PUT(&w, uint32_t, 0);
+                continue;
+            }
             const struct kvt__blob_part *R = ref[p];
             PUT(&w, uint32_t, tot[p]);
             for (int i = 0; i < n_src; i++)
@@ -371,7 +377,10 @@ int kvt__blob_write(const struct kvt__blob_src *src, int n_src, int n_parts, uin
     *n = size;
 done:
     for (int i = 0; i < n_src; i++)
-        for (int p = 0; p < 2; p++) { free(sel[i][p].idx); free(sel[i][p].pos); }
+        for (int p = 0; p < 2; p++) {
+            free(sel[i][p].idx);
+            free(sel[i][p].pos);
+        }
     free(sel);
     return rc;
 }
@@ -418,14 +427,13 @@ void kvt__rope_rotate_f32(float *x, const struct kvt__rope *r, int32_t delta) {
 static int k_row_elems(const struct kvt__blob_part *P, int il, int32_t *row_elems) {
     enum ggml_type t = (enum ggml_type) P->k_type[il];
     if (t != GGML_TYPE_F32 && t != GGML_TYPE_F16)
-        return kvt__fail(KVT_EUNSUPPORTED, "K cache type %s cannot be rotated on the host (F32/F16 only)",
-                         ggml_type_name(t));
+        return kvt__fail(KVT_EUNSUPPORTED, "K cache type %s cannot be rotated on the host (F32/F16 only)", ggml_type_name(t));
     *row_elems = (int32_t) (P->k_row_bytes[il] / ggml_type_size(t));
     return 0;
 }
 
-int kvt__blob_reanchor_range(uint8_t *buf, const struct kvt__blob_layout *L, int32_t delta, int32_t lo, int32_t hi,
-                             int n_head_kv, struct kvt__rope *const rope[2]) {
+int kvt__blob_reanchor_range(uint8_t *buf, const struct kvt__blob_layout *L, int32_t delta, int32_t lo, int32_t hi, int n_head_kv,
+                             struct kvt__rope *const rope[2]) {
     /* check everything first, so that nothing is modified on error */
     for (int p = 0; p < L->n_parts && delta != 0; p++) {
         const struct kvt__blob_part *P = &L->part[p];
@@ -451,8 +459,8 @@ int kvt__blob_reanchor_range(uint8_t *buf, const struct kvt__blob_layout *L, int
             memcpy(&nsid, buf + off + 4, 4);
             off += 8 + (size_t) nsid * 4;
             if (pos >= lo && pos < hi && !move_pos(pos, delta, &moved))
-                return kvt__fail(KVT_EFORMAT, "re-anchoring: part %d cell %u at position %d moved by %d leaves 0..%d", p, c,
-                                 pos, delta, KVT__MAX_POS - 1);
+                return kvt__fail(KVT_EFORMAT, "re-anchoring: part %d cell %u at position %d moved by %d leaves 0..%d", p, c, pos,
+                                 delta, KVT__MAX_POS - 1);
         }
     }
     for (int p = 0; p < L->n_parts; p++) {
@@ -479,7 +487,7 @@ int kvt__blob_reanchor_range(uint8_t *buf, const struct kvt__blob_layout *L, int
             const int hd = ne / n_head_kv;
             const struct kvt__rope *r = &rope[p][il];
             float tmp[4096], cs[4096];
-            kvt__rope_table(r, delta, cs); /* one table per layer: the angles depend only on delta */
+            kvt__rope_table(r, delta, cs);                            /* one table per layer: the angles depend only on delta */
             const size_t es = P->k_type[il] == GGML_TYPE_F32 ? 4 : 2; /* rows are whole elements apart */
             const bool aligned = (uintptr_t) (buf + P->k_off[il]) % es == 0;
             for (uint32_t c = 0; c < P->n_cells; c++) {
@@ -524,11 +532,13 @@ int kvt__blob_reanchor(uint8_t *buf, const struct kvt__blob_layout *L, int32_t d
     return kvt__blob_reanchor_range(buf, L, delta, INT32_MIN, INT32_MAX, n_head_kv, rope);
 }
 
-int kvt__blob_k_f32(const uint8_t *buf, const struct kvt__blob_layout *L, int p, int il, float *out,
-                    int32_t *row_elems) {
+int kvt__blob_k_f32(const uint8_t *buf, const struct kvt__blob_layout *L, int p, int il, float *out, int32_t *row_elems) {
     if (p < 0 || p >= L->n_parts) return kvt__fail(KVT_EINVAL, "KV block has no part %d", p);
     const struct kvt__blob_part *P = &L->part[p];
-    if (P->n_cells == 0) { *row_elems = 0; return 0; }
+    if (P->n_cells == 0) {
+        *row_elems = 0;
+        return 0;
+    }
     if (il < 0 || (uint32_t) il >= P->n_layer)
         return kvt__fail(KVT_EINVAL, "KV block part %d has no layer %d (%u layers)", p, il, P->n_layer);
     int rc = k_row_elems(P, il, row_elems);

@@ -32,7 +32,7 @@
 #define KVT__BLOB_MAGIC 0xaf143cd8u
 #define KVT__MAX_LAYERS 512
 
-#define KVT__MAX_STREAMS 256          /* LLAMA_MAX_SEQ */
+#define KVT__MAX_STREAMS 256 /* LLAMA_MAX_SEQ */
 
 /* Cell positions a blob may carry, and positions a block may be moved to: [0, 2^30).  Far past
 ** any trained context, and room below INT32_MAX for position + delta and for the engine's
@@ -42,26 +42,26 @@
 
 /* One part, described by its only non-empty stream record (all other records are empty). */
 struct kvt__blob_part {
-    uint32_t n_stream;           /* stream records in the part */
-    uint32_t slot;               /* the non-empty record's stream (0 when the part is empty) */
+    uint32_t n_stream; /* stream records in the part */
+    uint32_t slot;     /* the non-empty record's stream (0 when the part is empty) */
     uint32_t n_cells;
-    size_t   cells_off;          /* offset of the first cell record */
-    bool     cells_fixed;        /* every cell record has one seq id (12 bytes): cell c is found at once */
+    size_t cells_off; /* offset of the first cell record */
+    bool cells_fixed; /* every cell record has one seq id (12 bytes): cell c is found at once */
     uint32_t v_trans, n_layer;
-    int32_t  k_type[KVT__MAX_LAYERS];
+    int32_t k_type[KVT__MAX_LAYERS];
     uint64_t k_row_bytes[KVT__MAX_LAYERS];
-    size_t   k_off[KVT__MAX_LAYERS]; /* offset of layer's first K row */
-    int32_t  v_type[KVT__MAX_LAYERS];
+    size_t k_off[KVT__MAX_LAYERS]; /* offset of layer's first K row */
+    int32_t v_type[KVT__MAX_LAYERS];
     uint64_t v_row_bytes[KVT__MAX_LAYERS]; /* !v_trans: bytes per cell row; v_trans: element size */
     uint32_t v_n_embd[KVT__MAX_LAYERS];    /* v_trans: elements per cell (rows of the transposed V) */
-    size_t   v_off[KVT__MAX_LAYERS]; /* offset of layer's first V byte after its header */
-    size_t   v_bytes;            /* all V bytes of the part, headers included */
+    size_t v_off[KVT__MAX_LAYERS];         /* offset of layer's first V byte after its header */
+    size_t v_bytes;                        /* all V bytes of the part, headers included */
 };
 
 struct kvt__blob_layout {
-    int      n_parts;
+    int n_parts;
     struct kvt__blob_part part[2];
-    size_t   end;                /* bytes consumed; equals the blob size when well-formed */
+    size_t end; /* bytes consumed; equals the blob size when well-formed */
 };
 
 /* Walk a blob with n_parts memory parts (2 for iSWA caches) and any n_stream (1..256) per part,
@@ -99,14 +99,14 @@ struct kvt__blob_src {
 ** cell gets n_seq_id = 1 and seq id `seq`.  Sources of one part must agree on v_trans, layers,
 ** K/V types and row sizes (else KVT_EFORMAT naming the first difference).
 ** OUT *out (caller frees with free()), *n.  Errors: KVT_EFORMAT, KVT_EINVAL, KVT_ENOMEM. */
-int kvt__blob_write(const struct kvt__blob_src *src, int n_src, int n_parts, uint32_t n_stream, uint32_t slot,
-                    int32_t seq, uint8_t **out, size_t *n);
+int kvt__blob_write(const struct kvt__blob_src *src, int n_src, int n_parts, uint32_t n_stream, uint32_t slot, int32_t seq,
+                    uint8_t **out, size_t *n);
 
 /* RoPE of one layer as llama.cpp applies it: theta_i = pos * scale * base^(-2i/n_rot). */
 struct kvt__rope {
     float base, scale;
-    int   n_rot;     /* rotated dims per head (<= head_dim) */
-    bool  neox;      /* NEOX pairs (i, i + n_rot/2); otherwise adjacent pairs (2i, 2i+1) */
+    int n_rot; /* rotated dims per head (<= head_dim) */
+    bool neox; /* NEOX pairs (i, i + n_rot/2); otherwise adjacent pairs (2i, 2i+1) */
 };
 
 /* Rotate a head vector x[0..n_rot) by delta positions, in place. */
@@ -123,17 +123,16 @@ void kvt__rope_apply(float *x, const struct kvt__rope *r, const float *cs);
 ** F16 K only; head_dim = row elems / n_head_kv).  Nothing is modified unless it returns 0;
 ** errors: KVT_EUNSUPPORTED (quantised K), KVT_EFORMAT (also: a moved position would leave
 ** [0, KVT__MAX_POS)), KVT_ENOMEM. */
-int kvt__blob_reanchor_range(uint8_t *buf, const struct kvt__blob_layout *L, int32_t delta, int32_t lo, int32_t hi,
-                             int n_head_kv, struct kvt__rope *const rope[2]);
+int kvt__blob_reanchor_range(uint8_t *buf, const struct kvt__blob_layout *L, int32_t delta, int32_t lo, int32_t hi, int n_head_kv,
+                             struct kvt__rope *const rope[2]);
 
 /* kvt__blob_reanchor_range over every cell. */
-int kvt__blob_reanchor(uint8_t *buf, const struct kvt__blob_layout *L, int32_t delta,
-                       int n_head_kv, struct kvt__rope *const rope[2]);
+int kvt__blob_reanchor(uint8_t *buf, const struct kvt__blob_layout *L, int32_t delta, int n_head_kv,
+                       struct kvt__rope *const rope[2]);
 
 /* K rows of layer il of part p as F32: out[c * row_elems + e].  row_elems set on return.
 ** Returns 0, KVT_EUNSUPPORTED (quantised K) or KVT_EFORMAT.  out must hold n_cells*row elems;
 ** pass out = NULL to only learn row_elems. */
-int kvt__blob_k_f32(const uint8_t *buf, const struct kvt__blob_layout *L, int p, int il,
-                    float *out, int32_t *row_elems);
+int kvt__blob_k_f32(const uint8_t *buf, const struct kvt__blob_layout *L, int p, int il, float *out, int32_t *row_elems);
 
 #endif

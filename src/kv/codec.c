@@ -42,14 +42,13 @@ static const uint8_t MAGIC[4] = { 'K', 'V', 'T', 'C' };
 
 static const char *const NAMES[KVT_CODEC__COUNT] = { "raw", "q8", "q4", "elastic", "elastic+q8" };
 
-const char *kvt_codec_name(int32_t codec) {
-    return codec >= 0 && codec < KVT_CODEC__COUNT ? NAMES[codec] : "unknown";
-}
+const char *kvt_codec_name(int32_t codec) { return codec >= 0 && codec < KVT_CODEC__COUNT ? NAMES[codec] : "unknown"; }
 
 struct kvt_codec_params kvt_codec_default_params(int32_t codec) {
     bool el = codec == KVT_CODEC_ELASTIC || codec == KVT_CODEC_ELASTIC_Q8;
-    struct kvt_codec_params p = { codec >= 0 && codec < KVT_CODEC__COUNT ? codec : KVT_CODEC_RAW, 0, 64, 64,
-                                  0.45f, 0.50f, el ? 64 : 0, NULL, 0 };
+    struct kvt_codec_params p = {
+        codec >= 0 && codec < KVT_CODEC__COUNT ? codec : KVT_CODEC_RAW, 0, 64, 64, 0.45f, 0.50f, el ? 64 : 0, NULL, 0
+    };
     return p;
 }
 
@@ -63,8 +62,8 @@ static int check_params(const struct kvt_codec_params *p) {
                              kvt_codec_name(p->codec), p->n_head_bits, p->n_head_kv);
         for (int32_t i = 0; i < p->n_head_bits; i++)
             if (p->head_bits[i] != 4 && p->head_bits[i] != 8)
-                return kvt__fail(KVT_EINVAL, "codec %s: per-head bits entry %d is %u (4 or 8)", kvt_codec_name(p->codec),
-                                 i, p->head_bits[i]);
+                return kvt__fail(KVT_EINVAL, "codec %s: per-head bits entry %d is %u (4 or 8)", kvt_codec_name(p->codec), i,
+                                 p->head_bits[i]);
     }
     if (p->codec < 0 || p->codec >= KVT_CODEC__COUNT)
         return kvt__fail(KVT_EINVAL, "codec id %d is not a codec (0..%d)", p->codec, KVT_CODEC__COUNT - 1);
@@ -72,11 +71,11 @@ static int check_params(const struct kvt_codec_params *p) {
         return kvt__fail(KVT_EINVAL, "codec %s: n_head_kv %d outside 0..%d", kvt_codec_name(p->codec), p->n_head_kv,
                          KVT__MAX_HEADS);
     if (p->group_k < 1 || p->group_k > 65536 || p->group_v < 1 || p->group_v > 65536)
-        return kvt__fail(KVT_EINVAL, "codec %s: group sizes %d (K) / %d (V) outside 1..65536", kvt_codec_name(p->codec),
-                         p->group_k, p->group_v);
+        return kvt__fail(KVT_EINVAL, "codec %s: group sizes %d (K) / %d (V) outside 1..65536", kvt_codec_name(p->codec), p->group_k,
+                         p->group_v);
     if (!(p->s_k > 0 && p->s_k <= 10) || !(p->s_v > 0 && p->s_v <= 10))
-        return kvt__fail(KVT_EINVAL, "codec %s: threshold scales %g (K) / %g (V) outside (0, 10]",
-                         kvt_codec_name(p->codec), (double) p->s_k, (double) p->s_v);
+        return kvt__fail(KVT_EINVAL, "codec %s: threshold scales %g (K) / %g (V) outside (0, 10]", kvt_codec_name(p->codec),
+                         (double) p->s_k, (double) p->s_v);
     if (p->n_sink < 0 || p->n_sink > (1 << 30))
         return kvt__fail(KVT_EINVAL, "codec %s: n_sink %d outside 0..2^30", kvt_codec_name(p->codec), p->n_sink);
     return 0;
@@ -89,8 +88,8 @@ int kvt_codec_parse(const char *spec, struct kvt_codec_params *out) {
     for (int i = 0; i < KVT_CODEC__COUNT; i++)
         if (strlen(NAMES[i]) == nl && !strncmp(spec, NAMES[i], nl)) id = i;
     if (id < 0)
-        return kvt__fail(KVT_EINVAL, "unknown codec '%.*s' in '%s' (expected raw, q8, q4, elastic, elastic+q8)",
-                         (int) nl, spec, spec);
+        return kvt__fail(KVT_EINVAL, "unknown codec '%.*s' in '%s' (expected raw, q8, q4, elastic, elastic+q8)", (int) nl, spec,
+                         spec);
     struct kvt_codec_params p = kvt_codec_default_params(id);
     if (spec[nl] == ':') {
         const char *a = spec + nl + 1;
@@ -101,8 +100,9 @@ int kvt_codec_parse(const char *spec, struct kvt_codec_params *out) {
             if (k >= max)
                 return kvt__fail(KVT_EINVAL, "codec '%s': %s takes at most %d value%s (%s)", spec, NAMES[id], max,
                                  max == 1 ? "" : "s",
-                                 max == 0 ? "no arguments" : q ? "K group cells, V group channels, sink tokens"
-                                                               : "s_K, s_V, sink tokens");
+                                 max == 0 ? "no arguments"
+                                 : q      ? "K group cells, V group channels, sink tokens"
+                                          : "s_K, s_V, sink tokens");
             char tmp[64], *end;
             if (len == 0 || len >= sizeof tmp)
                 return kvt__fail(KVT_EINVAL, "codec '%s': value %d is empty or too long", spec, k + 1);
@@ -114,16 +114,13 @@ int kvt_codec_parse(const char *spec, struct kvt_codec_params *out) {
             if (*end || errno == ERANGE)
                 return kvt__fail(KVT_EINVAL, "codec '%s': '%s' is not %s", spec, tmp, scale ? "a number" : "an integer");
             if (scale) {
-                if (!(v > 0 && v <= 10))
-                    return kvt__fail(KVT_EINVAL, "codec '%s': threshold scale %s outside (0, 10]", spec, tmp);
+                if (!(v > 0 && v <= 10)) return kvt__fail(KVT_EINVAL, "codec '%s': threshold scale %s outside (0, 10]", spec, tmp);
                 *(k == 0 ? &p.s_k : &p.s_v) = (float) v;
             } else if (k == 2) {
-                if (v < 0 || v > (1 << 30))
-                    return kvt__fail(KVT_EINVAL, "codec '%s': sink tokens %s outside 0..2^30", spec, tmp);
+                if (v < 0 || v > (1 << 30)) return kvt__fail(KVT_EINVAL, "codec '%s': sink tokens %s outside 0..2^30", spec, tmp);
                 p.n_sink = (int32_t) v;
             } else {
-                if (v < 1 || v > 65536)
-                    return kvt__fail(KVT_EINVAL, "codec '%s': group size %s outside 1..65536", spec, tmp);
+                if (v < 1 || v > 65536) return kvt__fail(KVT_EINVAL, "codec '%s': group size %s outside 1..65536", spec, tmp);
                 *(k == 0 ? &p.group_k : &p.group_v) = (int32_t) v;
             }
             if (!a[len]) break;
@@ -148,24 +145,28 @@ static int sha256(const uint8_t *p, size_t n, uint8_t md[32]) {
 ** exactly one count (one part leaves the second as trailing bytes; two run out of bytes). */
 static int parse_any(const uint8_t *buf, size_t n, int hint, struct kvt__blob_layout *L, int *n_parts) {
     int first = hint == 2 ? 2 : 1;
-    if (kvt__blob_parse(buf, n, first, L) == 0) { *n_parts = first; return 0; }
+    if (kvt__blob_parse(buf, n, first, L) == 0) {
+        *n_parts = first;
+        return 0;
+    }
     char msg[256];
     snprintf(msg, sizeof msg, "%s", kvt_errmsg());
-    if (kvt__blob_parse(buf, n, 3 - first, L) == 0) { *n_parts = 3 - first; return 0; }
+    if (kvt__blob_parse(buf, n, 3 - first, L) == 0) {
+        *n_parts = 3 - first;
+        return 0;
+    }
     return kvt__fail(KVT_EFORMAT, "codec: the block parses neither as %d nor as %d part(s): %s", first, 3 - first, msg);
 }
 
 struct sec {
     uint64_t off, len;
     uint32_t n_cells, n_embd;
-    uint32_t layer;  /* in blob order: part 0's layers, then part 1's */
-    uint8_t  kind, trans, elsize;
+    uint32_t layer; /* in blob order: part 0's layers, then part 1's */
+    uint8_t kind, trans, elsize;
     uint64_t enc_len;
 };
 
-static int elsize_of(int32_t type) {
-    return type == GGML_TYPE_F16 ? 2 : type == GGML_TYPE_F32 ? 4 : 0;
-}
+static int elsize_of(int32_t type) { return type == GGML_TYPE_F16 ? 2 : type == GGML_TYPE_F32 ? 4 : 0; }
 
 /* The K/V tensors of a parsed blob, in blob order.  OUT *out (malloc'd), *n. */
 static int list_sections(const struct kvt__blob_layout *L, struct sec **out, int *n) {
@@ -181,23 +182,40 @@ static int list_sections(const struct kvt__blob_layout *L, struct sec **out, int
             int es = elsize_of(P->k_type[l]);
             if (!es || P->k_row_bytes[l] % (uint64_t) es) {
                 free(S);
-                return kvt__fail(KVT_EUNSUPPORTED, "codec: part %d layer %u: K cache type %s cannot be coded lossily "
-                                 "(F16 or F32 only; keep the block raw)", p, l, ggml_type_name((enum ggml_type) P->k_type[l]));
+                return kvt__fail(KVT_EUNSUPPORTED,
+                                 "codec: part %d layer %u: K cache type %s cannot be coded lossily "
+                                 "(F16 or F32 only; keep the block raw)",
+                                 p, l, ggml_type_name((enum ggml_type) P->k_type[l]));
             }
-            S[k++] = (struct sec) { P->k_off[l], P->k_row_bytes[l] * P->n_cells, P->n_cells,
-                                    (uint32_t) (P->k_row_bytes[l] / (uint64_t) es), (uint32_t) l0 + l, KVT__SEC_K, 0,
-                                    (uint8_t) es, 0 };
+            S[k++] = (struct sec){ P->k_off[l],
+                                   P->k_row_bytes[l] * P->n_cells,
+                                   P->n_cells,
+                                   (uint32_t) (P->k_row_bytes[l] / (uint64_t) es),
+                                   (uint32_t) l0 + l,
+                                   KVT__SEC_K,
+                                   0,
+                                   (uint8_t) es,
+                                   0 };
         }
         for (uint32_t l = 0; l < P->n_layer; l++) {
             int es = elsize_of(P->v_type[l]);
             uint64_t row = P->v_trans ? (uint64_t) P->v_row_bytes[l] * P->v_n_embd[l] : P->v_row_bytes[l];
             if (!es || (P->v_trans ? P->v_row_bytes[l] != (uint64_t) es : row % (uint64_t) es != 0)) {
                 free(S);
-                return kvt__fail(KVT_EUNSUPPORTED, "codec: part %d layer %u: V cache type %s cannot be coded lossily "
-                                 "(F16 or F32 only; keep the block raw)", p, l, ggml_type_name((enum ggml_type) P->v_type[l]));
+                return kvt__fail(KVT_EUNSUPPORTED,
+                                 "codec: part %d layer %u: V cache type %s cannot be coded lossily "
+                                 "(F16 or F32 only; keep the block raw)",
+                                 p, l, ggml_type_name((enum ggml_type) P->v_type[l]));
             }
-            S[k++] = (struct sec) { P->v_off[l], row * P->n_cells, P->n_cells, (uint32_t) (row / (uint64_t) es),
-                                    (uint32_t) l0 + l, KVT__SEC_V, (uint8_t) (P->v_trans != 0), (uint8_t) es, 0 };
+            S[k++] = (struct sec){ P->v_off[l],
+                                   row * P->n_cells,
+                                   P->n_cells,
+                                   (uint32_t) (row / (uint64_t) es),
+                                   (uint32_t) l0 + l,
+                                   KVT__SEC_V,
+                                   (uint8_t) (P->v_trans != 0),
+                                   (uint8_t) es,
+                                   0 };
         }
     }
     *out = S;
@@ -208,8 +226,8 @@ static int list_sections(const struct kvt__blob_layout *L, struct sec **out, int
 static void put32(struct kvt__buf *b, uint32_t v) { kvt__buf_put(b, &v, 4); }
 static void put64(struct kvt__buf *b, uint64_t v) { kvt__buf_put(b, &v, 8); }
 
-static void write_header(uint8_t *h, const struct kvt_codec_params *p, const kvt_blob *blob, int n_parts,
-                         uint64_t payload, const uint8_t md[32]) {
+static void write_header(uint8_t *h, const struct kvt_codec_params *p, const kvt_blob *blob, int n_parts, uint64_t payload,
+                         const uint8_t md[32]) {
     uint16_t ver = p->head_bits ? KVT_CODEC_VERSION_HEADS : KVT_CODEC_VERSION, id = (uint16_t) p->codec;
     uint32_t hb = (uint32_t) (p->head_bits ? hdr_bytes_heads((uint32_t) p->n_head_bits) : HDR_BYTES);
     uint32_t np = (uint32_t) n_parts;
@@ -249,20 +267,29 @@ int kvt_codec_encode(const kvt_blob *blob, const struct kvt_codec_params *p, uin
     if (p->codec != KVT_CODEC_RAW && (rc = list_sections(L, &S, &n_sec))) goto out;
     int n_head = p->n_head_kv > 0 ? p->n_head_kv : 1;
     for (int s = 0; s < n_sec; s++)
-        if (S[s].n_embd % (uint32_t) n_head)
-            { rc = kvt__fail(KVT_EUNSUPPORTED, "codec %s: a row of %u elements does not split into %d KV heads",
-                             kvt_codec_name(p->codec), S[s].n_embd, n_head); goto out; }
+        if (S[s].n_embd % (uint32_t) n_head) {
+            rc = kvt__fail(KVT_EUNSUPPORTED, "codec %s: a row of %u elements does not split into %d KV heads",
+                           kvt_codec_name(p->codec), S[s].n_embd, n_head);
+            goto out;
+        }
     if (p->head_bits) { /* one entry per (layer, KV head) of the blob; V groups within one head */
         int32_t n_layers = 0;
         for (int q = 0; q < L->n_parts; q++) n_layers += (int32_t) L->part[q].n_layer;
-        if (p->n_head_bits != n_layers * n_head)
-            { rc = kvt__fail(KVT_EINVAL, "codec %s: per-head bits table of %d entries, the block has %d layers x %d "
-                             "KV heads", kvt_codec_name(p->codec), p->n_head_bits, n_layers, n_head); goto out; }
+        if (p->n_head_bits != n_layers * n_head) {
+            rc = kvt__fail(KVT_EINVAL,
+                           "codec %s: per-head bits table of %d entries, the block has %d layers x %d "
+                           "KV heads",
+                           kvt_codec_name(p->codec), p->n_head_bits, n_layers, n_head);
+            goto out;
+        }
         for (int s = 0; s < n_sec; s++)
-            if ((S[s].n_embd / (uint32_t) n_head) % (uint32_t) p->group_v)
-                { rc = kvt__fail(KVT_EINVAL, "codec %s: per-head bits need V groups within a head: head_dim %u is "
-                                 "not a multiple of group_v %d", kvt_codec_name(p->codec), S[s].n_embd / (uint32_t) n_head,
-                                 p->group_v); goto out; }
+            if ((S[s].n_embd / (uint32_t) n_head) % (uint32_t) p->group_v) {
+                rc = kvt__fail(KVT_EINVAL,
+                               "codec %s: per-head bits need V groups within a head: head_dim %u is "
+                               "not a multiple of group_v %d",
+                               kvt_codec_name(p->codec), S[s].n_embd / (uint32_t) n_head, p->group_v);
+                goto out;
+            }
     }
     /* sections, then the table that needs their sizes */
     for (int s = 0, p_i = -1, cells_seen = 0; s < n_sec; s++) {
@@ -272,7 +299,10 @@ int kvt_codec_encode(const kvt_blob *blob, const struct kvt_codec_params *p, uin
             cells_seen += 2 * (int) L->part[p_i].n_layer;
             free(raw_cell);
             uint32_t nc = L->part[p_i].n_cells;
-            if (!(raw_cell = malloc(nc))) { rc = kvt__fail(KVT_ENOMEM, "codec: cell flags"); goto out; }
+            if (!(raw_cell = malloc(nc))) {
+                rc = kvt__fail(KVT_ENOMEM, "codec: cell flags");
+                goto out;
+            }
             for (uint32_t c = 0; c < nc; c++) raw_cell[c] = kvt__blob_cell_pos(blob->data, L, p_i, c) < p->n_sink;
         }
         struct kvt__mat m = { blob->data + S[s].off, S[s].n_cells, S[s].n_embd, S[s].elsize, S[s].trans };
@@ -303,22 +333,31 @@ int kvt_codec_encode(const kvt_blob *blob, const struct kvt_codec_params *p, uin
         if (s < n_sec) at = S[s].off + S[s].len;
     }
     kvt__buf_put(&pay, body.p, body.n);
-    if (pay.err || body.err) { rc = kvt__fail(KVT_ENOMEM, "codec: payload of %zu bytes", pay.n + body.n); goto out; }
+    if (pay.err || body.err) {
+        rc = kvt__fail(KVT_ENOMEM, "codec: payload of %zu bytes", pay.n + body.n);
+        goto out;
+    }
     uint8_t md[32];
     const size_t hb = p->head_bits ? hdr_bytes_heads((uint32_t) p->n_head_bits) : HDR_BYTES;
     uint8_t *res = calloc(1, hb + pay.n);
-    if (!res) { rc = kvt__fail(KVT_ENOMEM, "codec: %zu bytes", hb + pay.n); goto out; }
+    if (!res) {
+        rc = kvt__fail(KVT_ENOMEM, "codec: %zu bytes", hb + pay.n);
+        goto out;
+    }
     if (p->head_bits) {
         uint32_t nu = (uint32_t) p->n_head_bits;
         memcpy(res + HDR_BYTES, &nu, 4);
         memcpy(res + HDR_BYTES + 8, p->head_bits, nu);
     }
     memcpy(res + hb, pay.p, pay.n);
-    if ((rc = sha256(res + HDR_BYTES, hb - HDR_BYTES + pay.n, md))) { free(res); goto out; } /* table + payload */
+    if ((rc = sha256(res + HDR_BYTES, hb - HDR_BYTES + pay.n, md))) {
+        free(res);
+        goto out;
+    } /* table + payload */
     write_header(res, p, blob, n_parts, pay.n, md);
     *out = res;
     *n = hb + pay.n;
-    if (stats) *stats = (struct kvt_codec_stats) { blob->size, *n, n_elems, n_lossy, n_zeroed };
+    if (stats) *stats = (struct kvt_codec_stats){ blob->size, *n, n_elems, n_lossy, n_zeroed };
 out:
     free(L);
     free(S);
@@ -338,8 +377,8 @@ static int read_header(const uint8_t *h, size_t n, struct kvt_codec_info *o, uin
     memcpy(&ver, h + 4, 2);
     memcpy(&id, h + 6, 2);
     if (ver != KVT_CODEC_VERSION && ver != KVT_CODEC_VERSION_HEADS)
-        return kvt__fail(KVT_EFORMAT, "codec: format version %u, this build reads versions %d and %d", ver,
-                         KVT_CODEC_VERSION, KVT_CODEC_VERSION_HEADS);
+        return kvt__fail(KVT_EFORMAT, "codec: format version %u, this build reads versions %d and %d", ver, KVT_CODEC_VERSION,
+                         KVT_CODEC_VERSION_HEADS);
     if (id >= KVT_CODEC__COUNT) return kvt__fail(KVT_EFORMAT, "codec: unknown codec id %u (0..%d known)", id, KVT_CODEC__COUNT - 1);
     uint32_t hb;
     if (n < HDR_BYTES) return kvt__fail(KVT_EFORMAT, "codec: header truncated (%zu of %d bytes)", n, HDR_BYTES);
@@ -408,8 +447,8 @@ int kvt_codec_decode(const void *data, size_t n, kvt_blob **out) {
     if (rc) return rc;
     const size_t hb = I.params.head_bits ? hdr_bytes_heads((uint32_t) I.params.n_head_bits) : HDR_BYTES;
     if (n != I.encoded_bytes)
-        return kvt__fail(KVT_ECORRUPT, "codec: %zu bytes, the header says %zu (header %zu + payload %zu)%s", n,
-                         I.encoded_bytes, hb, I.encoded_bytes - hb, n < I.encoded_bytes ? ": truncated" : "");
+        return kvt__fail(KVT_ECORRUPT, "codec: %zu bytes, the header says %zu (header %zu + payload %zu)%s", n, I.encoded_bytes, hb,
+                         I.encoded_bytes - hb, n < I.encoded_bytes ? ": truncated" : "");
     const uint8_t *pay = h + hb;
     size_t pn = n - hb;
     uint8_t dig[32];
@@ -422,8 +461,7 @@ int kvt_codec_decode(const void *data, size_t n, kvt_blob **out) {
     uint64_t residue;
     memcpy(&n_sec, pay, 4);
     memcpy(&residue, pay + 4, 8);
-    if ((I.params.codec == KVT_CODEC_RAW) != (n_sec == 0) || n_sec > 4 * KVT__MAX_LAYERS ||
-        (uint64_t) n_sec * SEC_BYTES > pn - 12)
+    if ((I.params.codec == KVT_CODEC_RAW) != (n_sec == 0) || n_sec > 4 * KVT__MAX_LAYERS || (uint64_t) n_sec * SEC_BYTES > pn - 12)
         return kvt__fail(KVT_ECORRUPT, "codec: %u sections for codec %s in a payload of %zu bytes", n_sec,
                          kvt_codec_name(I.params.codec), pn);
     const uint8_t *tab = pay + 12, *res = tab + (size_t) n_sec * SEC_BYTES;
@@ -448,8 +486,8 @@ int kvt_codec_decode(const void *data, size_t n, kvt_blob **out) {
                              (unsigned long long) el, (unsigned long long) (left - enc_total));
         enc_total += el;
         if (len > I.raw_bytes || len > 64 * el + 4096)
-            return kvt__fail(KVT_ECORRUPT, "codec: section %u claims %llu bytes from %llu encoded", s,
-                             (unsigned long long) len, (unsigned long long) el);
+            return kvt__fail(KVT_ECORRUPT, "codec: section %u claims %llu bytes from %llu encoded", s, (unsigned long long) len,
+                             (unsigned long long) el);
         total += len;
     }
     if (total != I.raw_bytes)
@@ -493,19 +531,23 @@ int kvt_codec_decode(const void *data, size_t n, kvt_blob **out) {
         char what[64];
         snprintf(what, sizeof what, "section %u (%s)", s, S.kind == KVT__SEC_K ? "K" : "V");
         if (S.kind > 1 || S.trans > 1 || (S.elsize != 2 && S.elsize != 4) || S.n_embd == 0 || S.n_embd > (1u << 24) ||
-            S.n_cells > (1u << 24) || S.n_embd % (uint32_t) n_head ||
-            S.len != (uint64_t) S.n_cells * S.n_embd * S.elsize || S.len > I.raw_bytes - at || S.enc_len > left - e_at) {
-            rc = kvt__fail(KVT_ECORRUPT, "codec: %s: shape %u x %u x %u bytes, length %llu, encoded %llu inconsistent "
-                           "with the block", what, S.n_cells, S.n_embd, S.elsize, (unsigned long long) S.len,
-                           (unsigned long long) S.enc_len);
+            S.n_cells > (1u << 24) || S.n_embd % (uint32_t) n_head || S.len != (uint64_t) S.n_cells * S.n_embd * S.elsize ||
+            S.len > I.raw_bytes - at || S.enc_len > left - e_at) {
+            rc = kvt__fail(KVT_ECORRUPT,
+                           "codec: %s: shape %u x %u x %u bytes, length %llu, encoded %llu inconsistent "
+                           "with the block",
+                           what, S.n_cells, S.n_embd, S.elsize, (unsigned long long) S.len, (unsigned long long) S.enc_len);
             goto fail;
         }
         const uint8_t *hbits = NULL;
         if (I.params.head_bits) {
-            if (S.layer >= (uint32_t) (I.params.n_head_bits / n_head) || (S.n_embd / (uint32_t) n_head) % (uint32_t) I.params.group_v) {
-                rc = kvt__fail(KVT_ECORRUPT, "codec: %s: layer %u outside the per-head table of %d layers x %d heads, "
-                               "or head_dim %u not a multiple of group_v %d", what, S.layer, I.params.n_head_bits / n_head,
-                               n_head, S.n_embd / (uint32_t) n_head, I.params.group_v);
+            if (S.layer >= (uint32_t) (I.params.n_head_bits / n_head) ||
+                (S.n_embd / (uint32_t) n_head) % (uint32_t) I.params.group_v) {
+                rc = kvt__fail(KVT_ECORRUPT,
+                               "codec: %s: layer %u outside the per-head table of %d layers x %d heads, "
+                               "or head_dim %u not a multiple of group_v %d",
+                               what, S.layer, I.params.n_head_bits / n_head, n_head, S.n_embd / (uint32_t) n_head,
+                               I.params.group_v);
                 goto fail;
             }
             hbits = I.params.head_bits + (size_t) S.layer * (size_t) n_head;
@@ -524,8 +566,8 @@ int kvt_codec_decode(const void *data, size_t n, kvt_blob **out) {
         rc = kvt__fail(KVT_ECORRUPT, "codec: the decoded block does not parse: %s", kvt_errmsg());
         goto fail;
     }
-    if (I.params.head_bits && (int64_t) (L->part[0].n_layer + (n_parts > 1 ? L->part[1].n_layer : 0)) * n_head !=
-                                  I.params.n_head_bits) {
+    if (I.params.head_bits &&
+        (int64_t) (L->part[0].n_layer + (n_parts > 1 ? L->part[1].n_layer : 0)) * n_head != I.params.n_head_bits) {
         rc = kvt__fail(KVT_ECORRUPT, "codec: per-head table of %d entries, the decoded block has %u layers x %d KV heads",
                        I.params.n_head_bits, L->part[0].n_layer + (n_parts > 1 ? L->part[1].n_layer : 0), n_head);
         goto fail;

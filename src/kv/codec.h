@@ -34,20 +34,20 @@ enum { KVT__SEC_K = 0, KVT__SEC_V = 1 };
 struct kvt__mat {
     uint8_t *base;
     uint32_t n_cells, n_embd;
-    uint32_t elsize;   /* 2 (F16) or 4 (F32) */
-    bool     trans;
+    uint32_t elsize; /* 2 (F16) or 4 (F32) */
+    bool trans;
 };
 
 /* A growing output buffer; err latches the first allocation failure. */
 struct kvt__buf {
     uint8_t *p;
-    size_t   n, cap;
-    bool     err;
+    size_t n, cap;
+    bool err;
 };
 void kvt__buf_put(struct kvt__buf *b, const void *src, size_t k);
 
 float kvt__mat_get(const struct kvt__mat *m, uint32_t c, uint32_t e);
-void  kvt__mat_set(const struct kvt__mat *m, uint32_t c, uint32_t e, float v);
+void kvt__mat_set(const struct kvt__mat *m, uint32_t c, uint32_t e, float v);
 
 /* ElasticKV threshold of each head of a row-major matrix x[n_cells][n_embd] (head h = channels
 ** [h * n_embd / n_head, (h + 1) * n_embd / n_head)): tau[h] = max(sigma / 2, mu) * s, mu and
@@ -59,13 +59,12 @@ void kvt__elastic_tau(const float *x, uint32_t n_cells, uint32_t n_embd, int n_h
 ** this tensor's layer (every group lies within one head: the caller checks head_dim % group_v).
 ** Errors: KVT_ENOMEM. */
 int kvt__sec_encode(struct kvt__buf *out, const struct kvt__mat *m, const bool *raw_cell, int kind,
-                    const struct kvt_codec_params *p, int n_head, int64_t *n_lossy, int64_t *n_zeroed,
-                    const uint8_t *head_bits);
+                    const struct kvt_codec_params *p, int n_head, int64_t *n_lossy, int64_t *n_zeroed, const uint8_t *head_bits);
 
 /* Decode a section of exactly n bytes into m (every element written).  Errors: KVT_ECORRUPT
 ** (sizes or counts inconsistent with the tensor; the message names the section `what`),
 ** KVT_ENOMEM. */
-int kvt__sec_decode(const uint8_t *enc, size_t n, const struct kvt__mat *m, int kind,
-                    const struct kvt_codec_params *p, int n_head, const char *what, const uint8_t *head_bits);
+int kvt__sec_decode(const uint8_t *enc, size_t n, const struct kvt__mat *m, int kind, const struct kvt_codec_params *p, int n_head,
+                    const char *what, const uint8_t *head_bits);
 
 #endif

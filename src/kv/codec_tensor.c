@@ -17,11 +17,17 @@
 void kvt__buf_put(struct kvt__buf *b, const void *src, size_t k) {
     if (b->err || k == 0) return;
     if (b->n + k > b->cap) {
-        if (kvt__fault_check(KVT__FAULT_CODEC_ALLOC)) { b->err = true; return; }
+        if (kvt__fault_check(KVT__FAULT_CODEC_ALLOC)) {
+            b->err = true;
+            return;
+        }
         size_t cap = b->cap ? b->cap : 4096;
         while (cap < b->n + k) cap *= 2;
         uint8_t *np = realloc(b->p, cap);
-        if (!np) { b->err = true; return; }
+        if (!np) {
+            b->err = true;
+            return;
+        }
         b->p = np;
         b->cap = cap;
     }
@@ -35,7 +41,11 @@ static size_t mat_idx(const struct kvt__mat *m, uint32_t c, uint32_t e) {
 
 float kvt__mat_get(const struct kvt__mat *m, uint32_t c, uint32_t e) {
     const uint8_t *q = m->base + mat_idx(m, c, e) * m->elsize;
-    if (m->elsize == 4) { float f; memcpy(&f, q, 4); return f; }
+    if (m->elsize == 4) {
+        float f;
+        memcpy(&f, q, 4);
+        return f;
+    }
     ggml_fp16_t h;
     memcpy(&h, q, 2);
     return ggml_fp16_to_fp32(h);
@@ -43,7 +53,10 @@ float kvt__mat_get(const struct kvt__mat *m, uint32_t c, uint32_t e) {
 
 void kvt__mat_set(const struct kvt__mat *m, uint32_t c, uint32_t e, float v) {
     uint8_t *q = m->base + mat_idx(m, c, e) * m->elsize;
-    if (m->elsize == 4) { memcpy(q, &v, 4); return; }
+    if (m->elsize == 4) {
+        memcpy(q, &v, 4);
+        return;
+    }
     ggml_fp16_t h = ggml_fp32_to_fp16(v);
     memcpy(q, &h, 2);
 }
@@ -68,9 +81,9 @@ void kvt__elastic_tau(const float *x, uint32_t n_cells, uint32_t n_embd, int n_h
 /* ---- KIVI groups over the lossy rows Y[m][E] ---- */
 
 struct groups {
-    int      kind;
+    int kind;
     uint32_t m, E, G;
-    size_t   n;        /* groups */
+    size_t n; /* groups */
 };
 
 static struct groups groups_of(int kind, uint32_t m, uint32_t E, const struct kvt_codec_params *p) {
@@ -109,14 +122,12 @@ static int q_bits(int codec) { return codec == KVT_CODEC_Q4 ? 4 : 8; }
 
 /* A rounded code in [0, levels]: a NaN or infinite element (a block decoded from hostile bytes
 ** can hold any bits) gives 0 or levels, never a float-to-integer conversion out of range. */
-static uint8_t code_of(float q, float levels) {
-    return !(q > 0) ? 0 : q > levels ? (uint8_t) levels : (uint8_t) q;
-}
+static uint8_t code_of(float q, float levels) { return !(q > 0) ? 0 : q > levels ? (uint8_t) levels : (uint8_t) q; }
 
 /* Quantise the (kept) elements of every group: params to out, codes to codes[] (one per
 ** element in group order; packed by the caller). */
-static int quantise(struct kvt__buf *out, const float *y, const uint8_t *keep, const struct groups *g, int bits,
-                    uint8_t *codes, size_t *n_codes) {
+static int quantise(struct kvt__buf *out, const float *y, const uint8_t *keep, const struct groups *g, int bits, uint8_t *codes,
+                    size_t *n_codes) {
     uint32_t *idx = malloc(sizeof *idx * g->G);
     if (!idx) return kvt__fail(KVT_ENOMEM, "codec: group index of %u", g->G);
     const float levels = (float) ((1 << bits) - 1);
@@ -170,7 +181,10 @@ static int quantise_mixed(struct kvt__buf *out, const float *y, const struct gro
     float *prm = malloc(sizeof *prm * 2 * (g->n + 1));
     uint8_t *codes = calloc((size_t) g->m * g->E + g->n + 1, 1);
     int rc = 0;
-    if (!idx || !prm || !codes) { rc = kvt__fail(KVT_ENOMEM, "codec: per-head groups"); goto out; }
+    if (!idx || !prm || !codes) {
+        rc = kvt__fail(KVT_ENOMEM, "codec: per-head groups");
+        goto out;
+    }
     size_t at = 0;
     for (size_t gi = 0; gi < g->n; gi++) {
         uint32_t k = group_elems(g, gi, idx);
@@ -234,8 +248,14 @@ static void scatter(const struct kvt__mat *m, const uint8_t *src) {
 /* F16/F32 rows to and from F32: ggml's row converters where the F16 side is 2-byte aligned (as
 ** llama.cpp's own states are), element by element through memcpy where it is not. */
 static void row_to_f32(const uint8_t *src, float *dst, size_t n, uint32_t elsize) {
-    if (elsize == 4) { memcpy(dst, src, n * 4); return; }
-    if (!((uintptr_t) src & 1)) { ggml_fp16_to_fp32_row((const ggml_fp16_t *) (const void *) src, dst, (int64_t) n); return; }
+    if (elsize == 4) {
+        memcpy(dst, src, n * 4);
+        return;
+    }
+    if (!((uintptr_t) src & 1)) {
+        ggml_fp16_to_fp32_row((const ggml_fp16_t *) (const void *) src, dst, (int64_t) n);
+        return;
+    }
     for (size_t i = 0; i < n; i++) {
         ggml_fp16_t h;
         memcpy(&h, src + 2 * i, 2);
@@ -244,8 +264,14 @@ static void row_to_f32(const uint8_t *src, float *dst, size_t n, uint32_t elsize
 }
 
 static void row_from_f32(const float *src, uint8_t *dst, size_t n, uint32_t elsize) {
-    if (elsize == 4) { memcpy(dst, src, n * 4); return; }
-    if (!((uintptr_t) dst & 1)) { ggml_fp32_to_fp16_row(src, (ggml_fp16_t *) (void *) dst, (int64_t) n); return; }
+    if (elsize == 4) {
+        memcpy(dst, src, n * 4);
+        return;
+    }
+    if (!((uintptr_t) dst & 1)) {
+        ggml_fp32_to_fp16_row(src, (ggml_fp16_t *) (void *) dst, (int64_t) n);
+        return;
+    }
     for (size_t i = 0; i < n; i++) {
         ggml_fp16_t h = ggml_fp32_to_fp16(src[i]);
         memcpy(dst + 2 * i, &h, 2);
@@ -253,15 +279,17 @@ static void row_from_f32(const float *src, uint8_t *dst, size_t n, uint32_t elsi
 }
 
 int kvt__sec_encode(struct kvt__buf *out, const struct kvt__mat *m, const bool *raw_cell, int kind,
-                    const struct kvt_codec_params *p, int n_head, int64_t *n_lossy, int64_t *n_zeroed,
-                    const uint8_t *head_bits) {
+                    const struct kvt_codec_params *p, int n_head, int64_t *n_lossy, int64_t *n_zeroed, const uint8_t *head_bits) {
     const uint32_t N = m->n_cells, E = m->n_embd, es = m->elsize;
     const size_t row = (size_t) E * es;
     uint8_t *cbm = calloc(bytes_of_bits(N) + 1, 1), *tmp = NULL;
     uint32_t n_raw = 0;
     if (!cbm) return kvt__fail(KVT_ENOMEM, "codec: cell bitmap");
     for (uint32_t c = 0; c < N; c++)
-        if (raw_cell[c]) { bit_set(cbm, c); n_raw++; }
+        if (raw_cell[c]) {
+            bit_set(cbm, c);
+            n_raw++;
+        }
     kvt__buf_put(out, cbm, bytes_of_bits(N));
     free(cbm);
     const uint8_t *cm = gather(m, &tmp);
@@ -272,7 +300,10 @@ int kvt__sec_encode(struct kvt__buf *out, const struct kvt__mat *m, const bool *
     uint8_t *keep = calloc(bytes_of_bits(ne) + 1, 1);
     uint8_t *codes = malloc(ne + 1);
     int rc = 0;
-    if (!cm || !y || !all || !keep || !codes) { rc = kvt__fail(KVT_ENOMEM, "codec: %u x %u tensor", N, E); goto out; }
+    if (!cm || !y || !all || !keep || !codes) {
+        rc = kvt__fail(KVT_ENOMEM, "codec: %u x %u tensor", N, E);
+        goto out;
+    }
     for (uint32_t c = 0; c < N; c++)
         if (raw_cell[c]) kvt__buf_put(out, cm + c * row, row);
     row_to_f32(cm, all, (size_t) N * E, es);
@@ -289,19 +320,28 @@ int kvt__sec_encode(struct kvt__buf *out, const struct kvt__mat *m, const bool *
         size_t n_kept = 0;
         for (size_t r = 0, i = 0; r < M; r++)
             for (uint32_t e = 0; e < E; e++, i++)
-                if (fabsf(y[i]) >= tau[e / hd]) { bit_set(keep, i); n_kept++; }
+                if (fabsf(y[i]) >= tau[e / hd]) {
+                    bit_set(keep, i);
+                    n_kept++;
+                }
         *n_zeroed += (int64_t) (ne - n_kept);
         kvt__buf_put(out, keep, bytes_of_bits(ne));
     }
     if (p->codec == KVT_CODEC_ELASTIC) {
         uint8_t *vals = malloc(ne * es + 1);
-        if (!vals) { rc = kvt__fail(KVT_ENOMEM, "codec: kept values"); goto out; }
+        if (!vals) {
+            rc = kvt__fail(KVT_ENOMEM, "codec: kept values");
+            goto out;
+        }
         size_t k = 0;
         for (uint32_t c = 0, r = 0; c < N; c++) {
             if (raw_cell[c]) continue;
             const uint8_t *src = cm + c * row;
             for (uint32_t e = 0; e < E; e++)
-                if (bit_get(keep, (size_t) r * E + e)) { el_cp(vals + k * es, src + (size_t) e * es, es); k++; }
+                if (bit_get(keep, (size_t) r * E + e)) {
+                    el_cp(vals + k * es, src + (size_t) e * es, es);
+                    k++;
+                }
             r++;
         }
         kvt__buf_put(out, vals, k * es);
@@ -317,7 +357,10 @@ int kvt__sec_encode(struct kvt__buf *out, const struct kvt__mat *m, const bool *
         if (bits == 8) kvt__buf_put(out, codes, nc);
         else {
             uint8_t *packed = calloc(bytes_of_bits(nc * 4) + 1, 1);
-            if (!packed) { rc = kvt__fail(KVT_ENOMEM, "codec: packed codes"); goto out; }
+            if (!packed) {
+                rc = kvt__fail(KVT_ENOMEM, "codec: packed codes");
+                goto out;
+            }
             for (size_t i = 0; i < nc; i++) packed[i >> 1] |= (uint8_t) (codes[i] << ((i & 1) * 4));
             kvt__buf_put(out, packed, bytes_of_bits(nc * 4));
             free(packed);
@@ -350,13 +393,11 @@ static const uint8_t *take(struct cur *c, size_t k) {
 }
 
 static int short_sec(const struct cur *c, const char *part, size_t need) {
-    return kvt__fail(KVT_ECORRUPT, "codec: %s: section of %zu bytes ends inside the %s (needs %zu more at byte %zu)",
-                     c->what, c->n, part, need, c->off);
+    return kvt__fail(KVT_ECORRUPT, "codec: %s: section of %zu bytes ends inside the %s (needs %zu more at byte %zu)", c->what, c->n,
+                     part, need, c->off);
 }
 
-static int hb_bits(const uint8_t *hb, const struct groups *g, size_t gi, uint32_t hd) {
-    return hb[group_head(g, gi, hd)];
-}
+static int hb_bits(const uint8_t *hb, const struct groups *g, size_t gi, uint32_t hd) { return hb[group_head(g, gi, hd)]; }
 
 static size_t popcount_bits(const uint8_t *bm, size_t n_bits) {
     size_t k = 0, full = n_bits / 8;
@@ -365,8 +406,8 @@ static size_t popcount_bits(const uint8_t *bm, size_t n_bits) {
     return k;
 }
 
-int kvt__sec_decode(const uint8_t *enc, size_t n, const struct kvt__mat *m, int kind,
-                    const struct kvt_codec_params *p, int n_head, const char *what, const uint8_t *head_bits) {
+int kvt__sec_decode(const uint8_t *enc, size_t n, const struct kvt__mat *m, int kind, const struct kvt_codec_params *p, int n_head,
+                    const char *what, const uint8_t *head_bits) {
     struct cur cu = { enc, n, 0, what };
     const uint32_t N = m->n_cells, E = m->n_embd, es = m->elsize;
     const size_t row = (size_t) E * es;
@@ -382,8 +423,7 @@ int kvt__sec_decode(const uint8_t *enc, size_t n, const struct kvt__mat *m, int 
     ** the thresholds and a 1-bit mask per element; q8/q4: half a byte per element), so what is
     ** allocated stays within a fixed multiple of the section's bytes; element indices fit 32 bits */
     const size_t min_body = elastic ? sizeof(float) * (size_t) n_head + bytes_of_bits(ne) : bytes_of_bits(ne * 4);
-    if (ne > UINT32_MAX)
-        return kvt__fail(KVT_ECORRUPT, "codec: %s: %u x %u lossy elements exceed 2^32", what, M, E);
+    if (ne > UINT32_MAX) return kvt__fail(KVT_ECORRUPT, "codec: %s: %u x %u lossy elements exceed 2^32", what, M, E);
     if (min_body > cu.n - cu.off) return short_sec(&cu, "body", min_body);
     /* cell-major output: the tensor itself unless V is transposed */
     uint8_t *cm = m->trans ? malloc((size_t) N * row + 1) : m->base;
@@ -391,7 +431,10 @@ int kvt__sec_decode(const uint8_t *enc, size_t n, const struct kvt__mat *m, int 
     float *y = calloc(ne + 1, sizeof *y);
     uint32_t *idx = NULL;
     int rc = 0;
-    if (!cm || !rows || !y) { rc = kvt__fail(KVT_ENOMEM, "codec: %u x %u tensor", M, E); goto out; }
+    if (!cm || !rows || !y) {
+        rc = kvt__fail(KVT_ENOMEM, "codec: %u x %u tensor", M, E);
+        goto out;
+    }
     for (uint32_t c = 0, r = 0, k = 0; c < N; c++) {
         if (bit_get(cbm, c)) memcpy(cm + c * row, rawv + (size_t) (k++) * row, row);
         else rows[r++] = c;
@@ -399,33 +442,54 @@ int kvt__sec_decode(const uint8_t *enc, size_t n, const struct kvt__mat *m, int 
     const uint8_t *keep = NULL;
     size_t n_kept = ne;
     if (elastic) {
-        if (!take(&cu, sizeof(float) * (size_t) n_head)) { rc = short_sec(&cu, "thresholds", 4 * (size_t) n_head); goto out; }
-        if (!(keep = take(&cu, bytes_of_bits(ne)))) { rc = short_sec(&cu, "element bitmap", bytes_of_bits(ne)); goto out; }
+        if (!take(&cu, sizeof(float) * (size_t) n_head)) {
+            rc = short_sec(&cu, "thresholds", 4 * (size_t) n_head);
+            goto out;
+        }
+        if (!(keep = take(&cu, bytes_of_bits(ne)))) {
+            rc = short_sec(&cu, "element bitmap", bytes_of_bits(ne));
+            goto out;
+        }
         n_kept = popcount_bits(keep, ne);
     }
     if (p->codec == KVT_CODEC_ELASTIC) {
         const uint8_t *kv = take(&cu, n_kept * es);
-        if (!kv) { rc = short_sec(&cu, "kept values", n_kept * es); goto out; }
+        if (!kv) {
+            rc = short_sec(&cu, "kept values", n_kept * es);
+            goto out;
+        }
         size_t k = 0;
         for (uint32_t r = 0; r < M; r++) {
             uint8_t *dst = cm + rows[r] * row;
             memset(dst, 0, row); /* +0 in F16 and F32 */
             for (uint32_t e = 0; e < E; e++)
-                if (bit_get(keep, (size_t) r * E + e)) { el_cp(dst + (size_t) e * es, kv + k * es, es); k++; }
+                if (bit_get(keep, (size_t) r * E + e)) {
+                    el_cp(dst + (size_t) e * es, kv + k * es, es);
+                    k++;
+                }
         }
     } else if (head_bits) {
         struct groups g = groups_of(kind, M, E, p);
         const uint32_t hd = E / (uint32_t) n_head;
         const uint8_t *prm = take(&cu, g.n * 8);
-        if (!prm) { rc = short_sec(&cu, "group parameters", g.n * 8); goto out; }
+        if (!prm) {
+            rc = short_sec(&cu, "group parameters", g.n * 8);
+            goto out;
+        }
         size_t code_bytes = 0;
         for (size_t gi = 0; gi < g.n; gi++) {
             uint32_t k = group_size(&g, gi);
             code_bytes += hb_bits(head_bits, &g, gi, hd) == 8 ? k : (k + 1) / 2;
         }
         const uint8_t *codes = take(&cu, code_bytes);
-        if (!codes) { rc = short_sec(&cu, "codes", code_bytes); goto out; }
-        if (!(idx = malloc(sizeof *idx * g.G))) { rc = kvt__fail(KVT_ENOMEM, "codec: group index"); goto out; }
+        if (!codes) {
+            rc = short_sec(&cu, "codes", code_bytes);
+            goto out;
+        }
+        if (!(idx = malloc(sizeof *idx * g.G))) {
+            rc = kvt__fail(KVT_ENOMEM, "codec: group index");
+            goto out;
+        }
         size_t at = 0;
         for (size_t gi = 0; gi < g.n; gi++) {
             float lo, step;
@@ -445,11 +509,20 @@ int kvt__sec_decode(const uint8_t *enc, size_t n, const struct kvt__mat *m, int 
         struct groups g = groups_of(kind, M, E, p);
         int bits = p->codec == KVT_CODEC_ELASTIC_Q8 ? 8 : q_bits(p->codec);
         const uint8_t *prm = take(&cu, g.n * 8);
-        if (!prm) { rc = short_sec(&cu, "group parameters", g.n * 8); goto out; }
+        if (!prm) {
+            rc = short_sec(&cu, "group parameters", g.n * 8);
+            goto out;
+        }
         size_t code_bytes = bits == 8 ? n_kept : bytes_of_bits(n_kept * 4);
         const uint8_t *codes = take(&cu, code_bytes);
-        if (!codes) { rc = short_sec(&cu, "codes", code_bytes); goto out; }
-        if (!(idx = malloc(sizeof *idx * g.G))) { rc = kvt__fail(KVT_ENOMEM, "codec: group index"); goto out; }
+        if (!codes) {
+            rc = short_sec(&cu, "codes", code_bytes);
+            goto out;
+        }
+        if (!(idx = malloc(sizeof *idx * g.G))) {
+            rc = kvt__fail(KVT_ENOMEM, "codec: group index");
+            goto out;
+        }
         size_t ci = 0;
         for (size_t gi = 0; gi < g.n; gi++) {
             float lo, step;
@@ -469,8 +542,7 @@ int kvt__sec_decode(const uint8_t *enc, size_t n, const struct kvt__mat *m, int 
     }
     if (cu.off != cu.n)
         rc = kvt__fail(KVT_ECORRUPT, "codec: %s: section has %zu trailing bytes after %zu", what, cu.n - cu.off, cu.off);
-    else if (m->trans)
-        scatter(m, cm);
+    else if (m->trans) scatter(m, cm);
 out:
     if (m->trans) free(cm);
     free(rows);

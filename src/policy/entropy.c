@@ -36,11 +36,11 @@ int32_t kvt_head_classify(double bits) {
 
 const char *kvt_head_class_name(int32_t cls) {
     switch (cls) {
-    case KVT_HEAD_SINK: return "sink";
-    case KVT_HEAD_FOCUSED: return "focused";
-    case KVT_HEAD_MODERATE: return "moderate";
-    case KVT_HEAD_MIXED: return "mixed";
-    default: return "unknown";
+        case KVT_HEAD_SINK: return "sink";
+        case KVT_HEAD_FOCUSED: return "focused";
+        case KVT_HEAD_MODERATE: return "moderate";
+        case KVT_HEAD_MIXED: return "mixed";
+        default: return "unknown";
     }
 }
 

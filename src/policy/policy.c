@@ -35,9 +35,7 @@ int kvt_policy_from_name(const char *name, int32_t *policy) {
                      name ? name : "(null)");
 }
 
-const char *kvt_policy_name(int32_t policy) {
-    return policy >= 0 && policy < KVT_POLICY__COUNT ? policy_names[policy] : "unknown";
-}
+const char *kvt_policy_name(int32_t policy) { return policy >= 0 && policy < KVT_POLICY__COUNT ? policy_names[policy] : "unknown"; }
 
 int kvt_recovery_from_name(const char *name, int32_t *recovery) {
     for (int32_t i = 0; i < 3; i++)
@@ -110,19 +108,19 @@ int kvt_head_weights_load(const char *path, const int32_t *layers, int32_t n_lay
 
 double kvt__score(int32_t policy, const struct kvt_block_info *b, const struct kvt__score_ctx *c) {
     switch (policy) {
-    case KVT_POLICY_H2O: return b->attn_mass;
-    case KVT_POLICY_SNAPKV: return b->attn_window;
-    case KVT_POLICY_KVTIER: {
-        /* each signal normalised to [0, 1] over the resident blocks, then weighted */
-        double rec = c->now > c->oldest ? (double) (b->p0 + b->n_tokens - c->oldest) / (double) (c->now - c->oldest) : 1;
-        double rel = c->max_relevance > 0 ? b->relevance / c->max_relevance : 0;
-        double att = c->max_ewma > 0 ? b->attn_ewma / c->max_ewma : 0;
-        double s = KVT__W_RECENCY * rec + KVT__W_RELEVANCE * rel + KVT__W_ATTENTION * att;
-        if (b->role == KVT_ROLE_USER) s = fmax(s, KVT__FLOOR_USER);
-        else if (b->role == KVT_ROLE_ASSISTANT) s = fmax(s, KVT__FLOOR_ASSISTANT);
-        if (b->keep == KVT_KEEP_PREFER) s += KVT__BONUS_PREFER;
-        return s;
-    }
-    default: return (double) (b->p0 + b->n_tokens); /* recency: streaming, truncate */
+        case KVT_POLICY_H2O: return b->attn_mass;
+        case KVT_POLICY_SNAPKV: return b->attn_window;
+        case KVT_POLICY_KVTIER: {
+            /* each signal normalised to [0, 1] over the resident blocks, then weighted */
+            double rec = c->now > c->oldest ? (double) (b->p0 + b->n_tokens - c->oldest) / (double) (c->now - c->oldest) : 1;
+            double rel = c->max_relevance > 0 ? b->relevance / c->max_relevance : 0;
+            double att = c->max_ewma > 0 ? b->attn_ewma / c->max_ewma : 0;
+            double s = KVT__W_RECENCY * rec + KVT__W_RELEVANCE * rel + KVT__W_ATTENTION * att;
+            if (b->role == KVT_ROLE_USER) s = fmax(s, KVT__FLOOR_USER);
+            else if (b->role == KVT_ROLE_ASSISTANT) s = fmax(s, KVT__FLOOR_ASSISTANT);
+            if (b->keep == KVT_KEEP_PREFER) s += KVT__BONUS_PREFER;
+            return s;
+        }
+        default: return (double) (b->p0 + b->n_tokens); /* recency: streaming, truncate */
     }
 }

@@ -8,19 +8,19 @@
 ** the current message asks about should survive; attention breaks ties among the rest; recency
 ** keeps the conversation's thread.  Role floors keep user/assistant text above system filler
 ** when other signals are silent. */
-#define KVT__W_RECENCY        0.35
-#define KVT__W_RELEVANCE      0.45
-#define KVT__W_ATTENTION      0.20
-#define KVT__FLOOR_USER       0.20
-#define KVT__FLOOR_ASSISTANT  0.10
-#define KVT__BONUS_PREFER     0.50
+#define KVT__W_RECENCY       0.35
+#define KVT__W_RELEVANCE     0.45
+#define KVT__W_ATTENTION     0.20
+#define KVT__FLOOR_USER      0.20
+#define KVT__FLOOR_ASSISTANT 0.10
+#define KVT__BONUS_PREFER    0.50
 
 /* What a score needs beyond the block itself. */
 struct kvt__score_ctx {
-    kvt_pos now;            /* next position of the session */
-    kvt_pos oldest;         /* smallest p0 + n_tokens among resident blocks */
-    double  max_relevance;  /* over resident blocks */
-    double  max_ewma;       /* over resident blocks */
+    kvt_pos now;          /* next position of the session */
+    kvt_pos oldest;       /* smallest p0 + n_tokens among resident blocks */
+    double max_relevance; /* over resident blocks */
+    double max_ewma;      /* over resident blocks */
 };
 
 /* Exponentially weighted moving average: alpha * x + (1 - alpha) * prev. */

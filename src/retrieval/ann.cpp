@@ -18,7 +18,7 @@
 ** only hints, so they are compiled out; the SIMD distance functions stay. */
 #if defined(__SSE__)
 #include <x86intrin.h> /* declare the real _mm_prefetch before hiding it from hnswlib */
-#undef _mm_prefetch /* a macro itself in unoptimised builds */
+#undef _mm_prefetch    /* a macro itself in unoptimised builds */
 #define _mm_prefetch(p, hint) ((void) 0)
 #endif
 #include <hnswlib/hnswlib.h>
@@ -146,9 +146,7 @@ extern "C" int kvt_ann_add(kvt_ann *a, uint64_t id, const float *v) {
             live = true;
             a->n_live++;
         }
-    } catch (const std::exception &ex) {
-        return fail_from("add", ex);
-    }
+    } catch (const std::exception &ex) { return fail_from("add", ex); }
     return 0;
 }
 
@@ -159,9 +157,7 @@ extern "C" int kvt_ann_remove(kvt_ann *a, uint64_t id) {
         return kvt__fail(KVT_ENOENT, "ann remove: id %llu is not in the index", (unsigned long long) id);
     try {
         a->index->markDelete((hnswlib::labeltype) id);
-    } catch (const std::exception &ex) {
-        return fail_from("remove", ex);
-    }
+    } catch (const std::exception &ex) { return fail_from("remove", ex); }
     it->second = false;
     a->n_live--;
     return 0;
@@ -185,9 +181,7 @@ extern "C" int kvt_ann_search(kvt_ann *a, const float *q, int32_t k, uint64_t *i
             res.pop();
         }
         *n_found = n;
-    } catch (const std::exception &ex) {
-        return fail_from("search", ex);
-    }
+    } catch (const std::exception &ex) { return fail_from("search", ex); }
     return 0;
 }
 

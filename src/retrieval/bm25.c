@@ -10,11 +10,12 @@
 #include <string.h>
 
 static const char *const stop_words[] = {
-    "a", "about", "all", "also", "am", "an", "and", "any", "are", "as", "at", "be", "been", "but", "by", "can",
-    "could", "did", "do", "does", "for", "from", "had", "has", "have", "he", "her", "him", "his", "how", "i",
-    "if", "in", "into", "is", "it", "its", "just", "me", "my", "no", "not", "of", "on", "or", "our", "she", "so",
-    "some", "than", "that", "the", "their", "them", "then", "there", "these", "they", "this", "to", "up", "us",
-    "was", "we", "were", "what", "when", "where", "which", "who", "why", "will", "with", "would", "you", "your",
+    "a",     "about", "all",   "also",  "am",    "an",   "and",  "any",  "are",   "as",   "at",   "be",   "been",
+    "but",   "by",    "can",   "could", "did",   "do",   "does", "for",  "from",  "had",  "has",  "have", "he",
+    "her",   "him",   "his",   "how",   "i",     "if",   "in",   "into", "is",    "it",   "its",  "just", "me",
+    "my",    "no",    "not",   "of",    "on",    "or",   "our",  "she",  "so",    "some", "than", "that", "the",
+    "their", "them",  "then",  "there", "these", "they", "this", "to",   "up",    "us",   "was",  "we",   "were",
+    "what",  "when",  "where", "which", "who",   "why",  "will", "with", "would", "you",  "your",
 };
 
 static int is_stop(const char *w) {
@@ -23,14 +24,15 @@ static int is_stop(const char *w) {
         size_t mid = (lo + hi) / 2;
         int c = strcmp(w, stop_words[mid]);
         if (c == 0) return 1;
-        if (c < 0) hi = mid; else lo = mid + 1;
+        if (c < 0) hi = mid;
+        else lo = mid + 1;
     }
     return 0;
 }
 
 struct terms {
     char **t;
-    int    n, cap;
+    int n, cap;
 };
 
 static void terms_free(struct terms *ts) {
@@ -70,11 +72,17 @@ static int split_terms(const char *s, struct terms *out) {
         if (out->n == out->cap) {
             int cap = out->cap ? out->cap * 2 : 32;
             char **nt = realloc(out->t, sizeof(char *) * (size_t) cap);
-            if (!nt) { terms_free(out); return kvt__fail(KVT_ENOMEM, "bm25 terms"); }
+            if (!nt) {
+                terms_free(out);
+                return kvt__fail(KVT_ENOMEM, "bm25 terms");
+            }
             out->t = nt;
             out->cap = cap;
         }
-        if (!(out->t[out->n] = strdup(w))) { terms_free(out); return kvt__fail(KVT_ENOMEM, "bm25 term"); }
+        if (!(out->t[out->n] = strdup(w))) {
+            terms_free(out);
+            return kvt__fail(KVT_ENOMEM, "bm25 term");
+        }
         out->n++;
     }
     return 0;

@@ -22,7 +22,7 @@ static int copy_get(kvt_session *s, const struct blk *b, void **data, size_t *n)
         int rc = kvt__sess_store_fetch(s, b, data, n);
         if (rc == KVT_ENOENT)
             kvt__fail(rc, "its content entry is in no tier of the store any more (TTL, quota, a dropped write, "
-                      "a store clear)");
+                          "a store clear)");
         return rc;
     }
     return s->p.store ? kvt_store_get_private(s->p.store, b->key, data, n) : kvt_pool_get(s->pool, b->key, data, n);
@@ -146,8 +146,10 @@ static void seal_full(kvt_session *s) {
     int rc = kvt__sess_seal(s);
     if (rc == 0) return;
     struct blk *b = &s->b[s->open];
-    fprintf(stderr, "kvtier: block %d (%d tokens at position %d) kept without a saved copy, recomputed if needed "
-            "after eviction: %s\n", b->info.id, b->info.n_tokens, b->info.p0, kvt_errmsg());
+    fprintf(stderr,
+            "kvtier: block %d (%d tokens at position %d) kept without a saved copy, recomputed if needed "
+            "after eviction: %s\n",
+            b->info.id, b->info.n_tokens, b->info.p0, kvt_errmsg());
     b->key = ((uint64_t) s->serial << 32) | (uint32_t) b->info.id;
     b->info.pool_key = b->key;
     char *text = NULL;
@@ -263,7 +265,10 @@ int kvt__sess_make_room(kvt_session *s, int32_t need) {
             int32_t victim = -1;
             kvt_pos oldest = INT32_MAX;
             for (int32_t i = 0; i < s->n_b; i++)
-                if (!protected_block(s, i, false) && s->b[i].info.p0 < oldest) { oldest = s->b[i].info.p0; victim = i; }
+                if (!protected_block(s, i, false) && s->b[i].info.p0 < oldest) {
+                    oldest = s->b[i].info.p0;
+                    victim = i;
+                }
             if (victim >= 0) evict(s, victim);
         }
     }
@@ -275,15 +280,20 @@ int kvt__sess_make_room(kvt_session *s, int32_t need) {
                 if (protected_block(s, i, pass == 1)) continue;
                 const struct kvt_block_info *b = &s->b[i].info;
                 double v = s->p.scorer ? s->p.scorer(b, s->next_pos, s->p.scorer_ud) : kvt__score(s->p.policy, b, &sc);
-                if (v < worst || (v == worst && victim >= 0 && b->p0 < s->b[victim].info.p0)) { worst = v; victim = i; }
+                if (v < worst || (v == worst && victim >= 0 && b->p0 < s->b[victim].info.p0)) {
+                    worst = v;
+                    victim = i;
+                }
             }
             if (victim < 0) break;
             evict(s, victim);
         }
     }
     if (kvt__sess_resident(s) + need > budget)
-        return kvt__fail(KVT_EBUDGET, "%d new tokens do not fit the budget of %d tokens: %d resident tokens are "
-                         "protected (sink, recent tail, open block, pins)", need, budget, kvt__sess_resident(s));
+        return kvt__fail(KVT_EBUDGET,
+                         "%d new tokens do not fit the budget of %d tokens: %d resident tokens are "
+                         "protected (sink, recent tail, open block, pins)",
+                         need, budget, kvt__sess_resident(s));
     return 0;
 }
 
@@ -323,8 +333,7 @@ static int breadcrumb(kvt_session *s, struct blk *b) {
 ** Counted in recomputes.  If the recompute fails the block stays evicted as LOST (no copy) and
 ** a later recovery may try again. */
 static int recompute_lost(kvt_session *s, struct blk *b, int why) {
-    fprintf(stderr, "kvtier: block %d is recomputed from its %d tokens: %s\n", b->info.id, b->info.n_tokens,
-            kvt_errmsg());
+    fprintf(stderr, "kvtier: block %d is recomputed from its %d tokens: %s\n", b->info.id, b->info.n_tokens, kvt_errmsg());
     if (why != KVT_ENOENT) kvt__sess_copy_del(s, b);
     b->copy_content = false;
     b->info.residency = KVT_RES_LOST;
@@ -358,10 +367,10 @@ static int load_block(kvt_session *s, int32_t i, bool counted) {
         free(data);
         data = NULL;
         if (rc == KVT_EFORMAT) rc = KVT_ECORRUPT;
-        else if (rc == 0 && (dec->n_tokens != b->info.n_tokens || dec->p0 != b->blob_p0 ||
-                             dec->n_cells != b->blob_cells || dec->n_cells_swa != b->blob_cells_swa)) {
-            rc = kvt__fail(KVT_ECORRUPT, "block %d: its encoded copy decodes to %d tokens at %d, expected %d at %d",
-                           b->info.id, dec->n_tokens, dec->p0, b->info.n_tokens, b->blob_p0);
+        else if (rc == 0 && (dec->n_tokens != b->info.n_tokens || dec->p0 != b->blob_p0 || dec->n_cells != b->blob_cells ||
+                             dec->n_cells_swa != b->blob_cells_swa)) {
+            rc = kvt__fail(KVT_ECORRUPT, "block %d: its encoded copy decodes to %d tokens at %d, expected %d at %d", b->info.id,
+                           dec->n_tokens, dec->p0, b->info.n_tokens, b->blob_p0);
             kvt_blob_free(dec);
             dec = NULL;
         }

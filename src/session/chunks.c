@@ -45,8 +45,7 @@ int kvt_chunk_recompute_parse(const char *spec, int32_t *tokens, double *pct) {
     if (end == spec || (!is_pct && *end != '\0') || !isfinite(v) || spec[0] == ' ' || spec[0] == '+')
         return kvt__fail(KVT_EINVAL, "chunk recompute '%.80s' is not a token count K or a percentage P%%", spec);
     if (is_pct) {
-        if (!(v >= 0 && v <= 100))
-            return kvt__fail(KVT_EINVAL, "chunk recompute '%.80s': %g %% is outside 0..100 %%", spec, v);
+        if (!(v >= 0 && v <= 100)) return kvt__fail(KVT_EINVAL, "chunk recompute '%.80s': %g %% is outside 0..100 %%", spec, v);
         *tokens = -1;
         *pct = v;
         return 0;
@@ -112,7 +111,10 @@ int kvt__sess_chunk_plan(kvt_session *s, const kvt_token *tok, int32_t n, struct
             if (n_out == cap) {
                 int32_t c2 = cap ? 2 * cap : 8;
                 struct chunk_run *o2 = realloc(out, sizeof *o2 * (size_t) c2);
-                if (!o2) { rc = kvt__fail(KVT_ENOMEM, "chunk runs"); break; }
+                if (!o2) {
+                    rc = kvt__fail(KVT_ENOMEM, "chunk runs");
+                    break;
+                }
                 out = o2;
                 cap = c2;
             }
@@ -120,7 +122,10 @@ int kvt__sess_chunk_plan(kvt_session *s, const kvt_token *tok, int32_t n, struct
             cr->at = i + r * B;
             cr->n_blocks = nb - r;
             cr->keys = malloc(sizeof *cr->keys * (size_t) cr->n_blocks);
-            if (!cr->keys) { rc = kvt__fail(KVT_ENOMEM, "chunk run of %d blocks", cr->n_blocks); break; }
+            if (!cr->keys) {
+                rc = kvt__fail(KVT_ENOMEM, "chunk run of %d blocks", cr->n_blocks);
+                break;
+            }
             memcpy(cr->keys, keys + r, sizeof *cr->keys * (size_t) cr->n_blocks);
             n_out++;
             s->st.chunk_recompute_tokens += (int64_t) r * B;
@@ -171,8 +176,7 @@ int kvt__sess_chunk_load(kvt_session *s, const struct chunk_run *r, const kvt_to
     /* only now, with the bytes at hand, anything that changes the session: the open block is
     ** sealed early (chain purity ends there, kvt__sess_seal) and room made; if that fails the
     ** run is decoded */
-    if ((s->open >= 0 && kvt__sess_seal(s)) || kvt__sess_make_room(s, found * B + B) ||
-        kvt__sess_reserve_positions(s, found * B)) {
+    if ((s->open >= 0 && kvt__sess_seal(s)) || kvt__sess_make_room(s, found * B + B) || kvt__sess_reserve_positions(s, found * B)) {
         kvt__clear_error();
         s->st.chunk_load_errors++;
         goto out;

@@ -28,8 +28,12 @@ int kvt__sess_elastic(kvt_session *s, int32_t n) {
     kvt_pos tail = s->next_pos - KVT_ELASTIC_TAIL;
     if (s->open >= 0 && s->b[s->open].info.p0 < tail) tail = s->b[s->open].info.p0;
     if (tail <= KVT_ELASTIC_SINK) return 0;
-    const struct kvt_elastic_params ep = { s->p.elastic_sk, s->p.elastic_sv, KVT_ELASTIC_SINK, tail,
-                                           s->p.elastic_random, s->p.elastic_random_frac,
+    const struct kvt_elastic_params ep = { s->p.elastic_sk,
+                                           s->p.elastic_sv,
+                                           KVT_ELASTIC_SINK,
+                                           tail,
+                                           s->p.elastic_random,
+                                           s->p.elastic_random_frac,
                                            ((uint64_t) s->serial << 32) ^ (uint64_t) s->st.el_passes };
     struct kvt_elastic_stats st;
     int rc = kvt_seq_elastic(s->eng, s->p.seq, &ep, &st);

@@ -41,7 +41,8 @@ int kvt_session_generate(kvt_session *s, int32_t max_tokens, const struct kvt_sa
     if (rc2) return rc ? rc : rc2;
     /* the reply is in the stream: extend the message list and the decoded template text */
     int rc3 = kvt__sess_append_reply(s, text);
-    if (reply) *reply = text; else free(text);
+    if (reply) *reply = text;
+    else free(text);
     return rc ? rc : rc3;
 }
 
@@ -56,13 +57,16 @@ int kvt_session_answer_logprob(kvt_session *s, const char *answer, double *logpr
     kvt_token *tok = NULL;
     int32_t n = 0;
     int rc = saved ? kvt_tokenize(s->eng, answer, false, false, &tok, &n) : kvt__fail(KVT_ENOMEM, "logits");
-    if (rc) { free(saved); return rc; }
+    if (rc) {
+        free(saved);
+        return rc;
+    }
     memcpy(saved, cur, sizeof(float) * (size_t) s->n_vocab);
     if (kvt__sess_resident(s) + n > s->p.budget) {
         free(saved);
         free(tok);
-        return kvt__fail(KVT_EBUDGET, "scoring %d answer tokens would exceed the budget of %d (%d resident)", n,
-                         s->p.budget, kvt__sess_resident(s));
+        return kvt__fail(KVT_EBUDGET, "scoring %d answer tokens would exceed the budget of %d (%d resident)", n, s->p.budget,
+                         kvt__sess_resident(s));
     }
     if ((rc = kvt__sess_reserve_positions(s, n))) {
         free(saved);
@@ -105,7 +109,10 @@ int kvt_session_gen_step(kvt_session *s, const struct kvt_sampling *smp, kvt_tok
     int rc = kvt_engine_sample(s->eng, smp, &t);
     if (rc) return rc;
     *tok = t;
-    if (kvt_token_is_eog(s->eng, t)) { *done = true; return 0; }
+    if (kvt_token_is_eog(s->eng, t)) {
+        *done = true;
+        return 0;
+    }
     if (s->dec.n_gen == s->dec.cap_gen) {
         int32_t cap = s->dec.cap_gen ? 2 * s->dec.cap_gen : 64;
         kvt_token *g = realloc(s->dec.gen, sizeof *g * (size_t) cap);
@@ -161,18 +168,33 @@ int kvt_session_gen_step_batch(kvt_engine *eng, const struct kvt_gen_batch *gb) 
         kvt_session *s = ss[i];
         done[i] = false;
         status[i] = 0;
-        if (s->eng != eng) { status[i] = kvt__fail(KVT_EINVAL, "batched sessions must share one engine"); continue; }
-        if (s->is_parked) { status[i] = kvt__sess_parked_error(); continue; }
-        if (!s->dec.have_logits) { status[i] = kvt__fail(KVT_EINVAL, "gen_step: no user turn to reply to"); continue; }
+        if (s->eng != eng) {
+            status[i] = kvt__fail(KVT_EINVAL, "batched sessions must share one engine");
+            continue;
+        }
+        if (s->is_parked) {
+            status[i] = kvt__sess_parked_error();
+            continue;
+        }
+        if (!s->dec.have_logits) {
+            status[i] = kvt__fail(KVT_EINVAL, "gen_step: no user turn to reply to");
+            continue;
+        }
         if (!s->dec.generating) s->dec.n_gen = 0;
         s->dec.generating = true;
         kvt__engine_set_logits(eng, s->dec.logits);
         if ((status[i] = kvt_engine_sample(eng, &smp[i], &tok[i]))) continue;
-        if (kvt_token_is_eog(eng, tok[i])) { done[i] = true; continue; }
+        if (kvt_token_is_eog(eng, tok[i])) {
+            done[i] = true;
+            continue;
+        }
         if (s->dec.n_gen == s->dec.cap_gen) {
             int32_t cap = s->dec.cap_gen ? 2 * s->dec.cap_gen : 64;
             kvt_token *g = realloc(s->dec.gen, sizeof *g * (size_t) cap);
-            if (!g) { status[i] = kvt__fail(KVT_ENOMEM, "reply of %d tokens", cap); continue; }
+            if (!g) {
+                status[i] = kvt__fail(KVT_ENOMEM, "reply of %d tokens", cap);
+                continue;
+            }
             s->dec.gen = g;
             s->dec.cap_gen = cap;
         }
@@ -190,10 +212,16 @@ int kvt_session_gen_step_batch(kvt_engine *eng, const struct kvt_gen_batch *gb) 
         struct kvt_gen_row *w = &rows[r];
         w->done = false;
         w->status = 0;
-        if (!w->logits) { w->status = kvt__fail(KVT_EINVAL, "batch row %d has no logits", r); continue; }
+        if (!w->logits) {
+            w->status = kvt__fail(KVT_EINVAL, "batch row %d has no logits", r);
+            continue;
+        }
         kvt__engine_set_logits(eng, w->logits);
         if ((w->status = kvt_engine_sample(eng, &w->smp, &w->tok))) continue;
-        if (kvt_token_is_eog(eng, w->tok)) { w->done = true; continue; }
+        if (kvt_token_is_eog(eng, w->tok)) {
+            w->done = true;
+            continue;
+        }
         seqs[m] = w->seq;
         pos[m] = w->pos;
         bt[m] = w->tok;

@@ -56,7 +56,9 @@ int kvt__sess_reserve_positions(kvt_session *s, int32_t n) {
     int rc = kvt__sess_compact(s);
     if (rc) return rc;
     if (s->next_pos + n > s->pos_limit)
-        return kvt__fail(KVT_ECTX, "%d resident tokens and %d new ones do not fit the model's trained context of %d "
-                         "positions", s->next_pos, n, s->pos_limit);
+        return kvt__fail(KVT_ECTX,
+                         "%d resident tokens and %d new ones do not fit the model's trained context of %d "
+                         "positions",
+                         s->next_pos, n, s->pos_limit);
     return 0;
 }

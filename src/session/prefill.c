@@ -22,15 +22,15 @@
 
 /* One run of tokens being fed. */
 struct feed {
-    const kvt_token  *tok;          /* [n], not owned */
-    int32_t           n, role, reserve_after;
-    int32_t           off;          /* tokens of tok in the cache (decoded or loaded) */
-    bool              routed;       /* the store's prefix lookup is done (or not wanted) */
-    struct chunk_run *runs;         /* reused chunks after the prefix (session/chunks.c) */
-    int32_t           n_runs, next_run, runs_base;
-    int32_t           m;            /* the chunk handed out: its tokens, */
-    bool              last;         /*   the run's last chunk (it wants logits), */
-    double            t0;           /*   when it was handed out (ms) */
+    const kvt_token *tok; /* [n], not owned */
+    int32_t n, role, reserve_after;
+    int32_t off;            /* tokens of tok in the cache (decoded or loaded) */
+    bool routed;            /* the store's prefix lookup is done (or not wanted) */
+    struct chunk_run *runs; /* reused chunks after the prefix (session/chunks.c) */
+    int32_t n_runs, next_run, runs_base;
+    int32_t m; /* the chunk handed out: its tokens, */
+    bool last; /*   the run's last chunk (it wants logits), */
+    double t0; /*   when it was handed out (ms) */
 };
 
 static void feed_init(struct feed *f, const kvt_token *tok, int32_t n, int role, int32_t reserve_after) {
@@ -137,34 +137,34 @@ int kvt__sess_feed(kvt_session *s, const kvt_token *tok, int32_t n, int role, in
 
 /* Where a prefill stands: the message being added and what comes next for it. */
 enum pf_phase {
-    PF_MESSAGE,       /* add message i (a user message starts the steps below) */
-    PF_PENDING_FED,   /* the text of earlier messages not yet decoded went in */
-    PF_MESSAGE_TOKENS,/* the message's tokens; recovery before it */
-    PF_INFLLM_FED,    /* InfLLM: the message went in; recovery by its queries, then the prefix */
-    PF_MESSAGE_FED,   /* the message went in */
-    PF_PREFIX_FED,    /* the assistant prefix went in */
-    PF_LOGITS,        /* every message is in: logits of the last token */
+    PF_MESSAGE,        /* add message i (a user message starts the steps below) */
+    PF_PENDING_FED,    /* the text of earlier messages not yet decoded went in */
+    PF_MESSAGE_TOKENS, /* the message's tokens; recovery before it */
+    PF_INFLLM_FED,     /* InfLLM: the message went in; recovery by its queries, then the prefix */
+    PF_MESSAGE_FED,    /* the message went in */
+    PF_PREFIX_FED,     /* the assistant prefix went in */
+    PF_LOGITS,         /* every message is in: logits of the last token */
     PF_DONE
 };
 
 struct kvt_prefill {
     kvt_session *s;
     const struct kvt_chat_msg *msgs; /* [n_msgs] the caller's, valid until kvt_prefill_end */
-    int32_t      n_msgs, i;          /* the message being added */
-    int32_t      keep;               /* its keep hint (kvt_session_add), else KVT_KEEP_NONE */
-    bool         sync;               /* kvt_session_sync: logits refreshed and a kvt_sync_info */
+    int32_t n_msgs, i;               /* the message being added */
+    int32_t keep;                    /* its keep hint (kvt_session_add), else KVT_KEEP_NONE */
+    bool sync;                       /* kvt_session_sync: logits refreshed and a kvt_sync_info */
     enum pf_phase phase;
-    int          rc;                 /* the first error; the prefill stops there */
-    char         msg[512];           /* its message (the caller may make library calls meanwhile) */
-    struct feed  f;                  /* the run being fed, when feeding */
-    bool         feeding, chunk_out; /* a run is being fed; one of its chunks is out */
-    enum pf_phase after;             /* the phase that takes the run's result */
-    kvt_token   *tok, *tc;           /* the message's tokens; InfLLM: those without the prefix */
-    int32_t      n, nc;
-    char        *fmt, *fc;           /* the template text they complete */
-    int32_t      total0;             /* the stream before the message: what a failure cuts back to */
+    int rc;                  /* the first error; the prefill stops there */
+    char msg[512];           /* its message (the caller may make library calls meanwhile) */
+    struct feed f;           /* the run being fed, when feeding */
+    bool feeding, chunk_out; /* a run is being fed; one of its chunks is out */
+    enum pf_phase after;     /* the phase that takes the run's result */
+    kvt_token *tok, *tc;     /* the message's tokens; InfLLM: those without the prefix */
+    int32_t n, nc;
+    char *fmt, *fc; /* the template text they complete */
+    int32_t total0; /* the stream before the message: what a failure cuts back to */
     /* the session's counters when the prefill began (kvt_sync_info is their difference) */
-    int64_t      dec0, rec0, ev0, nrec0, rc0, want0, got0, ch0, chr0;
+    int64_t dec0, rec0, ev0, nrec0, rc0, want0, got0, ch0, chr0;
 };
 
 static void pf_free_text(struct kvt_prefill *pf) {
@@ -214,105 +214,115 @@ static int pf_advance(struct kvt_prefill *pf, int res) {
     kvt_session *s = pf->s;
     int rc = 0;
     switch (pf->phase) {
-    case PF_MESSAGE: {
-        if (pf->i == pf->n_msgs) { pf->phase = PF_LOGITS; return 0; }
-        const struct kvt_chat_msg *m = &pf->msgs[pf->i];
-        const int role = kvt__sess_role_from_name(m->role);
-        if ((rc = kvt__sess_push_msg(s, role, m->content, pf->keep))) return rc;
-        if (role != KVT_ROLE_USER) { pf->i++; return 0; } /* decoded with the next user turn */
-        pf->total0 = -1;
-        s->turn++;
-        s->reuse.route_want = s->reuse.route_tokens = 0;
-        /* text of messages added since the last decode (assistant replies a client replays,
+        case PF_MESSAGE: {
+            if (pf->i == pf->n_msgs) {
+                pf->phase = PF_LOGITS;
+                return 0;
+            }
+            const struct kvt_chat_msg *m = &pf->msgs[pf->i];
+            const int role = kvt__sess_role_from_name(m->role);
+            if ((rc = kvt__sess_push_msg(s, role, m->content, pf->keep))) return rc;
+            if (role != KVT_ROLE_USER) {
+                pf->i++;
+                return 0;
+            } /* decoded with the next user turn */
+            pf->total0 = -1;
+            s->turn++;
+            s->reuse.route_want = s->reuse.route_tokens = 0;
+            /* text of messages added since the last decode (assistant replies a client replays,
         ** system prompts) goes in first, so recovered blocks never split a turn */
-        if (s->conv.n_m_decoded < s->conv.n_m - 1) {
-            if ((rc = kvt__sess_pending_tokens(s, s->conv.n_m - 1, false, &pf->tok, &pf->n, &pf->fmt))) return pf_fail_message(pf, rc);
-            s->cur_keep = KVT_KEEP_NONE;
-            for (int32_t i = s->conv.n_m_decoded; i < s->conv.n_m - 1; i++) s->cur_keep = KVT_MAX(s->cur_keep, s->conv.m[i].keep);
-            pf_feed(pf, pf->tok, pf->n, s->conv.m[s->conv.n_m - 2].role, 0, PF_PENDING_FED);
+            if (s->conv.n_m_decoded < s->conv.n_m - 1) {
+                if ((rc = kvt__sess_pending_tokens(s, s->conv.n_m - 1, false, &pf->tok, &pf->n, &pf->fmt)))
+                    return pf_fail_message(pf, rc);
+                s->cur_keep = KVT_KEEP_NONE;
+                for (int32_t i = s->conv.n_m_decoded; i < s->conv.n_m - 1; i++)
+                    s->cur_keep = KVT_MAX(s->cur_keep, s->conv.m[i].keep);
+                pf_feed(pf, pf->tok, pf->n, s->conv.m[s->conv.n_m - 2].role, 0, PF_PENDING_FED);
+                return 0;
+            }
+            pf->phase = PF_MESSAGE_TOKENS;
             return 0;
         }
-        pf->phase = PF_MESSAGE_TOKENS;
-        return 0;
-    }
-    case PF_PENDING_FED:
-        s->cur_keep = KVT_KEEP_NONE;
-        if (res) return pf_fail_message(pf, res);
-        kvt__sess_set_text(s, pf->fmt);
-        pf->fmt = NULL;
-        pf_free_text(pf);
-        s->conv.n_m_decoded = s->conv.n_m - 1;
-        pf->phase = PF_MESSAGE_TOKENS;
-        return 0;
-    case PF_MESSAGE_TOKENS: {
-        /* the new user message (the assistant prefix follows as its own segment, so a message
+        case PF_PENDING_FED:
+            s->cur_keep = KVT_KEEP_NONE;
+            if (res) return pf_fail_message(pf, res);
+            kvt__sess_set_text(s, pf->fmt);
+            pf->fmt = NULL;
+            pf_free_text(pf);
+            s->conv.n_m_decoded = s->conv.n_m - 1;
+            pf->phase = PF_MESSAGE_TOKENS;
+            return 0;
+        case PF_MESSAGE_TOKENS: {
+            /* the new user message (the assistant prefix follows as its own segment, so a message
         ** added after it replaces only the prefix) */
-        const bool infllm = s->p.policy == KVT_POLICY_INFLLM;
-        if ((rc = kvt__sess_pending_tokens(s, s->conv.n_m, infllm, &pf->tok, &pf->n, &pf->fmt))) return pf_fail_message(pf, rc);
-        pf->total0 = s->total;
-        struct kvt_engine_info I;
-        kvt_engine_info(s->eng, &I);
-        /* a message longer than the budget is served (its own blocks are evicted while it is
+            const bool infllm = s->p.policy == KVT_POLICY_INFLLM;
+            if ((rc = kvt__sess_pending_tokens(s, s->conv.n_m, infllm, &pf->tok, &pf->n, &pf->fmt))) return pf_fail_message(pf, rc);
+            pf->total0 = s->total;
+            struct kvt_engine_info I;
+            kvt_engine_info(s->eng, &I);
+            /* a message longer than the budget is served (its own blocks are evicted while it is
         ** prefilled, positions stay below n_ctx_train by compaction); one longer than the whole
         ** context is not */
-        if (pf->n + s->p.gen_reserve > I.n_ctx)
-            return pf_fail_message(pf, kvt__fail(KVT_ECTX, "the message is %d tokens; the context holds %d (with %d reserved for the reply)",
-                                                 pf->n, I.n_ctx, s->p.gen_reserve));
-        /* evicted blocks relevant to it come back right before it (InfLLM: right after it,
+            if (pf->n + s->p.gen_reserve > I.n_ctx)
+                return pf_fail_message(
+                    pf, kvt__fail(KVT_ECTX, "the message is %d tokens; the context holds %d (with %d reserved for the reply)",
+                                  pf->n, I.n_ctx, s->p.gen_reserve));
+            /* evicted blocks relevant to it come back right before it (InfLLM: right after it,
         ** since its retrieval query is the message's own attention queries) */
-        if (infllm) {
-            if ((rc = kvt__sess_pending_tokens(s, s->conv.n_m, false, &pf->tc, &pf->nc, &pf->fc))) return pf_fail_message(pf, rc);
+            if (infllm) {
+                if ((rc = kvt__sess_pending_tokens(s, s->conv.n_m, false, &pf->tc, &pf->nc, &pf->fc)))
+                    return pf_fail_message(pf, rc);
+                s->cur_keep = s->conv.m[s->conv.n_m - 1].keep;
+                pf_feed(pf, pf->tc, pf->nc, KVT_ROLE_USER, s->p.gen_reserve, PF_INFLLM_FED);
+                return 0;
+            }
+            if ((rc = kvt__sess_recover(s, s->conv.m[s->conv.n_m - 1].content, pf->n))) return pf_fail_message(pf, rc);
             s->cur_keep = s->conv.m[s->conv.n_m - 1].keep;
-            pf_feed(pf, pf->tc, pf->nc, KVT_ROLE_USER, s->p.gen_reserve, PF_INFLLM_FED);
+            pf_feed(pf, pf->tok, pf->n, KVT_ROLE_USER, s->p.gen_reserve, PF_MESSAGE_FED);
             return 0;
         }
-        if ((rc = kvt__sess_recover(s, s->conv.m[s->conv.n_m - 1].content, pf->n))) return pf_fail_message(pf, rc);
-        s->cur_keep = s->conv.m[s->conv.n_m - 1].keep;
-        pf_feed(pf, pf->tok, pf->n, KVT_ROLE_USER, s->p.gen_reserve, PF_MESSAGE_FED);
-        return 0;
-    }
-    case PF_INFLLM_FED:
-        s->cur_keep = KVT_KEEP_NONE;
-        if (res) return pf_fail_message(pf, res);
-        kvt__sess_set_text(s, pf->fc);
-        pf->fc = NULL;
-        pf_free_text(pf);
-        if ((rc = kvt__sess_infllm_recover(s, 8))) return pf_fail_message(pf, rc);
-        if ((rc = kvt__sess_pending_tokens(s, s->conv.n_m, true, &pf->tok, &pf->n, &pf->fmt))) /* the assistant prefix */
-            return pf_fail_message(pf, rc);
-        s->cur_keep = s->conv.m[s->conv.n_m - 1].keep;
-        pf_feed(pf, pf->tok, pf->n, KVT_ROLE_USER, s->p.gen_reserve, PF_MESSAGE_FED);
-        return 0;
-    case PF_MESSAGE_FED:
-        s->cur_keep = KVT_KEEP_NONE;
-        if (res) return pf_fail_message(pf, res);
-        kvt__sess_set_text(s, pf->fmt);
-        pf->fmt = NULL;
-        pf_free_text(pf);
-        s->conv.n_m_decoded = s->conv.n_m;
-        if (s->p.policy == KVT_POLICY_INFLLM) { /* its prefix went in with it */
+        case PF_INFLLM_FED:
+            s->cur_keep = KVT_KEEP_NONE;
+            if (res) return pf_fail_message(pf, res);
+            kvt__sess_set_text(s, pf->fc);
+            pf->fc = NULL;
+            pf_free_text(pf);
+            if ((rc = kvt__sess_infllm_recover(s, 8))) return pf_fail_message(pf, rc);
+            if ((rc = kvt__sess_pending_tokens(s, s->conv.n_m, true, &pf->tok, &pf->n, &pf->fmt))) /* the assistant prefix */
+                return pf_fail_message(pf, rc);
+            s->cur_keep = s->conv.m[s->conv.n_m - 1].keep;
+            pf_feed(pf, pf->tok, pf->n, KVT_ROLE_USER, s->p.gen_reserve, PF_MESSAGE_FED);
+            return 0;
+        case PF_MESSAGE_FED:
+            s->cur_keep = KVT_KEEP_NONE;
+            if (res) return pf_fail_message(pf, res);
+            kvt__sess_set_text(s, pf->fmt);
+            pf->fmt = NULL;
+            pf_free_text(pf);
+            s->conv.n_m_decoded = s->conv.n_m;
+            if (s->p.policy == KVT_POLICY_INFLLM) { /* its prefix went in with it */
+                pf->i++;
+                pf->phase = PF_MESSAGE;
+                return 0;
+            }
+            /* the assistant prefix */
+            if ((rc = kvt__sess_recover_own_tail(s, s->conv.m[s->conv.n_m - 1].content))) return rc;
+            if ((rc = kvt__sess_pending_tokens(s, s->conv.n_m, true, &pf->tok, &pf->n, &pf->fmt))) return rc;
+            pf_feed(pf, pf->tok, pf->n, KVT_ROLE_USER, s->p.gen_reserve, PF_PREFIX_FED);
+            return 0;
+        case PF_PREFIX_FED:
+            if (res) {
+                pf_free_text(pf);
+                return res;
+            }
+            kvt__sess_set_text(s, pf->fmt);
+            pf->fmt = NULL;
+            pf_free_text(pf);
             pf->i++;
             pf->phase = PF_MESSAGE;
             return 0;
-        }
-        /* the assistant prefix */
-        if ((rc = kvt__sess_recover_own_tail(s, s->conv.m[s->conv.n_m - 1].content))) return rc;
-        if ((rc = kvt__sess_pending_tokens(s, s->conv.n_m, true, &pf->tok, &pf->n, &pf->fmt))) return rc;
-        pf_feed(pf, pf->tok, pf->n, KVT_ROLE_USER, s->p.gen_reserve, PF_PREFIX_FED);
-        return 0;
-    case PF_PREFIX_FED:
-        if (res) { pf_free_text(pf); return res; }
-        kvt__sess_set_text(s, pf->fmt);
-        pf->fmt = NULL;
-        pf_free_text(pf);
-        pf->i++;
-        pf->phase = PF_MESSAGE;
-        return 0;
-    case PF_LOGITS:
-        pf->phase = PF_DONE;
-        return pf->sync ? kvt__sess_refresh_logits(s) : 0;
-    case PF_DONE:
-        return 0;
+        case PF_LOGITS: pf->phase = PF_DONE; return pf->sync ? kvt__sess_refresh_logits(s) : 0;
+        case PF_DONE: return 0;
     }
     return 0;
 }
@@ -334,7 +344,10 @@ int kvt_prefill_next(kvt_prefill *pf, int32_t room, struct kvt_decode_chunk *chu
     for (;;) {
         if (pf->feeding) {
             int r = feed_next(pf->s, &pf->f, room, chunk);
-            if (r == 1) { pf->chunk_out = true; return 1; }
+            if (r == 1) {
+                pf->chunk_out = true;
+                return 1;
+            }
             feed_free(&pf->f);
             pf->feeding = false;
             pf->phase = pf->after;
@@ -362,7 +375,8 @@ int kvt_prefill_done(kvt_prefill *pf, int rc) {
 }
 
 /* Validate and set up; k: the first message to add. */
-static int pf_new(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n, int32_t k, int32_t keep, bool sync, kvt_prefill **out) {
+static int pf_new(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n, int32_t k, int32_t keep, bool sync,
+                  kvt_prefill **out) {
     kvt_prefill *pf = calloc(1, sizeof *pf);
     if (!pf) return kvt__fail(KVT_ENOMEM, "prefill");
     pf->s = s;

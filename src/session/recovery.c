@@ -154,8 +154,8 @@ static int dense_candidates(kvt_session *s, const char *query, struct cand *c, i
 ** resident context: kvt_bm25_novel_terms) score the evicted blocks (docs[i]: block i's text,
 ** "" when unsealed; sc: room for s->n_b scores); those scoring at least min_recovery_score are
 ** candidates.  OUT c[0..*n_c) unsorted, *novel (the novel terms, caller frees; "" when none). */
-static int bm25_candidates(kvt_session *s, const char *query, const char **res, int32_t n_res, const char **docs,
-                           double *sc, struct cand *c, int32_t *n_c, char **novel) {
+static int bm25_candidates(kvt_session *s, const char *query, const char **res, int32_t n_res, const char **docs, double *sc,
+                           struct cand *c, int32_t *n_c, char **novel) {
     *n_c = 0;
     int rc = kvt_bm25_novel_terms(query, res, n_res, novel);
     if (rc == 0 && (*novel)[0]) rc = kvt_bm25_score(docs, s->n_b, *novel, sc);
@@ -193,8 +193,7 @@ static int32_t top_with_successors(kvt_session *s, struct cand *c, int32_t n_c, 
     return n_x;
 }
 
-static void debug_candidates(const kvt_session *s, const char *what, const char *novel, const struct cand *c,
-                             int32_t n_c) {
+static void debug_candidates(const kvt_session *s, const char *what, const char *novel, const struct cand *c, int32_t n_c) {
     if (!getenv("KVT_DEBUG_RECOVERY")) return;
     fprintf(stderr, "[recovery] turn %d %s \"%.80s\":", s->turn, what, novel ? novel : "");
     for (int32_t k = 0; k < n_c; k++) fprintf(stderr, " blk%d=%.2f", s->b[c[k].i].info.id, c[k].score);
@@ -212,8 +211,7 @@ static void debug_candidates(const kvt_session *s, const char *what, const char 
 int kvt__sess_recover(kvt_session *s, const char *query, int32_t msg_tokens) {
     if (s->p.policy != KVT_POLICY_KVTIER && s->p.recovery == KVT_RECOVERY_DISCARD) return 0;
     int32_t n_ev = 0;
-    for (int32_t i = 0; i < s->n_b; i++)
-        n_ev += kvt__sess_evicted(s, &s->b[i]);
+    for (int32_t i = 0; i < s->n_b; i++) n_ev += kvt__sess_evicted(s, &s->b[i]);
     const size_t nb = (size_t) (s->n_b > 0 ? s->n_b : 1);
     const char **docs = malloc(sizeof(char *) * nb), **res = malloc(sizeof(char *) * nb);
     double *sc = malloc(sizeof(double) * nb);
@@ -233,8 +231,7 @@ int kvt__sess_recover(kvt_session *s, const char *query, int32_t msg_tokens) {
         int32_t n_res = 0;
         for (int32_t i = 0; i < s->n_b; i++)
             if (s->b[i].info.residency == KVT_RES_DEVICE && s->b[i].info.sealed) res[n_res++] = docs[i];
-        if (s->open >= 0 &&
-            kvt_detokenize(s->eng, s->b[s->open].tok, s->b[s->open].info.n_tokens, false, &open_text) == 0)
+        if (s->open >= 0 && kvt_detokenize(s->eng, s->b[s->open].tok, s->b[s->open].info.n_tokens, false, &open_text) == 0)
             res[n_res++] = open_text;
         if (s->rcv.emb_dim > 0) rc = dense_candidates(s, query, c, &n_c);
         else rc = bm25_candidates(s, query, res, n_res, docs, sc, c, &n_c, &novel);
@@ -243,9 +240,7 @@ int kvt__sess_recover(kvt_session *s, const char *query, int32_t msg_tokens) {
             debug_candidates(s, s->rcv.emb_dim ? "cosine" : "novel terms", novel, c, n_c);
         }
     }
-    if (rc == 0 && n_c > 0) {
-        rc = kvt__sess_load_candidates(s, c, n_c, msg_tokens + s->p.gen_reserve);
-    }
+    if (rc == 0 && n_c > 0) { rc = kvt__sess_load_candidates(s, c, n_c, msg_tokens + s->p.gen_reserve); }
     free(novel);
     free(open_text);
     free(docs);
@@ -283,8 +278,7 @@ int kvt__sess_infllm_recover(kvt_session *s, int32_t suffix_tokens) {
         for (int32_t i = 0; i < s->n_b; i++) {
             const struct blk *b = &s->b[i];
             bool evicted = kvt__sess_evicted(s, b);
-            if (b->n_rep == 0 || (!evicted && (b->info.residency != KVT_RES_DEVICE || b->info.id < s->p.n_sink_blocks)))
-                continue;
+            if (b->n_rep == 0 || (!evicted && (b->info.residency != KVT_RES_DEVICE || b->info.id < s->p.n_sink_blocks))) continue;
             double best = -INFINITY;
             for (int32_t r = 0; r < b->n_rep; r++) {
                 double dot = 0;
@@ -420,12 +414,10 @@ int kvt__sess_recover_own_tail(kvt_session *s, const char *text) {
     }
     int32_t q_blocks = 0;
     if (rc == 0) {
-        for (int32_t i = s->n_b - 1, covered = 0; i >= 0 && covered < n_qt + 8; i--, q_blocks++)
-            covered += s->b[i].info.n_tokens;
+        for (int32_t i = s->n_b - 1, covered = 0; i >= 0 && covered < n_qt + 8; i--, q_blocks++) covered += s->b[i].info.n_tokens;
         for (int32_t i = 0; i < s->n_b; i++) {
             docs[i] = s->b[i].info.sealed && s->b[i].text ? s->b[i].text : "";
-            if (i < s->n_b - q_blocks && s->b[i].info.residency == KVT_RES_DEVICE && s->b[i].info.sealed)
-                res[n_res++] = docs[i];
+            if (i < s->n_b - q_blocks && s->b[i].info.residency == KVT_RES_DEVICE && s->b[i].info.sealed) res[n_res++] = docs[i];
         }
         rc = bm25_candidates(s, query, res, n_res, docs, sc, c, &n_c, &novel);
     }
@@ -438,8 +430,7 @@ int kvt__sess_recover_own_tail(kvt_session *s, const char *text) {
         while (n_hold < max_hold) {
             int32_t best = -1;
             for (int32_t i = 0; i < s->n_b - q_blocks; i++) {
-                if (s->b[i].info.residency != KVT_RES_DEVICE || !s->b[i].info.sealed || sc[i] < s->p.min_recovery_score)
-                    continue;
+                if (s->b[i].info.residency != KVT_RES_DEVICE || !s->b[i].info.sealed || sc[i] < s->p.min_recovery_score) continue;
                 bool taken = false;
                 for (int32_t j = 0; j < n_hold; j++) taken |= hold[j] == i;
                 if (!taken && (best < 0 || sc[i] > sc[best])) best = i;
@@ -450,13 +441,15 @@ int kvt__sess_recover_own_tail(kvt_session *s, const char *text) {
     if (rc == 0) {
         n_c = top_with_successors(s, c, n_c, nb, novel);
         debug_candidates(s, "own tail, novel terms", novel, c, n_c);
-        if (n_c > 0) rc = long_msg ? load_before_question(s, c, n_c, n_qt + 8, hold, n_hold)
-                                   : kvt__sess_load_candidates(s, c, n_c, s->p.gen_reserve);
+        if (n_c > 0)
+            rc = long_msg ? load_before_question(s, c, n_c, n_qt + 8, hold, n_hold)
+                          : kvt__sess_load_candidates(s, c, n_c, s->p.gen_reserve);
         if (getenv("KVT_DEBUG_RECOVERY")) /* what the reply will see (block order; p0: position) */
             for (int32_t i = 0; i < s->n_b; i++)
                 if (s->b[i].info.residency == KVT_RES_DEVICE)
                     fprintf(stderr, "[recovery]   resident blk%d p0 %d n %d%s \"%.60s\"\n", s->b[i].info.id, s->b[i].info.p0,
-                            s->b[i].info.n_tokens, s->b[i].info.n_recoveries ? " (recovered)" : "", s->b[i].text ? s->b[i].text : "");
+                            s->b[i].info.n_tokens, s->b[i].info.n_recoveries ? " (recovered)" : "",
+                            s->b[i].text ? s->b[i].text : "");
     }
     free(qt);
     free(novel);

@@ -74,9 +74,7 @@ static bool block_key(kvt_session *s, int32_t i, kvt_key *out) {
     return true;
 }
 
-void kvt__sess_chain_off(kvt_session *s) {
-    s->reuse.chain_ok = false;
-}
+void kvt__sess_chain_off(kvt_session *s) { s->reuse.chain_ok = false; }
 
 bool kvt__sess_store_block(kvt_session *s, struct blk *b, const kvt_blob *blob) {
     kvt__sess_chunk_store(s, b, blob); /* chunk keys: blocks of any purity */
@@ -107,8 +105,7 @@ int kvt__sess_route(kvt_session *s, const kvt_token *tok, int32_t n, int role, i
     *used = 0;
     const int32_t B = s->p.block;
     /* at a block boundary of a pure stream, with at least one full block before the last token */
-    if (!s->p.store || !s->reuse.chain_ok || s->open >= 0 || s->next_pos != s->total || s->total % B != 0 || n <= B)
-        return 0;
+    if (!s->p.store || !s->reuse.chain_ok || s->open >= 0 || s->next_pos != s->total || s->total % B != 0 || n <= B) return 0;
     if (!kvt__sess_roots(s)) return 0;
     const int32_t i0 = s->n_b;
     if (i0 > 0 && !s->b[i0 - 1].has_ckey) return 0;
@@ -154,7 +151,7 @@ int kvt__sess_route(kvt_session *s, const kvt_token *tok, int32_t n, int role, i
         size_t sz = 0;
         struct kvt_store_meta m;
         if (kvt_store_get(s->p.store, &key, &s->reuse.model_fp, &data, &sz, &m, NULL)) break;
-        blobs[found] = (kvt_blob) { data, sz, (i0 + j) * B, B, B, 0 };
+        blobs[found] = (kvt_blob){ data, sz, (i0 + j) * B, B, B, 0 };
         if (m.n_tokens != B || m.codec != 0) break; /* freed below with the others */
         bp[found] = &blobs[found];
         found++;
@@ -178,25 +175,25 @@ out:
     return rc;
 }
 
-int kvt__sess_load_run(kvt_session *s, const kvt_blob **bp, int32_t found, const kvt_token *tok, int role,
-                       bool moved, int32_t *loaded) {
+int kvt__sess_load_run(kvt_session *s, const kvt_blob **bp, int32_t found, const kvt_token *tok, int role, bool moved,
+                       int32_t *loaded) {
     const int32_t B = s->p.block;
     *loaded = 0;
     kvt_pos *p0 = malloc(sizeof *p0 * (size_t) found);
     if (!p0) return kvt__fail(KVT_ENOMEM, "loading %d blocks", found);
     for (int32_t q = 0; q < found; q++) p0[q] = s->next_pos + q * B;
     int rc = moved && kvt__fault_check(KVT__FAULT_CHUNK_LOAD) ? kvt__fail(KVT_ELLAMA, "chunk load (injected fault)")
-                                                             : kvt_blocks_load(s->eng, bp, found, s->p.seq, p0);
+                                                              : kvt_blocks_load(s->eng, bp, found, s->p.seq, p0);
     free(p0);
     if (rc) { /* all or nothing: nothing was loaded, the tokens go through the model instead */
         if (moved)
-            fprintf(stderr, "kvtier: a reused chunk of %d blocks could not be loaded, decoded instead: %s\n", found,
-                    kvt_errmsg());
+            fprintf(stderr, "kvtier: a reused chunk of %d blocks could not be loaded, decoded instead: %s\n", found, kvt_errmsg());
         else
             fprintf(stderr, "kvtier: %d blocks found in the store could not be loaded, prefilled instead: %s\n", found,
                     kvt_errmsg());
         kvt__clear_error();
-        if (moved) s->st.chunk_load_errors++; else s->st.store_load_errors++;
+        if (moved) s->st.chunk_load_errors++;
+        else s->st.store_load_errors++;
         return 0;
     }
     if (moved) kvt__sess_chain_off(s); /* from here on the KV is not a cold prefill's: no more chain keys */

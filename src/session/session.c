@@ -52,11 +52,10 @@ int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *params, k
     if (p.policy == KVT_POLICY_INFLLM) p.recovery = KVT_RECOVERY_KV_RESTORE;
     else if (p.policy != KVT_POLICY_KVTIER && p.policy != KVT_POLICY_NO_EVICTION) p.recovery = KVT_RECOVERY_DISCARD;
     if (p.policy != KVT_POLICY_NO_EVICTION && I.n_ctx_train > 0 && p.budget > I.n_ctx_train)
-        return kvt__fail(KVT_EINVAL, "budget %d exceeds the model's trained context of %d positions", p.budget,
-                         I.n_ctx_train);
+        return kvt__fail(KVT_EINVAL, "budget %d exceeds the model's trained context of %d positions", p.budget, I.n_ctx_train);
     if (p.budget > I.n_ctx_seq)
-        return kvt__fail(KVT_EINVAL, "budget %d exceeds the %d cells one sequence can hold (%s)", p.budget,
-                         I.n_ctx_seq, I.kv_unified ? "the context" : "its KV stream: n_ctx / n_seq");
+        return kvt__fail(KVT_EINVAL, "budget %d exceeds the %d cells one sequence can hold (%s)", p.budget, I.n_ctx_seq,
+                         I.kv_unified ? "the context" : "its KV stream: n_ctx / n_seq");
     if (!(p.low_watermark > 0 && p.low_watermark < p.high_watermark && p.high_watermark <= 1))
         return kvt__fail(KVT_EINVAL, "watermarks low %.2f / high %.2f must satisfy 0 < low < high <= 1", p.low_watermark,
                          p.high_watermark);
@@ -71,14 +70,14 @@ int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *params, k
             return kvt__fail(KVT_EINVAL, "attention layer %d is outside 0..%d", p.attn_layers ? p.attn_layers[i] : -1,
                              I.n_layer - 1);
     if (p.top_k < 0 || p.gen_reserve < 0 || p.n_sink_blocks < 0 || p.n_recent_blocks < 0 || p.successor_blocks < 0)
-        return kvt__fail(KVT_EINVAL, "top_k %d, gen_reserve %d, sink %d, recent %d and successor %d blocks must be >= 0",
-                         p.top_k, p.gen_reserve, p.n_sink_blocks, p.n_recent_blocks, p.successor_blocks);
+        return kvt__fail(KVT_EINVAL, "top_k %d, gen_reserve %d, sink %d, recent %d and successor %d blocks must be >= 0", p.top_k,
+                         p.gen_reserve, p.n_sink_blocks, p.n_recent_blocks, p.successor_blocks);
     if (p.embedder && (!(p.min_recovery_cosine >= -1 && p.min_recovery_cosine <= 1) || p.ann_min_blocks < 1))
         return kvt__fail(KVT_EINVAL, "min_recovery_cosine %.2f must be in [-1, 1] and ann_min_blocks %d >= 1",
                          p.min_recovery_cosine, p.ann_min_blocks);
     if (p.pool && p.store)
         return kvt__fail(KVT_EINVAL, "kvt_session_open: both a pool and a store given: with a store the session "
-                         "keeps its block copies in the store (its private entries); pass pool NULL");
+                                     "keeps its block copies in the store (its private entries); pass pool NULL");
     int rce = kvt__sess_elastic_check(&p);
     if (rce) return rce;
     struct kvt_codec_params codec = kvt_codec_default_params(KVT_CODEC_RAW);
@@ -101,7 +100,7 @@ int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *params, k
     s->chunk.k_tok = chunk_k_tok;
     s->chunk.k_pct = chunk_k_pct;
     s->codec = codec;
-    p.codec_ram = NULL; /* the caller's string: parsed into s->codec */
+    p.codec_ram = NULL;       /* the caller's string: parsed into s->codec */
     p.chunk_recompute = NULL; /* parsed into chunk_k_tok / chunk_k_pct */
     s->eng = eng;
     s->rcv.emb_dim = p.embedder ? kvt_embedder_dim(p.embedder) : 0;
@@ -111,7 +110,10 @@ int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *params, k
     s->pos_limit = I.n_ctx_train > 0 ? I.n_ctx_train : INT32_MAX / 2;
     s->serial = atomic_fetch_add(&g_serial, 1) + 1;
     s->conv.kv_text = strdup("");
-    if (!s->conv.kv_text) { free(s); return kvt__fail(KVT_ENOMEM, "session"); }
+    if (!s->conv.kv_text) {
+        free(s);
+        return kvt__fail(KVT_ENOMEM, "session");
+    }
     int rc0 = 0;
     if (p.policy == KVT_POLICY_H2O || p.policy == KVT_POLICY_SNAPKV || p.policy == KVT_POLICY_KVTIER ||
         p.policy == KVT_POLICY_INFLLM) {
@@ -135,10 +137,16 @@ int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *params, k
         if (rc0 == 0 && p.head_profile) {
             s->sig.head_w = malloc(sizeof(float) * (size_t) s->sig.n_layers * (size_t) I.n_head);
             rc0 = s->sig.head_w ? kvt_head_weights_load(p.head_profile, s->sig.layers, s->sig.n_layers, I.n_head, s->sig.head_w)
-                            : kvt__fail(KVT_ENOMEM, "head weights");
+                                : kvt__fail(KVT_ENOMEM, "head weights");
         }
         s->rcv.rep_layer = s->sig.layers[s->sig.n_layers / 2];
-        if (rc0) { free(s->sig.head_w); free(s->sig.layers); free(s->conv.kv_text); free(s); return rc0; }
+        if (rc0) {
+            free(s->sig.head_w);
+            free(s->sig.layers);
+            free(s->conv.kv_text);
+            free(s);
+            return rc0;
+        }
         s->p.attn_layers = s->sig.layers;
         s->p.n_attn_layers = s->sig.n_layers;
     }
@@ -147,7 +155,13 @@ int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *params, k
     } else if (!p.store) {
         struct kvt_pool_params pp = kvt_pool_default_params();
         int rc = kvt_pool_open(&pp, &s->pool);
-        if (rc) { free(s->sig.head_w); free(s->sig.layers); free(s->conv.kv_text); free(s); return rc; }
+        if (rc) {
+            free(s->sig.head_w);
+            free(s->sig.layers);
+            free(s->conv.kv_text);
+            free(s);
+            return rc;
+        }
         s->own_pool = true;
     }
     if (p.tenant && *p.tenant && !(s->reuse.tenant = strdup(p.tenant))) {
@@ -223,10 +237,10 @@ void kvt_session_get_stats(kvt_session *s, struct kvt_session_stats *st) {
         struct blk *b = &s->b[i];
         kvt__sess_refresh_residency(s, b);
         switch (b->info.residency) {
-        case KVT_RES_DEVICE: st->n_blocks_resident++; break;
-        case KVT_RES_HOST: st->n_blocks_host++; break;
-        case KVT_RES_DISK: st->n_blocks_disk++; break;
-        default: st->n_blocks_lost++; break;
+            case KVT_RES_DEVICE: st->n_blocks_resident++; break;
+            case KVT_RES_HOST: st->n_blocks_host++; break;
+            case KVT_RES_DISK: st->n_blocks_disk++; break;
+            default: st->n_blocks_lost++; break;
         }
     }
     st->evictions = s->st.evictions;
@@ -313,7 +327,10 @@ int kvt_session_resume(kvt_session *s, int32_t seq) {
         if (i < 0) break;
         struct blk *b = &s->b[i];
         b->parked = false;
-        if (rc) { b->info.residency = KVT_RES_HOST; continue; }
+        if (rc) {
+            b->info.residency = KVT_RES_HOST;
+            continue;
+        }
         s->next_pos = b->info.p0;
         rc = kvt__sess_load_block(s, i); /* a block whose copy is gone is recomputed at the tail */
     }

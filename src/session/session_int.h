@@ -33,27 +33,27 @@
 struct blk {
     struct kvt_block_info info; /* info.text points at text */
     kvt_token *tok;             /* [block] */
-    int32_t    role_n[3];       /* tokens per role */
-    float     *tok_mass;        /* [block] attention each token received (InfLLM representatives) */
-    float     *rep;             /* InfLLM: n_rep x row representative keys, un-rotated */
-    int32_t    n_rep;
-    char      *text;
-    uint64_t   key;             /* pool key (sealed blocks) */
-    kvt_pos    blob_p0;         /* position the saved K is rotated for */
-    int32_t    blob_cells, blob_cells_swa;
-    size_t     blob_bytes;
-    bool       enc;             /* the pool's copy is codec_ram-encoded (else the raw blob) */
-    float     *emb;             /* [emb_dim] unit vector of the text (with an embedder), else NULL */
-    bool       parked;          /* resident when the session was parked: comes back on resume */
-    kvt_key    ckey;            /* chain key (session/reuse.c), when has_ckey */
-    bool       has_ckey;
-    bool       copy_content;    /* with a store: the block's copy is its content entry (ckey),
+    int32_t role_n[3];          /* tokens per role */
+    float *tok_mass;            /* [block] attention each token received (InfLLM representatives) */
+    float *rep;                 /* InfLLM: n_rep x row representative keys, un-rotated */
+    int32_t n_rep;
+    char *text;
+    uint64_t key;    /* pool key (sealed blocks) */
+    kvt_pos blob_p0; /* position the saved K is rotated for */
+    int32_t blob_cells, blob_cells_swa;
+    size_t blob_bytes;
+    bool enc;     /* the pool's copy is codec_ram-encoded (else the raw blob) */
+    float *emb;   /* [emb_dim] unit vector of the text (with an embedder), else NULL */
+    bool parked;  /* resident when the session was parked: comes back on resume */
+    kvt_key ckey; /* chain key (session/reuse.c), when has_ckey */
+    bool has_ckey;
+    bool copy_content; /* with a store: the block's copy is its content entry (ckey),
                                 ** not a private entry under key */
 };
 
 struct msg {
-    int   role;
-    int   keep;
+    int role;
+    int keep;
     char *content;
 };
 
@@ -65,102 +65,102 @@ struct msg {
 ** and re-fed from there (kvt__sess_cut_stream). */
 struct sess_conv {
     struct msg *m;
-    int32_t     n_m, cap_m, n_m_decoded;
-    char       *kv_text;        /* template text whose tokens are in the stream */
-    int32_t    *seg_tok;
-    size_t     *seg_chr;
-    int32_t     n_seg, cap_seg;
+    int32_t n_m, cap_m, n_m_decoded;
+    char *kv_text; /* template text whose tokens are in the stream */
+    int32_t *seg_tok;
+    size_t *seg_chr;
+    int32_t n_seg, cap_seg;
 };
 
 /* Decoding and generation (session/generate.c). */
 struct sess_dec {
-    float      *logits;         /* after this session's last token (the engine's are shared) */
-    bool        have_logits;
-    kvt_token  *gen;            /* reply being generated step-wise (kvt_session_gen_step) */
-    int32_t     n_gen, cap_gen;
-    bool        generating;
+    float *logits; /* after this session's last token (the engine's are shared) */
+    bool have_logits;
+    kvt_token *gen; /* reply being generated step-wise (kvt_session_gen_step) */
+    int32_t n_gen, cap_gen;
+    bool generating;
 };
 
 /* Attention signals (session/signals.c; the layers and head weights are set up at open). */
 struct sess_sig {
-    int32_t     n_layers;       /* attention layers observed (0 = no attention signals) */
-    int32_t    *layers;
-    float      *head_w;         /* [n_layers * n_head] from head_profile, NULL = equal */
-    int32_t     n_head;
+    int32_t n_layers; /* attention layers observed (0 = no attention signals) */
+    int32_t *layers;
+    float *head_w; /* [n_layers * n_head] from head_profile, NULL = equal */
+    int32_t n_head;
 };
 
 /* Recovery's indexes (session/recovery.c). */
 struct sess_rcv {
-    int32_t     rep_layer;      /* InfLLM: layer of the representative keys */
-    int32_t     rep_row;        /* floats per representative key row (n_head_kv * head_dim) */
-    int32_t     emb_dim;        /* embedder width, 0 without one */
-    kvt_ann    *ann;            /* HNSW over block vectors once ann_min_blocks are sealed */
+    int32_t rep_layer; /* InfLLM: layer of the representative keys */
+    int32_t rep_row;   /* floats per representative key row (n_head_kv * head_dim) */
+    int32_t emb_dim;   /* embedder width, 0 without one */
+    kvt_ann *ann;      /* HNSW over block vectors once ann_min_blocks are sealed */
 };
 
 /* The block store's prefix reuse (session/reuse.c). */
 struct sess_reuse {
-    char       *tenant;         /* copy of p.tenant */
-    bool        chain_ok;       /* every block so far is what a cold prefill gives: store them */
-    bool        have_root, store_broken;
-    kvt_key     root, model_fp; /* h_0 of the chain; the engine's model fingerprint */
-    int32_t     route_want, route_tokens; /* this turn: tokens looked up / loaded from the store */
-    int64_t     route_want_all, route_tokens_all; /* the same over the session's life */
-    const kvt_blob *const *preload; /* blocks just loaded from the store, in order: their seal */
-    int32_t     n_preload;          /*   takes these bytes instead of reading the cache back */
-    bool        preload_moved;      /*   they were saved at other positions (reused chunks):
+    char *tenant;  /* copy of p.tenant */
+    bool chain_ok; /* every block so far is what a cold prefill gives: store them */
+    bool have_root, store_broken;
+    kvt_key root, model_fp;                   /* h_0 of the chain; the engine's model fingerprint */
+    int32_t route_want, route_tokens;         /* this turn: tokens looked up / loaded from the store */
+    int64_t route_want_all, route_tokens_all; /* the same over the session's life */
+    const kvt_blob *const *preload;           /* blocks just loaded from the store, in order: their seal */
+    int32_t n_preload;                        /*   takes these bytes instead of reading the cache back */
+    bool preload_moved;                       /*   they were saved at other positions (reused chunks):
                                     ** matched by order, kept with their own saved position */
 };
 
 /* Non-prefix chunk reuse (session/chunks.c). */
 struct sess_chunk {
-    kvt_key     root;           /* c_0 of the chunk keys (kvt_chunk_root), with reuse.have_root */
-    int32_t     k_tok;          /* chunk_recompute parsed: tokens, or -1 ... */
-    double      k_pct;          /*   ... percent of the run, or -1 */
+    kvt_key root;  /* c_0 of the chunk keys (kvt_chunk_root), with reuse.have_root */
+    int32_t k_tok; /* chunk_recompute parsed: tokens, or -1 ... */
+    double k_pct;  /*   ... percent of the run, or -1 */
 };
 
 /* Counters and timings, summed by the file that does the work, read by kvt_session_get_stats. */
 struct sess_stats {
-    int32_t     peak;           /* resident tokens */
-    int64_t     evictions, recoveries, decoded, recovered;
-    int64_t     recomputes;     /* blocks decoded again because their saved copy was gone */
-    int64_t     compactions;    /* times the resident blocks were moved down to close gaps */
-    double      policy_ms;      /* signals + scoring + bookkeeping (not the primitives) */
-    double      decode_ms;      /* time in kvt_engine_decode for this session's tokens */
-    double      embed_ms;       /* time embedding blocks and messages */
-    int64_t     store_tokens, store_put, store_load_errors;
-    double      store_ms;
-    int64_t     pool_tokens, pool_raw_bytes, pool_bytes; /* what saving to the host pool cost */
-    double      codec_enc_ms, codec_dec_ms;
-    int64_t     el_passes, el_zeroed; /* live ElasticKV (session/elastic.c) */
+    int32_t peak; /* resident tokens */
+    int64_t evictions, recoveries, decoded, recovered;
+    int64_t recomputes;  /* blocks decoded again because their saved copy was gone */
+    int64_t compactions; /* times the resident blocks were moved down to close gaps */
+    double policy_ms;    /* signals + scoring + bookkeeping (not the primitives) */
+    double decode_ms;    /* time in kvt_engine_decode for this session's tokens */
+    double embed_ms;     /* time embedding blocks and messages */
+    int64_t store_tokens, store_put, store_load_errors;
+    double store_ms;
+    int64_t pool_tokens, pool_raw_bytes, pool_bytes; /* what saving to the host pool cost */
+    double codec_enc_ms, codec_dec_ms;
+    int64_t el_passes, el_zeroed;     /* live ElasticKV (session/elastic.c) */
     struct kvt_elastic_stats el_last; /* the last pass */
-    double      el_ms;
-    int64_t     chunk_tokens, chunk_recompute_tokens, chunk_runs, chunk_put, chunk_load_errors;
-    double      chunk_scan_ms;
+    double el_ms;
+    int64_t chunk_tokens, chunk_recompute_tokens, chunk_runs, chunk_put, chunk_load_errors;
+    double chunk_scan_ms;
 };
 
 /* What every file reads: the engine, the parameters, the block table and the positions. */
 struct kvt_session {
     kvt_engine *eng;
     struct kvt_session_params p;
-    kvt_pool   *pool;
-    bool        own_pool;
-    uint32_t    serial;
-    struct blk *b;              /* the block table (session/blocks.c), by id */
-    int32_t     n_b, cap_b;
-    int32_t     open;           /* index of the open tail block, -1 if none */
-    kvt_pos     next_pos;
-    kvt_pos     pos_limit;      /* positions stay below this: n_ctx_train (session/positions.c) */
-    int32_t     total;          /* tokens in the stream */
-    int32_t     turn;
-    int32_t     cur_keep;       /* keep hint of the message being decoded */
-    int32_t     n_vocab;
-    bool        is_parked;      /* kvt_session_park: no cells, no sequence */
+    kvt_pool *pool;
+    bool own_pool;
+    uint32_t serial;
+    struct blk *b; /* the block table (session/blocks.c), by id */
+    int32_t n_b, cap_b;
+    int32_t open; /* index of the open tail block, -1 if none */
+    kvt_pos next_pos;
+    kvt_pos pos_limit; /* positions stay below this: n_ctx_train (session/positions.c) */
+    int32_t total;     /* tokens in the stream */
+    int32_t turn;
+    int32_t cur_keep; /* keep hint of the message being decoded */
+    int32_t n_vocab;
+    bool is_parked;                /* kvt_session_park: no cells, no sequence */
     struct kvt_codec_params codec; /* host pool codec (p.codec_ram parsed; RAW = none) */
-    int32_t     el_pending;     /* live ElasticKV: tokens decoded since the last pass */
-    struct sess_conv  conv;
-    struct sess_dec   dec;
-    struct sess_sig   sig;
-    struct sess_rcv   rcv;
+    int32_t el_pending;            /* live ElasticKV: tokens decoded since the last pass */
+    struct sess_conv conv;
+    struct sess_dec dec;
+    struct sess_sig sig;
+    struct sess_rcv rcv;
     struct sess_reuse reuse;
     struct sess_chunk chunk;
     struct sess_stats st;
@@ -168,15 +168,15 @@ struct kvt_session {
 
 /* A reused chunk found in a prompt (session/chunks.c): its blocks from tokens[at] on are loaded. */
 struct chunk_run {
-    int32_t  at;                /* prompt offset of the first loaded block */
-    int32_t  n_blocks;          /* blocks loaded */
-    kvt_key *keys;              /* [n_blocks] chunk keys */
+    int32_t at;       /* prompt offset of the first loaded block */
+    int32_t n_blocks; /* blocks loaded */
+    kvt_key *keys;    /* [n_blocks] chunk keys */
 };
 
 /* A recovery candidate: block index and score (higher first). */
 struct cand {
     int32_t i;
-    double  score;
+    double score;
 };
 
 enum { N_REP = 4, INFLLM_WINDOW = 32 };
@@ -193,11 +193,11 @@ static inline bool kvt__sess_evicted(const kvt_session *s, const struct blk *b) 
 }
 
 /* ---- session/session.c ---- */
-int32_t kvt__sess_resident(const kvt_session *s);        /* cells of the session's sequence */
-int     kvt__sess_parked_error(void);                     /* KVT_EINVAL "the session is parked" */
-void    kvt__sess_note_peak(kvt_session *s);              /* peak resident tokens */
-int     kvt__sess_block_role(const struct blk *b);        /* the role with most tokens in b */
-void    kvt__sess_refresh_residency(const kvt_session *s, struct blk *b); /* HOST vs DISK vs LOST from the pool */
+int32_t kvt__sess_resident(const kvt_session *s);                      /* cells of the session's sequence */
+int kvt__sess_parked_error(void);                                      /* KVT_EINVAL "the session is parked" */
+void kvt__sess_note_peak(kvt_session *s);                              /* peak resident tokens */
+int kvt__sess_block_role(const struct blk *b);                         /* the role with most tokens in b */
+void kvt__sess_refresh_residency(const kvt_session *s, struct blk *b); /* HOST vs DISK vs LOST from the pool */
 
 /* ---- session/blocks.c ---- */
 /* Record tokens[0..n) just decoded at positions next_pos.. in the block table, sealing blocks as
@@ -205,25 +205,25 @@ void    kvt__sess_refresh_residency(const kvt_session *s, struct blk *b); /* HOS
 ** closed without a saved copy (reported on stderr) and recomputed from its tokens if it is
 ** evicted and needed, so a failing pool is not an error here.  Errors: KVT_ENOMEM (the block
 ** table cannot grow; the tokens from the one that needed a new block on are not recorded). */
-int  kvt__sess_record(kvt_session *s, const kvt_token *tok, int32_t n, int role);
+int kvt__sess_record(kvt_session *s, const kvt_token *tok, int32_t n, int role);
 /* Seal the open block (also one not yet full): save its K/V to the pool (write-through),
 ** detokenize its text.  On error the block stays open and resident; nothing is lost. */
-int  kvt__sess_seal(kvt_session *s);
+int kvt__sess_seal(kvt_session *s);
 /* Make room so that `need` more tokens fit (watermark eviction).  KVT_EBUDGET when even evicting
 ** every unprotected block cannot. */
-int  kvt__sess_make_room(kvt_session *s, int32_t need);
+int kvt__sess_make_room(kvt_session *s, int32_t need);
 /* Load evicted block i back at next_pos (kv_restore: pool copy + RoPE re-anchoring; breadcrumb:
 ** re-decode).  A block whose copy is gone (corrupt, missing spill file, dropped by the pool) is
 ** re-decoded from its tokens instead (counted in recomputes).  Errors: those of kvt_block_load
 ** and kvt_engine_decode (a block whose recompute failed is left LOST, evicted). */
-int  kvt__sess_load_block(kvt_session *s, int32_t i);
+int kvt__sess_load_block(kvt_session *s, int32_t i);
 /* Move sealed resident blocks to the tail so that blocks loaded meanwhile read before them (a long
 ** message's question stays last: kvt__sess_recover_own_tail): lift takes block i's cells out of
 ** the cache (its sealed copy stays; not counted as an eviction), place loads it back at next_pos
 ** by RoPE re-anchoring (its copy gone: re-decoded, counted in recomputes; not counted as a
 ** recovery).  Errors of place: those of kvt__sess_load_block. */
 void kvt__sess_lift_block(kvt_session *s, int32_t i);
-int  kvt__sess_place_block(kvt_session *s, int32_t i);
+int kvt__sess_place_block(kvt_session *s, int32_t i);
 /* Remove block b from the cache, the pool and the index and free its memory (b is zeroed). */
 void kvt__sess_drop_block(kvt_session *s, struct blk *b);
 /* Where a sealed block's copy lives: the session's host pool, or with a store the store (its
@@ -231,45 +231,45 @@ void kvt__sess_drop_block(kvt_session *s, struct blk *b);
 ** the pool).  Delete b's copy (a content entry, shared, is only forgotten).  Errors ignored. */
 void kvt__sess_copy_del(kvt_session *s, struct blk *b);
 /* enum kvt_tier of b's copy now: RAM, DISK or NONE. */
-int  kvt__sess_copy_tier(const kvt_session *s, const struct blk *b);
+int kvt__sess_copy_tier(const kvt_session *s, const struct blk *b);
 
 /* ---- session/prefill.c ---- */
 /* Decode tokens for the conversation in chunks that end at block boundaries, keeping the budget
 ** (plus reserve_after free tokens after the last chunk) at every chunk, each chunk alone. */
-int  kvt__sess_feed(kvt_session *s, const kvt_token *tok, int32_t n, int role, int32_t reserve_after);
+int kvt__sess_feed(kvt_session *s, const kvt_token *tok, int32_t n, int role, int32_t reserve_after);
 
 /* ---- session/elastic.c ---- */
 /* Validate p's elastic fields (KVT_EINVAL naming the value). */
-int  kvt__sess_elastic_check(const struct kvt_session_params *p);
+int kvt__sess_elastic_check(const struct kvt_session_params *p);
 /* n tokens were just decoded into the session: run a live ElasticKV pass when one is due
 ** (kvt_session_params.elastic_sk).  On error the cache is unchanged (kvt_seq_elastic) and the
 ** pass is tried again after the next tokens. */
-int  kvt__sess_elastic(kvt_session *s, int32_t n);
+int kvt__sess_elastic(kvt_session *s, int32_t n);
 /* The elastic_* fields of st. */
 void kvt__sess_elastic_stats(const kvt_session *s, struct kvt_session_stats *st);
 
 /* ---- session/sync.c ---- */
-int  kvt__sess_push_msg(kvt_session *s, int role, const char *text, int keep);
+int kvt__sess_push_msg(kvt_session *s, int role, const char *text, int keep);
 void kvt__sess_set_text(kvt_session *s, char *fmt);
-int  kvt__sess_cut_stream(kvt_session *s, int32_t keep);
-int  kvt__sess_append_reply(kvt_session *s, const char *text);
+int kvt__sess_cut_stream(kvt_session *s, int32_t keep);
+int kvt__sess_append_reply(kvt_session *s, const char *text);
 /* Tokens of the template text of messages [0, n_msgs) (with the assistant prefix when add_ass)
 ** not yet in the stream, the stream cut back first where the text diverges.  OUT *tok (caller
 ** frees), *n, *fmt_out: the whole template text (caller frees; kv_text once they are in). */
-int  kvt__sess_pending_tokens(kvt_session *s, int32_t n_msgs, bool add_ass, kvt_token **tok, int32_t *n, char **fmt_out);
+int kvt__sess_pending_tokens(kvt_session *s, int32_t n_msgs, bool add_ass, kvt_token **tok, int32_t *n, char **fmt_out);
 /* enum kvt_role of "system", "user", "assistant"; -1 for anything else. */
-int  kvt__sess_role_from_name(const char *r);
+int kvt__sess_role_from_name(const char *r);
 /* The stream ends with a token whose logits are not kept (nothing was decoded after a cut back):
 ** decode it again. */
-int  kvt__sess_refresh_logits(kvt_session *s);
+int kvt__sess_refresh_logits(kvt_session *s);
 
 /* ---- session/positions.c ---- */
 /* Make room for n more positions below pos_limit: compact the resident blocks down to close the
 ** gaps if next_pos + n would pass it.  KVT_ECTX (with the numbers) when even that is not enough;
 ** errors of kvt_seq_shift.  Call before every decode or load at next_pos. */
-int  kvt__sess_reserve_positions(kvt_session *s, int32_t n);
+int kvt__sess_reserve_positions(kvt_session *s, int32_t n);
 /* Move every resident block down, in position order, to sit contiguously from 0. */
-int  kvt__sess_compact(kvt_session *s);
+int kvt__sess_compact(kvt_session *s);
 
 /* ---- session/reuse.c ---- */
 /* The session's KV stops being a cold prefill's (eviction, recovery, compaction, early seal):
@@ -280,10 +280,10 @@ void kvt__sess_chain_off(kvt_session *s);
 ** holds b's bytes under its chain key now (put, or there already). */
 bool kvt__sess_store_block(kvt_session *s, struct blk *b, const kvt_blob *blob);
 /* b's bytes from the store by its chain key (a copy the pool lost).  KVT_ENOENT when none. */
-int  kvt__sess_store_fetch(kvt_session *s, const struct blk *b, void **data, size_t *n);
+int kvt__sess_store_fetch(kvt_session *s, const struct blk *b, void **data, size_t *n);
 /* Before prefilling tok[0..n) of a prompt: the longest prefix of its full blocks found in the
 ** store is loaded and recorded; *used = its tokens (the caller decodes the rest). */
-int  kvt__sess_route(kvt_session *s, const kvt_token *tok, int32_t n, int role, int32_t *used);
+int kvt__sess_route(kvt_session *s, const kvt_token *tok, int32_t n, int role, int32_t *used);
 /* reuse.c: the load-or-decode step of both reuse paths (the store's prompt prefix, a reused
 ** chunk): the `found` blocks bp[] are loaded at s->next_pos + q * block in one kvt_blocks_load,
 ** all or nothing, and recorded as the next found * block tokens of tok as if decoded (each block
@@ -293,8 +293,8 @@ int  kvt__sess_route(kvt_session *s, const kvt_token *tok, int32_t n, int role, 
 ** (chunk_load_errors / store_load_errors) and reported on stderr, and *loaded is 0: the caller
 ** runs the tokens through the model instead.  Positions must be reserved by the caller.
 ** OUT *loaded (tokens).  Returns 0 or the error of recording them (KVT_ENOMEM, ...). */
-int  kvt__sess_load_run(kvt_session *s, const kvt_blob **bp, int32_t found, const kvt_token *tok, int role,
-                        bool moved, int32_t *loaded);
+int kvt__sess_load_run(kvt_session *s, const kvt_blob **bp, int32_t found, const kvt_token *tok, int role, bool moved,
+                       int32_t *loaded);
 /* enum kvt_route of lookups that wanted `want` tokens and found `found`. */
 int32_t kvt__sess_route_kind(int64_t want, int64_t found);
 /* h_0 (and c_0 with chunk_reuse) and the model fingerprint, computed once; false (store off for
@@ -308,12 +308,12 @@ void kvt__sess_chunk_store(kvt_session *s, const struct blk *b, const kvt_blob *
 /* The reused chunks of prompt tokens tok[0..n) (the last token never in one), greedy left to
 ** right at every offset, with the boundary recompute taken off their starts.  *runs: caller
 ** frees with kvt__sess_chunk_free.  0 runs without chunk_reuse or a store.  Errors: KVT_ENOMEM. */
-int  kvt__sess_chunk_plan(kvt_session *s, const kvt_token *tok, int32_t n, struct chunk_run **runs, int32_t *n_runs);
+int kvt__sess_chunk_plan(kvt_session *s, const kvt_token *tok, int32_t n, struct chunk_run **runs, int32_t *n_runs);
 void kvt__sess_chunk_free(struct chunk_run *runs, int32_t n_runs);
 /* Load run r (its tokens at tok) at the tail: early-seal the open block, fetch, kvt_blocks_load,
 ** record.  *used = tokens loaded (0: nothing loaded, the caller decodes them; a store miss or a
 ** failed load is not an error).  Errors: those of kvt__sess_record. */
-int  kvt__sess_chunk_load(kvt_session *s, const struct chunk_run *r, const kvt_token *tok, int role, int32_t *used);
+int kvt__sess_chunk_load(kvt_session *s, const struct chunk_run *r, const kvt_token *tok, int role, int32_t *used);
 
 /* ---- session/signals.c ---- */
 /* Attention captured for the last decoded chunk -> block signals (best effort). */
@@ -322,12 +322,12 @@ void kvt__sess_observe(kvt_session *s, bool prompt);
 /* ---- session/recovery.c ---- */
 void kvt__sess_pick_representatives(kvt_session *s, struct blk *b, const kvt_blob *blob);
 void kvt__sess_embed_block(kvt_session *s, struct blk *b);
-int  kvt__sess_load_candidates(kvt_session *s, struct cand *c, int32_t n_c, int32_t extra);
+int kvt__sess_load_candidates(kvt_session *s, struct cand *c, int32_t n_c, int32_t extra);
 /* Before a user message of msg_tokens tokens: relevance of every block, evicted blocks back. */
-int  kvt__sess_recover(kvt_session *s, const char *query, int32_t msg_tokens);
+int kvt__sess_recover(kvt_session *s, const char *query, int32_t msg_tokens);
 /* InfLLM: after the message, by its own queries. */
-int  kvt__sess_infllm_recover(kvt_session *s, int32_t suffix_tokens);
+int kvt__sess_infllm_recover(kvt_session *s, int32_t suffix_tokens);
 /* A message longer than the budget: its own evicted blocks relevant to its end. */
-int  kvt__sess_recover_own_tail(kvt_session *s, const char *text);
+int kvt__sess_recover_own_tail(kvt_session *s, const char *text);
 
 #endif

@@ -64,6 +64,11 @@ void kvt__sess_observe(kvt_session *s, bool prompt) {
         }
     }
     kvt__clear_error();
-    free(p0); free(n); free(idx); free(all); free(win); free(m);
+    free(p0);
+    free(n);
+    free(idx);
+    free(all);
+    free(win);
+    free(m);
     s->st.policy_ms += kvt__now_ms() - t0;
 }

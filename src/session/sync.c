@@ -63,7 +63,9 @@ int kvt__sess_cut_stream(kvt_session *s, int32_t keep) {
             /* the physical tail: trim its cells in place; it is the open block again */
             kvt_seq_rm(s->eng, s->p.seq, b->info.p0 + r, b->info.p0 + b->info.n_tokens);
             for (int32_t cut = b->info.n_tokens - r; cut > 0;) { /* per-token roles are not kept: newest role first */
-                int k = b->role_n[KVT_ROLE_ASSISTANT] ? KVT_ROLE_ASSISTANT : b->role_n[KVT_ROLE_USER] ? KVT_ROLE_USER : KVT_ROLE_SYSTEM;
+                int k = b->role_n[KVT_ROLE_ASSISTANT] ? KVT_ROLE_ASSISTANT
+                        : b->role_n[KVT_ROLE_USER]    ? KVT_ROLE_USER
+                                                      : KVT_ROLE_SYSTEM;
                 int32_t d = KVT_MIN(cut, b->role_n[k]);
                 b->role_n[k] -= d;
                 cut -= d;
@@ -122,7 +124,10 @@ static int cut_to_common_tokens(kvt_session *s, const char *fmt, size_t common, 
     const int32_t at_boundary = k >= 0 ? s->conv.seg_tok[k] : 0;
     kvt_token *all = NULL;
     int32_t n_all = 0;
-    if (kvt_tokenize(s->eng, fmt, true, true, &all, &n_all)) { kvt__clear_error(); return 1; }
+    if (kvt_tokenize(s->eng, fmt, true, true, &all, &n_all)) {
+        kvt__clear_error();
+        return 1;
+    }
     const int32_t c = stream_common(s, all, n_all);
     char *tail = NULL;
     size_t len = strlen(fmt), n_tail = 0;
@@ -141,8 +146,12 @@ static int cut_to_common_tokens(kvt_session *s, const char *fmt, size_t common, 
     }
     free(tail);
     int rc = kvt__sess_cut_stream(s, c);
-    if (rc) { free(all); return rc; }
-    while (s->conv.n_seg > 0 && (s->conv.seg_tok[s->conv.n_seg - 1] > c || s->conv.seg_chr[s->conv.n_seg - 1] > off)) s->conv.n_seg--;
+    if (rc) {
+        free(all);
+        return rc;
+    }
+    while (s->conv.n_seg > 0 && (s->conv.seg_tok[s->conv.n_seg - 1] > c || s->conv.seg_chr[s->conv.n_seg - 1] > off))
+        s->conv.n_seg--;
     s->conv.kv_text[off] = '\0';
     memmove(all, all + c, sizeof(kvt_token) * (size_t) (n_all - c));
     *tok = all;
@@ -158,7 +167,8 @@ static int cut_to_common_tokens(kvt_session *s, const char *fmt, size_t common, 
 int kvt__sess_pending_tokens(kvt_session *s, int32_t n_msgs, bool add_ass, kvt_token **tok, int32_t *n, char **fmt_out) {
     struct kvt_chat_msg *cm = malloc(sizeof *cm * (size_t) (n_msgs > 0 ? n_msgs : 1));
     if (!cm) return kvt__fail(KVT_ENOMEM, "chat");
-    for (int32_t i = 0; i < n_msgs; i++) cm[i] = (struct kvt_chat_msg){ kvt__sess_role_name[s->conv.m[i].role], s->conv.m[i].content };
+    for (int32_t i = 0; i < n_msgs; i++)
+        cm[i] = (struct kvt_chat_msg){ kvt__sess_role_name[s->conv.m[i].role], s->conv.m[i].content };
     char *fmt = NULL;
     int rc = kvt_chat_format(s->eng, cm, n_msgs, add_ass, s->p.template_fallback, &fmt);
     free(cm);
@@ -168,21 +178,33 @@ int kvt__sess_pending_tokens(kvt_session *s, int32_t n_msgs, bool add_ass, kvt_t
     *tok = NULL;
     *n = 0;
     if (common < have && (rc = cut_to_common_tokens(s, fmt, common, tok, n)) != 1) {
-        if (rc) { free(fmt); return rc; }
+        if (rc) {
+            free(fmt);
+            return rc;
+        }
         *fmt_out = fmt;
         return 0;
     }
     if (common < have) {
         int32_t k = s->conv.n_seg - 1;
         while (k >= 0 && s->conv.seg_chr[k] > common) k--;
-        if ((rc = kvt__sess_cut_stream(s, k >= 0 ? s->conv.seg_tok[k] : 0))) { free(fmt); return rc; }
+        if ((rc = kvt__sess_cut_stream(s, k >= 0 ? s->conv.seg_tok[k] : 0))) {
+            free(fmt);
+            return rc;
+        }
         s->conv.n_seg = k + 1;
         common = have = k >= 0 ? s->conv.seg_chr[k] : 0;
         s->conv.kv_text[have] = '\0';
     }
-    if (fmt[common] == '\0') { *fmt_out = fmt; return 0; }
+    if (fmt[common] == '\0') {
+        *fmt_out = fmt;
+        return 0;
+    }
     rc = kvt_tokenize(s->eng, fmt + common, have == 0, true, tok, n);
-    if (rc) { free(fmt); return rc; }
+    if (rc) {
+        free(fmt);
+        return rc;
+    }
     *fmt_out = fmt;
     return 0;
 }
@@ -203,7 +225,8 @@ int kvt__sess_append_reply(kvt_session *s, const char *text) {
     struct kvt_chat_msg *cm = malloc(sizeof *cm * (size_t) s->conv.n_m);
     char *fmt = NULL;
     if (cm) {
-        for (int32_t i = 0; i < s->conv.n_m; i++) cm[i] = (struct kvt_chat_msg){ kvt__sess_role_name[s->conv.m[i].role], s->conv.m[i].content };
+        for (int32_t i = 0; i < s->conv.n_m; i++)
+            cm[i] = (struct kvt_chat_msg){ kvt__sess_role_name[s->conv.m[i].role], s->conv.m[i].content };
         if (kvt_chat_format(s->eng, cm, s->conv.n_m, false, s->p.template_fallback, &fmt)) fmt = NULL;
         free(cm);
     }
@@ -212,7 +235,10 @@ int kvt__sess_append_reply(kvt_session *s, const char *text) {
         size_t n = (size_t) (t1 - t0);
         char *hit = n ? NULL : fmt + a;
         for (char *p = fmt + a; n && *p; p++)
-            if (!strncmp(p, t0, n)) { hit = p; break; }
+            if (!strncmp(p, t0, n)) {
+                hit = p;
+                break;
+            }
         if (hit) {
             hit[n] = '\0';
             kvt__sess_set_text(s, fmt);
@@ -243,7 +269,8 @@ int kvt__sess_refresh_logits(kvt_session *s) {
     kvt_token t = b->tok[b->info.n_tokens - 1];
     int role = kvt__sess_block_role(b);
     int rc = kvt__sess_cut_stream(s, s->total - 1);
-    if (rc == 0 && s->conv.n_seg > 0 && s->conv.seg_tok[s->conv.n_seg - 1] > s->total) s->conv.seg_tok[s->conv.n_seg - 1] = s->total + 1;
+    if (rc == 0 && s->conv.n_seg > 0 && s->conv.seg_tok[s->conv.n_seg - 1] > s->total)
+        s->conv.seg_tok[s->conv.n_seg - 1] = s->total + 1;
     return rc ? rc : kvt__sess_feed(s, &t, 1, role, 0);
 }
 

@@ -28,17 +28,15 @@
 #include <unistd.h>
 
 static void le32(uint8_t *b, uint32_t v) {
-    for (int i = 0; i < 4; i++) b[i] = (uint8_t)(v >> (8 * i));
+    for (int i = 0; i < 4; i++) b[i] = (uint8_t) (v >> (8 * i));
 }
 static void le64(uint8_t *b, uint64_t v) {
-    for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (8 * i));
+    for (int i = 0; i < 8; i++) b[i] = (uint8_t) (v >> (8 * i));
 }
 static uint32_t rd32(const uint8_t *b) {
-    return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+    return (uint32_t) b[0] | (uint32_t) b[1] << 8 | (uint32_t) b[2] << 16 | (uint32_t) b[3] << 24;
 }
-static uint64_t rd64(const uint8_t *b) {
-    return (uint64_t)rd32(b) | (uint64_t)rd32(b + 4) << 32;
-}
+static uint64_t rd64(const uint8_t *b) { return (uint64_t) rd32(b) | (uint64_t) rd32(b + 4) << 32; }
 
 int kvt__sha256(const void *data, size_t n, uint8_t out[32]) {
     unsigned len = 0;
@@ -48,10 +46,8 @@ int kvt__sha256(const void *data, size_t n, uint8_t out[32]) {
 
 void kvt__sblob_name(const kvt_key *key, uint64_t gen, char name[KVT__SBLOB_NAME]) {
     kvt_key_hex(key, name);
-    if (gen)
-        snprintf(name + 64, KVT__SBLOB_NAME - 64, "-%016llx.kvb", (unsigned long long)gen);
-    else
-        memcpy(name + 64, ".kvb", 5);
+    if (gen) snprintf(name + 64, KVT__SBLOB_NAME - 64, "-%016llx.kvb", (unsigned long long) gen);
+    else memcpy(name + 64, ".kvb", 5);
 }
 
 static bool is_hex(const char *s, size_t n) {
@@ -76,11 +72,11 @@ bool kvt__sblob_is_blob(const char *name, kvt_key *key) {
 static uint64_t new_gen(void) {
     static _Atomic uint64_t counter;
     uint64_t g = 0;
-    if (getrandom(&g, sizeof g, GRND_NONBLOCK) != (ssize_t)sizeof g) { /* no entropy yet: unique enough */
+    if (getrandom(&g, sizeof g, GRND_NONBLOCK) != (ssize_t) sizeof g) { /* no entropy yet: unique enough */
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
-        g = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-        g ^= (uint64_t)getpid() << 40 ^ (++counter * 0x9e3779b97f4a7c15u);
+        g = (uint64_t) ts.tv_sec * 1000000000u + (uint64_t) ts.tv_nsec;
+        g ^= (uint64_t) getpid() << 40 ^ (++counter * 0x9e3779b97f4a7c15u);
     }
     return g ? g : 1;
 }
@@ -98,10 +94,10 @@ static void encode(const struct kvt__sblob_hdr *h, uint8_t b[KVT__SBLOB_HDR]) {
     memset(b, 0, KVT__SBLOB_HDR);
     memcpy(b, KVT__SBLOB_MAGIC, 8);
     le32(b + 8, KVT__SBLOB_VERSION);
-    le32(b + 12, (uint32_t)h->codec);
+    le32(b + 12, (uint32_t) h->codec);
     memcpy(b + 16, h->key.b, 32);
     memcpy(b + 48, h->model.b, 32);
-    le32(b + 80, (uint32_t)h->n_tokens);
+    le32(b + 80, (uint32_t) h->n_tokens);
     le64(b + 88, h->size);
     memcpy(b + 96, h->sha, 32);
 }
@@ -114,7 +110,7 @@ static int write_all(int fd, const uint8_t *p, size_t n) {
             return errno;
         }
         p += w;
-        n -= (size_t)w;
+        n -= (size_t) w;
     }
     return 0;
 }
@@ -126,11 +122,11 @@ int kvt__sblob_write(int blobs_fd, const char *blobs_dir, const struct kvt__sblo
     kvt_key_hex(&h->key, hex);
     kvt__sblob_name(&h->key, new_gen(), name);
     encode(h, hdr);
-    snprintf(tmp, sizeof tmp, ".tmp-%ld-%.16s-XXXXXX", (long)getpid(), hex);
+    snprintf(tmp, sizeof tmp, ".tmp-%ld-%.16s-XXXXXX", (long) getpid(), hex);
     /* mkstemp needs a path: build it under blobs_dir, then work relative to blobs_fd */
     char path[4096];
     int len = snprintf(path, sizeof path, "%s/%s", blobs_dir, tmp);
-    if (len < 0 || (size_t)len >= sizeof path) {
+    if (len < 0 || (size_t) len >= sizeof path) {
         *what = "create";
         return ENAMETOOLONG;
     }
@@ -144,7 +140,7 @@ int kvt__sblob_write(int blobs_fd, const char *blobs_dir, const struct kvt__sblo
     if (kvt__fault_check(KVT__FAULT_STORE_WRITE)) {
         *what = "write";
         err = ENOSPC;
-    } else if ((err = write_all(fd, hdr, sizeof hdr)) || (err = write_all(fd, data, (size_t)h->size))) {
+    } else if ((err = write_all(fd, hdr, sizeof hdr)) || (err = write_all(fd, data, (size_t) h->size))) {
         *what = "write";
     } else if (kvt__fault_check(KVT__FAULT_STORE_SYNC) ? (errno = EIO, true) : fsync(fd) != 0) {
         *what = "fsync";
@@ -172,17 +168,16 @@ int kvt__sblob_write(int blobs_fd, const char *blobs_dir, const struct kvt__sblo
     return 0;
 }
 
-int kvt__sblob_write_unsafe(int blobs_fd, const struct kvt__sblob_hdr *h, const void *data,
-                            const char name[KVT__SBLOB_NAME]) {
+int kvt__sblob_write_unsafe(int blobs_fd, const struct kvt__sblob_hdr *h, const void *data, const char name[KVT__SBLOB_NAME]) {
     uint8_t hdr[KVT__SBLOB_HDR];
     encode(h, hdr);
     int fd = openat(blobs_fd, name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) return errno;
-    size_t half = (size_t)h->size / 2;
+    size_t half = (size_t) h->size / 2;
     int err = write_all(fd, hdr, sizeof hdr);
     if (!err) err = write_all(fd, data, half);
     usleep(2000);
-    if (!err) err = write_all(fd, (const uint8_t *)data + half, (size_t)h->size - half);
+    if (!err) err = write_all(fd, (const uint8_t *) data + half, (size_t) h->size - half);
     close(fd);
     return err;
 }
@@ -196,7 +191,7 @@ static int read_all(int fd, uint8_t *p, size_t n, size_t *got) {
             return errno;
         }
         if (r == 0) break;
-        *got += (size_t)r;
+        *got += (size_t) r;
     }
     return 0;
 }
@@ -207,10 +202,10 @@ static const char *decode(const uint8_t *hdr, size_t n, struct kvt__sblob_hdr *h
     if (n < KVT__SBLOB_HDR) return "truncated header";
     if (memcmp(hdr, KVT__SBLOB_MAGIC, 8)) return "bad magic";
     if (rd32(hdr + 8) != KVT__SBLOB_VERSION) return "unknown format version";
-    h->codec = (int32_t)rd32(hdr + 12);
+    h->codec = (int32_t) rd32(hdr + 12);
     memcpy(h->key.b, hdr + 16, 32);
     memcpy(h->model.b, hdr + 48, 32);
-    h->n_tokens = (int32_t)rd32(hdr + 80);
+    h->n_tokens = (int32_t) rd32(hdr + 80);
     h->size = rd64(hdr + 88);
     memcpy(h->sha, hdr + 96, 32);
     return NULL;
@@ -238,8 +233,8 @@ int kvt__sblob_read(int blobs_fd, const char *name, struct kvt__sblob_hdr *h, ui
         goto out;
     }
     if ((*why = decode(hdr, got, h))) goto out;
-    if ((uint64_t)sb.st_size != KVT__SBLOB_HDR + h->size || h->size > SIZE_MAX - 1) {
-        *why = (uint64_t)sb.st_size < KVT__SBLOB_HDR + h->size ? "truncated payload" : "file longer than its header says";
+    if ((uint64_t) sb.st_size != KVT__SBLOB_HDR + h->size || h->size > SIZE_MAX - 1) {
+        *why = (uint64_t) sb.st_size < KVT__SBLOB_HDR + h->size ? "truncated payload" : "file longer than its header says";
         goto out;
     }
     /* the payload is hashed as it is read; without data it is read in chunks and dropped */
@@ -250,7 +245,7 @@ int kvt__sblob_read(int blobs_fd, const char *name, struct kvt__sblob_hdr *h, ui
         *why = "no memory for SHA-256";
         goto out;
     }
-    size_t chunk = data ? (size_t)h->size : KVT_MIN((size_t)h->size, (size_t)1 << 20);
+    size_t chunk = data ? (size_t) h->size : KVT_MIN((size_t) h->size, (size_t) 1 << 20);
     buf = malloc(chunk ? chunk : 1);
     if (!buf) {
         EVP_MD_CTX_free(c);
@@ -261,7 +256,7 @@ int kvt__sblob_read(int blobs_fd, const char *name, struct kvt__sblob_hdr *h, ui
     uint64_t left = h->size;
     int ok = 1;
     while (left > 0 && ok) {
-        size_t want = (size_t)KVT_MIN(left, (uint64_t)chunk);
+        size_t want = (size_t) KVT_MIN(left, (uint64_t) chunk);
         uint8_t *dst = data ? buf + (h->size - left) : buf;
         if (read_all(fd, dst, want, &got) || got != want) {
             *why = got != want ? "truncated payload" : strerror(errno);
@@ -302,22 +297,22 @@ out:
 uint8_t *kvt__sblob_encode_mem(const struct kvt__sblob_hdr *h, const void *data, size_t *n) {
     *n = 0;
     if (h->size > SIZE_MAX - KVT__SBLOB_HDR) return NULL;
-    uint8_t *v = malloc(KVT__SBLOB_HDR + (size_t)h->size);
+    uint8_t *v = malloc(KVT__SBLOB_HDR + (size_t) h->size);
     if (!v) return NULL;
     encode(h, v);
-    if (h->size) memcpy(v + KVT__SBLOB_HDR, data, (size_t)h->size);
-    *n = KVT__SBLOB_HDR + (size_t)h->size;
+    if (h->size) memcpy(v + KVT__SBLOB_HDR, data, (size_t) h->size);
+    *n = KVT__SBLOB_HDR + (size_t) h->size;
     return v;
 }
 
 int kvt__sblob_check_mem(const uint8_t *v, size_t n, struct kvt__sblob_hdr *h, const char **why) {
     uint8_t sha[32];
     if ((*why = decode(v, n, h))) return KVT__SBLOB_BAD;
-    if (h->size != (uint64_t)(n - KVT__SBLOB_HDR)) {
-        *why = h->size > (uint64_t)(n - KVT__SBLOB_HDR) ? "truncated payload" : "value longer than its header says";
+    if (h->size != (uint64_t) (n - KVT__SBLOB_HDR)) {
+        *why = h->size > (uint64_t) (n - KVT__SBLOB_HDR) ? "truncated payload" : "value longer than its header says";
         return KVT__SBLOB_BAD;
     }
-    if (kvt__sha256(v + KVT__SBLOB_HDR, (size_t)h->size, sha)) {
+    if (kvt__sha256(v + KVT__SBLOB_HDR, (size_t) h->size, sha)) {
         *why = "SHA-256 failed";
         return KVT__SBLOB_NOMEM;
     }

@@ -21,10 +21,10 @@
 #define KVT__CHAIN_VERSION 1u
 
 static void put_u32(uint8_t b[4], uint32_t v) {
-    b[0] = (uint8_t)v;
-    b[1] = (uint8_t)(v >> 8);
-    b[2] = (uint8_t)(v >> 16);
-    b[3] = (uint8_t)(v >> 24);
+    b[0] = (uint8_t) v;
+    b[1] = (uint8_t) (v >> 8);
+    b[2] = (uint8_t) (v >> 16);
+    b[3] = (uint8_t) (v >> 24);
 }
 
 static int update_u32(EVP_MD_CTX *c, uint32_t v) {
@@ -36,7 +36,7 @@ static int update_u32(EVP_MD_CTX *c, uint32_t v) {
 /* u32 length, then the bytes. */
 static int update_str(EVP_MD_CTX *c, const char *s) {
     size_t n = s ? strlen(s) : 0;
-    return update_u32(c, (uint32_t)n) && (n == 0 || EVP_DigestUpdate(c, s, n));
+    return update_u32(c, (uint32_t) n) && (n == 0 || EVP_DigestUpdate(c, s, n));
 }
 
 static int finish(EVP_MD_CTX *c, int ok, kvt_key *out) {
@@ -57,24 +57,23 @@ static int root(const char *fn, const char *domain, const struct kvt_chain_param
         return kvt__fail(KVT_EINVAL, "%s: layout or tenant longer than 4 GiB", fn);
     EVP_MD_CTX *c = EVP_MD_CTX_new();
     if (!c) return kvt__fail(KVT_ENOMEM, "SHA-256 of a chain key: no memory for a digest context");
-    int ok = EVP_DigestInit_ex(c, EVP_sha256(), NULL) == 1 && update_str(c, domain) &&
-             update_u32(c, KVT__CHAIN_VERSION) && EVP_DigestUpdate(c, p->model.b, KVT_KEY_BYTES) &&
-             update_str(c, p->layout) && update_u32(c, (uint32_t)p->block) && update_str(c, p->tenant);
+    int ok = EVP_DigestInit_ex(c, EVP_sha256(), NULL) == 1 && update_str(c, domain) && update_u32(c, KVT__CHAIN_VERSION) &&
+             EVP_DigestUpdate(c, p->model.b, KVT_KEY_BYTES) && update_str(c, p->layout) && update_u32(c, (uint32_t) p->block) &&
+             update_str(c, p->tenant);
     return finish(c, ok, out);
 }
 
-int kvt_chain_root(const struct kvt_chain_params *p, kvt_key *out) {
-    return root("kvt_chain_root", "kvtier-chain", p, out);
-}
+int kvt_chain_root(const struct kvt_chain_params *p, kvt_key *out) { return root("kvt_chain_root", "kvtier-chain", p, out); }
 
-int kvt_chunk_root(const struct kvt_chain_params *p, kvt_key *out) {
-    return root("kvt_chunk_root", "kvtier-chunk", p, out);
-}
+int kvt_chunk_root(const struct kvt_chain_params *p, kvt_key *out) { return root("kvt_chunk_root", "kvtier-chunk", p, out); }
 
 int kvt_chain_next(const kvt_key *prev, const kvt_token *tok, int32_t n, kvt_key *out) {
     if (!prev || !out || n < 0 || (n > 0 && !tok))
-        return kvt__fail(KVT_EINVAL, "kvt_chain_next: %s", !prev ? "prev is NULL" : !out ? "out is NULL"
-                                                          : n < 0 ? "negative token count" : "tokens are NULL");
+        return kvt__fail(KVT_EINVAL, "kvt_chain_next: %s",
+                         !prev   ? "prev is NULL"
+                         : !out  ? "out is NULL"
+                         : n < 0 ? "negative token count"
+                                 : "tokens are NULL");
     EVP_MD_CTX *c = EVP_MD_CTX_new();
     if (!c) return kvt__fail(KVT_ENOMEM, "SHA-256 of a chain key: no memory for a digest context");
     kvt_key h = *prev; /* prev may alias out */
@@ -82,8 +81,8 @@ int kvt_chain_next(const kvt_key *prev, const kvt_token *tok, int32_t n, kvt_key
     uint8_t buf[4 * 256];
     for (int32_t i = 0; ok && i < n;) {
         int32_t m = 0;
-        for (; m < 256 && i < n; m++, i++) put_u32(buf + 4 * m, (uint32_t)tok[i]);
-        ok = EVP_DigestUpdate(c, buf, (size_t)m * 4) == 1;
+        for (; m < 256 && i < n; m++, i++) put_u32(buf + 4 * m, (uint32_t) tok[i]);
+        ok = EVP_DigestUpdate(c, buf, (size_t) m * 4) == 1;
     }
     return finish(c, ok, out);
 }
@@ -110,9 +109,9 @@ int kvt_key_parse(const char *hex, kvt_key *out) {
     for (int i = 0; i < 2 * KVT_KEY_BYTES; i++) {
         int v = hexval(hex[i]);
         if (v < 0)
-            return kvt__fail(KVT_EINVAL, "key '%.80s' is not %d hex digits (bad character at %d)", hex,
-                             2 * KVT_KEY_BYTES, i);
-        if (i % 2) k.b[i / 2] |= (uint8_t)v; else k.b[i / 2] = (uint8_t)(v << 4);
+            return kvt__fail(KVT_EINVAL, "key '%.80s' is not %d hex digits (bad character at %d)", hex, 2 * KVT_KEY_BYTES, i);
+        if (i % 2) k.b[i / 2] |= (uint8_t) v;
+        else k.b[i / 2] = (uint8_t) (v << 4);
     }
     if (hex[2 * KVT_KEY_BYTES] != '\0')
         return kvt__fail(KVT_EINVAL, "key '%.80s' is longer than %d hex digits", hex, 2 * KVT_KEY_BYTES);
@@ -122,11 +121,11 @@ int kvt_key_parse(const char *hex, kvt_key *out) {
 
 const char *kvt_tier_name(int tier) {
     switch (tier) {
-    case KVT_TIER_NONE: return "none";
-    case KVT_TIER_RAM: return "ram";
-    case KVT_TIER_DISK: return "disk";
-    case KVT_TIER_REDIS: return "redis";
-    default: return "unknown";
+        case KVT_TIER_NONE: return "none";
+        case KVT_TIER_RAM: return "ram";
+        case KVT_TIER_DISK: return "disk";
+        case KVT_TIER_REDIS: return "redis";
+        default: return "unknown";
     }
 }
 
@@ -136,13 +135,10 @@ int kvt_store_default_dir(char *buf, size_t n) {
     if (!buf || n == 0) return kvt__fail(KVT_EINVAL, "kvt_store_default_dir: no buffer");
     buf[0] = '\0';
     /* the XDG base directory spec: a relative $XDG_CACHE_HOME is invalid and ignored */
-    if (xdg && xdg[0] == '/')
-        len = snprintf(buf, n, "%s/kvtier/store", xdg);
-    else if (home && *home)
-        len = snprintf(buf, n, "%s/.cache/kvtier/store", home);
-    else
-        return kvt__fail(KVT_EINVAL, "no store directory: neither $XDG_CACHE_HOME (absolute) nor $HOME is set");
-    if (len < 0 || (size_t)len >= n) {
+    if (xdg && xdg[0] == '/') len = snprintf(buf, n, "%s/kvtier/store", xdg);
+    else if (home && *home) len = snprintf(buf, n, "%s/.cache/kvtier/store", home);
+    else return kvt__fail(KVT_EINVAL, "no store directory: neither $XDG_CACHE_HOME (absolute) nor $HOME is set");
+    if (len < 0 || (size_t) len >= n) {
         buf[0] = '\0';
         return kvt__fail(KVT_EINVAL, "store directory path needs %d bytes, the buffer has %zu", len, n);
     }

@@ -36,7 +36,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define JOBS_MAX      16 /* spill writes one put starts per round (then it relocks and looks again) */
+#define JOBS_MAX 16 /* spill writes one put starts per round (then it relocks and looks again) */
 
 enum { E_RAM, E_SPILLING, E_DISK };
 
@@ -45,8 +45,8 @@ struct pool_entry {
     uint64_t gen;      /* pool-unique number of this value: names its spill file, tells a spill
                        ** writer whether the value it wrote is still the entry's */
     uint8_t *data;     /* payload in RAM (E_RAM, E_SPILLING); NULL on disk or when n == 0 */
-    size_t   n;        /* payload bytes */
-    uint8_t  state;    /* E_RAM; E_SPILLING: in RAM, a put is writing it outside the lock;
+    size_t n;          /* payload bytes */
+    uint8_t state;     /* E_RAM; E_SPILLING: in RAM, a put is writing it outside the lock;
                        ** E_DISK: only in its spill file */
     uint64_t last_use; /* LRU stamp: larger = more recent */
 };
@@ -58,8 +58,8 @@ struct spill_job {
     uint64_t key, gen;
     const uint8_t *data;
     size_t n;
-    int err;           /* errno of the failed step, 0 = written */
-    const char *what;  /* the failed step (NULL: the directory could not be made) */
+    int err;          /* errno of the failed step, 0 = written */
+    const char *what; /* the failed step (NULL: the directory could not be made) */
 };
 
 /* Spill files to unlink once the lock is released. */
@@ -70,23 +70,22 @@ struct trash {
 
 struct kvt_pool {
     pthread_mutex_t mu;
-    size_t   budget;
-    size_t   spill_max; /* spill quota in payload bytes, 0 = none */
+    size_t budget;
+    size_t spill_max;     /* spill quota in payload bytes, 0 = none */
     struct kvt__spill sp; /* the spill directory (sp.dir set once, under the lock) */
-    uint64_t clock;     /* LRU counter */
-    uint64_t gen;       /* value counter */
+    uint64_t clock;       /* LRU counter */
+    uint64_t gen;         /* value counter */
     struct pool_entry *e;
-    size_t   n_e, cap_e;
-    int64_t  in_flight;     /* RAM bytes of E_SPILLING values (and of orphaned ones being written) */
-    int64_t  disk_reserved; /* spill bytes reserved by writes in flight (the quota counts them) */
+    size_t n_e, cap_e;
+    int64_t in_flight;     /* RAM bytes of E_SPILLING values (and of orphaned ones being written) */
+    int64_t disk_reserved; /* spill bytes reserved by writes in flight (the quota counts them) */
     struct kvt_pool_stats st;
 };
 
 static atomic_uint_fast64_t pool_serial;
 
 struct kvt_pool_params kvt_pool_default_params(void) {
-    return (struct kvt_pool_params){ .budget_bytes = (size_t)256 << 20, .spill_dir = NULL,
-                                     .spill_bytes_max = 0 };
+    return (struct kvt_pool_params){ .budget_bytes = (size_t) 256 << 20, .spill_dir = NULL, .spill_bytes_max = 0 };
 }
 
 /* Binary search.  Returns true and *idx = position if key is present, else false and
@@ -95,8 +94,12 @@ static bool find(const kvt_pool *pool, uint64_t key, size_t *idx) {
     size_t lo = 0, hi = pool->n_e;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        if (pool->e[mid].key == key) { *idx = mid; return true; }
-        if (pool->e[mid].key < key) lo = mid + 1; else hi = mid;
+        if (pool->e[mid].key == key) {
+            *idx = mid;
+            return true;
+        }
+        if (pool->e[mid].key < key) lo = mid + 1;
+        else hi = mid;
     }
     *idx = lo;
     return false;
@@ -109,7 +112,7 @@ static bool find(const kvt_pool *pool, uint64_t key, size_t *idx) {
 static void trash_add(kvt_pool *pool, struct trash *t, uint64_t key, uint64_t gen) {
     if (t->n == t->cap) {
         size_t cap = t->cap ? 2 * t->cap : 8;
-        uint64_t (*kg)[2] = realloc(t->kg, cap * sizeof *kg);
+        uint64_t(*kg)[2] = realloc(t->kg, cap * sizeof *kg);
         if (!kg) {
             kvt__spill_unlink(&pool->sp, key, gen);
             return;
@@ -134,9 +137,9 @@ static void release_value(kvt_pool *pool, struct pool_entry *e, struct trash *t)
     if (e->state == E_DISK) {
         trash_add(pool, t, e->key, e->gen);
         pool->st.n_spilled--;
-        pool->st.spill_bytes -= (int64_t)e->n;
+        pool->st.spill_bytes -= (int64_t) e->n;
     } else if (e->state == E_RAM) {
-        pool->st.ram_bytes -= (int64_t)e->n;
+        pool->st.ram_bytes -= (int64_t) e->n;
         free(e->data);
     }
     e->data = NULL;
@@ -176,14 +179,14 @@ static struct pool_entry *lru(kvt_pool *pool, int state) {
 enum { RESERVE_OK, RESERVE_DROP, RESERVE_WAIT };
 static int reserve_disk(kvt_pool *pool, uint64_t key, uint64_t gen, struct trash *t) {
     struct pool_entry *v = find_value(pool, key, gen, NULL);
-    const int64_t n = (int64_t)v->n, max = (int64_t)pool->spill_max;
+    const int64_t n = (int64_t) v->n, max = (int64_t) pool->spill_max;
     if (max && n > max) return RESERVE_DROP;
     while (max && pool->st.spill_bytes + pool->disk_reserved + n > max) {
         struct pool_entry *d = lru(pool, E_DISK);
         if (!d) return RESERVE_WAIT;
         if (d->last_use > v->last_use) return RESERVE_DROP;
         release_value(pool, d, t);
-        remove_at(pool, (size_t)(d - pool->e));
+        remove_at(pool, (size_t) (d - pool->e));
         pool->st.n_dropped++;
         v = find_value(pool, key, gen, NULL); /* the array moved */
     }
@@ -201,10 +204,10 @@ static int reserve_disk(kvt_pool *pool, uint64_t key, uint64_t gen, struct trash
 static bool commit_job(kvt_pool *pool, const struct spill_job *j, struct trash *t) {
     size_t i = 0;
     struct pool_entry *e = find_value(pool, j->key, j->gen, &i);
-    pool->in_flight -= (int64_t)j->n;
-    pool->disk_reserved -= (int64_t)j->n;
-    pool->st.ram_bytes -= (int64_t)j->n;
-    free((void *)j->data);
+    pool->in_flight -= (int64_t) j->n;
+    pool->disk_reserved -= (int64_t) j->n;
+    pool->st.ram_bytes -= (int64_t) j->n;
+    free((void *) j->data);
     if (!e || e->state != E_SPILLING) { /* orphaned */
         if (j->err == 0) trash_add(pool, t, j->key, j->gen);
         return false;
@@ -213,7 +216,7 @@ static bool commit_job(kvt_pool *pool, const struct spill_job *j, struct trash *
     if (j->err == 0) {
         e->state = E_DISK;
         pool->st.n_spilled++;
-        pool->st.spill_bytes += (int64_t)j->n;
+        pool->st.spill_bytes += (int64_t) j->n;
         pool->st.n_spill_writes++;
         return false;
     }
@@ -237,14 +240,14 @@ static int make_room(kvt_pool *pool, uint64_t key, uint64_t gen, struct trash *t
     for (;;) {
         struct spill_job jobs[JOBS_MAX];
         int nj = 0;
-        while (nj < JOBS_MAX && pool->st.ram_bytes - pool->in_flight > (int64_t)pool->budget) {
+        while (nj < JOBS_MAX && pool->st.ram_bytes - pool->in_flight > (int64_t) pool->budget) {
             struct pool_entry *v = find_value(pool, key, gen, NULL);
             if (!v || v->state != E_RAM || v->n <= pool->budget) v = lru(pool, E_RAM);
             if (!v) break; /* everything left is being written by other puts */
             const uint64_t vk = v->key, vg = v->gen;
             const int res = reserve_disk(pool, vk, vg, t);
             if (res == RESERVE_WAIT && nj > 0) break; /* write these first, then look again */
-            if (res != RESERVE_OK) { /* the quota says this one goes (or other threads hold it all) */
+            if (res != RESERVE_OK) {                  /* the quota says this one goes (or other threads hold it all) */
                 size_t i = 0;
                 v = find_value(pool, vk, vg, &i); /* still there: only entries on disk were dropped */
                 release_value(pool, v, t);
@@ -255,7 +258,7 @@ static int make_room(kvt_pool *pool, uint64_t key, uint64_t gen, struct trash *t
             }
             v = find_value(pool, vk, vg, NULL);
             v->state = E_SPILLING;
-            pool->in_flight += (int64_t)v->n;
+            pool->in_flight += (int64_t) v->n;
             jobs[nj++] = (struct spill_job){ .key = vk, .gen = vg, .data = v->data, .n = v->n };
         }
         if (nj == 0) break;
@@ -275,16 +278,17 @@ static int make_room(kvt_pool *pool, uint64_t key, uint64_t gen, struct trash *t
             if (dropped && j->key == key && j->gen == gen) *self_dropped = true;
             if (!dropped) continue;
             if (n_failed++ == 0 && !j->what)
-                snprintf(first, sizeof first, "key %016llx (%zu bytes): %s", (unsigned long long)j->key, j->n,
-                         dir_err);
+                snprintf(first, sizeof first, "key %016llx (%zu bytes): %s", (unsigned long long) j->key, j->n, dir_err);
             else if (n_failed == 1)
                 snprintf(first, sizeof first, "key %016llx (%zu bytes): %s spill file in %s failed: %s",
-                         (unsigned long long)j->key, j->n, j->what, pool->sp.dir, strerror(j->err));
+                         (unsigned long long) j->key, j->n, j->what, pool->sp.dir, strerror(j->err));
         }
     }
     if (n_failed == 0) return 0;
-    return kvt__fail(KVT_EIO, "spill write failed, %d entr%s dropped to keep the pool's RAM within %zu bytes; "
-                     "first: %s", n_failed, n_failed == 1 ? "y" : "ies", pool->budget, first);
+    return kvt__fail(KVT_EIO,
+                     "spill write failed, %d entr%s dropped to keep the pool's RAM within %zu bytes; "
+                     "first: %s",
+                     n_failed, n_failed == 1 ? "y" : "ies", pool->budget, first);
 }
 
 /* ---- public API ------------------------------------------------------------------- */
@@ -297,22 +301,18 @@ int kvt_pool_open(const struct kvt_pool_params *p, kvt_pool **out) {
     if (!out) return kvt__fail(KVT_EINVAL, "kvt_pool_open: out is NULL");
     *out = NULL;
     struct kvt_pool_params d = p ? *p : kvt_pool_default_params();
-    if (d.budget_bytes == 0)
-        return kvt__fail(KVT_EINVAL, "pool budget_bytes is 0; it must be at least 1 byte");
+    if (d.budget_bytes == 0) return kvt__fail(KVT_EINVAL, "pool budget_bytes is 0; it must be at least 1 byte");
     if (d.spill_dir) {
         struct stat sb;
         if (!*d.spill_dir) return kvt__fail(KVT_EINVAL, "pool spill_dir is \"\"");
         if (strlen(d.spill_dir) > PATH_MAX - 64)
-            return kvt__fail(KVT_EINVAL, "pool spill_dir is %zu bytes long, the limit is %d",
-                             strlen(d.spill_dir), PATH_MAX - 64);
+            return kvt__fail(KVT_EINVAL, "pool spill_dir is %zu bytes long, the limit is %d", strlen(d.spill_dir), PATH_MAX - 64);
         if (stat(d.spill_dir, &sb) && (errno != ENOENT || mkdir(d.spill_dir, 0700)))
-            return kvt__fail(KVT_EIO, "spill_dir %s cannot be created: %s", d.spill_dir,
-                             strerror(errno));
+            return kvt__fail(KVT_EIO, "spill_dir %s cannot be created: %s", d.spill_dir, strerror(errno));
         if (stat(d.spill_dir, &sb) || !S_ISDIR(sb.st_mode))
             return kvt__fail(KVT_EIO, "spill_dir %s is not a directory", d.spill_dir);
         if (access(d.spill_dir, W_OK | X_OK))
-            return kvt__fail(KVT_EIO, "spill_dir %s is not writable: %s", d.spill_dir,
-                             strerror(errno));
+            return kvt__fail(KVT_EIO, "spill_dir %s is not writable: %s", d.spill_dir, strerror(errno));
     } else {
         kvt__spill_clean_stale_dirs(kvt__spill_tmp_dir());
     }
@@ -330,7 +330,7 @@ int kvt_pool_open(const struct kvt_pool_params *p, kvt_pool **out) {
     pool->budget = d.budget_bytes;
     pool->spill_max = d.spill_bytes_max;
     pool->sp.dir_fd = -1;
-    pool->sp.pid = (long)getpid();
+    pool->sp.pid = (long) getpid();
     pool->sp.serial = atomic_fetch_add(&pool_serial, 1);
     *out = pool;
     return 0;
@@ -356,23 +356,21 @@ void kvt_pool_free(kvt_pool *pool) {
 ** dropped (possibly the new value), and RAM is within the budget. */
 int kvt_pool_put(kvt_pool *pool, uint64_t key, const void *data, size_t n) {
     if (!pool) return kvt__fail(KVT_EINVAL, "kvt_pool_put: pool is NULL");
-    if (!data && n > 0)
-        return kvt__fail(KVT_EINVAL, "kvt_pool_put: data is NULL with n = %zu", n);
+    if (!data && n > 0) return kvt__fail(KVT_EINVAL, "kvt_pool_put: data is NULL with n = %zu", n);
     if (n > pool->budget && pool->spill_max && n > pool->spill_max)
-        return kvt__fail(KVT_EINVAL, "kvt_pool_put: key %016llx of %zu bytes fits neither the RAM budget of %zu "
-                         "bytes nor the spill quota of %zu bytes", (unsigned long long)key, n, pool->budget,
-                         pool->spill_max);
+        return kvt__fail(KVT_EINVAL,
+                         "kvt_pool_put: key %016llx of %zu bytes fits neither the RAM budget of %zu "
+                         "bytes nor the spill quota of %zu bytes",
+                         (unsigned long long) key, n, pool->budget, pool->spill_max);
     if (kvt__fault_check(KVT__FAULT_POOL_PUT))
-        return kvt__fail(KVT_ENOMEM, "out of memory copying %zu bytes for key %016llx (injected)", n,
-                         (unsigned long long)key);
+        return kvt__fail(KVT_ENOMEM, "out of memory copying %zu bytes for key %016llx (injected)", n, (unsigned long long) key);
     uint8_t *copy = NULL;
     if (n > 0) {
         if (!(copy = malloc(n)))
-            return kvt__fail(KVT_ENOMEM, "out of memory copying %zu bytes for key %016llx",
-                             n, (unsigned long long)key);
+            return kvt__fail(KVT_ENOMEM, "out of memory copying %zu bytes for key %016llx", n, (unsigned long long) key);
         memcpy(copy, data, n);
     }
-    struct trash t = {0};
+    struct trash t = { 0 };
     pthread_mutex_lock(&pool->mu);
     size_t i;
     if (find(pool, key, &i)) { /* replace: drop the old value */
@@ -394,19 +392,19 @@ int kvt_pool_put(kvt_pool *pool, uint64_t key, const void *data, size_t n) {
         pool->st.n_entries++;
     }
     const uint64_t gen = ++pool->gen;
-    pool->e[i] = (struct pool_entry){ .key = key, .gen = gen, .data = copy, .n = n, .state = E_RAM,
-                                      .last_use = ++pool->clock };
-    pool->st.ram_bytes += (int64_t)n;
+    pool->e[i] = (struct pool_entry){ .key = key, .gen = gen, .data = copy, .n = n, .state = E_RAM, .last_use = ++pool->clock };
+    pool->st.ram_bytes += (int64_t) n;
     bool self_dropped = false;
     int rc = make_room(pool, key, gen, &t, &self_dropped);
     if (rc) {
         char why[900];
         snprintf(why, sizeof why, "%s", kvt_errmsg());
-        rc = kvt__fail(rc, "key %016llx %s: %s", (unsigned long long)key,
-                       self_dropped ? "NOT stored (dropped)" : "stored", why);
+        rc = kvt__fail(rc, "key %016llx %s: %s", (unsigned long long) key, self_dropped ? "NOT stored (dropped)" : "stored", why);
     } else if (self_dropped) {
-        rc = kvt__fail(KVT_EIO, "key %016llx of %zu bytes NOT stored: the spill quota of %zu bytes is taken by "
-                       "writes in flight", (unsigned long long)key, n, pool->spill_max);
+        rc = kvt__fail(KVT_EIO,
+                       "key %016llx of %zu bytes NOT stored: the spill quota of %zu bytes is taken by "
+                       "writes in flight",
+                       (unsigned long long) key, n, pool->spill_max);
     }
     pthread_mutex_unlock(&pool->mu);
     trash_empty(pool, &t);
@@ -418,16 +416,14 @@ int kvt_pool_put(kvt_pool *pool, uint64_t key, const void *data, size_t n) {
 ** any error *data = NULL and *n = 0 (when those pointers are valid) and the entry, if any, is
 ** unchanged: a corrupt spill file is reported again by the next get. */
 int kvt_pool_get(kvt_pool *pool, uint64_t key, void **data, size_t *n) {
-    if (!pool || !data || !n)
-        return kvt__fail(KVT_EINVAL, "kvt_pool_get: %s is NULL",
-                         !pool ? "pool" : !data ? "data" : "n");
+    if (!pool || !data || !n) return kvt__fail(KVT_EINVAL, "kvt_pool_get: %s is NULL", !pool ? "pool" : !data ? "data" : "n");
     *data = NULL;
     *n = 0;
     pthread_mutex_lock(&pool->mu);
     size_t i;
     if (!find(pool, key, &i)) {
         pthread_mutex_unlock(&pool->mu);
-        return kvt__fail(KVT_ENOENT, "key %016llx is not in the pool", (unsigned long long)key);
+        return kvt__fail(KVT_ENOENT, "key %016llx is not in the pool", (unsigned long long) key);
     }
     struct pool_entry *e = &pool->e[i];
     const uint64_t gen = e->gen;
@@ -436,10 +432,8 @@ int kvt_pool_get(kvt_pool *pool, uint64_t key, void **data, size_t *n) {
     int rc = 0;
     if (e->state != E_DISK) { /* in RAM (also while a put is writing it out) */
         if (!(buf = malloc(len ? len : 1)))
-            rc = kvt__fail(KVT_ENOMEM, "out of memory copying %zu bytes of key %016llx", len,
-                           (unsigned long long)key);
-        else if (len > 0)
-            memcpy(buf, e->data, len);
+            rc = kvt__fail(KVT_ENOMEM, "out of memory copying %zu bytes of key %016llx", len, (unsigned long long) key);
+        else if (len > 0) memcpy(buf, e->data, len);
     } else {
         pthread_mutex_unlock(&pool->mu);
         bool missing = false;
@@ -449,8 +443,7 @@ int kvt_pool_get(kvt_pool *pool, uint64_t key, void **data, size_t *n) {
         if (rc == 0) pool->st.n_spill_reads++;
         if (rc == KVT_ECORRUPT) pool->st.n_corrupt++;
         if (rc == KVT_EIO && missing && !e)
-            rc = kvt__fail(KVT_ENOENT, "key %016llx was deleted while it was being read",
-                           (unsigned long long)key);
+            rc = kvt__fail(KVT_ENOENT, "key %016llx was deleted while it was being read", (unsigned long long) key);
     }
     if (rc == 0) {
         if (e) e->last_use = ++pool->clock;
@@ -463,12 +456,12 @@ int kvt_pool_get(kvt_pool *pool, uint64_t key, void **data, size_t *n) {
 
 int kvt_pool_del(kvt_pool *pool, uint64_t key) {
     if (!pool) return kvt__fail(KVT_EINVAL, "kvt_pool_del: pool is NULL");
-    struct trash t = {0};
+    struct trash t = { 0 };
     pthread_mutex_lock(&pool->mu);
     size_t i;
     int rc = 0;
     if (!find(pool, key, &i)) {
-        rc = kvt__fail(KVT_ENOENT, "key %016llx is not in the pool", (unsigned long long)key);
+        rc = kvt__fail(KVT_ENOENT, "key %016llx is not in the pool", (unsigned long long) key);
     } else {
         release_value(pool, &pool->e[i], &t);
         remove_at(pool, i);
@@ -482,22 +475,19 @@ int kvt_pool_del(kvt_pool *pool, uint64_t key) {
 ** ""). */
 int kvt_pool_spill_path(kvt_pool *pool, uint64_t key, char *buf, size_t buf_size) {
     if (!pool || !buf || buf_size == 0)
-        return kvt__fail(KVT_EINVAL, "kvt_pool_spill_path: %s", !pool ? "pool is NULL"
-                         : !buf ? "buf is NULL" : "buf_size is 0");
+        return kvt__fail(KVT_EINVAL, "kvt_pool_spill_path: %s", !pool ? "pool is NULL" : !buf ? "buf is NULL" : "buf_size is 0");
     buf[0] = '\0';
     pthread_mutex_lock(&pool->mu);
     size_t i;
     int rc = 0;
     if (!find(pool, key, &i)) {
-        rc = kvt__fail(KVT_ENOENT, "key %016llx is not in the pool", (unsigned long long)key);
+        rc = kvt__fail(KVT_ENOENT, "key %016llx is not in the pool", (unsigned long long) key);
     } else if (pool->e[i].state == E_DISK) {
         char path[PATH_MAX];
         kvt__spill_name(&pool->sp, key, pool->e[i].gen, path, sizeof path);
         if (strlen(path) >= buf_size)
-            rc = kvt__fail(KVT_EINVAL, "buffer of %zu bytes is too small for spill path %s",
-                           buf_size, path);
-        else
-            memcpy(buf, path, strlen(path) + 1);
+            rc = kvt__fail(KVT_EINVAL, "buffer of %zu bytes is too small for spill path %s", buf_size, path);
+        else memcpy(buf, path, strlen(path) + 1);
     }
     pthread_mutex_unlock(&pool->mu);
     return rc;

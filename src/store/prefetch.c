@@ -35,40 +35,38 @@
 
 struct pf_item {
     kvt_key key, model;
-    bool    dead; /* taken back by a get */
+    bool dead; /* taken back by a get */
 };
 
 struct pf_slot {
     kvt_key key;
-    int     state;   /* SLOT_FREE, SLOT_RUN, SLOT_DONE */
-    int     result;  /* KVT__PF_* once done */
-    int     waiters; /* gets waiting for it */
+    int state;   /* SLOT_FREE, SLOT_RUN, SLOT_DONE */
+    int result;  /* KVT__PF_* once done */
+    int waiters; /* gets waiting for it */
 };
 enum { SLOT_FREE = 0, SLOT_RUN, SLOT_DONE };
 
 struct kvt__pf {
     pthread_mutex_t mu;
-    pthread_cond_t  work_cv;  /* a key was queued, or stop */
-    pthread_cond_t  done_cv;  /* a slot finished, or a waiter left */
+    pthread_cond_t work_cv; /* a key was queued, or stop */
+    pthread_cond_t done_cv; /* a slot finished, or a waiter left */
     struct pf_item *ring;
-    int32_t cap, head, len;   /* len counts dead items until a worker passes them */
-    struct pf_slot *slots;    /* n_thr * PF_BATCH */
+    int32_t cap, head, len; /* len counts dead items until a worker passes them */
+    struct pf_slot *slots;  /* n_thr * PF_BATCH */
     pthread_t *thr;
-    int     n_thr, n_started;
-    bool    stop;
-    size_t  bytes_max;
+    int n_thr, n_started;
+    bool stop;
+    size_t bytes_max;
     int64_t issued, promoted, dropped, skipped, absent, failed, claimed, waited, cancelled;
 };
 
-static bool same(const kvt_key *a, const kvt_key *b) {
-    return !memcmp(a->b, b->b, KVT_KEY_BYTES);
-}
+static bool same(const kvt_key *a, const kvt_key *b) { return !memcmp(a->b, b->b, KVT_KEY_BYTES); }
 
 /* ---- worker ----------------------------------------------------------------------------------- */
 
 struct worker_arg {
     kvt_store *st;
-    int        idx;
+    int idx;
 };
 
 static void finish_slot(struct kvt__pf *pf, struct pf_slot *sl, int result) {
@@ -76,10 +74,10 @@ static void finish_slot(struct kvt__pf *pf, struct pf_slot *sl, int result) {
     sl->state = SLOT_DONE;
     sl->result = result;
     switch (result) {
-    case KVT__PF_PROMOTED: pf->promoted++; break;
-    case KVT__PF_ABSENT:   pf->absent++; break;
-    case KVT__PF_SKIPPED:  pf->skipped++; break;
-    default:               pf->failed++; break;
+        case KVT__PF_PROMOTED: pf->promoted++; break;
+        case KVT__PF_ABSENT: pf->absent++; break;
+        case KVT__PF_SKIPPED: pf->skipped++; break;
+        default: pf->failed++; break;
     }
     pthread_cond_broadcast(&pf->done_cv);
     pthread_mutex_unlock(&pf->mu);
@@ -152,7 +150,7 @@ static void *worker_main(void *arg) {
     free(wa);
     /* below the model's threads: a prefetch that takes a core from llama.cpp's decode (whose
     ** OpenMP workers wait for each other) costs more than it saves (docs/BENCHMARKS.md) */
-    setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10);
+    setpriority(PRIO_PROCESS, (id_t) syscall(SYS_gettid), 10);
     kvt_key models[PF_BATCH];
     pthread_mutex_lock(&pf->mu);
     for (;;) {
@@ -190,9 +188,9 @@ int kvt__pf_start(kvt_store *st) {
     pf->cap = p->prefetch_queue;
     pf->n_thr = p->prefetch_threads;
     pf->bytes_max = p->prefetch_bytes ? p->prefetch_bytes : p->ram_bytes / 4;
-    pf->ring = calloc((size_t)pf->cap, sizeof *pf->ring);
-    pf->slots = calloc((size_t)pf->n_thr * PF_BATCH, sizeof *pf->slots);
-    pf->thr = calloc((size_t)pf->n_thr, sizeof *pf->thr);
+    pf->ring = calloc((size_t) pf->cap, sizeof *pf->ring);
+    pf->slots = calloc((size_t) pf->n_thr * PF_BATCH, sizeof *pf->slots);
+    pf->thr = calloc((size_t) pf->n_thr, sizeof *pf->thr);
     pthread_mutex_init(&pf->mu, NULL);
     pthread_cond_init(&pf->work_cv, NULL);
     pthread_cond_init(&pf->done_cv, NULL);
@@ -323,13 +321,9 @@ static int take_back(kvt_store *st, const kvt_key *keys, int n) {
     return got;
 }
 
-int kvt_store_prefetch_cancel(kvt_store *st) {
-    return take_back(st, NULL, 0);
-}
+int kvt_store_prefetch_cancel(kvt_store *st) { return take_back(st, NULL, 0); }
 
-int kvt_store_prefetch_forget(kvt_store *st, const kvt_key *keys, int n) {
-    return keys && n > 0 ? take_back(st, keys, n) : 0;
-}
+int kvt_store_prefetch_forget(kvt_store *st, const kvt_key *keys, int n) { return keys && n > 0 ? take_back(st, keys, n) : 0; }
 
 void kvt__pf_stats(kvt_store *st, struct kvt_store_prefetch_stats *o) {
     memset(o, 0, sizeof *o);
@@ -360,9 +354,10 @@ int kvt_store_prefetch_chain(kvt_store *st, const struct kvt_chain_params *cp, c
     if (rc || !st->pf) return rc;
     const int32_t nb = n > 0 ? (n - 1) / cp->block : 0; /* full blocks before the last token */
     if (nb == 0) return 0;
-    kvt_key *keys = malloc(sizeof *keys * (size_t)nb);
+    kvt_key *keys = malloc(sizeof *keys * (size_t) nb);
     if (!keys) return kvt__fail(KVT_ENOMEM, "kvt_store_prefetch_chain: no memory for %d keys", nb);
-    for (int32_t i = 0; i < nb && rc == 0; i++) rc = kvt_chain_next(&key, tok + (size_t)i * cp->block, cp->block, &key), keys[i] = key;
+    for (int32_t i = 0; i < nb && rc == 0; i++)
+        rc = kvt_chain_next(&key, tok + (size_t) i * cp->block, cp->block, &key), keys[i] = key;
     if (rc == 0) rc = kvt_store_prefetch(st, keys, nb, &cp->model);
     free(keys);
     return rc;

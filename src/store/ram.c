@@ -15,10 +15,10 @@ struct kvt__ram_ent {
     kvt_key key;
     struct kvt_store_meta meta;
     struct kvt__sbuf *buf;
-    double  last_hit;
+    double last_hit;
     int64_t hits;
-    bool    on_disk;                  /* queued for the disk tier or read from it */
-    bool    pf;                       /* promoted by a prefetch and not read since (r->pf_bytes) */
+    bool on_disk;                     /* queued for the disk tier or read from it */
+    bool pf;                          /* promoted by a prefetch and not read since (r->pf_bytes) */
     struct kvt__ram_ent *hnext;       /* hash chain */
     struct kvt__ram_ent *prev, *next; /* LRU list */
 };
@@ -64,15 +64,18 @@ static struct kvt__ram_ent **slot(struct kvt__ram *r, const kvt_key *k) {
 }
 
 static void lru_unlink(struct kvt__ram *r, struct kvt__ram_ent *e) {
-    if (e->prev) e->prev->next = e->next; else r->head = e->next;
-    if (e->next) e->next->prev = e->prev; else r->tail = e->prev;
+    if (e->prev) e->prev->next = e->next;
+    else r->head = e->next;
+    if (e->next) e->next->prev = e->prev;
+    else r->tail = e->prev;
     e->prev = e->next = NULL;
 }
 
 static void lru_push_front(struct kvt__ram *r, struct kvt__ram_ent *e) {
     e->prev = NULL;
     e->next = r->head;
-    if (r->head) r->head->prev = e; else r->tail = e;
+    if (r->head) r->head->prev = e;
+    else r->tail = e;
     r->head = e;
 }
 
@@ -167,8 +170,8 @@ bool kvt__ram_put(struct kvt__ram *r, const kvt_key *key, const struct kvt_store
     return false;
 }
 
-int kvt__ram_get(struct kvt__ram *r, const kvt_key *key, const kvt_key *model, const struct kvt__ttl *t,
-                 double now, void **data, size_t *n, struct kvt_store_meta *meta, bool *oom) {
+int kvt__ram_get(struct kvt__ram *r, const kvt_key *key, const kvt_key *model, const struct kvt__ttl *t, double now, void **data,
+                 size_t *n, struct kvt_store_meta *meta, bool *oom) {
     *oom = false;
     if (r->budget == 0) return KVT__RAM_MISS;
     pthread_mutex_lock(&r->mu);
@@ -233,7 +236,7 @@ void kvt__ram_set_on_disk(struct kvt__ram *r, const kvt_key *key) {
 int64_t kvt__ram_clear(struct kvt__ram *r) {
     if (!r->tab) return 0;
     pthread_mutex_lock(&r->mu);
-    int64_t n = (int64_t)r->count;
+    int64_t n = (int64_t) r->count;
     while (r->tail) drop(r, r->tail);
     pthread_mutex_unlock(&r->mu);
     return n;
@@ -241,8 +244,8 @@ int64_t kvt__ram_clear(struct kvt__ram *r) {
 
 void kvt__ram_stats(struct kvt__ram *r, struct kvt_store_tier_stats *o) {
     pthread_mutex_lock(&r->mu);
-    o->entries = (int64_t)r->count;
-    o->bytes = (int64_t)r->bytes;
+    o->entries = (int64_t) r->count;
+    o->bytes = (int64_t) r->bytes;
     o->hits = r->hits;
     o->misses = r->misses;
     o->writes = r->writes;
@@ -255,7 +258,7 @@ void kvt__ram_stats(struct kvt__ram *r, struct kvt_store_tier_stats *o) {
 
 void kvt__ram_pf_stats(struct kvt__ram *r, int64_t *bytes, int64_t *hits, int64_t *wasted) {
     pthread_mutex_lock(&r->mu);
-    *bytes = (int64_t)r->pf_bytes;
+    *bytes = (int64_t) r->pf_bytes;
     *hits = r->pf_hits;
     *wasted = r->pf_wasted;
     pthread_mutex_unlock(&r->mu);

@@ -36,10 +36,10 @@
 #include <string.h>
 #include <time.h>
 
-#define POOL_MAX     8
-#define BACKOFF_MIN  100   /* ms */
-#define BACKOFF_MAX  5000  /* ms */
-#define KEY_PREFIX   "kvtier:b1:"
+#define POOL_MAX    8
+#define BACKOFF_MIN 100  /* ms */
+#define BACKOFF_MAX 5000 /* ms */
+#define KEY_PREFIX  "kvtier:b1:"
 
 /* ---- URL ------------------------------------------------------------------------------------- */
 
@@ -59,16 +59,18 @@ void kvt__redis_url_redact(const char *url, char *out, size_t n) {
         snprintf(out, n, "%s", url);
         return;
     }
-    const char *colon = memchr(auth, ':', (size_t)(at - auth));
-    size_t keep = colon ? (size_t)(colon - url) + 1 : (size_t)(auth - url); /* up to the user name */
-    snprintf(out, n, "%.*s***%s", (int)keep, url, at);
+    const char *colon = memchr(auth, ':', (size_t) (at - auth));
+    size_t keep = colon ? (size_t) (colon - url) + 1 : (size_t) (auth - url); /* up to the user name */
+    snprintf(out, n, "%.*s***%s", (int) keep, url, at);
 }
 
 static int url_fail(const char *url, const char *what) {
     char safe[512];
     kvt__redis_url_redact(url, safe, sizeof safe);
-    return kvt__fail(KVT_EINVAL, "Redis URL \"%s\": %s (expected redis://[[user:]password@]host[:port][/db] or "
-                     "unix:///path[?db=N])", safe, what);
+    return kvt__fail(KVT_EINVAL,
+                     "Redis URL \"%s\": %s (expected redis://[[user:]password@]host[:port][/db] or "
+                     "unix:///path[?db=N])",
+                     safe, what);
 }
 
 static int hexval(char c) {
@@ -84,7 +86,7 @@ static bool pct_decode(const char *s, size_t n, char *out, size_t cap) {
             if (i + 2 >= n) return false;
             int h = hexval(s[i + 1]), l = hexval(s[i + 2]);
             if (h < 0 || l < 0) return false;
-            c = (char)(h << 4 | l);
+            c = (char) (h << 4 | l);
             i += 2;
             if (!c) return false;
         }
@@ -104,7 +106,7 @@ static bool parse_int(const char *s, size_t n, long lo, long hi, int *out) {
         v = v * 10 + (s[i] - '0');
     }
     if (v < lo || v > hi) return false;
-    *out = (int)v;
+    *out = (int) v;
     return true;
 }
 
@@ -115,7 +117,7 @@ int kvt__redis_url_parse(const char *url, struct kvt__redis_url *u) {
     if (!strncmp(url, "unix://", 7)) {
         u->unix_sock = true;
         const char *p = url + 7, *q = strchr(p, '?');
-        size_t len = q ? (size_t)(q - p) : strlen(p);
+        size_t len = q ? (size_t) (q - p) : strlen(p);
         if (len == 0 || p[0] != '/') return url_fail(url, "the socket path must be absolute");
         if (len >= sizeof u->path) return url_fail(url, "the socket path is too long");
         memcpy(u->path, p, len);
@@ -132,12 +134,12 @@ int kvt__redis_url_parse(const char *url, struct kvt__redis_url *u) {
         if (*p == '@') at = p;
     const char *host = auth;
     if (at) {
-        const char *colon = memchr(auth, ':', (size_t)(at - auth));
+        const char *colon = memchr(auth, ':', (size_t) (at - auth));
         if (colon) {
-            if (!pct_decode(auth, (size_t)(colon - auth), u->user, sizeof u->user) ||
-                !pct_decode(colon + 1, (size_t)(at - colon - 1), u->pass, sizeof u->pass))
+            if (!pct_decode(auth, (size_t) (colon - auth), u->user, sizeof u->user) ||
+                !pct_decode(colon + 1, (size_t) (at - colon - 1), u->pass, sizeof u->pass))
                 return url_fail(url, "bad user name or password (percent-encoding, or too long)");
-        } else if (!pct_decode(auth, (size_t)(at - auth), u->pass, sizeof u->pass)) { /* as redis-cli -u */
+        } else if (!pct_decode(auth, (size_t) (at - auth), u->pass, sizeof u->pass)) { /* as redis-cli -u */
             return url_fail(url, "bad password (percent-encoding, or too long)");
         }
         if (u->user[0] && !u->pass[0]) return url_fail(url, "a user name needs a password");
@@ -145,23 +147,23 @@ int kvt__redis_url_parse(const char *url, struct kvt__redis_url *u) {
     }
     const char *hend = end, *port = NULL;
     if (*host == '[') {
-        const char *rb = memchr(host, ']', (size_t)(end - host));
+        const char *rb = memchr(host, ']', (size_t) (end - host));
         if (!rb) return url_fail(url, "unclosed [ in the host");
         if (rb + 1 < end && rb[1] != ':') return url_fail(url, "text after ] in the host");
         port = rb + 1 < end ? rb + 2 : NULL;
         host++;
         hend = rb;
     } else {
-        const char *c = memchr(host, ':', (size_t)(end - host));
+        const char *c = memchr(host, ':', (size_t) (end - host));
         if (c) {
             port = c + 1;
             hend = c;
         }
     }
     if (hend == host) return url_fail(url, "no host");
-    if ((size_t)(hend - host) >= sizeof u->host) return url_fail(url, "host name too long");
-    memcpy(u->host, host, (size_t)(hend - host));
-    if (port && !parse_int(port, (size_t)(end - port), 1, 65535, &u->port))
+    if ((size_t) (hend - host) >= sizeof u->host) return url_fail(url, "host name too long");
+    memcpy(u->host, host, (size_t) (hend - host));
+    if (port && !parse_int(port, (size_t) (end - port), 1, 65535, &u->port))
         return url_fail(url, "the port must be a number from 1 to 65535");
     if (*end == '?' || *end == '#') return url_fail(url, "query strings and fragments are not supported");
     if (*end == '/' && end[1] && !parse_int(end + 1, strlen(end + 1), 0, 1 << 20, &u->db))
@@ -187,39 +189,39 @@ struct rjob {
 
 struct backoff {
     double until_ms; /* monotonic: no attempt before */
-    int    ms;       /* the last wait; 0 = healthy */
+    int ms;          /* the last wait; 0 = healthy */
 };
 
 struct kvt__redis {
     struct kvt__redis_url u;
-    char   where[300];      /* "host:port/db" or "unix:path/db": messages, never credentials */
-    int    timeout_ms, w_timeout_ms, ttl_s, queue_max;
+    char where[300]; /* "host:port/db" or "unix:path/db": messages, never credentials */
+    int timeout_ms, w_timeout_ms, ttl_s, queue_max;
     size_t max_bytes;
-    char   range_end[24];   /* max_bytes in decimal: GETRANGE's last index (a read of max_bytes + 1) */
+    char range_end[24]; /* max_bytes in decimal: GETRANGE's last index (a read of max_bytes + 1) */
 
-    uint8_t secret[4096];   /* redis_secret_file's bytes (n_secret 0: values not authenticated) */
-    size_t  n_secret;
+    uint8_t secret[4096]; /* redis_secret_file's bytes (n_secret 0: values not authenticated) */
+    size_t n_secret;
 
-    pthread_mutex_t mu;     /* pool, readers' backoff, counters */
+    pthread_mutex_t mu; /* pool, readers' backoff, counters */
     redisContext *pool[POOL_MAX];
-    int    n_pool;
+    int n_pool;
     struct backoff rb;
     int64_t hits, misses, writes, dropped, corrupt, errors, timeouts;
 
-    pthread_mutex_t q_mu;   /* queue and writer state */
-    pthread_cond_t  q_cv, idle_cv;
+    pthread_mutex_t q_mu; /* queue and writer state */
+    pthread_cond_t q_cv, idle_cv;
     struct rjob *q_head, *q_tail;
     int64_t q_len;
-    bool    busy, stop, started;
+    bool busy, stop, started;
     pthread_t thr;
-    redisContext *wc;       /* the writer's connection (writer thread only) */
-    struct backoff wb;      /* the writer's backoff (writer thread only) */
+    redisContext *wc;  /* the writer's connection (writer thread only) */
+    struct backoff wb; /* the writer's backoff (writer thread only) */
 };
 
 static double mono_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+    return (double) ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
 static void bump(struct kvt__redis *r, int64_t *ctr, int64_t by) {
@@ -316,7 +318,8 @@ static redisContext *take(struct kvt__redis *r, bool speculative, bool *pooled, 
     c = dial(r, r->timeout_ms, &to);
     if (!c) {
         pthread_mutex_lock(&r->mu);
-        if (to) r->timeouts++; else r->errors++;
+        if (to) r->timeouts++;
+        else r->errors++;
         if (!speculative) backoff_fail(&r->rb);
         pthread_mutex_unlock(&r->mu);
     }
@@ -340,7 +343,8 @@ static void broken(struct kvt__redis *r, redisContext *c, bool *was_timeout) {
     bool to = is_timeout(c);
     if (was_timeout) *was_timeout = to;
     pthread_mutex_lock(&r->mu);
-    if (to) r->timeouts++; else r->errors++;
+    if (to) r->timeouts++;
+    else r->errors++;
     backoff_fail(&r->rb);
     pthread_mutex_unlock(&r->mu);
     redisFree(c);
@@ -355,11 +359,11 @@ int kvt__redis_check_value(const uint8_t *v, size_t n, size_t max_bytes, const k
     }
     int cr = kvt__sblob_check_mem(v, n, h, why);
     if (cr != KVT__SBLOB_OK) return cr;
-    *why = memcmp(h->key.b, key->b, KVT_KEY_BYTES) ? "value names another key"
-         : memcmp(h->model.b, model->b, KVT_KEY_BYTES) ? "value belongs to another model"
-         : h->n_tokens < 0 || h->n_tokens > KVT__REDIS_MAX_TOKENS ? "token count outside 0..2^30"
-         : h->codec < 0 || h->codec >= KVT_CODEC__COUNT ? "unknown codec id"
-         : NULL;
+    *why = memcmp(h->key.b, key->b, KVT_KEY_BYTES)                  ? "value names another key"
+           : memcmp(h->model.b, model->b, KVT_KEY_BYTES)            ? "value belongs to another model"
+           : h->n_tokens < 0 || h->n_tokens > KVT__REDIS_MAX_TOKENS ? "token count outside 0..2^30"
+           : h->codec < 0 || h->codec >= KVT_CODEC__COUNT           ? "unknown codec id"
+                                                                    : NULL;
     return *why ? KVT__SBLOB_BAD : KVT__SBLOB_OK;
 }
 
@@ -371,8 +375,11 @@ static int auth_value(const struct kvt__redis *r, const uint8_t *v, size_t n, si
     if (!r->n_secret) return 0;
     uint8_t mac[EVP_MAX_MD_SIZE];
     unsigned int ml = 0;
-    if (n < KVT__REDIS_MAC) { *why = "value without a MAC (redis_secret_file)"; return -1; }
-    if (!HMAC(EVP_sha256(), r->secret, (int)r->n_secret, v, n - KVT__REDIS_MAC, mac, &ml) || ml != KVT__REDIS_MAC ||
+    if (n < KVT__REDIS_MAC) {
+        *why = "value without a MAC (redis_secret_file)";
+        return -1;
+    }
+    if (!HMAC(EVP_sha256(), r->secret, (int) r->n_secret, v, n - KVT__REDIS_MAC, mac, &ml) || ml != KVT__REDIS_MAC ||
         CRYPTO_memcmp(mac, v + n - KVT__REDIS_MAC, KVT__REDIS_MAC)) {
         *why = "value's MAC does not match (redis_secret_file)";
         return -1;
@@ -409,7 +416,7 @@ static int get_unguarded(struct kvt__redis *r, const kvt_key *key, const kvt_key
             bump(r, &r->misses, 1);
             return KVT_ENOENT;
         }
-        rep = redisCommand(c, "GETRANGE %b 0 %s", k, (size_t)klen, r->range_end); /* hiredis knows no %zu */
+        rep = redisCommand(c, "GETRANGE %b 0 %s", k, (size_t) klen, r->range_end); /* hiredis knows no %zu */
         if (rep) break;
         if (attempt == 0 && pooled && c->err == REDIS_ERR_EOF) { /* the server closed it while it idled (restart) */
             redisFree(c);
@@ -441,18 +448,19 @@ static int get_unguarded(struct kvt__redis *r, const kvt_key *key, const kvt_key
         struct kvt__sblob_hdr h;
         const char *bad = NULL;
         size_t body = 0;
-        int cr = auth_value(r, (const uint8_t *)rep->str, rep->len, &body, &bad) ? KVT__SBLOB_BAD
-               : kvt__redis_check_value((const uint8_t *)rep->str, body, r->max_bytes, key, model, &h, &bad);
+        int cr = auth_value(r, (const uint8_t *) rep->str, rep->len, &body, &bad)
+                     ? KVT__SBLOB_BAD
+                     : kvt__redis_check_value((const uint8_t *) rep->str, body, r->max_bytes, key, model, &h, &bad);
         if (cr == KVT__SBLOB_NOMEM) {
             rc = KVT_ENOMEM;
             *why = "no memory";
         } else if (!bad) {
-            if (!(*data = malloc(h.size ? (size_t)h.size : 1))) {
+            if (!(*data = malloc(h.size ? (size_t) h.size : 1))) {
                 rc = KVT_ENOMEM;
                 *why = "no memory";
             } else {
-                memcpy(*data, rep->str + KVT__SBLOB_HDR, (size_t)h.size);
-                *n = (size_t)h.size;
+                memcpy(*data, rep->str + KVT__SBLOB_HDR, (size_t) h.size);
+                *n = (size_t) h.size;
                 *meta = (struct kvt_store_meta){ h.model, h.n_tokens, h.codec };
                 bump(r, &r->hits, 1);
                 rc = 0;
@@ -464,7 +472,7 @@ static int get_unguarded(struct kvt__redis *r, const kvt_key *key, const kvt_key
             r->misses++;
             pthread_mutex_unlock(&r->mu);
             freeReplyObject(rep);
-            rep = redisCommand(c, "DEL %b", k, (size_t)klen); /* never read again; a writer may put it back */
+            rep = redisCommand(c, "DEL %b", k, (size_t) klen); /* never read again; a writer may put it back */
             if (!rep) {
                 broken(r, c, NULL);
                 return KVT_ENOENT;
@@ -485,7 +493,8 @@ void kvt__redis_put(struct kvt__redis *r, const kvt_key *key, const struct kvt_s
     bool full = !j || r->q_len >= r->queue_max;
     if (!full) {
         *j = (struct rjob){ .key = *key, .meta = *m, .buf = kvt__sbuf_ref(buf) };
-        if (r->q_tail) r->q_tail->next = j; else r->q_head = j;
+        if (r->q_tail) r->q_tail->next = j;
+        else r->q_head = j;
         r->q_tail = j;
         r->q_len++;
         pthread_cond_signal(&r->q_cv);
@@ -498,8 +507,7 @@ void kvt__redis_put(struct kvt__redis *r, const kvt_key *key, const struct kvt_s
 }
 
 /* The writer's command: NULL after a failure (counted, connection dropped, backoff started). */
-static redisReply *wcommand(struct kvt__redis *r, const char *fmt, const char *k, size_t klen, const void *v,
-                            size_t vn) {
+static redisReply *wcommand(struct kvt__redis *r, const char *fmt, const char *k, size_t klen, const void *v, size_t vn) {
     redisReply *rep = v ? redisCommand(r->wc, fmt, k, klen, v, vn, r->ttl_s) : redisCommand(r->wc, fmt, k, klen, r->ttl_s);
     if (rep) return rep;
     bool to = is_timeout(r->wc);
@@ -531,7 +539,7 @@ static void write_job(struct kvt__redis *r, struct rjob *j) {
     char k[160];
     int klen = kvt__redis_key(&j->meta.model, &j->key, k);
     /* another server may have written it: then only renew its TTL */
-    redisReply *rep = wcommand(r, "EXPIRE %b %d", k, (size_t)klen, NULL, 0);
+    redisReply *rep = wcommand(r, "EXPIRE %b %d", k, (size_t) klen, NULL, 0);
     if (!rep) {
         bump(r, &r->dropped, 1);
         return;
@@ -543,14 +551,15 @@ static void write_job(struct kvt__redis *r, struct rjob *j) {
         bump(r, &r->writes, 1);
         return;
     }
-    struct kvt__sblob_hdr h = { .key = j->key, .model = j->meta.model, .codec = j->meta.codec,
-                               .n_tokens = j->meta.n_tokens, .size = j->buf->n };
+    struct kvt__sblob_hdr h = {
+        .key = j->key, .model = j->meta.model, .codec = j->meta.codec, .n_tokens = j->meta.n_tokens, .size = j->buf->n
+    };
     size_t vn = 0;
     uint8_t *v = kvt__sha256(j->buf->data, j->buf->n, h.sha) ? NULL : kvt__sblob_encode_mem(&h, j->buf->data, &vn);
     if (v && r->n_secret) { /* the MAC after the value */
         uint8_t *w = realloc(v, vn + KVT__REDIS_MAC);
         unsigned int ml = 0;
-        if (!w || !HMAC(EVP_sha256(), r->secret, (int)r->n_secret, w, vn, w + vn, &ml) || ml != KVT__REDIS_MAC) {
+        if (!w || !HMAC(EVP_sha256(), r->secret, (int) r->n_secret, w, vn, w + vn, &ml) || ml != KVT__REDIS_MAC) {
             free(w ? w : v);
             v = NULL;
         } else {
@@ -562,7 +571,7 @@ static void write_job(struct kvt__redis *r, struct rjob *j) {
         bump(r, &r->dropped, 1);
         return;
     }
-    rep = wcommand(r, "SET %b %b EX %d", k, (size_t)klen, v, vn);
+    rep = wcommand(r, "SET %b %b EX %d", k, (size_t) klen, v, vn);
     free(v);
     if (!rep) {
         bump(r, &r->dropped, 1);
@@ -623,14 +632,12 @@ int kvt__redis_open(const struct kvt_store_params *p, struct kvt__redis **out) {
     if (rc) return rc;
     char safe[512];
     kvt__redis_url_redact(p->redis_url, safe, sizeof safe);
-    if (p->redis_timeout_ms < 1)
-        return kvt__fail(KVT_EINVAL, "Redis timeout %d ms is below 1 (%s)", p->redis_timeout_ms, safe);
+    if (p->redis_timeout_ms < 1) return kvt__fail(KVT_EINVAL, "Redis timeout %d ms is below 1 (%s)", p->redis_timeout_ms, safe);
     if (p->redis_ttl_s < 1) return kvt__fail(KVT_EINVAL, "Redis TTL %d s is below 1 (%s)", p->redis_ttl_s, safe);
-    if (p->redis_queue_max < 1)
-        return kvt__fail(KVT_EINVAL, "Redis queue_max %d is below 1 (%s)", p->redis_queue_max, safe);
+    if (p->redis_queue_max < 1) return kvt__fail(KVT_EINVAL, "Redis queue_max %d is below 1 (%s)", p->redis_queue_max, safe);
     if (p->redis_max_bytes <= KVT__SBLOB_HDR)
-        return kvt__fail(KVT_EINVAL, "Redis max value bytes %zu is not above the %d-byte header (%s)",
-                         p->redis_max_bytes, KVT__SBLOB_HDR, safe);
+        return kvt__fail(KVT_EINVAL, "Redis max value bytes %zu is not above the %d-byte header (%s)", p->redis_max_bytes,
+                         KVT__SBLOB_HDR, safe);
     struct kvt__redis *r = calloc(1, sizeof *r);
     if (!r) return kvt__fail(KVT_ENOMEM, "Redis tier: no memory");
     if (p->redis_secret_file) {
@@ -640,7 +647,9 @@ int kvt__redis_open(const struct kvt_store_params *p, struct kvt__redis **out) {
         if (f) fclose(f);
         if (!f || got < 16 || more) {
             rc = kvt__fail(KVT_EINVAL, "Redis secret file '%s': %s", p->redis_secret_file,
-                           !f ? strerror(errno) : more ? "longer than 4096 bytes" : "shorter than 16 bytes");
+                           !f     ? strerror(errno)
+                           : more ? "longer than 4096 bytes"
+                                  : "shorter than 16 bytes");
             memset(r->secret, 0, sizeof r->secret);
             free(r);
             return rc;
@@ -730,7 +739,8 @@ static int info_unguarded(struct kvt__redis *r, struct kvt_store_redis_info *o) 
     int rc = 0;
     redisReply *rep = redisCommand(c, "INFO memory");
     if (!rep || rep->type != REDIS_REPLY_STRING) {
-        rc = kvt__fail(KVT_EIO, "Redis %s: INFO memory: %s", r->where, rep ? (rep->str ? rep->str : "unexpected reply") : c->errstr);
+        rc = kvt__fail(KVT_EIO, "Redis %s: INFO memory: %s", r->where,
+                       rep ? (rep->str ? rep->str : "unexpected reply") : c->errstr);
         goto out;
     }
     o->used_memory = info_field(rep->str, "\nused_memory:");
@@ -747,10 +757,10 @@ static int info_unguarded(struct kvt__redis *r, struct kvt_store_redis_info *o) 
         snprintf(cursor, sizeof cursor, "%s", rep->element[0]->str);
         redisReply *keys = rep->element[1];
         for (size_t i = 0; i < keys->elements; i++)
-            redisAppendCommand(c, "STRLEN %b", keys->element[i]->str, (size_t)keys->element[i]->len);
+            redisAppendCommand(c, "STRLEN %b", keys->element[i]->str, (size_t) keys->element[i]->len);
         for (size_t i = 0; i < keys->elements; i++) {
             redisReply *sl = NULL;
-            if (redisGetReply(c, (void **)&sl) != REDIS_OK) {
+            if (redisGetReply(c, (void **) &sl) != REDIS_OK) {
                 rc = kvt__fail(KVT_EIO, "Redis %s: STRLEN: %s", r->where, c->errstr);
                 goto out;
             }
@@ -773,8 +783,8 @@ out:
 
 /* Check one GET reply for keys[i]; 0 with the payload copied out, KVT_ENOENT (nil, error reply,
 ** bad value: corrupt counted, *del set) or KVT_ENOMEM. */
-static int check_reply(struct kvt__redis *r, const redisReply *rep, const kvt_key *key, const kvt_key *model,
-                       void **data, size_t *n, struct kvt_store_meta *meta, bool *del) {
+static int check_reply(struct kvt__redis *r, const redisReply *rep, const kvt_key *key, const kvt_key *model, void **data,
+                       size_t *n, struct kvt_store_meta *meta, bool *del) {
     *del = false;
     if (rep->type == REDIS_REPLY_NIL || (rep->type == REDIS_REPLY_STRING && rep->len == 0)) return KVT_ENOENT;
     if (rep->type != REDIS_REPLY_STRING) {
@@ -784,17 +794,18 @@ static int check_reply(struct kvt__redis *r, const redisReply *rep, const kvt_ke
     struct kvt__sblob_hdr h;
     const char *bad = NULL;
     size_t body = 0;
-    int cr = auth_value(r, (const uint8_t *)rep->str, rep->len, &body, &bad) ? KVT__SBLOB_BAD
-           : kvt__redis_check_value((const uint8_t *)rep->str, body, r->max_bytes, key, model, &h, &bad);
+    int cr = auth_value(r, (const uint8_t *) rep->str, rep->len, &body, &bad)
+                 ? KVT__SBLOB_BAD
+                 : kvt__redis_check_value((const uint8_t *) rep->str, body, r->max_bytes, key, model, &h, &bad);
     if (cr == KVT__SBLOB_NOMEM) return KVT_ENOMEM;
     if (cr != KVT__SBLOB_OK) {
         bump(r, &r->corrupt, 1);
         *del = true;
         return KVT_ENOENT;
     }
-    if (!(*data = malloc(h.size ? (size_t)h.size : 1))) return KVT_ENOMEM;
-    memcpy(*data, rep->str + KVT__SBLOB_HDR, (size_t)h.size);
-    *n = (size_t)h.size;
+    if (!(*data = malloc(h.size ? (size_t) h.size : 1))) return KVT_ENOMEM;
+    memcpy(*data, rep->str + KVT__SBLOB_HDR, (size_t) h.size);
+    *n = (size_t) h.size;
     *meta = (struct kvt_store_meta){ h.model, h.n_tokens, h.codec };
     return 0;
 }
@@ -809,8 +820,7 @@ static void broken_pf(struct kvt__redis *r, redisContext *c) {
 }
 
 static void mget_unguarded(struct kvt__redis *r, int nk, const kvt_key *keys, const kvt_key *models,
-                           void (*done)(void *ud, int i, int rc, void *data, size_t n, const struct kvt_store_meta *m),
-                           void *ud) {
+                           void (*done)(void *ud, int i, int rc, void *data, size_t n, const struct kvt_store_meta *m), void *ud) {
     int next = 0; /* keys before it have been handed to done */
     bool pooled, skipped;
     redisContext *c = take(r, true, &pooled, &skipped);
@@ -818,7 +828,7 @@ static void mget_unguarded(struct kvt__redis *r, int nk, const kvt_key *keys, co
     char k[160];
     for (int i = 0; i < nk; i++) { /* appended to hiredis's output buffer: one write for all */
         int klen = kvt__redis_key(&models[i], &keys[i], k);
-        if (redisAppendCommand(c, "GETRANGE %b 0 %s", k, (size_t)klen, r->range_end) != REDIS_OK) {
+        if (redisAppendCommand(c, "GETRANGE %b 0 %s", k, (size_t) klen, r->range_end) != REDIS_OK) {
             broken_pf(r, c);
             goto rest;
         }
@@ -826,7 +836,7 @@ static void mget_unguarded(struct kvt__redis *r, int nk, const kvt_key *keys, co
     bool del_any = false, dels[64] = { false };
     for (; next < nk; next++) { /* each block handed on as its reply arrives */
         redisReply *rep = NULL;
-        if (redisGetReply(c, (void **)&rep) != REDIS_OK || !rep) { /* each receive within redis_timeout_ms */
+        if (redisGetReply(c, (void **) &rep) != REDIS_OK || !rep) { /* each receive within redis_timeout_ms */
             broken_pf(r, c); /* the rest are misses; a late reply must not answer another command */
             goto rest;
         }
@@ -841,7 +851,7 @@ static void mget_unguarded(struct kvt__redis *r, int nk, const kvt_key *keys, co
     for (int i = 0; del_any && i < nk; i++) { /* a bad value is never read again */
         if (!dels[i]) continue;
         int klen = kvt__redis_key(&models[i], &keys[i], k);
-        redisReply *rep = redisCommand(c, "DEL %b", k, (size_t)klen);
+        redisReply *rep = redisCommand(c, "DEL %b", k, (size_t) klen);
         if (!rep) {
             broken_pf(r, c);
             return;
@@ -855,8 +865,7 @@ rest: /* not answered (unreachable, backed off, a failure or a timeout) */
 }
 
 void kvt__redis_mget(struct kvt__redis *r, int nk, const kvt_key *keys, const kvt_key *models,
-                     void (*done)(void *ud, int i, int rc, void *data, size_t n, const struct kvt_store_meta *m),
-                     void *ud) {
+                     void (*done)(void *ud, int i, int rc, void *data, size_t n, const struct kvt_store_meta *m), void *ud) {
     sigset_t old;
     pipe_block(&old);
     mget_unguarded(r, nk > 64 ? 64 : nk, keys, models, done, ud);

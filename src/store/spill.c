@@ -26,11 +26,11 @@
 /* ---- small helpers ---------------------------------------------------------------- */
 
 static void put_le(uint8_t *p, uint64_t v, int bytes) {
-    for (int i = 0; i < bytes; i++) p[i] = (uint8_t)(v >> (8 * i));
+    for (int i = 0; i < bytes; i++) p[i] = (uint8_t) (v >> (8 * i));
 }
 static uint64_t get_le(const uint8_t *p, int bytes) {
     uint64_t v = 0;
-    for (int i = 0; i < bytes; i++) v |= (uint64_t)p[i] << (8 * i);
+    for (int i = 0; i < bytes; i++) v |= (uint64_t) p[i] << (8 * i);
     return v;
 }
 
@@ -45,8 +45,12 @@ static int sha256(const uint8_t *p, size_t n, uint8_t md[32]) {
 static int write_all(int fd, const uint8_t *p, size_t n) {
     while (n > 0) {
         ssize_t w = write(fd, p, n);
-        if (w < 0) { if (errno == EINTR) continue; return -1; }
-        p += w; n -= (size_t)w;
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        p += w;
+        n -= (size_t) w;
     }
     return 0;
 }
@@ -55,16 +59,23 @@ static int write_all(int fd, const uint8_t *p, size_t n) {
 static int read_all(int fd, uint8_t *p, size_t n) {
     while (n > 0) {
         ssize_t r = read(fd, p, n);
-        if (r < 0) { if (errno == EINTR) continue; return -1; }
-        if (r == 0) { errno = 0; return -1; }
-        p += r; n -= (size_t)r;
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        if (r == 0) {
+            errno = 0;
+            return -1;
+        }
+        p += r;
+        n -= (size_t) r;
     }
     return 0;
 }
 
 void kvt__spill_name(const struct kvt__spill *sp, uint64_t key, uint64_t gen, char *buf, size_t size) {
-    snprintf(buf, size, "%s/kvt-%ld-%llu-%016llx-%llu.blk", sp->dir, sp->pid, (unsigned long long)sp->serial,
-             (unsigned long long)key, (unsigned long long)gen);
+    snprintf(buf, size, "%s/kvt-%ld-%llu-%016llx-%llu.blk", sp->dir, sp->pid, (unsigned long long) sp->serial,
+             (unsigned long long) key, (unsigned long long) gen);
 }
 
 void kvt__spill_unlink(const struct kvt__spill *sp, uint64_t key, uint64_t gen) {
@@ -95,8 +106,7 @@ static bool our_dir_name(const char *name, long *pid) {
 /* A name kvt__spill_write gives a file: "kvt-...blk" or a temporary ".tmp-XXXXXX". */
 static bool our_file_name(const char *name) {
     size_t n = strlen(name);
-    return (!strncmp(name, "kvt-", 4) && n > 8 && !strcmp(name + n - 4, ".blk")) ||
-           (!strncmp(name, ".tmp-", 5) && n == 11);
+    return (!strncmp(name, "kvt-", 4) && n > 8 && !strcmp(name + n - 4, ".blk")) || (!strncmp(name, ".tmp-", 5) && n == 11);
 }
 
 /* Remove the private spill directories that processes which died without kvt_pool_free left in
@@ -111,10 +121,10 @@ static void clean_stale_dirs(const char *tmp) {
     struct dirent *de;
     while ((de = readdir(d))) {
         long pid;
-        if (!our_dir_name(de->d_name, &pid) || pid == (long)getpid()) continue;
-        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive (or not ours to judge) */
+        if (!our_dir_name(de->d_name, &pid) || pid == (long) getpid()) continue;
+        if (kill((pid_t) pid, 0) == 0 || errno != ESRCH) continue; /* alive (or not ours to judge) */
         char path[PATH_MAX];
-        if (snprintf(path, sizeof path, "%s/%s", tmp, de->d_name) >= (int)sizeof path) continue;
+        if (snprintf(path, sizeof path, "%s/%s", tmp, de->d_name) >= (int) sizeof path) continue;
         int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (fd < 0) continue;
         struct stat sb;
@@ -155,11 +165,10 @@ int kvt__spill_ensure_dir(struct kvt__spill *sp) {
     if (sp->dir) return 0;
     const char *tmp = kvt__spill_tmp_dir();
     char tmpl[PATH_MAX];
-    if (snprintf(tmpl, sizeof tmpl, "%s/" DIR_PREFIX "%ld-XXXXXX", tmp, sp->pid) >= (int)sizeof tmpl ||
+    if (snprintf(tmpl, sizeof tmpl, "%s/" DIR_PREFIX "%ld-XXXXXX", tmp, sp->pid) >= (int) sizeof tmpl ||
         strlen(tmpl) > PATH_MAX - 64)
         return kvt__fail(KVT_EIO, "TMPDIR \"%s\" is too long for a spill directory", tmp);
-    if (!mkdtemp(tmpl))
-        return kvt__fail(KVT_EIO, "cannot create spill directory %s: %s", tmpl, strerror(errno));
+    if (!mkdtemp(tmpl)) return kvt__fail(KVT_EIO, "cannot create spill directory %s: %s", tmpl, strerror(errno));
     if (!(sp->dir = strdup(tmpl))) {
         rmdir(tmpl);
         return kvt__fail(KVT_ENOMEM, "out of memory for spill directory name %s", tmpl);
@@ -180,9 +189,8 @@ void kvt__spill_close(struct kvt__spill *sp) {
 
 /* ---- spill write / read ----------------------------------------------------------- */
 
-int kvt__spill_write(const struct kvt__spill *sp, uint64_t key, uint64_t gen, const uint8_t *data, size_t n,
-                     const char **what) {
-    uint8_t hdr[SPILL_HDR] = {0};
+int kvt__spill_write(const struct kvt__spill *sp, uint64_t key, uint64_t gen, const uint8_t *data, size_t n, const char **what) {
+    uint8_t hdr[SPILL_HDR] = { 0 };
     memcpy(hdr, SPILL_MAGIC, 8);
     put_le(hdr + 8, SPILL_VERSION, 4);
     put_le(hdr + 16, key, 8);
@@ -196,7 +204,10 @@ int kvt__spill_write(const struct kvt__spill *sp, uint64_t key, uint64_t gen, co
     int fd = mkstemp(tmp);
     if (fd < 0) return errno;
     *what = "write";
-    if (kvt__fault_check(KVT__FAULT_SPILL_WRITE)) { errno = ENOSPC; goto fail; }
+    if (kvt__fault_check(KVT__FAULT_SPILL_WRITE)) {
+        errno = ENOSPC;
+        goto fail;
+    }
     if (write_all(fd, hdr, sizeof hdr) || write_all(fd, data, n)) goto fail;
     *what = "close";
     int c = close(fd);
@@ -212,8 +223,7 @@ fail:;
     return err;
 }
 
-int kvt__spill_read(const struct kvt__spill *sp, uint64_t key, uint64_t gen, size_t n, uint8_t **out,
-                    bool *missing) {
+int kvt__spill_read(const struct kvt__spill *sp, uint64_t key, uint64_t gen, size_t n, uint8_t **out, bool *missing) {
     char path[PATH_MAX];
     kvt__spill_name(sp, key, gen, path, sizeof path);
     *missing = false;
@@ -230,9 +240,9 @@ int kvt__spill_read(const struct kvt__spill *sp, uint64_t key, uint64_t gen, siz
         rc = kvt__fail(KVT_EIO, "cannot stat spill file %s: %s", path, strerror(errno));
         goto out;
     }
-    if ((uint64_t)sb.st_size != SPILL_HDR + (uint64_t)n) {
-        rc = kvt__fail(KVT_ECORRUPT, "spill file %s has %lld bytes, expected %llu", path,
-                       (long long)sb.st_size, (unsigned long long)(SPILL_HDR + (uint64_t)n));
+    if ((uint64_t) sb.st_size != SPILL_HDR + (uint64_t) n) {
+        rc = kvt__fail(KVT_ECORRUPT, "spill file %s has %lld bytes, expected %llu", path, (long long) sb.st_size,
+                       (unsigned long long) (SPILL_HDR + (uint64_t) n));
         goto out;
     }
     if (!(buf = malloc(n ? n : 1))) {
@@ -242,14 +252,15 @@ int kvt__spill_read(const struct kvt__spill *sp, uint64_t key, uint64_t gen, siz
     if (read_all(fd, hdr, sizeof hdr) || read_all(fd, buf, n)) {
         if (errno == 0) /* shrank between fstat and read */
             rc = kvt__fail(KVT_ECORRUPT, "spill file %s is truncated", path);
-        else
-            rc = kvt__fail(KVT_EIO, "cannot read spill file %s: %s", path, strerror(errno));
+        else rc = kvt__fail(KVT_EIO, "cannot read spill file %s: %s", path, strerror(errno));
         goto out;
     }
-    if (memcmp(hdr, SPILL_MAGIC, 8) || get_le(hdr + 8, 4) != SPILL_VERSION ||
-        get_le(hdr + 16, 8) != key || get_le(hdr + 24, 8) != n) {
-        rc = kvt__fail(KVT_ECORRUPT, "spill file %s: bad header (expected key %016llx, %zu "
-                       "bytes, version %u)", path, (unsigned long long)key, n, SPILL_VERSION);
+    if (memcmp(hdr, SPILL_MAGIC, 8) || get_le(hdr + 8, 4) != SPILL_VERSION || get_le(hdr + 16, 8) != key ||
+        get_le(hdr + 24, 8) != n) {
+        rc = kvt__fail(KVT_ECORRUPT,
+                       "spill file %s: bad header (expected key %016llx, %zu "
+                       "bytes, version %u)",
+                       path, (unsigned long long) key, n, SPILL_VERSION);
         goto out;
     }
     if (sha256(buf, n, md)) {
@@ -268,4 +279,3 @@ out:
     free(buf);
     return rc;
 }
-

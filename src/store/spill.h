@@ -28,11 +28,11 @@
 #include <stdint.h>
 
 struct kvt__spill {
-    char    *dir;     /* NULL until the private directory is made; then constant */
-    bool     own_dir; /* made by kvt__spill_ensure_dir: removed by kvt__spill_close */
-    int      dir_fd;  /* the private directory, flock'ed; -1 if none */
-    long     pid;     /* pid at open, part of file names */
-    uint64_t serial;  /* process-unique pool number, part of file names */
+    char *dir;       /* NULL until the private directory is made; then constant */
+    bool own_dir;    /* made by kvt__spill_ensure_dir: removed by kvt__spill_close */
+    int dir_fd;      /* the private directory, flock'ed; -1 if none */
+    long pid;        /* pid at open, part of file names */
+    uint64_t serial; /* process-unique pool number, part of file names */
 };
 
 /* Path of value (key, gen)'s spill file into buf (PATH_MAX; truncated silently if smaller).
@@ -49,8 +49,7 @@ int kvt__spill_write(const struct kvt__spill *sp, uint64_t key, uint64_t gen, co
 ** at least 1 allocated; caller frees), *missing (the file does not exist).  Errors: KVT_EIO
 ** (open/read failed), KVT_ECORRUPT (size, header or SHA-256 mismatch; message names the file),
 ** KVT_ENOMEM; nothing is returned then. */
-int kvt__spill_read(const struct kvt__spill *sp, uint64_t key, uint64_t gen, size_t n, uint8_t **out,
-                    bool *missing /* OUT */);
+int kvt__spill_read(const struct kvt__spill *sp, uint64_t key, uint64_t gen, size_t n, uint8_t **out, bool *missing /* OUT */);
 
 /* Unlink value (key, gen)'s spill file; a failure is ignored. */
 void kvt__spill_unlink(const struct kvt__spill *sp, uint64_t key, uint64_t gen);

@@ -43,25 +43,33 @@
 #include <unistd.h>
 
 struct kvt_store_params kvt_store_default_params(void) {
-    return (struct kvt_store_params){ .dir = NULL, .ram_bytes = (size_t)256 << 20, .disk_bytes = (size_t)8 << 30,
-                                      .ttl_s = 1800, .ttl_hot_s = 7 * 86400.0, .hot_hits = 5, .queue_max = 256,
-                                      .read_only = false, .redis_url = NULL, .redis_timeout_ms = 20,
-                                      .redis_ttl_s = 86400, .redis_max_bytes = (size_t)64 << 20,
-                                      .redis_queue_max = 256, .prefetch_threads = 2, .prefetch_queue = 256,
+    return (struct kvt_store_params){ .dir = NULL,
+                                      .ram_bytes = (size_t) 256 << 20,
+                                      .disk_bytes = (size_t) 8 << 30,
+                                      .ttl_s = 1800,
+                                      .ttl_hot_s = 7 * 86400.0,
+                                      .hot_hits = 5,
+                                      .queue_max = 256,
+                                      .read_only = false,
+                                      .redis_url = NULL,
+                                      .redis_timeout_ms = 20,
+                                      .redis_ttl_s = 86400,
+                                      .redis_max_bytes = (size_t) 64 << 20,
+                                      .redis_queue_max = 256,
+                                      .prefetch_threads = 2,
+                                      .prefetch_queue = 256,
                                       .prefetch_bytes = 0 };
 }
 
 double kvt__store_now(kvt_store *st) {
     long long us = atomic_load_explicit(&st->clock_us, memory_order_relaxed);
-    if (us) return (double)us / 1e6;
+    if (us) return (double) us / 1e6;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+    return (double) ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-void kvt_store_test_set_clock(kvt_store *st, double now) {
-    atomic_store(&st->clock_us, (long long)(now * 1e6));
-}
+void kvt_store_test_set_clock(kvt_store *st, double now) { atomic_store(&st->clock_us, (long long) (now * 1e6)); }
 
 void kvt_store_test_unsafe_write_order(kvt_store *st, bool on) {
     pthread_mutex_lock(&st->q_mu);
@@ -122,7 +130,8 @@ static void remove_stale_tmp(kvt_store *st) {
     long pid;
     while (d && (de = readdir(d)))
         if (kvt__sblob_is_tmp(de->d_name, &pid)) unlinkat(st->blobs_fd, de->d_name, 0);
-    if (d) closedir(d); else if (dfd >= 0) close(dfd);
+    if (d) closedir(d);
+    else if (dfd >= 0) close(dfd);
     kvt__store_unlock(fd);
 }
 
@@ -134,8 +143,7 @@ static int check_params(const struct kvt_store_params *p) {
     if (p->hot_hits < 1) return kvt__fail(KVT_EINVAL, "store hot_hits %d is below 1", p->hot_hits);
     if (p->queue_max < 1) return kvt__fail(KVT_EINVAL, "store queue_max %d is below 1", p->queue_max);
     struct kvt_codec_params cp;
-    if (p->disk_codec && kvt_codec_parse(p->disk_codec, &cp))
-        return kvt__fail(KVT_EINVAL, "store disk codec: %s", kvt_errmsg());
+    if (p->disk_codec && kvt_codec_parse(p->disk_codec, &cp)) return kvt__fail(KVT_EINVAL, "store disk codec: %s", kvt_errmsg());
     if (p->disk_codec_heads < 0) return kvt__fail(KVT_EINVAL, "store disk_codec_heads %d is negative", p->disk_codec_heads);
     if (p->prefetch_threads < 0 || p->prefetch_threads > 16)
         return kvt__fail(KVT_EINVAL, "store prefetch_threads %d is outside 0..16", p->prefetch_threads);
@@ -206,9 +214,9 @@ int kvt_store_open(const struct kvt_store_params *pp, kvt_store **out) {
     if ((rc = kvt__pf_start(st))) goto fail;
     if ((rc = kvt__store_priv_open(st))) goto fail;
     st->p.dir = st->dir;
-    st->p.redis_url = NULL; /* the caller's string; the tier keeps what it parsed */
+    st->p.redis_url = NULL;         /* the caller's string; the tier keeps what it parsed */
     st->p.redis_secret_file = NULL; /* read at open */
-    st->p.private_dir = NULL; /* the caller's string; the pool copied it */
+    st->p.private_dir = NULL;       /* the caller's string; the pool copied it */
     st->dcodec = kvt_codec_default_params(KVT_CODEC_RAW);
     if (p.disk_codec) kvt_codec_parse(p.disk_codec, &st->dcodec); /* checked by check_params */
     st->dcodec.n_head_kv = p.disk_codec_heads;

@@ -23,14 +23,14 @@ struct row {
     int64_t size, hits;
     int32_t codec, n_tokens;
     uint8_t sha[32];
-    double  created, last_hit;
-    char    file[KVT__SBLOB_NAME]; /* the file the row names ("" if it is no blob name of key) */
-    bool    sha_ok;  /* the checksum column is 32 bytes */
-    bool    gone;    /* removed by this pass */
+    double created, last_hit;
+    char file[KVT__SBLOB_NAME]; /* the file the row names ("" if it is no blob name of key) */
+    bool sha_ok;                /* the checksum column is 32 bytes */
+    bool gone;                  /* removed by this pass */
 };
 
 static int cmp_row(const void *a, const void *b) {
-    return memcmp(((const struct row *)a)->key.b, ((const struct row *)b)->key.b, KVT_KEY_BYTES);
+    return memcmp(((const struct row *) a)->key.b, ((const struct row *) b)->key.b, KVT_KEY_BYTES);
 }
 
 /* Every row of the index, sorted by key.  OUT *rows (caller frees), *n. */
@@ -39,8 +39,7 @@ static int read_rows(kvt_store *st, const char *order, struct row **rows, size_t
     *n = 0;
     char sql[256];
     snprintf(sql, sizeof sql,
-             "SELECT key, model, size, hits, codec, n_tokens, checksum, created, last_hit, file FROM blocks ORDER BY %s",
-             order);
+             "SELECT key, model, size, hits, codec, n_tokens, checksum, created, last_hit, file FROM blocks ORDER BY %s", order);
     pthread_mutex_lock(&st->rd_mu);
     sqlite3_stmt *s;
     int rc = 0;
@@ -74,7 +73,7 @@ static int read_rows(kvt_store *st, const char *order, struct row **rows, size_t
         if (r->sha_ok) memcpy(r->sha, sqlite3_column_blob(s, 6), 32);
         r->created = sqlite3_column_double(s, 7);
         r->last_hit = sqlite3_column_double(s, 8);
-        const char *f = (const char *)sqlite3_column_text(s, 9);
+        const char *f = (const char *) sqlite3_column_text(s, 9);
         kvt_key fk;
         if (f && strlen(f) < sizeof r->file && kvt__sblob_is_blob(f, &fk) && !memcmp(fk.b, r->key.b, KVT_KEY_BYTES))
             strcpy(r->file, f);
@@ -140,9 +139,15 @@ int kvt_store_ls(kvt_store *st, int (*cb)(void *ud, const struct kvt_store_entry
     if ((rc = read_rows(st, "last_hit DESC", &rows, &n))) return rc;
     for (size_t i = 0; i < n && !rc; i++) {
         const struct row *r = &rows[i];
-        struct kvt_store_entry e = { .key = r->key, .model = r->model, .n_tokens = r->n_tokens, .codec = r->codec,
-                                     .bytes = r->size, .created = r->created, .last_hit = r->last_hit,
-                                     .hits = r->hits, .expires = kvt__expires(&st->ttl, r->last_hit, r->hits) };
+        struct kvt_store_entry e = { .key = r->key,
+                                     .model = r->model,
+                                     .n_tokens = r->n_tokens,
+                                     .codec = r->codec,
+                                     .bytes = r->size,
+                                     .created = r->created,
+                                     .last_hit = r->last_hit,
+                                     .hits = r->hits,
+                                     .expires = kvt__expires(&st->ttl, r->last_hit, r->hits) };
         rc = cb(ud, &e);
     }
     free(rows);
@@ -198,8 +203,7 @@ static int scan_orphans(kvt_store *st, const struct row *rows, size_t n, bool re
         if (kvt__sblob_is_blob(de->d_name, &probe.key)) { /* no row of its key names it */
             const struct row *r = n ? bsearch(&probe, rows, n, sizeof *rows, cmp_row) : NULL;
             orphan = !r || strcmp(r->file, de->d_name);
-        } else
-            orphan = kvt__sblob_is_tmp(de->d_name, &pid);
+        } else orphan = kvt__sblob_is_tmp(de->d_name, &pid);
         if (!orphan) continue;
         out->orphans++;
         if (!remove) continue;
@@ -244,7 +248,7 @@ int kvt_store_gc(kvt_store *st, struct kvt_store_report *out) {
         victims[nv++] = r;
     }
     if ((rc = remove_rows(st, victims, nv))) goto done;
-    out->removed += (int64_t)nv;
+    out->removed += (int64_t) nv;
     /* over quota: cold before hot, least recently hit first */
     int64_t total = 0;
     nv = 0;
@@ -253,7 +257,7 @@ int kvt_store_gc(kvt_store *st, struct kvt_store_report *out) {
             total += rows[i].size;
             victims[nv++] = &rows[i];
         }
-    if (total > (int64_t)st->p.disk_bytes) {
+    if (total > (int64_t) st->p.disk_bytes) {
         struct row **order = victims;
         size_t m = nv;
         /* insertion order is by key; sort the candidates by (hot, last_hit) */
@@ -269,14 +273,14 @@ int kvt_store_gc(kvt_store *st, struct kvt_store_report *out) {
             order[j] = x;
         }
         size_t k = 0;
-        while (k < m && total > (int64_t)st->p.disk_bytes) {
+        while (k < m && total > (int64_t) st->p.disk_bytes) {
             total -= order[k]->size;
             out->bytes_freed += order[k]->size;
             k++;
         }
         if ((rc = remove_rows(st, order, k))) goto done;
-        out->over_quota = (int64_t)k;
-        out->removed += (int64_t)k;
+        out->over_quota = (int64_t) k;
+        out->removed += (int64_t) k;
     }
     out->ok = out->checked - out->expired - out->missing - out->over_quota;
     rc = scan_orphans(st, rows, n, true, out);
@@ -313,7 +317,7 @@ int kvt_store_verify(kvt_store *st, bool repair, struct kvt_store_report *out) {
         if (b == KVT__SBLOB_MISSING) {
             out->missing++;
         } else if (b != KVT__SBLOB_OK || memcmp(h.key.b, r->key.b, 32) || memcmp(h.model.b, r->model.b, 32) ||
-                   (int64_t)h.size != r->size || h.codec != r->codec || h.n_tokens != r->n_tokens || !r->sha_ok ||
+                   (int64_t) h.size != r->size || h.codec != r->codec || h.n_tokens != r->n_tokens || !r->sha_ok ||
                    memcmp(h.sha, r->sha, 32)) {
             out->corrupt++;
         } else {
@@ -326,7 +330,7 @@ int kvt_store_verify(kvt_store *st, bool repair, struct kvt_store_report *out) {
         }
     }
     if ((rc = remove_rows(st, victims, nv))) goto done;
-    out->removed += (int64_t)nv;
+    out->removed += (int64_t) nv;
     rc = scan_orphans(st, rows, n, repair, out);
 done:
     free(victims);
@@ -337,7 +341,8 @@ done:
 
 int kvt_store_clear(kvt_store *st) {
     if (!st) return kvt__fail(KVT_EINVAL, "kvt_store_clear: store is NULL");
-    if (st->p.read_only) return kvt__fail(KVT_EINVAL, "kvt_store_clear: the store at %s is open read-only", st->dir ? st->dir : "(RAM only)");
+    if (st->p.read_only)
+        return kvt__fail(KVT_EINVAL, "kvt_store_clear: the store at %s is open read-only", st->dir ? st->dir : "(RAM only)");
     /* queued writes would write entries back after the clear: drop them, wait for the one in flight */
     pthread_mutex_lock(&st->q_mu);
     struct kvt__job *j = st->q_head;
@@ -356,10 +361,8 @@ int kvt_store_clear(kvt_store *st) {
     int lk = kvt__store_lock_all(st);
     int rc = 0;
     pthread_mutex_lock(&st->wr_mu);
-    if (sqlite3_exec(st->wr, "DELETE FROM blocks", NULL, NULL, NULL) != SQLITE_OK)
-        rc = kvt__store_sql_fail(st, st->wr, "clearing");
-    else
-        st->disk_bytes_now = 0;
+    if (sqlite3_exec(st->wr, "DELETE FROM blocks", NULL, NULL, NULL) != SQLITE_OK) rc = kvt__store_sql_fail(st, st->wr, "clearing");
+    else st->disk_bytes_now = 0;
     pthread_mutex_unlock(&st->wr_mu);
     if (!rc) {
         struct kvt_store_report scratch = { 0 };

@@ -24,8 +24,8 @@ static void count(kvt_store *st, int64_t *ctr) {
 }
 
 /* A block still waiting for the writer is the disk tier's too: copy it out (q_mu held). */
-static int get_queued(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
-                      struct kvt_store_meta *meta, bool *found) {
+static int get_queued(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n, struct kvt_store_meta *meta,
+                      bool *found) {
     *found = false;
     for (struct kvt__job *j = st->q_head; j; j = j->next) {
         if (memcmp(j->key.b, key->b, KVT_KEY_BYTES)) continue;
@@ -67,7 +67,10 @@ int kvt__store_get_local(kvt_store *st, const kvt_key *key, const kvt_key *model
     if (tier) *tier = KVT_TIER_NONE;
     if (!st || !key || !model || !data || !n)
         return kvt__fail(KVT_EINVAL, "kvt_store_get: NULL %s",
-                         !st ? "store" : !key ? "key" : !model ? "model fingerprint" : "data or n");
+                         !st      ? "store"
+                         : !key   ? "key"
+                         : !model ? "model fingerprint"
+                                  : "data or n");
     struct kvt_store_meta mt;
     char hex[65];
     kvt_key_hex(key, hex);
@@ -102,8 +105,9 @@ int kvt__store_get_local(kvt_store *st, const kvt_key *key, const kvt_key *model
     int rc = get_queued(st, key, model, data, n, &mt, &found);
     pthread_mutex_unlock(&st->q_mu);
     if (found) {
-        if (rc) return rc == KVT_ENOMEM ? kvt__fail(rc, "kvt_store_get: no memory for block %.16s", hex)
-                                        : kvt__fail(rc, "block %.16s belongs to another model", hex);
+        if (rc)
+            return rc == KVT_ENOMEM ? kvt__fail(rc, "kvt_store_get: no memory for block %.16s", hex)
+                                    : kvt__fail(rc, "block %.16s belongs to another model", hex);
         kvt__store_record_hit(st, key, now);
         if (meta) *meta = mt;
         if (tier) *tier = KVT_TIER_DISK;
@@ -111,14 +115,20 @@ int kvt__store_get_local(kvt_store *st, const kvt_key *key, const kvt_key *model
     }
 
 index:;
-    struct { int64_t size, hits; int32_t codec, n_tokens; uint8_t sha[32]; kvt_key model; double last_hit;
-             char file[KVT__SBLOB_NAME]; } row;
+    struct {
+        int64_t size, hits;
+        int32_t codec, n_tokens;
+        uint8_t sha[32];
+        kvt_key model;
+        double last_hit;
+        char file[KVT__SBLOB_NAME];
+    } row;
     pthread_mutex_lock(&st->rd_mu);
     sqlite3_bind_blob(st->rd_get, 1, key->b, KVT_KEY_BYTES, SQLITE_STATIC);
     int s = sqlite3_step(st->rd_get);
     bool have = s == SQLITE_ROW && sqlite3_column_bytes(st->rd_get, 3) == 32 && sqlite3_column_bytes(st->rd_get, 4) == 32;
     if (have) {
-        const char *f = (const char *)sqlite3_column_text(st->rd_get, 0);
+        const char *f = (const char *) sqlite3_column_text(st->rd_get, 0);
         snprintf(row.file, sizeof row.file, "%s", f ? f : "");
         row.size = sqlite3_column_int64(st->rd_get, 1);
         row.codec = sqlite3_column_int(st->rd_get, 2);
@@ -154,15 +164,16 @@ index:;
     r = kvt__sblob_read(st->blobs_fd, row.file, &h, &buf, &why);
     if (r == KVT__SBLOB_NOMEM) return kvt__fail(KVT_ENOMEM, "kvt_store_get: block %.16s: %s", hex, why);
     if (r == KVT__SBLOB_OK) {
-        why = memcmp(h.key.b, key->b, 32) ? "header names another key"
-            : memcmp(h.model.b, row.model.b, 32) ? "header names another model"
-            : (int64_t)h.size != row.size || h.codec != row.codec || h.n_tokens != row.n_tokens
-                ? "header disagrees with the index"
-            : memcmp(h.sha, row.sha, 32) ? "checksum disagrees with the index" : NULL;
+        why = memcmp(h.key.b, key->b, 32)          ? "header names another key"
+              : memcmp(h.model.b, row.model.b, 32) ? "header names another model"
+              : (int64_t) h.size != row.size || h.codec != row.codec || h.n_tokens != row.n_tokens
+                  ? "header disagrees with the index"
+              : memcmp(h.sha, row.sha, 32) ? "checksum disagrees with the index"
+                                           : NULL;
         char dec_why[512];
         if (!why && h.codec != KVT_CODEC_RAW) { /* the disk tier's codec: callers see raw bytes */
             kvt_blob *dec = NULL;
-            int drc = kvt_codec_decode(buf, (size_t)h.size, &dec);
+            int drc = kvt_codec_decode(buf, (size_t) h.size, &dec);
             free(buf);
             buf = NULL;
             if (drc == KVT_ENOMEM) return kvt__fail(KVT_ENOMEM, "kvt_store_get: decoding block %.16s", hex);
@@ -180,10 +191,10 @@ index:;
         }
         if (!why) {
             if (st->ram.budget) { /* a disk hit is copied into RAM */
-                struct kvt__sbuf *b = kvt__sbuf_new(buf, (size_t)h.size);
+                struct kvt__sbuf *b = kvt__sbuf_new(buf, (size_t) h.size);
                 if (b) {
-                    kvt__ram_put(&st->ram, key, &(struct kvt_store_meta){ row.model, row.n_tokens, row.codec }, b,
-                                 &st->ttl, now, pf != NULL);
+                    kvt__ram_put(&st->ram, key, &(struct kvt_store_meta){ row.model, row.n_tokens, row.codec }, b, &st->ttl, now,
+                                 pf != NULL);
                     kvt__ram_set_on_disk(&st->ram, key);
                 }
                 kvt__sbuf_unref(b);
@@ -195,7 +206,7 @@ index:;
                 count(st, &st->d_hits);
             }
             *data = buf;
-            *n = (size_t)h.size;
+            *n = (size_t) h.size;
             if (meta) *meta = (struct kvt_store_meta){ row.model, row.n_tokens, row.codec };
             if (tier) *tier = KVT_TIER_DISK;
             return 0;
@@ -208,7 +219,7 @@ index:;
         sqlite3_bind_blob(st->rd_get, 1, key->b, KVT_KEY_BYTES, SQLITE_STATIC);
         bool still = sqlite3_step(st->rd_get) == SQLITE_ROW;
         if (still) { /* the same write's row: a fresh one names another file */
-            const char *f = (const char *)sqlite3_column_text(st->rd_get, 0);
+            const char *f = (const char *) sqlite3_column_text(st->rd_get, 0);
             still = f && !strcmp(f, row.file);
         }
         sqlite3_reset(st->rd_get);
@@ -224,8 +235,8 @@ index:;
 }
 
 /* RAM, disk, then Redis: a Redis hit is copied into RAM and queued for disk. */
-static int get_tiers(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
-                     struct kvt_store_meta *meta, enum kvt_tier *tier, const struct kvt__ttl *ttl) {
+static int get_tiers(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n, struct kvt_store_meta *meta,
+                     enum kvt_tier *tier, const struct kvt__ttl *ttl) {
     /* a prefetch of key in flight is waited for (never read twice); one that found no tier
     ** holding it spares the get Redis's round trip, not the local tiers: the key may have been
     ** put since the prefetch looked */
@@ -249,8 +260,8 @@ static int get_tiers(kvt_store *st, const kvt_key *key, const kvt_key *model, vo
     return 0;
 }
 
-int kvt_store_get(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
-                  struct kvt_store_meta *meta, enum kvt_tier *tier) {
+int kvt_store_get(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n, struct kvt_store_meta *meta,
+                  enum kvt_tier *tier) {
     return get_tiers(st, key, model, data, n, meta, tier, st ? &st->ttl : NULL);
 }
 
@@ -270,17 +281,12 @@ static int tier_of(kvt_store *st, const kvt_key *key, const struct kvt__ttl *ttl
     pthread_mutex_lock(&st->rd_mu);
     sqlite3_bind_blob(st->rd_get, 1, key->b, KVT_KEY_BYTES, SQLITE_STATIC);
     if (sqlite3_step(st->rd_get) == SQLITE_ROW)
-        has = kvt__expires(ttl, sqlite3_column_double(st->rd_get, 6), sqlite3_column_int64(st->rd_get, 7)) >
-              kvt__store_now(st);
+        has = kvt__expires(ttl, sqlite3_column_double(st->rd_get, 6), sqlite3_column_int64(st->rd_get, 7)) > kvt__store_now(st);
     sqlite3_reset(st->rd_get);
     pthread_mutex_unlock(&st->rd_mu);
     return has ? KVT_TIER_DISK : KVT_TIER_NONE;
 }
 
-int kvt_store_tier(kvt_store *st, const kvt_key *key) {
-    return tier_of(st, key, &kvt__ttl_forever);
-}
+int kvt_store_tier(kvt_store *st, const kvt_key *key) { return tier_of(st, key, &kvt__ttl_forever); }
 
-bool kvt_store_has(kvt_store *st, const kvt_key *key) {
-    return st && tier_of(st, key, &st->ttl) != KVT_TIER_NONE;
-}
+bool kvt_store_has(kvt_store *st, const kvt_key *key) { return st && tier_of(st, key, &st->ttl) != KVT_TIER_NONE; }

@@ -20,20 +20,19 @@
 
 #define SCHEMA_VERSION 1
 
-static const char *SCHEMA =
-    "CREATE TABLE IF NOT EXISTS blocks("
-    "  key BLOB PRIMARY KEY,"        /* 32-byte chain key */
-    "  file TEXT NOT NULL,"          /* name under blobs/ */
-    "  size INTEGER NOT NULL,"       /* payload bytes */
-    "  codec INTEGER NOT NULL,"
-    "  checksum BLOB NOT NULL,"      /* SHA-256 of the payload */
-    "  model BLOB NOT NULL,"         /* model fingerprint */
-    "  n_tokens INTEGER NOT NULL,"
-    "  created REAL NOT NULL,"       /* epoch seconds */
-    "  last_hit REAL NOT NULL,"      /* epoch seconds: the write, then the last get */
-    "  hits INTEGER NOT NULL DEFAULT 0"
-    ") WITHOUT ROWID;"
-    "CREATE INDEX IF NOT EXISTS blocks_last_hit ON blocks(last_hit);";
+static const char *SCHEMA = "CREATE TABLE IF NOT EXISTS blocks("
+                            "  key BLOB PRIMARY KEY,"  /* 32-byte chain key */
+                            "  file TEXT NOT NULL,"    /* name under blobs/ */
+                            "  size INTEGER NOT NULL," /* payload bytes */
+                            "  codec INTEGER NOT NULL,"
+                            "  checksum BLOB NOT NULL," /* SHA-256 of the payload */
+                            "  model BLOB NOT NULL,"    /* model fingerprint */
+                            "  n_tokens INTEGER NOT NULL,"
+                            "  created REAL NOT NULL,"  /* epoch seconds */
+                            "  last_hit REAL NOT NULL," /* epoch seconds: the write, then the last get */
+                            "  hits INTEGER NOT NULL DEFAULT 0"
+                            ") WITHOUT ROWID;"
+                            "CREATE INDEX IF NOT EXISTS blocks_last_hit ON blocks(last_hit);";
 
 /* ---- index ---------------------------------------------------------------------------------- */
 
@@ -50,8 +49,8 @@ static int exec(kvt_store *st, sqlite3 *db, const char *sql) {
 static int open_db(kvt_store *st, bool writer, sqlite3 **db) {
     char path[4096];
     snprintf(path, sizeof path, "%s/index.db", st->dir);
-    int flags = SQLITE_OPEN_NOMUTEX | (st->p.read_only ? SQLITE_OPEN_READONLY
-                                                       : SQLITE_OPEN_READWRITE | (writer ? SQLITE_OPEN_CREATE : 0));
+    int flags = SQLITE_OPEN_NOMUTEX |
+                (st->p.read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | (writer ? SQLITE_OPEN_CREATE : 0));
     if (sqlite3_open_v2(path, db, flags, NULL) != SQLITE_OK) {
         int rc = kvt__fail(KVT_EIO, "store index %s: cannot open: %s", path, *db ? sqlite3_errmsg(*db) : "no memory");
         sqlite3_close(*db);
@@ -74,8 +73,8 @@ static int check_version(kvt_store *st, sqlite3 *db) {
     int version = sqlite3_step(v) == SQLITE_ROW ? sqlite3_column_int(v, 0) : -1;
     sqlite3_finalize(v);
     if (version > SCHEMA_VERSION)
-        return kvt__fail(KVT_EIO, "store index %s/index.db has format version %d, newer than this kvtier's %d",
-                         st->dir, version, SCHEMA_VERSION);
+        return kvt__fail(KVT_EIO, "store index %s/index.db has format version %d, newer than this kvtier's %d", st->dir, version,
+                         SCHEMA_VERSION);
     return 0;
 }
 
@@ -94,15 +93,16 @@ int kvt__store_index_open(kvt_store *st) {
         if ((rc = prepare(st, st->wr, "SELECT last_hit, hits, file, size FROM blocks WHERE key = ?1", &st->wr_exists)) ||
             (rc = prepare(st, st->wr,
                           "INSERT OR REPLACE INTO blocks(key, file, size, codec, checksum, model, n_tokens, created, "
-                          "last_hit, hits) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)", &st->wr_ins)) ||
+                          "last_hit, hits) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                          &st->wr_ins)) ||
             (rc = prepare(st, st->wr, "UPDATE blocks SET hits = hits + 1, last_hit = max(last_hit, ?2) WHERE key = ?1",
                           &st->wr_hit)) ||
-            (rc = prepare(st, st->wr, "DELETE FROM blocks WHERE key = ?1 AND (?2 IS NULL OR file = ?2) RETURNING size", &st->wr_del)))
+            (rc = prepare(st, st->wr, "DELETE FROM blocks WHERE key = ?1 AND (?2 IS NULL OR file = ?2) RETURNING size",
+                          &st->wr_del)))
             return rc;
     }
     if ((rc = open_db(st, false, &st->rd)) || (st->p.read_only && (rc = check_version(st, st->rd)))) return rc;
-    return prepare(st, st->rd,
-                   "SELECT file, size, codec, checksum, model, n_tokens, last_hit, hits FROM blocks WHERE key = ?1",
+    return prepare(st, st->rd, "SELECT file, size, codec, checksum, model, n_tokens, last_hit, hits FROM blocks WHERE key = ?1",
                    &st->rd_get);
 }
 

@@ -64,6 +64,4 @@ int kvt_store_private_tier(kvt_store *st, uint64_t key) {
     return path[0] ? KVT_TIER_DISK : KVT_TIER_RAM;
 }
 
-void kvt_store_private_stats(kvt_store *st, struct kvt_pool_stats *out) {
-    kvt_pool_get_stats(st ? st->priv : NULL, out);
-}
+void kvt_store_private_stats(kvt_store *st, struct kvt_pool_stats *out) { kvt_pool_get_stats(st ? st->priv : NULL, out); }

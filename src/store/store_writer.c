@@ -17,8 +17,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#define HITS_MAX     4096 /* pending hit records; more are not recorded (advisory counts) */
-#define HITS_BATCH   256  /* wake the writer at this many */
+#define HITS_MAX   4096 /* pending hit records; more are not recorded (advisory counts) */
+#define HITS_BATCH 256  /* wake the writer at this many */
 
 /* ---- put / get / has ------------------------------------------------------------------------ */
 
@@ -33,7 +33,8 @@ int kvt__store_put_local(kvt_store *st, const kvt_key *key, const struct kvt_sto
                          bool to_redis, bool prefetched) {
     if (!st || !key || !m || (!data && n > 0))
         return kvt__fail(KVT_EINVAL, "kvt_store_put: NULL %s", !st ? "store" : !key ? "key" : !m ? "meta" : "data");
-    if (st->p.read_only) return kvt__fail(KVT_EINVAL, "kvt_store_put: the store at %s is open read-only", st->dir ? st->dir : "(RAM only)");
+    if (st->p.read_only)
+        return kvt__fail(KVT_EINVAL, "kvt_store_put: the store at %s is open read-only", st->dir ? st->dir : "(RAM only)");
     if (m->n_tokens < 0) return kvt__fail(KVT_EINVAL, "kvt_store_put: n_tokens %d is negative", m->n_tokens);
     const double now = kvt__store_now(st);
     bool on_disk;
@@ -60,7 +61,8 @@ int kvt__store_put_local(kvt_store *st, const kvt_key *key, const struct kvt_sto
             queued = false;
         } else {
             *j = (struct kvt__job){ .key = *key, .meta = *m, .buf = kvt__sbuf_ref(buf), .t = now, .last_hit = now };
-            if (st->q_tail) st->q_tail->next = j; else st->q_head = j;
+            if (st->q_tail) st->q_tail->next = j;
+            else st->q_head = j;
             st->q_tail = j;
             st->q_len++;
             pthread_cond_signal(&st->q_cv);
@@ -121,14 +123,15 @@ static void apply_hits(kvt_store *st, struct kvt__hit *h, size_t n) {
 /* Make room for `need` more blob bytes within disk_bytes (wr_mu held): expired entries first,
 ** then cold, then hot, least recently hit first.  Returns false if it cannot. */
 static bool make_room(kvt_store *st, int64_t need, double now) {
-    const int64_t quota = (int64_t)st->p.disk_bytes;
+    const int64_t quota = (int64_t) st->p.disk_bytes;
     if (need > quota) return false;
     if (st->disk_bytes_now + need <= quota) return true;
     st->disk_bytes_now = kvt__store_sum_sizes(st->wr); /* other processes may have written or removed */
     sqlite3_stmt *sel;
     if (sqlite3_prepare_v2(st->wr,
                            "SELECT key, size, last_hit + CASE WHEN hits >= ?1 THEN ?2 ELSE ?3 END <= ?4, file FROM blocks "
-                           "ORDER BY 3 DESC, hits >= ?1, last_hit LIMIT 256", -1, &sel, NULL) != SQLITE_OK)
+                           "ORDER BY 3 DESC, hits >= ?1, last_hit LIMIT 256",
+                           -1, &sel, NULL) != SQLITE_OK)
         return false;
     bool ok = true;
     while (ok && st->disk_bytes_now + need > quota) {
@@ -144,7 +147,7 @@ static bool make_room(kvt_store *st, int64_t need, double now) {
         while (n < 256 && st->disk_bytes_now + need - freed > quota && sqlite3_step(sel) == SQLITE_ROW) {
             if (sqlite3_column_bytes(sel, 0) != KVT_KEY_BYTES) continue;
             memcpy(victims[n].b, sqlite3_column_blob(sel, 0), KVT_KEY_BYTES);
-            const char *f = (const char *)sqlite3_column_text(sel, 3);
+            const char *f = (const char *) sqlite3_column_text(sel, 3);
             snprintf(files[n], sizeof files[n], "%s", f ? f : "");
             sizes[n] = sqlite3_column_int64(sel, 1);
             expired[n] = sqlite3_column_int(sel, 2);
@@ -185,13 +188,12 @@ static bool make_room(kvt_store *st, int64_t need, double now) {
 }
 
 /* Fill old[KVT__SBLOB_NAME] with the file key's row names ("" if none); OUT *size (wr_mu held). */
-static bool row_file(kvt_store *st, const kvt_key *key, char old[KVT__SBLOB_NAME], int64_t *size,
-                     double *last_hit, int64_t *hits) {
+static bool row_file(kvt_store *st, const kvt_key *key, char old[KVT__SBLOB_NAME], int64_t *size, double *last_hit, int64_t *hits) {
     old[0] = '\0';
     sqlite3_bind_blob(st->wr_exists, 1, key->b, KVT_KEY_BYTES, SQLITE_STATIC);
     bool have = sqlite3_step(st->wr_exists) == SQLITE_ROW;
     if (have) {
-        const char *f = (const char *)sqlite3_column_text(st->wr_exists, 2);
+        const char *f = (const char *) sqlite3_column_text(st->wr_exists, 2);
         snprintf(old, KVT__SBLOB_NAME, "%s", f ? f : "");
         if (size) *size = sqlite3_column_int64(st->wr_exists, 3);
         if (last_hit) *last_hit = sqlite3_column_double(st->wr_exists, 0);
@@ -214,7 +216,7 @@ static bool insert_row(kvt_store *st, const struct kvt__job *j, const struct kvt
         sqlite3_stmt *s = st->wr_ins;
         sqlite3_bind_blob(s, 1, j->key.b, KVT_KEY_BYTES, SQLITE_STATIC);
         sqlite3_bind_text(s, 2, name, -1, SQLITE_STATIC);
-        sqlite3_bind_int64(s, 3, (sqlite3_int64)h->size);
+        sqlite3_bind_int64(s, 3, (sqlite3_int64) h->size);
         sqlite3_bind_int(s, 4, h->codec);
         sqlite3_bind_blob(s, 5, h->sha, 32, SQLITE_STATIC);
         sqlite3_bind_blob(s, 6, j->meta.model.b, KVT_KEY_BYTES, SQLITE_STATIC);
@@ -227,7 +229,7 @@ static bool insert_row(kvt_store *st, const struct kvt__job *j, const struct kvt
         ok = ok && sqlite3_exec(st->wr, "COMMIT", NULL, NULL, NULL) == SQLITE_OK;
         if (!ok) sqlite3_exec(st->wr, "ROLLBACK", NULL, NULL, NULL);
     }
-    if (ok) st->disk_bytes_now += (int64_t)h->size - old_size;
+    if (ok) st->disk_bytes_now += (int64_t) h->size - old_size;
     pthread_mutex_unlock(&st->wr_mu);
     kvt_key k;
     if (ok && old[0] && strcmp(old, name) && kvt__sblob_is_blob(old, &k)) unlinkat(st->blobs_fd, old, 0);
@@ -250,14 +252,14 @@ static void write_job(kvt_store *st, struct kvt__job *j) {
     ** records the block as on disk) lost the block (issue #24 item 7).  The fresh row replaces it
     ** (insert_row), and its file goes; until then it is still the session's copy. */
     if (row_file(st, &j->key, old, NULL, &last_hit, &hits)) skipped = kvt__expires(&st->ttl, last_hit, hits) > now;
-    bool room = skipped || make_room(st, (int64_t)j->buf->n, now);
+    bool room = skipped || make_room(st, (int64_t) j->buf->n, now);
     pthread_mutex_unlock(&st->wr_mu);
     /* the disk tier's codec, here on the writer thread (off the decode path) */
     const uint8_t *data = j->buf->data;
     size_t size = j->buf->n;
     int32_t codec = j->meta.codec;
     uint8_t *enc = NULL;
-    kvt_blob raw = { (uint8_t *)j->buf->data, j->buf->n, 0, j->meta.n_tokens, 0, 0 };
+    kvt_blob raw = { (uint8_t *) j->buf->data, j->buf->n, 0, j->meta.n_tokens, 0, 0 };
     bool encode = !skipped && room && codec == KVT_CODEC_RAW && st->dcodec.codec != KVT_CODEC_RAW;
     if (encode && kvt__blob_shape(&raw) != 0) { /* not a block's blob: stored raw */
         encode = false;
@@ -274,8 +276,9 @@ static void write_job(kvt_store *st, struct kvt__job *j) {
         }
     }
     if (!skipped && room) {
-        struct kvt__sblob_hdr h = { .key = j->key, .model = j->meta.model, .codec = codec,
-                                   .n_tokens = j->meta.n_tokens, .size = size };
+        struct kvt__sblob_hdr h = {
+            .key = j->key, .model = j->meta.model, .codec = codec, .n_tokens = j->meta.n_tokens, .size = size
+        };
         const char *what = NULL;
         char name[KVT__SBLOB_NAME];
         if (kvt__sha256(data, size, h.sha) != 0) {

@@ -12,12 +12,12 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* An invariant of the code under test that does not hold is a crash: libFuzzer keeps the input. */
-#define FUZZ_CHECK(cond)                                                                  \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
+#define FUZZ_CHECK(cond)                                                                      \
+    do {                                                                                      \
+        if (!(cond)) {                                                                        \
             fprintf(stderr, "%s:%d: fuzz invariant failed: %s\n", __FILE__, __LINE__, #cond); \
-            abort();                                                                      \
-        }                                                                                 \
+            abort();                                                                          \
+        }                                                                                     \
     } while (0)
 
 #endif

@@ -48,15 +48,14 @@ static void exercise(const uint8_t *data, size_t size, int n_parts) {
     for (int p = 0; p < n_parts; p++) {
         rope[p] = calloc(L.part[p].n_layer + 1, sizeof *rope[p]);
         FUZZ_CHECK(rope[p]);
-        for (uint32_t l = 0; l < L.part[p].n_layer; l++) rope[p][l] = (struct kvt__rope) { 10000.0f, 1.0f, 2, (l & 1) != 0 };
+        for (uint32_t l = 0; l < L.part[p].n_layer; l++) rope[p][l] = (struct kvt__rope){ 10000.0f, 1.0f, 2, (l & 1) != 0 };
     }
     uint8_t *copy = malloc(size ? size : 1);
     FUZZ_CHECK(copy);
     memcpy(copy, data, size);
     if (kvt__blob_reanchor_range(copy, &L, delta, (int32_t) (tail & 255), INT32_MAX, 1, rope) == 0)
         FUZZ_CHECK(kvt__blob_parse(copy, size, n_parts, &W) == 0);
-    else
-        FUZZ_CHECK(memcmp(copy, data, size) == 0); /* nothing modified on error */
+    else FUZZ_CHECK(memcmp(copy, data, size) == 0); /* nothing modified on error */
     free(copy);
     for (int p = 0; p < 2; p++) free(rope[p]);
     /* K rows of the first layer as F32 */

@@ -23,7 +23,10 @@ static void cleanup(void) {
     char target[4096];
     ssize_t k = readlink(path, target, sizeof target - 1);
     close(dir_fd);
-    if (k > 0) { target[k] = '\0'; rmdir(target); }
+    if (k > 0) {
+        target[k] = '\0';
+        rmdir(target);
+    }
 }
 
 static void read_back(const uint8_t *data, size_t size) {

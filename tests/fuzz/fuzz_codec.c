@@ -17,7 +17,10 @@ static void decode(const uint8_t *data, size_t size) {
     struct kvt_codec_info I;
     const int irc = kvt_codec_inspect(data, size, &I);
     kvt_blob *b = NULL;
-    if (kvt_codec_decode(data, size, &b) != 0) { FUZZ_CHECK(b == NULL); return; }
+    if (kvt_codec_decode(data, size, &b) != 0) {
+        FUZZ_CHECK(b == NULL);
+        return;
+    }
     FUZZ_CHECK(irc == 0 && b && b->size == I.raw_bytes && b->n_cells == I.n_cells);
     static struct kvt__blob_layout L;
     int np = I.n_cells_swa > 0 ? 2 : 1;

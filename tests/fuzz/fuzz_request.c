@@ -16,13 +16,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!srv.n_ctx) {
         srv.n_ctx = 4096;
         srv.max_tokens_default = 16;
-        srv.lim = (struct serve_limits){ .max_body = 8 << 20, .max_messages = 4096, .max_parts = 1024, .max_tools = 128,
-                                         .max_schema_nodes = 10000, .max_alternatives = 1024 };
+        srv.lim = (struct serve_limits){ .max_body = 8 << 20,
+                                         .max_messages = 4096,
+                                         .max_parts = 1024,
+                                         .max_tools = 128,
+                                         .max_schema_nodes = 10000,
+                                         .max_alternatives = 1024 };
     }
     json_error_t e;
     json_t *root = json_loadb((const char *) data, size, 0, &e);
     if (!root) return 0;
-    if (!json_is_object(root)) { json_decref(root); return 0; }
+    if (!json_is_object(root)) {
+        json_decref(root);
+        return 0;
+    }
     for (int chat = 0; chat < 2; chat++) {
         struct job *j = calloc(1, sizeof *j);
         FUZZ_CHECK(j != NULL);

@@ -18,7 +18,10 @@
 static unsigned seed = 12345u;
 static unsigned lcg(void) { return seed = seed * 1103515245u + 12345u; }
 
-struct wb { uint8_t *p; size_t n, cap; };
+struct wb {
+    uint8_t *p;
+    size_t n, cap;
+};
 static void w(struct wb *b, const void *s, size_t k) {
     if (b->n + k > b->cap) {
         b->cap = (b->n + k) * 2;
@@ -37,10 +40,16 @@ static int n_written;
 static void put(const char *harness, const char *tag, const uint8_t *p, size_t n) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", root, harness);
-    if (mkdir(path, 0755) && errno != EEXIST) { perror(path); exit(1); }
+    if (mkdir(path, 0755) && errno != EEXIST) {
+        perror(path);
+        exit(1);
+    }
     snprintf(path, sizeof path, "%s/%s/seed-%s", root, harness, tag);
     FILE *f = fopen(path, "wb");
-    if (!f || fwrite(p, 1, n, f) != n || fclose(f)) { perror(path); exit(1); }
+    if (!f || fwrite(p, 1, n, f) != n || fclose(f)) {
+        perror(path);
+        exit(1);
+    }
     n_written++;
 }
 
@@ -65,7 +74,9 @@ static void put_variants(const char *harness, const char *tag, const uint8_t *p,
     free(x);
 }
 
-struct shape { int n_parts, n_stream, type, v_trans, n_cells, p0; };
+struct shape {
+    int n_parts, n_stream, type, v_trans, n_cells, p0;
+};
 
 static uint16_t f16(float f) {
     uint16_t h;
@@ -76,7 +87,10 @@ static uint16_t f16(float f) {
 
 static void elem(struct wb *b, int type, float x) {
     if (type == 0) w(b, &x, 4);
-    else { uint16_t h = f16(x); w(b, &h, 2); }
+    else {
+        uint16_t h = f16(x);
+        w(b, &h, 2);
+    }
 }
 
 static float rnd(void) { return (float) ((lcg() >> 8) & 0xffff) / 65536.0f * 2 - 1; }
@@ -91,9 +105,16 @@ static kvt_blob syn(const struct shape *S) {
         const int nc = p == 0 ? S->n_cells : S->n_cells / 2, c0 = S->n_cells - nc;
         w32(&b, (uint32_t) S->n_stream);
         for (int s = 0; s < S->n_stream; s++) {
-            if (s != S->n_stream - 1) { w32(&b, 0); continue; }
+            if (s != S->n_stream - 1) {
+                w32(&b, 0);
+                continue;
+            }
             w32(&b, (uint32_t) nc);
-            for (int c = 0; c < nc; c++) { w32(&b, (uint32_t) (S->p0 + c0 + c)); w32(&b, 1); w32(&b, 0); }
+            for (int c = 0; c < nc; c++) {
+                w32(&b, (uint32_t) (S->p0 + c0 + c));
+                w32(&b, 1);
+                w32(&b, 0);
+            }
             w32(&b, (uint32_t) S->v_trans);
             w32(&b, N_LAYER);
             const size_t es = S->type == 0 ? 4 : 2;
@@ -105,12 +126,15 @@ static kvt_blob syn(const struct shape *S) {
             for (int l = 0; l < N_LAYER; l++) {
                 w32(&b, (uint32_t) S->type);
                 if (!S->v_trans) w64(&b, N_EMBD * es);
-                else { w32(&b, (uint32_t) es); w32(&b, N_EMBD); }
+                else {
+                    w32(&b, (uint32_t) es);
+                    w32(&b, N_EMBD);
+                }
                 for (int i = 0; i < nc * N_EMBD; i++) elem(&b, S->type, rnd());
             }
         }
     }
-    return (kvt_blob) { b.p, b.n, S->p0, S->n_cells, S->n_cells, S->n_parts > 1 ? S->n_cells / 2 : 0 };
+    return (kvt_blob){ b.p, b.n, S->p0, S->n_cells, S->n_cells, S->n_parts > 1 ? S->n_cells / 2 : 0 };
 }
 
 static void blob_file(const char *tag, const uint8_t *payload, size_t n, int32_t codec, int32_t n_tokens) {
@@ -131,9 +155,15 @@ static void blob_file(const char *tag, const uint8_t *payload, size_t n, int32_t
 }
 
 int main(int argc, char **argv) {
-    if (argc != 2) { fprintf(stderr, "usage: %s OUT_DIR\n", argv[0]); return 2; }
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s OUT_DIR\n", argv[0]);
+        return 2;
+    }
     root = argv[1];
-    if (mkdir(root, 0755) && errno != EEXIST) { perror(root); return 1; }
+    if (mkdir(root, 0755) && errno != EEXIST) {
+        perror(root);
+        return 1;
+    }
     const struct shape shapes[] = {
         { 1, 1, 1, 0, 6, 0 }, { 1, 1, 0, 1, 5, 64 }, { 2, 1, 1, 1, 6, 128 }, { 2, 3, 1, 0, 4, 3 }, { 1, 3, 0, 0, 3, 1000 },
     };
@@ -166,7 +196,8 @@ int main(int argc, char **argv) {
                     }
                     char t2[160];
                     snprintf(t2, sizeof t2, "%s-%s%s", tag, kvt_codec_name(c), heads ? "-heads" : "");
-                    for (char *q = t2; *q; q++) if (*q == '+') *q = '_';
+                    for (char *q = t2; *q; q++)
+                        if (*q == '+') *q = '_';
                     put_variants("codec", t2, enc, n);
                     if (c != KVT_CODEC_RAW && !heads) blob_file(t2, enc, n, c, S->n_cells);
                     free(enc);
@@ -180,7 +211,12 @@ int main(int argc, char **argv) {
             const int kind = v & 1, trans = kind && (v & 2), f32 = (v & 4) != 0, heads = codec <= 2 && (v & 2) && !kind;
             const uint32_t N = 5 + (uint32_t) v, n_head = 2, hd = 4, E = n_head * hd, es = f32 ? 4 : 2;
             uint8_t pre[7] = { (uint8_t) (kind | (trans ? 2 : 0) | (f32 ? 4 : 0) | ((codec - 1) << 3) | (heads ? 32 : 0)),
-                               (uint8_t) N, (uint8_t) (n_head - 1), (uint8_t) (hd - 1), 3, 1, 2 };
+                               (uint8_t) N,
+                               (uint8_t) (n_head - 1),
+                               (uint8_t) (hd - 1),
+                               3,
+                               1,
+                               2 };
             struct kvt_codec_params p = kvt_codec_default_params(codec);
             p.n_head_kv = (int32_t) n_head;
             p.group_k = 4;
@@ -198,7 +234,8 @@ int main(int argc, char **argv) {
             FUZZ_CHECK(kvt__sec_encode(&out, &m, raw, kind, &p, (int) n_head, &lossy, &zeroed, heads ? hb : NULL) == 0);
             snprintf(tag, sizeof tag, "%s-%s%s%s-%s", kvt_codec_name(codec), kind ? "v" : "k", trans ? "-trans" : "",
                      heads ? "-heads" : "", f32 ? "f32" : "f16");
-            for (char *q = tag; *q; q++) if (*q == '+') *q = '_';
+            for (char *q = tag; *q; q++)
+                if (*q == '+') *q = '_';
             put_variants("codec_tensor", tag, out.p, out.n);
             free(out.p);
             free(t);

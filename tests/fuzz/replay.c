@@ -12,22 +12,34 @@
 
 static int run_file(const char *path) {
     FILE *f = fopen(path, "rb");
-    if (!f) { perror(path); return -1; }
+    if (!f) {
+        perror(path);
+        return -1;
+    }
     size_t cap = 4096, n = 0;
     uint8_t *buf = malloc(cap);
     for (size_t r; buf && (r = fread(buf + n, 1, cap - n, f)) > 0;) {
         n += r;
         if (n == cap) {
             uint8_t *nb = realloc(buf, cap *= 2);
-            if (!nb) { free(buf); buf = NULL; }
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+            }
             buf = nb;
         }
     }
     fclose(f);
-    if (!buf) { fprintf(stderr, "%s: out of memory\n", path); return -1; }
+    if (!buf) {
+        fprintf(stderr, "%s: out of memory\n", path);
+        return -1;
+    }
     /* a copy of exactly n bytes, so that ASan sees a read past the input as libFuzzer would */
     uint8_t *in = malloc(n ? n : 1);
-    if (!in) { free(buf); return -1; }
+    if (!in) {
+        free(buf);
+        return -1;
+    }
     memcpy(in, buf, n);
     free(buf);
     LLVMFuzzerTestOneInput(in, n);
@@ -41,14 +53,20 @@ int main(int argc, char **argv) {
     long total = 0;
     for (int i = 1; i < argc; i++) {
         struct stat sb;
-        if (stat(argv[i], &sb) != 0) { printf("replay: %s: absent, skipped\n", argv[i]); continue; }
+        if (stat(argv[i], &sb) != 0) {
+            printf("replay: %s: absent, skipped\n", argv[i]);
+            continue;
+        }
         if (!S_ISDIR(sb.st_mode)) {
             if (run_file(argv[i])) return 1;
             total++;
             continue;
         }
         DIR *d = opendir(argv[i]);
-        if (!d) { perror(argv[i]); return 1; }
+        if (!d) {
+            perror(argv[i]);
+            return 1;
+        }
         char **names = NULL;
         size_t n = 0, cap = 0;
         for (struct dirent *de; (de = readdir(d));) {
@@ -72,7 +90,10 @@ int main(int argc, char **argv) {
         printf("replay: %ld inputs from %s\n", here, argv[i]);
         total += here;
     }
-    if (total == 0) { fprintf(stderr, "replay: no inputs at all\n"); return 1; }
+    if (total == 0) {
+        fprintf(stderr, "replay: no inputs at all\n");
+        return 1;
+    }
     printf("replay: %ld inputs, no crash\n", total);
     return 0;
 }

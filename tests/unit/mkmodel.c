@@ -68,17 +68,17 @@ enum { TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_BYTE = 6 };
 /* Words whose prefixes (with the leading "▁") fill the vocabulary after the single characters,
 ** in order, until it is full. */
 static const char *const WORDS[] = {
-    "the", "of", "and", "to", "in", "is", "it", "that", "you", "for", "on", "was", "with", "as", "are",
-    "be", "this", "have", "not", "what", "at", "or", "but", "they", "from", "we", "an", "by", "one",
-    "secret", "code", "number", "part", "document", "here", "answer", "noted", "people", "about",
-    "would", "if", "can", "do", "so", "there", "which", "their", "more", "like", "when", "startup",
-    "work", "think", "because", "things", "good", "make", "how", "some", "time", "way", "who", "all",
+    "the",   "of",      "and",    "to",     "in",   "is",     "it",    "that",     "you",  "for",    "on",    "was",     "with",
+    "as",    "are",     "be",     "this",   "have", "not",    "what",  "at",       "or",   "but",    "they",  "from",    "we",
+    "an",    "by",      "one",    "secret", "code", "number", "part",  "document", "here", "answer", "noted", "people",  "about",
+    "would", "if",      "can",    "do",     "so",   "there",  "which", "their",    "more", "like",   "when",  "startup", "work",
+    "think", "because", "things", "good",   "make", "how",    "some",  "time",     "way",  "who",    "all",
 };
 
-static char  *vocab[1024];
-static float  vocab_score[1024];
+static char *vocab[1024];
+static float vocab_score[1024];
 static int32_t vocab_type[1024];
-static int    n_tok;
+static int n_tok;
 
 static int vocab_has(const char *t) {
     for (int i = 0; i < n_tok; i++)
@@ -186,20 +186,18 @@ int main(int argc, char **argv) {
         kv_f32(arch, "rope.freq_base", 10000.0f);
         kv_u32(arch, "rope.dimension_count", hd);
     }
-    if (tokenizer)
-        add_tokenizer(n_vocab);
-    else
-        gguf_set_val_str(gctx, "tokenizer.ggml.model", "none");
+    if (tokenizer) add_tokenizer(n_vocab);
+    else gguf_set_val_str(gctx, "tokenizer.ggml.model", "none");
 
     add("token_embd.weight", n_embd, n_vocab, 0.0f, gemma ? 0.1f : 0.5f); /* logits ~ 10, like real models */
     add("output_norm.weight", n_embd, 0, 1.0f, 0.05f);
     if (!gemma) add("output.weight", n_embd, n_vocab, 0.0f, 0.1f);
     char nm[128];
     for (int il = 0; il < n_layer; il++) {
-#define A(suffix, a, b, m, s)                              \
-    do {                                                   \
-        snprintf(nm, sizeof nm, "blk.%d." suffix, il);     \
-        add(nm, a, b, m, s);                               \
+#define A(suffix, a, b, m, s)                          \
+    do {                                               \
+        snprintf(nm, sizeof nm, "blk.%d." suffix, il); \
+        add(nm, a, b, m, s);                           \
     } while (0)
         A("attn_norm.weight", n_embd, 0, 1.0f, 0.05f);
         A("attn_q.weight", n_embd, n_head * hd, 0.0f, 0.15f);

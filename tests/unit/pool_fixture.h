@@ -26,8 +26,8 @@
 #include <unistd.h>
 
 #include "kvtier.h"
-#include "internal.h"     /* kvt_pool_spill_path */
-#include "fault.h" /* internal failure injection (src/fault.h) */
+#include "internal.h" /* kvt_pool_spill_path */
+#include "fault.h"    /* internal failure injection (src/fault.h) */
 
 #define HDR 64 /* spill file header bytes: magic, version, reserved, key, length, SHA-256 */
 
@@ -40,14 +40,16 @@ struct fx {
 };
 
 static inline uint64_t rng_next(uint64_t *s) { /* xorshift64*: reproducible payloads */
-    *s ^= *s >> 12; *s ^= *s << 25; *s ^= *s >> 27;
+    *s ^= *s >> 12;
+    *s ^= *s << 25;
+    *s ^= *s >> 27;
     return *s * 2685821657736338717ull;
 }
 
 static inline uint8_t *rand_bytes(uint64_t *s, size_t n) {
     uint8_t *p = malloc(n ? n : 1);
     assert_non_null(p);
-    for (size_t i = 0; i < n; i++) p[i] = (uint8_t)(rng_next(s) >> 56);
+    for (size_t i = 0; i < n; i++) p[i] = (uint8_t) (rng_next(s) >> 56);
     return p;
 }
 
@@ -90,7 +92,10 @@ static inline int setup(void **state) {
     struct fx *f = calloc(1, sizeof *f);
     if (!f) return -1;
     strcpy(f->dir, "/tmp/kvt-test-pool-XXXXXX");
-    if (!mkdtemp(f->dir)) { free(f); return -1; }
+    if (!mkdtemp(f->dir)) {
+        free(f);
+        return -1;
+    }
     const char *t = getenv("TMPDIR");
     f->old_tmpdir = t ? strdup(t) : NULL;
     *state = f;
@@ -99,7 +104,8 @@ static inline int setup(void **state) {
 
 static inline int teardown(void **state) {
     struct fx *f = *state;
-    if (f->old_tmpdir) setenv("TMPDIR", f->old_tmpdir, 1); else unsetenv("TMPDIR");
+    if (f->old_tmpdir) setenv("TMPDIR", f->old_tmpdir, 1);
+    else unsetenv("TMPDIR");
     free(f->old_tmpdir);
     rm_rf(f->dir);
     free(f);
@@ -120,7 +126,7 @@ static inline void check_value(kvt_pool *pool, uint64_t key, const uint8_t *want
     void *got = NULL;
     size_t got_n = 12345;
     int rc = kvt_pool_get(pool, key, &got, &got_n);
-    if (rc) fail_msg("get key %llu: %s (%s)", (unsigned long long)key, kvt_strerror(rc), kvt_errmsg());
+    if (rc) fail_msg("get key %llu: %s (%s)", (unsigned long long) key, kvt_strerror(rc), kvt_errmsg());
     assert_int_equal(got_n, n);
     assert_non_null(got);
     if (n) assert_memory_equal(got, want, n);

@@ -25,19 +25,19 @@ extern char **environ;
 
 struct rfx {
     pid_t pid;
-    int   port;
-    char  dir[64];
-    char  url[64];
-    char  unix_url[128]; /* unix://DIR/redis.sock */
-    char  sock[96];
-    char  maxmemory[32]; /* "" = none; else with maxmemory-policy noeviction */
+    int port;
+    char dir[64];
+    char url[64];
+    char unix_url[128]; /* unix://DIR/redis.sock */
+    char sock[96];
+    char maxmemory[32]; /* "" = none; else with maxmemory-policy noeviction */
 };
 
 static inline int rfx_free_port(void) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
     socklen_t len = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || getsockname(fd, (struct sockaddr *)&a, &len)) {
+    if (fd < 0 || bind(fd, (struct sockaddr *) &a, sizeof a) || getsockname(fd, (struct sockaddr *) &a, &len)) {
         if (fd >= 0) close(fd);
         return -1;
     }
@@ -71,16 +71,25 @@ static inline int rfx_start(struct rfx *r) {
     char *argv[28];
     int a = 0;
     argv[a++] = "redis-server";
-    argv[a++] = "--port"; argv[a++] = port;
-    argv[a++] = "--bind"; argv[a++] = "127.0.0.1";
-    argv[a++] = "--dir"; argv[a++] = r->dir;
-    argv[a++] = "--save"; argv[a++] = "";
-    argv[a++] = "--appendonly"; argv[a++] = "no";
-    argv[a++] = "--logfile"; argv[a++] = "redis.log";
-    argv[a++] = "--unixsocket"; argv[a++] = r->sock;
+    argv[a++] = "--port";
+    argv[a++] = port;
+    argv[a++] = "--bind";
+    argv[a++] = "127.0.0.1";
+    argv[a++] = "--dir";
+    argv[a++] = r->dir;
+    argv[a++] = "--save";
+    argv[a++] = "";
+    argv[a++] = "--appendonly";
+    argv[a++] = "no";
+    argv[a++] = "--logfile";
+    argv[a++] = "redis.log";
+    argv[a++] = "--unixsocket";
+    argv[a++] = r->sock;
     if (r->maxmemory[0]) {
-        argv[a++] = "--maxmemory"; argv[a++] = r->maxmemory;
-        argv[a++] = "--maxmemory-policy"; argv[a++] = "noeviction";
+        argv[a++] = "--maxmemory";
+        argv[a++] = r->maxmemory;
+        argv[a++] = "--maxmemory-policy";
+        argv[a++] = "noeviction";
     }
     argv[a] = NULL;
     posix_spawn_file_actions_t fa;
@@ -136,7 +145,7 @@ static inline redisReply *rfx_cmd(const struct rfx *r, const char *fmt, ...) {
 static inline double rfx_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+    return (double) ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
 #endif

@@ -25,13 +25,13 @@ static inline kvt_key sk_key(const char *tag, int i) {
     char s[128];
     kvt_key k;
     int n = snprintf(s, sizeof s, "%s/%d", tag, i);
-    if (kvt__sha256(s, (size_t)n, k.b)) abort();
+    if (kvt__sha256(s, (size_t) n, k.b)) abort();
     return k;
 }
 
 /* Block bytes as a function of the key alone: size 500..8691 from the key's first bytes, then
 ** xorshift bytes seeded with the key. */
-static inline size_t sk_size(const kvt_key *k) { return 500 + ((size_t)k->b[0] | (size_t)k->b[1] << 8) % 8192; }
+static inline size_t sk_size(const kvt_key *k) { return 500 + ((size_t) k->b[0] | (size_t) k->b[1] << 8) % 8192; }
 
 static inline uint8_t *sk_content(const kvt_key *k, size_t *n) {
     *n = sk_size(k);
@@ -41,8 +41,10 @@ static inline uint8_t *sk_content(const kvt_key *k, size_t *n) {
     memcpy(&s, k->b + 8, sizeof s);
     s |= 1;
     for (size_t i = 0; i < *n; i++) {
-        s ^= s >> 12; s ^= s << 25; s ^= s >> 27;
-        p[i] = (uint8_t)((s * 2685821657736338717ull) >> 56);
+        s ^= s >> 12;
+        s ^= s << 25;
+        s ^= s >> 27;
+        p[i] = (uint8_t) ((s * 2685821657736338717ull) >> 56);
     }
     return p;
 }
@@ -60,7 +62,7 @@ static inline void sk_rm_rf(const char *path) {
         while (d && (de = readdir(d))) {
             if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
             char sub[PATH_MAX];
-            if ((size_t)snprintf(sub, sizeof sub, "%s/%s", path, de->d_name) >= sizeof sub) continue;
+            if ((size_t) snprintf(sub, sizeof sub, "%s/%s", path, de->d_name) >= sizeof sub) continue;
             sk_rm_rf(sub);
         }
         if (d) closedir(d);
@@ -100,7 +102,7 @@ static inline void sk_blob_path(const char *dir, const kvt_key *k, char *buf, si
             break;
         }
     if (d) closedir(d);
-    if ((size_t)snprintf(buf, n, "%s/blobs/%s", dir, name) >= n) abort();
+    if ((size_t) snprintf(buf, n, "%s/blobs/%s", dir, name) >= n) abort();
 }
 
 /* Flip the bits `mask` of the byte at `off` of key's blob file under dir/blobs/ (a damaged

@@ -23,8 +23,16 @@
 
 static bool g_kv_unified = true; /* the cache mode of the group being run */
 
-static int mode_unified(void **st) { (void) st; g_kv_unified = true; return 0; }
-static int mode_streams(void **st) { (void) st; g_kv_unified = false; return 0; }
+static int mode_unified(void **st) {
+    (void) st;
+    g_kv_unified = true;
+    return 0;
+}
+static int mode_streams(void **st) {
+    (void) st;
+    g_kv_unified = false;
+    return 0;
+}
 
 static kvt_engine *open_tiny(const char *name) {
     char path[1024];
@@ -48,8 +56,8 @@ static void toks(kvt_token *t, int n, unsigned seed) {
 }
 
 /* host attention of query t, head h over the given keys; returns max |diff| against a->w */
-static double host_check(const kvt_attn *a, const float *K, const kvt_pos *Kpos, int32_t n_cells, int32_t row,
-                         int n_head_kv, int n_swa, int pos_shift) {
+static double host_check(const kvt_attn *a, const float *K, const kvt_pos *Kpos, int32_t n_cells, int32_t row, int n_head_kv,
+                         int n_swa, int pos_shift) {
     const int hd = a->head_dim, group = a->n_head / n_head_kv;
     double worst = 0;
     double *sc = malloc(sizeof(double) * (size_t) n_cells);
@@ -60,7 +68,10 @@ static double host_check(const kvt_attn *a, const float *K, const kvt_pos *Kpos,
             for (int32_t c = 0; c < n_cells; c++) {
                 kvt_pos p = Kpos[c] + pos_shift;
                 bool vis = p <= a->q_pos[t] && (n_swa <= 0 || a->q_pos[t] - p < n_swa);
-                if (!vis) { sc[c] = -INFINITY; continue; }
+                if (!vis) {
+                    sc[c] = -INFINITY;
+                    continue;
+                }
                 const float *k = K + (size_t) c * row + (size_t) (h / group) * hd;
                 double dot = 0;
                 for (int d = 0; d < hd; d++) dot += (double) q[d] * k[d];
@@ -140,8 +151,8 @@ static void run(const char *model, const int32_t *layers, int n_layers) {
         assert_int_equal(kvt_blob_k_rows(e, all, part, idx, &K, &Kp, &nc, &row), 0);
         double d = host_check(a, K, Kp, nc, row, I.n_head_kv, n_swa, 0);
         double ctl = host_check(a, K, Kp, nc, row, I.n_head_kv, n_swa, 10); /* wrong position map */
-        printf("  %-12s layer %d (%s): %d keys, max|w - host softmax(qk)| = %.2g; control with shifted positions %.2g\n",
-               model, layers[li], part ? "SWA" : "full", a->n_keys, d, ctl);
+        printf("  %-12s layer %d (%s): %d keys, max|w - host softmax(qk)| = %.2g; control with shifted positions %.2g\n", model,
+               layers[li], part ? "SWA" : "full", a->n_keys, d, ctl);
         assert_true(d < 1e-4);
         assert_true(ctl > 1e-2);
         free(K);

@@ -82,10 +82,10 @@ static kvt_store *open_store(const char *dir) {
 }
 
 struct run {
-    char *reply;      /* greedy reply of 16 tokens when asked for */
+    char *reply; /* greedy reply of 16 tokens when asked for */
     float *logits;
     struct kvt_session_stats st;
-    kvt_token *tok;   /* the session's stream */
+    kvt_token *tok; /* the session's stream */
     int32_t n_tok;
     int32_t n_b;
     struct kvt_block_info *b;
@@ -100,8 +100,8 @@ static void run_free(struct run *r) {
 }
 
 /* One turn (system = documents, user = question) in a fresh session; stats, logits, blocks. */
-static void turn_ex(kvt_store *st, bool chunk, const char *recompute, const char *tenant, const char *sys,
-                    const char *q, bool reply, struct run *out) {
+static void turn_ex(kvt_store *st, bool chunk, const char *recompute, const char *tenant, const char *sys, const char *q,
+                    bool reply, struct run *out) {
     memset(out, 0, sizeof *out);
     struct kvt_session_params p = kvt_session_default_params();
     p.block = BLOCK;
@@ -139,9 +139,9 @@ static void turn_ex(kvt_store *st, bool chunk, const char *recompute, const char
     printf("  %-34s prefix %4d, chunk %4lld tokens in %lld runs (+%lld recomputed), %4lld decoded, %lld chain / "
            "%lld chunk blocks put, %lld load errors, scan %.2f ms\n",
            chunk ? "chunk_reuse" : "no chunk_reuse", out->st.route_tokens, (long long) out->st.chunk_tokens,
-           (long long) out->st.chunk_runs, (long long) out->st.chunk_recompute_tokens,
-           (long long) out->st.tokens_decoded, (long long) out->st.store_blocks_put,
-           (long long) out->st.chunk_blocks_put, (long long) out->st.chunk_load_errors, out->st.chunk_scan_ms);
+           (long long) out->st.chunk_runs, (long long) out->st.chunk_recompute_tokens, (long long) out->st.tokens_decoded,
+           (long long) out->st.store_blocks_put, (long long) out->st.chunk_blocks_put, (long long) out->st.chunk_load_errors,
+           out->st.chunk_scan_ms);
 }
 
 static void turn(kvt_store *st, bool chunk, const char *recompute, const char *tenant, const char *sys, const char *q,
@@ -152,8 +152,14 @@ static void turn(kvt_store *st, bool chunk, const char *recompute, const char *t
 /* KL(p || q) of the next-token distributions, nats. */
 static double kl(const float *lp, const float *lq) {
     double mp = -INFINITY, mq = -INFINITY, zp = 0, zq = 0, k = 0;
-    for (int32_t i = 0; i < g_vocab; i++) { mp = fmax(mp, lp[i]); mq = fmax(mq, lq[i]); }
-    for (int32_t i = 0; i < g_vocab; i++) { zp += exp(lp[i] - mp); zq += exp(lq[i] - mq); }
+    for (int32_t i = 0; i < g_vocab; i++) {
+        mp = fmax(mp, lp[i]);
+        mq = fmax(mq, lq[i]);
+    }
+    for (int32_t i = 0; i < g_vocab; i++) {
+        zp += exp(lp[i] - mp);
+        zq += exp(lq[i] - mq);
+    }
     for (int32_t i = 0; i < g_vocab; i++) {
         double a = lp[i] - mp - log(zp), b = lq[i] - mq - log(zq);
         k += exp(a) * (a - b);
@@ -163,7 +169,8 @@ static double kl(const float *lp, const float *lq) {
 
 static int32_t argmax(const float *l) {
     int32_t m = 0;
-    for (int32_t i = 1; i < g_vocab; i++) if (l[i] > l[m]) m = i;
+    for (int32_t i = 1; i < g_vocab; i++)
+        if (l[i] > l[m]) m = i;
     return m;
 }
 
@@ -180,9 +187,9 @@ static kvt_key chunk_key(const char *tenant, const kvt_token *tok) {
 }
 
 static char *S1, *S2;
-static char *g_base;          /* a store directory holding session 1's blocks only (setup) */
+static char *g_base;            /* a store directory holding session 1's blocks only (setup) */
 static struct run g_cold, g_r1; /* cold prefill of [S, D3, D1, D2, Q'] (with its reply); session 1 */
-static int g_pad = 0;         /* instruction padding that aligns session 2's first chunk (a hint) */
+static int g_pad = 0;           /* instruction padding that aligns session 2's first chunk (a hint) */
 
 /* A fresh store directory holding session 1's blocks: a copy of g_base. */
 static kvt_store *base_copy(char **dir) {
@@ -212,7 +219,7 @@ static int setup(void **state) {
     turn_ex(NULL, false, NULL, NULL, S2, Q2, true, &g_cold); /* the reference: cold prefill */
     g_base = tmp_dir();
     kvt_store *st = open_store(g_base);
-    turn(st, true, "0", NULL, S1, Q1, &g_r1);                 /* session 1 stores chunk keys */
+    turn(st, true, "0", NULL, S1, Q1, &g_r1); /* session 1 stores chunk keys */
     kvt_store_free(st);
     return 0;
 }
@@ -282,12 +289,12 @@ static void test_reorder(void **state) {
 
     assert_true(r1->st.chunk_blocks_put >= r1->n_tok / BLOCK - 1);
     assert_int_equal(r1->st.chunk_tokens, 0);
-    turn(st, true, "0", NULL, S2, Q2, &r2);                        /* session 2: documents reordered */
+    turn(st, true, "0", NULL, S2, Q2, &r2); /* session 2: documents reordered */
     const double kl2 = kl(cold->logits, r2.logits);
     printf("  reorder, k = 0: %lld of %d prompt tokens loaded as chunks, KL vs cold prefill %.5f nats\n",
            (long long) r2.st.chunk_tokens, r2.n_tok, kl2);
-    assert_true(r2.st.chunk_runs >= 2);                            /* D3, then D1 D2 */
-    assert_true(r2.st.chunk_tokens >= 4 * BLOCK);                  /* most of the ~280 document tokens */
+    assert_true(r2.st.chunk_runs >= 2);           /* D3, then D1 D2 */
+    assert_true(r2.st.chunk_tokens >= 4 * BLOCK); /* most of the ~280 document tokens */
     assert_int_equal(r2.st.chunk_load_errors, 0);
     assert_true(r2.st.tokens_decoded + r2.st.route_tokens + r2.st.chunk_tokens == r2.n_tok);
     /* measured 0.05-0.2 nats on SmolLM2 for k = 0 (docs/BENCHMARKS.md); finite, and far from the
@@ -362,13 +369,21 @@ static void test_reorder(void **state) {
             g_pad = (BLOCK - r2.b[i].p0 % BLOCK) % BLOCK;
             break;
         }
-    run_free(&r2); run_free(&off2);
-    run_free(&ctl); run_free(&pure); run_free(&other); run_free(&rec);
+    run_free(&r2);
+    run_free(&off2);
+    run_free(&ctl);
+    run_free(&pure);
+    run_free(&other);
+    run_free(&rec);
     kvt_store_free(st);
     kvt_store_free(st_off);
     kvt_store_free(st_ctl);
-    rm_rf(dir); rm_rf(dir_off); rm_rf(dir_ctl);
-    free(dir); free(dir_off); free(dir_ctl);
+    rm_rf(dir);
+    rm_rf(dir_off);
+    rm_rf(dir_ctl);
+    free(dir);
+    free(dir_off);
+    free(dir_ctl);
 }
 
 /* After a chunk load the session stores no chain key (its KV is no longer a cold prefill's).
@@ -389,7 +404,8 @@ static void test_chain_purity(void **state) {
         struct run r2;
         turn(st, true, "0", NULL, s2, Q2, &r2);
         int32_t f = -1;
-        for (int32_t i = 0; i < r2.n_b && f < 0; i++) if (r2.b[i].from_chunk) f = i;
+        for (int32_t i = 0; i < r2.n_b && f < 0; i++)
+            if (r2.b[i].from_chunk) f = i;
         assert_true(f > 0);
         const int32_t mis = r2.b[f].p0 % BLOCK;
         bool early = false;
@@ -407,8 +423,8 @@ static void test_chain_purity(void **state) {
             for (int32_t i = 0; (i + 1) * BLOCK <= r2.n_tok; i++) {
                 assert_int_equal(kvt_chain_next(&h, r2.tok + (size_t) i * BLOCK, BLOCK, &h), 0);
                 const bool has = kvt_store_has(st, &h);
-                if (i < f) assert_true(has);   /* stored while pure (the check sees keys) */
-                else assert_false(has);        /* never after the chunk load */
+                if (i < f) assert_true(has); /* stored while pure (the check sees keys) */
+                else assert_false(has);      /* never after the chunk load */
             }
             struct run cold, pure;
             turn(NULL, false, NULL, NULL, s2, Q2, &cold);
@@ -444,8 +460,8 @@ static void test_load_fault(void **state) {
     assert_int_equal(r2.st.chunk_load_errors, hits);
     assert_int_equal(r2.st.chunk_tokens, 0);
     assert_int_equal(r2.st.tokens_decoded + r2.st.route_tokens, r2.n_tok); /* no hole */
-    printf("  failed chunk loads decoded instead: KL %.6f, reply '%s' (without reuse: '%s')\n",
-           kl(cold->logits, r2.logits), r2.reply, cold->reply);
+    printf("  failed chunk loads decoded instead: KL %.6f, reply '%s' (without reuse: '%s')\n", kl(cold->logits, r2.logits),
+           r2.reply, cold->reply);
     /* the same tokens decoded in other pieces (early seals): ~1e-3 nats of f16 numerics.  The
     ** greedy replies are printed, not compared: runs that are not bit-identical may part at a
     ** near tie after the first token, and where depends on the CPU's float summation order */

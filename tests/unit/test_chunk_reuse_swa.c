@@ -90,8 +90,14 @@ static void add(kvt_session *s, enum kvt_role role, const char *text) {
 
 static double kl(const float *lp, const float *lq, int32_t n) {
     double mp = -INFINITY, mq = -INFINITY, zp = 0, zq = 0, k = 0;
-    for (int32_t i = 0; i < n; i++) { mp = fmax(mp, lp[i]); mq = fmax(mq, lq[i]); }
-    for (int32_t i = 0; i < n; i++) { zp += exp(lp[i] - mp); zq += exp(lq[i] - mq); }
+    for (int32_t i = 0; i < n; i++) {
+        mp = fmax(mp, lp[i]);
+        mq = fmax(mq, lq[i]);
+    }
+    for (int32_t i = 0; i < n; i++) {
+        zp += exp(lp[i] - mp);
+        zq += exp(lq[i] - mq);
+    }
     for (int32_t i = 0; i < n; i++) {
         double a = lp[i] - mp - log(zp), b = lq[i] - mq - log(zq);
         k += exp(a) * (a - b);
@@ -123,8 +129,8 @@ static double park_vs_live(kvt_store *st, bool chunk, const char *sys, struct kv
     if (rc) fprintf(stderr, "resume: %s\n", kvt_errmsg());
     assert_int_equal(rc, 0);
     kvt_session_get_stats(b, sb);
-    printf("  %s after resume: %lld recoveries, %lld recomputes\n", chunk ? "chunk" : "plain",
-           (long long) sb->recoveries, (long long) sb->recomputes);
+    printf("  %s after resume: %lld recoveries, %lld recomputes\n", chunk ? "chunk" : "plain", (long long) sb->recoveries,
+           (long long) sb->recomputes);
     assert_true(sb->recoveries > 0);
     assert_int_equal(sb->recomputes, 0); /* every block from its saved copy, SWA cells included */
     add(b, KVT_ROLE_USER, "Which bands is the tower painted with?");

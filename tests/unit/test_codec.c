@@ -56,9 +56,16 @@ static uint16_t f2h(float f) { /* round to nearest even F16 through the library'
     return h;
 }
 
-struct wbuf { uint8_t *p; size_t n, cap; };
+struct wbuf {
+    uint8_t *p;
+    size_t n, cap;
+};
 static void w(struct wbuf *b, const void *src, size_t k) {
-    if (b->n + k > b->cap) { b->cap = (b->n + k) * 2; b->p = realloc(b->p, b->cap); assert_non_null(b->p); }
+    if (b->n + k > b->cap) {
+        b->cap = (b->n + k) * 2;
+        b->p = realloc(b->p, b->cap);
+        assert_non_null(b->p);
+    }
     memcpy(b->p + b->n, src, k);
     b->n += k;
 }
@@ -75,7 +82,10 @@ static float val(unsigned *s, int kind, int e, int n_embd) {
 
 static void w_elem(struct wbuf *b, int type, float x) {
     if (type == T_F32) w(b, &x, 4);
-    else { uint16_t h = f2h(x); w(b, &h, 2); }
+    else {
+        uint16_t h = f2h(x);
+        w(b, &h, 2);
+    }
 }
 
 static kvt_blob *syn_blob(const struct syn *S) {
@@ -88,7 +98,11 @@ static kvt_blob *syn_blob(const struct syn *S) {
         int c0 = S->n_cells - nc;
         w32(&b, 1);
         w32(&b, (uint32_t) nc);
-        for (int c = 0; c < nc; c++) { w32(&b, (uint32_t) (S->p0 + c0 + c)); w32(&b, 1); w32(&b, 0); }
+        for (int c = 0; c < nc; c++) {
+            w32(&b, (uint32_t) (S->p0 + c0 + c));
+            w32(&b, 1);
+            w32(&b, 0);
+        }
         w32(&b, (uint32_t) S->v_trans);
         w32(&b, (uint32_t) S->n_layer);
         size_t es = S->type == T_F32 ? 4 : 2;
@@ -96,7 +110,10 @@ static kvt_blob *syn_blob(const struct syn *S) {
             w32(&b, (uint32_t) S->type);
             if (S->type == T_Q8_0) {
                 w64(&b, (uint64_t) S->n_embd_k / 32 * 34);
-                for (int i = 0; i < nc * S->n_embd_k / 32 * 34; i++) { uint8_t z = (uint8_t) lcg(&s); w(&b, &z, 1); }
+                for (int i = 0; i < nc * S->n_embd_k / 32 * 34; i++) {
+                    uint8_t z = (uint8_t) lcg(&s);
+                    w(&b, &z, 1);
+                }
                 continue;
             }
             w64(&b, S->n_embd_k * es);
@@ -107,7 +124,10 @@ static kvt_blob *syn_blob(const struct syn *S) {
             w32(&b, (uint32_t) S->type);
             if (S->type == T_Q8_0) { /* rows of whole q8_0 blocks (34 bytes per 32 elements), as llama.cpp writes them */
                 w64(&b, (uint64_t) S->n_embd_v / 32 * 34);
-                for (int i = 0; i < nc * S->n_embd_v / 32 * 34; i++) { uint8_t z = (uint8_t) lcg(&s); w(&b, &z, 1); }
+                for (int i = 0; i < nc * S->n_embd_v / 32 * 34; i++) {
+                    uint8_t z = (uint8_t) lcg(&s);
+                    w(&b, &z, 1);
+                }
                 continue;
             }
             if (!S->v_trans) {
@@ -143,13 +163,13 @@ static int syn_mats(const struct syn *S, uint8_t *data, struct kvt__mat *m, int 
         off += 8 + (size_t) nc * 12 + 8;
         for (int l = 0; l < S->n_layer; l++) {
             off += 12;
-            m[k] = (struct kvt__mat) { data + off, nc, (uint32_t) S->n_embd_k, es, false };
+            m[k] = (struct kvt__mat){ data + off, nc, (uint32_t) S->n_embd_k, es, false };
             kind[k++] = KVT__SEC_K;
             off += (size_t) nc * S->n_embd_k * es;
         }
         for (int l = 0; l < S->n_layer; l++) {
             off += S->v_trans ? 12 : 12;
-            m[k] = (struct kvt__mat) { data + off, nc, (uint32_t) S->n_embd_v, es, S->v_trans != 0 };
+            m[k] = (struct kvt__mat){ data + off, nc, (uint32_t) S->n_embd_v, es, S->v_trans != 0 };
             kind[k++] = KVT__SEC_V;
             off += (size_t) nc * S->n_embd_v * es;
         }
@@ -164,8 +184,7 @@ static double half_ulp_f16(double v) {
 }
 
 /* Elements of decoded tensor d outside bits-bit KIVI bound of their group in original o. */
-static long bound_violations(const struct kvt__mat *o, const struct kvt__mat *d, int kind, int bits, int G,
-                             double *worst_ratio) {
+static long bound_violations(const struct kvt__mat *o, const struct kvt__mat *d, int kind, int bits, int G, double *worst_ratio) {
     long bad = 0;
     uint32_t N = o->n_cells, E = o->n_embd;
     uint32_t outer = kind == KVT__SEC_K ? E : N, inner = kind == KVT__SEC_K ? N : E;
@@ -182,8 +201,7 @@ static long bound_violations(const struct kvt__mat *o, const struct kvt__mat *d,
             for (uint32_t i = g0; i < g1; i++) {
                 uint32_t c = kind == KVT__SEC_K ? i : a, e = kind == KVT__SEC_K ? a : i;
                 double x = kvt__mat_get(o, c, e), y = kvt__mat_get(d, c, e);
-                double bound = half_step * (1 + 1e-5) + 1e-6 * fmax(fabs(lo), fabs(hi)) +
-                               (o->elsize == 2 ? half_ulp_f16(y) : 0);
+                double bound = half_step * (1 + 1e-5) + 1e-6 * fmax(fabs(lo), fabs(hi)) + (o->elsize == 2 ? half_ulp_f16(y) : 0);
                 if (fabs(x - y) > bound) bad++;
                 if (half_step > 0 && worst_ratio) *worst_ratio = fmax(*worst_ratio, fabs(x - y) / half_step);
             }
@@ -227,8 +245,21 @@ static void test_names(void **st) {
     assert_true(p.group_k == 32 && p.group_v == 128 && p.n_sink == 0);
     struct kvt_codec_params d = kvt_codec_default_params(KVT_CODEC_ELASTIC);
     assert_true(fabsf(d.s_k - 0.45f) < 1e-6f && fabsf(d.s_v - 0.50f) < 1e-6f && d.n_sink == 64);
-    const char *bad[] = { "zstd", "q8:", "q8:0", "q8:abc", "q4:1,2,3,4", "q4:1,2,-1", "raw:1", "elastic:0", "elastic:-1",
-                          "elastic:0.4,0.5,-3", "elastic:x", "Q8", "elastic+q8:1,2,3,4", "", "q8,q4" };
+    const char *bad[] = { "zstd",
+                          "q8:",
+                          "q8:0",
+                          "q8:abc",
+                          "q4:1,2,3,4",
+                          "q4:1,2,-1",
+                          "raw:1",
+                          "elastic:0",
+                          "elastic:-1",
+                          "elastic:0.4,0.5,-3",
+                          "elastic:x",
+                          "Q8",
+                          "elastic+q8:1,2,3,4",
+                          "",
+                          "q8,q4" };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         assert_int_equal(kvt_codec_parse(bad[i], &p), KVT_EINVAL);
         if (!strstr(kvt_errmsg(), bad[i]) || !*bad[i]) /* every message names the spec */
@@ -243,7 +274,7 @@ static const struct syn SYN[] = {
     { 1, 2, 64, 64, T_F16, 1, 128, 128, 1 },
     { 1, 2, 70, 128, T_F32, 0, 64, 96, 2 },
     { 2, 3, 64, 192, T_F16, 0, 128, 64, 3 },
-    { 2, 2, 48, 0, T_F16, 1, 64, 64, 4 },   /* sinks: positions 0..47 */
+    { 2, 2, 48, 0, T_F16, 1, 64, 64, 4 }, /* sinks: positions 0..47 */
 };
 
 static void test_synthetic(void **st) {
@@ -272,10 +303,10 @@ static void test_synthetic(void **st) {
                 bad += bound_violations(&mo[i], &md[i], kind[i], bits, G, &worst);
                 if (bits == 4) ctrl += bound_violations(&mo[i], &md[i], kind[i], 8, G, NULL);
             }
-            printf("syn %zu %s: %zu -> %zu bytes (%.3fx), worst |err| / half-step %.3f\n", k, kvt_codec_name(p.codec),
-                   cs.raw_bytes, cs.encoded_bytes, (double) cs.encoded_bytes / cs.raw_bytes, worst);
+            printf("syn %zu %s: %zu -> %zu bytes (%.3fx), worst |err| / half-step %.3f\n", k, kvt_codec_name(p.codec), cs.raw_bytes,
+                   cs.encoded_bytes, (double) cs.encoded_bytes / cs.raw_bytes, worst);
             assert_int_equal(bad, 0);
-            assert_true(worst > 0.5); /* the bound is nearly reached: it is not loose */
+            assert_true(worst > 0.5);             /* the bound is nearly reached: it is not loose */
             if (bits == 4) assert_true(ctrl > 0); /* control: q8's bound must be violated by q4 */
             assert_int_equal(cs.n_lossy, cs.n_elems);
             kvt_blob_free(d);
@@ -328,8 +359,8 @@ static void ref_tau(const struct kvt__mat *m, int n_head, double s, double *tau)
 
 /* Elements whose decoded value disagrees with pruning at tau (zero under it, bit-exact above);
 ** elements within 1e-5 relative of tau are skipped (F32 vs double sums). */
-static long elastic_mismatch(const struct kvt__mat *o, const struct kvt__mat *d, const double *tau, int n_head,
-                             int32_t n_sink, int32_t p0, long *n_zero) {
+static long elastic_mismatch(const struct kvt__mat *o, const struct kvt__mat *d, const double *tau, int n_head, int32_t n_sink,
+                             int32_t p0, long *n_zero) {
     long bad = 0;
     uint32_t hd = o->n_embd / (uint32_t) n_head;
     for (uint32_t c = 0; c < o->n_cells; c++)
@@ -339,9 +370,10 @@ static long elastic_mismatch(const struct kvt__mat *o, const struct kvt__mat *d,
             if (!sink && fabs(fabs(x) - t) < 1e-5 * t) continue;
             bool zero = !sink && fabs(x) < t;
             if (zero) (*n_zero)++;
-            if (zero ? y != 0 : memcmp(o->base + (o->trans ? (size_t) e * o->n_cells + c : (size_t) c * o->n_embd + e) * o->elsize,
-                                       d->base + (d->trans ? (size_t) e * d->n_cells + c : (size_t) c * d->n_embd + e) * d->elsize,
-                                       o->elsize) != 0)
+            if (zero ? y != 0
+                     : memcmp(o->base + (o->trans ? (size_t) e * o->n_cells + c : (size_t) c * o->n_embd + e) * o->elsize,
+                              d->base + (d->trans ? (size_t) e * d->n_cells + c : (size_t) c * d->n_embd + e) * d->elsize,
+                              o->elsize) != 0)
                 bad++;
         }
     return bad;
@@ -375,8 +407,8 @@ static void test_elastic(void **st) {
         }
         double sparsity = (double) cs.n_zeroed / (double) cs.n_elems;
         printf("elastic (%s): %lld of %lld elements zeroed (sparsity %.1f%%), %zu -> %zu bytes (%.3fx)\n",
-               sinks ? "half the cells sinks" : "no sinks", (long long) cs.n_zeroed, (long long) cs.n_elems,
-               100 * sparsity, cs.raw_bytes, cs.encoded_bytes, (double) cs.encoded_bytes / cs.raw_bytes);
+               sinks ? "half the cells sinks" : "no sinks", (long long) cs.n_zeroed, (long long) cs.n_elems, 100 * sparsity,
+               cs.raw_bytes, cs.encoded_bytes, (double) cs.encoded_bytes / cs.raw_bytes);
         assert_int_equal(bad, 0);
         assert_int_equal(zeros, cs.n_zeroed);
         assert_true(ctrl_one > 0 && ctrl_s > 0); /* controls: a global or a wrong threshold is seen */
@@ -398,10 +430,15 @@ static void test_elastic(void **st) {
                 for (uint32_t e = 0; e < mo[i].n_embd; e++) {
                     double x = kvt__mat_get(&mo[i], c, e), y = kvt__mat_get(&md[i], c, e);
                     bool sink = S.p0 + (int32_t) c < p.n_sink;
-                    if (sink) { nz_bad += x != y; continue; }
+                    if (sink) {
+                        nz_bad += x != y;
+                        continue;
+                    }
                     if (fabs(fabs(x) - tau[e / 64]) < 1e-5 * tau[e / 64]) continue;
                     if (fabs(x) < tau[e / 64]) nz_bad += y != 0;
-                    else q_bad += fabs(x - y) > (e >= 64 ? 16.0 : 2.0 + 40 * (kind[i] == KVT__SEC_K && e == 3)) / 255 / 2 * 1.01 + half_ulp_f16(y) + 1e-4;
+                    else
+                        q_bad += fabs(x - y) > (e >= 64 ? 16.0 : 2.0 + 40 * (kind[i] == KVT__SEC_K && e == 3)) / 255 / 2 * 1.01 +
+                                                   half_ulp_f16(y) + 1e-4;
                 }
         }
         assert_int_equal(nz_bad, 0);
@@ -474,8 +511,7 @@ static void test_damage(void **st) {
             ok += rc == 0;
             kvt_blob_free(d);
         }
-        printf("%s: %ld of 400 re-hashed mutations still decode (values or cell records changed)\n",
-               kvt_codec_name(c), ok);
+        printf("%s: %ld of 400 re-hashed mutations still decode (values or cell records changed)\n", kvt_codec_name(c), ok);
         free(x);
         free(enc);
     }
@@ -521,7 +557,8 @@ static void test_head_bits(void **st) {
                 if (kvt__mat_get(&mm[i], c, e) != want)
                     fail_msg("tensor %d cell %u channel %u (%d bits): %g, uniform q%d gives %g", i, c, e, bits,
                              (double) kvt__mat_get(&mm[i], c, e), bits, (double) want);
-                if (bits == 8) n8++; else n4++;
+                if (bits == 8) n8++;
+                else n4++;
             }
     }
     printf("per-head bits: %ld elements at 8 bits, %ld at 4; %zu bytes (q8 %zu, q4 %zu)\n", n8, n4, cm.encoded_bytes,
@@ -609,7 +646,11 @@ static void test_alloc_faults(void **st) {
             int rc = kvt_codec_encode(b, &p, &enc, &n, NULL);
             bool hit = kvt__fault_hits(KVT__FAULT_CODEC_ALLOC) > 0;
             kvt__fault_set(KVT__FAULT_CODEC_ALLOC, 0, 0);
-            if (!hit) { assert_int_equal(rc, 0); free(enc); break; } /* past the last allocation */
+            if (!hit) {
+                assert_int_equal(rc, 0);
+                free(enc);
+                break;
+            } /* past the last allocation */
             assert_int_equal(rc, KVT_ENOMEM);
             assert_null(enc);
             assert_int_equal(n, 0);
@@ -632,7 +673,12 @@ static void test_alloc_faults(void **st) {
 }
 
 /* Encoding is pure: threads encoding the same blob at once get the single-threaded bytes. */
-struct enc_job { const kvt_blob *b; const uint8_t *want; size_t want_n; int same; };
+struct enc_job {
+    const kvt_blob *b;
+    const uint8_t *want;
+    size_t want_n;
+    int same;
+};
 static void *enc_thread(void *arg) {
     struct enc_job *j = arg;
     struct kvt_codec_params p = kvt_codec_default_params(KVT_CODEC_ELASTIC_Q8);
@@ -661,7 +707,7 @@ static void test_threads(void **st) {
     struct enc_job jobs[3];
     pthread_t th[3];
     for (int i = 0; i < 3; i++) {
-        jobs[i] = (struct enc_job) { b, want, n, 0 };
+        jobs[i] = (struct enc_job){ b, want, n, 0 };
         assert_int_equal(pthread_create(&th[i], NULL, enc_thread, &jobs[i]), 0);
     }
     for (int i = 0; i < 3; i++) {
@@ -687,8 +733,14 @@ static char *model_path(const char *name) {
 
 static double kl(const float *p_logits, const float *q_logits, int n) {
     double mp = -INFINITY, mq = -INFINITY, zp = 0, zq = 0, k = 0;
-    for (int i = 0; i < n; i++) { mp = fmax(mp, p_logits[i]); mq = fmax(mq, q_logits[i]); }
-    for (int i = 0; i < n; i++) { zp += exp(p_logits[i] - mp); zq += exp(q_logits[i] - mq); }
+    for (int i = 0; i < n; i++) {
+        mp = fmax(mp, p_logits[i]);
+        mq = fmax(mq, q_logits[i]);
+    }
+    for (int i = 0; i < n; i++) {
+        zp += exp(p_logits[i] - mp);
+        zq += exp(q_logits[i] - mq);
+    }
     for (int i = 0; i < n; i++) {
         double lp = p_logits[i] - mp - log(zp), lq = q_logits[i] - mq - log(zq);
         k += exp(lp) * (lp - lq);
@@ -697,7 +749,7 @@ static double kl(const float *p_logits, const float *q_logits, int n) {
 }
 
 enum { NB = 2, BL = 64 };
-#define Q4_KL_MAX 1e-2      /* Gemma 3 270M, text: 1.8e-4 measured */
+#define Q4_KL_MAX      1e-2 /* Gemma 3 270M, text: 1.8e-4 measured */
 #define ELASTIC_KL_MAX 1e-2 /* 1.3e-4 and 1.6e-4 measured */
 
 /* Load blocks into empty sequence 1 at their own positions, decode `next` at NB*BL, copy logits. */
@@ -715,7 +767,10 @@ static void load_and_step(kvt_engine *e, kvt_blob **blk, kvt_token next, float *
 static void run_engine(const char *name, bool text) {
     struct kvt_engine_params ep = kvt_engine_default_params();
     ep.model_path = model_path(name);
-    if (!ep.model_path) { printf("%s: no model, skipped\n", name); return; }
+    if (!ep.model_path) {
+        printf("%s: no model, skipped\n", name);
+        return;
+    }
     ep.n_ctx = 512;
     ep.n_seq = 2;
     kvt_engine *e = NULL;
@@ -812,8 +867,8 @@ static void test_engine_gemma(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_names),     cmocka_unit_test(test_synthetic),   cmocka_unit_test(test_elastic),
-        cmocka_unit_test(test_damage),    cmocka_unit_test(test_alloc_faults), cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_names),       cmocka_unit_test(test_synthetic),    cmocka_unit_test(test_elastic),
+        cmocka_unit_test(test_damage),      cmocka_unit_test(test_alloc_faults), cmocka_unit_test(test_threads),
         cmocka_unit_test(test_engine_tiny), cmocka_unit_test(test_engine_gemma), cmocka_unit_test(test_head_bits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -60,10 +60,10 @@ static void filler_msg(char *buf, size_t size, uint32_t seed, int n) {
 enum damage { NONE, PAYLOAD, MAGIC };
 
 struct result {
-    float  *logits;       /* [n_vocab] after the probe token */
+    float *logits; /* [n_vocab] after the probe token */
     int64_t recomputes;
     int64_t raw_bytes, stored_bytes, pool_bytes;
-    double  enc_ms, dec_ms;
+    double enc_ms, dec_ms;
 };
 
 /* A session of a few turns (blocks of 32), parked, [damaged], resumed (every block decoded from
@@ -124,8 +124,14 @@ static void run(kvt_engine *e, const char *spec, enum damage d, struct result *r
 
 static double kl(const float *p_logits, const float *q_logits, int n) {
     double mp = -INFINITY, mq = -INFINITY, zp = 0, zq = 0, k = 0;
-    for (int i = 0; i < n; i++) { mp = fmax(mp, p_logits[i]); mq = fmax(mq, q_logits[i]); }
-    for (int i = 0; i < n; i++) { zp += exp(p_logits[i] - mp); zq += exp(q_logits[i] - mq); }
+    for (int i = 0; i < n; i++) {
+        mp = fmax(mp, p_logits[i]);
+        mq = fmax(mq, q_logits[i]);
+    }
+    for (int i = 0; i < n; i++) {
+        zp += exp(p_logits[i] - mp);
+        zq += exp(q_logits[i] - mq);
+    }
     for (int i = 0; i < n; i++) {
         double lp = p_logits[i] - mp - log(zp), lq = q_logits[i] - mq - log(zq);
         k += exp(lp) * (lp - lq);
@@ -159,9 +165,8 @@ static void check_model(const char *name) {
            "encode %.2f ms, decode %.2f ms; control elastic:8,8,0 KL %.2e; corrupt payload KL %.2e (recomputes %lld), "
            "corrupt magic KL %.2e (recomputes %lld)\n",
            name, k_raw, max_dlogit(ref.logits, raw.logits, nv), k_q8, max_dlogit(ref.logits, q8.logits, nv),
-           (double) q8.stored_bytes / (double) q8.raw_bytes, (long long) q8.stored_bytes, (long long) q8.raw_bytes,
-           q8.enc_ms, q8.dec_ms, k_ctrl, k_pay, (long long) bad_pay.recomputes, k_mag,
-           (long long) bad_magic.recomputes);
+           (double) q8.stored_bytes / (double) q8.raw_bytes, (long long) q8.stored_bytes, (long long) q8.raw_bytes, q8.enc_ms,
+           q8.dec_ms, k_ctrl, k_pay, (long long) bad_pay.recomputes, k_mag, (long long) bad_magic.recomputes);
     /* raw: bit-exact, and the pool holds the blob's bytes */
     assert_memory_equal(ref.logits, raw.logits, sizeof(float) * (size_t) nv);
     assert_int_equal(ref.stored_bytes, ref.raw_bytes);

@@ -131,7 +131,9 @@ static void test_two_user_messages(void **state) {
     double ctl = ref_logprob_text(e, 1, bad);
     printf("control (corrupted stream): %.6f\n", ctl);
     assert_true(fabs(ctl - want) > 100 * TOL);
-    free(bad); free(f1); free(f2);
+    free(bad);
+    free(f1);
+    free(f2);
     kvt_engine_free(e);
 }
 
@@ -179,8 +181,8 @@ static void test_sync(void **state) {
     kvt_session_get_stats(s, &st);
     n_reply = st.total_tokens - before;
     assert_int_equal(kvt_session_sync(s, m, 3, &si), 0);
-    printf("turn 2: prompt %d, reused %d, decoded %lld (turn 1 prompt %d + reply %d)\n", si.prompt_tokens,
-           si.tokens_reused, (long long) si.tokens_decoded, before, n_reply);
+    printf("turn 2: prompt %d, reused %d, decoded %lld (turn 1 prompt %d + reply %d)\n", si.prompt_tokens, si.tokens_reused,
+           (long long) si.tokens_decoded, before, n_reply);
     /* the whole first turn and the generated reply's tokens stay (canonicalised: the template
     ** would tokenize the trimmed reply text differently); only the new tail is decoded */
     assert_int_equal(si.tokens_reused, before + n_reply);
@@ -336,7 +338,10 @@ static double real_lp(kvt_session *s) {
 static void test_real_independent(void **state) {
     (void) state;
     const char *m = getenv("KVTIER_MODEL");
-    if (!m || !*m) { printf("skipped: KVTIER_MODEL not set\n"); return; }
+    if (!m || !*m) {
+        printf("skipped: KVTIER_MODEL not set\n");
+        return;
+    }
     kvt_engine *e = open_real(2);
     kvt_session *b = open_real_session(e, 0, KVT_POLICY_KVTIER);
     real_conv(b, 6);
@@ -390,14 +395,20 @@ static bool is_n_object(const char *t) {
     if (strncmp(t, "{\"n\":", 5)) return false;
     const char *p = t + 5;
     int digits = 0;
-    while (*p >= '0' && *p <= '9') { p++; digits++; }
+    while (*p >= '0' && *p <= '9') {
+        p++;
+        digits++;
+    }
     return digits >= 1 && digits <= 3 && !strcmp(p, "}");
 }
 
 static void test_grammar(void **state) {
     (void) state;
     const char *m = getenv("KVTIER_MODEL");
-    if (!m || !*m) { printf("skipped: KVTIER_MODEL not set\n"); return; }
+    if (!m || !*m) {
+        printf("skipped: KVTIER_MODEL not set\n");
+        return;
+    }
     kvt_engine *e = open_real(2);
     kvt_grammar *bad = NULL;
     assert_int_equal(kvt_grammar_new(e, "root ::= \"unterminated", NULL, &bad), KVT_EINVAL);
@@ -416,11 +427,18 @@ static void test_grammar(void **state) {
         struct kvt_sampling as[2];
         int32_t map[2], n = 0;
         for (int k = 0; k < 2; k++)
-            if (!over[k]) { act[n] = ss[k]; as[n] = smp[k]; map[n++] = k; }
+            if (!over[k]) {
+                act[n] = ss[k];
+                as[n] = smp[k];
+                map[n++] = k;
+            }
         kvt_token tok[2];
         bool done[2];
         int st[2];
-        assert_int_equal(kvt_session_gen_step_batch(e, &(struct kvt_gen_batch){ .sessions = act, .n = n, .smp = as, .tok = tok, .done = done, .status = st }), 0);
+        assert_int_equal(
+            kvt_session_gen_step_batch(
+                e, &(struct kvt_gen_batch){ .sessions = act, .n = n, .smp = as, .tok = tok, .done = done, .status = st }),
+            0);
         for (int32_t q = 0; q < n; q++) {
             assert_int_equal(st[q], 0);
             steps[map[q]]++;
@@ -430,7 +448,7 @@ static void test_grammar(void **state) {
     char *r[2];
     for (int k = 0; k < 2; k++) assert_int_equal(kvt_session_gen_end(ss[k], &r[k]), 0);
     printf("Gemma: constrained '%s' (%d steps, ended %d), free '%.60s'\n", r[0], steps[0], over[0], r[1]);
-    assert_true(over[0]);          /* ended by end-of-generation, not by the step limit */
+    assert_true(over[0]); /* ended by end-of-generation, not by the step limit */
     assert_true(is_n_object(r[0]));
     assert_false(is_n_object(r[1])); /* control: without the grammar the model writes prose */
     free(r[0]);
@@ -451,7 +469,10 @@ static void gen_alone(const struct kvt_chat_msg *m, int32_t seq, kvt_token *out,
     for (int32_t i = 0; i < n; i++) {
         bool done = false;
         assert_int_equal(kvt_session_gen_step(s, &smp, &out[i], &done), 0);
-        if (done) { for (int32_t k = i + 1; k < n; k++) out[k] = -1; break; }
+        if (done) {
+            for (int32_t k = i + 1; k < n; k++) out[k] = -1;
+            break;
+        }
     }
     kvt_session_free(s);
     kvt_engine_free(e);
@@ -475,13 +496,18 @@ static void test_batch_step(void **state) {
         kvt_session *live[2];
         int32_t map[2], n = 0;
         for (int k = 0; k < 2; k++)
-            if (!fin[k]) { live[n] = ss[k]; map[n++] = k; }
-            else (k ? got_b : got_a)[i] = -1;
+            if (!fin[k]) {
+                live[n] = ss[k];
+                map[n++] = k;
+            } else (k ? got_b : got_a)[i] = -1;
         if (n == 0) continue;
         kvt_token tok[2];
         bool done[2];
         int st[2];
-        assert_int_equal(kvt_session_gen_step_batch(e, &(struct kvt_gen_batch){ .sessions = live, .n = n, .smp = smp, .tok = tok, .done = done, .status = st }), 0);
+        assert_int_equal(
+            kvt_session_gen_step_batch(
+                e, &(struct kvt_gen_batch){ .sessions = live, .n = n, .smp = smp, .tok = tok, .done = done, .status = st }),
+            0);
         for (int32_t k = 0; k < n; k++) {
             assert_int_equal(st[k], 0);
             (map[k] ? got_b : got_a)[i] = done[k] ? -1 : tok[k];
@@ -505,7 +531,8 @@ static void test_batch_step(void **state) {
     kvt_token tok[2];
     bool done[2];
     int st[2];
-    int rc = kvt_session_gen_step_batch(e, &(struct kvt_gen_batch){ .sessions = twice, .n = 2, .smp = smp, .tok = tok, .done = done, .status = st });
+    int rc = kvt_session_gen_step_batch(
+        e, &(struct kvt_gen_batch){ .sessions = twice, .n = 2, .smp = smp, .tok = tok, .done = done, .status = st });
     assert_true(rc == KVT_EINVAL || done[0]);
     free(ra);
     kvt_session_free(ss[0]);
@@ -525,7 +552,10 @@ static void raw_alone(const char *prompt, int32_t seq, kvt_token *out, int32_t n
     struct kvt_sampling smp = { 0, 1, 0, 0, NULL };
     for (int32_t i = 0; i < n; i++) {
         assert_int_equal(kvt_engine_sample(e, &smp, &out[i]), 0);
-        if (kvt_token_is_eog(e, out[i])) { for (int32_t k = i; k < n; k++) out[k] = -1; break; }
+        if (kvt_token_is_eog(e, out[i])) {
+            for (int32_t k = i; k < n; k++) out[k] = -1;
+            break;
+        }
         assert_int_equal(kvt_engine_decode(e, seq, &out[i], 1, nt + i, true), 0);
     }
     free(t);
@@ -562,7 +592,15 @@ static void test_batch_rows(void **state) {
         kvt_token tok[1];
         bool done[1];
         int st[1];
-        assert_int_equal(kvt_session_gen_step_batch(e, &(struct kvt_gen_batch){ .sessions = &s, .n = fin_a ? 0 : 1, .smp = smp, .tok = tok, .done = done, .status = st, .rows = &row, .n_rows = fin_r ? 0 : 1 }), 0);
+        assert_int_equal(kvt_session_gen_step_batch(e, &(struct kvt_gen_batch){ .sessions = &s,
+                                                                                .n = fin_a ? 0 : 1,
+                                                                                .smp = smp,
+                                                                                .tok = tok,
+                                                                                .done = done,
+                                                                                .status = st,
+                                                                                .rows = &row,
+                                                                                .n_rows = fin_r ? 0 : 1 }),
+                         0);
         got_a[i] = fin_a || done[0] ? -1 : tok[0];
         if (!fin_a) assert_int_equal(st[0], 0);
         fin_a = fin_a || done[0];
@@ -586,7 +624,9 @@ static void test_batch_rows(void **state) {
     row.seq = 0;
     row.done = false;
     const kvt_pos pos0 = row.pos;
-    int rc = kvt_session_gen_step_batch(e, &(struct kvt_gen_batch){ .sessions = &s, .n = 1, .smp = smp, .tok = tok, .done = done, .status = st, .rows = &row, .n_rows = 1 });
+    int rc = kvt_session_gen_step_batch(
+        e, &(struct kvt_gen_batch){
+               .sessions = &s, .n = 1, .smp = smp, .tok = tok, .done = done, .status = st, .rows = &row, .n_rows = 1 });
     assert_true(rc == KVT_EINVAL || done[0] || row.done);
     if (rc) assert_int_equal(row.pos, pos0);
     assert_int_equal(kvt_session_gen_step_batch(e, &(struct kvt_gen_batch){ .n = -1 }), KVT_EINVAL);
@@ -606,9 +646,15 @@ static void test_shared_start(void **state) {
     (void) state;
     kvt_engine *e = open_tiny(2);
     kvt_session *s = open_session(e, 0, KVT_POLICY_KVTIER);
-    const struct kvt_chat_msg m1[] = { { "user", "the dog ran to the park and the cat sat on the wall and the sun was hot so what did the dog do" } };
-    const struct kvt_chat_msg m2[] = { { "user", "the dog ran to the park and the cat sat on the wall and the sun was hot so what did the cat do" } };
-    const struct kvt_chat_msg m3[] = { { "user", "a dog ran to the park and the cat sat on the wall and the sun was hot so what did the cat do" } };
+    const struct kvt_chat_msg m1[] = {
+        { "user", "the dog ran to the park and the cat sat on the wall and the sun was hot so what did the dog do" }
+    };
+    const struct kvt_chat_msg m2[] = {
+        { "user", "the dog ran to the park and the cat sat on the wall and the sun was hot so what did the cat do" }
+    };
+    const struct kvt_chat_msg m3[] = {
+        { "user", "a dog ran to the park and the cat sat on the wall and the sun was hot so what did the cat do" }
+    };
     struct kvt_sync_info si;
     assert_int_equal(kvt_session_sync(s, m1, 1, &si), 0);
     struct kvt_sampling smp = { 0, 1, 0, 0, NULL };
@@ -643,8 +689,8 @@ static void test_shared_start(void **state) {
     while (common < n1 && common < n2 && t1[common] == t2[common]) common++;
     /* m2 in the session of m1: the common start is kept */
     assert_int_equal(kvt_session_sync(s, m2, 1, &si), 0);
-    printf("shared start: prompt %d, reused %d (common tokens %d), decoded %lld\n", si.prompt_tokens, si.tokens_reused,
-           common, (long long) si.tokens_decoded);
+    printf("shared start: prompt %d, reused %d (common tokens %d), decoded %lld\n", si.prompt_tokens, si.tokens_reused, common,
+           (long long) si.tokens_decoded);
     assert_int_equal(si.prompt_tokens, n2);
     assert_true(common > n2 / 2);
     assert_int_equal(si.tokens_reused, common);
@@ -663,15 +709,17 @@ static void test_shared_start(void **state) {
     assert_int_equal(kvt_tokenize(e, f3, true, true, &t3, &n3), 0);
     while (open3 < n2 && open3 < n3 && t2[open3] == t3[open3]) open3++;
     assert_int_equal(kvt_session_sync(s, m3, 1, &si), 0);
-    printf("different first word: prompt %d, reused %d (template opening %d tokens)\n", si.prompt_tokens,
-           si.tokens_reused, open3);
+    printf("different first word: prompt %d, reused %d (template opening %d tokens)\n", si.prompt_tokens, si.tokens_reused, open3);
     assert_int_equal(si.tokens_reused, open3);
     assert_true(open3 < common / 2);
     free(f3);
     free(t3);
     assert_true(fabs(session_logprob(s) - ref_logprob(e, 1, m3, 1)) < TOL);
     free(stream);
-    free(f1); free(f2); free(t1); free(t2);
+    free(f1);
+    free(f2);
+    free(t1);
+    free(t2);
     kvt_session_free(s);
     kvt_engine_free(e);
 }
@@ -770,12 +818,15 @@ static void test_park_resume(void **state) {
     assert_int_equal(st1.tokens_decoded, st0.tokens_decoded); /* nothing recomputed */
     assert_int_equal(st1.resident_tokens, st0.resident_tokens);
     double after = session_logprob(s);
-    printf("park/resume: %.6f before, %.6f after (diff %.2e); %d resident tokens came back\n", before, after,
-           fabs(after - before), st1.resident_tokens);
+    printf("park/resume: %.6f before, %.6f after (diff %.2e); %d resident tokens came back\n", before, after, fabs(after - before),
+           st1.resident_tokens);
     assert_true(fabs(after - before) < 2e-2);
     /* the conversation goes on */
-    const struct kvt_chat_msg more[] = { { "user", msg }, { "assistant", "the cat sat" }, { "user", "what did the cat do" },
-                                         { "assistant", "it sat" }, { "user", "and the dog" } };
+    const struct kvt_chat_msg more[] = { { "user", msg },
+                                         { "assistant", "the cat sat" },
+                                         { "user", "what did the cat do" },
+                                         { "assistant", "it sat" },
+                                         { "user", "and the dog" } };
     struct kvt_sync_info si;
     assert_int_equal(kvt_session_sync(s, more, 5, &si), 0);
     assert_true(si.tokens_reused > 0);
@@ -818,9 +869,9 @@ static void test_prefill_stopped(void **state) {
         struct kvt_decode_chunk c;
         assert_int_equal(kvt_prefill_next(pf, 0, &c), 1);
         assert_int_equal(kvt_prefill_done(pf, kvt_engine_decode(e, c.seq, c.tokens, c.n, c.pos0, c.want_logits)), 0);
-        assert_int_equal(kvt_prefill_done(pf, 0), KVT_EINVAL);       /* no chunk is out */
+        assert_int_equal(kvt_prefill_done(pf, 0), KVT_EINVAL); /* no chunk is out */
         assert_int_equal(kvt_prefill_next(pf, 0, &c), 1);
-        assert_int_equal(kvt_prefill_next(pf, 0, &c), KVT_EINVAL);   /* the chunk out is not done */
+        assert_int_equal(kvt_prefill_next(pf, 0, &c), KVT_EINVAL); /* the chunk out is not done */
         if (how == 0) {
             assert_int_equal(kvt_prefill_done(pf, KVT_ECANCELED), KVT_ECANCELED);
             assert_non_null(strstr(kvt_errmsg(), "stopped"));

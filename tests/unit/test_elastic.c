@@ -80,9 +80,9 @@ static struct kvt__mat mat(const kvt_blob *b, const struct kvt__blob_layout *L, 
     uint32_t l = t % P->n_layer;
     bool v = t >= P->n_layer;
     uint32_t es = (uint32_t) ((v ? P->v_type[l] : P->k_type[l]) == 1 ? 2 : 4);
-    if (!v) return (struct kvt__mat) { b->data + P->k_off[l], P->n_cells, (uint32_t) (P->k_row_bytes[l] / es), es, false };
-    if (P->v_trans) return (struct kvt__mat) { b->data + P->v_off[l], P->n_cells, P->v_n_embd[l], es, true };
-    return (struct kvt__mat) { b->data + P->v_off[l], P->n_cells, (uint32_t) (P->v_row_bytes[l] / es), es, false };
+    if (!v) return (struct kvt__mat){ b->data + P->k_off[l], P->n_cells, (uint32_t) (P->k_row_bytes[l] / es), es, false };
+    if (P->v_trans) return (struct kvt__mat){ b->data + P->v_off[l], P->n_cells, P->v_n_embd[l], es, true };
+    return (struct kvt__mat){ b->data + P->v_off[l], P->n_cells, (uint32_t) (P->v_row_bytes[l] / es), es, false };
 }
 
 static const uint8_t *el(const struct kvt__mat *m, uint32_t c, uint32_t e) {
@@ -102,8 +102,8 @@ struct check {
 };
 
 /* Compare before/after against the host reference for every tensor of every part. */
-static void check_pass(const kvt_blob *b0, const kvt_blob *b1, int n_head, double s_k, double s_v, int32_t p0,
-                       int32_t p1, struct check *ck) {
+static void check_pass(const kvt_blob *b0, const kvt_blob *b1, int n_head, double s_k, double s_v, int32_t p0, int32_t p1,
+                       struct check *ck) {
     struct kvt__blob_layout *L0 = malloc(sizeof *L0), *L1 = malloc(sizeof *L1);
     assert_int_equal(kvt__blob_parse(b0->data, b0->size, 2, L0) == 0 || kvt__blob_parse(b0->data, b0->size, 1, L0) == 0, 1);
     assert_int_equal(kvt__blob_parse(b1->data, b1->size, L0->n_parts, L1), 0);
@@ -149,11 +149,13 @@ static void check_pass(const kvt_blob *b0, const kvt_blob *b1, int n_head, doubl
                         ck->n_zero_eligible += y == 0;
                     }
                     ck->n_zeroed += x != 0 && y == 0;
-                    if (elig && fabs(fabs(x) - th) < 1e-5 * th) { ck->near++; continue; }
+                    if (elig && fabs(fabs(x) - th) < 1e-5 * th) {
+                        ck->near++;
+                        continue;
+                    }
                     bool zero = elig && fabs(x) < th;
                     ck->zeros_expected += zero;
-                    if (zero ? y != 0 : memcmp(el(&m0, c, e), el(&m1, (uint32_t) map[c], e), m0.elsize) != 0)
-                        ck->mismatches++;
+                    if (zero ? y != 0 : memcmp(el(&m0, c, e), el(&m1, (uint32_t) map[c], e), m0.elsize) != 0) ck->mismatches++;
                 }
             }
         }
@@ -210,9 +212,7 @@ static void test_reference(void **stp) {
     run_reference("tiny-gemma3", true);
 }
 
-static bool same_blob(const kvt_blob *a, const kvt_blob *b) {
-    return a->size == b->size && memcmp(a->data, b->data, a->size) == 0;
-}
+static bool same_blob(const kvt_blob *a, const kvt_blob *b) { return a->size == b->size && memcmp(a->data, b->data, a->size) == 0; }
 
 static void test_zero(void **stp) {
     (void) stp;
@@ -245,8 +245,14 @@ static void test_zero(void **stp) {
 
 static double kl(const float *p_logits, const float *q_logits, int n) {
     double mp = -INFINITY, mq = -INFINITY, zp = 0, zq = 0, k = 0;
-    for (int i = 0; i < n; i++) { mp = fmax(mp, p_logits[i]); mq = fmax(mq, q_logits[i]); }
-    for (int i = 0; i < n; i++) { zp += exp(p_logits[i] - mp); zq += exp(q_logits[i] - mq); }
+    for (int i = 0; i < n; i++) {
+        mp = fmax(mp, p_logits[i]);
+        mq = fmax(mq, q_logits[i]);
+    }
+    for (int i = 0; i < n; i++) {
+        zp += exp(p_logits[i] - mp);
+        zq += exp(q_logits[i] - mq);
+    }
     for (int i = 0; i < n; i++) {
         double lp = p_logits[i] - mp - log(zp), lq = q_logits[i] - mq - log(zq);
         k += exp(lp) * (lp - lq);
@@ -255,8 +261,8 @@ static double kl(const float *p_logits, const float *q_logits, int n) {
 }
 
 /* Put state b back into seq 0, optionally run a pass, decode `next` at N: logits into out. */
-static void step(kvt_engine *e, const kvt_blob *b, const struct kvt_elastic_params *ep, kvt_token next, float *out,
-                 int n_vocab, struct kvt_elastic_stats *st) {
+static void step(kvt_engine *e, const kvt_blob *b, const struct kvt_elastic_params *ep, kvt_token next, float *out, int n_vocab,
+                 struct kvt_elastic_stats *st) {
     assert_int_equal(kvt_seq_rm(e, 0, -1, -1), 0);
     assert_int_equal(kvt_block_load(e, b, 0, 0), 0);
     if (ep) assert_int_equal(kvt_seq_elastic(e, 0, ep, st), 0);
@@ -333,7 +339,10 @@ static void test_faults(void **stp) {
         int rc = kvt_seq_elastic(e, 0, &ep, NULL);
         bool hit = kvt__fault_hits(KVT__FAULT_ELASTIC_ALLOC) > 0;
         kvt__fault_set(KVT__FAULT_ELASTIC_ALLOC, 0, 0);
-        if (!hit) { assert_int_equal(rc, 0); break; }
+        if (!hit) {
+            assert_int_equal(rc, 0);
+            break;
+        }
         assert_int_equal(rc, KVT_ENOMEM);
         assert_non_null(strstr(kvt_errmsg(), "elastic"));
         kvt_blob *b = state(e, 0);
@@ -362,8 +371,8 @@ static void test_faults(void **stp) {
 }
 
 static char *words(int n) {
-    static const char *W[] = { "river", "stone", "quiet", "lamp", "orbit", "maple", "signal", "harbor", "violet",
-                               "engine", "copper", "meadow", "thunder", "paper", "garden", "silver" };
+    static const char *W[] = { "river",  "stone",  "quiet",  "lamp",   "orbit",   "maple", "signal", "harbor",
+                               "violet", "engine", "copper", "meadow", "thunder", "paper", "garden", "silver" };
     char *t = malloc((size_t) n * 10 + 1);
     size_t k = 0;
     unsigned s = 3;
@@ -417,8 +426,8 @@ static void test_session(void **stp) {
     struct kvt_session_stats st, stp0;
     kvt_session_get_stats(s, &st);
     kvt_session_get_stats(plain, &stp0);
-    printf("session: %lld tokens, %lld passes, resident sparsity %.3f, eligible %.3f, %.1f ms\n",
-           (long long) st.tokens_decoded, (long long) st.elastic_passes, (double) st.elastic_zero / st.elastic_elems,
+    printf("session: %lld tokens, %lld passes, resident sparsity %.3f, eligible %.3f, %.1f ms\n", (long long) st.tokens_decoded,
+           (long long) st.elastic_passes, (double) st.elastic_zero / st.elastic_elems,
            (double) st.elastic_zero_eligible / st.elastic_eligible, st.elastic_ms);
     /* a pass at every 64 tokens once 128 are resident (chunks end at 64-token block boundaries);
     ** the one due at 128 has nothing to threshold (64 sinks + 64 tail), so the first is at 192 */

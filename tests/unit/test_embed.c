@@ -28,7 +28,9 @@
 /* ---- helpers ------------------------------------------------------------------------- */
 
 static uint64_t rng_next(uint64_t *s) { /* xorshift64* */
-    *s ^= *s >> 12; *s ^= *s << 25; *s ^= *s >> 27;
+    *s ^= *s >> 12;
+    *s ^= *s << 25;
+    *s ^= *s >> 27;
     return *s * 2685821657736338717ull;
 }
 
@@ -58,13 +60,20 @@ static double norm(const float *a, int dim) { return sqrt(dot(a, a, dim)); }
 static void brute_topk(const float *base, const char *alive, int n, int dim, const float *q, int k, int *top) {
     double *best = malloc(sizeof(double) * (size_t) k);
     assert_non_null(best);
-    for (int j = 0; j < k; j++) { top[j] = -1; best[j] = -INFINITY; }
+    for (int j = 0; j < k; j++) {
+        top[j] = -1;
+        best[j] = -INFINITY;
+    }
     for (int i = 0; i < n; i++) {
         if (alive && !alive[i]) continue;
         double s = dot(base + (size_t) i * dim, q, dim);
         if (s <= best[k - 1]) continue;
         int j = k - 1;
-        while (j > 0 && best[j - 1] < s) { best[j] = best[j - 1]; top[j] = top[j - 1]; j--; }
+        while (j > 0 && best[j - 1] < s) {
+            best[j] = best[j - 1];
+            top[j] = top[j - 1];
+            j--;
+        }
         best[j] = s;
         top[j] = i;
     }
@@ -81,7 +90,10 @@ static double recall(const uint64_t *found, int n_found, const int *truth, int k
     int hit = 0;
     for (int i = 0; i < n_found; i++)
         for (int j = 0; j < k; j++)
-            if (truth[j] >= 0 && found[i] == id_of(truth[j])) { hit++; break; }
+            if (truth[j] >= 0 && found[i] == id_of(truth[j])) {
+                hit++;
+                break;
+            }
     return (double) hit / k;
 }
 
@@ -191,7 +203,7 @@ static void test_ann_remove_and_readd(void **state) {
     }
     assert_int_equal(kvt_ann_size(f->ann), N - n_removed);
     assert_int_equal(kvt_ann_remove(f->ann, id_of(0)), KVT_ENOENT); /* already removed */
-    assert_int_equal(kvt_ann_remove(f->ann, 42), KVT_ENOENT);         /* never added */
+    assert_int_equal(kvt_ann_remove(f->ann, 42), KVT_ENOENT);       /* never added */
     assert_non_null(strstr(kvt_errmsg(), "42"));
     uint64_t ids[K];
     float sims[K];
@@ -363,7 +375,10 @@ static void test_embed_gemma_basic(void **state) {
     float *b = embed(g_em, BREAD), *a3 = embed(g_em, VOLCANO_A);
     assert_memory_equal(a, a3, sizeof(float) * 640); /* also after another text */
     assert_float_equal(norm(b, 640), 1.0, 1e-4);
-    free(a); free(a2); free(b); free(a3);
+    free(a);
+    free(a2);
+    free(b);
+    free(a3);
 }
 
 static void test_embed_gemma_topic(void **state) {
@@ -371,8 +386,7 @@ static void test_embed_gemma_topic(void **state) {
     if (!g_em) skip();
     float *va = embed(g_em, VOLCANO_A), *vb = embed(g_em, VOLCANO_B), *br = embed(g_em, BREAD);
     double s_ab = cosine(va, vb, 640), s_a_br = cosine(va, br, 640), s_b_br = cosine(vb, br, 640);
-    fprintf(stderr, "cos(volcano, volcano) %.4f  cos(volcano A, bread) %.4f  cos(volcano B, bread) %.4f\n", s_ab,
-            s_a_br, s_b_br);
+    fprintf(stderr, "cos(volcano, volcano) %.4f  cos(volcano A, bread) %.4f  cos(volcano B, bread) %.4f\n", s_ab, s_a_br, s_b_br);
     assert_true(s_ab > s_a_br);
     assert_true(s_ab > s_b_br);
 
@@ -402,7 +416,10 @@ static void test_embed_gemma_topic(void **state) {
     fprintf(stderr, "\n");
     assert_true(ids[0] == 0 || ids[0] == 3);
     kvt_ann_free(ann);
-    free(q); free(va); free(vb); free(br);
+    free(q);
+    free(va);
+    free(vb);
+    free(br);
 }
 
 /* Text past n_ctx (256 here) tokens is cut: two long texts that differ only after the first
@@ -419,11 +436,15 @@ static void test_embed_gemma_truncation(void **state) {
     strcat(b, "The end is about spaceships and rockets.");
     float *va = embed(g_em, a), *vb = embed(g_em, b);
     assert_memory_equal(va, vb, sizeof(float) * 640);
-    free(va); free(vb);
+    free(va);
+    free(vb);
     va = embed(g_em, "The end is about cats.");
     vb = embed(g_em, "The end is about spaceships and rockets.");
     assert_true(memcmp(va, vb, sizeof(float) * 640) != 0);
-    free(va); free(vb); free(a); free(b);
+    free(va);
+    free(vb);
+    free(a);
+    free(b);
 }
 
 static void test_embed_bad_args(void **state) {
@@ -479,14 +500,15 @@ static void test_embed_tiny(void **state) {
     assert_float_equal(norm(a, dim), 1.0, 1e-4);
     assert_memory_equal(a, b, sizeof(float) * (size_t) dim);
     assert_true(memcmp(a, c, sizeof(float) * (size_t) dim) != 0);
-    free(a); free(b); free(c);
+    free(a);
+    free(b);
+    free(c);
     kvt_embedder_free(em);
 }
 
 int main(void) {
     const struct CMUnitTest ann[] = {
-        cmocka_unit_test(test_ann_recall),
-        cmocka_unit_test(test_ann_control_negated_query),
+        cmocka_unit_test(test_ann_recall), cmocka_unit_test(test_ann_control_negated_query),
         cmocka_unit_test(test_ann_remove_and_readd), /* last: it removes from the shared index */
     };
     const struct CMUnitTest ann_small[] = {

@@ -88,17 +88,19 @@ static void test_zeros_skipped(void **state) {
 
 static void test_classify(void **state) {
     (void) state;
-    const struct { double bits; int32_t cls; } cases[] = {
-        { 0.0, KVT_HEAD_SINK },       { 0.5 - EPS, KVT_HEAD_SINK },     { 0.5, KVT_HEAD_FOCUSED },
-        { 0.5 + EPS, KVT_HEAD_FOCUSED }, { 1.5 - EPS, KVT_HEAD_FOCUSED }, { 1.5, KVT_HEAD_MODERATE },
+    const struct {
+        double bits;
+        int32_t cls;
+    } cases[] = {
+        { 0.0, KVT_HEAD_SINK },           { 0.5 - EPS, KVT_HEAD_SINK },     { 0.5, KVT_HEAD_FOCUSED },
+        { 0.5 + EPS, KVT_HEAD_FOCUSED },  { 1.5 - EPS, KVT_HEAD_FOCUSED },  { 1.5, KVT_HEAD_MODERATE },
         { 1.5 + EPS, KVT_HEAD_MODERATE }, { 3.0 - EPS, KVT_HEAD_MODERATE }, { 3.0, KVT_HEAD_MIXED },
-        { 3.0 + EPS, KVT_HEAD_MIXED },  { 8.0, KVT_HEAD_MIXED },          { 20.0, KVT_HEAD_MIXED },
+        { 3.0 + EPS, KVT_HEAD_MIXED },    { 8.0, KVT_HEAD_MIXED },          { 20.0, KVT_HEAD_MIXED },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const int32_t got = kvt_head_classify(cases[i].bits);
         if (got != cases[i].cls)
-            fail_msg("classify(%.10f) = %s, want %s", cases[i].bits, kvt_head_class_name(got),
-                     kvt_head_class_name(cases[i].cls));
+            fail_msg("classify(%.10f) = %s, want %s", cases[i].bits, kvt_head_class_name(got), kvt_head_class_name(cases[i].cls));
     }
     assert_string_equal(kvt_head_class_name(KVT_HEAD_SINK), "sink");
     assert_string_equal(kvt_head_class_name(KVT_HEAD_FOCUSED), "focused");
@@ -110,15 +112,15 @@ static void test_classify(void **state) {
 
 static void test_budget(void **state) {
     (void) state;
-    assert_int_equal(kvt_entropy_budget(512, 3.0, 3.0), 512);       /* h = mean */
-    assert_int_equal(kvt_entropy_budget(512, 4.5, 3.0), 768);       /* x1.5 */
-    assert_int_equal(kvt_entropy_budget(512, 2.0, 3.0), 341);       /* 341.33 rounded down */
-    assert_int_equal(kvt_entropy_budget(100, 1.0, 3.0), 33);        /* 33.33 rounded down */
+    assert_int_equal(kvt_entropy_budget(512, 3.0, 3.0), 512); /* h = mean */
+    assert_int_equal(kvt_entropy_budget(512, 4.5, 3.0), 768); /* x1.5 */
+    assert_int_equal(kvt_entropy_budget(512, 2.0, 3.0), 341); /* 341.33 rounded down */
+    assert_int_equal(kvt_entropy_budget(100, 1.0, 3.0), 33);  /* 33.33 rounded down */
     /* lower clamp 0.3: at, just below and far below */
     assert_int_equal(kvt_entropy_budget(100, 0.9, 3.0), 30);
     assert_int_equal(kvt_entropy_budget(100, 0.6, 3.0), 30);
     assert_int_equal(kvt_entropy_budget(100, 0.0, 3.0), 30);
-    assert_int_equal(kvt_entropy_budget(100, 0.93, 3.0), 31);       /* 0.31 is above the clamp */
+    assert_int_equal(kvt_entropy_budget(100, 0.93, 3.0), 31); /* 0.31 is above the clamp */
     /* upper clamp 2.5: at, just above and far above */
     assert_int_equal(kvt_entropy_budget(100, 7.5, 3.0), 250);
     assert_int_equal(kvt_entropy_budget(100, 7.2, 3.0), 240);
@@ -176,7 +178,7 @@ static void test_capture(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_uniform),   cmocka_unit_test(test_one_hot),  cmocka_unit_test(test_normalises),
+        cmocka_unit_test(test_uniform),       cmocka_unit_test(test_one_hot),  cmocka_unit_test(test_normalises),
         cmocka_unit_test(test_zeros_skipped), cmocka_unit_test(test_classify), cmocka_unit_test(test_budget),
         cmocka_unit_test(test_capture),
     };

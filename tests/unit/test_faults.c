@@ -56,8 +56,7 @@ static kvt_engine *open_tiny(void) {
     return e;
 }
 
-static const char *words =
-    "the dog ran to the park and the cat sat on the wall while the sun went down over the hill";
+static const char *words = "the dog ran to the park and the cat sat on the wall while the sun went down over the hill";
 
 /* Every block holds at most `block` tokens and the blocks add up to the stream. */
 static void check_blocks(kvt_session *s, int32_t block) {
@@ -81,7 +80,10 @@ static int step(kvt_engine *e, kvt_session *s, bool batch, kvt_token *tok, bool 
     *done = false;
     if (batch) {
         int status = 0;
-        assert_int_equal(kvt_session_gen_step_batch(e, &(struct kvt_gen_batch){ .sessions = &s, .n = 1, .smp = &smp, .tok = tok, .done = done, .status = &status }), 0);
+        assert_int_equal(
+            kvt_session_gen_step_batch(
+                e, &(struct kvt_gen_batch){ .sessions = &s, .n = 1, .smp = &smp, .tok = tok, .done = done, .status = &status }),
+            0);
         return status;
     }
     return kvt_session_gen_step(s, &smp, tok, done);
@@ -103,7 +105,7 @@ static void seal_fails(bool batch) {
     kvt_pool_get_stats(pool, &ps0);
 
     kvt__fault_set(KVT__FAULT_POOL_PUT, 0, -1); /* every put fails from now on */
-    enum { N = 40 }; /* more than two blocks of 16 */
+    enum { N = 40 };                            /* more than two blocks of 16 */
     kvt_token gen[N];
     int32_t n_gen = 0;
     const int32_t before = kvt_session_tokens(s, NULL, 0);
@@ -209,13 +211,13 @@ static const char *probe = "what is the vault code word";
 static const char *answer_text = "the vault code word is zebra";
 
 struct lost_run {
-    double lp;           /* log-probability of answer_text after the probe */
-    int64_t dropped;     /* pool entries dropped (failed spills) */
-    int64_t max_ram;     /* most pool RAM seen after any message */
+    double lp;       /* log-probability of answer_text after the probe */
+    int64_t dropped; /* pool entries dropped (failed spills) */
+    int64_t max_ram; /* most pool RAM seen after any message */
     int64_t recomputes, recoveries, tokens_recovered, corrupt;
-    int32_t fact_block;  /* the damaged block (the evicted one with "zebra") */
-    int32_t residency;   /* its residency after the probe */
-    int32_t n_tokens;    /* the stream's length */
+    int32_t fact_block;    /* the damaged block (the evicted one with "zebra") */
+    int32_t residency;     /* its residency after the probe */
+    int32_t n_tokens;      /* the stream's length */
     int64_t store_dropped; /* with a store: its disk writes dropped */
 };
 
@@ -351,9 +353,9 @@ static void lost_block(enum damage d) {
     struct lost_run hole = lost_session(e, KVT_RECOVERY_DISCARD, INTACT, 1, false);
     struct lost_run x = lost_session(e, KVT_RECOVERY_KV_RESTORE, d, 1, false);
     printf("  %s copy of block %d: log-prob %.4f (recomputes %lld, recoveries %lld); intact kv_restore %.4f "
-           "(recoveries %lld), breadcrumb %.4f, hole (discard) %.4f\n", d == CORRUPT ? "corrupt" : "deleted",
-           x.fact_block, x.lp, (long long) x.recomputes, (long long) x.recoveries, in.lp, (long long) in.recoveries,
-           bc.lp, hole.lp);
+           "(recoveries %lld), breadcrumb %.4f, hole (discard) %.4f\n",
+           d == CORRUPT ? "corrupt" : "deleted", x.fact_block, x.lp, (long long) x.recomputes, (long long) x.recoveries, in.lp,
+           (long long) in.recoveries, bc.lp, hole.lp);
     /* the intact session restores the block by kv_restore, nothing recomputed */
     assert_int_equal(in.recoveries, 1);
     assert_int_equal(in.recomputes, 0);
@@ -438,7 +440,8 @@ static void resume_lost(enum damage d) {
     resume_session(e, d, false, &lp_x, &rc_x);
     resume_session(e, INTACT, true, &lp_hole, &rc_hole);
     printf("  resume with a %s copy: log-prob %.6f (recomputes %lld), intact %.6f, control with the block's cells "
-           "removed %.6f\n", d == CORRUPT ? "corrupt" : "deleted", lp_x, (long long) rc_x, lp_in, lp_hole);
+           "removed %.6f\n",
+           d == CORRUPT ? "corrupt" : "deleted", lp_x, (long long) rc_x, lp_in, lp_hole);
     assert_int_equal(rc_in, 0);
     assert_int_equal(rc_x, 1);
     assert_true(fabs(lp_x - lp_in) < 1e-4);
@@ -504,8 +507,8 @@ static void test_resume_after_gap(void **state) {
     if (rc) fail_msg("resume: %s: %s", kvt_strerror(rc), kvt_errmsg());
     struct kvt_session_stats st;
     kvt_session_get_stats(s, &st);
-    printf("  resume after a gap: block %d recomputed (recomputes %lld), %d of %d blocks resident, next_pos %d\n",
-           victim, (long long) st.recomputes, st.n_blocks_resident, st.n_blocks, st.next_pos);
+    printf("  resume after a gap: block %d recomputed (recomputes %lld), %d of %d blocks resident, next_pos %d\n", victim,
+           (long long) st.recomputes, st.n_blocks_resident, st.n_blocks, st.next_pos);
     assert_int_equal(st.recomputes, 1);
     assert_int_equal(st.n_blocks_resident, n_res);
     assert_int_equal(st.next_pos, kvt_seq_pos_max(e, 1) + 1);
@@ -530,8 +533,9 @@ static void full_disk(bool with_store) {
     struct lost_run bc = lost_session(e, KVT_RECOVERY_BREADCRUMB, INTACT, 1, false);
     struct lost_run x = lost_session_ex(e, KVT_RECOVERY_KV_RESTORE, INTACT, budget, true, with_store);
     printf("  full disk%s: RAM at most %lld of %zu bytes, %lld copies and %lld store disk writes dropped, %lld "
-           "recomputed; log-prob %.4f, breadcrumb %.4f\n", with_store ? " under a store" : "", (long long) x.max_ram,
-           budget, (long long) x.dropped, (long long) x.store_dropped, (long long) x.recomputes, x.lp, bc.lp);
+           "recomputed; log-prob %.4f, breadcrumb %.4f\n",
+           with_store ? " under a store" : "", (long long) x.max_ram, budget, (long long) x.dropped, (long long) x.store_dropped,
+           (long long) x.recomputes, x.lp, bc.lp);
     assert_true(x.max_ram <= (int64_t) budget);
     assert_true(x.max_ram > 0);
     assert_true(x.dropped > 0);
@@ -566,14 +570,10 @@ static int disarm(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_teardown(test_seal_fails_gen_step, disarm),
-        cmocka_unit_test_teardown(test_seal_fails_batched, disarm),
-        cmocka_unit_test_teardown(test_lost_block_corrupt, disarm),
-        cmocka_unit_test_teardown(test_lost_block_deleted, disarm),
-        cmocka_unit_test_teardown(test_resume_corrupt, disarm),
-        cmocka_unit_test_teardown(test_resume_deleted, disarm),
-        cmocka_unit_test_teardown(test_resume_after_gap, disarm),
-        cmocka_unit_test_teardown(test_full_disk_session, disarm),
+        cmocka_unit_test_teardown(test_seal_fails_gen_step, disarm), cmocka_unit_test_teardown(test_seal_fails_batched, disarm),
+        cmocka_unit_test_teardown(test_lost_block_corrupt, disarm),  cmocka_unit_test_teardown(test_lost_block_deleted, disarm),
+        cmocka_unit_test_teardown(test_resume_corrupt, disarm),      cmocka_unit_test_teardown(test_resume_deleted, disarm),
+        cmocka_unit_test_teardown(test_resume_after_gap, disarm),    cmocka_unit_test_teardown(test_full_disk_session, disarm),
         cmocka_unit_test_teardown(test_full_disk_store, disarm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -74,7 +74,11 @@ static void expect(int rc, int want, const char *needle) {
 }
 
 /* What must not change: the saved bytes of [0, 16), the highest position and the cell count. */
-struct snap { kvt_blob *b; kvt_pos max; int32_t n; };
+struct snap {
+    kvt_blob *b;
+    kvt_pos max;
+    int32_t n;
+};
 
 static struct snap snap_of(kvt_engine *e) {
     struct snap s = { NULL, kvt_seq_pos_max(e, 0), kvt_seq_n_cells(e, 0) };
@@ -169,16 +173,35 @@ static void positions(bool unified, int reanchor) {
     kvt_engine_free(e);
 }
 
-static void test_positions_unified_host(void **st) { (void) st; positions(true, KVT_REANCHOR_HOST); }
-static void test_positions_streams_host(void **st) { (void) st; positions(false, KVT_REANCHOR_HOST); }
-static void test_positions_unified_seqadd(void **st) { (void) st; positions(true, KVT_REANCHOR_SEQ_ADD); }
-static void test_positions_streams_seqadd(void **st) { (void) st; positions(false, KVT_REANCHOR_SEQ_ADD); }
+static void test_positions_unified_host(void **st) {
+    (void) st;
+    positions(true, KVT_REANCHOR_HOST);
+}
+static void test_positions_streams_host(void **st) {
+    (void) st;
+    positions(false, KVT_REANCHOR_HOST);
+}
+static void test_positions_unified_seqadd(void **st) {
+    (void) st;
+    positions(true, KVT_REANCHOR_SEQ_ADD);
+}
+static void test_positions_streams_seqadd(void **st) {
+    (void) st;
+    positions(false, KVT_REANCHOR_SEQ_ADD);
+}
 
 /* ---- synthetic blobs (src/kv/blob.h describes the format): one part, F32, 8 cells ---- */
 
-struct wb { uint8_t *p; size_t n, cap; };
+struct wb {
+    uint8_t *p;
+    size_t n, cap;
+};
 static void w(struct wb *b, const void *s, size_t k) {
-    if (b->n + k > b->cap) { b->cap = (b->n + k) * 2; b->p = realloc(b->p, b->cap); assert_non_null(b->p); }
+    if (b->n + k > b->cap) {
+        b->cap = (b->n + k) * 2;
+        b->p = realloc(b->p, b->cap);
+        assert_non_null(b->p);
+    }
     memcpy(b->p + b->n, s, k);
     b->n += k;
 }
@@ -195,7 +218,11 @@ static kvt_blob syn(size_t *v_type_at) {
     w32(&b, 0);
     w32(&b, 1);
     w32(&b, S_CELLS);
-    for (int c = 0; c < S_CELLS; c++) { w32(&b, (uint32_t) c); w32(&b, 1); w32(&b, 0); }
+    for (int c = 0; c < S_CELLS; c++) {
+        w32(&b, (uint32_t) c);
+        w32(&b, 1);
+        w32(&b, 0);
+    }
     w32(&b, 0);
     w32(&b, S_LAYERS);
     for (int kv = 0; kv < 2; kv++)
@@ -209,7 +236,7 @@ static kvt_blob syn(size_t *v_type_at) {
                 w(&b, &f, 4);
             }
         }
-    return (kvt_blob) { b.p, b.n, 0, S_CELLS, S_CELLS, 0 };
+    return (kvt_blob){ b.p, b.n, 0, S_CELLS, S_CELLS, 0 };
 }
 
 static void test_types(void **st) {

@@ -29,8 +29,16 @@
 
 static bool g_kv_unified = true;
 
-static int mode_unified(void **st) { (void) st; g_kv_unified = true; return 0; }
-static int mode_streams(void **st) { (void) st; g_kv_unified = false; return 0; }
+static int mode_unified(void **st) {
+    (void) st;
+    g_kv_unified = true;
+    return 0;
+}
+static int mode_streams(void **st) {
+    (void) st;
+    g_kv_unified = false;
+    return 0;
+}
 
 enum { N_SEQ = 6, PRE = 20, CH = 12 };
 
@@ -189,10 +197,10 @@ static void test_bad_input(void **st) {
 /* ---- sessions: prefill in steps ---------------------------------------------------------- */
 
 struct sched_ud {
-    kvt_engine  *e;
-    kvt_session *gen;     /* the session generating beside the prefill */
-    int32_t      n_calls, n_gen, room;
-    kvt_token    toks[256];
+    kvt_engine *e;
+    kvt_session *gen; /* the session generating beside the prefill */
+    int32_t n_calls, n_gen, room;
+    kvt_token toks[256];
 };
 
 /* the scheduler's step: the generating session's next token and the chunk, one llama_decode */
@@ -203,7 +211,9 @@ static int decode_cb(void *ud, const struct kvt_decode_chunk *c) {
     bool done = false;
     int st = 0;
     u->n_calls++;
-    int rc = kvt_session_gen_step_batch(u->e, &(struct kvt_gen_batch){ .sessions = &u->gen, .n = 1, .smp = &g, .tok = &t, .done = &done, .status = &st, .chunk = c });
+    int rc = kvt_session_gen_step_batch(
+        u->e,
+        &(struct kvt_gen_batch){ .sessions = &u->gen, .n = 1, .smp = &g, .tok = &t, .done = &done, .status = &st, .chunk = c });
     if (rc == 0 && st == 0 && !done && u->n_gen < 256) u->toks[u->n_gen++] = t;
     return rc;
 }
@@ -313,7 +323,8 @@ static bool stepped_run(int32_t room, bool expect_equal_scores, int32_t recovery
         assert_non_null(lh);
         assert_non_null(lr);
         double dl = max_diff(lh, lr, (size_t) I.n_vocab);
-        if (!g_kv_unified && expect_equal_scores && dl != 0) fail_msg("turn %d: logits after the hooked prefill differ by %g", turn, dl);
+        if (!g_kv_unified && expect_equal_scores && dl != 0)
+            fail_msg("turn %d: logits after the hooked prefill differ by %g", turn, dl);
         char *rh = NULL, *rr = NULL;
         assert_int_equal(kvt_session_generate(H, 4, &g, NULL, NULL, &rh), 0);
         assert_int_equal(kvt_session_generate(R, 4, &g, NULL, NULL, &rr), 0);
@@ -348,12 +359,9 @@ static void test_session_steps_short_room(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_chunk_between_rows),
-        cmocka_unit_test(test_chunk_above_and_below),
-        cmocka_unit_test(test_chunk_alone),
-        cmocka_unit_test(test_bad_input),
-        cmocka_unit_test(test_session_steps),
-        cmocka_unit_test(test_session_steps_short_room),
+        cmocka_unit_test(test_chunk_between_rows), cmocka_unit_test(test_chunk_above_and_below),
+        cmocka_unit_test(test_chunk_alone),        cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_session_steps),      cmocka_unit_test(test_session_steps_short_room),
     };
     int failed = cmocka_run_group_tests_name("unified KV cache", tests, mode_unified, NULL);
     failed += cmocka_run_group_tests_name("one KV stream per sequence", tests, mode_streams, NULL);

@@ -123,10 +123,12 @@ static void test_kvtier_score(void **st) {
     (void) st;
     struct kvt__score_ctx c = { 1000, 100, 8.0, 0.5 };
     struct kvt_block_info old = { 0 }, recent = { 0 }, relevant = { 0 };
-    old.p0 = 36; old.n_tokens = 64;        /* ends at the oldest point: recency 0 */
-    recent.p0 = 936; recent.n_tokens = 64; /* ends at now: recency 1 */
+    old.p0 = 36;
+    old.n_tokens = 64; /* ends at the oldest point: recency 0 */
+    recent.p0 = 936;
+    recent.n_tokens = 64; /* ends at now: recency 1 */
     relevant = old;
-    relevant.relevance = 8.0;              /* the most relevant block */
+    relevant.relevance = 8.0; /* the most relevant block */
     double s_old = kvt__score(KVT_POLICY_KVTIER, &old, &c);
     double s_recent = kvt__score(KVT_POLICY_KVTIER, &recent, &c);
     double s_rel = kvt__score(KVT_POLICY_KVTIER, &relevant, &c);
@@ -174,9 +176,9 @@ static void test_names(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_block_mass_h2o),  cmocka_unit_test(test_block_mass_snapkv_window),
-        cmocka_unit_test(test_ewma),            cmocka_unit_test(test_head_weights),            cmocka_unit_test(test_kvtier_score),
-        cmocka_unit_test(test_names),
+        cmocka_unit_test(test_block_mass_h2o), cmocka_unit_test(test_block_mass_snapkv_window),
+        cmocka_unit_test(test_ewma),           cmocka_unit_test(test_head_weights),
+        cmocka_unit_test(test_kvtier_score),   cmocka_unit_test(test_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

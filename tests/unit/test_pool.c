@@ -13,14 +13,14 @@ static void test_round_trip(void **state) {
     uint8_t *vals[N];
     size_t sizes[N];
     for (int i = 0; i < N; i++) {
-        sizes[i] = i == 0 ? 0 : (size_t)(rng_next(&s) % 5000);
+        sizes[i] = i == 0 ? 0 : (size_t) (rng_next(&s) % 5000);
         vals[i] = rand_bytes(&s, sizes[i]);
-        assert_int_equal(kvt_pool_put(pool, (uint64_t)i * 0x9e3779b97f4a7c15ull, vals[i], sizes[i]), 0);
+        assert_int_equal(kvt_pool_put(pool, (uint64_t) i * 0x9e3779b97f4a7c15ull, vals[i], sizes[i]), 0);
     }
     int64_t total = 0;
     for (int i = 0; i < N; i++) {
-        check_value(pool, (uint64_t)i * 0x9e3779b97f4a7c15ull, vals[i], sizes[i]);
-        total += (int64_t)sizes[i];
+        check_value(pool, (uint64_t) i * 0x9e3779b97f4a7c15ull, vals[i], sizes[i]);
+        total += (int64_t) sizes[i];
     }
     struct kvt_pool_stats st;
     stats(pool, &st);
@@ -29,7 +29,7 @@ static void test_round_trip(void **state) {
     assert_int_equal(st.ram_bytes, total);
     assert_int_equal(count_entries(f->dir), 0);
 
-    void *out = (void *)0x1;
+    void *out = (void *) 0x1;
     size_t n = 7;
     assert_int_equal(kvt_pool_get(pool, 999, &out, &n), KVT_ENOENT);
     assert_null(out);
@@ -53,26 +53,26 @@ static void test_budget(void **state) {
     int64_t total = 0;
     struct kvt_pool_stats st;
     for (int i = 0; i < N; i++) {
-        sizes[i] = 1 + (size_t)(rng_next(&s) % 3000);
+        sizes[i] = 1 + (size_t) (rng_next(&s) % 3000);
         vals[i] = rand_bytes(&s, sizes[i]);
-        total += (int64_t)sizes[i];
-        assert_int_equal(kvt_pool_put(pool, (uint64_t)i, vals[i], sizes[i]), 0);
+        total += (int64_t) sizes[i];
+        assert_int_equal(kvt_pool_put(pool, (uint64_t) i, vals[i], sizes[i]), 0);
         stats(pool, &st);
-        assert_true(st.ram_bytes <= (int64_t)budget);
+        assert_true(st.ram_bytes <= (int64_t) budget);
         assert_int_equal(st.ram_bytes + st.spill_bytes, total);
     }
     assert_true(st.n_spilled > 0);
     assert_int_equal(st.n_spill_writes, st.n_spilled);
-    assert_int_equal(count_entries(f->dir), (int)st.n_spilled);
+    assert_int_equal(count_entries(f->dir), (int) st.n_spilled);
     int64_t n_disk = 0;
     for (int i = 0; i < N; i++) {
-        n_disk += is_spilled(pool, (uint64_t)i);
-        check_value(pool, (uint64_t)i, vals[i], sizes[i]);
+        n_disk += is_spilled(pool, (uint64_t) i);
+        check_value(pool, (uint64_t) i, vals[i], sizes[i]);
     }
     stats(pool, &st);
     assert_int_equal(n_disk, st.n_spilled);
     assert_int_equal(st.n_spill_reads, n_disk);
-    assert_true(st.ram_bytes <= (int64_t)budget);
+    assert_true(st.ram_bytes <= (int64_t) budget);
     for (int i = 0; i < N; i++) free(vals[i]);
 
     /* An entry larger than the whole budget goes straight to disk, evicting nobody. */
@@ -93,12 +93,12 @@ static void test_lru(void **state) {
     uint64_t s = 3;
     uint8_t *v[6];
     for (int i = 0; i < 6; i++) v[i] = rand_bytes(&s, 1000);
-    for (int k = 1; k <= 3; k++) assert_int_equal(kvt_pool_put(pool, (uint64_t)k, v[k], 1000), 0);
-    for (int k = 1; k <= 3; k++) assert_false(is_spilled(pool, (uint64_t)k));
+    for (int k = 1; k <= 3; k++) assert_int_equal(kvt_pool_put(pool, (uint64_t) k, v[k], 1000), 0);
+    for (int k = 1; k <= 3; k++) assert_false(is_spilled(pool, (uint64_t) k));
     check_value(pool, 1, v[1], 1000); /* 1 is now the most recently used */
     assert_int_equal(kvt_pool_put(pool, 4, v[4], 1000), 0);
     assert_false(is_spilled(pool, 1));
-    assert_true(is_spilled(pool, 2));  /* least recently used */
+    assert_true(is_spilled(pool, 2)); /* least recently used */
     assert_false(is_spilled(pool, 3));
     assert_false(is_spilled(pool, 4));
     check_value(pool, 3, v[3], 1000); /* order now (old→new): 1, 4, 3 */
@@ -107,7 +107,7 @@ static void test_lru(void **state) {
     assert_false(is_spilled(pool, 3));
     assert_false(is_spilled(pool, 4));
     assert_false(is_spilled(pool, 5));
-    for (int k = 1; k <= 5; k++) check_value(pool, (uint64_t)k, v[k], 1000);
+    for (int k = 1; k <= 5; k++) check_value(pool, (uint64_t) k, v[k], 1000);
     for (int i = 0; i < 6; i++) free(v[i]);
     kvt_pool_free(pool);
 }
@@ -141,7 +141,9 @@ static void test_replace(void **state) {
     assert_int_equal(st.n_spilled, 0);
     assert_int_equal(st.spill_bytes, 0);
     assert_int_equal(st.ram_bytes, 600);
-    free(a); free(b); free(c);
+    free(a);
+    free(b);
+    free(c);
     kvt_pool_free(pool);
 }
 
@@ -188,12 +190,11 @@ static void flip_byte(const char *path, off_t off) {
 }
 
 static void expect_get_fails(kvt_pool *pool, uint64_t key, int want1, int want2) {
-    void *out = (void *)&out; /* sentinel: must not come back as data */
+    void *out = (void *) &out; /* sentinel: must not come back as data */
     size_t n = 99;
     int rc = kvt_pool_get(pool, key, &out, &n);
     if (rc != want1 && rc != want2)
-        fail_msg("get key %llu returned %d (%s), want %d or %d", (unsigned long long)key, rc,
-                 kvt_errmsg(), want1, want2);
+        fail_msg("get key %llu returned %d (%s), want %d or %d", (unsigned long long) key, rc, kvt_errmsg(), want1, want2);
     assert_null(out);
 }
 
@@ -243,7 +244,8 @@ static void test_corrupt(void **state) {
     /* A corrupt entry can still be deleted or replaced. */
     assert_int_equal(kvt_pool_put(pool, 2, w, 50), 0);
     check_value(pool, 2, w, 50);
-    free(v); free(w);
+    free(v);
+    free(w);
     kvt_pool_free(pool);
 }
 
@@ -290,7 +292,7 @@ static void test_open_errors(void **state) {
     struct kvt_pool_params p = kvt_pool_default_params();
     assert_true(p.budget_bytes > 0);
     assert_null(p.spill_dir);
-    kvt_pool *pool = (kvt_pool *)&p;
+    kvt_pool *pool = (kvt_pool *) &p;
     p.spill_dir = file;
     assert_int_equal(kvt_pool_open(&p, &pool), KVT_EIO);
     assert_null(pool);
@@ -381,10 +383,11 @@ static void test_unwritable_dir(void **state) {
     stats(pool, &st);
     assert_true(st.ram_bytes <= 1000);
     assert_int_equal(st.n_spilled, 1);
-    assert_int_equal(count_entries(dir), (int)st.n_spilled);
+    assert_int_equal(count_entries(dir), (int) st.n_spilled);
     check_value(pool, 2, b, 800);
     check_value(pool, 3, a, 800);
-    free(a); free(b);
+    free(a);
+    free(b);
     kvt_pool_free(pool);
     assert_int_equal(count_entries(dir), 0);
 }

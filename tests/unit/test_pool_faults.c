@@ -18,15 +18,15 @@ static void test_failed_spill_drops(void **state) {
     int n_eio = 0;
     struct kvt_pool_stats st;
     for (int i = 0; i < N; i++) {
-        sizes[i] = 500 + (size_t)(rng_next(&s) % 2500);
+        sizes[i] = 500 + (size_t) (rng_next(&s) % 2500);
         vals[i] = rand_bytes(&s, sizes[i]);
         kvt__fault_set(KVT__FAULT_SPILL_WRITE, i % 2, 1); /* this put's first or second write fails */
-        int rc = kvt_pool_put(pool, (uint64_t)i, vals[i], sizes[i]);
+        int rc = kvt_pool_put(pool, (uint64_t) i, vals[i], sizes[i]);
         const bool hit = kvt__fault_hits(KVT__FAULT_SPILL_WRITE) > 0;
         kvt__fault_set(KVT__FAULT_SPILL_WRITE, 0, 0);
         stats(pool, &st);
-        if (st.ram_bytes > (int64_t)budget)
-            fail_msg("after put %d: %lld bytes in RAM, budget %zu", i, (long long)st.ram_bytes, budget);
+        if (st.ram_bytes > (int64_t) budget)
+            fail_msg("after put %d: %lld bytes in RAM, budget %zu", i, (long long) st.ram_bytes, budget);
         if (hit) {
             assert_int_equal(rc, KVT_EIO);
             assert_non_null(strstr(kvt_errmsg(), strerror(ENOSPC)));
@@ -38,20 +38,20 @@ static void test_failed_spill_drops(void **state) {
     }
     assert_true(n_eio > 10);
     stats(pool, &st);
-    assert_int_equal(st.n_dropped, n_eio); /* one entry per failed write */
-    assert_int_equal(count_entries(f->dir), (int)st.n_spilled); /* no temporary file left */
+    assert_int_equal(st.n_dropped, n_eio);                       /* one entry per failed write */
+    assert_int_equal(count_entries(f->dir), (int) st.n_spilled); /* no temporary file left */
     int64_t present = 0, bytes = 0;
     for (int i = 0; i < N; i++) {
         void *got = NULL;
         size_t n = 0;
-        int rc = kvt_pool_get(pool, (uint64_t)i, &got, &n);
+        int rc = kvt_pool_get(pool, (uint64_t) i, &got, &n);
         if (rc == KVT_ENOENT) continue;
         assert_int_equal(rc, 0);
         assert_int_equal(n, sizes[i]);
         assert_memory_equal(got, vals[i], n);
         free(got);
         present++;
-        bytes += (int64_t)n;
+        bytes += (int64_t) n;
     }
     stats(pool, &st);
     assert_int_equal(present, N - n_eio);
@@ -79,7 +79,7 @@ static void test_spill_quota(void **state) {
     for (int k = 0; k < 12; k++) v[k] = rand_bytes(&s, 1000);
     struct kvt_pool_stats st;
     for (int k = 0; k < 10; k++) {
-        assert_int_equal(kvt_pool_put(pool, (uint64_t)k, v[k], 1000), 0);
+        assert_int_equal(kvt_pool_put(pool, (uint64_t) k, v[k], 1000), 0);
         stats(pool, &st);
         assert_true(st.ram_bytes <= 1000);
         assert_true(st.spill_bytes <= 3000);
@@ -91,9 +91,9 @@ static void test_spill_quota(void **state) {
     for (int k = 0; k < 6; k++) {
         void *out = NULL;
         size_t n = 0;
-        assert_int_equal(kvt_pool_get(pool, (uint64_t)k, &out, &n), KVT_ENOENT);
+        assert_int_equal(kvt_pool_get(pool, (uint64_t) k, &out, &n), KVT_ENOENT);
     }
-    for (int k = 6; k < 10; k++) check_value(pool, (uint64_t)k, v[k], 1000);
+    for (int k = 6; k < 10; k++) check_value(pool, (uint64_t) k, v[k], 1000);
     /* LRU on disk: 6 was just read before 7 and 8, so... read 7 and 8 again: 6 is the oldest */
     check_value(pool, 7, v[7], 1000);
     check_value(pool, 8, v[8], 1000);
@@ -117,7 +117,7 @@ static void test_spill_quota(void **state) {
     assert_int_equal(kvt_pool_put(pool, 2, v[2], 1000), 0);
     assert_int_equal(kvt_pool_put(pool, 3, v[3], 1000), 0); /* 1 spills */
     assert_true(is_spilled(pool, 1));
-    check_value(pool, 1, v[1], 1000);                        /* 1 is now more recent than 2 */
+    check_value(pool, 1, v[1], 1000);                       /* 1 is now more recent than 2 */
     assert_int_equal(kvt_pool_put(pool, 4, v[4], 1000), 0); /* 2 would spill: the quota drops 2 */
     assert_int_equal(kvt_pool_get(pool, 2, &out, &n), KVT_ENOENT);
     check_value(pool, 1, v[1], 1000);
@@ -165,7 +165,7 @@ static long dead_pid(void) {
     assert_true(c >= 0);
     if (c == 0) _exit(0);
     assert_int_equal(waitpid(c, NULL, 0), c);
-    return (long)c;
+    return (long) c;
 }
 
 static void touch(const char *dir, const char *name) {
@@ -183,11 +183,11 @@ static void test_stale_dirs(void **state) {
     struct fx *f = *state;
     setenv("TMPDIR", f->dir, 1);
     const long dead = dead_pid();
-    char stale[PATH_MAX], foreign[PATH_MAX], live[PATH_MAX], oldstyle[PATH_MAX], short6[PATH_MAX],
-         link[PATH_MAX], target[PATH_MAX], locked[PATH_MAX];
+    char stale[PATH_MAX], foreign[PATH_MAX], live[PATH_MAX], oldstyle[PATH_MAX], short6[PATH_MAX], link[PATH_MAX], target[PATH_MAX],
+        locked[PATH_MAX];
     snprintf(stale, sizeof stale, "%s/kvtier-spill-%ld-aB3dE9", f->dir, dead);
     snprintf(foreign, sizeof foreign, "%s/kvtier-spill-%ld-xyz789", f->dir, dead);
-    snprintf(live, sizeof live, "%s/kvtier-spill-%ld-live01", f->dir, (long)getppid());
+    snprintf(live, sizeof live, "%s/kvtier-spill-%ld-live01", f->dir, (long) getppid());
     snprintf(oldstyle, sizeof oldstyle, "%s/kvtier-spill-QwErTy", f->dir);
     snprintf(short6, sizeof short6, "%s/kvtier-spill-%ld-abc12", f->dir, dead);
     snprintf(link, sizeof link, "%s/kvtier-spill-%ld-lnk123", f->dir, dead);
@@ -206,17 +206,17 @@ static void test_stale_dirs(void **state) {
     assert_int_equal(flock(lfd, LOCK_EX | LOCK_NB), 0); /* a live pool elsewhere */
 
     kvt_pool *pool = open_pool(100, NULL);
-    assert_false(exists(stale));                            /* dead pid, our files only: gone */
-    assert_true(exists(foreign));                           /* our files gone, the rest stays */
+    assert_false(exists(stale));  /* dead pid, our files only: gone */
+    assert_true(exists(foreign)); /* our files gone, the rest stays */
     assert_int_equal(count_entries(foreign), 1);
     char precious[PATH_MAX + 16];
     snprintf(precious, sizeof precious, "%s/precious.txt", foreign);
     assert_true(exists(precious));
-    assert_int_equal(count_entries(live), 2);               /* a live process's */
-    assert_int_equal(count_entries(oldstyle), 2);           /* not our pattern */
+    assert_int_equal(count_entries(live), 2);     /* a live process's */
+    assert_int_equal(count_entries(oldstyle), 2); /* not our pattern */
     assert_int_equal(count_entries(short6), 2);
-    assert_int_equal(count_entries(target), 2);             /* never through a symlink */
-    assert_int_equal(count_entries(locked), 2);             /* held by a live pool */
+    assert_int_equal(count_entries(target), 2); /* never through a symlink */
+    assert_int_equal(count_entries(locked), 2); /* held by a live pool */
     close(lfd);
 
     /* The pool's own directory carries its pid, and a second open leaves it alone. */
@@ -225,7 +225,7 @@ static void test_stale_dirs(void **state) {
     assert_int_equal(kvt_pool_put(pool, 1, v, 300), 0);
     char path[PATH_MAX], want[64];
     assert_int_equal(kvt_pool_spill_path(pool, 1, path, sizeof path), 0);
-    snprintf(want, sizeof want, "/kvtier-spill-%ld-", (long)getpid());
+    snprintf(want, sizeof want, "/kvtier-spill-%ld-", (long) getpid());
     assert_non_null(strstr(path, want));
     kvt_pool *other = open_pool(100, NULL);
     check_value(pool, 1, v, 300);
@@ -244,23 +244,23 @@ struct worker {
     char first_fail[256];
 };
 
-#define W_KEYS 40
+#define W_KEYS   40
 #define W_ROUNDS 6
 
 static void w_fail(struct worker *w, const char *what, uint64_t key, int rc) {
     if (w->n_fail++ == 0)
-        snprintf(w->first_fail, sizeof w->first_fail, "thread %d: %s key %llu rc %d: %s", w->id,
-                 what, (unsigned long long)key, rc, kvt_errmsg());
+        snprintf(w->first_fail, sizeof w->first_fail, "thread %d: %s key %llu rc %d: %s", w->id, what, (unsigned long long) key, rc,
+                 kvt_errmsg());
 }
 
 static void *worker_main(void *arg) {
     struct worker *w = arg;
-    uint64_t s = 1000 + (uint64_t)w->id;
-    uint8_t *vals[W_KEYS] = {0};
-    size_t sizes[W_KEYS] = {0};
+    uint64_t s = 1000 + (uint64_t) w->id;
+    uint8_t *vals[W_KEYS] = { 0 };
+    size_t sizes[W_KEYS] = { 0 };
     for (int r = 0; r < W_ROUNDS; r++) {
         for (int i = 0; i < W_KEYS; i++) {
-            uint64_t key = ((uint64_t)w->id << 32) | (uint64_t)i;
+            uint64_t key = ((uint64_t) w->id << 32) | (uint64_t) i;
             if (vals[i] && rng_next(&s) % 4 == 0) {
                 int rc = kvt_pool_del(w->pool, key);
                 if (rc) w_fail(w, "del", key, rc);
@@ -269,14 +269,14 @@ static void *worker_main(void *arg) {
                 continue;
             }
             free(vals[i]);
-            sizes[i] = 1 + (size_t)(rng_next(&s) % 2000);
+            sizes[i] = 1 + (size_t) (rng_next(&s) % 2000);
             vals[i] = malloc(sizes[i]);
-            for (size_t b = 0; b < sizes[i]; b++) vals[i][b] = (uint8_t)(rng_next(&s) >> 56);
+            for (size_t b = 0; b < sizes[i]; b++) vals[i][b] = (uint8_t) (rng_next(&s) >> 56);
             int rc = kvt_pool_put(w->pool, key, vals[i], sizes[i]);
             if (rc) w_fail(w, "put", key, rc);
         }
         for (int i = 0; i < W_KEYS; i++) {
-            uint64_t key = ((uint64_t)w->id << 32) | (uint64_t)i;
+            uint64_t key = ((uint64_t) w->id << 32) | (uint64_t) i;
             void *got = NULL;
             size_t n = 0;
             int rc = kvt_pool_get(w->pool, key, &got, &n);
@@ -312,9 +312,9 @@ static void test_threads(void **state) {
     stats(pool, &st);
     assert_true(st.n_spill_writes > 0);
     assert_true(st.n_spill_reads > 0);
-    assert_true(st.ram_bytes <= (int64_t)budget);
+    assert_true(st.ram_bytes <= (int64_t) budget);
     assert_int_equal(st.n_corrupt, 0);
-    assert_int_equal(count_entries(f->dir), (int)st.n_spilled);
+    assert_int_equal(count_entries(f->dir), (int) st.n_spilled);
     kvt_pool_free(pool);
     assert_int_equal(count_entries(f->dir), 0);
 }
@@ -328,7 +328,7 @@ static uint8_t *self_value(uint64_t key, uint64_t seed, size_t n) {
     memcpy(p, &key, 8);
     memcpy(p + 8, &seed, 8);
     uint64_t s = seed | 1;
-    for (size_t b = 16; b < n; b++) p[b] = (uint8_t)(rng_next(&s) >> 56);
+    for (size_t b = 16; b < n; b++) p[b] = (uint8_t) (rng_next(&s) >> 56);
     return p;
 }
 
@@ -340,7 +340,7 @@ static bool self_check(const uint8_t *p, size_t n, uint64_t key) {
     if (k != key) return false;
     uint64_t s = seed | 1;
     for (size_t b = 16; b < n; b++)
-        if (p[b] != (uint8_t)(rng_next(&s) >> 56)) return false;
+        if (p[b] != (uint8_t) (rng_next(&s) >> 56)) return false;
     return true;
 }
 
@@ -349,11 +349,11 @@ static atomic_int sh_done;
 
 static void *shared_main(void *arg) {
     struct worker *w = arg;
-    uint64_t s = 7000 + (uint64_t)w->id;
+    uint64_t s = 7000 + (uint64_t) w->id;
     for (int r = 0; r < 400; r++) {
         uint64_t key = rng_next(&s) % SH_KEYS, op = rng_next(&s) % 10;
         if (op < 4) {
-            size_t n = 16 + (size_t)(rng_next(&s) % 1500);
+            size_t n = 16 + (size_t) (rng_next(&s) % 1500);
             uint8_t *v = self_value(key, rng_next(&s), n);
             int rc = kvt_pool_put(w->pool, key, v, n);
             if (rc && rc != KVT_EIO) w_fail(w, "put", key, rc);
@@ -401,7 +401,7 @@ static void test_threads_shared(void **state) {
         if (w[t].n_fail) fail_msg("%d failures; first: %s", w[t].n_fail, w[t].first_fail);
     struct kvt_pool_stats st;
     stats(pool, &st);
-    assert_true(st.ram_bytes <= (int64_t)budget);
+    assert_true(st.ram_bytes <= (int64_t) budget);
     assert_true(st.n_spill_writes > 0);
     int64_t bytes = 0, present = 0;
     for (uint64_t key = 0; key < SH_KEYS; key++) {
@@ -411,23 +411,23 @@ static void test_threads_shared(void **state) {
         if (rc == KVT_ENOENT) continue;
         assert_int_equal(rc, 0);
         assert_true(self_check(got, n, key));
-        bytes += (int64_t)n;
+        bytes += (int64_t) n;
         present++;
         free(got);
     }
     stats(pool, &st);
-    printf("  shared keys: %lld spill writes, %lld reads, %lld dropped; %lld entries left\n",
-           (long long)st.n_spill_writes, (long long)st.n_spill_reads, (long long)st.n_dropped, (long long)present);
+    printf("  shared keys: %lld spill writes, %lld reads, %lld dropped; %lld entries left\n", (long long) st.n_spill_writes,
+           (long long) st.n_spill_reads, (long long) st.n_dropped, (long long) present);
     assert_int_equal(st.n_entries, present);
     assert_int_equal(st.ram_bytes + st.spill_bytes, bytes);
-    assert_int_equal(count_entries(f->dir), (int)st.n_spilled);
+    assert_int_equal(count_entries(f->dir), (int) st.n_spilled);
     kvt_pool_free(pool);
     assert_int_equal(count_entries(f->dir), 0);
 }
 
 /* teardown that also disarms the failure injection, so a failed test cannot leak it */
 static int teardown_faults(void **state) {
-    for (int k = 0; k < KVT__FAULT__COUNT; k++) kvt__fault_set((enum kvt__fault_site)k, 0, 0);
+    for (int k = 0; k < KVT__FAULT__COUNT; k++) kvt__fault_set((enum kvt__fault_site) k, 0, 0);
     return teardown(state);
 }
 

@@ -154,8 +154,8 @@ static void test_session_positions_bounded(void **st) {
         assert_true(stt.next_pos <= I.n_ctx_train);
         assert_true(stt.resident_tokens <= p.budget);
     }
-    printf("  40 turns: %d tokens, highest next_pos %d (trained context %d), %lld compactions, %lld recoveries\n",
-           stt.total_tokens, max_pos, I.n_ctx_train, (long long) stt.compactions, (long long) stt.recoveries);
+    printf("  40 turns: %d tokens, highest next_pos %d (trained context %d), %lld compactions, %lld recoveries\n", stt.total_tokens,
+           max_pos, I.n_ctx_train, (long long) stt.compactions, (long long) stt.recoveries);
     assert_true(stt.total_tokens > 2 * I.n_ctx_train);
     assert_true(stt.compactions >= 2);
     assert_true(stt.recoveries >= 1);

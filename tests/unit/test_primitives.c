@@ -17,7 +17,7 @@
 
 #include "kvtier.h"
 #include "kvtier_int.h" /* what the library shares internally: the tests call it too */
-#include "test_hooks.h"   /* kvt_engine_set_unsafe_skip_shift_flush, kvt_engine_shift_pending */
+#include "test_hooks.h" /* kvt_engine_set_unsafe_skip_shift_flush, kvt_engine_shift_pending */
 
 #include <math.h>
 #include <stdio.h>
@@ -37,8 +37,16 @@ static char *model_path(const char *name) {
 
 static bool g_kv_unified = true; /* the cache mode of the group being run */
 
-static int mode_unified(void **st) { (void) st; g_kv_unified = true; return 0; }
-static int mode_streams(void **st) { (void) st; g_kv_unified = false; return 0; }
+static int mode_unified(void **st) {
+    (void) st;
+    g_kv_unified = true;
+    return 0;
+}
+static int mode_streams(void **st) {
+    (void) st;
+    g_kv_unified = false;
+    return 0;
+}
 
 static kvt_engine *open_engine(const char *name, const char *type, int reanchor) {
     struct kvt_engine_params p = kvt_engine_default_params();
@@ -111,9 +119,7 @@ static void reference_logits_at(kvt_engine *e, const struct scene *sc, float *ou
     kvt_seq_rm(e, 0, -1, -1);
 }
 
-static void reference_logits(kvt_engine *e, const struct scene *sc, float *out, int nv) {
-    reference_logits_at(e, sc, out, nv, 0);
-}
+static void reference_logits(kvt_engine *e, const struct scene *sc, float *out, int nv) { reference_logits_at(e, sc, out, nv, 0); }
 
 /* Splice: B1/B2 decoded far away (after the same contexts), saved, evicted, loaded at Q1/Q2.
 ** frag: fill the cache with another sequence first and punch holes, so restores scatter. */
@@ -154,7 +160,10 @@ static void splice_logits(kvt_engine *e, const struct scene *sc, float *out, int
 
 static void check_exact(const char *model, const char *type, int reanchor, double tol) {
     kvt_engine *e = open_engine(model, type, reanchor);
-    if (!e) { fprintf(stderr, "skipping %s: KVTIER_MODEL not set\n", model); skip(); }
+    if (!e) {
+        fprintf(stderr, "skipping %s: KVTIER_MODEL not set\n", model);
+        skip();
+    }
     struct kvt_engine_info I;
     kvt_engine_info(e, &I);
     const int nv = I.n_vocab;
@@ -181,12 +190,30 @@ static void check_exact(const char *model, const char *type, int reanchor, doubl
     kvt_engine_free(e);
 }
 
-static void test_llama_f32_host(void **st) { (void) st; check_exact("tiny-llama", "f32", KVT_REANCHOR_HOST, 1e-3); }
-static void test_llama_f16_host(void **st) { (void) st; check_exact("tiny-llama", "f16", KVT_REANCHOR_HOST, 2e-2); }
-static void test_llama_f32_seqadd(void **st) { (void) st; check_exact("tiny-llama", "f32", KVT_REANCHOR_SEQ_ADD, 1e-3); }
-static void test_gemma3_f32_host(void **st) { (void) st; check_exact("tiny-gemma3", "f32", KVT_REANCHOR_HOST, 1e-3); }
-static void test_gemma3_f16_host(void **st) { (void) st; check_exact("tiny-gemma3", "f16", KVT_REANCHOR_HOST, 2e-2); }
-static void test_gemma3_f32_seqadd(void **st) { (void) st; check_exact("tiny-gemma3", "f32", KVT_REANCHOR_SEQ_ADD, 1e-3); }
+static void test_llama_f32_host(void **st) {
+    (void) st;
+    check_exact("tiny-llama", "f32", KVT_REANCHOR_HOST, 1e-3);
+}
+static void test_llama_f16_host(void **st) {
+    (void) st;
+    check_exact("tiny-llama", "f16", KVT_REANCHOR_HOST, 2e-2);
+}
+static void test_llama_f32_seqadd(void **st) {
+    (void) st;
+    check_exact("tiny-llama", "f32", KVT_REANCHOR_SEQ_ADD, 1e-3);
+}
+static void test_gemma3_f32_host(void **st) {
+    (void) st;
+    check_exact("tiny-gemma3", "f32", KVT_REANCHOR_HOST, 1e-3);
+}
+static void test_gemma3_f16_host(void **st) {
+    (void) st;
+    check_exact("tiny-gemma3", "f16", KVT_REANCHOR_HOST, 2e-2);
+}
+static void test_gemma3_f32_seqadd(void **st) {
+    (void) st;
+    check_exact("tiny-gemma3", "f32", KVT_REANCHOR_SEQ_ADD, 1e-3);
+}
 /* The reference models are quantised (Gemma 3 270M Q4_K_M, SmolLM2-135M-Instruct Q4_1): llama.cpp
 ** quantises activations for its matmuls, so the same tokens prefilled at positions shifted by a
 ** constant (mathematically identical under RoPE) already give different logits.  That position
@@ -195,7 +222,10 @@ static void test_gemma3_f32_seqadd(void **st) { (void) st; check_exact("tiny-gem
 ** larger. */
 static void check_real(const char *model, const char *type, double tol) {
     kvt_engine *h = open_engine(model, type, KVT_REANCHOR_HOST);
-    if (!h) { fprintf(stderr, "skipping: no path for %s in the environment\n", model); skip(); }
+    if (!h) {
+        fprintf(stderr, "skipping: no path for %s in the environment\n", model);
+        skip();
+    }
     kvt_engine *s = open_engine(model, type, KVT_REANCHOR_SEQ_ADD);
     struct kvt_engine_info I;
     kvt_engine_info(h, &I);
@@ -212,7 +242,8 @@ static void check_real(const char *model, const char *type, double tol) {
     double d_llama = max_abs_diff(ref, out, nv);
     double bound = fmax(tol, 1.25 * fmax(floor_, d_llama));
     printf("  %-12s K/V %s: position noise floor %.3g, llama.cpp seq_add splice %.3g, kvtier host splice %.3g "
-           "(bound %.3g; host re-anchoring err at open %.2g)\n", model, type, floor_, d_llama, d_host, bound, I.reanchor_err);
+           "(bound %.3g; host re-anchoring err at open %.2g)\n",
+           model, type, floor_, d_llama, d_host, bound, I.reanchor_err);
     assert_int_equal(I.reanchor, KVT_REANCHOR_HOST);
     assert_true(d_host <= bound);
     /* and different blocks are far outside that bound: the check can fail.  Both spliced blocks
@@ -231,10 +262,22 @@ static void check_real(const char *model, const char *type, double tol) {
     kvt_engine_free(h);
     kvt_engine_free(s);
 }
-static void test_real_f16(void **st) { (void) st; check_real("gemma3-270m", "f16", 2e-2); }
-static void test_real_f32(void **st) { (void) st; check_real("gemma3-270m", "f32", 1e-3); }
-static void test_chat_f16(void **st) { (void) st; check_real("smollm2-135m", "f16", 2e-2); }
-static void test_chat_f32(void **st) { (void) st; check_real("smollm2-135m", "f32", 1e-3); }
+static void test_real_f16(void **st) {
+    (void) st;
+    check_real("gemma3-270m", "f16", 2e-2);
+}
+static void test_real_f32(void **st) {
+    (void) st;
+    check_real("gemma3-270m", "f32", 1e-3);
+}
+static void test_chat_f16(void **st) {
+    (void) st;
+    check_real("smollm2-135m", "f16", 2e-2);
+}
+static void test_chat_f32(void **st) {
+    (void) st;
+    check_real("smollm2-135m", "f32", 1e-3);
+}
 
 /* Control: on the SEQ_ADD path a loaded block's K-shift is pending until the next decode.
 ** Saving it then (without the engine's flush) captures un-rotated K at moved positions. */

@@ -78,8 +78,8 @@ static int32_t total_tokens(kvt_session *s) {
 ** user message "<lead>so so ... Kelvarin's locker" after before[0..n_before), formatted by the
 ** chat template and tokenized, must end exactly at a block boundary past the sink block and past
 ** min_tokens.  OUT out[n_out]: that message.  Returns whether a padding of < 150 words does it. */
-static bool pad_to_boundary(kvt_engine *e, int32_t block, const struct kvt_chat_msg *before, int32_t n_before,
-                            const char *lead, int32_t min_tokens, char *out, size_t n_out) {
+static bool pad_to_boundary(kvt_engine *e, int32_t block, const struct kvt_chat_msg *before, int32_t n_before, const char *lead,
+                            int32_t min_tokens, char *out, size_t n_out) {
     for (int32_t pad = 0; pad < 150; pad++) {
         snprintf(out, n_out, "%s", lead);
         for (int32_t k = 0; k < pad; k++) strncat(out, "so ", n_out - strlen(out) - 1);
@@ -137,8 +137,7 @@ static int32_t fact_halves(kvt_session *s, bool split_ok, struct kvt_block_info 
 }
 
 /* A session at budget 384 with the given recovery and successor_blocks; OUT *sp its params. */
-static kvt_session *open_split_session(kvt_engine *e, int32_t recovery, int32_t successors,
-                                       struct kvt_session_params *sp) {
+static kvt_session *open_split_session(kvt_engine *e, int32_t recovery, int32_t successors, struct kvt_session_params *sp) {
     *sp = kvt_session_default_params();
     sp->budget = 384;
     sp->recovery = recovery;
@@ -151,8 +150,7 @@ static kvt_session *open_split_session(kvt_engine *e, int32_t recovery, int32_t 
 /* A session at budget 384 whose fact "... Kelvarin's locker number is 58213." is cut after
 ** "Kelvarin's locker" at a block boundary, then buried under filler.  Returns the log-prob of
 ** the answer's number after the question; *split_ok tells that the cut landed as planned. */
-static double split_fact_session(kvt_engine *e, int32_t recovery, int32_t successors, bool *split_ok,
-                                 int64_t *recoveries) {
+static double split_fact_session(kvt_engine *e, int32_t recovery, int32_t successors, bool *split_ok, int64_t *recoveries) {
     struct kvt_session_params sp;
     kvt_session *s = open_split_session(e, recovery, successors, &sp);
     assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, filler[0], KVT_KEEP_NONE), 0);
@@ -215,8 +213,8 @@ static void test_successor_recovered(void **state) {
 ** and before the reply the ones its end asks about come back (recover_own_tail, by recover()'s
 ** rule).  Returns the number's log-prob; *a_back / *b_back: the name's and the number's blocks are
 ** resident at the reply, *adjacent: in order, next to each other. */
-static double own_tail_session(kvt_engine *e, int32_t recovery, int32_t successors, bool *split_ok, bool *a_back,
-                               bool *b_back, bool *adjacent, int64_t *recoveries) {
+static double own_tail_session(kvt_engine *e, int32_t recovery, int32_t successors, bool *split_ok, bool *a_back, bool *b_back,
+                               bool *adjacent, int64_t *recoveries) {
     struct kvt_session_params sp;
     kvt_session *s = open_split_session(e, recovery, successors, &sp);
     /* pad so that "Kelvarin's locker" ends a block, as in split_fact_session */
@@ -250,12 +248,11 @@ static double own_tail_session(kvt_engine *e, int32_t recovery, int32_t successo
     if (q.residency != KVT_RES_DEVICE) /* what went where, to see why */
         for (int32_t i = 0; i < kvt_session_n_blocks(s); i++)
             if (kvt_session_block(s, i, &x) == 0)
-                printf("  block %d: p0 %d n %d res %d ev %d rec %d \"%.40s\"\n", i, x.p0, x.n_tokens, x.residency,
-                       x.n_evictions, x.n_recoveries, x.text ? x.text : "");
+                printf("  block %d: p0 %d n %d res %d ev %d rec %d \"%.40s\"\n", i, x.p0, x.n_tokens, x.residency, x.n_evictions,
+                       x.n_recoveries, x.text ? x.text : "");
     assert_int_equal(q.residency, KVT_RES_DEVICE);
     for (int32_t i = 0; i < kvt_session_n_blocks(s); i++)
-        if (kvt_session_block(s, i, &x) == 0 && x.residency == KVT_RES_DEVICE && x.n_recoveries > 0)
-            assert_true(x.p0 < q.p0);
+        if (kvt_session_block(s, i, &x) == 0 && x.residency == KVT_RES_DEVICE && x.n_recoveries > 0) assert_true(x.p0 < q.p0);
     return number_logprob_free(s, recoveries);
 }
 
@@ -324,7 +321,10 @@ static int64_t dense_session(kvt_engine *e, kvt_embedder *em, float min_cos, int
         assert_int_equal(kvt_embedder_embed(em, b.text, bv), 0);
         double c = 0;
         for (int32_t d = 0; d < dim; d++) c += (double) qv[d] * bv[d];
-        if (c > best_cos) { best_cos = c; best = i; }
+        if (c > best_cos) {
+            best_cos = c;
+            best = i;
+        }
     }
     free(qv);
     free(bv);
@@ -336,8 +336,8 @@ static int64_t dense_session(kvt_engine *e, kvt_embedder *em, float min_cos, int
     struct kvt_block_info b;
     kvt_session_block(s, best, &b);
     *best_back = b.residency == KVT_RES_DEVICE && b.n_recoveries > 0;
-    printf("  dense recovery (min cosine %.2f, %s): best evicted block %d at cosine %.3f %s; %lld block(s) recovered\n",
-           min_cos, ann_min <= 1 ? "HNSW index" : "linear scan", best, best_cos, *best_back ? "recovered" : "not recovered",
+    printf("  dense recovery (min cosine %.2f, %s): best evicted block %d at cosine %.3f %s; %lld block(s) recovered\n", min_cos,
+           ann_min <= 1 ? "HNSW index" : "linear scan", best, best_cos, *best_back ? "recovered" : "not recovered",
            (long long) (st1.recoveries - st0.recoveries));
     kvt_session_free(s);
     return st1.recoveries - st0.recoveries;

@@ -64,8 +64,8 @@ static kvt_store *open_store_codec(const char *dir, const char *codec) {
 
 static kvt_store *open_store(const char *dir) { return open_store_codec(dir, NULL); }
 
-static const char *words[] = { "the", "river", "mill", "lantern", "harbor", "orchard", "comet", "glacier",
-                               "violin", "stone", "garden", "window", "winter", "summer", "market", "bridge" };
+static const char *words[] = { "the",    "river", "mill",   "lantern", "harbor", "orchard", "comet",  "glacier",
+                               "violin", "stone", "garden", "window",  "winter", "summer",  "market", "bridge" };
 
 /* A system prompt of n words (about 5 tokens each with the tiny models' tokenizer) that differs
 ** from another seed's after `same` words. */
@@ -82,7 +82,7 @@ static char *document(int n, int same, unsigned seed) {
 }
 
 struct run {
-    float  *logits;
+    float *logits;
     int32_t n_vocab;
     struct kvt_session_stats st;
 };
@@ -189,7 +189,11 @@ static void test_restart_exact_and_partial(void **state) {
     assert_true(dc > 1e-2);
     kvt_store_free(st);
     kvt_engine_free(e);
-    free(cold.logits); free(warm.logits); free(part.logits); free(part_cold.logits); free(other.logits);
+    free(cold.logits);
+    free(warm.logits);
+    free(part.logits);
+    free(part_cold.logits);
+    free(other.logits);
     free(doc);
     free(doc2);
     rm_rf(dir);
@@ -231,7 +235,11 @@ static void test_fingerprint_and_tenant(void **state) {
     kvt_engine_free(a);
     kvt_engine_free(a2);
     kvt_engine_free(b);
-    free(r1.logits); free(r2.logits); free(r3.logits); free(r4.logits); free(r5.logits);
+    free(r1.logits);
+    free(r2.logits);
+    free(r3.logits);
+    free(r4.logits);
+    free(r5.logits);
     free(doc);
     rm_rf(dir);
     free(dir);
@@ -262,7 +270,9 @@ static void test_purity_after_eviction(void **state) {
     assert_true(d <= 1e-3);
     kvt_store_free(st);
     kvt_engine_free(e);
-    free(small.logits); free(big.logits); free(cold.logits);
+    free(small.logits);
+    free(big.logits);
+    free(cold.logits);
     free(doc);
     rm_rf(dir);
     free(dir);
@@ -292,7 +302,8 @@ static void test_swa_prefix(void **state) {
     assert_true(d <= 1e-3);
     kvt_store_free(st);
     kvt_engine_free(e);
-    free(cold.logits); free(warm.logits);
+    free(cold.logits);
+    free(warm.logits);
     free(doc);
     rm_rf(dir);
     free(dir);
@@ -310,7 +321,10 @@ static int corrupt_files(const char *dir) {
         snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
         struct stat sb;
         if (stat(path, &sb) != 0) continue;
-        if (S_ISDIR(sb.st_mode)) { n += corrupt_files(path); continue; }
+        if (S_ISDIR(sb.st_mode)) {
+            n += corrupt_files(path);
+            continue;
+        }
         if (!S_ISREG(sb.st_mode) || sb.st_size < 2) continue;
         int fd = open(path, O_RDWR);
         assert_true(fd >= 0);
@@ -347,7 +361,8 @@ static void test_corrupt_is_a_miss(void **state) {
     assert_true(max_diff(&cold, &bad) <= 1e-3);
     kvt_store_free(st);
     kvt_engine_free(e);
-    free(cold.logits); free(bad.logits);
+    free(cold.logits);
+    free(bad.logits);
     free(doc);
     rm_rf(dir);
     free(dir);
@@ -387,14 +402,16 @@ static void test_disk_codec(void **state) {
     assert_int_equal(kvt_store_ls(st, add_size, &zq), 0);
     turn(e, st, NULL, 1024, doc, "what is by the river", &warm);
     show("disk tier q8, after reopen", &warm);
-    printf("  disk bytes: q8 %lld in %lld blocks (%lld q8), raw %lld in %lld blocks\n", (long long) zq.bytes,
-           (long long) zq.n, (long long) zq.codec_q8, (long long) zr.bytes, (long long) zr.n);
+    printf("  disk bytes: q8 %lld in %lld blocks (%lld q8), raw %lld in %lld blocks\n", (long long) zq.bytes, (long long) zq.n,
+           (long long) zq.codec_q8, (long long) zr.bytes, (long long) zr.n);
     assert_int_equal(zq.n, zr.n);
     assert_int_equal(zq.codec_q8, zq.n);
     assert_true(zq.bytes * 10 < zr.bytes * 6); /* F32 cache: q8 is ~0.3x */
     assert_int_equal(warm.st.route, KVT_ROUTE_EXACT);
     double d = max_diff(&cold, &warm);
-    printf("  q8 exact load: max|dlogit| vs the cold prefill %.3g (bound 0.25, a tenth of what another question moves; raw gives 0)\n", d);
+    printf(
+        "  q8 exact load: max|dlogit| vs the cold prefill %.3g (bound 0.25, a tenth of what another question moves; raw gives 0)\n",
+        d);
     assert_true(d > 0 && d <= 0.25); /* lossy, bounded: really decoded, not the RAM copy */
     kvt_store_free(st);
     /* a spec the codec parser refuses is refused at open, naming it */
@@ -405,7 +422,9 @@ static void test_disk_codec(void **state) {
     assert_int_equal(kvt_store_open(&p, &bad), KVT_EINVAL);
     assert_non_null(strstr(kvt_errmsg(), "q3"));
     kvt_engine_free(e);
-    free(cold.logits); free(warm.logits); free(cold_raw.logits);
+    free(cold.logits);
+    free(warm.logits);
+    free(cold_raw.logits);
     free(doc);
     rm_rf(dir);
     rm_rf(dir_raw);
@@ -424,7 +443,7 @@ static void test_disk_codec(void **state) {
 enum parked { KEPT, CLEARED, AGED };
 
 struct fresh {
-    double  now;
+    double now;
     int64_t n, fresh;
 };
 
@@ -435,8 +454,7 @@ static int count_fresh(void *ud, const struct kvt_store_entry *e) {
     return 0;
 }
 
-static kvt_session *conversation(kvt_engine *e, kvt_store *store, enum parked meanwhile, struct run *out,
-                                 int32_t *sealed) {
+static kvt_session *conversation(kvt_engine *e, kvt_store *store, enum parked meanwhile, struct run *out, int32_t *sealed) {
     struct kvt_session_params p = kvt_session_default_params();
     p.block = BLOCK;
     p.budget = 128;
@@ -456,8 +474,7 @@ static kvt_session *conversation(kvt_engine *e, kvt_store *store, enum parked me
         struct fresh f = { (double) time(NULL) + 8 * 86400.0, 0, 0 };
         kvt_store_test_set_clock(store, f.now);
         assert_int_equal(kvt_store_ls(store, count_fresh, &f), 0);
-        printf("  8 days later: %lld content entries, %lld of them within their TTL\n", (long long) f.n,
-               (long long) f.fresh);
+        printf("  8 days later: %lld content entries, %lld of them within their TTL\n", (long long) f.n, (long long) f.fresh);
         assert_true(f.n > 0);
         assert_int_equal(f.fresh, 0); /* a lookup by another session would miss every one */
     }
@@ -493,13 +510,14 @@ static void test_store_replaces_pool(void **state) {
     s = conversation(e, st, KEPT, &store, &store_sealed);
     struct kvt_store_stats ss;
     kvt_store_get_stats(st, &ss);
-    printf("  pool:  %d sealed blocks, %lld evictions, %lld recoveries, %lld recomputes, pool %lld entries\n",
-           pool_sealed, (long long) pool.st.evictions, (long long) pool.st.recoveries, (long long) pool.st.recomputes,
+    printf("  pool:  %d sealed blocks, %lld evictions, %lld recoveries, %lld recomputes, pool %lld entries\n", pool_sealed,
+           (long long) pool.st.evictions, (long long) pool.st.recoveries, (long long) pool.st.recomputes,
            (long long) pool.st.pool.n_entries);
     printf("  store: %d sealed blocks, %lld evictions, %lld recoveries, %lld recomputes; %lld content blocks put, "
-           "%lld private entries (%lld B RAM); RAM tier %lld entries\n", store_sealed, (long long) store.st.evictions,
-           (long long) store.st.recoveries, (long long) store.st.recomputes, (long long) store.st.store_blocks_put,
-           (long long) ss.priv.n_entries, (long long) ss.priv.ram_bytes, (long long) ss.ram.entries);
+           "%lld private entries (%lld B RAM); RAM tier %lld entries\n",
+           store_sealed, (long long) store.st.evictions, (long long) store.st.recoveries, (long long) store.st.recomputes,
+           (long long) store.st.store_blocks_put, (long long) ss.priv.n_entries, (long long) ss.priv.ram_bytes,
+           (long long) ss.ram.entries);
     assert_true(store.st.evictions > 0 && store.st.recoveries > 0);
     assert_int_equal(store.st.recomputes, 0);
     assert_int_equal(store.st.evictions, pool.st.evictions);
@@ -507,7 +525,7 @@ static void test_store_replaces_pool(void **state) {
     assert_true(store.st.store_blocks_put > 0 && ss.priv.n_entries > 0);
     /* one copy per sealed block: content entries for the pure ones, private entries for the rest */
     assert_int_equal(store.st.store_blocks_put + ss.priv.n_entries, store_sealed);
-    assert_int_equal(pool.st.pool.n_entries, pool_sealed); /* the pool holds every block's copy */
+    assert_int_equal(pool.st.pool.n_entries, pool_sealed);        /* the pool holds every block's copy */
     assert_int_equal(store.st.pool.n_entries, ss.priv.n_entries); /* the session's stats show the store's */
     double d = max_diff(&store, &pool);
     printf("  max|dlogit| store vs pool %.3g\n", d);
@@ -536,8 +554,8 @@ static void test_store_replaces_pool(void **state) {
     int32_t aged_sealed;
     s = conversation(e, st, AGED, &aged, &aged_sealed);
     d = max_diff(&aged, &pool);
-    printf("  parked 8 days: %lld recomputes, %lld recoveries, max|dlogit| vs pool %.3g\n",
-           (long long) aged.st.recomputes, (long long) aged.st.recoveries, d);
+    printf("  parked 8 days: %lld recomputes, %lld recoveries, max|dlogit| vs pool %.3g\n", (long long) aged.st.recomputes,
+           (long long) aged.st.recoveries, d);
     assert_int_equal(aged.st.recomputes, 0);
     assert_int_equal(aged.st.recoveries, pool.st.recoveries);
     assert_true(d <= 1e-5);
@@ -555,19 +573,19 @@ static void test_store_replaces_pool(void **state) {
     kvt_pool_free(pl);
     kvt_store_free(st);
     kvt_engine_free(e);
-    free(pool.logits); free(store.logits); free(cleared.logits); free(aged.logits);
+    free(pool.logits);
+    free(store.logits);
+    free(cleared.logits);
+    free(aged.logits);
     rm_rf(dir);
     free(dir);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_restart_exact_and_partial),
-        cmocka_unit_test(test_fingerprint_and_tenant),
-        cmocka_unit_test(test_purity_after_eviction),
-        cmocka_unit_test(test_swa_prefix),
-        cmocka_unit_test(test_corrupt_is_a_miss),
-        cmocka_unit_test(test_disk_codec),
+        cmocka_unit_test(test_restart_exact_and_partial), cmocka_unit_test(test_fingerprint_and_tenant),
+        cmocka_unit_test(test_purity_after_eviction),     cmocka_unit_test(test_swa_prefix),
+        cmocka_unit_test(test_corrupt_is_a_miss),         cmocka_unit_test(test_disk_codec),
         cmocka_unit_test(test_store_replaces_pool),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

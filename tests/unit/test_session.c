@@ -7,7 +7,7 @@
 #include <cmocka.h>
 
 #include "kvtier.h"
-#include "internal.h"     /* kvt_pool_spill_path */
+#include "internal.h" /* kvt_pool_spill_path */
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -291,9 +291,9 @@ static uint64_t run_policy(kvt_engine *e, int32_t policy, int32_t recovery) {
         }
     }
     printf("  %-11s %-10s evictions %3lld recoveries %2lld peak %3d decoded %4lld | policy %.1f ms vs decode %.0f ms "
-           "(%.2f%%)\n", kvt_policy_name(policy), kvt_recovery_name(recovery), (long long) st.evictions,
-           (long long) st.recoveries, st.peak_resident_tokens, (long long) st.tokens_decoded, st.policy_ms, st.decode_ms,
-           100 * st.policy_ms / st.decode_ms);
+           "(%.2f%%)\n",
+           kvt_policy_name(policy), kvt_recovery_name(recovery), (long long) st.evictions, (long long) st.recoveries,
+           st.peak_resident_tokens, (long long) st.tokens_decoded, st.policy_ms, st.decode_ms, 100 * st.policy_ms / st.decode_ms);
     assert_true(pinned_seen);
     if (policy == KVT_POLICY_NO_EVICTION) assert_int_equal(st.evictions, 0);
     else assert_true(st.evictions > 0);
@@ -354,7 +354,7 @@ static void test_bm25_order(void **state) {
     };
     double sc[5];
     assert_int_equal(kvt_bm25_score(docs, 5, "What is the code word for the vault?", sc), 0);
-    assert_true(sc[3] > sc[1]);  /* all three query terms beat repetition of one */
+    assert_true(sc[3] > sc[1]); /* all three query terms beat repetition of one */
     assert_true(sc[1] > sc[0]);
     assert_true(sc[0] == 0.0 && sc[2] == 0.0 && sc[4] == 0.0);
     /* stop words alone score nothing; case is folded */

@@ -63,7 +63,7 @@ static enum kvt_tier expect_block(kvt_store *st, const kvt_key *model, const kvt
 }
 
 static int get_rc(kvt_store *st, const kvt_key *model, const kvt_key *k) {
-    void *got = (void *)1;
+    void *got = (void *) 1;
     size_t n = 99;
     int rc = kvt_store_get(st, k, model, &got, &n, NULL, NULL);
     if (rc) {
@@ -92,32 +92,43 @@ static kvt_key chain_of(const struct kvt_chain_params *p, int n_blocks) {
 }
 
 static struct kvt_chain_params base_params(void) {
-    return (struct kvt_chain_params){ .model = MODEL_A, .layout = "v1 k=f16 v=f16 L=18 H=1 D=256", .block = 64,
-                                      .tenant = NULL };
+    return (struct kvt_chain_params){ .model = MODEL_A, .layout = "v1 k=f16 v=f16 L=18 H=1 D=256", .block = 64, .tenant = NULL };
 }
 
 /* h_0 and h_1 rebuilt here from the documented bytes (docs/STORE.md): the encoding is pinned. */
 static void test_chain_known_bytes(void **state) {
-    (void)state;
+    (void) state;
     struct kvt_chain_params p = base_params();
     p.tenant = "acme";
     uint8_t buf[512], *w = buf;
-#define U32(v) do { uint32_t v_ = (uint32_t)(v); for (int i_ = 0; i_ < 4; i_++) *w++ = (uint8_t)(v_ >> (8 * i_)); } while (0)
-    U32(12); memcpy(w, "kvtier-chain", 12); w += 12;
+#define U32(v)                                                            \
+    do {                                                                  \
+        uint32_t v_ = (uint32_t) (v);                                     \
+        for (int i_ = 0; i_ < 4; i_++) *w++ = (uint8_t) (v_ >> (8 * i_)); \
+    } while (0)
+    U32(12);
+    memcpy(w, "kvtier-chain", 12);
+    w += 12;
     U32(1);
-    memcpy(w, MODEL_A.b, 32); w += 32;
-    U32(strlen(p.layout)); memcpy(w, p.layout, strlen(p.layout)); w += strlen(p.layout);
+    memcpy(w, MODEL_A.b, 32);
+    w += 32;
+    U32(strlen(p.layout));
+    memcpy(w, p.layout, strlen(p.layout));
+    w += strlen(p.layout);
     U32(64);
-    U32(4); memcpy(w, "acme", 4); w += 4;
+    U32(4);
+    memcpy(w, "acme", 4);
+    w += 4;
     kvt_key want0, got0, want1, got1;
-    assert_int_equal(kvt__sha256(buf, (size_t)(w - buf), want0.b), 0);
+    assert_int_equal(kvt__sha256(buf, (size_t) (w - buf), want0.b), 0);
     assert_int_equal(kvt_chain_root(&p, &got0), 0);
     assert_memory_equal(got0.b, want0.b, 32);
     w = buf;
-    memcpy(w, want0.b, 32); w += 32;
+    memcpy(w, want0.b, 32);
+    w += 32;
     for (int i = 0; i < 8; i++) U32(TOKS[i]);
 #undef U32
-    assert_int_equal(kvt__sha256(buf, (size_t)(w - buf), want1.b), 0);
+    assert_int_equal(kvt__sha256(buf, (size_t) (w - buf), want1.b), 0);
     assert_int_equal(kvt_chain_next(&got0, TOKS, 8, &got1), 0);
     assert_memory_equal(got1.b, want1.b, 32);
 }
@@ -125,7 +136,7 @@ static void test_chain_known_bytes(void **state) {
 /* Each parameter changes the key; NULL and "" tenant are the same namespace; tokens are
 ** order-sensitive; a chain split differently into blocks differs (the chain is per block). */
 static void test_chain_sensitivity(void **state) {
-    (void)state;
+    (void) state;
     struct kvt_chain_params p = base_params();
     kvt_key k0 = chain_of(&p, 2), k;
     p.tenant = "";
@@ -145,8 +156,10 @@ static void test_chain_sensitivity(void **state) {
     }
     /* layout "ab" + tenant "c" must differ from layout "a" + tenant "bc" (length prefixes) */
     struct kvt_chain_params a = base_params(), b = base_params();
-    a.layout = "ab"; a.tenant = "c";
-    b.layout = "a"; b.tenant = "bc";
+    a.layout = "ab";
+    a.tenant = "c";
+    b.layout = "a";
+    b.tenant = "bc";
     kvt_key ka = chain_of(&a, 0), kb = chain_of(&b, 0);
     assert_memory_not_equal(ka.b, kb.b, 32);
     /* token order */
@@ -173,14 +186,14 @@ static void test_chain_sensitivity(void **state) {
 }
 
 static void test_key_hex(void **state) {
-    (void)state;
+    (void) state;
     kvt_key k = sk_key("hex", 1), back;
     char hex[65];
     kvt_key_hex(&k, hex);
     assert_int_equal(strlen(hex), 64);
     assert_int_equal(kvt_key_parse(hex, &back), 0);
     assert_memory_equal(back.b, k.b, 32);
-    for (int i = 0; i < 64; i++) hex[i] = (char)toupper((unsigned char)hex[i]);
+    for (int i = 0; i < 64; i++) hex[i] = (char) toupper((unsigned char) hex[i]);
     assert_int_equal(kvt_key_parse(hex, &back), 0);
     assert_memory_equal(back.b, k.b, 32);
     hex[10] = 'g';
@@ -220,7 +233,7 @@ static void child_key(char out[65]) {
     char buf[128] = { 0 };
     size_t got = 0;
     ssize_t r;
-    while (got < sizeof buf - 1 && (r = read(fd[0], buf + got, sizeof buf - 1 - got)) > 0) got += (size_t)r;
+    while (got < sizeof buf - 1 && (r = read(fd[0], buf + got, sizeof buf - 1 - got)) > 0) got += (size_t) r;
     close(fd[0]);
     int status;
     assert_int_equal(waitpid(pid, &status, 0), pid);
@@ -231,7 +244,7 @@ static void child_key(char out[65]) {
 }
 
 static void test_chain_across_processes(void **state) {
-    (void)state;
+    (void) state;
     char theirs[65], ours[65], other[65];
     child_key(theirs);
     struct kvt_chain_params p = base_params();
@@ -298,7 +311,7 @@ static void test_roundtrip_restart(void **state) {
 /* RAM only: a budget of 10 blocks keeps the 10 most recently used; a block touched by a get
 ** survives, the least recently used leave first. */
 static void test_ram_lru(void **state) {
-    (void)state;
+    (void) state;
     kvt_key ks[16];
     size_t size = 0;
     for (int i = 0; i < 16; i++) ks[i] = sk_key("lru", i);
@@ -311,7 +324,8 @@ static void test_ram_lru(void **state) {
         assert_int_equal(kvt_store_put(st, &ks[i], &m, blob, sizeof blob), 0);
         size += sizeof blob;
         if (i >= 1) { /* keep block 0 the most recently used */
-            void *d; size_t n;
+            void *d;
+            size_t n;
             assert_int_equal(kvt_store_get(st, &ks[0], &MODEL_A, &d, &n, NULL, NULL), 0);
             free(d);
         }
@@ -358,7 +372,8 @@ static void test_disk_quota(void **state) {
         kvt_store_flush(st);
         if (i == 2) { /* block 0 becomes hot: two hits (now older than blocks 1..) */
             for (int h = 0; h < 2; h++) {
-                void *d; size_t n;
+                void *d;
+                size_t n;
                 assert_int_equal(kvt_store_get(st, &ks[0], &MODEL_A, &d, &n, NULL, NULL), 0);
                 free(d);
             }
@@ -405,7 +420,7 @@ static void ttl_case(const char *dir, size_t ram, size_t disk) {
     kvt_store_flush(st);
     kvt_store_test_set_clock(st, t0 + 10);
     for (int i = 0; i < 3; i++) expect_block(st, &MODEL_A, &a); /* a: hot from now on */
-    expect_block(st, &MODEL_A, &c);                               /* c: one hit, still cold */
+    expect_block(st, &MODEL_A, &c);                             /* c: one hit, still cold */
     kvt_store_flush(st);
     kvt_store_test_set_clock(st, t0 + 105); /* b: 105 s after its write; c: 95 s after its hit */
     assert_false(kvt_store_has(st, &b));
@@ -451,8 +466,8 @@ static void ttl_case(const char *dir, size_t ram, size_t disk) {
 
 static void test_ttl_hot(void **state) {
     struct sk_fx *f = *state;
-    ttl_case(f->dir, 0, 1 << 20);   /* disk: the index's hits and last hit */
-    ttl_case(NULL, 1 << 20, 0);     /* RAM */
+    ttl_case(f->dir, 0, 1 << 20); /* disk: the index's hits and last hit */
+    ttl_case(NULL, 1 << 20, 0);   /* RAM */
 }
 
 /* A block put again after its disk row expired (no get met the row, so it is still in the
@@ -603,7 +618,7 @@ static void test_foreign_model(void **state) {
 static void test_errors(void **state) {
     struct sk_fx *f = *state;
     struct kvt_store_params p = kvt_store_default_params();
-    kvt_store *st = (kvt_store *)1;
+    kvt_store *st = (kvt_store *) 1;
     p.dir = f->dir;
     p.ttl_s = 0;
     assert_int_equal(kvt_store_open(&p, &st), KVT_EINVAL);
@@ -693,14 +708,14 @@ static void test_private_entries(void **state) {
     /* 6 private entries: the content tier keeps within 10000 - their bytes */
     for (int i = 0; i < 6; i++) {
         memset(blob, i, SZ);
-        assert_int_equal(kvt_store_put_private(st, 100 + (uint64_t)i, blob, SZ), 0);
+        assert_int_equal(kvt_store_put_private(st, 100 + (uint64_t) i, blob, SZ), 0);
         struct kvt_store_stats s = stats(st);
         assert_true(s.ram.bytes + s.priv.ram_bytes <= 10 * SZ);
-        assert_int_equal(kvt_store_private_tier(st, 100 + (uint64_t)i), KVT_TIER_RAM);
+        assert_int_equal(kvt_store_private_tier(st, 100 + (uint64_t) i), KVT_TIER_RAM);
     }
     struct kvt_store_stats s = stats(st);
-    printf("  6 private entries: content RAM %lld B in %lld entries (evicted %lld), private RAM %lld B\n",
-           (long long)s.ram.bytes, (long long)s.ram.entries, (long long)s.ram.evictions, (long long)s.priv.ram_bytes);
+    printf("  6 private entries: content RAM %lld B in %lld entries (evicted %lld), private RAM %lld B\n", (long long) s.ram.bytes,
+           (long long) s.ram.entries, (long long) s.ram.evictions, (long long) s.priv.ram_bytes);
     assert_int_equal(s.priv.ram_bytes, 6 * SZ);
     assert_int_equal(s.ram.entries, 4);
     assert_int_equal(s.ram.evictions, 4);
@@ -709,12 +724,11 @@ static void test_private_entries(void **state) {
     /* 6 more: the budget is theirs; the oldest private entries spill, nothing is dropped */
     for (int i = 6; i < 12; i++) {
         memset(blob, i, SZ);
-        assert_int_equal(kvt_store_put_private(st, 100 + (uint64_t)i, blob, SZ), 0);
+        assert_int_equal(kvt_store_put_private(st, 100 + (uint64_t) i, blob, SZ), 0);
     }
     s = stats(st);
-    printf("  12 private entries: content RAM %lld entries, private RAM %lld B, %lld spilled (%lld B)\n",
-           (long long)s.ram.entries, (long long)s.priv.ram_bytes, (long long)s.priv.n_spilled,
-           (long long)s.priv.spill_bytes);
+    printf("  12 private entries: content RAM %lld entries, private RAM %lld B, %lld spilled (%lld B)\n", (long long) s.ram.entries,
+           (long long) s.priv.ram_bytes, (long long) s.priv.n_spilled, (long long) s.priv.spill_bytes);
     assert_int_equal(s.ram.entries, 0);
     assert_true(s.priv.ram_bytes <= 10 * SZ);
     assert_int_equal(s.priv.n_spilled, 2);
@@ -723,15 +737,15 @@ static void test_private_entries(void **state) {
     for (int i = 0; i < 12; i++) {
         void *d = NULL;
         size_t n = 0;
-        assert_int_equal(kvt_store_get_private(st, 100 + (uint64_t)i, &d, &n), 0);
+        assert_int_equal(kvt_store_get_private(st, 100 + (uint64_t) i, &d, &n), 0);
         assert_int_equal(n, SZ);
         memset(blob, i, SZ);
         assert_memory_equal(d, blob, SZ);
         free(d);
     }
     /* no TTL: a week and a day later they are all there; the content entries have expired */
-    kvt_store_test_set_clock(st, (double)time(NULL) + 8 * 86400.0);
-    for (int i = 0; i < 12; i++) assert_int_not_equal(kvt_store_private_tier(st, 100 + (uint64_t)i), KVT_TIER_NONE);
+    kvt_store_test_set_clock(st, (double) time(NULL) + 8 * 86400.0);
+    for (int i = 0; i < 12; i++) assert_int_not_equal(kvt_store_private_tier(st, 100 + (uint64_t) i), KVT_TIER_NONE);
     assert_int_equal(get_rc(st, &MODEL_A, &ck[7]), KVT_ENOENT);
     /* never in the index, ls or the content key space; a clear leaves them */
     kvt_store_flush(st);
@@ -739,12 +753,12 @@ static void test_private_entries(void **state) {
     assert_int_equal(kvt_store_clear(st), 0);
     assert_int_equal(stats(st).priv.n_entries, 12);
     /* del: gone, and their RAM given back */
-    for (int i = 0; i < 12; i++) assert_int_equal(kvt_store_del_private(st, 100 + (uint64_t)i), 0);
+    for (int i = 0; i < 12; i++) assert_int_equal(kvt_store_del_private(st, 100 + (uint64_t) i), 0);
     assert_int_equal(kvt_store_del_private(st, 100), KVT_ENOENT);
     s = stats(st);
     assert_int_equal(s.priv.n_entries, 0);
     assert_int_equal(s.priv.ram_bytes, 0);
-    void *d = (void *)1;
+    void *d = (void *) 1;
     size_t n = 7;
     assert_int_equal(kvt_store_get_private(st, 100, &d, &n), KVT_ENOENT);
     assert_null(d);

@@ -128,7 +128,11 @@ static void test_full_queue(void **state) {
 ** is a RAM tier, still answers); disarmed, the same block is written. */
 static void test_fault_sites(void **state) {
     struct sk_fx *f = *state;
-    const struct { enum kvt__fault_site site; int skip; const char *what; } cases[] = {
+    const struct {
+        enum kvt__fault_site site;
+        int skip;
+        const char *what;
+    } cases[] = {
         { KVT__FAULT_STORE_WRITE, 0, "write (ENOSPC)" },
         { KVT__FAULT_STORE_SYNC, 0, "fsync" },
         { KVT__FAULT_STORE_SYNC, 1, "rename" },
@@ -139,7 +143,7 @@ static void test_fault_sites(void **state) {
             char dir[128];
             snprintf(dir, sizeof dir, "%s/%zu-%d", f->dir, c, with_ram);
             kvt_store *st = open_store(dir, with_ram ? 1 << 20 : 0, 1 << 20, 16);
-            kvt_key k = sk_key("fault", (int)c);
+            kvt_key k = sk_key("fault", (int) c);
             kvt__fault_set(cases[c].site, cases[c].skip, 1);
             assert_int_equal(put_block(st, &k), 0);
             kvt_store_flush(st);
@@ -166,12 +170,15 @@ static void test_fault_sites(void **state) {
 /* ---- kill -9 ------------------------------------------------------------------------------- */
 
 static int count_entry(void *ud, const struct kvt_store_entry *e) {
-    (void)e;
-    ++*(int64_t *)ud;
+    (void) e;
+    ++*(int64_t *) ud;
     return 0;
 }
 
-struct keys { kvt_key *k; size_t n, cap; };
+struct keys {
+    kvt_key *k;
+    size_t n, cap;
+};
 static int collect(void *ud, const struct kvt_store_entry *e) {
     struct keys *ks = ud;
     if (ks->n == ks->cap) {
@@ -209,7 +216,7 @@ static int kill_loop(const char *dir, int n, bool unsafe, int64_t *orphans, int6
             }
             _exit(0); /* not reached in time: killed */
         }
-        usleep((useconds_t)(1000 + rand() % 24000));
+        usleep((useconds_t) (1000 + rand() % 24000));
         kill(pid, SIGKILL);
         int status;
         assert_int_equal(waitpid(pid, &status, 0), pid);
@@ -219,8 +226,7 @@ static int kill_loop(const char *dir, int n, bool unsafe, int64_t *orphans, int6
         assert_int_equal(kvt_store_verify(st, true, &r), 0);
         damaged += r.corrupt || r.missing;
         if (!unsafe && (r.corrupt || r.missing))
-            fail_msg("iteration %d: %lld corrupt, %lld missing after kill -9", it, (long long)r.corrupt,
-                     (long long)r.missing);
+            fail_msg("iteration %d: %lld corrupt, %lld missing after kill -9", it, (long long) r.corrupt, (long long) r.missing);
         *orphans += r.orphans;
         assert_int_equal(kvt_store_verify(st, false, &r), 0);
         assert_int_equal(r.corrupt + r.missing + r.orphans, 0);
@@ -230,7 +236,7 @@ static int kill_loop(const char *dir, int n, bool unsafe, int64_t *orphans, int6
         for (size_t i = 0; i < ks.n; i++)
             if (check_block(st, &ks.k[i])) fail_msg("iteration %d: a listed block is not readable", it);
         free(ks.k);
-        *max_entries = KVT_MAX(*max_entries, (int64_t)ks.n);
+        *max_entries = KVT_MAX(*max_entries, (int64_t) ks.n);
         assert_int_equal(stats(st).disk.corrupt, 0);
         kvt_store_free(st);
     }
@@ -242,13 +248,13 @@ static int kill_loop(const char *dir, int n, bool unsafe, int64_t *orphans, int6
 ** verify --repair then removes, so the reads stay exact even there). */
 static void test_kill9(void **state) {
     struct sk_fx *f = *state;
-    unsigned seed = (unsigned)time(NULL);
+    unsigned seed = (unsigned) time(NULL);
     srand(seed);
     print_message("kill -9 test: seed %u\n", seed);
     int64_t orphans = 0, max_entries = 0;
     assert_int_equal(kill_loop(f->dir, 100, false, &orphans, &max_entries), 0);
-    print_message("kill -9 test: %lld orphan files repaired over 100 kills, up to %lld blocks stored\n",
-                  (long long)orphans, (long long)max_entries);
+    print_message("kill -9 test: %lld orphan files repaired over 100 kills, up to %lld blocks stored\n", (long long) orphans,
+                  (long long) max_entries);
     assert_true(max_entries > 0); /* the children did write */
     char ctl[128];
     snprintf(ctl, sizeof ctl, "%s/control", f->dir);
@@ -347,7 +353,7 @@ static void test_gc_verify(void **state) {
     assert_int_equal(r.over_quota, 1);
     assert_int_equal(check_block(st, &ks[5]), KVT_ENOENT);
     assert_int_equal(check_block(st, &ks[3]), 0);
-    assert_true(stats(st).disk.bytes <= (int64_t)p.disk_bytes);
+    assert_true(stats(st).disk.bytes <= (int64_t) p.disk_bytes);
     int64_t n = 0;
     assert_int_equal(kvt_store_ls(st, count_entry, &n), 0);
     assert_int_equal(n, 1);
@@ -399,7 +405,7 @@ static void test_threads(void **state) {
     pthread_t th[4];
     struct worker w[4];
     for (int t = 0; t < 4; t++) {
-        w[t] = (struct worker){ .st = st, .seed = 77u + (unsigned)t };
+        w[t] = (struct worker){ .st = st, .seed = 77u + (unsigned) t };
         assert_int_equal(pthread_create(&th[t], NULL, worker_main, &w[t]), 0);
     }
     int64_t hits = 0;
@@ -412,9 +418,9 @@ static void test_threads(void **state) {
     assert_int_equal(kvt_store_verify(st, false, &r), 0);
     assert_int_equal(r.corrupt + r.missing + r.orphans, 0);
     struct kvt_store_stats s = stats(st);
-    print_message("threads: %lld hits; ram evictions %lld, disk writes %lld, dropped %lld, evictions %lld\n",
-                  (long long)hits, (long long)s.ram.evictions, (long long)s.disk.writes,
-                  (long long)s.disk.writes_dropped, (long long)s.disk.evictions);
+    print_message("threads: %lld hits; ram evictions %lld, disk writes %lld, dropped %lld, evictions %lld\n", (long long) hits,
+                  (long long) s.ram.evictions, (long long) s.disk.writes, (long long) s.disk.writes_dropped,
+                  (long long) s.disk.evictions);
     assert_true(hits > 0);
     assert_true(s.disk.bytes <= 60000);
     kvt_store_free(st);

@@ -120,7 +120,7 @@ static struct kvt_store_prefetch_stats wait_idle(kvt_store *st) {
         if (s.issued == s.promoted + s.skipped + s.absent + s.failed + s.claimed + s.cancelled) return s;
         usleep(1000);
     }
-    fail_msg("prefetch never went idle: issued %lld", (long long)s.issued);
+    fail_msg("prefetch never went idle: issued %lld", (long long) s.issued);
     return s;
 }
 
@@ -183,7 +183,7 @@ static void test_bounded(void **state) {
     int q = kvt_store_prefetch(st, ks, N, &MODEL);
     double dt = rfx_now_ms() - t0;
     struct kvt_store_prefetch_stats s = wait_idle(st);
-    print_message("queue 4, %d keys: %d queued, %lld dropped, call %.2f ms\n", N, q, (long long)s.dropped, dt);
+    print_message("queue 4, %d keys: %d queued, %lld dropped, call %.2f ms\n", N, q, (long long) s.dropped, dt);
     assert_int_equal(s.issued, q);
     assert_int_equal(s.issued + s.dropped, N);
     assert_true(s.dropped >= N / 2);
@@ -196,14 +196,14 @@ static void test_bounded(void **state) {
     kvt_store_prefetch(st, ks, 40, &MODEL);
     s = wait_idle(st);
     print_message("prefetch_bytes %zu: %lld promoted, %lld unread bytes, %lld dropped, %lld skipped\n", p.prefetch_bytes,
-                  (long long)s.promoted, (long long)s.unread_bytes, (long long)s.dropped, (long long)s.skipped);
-    assert_true(s.unread_bytes <= (int64_t)p.prefetch_bytes + 8692);
+                  (long long) s.promoted, (long long) s.unread_bytes, (long long) s.dropped, (long long) s.skipped);
+    assert_true(s.unread_bytes <= (int64_t) p.prefetch_bytes + 8692);
     assert_true(s.promoted >= 3 && s.promoted < 40);
     assert_int_equal(s.promoted + s.dropped + s.skipped, 40);
     kvt_store_free(st);
 
     p = params(f->dir_a, 1);
-    p.ram_bytes = 20 * 8692; /* holds >= 20 blocks */
+    p.ram_bytes = 20 * 8692;        /* holds >= 20 blocks */
     p.prefetch_bytes = p.ram_bytes; /* let prefetch fill it, then push its own promotions out */
     st = open_p(&p);
     kvt_store_prefetch(st, ks, 20, &MODEL);
@@ -212,8 +212,8 @@ static void test_bounded(void **state) {
     s = wait_idle(st);
     struct kvt_store_stats ss;
     kvt_store_get_stats(st, &ss);
-    print_message("small RAM: %lld promoted, %lld wasted, %lld evictions\n", (long long)s.promoted, (long long)s.wasted,
-                  (long long)ss.ram.evictions);
+    print_message("small RAM: %lld promoted, %lld wasted, %lld evictions\n", (long long) s.promoted, (long long) s.wasted,
+                  (long long) ss.ram.evictions);
     assert_true(s.wasted > 0);
     assert_int_equal(s.wasted, ss.ram.evictions); /* every eviction here was an unread promotion */
     kvt_store_free(st);
@@ -269,7 +269,7 @@ static void test_fault(void **state) {
 static void test_chain(void **state) {
     struct fx *f = *state;
     enum { B = 16, NT = 5 * B + 1 }; /* 5 full blocks before the last token */
-    kvt_token tok[6 * B]; /* the prompt is tok[0..NT); the 6th block's key is computed for the control */
+    kvt_token tok[6 * B];            /* the prompt is tok[0..NT); the 6th block's key is computed for the control */
     for (int i = 0; i < 6 * B; i++) tok[i] = 1000 + i * 7;
     struct kvt_chain_params cp = { .model = MODEL, .layout = "test-layout", .block = B, .tenant = "t1" };
     kvt_key ks[6], k;
@@ -369,7 +369,7 @@ static void test_redis_frozen(void **state) {
     kvt_store_prefetch(b, &d, 1, &MODEL);
     double t_call = rfx_now_ms() - t0;
     for (int i = 0; i < 2000 && pstats(b).queue_len == N + 1; i++) usleep(100); /* the thread took its first batch */
-    assert_int_equal(get_tier(b, &d), KVT_TIER_DISK); /* queued behind the stuck batch: read here */
+    assert_int_equal(get_tier(b, &d), KVT_TIER_DISK);                           /* queued behind the stuck batch: read here */
     double t_d = rfx_now_ms() - t0;
     assert_int_equal(get_tier(b, &ks[0]), KVT_TIER_NONE); /* in flight: waits, then a miss */
     double t_k = rfx_now_ms() - t0;
@@ -418,7 +418,7 @@ static void test_cancel(void **state) {
     int n = 8 + kvt_store_prefetch_cancel(b);
     struct kvt_store_prefetch_stats s = wait_idle(b);
     kill(f->redis.pid, SIGCONT);
-    print_message("cancel: %d of %d keys taken back (%lld queued just before)\n", n, N, (long long)queued);
+    print_message("cancel: %d of %d keys taken back (%lld queued just before)\n", n, N, (long long) queued);
     assert_true(n >= N - 8 && n <= queued); /* at most one batch of 8 was in flight */
     assert_int_equal(s.cancelled, n);
     assert_int_equal(s.skipped + s.absent, N - n); /* the batch in flight: not answered */

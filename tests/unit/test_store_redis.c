@@ -106,7 +106,7 @@ static struct kvt_store_tier_stats rstats(kvt_store *st) {
 /* ---- URL ------------------------------------------------------------------------------------ */
 
 static void test_url(void **state) {
-    (void)state;
+    (void) state;
     struct kvt__redis_url u;
     assert_int_equal(kvt__redis_url_parse("redis://cache.local", &u), 0);
     assert_string_equal(u.host, "cache.local");
@@ -130,9 +130,20 @@ static void test_url(void **state) {
     assert_string_equal(u.path, "/run/redis.sock");
     assert_int_equal(u.db, 2);
 
-    const char *bad[] = { "", "http://h", "rediss://h", "redis://", "redis://h:0", "redis://h:65536", "redis://h:x",
-                          "redis://h/db1", "redis://h?x=1", "redis://[::1", "unix://rel/path", "unix:///s?db=x",
-                          "redis://u:%zz@h", "redis://u:hunter2@h:99999" };
+    const char *bad[] = { "",
+                          "http://h",
+                          "rediss://h",
+                          "redis://",
+                          "redis://h:0",
+                          "redis://h:65536",
+                          "redis://h:x",
+                          "redis://h/db1",
+                          "redis://h?x=1",
+                          "redis://[::1",
+                          "unix://rel/path",
+                          "unix:///s?db=x",
+                          "redis://u:%zz@h",
+                          "redis://u:hunter2@h:99999" };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         assert_int_equal(kvt__redis_url_parse(bad[i], &u), KVT_EINVAL);
         if (*bad[i]) assert_non_null(strstr(kvt_errmsg(), "Redis URL"));
@@ -171,7 +182,7 @@ static void test_share(void **state) {
     for (int i = 0; i < N; i++) {
         kvt_key k = sk_key("share", i);
         assert_int_equal(get_tier(b, &MODEL_A, &k), KVT_TIER_REDIS);
-        assert_int_equal(get_tier(b, &MODEL_A, &k), KVT_TIER_RAM); /* copied into RAM */
+        assert_int_equal(get_tier(b, &MODEL_A, &k), KVT_TIER_RAM);  /* copied into RAM */
         assert_int_equal(get_tier(b, &MODEL_B, &k), KVT_TIER_NONE); /* another model: never */
     }
     /* the same blocks through the Unix socket, in database 0 (a third store) and database 1 (empty) */
@@ -431,8 +442,8 @@ static void test_secret(void **state) {
     assert_int_equal(mkdir(f->dir_b, 0700), 0);
     assert_non_null(mkdtemp(dir_c));
     kvt_store *same = open_secret(f->dir_b, f->redis.url, s1);
-    assert_int_equal(get_tier(same, &MODEL_A, &k), KVT_TIER_REDIS);         /* same secret: a hit */
-    assert_int_equal(get_tier(same, &MODEL_A, &planted), KVT_TIER_NONE);   /* planted: refused */
+    assert_int_equal(get_tier(same, &MODEL_A, &k), KVT_TIER_REDIS);      /* same secret: a hit */
+    assert_int_equal(get_tier(same, &MODEL_A, &planted), KVT_TIER_NONE); /* planted: refused */
     assert_int_equal(rstats(same).corrupt, 1);
     kvt_store_free(same);
     /* the planted value was deleted; plant it again for the control */
@@ -448,7 +459,7 @@ static void test_secret(void **state) {
     sk_rm_rf(dir_c);
     assert_int_equal(mkdir(dir_c, 0700), 0);
     kvt_store *other = open_secret(dir_c, f->redis.url, s2);
-    assert_int_equal(get_tier(other, &MODEL_A, &k), KVT_TIER_NONE);        /* another secret: a miss */
+    assert_int_equal(get_tier(other, &MODEL_A, &k), KVT_TIER_NONE); /* another secret: a miss */
     assert_int_equal(rstats(other).corrupt, 1);
     kvt_store_free(other);
     kvt_store_free(a);
@@ -496,7 +507,7 @@ static void test_poison(void **state) {
     /* 3. another model's valid, intact block under our key */
     rep = rfx_cmd(&f->redis, "GET %s", key2);
     assert_int_equal(rep->type, REDIS_REPLY_STRING);
-    freeReplyObject(rfx_cmd(&f->redis, "SET %s %b", key, rep->str, (size_t)rep->len));
+    freeReplyObject(rfx_cmd(&f->redis, "SET %s %b", key, rep->str, (size_t) rep->len));
     freeReplyObject(rep);
     assert_int_equal(get_tier(b, &MODEL_A, &k), KVT_TIER_NONE);
     assert_int_equal(rstats(b).corrupt, 3);
@@ -543,13 +554,12 @@ static void test_oversize(void **state) {
     kvt__redis_key(&MODEL_A, &k, key);
     char *v = malloc(BIG);
     memset(v, 'x', BIG);
-    freeReplyObject(rfx_cmd(&f->redis, "SET %s %b", key, v, (size_t)BIG));
+    freeReplyObject(rfx_cmd(&f->redis, "SET %s %b", key, v, (size_t) BIG));
     free(v);
     long long before = net_out(f);
     assert_int_equal(get_tier(st, &MODEL_A, &k), KVT_TIER_NONE);
     long long sent = net_out(f) - before;
-    print_message("a planted %d-byte value, redis_max_bytes %d: the server sent %lld bytes for the get\n", BIG, MAX,
-                  sent);
+    print_message("a planted %d-byte value, redis_max_bytes %d: the server sent %lld bytes for the get\n", BIG, MAX, sent);
     assert_true(sent < 2 * MAX);
     assert_int_equal(rstats(st).corrupt, 1);
     redisReply *rep = rfx_cmd(&f->redis, "EXISTS %s", key);
@@ -558,7 +568,7 @@ static void test_oversize(void **state) {
     /* the control of the counter: a plain GET of such a value moves all of it */
     v = malloc(BIG);
     memset(v, 'y', BIG);
-    freeReplyObject(rfx_cmd(&f->redis, "SET %s %b", key, v, (size_t)BIG));
+    freeReplyObject(rfx_cmd(&f->redis, "SET %s %b", key, v, (size_t) BIG));
     free(v);
     before = net_out(f);
     freeReplyObject(rfx_cmd(&f->redis, "GET %s", key));
@@ -593,8 +603,8 @@ static void test_full(void **state) {
     }
     kvt_store_flush(a);
     struct kvt_store_tier_stats s = rstats(a);
-    print_message("maxmemory 2mb: %lld written, %lld dropped, %lld errors\n", (long long)s.writes,
-                  (long long)s.writes_dropped, (long long)s.errors);
+    print_message("maxmemory 2mb: %lld written, %lld dropped, %lld errors\n", (long long) s.writes, (long long) s.writes_dropped,
+                  (long long) s.errors);
     assert_int_equal(s.writes + s.writes_dropped, N);
     assert_true(s.writes >= 1);
     assert_true(s.writes_dropped >= N / 2);

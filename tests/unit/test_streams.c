@@ -22,8 +22,8 @@
 
 #include "kvtier.h"
 #include "kvtier_int.h" /* what the library shares internally: the tests call it too */
-#include "kv/blob.h"      /* the canonical form and llama.cpp's N-stream form */
-#include "test_hooks.h"   /* kvt_engine_set_unsafe_corrupt_next_load, kvt_engine_shift_pending */
+#include "kv/blob.h"    /* the canonical form and llama.cpp's N-stream form */
+#include "test_hooks.h" /* kvt_engine_set_unsafe_corrupt_next_load, kvt_engine_shift_pending */
 
 #include <math.h>
 #include <stdio.h>
@@ -121,8 +121,8 @@ static void check_forms(const char *model) {
     for (int i = 0; i < 3; i++) {
         blk[i] = make_block(E[i], i == 2 ? 0 : 1, 31);
         struct kvt__blob_layout L;
-        assert_int_equal(kvt__blob_parse(blk[i]->data, blk[i]->size, 2, &L) == 0 ||
-                         kvt__blob_parse(blk[i]->data, blk[i]->size, 1, &L) == 0, 1);
+        assert_int_equal(
+            kvt__blob_parse(blk[i]->data, blk[i]->size, 2, &L) == 0 || kvt__blob_parse(blk[i]->data, blk[i]->size, 1, &L) == 0, 1);
         for (int p = 0; p < L.n_parts; p++) assert_int_equal(L.part[p].n_stream, 1); /* canonical */
         assert_int_equal(blk[i]->n_tokens, NB);
     }
@@ -132,8 +132,8 @@ static void check_forms(const char *model) {
         for (int s = 0; s < 3; s++) {
             logits_with(E[d], blk[s], got);
             double diff = max_abs_diff(native, got, nv);
-            printf("  %-11s block saved in %-9s loaded in %-9s: max|dlogit| vs its own block %.3g\n", model, name[s],
-                   name[d], diff);
+            printf("  %-11s block saved in %-9s loaded in %-9s: max|dlogit| vs its own block %.3g\n", model, name[s], name[d],
+                   diff);
             assert_true(diff <= 1e-3);
         }
         logits_with(E[d], other, got);
@@ -171,14 +171,20 @@ static void check_forms(const char *model) {
     kvt_blob_free(other);
 }
 
-static void test_forms_gemma3(void **st) { (void) st; check_forms("tiny-gemma3"); }
-static void test_forms_llama(void **st) { (void) st; check_forms("tiny-llama"); }
+static void test_forms_gemma3(void **st) {
+    (void) st;
+    check_forms("tiny-gemma3");
+}
+static void test_forms_llama(void **st) {
+    (void) st;
+    check_forms("tiny-llama");
+}
 
 /* ---- failed loads leave the target as it was ----------------------------------------- */
 
 struct snapshot {
-    kvt_blob *all;  /* a save of every position */
-    float *logits;  /* next token after it */
+    kvt_blob *all; /* a save of every position */
+    float *logits; /* next token after it */
     int32_t n_cells;
     kvt_pos pos_max;
 };
@@ -262,9 +268,18 @@ static void check_failed_loads(const char *model, bool unified) {
     kvt_engine_free(e);
 }
 
-static void test_failed_load_gemma3_unified(void **st) { (void) st; check_failed_loads("tiny-gemma3", true); }
-static void test_failed_load_gemma3_streams(void **st) { (void) st; check_failed_loads("tiny-gemma3", false); }
-static void test_failed_load_llama_streams(void **st) { (void) st; check_failed_loads("tiny-llama", false); }
+static void test_failed_load_gemma3_unified(void **st) {
+    (void) st;
+    check_failed_loads("tiny-gemma3", true);
+}
+static void test_failed_load_gemma3_streams(void **st) {
+    (void) st;
+    check_failed_loads("tiny-gemma3", false);
+}
+static void test_failed_load_llama_streams(void **st) {
+    (void) st;
+    check_failed_loads("tiny-llama", false);
+}
 
 /* A stream of 256 cells: a block that does not fit, and a block saved after its sliding-window
 ** cells left the window, are refused before the sequence is touched. */
@@ -320,12 +335,18 @@ static void greedy(kvt_engine *e, bool busy, float *out, kvt_token *gen) {
     kvt_seq_rm(e, 0, -1, -1);
     kvt_seq_rm(e, 1, -1, -1);
     kvt_pos o = 0;
-    if (busy) { assert_int_equal(kvt_engine_decode(e, 1, O, 200, 0, false), 0); o = 200; }
+    if (busy) {
+        assert_int_equal(kvt_engine_decode(e, 1, O, 200, 0, false), 0);
+        o = 200;
+    }
     assert_int_equal(kvt_engine_decode(e, 0, P, NP, 0, true), 0);
     for (int i = 0; i < NGEN; i++) {
         memcpy(out + (size_t) i * nv, kvt_engine_logits(e), sizeof(float) * (size_t) nv);
         assert_int_equal(kvt_engine_sample(e, NULL, &gen[i]), 0);
-        if (busy) { assert_int_equal(kvt_engine_decode(e, 1, O + o % 295, 5, o, false), 0); o += 5; }
+        if (busy) {
+            assert_int_equal(kvt_engine_decode(e, 1, O + o % 295, 5, o, false), 0);
+            o += 5;
+        }
         assert_int_equal(kvt_engine_decode(e, 0, &gen[i], 1, NP + i, true), 0);
     }
 }
@@ -351,18 +372,31 @@ static double independence(const char *model, const char *type, bool unified, bo
 static void check_independence(const char *model, const char *type) {
     bool same_s = false, same_u = false;
     double ds = independence(model, type, false, &same_s);
-    if (ds < 0) { fprintf(stderr, "skipping: no path for %s in the environment\n", model); skip(); }
+    if (ds < 0) {
+        fprintf(stderr, "skipping: no path for %s in the environment\n", model);
+        skip();
+    }
     double du = independence(model, type, true, &same_u);
     printf("  %-11s K/V %s, %d greedy steps alone vs beside a busy sequence: max|dlogit| streams %.3g (tokens %s), "
-           "unified %.3g (tokens %s)\n", model, type, NGEN, ds, same_s ? "same" : "DIFFER", du, same_u ? "same" : "differ");
+           "unified %.3g (tokens %s)\n",
+           model, type, NGEN, ds, same_s ? "same" : "DIFFER", du, same_u ? "same" : "differ");
     assert_true(ds == 0); /* bit-equal: the other stream is not part of the attention */
     assert_true(same_s);
-    assert_true(du > 0);  /* the control: the unified cache mixes the other sequence's cells in */
+    assert_true(du > 0); /* the control: the unified cache mixes the other sequence's cells in */
 }
 
-static void test_independent_gemma3(void **st) { (void) st; check_independence("tiny-gemma3", "f32"); }
-static void test_independent_llama(void **st) { (void) st; check_independence("tiny-llama", "f16"); }
-static void test_independent_real(void **st) { (void) st; check_independence("gemma3-270m", "f16"); }
+static void test_independent_gemma3(void **st) {
+    (void) st;
+    check_independence("tiny-gemma3", "f32");
+}
+static void test_independent_llama(void **st) {
+    (void) st;
+    check_independence("tiny-llama", "f16");
+}
+static void test_independent_real(void **st) {
+    (void) st;
+    check_independence("gemma3-270m", "f16");
+}
 
 /* Two sessions on one engine: session 0's reply and its log-probability of an answer, alone and
 ** with session 1's turns interleaved (streams: bit-equal). */
@@ -417,7 +451,8 @@ static void test_independent_sessions(void **st) {
     check_sessions(false, &rs, &ds);
     check_sessions(true, &ru, &du);
     printf("  two sessions (tiny-gemma3, F32): |dlogprob| alone vs interleaved: streams %.3g (reply %s), unified %.3g "
-           "(reply %s)\n", ds, rs ? "same" : "DIFFERS", du, ru ? "same" : "differs");
+           "(reply %s)\n",
+           ds, rs ? "same" : "DIFFERS", du, ru ? "same" : "differs");
     assert_true(rs);
     assert_true(ds == 0);
     assert_true(du > 0); /* the control */
