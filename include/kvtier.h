@@ -736,67 +736,22 @@ struct kvt_session_params {
                               ** and for every dense hit; default 1, 0 = only the hits */
     kvt_store *store;              /* content-addressed block store (section 8), shared by sessions
                               ** and processes; NULL = none (the default).  Borrowed: must outlive
-                              ** the session.  With a store, every full block the session
-                              ** computed as a cold prefill would (no block evicted, recovered or
-                              ** moved before it, no early seal) is stored under its chain key,
-                              ** write-behind; and before a prompt is prefilled the chain of its
-                              ** full blocks is looked up: the longest found prefix is loaded
-                              ** (no forward pass) and only the rest decoded (the route:
-                              ** enum kvt_route in the stats).  Blocks computed after an eviction depend
-                              ** on what was evicted and are never stored under a chain key.
-                              ** The store also replaces the host pool: a sealed block's copy
-                              ** (eviction, recovery, park/resume) is its content entry when it
-                              ** is pure (one copy in RAM, shared with every session of the
-                              ** store, and on disk), else a private entry of the store
-                              ** (not under any content key), deleted when the session drops the
-                              ** block.  The session reads its content entries at any age
-                              ** (its TTL applies to lookups only); one that left every tier (removed by
-                              ** the quota, gc, a full write queue, `kvtier store clear`) is
-                              ** recomputed from the block's tokens when the block is
-                              ** needed (recomputes) */
+                              ** the session.  Prompt prefixes are loaded from it by chain key, the
+                              ** session's pure blocks stored in it, and it replaces the host pool
+                              ** (docs/MANUAL.md, "A session and the block store") */
     const char *tenant;            /* chain salt (kvt_chain_params.tenant): sessions of different
                               ** tenants never share blocks; NULL/"" = shared.  Copied at open */
     const char *codec_ram;         /* codec of the blocks the session saves to its host pool (a
                               ** section 9 spec: "raw", "q8", "q4", "elastic", "elastic+q8", with
-                              ** arguments); NULL or "raw" = the blob's bytes (bit-exact).  Parsed
-                              ** at open (KVT_EINVAL naming a bad spec); n_head_kv comes from the
-                              ** engine.  A sealed block is encoded when it is saved, on the
-                              ** calling thread (q8/q4: 7-50 ms per 64-token block of the
-                              ** reference models on a loaded 2-core machine, 1-2 % of the time
-                              ** decoding its 64 tokens took; docs/EVALUATION.md) and decoded when
-                              ** it is recovered;
-                              ** the pool (or the store's private entries) holds and counts the
-                              ** encoded bytes, so a lossy codec fits more blocks in the RAM
-                              ** budget.  With a store, a pure block's copy is its content entry
-                              ** (raw); codec_ram applies to the private entries.  A block the codec cannot
-                              ** take (a quantised cache type) is saved raw.  Encoded bytes that
-                              ** fail to decode (checksum, format) are never loaded: the block
-                              ** comes from the block store by its chain key when the store
-                              ** holds it (a block saved at its original position), else it is
-                              ** LOST and recomputed from its tokens.  Blocks given to the
-                              ** block store (`store`) stay raw (its disk tier has its own codec) */
+                              ** arguments); NULL or "raw" = the blob's bytes (bit-exact).  Parsed at
+                              ** open (KVT_EINVAL naming a bad spec).  Cost, what stays raw and what a
+                              ** copy that fails to decode becomes: docs/MANUAL.md, "The host pool codec" */
     float elastic_sk, elastic_sv;  /* live ElasticKV (kvt_seq_elastic, section 3): threshold
-                              ** scales s_k, s_v in [0, 2] (dimensionless: tau_h = max(sigma_h / 2,
-                              ** mu_h) x s); both 0 = off (the default).  The source design's sweet
-                              ** spot is 0.45, 0.50.  When on, every KVT_ELASTIC_INTERVAL (64)
-                              ** tokens decoded into the session (prefill chunks and generated
-                              ** tokens), once at least KVT_ELASTIC_WARMUP (128) tokens are resident,
-                              ** the session's resident K/V is thresholded over the positions
-                              ** [KVT_ELASTIC_SINK, tail): the first 64 positions (attention sinks)
-                              ** and the tail (the open block and at least the last 64 positions)
-                              ** stay bit-untouched.  Zeros already in the range count in mu/sigma
-                              ** (kvt_seq_elastic).  The zeros save no memory in llama.cpp's dense
-                              ** cache.  Blocks are sealed to the pool before they are pruned (the
-                              ** pool copy and a recovered block are unpruned until the next pass),
-                              ** and a session with elastic on puts no block into a block store
-                              ** after its first pass (its KV is no longer a cold prefill's).
-                              ** The first pass with anything to threshold comes at 192 tokens
-                              ** (64 sinks + 64 tail before it).  A pass that fails (KVT_ENOMEM,
-                              ** KVT_ELLAMA) leaves the cache as it was and its error is returned
-                              ** by the call that decoded the tokens (kvt_session_add, _generate,
-                              ** _gen_step...): those tokens are in the cache and recorded, the
-                              ** call's later chunks are not decoded, and the pass runs again after
-                              ** the next tokens.  Counted in kvt_session_stats.elastic_* */
+                              ** scales s_k, s_v in [0, 2] (tau_h = max(sigma_h / 2, mu_h) x s);
+                              ** both 0 = off (the default; the source design's sweet spot is 0.45,
+                              ** 0.50).  A pass every KVT_ELASTIC_INTERVAL tokens; sinks and the tail
+                              ** stay untouched; counted in kvt_session_stats.elastic_*.  When passes
+                              ** run and what a failed one does: docs/MANUAL.md, "Live ElasticKV" */
     bool elastic_random;           /* control for evaluation: each pass zeroes, per layer, tensor and
                               ** head, the same number of elements uniformly at random instead
                               ** (kvt_elastic_params.random); default false */
@@ -805,25 +760,11 @@ struct kvt_session_params {
                               ** threshold's measured fraction); 0 = match each pass's threshold
                               ** count (ratchets up over passes); default 0 */
     bool chunk_reuse;              /* non-prefix chunk reuse (issue #12; EPIC, Hu et al. 2024, and
-                              ** CacheBlend, Yao et al. 2025, reuse a RAG document's KV wherever
-                              ** it stands); needs `store`; default false (off: measured quality
-                              ** loss, docs/BENCHMARKS.md "Non-prefix chunk reuse").  On: every
-                              ** full block the session seals is ALSO put in the store under its
-                              ** chunk key (its own tokens only, position-free),
-                              ** whatever context it was computed in (that is the premise of chunk
-                              ** reuse: the K/V come from *some* context, not a cold prefill's);
-                              ** and after the prefix lookup of a prompt stops, the rest of the
-                              ** prompt is scanned at EVERY token offset for block-sized windows
-                              ** whose chunk key is in the store's RAM or disk tier (Redis is not
-                              ** asked), greedily left to right.  A run of consecutive hits is a
-                              ** reused chunk: the tokens before it are decoded and the open block
-                              ** sealed there (early seal), the run's first blocks are decoded in
-                              ** context (chunk_recompute), the rest loaded at the tail with RoPE
-                              ** re-anchoring (no forward pass).  After a chunk load the session
-                              ** stores no more chain keys (its KV is no longer a cold prefill's).
-                              ** The last prompt token is always decoded.  A load that fails is
-                              ** decoded instead (counted in chunk_load_errors).  Counted in
-                              ** kvt_session_stats.chunk_* */
+                              ** CacheBlend, Yao et al. 2025): blocks are also stored by their own
+                              ** tokens and found at any offset of a prompt, loaded with RoPE
+                              ** re-anchoring; needs `store`; default false (off: measured quality
+                              ** loss, docs/BENCHMARKS.md).  How a prompt is scanned and loaded:
+                              ** docs/MANUAL.md, "Non-prefix chunk reuse"; counted in kvt_session_stats.chunk_* */
     const char *chunk_recompute;   /* with chunk_reuse: tokens of each reused chunk re-decoded in
                               ** context at its start (EPIC's boundary recompute): "K" (tokens,
                               ** >= 0) or "P%" (percent of the run's tokens, 0-100, rounded up);
@@ -867,36 +808,18 @@ int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *p, kvt_se
 void kvt_session_free(kvt_session *s);
 
 /* Append a message.  System and assistant messages (a client replaying history) are recorded
-** and decoded with the next user message.  For a user message: first the pending text of
-** earlier messages is decoded, then evicted blocks relevant to the message come back at the
-** tail (kv_restore: no recompute): scored by BM25 with the message's terms that no resident
-** block contains (the message's novel terms; at least min_recovery_score), or with an embedder by
-** cosine (at least min_recovery_cosine); the top_k best, each followed by successor_blocks
-** more when they are evicted too (a fact cut at a block boundary continues there).  A block
-** whose saved copy is lost (corrupt or missing spill file, dropped by the pool) is recomputed
-** from its tokens instead (kvt_session_stats.recomputes).  No recovery runs before a message that with gen_reserve fills half the budget (a document
-** being pasted: what came back would be evicted again while it is decoded).  Then the message
-** and the assistant prefix are decoded, evicting by watermark so that they plus gen_reserve
-** fit the budget.  A message longer than the budget evicts blocks of its own while it is
-** decoded; before the assistant prefix (kv_restore) the ones its end asks about come back by
-** the same BM25 rule, the query being its last line when a line break within its last ~240
-** characters sets off at least three words (a question after a pasted document), else its last
-** ~40 words; they are placed before the blocks holding the
-** message's end, which move after them (RoPE re-anchoring, no forward pass; counted neither as
-** evictions nor as recoveries), so the question and the assistant prefix stay last.  Every
-** sealed block's relevance (kvt_block_info) is its BM25 score against the whole message.
-** The decoded stream is always the template's tokens of the whole conversation so far: where the
-** newly formatted conversation differs from what was decoded (a second user message replaces the
-** assistant prefix; a system message after a user turn is merged into the next user turn by the
-** gemma template), the stream is cut back and re-decoded from there: at the last message boundary
-** before the difference, or, when the template's tokens of the new text share more tokens with the
-** stream than that (a message that differs only after a long common start), at the first token
-** that differs.  A reply generated by the session is kept as generated (its tokens are not
-** re-tokenized from the template's trimmed text).
-** Errors: KVT_EINVAL (role), KVT_EBUDGET (the message alone does not fit: message names its
-** token count and the budget), KVT_ECTX, KVT_ELLAMA.  On error the block table is consistent
-** with the KV cache.  keep: the hint for the message's blocks (enum kvt_keep; KVT_KEEP_NONE
-** for none). */
+** and decoded with the next user message.  For a user message: the pending text of earlier
+** messages is decoded, evicted blocks relevant to the message come back at the tail
+** (kv_restore: BM25 novel terms or embedder cosine, top_k plus successor_blocks), then the
+** message and the assistant prefix are decoded, evicting by watermark so that they plus
+** gen_reserve fit the budget.  A message longer than the budget evicts blocks of its own; the
+** ones its end asks about come back before the assistant prefix.  The stream always holds the
+** template's tokens of the whole conversation (cut back and re-decoded where it diverges).  The
+** rules in full: docs/MANUAL.md, "What kvt_session_add does with a message".
+** keep: the hint for the message's blocks (enum kvt_keep; KVT_KEEP_NONE for none).
+** Errors: KVT_EINVAL (role, keep), KVT_EBUDGET (the message alone does not fit: the message names
+** its token count and the budget), KVT_ECTX, KVT_ELLAMA.  On error the message is not in the
+** conversation and the block table is consistent with the KV cache. */
 int kvt_session_add(kvt_session *s, enum kvt_role role, const char *text, int32_t keep);
 
 /* Per generated token callback; return false to stop.  piece is the token's UTF-8 text. */
@@ -1512,48 +1435,18 @@ int kvt_store_clear(kvt_store *st);
 /* 9. Block codecs: self-describing encodings of a block leaving the device               */
 /* ====================================================================================== */
 
-/* A codec turns a kvt_blob (section 3) into bytes for a host or disk tier and back.  The
-** encoded bytes describe themselves (little-endian):
-**   header  "KVTC" magic, format version (KVT_CODEC_VERSION), codec id, the parameters, the
-**           original blob size, the blob's p0 / n_tokens / n_cells / n_cells_swa, the payload
-**           size and the SHA-256 of the payload (OpenSSL);
-**   payload the blob's bytes outside its K/V tensors (cell records, per-layer headers) verbatim,
-**           then one section per K or V tensor of every layer of every part.
-** Decoding re-assembles a blob that kvt_block_load accepts (same layout, cells and positions;
-** only K/V values differ for a lossy codec).
-**
-** Each tensor is read as a matrix X[cell][channel] (channels = K or V row elements of the layer,
-** channel j of KV head h = j / head_dim), whatever its layout (V transposed when flash attention
-** is off).  Cells whose position is < n_sink are stored raw (bit-exact) by every lossy codec;
-** the others by the codec:
+/* A codec turns a kvt_blob (section 3) into bytes for a host or disk tier and back: a
+** self-describing header ("KVTC", version, codec and parameters, the blob's shape, the SHA-256
+** of the payload) and the payload.  Decoding re-assembles a blob that kvt_block_load accepts
+** (only K/V values differ for a lossy codec).  Cells below n_sink stay raw in every lossy codec.
 **   raw         the blob's bytes, bit-exact (any cache type).
-**   q8, q4      KIVI (Liu et al. 2024, "KIVI: a tuning-free asymmetric 2bit quantization for KV
-**               cache"): keys per channel (a group is group_k consecutive cells of one channel:
-**               K outliers live in fixed channels), values per token (a group is group_v
-**               consecutive channels of one cell).  Asymmetric min/max per group: F32 min m and
-**               step d = (max - min) / (2^bits - 1), codes q = round((x - m) / d) in bits bits,
-**               x^ = m + q d.  Error bound, every element:
-**                   |x - x^| <= (max - min) / (2^bits - 1) / 2  (+ F32 arithmetic, ~1e-6 relative)
-**                               + half an F16 ulp of x^ (F16 caches: x^ is stored back as F16).
-**               Defaults group_k = 64 cells (a 64-token block is one group per channel),
-**               group_v = 64 channels; a last, shorter group takes what is left.  Bytes per
-**               element: bits / 8 + 8 / group (F16 raw: 2), so q4 ~0.31x and q8 ~0.56x of raw.
-**   elastic     ElasticKV-style magnitude sparsification: for every layer, K and V apart, and
-**               every KV head h, over the head's elements of all cells in the block, mu_h and
-**               sigma_h = mean and standard deviation of |x|, and
-**                   tau_h = max(sigma_h / 2, mu_h) * s     (s = s_k for K, s_v for V)
-**               elements with |x| < tau_h are set to 0 (cells < n_sink are never pruned).  Stored
-**               as a bitmap (1 bit per element) plus the kept values in the cache type.
-**   elastic+q8  elastic's bitmap, the kept values quantised as q8 (KIVI groups, min/max over the
-**               group's kept elements; pruned elements decode as exact 0).
-** Per-head bits ("entropy-sized heads", q8/q4 only): kvt_codec_params.head_bits gives every
-** (layer, KV head) its own bits, 4 or 8; each head's elements are then coded exactly as the
-** uniform codec of its bits codes them (same groups; a V group must lie within one head).  The
-** table follows the fixed header (format version KVT_CODEC_VERSION_HEADS: u32 count, u32 0, one
-** byte per entry, zero-padded to 8 bytes) and the SHA-256 covers it with the payload; decoding
-** refuses a table whose size, entries or layer count disagree with the header or the block.
-** `kvtier bench codec --heads PROFILE` compares assignments from a calibration profile
-** (docs/BENCHMARKS.md: whether it is worth using).
+**   q8, q4      KIVI (Liu et al. 2024): keys per channel, values per token, asymmetric min/max
+**               groups; |x - x^| <= (max - min) / (2^bits - 1) / 2 (+ F16 rounding); q4 ~0.31x
+**               and q8 ~0.56x of raw F16.  Per-head bits (4 or 8) with kvt_codec_params.head_bits.
+**   elastic     ElasticKV-style magnitude sparsification per layer, K/V and KV head
+**               (tau_h = max(sigma_h / 2, mu_h) x s); a bitmap plus the kept values.
+**   elastic+q8  elastic's bitmap, the kept values as q8.
+** The byte layout, the error bounds and the per-head table: docs/MANUAL.md, "Block codecs".
 ** Lossy codecs need F16 or F32 K and V; a quantised cache type (q8_0) is KVT_EUNSUPPORTED (callers
 ** keep such blocks raw).  All functions of this section are pure: no engine, no shared state,
 ** callable from any thread (encoding can run off the decode path). */
