@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# run_long_sessions.sh — long sessions with planted facts (bench/long_sessions.py) against kvtier
+# at two budgets and llama-server (the same vendored llama.cpp, scripts/bootstrap.sh llama-server)
+# at full context and at kvtier's KV memory, one server at a time, in one invocation.
+#
+#   bench/run_long_sessions.sh [OUT_DIR]      (default: bench/results/long-<date>)
+#
+# Environment: MODEL (default $KVTIER_CHAT_MODEL, SmolLM2-135M-Instruct), SESSIONS (4), TURNS (24),
+# WORDS (200), MAX_TOKENS (32), FACTS (4), THREADS (2), BUDGETS ("1024 2048": kvtier's
+# --budget per session), CTX_FULL (8192: llama-server's context per slot, the model's trained
+# context for SmolLM2), KVTIER (build/kvtier), EXTRA (more `kvtier serve` flags), SKIP_LLAMA=1.
+# Writes OUT_DIR/long_sessions.jsonl (one line per server), OUT_DIR/<label>.csv (per turn),
+# OUT_DIR/table.md and OUT_DIR/long_sessions.png (generated tok/s and TTFT against turn number).
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+SRC=$(dirname "$HERE")
+OUT=${1:-$HERE/results/long-$(date -u +%Y%m%dT%H%M%SZ)}
+mkdir -p "$OUT"
+eval "$("$SRC/scripts/bootstrap.sh" env)"
+PY=$("$SRC/scripts/bootstrap.sh" pyclient-path)
+"$SRC/scripts/bootstrap.sh" pyclient >/dev/null
+MODEL=${MODEL:-$KVTIER_CHAT_MODEL}
+SESSIONS=${SESSIONS:-4} TURNS=${TURNS:-24} WORDS=${WORDS:-200} MAX_TOKENS=${MAX_TOKENS:-32} FACTS=${FACTS:-4}
+THREADS=${THREADS:-2} BUDGETS=${BUDGETS:-"1024 2048"} CTX_FULL=${CTX_FULL:-8192}
+KVTIER=${KVTIER:-$SRC/build/kvtier}
+export OMP_WAIT_POLICY=PASSIVE # idle OpenMP threads sleep (see run_serve_bench.sh)
+PID=
+trap '[ -n "$PID" ] && kill "$PID" 2>/dev/null; true' EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_up() { # port
+    for _ in $(seq 1 600); do
+        curl -sf "http://127.0.0.1:$1/health" >/dev/null 2>&1 && return 0
+        kill -0 "$PID" 2>/dev/null || return 1
+        sleep 0.2
+    done
+    return 1
+}
+run() { # label cmd...
+    local label=$1 port
+    shift
+    port=$(free_port)
+    echo "== $label: $*" >&2
+    "$@" --port "$port" >"$OUT/$label.log" 2>&1 &
+    PID=$!
+    wait_up "$port" || { echo "$label did not start; see $OUT/$label.log" >&2; kill "$PID" 2>/dev/null; PID=; return 1; }
+    "$PY" "$HERE/long_sessions.py" --url "http://127.0.0.1:$port" --pid "$PID" --sessions "$SESSIONS" --turns "$TURNS" \
+        --words "$WORDS" --max-tokens "$MAX_TOKENS" --facts "$FACTS" --label "$label" --series "$OUT/$label.csv" |
+        tee -a "$OUT/long_sessions.jsonl"
+    kill -TERM "$PID"
+    wait "$PID" || true
+    PID=
+}
+
+{
+    echo "# bench/run_long_sessions.sh | $(basename "$MODEL") | $("$KVTIER" --version 2>/dev/null | head -1) |"
+    echo "# $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(nproc) cores | $(date -u +%Y-%m-%dT%H:%M:%SZ) |"
+    echo "# load before: $(cut -d' ' -f1-3 /proc/loadavg) | $SESSIONS sessions x $TURNS turns, $WORDS words + $MAX_TOKENS tokens a turn, $FACTS facts each"
+} >"$OUT/header.txt"
+cat "$OUT/header.txt" >&2
+
+for b in $BUDGETS; do # the KV of one session's budget per sequence, plus a spare sequence
+    run "kvtier-budget$b" "$KVTIER" serve -m "$MODEL" -c $((b * (SESSIONS + 1))) --budget "$b" --parallel "$SESSIONS" \
+        --max-sessions "$SESSIONS" --threads "$THREADS" --no-store ${EXTRA:-}
+done
+LLAMA_SERVER=$("$SRC/scripts/bootstrap.sh" llama-server-path)
+if [ -z "${SKIP_LLAMA:-}" ] && [ -x "$LLAMA_SERVER" ]; then
+    run llama-server-full "$LLAMA_SERVER" -m "$MODEL" -c $((CTX_FULL * SESSIONS)) -np "$SESSIONS" -t "$THREADS" --host 127.0.0.1
+    b=${BUDGETS%% *} # the KV memory kvtier's first budget holds, context shift on (what fits is what it keeps)
+    run "llama-server-kv$b" "$LLAMA_SERVER" -m "$MODEL" -c $((b * SESSIONS)) -np "$SESSIONS" -t "$THREADS" --context-shift \
+        --host 127.0.0.1
+elif [ -z "${SKIP_LLAMA:-}" ]; then
+    echo "llama-server not built (scripts/bootstrap.sh llama-server); its rows are skipped" >&2
+fi
+
+"$PY" "$HERE/long_sessions.py" --table "$OUT/long_sessions.jsonl" | tee "$OUT/table.md"
+plots=""
+for f in "$OUT"/*.csv; do
+    plots="$plots${plots:+, }'$f' skip 1 using 1:2 with linespoints title '$(basename "$f" .csv)' axes x1y1"
+done
+gnuplot -e "set datafile separator ','; set terminal pngcairo size 1000,520 font ',10' noenhanced;
+  set output '$OUT/long_sessions.png'; set title 'generated tok/s per request against turn ($SESSIONS sessions)';
+  set xlabel 'turn'; set ylabel 'tok/s of the turn''s requests'; set key top right; set grid;
+  plot $plots" 2>/dev/null || echo "gnuplot failed; the series are in $OUT/*.csv" >&2
+echo "results: $OUT" >&2
