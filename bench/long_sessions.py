@@ -32,17 +32,10 @@ import time
 
 import openai
 
+from benchlib import pct, stream_turn, vmhwm_mb
+
 COLORS = ["red", "blue", "green", "golden", "silver", "black", "white", "amber", "violet", "grey"]
 ANIMALS = ["fox", "heron", "otter", "badger", "falcon", "lynx", "salmon", "beaver", "raven", "hare"]
-
-
-def pct(xs, p):
-    if not xs:
-        return float("nan")
-    xs = sorted(xs)
-    k = (len(xs) - 1) * p / 100
-    f = int(k)
-    return xs[f] if f + 1 >= len(xs) else xs[f] + (xs[f + 1] - xs[f]) * (k - f)
 
 
 def wilson(k, n, z=1.96):
@@ -54,16 +47,6 @@ def wilson(k, n, z=1.96):
     c = (p + z * z / (2 * n)) / d
     h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
     return (max(0.0, c - h), min(1.0, c + h))
-
-
-def vmhwm_mb(pid):
-    try:
-        for line in open(f"/proc/{pid}/status"):
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("nan")
 
 
 def cpu_s(pid):
@@ -158,26 +141,13 @@ def main():
                         msg += f"\n\nNote for later: the code of the {f[2]} is {f[3]}."
             hist.append({"role": "user", "content": msg})
             t0 = time.time()
-            first = None
-            text = []
-            n = pt = 0
             try:
-                stream = client.chat.completions.create(
-                    model="bench", messages=hist, max_tokens=a.max_tokens, temperature=0, stream=True,
-                    stream_options={"include_usage": True}, extra_headers={"X-Session-Id": f"long-{i}"})
-                for c in stream:
-                    if c.choices and c.choices[0].delta.content:
-                        if first is None:
-                            first = time.time() - t0
-                        text.append(c.choices[0].delta.content)
-                    if c.usage:
-                        n, pt = c.usage.completion_tokens, c.usage.prompt_tokens
+                first, reply, n, pt = stream_turn(client, hist, a.max_tokens, f"long-{i}")
             except Exception as e:  # noqa: BLE001 - reported, the run goes on
                 with lock:
                     errors.append(f"session {i} turn {t + 1}: {e}")
                 return
             dur = time.time() - t0
-            reply = "".join(text)
             ok = bool(probe) and re.search(r"(?<!\d)" + probe[3] + r"(?!\d)", reply) is not None
             with lock:
                 rows.append((t, (first if first is not None else dur) * 1e3, dur, n, pt, bool(probe), ok))

@@ -27,15 +27,7 @@ export OMP_WAIT_POLICY=PASSIVE # idle OpenMP threads sleep (see run_serve_bench.
 PID=
 trap '[ -n "$PID" ] && kill "$PID" 2>/dev/null; true' EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_up() { # port
-    for _ in $(seq 1 600); do
-        curl -sf "http://127.0.0.1:$1/health" >/dev/null 2>&1 && return 0
-        kill -0 "$PID" 2>/dev/null || return 1
-        sleep 0.2
-    done
-    return 1
-}
+. "$HERE/lib.sh" # free_port, wait_up
 run() { # label cmd...
     local label=$1 port
     shift

@@ -22,24 +22,7 @@ import time
 
 import openai
 
-
-def pct(xs, p):
-    if not xs:
-        return float("nan")
-    xs = sorted(xs)
-    k = (len(xs) - 1) * p / 100
-    f = int(k)
-    return xs[f] if f + 1 >= len(xs) else xs[f] + (xs[f + 1] - xs[f]) * (k - f)
-
-
-def vmhwm_mb(pid):
-    try:
-        for line in open(f"/proc/{pid}/status"):
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("nan")
+from benchlib import pct, stream_turn, vmhwm_mb
 
 
 def main():
@@ -71,20 +54,8 @@ def main():
             chunk = " ".join(words[off + t * a.words: off + (t + 1) * a.words])
             hist.append({"role": "user", "content": f"Here is part {t + 1} of an essay. Summarise it in one sentence.\n\n{chunk}"})
             t0 = time.time()
-            first = None
-            text = []
-            n = 0
             try:
-                stream = client.chat.completions.create(
-                    model="bench", messages=hist, max_tokens=a.max_tokens, temperature=0, stream=True,
-                    stream_options={"include_usage": True}, extra_headers={"X-Session-Id": f"bench-{i}"})
-                for c in stream:
-                    if c.choices and c.choices[0].delta.content:
-                        if first is None:
-                            first = time.time() - t0
-                        text.append(c.choices[0].delta.content)
-                    if c.usage:
-                        n = c.usage.completion_tokens
+                first, reply, n, _ = stream_turn(client, hist, a.max_tokens, f"bench-{i}")
             except Exception as e:  # noqa: BLE001 - reported, the run goes on
                 with lock:
                     errors.append(f"session {i} turn {t + 1}: {e}")
@@ -92,7 +63,7 @@ def main():
             with lock:
                 (ttft1 if t == 0 else ttft2).append((first if first is not None else time.time() - t0) * 1e3)
                 gen[0] += n
-            hist.append({"role": "assistant", "content": "".join(text)})
+            hist.append({"role": "assistant", "content": reply})
 
     t0 = time.time()
     ths = [threading.Thread(target=session, args=(i,)) for i in range(a.sessions)]
