@@ -890,6 +890,7 @@ int kvt_session_sync(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_
 ** kvt_engine_decode_batch with one KV stream per sequence), as long as room leaves chunks whole.
 ** Between kvt_prefill_done and the next kvt_prefill_next the caller may use the engine for other
 ** sessions and sequences, not this session.  msgs must stay valid until kvt_prefill_end.
+** Not thread-safe (engine rule): all four calls on the engine's one thread at a time.
 ** OUT *pf: free with kvt_prefill_end.  Errors: those kvt_session_sync gives before decoding. */
 typedef struct kvt_prefill kvt_prefill;
 int kvt_session_prefill(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_msgs, kvt_prefill **pf /* OUT */);
