@@ -81,6 +81,9 @@ def table(path):
     print("| server | gen tok/s | TTFT p50 / p99, last third (s) | context reached | peak RSS (MB) | server CPU ms/token | recall (95% CI) |")
     print("|---|---|---|---|---|---|---|")
     for r in rs:
+        if r["n_errors"]:
+            print(f"| {r['label']} | {r['n_errors']} of {r['sessions']} sessions stopped: {r['errors'][0][:120]} | | | | | |")
+            continue
         last = list(r["ttft_ms_p50_p99"].values())[-1]
         print(f"| {r['label']} | {r['gen_tok_per_s']:.2f} ({r['gen_tok_per_s'] / base['gen_tok_per_s']:.2f}x) "
               f"| {last[0] / 1e3:.2f} / {last[1] / 1e3:.2f} | {r['last_prompt_tokens']} "

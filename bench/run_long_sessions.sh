@@ -38,7 +38,7 @@ run() { # label cmd...
     wait_up "$port" || { echo "$label did not start; see $OUT/$label.log" >&2; kill "$PID" 2>/dev/null; PID=; return 1; }
     "$PY" "$HERE/long_sessions.py" --url "http://127.0.0.1:$port" --pid "$PID" --sessions "$SESSIONS" --turns "$TURNS" \
         --words "$WORDS" --max-tokens "$MAX_TOKENS" --facts "$FACTS" --label "$label" --series "$OUT/$label.csv" |
-        tee -a "$OUT/long_sessions.jsonl"
+        tee -a "$OUT/long_sessions.jsonl" || echo "$label: requests failed (n_errors and errors in its JSON line)" >&2
     kill -TERM "$PID"
     wait "$PID" || true
     PID=
