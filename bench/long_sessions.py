@@ -106,6 +106,7 @@ def main():
     ap.add_argument("--essays", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "pg_essays"))
     ap.add_argument("--label", default="server")
     ap.add_argument("--series", default="", help="CSV file for the per-turn series")
+    ap.add_argument("--replies", default="", help="JSON lines file for every probe's question, expected code and reply")
     a = ap.parse_args()
     if a.table:
         return table(a.table)
@@ -125,6 +126,7 @@ def main():
     plans = [plan(i, a.turns, a.facts, rng) for i in range(a.sessions)]
     lock = threading.Lock()
     rows = []  # (turn, ttft_ms, dur_s, completion tokens, prompt tokens, probe, correct)
+    probe_log = []
     errors = []
     done_turns = [0]
 
@@ -153,6 +155,9 @@ def main():
             dur = time.time() - t0
             ok = bool(probe) and re.search(r"(?<!\d)" + probe[3] + r"(?!\d)", reply) is not None
             with lock:
+                if probe:
+                    probe_log.append({"session": i, "turn": t + 1, "fact": probe[2], "expected": probe[3], "planted_turn": probe[0] + 1,
+                                      "correct": ok, "prompt_tokens": pt, "reply": reply})
                 rows.append((t, (first if first is not None else dur) * 1e3, dur, n, pt, bool(probe), ok))
                 done_turns[0] += 1
                 if done_turns[0] % max(1, a.sessions) == 0:
@@ -193,6 +198,10 @@ def main():
         "recall_wilson95": [round(lo, 3), round(hi, 3)], "n_errors": len(errors), "errors": errors[:5],
     }
     print(json.dumps(res), flush=True)
+    if a.replies:
+        with open(a.replies, "w") as f:
+            for p in sorted(probe_log, key=lambda p: (p["session"], p["turn"])):
+                f.write(json.dumps(p) + "\n")
     if a.series:
         with open(a.series, "w") as f:
             f.write("turn,gen_tok_per_s,ttft_p50_ms,prompt_tokens,probes,correct\n")
