@@ -1,5 +1,6 @@
 """benchlib.py — what bench/serve_bench.py and bench/long_sessions.py share: percentiles, a
 process's peak RSS, and one streamed chat turn against an OpenAI-compatible server."""
+import threading
 import time
 
 
@@ -43,3 +44,18 @@ def stream_turn(client, hist, max_tokens, session_id):
         if c.usage:
             n, pt = c.usage.completion_tokens, c.usage.prompt_tokens
     return first, "".join(text), n, pt
+
+
+def run_sessions(session, n, pid):
+    """Run session(i) for i in 0..n-1 on threads at once, sampling pid's peak RSS every 0.2 s.
+    Returns (wall seconds, peak RSS in MiB; 0 without a pid)."""
+    t0 = time.time()
+    ths = [threading.Thread(target=session, args=(i,)) for i in range(n)]
+    for t in ths:
+        t.start()
+    peak = 0.0
+    while any(t.is_alive() for t in ths):
+        time.sleep(0.2)
+        if pid:
+            peak = max(peak, vmhwm_mb(pid))
+    return time.time() - t0, peak

@@ -32,7 +32,7 @@ import time
 
 import openai
 
-from benchlib import pct, stream_turn, vmhwm_mb
+from benchlib import pct, run_sessions, stream_turn
 
 COLORS = ["red", "blue", "green", "golden", "silver", "black", "white", "amber", "violet", "grey"]
 ANIMALS = ["fox", "heron", "otter", "badger", "falcon", "lynx", "salmon", "beaver", "raven", "hare"]
@@ -166,16 +166,7 @@ def main():
             hist.append({"role": "assistant", "content": reply})
 
     cpu0 = cpu_s(a.pid) if a.pid else float("nan")
-    t0 = time.time()
-    ths = [threading.Thread(target=session, args=(i,)) for i in range(a.sessions)]
-    for t in ths:
-        t.start()
-    peak = 0.0
-    while any(t.is_alive() for t in ths):
-        time.sleep(0.2)
-        if a.pid:
-            peak = max(peak, vmhwm_mb(a.pid))
-    wall = time.time() - t0
+    wall, peak = run_sessions(session, a.sessions, a.pid)
     cpu = (cpu_s(a.pid) - cpu0) if a.pid else float("nan")
     gen = sum(r[3] for r in rows)
     probes = [r for r in rows if r[5]]

@@ -22,7 +22,7 @@ import time
 
 import openai
 
-from benchlib import pct, stream_turn, vmhwm_mb
+from benchlib import pct, run_sessions, stream_turn
 
 
 def main():
@@ -65,16 +65,7 @@ def main():
                 gen[0] += n
             hist.append({"role": "assistant", "content": reply})
 
-    t0 = time.time()
-    ths = [threading.Thread(target=session, args=(i,)) for i in range(a.sessions)]
-    for t in ths:
-        t.start()
-    peak = 0.0
-    while any(t.is_alive() for t in ths):
-        time.sleep(0.2)
-        if a.pid:
-            peak = max(peak, vmhwm_mb(a.pid))
-    wall = time.time() - t0
+    wall, peak = run_sessions(session, a.sessions, a.pid)
     res = {
         "label": a.label, "sessions": a.sessions, "turns": a.turns, "max_tokens": a.max_tokens, "words": a.words,
         "wall_s": round(wall, 2), "generated_tokens": gen[0], "gen_tok_per_s": round(gen[0] / wall, 2),
