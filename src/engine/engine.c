@@ -293,7 +293,7 @@ static int make_context(kvt_engine *e, struct llama_context_params *cp, bool scr
 
 int kvt_engine_open(const struct kvt_engine_params *params, kvt_engine **out) {
     struct kvt_engine_params p = params ? *params : kvt_engine_default_params();
-    enum ggml_type tk, tv;
+    enum ggml_type tk = GGML_TYPE_F16, tv = GGML_TYPE_F16; /* set by parse_type (a Release build cannot see it) */
     int rc;
     *out = NULL;
     kvt__clear_error();
