@@ -28,8 +28,9 @@ struct feed {
     bool routed;            /* the store's prefix lookup is done (or not wanted) */
     struct chunk_run *runs; /* reused chunks after the prefix (session/chunks.c) */
     int32_t n_runs, next_run, runs_base;
-    int32_t m; /* the chunk handed out: its tokens, */
-    bool last; /*   the run's last chunk (it wants logits), */
+    bool logits; /* the run's last token wants logits (false: more of the prompt follows it) */
+    int32_t m;   /* the chunk handed out: its tokens, */
+    bool last;   /*   the run's last chunk, */
     double t0; /*   when it was handed out (ms) */
 };
 
@@ -40,6 +41,7 @@ static void feed_init(struct feed *f, const kvt_token *tok, int32_t n, int role,
     f->role = role;
     f->reserve_after = reserve_after;
     f->routed = role == KVT_ROLE_ASSISTANT; /* a prompt's blocks may be in the store */
+    f->logits = true;
 }
 
 static void feed_free(struct feed *f) {
@@ -93,7 +95,7 @@ static int feed_next(kvt_session *s, struct feed *f, int32_t room, struct kvt_de
         if (rc == KVT_EBUDGET && last && f->reserve_after) rc = kvt__sess_make_room(s, m); /* reply room is best effort */
         s->st.policy_ms += kvt__now_ms() - t1; /* scoring; the seq_rm of evictions is in here too (cheap) */
         if (rc || (rc = kvt__sess_reserve_positions(s, m))) return rc;
-        *c = (struct kvt_decode_chunk){ s->p.seq, f->tok + f->off, m, s->next_pos, last };
+        *c = (struct kvt_decode_chunk){ s->p.seq, f->tok + f->off, m, s->next_pos, last && f->logits };
         f->m = m;
         f->last = last;
         f->t0 = kvt__now_ms();
@@ -107,7 +109,8 @@ static int feed_next(kvt_session *s, struct feed *f, int32_t room, struct kvt_de
 static int feed_done(kvt_session *s, struct feed *f, int rc) {
     s->st.decode_ms += kvt__now_ms() - f->t0;
     if (rc) return rc;
-    if (f->last && (rc = save_logits(s))) return rc;
+    if (f->last && f->logits && (rc = save_logits(s))) return rc;
+    if (f->last && !f->logits) s->dec.have_logits = false; /* the run after it brings them */
     s->st.decoded += f->m;
     kvt__sess_note_peak(s);
     if ((rc = kvt__sess_record(s, f->tok + f->off, f->m, f->role))) return rc;
@@ -279,6 +282,9 @@ static int pf_advance(struct kvt_prefill *pf, int res) {
             if ((rc = kvt__sess_recover(s, s->conv.m[s->conv.n_m - 1].content, pf->n))) return pf_fail_message(pf, rc);
             s->cur_keep = s->conv.m[s->conv.n_m - 1].keep;
             pf_feed(pf, pf->tok, pf->n, KVT_ROLE_USER, s->p.gen_reserve, PF_MESSAGE_FED);
+            /* the assistant prefix follows it: the message's last token needs no logits (with a
+            ** vocabulary of 262k, Gemma 3's output projection is a third of a short decode) */
+            pf->f.logits = false;
             return 0;
         }
         case PF_INFLLM_FED:
@@ -308,6 +314,10 @@ static int pf_advance(struct kvt_prefill *pf, int res) {
             /* the assistant prefix */
             if ((rc = kvt__sess_recover_own_tail(s, s->conv.m[s->conv.n_m - 1].content))) return rc;
             if ((rc = kvt__sess_pending_tokens(s, s->conv.n_m, true, &pf->tok, &pf->n, &pf->fmt))) return rc;
+            if (pf->n == 0 && (rc = kvt__sess_refresh_logits(s))) { /* a template without a prefix */
+                pf_free_text(pf);
+                return rc;
+            }
             pf_feed(pf, pf->tok, pf->n, KVT_ROLE_USER, s->p.gen_reserve, PF_PREFIX_FED);
             return 0;
         case PF_PREFIX_FED:
