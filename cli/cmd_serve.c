@@ -216,7 +216,7 @@ int cmd_serve(int argc, char **argv) {
           NULL },
         { "redis-secret-file", 0, OPT_STR, &srv.redis_secret_file, 0, 0, "FILE",
           "16-4096 bytes shared by the servers sharing --redis: every value written carries HMAC-SHA-256 under it "
-          "and a value read without a matching one is a miss, counted and deleted (default: values carry a SHA-256 "
+          "and a value read without a matching one is a miss, counted and deleted (default: values carry a checksum "
           "only, so whoever can write to the Redis can plant K/V)",
           NULL },
         { "redis-ttl-s", 0, OPT_INT, &srv.redis_ttl_s, 1, 1 << 30, "N",

@@ -219,7 +219,7 @@ static void report_print(const char *dir, const struct kvt_store_report *r, bool
     printf("store     %s\n", dir);
     printf("checked   %lld index entries: %lld ok\n", (long long) r->checked, (long long) r->ok);
     if (gc) printf("expired   %lld\nover quota %lld\n", (long long) r->expired, (long long) r->over_quota);
-    else printf("corrupt   %lld (header or SHA-256 does not match the index)\n", (long long) r->corrupt);
+    else printf("corrupt   %lld (header or checksum does not match the index)\n", (long long) r->corrupt);
     printf("missing   %lld (index entries without a file)\n", (long long) r->missing);
     printf("orphans   %lld (files without an index entry, temporary files included)\n", (long long) r->orphans);
     printf("removed   %lld (%s)\n", (long long) r->removed, b);
@@ -288,7 +288,7 @@ int cmd_store(int argc, char **argv) {
         { "stats", "Entries, bytes, tokens, hot and expired blocks of the disk tier (read-only).", do_stats, true },
         { "ls", "One line per stored block, most recently hit first (read-only).", do_ls, true },
         { "verify",
-          "Re-read every file the index names and check its header and SHA-256 against the index;\n"
+          "Re-read every file the index names and check its header and checksum against the index;\n"
           "list rows without files and files without rows. Read-only unless --repair, which\n"
           "removes what fails. Exit status 1 when problems remain.",
           do_verify, true },

@@ -1226,7 +1226,7 @@ struct kvt_store_params {
                               ** default 64 MiB; a larger block is not written (writes_dropped) */
     int32_t redis_queue_max;       /* Redis writes waiting for the Redis writer thread, >= 1; default
                               ** 256; a put that finds it full drops the Redis write */
-    const char *redis_secret_file; /* NULL = values carry a SHA-256 but no key: anyone who can
+    const char *redis_secret_file; /* NULL = values carry a checksum but no key: anyone who can
                               ** write to the Redis can plant K/V for any chain key.  Else a file
                               ** of 16 to 4096 bytes (read at open), shared by the servers that share
                               ** the Redis: every value written carries HMAC-SHA-256(secret, value)
@@ -1347,7 +1347,7 @@ void kvt_store_get_stats(kvt_store *st, struct kvt_store_stats *out /* OUT */);
 ** reads, never waits for I/O, never blocks on a full queue.  A key already in RAM, queued or in
 ** flight is skipped; one that finds the queue full (prefetch_queue) or prefetch_bytes of
 ** promoted blocks still unread is dropped (prefetch.dropped).  A thread reads each key as a get
-** would, RAM untouched: the disk tier (index row, blob header, SHA-256; model must match:
+** would, RAM untouched: the disk tier (index row, blob header, checksum; model must match:
 ** another model's block or a missing one is "absent"), then, on a disk miss, the Redis tier,
 ** with up to 8 keys per pipelined round trip on one connection (each reply within
 ** redis_timeout_ms; a timeout ends the batch, counted in redis.timeouts: the rest are skipped
@@ -1421,7 +1421,7 @@ struct kvt_store_report {
 ** tier, NULL out), KVT_EIO, KVT_ENOMEM.  Thread-safe. */
 int kvt_store_gc(kvt_store *st, struct kvt_store_report *out /* OUT */);
 /* Re-read every file the index names and check its header (magic, version, key, model, size,
-** codec, tokens) and payload SHA-256 against the row; list orphans both ways (rows without a
+** codec, tokens) and payload checksum (docs/STORE.md) against the row; list orphans both ways (rows without a
 ** file: missing; files without a row: orphans).  With repair, remove what fails (rows and
 ** files).  Expiry is not looked at (gc's job).  Reads every byte of the tier.
 ** Errors: KVT_EINVAL (repair on a read-only store, no disk tier, NULL out), KVT_EIO,

@@ -159,14 +159,14 @@ int kvt_store_put(kvt_store *st, const kvt_key *key, const struct kvt_store_meta
 
 /* Fetch key's bytes: RAM tier, else disk tier (its write queue, then the index and the blob
 ** file; a disk hit is copied into RAM).  A disk read checks the file's header (magic, version,
-** key, model, size, codec, tokens) against the index row and the payload's SHA-256 against
+** key, model, size, codec, tokens) against the index row and the payload's checksum against
 ** both: a mismatch, a truncated or a missing file is never returned: the entry is removed,
 ** counted in disk.corrupt, and the get is a miss.  model must equal the stored block's model
 ** fingerprint, else the get is a miss counted in corrupt (the entry, intact, stays for its own
 ** model).  A hit updates last-hit time and hit count (RAM at once; the index through the writer
 ** thread, in batches: a get never waits for an index write).  With a Redis tier, a local miss
 ** asks Redis within redis_timeout_ms: the value is checked as a blob file is (header key and
-** model, size, SHA-256; a bad one is counted in redis.corrupt, deleted, a miss); a hit is
+** model, size, checksum; a bad one is counted in redis.corrupt, deleted, a miss); a hit is
 ** copied into RAM and queued for disk (*tier KVT_TIER_REDIS); a timeout or error is a miss
 ** (counted; the tier then backs off 100 ms doubling to 5 s, each get meanwhile a miss at once).  OUT *data (free()), *n (bytes),
 ** *meta, *tier (meta and tier may be NULL).
@@ -175,6 +175,15 @@ int kvt_store_put(kvt_store *st, const kvt_key *key, const struct kvt_store_meta
 ** index cannot be read).  On error *data is NULL and *n 0.  Thread-safe. */
 int kvt_store_get(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n, struct kvt_store_meta *meta,
                   enum kvt_tier *tier);
+
+/* kvt_store_get without the copy out: *data points into a buffer the store shares (the RAM
+** tier's entry, a queued write, a disk read that RAM keeps too), held by the reference *ref until
+** kvt__store_ref_free(*ref); read-only.  A session's load of store blocks uses it (what a warm
+** prompt costs is these bytes' trip into the KV cache, not their copies).  Same errors; on error
+** *data and *ref are NULL.  Thread-safe. */
+int kvt__store_get_ref(kvt_store *st, const kvt_key *key, const kvt_key *model, const void **data, size_t *n,
+                       struct kvt_store_meta *meta, void **ref);
+void kvt__store_ref_free(void *ref); /* accepts NULL */
 
 /* Is key in RAM or on disk and not expired (no file read, no checksum, no hit counted; Redis is
 ** not asked)?  False for NULL arguments.  Thread-safe. */

@@ -119,10 +119,11 @@ int kvt__sess_route(kvt_session *s, const kvt_token *tok, int32_t n, int role, i
     const double t0 = kvt__now_ms();
     kvt_blob *blobs = calloc((size_t) k_max, sizeof *blobs);
     const kvt_blob **bp = calloc((size_t) k_max, sizeof *bp);
+    void **refs = calloc((size_t) k_max, sizeof *refs); /* the store's buffers the blobs point into */
     int32_t found = 0;
     int rc = 0;
     kvt_key *keys = NULL;
-    if (!blobs || !bp) {
+    if (!blobs || !bp || !refs) {
         rc = kvt__fail(KVT_ENOMEM, "store lookup of %d blocks", k_max);
         goto out;
     }
@@ -147,11 +148,11 @@ int kvt__sess_route(kvt_session *s, const kvt_token *tok, int32_t n, int role, i
     int32_t j = 0;
     for (; j < k_max; j++) {
         const kvt_key key = keys[j];
-        void *data = NULL;
+        const void *data = NULL;
         size_t sz = 0;
         struct kvt_store_meta m;
-        if (kvt_store_get(s->p.store, &key, &s->reuse.model_fp, &data, &sz, &m, NULL)) break;
-        blobs[found] = (kvt_blob){ data, sz, (i0 + j) * B, B, B, 0 };
+        if (kvt__store_get_ref(s->p.store, &key, &s->reuse.model_fp, &data, &sz, &m, &refs[found])) break;
+        blobs[found] = (kvt_blob){ (void *) data, sz, (i0 + j) * B, B, B, 0 }; /* read-only: loaded, never written */
         if (m.n_tokens != B || m.codec != 0) break; /* freed below with the others */
         bp[found] = &blobs[found];
         found++;
@@ -167,7 +168,8 @@ int kvt__sess_route(kvt_session *s, const kvt_token *tok, int32_t n, int role, i
     s->reuse.route_tokens_all += found * B;
     s->st.store_tokens += found * B;
 out:
-    for (int32_t q = 0; blobs && q <= found && q < k_max; q++) free(blobs[q].data);
+    for (int32_t q = 0; refs && q <= found && q < k_max; q++) kvt__store_ref_free(refs[q]);
+    free(refs);
     free(blobs);
     free(bp);
     free(keys);

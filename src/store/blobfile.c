@@ -26,6 +26,7 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 static void le32(uint8_t *b, uint32_t v) {
     for (int i = 0; i < 4; i++) b[i] = (uint8_t) (v >> (8 * i));
@@ -42,6 +43,65 @@ int kvt__sha256(const void *data, size_t n, uint8_t out[32]) {
     unsigned len = 0;
     static const uint8_t empty = 0;
     return EVP_Digest(n ? data : &empty, n, out, &len, EVP_sha256(), NULL) == 1 && len == 32 ? 0 : -1;
+}
+
+/* ---- the payload checksum of a format version (store_int.h), whole or streamed -------------- */
+
+struct sum {
+    uint32_t version;
+    EVP_MD_CTX *sha;  /* version 1 */
+    XXH3_state_t *xx; /* version 2 */
+};
+
+static int sum_init(struct sum *c, uint32_t version) {
+    memset(c, 0, sizeof *c);
+    c->version = version ? version : KVT__SBLOB_VERSION;
+    if (c->version == 1) {
+        if (!(c->sha = EVP_MD_CTX_new()) || EVP_DigestInit_ex(c->sha, EVP_sha256(), NULL) != 1) return -1;
+        return 0;
+    }
+    if (c->version == 2) return (c->xx = XXH3_createState()) && XXH3_128bits_reset(c->xx) == XXH_OK ? 0 : -1;
+    return -1;
+}
+
+static int sum_update(struct sum *c, const void *p, size_t n) {
+    if (n == 0) return 0;
+    if (c->sha) return EVP_DigestUpdate(c->sha, p, n) == 1 ? 0 : -1;
+    return XXH3_128bits_update(c->xx, p, n) == XXH_OK ? 0 : -1;
+}
+
+/* Frees the context, also when the digest fails. */
+static int sum_final(struct sum *c, uint8_t out[32]) {
+    int rc = -1;
+    memset(out, 0, 32);
+    if (c->sha) {
+        unsigned len = 0;
+        rc = EVP_DigestFinal_ex(c->sha, out, &len) == 1 && len == 32 ? 0 : -1;
+    } else if (c->xx) {
+        XXH128_canonical_t h;
+        XXH128_canonicalFromHash(&h, XXH3_128bits_digest(c->xx));
+        memcpy(out, h.digest, sizeof h.digest);
+        rc = 0;
+    }
+    EVP_MD_CTX_free(c->sha);
+    XXH3_freeState(c->xx);
+    c->sha = NULL;
+    c->xx = NULL;
+    return rc;
+}
+
+int kvt__sblob_checksum(uint32_t version, const void *data, size_t n, uint8_t out[32]) {
+    version = version ? version : KVT__SBLOB_VERSION;
+    if (version == 2) { /* one shot, no state to allocate */
+        XXH128_canonical_t h;
+        XXH128_canonicalFromHash(&h, XXH3_128bits(n ? data : "", n));
+        memset(out, 0, 32);
+        memcpy(out, h.digest, sizeof h.digest);
+        return 0;
+    }
+    if (version == 1) return kvt__sha256(data, n, out);
+    memset(out, 0, 32);
+    return -1;
 }
 
 void kvt__sblob_name(const kvt_key *key, uint64_t gen, char name[KVT__SBLOB_NAME]) {
@@ -93,13 +153,13 @@ bool kvt__sblob_is_tmp(const char *name, long *pid) {
 static void encode(const struct kvt__sblob_hdr *h, uint8_t b[KVT__SBLOB_HDR]) {
     memset(b, 0, KVT__SBLOB_HDR);
     memcpy(b, KVT__SBLOB_MAGIC, 8);
-    le32(b + 8, KVT__SBLOB_VERSION);
+    le32(b + 8, h->version ? h->version : KVT__SBLOB_VERSION);
     le32(b + 12, (uint32_t) h->codec);
     memcpy(b + 16, h->key.b, 32);
     memcpy(b + 48, h->model.b, 32);
     le32(b + 80, (uint32_t) h->n_tokens);
     le64(b + 88, h->size);
-    memcpy(b + 96, h->sha, 32);
+    memcpy(b + 96, h->sum, 32);
 }
 
 static int write_all(int fd, const uint8_t *p, size_t n) {
@@ -201,21 +261,27 @@ static int read_all(int fd, uint8_t *p, size_t n, size_t *got) {
 static const char *decode(const uint8_t *hdr, size_t n, struct kvt__sblob_hdr *h) {
     if (n < KVT__SBLOB_HDR) return "truncated header";
     if (memcmp(hdr, KVT__SBLOB_MAGIC, 8)) return "bad magic";
-    if (rd32(hdr + 8) != KVT__SBLOB_VERSION) return "unknown format version";
+    h->version = rd32(hdr + 8);
+    if (h->version != 1 && h->version != 2) return "unknown format version";
     h->codec = (int32_t) rd32(hdr + 12);
     memcpy(h->key.b, hdr + 16, 32);
     memcpy(h->model.b, hdr + 48, 32);
     h->n_tokens = (int32_t) rd32(hdr + 80);
     h->size = rd64(hdr + 88);
-    memcpy(h->sha, hdr + 96, 32);
+    memcpy(h->sum, hdr + 96, 32);
     return NULL;
 }
 
-int kvt__sblob_read(int blobs_fd, const char *name, struct kvt__sblob_hdr *h, uint8_t **data, const char **why) {
-    uint8_t hdr[KVT__SBLOB_HDR], sha[32];
+/* kvt__sblob_read, the payload into a malloc'd buffer (*data), a shared buffer (*sbp: the RAM
+** tier takes a reference to it, the caller another; no copy) or neither. */
+static int read_blob(int blobs_fd, const char *name, struct kvt__sblob_hdr *h, uint8_t **data, struct kvt__sbuf **sbp,
+                     const char **why) {
+    uint8_t hdr[KVT__SBLOB_HDR], sum[32];
     struct stat sb;
     size_t got;
+    struct kvt__sbuf *shared = NULL;
     if (data) *data = NULL;
+    if (sbp) *sbp = NULL;
     int fd = openat(blobs_fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) {
         *why = strerror(errno);
@@ -237,18 +303,20 @@ int kvt__sblob_read(int blobs_fd, const char *name, struct kvt__sblob_hdr *h, ui
         *why = (uint64_t) sb.st_size < KVT__SBLOB_HDR + h->size ? "truncated payload" : "file longer than its header says";
         goto out;
     }
-    /* the payload is hashed as it is read; without data it is read in chunks and dropped */
-    EVP_MD_CTX *c = EVP_MD_CTX_new();
-    if (!c || EVP_DigestInit_ex(c, EVP_sha256(), NULL) != 1) {
-        EVP_MD_CTX_free(c);
+    /* the payload is checked as it is read; without data it is read in chunks and dropped */
+    struct sum c;
+    if (sum_init(&c, h->version)) {
+        sum_final(&c, sum);
         rc = KVT__SBLOB_NOMEM;
-        *why = "no memory for SHA-256";
+        *why = "no memory for the checksum";
         goto out;
     }
-    size_t chunk = data ? (size_t) h->size : KVT_MIN((size_t) h->size, (size_t) 1 << 20);
-    buf = malloc(chunk ? chunk : 1);
+    const bool keep = data || sbp;
+    size_t chunk = keep ? (size_t) h->size : KVT_MIN((size_t) h->size, (size_t) 1 << 20);
+    if (sbp) buf = (shared = kvt__sbuf_alloc(chunk)) ? shared->data : NULL;
+    else buf = malloc(chunk ? chunk : 1);
     if (!buf) {
-        EVP_MD_CTX_free(c);
+        sum_final(&c, sum);
         rc = KVT__SBLOB_NOMEM;
         *why = "no memory for the payload";
         goto out;
@@ -257,39 +325,50 @@ int kvt__sblob_read(int blobs_fd, const char *name, struct kvt__sblob_hdr *h, ui
     int ok = 1;
     while (left > 0 && ok) {
         size_t want = (size_t) KVT_MIN(left, (uint64_t) chunk);
-        uint8_t *dst = data ? buf + (h->size - left) : buf;
+        uint8_t *dst = keep ? buf + (h->size - left) : buf;
         if (read_all(fd, dst, want, &got) || got != want) {
             *why = got != want ? "truncated payload" : strerror(errno);
             rc = got != want ? KVT__SBLOB_BAD : KVT__SBLOB_IOERR;
             ok = 0;
             break;
         }
-        ok = EVP_DigestUpdate(c, dst, want) == 1;
+        ok = sum_update(&c, dst, want) == 0;
         left -= want;
     }
-    unsigned len = 0;
-    if (ok) ok = EVP_DigestFinal_ex(c, sha, &len) == 1;
-    EVP_MD_CTX_free(c);
+    if (sum_final(&c, sum) && ok) ok = 0;
     if (!ok) {
         if (left == 0) {
             rc = KVT__SBLOB_NOMEM;
-            *why = "SHA-256 failed";
+            *why = "checksum failed";
         }
         goto out;
     }
-    if (memcmp(sha, h->sha, 32)) {
-        *why = "payload SHA-256 mismatch";
+    if (memcmp(sum, h->sum, 32)) {
+        *why = h->version == 1 ? "payload SHA-256 mismatch" : "payload checksum (XXH3-128) mismatch";
         goto out;
     }
     rc = KVT__SBLOB_OK;
-    if (data) {
+    if (sbp) {
+        *sbp = shared;
+        shared = NULL;
+        buf = NULL;
+    } else if (data) {
         *data = buf;
         buf = NULL;
     }
 out:
-    free(buf);
+    if (shared) kvt__sbuf_unref(shared);
+    else free(buf);
     close(fd);
     return rc;
+}
+
+int kvt__sblob_read(int blobs_fd, const char *name, struct kvt__sblob_hdr *h, uint8_t **data, const char **why) {
+    return read_blob(blobs_fd, name, h, data, NULL, why);
+}
+
+int kvt__sblob_read_sbuf(int blobs_fd, const char *name, struct kvt__sblob_hdr *h, struct kvt__sbuf **sb, const char **why) {
+    return read_blob(blobs_fd, name, h, NULL, sb, why);
 }
 
 /* ---- the same bytes in memory (the Redis tier's values) ---------------------------------------- */
@@ -306,18 +385,18 @@ uint8_t *kvt__sblob_encode_mem(const struct kvt__sblob_hdr *h, const void *data,
 }
 
 int kvt__sblob_check_mem(const uint8_t *v, size_t n, struct kvt__sblob_hdr *h, const char **why) {
-    uint8_t sha[32];
+    uint8_t sum[32];
     if ((*why = decode(v, n, h))) return KVT__SBLOB_BAD;
     if (h->size != (uint64_t) (n - KVT__SBLOB_HDR)) {
         *why = h->size > (uint64_t) (n - KVT__SBLOB_HDR) ? "truncated payload" : "value longer than its header says";
         return KVT__SBLOB_BAD;
     }
-    if (kvt__sha256(v + KVT__SBLOB_HDR, (size_t) h->size, sha)) {
-        *why = "SHA-256 failed";
+    if (kvt__sblob_checksum(h->version, v + KVT__SBLOB_HDR, (size_t) h->size, sum)) {
+        *why = "checksum failed";
         return KVT__SBLOB_NOMEM;
     }
-    if (memcmp(sha, h->sha, 32)) {
-        *why = "payload SHA-256 mismatch";
+    if (memcmp(sum, h->sum, 32)) {
+        *why = h->version == 1 ? "payload SHA-256 mismatch" : "payload checksum (XXH3-128) mismatch";
         return KVT__SBLOB_BAD;
     }
     return KVT__SBLOB_OK;

@@ -124,7 +124,7 @@ static void run_batch(kvt_store *st, struct pf_slot *slots, const kvt_key *model
         void *data = NULL;
         size_t sz = 0;
         int res = KVT__PF_NONE;
-        int rc = kvt__store_get_local(st, &sl->key, &models[i], &data, &sz, NULL, NULL, &res, &st->ttl);
+        int rc = kvt__store_get_local(st, &sl->key, &models[i], &data, &sz, NULL, NULL, &res, &st->ttl, NULL);
         free(data);
         kvt__clear_error();
         if (rc == KVT_ENOMEM) res = KVT__PF_FAILED;

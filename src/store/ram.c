@@ -23,12 +23,18 @@ struct kvt__ram_ent {
     struct kvt__ram_ent *prev, *next; /* LRU list */
 };
 
-struct kvt__sbuf *kvt__sbuf_new(const void *data, size_t n) {
+struct kvt__sbuf *kvt__sbuf_alloc(size_t n) {
+    if (n > SIZE_MAX - sizeof(struct kvt__sbuf) - 1) return NULL;
     struct kvt__sbuf *b = malloc(sizeof *b + (n ? n : 1));
     if (!b) return NULL;
     atomic_init(&b->ref, 1);
     b->n = n;
-    if (n) memcpy(b->data, data, n);
+    return b;
+}
+
+struct kvt__sbuf *kvt__sbuf_new(const void *data, size_t n) {
+    struct kvt__sbuf *b = kvt__sbuf_alloc(n);
+    if (b && n) memcpy(b->data, data, n);
     return b;
 }
 
@@ -171,7 +177,7 @@ bool kvt__ram_put(struct kvt__ram *r, const kvt_key *key, const struct kvt_store
 }
 
 int kvt__ram_get(struct kvt__ram *r, const kvt_key *key, const kvt_key *model, const struct kvt__ttl *t, double now, void **data,
-                 size_t *n, struct kvt_store_meta *meta, bool *oom) {
+                 size_t *n, struct kvt_store_meta *meta, bool *oom, struct kvt__sbuf **ref) {
     *oom = false;
     if (r->budget == 0) return KVT__RAM_MISS;
     pthread_mutex_lock(&r->mu);
@@ -191,11 +197,16 @@ int kvt__ram_get(struct kvt__ram *r, const kvt_key *key, const kvt_key *model, c
         rc = KVT__RAM_FOREIGN;
     } else {
         rc = KVT__RAM_HIT;
-        *data = malloc(e->buf->n ? e->buf->n : 1);
+        if (ref) { /* the entry's own bytes, by reference */
+            *ref = kvt__sbuf_ref(e->buf);
+            *data = e->buf->data;
+        } else {
+            *data = malloc(e->buf->n ? e->buf->n : 1);
+        }
         if (!*data) {
             *oom = true;
         } else {
-            if (e->buf->n) memcpy(*data, e->buf->data, e->buf->n);
+            if (!ref && e->buf->n) memcpy(*data, e->buf->data, e->buf->n);
             *n = e->buf->n;
             *meta = e->meta;
             e->hits++;

@@ -555,7 +555,7 @@ static void write_job(struct kvt__redis *r, struct rjob *j) {
         .key = j->key, .model = j->meta.model, .codec = j->meta.codec, .n_tokens = j->meta.n_tokens, .size = j->buf->n
     };
     size_t vn = 0;
-    uint8_t *v = kvt__sha256(j->buf->data, j->buf->n, h.sha) ? NULL : kvt__sblob_encode_mem(&h, j->buf->data, &vn);
+    uint8_t *v = kvt__sblob_checksum(0, j->buf->data, j->buf->n, h.sum) ? NULL : kvt__sblob_encode_mem(&h, j->buf->data, &vn);
     if (v && r->n_secret) { /* the MAC after the value */
         uint8_t *w = realloc(v, vn + KVT__REDIS_MAC);
         unsigned int ml = 0;

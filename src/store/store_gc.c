@@ -22,10 +22,10 @@ struct row {
     kvt_key key, model;
     int64_t size, hits;
     int32_t codec, n_tokens;
-    uint8_t sha[32];
+    uint8_t sum[32];
     double created, last_hit;
     char file[KVT__SBLOB_NAME]; /* the file the row names ("" if it is no blob name of key) */
-    bool sha_ok;                /* the checksum column is 32 bytes */
+    bool sum_ok;                /* the checksum column is 32 bytes */
     bool gone;                  /* removed by this pass */
 };
 
@@ -69,8 +69,8 @@ static int read_rows(kvt_store *st, const char *order, struct row **rows, size_t
         r->hits = sqlite3_column_int64(s, 3);
         r->codec = sqlite3_column_int(s, 4);
         r->n_tokens = sqlite3_column_int(s, 5);
-        r->sha_ok = sqlite3_column_bytes(s, 6) == 32;
-        if (r->sha_ok) memcpy(r->sha, sqlite3_column_blob(s, 6), 32);
+        r->sum_ok = sqlite3_column_bytes(s, 6) == 32;
+        if (r->sum_ok) memcpy(r->sum, sqlite3_column_blob(s, 6), 32);
         r->created = sqlite3_column_double(s, 7);
         r->last_hit = sqlite3_column_double(s, 8);
         const char *f = (const char *) sqlite3_column_text(s, 9);
@@ -317,8 +317,8 @@ int kvt_store_verify(kvt_store *st, bool repair, struct kvt_store_report *out) {
         if (b == KVT__SBLOB_MISSING) {
             out->missing++;
         } else if (b != KVT__SBLOB_OK || memcmp(h.key.b, r->key.b, 32) || memcmp(h.model.b, r->model.b, 32) ||
-                   (int64_t) h.size != r->size || h.codec != r->codec || h.n_tokens != r->n_tokens || !r->sha_ok ||
-                   memcmp(h.sha, r->sha, 32)) {
+                   (int64_t) h.size != r->size || h.codec != r->codec || h.n_tokens != r->n_tokens || !r->sum_ok ||
+                   memcmp(h.sum, r->sum, 32)) {
             out->corrupt++;
         } else {
             out->ok++;

@@ -25,7 +25,7 @@ static void count(kvt_store *st, int64_t *ctr) {
 
 /* A block still waiting for the writer is the disk tier's too: copy it out (q_mu held). */
 static int get_queued(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n, struct kvt_store_meta *meta,
-                      bool *found) {
+                      bool *found, struct kvt__sbuf **ref) {
     *found = false;
     for (struct kvt__job *j = st->q_head; j; j = j->next) {
         if (memcmp(j->key.b, key->b, KVT_KEY_BYTES)) continue;
@@ -35,8 +35,13 @@ static int get_queued(kvt_store *st, const kvt_key *key, const kvt_key *model, v
             st->d_misses++;
             return KVT_ENOENT;
         }
-        if (!(*data = malloc(j->buf->n ? j->buf->n : 1))) return KVT_ENOMEM;
-        if (j->buf->n) memcpy(*data, j->buf->data, j->buf->n);
+        if (ref) {
+            *ref = kvt__sbuf_ref(j->buf);
+            *data = j->buf->data;
+        } else {
+            if (!(*data = malloc(j->buf->n ? j->buf->n : 1))) return KVT_ENOMEM;
+            if (j->buf->n) memcpy(*data, j->buf->data, j->buf->n);
+        }
         *n = j->buf->n;
         *meta = j->meta;
         st->d_hits++;
@@ -61,7 +66,9 @@ const struct kvt__ttl kvt__ttl_forever = { 1e300, 1e300, 1 };
 ** (PROMOTED with rc 0; ABSENT: not stored, expired or another model's; FAILED: corrupt, removed,
 ** counted in disk.corrupt as a get's read is). */
 int kvt__store_get_local(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
-                         struct kvt_store_meta *meta, enum kvt_tier *tier, int *pf, const struct kvt__ttl *ttl) {
+                         struct kvt_store_meta *meta, enum kvt_tier *tier, int *pf, const struct kvt__ttl *ttl,
+                         struct kvt__sbuf **ref) {
+    if (ref) *ref = NULL;
     if (data) *data = NULL;
     if (n) *n = 0;
     if (tier) *tier = KVT_TIER_NONE;
@@ -90,7 +97,7 @@ int kvt__store_get_local(kvt_store *st, const kvt_key *key, const kvt_key *model
         }
         goto index;
     }
-    int r = kvt__ram_get(&st->ram, key, model, ttl, now, data, n, &mt, &oom);
+    int r = kvt__ram_get(&st->ram, key, model, ttl, now, data, n, &mt, &oom, ref);
     if (r == KVT__RAM_HIT) {
         if (oom) return kvt__fail(KVT_ENOMEM, "kvt_store_get: no memory for block %.16s", hex);
         kvt__store_record_hit(st, key, now);
@@ -102,7 +109,7 @@ int kvt__store_get_local(kvt_store *st, const kvt_key *key, const kvt_key *model
     if (!st->disk) return kvt__fail(KVT_ENOENT, "block %.16s %s", hex, r == KVT__RAM_EXPIRED ? "expired" : "is not stored");
 
     pthread_mutex_lock(&st->q_mu);
-    int rc = get_queued(st, key, model, data, n, &mt, &found);
+    int rc = get_queued(st, key, model, data, n, &mt, &found, ref);
     pthread_mutex_unlock(&st->q_mu);
     if (found) {
         if (rc)
@@ -118,7 +125,7 @@ index:;
     struct {
         int64_t size, hits;
         int32_t codec, n_tokens;
-        uint8_t sha[32];
+        uint8_t sum[32];
         kvt_key model;
         double last_hit;
         char file[KVT__SBLOB_NAME];
@@ -132,7 +139,7 @@ index:;
         snprintf(row.file, sizeof row.file, "%s", f ? f : "");
         row.size = sqlite3_column_int64(st->rd_get, 1);
         row.codec = sqlite3_column_int(st->rd_get, 2);
-        memcpy(row.sha, sqlite3_column_blob(st->rd_get, 3), 32);
+        memcpy(row.sum, sqlite3_column_blob(st->rd_get, 3), 32);
         memcpy(row.model.b, sqlite3_column_blob(st->rd_get, 4), 32);
         row.n_tokens = sqlite3_column_int(st->rd_get, 5);
         row.last_hit = sqlite3_column_double(st->rd_get, 6);
@@ -156,62 +163,82 @@ index:;
     struct kvt__sblob_hdr h;
     const char *why = "";
     uint8_t *buf = NULL;
+    struct kvt__sbuf *sb = NULL; /* the bytes read, shared with the RAM tier (no copy into it) */
     kvt_key fk;
     if (!kvt__sblob_is_blob(row.file, &fk) || memcmp(fk.b, key->b, KVT_KEY_BYTES)) {
         kvt__store_remove(st, key, row.file);
         return miss(st, &st->d_corrupt, "the index names a file of another key", hex, pf);
     }
-    r = kvt__sblob_read(st->blobs_fd, row.file, &h, &buf, &why);
+    const bool shared = ref || pf || st->ram.budget;
+    r = shared ? kvt__sblob_read_sbuf(st->blobs_fd, row.file, &h, &sb, &why) : kvt__sblob_read(st->blobs_fd, row.file, &h, &buf, &why);
     if (r == KVT__SBLOB_NOMEM) return kvt__fail(KVT_ENOMEM, "kvt_store_get: block %.16s: %s", hex, why);
     if (r == KVT__SBLOB_OK) {
+        if (sb) buf = sb->data;
         why = memcmp(h.key.b, key->b, 32)          ? "header names another key"
               : memcmp(h.model.b, row.model.b, 32) ? "header names another model"
               : (int64_t) h.size != row.size || h.codec != row.codec || h.n_tokens != row.n_tokens
                   ? "header disagrees with the index"
-              : memcmp(h.sha, row.sha, 32) ? "checksum disagrees with the index"
+              : memcmp(h.sum, row.sum, 32) ? "checksum disagrees with the index"
                                            : NULL;
         char dec_why[512];
         if (!why && h.codec != KVT_CODEC_RAW) { /* the disk tier's codec: callers see raw bytes */
             kvt_blob *dec = NULL;
             int drc = kvt_codec_decode(buf, (size_t) h.size, &dec);
-            free(buf);
+            if (sb) kvt__sbuf_unref(sb);
+            else free(buf);
             buf = NULL;
+            sb = NULL;
             if (drc == KVT_ENOMEM) return kvt__fail(KVT_ENOMEM, "kvt_store_get: decoding block %.16s", hex);
             if (drc) {
                 snprintf(dec_why, sizeof dec_why, "codec payload does not decode (%s)", kvt_errmsg());
                 why = dec_why;
             } else {
-                buf = dec->data;
                 h.size = dec->size;
                 h.codec = KVT_CODEC_RAW;
                 row.codec = KVT_CODEC_RAW;
-                dec->data = NULL;
-                kvt_blob_free(dec);
+                if (shared) { /* the decoded bytes are what RAM keeps */
+                    sb = kvt__sbuf_new(dec->data, dec->size);
+                    kvt_blob_free(dec);
+                    if (!sb) return kvt__fail(KVT_ENOMEM, "kvt_store_get: decoding block %.16s", hex);
+                    buf = sb->data;
+                } else {
+                    buf = dec->data;
+                    dec->data = NULL;
+                    kvt_blob_free(dec);
+                }
             }
         }
         if (!why) {
-            if (st->ram.budget) { /* a disk hit is copied into RAM */
-                struct kvt__sbuf *b = kvt__sbuf_new(buf, (size_t) h.size);
-                if (b) {
-                    kvt__ram_put(&st->ram, key, &(struct kvt_store_meta){ row.model, row.n_tokens, row.codec }, b, &st->ttl, now,
-                                 pf != NULL);
-                    kvt__ram_set_on_disk(&st->ram, key);
-                }
-                kvt__sbuf_unref(b);
+            const struct kvt_store_meta m = { row.model, row.n_tokens, row.codec };
+            if (st->ram.budget) { /* a disk hit goes into RAM: the buffer read, shared */
+                kvt__ram_put(&st->ram, key, &m, sb, &st->ttl, now, pf != NULL);
+                kvt__ram_set_on_disk(&st->ram, key);
             }
             if (pf) {
                 *pf = KVT__PF_PROMOTED;
-            } else {
-                kvt__store_record_hit(st, key, now);
-                count(st, &st->d_hits);
+                kvt__sbuf_unref(sb);
+                return 0;
             }
-            *data = buf;
+            kvt__store_record_hit(st, key, now);
+            count(st, &st->d_hits);
+            if (ref) {
+                *ref = sb;
+                *data = sb->data;
+            } else if (sb) { /* the caller's own copy */
+                *data = malloc(h.size ? (size_t) h.size : 1);
+                if (*data && h.size) memcpy(*data, sb->data, (size_t) h.size);
+                kvt__sbuf_unref(sb);
+                if (!*data) return kvt__fail(KVT_ENOMEM, "kvt_store_get: no memory for block %.16s", hex);
+            } else {
+                *data = buf;
+            }
             *n = (size_t) h.size;
-            if (meta) *meta = (struct kvt_store_meta){ row.model, row.n_tokens, row.codec };
+            if (meta) *meta = m;
             if (tier) *tier = KVT_TIER_DISK;
             return 0;
         }
-        free(buf);
+        if (sb) kvt__sbuf_unref(sb);
+        else free(buf);
     } else if (r == KVT__SBLOB_MISSING) {
         /* evicted between the lookup and the open is an ordinary miss; a row left without its
         ** file is not */
@@ -236,12 +263,12 @@ index:;
 
 /* RAM, disk, then Redis: a Redis hit is copied into RAM and queued for disk. */
 static int get_tiers(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n, struct kvt_store_meta *meta,
-                     enum kvt_tier *tier, const struct kvt__ttl *ttl) {
+                     enum kvt_tier *tier, const struct kvt__ttl *ttl, struct kvt__sbuf **ref) {
     /* a prefetch of key in flight is waited for (never read twice); one that found no tier
     ** holding it spares the get Redis's round trip, not the local tiers: the key may have been
     ** put since the prefetch looked */
     const bool pf_absent = st && key && model && data && n && kvt__pf_wait(st, key) == KVT__PF_ABSENT;
-    int rc = kvt__store_get_local(st, key, model, data, n, meta, tier, NULL, ttl);
+    int rc = kvt__store_get_local(st, key, model, data, n, meta, tier, NULL, ttl, ref);
     if (rc != KVT_ENOENT || !st->redis || pf_absent) return rc;
     char local[256], hex[65];
     snprintf(local, sizeof local, "%s", kvt_errmsg());
@@ -255,6 +282,16 @@ static int get_tiers(kvt_store *st, const kvt_key *key, const kvt_key *model, vo
         kvt__store_put_local(st, key, &mt, *data, *n, false, false);
         kvt__clear_error();
     }
+    if (ref) { /* handed out like the local tiers' bytes (a Redis hit pays this copy) */
+        if (!(*ref = kvt__sbuf_new(*data, *n))) {
+            free(*data);
+            *data = NULL;
+            *n = 0;
+            return kvt__fail(KVT_ENOMEM, "kvt_store_get: no memory for block %.16s from Redis", hex);
+        }
+        free(*data);
+        *data = (*ref)->data;
+    }
     if (meta) *meta = mt;
     if (tier) *tier = KVT_TIER_REDIS;
     return 0;
@@ -262,11 +299,21 @@ static int get_tiers(kvt_store *st, const kvt_key *key, const kvt_key *model, vo
 
 int kvt_store_get(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n, struct kvt_store_meta *meta,
                   enum kvt_tier *tier) {
-    return get_tiers(st, key, model, data, n, meta, tier, st ? &st->ttl : NULL);
+    return get_tiers(st, key, model, data, n, meta, tier, st ? &st->ttl : NULL, NULL);
 }
 
+int kvt__store_get_ref(kvt_store *st, const kvt_key *key, const kvt_key *model, const void **data, size_t *n,
+                       struct kvt_store_meta *meta, void **ref) {
+    void *d = NULL;
+    int rc = get_tiers(st, key, model, &d, n, meta, NULL, st ? &st->ttl : NULL, (struct kvt__sbuf **) ref);
+    *data = d;
+    return rc;
+}
+
+void kvt__store_ref_free(void *ref) { kvt__sbuf_unref(ref); }
+
 int kvt_store_get_copy(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n) {
-    return get_tiers(st, key, model, data, n, NULL, NULL, &kvt__ttl_forever);
+    return get_tiers(st, key, model, data, n, NULL, NULL, &kvt__ttl_forever, NULL);
 }
 
 /* Where key's bytes are under ttl: RAM (or its write queued), disk, none. */

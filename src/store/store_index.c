@@ -25,7 +25,7 @@ static const char *SCHEMA = "CREATE TABLE IF NOT EXISTS blocks("
                             "  file TEXT NOT NULL,"    /* name under blobs/ */
                             "  size INTEGER NOT NULL," /* payload bytes */
                             "  codec INTEGER NOT NULL,"
-                            "  checksum BLOB NOT NULL," /* SHA-256 of the payload */
+                            "  checksum BLOB NOT NULL," /* the payload's, as its blob file header (blobfile.c) */
                             "  model BLOB NOT NULL,"    /* model fingerprint */
                             "  n_tokens INTEGER NOT NULL,"
                             "  created REAL NOT NULL,"  /* epoch seconds */

@@ -22,6 +22,8 @@ struct kvt__sbuf {
 };
 /* New buffer holding a copy of data[0..n) with one reference; NULL on ENOMEM. */
 struct kvt__sbuf *kvt__sbuf_new(const void *data, size_t n);
+/* New buffer of n bytes, not initialised, with one reference (a reader fills it); NULL on ENOMEM. */
+struct kvt__sbuf *kvt__sbuf_alloc(size_t n);
 struct kvt__sbuf *kvt__sbuf_ref(struct kvt__sbuf *b);
 void kvt__sbuf_unref(struct kvt__sbuf *b); /* accepts NULL */
 
@@ -69,11 +71,12 @@ bool kvt__ram_put(struct kvt__ram *r, const kvt_key *key, const struct kvt_store
 ** private entries grew).  Thread-safe. */
 void kvt__ram_trim(struct kvt__ram *r);
 /* Look up key: a hit copies the bytes out (malloc; *data NULL on ENOMEM with KVT__RAM_HIT and
-** *oom set), counts a hit and makes the entry most recently used; an expired entry is removed
+** *oom set) or, with ref, hands out a reference to the entry's buffer (*ref; *data points into it,
+** not to be freed: kvt__sbuf_unref(*ref) instead), counts a hit and makes the entry most recently used; an expired entry is removed
 ** (expired, miss: KVT__RAM_EXPIRED); model mismatch is KVT__RAM_FOREIGN (corrupt counted, entry kept: it is intact
 ** and belongs to its own model).  Thread-safe. */
 int kvt__ram_get(struct kvt__ram *r, const kvt_key *key, const kvt_key *model, const struct kvt__ttl *t, double now, void **data,
-                 size_t *n, struct kvt_store_meta *meta, bool *oom);
+                 size_t *n, struct kvt_store_meta *meta, bool *oom, struct kvt__sbuf **ref);
 /* Present and not expired (nothing counted); OUT *on_disk (may be NULL): its disk write was
 ** queued, or it came from disk (kvt__ram_set_on_disk). */
 bool kvt__ram_has(struct kvt__ram *r, const kvt_key *key, const struct kvt__ttl *t, double now, bool *on_disk);
@@ -87,19 +90,31 @@ size_t kvt__ram_pf_bytes(struct kvt__ram *r);
 /* ---- blob files (blobfile.c) ------------------------------------------------------------- */
 
 /* The header of a blob file, 128 bytes, all integers little-endian:
-**   0  "KVTBLOCK"          8  u32 format version (1)   12 u32 codec
+**   0  "KVTBLOCK"          8  u32 format version (1, 2)  12 u32 codec
 **   16 key[32]             48 model fingerprint[32]     80 i32 n_tokens   84 u32 0 (reserved)
-**   88 u64 payload bytes   96 SHA-256 of the payload[32]                 128 payload */
+**   88 u64 payload bytes   96 checksum of the payload[32]               128 payload
+** The checksum is the version's: 1 SHA-256; 2 (written since issue #26) XXH3-128 (canonical,
+** big-endian) then 16 zero bytes.  It guards against damage (a torn disk, a flipped bit, a
+** truncated Redis value), not against a writer: a block's content key is the hash of its
+** tokens, not of its bytes, so anyone who can write the store can write any bytes under a key
+** with either checksum; Redis values from other servers are authenticated by the HMAC-SHA-256
+** of --redis-secret (redis.c).  XXH3 runs at memory speed where SHA-256 (1.3 GB/s with SHA-NI)
+** was most of what a warm request from disk cost. */
 #define KVT__SBLOB_MAGIC   "KVTBLOCK"
-#define KVT__SBLOB_VERSION 1u
+#define KVT__SBLOB_VERSION 2u /* what is written; version 1 is still read */
 #define KVT__SBLOB_HDR     128
 
 struct kvt__sblob_hdr {
+    uint32_t version; /* as read; 0 when writing: KVT__SBLOB_VERSION */
     kvt_key key, model;
     int32_t codec, n_tokens;
     uint64_t size;
-    uint8_t sha[32];
+    uint8_t sum[32]; /* the payload's checksum (kvt__sblob_checksum of version) */
 };
+
+/* The payload checksum of format version (0: KVT__SBLOB_VERSION) of data[0..n) into out[32].
+** Returns 0, or -1 (an unknown version; OpenSSL or xxHash out of memory). */
+int kvt__sblob_checksum(uint32_t version, const void *data, size_t n, uint8_t out[32]);
 
 /* File name of one write of key under blobs/: "<64 hex>-<16 hex of gen>.kvb" into
 ** name[KVT__SBLOB_NAME]; gen 0 is the name stores from before generations gave every block,
@@ -126,17 +141,21 @@ int kvt__sblob_write_unsafe(int blobs_fd, const struct kvt__sblob_hdr *h, const 
 
 enum { KVT__SBLOB_OK = 0, KVT__SBLOB_MISSING, KVT__SBLOB_BAD, KVT__SBLOB_NOMEM, KVT__SBLOB_IOERR };
 /* Read and check the blob file `name` in blobs/: magic, version, payload size against the file
-** size, and the payload's SHA-256 against the header.  OUT *h; *data (malloc'd payload, at least
+** size, and the payload's checksum against the header.  OUT *h; *data (malloc'd payload, at least
 ** one byte allocated) when data is not NULL (else only the header and checksum are checked).
 ** Returns KVT__SBLOB_OK, _MISSING (no such file), _BAD (any mismatch, truncation; *why names it),
 ** _NOMEM or _IOERR (read error other than ENOENT; *why). */
 int kvt__sblob_read(int blobs_fd, const char *name, struct kvt__sblob_hdr *h, uint8_t **data, const char **why);
+/* kvt__sblob_read, the payload read into a new shared buffer (OUT *sb, one reference; NULL unless
+** KVT__SBLOB_OK): what the RAM tier keeps and a get hands out without a copy. */
+int kvt__sblob_read_sbuf(int blobs_fd, const char *name, struct kvt__sblob_hdr *h, struct kvt__sbuf **sb, const char **why);
 
 /* The blob file's bytes in memory (header + payload; the Redis tier's values): a new malloc'd
-** buffer of *n bytes, or NULL (no memory; *n 0).  h->sha must be the payload's SHA-256. */
+** buffer of *n bytes, or NULL (no memory; *n 0).  h->sum must be the payload's checksum of
+** h->version (kvt__sblob_checksum). */
 uint8_t *kvt__sblob_encode_mem(const struct kvt__sblob_hdr *h, const void *data, size_t *n);
 /* Check a value of n bytes as kvt__sblob_read checks a file: magic, version, payload size
-** against n, SHA-256.  OUT *h (the payload is v + KVT__SBLOB_HDR).  Returns KVT__SBLOB_OK, _BAD
+** against n, checksum.  OUT *h (the payload is v + KVT__SBLOB_HDR).  Returns KVT__SBLOB_OK, _BAD
 ** (*why names the mismatch) or _NOMEM. */
 int kvt__sblob_check_mem(const uint8_t *v, size_t n, struct kvt__sblob_hdr *h, const char **why);
 
@@ -175,10 +194,10 @@ void kvt__redis_close(struct kvt__redis *r);
 void kvt__redis_put(struct kvt__redis *r, const kvt_key *key, const struct kvt_store_meta *m, struct kvt__sbuf *buf);
 /* The check of a value read from Redis for key and model (a get's and a prefetch's alike; the
 ** value is untrusted: anyone who can write to the Redis can put bytes there): at most max_bytes,
-** a well-formed blob value (kvt__sblob_check_mem: magic, version, size, SHA-256), naming key and
+** a well-formed blob value (kvt__sblob_check_mem: magic, version, size, checksum), naming key and
 ** model, a token count in 0..KVT__REDIS_MAX_TOKENS and a known codec id.  Returns
 ** KVT__SBLOB_OK (OUT *h; the payload is v + KVT__SBLOB_HDR, h->size bytes), _BAD (*why names
-** the mismatch) or _NOMEM.  Reads only v[0..n).  Pure apart from the SHA-256. */
+** the mismatch) or _NOMEM.  Reads only v[0..n).  Pure apart from the checksum. */
 #define KVT__REDIS_MAX_TOKENS (1 << 30)
 enum { KVT__REDIS_MAC = 32 }; /* bytes of the HMAC-SHA-256 after a value (redis_secret_file) */
 int kvt__redis_check_value(const uint8_t *v, size_t n, size_t max_bytes, const kvt_key *key, const kvt_key *model,
@@ -287,10 +306,14 @@ void kvt__store_record_hit(kvt_store *st, const kvt_key *key, double now);
 int kvt__store_lock_all(kvt_store *st);
 void kvt__store_unlock(int fd);
 
-/* The local tiers' get (pf NULL) or a prefetch's read of them (pf: see store.c); expiry by ttl
-** (&st->ttl; kvt__ttl_forever for a session's own copy). */
+/* The local tiers' get (pf NULL) or a prefetch's read of them (pf: see store.c; nothing is
+** handed out, *data stays NULL); expiry by ttl (&st->ttl; kvt__ttl_forever for a session's own
+** copy).  ref NULL: *data is the caller's (free()); ref set: *ref holds a reference to the shared
+** buffer *data points into (kvt__sbuf_unref; a RAM hit, a queued write and a disk read when the
+** RAM tier is on are handed out without a copy). */
 int kvt__store_get_local(kvt_store *st, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
-                         struct kvt_store_meta *meta, enum kvt_tier *tier, int *pf, const struct kvt__ttl *ttl);
+                         struct kvt_store_meta *meta, enum kvt_tier *tier, int *pf, const struct kvt__ttl *ttl,
+                         struct kvt__sbuf **ref);
 /* A TTL under which nothing expires. */
 extern const struct kvt__ttl kvt__ttl_forever;
 /* RAM + disk (+ Redis when to_redis); prefetched: the RAM entry is a prefetch's promotion. */

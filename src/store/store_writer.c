@@ -218,7 +218,7 @@ static bool insert_row(kvt_store *st, const struct kvt__job *j, const struct kvt
         sqlite3_bind_text(s, 2, name, -1, SQLITE_STATIC);
         sqlite3_bind_int64(s, 3, (sqlite3_int64) h->size);
         sqlite3_bind_int(s, 4, h->codec);
-        sqlite3_bind_blob(s, 5, h->sha, 32, SQLITE_STATIC);
+        sqlite3_bind_blob(s, 5, h->sum, 32, SQLITE_STATIC);
         sqlite3_bind_blob(s, 6, j->meta.model.b, KVT_KEY_BYTES, SQLITE_STATIC);
         sqlite3_bind_int(s, 7, j->meta.n_tokens);
         sqlite3_bind_double(s, 8, j->t);
@@ -281,7 +281,7 @@ static void write_job(kvt_store *st, struct kvt__job *j) {
         };
         const char *what = NULL;
         char name[KVT__SBLOB_NAME];
-        if (kvt__sha256(data, size, h.sha) != 0) {
+        if (kvt__sblob_checksum(0, data, size, h.sum) != 0) {
             /* dropped */
         } else if (st->unsafe_order) {
             kvt__sblob_name(&j->key, 0, name); /* one name per key, rewritten in place */

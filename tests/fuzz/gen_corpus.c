@@ -145,7 +145,7 @@ static void blob_file(const char *tag, const uint8_t *payload, size_t n, int32_t
     h.codec = codec;
     h.n_tokens = n_tokens;
     h.size = n;
-    FUZZ_CHECK(kvt__sha256(payload, n, h.sha) == 0);
+    FUZZ_CHECK(kvt__sblob_checksum(0, payload, n, h.sum) == 0);
     size_t vn = 0;
     uint8_t *v = kvt__sblob_encode_mem(&h, payload, &vn);
     FUZZ_CHECK(v);

@@ -351,7 +351,7 @@ static uint8_t *value(int32_t codec, int32_t n_tokens, size_t *n, const kvt_key 
     h.codec = codec;
     h.n_tokens = n_tokens;
     h.size = sizeof payload;
-    assert_int_equal(kvt__sha256(payload, sizeof payload, h.sha), 0);
+    assert_int_equal(kvt__sblob_checksum(0, payload, sizeof payload, h.sum), 0);
     uint8_t *v = kvt__sblob_encode_mem(&h, payload, n);
     assert_non_null(v);
     return v;
