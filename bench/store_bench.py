@@ -4,8 +4,10 @@ Two benchmarks; each starts and stops its own servers (restarts are part of what
 
   ttft      Warm TTFT against a cold prefill at several prompt sizes (default 1k, 4k, 8k tokens):
             cold (empty store), RAM hit (same server, a new session), disk hit after a restart
-            (page cache warm; and cold when /proc/sys/vm/drop_caches is writable), and PARTIAL
-            (the first half of the prompt cached).  TTFT = a non-streamed request with
+            (page cache warm; and cold when /proc/sys/vm/drop_caches is writable), another
+            server through Redis (a redis-server on a free port: server A computes the prompt,
+            server B starts on an empty store; skipped with --no-redis), and PARTIAL (the first
+            half of the prompt cached).  TTFT = a non-streamed request with
             max_tokens 1 (prefill + one token), wall clock at the client.
   edgesync  EdgeSync-LLM's workload run for real: R requests (default 1000) drawn Zipf(s) over C
             clusters (default 8); a cluster is a system prompt + a document of 1-2k tokens, a
@@ -173,6 +175,25 @@ def ttft(a):
             s = Server(a, store, extra, log)
             t_disk, r_disk = s.chat(msgs, session="disk-warm")
             s.stop()
+            t_redis = r_redis = None
+            if not a.no_redis and shutil.which("redis-server"):
+                # another server through Redis: A (a store of its own) computes the prompt and
+                # writes it behind to Redis as it stops; B starts on an empty store
+                rp, rport, rdir = start_redis()
+                try:
+                    rb = ["--redis", f"redis://127.0.0.1:{rport}/0", "--redis-timeout-ms", str(a.redis_timeout_ms)]
+                    s = Server(a, store + "-A", extra + rb, log)
+                    s.chat(msgs, session="redis-A")
+                    s.stop()
+                    s = Server(a, store + "-B", extra + rb, log)
+                    t_redis, r_redis = s.chat(msgs, session="redis-B")
+                    s.stop()
+                finally:
+                    rp.terminate()
+                    rp.wait()
+                    shutil.rmtree(rdir, ignore_errors=True)
+                    shutil.rmtree(store + "-A", ignore_errors=True)
+                    shutil.rmtree(store + "-B", ignore_errors=True)
             dropped = drop_page_cache()
             t_dcold = None
             if dropped:
@@ -183,6 +204,8 @@ def ttft(a):
         finally:
             shutil.rmtree(store, ignore_errors=True)
         row = {"prompt_tokens": r_cold["usage"]["prompt_tokens"], "cold_s": t_cold, "ram_s": t_ram, "disk_warm_s": t_disk,
+               "redis_s": t_redis, "redis_route": kv(r_redis)["store"] if r_redis else None,
+               "redis_from_store": kv(r_redis)["prompt_tokens_from_store"] if r_redis else None,
                "disk_cold_s": t_dcold, "partial_s": t_part, "routes": [kv(r)["store"] for r in (r_cold, r_ram, r_disk, r_part)],
                "from_store": [kv(r)["prompt_tokens_from_store"] for r in (r_cold, r_ram, r_disk, r_part)],
                "partial_prompt_tokens": r_part["usage"]["prompt_tokens"], "store_mb": store_mb}
@@ -190,6 +213,8 @@ def ttft(a):
         print(f"{row['prompt_tokens']:6d} tokens: cold {t_cold:7.3f} s | RAM {t_ram:6.3f} s ({t_cold / t_ram:5.1f}x) | "
               f"disk after restart {t_disk:6.3f} s ({t_cold / t_disk:5.1f}x)"
               + (f" | page cache dropped {t_dcold:6.3f} s ({t_cold / t_dcold:5.1f}x)" if t_dcold else "")
+              + (f" | Redis, another server {t_redis:6.3f} s ({t_cold / t_redis:5.1f}x, {row['redis_route']}"
+                 f" {row['redis_from_store']})" if t_redis else "")
               + f" | partial {t_part:6.3f} s ({t_cold / t_part:4.1f}x) | routes {row['routes']} from store {row['from_store']}"
               f" | store {store_mb:.1f} MiB", flush=True)
     out = {"bench": "ttft", "text": src, "page_cache_drop": dropped, "info": build_info(a), "rows": rows}
@@ -493,7 +518,8 @@ def main():
     ap.add_argument("--queued-size", type=int, default=2048, help="prefetch: prompt size of each queued client (approx.)")
     ap.add_argument("--clients", type=int, default=3, help="prefetch: clients at once in case 3")
     ap.add_argument("--gen", type=int, default=16, help="prefetch: tokens generated per queued request")
-    ap.add_argument("--redis-timeout-ms", type=int, default=100, help="prefetch: --redis-timeout-ms of the servers")
+    ap.add_argument("--redis-timeout-ms", type=int, default=100, help="prefetch, ttft: --redis-timeout-ms of the servers")
+    ap.add_argument("--no-redis", action="store_true", help="ttft: skip the Redis column (default: run it when redis-server is installed)")
     a = ap.parse_args()
     if not a.model:
         raise SystemExit("--model (or $KVTIER_MODEL) is required")
