@@ -8,7 +8,8 @@
 # Environment: MODEL (default $KVTIER_CHAT_MODEL, SmolLM2-135M-Instruct), SESSIONS (4), TURNS (24),
 # WORDS (200), MAX_TOKENS (32), FACTS (4), THREADS (2), BUDGETS ("1024 2048": kvtier's
 # --budget per session), CTX_FULL (8192: llama-server's context per slot, the model's trained
-# context for SmolLM2), KVTIER (build/kvtier), EXTRA (more `kvtier serve` flags), SKIP_LLAMA=1.
+# context for SmolLM2), KVTIER (build/kvtier), EXTRA (more `kvtier serve` flags), SKIP_LLAMA=1,
+# SKIP_KVTIER=1 (only the llama-server rows, appended to an earlier run's OUT_DIR).
 # Writes OUT_DIR/long_sessions.jsonl (one line per server), OUT_DIR/<label>.csv (per turn),
 # OUT_DIR/table.md and OUT_DIR/long_sessions.png (generated tok/s and TTFT against turn number).
 set -euo pipefail
@@ -45,13 +46,15 @@ run() { # label cmd...
 }
 
 {
-    echo "# bench/run_long_sessions.sh | $(basename "$MODEL") | $("$KVTIER" --version 2>/dev/null | head -1) |"
+    echo "# bench/run_long_sessions.sh | $(basename "$MODEL") | $("$KVTIER" --version 2>/dev/null | tail -1) |"
+    echo "# source tree: $(git -C "$SRC" describe --always --dirty 2>/dev/null || echo unknown) |"
     echo "# $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(nproc) cores | $(date -u +%Y-%m-%dT%H:%M:%SZ) |"
     echo "# load before: $(cut -d' ' -f1-3 /proc/loadavg) | $SESSIONS sessions x $TURNS turns, $WORDS words + $MAX_TOKENS tokens a turn, $FACTS facts each"
 } >"$OUT/header.txt"
 cat "$OUT/header.txt" >&2
 
 for b in $BUDGETS; do # the KV of one session's budget per sequence, plus a spare sequence
+    [ -n "${SKIP_KVTIER:-}" ] && break
     run "kvtier-budget$b" "$KVTIER" serve -m "$MODEL" -c $((b * (SESSIONS + 1))) --budget "$b" --parallel "$SESSIONS" \
         --max-sessions "$SESSIONS" --threads "$THREADS" --no-store ${EXTRA:-}
 done

@@ -305,8 +305,10 @@ int kvt_store_get(kvt_store *st, const kvt_key *key, const kvt_key *model, void 
 int kvt__store_get_ref(kvt_store *st, const kvt_key *key, const kvt_key *model, const void **data, size_t *n,
                        struct kvt_store_meta *meta, void **ref) {
     void *d = NULL;
-    int rc = get_tiers(st, key, model, &d, n, meta, NULL, st ? &st->ttl : NULL, (struct kvt__sbuf **) ref);
+    struct kvt__sbuf *sb = NULL;
+    int rc = get_tiers(st, key, model, &d, n, meta, NULL, st ? &st->ttl : NULL, &sb);
     *data = d;
+    *ref = sb;
     return rc;
 }
 
