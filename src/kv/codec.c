@@ -441,8 +441,8 @@ int kvt_codec_decode(const void *data, size_t n, kvt_blob **out) {
     *out = NULL;
     const uint8_t *h = data;
     struct kvt_codec_info I;
-    uint32_t n_parts;
-    const uint8_t *md;
+    uint32_t n_parts = 0;     /* set by read_header: initialised for a Release build (-O3), */
+    const uint8_t *md = NULL; /* which cannot see it through the error paths */
     int rc = read_header(h, n, &I, &n_parts, &md);
     if (rc) return rc;
     const size_t hb = I.params.head_bits ? hdr_bytes_heads((uint32_t) I.params.n_head_bits) : HDR_BYTES;

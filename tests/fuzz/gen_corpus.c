@@ -61,14 +61,14 @@ static void put_variants(const char *harness, const char *tag, const uint8_t *p,
     FUZZ_CHECK(x);
     const size_t cut[3] = { n / 3, n / 2, n - 1 };
     for (int i = 0; i < 3 && n > 1; i++) {
-        snprintf(t, sizeof t, "%s-cut%zu", tag, cut[i]);
+        snprintf(t, sizeof t, "%.96s-cut%zu", tag, cut[i]);
         put(harness, t, p, cut[i]);
     }
     for (int i = 0; i < 3 && n > 0; i++) {
         memcpy(x, p, n);
         size_t at = lcg() % n;
         x[at] ^= (uint8_t) (1u << (lcg() % 8));
-        snprintf(t, sizeof t, "%s-flip%zu", tag, at);
+        snprintf(t, sizeof t, "%.96s-flip%zu", tag, at);
         put(harness, t, x, n);
     }
     free(x);

@@ -30,7 +30,7 @@ static kvt_store *open_store(const char *dir, size_t ram, size_t disk) {
     p.disk_bytes = disk;
     kvt_store *st = NULL;
     int rc = kvt_store_open(&p, &st);
-    if (rc) fail_msg("kvt_store_open %s: %s (%s)", dir, kvt_strerror(rc), kvt_errmsg());
+    if (rc) fail_msg("kvt_store_open %s: %s (%s)", dir ? dir : "(RAM only)", kvt_strerror(rc), kvt_errmsg());
     return st;
 }
 
