@@ -43,6 +43,17 @@ static void put_block(kvt_store *st, const kvt_key *model, const kvt_key *k) {
     free(b);
 }
 
+/* n blocks of MODEL_A with keys sk_key(tag, i) (OUT ks[n]) written to the disk tier of a store
+** at dir, which is closed again (every write on disk). */
+static void fill_disk(const char *dir, const char *tag, kvt_key *ks, int n) {
+    kvt_store *st = open_store(dir, 0, 1 << 20);
+    for (int i = 0; i < n; i++) {
+        ks[i] = sk_key(tag, i);
+        put_block(st, &MODEL_A, &ks[i]);
+    }
+    kvt_store_free(st);
+}
+
 /* get must return exactly the key's bytes and meta; returns the tier. */
 static enum kvt_tier expect_block(kvt_store *st, const kvt_key *model, const kvt_key *k) {
     void *got = NULL;
@@ -554,12 +565,7 @@ static void test_corrupt_files(void **state) {
     struct sk_fx *f = *state;
     enum { N = 7 };
     kvt_key ks[N];
-    kvt_store *st = open_store(f->dir, 0, 1 << 20);
-    for (int i = 0; i < N; i++) {
-        ks[i] = sk_key("bad", i);
-        put_block(st, &MODEL_A, &ks[i]);
-    }
-    kvt_store_free(st);
+    fill_disk(f->dir, "bad", ks, N);
     char p[N][PATH_MAX];
     for (int i = 0; i < N; i++) sk_blob_path(f->dir, &ks[i], p[i], sizeof p[i]);
     /* 0: flip a payload byte */
@@ -581,7 +587,7 @@ static void test_corrupt_files(void **state) {
     fd = open(p[5], O_RDWR);
     assert_int_equal(pwrite(fd, MODEL_B.b, 32, 48), 32);
     close(fd);
-    st = open_store(f->dir, 1 << 20, 1 << 20);
+    kvt_store *st = open_store(f->dir, 1 << 20, 1 << 20);
     for (int i = 0; i < N - 1; i++) {
         assert_int_equal(get_rc(st, &MODEL_A, &ks[i]), KVT_ENOENT);
         assert_false(kvt_store_has(st, &ks[i])); /* removed */
@@ -636,12 +642,7 @@ static void test_format_versions(void **state) {
     struct sk_fx *f = *state;
     enum { N = 4 };
     kvt_key ks[N];
-    kvt_store *st = open_store(f->dir, 0, 1 << 20);
-    for (int i = 0; i < N; i++) {
-        ks[i] = sk_key("ver", i);
-        put_block(st, &MODEL_A, &ks[i]);
-    }
-    kvt_store_free(st);
+    fill_disk(f->dir, "ver", ks, N);
     /* what was written: version 2, the XXH3-128 of the payload, zeros after it */
     char path[PATH_MAX];
     sk_blob_path(f->dir, &ks[2], path, sizeof path);
@@ -660,7 +661,7 @@ static void test_format_versions(void **state) {
     rewrite_format(f->dir, &ks[1], 1, 1);
     sk_flip_byte(f->dir, &ks[1], KVT__SBLOB_HDR + 100, 0x08); /* ... damaged */
     rewrite_format(f->dir, &ks[3], 2, 1); /* the control */
-    st = open_store(f->dir, 1 << 20, 1 << 20);
+    kvt_store *st = open_store(f->dir, 1 << 20, 1 << 20);
     assert_int_equal(expect_block(st, &MODEL_A, &ks[0]), KVT_TIER_DISK);
     assert_int_equal(get_rc(st, &MODEL_A, &ks[1]), KVT_ENOENT);
     assert_int_equal(expect_block(st, &MODEL_A, &ks[2]), KVT_TIER_DISK);
