@@ -48,19 +48,26 @@ int kvt__sha256(const void *data, size_t n, uint8_t out[32]) {
 /* ---- the payload checksum of a format version (store_int.h), whole or streamed -------------- */
 
 struct sum {
-    uint32_t version;
     EVP_MD_CTX *sha;  /* version 1 */
     XXH3_state_t *xx; /* version 2 */
 };
 
+/* Version 2's 32 bytes: XXH3-128 in canonical (big-endian) order, then zeros. */
+static void xx_out(XXH128_hash_t x, uint8_t out[32]) {
+    XXH128_canonical_t h;
+    XXH128_canonicalFromHash(&h, x);
+    memset(out, 0, 32);
+    memcpy(out, h.digest, sizeof h.digest);
+}
+
 static int sum_init(struct sum *c, uint32_t version) {
     memset(c, 0, sizeof *c);
-    c->version = version ? version : KVT__SBLOB_VERSION;
-    if (c->version == 1) {
+    version = version ? version : KVT__SBLOB_VERSION;
+    if (version == 1) {
         if (!(c->sha = EVP_MD_CTX_new()) || EVP_DigestInit_ex(c->sha, EVP_sha256(), NULL) != 1) return -1;
         return 0;
     }
-    if (c->version == 2) return (c->xx = XXH3_createState()) && XXH3_128bits_reset(c->xx) == XXH_OK ? 0 : -1;
+    if (version == 2) return (c->xx = XXH3_createState()) && XXH3_128bits_reset(c->xx) == XXH_OK ? 0 : -1;
     return -1;
 }
 
@@ -78,9 +85,7 @@ static int sum_final(struct sum *c, uint8_t out[32]) {
         unsigned len = 0;
         rc = EVP_DigestFinal_ex(c->sha, out, &len) == 1 && len == 32 ? 0 : -1;
     } else if (c->xx) {
-        XXH128_canonical_t h;
-        XXH128_canonicalFromHash(&h, XXH3_128bits_digest(c->xx));
-        memcpy(out, h.digest, sizeof h.digest);
+        xx_out(XXH3_128bits_digest(c->xx), out);
         rc = 0;
     }
     EVP_MD_CTX_free(c->sha);
@@ -93,10 +98,7 @@ static int sum_final(struct sum *c, uint8_t out[32]) {
 int kvt__sblob_checksum(uint32_t version, const void *data, size_t n, uint8_t out[32]) {
     version = version ? version : KVT__SBLOB_VERSION;
     if (version == 2) { /* one shot, no state to allocate */
-        XXH128_canonical_t h;
-        XXH128_canonicalFromHash(&h, XXH3_128bits(n ? data : "", n));
-        memset(out, 0, 32);
-        memcpy(out, h.digest, sizeof h.digest);
+        xx_out(XXH3_128bits(n ? data : "", n), out);
         return 0;
     }
     if (version == 1) return kvt__sha256(data, n, out);
