@@ -101,10 +101,18 @@ const char *kvt_strerror(int err);
 const char *kvt_errmsg(void);
 
 /* kvtier's version ("0.1.0"), and one line naming the kvtier git commit, the llama.cpp/ggml it
-** was built against and what ggml's CPU code was compiled for ("CPU build -march=native (znver3),
-** compiled out: none"; scripts/bootstrap.sh).  Static strings; cannot fail. */
+** was built against, what ggml's CPU code was compiled for ("CPU build -march=native (znver3),
+** compiled out: none") and the device backend built beside it ("backend cpu", "vulkan" or
+** "cuda": scripts/bootstrap.sh, KVTIER_BACKEND).  Static strings; cannot fail. */
 const char *kvt_version(void);
 const char *kvt_build_info(void);
+
+/* The compute devices llama.cpp can use in this process now, as one line written to buf[0..n)
+** (NUL included, truncated to fit): "CPU (<cpu>); Vulkan0 (llvmpipe (LLVM 15.0.6, 256 bits))".
+** Loads ggml's backends if needed.  A device backend that finds no device (no driver, or a CPU
+** driver that ggml-vulkan skips unless GGML_VK_VISIBLE_DEVICES is set) is simply absent.
+** Returns the number of GPU or integrated-GPU devices.  Not thread-safe with engine creation. */
+int kvt_devices(char *buf, size_t n);
 
 /* ====================================================================================== */
 /* 2. Engine: one llama.cpp model and context                                             */
@@ -129,6 +137,8 @@ enum kvt_reanchor {
     KVT_REANCHOR_HOST = 1,    /* rotate K rows of the saved block on the host (F32/F16 K only) */
     KVT_REANCHOR_SEQ_ADD = 2, /* llama_memory_seq_add: llama.cpp's lazy K-shift at the next decode */
 };
+
+enum kvt_flash_attn { KVT_FLASH_ATTN_AUTO = -1, KVT_FLASH_ATTN_OFF = 0, KVT_FLASH_ATTN_ON = 1 };
 
 struct kvt_engine_params {
     const char *model_path; /* GGUF file; required */
@@ -163,7 +173,24 @@ struct kvt_engine_params {
     int32_t n_threads;      /* CPU threads; 0 = all cores */
     const char *type_k;     /* KV cache element type: "f16" (default), "f32", "q8_0" */
     const char *type_v;     /* same choices; quantised V needs flash attention */
-    bool flash_attn;        /* default false; attention capture needs it off */
+    int32_t flash_attn;     /* enum kvt_flash_attn: AUTO (default; on when layers are offloaded
+                              ** to a device or V is quantised, off on the CPU: llama-server's
+                              ** default), OFF or ON.  On: llama.cpp's fused attention (needed for
+                              ** a quantised V); kvt_engine_info.flash_attn says what was chosen.
+                              ** Attention capture (kvt_attn_capture) works either way: off, it
+                              ** reads llama.cpp's softmax; on, it recomputes the captured layers'
+                              ** softmax rows on the host from the fused op's own Q, K and mask
+                              ** (n_tok x n_kv x n_head x head_dim multiply-adds per layer; not for
+                              ** ALiBi or attention-sink models, whose capture stays empty) */
+    int32_t n_gpu_layers;   /* layers whose weights and KV cells live on the GPU device
+                              ** (llama-server's -ngl): 0 = none (CPU only), N = the output layer
+                              ** and the last N - 1 repeating ones, -1 (default) = all.  Where
+                              ** llama.cpp was built without a device backend, or none is
+                              ** visible, everything runs on the CPU whatever this says
+                              ** (kvt_engine_info.device names what is used).  With the KV on a
+                              ** device, block save and load are device<->host copies
+                              ** (llama_state_seq_get/set_data) and host re-anchoring rotates K on
+                              ** the host between them; kvt_engine_info.reanchor says which path. */
     int32_t reanchor;       /* enum kvt_reanchor; default AUTO */
     bool verbose;           /* pass llama.cpp's log through to stderr */
 };
@@ -206,6 +233,10 @@ struct kvt_engine_info {
     double reanchor_err;       /* max |K_host_rotated - K_llama| / max|K| seen at open; -1 if n/a */
     size_t kv_bytes_per_token; /* K+V bytes of one token across all layers of the cache types */
     const char *type_k, *type_v;
+    bool flash_attn;           /* fused attention in use */
+    char device[160];          /* where the offloaded layers and their KV live: "CPU" or the
+                              ** ggml device's name and description, e.g. "Vulkan0 (llvmpipe ...)" */
+    int32_t n_layer_device;    /* repeating layers on that device (0 on the CPU) */
 };
 
 /* Fill *info.  Cannot fail. */

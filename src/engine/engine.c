@@ -73,6 +73,43 @@ kvt_pos kvt__pm_max(const struct posmap *m) {
     return -1;
 }
 
+/* The device llama.cpp offloads to (its first GPU or integrated GPU: llama_model_load_from_file
+** takes the GPUs in ggml's order when no device list is given) and how many repeating layers go
+** there: llama.cpp counts the output layer too, so N offloads the last N - 1 repeating layers and
+** the output, and a negative N (or more than n_layer) all of them. */
+static void device_info(kvt_engine *e) {
+    struct kvt_engine_info *I = &e->info;
+    snprintf(I->device, sizeof I->device, "CPU");
+    I->n_layer_device = 0;
+    if (e->p.n_gpu_layers == 0) return;
+    for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
+        ggml_backend_dev_t d = ggml_backend_dev_get(i);
+        enum ggml_backend_dev_type t = ggml_backend_dev_type(d);
+        if (t != GGML_BACKEND_DEVICE_TYPE_GPU && t != GGML_BACKEND_DEVICE_TYPE_IGPU) continue;
+        snprintf(I->device, sizeof I->device, "%s (%s)", ggml_backend_dev_name(d), ggml_backend_dev_description(d));
+        I->n_layer_device = e->p.n_gpu_layers < 0 || e->p.n_gpu_layers > I->n_layer ? I->n_layer : e->p.n_gpu_layers - 1;
+        return;
+    }
+}
+
+int kvt_devices(char *buf, size_t n) {
+    int n_gpu = 0;
+    size_t used = 0;
+    kvt__engine_backends();
+    if (n) buf[0] = '\0';
+    for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
+        ggml_backend_dev_t d = ggml_backend_dev_get(i);
+        enum ggml_backend_dev_type t = ggml_backend_dev_type(d);
+        n_gpu += t == GGML_BACKEND_DEVICE_TYPE_GPU || t == GGML_BACKEND_DEVICE_TYPE_IGPU;
+        if (used < n) {
+            int w = snprintf(buf + used, n - used, "%s%s (%s)", used ? "; " : "", ggml_backend_dev_name(d),
+                             ggml_backend_dev_description(d));
+            used = w < 0 ? n : KVT_MIN(n, used + (size_t) w);
+        }
+    }
+    return n_gpu;
+}
+
 struct kvt_engine_params kvt_engine_default_params(void) {
     struct kvt_engine_params p;
     memset(&p, 0, sizeof p);
@@ -83,7 +120,8 @@ struct kvt_engine_params kvt_engine_default_params(void) {
     p.n_threads = 0;
     p.type_k = "f16";
     p.type_v = "f16";
-    p.flash_attn = false;
+    p.flash_attn = KVT_FLASH_ATTN_AUTO;
+    p.n_gpu_layers = -1;
     p.reanchor = KVT_REANCHOR_AUTO;
     p.kv_unified = false;
     return p;
@@ -299,6 +337,9 @@ int kvt_engine_open(const struct kvt_engine_params *params, kvt_engine **out) {
     kvt__clear_error();
     if (!p.model_path || !*p.model_path) return kvt__fail(KVT_EINVAL, "no model path given");
     if ((rc = parse_type(p.type_k, &tk, "K")) || (rc = parse_type(p.type_v, &tv, "V"))) return rc;
+    if (p.flash_attn < KVT_FLASH_ATTN_AUTO || p.flash_attn > KVT_FLASH_ATTN_ON)
+        return kvt__fail(KVT_EINVAL, "flash_attn %d is not -1 (auto), 0 (off) or 1 (on)", p.flash_attn);
+    if (p.flash_attn == KVT_FLASH_ATTN_AUTO) p.flash_attn = tv != GGML_TYPE_F16 && tv != GGML_TYPE_F32; /* + device below */
     if (tv != GGML_TYPE_F16 && tv != GGML_TYPE_F32 && !p.flash_attn)
         return kvt__fail(KVT_EINVAL, "V cache type %s needs flash attention (quantised V is stored transposed otherwise)",
                          p.type_v);
@@ -330,6 +371,7 @@ int kvt_engine_open(const struct kvt_engine_params *params, kvt_engine **out) {
 
     struct llama_model_params mp = llama_model_default_params();
     mp.progress_callback = kvt__engine_quiet_progress;
+    mp.n_gpu_layers = p.n_gpu_layers;
     e->model = llama_model_load_from_file(p.model_path, mp);
     if (!e->model) {
         free(e);
@@ -353,6 +395,9 @@ int kvt_engine_open(const struct kvt_engine_params *params, kvt_engine **out) {
     I->n_ctx_train = llama_model_n_ctx_train(e->model);
     I->n_vocab = llama_vocab_n_tokens(e->vocab);
     I->n_seq = p.n_seq;
+    device_info(e);
+    if (params && params->flash_attn == KVT_FLASH_ATTN_AUTO && I->n_layer_device > 0) e->p.flash_attn = p.flash_attn = 1;
+    I->flash_attn = p.flash_attn != 0;
     {
         char key[96];
         char buf[32];
@@ -467,6 +512,8 @@ void kvt_engine_free(kvt_engine *e) {
         free(e->caps[i].q_pos);
     }
     free(e->caps);
+    for (int i = 0; i < 3; i++) free(e->dev_buf[i]);
+    free(e->fa_k);
     free(e->snap);
     free(e->pm);
     free(e->rope[0]);

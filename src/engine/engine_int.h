@@ -94,6 +94,11 @@ struct kvt_engine {
     int32_t cap_first_layer;           /* lowest captured layer: its softmax starts a ubatch */
     void *mask_probe[KVT__MAX_LAYERS]; /* open-time: mask tensor per layer */
     bool probing;
+    /* host copies of device tensors the capture reads (softmax or Q, K, mask), and K as floats */
+    uint8_t *dev_buf[3];
+    size_t dev_cap[3];
+    float *fa_k;
+    size_t fa_cap_k;
     /* sampler chain, rebuilt when the sampling params change */
     struct llama_sampler *smpl;
     struct kvt_sampling smpl_p;

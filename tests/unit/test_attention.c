@@ -6,7 +6,11 @@
 ** K rows of a save of the whole sequence, matched by position.  A control pairs the same Q/K with
 ** positions shifted by one block and must fail the comparison.  Every check runs with a unified
 ** KV cache and with one KV stream per sequence (there the columns are the sequence's own
-** stream's cells); rows of a multi-sequence batch are refused, not mis-mapped. */
+** stream's cells); rows of a multi-sequence batch are refused, not mis-mapped.  Both modes run
+** again with flash attention on: llama.cpp's softmax is fused there, and the capture recomputes
+** the rows on the host from the fused op's inputs (F16 K and V, so the reference reads the same
+** K values the op did).  Where a device backend is visible (tests/CMakeLists.txt, label
+** "device") the same checks run with the layers and KV cells on the device. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -22,16 +26,37 @@
 #include <string.h>
 
 static bool g_kv_unified = true; /* the cache mode of the group being run */
+static bool g_flash = false;     /* flash attention in the group being run */
 
 static int mode_unified(void **st) {
     (void) st;
     g_kv_unified = true;
+    g_flash = false;
     return 0;
 }
 static int mode_streams(void **st) {
     (void) st;
     g_kv_unified = false;
+    g_flash = false;
     return 0;
+}
+static int mode_unified_fa(void **st) {
+    (void) st;
+    g_kv_unified = true;
+    g_flash = true;
+    return 0;
+}
+static int mode_streams_fa(void **st) {
+    (void) st;
+    g_kv_unified = false;
+    g_flash = true;
+    return 0;
+}
+
+static void set_mode(struct kvt_engine_params *p) {
+    p->kv_unified = g_kv_unified;
+    p->flash_attn = g_flash ? KVT_FLASH_ATTN_ON : KVT_FLASH_ATTN_OFF;
+    p->type_k = p->type_v = g_flash ? "f16" : "f32";
 }
 
 static kvt_engine *open_tiny(const char *name) {
@@ -41,10 +66,12 @@ static kvt_engine *open_tiny(const char *name) {
     struct kvt_engine_params p = kvt_engine_default_params();
     p.model_path = path;
     p.n_ctx = 1024;
-    p.type_k = p.type_v = "f32";
-    p.kv_unified = g_kv_unified;
+    set_mode(&p);
     kvt_engine *e = NULL;
     assert_int_equal(kvt_engine_open(&p, &e), 0);
+    struct kvt_engine_info I;
+    kvt_engine_info(e, &I);
+    assert_int_equal(I.flash_attn, g_flash);
     return e;
 }
 
@@ -203,8 +230,7 @@ static void test_multi_sequence_refused(void **st) {
         p.model_path = path;
         p.n_ctx = 1024;
         p.n_seq = 2;
-        p.type_k = p.type_v = "f32";
-        p.kv_unified = g_kv_unified;
+        set_mode(&p);
         assert_int_equal(kvt_engine_open(&p, &e), 0);
     }
     struct kvt_engine_info I;
@@ -249,5 +275,7 @@ int main(void) {
     };
     int failed = cmocka_run_group_tests_name("unified KV cache", tests, mode_unified, NULL);
     failed += cmocka_run_group_tests_name("one KV stream per sequence", tests, mode_streams, NULL);
+    failed += cmocka_run_group_tests_name("unified KV cache, flash attention", tests, mode_unified_fa, NULL);
+    failed += cmocka_run_group_tests_name("one KV stream per sequence, flash attention", tests, mode_streams_fa, NULL);
     return failed;
 }
