@@ -5,9 +5,17 @@
 SHELL := /bin/bash
 BOOT  := scripts/bootstrap.sh
 JOBS  ?= $(shell nproc)
-# build trees (the lower-ISA check below uses its own pair, so it never rebuilds these)
+# build trees (the lower-ISA check below uses its own pair, so it never rebuilds these); a GPU
+# backend (KVTIER_BACKEND=vulkan|cuda: scripts/bootstrap.sh) gets its own pair, build-<backend>
+KVTIER_BACKEND ?= cpu
+export KVTIER_BACKEND
+ifeq ($(KVTIER_BACKEND),cpu)
 BUILD      ?= build
 BUILD_ASAN ?= build-asan
+else
+BUILD      ?= build-$(KVTIER_BACKEND)
+BUILD_ASAN ?= build-$(KVTIER_BACKEND)-asan
+endif
 
 .PHONY: all build build-asan test test-isa demo serve bench clean setup fuzz format
 all: build
@@ -84,4 +92,4 @@ format:
 	git ls-files '*.c' '*.h' '*.cpp' | xargs clang-format -i
 
 clean:
-	rm -rf build build-asan build-isa build-isa-asan build-fuzz
+	rm -rf build build-asan build-isa build-isa-asan build-fuzz build-vulkan build-vulkan-asan build-cuda build-cuda-asan

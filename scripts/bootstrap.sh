@@ -18,6 +18,18 @@
 #   pyclient - a Python venv with the official `openai` client (pinned) for the server tests
 #           (tests/server/cli_serve.sh); prints the venv's python with `pyclient-path`
 #   cpu   - print the CPU feature line (what was probed, what the build keeps) and the cache key
+#   cuda-toolchain - only the CUDA toolchain from PyPI (below), unpacked into one toolkit tree
+#
+# GPU backends (KVTIER_BACKEND=cpu|vulkan|cuda, default cpu). llama.cpp is built with the CPU
+# backend plus the chosen one, each in its own cached prefix (the CPU key + "-vulkan"/"-cuda"):
+#   vulkan - ggml-vulkan against Debian's Vulkan loader, glslc and Mesa's drivers (lavapipe, the
+#            CPU Vulkan driver, is how the suite runs it without a GPU), with the Vulkan and
+#            SPIR-V headers of Debian trixie (bookworm's are too old for this ggml): two pinned
+#            .deb files unpacked into a private prefix, no trixie package installed. ggml-vulkan
+#            skips CPU-type devices unless GGML_VK_VISIBLE_DEVICES is set (lavapipe: =0).
+#   cuda   - ggml-cuda with NVIDIA's toolchain from PyPI (nvcc, the runtime, cuBLAS, CCCL; pinned
+#            wheels checked against their sha256), for CUDA_ARCHS (default 89: Ada; "86;89;90").
+#            Compiles without a GPU; runs where a driver and a GPU are present. Not in `make test`.
 # Prints what it does; prints the final paths as KEY=VALUE lines on stdout with `env`.
 #
 # CPU features. ggml is built with -march=native (GGML_NATIVE), which follows cpuid; cpuid says
@@ -74,6 +86,32 @@ CHAT_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 OPENAI_VERSION=3.54.0                    # the official OpenAI Python client, for tests/server/cli_serve.sh
 VENV=$CACHE/venv
 
+# --- GPU backends (see the header) --------------------------------------------
+KVTIER_BACKEND=${KVTIER_BACKEND:-cpu}
+case "$KVTIER_BACKEND" in cpu|vulkan|cuda) ;; *) printf '[bootstrap] error: KVTIER_BACKEND=%s: use cpu, vulkan or cuda\n' "$KVTIER_BACKEND" >&2; exit 2 ;; esac
+VULKAN_DEB_PACKAGES=(mesa-vulkan-drivers libvulkan-dev glslc glslang-tools spirv-headers vulkan-tools)
+# Debian trixie's Vulkan and SPIR-V headers (only their include/ is used): pool path, sha256
+VULKAN_HEADER_DEBS=(
+  "v/vulkan-loader/libvulkan-dev_1.4.309.0-1_amd64.deb 8d329d465e16168afff58b1bd0dd6db46aac2cc3f56054a481b25a04e90b345a"
+  "s/spirv-headers/spirv-headers_1.6.1+1.4.309.0-1_all.deb dc18db866d63680351c40ac6b6bece34cb52da64a7799ce1cc4f16f6bff4d064"
+)
+VULKAN_HEADERS=$CACHE/vulkan-headers-1.4.309
+DEBIAN_POOLS=(http://deb.debian.org/debian/pool/main https://snapshot.debian.org/archive/debian/20250801T000000Z/pool/main)
+CUDA_ARCHS=${CUDA_ARCHS:-89}
+# NVIDIA's CUDA 13.0 toolchain as PyPI wheels (the cu12 nvcc wheel has no nvcc binary): one tree
+# nvidia/cu13/{bin,include,lib} once unpacked.  wheel file | sha256
+CUDA_VERSION=13.0
+CUDA_WHEELS=(
+  "nvidia_cuda_nvcc-13.0.88-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl 56fe502eb77625a12f25172caa3cdddb4e4c8ba2c8c17dba44b164761b380f03"
+  "nvidia_nvvm-13.0.88-py3-none-manylinux2010_x86_64.manylinux_2_12_x86_64.whl c5f41ffeb6466944a026dfa5317d7d85355c119bbec279205d22f1869d1054e0"
+  "nvidia_cuda_crt-13.0.88-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl 2c8043c7c9e02492716426e9919fc78d2c5b3b2a7a768a88e952676b08aa55a4"
+  "nvidia_cuda_runtime-13.0.96-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl 7f82250d7782aa23b6cfe765ecc7db554bd3c2870c43f3d1821f1d18aebf0548"
+  "nvidia_cuda_cccl-13.0.85-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl e0da7ad981f3a8aff08241b5bfc1af868742a63e2762f53a5171c492ef242649"
+  "nvidia_cublas-13.0.2.14-py3-none-manylinux_2_27_x86_64.whl 0cf238ffdbe46c00cb9aa98e7bca745c223a5ca5a53e686ac8b3e5a08fe80d6c"
+)
+CUDA_ROOT=$CACHE/cuda-$CUDA_VERSION
+CUDA_HOME=$CUDA_ROOT/nvidia/cu13
+
 LLAMA_BASE=$CACHE/llama.cpp-$LCP_VERSION   # dl/ and src/ shared by every CPU build
 MODEL_PATH=$CACHE/models/$MODEL_FILE
 CHAT_MODEL_PATH=$CACHE/models/$CHAT_FILE
@@ -91,11 +129,12 @@ pip_fetch() { # spec dest-dir [extra pip args]
 }
 
 do_deps() {
-  local missing=()
-  for p in "${DEB_PACKAGES[@]}"; do
+  local missing=() want=("${DEB_PACKAGES[@]}")
+  [ "$KVTIER_BACKEND" = vulkan ] && want+=("${VULKAN_DEB_PACKAGES[@]}")
+  for p in "${want[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
-  if [ ${#missing[@]} -eq 0 ]; then say "deps: all ${#DEB_PACKAGES[@]} Debian packages present"; return; fi
+  if [ ${#missing[@]} -eq 0 ]; then say "deps: all ${#want[@]} Debian packages present"; return; fi
   say "deps: installing ${missing[*]}"
   local sudo=""; [ "$(id -u)" -ne 0 ] && sudo=sudo
   $sudo apt-get update -qq >&2
@@ -200,7 +239,14 @@ cpu_detect() {
   CPU_SUMMARY="-march=native ($march), compiled out: ${names[*]:-none}"
   return 0
 }
-cpu_detect_quiet() { cpu_detect; LLAMA_DIR=$LLAMA_BASE/$CPU_KEY; LLAMA_PREFIX=$LLAMA_DIR/prefix; LLAMA_SERVER=$LLAMA_DIR/build-server/bin/llama-server; }
+cpu_detect_quiet() {
+  cpu_detect
+  LLAMA_DIR=$LLAMA_BASE/$CPU_KEY
+  # a GPU backend gets its own prefix and llama-server (bench/ compares like with like)
+  [ "$KVTIER_BACKEND" != cpu ] && LLAMA_DIR=$LLAMA_DIR-$KVTIER_BACKEND
+  LLAMA_PREFIX=$LLAMA_DIR/prefix
+  LLAMA_SERVER=$LLAMA_DIR/build-server/bin/llama-server
+}
 
 # cmake arguments shared by libllama and llama-server, so benchmarks compare like with like
 llama_cpu_cmake_args() {
@@ -210,6 +256,97 @@ llama_cpu_cmake_args() {
   else
     printf '%s\n' -DGGML_NATIVE=ON "-DCMAKE_C_FLAGS=$CPU_ISA_FLAGS" "-DCMAKE_CXX_FLAGS=$CPU_ISA_FLAGS"
   fi
+}
+
+# the backend's cmake arguments (one per line); CMAKE_CXX_FLAGS joins the CPU's flags
+llama_backend_cmake_args() {
+  local cxx=""
+  [ "${KVTIER_LLAMA_PORTABLE:-0}" = 1 ] || cxx=$CPU_ISA_FLAGS
+  case "$KVTIER_BACKEND" in
+    vulkan)
+      printf '%s\n' -DGGML_VULKAN=ON "-DVulkan_INCLUDE_DIR=$VULKAN_HEADERS/usr/include" \
+        "-DCMAKE_PREFIX_PATH=$VULKAN_HEADERS/usr" "-DCMAKE_CXX_FLAGS=$cxx -I$VULKAN_HEADERS/usr/include" ;;
+    cuda)
+      # GGML_CUDA_NO_VMM: no link against the driver's libcuda.so, which only a driver install has
+      printf '%s\n' -DGGML_CUDA=ON "-DCMAKE_CUDA_COMPILER=$CUDA_HOME/bin/nvcc" "-DCUDAToolkit_ROOT=$CUDA_HOME" \
+        "-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCHS" -DGGML_CUDA_NO_VMM=ON -DGGML_CUDA_NCCL=OFF "-DCMAKE_CXX_FLAGS=$cxx" ;;
+  esac
+}
+
+# the backend's toolchain ready (headers, nvcc); prints what is built, for the log lines
+llama_backend_prepare() {
+  case "$KVTIER_BACKEND" in
+    vulkan) do_vulkan_headers >&2; echo "CPU + Vulkan" ;;
+    cuda)   do_cuda_toolchain >&2; echo "CPU + CUDA (archs $CUDA_ARCHS)" ;;
+    *)      echo "CPU only" ;;
+  esac
+}
+
+# the CPU's and the backend's cmake arguments together (the backend's CMAKE_CXX_FLAGS wins)
+llama_all_cmake_args() {
+  local args=() bargs=() a keep=()
+  mapfile -t args < <(llama_cpu_cmake_args)
+  if [ "$KVTIER_BACKEND" != cpu ]; then
+    mapfile -t bargs < <(llama_backend_cmake_args)
+    for a in "${args[@]}"; do [ "${a#-DCMAKE_CXX_FLAGS=}" = "$a" ] && keep+=("$a"); done
+    args=("${keep[@]}" "${bargs[@]}")
+  fi
+  printf '%s\n' "${args[@]}"
+}
+
+# Debian trixie's Vulkan + SPIR-V headers, unpacked (dpkg -x) into $VULKAN_HEADERS: nothing installed
+do_vulkan_headers() {
+  [ -f "$VULKAN_HEADERS/.complete" ] && return 0
+  local dl=$CACHE/dl entry path sum f pool ok
+  mkdir -p "$dl"
+  rm -rf "$VULKAN_HEADERS"
+  for entry in "${VULKAN_HEADER_DEBS[@]}"; do
+    read -r path sum <<<"$entry"
+    f=$dl/${path##*/}
+    if ! sha_ok "$f" "$sum"; then
+      ok=0
+      for pool in "${DEBIAN_POOLS[@]}"; do
+        say "vulkan: downloading ${path##*/} (Debian trixie; headers only) from $pool"
+        curl -fsSL --retry 2 -o "$f.tmp" "$pool/$path" && mv -f "$f.tmp" "$f" && sha_ok "$f" "$sum" && { ok=1; break; }
+        rm -f "$f.tmp"
+      done
+      [ "$ok" = 1 ] || die "could not download ${path##*/} with sha256 $sum"
+    fi
+    dpkg -x "$f" "$VULKAN_HEADERS" || die "dpkg -x $f failed"
+  done
+  [ -f "$VULKAN_HEADERS/usr/include/vulkan/vulkan.hpp" ] || die "no vulkan.hpp in $VULKAN_HEADERS"
+  touch "$VULKAN_HEADERS/.complete"
+  say "vulkan: headers 1.4.309 unpacked into $VULKAN_HEADERS"
+}
+
+# NVIDIA's CUDA toolchain from PyPI (pinned wheels), unpacked and merged into one toolkit tree
+# $CUDA_HOME (bin/nvcc, nvvm/, include/, lib64/) as CMake's FindCUDAToolkit expects it
+do_cuda_toolchain() {
+  if [ -f "$CUDA_ROOT/.complete" ]; then say "cuda: toolchain $CUDA_VERSION cached at $CUDA_HOME"; return 0; fi
+  local dl=$CACHE/dl/cuda-$CUDA_VERSION entry f sum name ver
+  mkdir -p "$dl"
+  rm -rf "$CUDA_ROOT"
+  for entry in "${CUDA_WHEELS[@]}"; do
+    read -r f sum <<<"$entry"
+    if ! sha_ok "$dl/$f" "$sum"; then
+      name=${f%%-*}; ver=${f#*-}; ver=${ver%%-*}
+      say "cuda: downloading ${name//_/-}==$ver from PyPI"
+      pip_fetch "${name//_/-}==$ver" "$dl" --only-binary :all: --platform manylinux_2_27_x86_64 \
+        --platform manylinux_2_17_x86_64 --platform manylinux_2_12_x86_64 --python-version 3.11 \
+        || die "pip download ${name//_/-}==$ver failed"
+      sha_ok "$dl/$f" "$sum" || die "sha256 of $dl/$f does not match the pin $sum"
+    fi
+    unzip -q -o "$dl/$f" 'nvidia/*' -d "$CUDA_ROOT" || die "could not unpack $f"
+  done
+  # the wheels ship versioned sonames only; the linker looks for the plain names
+  local so
+  for so in "$CUDA_HOME"/lib/lib*.so.*; do
+    [ -e "${so%%.so.*}.so" ] || ln -s "$(basename "$so")" "${so%%.so.*}.so"
+  done
+  chmod +x "$CUDA_HOME"/bin/* "$CUDA_HOME"/nvvm/bin/* 2>/dev/null || true
+  "$CUDA_HOME/bin/nvcc" --version >/dev/null || die "$CUDA_HOME/bin/nvcc does not run"
+  touch "$CUDA_ROOT/.complete"
+  say "cuda: toolchain $CUDA_VERSION unpacked into $CUDA_HOME ($("$CUDA_HOME/bin/nvcc" --version | tail -2 | head -1))"
 }
 
 llama_src() { # the sdist's vendor/llama.cpp, extracted once into $LLAMA_BASE/src (any CPU)
@@ -237,11 +374,12 @@ do_llama() {
   say "$CPU_LINE"
   if [ -f "$LLAMA_PREFIX/.complete" ]; then say "llama.cpp: cached at $LLAMA_PREFIX"; return; fi
   llama_src
-  local dir=$LLAMA_DIR args=()
-  mapfile -t args < <(llama_cpu_cmake_args)
+  local dir=$LLAMA_DIR args=() what
+  what=$(llama_backend_prepare)
+  mapfile -t args < <(llama_all_cmake_args)
   rm -rf "$dir/build" "$LLAMA_PREFIX"
   mkdir -p "$dir"
-  say "llama.cpp: configuring for $CPU_KEY (CPU only, shared libraries, library targets only)"
+  say "llama.cpp: configuring for $CPU_KEY ($what, shared libraries, library targets only)"
   cmake -S "$LLAMA_BASE/src" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_INSTALL_PREFIX="$LLAMA_PREFIX" -DBUILD_SHARED_LIBS=ON "${args[@]}" \
     -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF \
@@ -261,6 +399,7 @@ do_llama() {
   fi
   printf '%s\n' "$CPU_LINE" >"$LLAMA_PREFIX/cpu.txt"
   printf '%s\n' "$CPU_SUMMARY" >"$LLAMA_PREFIX/cpu-summary.txt"   # kvtier --version (CMakeLists.txt)
+  printf '%s\n' "$KVTIER_BACKEND" >"$LLAMA_PREFIX/backend.txt"   # kvtier --version (CMakeLists.txt)
   printf '%s\n' "$LCP_VERSION $LLAMA_COMMIT $CPU_KEY" >"$LLAMA_PREFIX/.complete"
   say "llama.cpp: built and installed into $LLAMA_PREFIX in $((SECONDS - t0)) s"
 }
@@ -312,11 +451,12 @@ do_llama_server() {
   cpu_detect_quiet
   if [ -x "$LLAMA_SERVER" ]; then say "llama-server: cached at $LLAMA_SERVER"; return; fi
   do_llama
-  local dir=$LLAMA_DIR args=()
-  # the same CPU flags as libllama (llama_cpu_cmake_args), statically linked
-  mapfile -t args < <(llama_cpu_cmake_args)
+  local dir=$LLAMA_DIR args=() what
+  # the same CPU flags and backend as libllama (llama_all_cmake_args), statically linked
+  what=$(llama_backend_prepare)
+  mapfile -t args < <(llama_all_cmake_args)
   [ "${KVTIER_LLAMA_PORTABLE:-0}" = 1 ] && args=(-DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON "-DGGML_BACKEND_DIR=$LLAMA_PREFIX/lib/ggml-backends" -DBUILD_SHARED_LIBS=ON)
-  say "llama-server: configuring and building for $CPU_KEY (CPU only; log: $dir/server-build.log)"
+  say "llama-server: configuring and building for $CPU_KEY ($what; log: $dir/server-build.log)"
   cmake -S "$LLAMA_BASE/src" -B "$dir/build-server" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF "${args[@]}" \
     -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF \
     -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_CCACHE=OFF \
@@ -346,13 +486,15 @@ case "${1:-all}" in
   llama-server) do_llama_server ;;
   llama-server-path) cpu_detect_quiet; echo "$LLAMA_SERVER"; exit 0 ;;
   cpu)   cpu_detect_quiet; echo "$CPU_LINE"; echo "CPU_KEY=$CPU_KEY"; echo "LLAMA_CFLAGS=$CPU_ISA_FLAGS"; echo "CPU_SUMMARY=$CPU_SUMMARY"; exit 0 ;;
+  cuda-toolchain) do_cuda_toolchain ;;
   pyclient-path) echo "$VENV/bin/python"; exit 0 ;;
   all)   do_deps; do_llama; do_model; do_chat_model ;;
   env)   cpu_detect_quiet ;;
-  *) die "unknown step '${1}': use deps, llama, model, pyclient, llama-server, cpu, all or env" ;;
+  *) die "unknown step '${1}': use deps, llama, model, pyclient, llama-server, cpu, cuda-toolchain, all or env" ;;
 esac
 if [ "${1:-all}" = env ]; then
   echo "LLAMA_PREFIX=$LLAMA_PREFIX"
+  echo "KVTIER_BACKEND=$KVTIER_BACKEND"
   echo "KVTIER_MODEL=$MODEL_PATH"
   echo "KVTIER_CHAT_MODEL=$CHAT_MODEL_PATH"
 fi

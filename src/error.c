@@ -34,7 +34,8 @@ void kvt__clear_error(void) { errmsg_buf[0] = '\0'; }
 const char *kvt_version(void) { return KVT_VERSION_STRING; }
 
 const char *kvt_build_info(void) {
-    return "kvtier " KVT_VERSION_STRING " (commit " KVT_GIT_COMMIT ") built on " KVT_LLAMA_BUILD ", CPU build " KVT_LLAMA_CPU;
+    return "kvtier " KVT_VERSION_STRING " (commit " KVT_GIT_COMMIT ") built on " KVT_LLAMA_BUILD ", CPU build " KVT_LLAMA_CPU
+           ", backend " KVT_LLAMA_BACKEND;
 }
 
 double kvt__now_ms(void) {
