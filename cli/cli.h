@@ -63,9 +63,25 @@ struct cli_run_opts {
     float elastic_sk, elastic_sv; /* --elastic (chat): live ElasticKV scales, 0 = off */
     bool chunk_reuse;             /* --chunk-reuse: non-prefix chunk reuse (kvt_session_params) */
     const char *chunk_recompute;  /* --chunk-recompute K|P% (NULL = the library's 15%) */
+    const char *n_gpu_layers;     /* -ngl: N, all or auto (NULL = the engine's default, all) */
+    const char *flash_attn;       /* -fa: on, off or auto (NULL = the engine's default, auto) */
 };
 
 void cli_run_opts_default(struct cli_run_opts *o);
+
+/* -ngl/--n-gpu-layers and -fa/--flash-attn, llama-server's names and values, as two rows of a
+** table (the strings go to cli_device_opts). */
+#define CLI_DEVICE_OPT_ROWS(ngl, fa)                                                                \
+    { "n-gpu-layers", 0, OPT_STR, (ngl), 0, 0, "N",                                                  \
+      "layers (and their KV cells) on the GPU device (-ngl; llama.cpp's count: the output layer is one): " \
+      "N, all or auto (default all; nothing moves where llama.cpp has no device backend)", NULL },  \
+    { "flash-attn", 0, OPT_STR, (fa), 0, 0, "on|off|auto",                                         \
+      "flash attention (-fa; default auto: on where layers are on a device, off on the CPU); attention " \
+      "signals are computed on the host either way", NULL }
+
+/* Apply the -ngl and -fa strings (NULL = not given) to *ep.  APP_USAGE (message printed, naming
+** the flag and the value) on a bad value. */
+int cli_device_opts(const char *cmd, const char *ngl, const char *fa, struct kvt_engine_params *ep);
 
 /* Table rows for the shared options (to splice into a command's table). */
 /* clang-format off */
@@ -93,6 +109,7 @@ void cli_run_opts_default(struct cli_run_opts *o);
     { "threads", 't', OPT_INT, &(o)->threads, 0, 1024, "N", "CPU threads (default 0 = all cores)", NULL }, \
     { "type-k", 0, OPT_STR, &(o)->type_k, 0, 0, "TYPE", "K cache type: f16, f32, q8_0 (default f16)", NULL }, \
     { "type-v", 0, OPT_STR, &(o)->type_v, 0, 0, "TYPE", "V cache type: f16, f32 (default f16)", NULL }, \
+    CLI_DEVICE_OPT_ROWS(&(o)->n_gpu_layers, &(o)->flash_attn), \
     { "pool-mb", 0, OPT_INT, &(o)->pool_mb, 1, 1 << 20, "N",                                       \
       "host RAM for KV blocks in MiB: the block store's RAM tier (evicted blocks first), or with " \
       "--no-store the host pool; past it blocks spill to disk (default 256)", NULL },             \

@@ -183,7 +183,7 @@ static int bench_round(const char *cmd, kvt_engine *eng, const kvt_token *tok, i
 static int bench_primitives(int argc, char **argv) {
     static const char cmd[] = "kvtier bench primitives";
     const char *model = getenv("KVTIER_MODEL"), *blocks_s = "16,32,64,128,256,512,1024", *type_k = "f16", *type_v = NULL,
-               *text = NULL, *reanchor_s = "host";
+               *text = NULL, *reanchor_s = "host", *ngl = NULL, *fa = NULL;
     int32_t repeats = 5, ctx = 0, threads = 0;
     bool json = false, verbose = false;
     /* clang-format off: one row per option, laid out by hand */
@@ -199,6 +199,7 @@ static int bench_primitives(int argc, char **argv) {
         { "text", 0, OPT_STR, &text, 0, 0, "FILE", "tokenize this text for the blocks (default: pseudo-random ids)", NULL },
         { "reanchor", 0, OPT_STR, &reanchor_s, 0, 0, "PATH",
           "host (rotate K on the host), seq_add (llama.cpp's lazy K-shift) or auto (default host)", NULL },
+        CLI_DEVICE_OPT_ROWS(&ngl, &fa),
         { "verbose", 'v', OPT_FLAG, &verbose, 0, 0, NULL, "llama.cpp's log on stderr", NULL },
         { NULL, 0, 0, NULL, 0, 0, NULL, NULL, NULL },
     };
@@ -243,6 +244,7 @@ static int bench_primitives(int argc, char **argv) {
     if (type_v) ep.type_v = type_v;
     ep.reanchor = reanchor;
     ep.verbose = verbose;
+    if ((rc = cli_device_opts(cmd, ngl, fa, &ep))) return rc;
     kvt_engine *eng = NULL;
     if ((rc = kvt_engine_open(&ep, &eng))) {
         fprintf(stderr, "%s: %s\n", cmd, *kvt_errmsg() ? kvt_errmsg() : kvt_strerror(rc));
@@ -318,16 +320,18 @@ static int bench_primitives(int argc, char **argv) {
                 arr = NULL;
             }
         }
-        json_t *obj = arr ? json_pack("{s:s, s:s, s:s, s:s, s:i, s:s, s:s, s:s, s:i, s:i, s:s, s:o}", "model", info.desc,
+        json_t *obj = arr ? json_pack("{s:s, s:s, s:i, s:b, s:s, s:s, s:s, s:i, s:s, s:s, s:s, s:i, s:i, s:s, s:o}", "model", info.desc,
+                                      "device", info.device, "n_layer_device", info.n_layer_device, "flash_attn", info.flash_attn,
                                       "llama_cpp", llama, "commit", commit, "date", date, "threads", n_threads, "type_k",
                                       info.type_k, "type_v", info.type_v, "reanchor", reanchor_used, "ctx", info.n_ctx, "repeats",
                                       repeats, "tokens", text ? text : "pseudo-random", "rows", arr)
                           : NULL;
         return app_json_line(cmd, obj);
     }
-    printf("# kvtier bench primitives | %s | %s | kvtier commit %s | %s | %d threads | K %s, V %s | reanchor %s"
-           " | ctx %d | tokens: %s | median of %d\n",
-           info.desc, llama, commit, date, n_threads, info.type_k, info.type_v, reanchor_used, info.n_ctx,
+    printf("# kvtier bench primitives | %s | %s | kvtier commit %s | %s | %d threads | device %s, %d/%d layers | flash attn %s"
+           " | K %s, V %s | reanchor %s | ctx %d | tokens: %s | median of %d\n",
+           info.desc, llama, commit, date, n_threads, info.device, info.n_layer_device, info.n_layer, info.flash_attn ? "on" : "off",
+           info.type_k, info.type_v, reanchor_used, info.n_ctx,
            text ? text : "pseudo-random ids", repeats);
     printf("%6s %10s %10s %11s %13s %18s %16s\n", "block", "save_ms", "load_ms", "prefill_ms", "load_speedup", "lifecycle_speedup",
            "bytes_per_token");

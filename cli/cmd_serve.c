@@ -127,7 +127,7 @@ int cmd_serve(int argc, char **argv) {
     memset(&srv, 0, sizeof srv);
     pthread_mutex_init(&srv.mu, NULL);
     pthread_cond_init(&srv.work, NULL);
-    const char *host = "127.0.0.1", *key_file = NULL, *key_unused = NULL, *elastic = NULL;
+    const char *host = "127.0.0.1", *key_file = NULL, *key_unused = NULL, *elastic = NULL, *ngl = NULL, *fa = NULL;
     int32_t port = 8080, max_sessions = 0;
     bool prefetch_on = false, prefetch_off = false;
     srv.n_ctx = 4096;
@@ -253,6 +253,7 @@ int cmd_serve(int argc, char **argv) {
           "with --chunk-reuse: tokens (K) or percent (P%) of each reused chunk decoded in context at its start, "
           "rounded up to whole blocks (default 15%)",
           NULL },
+        CLI_DEVICE_OPT_ROWS(&ngl, &fa),
         { "kv-unified", 0, OPT_FLAG, &srv.kv_unified, 0, 0, NULL,
           "one KV cache shared by all sequences (llama.cpp kv_unified) instead of one stream per sequence: a "
           "session's numbers then depend on the others' (for comparison only)",
@@ -312,6 +313,12 @@ int cmd_serve(int argc, char **argv) {
     rc = APP_USAGE;
     if (!(srv.model_path = cli_model_path(cmd, srv.model_path, &model_from_env))) goto out;
     if (elastic && cli_parse_elastic(cmd, "--elastic", elastic, &srv.elastic_sk, &srv.elastic_sv)) goto out;
+    {
+        struct kvt_engine_params dp = kvt_engine_default_params();
+        if (cli_device_opts(cmd, ngl, fa, &dp)) goto out;
+        srv.n_gpu_layers = dp.n_gpu_layers;
+        srv.flash_attn = dp.flash_attn;
+    }
     if (srv.budget < 2 * srv.block) {
         fprintf(stderr, "%s: --budget %d is smaller than two blocks of %d tokens\n", cmd, srv.budget, srv.block);
         goto out;
@@ -404,11 +411,14 @@ int cmd_serve(int argc, char **argv) {
     int32_t bound = port;
     struct MHD_Daemon *d = serve_http_start(&srv, host, port, &bound);
     if (d) {
+        struct kvt_engine_info ei;
+        kvt_engine_info(srv.eng, &ei);
         fprintf(stderr,
                 "%s: listening on http://%s:%d (model %s; context %d, budget %d, %d sessions, %d parallel, "
-                "batch %d tokens%s%s)\n",
+                "batch %d tokens%s%s; device %s, %d/%d layers, flash attention %s)\n",
                 cmd, host, bound, srv.model_name, srv.n_ctx, srv.budget, srv.max_sessions, srv.parallel, srv.batch_tokens,
-                srv.kv_unified ? ", unified KV cache" : "", srv.keys ? ", API keys required" : "");
+                srv.kv_unified ? ", unified KV cache" : "", srv.keys ? ", API keys required" : "", ei.device, ei.n_layer_device,
+                ei.n_layer, ei.flash_attn ? "on" : "off");
         int sig = 0;
         sigwait(&set, &sig);
         fprintf(stderr, "%s: %s: finishing the requests in flight (at most %d s; a second signal stops them now)\n", cmd,

@@ -80,6 +80,38 @@ static int set_value(const char *cmd, const struct cli_opt *o, const char *flag,
     return APP_OK;
 }
 
+/* llama.cpp's multi-letter one-dash flags, for the options kvtier shares with llama-server */
+static const struct cli_opt *find_llama_spelling(const struct cli_opt *opts, const char *a) {
+    static const char *const map[][2] = { { "-ngl", "n-gpu-layers" }, { "-fa", "flash-attn" } };
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+        if (!strcmp(a, map[i][0])) return find_long(opts, map[i][1], strlen(map[i][1]));
+    return NULL;
+}
+
+int cli_device_opts(const char *cmd, const char *ngl, const char *fa, struct kvt_engine_params *ep) {
+    if (ngl) {
+        char *end;
+        long v;
+        errno = 0;
+        if (!strcmp(ngl, "auto") || !strcmp(ngl, "all")) v = -1;
+        else if ((v = strtol(ngl, &end, 10)), end == ngl || *end || errno || v < -1 || v > 100000) {
+            fprintf(stderr, "%s: --n-gpu-layers '%s' is not a layer count (N >= 0, all or auto)\n", cmd, ngl);
+            return APP_USAGE;
+        }
+        ep->n_gpu_layers = (int32_t) v;
+    }
+    if (fa) {
+        if (!strcmp(fa, "on") || !strcmp(fa, "1") || !strcmp(fa, "true")) ep->flash_attn = KVT_FLASH_ATTN_ON;
+        else if (!strcmp(fa, "off") || !strcmp(fa, "0") || !strcmp(fa, "false")) ep->flash_attn = KVT_FLASH_ATTN_OFF;
+        else if (!strcmp(fa, "auto")) ep->flash_attn = KVT_FLASH_ATTN_AUTO;
+        else {
+            fprintf(stderr, "%s: --flash-attn '%s' is not on, off or auto\n", cmd, fa);
+            return APP_USAGE;
+        }
+    }
+    return APP_OK;
+}
+
 int cli_parse(const char *cmd, const struct cli_opt *opts, int argc, char **argv, char **pos, int max_pos, int *n_pos) {
     bool only_pos = false;
     *n_pos = 0;
@@ -110,6 +142,8 @@ int cli_parse(const char *cmd, const struct cli_opt *opts, int argc, char **argv
             }
             snprintf(flag, sizeof flag, "--%s", o->name);
             if (eq) val = eq + 1;
+        } else if (a[2] != '\0' && (o = find_llama_spelling(opts, a))) {
+            snprintf(flag, sizeof flag, "%s", a); /* llama.cpp's one-dash spellings: -ngl, -fa */
         } else {
             if (a[2] != '\0' || !(o = find_short(opts, a[1]))) {
                 fprintf(stderr, "%s: unknown option '%s'\n", cmd, a);
@@ -241,6 +275,7 @@ int cli_session_open(const char *cmd, const struct cli_run_opts *o, struct cli_s
     ep.n_threads = o->threads;
     if (o->type_k) ep.type_k = o->type_k;
     if (o->type_v) ep.type_v = o->type_v;
+    if ((rc = cli_device_opts(cmd, o->n_gpu_layers, o->flash_attn, &ep))) return rc;
     ep.verbose = o->verbose;
     if ((rc = kvt_engine_open(&ep, &cs->eng))) {
         fprintf(stderr, "%s: %s\n", cmd, *kvt_errmsg() ? kvt_errmsg() : kvt_strerror(rc));
@@ -521,14 +556,20 @@ static void usage(FILE *f) {
 
 static int cmd_version(int argc, char **argv) {
     if (argc > 0 && (!strcmp(argv[0], "--help") || !strcmp(argv[0], "-h"))) {
-        printf("Usage: kvtier --version\nPrints kvtier's version and the llama.cpp/ggml it was built against.\n");
+        printf("Usage: kvtier --version\nPrints kvtier's version, the llama.cpp/ggml it was built against (CPU build, device backend)\n"
+               "and the compute devices llama.cpp can use now.\n");
         return APP_OK;
     }
     if (argc > 0) {
         fprintf(stderr, "kvtier version: unexpected argument '%s'\n", argv[0]);
         return usage_hint("kvtier version");
     }
-    printf("kvtier %s\n%s\n", kvt_version(), kvt_build_info());
+    char dev[1024];
+    int n_gpu = kvt_devices(dev, sizeof dev);
+    printf("kvtier %s\n%s\ndevices: %s\n", kvt_version(), kvt_build_info(), dev);
+    if (n_gpu == 0 && strstr(kvt_build_info(), ", backend vulkan"))
+        printf("note: no Vulkan device is visible; ggml-vulkan skips CPU drivers such as Mesa's lavapipe unless "
+               "GGML_VK_VISIBLE_DEVICES=0 is set\n");
     return APP_OK;
 }
 

@@ -57,6 +57,8 @@ int serve_engine_open(struct server *srv) {
     ep.n_ctx = KVT_MAX(srv->n_ctx, srv->budget * ep.n_seq);
     ep.n_threads = srv->threads;
     ep.kv_unified = srv->kv_unified;
+    ep.n_gpu_layers = srv->n_gpu_layers;
+    ep.flash_attn = srv->flash_attn;
     int rc = kvt_engine_open(&ep, &srv->eng);
     if (rc) {
         app_fail("kvtier serve", "cannot open the model", rc);

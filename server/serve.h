@@ -195,6 +195,8 @@ struct server {
     int32_t n_ctx, budget, parallel, threads, max_sessions, pool_mb, spill_mb, block, max_tokens_default;
     int32_t batch_tokens; /* --batch-tokens: tokens of one scheduler step (decode rows + a prefill chunk) */
     bool kv_unified;      /* --kv-unified: one KV cache shared by all sequences (the old layout) */
+    int32_t n_gpu_layers; /* -ngl (kvt_engine_params.n_gpu_layers) */
+    int32_t flash_attn;   /* -fa (kvt_engine_params.flash_attn) */
     const char *spill_dir;
     const char *store_dir; /* block store (--store); NULL = the user's cache directory */
     bool no_store;         /* --no-store */

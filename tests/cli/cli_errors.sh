@@ -107,6 +107,22 @@ expect "prompt longer than the context names its tokens" 1 err "turn 1: user mes
 # --- version ---
 expect "--version names llama.cpp" 0 out "llama.cpp 0." -- "$BIN" --version
 expect "version names kvtier" 0 out "kvtier 0." -- "$BIN" version
+expect "--version names the device backend" 0 out ", backend " -- "$BIN" --version
+expect "--version lists the devices llama.cpp can use" 0 out "devices: " -- "$BIN" --version
+
+# --- device flags (llama-server's names and values) ---
+expect "-ngl abc -> usage error naming the value" 2 err "'abc'" -- "$BIN" serve -ngl abc
+expect "--n-gpu-layers -5 -> usage error naming the value" 2 err "'-5'" -- "$BIN" chat -m x --n-gpu-layers -5
+expect "-fa maybe -> usage error naming the value" 2 err "--flash-attn 'maybe' is not on, off or auto" -- "$BIN" serve -fa maybe
+expect "bench primitives --flash-attn sometimes -> usage error" 2 err "'sometimes'" -- "$BIN" bench primitives --flash-attn sometimes
+expect "serve --help lists -ngl's long name" 0 out "--n-gpu-layers N" -- "$BIN" serve --help
+if [ -n "$TINY" ] && [ -f "$TINY/tiny-llama.gguf" ]; then
+    # -ngl 0 -fa on: the CPU with flash attention; the primitives run and the header says so
+    expect "bench primitives -ngl 0 -fa on runs on the CPU with flash attention" 0 out "device CPU, 0/" -- \
+        "$BIN" bench primitives -m "$TINY/tiny-llama.gguf" --blocks 16 --repeats 1 -ngl 0 -fa on
+    grep -qF "flash attn on" "$TMP/out" && ok "bench primitives header says flash attn on" \
+        || bad "bench primitives -fa on: header lacks 'flash attn on': $(head -1 "$TMP/out")"
+fi
 expect "--help" 0 out "Usage:" -- "$BIN" chat --help
 
 t_finish
