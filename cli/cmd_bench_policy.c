@@ -128,6 +128,7 @@ static double per(double x, int64_t n) { return n > 0 ? x / (double) n : NAN; }
 
 int cmd_bench_policy(int argc, char **argv) {
     static const char cmd[] = "kvtier bench policy";
+    const char *ngl = NULL, *fa = NULL; /* -ngl, -fa (cli_device_opts) */
     const char *model = getenv("KVTIER_MODEL"), *policies_s = "no_eviction,truncate,streaming,h2o,snapkv,infllm,kvtier",
                *texts = NULL;
     int32_t budget = 512, turns = 12, turn_tokens = 200, gen = 32, rounds = 1, threads = 0;
@@ -193,6 +194,10 @@ int cmd_bench_policy(int argc, char **argv) {
     ep.n_seq = 1;
     ep.n_threads = threads;
     ep.verbose = verbose;
+    if ((rc = cli_device_opts(cmd, ngl, fa, &ep))) {
+        eval_corpus_free(&corpus);
+        return rc;
+    }
     kvt_engine *eng = NULL;
     kvt_pool *pool = NULL;
     char **conv = NULL;
@@ -228,9 +233,12 @@ int cmd_bench_policy(int argc, char **argv) {
     double ref_step = NAN;
     for (int i = 0; i < n_pol; i++)
         if (ps[i].policy == KVT_POLICY_STREAMING) ref_step = per(ps[i].dec_decode_ms, ps[i].steps);
-    printf("# kvtier bench policy | %s | %s | kvtier commit %s | %s | %s | %d threads | budget %d | %d turns x (%d + "
-           "%d) tokens | %d rounds\n",
-           st.model, st.llama, st.commit, st.date, st.machine, n_threads, budget, turns, turn_tokens, gen, rounds);
+    struct kvt_engine_info ei;
+    kvt_engine_info(eng, &ei);
+    printf("# kvtier bench policy | %s | %s | kvtier commit %s | %s | %s | %d threads | device %s, %d/%d layers | flash attn %s"
+           " | budget %d | %d turns x (%d + %d) tokens | %d rounds\n",
+           st.model, st.llama, st.commit, st.date, st.machine, n_threads, ei.device, ei.n_layer_device, ei.n_layer,
+           ei.flash_attn ? "on" : "off", budget, turns, turn_tokens, gen, rounds);
     printf("%-12s %7s %12s %13s %10s %12s %13s %10s %10s %7s %7s\n", "policy", "steps", "decode_ms/st", "policy_ms/st", "overhead",
            "decode_vs_st", "prefill_ms/t", "pf_policy", "overhead", "evict", "recov");
     json_t *arr = json_array();
@@ -251,8 +259,9 @@ int cmd_bench_policy(int argc, char **argv) {
                                         "peak_resident_tokens", p->peak, "errors", p->errors));
     }
     if (json) {
-        json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:o}", "benchmark", "policy", "model",
-                              st.model, "llama_cpp", st.llama, "commit", st.commit, "date", st.date, "threads", n_threads, "budget",
+        json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:b, s:i, s:i, s:i, s:i, s:i, s:i, s:o}", "benchmark", "policy",
+                              "model", st.model, "llama_cpp", st.llama, "commit", st.commit, "date", st.date, "device", ei.device,
+                              "flash_attn", ei.flash_attn, "threads", n_threads, "budget",
                               budget, "turns", turns, "turn_tokens", turn_tokens, "gen", gen, "rounds", rounds, "policies", arr);
         char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
         if (s) printf("%s\n", s);

@@ -4,6 +4,7 @@
 ** the bad value, as the 400 reply the client gets. */
 #include "serve.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,6 +69,19 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
             return -1;
         }
         j->req.smp.top_p = (float) p;
+    }
+    if ((v = json_object_get(root, "top_k")) && !json_is_null(v)) {
+        e->param = "top_k";
+        if (!json_is_integer(v)) {
+            serve_bad(e, "'top_k' must be an integer, got %s", serve_json_type(v));
+            return -1;
+        }
+        json_int_t k = json_integer_value(v);
+        if (k < 0 || k > 1000000) {
+            serve_bad(e, "'top_k' %lld is outside 0..1000000 (0 = off)", (long long) k);
+            return -1;
+        }
+        j->req.smp.top_k = (int32_t) k;
     }
     if ((v = json_object_get(root, "seed")) && !json_is_null(v)) {
         e->param = "seed";
@@ -381,16 +395,89 @@ out:
     return 0;
 }
 
+/* Fields that change the reply which kvtier does not implement, with the value that leaves the
+** reply unchanged (accepted): anything else is a 400 naming the field, never a 200 that ignored
+** it.  (llama-server's sampler fields; OpenAI's penalties.) */
+static const struct {
+    const char *name;
+    double neutral;
+} NOT_IMPLEMENTED[] = {
+    { "frequency_penalty", 0 }, { "presence_penalty", 0 }, { "repeat_penalty", 1 }, { "min_p", 0 },
+    { "typical_p", 1 },         { "mirostat", 0 },         { "dry_multiplier", 0 }, { "xtc_probability", 0 },
+    { "top_n_sigma", -1 },      { "n_probs", 0 },          { "dynatemp_range", 0 },
+};
+
+/* The request fields kvtier reads or knowingly accepts; any other is logged once (by name). */
+static const char *const KNOWN[] = {
+    "model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "n", "stop",
+    "stream", "stream_options", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "functions",
+    "function_call", "response_format", "json_schema", "grammar", "logit_bias", "user", "metadata", "store", "cache_prompt",
+    "session", "session_id", "id_slot", "ignore_eos",
+};
+
+static pthread_mutex_t unknown_mu = PTHREAD_MUTEX_INITIALIZER;
+static char unknown_seen[64][48]; /* names already logged (the first 64) */
+static int n_unknown_seen;
+
+static void log_unknown_fields(const json_t *root) {
+    const char *k;
+    const json_t *v;
+    json_object_foreach((json_t *) root, k, v) {
+        bool known = false;
+        for (size_t i = 0; !known && i < sizeof KNOWN / sizeof KNOWN[0]; i++) known = !strcmp(k, KNOWN[i]);
+        for (size_t i = 0; !known && i < sizeof NOT_IMPLEMENTED / sizeof NOT_IMPLEMENTED[0]; i++)
+            known = !strcmp(k, NOT_IMPLEMENTED[i].name);
+        if (known) continue;
+        pthread_mutex_lock(&unknown_mu);
+        bool seen = false;
+        for (int i = 0; !seen && i < n_unknown_seen; i++) seen = !strncmp(unknown_seen[i], k, sizeof unknown_seen[i] - 1);
+        if (!seen && n_unknown_seen < 64) {
+            snprintf(unknown_seen[n_unknown_seen++], sizeof unknown_seen[0], "%s", k);
+            fprintf(stderr, "kvtier serve: request field '%.*s' is not one kvtier reads; ignored (logged once)\n", 40, k);
+        }
+        pthread_mutex_unlock(&unknown_mu);
+    }
+}
+
+/* The fields that would change the reply and are not implemented: a 400 naming the first. */
+static int refuse_unimplemented(const json_t *root, struct serve_error *e) {
+    const json_t *v;
+    for (size_t i = 0; i < sizeof NOT_IMPLEMENTED / sizeof NOT_IMPLEMENTED[0]; i++) {
+        const char *f = NOT_IMPLEMENTED[i].name;
+        if (!(v = json_object_get(root, f)) || json_is_null(v)) continue;
+        if (json_is_number(v) && json_number_value(v) == NOT_IMPLEMENTED[i].neutral) continue;
+        e->param = f;
+        if (!json_is_number(v)) return serve_bad(e, "'%s' must be a number, got %s", f, serve_json_type(v));
+        serve_bad(e, "'%s' %g is not supported by kvtier serve: it would change the reply (send %g or leave it out)", f,
+                  json_number_value(v), NOT_IMPLEMENTED[i].neutral);
+        return -1;
+    }
+    if ((v = json_object_get(root, "logit_bias")) && !json_is_null(v) &&
+        !((json_is_object(v) && json_object_size(v) == 0) || (json_is_array(v) && json_array_size(v) == 0))) {
+        e->param = "logit_bias";
+        serve_bad(e, "'logit_bias' is not supported by kvtier serve: it would change the reply (leave it out or send {})");
+        return -1;
+    }
+    if ((v = json_object_get(root, "ignore_eos")) && json_is_true(v)) {
+        e->param = "ignore_eos";
+        serve_bad(e, "'ignore_eos' true is not supported by kvtier serve: it would change the reply");
+        return -1;
+    }
+    return 0;
+}
+
 int serve_request_parse(struct server *srv, json_t *root, struct job *j, bool chat, struct serve_error *e) {
     e->param = NULL;
-    int rc = parse_common(srv, root, j, e);
+    log_unknown_fields(root);
+    int rc = refuse_unimplemented(root, e);
+    if (rc == 0) rc = parse_common(srv, root, j, e);
     char *sys_extra = NULL;
     if (rc == 0 && chat) rc = tools_parse(root, j, &srv->lim, &sys_extra, e);
     if (rc == 0 && chat) rc = parse_messages(root, j, &srv->lim, sys_extra, e);
     free(sys_extra);
     if (rc == 0 && !chat) {
-        const char *chat_only[] = { "tools", "tool_choice", "functions", "function_call", "response_format" };
-        for (int i = 0; rc == 0 && i < 5; i++) {
+        const char *chat_only[] = { "tools", "tool_choice", "functions", "function_call", "response_format", "json_schema", "grammar" };
+        for (int i = 0; rc == 0 && i < 7; i++) {
             json_t *v = json_object_get(root, chat_only[i]);
             if (v && !json_is_null(v)) {
                 e->param = chat_only[i];

@@ -140,9 +140,15 @@ void serve_engine_close(struct server *srv) {
 static enum pick start_chat(struct server *srv, struct job *j) {
     if (j->req.grammar && !j->req.smp.grammar) {
         int rc = kvt_grammar_new(srv->eng, j->req.grammar, "root", &j->req.smp.grammar);
+        if (rc && j->req.grammar_user) { /* the client's GBNF */
+            serve_error_set(&j->err, 400, "invalid_request_error", NULL, "'grammar' is not valid GBNF: %s", kvt_errmsg());
+            j->err.param = "grammar";
+            return PICK_OK;
+        }
         if (rc) { /* our own translation of the schema failed: say which text */
             serve_error_set(&j->err, 400, "invalid_request_error", NULL,
-                            "the tools / response_format schema could not be compiled to a grammar: %s", kvt_errmsg());
+                            "the tools / response_format / json_schema schema could not be compiled to a grammar: %s",
+                            kvt_errmsg());
             return PICK_OK;
         }
     }

@@ -92,8 +92,10 @@ struct job_req {
     bool stream, include_usage;
     bool logprobs; /* "logprobs": true (no top_logprobs) */
     enum reply_format format;
-    char *grammar;    /* GBNF for the reply (tools / response_format), NULL = free text;
-                                   ** compiled into smp.grammar by the engine thread */
+    char *grammar;    /* GBNF for the reply (tools / response_format / json_schema, or the
+                                   ** request's own "grammar"), NULL = free text; compiled into
+                                   ** smp.grammar by the engine thread */
+    bool grammar_user; /* grammar is the request's "grammar" text (its errors name that field) */
     double t_arrival; /* ms, monotonic */
     double deadline;  /* ms, monotonic: t_arrival + --request-timeout-s; 0 = none */
 };

@@ -467,6 +467,49 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
         json_decref(desc);
         if (calls.oom || root_rule.oom) rc = -1;
     }
+    /* llama-server's two other spellings of a constraint, never ignored: a top-level
+    ** "json_schema" (a JSON schema) and "grammar" (GBNF text, used as given) */
+    const json_t *top_schema = json_object_get(root, "json_schema"), *gbnf = json_object_get(root, "grammar");
+    if (top_schema && json_is_null(top_schema)) top_schema = NULL;
+    if (gbnf && json_is_null(gbnf)) gbnf = NULL;
+    if (rc == 0 && (top_schema || gbnf)) {
+        const char *name = top_schema ? "json_schema" : "grammar";
+        e->param = name;
+        if (top_schema && gbnf) {
+            serve_bad(e, "'json_schema' and 'grammar' both constrain the reply: send one");
+            rc = -1;
+        } else if (j->req.format == REPLY_TOOLS || (rf && !json_is_null(rf))) {
+            serve_bad(e, "'%s' cannot be combined with '%s' (one constraint per reply)", name,
+                      j->req.format == REPLY_TOOLS ? "tools" : "response_format");
+            rc = -1;
+        } else if (top_schema && !json_is_object(top_schema)) {
+            serve_bad(e, "'json_schema' must be a JSON schema object, got %s", serve_json_type(top_schema));
+            rc = -1;
+        } else if (gbnf && !json_is_string(gbnf)) {
+            serve_bad(e, "'grammar' must be a string of GBNF rules, got %s", serve_json_type(gbnf));
+            rc = -1;
+        } else if (gbnf && json_string_length(gbnf) > GBNF_MAX_BYTES) {
+            serve_bad(e, "'grammar' has %zu bytes; at most %d", json_string_length(gbnf), GBNF_MAX_BYTES);
+            rc = -1;
+        } else if (gbnf) {
+            if (json_string_length(gbnf) > 0) { /* "" is llama-server's "no grammar" */
+                if (!(j->req.grammar = strdup(json_string_value(gbnf)))) {
+                    serve_error_oom(e);
+                    rc = -1;
+                }
+                j->req.grammar_user = true;
+            }
+        } else {
+            bput(&root_rule, "root ::= ");
+            schema_expr(&g, top_schema, &root_rule);
+            bput(&root_rule, "\n");
+            if (g.failed) {
+                serve_bad(e, "'json_schema': %s", g.msg);
+                rc = -1;
+            }
+            j->req.format = REPLY_JSON;
+        }
+    }
     /* response_format (only when no tool call is possible: one grammar per reply) */
     if (rc == 0 && rf && !json_is_null(rf)) {
         e->param = "response_format";
@@ -479,6 +522,22 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
         } else if (strcmp(t, "text") && j->req.format == REPLY_TOOLS) {
             serve_bad(e, "'response_format' %s cannot be combined with 'tools' (the reply is a tool call or a response)", t);
             rc = -1;
+        } else if (!strcmp(t, "json_object") && json_object_get(rf, "schema") && !json_is_null(json_object_get(rf, "schema"))) {
+            /* llama-server's form: {"type": "json_object", "schema": {...}} */
+            const json_t *sc = json_object_get(rf, "schema");
+            if (!json_is_object(sc)) {
+                serve_bad(e, "'response_format.schema' must be a JSON schema object, got %s", serve_json_type(sc));
+                rc = -1;
+            } else {
+                bput(&root_rule, "root ::= ");
+                schema_expr(&g, sc, &root_rule);
+                bput(&root_rule, "\n");
+                if (g.failed) {
+                    serve_bad(e, "'response_format.schema': %s", g.msg);
+                    rc = -1;
+                }
+                j->req.format = REPLY_JSON;
+            }
         } else if (!strcmp(t, "json_object")) {
             bput(&root_rule, "root ::= object\n");
             j->req.format = REPLY_JSON;
@@ -510,7 +569,7 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
         } else if (all.n > GBNF_MAX_BYTES) {
             free(all.s);
             rc = -1;
-            e->param = j->req.format == REPLY_TOOLS ? "tools" : "response_format";
+            e->param = j->req.format == REPLY_TOOLS ? "tools" : top_schema ? "json_schema" : "response_format";
             serve_bad(e, "the schemas make a grammar of %zu bytes; at most %d", all.n, GBNF_MAX_BYTES);
         } else j->req.grammar = all.s;
     }

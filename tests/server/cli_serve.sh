@@ -119,6 +119,15 @@ wait "$REF_PID" 2>/dev/null
 # scheduling: session choice by longest common token prefix, completions batched with chats
 run_py serve_sched_test.py py2
 
+# --- a field kvtier does not read: accepted, named in the log once (not on every request) ---
+for _ in 1 2; do
+    curl -s -o /dev/null -H "Authorization: Bearer key-alpha-123" \
+        -d '{"messages":[{"role":"user","content":"hi"}],"max_tokens":2,"frobnicate_level":3}' \
+        "http://127.0.0.1:$PORT/v1/chat/completions"
+done
+n=$(grep -c "request field 'frobnicate_level' is not one kvtier reads" "$TMP/err")
+[ "$n" = 1 ] && ok "an unknown request field is logged once (two requests)" || bad "unknown field logged $n times"
+
 # --- SIGTERM with a request in flight: it completes, the server exits 0 ---
 curl -s -o "$TMP/inflight" -w '%{http_code}' -H "Authorization: Bearer key-alpha-123" \
     -d '{"messages":[{"role":"user","content":"Tell me a story."}],"max_tokens":60}' \

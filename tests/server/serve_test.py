@@ -306,6 +306,28 @@ ot = json_or_none(rt.choices[0].message.content)
 check("control: without response_format the same question is not answered in JSON", not isinstance(ot, dict),
       repr(rt.choices[0].message.content))
 
+# llama-server's spellings of a constraint (issue #28: never a 200 that ignored them): a top-level
+# json_schema, response_format json_object with a schema, and a GBNF grammar; control: the free reply
+def content_of(body):
+    st, _, b = raw("POST", "/v1/chat/completions", dict(body, messages=q, max_tokens=48, temperature=0))
+    return st, (b["choices"][0]["message"]["content"] if st == 200 else str(b)[:200])
+st, c = content_of({"json_schema": schema})
+oc = json_or_none(c)
+check("top-level json_schema (llama-server): the reply follows the schema",
+      st == 200 and isinstance(oc, dict) and set(oc) == {"legs", "animal"} and isinstance(oc["legs"], int), f"{st} {c!r}")
+st, c = content_of({"response_format": {"type": "json_object", "schema": schema}})
+oc = json_or_none(c)
+check("response_format json_object with a schema (llama-server): the reply follows the schema",
+      st == 200 and isinstance(oc, dict) and set(oc) == {"legs", "animal"}, f"{st} {c!r}")
+st, c = content_of({"grammar": 'root ::= "eight" | "six"'})
+check("grammar (GBNF): the reply is one of its two strings", st == 200 and c in ("eight", "six"), f"{st} {c!r}")
+check("control: the free reply to the same question is neither", rt.choices[0].message.content not in ("eight", "six"),
+      repr(rt.choices[0].message.content))
+st, c = content_of({"top_k": 1, "temperature": 1.0, "seed": 7})
+check("top_k 1 at temperature 1 is the greedy reply", st == 200 and c == rt.choices[0].message.content, f"{st} {c!r}")
+st, c = content_of({"frequency_penalty": 0, "presence_penalty": 0, "logit_bias": {}})
+check("neutral penalties and an empty logit_bias are accepted", st == 200, f"{st} {c!r}")
+
 # ---- bad input -------------------------------------------------------------------------
 def bad(name, status, body, frag, **kw):
     st, _, b = raw("POST", kw.pop("path", "/v1/chat/completions"), body, **kw)
@@ -348,6 +370,18 @@ bad("tools with response_format json", 400, {"messages": hello, "tools": tools, 
 bad("a tool result without tool_call_id", 400, {"messages": [{"role": "user", "content": "hi"},
                                                             {"role": "tool", "content": "18 degrees"}]}, "tool_call_id")
 bad("the deprecated functions API", 400, {"messages": hello, "functions": [{"name": "f"}]}, "deprecated")
+bad("logit_bias (not implemented: never ignored)", 400, {"messages": hello, "logit_bias": {"15": 5}}, "'logit_bias' is not supported")
+bad("frequency_penalty 0.5 (not implemented)", 400, {"messages": hello, "frequency_penalty": 0.5}, "'frequency_penalty' 0.5")
+bad("min_p 0.05 (not implemented)", 400, {"messages": hello, "min_p": 0.05}, "'min_p' 0.05 is not supported")
+bad("grammar that is not GBNF", 400, {"messages": hello, "grammar": "root ::= (("}, "'grammar' is not valid GBNF")
+bad("grammar of the wrong type", 400, {"messages": hello, "grammar": 5}, "'grammar' must be a string")
+bad("grammar with tools", 400, {"messages": hello, "tools": tools, "grammar": 'root ::= "a"'}, "cannot be combined")
+bad("json_schema with response_format", 400, {"messages": hello, "json_schema": {"type": "object"},
+    "response_format": {"type": "json_object"}}, "cannot be combined")
+bad("json_schema of the wrong type", 400, {"messages": hello, "json_schema": "object"}, "'json_schema' must be a JSON schema")
+bad("top_k of the wrong type", 400, {"messages": hello, "top_k": "x"}, "'top_k' must be an integer")
+bad("grammar on completions", 400, {"prompt": "hi", "grammar": 'root ::= "a"'}, "not supported on /v1/completions",
+    path="/v1/completions")
 bad("completions without a prompt", 400, {"max_tokens": 3}, "'prompt' must be a string", path="/v1/completions")
 st, _, b = raw("GET", "/v1/nowhere")
 check("unknown endpoint -> 404", st == 404 and "error" in b, f"{st} {b}")
