@@ -514,11 +514,15 @@ struct kvt_elastic_stats {
 };
 
 /* ---- Attention capture ----
-** Captures post-softmax attention (llama.cpp's "kq_soft_max-<il>" nodes, flash attention off)
-** of the chosen layers during every kvt_engine_decode, keeps the last ubatch per layer, and maps
-** KV-cell columns to token positions.  Optionally captures post-RoPE queries ("Qcur-<il>") for
-** verification.  Source: EVOKE-style attention signals for H2O (Zhang et al. 2023) and SnapKV
-** (Li et al. 2024). */
+** Captures post-softmax attention of the chosen layers during every kvt_engine_decode, keeps
+** the last ubatch per layer, and maps KV-cell columns to token positions.  Flash attention off:
+** llama.cpp's "kq_soft_max-<il>" nodes are read.  On (the fused op never materialises the
+** softmax): the rows are recomputed on the host from the fused op's Q, K and mask with its scale
+** and soft-cap, exact to float rounding (tests/unit/test_attention.c, 5e-7), at n_tok x n_kv x
+** n_head x head_dim multiply-adds per captured layer; ALiBi and attention-sink models capture
+** nothing there (kvt_attn_get: KVT_ENOENT).  Tensors in device memory (Vulkan, CUDA) are copied
+** to the host first.  Optionally captures post-RoPE queries ("Qcur-<il>") for verification.
+** Source: EVOKE-style attention signals for H2O (Zhang et al. 2023) and SnapKV (Li et al. 2024). */
 
 /* Threshold the resident K/V of sequence seq in place (ElasticKV, above): reads the whole
 ** sequence state (llama_state_seq_get_data; a pending K-shift is applied first), zeroes on the
@@ -535,7 +539,7 @@ struct kvt_elastic_stats {
 int kvt_seq_elastic(kvt_engine *eng, int32_t seq, const struct kvt_elastic_params *p, struct kvt_elastic_stats *st /* OUT */);
 
 /* Choose layers to capture (il in [0, n_layer)); n = 0 turns capture off.  capture_q also
-** keeps Q.  Errors: KVT_EINVAL (layer out of range), KVT_EUNSUPPORTED (flash attention on). */
+** keeps Q.  Errors: KVT_EINVAL (layer out of range), KVT_ENOMEM. */
 int kvt_attn_capture(kvt_engine *eng, const int32_t *layers, int32_t n, bool capture_q);
 
 /* Attention of one captured layer for the last ubatch decoded into a given sequence.

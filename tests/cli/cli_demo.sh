@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# cli_demo — the planted-fact demo on Gemma 3 270M at budget 512, three ways:
+# cli_demo — the planted-fact demo on Gemma 3 270M at budget 512, three ways (and kv_restore
+# again with flash attention on, where the attention signals are recomputed on the host):
 #   kv_restore  evicted blocks are loaded back (the library's recovery),
 #   discard     evicted blocks are gone (the truncation baseline; the control that must lose),
 #   reference   --budget 0: no eviction at all.
@@ -49,7 +50,7 @@ def load(name):
     except (OSError, ValueError):
         return {}
 r, d, z = load("restore"), load("discard"), load("reference")
-hh, st = load("h2o"), load("streaming")
+hh, st, rf = load("h2o"), load("streaming"), load("restore_fa")
 try:
     print("yes" if eval(expr) else "no")
 except Exception as e:  # a missing field is a failure, not a crash of the test
@@ -64,6 +65,7 @@ run discard --recovery discard
 run h2o --policy h2o
 run streaming --policy streaming
 run reference --budget 0
+run restore_fa --flash-attn on
 
 # What the model writes greedily moves with the CPU's float summation order (AVX2, AVX-512, AMX):
 # recall is asserted against the reference run in this same test, never on its own; the
@@ -85,6 +87,10 @@ check "kv_restore wins back >= 75% of what discard loses" \
     '(z["answer_logprob"] - r["answer_logprob"]) <= 0.25 * (z["answer_logprob"] - d["answer_logprob"])'
 check "policies really choose: h2o and streaming keep different blocks (answer log-prob differs by > 1 nat)" \
     'abs(hh["answer_logprob"] - st["answer_logprob"]) > 1.0 and hh["recoveries"] == 0 == st["recoveries"]'
+check "flash attention on (attention signals recomputed on the host): kv_restore evicts, recovers the fact's block" \
+    'rf["evictions"] > 0 and rf["recoveries"] > 0 and rf["fact_block_resident_at_probe"] is True and rf["fact_block_evictions"] > 0'
+check "flash attention on: kv_restore wins back >= 75% of what discard loses" \
+    '(z["answer_logprob"] - rf["answer_logprob"]) <= 0.25 * (z["answer_logprob"] - d["answer_logprob"])'
 check "same answer tokens in all three" 'r["answer_tokens"] == d["answer_tokens"] == z["answer_tokens"] > 0'
 
 python3 - "$TMP" <<'EOF'
