@@ -5,7 +5,9 @@
 #   tests/run_suite.sh [BUILD_DIR [ASAN_DIR]]     (default: build build-asan)
 # The demo, the benchmark smoke test and the single-prompt NIAH checks (cli_eval_single,
 # cli_serve_long) run only in the normal half: they exercise code paths the unit tests run under
-# the sanitizers too (test_recovery's own-tail cases), at model speed.
+# the sanitizers too (test_recovery's own-tail cases), at model speed.  So do the device tests of a
+# GPU backend (label "device") but device_exact, whose device-side paths (state copies across the
+# device, attention read back from device tensors) the sanitizers see there.
 set -u
 cd "$(dirname "$0")/.."
 NORMAL=${1:-build}
@@ -38,7 +40,7 @@ summary() {
 
 rc_n=0 rc_a=0
 half normal "$NORMAL" || rc_n=$?
-half sanitizer "$ASAN" -E 'cli_demo|cli_bench|cli_eval_single|cli_serve_long' || rc_a=$?
+half sanitizer "$ASAN" -E 'cli_demo|cli_bench|cli_eval_single|cli_serve_long|device_primitives|device_attention|device_serve' || rc_a=$?
 
 echo
 echo "=== make test: both halves ==="

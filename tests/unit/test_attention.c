@@ -10,7 +10,9 @@
 ** again with flash attention on: llama.cpp's softmax is fused there, and the capture recomputes
 ** the rows on the host from the fused op's inputs (F16 K and V, so the reference reads the same
 ** K values the op did).  Where a device backend is visible (tests/CMakeLists.txt, label
-** "device") the same checks run with the layers and KV cells on the device. */
+** "device") the same checks run with the layers and KV cells on the device; there the tolerance
+** is at least 2x the gap F16 rounding of Q and K makes in the host's softmax, measured in the
+** run (a device's matmul may round its inputs). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -82,32 +84,46 @@ static void toks(kvt_token *t, int n, unsigned seed) {
     }
 }
 
-/* host attention of query t, head h over the given keys; returns max |diff| against a->w */
+static double half(double x) { return (double) (float) (_Float16) x; }
+
+/* host attention of query t, head h over the given keys; returns max |diff| against a->w, or
+** with half_floor, against the same host attention computed from Q and K rounded to F16 (the
+** precision a device's matmul may use: the noise floor for a device's softmax) */
 static double host_check(const kvt_attn *a, const float *K, const kvt_pos *Kpos, int32_t n_cells, int32_t row, int n_head_kv,
-                         int n_swa, int pos_shift) {
+                         int n_swa, int pos_shift, bool half_floor) {
     const int hd = a->head_dim, group = a->n_head / n_head_kv;
     double worst = 0;
-    double *sc = malloc(sizeof(double) * (size_t) n_cells);
+    double *sc = malloc(sizeof(double) * (size_t) n_cells), *sh = malloc(sizeof(double) * (size_t) n_cells);
     for (int t = n_swa > 0 ? a->n_query - 1 : 0; t < a->n_query; t++)
         for (int h = 0; h < a->n_head; h++) {
             const float *q = a->q + ((size_t) t * a->n_head + h) * hd;
-            double mx = -INFINITY, z = 0;
+            double mx = -INFINITY, z = 0, mxh = -INFINITY, zh = 0;
             for (int32_t c = 0; c < n_cells; c++) {
                 kvt_pos p = Kpos[c] + pos_shift;
                 bool vis = p <= a->q_pos[t] && (n_swa <= 0 || a->q_pos[t] - p < n_swa);
                 if (!vis) {
-                    sc[c] = -INFINITY;
+                    sc[c] = sh[c] = -INFINITY;
                     continue;
                 }
                 const float *k = K + (size_t) c * row + (size_t) (h / group) * hd;
-                double dot = 0;
-                for (int d = 0; d < hd; d++) dot += (double) q[d] * k[d];
+                double dot = 0, doth = 0;
+                for (int d = 0; d < hd; d++) {
+                    dot += (double) q[d] * k[d];
+                    doth += half(q[d]) * half(k[d]);
+                }
                 sc[c] = dot / sqrt((double) hd);
+                sh[c] = doth / sqrt((double) hd);
                 mx = fmax(mx, sc[c]);
+                mxh = fmax(mxh, sh[c]);
             }
             for (int32_t c = 0; c < n_cells; c++) z += sc[c] == -INFINITY ? 0 : exp(sc[c] - mx);
+            for (int32_t c = 0; c < n_cells; c++) zh += sh[c] == -INFINITY ? 0 : exp(sh[c] - mxh);
             for (int32_t c = 0; c < n_cells; c++) {
                 double w = sc[c] == -INFINITY ? 0 : exp(sc[c] - mx) / z;
+                if (half_floor) {
+                    worst = fmax(worst, fabs(w - (sh[c] == -INFINITY ? 0 : exp(sh[c] - mxh) / zh)));
+                    continue;
+                }
                 /* find this position among the captured keys */
                 double got = 0;
                 for (int k = 0; k < a->n_keys; k++)
@@ -116,6 +132,7 @@ static double host_check(const kvt_attn *a, const float *K, const kvt_pos *Kpos,
             }
         }
     free(sc);
+    free(sh);
     return worst;
 }
 
@@ -176,12 +193,21 @@ static void run(const char *model, const int32_t *layers, int n_layers) {
         kvt_pos *Kp = NULL;
         int32_t nc = 0, row = 0;
         assert_int_equal(kvt_blob_k_rows(e, all, part, idx, &K, &Kp, &nc, &row), 0);
-        double d = host_check(a, K, Kp, nc, row, I.n_head_kv, n_swa, 0);
-        double ctl = host_check(a, K, Kp, nc, row, I.n_head_kv, n_swa, 10); /* wrong position map */
-        printf("  %-12s layer %d (%s): %d keys, max|w - host softmax(qk)| = %.2g; control with shifted positions %.2g\n", model,
-               layers[li], part ? "SWA" : "full", a->n_keys, d, ctl);
-        assert_true(d < 1e-4);
-        assert_true(ctl > 1e-2);
+        double d = host_check(a, K, Kp, nc, row, I.n_head_kv, n_swa, 0, false);
+        double ctl = host_check(a, K, Kp, nc, row, I.n_head_kv, n_swa, 10, false); /* wrong position map */
+        /* on a device whose matmul rounds Q and K to F16 (lavapipe: up to 4e-4 with flash attention
+        ** off; the host recomputation with it on reads the op's inputs and stays at 1e-6) */
+        double tol = 1e-4;
+        if (I.n_layer_device > 0) {
+            double f16 = host_check(a, K, Kp, nc, row, I.n_head_kv, n_swa, 0, true);
+            tol = fmax(tol, 2 * f16);
+            printf("  %-12s layer %d on %s: F16 rounding floor %.2g\n", model, layers[li], I.device, f16);
+        }
+        printf("  %-12s layer %d (%s): %d keys, max|w - host softmax(qk)| = %.2g (tolerance %.2g); control with shifted "
+               "positions %.2g\n",
+               model, layers[li], part ? "SWA" : "full", a->n_keys, d, tol, ctl);
+        assert_true(d < tol);
+        assert_true(ctl > 10 * tol);
         free(K);
         free(Kp);
         kvt_attn_free(a);

@@ -8,7 +8,11 @@
 ** Next-token logits after both must agree within F32 1e-3 / F16 2e-2 max abs.  A control saves
 ** while a K-shift is still pending (llama.cpp applies shifts lazily) and must be caught.
 ** Every check runs twice: with a unified KV cache and with one KV stream per sequence
-** (kvt_engine_params.kv_unified false), with the same tolerances. */
+** (kvt_engine_params.kv_unified false), with the same tolerances.  With the layers on a device
+** (label "device": Vulkan, CUDA) the tolerance is also at least 2x that device's position noise
+** floor, measured in the run (device_floor): the same scene decoded at positions shifted by FAR
+** and 3 x FAR, identical under RoPE in exact arithmetic (lavapipe: 0.002-0.01, the splice
+** within 1.4x of it; the CPU's splice error is below 1e-3 at the same positions). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -158,6 +162,18 @@ static void splice_logits(kvt_engine *e, const struct scene *sc, float *out, int
     kvt_blob_free(b2);
 }
 
+/* A device's position noise floor: the gap between the reference and the same scene decoded at
+** positions shifted by FAR and by 3 x FAR (where the splice computes its two blocks), the larger.
+** The splice carries both blocks' noise: the device tests allow 2x this floor. */
+static double device_floor(kvt_engine *e, const struct scene *sc, const float *ref, float *out, int nv) {
+    double f = 0;
+    for (int k = 1; k <= 3; k += 2) {
+        reference_logits_at(e, sc, out, nv, k * FAR);
+        f = fmax(f, max_abs_diff(ref, out, nv));
+    }
+    return f;
+}
+
 static void check_exact(const char *model, const char *type, int reanchor, double tol) {
     kvt_engine *e = open_engine(model, type, reanchor);
     if (!e) {
@@ -173,6 +189,11 @@ static void check_exact(const char *model, const char *type, int reanchor, doubl
     reference_logits(e, &sc, ref, nv);
     double lmax = 0;
     for (int i = 0; i < nv; i++) lmax = fmax(lmax, fabs(ref[i]));
+    if (I.n_layer_device > 0) {
+        const double floor_ = device_floor(e, &sc, ref, out, nv);
+        printf("  %-12s K/V %-4s on %s: position noise floor %.3g\n", model, type, I.device, floor_);
+        tol = fmax(tol, 2 * floor_);
+    }
     for (int frag = 0; frag < 2; frag++) {
         splice_logits(e, &sc, out, nv, frag);
         double d = max_abs_diff(ref, out, nv);
@@ -281,7 +302,7 @@ static void test_chat_f32(void **st) {
 
 /* Control: on the SEQ_ADD path a loaded block's K-shift is pending until the next decode.
 ** Saving it then (without the engine's flush) captures un-rotated K at moved positions. */
-static double pending_shift_roundtrip(const char *model, bool skip_flush) {
+static double pending_shift_roundtrip(const char *model, bool skip_flush, double *floor_out) {
     kvt_engine *e = open_engine(model, "f32", KVT_REANCHOR_SEQ_ADD);
     struct kvt_engine_info I;
     kvt_engine_info(e, &I);
@@ -290,6 +311,7 @@ static double pending_shift_roundtrip(const char *model, bool skip_flush) {
     struct scene sc;
     make_scene(&sc, nv, 77);
     reference_logits(e, &sc, ref, nv);
+    *floor_out = I.n_layer_device > 0 ? device_floor(e, &sc, ref, out, nv) : 0; /* 0 on the CPU */
     kvt_blob *b1 = NULL, *b2 = NULL, *again = NULL;
     assert_int_equal(kvt_engine_decode(e, 1, sc.X1, NX, FAR, false), 0);
     assert_int_equal(kvt_engine_decode(e, 1, sc.B1, L1, FAR + NX, false), 0);
@@ -325,11 +347,14 @@ static void test_control_pending_shift(void **st) {
     (void) st;
     for (int m = 0; m < 2; m++) {
         const char *model = m ? "tiny-gemma3" : "tiny-llama";
-        double good = pending_shift_roundtrip(model, false);
-        double bad = pending_shift_roundtrip(model, true);
-        printf("  %-12s save after load: with shift flush %.3g, control without flush %.3g\n", model, good, bad);
-        assert_true(good <= 2e-3); /* two re-anchorings, both exact to float noise */
-        assert_true(bad > 0.1);    /* the control is caught by the same check */
+        double floor_ = 0;
+        double good = pending_shift_roundtrip(model, false, &floor_);
+        double bad = pending_shift_roundtrip(model, true, &floor_);
+        const double bound = fmax(2e-3, 2 * floor_); /* two re-anchorings, both exact to float noise */
+        printf("  %-12s save after load: with shift flush %.3g (bound %.3g), control without flush %.3g\n", model, good,
+               bound, bad);
+        assert_true(good <= bound);
+        assert_true(bad > fmax(0.1, 4 * bound)); /* the control is caught by the same check */
     }
 }
 
