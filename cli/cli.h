@@ -65,23 +65,27 @@ struct cli_run_opts {
     const char *chunk_recompute;  /* --chunk-recompute K|P% (NULL = the library's 15%) */
     const char *n_gpu_layers;     /* -ngl: N, all or auto (NULL = the engine's default, all) */
     const char *flash_attn;       /* -fa: on, off or auto (NULL = the engine's default, auto) */
+    bool no_op_offload;           /* --no-op-offload (kvt_engine_params.no_op_offload) */
 };
 
 void cli_run_opts_default(struct cli_run_opts *o);
 
 /* -ngl/--n-gpu-layers and -fa/--flash-attn, llama-server's names and values, as two rows of a
 ** table (the strings go to cli_device_opts). */
-#define CLI_DEVICE_OPT_ROWS(ngl, fa)                                                                \
+#define CLI_DEVICE_OPT_ROWS(ngl, fa, nooff)                                                         \
     { "n-gpu-layers", 0, OPT_STR, (ngl), 0, 0, "N",                                                  \
       "layers (and their KV cells) on the GPU device (-ngl; llama.cpp's count: the output layer is one): " \
       "N, all or auto (default all; nothing moves where llama.cpp has no device backend)", NULL },  \
     { "flash-attn", 0, OPT_STR, (fa), 0, 0, "on|off|auto",                                         \
       "flash attention (-fa; default auto: on where layers are on a device, off on the CPU); attention " \
-      "signals are computed on the host either way", NULL }
+      "signals are computed on the host either way", NULL },                                         \
+    { "no-op-offload", 0, OPT_FLAG, (nooff), 0, 0, NULL,                                            \
+      "layers kept on the CPU compute there even for large batches (default: llama.cpp offloads a "  \
+      "batch of >= 32 tokens to the device)", NULL }
 
-/* Apply the -ngl and -fa strings (NULL = not given) to *ep.  APP_USAGE (message printed, naming
+/* Apply the -ngl and -fa strings (NULL = not given) and --no-op-offload to *ep.  APP_USAGE (message printed, naming
 ** the flag and the value) on a bad value. */
-int cli_device_opts(const char *cmd, const char *ngl, const char *fa, struct kvt_engine_params *ep);
+int cli_device_opts(const char *cmd, const char *ngl, const char *fa, bool no_op_offload, struct kvt_engine_params *ep);
 
 /* Table rows for the shared options (to splice into a command's table). */
 /* clang-format off */
@@ -109,7 +113,7 @@ int cli_device_opts(const char *cmd, const char *ngl, const char *fa, struct kvt
     { "threads", 't', OPT_INT, &(o)->threads, 0, 1024, "N", "CPU threads (default 0 = all cores)", NULL }, \
     { "type-k", 0, OPT_STR, &(o)->type_k, 0, 0, "TYPE", "K cache type: f16, f32, q8_0 (default f16)", NULL }, \
     { "type-v", 0, OPT_STR, &(o)->type_v, 0, 0, "TYPE", "V cache type: f16, f32 (default f16)", NULL }, \
-    CLI_DEVICE_OPT_ROWS(&(o)->n_gpu_layers, &(o)->flash_attn), \
+    CLI_DEVICE_OPT_ROWS(&(o)->n_gpu_layers, &(o)->flash_attn, &(o)->no_op_offload), \
     { "pool-mb", 0, OPT_INT, &(o)->pool_mb, 1, 1 << 20, "N",                                       \
       "host RAM for KV blocks in MiB: the block store's RAM tier (evicted blocks first), or with " \
       "--no-store the host pool; past it blocks spill to disk (default 256)", NULL },             \

@@ -184,6 +184,7 @@ static int bench_primitives(int argc, char **argv) {
     static const char cmd[] = "kvtier bench primitives";
     const char *model = getenv("KVTIER_MODEL"), *blocks_s = "16,32,64,128,256,512,1024", *type_k = "f16", *type_v = NULL,
                *text = NULL, *reanchor_s = "host", *ngl = NULL, *fa = NULL;
+    bool no_op_offload = false;
     int32_t repeats = 5, ctx = 0, threads = 0;
     bool json = false, verbose = false;
     /* clang-format off: one row per option, laid out by hand */
@@ -199,7 +200,7 @@ static int bench_primitives(int argc, char **argv) {
         { "text", 0, OPT_STR, &text, 0, 0, "FILE", "tokenize this text for the blocks (default: pseudo-random ids)", NULL },
         { "reanchor", 0, OPT_STR, &reanchor_s, 0, 0, "PATH",
           "host (rotate K on the host), seq_add (llama.cpp's lazy K-shift) or auto (default host)", NULL },
-        CLI_DEVICE_OPT_ROWS(&ngl, &fa),
+        CLI_DEVICE_OPT_ROWS(&ngl, &fa, &no_op_offload),
         { "verbose", 'v', OPT_FLAG, &verbose, 0, 0, NULL, "llama.cpp's log on stderr", NULL },
         { NULL, 0, 0, NULL, 0, 0, NULL, NULL, NULL },
     };
@@ -244,7 +245,7 @@ static int bench_primitives(int argc, char **argv) {
     if (type_v) ep.type_v = type_v;
     ep.reanchor = reanchor;
     ep.verbose = verbose;
-    if ((rc = cli_device_opts(cmd, ngl, fa, &ep))) return rc;
+    if ((rc = cli_device_opts(cmd, ngl, fa, no_op_offload, &ep))) return rc;
     kvt_engine *eng = NULL;
     if ((rc = kvt_engine_open(&ep, &eng))) {
         fprintf(stderr, "%s: %s\n", cmd, *kvt_errmsg() ? kvt_errmsg() : kvt_strerror(rc));

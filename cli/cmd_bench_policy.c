@@ -128,7 +128,8 @@ static double per(double x, int64_t n) { return n > 0 ? x / (double) n : NAN; }
 
 int cmd_bench_policy(int argc, char **argv) {
     static const char cmd[] = "kvtier bench policy";
-    const char *ngl = NULL, *fa = NULL; /* -ngl, -fa (cli_device_opts) */
+    const char *ngl = NULL, *fa = NULL;
+    bool no_op_offload = false; /* -ngl, -fa (cli_device_opts) */
     const char *model = getenv("KVTIER_MODEL"), *policies_s = "no_eviction,truncate,streaming,h2o,snapkv,infllm,kvtier",
                *texts = NULL;
     int32_t budget = 512, turns = 12, turn_tokens = 200, gen = 32, rounds = 1, threads = 0;
@@ -146,6 +147,7 @@ int cmd_bench_policy(int argc, char **argv) {
         { "threads", 't', OPT_INT, &threads, 0, 1024, "N", "CPU threads (default 0 = all cores)", NULL },
         { "texts", 0, OPT_STR, &texts, 0, 0, "DIR", "essay directory (default ../shared/data/pg_essays)", NULL },
         { "json", 0, OPT_FLAG, &json, 0, 0, NULL, "print the results as one JSON object on the last stdout line", NULL },
+        CLI_DEVICE_OPT_ROWS(&ngl, &fa, &no_op_offload),
         { "verbose", 'v', OPT_FLAG, &verbose, 0, 0, NULL, "llama.cpp's log on stderr", NULL },
         { NULL, 0, 0, NULL, 0, 0, NULL, NULL, NULL },
     };
@@ -194,7 +196,7 @@ int cmd_bench_policy(int argc, char **argv) {
     ep.n_seq = 1;
     ep.n_threads = threads;
     ep.verbose = verbose;
-    if ((rc = cli_device_opts(cmd, ngl, fa, &ep))) {
+    if ((rc = cli_device_opts(cmd, ngl, fa, no_op_offload, &ep))) {
         eval_corpus_free(&corpus);
         return rc;
     }

@@ -196,7 +196,8 @@ static int32_t engine_ctx(const struct eval_opts *o) {
 int cmd_eval(int argc, char **argv) {
     char cmd[64] = "kvtier eval";
     struct eval_opts o;
-    const char *ngl = NULL, *fa = NULL; /* -ngl, -fa (cli_device_opts) */
+    const char *ngl = NULL, *fa = NULL;
+    bool no_op_offload = false; /* -ngl, -fa (cli_device_opts) */
     memset(&o, 0, sizeof o);
     const char *policies_s = DEFAULT_POLICIES, *depths_s = NULL, *codec_s = NULL;
     char codec_buf[EVAL_MAX_CODECS][64];
@@ -231,7 +232,7 @@ int cmd_eval(int argc, char **argv) {
         { "json", 0, OPT_FLAG, &o.json, 0, 0, NULL, "print the summary as one JSON object on the last stdout line", NULL },
         { "out", 0, OPT_STR, &o.out, 0, 0, "DIR", "directory for the .json/.csv/.png files (default results)", NULL },
         { "threads", 't', OPT_INT, &o.threads, 0, 1024, "N", "CPU threads (default 0 = all cores)", NULL },
-        CLI_DEVICE_OPT_ROWS(&ngl, &fa),
+        CLI_DEVICE_OPT_ROWS(&ngl, &fa, &no_op_offload),
         { "max-tokens", 0, OPT_INT, &o.max_tokens, 1, 4096, "N", "reply length limit in tokens (default 24)", NULL },
         { "block", 0, OPT_INT, &o.block, 1, 4096, "N", "tokens per KV block (default 64)", NULL },
         { "chunk", 0, OPT_INT, &o.chunk, 32, 1 << 20, "N",
@@ -427,7 +428,7 @@ int cmd_eval(int argc, char **argv) {
     ep.n_seq = 1;
     ep.n_threads = o.threads;
     ep.verbose = o.verbose;
-    if ((rc = cli_device_opts(cmd, ngl, fa, &ep))) {
+    if ((rc = cli_device_opts(cmd, ngl, fa, no_op_offload, &ep))) {
         eval_corpus_free(&corpus);
         return rc;
     }

@@ -128,6 +128,7 @@ int cmd_serve(int argc, char **argv) {
     pthread_mutex_init(&srv.mu, NULL);
     pthread_cond_init(&srv.work, NULL);
     const char *host = "127.0.0.1", *key_file = NULL, *key_unused = NULL, *elastic = NULL, *ngl = NULL, *fa = NULL;
+    bool no_op_offload = false;
     int32_t port = 8080, max_sessions = 0;
     bool prefetch_on = false, prefetch_off = false;
     srv.n_ctx = 4096;
@@ -253,7 +254,7 @@ int cmd_serve(int argc, char **argv) {
           "with --chunk-reuse: tokens (K) or percent (P%) of each reused chunk decoded in context at its start, "
           "rounded up to whole blocks (default 15%)",
           NULL },
-        CLI_DEVICE_OPT_ROWS(&ngl, &fa),
+        CLI_DEVICE_OPT_ROWS(&ngl, &fa, &no_op_offload),
         { "kv-unified", 0, OPT_FLAG, &srv.kv_unified, 0, 0, NULL,
           "one KV cache shared by all sequences (llama.cpp kv_unified) instead of one stream per sequence: a "
           "session's numbers then depend on the others' (for comparison only)",
@@ -315,9 +316,10 @@ int cmd_serve(int argc, char **argv) {
     if (elastic && cli_parse_elastic(cmd, "--elastic", elastic, &srv.elastic_sk, &srv.elastic_sv)) goto out;
     {
         struct kvt_engine_params dp = kvt_engine_default_params();
-        if (cli_device_opts(cmd, ngl, fa, &dp)) goto out;
+        if (cli_device_opts(cmd, ngl, fa, no_op_offload, &dp)) goto out;
         srv.n_gpu_layers = dp.n_gpu_layers;
         srv.flash_attn = dp.flash_attn;
+        srv.no_op_offload = dp.no_op_offload;
     }
     if (srv.budget < 2 * srv.block) {
         fprintf(stderr, "%s: --budget %d is smaller than two blocks of %d tokens\n", cmd, srv.budget, srv.block);

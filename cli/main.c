@@ -88,7 +88,8 @@ static const struct cli_opt *find_llama_spelling(const struct cli_opt *opts, con
     return NULL;
 }
 
-int cli_device_opts(const char *cmd, const char *ngl, const char *fa, struct kvt_engine_params *ep) {
+int cli_device_opts(const char *cmd, const char *ngl, const char *fa, bool no_op_offload, struct kvt_engine_params *ep) {
+    ep->no_op_offload = no_op_offload;
     if (ngl) {
         char *end;
         long v;
@@ -275,7 +276,7 @@ int cli_session_open(const char *cmd, const struct cli_run_opts *o, struct cli_s
     ep.n_threads = o->threads;
     if (o->type_k) ep.type_k = o->type_k;
     if (o->type_v) ep.type_v = o->type_v;
-    if ((rc = cli_device_opts(cmd, o->n_gpu_layers, o->flash_attn, &ep))) return rc;
+    if ((rc = cli_device_opts(cmd, o->n_gpu_layers, o->flash_attn, o->no_op_offload, &ep))) return rc;
     ep.verbose = o->verbose;
     if ((rc = kvt_engine_open(&ep, &cs->eng))) {
         fprintf(stderr, "%s: %s\n", cmd, *kvt_errmsg() ? kvt_errmsg() : kvt_strerror(rc));

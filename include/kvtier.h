@@ -191,6 +191,10 @@ struct kvt_engine_params {
                               ** device, block save and load are device<->host copies
                               ** (llama_state_seq_get/set_data) and host re-anchoring rotates K on
                               ** the host between them; kvt_engine_info.reanchor says which path. */
+    bool no_op_offload;     /* default false: llama.cpp's op offload, which runs a large batch's
+                              ** (>= 32 tokens) operations on the device even for layers kept on
+                              ** the CPU (llama-server's default; its --no-op-offload).  true: layers
+                              ** on the CPU compute on the CPU (a CPU reference on a GPU build) */
     int32_t reanchor;       /* enum kvt_reanchor; default AUTO */
     bool verbose;           /* pass llama.cpp's log through to stderr */
 };

@@ -59,6 +59,7 @@ int serve_engine_open(struct server *srv) {
     ep.kv_unified = srv->kv_unified;
     ep.n_gpu_layers = srv->n_gpu_layers;
     ep.flash_attn = srv->flash_attn;
+    ep.no_op_offload = srv->no_op_offload;
     int rc = kvt_engine_open(&ep, &srv->eng);
     if (rc) {
         app_fail("kvtier serve", "cannot open the model", rc);

@@ -199,6 +199,7 @@ struct server {
     bool kv_unified;      /* --kv-unified: one KV cache shared by all sequences (the old layout) */
     int32_t n_gpu_layers; /* -ngl (kvt_engine_params.n_gpu_layers) */
     int32_t flash_attn;   /* -fa (kvt_engine_params.flash_attn) */
+    bool no_op_offload;   /* --no-op-offload (kvt_engine_params.no_op_offload) */
     const char *spill_dir;
     const char *store_dir; /* block store (--store); NULL = the user's cache directory */
     bool no_store;         /* --no-store */

@@ -417,6 +417,7 @@ int kvt_engine_open(const struct kvt_engine_params *params, kvt_engine **out) {
     cp.type_k = tk;
     cp.type_v = tv;
     cp.flash_attn_type = p.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    cp.op_offload = !p.no_op_offload;
     int nt = p.n_threads > 0 ? p.n_threads : (int) sysconf(_SC_NPROCESSORS_ONLN);
     cp.n_threads = nt;
     cp.n_threads_batch = nt;

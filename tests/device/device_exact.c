@@ -11,9 +11,12 @@
 **      floor measured in this run: each backend's own gap between two evaluations that are equal
 **      in exact arithmetic, the prompt at positions 0.. and at 1000.. (RoPE is relative; the
 **      float sin/cos of larger angles are not).  (The prompt in one decode or in three of 32
-**      tokens gives bit-equal logits on both lavapipe and the CPU: not a floor.)  The bound is 2x
-**      the larger floor plus 1e-5 x max|logit|; a control (one prompt token changed) must
-**      exceed it. */
+**      tokens gives bit-equal logits on both lavapipe and the CPU: not a floor.)  The bound is 3x
+**      the larger floor plus 1e-5 x max|logit|: the device's error has a source the position
+**      floor does not see (lavapipe rounds matmul inputs to F16: device_attention measures it),
+**      and lavapipe came to 1.9x its floor (F32 cache, 0.041 against 0.022).  A control (one
+**      prompt token changed, 0.9-2.4) must exceed the bound.  The CPU engine keeps large batches
+**      on the CPU (no_op_offload: llama.cpp would send them to the device otherwise). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -40,6 +43,7 @@ static kvt_engine *open_on(const char *name, int ngl, const char *type, bool fa)
     p.type_k = p.type_v = type;
     p.n_gpu_layers = ngl;
     p.flash_attn = fa ? KVT_FLASH_ATTN_ON : KVT_FLASH_ATTN_OFF;
+    p.no_op_offload = ngl == 0; /* the CPU reference computes on the CPU, large batches too */
     kvt_engine *e = NULL;
     int rc = kvt_engine_open(&p, &e);
     if (rc) fprintf(stderr, "open %s: %s\n", path, kvt_errmsg());
@@ -112,7 +116,7 @@ static void check(const char *model, const char *type, bool fa) {
     double lmax = 0;
     for (int i = 0; i < nv; i++) lmax = fmax(lmax, fabs(c[i]));
     const double d_cross = max_abs_diff(a, c, nv);
-    const double bound = 2 * fmax(floor_dev, floor_cpu) + 1e-5 * lmax;
+    const double bound = 3 * fmax(floor_dev, floor_cpu) + 1e-5 * lmax;
     kvt_token U[N];
     memcpy(U, T, sizeof U);
     U[N / 2] = (kvt_token) (U[N / 2] + 1); /* control: another prompt, on the CPU */

@@ -57,8 +57,9 @@ PY
 }
 
 Q="What is the capital of France? Answer in one word."
-ask cpu_fa_off "" "$Q" -ngl 0 -fa off
-ask cpu_fa_on "" "$Q" -ngl 0 -fa on
+# --no-op-offload: the CPU servers' prompt batches stay on the CPU (llama.cpp would offload them)
+ask cpu_fa_off "" "$Q" -ngl 0 --no-op-offload -fa off
+ask cpu_fa_on "" "$Q" -ngl 0 --no-op-offload -fa on
 ask dev "" "$Q" -ngl 99 -fa on
 ask dev_ctl "You are a pirate." "$Q" -ngl 99 -fa on
 grep -q "Vulkan\|CUDA" "$TMP/dev.err" && ok "the -ngl 99 server names the device it offloaded to" \
