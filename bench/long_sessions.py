@@ -27,6 +27,7 @@ import random
 import re
 import statistics
 import sys
+import subprocess
 import threading
 import time
 
@@ -58,6 +59,17 @@ def cpu_s(pid):
         return float("nan")
 
 
+def vram_mb(pid):
+    """The GPU memory pid holds (MB) as nvidia-smi reports it; None without nvidia-smi or a GPU."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    used = [float(f[1]) for f in (l.split(",") for l in out.splitlines()) if len(f) == 2 and f[0].strip() == str(pid)]
+    return sum(used) if used else 0.0
+
+
 def plan(i, turns, facts, rng):
     """Session i's facts: (plant turn, ask turn, name, code) for each, plant turns in the first 3/4."""
     n = min(facts, max(0, turns // 2))
@@ -78,8 +90,10 @@ def table(path):
         print(f"long_sessions.py: no results in {path}", file=sys.stderr)
         return 1
     base = rs[0]
-    print("| server | gen tok/s | TTFT p50 / p99, last third (s) | context reached | peak RSS (MB) | server CPU ms/token | recall (95% CI) |")
-    print("|---|---|---|---|---|---|---|")
+    gpu = any(r.get("peak_vram_mb") for r in rs)
+    print("| server | gen tok/s | TTFT p50 / p99, last third (s) | context reached | peak RSS (MB) | server CPU ms/token | recall (95% CI) |"
+          + (" peak VRAM (MB) |" if gpu else ""))
+    print("|---|---|---|---|---|---|---|" + ("---|" if gpu else ""))
     for r in rs:
         if r["n_errors"]:
             print(f"| {r['label']} | {r['n_errors']} of {r['sessions']} sessions stopped: {r['errors'][0][:120]} | | | | | |")
@@ -88,7 +102,8 @@ def table(path):
         print(f"| {r['label']} | {r['gen_tok_per_s']:.2f} ({r['gen_tok_per_s'] / base['gen_tok_per_s']:.2f}x) "
               f"| {last[0] / 1e3:.2f} / {last[1] / 1e3:.2f} | {r['last_prompt_tokens']} "
               f"| {r['peak_rss_mb']:.0f} ({r['peak_rss_mb'] / base['peak_rss_mb']:.2f}x) | {r['cpu_ms_per_token']:.0f} "
-              f"| {r['correct']}/{r['probes']} = {r['recall']:.2f} [{r['recall_wilson95'][0]:.2f}, {r['recall_wilson95'][1]:.2f}] |")
+              f"| {r['correct']}/{r['probes']} = {r['recall']:.2f} [{r['recall_wilson95'][0]:.2f}, {r['recall_wilson95'][1]:.2f}] |"
+              + (f" {r.get('peak_vram_mb') or 0:.0f} |" if gpu else ""))
     return 0
 
 
@@ -166,7 +181,17 @@ def main():
             hist.append({"role": "assistant", "content": reply})
 
     cpu0 = cpu_s(a.pid) if a.pid else float("nan")
+    vram = [vram_mb(a.pid) if a.pid else None]  # peak GPU memory of the server (CUDA: nvidia-smi), sampled
+    stop = threading.Event()
+
+    def sample_vram():
+        while vram[0] is not None and not stop.wait(1.0):
+            v = vram_mb(a.pid)
+            vram[0] = max(vram[0], v) if v is not None else vram[0]
+    sampler = threading.Thread(target=sample_vram, daemon=True)
+    sampler.start()
     wall, peak = run_sessions(session, a.sessions, a.pid)
+    stop.set()
     cpu = (cpu_s(a.pid) - cpu0) if a.pid else float("nan")
     gen = sum(r[3] for r in rows)
     probes = [r for r in rows if r[5]]
@@ -187,6 +212,7 @@ def main():
         "server_cpu_s": round(cpu, 1), "cpu_ms_per_token": round(cpu * 1e3 / gen, 1) if gen else float("nan"),
         "probes": len(probes), "correct": correct, "recall": round(correct / len(probes), 3) if probes else float("nan"),
         "recall_wilson95": [round(lo, 3), round(hi, 3)], "n_errors": len(errors), "errors": errors[:5],
+        "peak_vram_mb": vram[0],
     }
     print(json.dumps(res), flush=True)
     if a.replies:

@@ -10,6 +10,9 @@
 # --budget per session), CTX_FULL (8192: llama-server's context per slot, the model's trained
 # context for SmolLM2), KVTIER (build/kvtier), EXTRA (more `kvtier serve` flags), SKIP_LLAMA=1,
 # SKIP_KVTIER=1 (only the llama-server rows, appended to an earlier run's OUT_DIR).
+# GPU: KVTIER_BACKEND=vulkan|cuda (scripts/bootstrap.sh; kvtier from build-<backend>/, llama-server
+# built with the same backend) and NGL (default 99 there, 0 on cpu): both servers get -ngl NGL;
+# with CUDA each server's peak VRAM (nvidia-smi) is a column of the table.
 # Writes OUT_DIR/long_sessions.jsonl (one line per server), OUT_DIR/<label>.csv (per turn),
 # OUT_DIR/table.md and OUT_DIR/long_sessions.png (generated tok/s and TTFT against turn number).
 set -euo pipefail
@@ -23,7 +26,9 @@ PY=$("$SRC/scripts/bootstrap.sh" pyclient-path)
 MODEL=${MODEL:-$KVTIER_CHAT_MODEL}
 SESSIONS=${SESSIONS:-4} TURNS=${TURNS:-24} WORDS=${WORDS:-200} MAX_TOKENS=${MAX_TOKENS:-32} FACTS=${FACTS:-4}
 THREADS=${THREADS:-2} BUDGETS=${BUDGETS:-"1024 2048"} CTX_FULL=${CTX_FULL:-8192}
-KVTIER=${KVTIER:-$SRC/build/kvtier}
+KVTIER_BACKEND=${KVTIER_BACKEND:-cpu}
+if [ "$KVTIER_BACKEND" = cpu ]; then KVTIER=${KVTIER:-$SRC/build/kvtier} NGL=${NGL:-0}
+else KVTIER=${KVTIER:-$SRC/build-$KVTIER_BACKEND/kvtier} NGL=${NGL:-99}; fi
 export OMP_WAIT_POLICY=PASSIVE # idle OpenMP threads sleep (see run_serve_bench.sh)
 PID=
 trap '[ -n "$PID" ] && kill "$PID" 2>/dev/null; true' EXIT
@@ -49,20 +54,20 @@ run() { # label cmd...
     echo "# bench/run_long_sessions.sh | $(basename "$MODEL") | $("$KVTIER" --version 2>/dev/null | tail -1) |"
     echo "# source tree: $(git -C "$SRC" describe --always --dirty 2>/dev/null || echo unknown) |"
     echo "# $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(nproc) cores | $(date -u +%Y-%m-%dT%H:%M:%SZ) |"
-    echo "# load before: $(cut -d' ' -f1-3 /proc/loadavg) | $SESSIONS sessions x $TURNS turns, $WORDS words + $MAX_TOKENS tokens a turn, $FACTS facts each"
+    echo "# backend $KVTIER_BACKEND, -ngl $NGL | load before: $(cut -d' ' -f1-3 /proc/loadavg) | $SESSIONS sessions x $TURNS turns, $WORDS words + $MAX_TOKENS tokens a turn, $FACTS facts each"
 } >"$OUT/header.txt"
 cat "$OUT/header.txt" >&2
 
 for b in $BUDGETS; do # the KV of one session's budget per sequence, plus a spare sequence
     [ -n "${SKIP_KVTIER:-}" ] && break
     run "kvtier-budget$b" "$KVTIER" serve -m "$MODEL" -c $((b * (SESSIONS + 1))) --budget "$b" --parallel "$SESSIONS" \
-        --max-sessions "$SESSIONS" --threads "$THREADS" --no-store ${EXTRA:-}
+        --max-sessions "$SESSIONS" --threads "$THREADS" --no-store -ngl "$NGL" ${EXTRA:-}
 done
 LLAMA_SERVER=$("$SRC/scripts/bootstrap.sh" llama-server-path)
 if [ -z "${SKIP_LLAMA:-}" ] && [ -x "$LLAMA_SERVER" ]; then
-    run llama-server-full "$LLAMA_SERVER" -m "$MODEL" -c $((CTX_FULL * SESSIONS)) -np "$SESSIONS" -t "$THREADS" --host 127.0.0.1
+    run llama-server-full "$LLAMA_SERVER" -m "$MODEL" -c $((CTX_FULL * SESSIONS)) -np "$SESSIONS" -t "$THREADS" -ngl "$NGL" --host 127.0.0.1
     b=${BUDGETS%% *} # the KV memory kvtier's first budget holds, context shift on (what fits is what it keeps)
-    run "llama-server-kv$b" "$LLAMA_SERVER" -m "$MODEL" -c $((b * SESSIONS)) -np "$SESSIONS" -t "$THREADS" --context-shift \
+    run "llama-server-kv$b" "$LLAMA_SERVER" -m "$MODEL" -c $((b * SESSIONS)) -np "$SESSIONS" -t "$THREADS" -ngl "$NGL" --context-shift \
         --host 127.0.0.1
 elif [ -z "${SKIP_LLAMA:-}" ]; then
     echo "llama-server not built (scripts/bootstrap.sh llama-server); its rows are skipped" >&2
