@@ -323,6 +323,16 @@ static void schema_expr(struct gram *g, const json_t *sc, struct buf *out) {
 /* ---------------------------------------------------------------------------------------- */
 /* request                                                                                   */
 
+/* root ::= the grammar of JSON schema sc; a 400 naming field when the schema cannot be translated. */
+static int schema_root(struct gram *g, const json_t *sc, struct buf *root_rule, const char *field, struct serve_error *e) {
+    bput(root_rule, "root ::= ");
+    schema_expr(g, sc, root_rule);
+    bput(root_rule, "\n");
+    if (!g->failed) return 0;
+    serve_bad(e, "'%s': %s", field, g->msg);
+    return -1;
+}
+
 int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, char **sys_extra, struct serve_error *e) {
     *sys_extra = NULL;
     j->req.format = REPLY_TEXT;
@@ -500,13 +510,7 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
                 j->req.grammar_user = true;
             }
         } else {
-            bput(&root_rule, "root ::= ");
-            schema_expr(&g, top_schema, &root_rule);
-            bput(&root_rule, "\n");
-            if (g.failed) {
-                serve_bad(e, "'json_schema': %s", g.msg);
-                rc = -1;
-            }
+            rc = schema_root(&g, top_schema, &root_rule, "json_schema", e);
             j->req.format = REPLY_JSON;
         }
     }
@@ -529,13 +533,7 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
                 serve_bad(e, "'response_format.schema' must be a JSON schema object, got %s", serve_json_type(sc));
                 rc = -1;
             } else {
-                bput(&root_rule, "root ::= ");
-                schema_expr(&g, sc, &root_rule);
-                bput(&root_rule, "\n");
-                if (g.failed) {
-                    serve_bad(e, "'response_format.schema': %s", g.msg);
-                    rc = -1;
-                }
+                rc = schema_root(&g, sc, &root_rule, "response_format.schema", e);
                 j->req.format = REPLY_JSON;
             }
         } else if (!strcmp(t, "json_object")) {
@@ -548,13 +546,7 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
                 serve_bad(e, "'response_format' json_schema needs {\"json_schema\": {\"name\": ..., \"schema\": {...}}}");
                 rc = -1;
             } else {
-                bput(&root_rule, "root ::= ");
-                schema_expr(&g, sc, &root_rule);
-                bput(&root_rule, "\n");
-                if (g.failed) {
-                    serve_bad(e, "'response_format.json_schema.schema': %s", g.msg);
-                    rc = -1;
-                }
+                rc = schema_root(&g, sc, &root_rule, "response_format.json_schema.schema", e);
                 j->req.format = REPLY_JSON;
             }
         }
