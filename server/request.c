@@ -439,7 +439,7 @@ static void log_unknown_fields(const json_t *root) {
     }
 }
 
-/* The fields that would change the reply and are not implemented: a 400 naming the first. */
+/* The fields that would change the reply and that kvtier does not apply: a 400 naming the first. */
 static int refuse_unimplemented(const json_t *root, struct serve_error *e) {
     const json_t *v;
     for (size_t i = 0; i < sizeof NOT_IMPLEMENTED / sizeof NOT_IMPLEMENTED[0]; i++) {
