@@ -130,6 +130,15 @@ int cmd_serve(int argc, char **argv) {
     const char *host = "127.0.0.1", *key_file = NULL, *key_unused = NULL, *elastic = NULL, *ngl = NULL, *fa = NULL;
     bool no_op_offload = false;
     int32_t port = 8080, max_sessions = 0;
+    /* llama-server's flags */
+    double temp = 1.0;
+    int32_t seed = -1, n_predict = -1;
+    bool budget_seen = false, slots_on = false, metrics_on = false, jinja = false, no_jinja = false, offline = false,
+         cont_batching = false;
+    const char *tmpl_name = NULL, *tmpl_file = NULL, *slot_save = NULL, *pooling = NULL, *media_path = NULL;
+    bool embedding = false, reranking = false;
+    char *tmpl_text = NULL;
+    srv.cors_origins = "*";
     bool prefetch_on = false, prefetch_off = false;
     srv.n_ctx = 4096;
     srv.budget = 512;
@@ -162,11 +171,15 @@ int cmd_serve(int argc, char **argv) {
     /* clang-format off: one row per option, laid out by hand */
     const struct cli_opt opts[] = {
         { "model", 'm', OPT_STR, &srv.model_path, 0, 0, "MODEL", "GGUF model file (default $KVTIER_MODEL)", NULL },
-        { "host", 0, OPT_STR, &host, 0, 0, "ADDR", "IPv4 address to listen on (default 127.0.0.1)", NULL },
+        { "host", 0, OPT_STR, &host, 0, 0, "ADDR[,ADDR...]",
+          "IPv4 or IPv6 addresses to listen on, comma-separated (default 127.0.0.1; e.g. 127.0.0.1,::1)", NULL },
         { "port", 0, OPT_INT, &port, 0, 65535, "N", "TCP port (default 8080; 0 = any free port, printed at start)", NULL },
         { "ctx-size", 'c', OPT_INT, &srv.n_ctx, 256, 1 << 20, "N",
           "KV cells in all (default 4096); each session and completion slot gets its own stream of at least --budget cells", NULL },
-        { "budget", 0, OPT_INT, &srv.budget, 128, 1 << 20, "N", "resident-token budget of each session (default 512)", NULL },
+        { "budget", 0, OPT_INT, &srv.budget, 128, 1 << 20, "N",
+          "resident-token budget of each session (default 512; when -c cannot hold two budgets of 512, "
+          "-c / (--parallel + 1) in whole blocks, four blocks at least: llama-server's -c 512 --parallel 2 gives 256)",
+          &budget_seen },
         { "block", 0, OPT_INT, &srv.block, 16, 4096, "N", "tokens per KV block (default 64)", NULL },
         { "parallel", 0, OPT_INT, &srv.parallel, 1, 64, "N", "requests generating at once (default 4)", NULL },
         { "threads", 't', OPT_INT, &srv.threads, 0, 1024, "N", "CPU threads (default 0 = all cores)", NULL },
@@ -297,6 +310,60 @@ int cmd_serve(int argc, char **argv) {
           NULL },
         { "metrics-public", 0, OPT_FLAG, &srv.lim.metrics_public, 0, 0, NULL,
           "serve GET /metrics without an API key (default: a key is needed when keys are set)", NULL },
+        { "cors-origins", 0, OPT_STR, &srv.cors_origins, 0, 0, "ORIGINS",
+          "browser origins allowed to call the server (CORS): * (default, as llama-server), a comma-separated list, "
+          "or '' for none; preflight OPTIONS requests are answered without an API key",
+          NULL },
+        /* llama-server's flags, for what kvtier has (its scripts start kvtier with their command lines) */
+        { "alias", 'a', OPT_STR, &srv.aliases, 0, 0, "NAME[,NAME...]",
+          "the model's id in /v1/models and replies (default: the GGUF's general.name); with several, all are "
+          "listed as aliases and the id is the first in byte order (llama-server)",
+          NULL },
+        { "tags", 0, OPT_STR, &srv.tags, 0, 0, "TAG[,TAG...]", "tags listed with the model in /v1/models", NULL },
+        { "temp", 0, OPT_FLOAT, &temp, 0, 2, "T", "temperature of a request that sends none (default 1, OpenAI's)", NULL },
+        { "seed", 0, OPT_INT, &seed, -1, 2147483647, "N",
+          "sampling seed of a request that sends none (default -1: a new one per request)", NULL },
+        { "n-predict", 'n', OPT_INT, &n_predict, -1, 1 << 20, "N",
+          "most tokens of any reply, and the limit of a request that gives none (llama-server's -n; default -1: "
+          "no cap, --max-tokens for requests without a limit)",
+          NULL },
+        { "batch-size", 'b', OPT_INT, &srv.n_batch, 1, 1 << 16, "N",
+          "llama.cpp's logical batch, the most tokens of one llama_decode (default 512; a scheduler step holds "
+          "--batch-tokens)",
+          NULL },
+        { "ubatch-size", 0, OPT_INT, &srv.n_ubatch, 1, 1 << 16, "N", "llama.cpp's physical micro-batch (-ub; default 512)",
+          NULL },
+        { "chat-template", 0, OPT_STR, &tmpl_name, 0, 0, "NAME",
+          "chat template instead of the GGUF's: a llama.cpp built-in (chatml, llama3, gemma, ...) or a template's "
+          "text, recognised by llama_chat_apply_template",
+          NULL },
+        { "chat-template-file", 0, OPT_STR, &tmpl_file, 0, 0, "FILE",
+          "chat template read from FILE (a Jinja template, recognised by its markers: kvtier has no Jinja engine)",
+          NULL },
+        { "jinja", 0, OPT_FLAG, &jinja, 0, 0, NULL,
+          "accepted and logged: chat templates are applied by llama_chat_apply_template, which recognises the "
+          "template's format; no Jinja engine runs",
+          NULL },
+        { "no-jinja", 0, OPT_FLAG, &no_jinja, 0, 0, NULL, "the default: no Jinja engine (accepted)", NULL },
+        { "slots", 0, OPT_FLAG, &slots_on, 0, 0, NULL, "serve GET /slots, each session as a slot (the default)", NULL },
+        { "no-slots", 0, OPT_FLAG, &srv.no_slots, 0, 0, NULL, "GET /slots answers 501", NULL },
+        { "metrics", 0, OPT_FLAG, &metrics_on, 0, 0, NULL, "serve GET /metrics (the default; accepted)", NULL },
+        { "no-metrics", 0, OPT_FLAG, &srv.no_metrics, 0, 0, NULL, "GET /metrics answers 501", NULL },
+        { "slot-save-path", 0, OPT_STR, &slot_save, 0, 0, "DIR",
+          "llama-server's directory of saved slots: here the block store's directory (--store), which keeps every "
+          "session's blocks across restarts",
+          NULL },
+        { "offline", 0, OPT_FLAG, &offline, 0, 0, NULL, "accepted: kvtier never downloads a model", NULL },
+        { "cont-batching", 0, OPT_FLAG, &cont_batching, 0, 0, NULL, "accepted: requests are always batched together", NULL },
+        { "verbose", 'v', OPT_FLAG, &srv.verbose, 0, 0, NULL, "llama.cpp's log on stderr", NULL },
+        /* llama-server's flags for what kvtier does not serve: accepted, logged, and the endpoints answer 501 */
+        { "embedding", 0, OPT_FLAG, &embedding, 0, 0, NULL, "accepted and logged: kvtier serves no embeddings (/embeddings: 501)",
+          NULL },
+        { "embeddings", 0, OPT_FLAG, &embedding, 0, 0, NULL, "the same as --embedding", NULL },
+        { "reranking", 0, OPT_FLAG, &reranking, 0, 0, NULL, "accepted and logged: kvtier serves no reranking (/rerank: 501)", NULL },
+        { "pooling", 0, OPT_STR, &pooling, 0, 0, "TYPE", "accepted and logged (embeddings' pooling; kvtier serves none)", NULL },
+        { "media-path", 0, OPT_STR, &media_path, 0, 0, "DIR",
+          "accepted and logged: kvtier takes no image or audio input (such content parts get 400)", NULL },
         { NULL, 0, 0, NULL, 0, 0, NULL, NULL, NULL },
     };
     /* clang-format on */
@@ -320,6 +387,113 @@ int cmd_serve(int argc, char **argv) {
         srv.n_gpu_layers = dp.n_gpu_layers;
         srv.flash_attn = dp.flash_attn;
         srv.no_op_offload = dp.no_op_offload;
+    }
+    if (!budget_seen && (int64_t) 2 * srv.budget > srv.n_ctx) {
+        /* llama-server's -c is the cells of all its slots (-c 512 --parallel 2: 256 each); kvtier's
+        ** sessions each hold a budget, completions one more, and a session needs four blocks at
+        ** least (attention sinks, the recent tail, the open block and room to evict) */
+        int32_t b = srv.n_ctx / (srv.parallel + 1) / srv.block * srv.block;
+        srv.budget = KVT_MAX(b, 4 * srv.block);
+        int32_t need = 2 * srv.budget;
+        fprintf(stderr,
+                "%s: -c %d with --parallel %d: --budget %d (each session's resident tokens; a longer conversation is "
+                "evicted into the store, not refused)\n",
+                cmd, srv.n_ctx, srv.parallel, srv.budget);
+        if (need > srv.n_ctx) {
+            fprintf(stderr, "%s: -c %d raised to %d KV cells: one session and the completions' stream of %d each\n", cmd,
+                    srv.n_ctx, need, srv.budget);
+            srv.n_ctx = need;
+        }
+    }
+    if (tmpl_name && tmpl_file) {
+        fprintf(stderr, "%s: --chat-template and --chat-template-file both name a template: give one\n", cmd);
+        goto out;
+    }
+    if (tmpl_file) {
+        if (!(tmpl_text = app_read_file(tmpl_file, NULL))) {
+            fprintf(stderr, "%s: --chat-template-file '%s': cannot read it\n", cmd, tmpl_file);
+            goto out;
+        }
+        srv.chat_template = tmpl_text;
+        srv.chat_template_src = tmpl_file;
+    } else if (tmpl_name) srv.chat_template = srv.chat_template_src = tmpl_name;
+    if (jinja && no_jinja) {
+        fprintf(stderr, "%s: --jinja and --no-jinja contradict each other\n", cmd);
+        goto out;
+    }
+    if (jinja)
+        fprintf(stderr,
+                "%s: --jinja: kvtier has no Jinja engine; chat templates are applied by llama_chat_apply_template, which "
+                "recognises the template's format (tool calls: kvtier's own format, docs/SERVING.md)\n",
+                cmd);
+    if (slots_on && srv.no_slots) {
+        fprintf(stderr, "%s: --slots and --no-slots contradict each other\n", cmd);
+        goto out;
+    }
+    if (metrics_on && srv.no_metrics) {
+        fprintf(stderr, "%s: --metrics and --no-metrics contradict each other\n", cmd);
+        goto out;
+    }
+    if (slot_save) {
+        if (srv.store_dir && strcmp(srv.store_dir, slot_save)) {
+            fprintf(stderr, "%s: --slot-save-path '%s' and --store '%s' both name the block store's directory\n", cmd,
+                    slot_save, srv.store_dir);
+            goto out;
+        }
+        if (srv.no_store) {
+            fprintf(stderr, "%s: --slot-save-path names the block store's directory: it cannot be used with --no-store\n", cmd);
+            goto out;
+        }
+        srv.store_dir = slot_save;
+    }
+    srv.temp_default = (float) temp;
+    srv.seed_default = seed;
+    if (n_predict > 0) {
+        srv.n_predict_cap = n_predict;
+        srv.max_tokens_default = KVT_MIN(srv.max_tokens_default, n_predict);
+    }
+    (void) offline;
+    (void) cont_batching;
+    if (embedding || reranking || pooling)
+        fprintf(stderr, "%s: %s: kvtier serves no embeddings or reranking; those endpoints answer 501\n", cmd,
+                embedding ? "--embedding" : reranking ? "--reranking" : "--pooling");
+    if (media_path) fprintf(stderr, "%s: --media-path: kvtier takes no image or audio input; ignored\n", cmd);
+    if (srv.aliases) {
+        /* llama-server's id: the first alias in byte order */
+        const char *best = NULL;
+        size_t best_n = 0;
+        for (const char *p = srv.aliases; *p;) {
+            size_t n = strcspn(p, ",");
+            if (n && (!best || memcmp(p, best, KVT_MIN(n, best_n)) < 0 ||
+                      (!memcmp(p, best, KVT_MIN(n, best_n)) && n < best_n))) {
+                best = p;
+                best_n = n;
+            }
+            p += n + (p[n] == ',');
+        }
+        if (!best) {
+            fprintf(stderr, "%s: --alias '%s' names no model id\n", cmd, srv.aliases);
+            goto out;
+        }
+        snprintf(srv.model_name, sizeof srv.model_name, "%.*s", (int) KVT_MIN(best_n, sizeof srv.model_name - 1), best);
+    }
+    /* -b/-ub: a prefill chunk is one block and a scheduler step --batch-tokens, each in one
+    ** llama_decode of one micro-batch: smaller values are raised to them (said here) */
+    for (int k = 0; k < 2; k++) {
+        int32_t *v = k ? &srv.n_ubatch : &srv.n_batch;
+        if (*v > 0 && *v < srv.block) {
+            fprintf(stderr, "%s: %s %d is below a block of %d tokens (one prefill chunk): llama.cpp's %s is %d\n", cmd,
+                    k ? "-ub" : "-b", *v, srv.block, k ? "micro-batch" : "batch", srv.block);
+            *v = srv.block;
+        }
+    }
+    {
+        int32_t lim = KVT_MIN(srv.n_batch > 0 ? srv.n_batch : 512, srv.n_ubatch > 0 ? srv.n_ubatch : 512);
+        if (srv.batch_tokens > lim) {
+            fprintf(stderr, "%s: --batch-tokens %d is over llama.cpp's batch of %d: a scheduler step holds %d tokens\n", cmd,
+                    srv.batch_tokens, lim, lim);
+            srv.batch_tokens = lim;
+        }
     }
     if (srv.budget < 2 * srv.block) {
         fprintf(stderr, "%s: --budget %d is smaller than two blocks of %d tokens\n", cmd, srv.budget, srv.block);
@@ -396,7 +570,7 @@ int cmd_serve(int argc, char **argv) {
         rc = APP_ERR;
         goto out;
     }
-    if (!srv.keys && strcmp(host, "127.0.0.1") && strcmp(host, "localhost"))
+    if (!srv.keys && strcmp(host, "127.0.0.1") && strcmp(host, "localhost") && strcmp(host, "::1") && strcmp(host, "127.0.0.1,::1"))
         fprintf(stderr,
                 "%s: warning: listening on %s without --api-key-file: anyone who can reach this address can use "
                 "the server, its sessions and its store\n",
@@ -411,7 +585,7 @@ int cmd_serve(int argc, char **argv) {
         goto out;
     }
     int32_t bound = port;
-    struct MHD_Daemon *d = serve_http_start(&srv, host, port, &bound);
+    struct serve_http *d = serve_http_start(&srv, host, port, &bound);
     if (d) {
         struct kvt_engine_info ei;
         kvt_engine_info(srv.eng, &ei);
@@ -462,6 +636,7 @@ out:
     free(srv.keys);
     free(srv.key_ns);
     free(srv.views);
+    free(tmpl_text);
     pthread_cond_destroy(&srv.work);
     pthread_mutex_destroy(&srv.mu);
     return rc;

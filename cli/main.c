@@ -82,7 +82,8 @@ static int set_value(const char *cmd, const struct cli_opt *o, const char *flag,
 
 /* llama.cpp's multi-letter one-dash flags, for the options kvtier shares with llama-server */
 static const struct cli_opt *find_llama_spelling(const struct cli_opt *opts, const char *a) {
-    static const char *const map[][2] = { { "-ngl", "n-gpu-layers" }, { "-fa", "flash-attn" } };
+    static const char *const map[][2] = { { "-ngl", "n-gpu-layers" }, { "-fa", "flash-attn" }, { "-ub", "ubatch-size" },
+                                                  { "-np", "parallel" } };
     for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
         if (!strcmp(a, map[i][0])) return find_long(opts, map[i][1], strlen(map[i][1]));
     return NULL;
@@ -144,7 +145,7 @@ int cli_parse(const char *cmd, const struct cli_opt *opts, int argc, char **argv
             snprintf(flag, sizeof flag, "--%s", o->name);
             if (eq) val = eq + 1;
         } else if (a[2] != '\0' && (o = find_llama_spelling(opts, a))) {
-            snprintf(flag, sizeof flag, "%s", a); /* llama.cpp's one-dash spellings: -ngl, -fa */
+            snprintf(flag, sizeof flag, "%s", a); /* llama.cpp's one-dash spellings: -ngl, -fa, -ub, -np */
         } else {
             if (a[2] != '\0' || !(o = find_short(opts, a[1]))) {
                 fprintf(stderr, "%s: unknown option '%s'\n", cmd, a);

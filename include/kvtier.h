@@ -197,6 +197,13 @@ struct kvt_engine_params {
                               ** on the CPU compute on the CPU (a CPU reference on a GPU build) */
     int32_t reanchor;       /* enum kvt_reanchor; default AUTO */
     bool verbose;           /* pass llama.cpp's log through to stderr */
+    const char *chat_template; /* the chat template kvt_chat_format applies instead of the GGUF's
+                              ** (llama-server's --chat-template): one of llama.cpp's built-in names
+                              ** ("chatml", "llama3", "gemma", ... llama_chat_builtin_templates) or a
+                              ** Jinja template's text, which llama_chat_apply_template recognises by
+                              ** its markers (it is not executed).  Copied; NULL (default) = the
+                              ** GGUF's.  kvt_engine_open fails with KVT_EINVAL when llama.cpp does
+                              ** not recognise it. */
 };
 
 /* Defaults listed above.  Returned by value; cannot fail. */
@@ -223,7 +230,7 @@ struct kvt_engine_info {
     char desc[128];         /* llama_model_desc, e.g. "gemma3 270M Q4_K - Medium" */
     char arch[32];          /* general.architecture */
     char name[128];         /* general.name ("" if absent) */
-    bool has_chat_template; /* the GGUF carries tokenizer.chat_template */
+    bool has_chat_template; /* kvt_engine_params.chat_template was given or the GGUF carries tokenizer.chat_template */
     int32_t n_layer, n_head, n_head_kv, n_embd;
     int32_t n_swa;     /* sliding window (tokens), 0 = none */
     int32_t n_ctx;     /* cells in the context (all streams; scratch streams included) */
@@ -274,8 +281,10 @@ struct kvt_chat_msg {
     const char *content; /* UTF-8 */
 };
 
-/* Format a conversation with the GGUF's chat template (llama_chat_apply_template; if the GGUF
-** has none, the template named by `fallback`, e.g. "gemma", or "chatml" when NULL).
+/* Format a conversation with the engine's chat template (kvt_engine_params.chat_template, else
+** the GGUF's; llama_chat_apply_template; if neither, the template named by `fallback`, e.g.
+** "gemma", or "chatml" when NULL).  Thread-safe: it reads the model only, so any thread may call it
+** while another decodes (as kvt_tokenize and kvt_detokenize may).
 ** add_assistant: append the assistant-turn prefix.  OUT *text, caller frees with free().
 ** Errors: KVT_EINVAL (unknown role or template), KVT_ENOMEM. */
 int kvt_chat_format(kvt_engine *eng, const struct kvt_chat_msg *msgs, int32_t n_msgs, bool add_assistant, const char *fallback,

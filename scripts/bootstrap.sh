@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # kvtier bootstrap: everything a fresh Debian machine needs to build and test kvtier.
 #
-#   scripts/bootstrap.sh [deps|llama|model|pyclient|llama-server|cpu|all|env]   (default: all)
+#   scripts/bootstrap.sh [deps|llama|model|pyclient|llama-server|server-suite|cpu|all|env]   (default: all)
 #
 # Idempotent and cached under $KVTIER_CACHE (default ~/.cache/kvtier):
 #   deps  - the Debian packages the build needs (one list, below)
@@ -17,6 +17,8 @@
 #           not part of `all`); prints its path with `llama-server-path`
 #   pyclient - a Python venv with the official `openai` client (pinned) for the server tests
 #           (tests/server/cli_serve.sh); prints the venv's python with `pyclient-path`
+#   server-suite - llama.cpp's server tests (tools/server/tests of the vendored tree) and a venv
+#           with their requirements.txt; prints the tests' directory (bench/llama_server_suite.sh)
 #   cpu   - print the CPU feature line (what was probed, what the build keeps) and the cache key
 #   cuda-toolchain - only the CUDA toolchain from PyPI (below), unpacked into one toolkit tree
 #
@@ -85,6 +87,7 @@ CHAT_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 
 OPENAI_VERSION=3.54.0                    # the official OpenAI Python client, for tests/server/cli_serve.sh
 VENV=$CACHE/venv
+SUITE_VENV=$CACHE/suite-venv             # llama.cpp's server test suite's requirements (bench/llama_server_suite.sh)
 
 # --- GPU backends (see the header) --------------------------------------------
 KVTIER_BACKEND=${KVTIER_BACKEND:-cpu}
@@ -478,19 +481,42 @@ do_pyclient() {
     || die "pip install openai==$OPENAI_VERSION failed"
 }
 
+# llama.cpp's own server tests (tools/server/tests in the vendored tree) with the requirements
+# file that ships beside them, in a venv of their own: bench/llama_server_suite.sh runs them
+# against llama-server and `kvtier serve`.  Prints the tests' directory.
+do_server_suite() {
+  llama_src
+  local tests=$LLAMA_BASE/src/tools/server/tests req
+  req=$tests/requirements.txt
+  [ -f "$req" ] || die "no $req in the vendored llama.cpp"
+  local stamp sum
+  sum=$(sha256sum "$req" | cut -c1-16)
+  stamp=$SUITE_VENV/.req-$sum
+  if [ ! -f "$stamp" ]; then
+    say "server-suite: installing $req into $SUITE_VENV"
+    [ -x "$SUITE_VENV/bin/python" ] || python3 -m venv "$SUITE_VENV" >&2 || die "python3 -m venv failed"
+    "$SUITE_VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$req" >&2 \
+      || die "pip install -r $req failed"
+    touch "$stamp"
+  fi
+  echo "$tests"
+}
+
 case "${1:-all}" in
   deps)  do_deps ;;
   llama) do_llama ;;
   model) do_model; do_chat_model ;;
   pyclient) do_pyclient ;;
   llama-server) do_llama_server ;;
+  server-suite) do_server_suite; exit 0 ;;
+  server-suite-python) echo "$SUITE_VENV/bin/python"; exit 0 ;;
   llama-server-path) cpu_detect_quiet; echo "$LLAMA_SERVER"; exit 0 ;;
   cpu)   cpu_detect_quiet; echo "$CPU_LINE"; echo "CPU_KEY=$CPU_KEY"; echo "LLAMA_CFLAGS=$CPU_ISA_FLAGS"; echo "CPU_SUMMARY=$CPU_SUMMARY"; exit 0 ;;
   cuda-toolchain) do_cuda_toolchain ;;
   pyclient-path) echo "$VENV/bin/python"; exit 0 ;;
   all)   do_deps; do_llama; do_model; do_chat_model ;;
   env)   cpu_detect_quiet ;;
-  *) die "unknown step '${1}': use deps, llama, model, pyclient, llama-server, cpu, cuda-toolchain, all or env" ;;
+  *) die "unknown step '${1}': use deps, llama, model, pyclient, llama-server, server-suite, cpu, cuda-toolchain, all or env" ;;
 esac
 if [ "${1:-all}" = env ]; then
   echo "LLAMA_PREFIX=$LLAMA_PREFIX"

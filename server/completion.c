@@ -14,7 +14,22 @@
 /* /v1/completions, admitted: the prompt's tokens and its KV cell reservation.  Returns false
 ** (the job has its error) when it cannot run at all; else it waits for a sequence (serve_completion_start_waiting). */
 bool serve_completion_prepare(struct server *srv, struct job *j) {
-    int rc = kvt_tokenize(srv->eng, j->req.prompt, true, false, &j->ptok, &j->prompt_tokens);
+    int rc = 0;
+    if (j->req.prompt_ids) { /* llama.cpp's native API: the prompt as token ids */
+        struct kvt_engine_info I;
+        kvt_engine_info(srv->eng, &I);
+        for (int32_t i = 0; i < j->req.n_prompt_ids; i++)
+            if (j->req.prompt_ids[i] < 0 || j->req.prompt_ids[i] >= I.n_vocab) {
+                j->err.param = "prompt";
+                serve_bad(&j->err, "'prompt[%d]' token id %d is outside 0..%d (the model's vocabulary)", i, j->req.prompt_ids[i],
+                          I.n_vocab - 1);
+                return false;
+            }
+        j->ptok = j->req.prompt_ids;
+        j->prompt_tokens = j->req.n_prompt_ids;
+        j->req.prompt_ids = NULL;
+        j->req.n_prompt_ids = 0;
+    } else rc = kvt_tokenize(srv->eng, j->req.prompt, true, false, &j->ptok, &j->prompt_tokens);
     if (rc) {
         serve_error_lib(&j->err, "prompt", rc);
         return false;

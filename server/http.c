@@ -198,6 +198,42 @@ static void count_status(struct server *srv, int status) {
     pthread_mutex_unlock(&srv->mu);
 }
 
+/* Is `origin` (a request's Origin header) one --cors-origins allows?  "*" allows any; "localhost"
+** in the list allows http(s)://localhost, 127.0.0.1 and [::1] on any port (llama-server's
+** keyword); any other entry must equal the origin. */
+static bool origin_allowed(const char *list, const char *origin) {
+    if (!list || !origin || !*origin) return false;
+    for (const char *p = list; *p;) {
+        size_t n = strcspn(p, ",");
+        while (n && *p == ' ') p++, n--;
+        size_t m = n;
+        while (m && p[m - 1] == ' ') m--;
+        if (m == 1 && *p == '*') return true;
+        if (m == 9 && !strncmp(p, "localhost", 9)) {
+            const char *h = !strncmp(origin, "http://", 7) ? origin + 7 : !strncmp(origin, "https://", 8) ? origin + 8 : NULL;
+            static const char *const loop[] = { "localhost", "127.0.0.1", "[::1]" };
+            for (int i = 0; h && i < 3; i++) {
+                size_t l = strlen(loop[i]);
+                if (!strncmp(h, loop[i], l) && (h[l] == '\0' || (h[l] == ':' && h[l + 1] && strspn(h + l + 1, "0123456789") == strlen(h + l + 1))))
+                    return true;
+            }
+        } else if (m && strlen(origin) == m && !strncmp(p, origin, m)) return true;
+        p += n + (p[n] == ',');
+    }
+    return false;
+}
+
+/* CORS headers of every reply to a browser origin --cors-origins allows (llama-server's). */
+static void add_cors(struct server *srv, struct MHD_Connection *c, struct MHD_Response *r) {
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    if (!origin_allowed(srv->cors_origins, origin)) return;
+    MHD_add_response_header(r, "Access-Control-Allow-Origin", origin);
+    MHD_add_response_header(r, "Access-Control-Allow-Credentials", "true");
+    MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
+    MHD_add_response_header(r, "Access-Control-Allow-Headers", "*");
+    MHD_add_response_header(r, "Vary", "Origin");
+}
+
 static enum MHD_Result send_text(struct server *srv, struct MHD_Connection *c, int status, const char *ctype, char *text,
                                  const char *session_id) {
     struct MHD_Response *r = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
@@ -206,6 +242,7 @@ static enum MHD_Result send_text(struct server *srv, struct MHD_Connection *c, i
         return MHD_NO;
     }
     MHD_add_response_header(r, "Content-Type", ctype);
+    add_cors(srv, c, r);
     if (session_id && *session_id) MHD_add_response_header(r, "X-Session-Id", session_id);
     count_status(srv, status);
     enum MHD_Result ret = MHD_queue_response(c, (unsigned) status, r);
@@ -223,6 +260,12 @@ static enum MHD_Result send_json(struct server *srv, struct MHD_Connection *c, i
 /* Every error reply: the server's one error form (serve.h, server/error.c). */
 static enum MHD_Result send_err(struct server *srv, struct MHD_Connection *c, const struct serve_error *e) {
     return send_json(srv, c, e->status ? e->status : 500, serve_error_json(e), NULL);
+}
+
+/* The same, in Anthropic's shape for /v1/messages. */
+static enum MHD_Result send_err_as(struct server *srv, struct MHD_Connection *c, const struct serve_error *e, bool anthropic) {
+    if (!anthropic) return send_err(srv, c, e);
+    return send_json(srv, c, e->status ? e->status : 500, anth_error(e), NULL);
 }
 
 static enum MHD_Result send_error(struct server *srv, struct MHD_Connection *c, int status, const char *type, const char *code,
@@ -334,6 +377,8 @@ struct stream {
                                ** 0 a call or JSON (sent whole) */
     char *out;      /* pending bytes */
     size_t n_out, off;
+    int a_open;     /* Anthropic: index of the content block open (-1 none) */
+    int a_next;     /* Anthropic: the next block's index */
 };
 
 static void stream_emit(struct stream *st, json_t *obj) {
@@ -350,6 +395,64 @@ static void stream_emit(struct stream *st, json_t *obj) {
         st->n_out += n + 8;
     }
     free(txt);
+}
+
+/* An Anthropic event: "event: TYPE" and its data (obj's "type"). */
+static void stream_event(struct stream *st, json_t *obj) {
+    const char *type = obj ? json_string_value(json_object_get(obj, "type")) : NULL;
+    char line[64];
+    int n = snprintf(line, sizeof line, "event: %s\n", type ? type : "error");
+    char *o = realloc(st->out, st->n_out + (size_t) n + 1);
+    if (!o) {
+        json_decref(obj);
+        return;
+    }
+    st->out = o;
+    memcpy(o + st->n_out, line, (size_t) n);
+    st->n_out += (size_t) n;
+    stream_emit(st, obj);
+}
+
+static void anth_close_block(struct stream *st) {
+    if (st->a_open < 0) return;
+    stream_event(st, json_pack("{s:s, s:i}", "type", "content_block_stop", "index", st->a_open));
+    st->a_open = -1;
+}
+
+/* Anthropic: text as a text_delta of the open text block (opened first if needed). */
+static void anth_text(struct stream *st, const char *text) {
+    if (st->a_open < 0) {
+        st->a_open = st->a_next++;
+        stream_event(st, json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_start", "index", st->a_open, "content_block",
+                                   "type", "text", "text", ""));
+    }
+    stream_event(st, json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_delta", "index", st->a_open, "delta", "type",
+                               "text_delta", "text", text));
+}
+
+/* Anthropic: a whole reply under tools, as its blocks (text, then each tool_use with its input
+** as one input_json_delta). */
+static void anth_whole(struct stream *st, const json_t *msg) {
+    json_t *blocks = anth_blocks(msg);
+    size_t i;
+    json_t *b;
+    json_array_foreach(blocks, i, b) {
+        const char *type = json_string_value(json_object_get(b, "type"));
+        if (!strcmp(type, "text")) {
+            anth_text(st, json_string_value(json_object_get(b, "text")));
+            continue;
+        }
+        anth_close_block(st);
+        int idx = st->a_next++;
+        char *input = json_dumps(json_object_get(b, "input"), JSON_COMPACT);
+        stream_event(st, json_pack("{s:s, s:i, s:{s:s, s:O, s:O, s:{}}}", "type", "content_block_start", "index", idx, "content_block",
+                                   "type", "tool_use", "id", json_object_get(b, "id"), "name", json_object_get(b, "name"), "input"));
+        stream_event(st, json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_delta", "index", idx, "delta", "type",
+                                   "input_json_delta", "partial_json", input ? input : "{}"));
+        free(input);
+        stream_event(st, json_pack("{s:s, s:i}", "type", "content_block_stop", "index", idx));
+    }
+    json_decref(blocks);
 }
 
 /* delta: the chat delta to send as is (stolen), else built from role/content. */
@@ -374,6 +477,7 @@ static json_t *chunk_delta(struct stream *st, json_t *delta, const char *content
 }
 
 static json_t *chunk(struct stream *st, const char *content, const char *finish, bool role) {
+    if (st->j->req.native) return compat_native_reply(st->srv, st->j, content ? content : "", false, 0);
     return chunk_delta(st, NULL, content, finish, role);
 }
 
@@ -387,6 +491,13 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         if (st->phase == 3) return MHD_CONTENT_READER_END_OF_STREAM;
         if (st->phase == 0) {
             st->phase = 1;
+            if (j->req.anthropic) {
+                pthread_mutex_lock(&srv->mu);
+                json_t *m = anth_message(srv, j, NULL, NULL);
+                pthread_mutex_unlock(&srv->mu);
+                stream_event(st, json_pack("{s:s, s:o}", "type", "message_start", "message", m));
+                continue;
+            }
             if (j->kind == JOB_CHAT) {
                 stream_emit(st, chunk(st, NULL, NULL, true));
                 continue;
@@ -413,7 +524,10 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             pthread_mutex_unlock(&srv->mu);
             if (!(j->err.status && j->err.status != 200)) {
                 json_t *msg = tools_reply(srv, j->text ? j->text : "", j->req.format, &fin);
-                if (msg) {
+                if (msg && j->req.anthropic) {
+                    anth_whole(st, msg);
+                    json_decref(msg);
+                } else if (msg) {
                     json_object_del(msg, "role");
                     if (json_is_null(json_object_get(msg, "content"))) json_object_del(msg, "content");
                     stream_emit(st, chunk_delta(st, msg, NULL, NULL, false));
@@ -435,7 +549,10 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             j->n_sent += ok;
         }
         pthread_mutex_unlock(&srv->mu);
-        if (piece && *piece) stream_emit(st, chunk(st, piece, NULL, false));
+        if (piece && *piece) {
+            if (j->req.anthropic) anth_text(st, piece);
+            else stream_emit(st, chunk(st, piece, NULL, false));
+        }
         free(piece);
         if (!done) {
             if (st->n_out == 0) { /* an incomplete UTF-8 character: wait for more */
@@ -446,8 +563,24 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             }
             continue;
         }
-        if (j->err.status && j->err.status != 200) {
+        if (j->err.status && j->err.status != 200 && j->req.anthropic) {
+            stream_event(st, anth_error(&j->err));
+            st->phase = 3;
+            continue;
+        } else if (j->err.status && j->err.status != 200) {
             stream_emit(st, serve_error_json(&j->err));
+        } else if (j->req.anthropic) { /* the last block closed, the stop reason, message_stop */
+            if (st->a_next == 0) anth_text(st, "");
+            anth_close_block(st);
+            stream_event(st, json_pack("{s:s, s:{s:s, s:n}, s:o}", "type", "message_delta", "delta", "stop_reason",
+                                       anth_stop_reason(j, fin), "stop_sequence", "usage", anth_usage(j, true)));
+            stream_event(st, json_pack("{s:s}", "type", "message_stop"));
+            st->phase = 3;
+            continue;
+        } else if (j->req.native) { /* llama.cpp's last event: stop true, the timings; no [DONE] */
+            stream_emit(st, compat_native_reply(srv, j, "", true, mono_ms()));
+            st->phase = 3;
+            continue;
         } else {
             stream_emit(st, chunk(st, NULL, fin, false));
             if (j->req.include_usage) {
@@ -504,12 +637,24 @@ static enum MHD_Result run_job(struct server *srv, struct MHD_Connection *c, str
     bool failed = j->state == JOB_DONE && j->err.status && j->err.status != 200;
     pthread_mutex_unlock(&srv->mu);
     if (failed) {
-        enum MHD_Result r = send_err(srv, c, &j->err);
+        enum MHD_Result r = send_err_as(srv, c, &j->err, j->req.anthropic);
         serve_job_release(srv, j);
         return r;
     }
     if (!j->req.stream) {
-        enum MHD_Result r = send_json(srv, c, 200, final_obj(srv, j), j->out_session);
+        json_t *reply;
+        if (j->req.anthropic) {
+            const char *fin = j->finish;
+            json_t *msg = tools_reply(srv, j->text ? j->text : "", j->req.format, &fin);
+            reply = anth_message(srv, j, msg, fin ? fin : "stop");
+            json_decref(msg);
+        } else reply = j->req.native ? compat_native_reply(srv, j, j->text ? j->text : "", true, mono_ms()) : final_obj(srv, j);
+        if (j->req.native && reply) { /* text may hold a character cut by max_tokens */
+            char *clean = app_utf8_clean(j->text ? j->text : "");
+            if (clean) json_object_set_new(reply, "content", json_string(clean));
+            free(clean);
+        }
+        enum MHD_Result r = send_json(srv, c, 200, reply, j->out_session);
         serve_job_release(srv, j);
         return r;
     }
@@ -522,6 +667,7 @@ static enum MHD_Result run_job(struct server *srv, struct MHD_Connection *c, str
     st->c = c;
     st->j = j;
     st->tools_text = -1;
+    st->a_open = -1;
     snprintf(st->id, sizeof st->id, "%s-%llu", j->kind == JOB_CHAT ? "chatcmpl" : "cmpl",
              __atomic_add_fetch(&srv->n_replies, 1, __ATOMIC_RELAXED));
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, st, stream_free);
@@ -531,6 +677,7 @@ static enum MHD_Result run_job(struct server *srv, struct MHD_Connection *c, str
     }
     MHD_add_response_header(r, "Content-Type", "text/event-stream");
     MHD_add_response_header(r, "Cache-Control", "no-cache");
+    add_cors(srv, c, r);
     pthread_mutex_lock(&srv->mu);
     if (j->out_session[0]) MHD_add_response_header(r, "X-Session-Id", j->out_session);
     pthread_mutex_unlock(&srv->mu);
@@ -543,19 +690,43 @@ static enum MHD_Result run_job(struct server *srv, struct MHD_Connection *c, str
 /* ---------------------------------------------------------------------------------------- */
 /* endpoints                                                                                */
 
-static enum MHD_Result post_generate(struct server *srv, struct MHD_Connection *c, struct req *rq, const char *ns, bool chat) {
+/* The request body as a JSON object (*root, a new reference), or the error reply already queued
+** (*root NULL; the return value is the reply's). */
+static enum MHD_Result body_json(struct server *srv, struct MHD_Connection *c, struct req *rq, json_t **root) {
+    *root = NULL;
     if (rq->too_big)
         return send_error(srv, c, 413, "invalid_request_error", "request_too_large",
                           "the request body is over the limit of %lld bytes (--max-body-mb)", (long long) srv->lim.max_body);
     size_t ok = utf8_prefix(rq->body ? rq->body : "", rq->n);
     if (ok < rq->n) return BAD("the request body is not valid UTF-8 (byte %zu)", ok);
     json_error_t je;
-    json_t *root = json_loadb(rq->body ? rq->body : "", rq->n, 0, &je);
-    if (!root) return BAD("the request body is not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
-    if (!json_is_object(root)) {
-        enum MHD_Result r = BAD("the request body must be a JSON object, got %s", serve_json_type(root));
+    json_t *r = json_loadb(rq->body ? rq->body : "", rq->n, 0, &je);
+    if (!r) return BAD("the request body is not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
+    if (!json_is_object(r)) {
+        enum MHD_Result ret = BAD("the request body must be a JSON object, got %s", serve_json_type(r));
+        json_decref(r);
+        return ret;
+    }
+    *root = r;
+    return MHD_YES;
+}
+
+enum api { API_OPENAI, API_NATIVE, API_ANTHROPIC };
+
+/* api: OpenAI's, llama.cpp's native /completion (its fields, reply and stream shapes) or
+** Anthropic's Messages (translated into a chat request, server/anthropic.c). */
+static enum MHD_Result post_generate(struct server *srv, struct MHD_Connection *c, struct req *rq, const char *ns, bool chat,
+                                     enum api api) {
+    json_t *root;
+    enum MHD_Result bad = body_json(srv, c, rq, &root);
+    if (!root) return bad;
+    struct serve_error e = { 0 };
+    if (api == API_ANTHROPIC) {
+        json_t *tr = NULL;
+        int trc = anth_to_chat(root, &tr, &e);
         json_decref(root);
-        return r;
+        if (trc) return send_err_as(srv, c, &e, true);
+        root = tr;
     }
     struct job *j = calloc(1, sizeof *j);
     if (!j) {
@@ -563,19 +734,43 @@ static enum MHD_Result post_generate(struct server *srv, struct MHD_Connection *
         return MHD_NO;
     }
     j->kind = chat ? JOB_CHAT : JOB_COMPLETION;
+    j->req.anthropic = api == API_ANTHROPIC;
     snprintf(j->req.ns, sizeof j->req.ns, "%s", ns);
     const char *sid = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Session-Id");
     if (sid) snprintf(j->req.session_id, sizeof j->req.session_id, "%s", sid);
-    struct serve_error e = { 0 };
-    int rc = serve_request_parse(srv, root, j, chat, &e);
+    int rc = api == API_NATIVE ? compat_native_params(srv, root, j, &e) : 0;
+    if (rc == 0) rc = serve_request_parse(srv, root, j, chat, &e);
     json_decref(root);
     if (rc) {
         pthread_cond_init(&j->cv, NULL);
         serve_job_free(j);
         if (!e.status) serve_error_oom(&e); /* a failure that said nothing: an allocation */
-        return send_err(srv, c, &e);
+        return send_err_as(srv, c, &e, api == API_ANTHROPIC);
     }
     return run_job(srv, c, j);
+}
+
+/* POST /tokenize, /detokenize, /apply-template: answered here (server/compat.c), no job. */
+static enum MHD_Result post_text(struct server *srv, struct MHD_Connection *c, struct req *rq,
+                                 int (*fn)(struct server *, json_t *, json_t **, struct serve_error *)) {
+    json_t *root, *out = NULL;
+    enum MHD_Result bad = body_json(srv, c, rq, &root);
+    if (!root) return bad;
+    struct serve_error e = { 0 };
+    int rc = fn(srv, root, &out, &e);
+    json_decref(root);
+    if (rc) {
+        if (!e.status) serve_error_oom(&e);
+        return send_err(srv, c, &e);
+    }
+    return send_json(srv, c, 200, out, NULL);
+}
+
+static int do_tokenize(struct server *srv, json_t *root, json_t **out, struct serve_error *e) {
+    return compat_tokenize(srv, root, out, e);
+}
+static int do_detokenize(struct server *srv, json_t *root, json_t **out, struct serve_error *e) {
+    return compat_detokenize(srv, root, out, e);
 }
 
 static enum MHD_Result get_sessions(struct server *srv, struct MHD_Connection *c, const char *ns) {
@@ -616,10 +811,25 @@ static enum MHD_Result delete_session(struct server *srv, struct MHD_Connection 
     return r;
 }
 
+static time_t t_started; /* when the server started listening (/metrics' Process-Start-Time-Unix) */
+
 static enum MHD_Result get_metrics(struct server *srv, struct MHD_Connection *c) {
     char *text = serve_metrics_text(srv);
     if (!text) return MHD_NO;
-    return send_text(srv, c, 200, "text/plain; version=0.0.4", text, NULL);
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(text);
+        return MHD_NO;
+    }
+    char ts[32];
+    snprintf(ts, sizeof ts, "%lld", (long long) t_started);
+    MHD_add_response_header(r, "Content-Type", "text/plain; version=0.0.4");
+    MHD_add_response_header(r, "Process-Start-Time-Unix", ts); /* llama-server's */
+    add_cors(srv, c, r);
+    count_status(srv, 200);
+    enum MHD_Result ret = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r);
+    return ret;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -642,18 +852,20 @@ static const char *auth(struct server *srv, struct MHD_Connection *c, char *ns, 
         return ns;
     }
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncmp(h, "Bearer ", 7)) return NULL;
+    const char *key = h && !strncmp(h, "Bearer ", 7) ? h + 7 : NULL;
+    if (!key) key = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Api-Key"); /* Anthropic's clients */
+    if (!key) return NULL;
     int32_t hit = -1;
     for (int32_t i = 0; i < srv->n_keys; i++)
-        if (same_secret(h + 7, srv->keys[i])) hit = i;
+        if (same_secret(key, srv->keys[i])) hit = i;
     if (hit < 0) return NULL;
     snprintf(ns, n, "%s", srv->key_ns[hit]);
     return ns;
 }
 
 static enum MHD_Result send_unauthorized(struct server *srv, struct MHD_Connection *c) {
-    return send_error(srv, c, 401, "invalid_request_error", "invalid_api_key",
-                      "missing or incorrect API key (send Authorization: Bearer KEY)");
+    return send_error(srv, c, 401, "authentication_error", "invalid_api_key",
+                      "missing or incorrect API key (send Authorization: Bearer KEY, or X-Api-Key: KEY)");
 }
 
 static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, const char *method, const char *version,
@@ -668,7 +880,11 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         srv->n_http++;
         pthread_mutex_unlock(&srv->mu);
         watch_phase(srv, conn_of(c), PHASE_BODY);
-        bool open = !strcmp(url, "/health") || (!strcmp(url, "/metrics") && srv->lim.metrics_public);
+        bool open = !strcmp(url, "/health") || !strcmp(url, "/v1/health") || (!strcmp(url, "/metrics") && srv->lim.metrics_public);
+        if (!strcmp(method, "OPTIONS")) { /* a CORS preflight: answered without a key (browsers send none) */
+            char *empty = strdup("");
+            return empty ? send_text(srv, c, 200, "text/plain", empty, NULL) : MHD_NO;
+        }
         rq->authorized = auth(srv, c, rq->ns, sizeof rq->ns) != NULL;
         /* answered before the body is read: the client learns at once, and a client without a
         ** key cannot make the server buffer anything (libmicrohttpd closes the connection
@@ -710,34 +926,63 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     }
     watch_phase(srv, conn_of(c), PHASE_ANSWER);
     bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST"), del = !strcmp(method, "DELETE");
-    if (get && !strcmp(url, "/health")) {
+    /* llama-server's routes: the OpenAI ones with and without /v1 */
+    const char *u = !strncmp(url, "/v1/", 4) ? url + 3 : url;
+    bool v1 = u != url;
+    if (get && !strcmp(u, "/health")) {
         pthread_mutex_lock(&srv->mu);
         bool stopping = srv->stopping;
         pthread_mutex_unlock(&srv->mu);
         return send_json(srv, c, stopping ? 503 : 200, json_pack("{s:s}", "status", stopping ? "shutting down" : "ok"), NULL);
     }
-    if (get && !strcmp(url, "/metrics") && srv->lim.metrics_public) return get_metrics(srv, c);
+    if (get && !strcmp(url, "/metrics") && srv->lim.metrics_public && !srv->no_metrics) return get_metrics(srv, c);
     if (!rq->authorized) return send_unauthorized(srv, c);
     const char *ns = rq->ns;
-    if (get && !strcmp(url, "/metrics")) return get_metrics(srv, c);
-    if (!strcmp(url, "/v1/chat/completions") || !strcmp(url, "/v1/completions")) {
+    if (get && !strcmp(url, "/metrics")) {
+        if (srv->no_metrics)
+            return send_error(srv, c, 501, "not_supported_error", NULL, "this server runs with --no-metrics: no /metrics");
+        return get_metrics(srv, c);
+    }
+    bool chat = !strcmp(u, "/chat/completions"), oai = v1 && !strcmp(u, "/completions"),
+         native = !v1 && (!strcmp(u, "/completion") || !strcmp(u, "/completions"));
+    if (chat || oai || native) {
         if (!post) return send_error(srv, c, 405, "invalid_request_error", NULL, "%s %s: use POST", method, url);
-        return post_generate(srv, c, rq, ns, url[4] == 'c' && url[5] == 'h');
+        return post_generate(srv, c, rq, ns, chat, native ? API_NATIVE : API_OPENAI);
     }
-    if (!strcmp(url, "/v1/models")) {
+    if (v1 && (!strcmp(u, "/messages") || !strcmp(u, "/messages/count_tokens"))) {
+        if (!post) return send_error(srv, c, 405, "invalid_request_error", NULL, "%s %s: use POST", method, url);
+        if (u[9] == '/') return post_text(srv, c, rq, anth_count_tokens);
+        return post_generate(srv, c, rq, ns, true, API_ANTHROPIC);
+    }
+    if (!v1 && (!strcmp(u, "/tokenize") || !strcmp(u, "/detokenize") || !strcmp(u, "/apply-template"))) {
+        if (!post) return send_error(srv, c, 405, "invalid_request_error", NULL, "%s %s: use POST", method, url);
+        return post_text(srv, c, rq, u[1] == 't' ? do_tokenize : u[1] == 'd' ? do_detokenize : compat_apply_template);
+    }
+    if (!strcmp(u, "/models")) {
         if (!get) return send_error(srv, c, 405, "invalid_request_error", NULL, "%s %s: use GET", method, url);
-        return send_json(srv, c, 200,
-                         json_pack("{s:s, s:[{s:s, s:s, s:I, s:s}]}", "object", "list", "data", "id", srv->model_name, "object",
-                                   "model", "created", (json_int_t) time(NULL), "owned_by", "kvtier"),
-                         NULL);
+        return send_json(srv, c, 200, compat_models(srv), NULL);
     }
-    if (!strcmp(url, "/v1/sessions")) {
+    if (!v1 && !strcmp(u, "/props")) {
+        if (!get) return send_error(srv, c, 405, "invalid_request_error", NULL, "%s %s: use GET (kvtier's props are flags)", method, url);
+        return send_json(srv, c, 200, compat_props(srv), NULL);
+    }
+    if (!v1 && !strcmp(u, "/slots")) {
+        if (!get) return send_error(srv, c, 405, "invalid_request_error", NULL, "%s %s: use GET", method, url);
+        if (srv->no_slots)
+            return send_error(srv, c, 501, "not_supported_error", NULL, "this server runs with --no-slots: no /slots");
+        return send_json(srv, c, 200, compat_slots(srv, ns), NULL);
+    }
+    if (!strcmp(u, "/embedding") || !strcmp(u, "/embeddings") || !strcmp(u, "/rerank") || !strcmp(u, "/reranking") ||
+        !strcmp(u, "/infill"))
+        return send_error(srv, c, 501, "not_supported_error", NULL,
+                          "%s: kvtier serves chat and text completions only (no embeddings, reranking or infill)", url);
+    if (v1 && !strcmp(u, "/sessions")) {
         if (!get) return send_error(srv, c, 405, "invalid_request_error", NULL, "%s %s: use GET", method, url);
         return get_sessions(srv, c, ns);
     }
-    if (!strncmp(url, "/v1/sessions/", 13) && url[13]) {
+    if (v1 && !strncmp(u, "/sessions/", 10) && u[10]) {
         if (!del) return send_error(srv, c, 405, "invalid_request_error", NULL, "%s %s: use DELETE", method, url);
-        return delete_session(srv, c, ns, url + 13);
+        return delete_session(srv, c, ns, u + 10);
     }
     return send_error(srv, c, 404, "invalid_request_error", "not_found", "no endpoint %s %s", method, url);
 }
@@ -758,18 +1003,53 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
     *con_cls = NULL;
 }
 
-struct MHD_Daemon *serve_http_start(struct server *srv, const char *host, int32_t port, int32_t *bound_port) {
-    struct sockaddr_in sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons((uint16_t) port);
-    if (!strcmp(host, "localhost")) host = "127.0.0.1";
-    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
-        fprintf(stderr, "kvtier serve: --host '%s' is not an IPv4 address\n", host);
+/* One listening address of --host: an IPv4 or IPv6 literal, or "localhost" (127.0.0.1). */
+static struct MHD_Daemon *listen_on(struct server *srv, const char *host, int32_t port) {
+    struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof ss);
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG;
+    char a[64];
+    snprintf(a, sizeof a, "%s", host);
+    size_t n = strlen(a);
+    if (n > 2 && a[0] == '[' && a[n - 1] == ']') { /* [::1] */
+        memmove(a, a + 1, n - 2);
+        a[n - 2] = '\0';
+    }
+    if (!strcmp(a, "localhost")) snprintf(a, sizeof a, "127.0.0.1");
+    struct sockaddr_in *s4 = (struct sockaddr_in *) &ss;
+    struct sockaddr_in6 *s6 = (struct sockaddr_in6 *) &ss;
+    if (inet_pton(AF_INET, a, &s4->sin_addr) == 1) {
+        s4->sin_family = AF_INET;
+        s4->sin_port = htons((uint16_t) port);
+    } else if (inet_pton(AF_INET6, a, &s6->sin6_addr) == 1) {
+        s6->sin6_family = AF_INET6;
+        s6->sin6_port = htons((uint16_t) port);
+        flags |= MHD_USE_IPv6;
+    } else {
+        fprintf(stderr, "kvtier serve: --host '%s' is not an IPv4 or IPv6 address\n", host);
         return NULL;
     }
+    /* thread per connection: a small stack (the handlers' deepest recursion is the JSON parser's,
+    ** 2048 levels at most, and the schema's, 32), so the connection cap, not the address space,
+    ** bounds the threads */
+    struct MHD_Daemon *d = MHD_start_daemon(
+        flags, (uint16_t) port, NULL, NULL, handler, srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, srv, /* first: it covers the others */
+        MHD_OPTION_SOCK_ADDR, (struct sockaddr *) &ss, MHD_OPTION_NOTIFY_COMPLETED, completed, srv, MHD_OPTION_NOTIFY_CONNECTION,
+        notify_connection, srv, MHD_OPTION_CONNECTION_LIMIT, (unsigned) srv->lim.max_connections,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned) srv->lim.max_per_ip, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned) srv->lim.idle_timeout_s, MHD_OPTION_THREAD_STACK_SIZE, (size_t) 1 << 20, MHD_OPTION_END);
+    if (!d) fprintf(stderr, "kvtier serve: cannot listen on %s port %d (in use, or not allowed)\n", host, port);
+    return d;
+}
+
+struct serve_http *serve_http_start(struct server *srv, const char *hosts, int32_t port, int32_t *bound_port) {
+    struct serve_http *h = calloc(1, sizeof *h);
     struct conn_watch *w = calloc(1, sizeof *w);
-    if (!w) return NULL;
+    if (!h || !w) {
+        free(h);
+        free(w);
+        return NULL;
+    }
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     w->head.next = w->head.prev = &w->head;
@@ -778,24 +1058,32 @@ struct MHD_Daemon *serve_http_start(struct server *srv, const char *host, int32_
         fprintf(stderr, "kvtier serve: cannot start the connection watchdog thread\n");
         goto fail;
     }
-    /* thread per connection: a small stack (the handlers' deepest recursion is the JSON parser's,
-    ** 2048 levels at most, and the schema's, 32), so the connection cap, not the address space,
-    ** bounds the threads */
-    struct MHD_Daemon *d = MHD_start_daemon(
-        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG, (uint16_t) port, NULL, NULL, handler,
-        srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, srv, /* first: it covers the others */
-        MHD_OPTION_SOCK_ADDR, (struct sockaddr *) &sa, MHD_OPTION_NOTIFY_COMPLETED, completed, srv, MHD_OPTION_NOTIFY_CONNECTION,
-        notify_connection, srv, MHD_OPTION_CONNECTION_LIMIT, (unsigned) srv->lim.max_connections,
-        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned) srv->lim.max_per_ip, MHD_OPTION_CONNECTION_TIMEOUT,
-        (unsigned) srv->lim.idle_timeout_s, MHD_OPTION_THREAD_STACK_SIZE, (size_t) 1 << 20, MHD_OPTION_END);
-    if (!d) {
-        fprintf(stderr, "kvtier serve: cannot listen on %s:%d (in use, or not allowed)\n", host, port);
+    /* --host A,B,...: one daemon per address, all on the first one's port (port 0: the one it got) */
+    for (const char *p = hosts; *p;) {
+        size_t n = strcspn(p, ",");
+        char one[64];
+        if (n == 0 || n >= sizeof one || h->n == SERVE_MAX_HOSTS) {
+            fprintf(stderr, "kvtier serve: --host '%s': give 1..%d comma-separated addresses\n", hosts, SERVE_MAX_HOSTS);
+            goto fail;
+        }
+        snprintf(one, sizeof one, "%.*s", (int) n, p);
+        if (!(h->d[h->n] = listen_on(srv, one, port))) goto fail;
+        if (h->n++ == 0) {
+            const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->d[0], MHD_DAEMON_INFO_BIND_PORT);
+            port = info ? info->port : port;
+        }
+        p += n + (p[n] == ',');
+    }
+    if (h->n == 0) {
+        fprintf(stderr, "kvtier serve: --host '%s' names no address\n", hosts);
         goto fail;
     }
-    const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
-    *bound_port = info ? info->port : port;
-    return d;
+    *bound_port = port;
+    t_started = time(NULL);
+    return h;
 fail:
+    for (int i = 0; i < h->n; i++) MHD_stop_daemon(h->d[i]);
+    free(h);
     watch_stop(srv);
     return NULL;
 }
@@ -814,7 +1102,7 @@ static void watch_stop(struct server *srv) {
     srv->watch = NULL;
 }
 
-void serve_http_stop(struct server *srv, struct MHD_Daemon *d) {
+void serve_http_stop(struct server *srv, struct serve_http *h) {
     for (int i = 0; i < 3000; i++) { /* 10 ms steps, 30 s at most */
         pthread_mutex_lock(&srv->mu);
         int32_t n = srv->n_http;
@@ -822,6 +1110,7 @@ void serve_http_stop(struct server *srv, struct MHD_Daemon *d) {
         if (n == 0) break;
         nanosleep(&(struct timespec){ 0, 10 * 1000000L }, NULL);
     }
-    MHD_stop_daemon(d);
-    watch_stop(srv); /* after the daemon: its last connections are closed (and unlinked) by now */
+    for (int i = 0; i < h->n; i++) MHD_stop_daemon(h->d[i]);
+    free(h);
+    watch_stop(srv); /* after the daemons: their last connections are closed (and unlinked) by now */
 }

@@ -124,6 +124,31 @@ char *serve_metrics_text(struct server *srv) {
             for (int k = 0; k < 10; k++) fprintf(f, "kvtier_store_prefetch_total{what=\"%s\"} %lld\n", pn[k], (long long) pv[k]);
         }
     }
+    /* llama-server's names (its tools/server/server-task.cpp), from the same counters, for
+    ** dashboards written against it; speculative decoding: none here, so zeros */
+    const int64_t n_decode = m.steps + m.prefill_alone_steps;
+#define LCOUNTER(name, help, fmt, v) fprintf(f, "# HELP llamacpp:" name " " help "\n# TYPE llamacpp:" name " counter\nllamacpp:" name " " fmt "\n", v)
+#define LGAUGE(name, help, fmt, v)   fprintf(f, "# HELP llamacpp:" name " " help "\n# TYPE llamacpp:" name " gauge\nllamacpp:" name " " fmt "\n", v)
+    LCOUNTER("prompt_tokens_total", "Number of prompt tokens processed (run through the model).", "%lld", (long long) m.prompt_decoded);
+    LCOUNTER("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache.", "%lld", (long long) m.prompt_reused);
+    LCOUNTER("prompt_seconds_total", "Total time spent processing prompts (arrival to first token).", "%.6f", m.prompt_ms / 1e3);
+    LCOUNTER("tokens_predicted_total", "Number of generation tokens processed.", "%lld", (long long) m.completion_tokens);
+    LCOUNTER("tokens_predicted_seconds_total", "Total time spent generating tokens.", "%.6f", m.predicted_ms / 1e3);
+    LCOUNTER("n_decode_total", "Total number of llama_decode() calls.", "%lld", (long long) n_decode);
+    LCOUNTER("n_tokens_max", "Largest observed sequence length (prompt + generation).", "%lld", (long long) m.n_tokens_max);
+    LCOUNTER("spec_decode_num_draft_tokens_total", "Speculative: total draft tokens generated (kvtier: none).", "%d", 0);
+    LCOUNTER("spec_decode_num_accepted_tokens_total", "Speculative: total draft tokens accepted (kvtier: none).", "%d", 0);
+    LCOUNTER("spec_decode_num_drafts_total", "Speculative: total verification steps (kvtier: none).", "%d", 0);
+    LGAUGE("prompt_tokens_seconds", "Average prompt throughput in tokens/s.", "%.3f",
+           m.prompt_ms > 0 ? 1e3 * (double) m.prompt_decoded / m.prompt_ms : 0.0);
+    LGAUGE("predicted_tokens_seconds", "Average generation throughput in tokens/s.", "%.3f",
+           m.predicted_ms > 0 ? 1e3 * (double) m.completion_tokens / m.predicted_ms : 0.0);
+    LGAUGE("requests_processing", "Number of requests processing.", "%lld", (long long) m.active);
+    LGAUGE("requests_deferred", "Number of requests deferred (queued).", "%lld", (long long) m.queue_len);
+    LGAUGE("n_busy_slots_per_decode", "Average number of generating requests per llama_decode() call.", "%.3f",
+           (double) m.decode_rows / (double) (n_decode > 0 ? n_decode : 1));
+#undef LCOUNTER
+#undef LGAUGE
     hist_text(f, "kvtier_ttft_seconds", "Time to first token.", &m.ttft);
     hist_text(f, "kvtier_token_latency_seconds", "Time between generated tokens.", &m.per_token);
     if (fclose(f)) {

@@ -11,6 +11,7 @@
 #include <time.h>
 
 const char *serve_json_type(const json_t *v) {
+    if (!v) return "nothing (the field is missing)";
     switch (json_typeof(v)) {
         case JSON_OBJECT: return "an object";
         case JSON_ARRAY: return "an array";
@@ -28,7 +29,7 @@ const char *serve_json_type(const json_t *v) {
 static int parse_common(struct server *srv, json_t *root, struct job *j, struct serve_error *e) {
     json_t *v;
     j->req.max_tokens = srv->max_tokens_default;
-    j->req.smp = (struct kvt_sampling){ 1.0f, 1.0f, 0, 0, NULL };
+    j->req.smp = (struct kvt_sampling){ srv->temp_default, 1.0f, 0, 0, NULL };
     const char *len_keys[] = { "max_tokens", "max_completion_tokens" };
     for (int i = 0; i < 2; i++)
         if ((v = json_object_get(root, len_keys[i])) && !json_is_null(v)) {
@@ -44,6 +45,7 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
             }
             j->req.max_tokens = (int32_t) x;
         }
+    if (srv->n_predict_cap > 0 && j->req.max_tokens > srv->n_predict_cap) j->req.max_tokens = srv->n_predict_cap; /* -n */
     if ((v = json_object_get(root, "temperature")) && !json_is_null(v)) {
         e->param = "temperature";
         if (!json_is_number(v)) {
@@ -90,6 +92,9 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
             return -1;
         }
         j->req.smp.seed = (uint32_t) json_integer_value(v);
+        j->req.seeded = true;
+    } else if (srv->seed_default >= 0) { /* --seed */
+        j->req.smp.seed = (uint32_t) srv->seed_default;
         j->req.seeded = true;
     } else {
         struct timespec ts;
@@ -412,7 +417,7 @@ static const char *const KNOWN[] = {
     "model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "n", "stop",
     "stream", "stream_options", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "functions",
     "function_call", "response_format", "json_schema", "grammar", "logit_bias", "user", "metadata", "store", "cache_prompt",
-    "session", "session_id", "id_slot", "ignore_eos",
+    "session", "session_id", "id_slot", "ignore_eos", "n_predict", "return_tokens",
 };
 
 static pthread_mutex_t unknown_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -466,6 +471,22 @@ static int refuse_unimplemented(const json_t *root, struct serve_error *e) {
     return 0;
 }
 
+/* A prompt given as token ids: [int, ...] (checked against the vocabulary on the engine thread). */
+static int parse_prompt_ids(const json_t *p, struct job *j, struct serve_error *e) {
+    size_t n = json_array_size(p);
+    if (n > (size_t) 1 << 24) return serve_bad(e, "'prompt' has %zu token ids; at most %d", n, 1 << 24);
+    if (!(j->req.prompt_ids = malloc(sizeof(kvt_token) * n))) return serve_error_oom(e);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *t = json_array_get(p, i);
+        if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) > INT32_MAX)
+            return serve_bad(e, "'prompt[%zu]' must be a token id (a non-negative integer) like the others, got %s", i,
+                             serve_json_type(t));
+        j->req.prompt_ids[i] = (kvt_token) json_integer_value(t);
+    }
+    j->req.n_prompt_ids = (int32_t) n;
+    return 0;
+}
+
 int serve_request_parse(struct server *srv, json_t *root, struct job *j, bool chat, struct serve_error *e) {
     e->param = NULL;
     log_unknown_fields(root);
@@ -489,11 +510,13 @@ int serve_request_parse(struct server *srv, json_t *root, struct job *j, bool ch
     if (rc == 0 && !chat) {
         json_t *p = json_object_get(root, "prompt");
         e->param = "prompt";
-        if (p && json_is_array(p) && json_array_size(p) == 1) p = json_array_get(p, 0);
-        if (!p || !json_is_string(p)) {
-            serve_bad(e, "'prompt' must be a string");
+        if (p && json_is_array(p) && json_array_size(p) == 1 && !json_is_integer(json_array_get(p, 0))) p = json_array_get(p, 0);
+        if (p && json_is_array(p) && json_array_size(p) > 0 && json_is_integer(json_array_get(p, 0)))
+            rc = parse_prompt_ids(p, j, e); /* token ids (both APIs take them) */
+        else if (!p || !json_is_string(p)) {
+            serve_bad(e, "'prompt' must be a string or an array of token ids (one prompt per request)");
             rc = -1;
-        } else if (!(j->req.prompt = strdup(json_string_value(p)))) rc = -1;
+        } else if (!(j->req.prompt = strdup(json_string_value(p)))) rc = serve_error_oom(e);
     }
     return rc;
 }

@@ -60,6 +60,10 @@ int serve_engine_open(struct server *srv) {
     ep.n_gpu_layers = srv->n_gpu_layers;
     ep.flash_attn = srv->flash_attn;
     ep.no_op_offload = srv->no_op_offload;
+    ep.chat_template = srv->chat_template;
+    ep.verbose = srv->verbose;
+    if (srv->n_batch > 0) ep.n_batch = srv->n_batch;
+    if (srv->n_ubatch > 0) ep.n_ubatch = srv->n_ubatch;
     int rc = kvt_engine_open(&ep, &srv->eng);
     if (rc) {
         app_fail("kvtier serve", "cannot open the model", rc);
@@ -114,7 +118,7 @@ int serve_engine_open(struct server *srv) {
     }
     struct kvt_engine_info I;
     kvt_engine_info(srv->eng, &I);
-    snprintf(srv->model_name, sizeof srv->model_name, "%s", I.name[0] ? I.name : I.desc);
+    if (!srv->model_name[0]) snprintf(srv->model_name, sizeof srv->model_name, "%s", I.name[0] ? I.name : I.desc);
     return APP_OK;
 }
 

@@ -96,6 +96,11 @@ struct job_req {
                                    ** request's own "grammar"), NULL = free text; compiled into
                                    ** smp.grammar by the engine thread */
     bool grammar_user; /* grammar is the request's "grammar" text (its errors name that field) */
+    bool native;       /* llama.cpp's native /completion API: its reply and stream shapes */
+    bool anthropic;    /* Anthropic's Messages API (server/anthropic.c): its reply, events and errors */
+    bool return_tokens; /* native: the reply lists the generated token ids */
+    kvt_token *prompt_ids; /* native: the prompt as token ids (instead of prompt text), owned */
+    int32_t n_prompt_ids;
     double t_arrival; /* ms, monotonic */
     double deadline;  /* ms, monotonic: t_arrival + --request-timeout-s; 0 = none */
 };
@@ -115,6 +120,7 @@ struct job {
     size_t n_text, cap_text;
     size_t n_sent;      /* bytes of text already streamed (HTTP side) */
     const char *finish; /* "stop" | "length" */
+    bool stop_word;     /* finished by one of req.stop (llama.cpp's native API: stop_type "word") */
     int32_t prompt_tokens, completion_tokens;
     struct kvt_sync_info sync;
     int32_t resident_tokens;
@@ -166,6 +172,10 @@ struct metrics {
     int64_t steps, step_tokens;                         /* scheduler steps (one llama_decode each) and the tokens they held */
     int64_t mixed_steps, mixed_prefill_tokens;          /* steps holding a prefill chunk AND decode tokens; the chunks' tokens */
     int64_t prefill_alone_tokens;                       /* prefill tokens of chunks decoded alone (a prompt's last chunk) */
+    int64_t prefill_alone_steps;                        /* llama_decode calls of those chunks */
+    int64_t decode_rows;                                /* decode tokens (one per generating request) summed over steps */
+    double prompt_ms, predicted_ms; /* finished requests: arrival to first token, first token to the end (ms) */
+    int64_t n_tokens_max;           /* the longest request seen: prompt + generated tokens */
     int64_t connections_accepted;                       /* TCP connections libmicrohttpd accepted */
     int64_t closed_header_timeout, closed_body_timeout; /* connections shut for --header/--body-timeout-s */
     struct hist ttft, per_token;
@@ -214,6 +224,19 @@ struct server {
     float elastic_sk, elastic_sv;          /* --elastic: live ElasticKV scales of every session, 0 = off */
     bool chunk_reuse;                      /* --chunk-reuse: non-prefix chunk reuse in every session */
     const char *chunk_recompute;           /* --chunk-recompute K|P% (NULL = the library's 15%) */
+    /* llama-server's flags, for what kvtier has (cli/cmd_serve.c) */
+    float temp_default;         /* --temp: a request's temperature when it sends none (default 1, OpenAI's) */
+    int64_t seed_default;       /* --seed: a request's seed when it sends none; -1 (default) = drawn per request */
+    int32_t n_predict_cap;      /* -n/--n-predict: most tokens of any reply (llama-server's cap); 0 = none */
+    const char *aliases, *tags; /* --alias, --tags: comma-separated, as given (NULL = none); model_name is the
+                                ** first alias in byte order (llama-server's id) */
+    bool no_slots;              /* --no-slots: GET /slots answers 501 */
+    bool no_metrics;            /* --no-metrics: GET /metrics answers 501 */
+    const char *chat_template;  /* --chat-template NAME or --chat-template-file's text (NULL = the GGUF's) */
+    const char *chat_template_src; /* for /props: what was given ("chatml", the file's path) */
+    int32_t n_batch, n_ubatch;  /* -b, -ub: llama.cpp's logical and physical batch; 0 = the engine's default */
+    bool verbose;               /* -v/--verbose: llama.cpp's log on stderr */
+    const char *cors_origins;   /* --cors-origins: "*" (default), "" (none) or a comma list of origins */
     char **keys;                           /* API keys (NULL = no auth) */
     int32_t n_keys;
     char (*key_ns)[40]; /* [n_keys]: each key's tenant, "t" + 32 hex digits of
@@ -269,7 +292,8 @@ bool tools_same_reply(const char *stored, const char *echo);
 json_t *tools_reply(struct server *srv, const char *text, int format, const char **finish);
 
 /* server/request.c */
-/* "an object", "a string", ... for messages naming a JSON value's type.  Cannot fail. */
+/* "an object", "a string", ... for messages naming a JSON value's type (v NULL: a missing
+** field).  Cannot fail. */
 const char *serve_json_type(const json_t *v);
 /* The JSON body of POST /v1/chat/completions (chat) or /v1/completions into the job: sampling,
 ** max_tokens, stop, stream, then tools / response_format and messages (chat) or prompt.  Returns
@@ -289,12 +313,52 @@ char *serve_metrics_text(struct server *srv);
 ** the file's header).  Call after the store is open.  0, or -1 with the reason in err. */
 int serve_tenant_init(struct server *srv, char *err, size_t n_err);
 
+/* server/compat.c — llama-server's endpoints and shapes (see the file's header) */
+/* llama.cpp's native /completion fields into the job (n_predict as max_tokens, return_tokens);
+** call before serve_request_parse.  0, or -1 with e filled (400 naming the field). */
+int compat_native_params(struct server *srv, json_t *root, struct job *j, struct serve_error *e);
+/* A native reply object: a streamed piece (final false) or the last object with the timings
+** (final true; t_done: ms, monotonic, when the job finished).  New reference; NULL on OOM. */
+json_t *compat_native_reply(struct server *srv, const struct job *j, const char *content, bool final, double t_done);
+/* POST /tokenize, /detokenize, /apply-template: 0 with *out (new reference), or -1 with e filled. */
+int compat_tokenize(struct server *srv, const json_t *root, json_t **out, struct serve_error *e);
+int compat_detokenize(struct server *srv, const json_t *root, json_t **out, struct serve_error *e);
+int compat_apply_template(struct server *srv, json_t *root, json_t **out, struct serve_error *e);
+/* GET /v1/models, /props, /slots (the caller's tenant ns names its own sessions).  NULL on OOM. */
+json_t *compat_models(struct server *srv);
+json_t *compat_props(struct server *srv);
+json_t *compat_slots(struct server *srv, const char *ns);
+
+/* server/anthropic.c — Anthropic's Messages API on the chat path (see the file's header) */
+/* The chat completion request an Anthropic Messages request means.  0 with *out (new reference),
+** or -1 with e filled (400 naming the field and where). */
+int anth_to_chat(const json_t *in, json_t **out, struct serve_error *e);
+/* A Message for a finished reply (msg: tools_reply's assistant message, fin its finish reason),
+** or for message_start (msg NULL, fin NULL: no content, no stop_reason).  New reference. */
+json_t *anth_message(struct server *srv, const struct job *j, const json_t *msg, const char *fin);
+/* msg's content blocks: text, then one tool_use per tool call.  New reference. */
+json_t *anth_blocks(const json_t *msg);
+/* usage: input_tokens (decoded), cache_read_input_tokens (reused KV), output_tokens (final). */
+json_t *anth_usage(const struct job *j, bool final);
+const char *anth_stop_reason(const struct job *j, const char *fin);
+/* An error in Anthropic's shape: {"type": "error", "error": {"type", "message"}}. */
+json_t *anth_error(const struct serve_error *e);
+/* POST /v1/messages/count_tokens: {"input_tokens": N}, the template's tokens of the request. */
+int anth_count_tokens(struct server *srv, json_t *root, json_t **out, struct serve_error *e);
+
 /* server/http.c */
 struct MHD_Daemon;
-struct MHD_Daemon *serve_http_start(struct server *srv, const char *host, int32_t port, int32_t *bound_port);
+enum { SERVE_MAX_HOSTS = 8 };
+struct serve_http { /* the listening daemons, one per --host address */
+    struct MHD_Daemon *d[SERVE_MAX_HOSTS];
+    int n;
+};
+/* Listen on each address of hosts (comma-separated IPv4/IPv6 literals, [::1] or localhost) at
+** port (0: any free one, the same for all; *bound_port says which).  NULL with the reason printed. */
+struct serve_http *serve_http_start(struct server *srv, const char *hosts, int32_t port, int32_t *bound_port);
 /* Stop libmicrohttpd once the replies in flight have been sent (at most 30 s for slow clients):
 ** after SIGTERM the engine finishes every job, but each reply is written by its connection's
 ** thread afterwards, and stopping the daemon at once would close the connection first. */
-void serve_http_stop(struct server *srv, struct MHD_Daemon *d);
+void serve_http_stop(struct server *srv, struct serve_http *h);
 
 #endif

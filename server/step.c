@@ -50,6 +50,11 @@ void serve_job_finish(struct server *srv, struct job *j) {
     srv->m.prompt_from_store += j->sync.tokens_from_store;
     srv->m.prompt_from_chunks += j->sync.tokens_from_chunks;
     srv->m.prompt_decoded += j->sync.tokens_decoded;
+    if (j->t_first > 0) { /* llama-server's prompt and generation times (ms) */
+        srv->m.prompt_ms += j->t_first - j->req.t_arrival;
+        srv->m.predicted_ms += serve_mono_ms() - j->t_first;
+    }
+    srv->m.n_tokens_max = KVT_MAX(srv->m.n_tokens_max, (int64_t) j->prompt_tokens + j->completion_tokens);
     srv->m.evictions += j->sync.evictions;
     srv->m.recoveries += j->sync.recoveries;
     srv->m.recomputes += j->sync.recomputes;
@@ -177,6 +182,7 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
         pthread_mutex_lock(&srv->mu);
         srv->m.steps++;
         srv->m.step_tokens += n_dec + n_chunk;
+        srv->m.decode_rows += n_dec;
         if (n_chunk > 0 && n_dec > 0) {
             srv->m.mixed_steps++;
             srv->m.mixed_prefill_tokens += n_chunk;
@@ -211,6 +217,7 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
         note_token(srv, j, &t_last[map[i]]);
         if (update_text(srv, j, srv->eng)) {
             j->finish = "stop";
+            j->stop_word = true;
             over[map[i]] = true;
         } else if (j->n_gen >= j->req.max_tokens) over[map[i]] = true;
     }
@@ -238,6 +245,7 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
         note_token(srv, j, &t_last[rmap[i]]);
         if (update_text(srv, j, srv->eng)) {
             j->finish = "stop";
+            j->stop_word = true;
             over[rmap[i]] = true;
         } else if (j->n_gen >= j->req.max_tokens) over[rmap[i]] = true;
     }
@@ -340,11 +348,10 @@ int serve_prefill_decode(struct server *srv, struct job *j, const struct kvt_dec
         return rc;
     }
     rc = kvt_engine_decode(srv->eng, c->seq, c->tokens, c->n, c->pos0, c->want_logits);
-    if (srv->batch_tokens > 0) {
-        pthread_mutex_lock(&srv->mu);
-        if (rc == 0) srv->m.prefill_alone_tokens += c->n;
-        pthread_mutex_unlock(&srv->mu);
-    }
+    pthread_mutex_lock(&srv->mu);
+    if (rc == 0 && srv->batch_tokens > 0) srv->m.prefill_alone_tokens += c->n;
+    if (rc == 0) srv->m.prefill_alone_steps++; /* a llama_decode of its own */
+    pthread_mutex_unlock(&srv->mu);
     return rc;
 }
 void serve_prefill_between(struct server *srv, const struct kvt_decode_chunk *c) {

@@ -381,12 +381,28 @@ int kvt_engine_open(const struct kvt_engine_params *params, kvt_engine **out) {
                          p.model_path, (long long) st.st_size);
     }
     e->vocab = llama_model_get_vocab(e->model);
+    if (p.chat_template) {
+        struct llama_chat_message m = { "user", "hi" };
+        char probe[256];
+        if (!(e->chat_template = strdup(p.chat_template))) {
+            kvt_engine_free(e);
+            return kvt__fail(KVT_ENOMEM, "chat template");
+        }
+        e->p.chat_template = e->chat_template;
+        if (llama_chat_apply_template(e->chat_template, &m, 1, true, probe, (int32_t) sizeof probe) < 0) {
+            kvt_engine_free(e);
+            return kvt__fail(KVT_EINVAL,
+                             "chat template '%.60s' is not one llama.cpp knows (a built-in name such as chatml, llama3, gemma, or "
+                             "a template text with one's markers)",
+                             p.chat_template);
+        }
+    }
 
     struct kvt_engine_info *I = &e->info;
     llama_model_desc(e->model, I->desc, sizeof I->desc);
     meta_str(e->model, "general.architecture", I->arch, sizeof I->arch);
     meta_str(e->model, "general.name", I->name, sizeof I->name);
-    I->has_chat_template = llama_model_chat_template(e->model, NULL) != NULL;
+    I->has_chat_template = e->chat_template || llama_model_chat_template(e->model, NULL) != NULL;
     I->n_layer = llama_model_n_layer(e->model);
     I->n_head = llama_model_n_head(e->model);
     I->n_head_kv = llama_model_n_head_kv(e->model);
@@ -503,6 +519,7 @@ void kvt_engine_free(kvt_engine *e) {
     if (e->batch.token) llama_batch_free(e->batch);
     if (e->ctx) llama_free(e->ctx);
     if (e->model) llama_model_free(e->model);
+    free(e->chat_template);
     for (int i = 0; e->pm && i < e->p.n_seq + 3; i++) free(e->pm[i].bits);
     free(e->multi_gen);
     free(e->ref);

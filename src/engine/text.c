@@ -76,7 +76,7 @@ int kvt_chat_tokenize(kvt_engine *e, const struct kvt_chat_msg *msgs, int32_t n,
 
 int kvt_chat_format(kvt_engine *e, const struct kvt_chat_msg *msgs, int32_t n, bool add_ass, const char *fallback, char **text) {
     *text = NULL;
-    const char *tmpl = llama_model_chat_template(e->model, NULL);
+    const char *tmpl = e->chat_template ? e->chat_template : llama_model_chat_template(e->model, NULL);
     if (!tmpl) tmpl = fallback ? fallback : "chatml";
     struct llama_chat_message *cm = malloc(sizeof *cm * (size_t) (n > 0 ? n : 1));
     if (!cm) return kvt__fail(KVT_ENOMEM, "chat messages");

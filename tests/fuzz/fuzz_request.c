@@ -16,6 +16,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!srv.n_ctx) {
         srv.n_ctx = 4096;
         srv.max_tokens_default = 16;
+        srv.temp_default = 1.0f;
+        srv.seed_default = -1;
         srv.lim = (struct serve_limits){ .max_body = 8 << 20,
                                          .max_messages = 4096,
                                          .max_parts = 1024,

@@ -54,9 +54,9 @@ SCHEMA_RF = lambda sc: {"type": "json_schema", "json_schema": {"name": "x", "sch
 # (class, method, path, body (dict, or bytes sent as is), key ("default" | None | str),
 #  status, error type, param, a piece of the message)
 BAD = [
-    ("no API key", "POST", CHAT, chat(), None, 401, "invalid_request_error", None, "API key"),
-    ("wrong API key", "POST", CHAT, chat(), "nope", 401, "invalid_request_error", None, "API key"),
-    ("GET /metrics without a key", "GET", "/metrics", None, None, 401, "invalid_request_error", None, "API key"),
+    ("no API key", "POST", CHAT, chat(), None, 401, "authentication_error", None, "API key"),
+    ("wrong API key", "POST", CHAT, chat(), "nope", 401, "authentication_error", None, "API key"),
+    ("GET /metrics without a key", "GET", "/metrics", None, None, 401, "authentication_error", None, "API key"),
     ("unknown endpoint", "GET", "/v1/nothing", None, "default", 404, "invalid_request_error", None, "/v1/nothing"),
     ("wrong method", "GET", CHAT, None, "default", 405, "invalid_request_error", None, "use POST"),
     ("body not UTF-8", "POST", CHAT, b'{"messages":"\xff"}', "default", 400, "invalid_request_error", None, "UTF-8"),

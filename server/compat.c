@@ -1,0 +1,270 @@
+/* compat.c — llama-server's own endpoints and shapes, for clients and scripts written against
+** it: llama.cpp's native /completion API (n_predict, token-id prompts, its reply, stream and
+** timings), /tokenize, /detokenize, /apply-template, /props, /slots and the model list with
+** --alias/--tags.  Field names follow llama.cpp's tools/server (the vendored tree's README); what
+** kvtier holds differently is shown as what it is: a "slot" is a session's KV stream of --budget
+** resident tokens, and each one names its session.  Called on HTTP threads: the engine is used
+** only through its thread-safe text functions (kvt_tokenize, kvt_detokenize, kvt_chat_format). */
+#include "serve.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---------------------------------------------------------------------------------------- */
+/* native /completion                                                                       */
+
+int compat_native_params(struct server *srv, json_t *root, struct job *j, struct serve_error *e) {
+    json_t *v;
+    j->req.native = true;
+    if ((v = json_object_get(root, "n_predict")) && !json_is_null(v)) {
+        e->param = "n_predict";
+        if (!json_is_integer(v)) return serve_bad(e, "'n_predict' must be an integer, got %s", serve_json_type(v));
+        json_int_t n = json_integer_value(v);
+        if (n == 0 || n < -1 || n > srv->n_ctx)
+            return serve_bad(e, "'n_predict' %lld is outside 1..%d, or -1 for the server's limit", (long long) n, srv->n_ctx);
+        if (n > 0 && !json_object_get(root, "max_tokens") && json_object_set(root, "max_tokens", v)) return serve_error_oom(e);
+    }
+    if ((v = json_object_get(root, "return_tokens")) && !json_is_null(v)) {
+        e->param = "return_tokens";
+        if (!json_is_boolean(v)) return serve_bad(e, "'return_tokens' must be a boolean, got %s", serve_json_type(v));
+        j->req.return_tokens = json_is_true(v);
+    }
+    e->param = NULL;
+    return 0;
+}
+
+static const char *stop_type(const struct job *j) {
+    if (!strcmp(j->finish ? j->finish : "", "length")) return "limit";
+    return j->stop_word ? "word" : "eos";
+}
+
+static json_t *gen_settings(struct server *srv, const struct job *j) {
+    json_t *stop = json_array();
+    for (int32_t i = 0; i < j->req.n_stop; i++) json_array_append_new(stop, json_string(j->req.stop[i]));
+    return json_pack("{s:i, s:I, s:f, s:i, s:f, s:o, s:b, s:s, s:i}", "n_predict", j->req.max_tokens, "seed",
+                     (json_int_t) j->req.smp.seed, "temperature", (double) j->req.smp.temperature, "top_k", j->req.smp.top_k,
+                     "top_p", (double) j->req.smp.top_p, "stop", stop, "stream", j->req.stream, "model", srv->model_name,
+                     "n_ctx", srv->budget);
+}
+
+json_t *compat_native_reply(struct server *srv, const struct job *j, const char *content, bool final, double t_done) {
+    json_t *toks = json_array();
+    if (final && j->req.return_tokens)
+        for (int32_t i = 0; i < j->n_gen; i++) json_array_append_new(toks, json_integer(j->gen[i]));
+    json_t *o = json_pack("{s:i, s:s, s:o, s:i, s:b, s:s}", "index", 0, "content", content, "tokens", toks, "id_slot", -1, "stop",
+                          final, "model", srv->model_name);
+    if (!o || !final) return o;
+    const char *text = j->text ? j->text : "";
+    /* llama-server's timings: prompt_n the tokens run through the model (cache_n reused), the
+    ** generation rate over the steps after the first token (which comes from the prompt's logits) */
+    double prompt_ms = j->t_first > 0 ? j->t_first - j->req.t_arrival : t_done - j->req.t_arrival;
+    double pred_ms = j->t_first > 0 ? t_done - j->t_first : 0;
+    int32_t n_pred = j->n_gen, n_prompt = j->prompt_tokens - (int32_t) j->sync.tokens_reused;
+    json_t *timings = json_pack("{s:i, s:f, s:f, s:f, s:i, s:f, s:f, s:f, s:I}", "prompt_n", n_prompt, "prompt_ms", prompt_ms,
+                                "prompt_per_token_ms", n_prompt > 0 ? prompt_ms / n_prompt : 0.0, "prompt_per_second",
+                                prompt_ms > 0 ? 1e3 * n_prompt / prompt_ms : 0.0, "predicted_n", n_pred, "predicted_ms", pred_ms,
+                                "predicted_per_token_ms", n_pred > 1 ? pred_ms / (n_pred - 1) : 0.0, "predicted_per_second",
+                                n_pred > 1 && pred_ms > 0 ? 1e3 / pred_ms * (n_pred - 1) : 0.0, "cache_n",
+                                (json_int_t) j->sync.tokens_reused);
+    json_object_set_new(o, "tokens_predicted", json_integer(n_pred));
+    json_object_set_new(o, "tokens_evaluated", json_integer(j->prompt_tokens));
+    json_object_set_new(o, "tokens_cached", json_integer((json_int_t) j->sync.tokens_reused));
+    json_object_set_new(o, "generation_settings", gen_settings(srv, j));
+    if (j->req.prompt) {
+        char *p = app_utf8_clean(j->req.prompt);
+        json_object_set_new(o, "prompt", json_string(p ? p : ""));
+        free(p);
+    }
+    json_object_set_new(o, "has_new_line", json_boolean(strchr(text, '\n') != NULL));
+    json_object_set_new(o, "truncated", json_false());
+    json_object_set_new(o, "stop_type", json_string(stop_type(j)));
+    json_object_set_new(o, "stopping_word", json_string(""));
+    json_object_set_new(o, "timings", timings);
+    return o;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* text endpoints                                                                           */
+
+static bool opt_bool(const json_t *root, const char *k, bool dflt, bool *out, struct serve_error *e) {
+    const json_t *v = json_object_get(root, k);
+    *out = dflt;
+    if (!v || json_is_null(v)) return true;
+    if (!json_is_boolean(v)) {
+        e->param = k;
+        serve_bad(e, "'%s' must be a boolean, got %s", k, serve_json_type(v));
+        return false;
+    }
+    *out = json_is_true(v);
+    return true;
+}
+
+/* Is s[0..n) valid UTF-8?  (A token's piece may be part of a character.) */
+static bool valid_utf8(const char *s) {
+    char *c = app_utf8_clean(s);
+    bool ok = c && !strcmp(c, s);
+    free(c);
+    return ok;
+}
+
+int compat_tokenize(struct server *srv, const json_t *root, json_t **out, struct serve_error *e) {
+    const json_t *c = json_object_get(root, "content");
+    e->param = "content";
+    if (!json_is_string(c)) return serve_bad(e, "'content' must be a string, got %s", serve_json_type(c));
+    bool add_special, parse_special, pieces;
+    if (!opt_bool(root, "add_special", false, &add_special, e) || !opt_bool(root, "parse_special", true, &parse_special, e) ||
+        !opt_bool(root, "with_pieces", false, &pieces, e))
+        return -1;
+    kvt_token *t = NULL;
+    int32_t n = 0;
+    int rc = kvt_tokenize(srv->eng, json_string_value(c), add_special, parse_special, &t, &n);
+    if (rc) {
+        serve_error_lib(e, "tokenize", rc);
+        return -1;
+    }
+    json_t *arr = json_array();
+    for (int32_t i = 0; arr && i < n; i++) {
+        if (!pieces) {
+            json_array_append_new(arr, json_integer(t[i]));
+            continue;
+        }
+        char *piece = NULL;
+        if ((rc = kvt_detokenize(srv->eng, &t[i], 1, true, &piece))) break;
+        json_t *pv;
+        if (valid_utf8(piece)) pv = json_string(piece);
+        else { /* part of a character: its bytes, as llama-server lists them */
+            pv = json_array();
+            for (const unsigned char *b = (const unsigned char *) piece; *b; b++) json_array_append_new(pv, json_integer(*b));
+        }
+        free(piece);
+        json_array_append_new(arr, json_pack("{s:i, s:o}", "id", t[i], "piece", pv));
+    }
+    free(t);
+    if (rc || !arr) {
+        json_decref(arr);
+        if (rc) serve_error_lib(e, "tokenize", rc);
+        else serve_error_oom(e);
+        return -1;
+    }
+    e->param = NULL;
+    return (*out = json_pack("{s:o}", "tokens", arr)) ? 0 : serve_error_oom(e);
+}
+
+int compat_detokenize(struct server *srv, const json_t *root, json_t **out, struct serve_error *e) {
+    const json_t *a = json_object_get(root, "tokens");
+    e->param = "tokens";
+    if (!json_is_array(a)) return serve_bad(e, "'tokens' must be an array of token ids, got %s", serve_json_type(a));
+    struct kvt_engine_info I;
+    kvt_engine_info(srv->eng, &I);
+    size_t n = json_array_size(a);
+    if (n > (size_t) 1 << 24) return serve_bad(e, "'tokens' has %zu ids; at most %d", n, 1 << 24);
+    kvt_token *t = malloc(sizeof *t * (n ? n : 1));
+    if (!t) return serve_error_oom(e);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *v = json_array_get(a, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= I.n_vocab) {
+            free(t);
+            if (!json_is_integer(v)) return serve_bad(e, "'tokens[%zu]' must be a token id, got %s", i, serve_json_type(v));
+            return serve_bad(e, "'tokens[%zu]' %lld is outside 0..%d (the model's vocabulary)", i,
+                             (long long) json_integer_value(v), I.n_vocab - 1);
+        }
+        t[i] = (kvt_token) json_integer_value(v);
+    }
+    char *text = NULL;
+    int rc = kvt_detokenize(srv->eng, t, (int32_t) n, false, &text);
+    free(t);
+    if (rc) {
+        serve_error_lib(e, "detokenize", rc);
+        return -1;
+    }
+    char *clean = app_utf8_clean(text);
+    free(text);
+    if (!clean) return serve_error_oom(e);
+    *out = json_pack("{s:s}", "content", clean);
+    free(clean);
+    e->param = NULL;
+    return *out ? 0 : serve_error_oom(e);
+}
+
+int compat_apply_template(struct server *srv, json_t *root, json_t **out, struct serve_error *e) {
+    struct job *j = calloc(1, sizeof *j);
+    if (!j) return serve_error_oom(e);
+    pthread_cond_init(&j->cv, NULL);
+    int rc = serve_request_parse(srv, root, j, true, e);
+    char *text = NULL;
+    if (rc == 0) {
+        int r = kvt_chat_format(srv->eng, j->req.msgs, j->req.n_msgs, true, kvt_session_default_params().template_fallback, &text);
+        if (r) {
+            e->param = "messages";
+            serve_error_lib(e, "chat template", r);
+            rc = -1;
+        }
+    }
+    serve_job_free(j);
+    if (rc) return -1;
+    char *clean = app_utf8_clean(text);
+    free(text);
+    if (!clean) return serve_error_oom(e);
+    *out = json_pack("{s:s}", "prompt", clean);
+    free(clean);
+    return *out ? 0 : serve_error_oom(e);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* server description                                                                       */
+
+static json_t *comma_list(const char *s) {
+    json_t *a = json_array();
+    for (const char *p = s; p && *p;) {
+        size_t n = strcspn(p, ",");
+        if (n) json_array_append_new(a, json_stringn(p, n));
+        p += n + (p[n] == ',');
+    }
+    return a;
+}
+
+json_t *compat_models(struct server *srv) {
+    json_t *m = json_pack("{s:s, s:s, s:I, s:s}", "id", srv->model_name, "object", "model", "created", (json_int_t) time(NULL),
+                          "owned_by", "kvtier");
+    if (m && srv->aliases) json_object_set_new(m, "aliases", comma_list(srv->aliases));
+    if (m && srv->tags) json_object_set_new(m, "tags", comma_list(srv->tags));
+    return json_pack("{s:s, s:[o]}", "object", "list", "data", m);
+}
+
+json_t *compat_props(struct server *srv) {
+    struct kvt_engine_info I;
+    kvt_engine_info(srv->eng, &I);
+    json_t *params = json_pack("{s:I, s:f, s:i, s:i, s:f}", "seed", (json_int_t) srv->seed_default, "temperature",
+                               (double) srv->temp_default, "n_predict", srv->n_predict_cap > 0 ? srv->n_predict_cap : -1,
+                               "top_k", 0, "top_p", 1.0);
+    return json_pack("{s:{s:i, s:o}, s:i, s:s, s:s, s:s, s:{s:b, s:b}, s:s, s:{s:i, s:i, s:i, s:i, s:i, s:s, s:i}}",
+                     "default_generation_settings", "n_ctx", srv->budget, "params", params, "total_slots", srv->max_sessions,
+                     "model_path", srv->model_path, "model_alias", srv->model_name, "chat_template",
+                     srv->chat_template_src ? srv->chat_template_src : (I.has_chat_template ? "(the GGUF's)" : ""), "modalities",
+                     "vision", 0, "audio", 0, "build_info", kvt_build_info(), "kvtier", "budget", srv->budget, "block",
+                     srv->block, "sessions", srv->max_sessions, "parallel", srv->parallel, "ctx_size", srv->n_ctx, "device",
+                     I.device, "n_layer_device", I.n_layer_device);
+}
+
+json_t *compat_slots(struct server *srv, const char *ns) {
+    json_t *a = json_array();
+    pthread_mutex_lock(&srv->mu);
+    int32_t k = 0;
+    for (int32_t s = 0; a && s < srv->max_sessions; s++) {
+        const struct sess_view *v = NULL;
+        while (k < srv->n_views && srv->views[k].parked) k++;
+        if (k < srv->n_views) v = &srv->views[k++];
+        json_t *slot = json_pack("{s:i, s:i, s:i, s:b}", "id", s, "id_task", -1, "n_ctx", srv->budget, "is_processing",
+                                 v && v->busy);
+        if (slot && v && !strcmp(v->ns, ns)) /* the caller's own sessions only are named */
+            json_object_set_new(slot, "kvtier",
+                                json_pack("{s:s, s:i, s:i, s:i, s:I, s:I}", "session_id", v->id, "messages", v->n_messages,
+                                          "total_tokens", v->total_tokens, "resident_tokens", v->resident_tokens, "evictions",
+                                          (json_int_t) v->evictions, "recoveries", (json_int_t) v->recoveries));
+        json_array_append_new(a, slot);
+    }
+    pthread_mutex_unlock(&srv->mu);
+    return a;
+}
