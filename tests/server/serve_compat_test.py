@@ -1,0 +1,230 @@
+"""serve_compat_test.py — `kvtier serve` as a llama-server drop-in, started by
+tests/server/cli_serve_compat.sh with llama-server's own flags (--alias code,tinyllama-2 --tags
+--temp 0.8 --seed 42 -n 64 -b 32 --ctx-size 512 --parallel 2 --cors-origins localhost ...) on the
+chat model (SmolLM2-135M-Instruct).  Checks llama-server's endpoints (routes without /v1, native
+/completion and its stream, /tokenize, /detokenize, /apply-template, /props, /slots, CORS,
+X-Api-Key, llamacpp:* metrics) and Anthropic's Messages API through the official `anthropic`
+client.  References are computed in the same run (greedy text through another route, token ids
+detokenized back, count_tokens against the reply's usage); nothing asserts what the model writes.
+Prints "ok   NAME" / "FAIL NAME: why"; exit status = failures.
+
+  python serve_compat_test.py BASE_URL KEY
+"""
+import json
+import re
+import sys
+
+from serve_client import check, finish, init, raw
+
+import anthropic
+import openai
+
+BASE, KEY = sys.argv[1:3]
+init(BASE, KEY)
+
+
+def stream_events(path, body, key="default"):
+    """The data objects of a server-sent-event reply (and the raw text)."""
+    st, _, txt = raw("POST", path, body, key=key)
+    if not isinstance(txt, str):
+        return st, [], json.dumps(txt)
+    ev = [json.loads(l[6:]) for l in txt.splitlines() if l.startswith("data: ") and l[6:] != "[DONE]"]
+    return st, ev, txt
+
+
+# ---- health, auth, models ---------------------------------------------------------------
+for p in ("/health", "/v1/health"):
+    st, _, b = raw("GET", p, key=None)
+    check(f"GET {p} without a key -> 200", st == 200 and b.get("status") == "ok", f"{st} {b}")
+st, _, b = raw("POST", "/completion", {"prompt": "Hi", "n_predict": 2}, key=None)
+check("no key -> 401 typed authentication_error (llama-server's)", st == 401 and b["error"]["type"] == "authentication_error",
+      f"{st} {b}")
+st, _, b = raw("POST", "/completion", {"prompt": "Hi", "n_predict": 2}, key=None, headers={"X-Api-Key": KEY})
+check("X-Api-Key: KEY is accepted (Anthropic's clients send it)", st == 200 and "content" in b, f"{st} {b}")
+st, _, b = raw("POST", "/completion", {"prompt": "Hi", "n_predict": 2}, key=None, headers={"X-Api-Key": "wrong"})
+check("a wrong X-Api-Key -> 401", st == 401, st)
+for p in ("/models", "/v1/models"):
+    st, _, b = raw("GET", p)
+    m = b["data"][0] if st == 200 else {}
+    check(f"GET {p}: id is the first --alias in byte order, aliases and tags listed",
+          m.get("id") == "code" and set(m.get("aliases", [])) == {"code", "tinyllama-2"} and set(m.get("tags", [])) == {"chat", "small"},
+          f"{st} {b}")
+check("--embedding was accepted: /embeddings answers 501", raw("POST", "/embeddings", {"input": "x"})[0] == 501)
+
+# ---- /props, /slots ---------------------------------------------------------------------
+st, _, props = raw("GET", "/props")
+dg = props.get("default_generation_settings", {}) if st == 200 else {}
+check("GET /props: the server's defaults (--seed 42, --temp 0.8, -n 64), the model path, a slot's context = --budget",
+      st == 200 and dg["params"]["seed"] == 42 and abs(dg["params"]["temperature"] - 0.8) < 1e-6 and dg["params"]["n_predict"] == 64
+      and props["model_path"].endswith(".gguf") and dg["n_ctx"] == props["kvtier"]["budget"] and props["total_slots"] >= 1,
+      f"{st} {props}")
+budget = props.get("kvtier", {}).get("budget")
+check("-c 512 --parallel 2 without --budget: a budget of 4 blocks (256), said in the log", budget == 256, budget)
+st, _, slots = raw("GET", "/slots")
+check("GET /slots: one entry per session slot, each with n_ctx = --budget and no params",
+      st == 200 and len(slots) == props["total_slots"] and all(s["n_ctx"] == budget and "params" not in s for s in slots),
+      f"{st} {slots}")
+check("POST /props -> 405", raw("POST", "/props", {})[0] == 405)
+
+# ---- /tokenize, /detokenize, /apply-template -----------------------------------------------
+text = "What is the capital of France ?"
+st, _, b = raw("POST", "/tokenize", {"content": text})
+toks = b.get("tokens", []) if st == 200 else []
+check("POST /tokenize: token ids", st == 200 and len(toks) > 5 and all(isinstance(t, int) for t in toks), f"{st} {b}")
+st, _, b = raw("POST", "/detokenize", {"tokens": toks})
+check("POST /detokenize gives the text back", st == 200 and b.get("content", "").strip() == text, f"{st} {b}")
+st, _, b = raw("POST", "/tokenize", {"content": "unicode 媽 and emoji 🤗", "with_pieces": True})
+pieces = b.get("tokens", []) if st == 200 else []
+joined = b"".join(p["piece"].encode() if isinstance(p["piece"], str) else bytes(p["piece"]) for p in pieces)
+check("with_pieces: each id with its piece (a partial character as its bytes); the pieces make the text",
+      st == 200 and all("id" in p and "piece" in p for p in pieces) and joined.decode() == "unicode 媽 and emoji 🤗", f"{st} {b}")
+st, _, b = raw("POST", "/tokenize", {})
+check("POST /tokenize without content -> 400 naming it", st == 400 and b["error"]["param"] == "content", f"{st} {b}")
+st, _, b = raw("POST", "/detokenize", {"tokens": [1, 10 ** 9]})
+check("POST /detokenize with an id outside the vocabulary -> 400 naming it", st == 400 and "tokens[1]" in b["error"]["message"],
+      f"{st} {b}")
+st, _, b = raw("POST", "/detokenize", {"tokens": "abc"})
+check("POST /detokenize with a string -> 400", st == 400 and b["error"]["param"] == "tokens", f"{st} {b}")
+st, _, b = raw("POST", "/apply-template", {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]})
+check("POST /apply-template: the chat template's prompt with the assistant prefix (ChatML here)",
+      st == 200 and b["prompt"].endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n") and "Be brief." in b["prompt"],
+      f"{st} {b}")
+
+# ---- native /completion -------------------------------------------------------------------
+P = "The capital of France is"
+st, _, n1 = raw("POST", "/completion", {"prompt": P, "n_predict": 8, "temperature": 0, "return_tokens": True})
+check("POST /completion: content, stop true, tokens_predicted <= n_predict, stop_type, timings",
+      st == 200 and isinstance(n1["content"], str) and n1["stop"] is True and 0 < n1["tokens_predicted"] <= 8
+      and n1["stop_type"] in ("limit", "eos", "word") and n1["timings"]["predicted_n"] == n1["tokens_predicted"]
+      and n1["timings"]["prompt_n"] + n1["timings"]["cache_n"] == n1["tokens_evaluated"], f"{st} {n1}")
+st, _, d = raw("POST", "/detokenize", {"tokens": n1.get("tokens", [])})
+check("return_tokens: the ids detokenize to the content", st == 200 and d["content"] == n1["content"], f"{d} vs {n1.get('content')}")
+st, _, o1 = raw("POST", "/v1/completions", {"prompt": P, "max_tokens": 8, "temperature": 0})
+check("the same greedy text as /v1/completions (OpenAI's shape there)", st == 200 and o1["choices"][0]["text"] == n1["content"],
+      f"{o1} vs {n1.get('content')}")
+st, ev, txt = stream_events("/completion", {"prompt": P, "n_predict": 8, "temperature": 0, "stream": True})
+check("stream: every event has a boolean stop; the last one stop true with timings; no [DONE]",
+      st == 200 and ev and all(isinstance(e["stop"], bool) for e in ev) and ev[-1]["stop"] and "timings" in ev[-1]
+      and not any(e["stop"] for e in ev[:-1]) and "[DONE]" not in txt, txt[-400:])
+check("stream: the pieces make the same greedy text", "".join(e["content"] for e in ev) == n1["content"],
+      f"{''.join(e['content'] for e in ev)!r} vs {n1['content']!r}")
+st, _, pt = raw("POST", "/tokenize", {"content": P, "add_special": True})
+st, _, n2 = raw("POST", "/completion", {"prompt": pt["tokens"], "n_predict": 8, "temperature": 0})
+check("a prompt of token ids (the tokenizer's own) gives the same greedy text", st == 200 and n2["content"] == n1["content"],
+      f"{st} {n2}")
+st, _, b = raw("POST", "/completion", {"prompt": [1, 2, 10 ** 8], "n_predict": 4})
+check("a token id outside the vocabulary -> 400 naming prompt[2]", st == 400 and "prompt[2]" in b["error"]["message"], f"{st} {b}")
+st, _, b = raw("POST", "/completion", {"prompt": P, "n_predict": 0})
+check("n_predict 0 -> 400 naming it", st == 400 and b["error"]["param"] == "n_predict", f"{st} {b}")
+st, _, b = raw("POST", "/completion", {"prompt": P, "n_probs": 5})
+check("n_probs 5 (not applied) -> 400 naming it, never a silent 200", st == 400 and b["error"]["param"] == "n_probs", f"{st} {b}")
+st, _, b = raw("POST", "/completion", {"prompt": P, "n_predict": 100, "temperature": 0})
+check("-n 64 caps a request's n_predict (llama-server's)", st == 200 and b["generation_settings"]["n_predict"] == 64
+      and b["tokens_predicted"] <= 64, f"{st} {b.get('generation_settings')}")
+# --seed 42 and --temp 0.8: a request without them is sampled at 0.8 with seed 42, every time
+outs = [raw("POST", "/completion", {"prompt": "Once upon a time", "n_predict": 24})[2]["content"] for _ in range(2)]
+check("--seed: two requests without a seed give the same sampled text", outs[0] == outs[1], outs)
+other = [raw("POST", "/completion", {"prompt": "Once upon a time", "n_predict": 24, "seed": s})[2]["content"] for s in (7, 8, 9)]
+check("control: other seeds give other text (the default seed is a seed, the sampling is not greedy)",
+      any(o != outs[0] for o in other), other)
+st, _, b = raw("POST", "/completions", {"prompt": P, "n_predict": 4})
+check("/completions without /v1 is llama-server's native API", st == 200 and "content" in b and "choices" not in b, f"{st} {b}")
+
+# ---- routes without /v1 through the openai client -------------------------------------------
+A = openai.OpenAI(base_url=BASE, api_key=KEY, max_retries=0, timeout=300)  # no /v1: llama-server serves both
+r = A.chat.completions.create(model="code", messages=[{"role": "user", "content": "Say hi."}], max_tokens=8, temperature=0)
+check("openai client with a base URL without /v1: POST /chat/completions", r.choices[0].message.content is not None, str(r))
+check("the reply names the model by its --alias id", r.model == "code", r.model)
+
+# ---- CORS -----------------------------------------------------------------------------------
+pre = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "Authorization"}
+st, h, _ = raw("OPTIONS", "/v1/chat/completions", key=None, headers={"Origin": "http://localhost:3000", **pre})
+check("CORS preflight without a key from an allowed origin (--cors-origins localhost) -> 200, origin echoed",
+      st == 200 and h.get("Access-Control-Allow-Origin") == "http://localhost:3000"
+      and "POST" in h.get("Access-Control-Allow-Methods", ""), f"{st} {dict(h)}")
+st, h, _ = raw("OPTIONS", "/v1/chat/completions", key=None, headers={"Origin": "http://localhost.evil.com", **pre})
+check("a preflight from another origin -> 200 without Access-Control-Allow-Origin",
+      st == 200 and "Access-Control-Allow-Origin" not in h, f"{st} {dict(h)}")
+st, h, _ = raw("POST", "/tokenize", {"content": "x"}, headers={"Origin": "http://127.0.0.1:8080"})
+check("a reply to an allowed origin carries Access-Control-Allow-Origin", h.get("Access-Control-Allow-Origin") == "http://127.0.0.1:8080",
+      dict(h))
+
+# ---- llama.cpp's metric names ---------------------------------------------------------------
+def metrics():
+    st, h, txt = raw("GET", "/metrics")
+    vals = {m.group(1): float(m.group(2)) for m in re.finditer(r"^(llamacpp:\w+) (\S+)$", txt, re.M)}
+    types = set(re.findall(r"^# TYPE (llamacpp:\w+) ", txt, re.M))
+    return st, h, vals, types
+
+
+st, h, m0, types = metrics()
+check("/metrics: Process-Start-Time-Unix header and llama.cpp's names, each with its TYPE line",
+      st == 200 and "Process-Start-Time-Unix" in h and {"llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total",
+                                                        "llamacpp:n_decode_total", "llamacpp:requests_processing"} <= set(m0)
+      and set(m0) == types, f"{st} {sorted(m0)}")
+st, _, b = raw("POST", "/completion", {"prompt": "I believe", "n_predict": 5, "temperature": 0})
+_, _, m1, _ = metrics()
+check("llamacpp:tokens_predicted_total grows by the reply's tokens_predicted",
+      m1["llamacpp:tokens_predicted_total"] - m0["llamacpp:tokens_predicted_total"] == b["tokens_predicted"],
+      f"{m0.get('llamacpp:tokens_predicted_total')} -> {m1.get('llamacpp:tokens_predicted_total')}, reply {b.get('tokens_predicted')}")
+check("llamacpp:prompt_tokens_total grows by the prompt tokens decoded (timings.prompt_n)",
+      m1["llamacpp:prompt_tokens_total"] - m0["llamacpp:prompt_tokens_total"] == b["timings"]["prompt_n"],
+      f"{m0.get('llamacpp:prompt_tokens_total')} -> {m1.get('llamacpp:prompt_tokens_total')}")
+
+# ---- Anthropic Messages through the official client ------------------------------------------
+C = anthropic.Anthropic(base_url=BASE, api_key=KEY, max_retries=0, timeout=300)
+conv = [{"role": "user", "content": "Name a colour."}]
+m = C.messages.create(model="code", max_tokens=24, extra_body={"temperature": 0}, system="Answer in one word.", messages=conv)
+check("anthropic messages.create: a message, a text block, a stop reason, usage",
+      m.type == "message" and m.role == "assistant" and m.content and m.content[0].type == "text"
+      and m.stop_reason in ("end_turn", "max_tokens") and m.usage.input_tokens > 0 and m.usage.output_tokens > 0, str(m))
+n = C.messages.count_tokens(model="code", system="Answer in one word.", messages=conv)
+check("count_tokens = the reply's prompt tokens (input + cache read)",
+      n.input_tokens == m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0), f"{n} vs {m.usage}")
+with C.messages.stream(model="code", max_tokens=24, extra_body={"temperature": 0}, system="Answer in one word.", messages=conv) as s:
+    streamed = "".join(s.text_stream)
+    fin = s.get_final_message()
+check("anthropic streaming: the same greedy text, the final message's usage and stop reason",
+      streamed == m.content[0].text and fin.usage.output_tokens == m.usage.output_tokens and fin.stop_reason == m.stop_reason,
+      f"{streamed!r} vs {m.content[0].text!r}")
+conv2 = conv + [{"role": "assistant", "content": m.content[0].text}, {"role": "user", "content": "And another one?"}]
+m2 = C.messages.create(model="code", max_tokens=16, extra_body={"temperature": 0}, system="Answer in one word.", messages=conv2)
+check("the second turn reuses the session's KV: usage.cache_read_input_tokens > 0",
+      (m2.usage.cache_read_input_tokens or 0) > 0, str(m2.usage))
+tools = [{"name": "get_weather", "description": "The weather in a city",
+          "input_schema": {"type": "object", "properties": {"location": {"type": "string"}}, "required": ["location"]}}]
+q = [{"role": "user", "content": "What is the weather in Paris?"}]
+t = C.messages.create(model="code", max_tokens=64, extra_body={"temperature": 0}, tools=tools, tool_choice={"type": "tool", "name": "get_weather"},
+                      messages=q)
+use = [b for b in t.content if b.type == "tool_use"]
+check("tool_choice {type: tool}: a tool_use block with the tool's name and an object input, stop_reason tool_use",
+      t.stop_reason == "tool_use" and use and use[0].name == "get_weather" and isinstance(use[0].input, dict)
+      and isinstance(use[0].input.get("location"), str), str(t))
+if use:
+    back = q + [{"role": "assistant", "content": [{"type": "tool_use", "id": use[0].id, "name": "get_weather", "input": use[0].input}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use[0].id, "content": "Sunny, 21 C"}]}]
+    t2 = C.messages.create(model="code", max_tokens=32, extra_body={"temperature": 0}, tools=tools, messages=back)
+    check("a tool_result round trip answers", t2.type == "message" and t2.content, str(t2))
+with C.messages.stream(model="code", max_tokens=64, extra_body={"temperature": 0}, tools=tools, tool_choice={"type": "any"}, messages=q) as s:
+    fm = s.get_final_message()
+check("anthropic streaming under tool_choice any: the final message holds the tool_use block",
+      any(b.type == "tool_use" and b.name == "get_weather" for b in fm.content), str(fm))
+try:
+    C.messages.create(model="code", max_tokens=8, messages=[{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}])
+    check("an image block -> 400", False, "no error")
+except anthropic.BadRequestError as e:
+    check("an image block -> 400 saying image input is not supported", "image input is not supported" in str(e), str(e))
+st, _, b = raw("POST", "/v1/messages", {"model": "code", "max_tokens": 8})
+check("/v1/messages without messages -> 400 in Anthropic's error shape",
+      st == 400 and b.get("type") == "error" and b["error"]["type"] == "invalid_request_error" and "messages" in b["error"]["message"],
+      f"{st} {b}")
+st, ev, txt = stream_events("/v1/messages", {"model": "code", "max_tokens": 8, "stream": True,
+                                             "messages": [{"role": "user", "content": "Hello"}]})
+types_seen = [e["type"] for e in ev]
+check("raw event order: message_start, content_block_start/delta.../stop, message_delta, message_stop",
+      types_seen[:2] == ["message_start", "content_block_start"] and types_seen[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+      and ev[0]["message"]["content"] == [] and all(t == "content_block_delta" for t in types_seen[2:-3])
+      and txt.count("event: ") == len(ev), txt[:600])
+
+finish()
