@@ -637,6 +637,7 @@ out:
     free(srv.key_ns);
     free(srv.views);
     free(tmpl_text);
+    resp_free_all();
     pthread_cond_destroy(&srv.work);
     pthread_mutex_destroy(&srv.mu);
     return rc;

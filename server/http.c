@@ -379,6 +379,12 @@ struct stream {
     size_t n_out, off;
     int a_open;     /* Anthropic: index of the content block open (-1 none) */
     int a_next;     /* Anthropic: the next block's index */
+    int r_seq;      /* Responses: the next event's sequence_number */
+    int r_items;    /* Responses: output items announced so far */
+    bool r_open;    /* Responses: the message item's output_text part is open */
+    char r_item[48]; /* Responses: the message item's id */
+    json_t *r_msg, *r_output; /* Responses: a reply sent whole (under tools): its message and items, kept
+                              ** so that the final response names the same call ids */
 };
 
 static void stream_emit(struct stream *st, json_t *obj) {
@@ -455,6 +461,75 @@ static void anth_whole(struct stream *st, const json_t *msg) {
     json_decref(blocks);
 }
 
+/* A Responses event: "event: TYPE", and its data with the next sequence_number. */
+static void resp_event(struct stream *st, json_t *obj) {
+    if (obj) json_object_set_new(obj, "sequence_number", json_integer(st->r_seq++));
+    stream_event(st, obj);
+}
+
+static json_t *resp_msg_item(struct stream *st, const char *status, const char *text) {
+    json_t *content = json_array();
+    if (text) json_array_append_new(content, json_pack("{s:s, s:s, s:[]}", "type", "output_text", "text", text, "annotations"));
+    return json_pack("{s:s, s:s, s:s, s:s, s:o}", "type", "message", "id", st->r_item, "status", status, "role", "assistant", "content",
+                     content);
+}
+
+/* Responses: text as an output_text delta of the message item (announced first if needed). */
+static void resp_text(struct stream *st, const char *text) {
+    if (!st->r_open) {
+        st->r_open = true;
+        resp_event(st, json_pack("{s:s, s:i, s:o}", "type", "response.output_item.added", "output_index", st->r_items,
+                                 "item", resp_msg_item(st, "in_progress", NULL)));
+        resp_event(st, json_pack("{s:s, s:s, s:i, s:i, s:{s:s, s:s, s:[]}}", "type", "response.content_part.added", "item_id",
+                                 st->r_item, "output_index", st->r_items, "content_index", 0, "part", "type", "output_text", "text",
+                                 "", "annotations"));
+    }
+    resp_event(st, json_pack("{s:s, s:s, s:i, s:i, s:s, s:[]}", "type", "response.output_text.delta", "item_id", st->r_item,
+                             "output_index", st->r_items, "content_index", 0, "delta", text, "logprobs"));
+}
+
+/* Responses: the message item's end (its whole text), if it was opened. */
+static void resp_text_done(struct stream *st, const char *text) {
+    if (!st->r_open) return;
+    st->r_open = false;
+    resp_event(st, json_pack("{s:s, s:s, s:i, s:i, s:s, s:[]}", "type", "response.output_text.done", "item_id", st->r_item,
+                             "output_index", st->r_items, "content_index", 0, "text", text, "logprobs"));
+    resp_event(st, json_pack("{s:s, s:s, s:i, s:i, s:{s:s, s:s, s:[]}}", "type", "response.content_part.done", "item_id", st->r_item,
+                             "output_index", st->r_items, "content_index", 0, "part", "type", "output_text", "text", text,
+                             "annotations"));
+    resp_event(st, json_pack("{s:s, s:i, s:o}", "type", "response.output_item.done", "output_index", st->r_items, "item",
+                             resp_msg_item(st, "completed", text)));
+    st->r_items++;
+}
+
+/* Responses: the reply's output items that were not streamed as text (function calls, or a
+** reply under tools sent whole), each announced, its arguments or text, and done. */
+static void resp_items(struct stream *st, json_t *output) {
+    size_t i;
+    json_t *it;
+    json_array_foreach(output, i, it) {
+        const char *type = json_string_value(json_object_get(it, "type"));
+        if (!strcmp(type, "message")) {
+            if (st->r_open) continue; /* streamed already */
+            const char *text = json_string_value(json_object_get(json_array_get(json_object_get(it, "content"), 0), "text"));
+            resp_text(st, text ? text : "");
+            resp_text_done(st, text ? text : "");
+            continue;
+        }
+        json_t *added = json_deep_copy(it);
+        json_object_set_new(added, "arguments", json_string(""));
+        json_object_set_new(added, "status", json_string("in_progress"));
+        resp_event(st, json_pack("{s:s, s:i, s:o}", "type", "response.output_item.added", "output_index", st->r_items, "item", added));
+        resp_event(st, json_pack("{s:s, s:O, s:i, s:O}", "type", "response.function_call_arguments.delta", "item_id",
+                                 json_object_get(it, "id"), "output_index", st->r_items, "delta", json_object_get(it, "arguments")));
+        resp_event(st, json_pack("{s:s, s:O, s:i, s:O, s:O}", "type", "response.function_call_arguments.done", "item_id",
+                                 json_object_get(it, "id"), "output_index", st->r_items, "arguments", json_object_get(it, "arguments"),
+                                 "name", json_object_get(it, "name")));
+        resp_event(st, json_pack("{s:s, s:i, s:O}", "type", "response.output_item.done", "output_index", st->r_items, "item", it));
+        st->r_items++;
+    }
+}
+
 /* delta: the chat delta to send as is (stolen), else built from role/content. */
 static json_t *chunk_delta(struct stream *st, json_t *delta, const char *content, const char *finish, bool role) {
     const struct job *j = st->j;
@@ -491,6 +566,12 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         if (st->phase == 3) return MHD_CONTENT_READER_END_OF_STREAM;
         if (st->phase == 0) {
             st->phase = 1;
+            if (j->req.responses) {
+                json_t *r0 = resp_object(srv, NULL, j->req.resp_id, j->req.resp_parent, NULL, "in_progress");
+                resp_event(st, json_pack("{s:s, s:o}", "type", "response.created", "response", json_deep_copy(r0)));
+                resp_event(st, json_pack("{s:s, s:o}", "type", "response.in_progress", "response", r0));
+                continue;
+            }
             if (j->req.anthropic) {
                 pthread_mutex_lock(&srv->mu);
                 json_t *m = anth_message(srv, j, NULL, NULL);
@@ -524,7 +605,11 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             pthread_mutex_unlock(&srv->mu);
             if (!(j->err.status && j->err.status != 200)) {
                 json_t *msg = tools_reply(srv, j->text ? j->text : "", j->req.format, &fin);
-                if (msg && j->req.anthropic) {
+                if (msg && j->req.responses) {
+                    st->r_output = resp_output(srv, msg, st->r_item);
+                    st->r_msg = msg;
+                    resp_items(st, st->r_output);
+                } else if (msg && j->req.anthropic) {
                     anth_whole(st, msg);
                     json_decref(msg);
                 } else if (msg) {
@@ -551,6 +636,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         pthread_mutex_unlock(&srv->mu);
         if (piece && *piece) {
             if (j->req.anthropic) anth_text(st, piece);
+            else if (j->req.responses) resp_text(st, piece);
             else stream_emit(st, chunk(st, piece, NULL, false));
         }
         free(piece);
@@ -561,6 +647,31 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
                 WAIT_UNTIL(j->state == JOB_DONE || j->n_text != seen);
                 pthread_mutex_unlock(&srv->mu);
             }
+            continue;
+        }
+        if (j->req.responses) {
+            if (j->err.status && j->err.status != 200) {
+                json_t *err = serve_error_json(&j->err), *eo = json_object_get(err, "error");
+                json_object_set_new(eo, "type", json_string("error"));
+                resp_event(st, json_incref(eo));
+                json_decref(err);
+            } else {
+                json_t *msg = st->r_msg ? json_incref(st->r_msg) : tools_reply(srv, j->text ? j->text : "", j->req.format, &fin);
+                json_t *output = st->r_output ? json_incref(st->r_output) : resp_output(srv, msg, st->r_item);
+                if (st->r_msg && !strcmp(fin ? fin : "", "stop") && json_array_size(json_object_get(msg, "tool_calls")))
+                    fin = "tool_calls";
+                if (st->r_open) { /* the text streamed: its whole, cleaned */
+                    const json_t *t = json_object_get(json_array_get(json_object_get(json_array_get(output, 0), "content"), 0), "text");
+                    resp_text_done(st, json_is_string(t) ? json_string_value(t) : "");
+                } else if (j->req.format != REPLY_TOOLS || st->tools_text > 0) resp_items(st, output);
+                const char *status = !strcmp(fin ? fin : "", "length") ? "incomplete" : "completed";
+                json_t *obj = resp_object(srv, j, j->req.resp_id, j->req.resp_parent, output, status);
+                if (j->req.resp_store && msg && obj) resp_store(srv, j->req.ns, j->req.resp_id, j->req.resp_parent, j->req.resp_turn, msg, obj);
+                resp_event(st, json_pack("{s:s, s:o}", "type", !strcmp(status, "completed") ? "response.completed" : "response.incomplete",
+                                         "response", obj));
+                json_decref(msg);
+            }
+            st->phase = 3;
             continue;
         }
         if (j->err.status && j->err.status != 200 && j->req.anthropic) {
@@ -611,6 +722,8 @@ static void stream_free(void *cls) {
     if (st->j->state != JOB_DONE) st->j->cancelled = true;
     pthread_mutex_unlock(&st->srv->mu);
     serve_job_release(st->srv, st->j);
+    json_decref(st->r_msg);
+    json_decref(st->r_output);
     free(st->out);
     free(st);
 }
@@ -643,7 +756,16 @@ static enum MHD_Result run_job(struct server *srv, struct MHD_Connection *c, str
     }
     if (!j->req.stream) {
         json_t *reply;
-        if (j->req.anthropic) {
+        if (j->req.responses) {
+            const char *fin = j->finish;
+            json_t *msg = tools_reply(srv, j->text ? j->text : "", j->req.format, &fin);
+            char item[48];
+            snprintf(item, sizeof item, "msg_%llu", __atomic_add_fetch(&srv->n_replies, 1, __ATOMIC_RELAXED));
+            reply = resp_object(srv, j, j->req.resp_id, j->req.resp_parent, resp_output(srv, msg, item),
+                                !strcmp(fin ? fin : "", "length") ? "incomplete" : "completed");
+            if (j->req.resp_store && msg && reply) resp_store(srv, j->req.ns, j->req.resp_id, j->req.resp_parent, j->req.resp_turn, msg, reply);
+            json_decref(msg);
+        } else if (j->req.anthropic) {
             const char *fin = j->finish;
             json_t *msg = tools_reply(srv, j->text ? j->text : "", j->req.format, &fin);
             reply = anth_message(srv, j, msg, fin ? fin : "stop");
@@ -668,6 +790,7 @@ static enum MHD_Result run_job(struct server *srv, struct MHD_Connection *c, str
     st->j = j;
     st->tools_text = -1;
     st->a_open = -1;
+    snprintf(st->r_item, sizeof st->r_item, "msg_%llu", __atomic_add_fetch(&srv->n_replies, 1, __ATOMIC_RELAXED));
     snprintf(st->id, sizeof st->id, "%s-%llu", j->kind == JOB_CHAT ? "chatcmpl" : "cmpl",
              __atomic_add_fetch(&srv->n_replies, 1, __ATOMIC_RELAXED));
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, st, stream_free);
@@ -711,7 +834,7 @@ static enum MHD_Result body_json(struct server *srv, struct MHD_Connection *c, s
     return MHD_YES;
 }
 
-enum api { API_OPENAI, API_NATIVE, API_ANTHROPIC };
+enum api { API_OPENAI, API_NATIVE, API_ANTHROPIC, API_RESPONSES };
 
 /* api: OpenAI's, llama.cpp's native /completion (its fields, reply and stream shapes) or
 ** Anthropic's Messages (translated into a chat request, server/anthropic.c). */
@@ -721,7 +844,17 @@ static enum MHD_Result post_generate(struct server *srv, struct MHD_Connection *
     enum MHD_Result bad = body_json(srv, c, rq, &root);
     if (!root) return bad;
     struct serve_error e = { 0 };
-    if (api == API_ANTHROPIC) {
+    json_t *turn = NULL;
+    char parent[48] = "";
+    bool store = true;
+    if (api == API_RESPONSES) {
+        json_t *tr = NULL, *sv = json_object_get(root, "store");
+        store = !json_is_false(sv);
+        int trc = resp_to_chat(srv, ns, root, &tr, &turn, parent, sizeof parent, &e);
+        json_decref(root);
+        if (trc) return send_err(srv, c, &e);
+        root = tr;
+    } else if (api == API_ANTHROPIC) {
         json_t *tr = NULL;
         int trc = anth_to_chat(root, &tr, &e);
         json_decref(root);
@@ -731,10 +864,18 @@ static enum MHD_Result post_generate(struct server *srv, struct MHD_Connection *
     struct job *j = calloc(1, sizeof *j);
     if (!j) {
         json_decref(root);
+        json_decref(turn);
         return MHD_NO;
     }
     j->kind = chat ? JOB_CHAT : JOB_COMPLETION;
     j->req.anthropic = api == API_ANTHROPIC;
+    if ((j->req.responses = api == API_RESPONSES)) {
+        j->req.resp_turn = turn;
+        j->req.resp_store = store;
+        snprintf(j->req.resp_parent, sizeof j->req.resp_parent, "%s", parent);
+        snprintf(j->req.resp_id, sizeof j->req.resp_id, "resp_%llu%04x", __atomic_add_fetch(&srv->n_replies, 1, __ATOMIC_RELAXED),
+                 (unsigned) (time(NULL) & 0xffff));
+    }
     snprintf(j->req.ns, sizeof j->req.ns, "%s", ns);
     const char *sid = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Session-Id");
     if (sid) snprintf(j->req.session_id, sizeof j->req.session_id, "%s", sid);
@@ -948,6 +1089,23 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     if (chat || oai || native) {
         if (!post) return send_error(srv, c, 405, "invalid_request_error", NULL, "%s %s: use POST", method, url);
         return post_generate(srv, c, rq, ns, chat, native ? API_NATIVE : API_OPENAI);
+    }
+    if (!strcmp(u, "/responses")) {
+        if (!post) return send_error(srv, c, 405, "invalid_request_error", NULL, "%s %s: use POST", method, url);
+        return post_generate(srv, c, rq, ns, true, API_RESPONSES);
+    }
+    if (!strncmp(u, "/responses/", 11) && u[11]) {
+        const char *id = u + 11;
+        if (get) {
+            json_t *o = resp_get(ns, id);
+            if (!o) return send_error(srv, c, 404, "invalid_request_error", "not_found", "no stored response '%.60s'", id);
+            return send_json(srv, c, 200, o, NULL);
+        }
+        if (del) {
+            if (!resp_delete(ns, id)) return send_error(srv, c, 404, "invalid_request_error", "not_found", "no stored response '%.60s'", id);
+            return send_json(srv, c, 200, json_pack("{s:s, s:s, s:b}", "id", id, "object", "response.deleted", "deleted", 1), NULL);
+        }
+        return send_error(srv, c, 405, "invalid_request_error", NULL, "%s %s: use GET or DELETE", method, url);
     }
     if (v1 && (!strcmp(u, "/messages") || !strcmp(u, "/messages/count_tokens"))) {
         if (!post) return send_error(srv, c, 405, "invalid_request_error", NULL, "%s %s: use POST", method, url);

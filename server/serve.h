@@ -98,6 +98,10 @@ struct job_req {
     bool grammar_user; /* grammar is the request's "grammar" text (its errors name that field) */
     bool native;       /* llama.cpp's native /completion API: its reply and stream shapes */
     bool anthropic;    /* Anthropic's Messages API (server/anthropic.c): its reply, events and errors */
+    bool responses;    /* OpenAI's Responses API (server/responses.c) */
+    bool resp_store;   /* responses: keep the reply for previous_response_id and GET (store, default true) */
+    char resp_id[48], resp_parent[48]; /* responses: this response's id; previous_response_id ("" none) */
+    json_t *resp_turn;                 /* responses: the chat messages of this turn's input (owned) */
     bool return_tokens; /* native: the reply lists the generated token ids */
     kvt_token *prompt_ids; /* native: the prompt as token ids (instead of prompt text), owned */
     int32_t n_prompt_ids;
@@ -345,6 +349,27 @@ const char *anth_stop_reason(const struct job *j, const char *fin);
 json_t *anth_error(const struct serve_error *e);
 /* POST /v1/messages/count_tokens: {"input_tokens": N}, the template's tokens of the request. */
 int anth_count_tokens(struct server *srv, json_t *root, json_t **out, struct serve_error *e);
+
+/* server/responses.c — OpenAI's Responses API with server-held conversations (see its header) */
+/* The chat request a Responses request means, with previous_response_id's conversation (of the
+** tenant ns) replayed first: 0 with *out and *turn (this turn's input as chat messages; new
+** references) and parent (previous_response_id or ""), or -1 with e filled (400 naming the
+** field; 404 when the previous response is not stored). */
+int resp_to_chat(struct server *srv, const char *ns, const json_t *in, json_t **out, json_t **turn, char *parent, size_t n_parent,
+                 struct serve_error *e);
+/* The output items of a finished reply (msg: tools_reply's assistant message): a message with
+** its output_text, then one function_call per tool call.  New reference. */
+json_t *resp_output(struct server *srv, const json_t *msg, const char *item_id);
+json_t *resp_usage(const struct job *j); /* input_tokens (cached_tokens: KV reused), output_tokens */
+/* A Response object (status "in_progress", "completed" or "incomplete"; j NULL: no usage yet).
+** Steals output.  New reference. */
+json_t *resp_object(struct server *srv, const struct job *j, const char *id, const char *parent, json_t *output, const char *status);
+/* Keep a finished response: turn (this turn's input messages, the reply appended), obj (what GET
+** returns).  Out of memory: not kept (a later previous_response_id gets 404). */
+void resp_store(struct server *srv, const char *ns, const char *id, const char *parent, json_t *turn, const json_t *msg, json_t *obj);
+json_t *resp_get(const char *ns, const char *id);    /* new reference, or NULL */
+bool resp_delete(const char *ns, const char *id);    /* false: no such response */
+void resp_free_all(void);                            /* at exit */
 
 /* server/http.c */
 struct MHD_Daemon;

@@ -3,7 +3,8 @@
 # test suite passes, plus --cors-origins and two --alias names) on the chat model: the log says what
 # was derived or raised (the budget from -c and --parallel, -b below a block, --embedding), then
 # tests/server/serve_compat_test.py (llama-server's endpoints and shapes, Anthropic's Messages
-# API through the official client).  A second server checks --no-slots, --no-metrics,
+# API through the official client, OpenAI's Responses API with previous_response_id through the
+# official openai client).  A second server checks --no-slots, --no-metrics,
 # --chat-template and IPv6 (::1, where the machine has it); a template llama.cpp does not know
 # stops the start with a clear error.  Skips (exit 0) when KVTIER_CHAT_MODEL is not set.
 # Environment (from tests/CMakeLists.txt): KVTIER_BIN, KVTIER_CHAT_MODEL, KVT_SOURCE_DIR.
@@ -58,7 +59,8 @@ stop() { # log-file
 
 # ---- llama-server's test-suite command line (tools/server/tests/utils.py, tinyllama2 preset) ----
 KEY=key-compat-1618
-start "$TMP/err" --temp 0.8 --seed 42 --host 127.0.0.1 --offline --batch-size 32 --alias tinyllama-2,code --tags chat,small \
+KEY2=key-compat-3141
+start "$TMP/err" --api-key "$KEY2" --temp 0.8 --seed 42 --host 127.0.0.1 --offline --batch-size 32 --alias tinyllama-2,code --tags chat,small \
     --ctx-size 512 --parallel 2 --n-predict 64 --no-jinja --api-key "$KEY" --cors-origins localhost --embedding --cont-batching \
     --metrics
 if [ -z "$PORT" ]; then
@@ -72,14 +74,14 @@ grep -q -- "-b 32 is below a block of 64 tokens" "$TMP/err" && ok "-b below a bl
 grep -q -- "--embedding: kvtier serves no embeddings" "$TMP/err" && ok "--embedding is accepted and logged" \
     || bad "--embedding line missing"
 
-"$PY" "$SRC/tests/server/serve_compat_test.py" "http://127.0.0.1:$PORT" "$KEY" >"$TMP/py" 2>&1
+"$PY" "$SRC/tests/server/serve_compat_test.py" "http://127.0.0.1:$PORT" "$KEY" "$KEY2" >"$TMP/py" 2>&1
 prc=$?
 cat "$TMP/py"
 pass=$((pass + $(grep -c '^ok ' "$TMP/py")))
 fail=$((fail + $(grep -c '^FAIL ' "$TMP/py")))
 [ $prc -eq 0 ] || [ "$(grep -c '^FAIL ' "$TMP/py")" -gt 0 ] || bad "serve_compat_test.py exited with status $prc"
 stop "$TMP/err"
-grep -qF -- "$KEY" "$TMP/err" "$TMP/out" && bad "the API key is in the server's log" || ok "no API key in the server's log"
+grep -qF -e "$KEY" -e "$KEY2" "$TMP/err" "$TMP/out" && bad "the API key is in the server's log" || ok "no API key in the server's log"
 
 # ---- --no-slots, --no-metrics, --chat-template, IPv6 ------------------------------------------
 HOSTS=127.0.0.1

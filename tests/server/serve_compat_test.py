@@ -8,7 +8,7 @@ client.  References are computed in the same run (greedy text through another ro
 detokenized back, count_tokens against the reply's usage); nothing asserts what the model writes.
 Prints "ok   NAME" / "FAIL NAME: why"; exit status = failures.
 
-  python serve_compat_test.py BASE_URL KEY
+  python serve_compat_test.py BASE_URL KEY KEY2
 """
 import json
 import re
@@ -19,7 +19,7 @@ from serve_client import check, finish, init, raw
 import anthropic
 import openai
 
-BASE, KEY = sys.argv[1:3]
+BASE, KEY, KEY2 = sys.argv[1:4]
 init(BASE, KEY)
 
 
@@ -226,5 +226,94 @@ check("raw event order: message_start, content_block_start/delta.../stop, messag
       types_seen[:2] == ["message_start", "content_block_start"] and types_seen[-3:] == ["content_block_stop", "message_delta", "message_stop"]
       and ev[0]["message"]["content"] == [] and all(t == "content_block_delta" for t in types_seen[2:-3])
       and txt.count("event: ") == len(ev), txt[:600])
+
+# ---- Responses API: the server holds the conversation (previous_response_id) ------------------
+O = openai.OpenAI(base_url=BASE + "/v1", api_key=KEY, max_retries=0, timeout=300)
+INS = "Answer in a few words."
+turns = ["Name a fruit.", "Name a colour.", "Name an animal.", "Name a city.", "Name a planet.", "Name a tree.", "Name a river.",
+         "Name a metal.", "Name a flower.", "Name a sport."]
+ids, texts, usages = [], [], []
+prev = None
+for k, q in enumerate(turns):
+    r = O.responses.create(model="code", input=q, instructions=INS, previous_response_id=prev, max_output_tokens=12, temperature=0)
+    ids.append(r.id)
+    texts.append(r.output_text)
+    usages.append(r.usage)
+    prev = r.id
+check("10 turns sent with previous_response_id only: each completes (or stops at max_output_tokens)",
+      len(ids) == 10 and len(set(ids)) == 10, ids)
+cached = [u.input_tokens_details.cached_tokens for u in usages]
+check("every later turn reuses the session's KV (usage.input_tokens_details.cached_tokens > 0), the early ones all of the "
+      "previous prompt", all(c > 0 for c in cached[1:]) and all(cached[k] >= usages[k - 1].input_tokens for k in (1, 2)),
+      f"cached {cached}, input {[u.input_tokens for u in usages]}")
+check("the prompt grows with the conversation the server holds (input_tokens)",
+      all(usages[k].input_tokens > usages[k - 1].input_tokens for k in range(1, 10)), [u.input_tokens for u in usages])
+# reference in the same run: the same three turns sent whole, statelessly, as chat completions
+hist = [{"role": "system", "content": INS}]
+for k in range(3):
+    hist.append({"role": "user", "content": turns[k]})
+    cr = O.chat.completions.create(model="code", messages=hist, max_tokens=12, temperature=0)
+    hist.append({"role": "assistant", "content": cr.choices[0].message.content})
+    check(f"turn {k + 1}: the same greedy text as the whole history sent to /v1/chat/completions",
+          cr.choices[0].message.content == texts[k], f"{cr.choices[0].message.content!r} vs {texts[k]!r}")
+g = O.responses.retrieve(ids[3])
+check("GET /v1/responses/ID returns the stored response", g.id == ids[3] and g.output_text == texts[3]
+      and g.previous_response_id == ids[2], str(g))
+# streaming continues the same conversation
+ev_types, deltas, final = [], "", None
+for ev in O.responses.create(model="code", input="Name a bird.", instructions=INS, previous_response_id=ids[-1],
+                             max_output_tokens=12, temperature=0, stream=True):
+    ev_types.append(ev.type)
+    if ev.type == "response.output_text.delta":
+        deltas += ev.delta
+    if ev.type in ("response.completed", "response.incomplete"):
+        final = ev.response
+check("streamed: response.created, in_progress, output_item.added, content_part.added, deltas ... output_item.done, completed",
+      ev_types[:4] == ["response.created", "response.in_progress", "response.output_item.added", "response.content_part.added"]
+      and ev_types[-1] in ("response.completed", "response.incomplete") and "response.output_item.done" in ev_types, ev_types)
+check("streamed: the deltas make the final response's text, which reused the conversation's KV",
+      final is not None and deltas == final.output_text and final.usage.input_tokens_details.cached_tokens > 0, f"{deltas!r} {final}")
+# a fork: two continuations of one parent, each its own conversation
+fa = O.responses.create(model="code", input="Name a vegetable.", instructions=INS, previous_response_id=ids[1], max_output_tokens=8,
+                        temperature=0)
+check("a fork (continuing turn 2 again) reuses the shared prefix's KV", fa.usage.input_tokens_details.cached_tokens > 0
+      and fa.usage.input_tokens < usages[3].input_tokens, f"{fa.usage} vs turn 4 {usages[3].input_tokens}")
+g3 = O.responses.retrieve(ids[2])
+check("the original branch is unchanged by the fork", g3.output_text == texts[2] and g3.previous_response_id == ids[1], str(g3))
+# store: false, delete, another key
+ns = O.responses.create(model="code", input="Hi.", store=False, max_output_tokens=4)
+try:
+    O.responses.retrieve(ns.id)
+    check("store: false is not kept", False, "retrieved")
+except openai.NotFoundError:
+    check("store: false is not kept (GET -> 404)", True)
+O2 = openai.OpenAI(base_url=BASE + "/v1", api_key=KEY2, max_retries=0, timeout=300)
+try:
+    O2.responses.create(model="code", input="x", previous_response_id=ids[0], max_output_tokens=4)
+    check("another API key cannot continue the conversation", False, "continued")
+except openai.NotFoundError:
+    check("another API key cannot continue the conversation (404)", True)
+O.responses.delete(ids[4])
+try:
+    O.responses.create(model="code", input="x", previous_response_id=ids[6], max_output_tokens=4)
+    check("a conversation with a deleted response in it is refused, never replayed with a hole", False, "continued")
+except openai.NotFoundError as e:
+    check("a conversation with a deleted response in it is refused (404 naming it), never replayed with a hole", ids[4] in str(e), str(e))
+tools = [{"type": "function", "name": "get_weather", "description": "The weather in a city",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+t = O.responses.create(model="code", input="What is the weather in Paris?", tools=tools, tool_choice="required",
+                       max_output_tokens=64, temperature=0)
+fc = [o for o in t.output if o.type == "function_call"]
+check("tools: a function_call item with a call_id, the tool's name and JSON arguments",
+      fc and fc[0].name == "get_weather" and isinstance(json.loads(fc[0].arguments).get("city"), str), str(t.output))
+if fc:
+    t2 = O.responses.create(model="code", previous_response_id=t.id, tools=tools, max_output_tokens=24, temperature=0,
+                            input=[{"type": "function_call_output", "call_id": fc[0].call_id, "output": "Sunny, 21 C"}])
+    check("function_call_output continues the conversation the server holds", t2.status in ("completed", "incomplete")
+          and t2.usage.input_tokens_details.cached_tokens > 0, str(t2))
+st, _, b = raw("POST", "/v1/responses", {"model": "code", "input": "x", "tools": [{"type": "web_search"}]})
+check("a hosted tool (web_search) -> 400 naming tools", st == 400 and b["error"]["param"] == "tools", f"{st} {b}")
+st, _, b = raw("POST", "/v1/responses", {"model": "code"})
+check("no input -> 400 naming it", st == 400 and b["error"]["param"] == "input", f"{st} {b}")
 
 finish()

@@ -1,0 +1,390 @@
+/* responses.c — OpenAI's Responses API (POST /v1/responses, GET and DELETE /v1/responses/ID) on
+** the chat path, with the conversation state held by the server: a stored response keeps the
+** chat messages of its turn (the new input items and the reply) and its parent's id, so that a
+** request naming previous_response_id sends only its new input; the server rebuilds the
+** conversation and runs it as a chat request, whose session's KV already holds every earlier
+** turn: only the new tail is decoded (usage.input_tokens_details.cached_tokens says how many were
+** reused).  Two responses continuing the same parent fork the conversation: each is a chat of
+** its own history, and the prompt blocks they share come from the block store (kvtier's
+** copy-on-write).  Instructions are not carried over (as OpenAI documents): each request's
+** stand first, as the system message.
+**
+** Stored responses live in host RAM, per API key (another key's id is a 404), at most
+** RESP_MAX of them; the least recently used goes first, and since a response's ancestors are
+** touched whenever it is continued, a stored response's whole chain stays stored while it does.
+** store: false replies are not kept.  Shapes as platform.openai.com documents them. */
+#include "serve.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum { RESP_MAX = 4096, RESP_MAX_DEPTH = 100000 };
+
+struct resp {
+    char id[48], parent[48], ns[40];
+    json_t *turn;     /* the chat messages this response added: its input items, then the reply */
+    json_t *obj;      /* the Response object, as GET returns it */
+    uint64_t touched; /* LRU clock: set when stored and whenever a descendant is created */
+};
+
+static pthread_mutex_t resp_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct resp *resps; /* [n_resps], unordered */
+static int32_t n_resps;
+static uint64_t resp_clock;
+
+static struct resp *find(const char *ns, const char *id) {
+    for (int32_t i = 0; i < n_resps; i++)
+        if (!strcmp(resps[i].id, id) && !strcmp(resps[i].ns, ns)) return &resps[i];
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* request: input items -> chat messages                                                    */
+
+/* The text of an item's content: a string, or input_text/output_text parts joined. */
+static char *content_text(const json_t *c, const char *where, struct serve_error *e) {
+    if (json_is_string(c)) return strdup(json_string_value(c));
+    if (!json_is_array(c)) {
+        e->param = "input";
+        serve_bad(e, "'%s' must be a string or an array of content parts, got %s", where, serve_json_type(c));
+        return NULL;
+    }
+    size_t n = 1, i;
+    const json_t *p;
+    json_array_foreach(c, i, p) n += json_string_length(json_object_get(p, "text")) + 1;
+    char *out = malloc(n);
+    if (!out) {
+        serve_error_oom(e);
+        return NULL;
+    }
+    size_t len = 0;
+    out[0] = '\0';
+    json_array_foreach(c, i, p) {
+        const char *type = json_string_value(json_object_get(p, "type"));
+        const json_t *t = json_object_get(p, "text");
+        if (type && (!strcmp(type, "input_text") || !strcmp(type, "output_text") || !strcmp(type, "text")) && json_is_string(t)) {
+            if (len) out[len++] = '\n';
+            memcpy(out + len, json_string_value(t), json_string_length(t) + 1);
+            len += json_string_length(t);
+            continue;
+        }
+        free(out);
+        e->param = "input";
+        if (type && (!strcmp(type, "input_image") || !strcmp(type, "input_file") || !strcmp(type, "input_audio")))
+            serve_bad(e, "'%s[%zu]' is %s: image, file and audio input are not supported (kvtier serves text models)", where, i, type);
+        else serve_bad(e, "'%s[%zu]' has type '%s'; expected input_text or output_text", where, i, type ? type : "(none)");
+        return NULL;
+    }
+    return out;
+}
+
+/* The request's input (a string or a list of items) as chat messages appended to msgs. */
+static int input_messages(const json_t *input, json_t *msgs, struct serve_error *e) {
+    e->param = "input";
+    if (json_is_string(input))
+        return json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", "user", "content", input)) ? serve_error_oom(e) : 0;
+    if (!json_is_array(input)) return serve_bad(e, "'input' must be a string or an array of items, got %s", serve_json_type(input));
+    size_t i;
+    const json_t *it;
+    json_array_foreach(input, i, it) {
+        char where[48];
+        snprintf(where, sizeof where, "input[%zu].content", i);
+        const char *type = json_string_value(json_object_get(it, "type"));
+        const char *role = json_string_value(json_object_get(it, "role"));
+        if (!json_is_object(it)) return serve_bad(e, "'input[%zu]' must be an object, got %s", i, serve_json_type(it));
+        if ((!type || !strcmp(type, "message")) && role) {
+            if (strcmp(role, "user") && strcmp(role, "assistant") && strcmp(role, "system") && strcmp(role, "developer"))
+                return serve_bad(e, "'input[%zu].role' '%.40s' is not user, assistant, system or developer", i, role);
+            char *t = content_text(json_object_get(it, "content"), where, e);
+            if (!t) return e->status ? -1 : serve_error_oom(e);
+            json_t *m = json_pack("{s:s, s:s}", "role", !strcmp(role, "developer") ? "system" : role, "content", t);
+            free(t);
+            if (!m || json_array_append_new(msgs, m)) return serve_error_oom(e);
+        } else if (type && !strcmp(type, "function_call")) {
+            const char *cid = json_string_value(json_object_get(it, "call_id")), *name = json_string_value(json_object_get(it, "name")),
+                       *args = json_string_value(json_object_get(it, "arguments"));
+            if (!cid || !name || !args) return serve_bad(e, "'input[%zu]' (function_call) needs string call_id, name and arguments", i);
+            json_t *m = json_pack("{s:s, s:s, s:[{s:s, s:s, s:{s:s, s:s}}]}", "role", "assistant", "content", "", "tool_calls", "id", cid,
+                                  "type", "function", "function", "name", name, "arguments", args);
+            /* consecutive calls of one turn: one assistant message */
+            json_t *last = json_array_get(msgs, json_array_size(msgs) - 1);
+            if (m && last && json_object_get(last, "tool_calls") && !strcmp(json_string_value(json_object_get(last, "role")), "assistant")) {
+                json_array_extend(json_object_get(last, "tool_calls"), json_object_get(m, "tool_calls"));
+                json_decref(m);
+            } else if (!m || json_array_append_new(msgs, m)) return serve_error_oom(e);
+        } else if (type && !strcmp(type, "function_call_output")) {
+            const char *cid = json_string_value(json_object_get(it, "call_id"));
+            const json_t *out = json_object_get(it, "output");
+            if (!cid || !out) return serve_bad(e, "'input[%zu]' (function_call_output) needs a string call_id and an output", i);
+            char *t = json_is_string(out) ? strdup(json_string_value(out)) : content_text(out, where, e);
+            if (!t) return e->status ? -1 : serve_error_oom(e);
+            json_t *m = json_pack("{s:s, s:s, s:s}", "role", "tool", "tool_call_id", cid, "content", t);
+            free(t);
+            if (!m || json_array_append_new(msgs, m)) return serve_error_oom(e);
+        } else if (type && !strcmp(type, "reasoning")) {
+            continue; /* kvtier's models do not reason apart: nothing to replay */
+        } else
+            return serve_bad(e, "'input[%zu]' has type '%s'; expected message, function_call or function_call_output", i,
+                             type ? type : "(none)");
+    }
+    return 0;
+}
+
+static const char *const KNOWN[] = { "model", "input", "instructions", "previous_response_id", "max_output_tokens", "temperature",
+                                     "top_p", "stream", "store", "tools", "tool_choice", "parallel_tool_calls", "metadata", "user",
+                                     "text", "truncation", "reasoning", "include", "service_tier", "background" };
+
+int resp_to_chat(struct server *srv, const char *ns, const json_t *in, json_t **out, json_t **turn, char *parent, size_t n_parent,
+                 struct serve_error *e) {
+    (void) srv;
+    *out = *turn = NULL;
+    parent[0] = '\0';
+    const char *k;
+    const json_t *v;
+    json_object_foreach((json_t *) in, k, v) {
+        bool known = false;
+        for (size_t i = 0; !known && i < sizeof KNOWN / sizeof KNOWN[0]; i++) known = !strcmp(k, KNOWN[i]);
+        if (!known) {
+            e->param = k;
+            return serve_bad(e, "'%.40s' is not a Responses API field kvtier applies", k);
+        }
+    }
+    if (json_is_true(json_object_get(in, "background"))) {
+        e->param = "background";
+        return serve_bad(e, "'background' true is not supported: send the request and wait (or stream)");
+    }
+    const json_t *reasoning = json_object_get(in, "reasoning");
+    if (reasoning && json_object_get(reasoning, "effort") && !json_is_null(json_object_get(reasoning, "effort"))) {
+        e->param = "reasoning";
+        return serve_bad(e, "'reasoning.effort' is not supported: kvtier's models do not reason apart");
+    }
+    json_t *o = json_object(), *msgs = json_array(), *t = json_array();
+    if (!o || !msgs || !t || json_object_set_new(o, "messages", msgs)) {
+        json_decref(o);
+        json_decref(t);
+        return serve_error_oom(e);
+    }
+    int rc = 0;
+    if ((v = json_object_get(in, "instructions")) && !json_is_null(v)) {
+        if (!json_is_string(v)) {
+            e->param = "instructions";
+            rc = serve_bad(e, "'instructions' must be a string, got %s", serve_json_type(v));
+        } else if (json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", "system", "content", v))) rc = serve_error_oom(e);
+    }
+    /* the conversation so far: the turns of previous_response_id's chain, oldest first */
+    if (rc == 0 && (v = json_object_get(in, "previous_response_id")) && !json_is_null(v)) {
+        e->param = "previous_response_id";
+        if (!json_is_string(v)) rc = serve_bad(e, "'previous_response_id' must be a string, got %s", serve_json_type(v));
+        else {
+            snprintf(parent, n_parent, "%s", json_string_value(v));
+            pthread_mutex_lock(&resp_mu);
+            json_t *chain = json_array();
+            uint64_t now = ++resp_clock;
+            struct resp *r = find(ns, parent);
+            bool found = r != NULL;
+            char missing[48] = "";
+            for (int depth = 0; r && chain && depth < RESP_MAX_DEPTH; depth++) {
+                json_array_insert(chain, 0, r->turn);
+                r->touched = now; /* the chain stays while it is continued */
+                if (!r->parent[0]) break;
+                struct resp *p = find(ns, r->parent);
+                if (!p) snprintf(missing, sizeof missing, "%s", r->parent);
+                r = p;
+            }
+            pthread_mutex_unlock(&resp_mu);
+            if (!found || missing[0]) {
+                json_decref(chain);
+                if (!found)
+                    rc = serve_error_set(e, 404, "invalid_request_error", "not_found",
+                                         "previous response '%.60s' was not found (never stored, store: false, deleted, or expired)",
+                                         parent);
+                else /* never a conversation with a hole in it */
+                    rc = serve_error_set(e, 404, "invalid_request_error", "not_found",
+                                         "response '%.60s', earlier in the conversation of '%.60s', was deleted", missing, parent);
+            } else {
+                size_t i;
+                json_t *tn;
+                json_array_foreach(chain, i, tn) json_array_extend(msgs, tn);
+                json_decref(chain);
+            }
+        }
+    }
+    size_t before = json_array_size(msgs);
+    if (rc == 0) {
+        const json_t *input = json_object_get(in, "input");
+        if (!input) {
+            e->param = "input";
+            rc = serve_bad(e, "'input' is missing: a string or an array of items");
+        } else rc = input_messages(input, msgs, e);
+    }
+    for (size_t i = before; rc == 0 && i < json_array_size(msgs); i++) json_array_append(t, json_array_get(msgs, i));
+    static const char *const same[][2] = { { "max_output_tokens", "max_tokens" }, { "temperature", "temperature" }, { "top_p", "top_p" },
+                                           { "stream", "stream" },                 { "model", "model" },             { "user", "user" },
+                                           { "parallel_tool_calls", "parallel_tool_calls" } };
+    for (size_t i = 0; rc == 0 && i < sizeof same / sizeof same[0]; i++)
+        if ((v = json_object_get(in, same[i][0])) && json_object_set(o, same[i][1], (json_t *) v)) rc = serve_error_oom(e);
+    if (rc == 0 && (v = json_object_get(in, "tools")) && !json_is_null(v)) {
+        e->param = "tools";
+        json_t *tools = json_array();
+        size_t i;
+        const json_t *tl;
+        if (!json_is_array(v)) rc = serve_bad(e, "'tools' must be an array, got %s", serve_json_type(v));
+        else json_array_foreach(v, i, tl) {
+                const char *type = json_string_value(json_object_get(tl, "type")), *name = json_string_value(json_object_get(tl, "name"));
+                if (!type || strcmp(type, "function")) {
+                    rc = serve_bad(e, "'tools[%zu]' has type '%.40s'; kvtier runs function tools only (the client runs them)", i,
+                                   type ? type : "(none)");
+                    break;
+                }
+                if (!name) {
+                    rc = serve_bad(e, "'tools[%zu].name' must be a string", i);
+                    break;
+                }
+                json_t *fn = json_pack("{s:s}", "name", name);
+                if (fn && json_object_get(tl, "description")) json_object_set(fn, "description", json_object_get(tl, "description"));
+                if (fn && json_object_get(tl, "parameters")) json_object_set(fn, "parameters", json_object_get(tl, "parameters"));
+                if (!fn || json_array_append_new(tools, json_pack("{s:s, s:o}", "type", "function", "function", fn))) rc = serve_error_oom(e);
+            }
+        if (rc == 0 && json_object_set_new(o, "tools", tools)) rc = serve_error_oom(e);
+        else if (rc) json_decref(tools);
+    }
+    if (rc == 0 && (v = json_object_get(in, "tool_choice")) && !json_is_null(v)) {
+        e->param = "tool_choice";
+        json_t *tc = NULL;
+        const char *type = json_string_value(json_object_get(v, "type"));
+        if (json_is_string(v)) tc = json_copy((json_t *) v);
+        else if (type && !strcmp(type, "function") && json_is_string(json_object_get(v, "name")))
+            tc = json_pack("{s:s, s:{s:O}}", "type", "function", "function", "name", json_object_get(v, "name"));
+        else rc = serve_bad(e, "'tool_choice' must be auto, none, required or {\"type\": \"function\", \"name\": ...}");
+        if (tc && json_object_set_new(o, "tool_choice", tc)) rc = serve_error_oom(e);
+    }
+    if (rc == 0 && (v = json_object_get(in, "text")) && (v = json_object_get(v, "format")) && !json_is_null(v)) {
+        /* text.format: {"type": "text"} | {"type": "json_object"} | {"type": "json_schema", "name", "schema", "strict"} */
+        e->param = "text.format";
+        const char *type = json_string_value(json_object_get(v, "type"));
+        json_t *rf = NULL;
+        if (type && !strcmp(type, "json_schema"))
+            rf = json_pack("{s:s, s:{s:O*, s:O*}}", "type", "json_schema", "json_schema", "name", json_object_get(v, "name"), "schema",
+                           json_object_get(v, "schema"));
+        else if (type && !strcmp(type, "json_object")) rf = json_pack("{s:s}", "type", "json_object");
+        else if (!type || strcmp(type, "text")) rc = serve_bad(e, "'text.format.type' must be text, json_object or json_schema");
+        if (rf && json_object_set_new(o, "response_format", rf)) rc = serve_error_oom(e);
+    }
+    if (rc) {
+        json_decref(o);
+        json_decref(t);
+        return -1;
+    }
+    e->param = NULL;
+    *out = o;
+    *turn = t;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* reply                                                                                    */
+
+json_t *resp_output(struct server *srv, const json_t *msg, const char *item_id) {
+    json_t *out = json_array();
+    const json_t *c = json_object_get(msg, "content"), *calls = json_object_get(msg, "tool_calls");
+    if (json_is_string(c) && (json_string_length(c) || !json_array_size(calls)))
+        json_array_append_new(out, json_pack("{s:s, s:s, s:s, s:s, s:[{s:s, s:O, s:[]}]}", "type", "message", "id", item_id, "status",
+                                             "completed", "role", "assistant", "content", "type", "output_text", "text", c,
+                                             "annotations"));
+    size_t i;
+    const json_t *call;
+    json_array_foreach(calls, i, call) {
+        char fid[48];
+        snprintf(fid, sizeof fid, "fc_%llu", __atomic_add_fetch(&srv->n_replies, 1, __ATOMIC_RELAXED));
+        const json_t *fn = json_object_get(call, "function");
+        json_array_append_new(out, json_pack("{s:s, s:s, s:O, s:O, s:O, s:s}", "type", "function_call", "id", fid, "call_id",
+                                             json_object_get(call, "id"), "name", json_object_get(fn, "name"), "arguments",
+                                             json_object_get(fn, "arguments"), "status", "completed"));
+    }
+    return out;
+}
+
+json_t *resp_usage(const struct job *j) {
+    return json_pack("{s:i, s:{s:I}, s:i, s:{s:i}, s:i}", "input_tokens", j->prompt_tokens, "input_tokens_details", "cached_tokens",
+                     (json_int_t) j->sync.tokens_reused, "output_tokens", j->completion_tokens, "output_tokens_details",
+                     "reasoning_tokens", 0, "total_tokens", j->prompt_tokens + j->completion_tokens);
+}
+
+json_t *resp_object(struct server *srv, const struct job *j, const char *id, const char *parent, json_t *output, const char *status) {
+    bool incomplete = !strcmp(status, "incomplete");
+    return json_pack("{s:s, s:s, s:I, s:s, s:s, s:o, s:o, s:o, s:o, s:o, s:i, s:f, s:f, s:b, s:o}", "id", id, "object", "response",
+                     "created_at", (json_int_t) time(NULL), "status", status, "model", srv->model_name, "output",
+                     output ? output : json_array(), "usage", j ? resp_usage(j) : json_null(), "previous_response_id",
+                     parent && *parent ? json_string(parent) : json_null(), "incomplete_details",
+                     incomplete ? json_pack("{s:s}", "reason", "max_output_tokens") : json_null(), "error", json_null(),
+                     "max_output_tokens", j ? j->req.max_tokens : 0, "temperature", j ? (double) j->req.smp.temperature : 1.0,
+                     "top_p", j ? (double) j->req.smp.top_p : 1.0, "parallel_tool_calls", 1, "text",
+                     json_pack("{s:{s:s}}", "format", "type", "text"));
+}
+
+void resp_store(struct server *srv, const char *ns, const char *id, const char *parent, json_t *turn, const json_t *msg,
+                json_t *obj) {
+    (void) srv;
+    /* the reply as the chat message the next turn replays (its tool calls with their ids) */
+    json_t *am = json_pack("{s:s, s:O}", "role", "assistant", "content",
+                           json_is_string(json_object_get(msg, "content")) ? json_object_get(msg, "content") : json_string(""));
+    if (am && json_array_size(json_object_get(msg, "tool_calls"))) json_object_set(am, "tool_calls", json_object_get(msg, "tool_calls"));
+    if (!am || json_array_append_new(turn, am)) return;
+    pthread_mutex_lock(&resp_mu);
+    if (n_resps == RESP_MAX) { /* the least recently used: never an ancestor of a stored one */
+        int32_t lru = 0;
+        for (int32_t i = 1; i < n_resps; i++)
+            if (resps[i].touched < resps[lru].touched) lru = i;
+        json_decref(resps[lru].turn);
+        json_decref(resps[lru].obj);
+        resps[lru] = resps[--n_resps];
+    }
+    if (!resps && !(resps = calloc(RESP_MAX, sizeof *resps))) {
+        pthread_mutex_unlock(&resp_mu);
+        return;
+    }
+    struct resp *r = &resps[n_resps++];
+    snprintf(r->id, sizeof r->id, "%s", id);
+    snprintf(r->parent, sizeof r->parent, "%s", parent ? parent : "");
+    snprintf(r->ns, sizeof r->ns, "%s", ns);
+    r->turn = json_incref(turn);
+    r->obj = json_incref(obj);
+    r->touched = ++resp_clock;
+    for (struct resp *p = r->parent[0] ? find(ns, r->parent) : NULL; p; p = p->parent[0] ? find(ns, p->parent) : NULL)
+        p->touched = ++resp_clock; /* ancestors stay newer than their descendants */
+    pthread_mutex_unlock(&resp_mu);
+}
+
+json_t *resp_get(const char *ns, const char *id) {
+    pthread_mutex_lock(&resp_mu);
+    struct resp *r = find(ns, id);
+    json_t *o = r ? json_incref(r->obj) : NULL;
+    pthread_mutex_unlock(&resp_mu);
+    return o;
+}
+
+bool resp_delete(const char *ns, const char *id) {
+    pthread_mutex_lock(&resp_mu);
+    struct resp *r = find(ns, id);
+    if (r) {
+        json_decref(r->turn);
+        json_decref(r->obj);
+        *r = resps[--n_resps];
+    }
+    pthread_mutex_unlock(&resp_mu);
+    return r != NULL;
+}
+
+void resp_free_all(void) {
+    pthread_mutex_lock(&resp_mu);
+    for (int32_t i = 0; i < n_resps; i++) {
+        json_decref(resps[i].turn);
+        json_decref(resps[i].obj);
+    }
+    free(resps);
+    resps = NULL;
+    n_resps = 0;
+    pthread_mutex_unlock(&resp_mu);
+}
