@@ -358,6 +358,13 @@ int kvt_grammar_new(kvt_engine *eng, const char *gbnf, const char *root, kvt_gra
 /* Free a grammar state (NULL is a no-op). */
 void kvt_grammar_free(kvt_grammar *g);
 
+/* One logit bias (OpenAI's and llama-server's logit_bias): bias is added to the token's logit
+** before any sampler runs; -INFINITY bans the token. */
+struct kvt_logit_bias {
+    kvt_token token;
+    float bias;
+};
+
 struct kvt_sampling {
     float temperature;    /* <= 0: greedy (argmax) */
     float top_p;          /* 1.0 = off */
@@ -365,6 +372,9 @@ struct kvt_sampling {
     uint32_t seed;        /* used when temperature > 0 */
     kvt_grammar *grammar; /* NULL = unconstrained; else only tokens the grammar allows are
                           ** sampled, and the sampled token advances it (borrowed, not owned) */
+    const struct kvt_logit_bias *logit_bias; /* [n_logit_bias] (borrowed; tokens outside the
+                          ** vocabulary are skipped), applied to the logits first, greedy included */
+    int32_t n_logit_bias;
 };
 
 /* Sample the next token from kvt_engine_logits() (llama.cpp sampler chain).  With a grammar the token

@@ -20,6 +20,7 @@ void serve_job_free(struct job *j) {
     free(j->req.msgs);
     free(j->req.prompt);
     free(j->req.prompt_ids);
+    free(j->req.bias);
     json_decref(j->req.resp_turn);
     free(j->req.grammar);
     kvt_grammar_free(j->req.smp.grammar);

@@ -4,6 +4,7 @@
 ** the bad value, as the 400 reply the client gets. */
 #include "serve.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,7 +30,7 @@ const char *serve_json_type(const json_t *v) {
 static int parse_common(struct server *srv, json_t *root, struct job *j, struct serve_error *e) {
     json_t *v;
     j->req.max_tokens = srv->max_tokens_default;
-    j->req.smp = (struct kvt_sampling){ srv->temp_default, 1.0f, 0, 0, NULL };
+    j->req.smp = (struct kvt_sampling){ srv->temp_default, 1.0f, 0, 0, NULL, NULL, 0 };
     const char *len_keys[] = { "max_tokens", "max_completion_tokens" };
     for (int i = 0; i < 2; i++)
         if ((v = json_object_get(root, len_keys[i])) && !json_is_null(v)) {
@@ -457,17 +458,82 @@ static int refuse_unimplemented(const json_t *root, struct serve_error *e) {
                   json_number_value(v), NOT_IMPLEMENTED[i].neutral);
         return -1;
     }
-    if ((v = json_object_get(root, "logit_bias")) && !json_is_null(v) &&
-        !((json_is_object(v) && json_object_size(v) == 0) || (json_is_array(v) && json_array_size(v) == 0))) {
-        e->param = "logit_bias";
-        serve_bad(e, "'logit_bias' is not supported by kvtier serve: it would change the reply (leave it out or send {})");
-        return -1;
-    }
     if ((v = json_object_get(root, "ignore_eos")) && json_is_true(v)) {
         e->param = "ignore_eos";
         serve_bad(e, "'ignore_eos' true is not supported by kvtier serve: it would change the reply");
         return -1;
     }
+    return 0;
+}
+
+/* One logit_bias entry: key (a token id, as a number or its decimal string, or a text whose
+** tokens are all biased: llama-server's) and value (a number in -100..100, or false: banned). */
+static int add_bias(struct server *srv, struct job *j, const json_t *key, const char *kstr, const json_t *val, const char *where,
+                    struct serve_error *e) {
+    float b;
+    if (json_is_false(val)) b = -INFINITY;
+    else if (json_is_number(val) && json_number_value(val) >= -100 && json_number_value(val) <= 100) b = (float) json_number_value(val);
+    else return serve_bad(e, "'logit_bias' %s: the bias must be a number in -100..100 or false, got %s", where, serve_json_type(val));
+    kvt_token one, *toks = &one;
+    int32_t n = 1;
+    char *end = NULL;
+    long id = -1;
+    if (key && json_is_integer(key)) id = (long) json_integer_value(key);
+    else if (kstr && *kstr) id = strtol(kstr, &end, 10);
+    struct kvt_engine_info I = { 0 };
+    if (srv->eng) kvt_engine_info(srv->eng, &I);
+    if ((key && json_is_integer(key)) || (end && !*end)) {
+        if (id < 0 || (srv->eng && id >= I.n_vocab))
+            return serve_bad(e, "'logit_bias' %s: token id %ld is outside 0..%d (the model's vocabulary)", where, id, I.n_vocab - 1);
+        one = (kvt_token) id;
+    } else if (kstr && *kstr && srv->eng) { /* a text: every token of it */
+        if (kvt_tokenize(srv->eng, kstr, false, false, &toks, &n)) return serve_bad(e, "'logit_bias' %s: cannot tokenize the text", where);
+    } else
+        return serve_bad(e, "'logit_bias' %s: the key must be a token id or a text", where);
+    int rc = 0;
+    for (int32_t i = 0; rc == 0 && i < n; i++) {
+        if (j->req.n_bias == 4096) {
+            rc = serve_bad(e, "'logit_bias' biases more than 4096 tokens");
+            break;
+        }
+        if (j->req.n_bias % 64 == 0) {
+            struct kvt_logit_bias *nb = realloc(j->req.bias, sizeof *nb * (size_t) (j->req.n_bias + 64));
+            if (!nb) {
+                rc = serve_error_oom(e);
+                break;
+            }
+            j->req.bias = nb;
+        }
+        j->req.bias[j->req.n_bias++] = (struct kvt_logit_bias){ toks[i], b };
+    }
+    if (toks != &one) free(toks);
+    return rc;
+}
+
+/* logit_bias: OpenAI's {"ID": bias} or llama-server's [[ID or text, bias or false], ...]. */
+static int parse_logit_bias(struct server *srv, const json_t *v, struct job *j, struct serve_error *e) {
+    e->param = "logit_bias";
+    char where[48];
+    if (json_is_object(v)) {
+        const char *k;
+        json_t *b;
+        json_object_foreach((json_t *) v, k, b) {
+            snprintf(where, sizeof where, "'%.30s'", k);
+            if (add_bias(srv, j, NULL, k, b, where, e)) return -1;
+        }
+    } else if (json_is_array(v)) {
+        size_t i;
+        json_t *p;
+        json_array_foreach(v, i, p) {
+            snprintf(where, sizeof where, "[%zu]", i);
+            if (!json_is_array(p) || json_array_size(p) != 2 || !(json_is_integer(json_array_get(p, 0)) || json_is_string(json_array_get(p, 0))))
+                return serve_bad(e, "'logit_bias[%zu]' must be a pair [token id or text, bias]", i);
+            if (add_bias(srv, j, json_array_get(p, 0), json_string_value(json_array_get(p, 0)), json_array_get(p, 1), where, e)) return -1;
+        }
+    } else return serve_bad(e, "'logit_bias' must be an object {token id: bias} or an array of pairs, got %s", serve_json_type(v));
+    j->req.smp.logit_bias = j->req.bias;
+    j->req.smp.n_logit_bias = j->req.n_bias;
+    e->param = NULL;
     return 0;
 }
 
@@ -492,6 +558,8 @@ int serve_request_parse(struct server *srv, json_t *root, struct job *j, bool ch
     log_unknown_fields(root);
     int rc = refuse_unimplemented(root, e);
     if (rc == 0) rc = parse_common(srv, root, j, e);
+    const json_t *lb = json_object_get(root, "logit_bias");
+    if (rc == 0 && lb && !json_is_null(lb)) rc = parse_logit_bias(srv, lb, j, e);
     char *sys_extra = NULL;
     if (rc == 0 && chat) rc = tools_parse(root, j, &srv->lim, &sys_extra, e);
     if (rc == 0 && chat) rc = parse_messages(root, j, &srv->lim, sys_extra, e);

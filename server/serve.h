@@ -104,6 +104,8 @@ struct job_req {
     json_t *resp_turn;                 /* responses: the chat messages of this turn's input (owned) */
     bool return_tokens; /* native: the reply lists the generated token ids */
     kvt_token *prompt_ids; /* native: the prompt as token ids (instead of prompt text), owned */
+    struct kvt_logit_bias *bias; /* logit_bias (smp.logit_bias points here), owned */
+    int32_t n_bias;
     int32_t n_prompt_ids;
     double t_arrival; /* ms, monotonic */
     double deadline;  /* ms, monotonic: t_arrival + --request-timeout-s; 0 = none */

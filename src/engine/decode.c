@@ -221,16 +221,22 @@ void kvt_grammar_free(kvt_grammar *g) {
     free(g);
 }
 
-static void fill_candidates(const kvt_engine *e, llama_token_data *d) {
+static void fill_candidates(const kvt_engine *e, const struct kvt_sampling *s, llama_token_data *d) {
     for (int32_t i = 0; i < e->info.n_vocab; i++) d[i] = (llama_token_data){ i, e->logits[i], 0.0f };
+    for (int32_t k = 0; k < s->n_logit_bias; k++) {
+        kvt_token t = s->logit_bias[k].token;
+        if (t >= 0 && t < e->info.n_vocab) d[t].logit += s->logit_bias[k].bias;
+    }
 }
 
 int kvt_engine_sample(kvt_engine *e, const struct kvt_sampling *s, kvt_token *tok) {
-    static const struct kvt_sampling greedy = { 0, 1, 0, 0, NULL };
+    static const struct kvt_sampling greedy = { 0, 1, 0, 0, NULL, NULL, 0 };
     if (!s) s = &greedy;
     if (!e->have_logits) return kvt__fail(KVT_EINVAL, "sample: no logits (decode with want_logits first)");
     struct kvt_sampling key = *s;
-    key.grammar = NULL; /* the chain does not depend on the grammar */
+    key.grammar = NULL; /* the chain does not depend on the grammar, nor on the biases */
+    key.logit_bias = NULL;
+    key.n_logit_bias = 0;
     if (!e->smpl || memcmp(&e->smpl_p, &key, sizeof key) != 0) {
         if (e->smpl) llama_sampler_free(e->smpl);
         e->smpl = llama_sampler_chain_init(llama_sampler_chain_default_params());
@@ -247,7 +253,7 @@ int kvt_engine_sample(kvt_engine *e, const struct kvt_sampling *s, kvt_token *to
     const int32_t nv = e->info.n_vocab;
     llama_token_data *d = malloc(sizeof *d * (size_t) nv);
     if (!d) return kvt__fail(KVT_ENOMEM, "sampling candidates");
-    fill_candidates(e, d);
+    fill_candidates(e, s, d);
     llama_token_data_array arr = { d, (size_t) nv, -1, false };
     llama_sampler_apply(e->smpl, &arr);
     int rc = 0;
@@ -258,7 +264,7 @@ int kvt_engine_sample(kvt_engine *e, const struct kvt_sampling *s, kvt_token *to
         llama_token_data_array a1 = { &one, 1, -1, false };
         llama_sampler_apply(s->grammar->smpl, &a1);
         if (isinf(one.logit)) { /* rejected: mask the whole vocabulary, then sample again */
-            fill_candidates(e, d);
+            fill_candidates(e, s, d);
             arr = (llama_token_data_array){ d, (size_t) nv, -1, false };
             llama_sampler_apply(s->grammar->smpl, &arr);
             bool any = false;

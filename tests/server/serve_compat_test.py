@@ -114,6 +114,23 @@ check("a prompt of token ids (the tokenizer's own) gives the same greedy text", 
       f"{st} {n2}")
 st, _, b = raw("POST", "/completion", {"prompt": [1, 2, 10 ** 8], "n_predict": 4})
 check("a token id outside the vocabulary -> 400 naming prompt[2]", st == 400 and "prompt[2]" in b["error"]["message"], f"{st} {b}")
+# logit_bias: ban the greedy reply's first token; the reply then starts otherwise (control: the
+# empty bias leaves it as it was)
+first = n1.get("tokens", [None])[0]
+for name, lb in (("OpenAI's {\"ID\": -100}", {str(first): -100}), ("llama-server's [[ID, false]]", [[first, False]])):
+    st, _, b = raw("POST", "/completion", {"prompt": P, "n_predict": 4, "temperature": 0, "return_tokens": True, "logit_bias": lb})
+    check(f"logit_bias {name} bans the greedy first token", st == 200 and b["tokens"] and b["tokens"][0] != first, f"{st} {b}")
+st, _, b = raw("POST", "/completion", {"prompt": P, "n_predict": 4, "temperature": 0, "return_tokens": True, "logit_bias": {}})
+check("control: an empty logit_bias leaves the greedy reply as it was", st == 200 and b["tokens"][:1] == [first], f"{st} {b}")
+piece = raw("POST", "/detokenize", {"tokens": [first]})[2]["content"]
+st, _, b = raw("POST", "/completion", {"prompt": P, "n_predict": 4, "temperature": 0, "return_tokens": True,
+                                        "logit_bias": [[piece, -100]]})
+check("logit_bias by text (llama-server's): the text's tokens are banned", st == 200 and b["tokens"][0] != first, f"{piece!r} {st} {b}")
+st, _, b = raw("POST", "/completion", {"prompt": P, "logit_bias": {"99999999": -5}})
+check("logit_bias with a token id outside the vocabulary -> 400 naming it", st == 400 and b["error"]["param"] == "logit_bias"
+      and "99999999" in b["error"]["message"], f"{st} {b}")
+st, _, b = raw("POST", "/completion", {"prompt": P, "logit_bias": {str(first): 500}})
+check("logit_bias 500 -> 400 (the range is -100..100)", st == 400 and b["error"]["param"] == "logit_bias", f"{st} {b}")
 st, _, b = raw("POST", "/completion", {"prompt": P, "n_predict": 0})
 check("n_predict 0 -> 400 naming it", st == 400 and b["error"]["param"] == "n_predict", f"{st} {b}")
 st, _, b = raw("POST", "/completion", {"prompt": P, "n_probs": 5})

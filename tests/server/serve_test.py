@@ -370,7 +370,7 @@ bad("tools with response_format json", 400, {"messages": hello, "tools": tools, 
 bad("a tool result without tool_call_id", 400, {"messages": [{"role": "user", "content": "hi"},
                                                             {"role": "tool", "content": "18 degrees"}]}, "tool_call_id")
 bad("the deprecated functions API", 400, {"messages": hello, "functions": [{"name": "f"}]}, "deprecated")
-bad("logit_bias (not implemented: never ignored)", 400, {"messages": hello, "logit_bias": {"15": 5}}, "'logit_bias' is not supported")
+bad("logit_bias out of range", 400, {"messages": hello, "logit_bias": {"15": 500}}, "'logit_bias'")
 bad("frequency_penalty 0.5 (not implemented)", 400, {"messages": hello, "frequency_penalty": 0.5}, "'frequency_penalty' 0.5")
 bad("min_p 0.05 (not implemented)", 400, {"messages": hello, "min_p": 0.05}, "'min_p' 0.05 is not supported")
 bad("grammar that is not GBNF", 400, {"messages": hello, "grammar": "root ::= (("}, "'grammar' is not valid GBNF")
