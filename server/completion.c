@@ -29,7 +29,7 @@ bool serve_completion_prepare(struct server *srv, struct job *j) {
         j->prompt_tokens = j->req.n_prompt_ids;
         j->req.prompt_ids = NULL;
         j->req.n_prompt_ids = 0;
-    } else rc = kvt_tokenize(srv->eng, j->req.prompt, true, false, &j->ptok, &j->prompt_tokens);
+    } else rc = kvt_tokenize(srv->eng, j->req.prompt, true, j->req.prompt_special, &j->ptok, &j->prompt_tokens);
     if (rc) {
         serve_error_lib(&j->err, "prompt", rc);
         return false;

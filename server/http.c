@@ -288,6 +288,10 @@ static enum MHD_Result send_error(struct server *srv, struct MHD_Connection *c, 
 /* ---------------------------------------------------------------------------------------- */
 /* replies                                                                                  */
 
+/* A reply in the chat shape: a chat job, or a chat request with an assistant prefill run as a
+** completion (server/request.c). */
+static bool chat_shape(const struct job *j) { return j->kind == JOB_CHAT || j->req.prefill; }
+
 static json_t *usage_obj(const struct job *j) {
     return json_pack("{s:i, s:i, s:i, s:{s:I, s:I, s:I, s:I, s:I, s:i, s:s, s:s, s:I, s:I, s:I, s:i}}", "prompt_tokens",
                      j->prompt_tokens, "completion_tokens", j->completion_tokens, "total_tokens",
@@ -302,10 +306,10 @@ static json_t *usage_obj(const struct job *j) {
 
 static json_t *final_obj(struct server *srv, const struct job *j) {
     char id[64];
-    snprintf(id, sizeof id, "%s-%llu", j->kind == JOB_CHAT ? "chatcmpl" : "cmpl",
+    snprintf(id, sizeof id, "%s-%llu", chat_shape(j) ? "chatcmpl" : "cmpl",
              __atomic_add_fetch(&srv->n_replies, 1, __ATOMIC_RELAXED));
     json_t *choice;
-    if (j->kind == JOB_CHAT) {
+    if (chat_shape(j)) {
         const char *fin = j->finish;
         json_t *msg = tools_reply(srv, j->text ? j->text : "", j->req.format, &fin);
         choice = json_pack("{s:i, s:o, s:s, s:n}", "index", 0, "message", msg, "finish_reason", fin, "logprobs");
@@ -316,7 +320,7 @@ static json_t *final_obj(struct server *srv, const struct job *j) {
     }
     if (choice && j->lp_json) json_object_set_new(choice, "logprobs", json_pack("{s:O}", "content", j->lp_json));
     return json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", id, "object",
-                     j->kind == JOB_CHAT ? "chat.completion" : "text_completion", "created", (json_int_t) time(NULL), "model",
+                     chat_shape(j) ? "chat.completion" : "text_completion", "created", (json_int_t) time(NULL), "model",
                      srv->model_name, "choices", choice, "usage", usage_obj(j));
 }
 
@@ -534,7 +538,7 @@ static void resp_items(struct stream *st, json_t *output) {
 static json_t *chunk_delta(struct stream *st, json_t *delta, const char *content, const char *finish, bool role) {
     const struct job *j = st->j;
     json_t *choice;
-    if (j->kind == JOB_CHAT) {
+    if (chat_shape(j)) {
         if (!delta) {
             delta = json_object();
             if (role) json_object_set_new(delta, "role", json_string("assistant"));
@@ -547,7 +551,7 @@ static json_t *chunk_delta(struct stream *st, json_t *delta, const char *content
                            finish ? json_string(finish) : json_null(), "logprobs");
     }
     return json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", st->id, "object",
-                     j->kind == JOB_CHAT ? "chat.completion.chunk" : "text_completion", "created", (json_int_t) time(NULL), "model",
+                     chat_shape(j) ? "chat.completion.chunk" : "text_completion", "created", (json_int_t) time(NULL), "model",
                      st->srv->model_name, "choices", choice);
 }
 
@@ -579,7 +583,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
                 stream_event(st, json_pack("{s:s, s:o}", "type", "message_start", "message", m));
                 continue;
             }
-            if (j->kind == JOB_CHAT) {
+            if (chat_shape(j)) {
                 stream_emit(st, chunk(st, NULL, NULL, true));
                 continue;
             }
@@ -589,7 +593,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         ** the JSON reply format), anything else plain text, streamed as it comes like any reply */
         bool whole = false;
         pthread_mutex_lock(&srv->mu);
-        if (j->kind == JOB_CHAT && j->req.format == REPLY_TOOLS && st->tools_text <= 0) {
+        if (chat_shape(j) && j->req.format == REPLY_TOOLS && st->tools_text <= 0) {
             if (st->tools_text < 0) {
                 wait_watching_for(srv, st->c, j, true);
                 const char c0 = first_char(j);
@@ -696,7 +700,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             stream_emit(st, chunk(st, NULL, fin, false));
             if (j->req.include_usage) {
                 json_t *u = json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", st->id, "object",
-                                      j->kind == JOB_CHAT ? "chat.completion.chunk" : "text_completion", "created",
+                                      chat_shape(j) ? "chat.completion.chunk" : "text_completion", "created",
                                       (json_int_t) time(NULL), "model", srv->model_name, "choices", "usage", usage_obj(j));
                 stream_emit(st, u);
             }
@@ -791,7 +795,7 @@ static enum MHD_Result run_job(struct server *srv, struct MHD_Connection *c, str
     st->tools_text = -1;
     st->a_open = -1;
     snprintf(st->r_item, sizeof st->r_item, "msg_%llu", __atomic_add_fetch(&srv->n_replies, 1, __ATOMIC_RELAXED));
-    snprintf(st->id, sizeof st->id, "%s-%llu", j->kind == JOB_CHAT ? "chatcmpl" : "cmpl",
+    snprintf(st->id, sizeof st->id, "%s-%llu", chat_shape(j) ? "chatcmpl" : "cmpl",
              __atomic_add_fetch(&srv->n_replies, 1, __ATOMIC_RELAXED));
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, st, stream_free);
     if (!r) {

@@ -393,9 +393,23 @@ out:
             }
         }
     }
-    if (strcmp(j->req.msgs[j->req.n_msgs - 1].role, "user")) {
-        serve_bad(e, "the last message is '%s'; it must be a user or tool message", j->req.msgs[j->req.n_msgs - 1].role);
+    const json_t *cont = json_object_get(root, "continue_final_message"), *agp = json_object_get(root, "add_generation_prompt");
+    if (json_is_true(cont) && json_is_true(agp)) {
+        e->param = "continue_final_message";
+        return serve_bad(e, "'continue_final_message' and 'add_generation_prompt' cannot both be true");
+    }
+    if (!strcmp(j->req.msgs[j->req.n_msgs - 1].role, "assistant") && !json_is_false(cont)) {
+        j->req.prefill = true; /* llama-server's assistant prefill (vLLM's continue_final_message) */
+    } else if (strcmp(j->req.msgs[j->req.n_msgs - 1].role, "user")) {
+        serve_bad(e, "the last message is '%s'; it must be a user or tool message (or an assistant message to continue)",
+                  j->req.msgs[j->req.n_msgs - 1].role);
         return -1;
+    } else if (json_is_true(cont)) {
+        e->param = "continue_final_message";
+        return serve_bad(e, "'continue_final_message' is true but the last message is not the assistant's");
+    } else if (json_is_false(agp)) {
+        e->param = "add_generation_prompt";
+        return serve_bad(e, "'add_generation_prompt' false is supported only with a final assistant message to continue");
     }
     e->param = NULL;
     return 0;
@@ -418,7 +432,7 @@ static const char *const KNOWN[] = {
     "model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "n", "stop",
     "stream", "stream_options", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "functions",
     "function_call", "response_format", "json_schema", "grammar", "logit_bias", "user", "metadata", "store", "cache_prompt",
-    "session", "session_id", "id_slot", "ignore_eos", "n_predict", "return_tokens",
+    "session", "session_id", "id_slot", "ignore_eos", "n_predict", "return_tokens", "continue_final_message", "add_generation_prompt",
 };
 
 static pthread_mutex_t unknown_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -537,6 +551,37 @@ static int parse_logit_bias(struct server *srv, const json_t *v, struct job *j, 
     return 0;
 }
 
+/* An assistant prefill: the template's text of the messages before the last, with the assistant
+** prefix, then the last message's text; the job becomes a completion of it (a scratch sequence,
+** no session: its KV is not kept), replied in the chat shape. */
+static int prefill_prompt(struct server *srv, struct job *j, struct serve_error *e) {
+    if (j->req.format != REPLY_TEXT) {
+        e->param = "messages";
+        return serve_bad(e, "an assistant prefill (the last message is the assistant's) cannot be combined with tools or "
+                            "response_format");
+    }
+    if (!srv->eng) return 0; /* no model (the request fuzzer): parsed only */
+    char *text = NULL;
+    const struct kvt_chat_msg *last = &j->req.msgs[j->req.n_msgs - 1];
+    int rc = kvt_chat_format(srv->eng, j->req.msgs, j->req.n_msgs - 1, true, kvt_session_default_params().template_fallback, &text);
+    if (rc) {
+        e->param = "messages";
+        serve_error_lib(e, "chat template", rc);
+        return -1;
+    }
+    size_t a = strlen(text), b = strlen(last->content);
+    char *p = realloc(text, a + b + 1);
+    if (!p) {
+        free(text);
+        return serve_error_oom(e);
+    }
+    memcpy(p + a, last->content, b + 1);
+    j->req.prompt = p;
+    j->req.prompt_special = true;
+    j->kind = JOB_COMPLETION;
+    return 0;
+}
+
 /* A prompt given as token ids: [int, ...] (checked against the vocabulary on the engine thread). */
 static int parse_prompt_ids(const json_t *p, struct job *j, struct serve_error *e) {
     size_t n = json_array_size(p);
@@ -564,6 +609,7 @@ int serve_request_parse(struct server *srv, json_t *root, struct job *j, bool ch
     if (rc == 0 && chat) rc = tools_parse(root, j, &srv->lim, &sys_extra, e);
     if (rc == 0 && chat) rc = parse_messages(root, j, &srv->lim, sys_extra, e);
     free(sys_extra);
+    if (rc == 0 && chat && j->req.prefill) rc = prefill_prompt(srv, j, e);
     if (rc == 0 && !chat) {
         const char *chat_only[] = { "tools", "tool_choice", "functions", "function_call", "response_format", "json_schema", "grammar" };
         for (int i = 0; rc == 0 && i < 7; i++) {

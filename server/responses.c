@@ -328,8 +328,8 @@ void resp_store(struct server *srv, const char *ns, const char *id, const char *
                 json_t *obj) {
     (void) srv;
     /* the reply as the chat message the next turn replays (its tool calls with their ids) */
-    json_t *am = json_pack("{s:s, s:O}", "role", "assistant", "content",
-                           json_is_string(json_object_get(msg, "content")) ? json_object_get(msg, "content") : json_string(""));
+    json_t *content = json_object_get(msg, "content");
+    json_t *am = json_pack("{s:s, s:o}", "role", "assistant", "content", json_is_string(content) ? json_incref(content) : json_string(""));
     if (am && json_array_size(json_object_get(msg, "tool_calls"))) json_object_set(am, "tool_calls", json_object_get(msg, "tool_calls"));
     if (!am || json_array_append_new(turn, am)) return;
     pthread_mutex_lock(&resp_mu);

@@ -97,6 +97,9 @@ struct job_req {
                                    ** smp.grammar by the engine thread */
     bool grammar_user; /* grammar is the request's "grammar" text (its errors name that field) */
     bool native;       /* llama.cpp's native /completion API: its reply and stream shapes */
+    bool prefill;      /* a chat whose last message is the assistant's: run as a completion of the template's text
+                       ** ending in that message (no session), replied in the chat shape */
+    bool prompt_special; /* prompt's control tokens are parsed (a chat template's text) and BOS added */
     bool anthropic;    /* Anthropic's Messages API (server/anthropic.c): its reply, events and errors */
     bool responses;    /* OpenAI's Responses API (server/responses.c) */
     bool resp_store;   /* responses: keep the reply for previous_response_id and GET (store, default true) */

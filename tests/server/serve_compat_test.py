@@ -153,6 +153,21 @@ r = A.chat.completions.create(model="code", messages=[{"role": "user", "content"
 check("openai client with a base URL without /v1: POST /chat/completions", r.choices[0].message.content is not None, str(r))
 check("the reply names the model by its --alias id", r.model == "code", r.model)
 
+# ---- assistant prefill: the reply continues the final assistant message ----------------------
+msgs = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "My favourite colour is"}]
+pf = A.chat.completions.create(model="code", messages=msgs, max_tokens=8, temperature=0)
+tmpl = raw("POST", "/apply-template", {"messages": msgs[:1]})[2]["prompt"]
+ids_ = raw("POST", "/tokenize", {"content": tmpl + msgs[1]["content"], "add_special": True, "parse_special": True})[2]["tokens"]
+ref = raw("POST", "/completion", {"prompt": ids_, "n_predict": 8, "temperature": 0})[2]
+check("assistant prefill: the reply is the greedy continuation of the template's text ending in the prefill",
+      pf.choices[0].message.content == ref["content"], f"{pf.choices[0].message.content!r} vs {ref['content']!r}")
+st, _, b = raw("POST", "/v1/chat/completions", {"messages": msgs, "max_tokens": 4, "continue_final_message": True,
+                                                "add_generation_prompt": True})
+check("continue_final_message with add_generation_prompt -> 400", st == 400 and b["error"]["param"] == "continue_final_message",
+      f"{st} {b}")
+st, _, b = raw("POST", "/v1/chat/completions", {"messages": msgs, "max_tokens": 4, "continue_final_message": False})
+check("continue_final_message false with a final assistant message -> 400 (nothing to answer)", st == 400, f"{st} {b}")
+
 # ---- CORS -----------------------------------------------------------------------------------
 pre = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "Authorization"}
 st, h, _ = raw("OPTIONS", "/v1/chat/completions", key=None, headers={"Origin": "http://localhost:3000", **pre})

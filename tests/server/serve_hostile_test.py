@@ -74,7 +74,7 @@ BAD = [
      "default", 400, "invalid_request_error", "messages", "content[0]"),
     ("role unsupported", "POST", CHAT, chat(messages=[{"role": "robot", "content": "x"}]), "default", 400,
      "invalid_request_error", "messages", "'robot'"),
-    ("last message not user", "POST", CHAT, chat(messages=[{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]),
+    ("last message a system one", "POST", CHAT, chat(messages=[{"role": "user", "content": "x"}, {"role": "system", "content": "y"}]),
      "default", 400, "invalid_request_error", "messages", "last message"),
     ("tool message without tool_call_id", "POST", CHAT, chat(messages=[{"role": "tool", "content": "x"}]), "default", 400,
      "invalid_request_error", "messages", "tool_call_id"),

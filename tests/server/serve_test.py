@@ -345,8 +345,8 @@ bad("max_tokens of the wrong type", 400, {"messages": hello, "max_tokens": 2.5},
 bad("stream of the wrong type", 400, {"messages": hello, "stream": "yes"}, "'stream' must be a boolean")
 bad("unknown role", 400, {"messages": [{"role": "wizard", "content": "hi"}]}, "'wizard' is not supported")
 bad("content of the wrong type", 400, {"messages": [{"role": "user", "content": 42}]}, "must be a string")
-bad("last message not from the user", 400, {"messages": [{"role": "user", "content": "a"},
-                                                         {"role": "assistant", "content": "b"}]}, "must be a user or tool message")
+bad("last message a system one", 400, {"messages": [{"role": "user", "content": "a"},
+                                                   {"role": "system", "content": "b"}]}, "must be a user or tool message")
 bad("invalid UTF-8", 400, b'{"messages": [{"role": "user", "content": "caf\xe9"}]}', "not valid UTF-8")
 bad("body over 8 MiB", 413, b'{"messages": "' + b"x" * (9 << 20) + b'"}', "over the limit")
 bad("prompt longer than the context", 400, {"messages": [{"role": "user", "content": "apple " * 6000}]}, "tokens")
