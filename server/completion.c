@@ -40,9 +40,12 @@ bool serve_completion_prepare(struct server *srv, struct job *j) {
     j->finish = "length";
     j->seq = -1;
     if (n + j->req.max_tokens > srv->budget) {
-        serve_error_set(&j->err, 400, "invalid_request_error", "context_length_exceeded",
-                        "the prompt is %d tokens and max_tokens %d; together they must fit the budget of %d tokens", n,
-                        j->req.max_tokens, srv->budget);
+        serve_error_set(&j->err, 400, "exceed_context_size_error", "context_length_exceeded",
+                        "the prompt is %d tokens and max_tokens %d; together they must fit the budget of %d tokens (a completion "
+                        "has no session to evict from)",
+                        n, j->req.max_tokens, srv->budget);
+        j->err.n_prompt_tokens = n;
+        j->err.n_ctx = srv->budget;
         return false;
     }
     if (n == 0) {

@@ -36,8 +36,8 @@ int serve_error_oom(struct serve_error *e) {
 }
 
 void serve_error_lib(struct serve_error *e, const char *what, int rc) {
-    if (rc == KVT_ECTX || rc == KVT_EBUDGET)
-        serve_error_set(e, 400, "invalid_request_error", "context_length_exceeded", "%s: %s", what, kvt_errmsg());
+    if (rc == KVT_ECTX || rc == KVT_EBUDGET) /* llama-server's type, OpenAI's code */
+        serve_error_set(e, 400, "exceed_context_size_error", "context_length_exceeded", "%s: %s", what, kvt_errmsg());
     else if (rc == KVT_EINVAL) serve_error_set(e, 400, "invalid_request_error", NULL, "%s: %s", what, kvt_errmsg());
     else serve_error_set(e, 500, "server_error", NULL, "%s: %s: %s", what, kvt_strerror(rc), kvt_errmsg());
 }
@@ -48,5 +48,8 @@ json_t *serve_error_json(const struct serve_error *e) {
                           e->type ? e->type : "server_error", "param", e->param ? json_string(e->param) : json_null(), "code",
                           e->code[0] ? json_string(e->code) : json_null());
     free(clean);
+    json_t *eo = json_object_get(o, "error");
+    if (eo && e->n_prompt_tokens > 0) json_object_set_new(eo, "n_prompt_tokens", json_integer(e->n_prompt_tokens));
+    if (eo && e->n_ctx > 0) json_object_set_new(eo, "n_ctx", json_integer(e->n_ctx));
     return o;
 }

@@ -29,6 +29,8 @@ struct serve_error {
     const char *param; /* the request field at fault, NULL when none (static) */
     char code[48];     /* "" when none */
     char msg[1024];
+    int32_t n_prompt_tokens, n_ctx; /* exceed_context_size_error (llama-server's): the prompt's tokens and
+                                    ** what could hold them; 0 when unknown */
 };
 
 /* Fill e.  Returns -1, so that a parser can end with `return serve_error_set(...)`. */

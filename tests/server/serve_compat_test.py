@@ -144,6 +144,10 @@ check("--seed: two requests without a seed give the same sampled text", outs[0] 
 other = [raw("POST", "/completion", {"prompt": "Once upon a time", "n_predict": 24, "seed": s})[2]["content"] for s in (7, 8, 9)]
 check("control: other seeds give other text (the default seed is a seed, the sampling is not greedy)",
       any(o != outs[0] for o in other), other)
+st, _, b = raw("POST", "/completion", {"prompt": "the quick brown fox " * 80, "n_predict": 8})
+check("a completion beyond the budget (no session to evict from) -> 400 exceed_context_size_error with n_prompt_tokens, n_ctx",
+      st == 400 and b["error"]["type"] == "exceed_context_size_error" and b["error"]["n_prompt_tokens"] > budget
+      and b["error"]["n_ctx"] == budget, f"{st} {b}")
 st, _, b = raw("POST", "/completions", {"prompt": P, "n_predict": 4})
 check("/completions without /v1 is llama-server's native API", st == 200 and "content" in b and "choices" not in b, f"{st} {b}")
 
