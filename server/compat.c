@@ -26,6 +26,19 @@ int compat_native_params(struct server *srv, json_t *root, struct job *j, struct
             return serve_bad(e, "'n_predict' %lld is outside 1..%d, or -1 for the server's limit", (long long) n, srv->n_ctx);
         if (n > 0 && !json_object_get(root, "max_tokens") && json_object_set(root, "max_tokens", v)) return serve_error_oom(e);
     }
+    if ((v = json_object_get(root, "n_probs")) && !json_is_null(v)) {
+        e->param = "n_probs";
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 100)
+            return serve_bad(e, "'n_probs' must be an integer in 0..100");
+        if (json_integer_value(v) > 0 && json_is_true(json_object_get(root, "stream")))
+            return serve_bad(e, "'n_probs' is supported without 'stream' only");
+        j->req.logprobs = j->req.logprobs || json_integer_value(v) > 0;
+        j->req.top_logprobs = (int32_t) json_integer_value(v);
+    }
+    if ((v = json_object_get(root, "post_sampling_probs")) && json_is_true(v)) {
+        e->param = "post_sampling_probs";
+        return serve_bad(e, "'post_sampling_probs' true is not supported: probabilities are the model's, before sampling");
+    }
     if ((v = json_object_get(root, "return_tokens")) && !json_is_null(v)) {
         e->param = "return_tokens";
         if (!json_is_boolean(v)) return serve_bad(e, "'return_tokens' must be a boolean, got %s", serve_json_type(v));
@@ -82,6 +95,7 @@ json_t *compat_native_reply(struct server *srv, const struct job *j, const char 
     json_object_set_new(o, "stop_type", json_string(stop_type(j)));
     json_object_set_new(o, "stopping_word", json_string(""));
     json_object_set_new(o, "timings", timings);
+    if (j->lp_json) json_object_set(o, "completion_probabilities", j->lp_json);
     return o;
 }
 

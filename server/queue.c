@@ -28,6 +28,8 @@ void serve_job_free(struct job *j) {
     free(j->text);
     free(j->gen);
     free(j->lp);
+    free(j->top_tok);
+    free(j->top_lp);
     json_decref(j->lp_json);
     free(j->ptok);
     free(j->row.logits);

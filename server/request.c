@@ -177,10 +177,15 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
     }
     if ((v = json_object_get(root, "top_logprobs")) && !json_is_null(v)) {
         e->param = "top_logprobs";
-        if (!json_is_integer(v) || json_integer_value(v) != 0) {
-            serve_bad(e, "'top_logprobs' other than 0 is not supported");
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 20) {
+            serve_bad(e, "'top_logprobs' must be an integer in 0..20");
             return -1;
         }
+        if (json_integer_value(v) > 0 && !j->req.logprobs) {
+            serve_bad(e, "'top_logprobs' %lld needs 'logprobs': true", (long long) json_integer_value(v));
+            return -1;
+        }
+        j->req.top_logprobs = (int32_t) json_integer_value(v);
     }
     e->param = NULL;
     return 0;
@@ -399,6 +404,8 @@ out:
         return serve_bad(e, "'continue_final_message' and 'add_generation_prompt' cannot both be true");
     }
     if (!strcmp(j->req.msgs[j->req.n_msgs - 1].role, "assistant") && !json_is_false(cont)) {
+        if (j->req.n_msgs >= 2 && !strcmp(j->req.msgs[j->req.n_msgs - 2].role, "assistant"))
+            return serve_bad(e, "the last two messages are the assistant's: only one final assistant message can be continued");
         j->req.prefill = true; /* llama-server's assistant prefill (vLLM's continue_final_message) */
     } else if (strcmp(j->req.msgs[j->req.n_msgs - 1].role, "user")) {
         serve_bad(e, "the last message is '%s'; it must be a user or tool message (or an assistant message to continue)",
@@ -424,7 +431,7 @@ static const struct {
 } NOT_IMPLEMENTED[] = {
     { "frequency_penalty", 0 }, { "presence_penalty", 0 }, { "repeat_penalty", 1 }, { "min_p", 0 },
     { "typical_p", 1 },         { "mirostat", 0 },         { "dry_multiplier", 0 }, { "xtc_probability", 0 },
-    { "top_n_sigma", -1 },      { "n_probs", 0 },          { "dynatemp_range", 0 },
+    { "top_n_sigma", -1 },      { "dynatemp_range", 0 },
 };
 
 /* The request fields kvtier reads or knowingly accepts; any other is logged once (by name). */
@@ -432,7 +439,7 @@ static const char *const KNOWN[] = {
     "model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "n", "stop",
     "stream", "stream_options", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "functions",
     "function_call", "response_format", "json_schema", "grammar", "logit_bias", "user", "metadata", "store", "cache_prompt",
-    "session", "session_id", "id_slot", "ignore_eos", "n_predict", "return_tokens", "continue_final_message", "add_generation_prompt",
+    "session", "session_id", "id_slot", "ignore_eos", "n_predict", "return_tokens", "n_probs", "post_sampling_probs", "continue_final_message", "add_generation_prompt",
 };
 
 static pthread_mutex_t unknown_mu = PTHREAD_MUTEX_INITIALIZER;

@@ -92,7 +92,8 @@ struct job_req {
     char *stop[SERVE_MAX_STOP];
     int32_t n_stop;
     bool stream, include_usage;
-    bool logprobs; /* "logprobs": true (no top_logprobs) */
+    bool logprobs; /* "logprobs": true (not streamed) */
+    int32_t top_logprobs; /* "top_logprobs" (native: "n_probs"): the most likely tokens listed at each position */
     enum reply_format format;
     char *grammar;    /* GBNF for the reply (tools / response_format / json_schema, or the
                                    ** request's own "grammar"), NULL = free text; compiled into
@@ -146,6 +147,8 @@ struct job {
     bool prefetched; /* its prompt's blocks were prefetched while it waited (engine thread) */
     kvt_token *gen;
     float *lp; /* [cap_gen] with logprobs: ln p of each generated token, else NULL */
+    kvt_token *top_tok; /* [cap_gen * req.top_logprobs]: each position's most likely tokens, best first */
+    float *top_lp;      /* [cap_gen * req.top_logprobs]: their ln p */
     int32_t n_gen, cap_gen;
     json_t *lp_json;      /* with logprobs, once done: the reply's logprobs.content array (owned) */
     int32_t shared_steps; /* decode steps of this job that shared their llama_decode with

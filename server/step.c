@@ -14,20 +14,31 @@
 
 /* "logprobs": the reply's logprobs.content (token text, ln p, UTF-8 bytes), built on the engine
 ** thread (it detokenizes) for the HTTP side to send. */
+/* One token's entry: its text, ln p and UTF-8 bytes (and with native, its id). */
+static json_t *lp_entry(struct server *srv, const struct job *j, kvt_token t, float lp) {
+    char *piece = NULL;
+    if (kvt_detokenize(srv->eng, &t, 1, false, &piece)) piece = NULL;
+    json_t *bytes = json_array();
+    for (const unsigned char *p = (const unsigned char *) (piece ? piece : ""); bytes && *p; p++)
+        json_array_append_new(bytes, json_integer(*p));
+    char *clean = app_utf8_clean(piece ? piece : "");
+    json_t *o = json_pack("{s:s, s:f, s:o}", "token", clean ? clean : "", "logprob", (double) lp, "bytes", bytes ? bytes : json_null());
+    if (o && j->req.native) json_object_set_new(o, "id", json_integer(t));
+    free(clean);
+    free(piece);
+    return o;
+}
+
 static void build_logprobs(struct server *srv, struct job *j) {
     if (!j->req.logprobs || !j->lp || j->lp_json) return;
     json_t *a = json_array();
+    const int32_t K = j->req.top_logprobs;
     for (int32_t i = 0; a && i < j->n_gen; i++) {
-        char *piece = NULL;
-        if (kvt_detokenize(srv->eng, &j->gen[i], 1, false, &piece)) piece = NULL;
-        json_t *bytes = json_array();
-        for (const unsigned char *p = (const unsigned char *) (piece ? piece : ""); bytes && *p; p++)
-            json_array_append_new(bytes, json_integer(*p));
-        char *clean = app_utf8_clean(piece ? piece : "");
-        json_array_append_new(a, json_pack("{s:s, s:f, s:o, s:[]}", "token", clean ? clean : "", "logprob", (double) j->lp[i],
-                                           "bytes", bytes ? bytes : json_null(), "top_logprobs"));
-        free(clean);
-        free(piece);
+        json_t *e = lp_entry(srv, j, j->gen[i], j->lp[i]), *top = json_array();
+        for (int32_t k = 0; top && j->top_tok && k < K; k++)
+            json_array_append_new(top, lp_entry(srv, j, j->top_tok[(size_t) i * K + k], j->top_lp[(size_t) i * K + k]));
+        if (e) json_object_set_new(e, "top_logprobs", top ? top : json_array());
+        json_array_append_new(a, e);
     }
     j->lp_json = a;
 }
@@ -88,7 +99,10 @@ static bool update_text(struct server *srv, struct job *j, kvt_engine *eng) {
     return stopped;
 }
 /* lp: ln p of t (with logprobs) */
-static int add_gen(struct job *j, kvt_token t, float lp) {
+/* Append a generated token, its ln p and, with top_logprobs, the K most likely tokens of the
+** logits it was sampled from (NULL without logprobs). */
+static int add_gen(struct job *j, kvt_token t, float lp, const float *logits, int32_t n_vocab) {
+    const int32_t K = j->req.top_logprobs;
     if (j->n_gen == j->cap_gen) {
         int32_t cap = j->cap_gen ? 2 * j->cap_gen : 64;
         kvt_token *g = realloc(j->gen, sizeof *g * (size_t) cap);
@@ -99,9 +113,37 @@ static int add_gen(struct job *j, kvt_token t, float lp) {
             if (!l) return -1;
             j->lp = l;
         }
+        if (j->req.logprobs && K > 0) {
+            kvt_token *tt = realloc(j->top_tok, sizeof *tt * (size_t) cap * (size_t) K);
+            if (tt) j->top_tok = tt;
+            float *tl = tt ? realloc(j->top_lp, sizeof *tl * (size_t) cap * (size_t) K) : NULL;
+            if (!tt || !tl) return -1;
+            j->top_lp = tl;
+        }
         j->cap_gen = cap;
     }
     if (j->req.logprobs) j->lp[j->n_gen] = lp;
+    if (j->req.logprobs && K > 0) {
+        kvt_token *tt = j->top_tok + (size_t) j->n_gen * K;
+        float *tl = j->top_lp + (size_t) j->n_gen * K;
+        int32_t n = 0;
+        double mx = -INFINITY, z = 0;
+        for (int32_t v = 0; logits && v < n_vocab; v++) mx = fmax(mx, logits[v]);
+        for (int32_t v = 0; logits && v < n_vocab; v++) {
+            z += exp(logits[v] - mx);
+            if (n == K && logits[v] <= tl[K - 1]) continue; /* keep the K largest, sorted */
+            int32_t p = n < K ? n++ : K - 1;
+            while (p > 0 && tl[p - 1] < logits[v]) {
+                tl[p] = tl[p - 1];
+                tt[p] = tt[p - 1];
+                p--;
+            }
+            tl[p] = logits[v];
+            tt[p] = v;
+        }
+        for (int32_t k = 0; k < n; k++) tl[k] = (float) (tl[k] - mx - log(z));
+        for (int32_t k = n; k < K; k++) tt[k] = 0, tl[k] = -INFINITY;
+    }
     j->gen[j->n_gen++] = t;
     return 0;
 }
@@ -209,7 +251,7 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
         }
         j->shared_steps += shared;
         float lp = lpl[map[i]] ? log_prob(lpl[map[i]], I.n_vocab, tok[i]) : 0;
-        if (add_gen(j, tok[i], lp)) {
+        if (add_gen(j, tok[i], lp, lpl[map[i]], I.n_vocab)) {
             serve_chat_end(srv, j, KVT_ENOMEM);
             over[map[i]] = true;
             continue;
@@ -237,7 +279,7 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
         }
         j->shared_steps += shared;
         float lp = lpl[rmap[i]] ? log_prob(lpl[rmap[i]], I.n_vocab, rows[i].tok) : 0;
-        if (add_gen(j, rows[i].tok, lp)) {
+        if (add_gen(j, rows[i].tok, lp, lpl[rmap[i]], I.n_vocab)) {
             serve_completion_end(srv, j, KVT_ENOMEM);
             over[rmap[i]] = true;
             continue;

@@ -133,8 +133,9 @@ st, _, b = raw("POST", "/completion", {"prompt": P, "logit_bias": {str(first): 5
 check("logit_bias 500 -> 400 (the range is -100..100)", st == 400 and b["error"]["param"] == "logit_bias", f"{st} {b}")
 st, _, b = raw("POST", "/completion", {"prompt": P, "n_predict": 0})
 check("n_predict 0 -> 400 naming it", st == 400 and b["error"]["param"] == "n_predict", f"{st} {b}")
-st, _, b = raw("POST", "/completion", {"prompt": P, "n_probs": 5})
-check("n_probs 5 (not applied) -> 400 naming it, never a silent 200", st == 400 and b["error"]["param"] == "n_probs", f"{st} {b}")
+st, _, b = raw("POST", "/completion", {"prompt": P, "n_probs": 5, "stream": True})
+check("n_probs with stream (not applied there) -> 400 naming it, never a silent 200", st == 400 and b["error"]["param"] == "n_probs",
+      f"{st} {b}")
 st, _, b = raw("POST", "/completion", {"prompt": P, "n_predict": 100, "temperature": 0})
 check("-n 64 caps a request's n_predict (llama-server's)", st == 200 and b["generation_settings"]["n_predict"] == 64
       and b["tokens_predicted"] <= 64, f"{st} {b.get('generation_settings')}")
@@ -157,6 +158,26 @@ r = A.chat.completions.create(model="code", messages=[{"role": "user", "content"
 check("openai client with a base URL without /v1: POST /chat/completions", r.choices[0].message.content is not None, str(r))
 check("the reply names the model by its --alias id", r.model == "code", r.model)
 
+# ---- top_logprobs / n_probs: the most likely tokens at each position ---------------------------
+r = A.chat.completions.create(model="code", messages=[{"role": "user", "content": "Name a colour."}], max_tokens=6, temperature=0,
+                              logprobs=True, top_logprobs=5)
+lc = r.choices[0].logprobs.content if r.choices[0].logprobs else []
+import math
+check("top_logprobs 5: five alternatives per token, best first, the greedy token the best, probabilities summing to <= 1",
+      lc and all(len(t.top_logprobs) == 5 and t.top_logprobs[0].token == t.token
+                 and abs(t.top_logprobs[0].logprob - t.logprob) < 1e-5
+                 and all(t.top_logprobs[k].logprob >= t.top_logprobs[k + 1].logprob for k in range(4))
+                 and sum(math.exp(x.logprob) for x in t.top_logprobs) <= 1.0 + 1e-4 for t in lc)
+      and "".join(t.token for t in lc) == r.choices[0].message.content, str(lc)[:600])
+st, _, b = raw("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3})
+check("top_logprobs without logprobs -> 400 naming it", st == 400 and b["error"]["param"] == "top_logprobs", f"{st} {b}")
+st, _, b = raw("POST", "/completion", {"prompt": P, "n_predict": 5, "temperature": 0, "n_probs": 4, "return_tokens": True})
+cp = b.get("completion_probabilities", []) if st == 200 else []
+check("n_probs 4 (native): completion_probabilities per token with its id and four alternatives, the greedy one first",
+      len(cp) == b.get("tokens_predicted") and all(c["id"] == t and len(c["top_logprobs"]) == 4 and c["top_logprobs"][0]["id"] == t
+                                                   and isinstance(c["bytes"], list) for c, t in zip(cp, b.get("tokens", []))),
+      f"{st} {str(b)[:600]}")
+
 # ---- assistant prefill: the reply continues the final assistant message ----------------------
 msgs = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "My favourite colour is"}]
 pf = A.chat.completions.create(model="code", messages=msgs, max_tokens=8, temperature=0)
@@ -169,6 +190,8 @@ st, _, b = raw("POST", "/v1/chat/completions", {"messages": msgs, "max_tokens": 
                                                 "add_generation_prompt": True})
 check("continue_final_message with add_generation_prompt -> 400", st == 400 and b["error"]["param"] == "continue_final_message",
       f"{st} {b}")
+st, _, b = raw("POST", "/v1/chat/completions", {"messages": msgs + [{"role": "assistant", "content": "x"}], "max_tokens": 4})
+check("two final assistant messages -> 400 (one can be continued)", st == 400 and b["error"]["param"] == "messages", f"{st} {b}")
 st, _, b = raw("POST", "/v1/chat/completions", {"messages": msgs, "max_tokens": 4, "continue_final_message": False})
 check("continue_final_message false with a final assistant message -> 400 (nothing to answer)", st == 400, f"{st} {b}")
 
