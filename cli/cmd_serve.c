@@ -324,8 +324,8 @@ int cmd_serve(int argc, char **argv) {
         { "seed", 0, OPT_INT, &seed, -1, 2147483647, "N",
           "sampling seed of a request that sends none (default -1: a new one per request)", NULL },
         { "n-predict", 'n', OPT_INT, &n_predict, -1, 1 << 20, "N",
-          "most tokens of any reply, and the limit of a request that gives none (llama-server's -n; default -1: "
-          "no cap, --max-tokens for requests without a limit)",
+          "the limit of a request that gives none (llama-server's -n; the same as --max-tokens; default -1: "
+          "--max-tokens' 256)",
           NULL },
         { "batch-size", 'b', OPT_INT, &srv.n_batch, 1, 1 << 16, "N",
           "llama.cpp's logical batch, the most tokens of one llama_decode (default 512; a scheduler step holds "
@@ -448,9 +448,9 @@ int cmd_serve(int argc, char **argv) {
     }
     srv.temp_default = (float) temp;
     srv.seed_default = seed;
-    if (n_predict > 0) {
+    if (n_predict > 0) { /* llama-server's -n: the limit of a request that gives none */
         srv.n_predict_cap = n_predict;
-        srv.max_tokens_default = KVT_MIN(srv.max_tokens_default, n_predict);
+        srv.max_tokens_default = KVT_MIN(n_predict, srv.n_ctx);
     }
     (void) offline;
     (void) cont_batching;

@@ -319,9 +319,22 @@ static json_t *final_obj(struct server *srv, const struct job *j) {
         free(text);
     }
     if (choice && j->lp_json) json_object_set_new(choice, "logprobs", json_pack("{s:O}", "content", j->lp_json));
-    return json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", id, "object",
+    json_t *verbose = NULL;
+    if (j->req.verbose) { /* llama-server's "__verbose": the prompt as the model saw it */
+        char *text = NULL;
+        if (j->kind == JOB_CHAT)
+            kvt_chat_format(srv->eng, j->req.msgs, j->req.n_msgs, true, kvt_session_default_params().template_fallback, &text);
+        char *clean = app_utf8_clean(text ? text : j->req.prompt ? j->req.prompt : "");
+        verbose = json_pack("{s:s}", "prompt", clean ? clean : "");
+        free(clean);
+        free(text);
+    }
+    json_t *reply = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", id, "object",
                      chat_shape(j) ? "chat.completion" : "text_completion", "created", (json_int_t) time(NULL), "model",
                      srv->model_name, "choices", choice, "usage", usage_obj(j));
+    if (reply && verbose) json_object_set_new(reply, "__verbose", verbose);
+    else json_decref(verbose);
+    return reply;
 }
 
 /* Wait (under srv->mu) until the job satisfies cond. */
@@ -914,6 +927,29 @@ static enum MHD_Result post_text(struct server *srv, struct MHD_Connection *c, s
 static int do_tokenize(struct server *srv, json_t *root, json_t **out, struct serve_error *e) {
     return compat_tokenize(srv, root, out, e);
 }
+/* POST /chat/completions/input_tokens (llama-server's): the template's tokens of a chat request. */
+static int do_input_tokens(struct server *srv, json_t *root, json_t **out, struct serve_error *e) {
+    struct job *j = calloc(1, sizeof *j);
+    if (!j) return serve_error_oom(e);
+    pthread_cond_init(&j->cv, NULL);
+    json_object_del(root, "stream");
+    int rc = serve_request_parse(srv, root, j, true, e);
+    kvt_token *t = NULL;
+    int32_t n = 0;
+    if (rc == 0) {
+        int r = kvt_chat_tokenize(srv->eng, j->req.msgs, j->req.n_msgs, !j->req.prefill,
+                                  kvt_session_default_params().template_fallback, &t, &n);
+        if (r) {
+            serve_error_lib(e, "chat template", r);
+            rc = -1;
+        }
+    }
+    free(t);
+    serve_job_free(j);
+    if (rc) return -1;
+    return (*out = json_pack("{s:i}", "input_tokens", n)) ? 0 : serve_error_oom(e);
+}
+
 static int do_detokenize(struct server *srv, json_t *root, json_t **out, struct serve_error *e) {
     return compat_detokenize(srv, root, out, e);
 }
@@ -1087,6 +1123,10 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         if (srv->no_metrics)
             return send_error(srv, c, 501, "not_supported_error", NULL, "this server runs with --no-metrics: no /metrics");
         return get_metrics(srv, c);
+    }
+    if (!strcmp(u, "/chat/completions/input_tokens")) {
+        if (!post) return send_error(srv, c, 405, "invalid_request_error", NULL, "%s %s: use POST", method, url);
+        return post_text(srv, c, rq, do_input_tokens);
     }
     bool chat = !strcmp(u, "/chat/completions"), oai = v1 && !strcmp(u, "/completions"),
          native = !v1 && (!strcmp(u, "/completion") || !strcmp(u, "/completions"));

@@ -46,7 +46,6 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
             }
             j->req.max_tokens = (int32_t) x;
         }
-    if (srv->n_predict_cap > 0 && j->req.max_tokens > srv->n_predict_cap) j->req.max_tokens = srv->n_predict_cap; /* -n */
     if ((v = json_object_get(root, "temperature")) && !json_is_null(v)) {
         e->param = "temperature";
         if (!json_is_number(v)) {
@@ -162,6 +161,12 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
         e->param = "model";
         serve_bad(e, "'model' must be a string, got %s", serve_json_type(v));
         return -1;
+    }
+    j->req.verbose = srv->verbose;
+    if ((v = json_object_get(root, "verbose")) && !json_is_null(v)) {
+        e->param = "verbose";
+        if (!json_is_boolean(v)) return serve_bad(e, "'verbose' must be a boolean, got %s", serve_json_type(v));
+        j->req.verbose = json_is_true(v);
     }
     if ((v = json_object_get(root, "logprobs")) && !json_is_null(v)) {
         e->param = "logprobs";
@@ -439,7 +444,7 @@ static const char *const KNOWN[] = {
     "model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "n", "stop",
     "stream", "stream_options", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "functions",
     "function_call", "response_format", "json_schema", "grammar", "logit_bias", "user", "metadata", "store", "cache_prompt",
-    "session", "session_id", "id_slot", "ignore_eos", "n_predict", "return_tokens", "n_probs", "post_sampling_probs", "continue_final_message", "add_generation_prompt",
+    "session", "session_id", "id_slot", "ignore_eos", "n_predict", "return_tokens", "n_probs", "post_sampling_probs", "verbose", "continue_final_message", "add_generation_prompt",
 };
 
 static pthread_mutex_t unknown_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -589,19 +594,43 @@ static int prefill_prompt(struct server *srv, struct job *j, struct serve_error 
     return 0;
 }
 
-/* A prompt given as token ids: [int, ...] (checked against the vocabulary on the engine thread). */
-static int parse_prompt_ids(const json_t *p, struct job *j, struct serve_error *e) {
-    size_t n = json_array_size(p);
+/* A prompt given as token ids, or as ids and texts in one sequence (each text tokenized without
+** BOS, control tokens not parsed): [int | string, ...].  Ids are checked against the vocabulary
+** on the engine thread. */
+static int parse_prompt_ids(struct server *srv, const json_t *p, struct job *j, struct serve_error *e) {
+    size_t n = json_array_size(p), cap = n;
     if (n > (size_t) 1 << 24) return serve_bad(e, "'prompt' has %zu token ids; at most %d", n, 1 << 24);
-    if (!(j->req.prompt_ids = malloc(sizeof(kvt_token) * n))) return serve_error_oom(e);
+    if (!(j->req.prompt_ids = malloc(sizeof(kvt_token) * (cap ? cap : 1)))) return serve_error_oom(e);
+    size_t at = 0;
     for (size_t i = 0; i < n; i++) {
         const json_t *t = json_array_get(p, i);
+        if (json_is_string(t) && srv->eng) {
+            kvt_token *tt = NULL;
+            int32_t m = 0;
+            if (kvt_tokenize(srv->eng, json_string_value(t), false, false, &tt, &m)) {
+                return serve_bad(e, "'prompt[%zu]': cannot tokenize the text", i);
+            }
+            if (at + (size_t) m + (n - i) > cap) {
+                size_t nc = at + (size_t) m + (n - i);
+                kvt_token *g = realloc(j->req.prompt_ids, sizeof *g * nc);
+                if (!g) {
+                    free(tt);
+                    return serve_error_oom(e);
+                }
+                j->req.prompt_ids = g;
+                cap = nc;
+            }
+            memcpy(j->req.prompt_ids + at, tt, sizeof *tt * (size_t) m);
+            at += (size_t) m;
+            free(tt);
+            continue;
+        }
         if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) > INT32_MAX)
-            return serve_bad(e, "'prompt[%zu]' must be a token id (a non-negative integer) like the others, got %s", i,
-                             serve_json_type(t));
-        j->req.prompt_ids[i] = (kvt_token) json_integer_value(t);
+            return serve_bad(e, "'prompt[%zu]' must be a token id (a non-negative integer) or a text, got %s", i, serve_json_type(t));
+        j->req.prompt_ids[at++] = (kvt_token) json_integer_value(t);
     }
-    j->req.n_prompt_ids = (int32_t) n;
+    if (at > (size_t) 1 << 24) return serve_bad(e, "'prompt' has %zu tokens; at most %d", at, 1 << 24);
+    j->req.n_prompt_ids = (int32_t) at;
     return 0;
 }
 
@@ -632,8 +661,20 @@ int serve_request_parse(struct server *srv, json_t *root, struct job *j, bool ch
         json_t *p = json_object_get(root, "prompt");
         e->param = "prompt";
         if (p && json_is_array(p) && json_array_size(p) == 1 && !json_is_integer(json_array_get(p, 0))) p = json_array_get(p, 0);
-        if (p && json_is_array(p) && json_array_size(p) > 0 && json_is_integer(json_array_get(p, 0)))
-            rc = parse_prompt_ids(p, j, e); /* token ids (both APIs take them) */
+        if (p && json_is_object(p)) { /* llama.cpp's {"prompt_string": ..., "multimodal_data": ...} */
+            if (json_object_get(p, "multimodal_data")) {
+                serve_bad(e, "'prompt.multimodal_data': image and audio input are not supported (kvtier serves text models)");
+                return -1;
+            }
+            p = json_object_get(p, "prompt_string");
+        }
+        bool ids = false; /* token ids, or ids and texts mixed in one sequence (llama.cpp's) */
+        for (size_t i = 0; p && json_is_array(p) && i < json_array_size(p); i++) ids |= json_is_integer(json_array_get(p, i));
+        if (p && json_is_array(p) && json_array_size(p) > 1 && !ids) {
+            serve_bad(e, "'prompt' holds %zu prompts; kvtier serves one prompt per request", json_array_size(p));
+            return -1;
+        }
+        if (ids) rc = parse_prompt_ids(srv, p, j, e); /* token ids (both APIs take them) */
         else if (!p || !json_is_string(p)) {
             serve_bad(e, "'prompt' must be a string or an array of token ids (one prompt per request)");
             rc = -1;

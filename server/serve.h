@@ -109,6 +109,7 @@ struct job_req {
     char resp_id[48], resp_parent[48]; /* responses: this response's id; previous_response_id ("" none) */
     json_t *resp_turn;                 /* responses: the chat messages of this turn's input (owned) */
     bool return_tokens; /* native: the reply lists the generated token ids */
+    bool verbose;       /* "verbose": true, or the server's --verbose: the reply carries "__verbose" (the prompt's text) */
     kvt_token *prompt_ids; /* native: the prompt as token ids (instead of prompt text), owned */
     struct kvt_logit_bias *bias; /* logit_bias (smp.logit_bias points here), owned */
     int32_t n_bias;
@@ -241,7 +242,7 @@ struct server {
     /* llama-server's flags, for what kvtier has (cli/cmd_serve.c) */
     float temp_default;         /* --temp: a request's temperature when it sends none (default 1, OpenAI's) */
     int64_t seed_default;       /* --seed: a request's seed when it sends none; -1 (default) = drawn per request */
-    int32_t n_predict_cap;      /* -n/--n-predict: most tokens of any reply (llama-server's cap); 0 = none */
+    int32_t n_predict_cap;      /* -n/--n-predict: the limit of a request that gives none (llama-server's); 0 = none given */
     const char *aliases, *tags; /* --alias, --tags: comma-separated, as given (NULL = none); model_name is the
                                 ** first alias in byte order (llama-server's id) */
     bool no_slots;              /* --no-slots: GET /slots answers 501 */

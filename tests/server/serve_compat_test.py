@@ -136,9 +136,30 @@ check("n_predict 0 -> 400 naming it", st == 400 and b["error"]["param"] == "n_pr
 st, _, b = raw("POST", "/completion", {"prompt": P, "n_probs": 5, "stream": True})
 check("n_probs with stream (not applied there) -> 400 naming it, never a silent 200", st == 400 and b["error"]["param"] == "n_probs",
       f"{st} {b}")
-st, _, b = raw("POST", "/completion", {"prompt": P, "n_predict": 100, "temperature": 0})
-check("-n 64 caps a request's n_predict (llama-server's)", st == 200 and b["generation_settings"]["n_predict"] == 64
+st, _, b = raw("POST", "/completion", {"prompt": P, "temperature": 0})
+check("-n 64 is the limit of a request that gives none (llama-server's)", st == 200 and b["generation_settings"]["n_predict"] == 64
       and b["tokens_predicted"] <= 64, f"{st} {b.get('generation_settings')}")
+st, _, b = raw("POST", "/completion", {"prompt": P, "n_predict": 100, "temperature": 0})
+check("a request's own n_predict above -n is honoured (as llama-server does)", st == 200 and b["generation_settings"]["n_predict"] == 100,
+      f"{st} {b.get('generation_settings')}")
+st, _, b = raw("POST", "/completion", {"prompt": {"prompt_string": P}, "n_predict": 8, "temperature": 0})
+check("a prompt object {prompt_string} (llama.cpp's) gives the same greedy text", st == 200 and b["content"] == n1["content"], f"{st} {b}")
+half = len(pt["tokens"]) // 2
+mixed = pt["tokens"][:half] + [raw("POST", "/detokenize", {"tokens": pt["tokens"][half:]})[2]["content"]]
+st, _, b = raw("POST", "/completion", {"prompt": mixed, "n_predict": 8, "temperature": 0})
+check("a prompt of ids and text in one sequence runs", st == 200 and isinstance(b["content"], str), f"{st} {b}")
+st, _, b = raw("POST", "/completion", {"prompt": [P, P], "n_predict": 4})
+check("several prompts in one request -> 400 (one prompt per request)", st == 400 and b["error"]["param"] == "prompt", f"{st} {b}")
+st, _, b = raw("POST", "/chat/completions", {"messages": [{"role": "system", "content": "Book"}, {"role": "user", "content": "Hi"}],
+                                             "max_tokens": 2, "verbose": True})
+check("\"verbose\": true -> __verbose.prompt, the template's text", st == 200 and "Book" in b.get("__verbose", {}).get("prompt", "")
+      and b["__verbose"]["prompt"].endswith("<|im_start|>assistant\n"), f"{st} {b}")
+st, _, b2 = raw("POST", "/chat/completions/input_tokens", {"messages": [{"role": "system", "content": "Book"},
+                                                                       {"role": "user", "content": "Hi"}]})
+n_tpl = len(raw("POST", "/tokenize", {"content": b.get("__verbose", {}).get("prompt", ""), "add_special": True,
+                                      "parse_special": True})[2]["tokens"])
+check("POST /chat/completions/input_tokens = the template text's tokens", st == 200 and b2.get("input_tokens") == n_tpl,
+      f"{b2} vs {n_tpl}")
 # --seed 42 and --temp 0.8: a request without them is sampled at 0.8 with seed 42, every time
 outs = [raw("POST", "/completion", {"prompt": "Once upon a time", "n_predict": 24})[2]["content"] for _ in range(2)]
 check("--seed: two requests without a seed give the same sampled text", outs[0] == outs[1], outs)
