@@ -72,16 +72,33 @@ void cli_run_opts_default(struct cli_run_opts *o);
 
 /* -ngl/--n-gpu-layers and -fa/--flash-attn, llama-server's names and values, as two rows of a
 ** table (the strings go to cli_device_opts). */
-#define CLI_DEVICE_OPT_ROWS(ngl, fa, nooff)                                                         \
-    { "n-gpu-layers", 0, OPT_STR, (ngl), 0, 0, "N",                                                  \
-      "layers (and their KV cells) on the GPU device (-ngl; llama.cpp's count: the output layer is one): " \
-      "N, all or auto (default all; nothing moves where llama.cpp has no device backend)", NULL },  \
-    { "flash-attn", 0, OPT_STR, (fa), 0, 0, "on|off|auto",                                         \
-      "flash attention (-fa; default auto: on where layers are on a device, off on the CPU); attention " \
-      "signals are computed on the host either way", NULL },                                         \
-    { "no-op-offload", 0, OPT_FLAG, (nooff), 0, 0, NULL,                                            \
-      "layers kept on the CPU compute there even for large batches (default: llama.cpp offloads a "  \
-      "batch of >= 32 tokens to the device)", NULL }
+#define CLI_DEVICE_OPT_ROWS(ngl, fa, nooff)                                                                  \
+    { "n-gpu-layers",                                                                                        \
+      0,                                                                                                     \
+      OPT_STR,                                                                                               \
+      (ngl),                                                                                                 \
+      0,                                                                                                     \
+      0,                                                                                                     \
+      "N",                                                                                                   \
+      "layers (and their KV cells) on the GPU device (-ngl; llama.cpp's count: the output layer is one): "   \
+      "N, all or auto (default all; nothing moves where llama.cpp has no device backend)",                   \
+      NULL },                                                                                                \
+        { "flash-attn",                                                                                      \
+          0,                                                                                                 \
+          OPT_STR,                                                                                           \
+          (fa),                                                                                              \
+          0,                                                                                                 \
+          0,                                                                                                 \
+          "on|off|auto",                                                                                     \
+          "flash attention (-fa; default auto: on where layers are on a device, off on the CPU); attention " \
+          "signals are computed on the host either way",                                                     \
+          NULL },                                                                                            \
+    {                                                                                                        \
+        "no-op-offload", 0, OPT_FLAG, (nooff), 0, 0, NULL,                                                   \
+            "layers kept on the CPU compute there even for large batches (default: llama.cpp offloads a "    \
+            "batch of >= 32 tokens to the device)",                                                          \
+            NULL                                                                                             \
+    }
 
 /* Apply the -ngl and -fa strings (NULL = not given) and --no-op-offload to *ep.  APP_USAGE (message printed, naming
 ** the flag and the value) on a bad value. */

@@ -321,19 +321,19 @@ static int bench_primitives(int argc, char **argv) {
                 arr = NULL;
             }
         }
-        json_t *obj = arr ? json_pack("{s:s, s:s, s:i, s:b, s:s, s:s, s:s, s:i, s:s, s:s, s:s, s:i, s:i, s:s, s:o}", "model", info.desc,
-                                      "device", info.device, "n_layer_device", info.n_layer_device, "flash_attn", info.flash_attn,
-                                      "llama_cpp", llama, "commit", commit, "date", date, "threads", n_threads, "type_k",
-                                      info.type_k, "type_v", info.type_v, "reanchor", reanchor_used, "ctx", info.n_ctx, "repeats",
-                                      repeats, "tokens", text ? text : "pseudo-random", "rows", arr)
+        json_t *obj = arr ? json_pack("{s:s, s:s, s:i, s:b, s:s, s:s, s:s, s:i, s:s, s:s, s:s, s:i, s:i, s:s, s:o}", "model",
+                                      info.desc, "device", info.device, "n_layer_device", info.n_layer_device, "flash_attn",
+                                      info.flash_attn, "llama_cpp", llama, "commit", commit, "date", date, "threads", n_threads,
+                                      "type_k", info.type_k, "type_v", info.type_v, "reanchor", reanchor_used, "ctx", info.n_ctx,
+                                      "repeats", repeats, "tokens", text ? text : "pseudo-random", "rows", arr)
                           : NULL;
         return app_json_line(cmd, obj);
     }
     printf("# kvtier bench primitives | %s | %s | kvtier commit %s | %s | %d threads | device %s, %d/%d layers | flash attn %s"
            " | K %s, V %s | reanchor %s | ctx %d | tokens: %s | median of %d\n",
-           info.desc, llama, commit, date, n_threads, info.device, info.n_layer_device, info.n_layer, info.flash_attn ? "on" : "off",
-           info.type_k, info.type_v, reanchor_used, info.n_ctx,
-           text ? text : "pseudo-random ids", repeats);
+           info.desc, llama, commit, date, n_threads, info.device, info.n_layer_device, info.n_layer,
+           info.flash_attn ? "on" : "off", info.type_k, info.type_v, reanchor_used, info.n_ctx, text ? text : "pseudo-random ids",
+           repeats);
     printf("%6s %10s %10s %11s %13s %18s %16s\n", "block", "save_ms", "load_ms", "prefill_ms", "load_speedup", "lifecycle_speedup",
            "bytes_per_token");
     for (int i = 0; i < n_sizes; i++) {

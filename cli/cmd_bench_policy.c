@@ -263,8 +263,8 @@ int cmd_bench_policy(int argc, char **argv) {
     if (json) {
         json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:b, s:i, s:i, s:i, s:i, s:i, s:i, s:o}", "benchmark", "policy",
                               "model", st.model, "llama_cpp", st.llama, "commit", st.commit, "date", st.date, "device", ei.device,
-                              "flash_attn", ei.flash_attn, "threads", n_threads, "budget",
-                              budget, "turns", turns, "turn_tokens", turn_tokens, "gen", gen, "rounds", rounds, "policies", arr);
+                              "flash_attn", ei.flash_attn, "threads", n_threads, "budget", budget, "turns", turns, "turn_tokens",
+                              turn_tokens, "gen", gen, "rounds", rounds, "policies", arr);
         char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
         if (s) printf("%s\n", s);
         free(s);

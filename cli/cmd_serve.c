@@ -331,15 +331,13 @@ int cmd_serve(int argc, char **argv) {
           "llama.cpp's logical batch, the most tokens of one llama_decode (default 512; a scheduler step holds "
           "--batch-tokens)",
           NULL },
-        { "ubatch-size", 0, OPT_INT, &srv.n_ubatch, 1, 1 << 16, "N", "llama.cpp's physical micro-batch (-ub; default 512)",
-          NULL },
+        { "ubatch-size", 0, OPT_INT, &srv.n_ubatch, 1, 1 << 16, "N", "llama.cpp's physical micro-batch (-ub; default 512)", NULL },
         { "chat-template", 0, OPT_STR, &tmpl_name, 0, 0, "NAME",
           "chat template instead of the GGUF's: a llama.cpp built-in (chatml, llama3, gemma, ...) or a template's "
           "text, recognised by llama_chat_apply_template",
           NULL },
         { "chat-template-file", 0, OPT_STR, &tmpl_file, 0, 0, "FILE",
-          "chat template read from FILE (a Jinja template, recognised by its markers: kvtier has no Jinja engine)",
-          NULL },
+          "chat template read from FILE (a Jinja template, recognised by its markers: kvtier has no Jinja engine)", NULL },
         { "jinja", 0, OPT_FLAG, &jinja, 0, 0, NULL,
           "accepted and logged: chat templates are applied by llama_chat_apply_template, which recognises the "
           "template's format; no Jinja engine runs",
@@ -360,7 +358,8 @@ int cmd_serve(int argc, char **argv) {
         { "embedding", 0, OPT_FLAG, &embedding, 0, 0, NULL, "accepted and logged: kvtier serves no embeddings (/embeddings: 501)",
           NULL },
         { "embeddings", 0, OPT_FLAG, &embedding, 0, 0, NULL, "the same as --embedding", NULL },
-        { "reranking", 0, OPT_FLAG, &reranking, 0, 0, NULL, "accepted and logged: kvtier serves no reranking (/rerank: 501)", NULL },
+        { "reranking", 0, OPT_FLAG, &reranking, 0, 0, NULL, "accepted and logged: kvtier serves no reranking (/rerank: 501)",
+          NULL },
         { "pooling", 0, OPT_STR, &pooling, 0, 0, "TYPE", "accepted and logged (embeddings' pooling; kvtier serves none)", NULL },
         { "media-path", 0, OPT_STR, &media_path, 0, 0, "DIR",
           "accepted and logged: kvtier takes no image or audio input (such content parts get 400)", NULL },
@@ -400,8 +399,8 @@ int cmd_serve(int argc, char **argv) {
                 "evicted into the store, not refused)\n",
                 cmd, srv.n_ctx, srv.parallel, srv.budget);
         if (need > srv.n_ctx) {
-            fprintf(stderr, "%s: -c %d raised to %d KV cells: one session and the completions' stream of %d each\n", cmd,
-                    srv.n_ctx, need, srv.budget);
+            fprintf(stderr, "%s: -c %d raised to %d KV cells: one session and the completions' stream of %d each\n", cmd, srv.n_ctx,
+                    need, srv.budget);
             srv.n_ctx = need;
         }
     }
@@ -436,8 +435,8 @@ int cmd_serve(int argc, char **argv) {
     }
     if (slot_save) {
         if (srv.store_dir && strcmp(srv.store_dir, slot_save)) {
-            fprintf(stderr, "%s: --slot-save-path '%s' and --store '%s' both name the block store's directory\n", cmd,
-                    slot_save, srv.store_dir);
+            fprintf(stderr, "%s: --slot-save-path '%s' and --store '%s' both name the block store's directory\n", cmd, slot_save,
+                    srv.store_dir);
             goto out;
         }
         if (srv.no_store) {
@@ -456,7 +455,9 @@ int cmd_serve(int argc, char **argv) {
     (void) cont_batching;
     if (embedding || reranking || pooling)
         fprintf(stderr, "%s: %s: kvtier serves no embeddings or reranking; those endpoints answer 501\n", cmd,
-                embedding ? "--embedding" : reranking ? "--reranking" : "--pooling");
+                embedding   ? "--embedding"
+                : reranking ? "--reranking"
+                            : "--pooling");
     if (media_path) fprintf(stderr, "%s: --media-path: kvtier takes no image or audio input; ignored\n", cmd);
     if (srv.aliases) {
         /* llama-server's id: the first alias in byte order */
@@ -464,8 +465,7 @@ int cmd_serve(int argc, char **argv) {
         size_t best_n = 0;
         for (const char *p = srv.aliases; *p;) {
             size_t n = strcspn(p, ",");
-            if (n && (!best || memcmp(p, best, KVT_MIN(n, best_n)) < 0 ||
-                      (!memcmp(p, best, KVT_MIN(n, best_n)) && n < best_n))) {
+            if (n && (!best || memcmp(p, best, KVT_MIN(n, best_n)) < 0 || (!memcmp(p, best, KVT_MIN(n, best_n)) && n < best_n))) {
                 best = p;
                 best_n = n;
             }

@@ -82,8 +82,9 @@ static int set_value(const char *cmd, const struct cli_opt *o, const char *flag,
 
 /* llama.cpp's multi-letter one-dash flags, for the options kvtier shares with llama-server */
 static const struct cli_opt *find_llama_spelling(const struct cli_opt *opts, const char *a) {
-    static const char *const map[][2] = { { "-ngl", "n-gpu-layers" }, { "-fa", "flash-attn" }, { "-ub", "ubatch-size" },
-                                                  { "-np", "parallel" } };
+    static const char *const map[][2] = {
+        { "-ngl", "n-gpu-layers" }, { "-fa", "flash-attn" }, { "-ub", "ubatch-size" }, { "-np", "parallel" }
+    };
     for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
         if (!strcmp(a, map[i][0])) return find_long(opts, map[i][1], strlen(map[i][1]));
     return NULL;
@@ -558,7 +559,8 @@ static void usage(FILE *f) {
 
 static int cmd_version(int argc, char **argv) {
     if (argc > 0 && (!strcmp(argv[0], "--help") || !strcmp(argv[0], "-h"))) {
-        printf("Usage: kvtier --version\nPrints kvtier's version, the llama.cpp/ggml it was built against (CPU build, device backend)\n"
+        printf("Usage: kvtier --version\nPrints kvtier's version, the llama.cpp/ggml it was built against (CPU build, device "
+               "backend)\n"
                "and the compute devices llama.cpp can use now.\n");
         return APP_OK;
     }

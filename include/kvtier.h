@@ -141,17 +141,17 @@ enum kvt_reanchor {
 enum kvt_flash_attn { KVT_FLASH_ATTN_AUTO = -1, KVT_FLASH_ATTN_OFF = 0, KVT_FLASH_ATTN_ON = 1 };
 
 struct kvt_engine_params {
-    const char *model_path; /* GGUF file; required */
-    int32_t n_ctx;          /* KV cells for the caller's sequences (tokens); default 4096.  Streams:
+    const char *model_path;    /* GGUF file; required */
+    int32_t n_ctx;             /* KV cells for the caller's sequences (tokens); default 4096.  Streams:
                               ** each of the n_seq sequences gets n_ctx / n_seq cells of its own,
                               ** rounded up to a multiple of 256 (llama.cpp's padding).  Unified: one
                               ** cache of n_ctx cells that all sequences share. */
-    int32_t n_batch;        /* max tokens per llama_decode call; default 512 */
-    int32_t n_ubatch;       /* physical micro-batch (tokens); default 512 */
-    int32_t n_seq;          /* live sequences the caller will use (ids 0..n_seq-1), 1..64; default 1.
+    int32_t n_batch;           /* max tokens per llama_decode call; default 512 */
+    int32_t n_ubatch;          /* physical micro-batch (tokens); default 512 */
+    int32_t n_seq;             /* live sequences the caller will use (ids 0..n_seq-1), 1..64; default 1.
                               ** The engine adds scratch sequences for the block primitives (unified:
                               ** three; streams: one, and only on the SEQ_ADD re-anchoring path). */
-    bool kv_unified;        /* default false.
+    bool kv_unified;           /* default false.
                               ** false ("streams"): one KV stream per sequence (llama.cpp kv_unified =
                               ** false): attention runs over the sequence's own cells only, so its cost
                               ** does not grow with other sessions and a sequence's numbers are
@@ -170,10 +170,10 @@ struct kvt_engine_params {
                               ** sequence may use all n_ctx cells), for kvt_seq_cp that shares cells
                               ** instead of copying them, and as the reference streams mode is tested
                               ** against. */
-    int32_t n_threads;      /* CPU threads; 0 = all cores */
-    const char *type_k;     /* KV cache element type: "f16" (default), "f32", "q8_0" */
-    const char *type_v;     /* same choices; quantised V needs flash attention */
-    int32_t flash_attn;     /* enum kvt_flash_attn: AUTO (default; on when layers are offloaded
+    int32_t n_threads;         /* CPU threads; 0 = all cores */
+    const char *type_k;        /* KV cache element type: "f16" (default), "f32", "q8_0" */
+    const char *type_v;        /* same choices; quantised V needs flash attention */
+    int32_t flash_attn;        /* enum kvt_flash_attn: AUTO (default; on when layers are offloaded
                               ** to a device or V is quantised, off on the CPU: llama-server's
                               ** default), OFF or ON.  On: llama.cpp's fused attention (needed for
                               ** a quantised V); kvt_engine_info.flash_attn says what was chosen.
@@ -182,7 +182,7 @@ struct kvt_engine_params {
                               ** softmax rows on the host from the fused op's own Q, K and mask
                               ** (n_tok x n_kv x n_head x head_dim multiply-adds per layer; not for
                               ** ALiBi or attention-sink models, whose capture stays empty) */
-    int32_t n_gpu_layers;   /* layers whose weights and KV cells live on the GPU device
+    int32_t n_gpu_layers;      /* layers whose weights and KV cells live on the GPU device
                               ** (llama-server's -ngl): 0 = none (CPU only), N = the output layer
                               ** and the last N - 1 repeating ones, -1 (default) = all.  Where
                               ** llama.cpp was built without a device backend, or none is
@@ -191,12 +191,12 @@ struct kvt_engine_params {
                               ** device, block save and load are device<->host copies
                               ** (llama_state_seq_get/set_data) and host re-anchoring rotates K on
                               ** the host between them; kvt_engine_info.reanchor says which path. */
-    bool no_op_offload;     /* default false: llama.cpp's op offload, which runs a large batch's
+    bool no_op_offload;        /* default false: llama.cpp's op offload, which runs a large batch's
                               ** (>= 32 tokens) operations on the device even for layers kept on
                               ** the CPU (llama-server's default; its --no-op-offload).  true: layers
                               ** on the CPU compute on the CPU (a CPU reference on a GPU build) */
-    int32_t reanchor;       /* enum kvt_reanchor; default AUTO */
-    bool verbose;           /* pass llama.cpp's log through to stderr */
+    int32_t reanchor;          /* enum kvt_reanchor; default AUTO */
+    bool verbose;              /* pass llama.cpp's log through to stderr */
     const char *chat_template; /* the chat template kvt_chat_format applies instead of the GGUF's
                               ** (llama-server's --chat-template): one of llama.cpp's built-in names
                               ** ("chatml", "llama3", "gemma", ... llama_chat_builtin_templates) or a
@@ -244,10 +244,10 @@ struct kvt_engine_info {
     double reanchor_err;       /* max |K_host_rotated - K_llama| / max|K| seen at open; -1 if n/a */
     size_t kv_bytes_per_token; /* K+V bytes of one token across all layers of the cache types */
     const char *type_k, *type_v;
-    bool flash_attn;           /* fused attention in use */
-    char device[160];          /* where the offloaded layers and their KV live: "CPU" or the
+    bool flash_attn;        /* fused attention in use */
+    char device[160];       /* where the offloaded layers and their KV live: "CPU" or the
                               ** ggml device's name and description, e.g. "Vulkan0 (llvmpipe ...)" */
-    int32_t n_layer_device;    /* repeating layers on that device (0 on the CPU) */
+    int32_t n_layer_device; /* repeating layers on that device (0 on the CPU) */
 };
 
 /* Fill *info.  Cannot fail. */
@@ -366,11 +366,11 @@ struct kvt_logit_bias {
 };
 
 struct kvt_sampling {
-    float temperature;    /* <= 0: greedy (argmax) */
-    float top_p;          /* 1.0 = off */
-    int32_t top_k;        /* 0 = off */
-    uint32_t seed;        /* used when temperature > 0 */
-    kvt_grammar *grammar; /* NULL = unconstrained; else only tokens the grammar allows are
+    float temperature;                       /* <= 0: greedy (argmax) */
+    float top_p;                             /* 1.0 = off */
+    int32_t top_k;                           /* 0 = off */
+    uint32_t seed;                           /* used when temperature > 0 */
+    kvt_grammar *grammar;                    /* NULL = unconstrained; else only tokens the grammar allows are
                           ** sampled, and the sampled token advances it (borrowed, not owned) */
     const struct kvt_logit_bias *logit_bias; /* [n_logit_bias] (borrowed; tokens outside the
                           ** vocabulary are skipped), applied to the logits first, greedy included */

@@ -157,8 +157,10 @@ static int add_message(const json_t *m, size_t mi, json_t *msgs, struct serve_er
 
 /* The request fields read here or knowingly accepted (thinking: kvtier's models do not think
 ** apart; the reply has no thinking block); any other is logged once, by name. */
-static const char *const KNOWN[] = { "model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p", "top_k",
-                                     "stream", "metadata", "tools", "tool_choice", "thinking", "service_tier" };
+static const char *const KNOWN[] = {
+    "model", "messages", "system",   "max_tokens", "stop_sequences", "temperature", "top_p",
+    "top_k", "stream",   "metadata", "tools",      "tool_choice",    "thinking",    "service_tier"
+};
 
 static void log_unknown(const json_t *in) {
     static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -219,9 +221,11 @@ int anth_to_chat(const json_t *in, json_t **out, struct serve_error *e) {
             if (rc) break;
         }
     /* the fields that mean the same under another name, and those with the same name */
-    static const char *const same[][2] = { { "max_tokens", "max_tokens" }, { "stop_sequences", "stop" }, { "temperature", "temperature" },
-                                           { "top_p", "top_p" },           { "top_k", "top_k" },         { "stream", "stream" },
-                                           { "model", "model" },           { "metadata", "metadata" } };
+    static const char *const same[][2] = {
+        { "max_tokens", "max_tokens" }, { "stop_sequences", "stop" }, { "temperature", "temperature" },
+        { "top_p", "top_p" },           { "top_k", "top_k" },         { "stream", "stream" },
+        { "model", "model" },           { "metadata", "metadata" }
+    };
     for (size_t k = 0; rc == 0 && k < sizeof same / sizeof same[0]; k++)
         if ((v = json_object_get(in, same[k][0])) && json_object_set(o, same[k][1], (json_t *) v)) rc = serve_error_oom(e);
     if (rc == 0 && (v = json_object_get(in, "tools")) && !json_is_null(v)) {
@@ -276,23 +280,25 @@ static const char *stop_reason(const struct job *j, const char *fin) {
 
 json_t *anth_usage(const struct job *j, bool final) {
     int64_t reused = j->sync.tokens_reused;
-    json_t *u = json_pack("{s:I, s:I, s:i, s:i}", "input_tokens", (json_int_t) (j->prompt_tokens - reused), "cache_read_input_tokens",
-                          (json_int_t) reused, "cache_creation_input_tokens", 0, "output_tokens", final ? j->completion_tokens : 0);
+    json_t *u = json_pack("{s:I, s:I, s:i, s:i}", "input_tokens", (json_int_t) (j->prompt_tokens - reused),
+                          "cache_read_input_tokens", (json_int_t) reused, "cache_creation_input_tokens", 0, "output_tokens",
+                          final ? j->completion_tokens : 0);
     return u;
 }
 
 json_t *anth_blocks(const json_t *msg) {
     json_t *blocks = json_array();
     const json_t *c = json_object_get(msg, "content"), *calls = json_object_get(msg, "tool_calls");
-    if (json_is_string(c) && json_string_length(c)) json_array_append_new(blocks, json_pack("{s:s, s:O}", "type", "text", "text", c));
+    if (json_is_string(c) && json_string_length(c))
+        json_array_append_new(blocks, json_pack("{s:s, s:O}", "type", "text", "text", c));
     size_t i;
     const json_t *call;
     json_array_foreach(calls, i, call) {
         const json_t *fn = json_object_get(call, "function");
         const char *args = json_string_value(json_object_get(fn, "arguments"));
         json_t *input = args ? json_loads(args, 0, NULL) : NULL;
-        json_array_append_new(blocks, json_pack("{s:s, s:O, s:O, s:o}", "type", "tool_use", "id", json_object_get(call, "id"), "name",
-                                                json_object_get(fn, "name"), "input", input ? input : json_object()));
+        json_array_append_new(blocks, json_pack("{s:s, s:O, s:O, s:o}", "type", "tool_use", "id", json_object_get(call, "id"),
+                                                "name", json_object_get(fn, "name"), "input", input ? input : json_object()));
     }
     return blocks;
 }
@@ -301,12 +307,14 @@ json_t *anth_message(struct server *srv, const struct job *j, const json_t *msg,
     char id[48];
     snprintf(id, sizeof id, "msg_%llu", __atomic_add_fetch(&srv->n_replies, 1, __ATOMIC_RELAXED));
     json_t *blocks = msg ? anth_blocks(msg) : json_array();
-    if (blocks && fin && json_array_size(blocks) == 0) json_array_append_new(blocks, json_pack("{s:s, s:s}", "type", "text", "text", ""));
+    if (blocks && fin && json_array_size(blocks) == 0)
+        json_array_append_new(blocks, json_pack("{s:s, s:s}", "type", "text", "text", ""));
     const char *sr = fin ? stop_reason(j, fin) : NULL;
     return json_pack("{s:s, s:s, s:s, s:s, s:o, s:o, s:o, s:o}", "id", id, "type", "message", "role", "assistant", "model",
                      srv->model_name, "content", blocks ? blocks : json_array(), "stop_reason", sr ? json_string(sr) : json_null(),
-                     "stop_sequence", sr && !strcmp(sr, "stop_sequence") && j->req.n_stop == 1 ? json_string(j->req.stop[0]) : json_null(),
-                     "usage", anth_usage(j, fin != NULL));
+                     "stop_sequence",
+                     sr && !strcmp(sr, "stop_sequence") && j->req.n_stop == 1 ? json_string(j->req.stop[0]) : json_null(), "usage",
+                     anth_usage(j, fin != NULL));
 }
 
 const char *anth_stop_reason(const struct job *j, const char *fin) { return stop_reason(j, fin); }
@@ -337,7 +345,8 @@ int anth_count_tokens(struct server *srv, json_t *root, json_t **out, struct ser
     kvt_token *t = NULL;
     int32_t n = 0;
     if (rc == 0) {
-        int r = kvt_chat_tokenize(srv->eng, j->req.msgs, j->req.n_msgs, true, kvt_session_default_params().template_fallback, &t, &n);
+        int r = kvt_chat_tokenize(srv->eng, j->req.msgs, j->req.n_msgs, true, kvt_session_default_params().template_fallback, &t,
+                                  &n);
         if (r) {
             serve_error_lib(e, "chat template", r);
             rc = -1;

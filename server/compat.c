@@ -58,8 +58,8 @@ static json_t *gen_settings(struct server *srv, const struct job *j) {
     for (int32_t i = 0; i < j->req.n_stop; i++) json_array_append_new(stop, json_string(j->req.stop[i]));
     return json_pack("{s:i, s:I, s:f, s:i, s:f, s:o, s:b, s:s, s:i}", "n_predict", j->req.max_tokens, "seed",
                      (json_int_t) j->req.smp.seed, "temperature", (double) j->req.smp.temperature, "top_k", j->req.smp.top_k,
-                     "top_p", (double) j->req.smp.top_p, "stop", stop, "stream", j->req.stream, "model", srv->model_name,
-                     "n_ctx", srv->budget);
+                     "top_p", (double) j->req.smp.top_p, "stop", stop, "stream", j->req.stream, "model", srv->model_name, "n_ctx",
+                     srv->budget);
 }
 
 json_t *compat_native_reply(struct server *srv, const struct job *j, const char *content, bool final, double t_done) {
@@ -148,8 +148,7 @@ int compat_tokenize(struct server *srv, const json_t *root, json_t **out, struct
         if ((rc = kvt_detokenize(srv->eng, &t[i], 1, true, &piece))) break;
         json_t *pv;
         if (valid_utf8(piece)) pv = json_string(piece);
-        else { /* part of a character: its bytes, as llama-server lists them */
-            pv = json_array();
+        else { /* part of a character: its bytes, as llama-server lists them */ pv = json_array();
             for (const unsigned char *b = (const unsigned char *) piece; *b; b++) json_array_append_new(pv, json_integer(*b));
         }
         free(piece);
@@ -251,15 +250,15 @@ json_t *compat_props(struct server *srv) {
     struct kvt_engine_info I;
     kvt_engine_info(srv->eng, &I);
     json_t *params = json_pack("{s:I, s:f, s:i, s:i, s:f}", "seed", (json_int_t) srv->seed_default, "temperature",
-                               (double) srv->temp_default, "n_predict", srv->n_predict_cap > 0 ? srv->n_predict_cap : -1,
-                               "top_k", 0, "top_p", 1.0);
+                               (double) srv->temp_default, "n_predict", srv->n_predict_cap > 0 ? srv->n_predict_cap : -1, "top_k",
+                               0, "top_p", 1.0);
     return json_pack("{s:{s:i, s:o}, s:i, s:s, s:s, s:s, s:{s:b, s:b}, s:s, s:{s:i, s:i, s:i, s:i, s:i, s:s, s:i}}",
                      "default_generation_settings", "n_ctx", srv->budget, "params", params, "total_slots", srv->max_sessions,
                      "model_path", srv->model_path, "model_alias", srv->model_name, "chat_template",
                      srv->chat_template_src ? srv->chat_template_src : (I.has_chat_template ? "(the GGUF's)" : ""), "modalities",
-                     "vision", 0, "audio", 0, "build_info", kvt_build_info(), "kvtier", "budget", srv->budget, "block",
-                     srv->block, "sessions", srv->max_sessions, "parallel", srv->parallel, "ctx_size", srv->n_ctx, "device",
-                     I.device, "n_layer_device", I.n_layer_device);
+                     "vision", 0, "audio", 0, "build_info", kvt_build_info(), "kvtier", "budget", srv->budget, "block", srv->block,
+                     "sessions", srv->max_sessions, "parallel", srv->parallel, "ctx_size", srv->n_ctx, "device", I.device,
+                     "n_layer_device", I.n_layer_device);
 }
 
 json_t *compat_slots(struct server *srv, const char *ns) {

@@ -214,7 +214,8 @@ static bool origin_allowed(const char *list, const char *origin) {
             static const char *const loop[] = { "localhost", "127.0.0.1", "[::1]" };
             for (int i = 0; h && i < 3; i++) {
                 size_t l = strlen(loop[i]);
-                if (!strncmp(h, loop[i], l) && (h[l] == '\0' || (h[l] == ':' && h[l + 1] && strspn(h + l + 1, "0123456789") == strlen(h + l + 1))))
+                if (!strncmp(h, loop[i], l) &&
+                    (h[l] == '\0' || (h[l] == ':' && h[l + 1] && strspn(h + l + 1, "0123456789") == strlen(h + l + 1))))
                     return true;
             }
         } else if (m && strlen(origin) == m && !strncmp(p, origin, m)) return true;
@@ -330,8 +331,8 @@ static json_t *final_obj(struct server *srv, const struct job *j) {
         free(text);
     }
     json_t *reply = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", id, "object",
-                     chat_shape(j) ? "chat.completion" : "text_completion", "created", (json_int_t) time(NULL), "model",
-                     srv->model_name, "choices", choice, "usage", usage_obj(j));
+                              chat_shape(j) ? "chat.completion" : "text_completion", "created", (json_int_t) time(NULL), "model",
+                              srv->model_name, "choices", choice, "usage", usage_obj(j));
     if (reply && verbose) json_object_set_new(reply, "__verbose", verbose);
     else json_decref(verbose);
     return reply;
@@ -394,12 +395,12 @@ struct stream {
                                ** 0 a call or JSON (sent whole) */
     char *out;      /* pending bytes */
     size_t n_out, off;
-    int a_open;     /* Anthropic: index of the content block open (-1 none) */
-    int a_next;     /* Anthropic: the next block's index */
-    int r_seq;      /* Responses: the next event's sequence_number */
-    int r_items;    /* Responses: output items announced so far */
-    bool r_open;    /* Responses: the message item's output_text part is open */
-    char r_item[48]; /* Responses: the message item's id */
+    int a_open;               /* Anthropic: index of the content block open (-1 none) */
+    int a_next;               /* Anthropic: the next block's index */
+    int r_seq;                /* Responses: the next event's sequence_number */
+    int r_items;              /* Responses: output items announced so far */
+    bool r_open;              /* Responses: the message item's output_text part is open */
+    char r_item[48];          /* Responses: the message item's id */
     json_t *r_msg, *r_output; /* Responses: a reply sent whole (under tools): its message and items, kept
                               ** so that the final response names the same call ids */
 };
@@ -468,8 +469,9 @@ static void anth_whole(struct stream *st, const json_t *msg) {
         anth_close_block(st);
         int idx = st->a_next++;
         char *input = json_dumps(json_object_get(b, "input"), JSON_COMPACT);
-        stream_event(st, json_pack("{s:s, s:i, s:{s:s, s:O, s:O, s:{}}}", "type", "content_block_start", "index", idx, "content_block",
-                                   "type", "tool_use", "id", json_object_get(b, "id"), "name", json_object_get(b, "name"), "input"));
+        stream_event(st,
+                     json_pack("{s:s, s:i, s:{s:s, s:O, s:O, s:{}}}", "type", "content_block_start", "index", idx, "content_block",
+                               "type", "tool_use", "id", json_object_get(b, "id"), "name", json_object_get(b, "name"), "input"));
         stream_event(st, json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_delta", "index", idx, "delta", "type",
                                    "input_json_delta", "partial_json", input ? input : "{}"));
         free(input);
@@ -487,16 +489,16 @@ static void resp_event(struct stream *st, json_t *obj) {
 static json_t *resp_msg_item(struct stream *st, const char *status, const char *text) {
     json_t *content = json_array();
     if (text) json_array_append_new(content, json_pack("{s:s, s:s, s:[]}", "type", "output_text", "text", text, "annotations"));
-    return json_pack("{s:s, s:s, s:s, s:s, s:o}", "type", "message", "id", st->r_item, "status", status, "role", "assistant", "content",
-                     content);
+    return json_pack("{s:s, s:s, s:s, s:s, s:o}", "type", "message", "id", st->r_item, "status", status, "role", "assistant",
+                     "content", content);
 }
 
 /* Responses: text as an output_text delta of the message item (announced first if needed). */
 static void resp_text(struct stream *st, const char *text) {
     if (!st->r_open) {
         st->r_open = true;
-        resp_event(st, json_pack("{s:s, s:i, s:o}", "type", "response.output_item.added", "output_index", st->r_items,
-                                 "item", resp_msg_item(st, "in_progress", NULL)));
+        resp_event(st, json_pack("{s:s, s:i, s:o}", "type", "response.output_item.added", "output_index", st->r_items, "item",
+                                 resp_msg_item(st, "in_progress", NULL)));
         resp_event(st, json_pack("{s:s, s:s, s:i, s:i, s:{s:s, s:s, s:[]}}", "type", "response.content_part.added", "item_id",
                                  st->r_item, "output_index", st->r_items, "content_index", 0, "part", "type", "output_text", "text",
                                  "", "annotations"));
@@ -511,9 +513,9 @@ static void resp_text_done(struct stream *st, const char *text) {
     st->r_open = false;
     resp_event(st, json_pack("{s:s, s:s, s:i, s:i, s:s, s:[]}", "type", "response.output_text.done", "item_id", st->r_item,
                              "output_index", st->r_items, "content_index", 0, "text", text, "logprobs"));
-    resp_event(st, json_pack("{s:s, s:s, s:i, s:i, s:{s:s, s:s, s:[]}}", "type", "response.content_part.done", "item_id", st->r_item,
-                             "output_index", st->r_items, "content_index", 0, "part", "type", "output_text", "text", text,
-                             "annotations"));
+    resp_event(st, json_pack("{s:s, s:s, s:i, s:i, s:{s:s, s:s, s:[]}}", "type", "response.content_part.done", "item_id",
+                             st->r_item, "output_index", st->r_items, "content_index", 0, "part", "type", "output_text", "text",
+                             text, "annotations"));
     resp_event(st, json_pack("{s:s, s:i, s:o}", "type", "response.output_item.done", "output_index", st->r_items, "item",
                              resp_msg_item(st, "completed", text)));
     st->r_items++;
@@ -536,12 +538,14 @@ static void resp_items(struct stream *st, json_t *output) {
         json_t *added = json_deep_copy(it);
         json_object_set_new(added, "arguments", json_string(""));
         json_object_set_new(added, "status", json_string("in_progress"));
-        resp_event(st, json_pack("{s:s, s:i, s:o}", "type", "response.output_item.added", "output_index", st->r_items, "item", added));
-        resp_event(st, json_pack("{s:s, s:O, s:i, s:O}", "type", "response.function_call_arguments.delta", "item_id",
-                                 json_object_get(it, "id"), "output_index", st->r_items, "delta", json_object_get(it, "arguments")));
+        resp_event(st,
+                   json_pack("{s:s, s:i, s:o}", "type", "response.output_item.added", "output_index", st->r_items, "item", added));
+        resp_event(st,
+                   json_pack("{s:s, s:O, s:i, s:O}", "type", "response.function_call_arguments.delta", "item_id",
+                             json_object_get(it, "id"), "output_index", st->r_items, "delta", json_object_get(it, "arguments")));
         resp_event(st, json_pack("{s:s, s:O, s:i, s:O, s:O}", "type", "response.function_call_arguments.done", "item_id",
-                                 json_object_get(it, "id"), "output_index", st->r_items, "arguments", json_object_get(it, "arguments"),
-                                 "name", json_object_get(it, "name")));
+                                 json_object_get(it, "id"), "output_index", st->r_items, "arguments",
+                                 json_object_get(it, "arguments"), "name", json_object_get(it, "name")));
         resp_event(st, json_pack("{s:s, s:i, s:O}", "type", "response.output_item.done", "output_index", st->r_items, "item", it));
         st->r_items++;
     }
@@ -678,14 +682,17 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
                 if (st->r_msg && !strcmp(fin ? fin : "", "stop") && json_array_size(json_object_get(msg, "tool_calls")))
                     fin = "tool_calls";
                 if (st->r_open) { /* the text streamed: its whole, cleaned */
-                    const json_t *t = json_object_get(json_array_get(json_object_get(json_array_get(output, 0), "content"), 0), "text");
+                    const json_t *t = json_object_get(json_array_get(json_object_get(json_array_get(output, 0), "content"), 0),
+                                                      "text");
                     resp_text_done(st, json_is_string(t) ? json_string_value(t) : "");
                 } else if (j->req.format != REPLY_TOOLS || st->tools_text > 0) resp_items(st, output);
                 const char *status = !strcmp(fin ? fin : "", "length") ? "incomplete" : "completed";
                 json_t *obj = resp_object(srv, j, j->req.resp_id, j->req.resp_parent, output, status);
-                if (j->req.resp_store && msg && obj) resp_store(srv, j->req.ns, j->req.resp_id, j->req.resp_parent, j->req.resp_turn, msg, obj);
-                resp_event(st, json_pack("{s:s, s:o}", "type", !strcmp(status, "completed") ? "response.completed" : "response.incomplete",
-                                         "response", obj));
+                if (j->req.resp_store && msg && obj)
+                    resp_store(srv, j->req.ns, j->req.resp_id, j->req.resp_parent, j->req.resp_turn, msg, obj);
+                resp_event(st,
+                           json_pack("{s:s, s:o}", "type",
+                                     !strcmp(status, "completed") ? "response.completed" : "response.incomplete", "response", obj));
                 json_decref(msg);
             }
             st->phase = 3;
@@ -780,7 +787,8 @@ static enum MHD_Result run_job(struct server *srv, struct MHD_Connection *c, str
             snprintf(item, sizeof item, "msg_%llu", __atomic_add_fetch(&srv->n_replies, 1, __ATOMIC_RELAXED));
             reply = resp_object(srv, j, j->req.resp_id, j->req.resp_parent, resp_output(srv, msg, item),
                                 !strcmp(fin ? fin : "", "length") ? "incomplete" : "completed");
-            if (j->req.resp_store && msg && reply) resp_store(srv, j->req.ns, j->req.resp_id, j->req.resp_parent, j->req.resp_turn, msg, reply);
+            if (j->req.resp_store && msg && reply)
+                resp_store(srv, j->req.ns, j->req.resp_id, j->req.resp_parent, j->req.resp_turn, msg, reply);
             json_decref(msg);
         } else if (j->req.anthropic) {
             const char *fin = j->finish;
@@ -1146,7 +1154,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
             return send_json(srv, c, 200, o, NULL);
         }
         if (del) {
-            if (!resp_delete(ns, id)) return send_error(srv, c, 404, "invalid_request_error", "not_found", "no stored response '%.60s'", id);
+            if (!resp_delete(ns, id))
+                return send_error(srv, c, 404, "invalid_request_error", "not_found", "no stored response '%.60s'", id);
             return send_json(srv, c, 200, json_pack("{s:s, s:s, s:b}", "id", id, "object", "response.deleted", "deleted", 1), NULL);
         }
         return send_error(srv, c, 405, "invalid_request_error", NULL, "%s %s: use GET or DELETE", method, url);
@@ -1165,7 +1174,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         return send_json(srv, c, 200, compat_models(srv), NULL);
     }
     if (!v1 && !strcmp(u, "/props")) {
-        if (!get) return send_error(srv, c, 405, "invalid_request_error", NULL, "%s %s: use GET (kvtier's props are flags)", method, url);
+        if (!get)
+            return send_error(srv, c, 405, "invalid_request_error", NULL, "%s %s: use GET (kvtier's props are flags)", method, url);
         return send_json(srv, c, 200, compat_props(srv), NULL);
     }
     if (!v1 && !strcmp(u, "/slots")) {
@@ -1235,7 +1245,8 @@ static struct MHD_Daemon *listen_on(struct server *srv, const char *host, int32_
     ** 2048 levels at most, and the schema's, 32), so the connection cap, not the address space,
     ** bounds the threads */
     struct MHD_Daemon *d = MHD_start_daemon(
-        flags, (uint16_t) port, NULL, NULL, handler, srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, srv, /* first: it covers the others */
+        flags, (uint16_t) port, NULL, NULL, handler, srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
+        srv, /* first: it covers the others */
         MHD_OPTION_SOCK_ADDR, (struct sockaddr *) &ss, MHD_OPTION_NOTIFY_COMPLETED, completed, srv, MHD_OPTION_NOTIFY_CONNECTION,
         notify_connection, srv, MHD_OPTION_CONNECTION_LIMIT, (unsigned) srv->lim.max_connections,
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned) srv->lim.max_per_ip, MHD_OPTION_CONNECTION_TIMEOUT,

@@ -127,9 +127,12 @@ char *serve_metrics_text(struct server *srv) {
     /* llama-server's names (its tools/server/server-task.cpp), from the same counters, for
     ** dashboards written against it; speculative decoding: none here, so zeros */
     const int64_t n_decode = m.steps + m.prefill_alone_steps;
-#define LCOUNTER(name, help, fmt, v) fprintf(f, "# HELP llamacpp:" name " " help "\n# TYPE llamacpp:" name " counter\nllamacpp:" name " " fmt "\n", v)
-#define LGAUGE(name, help, fmt, v)   fprintf(f, "# HELP llamacpp:" name " " help "\n# TYPE llamacpp:" name " gauge\nllamacpp:" name " " fmt "\n", v)
-    LCOUNTER("prompt_tokens_total", "Number of prompt tokens processed (run through the model).", "%lld", (long long) m.prompt_decoded);
+#define LCOUNTER(name, help, fmt, v) \
+    fprintf(f, "# HELP llamacpp:" name " " help "\n# TYPE llamacpp:" name " counter\nllamacpp:" name " " fmt "\n", v)
+#define LGAUGE(name, help, fmt, v) \
+    fprintf(f, "# HELP llamacpp:" name " " help "\n# TYPE llamacpp:" name " gauge\nllamacpp:" name " " fmt "\n", v)
+    LCOUNTER("prompt_tokens_total", "Number of prompt tokens processed (run through the model).", "%lld",
+             (long long) m.prompt_decoded);
     LCOUNTER("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache.", "%lld", (long long) m.prompt_reused);
     LCOUNTER("prompt_seconds_total", "Total time spent processing prompts (arrival to first token).", "%.6f", m.prompt_ms / 1e3);
     LCOUNTER("tokens_predicted_total", "Number of generation tokens processed.", "%lld", (long long) m.completion_tokens);

@@ -434,17 +434,51 @@ static const struct {
     const char *name;
     double neutral;
 } NOT_IMPLEMENTED[] = {
-    { "frequency_penalty", 0 }, { "presence_penalty", 0 }, { "repeat_penalty", 1 }, { "min_p", 0 },
-    { "typical_p", 1 },         { "mirostat", 0 },         { "dry_multiplier", 0 }, { "xtc_probability", 0 },
-    { "top_n_sigma", -1 },      { "dynatemp_range", 0 },
+    { "frequency_penalty", 0 }, { "presence_penalty", 0 }, { "repeat_penalty", 1 },  { "min_p", 0 },        { "typical_p", 1 },
+    { "mirostat", 0 },          { "dry_multiplier", 0 },   { "xtc_probability", 0 }, { "top_n_sigma", -1 }, { "dynatemp_range", 0 },
 };
 
 /* The request fields kvtier reads or knowingly accepts; any other is logged once (by name). */
 static const char *const KNOWN[] = {
-    "model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "n", "stop",
-    "stream", "stream_options", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "functions",
-    "function_call", "response_format", "json_schema", "grammar", "logit_bias", "user", "metadata", "store", "cache_prompt",
-    "session", "session_id", "id_slot", "ignore_eos", "n_predict", "return_tokens", "n_probs", "post_sampling_probs", "verbose", "continue_final_message", "add_generation_prompt",
+    "model",
+    "messages",
+    "prompt",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "n",
+    "stop",
+    "stream",
+    "stream_options",
+    "logprobs",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "functions",
+    "function_call",
+    "response_format",
+    "json_schema",
+    "grammar",
+    "logit_bias",
+    "user",
+    "metadata",
+    "store",
+    "cache_prompt",
+    "session",
+    "session_id",
+    "id_slot",
+    "ignore_eos",
+    "n_predict",
+    "return_tokens",
+    "n_probs",
+    "post_sampling_probs",
+    "verbose",
+    "continue_final_message",
+    "add_generation_prompt",
 };
 
 static pthread_mutex_t unknown_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -498,8 +532,11 @@ static int add_bias(struct server *srv, struct job *j, const json_t *key, const 
                     struct serve_error *e) {
     float b;
     if (json_is_false(val)) b = -INFINITY;
-    else if (json_is_number(val) && json_number_value(val) >= -100 && json_number_value(val) <= 100) b = (float) json_number_value(val);
-    else return serve_bad(e, "'logit_bias' %s: the bias must be a number in -100..100 or false, got %s", where, serve_json_type(val));
+    else if (json_is_number(val) && json_number_value(val) >= -100 && json_number_value(val) <= 100)
+        b = (float) json_number_value(val);
+    else
+        return serve_bad(e, "'logit_bias' %s: the bias must be a number in -100..100 or false, got %s", where,
+                         serve_json_type(val));
     kvt_token one, *toks = &one;
     int32_t n = 1;
     char *end = NULL;
@@ -510,12 +547,13 @@ static int add_bias(struct server *srv, struct job *j, const json_t *key, const 
     if (srv->eng) kvt_engine_info(srv->eng, &I);
     if ((key && json_is_integer(key)) || (end && !*end)) {
         if (id < 0 || (srv->eng && id >= I.n_vocab))
-            return serve_bad(e, "'logit_bias' %s: token id %ld is outside 0..%d (the model's vocabulary)", where, id, I.n_vocab - 1);
+            return serve_bad(e, "'logit_bias' %s: token id %ld is outside 0..%d (the model's vocabulary)", where, id,
+                             I.n_vocab - 1);
         one = (kvt_token) id;
     } else if (kstr && *kstr && srv->eng) { /* a text: every token of it */
-        if (kvt_tokenize(srv->eng, kstr, false, false, &toks, &n)) return serve_bad(e, "'logit_bias' %s: cannot tokenize the text", where);
-    } else
-        return serve_bad(e, "'logit_bias' %s: the key must be a token id or a text", where);
+        if (kvt_tokenize(srv->eng, kstr, false, false, &toks, &n))
+            return serve_bad(e, "'logit_bias' %s: cannot tokenize the text", where);
+    } else return serve_bad(e, "'logit_bias' %s: the key must be a token id or a text", where);
     int rc = 0;
     for (int32_t i = 0; rc == 0 && i < n; i++) {
         if (j->req.n_bias == 4096) {
@@ -552,9 +590,11 @@ static int parse_logit_bias(struct server *srv, const json_t *v, struct job *j, 
         json_t *p;
         json_array_foreach(v, i, p) {
             snprintf(where, sizeof where, "[%zu]", i);
-            if (!json_is_array(p) || json_array_size(p) != 2 || !(json_is_integer(json_array_get(p, 0)) || json_is_string(json_array_get(p, 0))))
+            if (!json_is_array(p) || json_array_size(p) != 2 ||
+                !(json_is_integer(json_array_get(p, 0)) || json_is_string(json_array_get(p, 0))))
                 return serve_bad(e, "'logit_bias[%zu]' must be a pair [token id or text, bias]", i);
-            if (add_bias(srv, j, json_array_get(p, 0), json_string_value(json_array_get(p, 0)), json_array_get(p, 1), where, e)) return -1;
+            if (add_bias(srv, j, json_array_get(p, 0), json_string_value(json_array_get(p, 0)), json_array_get(p, 1), where, e))
+                return -1;
         }
     } else return serve_bad(e, "'logit_bias' must be an object {token id: bias} or an array of pairs, got %s", serve_json_type(v));
     j->req.smp.logit_bias = j->req.bias;
@@ -626,7 +666,8 @@ static int parse_prompt_ids(struct server *srv, const json_t *p, struct job *j, 
             continue;
         }
         if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) > INT32_MAX)
-            return serve_bad(e, "'prompt[%zu]' must be a token id (a non-negative integer) or a text, got %s", i, serve_json_type(t));
+            return serve_bad(e, "'prompt[%zu]' must be a token id (a non-negative integer) or a text, got %s", i,
+                             serve_json_type(t));
         j->req.prompt_ids[at++] = (kvt_token) json_integer_value(t);
     }
     if (at > (size_t) 1 << 24) return serve_bad(e, "'prompt' has %zu tokens; at most %d", at, 1 << 24);
@@ -647,7 +688,8 @@ int serve_request_parse(struct server *srv, json_t *root, struct job *j, bool ch
     free(sys_extra);
     if (rc == 0 && chat && j->req.prefill) rc = prefill_prompt(srv, j, e);
     if (rc == 0 && !chat) {
-        const char *chat_only[] = { "tools", "tool_choice", "functions", "function_call", "response_format", "json_schema", "grammar" };
+        const char *chat_only[] = { "tools",           "tool_choice", "functions", "function_call",
+                                    "response_format", "json_schema", "grammar" };
         for (int i = 0; rc == 0 && i < 7; i++) {
             json_t *v = json_object_get(root, chat_only[i]);
             if (v && !json_is_null(v)) {

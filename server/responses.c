@@ -73,7 +73,8 @@ static char *content_text(const json_t *c, const char *where, struct serve_error
         free(out);
         e->param = "input";
         if (type && (!strcmp(type, "input_image") || !strcmp(type, "input_file") || !strcmp(type, "input_audio")))
-            serve_bad(e, "'%s[%zu]' is %s: image, file and audio input are not supported (kvtier serves text models)", where, i, type);
+            serve_bad(e, "'%s[%zu]' is %s: image, file and audio input are not supported (kvtier serves text models)", where, i,
+                      type);
         else serve_bad(e, "'%s[%zu]' has type '%s'; expected input_text or output_text", where, i, type ? type : "(none)");
         return NULL;
     }
@@ -103,14 +104,17 @@ static int input_messages(const json_t *input, json_t *msgs, struct serve_error 
             free(t);
             if (!m || json_array_append_new(msgs, m)) return serve_error_oom(e);
         } else if (type && !strcmp(type, "function_call")) {
-            const char *cid = json_string_value(json_object_get(it, "call_id")), *name = json_string_value(json_object_get(it, "name")),
+            const char *cid = json_string_value(json_object_get(it, "call_id")),
+                       *name = json_string_value(json_object_get(it, "name")),
                        *args = json_string_value(json_object_get(it, "arguments"));
-            if (!cid || !name || !args) return serve_bad(e, "'input[%zu]' (function_call) needs string call_id, name and arguments", i);
-            json_t *m = json_pack("{s:s, s:s, s:[{s:s, s:s, s:{s:s, s:s}}]}", "role", "assistant", "content", "", "tool_calls", "id", cid,
-                                  "type", "function", "function", "name", name, "arguments", args);
+            if (!cid || !name || !args)
+                return serve_bad(e, "'input[%zu]' (function_call) needs string call_id, name and arguments", i);
+            json_t *m = json_pack("{s:s, s:s, s:[{s:s, s:s, s:{s:s, s:s}}]}", "role", "assistant", "content", "", "tool_calls",
+                                  "id", cid, "type", "function", "function", "name", name, "arguments", args);
             /* consecutive calls of one turn: one assistant message */
             json_t *last = json_array_get(msgs, json_array_size(msgs) - 1);
-            if (m && last && json_object_get(last, "tool_calls") && !strcmp(json_string_value(json_object_get(last, "role")), "assistant")) {
+            if (m && last && json_object_get(last, "tool_calls") &&
+                !strcmp(json_string_value(json_object_get(last, "role")), "assistant")) {
                 json_array_extend(json_object_get(last, "tool_calls"), json_object_get(m, "tool_calls"));
                 json_decref(m);
             } else if (!m || json_array_append_new(msgs, m)) return serve_error_oom(e);
@@ -132,9 +136,26 @@ static int input_messages(const json_t *input, json_t *msgs, struct serve_error 
     return 0;
 }
 
-static const char *const KNOWN[] = { "model", "input", "instructions", "previous_response_id", "max_output_tokens", "temperature",
-                                     "top_p", "stream", "store", "tools", "tool_choice", "parallel_tool_calls", "metadata", "user",
-                                     "text", "truncation", "reasoning", "include", "service_tier", "background" };
+static const char *const KNOWN[] = { "model",
+                                     "input",
+                                     "instructions",
+                                     "previous_response_id",
+                                     "max_output_tokens",
+                                     "temperature",
+                                     "top_p",
+                                     "stream",
+                                     "store",
+                                     "tools",
+                                     "tool_choice",
+                                     "parallel_tool_calls",
+                                     "metadata",
+                                     "user",
+                                     "text",
+                                     "truncation",
+                                     "reasoning",
+                                     "include",
+                                     "service_tier",
+                                     "background" };
 
 int resp_to_chat(struct server *srv, const char *ns, const json_t *in, json_t **out, json_t **turn, char *parent, size_t n_parent,
                  struct serve_error *e) {
@@ -197,9 +218,9 @@ int resp_to_chat(struct server *srv, const char *ns, const json_t *in, json_t **
             if (!found || missing[0]) {
                 json_decref(chain);
                 if (!found)
-                    rc = serve_error_set(e, 404, "invalid_request_error", "not_found",
-                                         "previous response '%.60s' was not found (never stored, store: false, deleted, or expired)",
-                                         parent);
+                    rc = serve_error_set(
+                        e, 404, "invalid_request_error", "not_found",
+                        "previous response '%.60s' was not found (never stored, store: false, deleted, or expired)", parent);
                 else /* never a conversation with a hole in it */
                     rc = serve_error_set(e, 404, "invalid_request_error", "not_found",
                                          "response '%.60s', earlier in the conversation of '%.60s', was deleted", missing, parent);
@@ -220,8 +241,12 @@ int resp_to_chat(struct server *srv, const char *ns, const json_t *in, json_t **
         } else rc = input_messages(input, msgs, e);
     }
     for (size_t i = before; rc == 0 && i < json_array_size(msgs); i++) json_array_append(t, json_array_get(msgs, i));
-    static const char *const same[][2] = { { "max_output_tokens", "max_tokens" }, { "temperature", "temperature" }, { "top_p", "top_p" },
-                                           { "stream", "stream" },                 { "model", "model" },             { "user", "user" },
+    static const char *const same[][2] = { { "max_output_tokens", "max_tokens" },
+                                           { "temperature", "temperature" },
+                                           { "top_p", "top_p" },
+                                           { "stream", "stream" },
+                                           { "model", "model" },
+                                           { "user", "user" },
                                            { "parallel_tool_calls", "parallel_tool_calls" } };
     for (size_t i = 0; rc == 0 && i < sizeof same / sizeof same[0]; i++)
         if ((v = json_object_get(in, same[i][0])) && json_object_set(o, same[i][1], (json_t *) v)) rc = serve_error_oom(e);
@@ -232,7 +257,8 @@ int resp_to_chat(struct server *srv, const char *ns, const json_t *in, json_t **
         const json_t *tl;
         if (!json_is_array(v)) rc = serve_bad(e, "'tools' must be an array, got %s", serve_json_type(v));
         else json_array_foreach(v, i, tl) {
-                const char *type = json_string_value(json_object_get(tl, "type")), *name = json_string_value(json_object_get(tl, "name"));
+                const char *type = json_string_value(json_object_get(tl, "type")),
+                           *name = json_string_value(json_object_get(tl, "name"));
                 if (!type || strcmp(type, "function")) {
                     rc = serve_bad(e, "'tools[%zu]' has type '%.40s'; kvtier runs function tools only (the client runs them)", i,
                                    type ? type : "(none)");
@@ -243,9 +269,11 @@ int resp_to_chat(struct server *srv, const char *ns, const json_t *in, json_t **
                     break;
                 }
                 json_t *fn = json_pack("{s:s}", "name", name);
-                if (fn && json_object_get(tl, "description")) json_object_set(fn, "description", json_object_get(tl, "description"));
+                if (fn && json_object_get(tl, "description"))
+                    json_object_set(fn, "description", json_object_get(tl, "description"));
                 if (fn && json_object_get(tl, "parameters")) json_object_set(fn, "parameters", json_object_get(tl, "parameters"));
-                if (!fn || json_array_append_new(tools, json_pack("{s:s, s:o}", "type", "function", "function", fn))) rc = serve_error_oom(e);
+                if (!fn || json_array_append_new(tools, json_pack("{s:s, s:o}", "type", "function", "function", fn)))
+                    rc = serve_error_oom(e);
             }
         if (rc == 0 && json_object_set_new(o, "tools", tools)) rc = serve_error_oom(e);
         else if (rc) json_decref(tools);
@@ -266,8 +294,8 @@ int resp_to_chat(struct server *srv, const char *ns, const json_t *in, json_t **
         const char *type = json_string_value(json_object_get(v, "type"));
         json_t *rf = NULL;
         if (type && !strcmp(type, "json_schema"))
-            rf = json_pack("{s:s, s:{s:O*, s:O*}}", "type", "json_schema", "json_schema", "name", json_object_get(v, "name"), "schema",
-                           json_object_get(v, "schema"));
+            rf = json_pack("{s:s, s:{s:O*, s:O*}}", "type", "json_schema", "json_schema", "name", json_object_get(v, "name"),
+                           "schema", json_object_get(v, "schema"));
         else if (type && !strcmp(type, "json_object")) rf = json_pack("{s:s}", "type", "json_object");
         else if (!type || strcmp(type, "text")) rc = serve_bad(e, "'text.format.type' must be text, json_object or json_schema");
         if (rf && json_object_set_new(o, "response_format", rf)) rc = serve_error_oom(e);
@@ -290,9 +318,9 @@ json_t *resp_output(struct server *srv, const json_t *msg, const char *item_id) 
     json_t *out = json_array();
     const json_t *c = json_object_get(msg, "content"), *calls = json_object_get(msg, "tool_calls");
     if (json_is_string(c) && (json_string_length(c) || !json_array_size(calls)))
-        json_array_append_new(out, json_pack("{s:s, s:s, s:s, s:s, s:[{s:s, s:O, s:[]}]}", "type", "message", "id", item_id, "status",
-                                             "completed", "role", "assistant", "content", "type", "output_text", "text", c,
-                                             "annotations"));
+        json_array_append_new(out, json_pack("{s:s, s:s, s:s, s:s, s:[{s:s, s:O, s:[]}]}", "type", "message", "id", item_id,
+                                             "status", "completed", "role", "assistant", "content", "type", "output_text", "text",
+                                             c, "annotations"));
     size_t i;
     const json_t *call;
     json_array_foreach(calls, i, call) {
@@ -312,16 +340,16 @@ json_t *resp_usage(const struct job *j) {
                      "reasoning_tokens", 0, "total_tokens", j->prompt_tokens + j->completion_tokens);
 }
 
-json_t *resp_object(struct server *srv, const struct job *j, const char *id, const char *parent, json_t *output, const char *status) {
+json_t *resp_object(struct server *srv, const struct job *j, const char *id, const char *parent, json_t *output,
+                    const char *status) {
     bool incomplete = !strcmp(status, "incomplete");
-    return json_pack("{s:s, s:s, s:I, s:s, s:s, s:o, s:o, s:o, s:o, s:o, s:i, s:f, s:f, s:b, s:o}", "id", id, "object", "response",
-                     "created_at", (json_int_t) time(NULL), "status", status, "model", srv->model_name, "output",
-                     output ? output : json_array(), "usage", j ? resp_usage(j) : json_null(), "previous_response_id",
-                     parent && *parent ? json_string(parent) : json_null(), "incomplete_details",
-                     incomplete ? json_pack("{s:s}", "reason", "max_output_tokens") : json_null(), "error", json_null(),
-                     "max_output_tokens", j ? j->req.max_tokens : 0, "temperature", j ? (double) j->req.smp.temperature : 1.0,
-                     "top_p", j ? (double) j->req.smp.top_p : 1.0, "parallel_tool_calls", 1, "text",
-                     json_pack("{s:{s:s}}", "format", "type", "text"));
+    return json_pack(
+        "{s:s, s:s, s:I, s:s, s:s, s:o, s:o, s:o, s:o, s:o, s:i, s:f, s:f, s:b, s:o}", "id", id, "object", "response", "created_at",
+        (json_int_t) time(NULL), "status", status, "model", srv->model_name, "output", output ? output : json_array(), "usage",
+        j ? resp_usage(j) : json_null(), "previous_response_id", parent && *parent ? json_string(parent) : json_null(),
+        "incomplete_details", incomplete ? json_pack("{s:s}", "reason", "max_output_tokens") : json_null(), "error", json_null(),
+        "max_output_tokens", j ? j->req.max_tokens : 0, "temperature", j ? (double) j->req.smp.temperature : 1.0, "top_p",
+        j ? (double) j->req.smp.top_p : 1.0, "parallel_tool_calls", 1, "text", json_pack("{s:{s:s}}", "format", "type", "text"));
 }
 
 void resp_store(struct server *srv, const char *ns, const char *id, const char *parent, json_t *turn, const json_t *msg,
@@ -329,8 +357,10 @@ void resp_store(struct server *srv, const char *ns, const char *id, const char *
     (void) srv;
     /* the reply as the chat message the next turn replays (its tool calls with their ids) */
     json_t *content = json_object_get(msg, "content");
-    json_t *am = json_pack("{s:s, s:o}", "role", "assistant", "content", json_is_string(content) ? json_incref(content) : json_string(""));
-    if (am && json_array_size(json_object_get(msg, "tool_calls"))) json_object_set(am, "tool_calls", json_object_get(msg, "tool_calls"));
+    json_t *am = json_pack("{s:s, s:o}", "role", "assistant", "content",
+                           json_is_string(content) ? json_incref(content) : json_string(""));
+    if (am && json_array_size(json_object_get(msg, "tool_calls")))
+        json_object_set(am, "tool_calls", json_object_get(msg, "tool_calls"));
     if (!am || json_array_append_new(turn, am)) return;
     pthread_mutex_lock(&resp_mu);
     if (n_resps == RESP_MAX) { /* the least recently used: never an ancestor of a stored one */

@@ -92,25 +92,25 @@ struct job_req {
     char *stop[SERVE_MAX_STOP];
     int32_t n_stop;
     bool stream, include_usage;
-    bool logprobs; /* "logprobs": true (not streamed) */
+    bool logprobs;        /* "logprobs": true (not streamed) */
     int32_t top_logprobs; /* "top_logprobs" (native: "n_probs"): the most likely tokens listed at each position */
     enum reply_format format;
-    char *grammar;    /* GBNF for the reply (tools / response_format / json_schema, or the
+    char *grammar;                     /* GBNF for the reply (tools / response_format / json_schema, or the
                                    ** request's own "grammar"), NULL = free text; compiled into
                                    ** smp.grammar by the engine thread */
-    bool grammar_user; /* grammar is the request's "grammar" text (its errors name that field) */
-    bool native;       /* llama.cpp's native /completion API: its reply and stream shapes */
-    bool prefill;      /* a chat whose last message is the assistant's: run as a completion of the template's text
+    bool grammar_user;                 /* grammar is the request's "grammar" text (its errors name that field) */
+    bool native;                       /* llama.cpp's native /completion API: its reply and stream shapes */
+    bool prefill;                      /* a chat whose last message is the assistant's: run as a completion of the template's text
                        ** ending in that message (no session), replied in the chat shape */
-    bool prompt_special; /* prompt's control tokens are parsed (a chat template's text) and BOS added */
-    bool anthropic;    /* Anthropic's Messages API (server/anthropic.c): its reply, events and errors */
-    bool responses;    /* OpenAI's Responses API (server/responses.c) */
-    bool resp_store;   /* responses: keep the reply for previous_response_id and GET (store, default true) */
+    bool prompt_special;               /* prompt's control tokens are parsed (a chat template's text) and BOS added */
+    bool anthropic;                    /* Anthropic's Messages API (server/anthropic.c): its reply, events and errors */
+    bool responses;                    /* OpenAI's Responses API (server/responses.c) */
+    bool resp_store;                   /* responses: keep the reply for previous_response_id and GET (store, default true) */
     char resp_id[48], resp_parent[48]; /* responses: this response's id; previous_response_id ("" none) */
     json_t *resp_turn;                 /* responses: the chat messages of this turn's input (owned) */
-    bool return_tokens; /* native: the reply lists the generated token ids */
-    bool verbose;       /* "verbose": true, or the server's --verbose: the reply carries "__verbose" (the prompt's text) */
-    kvt_token *prompt_ids; /* native: the prompt as token ids (instead of prompt text), owned */
+    bool return_tokens;                /* native: the reply lists the generated token ids */
+    bool verbose;                /* "verbose": true, or the server's --verbose: the reply carries "__verbose" (the prompt's text) */
+    kvt_token *prompt_ids;       /* native: the prompt as token ids (instead of prompt text), owned */
     struct kvt_logit_bias *bias; /* logit_bias (smp.logit_bias points here), owned */
     int32_t n_bias;
     int32_t n_prompt_ids;
@@ -147,7 +147,7 @@ struct job {
     int64_t resumed; /* blocks loaded back by resuming a parked session */
     bool prefetched; /* its prompt's blocks were prefetched while it waited (engine thread) */
     kvt_token *gen;
-    float *lp; /* [cap_gen] with logprobs: ln p of each generated token, else NULL */
+    float *lp;          /* [cap_gen] with logprobs: ln p of each generated token, else NULL */
     kvt_token *top_tok; /* [cap_gen * req.top_logprobs]: each position's most likely tokens, best first */
     float *top_lp;      /* [cap_gen * req.top_logprobs]: their ln p */
     int32_t n_gen, cap_gen;
@@ -189,8 +189,8 @@ struct metrics {
     int64_t prefill_alone_tokens;                       /* prefill tokens of chunks decoded alone (a prompt's last chunk) */
     int64_t prefill_alone_steps;                        /* llama_decode calls of those chunks */
     int64_t decode_rows;                                /* decode tokens (one per generating request) summed over steps */
-    double prompt_ms, predicted_ms; /* finished requests: arrival to first token, first token to the end (ms) */
-    int64_t n_tokens_max;           /* the longest request seen: prompt + generated tokens */
+    double prompt_ms, predicted_ms;                     /* finished requests: arrival to first token, first token to the end (ms) */
+    int64_t n_tokens_max;                               /* the longest request seen: prompt + generated tokens */
     int64_t connections_accepted;                       /* TCP connections libmicrohttpd accepted */
     int64_t closed_header_timeout, closed_body_timeout; /* connections shut for --header/--body-timeout-s */
     struct hist ttft, per_token;
@@ -240,19 +240,19 @@ struct server {
     bool chunk_reuse;                      /* --chunk-reuse: non-prefix chunk reuse in every session */
     const char *chunk_recompute;           /* --chunk-recompute K|P% (NULL = the library's 15%) */
     /* llama-server's flags, for what kvtier has (cli/cmd_serve.c) */
-    float temp_default;         /* --temp: a request's temperature when it sends none (default 1, OpenAI's) */
-    int64_t seed_default;       /* --seed: a request's seed when it sends none; -1 (default) = drawn per request */
-    int32_t n_predict_cap;      /* -n/--n-predict: the limit of a request that gives none (llama-server's); 0 = none given */
-    const char *aliases, *tags; /* --alias, --tags: comma-separated, as given (NULL = none); model_name is the
+    float temp_default;            /* --temp: a request's temperature when it sends none (default 1, OpenAI's) */
+    int64_t seed_default;          /* --seed: a request's seed when it sends none; -1 (default) = drawn per request */
+    int32_t n_predict_cap;         /* -n/--n-predict: the limit of a request that gives none (llama-server's); 0 = none given */
+    const char *aliases, *tags;    /* --alias, --tags: comma-separated, as given (NULL = none); model_name is the
                                 ** first alias in byte order (llama-server's id) */
-    bool no_slots;              /* --no-slots: GET /slots answers 501 */
-    bool no_metrics;            /* --no-metrics: GET /metrics answers 501 */
-    const char *chat_template;  /* --chat-template NAME or --chat-template-file's text (NULL = the GGUF's) */
+    bool no_slots;                 /* --no-slots: GET /slots answers 501 */
+    bool no_metrics;               /* --no-metrics: GET /metrics answers 501 */
+    const char *chat_template;     /* --chat-template NAME or --chat-template-file's text (NULL = the GGUF's) */
     const char *chat_template_src; /* for /props: what was given ("chatml", the file's path) */
-    int32_t n_batch, n_ubatch;  /* -b, -ub: llama.cpp's logical and physical batch; 0 = the engine's default */
-    bool verbose;               /* -v/--verbose: llama.cpp's log on stderr */
-    const char *cors_origins;   /* --cors-origins: "*" (default), "" (none) or a comma list of origins */
-    char **keys;                           /* API keys (NULL = no auth) */
+    int32_t n_batch, n_ubatch;     /* -b, -ub: llama.cpp's logical and physical batch; 0 = the engine's default */
+    bool verbose;                  /* -v/--verbose: llama.cpp's log on stderr */
+    const char *cors_origins;      /* --cors-origins: "*" (default), "" (none) or a comma list of origins */
+    char **keys;                   /* API keys (NULL = no auth) */
     int32_t n_keys;
     char (*key_ns)[40]; /* [n_keys]: each key's tenant, "t" + 32 hex digits of
                                    ** HMAC-SHA-256(server secret, key) (server/tenant.c) */
@@ -374,13 +374,15 @@ json_t *resp_output(struct server *srv, const json_t *msg, const char *item_id);
 json_t *resp_usage(const struct job *j); /* input_tokens (cached_tokens: KV reused), output_tokens */
 /* A Response object (status "in_progress", "completed" or "incomplete"; j NULL: no usage yet).
 ** Steals output.  New reference. */
-json_t *resp_object(struct server *srv, const struct job *j, const char *id, const char *parent, json_t *output, const char *status);
+json_t *resp_object(struct server *srv, const struct job *j, const char *id, const char *parent, json_t *output,
+                    const char *status);
 /* Keep a finished response: turn (this turn's input messages, the reply appended), obj (what GET
 ** returns).  Out of memory: not kept (a later previous_response_id gets 404). */
-void resp_store(struct server *srv, const char *ns, const char *id, const char *parent, json_t *turn, const json_t *msg, json_t *obj);
-json_t *resp_get(const char *ns, const char *id);    /* new reference, or NULL */
-bool resp_delete(const char *ns, const char *id);    /* false: no such response */
-void resp_free_all(void);                            /* at exit */
+void resp_store(struct server *srv, const char *ns, const char *id, const char *parent, json_t *turn, const json_t *msg,
+                json_t *obj);
+json_t *resp_get(const char *ns, const char *id); /* new reference, or NULL */
+bool resp_delete(const char *ns, const char *id); /* false: no such response */
+void resp_free_all(void);                         /* at exit */
 
 /* server/http.c */
 struct MHD_Daemon;

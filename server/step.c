@@ -22,7 +22,8 @@ static json_t *lp_entry(struct server *srv, const struct job *j, kvt_token t, fl
     for (const unsigned char *p = (const unsigned char *) (piece ? piece : ""); bytes && *p; p++)
         json_array_append_new(bytes, json_integer(*p));
     char *clean = app_utf8_clean(piece ? piece : "");
-    json_t *o = json_pack("{s:s, s:f, s:o}", "token", clean ? clean : "", "logprob", (double) lp, "bytes", bytes ? bytes : json_null());
+    json_t *o = json_pack("{s:s, s:f, s:o}", "token", clean ? clean : "", "logprob", (double) lp, "bytes",
+                          bytes ? bytes : json_null());
     if (o && j->req.native) json_object_set_new(o, "id", json_integer(t));
     free(clean);
     free(piece);

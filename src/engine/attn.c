@@ -198,8 +198,7 @@ bool kvt__attn_eval_cb(struct ggml_tensor *t, bool ask, void *ud) {
         if (!tb || !grow((void **) &c->q, &c->cap_q, (size_t) hd * nh * nt * sizeof(float))) return true;
         for (int tk = 0; tk < nt; tk++)
             for (int h = 0; h < nh; h++)
-                memcpy(c->q + ((size_t) tk * nh + h) * hd, tb + tk * t->nb[2] + h * t->nb[1],
-                       (size_t) hd * sizeof(float));
+                memcpy(c->q + ((size_t) tk * nh + h) * hd, tb + tk * t->nb[2] + h * t->nb[1], (size_t) hd * sizeof(float));
         c->hd = hd;
         c->have_q = true;
         return true;

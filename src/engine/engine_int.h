@@ -57,7 +57,7 @@ struct kvt_engine {
     struct kvt_engine_params p;
     struct kvt_engine_info info;
     char model_path[1024];
-    char *chat_template; /* kvt_engine_params.chat_template, copied (NULL = the GGUF's) */
+    char *chat_template;                /* kvt_engine_params.chat_template, copied (NULL = the GGUF's) */
     int64_t model_size, model_mtime_ns; /* of the file loaded (ident.c checks them) */
     kvt_key fingerprint;                /* SHA-256 of the GGUF file, once have_fp */
     bool have_fp;

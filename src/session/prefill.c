@@ -31,7 +31,7 @@ struct feed {
     bool logits; /* the run's last token wants logits (false: more of the prompt follows it) */
     int32_t m;   /* the chunk handed out: its tokens, */
     bool last;   /*   the run's last chunk, */
-    double t0; /*   when it was handed out (ms) */
+    double t0;   /*   when it was handed out (ms) */
 };
 
 static void feed_init(struct feed *f, const kvt_token *tok, int32_t n, int role, int32_t reserve_after) {

@@ -153,7 +153,7 @@ int kvt__sess_route(kvt_session *s, const kvt_token *tok, int32_t n, int role, i
         struct kvt_store_meta m;
         if (kvt__store_get_ref(s->p.store, &key, &s->reuse.model_fp, &data, &sz, &m, &refs[found])) break;
         blobs[found] = (kvt_blob){ (void *) data, sz, (i0 + j) * B, B, B, 0 }; /* read-only: loaded, never written */
-        if (m.n_tokens != B || m.codec != 0) break; /* freed below with the others */
+        if (m.n_tokens != B || m.codec != 0) break;                            /* freed below with the others */
         bp[found] = &blobs[found];
         found++;
     }

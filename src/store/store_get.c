@@ -170,7 +170,8 @@ index:;
         return miss(st, &st->d_corrupt, "the index names a file of another key", hex, pf);
     }
     const bool shared = ref || pf || st->ram.budget;
-    r = shared ? kvt__sblob_read_sbuf(st->blobs_fd, row.file, &h, &sb, &why) : kvt__sblob_read(st->blobs_fd, row.file, &h, &buf, &why);
+    r = shared ? kvt__sblob_read_sbuf(st->blobs_fd, row.file, &h, &sb, &why)
+               : kvt__sblob_read(st->blobs_fd, row.file, &h, &buf, &why);
     if (r == KVT__SBLOB_NOMEM) return kvt__fail(KVT_ENOMEM, "kvt_store_get: block %.16s: %s", hex, why);
     if (r == KVT__SBLOB_OK) {
         if (sb) buf = sb->data;

@@ -351,8 +351,8 @@ static void test_control_pending_shift(void **st) {
         double good = pending_shift_roundtrip(model, false, &floor_);
         double bad = pending_shift_roundtrip(model, true, &floor_);
         const double bound = fmax(2e-3, 2 * floor_); /* two re-anchorings, both exact to float noise */
-        printf("  %-12s save after load: with shift flush %.3g (bound %.3g), control without flush %.3g\n", model, good,
-               bound, bad);
+        printf("  %-12s save after load: with shift flush %.3g (bound %.3g), control without flush %.3g\n", model, good, bound,
+               bad);
         assert_true(good <= bound);
         assert_true(bad > fmax(0.1, 4 * bound)); /* the control is caught by the same check */
     }

@@ -660,7 +660,7 @@ static void test_format_versions(void **state) {
     rewrite_format(f->dir, &ks[0], 1, 1); /* a version-1 store */
     rewrite_format(f->dir, &ks[1], 1, 1);
     sk_flip_byte(f->dir, &ks[1], KVT__SBLOB_HDR + 100, 0x08); /* ... damaged */
-    rewrite_format(f->dir, &ks[3], 2, 1); /* the control */
+    rewrite_format(f->dir, &ks[3], 2, 1);                     /* the control */
     kvt_store *st = open_store(f->dir, 1 << 20, 1 << 20);
     assert_int_equal(expect_block(st, &MODEL_A, &ks[0]), KVT_TIER_DISK);
     assert_int_equal(get_rc(st, &MODEL_A, &ks[1]), KVT_ENOENT);
