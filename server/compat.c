@@ -30,8 +30,6 @@ int compat_native_params(struct server *srv, json_t *root, struct job *j, struct
         e->param = "n_probs";
         if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 100)
             return serve_bad(e, "'n_probs' must be an integer in 0..100");
-        if (json_integer_value(v) > 0 && json_is_true(json_object_get(root, "stream")))
-            return serve_bad(e, "'n_probs' is supported without 'stream' only");
         j->req.logprobs = j->req.logprobs || json_integer_value(v) > 0;
         j->req.top_logprobs = (int32_t) json_integer_value(v);
     }

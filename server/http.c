@@ -654,12 +654,28 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             piece = strndup(j->text + j->n_sent, ok);
             j->n_sent += ok;
         }
-        pthread_mutex_unlock(&srv->mu);
-        if (piece && *piece) {
-            if (j->req.anthropic) anth_text(st, piece);
-            else if (j->req.responses) resp_text(st, piece);
-            else stream_emit(st, chunk(st, piece, NULL, false));
+        json_t *lps = NULL; /* streamed logprobs: the entries of the tokens generated since the last piece */
+        if (j->lp_stream && json_array_size(j->lp_stream) > j->n_lp_sent && ((piece && *piece) || done)) {
+            lps = json_array();
+            for (size_t k = j->n_lp_sent; lps && k < json_array_size(j->lp_stream); k++)
+                json_array_append(lps, json_array_get(j->lp_stream, k));
+            j->n_lp_sent = json_array_size(j->lp_stream);
         }
+        pthread_mutex_unlock(&srv->mu);
+        if ((piece && *piece) || lps) {
+            if (j->req.anthropic) {
+                if (piece && *piece) anth_text(st, piece);
+            } else if (j->req.responses) {
+                if (piece && *piece) resp_text(st, piece);
+            } else {
+                json_t *ch = chunk(st, piece ? piece : "", NULL, false);
+                if (ch && lps && j->req.native) json_object_set(ch, "completion_probabilities", lps);
+                else if (ch && lps)
+                    json_object_set_new(json_array_get(json_object_get(ch, "choices"), 0), "logprobs", json_pack("{s:O}", "content", lps));
+                stream_emit(st, ch);
+            }
+        }
+        json_decref(lps);
         free(piece);
         if (!done) {
             if (st->n_out == 0) { /* an incomplete UTF-8 character: wait for more */

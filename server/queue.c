@@ -31,6 +31,7 @@ void serve_job_free(struct job *j) {
     free(j->top_tok);
     free(j->top_lp);
     json_decref(j->lp_json);
+    json_decref(j->lp_stream);
     free(j->ptok);
     free(j->row.logits);
     pthread_cond_destroy(&j->cv);

@@ -175,10 +175,6 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
             return -1;
         }
         j->req.logprobs = json_is_true(v);
-        if (j->req.logprobs && j->req.stream) {
-            serve_bad(e, "'logprobs' is supported without 'stream' only");
-            return -1;
-        }
     }
     if ((v = json_object_get(root, "top_logprobs")) && !json_is_null(v)) {
         e->param = "top_logprobs";

@@ -152,6 +152,8 @@ struct job {
     float *top_lp;      /* [cap_gen * req.top_logprobs]: their ln p */
     int32_t n_gen, cap_gen;
     json_t *lp_json;      /* with logprobs, once done: the reply's logprobs.content array (owned) */
+    json_t *lp_stream;    /* streamed with logprobs: every generated token's entry so far (owned; under srv->mu) */
+    size_t n_lp_sent;     /* entries of lp_stream already sent (HTTP side) */
     int32_t shared_steps; /* decode steps of this job that shared their llama_decode with
                                    ** another request's tokens (usage.kvtier.decode_steps_shared) */
     /* JOB_COMPLETION: a raw row of the batched step in a scratch sequence */

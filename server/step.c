@@ -30,17 +30,21 @@ static json_t *lp_entry(struct server *srv, const struct job *j, kvt_token t, fl
     return o;
 }
 
-static void build_logprobs(struct server *srv, struct job *j) {
-    if (!j->req.logprobs || !j->lp || j->lp_json) return;
-    json_t *a = json_array();
+/* Generated token i's entry with its top_logprobs. */
+static json_t *lp_token_entry(struct server *srv, const struct job *j, int32_t i) {
     const int32_t K = j->req.top_logprobs;
-    for (int32_t i = 0; a && i < j->n_gen; i++) {
-        json_t *e = lp_entry(srv, j, j->gen[i], j->lp[i]), *top = json_array();
-        for (int32_t k = 0; top && j->top_tok && k < K; k++)
-            json_array_append_new(top, lp_entry(srv, j, j->top_tok[(size_t) i * K + k], j->top_lp[(size_t) i * K + k]));
-        if (e) json_object_set_new(e, "top_logprobs", top ? top : json_array());
-        json_array_append_new(a, e);
-    }
+    json_t *e = lp_entry(srv, j, j->gen[i], j->lp[i]), *top = json_array();
+    for (int32_t k = 0; top && j->top_tok && k < K; k++)
+        json_array_append_new(top, lp_entry(srv, j, j->top_tok[(size_t) i * K + k], j->top_lp[(size_t) i * K + k]));
+    if (e) json_object_set_new(e, "top_logprobs", top ? top : json_array());
+    else json_decref(top);
+    return e;
+}
+
+static void build_logprobs(struct server *srv, struct job *j) {
+    if (!j->req.logprobs || !j->lp || j->lp_json || j->req.stream) return;
+    json_t *a = json_array();
+    for (int32_t i = 0; a && i < j->n_gen; i++) json_array_append_new(a, lp_token_entry(srv, j, i));
     j->lp_json = a;
 }
 /* ln softmax(l)[tok] over n_vocab logits */
@@ -148,9 +152,18 @@ static int add_gen(struct job *j, kvt_token t, float lp, const float *logits, in
     j->gen[j->n_gen++] = t;
     return 0;
 }
+/* A streamed reply with logprobs: the new token's entry (built here, on the engine thread, which
+** detokenizes), queued for the HTTP side to send with the next piece. */
+static json_t *lp_token_entry(struct server *srv, const struct job *j, int32_t i);
+
 static void note_token(struct server *srv, struct job *j, double *t_last) {
     double now = serve_mono_ms();
+    json_t *entry = j->req.logprobs && j->req.stream && j->n_gen > 0 ? lp_token_entry(srv, j, j->n_gen - 1) : NULL;
     pthread_mutex_lock(&srv->mu);
+    if (entry) {
+        if (!j->lp_stream) j->lp_stream = json_array();
+        json_array_append_new(j->lp_stream, entry);
+    }
     if (j->t_first == 0) {
         j->t_first = now;
         serve_hist_add(&srv->m.ttft, now - j->req.t_arrival);

@@ -133,9 +133,13 @@ st, _, b = raw("POST", "/completion", {"prompt": P, "logit_bias": {str(first): 5
 check("logit_bias 500 -> 400 (the range is -100..100)", st == 400 and b["error"]["param"] == "logit_bias", f"{st} {b}")
 st, _, b = raw("POST", "/completion", {"prompt": P, "n_predict": 0})
 check("n_predict 0 -> 400 naming it", st == 400 and b["error"]["param"] == "n_predict", f"{st} {b}")
-st, _, b = raw("POST", "/completion", {"prompt": P, "n_probs": 5, "stream": True})
-check("n_probs with stream (not applied there) -> 400 naming it, never a silent 200", st == 400 and b["error"]["param"] == "n_probs",
-      f"{st} {b}")
+st, ev, txt = stream_events("/completion", {"prompt": P, "n_predict": 8, "temperature": 0, "stream": True, "n_probs": 3})
+sp = [c for e in ev for c in e.get("completion_probabilities", [])]
+check("n_probs streamed: every token's entry arrives once, with its alternatives, and the entries spell the text",
+      st == 200 and len(sp) == ev[-1]["tokens_predicted"] and all(len(c["top_logprobs"]) == 3 for c in sp)
+      and "".join(c["token"] for c in sp) == n1["content"], txt[:500])
+st, _, b = raw("POST", "/completion", {"prompt": P, "n_probs": 500})
+check("n_probs 500 -> 400 naming it", st == 400 and b["error"]["param"] == "n_probs", f"{st} {b}")
 st, _, b = raw("POST", "/completion", {"prompt": P, "temperature": 0})
 check("-n 64 is the limit of a request that gives none (llama-server's)", st == 200 and b["generation_settings"]["n_predict"] == 64
       and b["tokens_predicted"] <= 64, f"{st} {b.get('generation_settings')}")
@@ -190,6 +194,16 @@ check("top_logprobs 5: five alternatives per token, best first, the greedy token
                  and all(t.top_logprobs[k].logprob >= t.top_logprobs[k + 1].logprob for k in range(4))
                  and sum(math.exp(x.logprob) for x in t.top_logprobs) <= 1.0 + 1e-4 for t in lc)
       and "".join(t.token for t in lc) == r.choices[0].message.content, str(lc)[:600])
+ent, txt_s = [], ""
+for ch in A.chat.completions.create(model="code", messages=[{"role": "user", "content": "Name a colour."}], max_tokens=6,
+                                    temperature=0, logprobs=True, top_logprobs=5, stream=True):
+    if ch.choices and ch.choices[0].logprobs and ch.choices[0].logprobs.content:
+        ent += ch.choices[0].logprobs.content
+    if ch.choices and ch.choices[0].delta.content:
+        txt_s += ch.choices[0].delta.content
+check("logprobs streamed: the same entries as without stream, spelling the streamed text",
+      [(t.token, round(t.logprob, 4)) for t in ent] == [(t.token, round(t.logprob, 4)) for t in lc]
+      and "".join(t.token for t in ent) == txt_s, f"{[t.token for t in ent]} vs {[t.token for t in lc]}")
 st, _, b = raw("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3})
 check("top_logprobs without logprobs -> 400 naming it", st == 400 and b["error"]["param"] == "top_logprobs", f"{st} {b}")
 st, _, b = raw("POST", "/completion", {"prompt": P, "n_predict": 5, "temperature": 0, "n_probs": 4, "return_tokens": True})

@@ -109,8 +109,8 @@ def run_probe(url, out, expect_mixed):
     if expect_mixed:  # bad input for the new fields: 400 naming the field, the server keeps serving
         m = [{"role": "user", "content": "hi"}]
         for body, field, words in (({"logprobs": "yes"}, "logprobs", "must be a boolean, got a string"),
-                                   ({"logprobs": True, "stream": True}, "logprobs", "without 'stream'"),
-                                   ({"logprobs": True, "top_logprobs": 3}, "top_logprobs", "other than 0")):
+                                   ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "0..20"),
+                                   ({"top_logprobs": 3}, "top_logprobs", "needs 'logprobs'")):
             st, _, b = raw("POST", "/v1/chat/completions", dict(body, messages=m, max_tokens=2))
             err = b.get("error", {}) if isinstance(b, dict) else {}
             check(f"{body} -> 400 naming '{field}'", st == 400 and err.get("param") == field and words in err.get("message", ""),
