@@ -240,11 +240,7 @@ int anth_to_chat(const json_t *in, json_t **out, struct serve_error *e) {
                     rc = serve_bad(e, "'tools[%zu].name' must be a string", i);
                     break;
                 }
-                json_t *fn = json_pack("{s:s}", "name", name);
-                if (fn && json_is_string(desc)) json_object_set(fn, "description", (json_t *) desc);
-                if (fn && schema) json_object_set(fn, "parameters", (json_t *) schema);
-                if (!fn || json_array_append_new(tools, json_pack("{s:s, s:o}", "type", "function", "function", fn)))
-                    rc = serve_error_oom(e);
+                if (compat_function_tool(tools, name, desc, schema)) rc = serve_error_oom(e);
             }
         if (rc == 0 && json_object_set_new(o, "tools", tools)) rc = serve_error_oom(e);
         else if (rc) json_decref(tools);
@@ -332,28 +328,10 @@ json_t *anth_error(const struct serve_error *e) {
 
 int anth_count_tokens(struct server *srv, json_t *root, json_t **out, struct serve_error *e) {
     json_t *chat = NULL;
-    if (anth_to_chat(root, &chat, e)) return -1;
-    struct job *j = calloc(1, sizeof *j);
-    if (!j) {
-        json_decref(chat);
-        return serve_error_oom(e);
-    }
-    pthread_cond_init(&j->cv, NULL);
-    json_object_del(chat, "max_tokens"); /* not needed to count */
-    int rc = serve_request_parse(srv, chat, j, true, e);
-    json_decref(chat);
-    kvt_token *t = NULL;
     int32_t n = 0;
-    if (rc == 0) {
-        int r = kvt_chat_tokenize(srv->eng, j->req.msgs, j->req.n_msgs, true, kvt_session_default_params().template_fallback, &t,
-                                  &n);
-        if (r) {
-            serve_error_lib(e, "chat template", r);
-            rc = -1;
-        }
-    }
-    free(t);
-    serve_job_free(j);
+    if (anth_to_chat(root, &chat, e)) return -1;
+    int rc = compat_chat_tokens(srv, chat, &n, e);
+    json_decref(chat);
     if (rc) return -1;
     return (*out = json_pack("{s:i}", "input_tokens", n)) ? 0 : serve_error_oom(e);
 }

@@ -98,6 +98,38 @@ json_t *compat_native_reply(struct server *srv, const struct job *j, const char 
 }
 
 /* ---------------------------------------------------------------------------------------- */
+/* shared by the Anthropic and Responses translations                                       */
+
+int compat_function_tool(json_t *tools, const char *name, const json_t *desc, const json_t *params) {
+    json_t *fn = json_pack("{s:s}", "name", name);
+    if (fn && json_is_string(desc)) json_object_set(fn, "description", (json_t *) desc);
+    if (fn && params && !json_is_null(params)) json_object_set(fn, "parameters", (json_t *) params);
+    return !fn || json_array_append_new(tools, json_pack("{s:s, s:o}", "type", "function", "function", fn)) ? -1 : 0;
+}
+
+int compat_chat_tokens(struct server *srv, json_t *chat, int32_t *n, struct serve_error *e) {
+    *n = 0;
+    struct job *j = calloc(1, sizeof *j);
+    if (!j) return serve_error_oom(e);
+    pthread_cond_init(&j->cv, NULL);
+    json_object_del(chat, "stream");
+    json_object_del(chat, "max_tokens"); /* not needed to count */
+    int rc = serve_request_parse(srv, chat, j, true, e);
+    kvt_token *t = NULL;
+    if (rc == 0) {
+        int r = kvt_chat_tokenize(srv->eng, j->req.msgs, j->req.n_msgs, !j->req.prefill,
+                                  kvt_session_default_params().template_fallback, &t, n);
+        if (r) {
+            serve_error_lib(e, "chat template", r);
+            rc = -1;
+        }
+    }
+    free(t);
+    serve_job_free(j);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------- */
 /* text endpoints                                                                           */
 
 static bool opt_bool(const json_t *root, const char *k, bool dflt, bool *out, struct serve_error *e) {

@@ -671,7 +671,8 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
                 json_t *ch = chunk(st, piece ? piece : "", NULL, false);
                 if (ch && lps && j->req.native) json_object_set(ch, "completion_probabilities", lps);
                 else if (ch && lps)
-                    json_object_set_new(json_array_get(json_object_get(ch, "choices"), 0), "logprobs", json_pack("{s:O}", "content", lps));
+                    json_object_set_new(json_array_get(json_object_get(ch, "choices"), 0), "logprobs",
+                                        json_pack("{s:O}", "content", lps));
                 stream_emit(st, ch);
             }
         }
@@ -953,24 +954,8 @@ static int do_tokenize(struct server *srv, json_t *root, json_t **out, struct se
 }
 /* POST /chat/completions/input_tokens (llama-server's): the template's tokens of a chat request. */
 static int do_input_tokens(struct server *srv, json_t *root, json_t **out, struct serve_error *e) {
-    struct job *j = calloc(1, sizeof *j);
-    if (!j) return serve_error_oom(e);
-    pthread_cond_init(&j->cv, NULL);
-    json_object_del(root, "stream");
-    int rc = serve_request_parse(srv, root, j, true, e);
-    kvt_token *t = NULL;
     int32_t n = 0;
-    if (rc == 0) {
-        int r = kvt_chat_tokenize(srv->eng, j->req.msgs, j->req.n_msgs, !j->req.prefill,
-                                  kvt_session_default_params().template_fallback, &t, &n);
-        if (r) {
-            serve_error_lib(e, "chat template", r);
-            rc = -1;
-        }
-    }
-    free(t);
-    serve_job_free(j);
-    if (rc) return -1;
+    if (compat_chat_tokens(srv, root, &n, e)) return -1;
     return (*out = json_pack("{s:i}", "input_tokens", n)) ? 0 : serve_error_oom(e);
 }
 

@@ -268,11 +268,7 @@ int resp_to_chat(struct server *srv, const char *ns, const json_t *in, json_t **
                     rc = serve_bad(e, "'tools[%zu].name' must be a string", i);
                     break;
                 }
-                json_t *fn = json_pack("{s:s}", "name", name);
-                if (fn && json_object_get(tl, "description"))
-                    json_object_set(fn, "description", json_object_get(tl, "description"));
-                if (fn && json_object_get(tl, "parameters")) json_object_set(fn, "parameters", json_object_get(tl, "parameters"));
-                if (!fn || json_array_append_new(tools, json_pack("{s:s, s:o}", "type", "function", "function", fn)))
+                if (compat_function_tool(tools, name, json_object_get(tl, "description"), json_object_get(tl, "parameters")))
                     rc = serve_error_oom(e);
             }
         if (rc == 0 && json_object_set_new(o, "tools", tools)) rc = serve_error_oom(e);

@@ -341,6 +341,12 @@ json_t *compat_native_reply(struct server *srv, const struct job *j, const char 
 int compat_tokenize(struct server *srv, const json_t *root, json_t **out, struct serve_error *e);
 int compat_detokenize(struct server *srv, const json_t *root, json_t **out, struct serve_error *e);
 int compat_apply_template(struct server *srv, json_t *root, json_t **out, struct serve_error *e);
+/* Append an OpenAI function tool {type: function, function: {name, description?, parameters?}}
+** to tools (desc, params borrowed; NULL or null: left out).  0, or -1 out of memory. */
+int compat_function_tool(json_t *tools, const char *name, const json_t *desc, const json_t *params);
+/* The template's tokens of a chat request (chat: its JSON, changed: stream and max_tokens
+** removed), with the assistant prefix unless it ends in a prefill.  0 with *n, or -1 with e. */
+int compat_chat_tokens(struct server *srv, json_t *chat, int32_t *n, struct serve_error *e);
 /* GET /v1/models, /props, /slots (the caller's tenant ns names its own sessions).  NULL on OOM. */
 json_t *compat_models(struct server *srv);
 json_t *compat_props(struct server *srv);
