@@ -60,6 +60,19 @@ static json_t *gen_settings(struct server *srv, const struct job *j) {
                      srv->budget);
 }
 
+json_t *compat_timings(const struct job *j, double t_done) {
+    /* llama-server's timings: prompt_n the tokens run through the model (cache_n reused), the
+    ** generation rate over the steps after the first token (which comes from the prompt's logits) */
+    double prompt_ms = j->t_first > 0 ? j->t_first - j->req.t_arrival : t_done - j->req.t_arrival;
+    double pred_ms = j->t_first > 0 ? t_done - j->t_first : 0;
+    int32_t n_pred = j->n_gen, n_prompt = j->prompt_tokens - (int32_t) j->sync.tokens_reused;
+    return json_pack("{s:i, s:f, s:f, s:f, s:i, s:f, s:f, s:f, s:I}", "prompt_n", n_prompt, "prompt_ms", prompt_ms,
+                     "prompt_per_token_ms", n_prompt > 0 ? prompt_ms / n_prompt : 0.0, "prompt_per_second",
+                     prompt_ms > 0 ? 1e3 * n_prompt / prompt_ms : 0.0, "predicted_n", n_pred, "predicted_ms", pred_ms,
+                     "predicted_per_token_ms", n_pred > 1 ? pred_ms / (n_pred - 1) : 0.0, "predicted_per_second",
+                     n_pred > 1 && pred_ms > 0 ? 1e3 / pred_ms * (n_pred - 1) : 0.0, "cache_n", (json_int_t) j->sync.tokens_reused);
+}
+
 json_t *compat_native_reply(struct server *srv, const struct job *j, const char *content, bool final, double t_done) {
     json_t *toks = json_array();
     if (final && j->req.return_tokens)
@@ -68,18 +81,8 @@ json_t *compat_native_reply(struct server *srv, const struct job *j, const char 
                           final, "model", srv->model_name);
     if (!o || !final) return o;
     const char *text = j->text ? j->text : "";
-    /* llama-server's timings: prompt_n the tokens run through the model (cache_n reused), the
-    ** generation rate over the steps after the first token (which comes from the prompt's logits) */
-    double prompt_ms = j->t_first > 0 ? j->t_first - j->req.t_arrival : t_done - j->req.t_arrival;
-    double pred_ms = j->t_first > 0 ? t_done - j->t_first : 0;
-    int32_t n_pred = j->n_gen, n_prompt = j->prompt_tokens - (int32_t) j->sync.tokens_reused;
-    json_t *timings = json_pack("{s:i, s:f, s:f, s:f, s:i, s:f, s:f, s:f, s:I}", "prompt_n", n_prompt, "prompt_ms", prompt_ms,
-                                "prompt_per_token_ms", n_prompt > 0 ? prompt_ms / n_prompt : 0.0, "prompt_per_second",
-                                prompt_ms > 0 ? 1e3 * n_prompt / prompt_ms : 0.0, "predicted_n", n_pred, "predicted_ms", pred_ms,
-                                "predicted_per_token_ms", n_pred > 1 ? pred_ms / (n_pred - 1) : 0.0, "predicted_per_second",
-                                n_pred > 1 && pred_ms > 0 ? 1e3 / pred_ms * (n_pred - 1) : 0.0, "cache_n",
-                                (json_int_t) j->sync.tokens_reused);
-    json_object_set_new(o, "tokens_predicted", json_integer(n_pred));
+    json_t *timings = compat_timings(j, t_done);
+    json_object_set_new(o, "tokens_predicted", json_integer(j->n_gen));
     json_object_set_new(o, "tokens_evaluated", json_integer(j->prompt_tokens));
     json_object_set_new(o, "tokens_cached", json_integer((json_int_t) j->sync.tokens_reused));
     json_object_set_new(o, "generation_settings", gen_settings(srv, j));

@@ -560,6 +560,7 @@ static json_t *chunk_delta(struct stream *st, json_t *delta, const char *content
             delta = json_object();
             if (role) json_object_set_new(delta, "role", json_string("assistant"));
             if (content) json_object_set_new(delta, "content", json_string(content));
+            else if (role) json_object_set_new(delta, "content", json_null()); /* the role chunk: no text yet */
         }
         choice = json_pack("{s:i, s:o, s:o, s:n}", "index", 0, "delta", delta, "finish_reason",
                            finish ? json_string(finish) : json_null(), "logprobs");
@@ -739,6 +740,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
                 json_t *u = json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", st->id, "object",
                                       chat_shape(j) ? "chat.completion.chunk" : "text_completion", "created",
                                       (json_int_t) time(NULL), "model", srv->model_name, "choices", "usage", usage_obj(j));
+                if (u && j->req.timings) json_object_set_new(u, "timings", compat_timings(j, mono_ms()));
                 stream_emit(st, u);
             }
         }

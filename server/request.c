@@ -163,6 +163,11 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
         return -1;
     }
     j->req.verbose = srv->verbose;
+    if ((v = json_object_get(root, "timings_per_token")) && !json_is_null(v)) {
+        e->param = "timings_per_token";
+        if (!json_is_boolean(v)) return serve_bad(e, "'timings_per_token' must be a boolean, got %s", serve_json_type(v));
+        j->req.timings = json_is_true(v);
+    }
     if ((v = json_object_get(root, "verbose")) && !json_is_null(v)) {
         e->param = "verbose";
         if (!json_is_boolean(v)) return serve_bad(e, "'verbose' must be a boolean, got %s", serve_json_type(v));

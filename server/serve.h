@@ -110,6 +110,7 @@ struct job_req {
     json_t *resp_turn;                 /* responses: the chat messages of this turn's input (owned) */
     bool return_tokens;                /* native: the reply lists the generated token ids */
     bool verbose;                /* "verbose": true, or the server's --verbose: the reply carries "__verbose" (the prompt's text) */
+    bool timings;                /* "timings_per_token" (llama-server's): the stream's usage chunk carries "timings" */
     kvt_token *prompt_ids;       /* native: the prompt as token ids (instead of prompt text), owned */
     struct kvt_logit_bias *bias; /* logit_bias (smp.logit_bias points here), owned */
     int32_t n_bias;
@@ -337,6 +338,9 @@ int compat_native_params(struct server *srv, json_t *root, struct job *j, struct
 /* A native reply object: a streamed piece (final false) or the last object with the timings
 ** (final true; t_done: ms, monotonic, when the job finished).  New reference; NULL on OOM. */
 json_t *compat_native_reply(struct server *srv, const struct job *j, const char *content, bool final, double t_done);
+/* llama-server's "timings" of a finished job (t_done: ms, monotonic): prompt_n (decoded),
+** cache_n (reused), prompt_ms, predicted_n, predicted_ms and their rates.  New reference. */
+json_t *compat_timings(const struct job *j, double t_done);
 /* POST /tokenize, /detokenize, /apply-template: 0 with *out (new reference), or -1 with e filled. */
 int compat_tokenize(struct server *srv, const json_t *root, json_t **out, struct serve_error *e);
 int compat_detokenize(struct server *srv, const json_t *root, json_t **out, struct serve_error *e);

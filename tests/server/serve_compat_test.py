@@ -230,6 +230,13 @@ check("two final assistant messages -> 400 (one can be continued)", st == 400 an
 st, _, b = raw("POST", "/v1/chat/completions", {"messages": msgs, "max_tokens": 4, "continue_final_message": False})
 check("continue_final_message false with a final assistant message -> 400 (nothing to answer)", st == 400, f"{st} {b}")
 
+st, ev, txt = stream_events("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6, "stream": True,
+                                                   "stream_options": {"include_usage": True}, "timings_per_token": True})
+uc = [e for e in ev if not e.get("choices")]
+check("timings_per_token: the usage chunk carries llama-server's timings (predicted_n = the reply's tokens); the role chunk's "
+      "content is null", st == 200 and ev[0]["choices"][0]["delta"] == {"role": "assistant", "content": None} and uc
+      and uc[-1]["timings"]["predicted_n"] == uc[-1]["usage"]["completion_tokens"], txt[-600:])
+
 # ---- CORS -----------------------------------------------------------------------------------
 pre = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "Authorization"}
 st, h, _ = raw("OPTIONS", "/v1/chat/completions", key=None, headers={"Origin": "http://localhost:3000", **pre})
