@@ -178,7 +178,7 @@ int cmd_serve(int argc, char **argv) {
           "KV cells in all (default 4096); each session and completion slot gets its own stream of at least --budget cells", NULL },
         { "budget", 0, OPT_INT, &srv.budget, 128, 1 << 20, "N",
           "resident-token budget of each session (default 512; when -c cannot hold two budgets of 512, "
-          "-c / (--parallel + 1) in whole blocks, four blocks at least: llama-server's -c 512 --parallel 2 gives 256)",
+          "llama-server's slot: -c / --parallel in whole blocks, four blocks at least, with --parallel sessions)",
           &budget_seen },
         { "block", 0, OPT_INT, &srv.block, 16, 4096, "N", "tokens per KV block (default 64)", NULL },
         { "parallel", 0, OPT_INT, &srv.parallel, 1, 64, "N", "requests generating at once (default 4)", NULL },
@@ -388,19 +388,21 @@ int cmd_serve(int argc, char **argv) {
         srv.no_op_offload = dp.no_op_offload;
     }
     if (!budget_seen && (int64_t) 2 * srv.budget > srv.n_ctx) {
-        /* llama-server's -c is the cells of all its slots (-c 512 --parallel 2: 256 each); kvtier's
-        ** sessions each hold a budget, completions one more, and a session needs four blocks at
-        ** least (attention sinks, the recent tail, the open block and room to evict) */
-        int32_t b = srv.n_ctx / (srv.parallel + 1) / srv.block * srv.block;
+        /* llama-server's -c is the cells of all its slots, each -c / --parallel (-c 512 -np 2:
+        ** 256 each): here a session (a slot) holds that as its budget, four blocks at least
+        ** (attention sinks, the recent tail, the open block and room to evict), --parallel
+        ** sessions hold cells, and completions one budget more */
+        int32_t b = srv.n_ctx / srv.parallel / srv.block * srv.block;
         srv.budget = KVT_MAX(b, 4 * srv.block);
-        int32_t need = 2 * srv.budget;
+        if (!max_sessions) max_sessions = KVT_MIN(srv.parallel, 63);
+        int32_t need = (max_sessions + 1) * srv.budget;
         fprintf(stderr,
-                "%s: -c %d with --parallel %d: --budget %d (each session's resident tokens; a longer conversation is "
-                "evicted into the store, not refused)\n",
-                cmd, srv.n_ctx, srv.parallel, srv.budget);
+                "%s: -c %d with --parallel %d: --budget %d and %d sessions (each session's resident tokens; a longer "
+                "conversation is evicted into the store, not refused)\n",
+                cmd, srv.n_ctx, srv.parallel, srv.budget, max_sessions);
         if (need > srv.n_ctx) {
-            fprintf(stderr, "%s: -c %d raised to %d KV cells: one session and the completions' stream of %d each\n", cmd, srv.n_ctx,
-                    need, srv.budget);
+            fprintf(stderr, "%s: -c %d raised to %d KV cells: %d sessions and the completions' stream of %d each\n", cmd, srv.n_ctx,
+                    need, max_sessions, srv.budget);
             srv.n_ctx = need;
         }
     }

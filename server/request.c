@@ -221,12 +221,13 @@ static int content_text(const json_t *ct, size_t i, char **out, bool optional, i
                     i, k);
                 return -1;
             }
-            total += json_string_length(tx);
+            total += json_string_length(tx) + 2;
         }
         if ((*out = malloc(total))) { /* one pass: strcat would rescan the text joined so far */
             size_t at = 0;
-            json_array_foreach(ct, k, part) {
+            json_array_foreach(ct, k, part) { /* parts joined by a blank line (llama-server's rule) */
                 const json_t *tx = json_object_get(part, "text");
+                if (k) memcpy(*out + at, "\n\n", 2), at += 2;
                 memcpy(*out + at, json_string_value(tx), json_string_length(tx));
                 at += json_string_length(tx);
             }

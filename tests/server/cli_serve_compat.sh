@@ -67,7 +67,7 @@ if [ -z "$PORT" ]; then
     bad "server did not start with llama-server's flags"; cat "$TMP/err"; echo "$pass passed, $fail failed"; exit 1
 fi
 ok "server listening on port $PORT with llama-server's flags"
-grep -q -- "-c 512 with --parallel 2: --budget 256" "$TMP/err" && ok "the budget derived from -c and --parallel is logged" \
+grep -q -- "-c 512 with --parallel 2: --budget 256 and 2 sessions" "$TMP/err" && ok "the budget derived from -c and --parallel is logged" \
     || bad "budget line: $(grep -i budget "$TMP/err" | head -3)"
 grep -q -- "-b 32 is below a block of 64 tokens" "$TMP/err" && ok "-b below a block is raised, and said" \
     || bad "-b line: $(grep -- '-b ' "$TMP/err" | head -2)"
