@@ -880,6 +880,8 @@ static enum MHD_Result body_json(struct server *srv, struct MHD_Connection *c, s
 
 enum api { API_OPENAI, API_NATIVE, API_ANTHROPIC, API_RESPONSES };
 
+static enum MHD_Result post_native_batch(struct server *srv, struct MHD_Connection *c, const char *ns, json_t *root);
+
 /* api: OpenAI's, llama.cpp's native /completion (its fields, reply and stream shapes) or
 ** Anthropic's Messages (translated into a chat request, server/anthropic.c). */
 static enum MHD_Result post_generate(struct server *srv, struct MHD_Connection *c, struct req *rq, const char *ns, bool chat,
@@ -923,6 +925,13 @@ static enum MHD_Result post_generate(struct server *srv, struct MHD_Connection *
     snprintf(j->req.ns, sizeof j->req.ns, "%s", ns);
     const char *sid = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Session-Id");
     if (sid) snprintf(j->req.session_id, sizeof j->req.session_id, "%s", sid);
+    const json_t *pr = api == API_NATIVE ? json_object_get(root, "prompt") : NULL;
+    bool batch = json_array_size(pr) > 1;
+    for (size_t i = 0; batch && i < json_array_size(pr); i++) batch = !json_is_integer(json_array_get(pr, i));
+    if (batch) { /* several prompts (no id among them: ids and texts mixed are one sequence) */
+        free(j);
+        return post_native_batch(srv, c, ns, root);
+    }
     int rc = api == API_NATIVE ? compat_native_params(srv, root, j, &e) : 0;
     if (rc == 0) rc = serve_request_parse(srv, root, j, chat, &e);
     json_decref(root);
@@ -933,6 +942,80 @@ static enum MHD_Result post_generate(struct server *srv, struct MHD_Connection *
         return send_err_as(srv, c, &e, api == API_ANTHROPIC);
     }
     return run_job(srv, c, j);
+}
+
+enum { BATCH_MAX = 16 };
+
+/* llama.cpp's batch completion: "prompt" holding several prompts (texts, id lists or
+** {prompt_string} objects) on /completion answers a list, one reply per prompt, each prompt a
+** job of its own run side by side.  Not streamed. */
+static enum MHD_Result post_native_batch(struct server *srv, struct MHD_Connection *c, const char *ns, json_t *root) {
+    json_t *prompts = json_object_get(root, "prompt");
+    size_t k = json_array_size(prompts);
+    struct serve_error e = { 0 };
+    e.param = "prompt";
+    if (k > BATCH_MAX) serve_bad(&e, "'prompt' holds %zu prompts; at most %d in one request", k, BATCH_MAX);
+    else if (json_is_true(json_object_get(root, "stream"))) serve_bad(&e, "several prompts in one request are not streamed");
+    struct job *jobs[BATCH_MAX] = { 0 };
+    size_t n = 0;
+    for (; !e.status && n < k; n++) {
+        json_t *one = json_copy(root);
+        struct job *j = calloc(1, sizeof *j);
+        if (one) json_object_set(one, "prompt", json_array_get(prompts, n));
+        if (!one || !j) {
+            json_decref(one);
+            free(j);
+            serve_error_oom(&e);
+            break;
+        }
+        jobs[n] = j;
+        j->kind = JOB_COMPLETION;
+        snprintf(j->req.ns, sizeof j->req.ns, "%s", ns);
+        pthread_cond_init(&j->cv, NULL);
+        if (compat_native_params(srv, one, j, &e) == 0) serve_request_parse(srv, one, j, false, &e);
+        json_decref(one);
+    }
+    json_decref(root);
+    size_t submitted = 0;
+    for (; !e.status && submitted < n; submitted++) {
+        struct job *j = jobs[submitted];
+        pthread_cond_destroy(&j->cv);
+        j->req.t_arrival = mono_ms();
+        if (srv->lim.request_timeout_s > 0) j->req.deadline = j->req.t_arrival + srv->lim.request_timeout_s * 1e3;
+        pthread_cond_init(&j->cv, NULL);
+        if (serve_submit(srv, j)) {
+            serve_error_set(&e, 429, "rate_limit_error", "queue_full", "the request queue cannot take %zu prompts now; retry later",
+                            n);
+            break;
+        }
+    }
+    json_t *out = e.status ? NULL : json_array();
+    for (size_t i = 0; i < n; i++) {
+        struct job *j = jobs[i];
+        if (i >= submitted) { /* never queued: ours alone */
+            serve_job_free(j);
+            continue;
+        }
+        pthread_mutex_lock(&srv->mu);
+        if (e.status && j->state != JOB_DONE) j->cancelled = true;
+        wait_watching(srv, c, j);
+        pthread_mutex_unlock(&srv->mu);
+        if (!e.status && j->err.status && j->err.status != 200) e = j->err;
+        if (!e.status && out) {
+            json_t *r = compat_native_reply(srv, j, "", true, mono_ms());
+            char *clean = app_utf8_clean(j->text ? j->text : "");
+            if (r && clean) json_object_set_new(r, "content", json_string(clean));
+            if (r) json_object_set_new(r, "index", json_integer((json_int_t) i));
+            free(clean);
+            json_array_append_new(out, r);
+        }
+        serve_job_release(srv, j);
+    }
+    if (e.status) {
+        json_decref(out);
+        return send_err(srv, c, &e);
+    }
+    return send_json(srv, c, 200, out, NULL);
 }
 
 /* POST /tokenize, /detokenize, /apply-template: answered here (server/compat.c), no job. */

@@ -153,8 +153,16 @@ half = len(pt["tokens"]) // 2
 mixed = pt["tokens"][:half] + [raw("POST", "/detokenize", {"tokens": pt["tokens"][half:]})[2]["content"]]
 st, _, b = raw("POST", "/completion", {"prompt": mixed, "n_predict": 8, "temperature": 0})
 check("a prompt of ids and text in one sequence runs", st == 200 and isinstance(b["content"], str), f"{st} {b}")
-st, _, b = raw("POST", "/completion", {"prompt": [P, P], "n_predict": 4})
-check("several prompts in one request -> 400 (one prompt per request)", st == 400 and b["error"]["param"] == "prompt", f"{st} {b}")
+st, _, b = raw("POST", "/completion", {"prompt": [P, pt["tokens"], {"prompt_string": P}], "n_predict": 8, "temperature": 0})
+check("several prompts on /completion (text, ids, object): a list, one greedy reply each, all the single prompt's text",
+      st == 200 and isinstance(b, list) and len(b) == 3 and all(x["content"] == n1["content"] for x in b)
+      and [x["index"] for x in b] == [0, 1, 2], f"{st} {str(b)[:400]}")
+st, _, b = raw("POST", "/completion", {"prompt": [P, [1, 10 ** 8]], "n_predict": 4})
+check("one bad prompt of several -> 400 naming it, nothing else kept running", st == 400 and "prompt" in b["error"]["message"],
+      f"{st} {b}")
+st, _, b = raw("POST", "/v1/completions", {"prompt": [P, P], "max_tokens": 4})
+check("several prompts on /v1/completions -> 400 (one prompt per request there)", st == 400 and b["error"]["param"] == "prompt",
+      f"{st} {b}")
 st, _, b = raw("POST", "/chat/completions", {"messages": [{"role": "system", "content": "Book"}, {"role": "user", "content": "Hi"}],
                                              "max_tokens": 2, "verbose": True})
 check("\"verbose\": true -> __verbose.prompt, the template's text", st == 200 and "Book" in b.get("__verbose", {}).get("prompt", "")
