@@ -520,6 +520,11 @@ static int refuse_unimplemented(const json_t *root, struct serve_error *e) {
                   json_number_value(v), NOT_IMPLEMENTED[i].neutral);
         return -1;
     }
+    if ((v = json_object_get(root, "return_progress")) && json_is_true(v)) {
+        e->param = "return_progress";
+        serve_bad(e, "'return_progress' true is not supported by kvtier serve: its stream starts once the prompt is in");
+        return -1;
+    }
     if ((v = json_object_get(root, "ignore_eos")) && json_is_true(v)) {
         e->param = "ignore_eos";
         serve_bad(e, "'ignore_eos' true is not supported by kvtier serve: it would change the reply");

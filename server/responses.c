@@ -136,26 +136,11 @@ static int input_messages(const json_t *input, json_t *msgs, struct serve_error 
     return 0;
 }
 
-static const char *const KNOWN[] = { "model",
-                                     "input",
-                                     "instructions",
-                                     "previous_response_id",
-                                     "max_output_tokens",
-                                     "temperature",
-                                     "top_p",
-                                     "stream",
-                                     "store",
-                                     "tools",
-                                     "tool_choice",
-                                     "parallel_tool_calls",
-                                     "metadata",
-                                     "user",
-                                     "text",
-                                     "truncation",
-                                     "reasoning",
-                                     "include",
-                                     "service_tier",
-                                     "background" };
+static const char *const KNOWN[] = {
+    "model",     "input",   "instructions", "previous_response_id", "max_output_tokens", "temperature",    "top_p", "stream",
+    "store",     "tools",   "tool_choice",  "parallel_tool_calls",  "metadata",          "user",           "text",  "truncation",
+    "reasoning", "include", "service_tier", "background",           "timings_per_token", "return_progress"
+};
 
 int resp_to_chat(struct server *srv, const char *ns, const json_t *in, json_t **out, json_t **turn, char *parent, size_t n_parent,
                  struct serve_error *e) {
@@ -247,7 +232,9 @@ int resp_to_chat(struct server *srv, const char *ns, const json_t *in, json_t **
                                            { "stream", "stream" },
                                            { "model", "model" },
                                            { "user", "user" },
-                                           { "parallel_tool_calls", "parallel_tool_calls" } };
+                                           { "parallel_tool_calls", "parallel_tool_calls" },
+                                           { "timings_per_token", "timings_per_token" },
+                                           { "return_progress", "return_progress" } };
     for (size_t i = 0; rc == 0 && i < sizeof same / sizeof same[0]; i++)
         if ((v = json_object_get(in, same[i][0])) && json_object_set(o, same[i][1], (json_t *) v)) rc = serve_error_oom(e);
     if (rc == 0 && (v = json_object_get(in, "tools")) && !json_is_null(v)) {
