@@ -39,15 +39,29 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         int rc = serve_request_parse(&srv, root, j, chat, &se);
         FUZZ_CHECK(rc == 0 || (se.status >= 400 && se.type && se.msg[0])); /* no failure without its error */
         if (rc == 0 && chat) {
-            FUZZ_CHECK(j->req.n_msgs > 0 && !strcmp(j->req.msgs[j->req.n_msgs - 1].role, "user"));
+            FUZZ_CHECK(j->req.n_msgs > 0); /* ends with the user's message, or the assistant's to continue (a prefill) */
+            FUZZ_CHECK(!strcmp(j->req.msgs[j->req.n_msgs - 1].role, j->req.prefill ? "assistant" : "user"));
             for (int32_t i = 0; i < j->req.n_msgs; i++) FUZZ_CHECK(j->req.msgs[i].role && j->req.msgs[i].content);
         }
-        if (rc == 0 && !chat) FUZZ_CHECK(j->req.prompt != NULL);
+        if (rc == 0 && !chat) FUZZ_CHECK(j->req.prompt != NULL || (j->req.prompt_ids && j->req.n_prompt_ids > 0));
         if (rc == 0 && j->req.grammar) FUZZ_CHECK(strlen(j->req.grammar) <= (1u << 20) && strstr(j->req.grammar, "root ::= "));
         FUZZ_CHECK(j->req.max_tokens >= 1 && j->req.max_tokens <= srv.n_ctx);
         FUZZ_CHECK(j->req.n_stop <= SERVE_MAX_STOP);
         pthread_cond_init(&j->cv, NULL);
         serve_job_free(j);
+    }
+    /* the same body as an Anthropic Messages and a Responses request: translated into a chat
+    ** request (an object with messages) or refused with its error, nothing else */
+    for (int api = 0; api < 2; api++) {
+        json_t *chat = NULL, *turn = NULL;
+        char parent[48];
+        struct serve_error se = { 0 };
+        int rc = api ? resp_to_chat(&srv, "", root, &chat, &turn, parent, sizeof parent, &se) : anth_to_chat(root, &chat, &se);
+        FUZZ_CHECK(rc == 0 || (se.status >= 400 && se.type && se.msg[0]));
+        if (rc == 0) FUZZ_CHECK(json_is_object(chat) && json_is_array(json_object_get(chat, "messages")));
+        if (rc == 0 && api) FUZZ_CHECK(json_is_array(turn));
+        json_decref(chat);
+        json_decref(turn);
     }
     json_decref(root);
     return 0;
