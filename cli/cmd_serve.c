@@ -138,7 +138,7 @@ int cmd_serve(int argc, char **argv) {
     const char *tmpl_name = NULL, *tmpl_file = NULL, *slot_save = NULL, *pooling = NULL, *media_path = NULL;
     bool embedding = false, reranking = false;
     char *tmpl_text = NULL;
-    srv.cors_origins = "*";
+    srv.cors_origins = NULL; /* default below: "*" with API keys, "localhost" without */
     bool prefetch_on = false, prefetch_off = false;
     srv.n_ctx = 4096;
     srv.budget = 512;
@@ -311,8 +311,10 @@ int cmd_serve(int argc, char **argv) {
         { "metrics-public", 0, OPT_FLAG, &srv.lim.metrics_public, 0, 0, NULL,
           "serve GET /metrics without an API key (default: a key is needed when keys are set)", NULL },
         { "cors-origins", 0, OPT_STR, &srv.cors_origins, 0, 0, "ORIGINS",
-          "browser origins allowed to call the server (CORS): * (default, as llama-server), a comma-separated list, "
-          "or '' for none; preflight OPTIONS requests are answered without an API key",
+          "browser origins allowed to read the server's replies (CORS): *, a comma-separated list (localhost: the "
+          "loopback origins on any port), or '' for none (default: * with API keys, as llama-server; localhost "
+          "without, so that a web page elsewhere cannot use a keyless server); preflight OPTIONS requests are answered "
+          "without an API key",
           NULL },
         /* llama-server's flags, for what kvtier has (its scripts start kvtier with their command lines) */
         { "alias", 'a', OPT_STR, &srv.aliases, 0, 0, "NAME[,NAME...]",
@@ -552,6 +554,7 @@ int cmd_serve(int argc, char **argv) {
     if (srv.parallel > srv.max_sessions) srv.parallel = srv.max_sessions;
     rc = APP_OK;
     if (key_file && (rc = load_keys(&srv, key_file))) goto out;
+    if (!srv.cors_origins) srv.cors_origins = srv.n_keys ? "*" : "localhost";
     if (!per_key_given) srv.queue_per_key = srv.n_keys >= 2 ? KVT_MAX(1, srv.max_queue / 2) : srv.max_queue;
 
     /* signals: handled by sigwait in this thread only */

@@ -96,6 +96,11 @@ else
     tp=$(curl -s "http://127.0.0.1:$PORT/apply-template" -d '{"messages":[{"role":"user","content":"hi"}]}')
     echo "$tp" | grep -q 'start_header_id' && ! echo "$tp" | grep -q 'im_start' \
         && ok "--chat-template llama3 replaces the GGUF's ChatML" || bad "--chat-template: $tp"
+    pre() { curl -s -o /dev/null -D - -X OPTIONS -H "Origin: $1" -H 'Access-Control-Request-Method: POST' "http://127.0.0.1:$PORT/v1/chat/completions"; }
+    pre http://localhost:5173 | grep -qi '^Access-Control-Allow-Origin: http://localhost:5173' \
+        && ! pre http://evil.example | grep -qi '^Access-Control-Allow-Origin' \
+        && ok "without API keys the default --cors-origins is localhost: a page elsewhere cannot read the replies" \
+        || bad "keyless CORS default: $(pre http://evil.example | tr -d '\r' | grep -i access-control)"
     r=$(curl -s "http://127.0.0.1:$PORT/v1/chat/completions" -d '{"messages":[{"role":"user","content":"hi"}],"max_tokens":4}')
     echo "$r" | grep -q '"choices"' && ok "a chat request runs under the llama3 template" || bad "chat under llama3: $r"
     if [ "$HOSTS" != 127.0.0.1 ]; then
