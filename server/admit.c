@@ -52,7 +52,7 @@ static bool continues(const struct sess *x, const struct job *j) {
 ** assistant prefix (kvt_chat_tokenize with the sessions' template fallback), computed once per job (prefetch while it waits, then admission) and again only if
 ** canonicalise_replies changed a message.  OUT *tok (the job owns it), *n.  Returns a library
 ** error; the request then matches by conversation only. */
-static int request_tokens(struct server *srv, struct job *j, const kvt_token **tok, int32_t *n) {
+int admit_request_tokens(struct server *srv, struct job *j, const kvt_token **tok, int32_t *n) {
     if (!j->have_ptok) {
         if (kvt_chat_tokenize(srv->eng, j->req.msgs, j->req.n_msgs, true, srv->sched->fallback, &j->ptok, &j->n_ptok)) {
             free(j->ptok);
@@ -202,7 +202,8 @@ enum pick admit_session(struct server *srv, struct job *j, struct sess **out) {
     } else {
         /* the session whose whole conversation the request continues, else the one sharing the
         ** longest token prefix with the request, if at least one block (shorter: a common system
-        ** prompt or template opening, not worth cutting another conversation back for); the
+        ** prompt or template opening, not worth cutting another conversation back for) or the
+        ** whole request (a short conversation sent again: a retried or regenerated turn); the
         ** request is tokenized once and compared with every idle session of its namespace */
         const kvt_token *req = NULL;
         kvt_token *buf = NULL;
@@ -218,14 +219,14 @@ enum pick admit_session(struct server *srv, struct job *j, struct sess **out) {
                     return PICK_ERR;
                 }
             }
-        if (any && request_tokens(srv, j, &req, &n_req) == 0 && !(buf = malloc(sizeof *buf * (size_t) KVT_MAX(n_req, 1))))
+        if (any && admit_request_tokens(srv, j, &req, &n_req) == 0 && !(buf = malloc(sizeof *buf * (size_t) KVT_MAX(n_req, 1))))
             n_req = 0;
         for (int32_t i = 0; any && i < sc->cap; i++) {
             struct sess *c = &sc->sess[i];
             if (!c->s || c->job || strcmp(c->ns, j->req.ns)) continue;
             bool whole = continues(c, j);
             int32_t common = buf ? common_tokens(c, req, n_req, buf) : 0;
-            if (!whole && common < srv->block) continue;
+            if (!whole && common < srv->block && !(n_req > 0 && common == n_req)) continue;
             /* taking over another conversation cuts it back to the common prefix: only worth it
             ** when that drops fewer tokens than it reuses (an edited or retried last turn, a
             ** second question on the same document); a long conversation that merely opens
@@ -308,7 +309,7 @@ void admit_prefetch(struct server *srv, struct job *j) {
     int32_t n = 0;
     struct kvt_chain_params cp = { .block = srv->block, .tenant = srv->share_store ? NULL : j->req.ns };
     char layout[512];
-    if (request_tokens(srv, j, &tok, &n) == 0 && kvt_engine_fingerprint(srv->eng, &cp.model) == 0) {
+    if (admit_request_tokens(srv, j, &tok, &n) == 0 && kvt_engine_fingerprint(srv->eng, &cp.model) == 0) {
         kvt_engine_layout(srv->eng, layout, sizeof layout);
         cp.layout = layout;
         kvt_store_prefetch_chain(sc->store, &cp, tok, n);

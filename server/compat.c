@@ -65,12 +65,21 @@ json_t *compat_timings(const struct job *j, double t_done) {
     ** generation rate over the steps after the first token (which comes from the prompt's logits) */
     double prompt_ms = j->t_first > 0 ? j->t_first - j->req.t_arrival : t_done - j->req.t_arrival;
     double pred_ms = j->t_first > 0 ? t_done - j->t_first : 0;
-    int32_t n_pred = j->n_gen, n_prompt = j->prompt_tokens - (int32_t) j->sync.tokens_reused;
+    /* a job still running: the tokens published with its text (the caller holds srv->mu) */
+    int32_t n_pred = j->state == JOB_DONE ? j->n_gen : j->n_gen_pub, n_prompt = j->prompt_tokens - (int32_t) j->sync.tokens_reused;
     return json_pack("{s:i, s:f, s:f, s:f, s:i, s:f, s:f, s:f, s:I}", "prompt_n", n_prompt, "prompt_ms", prompt_ms,
                      "prompt_per_token_ms", n_prompt > 0 ? prompt_ms / n_prompt : 0.0, "prompt_per_second",
                      prompt_ms > 0 ? 1e3 * n_prompt / prompt_ms : 0.0, "predicted_n", n_pred, "predicted_ms", pred_ms,
                      "predicted_per_token_ms", n_pred > 1 ? pred_ms / (n_pred - 1) : 0.0, "predicted_per_second",
                      n_pred > 1 && pred_ms > 0 ? 1e3 / pred_ms * (n_pred - 1) : 0.0, "cache_n", (json_int_t) j->sync.tokens_reused);
+}
+
+json_t *compat_progress_timings(const struct prompt_progress *p) {
+    const int32_t n = p->processed - p->cache;
+    return json_pack("{s:i, s:f, s:f, s:f, s:i, s:f, s:f, s:f, s:i}", "prompt_n", n, "prompt_ms", p->prompt_ms,
+                     "prompt_per_token_ms", n > 0 ? p->prompt_ms / n : 0.0, "prompt_per_second",
+                     p->prompt_ms > 0 ? 1e3 * n / p->prompt_ms : 0.0, "predicted_n", 0, "predicted_ms", 0.0,
+                     "predicted_per_token_ms", 0.0, "predicted_per_second", 0.0, "cache_n", p->cache);
 }
 
 json_t *compat_native_reply(struct server *srv, const struct job *j, const char *content, bool final, double t_done) {

@@ -83,12 +83,14 @@ static bool start_completion(struct server *srv, struct job *j) {
     kvt_engine_info(srv->eng, &I);
     int rc = (j->row.logits = malloc(sizeof(float) * (size_t) I.n_vocab)) ? 0 : KVT_ENOMEM;
     const int32_t n = j->prompt_tokens;
+    serve_job_progress(srv, j, n, 0, 0);
     for (int32_t off = 0; rc == 0 && off < n;) { /* chunks as a session's: step.c decodes them */
         int32_t m = KVT_MIN(n - off, srv->block), room = serve_prefill_room(srv);
         if (room > 0) m = KVT_MIN(m, room);
         const struct kvt_decode_chunk c = { j->seq, j->ptok + off, m, off, off + m == n };
         rc = serve_prefill_decode(srv, j, &c);
         off += m;
+        if (rc == 0) serve_job_progress(srv, j, n, 0, off);
         if (rc == 0) serve_prefill_between(srv, &c);
     }
     const float *l = rc == 0 ? kvt_engine_logits(srv->eng) : NULL;

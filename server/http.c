@@ -401,6 +401,7 @@ struct stream {
     int r_items;              /* Responses: output items announced so far */
     bool r_open;              /* Responses: the message item's output_text part is open */
     char r_item[48];          /* Responses: the message item's id */
+    json_t *r_timings;        /* Responses with timings_per_token: the timings the next output_text delta carries (borrowed) */
     json_t *r_msg, *r_output; /* Responses: a reply sent whole (under tools): its message and items, kept
                               ** so that the final response names the same call ids */
 };
@@ -503,8 +504,10 @@ static void resp_text(struct stream *st, const char *text) {
                                  st->r_item, "output_index", st->r_items, "content_index", 0, "part", "type", "output_text", "text",
                                  "", "annotations"));
     }
-    resp_event(st, json_pack("{s:s, s:s, s:i, s:i, s:s, s:[]}", "type", "response.output_text.delta", "item_id", st->r_item,
-                             "output_index", st->r_items, "content_index", 0, "delta", text, "logprobs"));
+    json_t *ev = json_pack("{s:s, s:s, s:i, s:i, s:s, s:[]}", "type", "response.output_text.delta", "item_id", st->r_item,
+                           "output_index", st->r_items, "content_index", 0, "delta", text, "logprobs");
+    if (ev && st->r_timings) json_object_set(ev, "timings", st->r_timings);
+    resp_event(st, ev);
 }
 
 /* Responses: the message item's end (its whole text), if it was opened. */
@@ -578,6 +581,25 @@ static json_t *chunk(struct stream *st, const char *content, const char *finish,
     return chunk_delta(st, NULL, content, finish, role);
 }
 
+/* return_progress: one prompt-progress event (llama-server's): a chunk with no text carrying
+** "prompt_progress" (and "timings" with timings_per_token); in the Responses API a
+** response.in_progress event. */
+static void progress_event(struct stream *st, const struct prompt_progress *p) {
+    const struct job *j = st->j;
+    json_t *pp = json_pack("{s:i, s:i, s:i, s:I}", "total", p->total, "cache", p->cache, "processed", p->processed, "time_ms",
+                           (json_int_t) p->time_ms);
+    json_t *ev;
+    if (j->req.responses)
+        ev = json_pack("{s:s, s:{s:s, s:s, s:s}}", "type", "response.in_progress", "response", "id", j->req.resp_id, "object",
+                       "response", "status", "in_progress");
+    else ev = chunk(st, chat_shape(j) ? NULL : "", NULL, chat_shape(j)); /* a chat's carries the role */
+    if (ev && pp) json_object_set(ev, "prompt_progress", pp);
+    if (ev && j->req.timings) json_object_set_new(ev, "timings", compat_progress_timings(p));
+    json_decref(pp);
+    if (j->req.responses) resp_event(st, ev);
+    else stream_emit(st, ev);
+}
+
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     struct stream *st = cls;
     struct server *srv = st->srv;
@@ -601,8 +623,20 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
                 stream_event(st, json_pack("{s:s, s:o}", "type", "message_start", "message", m));
                 continue;
             }
-            if (chat_shape(j)) {
+            if (chat_shape(j) && !j->req.return_progress) { /* with progress, each progress chunk carries the role */
                 stream_emit(st, chunk(st, NULL, NULL, true));
+                continue;
+            }
+        }
+        if (j->req.return_progress && !j->req.anthropic) { /* the progress events, all before the reply's text */
+            pthread_mutex_lock(&srv->mu);
+            WAIT_UNTIL(j->state == JOB_DONE || j->started || j->n_prog > j->n_prog_sent);
+            const bool have = j->n_prog > j->n_prog_sent;
+            struct prompt_progress p = { 0 };
+            if (have) p = j->prog[j->n_prog_sent++];
+            pthread_mutex_unlock(&srv->mu);
+            if (have) {
+                progress_event(st, &p);
                 continue;
             }
         }
@@ -655,6 +689,8 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             piece = strndup(j->text + j->n_sent, ok);
             j->n_sent += ok;
         }
+        /* timings_per_token: every piece carries the timings so far */
+        json_t *tm = j->req.timings && ((piece && *piece) || done) ? compat_timings(j, mono_ms()) : NULL;
         json_t *lps = NULL; /* streamed logprobs: the entries of the tokens generated since the last piece */
         if (j->lp_stream && json_array_size(j->lp_stream) > j->n_lp_sent && ((piece && *piece) || done)) {
             lps = json_array();
@@ -667,9 +703,12 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             if (j->req.anthropic) {
                 if (piece && *piece) anth_text(st, piece);
             } else if (j->req.responses) {
+                st->r_timings = tm;
                 if (piece && *piece) resp_text(st, piece);
+                st->r_timings = NULL;
             } else {
                 json_t *ch = chunk(st, piece ? piece : "", NULL, false);
+                if (ch && tm) json_object_set(ch, "timings", tm);
                 if (ch && lps && j->req.native) json_object_set(ch, "completion_probabilities", lps);
                 else if (ch && lps)
                     json_object_set_new(json_array_get(json_object_get(ch, "choices"), 0), "logprobs",
@@ -678,6 +717,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             }
         }
         json_decref(lps);
+        json_decref(tm);
         free(piece);
         if (!done) {
             if (st->n_out == 0) { /* an incomplete UTF-8 character: wait for more */
@@ -708,9 +748,10 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
                 json_t *obj = resp_object(srv, j, j->req.resp_id, j->req.resp_parent, output, status);
                 if (j->req.resp_store && msg && obj)
                     resp_store(srv, j->req.ns, j->req.resp_id, j->req.resp_parent, j->req.resp_turn, msg, obj);
-                resp_event(st,
-                           json_pack("{s:s, s:o}", "type",
-                                     !strcmp(status, "completed") ? "response.completed" : "response.incomplete", "response", obj));
+                json_t *ev = json_pack("{s:s, s:o}", "type",
+                                       !strcmp(status, "completed") ? "response.completed" : "response.incomplete", "response", obj);
+                if (ev && j->req.timings) json_object_set_new(ev, "timings", compat_timings(j, mono_ms()));
+                resp_event(st, ev);
                 json_decref(msg);
             }
             st->phase = 3;
@@ -788,7 +829,8 @@ static enum MHD_Result run_job(struct server *srv, struct MHD_Connection *c, str
         return send_error(srv, c, 503, "server_error", NULL, "the server is shutting down");
     }
     pthread_mutex_lock(&srv->mu);
-    if (j->req.stream) WAIT_UNTIL(j->state == JOB_DONE || j->started); /* prompt accepted: headers can go */
+    /* prompt accepted (or, with return_progress, its prefill begun): the headers can go */
+    if (j->req.stream) WAIT_UNTIL(j->state == JOB_DONE || j->started || j->n_prog > 0);
     else wait_watching(srv, c, j);
     bool failed = j->state == JOB_DONE && j->err.status && j->err.status != 200;
     pthread_mutex_unlock(&srv->mu);

@@ -27,6 +27,7 @@ void serve_job_free(struct job *j) {
     for (int32_t i = 0; i < j->req.n_stop; i++) free(j->req.stop[i]);
     free(j->text);
     free(j->gen);
+    free(j->prog);
     free(j->lp);
     free(j->top_tok);
     free(j->top_lp);

@@ -168,6 +168,11 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
         if (!json_is_boolean(v)) return serve_bad(e, "'timings_per_token' must be a boolean, got %s", serve_json_type(v));
         j->req.timings = json_is_true(v);
     }
+    if ((v = json_object_get(root, "return_progress")) && !json_is_null(v)) {
+        e->param = "return_progress";
+        if (!json_is_boolean(v)) return serve_bad(e, "'return_progress' must be a boolean, got %s", serve_json_type(v));
+        j->req.return_progress = json_is_true(v);
+    }
     if ((v = json_object_get(root, "verbose")) && !json_is_null(v)) {
         e->param = "verbose";
         if (!json_is_boolean(v)) return serve_bad(e, "'verbose' must be a boolean, got %s", serve_json_type(v));
@@ -481,6 +486,8 @@ static const char *const KNOWN[] = {
     "verbose",
     "continue_final_message",
     "add_generation_prompt",
+    "timings_per_token",
+    "return_progress",
 };
 
 static pthread_mutex_t unknown_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -518,11 +525,6 @@ static int refuse_unimplemented(const json_t *root, struct serve_error *e) {
         if (!json_is_number(v)) return serve_bad(e, "'%s' must be a number, got %s", f, serve_json_type(v));
         serve_bad(e, "'%s' %g is not supported by kvtier serve: it would change the reply (send %g or leave it out)", f,
                   json_number_value(v), NOT_IMPLEMENTED[i].neutral);
-        return -1;
-    }
-    if ((v = json_object_get(root, "return_progress")) && json_is_true(v)) {
-        e->param = "return_progress";
-        serve_bad(e, "'return_progress' true is not supported by kvtier serve: its stream starts once the prompt is in");
         return -1;
     }
     if ((v = json_object_get(root, "ignore_eos")) && json_is_true(v)) {

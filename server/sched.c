@@ -142,6 +142,13 @@ void serve_engine_close(struct server *srv) {
 /* Choose the chat's session and decode its prompt there.  Returns PICK_OK (j->slot is set unless
 ** the job failed: it has its error), or PICK_BUSY: the session it names is generating, the job
 ** must wait (serve_job_requeue). */
+/* Tokens of the session's conversation so far. */
+static int32_t sess_tokens(const struct sess *x) {
+    struct kvt_session_stats st;
+    kvt_session_get_stats(x->s, &st);
+    return st.total_tokens;
+}
+
 static enum pick start_chat(struct server *srv, struct job *j) {
     if (j->req.grammar && !j->req.smp.grammar) {
         int rc = kvt_grammar_new(srv->eng, j->req.grammar, "root", &j->req.smp.grammar);
@@ -174,13 +181,27 @@ static enum pick start_chat(struct server *srv, struct job *j) {
     kvt_prefill *pf = NULL;
     int rc = kvt_session_prefill(x->s, j->req.msgs, j->req.n_msgs, &pf);
     memset(&j->sync, 0, sizeof j->sync);
+    /* return_progress: the prompt's tokens (the template's, as admission counted them), the
+    ** stream's length when the first chunk is handed out (the kept prefix and the blocks loaded
+    ** from the store: llama-server's "cache"), then after each chunk */
+    const kvt_token *ptok;
+    int32_t total = 0;
+    if (j->req.return_progress && j->req.stream && admit_request_tokens(srv, j, &ptok, &total)) total = 0;
     if (rc == 0) {
         struct kvt_decode_chunk c;
+        bool first = true;
         while ((rc = kvt_prefill_next(pf, serve_prefill_room(srv), &c)) == 1) {
+            if (first && total > 0) serve_job_progress(srv, j, total, sess_tokens(x), sess_tokens(x));
+            first = false;
             if (kvt_prefill_done(pf, serve_prefill_decode(srv, j, &c))) break;
+            if (total > 0) serve_job_progress(srv, j, total, 0, sess_tokens(x));
             serve_prefill_between(srv, &c);
         }
         rc = kvt_prefill_end(pf, &j->sync);
+        /* the prompt is in (a turn with nothing to decode gets its one event here) */
+        const int32_t all = total > 0 ? total : j->sync.prompt_tokens;
+        if (rc == 0 && first && j->req.return_progress) serve_job_progress(srv, j, all, all, all);
+        else if (rc == 0 && j->req.return_progress) serve_job_progress(srv, j, all, 0, all);
     }
     j->sync.recoveries += j->resumed;
     j->prompt_tokens = j->sync.prompt_tokens;

@@ -68,6 +68,11 @@ double serve_mono_ms(void);
 
 /* The job's prompt is in: it joins the active set, and its stream may send its headers. */
 void serve_job_activate(struct server *srv, struct job *j);
+/* return_progress: the job's prompt has processed of its total tokens in the KV cache, cache of
+** them already there when its prefill began.  Appends an event for the stream when processed grows
+** (the first call always: it is the 0 % event); a no-op without return_progress.  Out of memory:
+** the event is dropped (the stream misses one progress line, nothing else). */
+void serve_job_progress(struct server *srv, struct job *j, int32_t total, int32_t cache, int32_t processed);
 /* The job is over: logprobs built, counted in the metrics, the HTTP side woken, the engine
 ** thread's reference dropped. */
 void serve_job_finish(struct server *srv, struct job *j);
@@ -112,6 +117,10 @@ enum pick { PICK_OK, PICK_BUSY, PICK_ERR };
 ** generating (the caller puts the job back in the queue).  PICK_ERR: the job has its error,
 ** *out is NULL. */
 enum pick admit_session(struct server *srv, struct job *j, struct sess **out);
+/* The chat job's prompt as its session will decode it: the template's tokens of its messages with
+** the assistant prefix, computed once per job (the job owns *tok).  Returns a library error (then
+** *tok is NULL and *n 0). */
+int admit_request_tokens(struct server *srv, struct job *j, const kvt_token **tok, int32_t *n);
 /* May the queued job be admitted now?  Not a chat naming a session that is generating. */
 bool admit_runnable(struct server *srv, const struct job *j);
 /* DELETE /v1/sessions/ID: frees the session, or fills the job's error (404 none, 409 busy). */

@@ -110,13 +110,25 @@ struct job_req {
     json_t *resp_turn;                 /* responses: the chat messages of this turn's input (owned) */
     bool return_tokens;                /* native: the reply lists the generated token ids */
     bool verbose;                /* "verbose": true, or the server's --verbose: the reply carries "__verbose" (the prompt's text) */
-    bool timings;                /* "timings_per_token" (llama-server's): the stream's usage chunk carries "timings" */
+    bool timings;                /* "timings_per_token" (llama-server's): every streamed chunk carries "timings" */
+    bool return_progress;        /* "return_progress" (llama-server's): a stream sends prompt-progress events while the
+                                 ** prompt is prefilled (struct prompt_progress) */
     kvt_token *prompt_ids;       /* native: the prompt as token ids (instead of prompt text), owned */
     struct kvt_logit_bias *bias; /* logit_bias (smp.logit_bias points here), owned */
     int32_t n_bias;
     int32_t n_prompt_ids;
     double t_arrival; /* ms, monotonic */
     double deadline;  /* ms, monotonic: t_arrival + --request-timeout-s; 0 = none */
+};
+
+/* One prompt-progress event (llama-server's "prompt_progress"): the prompt's tokens in all, those
+** already in the KV cache when its prefill began (a session's kept prefix, blocks loaded from the
+** store), those in the cache now, and the ms since the request arrived and since the prefill's
+** first chunk.  total and cache stay the same across one request's events; processed grows,
+** and the last event has processed == total. */
+struct prompt_progress {
+    int32_t total, cache, processed;
+    double time_ms, prompt_ms;
 };
 
 /* One request: what was asked (req) and how its run stands.  The run state is written by the
@@ -140,6 +152,10 @@ struct job {
     int32_t resident_tokens;
     char out_session[80]; /* session the job ran in */
     double t_first;       /* ms of the first token, 0 before */
+    int32_t n_gen_pub;    /* n_gen as last published with the text (under srv->mu): what the HTTP side may read */
+    struct prompt_progress *prog; /* return_progress: the events so far (engine thread appends, under srv->mu) */
+    int32_t n_prog, cap_prog;
+    int32_t n_prog_sent; /* events already streamed (HTTP side) */
     pthread_cond_t cv;    /* signalled on every change */
     int refs;             /* HTTP side + engine side; freed at 0 (under srv->mu) */
     struct job *next;     /* queue link */
@@ -338,9 +354,12 @@ int compat_native_params(struct server *srv, json_t *root, struct job *j, struct
 /* A native reply object: a streamed piece (final false) or the last object with the timings
 ** (final true; t_done: ms, monotonic, when the job finished).  New reference; NULL on OOM. */
 json_t *compat_native_reply(struct server *srv, const struct job *j, const char *content, bool final, double t_done);
-/* llama-server's "timings" of a finished job (t_done: ms, monotonic): prompt_n (decoded),
+/* llama-server's "timings" of a job (t_done: ms, monotonic; a job still running: now, with srv->mu held): prompt_n (decoded),
 ** cache_n (reused), prompt_ms, predicted_n, predicted_ms and their rates.  New reference. */
 json_t *compat_timings(const struct job *j, double t_done);
+/* The timings of a prompt-progress event: prompt_n the tokens decoded so far, prompt_ms since the
+** first event, nothing predicted yet.  New reference. */
+json_t *compat_progress_timings(const struct prompt_progress *p);
 /* POST /tokenize, /detokenize, /apply-template: 0 with *out (new reference), or -1 with e filled. */
 int compat_tokenize(struct server *srv, const json_t *root, json_t **out, struct serve_error *e);
 int compat_detokenize(struct server *srv, const json_t *root, json_t **out, struct serve_error *e);

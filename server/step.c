@@ -97,6 +97,7 @@ static bool update_text(struct server *srv, struct job *j, kvt_engine *eng) {
     free(j->text);
     t[n] = '\0';
     j->text = t;
+    j->n_gen_pub = j->n_gen;
     /* published bytes: hold back what could still become a stop string */
     j->n_text = stopped ? n : (n > hold ? n - hold : 0);
     pthread_cond_broadcast(&j->cv);
@@ -172,6 +173,34 @@ static void note_token(struct server *srv, struct job *j, double *t_last) {
     }
     pthread_mutex_unlock(&srv->mu);
     *t_last = now;
+}
+void serve_job_progress(struct server *srv, struct job *j, int32_t total, int32_t cache, int32_t processed) {
+    if (!j->req.return_progress || !j->req.stream) return;
+    const double now = serve_mono_ms();
+    pthread_mutex_lock(&srv->mu);
+    const struct prompt_progress *last = j->n_prog ? &j->prog[j->n_prog - 1] : NULL;
+    processed = KVT_MIN(processed, total);
+    if (last && processed <= last->processed) goto out;
+    if (j->n_prog == j->cap_prog) {
+        int32_t cap = j->cap_prog ? 2 * j->cap_prog : 16;
+        struct prompt_progress *p = realloc(j->prog, sizeof *p * (size_t) cap);
+        if (!p) goto out;
+        j->prog = p;
+        j->cap_prog = cap;
+        last = j->n_prog ? &j->prog[j->n_prog - 1] : NULL;
+    }
+    /* the first event is the 0 % one, before any token is decoded: its prompt time is 0 */
+    const double t0 = last ? now - (last->time_ms - last->prompt_ms) - j->req.t_arrival : 0;
+    j->prog[j->n_prog++] = (struct prompt_progress) {
+        .total = total,
+        .cache = last ? last->cache : KVT_MIN(cache, total),
+        .processed = last ? processed : KVT_MIN(cache, total),
+        .time_ms = now - j->req.t_arrival,
+        .prompt_ms = last ? KVT_MAX(t0, last->prompt_ms) : 0,
+    };
+    pthread_cond_broadcast(&j->cv);
+out:
+    pthread_mutex_unlock(&srv->mu);
 }
 /* The job's prompt is in: it joins the batch of running requests, and its stream may send its
 ** headers (HTTP side waits on j->cv for `started`). */
