@@ -55,13 +55,45 @@ bool serve_completion_prepare(struct server *srv, struct job *j) {
     j->cells = n + j->req.max_tokens;
     return true;
 }
-/* The completion leaves its sequence (its cells are freed) and gives back its reservation. */
+/* Forget what scratch sequence q holds (its cells cleared). */
+static void comp_cache_clear(struct server *srv, int32_t q) {
+    struct sched *sc = srv->sched;
+    kvt_seq_rm(srv->eng, sc->comp_seq0 + q, -1, -1);
+    sc->n_comp_tok[q] = 0;
+}
+
+/* Append n tokens to what scratch sequence q holds.  Out of memory: q's contents are marked
+** unknown (n_comp_tok -1), and its cells cleared when its completion ends. */
+static void comp_cache_add(struct server *srv, int32_t q, const kvt_token *tok, int32_t n) {
+    struct sched *sc = srv->sched;
+    if (n <= 0 || sc->n_comp_tok[q] < 0) return;
+    if (sc->n_comp_tok[q] + n > sc->cap_comp_tok[q]) {
+        int32_t cap = KVT_MAX(2 * sc->cap_comp_tok[q], sc->n_comp_tok[q] + n);
+        kvt_token *t = realloc(sc->comp_tok[q], sizeof *t * (size_t) cap);
+        if (!t) { /* what the sequence holds is not known any more: cleared when its job ends */
+            sc->n_comp_tok[q] = -1;
+            return;
+        }
+        sc->comp_tok[q] = t;
+        sc->cap_comp_tok[q] = cap;
+    }
+    memcpy(sc->comp_tok[q] + sc->n_comp_tok[q], tok, sizeof *tok * (size_t) n);
+    sc->n_comp_tok[q] += n;
+}
+
+/* The completion leaves its sequence and gives back its reservation.  With the prompt cache, a
+** completion that ended well leaves its tokens' KV there for the next one (its prompt and the
+** generated tokens decoded: positions 0 .. row.pos); otherwise the cells are freed. */
 void serve_completion_end(struct server *srv, struct job *j, int rc) {
     struct sched *sc = srv->sched;
     if (rc) serve_error_lib(&j->err, "generation", rc);
     if (j->seq >= 0) {
-        kvt_seq_rm(srv->eng, j->seq, -1, -1);
-        sc->comp_busy[j->seq - sc->comp_seq0] = false;
+        const int32_t q = j->seq - sc->comp_seq0;
+        const int32_t n_dec = j->row.pos - sc->n_comp_tok[q]; /* generated tokens decoded after the prompt */
+        if (sc->comp_cache && !rc && !j->err.status && j->row.logits && sc->n_comp_tok[q] > 0 && n_dec >= 0 && n_dec <= j->n_gen)
+            comp_cache_add(srv, q, j->gen, n_dec);
+        else comp_cache_clear(srv, q);
+        sc->comp_busy[q] = false;
         sc->comp_cells -= j->cells;
         j->seq = -1;
     }
@@ -74,17 +106,33 @@ void serve_completion_end(struct server *srv, struct job *j, int rc) {
 ** set as a raw row of kvt_session_gen_step_batch.  Returns false when it failed (finished). */
 static bool start_completion(struct server *srv, struct job *j) {
     struct sched *sc = srv->sched;
-    int32_t q = 0;
-    while (sc->comp_busy[q]) q++;
+    const int32_t n = j->prompt_tokens;
+    /* the idle sequence whose cached tokens share the longest prefix with the prompt (the first
+    ** free one when none does); at least the prompt's last token is decoded, for its logits */
+    int32_t q = -1, reuse = -1;
+    for (int32_t k = 0; k < sc->n_comp; k++) {
+        if (sc->comp_busy[k]) continue;
+        int32_t c = 0;
+        const bool mine = srv->share_store || !strcmp(sc->comp_ns[k], j->req.ns);
+        while (sc->comp_cache && mine && c < sc->n_comp_tok[k] && c < n - 1 && sc->comp_tok[k][c] == j->ptok[c]) c++;
+        if (c > reuse) q = k, reuse = c;
+    }
     sc->comp_busy[q] = true;
+    snprintf(sc->comp_ns[q], sizeof sc->comp_ns[q], "%s", j->req.ns);
     sc->comp_cells += j->cells;
     j->seq = sc->comp_seq0 + q;
+    if (reuse != sc->n_comp_tok[q]) { /* what follows the common prefix leaves the sequence */
+        if (reuse == 0) comp_cache_clear(srv, q);
+        else if (!kvt_seq_rm(srv->eng, j->seq, reuse, -1)) sc->n_comp_tok[q] = reuse;
+        else comp_cache_clear(srv, q), reuse = 0;
+    }
+    j->sync.tokens_decoded = n - reuse;
+    j->sync.tokens_reused = reuse;
     struct kvt_engine_info I;
     kvt_engine_info(srv->eng, &I);
     int rc = (j->row.logits = malloc(sizeof(float) * (size_t) I.n_vocab)) ? 0 : KVT_ENOMEM;
-    const int32_t n = j->prompt_tokens;
-    serve_job_progress(srv, j, n, 0, 0);
-    for (int32_t off = 0; rc == 0 && off < n;) { /* chunks as a session's: step.c decodes them */
+    serve_job_progress(srv, j, n, reuse, reuse);
+    for (int32_t off = reuse; rc == 0 && off < n;) { /* chunks as a session's: step.c decodes them */
         int32_t m = KVT_MIN(n - off, srv->block), room = serve_prefill_room(srv);
         if (room > 0) m = KVT_MIN(m, room);
         const struct kvt_decode_chunk c = { j->seq, j->ptok + off, m, off, off + m == n };
@@ -95,6 +143,7 @@ static bool start_completion(struct server *srv, struct job *j) {
     }
     const float *l = rc == 0 ? kvt_engine_logits(srv->eng) : NULL;
     if (rc == 0 && !l) rc = KVT_ELLAMA;
+    if (rc == 0 && sc->comp_cache) comp_cache_add(srv, q, j->ptok + reuse, n - reuse);
     free(j->ptok);
     j->ptok = NULL;
     if (rc) {

@@ -70,6 +70,9 @@ int serve_engine_open(struct server *srv) {
         serve_engine_close(srv);
         return APP_ERR;
     }
+    struct kvt_engine_info ei;
+    kvt_engine_info(srv->eng, &ei);
+    sc->comp_cache = !ei.kv_unified && ei.n_swa == 0;
     if (srv->no_store) { /* no block store: the sessions' host pool */
         struct kvt_pool_params pp = kvt_pool_default_params();
         pp.budget_bytes = (size_t) srv->pool_mb << 20;
@@ -132,6 +135,7 @@ void serve_engine_close(struct server *srv) {
         free(sc->active);
         free(sc->t_last);
         free(sc->wait);
+        for (int32_t q = 0; q < SERVE_MAX_SEQ; q++) free(sc->comp_tok[q]);
         free(sc);
         srv->sched = NULL;
     }
@@ -139,9 +143,6 @@ void serve_engine_close(struct server *srv) {
     srv->eng = NULL;
 }
 
-/* Choose the chat's session and decode its prompt there.  Returns PICK_OK (j->slot is set unless
-** the job failed: it has its error), or PICK_BUSY: the session it names is generating, the job
-** must wait (serve_job_requeue). */
 /* Tokens of the session's conversation so far. */
 static int32_t sess_tokens(const struct sess *x) {
     struct kvt_session_stats st;
@@ -149,6 +150,9 @@ static int32_t sess_tokens(const struct sess *x) {
     return st.total_tokens;
 }
 
+/* Choose the chat's session and decode its prompt there.  Returns PICK_OK (j->slot is set unless
+** the job failed: it has its error), or PICK_BUSY: the session it names is generating, the job
+** must wait (serve_job_requeue). */
 static enum pick start_chat(struct server *srv, struct job *j) {
     if (j->req.grammar && !j->req.smp.grammar) {
         int rc = kvt_grammar_new(srv->eng, j->req.grammar, "root", &j->req.smp.grammar);

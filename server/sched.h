@@ -34,6 +34,20 @@ struct sched {
     int32_t comp_seq0, n_comp;
     bool comp_busy[SERVE_MAX_SEQ];
     int32_t comp_cells;
+    /* the prompt cache of the completions (llama-server's per-slot cache_prompt): the tokens
+    ** whose KV an idle scratch sequence still holds from its last completion (its prompt and the
+    ** generated tokens decoded after it); a completion takes the idle sequence sharing the
+    ** longest prefix with its prompt and decodes only the rest (n_comp_tok -1: unknown, cleared
+** when its completion ends).  Off (comp_cache false: each
+    ** completion clears its sequence) with one KV cache for all sequences, where cells kept
+    ** would take room from the others, and with a sliding window, whose cells of earlier
+    ** positions are gone once it moved on. */
+    bool comp_cache;
+    kvt_token *comp_tok[SERVE_MAX_SEQ]; /* owned; NULL when the sequence is empty */
+    char comp_ns[SERVE_MAX_SEQ][80];    /* the API key's tenant whose completion left them: another
+                                        ** tenant never reuses them (unless --share-store), as with
+                                        ** the store's blocks (a hit's timing would tell a prompt) */
+    int32_t n_comp_tok[SERVE_MAX_SEQ], cap_comp_tok[SERVE_MAX_SEQ];
     struct job **wait; /* [parallel] admitted completions waiting for a sequence or cells, FIFO */
     int32_t n_wait;
     /* the jobs generating now; they keep taking steps while another job's prompt is prefilled

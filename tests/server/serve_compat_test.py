@@ -246,6 +246,72 @@ check("timings_per_token: the usage chunk carries llama-server's timings (predic
       "content is null", st == 200 and ev[0]["choices"][0]["delta"] == {"role": "assistant", "content": None} and uc
       and uc[-1]["timings"]["predicted_n"] == uc[-1]["usage"]["completion_tokens"], txt[-600:])
 
+# ---- the completions' prompt cache (llama-server's cache_prompt) ----------------------------
+Q = "A long time ago in a galaxy far, far away, there lived"
+nq = len(raw("POST", "/tokenize", {"content": Q, "add_special": True})[2]["tokens"])
+st, _, c1 = raw("POST", "/completion", {"prompt": Q, "n_predict": 4, "temperature": 0, "n_probs": 8})
+st2, _, c2 = raw("POST", "/completion", {"prompt": Q, "n_predict": 4, "temperature": 0, "n_probs": 8})
+t1, t2 = c1.get("timings", {}), c2.get("timings", {})
+check("the same prompt again: all but its last token come from the cache (cache_n, prompt_n), said in tokens_cached",
+      st == st2 == 200 and t2.get("cache_n") == nq - 1 and t2.get("prompt_n") == 1 and c2.get("tokens_cached") == nq - 1
+      and t1.get("prompt_n", 0) + t1.get("cache_n", 0) == nq, f"{t1} {t2} n={nq}")
+p1 = {e["id"]: math.exp(e["logprob"]) for e in c1["completion_probabilities"][0]["top_logprobs"]}
+p2 = {e["id"]: math.exp(e["logprob"]) for e in c2["completion_probabilities"][0]["top_logprobs"]}
+check("the cached prompt's first-token distribution is the decoded one's (top 8 within 0.01)",
+      set(p1) == set(p2) and max(abs(p1[k] - p2[k]) for k in p1) < 0.01, f"{p1} vs {p2}")
+st, _, c3 = raw("POST", "/completion", {"prompt": Q + " a dragon who", "n_predict": 2, "temperature": 0})
+check("a prompt extending a cached one decodes only its new tokens", st == 200 and c3["timings"]["cache_n"] >= nq - 1
+      and c3["timings"]["prompt_n"] + c3["timings"]["cache_n"] == c3["tokens_evaluated"], f"{c3.get('timings')}")
+st, _, c4 = raw("POST", "/completion", {"prompt": Q, "n_predict": 2, "temperature": 0}, key=KEY2)
+check("control: another API key's completion never reuses the first key's cached prompt (cache_n 0)",
+      st == 200 and c4["timings"]["cache_n"] == 0 and c4["timings"]["prompt_n"] == nq, f"{st} {c4.get('timings')}")
+
+# ---- return_progress: prompt-progress events while the prompt is prefilled ---------------------
+def progress_ok(ev, is_text):
+    """(ok, why): progress events all before the first text, the first at 0 % (processed == cache),
+    processed growing to total, total and cache the same in all."""
+    idx = [i for i, e in enumerate(ev) if "prompt_progress" in e]
+    pr = [ev[i]["prompt_progress"] for i in idx]
+    first_text = next((i for i, e in enumerate(ev) if is_text(e)), len(ev))
+    ok = (len(pr) >= 1 and pr[0]["processed"] == pr[0]["cache"] and pr[-1]["processed"] == pr[-1]["total"] > 0
+          and all(a["processed"] < b["processed"] for a, b in zip(pr, pr[1:])) and len({(p["total"], p["cache"]) for p in pr}) == 1
+          and idx[-1] < first_text)
+    return ok, pr
+
+
+long_p = "the quick brown fox jumps over the lazy dog " * 14
+st, ev, txt = stream_events("/completion", {"prompt": long_p, "n_predict": 3, "stream": True, "return_progress": True,
+                                            "timings_per_token": True})
+ok, pr = progress_ok(ev, lambda e: e.get("content"))
+tm = [e["timings"] for e in ev if "prompt_progress" in e]
+check("return_progress (native): one event per prefill chunk of a long prompt, 0 % first, 100 % before the text; their timings "
+      "start at 0 and prompt_n = processed - cache", st == 200 and ok and len(pr) >= 3 and tm[0]["prompt_n"] == 0
+      and tm[0]["prompt_ms"] == 0 and all(t["prompt_n"] == p["processed"] - p["cache"] for t, p in zip(tm, pr))
+      and all(a["prompt_ms"] <= b["prompt_ms"] for a, b in zip(tm, tm[1:])), str(pr))
+check("timings_per_token: every streamed piece carries timings, predicted_n counting the tokens",
+      [e["timings"]["predicted_n"] for e in ev if e.get("content")] == list(range(1, 1 + len([e for e in ev if e.get("content")]))),
+      str([e.get("timings") for e in ev if e.get("content")]))
+chat_body = {"messages": [{"role": "user", "content": "Tell me a fact about owls."}], "max_tokens": 6, "temperature": 0,
+             "stream": True, "return_progress": True}
+st, ev1, _ = stream_events("/v1/chat/completions", chat_body)
+st2, ev2, txt = stream_events("/v1/chat/completions", chat_body)
+ok1, pr1 = progress_ok(ev1, lambda e: e["choices"] and e["choices"][0]["delta"].get("content"))
+ok2, pr2 = progress_ok(ev2, lambda e: e["choices"] and e["choices"][0]["delta"].get("content"))
+check("return_progress (chat): progress chunks carry the role delta; the same conversation sent again (a retried turn) "
+      "finds its message in its session: cache > 0, only the assistant prefix decoded",
+      st == st2 == 200 and ok1 and ok2 and all(ev1[i]["choices"][0]["delta"].get("role") == "assistant" for i in
+                                              range(len(pr1))) and pr2[0]["cache"] > 0 and len(pr2) == 2
+      and pr2[0]["total"] == pr1[0]["total"], f"{pr1} {pr2}")
+st, ev, txt = stream_events("/v1/responses", {"input": "Tell me a fact about owls.", "max_output_tokens": 4, "stream": True,
+                                              "return_progress": True, "timings_per_token": True})
+rp = [e for e in ev if "prompt_progress" in e]
+check("return_progress (Responses): response.in_progress events with prompt_progress; timings on the text deltas",
+      st == 200 and rp and all(e["type"] == "response.in_progress" for e in rp) and rp[-1]["prompt_progress"]["processed"]
+      == rp[-1]["prompt_progress"]["total"] and all("timings" in e for e in ev if e["type"] == "response.output_text.delta"),
+      txt[:600])
+st, _, b = raw("POST", "/completion", {"prompt": P, "n_predict": 2, "return_progress": "yes"})
+check("return_progress not a boolean -> 400 naming it", st == 400 and b["error"]["param"] == "return_progress", f"{st} {b}")
+
 # ---- CORS -----------------------------------------------------------------------------------
 pre = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "Authorization"}
 st, h, _ = raw("OPTIONS", "/v1/chat/completions", key=None, headers={"Origin": "http://localhost:3000", **pre})
