@@ -923,6 +923,9 @@ static enum MHD_Result body_json(struct server *srv, struct MHD_Connection *c, s
 enum api { API_OPENAI, API_NATIVE, API_ANTHROPIC, API_RESPONSES };
 
 static enum MHD_Result post_native_batch(struct server *srv, struct MHD_Connection *c, const char *ns, json_t *root);
+static enum MHD_Result post_choices(struct server *srv, struct MHD_Connection *c, const char *ns, const char *sid, json_t *root,
+                                    bool chat, int n);
+static size_t run_jobs(struct server *srv, struct MHD_Connection *c, struct job **jobs, size_t n, struct serve_error *e);
 
 /* api: OpenAI's, llama.cpp's native /completion (its fields, reply and stream shapes) or
 ** Anthropic's Messages (translated into a chat request, server/anthropic.c). */
@@ -974,6 +977,11 @@ static enum MHD_Result post_generate(struct server *srv, struct MHD_Connection *
         free(j);
         return post_native_batch(srv, c, ns, root);
     }
+    const json_t *nv = api == API_OPENAI ? json_object_get(root, "n") : NULL;
+    if (json_is_integer(nv) && json_integer_value(nv) > 1 && json_integer_value(nv) <= SERVE_MAX_CHOICES) {
+        free(j);
+        return post_choices(srv, c, ns, sid, root, chat, (int) json_integer_value(nv));
+    }
     int rc = api == API_NATIVE ? compat_native_params(srv, root, j, &e) : 0;
     if (rc == 0) rc = serve_request_parse(srv, root, j, chat, &e);
     json_decref(root);
@@ -1018,31 +1026,15 @@ static enum MHD_Result post_native_batch(struct server *srv, struct MHD_Connecti
         json_decref(one);
     }
     json_decref(root);
-    size_t submitted = 0;
-    for (; !e.status && submitted < n; submitted++) {
-        struct job *j = jobs[submitted];
-        pthread_cond_destroy(&j->cv);
-        j->req.t_arrival = mono_ms();
-        if (srv->lim.request_timeout_s > 0) j->req.deadline = j->req.t_arrival + srv->lim.request_timeout_s * 1e3;
-        pthread_cond_init(&j->cv, NULL);
-        if (serve_submit(srv, j)) {
-            serve_error_set(&e, 429, "rate_limit_error", "queue_full", "the request queue cannot take %zu prompts now; retry later",
-                            n);
-            break;
-        }
-    }
+    size_t submitted = e.status ? 0 : run_jobs(srv, c, jobs, n, &e);
     json_t *out = e.status ? NULL : json_array();
     for (size_t i = 0; i < n; i++) {
         struct job *j = jobs[i];
-        if (i >= submitted) { /* never queued: ours alone */
+        if (!j) continue;
+        if (i >= submitted) { /* parsed, never queued */
             serve_job_free(j);
             continue;
         }
-        pthread_mutex_lock(&srv->mu);
-        if (e.status && j->state != JOB_DONE) j->cancelled = true;
-        wait_watching(srv, c, j);
-        pthread_mutex_unlock(&srv->mu);
-        if (!e.status && j->err.status && j->err.status != 200) e = j->err;
         if (!e.status && out) {
             json_t *r = compat_native_reply(srv, j, "", true, mono_ms());
             char *clean = app_utf8_clean(j->text ? j->text : "");
@@ -1058,6 +1050,105 @@ static enum MHD_Result post_native_batch(struct server *srv, struct MHD_Connecti
         return send_err(srv, c, &e);
     }
     return send_json(srv, c, 200, out, NULL);
+}
+
+/* Submit jobs[0..n) (each built and parsed, its cv not yet set up), wait for every one, and
+** return the first error among them in *e (the rest are cancelled then).  Jobs never queued are
+** freed here; the others stay the caller's (serve_job_release).  Returns how many were queued. */
+static size_t run_jobs(struct server *srv, struct MHD_Connection *c, struct job **jobs, size_t n, struct serve_error *e) {
+    size_t submitted = 0;
+    for (; !e->status && submitted < n; submitted++) {
+        struct job *j = jobs[submitted];
+        pthread_cond_destroy(&j->cv);
+        j->req.t_arrival = mono_ms();
+        if (srv->lim.request_timeout_s > 0) j->req.deadline = j->req.t_arrival + srv->lim.request_timeout_s * 1e3;
+        pthread_cond_init(&j->cv, NULL);
+        if (serve_submit(srv, j)) {
+            serve_error_set(e, 429, "rate_limit_error", "queue_full", "the request queue cannot take %zu jobs now; retry later", n);
+            break;
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        struct job *j = jobs[i];
+        if (i >= submitted) { /* never queued: ours alone */
+            serve_job_free(j);
+            jobs[i] = NULL;
+            continue;
+        }
+        pthread_mutex_lock(&srv->mu);
+        if (e->status && j->state != JOB_DONE) j->cancelled = true;
+        wait_watching(srv, c, j);
+        pthread_mutex_unlock(&srv->mu);
+        if (!e->status && j->err.status && j->err.status != 200) *e = j->err;
+    }
+    return submitted;
+}
+
+/* n > 1 on /v1/chat/completions and /v1/completions (OpenAI's choices): one job per choice, run
+** side by side.  A chat's first choice runs in its session, which keeps it as the conversation's
+** reply (a client that goes on with another choice sends it back: the session then takes that
+** history); the others are completions of the template's text (serve_request_detach) in scratch
+** sequences, whose prompt cache lets each reuse the prompt another decoded.  Choice i samples with
+** the request's seed + i (the same seed would give n equal choices).  Not streamed, no tools. */
+static enum MHD_Result post_choices(struct server *srv, struct MHD_Connection *c, const char *ns, const char *sid, json_t *root,
+                                    bool chat, int n) {
+    struct serve_error e = { 0 };
+    e.param = "n";
+    if (json_is_true(json_object_get(root, "stream"))) serve_bad(&e, "'n' %d: several choices are not streamed (send stream false)", n);
+    struct job *jobs[SERVE_MAX_CHOICES] = { 0 };
+    size_t k = 0;
+    for (; !e.status && k < (size_t) n; k++) {
+        json_t *one = json_copy(root);
+        struct job *j = calloc(1, sizeof *j);
+        if (one) json_object_del(one, "n");
+        if (!one || !j) {
+            json_decref(one);
+            free(j);
+            serve_error_oom(&e);
+            break;
+        }
+        jobs[k] = j;
+        j->kind = chat ? JOB_CHAT : JOB_COMPLETION;
+        snprintf(j->req.ns, sizeof j->req.ns, "%s", ns);
+        if (sid && k == 0) snprintf(j->req.session_id, sizeof j->req.session_id, "%s", sid);
+        pthread_cond_init(&j->cv, NULL);
+        if (serve_request_parse(srv, one, j, chat, &e) == 0 && k > 0) serve_request_detach(srv, j, &e);
+        j->req.smp.seed += (uint32_t) k;
+        json_decref(one);
+    }
+    json_decref(root);
+    size_t submitted = e.status ? 0 : run_jobs(srv, c, jobs, k, &e);
+    json_t *reply = NULL, *choices = json_array();
+    int64_t completion_tokens = 0;
+    for (size_t i = 0; i < k; i++) {
+        struct job *j = jobs[i];
+        if (!j) continue;
+        if (i >= submitted) { /* parsed, never queued */
+            serve_job_free(j);
+            continue;
+        }
+        if (!e.status) {
+            json_t *r = final_obj(srv, j), *ch = json_array_get(json_object_get(r, "choices"), 0);
+            if (ch) json_object_set_new(ch, "index", json_integer((json_int_t) i));
+            if (ch && choices) json_array_append(choices, ch);
+            completion_tokens += j->completion_tokens;
+            if (i == 0) reply = r; /* its id, model and usage (the prompt's tokens) */
+            else json_decref(r);
+        }
+        serve_job_release(srv, j);
+    }
+    if (e.status || !reply || !choices) {
+        json_decref(reply);
+        json_decref(choices);
+        if (!e.status) serve_error_oom(&e);
+        return send_err(srv, c, &e);
+    }
+    json_object_set_new(reply, "choices", choices);
+    json_t *u = json_object_get(reply, "usage");
+    json_int_t pt = json_integer_value(json_object_get(u, "prompt_tokens"));
+    json_object_set_new(u, "completion_tokens", json_integer(completion_tokens));
+    json_object_set_new(u, "total_tokens", json_integer(pt + completion_tokens));
+    return send_json(srv, c, 200, reply, NULL);
 }
 
 /* POST /tokenize, /detokenize, /apply-template: answered here (server/compat.c), no job. */

@@ -101,10 +101,16 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
         clock_gettime(CLOCK_REALTIME, &ts);
         j->req.smp.seed = (uint32_t) (ts.tv_nsec ^ ts.tv_sec);
     }
-    if ((v = json_object_get(root, "n")) && !json_is_null(v)) {
+    if ((v = json_object_get(root, "n")) && !json_is_null(v)) { /* n > 1: server/http.c runs one job per choice */
         e->param = "n";
-        if (!json_is_integer(v) || json_integer_value(v) != 1) {
-            serve_bad(e, "'n' must be 1 (one choice per request)");
+        if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > SERVE_MAX_CHOICES) {
+            if (json_is_integer(v)) serve_bad(e, "'n' %lld is outside 1..%d", (long long) json_integer_value(v), SERVE_MAX_CHOICES);
+            else serve_bad(e, "'n' must be an integer from 1 to %d, got %s", SERVE_MAX_CHOICES, serve_json_type(v));
+            return -1;
+        }
+        if (json_integer_value(v) > 1) {
+            serve_bad(e, "'n' %lld: several choices are served on /v1/chat/completions and /v1/completions, not here",
+                      (long long) json_integer_value(v));
             return -1;
         }
     }
@@ -639,6 +645,27 @@ static int prefill_prompt(struct server *srv, struct job *j, struct serve_error 
     memcpy(p + a, last->content, b + 1);
     j->req.prompt = p;
     j->req.prompt_special = true;
+    j->kind = JOB_COMPLETION;
+    return 0;
+}
+
+int serve_request_detach(struct server *srv, struct job *j, struct serve_error *e) {
+    if (j->kind != JOB_CHAT) return 0;
+    if (j->req.format != REPLY_TEXT) {
+        e->param = "n";
+        return serve_bad(e, "'n' > 1 cannot be combined with tools or response_format (one choice per request there)");
+    }
+    if (!srv->eng) return 0; /* no model (the request fuzzer): parsed only */
+    char *text = NULL;
+    int rc = kvt_chat_format(srv->eng, j->req.msgs, j->req.n_msgs, true, kvt_session_default_params().template_fallback, &text);
+    if (rc) {
+        e->param = "messages";
+        serve_error_lib(e, "chat template", rc);
+        return -1;
+    }
+    j->req.prompt = text;
+    j->req.prompt_special = true;
+    j->req.prefill = true; /* replied in the chat shape */
     j->kind = JOB_COMPLETION;
     return 0;
 }

@@ -16,7 +16,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-enum { SERVE_MAX_STOP = 4, SERVE_PARK_FACTOR = 4 };
+enum { SERVE_MAX_STOP = 4, SERVE_PARK_FACTOR = 4, SERVE_MAX_CHOICES = 16 /* n: choices of one request */ };
 
 /* The one form every error of the server takes, wherever it arises (a header, the body's JSON, a
 ** field, the queue, the engine thread): an HTTP status and the OpenAI error object's type, code
@@ -334,6 +334,12 @@ const char *serve_json_type(const json_t *v);
 ** 0; or -1 with e filled (400 naming the field, e->param, and the bad value; 500 out of memory).
 ** On error the job holds what was parsed: serve_job_free. */
 int serve_request_parse(struct server *srv, json_t *root, struct job *j, bool chat, struct serve_error *e);
+
+/* A parsed chat job becomes a completion of its template's text with the assistant prefix, run in
+** a scratch sequence and replied in the chat shape: a choice after the first of an n > 1 request
+** (the first runs in the session; these leave the session's conversation alone).  A job that is
+** no chat is left as it is.  0, or -1 with e filled (400 with tools or response_format). */
+int serve_request_detach(struct server *srv, struct job *j, struct serve_error *e);
 
 /* server/metrics.c */
 /* Add one sample (ms) to a histogram (caller holds srv->mu).  Cannot fail. */

@@ -246,6 +246,30 @@ check("timings_per_token: the usage chunk carries llama-server's timings (predic
       "content is null", st == 200 and ev[0]["choices"][0]["delta"] == {"role": "assistant", "content": None} and uc
       and uc[-1]["timings"]["predicted_n"] == uc[-1]["usage"]["completion_tokens"], txt[-600:])
 
+# ---- n > 1: several choices ---------------------------------------------------------------
+conv = [{"role": "system", "content": "Book"}, {"role": "user", "content": "What is the best book"}]
+st, _, g1 = raw("POST", "/v1/chat/completions", {"messages": conv, "max_tokens": 8, "temperature": 0})
+st2, _, g3 = raw("POST", "/v1/chat/completions", {"messages": conv, "max_tokens": 8, "temperature": 0, "n": 3})
+ch = g3.get("choices", []) if st2 == 200 else []
+check("n 3 (greedy): three choices indexed 0..2, each the single request's greedy reply, completion_tokens their sum",
+      st == 200 and [c["index"] for c in ch] == [0, 1, 2] and all(c["message"]["content"] == g1["choices"][0]["message"]["content"]
+                                                                  and c["finish_reason"] for c in ch)
+      and g3["usage"]["completion_tokens"] == 3 * g1["usage"]["completion_tokens"]
+      and g3["usage"]["total_tokens"] == g3["usage"]["prompt_tokens"] + g3["usage"]["completion_tokens"], f"{g1} {g3}")
+st, _, s3 = raw("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "Write a story about a cat."}],
+                                                 "max_tokens": 16, "temperature": 1.0, "seed": 5, "n": 3})
+texts = [c["message"]["content"] for c in s3.get("choices", [])] if st == 200 else []
+check("n 3 sampled with a seed: each choice draws its own numbers (seed + i), so the choices differ",
+      len(texts) == 3 and len(set(texts)) >= 2, texts)
+st, _, b = raw("POST", "/v1/completions", {"prompt": P, "max_tokens": 4, "temperature": 0, "n": 2})
+check("n 2 on /v1/completions: two text choices", st == 200 and [c["index"] for c in b["choices"]] == [0, 1]
+      and b["choices"][0]["text"] == b["choices"][1]["text"] == o1["choices"][0]["text"][:len(b["choices"][0]["text"])], f"{st} {b}")
+for body, why in (({"n": 2, "stream": True}, "streamed"), ({"n": 40}, "above 16"), ({"n": 0}, "0"), ({"n": "2"}, "a string"),
+                  ({"n": 2, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]},
+                   "with tools")):
+    st, _, b = raw("POST", "/v1/chat/completions", {"messages": conv, "max_tokens": 2, **body})
+    check(f"n {why} -> 400 naming n", st == 400 and b["error"]["param"] == "n", f"{st} {b}")
+
 # ---- the completions' prompt cache (llama-server's cache_prompt) ----------------------------
 Q = "A long time ago in a galaxy far, far away, there lived"
 nq = len(raw("POST", "/tokenize", {"content": Q, "add_special": True})[2]["tokens"])
