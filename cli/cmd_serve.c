@@ -134,7 +134,7 @@ int cmd_serve(int argc, char **argv) {
     double temp = 1.0;
     int32_t seed = -1, n_predict = -1;
     bool budget_seen = false, slots_on = false, metrics_on = false, jinja = false, no_jinja = false, offline = false,
-         cont_batching = false;
+         cont_batching = false, backend_sampling = false;
     const char *tmpl_name = NULL, *tmpl_file = NULL, *slot_save = NULL, *pooling = NULL, *media_path = NULL;
     bool embedding = false, reranking = false;
     char *tmpl_text = NULL;
@@ -355,6 +355,10 @@ int cmd_serve(int argc, char **argv) {
           NULL },
         { "offline", 0, OPT_FLAG, &offline, 0, 0, NULL, "accepted: kvtier never downloads a model", NULL },
         { "cont-batching", 0, OPT_FLAG, &cont_batching, 0, 0, NULL, "accepted: requests are always batched together", NULL },
+        { "backend-sampling", 0, OPT_FLAG, &backend_sampling, 0, 0, NULL,
+          "accepted and logged: kvtier samples on the host, with the same samplers and probabilities (a request's "
+          "backend_sampling likewise)",
+          NULL },
         { "verbose", 'v', OPT_FLAG, &srv.verbose, 0, 0, NULL, "llama.cpp's log on stderr", NULL },
         /* llama-server's flags for what kvtier does not serve: accepted, logged, and the endpoints answer 501 */
         { "embedding", 0, OPT_FLAG, &embedding, 0, 0, NULL, "accepted and logged: kvtier serves no embeddings (/embeddings: 501)",
@@ -457,6 +461,8 @@ int cmd_serve(int argc, char **argv) {
     }
     (void) offline;
     (void) cont_batching;
+    if (backend_sampling)
+        fprintf(stderr, "%s: --backend-sampling: kvtier samples on the host (the same samplers and probabilities)\n", cmd);
     if (embedding || reranking || pooling)
         fprintf(stderr, "%s: %s: kvtier serves no embeddings or reranking; those endpoints answer 501\n", cmd,
                 embedding   ? "--embedding"

@@ -25,9 +25,15 @@ volatile sig_atomic_t cli_sigint;
 /* ---------------------------------------------------------------------------------------- */
 /* flag parser                                                                              */
 
+/* A long option by name; '_' in what was typed matches '-' (llama.cpp's tools take
+** --backend_sampling for --backend-sampling, and scripts written for them do). */
 static const struct cli_opt *find_long(const struct cli_opt *opts, const char *name, size_t len) {
-    for (const struct cli_opt *o = opts; o->name; o++)
-        if (strlen(o->name) == len && !strncmp(o->name, name, len)) return o;
+    for (const struct cli_opt *o = opts; o->name; o++) {
+        size_t k = 0;
+        if (strlen(o->name) != len) continue;
+        while (k < len && (o->name[k] == name[k] || (o->name[k] == '-' && name[k] == '_'))) k++;
+        if (k == len) return o;
+    }
     return NULL;
 }
 

@@ -365,6 +365,12 @@ struct kvt_logit_bias {
     float bias;
 };
 
+/* One token and its probability (kvt_sampling.post). */
+struct kvt_token_p {
+    kvt_token tok; /* -1: no such candidate */
+    float p;       /* 0..1 */
+};
+
 struct kvt_sampling {
     float temperature;                       /* <= 0: greedy (argmax) */
     float top_p;                             /* 1.0 = off */
@@ -375,6 +381,16 @@ struct kvt_sampling {
     const struct kvt_logit_bias *logit_bias; /* [n_logit_bias] (borrowed; tokens outside the
                           ** vocabulary are skipped), applied to the logits first, greedy included */
     int32_t n_logit_bias;
+    /* OUT, optional (llama-server's post_sampling_probs): with post set and n_post > 0, a
+    ** successful sample writes post[0] = the sampled token and its probability, then post[1 ..
+    ** n_post] = the n_post most likely candidates, best first, with their probabilities under the
+    ** distribution the token was drawn from: after logit_bias, top_k, top_p, temperature and the
+    ** grammar (greedy: the token alone, probability 1).  Entries past the candidates the chain
+    ** kept are {-1, 0}.  post[0 .. n_post] is the caller's buffer (n_post + 1 entries), written by
+    ** the thread that samples; it is not part of what selects the chain (copies of this struct
+    ** with other buffers sample alike). */
+    struct kvt_token_p *post;
+    int32_t n_post;
 };
 
 /* Sample the next token from kvt_engine_logits() (llama.cpp sampler chain).  With a grammar the token

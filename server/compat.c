@@ -33,9 +33,10 @@ int compat_native_params(struct server *srv, json_t *root, struct job *j, struct
         j->req.logprobs = j->req.logprobs || json_integer_value(v) > 0;
         j->req.top_logprobs = (int32_t) json_integer_value(v);
     }
-    if ((v = json_object_get(root, "post_sampling_probs")) && json_is_true(v)) {
+    if ((v = json_object_get(root, "post_sampling_probs")) && !json_is_null(v)) {
         e->param = "post_sampling_probs";
-        return serve_bad(e, "'post_sampling_probs' true is not supported: probabilities are the model's, before sampling");
+        if (!json_is_boolean(v)) return serve_bad(e, "'post_sampling_probs' must be a boolean, got %s", serve_json_type(v));
+        j->req.post_sampling = json_is_true(v);
     }
     if ((v = json_object_get(root, "return_tokens")) && !json_is_null(v)) {
         e->param = "return_tokens";

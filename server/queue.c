@@ -28,6 +28,7 @@ void serve_job_free(struct job *j) {
     free(j->text);
     free(j->gen);
     free(j->prog);
+    free(j->post);
     free(j->lp);
     free(j->top_tok);
     free(j->top_lp);

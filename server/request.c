@@ -30,7 +30,7 @@ const char *serve_json_type(const json_t *v) {
 static int parse_common(struct server *srv, json_t *root, struct job *j, struct serve_error *e) {
     json_t *v;
     j->req.max_tokens = srv->max_tokens_default;
-    j->req.smp = (struct kvt_sampling){ srv->temp_default, 1.0f, 0, 0, NULL, NULL, 0 };
+    j->req.smp = (struct kvt_sampling){ srv->temp_default, 1.0f, 0, 0, NULL, NULL, 0, NULL, 0 };
     const char *len_keys[] = { "max_tokens", "max_completion_tokens" };
     for (int i = 0; i < 2; i++)
         if ((v = json_object_get(root, len_keys[i])) && !json_is_null(v)) {
@@ -494,6 +494,7 @@ static const char *const KNOWN[] = {
     "add_generation_prompt",
     "timings_per_token",
     "return_progress",
+    "backend_sampling", /* llama-server's: kvtier samples on the host either way, alike */
 };
 
 static pthread_mutex_t unknown_mu = PTHREAD_MUTEX_INITIALIZER;

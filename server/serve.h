@@ -94,6 +94,8 @@ struct job_req {
     bool stream, include_usage;
     bool logprobs;        /* "logprobs": true (not streamed) */
     int32_t top_logprobs; /* "top_logprobs" (native: "n_probs"): the most likely tokens listed at each position */
+    bool post_sampling;   /* native "post_sampling_probs": the probabilities after the samplers (kvt_sampling.post),
+                          ** listed as llama-server's "prob" / "top_probs" */
     enum reply_format format;
     char *grammar;                     /* GBNF for the reply (tools / response_format / json_schema, or the
                                    ** request's own "grammar"), NULL = free text; compiled into
@@ -167,6 +169,7 @@ struct job {
     float *lp;          /* [cap_gen] with logprobs: ln p of each generated token, else NULL */
     kvt_token *top_tok; /* [cap_gen * req.top_logprobs]: each position's most likely tokens, best first */
     float *top_lp;      /* [cap_gen * req.top_logprobs]: their ln p */
+    struct kvt_token_p *post; /* with post_sampling: [top_logprobs + 1], what the last sample wrote (engine thread) */
     int32_t n_gen, cap_gen;
     json_t *lp_json;      /* with logprobs, once done: the reply's logprobs.content array (owned) */
     json_t *lp_stream;    /* streamed with logprobs: every generated token's entry so far (owned; under srv->mu) */

@@ -22,8 +22,10 @@ static json_t *lp_entry(struct server *srv, const struct job *j, kvt_token t, fl
     for (const unsigned char *p = (const unsigned char *) (piece ? piece : ""); bytes && *p; p++)
         json_array_append_new(bytes, json_integer(*p));
     char *clean = app_utf8_clean(piece ? piece : "");
-    json_t *o = json_pack("{s:s, s:f, s:o}", "token", clean ? clean : "", "logprob", (double) lp, "bytes",
-                          bytes ? bytes : json_null());
+    /* post_sampling_probs: llama-server's "prob" (the probability the samplers gave it) */
+    const bool post = j->req.post_sampling && j->req.native;
+    json_t *o = json_pack("{s:s, s:f, s:o}", "token", clean ? clean : "", post ? "prob" : "logprob", post ? exp(lp) : (double) lp,
+                          "bytes", bytes ? bytes : json_null());
     if (o && j->req.native) json_object_set_new(o, "id", json_integer(t));
     free(clean);
     free(piece);
@@ -35,8 +37,9 @@ static json_t *lp_token_entry(struct server *srv, const struct job *j, int32_t i
     const int32_t K = j->req.top_logprobs;
     json_t *e = lp_entry(srv, j, j->gen[i], j->lp[i]), *top = json_array();
     for (int32_t k = 0; top && j->top_tok && k < K; k++)
-        json_array_append_new(top, lp_entry(srv, j, j->top_tok[(size_t) i * K + k], j->top_lp[(size_t) i * K + k]));
-    if (e) json_object_set_new(e, "top_logprobs", top ? top : json_array());
+        if (j->top_tok[(size_t) i * K + k] >= 0) /* post_sampling: fewer candidates than K were left */
+            json_array_append_new(top, lp_entry(srv, j, j->top_tok[(size_t) i * K + k], j->top_lp[(size_t) i * K + k]));
+    if (e) json_object_set_new(e, j->req.post_sampling && j->req.native ? "top_probs" : "top_logprobs", top ? top : json_array());
     else json_decref(top);
     return e;
 }
@@ -128,8 +131,15 @@ static int add_gen(struct job *j, kvt_token t, float lp, const float *logits, in
         }
         j->cap_gen = cap;
     }
-    if (j->req.logprobs) j->lp[j->n_gen] = lp;
-    if (j->req.logprobs && K > 0) {
+    if (j->req.logprobs && j->post) { /* post_sampling: the distribution the samplers drew t from */
+        j->lp[j->n_gen] = j->post[0].tok == t && j->post[0].p > 0 ? logf(j->post[0].p) : -INFINITY;
+        for (int32_t k = 0; k < K; k++) {
+            const struct kvt_token_p *c = &j->post[1 + k];
+            j->top_tok[(size_t) j->n_gen * K + k] = c->p > 0 ? c->tok : -1;
+            j->top_lp[(size_t) j->n_gen * K + k] = c->p > 0 ? logf(c->p) : -INFINITY;
+        }
+    } else if (j->req.logprobs) j->lp[j->n_gen] = lp;
+    if (j->req.logprobs && K > 0 && !j->post) {
         kvt_token *tt = j->top_tok + (size_t) j->n_gen * K;
         float *tl = j->top_lp + (size_t) j->n_gen * K;
         int32_t n = 0;
@@ -235,12 +245,16 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
         over[k] = serve_job_stopped(srv, j) || j->n_gen >= j->req.max_tokens; /* a deadline cuts the reply: "length" */
         if (over[k]) continue;
         const float *from = j->kind == JOB_COMPLETION ? j->row.logits : kvt_session_logits(((struct sess *) j->slot)->s);
-        if (j->req.logprobs && from && (lpl[k] = malloc(sizeof(float) * (size_t) I.n_vocab)))
+        if (j->req.logprobs && j->req.post_sampling && j->req.top_logprobs > 0 && !j->post)
+            j->post = calloc((size_t) j->req.top_logprobs + 1, sizeof *j->post); /* out of memory: the model's probabilities */
+        if (j->req.logprobs && !j->post && from && (lpl[k] = malloc(sizeof(float) * (size_t) I.n_vocab)))
             memcpy(lpl[k], from, sizeof(float) * (size_t) I.n_vocab);
+        struct kvt_sampling one = j->req.smp;
+        one.seed += (uint32_t) j->n_gen;
+        if (j->post) one.post = j->post, one.n_post = j->req.top_logprobs;
         if (j->kind == JOB_COMPLETION) {
             rows[n_rows] = j->row;
-            rows[n_rows].smp = j->req.smp;
-            rows[n_rows].smp.seed += (uint32_t) j->n_gen;
+            rows[n_rows].smp = one;
             rmap[n_rows++] = k;
             continue;
         }
@@ -250,8 +264,7 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
         ev0[n] = s0.evictions;
         rec0[n] = s0.recoveries;
         ss[n] = x->s;
-        smp[n] = j->req.smp;
-        smp[n].seed += (uint32_t) j->n_gen;
+        smp[n] = one;
         map[n++] = k;
     }
     int rc = n + n_rows > 0 || c

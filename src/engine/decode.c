@@ -229,14 +229,39 @@ static void fill_candidates(const kvt_engine *e, const struct kvt_sampling *s, l
     }
 }
 
+/* kvt_sampling.post from the candidates the chain left (the dist sampler normalised their p over
+** what top_k / top_p / the grammar kept; greedy sets none: the token alone, p 1). */
+static void post_probs(const llama_token_data_array *arr, bool greedy, struct kvt_token_p *post, int32_t k) {
+    const llama_token_data *sel = &arr->data[arr->selected];
+    post[0] = (struct kvt_token_p){ sel->id, greedy ? 1.0f : sel->p };
+    for (int32_t i = 1; i <= k; i++) post[i] = (struct kvt_token_p){ -1, 0.0f };
+    if (greedy) {
+        post[1] = post[0];
+        return;
+    }
+    int32_t n = 0; /* post[1 .. n]: the largest p so far, sorted (insertion: k is small) */
+    for (size_t i = 0; i < arr->size; i++) {
+        const float p = arr->data[i].p;
+        if (!(p > 0) || isinf(arr->data[i].logit) || (n == k && p <= post[k].p)) continue;
+        int32_t at = n < k ? ++n : k;
+        while (at > 1 && post[at - 1].p < p) {
+            post[at] = post[at - 1];
+            at--;
+        }
+        post[at] = (struct kvt_token_p){ arr->data[i].id, p };
+    }
+}
+
 int kvt_engine_sample(kvt_engine *e, const struct kvt_sampling *s, kvt_token *tok) {
-    static const struct kvt_sampling greedy = { 0, 1, 0, 0, NULL, NULL, 0 };
+    static const struct kvt_sampling greedy = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0 };
     if (!s) s = &greedy;
     if (!e->have_logits) return kvt__fail(KVT_EINVAL, "sample: no logits (decode with want_logits first)");
     struct kvt_sampling key = *s;
     key.grammar = NULL; /* the chain does not depend on the grammar, nor on the biases */
     key.logit_bias = NULL;
     key.n_logit_bias = 0;
+    key.post = NULL; /* an output */
+    key.n_post = 0;
     if (!e->smpl || memcmp(&e->smpl_p, &key, sizeof key) != 0) {
         if (e->smpl) llama_sampler_free(e->smpl);
         e->smpl = llama_sampler_chain_init(llama_sampler_chain_default_params());
@@ -279,6 +304,7 @@ int kvt_engine_sample(kvt_engine *e, const struct kvt_sampling *s, kvt_token *to
     }
     if (rc == 0) {
         *tok = arr.data[arr.selected].id;
+        if (s->post && s->n_post > 0) post_probs(&arr, s->temperature <= 0, s->post, s->n_post);
         llama_sampler_accept(e->smpl, *tok);
         if (s->grammar) llama_sampler_accept(s->grammar->smpl, *tok);
     }

@@ -270,6 +270,30 @@ for body, why in (({"n": 2, "stream": True}, "streamed"), ({"n": 40}, "above 16"
     st, _, b = raw("POST", "/v1/chat/completions", {"messages": conv, "max_tokens": 2, **body})
     check(f"n {why} -> 400 naming n", st == 400 and b["error"]["param"] == "n", f"{st} {b}")
 
+# ---- post_sampling_probs: the probabilities after the samplers --------------------------------
+PS = {"prompt": "Today was the day. Today I would finally become a", "n_probs": 10, "n_predict": 4, "temperature": 1.0,
+      "top_k": 5, "seed": 11, "return_tokens": True}
+st, _, pre = raw("POST", "/completion", PS)
+st2, _, post = raw("POST", "/completion", {**PS, "post_sampling_probs": True})
+ok = st == st2 == 200 and pre["tokens"] == post["tokens"]
+why = ""
+for a, b in zip(pre.get("completion_probabilities", []), post.get("completion_probabilities", [])):
+    top5 = a["top_logprobs"][:5]
+    z = sum(math.exp(t["logprob"]) for t in top5)
+    want = {t["id"]: math.exp(t["logprob"]) / z for t in top5}  # top_k 5 at temperature 1: the five renormalised
+    got = {t["id"]: t["prob"] for t in b["top_probs"]}
+    ok = ok and set(got) == set(want) and all(abs(got[k] - want[k]) < 1e-3 for k in got) and abs(b["prob"] - got.get(b["id"], -1)) < 1e-6
+    why = f"{got} vs {want}"
+check("post_sampling_probs: prob / top_probs are the model's probabilities renormalised over what top_k 5 kept (computed here "
+      "from the same request without it); the same seed samples the same tokens", ok and len(pre["completion_probabilities"]) == 4,
+      why)
+st, _, g = raw("POST", "/completion", {**PS, "temperature": 0, "post_sampling_probs": True})
+check("post_sampling_probs greedy: the token alone, probability 1",
+      st == 200 and all(c["prob"] == 1 and len(c["top_probs"]) == 1 and c["top_probs"][0]["id"] == c["id"]
+                        for c in g["completion_probabilities"]), str(g.get("completion_probabilities"))[:300])
+st, _, b = raw("POST", "/completion", {**PS, "post_sampling_probs": "yes"})
+check("post_sampling_probs not a boolean -> 400 naming it", st == 400 and b["error"]["param"] == "post_sampling_probs", f"{st} {b}")
+
 # ---- the completions' prompt cache (llama-server's cache_prompt) ----------------------------
 Q = "A long time ago in a galaxy far, far away, there lived"
 nq = len(raw("POST", "/tokenize", {"content": Q, "add_special": True})[2]["tokens"])
