@@ -391,6 +391,8 @@ struct kvt_sampling {
     ** with other buffers sample alike). */
     struct kvt_token_p *post;
     int32_t n_post;
+    float min_p; /* 0 = off; else tokens below min_p times the most likely one's probability are
+                 ** dropped (llama.cpp's min_p sampler, after top_k and top_p) */
 };
 
 /* Sample the next token from kvt_engine_logits() (llama.cpp sampler chain).  With a grammar the token

@@ -55,10 +55,10 @@ static const char *stop_type(const struct job *j) {
 static json_t *gen_settings(struct server *srv, const struct job *j) {
     json_t *stop = json_array();
     for (int32_t i = 0; i < j->req.n_stop; i++) json_array_append_new(stop, json_string(j->req.stop[i]));
-    return json_pack("{s:i, s:I, s:f, s:i, s:f, s:o, s:b, s:s, s:i}", "n_predict", j->req.max_tokens, "seed",
+    return json_pack("{s:i, s:I, s:f, s:i, s:f, s:f, s:o, s:b, s:s, s:i}", "n_predict", j->req.max_tokens, "seed",
                      (json_int_t) j->req.smp.seed, "temperature", (double) j->req.smp.temperature, "top_k", j->req.smp.top_k,
-                     "top_p", (double) j->req.smp.top_p, "stop", stop, "stream", j->req.stream, "model", srv->model_name, "n_ctx",
-                     srv->budget);
+                     "top_p", (double) j->req.smp.top_p, "min_p", (double) j->req.smp.min_p, "stop", stop, "stream",
+                     j->req.stream, "model", srv->model_name, "n_ctx", srv->budget);
 }
 
 json_t *compat_timings(const struct job *j, double t_done) {
@@ -292,9 +292,10 @@ json_t *compat_models(struct server *srv) {
 json_t *compat_props(struct server *srv) {
     struct kvt_engine_info I;
     kvt_engine_info(srv->eng, &I);
-    json_t *params = json_pack("{s:I, s:f, s:i, s:i, s:f}", "seed", (json_int_t) srv->seed_default, "temperature",
+    /* the native API's defaults (llama.cpp's samplers; the OpenAI routes' are OpenAI's: top_p 1, no top_k / min_p) */
+    json_t *params = json_pack("{s:I, s:f, s:i, s:i, s:f, s:f}", "seed", (json_int_t) srv->seed_default, "temperature",
                                (double) srv->temp_default, "n_predict", srv->n_predict_cap > 0 ? srv->n_predict_cap : -1, "top_k",
-                               0, "top_p", 1.0);
+                               40, "top_p", 0.95, "min_p", 0.05);
     return json_pack("{s:{s:i, s:o}, s:i, s:s, s:s, s:s, s:{s:b, s:b}, s:s, s:{s:i, s:i, s:i, s:i, s:i, s:s, s:i}}",
                      "default_generation_settings", "n_ctx", srv->budget, "params", params, "total_slots", srv->max_sessions,
                      "model_path", srv->model_path, "model_alias", srv->model_name, "chat_template",

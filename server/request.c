@@ -30,7 +30,12 @@ const char *serve_json_type(const json_t *v) {
 static int parse_common(struct server *srv, json_t *root, struct job *j, struct serve_error *e) {
     json_t *v;
     j->req.max_tokens = srv->max_tokens_default;
-    j->req.smp = (struct kvt_sampling){ srv->temp_default, 1.0f, 0, 0, NULL, NULL, 0, NULL, 0 };
+    j->req.smp = (struct kvt_sampling){ srv->temp_default, 1.0f, 0, 0, NULL, NULL, 0, NULL, 0, 0 };
+    if (j->req.native) { /* llama.cpp's native API: llama.cpp's sampling defaults (common_params_sampling) */
+        j->req.smp.top_k = 40;
+        j->req.smp.top_p = 0.95f;
+        j->req.smp.min_p = 0.05f;
+    }
     const char *len_keys[] = { "max_tokens", "max_completion_tokens" };
     for (int i = 0; i < 2; i++)
         if ((v = json_object_get(root, len_keys[i])) && !json_is_null(v)) {
@@ -71,6 +76,13 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
             return -1;
         }
         j->req.smp.top_p = (float) p;
+    }
+    if ((v = json_object_get(root, "min_p")) && !json_is_null(v)) {
+        e->param = "min_p";
+        if (!json_is_number(v)) return serve_bad(e, "'min_p' must be a number, got %s", serve_json_type(v));
+        double p = json_number_value(v);
+        if (!(p >= 0 && p <= 1)) return serve_bad(e, "'min_p' %g is outside 0..1 (0 = off)", p);
+        j->req.smp.min_p = (float) p;
     }
     if ((v = json_object_get(root, "top_k")) && !json_is_null(v)) {
         e->param = "top_k";
@@ -447,7 +459,7 @@ static const struct {
     const char *name;
     double neutral;
 } NOT_IMPLEMENTED[] = {
-    { "frequency_penalty", 0 }, { "presence_penalty", 0 }, { "repeat_penalty", 1 },  { "min_p", 0 },        { "typical_p", 1 },
+    { "frequency_penalty", 0 }, { "presence_penalty", 0 }, { "repeat_penalty", 1 },  { "typical_p", 1 },
     { "mirostat", 0 },          { "dry_multiplier", 0 },   { "xtc_probability", 0 }, { "top_n_sigma", -1 }, { "dynatemp_range", 0 },
 };
 
@@ -461,6 +473,7 @@ static const char *const KNOWN[] = {
     "temperature",
     "top_p",
     "top_k",
+    "min_p",
     "seed",
     "n",
     "stop",

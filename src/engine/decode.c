@@ -253,15 +253,17 @@ static void post_probs(const llama_token_data_array *arr, bool greedy, struct kv
 }
 
 int kvt_engine_sample(kvt_engine *e, const struct kvt_sampling *s, kvt_token *tok) {
-    static const struct kvt_sampling greedy = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0 };
+    static const struct kvt_sampling greedy = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0 };
     if (!s) s = &greedy;
     if (!e->have_logits) return kvt__fail(KVT_EINVAL, "sample: no logits (decode with want_logits first)");
-    struct kvt_sampling key = *s;
-    key.grammar = NULL; /* the chain does not depend on the grammar, nor on the biases */
-    key.logit_bias = NULL;
-    key.n_logit_bias = 0;
-    key.post = NULL; /* an output */
-    key.n_post = 0;
+    /* what selects the chain (not the grammar, the biases, nor the post output), padding zeroed */
+    struct kvt_sampling key;
+    memset(&key, 0, sizeof key);
+    key.temperature = s->temperature;
+    key.top_p = s->top_p;
+    key.top_k = s->top_k;
+    key.seed = s->seed;
+    key.min_p = s->min_p;
     if (!e->smpl || memcmp(&e->smpl_p, &key, sizeof key) != 0) {
         if (e->smpl) llama_sampler_free(e->smpl);
         e->smpl = llama_sampler_chain_init(llama_sampler_chain_default_params());
@@ -270,6 +272,7 @@ int kvt_engine_sample(kvt_engine *e, const struct kvt_sampling *s, kvt_token *to
         } else {
             if (s->top_k > 0) llama_sampler_chain_add(e->smpl, llama_sampler_init_top_k(s->top_k));
             if (s->top_p < 1.0f) llama_sampler_chain_add(e->smpl, llama_sampler_init_top_p(s->top_p, 1));
+            if (s->min_p > 0.0f) llama_sampler_chain_add(e->smpl, llama_sampler_init_min_p(s->min_p, 1));
             llama_sampler_chain_add(e->smpl, llama_sampler_init_temp(s->temperature));
             llama_sampler_chain_add(e->smpl, llama_sampler_init_dist(s->seed));
         }

@@ -272,7 +272,7 @@ for body, why in (({"n": 2, "stream": True}, "streamed"), ({"n": 40}, "above 16"
 
 # ---- post_sampling_probs: the probabilities after the samplers --------------------------------
 PS = {"prompt": "Today was the day. Today I would finally become a", "n_probs": 10, "n_predict": 4, "temperature": 1.0,
-      "top_k": 5, "seed": 11, "return_tokens": True}
+      "top_k": 5, "top_p": 1, "min_p": 0, "seed": 11, "return_tokens": True}
 st, _, pre = raw("POST", "/completion", PS)
 st2, _, post = raw("POST", "/completion", {**PS, "post_sampling_probs": True})
 ok = st == st2 == 200 and pre["tokens"] == post["tokens"]
@@ -291,6 +291,18 @@ st, _, g = raw("POST", "/completion", {**PS, "temperature": 0, "post_sampling_pr
 check("post_sampling_probs greedy: the token alone, probability 1",
       st == 200 and all(c["prob"] == 1 and len(c["top_probs"]) == 1 and c["top_probs"][0]["id"] == c["id"]
                         for c in g["completion_probabilities"]), str(g.get("completion_probabilities"))[:300])
+st, _, mp = raw("POST", "/completion", {**PS, "top_k": 0, "min_p": 0.2, "n_predict": 1, "post_sampling_probs": True})
+a = pre["completion_probabilities"][0]["top_logprobs"] if pre.get("completion_probabilities") else []
+pmax = math.exp(a[0]["logprob"]) if a else 1
+keep = {t["id"] for t in a if math.exp(t["logprob"]) >= 0.2 * pmax}
+got = {t["id"] for t in mp["completion_probabilities"][0]["top_probs"]} if st == 200 else set()
+check("min_p 0.2 (llama.cpp's min_p sampler): the candidates left are those with at least 0.2 x the best one's probability",
+      st == 200 and got == keep and 0 < len(keep) < 10, f"{got} vs {keep}")
+check("the native API samples with llama.cpp's defaults (top_k 40, top_p 0.95, min_p 0.05) when the request sends none",
+      (lambda gs: gs.get("top_k") == 40 and abs(gs.get("top_p", 0) - 0.95) < 1e-6 and abs(gs.get("min_p", 0) - 0.05) < 1e-6)(
+          raw("POST", "/completion", {"prompt": P, "n_predict": 1})[2].get("generation_settings", {})), "")
+st, _, b = raw("POST", "/v1/chat/completions", {"messages": conv, "max_tokens": 1, "min_p": 1.5})
+check("min_p 1.5 -> 400 naming it", st == 400 and b["error"]["param"] == "min_p", f"{st} {b}")
 st, _, b = raw("POST", "/completion", {**PS, "post_sampling_probs": "yes"})
 check("post_sampling_probs not a boolean -> 400 naming it", st == 400 and b["error"]["param"] == "post_sampling_probs", f"{st} {b}")
 

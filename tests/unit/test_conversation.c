@@ -166,7 +166,7 @@ static void test_sync(void **state) {
     assert_int_equal(kvt_session_sync(s, conv, 1, &si), 0);
     assert_int_equal(si.tokens_reused, 0);
     assert_int_equal(si.prompt_tokens, ref_tokens(e, conv, 1));
-    struct kvt_sampling smp = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0 };
+    struct kvt_sampling smp = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0 };
     int32_t n = 0;
     for (bool done = false; !done && n < 12; n++) {
         kvt_token t;
@@ -233,7 +233,7 @@ static void run_b(kvt_session *b, double *lp) {
 static void run_a(kvt_session *a) {
     const struct kvt_chat_msg m[] = { { "user", "a long story about a dog that ran to the park every day" } };
     assert_int_equal(kvt_session_sync(a, m, 1, NULL), 0);
-    struct kvt_sampling smp = { 0.8f, 0.9f, 0, 7, NULL, NULL, 0, NULL, 0 };
+    struct kvt_sampling smp = { 0.8f, 0.9f, 0, 7, NULL, NULL, 0, NULL, 0, 0 };
     assert_int_equal(kvt_session_generate(a, 20, &smp, NULL, NULL, NULL), 0);
 }
 
@@ -263,7 +263,7 @@ static void test_sessions_independent(void **state) {
     const struct kvt_chat_msg mb[] = { { "user", "the sun is hot and the moon is cold" } };
     assert_int_equal(kvt_session_sync(a, ma, 1, NULL), 0);
     assert_int_equal(kvt_session_sync(b, mb, 1, NULL), 0);
-    struct kvt_sampling smp = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0 };
+    struct kvt_sampling smp = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0 };
     for (int i = 0; i < 5; i++) { /* A decodes after B's prompt: B's logits must survive */
         kvt_token t;
         bool done;
@@ -354,7 +354,7 @@ static void test_real_independent(void **state) {
     e = open_real(2);
     kvt_session *a = open_real_session(e, 0, KVT_POLICY_H2O);
     real_conv(a, 4);
-    struct kvt_sampling smp = { 0.7f, 0.9f, 0, 3, NULL, NULL, 0, NULL, 0 };
+    struct kvt_sampling smp = { 0.7f, 0.9f, 0, 3, NULL, NULL, 0, NULL, 0, 0 };
     assert_int_equal(kvt_session_generate(a, 16, &smp, NULL, NULL, NULL), 0);
     kvt_session_free(a);
     b = open_real_session(e, 0, KVT_POLICY_KVTIER);
@@ -419,7 +419,7 @@ static void test_grammar(void **state) {
     const struct kvt_chat_msg msg = { "user", "How many moons does Mars have? Answer in one sentence." };
     kvt_session *ss[2] = { open_real_session(e, 0, KVT_POLICY_KVTIER), open_real_session(e, 1, KVT_POLICY_KVTIER) };
     for (int k = 0; k < 2; k++) assert_int_equal(kvt_session_sync(ss[k], &msg, 1, NULL), 0);
-    struct kvt_sampling smp[2] = { { 0, 1, 0, 0, g, NULL, 0, NULL, 0 }, { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0 } };
+    struct kvt_sampling smp[2] = { { 0, 1, 0, 0, g, NULL, 0, NULL, 0, 0 }, { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0 } };
     bool over[2] = { false, false };
     int32_t steps[2] = { 0, 0 };
     for (int32_t i = 0; i < 24 && !(over[0] && over[1]); i++) {
@@ -465,7 +465,7 @@ static void gen_alone(const struct kvt_chat_msg *m, int32_t seq, kvt_token *out,
     kvt_engine *e = open_tiny(2);
     kvt_session *s = open_session(e, seq, KVT_POLICY_KVTIER);
     assert_int_equal(kvt_session_sync(s, m, 1, NULL), 0);
-    struct kvt_sampling smp = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0 };
+    struct kvt_sampling smp = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0 };
     for (int32_t i = 0; i < n; i++) {
         bool done = false;
         assert_int_equal(kvt_session_gen_step(s, &smp, &out[i], &done), 0);
@@ -490,7 +490,7 @@ static void test_batch_step(void **state) {
     kvt_session *ss[2] = { open_session(e, 0, KVT_POLICY_KVTIER), open_session(e, 1, KVT_POLICY_KVTIER) };
     assert_int_equal(kvt_session_sync(ss[0], ma, 1, NULL), 0);
     assert_int_equal(kvt_session_sync(ss[1], mb, 1, NULL), 0);
-    struct kvt_sampling smp[2] = { { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0 }, { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0 } };
+    struct kvt_sampling smp[2] = { { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0 }, { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0 } };
     bool fin[2] = { false, false };
     for (int32_t i = 0; i < N; i++) {
         kvt_session *live[2];
@@ -549,7 +549,7 @@ static void raw_alone(const char *prompt, int32_t seq, kvt_token *out, int32_t n
     int32_t nt = 0;
     assert_int_equal(kvt_tokenize(e, prompt, true, false, &t, &nt), 0);
     assert_int_equal(kvt_engine_decode(e, seq, t, nt, 0, true), 0);
-    struct kvt_sampling smp = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0 };
+    struct kvt_sampling smp = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0 };
     for (int32_t i = 0; i < n; i++) {
         assert_int_equal(kvt_engine_sample(e, &smp, &out[i]), 0);
         if (kvt_token_is_eog(e, out[i])) {
@@ -585,8 +585,8 @@ static void test_batch_rows(void **state) {
     row.pos = nt;
     row.logits = malloc(sizeof(float) * (size_t) I.n_vocab);
     memcpy(row.logits, kvt_engine_logits(e), sizeof(float) * (size_t) I.n_vocab);
-    row.smp = (struct kvt_sampling){ 0, 1, 0, 0, NULL, NULL, 0, NULL, 0 };
-    struct kvt_sampling smp[1] = { { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0 } };
+    row.smp = (struct kvt_sampling){ 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0 };
+    struct kvt_sampling smp[1] = { { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0 } };
     bool fin_a = false, fin_r = false;
     for (int32_t i = 0; i < N; i++) {
         kvt_token tok[1];
@@ -657,7 +657,7 @@ static void test_shared_start(void **state) {
     };
     struct kvt_sync_info si;
     assert_int_equal(kvt_session_sync(s, m1, 1, &si), 0);
-    struct kvt_sampling smp = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0 };
+    struct kvt_sampling smp = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0 };
     for (int32_t i = 0; i < 6; i++) {
         kvt_token t;
         bool done = false;
@@ -733,7 +733,7 @@ struct interleave {
 };
 static void on_chunk_step(void *ud) {
     struct interleave *it = ud;
-    struct kvt_sampling smp = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0 };
+    struct kvt_sampling smp = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0 };
     it->calls++;
     bool done = false;
     if (it->n < 12) {
