@@ -131,7 +131,8 @@ int cmd_serve(int argc, char **argv) {
     bool no_op_offload = false;
     int32_t port = 8080, max_sessions = 0;
     /* llama-server's flags */
-    double temp = 1.0;
+    double temp = 1.0, top_p = 1.0, min_p = 0.0;
+    int32_t top_k = 0;
     int32_t seed = -1, n_predict = -1;
     bool budget_seen = false, slots_on = false, metrics_on = false, jinja = false, no_jinja = false, offline = false,
          cont_batching = false, backend_sampling = false;
@@ -323,6 +324,13 @@ int cmd_serve(int argc, char **argv) {
           NULL },
         { "tags", 0, OPT_STR, &srv.tags, 0, 0, "TAG[,TAG...]", "tags listed with the model in /v1/models", NULL },
         { "temp", 0, OPT_FLOAT, &temp, 0, 2, "T", "temperature of a request that sends none (default 1, OpenAI's)", NULL },
+        { "top-k", 0, OPT_INT, &top_k, 0, 1000000, "N", "top_k of a request that sends none (default 0: off, OpenAI's)", NULL },
+        { "top-p", 0, OPT_FLOAT, &top_p, 0.000001, 1, "P", "top_p of a request that sends none (default 1: off, OpenAI's)",
+          NULL },
+        { "min-p", 0, OPT_FLOAT, &min_p, 0, 1, "P",
+          "min_p of a request that sends none (default 0: off; llama-server's defaults are --top-k 40 --top-p 0.95 "
+          "--min-p 0.05 --temp 0.8)",
+          NULL },
         { "seed", 0, OPT_INT, &seed, -1, 2147483647, "N",
           "sampling seed of a request that sends none (default -1: a new one per request)", NULL },
         { "n-predict", 'n', OPT_INT, &n_predict, -1, 1 << 20, "N",
@@ -454,6 +462,9 @@ int cmd_serve(int argc, char **argv) {
         srv.store_dir = slot_save;
     }
     srv.temp_default = (float) temp;
+    srv.top_k_default = top_k;
+    srv.top_p_default = (float) top_p;
+    srv.min_p_default = (float) min_p;
     srv.seed_default = seed;
     if (n_predict > 0) { /* llama-server's -n: the limit of a request that gives none */
         srv.n_predict_cap = n_predict;

@@ -292,10 +292,9 @@ json_t *compat_models(struct server *srv) {
 json_t *compat_props(struct server *srv) {
     struct kvt_engine_info I;
     kvt_engine_info(srv->eng, &I);
-    /* the native API's defaults (llama.cpp's samplers; the OpenAI routes' are OpenAI's: top_p 1, no top_k / min_p) */
     json_t *params = json_pack("{s:I, s:f, s:i, s:i, s:f, s:f}", "seed", (json_int_t) srv->seed_default, "temperature",
                                (double) srv->temp_default, "n_predict", srv->n_predict_cap > 0 ? srv->n_predict_cap : -1, "top_k",
-                               40, "top_p", 0.95, "min_p", 0.05);
+                               srv->top_k_default, "top_p", (double) srv->top_p_default, "min_p", (double) srv->min_p_default);
     return json_pack("{s:{s:i, s:o}, s:i, s:s, s:s, s:s, s:{s:b, s:b}, s:s, s:{s:i, s:i, s:i, s:i, s:i, s:s, s:i}}",
                      "default_generation_settings", "n_ctx", srv->budget, "params", params, "total_slots", srv->max_sessions,
                      "model_path", srv->model_path, "model_alias", srv->model_name, "chat_template",

@@ -30,12 +30,9 @@ const char *serve_json_type(const json_t *v) {
 static int parse_common(struct server *srv, json_t *root, struct job *j, struct serve_error *e) {
     json_t *v;
     j->req.max_tokens = srv->max_tokens_default;
-    j->req.smp = (struct kvt_sampling){ srv->temp_default, 1.0f, 0, 0, NULL, NULL, 0, NULL, 0, 0 };
-    if (j->req.native) { /* llama.cpp's native API: llama.cpp's sampling defaults (common_params_sampling) */
-        j->req.smp.top_k = 40;
-        j->req.smp.top_p = 0.95f;
-        j->req.smp.min_p = 0.05f;
-    }
+    /* the server's defaults (--temp, --top-p, --top-k, --min-p), the same on every route */
+    j->req.smp = (struct kvt_sampling){ srv->temp_default, srv->top_p_default, srv->top_k_default, 0, NULL, NULL, 0, NULL, 0,
+                                        srv->min_p_default };
     const char *len_keys[] = { "max_tokens", "max_completion_tokens" };
     for (int i = 0; i < 2; i++)
         if ((v = json_object_get(root, len_keys[i])) && !json_is_null(v)) {

@@ -17,6 +17,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         srv.n_ctx = 4096;
         srv.max_tokens_default = 16;
         srv.temp_default = 1.0f;
+        srv.top_p_default = 1.0f;
         srv.seed_default = -1;
         srv.lim = (struct serve_limits){ .max_body = 8 << 20,
                                          .max_messages = 4096,

@@ -298,9 +298,9 @@ keep = {t["id"] for t in a if math.exp(t["logprob"]) >= 0.2 * pmax}
 got = {t["id"] for t in mp["completion_probabilities"][0]["top_probs"]} if st == 200 else set()
 check("min_p 0.2 (llama.cpp's min_p sampler): the candidates left are those with at least 0.2 x the best one's probability",
       st == 200 and got == keep and 0 < len(keep) < 10, f"{got} vs {keep}")
-check("the native API samples with llama.cpp's defaults (top_k 40, top_p 0.95, min_p 0.05) when the request sends none",
-      (lambda gs: gs.get("top_k") == 40 and abs(gs.get("top_p", 0) - 0.95) < 1e-6 and abs(gs.get("min_p", 0) - 0.05) < 1e-6)(
-          raw("POST", "/completion", {"prompt": P, "n_predict": 1})[2].get("generation_settings", {})), "")
+gs = raw("POST", "/completion", {"prompt": P, "n_predict": 1})[2].get("generation_settings", {})
+check("--top-k 40 --min-p 0.05 (llama-server's flags): a request that sends none samples with them (generation_settings)",
+      gs.get("top_k") == 40 and abs(gs.get("top_p", 0) - 1) < 1e-6 and abs(gs.get("min_p", 0) - 0.05) < 1e-6, str(gs))
 st, _, b = raw("POST", "/v1/chat/completions", {"messages": conv, "max_tokens": 1, "min_p": 1.5})
 check("min_p 1.5 -> 400 naming it", st == 400 and b["error"]["param"] == "min_p", f"{st} {b}")
 st, _, b = raw("POST", "/completion", {**PS, "post_sampling_probs": "yes"})
