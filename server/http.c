@@ -1094,7 +1094,13 @@ static enum MHD_Result post_choices(struct server *srv, struct MHD_Connection *c
                                     bool chat, int n) {
     struct serve_error e = { 0 };
     e.param = "n";
+    /* its jobs wait in the queue together: more than one API key may queue never fits (a 400, not a
+    ** 429 to retry); fewer may still find the queue full now (429) */
+    const int32_t cap = KVT_MIN(srv->max_queue, srv->queue_per_key);
     if (json_is_true(json_object_get(root, "stream"))) serve_bad(&e, "'n' %d: several choices are not streamed (send stream false)", n);
+    else if (n > cap)
+        serve_bad(&e, "'n' %d is more than this server queues at once for one API key (%d, --queue%s)", n, cap,
+                  srv->queue_per_key < srv->max_queue ? "-per-key" : "");
     struct job *jobs[SERVE_MAX_CHOICES] = { 0 };
     size_t k = 0;
     for (; !e.status && k < (size_t) n; k++) {
