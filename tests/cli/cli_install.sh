@@ -169,7 +169,9 @@ run_app() {
 export PKG_CONFIG_PATH=$P/lib/pkgconfig:$LLAMA/lib/pkgconfig
 CFLAGS_PC=$(pkg-config --cflags kvtier)
 FLAGS_PC=$(pkg-config --cflags --libs kvtier)
-case "$CFLAGS_PC" in *"$SRC"*) bad "pkg-config --cflags points into the source tree: $CFLAGS_PC" ;; esac
+# the source tree as a whole path component ("$SRC/" or "$SRC" at a word's end): a cache beside it
+# whose name starts the same (/tmp/ci and /tmp/ci.home) is not in it
+case " $CFLAGS_PC " in *"$SRC/"* | *"$SRC "*) bad "pkg-config --cflags points into the source tree: $CFLAGS_PC" ;; esac
 # shellcheck disable=SC2086 # word splitting of flags is intended
 check "pkg-config: build against libkvtier.so" \
     $CC -std=c11 -Wall -Wextra -Werror $SAN -o "$TMP/app/app_pc" "$TMP/app/app.c" \
