@@ -113,7 +113,7 @@ static bool start_completion(struct server *srv, struct job *j) {
     for (int32_t k = 0; k < sc->n_comp; k++) {
         if (sc->comp_busy[k]) continue;
         int32_t c = 0;
-        const bool mine = srv->share_store || !strcmp(sc->comp_ns[k], j->req.ns);
+        const bool mine = !j->req.no_prompt_cache && (srv->share_store || !strcmp(sc->comp_ns[k], j->req.ns));
         while (sc->comp_cache && mine && c < sc->n_comp_tok[k] && c < n - 1 && sc->comp_tok[k][c] == j->ptok[c]) c++;
         if (c > reuse) q = k, reuse = c;
     }

@@ -183,6 +183,11 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
         if (!json_is_boolean(v)) return serve_bad(e, "'timings_per_token' must be a boolean, got %s", serve_json_type(v));
         j->req.timings = json_is_true(v);
     }
+    if ((v = json_object_get(root, "cache_prompt")) && !json_is_null(v)) {
+        e->param = "cache_prompt";
+        if (!json_is_boolean(v)) return serve_bad(e, "'cache_prompt' must be a boolean, got %s", serve_json_type(v));
+        j->req.no_prompt_cache = json_is_false(v);
+    }
     if ((v = json_object_get(root, "return_progress")) && !json_is_null(v)) {
         e->param = "return_progress";
         if (!json_is_boolean(v)) return serve_bad(e, "'return_progress' must be a boolean, got %s", serve_json_type(v));

@@ -195,7 +195,7 @@ static enum pick start_chat(struct server *srv, struct job *j) {
         struct kvt_decode_chunk c;
         bool first = true;
         while ((rc = kvt_prefill_next(pf, serve_prefill_room(srv), &c)) == 1) {
-            if (first && total > 0) serve_job_progress(srv, j, total, sess_tokens(x), sess_tokens(x));
+            if (first && total > 0) serve_job_progress(srv, j, total, sess_tokens(x), 0); /* the 0 % event: processed = cache */
             first = false;
             if (kvt_prefill_done(pf, serve_prefill_decode(srv, j, &c))) break;
             if (total > 0) serve_job_progress(srv, j, total, 0, sess_tokens(x));

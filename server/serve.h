@@ -113,6 +113,8 @@ struct job_req {
     bool return_tokens;                /* native: the reply lists the generated token ids */
     bool verbose;                /* "verbose": true, or the server's --verbose: the reply carries "__verbose" (the prompt's text) */
     bool timings;                /* "timings_per_token" (llama-server's): every streamed chunk carries "timings" */
+    bool no_prompt_cache;        /* "cache_prompt": false (llama-server's): a completion decodes its whole prompt, reusing no
+                                 ** cached KV (a chat's session keeps its own) */
     bool return_progress;        /* "return_progress" (llama-server's): a stream sends prompt-progress events while the
                                  ** prompt is prefilled (struct prompt_progress) */
     kvt_token *prompt_ids;       /* native: the prompt as token ids (instead of prompt text), owned */

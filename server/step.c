@@ -199,14 +199,14 @@ void serve_job_progress(struct server *srv, struct job *j, int32_t total, int32_
         j->cap_prog = cap;
         last = j->n_prog ? &j->prog[j->n_prog - 1] : NULL;
     }
-    /* the first event is the 0 % one, before any token is decoded: its prompt time is 0 */
-    const double t0 = last ? now - (last->time_ms - last->prompt_ms) - j->req.t_arrival : 0;
+    /* the first event is the 0 % one, before any token is decoded: prompt time counts from it */
+    const double t = now - j->req.t_arrival;
     j->prog[j->n_prog++] = (struct prompt_progress) {
         .total = total,
         .cache = last ? last->cache : KVT_MIN(cache, total),
         .processed = last ? processed : KVT_MIN(cache, total),
-        .time_ms = now - j->req.t_arrival,
-        .prompt_ms = last ? KVT_MAX(t0, last->prompt_ms) : 0,
+        .time_ms = t,
+        .prompt_ms = last ? KVT_MAX(t - j->prog[0].time_ms, last->prompt_ms) : 0,
     };
     pthread_cond_broadcast(&j->cv);
 out:
