@@ -165,7 +165,10 @@ struct kvt_prefill {
     kvt_token *tok, *tc;     /* the message's tokens; InfLLM: those without the prefix */
     int32_t n, nc;
     char *fmt, *fc; /* the template text they complete */
-    int32_t total0; /* the stream before the message: what a failure cuts back to */
+    int32_t total0;  /* the stream before the message's first run (the pending text, else the message): */
+    size_t text0;    /*   what a failure cuts the stream and kv_text back to; total0 -1: nothing fed yet */
+    int32_t decoded0; /*  conv.n_m_decoded then */
+    int32_t prefix0; /* the stream before the assistant prefix: what its failure cuts back to (-1: none) */
     /* the session's counters when the prefill began (kvt_sync_info is their difference) */
     int64_t dec0, rec0, ev0, nrec0, rc0, want0, got0, ch0, chr0;
 };
@@ -189,24 +192,34 @@ static void pf_feed(struct kvt_prefill *pf, const kvt_token *tok, int32_t n, int
     pf->feeding = true;
 }
 
-/* The message being added failed: it is not part of the conversation, nor are its tokens.  The
-** chunks of it already decoded (a prefill stopped by its caller, KVT_ECANCELED, or failed
-** mid-way) are cut back, or the next call would find them in the stream but not in kv_text and
-** reply to a conversation holding a fragment of a message nobody sent (issue #24). */
+/* The stream and kv_text back to total tokens and text bytes (what they were before a run that
+** failed), so that the stream holds exactly the template's tokens of kv_text again.  The error
+** rc and its message are kept (cutting clears the message). */
+static int pf_cut_back(struct kvt_prefill *pf, int rc, int32_t total, size_t text) {
+    kvt_session *s = pf->s;
+    if (total < 0) return rc;
+    char m[512];
+    snprintf(m, sizeof m, "%s", kvt_errmsg());
+    int rc2 = s->total > total ? kvt__sess_cut_stream(s, total) : 0;
+    if (strlen(s->conv.kv_text) > text) s->conv.kv_text[text] = '\0';
+    while (s->conv.n_seg > 0 && (s->conv.seg_tok[s->conv.n_seg - 1] > total || s->conv.seg_chr[s->conv.n_seg - 1] > text))
+        s->conv.n_seg--;
+    if (rc2) return kvt__fail(rc, "%s (and cutting its decoded part back failed: %s)", m, kvt_strerror(rc2));
+    return kvt__fail(rc, "%s", m);
+}
+
+/* The message being added failed: it is not part of the conversation, nor are its tokens, nor
+** the text of earlier messages decoded with it (a system prompt, replayed replies).  The chunks
+** already decoded (a prefill stopped by its caller, KVT_ECANCELED, or failed mid-way) are cut
+** back, or the next call would find them in the stream but not in kv_text and reply to a
+** conversation holding a fragment of a message nobody sent (issues #24, #38). */
 static int pf_fail_message(struct kvt_prefill *pf, int rc) {
     kvt_session *s = pf->s;
     pf_free_text(pf);
     s->cur_keep = KVT_KEEP_NONE;
+    if (pf->total0 >= 0 && s->conv.n_m_decoded > pf->decoded0) s->conv.n_m_decoded = pf->decoded0; /* their text goes too */
     if (s->conv.n_m_decoded < s->conv.n_m) free(s->conv.m[--s->conv.n_m].content);
-    if (pf->total0 >= 0 && s->total > pf->total0) { /* cutting clears the error message: it is kept */
-        char m[512];
-        snprintf(m, sizeof m, "%s", kvt_errmsg());
-        int rc2 = kvt__sess_cut_stream(s, pf->total0);
-        while (s->conv.n_seg > 0 && s->conv.seg_tok[s->conv.n_seg - 1] > pf->total0) s->conv.n_seg--;
-        if (rc2) kvt__fail(rc, "%s (and cutting its decoded part back failed: %s)", m, kvt_strerror(rc2));
-        else kvt__fail(rc, "%s", m);
-    }
-    return rc;
+    return pf_cut_back(pf, rc, pf->total0, pf->text0);
 }
 
 /* The work of the current phase up to the next run to feed, or to the end.  A run's result
@@ -237,6 +250,9 @@ static int pf_advance(struct kvt_prefill *pf, int res) {
             if (s->conv.n_m_decoded < s->conv.n_m - 1) {
                 if ((rc = kvt__sess_pending_tokens(s, s->conv.n_m - 1, false, &pf->tok, &pf->n, &pf->fmt)))
                     return pf_fail_message(pf, rc);
+                pf->total0 = s->total; /* a failure from here on cuts the pending text back too */
+                pf->text0 = strlen(s->conv.kv_text);
+                pf->decoded0 = s->conv.n_m_decoded;
                 s->cur_keep = KVT_KEEP_NONE;
                 for (int32_t i = s->conv.n_m_decoded; i < s->conv.n_m - 1; i++)
                     s->cur_keep = KVT_MAX(s->cur_keep, s->conv.m[i].keep);
@@ -260,7 +276,11 @@ static int pf_advance(struct kvt_prefill *pf, int res) {
         ** added after it replaces only the prefix) */
             const bool infllm = s->p.policy == KVT_POLICY_INFLLM;
             if ((rc = kvt__sess_pending_tokens(s, s->conv.n_m, infllm, &pf->tok, &pf->n, &pf->fmt))) return pf_fail_message(pf, rc);
-            pf->total0 = s->total;
+            if (pf->total0 < 0 || s->total < pf->total0) { /* no pending text went first (or the stream was cut below it) */
+                pf->total0 = s->total;
+                pf->text0 = strlen(s->conv.kv_text);
+                pf->decoded0 = s->conv.n_m_decoded;
+            }
             struct kvt_engine_info I;
             kvt_engine_info(s->eng, &I);
             /* a message longer than the budget is served (its own blocks are evicted while it is
@@ -314,6 +334,7 @@ static int pf_advance(struct kvt_prefill *pf, int res) {
             /* the assistant prefix */
             if ((rc = kvt__sess_recover_own_tail(s, s->conv.m[s->conv.n_m - 1].content))) return rc;
             if ((rc = kvt__sess_pending_tokens(s, s->conv.n_m, true, &pf->tok, &pf->n, &pf->fmt))) return rc;
+            pf->prefix0 = s->total;
             if (pf->n == 0 && (rc = kvt__sess_refresh_logits(s))) { /* a template without a prefix */
                 pf_free_text(pf);
                 return rc;
@@ -321,10 +342,11 @@ static int pf_advance(struct kvt_prefill *pf, int res) {
             pf_feed(pf, pf->tok, pf->n, KVT_ROLE_USER, s->p.gen_reserve, PF_PREFIX_FED);
             return 0;
         case PF_PREFIX_FED:
-            if (res) {
+            if (res) { /* the message stays (decoded); the prefix's chunks go: a retry decodes the prefix alone */
                 pf_free_text(pf);
-                return res;
+                return pf_cut_back(pf, res, pf->prefix0, strlen(s->conv.kv_text));
             }
+            pf->prefix0 = -1;
             kvt__sess_set_text(s, pf->fmt);
             pf->fmt = NULL;
             pf_free_text(pf);
@@ -375,6 +397,12 @@ int kvt_prefill_done(kvt_prefill *pf, int rc) {
     if (!pf->chunk_out) return kvt__fail(KVT_EINVAL, "kvt_prefill_done: no chunk is out (kvt_prefill_next)");
     pf->chunk_out = false;
     if (rc == KVT_ECANCELED) kvt__fail(rc, "the prefill was stopped by its caller");
+    if (rc) { /* a chunk that failed (or was not decoded) leaves no cell behind: it was never recorded */
+        char m[512];
+        snprintf(m, sizeof m, "%s", kvt_errmsg());
+        kvt_seq_rm(pf->s->eng, pf->s->p.seq, pf->s->next_pos, -1);
+        kvt__fail(rc, "%s", m);
+    }
     if ((rc = feed_done(pf->s, &pf->f, rc)) == 0) return 0;
     /* the run failed (the decode, the caller's stop, or recording it): its phase takes the error */
     feed_free(&pf->f);
@@ -395,7 +423,7 @@ static int pf_new(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n, in
     pf->i = k;
     pf->keep = keep;
     pf->sync = sync;
-    pf->total0 = -1;
+    pf->total0 = pf->prefix0 = -1;
     pf->phase = PF_MESSAGE;
     pf->dec0 = s->st.decoded;
     pf->rec0 = s->st.recovered;
@@ -449,10 +477,13 @@ int kvt_prefill_end(kvt_prefill *pf, struct kvt_sync_info *out) {
         /* a chunk handed out may be in the cache; it was not recorded (positions from next_pos on) */
         if (pf->chunk_out) kvt_seq_rm(s->eng, s->p.seq, s->next_pos, -1);
         const bool in_message = pf->feeding && pf->after != PF_PREFIX_FED;
+        const bool in_prefix = pf->feeding && pf->after == PF_PREFIX_FED;
         if (pf->feeding) feed_free(&pf->f);
         pf->feeding = pf->chunk_out = false;
         int rc = kvt__fail(KVT_ECANCELED, "the prefill was ended before its last chunk");
-        pf_stop(pf, in_message ? pf_fail_message(pf, rc) : rc);
+        if (in_message) rc = pf_fail_message(pf, rc);
+        else if (in_prefix) rc = pf_cut_back(pf, rc, pf->prefix0, strlen(s->conv.kv_text));
+        pf_stop(pf, rc);
     }
     if (out) {
         out->prompt_tokens = s->total;

@@ -137,9 +137,11 @@ static int cut_to_common_tokens(kvt_session *s, const char *fmt, size_t common, 
              !strcmp(fmt + len - n_tail, tail);
         kvt__clear_error();
     }
-    /* the text of all[0..c) is fmt[0..off), which kv_text holds too */
+    /* the text of all[0..c) is fmt[0..off), which kv_text holds too.  off 0 (only the BOS the
+    ** tokenizer adds in common): an empty kv_text says "nothing decoded, the next text gets a BOS",
+    ** so the stream must be empty too: the boundary's cut */
     const size_t off = len - n_tail;
-    if (!ok || off > common) {
+    if (!ok || off > common || off == 0) {
         free(tail);
         free(all);
         return 1;

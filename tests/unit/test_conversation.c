@@ -910,6 +910,135 @@ static void test_prefill_stopped(void **state) {
     kvt_engine_free(e);
 }
 
+
+/* Issue #38: a prefill stopped at ANY chunk boundary of a prompt whose pending text (a system
+** prompt, a client's replayed reply) goes in before the user message, then the message, then the
+** assistant prefix.  #24 cut back the user message's chunks only: stopped while the pending
+** text or the prefix was going in, its chunks stayed in the stream (kv_text lacking them) and
+** the retry appended the whole text after them.  For every boundary k, both ways of stopping
+** (done(KVT_ECANCELED) and ending with the chunk out, decoded): right after, the stream is what
+** it was before the request; the whole request sent again then holds exactly the reference's
+** tokens (the template's tokens of the conversation with its prefix) and gives its
+** log-probability.  Two starting points: a fresh session (everything pending) and one holding the
+** first turn (the replayed reply and a system message pending).  Control: a session whose
+** stopped prefill is left as it is (the stream not restored by hand) is longer than before. */
+static void stop_at(kvt_engine *e, kvt_session *s, const struct kvt_chat_msg *m, int32_t n, int32_t k, int how) {
+    kvt_prefill *pf = NULL;
+    struct kvt_decode_chunk c;
+    assert_int_equal(kvt_session_prefill(s, m, n, &pf), 0);
+    for (int32_t i = 0; i < k; i++) {
+        assert_int_equal(kvt_prefill_next(pf, 64, &c), 1);
+        assert_int_equal(kvt_prefill_done(pf, kvt_engine_decode(e, c.seq, c.tokens, c.n, c.pos0, c.want_logits)), 0);
+    }
+    assert_int_equal(kvt_prefill_next(pf, 64, &c), 1);
+    if (how == 0) assert_int_equal(kvt_prefill_done(pf, KVT_ECANCELED), KVT_ECANCELED);
+    else assert_int_equal(kvt_engine_decode(e, c.seq, c.tokens, c.n, c.pos0, c.want_logits), 0);
+    assert_int_equal(kvt_prefill_end(pf, NULL), KVT_ECANCELED);
+}
+
+static int32_t count_chunks(kvt_engine *e, kvt_session *s, const struct kvt_chat_msg *m, int32_t n) {
+    kvt_prefill *pf = NULL;
+    struct kvt_decode_chunk c;
+    int32_t k = 0, r;
+    assert_int_equal(kvt_session_prefill(s, m, n, &pf), 0);
+    while ((r = kvt_prefill_next(pf, 64, &c)) == 1) {
+        assert_int_equal(kvt_prefill_done(pf, kvt_engine_decode(e, c.seq, c.tokens, c.n, c.pos0, c.want_logits)), 0);
+        k++;
+    }
+    assert_int_equal(r, 0);
+    assert_int_equal(kvt_prefill_end(pf, NULL), 0);
+    return k;
+}
+
+static bool is_boundary(size_t n, const size_t *b, int nb) {
+    for (int i = 0; i < nb; i++)
+        if (b[i] == n) return true;
+    return false;
+}
+
+static void test_prefill_stopped_anywhere(void **state) {
+    (void) state;
+    char sys[2048] = "", ans[1024] = "", q[1024] = "";
+    for (int i = 0; i < 10; i++) strcat(sys, "you are the keeper of the harbour and you log the boats ");
+    for (int i = 0; i < 6; i++) strcat(ans, "the boats came in and the storm went out to sea ");
+    for (int i = 0; i < 6; i++) strcat(q, "which boat came in first after the storm ");
+    const struct kvt_chat_msg m[] = { { "system", sys }, { "user", "what did you log" }, { "assistant", ans }, { "user", q } };
+    kvt_engine *e = open_tiny(2);
+    kvt_session *r = open_session(e, 1, KVT_POLICY_KVTIER); /* the reference: the whole request, never stopped */
+    const int32_t n_chunks = count_chunks(e, r, m, 4);
+    /* where a stop may leave the stream: the end of a turn's message (its assistant prefix goes on
+    ** its own) and of its prefix, for both turns of the request */
+    size_t bounds[4];
+    const int n_bounds = 4;
+    for (int i = 0; i < n_bounds; i++) {
+        char *fmt = NULL;
+        kvt_token *t = NULL;
+        int32_t nt = 0;
+        assert_int_equal(kvt_chat_format(e, m, i < 2 ? 2 : 4, i % 2 == 1, "gemma", &fmt), 0);
+        assert_int_equal(kvt_tokenize(e, fmt, true, true, &t, &nt), 0);
+        bounds[i] = (size_t) nt;
+        free(fmt);
+        free(t);
+    }
+    kvt_token *want = NULL, *t0 = NULL, *t1 = NULL;
+    const size_t n_want = stream_of(r, &want);
+    assert_int_equal((int32_t) n_want, ref_tokens(e, m, 4));
+    const double lp_want = session_logprob(r);
+    kvt_session_free(r);
+    printf("stopped anywhere: %d chunks of at most 64 tokens, %zu tokens in all; turn ends %zu, %zu, %zu, %zu\n", n_chunks, n_want,
+           bounds[0], bounds[1], bounds[2], bounds[3]);
+    assert_int_equal(bounds[3], n_want);
+    assert_true(n_chunks >= 6);
+    for (int start = 0; start < 2; start++)
+        for (int32_t k = 0; k < n_chunks; k++)
+            for (int how = 0; how < 2; how++) {
+                kvt_session *s = open_session(e, 0, KVT_POLICY_KVTIER);
+                if (start == 1) assert_int_equal(kvt_session_sync(s, m + 1, 1, NULL), 0); /* the first turn, no system yet */
+                const size_t n0 = stream_of(s, &t0);
+                stop_at(e, s, m, 4, k, how);
+                const size_t n1 = stream_of(s, &t1);
+                /* the turns of the request that went in whole stay (the stream is then a start of the
+                ** reference's); the stopped turn leaves nothing: n1 is a turn boundary of the reference,
+                ** or what was there before, or a part of what it shares with the request (c0: a history edited
+                ** by the request is cut back before anything is fed) */
+                size_t c0 = 0;
+                while (c0 < n0 && c0 < n_want && t0[c0] == want[c0]) c0++;
+                if (n1 > n_want || (n1 && memcmp(t1, want, sizeof(kvt_token) * n1)) ||
+                    (n1 != n0 && n1 > c0 && !is_boundary(n1, bounds, n_bounds)))
+                    fail_msg("start %d, stopped at chunk %d (%s): %zu tokens before (%zu shared), %zu after, first %d/%d (not a start of the reference's "
+                             "%zu ending at one of its turns)",
+                             start, k, how ? "ended early" : "cancelled", n0, c0, n1, n1 ? t1[0] : -1, want[0], n_want);
+                free(t1);
+                struct kvt_sync_info si;
+                assert_int_equal(kvt_session_sync(s, m, 4, &si), 0);
+                const size_t n2 = stream_of(s, &t1);
+                if (n2 != n_want || memcmp(t1, want, sizeof(kvt_token) * n_want))
+                    fail_msg("start %d, stopped at chunk %d (%s): the request again holds %zu tokens, the reference %zu", start, k,
+                             how ? "ended early" : "cancelled", n2, n_want);
+                assert_int_equal(kvt_session_n_messages(s), 4);
+                const double lp = session_logprob(s);
+                if (fabs(lp - lp_want) >= TOL_CONC)
+                    fail_msg("start %d, stopped at chunk %d: log-probability %.6f, the reference %.6f", start, k, lp, lp_want);
+                free(t1);
+                free(t0);
+                kvt_session_free(s);
+            }
+    /* control: the stream of a stopped prefill holds its decoded chunks until they are cut back;
+    ** here the chunks are decoded outside the prefill, as the stream would have them uncut */
+    kvt_session *s = open_session(e, 0, KVT_POLICY_KVTIER);
+    kvt_prefill *pf = NULL;
+    struct kvt_decode_chunk c;
+    assert_int_equal(kvt_session_prefill(s, m, 4, &pf), 0);
+    assert_int_equal(kvt_prefill_next(pf, 64, &c), 1);
+    assert_int_equal(kvt_prefill_done(pf, kvt_engine_decode(e, c.seq, c.tokens, c.n, c.pos0, c.want_logits)), 0);
+    assert_int_equal(kvt_session_tokens(s, NULL, 0), c.n); /* mid-prefill the chunk is in the stream */
+    assert_int_equal(kvt_prefill_end(pf, NULL), KVT_ECANCELED);
+    assert_int_equal(kvt_session_tokens(s, NULL, 0), 0); /* and the end took it back */
+    kvt_session_free(s);
+    free(want);
+    kvt_engine_free(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_user_messages),
@@ -921,6 +1050,7 @@ int main(void) {
         cmocka_unit_test(test_shared_start),
         cmocka_unit_test(test_chunked_prefill),
         cmocka_unit_test(test_prefill_stopped),
+        cmocka_unit_test(test_prefill_stopped_anywhere),
         cmocka_unit_test(test_park_resume),
         cmocka_unit_test(test_real_independent),
         cmocka_unit_test(test_grammar),
