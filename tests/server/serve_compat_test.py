@@ -6,6 +6,10 @@ chat model (SmolLM2-135M-Instruct).  Checks llama-server's endpoints (routes wit
 X-Api-Key, llamacpp:* metrics) and Anthropic's Messages API through the official `anthropic`
 client.  References are computed in the same run (greedy text through another route, token ids
 detokenized back, count_tokens against the reply's usage); nothing asserts what the model writes.
+The model's numbers are compared only with a reference decoded the same way (the same prompt tokens
+in the same ubatches over the same KV: equal on any CPU), never across two decode paths (a cached
+prompt against a whole prefill, a session against a scratch sequence, batched against alone): those
+differ with the CPU's float summation order, and greedy text with them.
 Prints "ok   NAME" / "FAIL NAME: why"; exit status = failures.
 
   python serve_compat_test.py BASE_URL KEY KEY2
@@ -91,8 +95,13 @@ check("POST /apply-template: the chat template's prompt with the assistant prefi
       st == 200 and b["prompt"].endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n") and "Be brief." in b["prompt"],
       f"{st} {b}")
 
-# ---- native /completion (greedy references: cache_prompt false, so that each decodes its whole prompt as the
-# first did; the prompt cache's own checks compare probabilities within a tolerance, below) -------------------------------------------------------------------
+# ---- native /completion ---------------------------------------------------------------------
+# Greedy text is compared only between requests decoded the same way: cache_prompt false (llama-server's)
+# in each, so that none reuses a prompt another left in the completions' prompt cache and every one
+# decodes its whole prompt alone in a fresh scratch sequence.  A cached prompt decodes its last token
+# alone instead, and a batched step decodes several sequences' rows in one ubatch: other float
+# summation orders, whose top probabilities differed by up to 0.016 on an AMD EPYC (greedy text can
+# then differ); those paths get references decoded their way (the prompt cache, n > 1, below).
 P = "The capital of France is"
 st, _, n1 = raw("POST", "/completion", {"prompt": P, "n_predict": 8, "temperature": 0, "cache_prompt": False, "return_tokens": True})
 check("POST /completion: content, stop true, tokens_predicted <= n_predict, stop_type, timings",
@@ -101,7 +110,7 @@ check("POST /completion: content, stop true, tokens_predicted <= n_predict, stop
       and n1["timings"]["prompt_n"] + n1["timings"]["cache_n"] == n1["tokens_evaluated"], f"{st} {n1}")
 st, _, d = raw("POST", "/detokenize", {"tokens": n1.get("tokens", [])})
 check("return_tokens: the ids detokenize to the content", st == 200 and d["content"] == n1["content"], f"{d} vs {n1.get('content')}")
-st, _, o1 = raw("POST", "/v1/completions", {"prompt": P, "max_tokens": 8, "temperature": 0, "cache_prompt": False, "cache_prompt": False})
+st, _, o1 = raw("POST", "/v1/completions", {"prompt": P, "max_tokens": 8, "temperature": 0, "cache_prompt": False})
 check("the same greedy text as /v1/completions (OpenAI's shape there)", st == 200 and o1["choices"][0]["text"] == n1["content"],
       f"{o1} vs {n1.get('content')}")
 st, ev, txt = stream_events("/completion", {"prompt": P, "n_predict": 8, "temperature": 0, "cache_prompt": False, "stream": True})
@@ -111,7 +120,7 @@ check("stream: every event has a boolean stop; the last one stop true with timin
 check("stream: the pieces make the same greedy text", "".join(e["content"] for e in ev) == n1["content"],
       f"{''.join(e['content'] for e in ev)!r} vs {n1['content']!r}")
 st, _, pt = raw("POST", "/tokenize", {"content": P, "add_special": True})
-st, _, n2 = raw("POST", "/completion", {"prompt": pt["tokens"], "n_predict": 8, "temperature": 0, "cache_prompt": False, "cache_prompt": False})
+st, _, n2 = raw("POST", "/completion", {"prompt": pt["tokens"], "n_predict": 8, "temperature": 0, "cache_prompt": False})
 check("a prompt of token ids (the tokenizer's own) gives the same greedy text", st == 200 and n2["content"] == n1["content"],
       f"{st} {n2}")
 st, _, b = raw("POST", "/completion", {"prompt": [1, 2, 10 ** 8], "n_predict": 4})
@@ -142,21 +151,24 @@ check("n_probs streamed: every token's entry arrives once, with its alternatives
       and "".join(c["token"] for c in sp) == n1["content"], txt[:500])
 st, _, b = raw("POST", "/completion", {"prompt": P, "n_probs": 500})
 check("n_probs 500 -> 400 naming it", st == 400 and b["error"]["param"] == "n_probs", f"{st} {b}")
-st, _, b = raw("POST", "/completion", {"prompt": P, "temperature": 0, "cache_prompt": False, "cache_prompt": False})
+st, _, b = raw("POST", "/completion", {"prompt": P, "temperature": 0, "cache_prompt": False})
 check("-n 64 is the limit of a request that gives none (llama-server's)", st == 200 and b["generation_settings"]["n_predict"] == 64
       and b["tokens_predicted"] <= 64, f"{st} {b.get('generation_settings')}")
-st, _, b = raw("POST", "/completion", {"prompt": P, "n_predict": 100, "temperature": 0, "cache_prompt": False, "cache_prompt": False})
+st, _, b = raw("POST", "/completion", {"prompt": P, "n_predict": 100, "temperature": 0, "cache_prompt": False})
 check("a request's own n_predict above -n is honoured (as llama-server does)", st == 200 and b["generation_settings"]["n_predict"] == 100,
       f"{st} {b.get('generation_settings')}")
-st, _, b = raw("POST", "/completion", {"prompt": {"prompt_string": P}, "n_predict": 8, "temperature": 0, "cache_prompt": False, "cache_prompt": False})
+st, _, b = raw("POST", "/completion", {"prompt": {"prompt_string": P}, "n_predict": 8, "temperature": 0, "cache_prompt": False})
 check("a prompt object {prompt_string} (llama.cpp's) gives the same greedy text", st == 200 and b["content"] == n1["content"], f"{st} {b}")
 half = len(pt["tokens"]) // 2
 mixed = pt["tokens"][:half] + [raw("POST", "/detokenize", {"tokens": pt["tokens"][half:]})[2]["content"]]
-st, _, b = raw("POST", "/completion", {"prompt": mixed, "n_predict": 8, "temperature": 0, "cache_prompt": False, "cache_prompt": False})
+st, _, b = raw("POST", "/completion", {"prompt": mixed, "n_predict": 8, "temperature": 0, "cache_prompt": False})
 check("a prompt of ids and text in one sequence runs", st == 200 and isinstance(b["content"], str), f"{st} {b}")
-st, _, b = raw("POST", "/completion", {"prompt": [P, pt["tokens"], {"prompt_string": P}], "n_predict": 8, "temperature": 0, "cache_prompt": False, "cache_prompt": False})
-check("several prompts on /completion (text, ids, object): a list, one greedy reply each, all the single prompt's text",
-      st == 200 and isinstance(b, list) and len(b) == 3 and all(x["content"] == n1["content"] for x in b)
+st, _, b = raw("POST", "/completion", {"prompt": [P, pt["tokens"], {"prompt_string": P}], "n_predict": 8, "temperature": 0,
+                                       "cache_prompt": False, "return_tokens": True})
+check("several prompts on /completion (text, ids, object): a list, one greedy reply each, each starting with the single "
+      "prompt's first token (each prompt is prefilled alone as n1's was; the later tokens are decoded in batched steps "
+      "beside the other prompts, another decode path than n1's steps alone)",
+      st == 200 and isinstance(b, list) and len(b) == 3 and all(x["content"] and x["tokens"][:1] == n1["tokens"][:1] for x in b)
       and [x["index"] for x in b] == [0, 1, 2], f"{st} {str(b)[:400]}")
 st, _, b = raw("POST", "/completion", {"prompt": [P, [1, 10 ** 8]], "n_predict": 4})
 check("one bad prompt of several -> 400 naming it, nothing else kept running", st == 400 and "prompt" in b["error"]["message"],
@@ -174,10 +186,13 @@ n_tpl = len(raw("POST", "/tokenize", {"content": b.get("__verbose", {}).get("pro
                                       "parse_special": True})[2]["tokens"])
 check("POST /chat/completions/input_tokens = the template text's tokens", st == 200 and b2.get("input_tokens") == n_tpl,
       f"{b2} vs {n_tpl}")
-# --seed 42 and --temp 0.8: a request without them is sampled at 0.8 with seed 42, every time
-outs = [raw("POST", "/completion", {"prompt": "Once upon a time", "n_predict": 24})[2]["content"] for _ in range(2)]
-check("--seed: two requests without a seed give the same sampled text", outs[0] == outs[1], outs)
-other = [raw("POST", "/completion", {"prompt": "Once upon a time", "n_predict": 24, "seed": s})[2]["content"] for s in (7, 8, 9)]
+# --seed 42 and --temp 0.8: a request without them is sampled at 0.8 with seed 42, every time (cache_prompt
+# false: the second would otherwise decode only the prompt's last token, over the first one's cached KV)
+outs = [raw("POST", "/completion", {"prompt": "Once upon a time", "n_predict": 24, "cache_prompt": False})[2]["content"]
+        for _ in range(2)]
+check("--seed: two requests without a seed, each decoding its whole prompt, give the same sampled text", outs[0] == outs[1], outs)
+other = [raw("POST", "/completion", {"prompt": "Once upon a time", "n_predict": 24, "seed": s, "cache_prompt": False})[2]["content"]
+         for s in (7, 8, 9)]
 check("control: other seeds give other text (the default seed is a seed, the sampling is not greedy)",
       any(o != outs[0] for o in other), other)
 st, _, b = raw("POST", "/completion", {"prompt": "the quick brown fox " * 80, "n_predict": 8})
@@ -194,8 +209,11 @@ check("openai client with a base URL without /v1: POST /chat/completions", r.cho
 check("the reply names the model by its --alias id", r.model == "code", r.model)
 
 # ---- top_logprobs / n_probs: the most likely tokens at each position ---------------------------
+# the stream's reference is decoded the same way: each request opens a session of its own (X-Session-Id)
+# and decodes the whole conversation; without it the second would find its message in the first's
+# session (a retried turn) and decode only the assistant prefix, over KV decoded in other ubatches
 r = A.chat.completions.create(model="code", messages=[{"role": "user", "content": "Name a colour."}], max_tokens=6, temperature=0,
-                              logprobs=True, top_logprobs=5)
+                              logprobs=True, top_logprobs=5, extra_headers={"X-Session-Id": "logprobs-plain"})
 lc = r.choices[0].logprobs.content if r.choices[0].logprobs else []
 import math
 check("top_logprobs 5: five alternatives per token, best first, the greedy token the best, probabilities summing to <= 1",
@@ -206,12 +224,13 @@ check("top_logprobs 5: five alternatives per token, best first, the greedy token
       and "".join(t.token for t in lc) == r.choices[0].message.content, str(lc)[:600])
 ent, txt_s = [], ""
 for ch in A.chat.completions.create(model="code", messages=[{"role": "user", "content": "Name a colour."}], max_tokens=6,
-                                    temperature=0, logprobs=True, top_logprobs=5, stream=True):
+                                    temperature=0, logprobs=True, top_logprobs=5, stream=True,
+                                    extra_headers={"X-Session-Id": "logprobs-stream"}):
     if ch.choices and ch.choices[0].logprobs and ch.choices[0].logprobs.content:
         ent += ch.choices[0].logprobs.content
     if ch.choices and ch.choices[0].delta.content:
         txt_s += ch.choices[0].delta.content
-check("logprobs streamed: the same entries as without stream, spelling the streamed text",
+check("logprobs streamed (a fresh session, as the reply without stream): the same entries, spelling the streamed text",
       [(t.token, round(t.logprob, 4)) for t in ent] == [(t.token, round(t.logprob, 4)) for t in lc]
       and "".join(t.token for t in ent) == txt_s, f"{[t.token for t in ent]} vs {[t.token for t in lc]}")
 st, _, b = raw("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3})
@@ -224,13 +243,17 @@ check("n_probs 4 (native): completion_probabilities per token with its id and fo
       f"{st} {str(b)[:600]}")
 
 # ---- assistant prefill: the reply continues the final assistant message ----------------------
+# (a prefilled chat runs as a completion of the template's text in a scratch sequence; cache_prompt false in
+# both, so that each decodes its whole prompt alone: the same decode, the same greedy text on any CPU)
 msgs = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "My favourite colour is"}]
-pf = A.chat.completions.create(model="code", messages=msgs, max_tokens=8, temperature=0)
+pf = A.chat.completions.create(model="code", messages=msgs, max_tokens=8, temperature=0, extra_body={"cache_prompt": False})
 tmpl = raw("POST", "/apply-template", {"messages": msgs[:1]})[2]["prompt"]
 ids_ = raw("POST", "/tokenize", {"content": tmpl + msgs[1]["content"], "add_special": True, "parse_special": True})[2]["tokens"]
 ref = raw("POST", "/completion", {"prompt": ids_, "n_predict": 8, "temperature": 0, "cache_prompt": False})[2]
-check("assistant prefill: the reply is the greedy continuation of the template's text ending in the prefill",
-      pf.choices[0].message.content == ref["content"], f"{pf.choices[0].message.content!r} vs {ref['content']!r}")
+check("assistant prefill: the reply is the greedy continuation of the template's text ending in the prefill (the same "
+      "prompt tokens, both decoded whole)",
+      pf.choices[0].message.content == ref["content"] and pf.usage.prompt_tokens == len(ids_),
+      f"{pf.choices[0].message.content!r} vs {ref['content']!r}, {pf.usage.prompt_tokens} vs {len(ids_)} prompt tokens")
 st, _, b = raw("POST", "/v1/chat/completions", {"messages": msgs, "max_tokens": 4, "continue_final_message": True,
                                                 "add_generation_prompt": True})
 check("continue_final_message with add_generation_prompt -> 400", st == 400 and b["error"]["param"] == "continue_final_message",
@@ -248,26 +271,43 @@ check("timings_per_token: the usage chunk carries llama-server's timings (predic
       and uc[-1]["timings"]["predicted_n"] == uc[-1]["usage"]["completion_tokens"], txt[-600:])
 
 # ---- n > 1: several choices ---------------------------------------------------------------
+# The first choice runs in the request's session, the others are completions of the template's text in
+# scratch sequences, side by side.  Each first-token distribution is compared with a reference decoded
+# its way: the first choice's with the same conversation alone in a fresh session (X-Session-Id on both),
+# the others' with that text's token ids on /completion; cache_prompt false everywhere, so that no choice
+# starts from a prompt another left in the prompt cache.  Then the numbers are equal bit for bit on any
+# CPU.  (The first choice against the others, or any choice's later tokens, decoded in batched steps,
+# would compare two decode paths: not compared.)
 conv = [{"role": "system", "content": "Book"}, {"role": "user", "content": "What is the best book"}]
-lpq = {"max_tokens": 8, "temperature": 0, "logprobs": True, "top_logprobs": 5}
-st, _, g1 = raw("POST", "/v1/chat/completions", {"messages": conv, **lpq})
-st2, _, g3 = raw("POST", "/v1/chat/completions", {"messages": conv, "n": 3, **lpq})
+lpq = {"max_tokens": 8, "temperature": 0, "logprobs": True, "top_logprobs": 5, "cache_prompt": False}
+st, _, g1 = raw("POST", "/v1/chat/completions", {"messages": conv, **lpq}, headers={"X-Session-Id": "n-one"})
+st2, _, g3 = raw("POST", "/v1/chat/completions", {"messages": conv, "n": 3, **lpq}, headers={"X-Session-Id": "n-three"})
 ch = g3.get("choices", []) if st2 == 200 else []
+tmpl_c = raw("POST", "/apply-template", {"messages": conv})[2]["prompt"]
+ids_c = raw("POST", "/tokenize", {"content": tmpl_c, "add_special": True, "parse_special": True})[2]["tokens"]
+st3, _, gc = raw("POST", "/completion", {"prompt": ids_c, "n_predict": 1, "temperature": 0, "n_probs": 5, "cache_prompt": False})
 
 
 def first_dist(choice):
-    """The first generated position's five most likely tokens and their probabilities."""
-    return {t["token"]: math.exp(t["logprob"]) for t in choice["logprobs"]["content"][0]["top_logprobs"]}
+    """The first generated position's five most likely tokens and their log-probabilities, best first."""
+    return [(t["token"], t["logprob"]) for t in choice["logprobs"]["content"][0]["top_logprobs"]]
 
 
-d1 = first_dist(g1["choices"][0]) if st == 200 else {}
-check("n 3 (greedy): three choices indexed 0..2, each answering the same conversation as the single request (its first-token "
-      "distribution within 0.01: the session decoded it, the other choices a scratch sequence), usage their sum",
-      st == 200 and [c["index"] for c in ch] == [0, 1, 2] and all(c["finish_reason"] and set(first_dist(c)) == set(d1)
-                                                                  and max(abs(first_dist(c)[k] - d1[k]) for k in d1) < 0.01
-                                                                  for c in ch)
+def same_dist(a, b):
+    """The same tokens in the same order with the same log-probabilities (1e-6: the printing's)."""
+    return len(a) == len(b) > 0 and all(x[0] == y[0] and abs(x[1] - y[1]) < 1e-6 for x, y in zip(a, b))
+
+
+d1 = first_dist(g1["choices"][0]) if st == 200 else []
+dc = [(t["token"], t["logprob"]) for t in gc["completion_probabilities"][0]["top_logprobs"]] if st3 == 200 else []
+check("n 3 (greedy): three choices indexed 0..2; the first's first-token distribution is the single request's in a fresh "
+      "session, the others' that of the template's text decoded whole on /completion (each reference decoded the "
+      "choice's way: equal bit for bit); usage their sum",
+      st == st3 == 200 and [c["index"] for c in ch] == [0, 1, 2] and all(c["finish_reason"] for c in ch)
+      and same_dist(first_dist(ch[0]), d1) and all(same_dist(first_dist(c), dc) for c in ch[1:])
       and g3["usage"]["completion_tokens"] == sum(len(c["logprobs"]["content"]) for c in ch)
-      and g3["usage"]["total_tokens"] == g3["usage"]["prompt_tokens"] + g3["usage"]["completion_tokens"], f"{g1} {g3}")
+      and g3["usage"]["total_tokens"] == g3["usage"]["prompt_tokens"] + g3["usage"]["completion_tokens"],
+      f"{d1} / {dc} vs {[first_dist(c) for c in ch]}; {g3.get('usage')}")
 st, _, s3 = raw("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "Write a story about a cat."}],
                                                  "max_tokens": 16, "temperature": 1.0, "seed": 5, "n": 3})
 texts = [c["message"]["content"] for c in s3.get("choices", [])] if st == 200 else []
@@ -284,8 +324,12 @@ for body, why in (({"n": 2, "stream": True}, "streamed"), ({"n": 40}, "above 16"
     check(f"n {why} -> 400 naming n", st == 400 and b["error"]["param"] == "n", f"{st} {b}")
 
 # ---- post_sampling_probs: the probabilities after the samplers --------------------------------
+# cache_prompt false in every request: each decodes the whole prompt the same way, so the model's
+# probabilities are the same numbers in all of them (the second would otherwise decode only the prompt's
+# last token over the first's cached KV: 3e-3 apart on an AMD EPYC).  The 1e-3 left is the two
+# renormalisations' rounding (llama.cpp's in float, this script's from printed log-probabilities).
 PS = {"prompt": "Today was the day. Today I would finally become a", "n_probs": 10, "n_predict": 4, "temperature": 1.0,
-      "top_k": 5, "top_p": 1, "min_p": 0, "seed": 11, "return_tokens": True}
+      "top_k": 5, "top_p": 1, "min_p": 0, "seed": 11, "return_tokens": True, "cache_prompt": False}
 st, _, pre = raw("POST", "/completion", PS)
 st2, _, post = raw("POST", "/completion", {**PS, "post_sampling_probs": True})
 ok = st == st2 == 200 and pre["tokens"] == post["tokens"]
@@ -298,8 +342,8 @@ for a, b in zip(pre.get("completion_probabilities", []), post.get("completion_pr
     ok = ok and set(got) == set(want) and all(abs(got[k] - want[k]) < 1e-3 for k in got) and abs(b["prob"] - got.get(b["id"], -1)) < 1e-6
     why = f"{got} vs {want}"
 check("post_sampling_probs: prob / top_probs are the model's probabilities renormalised over what top_k 5 kept (computed here "
-      "from the same request without it); the same seed samples the same tokens", ok and len(pre["completion_probabilities"]) == 4,
-      why)
+      "from the same request without it, decoded the same way); the same seed samples the same tokens",
+      ok and len(pre["completion_probabilities"]) == 4, why)
 st, _, g = raw("POST", "/completion", {**PS, "temperature": 0, "post_sampling_probs": True})
 check("post_sampling_probs greedy: the token alone, probability 1",
       st == 200 and all(c["prob"] == 1 and len(c["top_probs"]) == 1 and c["top_probs"][0]["id"] == c["id"]
@@ -322,16 +366,28 @@ check("post_sampling_probs not a boolean -> 400 naming it", st == 400 and b["err
 # ---- the completions' prompt cache (llama-server's cache_prompt) ----------------------------
 Q = "A long time ago in a galaxy far, far away, there lived"
 nq = len(raw("POST", "/tokenize", {"content": Q, "add_special": True})[2]["tokens"])
-st, _, c1 = raw("POST", "/completion", {"prompt": Q, "n_predict": 4, "temperature": 0, "n_probs": 8})
-st2, _, c2 = raw("POST", "/completion", {"prompt": Q, "n_predict": 4, "temperature": 0, "n_probs": 8})
+st, _, c1 = raw("POST", "/completion", {"prompt": Q, "n_predict": 4, "temperature": 0})
+st2, _, c2 = raw("POST", "/completion", {"prompt": Q, "n_predict": 4, "temperature": 0})
 t1, t2 = c1.get("timings", {}), c2.get("timings", {})
 check("the same prompt again: all but its last token come from the cache (cache_n, prompt_n), said in tokens_cached",
       st == st2 == 200 and t2.get("cache_n") == nq - 1 and t2.get("prompt_n") == 1 and c2.get("tokens_cached") == nq - 1
       and t1.get("prompt_n", 0) + t1.get("cache_n", 0) == nq, f"{t1} {t2} n={nq}")
-p1 = {e["id"]: math.exp(e["logprob"]) for e in c1["completion_probabilities"][0]["top_logprobs"]}
-p2 = {e["id"]: math.exp(e["logprob"]) for e in c2["completion_probabilities"][0]["top_logprobs"]}
-check("the cached prompt's first-token distribution is the decoded one's (top 8 within 0.01)",
-      set(p1) == set(p2) and max(abs(p1[k] - p2[k]) for k in p1) < 0.01, f"{p1} vs {p2}")
+# What the cache serves, against a reference decoded the same way without it: the reference prefills the
+# prompt's first n-1 tokens (cache_prompt false) and logit_bias forces its first generated token to be the
+# prompt's last, decoded alone after them; the cached request reuses those n-1 tokens' KV (the reference
+# left them in its sequence) and decodes its last token alone: the same computation, the same numbers bit
+# for bit.  (Against the whole prompt prefilled at once, another decode path, the top probabilities
+# differed by up to 0.013 on an AMD EPYC.)
+ids_q = raw("POST", "/tokenize", {"content": "In the old harbour town, every lighthouse keeper", "add_special": True})[2]["tokens"]
+st, _, qr = raw("POST", "/completion", {"prompt": ids_q[:-1], "n_predict": 2, "temperature": 0, "n_probs": 8, "cache_prompt": False,
+                                        "logit_bias": [[ids_q[-1], 100]], "return_tokens": True})
+st2, _, qc = raw("POST", "/completion", {"prompt": ids_q, "n_predict": 1, "temperature": 0, "n_probs": 8})
+p1 = [(e["id"], e["logprob"]) for e in qr["completion_probabilities"][1]["top_logprobs"]] if st == 200 else []
+p2 = [(e["id"], e["logprob"]) for e in qc["completion_probabilities"][0]["top_logprobs"]] if st2 == 200 else []
+check("a cached prompt's next-token distribution is the one decoding the same tokens the same way without the cache gives "
+      "(top 8, bit for bit: the prompt's n-1 tokens prefilled, its last decoded alone after them)",
+      st == st2 == 200 and qr["tokens"][:1] == ids_q[-1:] and qc["timings"]["cache_n"] == len(ids_q) - 1
+      and qc["timings"]["prompt_n"] == 1 and same_dist(p1, p2), f"{p1} vs {p2}; {qc.get('timings')}")
 st, _, c0 = raw("POST", "/completion", {"prompt": Q, "n_predict": 2, "temperature": 0, "cache_prompt": False})
 check("control: cache_prompt false decodes the whole cached prompt again (cache_n 0)",
       st == 200 and c0["timings"]["cache_n"] == 0 and c0["timings"]["prompt_n"] == nq, f"{st} {c0.get('timings')}")
@@ -426,17 +482,23 @@ check("llamacpp:prompt_tokens_total grows by the prompt tokens decoded (timings.
 # ---- Anthropic Messages through the official client ------------------------------------------
 C = anthropic.Anthropic(base_url=BASE, api_key=KEY, max_retries=0, timeout=300)
 conv = [{"role": "user", "content": "Name a colour."}]
-m = C.messages.create(model="code", max_tokens=24, extra_body={"temperature": 0}, system="Answer in one word.", messages=conv)
+# the streamed reply's reference is decoded the same way: each in a fresh session of its own (X-Session-Id;
+# without it the stream would find the conversation in the first's session and decode only the assistant
+# prefix there)
+m = C.messages.create(model="code", max_tokens=24, extra_body={"temperature": 0}, system="Answer in one word.", messages=conv,
+                      extra_headers={"X-Session-Id": "anthropic-plain"})
 check("anthropic messages.create: a message, a text block, a stop reason, usage",
       m.type == "message" and m.role == "assistant" and m.content and m.content[0].type == "text"
       and m.stop_reason in ("end_turn", "max_tokens") and m.usage.input_tokens > 0 and m.usage.output_tokens > 0, str(m))
 n = C.messages.count_tokens(model="code", system="Answer in one word.", messages=conv)
 check("count_tokens = the reply's prompt tokens (input + cache read)",
       n.input_tokens == m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0), f"{n} vs {m.usage}")
-with C.messages.stream(model="code", max_tokens=24, extra_body={"temperature": 0}, system="Answer in one word.", messages=conv) as s:
+with C.messages.stream(model="code", max_tokens=24, extra_body={"temperature": 0}, system="Answer in one word.", messages=conv,
+                       extra_headers={"X-Session-Id": "anthropic-stream"}) as s:
     streamed = "".join(s.text_stream)
     fin = s.get_final_message()
-check("anthropic streaming: the same greedy text, the final message's usage and stop reason",
+check("anthropic streaming (a fresh session, as the message without stream): the same greedy text, the final message's usage "
+      "and stop reason",
       streamed == m.content[0].text and fin.usage.output_tokens == m.usage.output_tokens and fin.stop_reason == m.stop_reason,
       f"{streamed!r} vs {m.content[0].text!r}")
 conv2 = conv + [{"role": "assistant", "content": m.content[0].text}, {"role": "user", "content": "And another one?"}]
@@ -500,11 +562,14 @@ check("every later turn reuses the session's KV (usage.input_tokens_details.cach
       f"cached {cached}, input {[u.input_tokens for u in usages]}")
 check("the prompt grows with the conversation the server holds (input_tokens)",
       all(usages[k].input_tokens > usages[k - 1].input_tokens for k in range(1, 10)), [u.input_tokens for u in usages])
-# reference in the same run: the same three turns sent whole, statelessly, as chat completions
+# reference in the same run: the same three turns sent whole as chat completions, decoded the way the server
+# decoded the Responses conversation: the first turn whole in a fresh session, each later one as its tail
+# in that session (X-Session-Id names it, so that no other session holding the same text is chosen)
 hist = [{"role": "system", "content": INS}]
 for k in range(3):
     hist.append({"role": "user", "content": turns[k]})
-    cr = O.chat.completions.create(model="code", messages=hist, max_tokens=12, temperature=0)
+    cr = O.chat.completions.create(model="code", messages=hist, max_tokens=12, temperature=0,
+                                   extra_headers={"X-Session-Id": "responses-reference"})
     hist.append({"role": "assistant", "content": cr.choices[0].message.content})
     check(f"turn {k + 1}: the same greedy text as the whole history sent to /v1/chat/completions",
           cr.choices[0].message.content == texts[k], f"{cr.choices[0].message.content!r} vs {texts[k]!r}")
