@@ -395,12 +395,22 @@ struct kvt_sampling {
                  ** dropped (llama.cpp's min_p sampler, after top_k and top_p) */
 };
 
-/* Sample the next token from kvt_engine_logits() (llama.cpp sampler chain).  With a grammar the token
-** is first sampled unconstrained and kept if the grammar allows it; otherwise the grammar masks
-** the whole vocabulary and the chain samples again (llama.cpp common's order: the full mask
-** costs a pass over n_vocab token texts).  Errors: KVT_EINVAL (no logits available; the grammar
-** allows no token, e.g. it completed and the vocabulary has no end-of-generation token).
-** Deterministic for a given seed. */
+/* Sample the next token from kvt_engine_logits() (llama.cpp sampler chain: logit_bias, top_k,
+** top_p, min_p, temperature, then a draw).  With a grammar the token is first sampled
+** unconstrained and kept if the grammar allows it; otherwise the grammar masks the whole
+** vocabulary and the chain samples again (llama.cpp common's order: the full mask costs a pass
+** over n_vocab token texts).  draw: the index of this token in its generation (0 for the first):
+** at temperature > 0 the draw uses a generator of its own, seeded from (s->seed, draw) by
+** SplitMix64, so the same seeded generation gives the same tokens from the same logits whatever
+** else the engine samples meanwhile (s->seed 0xFFFFFFFF, LLAMA_DEFAULT_SEED: a random seed per
+** draw).  Not thread-safe (the engine's thread).  Errors: KVT_EINVAL (no logits available; draw
+** < 0; the grammar allows no token, e.g. it completed and the vocabulary has no end-of-generation
+** token), KVT_ENOMEM. */
+int kvt_engine_sample_at(kvt_engine *eng, const struct kvt_sampling *s, int64_t draw, kvt_token *tok /* OUT */);
+
+/* kvt_engine_sample_at with the engine counting the draws: successive calls with the same
+** settings and seed are draws 0, 1, 2, ... of one generation; other settings or another seed
+** start again at 0.  For a single caller; sessions and batch rows count their own draws. */
 int kvt_engine_sample(kvt_engine *eng, const struct kvt_sampling *s, kvt_token *tok /* OUT */);
 
 /* Remove positions [p0, p1) of a sequence from the KV cache (p1 < 0: to the end).  Cannot
@@ -1005,7 +1015,8 @@ struct kvt_gen_row {
                               ** advanced by one when the token is decoded */
     float *logits;           /* IN/OUT [n_vocab]: the logits to sample from; overwritten by those
                               ** after the sampled token when it is decoded.  Owned by the caller */
-    struct kvt_sampling smp; /* IN: this row's sampling (as kvt_engine_sample) */
+    struct kvt_sampling smp; /* IN: this row's sampling (as kvt_engine_sample_at, draw = pos: a
+                              ** row's generation is the same alone or batched) */
     kvt_token tok;           /* OUT: the sampled token */
     bool done;               /* OUT: tok ends the generation (it is not decoded) */
     int status;              /* OUT: 0 or this row's error (KVT_EINVAL: NULL logits; sampling) */

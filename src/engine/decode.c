@@ -252,17 +252,31 @@ static void post_probs(const llama_token_data_array *arr, bool greedy, struct kv
     }
 }
 
-int kvt_engine_sample(kvt_engine *e, const struct kvt_sampling *s, kvt_token *tok) {
+/* The seed of draw `draw` of a generation seeded with seed: SplitMix64 of both (Steele et al.,
+** "Fast splittable pseudorandom number generators", OOPSLA 2014), so that every draw has a
+** generator of its own.  LLAMA_DEFAULT_SEED stays itself: llama.cpp draws a random seed for it. */
+static uint32_t draw_seed(uint32_t seed, int64_t draw) {
+    if (seed == LLAMA_DEFAULT_SEED) return seed;
+    uint64_t z = ((uint64_t) seed << 32 ^ (uint64_t) draw) + 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    uint32_t r = (uint32_t) (z ^ (z >> 32));
+    return r == LLAMA_DEFAULT_SEED ? r - 1 : r;
+}
+
+int kvt_engine_sample_at(kvt_engine *e, const struct kvt_sampling *s, int64_t draw, kvt_token *tok) {
     static const struct kvt_sampling greedy = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0 };
     if (!s) s = &greedy;
     if (!e->have_logits) return kvt__fail(KVT_EINVAL, "sample: no logits (decode with want_logits first)");
-    /* what selects the chain (not the grammar, the biases, nor the post output), padding zeroed */
+    if (draw < 0) return kvt__fail(KVT_EINVAL, "sample: draw %lld is negative", (long long) draw);
+    /* what selects the chain (not the grammar, the biases, nor the post output), padding zeroed;
+    ** the seed is not in the chain: each draw gets its own generator (below) */
     struct kvt_sampling key;
     memset(&key, 0, sizeof key);
     key.temperature = s->temperature;
     key.top_p = s->top_p;
     key.top_k = s->top_k;
-    key.seed = s->seed;
     key.min_p = s->min_p;
     if (!e->smpl || memcmp(&e->smpl_p, &key, sizeof key) != 0) {
         if (e->smpl) llama_sampler_free(e->smpl);
@@ -274,16 +288,25 @@ int kvt_engine_sample(kvt_engine *e, const struct kvt_sampling *s, kvt_token *to
             if (s->top_p < 1.0f) llama_sampler_chain_add(e->smpl, llama_sampler_init_top_p(s->top_p, 1));
             if (s->min_p > 0.0f) llama_sampler_chain_add(e->smpl, llama_sampler_init_min_p(s->min_p, 1));
             llama_sampler_chain_add(e->smpl, llama_sampler_init_temp(s->temperature));
-            llama_sampler_chain_add(e->smpl, llama_sampler_init_dist(s->seed));
         }
         e->smpl_p = key;
+        e->smpl_draw = 0;
     }
+    /* the draw's own generator: a seeded reply is the same alone or beside other generations on
+    ** the engine, and the same request again gives it again (a generator kept in the engine's
+    ** chain was shared by every caller with the same settings; issue #38) */
+    struct llama_sampler *dist = s->temperature > 0 ? llama_sampler_init_dist(draw_seed(s->seed, draw)) : NULL;
+    if (s->temperature > 0 && !dist) return kvt__fail(KVT_ENOMEM, "sampler");
     const int32_t nv = e->info.n_vocab;
     llama_token_data *d = malloc(sizeof *d * (size_t) nv);
-    if (!d) return kvt__fail(KVT_ENOMEM, "sampling candidates");
+    if (!d) {
+        if (dist) llama_sampler_free(dist);
+        return kvt__fail(KVT_ENOMEM, "sampling candidates");
+    }
     fill_candidates(e, s, d);
     llama_token_data_array arr = { d, (size_t) nv, -1, false };
     llama_sampler_apply(e->smpl, &arr);
+    if (dist) llama_sampler_apply(dist, &arr);
     int rc = 0;
     if (arr.selected < 0 || arr.selected >= (int64_t) arr.size) rc = kvt__fail(KVT_ELLAMA, "sampler selected nothing");
     if (rc == 0 && s->grammar) {
@@ -300,6 +323,7 @@ int kvt_engine_sample(kvt_engine *e, const struct kvt_sampling *s, kvt_token *to
             if (!any) rc = kvt__fail(KVT_EINVAL, "sample: the grammar allows no token here");
             else {
                 llama_sampler_apply(e->smpl, &arr);
+                if (dist) llama_sampler_apply(dist, &arr);
                 if (arr.selected < 0 || arr.selected >= (int64_t) arr.size || isinf(arr.data[arr.selected].logit))
                     rc = kvt__fail(KVT_ELLAMA, "sampler selected nothing the grammar allows");
             }
@@ -311,7 +335,27 @@ int kvt_engine_sample(kvt_engine *e, const struct kvt_sampling *s, kvt_token *to
         llama_sampler_accept(e->smpl, *tok);
         if (s->grammar) llama_sampler_accept(s->grammar->smpl, *tok);
     }
+    if (dist) llama_sampler_free(dist);
     free(d);
+    return rc;
+}
+
+int kvt_engine_sample(kvt_engine *e, const struct kvt_sampling *s, kvt_token *tok) {
+    struct kvt_sampling key; /* the draws of one stream: counted while the settings and seed stay */
+    memset(&key, 0, sizeof key);
+    if (s) {
+        key.temperature = s->temperature;
+        key.top_p = s->top_p;
+        key.top_k = s->top_k;
+        key.min_p = s->min_p;
+    }
+    const bool same = e->smpl && !memcmp(&e->smpl_p, &key, sizeof key) && (!s || e->smpl_p_seed == s->seed);
+    const int64_t draw = same ? e->smpl_draw : 0;
+    int rc = kvt_engine_sample_at(e, s, draw, tok);
+    if (rc == 0) {
+        e->smpl_draw = draw + 1;
+        e->smpl_p_seed = s ? s->seed : 0;
+    }
     return rc;
 }
 

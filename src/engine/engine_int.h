@@ -100,9 +100,12 @@ struct kvt_engine {
     size_t dev_cap[3];
     float *fa_k;
     size_t fa_cap_k;
-    /* sampler chain, rebuilt when the sampling params change */
+    /* sampler chain, rebuilt when the sampling params change; smpl_draw: kvt_engine_sample's
+    ** draws so far with these params (a caller without its own draw index gets one stream) */
     struct llama_sampler *smpl;
     struct kvt_sampling smpl_p;
+    int64_t smpl_draw;
+    uint32_t smpl_p_seed; /* the seed of those draws */
     /* last whole-sequence snapshot taken for attention mapping, reused while gen is unchanged */
     uint8_t *snap;
     size_t snap_n;
