@@ -251,6 +251,13 @@ int cmd_serve(int argc, char **argv) {
           "requests one API key may have waiting (default: half of --queue with two keys or more, so one key "
           "cannot fill it; all of it otherwise)",
           NULL },
+        { "max-responses", 0, OPT_INT, &srv.max_responses, 1, 1 << 24, "N",
+          "Responses API replies kept for previous_response_id and GET, in all (default 4096; least recently used first out)",
+          NULL },
+        { "responses-per-key", 0, OPT_INT, &srv.responses_per_key, 1, 1 << 24, "N",
+          "stored responses one API key may hold (default: half of --max-responses with two keys or more, so one key "
+          "cannot evict every other key's conversations; all of it otherwise); past it the key's own oldest goes",
+          NULL },
         { "batch-tokens", 0, OPT_INT, &srv.batch_tokens, 0, 512, "N",
           "tokens of one scheduler step: every generating request's next token plus a chunk of a new prompt in ONE "
           "llama_decode (mixed prefill; default 128); 0 = prefill chunks decoded alone, between steps",
@@ -325,8 +332,7 @@ int cmd_serve(int argc, char **argv) {
         { "tags", 0, OPT_STR, &srv.tags, 0, 0, "TAG[,TAG...]", "tags listed with the model in /v1/models", NULL },
         { "temp", 0, OPT_FLOAT, &temp, 0, 2, "T", "temperature of a request that sends none (default 1, OpenAI's)", NULL },
         { "top-k", 0, OPT_INT, &top_k, 0, 1000000, "N", "top_k of a request that sends none (default 0: off, OpenAI's)", NULL },
-        { "top-p", 0, OPT_FLOAT, &top_p, 0.000001, 1, "P", "top_p of a request that sends none (default 1: off, OpenAI's)",
-          NULL },
+        { "top-p", 0, OPT_FLOAT, &top_p, 0.000001, 1, "P", "top_p of a request that sends none (default 1: off, OpenAI's)", NULL },
         { "min-p", 0, OPT_FLOAT, &min_p, 0, 1, "P",
           "min_p of a request that sends none (default 0: off; llama-server's defaults are --top-k 40 --top-p 0.95 "
           "--min-p 0.05 --temp 0.8)",
@@ -573,6 +579,8 @@ int cmd_serve(int argc, char **argv) {
     if (key_file && (rc = load_keys(&srv, key_file))) goto out;
     if (!srv.cors_origins) srv.cors_origins = srv.n_keys ? "*" : "localhost";
     if (!per_key_given) srv.queue_per_key = srv.n_keys >= 2 ? KVT_MAX(1, srv.max_queue / 2) : srv.max_queue;
+    if (!srv.max_responses) srv.max_responses = 4096;
+    if (!srv.responses_per_key) srv.responses_per_key = srv.n_keys >= 2 ? KVT_MAX(1, srv.max_responses / 2) : srv.max_responses;
 
     /* signals: handled by sigwait in this thread only */
     sigset_t set;

@@ -15,11 +15,16 @@
 
 /* The text of a block list's text blocks, joined with "\n" (a string content as it is).  Other
 ** block types: a 400 naming where, unless allowed (skipped).  New string; NULL with e filled. */
-static char *blocks_text(const json_t *content, const char *where, struct serve_error *e) {
+static char *blocks_text(const json_t *content, const char *where, int32_t max_parts, struct serve_error *e) {
     if (json_is_string(content)) return strdup(json_string_value(content));
     if (!json_is_array(content)) {
-        e->param = "messages";
+        serve_error_param(e, "messages");
         serve_bad(e, "'%s' must be a string or an array of content blocks, got %s", where, serve_json_type(content));
+        return NULL;
+    }
+    if (json_array_size(content) > (size_t) max_parts) { /* before any work on them */
+        serve_error_param(e, "messages");
+        serve_bad(e, "'%s' has %zu blocks; at most %d (--max-content-parts)", where, json_array_size(content), max_parts);
         return NULL;
     }
     size_t cap = 1, n = 0, i;
@@ -44,12 +49,12 @@ static char *blocks_text(const json_t *content, const char *where, struct serve_
             out[n] = '\0';
         } else if (type && (!strcmp(type, "image") || !strcmp(type, "document"))) {
             free(out);
-            e->param = "messages";
+            serve_error_param(e, "messages");
             serve_bad(e, "'%s[%zu]' is an %s block: image input is not supported (kvtier serves text models)", where, i, type);
             return NULL;
         } else if (!type || strcmp(type, "thinking")) { /* earlier thinking is not replayed */
             free(out);
-            e->param = "messages";
+            serve_error_param(e, "messages");
             serve_bad(e, "'%s[%zu]' has type '%s'; expected text here", where, i, type ? type : "(none)");
             return NULL;
         }
@@ -58,18 +63,20 @@ static char *blocks_text(const json_t *content, const char *where, struct serve_
 }
 
 /* One Anthropic message as chat messages, appended to msgs. */
-static int add_message(const json_t *m, size_t mi, json_t *msgs, struct serve_error *e) {
+static int add_message(const json_t *m, size_t mi, json_t *msgs, int32_t max_parts, struct serve_error *e) {
     char where[48];
     snprintf(where, sizeof where, "messages[%zu].content", mi);
     const char *role = json_string_value(json_object_get(m, "role"));
     const json_t *content = json_object_get(m, "content");
-    e->param = "messages";
+    serve_error_param(e, "messages");
     if (!role || (strcmp(role, "user") && strcmp(role, "assistant")))
         return serve_bad(e, "'messages[%zu].role' must be user or assistant", mi);
     if (json_is_string(content))
         return json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", role, "content", content)) ? serve_error_oom(e) : 0;
     if (!json_is_array(content))
         return serve_bad(e, "'%s' must be a string or an array of content blocks, got %s", where, serve_json_type(content));
+    if (json_array_size(content) > (size_t) max_parts) /* before any work on them */
+        return serve_bad(e, "'%s' has %zu blocks; at most %d (--max-content-parts)", where, json_array_size(content), max_parts);
     bool assistant = !strcmp(role, "assistant");
     json_t *text = json_array(), *calls = json_array();
     int rc = text && calls ? 0 : serve_error_oom(e);
@@ -100,7 +107,7 @@ static int add_message(const json_t *m, size_t mi, json_t *msgs, struct serve_er
             char w2[96];
             snprintf(w2, sizeof w2, "%s[%zu].content", where, i);
             const json_t *rc_content = json_object_get(b, "content");
-            char *t = rc_content ? blocks_text(rc_content, w2, e) : strdup("");
+            char *t = rc_content ? blocks_text(rc_content, w2, max_parts, e) : strdup("");
             if (!t) {
                 rc = e->status ? -1 : serve_error_oom(e);
                 break;
@@ -122,7 +129,7 @@ static int add_message(const json_t *m, size_t mi, json_t *msgs, struct serve_er
             }
             char w2[96];
             snprintf(w2, sizeof w2, "messages[%zu].content", mi);
-            char *t = blocks_text(one, w2, e);
+            char *t = blocks_text(one, w2, max_parts, e);
             json_decref(one);
             if (!t) {
                 rc = e->status ? -1 : serve_error_oom(e);
@@ -139,11 +146,13 @@ static int add_message(const json_t *m, size_t mi, json_t *msgs, struct serve_er
         char *joined = malloc(n);
         if (!joined) rc = serve_error_oom(e);
         else {
-            joined[0] = '\0';
+            size_t len = 0; /* linear: each piece copied once at the end (strcat would scan from the start) */
             json_array_foreach(text, k, t) {
-                if (k) strcat(joined, "\n");
-                strcat(joined, json_string_value(t));
+                if (k) joined[len++] = '\n';
+                memcpy(joined + len, json_string_value(t), json_string_length(t));
+                len += json_string_length(t);
             }
+            joined[len] = '\0';
             json_t *cm = json_pack("{s:s, s:s}", "role", role, "content", joined);
             if (cm && json_array_size(calls)) json_object_set(cm, "tool_calls", calls);
             if (!cm || json_array_append_new(msgs, cm)) rc = serve_error_oom(e);
@@ -176,18 +185,25 @@ static void log_unknown(const json_t *in) {
         bool dup = false;
         for (int i = 0; !dup && i < n_seen; i++) dup = !strncmp(seen[i], k, sizeof seen[i] - 1);
         if (!dup && n_seen < 32) {
+            char name[40];
             snprintf(seen[n_seen++], sizeof seen[0], "%s", k);
-            fprintf(stderr, "kvtier serve: /v1/messages field '%.39s' is not one kvtier reads; ignored (logged once)\n", k);
+            serve_printable(name, sizeof name, k); /* a client's bytes: no control character reaches the log */
+            fprintf(stderr, "kvtier serve: /v1/messages field '%s' is not one kvtier reads; ignored (logged once)\n", name);
         }
         pthread_mutex_unlock(&mu);
     }
 }
 
-int anth_to_chat(const json_t *in, json_t **out, struct serve_error *e) {
+int anth_to_chat(const json_t *in, const struct serve_limits *lim, json_t **out, struct serve_error *e) {
     *out = NULL;
+    const json_t *ms = json_object_get(in, "messages");
+    if (json_array_size(ms) > (size_t) lim->max_messages) { /* before any work on them */
+        serve_error_param(e, "messages");
+        return serve_bad(e, "'messages' has %zu entries; at most %d (--max-messages)", json_array_size(ms), lim->max_messages);
+    }
     const json_t *oc = json_object_get(in, "output_config");
     if (oc && json_object_get(oc, "format") && !json_is_null(json_object_get(oc, "format"))) {
-        e->param = "output_config";
+        serve_error_param(e, "output_config");
         return serve_bad(e, "'output_config.format' is not supported on /v1/messages: it would change the reply (use "
                             "/v1/chat/completions with response_format)");
     }
@@ -200,24 +216,23 @@ int anth_to_chat(const json_t *in, json_t **out, struct serve_error *e) {
     int rc = 0;
     const json_t *v;
     if ((v = json_object_get(in, "system")) && !json_is_null(v)) {
-        char *t = blocks_text(v, "system", e);
+        char *t = blocks_text(v, "system", lim->max_parts, e);
         if (!t) rc = e->status ? -1 : serve_error_oom(e);
         else if (json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "system", "content", t))) rc = serve_error_oom(e);
-        if (e->param && !strcmp(e->param, "messages")) e->param = "system";
+        if (!strcmp(e->param, "messages")) serve_error_param(e, "system");
         free(t);
     }
-    const json_t *ms = json_object_get(in, "messages");
     if (rc == 0 && !json_is_array(ms)) {
-        e->param = "messages";
+        serve_error_param(e, "messages");
         rc = serve_bad(e, "'messages' must be an array of messages, got %s", serve_json_type(ms));
     }
     size_t i;
     const json_t *m;
     if (rc == 0) json_array_foreach(ms, i, m) {
             if (!json_is_object(m)) {
-                e->param = "messages";
+                serve_error_param(e, "messages");
                 rc = serve_bad(e, "'messages[%zu]' must be an object, got %s", i, serve_json_type(m));
-            } else rc = add_message(m, i, msgs, e);
+            } else rc = add_message(m, i, msgs, lim->max_parts, e);
             if (rc) break;
         }
     /* the fields that mean the same under another name, and those with the same name */
@@ -229,7 +244,7 @@ int anth_to_chat(const json_t *in, json_t **out, struct serve_error *e) {
     for (size_t k = 0; rc == 0 && k < sizeof same / sizeof same[0]; k++)
         if ((v = json_object_get(in, same[k][0])) && json_object_set(o, same[k][1], (json_t *) v)) rc = serve_error_oom(e);
     if (rc == 0 && (v = json_object_get(in, "tools")) && !json_is_null(v)) {
-        e->param = "tools";
+        serve_error_param(e, "tools");
         if (!json_is_array(v)) rc = serve_bad(e, "'tools' must be an array, got %s", serve_json_type(v));
         json_t *tools = json_array();
         const json_t *t;
@@ -246,7 +261,7 @@ int anth_to_chat(const json_t *in, json_t **out, struct serve_error *e) {
         else if (rc) json_decref(tools);
     }
     if (rc == 0 && (v = json_object_get(in, "tool_choice")) && !json_is_null(v)) {
-        e->param = "tool_choice";
+        serve_error_param(e, "tool_choice");
         const char *type = json_string_value(json_object_get(v, "type"));
         json_t *tc = NULL;
         if (type && !strcmp(type, "auto")) tc = json_string("auto");
@@ -263,7 +278,7 @@ int anth_to_chat(const json_t *in, json_t **out, struct serve_error *e) {
         json_decref(o);
         return -1;
     }
-    e->param = NULL;
+    serve_error_param(e, NULL);
     *out = o;
     return 0;
 }
@@ -329,7 +344,7 @@ json_t *anth_error(const struct serve_error *e) {
 int anth_count_tokens(struct server *srv, json_t *root, json_t **out, struct serve_error *e) {
     json_t *chat = NULL;
     int32_t n = 0;
-    if (anth_to_chat(root, &chat, e)) return -1;
+    if (anth_to_chat(root, &srv->lim, &chat, e)) return -1;
     int rc = compat_chat_tokens(srv, chat, &n, e);
     json_decref(chat);
     if (rc) return -1;

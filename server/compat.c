@@ -19,7 +19,7 @@ int compat_native_params(struct server *srv, json_t *root, struct job *j, struct
     json_t *v;
     j->req.native = true;
     if ((v = json_object_get(root, "n_predict")) && !json_is_null(v)) {
-        e->param = "n_predict";
+        serve_error_param(e, "n_predict");
         if (!json_is_integer(v)) return serve_bad(e, "'n_predict' must be an integer, got %s", serve_json_type(v));
         json_int_t n = json_integer_value(v);
         if (n == 0 || n < -1 || n > srv->n_ctx)
@@ -27,23 +27,23 @@ int compat_native_params(struct server *srv, json_t *root, struct job *j, struct
         if (n > 0 && !json_object_get(root, "max_tokens") && json_object_set(root, "max_tokens", v)) return serve_error_oom(e);
     }
     if ((v = json_object_get(root, "n_probs")) && !json_is_null(v)) {
-        e->param = "n_probs";
+        serve_error_param(e, "n_probs");
         if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 100)
             return serve_bad(e, "'n_probs' must be an integer in 0..100");
         j->req.logprobs = j->req.logprobs || json_integer_value(v) > 0;
         j->req.top_logprobs = (int32_t) json_integer_value(v);
     }
     if ((v = json_object_get(root, "post_sampling_probs")) && !json_is_null(v)) {
-        e->param = "post_sampling_probs";
+        serve_error_param(e, "post_sampling_probs");
         if (!json_is_boolean(v)) return serve_bad(e, "'post_sampling_probs' must be a boolean, got %s", serve_json_type(v));
         j->req.post_sampling = json_is_true(v);
     }
     if ((v = json_object_get(root, "return_tokens")) && !json_is_null(v)) {
-        e->param = "return_tokens";
+        serve_error_param(e, "return_tokens");
         if (!json_is_boolean(v)) return serve_bad(e, "'return_tokens' must be a boolean, got %s", serve_json_type(v));
         j->req.return_tokens = json_is_true(v);
     }
-    e->param = NULL;
+    serve_error_param(e, NULL);
     return 0;
 }
 
@@ -57,8 +57,8 @@ static json_t *gen_settings(struct server *srv, const struct job *j) {
     for (int32_t i = 0; i < j->req.n_stop; i++) json_array_append_new(stop, json_string(j->req.stop[i]));
     return json_pack("{s:i, s:I, s:f, s:i, s:f, s:f, s:o, s:b, s:s, s:i}", "n_predict", j->req.max_tokens, "seed",
                      (json_int_t) j->req.smp.seed, "temperature", (double) j->req.smp.temperature, "top_k", j->req.smp.top_k,
-                     "top_p", (double) j->req.smp.top_p, "min_p", (double) j->req.smp.min_p, "stop", stop, "stream",
-                     j->req.stream, "model", srv->model_name, "n_ctx", srv->budget);
+                     "top_p", (double) j->req.smp.top_p, "min_p", (double) j->req.smp.min_p, "stop", stop, "stream", j->req.stream,
+                     "model", srv->model_name, "n_ctx", srv->budget);
 }
 
 json_t *compat_timings(const struct job *j, double t_done) {
@@ -150,7 +150,7 @@ static bool opt_bool(const json_t *root, const char *k, bool dflt, bool *out, st
     *out = dflt;
     if (!v || json_is_null(v)) return true;
     if (!json_is_boolean(v)) {
-        e->param = k;
+        serve_error_param(e, k);
         serve_bad(e, "'%s' must be a boolean, got %s", k, serve_json_type(v));
         return false;
     }
@@ -166,9 +166,50 @@ static bool valid_utf8(const char *s) {
     return ok;
 }
 
-int compat_tokenize(struct server *srv, const json_t *root, json_t **out, struct serve_error *e) {
+/* A growing JSON text (the /tokenize reply: a few bytes per token, where a JSON object per token
+** held ~300 bytes of the allocator's until the reply was written; issue #38). */
+struct jtext {
+    char *p;
+    size_t n, cap;
+    bool oom;
+};
+
+static void jt_put(struct jtext *t, const char *s, size_t n) {
+    if (t->oom) return;
+    if (t->n + n + 1 > t->cap) {
+        size_t cap = KVT_MAX(t->cap * 2, t->n + n + 1024);
+        char *q = realloc(t->p, cap);
+        if (!q) {
+            t->oom = true;
+            return;
+        }
+        t->p = q;
+        t->cap = cap;
+    }
+    memcpy(t->p + t->n, s, n);
+    t->n += n;
+    t->p[t->n] = '\0';
+}
+
+static void jt_str(struct jtext *t, const char *s) { /* a JSON string of valid UTF-8 s */
+    jt_put(t, "\"", 1);
+    for (const char *r = s; *r;) {
+        size_t k = strcspn(r, "\"\\\x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a\x0b\x0c\x0d\x0e\x0f\x10\x11\x12\x13\x14"
+                              "\x15\x16\x17\x18\x19\x1a\x1b\x1c\x1d\x1e\x1f");
+        jt_put(t, r, k);
+        r += k;
+        if (!*r) break;
+        char esc[8];
+        snprintf(esc, sizeof esc, "\\u%04x", (unsigned char) *r++);
+        jt_put(t, esc, 6);
+    }
+    jt_put(t, "\"", 1);
+}
+
+int compat_tokenize(struct server *srv, const json_t *root, char **out, struct serve_error *e) {
+    *out = NULL;
     const json_t *c = json_object_get(root, "content");
-    e->param = "content";
+    serve_error_param(e, "content");
     if (!json_is_string(c)) return serve_bad(e, "'content' must be a string, got %s", serve_json_type(c));
     bool add_special, parse_special, pieces;
     if (!opt_bool(root, "add_special", false, &add_special, e) || !opt_bool(root, "parse_special", true, &parse_special, e) ||
@@ -181,36 +222,43 @@ int compat_tokenize(struct server *srv, const json_t *root, json_t **out, struct
         serve_error_lib(e, "tokenize", rc);
         return -1;
     }
-    json_t *arr = json_array();
-    for (int32_t i = 0; arr && i < n; i++) {
+    struct jtext o = { 0 };
+    jt_put(&o, "{\"tokens\":[", 11);
+    for (int32_t i = 0; i < n && !o.oom && rc == 0; i++) {
+        char num[48];
+        if (i) jt_put(&o, ",", 1);
         if (!pieces) {
-            json_array_append_new(arr, json_integer(t[i]));
+            jt_put(&o, num, (size_t) snprintf(num, sizeof num, "%d", t[i]));
             continue;
         }
         char *piece = NULL;
         if ((rc = kvt_detokenize(srv->eng, &t[i], 1, true, &piece))) break;
-        json_t *pv;
-        if (valid_utf8(piece)) pv = json_string(piece);
-        else { /* part of a character: its bytes, as llama-server lists them */ pv = json_array();
-            for (const unsigned char *b = (const unsigned char *) piece; *b; b++) json_array_append_new(pv, json_integer(*b));
+        jt_put(&o, num, (size_t) snprintf(num, sizeof num, "{\"id\":%d,\"piece\":", t[i]));
+        if (valid_utf8(piece)) jt_str(&o, piece);
+        else { /* part of a character: its bytes, as llama-server lists them */ jt_put(&o, "[", 1);
+            for (const unsigned char *b = (const unsigned char *) piece; *b; b++)
+                jt_put(&o, num, (size_t) snprintf(num, sizeof num, "%s%u", b == (const unsigned char *) piece ? "" : ",", *b));
+            jt_put(&o, "]", 1);
         }
+        jt_put(&o, "}", 1);
         free(piece);
-        json_array_append_new(arr, json_pack("{s:i, s:o}", "id", t[i], "piece", pv));
     }
+    jt_put(&o, "]}", 2);
     free(t);
-    if (rc || !arr) {
-        json_decref(arr);
+    if (rc || o.oom) {
+        free(o.p);
         if (rc) serve_error_lib(e, "tokenize", rc);
         else serve_error_oom(e);
         return -1;
     }
-    e->param = NULL;
-    return (*out = json_pack("{s:o}", "tokens", arr)) ? 0 : serve_error_oom(e);
+    serve_error_param(e, NULL);
+    *out = o.p;
+    return 0;
 }
 
 int compat_detokenize(struct server *srv, const json_t *root, json_t **out, struct serve_error *e) {
     const json_t *a = json_object_get(root, "tokens");
-    e->param = "tokens";
+    serve_error_param(e, "tokens");
     if (!json_is_array(a)) return serve_bad(e, "'tokens' must be an array of token ids, got %s", serve_json_type(a));
     struct kvt_engine_info I;
     kvt_engine_info(srv->eng, &I);
@@ -240,7 +288,7 @@ int compat_detokenize(struct server *srv, const json_t *root, json_t **out, stru
     if (!clean) return serve_error_oom(e);
     *out = json_pack("{s:s}", "content", clean);
     free(clean);
-    e->param = NULL;
+    serve_error_param(e, NULL);
     return *out ? 0 : serve_error_oom(e);
 }
 
@@ -253,7 +301,7 @@ int compat_apply_template(struct server *srv, json_t *root, json_t **out, struct
     if (rc == 0) {
         int r = kvt_chat_format(srv->eng, j->req.msgs, j->req.n_msgs, true, kvt_session_default_params().template_fallback, &text);
         if (r) {
-            e->param = "messages";
+            serve_error_param(e, "messages");
             serve_error_lib(e, "chat template", r);
             rc = -1;
         }
@@ -297,7 +345,10 @@ json_t *compat_props(struct server *srv) {
                                srv->top_k_default, "top_p", (double) srv->top_p_default, "min_p", (double) srv->min_p_default);
     return json_pack("{s:{s:i, s:o}, s:i, s:s, s:s, s:s, s:{s:b, s:b}, s:s, s:{s:i, s:i, s:i, s:i, s:i, s:s, s:i}}",
                      "default_generation_settings", "n_ctx", srv->budget, "params", params, "total_slots", srv->max_sessions,
-                     "model_path", srv->model_path, "model_alias", srv->model_name, "chat_template",
+                     /* with API keys the server's directories are not the tenants' business: the file's name */
+                     "model_path",
+                     srv->n_keys && strrchr(srv->model_path, '/') ? strrchr(srv->model_path, '/') + 1 : srv->model_path,
+                     "model_alias", srv->model_name, "chat_template",
                      srv->chat_template_src ? srv->chat_template_src : (I.has_chat_template ? "(the GGUF's)" : ""), "modalities",
                      "vision", 0, "audio", 0, "build_info", kvt_build_info(), "kvtier", "budget", srv->budget, "block", srv->block,
                      "sessions", srv->max_sessions, "parallel", srv->parallel, "ctx_size", srv->n_ctx, "device", I.device,
@@ -312,9 +363,12 @@ json_t *compat_slots(struct server *srv, const char *ns) {
         const struct sess_view *v = NULL;
         while (k < srv->n_views && srv->views[k].parked) k++;
         if (k < srv->n_views) v = &srv->views[k++];
+        /* another key's session is an idle slot to this caller: whether it is busy says what
+        ** another tenant does (issue #38) */
+        const bool mine = v && !strcmp(v->ns, ns);
         json_t *slot = json_pack("{s:i, s:i, s:i, s:b}", "id", s, "id_task", -1, "n_ctx", srv->budget, "is_processing",
-                                 v && v->busy);
-        if (slot && v && !strcmp(v->ns, ns)) /* the caller's own sessions only are named */
+                                 mine && v->busy);
+        if (slot && mine) /* the caller's own sessions only are named */
             json_object_set_new(slot, "kvtier",
                                 json_pack("{s:s, s:i, s:i, s:i, s:I, s:I}", "session_id", v->id, "messages", v->n_messages,
                                           "total_tokens", v->total_tokens, "resident_tokens", v->resident_tokens, "evictions",

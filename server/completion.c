@@ -20,7 +20,7 @@ bool serve_completion_prepare(struct server *srv, struct job *j) {
         kvt_engine_info(srv->eng, &I);
         for (int32_t i = 0; i < j->req.n_prompt_ids; i++)
             if (j->req.prompt_ids[i] < 0 || j->req.prompt_ids[i] >= I.n_vocab) {
-                j->err.param = "prompt";
+                serve_error_param(&j->err, "prompt");
                 serve_bad(&j->err, "'prompt[%d]' token id %d is outside 0..%d (the model's vocabulary)", i, j->req.prompt_ids[i],
                           I.n_vocab - 1);
                 return false;

@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static void set_msg(struct serve_error *e, const char *fmt, va_list ap) { vsnprintf(e->msg, sizeof e->msg, fmt, ap); }
 
@@ -19,6 +20,18 @@ int serve_error_set(struct serve_error *e, int status, const char *type, const c
     return -1;
 }
 
+void serve_printable(char *dst, size_t cap, const char *src) {
+    size_t n = src ? strlen(src) : 0;
+    if (n >= cap) {
+        n = cap - 1;
+        while (n > 0 && ((unsigned char) src[n] & 0xC0) == 0x80) n--; /* src[n] starts the first character left out */
+    }
+    for (size_t i = 0; i < n; i++) dst[i] = (unsigned char) src[i] < 0x20 || src[i] == 0x7f ? '?' : src[i];
+    dst[n] = '\0';
+}
+
+void serve_error_param(struct serve_error *e, const char *name) { serve_printable(e->param, sizeof e->param, name); }
+
 int serve_bad(struct serve_error *e, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -31,7 +44,7 @@ int serve_bad(struct serve_error *e, const char *fmt, ...) {
 }
 
 int serve_error_oom(struct serve_error *e) {
-    e->param = NULL;
+    serve_error_param(e, NULL);
     return serve_error_set(e, 500, "server_error", NULL, "out of memory");
 }
 
@@ -44,8 +57,9 @@ void serve_error_lib(struct serve_error *e, const char *what, int rc) {
 
 json_t *serve_error_json(const struct serve_error *e) {
     char *clean = app_utf8_clean(e->msg);
+    json_t *param = e->param[0] ? json_string(e->param) : NULL; /* NULL also for bytes that are not UTF-8 */
     json_t *o = json_pack("{s:{s:s, s:s, s:o, s:o}}", "error", "message", clean ? clean : "error", "type",
-                          e->type ? e->type : "server_error", "param", e->param ? json_string(e->param) : json_null(), "code",
+                          e->type ? e->type : "server_error", "param", param ? param : json_null(), "code",
                           e->code[0] ? json_string(e->code) : json_null());
     free(clean);
     json_t *eo = json_object_get(o, "error");

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 struct req {
@@ -228,8 +229,11 @@ static bool origin_allowed(const char *list, const char *origin) {
 static void add_cors(struct server *srv, struct MHD_Connection *c, struct MHD_Response *r) {
     const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
     if (!origin_allowed(srv->cors_origins, origin)) return;
-    MHD_add_response_header(r, "Access-Control-Allow-Origin", origin);
-    MHD_add_response_header(r, "Access-Control-Allow-Credentials", "true");
+    /* "*" (any page): no credentials, so a browser sends no cookie or HTTP authentication it holds
+    ** for this server to a page of any origin; an origin listed by name gets them (issue #38) */
+    const bool any = !strcmp(srv->cors_origins, "*");
+    MHD_add_response_header(r, "Access-Control-Allow-Origin", any ? "*" : origin);
+    if (!any) MHD_add_response_header(r, "Access-Control-Allow-Credentials", "true");
     MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
     MHD_add_response_header(r, "Access-Control-Allow-Headers", "*");
     MHD_add_response_header(r, "Vary", "Origin");
@@ -749,7 +753,8 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
                 if (j->req.resp_store && msg && obj)
                     resp_store(srv, j->req.ns, j->req.resp_id, j->req.resp_parent, j->req.resp_turn, msg, obj);
                 json_t *ev = json_pack("{s:s, s:o}", "type",
-                                       !strcmp(status, "completed") ? "response.completed" : "response.incomplete", "response", obj);
+                                       !strcmp(status, "completed") ? "response.completed" : "response.incomplete", "response",
+                                       obj);
                 if (ev && j->req.timings) json_object_set_new(ev, "timings", compat_timings(j, mono_ms()));
                 resp_event(st, ev);
                 json_decref(msg);
@@ -947,7 +952,7 @@ static enum MHD_Result post_generate(struct server *srv, struct MHD_Connection *
         root = tr;
     } else if (api == API_ANTHROPIC) {
         json_t *tr = NULL;
-        int trc = anth_to_chat(root, &tr, &e);
+        int trc = anth_to_chat(root, &srv->lim, &tr, &e);
         json_decref(root);
         if (trc) return send_err_as(srv, c, &e, true);
         root = tr;
@@ -964,8 +969,7 @@ static enum MHD_Result post_generate(struct server *srv, struct MHD_Connection *
         j->req.resp_turn = turn;
         j->req.resp_store = store;
         snprintf(j->req.resp_parent, sizeof j->req.resp_parent, "%s", parent);
-        snprintf(j->req.resp_id, sizeof j->req.resp_id, "resp_%llu%04x", __atomic_add_fetch(&srv->n_replies, 1, __ATOMIC_RELAXED),
-                 (unsigned) (time(NULL) & 0xffff));
+        resp_new_id(j->req.resp_id, sizeof j->req.resp_id);
     }
     snprintf(j->req.ns, sizeof j->req.ns, "%s", ns);
     const char *sid = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Session-Id");
@@ -1003,8 +1007,14 @@ static enum MHD_Result post_native_batch(struct server *srv, struct MHD_Connecti
     json_t *prompts = json_object_get(root, "prompt");
     size_t k = json_array_size(prompts);
     struct serve_error e = { 0 };
-    e.param = "prompt";
+    serve_error_param(&e, "prompt");
+    /* its jobs wait in the queue together: more than one API key may queue never fits (a 400, as
+    ** for n; a 429 would say retry to a request that cannot succeed) */
+    const int32_t cap = KVT_MIN(srv->max_queue, srv->queue_per_key);
     if (k > BATCH_MAX) serve_bad(&e, "'prompt' holds %zu prompts; at most %d in one request", k, BATCH_MAX);
+    else if (k > (size_t) cap)
+        serve_bad(&e, "'prompt' holds %zu prompts, more than this server queues at once for one API key (%d, --queue%s)", k, cap,
+                  srv->queue_per_key < srv->max_queue ? "-per-key" : "");
     else if (json_is_true(json_object_get(root, "stream"))) serve_bad(&e, "several prompts in one request are not streamed");
     struct job *jobs[BATCH_MAX] = { 0 };
     size_t n = 0;
@@ -1093,11 +1103,12 @@ static size_t run_jobs(struct server *srv, struct MHD_Connection *c, struct job 
 static enum MHD_Result post_choices(struct server *srv, struct MHD_Connection *c, const char *ns, const char *sid, json_t *root,
                                     bool chat, int n) {
     struct serve_error e = { 0 };
-    e.param = "n";
+    serve_error_param(&e, "n");
     /* its jobs wait in the queue together: more than one API key may queue never fits (a 400, not a
     ** 429 to retry); fewer may still find the queue full now (429) */
     const int32_t cap = KVT_MIN(srv->max_queue, srv->queue_per_key);
-    if (json_is_true(json_object_get(root, "stream"))) serve_bad(&e, "'n' %d: several choices are not streamed (send stream false)", n);
+    if (json_is_true(json_object_get(root, "stream")))
+        serve_bad(&e, "'n' %d: several choices are not streamed (send stream false)", n);
     else if (n > cap)
         serve_bad(&e, "'n' %d is more than this server queues at once for one API key (%d, --queue%s)", n, cap,
                   srv->queue_per_key < srv->max_queue ? "-per-key" : "");
@@ -1157,6 +1168,41 @@ static enum MHD_Result post_choices(struct server *srv, struct MHD_Connection *c
     return send_json(srv, c, 200, reply, NULL);
 }
 
+/* The text routes (/tokenize, /detokenize, /apply-template, the token counts) are answered on
+** the connection's thread, outside the queue: at most TEXT_WORKERS of them work at once (each may
+** hold a reply of a few bytes per token of a --max-body-mb body), the others wait for a turn,
+** at most TEXT_WAIT_S, then get a 503.  Six concurrent /tokenize with_pieces of 3.5M tokens once
+** grew the server by 10.9 GB (issue #38). */
+enum { TEXT_WORKERS = 2, TEXT_WAIT_S = 30 };
+static pthread_mutex_t text_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t text_cv = PTHREAD_COND_INITIALIZER;
+static int text_busy;
+
+static int text_work_begin(struct server *srv, struct serve_error *e) {
+    (void) srv;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += TEXT_WAIT_S;
+    pthread_mutex_lock(&text_mu);
+    int w = 0;
+    while (text_busy >= TEXT_WORKERS && w == 0) w = pthread_cond_timedwait(&text_cv, &text_mu, &until);
+    const bool ok = text_busy < TEXT_WORKERS;
+    if (ok) text_busy++;
+    pthread_mutex_unlock(&text_mu);
+    if (ok) return 0;
+    return serve_error_set(e, 503, "server_error", "server_busy",
+                           "%d tokenizer requests are being answered and others waited %d s for a turn; retry later", TEXT_WORKERS,
+                           TEXT_WAIT_S);
+}
+
+static void text_work_end(struct server *srv) {
+    (void) srv;
+    pthread_mutex_lock(&text_mu);
+    text_busy--;
+    pthread_cond_signal(&text_cv);
+    pthread_mutex_unlock(&text_mu);
+}
+
 /* POST /tokenize, /detokenize, /apply-template: answered here (server/compat.c), no job. */
 static enum MHD_Result post_text(struct server *srv, struct MHD_Connection *c, struct req *rq,
                                  int (*fn)(struct server *, json_t *, json_t **, struct serve_error *)) {
@@ -1164,7 +1210,11 @@ static enum MHD_Result post_text(struct server *srv, struct MHD_Connection *c, s
     enum MHD_Result bad = body_json(srv, c, rq, &root);
     if (!root) return bad;
     struct serve_error e = { 0 };
-    int rc = fn(srv, root, &out, &e);
+    int rc = -1;
+    if (!text_work_begin(srv, &e)) {
+        rc = fn(srv, root, &out, &e);
+        text_work_end(srv);
+    }
     json_decref(root);
     if (rc) {
         if (!e.status) serve_error_oom(&e);
@@ -1173,8 +1223,24 @@ static enum MHD_Result post_text(struct server *srv, struct MHD_Connection *c, s
     return send_json(srv, c, 200, out, NULL);
 }
 
-static int do_tokenize(struct server *srv, json_t *root, json_t **out, struct serve_error *e) {
-    return compat_tokenize(srv, root, out, e);
+/* POST /tokenize: its reply is written as text (server/compat.c), not built as JSON objects. */
+static enum MHD_Result post_tokenize(struct server *srv, struct MHD_Connection *c, struct req *rq) {
+    json_t *root;
+    enum MHD_Result bad = body_json(srv, c, rq, &root);
+    if (!root) return bad;
+    struct serve_error e = { 0 };
+    char *out = NULL;
+    int rc = -1;
+    if (!text_work_begin(srv, &e)) {
+        rc = compat_tokenize(srv, root, &out, &e);
+        text_work_end(srv);
+    }
+    json_decref(root);
+    if (rc) {
+        if (!e.status) serve_error_oom(&e);
+        return send_err(srv, c, &e);
+    }
+    return send_text(srv, c, 200, "application/json", out, NULL);
 }
 /* POST /chat/completions/input_tokens (llama-server's): the template's tokens of a chat request. */
 static int do_input_tokens(struct server *srv, json_t *root, json_t **out, struct serve_error *e) {
@@ -1277,6 +1343,25 @@ static const char *auth(struct server *srv, struct MHD_Connection *c, char *ns, 
     return ns;
 }
 
+/* Is a Host header (absent: yes, HTTP/1.0) a loopback name with an optional port: localhost,
+** 127.x.x.x or [::1]? */
+static bool host_is_loopback(const char *h) {
+    if (!h) return true;
+    char name[256];
+    size_t n = strlen(h);
+    if (n >= sizeof name) return false;
+    memcpy(name, h, n + 1);
+    char *colon = name[0] == '[' ? strstr(name, "]:") : strrchr(name, ':');
+    if (colon) {
+        char *port = colon + (name[0] == '[' ? 2 : 1);
+        if (!*port || strspn(port, "0123456789") != strlen(port)) return false;
+        *(name[0] == '[' ? colon + 1 : colon) = '\0';
+    }
+    if (!strcasecmp(name, "localhost") || !strcasecmp(name, "localhost.") || !strcmp(name, "[::1]")) return true;
+    struct in_addr a;
+    return inet_pton(AF_INET, name, &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
+}
+
 static enum MHD_Result send_unauthorized(struct server *srv, struct MHD_Connection *c) {
     return send_error(srv, c, 401, "authentication_error", "invalid_api_key",
                       "missing or incorrect API key (send Authorization: Bearer KEY, or X-Api-Key: KEY)");
@@ -1294,10 +1379,25 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         srv->n_http++;
         pthread_mutex_unlock(&srv->mu);
         watch_phase(srv, conn_of(c), PHASE_BODY);
+        /* the routes open without a key are GETs: any other method on them is answered here too,
+        ** before a body byte is read (a POST /health once made the server buffer --max-body-mb) */
         bool open = !strcmp(url, "/health") || !strcmp(url, "/v1/health") || (!strcmp(url, "/metrics") && srv->lim.metrics_public);
+        if (open && strcmp(method, "GET") && strcmp(method, "OPTIONS"))
+            return send_error(srv, c, 405, "invalid_request_error", NULL, "%s %.40s: use GET", method, url);
         if (!strcmp(method, "OPTIONS")) { /* a CORS preflight: answered without a key (browsers send none) */
             char *empty = strdup("");
             return empty ? send_text(srv, c, 200, "text/plain", empty, NULL) : MHD_NO;
+        }
+        /* DNS rebinding: a web page whose name was made to resolve to 127.0.0.1 reaches a keyless
+        ** server on loopback from the browser, with its own name in Host.  Such a server answers
+        ** only requests addressed to a loopback name (issue #38) */
+        if (!srv->keys && !srv->public_listen && !host_is_loopback(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host"))) {
+            char h[64];
+            serve_printable(h, sizeof h, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host"));
+            return send_error(srv, c, 403, "permission_error", "host_not_allowed",
+                              "Host '%s' is not a loopback name: a server without API keys listening on loopback answers "
+                              "requests for localhost, 127.0.0.1 or [::1] only (give --api-key-file to serve other names)",
+                              h);
         }
         rq->authorized = auth(srv, c, rq->ns, sizeof rq->ns) != NULL;
         /* answered before the body is read: the client learns at once, and a client without a
@@ -1392,7 +1492,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     }
     if (!v1 && (!strcmp(u, "/tokenize") || !strcmp(u, "/detokenize") || !strcmp(u, "/apply-template"))) {
         if (!post) return send_error(srv, c, 405, "invalid_request_error", NULL, "%s %s: use POST", method, url);
-        return post_text(srv, c, rq, u[1] == 't' ? do_tokenize : u[1] == 'd' ? do_detokenize : compat_apply_template);
+        if (u[1] == 't') return post_tokenize(srv, c, rq);
+        return post_text(srv, c, rq, u[1] == 'd' ? do_detokenize : compat_apply_template);
     }
     if (!strcmp(u, "/models")) {
         if (!get) return send_error(srv, c, 405, "invalid_request_error", NULL, "%s %s: use GET", method, url);
@@ -1458,10 +1559,12 @@ static struct MHD_Daemon *listen_on(struct server *srv, const char *host, int32_
     if (inet_pton(AF_INET, a, &s4->sin_addr) == 1) {
         s4->sin_family = AF_INET;
         s4->sin_port = htons((uint16_t) port);
+        if ((ntohl(s4->sin_addr.s_addr) >> 24) != 127) srv->public_listen = true;
     } else if (inet_pton(AF_INET6, a, &s6->sin6_addr) == 1) {
         s6->sin6_family = AF_INET6;
         s6->sin6_port = htons((uint16_t) port);
         flags |= MHD_USE_IPv6;
+        if (!IN6_IS_ADDR_LOOPBACK(&s6->sin6_addr)) srv->public_listen = true;
     } else {
         fprintf(stderr, "kvtier serve: --host '%s' is not an IPv4 or IPv6 address\n", host);
         return NULL;

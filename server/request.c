@@ -36,7 +36,7 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
     const char *len_keys[] = { "max_tokens", "max_completion_tokens" };
     for (int i = 0; i < 2; i++)
         if ((v = json_object_get(root, len_keys[i])) && !json_is_null(v)) {
-            e->param = len_keys[i];
+            serve_error_param(e, len_keys[i]);
             if (!json_is_integer(v)) {
                 serve_bad(e, "'%s' must be an integer, got %s", len_keys[i], serve_json_type(v));
                 return -1;
@@ -49,7 +49,7 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
             j->req.max_tokens = (int32_t) x;
         }
     if ((v = json_object_get(root, "temperature")) && !json_is_null(v)) {
-        e->param = "temperature";
+        serve_error_param(e, "temperature");
         if (!json_is_number(v)) {
             serve_bad(e, "'temperature' must be a number, got %s", serve_json_type(v));
             return -1;
@@ -62,7 +62,7 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
         j->req.smp.temperature = (float) t;
     }
     if ((v = json_object_get(root, "top_p")) && !json_is_null(v)) {
-        e->param = "top_p";
+        serve_error_param(e, "top_p");
         if (!json_is_number(v)) {
             serve_bad(e, "'top_p' must be a number, got %s", serve_json_type(v));
             return -1;
@@ -75,14 +75,14 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
         j->req.smp.top_p = (float) p;
     }
     if ((v = json_object_get(root, "min_p")) && !json_is_null(v)) {
-        e->param = "min_p";
+        serve_error_param(e, "min_p");
         if (!json_is_number(v)) return serve_bad(e, "'min_p' must be a number, got %s", serve_json_type(v));
         double p = json_number_value(v);
         if (!(p >= 0 && p <= 1)) return serve_bad(e, "'min_p' %g is outside 0..1 (0 = off)", p);
         j->req.smp.min_p = (float) p;
     }
     if ((v = json_object_get(root, "top_k")) && !json_is_null(v)) {
-        e->param = "top_k";
+        serve_error_param(e, "top_k");
         if (!json_is_integer(v)) {
             serve_bad(e, "'top_k' must be an integer, got %s", serve_json_type(v));
             return -1;
@@ -95,7 +95,7 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
         j->req.smp.top_k = (int32_t) k;
     }
     if ((v = json_object_get(root, "seed")) && !json_is_null(v)) {
-        e->param = "seed";
+        serve_error_param(e, "seed");
         if (!json_is_integer(v)) {
             serve_bad(e, "'seed' must be an integer, got %s", serve_json_type(v));
             return -1;
@@ -111,7 +111,7 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
         j->req.smp.seed = (uint32_t) (ts.tv_nsec ^ ts.tv_sec);
     }
     if ((v = json_object_get(root, "n")) && !json_is_null(v)) { /* n > 1: server/http.c runs one job per choice */
-        e->param = "n";
+        serve_error_param(e, "n");
         if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > SERVE_MAX_CHOICES) {
             if (json_is_integer(v)) serve_bad(e, "'n' %lld is outside 1..%d", (long long) json_integer_value(v), SERVE_MAX_CHOICES);
             else serve_bad(e, "'n' must be an integer from 1 to %d, got %s", SERVE_MAX_CHOICES, serve_json_type(v));
@@ -124,7 +124,7 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
         }
     }
     if ((v = json_object_get(root, "stop")) && !json_is_null(v)) {
-        e->param = "stop";
+        serve_error_param(e, "stop");
         if (json_is_string(v)) {
             if (!(j->req.stop[j->req.n_stop++] = strdup(json_string_value(v)))) return serve_error_oom(e);
         } else if (json_is_array(v)) {
@@ -152,7 +152,7 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
             }
     }
     if ((v = json_object_get(root, "stream")) && !json_is_null(v)) {
-        e->param = "stream";
+        serve_error_param(e, "stream");
         if (!json_is_boolean(v)) {
             serve_bad(e, "'stream' must be a boolean, got %s", serve_json_type(v));
             return -1;
@@ -160,7 +160,7 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
         j->req.stream = json_is_true(v);
     }
     if ((v = json_object_get(root, "stream_options")) && !json_is_null(v)) {
-        e->param = "stream_options";
+        serve_error_param(e, "stream_options");
         if (!json_is_object(v)) {
             serve_bad(e, "'stream_options' must be an object, got %s", serve_json_type(v));
             return -1;
@@ -173,33 +173,33 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
         j->req.include_usage = u && json_is_true(u);
     }
     if ((v = json_object_get(root, "model")) && !json_is_null(v) && !json_is_string(v)) {
-        e->param = "model";
+        serve_error_param(e, "model");
         serve_bad(e, "'model' must be a string, got %s", serve_json_type(v));
         return -1;
     }
     j->req.verbose = srv->verbose;
     if ((v = json_object_get(root, "timings_per_token")) && !json_is_null(v)) {
-        e->param = "timings_per_token";
+        serve_error_param(e, "timings_per_token");
         if (!json_is_boolean(v)) return serve_bad(e, "'timings_per_token' must be a boolean, got %s", serve_json_type(v));
         j->req.timings = json_is_true(v);
     }
     if ((v = json_object_get(root, "cache_prompt")) && !json_is_null(v)) {
-        e->param = "cache_prompt";
+        serve_error_param(e, "cache_prompt");
         if (!json_is_boolean(v)) return serve_bad(e, "'cache_prompt' must be a boolean, got %s", serve_json_type(v));
         j->req.no_prompt_cache = json_is_false(v);
     }
     if ((v = json_object_get(root, "return_progress")) && !json_is_null(v)) {
-        e->param = "return_progress";
+        serve_error_param(e, "return_progress");
         if (!json_is_boolean(v)) return serve_bad(e, "'return_progress' must be a boolean, got %s", serve_json_type(v));
         j->req.return_progress = json_is_true(v);
     }
     if ((v = json_object_get(root, "verbose")) && !json_is_null(v)) {
-        e->param = "verbose";
+        serve_error_param(e, "verbose");
         if (!json_is_boolean(v)) return serve_bad(e, "'verbose' must be a boolean, got %s", serve_json_type(v));
         j->req.verbose = json_is_true(v);
     }
     if ((v = json_object_get(root, "logprobs")) && !json_is_null(v)) {
-        e->param = "logprobs";
+        serve_error_param(e, "logprobs");
         if (!json_is_boolean(v) && !(json_is_integer(v) && json_integer_value(v) == 0)) {
             serve_bad(e, "'logprobs' must be a boolean, got %s", serve_json_type(v));
             return -1;
@@ -207,7 +207,7 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
         j->req.logprobs = json_is_true(v);
     }
     if ((v = json_object_get(root, "top_logprobs")) && !json_is_null(v)) {
-        e->param = "top_logprobs";
+        serve_error_param(e, "top_logprobs");
         if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 20) {
             serve_bad(e, "'top_logprobs' must be an integer in 0..20");
             return -1;
@@ -218,7 +218,7 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
         }
         j->req.top_logprobs = (int32_t) json_integer_value(v);
     }
-    e->param = NULL;
+    serve_error_param(e, NULL);
     return 0;
 }
 
@@ -286,7 +286,7 @@ static int push_msg(struct job *j, const char *role, char *content) {
 static int parse_messages(json_t *root, struct job *j, const struct serve_limits *lim, const char *sys_extra,
                           struct serve_error *e) {
     json_t *ms = json_object_get(root, "messages");
-    e->param = "messages";
+    serve_error_param(e, "messages");
     if (!ms) {
         serve_bad(e, "'messages' is required");
         return -1;
@@ -432,7 +432,7 @@ out:
     }
     const json_t *cont = json_object_get(root, "continue_final_message"), *agp = json_object_get(root, "add_generation_prompt");
     if (json_is_true(cont) && json_is_true(agp)) {
-        e->param = "continue_final_message";
+        serve_error_param(e, "continue_final_message");
         return serve_bad(e, "'continue_final_message' and 'add_generation_prompt' cannot both be true");
     }
     if (!strcmp(j->req.msgs[j->req.n_msgs - 1].role, "assistant") && !json_is_false(cont)) {
@@ -444,13 +444,13 @@ out:
                   j->req.msgs[j->req.n_msgs - 1].role);
         return -1;
     } else if (json_is_true(cont)) {
-        e->param = "continue_final_message";
+        serve_error_param(e, "continue_final_message");
         return serve_bad(e, "'continue_final_message' is true but the last message is not the assistant's");
     } else if (json_is_false(agp)) {
-        e->param = "add_generation_prompt";
+        serve_error_param(e, "add_generation_prompt");
         return serve_bad(e, "'add_generation_prompt' false is supported only with a final assistant message to continue");
     }
-    e->param = NULL;
+    serve_error_param(e, NULL);
     return 0;
 }
 
@@ -461,8 +461,8 @@ static const struct {
     const char *name;
     double neutral;
 } NOT_IMPLEMENTED[] = {
-    { "frequency_penalty", 0 }, { "presence_penalty", 0 }, { "repeat_penalty", 1 },  { "typical_p", 1 },
-    { "mirostat", 0 },          { "dry_multiplier", 0 },   { "xtc_probability", 0 }, { "top_n_sigma", -1 }, { "dynatemp_range", 0 },
+    { "frequency_penalty", 0 }, { "presence_penalty", 0 }, { "repeat_penalty", 1 }, { "typical_p", 1 },      { "mirostat", 0 },
+    { "dry_multiplier", 0 },    { "xtc_probability", 0 },  { "top_n_sigma", -1 },   { "dynatemp_range", 0 },
 };
 
 /* The request fields kvtier reads or knowingly accepts; any other is logged once (by name). */
@@ -529,8 +529,10 @@ static void log_unknown_fields(const json_t *root) {
         bool seen = false;
         for (int i = 0; !seen && i < n_unknown_seen; i++) seen = !strncmp(unknown_seen[i], k, sizeof unknown_seen[i] - 1);
         if (!seen && n_unknown_seen < 64) {
+            char name[41];
             snprintf(unknown_seen[n_unknown_seen++], sizeof unknown_seen[0], "%s", k);
-            fprintf(stderr, "kvtier serve: request field '%.*s' is not one kvtier reads; ignored (logged once)\n", 40, k);
+            serve_printable(name, sizeof name, k); /* a client's bytes: no control character reaches the log */
+            fprintf(stderr, "kvtier serve: request field '%s' is not one kvtier reads; ignored (logged once)\n", name);
         }
         pthread_mutex_unlock(&unknown_mu);
     }
@@ -543,14 +545,14 @@ static int refuse_unimplemented(const json_t *root, struct serve_error *e) {
         const char *f = NOT_IMPLEMENTED[i].name;
         if (!(v = json_object_get(root, f)) || json_is_null(v)) continue;
         if (json_is_number(v) && json_number_value(v) == NOT_IMPLEMENTED[i].neutral) continue;
-        e->param = f;
+        serve_error_param(e, f);
         if (!json_is_number(v)) return serve_bad(e, "'%s' must be a number, got %s", f, serve_json_type(v));
         serve_bad(e, "'%s' %g is not supported by kvtier serve: it would change the reply (send %g or leave it out)", f,
                   json_number_value(v), NOT_IMPLEMENTED[i].neutral);
         return -1;
     }
     if ((v = json_object_get(root, "ignore_eos")) && json_is_true(v)) {
-        e->param = "ignore_eos";
+        serve_error_param(e, "ignore_eos");
         serve_bad(e, "'ignore_eos' true is not supported by kvtier serve: it would change the reply");
         return -1;
     }
@@ -560,7 +562,7 @@ static int refuse_unimplemented(const json_t *root, struct serve_error *e) {
 /* One logit_bias entry: key (a token id, as a number or its decimal string, or a text whose
 ** tokens are all biased: llama-server's) and value (a number in -100..100, or false: banned). */
 static int add_bias(struct server *srv, struct job *j, const json_t *key, const char *kstr, const json_t *val, const char *where,
-                    struct serve_error *e) {
+                    bool text_only, struct serve_error *e) {
     float b;
     if (json_is_false(val)) b = -INFINITY;
     else if (json_is_number(val) && json_number_value(val) >= -100 && json_number_value(val) <= 100)
@@ -573,7 +575,7 @@ static int add_bias(struct server *srv, struct job *j, const json_t *key, const 
     char *end = NULL;
     long id = -1;
     if (key && json_is_integer(key)) id = (long) json_integer_value(key);
-    else if (kstr && *kstr) id = strtol(kstr, &end, 10);
+    else if (kstr && *kstr && !text_only) id = strtol(kstr, &end, 10);
     struct kvt_engine_info I = { 0 };
     if (srv->eng) kvt_engine_info(srv->eng, &I);
     if ((key && json_is_integer(key)) || (end && !*end)) {
@@ -607,14 +609,14 @@ static int add_bias(struct server *srv, struct job *j, const json_t *key, const 
 
 /* logit_bias: OpenAI's {"ID": bias} or llama-server's [[ID or text, bias or false], ...]. */
 static int parse_logit_bias(struct server *srv, const json_t *v, struct job *j, struct serve_error *e) {
-    e->param = "logit_bias";
+    serve_error_param(e, "logit_bias");
     char where[48];
     if (json_is_object(v)) {
         const char *k;
         json_t *b;
         json_object_foreach((json_t *) v, k, b) {
             snprintf(where, sizeof where, "'%.30s'", k);
-            if (add_bias(srv, j, NULL, k, b, where, e)) return -1;
+            if (add_bias(srv, j, NULL, k, b, where, false, e)) return -1; /* OpenAI's keys: ids */
         }
     } else if (json_is_array(v)) {
         size_t i;
@@ -624,13 +626,15 @@ static int parse_logit_bias(struct server *srv, const json_t *v, struct job *j, 
             if (!json_is_array(p) || json_array_size(p) != 2 ||
                 !(json_is_integer(json_array_get(p, 0)) || json_is_string(json_array_get(p, 0))))
                 return serve_bad(e, "'logit_bias[%zu]' must be a pair [token id or text, bias]", i);
-            if (add_bias(srv, j, json_array_get(p, 0), json_string_value(json_array_get(p, 0)), json_array_get(p, 1), where, e))
+            /* llama-server's pairs: a number is an id, a string is text to tokenize ("123" too) */
+            if (add_bias(srv, j, json_array_get(p, 0), json_string_value(json_array_get(p, 0)), json_array_get(p, 1), where, true,
+                         e))
                 return -1;
         }
     } else return serve_bad(e, "'logit_bias' must be an object {token id: bias} or an array of pairs, got %s", serve_json_type(v));
     j->req.smp.logit_bias = j->req.bias;
     j->req.smp.n_logit_bias = j->req.n_bias;
-    e->param = NULL;
+    serve_error_param(e, NULL);
     return 0;
 }
 
@@ -639,7 +643,7 @@ static int parse_logit_bias(struct server *srv, const json_t *v, struct job *j, 
 ** no session: its KV is not kept), replied in the chat shape. */
 static int prefill_prompt(struct server *srv, struct job *j, struct serve_error *e) {
     if (j->req.format != REPLY_TEXT) {
-        e->param = "messages";
+        serve_error_param(e, "messages");
         return serve_bad(e, "an assistant prefill (the last message is the assistant's) cannot be combined with tools or "
                             "response_format");
     }
@@ -648,7 +652,7 @@ static int prefill_prompt(struct server *srv, struct job *j, struct serve_error 
     const struct kvt_chat_msg *last = &j->req.msgs[j->req.n_msgs - 1];
     int rc = kvt_chat_format(srv->eng, j->req.msgs, j->req.n_msgs - 1, true, kvt_session_default_params().template_fallback, &text);
     if (rc) {
-        e->param = "messages";
+        serve_error_param(e, "messages");
         serve_error_lib(e, "chat template", rc);
         return -1;
     }
@@ -668,14 +672,14 @@ static int prefill_prompt(struct server *srv, struct job *j, struct serve_error 
 int serve_request_detach(struct server *srv, struct job *j, struct serve_error *e) {
     if (j->kind != JOB_CHAT) return 0;
     if (j->req.format != REPLY_TEXT) {
-        e->param = "n";
+        serve_error_param(e, "n");
         return serve_bad(e, "'n' > 1 cannot be combined with tools or response_format (one choice per request there)");
     }
     if (!srv->eng) return 0; /* no model (the request fuzzer): parsed only */
     char *text = NULL;
     int rc = kvt_chat_format(srv->eng, j->req.msgs, j->req.n_msgs, true, kvt_session_default_params().template_fallback, &text);
     if (rc) {
-        e->param = "messages";
+        serve_error_param(e, "messages");
         serve_error_lib(e, "chat template", rc);
         return -1;
     }
@@ -728,7 +732,7 @@ static int parse_prompt_ids(struct server *srv, const json_t *p, struct job *j, 
 }
 
 int serve_request_parse(struct server *srv, json_t *root, struct job *j, bool chat, struct serve_error *e) {
-    e->param = NULL;
+    serve_error_param(e, NULL);
     log_unknown_fields(root);
     int rc = refuse_unimplemented(root, e);
     if (rc == 0) rc = parse_common(srv, root, j, e);
@@ -745,7 +749,7 @@ int serve_request_parse(struct server *srv, json_t *root, struct job *j, bool ch
         for (int i = 0; rc == 0 && i < 7; i++) {
             json_t *v = json_object_get(root, chat_only[i]);
             if (v && !json_is_null(v)) {
-                e->param = chat_only[i];
+                serve_error_param(e, chat_only[i]);
                 serve_bad(e, "'%s' is not supported on /v1/completions; use /v1/chat/completions", chat_only[i]);
                 rc = -1;
             }
@@ -753,7 +757,7 @@ int serve_request_parse(struct server *srv, json_t *root, struct job *j, bool ch
     }
     if (rc == 0 && !chat) {
         json_t *p = json_object_get(root, "prompt");
-        e->param = "prompt";
+        serve_error_param(e, "prompt");
         if (p && json_is_array(p) && json_array_size(p) == 1 && !json_is_integer(json_array_get(p, 0))) p = json_array_get(p, 0);
         if (p && json_is_object(p)) { /* llama.cpp's {"prompt_string": ..., "multimodal_data": ...} */
             if (json_object_get(p, "multimodal_data")) {

@@ -9,46 +9,131 @@
 ** copy-on-write).  Instructions are not carried over (as OpenAI documents): each request's
 ** stand first, as the system message.
 **
-** Stored responses live in host RAM, per API key (another key's id is a 404), at most
-** RESP_MAX of them; the least recently used goes first, and since a response's ancestors are
-** touched whenever it is continued, a stored response's whole chain stays stored while it does.
-** store: false replies are not kept.  Shapes as platform.openai.com documents them. */
+** Stored responses live in host RAM, per API key (another key's id is a 404): at most
+** --max-responses in all and --responses-per-key of one key; past its share a key's own least
+** recently used response goes (never another key's), past the total the server's.  Since a
+** response's ancestors are touched whenever it is stored or continued, a response's whole chain
+** stays stored while it does.  A stored response is never changed after it is stored: a replay
+** works on copies of its messages.  Lookup is a hash of (key, id), O(1); a replay is linear in
+** its chain.  Ids are 128 random bits.  store: false replies are not kept.  Shapes as
+** platform.openai.com documents them. */
 #include "serve.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 
-enum { RESP_MAX = 4096, RESP_MAX_DEPTH = 100000 };
+enum { RESP_MAX_DEPTH = 100000 };
 
+/* One stored response: in the hash chain of its (ns, id), in its key's LRU list and in the
+** server's (most recently used first).  turn and obj are never changed once stored. */
 struct resp {
-    char id[48], parent[48], ns[40];
-    json_t *turn;     /* the chat messages this response added: its input items, then the reply */
-    json_t *obj;      /* the Response object, as GET returns it */
-    uint64_t touched; /* LRU clock: set when stored and whenever a descendant is created */
+    char id[48], parent[48];
+    json_t *turn; /* the chat messages this response added: its input items, then the reply */
+    json_t *obj;  /* the Response object, as GET returns it */
+    struct tenant_lru *tn;
+    struct resp *hnext, *kprev, *knext, *gprev, *gnext;
+};
+struct tenant_lru { /* one API key's stored responses */
+    char ns[40];
+    int32_t n;
+    struct resp *head, *tail;
+    struct tenant_lru *next;
 };
 
 static pthread_mutex_t resp_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct resp *resps; /* [n_resps], unordered */
+static struct resp **buckets; /* [n_buckets], a power of two >= 2 x --max-responses */
+static size_t n_buckets;
+static struct tenant_lru *tenants;
+static struct resp *g_head, *g_tail;
 static int32_t n_resps;
-static uint64_t resp_clock;
+
+static size_t bucket(const char *ns, const char *id) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a over ns, a separator, id */
+    for (const char *p = ns; *p; p++) h = (h ^ (unsigned char) *p) * 1099511628211ull;
+    h = (h ^ 0xff) * 1099511628211ull;
+    for (const char *p = id; *p; p++) h = (h ^ (unsigned char) *p) * 1099511628211ull;
+    return (size_t) (h & (n_buckets - 1));
+}
 
 static struct resp *find(const char *ns, const char *id) {
-    for (int32_t i = 0; i < n_resps; i++)
-        if (!strcmp(resps[i].id, id) && !strcmp(resps[i].ns, ns)) return &resps[i];
+    if (!buckets) return NULL;
+    for (struct resp *r = buckets[bucket(ns, id)]; r; r = r->hnext)
+        if (!strcmp(r->id, id) && !strcmp(r->tn->ns, ns)) return r;
     return NULL;
+}
+
+static void unlink_lru(struct resp *r) {
+    struct tenant_lru *t = r->tn;
+    *(r->kprev ? &r->kprev->knext : &t->head) = r->knext;
+    *(r->knext ? &r->knext->kprev : &t->tail) = r->kprev;
+    *(r->gprev ? &r->gprev->gnext : &g_head) = r->gnext;
+    *(r->gnext ? &r->gnext->gprev : &g_tail) = r->gprev;
+}
+
+static void push_front(struct resp *r) {
+    struct tenant_lru *t = r->tn;
+    r->kprev = NULL;
+    r->knext = t->head;
+    *(t->head ? &t->head->kprev : &t->tail) = r;
+    t->head = r;
+    r->gprev = NULL;
+    r->gnext = g_head;
+    *(g_head ? &g_head->gprev : &g_tail) = r;
+    g_head = r;
+}
+
+/* Used now: r and then each ancestor of r to the front, so that an ancestor is always more
+** recent than its descendants (the LRU end is never the ancestor of a stored response). */
+static void touch_chain(struct resp *r) {
+    for (int depth = 0; r && depth < RESP_MAX_DEPTH; depth++) {
+        unlink_lru(r);
+        push_front(r);
+        r = r->parent[0] ? find(r->tn->ns, r->parent) : NULL;
+    }
+}
+
+static void drop(struct resp *r) {
+    struct resp **pp = &buckets[bucket(r->tn->ns, r->id)];
+    while (*pp != r) pp = &(*pp)->hnext;
+    *pp = r->hnext;
+    unlink_lru(r);
+    r->tn->n--;
+    n_resps--;
+    json_decref(r->turn);
+    json_decref(r->obj);
+    free(r);
+}
+
+void resp_new_id(char *id, size_t n) {
+    unsigned char b[16];
+    if (getrandom(b, sizeof b, 0) != (ssize_t) sizeof b) { /* no entropy source: still unique, not secret */
+        static uint64_t ctr;
+        uint64_t c = __atomic_add_fetch(&ctr, 1, __ATOMIC_RELAXED), t = (uint64_t) time(NULL);
+        memcpy(b, &c, 8);
+        memcpy(b + 8, &t, 8);
+    }
+    char hex[33];
+    for (int i = 0; i < 16; i++) snprintf(hex + 2 * i, 3, "%02x", b[i]);
+    snprintf(id, n, "resp_%s", hex);
 }
 
 /* ---------------------------------------------------------------------------------------- */
 /* request: input items -> chat messages                                                    */
 
 /* The text of an item's content: a string, or input_text/output_text parts joined. */
-static char *content_text(const json_t *c, const char *where, struct serve_error *e) {
+static char *content_text(const json_t *c, const char *where, int32_t max_parts, struct serve_error *e) {
     if (json_is_string(c)) return strdup(json_string_value(c));
     if (!json_is_array(c)) {
-        e->param = "input";
+        serve_error_param(e, "input");
         serve_bad(e, "'%s' must be a string or an array of content parts, got %s", where, serve_json_type(c));
+        return NULL;
+    }
+    if (json_array_size(c) > (size_t) max_parts) { /* before any work on them */
+        serve_error_param(e, "input");
+        serve_bad(e, "'%s' has %zu parts; at most %d (--max-content-parts)", where, json_array_size(c), max_parts);
         return NULL;
     }
     size_t n = 1, i;
@@ -71,7 +156,7 @@ static char *content_text(const json_t *c, const char *where, struct serve_error
             continue;
         }
         free(out);
-        e->param = "input";
+        serve_error_param(e, "input");
         if (type && (!strcmp(type, "input_image") || !strcmp(type, "input_file") || !strcmp(type, "input_audio")))
             serve_bad(e, "'%s[%zu]' is %s: image, file and audio input are not supported (kvtier serves text models)", where, i,
                       type);
@@ -81,12 +166,15 @@ static char *content_text(const json_t *c, const char *where, struct serve_error
     return out;
 }
 
-/* The request's input (a string or a list of items) as chat messages appended to msgs. */
-static int input_messages(const json_t *input, json_t *msgs, struct serve_error *e) {
-    e->param = "input";
+/* The request's input (a string or a list of items) as chat messages appended to msgs, whose
+** first `replayed` messages are previous_response_id's conversation (copies). */
+static int input_messages(struct server *srv, const json_t *input, json_t *msgs, size_t replayed, struct serve_error *e) {
+    serve_error_param(e, "input");
     if (json_is_string(input))
         return json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", "user", "content", input)) ? serve_error_oom(e) : 0;
     if (!json_is_array(input)) return serve_bad(e, "'input' must be a string or an array of items, got %s", serve_json_type(input));
+    if (json_array_size(input) > (size_t) srv->lim.max_messages) /* before any work on them */
+        return serve_bad(e, "'input' has %zu items; at most %d (--max-messages)", json_array_size(input), srv->lim.max_messages);
     size_t i;
     const json_t *it;
     json_array_foreach(input, i, it) {
@@ -98,7 +186,7 @@ static int input_messages(const json_t *input, json_t *msgs, struct serve_error 
         if ((!type || !strcmp(type, "message")) && role) {
             if (strcmp(role, "user") && strcmp(role, "assistant") && strcmp(role, "system") && strcmp(role, "developer"))
                 return serve_bad(e, "'input[%zu].role' '%.40s' is not user, assistant, system or developer", i, role);
-            char *t = content_text(json_object_get(it, "content"), where, e);
+            char *t = content_text(json_object_get(it, "content"), where, srv->lim.max_parts, e);
             if (!t) return e->status ? -1 : serve_error_oom(e);
             json_t *m = json_pack("{s:s, s:s}", "role", !strcmp(role, "developer") ? "system" : role, "content", t);
             free(t);
@@ -112,17 +200,28 @@ static int input_messages(const json_t *input, json_t *msgs, struct serve_error 
             json_t *m = json_pack("{s:s, s:s, s:[{s:s, s:s, s:{s:s, s:s}}]}", "role", "assistant", "content", "", "tool_calls",
                                   "id", cid, "type", "function", "function", "name", name, "arguments", args);
             /* consecutive calls of one turn: one assistant message */
-            json_t *last = json_array_get(msgs, json_array_size(msgs) - 1);
-            if (m && last && json_object_get(last, "tool_calls") &&
-                !strcmp(json_string_value(json_object_get(last, "role")), "assistant")) {
-                json_array_extend(json_object_get(last, "tool_calls"), json_object_get(m, "tool_calls"));
+            size_t n_msgs = json_array_size(msgs);
+            json_t *last = n_msgs ? json_array_get(msgs, n_msgs - 1) : NULL, *calls = json_object_get(last, "tool_calls");
+            const char *lrole = json_string_value(json_object_get(last, "role"));
+            bool calls_last = m && json_is_array(calls) && lrole && !strcmp(lrole, "assistant"), resent = false;
+            bool merge = calls_last && n_msgs > replayed; /* never into a replayed message: this turn's own */
+            if (calls_last && n_msgs <= replayed) {       /* the previous response's own call, sent again: once is enough */
+                size_t k;
+                const json_t *call;
+                json_array_foreach(calls, k, call)
+                    resent = resent || !strcmp(json_string_value(json_object_get(call, "id")) ?: "", cid);
+            }
+            if (resent) json_decref(m);
+            else if (merge) {
+                int x = json_array_extend(calls, json_object_get(m, "tool_calls"));
                 json_decref(m);
+                if (x) return serve_error_oom(e);
             } else if (!m || json_array_append_new(msgs, m)) return serve_error_oom(e);
         } else if (type && !strcmp(type, "function_call_output")) {
             const char *cid = json_string_value(json_object_get(it, "call_id"));
             const json_t *out = json_object_get(it, "output");
             if (!cid || !out) return serve_bad(e, "'input[%zu]' (function_call_output) needs a string call_id and an output", i);
-            char *t = json_is_string(out) ? strdup(json_string_value(out)) : content_text(out, where, e);
+            char *t = json_is_string(out) ? strdup(json_string_value(out)) : content_text(out, where, srv->lim.max_parts, e);
             if (!t) return e->status ? -1 : serve_error_oom(e);
             json_t *m = json_pack("{s:s, s:s, s:s}", "role", "tool", "tool_call_id", cid, "content", t);
             free(t);
@@ -144,7 +243,6 @@ static const char *const KNOWN[] = {
 
 int resp_to_chat(struct server *srv, const char *ns, const json_t *in, json_t **out, json_t **turn, char *parent, size_t n_parent,
                  struct serve_error *e) {
-    (void) srv;
     *out = *turn = NULL;
     parent[0] = '\0';
     const char *k;
@@ -153,17 +251,17 @@ int resp_to_chat(struct server *srv, const char *ns, const json_t *in, json_t **
         bool known = false;
         for (size_t i = 0; !known && i < sizeof KNOWN / sizeof KNOWN[0]; i++) known = !strcmp(k, KNOWN[i]);
         if (!known) {
-            e->param = k;
+            serve_error_param(e, k);
             return serve_bad(e, "'%.40s' is not a Responses API field kvtier applies", k);
         }
     }
     if (json_is_true(json_object_get(in, "background"))) {
-        e->param = "background";
+        serve_error_param(e, "background");
         return serve_bad(e, "'background' true is not supported: send the request and wait (or stream)");
     }
     const json_t *reasoning = json_object_get(in, "reasoning");
     if (reasoning && json_object_get(reasoning, "effort") && !json_is_null(json_object_get(reasoning, "effort"))) {
-        e->param = "reasoning";
+        serve_error_param(e, "reasoning");
         return serve_bad(e, "'reasoning.effort' is not supported: kvtier's models do not reason apart");
     }
     json_t *o = json_object(), *msgs = json_array(), *t = json_array();
@@ -175,33 +273,32 @@ int resp_to_chat(struct server *srv, const char *ns, const json_t *in, json_t **
     int rc = 0;
     if ((v = json_object_get(in, "instructions")) && !json_is_null(v)) {
         if (!json_is_string(v)) {
-            e->param = "instructions";
+            serve_error_param(e, "instructions");
             rc = serve_bad(e, "'instructions' must be a string, got %s", serve_json_type(v));
         } else if (json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", "system", "content", v))) rc = serve_error_oom(e);
     }
     /* the conversation so far: the turns of previous_response_id's chain, oldest first */
     if (rc == 0 && (v = json_object_get(in, "previous_response_id")) && !json_is_null(v)) {
-        e->param = "previous_response_id";
+        serve_error_param(e, "previous_response_id");
         if (!json_is_string(v)) rc = serve_bad(e, "'previous_response_id' must be a string, got %s", serve_json_type(v));
         else {
             snprintf(parent, n_parent, "%s", json_string_value(v));
             pthread_mutex_lock(&resp_mu);
-            json_t *chain = json_array();
-            uint64_t now = ++resp_clock;
+            json_t *chain = json_array(); /* the turns, newest first */
             struct resp *r = find(ns, parent);
-            bool found = r != NULL;
+            bool found = r != NULL, oom = !chain;
             char missing[48] = "";
-            for (int depth = 0; r && chain && depth < RESP_MAX_DEPTH; depth++) {
-                json_array_insert(chain, 0, r->turn);
-                r->touched = now; /* the chain stays while it is continued */
+            for (int depth = 0; r && !oom && depth < RESP_MAX_DEPTH; depth++) {
+                oom = json_array_append(chain, r->turn) != 0;
                 if (!r->parent[0]) break;
                 struct resp *p = find(ns, r->parent);
                 if (!p) snprintf(missing, sizeof missing, "%s", r->parent);
                 r = p;
             }
+            if (found) touch_chain(find(ns, parent)); /* the chain stays while it is continued */
             pthread_mutex_unlock(&resp_mu);
-            if (!found || missing[0]) {
-                json_decref(chain);
+            if (oom) rc = serve_error_oom(e);
+            else if (!found || missing[0]) {
                 if (!found)
                     rc = serve_error_set(
                         e, 404, "invalid_request_error", "not_found",
@@ -209,21 +306,27 @@ int resp_to_chat(struct server *srv, const char *ns, const json_t *in, json_t **
                 else /* never a conversation with a hole in it */
                     rc = serve_error_set(e, 404, "invalid_request_error", "not_found",
                                          "response '%.60s', earlier in the conversation of '%.60s', was deleted", missing, parent);
-            } else {
-                size_t i;
-                json_t *tn;
-                json_array_foreach(chain, i, tn) json_array_extend(msgs, tn);
-                json_decref(chain);
-            }
+            } else /* copies, oldest turn first: what this request does to its messages never reaches a stored response */
+                for (size_t i = json_array_size(chain); rc == 0 && i-- > 0;) {
+                    size_t mi;
+                    json_t *m;
+                    json_array_foreach(json_array_get(chain, i), mi, m) {
+                        if (json_array_append_new(msgs, json_deep_copy(m))) {
+                            rc = serve_error_oom(e);
+                            break;
+                        }
+                    }
+                }
+            json_decref(chain);
         }
     }
     size_t before = json_array_size(msgs);
     if (rc == 0) {
         const json_t *input = json_object_get(in, "input");
         if (!input) {
-            e->param = "input";
+            serve_error_param(e, "input");
             rc = serve_bad(e, "'input' is missing: a string or an array of items");
-        } else rc = input_messages(input, msgs, e);
+        } else rc = input_messages(srv, input, msgs, before, e);
     }
     for (size_t i = before; rc == 0 && i < json_array_size(msgs); i++) json_array_append(t, json_array_get(msgs, i));
     static const char *const same[][2] = { { "max_output_tokens", "max_tokens" },
@@ -238,7 +341,7 @@ int resp_to_chat(struct server *srv, const char *ns, const json_t *in, json_t **
     for (size_t i = 0; rc == 0 && i < sizeof same / sizeof same[0]; i++)
         if ((v = json_object_get(in, same[i][0])) && json_object_set(o, same[i][1], (json_t *) v)) rc = serve_error_oom(e);
     if (rc == 0 && (v = json_object_get(in, "tools")) && !json_is_null(v)) {
-        e->param = "tools";
+        serve_error_param(e, "tools");
         json_t *tools = json_array();
         size_t i;
         const json_t *tl;
@@ -262,7 +365,7 @@ int resp_to_chat(struct server *srv, const char *ns, const json_t *in, json_t **
         else if (rc) json_decref(tools);
     }
     if (rc == 0 && (v = json_object_get(in, "tool_choice")) && !json_is_null(v)) {
-        e->param = "tool_choice";
+        serve_error_param(e, "tool_choice");
         json_t *tc = NULL;
         const char *type = json_string_value(json_object_get(v, "type"));
         if (json_is_string(v)) tc = json_copy((json_t *) v);
@@ -273,7 +376,7 @@ int resp_to_chat(struct server *srv, const char *ns, const json_t *in, json_t **
     }
     if (rc == 0 && (v = json_object_get(in, "text")) && (v = json_object_get(v, "format")) && !json_is_null(v)) {
         /* text.format: {"type": "text"} | {"type": "json_object"} | {"type": "json_schema", "name", "schema", "strict"} */
-        e->param = "text.format";
+        serve_error_param(e, "text.format");
         const char *type = json_string_value(json_object_get(v, "type"));
         json_t *rf = NULL;
         if (type && !strcmp(type, "json_schema"))
@@ -288,7 +391,7 @@ int resp_to_chat(struct server *srv, const char *ns, const json_t *in, json_t **
         json_decref(t);
         return -1;
     }
-    e->param = NULL;
+    serve_error_param(e, NULL);
     *out = o;
     *turn = t;
     return 0;
@@ -337,7 +440,6 @@ json_t *resp_object(struct server *srv, const struct job *j, const char *id, con
 
 void resp_store(struct server *srv, const char *ns, const char *id, const char *parent, json_t *turn, const json_t *msg,
                 json_t *obj) {
-    (void) srv;
     /* the reply as the chat message the next turn replays (its tool calls with their ids) */
     json_t *content = json_object_get(msg, "content");
     json_t *am = json_pack("{s:s, s:o}", "role", "assistant", "content",
@@ -345,29 +447,43 @@ void resp_store(struct server *srv, const char *ns, const char *id, const char *
     if (am && json_array_size(json_object_get(msg, "tool_calls")))
         json_object_set(am, "tool_calls", json_object_get(msg, "tool_calls"));
     if (!am || json_array_append_new(turn, am)) return;
-    pthread_mutex_lock(&resp_mu);
-    if (n_resps == RESP_MAX) { /* the least recently used: never an ancestor of a stored one */
-        int32_t lru = 0;
-        for (int32_t i = 1; i < n_resps; i++)
-            if (resps[i].touched < resps[lru].touched) lru = i;
-        json_decref(resps[lru].turn);
-        json_decref(resps[lru].obj);
-        resps[lru] = resps[--n_resps];
-    }
-    if (!resps && !(resps = calloc(RESP_MAX, sizeof *resps))) {
-        pthread_mutex_unlock(&resp_mu);
-        return;
-    }
-    struct resp *r = &resps[n_resps++];
+    struct resp *r = calloc(1, sizeof *r);
+    if (!r) return;
     snprintf(r->id, sizeof r->id, "%s", id);
     snprintf(r->parent, sizeof r->parent, "%s", parent ? parent : "");
-    snprintf(r->ns, sizeof r->ns, "%s", ns);
     r->turn = json_incref(turn);
     r->obj = json_incref(obj);
-    r->touched = ++resp_clock;
-    for (struct resp *p = r->parent[0] ? find(ns, r->parent) : NULL; p; p = p->parent[0] ? find(ns, p->parent) : NULL)
-        p->touched = ++resp_clock; /* ancestors stay newer than their descendants */
+    pthread_mutex_lock(&resp_mu);
+    if (!buckets) {
+        for (n_buckets = 64; n_buckets < 2 * (size_t) srv->max_responses; n_buckets *= 2) {}
+        if (!(buckets = calloc(n_buckets, sizeof *buckets))) goto oom;
+    }
+    struct tenant_lru *t = tenants;
+    while (t && strcmp(t->ns, ns)) t = t->next;
+    if (!t) {
+        if (!(t = calloc(1, sizeof *t))) goto oom;
+        snprintf(t->ns, sizeof t->ns, "%s", ns);
+        t->next = tenants;
+        tenants = t;
+    }
+    /* room: the key's own least recently used past its share, the server's past the total */
+    while (t->n >= srv->responses_per_key && t->tail) drop(t->tail);
+    while (n_resps >= srv->max_responses && g_tail) drop(g_tail);
+    r->tn = t;
+    size_t b = bucket(ns, r->id);
+    r->hnext = buckets[b];
+    buckets[b] = r;
+    t->n++;
+    n_resps++;
+    push_front(r);
+    touch_chain(r); /* ancestors stay newer than their descendants */
     pthread_mutex_unlock(&resp_mu);
+    return;
+oom:
+    pthread_mutex_unlock(&resp_mu);
+    json_decref(r->turn);
+    json_decref(r->obj);
+    free(r);
 }
 
 json_t *resp_get(const char *ns, const char *id) {
@@ -381,23 +497,33 @@ json_t *resp_get(const char *ns, const char *id) {
 bool resp_delete(const char *ns, const char *id) {
     pthread_mutex_lock(&resp_mu);
     struct resp *r = find(ns, id);
-    if (r) {
-        json_decref(r->turn);
-        json_decref(r->obj);
-        *r = resps[--n_resps];
-    }
+    if (r) drop(r);
     pthread_mutex_unlock(&resp_mu);
     return r != NULL;
 }
 
+int32_t resp_count(const char *ns) {
+    pthread_mutex_lock(&resp_mu);
+    int32_t n = n_resps;
+    if (ns) {
+        struct tenant_lru *t = tenants;
+        while (t && strcmp(t->ns, ns)) t = t->next;
+        n = t ? t->n : 0;
+    }
+    pthread_mutex_unlock(&resp_mu);
+    return n;
+}
+
 void resp_free_all(void) {
     pthread_mutex_lock(&resp_mu);
-    for (int32_t i = 0; i < n_resps; i++) {
-        json_decref(resps[i].turn);
-        json_decref(resps[i].obj);
+    while (g_head) drop(g_head);
+    while (tenants) {
+        struct tenant_lru *t = tenants;
+        tenants = t->next;
+        free(t);
     }
-    free(resps);
-    resps = NULL;
-    n_resps = 0;
+    free(buckets);
+    buckets = NULL;
+    n_buckets = 0;
     pthread_mutex_unlock(&resp_mu);
 }

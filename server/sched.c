@@ -158,7 +158,7 @@ static enum pick start_chat(struct server *srv, struct job *j) {
         int rc = kvt_grammar_new(srv->eng, j->req.grammar, "root", &j->req.smp.grammar);
         if (rc && j->req.grammar_user) { /* the client's GBNF */
             serve_error_set(&j->err, 400, "invalid_request_error", NULL, "'grammar' is not valid GBNF: %s", kvt_errmsg());
-            j->err.param = "grammar";
+            serve_error_param(&j->err, "grammar");
             return PICK_OK;
         }
         if (rc) { /* our own translation of the schema failed: say which text */

@@ -25,9 +25,10 @@ enum { SERVE_MAX_STOP = 4, SERVE_PARK_FACTOR = 4, SERVE_MAX_CHOICES = 16 /* n: c
 ** {"error": {"message", "type", "param", "code"}}. */
 struct serve_error {
     int status;
-    const char *type;  /* "invalid_request_error", "server_error", ... (static) */
-    const char *param; /* the request field at fault, NULL when none (static) */
-    char code[48];     /* "" when none */
+    const char *type; /* "invalid_request_error", "server_error", ... (static) */
+    char param[64];   /* the request field at fault, "" when none: a copy (a key of the request's JSON
+                       ** dies with the JSON, before the error is sent), cut at a UTF-8 boundary */
+    char code[48];    /* "" when none */
     char msg[1024];
     int32_t n_prompt_tokens, n_ctx; /* exceed_context_size_error (llama-server's): the prompt's tokens and
                                     ** what could hold them; 0 when unknown */
@@ -36,6 +37,12 @@ struct serve_error {
 /* Fill e.  Returns -1, so that a parser can end with `return serve_error_set(...)`. */
 int serve_error_set(struct serve_error *e, int status, const char *type, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
+/* Name the request field at fault: a copy of name (NULL: none) into e->param, at most 63 bytes,
+** cut at a UTF-8 character boundary; control characters become '?'. */
+void serve_error_param(struct serve_error *e, const char *name);
+/* src (NULL: "") as a name fit for a log line or an error: at most cap - 1 bytes, cut at a UTF-8
+** character boundary, control characters as '?'.  cap >= 1. */
+void serve_printable(char *dst, size_t cap, const char *src);
 /* 400 invalid_request_error about the field e->param (set by the caller); returns -1. */
 int serve_bad(struct serve_error *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* 500 server_error "out of memory"; returns -1. */
@@ -154,23 +161,23 @@ struct job {
     int32_t prompt_tokens, completion_tokens;
     struct kvt_sync_info sync;
     int32_t resident_tokens;
-    char out_session[80]; /* session the job ran in */
-    double t_first;       /* ms of the first token, 0 before */
-    int32_t n_gen_pub;    /* n_gen as last published with the text (under srv->mu): what the HTTP side may read */
+    char out_session[80];         /* session the job ran in */
+    double t_first;               /* ms of the first token, 0 before */
+    int32_t n_gen_pub;            /* n_gen as last published with the text (under srv->mu): what the HTTP side may read */
     struct prompt_progress *prog; /* return_progress: the events so far (engine thread appends, under srv->mu) */
     int32_t n_prog, cap_prog;
     int32_t n_prog_sent; /* events already streamed (HTTP side) */
-    pthread_cond_t cv;    /* signalled on every change */
-    int refs;             /* HTTP side + engine side; freed at 0 (under srv->mu) */
-    struct job *next;     /* queue link */
+    pthread_cond_t cv;   /* signalled on every change */
+    int refs;            /* HTTP side + engine side; freed at 0 (under srv->mu) */
+    struct job *next;    /* queue link */
     /* engine-side generation state */
     void *slot;      /* struct sess * while running */
     int64_t resumed; /* blocks loaded back by resuming a parked session */
     bool prefetched; /* its prompt's blocks were prefetched while it waited (engine thread) */
     kvt_token *gen;
-    float *lp;          /* [cap_gen] with logprobs: ln p of each generated token, else NULL */
-    kvt_token *top_tok; /* [cap_gen * req.top_logprobs]: each position's most likely tokens, best first */
-    float *top_lp;      /* [cap_gen * req.top_logprobs]: their ln p */
+    float *lp;                /* [cap_gen] with logprobs: ln p of each generated token, else NULL */
+    kvt_token *top_tok;       /* [cap_gen * req.top_logprobs]: each position's most likely tokens, best first */
+    float *top_lp;            /* [cap_gen * req.top_logprobs]: their ln p */
     struct kvt_token_p *post; /* with post_sampling: [top_logprobs + 1], what the last sample wrote (engine thread) */
     int32_t n_gen, cap_gen;
     json_t *lp_json;      /* with logprobs, once done: the reply's logprobs.content array (owned) */
@@ -234,9 +241,12 @@ struct server {
     pthread_cond_t work; /* queue non-empty or shutting down */
     struct job *head, *tail;
     int32_t n_queued, max_queue;
-    int32_t queue_per_key; /* --queue-per-key: one API key's jobs waiting at most */
-    uint64_t n_tickets;    /* jobs ever queued (the next job's ticket) */
-    bool stopping;         /* SIGTERM: finish what is queued and running, take nothing new */
+    int32_t queue_per_key;     /* --queue-per-key: one API key's jobs waiting at most */
+    int32_t max_responses;     /* --max-responses: stored Responses in all (server/responses.c) */
+    bool public_listen;        /* a --host address is not loopback (set by serve_http_start) */
+    int32_t responses_per_key; /* --responses-per-key: one API key's stored responses at most */
+    uint64_t n_tickets;        /* jobs ever queued (the next job's ticket) */
+    bool stopping;             /* SIGTERM: finish what is queued and running, take nothing new */
     bool engine_done;
     bool abort_jobs; /* --drain-s passed or a second signal: every job stops now */
     int32_t n_http;  /* requests whose reply is not yet sent (HTTP threads) */
@@ -264,10 +274,10 @@ struct server {
     bool chunk_reuse;                      /* --chunk-reuse: non-prefix chunk reuse in every session */
     const char *chunk_recompute;           /* --chunk-recompute K|P% (NULL = the library's 15%) */
     /* llama-server's flags, for what kvtier has (cli/cmd_serve.c) */
-    float temp_default;            /* --temp: a request's temperature when it sends none (default 1, OpenAI's) */
-    int32_t top_k_default;         /* --top-k: a request's top_k when it sends none (default 0: off) */
+    float temp_default;                 /* --temp: a request's temperature when it sends none (default 1, OpenAI's) */
+    int32_t top_k_default;              /* --top-k: a request's top_k when it sends none (default 0: off) */
     float top_p_default, min_p_default; /* --top-p, --min-p: likewise (defaults 1 and 0: off) */
-    int64_t seed_default;          /* --seed: a request's seed when it sends none; -1 (default) = drawn per request */
+    int64_t seed_default;               /* --seed: a request's seed when it sends none; -1 (default) = drawn per request */
     int32_t n_predict_cap;         /* -n/--n-predict: the limit of a request that gives none (llama-server's); 0 = none given */
     const char *aliases, *tags;    /* --alias, --tags: comma-separated, as given (NULL = none); model_name is the
                                 ** first alias in byte order (llama-server's id) */
@@ -373,8 +383,9 @@ json_t *compat_timings(const struct job *j, double t_done);
 /* The timings of a prompt-progress event: prompt_n the tokens decoded so far, prompt_ms since the
 ** first event, nothing predicted yet.  New reference. */
 json_t *compat_progress_timings(const struct prompt_progress *p);
-/* POST /tokenize, /detokenize, /apply-template: 0 with *out (new reference), or -1 with e filled. */
-int compat_tokenize(struct server *srv, const json_t *root, json_t **out, struct serve_error *e);
+/* POST /tokenize: 0 with *out the reply's JSON text (malloc'd; a few bytes per token, with_pieces
+** too), or -1 with e filled.  /detokenize, /apply-template: 0 with *out (new reference), or -1. */
+int compat_tokenize(struct server *srv, const json_t *root, char **out, struct serve_error *e);
 int compat_detokenize(struct server *srv, const json_t *root, json_t **out, struct serve_error *e);
 int compat_apply_template(struct server *srv, json_t *root, json_t **out, struct serve_error *e);
 /* Append an OpenAI function tool {type: function, function: {name, description?, parameters?}}
@@ -390,8 +401,9 @@ json_t *compat_slots(struct server *srv, const char *ns);
 
 /* server/anthropic.c — Anthropic's Messages API on the chat path (see the file's header) */
 /* The chat completion request an Anthropic Messages request means.  0 with *out (new reference),
-** or -1 with e filled (400 naming the field and where). */
-int anth_to_chat(const json_t *in, json_t **out, struct serve_error *e);
+** or -1 with e filled (400 naming the field and where).  lim: --max-messages and
+** --max-content-parts are checked before any work on the messages or their blocks. */
+int anth_to_chat(const json_t *in, const struct serve_limits *lim, json_t **out, struct serve_error *e);
 /* A Message for a finished reply (msg: tools_reply's assistant message, fin its finish reason),
 ** or for message_start (msg NULL, fin NULL: no content, no stop_reason).  New reference. */
 json_t *anth_message(struct server *srv, const struct job *j, const json_t *msg, const char *fin);
@@ -425,6 +437,10 @@ json_t *resp_object(struct server *srv, const struct job *j, const char *id, con
 void resp_store(struct server *srv, const char *ns, const char *id, const char *parent, json_t *turn, const json_t *msg,
                 json_t *obj);
 json_t *resp_get(const char *ns, const char *id); /* new reference, or NULL */
+/* A new response id: "resp_" and 32 hex digits from getrandom(2) (not guessable). */
+void resp_new_id(char *id, size_t n);
+/* Stored responses of the tenant ns (NULL: of all). */
+int32_t resp_count(const char *ns);
 bool resp_delete(const char *ns, const char *id); /* false: no such response */
 void resp_free_all(void);                         /* at exit */
 

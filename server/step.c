@@ -201,7 +201,7 @@ void serve_job_progress(struct server *srv, struct job *j, int32_t total, int32_
     }
     /* the first event is the 0 % one, before any token is decoded: prompt time counts from it */
     const double t = now - j->req.t_arrival;
-    j->prog[j->n_prog++] = (struct prompt_progress) {
+    j->prog[j->n_prog++] = (struct prompt_progress){
         .total = total,
         .cache = last ? last->cache : KVT_MIN(cache, total),
         .processed = last ? processed : KVT_MIN(cache, total),

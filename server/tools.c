@@ -341,12 +341,12 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
     const char *legacy[] = { "functions", "function_call" };
     for (int i = 0; i < 2; i++)
         if ((v = json_object_get(root, legacy[i])) && !json_is_null(v)) {
-            e->param = legacy[i];
+            serve_error_param(e, legacy[i]);
             serve_bad(e, "'%s' is the deprecated function-calling API; send 'tools' and 'tool_choice'", legacy[i]);
             return -1;
         }
     if ((v = json_object_get(root, "parallel_tool_calls")) && !json_is_null(v) && !json_is_boolean(v)) {
-        e->param = "parallel_tool_calls";
+        serve_error_param(e, "parallel_tool_calls");
         serve_bad(e, "'parallel_tool_calls' must be a boolean, got %s", serve_json_type(v));
         return -1;
     }
@@ -357,7 +357,7 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
     const char *mode = "auto", *forced = NULL;
     if (tools && json_is_null(tools)) tools = NULL;
     if (tools) {
-        e->param = "tools";
+        serve_error_param(e, "tools");
         if (!json_is_array(tools)) {
             serve_bad(e, "'tools' must be an array, got %s", serve_json_type(tools));
             return -1;
@@ -369,7 +369,7 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
         if (json_array_size(tools) == 0) tools = NULL;
     }
     if (choice && !json_is_null(choice)) {
-        e->param = "tool_choice";
+        serve_error_param(e, "tool_choice");
         if (json_is_string(choice)) {
             mode = json_string_value(choice);
             if (strcmp(mode, "none") && strcmp(mode, "auto") && strcmp(mode, "required")) {
@@ -396,7 +396,7 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
     if (tools) { /* described whatever tool_choice says, so the system message (and the session's
                  ** tokens) stay the same from turn to turn; "none" only drops the grammar */
         bool none = !strcmp(mode, "none");
-        e->param = "tools";
+        serve_error_param(e, "tools");
         json_t *desc = json_array();
         struct buf calls = { 0 };
         size_t i;
@@ -441,7 +441,7 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
             bput(&calls, " ");
             bool untyped = !params || json_object_size(params) == 0; /* arguments are an object anyway */
             json_t *obj = untyped ? json_pack("{s:s}", "type", "object") : NULL;
-            e->param = "tools";
+            serve_error_param(e, "tools");
             schema_rule(&g, untyped ? obj : params, &calls);
             json_decref(obj);
             bput(&calls, " \"}}\"");
@@ -452,7 +452,7 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
             }
         }
         if (rc == 0 && !found && !none) {
-            e->param = "tool_choice";
+            serve_error_param(e, "tool_choice");
             serve_bad(e, "'tool_choice' names the function '%.64s', which is not in 'tools'", forced);
             rc = -1;
         }
@@ -484,7 +484,7 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
     if (gbnf && json_is_null(gbnf)) gbnf = NULL;
     if (rc == 0 && (top_schema || gbnf)) {
         const char *name = top_schema ? "json_schema" : "grammar";
-        e->param = name;
+        serve_error_param(e, name);
         if (top_schema && gbnf) {
             serve_bad(e, "'json_schema' and 'grammar' both constrain the reply: send one");
             rc = -1;
@@ -516,7 +516,7 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
     }
     /* response_format (only when no tool call is possible: one grammar per reply) */
     if (rc == 0 && rf && !json_is_null(rf)) {
-        e->param = "response_format";
+        serve_error_param(e, "response_format");
         const json_t *ty = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
         const char *t = ty && json_is_string(ty) ? json_string_value(ty) : NULL;
         if (!t || (strcmp(t, "text") && strcmp(t, "json_object") && strcmp(t, "json_schema"))) {
@@ -561,7 +561,7 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
         } else if (all.n > GBNF_MAX_BYTES) {
             free(all.s);
             rc = -1;
-            e->param = j->req.format == REPLY_TOOLS ? "tools" : top_schema ? "json_schema" : "response_format";
+            serve_error_param(e, j->req.format == REPLY_TOOLS ? "tools" : top_schema ? "json_schema" : "response_format");
             serve_bad(e, "the schemas make a grammar of %zu bytes; at most %d", all.n, GBNF_MAX_BYTES);
         } else j->req.grammar = all.s;
     }
@@ -572,7 +572,7 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
         *sys_extra = NULL;
         return -1;
     }
-    e->param = NULL;
+    serve_error_param(e, NULL);
     return 0;
 }
 

@@ -164,11 +164,11 @@ struct kvt_prefill {
     enum pf_phase after;     /* the phase that takes the run's result */
     kvt_token *tok, *tc;     /* the message's tokens; InfLLM: those without the prefix */
     int32_t n, nc;
-    char *fmt, *fc; /* the template text they complete */
-    int32_t total0;  /* the stream before the message's first run (the pending text, else the message): */
-    size_t text0;    /*   what a failure cuts the stream and kv_text back to; total0 -1: nothing fed yet */
+    char *fmt, *fc;   /* the template text they complete */
+    int32_t total0;   /* the stream before the message's first run (the pending text, else the message): */
+    size_t text0;     /*   what a failure cuts the stream and kv_text back to; total0 -1: nothing fed yet */
     int32_t decoded0; /*  conv.n_m_decoded then */
-    int32_t prefix0; /* the stream before the assistant prefix: what its failure cuts back to (-1: none) */
+    int32_t prefix0;  /* the stream before the assistant prefix: what its failure cuts back to (-1: none) */
     /* the session's counters when the prefill began (kvt_sync_info is their difference) */
     int64_t dec0, rec0, ev0, nrec0, rc0, want0, got0, ch0, chr0;
 };

@@ -57,7 +57,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         json_t *chat = NULL, *turn = NULL;
         char parent[48];
         struct serve_error se = { 0 };
-        int rc = api ? resp_to_chat(&srv, "", root, &chat, &turn, parent, sizeof parent, &se) : anth_to_chat(root, &chat, &se);
+        int rc = api ? resp_to_chat(&srv, "", root, &chat, &turn, parent, sizeof parent, &se)
+                     : anth_to_chat(root, &srv.lim, &chat, &se);
         FUZZ_CHECK(rc == 0 || (se.status >= 400 && se.type && se.msg[0]));
         if (rc == 0) FUZZ_CHECK(json_is_object(chat) && json_is_array(json_object_get(chat, "messages")));
         if (rc == 0 && api) FUZZ_CHECK(json_is_array(turn));

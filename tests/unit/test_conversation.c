@@ -1005,7 +1005,8 @@ static void test_prefill_stopped_anywhere(void **state) {
                 while (c0 < n0 && c0 < n_want && t0[c0] == want[c0]) c0++;
                 if (n1 > n_want || (n1 && memcmp(t1, want, sizeof(kvt_token) * n1)) ||
                     (n1 != n0 && n1 > c0 && !is_boundary(n1, bounds, n_bounds)))
-                    fail_msg("start %d, stopped at chunk %d (%s): %zu tokens before (%zu shared), %zu after, first %d/%d (not a start of the reference's "
+                    fail_msg("start %d, stopped at chunk %d (%s): %zu tokens before (%zu shared), %zu after, first %d/%d (not a "
+                             "start of the reference's "
                              "%zu ending at one of its turns)",
                              start, k, how ? "ended early" : "cancelled", n0, c0, n1, n1 ? t1[0] : -1, want[0], n_want);
                 free(t1);

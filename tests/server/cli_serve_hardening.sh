@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# cli_serve_hardening — issue #38's attacks on the API surfaces of #25-#28, each failing on
+# 10fe331 (tests/server/serve_hardening_test.py: the Responses error path's use-after-free, stored
+# responses changed by later requests, one key evicting another's responses, /tokenize with_pieces
+# memory, Anthropic blocks, POST /health buffering a body, logit_bias pairs, /slots, /props, a
+# batch over the queue share, response ids); here too: no control character of a request in the
+# log, a keyless loopback server answers only loopback Host names (DNS rebinding), and CORS "*"
+# sends no credentials.  The server runs with MALLOC_MMAP_THRESHOLD_ so that a freed large
+# buffer is unmapped at once: a read of it is a crash, not a quiet wrong answer.  Skips (77)
+# without the chat model.  Environment (from tests/CMakeLists.txt): KVTIER_BIN, KVTIER_CHAT_MODEL,
+# KVT_SOURCE_DIR.
+set -u
+. "$(dirname "$0")/../cli/lib.sh"
+BIN=${KVTIER_BIN:?KVTIER_BIN is not set}
+SRC=${KVT_SOURCE_DIR:?KVT_SOURCE_DIR is not set}
+t_need_chat_model
+t_init cli-serve-hardening
+PID=
+trap '[ -n "$PID" ] && kill -KILL "$PID" 2>/dev/null; rm -rf "$TMP"' EXIT
+PY=$("$SRC/scripts/bootstrap.sh" pyclient-path)
+"$SRC/scripts/bootstrap.sh" pyclient || { bad "bootstrap.sh pyclient"; t_finish; exit 1; }
+
+# start NAME ARGS...: the server in the background (PID), its port in PORT
+start() {
+    local name=$1
+    shift
+    PORT=
+    MALLOC_MMAP_THRESHOLD_=131072 "$BIN" serve -m "$MODEL" --port 0 --threads 1 --parallel 1 -c 2048 --budget 512 --no-store \
+        "$@" >/dev/null 2>"$TMP/$name.err" &
+    PID=$!
+    PORT=$(t_listening "$TMP/$name.err" "$PID")
+    [ -n "$PORT" ] && ok "$name server listening on port $PORT" || { bad "$name server did not start"; cat "$TMP/$name.err"; }
+}
+stop() {
+    kill -TERM "$PID" 2>/dev/null
+    wait "$PID"
+    local rc=$?
+    PID=
+    return $rc
+}
+
+printf 'key-one-111\nkey-two-222\n' >"$TMP/keys"
+start keys --api-key-file "$TMP/keys" --max-responses 8 --max-content-parts 64 --queue 8 --queue-per-key 4
+if [ -n "$PORT" ]; then
+    (cd "$SRC/tests/server" && "$PY" serve_hardening_test.py "http://127.0.0.1:$PORT" key-one-111 key-two-222 "$PID") >"$TMP/py" 2>&1
+    prc=$?
+    cat "$TMP/py"
+    pass=$((pass + $(grep -c '^ok ' "$TMP/py")))
+    fail=$((fail + $(grep -c '^FAIL ' "$TMP/py")))
+    [ $prc -eq 0 ] || [ "$(grep -c '^FAIL ' "$TMP/py")" -gt 0 ] || bad "serve_hardening_test.py exited with status $prc"
+    # CORS with keys and the default "*": any page may read replies, but no credentials go with them
+    h=$(curl -s -D - -o /dev/null -H "Origin: https://evil.example" -H "Authorization: Bearer key-one-111" \
+        "http://127.0.0.1:$PORT/v1/models" | tr -d '\r')
+    grep -qi '^Access-Control-Allow-Origin: \*$' <<<"$h" && ! grep -qi '^Access-Control-Allow-Credentials' <<<"$h" &&
+        ok "CORS '*' (the default with keys): Allow-Origin *, no Allow-Credentials" || bad "CORS '*': $(grep -i '^access' <<<"$h")"
+    stop
+    src=$?
+    [ $src -eq 0 ] && ok "the server exits cleanly (status 0)" || bad "the server exited with status $src"
+    if LC_ALL=C grep -q $'[\x01-\x08\x0b-\x1f\x7f]' "$TMP/keys.err"; then
+        bad "a control character of a request reached the log: $(LC_ALL=C grep -n $'[\x01-\x08\x0b-\x1f\x7f]' "$TMP/keys.err" | cat -v | head -3)"
+    else
+        ok "no control character of a request reached the log (field names escaped)"
+    fi
+    grep -q "request field 'evil?]0;x?' is not one kvtier reads" "$TMP/keys.err" && ok "the unknown field is logged, escaped" ||
+        bad "the unknown field's log line: $(grep 'evil' "$TMP/keys.err" | cat -v)"
+fi
+
+# a keyless server on loopback: DNS rebinding (a page whose name resolves to 127.0.0.1) is refused
+start keyless --cors-origins https://app.example
+if [ -n "$PORT" ]; then
+    for hh in "evil.example" "evil.example:$PORT" "127.0.0.1.evil.example"; do
+        st=$(curl -s -o "$TMP/body" -w '%{http_code}' -H "Host: $hh" "http://127.0.0.1:$PORT/v1/models")
+        [ "$st" = 403 ] && grep -q host_not_allowed "$TMP/body" && ok "keyless loopback server, Host '$hh': 403 host_not_allowed" ||
+            bad "keyless loopback server, Host '$hh': $st $(head -c 200 "$TMP/body")"
+    done
+    for hh in "localhost:$PORT" "127.0.0.1:$PORT" "LOCALHOST" "127.0.0.2"; do
+        st=$(curl -s -o /dev/null -w '%{http_code}' -H "Host: $hh" "http://127.0.0.1:$PORT/v1/models")
+        [ "$st" = 200 ] && ok "keyless loopback server, Host '$hh': 200" || bad "keyless loopback server, Host '$hh': $st"
+    done
+    h=$(curl -s -D - -o /dev/null -H "Origin: https://app.example" "http://127.0.0.1:$PORT/v1/models" | tr -d '\r')
+    grep -qi '^Access-Control-Allow-Origin: https://app.example$' <<<"$h" && grep -qi '^Access-Control-Allow-Credentials: true' <<<"$h" &&
+        ok "CORS for an origin listed by name: reflected, with credentials" || bad "CORS listed origin: $(grep -i '^access' <<<"$h")"
+    stop
+fi
+t_finish
