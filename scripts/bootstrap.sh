@@ -94,13 +94,14 @@ SUITE_VENV=$CACHE/suite-venv             # llama.cpp's server test suite's requi
 KVTIER_BACKEND=${KVTIER_BACKEND:-cpu}
 case "$KVTIER_BACKEND" in cpu|vulkan|cuda) ;; *) printf '[bootstrap] error: KVTIER_BACKEND=%s: use cpu, vulkan or cuda\n' "$KVTIER_BACKEND" >&2; exit 2 ;; esac
 VULKAN_DEB_PACKAGES=(mesa-vulkan-drivers libvulkan-dev glslc glslang-tools spirv-headers vulkan-tools)
-# Debian trixie's Vulkan and SPIR-V headers (only their include/ is used): pool path, sha256
+# Debian trixie's Vulkan and SPIR-V headers (only their include/ is used): package=version, the
+# .deb's file name, sha256.  Fetched by apt itself from the Debian mirror apt is configured with
+# (its proxy and settings apply), through a private sources list and state: nothing installed.
 VULKAN_HEADER_DEBS=(
-  "v/vulkan-loader/libvulkan-dev_1.4.309.0-1_amd64.deb 8d329d465e16168afff58b1bd0dd6db46aac2cc3f56054a481b25a04e90b345a"
-  "s/spirv-headers/spirv-headers_1.6.1+1.4.309.0-1_all.deb dc18db866d63680351c40ac6b6bece34cb52da64a7799ce1cc4f16f6bff4d064"
+  "libvulkan-dev=1.4.309.0-1 libvulkan-dev_1.4.309.0-1_amd64.deb 8d329d465e16168afff58b1bd0dd6db46aac2cc3f56054a481b25a04e90b345a"
+  "spirv-headers=1.6.1+1.4.309.0-1 spirv-headers_1.6.1+1.4.309.0-1_all.deb dc18db866d63680351c40ac6b6bece34cb52da64a7799ce1cc4f16f6bff4d064"
 )
 VULKAN_HEADERS=$CACHE/vulkan-headers-1.4.309
-DEBIAN_POOLS=(http://deb.debian.org/debian/pool/main https://snapshot.debian.org/archive/debian/20250801T000000Z/pool/main)
 CUDA_ARCHS=${CUDA_ARCHS:-89}
 # NVIDIA's CUDA 13.0 toolchain as PyPI wheels (the cu12 nvcc wheel has no nvcc binary): one tree
 # nvidia/cu13/{bin,include,lib} once unpacked.  wheel file | sha256
@@ -298,24 +299,47 @@ llama_all_cmake_args() {
   printf '%s\n' "${args[@]}"
 }
 
-# Debian trixie's Vulkan + SPIR-V headers, unpacked (dpkg -x) into $VULKAN_HEADERS: nothing installed
+# The Debian mirror apt is configured with: the URI of its first main component that is not a
+# security or updates suite (deb822 or one-line sources alike), from apt's own index targets.
+debian_mirror() {
+  apt-get indextargets --format '$(REPO_URI) $(RELEASE) $(COMPONENT)' 'Created-By: Packages' 2>/dev/null |
+    awk '$3 == "main" && $2 !~ /-(security|updates|backports)$/ { print $1; exit }'
+}
+
+# Debian trixie's Vulkan + SPIR-V headers, unpacked (dpkg -x) into $VULKAN_HEADERS: nothing installed.
+# apt-get download through a temporary sources entry (the configured mirror, suite trixie) with its
+# own lists and cache, so the system's apt state is not touched; the files are checked by sha256.
 do_vulkan_headers() {
   [ -f "$VULKAN_HEADERS/.complete" ] && return 0
-  local dl=$CACHE/dl entry path sum f pool ok
+  local dl=$CACHE/dl entry pkg file sum f mirror apt_dir need=()
   mkdir -p "$dl"
   rm -rf "$VULKAN_HEADERS"
   for entry in "${VULKAN_HEADER_DEBS[@]}"; do
-    read -r path sum <<<"$entry"
-    f=$dl/${path##*/}
-    if ! sha_ok "$f" "$sum"; then
-      ok=0
-      for pool in "${DEBIAN_POOLS[@]}"; do
-        say "vulkan: downloading ${path##*/} (Debian trixie; headers only) from $pool"
-        curl -fsSL --retry 2 -o "$f.tmp" "$pool/$path" && mv -f "$f.tmp" "$f" && sha_ok "$f" "$sum" && { ok=1; break; }
-        rm -f "$f.tmp"
-      done
-      [ "$ok" = 1 ] || die "could not download ${path##*/} with sha256 $sum"
+    read -r pkg file sum <<<"$entry"
+    sha_ok "$dl/$file" "$sum" || need+=("$pkg")
+  done
+  if [ ${#need[@]} -gt 0 ]; then
+    mirror=$(debian_mirror)
+    [ -n "$mirror" ] || die "vulkan: apt has no Debian main source configured (apt-get indextargets): cannot fetch ${need[*]}"
+    apt_dir=$(mktemp -d)
+    mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial"
+    local keyring=/usr/share/keyrings/debian-archive-keyring.gpg
+    printf 'deb [signed-by=%s] %s trixie main\n' "$keyring" "$mirror" >"$apt_dir/sources.list"
+    local apt_opts=(-o "Dir::Etc::sourcelist=$apt_dir/sources.list" -o Dir::Etc::sourceparts=- -o "Dir::State::Lists=$apt_dir/lists"
+      -o "Dir::Cache=$apt_dir/cache" -o Dir::State::status=/dev/null -o Debug::NoLocking=1 -o APT::Sandbox::User=root)
+    say "vulkan: fetching ${need[*]} (Debian trixie; headers only) through apt from the configured mirror"
+    if ! apt-get "${apt_opts[@]}" -qq update >"$apt_dir/update.log" 2>&1 ||
+      ! (cd "$dl" && apt-get "${apt_opts[@]}" -qq download "${need[@]}" >"$apt_dir/download.log" 2>&1); then
+      cat "$apt_dir"/*.log >&2
+      rm -rf "$apt_dir"
+      die "vulkan: apt could not fetch ${need[*]} from $mirror (suite trixie)"
     fi
+    rm -rf "$apt_dir"
+  fi
+  for entry in "${VULKAN_HEADER_DEBS[@]}"; do
+    read -r pkg file sum <<<"$entry"
+    f=$dl/$file
+    sha_ok "$f" "$sum" || die "vulkan: $file does not have sha256 $sum"
     dpkg -x "$f" "$VULKAN_HEADERS" || die "dpkg -x $f failed"
   done
   [ -f "$VULKAN_HEADERS/usr/include/vulkan/vulkan.hpp" ] || die "no vulkan.hpp in $VULKAN_HEADERS"
@@ -514,10 +538,11 @@ case "${1:-all}" in
   llama-server-path) cpu_detect_quiet; echo "$LLAMA_SERVER"; exit 0 ;;
   cpu)   cpu_detect_quiet; echo "$CPU_LINE"; echo "CPU_KEY=$CPU_KEY"; echo "LLAMA_CFLAGS=$CPU_ISA_FLAGS"; echo "CPU_SUMMARY=$CPU_SUMMARY"; exit 0 ;;
   cuda-toolchain) do_cuda_toolchain ;;
+  vulkan-headers) do_vulkan_headers; exit 0 ;;
   pyclient-path) echo "$VENV/bin/python"; exit 0 ;;
   all)   do_deps; do_llama; do_model; do_chat_model ;;
   env)   cpu_detect_quiet ;;
-  *) die "unknown step '${1}': use deps, llama, model, pyclient, llama-server, server-suite, cpu, cuda-toolchain, all or env" ;;
+  *) die "unknown step '${1}': use deps, llama, model, pyclient, llama-server, server-suite, cpu, cuda-toolchain, vulkan-headers, all or env" ;;
 esac
 if [ "${1:-all}" = env ]; then
   echo "LLAMA_PREFIX=$LLAMA_PREFIX"
