@@ -106,7 +106,8 @@ json_t *compat_native_reply(struct server *srv, const struct job *j, const char 
     json_object_set_new(o, "stop_type", json_string(stop_type(j)));
     json_object_set_new(o, "stopping_word", json_string(""));
     json_object_set_new(o, "timings", timings);
-    if (j->lp_json) json_object_set(o, "completion_probabilities", j->lp_json);
+    json_t *lps = final ? serve_logprobs_json(srv, j) : NULL;
+    if (lps) json_object_set_new(o, "completion_probabilities", lps);
     return o;
 }
 

@@ -323,7 +323,8 @@ static json_t *final_obj(struct server *srv, const struct job *j) {
         choice = json_pack("{s:i, s:s, s:s, s:n}", "index", 0, "text", text ? text : "", "finish_reason", j->finish, "logprobs");
         free(text);
     }
-    if (choice && j->lp_json) json_object_set_new(choice, "logprobs", json_pack("{s:O}", "content", j->lp_json));
+    json_t *lps = choice ? serve_logprobs_json(srv, j) : NULL;
+    if (lps) json_object_set_new(choice, "logprobs", json_pack("{s:o}", "content", lps));
     json_t *verbose = NULL;
     if (j->req.verbose) { /* llama-server's "__verbose": the prompt as the model saw it */
         char *text = NULL;

@@ -180,7 +180,6 @@ struct job {
     float *top_lp;            /* [cap_gen * req.top_logprobs]: their ln p */
     struct kvt_token_p *post; /* with post_sampling: [top_logprobs + 1], what the last sample wrote (engine thread) */
     int32_t n_gen, cap_gen;
-    json_t *lp_json;      /* with logprobs, once done: the reply's logprobs.content array (owned) */
     json_t *lp_stream;    /* streamed with logprobs: every generated token's entry so far (owned; under srv->mu) */
     size_t n_lp_sent;     /* entries of lp_stream already sent (HTTP side) */
     int32_t shared_steps; /* decode steps of this job that shared their llama_decode with
@@ -443,6 +442,12 @@ void resp_new_id(char *id, size_t n);
 int32_t resp_count(const char *ns);
 bool resp_delete(const char *ns, const char *id); /* false: no such response */
 void resp_free_all(void);                         /* at exit */
+
+/* server/step.c: a finished, unstreamed job's "logprobs" content array (its tokens' text, ln p,
+** bytes and top_logprobs; native: llama-server's completion_probabilities entries), built on the
+** caller's thread (detokenizing only reads the vocabulary).  New reference; NULL when the job
+** asked for none, was streamed, or out of memory. */
+json_t *serve_logprobs_json(struct server *srv, const struct job *j);
 
 /* server/http.c */
 struct MHD_Daemon;

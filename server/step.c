@@ -12,8 +12,11 @@
 #include <string.h>
 #include <time.h>
 
-/* "logprobs": the reply's logprobs.content (token text, ln p, UTF-8 bytes), built on the engine
-** thread (it detokenizes) for the HTTP side to send. */
+/* "logprobs": the reply's logprobs.content (token text, ln p, UTF-8 bytes).  Streamed: each
+** token's entry built on the engine thread as it is generated, sent with the next chunk.  Not
+** streamed: the whole array built on the connection's thread from the job's ids and ln p once
+** it is done (20 top_logprobs are ~12 KB of JSON a token: built on the engine thread, a long
+** reply's array stalled every other tenant's step; issue #38). */
 /* One token's entry: its text, ln p and UTF-8 bytes (and with native, its id). */
 static json_t *lp_entry(struct server *srv, const struct job *j, kvt_token t, float lp) {
     char *piece = NULL;
@@ -44,11 +47,11 @@ static json_t *lp_token_entry(struct server *srv, const struct job *j, int32_t i
     return e;
 }
 
-static void build_logprobs(struct server *srv, struct job *j) {
-    if (!j->req.logprobs || !j->lp || j->lp_json || j->req.stream) return;
+json_t *serve_logprobs_json(struct server *srv, const struct job *j) {
+    if (!j->req.logprobs || !j->lp || j->req.stream) return NULL;
     json_t *a = json_array();
     for (int32_t i = 0; a && i < j->n_gen; i++) json_array_append_new(a, lp_token_entry(srv, j, i));
-    j->lp_json = a;
+    return a;
 }
 /* ln softmax(l)[tok] over n_vocab logits */
 static float log_prob(const float *l, int32_t n_vocab, kvt_token tok) {
@@ -58,7 +61,6 @@ static float log_prob(const float *l, int32_t n_vocab, kvt_token tok) {
     return (float) (l[tok] - mx - log(z));
 }
 void serve_job_finish(struct server *srv, struct job *j) {
-    build_logprobs(srv, j);
     pthread_mutex_lock(&srv->mu);
     j->state = JOB_DONE;
     srv->m.active--;
