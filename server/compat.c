@@ -87,8 +87,13 @@ json_t *compat_native_reply(struct server *srv, const struct job *j, const char 
     json_t *toks = json_array();
     if (final && j->req.return_tokens)
         for (int32_t i = 0; i < j->n_gen; i++) json_array_append_new(toks, json_integer(j->gen[i]));
-    json_t *o = json_pack("{s:i, s:s, s:o, s:i, s:b, s:s}", "index", 0, "content", content, "tokens", toks, "id_slot", -1, "stop",
-                          final, "model", srv->model_name);
+    /* the text as valid UTF-8: a reply cut inside a character (a token of a character's first
+    ** bytes, then the length limit) made the whole reply NULL and the connection was dropped
+    ** without an answer (found by fuzz_api) */
+    char *clean = app_utf8_clean(content);
+    json_t *o = json_pack("{s:i, s:s, s:o, s:i, s:b, s:s}", "index", 0, "content", clean ? clean : "", "tokens", toks, "id_slot",
+                          -1, "stop", final, "model", srv->model_name);
+    free(clean);
     if (!o || !final) return o;
     const char *text = j->text ? j->text : "";
     json_t *timings = compat_timings(j, t_done);

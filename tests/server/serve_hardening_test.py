@@ -191,6 +191,22 @@ st, _, a3 = raw("POST", "/completion", {**P, "logit_bias": [[int(c0) if c0.strip
 check("...and a number in a pair is a token id (banning that id leaves the greedy text)",
       st == 200 and a3.get("content") == c0, f"{a3.get('content')!r} vs {c0!r}")
 
+# a native reply cut inside a character: found by fuzz_api (the reply object was NULL for text
+# that is not UTF-8 and the connection was dropped without an answer)
+st, _, tk = raw("POST", "/tokenize", {"content": "\U0001F642\u4e2d", "with_pieces": True})
+frag = [t["id"] for t in tk.get("tokens", []) if isinstance(t.get("piece"), list)]
+if frag:
+    for stream in (False, True):
+        try:
+            st, _, b = raw("POST", "/completion", {"prompt": "x", "n_predict": 1, "temperature": 0, "cache_prompt": False,
+                                                   "logit_bias": [[frag[0], 100]], "stream": stream})
+        except Exception as ex:  # noqa: BLE001 - a dropped connection is the failure
+            st, b = -1, repr(ex)
+        check(f"/completion whose one token is part of a character (id {frag[0]}){' streamed' if stream else ''}: "
+              "200 with valid UTF-8, not a dropped connection", st == 200, f"{st} {str(b)[:200]}")
+else:
+    check("the tokenizer splits an emoji into byte tokens (the cut-character case needs one)", False, str(tk)[:200])
+
 busy = threading.Thread(target=lambda: raw("POST", "/v1/chat/completions", {
     "messages": [{"role": "user", "content": "Write a long story about a dragon."}], "max_tokens": 150, "temperature": 0}, key=OTHER))
 busy.start()
