@@ -16,6 +16,7 @@
 #include <ctype.h>
 #include <microhttpd.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -161,7 +162,7 @@ int cmd_serve(int argc, char **argv) {
         .max_tools = 128,
         .max_schema_nodes = 10000,
         .max_alternatives = 1024,
-        .max_connections = 256,
+        .max_connections = 0, /* below: 16384, or 256 with --thread-per-connection */
         .max_per_ip = 64,
         .idle_timeout_s = 60,
         .header_timeout_s = 10,
@@ -295,7 +296,15 @@ int cmd_serve(int argc, char **argv) {
         { "max-schema-alternatives", 0, OPT_INT, &srv.lim.max_alternatives, 1, 1 << 20, "N",
           "entries of one enum, anyOf or oneOf (default 1024)", NULL },
         { "max-connections", 0, OPT_INT, &srv.lim.max_connections, 1, 1 << 16, "N",
-          "open connections in all, one thread each (default 256); past it new ones are closed at once", NULL },
+          "open connections in all (default 16384; 256 with --thread-per-connection, a thread each); past it new ones are "
+          "closed at once",
+          NULL },
+        { "http-threads", 0, OPT_INT, &srv.http_threads, 1, 64, "N",
+          "threads that run every connection with epoll (default 2): an idle or slow connection costs no thread", NULL },
+        { "max-workers", 0, OPT_INT, &srv.http_workers, 1, 1 << 16, "N",
+          "requests answered at once, each on a worker thread while its connection waits (default 256; past it 503)", NULL },
+        { "thread-per-connection", 0, OPT_FLAG, &srv.thread_per_connection, 0, 0, NULL,
+          "a thread for every connection, as before event-driven connections (--max-connections then caps the threads)", NULL },
         { "max-connections-per-ip", 0, OPT_INT, &srv.lim.max_per_ip, 1, 1 << 16, "N",
           "open connections from one client address (default 64; behind a reverse proxy every client has the proxy's address: "
           "raise it there)",
@@ -580,6 +589,20 @@ int cmd_serve(int argc, char **argv) {
     if (!srv.cors_origins) srv.cors_origins = srv.n_keys ? "*" : "localhost";
     if (!per_key_given) srv.queue_per_key = srv.n_keys >= 2 ? KVT_MAX(1, srv.max_queue / 2) : srv.max_queue;
     if (!srv.max_responses) srv.max_responses = 4096;
+    if (!srv.http_threads) srv.http_threads = 2;
+    if (!srv.http_workers) srv.http_workers = 256;
+    if (!srv.lim.max_connections) srv.lim.max_connections = srv.thread_per_connection ? 256 : 16384;
+    { /* a descriptor per connection: the soft limit raised toward the hard one as far as they need */
+        struct rlimit rl;
+        const rlim_t want = (rlim_t) srv.lim.max_connections + 1024;
+        if (!getrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur < want) {
+            rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > want ? want : rl.rlim_max;
+            setrlimit(RLIMIT_NOFILE, &rl);
+        }
+        if (!getrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur < want)
+            fprintf(stderr, "%s: --max-connections %d: the open-file limit is %llu (ulimit -n); connections past it are refused\n",
+                    cmd, srv.lim.max_connections, (unsigned long long) rl.rlim_cur);
+    }
     if (!srv.responses_per_key) srv.responses_per_key = srv.n_keys >= 2 ? KVT_MAX(1, srv.max_responses / 2) : srv.max_responses;
 
     /* signals: handled by sigwait in this thread only */

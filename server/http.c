@@ -22,6 +22,15 @@ struct req {
     bool too_big;
     char ns[40];     /* the caller's tenant, from the headers */
     bool authorized; /* the key was checked when the headers arrived */
+    /* event-driven connections (see "workers" below): a request that may wait is answered by a
+    ** worker thread while its connection is suspended; the reply it made is queued when the
+    ** connection is resumed */
+    bool in_worker, reply_ready;
+    unsigned reply_status;
+    struct server *srv;
+    struct MHD_Connection *c;
+    struct MHD_Response *reply; /* NULL with reply_ready: close the connection (MHD_NO) */
+    char *url, *method;         /* copies for the worker */
 };
 
 /* ---------------------------------------------------------------------------------------- */
@@ -239,6 +248,27 @@ static void add_cors(struct server *srv, struct MHD_Connection *c, struct MHD_Re
     MHD_add_response_header(r, "Vary", "Origin");
 }
 
+/* Where a reply goes: queued on the connection, or, on a worker thread, kept for the handler to
+** queue once the connection is resumed (libmicrohttpd queues a response from its handler only). */
+struct deferred {
+    unsigned status;
+    struct MHD_Response *r;
+};
+static __thread struct deferred *tl_defer; /* set on a worker thread */
+static __thread struct stream *tl_stream;  /* a stream the worker goes on producing after its reply */
+
+static enum MHD_Result queue_reply(struct MHD_Connection *c, unsigned status, struct MHD_Response *r) {
+    if (tl_defer) {
+        if (tl_defer->r) MHD_destroy_response(tl_defer->r);
+        tl_defer->status = status;
+        tl_defer->r = r;
+        return MHD_YES;
+    }
+    enum MHD_Result ret = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
 static enum MHD_Result send_text(struct server *srv, struct MHD_Connection *c, int status, const char *ctype, char *text,
                                  const char *session_id) {
     struct MHD_Response *r = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
@@ -250,9 +280,7 @@ static enum MHD_Result send_text(struct server *srv, struct MHD_Connection *c, i
     add_cors(srv, c, r);
     if (session_id && *session_id) MHD_add_response_header(r, "X-Session-Id", session_id);
     count_status(srv, status);
-    enum MHD_Result ret = MHD_queue_response(c, (unsigned) status, r);
-    MHD_destroy_response(r);
-    return ret;
+    return queue_reply(c, (unsigned) status, r);
 }
 
 static enum MHD_Result send_json(struct server *srv, struct MHD_Connection *c, int status, json_t *obj, const char *sid) {
@@ -352,14 +380,13 @@ static json_t *final_obj(struct server *srv, const struct job *j) {
 /* The client closed its end (a recv that peeks at end-of-file or fails)?  A client that sent more
 ** bytes (pipelining) is still there.  A client that only shut down its sending half after the
 ** request (legal, rare) looks the same and is taken as gone. */
-static bool peer_gone(struct MHD_Connection *c) {
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (!ci) return false;
-    struct pollfd p = { .fd = ci->connect_fd, .events = POLLIN };
+static bool peer_gone_fd(int fd) {
+    if (fd < 0) return false;
+    struct pollfd p = { .fd = fd, .events = POLLIN };
     if (poll(&p, 1, 0) <= 0) return false;
     if (p.revents & (POLLHUP | POLLERR)) return true;
     char b;
-    ssize_t n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
     return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
@@ -374,7 +401,13 @@ static char first_char(const struct job *j) {
 ** non-blank byte, checking every 100 ms that the client is still connected (nothing is written
 ** meanwhile): one that went away cancels the job at its next token (as a dropped stream does), so
 ** its slot is not held to max_tokens for nobody. */
-static void wait_watching_for(struct server *srv, struct MHD_Connection *c, struct job *j, bool until_first_char) {
+static int conn_fd(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return ci ? ci->connect_fd : -1;
+}
+
+/* fd: the client's socket (a connection's own while it cannot close under us, or a stream's dup). */
+static void wait_watching_for(struct server *srv, int fd, struct job *j, bool until_first_char) {
     while (j->state != JOB_DONE && !(until_first_char && first_char(j))) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -384,16 +417,27 @@ static void wait_watching_for(struct server *srv, struct MHD_Connection *c, stru
             ts.tv_nsec -= 1000000000L;
         }
         pthread_cond_timedwait(&j->cv, &srv->mu, &ts);
-        if (j->state != JOB_DONE && !j->cancelled && peer_gone(c)) j->cancelled = true;
+        if (j->state != JOB_DONE && !j->cancelled && peer_gone_fd(fd)) j->cancelled = true;
     }
 }
 
-static void wait_watching(struct server *srv, struct MHD_Connection *c, struct job *j) { wait_watching_for(srv, c, j, false); }
+static void wait_watching(struct server *srv, struct MHD_Connection *c, struct job *j) {
+    wait_watching_for(srv, conn_fd(c), j, false);
+}
 
 struct stream {
     struct server *srv;
-    struct MHD_Connection *c; /* to notice a client that leaves while nothing is sent */
+    struct MHD_Connection *c; /* the connection (event-driven: resumed when bytes are produced) */
+    int peer_fd;              /* a dup of the client's socket: to notice a client that leaves while
+                              ** nothing is sent (the connection may be gone when it is read) */
     struct job *j;
+    /* event-driven: the worker produces the events (stream_read, which waits for the job) into q;
+    ** libmicrohttpd's thread takes them (stream_take), suspending the connection when q is empty */
+    pthread_mutex_t qmu;
+    char *q;
+    size_t q_n, q_off, q_cap;
+    bool eof, closed, suspended;
+    int refs; /* the response's and the producer's (event-driven); under qmu */
     char id[64];
     int phase;      /* 0 role chunk, 1 content, 2 done */
     int tools_text; /* a reply under tools: -1 not known yet, 1 plain text (streamed),
@@ -652,13 +696,13 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         pthread_mutex_lock(&srv->mu);
         if (chat_shape(j) && j->req.format == REPLY_TOOLS && st->tools_text <= 0) {
             if (st->tools_text < 0) {
-                wait_watching_for(srv, st->c, j, true);
+                wait_watching_for(srv, st->peer_fd, j, true);
                 const char c0 = first_char(j);
                 st->tools_text = c0 && c0 != '{';
             }
             whole = !st->tools_text;
         }
-        if (whole) wait_watching(srv, st->c, j); /* nothing is written meanwhile: watch the socket */
+        if (whole) wait_watching_for(srv, st->peer_fd, j, false); /* nothing is written meanwhile: watch the socket */
         else WAIT_UNTIL(j->state == JOB_DONE || j->n_text > j->n_sent);
         bool done = j->state == JOB_DONE;
         const char *fin = j->finish;
@@ -805,17 +849,91 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     return (ssize_t) n;
 }
 
-/* The connection is gone (or the stream ended): a job still running is cancelled at once. */
+static void stream_unref(struct stream *st) {
+    pthread_mutex_lock(&st->qmu);
+    const bool last = --st->refs == 0;
+    pthread_mutex_unlock(&st->qmu);
+    if (!last) return;
+    serve_job_release(st->srv, st->j);
+    json_decref(st->r_msg);
+    json_decref(st->r_output);
+    if (st->peer_fd >= 0) close(st->peer_fd);
+    pthread_mutex_destroy(&st->qmu);
+    free(st->q);
+    free(st->out);
+    free(st);
+}
+
+/* libmicrohttpd is done with the response: the stream ended, or the connection is gone (a job
+** still running is cancelled at once). */
 static void stream_free(void *cls) {
     struct stream *st = cls;
     pthread_mutex_lock(&st->srv->mu);
     if (st->j->state != JOB_DONE) st->j->cancelled = true;
     pthread_mutex_unlock(&st->srv->mu);
-    serve_job_release(st->srv, st->j);
-    json_decref(st->r_msg);
-    json_decref(st->r_output);
-    free(st->out);
-    free(st);
+    pthread_mutex_lock(&st->qmu);
+    st->closed = true;
+    pthread_mutex_unlock(&st->qmu);
+    stream_unref(st);
+}
+
+/* Event-driven: libmicrohttpd's thread takes what the producer wrote; with nothing there the
+** connection is suspended (no thread waits for it) until the producer resumes it. */
+static ssize_t stream_take(void *cls, uint64_t pos, char *buf, size_t max) {
+    struct stream *st = cls;
+    (void) pos;
+    pthread_mutex_lock(&st->qmu);
+    if (st->q_off < st->q_n) {
+        size_t n = KVT_MIN(max, st->q_n - st->q_off);
+        memcpy(buf, st->q + st->q_off, n);
+        st->q_off += n;
+        if (st->q_off == st->q_n) st->q_off = st->q_n = 0;
+        pthread_mutex_unlock(&st->qmu);
+        return (ssize_t) n;
+    }
+    if (st->eof) {
+        pthread_mutex_unlock(&st->qmu);
+        return MHD_CONTENT_READER_END_OF_STREAM;
+    }
+    st->suspended = true;
+    MHD_suspend_connection(st->c);
+    pthread_mutex_unlock(&st->qmu);
+    return 0;
+}
+
+/* Event-driven: the worker thread produces the stream's events (stream_read waits for the job)
+** until it ends or the connection is gone, resuming the connection whenever it wrote some. */
+static void stream_produce(struct stream *st) {
+    char buf[4096];
+    for (;;) {
+        ssize_t n = stream_read(st, 0, buf, sizeof buf);
+        bool end = n < 0 || n == (ssize_t) MHD_CONTENT_READER_END_OF_STREAM;
+        pthread_mutex_lock(&st->qmu);
+        if (!end && n > 0 && !st->closed) {
+            if (st->q_n + (size_t) n > st->q_cap) {
+                size_t cap = KVT_MAX(2 * st->q_cap, st->q_n + (size_t) n + 4096);
+                char *q = realloc(st->q, cap);
+                if (q) {
+                    st->q = q;
+                    st->q_cap = cap;
+                } else end = true; /* out of memory: the stream ends here */
+            }
+            if (!end) {
+                memcpy(st->q + st->q_n, buf, (size_t) n);
+                st->q_n += (size_t) n;
+            }
+        }
+        if (end) st->eof = true;
+        /* suspended: libmicrohttpd cannot close the connection meanwhile, so it is resumed after
+        ** qmu is let go (never with a lock of ours held) */
+        const bool wake = st->suspended && !st->closed;
+        if (wake) st->suspended = false;
+        const bool stop = end || st->closed;
+        pthread_mutex_unlock(&st->qmu);
+        if (wake) MHD_resume_connection(st->c);
+        if (stop) break;
+    }
+    stream_unref(st);
 }
 
 static enum MHD_Result run_job(struct server *srv, struct MHD_Connection *c, struct job *j) {
@@ -880,13 +998,19 @@ static enum MHD_Result run_job(struct server *srv, struct MHD_Connection *c, str
     st->srv = srv;
     st->c = c;
     st->j = j;
+    st->peer_fd = dup(conn_fd(c));
+    pthread_mutex_init(&st->qmu, NULL);
+    st->refs = tl_defer ? 2 : 1; /* on a worker: the response's and the producer's */
     st->tools_text = -1;
     st->a_open = -1;
     snprintf(st->r_item, sizeof st->r_item, "msg_%llu", __atomic_add_fetch(&srv->n_replies, 1, __ATOMIC_RELAXED));
     snprintf(st->id, sizeof st->id, "%s-%llu", chat_shape(j) ? "chatcmpl" : "cmpl",
              __atomic_add_fetch(&srv->n_replies, 1, __ATOMIC_RELAXED));
-    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, st, stream_free);
+    const bool produced = tl_defer != NULL;
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, produced ? stream_take : stream_read, st,
+                                                               stream_free);
     if (!r) {
+        if (produced) stream_unref(st);
         stream_free(st);
         return MHD_NO;
     }
@@ -897,9 +1021,8 @@ static enum MHD_Result run_job(struct server *srv, struct MHD_Connection *c, str
     if (j->out_session[0]) MHD_add_response_header(r, "X-Session-Id", j->out_session);
     pthread_mutex_unlock(&srv->mu);
     count_status(srv, 200);
-    enum MHD_Result ret = MHD_queue_response(c, 200, r);
-    MHD_destroy_response(r);
-    return ret;
+    if (produced) tl_stream = st; /* the worker produces it once the reply is handed over */
+    return queue_reply(c, 200, r);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -1308,9 +1431,7 @@ static enum MHD_Result get_metrics(struct server *srv, struct MHD_Connection *c)
     MHD_add_response_header(r, "Process-Start-Time-Unix", ts); /* llama-server's */
     add_cors(srv, c, r);
     count_status(srv, 200);
-    enum MHD_Result ret = MHD_queue_response(c, 200, r);
-    MHD_destroy_response(r);
-    return ret;
+    return queue_reply(c, 200, r);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -1366,6 +1487,79 @@ static bool host_is_loopback(const char *h) {
 static enum MHD_Result send_unauthorized(struct server *srv, struct MHD_Connection *c) {
     return send_error(srv, c, 401, "authentication_error", "invalid_api_key",
                       "missing or incorrect API key (send Authorization: Bearer KEY, or X-Api-Key: KEY)");
+}
+
+/* ---- workers: event-driven connections ---------------------------------------------------
+** libmicrohttpd runs the connections on a few threads with epoll (--http-threads): a connection
+** that is idle, or sends its headers or body slowly, costs no thread of its own.  A request that
+** may wait (every method but GET and HEAD: a job for the model, a tokenizer run) is answered on
+** a worker thread of its own while its connection is suspended; the worker's reply is queued by
+** the handler when the worker resumes the connection, and a stream's worker then goes on
+** producing its events (stream_produce) while libmicrohttpd sends them (stream_take).  Workers
+** are capped (--max-workers; past it a 503): they exist for requests being answered, not for
+** connections. */
+static enum MHD_Result dispatch(struct server *srv, struct MHD_Connection *c, const char *url, const char *method, struct req *rq);
+
+static void *worker_main(void *arg) {
+    struct req *rq = arg;
+    struct server *srv = rq->srv;
+    struct MHD_Connection *c = rq->c;
+    struct deferred d = { 0, NULL };
+    tl_defer = &d;
+    tl_stream = NULL;
+    enum MHD_Result r = dispatch(srv, c, rq->url, rq->method, rq);
+    struct stream *st = tl_stream;
+    tl_defer = NULL;
+    tl_stream = NULL;
+    if (r == MHD_NO && d.r) { /* the connection is to be closed */
+        MHD_destroy_response(d.r);
+        d.r = NULL;
+    }
+    rq->reply = d.r;
+    rq->reply_status = d.status;
+    rq->reply_ready = true;
+    pthread_mutex_lock(&srv->mu);
+    srv->n_workers--;
+    pthread_mutex_unlock(&srv->mu);
+    MHD_resume_connection(c); /* from here on, rq and c belong to libmicrohttpd again */
+    if (st) stream_produce(st);
+    return NULL;
+}
+
+static enum MHD_Result to_worker(struct server *srv, struct MHD_Connection *c, const char *url, const char *method,
+                                 struct req *rq) {
+    pthread_mutex_lock(&srv->mu);
+    const bool room = srv->n_workers < srv->http_workers;
+    if (room) srv->n_workers++;
+    pthread_mutex_unlock(&srv->mu);
+    if (!room)
+        return send_error(srv, c, 503, "server_error", "server_busy",
+                          "%d requests are being answered, the most this server answers at once (--max-workers); retry later",
+                          srv->http_workers);
+    rq->in_worker = true;
+    rq->srv = srv;
+    rq->c = c;
+    rq->url = strdup(url);
+    rq->method = strdup(method);
+    pthread_attr_t at;
+    pthread_t t;
+    int rc = !rq->url || !rq->method || pthread_attr_init(&at);
+    if (!rc) {
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        pthread_attr_setstacksize(&at, (size_t) 1 << 20); /* as libmicrohttpd's threads: the JSON parser's depth */
+        MHD_suspend_connection(c);
+        rc = pthread_create(&t, &at, worker_main, rq);
+        pthread_attr_destroy(&at);
+        if (rc) MHD_resume_connection(c);
+    }
+    if (rc) {
+        rq->in_worker = false;
+        pthread_mutex_lock(&srv->mu);
+        srv->n_workers--;
+        pthread_mutex_unlock(&srv->mu);
+        return send_error(srv, c, 503, "server_error", "server_busy", "cannot start a worker thread; retry later");
+    }
+    return MHD_YES;
 }
 
 static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, const char *method, const char *version,
@@ -1440,6 +1634,21 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         return MHD_YES;
     }
     watch_phase(srv, conn_of(c), PHASE_ANSWER);
+    if (rq->reply_ready) { /* resumed: the worker's reply */
+        struct MHD_Response *r = rq->reply;
+        rq->reply = NULL;
+        if (!r) return MHD_NO;
+        enum MHD_Result ret = MHD_queue_response(c, rq->reply_status, r);
+        MHD_destroy_response(r);
+        return ret;
+    }
+    if (!srv->thread_per_connection && !rq->in_worker && strcmp(method, "GET") && strcmp(method, "HEAD"))
+        return to_worker(srv, c, url, method, rq);
+    return dispatch(srv, c, url, method, rq);
+}
+
+/* The request's answer (the body is in): the routes. */
+static enum MHD_Result dispatch(struct server *srv, struct MHD_Connection *c, const char *url, const char *method, struct req *rq) {
     bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST"), del = !strcmp(method, "DELETE");
     /* llama-server's routes: the OpenAI ones with and without /v1 */
     const char *u = !strncmp(url, "/v1/", 4) ? url + 3 : url;
@@ -1533,6 +1742,9 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
     watch_phase(srv, conn_of(c), PHASE_HEADERS); /* kept alive: the next request's headers are due */
     struct req *rq = *con_cls;
     if (rq) {
+        if (rq->reply) MHD_destroy_response(rq->reply);
+        free(rq->url);
+        free(rq->method);
         free(rq->body);
         free(rq);
         pthread_mutex_lock(&srv->mu);
@@ -1546,7 +1758,11 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
 static struct MHD_Daemon *listen_on(struct server *srv, const char *host, int32_t port) {
     struct sockaddr_storage ss;
     memset(&ss, 0, sizeof ss);
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG;
+    /* event-driven (--http-threads N): epoll on N threads, requests that wait on workers; else
+    ** (--http-threads 0) a thread per connection */
+    const bool tpc = srv->thread_per_connection;
+    unsigned flags = !tpc ? MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG
+                          : MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG;
     char a[64];
     snprintf(a, sizeof a, "%s", host);
     size_t n = strlen(a);
@@ -1573,13 +1789,14 @@ static struct MHD_Daemon *listen_on(struct server *srv, const char *host, int32_
     /* thread per connection: a small stack (the handlers' deepest recursion is the JSON parser's,
     ** 2048 levels at most, and the schema's, 32), so the connection cap, not the address space,
     ** bounds the threads */
-    struct MHD_Daemon *d = MHD_start_daemon(
-        flags, (uint16_t) port, NULL, NULL, handler, srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
-        srv, /* first: it covers the others */
-        MHD_OPTION_SOCK_ADDR, (struct sockaddr *) &ss, MHD_OPTION_NOTIFY_COMPLETED, completed, srv, MHD_OPTION_NOTIFY_CONNECTION,
-        notify_connection, srv, MHD_OPTION_CONNECTION_LIMIT, (unsigned) srv->lim.max_connections,
-        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned) srv->lim.max_per_ip, MHD_OPTION_CONNECTION_TIMEOUT,
-        (unsigned) srv->lim.idle_timeout_s, MHD_OPTION_THREAD_STACK_SIZE, (size_t) 1 << 20, MHD_OPTION_END);
+    struct MHD_Daemon *d = MHD_start_daemon(flags, (uint16_t) port, NULL, NULL, handler, srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
+                                            srv, /* first: it covers the others */
+                                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *) &ss, MHD_OPTION_NOTIFY_COMPLETED, completed,
+                                            srv, MHD_OPTION_NOTIFY_CONNECTION, notify_connection, srv, MHD_OPTION_CONNECTION_LIMIT,
+                                            (unsigned) srv->lim.max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                                            (unsigned) srv->lim.max_per_ip, MHD_OPTION_CONNECTION_TIMEOUT,
+                                            (unsigned) srv->lim.idle_timeout_s, MHD_OPTION_THREAD_STACK_SIZE, (size_t) 1 << 20,
+                                            MHD_OPTION_THREAD_POOL_SIZE, (unsigned) (tpc ? 0 : srv->http_threads), MHD_OPTION_END);
     if (!d) fprintf(stderr, "kvtier serve: cannot listen on %s port %d (in use, or not allowed)\n", host, port);
     return d;
 }

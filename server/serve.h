@@ -240,12 +240,16 @@ struct server {
     pthread_cond_t work; /* queue non-empty or shutting down */
     struct job *head, *tail;
     int32_t n_queued, max_queue;
-    int32_t queue_per_key;     /* --queue-per-key: one API key's jobs waiting at most */
-    int32_t max_responses;     /* --max-responses: stored Responses in all (server/responses.c) */
-    bool public_listen;        /* a --host address is not loopback (set by serve_http_start) */
-    int32_t responses_per_key; /* --responses-per-key: one API key's stored responses at most */
-    uint64_t n_tickets;        /* jobs ever queued (the next job's ticket) */
-    bool stopping;             /* SIGTERM: finish what is queued and running, take nothing new */
+    int32_t queue_per_key;      /* --queue-per-key: one API key's jobs waiting at most */
+    int32_t max_responses;      /* --max-responses: stored Responses in all (server/responses.c) */
+    bool public_listen;         /* a --host address is not loopback (set by serve_http_start) */
+    bool thread_per_connection; /* --thread-per-connection: libmicrohttpd's thread per connection (the old way) */
+    int32_t http_threads;       /* --http-threads: threads running every connection (epoll) */
+    int32_t http_workers;       /* --max-workers: requests answered at once on worker threads */
+    int32_t n_workers;          /* worker threads running (under mu) */
+    int32_t responses_per_key;  /* --responses-per-key: one API key's stored responses at most */
+    uint64_t n_tickets;         /* jobs ever queued (the next job's ticket) */
+    bool stopping;              /* SIGTERM: finish what is queued and running, take nothing new */
     bool engine_done;
     bool abort_jobs; /* --drain-s passed or a second signal: every job stops now */
     int32_t n_http;  /* requests whose reply is not yet sent (HTTP threads) */

@@ -82,4 +82,31 @@ if [ -n "$PORT" ]; then
         ok "CORS for an origin listed by name: reflected, with credentials" || bad "CORS listed origin: $(grep -i '^access' <<<"$h")"
     stop
 fi
+# slow connections (issue #38 item 12): 1,000 connections from 40 addresses trickling a header line
+# every 2 s (reopened when cut) for 15 s: /health from 127.0.0.1 answers every poll within 250 ms,
+# RSS grows < 200 MiB, the server's thread count stays that of an idle server plus its workers
+# (bench/slow_conns.py; the full run, 10,000 from 400 addresses: bench/slow_conns.sh, RELIABILITY.md)
+start slow --api-key-file "$TMP/keys"
+if [ -n "$PORT" ]; then
+    "$PY" "$SRC/bench/slow_conns.py" --url "http://127.0.0.1:$PORT" --pid "$PID" --key key-one-111 --conns 1000 --addrs 40 \
+        --seconds 15 --poll 0.25 --tokens 16 --health-ms 250 --rss-mb 200 --tps-ratio 0 --json "$TMP/slow.json" >"$TMP/slow.txt" 2>&1
+    src=$?
+    cat "$TMP/slow.txt"
+    held=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["held_max"])' "$TMP/slow.json" 2>/dev/null)
+    thr=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["threads_max"])' "$TMP/slow.json" 2>/dev/null)
+    [ $src -eq 0 ] && [ "${held:-0}" -ge 900 ] &&
+        ok "1,000 slow connections held ($held at once): /health every poll within 250 ms, RSS within 200 MiB" ||
+        bad "slow connections: status $src, $held held"
+    [ "${thr:-999}" -le 40 ] && ok "...on $thr threads at most (a thread per connection would be 1,000)" || bad "slow connections: $thr threads"
+    stop
+fi
+# control: a thread per connection (the old way, capped at 256 connections) under the same load
+start slow-tpc --api-key-file "$TMP/keys" --thread-per-connection
+if [ -n "$PORT" ]; then
+    "$PY" "$SRC/bench/slow_conns.py" --url "http://127.0.0.1:$PORT" --pid "$PID" --key key-one-111 --conns 1000 --addrs 40 \
+        --seconds 15 --poll 0.25 --tokens 16 --health-ms 250 --rss-mb 200 --tps-ratio 0 >"$TMP/slow-tpc.txt" 2>&1
+    [ $? -ne 0 ] && ok "control: a thread per connection misses the target under the same load ($(grep /health "$TMP/slow-tpc.txt" | tr -s ' '))" ||
+        bad "control: a thread per connection held the load too: $(cat "$TMP/slow-tpc.txt")"
+    stop
+fi
 t_finish

@@ -37,8 +37,10 @@ same = st == 200 and st == 200 and js["usage"]["prompt_tokens"] == ref["usage"][
 check("... and its session is as before: the same question, the same prompt tokens and log-probabilities as a fresh session",
       same, f"{js.get('usage', {}).get('prompt_tokens')} vs {ref['usage']['prompt_tokens']}; {lps(js) if st == 200 else js} vs {lps(ref)}")
 t0 = time.time()
+# the end-of-turn token banned: the reply must run into the deadline, whatever this seed samples
+eot = raw("POST", "/tokenize", {"content": "<|im_end|>", "parse_special": True})[2].get("tokens", [])
 st, _, js = raw("POST", CHAT, {"messages": [{"role": "user", "content": "Tell me a very long story."}], "max_tokens": 4000,
-                               "temperature": 0.8, "seed": 1})
+                               "temperature": 0.8, "seed": 1, "logit_bias": {str(t): -100 for t in eot}})
 dt = time.time() - t0
 check(f"a reply generating past the deadline ends: 200, finish_reason length, {js.get('usage', {}).get('completion_tokens')} tokens in {dt:.1f} s",
       st == 200 and js["choices"][0]["finish_reason"] == "length" and js["usage"]["completion_tokens"] < 4000 and dt < 4,

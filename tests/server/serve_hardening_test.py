@@ -59,7 +59,8 @@ raw("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "H
 TOOLS = [{"type": "function", "name": "get_weather", "description": "the weather in a city",
           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
 st, _, r1 = raw("POST", "/v1/responses", {"input": "What is the weather in Paris?", "tools": TOOLS,
-                                          "tool_choice": {"type": "function", "name": "get_weather"}, "max_output_tokens": 40})
+                                          "tool_choice": {"type": "function", "name": "get_weather"}, "max_output_tokens": 120,
+                                          "temperature": 0})  # greedy: a short call, never cut by the limit
 calls = [o for o in r1.get("output", []) if o.get("type") == "function_call"] if st == 200 else []
 check("a forced tool call is stored as a response with a function_call item", len(calls) == 1, f"{st} {str(r1)[:300]}")
 check("response ids are 128 random bits (resp_ and 32 hex digits), not a counter and the clock",
