@@ -86,7 +86,8 @@ fi
 # every 2 s (reopened when cut) for 15 s: /health from 127.0.0.1 answers every poll within 250 ms,
 # RSS grows < 200 MiB, the server's thread count stays that of an idle server plus its workers
 # (bench/slow_conns.py; the full run, 10,000 from 400 addresses: bench/slow_conns.sh, RELIABILITY.md)
-start slow --api-key-file "$TMP/keys"
+# (under the sanitizers their quarantine would hold 256 MiB of freed memory that is not the server's)
+ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}quarantine_size_mb=8" start slow --api-key-file "$TMP/keys"
 if [ -n "$PORT" ]; then
     "$PY" "$SRC/bench/slow_conns.py" --url "http://127.0.0.1:$PORT" --pid "$PID" --key key-one-111 --conns 1000 --addrs 40 \
         --seconds 15 --poll 0.25 --tokens 16 --health-ms 250 --rss-mb 200 --tps-ratio 0 --json "$TMP/slow.json" >"$TMP/slow.txt" 2>&1
