@@ -172,44 +172,21 @@ static bool valid_utf8(const char *s) {
     return ok;
 }
 
-/* A growing JSON text (the /tokenize reply: a few bytes per token, where a JSON object per token
-** held ~300 bytes of the allocator's until the reply was written; issue #38). */
-struct jtext {
-    char *p;
-    size_t n, cap;
-    bool oom;
-};
-
-static void jt_put(struct jtext *t, const char *s, size_t n) {
-    if (t->oom) return;
-    if (t->n + n + 1 > t->cap) {
-        size_t cap = KVT_MAX(t->cap * 2, t->n + n + 1024);
-        char *q = realloc(t->p, cap);
-        if (!q) {
-            t->oom = true;
-            return;
-        }
-        t->p = q;
-        t->cap = cap;
-    }
-    memcpy(t->p + t->n, s, n);
-    t->n += n;
-    t->p[t->n] = '\0';
-}
-
-static void jt_str(struct jtext *t, const char *s) { /* a JSON string of valid UTF-8 s */
-    jt_put(t, "\"", 1);
+/* The /tokenize reply is written as text (server/buf.c): a few bytes per token, where a JSON
+** object per token held ~300 bytes of the allocator's until the reply was written (issue #38). */
+static void jt_str(struct serve_buf *t, const char *s) { /* a JSON string of valid UTF-8 s */
+    serve_buf_add(t, "\"", 1);
     for (const char *r = s; *r;) {
         size_t k = strcspn(r, "\"\\\x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a\x0b\x0c\x0d\x0e\x0f\x10\x11\x12\x13\x14"
                               "\x15\x16\x17\x18\x19\x1a\x1b\x1c\x1d\x1e\x1f");
-        jt_put(t, r, k);
+        serve_buf_add(t, r, k);
         r += k;
         if (!*r) break;
         char esc[8];
         snprintf(esc, sizeof esc, "\\u%04x", (unsigned char) *r++);
-        jt_put(t, esc, 6);
+        serve_buf_add(t, esc, 6);
     }
-    jt_put(t, "\"", 1);
+    serve_buf_add(t, "\"", 1);
 }
 
 int compat_tokenize(struct server *srv, const json_t *root, char **out, struct serve_error *e) {
@@ -228,37 +205,38 @@ int compat_tokenize(struct server *srv, const json_t *root, char **out, struct s
         serve_error_lib(e, "tokenize", rc);
         return -1;
     }
-    struct jtext o = { 0 };
-    jt_put(&o, "{\"tokens\":[", 11);
+    struct serve_buf o = { 0 };
+    serve_buf_add(&o, "{\"tokens\":[", 11);
     for (int32_t i = 0; i < n && !o.oom && rc == 0; i++) {
         char num[48];
-        if (i) jt_put(&o, ",", 1);
+        if (i) serve_buf_add(&o, ",", 1);
         if (!pieces) {
-            jt_put(&o, num, (size_t) snprintf(num, sizeof num, "%d", t[i]));
+            serve_buf_add(&o, num, (size_t) snprintf(num, sizeof num, "%d", t[i]));
             continue;
         }
         char *piece = NULL;
         if ((rc = kvt_detokenize(srv->eng, &t[i], 1, true, &piece))) break;
-        jt_put(&o, num, (size_t) snprintf(num, sizeof num, "{\"id\":%d,\"piece\":", t[i]));
+        serve_buf_add(&o, num, (size_t) snprintf(num, sizeof num, "{\"id\":%d,\"piece\":", t[i]));
         if (valid_utf8(piece)) jt_str(&o, piece);
-        else { /* part of a character: its bytes, as llama-server lists them */ jt_put(&o, "[", 1);
+        else { /* part of a character: its bytes, as llama-server lists them */ serve_buf_add(&o, "[", 1);
             for (const unsigned char *b = (const unsigned char *) piece; *b; b++)
-                jt_put(&o, num, (size_t) snprintf(num, sizeof num, "%s%u", b == (const unsigned char *) piece ? "" : ",", *b));
-            jt_put(&o, "]", 1);
+                serve_buf_add(&o, num,
+                              (size_t) snprintf(num, sizeof num, "%s%u", b == (const unsigned char *) piece ? "" : ",", *b));
+            serve_buf_add(&o, "]", 1);
         }
-        jt_put(&o, "}", 1);
+        serve_buf_add(&o, "}", 1);
         free(piece);
     }
-    jt_put(&o, "]}", 2);
+    serve_buf_add(&o, "]}", 2);
     free(t);
     if (rc || o.oom) {
-        free(o.p);
+        free(o.s);
         if (rc) serve_error_lib(e, "tokenize", rc);
         else serve_error_oom(e);
         return -1;
     }
     serve_error_param(e, NULL);
-    *out = o.p;
+    *out = o.s;
     return 0;
 }
 

@@ -447,6 +447,16 @@ int32_t resp_count(const char *ns);
 bool resp_delete(const char *ns, const char *id); /* false: no such response */
 void resp_free_all(void);                         /* at exit */
 
+/* server/buf.c: a growing text, s[0..n) NUL-terminated (s NULL while empty); an allocation that
+** fails sets oom and drops the rest (check once at the end).  The caller frees s. */
+struct serve_buf {
+    char *s;
+    size_t n, cap;
+    bool oom;
+};
+void serve_buf_add(struct serve_buf *b, const char *s, size_t n);
+void serve_buf_printf(struct serve_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* server/step.c: a finished, unstreamed job's "logprobs" content array (its tokens' text, ln p,
 ** bytes and top_logprobs; native: llama-server's completion_probabilities entries), built on the
 ** caller's thread (detokenizing only reads the vocabulary).  New reference; NULL when the job

@@ -37,55 +37,22 @@
 /* ---------------------------------------------------------------------------------------- */
 /* a growing string                                                                          */
 
-struct buf {
-    char *s;
-    size_t n, cap;
-    bool oom;
-};
-
-static void bput(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void bput(struct buf *b, const char *fmt, ...) {
-    if (b->oom) return;
-    va_list ap;
-    va_start(ap, fmt);
-    int k = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    if (k < 0) {
-        b->oom = true;
-        return;
-    }
-    if (b->n + (size_t) k + 1 > b->cap) {
-        size_t cap = KVT_MAX(b->cap * 2, b->n + (size_t) k + 256);
-        char *s = realloc(b->s, cap);
-        if (!s) {
-            b->oom = true;
-            return;
-        }
-        b->s = s;
-        b->cap = cap;
-    }
-    va_start(ap, fmt);
-    vsnprintf(b->s + b->n, (size_t) k + 1, fmt, ap);
-    va_end(ap);
-    b->n += (size_t) k;
-}
-
 /* A GBNF string literal matching exactly the bytes of s. */
-static void bput_lit(struct buf *b, const char *s) {
-    bput(b, "\"");
+static void bput_lit(struct serve_buf *b, const char *s) {
+    serve_buf_printf(b, "\"");
     for (const unsigned char *p = (const unsigned char *) s; *p; p++) {
-        if (*p == '"' || *p == '\\') bput(b, "\\%c", *p);
-        else if (*p == '\n') bput(b, "\\n");
-        else if (*p == '\r') bput(b, "\\r");
-        else if (*p == '\t') bput(b, "\\t");
-        else if (*p < 0x20) bput(b, "\\x%02X", *p);
-        else bput(b, "%c", *p);
+        if (*p == '"' || *p == '\\') serve_buf_printf(b, "\\%c", *p);
+        else if (*p == '\n') serve_buf_printf(b, "\\n");
+        else if (*p == '\r') serve_buf_printf(b, "\\r");
+        else if (*p == '\t') serve_buf_printf(b, "\\t");
+        else if (*p < 0x20) serve_buf_printf(b, "\\x%02X", *p);
+        else serve_buf_printf(b, "%c", *p);
     }
-    bput(b, "\"");
+    serve_buf_printf(b, "\"");
 }
 
 /* A GBNF literal matching the compact JSON text of v. */
-static void bput_json_lit(struct buf *b, const json_t *v) {
+static void bput_json_lit(struct serve_buf *b, const json_t *v) {
     char *t = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
     if (!t) {
         b->oom = true;
@@ -111,7 +78,7 @@ static const char GBNF_PRIMITIVES[] = "value ::= object | array | string | numbe
 enum { SCHEMA_MAX_PROPS = 256, GBNF_MAX_BYTES = 1 << 20 };
 
 struct gram {
-    struct buf rules; /* extra rules, one per line */
+    struct serve_buf rules; /* extra rules, one per line */
     int n_rules;
     int depth;
     int64_t work, max_work; /* schema nodes expanded so far / allowed (--max-schema-nodes) */
@@ -130,24 +97,24 @@ static void gfail(struct gram *g, const char *fmt, ...) {
     va_end(ap);
 }
 
-static void schema_expr(struct gram *g, const json_t *sc, struct buf *out);
+static void schema_expr(struct gram *g, const json_t *sc, struct serve_buf *out);
 
 /* A new rule "rN ::= <expr of sc>"; writes its name into out. */
-static void schema_rule(struct gram *g, const json_t *sc, struct buf *out) {
-    struct buf body = { 0 };
+static void schema_rule(struct gram *g, const json_t *sc, struct serve_buf *out) {
+    struct serve_buf body = { 0 };
     schema_expr(g, sc, &body);
     int id = g->n_rules++;
-    bput(&g->rules, "r%d ::= %s\n", id, body.s ? body.s : "value");
+    serve_buf_printf(&g->rules, "r%d ::= %s\n", id, body.s ? body.s : "value");
     if (body.oom) g->rules.oom = true;
     free(body.s);
-    bput(out, "r%d", id);
+    serve_buf_printf(out, "r%d", id);
 }
 
-static void object_expr(struct gram *g, const json_t *sc, struct buf *out) {
+static void object_expr(struct gram *g, const json_t *sc, struct serve_buf *out) {
     const json_t *props = json_object_get(sc, "properties"), *req = json_object_get(sc, "required");
     if (!props || !json_is_object(props) || json_object_size(props) == 0) {
         const json_t *ap = json_object_get(sc, "additionalProperties");
-        bput(out, ap && json_is_false(ap) ? "\"{}\"" : "object");
+        serve_buf_printf(out, ap && json_is_false(ap) ? "\"{}\"" : "object");
         return;
     }
     if (req && !json_is_array(req)) {
@@ -179,11 +146,11 @@ static void object_expr(struct gram *g, const json_t *sc, struct buf *out) {
     const json_t *ps;
     json_object_foreach((json_t *) props, key, ps) {
         if (g->failed) break;
-        struct buf one = { 0 };
+        struct serve_buf one = { 0 };
         json_t *k = json_string(key);
         bput_json_lit(&one, k);
         json_decref(k);
-        bput(&one, " \":\" ");
+        serve_buf_printf(&one, " \":\" ");
         schema_rule(g, ps, &one);
         kv[i] = one.s;
         if (one.oom) out->oom = true;
@@ -192,60 +159,60 @@ static void object_expr(struct gram *g, const json_t *sc, struct buf *out) {
     }
     int n_must = 0;
     for (i = 0; i < n; i++) n_must += must[i];
-    bput(out, "\"{\" ");
+    serve_buf_printf(out, "\"{\" ");
     if (n_must > 0) { /* the required ones in order, each optional one after them, skippable */
         bool first = true;
         for (i = 0; i < n; i++)
             if (must[i]) {
-                bput(out, "%s%s ", first ? "" : "\",\" ", kv[i]);
+                serve_buf_printf(out, "%s%s ", first ? "" : "\",\" ", kv[i]);
                 first = false;
             }
         for (i = 0; i < n; i++)
-            if (!must[i]) bput(out, "( \",\" %s )? ", kv[i]);
+            if (!must[i]) serve_buf_printf(out, "( \",\" %s )? ", kv[i]);
     } else { /* all optional: the first present one, then any later ones in order, through one
              ** rule per suffix, tail_i ::= ( "," kv_i )? tail_i+1, so the grammar stays linear */
         int *tail = calloc(n + 1, sizeof *tail);
         if (!tail) out->oom = true;
         for (size_t k = n; tail && k-- > 1;) {
             tail[k] = g->n_rules++;
-            if (k + 1 < n) bput(&g->rules, "r%d ::= ( \",\" %s )? r%d\n", tail[k], kv[k], tail[k + 1]);
-            else bput(&g->rules, "r%d ::= ( \",\" %s )?\n", tail[k], kv[k]);
+            if (k + 1 < n) serve_buf_printf(&g->rules, "r%d ::= ( \",\" %s )? r%d\n", tail[k], kv[k], tail[k + 1]);
+            else serve_buf_printf(&g->rules, "r%d ::= ( \",\" %s )?\n", tail[k], kv[k]);
         }
-        bput(out, "( ");
+        serve_buf_printf(out, "( ");
         for (i = 0; tail && i < n; i++) {
-            bput(out, "%s%s", i ? " | " : "", kv[i]);
-            if (i + 1 < n) bput(out, " r%d", tail[i + 1]);
+            serve_buf_printf(out, "%s%s", i ? " | " : "", kv[i]);
+            if (i + 1 < n) serve_buf_printf(out, " r%d", tail[i + 1]);
         }
-        bput(out, " )? ");
+        serve_buf_printf(out, " )? ");
         free(tail);
     }
-    bput(out, "\"}\"");
+    serve_buf_printf(out, "\"}\"");
     for (i = 0; i < n; i++) free(kv[i]);
     free(kv);
     free(must);
 }
 
-static void type_expr(struct gram *g, const json_t *sc, const char *type, struct buf *out) {
-    if (!strcmp(type, "string")) bput(out, "string");
-    else if (!strcmp(type, "integer")) bput(out, "integer");
-    else if (!strcmp(type, "number")) bput(out, "number");
-    else if (!strcmp(type, "boolean")) bput(out, "boolean");
-    else if (!strcmp(type, "null")) bput(out, "null");
+static void type_expr(struct gram *g, const json_t *sc, const char *type, struct serve_buf *out) {
+    if (!strcmp(type, "string")) serve_buf_printf(out, "string");
+    else if (!strcmp(type, "integer")) serve_buf_printf(out, "integer");
+    else if (!strcmp(type, "number")) serve_buf_printf(out, "number");
+    else if (!strcmp(type, "boolean")) serve_buf_printf(out, "boolean");
+    else if (!strcmp(type, "null")) serve_buf_printf(out, "null");
     else if (!strcmp(type, "object")) object_expr(g, sc, out);
     else if (!strcmp(type, "array")) {
         const json_t *items = json_object_get(sc, "items"), *mi = json_object_get(sc, "minItems");
-        struct buf item = { 0 };
+        struct serve_buf item = { 0 };
         if (items && json_is_object(items)) schema_rule(g, items, &item);
-        else bput(&item, "value");
+        else serve_buf_printf(&item, "value");
         bool nonempty = mi && json_is_integer(mi) && json_integer_value(mi) >= 1;
-        bput(out, "\"[\" %s%s ( \",\" %s )*%s \"]\"", nonempty ? "" : "( ", item.s ? item.s : "value", item.s ? item.s : "value",
-             nonempty ? "" : " )?");
+        serve_buf_printf(out, "\"[\" %s%s ( \",\" %s )*%s \"]\"", nonempty ? "" : "( ", item.s ? item.s : "value",
+                         item.s ? item.s : "value", nonempty ? "" : " )?");
         if (item.oom) out->oom = true;
         free(item.s);
     } else gfail(g, "unknown JSON schema type '%.40s'", type);
 }
 
-static void schema_expr(struct gram *g, const json_t *sc, struct buf *out) {
+static void schema_expr(struct gram *g, const json_t *sc, struct serve_buf *out) {
     if (g->failed) return;
     /* bounded work before any error: every node expanded counts (a node reached twice counts
     ** twice), and the grammar's size is checked as it grows, not once it is built */
@@ -263,7 +230,7 @@ static void schema_expr(struct gram *g, const json_t *sc, struct buf *out) {
         return;
     }
     const json_t *v;
-    if (json_is_true(sc) || (json_is_object(sc) && json_object_size(sc) == 0)) bput(out, "value");
+    if (json_is_true(sc) || (json_is_object(sc) && json_object_size(sc) == 0)) serve_buf_printf(out, "value");
     else if (!json_is_object(sc)) gfail(g, "a JSON schema must be an object, got %s", json_is_array(sc) ? "an array" : "a scalar");
     else if ((v = json_object_get(sc, "const"))) bput_json_lit(out, v);
     else if ((v = json_object_get(sc, "enum"))) {
@@ -272,26 +239,26 @@ static void schema_expr(struct gram *g, const json_t *sc, struct buf *out) {
             gfail(g, "'enum' has %zu values; at most %d (--max-schema-alternatives)", json_array_size(v), g->max_alt);
         size_t i;
         const json_t *x;
-        bput(out, "( ");
+        serve_buf_printf(out, "( ");
         json_array_foreach(v, i, x) {
             if (g->failed) break;
-            if (i) bput(out, " | ");
+            if (i) serve_buf_printf(out, " | ");
             bput_json_lit(out, x);
         }
-        bput(out, " )");
+        serve_buf_printf(out, " )");
     } else if ((v = json_object_get(sc, "anyOf")) || (v = json_object_get(sc, "oneOf"))) {
         if (!json_is_array(v) || json_array_size(v) == 0) gfail(g, "'anyOf'/'oneOf' must be a non-empty array");
         else if (json_array_size(v) > (size_t) g->max_alt)
             gfail(g, "'anyOf'/'oneOf' has %zu schemas; at most %d (--max-schema-alternatives)", json_array_size(v), g->max_alt);
         size_t i;
         const json_t *x;
-        bput(out, "( ");
+        serve_buf_printf(out, "( ");
         json_array_foreach(v, i, x) {
             if (g->failed) break;
-            if (i) bput(out, " | ");
+            if (i) serve_buf_printf(out, " | ");
             schema_rule(g, x, out);
         }
-        bput(out, " )");
+        serve_buf_printf(out, " )");
     } else if ((v = json_object_get(sc, "type"))) {
         if (json_is_string(v)) type_expr(g, sc, json_string_value(v), out);
         else if (json_is_array(v) && json_array_size(v) > 8)
@@ -299,7 +266,7 @@ static void schema_expr(struct gram *g, const json_t *sc, struct buf *out) {
         else if (json_is_array(v) && json_array_size(v) > 0) {
             size_t i, k;
             const json_t *t;
-            bput(out, "( ");
+            serve_buf_printf(out, "( ");
             json_array_foreach(v, i, t) {
                 if (!json_is_string(t)) {
                     gfail(g, "'type' lists must hold strings");
@@ -310,13 +277,13 @@ static void schema_expr(struct gram *g, const json_t *sc, struct buf *out) {
                 ** same properties 2^31 times (issue #24) */
                 for (k = 0; k < i && strcmp(json_string_value(json_array_get(v, k)), json_string_value(t)); k++) {}
                 if (k < i) continue;
-                if (i) bput(out, " | ");
+                if (i) serve_buf_printf(out, " | ");
                 type_expr(g, sc, json_string_value(t), out);
             }
-            bput(out, " )");
+            serve_buf_printf(out, " )");
         } else gfail(g, "'type' must be a string or a non-empty array of strings");
     } else if (json_object_get(sc, "properties")) object_expr(g, sc, out);
-    else bput(out, "value"); /* $ref, not, ...: any JSON value */
+    else serve_buf_printf(out, "value"); /* $ref, not, ...: any JSON value */
     g->depth--;
 }
 
@@ -324,10 +291,10 @@ static void schema_expr(struct gram *g, const json_t *sc, struct buf *out) {
 /* request                                                                                   */
 
 /* root ::= the grammar of JSON schema sc; a 400 naming field when the schema cannot be translated. */
-static int schema_root(struct gram *g, const json_t *sc, struct buf *root_rule, const char *field, struct serve_error *e) {
-    bput(root_rule, "root ::= ");
+static int schema_root(struct gram *g, const json_t *sc, struct serve_buf *root_rule, const char *field, struct serve_error *e) {
+    serve_buf_printf(root_rule, "root ::= ");
     schema_expr(g, sc, root_rule);
-    bput(root_rule, "\n");
+    serve_buf_printf(root_rule, "\n");
     if (!g->failed) return 0;
     serve_bad(e, "'%s': %s", field, g->msg);
     return -1;
@@ -351,7 +318,7 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
         return -1;
     }
     struct gram g = { .max_work = lim->max_schema_nodes, .max_alt = lim->max_alternatives };
-    struct buf root_rule = { 0 };
+    struct serve_buf root_rule = { 0 };
     int rc = 0;
     /* tools */
     const char *mode = "auto", *forced = NULL;
@@ -398,7 +365,7 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
         bool none = !strcmp(mode, "none");
         serve_error_param(e, "tools");
         json_t *desc = json_array();
-        struct buf calls = { 0 };
+        struct serve_buf calls = { 0 };
         size_t i;
         const json_t *t;
         bool found = !forced;
@@ -433,18 +400,18 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
             if (none || (forced && strcmp(forced, name))) continue;
             found = true;
             /* "{\"tool_call\":{\"name\":\"NAME\",\"arguments\":" ARGS "}}" */
-            bput(&calls, "%s", calls.n ? " | " : "");
-            struct buf lit = { 0 };
-            bput(&lit, "{\"tool_call\":{\"name\":\"%s\",\"arguments\":", name);
+            serve_buf_printf(&calls, "%s", calls.n ? " | " : "");
+            struct serve_buf lit = { 0 };
+            serve_buf_printf(&lit, "{\"tool_call\":{\"name\":\"%s\",\"arguments\":", name);
             bput_lit(&calls, lit.s ? lit.s : "");
             free(lit.s);
-            bput(&calls, " ");
+            serve_buf_printf(&calls, " ");
             bool untyped = !params || json_object_size(params) == 0; /* arguments are an object anyway */
             json_t *obj = untyped ? json_pack("{s:s}", "type", "object") : NULL;
             serve_error_param(e, "tools");
             schema_rule(&g, untyped ? obj : params, &calls);
             json_decref(obj);
-            bput(&calls, " \"}}\"");
+            serve_buf_printf(&calls, " \"}}\"");
             if (g.failed) {
                 serve_bad(e, "'tools[%zu].function.parameters': %s", i, g.msg);
                 rc = -1;
@@ -460,15 +427,17 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
             bool must = !strcmp(mode, "required") || forced;
             /* "auto": the model's first character chooses: '{' begins a call, anything else
             ** (not blank) is a plain-text answer.  "none": the same system message, plain text only */
-            if (none) bput(&root_rule, "root ::= plain\n");
-            else bput(&root_rule, "root ::= %s%s\n", calls.s ? calls.s : "", must ? "" : " | plain");
-            if (!must) bput(&root_rule, "plain ::= [^{ \\t\\r\\n] [^\\x00]*\n");
+            if (none) serve_buf_printf(&root_rule, "root ::= plain\n");
+            else serve_buf_printf(&root_rule, "root ::= %s%s\n", calls.s ? calls.s : "", must ? "" : " | plain");
+            if (!must) serve_buf_printf(&root_rule, "plain ::= [^{ \\t\\r\\n] [^\\x00]*\n");
             j->req.format = REPLY_TOOLS;
             char *list = json_dumps(desc, JSON_COMPACT);
-            struct buf sys = { 0 };
-            bput(&sys, "You can call any of the following tools to satisfy the user's requests: %s\n\n", list ? list : "[]");
-            bput(&sys, "To call a tool, respond with only a JSON object, for example {\"tool_call\":{\"name\":\"tool_name\","
-                       "\"arguments\":{\"arg1\":\"value\"}}}. To answer the user directly, respond in plain text.");
+            struct serve_buf sys = { 0 };
+            serve_buf_printf(&sys, "You can call any of the following tools to satisfy the user's requests: %s\n\n",
+                             list ? list : "[]");
+            serve_buf_printf(&sys,
+                             "To call a tool, respond with only a JSON object, for example {\"tool_call\":{\"name\":\"tool_name\","
+                             "\"arguments\":{\"arg1\":\"value\"}}}. To answer the user directly, respond in plain text.");
             free(list);
             if (sys.oom) rc = -1;
             *sys_extra = sys.s;
@@ -537,7 +506,7 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
                 j->req.format = REPLY_JSON;
             }
         } else if (!strcmp(t, "json_object")) {
-            bput(&root_rule, "root ::= object\n");
+            serve_buf_printf(&root_rule, "root ::= object\n");
             j->req.format = REPLY_JSON;
         } else if (!strcmp(t, "json_schema")) {
             const json_t *js = json_object_get(rf, "json_schema"),
@@ -552,8 +521,8 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
         }
     }
     if (rc == 0 && root_rule.n) {
-        struct buf all = { 0 };
-        bput(&all, "%s%s%s", root_rule.s, g.rules.s ? g.rules.s : "", GBNF_PRIMITIVES);
+        struct serve_buf all = { 0 };
+        serve_buf_printf(&all, "%s%s%s", root_rule.s, g.rules.s ? g.rules.s : "", GBNF_PRIMITIVES);
         if (all.oom || g.rules.oom) {
             free(all.s);
             rc = -1;

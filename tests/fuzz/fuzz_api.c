@@ -14,7 +14,7 @@
 ** or gives an object with messages; a stored response is never changed by a request (its JSON
 ** text is compared before and after every input); every reply object is written as JSON. */
 #include "fuzz.h"
-#include "serve.h"
+#include "fuzz_server.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -26,21 +26,7 @@ static char stored_text[3][4096]; /* the stored responses' GET objects, as writt
 static char ids[3][48];
 
 static void setup(void) {
-    srv.n_ctx = 4096;
-    srv.max_tokens_default = 16;
-    srv.temp_default = 1.0f;
-    srv.top_p_default = 1.0f;
-    srv.seed_default = -1;
-    snprintf(srv.model_name, sizeof srv.model_name, "fuzz");
-    srv.budget = 512;
-    srv.max_responses = 64;
-    srv.responses_per_key = 64;
-    srv.lim = (struct serve_limits){ .max_body = 8 << 20,
-                                     .max_messages = 4096,
-                                     .max_parts = 1024,
-                                     .max_tools = 128,
-                                     .max_schema_nodes = 10000,
-                                     .max_alternatives = 1024 };
+    fuzz_server_defaults(&srv);
     /* a conversation of three stored responses: a question, a tool call, its answer */
     const char *replies[3] = { "{\"role\":\"assistant\",\"content\":\"Hello.\"}",
                                ("{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\","

@@ -6,26 +6,14 @@
 ** filled (status, type, message), or succeeds with messages whose last one is from the user and a grammar within
 ** 1 MiB; the work per input is bounded by the caps (libFuzzer's -timeout catches a bomb). */
 #include "fuzz.h"
-#include "serve.h"
+#include "fuzz_server.h"
 
 #include <jansson.h>
 #include <string.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static struct server srv;
-    if (!srv.n_ctx) {
-        srv.n_ctx = 4096;
-        srv.max_tokens_default = 16;
-        srv.temp_default = 1.0f;
-        srv.top_p_default = 1.0f;
-        srv.seed_default = -1;
-        srv.lim = (struct serve_limits){ .max_body = 8 << 20,
-                                         .max_messages = 4096,
-                                         .max_parts = 1024,
-                                         .max_tools = 128,
-                                         .max_schema_nodes = 10000,
-                                         .max_alternatives = 1024 };
-    }
+    if (!srv.n_ctx) fuzz_server_defaults(&srv);
     json_error_t e;
     json_t *root = json_loadb((const char *) data, size, 0, &e);
     if (!root) return 0;
