@@ -7,6 +7,10 @@ Clients (threads, loopback only), each its own session, cycling through what use
   tools       a tool call, then the tool's result sent back
   drop        a stream the client closes after its first chunk (a disconnect mid-stream)
   edit        a conversation whose last user message is edited and resent
+  responses   OpenAI's Responses API: each turn names the previous response (the server holds the
+              conversation), every third streamed
+  anthropic   Anthropic's Messages API, the history resent, every other turn streamed
+  native      llama-server's /completion with n_probs, every other one streamed
 and, beside them, --hostile connections from 127.0.0.2 that trickle headers or bodies, send bodies
 without a key, garbage, or bad requests, reconnecting when shut.
 
@@ -117,13 +121,32 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
 
 def client(i):
     rng = random.Random(i)
-    kind = ["chat", "stream", "completion", "tools", "drop", "edit"][i % 6]
+    kind = ["chat", "stream", "completion", "tools", "drop", "edit", "responses", "anthropic", "native"][i % 9]
+    prev = None  # responses: the last response of this client's conversation
     sid = f"soak-{i}"
     hist = []
     while time.time() < T_END:
         mt = a.max_tokens
         if kind == "completion":
             request("POST", "/v1/completions", {"prompt": sentence(rng), "max_tokens": mt})
+            continue
+        if kind == "native":
+            n = rng.randint(0, 1 << 30)
+            request("POST", "/completion", {"prompt": sentence(rng), "n_predict": mt, "n_probs": 3, "stream": n % 2 == 1},
+                    stream=n % 2 == 1)
+            continue
+        if kind == "responses":
+            if rng.random() < 0.05:
+                prev = None  # a new conversation now and then
+            n = rng.randint(0, 1 << 30)
+            body = {"input": sentence(rng), "max_output_tokens": mt, **({"previous_response_id": prev} if prev else {})}
+            if n % 3 == 0:
+                body["stream"] = True
+                request("POST", "/v1/responses", body, stream=True)
+                prev = None  # the stream's id is not read here: the next turn starts again
+            else:
+                st, js = request("POST", "/v1/responses", body)
+                prev = js.get("id") if st == 200 and isinstance(js, dict) else None
             continue
         if len(hist) > 40:
             hist = []  # a new conversation now and then
@@ -145,6 +168,16 @@ def client(i):
                     hist.append({"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"], "content": "ok"})
             else:
                 hist = []
+            continue
+        if kind == "anthropic":
+            stream = len(hist) % 4 == 1
+            st, js = request("POST", "/v1/messages", {"model": "m", "max_tokens": mt, "messages": hist, "stream": stream}, sid,
+                             stream=stream)
+            if st == 200 and not stream:
+                text = "".join(b.get("text", "") for b in js.get("content", []) if b.get("type") == "text")
+                hist.append({"role": "assistant", "content": text or "ok"})
+            else:
+                hist.pop()  # streamed (not read here) or refused: the next question replaces it
             continue
         if kind in ("stream", "drop"):
             body["stream"] = True
