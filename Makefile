@@ -76,7 +76,7 @@ bench: build
 # build-fuzz/fuzz-out/<harness>/: fix the bug, copy the input into tests/fuzz/crashes/<harness>/,
 # and `make test` replays it (ctest fuzz_replay_<harness>) with the committed corpora from then on.
 FUZZ_SECONDS   ?= 60
-FUZZ_HARNESSES ?= blob codec codec_tensor blobfile redis_value request api
+FUZZ_HARNESSES ?= blob codec codec_tensor blobfile redis_value request api stream
 BUILD_FUZZ     ?= build-fuzz
 fuzz: setup
 	@eval "$$($(BOOT) env)"; set -e; \
