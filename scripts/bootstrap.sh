@@ -301,9 +301,19 @@ llama_all_cmake_args() {
 
 # The Debian mirror apt is configured with: the URI of its first main component that is not a
 # security or updates suite (deb822 or one-line sources alike), from apt's own index targets.
+# apt lists its targets once it has its indexes: on a machine where apt-get update never ran, it
+# runs once first (as the deps step does before installing).
 debian_mirror() {
-  apt-get indextargets --format '$(REPO_URI) $(RELEASE) $(COMPONENT)' 'Created-By: Packages' 2>/dev/null |
-    awk '$3 == "main" && $2 !~ /-(security|updates|backports)$/ { print $1; exit }'
+  local m
+  m=$(apt-get indextargets --format '$(REPO_URI) $(RELEASE) $(COMPONENT)' 'Created-By: Packages' 2>/dev/null |
+    awk '$3 == "main" && $2 !~ /-(security|updates|backports)$/ { print $1; exit }')
+  if [ -z "$m" ]; then
+    local sudo=""; [ "$(id -u)" -ne 0 ] && sudo=sudo
+    $sudo apt-get update -qq >&2 || true
+    m=$(apt-get indextargets --format '$(REPO_URI) $(RELEASE) $(COMPONENT)' 'Created-By: Packages' 2>/dev/null |
+      awk '$3 == "main" && $2 !~ /-(security|updates|backports)$/ { print $1; exit }')
+  fi
+  echo "$m"
 }
 
 # Debian trixie's Vulkan + SPIR-V headers, unpacked (dpkg -x) into $VULKAN_HEADERS: nothing installed.
