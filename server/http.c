@@ -981,11 +981,6 @@ static enum MHD_Result run_job(struct server *srv, struct MHD_Connection *c, str
             reply = anth_message(srv, j, msg, fin ? fin : "stop");
             json_decref(msg);
         } else reply = j->req.native ? compat_native_reply(srv, j, j->text ? j->text : "", true, mono_ms()) : final_obj(srv, j);
-        if (j->req.native && reply) { /* text may hold a character cut by max_tokens */
-            char *clean = app_utf8_clean(j->text ? j->text : "");
-            if (clean) json_object_set_new(reply, "content", json_string(clean));
-            free(clean);
-        }
         enum MHD_Result r = send_json(srv, c, 200, reply, j->out_session);
         serve_job_release(srv, j);
         return r;
