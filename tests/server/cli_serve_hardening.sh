@@ -3,7 +3,8 @@
 # 10fe331 (tests/server/serve_hardening_test.py: the Responses error path's use-after-free, stored
 # responses changed by later requests, one key evicting another's responses, /tokenize with_pieces
 # memory, Anthropic blocks, POST /health buffering a body, logit_bias pairs, /slots, /props, a
-# batch over the queue share, response ids); here too: no control character of a request in the
+# batch over the queue share, response ids), an unstreamed reply's logprobs stalling other streams
+# (serve_logprobs_stall_test.py); here too: no control character of a request in the
 # log, a keyless loopback server answers only loopback Host names (DNS rebinding), and CORS "*"
 # sends no credentials.  The server runs with MALLOC_MMAP_THRESHOLD_ so that a freed large
 # buffer is unmapped at once: a read of it is a crash, not a quiet wrong answer.  Skips (77)
@@ -80,6 +81,19 @@ if [ -n "$PORT" ]; then
     h=$(curl -s -D - -o /dev/null -H "Origin: https://app.example" "http://127.0.0.1:$PORT/v1/models" | tr -d '\r')
     grep -qi '^Access-Control-Allow-Origin: https://app.example$' <<<"$h" && grep -qi '^Access-Control-Allow-Credentials: true' <<<"$h" &&
         ok "CORS for an origin listed by name: reflected, with credentials" || bad "CORS listed origin: $(grep -i '^access' <<<"$h")"
+    stop
+fi
+# an unstreamed reply's 60,000 probabilities (item 8) must not stall another session's stream: its
+# largest gap at that reply's end against a control without probabilities, in this run
+# (tests/server/serve_logprobs_stall_test.py; two jobs at once, each in a stream of 2048 cells)
+start stall --parallel 2 -c 8192 --budget 2048
+if [ -n "$PORT" ]; then
+    (cd "$SRC/tests/server" && "$PY" serve_logprobs_stall_test.py "http://127.0.0.1:$PORT" "$PID") >"$TMP/stall" 2>&1
+    prc=$?
+    cat "$TMP/stall"
+    pass=$((pass + $(grep -c '^ok ' "$TMP/stall")))
+    fail=$((fail + $(grep -c '^FAIL ' "$TMP/stall")))
+    [ $prc -eq 0 ] || [ "$(grep -c '^FAIL ' "$TMP/stall")" -gt 0 ] || bad "serve_logprobs_stall_test.py exited with status $prc"
     stop
 fi
 # slow connections (issue #38 item 12): 1,000 connections from 40 addresses trickling a header line
