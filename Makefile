@@ -17,7 +17,7 @@ BUILD      ?= build-$(KVTIER_BACKEND)
 BUILD_ASAN ?= build-$(KVTIER_BACKEND)-asan
 endif
 
-.PHONY: all build build-asan test test-isa demo serve bench clean setup fuzz format
+.PHONY: all build build-asan test test-isa demo serve bench clean setup fuzz format docs
 all: build
 
 setup:
@@ -87,6 +87,11 @@ fuzz: setup
 	tests/fuzz/run.sh $(BUILD_FUZZ) $(FUZZ_SECONDS) $(FUZZ_HARNESSES)
 
 # .clang-format over every tracked C/C++ file (clang-format 14, Debian's clang-format package)
+# docs/API.md: every request field of every API and what kvtier does with it, printed from the
+# tables in server/fields.c (cli_serve_fields checks in the suite that it is current)
+docs: build
+	./$(BUILD)/kvtier serve --print-api >docs/API.md
+
 format:
 	@command -v clang-format >/dev/null || { echo "make format: clang-format is not installed (apt-get install clang-format)" >&2; exit 2; }
 	git ls-files '*.c' '*.h' '*.cpp' | xargs clang-format -i

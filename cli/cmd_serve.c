@@ -11,6 +11,7 @@
 ** exits 0.  API keys are secrets: nothing here or in server/ ever prints one. */
 #include "cli.h"
 #include "model.h"
+#include "fields.h"
 #include "serve.h"
 
 #include <ctype.h>
@@ -138,7 +139,7 @@ int cmd_serve(int argc, char **argv) {
     bool budget_seen = false, slots_on = false, metrics_on = false, jinja = false, no_jinja = false, offline = false,
          cont_batching = false, backend_sampling = false;
     const char *tmpl_name = NULL, *tmpl_file = NULL, *slot_save = NULL, *pooling = NULL, *media_path = NULL;
-    bool embedding = false, reranking = false;
+    bool embedding = false, reranking = false, print_api = false;
     char *tmpl_text = NULL;
     srv.cors_origins = NULL; /* default below: "*" with API keys, "localhost" without */
     bool prefetch_on = false, prefetch_off = false;
@@ -303,6 +304,8 @@ int cmd_serve(int argc, char **argv) {
           "threads that run every connection with epoll (default 2): an idle or slow connection costs no thread", NULL },
         { "max-workers", 0, OPT_INT, &srv.http_workers, 1, 1 << 16, "N",
           "requests answered at once, each on a worker thread while its connection waits (default 256; past it 503)", NULL },
+        { "print-api", 0, OPT_FLAG, &print_api, 0, 0, NULL,
+          "print every request field of every API and what kvtier does with it (docs/API.md, as Markdown) and exit", NULL },
         { "thread-per-connection", 0, OPT_FLAG, &srv.thread_per_connection, 0, 0, NULL,
           "a thread for every connection, as before event-driven connections (--max-connections then caps the threads)", NULL },
         { "max-connections-per-ip", 0, OPT_INT, &srv.lim.max_per_ip, 1, 1 << 16, "N",
@@ -405,6 +408,10 @@ int cmd_serve(int argc, char **argv) {
         goto out;
     }
     if (rc) goto out;
+    if (print_api) {
+        serve_fields_print_md(stdout);
+        goto out; /* rc APP_OK */
+    }
     bool model_from_env = false;
     rc = APP_USAGE;
     if (!(srv.model_path = cli_model_path(cmd, srv.model_path, &model_from_env))) goto out;

@@ -7,6 +7,7 @@
 ** content_block_start/delta/stop, message_delta, message_stop; server/http.c writes them).
 ** Shapes as docs.anthropic.com documents them.  Images and documents are refused with a 400:
 ** kvtier serves text models. */
+#include "fields.h"
 #include "serve.h"
 
 #include <stdio.h>
@@ -164,50 +165,14 @@ static int add_message(const json_t *m, size_t mi, json_t *msgs, int32_t max_par
     return rc;
 }
 
-/* The request fields read here or knowingly accepted (thinking: kvtier's models do not think
-** apart; the reply has no thinking block); any other is logged once, by name. */
-static const char *const KNOWN[] = {
-    "model", "messages", "system",   "max_tokens", "stop_sequences", "temperature", "top_p",
-    "top_k", "stream",   "metadata", "tools",      "tool_choice",    "thinking",    "service_tier"
-};
-
-static void log_unknown(const json_t *in) {
-    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-    static char seen[32][40];
-    static int n_seen;
-    const char *k;
-    const json_t *v;
-    json_object_foreach((json_t *) in, k, v) {
-        bool known = false;
-        for (size_t i = 0; !known && i < sizeof KNOWN / sizeof KNOWN[0]; i++) known = !strcmp(k, KNOWN[i]);
-        if (known) continue;
-        pthread_mutex_lock(&mu);
-        bool dup = false;
-        for (int i = 0; !dup && i < n_seen; i++) dup = !strncmp(seen[i], k, sizeof seen[i] - 1);
-        if (!dup && n_seen < 32) {
-            char name[40];
-            snprintf(seen[n_seen++], sizeof seen[0], "%s", k);
-            serve_printable(name, sizeof name, k); /* a client's bytes: no control character reaches the log */
-            fprintf(stderr, "kvtier serve: /v1/messages field '%s' is not one kvtier reads; ignored (logged once)\n", name);
-        }
-        pthread_mutex_unlock(&mu);
-    }
-}
-
-int anth_to_chat(const json_t *in, const struct serve_limits *lim, json_t **out, struct serve_error *e) {
+int anth_to_chat(const json_t *in, const struct serve_limits *lim, json_t **out, json_t **ignored, struct serve_error *e) {
     *out = NULL;
     const json_t *ms = json_object_get(in, "messages");
     if (json_array_size(ms) > (size_t) lim->max_messages) { /* before any work on them */
         serve_error_param(e, "messages");
         return serve_bad(e, "'messages' has %zu entries; at most %d (--max-messages)", json_array_size(ms), lim->max_messages);
     }
-    const json_t *oc = json_object_get(in, "output_config");
-    if (oc && json_object_get(oc, "format") && !json_is_null(json_object_get(oc, "format"))) {
-        serve_error_param(e, "output_config");
-        return serve_bad(e, "'output_config.format' is not supported on /v1/messages: it would change the reply (use "
-                            "/v1/chat/completions with response_format)");
-    }
-    log_unknown(in);
+    if (serve_fields_check(FIELD_TABLE_ANTHROPIC, in, ignored, e)) return -1; /* types, refused and neutral fields */
     json_t *o = json_object(), *msgs = json_array();
     if (!o || !msgs || json_object_set_new(o, "messages", msgs)) {
         json_decref(o);
@@ -294,6 +259,8 @@ json_t *anth_usage(const struct job *j, bool final) {
     json_t *u = json_pack("{s:I, s:I, s:i, s:i}", "input_tokens", (json_int_t) (j->prompt_tokens - reused),
                           "cache_read_input_tokens", (json_int_t) reused, "cache_creation_input_tokens", 0, "output_tokens",
                           final ? j->completion_tokens : 0);
+    if (u && json_array_size(j->req.ignored)) /* the request's fields no table knows */
+        json_object_set_new(u, "kvtier", json_pack("{s:O}", "ignored_fields", j->req.ignored));
     return u;
 }
 
@@ -342,10 +309,12 @@ json_t *anth_error(const struct serve_error *e) {
 }
 
 int anth_count_tokens(struct server *srv, json_t *root, json_t **out, struct serve_error *e) {
-    json_t *chat = NULL;
+    json_t *chat = NULL, *ignored = NULL;
     int32_t n = 0;
-    if (anth_to_chat(root, &srv->lim, &chat, e)) return -1;
-    int rc = compat_chat_tokens(srv, chat, &n, e);
+    int rc = anth_to_chat(root, &srv->lim, &chat, &ignored, e);
+    json_decref(ignored); /* count_tokens' reply has no usage to list them in (they were logged) */
+    if (rc) return -1;
+    rc = compat_chat_tokens(srv, chat, &n, e);
     json_decref(chat);
     if (rc) return -1;
     return (*out = json_pack("{s:i}", "input_tokens", n)) ? 0 : serve_error_oom(e);

@@ -5,6 +5,7 @@
 ** kvtier holds differently is shown as what it is: a "slot" is a session's KV stream of --budget
 ** resident tokens, and each one names its session.  Called on HTTP threads: the engine is used
 ** only through its thread-safe text functions (kvt_tokenize, kvt_detokenize, kvt_chat_format). */
+#include "fields.h"
 #include "serve.h"
 
 #include <stdio.h>
@@ -18,6 +19,7 @@
 int compat_native_params(struct server *srv, json_t *root, struct job *j, struct serve_error *e) {
     json_t *v;
     j->req.native = true;
+    if (serve_fields_check(FIELD_TABLE_OPENAI, root, &j->req.ignored, e)) return -1; /* types, refused and neutral fields */
     if ((v = json_object_get(root, "n_predict")) && !json_is_null(v)) {
         serve_error_param(e, "n_predict");
         if (!json_is_integer(v)) return serve_bad(e, "'n_predict' must be an integer, got %s", serve_json_type(v));
@@ -35,12 +37,10 @@ int compat_native_params(struct server *srv, json_t *root, struct job *j, struct
     }
     if ((v = json_object_get(root, "post_sampling_probs")) && !json_is_null(v)) {
         serve_error_param(e, "post_sampling_probs");
-        if (!json_is_boolean(v)) return serve_bad(e, "'post_sampling_probs' must be a boolean, got %s", serve_json_type(v));
         j->req.post_sampling = json_is_true(v);
     }
     if ((v = json_object_get(root, "return_tokens")) && !json_is_null(v)) {
         serve_error_param(e, "return_tokens");
-        if (!json_is_boolean(v)) return serve_bad(e, "'return_tokens' must be a boolean, got %s", serve_json_type(v));
         j->req.return_tokens = json_is_true(v);
     }
     serve_error_param(e, NULL);

@@ -326,15 +326,18 @@ static enum MHD_Result send_error(struct server *srv, struct MHD_Connection *c, 
 static bool chat_shape(const struct job *j) { return j->kind == JOB_CHAT || j->req.prefill; }
 
 static json_t *usage_obj(const struct job *j) {
-    return json_pack("{s:i, s:i, s:i, s:{s:I, s:I, s:I, s:I, s:I, s:i, s:s, s:s, s:I, s:I, s:I, s:i}}", "prompt_tokens",
-                     j->prompt_tokens, "completion_tokens", j->completion_tokens, "total_tokens",
-                     j->prompt_tokens + j->completion_tokens, "kvtier", "prompt_tokens_reused", (json_int_t) j->sync.tokens_reused,
-                     "prompt_tokens_decoded", (json_int_t) j->sync.tokens_decoded, "evictions", (json_int_t) j->sync.evictions,
-                     "recoveries", (json_int_t) j->sync.recoveries, "recomputes", (json_int_t) j->sync.recomputes,
-                     "resident_tokens", j->resident_tokens, "session_id", j->out_session, "store", kvt_route_name(j->sync.route),
-                     "prompt_tokens_from_store", (json_int_t) j->sync.tokens_from_store, "prompt_tokens_from_chunks",
-                     (json_int_t) j->sync.tokens_from_chunks, "prompt_tokens_chunk_recomputed",
-                     (json_int_t) j->sync.chunk_recompute_tokens, "decode_steps_shared", j->shared_steps);
+    json_t *u = json_pack(
+        "{s:i, s:i, s:i, s:{s:I, s:I, s:I, s:I, s:I, s:i, s:s, s:s, s:I, s:I, s:I, s:i}}", "prompt_tokens", j->prompt_tokens,
+        "completion_tokens", j->completion_tokens, "total_tokens", j->prompt_tokens + j->completion_tokens, "kvtier",
+        "prompt_tokens_reused", (json_int_t) j->sync.tokens_reused, "prompt_tokens_decoded", (json_int_t) j->sync.tokens_decoded,
+        "evictions", (json_int_t) j->sync.evictions, "recoveries", (json_int_t) j->sync.recoveries, "recomputes",
+        (json_int_t) j->sync.recomputes, "resident_tokens", j->resident_tokens, "session_id", j->out_session, "store",
+        kvt_route_name(j->sync.route), "prompt_tokens_from_store", (json_int_t) j->sync.tokens_from_store,
+        "prompt_tokens_from_chunks", (json_int_t) j->sync.tokens_from_chunks, "prompt_tokens_chunk_recomputed",
+        (json_int_t) j->sync.chunk_recompute_tokens, "decode_steps_shared", j->shared_steps);
+    json_t *kv = json_object_get(u, "kvtier");
+    if (kv && json_array_size(j->req.ignored)) json_object_set(kv, "ignored_fields", j->req.ignored); /* fields no table knows */
+    return u;
 }
 
 static json_t *final_obj(struct server *srv, const struct job *j) {
@@ -1059,29 +1062,37 @@ static enum MHD_Result post_generate(struct server *srv, struct MHD_Connection *
     enum MHD_Result bad = body_json(srv, c, rq, &root);
     if (!root) return bad;
     struct serve_error e = { 0 };
-    json_t *turn = NULL;
+    json_t *turn = NULL, *ignored = NULL;
     char parent[48] = "";
     bool store = true;
     if (api == API_RESPONSES) {
         json_t *tr = NULL, *sv = json_object_get(root, "store");
         store = !json_is_false(sv);
-        int trc = resp_to_chat(srv, ns, root, &tr, &turn, parent, sizeof parent, &e);
+        int trc = resp_to_chat(srv, ns, root, &tr, &turn, parent, sizeof parent, &ignored, &e);
         json_decref(root);
-        if (trc) return send_err(srv, c, &e);
+        if (trc) {
+            json_decref(ignored);
+            return send_err(srv, c, &e);
+        }
         root = tr;
     } else if (api == API_ANTHROPIC) {
         json_t *tr = NULL;
-        int trc = anth_to_chat(root, &srv->lim, &tr, &e);
+        int trc = anth_to_chat(root, &srv->lim, &tr, &ignored, &e);
         json_decref(root);
-        if (trc) return send_err_as(srv, c, &e, true);
+        if (trc) {
+            json_decref(ignored);
+            return send_err_as(srv, c, &e, true);
+        }
         root = tr;
     }
     struct job *j = calloc(1, sizeof *j);
     if (!j) {
         json_decref(root);
         json_decref(turn);
+        json_decref(ignored);
         return MHD_NO;
     }
+    j->req.ignored = ignored; /* the translator's unknown fields (Responses, Anthropic) */
     j->kind = chat ? JOB_CHAT : JOB_COMPLETION;
     j->req.anthropic = api == API_ANTHROPIC;
     if ((j->req.responses = api == API_RESPONSES)) {

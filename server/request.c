@@ -2,6 +2,7 @@
 ** stop strings and streaming fields shared by both endpoints, the chat messages (with tool calls
 ** and tool results, server/tools.c) or the completion prompt.  Every error names the field and
 ** the bad value, as the 400 reply the client gets. */
+#include "fields.h"
 #include "serve.h"
 
 #include <math.h>
@@ -153,18 +154,10 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
     }
     if ((v = json_object_get(root, "stream")) && !json_is_null(v)) {
         serve_error_param(e, "stream");
-        if (!json_is_boolean(v)) {
-            serve_bad(e, "'stream' must be a boolean, got %s", serve_json_type(v));
-            return -1;
-        }
         j->req.stream = json_is_true(v);
     }
     if ((v = json_object_get(root, "stream_options")) && !json_is_null(v)) {
         serve_error_param(e, "stream_options");
-        if (!json_is_object(v)) {
-            serve_bad(e, "'stream_options' must be an object, got %s", serve_json_type(v));
-            return -1;
-        }
         json_t *u = json_object_get(v, "include_usage");
         if (u && !json_is_boolean(u)) {
             serve_bad(e, "'stream_options.include_usage' must be a boolean, got %s", serve_json_type(u));
@@ -172,30 +165,21 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
         }
         j->req.include_usage = u && json_is_true(u);
     }
-    if ((v = json_object_get(root, "model")) && !json_is_null(v) && !json_is_string(v)) {
-        serve_error_param(e, "model");
-        serve_bad(e, "'model' must be a string, got %s", serve_json_type(v));
-        return -1;
-    }
     j->req.verbose = srv->verbose;
     if ((v = json_object_get(root, "timings_per_token")) && !json_is_null(v)) {
         serve_error_param(e, "timings_per_token");
-        if (!json_is_boolean(v)) return serve_bad(e, "'timings_per_token' must be a boolean, got %s", serve_json_type(v));
         j->req.timings = json_is_true(v);
     }
     if ((v = json_object_get(root, "cache_prompt")) && !json_is_null(v)) {
         serve_error_param(e, "cache_prompt");
-        if (!json_is_boolean(v)) return serve_bad(e, "'cache_prompt' must be a boolean, got %s", serve_json_type(v));
         j->req.no_prompt_cache = json_is_false(v);
     }
     if ((v = json_object_get(root, "return_progress")) && !json_is_null(v)) {
         serve_error_param(e, "return_progress");
-        if (!json_is_boolean(v)) return serve_bad(e, "'return_progress' must be a boolean, got %s", serve_json_type(v));
         j->req.return_progress = json_is_true(v);
     }
     if ((v = json_object_get(root, "verbose")) && !json_is_null(v)) {
         serve_error_param(e, "verbose");
-        if (!json_is_boolean(v)) return serve_bad(e, "'verbose' must be a boolean, got %s", serve_json_type(v));
         j->req.verbose = json_is_true(v);
     }
     if ((v = json_object_get(root, "logprobs")) && !json_is_null(v)) {
@@ -454,113 +438,6 @@ out:
     return 0;
 }
 
-/* Fields that change the reply which kvtier does not implement, with the value that leaves the
-** reply unchanged (accepted): anything else is a 400 naming the field, never a 200 that ignored
-** it.  (llama-server's sampler fields; OpenAI's penalties.) */
-static const struct {
-    const char *name;
-    double neutral;
-} NOT_IMPLEMENTED[] = {
-    { "frequency_penalty", 0 }, { "presence_penalty", 0 }, { "repeat_penalty", 1 }, { "typical_p", 1 },      { "mirostat", 0 },
-    { "dry_multiplier", 0 },    { "xtc_probability", 0 },  { "top_n_sigma", -1 },   { "dynatemp_range", 0 },
-};
-
-/* The request fields kvtier reads or knowingly accepts; any other is logged once (by name). */
-static const char *const KNOWN[] = {
-    "model",
-    "messages",
-    "prompt",
-    "max_tokens",
-    "max_completion_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "seed",
-    "n",
-    "stop",
-    "stream",
-    "stream_options",
-    "logprobs",
-    "top_logprobs",
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-    "functions",
-    "function_call",
-    "response_format",
-    "json_schema",
-    "grammar",
-    "logit_bias",
-    "user",
-    "metadata",
-    "store",
-    "cache_prompt",
-    "session",
-    "session_id",
-    "id_slot",
-    "ignore_eos",
-    "n_predict",
-    "return_tokens",
-    "n_probs",
-    "post_sampling_probs",
-    "verbose",
-    "continue_final_message",
-    "add_generation_prompt",
-    "timings_per_token",
-    "return_progress",
-    "backend_sampling", /* llama-server's: kvtier samples on the host either way, alike */
-};
-
-static pthread_mutex_t unknown_mu = PTHREAD_MUTEX_INITIALIZER;
-static char unknown_seen[64][48]; /* names already logged (the first 64) */
-static int n_unknown_seen;
-
-static void log_unknown_fields(const json_t *root) {
-    const char *k;
-    const json_t *v;
-    json_object_foreach((json_t *) root, k, v) {
-        bool known = false;
-        for (size_t i = 0; !known && i < sizeof KNOWN / sizeof KNOWN[0]; i++) known = !strcmp(k, KNOWN[i]);
-        for (size_t i = 0; !known && i < sizeof NOT_IMPLEMENTED / sizeof NOT_IMPLEMENTED[0]; i++)
-            known = !strcmp(k, NOT_IMPLEMENTED[i].name);
-        if (known) continue;
-        pthread_mutex_lock(&unknown_mu);
-        bool seen = false;
-        for (int i = 0; !seen && i < n_unknown_seen; i++) seen = !strncmp(unknown_seen[i], k, sizeof unknown_seen[i] - 1);
-        if (!seen && n_unknown_seen < 64) {
-            char name[41];
-            snprintf(unknown_seen[n_unknown_seen++], sizeof unknown_seen[0], "%s", k);
-            serve_printable(name, sizeof name, k); /* a client's bytes: no control character reaches the log */
-            fprintf(stderr, "kvtier serve: request field '%s' is not one kvtier reads; ignored (logged once)\n", name);
-        }
-        pthread_mutex_unlock(&unknown_mu);
-    }
-}
-
-/* The fields that would change the reply and that kvtier does not apply: a 400 naming the first. */
-static int refuse_unimplemented(const json_t *root, struct serve_error *e) {
-    const json_t *v;
-    for (size_t i = 0; i < sizeof NOT_IMPLEMENTED / sizeof NOT_IMPLEMENTED[0]; i++) {
-        const char *f = NOT_IMPLEMENTED[i].name;
-        if (!(v = json_object_get(root, f)) || json_is_null(v)) continue;
-        if (json_is_number(v) && json_number_value(v) == NOT_IMPLEMENTED[i].neutral) continue;
-        serve_error_param(e, f);
-        if (!json_is_number(v)) return serve_bad(e, "'%s' must be a number, got %s", f, serve_json_type(v));
-        serve_bad(e, "'%s' %g is not supported by kvtier serve: it would change the reply (send %g or leave it out)", f,
-                  json_number_value(v), NOT_IMPLEMENTED[i].neutral);
-        return -1;
-    }
-    if ((v = json_object_get(root, "ignore_eos")) && json_is_true(v)) {
-        serve_error_param(e, "ignore_eos");
-        serve_bad(e, "'ignore_eos' true is not supported by kvtier serve: it would change the reply");
-        return -1;
-    }
-    return 0;
-}
-
-/* One logit_bias entry: key (a token id, as a number or its decimal string, or a text whose
-** tokens are all biased: llama-server's) and value (a number in -100..100, or false: banned). */
 static int add_bias(struct server *srv, struct job *j, const json_t *key, const char *kstr, const json_t *val, const char *where,
                     bool text_only, struct serve_error *e) {
     float b;
@@ -733,8 +610,9 @@ static int parse_prompt_ids(struct server *srv, const json_t *p, struct job *j, 
 
 int serve_request_parse(struct server *srv, json_t *root, struct job *j, bool chat, struct serve_error *e) {
     serve_error_param(e, NULL);
-    log_unknown_fields(root);
-    int rc = refuse_unimplemented(root, e);
+    /* every field against the table (types, refused fields, neutral values): native requests
+    ** were checked by compat_native_params before it read theirs */
+    int rc = j->req.native ? 0 : serve_fields_check(FIELD_TABLE_OPENAI, root, &j->req.ignored, e);
     if (rc == 0) rc = parse_common(srv, root, j, e);
     const json_t *lb = json_object_get(root, "logit_bias");
     if (rc == 0 && lb && !json_is_null(lb)) rc = parse_logit_bias(srv, lb, j, e);

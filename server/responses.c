@@ -17,6 +17,7 @@
 ** works on copies of its messages.  Lookup is a hash of (key, id), O(1); a replay is linear in
 ** its chain.  Ids are 128 random bits.  store: false replies are not kept.  Shapes as
 ** platform.openai.com documents them. */
+#include "fields.h"
 #include "serve.h"
 
 #include <stdio.h>
@@ -235,34 +236,20 @@ static int input_messages(struct server *srv, const json_t *input, json_t *msgs,
     return 0;
 }
 
-static const char *const KNOWN[] = {
-    "model",     "input",   "instructions", "previous_response_id", "max_output_tokens", "temperature",    "top_p", "stream",
-    "store",     "tools",   "tool_choice",  "parallel_tool_calls",  "metadata",          "user",           "text",  "truncation",
-    "reasoning", "include", "service_tier", "background",           "timings_per_token", "return_progress"
-};
-
 int resp_to_chat(struct server *srv, const char *ns, const json_t *in, json_t **out, json_t **turn, char *parent, size_t n_parent,
-                 struct serve_error *e) {
+                 json_t **ignored, struct serve_error *e) {
     *out = *turn = NULL;
     parent[0] = '\0';
-    const char *k;
-    const json_t *v;
-    json_object_foreach((json_t *) in, k, v) {
-        bool known = false;
-        for (size_t i = 0; !known && i < sizeof KNOWN / sizeof KNOWN[0]; i++) known = !strcmp(k, KNOWN[i]);
-        if (!known) {
-            serve_error_param(e, k);
-            return serve_bad(e, "'%.40s' is not a Responses API field kvtier applies", k);
-        }
-    }
-    if (json_is_true(json_object_get(in, "background"))) {
-        serve_error_param(e, "background");
-        return serve_bad(e, "'background' true is not supported: send the request and wait (or stream)");
-    }
+    if (serve_fields_check(FIELD_TABLE_RESPONSES, in, ignored, e)) return -1; /* types, refused and neutral fields */
     const json_t *reasoning = json_object_get(in, "reasoning");
     if (reasoning && json_object_get(reasoning, "effort") && !json_is_null(json_object_get(reasoning, "effort"))) {
         serve_error_param(e, "reasoning");
         return serve_bad(e, "'reasoning.effort' is not supported: kvtier's models do not reason apart");
+    }
+    const json_t *verb = json_object_get(json_object_get(in, "text"), "verbosity");
+    if (verb && !json_is_null(verb) && !(json_is_string(verb) && !strcmp(json_string_value(verb), "medium"))) {
+        serve_error_param(e, "text");
+        return serve_bad(e, "'text.verbosity' other than \"medium\" is not supported: it would change the reply");
     }
     json_t *o = json_object(), *msgs = json_array(), *t = json_array();
     if (!o || !msgs || !t || json_object_set_new(o, "messages", msgs)) {
@@ -271,6 +258,7 @@ int resp_to_chat(struct server *srv, const char *ns, const json_t *in, json_t **
         return serve_error_oom(e);
     }
     int rc = 0;
+    const json_t *v;
     if ((v = json_object_get(in, "instructions")) && !json_is_null(v)) {
         if (!json_is_string(v)) {
             serve_error_param(e, "instructions");
@@ -421,9 +409,12 @@ json_t *resp_output(struct server *srv, const json_t *msg, const char *item_id) 
 }
 
 json_t *resp_usage(const struct job *j) {
-    return json_pack("{s:i, s:{s:I}, s:i, s:{s:i}, s:i}", "input_tokens", j->prompt_tokens, "input_tokens_details", "cached_tokens",
-                     (json_int_t) j->sync.tokens_reused, "output_tokens", j->completion_tokens, "output_tokens_details",
-                     "reasoning_tokens", 0, "total_tokens", j->prompt_tokens + j->completion_tokens);
+    json_t *u = json_pack("{s:i, s:{s:I}, s:i, s:{s:i}, s:i}", "input_tokens", j->prompt_tokens, "input_tokens_details",
+                          "cached_tokens", (json_int_t) j->sync.tokens_reused, "output_tokens", j->completion_tokens,
+                          "output_tokens_details", "reasoning_tokens", 0, "total_tokens", j->prompt_tokens + j->completion_tokens);
+    if (u && json_array_size(j->req.ignored)) /* the request's fields no table knows */
+        json_object_set_new(u, "kvtier", json_pack("{s:O}", "ignored_fields", j->req.ignored));
+    return u;
 }
 
 json_t *resp_object(struct server *srv, const struct job *j, const char *id, const char *parent, json_t *output,

@@ -117,6 +117,7 @@ struct job_req {
     bool resp_store;                   /* responses: keep the reply for previous_response_id and GET (store, default true) */
     char resp_id[48], resp_parent[48]; /* responses: this response's id; previous_response_id ("" none) */
     json_t *resp_turn;                 /* responses: the chat messages of this turn's input (owned) */
+    json_t *ignored;                   /* the names of request fields no table knows (owned; usage.kvtier.ignored_fields) */
     bool return_tokens;                /* native: the reply lists the generated token ids */
     bool verbose;                /* "verbose": true, or the server's --verbose: the reply carries "__verbose" (the prompt's text) */
     bool timings;                /* "timings_per_token" (llama-server's): every streamed chunk carries "timings" */
@@ -405,8 +406,10 @@ json_t *compat_slots(struct server *srv, const char *ns);
 /* server/anthropic.c — Anthropic's Messages API on the chat path (see the file's header) */
 /* The chat completion request an Anthropic Messages request means.  0 with *out (new reference),
 ** or -1 with e filled (400 naming the field and where).  lim: --max-messages and
-** --max-content-parts are checked before any work on the messages or their blocks. */
-int anth_to_chat(const json_t *in, const struct serve_limits *lim, json_t **out, struct serve_error *e);
+** --max-content-parts are checked before any work on the messages or their blocks.  The fields are
+** checked against the Anthropic table (server/fields.h) first; the names of unknown ones are
+** appended to *ignored (created on the first; the caller owns it). */
+int anth_to_chat(const json_t *in, const struct serve_limits *lim, json_t **out, json_t **ignored, struct serve_error *e);
 /* A Message for a finished reply (msg: tools_reply's assistant message, fin its finish reason),
 ** or for message_start (msg NULL, fin NULL: no content, no stop_reason).  New reference. */
 json_t *anth_message(struct server *srv, const struct job *j, const json_t *msg, const char *fin);
@@ -424,9 +427,11 @@ int anth_count_tokens(struct server *srv, json_t *root, json_t **out, struct ser
 /* The chat request a Responses request means, with previous_response_id's conversation (of the
 ** tenant ns) replayed first: 0 with *out and *turn (this turn's input as chat messages; new
 ** references) and parent (previous_response_id or ""), or -1 with e filled (400 naming the
-** field; 404 when the previous response is not stored). */
+** field; 404 when the previous response is not stored).  The fields are checked against the
+** Responses table (server/fields.h) first; unknown ones' names are appended to *ignored (as
+** anth_to_chat). */
 int resp_to_chat(struct server *srv, const char *ns, const json_t *in, json_t **out, json_t **turn, char *parent, size_t n_parent,
-                 struct serve_error *e);
+                 json_t **ignored, struct serve_error *e);
 /* The output items of a finished reply (msg: tools_reply's assistant message): a message with
 ** its output_text, then one function_call per tool call.  New reference. */
 json_t *resp_output(struct server *srv, const json_t *msg, const char *item_id);

@@ -304,19 +304,8 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
     *sys_extra = NULL;
     j->req.format = REPLY_TEXT;
     const json_t *tools = json_object_get(root, "tools"), *choice = json_object_get(root, "tool_choice"),
-                 *rf = json_object_get(root, "response_format"), *v;
-    const char *legacy[] = { "functions", "function_call" };
-    for (int i = 0; i < 2; i++)
-        if ((v = json_object_get(root, legacy[i])) && !json_is_null(v)) {
-            serve_error_param(e, legacy[i]);
-            serve_bad(e, "'%s' is the deprecated function-calling API; send 'tools' and 'tool_choice'", legacy[i]);
-            return -1;
-        }
-    if ((v = json_object_get(root, "parallel_tool_calls")) && !json_is_null(v) && !json_is_boolean(v)) {
-        serve_error_param(e, "parallel_tool_calls");
-        serve_bad(e, "'parallel_tool_calls' must be a boolean, got %s", serve_json_type(v));
-        return -1;
-    }
+                 *rf = json_object_get(root, "response_format");
+    /* the field table (server/fields.c) refused functions / function_call and checked the types */
     struct gram g = { .max_work = lim->max_schema_nodes, .max_alt = lim->max_alternatives };
     struct serve_buf root_rule = { 0 };
     int rc = 0;

@@ -61,13 +61,13 @@ static void written(json_t *o) { /* a reply object exists and is written out as 
 }
 
 static void translate(int api, json_t *root) {
-    json_t *chat = NULL, *turn = NULL;
+    json_t *chat = NULL, *turn = NULL, *ign = NULL;
     char parent[48];
     struct serve_error se = { 0 };
     if (api == 0 && json_is_object(root) && !json_object_get(root, "previous_response_id") && (json_object_size(root) & 1))
         json_object_set_new(root, "previous_response_id", json_string(ids[2])); /* half the inputs continue the stored chain */
-    int rc = api == 0 ? resp_to_chat(&srv, "", root, &chat, &turn, parent, sizeof parent, &se)
-                      : anth_to_chat(root, &srv.lim, &chat, &se);
+    int rc = api == 0 ? resp_to_chat(&srv, "", root, &chat, &turn, parent, sizeof parent, &ign, &se)
+                      : anth_to_chat(root, &srv.lim, &chat, &ign, &se);
     FUZZ_CHECK(rc == 0 || (se.status >= 400 && se.type && se.msg[0]));
     if (rc == 0) FUZZ_CHECK(json_is_object(chat) && json_is_array(json_object_get(chat, "messages")));
     if (rc == 0 && api == 0) FUZZ_CHECK(json_is_array(turn));
@@ -82,6 +82,8 @@ static void translate(int api, json_t *root) {
     }
     json_decref(chat);
     json_decref(turn);
+    FUZZ_CHECK(json_array_size(ign) <= 16); /* the names listed back: capped */
+    json_decref(ign);
     for (int i = 0; i < 3; i++) { /* the stored conversation is as it was stored */
         json_t *o = resp_get("", ids[i]);
         char *t = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);

@@ -43,16 +43,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     /* the same body as an Anthropic Messages and a Responses request: translated into a chat
     ** request (an object with messages) or refused with its error, nothing else */
     for (int api = 0; api < 2; api++) {
-        json_t *chat = NULL, *turn = NULL;
+        json_t *chat = NULL, *turn = NULL, *ign = NULL;
         char parent[48];
         struct serve_error se = { 0 };
-        int rc = api ? resp_to_chat(&srv, "", root, &chat, &turn, parent, sizeof parent, &se)
-                     : anth_to_chat(root, &srv.lim, &chat, &se);
+        int rc = api ? resp_to_chat(&srv, "", root, &chat, &turn, parent, sizeof parent, &ign, &se)
+                     : anth_to_chat(root, &srv.lim, &chat, &ign, &se);
         FUZZ_CHECK(rc == 0 || (se.status >= 400 && se.type && se.msg[0]));
         if (rc == 0) FUZZ_CHECK(json_is_object(chat) && json_is_array(json_object_get(chat, "messages")));
         if (rc == 0 && api) FUZZ_CHECK(json_is_array(turn));
         json_decref(chat);
         json_decref(turn);
+        FUZZ_CHECK(json_array_size(ign) <= 16); /* the names listed back: capped */
+        json_decref(ign);
     }
     json_decref(root);
     return 0;

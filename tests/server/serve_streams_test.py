@@ -108,7 +108,7 @@ def run_probe(url, out, expect_mixed):
     wait_idle()
     if expect_mixed:  # bad input for the new fields: 400 naming the field, the server keeps serving
         m = [{"role": "user", "content": "hi"}]
-        for body, field, words in (({"logprobs": "yes"}, "logprobs", "must be a boolean, got a string"),
+        for body, field, words in (({"logprobs": "yes"}, "logprobs", "must be a boolean or an integer, got a string"),
                                    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "0..20"),
                                    ({"top_logprobs": 3}, "top_logprobs", "needs 'logprobs'")):
             st, _, b = raw("POST", "/v1/chat/completions", dict(body, messages=m, max_tokens=2))

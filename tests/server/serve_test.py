@@ -379,7 +379,7 @@ bad("grammar of the wrong type", 400, {"messages": hello, "grammar": 5}, "'gramm
 bad("grammar with tools", 400, {"messages": hello, "tools": tools, "grammar": 'root ::= "a"'}, "cannot be combined")
 bad("json_schema with response_format", 400, {"messages": hello, "json_schema": {"type": "object"},
     "response_format": {"type": "json_object"}}, "cannot be combined")
-bad("json_schema of the wrong type", 400, {"messages": hello, "json_schema": "object"}, "'json_schema' must be a JSON schema")
+bad("json_schema of the wrong type", 400, {"messages": hello, "json_schema": "object"}, "'json_schema' must be an object")
 bad("top_k of the wrong type", 400, {"messages": hello, "top_k": "x"}, "'top_k' must be an integer")
 bad("grammar on completions", 400, {"prompt": "hi", "grammar": 'root ::= "a"'}, "not supported on /v1/completions",
     path="/v1/completions")
