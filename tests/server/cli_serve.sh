@@ -7,7 +7,7 @@
 # the server exit 0.  A second server, started without -m (it serves $KVTIER_MODEL's model), with
 # --parallel 3, runs tests/server/serve_busy_test.py: a session a job names while another job has
 # taken it is not shared; that job waits its turn.
-# Also the flags: --help, bad values.  Skips (exit 0) when KVTIER_MODEL is not set.
+# Also the flags: --help, bad values.  Skips (exit 77) when KVTIER_MODEL is not set.
 # Environment (from tests/CMakeLists.txt): KVTIER_BIN, KVTIER_MODEL, KVT_SOURCE_DIR.
 set -u
 BIN=${KVTIER_BIN:?KVTIER_BIN is not set}
@@ -15,7 +15,7 @@ SRC=${KVT_SOURCE_DIR:?KVT_SOURCE_DIR is not set}
 MODEL=${KVTIER_MODEL:-}
 if [ -z "$MODEL" ] || [ ! -f "$MODEL" ]; then
     echo "SKIP: KVTIER_MODEL ('$MODEL') is not a file"
-    exit 0
+    exit 77 # reported as skipped (SKIP_RETURN_CODE), never as passed
 fi
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/kvt-cli-serve.XXXXXX")
 export XDG_CACHE_HOME="$TMP/cache" # the servers' default block store: private to this script

@@ -4,7 +4,7 @@
 # serve_chat_test.py (replies and their end, usage, streaming, multi-turn reuse, completions, tool
 # calls, errors), then SIGTERM: the server exits 0, no sanitizer report, the key never logged.
 # cli_serve.sh runs the whole of serve_test.py on Gemma 3 270M; this is its model-independent core
-# on the second model.  Skips (exit 0) when KVTIER_CHAT_MODEL is not set.
+# on the second model.  Skips (exit 77) when KVTIER_CHAT_MODEL is not set.
 # Environment (from tests/CMakeLists.txt): KVTIER_BIN, KVTIER_CHAT_MODEL, KVT_SOURCE_DIR.
 set -u
 BIN=${KVTIER_BIN:?KVTIER_BIN is not set}
@@ -12,7 +12,7 @@ SRC=${KVT_SOURCE_DIR:?KVT_SOURCE_DIR is not set}
 MODEL=${KVTIER_CHAT_MODEL:-}
 if [ -z "$MODEL" ] || [ ! -f "$MODEL" ]; then
     echo "SKIP: KVTIER_CHAT_MODEL ('$MODEL') is not a file"
-    exit 0
+    exit 77 # reported as skipped (SKIP_RETURN_CODE), never as passed
 fi
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/kvt-cli-serve-chat.XXXXXX")
 export XDG_CACHE_HOME="$TMP/cache" # the server's default block store: private to this script

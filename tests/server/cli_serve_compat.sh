@@ -6,7 +6,7 @@
 # API through the official client, OpenAI's Responses API with previous_response_id through the
 # official openai client).  A second server checks --no-slots, --no-metrics,
 # --chat-template and IPv6 (::1, where the machine has it); a template llama.cpp does not know
-# stops the start with a clear error.  Skips (exit 0) when KVTIER_CHAT_MODEL is not set.
+# stops the start with a clear error.  Skips (exit 77) when KVTIER_CHAT_MODEL is not set.
 # Environment (from tests/CMakeLists.txt): KVTIER_BIN, KVTIER_CHAT_MODEL, KVT_SOURCE_DIR.
 set -u
 BIN=${KVTIER_BIN:?KVTIER_BIN is not set}
@@ -14,7 +14,7 @@ SRC=${KVT_SOURCE_DIR:?KVT_SOURCE_DIR is not set}
 MODEL=${KVTIER_CHAT_MODEL:-}
 if [ -z "$MODEL" ] || [ ! -f "$MODEL" ]; then
     echo "SKIP: KVTIER_CHAT_MODEL ('$MODEL') is not a file"
-    exit 0
+    exit 77 # reported as skipped (SKIP_RETURN_CODE), never as passed
 fi
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/kvt-cli-serve-compat.XXXXXX")
 export XDG_CACHE_HOME="$TMP/cache" # the server's default block store: private to this script

@@ -15,7 +15,7 @@ BIN=${KVTIER_BIN:?KVTIER_BIN is not set}
 MODEL=${KVTIER_MODEL:-}
 if [ -z "$MODEL" ] || [ ! -f "$MODEL" ]; then
     echo "SKIP: KVTIER_MODEL ('$MODEL') is not a file"
-    exit 0
+    exit 77 # reported as skipped (SKIP_RETURN_CODE), never as passed
 fi
 . "$(dirname "$0")/../cli/lib.sh"
 t_init serve-store

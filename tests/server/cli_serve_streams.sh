@@ -9,7 +9,7 @@
 #  - control: with --kv-unified (one cache for all sequences) the probe's numbers among the
 #    busy sessions are NOT those it has alone: the test would see a leak.
 # The client is tests/server/serve_streams_test.py (official openai venv's Python, raw HTTP).
-# Skips (exit 0) when KVTIER_CHAT_MODEL is not set.
+# Skips (exit 77) when KVTIER_CHAT_MODEL is not set.
 # Environment (from tests/CMakeLists.txt): KVTIER_BIN, KVTIER_CHAT_MODEL, KVT_SOURCE_DIR.
 set -u
 BIN=${KVTIER_BIN:?KVTIER_BIN is not set}
@@ -17,7 +17,7 @@ SRC=${KVT_SOURCE_DIR:?KVT_SOURCE_DIR is not set}
 MODEL=${KVTIER_CHAT_MODEL:-}
 if [ -z "$MODEL" ] || [ ! -f "$MODEL" ]; then
     echo "SKIP: KVTIER_CHAT_MODEL ('$MODEL') is not a file"
-    exit 0
+    exit 77 # reported as skipped (SKIP_RETURN_CODE), never as passed
 fi
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/kvt-cli-streams.XXXXXX")
 PID=
