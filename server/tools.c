@@ -65,15 +65,19 @@ static void bput_json_lit(struct serve_buf *b, const json_t *v) {
 /* ---------------------------------------------------------------------------------------- */
 /* JSON schema -> GBNF                                                                       */
 
-static const char GBNF_PRIMITIVES[] = "value ::= object | array | string | number | boolean | null\n"
-                                      "object ::= \"{\" ( string \":\" value ( \",\" string \":\" value )* )? \"}\"\n"
-                                      "array ::= \"[\" ( value ( \",\" value )* )? \"]\"\n"
-                                      "string ::= \"\\\"\" char* \"\\\"\"\n"
-                                      "char ::= [^\"\\\\\\x00-\\x1F\\x7F] | \"\\\\\" [\"\\\\bfnrt]\n"
-                                      "integer ::= \"-\"? ( \"0\" | [1-9] [0-9]{0,15} )\n"
-                                      "number ::= integer ( \".\" [0-9]+ )? ( [eE] [-+]? [0-9]+ )?\n"
-                                      "boolean ::= \"true\" | \"false\"\n"
-                                      "null ::= \"null\"\n";
+static const char GBNF_PRIMITIVES[] =
+    "value ::= object | array | string | number | boolean | null\n"
+    "object ::= \"{\" ( string \":\" value ( \",\" string \":\" value )* )? \"}\"\n"
+    "array ::= \"[\" ( value ( \",\" value )* )? \"]\"\n"
+    "string ::= \"\\\"\" char* \"\\\"\"\n"
+    "char ::= [^\"\\\\\\x00-\\x1F\\x7F] | \"\\\\\" [\"\\\\bfnrt]\n"
+    "integer ::= \"-\"? ( \"0\" | [1-9] [0-9]{0,15} )\n"
+    "number ::= integer ( \".\" [0-9]+ )? ( [eE] [-+]? [0-9]+ )?\n"
+    "boolean ::= \"true\" | \"false\"\n"
+    "null ::= \"null\"\n"
+    "date ::= [0-9]{4} \"-\" ( \"0\" [1-9] | \"1\" [0-2] ) \"-\" ( \"0\" [1-9] | [12] [0-9] | \"3\" [01] )\n"
+    "time ::= ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] \":\" [0-5] [0-9] ( \".\" [0-9]{1,9} )? "
+    "( \"Z\" | [+-] ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] )\n";
 
 enum { SCHEMA_MAX_PROPS = 256, GBNF_MAX_BYTES = 1 << 20 };
 
@@ -81,9 +85,12 @@ struct gram {
     struct serve_buf rules; /* extra rules, one per line */
     int n_rules;
     int depth;
-    int64_t work, max_work; /* schema nodes expanded so far / allowed (--max-schema-nodes) */
-    int32_t max_alt;        /* entries of one enum / anyOf / oneOf (--max-schema-alternatives) */
-    char msg[512];          /* why it failed */
+    int64_t work, max_work;   /* schema nodes expanded so far / allowed (--max-schema-nodes) */
+    int32_t max_alt;          /* entries of one enum / anyOf / oneOf (--max-schema-alternatives) */
+    const json_t *root;       /* the schema local $refs ("#/$defs/...", "#/definitions/...") resolve in */
+    const json_t *ref_at[64]; /* the schemas $refs reached, each one rule (a recursive schema stays finite) */
+    int ref_rule[64], n_refs;
+    char msg[512]; /* why it failed */
     bool failed;
 };
 
@@ -98,6 +105,165 @@ static void gfail(struct gram *g, const char *fmt, ...) {
 }
 
 static void schema_expr(struct gram *g, const json_t *sc, struct serve_buf *out);
+
+/* JSON schema keywords that constrain a value and are not compiled into the grammar: a schema
+** holding one is refused naming it (a reply that ignored it could break the client's schema). */
+static const char *const SCHEMA_REFUSED[] = {
+    "pattern",
+    "patternProperties",
+    "not",
+    "if",
+    "then",
+    "else",
+    "uniqueItems",
+    "contains",
+    "minContains",
+    "maxContains",
+    "prefixItems",
+    "minProperties",
+    "maxProperties",
+    "dependentRequired",
+    "dependentSchemas",
+    "propertyNames",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "multipleOf",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "contentSchema",
+};
+
+enum { SCHEMA_MAX_REPEAT = 1024 }; /* minLength/maxLength/minItems/maxItems compiled: each repeat is grammar */
+
+/* An optional non-negative integer keyword of sc into *v (-1 when absent); false (and the request
+** refused) when present but not an integer in 0..SCHEMA_MAX_REPEAT. */
+static bool count_kw(struct gram *g, const json_t *sc, const char *kw, long long *v) {
+    const json_t *x = json_object_get(sc, kw);
+    *v = -1;
+    if (!x || json_is_null(x)) return true;
+    if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > SCHEMA_MAX_REPEAT) {
+        gfail(g, "'%s' must be an integer in 0..%d", kw, SCHEMA_MAX_REPEAT);
+        return false;
+    }
+    *v = json_integer_value(x);
+    return true;
+}
+
+/* "{m,n}" / "{m,}" after an element; lo >= 0, hi -1: unbounded */
+static void bput_repeat(struct serve_buf *out, long long lo, long long hi) {
+    if (hi < 0) serve_buf_printf(out, "{%lld,}", lo);
+    else serve_buf_printf(out, "{%lld,%lld}", lo, hi);
+}
+
+/* The strings of a "format": RFC 3339's full-date, partial-time with an offset, and RFC 4122's uuid. */
+static const char *format_expr(const char *fmt) {
+    static const char *const F[][2] = {
+        { "date", "\"\\\"\" date \"\\\"\"" },
+        { "time", "\"\\\"\" time \"\\\"\"" },
+        { "date-time", "\"\\\"\" date \"T\" time \"\\\"\"" },
+        { "uuid",
+          "\"\\\"\" [0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{12} \"\\\"\"" },
+    };
+    for (size_t i = 0; i < sizeof F / sizeof F[0]; i++)
+        if (!strcmp(fmt, F[i][0])) return F[i][1];
+    return NULL;
+}
+
+static void string_expr(struct gram *g, const json_t *sc, struct serve_buf *out) {
+    const json_t *f = json_object_get(sc, "format");
+    long long lo, hi;
+    if (!count_kw(g, sc, "minLength", &lo) || !count_kw(g, sc, "maxLength", &hi)) return;
+    if (f && !json_is_null(f)) {
+        const char *e = json_is_string(f) ? format_expr(json_string_value(f)) : NULL;
+        if (!e) {
+            gfail(g, "'format' '%.40s' is not supported in JSON schemas (date, time, date-time and uuid are)",
+                  json_is_string(f) ? json_string_value(f) : "(not a string)");
+            return;
+        }
+        if (lo >= 0 || hi >= 0) {
+            gfail(g, "'minLength'/'maxLength' beside 'format' are not supported in JSON schemas");
+            return;
+        }
+        serve_buf_printf(out, "%s", e);
+        return;
+    }
+    if (lo < 0 && hi < 0) {
+        serve_buf_printf(out, "string");
+        return;
+    }
+    if (hi >= 0 && lo > hi) {
+        gfail(g, "'minLength' %lld is above 'maxLength' %lld", lo, hi);
+        return;
+    }
+    serve_buf_printf(out, "\"\\\"\" char");
+    bput_repeat(out, lo < 0 ? 0 : lo, hi);
+    serve_buf_printf(out, " \"\\\"\"");
+}
+
+/* integer / number with "minimum": 0 or 1 (a non-negative or positive integer part, the shapes
+** generated for counts and ids); any other bound is refused naming it */
+static void number_expr(struct gram *g, const json_t *sc, bool integer, struct serve_buf *out) {
+    const json_t *mn = json_object_get(sc, "minimum"), *mx = json_object_get(sc, "maximum");
+    if (mx && !json_is_null(mx)) {
+        gfail(g, "'maximum' is not supported in JSON schemas");
+        return;
+    }
+    if (!mn || json_is_null(mn)) {
+        serve_buf_printf(out, integer ? "integer" : "number");
+        return;
+    }
+    if (!json_is_number(mn) || (json_number_value(mn) != 0 && !(integer && json_number_value(mn) == 1))) {
+        gfail(g, "'minimum' other than 0 (or 1 for an integer) is not supported in JSON schemas");
+        return;
+    }
+    const char *digits = json_number_value(mn) == 1 ? "[1-9] [0-9]{0,15}" : "( \"0\" | [1-9] [0-9]{0,15} )";
+    if (integer) serve_buf_printf(out, "%s", digits);
+    else serve_buf_printf(out, "%s ( \".\" [0-9]+ )? ( [eE] [-+]? [0-9]+ )?", digits);
+}
+
+/* A local $ref, "#/$defs/NAME" or "#/definitions/NAME" (RFC 6901 escapes ~0 ~1), as one rule per
+** target: a recursive schema refers to its own rule. */
+static void ref_expr(struct gram *g, const json_t *ref, struct serve_buf *out) {
+    const char *r = json_is_string(ref) ? json_string_value(ref) : "";
+    const json_t *at = g->root;
+    if (strncmp(r, "#/", 2) && strcmp(r, "#")) {
+        gfail(g, "'$ref' '%.60s' is not supported in JSON schemas (local references '#/...' are)", r);
+        return;
+    }
+    for (const char *p = r + 1; at && *p == '/';) {
+        char part[128];
+        size_t n = 0;
+        for (p++; *p && *p != '/' && n + 1 < sizeof part; p++) {
+            if (p[0] == '~' && (p[1] == '0' || p[1] == '1')) part[n++] = *++p == '0' ? '~' : '/';
+            else part[n++] = *p;
+        }
+        part[n] = '\0';
+        at = json_is_object(at) ? json_object_get(at, part) : NULL;
+    }
+    if (!at) {
+        gfail(g, "'$ref' '%.60s' names nothing in the schema", r);
+        return;
+    }
+    for (int i = 0; i < g->n_refs; i++)
+        if (g->ref_at[i] == at) {
+            serve_buf_printf(out, "r%d", g->ref_rule[i]);
+            return;
+        }
+    if (g->n_refs == (int) (sizeof g->ref_at / sizeof g->ref_at[0])) {
+        gfail(g, "the schema's '$ref's reach more than %d schemas", (int) (sizeof g->ref_at / sizeof g->ref_at[0]));
+        return;
+    }
+    int id = g->n_rules++, k = g->n_refs++;
+    g->ref_at[k] = at;
+    g->ref_rule[k] = id;
+    struct serve_buf body = { 0 };
+    schema_expr(g, at, &body);
+    serve_buf_printf(&g->rules, "r%d ::= %s\n", id, body.s ? body.s : "value");
+    if (body.oom) g->rules.oom = true;
+    free(body.s);
+    serve_buf_printf(out, "r%d", id);
+}
+
 
 /* A new rule "rN ::= <expr of sc>"; writes its name into out. */
 static void schema_rule(struct gram *g, const json_t *sc, struct serve_buf *out) {
@@ -193,20 +359,31 @@ static void object_expr(struct gram *g, const json_t *sc, struct serve_buf *out)
 }
 
 static void type_expr(struct gram *g, const json_t *sc, const char *type, struct serve_buf *out) {
-    if (!strcmp(type, "string")) serve_buf_printf(out, "string");
-    else if (!strcmp(type, "integer")) serve_buf_printf(out, "integer");
-    else if (!strcmp(type, "number")) serve_buf_printf(out, "number");
+    if (!strcmp(type, "string")) string_expr(g, sc, out);
+    else if (!strcmp(type, "integer")) number_expr(g, sc, true, out);
+    else if (!strcmp(type, "number")) number_expr(g, sc, false, out);
     else if (!strcmp(type, "boolean")) serve_buf_printf(out, "boolean");
     else if (!strcmp(type, "null")) serve_buf_printf(out, "null");
     else if (!strcmp(type, "object")) object_expr(g, sc, out);
     else if (!strcmp(type, "array")) {
-        const json_t *items = json_object_get(sc, "items"), *mi = json_object_get(sc, "minItems");
+        const json_t *items = json_object_get(sc, "items");
+        long long lo, hi;
+        if (!count_kw(g, sc, "minItems", &lo) || !count_kw(g, sc, "maxItems", &hi)) return;
+        if (hi >= 0 && lo > hi) {
+            gfail(g, "'minItems' %lld is above 'maxItems' %lld", lo, hi);
+            return;
+        }
         struct serve_buf item = { 0 };
         if (items && json_is_object(items)) schema_rule(g, items, &item);
         else serve_buf_printf(&item, "value");
-        bool nonempty = mi && json_is_integer(mi) && json_integer_value(mi) >= 1;
-        serve_buf_printf(out, "\"[\" %s%s ( \",\" %s )*%s \"]\"", nonempty ? "" : "( ", item.s ? item.s : "value",
-                         item.s ? item.s : "value", nonempty ? "" : " )?");
+        const char *it = item.s ? item.s : "value";
+        if (hi == 0) serve_buf_printf(out, "\"[\" \"]\"");
+        else { /* the first item, then the rest: {lo-1, hi-1} more; optional as a whole when lo is 0 */ bool nonempty = lo >= 1;
+            serve_buf_printf(out, "\"[\" %s%s ( \",\" %s )", nonempty ? "" : "( ", it, it);
+            if (lo <= 1 && hi < 0) serve_buf_printf(out, "*");
+            else bput_repeat(out, lo >= 1 ? lo - 1 : 0, hi < 0 ? -1 : hi - 1);
+            serve_buf_printf(out, "%s \"]\"", nonempty ? "" : " )?");
+        }
         if (item.oom) out->oom = true;
         free(item.s);
     } else gfail(g, "unknown JSON schema type '%.40s'", type);
@@ -230,7 +407,23 @@ static void schema_expr(struct gram *g, const json_t *sc, struct serve_buf *out)
         return;
     }
     const json_t *v;
-    if (json_is_true(sc) || (json_is_object(sc) && json_object_size(sc) == 0)) serve_buf_printf(out, "value");
+    for (size_t i = 0; json_is_object(sc) && i < sizeof SCHEMA_REFUSED / sizeof SCHEMA_REFUSED[0]; i++)
+        if (json_object_get(sc, SCHEMA_REFUSED[i])) {
+            gfail(g, "'%s' is not supported in JSON schemas (it is not compiled into the grammar)", SCHEMA_REFUSED[i]);
+            g->depth--;
+            return;
+        }
+    const json_t *all = json_is_object(sc) ? json_object_get(sc, "allOf") : NULL;
+    size_t n_notes = (size_t) !!json_object_get(sc, "description") + !!json_object_get(sc, "title") +
+                     !!json_object_get(sc, "default");
+    if (all && !(json_is_array(all) && json_array_size(all) == 1 && json_object_size(sc) == 1 + n_notes)) {
+        gfail(g, "'allOf' is supported in JSON schemas only as one schema alone (as generators write a $ref)");
+        g->depth--;
+        return;
+    }
+    if (all) schema_expr(g, json_array_get(all, 0), out);
+    else if (json_is_object(sc) && (v = json_object_get(sc, "$ref"))) ref_expr(g, v, out);
+    else if (json_is_true(sc) || (json_is_object(sc) && json_object_size(sc) == 0)) serve_buf_printf(out, "value");
     else if (!json_is_object(sc)) gfail(g, "a JSON schema must be an object, got %s", json_is_array(sc) ? "an array" : "a scalar");
     else if ((v = json_object_get(sc, "const"))) bput_json_lit(out, v);
     else if ((v = json_object_get(sc, "enum"))) {
@@ -283,7 +476,7 @@ static void schema_expr(struct gram *g, const json_t *sc, struct serve_buf *out)
             serve_buf_printf(out, " )");
         } else gfail(g, "'type' must be a string or a non-empty array of strings");
     } else if (json_object_get(sc, "properties")) object_expr(g, sc, out);
-    else serve_buf_printf(out, "value"); /* $ref, not, ...: any JSON value */
+    else serve_buf_printf(out, "value"); /* annotations only (title, description, default, ...): any JSON value */
     g->depth--;
 }
 
@@ -293,6 +486,7 @@ static void schema_expr(struct gram *g, const json_t *sc, struct serve_buf *out)
 /* root ::= the grammar of JSON schema sc; a 400 naming field when the schema cannot be translated. */
 static int schema_root(struct gram *g, const json_t *sc, struct serve_buf *root_rule, const char *field, struct serve_error *e) {
     serve_buf_printf(root_rule, "root ::= ");
+    g->root = sc;
     schema_expr(g, sc, root_rule);
     serve_buf_printf(root_rule, "\n");
     if (!g->failed) return 0;
@@ -398,6 +592,7 @@ int tools_parse(json_t *root, struct job *j, const struct serve_limits *lim, cha
             bool untyped = !params || json_object_size(params) == 0; /* arguments are an object anyway */
             json_t *obj = untyped ? json_pack("{s:s}", "type", "object") : NULL;
             serve_error_param(e, "tools");
+            g.root = untyped ? obj : params; /* its $refs resolve in its own parameters */
             schema_rule(&g, untyped ? obj : params, &calls);
             json_decref(obj);
             serve_buf_printf(&calls, " \"}}\"");

@@ -134,4 +134,65 @@ s, _, b = raw("POST", "/v1/chat/completions", {"messages": [HI], "max_tokens": 1
 ign = b.get("usage", {}).get("kvtier", {}).get("ignored_fields", []) if s == 200 else []
 check("41 unknown fields: 16 listed, each at most 63 bytes, no control character",
       len(ign) == 16 and all(len(n.encode()) <= 63 and not any(ord(c) < 32 for c in n) for n in ign), f"{s} {ign[:3]}")
+# JSON-schema keywords (issue #39): compiled into the grammar, or the request refused naming the keyword
+import re  # noqa: E402
+
+DATE = r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])"
+TIME = r"([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d{1,9})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d)"
+COMPILED = [
+    ("minItems/maxItems", {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 3},
+     lambda v: isinstance(v, list) and 2 <= len(v) <= 3 and all(isinstance(x, int) for x in v)),
+    ("maxItems 0", {"type": "array", "maxItems": 0}, lambda v: v == []),
+    ("minLength/maxLength", {"type": "object", "properties": {"s": {"type": "string", "minLength": 2, "maxLength": 5}},
+                             "required": ["s"]}, lambda v: 2 <= len(v["s"]) <= 5),
+    ("minimum 0 (integer)", {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 3, "maxItems": 3},
+     lambda v: len(v) == 3 and all(isinstance(x, int) and x >= 0 for x in v)),
+    ("minimum 1 (integer)", {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}, "required": ["n"]},
+     lambda v: isinstance(v["n"], int) and v["n"] >= 1),
+    ("format date", {"type": "object", "properties": {"d": {"type": "string", "format": "date"}}, "required": ["d"]},
+     lambda v: re.fullmatch(DATE, v["d"])),
+    ("format date-time", {"type": "object", "properties": {"t": {"type": "string", "format": "date-time"}}, "required": ["t"]},
+     lambda v: re.fullmatch(DATE + "T" + TIME, v["t"])),
+    ("format uuid", {"type": "object", "properties": {"u": {"type": "string", "format": "uuid"}}, "required": ["u"]},
+     lambda v: re.fullmatch(r"[0-9a-fA-F]{8}-([0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}", v["u"])),
+    ("local $ref ($defs, allOf of one, as pydantic writes)",
+     {"$defs": {"P": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer", "minimum": 0}},
+                      "required": ["name", "age"]}},
+      "type": "object", "properties": {"who": {"allOf": [{"$ref": "#/$defs/P"}]}}, "required": ["who"]},
+     lambda v: len(v["who"]["name"]) <= 8 and isinstance(v["who"]["age"], int) and v["who"]["age"] >= 0),
+    ("recursive $ref (definitions)",
+     {"definitions": {"T": {"type": "object", "properties": {"v": {"type": "integer"},
+                                                               "kids": {"type": "array", "items": {"$ref": "#/definitions/T"}, "maxItems": 2}},
+                            "required": ["v", "kids"]}}, "$ref": "#/definitions/T"},
+     lambda v: isinstance(v["v"], int) and isinstance(v["kids"], list) and len(v["kids"]) <= 2),
+]
+for name, schema, ok in COMPILED:
+    whole = 0
+    for seed in (1, 2, 3):
+        body = {"messages": [{"role": "user", "content": "Give me some JSON."}], "max_tokens": 120, "temperature": 1.0, "seed": seed,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+        s, _, b = raw("POST", "/v1/chat/completions", body)
+        text = b["choices"][0]["message"]["content"] if s == 200 else ""
+        fin = b["choices"][0]["finish_reason"] if s == 200 else None
+        try:
+            good = fin == "length" or bool(ok(json.loads(text)))  # a reply cut by max_tokens is not a whole value
+        except (ValueError, KeyError, TypeError):
+            good = False
+        check(f"schema {name}, seed {seed}: the reply holds it", s == 200 and good, f"{s} {fin} {text[:200]!r} {str(b)[:200]}")
+        whole += fin == "stop"
+    check(f"schema {name}: a whole value in one of 3 replies at least (not all cut by max_tokens)", whole >= 1, f"{whole} of 3")
+for kw, schema in (("pattern", {"type": "string", "pattern": "^a+$"}), ("maximum", {"type": "integer", "maximum": 9}),
+                   ("minimum", {"type": "integer", "minimum": 5}), ("format", {"type": "string", "format": "email"}),
+                   ("not", {"not": {"type": "string"}}), ("uniqueItems", {"type": "array", "uniqueItems": True}),
+                   ("exclusiveMinimum", {"type": "number", "exclusiveMinimum": 0}), ("$ref", {"$ref": "https://example.com/s.json"}),
+                   ("$ref", {"$ref": "#/$defs/missing"}), ("allOf", {"allOf": [{"type": "string"}, {"maxLength": 3}]}),
+                   ("maxLength", {"type": "string", "maxLength": 100000})):
+    for where, body in (("response_format", {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}),
+                        ("tools", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+                            "type": "object", "properties": {"a": schema}, "required": ["a"]}}}]})):
+        s, _, b = raw("POST", "/v1/chat/completions", {"messages": [HI], "max_tokens": 4, **body})
+        msg = b.get("error", {}).get("message", "") if isinstance(b, dict) else ""
+        check(f"schema keyword '{kw}' not compiled ({json.dumps(schema)[:50]}) in {where} -> 400 naming it",
+              s == 400 and f"'{kw}'" in msg and param(b) == where, f"{s} {msg[:200]}")
+
 finish()
