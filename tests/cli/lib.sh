@@ -9,6 +9,8 @@
 #   ok MSG / bad MSG     count and print one check
 #   t_listening ERR PID  the port a `kvtier serve` logs in file ERR once it listens (60 s at most;
 #                        empty when the process PID ended first)
+#   t_py_checks OUT RC NAME  print a Python check script's output OUT (its "ok"/"FAIL" lines) and add
+#                        them to the counts; an exit status RC other than 0 without a FAIL line fails too
 #   t_finish             print the counts; the script's status is 0 only when nothing failed
 t_init() {
     TMP=$(mktemp -d "${TMPDIR:-/tmp}/kvt-$1.XXXXXX")
@@ -21,6 +23,15 @@ t_init() {
 }
 
 ok() { pass=$((pass + 1)); echo "ok   $*"; }
+
+t_py_checks() {
+    local n_fail
+    cat "$1"
+    n_fail=$(grep -c '^FAIL ' "$1")
+    pass=$((pass + $(grep -c '^ok ' "$1")))
+    fail=$((fail + n_fail))
+    [ "$2" -eq 0 ] || [ "$n_fail" -gt 0 ] || bad "$3 exited with status $2"
+}
 bad() { fail=$((fail + 1)); echo "FAIL $*"; }
 
 t_need_essays() {

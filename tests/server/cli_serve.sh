@@ -10,6 +10,7 @@
 # Also the flags: --help, bad values.  Skips (exit 77) when KVTIER_MODEL is not set.
 # Environment (from tests/CMakeLists.txt): KVTIER_BIN, KVTIER_MODEL, KVT_SOURCE_DIR.
 set -u
+. "$(dirname "$0")/../cli/lib.sh" # t_py_checks (this script keeps its own ok, bad and temporary directory)
 BIN=${KVTIER_BIN:?KVTIER_BIN is not set}
 SRC=${KVT_SOURCE_DIR:?KVT_SOURCE_DIR is not set}
 MODEL=${KVTIER_MODEL:-}
@@ -101,10 +102,7 @@ run_py() { # script out [args: default the two keys and the demo's source]
     [ $# -gt 0 ] || set -- key-alpha-123 key-beta-456 "$SRC/cli/cmd_demo.c"
     "$PY" "$SRC/tests/server/$script" "http://127.0.0.1:$PORT" "$@" >"$TMP/$out" 2>&1
     local prc=$?
-    cat "$TMP/$out"
-    pass=$((pass + $(grep -c '^ok ' "$TMP/$out")))
-    fail=$((fail + $(grep -c '^FAIL ' "$TMP/$out")))
-    [ $prc -eq 0 ] || [ "$(grep -c '^FAIL ' "$TMP/$out")" -gt 0 ] || bad "$script exited with status $prc"
+    t_py_checks "$TMP/$out" "$prc" "$script"
 }
 # the no-eviction reference for the planted fact (serve_test.py: recall is asserted where the
 # reference recalls): budget 2000 holds the whole 1490-token conversation

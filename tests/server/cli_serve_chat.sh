@@ -7,6 +7,7 @@
 # on the second model.  Skips (exit 77) when KVTIER_CHAT_MODEL is not set.
 # Environment (from tests/CMakeLists.txt): KVTIER_BIN, KVTIER_CHAT_MODEL, KVT_SOURCE_DIR.
 set -u
+. "$(dirname "$0")/../cli/lib.sh" # t_py_checks (this script keeps its own ok, bad and temporary directory)
 BIN=${KVTIER_BIN:?KVTIER_BIN is not set}
 SRC=${KVT_SOURCE_DIR:?KVT_SOURCE_DIR is not set}
 MODEL=${KVTIER_CHAT_MODEL:-}
@@ -48,10 +49,7 @@ grep -qF "kvtier serve: model $MODEL: " "$TMP/err" && grep -q "(llama " "$TMP/er
 
 "$PY" "$SRC/tests/server/serve_chat_test.py" "http://127.0.0.1:$PORT" "$KEY" >"$TMP/py" 2>&1
 prc=$?
-cat "$TMP/py"
-pass=$((pass + $(grep -c '^ok ' "$TMP/py")))
-fail=$((fail + $(grep -c '^FAIL ' "$TMP/py")))
-[ $prc -eq 0 ] || [ "$(grep -c '^FAIL ' "$TMP/py")" -gt 0 ] || bad "serve_chat_test.py exited with status $prc"
+t_py_checks "$TMP/py" "$prc" serve_chat_test.py
 
 kill -TERM "$PID"
 wait "$PID"; src=$?

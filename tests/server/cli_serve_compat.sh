@@ -9,6 +9,7 @@
 # stops the start with a clear error.  Skips (exit 77) when KVTIER_CHAT_MODEL is not set.
 # Environment (from tests/CMakeLists.txt): KVTIER_BIN, KVTIER_CHAT_MODEL, KVT_SOURCE_DIR.
 set -u
+. "$(dirname "$0")/../cli/lib.sh" # t_py_checks (this script keeps its own ok, bad and temporary directory)
 BIN=${KVTIER_BIN:?KVTIER_BIN is not set}
 SRC=${KVT_SOURCE_DIR:?KVT_SOURCE_DIR is not set}
 MODEL=${KVTIER_CHAT_MODEL:-}
@@ -78,10 +79,7 @@ grep -q -- "--backend-sampling: kvtier samples on the host" "$TMP/err" \
 
 "$PY" "$SRC/tests/server/serve_compat_test.py" "http://127.0.0.1:$PORT" "$KEY" "$KEY2" >"$TMP/py" 2>&1
 prc=$?
-cat "$TMP/py"
-pass=$((pass + $(grep -c '^ok ' "$TMP/py")))
-fail=$((fail + $(grep -c '^FAIL ' "$TMP/py")))
-[ $prc -eq 0 ] || [ "$(grep -c '^FAIL ' "$TMP/py")" -gt 0 ] || bad "serve_compat_test.py exited with status $prc"
+t_py_checks "$TMP/py" "$prc" serve_compat_test.py
 stop "$TMP/err"
 grep -qF -e "$KEY" -e "$KEY2" "$TMP/err" "$TMP/out" && bad "the API key is in the server's log" || ok "no API key in the server's log"
 

@@ -28,10 +28,7 @@ if [ -n "$PORT" ]; then
     ok "server listening on port $PORT"
     (cd "$SRC/tests/server" && "$PY" serve_fields_test.py "http://127.0.0.1:$PORT" "$TMP/API.md") >"$TMP/py" 2>&1
     prc=$?
-    cat "$TMP/py"
-    pass=$((pass + $(grep -c '^ok ' "$TMP/py")))
-    fail=$((fail + $(grep -c '^FAIL ' "$TMP/py")))
-    [ $prc -eq 0 ] || [ "$(grep -c '^FAIL ' "$TMP/py")" -gt 0 ] || bad "serve_fields_test.py exited with status $prc"
+    t_py_checks "$TMP/py" "$prc" serve_fields_test.py
     kill -TERM "$PID"
     wait "$PID" && ok "the server exits cleanly" || bad "the server's exit status"
     PID=

@@ -45,10 +45,7 @@ start keys --api-key-file "$TMP/keys" --max-responses 8 --max-content-parts 64 -
 if [ -n "$PORT" ]; then
     (cd "$SRC/tests/server" && "$PY" serve_hardening_test.py "http://127.0.0.1:$PORT" key-one-111 key-two-222 "$PID") >"$TMP/py" 2>&1
     prc=$?
-    cat "$TMP/py"
-    pass=$((pass + $(grep -c '^ok ' "$TMP/py")))
-    fail=$((fail + $(grep -c '^FAIL ' "$TMP/py")))
-    [ $prc -eq 0 ] || [ "$(grep -c '^FAIL ' "$TMP/py")" -gt 0 ] || bad "serve_hardening_test.py exited with status $prc"
+    t_py_checks "$TMP/py" "$prc" serve_hardening_test.py
     # CORS with keys and the default "*": any page may read replies, but no credentials go with them
     h=$(curl -s -D - -o /dev/null -H "Origin: https://evil.example" -H "Authorization: Bearer key-one-111" \
         "http://127.0.0.1:$PORT/v1/models" | tr -d '\r')
@@ -90,10 +87,7 @@ start stall --parallel 2 -c 8192 --budget 2048
 if [ -n "$PORT" ]; then
     (cd "$SRC/tests/server" && "$PY" serve_logprobs_stall_test.py "http://127.0.0.1:$PORT" "$PID") >"$TMP/stall" 2>&1
     prc=$?
-    cat "$TMP/stall"
-    pass=$((pass + $(grep -c '^ok ' "$TMP/stall")))
-    fail=$((fail + $(grep -c '^FAIL ' "$TMP/stall")))
-    [ $prc -eq 0 ] || [ "$(grep -c '^FAIL ' "$TMP/stall")" -gt 0 ] || bad "serve_logprobs_stall_test.py exited with status $prc"
+    t_py_checks "$TMP/stall" "$prc" serve_logprobs_stall_test.py
     stop
 fi
 # slow connections (issue #38 item 12): 1,000 connections from 40 addresses trickling a header line

@@ -38,10 +38,7 @@ start hostile --api-key-file "$TMP/keys" --store "$TMP/store" --header-timeout-s
 if [ -n "$PORT" ]; then
     ( cd "$SRC/tests/server" && "$PY" serve_hostile_test.py "http://127.0.0.1:$PORT" key-two-222 key-one-111 ) >"$TMP/py" 2>&1
     prc=$?
-    cat "$TMP/py"
-    pass=$((pass + $(grep -c '^ok ' "$TMP/py")))
-    fail=$((fail + $(grep -c '^FAIL ' "$TMP/py")))
-    [ $prc -eq 0 ] || [ "$(grep -c '^FAIL ' "$TMP/py")" -gt 0 ] || bad "serve_hostile_test.py exited with status $prc"
+    t_py_checks "$TMP/py" "$prc" serve_hostile_test.py
 fi
 # tenant of a key: the salt of the blocks its prompts store; a prompt sent under key-two must
 # still be key-two's after the key file is reordered (a tenant was once the key's line number)
@@ -81,10 +78,7 @@ start deadline --no-store -c 16384 --request-timeout-s 2
 if [ -n "$PORT" ]; then
     ( cd "$SRC/tests/server" && "$PY" serve_deadline_test.py "http://127.0.0.1:$PORT" ) >"$TMP/py2" 2>&1
     prc=$?
-    cat "$TMP/py2"
-    pass=$((pass + $(grep -c '^ok ' "$TMP/py2")))
-    fail=$((fail + $(grep -c '^FAIL ' "$TMP/py2")))
-    [ $prc -eq 0 ] || [ "$(grep -c '^FAIL ' "$TMP/py2")" -gt 0 ] || bad "serve_deadline_test.py exited with status $prc"
+    t_py_checks "$TMP/py2" "$prc" serve_deadline_test.py
 fi
 stop
 # SIGTERM drains with a deadline (--drain-s), a second signal stops at once: a completion of 4000

@@ -37,10 +37,7 @@ start reference -c 8192 --budget 4096 --max-sessions 1
 "$PY" "$SRC/tests/server/serve_long_test.py" "http://127.0.0.1:${PORT_kvtier:-1}" "http://127.0.0.1:${PORT_reference:-1}" \
     "$ESSAYS" >"$TMP/py" 2>&1
 prc=$?
-cat "$TMP/py"
-pass=$((pass + $(grep -c '^ok ' "$TMP/py")))
-fail=$((fail + $(grep -c '^FAIL ' "$TMP/py")))
-[ $prc -eq 0 ] || [ "$(grep -c '^FAIL ' "$TMP/py")" -gt 0 ] || bad "serve_long_test.py exited with status $prc"
+t_py_checks "$TMP/py" "$prc" serve_long_test.py
 for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
 for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
 PIDS=()

@@ -12,6 +12,7 @@
 # Skips (exit 77) when KVTIER_CHAT_MODEL is not set.
 # Environment (from tests/CMakeLists.txt): KVTIER_BIN, KVTIER_CHAT_MODEL, KVT_SOURCE_DIR.
 set -u
+. "$(dirname "$0")/../cli/lib.sh" # t_py_checks (this script keeps its own ok, bad and temporary directory)
 BIN=${KVTIER_BIN:?KVTIER_BIN is not set}
 SRC=${KVT_SOURCE_DIR:?KVT_SOURCE_DIR is not set}
 MODEL=${KVTIER_CHAT_MODEL:-}
@@ -39,10 +40,7 @@ export PYTHONPATH="$SRC/tests/server${PYTHONPATH:+:$PYTHONPATH}"
 py() {
     "$PY" "$SRC/tests/server/serve_streams_test.py" "$@" >"$TMP/py.out" 2>&1
     local prc=$?
-    cat "$TMP/py.out"
-    pass=$((pass + $(grep -c '^ok ' "$TMP/py.out")))
-    fail=$((fail + $(grep -c '^FAIL ' "$TMP/py.out")))
-    [ $prc -eq 0 ] || [ "$(grep -c '^FAIL ' "$TMP/py.out")" -gt 0 ] || bad "serve_streams_test.py $1 exited with status $prc"
+    t_py_checks "$TMP/py.out" "$prc" "serve_streams_test.py $1"
 }
 
 # serve NAME FLAGS...: a server for 8 sessions generating at once; runs the probe against it
