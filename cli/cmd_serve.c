@@ -11,7 +11,6 @@
 ** exits 0.  API keys are secrets: nothing here or in server/ ever prints one. */
 #include "cli.h"
 #include "model.h"
-#include "fields.h"
 #include "serve.h"
 
 #include <ctype.h>
@@ -24,12 +23,14 @@
 
 static void serve_usage(FILE *f, const struct cli_opt *opts) {
     fprintf(f, "Usage: kvtier serve [-m MODEL] [options]\n\n"
-               "OpenAI-compatible server (POST /v1/chat/completions, /v1/completions; GET /v1/models, /health,\n"
-               "/metrics, /v1/sessions; DELETE /v1/sessions/ID).  Sessions keep their KV cache between requests:\n"
+               "An HTTP server speaking OpenAI's Chat Completions, Completions and Responses, Anthropic's Messages\n"
+               "and llama-server's native routes (below).  Sessions keep their KV cache between requests:\n"
                "a client resending its history has only the new tail decoded.  Select a session with the\n"
                "X-Session-Id header, or let the server match the longest common token prefix (one block at least).\n"
                "MODEL defaults to $KVTIER_MODEL (the model scripts/bootstrap.sh cached: `scripts/bootstrap.sh env` prints it).\n\n"
-               "Options:\n");
+               "Routes ([/v1]: with and without the prefix; every request field: --print-api, docs/API.md):\n");
+    serve_routes_print(f, false);
+    fprintf(f, "\nOptions:\n");
     cli_print_opts(f, opts);
 }
 
@@ -409,7 +410,7 @@ int cmd_serve(int argc, char **argv) {
     }
     if (rc) goto out;
     if (print_api) {
-        serve_fields_print_md(stdout);
+        serve_print_api(stdout);
         goto out; /* rc APP_OK */
     }
     bool model_from_env = false;

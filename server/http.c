@@ -2,6 +2,7 @@
 ** checks, the endpoints, JSON and server-sent-event responses.  Request bodies are validated in
 ** server/request.c, /metrics printed by server/metrics.c.  These threads never touch the engine:
 ** they queue jobs (server/sched.c) and wait on them. */
+#include "fields.h"
 #include "serve.h"
 
 #include <arpa/inet.h>
@@ -31,6 +32,9 @@ struct req {
     struct MHD_Connection *c;
     struct MHD_Response *reply; /* NULL with reply_ready: close the connection (MHD_NO) */
     char *url, *method;         /* copies for the worker */
+    /* set by dispatch for the route's handler */
+    bool v1, get;        /* the URL had /v1; the method is GET */
+    const char *url_now; /* the URL as requested */
 };
 
 /* ---------------------------------------------------------------------------------------- */
@@ -743,14 +747,13 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         }
         /* timings_per_token: every piece carries the timings so far */
         json_t *tm = j->req.timings && ((piece && *piece) || done) ? compat_timings(j, mono_ms()) : NULL;
-        json_t *lps = NULL; /* streamed logprobs: the entries of the tokens generated since the last piece */
-        if (j->lp_stream && json_array_size(j->lp_stream) > j->n_lp_sent && ((piece && *piece) || done)) {
-            lps = json_array();
-            for (size_t k = j->n_lp_sent; lps && k < json_array_size(j->lp_stream); k++)
-                json_array_append(lps, json_array_get(j->lp_stream, k));
-            j->n_lp_sent = json_array_size(j->lp_stream);
-        }
+        /* streamed logprobs: the ids and ln p of the tokens generated since the last piece, copied
+        ** here; their entries built below, outside the lock (the engine thread builds no JSON) */
+        struct lp_rec lr = { 0 };
+        if (j->n_lp_ready > j->n_lp_sent && ((piece && *piece) || done)) serve_logprobs_take(srv, j, &lr);
         pthread_mutex_unlock(&srv->mu);
+        json_t *lps = lr.n ? serve_logprobs_entries(srv, j, &lr) : NULL;
+        serve_lp_rec_free(&lr);
         if ((piece && *piece) || lps) {
             if (j->req.anthropic) {
                 if (piece && *piece) anth_text(st, piece);
@@ -1505,6 +1508,7 @@ static enum MHD_Result send_unauthorized(struct server *srv, struct MHD_Connecti
 ** are capped (--max-workers; past it a 503): they exist for requests being answered, not for
 ** connections. */
 static enum MHD_Result dispatch(struct server *srv, struct MHD_Connection *c, const char *url, const char *method, struct req *rq);
+static bool route_open(struct server *srv, const char *url);
 
 static void *worker_main(void *arg) {
     struct req *rq = arg;
@@ -1582,7 +1586,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         watch_phase(srv, conn_of(c), PHASE_BODY);
         /* the routes open without a key are GETs: any other method on them is answered here too,
         ** before a body byte is read (a POST /health once made the server buffer --max-body-mb) */
-        bool open = !strcmp(url, "/health") || !strcmp(url, "/v1/health") || (!strcmp(url, "/metrics") && srv->lim.metrics_public);
+        bool open = route_open(srv, url);
         if (open && strcmp(method, "GET") && strcmp(method, "OPTIONS"))
             return send_error(srv, c, 405, "invalid_request_error", NULL, "%s %.40s: use GET", method, url);
         if (!strcmp(method, "OPTIONS")) { /* a CORS preflight: answered without a key (browsers send none) */
@@ -1653,92 +1657,225 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     return dispatch(srv, c, url, method, rq);
 }
 
-/* The request's answer (the body is in): the routes. */
-static enum MHD_Result dispatch(struct server *srv, struct MHD_Connection *c, const char *url, const char *method, struct req *rq) {
-    bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST"), del = !strcmp(method, "DELETE");
-    /* llama-server's routes: the OpenAI ones with and without /v1 */
+/* ---------------------------------------------------------------------------------------- */
+/* The routes: one table, the one place that says what the server answers (dispatch, the       */
+/* header-time checks, --help and docs/API.md read it).                                        */
+
+/* A route's handler: rest is what follows the route's path ("ID" of "/responses/ID"), or "". */
+typedef enum MHD_Result (*route_fn)(struct server *srv, struct MHD_Connection *c, struct req *rq, const char *rest);
+
+enum { M_GET = 1, M_POST = 2, M_DELETE = 4, M_ANY = 7 };
+enum { AT_V1 = 1, AT_ROOT = 2, AT_BOTH = 3 }; /* answered under /v1, without it (llama-server's), or both */
+
+struct route {
+    const char *path; /* without /v1; "/responses/" with has_id: "/responses/ID" */
+    unsigned at, methods;
+    bool has_id; /* the path is a prefix followed by an id */
+    bool open;   /* answered without an API key (/metrics: with --metrics-public) */
+    route_fn fn;
+    const char *what; /* --help and docs/API.md */
+};
+
+static enum MHD_Result r_health(struct server *srv, struct MHD_Connection *c, struct req *rq, const char *rest) {
+    (void) rq, (void) rest;
+    pthread_mutex_lock(&srv->mu);
+    bool stopping = srv->stopping;
+    pthread_mutex_unlock(&srv->mu);
+    return send_json(srv, c, stopping ? 503 : 200, json_pack("{s:s}", "status", stopping ? "shutting down" : "ok"), NULL);
+}
+static enum MHD_Result r_metrics(struct server *srv, struct MHD_Connection *c, struct req *rq, const char *rest) {
+    (void) rest;
+    if (!rq->authorized && !srv->lim.metrics_public) return send_unauthorized(srv, c);
+    if (srv->no_metrics)
+        return send_error(srv, c, 501, "not_supported_error", NULL, "this server runs with --no-metrics: no /metrics");
+    return get_metrics(srv, c);
+}
+static enum MHD_Result r_input_tokens(struct server *srv, struct MHD_Connection *c, struct req *rq, const char *rest) {
+    (void) rest;
+    return post_text(srv, c, rq, do_input_tokens);
+}
+static enum MHD_Result r_chat(struct server *srv, struct MHD_Connection *c, struct req *rq, const char *rest) {
+    (void) rest;
+    return post_generate(srv, c, rq, rq->ns, true, API_OPENAI);
+}
+static enum MHD_Result r_completions(struct server *srv, struct MHD_Connection *c, struct req *rq, const char *rest) {
+    (void) rest; /* /v1/completions: OpenAI's; /completions (llama-server's alias of /completion): native */
+    return post_generate(srv, c, rq, rq->ns, false, rq->v1 ? API_OPENAI : API_NATIVE);
+}
+static enum MHD_Result r_native(struct server *srv, struct MHD_Connection *c, struct req *rq, const char *rest) {
+    (void) rest;
+    return post_generate(srv, c, rq, rq->ns, false, API_NATIVE);
+}
+static enum MHD_Result r_responses(struct server *srv, struct MHD_Connection *c, struct req *rq, const char *rest) {
+    (void) rest;
+    return post_generate(srv, c, rq, rq->ns, true, API_RESPONSES);
+}
+static enum MHD_Result r_response_id(struct server *srv, struct MHD_Connection *c, struct req *rq, const char *id) {
+    if (rq->get) {
+        json_t *o = resp_get(rq->ns, id);
+        if (!o) return send_error(srv, c, 404, "invalid_request_error", "not_found", "no stored response '%.60s'", id);
+        return send_json(srv, c, 200, o, NULL);
+    }
+    if (!resp_delete(rq->ns, id))
+        return send_error(srv, c, 404, "invalid_request_error", "not_found", "no stored response '%.60s'", id);
+    return send_json(srv, c, 200, json_pack("{s:s, s:s, s:b}", "id", id, "object", "response.deleted", "deleted", 1), NULL);
+}
+static enum MHD_Result r_messages(struct server *srv, struct MHD_Connection *c, struct req *rq, const char *rest) {
+    (void) rest;
+    return post_generate(srv, c, rq, rq->ns, true, API_ANTHROPIC);
+}
+static enum MHD_Result r_count_tokens(struct server *srv, struct MHD_Connection *c, struct req *rq, const char *rest) {
+    (void) rest;
+    return post_text(srv, c, rq, anth_count_tokens);
+}
+static enum MHD_Result r_tokenize(struct server *srv, struct MHD_Connection *c, struct req *rq, const char *rest) {
+    (void) rest;
+    return post_tokenize(srv, c, rq);
+}
+static enum MHD_Result r_detokenize(struct server *srv, struct MHD_Connection *c, struct req *rq, const char *rest) {
+    (void) rest;
+    return post_text(srv, c, rq, do_detokenize);
+}
+static enum MHD_Result r_template(struct server *srv, struct MHD_Connection *c, struct req *rq, const char *rest) {
+    (void) rest;
+    return post_text(srv, c, rq, compat_apply_template);
+}
+static enum MHD_Result r_models(struct server *srv, struct MHD_Connection *c, struct req *rq, const char *rest) {
+    (void) rq, (void) rest;
+    return send_json(srv, c, 200, compat_models(srv), NULL);
+}
+static enum MHD_Result r_props(struct server *srv, struct MHD_Connection *c, struct req *rq, const char *rest) {
+    (void) rq, (void) rest;
+    return send_json(srv, c, 200, compat_props(srv), NULL);
+}
+static enum MHD_Result r_slots(struct server *srv, struct MHD_Connection *c, struct req *rq, const char *rest) {
+    (void) rest;
+    if (srv->no_slots) return send_error(srv, c, 501, "not_supported_error", NULL, "this server runs with --no-slots: no /slots");
+    return send_json(srv, c, 200, compat_slots(srv, rq->ns), NULL);
+}
+static enum MHD_Result r_not_served(struct server *srv, struct MHD_Connection *c, struct req *rq, const char *rest) {
+    (void) rest;
+    return send_error(srv, c, 501, "not_supported_error", NULL,
+                      "%s: kvtier serves chat and text completions only (no embeddings, reranking or infill)", rq->url_now);
+}
+static enum MHD_Result r_sessions(struct server *srv, struct MHD_Connection *c, struct req *rq, const char *rest) {
+    (void) rest;
+    return get_sessions(srv, c, rq->ns);
+}
+static enum MHD_Result r_session_id(struct server *srv, struct MHD_Connection *c, struct req *rq, const char *id) {
+    return delete_session(srv, c, rq->ns, id);
+}
+
+/* clang-format off */
+static const struct route ROUTES[] = {
+    { "/health",                        AT_BOTH, M_GET,    false, true,  r_health,       "200 {\"status\":\"ok\"}; 503 while shutting down" },
+    { "/metrics",                       AT_ROOT, M_GET,    false, false, r_metrics,      "Prometheus text (open with --metrics-public)" },
+    { "/chat/completions",              AT_BOTH, M_POST,   false, false, r_chat,         "OpenAI Chat Completions" },
+    { "/chat/completions/input_tokens", AT_BOTH, M_POST,   false, false, r_input_tokens, "the prompt's token count" },
+    { "/completions",                   AT_BOTH, M_POST,   false, false, r_completions,  "OpenAI Completions (/v1); llama-server's native completion (without /v1)" },
+    { "/completion",                    AT_ROOT, M_POST,   false, false, r_native,       "llama-server's native completion" },
+    { "/responses",                     AT_BOTH, M_POST,   false, false, r_responses,    "OpenAI Responses (previous_response_id held by the server)" },
+    { "/responses/",                    AT_BOTH, M_GET | M_DELETE, true, false, r_response_id, "a stored response: read or delete (with the ones that continue it)" },
+    { "/messages",                      AT_V1,   M_POST,   false, false, r_messages,     "Anthropic Messages" },
+    { "/messages/count_tokens",         AT_V1,   M_POST,   false, false, r_count_tokens, "Anthropic's token count" },
+    { "/tokenize",                      AT_ROOT, M_POST,   false, false, r_tokenize,     "llama-server's tokenizer" },
+    { "/detokenize",                    AT_ROOT, M_POST,   false, false, r_detokenize,   "llama-server's detokenizer" },
+    { "/apply-template",                AT_ROOT, M_POST,   false, false, r_template,     "the chat template applied to messages" },
+    { "/models",                        AT_BOTH, M_GET,    false, false, r_models,       "the model served" },
+    { "/props",                         AT_ROOT, M_GET,    false, false, r_props,        "llama-server's server properties (kvtier's are flags: GET only)" },
+    { "/slots",                         AT_ROOT, M_GET,    false, false, r_slots,        "the caller's sessions as llama-server's slots" },
+    { "/sessions",                      AT_V1,   M_GET,    false, false, r_sessions,     "the caller's sessions" },
+    { "/sessions/",                     AT_V1,   M_DELETE, true,  false, r_session_id,   "end a session" },
+    { "/embedding",                     AT_BOTH, M_ANY,    false, false, r_not_served,   "501: not served" },
+    { "/embeddings",                    AT_BOTH, M_ANY,    false, false, r_not_served,   "501: not served" },
+    { "/rerank",                        AT_BOTH, M_ANY,    false, false, r_not_served,   "501: not served" },
+    { "/reranking",                     AT_BOTH, M_ANY,    false, false, r_not_served,   "501: not served" },
+    { "/infill",                        AT_BOTH, M_ANY,    false, false, r_not_served,   "501: not served" },
+};
+/* clang-format on */
+
+/* The route of url (with or without /v1, as the route allows) and what follows its path; NULL
+** when none. */
+static const struct route *route_of(const char *url, const char **rest, bool *v1) {
     const char *u = !strncmp(url, "/v1/", 4) ? url + 3 : url;
-    bool v1 = u != url;
-    if (get && !strcmp(u, "/health")) {
-        pthread_mutex_lock(&srv->mu);
-        bool stopping = srv->stopping;
-        pthread_mutex_unlock(&srv->mu);
-        return send_json(srv, c, stopping ? 503 : 200, json_pack("{s:s}", "status", stopping ? "shutting down" : "ok"), NULL);
-    }
-    if (get && !strcmp(url, "/metrics") && srv->lim.metrics_public && !srv->no_metrics) return get_metrics(srv, c);
-    if (!rq->authorized) return send_unauthorized(srv, c);
-    const char *ns = rq->ns;
-    if (get && !strcmp(url, "/metrics")) {
-        if (srv->no_metrics)
-            return send_error(srv, c, 501, "not_supported_error", NULL, "this server runs with --no-metrics: no /metrics");
-        return get_metrics(srv, c);
-    }
-    if (!strcmp(u, "/chat/completions/input_tokens")) {
-        if (!post) return send_error(srv, c, 405, "invalid_request_error", NULL, "%s %s: use POST", method, url);
-        return post_text(srv, c, rq, do_input_tokens);
-    }
-    bool chat = !strcmp(u, "/chat/completions"), oai = v1 && !strcmp(u, "/completions"),
-         native = !v1 && (!strcmp(u, "/completion") || !strcmp(u, "/completions"));
-    if (chat || oai || native) {
-        if (!post) return send_error(srv, c, 405, "invalid_request_error", NULL, "%s %s: use POST", method, url);
-        return post_generate(srv, c, rq, ns, chat, native ? API_NATIVE : API_OPENAI);
-    }
-    if (!strcmp(u, "/responses")) {
-        if (!post) return send_error(srv, c, 405, "invalid_request_error", NULL, "%s %s: use POST", method, url);
-        return post_generate(srv, c, rq, ns, true, API_RESPONSES);
-    }
-    if (!strncmp(u, "/responses/", 11) && u[11]) {
-        const char *id = u + 11;
-        if (get) {
-            json_t *o = resp_get(ns, id);
-            if (!o) return send_error(srv, c, 404, "invalid_request_error", "not_found", "no stored response '%.60s'", id);
-            return send_json(srv, c, 200, o, NULL);
+    *v1 = u != url;
+    for (size_t i = 0; i < sizeof ROUTES / sizeof ROUTES[0]; i++) {
+        const struct route *r = &ROUTES[i];
+        if (!(r->at & (*v1 ? AT_V1 : AT_ROOT))) continue;
+        size_t n = strlen(r->path);
+        if (r->has_id ? (!strncmp(u, r->path, n) && u[n]) : !strcmp(u, r->path)) {
+            *rest = r->has_id ? u + n : "";
+            return r;
         }
-        if (del) {
-            if (!resp_delete(ns, id))
-                return send_error(srv, c, 404, "invalid_request_error", "not_found", "no stored response '%.60s'", id);
-            return send_json(srv, c, 200, json_pack("{s:s, s:s, s:b}", "id", id, "object", "response.deleted", "deleted", 1), NULL);
-        }
-        return send_error(srv, c, 405, "invalid_request_error", NULL, "%s %s: use GET or DELETE", method, url);
     }
-    if (v1 && (!strcmp(u, "/messages") || !strcmp(u, "/messages/count_tokens"))) {
-        if (!post) return send_error(srv, c, 405, "invalid_request_error", NULL, "%s %s: use POST", method, url);
-        if (u[9] == '/') return post_text(srv, c, rq, anth_count_tokens);
-        return post_generate(srv, c, rq, ns, true, API_ANTHROPIC);
+    return NULL;
+}
+
+static unsigned method_bit(const char *m) {
+    return !strcmp(m, "GET") ? M_GET : !strcmp(m, "POST") ? M_POST : !strcmp(m, "DELETE") ? M_DELETE : 0;
+}
+
+/* a route open without a key (its header-time checks: other methods get 405 before any body) */
+static bool route_open(struct server *srv, const char *url) {
+    const char *rest;
+    bool v1;
+    const struct route *r = route_of(url, &rest, &v1);
+    return r && (r->open || (r->fn == r_metrics && srv->lim.metrics_public));
+}
+
+static void methods_text(unsigned m, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s%s%s%s%s", m & M_GET ? "GET" : "", (m & M_GET) && (m & ~M_GET) ? " or " : "", m & M_POST ? "POST" : "",
+             (m & M_POST) && (m & M_DELETE) ? " or " : "", m & M_DELETE ? "DELETE" : "");
+}
+
+/* The request's answer (the body is in): its route's handler. */
+static enum MHD_Result dispatch(struct server *srv, struct MHD_Connection *c, const char *url, const char *method, struct req *rq) {
+    const char *rest;
+    const struct route *r = route_of(url, &rest, &rq->v1);
+    if (!r) {
+        if (!rq->authorized) return send_unauthorized(srv, c);
+        return send_error(srv, c, 404, "invalid_request_error", "not_found", "no endpoint %s %s", method, url);
     }
-    if (!v1 && (!strcmp(u, "/tokenize") || !strcmp(u, "/detokenize") || !strcmp(u, "/apply-template"))) {
-        if (!post) return send_error(srv, c, 405, "invalid_request_error", NULL, "%s %s: use POST", method, url);
-        if (u[1] == 't') return post_tokenize(srv, c, rq);
-        return post_text(srv, c, rq, u[1] == 'd' ? do_detokenize : compat_apply_template);
+    bool open = r->open || (r->fn == r_metrics && srv->lim.metrics_public);
+    if (!open && !rq->authorized) return send_unauthorized(srv, c);
+    if (!(r->methods & method_bit(method))) {
+        char m[32];
+        methods_text(r->methods, m, sizeof m);
+        return send_error(srv, c, 405, "invalid_request_error", NULL, "%s %s: use %s", method, url, m);
     }
-    if (!strcmp(u, "/models")) {
-        if (!get) return send_error(srv, c, 405, "invalid_request_error", NULL, "%s %s: use GET", method, url);
-        return send_json(srv, c, 200, compat_models(srv), NULL);
+    rq->get = !strcmp(method, "GET");
+    rq->url_now = url;
+    return r->fn(srv, c, rq, rest);
+}
+
+void serve_routes_print(FILE *f, bool markdown) {
+    if (markdown)
+        fprintf(f, "# kvtier serve: routes and request fields\n\n"
+                   "Generated by `kvtier serve --print-api` from the route table (server/http.c) and the field tables\n"
+                   "(server/fields.c): `make docs`; the suite checks that this file is current.\n\n");
+    if (markdown) fprintf(f, "## Routes\n\n| method | path | key | what |\n|---|---|---|---|\n");
+    for (size_t i = 0; i < sizeof ROUTES / sizeof ROUTES[0]; i++) {
+        const struct route *r = &ROUTES[i];
+        char m[32], path[80];
+        methods_text(r->methods, m, sizeof m);
+        if (r->methods == M_ANY) snprintf(m, sizeof m, "any");
+        snprintf(path, sizeof path, "%s%s%s%s",
+                 r->at == AT_BOTH ? "[/v1]"
+                 : r->at == AT_V1 ? "/v1"
+                                  : "",
+                 r->path, r->has_id ? "ID" : "", "");
+        const char *key = r->open ? "no" : r->fn == r_metrics ? "yes (no with --metrics-public)" : "yes";
+        if (markdown) fprintf(f, "| %s | `%s` | %s | %s |\n", m, path, key, r->what);
+        else fprintf(f, "  %-15s %-40s %s\n", m, path, r->what);
     }
-    if (!v1 && !strcmp(u, "/props")) {
-        if (!get)
-            return send_error(srv, c, 405, "invalid_request_error", NULL, "%s %s: use GET (kvtier's props are flags)", method, url);
-        return send_json(srv, c, 200, compat_props(srv), NULL);
-    }
-    if (!v1 && !strcmp(u, "/slots")) {
-        if (!get) return send_error(srv, c, 405, "invalid_request_error", NULL, "%s %s: use GET", method, url);
-        if (srv->no_slots)
-            return send_error(srv, c, 501, "not_supported_error", NULL, "this server runs with --no-slots: no /slots");
-        return send_json(srv, c, 200, compat_slots(srv, ns), NULL);
-    }
-    if (!strcmp(u, "/embedding") || !strcmp(u, "/embeddings") || !strcmp(u, "/rerank") || !strcmp(u, "/reranking") ||
-        !strcmp(u, "/infill"))
-        return send_error(srv, c, 501, "not_supported_error", NULL,
-                          "%s: kvtier serves chat and text completions only (no embeddings, reranking or infill)", url);
-    if (v1 && !strcmp(u, "/sessions")) {
-        if (!get) return send_error(srv, c, 405, "invalid_request_error", NULL, "%s %s: use GET", method, url);
-        return get_sessions(srv, c, ns);
-    }
-    if (v1 && !strncmp(u, "/sessions/", 10) && u[10]) {
-        if (!del) return send_error(srv, c, 405, "invalid_request_error", NULL, "%s %s: use DELETE", method, url);
-        return delete_session(srv, c, ns, u + 10);
-    }
-    return send_error(srv, c, 404, "invalid_request_error", "not_found", "no endpoint %s %s", method, url);
+    if (markdown)
+        fprintf(f, "\n`[/v1]`: answered with and without the prefix (llama-server's rule).  Without a key where one is "
+                   "needed: 401, before any body byte is read; another method: 405 naming the ones the route takes.\n\n");
+}
+
+void serve_print_api(FILE *f) {
+    serve_routes_print(f, true);
+    serve_fields_print_md(f);
 }
 
 /* The request is over: its reply was sent, or the connection failed. */

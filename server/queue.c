@@ -33,7 +33,6 @@ void serve_job_free(struct job *j) {
     free(j->lp);
     free(j->top_tok);
     free(j->top_lp);
-    json_decref(j->lp_stream);
     free(j->ptok);
     free(j->row.logits);
     pthread_cond_destroy(&j->cv);

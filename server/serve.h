@@ -181,8 +181,8 @@ struct job {
     float *top_lp;            /* [cap_gen * req.top_logprobs]: their ln p */
     struct kvt_token_p *post; /* with post_sampling: [top_logprobs + 1], what the last sample wrote (engine thread) */
     int32_t n_gen, cap_gen;
-    json_t *lp_stream;    /* streamed with logprobs: every generated token's entry so far (owned; under srv->mu) */
-    size_t n_lp_sent;     /* entries of lp_stream already sent (HTTP side) */
+    int32_t n_lp_ready;   /* streamed with logprobs: tokens whose ids and ln p are complete (under srv->mu) */
+    int32_t n_lp_sent;    /* ...of which the connection has sent the entries (under srv->mu) */
     int32_t shared_steps; /* decode steps of this job that shared their llama_decode with
                                    ** another request's tokens (usage.kvtier.decode_steps_shared) */
     /* JOB_COMPLETION: a raw row of the batched step in a scratch sequence */
@@ -467,6 +467,22 @@ void serve_buf_printf(struct serve_buf *b, const char *fmt, ...) __attribute__((
 ** caller's thread (detokenizing only reads the vocabulary).  New reference; NULL when the job
 ** asked for none, was streamed, or out of memory. */
 json_t *serve_logprobs_json(struct server *srv, const struct job *j);
+/* Generated tokens' ids and ln p, copied out of a job (owned by the record): n tokens, top_tok and
+** top_lp n x top_logprobs (NULL without top_logprobs). */
+struct lp_rec {
+    kvt_token *tok;
+    float *lp;
+    kvt_token *top_tok;
+    float *top_lp;
+    int32_t n;
+};
+/* A streamed job's tokens not yet sent with logprobs: copies them into *out (n 0: none) and
+** marks them sent.  Call under srv->mu (the engine thread grows the arrays under it); build the
+** entries with serve_logprobs_entries after unlocking.  0, or -1 out of memory (nothing marked). */
+int serve_logprobs_take(struct server *srv, struct job *j, struct lp_rec *out);
+/* r's entries as a "logprobs" content array (as serve_logprobs_json).  New reference. */
+json_t *serve_logprobs_entries(struct server *srv, const struct job *j, const struct lp_rec *r);
+void serve_lp_rec_free(struct lp_rec *r);
 
 /* server/http.c */
 struct MHD_Daemon;
@@ -482,5 +498,10 @@ struct serve_http *serve_http_start(struct server *srv, const char *hosts, int32
 ** after SIGTERM the engine finishes every job, but each reply is written by its connection's
 ** thread afterwards, and stopping the daemon at once would close the connection first. */
 void serve_http_stop(struct server *srv, struct serve_http *h);
+/* The route table (server/http.c, the one place that says what the server answers): one line
+** per route for --help, or Markdown for docs/API.md. */
+void serve_routes_print(FILE *f, bool markdown);
+/* docs/API.md: the routes, then every request field of every API (server/fields.c). */
+void serve_print_api(FILE *f);
 
 #endif

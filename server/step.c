@@ -12,11 +12,11 @@
 #include <string.h>
 #include <time.h>
 
-/* "logprobs": the reply's logprobs.content (token text, ln p, UTF-8 bytes).  Streamed: each
-** token's entry built on the engine thread as it is generated, sent with the next chunk.  Not
-** streamed: the whole array built on the connection's thread from the job's ids and ln p once
-** it is done (20 top_logprobs are ~12 KB of JSON a token: built on the engine thread, a long
-** reply's array stalled every other tenant's step; issue #38). */
+/* "logprobs": the reply's logprobs.content (token text, ln p, UTF-8 bytes), built on the
+** connection's thread from the ids and ln p the engine thread keeps: streamed, the entries of the
+** tokens since the last piece; not streamed, the whole array once the job is done (20
+** top_logprobs are ~12 KB of JSON a token: built on the engine thread, a long reply's array
+** stalled every other tenant's step; issue #38, and #39 for the streamed entries). */
 /* One token's entry: its text, ln p and UTF-8 bytes (and with native, its id). */
 static json_t *lp_entry(struct server *srv, const struct job *j, kvt_token t, float lp) {
     char *piece = NULL;
@@ -35,23 +35,63 @@ static json_t *lp_entry(struct server *srv, const struct job *j, kvt_token t, fl
     return o;
 }
 
-/* Generated token i's entry with its top_logprobs. */
-static json_t *lp_token_entry(struct server *srv, const struct job *j, int32_t i) {
+/* Token i of a logprob record's entry with its top_logprobs. */
+static json_t *lp_token_entry(struct server *srv, const struct job *j, const struct lp_rec *r, int32_t i) {
     const int32_t K = j->req.top_logprobs;
-    json_t *e = lp_entry(srv, j, j->gen[i], j->lp[i]), *top = json_array();
-    for (int32_t k = 0; top && j->top_tok && k < K; k++)
-        if (j->top_tok[(size_t) i * K + k] >= 0) /* post_sampling: fewer candidates than K were left */
-            json_array_append_new(top, lp_entry(srv, j, j->top_tok[(size_t) i * K + k], j->top_lp[(size_t) i * K + k]));
+    json_t *e = lp_entry(srv, j, r->tok[i], r->lp[i]), *top = json_array();
+    for (int32_t k = 0; top && r->top_tok && k < K; k++)
+        if (r->top_tok[(size_t) i * K + k] >= 0) /* post_sampling: fewer candidates than K were left */
+            json_array_append_new(top, lp_entry(srv, j, r->top_tok[(size_t) i * K + k], r->top_lp[(size_t) i * K + k]));
     if (e) json_object_set_new(e, j->req.post_sampling && j->req.native ? "top_probs" : "top_logprobs", top ? top : json_array());
     else json_decref(top);
     return e;
 }
 
+json_t *serve_logprobs_entries(struct server *srv, const struct job *j, const struct lp_rec *r) {
+    json_t *a = json_array();
+    for (int32_t i = 0; a && i < r->n; i++) json_array_append_new(a, lp_token_entry(srv, j, r, i));
+    return a;
+}
+
 json_t *serve_logprobs_json(struct server *srv, const struct job *j) {
     if (!j->req.logprobs || !j->lp || j->req.stream) return NULL;
-    json_t *a = json_array();
-    for (int32_t i = 0; a && i < j->n_gen; i++) json_array_append_new(a, lp_token_entry(srv, j, i));
-    return a;
+    const struct lp_rec r = { j->gen, j->lp, j->top_tok, j->top_lp, j->n_gen };
+    return serve_logprobs_entries(srv, j, &r);
+}
+
+int serve_logprobs_take(struct server *srv, struct job *j, struct lp_rec *out) {
+    memset(out, 0, sizeof *out);
+    int32_t from = j->n_lp_sent, n = j->n_lp_ready - from;
+    const size_t K = (size_t) j->req.top_logprobs;
+    if (n <= 0 || !j->lp) return 0;
+    (void) srv;
+    out->tok = malloc(sizeof *out->tok * (size_t) n);
+    out->lp = malloc(sizeof *out->lp * (size_t) n);
+    if (K && j->top_tok) {
+        out->top_tok = malloc(sizeof *out->top_tok * (size_t) n * K);
+        out->top_lp = malloc(sizeof *out->top_lp * (size_t) n * K);
+    }
+    if (!out->tok || !out->lp || (K && j->top_tok && (!out->top_tok || !out->top_lp))) {
+        serve_lp_rec_free(out);
+        return -1;
+    }
+    memcpy(out->tok, j->gen + from, sizeof *out->tok * (size_t) n);
+    memcpy(out->lp, j->lp + from, sizeof *out->lp * (size_t) n);
+    if (out->top_tok) {
+        memcpy(out->top_tok, j->top_tok + (size_t) from * K, sizeof *out->top_tok * (size_t) n * K);
+        memcpy(out->top_lp, j->top_lp + (size_t) from * K, sizeof *out->top_lp * (size_t) n * K);
+    }
+    out->n = n;
+    j->n_lp_sent = j->n_lp_ready;
+    return 0;
+}
+
+void serve_lp_rec_free(struct lp_rec *r) {
+    free(r->tok);
+    free(r->lp);
+    free(r->top_tok);
+    free(r->top_lp);
+    memset(r, 0, sizeof *r);
 }
 /* ln softmax(l)[tok] over n_vocab logits */
 static float log_prob(const float *l, int32_t n_vocab, kvt_token tok) {
@@ -112,26 +152,31 @@ static bool update_text(struct server *srv, struct job *j, kvt_engine *eng) {
 /* lp: ln p of t (with logprobs) */
 /* Append a generated token, its ln p and, with top_logprobs, the K most likely tokens of the
 ** logits it was sampled from (NULL without logprobs). */
-static int add_gen(struct job *j, kvt_token t, float lp, const float *logits, int32_t n_vocab) {
+static int add_gen(struct server *srv, struct job *j, kvt_token t, float lp, const float *logits, int32_t n_vocab) {
     const int32_t K = j->req.top_logprobs;
     if (j->n_gen == j->cap_gen) {
+        /* under srv->mu: a streamed reply's connection copies the ids and ln p it has not sent */
+        pthread_mutex_lock(&srv->mu);
+        int rc = 0;
         int32_t cap = j->cap_gen ? 2 * j->cap_gen : 64;
         kvt_token *g = realloc(j->gen, sizeof *g * (size_t) cap);
-        if (!g) return -1;
-        j->gen = g;
-        if (j->req.logprobs) {
+        if (g) j->gen = g;
+        else rc = -1;
+        if (rc == 0 && j->req.logprobs) {
             float *l = realloc(j->lp, sizeof *l * (size_t) cap);
-            if (!l) return -1;
-            j->lp = l;
+            if (l) j->lp = l;
+            else rc = -1;
         }
-        if (j->req.logprobs && K > 0) {
+        if (rc == 0 && j->req.logprobs && K > 0) {
             kvt_token *tt = realloc(j->top_tok, sizeof *tt * (size_t) cap * (size_t) K);
             if (tt) j->top_tok = tt;
             float *tl = tt ? realloc(j->top_lp, sizeof *tl * (size_t) cap * (size_t) K) : NULL;
-            if (!tt || !tl) return -1;
-            j->top_lp = tl;
+            if (tl) j->top_lp = tl;
+            else rc = -1;
         }
-        j->cap_gen = cap;
+        if (rc == 0) j->cap_gen = cap;
+        pthread_mutex_unlock(&srv->mu);
+        if (rc) return -1;
     }
     if (j->req.logprobs && j->post) { /* post_sampling: the distribution the samplers drew t from */
         j->lp[j->n_gen] = j->post[0].tok == t && j->post[0].p > 0 ? logf(j->post[0].p) : -INFINITY;
@@ -165,18 +210,12 @@ static int add_gen(struct job *j, kvt_token t, float lp, const float *logits, in
     j->gen[j->n_gen++] = t;
     return 0;
 }
-/* A streamed reply with logprobs: the new token's entry (built here, on the engine thread, which
-** detokenizes), queued for the HTTP side to send with the next piece. */
-static json_t *lp_token_entry(struct server *srv, const struct job *j, int32_t i);
-
 static void note_token(struct server *srv, struct job *j, double *t_last) {
     double now = serve_mono_ms();
-    json_t *entry = j->req.logprobs && j->req.stream && j->n_gen > 0 ? lp_token_entry(srv, j, j->n_gen - 1) : NULL;
     pthread_mutex_lock(&srv->mu);
-    if (entry) {
-        if (!j->lp_stream) j->lp_stream = json_array();
-        json_array_append_new(j->lp_stream, entry);
-    }
+    /* a streamed reply with logprobs: the new token's ids and ln p are complete; its connection
+    ** builds the entry (serve_logprobs_take) */
+    if (j->req.logprobs && j->req.stream) j->n_lp_ready = j->n_gen;
     if (j->t_first == 0) {
         j->t_first = now;
         serve_hist_add(&srv->m.ttft, now - j->req.t_arrival);
@@ -309,7 +348,7 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
         }
         j->shared_steps += shared;
         float lp = lpl[map[i]] ? log_prob(lpl[map[i]], I.n_vocab, tok[i]) : 0;
-        if (add_gen(j, tok[i], lp, lpl[map[i]], I.n_vocab)) {
+        if (add_gen(srv, j, tok[i], lp, lpl[map[i]], I.n_vocab)) {
             serve_chat_end(srv, j, KVT_ENOMEM);
             over[map[i]] = true;
             continue;
@@ -337,7 +376,7 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
         }
         j->shared_steps += shared;
         float lp = lpl[rmap[i]] ? log_prob(lpl[rmap[i]], I.n_vocab, rows[i].tok) : 0;
-        if (add_gen(j, rows[i].tok, lp, lpl[rmap[i]], I.n_vocab)) {
+        if (add_gen(srv, j, rows[i].tok, lp, lpl[rmap[i]], I.n_vocab)) {
             serve_completion_end(srv, j, KVT_ENOMEM);
             over[rmap[i]] = true;
             continue;

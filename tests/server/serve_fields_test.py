@@ -19,10 +19,15 @@ BASE, MD = sys.argv[1], sys.argv[2]
 init(BASE, None)
 
 # the tables, parsed from the Markdown the server printed
-tables, cur = {}, None
+tables, cur, routes, in_routes = {}, None, [], False
 for line in open(MD):
     if line.startswith("## "):
-        cur = tables.setdefault(line[3:].strip(), [])
+        in_routes, cur = line.strip() == "## Routes", None
+    elif line.startswith("### "):
+        cur = tables.setdefault(line[4:].strip(), [])
+    elif in_routes and line.startswith("| ") and "`" in line:
+        m, path, key = [c.strip() for c in line.strip().strip("|").split("|")][:3]
+        routes.append({"methods": m, "path": path.strip("`"), "key": key})
     elif cur is not None and line.startswith("| `"):
         cells = [c.strip() for c in line.strip().strip("|").replace("\\|", "\x00").split("|")]
         name, types, apis, status, neutral = cells[0].strip("`"), cells[1], cells[2], cells[3], cells[4].strip("`")
@@ -134,6 +139,23 @@ s, _, b = raw("POST", "/v1/chat/completions", {"messages": [HI], "max_tokens": 1
 ign = b.get("usage", {}).get("kvtier", {}).get("ignored_fields", []) if s == 200 else []
 check("41 unknown fields: 16 listed, each at most 63 bytes, no control character",
       len(ign) == 16 and all(len(n.encode()) <= 63 and not any(ord(c) < 32 for c in n) for n in ign), f"{s} {ign[:3]}")
+# the route table: each route answers its methods only (405 naming them), at the prefixes it names (404 elsewhere)
+check("the route table has the five APIs' routes", len(routes) >= 20 and any(r["path"] == "/v1/messages" for r in routes), str(len(routes)))
+for r in routes:
+    path = r["path"].replace("ID", "resp_0000")
+    forms = [path.replace("[/v1]", ""), path.replace("[/v1]", "/v1")] if "[/v1]" in path else [path]
+    if r["methods"] != "any":
+        allowed = r["methods"].split(" or ")
+        wrong_m = next(m for m in ("PUT", "PATCH") if m not in allowed)
+        for form in forms:
+            s, _, b = raw(wrong_m, form, {})
+            msg = b.get("error", {}).get("message", "") if isinstance(b, dict) else ""
+            check(f"{wrong_m} {form} -> 405 naming {r['methods']}", s == 405 and f"use {r['methods']}" in msg, f"{s} {msg[:120]}")
+    if "[/v1]" not in path and path != "/metrics":
+        other = path[3:] if path.startswith("/v1/") else "/v1" + path
+        s, _, b = raw("POST" if "POST" in r["methods"] else "GET", other, {})
+        check(f"{other} (the route is {path} only) -> 404", s == 404, f"{s} {str(b)[:120]}")
+
 # JSON-schema keywords (issue #39): compiled into the grammar, or the request refused naming the keyword
 import re  # noqa: E402
 
