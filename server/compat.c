@@ -39,6 +39,16 @@ int compat_native_params(struct server *srv, json_t *root, struct job *j, struct
         serve_error_param(e, "post_sampling_probs");
         j->req.post_sampling = json_is_true(v);
     }
+    if ((v = json_object_get(root, "response_fields")) && json_array_size(v) > 0) {
+        serve_error_param(e, "response_fields");
+        if (json_array_size(v) > 64) return serve_bad(e, "'response_fields' has %zu names; at most 64", json_array_size(v));
+        size_t i;
+        const json_t *f;
+        json_array_foreach(v, i, f) if (!json_is_string(f)) return serve_bad(e, "'response_fields[%zu]' must be a string", i);
+        if (json_is_true(json_object_get(root, "stream")))
+            return serve_bad(e, "'response_fields' is not supported with stream: true (the whole events are sent)");
+        if (!(j->req.resp_fields = json_deep_copy(v))) return serve_error_oom(e);
+    }
     if ((v = json_object_get(root, "return_tokens")) && !json_is_null(v)) {
         serve_error_param(e, "return_tokens");
         j->req.return_tokens = json_is_true(v);
@@ -81,6 +91,27 @@ json_t *compat_progress_timings(const struct prompt_progress *p) {
                      "prompt_per_token_ms", n > 0 ? p->prompt_ms / n : 0.0, "prompt_per_second",
                      p->prompt_ms > 0 ? 1e3 * n / p->prompt_ms : 0.0, "predicted_n", 0, "predicted_ms", 0.0,
                      "predicted_per_token_ms", 0.0, "predicted_per_second", 0.0, "cache_n", p->cache);
+}
+
+json_t *compat_response_fields(const struct job *j, json_t *reply) {
+    if (!j->req.resp_fields || !reply) return reply;
+    json_t *out = json_object();
+    size_t i;
+    const json_t *f;
+    json_array_foreach(j->req.resp_fields, i, f) {
+        const char *path = json_string_value(f);
+        char key[256];
+        const json_t *at = reply;
+        for (const char *p = path; at && *p;) {
+            size_t n = strcspn(p, "/");
+            snprintf(key, sizeof key, "%.*s", (int) KVT_MIN(n, sizeof key - 1), p);
+            at = json_is_object(at) ? json_object_get(at, key) : NULL;
+            p += n + (p[n] == '/');
+        }
+        if (at && at != reply && out) json_object_set(out, path, (json_t *) at);
+    }
+    json_decref(reply);
+    return out;
 }
 
 json_t *compat_native_reply(struct server *srv, const struct job *j, const char *content, bool final, double t_done) {

@@ -92,7 +92,7 @@ static const struct serve_field OPENAI[] = {
     { "verbosity",             FT_STR,          C,     X, NULL, "not implemented (it would change the reply)" },
     { "audio",                 FT_OBJ,          C,     X, NULL, "kvtier serves text" },
     { "web_search_options",    FT_OBJ,          C,     X, NULL, "kvtier searches nothing" },
-    { "response_fields",       FT_ARR,          N,     X, NULL, "the whole reply is sent" },
+    { "response_fields",       FT_ARR,          N,     H, NULL, "unstreamed: only these fields of the reply, \"a/b\" a nested one (named \"a/b\"), as llama-server; streamed: refused" },
     { "session",               FT_STR,          N,     X, NULL, "send the session in the X-Session-Id header" },
     { "session_id",            FT_STR,          N,     X, NULL, "send the session in the X-Session-Id header" },
 };

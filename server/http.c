@@ -986,7 +986,9 @@ static enum MHD_Result run_job(struct server *srv, struct MHD_Connection *c, str
             json_t *msg = tools_reply(srv, j->text ? j->text : "", j->req.format, &fin);
             reply = anth_message(srv, j, msg, fin ? fin : "stop");
             json_decref(msg);
-        } else reply = j->req.native ? compat_native_reply(srv, j, j->text ? j->text : "", true, mono_ms()) : final_obj(srv, j);
+        } else
+            reply = j->req.native ? compat_response_fields(j, compat_native_reply(srv, j, j->text ? j->text : "", true, mono_ms()))
+                                  : final_obj(srv, j);
         enum MHD_Result r = send_json(srv, c, 200, reply, j->out_session);
         serve_job_release(srv, j);
         return r;
@@ -1184,7 +1186,7 @@ static enum MHD_Result post_native_batch(struct server *srv, struct MHD_Connecti
             if (r && clean) json_object_set_new(r, "content", json_string(clean));
             if (r) json_object_set_new(r, "index", json_integer((json_int_t) i));
             free(clean);
-            json_array_append_new(out, r);
+            json_array_append_new(out, compat_response_fields(j, r));
         }
         serve_job_release(srv, j);
     }

@@ -23,6 +23,7 @@ void serve_job_free(struct job *j) {
     free(j->req.bias);
     json_decref(j->req.resp_turn);
     json_decref(j->req.ignored);
+    json_decref(j->req.resp_fields);
     free(j->req.grammar);
     kvt_grammar_free(j->req.smp.grammar);
     for (int32_t i = 0; i < j->req.n_stop; i++) free(j->req.stop[i]);

@@ -118,6 +118,7 @@ struct job_req {
     char resp_id[48], resp_parent[48]; /* responses: this response's id; previous_response_id ("" none) */
     json_t *resp_turn;                 /* responses: the chat messages of this turn's input (owned) */
     json_t *ignored;                   /* the names of request fields no table knows (owned; usage.kvtier.ignored_fields) */
+    json_t *resp_fields;               /* native response_fields: the reply's fields to send (owned; NULL: all) */
     bool return_tokens;                /* native: the reply lists the generated token ids */
     bool verbose;                /* "verbose": true, or the server's --verbose: the reply carries "__verbose" (the prompt's text) */
     bool timings;                /* "timings_per_token" (llama-server's): every streamed chunk carries "timings" */
@@ -380,6 +381,9 @@ int serve_tenant_init(struct server *srv, char *err, size_t n_err);
 int compat_native_params(struct server *srv, json_t *root, struct job *j, struct serve_error *e);
 /* A native reply object: a streamed piece (final false) or the last object with the timings
 ** (final true; t_done: ms, monotonic, when the job finished).  New reference; NULL on OOM. */
+/* reply (consumed) cut to the job's response_fields (llama-server's: "a/b" is field b of a,
+** named "a/b"; a missing one is left out); the reply itself without them.  New reference. */
+json_t *compat_response_fields(const struct job *j, json_t *reply);
 json_t *compat_native_reply(struct server *srv, const struct job *j, const char *content, bool final, double t_done);
 /* llama-server's "timings" of a job (t_done: ms, monotonic; a job still running: now, with srv->mu held): prompt_n (decoded),
 ** cache_n (reused), prompt_ms, predicted_n, predicted_ms and their rates.  New reference. */

@@ -139,6 +139,15 @@ s, _, b = raw("POST", "/v1/chat/completions", {"messages": [HI], "max_tokens": 1
 ign = b.get("usage", {}).get("kvtier", {}).get("ignored_fields", []) if s == 200 else []
 check("41 unknown fields: 16 listed, each at most 63 bytes, no control character",
       len(ign) == 16 and all(len(n.encode()) <= 63 and not any(ord(c) < 32 for c in n) for n in ign), f"{s} {ign[:3]}")
+# an honoured field that changes the reply's shape: llama-server's response_fields (unstreamed native)
+s, _, b = raw("POST", "/completion", {"prompt": "Hi", "n_predict": 4, "response_fields": ["content", "generation_settings/n_predict", "nope/x"]})
+check("response_fields: only the named fields, 'a/b' named so, a missing one left out",
+      s == 200 and sorted(b) == ["content", "generation_settings/n_predict"] and b["generation_settings/n_predict"] == 4, f"{s} {str(b)[:200]}")
+s, _, b = raw("POST", "/completion", {"prompt": "Hi", "n_predict": 4, "response_fields": []})
+check("response_fields [] -> the whole reply", s == 200 and "generation_settings" in b and "content" in b, f"{s} {str(b)[:200]}")
+s, _, b = raw("POST", "/completion", {"prompt": "Hi", "n_predict": 4, "stream": True, "response_fields": ["content"]})
+check("response_fields with stream -> 400 naming it", s == 400 and param(b) == "response_fields", f"{s} {str(b)[:200]}")
+
 # the route table: each route answers its methods only (405 naming them), at the prefixes it names (404 elsewhere)
 check("the route table has the five APIs' routes", len(routes) >= 20 and any(r["path"] == "/v1/messages" for r in routes), str(len(routes)))
 for r in routes:
