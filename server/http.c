@@ -1109,6 +1109,11 @@ static enum MHD_Result post_generate(struct server *srv, struct MHD_Connection *
     snprintf(j->req.ns, sizeof j->req.ns, "%s", ns);
     const char *sid = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Session-Id");
     if (sid) snprintf(j->req.session_id, sizeof j->req.session_id, "%s", sid);
+    /* llama-server's id_slot N (without the header): the session "slot-N", whose KV stays between
+    ** the requests that name it, as slot N's does (-1: chosen by prefix, as without it) */
+    const json_t *slot = api == API_OPENAI || api == API_NATIVE ? json_object_get(root, "id_slot") : NULL;
+    if (!sid && json_is_integer(slot) && json_integer_value(slot) >= 0)
+        snprintf(j->req.session_id, sizeof j->req.session_id, "slot-%lld", (long long) json_integer_value(slot));
     const json_t *pr = api == API_NATIVE ? json_object_get(root, "prompt") : NULL;
     bool batch = json_array_size(pr) > 1;
     for (size_t i = 0; batch && i < json_array_size(pr); i++) batch = !json_is_integer(json_array_get(pr, i));

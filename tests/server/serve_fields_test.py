@@ -4,9 +4,9 @@ with a 400 naming it, or accepted at its neutral value only, or accepted with no
 a wrong JSON type is a 400 naming the field; a field no table names is answered 200 and listed back
 in usage.kvtier.ignored_fields.  Issue #39: on 10fe331 fields were accepted and silently ignored
 (echo, best_of: answered 200 without effect, as the issue measured; n_keep, chat_template_kwargs,
-reasoning_effort, id_slot, session_id, Anthropic's thinking, Responses' include were in its lists
-of accepted fields and never read); each is a 400 naming it here unless it carries its neutral
-value.
+reasoning_effort, session_id, Responses' include were in its lists of accepted fields and never
+read); each is a 400 naming it here unless it carries its neutral value (id_slot is honoured now,
+as the session "slot-N"; Anthropic's thinking has no effect by design).
 
 Usage: serve_fields_test.py BASE_URL API_MD   (API_MD: the output of `kvtier serve --print-api`)
 """
@@ -147,6 +147,17 @@ s, _, b = raw("POST", "/completion", {"prompt": "Hi", "n_predict": 4, "response_
 check("response_fields [] -> the whole reply", s == 200 and "generation_settings" in b and "content" in b, f"{s} {str(b)[:200]}")
 s, _, b = raw("POST", "/completion", {"prompt": "Hi", "n_predict": 4, "stream": True, "response_fields": ["content"]})
 check("response_fields with stream -> 400 naming it", s == 400 and param(b) == "response_fields", f"{s} {str(b)[:200]}")
+
+# id_slot N: the session "slot-N", reused by the next request naming it
+conv = [{"role": "user", "content": "Name three colours."}]
+s1, _, b1 = raw("POST", "/v1/chat/completions", {"messages": conv, "max_tokens": 8, "id_slot": 3})
+conv2 = conv + [{"role": "assistant", "content": b1["choices"][0]["message"]["content"] if s1 == 200 else ""},
+                {"role": "user", "content": "And three more."}]
+s2, _, b2 = raw("POST", "/v1/chat/completions", {"messages": conv2, "max_tokens": 8, "id_slot": 3})
+k2 = b2.get("usage", {}).get("kvtier", {}) if s2 == 200 else {}
+check("id_slot 3: the session 'slot-3', its KV reused by the next request naming it",
+      s1 == 200 and b1["usage"]["kvtier"]["session_id"] == "slot-3" and k2.get("session_id") == "slot-3"
+      and k2.get("prompt_tokens_reused", 0) > 0, f"{s1} {s2} {k2}")
 
 # the route table: each route answers its methods only (405 naming them), at the prefixes it names (404 elsewhere)
 check("the route table has the five APIs' routes", len(routes) >= 20 and any(r["path"] == "/v1/messages" for r in routes), str(len(routes)))
