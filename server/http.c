@@ -750,7 +750,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         /* streamed logprobs: the ids and ln p of the tokens generated since the last piece, copied
         ** here; their entries built below, outside the lock (the engine thread builds no JSON) */
         struct lp_rec lr = { 0 };
-        if (j->n_lp_ready > j->n_lp_sent && ((piece && *piece) || done)) serve_logprobs_take(srv, j, &lr);
+        if (j->n_lp_ready > j->n_lp_sent && ((piece && *piece) || done)) serve_logprobs_take(j, &lr);
         pthread_mutex_unlock(&srv->mu);
         json_t *lps = lr.n ? serve_logprobs_entries(srv, j, &lr) : NULL;
         serve_lp_rec_free(&lr);

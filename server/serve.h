@@ -483,7 +483,7 @@ struct lp_rec {
 /* A streamed job's tokens not yet sent with logprobs: copies them into *out (n 0: none) and
 ** marks them sent.  Call under srv->mu (the engine thread grows the arrays under it); build the
 ** entries with serve_logprobs_entries after unlocking.  0, or -1 out of memory (nothing marked). */
-int serve_logprobs_take(struct server *srv, struct job *j, struct lp_rec *out);
+int serve_logprobs_take(struct job *j, struct lp_rec *out);
 /* r's entries as a "logprobs" content array (as serve_logprobs_json).  New reference. */
 json_t *serve_logprobs_entries(struct server *srv, const struct job *j, const struct lp_rec *r);
 void serve_lp_rec_free(struct lp_rec *r);

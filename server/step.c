@@ -59,12 +59,11 @@ json_t *serve_logprobs_json(struct server *srv, const struct job *j) {
     return serve_logprobs_entries(srv, j, &r);
 }
 
-int serve_logprobs_take(struct server *srv, struct job *j, struct lp_rec *out) {
+int serve_logprobs_take(struct job *j, struct lp_rec *out) {
     memset(out, 0, sizeof *out);
     int32_t from = j->n_lp_sent, n = j->n_lp_ready - from;
     const size_t K = (size_t) j->req.top_logprobs;
     if (n <= 0 || !j->lp) return 0;
-    (void) srv;
     out->tok = malloc(sizeof *out->tok * (size_t) n);
     out->lp = malloc(sizeof *out->lp * (size_t) n);
     if (K && j->top_tok) {
