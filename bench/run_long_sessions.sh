@@ -9,7 +9,9 @@
 # WORDS (200), MAX_TOKENS (32), FACTS (4), THREADS (2), BUDGETS ("1024 2048": kvtier's
 # --budget per session), CTX_FULL (8192: llama-server's context per slot, the model's trained
 # context for SmolLM2), KVTIER (build/kvtier), EXTRA (more `kvtier serve` flags), SKIP_LLAMA=1,
-# SKIP_KVTIER=1 (only the llama-server rows, appended to an earlier run's OUT_DIR).
+# SKIP_KVTIER=1 (only the llama-server rows, appended to an earlier run's OUT_DIR), ESSAYS (the essays'
+# folder), NO_BOOTSTRAP=1 (a machine without kvtier's caches: then MODEL, KVTIER, LLAMA_SERVER and
+# PY, a Python 3 with the standard library, are given; bench/gpu_device.sh does so).
 # GPU: KVTIER_BACKEND=vulkan|cuda (scripts/bootstrap.sh; kvtier from build-<backend>/, llama-server
 # built with the same backend) and NGL (default 99 there, 0 on cpu): both servers get -ngl NGL;
 # with CUDA each server's peak VRAM (nvidia-smi) is a column of the table.
@@ -20,9 +22,11 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 SRC=$(dirname "$HERE")
 OUT=${1:-$HERE/results/long-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$OUT"
-eval "$("$SRC/scripts/bootstrap.sh" env)"
-PY=$("$SRC/scripts/bootstrap.sh" pyclient-path)
-"$SRC/scripts/bootstrap.sh" pyclient >/dev/null
+if [ -z "${NO_BOOTSTRAP:-}" ]; then
+    eval "$("$SRC/scripts/bootstrap.sh" env)"
+    PY=$("$SRC/scripts/bootstrap.sh" pyclient-path)
+    "$SRC/scripts/bootstrap.sh" pyclient >/dev/null
+fi
 MODEL=${MODEL:-$KVTIER_CHAT_MODEL}
 SESSIONS=${SESSIONS:-4} TURNS=${TURNS:-24} WORDS=${WORDS:-200} MAX_TOKENS=${MAX_TOKENS:-32} FACTS=${FACTS:-4}
 THREADS=${THREADS:-2} BUDGETS=${BUDGETS:-"1024 2048"} CTX_FULL=${CTX_FULL:-8192}
@@ -43,7 +47,7 @@ run() { # label cmd...
     PID=$!
     wait_up "$port" || { echo "$label did not start; see $OUT/$label.log" >&2; kill "$PID" 2>/dev/null; PID=; return 1; }
     "$PY" "$HERE/long_sessions.py" --url "http://127.0.0.1:$port" --pid "$PID" --sessions "$SESSIONS" --turns "$TURNS" \
-        --words "$WORDS" --max-tokens "$MAX_TOKENS" --facts "$FACTS" --label "$label" --series "$OUT/$label.csv" |
+        --words "$WORDS" --max-tokens "$MAX_TOKENS" --facts "$FACTS" --label "$label" --series "$OUT/$label.csv" ${ESSAYS:+--essays "$ESSAYS"} |
         tee -a "$OUT/long_sessions.jsonl" || echo "$label: requests failed (n_errors and errors in its JSON line)" >&2
     kill -TERM "$PID"
     wait "$PID" || true
@@ -63,7 +67,7 @@ for b in $BUDGETS; do # the KV of one session's budget per sequence, plus a spar
     run "kvtier-budget$b" "$KVTIER" serve -m "$MODEL" -c $((b * (SESSIONS + 1))) --budget "$b" --parallel "$SESSIONS" \
         --max-sessions "$SESSIONS" --threads "$THREADS" --no-store -ngl "$NGL" ${EXTRA:-}
 done
-LLAMA_SERVER=$("$SRC/scripts/bootstrap.sh" llama-server-path)
+[ -n "${LLAMA_SERVER:-}" ] || LLAMA_SERVER=$("$SRC/scripts/bootstrap.sh" llama-server-path)
 if [ -z "${SKIP_LLAMA:-}" ] && [ -x "$LLAMA_SERVER" ]; then
     run llama-server-full "$LLAMA_SERVER" -m "$MODEL" -c $((CTX_FULL * SESSIONS)) -np "$SESSIONS" -t "$THREADS" -ngl "$NGL" --host 127.0.0.1
     b=${BUDGETS%% *} # the KV memory kvtier's first budget holds, context shift on (what fits is what it keeps)
