@@ -4,11 +4,11 @@
 ** parsed and run as one, in a session like any chat (its KV kept between turns: usage's
 ** cache_read_input_tokens are the prompt tokens reused, input_tokens the ones decoded); the reply
 ** is a Message (text and tool_use blocks, stop_reason) and a stream its events (message_start,
-** content_block_start/delta/stop, message_delta, message_stop; server/http.c writes them).
+** content_block_start/delta/stop, message_delta, message_stop; written here for server/stream.c).
 ** Shapes as docs.anthropic.com documents them.  Images and documents are refused with a 400:
 ** kvtier serves text models. */
+#include "api.h"
 #include "fields.h"
-#include "serve.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -319,3 +319,110 @@ int anth_count_tokens(struct server *srv, json_t *root, json_t **out, struct ser
     if (rc) return -1;
     return (*out = json_pack("{s:i}", "input_tokens", n)) ? 0 : serve_error_oom(e);
 }
+
+/* ---- the stream's content blocks ---- */
+
+static void anth_close_block(struct stream *st) {
+    if (st->u.anth.open < 0) return;
+    sse_event(st, json_pack("{s:s, s:i}", "type", "content_block_stop", "index", st->u.anth.open));
+    st->u.anth.open = -1;
+}
+
+/* Anthropic: text as a text_delta of the open text block (opened first if needed). */
+static void anth_text(struct stream *st, const char *text) {
+    if (st->u.anth.open < 0) {
+        st->u.anth.open = st->u.anth.next++;
+        sse_event(st, json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_start", "index", st->u.anth.open,
+                                "content_block", "type", "text", "text", ""));
+    }
+    sse_event(st, json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_delta", "index", st->u.anth.open, "delta", "type",
+                            "text_delta", "text", text));
+}
+
+/* Anthropic: a whole reply under tools, as its blocks (text, then each tool_use with its input
+** as one input_json_delta). */
+static void anth_whole(struct stream *st, const json_t *msg) {
+    json_t *blocks = anth_blocks(msg);
+    size_t i;
+    json_t *b;
+    json_array_foreach(blocks, i, b) {
+        const char *type = json_string_value(json_object_get(b, "type"));
+        if (!strcmp(type, "text")) {
+            anth_text(st, json_string_value(json_object_get(b, "text")));
+            continue;
+        }
+        anth_close_block(st);
+        int idx = st->u.anth.next++;
+        char *input = json_dumps(json_object_get(b, "input"), JSON_COMPACT);
+        sse_event(st, json_pack("{s:s, s:i, s:{s:s, s:O, s:O, s:{}}}", "type", "content_block_start", "index", idx, "content_block",
+                                "type", "tool_use", "id", json_object_get(b, "id"), "name", json_object_get(b, "name"), "input"));
+        sse_event(st, json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_delta", "index", idx, "delta", "type",
+                                "input_json_delta", "partial_json", input ? input : "{}"));
+        free(input);
+        sse_event(st, json_pack("{s:s, s:i}", "type", "content_block_stop", "index", idx));
+    }
+    json_decref(blocks);
+}
+
+
+/* ---------------------------------------------------------------------------------------- */
+/* the module (api.h): parse, reply, the stream's events                                     */
+
+static int parse(struct server *srv, json_t *root, struct job *j, struct serve_error *e) {
+    json_t *chat = NULL;
+    j->kind = JOB_CHAT;
+    if (anth_to_chat(root, &srv->lim, &chat, &j->req.ignored, e)) return -1;
+    return serve_request_parse_chat(srv, chat, j, e);
+}
+
+static json_t *reply(struct server *srv, struct job *j) {
+    const char *fin = j->finish;
+    json_t *msg = tools_reply(srv, j->text ? j->text : "", j->req.format, &fin);
+    json_t *r = anth_message(srv, j, msg, fin ? fin : "stop");
+    json_decref(msg);
+    return r;
+}
+
+static void s_start(struct stream *st) {
+    st->u.anth.open = -1;
+    pthread_mutex_lock(&st->srv->mu);
+    json_t *m = anth_message(st->srv, st->j, NULL, NULL);
+    pthread_mutex_unlock(&st->srv->mu);
+    sse_event(st, json_pack("{s:s, s:o}", "type", "message_start", "message", m));
+}
+
+static void s_whole(struct stream *st, json_t *msg, const char **fin) {
+    (void) fin;
+    anth_whole(st, msg);
+    json_decref(msg);
+}
+
+static void s_piece(struct stream *st, const char *piece, json_t *tm, json_t *lps) {
+    (void) tm, (void) lps; /* Anthropic's events carry neither */
+    if (*piece) anth_text(st, piece);
+}
+
+/* the last block closed, the stop reason, message_stop; or the error event */
+static void s_end(struct stream *st, const char *fin) {
+    const struct job *j = st->j;
+    if (j->err.status && j->err.status != 200) {
+        sse_event(st, anth_error(&j->err));
+        return;
+    }
+    if (st->u.anth.next == 0) anth_text(st, "");
+    anth_close_block(st);
+    sse_event(st, json_pack("{s:s, s:{s:s, s:n}, s:o}", "type", "message_delta", "delta", "stop_reason", anth_stop_reason(j, fin),
+                            "stop_sequence", "usage", anth_usage(j, true)));
+    sse_event(st, json_pack("{s:s}", "type", "message_stop"));
+}
+
+const struct serve_api serve_api_anthropic = {
+    .name = "anthropic",
+    .parse = parse,
+    .reply = reply,
+    .error = anth_error,
+    .s_start = s_start,
+    .s_whole = s_whole,
+    .s_piece = s_piece,
+    .s_end = s_end,
+};

@@ -5,8 +5,8 @@
 ** kvtier holds differently is shown as what it is: a "slot" is a session's KV stream of --budget
 ** resident tokens, and each one names its session.  Called on HTTP threads: the engine is used
 ** only through its thread-safe text functions (kvt_tokenize, kvt_detokenize, kvt_chat_format). */
+#include "api.h"
 #include "fields.h"
-#include "serve.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,7 +18,7 @@
 
 int compat_native_params(struct server *srv, json_t *root, struct job *j, struct serve_error *e) {
     json_t *v;
-    j->req.native = true;
+    j->req.llama_probs = true;                                                       /* probabilities in llama-server's shape */
     if (serve_fields_check(FIELD_TABLE_OPENAI, root, &j->req.ignored, e)) return -1; /* types, refused and neutral fields */
     if ((v = json_object_get(root, "n_predict")) && !json_is_null(v)) {
         serve_error_param(e, "n_predict");
@@ -71,28 +71,6 @@ static json_t *gen_settings(struct server *srv, const struct job *j) {
                      "model", srv->model_name, "n_ctx", srv->budget);
 }
 
-json_t *compat_timings(const struct job *j, double t_done) {
-    /* llama-server's timings: prompt_n the tokens run through the model (cache_n reused), the
-    ** generation rate over the steps after the first token (which comes from the prompt's logits) */
-    double prompt_ms = j->t_first > 0 ? j->t_first - j->req.t_arrival : t_done - j->req.t_arrival;
-    double pred_ms = j->t_first > 0 ? t_done - j->t_first : 0;
-    /* a job still running: the tokens published with its text (the caller holds srv->mu) */
-    int32_t n_pred = j->state == JOB_DONE ? j->n_gen : j->n_gen_pub, n_prompt = j->prompt_tokens - (int32_t) j->sync.tokens_reused;
-    return json_pack("{s:i, s:f, s:f, s:f, s:i, s:f, s:f, s:f, s:I}", "prompt_n", n_prompt, "prompt_ms", prompt_ms,
-                     "prompt_per_token_ms", n_prompt > 0 ? prompt_ms / n_prompt : 0.0, "prompt_per_second",
-                     prompt_ms > 0 ? 1e3 * n_prompt / prompt_ms : 0.0, "predicted_n", n_pred, "predicted_ms", pred_ms,
-                     "predicted_per_token_ms", n_pred > 1 ? pred_ms / (n_pred - 1) : 0.0, "predicted_per_second",
-                     n_pred > 1 && pred_ms > 0 ? 1e3 / pred_ms * (n_pred - 1) : 0.0, "cache_n", (json_int_t) j->sync.tokens_reused);
-}
-
-json_t *compat_progress_timings(const struct prompt_progress *p) {
-    const int32_t n = p->processed - p->cache;
-    return json_pack("{s:i, s:f, s:f, s:f, s:i, s:f, s:f, s:f, s:i}", "prompt_n", n, "prompt_ms", p->prompt_ms,
-                     "prompt_per_token_ms", n > 0 ? p->prompt_ms / n : 0.0, "prompt_per_second",
-                     p->prompt_ms > 0 ? 1e3 * n / p->prompt_ms : 0.0, "predicted_n", 0, "predicted_ms", 0.0,
-                     "predicted_per_token_ms", 0.0, "predicted_per_second", 0.0, "cache_n", p->cache);
-}
-
 json_t *compat_response_fields(const struct job *j, json_t *reply) {
     if (!j->req.resp_fields || !reply) return reply;
     json_t *out = json_object();
@@ -127,7 +105,7 @@ json_t *compat_native_reply(struct server *srv, const struct job *j, const char 
     free(clean);
     if (!o || !final) return o;
     const char *text = j->text ? j->text : "";
-    json_t *timings = compat_timings(j, t_done);
+    json_t *timings = serve_timings(j, t_done);
     json_object_set_new(o, "tokens_predicted", json_integer(j->n_gen));
     json_object_set_new(o, "tokens_evaluated", json_integer(j->prompt_tokens));
     json_object_set_new(o, "tokens_cached", json_integer((json_int_t) j->sync.tokens_reused));
@@ -142,6 +120,11 @@ json_t *compat_native_reply(struct server *srv, const struct job *j, const char 
     json_object_set_new(o, "stop_type", json_string(stop_type(j)));
     json_object_set_new(o, "stopping_word", json_string(""));
     json_object_set_new(o, "timings", timings);
+    if (j->req.verbose) { /* llama-server's "__verbose": the prompt as the model saw it */
+        char *p = app_utf8_clean(j->req.prompt ? j->req.prompt : "");
+        json_object_set_new(o, "__verbose", json_pack("{s:s}", "prompt", p ? p : ""));
+        free(p);
+    }
     json_t *lps = final ? serve_logprobs_json(srv, j) : NULL;
     if (lps) json_object_set_new(o, "completion_probabilities", lps);
     return o;
@@ -393,3 +376,156 @@ json_t *compat_slots(struct server *srv, const char *ns) {
     pthread_mutex_unlock(&srv->mu);
     return a;
 }
+
+enum { BATCH_MAX = 16 };
+
+static int parse(struct server *srv, json_t *root, struct job *j, struct serve_error *e);
+
+/* llama.cpp's batch completion: "prompt" holding several prompts (texts, id lists or
+** {prompt_string} objects) on /completion answers a list, one reply per prompt, each prompt a
+** job of its own run side by side.  Not streamed. */
+static enum MHD_Result post_native_batch(struct server *srv, struct MHD_Connection *c, const char *ns, json_t *root) {
+    json_t *prompts = json_object_get(root, "prompt");
+    size_t k = json_array_size(prompts);
+    struct serve_error e = { 0 };
+    serve_error_param(&e, "prompt");
+    /* its jobs wait in the queue together: more than one API key may queue never fits (a 400, as
+    ** for n; a 429 would say retry to a request that cannot succeed) */
+    const int32_t cap = KVT_MIN(srv->max_queue, srv->queue_per_key);
+    if (k > BATCH_MAX) serve_bad(&e, "'prompt' holds %zu prompts; at most %d in one request", k, BATCH_MAX);
+    else if (k > (size_t) cap)
+        serve_bad(&e, "'prompt' holds %zu prompts, more than this server queues at once for one API key (%d, --queue%s)", k, cap,
+                  srv->queue_per_key < srv->max_queue ? "-per-key" : "");
+    else if (json_is_true(json_object_get(root, "stream"))) serve_bad(&e, "several prompts in one request are not streamed");
+    struct job *jobs[BATCH_MAX] = { 0 };
+    size_t n = 0;
+    for (; !e.status && n < k; n++) {
+        json_t *one = json_copy(root);
+        struct job *j = calloc(1, sizeof *j);
+        if (one) json_object_set(one, "prompt", json_array_get(prompts, n));
+        if (!one || !j) {
+            json_decref(one);
+            free(j);
+            serve_error_oom(&e);
+            break;
+        }
+        jobs[n] = j;
+        j->kind = JOB_COMPLETION;
+        j->req.api = &serve_api_native;
+        snprintf(j->req.ns, sizeof j->req.ns, "%s", ns);
+        pthread_cond_init(&j->cv, NULL);
+        parse(srv, one, j, &e);
+        json_decref(one);
+    }
+    json_decref(root);
+    size_t submitted = e.status ? 0 : serve_run_jobs(srv, c, jobs, n, &e);
+    json_t *out = e.status ? NULL : json_array();
+    for (size_t i = 0; i < n; i++) {
+        struct job *j = jobs[i];
+        if (!j) continue;
+        if (i >= submitted) { /* parsed, never queued */
+            serve_job_free(j);
+            continue;
+        }
+        if (!e.status && out) {
+            json_t *r = compat_native_reply(srv, j, "", true, serve_mono_ms());
+            char *clean = app_utf8_clean(j->text ? j->text : "");
+            if (r && clean) json_object_set_new(r, "content", json_string(clean));
+            if (r) json_object_set_new(r, "index", json_integer((json_int_t) i));
+            free(clean);
+            json_array_append_new(out, compat_response_fields(j, r));
+        }
+        serve_job_release(srv, j);
+    }
+    if (e.status) {
+        json_decref(out);
+        return serve_send_err(srv, c, &e, NULL);
+    }
+    return serve_send_json(srv, c, 200, out, NULL);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* the module (api.h): llama-server's native /completion                                    */
+
+/* grammar and json_schema (llama-server's constraints of a completion): compiled as on the chat
+** route (server/tools.c), then taken out of root so that the completion parser sees none */
+static int native_constraint(struct server *srv, json_t *root, struct job *j, struct serve_error *e) {
+    json_t *js = json_object_get(root, "json_schema"), *g = json_object_get(root, "grammar");
+    if ((!js || json_is_null(js)) && (!g || json_is_null(g))) return 0;
+    json_t *only = json_object();
+    char *sys_extra = NULL;
+    if (!only || (js && json_object_set(only, "json_schema", js)) || (g && json_object_set(only, "grammar", g))) {
+        json_decref(only);
+        return serve_error_oom(e);
+    }
+    int rc = tools_parse(only, j, &srv->lim, &sys_extra, e);
+    free(sys_extra); /* no tools: none */
+    json_decref(only);
+    j->req.format = REPLY_TEXT; /* the reply is the text as generated (the grammar shapes it) */
+    if (rc == 0) {
+        json_object_del(root, "json_schema");
+        json_object_del(root, "grammar");
+    }
+    return rc;
+}
+
+static int parse(struct server *srv, json_t *root, struct job *j, struct serve_error *e) {
+    j->kind = JOB_COMPLETION;
+    serve_request_slot(j, root);
+    if (compat_native_params(srv, root, j, e)) return -1;
+    if (native_constraint(srv, root, j, e)) return -1;
+    return serve_request_parse(srv, root, j, false, e);
+}
+
+static int fan_out(struct server *srv, struct MHD_Connection *c, const char *ns, const char *sid, json_t *root,
+                   enum MHD_Result *ret) {
+    (void) sid;
+    const json_t *pr = json_object_get(root, "prompt");
+    bool batch = json_array_size(pr) > 1;
+    for (size_t i = 0; batch && i < json_array_size(pr); i++) batch = !json_is_integer(json_array_get(pr, i));
+    if (!batch) return 0; /* one prompt (ids and texts mixed are one sequence) */
+    *ret = post_native_batch(srv, c, ns, root);
+    return 1;
+}
+
+static json_t *reply(struct server *srv, struct job *j) {
+    return compat_response_fields(j, compat_native_reply(srv, j, j->text ? j->text : "", true, serve_mono_ms()));
+}
+
+static void s_start(struct stream *st) { (void) st; } /* llama-server's stream begins with the text */
+
+static void s_progress(struct stream *st, const struct prompt_progress *p) {
+    const struct job *j = st->j;
+    json_t *ev = compat_native_reply(st->srv, j, "", false, 0);
+    serve_progress_attach(ev, j, p);
+    sse_data(st, ev);
+}
+
+static void s_piece(struct stream *st, const char *piece, json_t *tm, json_t *lps) {
+    json_t *ch = compat_native_reply(st->srv, st->j, piece, false, 0);
+    if (ch && tm) json_object_set(ch, "timings", tm);
+    if (ch && lps) json_object_set(ch, "completion_probabilities", lps);
+    sse_data(st, ch);
+}
+
+/* llama.cpp's last event: stop true and the timings, no [DONE]; an error is followed by one */
+static void s_end(struct stream *st, const char *fin) {
+    (void) fin;
+    const struct job *j = st->j;
+    if (j->err.status && j->err.status != 200) {
+        sse_data(st, serve_error_json(&j->err));
+        sse_raw(st, "data: [DONE]\n\n");
+    } else sse_data(st, compat_native_reply(st->srv, j, "", true, serve_mono_ms()));
+}
+
+const struct serve_api serve_api_native = {
+    .name = "native",
+    .parse = parse,
+    .fan_out = fan_out,
+    .reply = reply,
+    .error = serve_error_json,
+    .s_start = s_start,
+    .s_progress = s_progress,
+    .s_piece = s_piece,
+    .s_end = s_end,
+};

@@ -15,7 +15,8 @@
 ** (the job has its error) when it cannot run at all; else it waits for a sequence (serve_completion_start_waiting). */
 bool serve_completion_prepare(struct server *srv, struct job *j) {
     int rc = 0;
-    if (j->req.prompt_ids) { /* llama.cpp's native API: the prompt as token ids */
+    if (serve_job_grammar(srv, j)) return false; /* llama-server's grammar / json_schema on /completion */
+    if (j->req.prompt_ids) {                     /* llama.cpp's native API: the prompt as token ids */
         struct kvt_engine_info I;
         kvt_engine_info(srv->eng, &I);
         for (int32_t i = 0; i < j->req.n_prompt_ids; i++)
@@ -156,6 +157,7 @@ static bool start_completion(struct server *srv, struct job *j) {
     memcpy(j->row.logits, l, sizeof(float) * (size_t) I.n_vocab);
     j->row.seq = j->seq;
     j->row.pos = n;
+    j->end = serve_completion_end;
     serve_job_activate(srv, j);
     return true;
 }

@@ -1,5 +1,5 @@
 /* error.c — the server's one error form (struct serve_error, serve.h): filled where an error
-** arises, sent as an OpenAI error object by server/http.c. */
+** arises, sent as an OpenAI error object (or in the API's own shape, server/api.h) by server/reply.c. */
 #include "serve.h"
 
 #include <stdarg.h>
@@ -66,4 +66,19 @@ json_t *serve_error_json(const struct serve_error *e) {
     if (eo && e->n_prompt_tokens > 0) json_object_set_new(eo, "n_prompt_tokens", json_integer(e->n_prompt_tokens));
     if (eo && e->n_ctx > 0) json_object_set_new(eo, "n_ctx", json_integer(e->n_ctx));
     return o;
+}
+
+/* "an object", "a string", ... for the messages that say what a field was given. */
+const char *serve_json_type(const json_t *v) {
+    if (!v) return "nothing (the field is missing)";
+    switch (json_typeof(v)) {
+        case JSON_OBJECT: return "an object";
+        case JSON_ARRAY: return "an array";
+        case JSON_STRING: return "a string";
+        case JSON_INTEGER: return "an integer";
+        case JSON_REAL: return "a number";
+        case JSON_TRUE:
+        case JSON_FALSE: return "a boolean";
+        default: return "null";
+    }
 }

@@ -129,3 +129,22 @@ double serve_mono_ms(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
+
+int serve_job_grammar(struct server *srv, struct job *j) {
+    if (!j->req.grammar || j->req.smp.grammar) return 0;
+    {
+        int rc = kvt_grammar_new(srv->eng, j->req.grammar, "root", &j->req.smp.grammar);
+        if (rc && j->req.grammar_user) { /* the client's GBNF */
+            serve_error_set(&j->err, 400, "invalid_request_error", NULL, "'grammar' is not valid GBNF: %s", kvt_errmsg());
+            serve_error_param(&j->err, "grammar");
+            return -1;
+        }
+        if (rc) { /* our own translation of the schema failed: say which text */
+            serve_error_set(&j->err, 400, "invalid_request_error", NULL,
+                            "the tools / response_format / json_schema schema could not be compiled to a grammar: %s",
+                            kvt_errmsg());
+            return -1;
+        }
+    }
+    return 0;
+}

@@ -12,20 +12,6 @@
 #include <string.h>
 #include <time.h>
 
-const char *serve_json_type(const json_t *v) {
-    if (!v) return "nothing (the field is missing)";
-    switch (json_typeof(v)) {
-        case JSON_OBJECT: return "an object";
-        case JSON_ARRAY: return "an array";
-        case JSON_STRING: return "a string";
-        case JSON_INTEGER: return "an integer";
-        case JSON_REAL: return "a number";
-        case JSON_TRUE:
-        case JSON_FALSE: return "a boolean";
-        default: return "null";
-    }
-}
-
 /* Fill the sampling / length / stop / stream fields shared by both endpoints.  On a bad field,
 ** fills e (e->param: the field's name) and returns -1. */
 static int parse_common(struct server *srv, json_t *root, struct job *j, struct serve_error *e) {
@@ -111,7 +97,7 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
         clock_gettime(CLOCK_REALTIME, &ts);
         j->req.smp.seed = (uint32_t) (ts.tv_nsec ^ ts.tv_sec);
     }
-    if ((v = json_object_get(root, "n")) && !json_is_null(v)) { /* n > 1: server/http.c runs one job per choice */
+    if ((v = json_object_get(root, "n")) && !json_is_null(v)) { /* n > 1: server/api_openai.c runs one job per choice */
         serve_error_param(e, "n");
         if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > SERVE_MAX_CHOICES) {
             if (json_is_integer(v)) serve_bad(e, "'n' %lld is outside 1..%d", (long long) json_integer_value(v), SERVE_MAX_CHOICES);
@@ -420,6 +406,12 @@ out:
         return serve_bad(e, "'continue_final_message' and 'add_generation_prompt' cannot both be true");
     }
     if (!strcmp(j->req.msgs[j->req.n_msgs - 1].role, "assistant") && !json_is_false(cont)) {
+        if (json_is_true(agp) && !json_is_true(cont)) { /* the template's semantics: a new turn after it */
+            serve_error_param(e, "add_generation_prompt");
+            return serve_bad(e, "'add_generation_prompt' true after a final assistant message begins a new turn after it, which "
+                                "kvtier does not do: it continues a final assistant message (llama-server's prefill); send "
+                                "false, or end with a user message");
+        }
         if (j->req.n_msgs >= 2 && !strcmp(j->req.msgs[j->req.n_msgs - 2].role, "assistant"))
             return serve_bad(e, "the last two messages are the assistant's: only one final assistant message can be continued");
         j->req.prefill = true; /* llama-server's assistant prefill (vLLM's continue_final_message) */
@@ -610,10 +602,9 @@ static int parse_prompt_ids(struct server *srv, const json_t *p, struct job *j, 
 
 int serve_request_parse(struct server *srv, json_t *root, struct job *j, bool chat, struct serve_error *e) {
     serve_error_param(e, NULL);
-    /* every field against the table (types, refused fields, neutral values): native requests
-    ** were checked by compat_native_params before it read theirs */
-    int rc = j->req.native ? 0 : serve_fields_check(FIELD_TABLE_OPENAI, root, &j->req.ignored, e);
-    if (rc == 0) rc = parse_common(srv, root, j, e);
+    /* every field was checked against the API's table (types, refused fields, neutral values) by
+    ** the API's module before this reads any */
+    int rc = parse_common(srv, root, j, e);
     const json_t *lb = json_object_get(root, "logit_bias");
     if (rc == 0 && lb && !json_is_null(lb)) rc = parse_logit_bias(srv, lb, j, e);
     char *sys_extra = NULL;
@@ -656,5 +647,18 @@ int serve_request_parse(struct server *srv, json_t *root, struct job *j, bool ch
             rc = -1;
         } else if (!(j->req.prompt = strdup(json_string_value(p)))) rc = serve_error_oom(e);
     }
+    return rc;
+}
+
+void serve_request_slot(struct job *j, const json_t *root) {
+    const json_t *slot = json_object_get(root, "id_slot");
+    if (!j->req.session_id[0] && json_is_integer(slot) && json_integer_value(slot) >= 0)
+        snprintf(j->req.session_id, sizeof j->req.session_id, "slot-%lld", (long long) json_integer_value(slot));
+}
+
+int serve_request_parse_chat(struct server *srv, json_t *chat, struct job *j, struct serve_error *e) {
+    int rc = serve_fields_check(FIELD_TABLE_OPENAI, chat, &j->req.ignored, e);
+    if (rc == 0) rc = serve_request_parse(srv, chat, j, true, e);
+    json_decref(chat);
     return rc;
 }

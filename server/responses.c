@@ -17,8 +17,8 @@
 ** works on copies of its messages.  Lookup is a hash of (key, id), O(1); a replay is linear in
 ** its chain.  Ids are 128 random bits.  store: false replies are not kept.  Shapes as
 ** platform.openai.com documents them. */
+#include "api.h"
 #include "fields.h"
-#include "serve.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -518,3 +518,185 @@ void resp_free_all(void) {
     n_buckets = 0;
     pthread_mutex_unlock(&resp_mu);
 }
+
+/* ---- the stream's events ---- */
+
+/* A Responses event: "event: TYPE", and its data with the next sequence_number. */
+static void resp_event(struct stream *st, json_t *obj) {
+    if (obj) json_object_set_new(obj, "sequence_number", json_integer(st->u.resp.seq++));
+    sse_event(st, obj);
+}
+
+static json_t *resp_msg_item(struct stream *st, const char *status, const char *text) {
+    json_t *content = json_array();
+    if (text) json_array_append_new(content, json_pack("{s:s, s:s, s:[]}", "type", "output_text", "text", text, "annotations"));
+    return json_pack("{s:s, s:s, s:s, s:s, s:o}", "type", "message", "id", st->u.resp.item, "status", status, "role", "assistant",
+                     "content", content);
+}
+
+/* Responses: text as an output_text delta of the message item (announced first if needed). */
+static void resp_text(struct stream *st, const char *text) {
+    if (!st->u.resp.open) {
+        st->u.resp.open = true;
+        resp_event(st, json_pack("{s:s, s:i, s:o}", "type", "response.output_item.added", "output_index", st->u.resp.items, "item",
+                                 resp_msg_item(st, "in_progress", NULL)));
+        resp_event(st, json_pack("{s:s, s:s, s:i, s:i, s:{s:s, s:s, s:[]}}", "type", "response.content_part.added", "item_id",
+                                 st->u.resp.item, "output_index", st->u.resp.items, "content_index", 0, "part", "type",
+                                 "output_text", "text", "", "annotations"));
+    }
+    json_t *ev = json_pack("{s:s, s:s, s:i, s:i, s:s, s:[]}", "type", "response.output_text.delta", "item_id", st->u.resp.item,
+                           "output_index", st->u.resp.items, "content_index", 0, "delta", text, "logprobs");
+    if (ev && st->u.resp.timings) json_object_set(ev, "timings", st->u.resp.timings);
+    resp_event(st, ev);
+}
+
+/* Responses: the message item's end (its whole text), if it was opened. */
+static void resp_text_done(struct stream *st, const char *text) {
+    if (!st->u.resp.open) return;
+    st->u.resp.open = false;
+    resp_event(st, json_pack("{s:s, s:s, s:i, s:i, s:s, s:[]}", "type", "response.output_text.done", "item_id", st->u.resp.item,
+                             "output_index", st->u.resp.items, "content_index", 0, "text", text, "logprobs"));
+    resp_event(st, json_pack("{s:s, s:s, s:i, s:i, s:{s:s, s:s, s:[]}}", "type", "response.content_part.done", "item_id",
+                             st->u.resp.item, "output_index", st->u.resp.items, "content_index", 0, "part", "type", "output_text",
+                             "text", text, "annotations"));
+    resp_event(st, json_pack("{s:s, s:i, s:o}", "type", "response.output_item.done", "output_index", st->u.resp.items, "item",
+                             resp_msg_item(st, "completed", text)));
+    st->u.resp.items++;
+}
+
+/* Responses: the reply's output items that were not streamed as text (function calls, or a
+** reply under tools sent whole), each announced, its arguments or text, and done. */
+static void resp_items(struct stream *st, json_t *output) {
+    size_t i;
+    json_t *it;
+    json_array_foreach(output, i, it) {
+        const char *type = json_string_value(json_object_get(it, "type"));
+        if (!strcmp(type, "message")) {
+            if (st->u.resp.open) continue; /* streamed already */
+            const char *text = json_string_value(json_object_get(json_array_get(json_object_get(it, "content"), 0), "text"));
+            resp_text(st, text ? text : "");
+            resp_text_done(st, text ? text : "");
+            continue;
+        }
+        json_t *added = json_deep_copy(it);
+        json_object_set_new(added, "arguments", json_string(""));
+        json_object_set_new(added, "status", json_string("in_progress"));
+        resp_event(st, json_pack("{s:s, s:i, s:o}", "type", "response.output_item.added", "output_index", st->u.resp.items, "item",
+                                 added));
+        resp_event(st, json_pack("{s:s, s:O, s:i, s:O}", "type", "response.function_call_arguments.delta", "item_id",
+                                 json_object_get(it, "id"), "output_index", st->u.resp.items, "delta",
+                                 json_object_get(it, "arguments")));
+        resp_event(st, json_pack("{s:s, s:O, s:i, s:O, s:O}", "type", "response.function_call_arguments.done", "item_id",
+                                 json_object_get(it, "id"), "output_index", st->u.resp.items, "arguments",
+                                 json_object_get(it, "arguments"), "name", json_object_get(it, "name")));
+        resp_event(st,
+                   json_pack("{s:s, s:i, s:O}", "type", "response.output_item.done", "output_index", st->u.resp.items, "item", it));
+        st->u.resp.items++;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* the module (api.h): parse, reply, the stream's events                                     */
+
+static int parse(struct server *srv, json_t *root, struct job *j, struct serve_error *e) {
+    json_t *chat = NULL;
+    char parent[48] = "";
+    j->kind = JOB_CHAT;
+    j->req.resp_store = !json_is_false(json_object_get(root, "store"));
+    if (resp_to_chat(srv, j->req.ns, root, &chat, &j->req.resp_turn, parent, sizeof parent, &j->req.ignored, e)) return -1;
+    snprintf(j->req.resp_parent, sizeof j->req.resp_parent, "%s", parent);
+    resp_new_id(j->req.resp_id, sizeof j->req.resp_id);
+    return serve_request_parse_chat(srv, chat, j, e);
+}
+
+static json_t *reply(struct server *srv, struct job *j) {
+    const char *fin = j->finish;
+    json_t *msg = tools_reply(srv, j->text ? j->text : "", j->req.format, &fin);
+    char item[48];
+    snprintf(item, sizeof item, "msg_%llu", __atomic_add_fetch(&srv->n_replies, 1, __ATOMIC_RELAXED));
+    json_t *r = resp_object(srv, j, j->req.resp_id, j->req.resp_parent, resp_output(srv, msg, item),
+                            !strcmp(fin ? fin : "", "length") ? "incomplete" : "completed");
+    if (j->req.resp_store && msg && r) resp_store(srv, j->req.ns, j->req.resp_id, j->req.resp_parent, j->req.resp_turn, msg, r);
+    json_decref(msg);
+    return r;
+}
+
+static void s_start(struct stream *st) {
+    const struct job *j = st->j;
+    snprintf(st->u.resp.item, sizeof st->u.resp.item, "msg_%llu", __atomic_add_fetch(&st->srv->n_replies, 1, __ATOMIC_RELAXED));
+    json_t *r0 = resp_object(st->srv, NULL, j->req.resp_id, j->req.resp_parent, NULL, "in_progress");
+    resp_event(st, json_pack("{s:s, s:o}", "type", "response.created", "response", json_deep_copy(r0)));
+    resp_event(st, json_pack("{s:s, s:o}", "type", "response.in_progress", "response", r0));
+}
+
+/* return_progress: a response.in_progress event carrying llama-server's "prompt_progress" */
+static void s_progress(struct stream *st, const struct prompt_progress *p) {
+    const struct job *j = st->j;
+    json_t *ev = json_pack("{s:s, s:{s:s, s:s, s:s}}", "type", "response.in_progress", "response", "id", j->req.resp_id, "object",
+                           "response", "status", "in_progress");
+    serve_progress_attach(ev, j, p);
+    resp_event(st, ev);
+}
+
+/* a reply under tools, whole: its items (kept, so that the final response names the same call ids) */
+static void s_whole(struct stream *st, json_t *msg, const char **fin) {
+    (void) fin;
+    st->u.resp.out = resp_output(st->srv, msg, st->u.resp.item);
+    st->u.resp.msg = msg;
+    resp_items(st, st->u.resp.out);
+}
+
+static void s_piece(struct stream *st, const char *piece, json_t *tm, json_t *lps) {
+    (void) lps;
+    st->u.resp.timings = tm;
+    if (*piece) resp_text(st, piece);
+    st->u.resp.timings = NULL;
+}
+
+/* the message item done, the items not streamed, response.completed (or .incomplete) with the
+** whole response, stored for previous_response_id; or the error event */
+static void s_end(struct stream *st, const char *fin) {
+    struct server *srv = st->srv;
+    const struct job *j = st->j;
+    if (j->err.status && j->err.status != 200) {
+        json_t *err = serve_error_json(&j->err), *eo = json_object_get(err, "error");
+        json_object_set_new(eo, "type", json_string("error"));
+        resp_event(st, json_incref(eo));
+        json_decref(err);
+        return;
+    }
+    json_t *msg = st->u.resp.msg ? json_incref(st->u.resp.msg) : tools_reply(srv, j->text ? j->text : "", j->req.format, &fin);
+    json_t *output = st->u.resp.out ? json_incref(st->u.resp.out) : resp_output(srv, msg, st->u.resp.item);
+    if (st->u.resp.msg && !strcmp(fin ? fin : "", "stop") && json_array_size(json_object_get(msg, "tool_calls")))
+        fin = "tool_calls";
+    if (st->u.resp.open) { /* the text streamed: its whole, cleaned */
+        const json_t *t = json_object_get(json_array_get(json_object_get(json_array_get(output, 0), "content"), 0), "text");
+        resp_text_done(st, json_is_string(t) ? json_string_value(t) : "");
+    } else if (j->req.format != REPLY_TOOLS || st->tools_text > 0) resp_items(st, output);
+    const char *status = !strcmp(fin ? fin : "", "length") ? "incomplete" : "completed";
+    json_t *obj = resp_object(srv, j, j->req.resp_id, j->req.resp_parent, output, status);
+    if (j->req.resp_store && msg && obj) resp_store(srv, j->req.ns, j->req.resp_id, j->req.resp_parent, j->req.resp_turn, msg, obj);
+    json_t *ev = json_pack("{s:s, s:o}", "type", !strcmp(status, "completed") ? "response.completed" : "response.incomplete",
+                           "response", obj);
+    if (ev && j->req.timings) json_object_set_new(ev, "timings", serve_timings(j, serve_mono_ms()));
+    resp_event(st, ev);
+    json_decref(msg);
+}
+
+static void s_free(struct stream *st) {
+    json_decref(st->u.resp.msg);
+    json_decref(st->u.resp.out);
+}
+
+const struct serve_api serve_api_responses = {
+    .name = "responses",
+    .parse = parse,
+    .reply = reply,
+    .error = serve_error_json,
+    .s_start = s_start,
+    .s_progress = s_progress,
+    .s_whole = s_whole,
+    .s_piece = s_piece,
+    .s_end = s_end,
+    .s_free = s_free,
+};

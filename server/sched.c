@@ -154,20 +154,7 @@ static int32_t sess_tokens(const struct sess *x) {
 ** the job failed: it has its error), or PICK_BUSY: the session it names is generating, the job
 ** must wait (serve_job_requeue). */
 static enum pick start_chat(struct server *srv, struct job *j) {
-    if (j->req.grammar && !j->req.smp.grammar) {
-        int rc = kvt_grammar_new(srv->eng, j->req.grammar, "root", &j->req.smp.grammar);
-        if (rc && j->req.grammar_user) { /* the client's GBNF */
-            serve_error_set(&j->err, 400, "invalid_request_error", NULL, "'grammar' is not valid GBNF: %s", kvt_errmsg());
-            serve_error_param(&j->err, "grammar");
-            return PICK_OK;
-        }
-        if (rc) { /* our own translation of the schema failed: say which text */
-            serve_error_set(&j->err, 400, "invalid_request_error", NULL,
-                            "the tools / response_format / json_schema schema could not be compiled to a grammar: %s",
-                            kvt_errmsg());
-            return PICK_OK;
-        }
-    }
+    if (serve_job_grammar(srv, j)) return PICK_OK; /* the job has its error */
     struct sess *x;
     enum pick p = admit_session(srv, j, &x);
     if (p == PICK_BUSY) return p;
@@ -326,6 +313,7 @@ void *serve_engine_main(void *arg) {
                 serve_job_finish(srv, j);
                 continue;
             }
+            j->end = serve_chat_end;
             serve_job_activate(srv, j);
         }
         serve_completion_start_waiting(srv);

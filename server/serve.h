@@ -87,6 +87,9 @@ enum job_state { JOB_QUEUED, JOB_RUNNING, JOB_DONE };
 ** queued.  The engine thread changes two things in it: smp.grammar (grammar compiled) and
 ** msgs[k].content of assistant messages (echoed replies replaced by the session's own text,
 ** server/admit.c). */
+struct serve_api; /* server/api.h */
+struct server;
+
 struct job_req {
     char ns[80];               /* API-key namespace ("" without --api-key-file) */
     char session_id[80];       /* X-Session-Id ("" = choose by prefix / new) */
@@ -108,12 +111,12 @@ struct job_req {
                                    ** request's own "grammar"), NULL = free text; compiled into
                                    ** smp.grammar by the engine thread */
     bool grammar_user;                 /* grammar is the request's "grammar" text (its errors name that field) */
-    bool native;                       /* llama.cpp's native /completion API: its reply and stream shapes */
+    const struct serve_api *api;       /* the API the request came in (server/api.h): its reply, stream and error shapes */
+    bool llama_probs;                  /* probabilities listed in llama-server's shape (native /completion: "id",
+                                       ** "prob" / "top_probs") */
     bool prefill;                      /* a chat whose last message is the assistant's: run as a completion of the template's text
                        ** ending in that message (no session), replied in the chat shape */
     bool prompt_special;               /* prompt's control tokens are parsed (a chat template's text) and BOS added */
-    bool anthropic;                    /* Anthropic's Messages API (server/anthropic.c): its reply, events and errors */
-    bool responses;                    /* OpenAI's Responses API (server/responses.c) */
     bool resp_store;                   /* responses: keep the reply for previous_response_id and GET (store, default true) */
     char resp_id[48], resp_parent[48]; /* responses: this response's id; previous_response_id ("" none) */
     json_t *resp_turn;                 /* responses: the chat messages of this turn's input (owned) */
@@ -173,7 +176,10 @@ struct job {
     int refs;            /* HTTP side + engine side; freed at 0 (under srv->mu) */
     struct job *next;    /* queue link */
     /* engine-side generation state */
-    void *slot;      /* struct sess * while running */
+    void *slot; /* struct sess * while running */
+    /* how the engine thread ends it (rc 0 done, else the failure): serve_chat_end or
+    ** serve_completion_end, set when it is activated (server/sched.c, completion.c) */
+    void (*end)(struct server *srv, struct job *j, int rc);
     int64_t resumed; /* blocks loaded back by resuming a parked session */
     bool prefetched; /* its prompt's blocks were prefetched while it waited (engine thread) */
     kvt_token *gen;
@@ -356,6 +362,16 @@ const char *serve_json_type(const json_t *v);
 ** 0; or -1 with e filled (400 naming the field, e->param, and the bad value; 500 out of memory).
 ** On error the job holds what was parsed: serve_job_free. */
 int serve_request_parse(struct server *srv, json_t *root, struct job *j, bool chat, struct serve_error *e);
+/* llama-server's id_slot N in root, without an X-Session-Id: j's session is "slot-N", whose KV stays
+** between the requests that name it, as slot N's does (-1 or absent: chosen by prefix). */
+void serve_request_slot(struct job *j, const json_t *root);
+/* A request translated into the chat completion it means (Responses, Anthropic): checked against
+** the OpenAI field table, then parsed as a chat into j.  chat is consumed.  0, or -1 with e. */
+int serve_request_parse_chat(struct server *srv, json_t *chat, struct job *j, struct serve_error *e);
+/* Engine thread: compile j's grammar (req.grammar: the client's GBNF or a schema's translation)
+** into req.smp.grammar, once.  0, or -1 with j->err set (a 400 naming the field for the client's
+** own GBNF). */
+int serve_job_grammar(struct server *srv, struct job *j);
 
 /* A parsed chat job becomes a completion of its template's text with the assistant prefix, run in
 ** a scratch sequence and replied in the chat shape: a choice after the first of an n > 1 request
@@ -387,10 +403,13 @@ json_t *compat_response_fields(const struct job *j, json_t *reply);
 json_t *compat_native_reply(struct server *srv, const struct job *j, const char *content, bool final, double t_done);
 /* llama-server's "timings" of a job (t_done: ms, monotonic; a job still running: now, with srv->mu held): prompt_n (decoded),
 ** cache_n (reused), prompt_ms, predicted_n, predicted_ms and their rates.  New reference. */
-json_t *compat_timings(const struct job *j, double t_done);
+json_t *serve_timings(const struct job *j, double t_done);
 /* The timings of a prompt-progress event: prompt_n the tokens decoded so far, prompt_ms since the
 ** first event, nothing predicted yet.  New reference. */
-json_t *compat_progress_timings(const struct prompt_progress *p);
+json_t *serve_progress_timings(const struct prompt_progress *p);
+/* A prompt-progress event's fields, added to ev (any API's event object): llama-server's
+** "prompt_progress" (total, cache, processed, time_ms) and, with timings_per_token, "timings". */
+void serve_progress_attach(json_t *ev, const struct job *j, const struct prompt_progress *p);
 /* POST /tokenize: 0 with *out the reply's JSON text (malloc'd; a few bytes per token, with_pieces
 ** too), or -1 with e filled.  /detokenize, /apply-template: 0 with *out (new reference), or -1. */
 int compat_tokenize(struct server *srv, const json_t *root, char **out, struct serve_error *e);
@@ -488,7 +507,7 @@ int serve_logprobs_take(struct job *j, struct lp_rec *out);
 json_t *serve_logprobs_entries(struct server *srv, const struct job *j, const struct lp_rec *r);
 void serve_lp_rec_free(struct lp_rec *r);
 
-/* server/http.c */
+/* server/http.c (the HTTP side's files: server/http.h) */
 struct MHD_Daemon;
 enum { SERVE_MAX_HOSTS = 8 };
 struct serve_http { /* the listening daemons, one per --host address */
@@ -502,7 +521,7 @@ struct serve_http *serve_http_start(struct server *srv, const char *hosts, int32
 ** after SIGTERM the engine finishes every job, but each reply is written by its connection's
 ** thread afterwards, and stopping the daemon at once would close the connection first. */
 void serve_http_stop(struct server *srv, struct serve_http *h);
-/* The route table (server/http.c, the one place that says what the server answers): one line
+/* The route table (server/routes.c, the one place that says what the server answers): one line
 ** per route for --help, or Markdown for docs/API.md. */
 void serve_routes_print(FILE *f, bool markdown);
 /* docs/API.md: the routes, then every request field of every API (server/fields.c). */

@@ -12,87 +12,6 @@
 #include <string.h>
 #include <time.h>
 
-/* "logprobs": the reply's logprobs.content (token text, ln p, UTF-8 bytes), built on the
-** connection's thread from the ids and ln p the engine thread keeps: streamed, the entries of the
-** tokens since the last piece; not streamed, the whole array once the job is done (20
-** top_logprobs are ~12 KB of JSON a token: built on the engine thread, a long reply's array
-** stalled every other tenant's step; issue #38, and #39 for the streamed entries). */
-/* One token's entry: its text, ln p and UTF-8 bytes (and with native, its id). */
-static json_t *lp_entry(struct server *srv, const struct job *j, kvt_token t, float lp) {
-    char *piece = NULL;
-    if (kvt_detokenize(srv->eng, &t, 1, false, &piece)) piece = NULL;
-    json_t *bytes = json_array();
-    for (const unsigned char *p = (const unsigned char *) (piece ? piece : ""); bytes && *p; p++)
-        json_array_append_new(bytes, json_integer(*p));
-    char *clean = app_utf8_clean(piece ? piece : "");
-    /* post_sampling_probs: llama-server's "prob" (the probability the samplers gave it) */
-    const bool post = j->req.post_sampling && j->req.native;
-    json_t *o = json_pack("{s:s, s:f, s:o}", "token", clean ? clean : "", post ? "prob" : "logprob", post ? exp(lp) : (double) lp,
-                          "bytes", bytes ? bytes : json_null());
-    if (o && j->req.native) json_object_set_new(o, "id", json_integer(t));
-    free(clean);
-    free(piece);
-    return o;
-}
-
-/* Token i of a logprob record's entry with its top_logprobs. */
-static json_t *lp_token_entry(struct server *srv, const struct job *j, const struct lp_rec *r, int32_t i) {
-    const int32_t K = j->req.top_logprobs;
-    json_t *e = lp_entry(srv, j, r->tok[i], r->lp[i]), *top = json_array();
-    for (int32_t k = 0; top && r->top_tok && k < K; k++)
-        if (r->top_tok[(size_t) i * K + k] >= 0) /* post_sampling: fewer candidates than K were left */
-            json_array_append_new(top, lp_entry(srv, j, r->top_tok[(size_t) i * K + k], r->top_lp[(size_t) i * K + k]));
-    if (e) json_object_set_new(e, j->req.post_sampling && j->req.native ? "top_probs" : "top_logprobs", top ? top : json_array());
-    else json_decref(top);
-    return e;
-}
-
-json_t *serve_logprobs_entries(struct server *srv, const struct job *j, const struct lp_rec *r) {
-    json_t *a = json_array();
-    for (int32_t i = 0; a && i < r->n; i++) json_array_append_new(a, lp_token_entry(srv, j, r, i));
-    return a;
-}
-
-json_t *serve_logprobs_json(struct server *srv, const struct job *j) {
-    if (!j->req.logprobs || !j->lp || j->req.stream) return NULL;
-    const struct lp_rec r = { j->gen, j->lp, j->top_tok, j->top_lp, j->n_gen };
-    return serve_logprobs_entries(srv, j, &r);
-}
-
-int serve_logprobs_take(struct job *j, struct lp_rec *out) {
-    memset(out, 0, sizeof *out);
-    int32_t from = j->n_lp_sent, n = j->n_lp_ready - from;
-    const size_t K = (size_t) j->req.top_logprobs;
-    if (n <= 0 || !j->lp) return 0;
-    out->tok = malloc(sizeof *out->tok * (size_t) n);
-    out->lp = malloc(sizeof *out->lp * (size_t) n);
-    if (K && j->top_tok) {
-        out->top_tok = malloc(sizeof *out->top_tok * (size_t) n * K);
-        out->top_lp = malloc(sizeof *out->top_lp * (size_t) n * K);
-    }
-    if (!out->tok || !out->lp || (K && j->top_tok && (!out->top_tok || !out->top_lp))) {
-        serve_lp_rec_free(out);
-        return -1;
-    }
-    memcpy(out->tok, j->gen + from, sizeof *out->tok * (size_t) n);
-    memcpy(out->lp, j->lp + from, sizeof *out->lp * (size_t) n);
-    if (out->top_tok) {
-        memcpy(out->top_tok, j->top_tok + (size_t) from * K, sizeof *out->top_tok * (size_t) n * K);
-        memcpy(out->top_lp, j->top_lp + (size_t) from * K, sizeof *out->top_lp * (size_t) n * K);
-    }
-    out->n = n;
-    j->n_lp_sent = j->n_lp_ready;
-    return 0;
-}
-
-void serve_lp_rec_free(struct lp_rec *r) {
-    free(r->tok);
-    free(r->lp);
-    free(r->top_tok);
-    free(r->top_lp);
-    memset(r, 0, sizeof *r);
-}
-/* ln softmax(l)[tok] over n_vocab logits */
 static float log_prob(const float *l, int32_t n_vocab, kvt_token tok) {
     double mx = -INFINITY, z = 0;
     for (int32_t v = 0; v < n_vocab; v++) mx = fmax(mx, l[v]);
@@ -336,7 +255,7 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
         j->sync.recoveries += s1.recoveries - rec0[i];
         int r = rc ? rc : st[i];
         if (r) {
-            serve_chat_end(srv, j, r);
+            j->end(srv, j, r);
             over[map[i]] = true;
             continue;
         }
@@ -348,7 +267,7 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
         j->shared_steps += shared;
         float lp = lpl[map[i]] ? log_prob(lpl[map[i]], I.n_vocab, tok[i]) : 0;
         if (add_gen(srv, j, tok[i], lp, lpl[map[i]], I.n_vocab)) {
-            serve_chat_end(srv, j, KVT_ENOMEM);
+            j->end(srv, j, KVT_ENOMEM);
             over[map[i]] = true;
             continue;
         }
@@ -364,7 +283,7 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
         j->row.pos = rows[i].pos; /* the logits were written in place */
         int r = rc ? rc : rows[i].status;
         if (r) {
-            serve_completion_end(srv, j, r);
+            j->end(srv, j, r);
             over[rmap[i]] = true;
             continue;
         }
@@ -376,7 +295,7 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
         j->shared_steps += shared;
         float lp = lpl[rmap[i]] ? log_prob(lpl[rmap[i]], I.n_vocab, rows[i].tok) : 0;
         if (add_gen(srv, j, rows[i].tok, lp, lpl[rmap[i]], I.n_vocab)) {
-            serve_completion_end(srv, j, KVT_ENOMEM);
+            j->end(srv, j, KVT_ENOMEM);
             over[rmap[i]] = true;
             continue;
         }
@@ -392,8 +311,7 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
         if (!over[k]) continue;
         n_over++;
         struct job *j = active[k];
-        if (j->kind == JOB_COMPLETION) serve_completion_end(srv, j, 0);
-        else if (j->slot && ((struct sess *) j->slot)->job == j) serve_chat_end(srv, j, 0);
+        if (j->kind == JOB_COMPLETION || (j->slot && ((struct sess *) j->slot)->job == j)) j->end(srv, j, 0);
     }
     return n_over;
 }

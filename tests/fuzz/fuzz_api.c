@@ -15,6 +15,7 @@
 ** text is compared before and after every input); every reply object is written as JSON. */
 #include "fuzz.h"
 #include "fuzz_server.h"
+#include "fields.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -75,7 +76,8 @@ static void translate(int api, json_t *root) {
         struct job *j = calloc(1, sizeof *j);
         FUZZ_CHECK(j != NULL);
         struct serve_error pe = { 0 };
-        int prc = serve_request_parse(&srv, chat, j, true, &pe);
+        int prc = serve_fields_check(FIELD_TABLE_OPENAI, chat, &j->req.ignored, &pe);
+        if (prc == 0) prc = serve_request_parse(&srv, chat, j, true, &pe);
         FUZZ_CHECK(prc == 0 || (pe.status >= 400 && pe.type && pe.msg[0]));
         pthread_cond_init(&j->cv, NULL);
         serve_job_free(j);
@@ -101,7 +103,7 @@ static void native(json_t *root) {
     if (rc == 0) rc = serve_request_parse(&srv, root, j, false, &se);
     FUZZ_CHECK(rc == 0 || (se.status >= 400 && se.type && se.msg[0]));
     if (rc == 0) {
-        FUZZ_CHECK(j->req.native && j->req.top_logprobs >= 0 && j->req.top_logprobs <= 100);
+        FUZZ_CHECK(j->req.llama_probs && j->req.top_logprobs >= 0 && j->req.top_logprobs <= 100);
         FUZZ_CHECK(j->req.max_tokens >= 1 && j->req.max_tokens <= srv.n_ctx);
     }
     pthread_cond_init(&j->cv, NULL);

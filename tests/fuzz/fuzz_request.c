@@ -2,11 +2,13 @@
 ** client with a key sends it) through the server's parser: JSON, then server/request.c
 ** (sampling, stop, messages, tool calls and results) and server/tools.c (tools, tool_choice,
 ** response_format: JSON schema to GBNF, bounded by the caps of struct serve_limits).  Each input
-** is parsed as a chat and as a completion.  Invariants: a parse either fails with its error
+** is parsed as a chat and as a completion, by the API modules' parse (server/api_openai.c: the
+** field table first).  Invariants: a parse either fails with its error
 ** filled (status, type, message), or succeeds with messages whose last one is from the user and a grammar within
 ** 1 MiB; the work per input is bounded by the caps (libFuzzer's -timeout catches a bomb). */
 #include "fuzz.h"
 #include "fuzz_server.h"
+#include "api.h"
 
 #include <jansson.h>
 #include <string.h>
@@ -25,7 +27,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         struct job *j = calloc(1, sizeof *j);
         FUZZ_CHECK(j != NULL);
         struct serve_error se = { 0 };
-        int rc = serve_request_parse(&srv, root, j, chat, &se);
+        j->req.api = chat ? &serve_api_chat : &serve_api_completions;
+        int rc = j->req.api->parse(&srv, root, j, &se);
         FUZZ_CHECK(rc == 0 || (se.status >= 400 && se.type && se.msg[0])); /* no failure without its error */
         if (rc == 0 && chat) {
             FUZZ_CHECK(j->req.n_msgs > 0); /* ends with the user's message, or the assistant's to continue (a prefill) */

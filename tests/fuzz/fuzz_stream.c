@@ -1,7 +1,8 @@
-/* fuzz_stream.c — the streaming event writers of the server (server/http.c: OpenAI's chat and
-** completion chunks, llama-server's native events, the Responses events, Anthropic's events)
+/* fuzz_stream.c — the streaming event writers of the server (server/stream.c driving the API
+** modules: OpenAI's chat and completion chunks, llama-server's native events, the Responses
+** events, Anthropic's events)
 ** over a reply text a model wrote (a prompt can steer it to any bytes: cut characters, control
-** characters, JSON that is almost a tool call).  The writers are static in http.c, so the
+** characters, JSON that is almost a tool call).  stream.c's reader is static there, so the
 ** harness is compiled with it.  The first byte picks the API (2 bits), a tool-call reply format,
 ** chat or completion, finish "length", a failed job, Responses' tool calls; the rest is the
 ** reply text.  The job is done before the stream starts (nothing waits).
@@ -12,7 +13,7 @@
 #include "fuzz.h"
 #include "fuzz_server.h"
 
-#include "../../server/http.c" /* the stream writers are static there */
+#include "../../server/stream.c" /* its reader is static there */
 
 static struct server fsrv;
 
@@ -44,9 +45,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     j->state = JOB_DONE;
     j->kind = api >= 2 || (flags & 8) ? JOB_CHAT : JOB_COMPLETION;
     j->req.stream = true;
-    j->req.native = api == 1;
-    j->req.responses = api == 2;
-    j->req.anthropic = api == 3;
+    static const struct serve_api *const apis[] = { &serve_api_completions, &serve_api_native, &serve_api_responses,
+                                                    &serve_api_anthropic };
+    j->req.api = api == 0 && j->kind == JOB_CHAT ? &serve_api_chat : apis[api];
+    j->req.llama_probs = api == 1;
     j->req.format = (flags & 4) && j->kind == JOB_CHAT ? REPLY_TOOLS : REPLY_TEXT;
     j->req.max_tokens = 16;
     j->finish = flags & 16 ? "length" : "stop";
@@ -65,9 +67,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     pthread_mutex_init(&st->qmu, NULL);
     st->refs = 1;
     st->tools_text = -1;
-    st->a_open = -1;
-    snprintf(st->r_item, sizeof st->r_item, "msg_fuzz");
-    snprintf(st->id, sizeof st->id, "chatcmpl-fuzz");
     /* the whole stream */
     struct serve_buf out = { 0 };
     char buf[4096];

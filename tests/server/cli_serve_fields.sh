@@ -3,7 +3,8 @@
 # `kvtier serve --print-api` prints (the documentation is the code), and every row holds against a
 # live server (tests/server/serve_fields_test.py: refused fields and values other than the neutral
 # one get a 400 naming the field, wrong types too, no-effect fields a 200, unknown fields a 200
-# that lists them).  Skips (77) without the chat model (the docs check runs first, without it).
+# that lists them; tests/server/serve_fields_walk_test.py: every honoured field changes the reply,
+# against a reference from the same server).  Skips (77) without the chat model (the docs check runs first, without it).
 # Environment (from tests/CMakeLists.txt): KVTIER_BIN, KVTIER_CHAT_MODEL, KVT_SOURCE_DIR.
 set -u
 . "$(dirname "$0")/../cli/lib.sh"
@@ -29,6 +30,10 @@ if [ -n "$PORT" ]; then
     (cd "$SRC/tests/server" && "$PY" serve_fields_test.py "http://127.0.0.1:$PORT" "$TMP/API.md") >"$TMP/py" 2>&1
     prc=$?
     t_py_checks "$TMP/py" "$prc" serve_fields_test.py
+    # every honoured field changes the reply where it should (a reference from the same server)
+    (cd "$SRC/tests/server" && "$PY" serve_fields_walk_test.py "http://127.0.0.1:$PORT" "$TMP/API.md") >"$TMP/walk" 2>&1
+    prc=$?
+    t_py_checks "$TMP/walk" "$prc" serve_fields_walk_test.py
     kill -TERM "$PID"
     wait "$PID" && ok "the server exits cleanly" || bad "the server's exit status"
     PID=

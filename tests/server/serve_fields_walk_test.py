@@ -1,0 +1,616 @@
+"""serve_fields_walk_test.py — every *honoured* field of the field tables (server/fields.c, as
+`kvtier serve --print-api` prints them) changes the reply where it should, against a reference
+computed in the same run: the same request without the field (or with its default), or greedy
+decoding where a sampling field must reduce to it.  A row marked honoured with no probe here is a
+failure, so a field cannot be called honoured without a test that shows it (issue #39).
+
+Nothing depends on the text a small model writes on one machine: each probe compares two replies
+of this server in this run (token counts, shapes, equality with greedy, a stop string cut out of
+the reference reply itself).
+
+Usage: serve_fields_walk_test.py BASE_URL API_MD
+"""
+import json
+import sys
+
+from serve_client import check, finish, init, raw
+
+BASE, MD = sys.argv[1], sys.argv[2]
+init(BASE, None)
+
+# the honoured rows: (table, field, apis)
+honoured, table = [], None
+for line in open(MD):
+    if line.startswith("### "):
+        table = line[4:].strip()
+    elif table and line.startswith("| `"):
+        cells = [c.strip() for c in line.strip().strip("|").replace("\\|", "\x00").split("|")]
+        if cells[3] == "honoured":
+            honoured.append((table.split(" (")[0].split(":")[0], cells[0].strip("`"), cells[2]))
+check("the tables mark 40 or more fields honoured", len(honoured) >= 40, str(len(honoured)))
+
+Q = {"role": "user", "content": "Write a short story about a cat and a boat."}
+COUNT = "Count from one to forty in words: one, two, three,"
+
+
+def post(path, body):
+    s, h, b = raw("POST", path, body)
+    return s, b
+
+
+def events(b):
+    """the JSON data of an SSE body (text), in order"""
+    out = []
+    for line in (b if isinstance(b, str) else "").split("\n"):
+        if line.startswith("data: ") and line[6:] != "[DONE]":
+            try:
+                out.append(json.loads(line[6:]))
+            except ValueError:
+                pass
+    return out
+
+
+# ---- one request per API, its text and token counts ----
+
+def chat(extra=None, msgs=None, n=8):
+    s, b = post("/v1/chat/completions", {"messages": msgs or [Q], "max_tokens": n, "temperature": 0, **(extra or {})})
+    return s, b
+
+
+def chat_text(b):
+    return b["choices"][0]["message"].get("content") or ""
+
+
+def comp(extra=None, prompt=COUNT, n=8):
+    return post("/v1/completions", {"prompt": prompt, "max_tokens": n, "temperature": 0, **(extra or {})})
+
+
+def comp_text(b):
+    return b["choices"][0]["text"]
+
+
+def nat(extra=None, prompt=COUNT, n=8):
+    return post("/completion", {"prompt": prompt, "n_predict": n, "temperature": 0, **(extra or {})})
+
+
+def nat_text(b):
+    return b["content"]
+
+
+def resp(extra=None, inp="Write a short story about a cat and a boat.", n=8):
+    return post("/v1/responses", {"input": inp, "max_output_tokens": n, "temperature": 0, **(extra or {})})
+
+
+def resp_text(b):
+    for it in b.get("output", []):
+        if it.get("type") == "message":
+            return "".join(c.get("text", "") for c in it.get("content", []))
+    return ""
+
+
+def anth(extra=None, msgs=None, n=8):
+    return post("/v1/messages", {"messages": msgs or [Q], "max_tokens": n, "temperature": 0, **(extra or {})})
+
+
+def anth_text(b):
+    return "".join(c.get("text", "") for c in b.get("content", []) if c.get("type") == "text")
+
+
+API = {  # route -> (request, text of a reply, prompt tokens, generated tokens)
+    "chat": (chat, chat_text, lambda b: b["usage"]["prompt_tokens"], lambda b: b["usage"]["completion_tokens"]),
+    "completions": (comp, comp_text, lambda b: b["usage"]["prompt_tokens"], lambda b: b["usage"]["completion_tokens"]),
+    "native": (nat, nat_text, lambda b: b["tokens_evaluated"], lambda b: b["tokens_predicted"]),
+    "responses": (resp, resp_text, lambda b: b["usage"]["input_tokens"], lambda b: b["usage"]["output_tokens"]),
+    "messages": (anth, anth_text, lambda b: b["usage"]["input_tokens"] + b["usage"].get("cache_read_input_tokens", 0),
+                 lambda b: b["usage"]["output_tokens"]),
+}
+MAXF = {"chat": "max_tokens", "completions": "max_tokens", "native": "n_predict", "responses": "max_output_tokens", "messages": "max_tokens"}
+
+
+def greedy_same(api, extra, label):
+    """extra at a high temperature reduces sampling to greedy: equal to the greedy reference, for 3 seeds"""
+    req, text, _, _ = API[api]
+    s0, ref = req()
+    same = []
+    for seed in (1, 2, 3):
+        s, b = req({"temperature": 1.5, "seed": seed, **extra})
+        same.append(s == 200 and text(b) == text(ref))
+    return s0 == 200 and all(same), f"{label}: {same} ref {text(ref)[:40]!r}"
+
+
+def sampled_differs(api, extra):
+    """extra makes some of 3 seeded samples differ from the greedy reference"""
+    req, text, _, _ = API[api]
+    _, ref = req()
+    outs = [req({"seed": seed, **extra}) for seed in (1, 2, 3)]
+    return any(s == 200 and text(b) != text(ref) for s, b in outs), f"ref {text(ref)[:40]!r} vs {[text(b)[:20] for _, b in outs]}"
+
+
+def max_probe(api, field):
+    req, _, _, ntok = API[api]
+    s1, b1 = req({field: 1})
+    s5, b5 = req({field: 6})
+    return s1 == 200 and s5 == 200 and ntok(b1) == 1 and 1 < ntok(b5) <= 6, f"{ntok(b1) if s1 == 200 else b1} / {ntok(b5) if s5 == 200 else b5}"
+
+
+def stop_probe(api, field):
+    """a stop string taken from inside the reference reply cuts the reply there"""
+    req, text, _, _ = API[api]
+    _, ref = req(n=16)
+    t = text(ref)
+    k = next((i for i in range(2, len(t) - 3) if t[i] not in " \n" and t.find(t[i:i + 3]) == i), None)
+    if k is None:
+        return False, f"no stop string in {t!r}"
+    stop = t[k:k + 3]
+    s, b = req({field: [stop]}, n=16)
+    return s == 200 and text(b) == t[:k], f"stop {stop!r}: {text(b)!r} vs {t[:k]!r}"
+
+
+def stream_probe(path, body, done):
+    s, h, b = raw("POST", path, {**body, "stream": True})
+    evs = events(b)
+    s2, h2, b2 = raw("POST", path, body)
+    return (s == 200 and "text/event-stream" in h.get("Content-Type", "") and len(evs) >= 2 and done(evs)
+            and "application/json" in h2.get("Content-Type", "")), f"{s} {h.get('Content-Type')} {len(evs)} events"
+
+
+WEATHER = [{"type": "function", "function": {"name": "get_weather", "description": "the weather in a city",
+                                              "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                             "required": ["city"]}}}]
+TIME = {"type": "function", "function": {"name": "get_time", "description": "the time in a city",
+                                         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                        "required": ["city"]}}}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def token_of(word):
+    s, b = post("/tokenize", {"content": word})
+    tok = b["tokens"][0] if s == 200 and b.get("tokens") else None
+    s, p = post("/detokenize", {"tokens": [tok]}) if tok is not None else (0, {})
+    return tok, (p.get("content") if s == 200 else None)
+
+
+probes = {}
+
+
+def probe(table, field, *apis):
+    def deco(fn):
+        for a in apis or ("",):
+            probes[(table, field, a)] = fn
+        return fn
+    return deco
+
+
+def run(table, field, api, fn):
+    try:
+        ok, why = fn(api) if api else fn()
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+        ok, why = False, f"{type(e).__name__}: {e}"
+    check(f"{table} '{field}'{' on ' + api if api else ''} changes the reply", ok, why)
+
+
+OA = "OpenAI Chat Completions, Completions and llama-server"  # prefix of the first table's title
+
+
+def oa(field, *apis):
+    return probe("OA", field, *apis)
+
+
+@oa("messages", "chat")
+def _(api):
+    s1, b1 = chat(msgs=[{"role": "user", "content": "Hi"}])
+    s2, b2 = chat()
+    return s1 == s2 == 200 and b1["usage"]["prompt_tokens"] < b2["usage"]["prompt_tokens"], "prompt tokens"
+
+
+@oa("prompt", "completions", "native")
+def _(api):
+    req, text, ptok, _ = API[api]
+    s1, b1 = req(prompt="Hi")
+    s2, b2 = req()
+    return s1 == s2 == 200 and ptok(b1) < ptok(b2) and text(b1) != text(b2), f"{ptok(b1)} {ptok(b2)}"
+
+
+for f, apis in (("max_tokens", ("chat", "completions", "native")), ("max_completion_tokens", ("chat",)), ("n_predict", ("native",))):
+    oa(f, *apis)(lambda api, f=f: max_probe(api, f))
+oa("temperature", "chat", "completions", "native")(lambda api: sampled_differs(api, {"temperature": 1.5}))
+oa("top_p", "chat", "completions", "native")(lambda api: greedy_same(api, {"top_p": 1e-9}, "top_p 1e-9 = greedy"))
+oa("top_k", "native")(lambda api: greedy_same(api, {"top_k": 1}, "top_k 1 = greedy"))
+oa("min_p", "native")(lambda api: greedy_same(api, {"min_p": 1.0}, "min_p 1 = greedy"))
+
+
+@oa("seed", "chat", "completions", "native")
+def _(api):
+    req, text, _, _ = API[api]
+    a = [req({"temperature": 1.5, "seed": 7})[1] for _ in range(2)]
+    others = [req({"temperature": 1.5, "seed": s})[1] for s in (8, 9, 10)]
+    return text(a[0]) == text(a[1]) and any(text(o) != text(a[0]) for o in others), f"{text(a[0])[:30]!r}"
+
+
+@oa("n", "chat", "completions")
+def _(api):
+    s, b = API[api][0]({"n": 2, "temperature": 1.0})
+    return s == 200 and len(b["choices"]) == 2, str(b)[:200]
+
+
+oa("stop", "chat", "completions", "native")(lambda api: stop_probe(api, "stop"))
+
+
+@oa("stream", "chat", "completions", "native")
+def _(api):
+    path, body = {"chat": ("/v1/chat/completions", {"messages": [Q], "max_tokens": 4}),
+                  "completions": ("/v1/completions", {"prompt": COUNT, "max_tokens": 4}),
+                  "native": ("/completion", {"prompt": COUNT, "n_predict": 4})}[api]
+    last = (lambda evs: evs[-1].get("stop") is True) if api == "native" else (lambda evs: evs[-1]["choices"][0]["finish_reason"])
+    return stream_probe(path, body, last)
+
+
+@oa("stream_options", "chat", "completions")
+def _(api):
+    path, body = {"chat": ("/v1/chat/completions", {"messages": [Q], "max_tokens": 4, "stream": True}),
+                  "completions": ("/v1/completions", {"prompt": COUNT, "max_tokens": 4, "stream": True})}[api]
+    with_u = events(raw("POST", path, {**body, "stream_options": {"include_usage": True}})[2])
+    without = events(raw("POST", path, body)[2])
+    return any(e.get("usage") for e in with_u) and not any(e.get("usage") for e in without), f"{len(with_u)} {len(without)}"
+
+
+@oa("logprobs", "chat", "completions")
+def _(api):
+    if api == "chat":
+        s, b = chat({"logprobs": True})
+        s0, b0 = chat()
+        got = b["choices"][0]["logprobs"]["content"] if s == 200 else None
+        return (s0 == 200 and b0["choices"][0]["logprobs"] is None and isinstance(got, list)
+                and len(got) == b["usage"]["completion_tokens"]), str(b)[:200]
+    s, b = comp({"logprobs": True})
+    s0, b0 = comp()
+    return s == 200 and b["choices"][0]["logprobs"] and b0["choices"][0]["logprobs"] is None, str(b)[:200]
+
+
+@oa("top_logprobs", "chat", "completions")
+def _(api):
+    s, b = API[api][0]({"logprobs": True, "top_logprobs": 3})
+    ents = b["choices"][0]["logprobs"]["content"]
+    return s == 200 and ents and all(len(e["top_logprobs"]) == 3 for e in ents), str(ents[:1])[:200]
+
+
+@oa("n_probs", "native")
+def _(api):
+    s, b = nat({"n_probs": 3})
+    s0, b0 = nat()
+    ents = b.get("completion_probabilities") or []
+    return (ents and all(len(e["top_logprobs"]) == 3 for e in ents) and not b0.get("completion_probabilities")), str(b)[:200]
+
+
+@oa("post_sampling_probs", "native")
+def _(api):
+    s, b = nat({"n_probs": 2, "post_sampling_probs": True})
+    s0, b0 = nat({"n_probs": 2})
+    e, e0 = b["completion_probabilities"][0], b0["completion_probabilities"][0]
+    return "prob" in e and "top_probs" in e and "logprob" in e0 and "prob" not in e0, f"{list(e)} {list(e0)}"
+
+
+@oa("return_tokens", "native")
+def _(api):
+    s, b = nat({"return_tokens": True})
+    s0, b0 = nat()
+    return len(b["tokens"]) == b["tokens_predicted"] > 0 and b0["tokens"] == [], f"{b['tokens']} {b0['tokens']}"
+
+
+@oa("tools", "chat")
+def _(api):
+    s, b = chat({"tools": WEATHER, "tool_choice": "required"}, msgs=ASK, n=40)
+    s0, b0 = chat(msgs=ASK, n=40)
+    calls = b["choices"][0]["message"].get("tool_calls") or []
+    return (s == 200 and calls and calls[0]["function"]["name"] == "get_weather"
+            and not b0["choices"][0]["message"].get("tool_calls")), str(b)[:200]
+
+
+@oa("tool_choice", "chat")
+def _(api):
+    s, b = chat({"tools": WEATHER, "tool_choice": "none"}, msgs=ASK, n=40)
+    s2, b2 = chat({"tools": WEATHER, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, msgs=ASK, n=40)
+    return (not b["choices"][0]["message"].get("tool_calls")
+            and b2["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"), f"{str(b)[:100]} {str(b2)[:100]}"
+
+
+@oa("parallel_tool_calls", "chat")
+def _(api):
+    """false: one call a reply (the grammar allows no second); true: the replies still hold calls
+    (a small model seldom writes two, so "several" is not asserted)"""
+    two = [{"role": "user", "content": "What are the weather and the time in Paris? Call both tools."}]
+    many = lambda b: len(b["choices"][0]["message"].get("tool_calls") or [])  # noqa: E731
+    t = [chat({"tools": WEATHER + [TIME], "tool_choice": "required", "parallel_tool_calls": True, "temperature": 1.0,
+               "seed": s}, msgs=two, n=80)[1] for s in (1, 2, 3, 4)]
+    f = [chat({"tools": WEATHER + [TIME], "tool_choice": "required", "parallel_tool_calls": False, "temperature": 1.0,
+               "seed": s}, msgs=two, n=80)[1] for s in (1, 2, 3, 4)]
+    return all(many(b) == 1 for b in f) and all(many(b) >= 1 for b in t), f"true {[many(b) for b in t]} false {[many(b) for b in f]}"
+
+
+@oa("response_format", "chat")
+def _(api):
+    s, b = chat({"response_format": {"type": "json_object"}}, n=60)
+    t = chat_text(b)
+    try:
+        ok = b["choices"][0]["finish_reason"] == "length" or isinstance(json.loads(t), dict)  # cut by max_tokens: not whole
+    except ValueError:
+        ok = False
+    return s == 200 and ok and t.lstrip().startswith("{"), t[:100]
+
+
+@oa("json_schema", "native")
+def _(api):
+    s, b = nat({"json_schema": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}, n=20)
+    return s == 200 and isinstance(json.loads(b["content"])["x"], int), b.get("content", "")[:100]
+
+
+@oa("grammar", "native")
+def _(api):
+    s, b = nat({"grammar": 'root ::= "yes" | "no"'})
+    return s == 200 and b["content"] in ("yes", "no"), str(b.get("content"))
+
+
+@oa("logit_bias", "chat", "completions", "native")
+def _(api):
+    req, text, _, _ = API[api]
+    tok, piece = token_of(" zebra")
+    bias = {str(tok): 100} if api != "native" else [[tok, 100]]
+    s, b = req({"logit_bias": bias}, n=3)
+    s0, b0 = req(n=3)
+    return s == 200 and piece and piece.strip() in text(b) and piece.strip() not in text(b0), f"{piece!r}: {text(b)!r} vs {text(b0)!r}"
+
+
+@oa("cache_prompt", "native")
+def _(api):
+    long = COUNT + " " + "and so on " * 40
+    nat(prompt=long)
+    s, b = nat({"cache_prompt": True}, prompt=long)
+    s2, b2 = nat({"cache_prompt": False}, prompt=long)
+    return b["tokens_cached"] > 0 and b2["tokens_cached"] == 0, f"{b['tokens_cached']} {b2['tokens_cached']}"
+
+
+@oa("timings_per_token", "native")
+def _(api):
+    body = {"prompt": COUNT, "n_predict": 4, "stream": True}
+    w = events(raw("POST", "/completion", {**body, "timings_per_token": True})[2])
+    wo = events(raw("POST", "/completion", body)[2])
+    return all("timings" in e for e in w) and not any("timings" in e for e in wo[:-1]), f"{len(w)} {len(wo)}"
+
+
+@oa("return_progress", "native")
+def _(api):
+    body = {"prompt": COUNT, "n_predict": 2, "stream": True}
+    w = events(raw("POST", "/completion", {**body, "return_progress": True})[2])
+    wo = events(raw("POST", "/completion", body)[2])
+    return any("prompt_progress" in e for e in w) and not any("prompt_progress" in e for e in wo), f"{len(w)} {len(wo)}"
+
+
+@oa("verbose", "native")
+def _(api):
+    s, b = nat({"verbose": True})
+    s0, b0 = nat()
+    return "__verbose" in b and COUNT in b["__verbose"]["prompt"] and "__verbose" not in b0, str(list(b))[:200]
+
+
+CONT = [{"role": "user", "content": "What is the capital of France?"}, {"role": "assistant", "content": "The capital of France is"}]
+
+
+@oa("continue_final_message", "chat")
+def _(api):  # true: the final assistant message is continued; true after a user message, or false before an assistant one: 400
+    s, b = chat({"continue_final_message": True, "add_generation_prompt": False}, msgs=CONT)
+    s1, b1 = chat({"continue_final_message": True})
+    s2, b2 = chat({"continue_final_message": False}, msgs=CONT)
+    named = lambda b: b.get("error", {}).get("param") == "continue_final_message"  # noqa: E731
+    return s == 200 and s1 == 400 and named(b1) and s2 == 400, f"{s} {s1} {s2} {str(b1)[:100]}"
+
+
+@oa("add_generation_prompt", "chat")
+def _(api):  # false: the final assistant message is continued; true after one (a new turn): 400; false after a user message: 400
+    s, b = chat({"add_generation_prompt": False}, msgs=CONT)
+    s1, b1 = chat({"add_generation_prompt": True}, msgs=CONT)
+    s2, b2 = chat({"add_generation_prompt": False})
+    named = lambda b: b.get("error", {}).get("param") == "add_generation_prompt"  # noqa: E731
+    return s == 200 and s1 == 400 and named(b1) and s2 == 400 and named(b2), f"{s} {s1} {s2} {str(b1)[:100]}"
+
+
+@oa("id_slot", "native")
+def _(api):  # the session "slot-N" (serve_fields_test.py checks its KV is kept); shown on the chat route
+    import random
+    one = [{"role": "user", "content": f"Tell me about the number {random.randrange(10**9)}."}]
+    two = [{"role": "user", "content": f"Tell me about the number {random.randrange(10**9)}."}]
+    s, b = chat({"id_slot": 5}, msgs=one)
+    s0, b0 = chat(msgs=two)
+    return b["usage"]["kvtier"]["session_id"] == "slot-5" and b0["usage"]["kvtier"]["session_id"] != "slot-5", \
+        f"{b['usage']['kvtier']['session_id']} {b0['usage']['kvtier']['session_id']}"
+
+
+@oa("response_fields", "native")
+def _(api):
+    s, b = nat({"response_fields": ["content"]})
+    return s == 200 and list(b) == ["content"], str(b)[:100]
+
+
+# ---- OpenAI Responses ----
+
+def rs(field):
+    return probe("Responses", field)
+
+
+@rs("input")
+def _():
+    s1, b1 = resp(inp="Hi")
+    s2, b2 = resp()
+    return b1["usage"]["input_tokens"] < b2["usage"]["input_tokens"], "input tokens"
+
+
+@rs("instructions")
+def _():
+    s1, b1 = resp({"instructions": "Answer in French, in one short sentence, politely."})
+    s0, b0 = resp()
+    return b1["usage"]["input_tokens"] > b0["usage"]["input_tokens"], f"{b1['usage']} {b0['usage']}"
+
+
+@rs("previous_response_id")
+def _():
+    s1, b1 = resp()
+    s2, b2 = resp({"previous_response_id": b1["id"]}, inp="And then?")
+    s3, b3 = resp(inp="And then?")
+    return b2["usage"]["input_tokens"] > b3["usage"]["input_tokens"] and b2.get("previous_response_id") == b1["id"], \
+        f"{b2['usage']} {b3['usage']}"
+
+
+rs("max_output_tokens")(lambda: max_probe("responses", "max_output_tokens"))
+rs("temperature")(lambda: sampled_differs("responses", {"temperature": 1.5}))
+rs("top_p")(lambda: greedy_same("responses", {"top_p": 1e-9}, "top_p 1e-9 = greedy"))
+
+
+@rs("stream")
+def _():
+    return stream_probe("/v1/responses", {"input": "Hi", "max_output_tokens": 4},
+                        lambda evs: evs[-1].get("type") in ("response.completed", "response.incomplete"))
+
+
+@rs("store")
+def _():
+    s1, b1 = resp({"store": False})
+    s2, b2 = resp({"store": True})
+    g1 = raw("GET", f"/v1/responses/{b1['id']}")[0]
+    g2 = raw("GET", f"/v1/responses/{b2['id']}")[0]
+    return g1 == 404 and g2 == 200, f"{g1} {g2}"
+
+
+RTOOLS = [{"type": "function", "name": "get_weather", "description": "the weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+
+
+@rs("tools")
+def _():
+    s, b = resp({"tools": RTOOLS, "tool_choice": "required"}, inp="What is the weather in Paris?", n=40)
+    s0, b0 = resp(inp="What is the weather in Paris?", n=40)
+    return (any(i["type"] == "function_call" for i in b["output"]) and not any(i["type"] == "function_call" for i in b0["output"])), \
+        str(b.get("output"))[:200]
+
+
+@rs("tool_choice")
+def _():
+    s, b = resp({"tools": RTOOLS, "tool_choice": "none"}, inp="What is the weather in Paris?", n=40)
+    s2, b2 = resp({"tools": RTOOLS, "tool_choice": {"type": "function", "name": "get_weather"}}, inp="What is the weather in Paris?", n=40)
+    return (not any(i["type"] == "function_call" for i in b["output"])
+            and any(i["type"] == "function_call" for i in b2["output"])), f"{str(b['output'])[:80]} {str(b2['output'])[:80]}"
+
+
+@rs("parallel_tool_calls")
+def _():
+    RT2 = RTOOLS + [{**RTOOLS[0], "name": "get_time", "description": "the time in a city"}]
+    n = lambda b: sum(i["type"] == "function_call" for i in b["output"])  # noqa: E731
+    f = [resp({"tools": RT2, "tool_choice": "required", "parallel_tool_calls": False, "temperature": 1.0, "seed": s},
+              inp="What are the weather and the time in Paris? Call both tools.", n=80)[1] for s in (1, 2, 3, 4)]
+    return all(n(b) == 1 for b in f), str([n(b) for b in f])
+
+
+@rs("text")
+def _():
+    s, b = resp({"text": {"format": {"type": "json_object"}}}, n=60)
+    t = resp_text(b)
+    return s == 200 and t.lstrip().startswith("{"), t[:100]
+
+
+@rs("reasoning")
+def _():
+    s, b = resp({"reasoning": {"effort": "high"}})
+    s2, b2 = resp({"reasoning": {"summary": "auto"}})
+    return s == 400 and "effort" in json.dumps(b) and s2 == 200, f"{s} {s2}"
+
+
+@rs("timings_per_token")
+def _():
+    body = {"input": "Hi", "max_output_tokens": 4, "stream": True}
+    w = events(raw("POST", "/v1/responses", {**body, "timings_per_token": True})[2])
+    wo = events(raw("POST", "/v1/responses", body)[2])
+    return any("timings" in e for e in w) and not any("timings" in e for e in wo), f"{len(w)} {len(wo)}"
+
+
+@rs("return_progress")
+def _():
+    body = {"input": "Hi", "max_output_tokens": 2, "stream": True}
+    w = events(raw("POST", "/v1/responses", {**body, "return_progress": True})[2])
+    wo = events(raw("POST", "/v1/responses", body)[2])
+    return any("prompt_progress" in e for e in w) and not any("prompt_progress" in e for e in wo), f"{len(w)} {len(wo)}"
+
+
+# ---- Anthropic Messages ----
+
+def an(field):
+    return probe("Anthropic", field)
+
+
+@an("messages")
+def _():
+    s1, b1 = anth(msgs=[{"role": "user", "content": "Hi"}])
+    s2, b2 = anth()
+    return API["messages"][2](b1) < API["messages"][2](b2), "input tokens"
+
+
+@an("system")
+def _():
+    s1, b1 = anth({"system": "Answer in French, in one short sentence, politely."})
+    s0, b0 = anth()
+    return API["messages"][2](b1) > API["messages"][2](b0), f"{b1.get('usage')} {b0.get('usage')}"
+
+
+an("max_tokens")(lambda: max_probe("messages", "max_tokens"))
+
+
+@an("stop_sequences")
+def _():
+    ok, why = stop_probe("messages", "stop_sequences")
+    return ok, why
+
+
+an("temperature")(lambda: sampled_differs("messages", {"temperature": 1.5}))
+an("top_p")(lambda: greedy_same("messages", {"top_p": 1e-9}, "top_p 1e-9 = greedy"))
+an("top_k")(lambda: greedy_same("messages", {"top_k": 1}, "top_k 1 = greedy"))
+
+
+@an("stream")
+def _():
+    s, h, b = raw("POST", "/v1/messages", {"messages": [Q], "max_tokens": 4, "stream": True})
+    types = [e.get("type") for e in events(b)]
+    return s == 200 and types[:1] == ["message_start"] and types[-1:] == ["message_stop"], str(types)[:200]
+
+
+ATOOLS = [{"name": "get_weather", "description": "the weather in a city",
+           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+
+
+@an("tools")
+def _():
+    s, b = anth({"tools": ATOOLS, "tool_choice": {"type": "any"}}, msgs=ASK, n=40)
+    s0, b0 = anth(msgs=ASK, n=40)
+    return (any(c["type"] == "tool_use" for c in b["content"]) and not any(c["type"] == "tool_use" for c in b0["content"])), \
+        str(b.get("content"))[:200]
+
+
+@an("tool_choice")
+def _():
+    s, b = anth({"tools": ATOOLS, "tool_choice": {"type": "none"}}, msgs=ASK, n=40)
+    s2, b2 = anth({"tools": ATOOLS, "tool_choice": {"type": "tool", "name": "get_weather"}}, msgs=ASK, n=40)
+    return (not any(c["type"] == "tool_use" for c in b["content"])
+            and any(c["type"] == "tool_use" for c in b2["content"])), f"{str(b['content'])[:80]} {str(b2['content'])[:80]}"
+
+
+# ---- the walk: every honoured row has its probe, and each probe holds ----
+for tname, field, apis in honoured:
+    key = "OA" if tname.startswith("OpenAI Chat") or "llama-server" in tname else \
+        "Responses" if "Responses" in tname else "Anthropic"
+    routes = [a.strip() for a in apis.split(",")]
+    if key != "OA":
+        routes = [""]
+    for a in routes:
+        fn = probes.get((key, field, a))
+        if fn is None:
+            check(f"{tname} '{field}' ({a or 'its route'}): honoured, with a probe in this walk", False, "no probe: write one")
+            continue
+        run(key, field, a, fn)
+
+finish()
