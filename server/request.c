@@ -34,6 +34,7 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
                 return -1;
             }
             j->req.max_tokens = (int32_t) x;
+            j->req.max_tokens_given = true;
         }
     if ((v = json_object_get(root, "temperature")) && !json_is_null(v)) {
         serve_error_param(e, "temperature");

@@ -97,6 +97,7 @@ struct job_req {
     int32_t n_msgs;
     char *prompt; /* JOB_COMPLETION */
     int32_t max_tokens;
+    bool max_tokens_given; /* the request set it (max_tokens, max_completion_tokens, n_predict > 0); else the server's default */
     struct kvt_sampling smp;
     bool seeded;
     char *stop[SERVE_MAX_STOP];

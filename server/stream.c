@@ -30,7 +30,7 @@ void sse_data(struct stream *st, json_t *obj) {
     free(txt);
 }
 
-/* An Anthropic event: "event: TYPE" and its data (obj's "type"). */
+/* A typed event (Anthropic's, Responses'): "event: TYPE" and its data (obj's "type"). */
 void sse_event(struct stream *st, json_t *obj) {
     const char *type = obj ? json_string_value(json_object_get(obj, "type")) : NULL;
     char line[64];
