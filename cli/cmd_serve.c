@@ -155,7 +155,7 @@ int cmd_serve(int argc, char **argv) {
     srv.store_disk_mb = 8192;
     srv.redis_timeout_ms = 20;
     srv.redis_ttl_s = 86400;
-    srv.max_tokens_default = 256;
+    srv.max_tokens_default = 0; /* 0: not given (256 below, and a completion may fill its budget) */
     srv.batch_tokens = 128;
     int32_t max_body_mb = 8;
     srv.lim = (struct serve_limits){
@@ -247,7 +247,7 @@ int cmd_serve(int argc, char **argv) {
           NULL },
         { "share-store", 0, OPT_FLAG, &srv.share_store, 0, 0, NULL,
           "let sessions of different API keys reuse each other's blocks (default: a salt per key)", NULL },
-        { "max-tokens", 0, OPT_INT, &srv.max_tokens_default, 1, 1 << 20, "N", "reply limit when a request gives none (default 256)",
+        { "max-tokens", 0, OPT_INT, &srv.max_tokens_default, 1, 1 << 20, "N", "reply limit when a request gives none (default 256; given neither this nor -n, a completion may fill what its prompt leaves of the budget)",
           NULL },
         { "queue", 0, OPT_INT, &srv.max_queue, 1, 1 << 16, "N", "requests waiting for a slot before 429 (default 64)", NULL },
         { "queue-per-key", 0, OPT_INT, &srv.queue_per_key, 1, 1 << 16, "N",
@@ -493,6 +493,11 @@ int cmd_serve(int argc, char **argv) {
         srv.n_predict_cap = n_predict;
         srv.max_tokens_default = KVT_MIN(n_predict, srv.n_ctx);
     }
+    /* no limit given (neither --max-tokens nor -n): a request that names none may fill what its
+    ** prompt leaves (llama-server's n_predict -1); a limit the server was given is kept to, as
+    ** llama-server keeps to its -n (a prompt with it over the context is a 400) */
+    srv.max_tokens_unset = srv.max_tokens_default == 0;
+    if (srv.max_tokens_default == 0) srv.max_tokens_default = 256;
     (void) offline;
     (void) cont_batching;
     if (backend_sampling)

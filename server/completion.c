@@ -40,9 +40,10 @@ bool serve_completion_prepare(struct server *srv, struct job *j) {
     j->sync.tokens_decoded = n;
     j->finish = "length";
     j->seq = -1;
-    /* no limit asked for (llama-server's n_predict -1): the reply may fill what the prompt leaves of
-    ** the budget, as llama-server's fills its slot's context */
-    if (!j->req.max_tokens_given && n < srv->budget && n + j->req.max_tokens > srv->budget) j->req.max_tokens = srv->budget - n;
+    /* no limit asked for, by the request or the server (llama-server's n_predict -1): the reply may
+    ** fill what the prompt leaves of the budget, as llama-server's fills its slot's context */
+    if (!j->req.max_tokens_given && srv->max_tokens_unset && n < srv->budget && n + j->req.max_tokens > srv->budget)
+        j->req.max_tokens = srv->budget - n;
     if (n + j->req.max_tokens > srv->budget) {
         serve_error_set(&j->err, 400, "exceed_context_size_error", "context_length_exceeded",
                         "the prompt is %d tokens and max_tokens %d; together they must fit the budget of %d tokens (a completion "

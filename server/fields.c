@@ -26,7 +26,7 @@ static const struct serve_field OPENAI[] = {
     { "prompt",                FT_STR|FT_ARR|FT_OBJ, P|N, H, NULL, "one prompt: text, token ids, or ids and text mixed; several prompts: llama-server's native batch" },
     { "max_tokens",            FT_INT,          C|P|N, H, NULL, "tokens generated at most" },
     { "max_completion_tokens", FT_INT,          C,     H, NULL, "as max_tokens" },
-    { "n_predict",             FT_INT,          N,     H, NULL, "as max_tokens; -1 or absent: the server's --max-tokens, and a completion fills at most what its prompt leaves of the budget" },
+    { "n_predict",             FT_INT,          N,     H, NULL, "as max_tokens; -1 or absent: the server's -n / --max-tokens, or with neither given, what the prompt leaves of the budget" },
     { "temperature",           FT_NUM,          C|P|N, H, NULL, "0: greedy" },
     { "top_p",                 FT_NUM,          C|P|N, H, NULL, "nucleus sampling" },
     { "top_k",                 FT_INT,          N,     H, NULL, "sampling among the k most likely" },

@@ -68,9 +68,11 @@ void serve_add_cors(struct server *srv, struct MHD_Connection *c, struct MHD_Res
     const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
     if (!origin_allowed(srv->cors_origins, origin)) return;
     /* "*" (any page): no credentials, so a browser sends no cookie or HTTP authentication it holds
-    ** for this server to a page of any origin; an origin listed by name gets them (issue #38) */
+    ** for this server to a page of any origin; an origin listed by name gets them (issue #38).  The
+    ** origin is named back either way (llama-server's header; without Allow-Credentials naming it
+    ** grants a page no more than "*" does; Vary: Origin keeps caches apart) */
     const bool any = !strcmp(srv->cors_origins, "*");
-    MHD_add_response_header(r, "Access-Control-Allow-Origin", any ? "*" : origin);
+    MHD_add_response_header(r, "Access-Control-Allow-Origin", origin);
     if (!any) MHD_add_response_header(r, "Access-Control-Allow-Credentials", "true");
     MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
     MHD_add_response_header(r, "Access-Control-Allow-Headers", "*");

@@ -266,11 +266,12 @@ struct server {
     const char *model_path;
     char model_name[128];
     int32_t n_ctx, budget, parallel, threads, max_sessions, pool_mb, spill_mb, block, max_tokens_default;
-    int32_t batch_tokens; /* --batch-tokens: tokens of one scheduler step (decode rows + a prefill chunk) */
-    bool kv_unified;      /* --kv-unified: one KV cache shared by all sequences (the old layout) */
-    int32_t n_gpu_layers; /* -ngl (kvt_engine_params.n_gpu_layers) */
-    int32_t flash_attn;   /* -fa (kvt_engine_params.flash_attn) */
-    bool no_op_offload;   /* --no-op-offload (kvt_engine_params.no_op_offload) */
+    bool max_tokens_unset; /* neither --max-tokens nor -n given: a completion naming no limit fills its budget */
+    int32_t batch_tokens;  /* --batch-tokens: tokens of one scheduler step (decode rows + a prefill chunk) */
+    bool kv_unified;       /* --kv-unified: one KV cache shared by all sequences (the old layout) */
+    int32_t n_gpu_layers;  /* -ngl (kvt_engine_params.n_gpu_layers) */
+    int32_t flash_attn;    /* -fa (kvt_engine_params.flash_attn) */
+    bool no_op_offload;    /* --no-op-offload (kvt_engine_params.no_op_offload) */
     const char *spill_dir;
     const char *store_dir; /* block store (--store); NULL = the user's cache directory */
     bool no_store;         /* --no-store */

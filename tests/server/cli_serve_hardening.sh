@@ -49,8 +49,10 @@ if [ -n "$PORT" ]; then
     # CORS with keys and the default "*": any page may read replies, but no credentials go with them
     h=$(curl -s -D - -o /dev/null -H "Origin: https://evil.example" -H "Authorization: Bearer key-one-111" \
         "http://127.0.0.1:$PORT/v1/models" | tr -d '\r')
-    grep -qi '^Access-Control-Allow-Origin: \*$' <<<"$h" && ! grep -qi '^Access-Control-Allow-Credentials' <<<"$h" &&
-        ok "CORS '*' (the default with keys): Allow-Origin *, no Allow-Credentials" || bad "CORS '*': $(grep -i '^access' <<<"$h")"
+    grep -qi '^Access-Control-Allow-Origin: https://evil.example$' <<<"$h" && grep -qi '^Vary: Origin' <<<"$h" &&
+        ! grep -qi '^Access-Control-Allow-Credentials' <<<"$h" &&
+        ok "CORS '*' (the default with keys): the origin named back (llama-server's), Vary: Origin, no Allow-Credentials" ||
+        bad "CORS '*': $(grep -i '^access\|^vary' <<<"$h")"
     stop
     src=$?
     [ $src -eq 0 ] && ok "the server exits cleanly (status 0)" || bad "the server exited with status $src"

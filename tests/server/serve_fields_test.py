@@ -169,8 +169,10 @@ for r in routes:
             s, _, b = raw(wrong_m, form, {})
             msg = b.get("error", {}).get("message", "") if isinstance(b, dict) else ""
             check(f"{wrong_m} {form} -> 405 naming {r['methods']}", s == 405 and f"use {r['methods']}" in msg, f"{s} {msg[:120]}")
-    if "[/v1]" not in path and path != "/metrics":
-        other = path[3:] if path.startswith("/v1/") else "/v1" + path
+    listed = {f for q in routes for f in ([q["path"].replace("[/v1]", ""), q["path"].replace("[/v1]", "/v1")]
+                                           if "[/v1]" in q["path"] else [q["path"]])}
+    other = path[3:] if path.startswith("/v1/") else "/v1" + path
+    if "[/v1]" not in path and path != "/metrics" and other not in listed:  # /completions and /v1/completions: two APIs
         s, _, b = raw("POST" if "POST" in r["methods"] else "GET", other, {})
         check(f"{other} (the route is {path} only) -> 404", s == 404, f"{s} {str(b)[:120]}")
 

@@ -211,8 +211,22 @@ def _(api):
     return s1 == s2 == 200 and ptok(b1) < ptok(b2) and text(b1) != text(b2), f"{ptok(b1)} {ptok(b2)}"
 
 
-for f, apis in (("max_tokens", ("chat", "completions", "native")), ("max_completion_tokens", ("chat",)), ("n_predict", ("native",))):
+for f, apis in (("max_tokens", ("chat", "completions", "native")), ("max_completion_tokens", ("chat",))):
     oa(f, *apis)(lambda api, f=f: max_probe(api, f))
+
+
+@oa("n_predict", "native")
+def _(api):
+    """as max_tokens; absent or -1 on this server (given neither -n nor --max-tokens): a prompt that
+    leaves less than the default 256 of the budget is answered with what it leaves, while an explicit
+    n_predict that does not fit is a 400 (the control)"""
+    ok, why = max_probe(api, "n_predict")
+    budget = raw("GET", "/props")[2]["kvtier"]["budget"]
+    long = "the quick brown fox " * (budget // 5)  # ~4 tokens a repeat: well over budget - 256, under the budget
+    s1, b1 = post("/completion", {"prompt": long, "temperature": 0, "n_predict": -1})
+    s2, b2 = post("/completion", {"prompt": long, "temperature": 0, "n_predict": 256})
+    fills = s1 == 200 and b1["tokens_evaluated"] + 256 > budget and b1["tokens_evaluated"] + b1["tokens_predicted"] <= budget
+    return ok and fills and s2 == 400, f"{why}; -1: {s1} {str(b1)[:120]}; 256: {s2}"
 oa("temperature", "chat", "completions", "native")(lambda api: sampled_differs(api, {"temperature": 1.5}))
 oa("top_p", "chat", "completions", "native")(lambda api: greedy_same(api, {"top_p": 1e-9}, "top_p 1e-9 = greedy"))
 oa("top_k", "native")(lambda api: greedy_same(api, {"top_k": 1}, "top_k 1 = greedy"))
