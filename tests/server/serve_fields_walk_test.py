@@ -11,6 +11,7 @@ the reference reply itself).
 Usage: serve_fields_walk_test.py BASE_URL API_MD
 """
 import json
+import random
 import sys
 
 from serve_client import check, finish, init, raw
@@ -33,9 +34,31 @@ Q = {"role": "user", "content": "Write a short story about a cat and a boat."}
 COUNT = "Count from one to forty in words: one, two, three,"
 
 
+FRESH = [False]  # set while a probe compares texts: each request in a session of its own
+
+
 def post(path, body):
-    s, h, b = raw("POST", path, body)
+    """a request; while FRESH, in a new session (X-Session-Id) and, for completions, with no cached
+    prompt: the whole prompt decoded the same way every time, so greedy replies compare exactly
+    (a reused prefix decodes in other ubatches, and a near-tie may flip: serve_compat_test's note)"""
+    if FRESH[0]:
+        if path in ("/completion", "/v1/completions"):
+            body = {**body, "cache_prompt": False}
+        s, h, b = raw("POST", path, body, headers={"X-Session-Id": f"walk-{random.randrange(1 << 62)}"})
+    else:
+        s, h, b = raw("POST", path, body)
     return s, b
+
+
+def fresh(fn):
+    """run fn with FRESH set"""
+    def run(*a, **k):
+        FRESH[0] = True
+        try:
+            return fn(*a, **k)
+        finally:
+            FRESH[0] = False
+    return run
 
 
 def events(b):
@@ -107,6 +130,7 @@ API = {  # route -> (request, text of a reply, prompt tokens, generated tokens)
 MAXF = {"chat": "max_tokens", "completions": "max_tokens", "native": "n_predict", "responses": "max_output_tokens", "messages": "max_tokens"}
 
 
+@fresh
 def greedy_same(api, extra, label):
     """extra at a high temperature reduces sampling to greedy: equal to the greedy reference, for 3 seeds"""
     req, text, _, _ = API[api]
@@ -118,6 +142,7 @@ def greedy_same(api, extra, label):
     return s0 == 200 and all(same), f"{label}: {same} ref {text(ref)[:40]!r}"
 
 
+@fresh
 def sampled_differs(api, extra):
     """extra makes some of 3 seeded samples differ from the greedy reference"""
     req, text, _, _ = API[api]
@@ -133,6 +158,7 @@ def max_probe(api, field):
     return s1 == 200 and s5 == 200 and ntok(b1) == 1 and 1 < ntok(b5) <= 6, f"{ntok(b1) if s1 == 200 else b1} / {ntok(b5) if s5 == 200 else b5}"
 
 
+@fresh
 def stop_probe(api, field):
     """a stop string taken from inside the reference reply cuts the reply there"""
     req, text, _, _ = API[api]
@@ -234,6 +260,7 @@ oa("min_p", "native")(lambda api: greedy_same(api, {"min_p": 1.0}, "min_p 1 = gr
 
 
 @oa("seed", "chat", "completions", "native")
+@fresh
 def _(api):
     req, text, _, _ = API[api]
     a = [req({"temperature": 1.5, "seed": 7})[1] for _ in range(2)]
@@ -429,7 +456,6 @@ def _(api):  # false: the final assistant message is continued; true after one (
 
 @oa("id_slot", "native")
 def _(api):  # the session "slot-N" (serve_fields_test.py checks its KV is kept); shown on the chat route
-    import random
     one = [{"role": "user", "content": f"Tell me about the number {random.randrange(10**9)}."}]
     two = [{"role": "user", "content": f"Tell me about the number {random.randrange(10**9)}."}]
     s, b = chat({"id_slot": 5}, msgs=one)
