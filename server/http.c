@@ -84,13 +84,7 @@ static void *watch_main(void *arg) {
             srv->m.closed_body_timeout += n_body;
             pthread_mutex_unlock(&srv->mu);
         }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 200 * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        struct timespec ts = serve_realtime_in_ms(200);
         pthread_cond_timedwait(&w->cv, &w->mu, &ts);
     }
     pthread_mutex_unlock(&w->mu);

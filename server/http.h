@@ -14,6 +14,7 @@
 #include "serve.h"
 
 #include <microhttpd.h>
+#include <time.h>
 
 struct serve_api;
 struct stream;
@@ -83,6 +84,8 @@ enum MHD_Result serve_body_json(struct server *srv, struct MHD_Connection *c, st
 ** away cancels the job at its next token.  serve_first_char: that byte so far, or 0. */
 void serve_wait_watching(struct server *srv, int fd, struct job *j, bool until_first_char);
 char serve_first_char(const struct job *j);
+/* CLOCK_REALTIME now + ms: the deadline pthread_cond_timedwait takes. */
+struct timespec serve_realtime_in_ms(long ms);
 
 /* ---- stream.c --------------------------------------------------------------------------- */
 

@@ -209,16 +209,22 @@ int serve_conn_fd(struct MHD_Connection *c) {
     return ci ? ci->connect_fd : -1;
 }
 
+struct timespec serve_realtime_in_ms(long ms) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += ms / 1000;
+    ts.tv_nsec += (ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
+}
+
 /* fd: the client's socket (a connection's own while it cannot close under us, or a stream's dup). */
 void serve_wait_watching(struct server *srv, int fd, struct job *j, bool until_first_char) {
     while (j->state != JOB_DONE && !(until_first_char && serve_first_char(j))) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 100 * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        struct timespec ts = serve_realtime_in_ms(100);
         pthread_cond_timedwait(&j->cv, &srv->mu, &ts);
         if (j->state != JOB_DONE && !j->cancelled && peer_gone_fd(fd)) j->cancelled = true;
     }

@@ -22,9 +22,7 @@ static int text_busy;
 
 static int text_work_begin(struct server *srv, struct serve_error *e) {
     (void) srv;
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += TEXT_WAIT_S;
+    const struct timespec until = serve_realtime_in_ms(TEXT_WAIT_S * 1000L);
     pthread_mutex_lock(&text_mu);
     int w = 0;
     while (text_busy >= TEXT_WORKERS && w == 0) w = pthread_cond_timedwait(&text_cv, &text_mu, &until);
@@ -294,12 +292,17 @@ static unsigned method_bit(const char *m) {
     return !strcmp(m, "GET") ? M_GET : !strcmp(m, "POST") ? M_POST : !strcmp(m, "DELETE") ? M_DELETE : 0;
 }
 
+/* answered without a key: an open route, or /metrics with --metrics-public */
+static bool route_is_open(struct server *srv, const struct route *r) {
+    return r->open || (r->fn == r_metrics && srv->lim.metrics_public);
+}
+
 /* a route open without a key (its header-time checks: other methods get 405 before any body) */
 bool serve_route_open(struct server *srv, const char *url) {
     const char *rest;
     bool v1;
     const struct route *r = route_of(url, &rest, &v1);
-    return r && (r->open || (r->fn == r_metrics && srv->lim.metrics_public));
+    return r && route_is_open(srv, r);
 }
 
 static void methods_text(unsigned m, char *buf, size_t cap) {
@@ -315,7 +318,7 @@ enum MHD_Result serve_dispatch(struct server *srv, struct MHD_Connection *c, con
         if (!rq->authorized) return serve_send_unauthorized(srv, c);
         return serve_send_error(srv, c, 404, "invalid_request_error", "not_found", "no endpoint %s %s", method, url);
     }
-    bool open = r->open || (r->fn == r_metrics && srv->lim.metrics_public);
+    bool open = route_is_open(srv, r);
     if (!open && !rq->authorized) return serve_send_unauthorized(srv, c);
     if (!(r->methods & method_bit(method))) {
         char m[32];
