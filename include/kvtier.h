@@ -398,19 +398,16 @@ struct kvt_sampling {
 /* Sample the next token from kvt_engine_logits() (llama.cpp sampler chain: logit_bias, top_k,
 ** top_p, min_p, temperature, then a draw).  With a grammar the token is first sampled
 ** unconstrained and kept if the grammar allows it; otherwise the grammar masks the whole
-** vocabulary and the chain samples again (llama.cpp common's order: the full mask costs a pass
-** over n_vocab token texts).  draw: the index of this token in its generation (0 for the first):
-** at temperature > 0 the draw uses a generator of its own, seeded from (s->seed, draw) by
-** SplitMix64, so the same seeded generation gives the same tokens from the same logits whatever
-** else the engine samples meanwhile (s->seed 0xFFFFFFFF, LLAMA_DEFAULT_SEED: a random seed per
-** draw).  Not thread-safe (the engine's thread).  Errors: KVT_EINVAL (no logits available; draw
-** < 0; the grammar allows no token, e.g. it completed and the vocabulary has no end-of-generation
-** token), KVT_ENOMEM. */
-int kvt_engine_sample_at(kvt_engine *eng, const struct kvt_sampling *s, int64_t draw, kvt_token *tok /* OUT */);
-
-/* kvt_engine_sample_at with the engine counting the draws: successive calls with the same
-** settings and seed are draws 0, 1, 2, ... of one generation; other settings or another seed
-** start again at 0.  For a single caller; sessions and batch rows count their own draws. */
+** vocabulary and the chain samples again (llama.cpp common's order).  The engine counts the
+** draws: successive calls with the same settings and seed are draws 0, 1, 2, ... of one
+** generation (other settings or another seed start again at 0).  At temperature > 0 each draw
+** has a generator of its own: draw 0 is seeded with s->seed (the first token is the one
+** llama.cpp's dist sampler seeded alike draws), later draws with SplitMix64 of (s->seed, draw)
+** (Steele et al., OOPSLA 2014), so a seeded generation gives the same tokens from the same
+** logits whatever else the engine samples meanwhile (s->seed 0xFFFFFFFF, LLAMA_DEFAULT_SEED: a
+** random seed per draw).  Sessions and batch rows count their own draws.  Not thread-safe (the
+** engine's thread).  Errors: KVT_EINVAL (no logits available; the grammar allows no token, e.g.
+** it completed and the vocabulary has no end-of-generation token), KVT_ENOMEM. */
 int kvt_engine_sample(kvt_engine *eng, const struct kvt_sampling *s, kvt_token *tok /* OUT */);
 
 /* Remove positions [p0, p1) of a sequence from the KV cache (p1 < 0: to the end).  Cannot
@@ -516,54 +513,6 @@ void kvt_blob_free(kvt_blob *blob);
 /* Copy a blob (deep).  OUT *out.  Errors: KVT_ENOMEM. */
 int kvt_blob_dup(const kvt_blob *blob, kvt_blob **out);
 
-/* ---- Live ElasticKV: magnitude pruning of a sequence's resident K/V ----
-** Source: ElasticKV (a CUDA patch of llama.cpp; "attention haze" removal): per layer, K and V
-** apart, and per KV head h, mu_h and sigma_h are the mean and (population) standard deviation
-** of |x| over the head's elements of the cells being thresholded, and
-**     tau_h = max(sigma_h / 2, mu_h) * s          (s = s_k for K, s_v for V)
-** every such element with |x| < tau_h is set to 0.  The same computation as the elastic block
-** codec (section 9; one shared implementation, src/kv/codec_tensor.c kvt__elastic_tau).
-** Which elements: the cells of the sequence whose position is in [p0, p1), in both parts of an
-** iSWA cache (the sliding-window part holds only the window's cells).  Cells outside [p0, p1)
-** (the attention sinks before p0, the tail from p1) are neither thresholded nor counted in
-** mu/sigma, and come back bit-identical.  Elements already 0 (earlier passes) ARE counted in
-** mu/sigma, as the source design thresholds the dense cache as it is: a pass over an already
-** pruned range lowers mu, so repeated passes do not ratchet the sparsity up (a second pass on
-** unchanged cells zeroes nothing new unless sigma grew).
-** IMPORTANT: the zeros stay in llama.cpp's dense cache and save no memory there.  What a pass
-** buys is measured quality at a given sparsity (docs/EVALUATION.md "Live ElasticKV"); the tier
-** codecs (section 9) turn sparsity into bytes. */
-struct kvt_elastic_params {
-    float s_k, s_v;    /* threshold scales, >= 0; 0 leaves that tensor kind untouched.  The
-                        ** source design's sweet spot: s_k = 0.45, s_v = 0.50 */
-    kvt_pos p0, p1;    /* positions thresholded: [p0, p1) (p0 = attention sinks, e.g. 64;
-                        ** p1 = start of the protected tail) */
-    bool random;       /* control (matched-random zeroing): per layer, tensor and head, the pass
-                        ** computes tau_h as above, counts the elements it would leave 0, and
-                        ** instead zeroes that many elements of [p0, p1) chosen uniformly at
-                        ** random (elements already 0 count towards it), so the head's zero count
-                        ** equals the threshold's */
-    float random_frac; /* random with random_frac in (0, 1]: instead of the threshold's count,
-                        ** each head's zeros in [p0, p1) are brought up to round(random_frac x its
-                        ** elements there) (never fewer than already are).  Repeated passes then
-                        ** hold a fixed sparsity, where matching the count pass by pass would
-                        ** ratchet it up: tau over a randomly thinned range still counts the small
-                        ** elements random zeroing spared.  0 = match the threshold's count */
-    uint64_t seed;     /* random: seed of the choice (splitmix64) */
-};
-
-/* What one pass saw and did (OUT of kvt_seq_elastic); element = one K or V scalar of one cell
-** in one layer. */
-struct kvt_elastic_stats {
-    int64_t n_elems;         /* K and V elements of all the sequence's cells, all layers, both
-                              ** parts (sinks and tail included) */
-    int64_t n_zero;          /* of them equal to 0 after the pass */
-    int64_t n_eligible;      /* of them in cells with position in [p0, p1) */
-    int64_t n_zero_eligible; /* of those equal to 0 after the pass */
-    int64_t n_zeroed;        /* elements this pass changed from non-zero to 0 */
-    double ms;               /* wall time of the pass (read, threshold, write back) */
-};
-
 /* ---- Attention capture ----
 ** Captures post-softmax attention of the chosen layers during every kvt_engine_decode, keeps
 ** the last ubatch per layer, and maps KV-cell columns to token positions.  Flash attention off:
@@ -575,19 +524,6 @@ struct kvt_elastic_stats {
 ** to the host first.  Optionally captures post-RoPE queries ("Qcur-<il>") for verification.
 ** Source: EVOKE-style attention signals for H2O (Zhang et al. 2023) and SnapKV (Li et al. 2024). */
 
-/* Threshold the resident K/V of sequence seq in place (ElasticKV, above): reads the whole
-** sequence state (llama_state_seq_get_data; a pending K-shift is applied first), zeroes on the
-** host, and writes it back with llama_state_seq_set_data, the sequence emptied first.  Nothing
-** is written when no element changes (s_k = s_v = 0 or nothing below tau).
-** Unified cache: cells the sequence shared with other sequences (kvt_seq_cp) become its own
-** copies, the others keep the unpruned ones (the write-back needs free cells for them).
-** Cost: one read and one write of the sequence's whole K/V (all layers), O(cells x row).
-** OUT *st (may be NULL).  Errors: KVT_EINVAL (seq, negative or non-finite scale, p0 > p1),
-** KVT_EUNSUPPORTED (a quantised K or V cache type), KVT_ENOMEM, KVT_ELLAMA (llama.cpp rejected
-** the write: the sequence's previous state is written back, bit-identical).  On every error the
-** sequence's K/V is unchanged (unless putting it back failed too, which the message says).
-** Not thread-safe (engine rule). */
-int kvt_seq_elastic(kvt_engine *eng, int32_t seq, const struct kvt_elastic_params *p, struct kvt_elastic_stats *st /* OUT */);
 
 /* Choose layers to capture (il in [0, n_layer)); n = 0 turns capture off.  capture_q also
 ** keeps Q.  Errors: KVT_EINVAL (layer out of range), KVT_ENOMEM. */
@@ -618,16 +554,9 @@ typedef struct kvt_attn {
 int kvt_attn_get(kvt_engine *eng, int32_t layer, int32_t seq, kvt_attn **out);
 void kvt_attn_free(kvt_attn *a); /* frees the struct and its arrays; accepts NULL */
 
-/* Parse a blob's K rows of one layer to F32 (for verification and host-side scoring).
-** part: 0 = full-attention cache, 1 = sliding-window cache.  il: layer index within the part.
-** OUT *k: [n_cells * row] floats (caller frees with free()), *pos: [n_cells] (caller frees),
-** *n_cells, *row_elems.  Errors: KVT_EFORMAT, KVT_EUNSUPPORTED (quantised K), KVT_ENOMEM. */
-int kvt_blob_k_rows(const kvt_engine *eng, const kvt_blob *blob, int part, int il, float **k, kvt_pos **pos, int32_t *n_cells,
-                    int32_t *row_elems);
-
 /* Layer il's cache part (0 = full-attention cache, 1 = sliding-window cache of an iSWA model)
 ** and its index among that part's layers, as found at engine open (by which attention mask
-** each layer's softmax reads).  Use with kvt_blob_k_rows.  Errors: KVT_ENOENT when unknown. */
+** each layer's softmax reads).  Errors: KVT_ENOENT when unknown. */
 int kvt_engine_layer_part(const kvt_engine *eng, int32_t il, int *part /* OUT */, int *idx /* OUT */);
 
 /* ====================================================================================== */
@@ -832,17 +761,18 @@ struct kvt_session_params {
                               ** arguments); NULL or "raw" = the blob's bytes (bit-exact).  Parsed at
                               ** open (KVT_EINVAL naming a bad spec).  Cost, what stays raw and what a
                               ** copy that fails to decode becomes: docs/MANUAL.md, "The host pool codec" */
-    float elastic_sk, elastic_sv;  /* live ElasticKV (kvt_seq_elastic, section 3): threshold
-                              ** scales s_k, s_v in [0, 2] (tau_h = max(sigma_h / 2, mu_h) x s);
+    float elastic_sk, elastic_sv;  /* live ElasticKV (ElasticKV's "attention haze" removal): threshold
+                              ** scales s_k, s_v in [0, 2]: per layer, K/V and KV head, elements with
+                              ** |x| < tau_h = max(sigma_h / 2, mu_h) x s of |x| are set to 0;
                               ** both 0 = off (the default; the source design's sweet spot is 0.45,
                               ** 0.50).  A pass every KVT_ELASTIC_INTERVAL tokens; sinks and the tail
                               ** stay untouched; counted in kvt_session_stats.elastic_*.  When passes
                               ** run and what a failed one does: docs/MANUAL.md, "Live ElasticKV" */
     bool elastic_random;           /* control for evaluation: each pass zeroes, per layer, tensor and
                               ** head, the same number of elements uniformly at random instead
-                              ** (kvt_elastic_params.random); default false */
+                              ** default false */
     float elastic_random_frac;     /* with elastic_random: the sparsity each pass holds the
-                              ** thresholded range at (kvt_elastic_params.random_frac, e.g. the
+                              ** thresholded range at (e.g. the
                               ** threshold's measured fraction); 0 = match each pass's threshold
                               ** count (ratchets up over passes); default 0 */
     bool chunk_reuse;              /* non-prefix chunk reuse (issue #12; EPIC, Hu et al. 2024, and
@@ -1015,8 +945,10 @@ struct kvt_gen_row {
                               ** advanced by one when the token is decoded */
     float *logits;           /* IN/OUT [n_vocab]: the logits to sample from; overwritten by those
                               ** after the sampled token when it is decoded.  Owned by the caller */
-    struct kvt_sampling smp; /* IN: this row's sampling (as kvt_engine_sample_at, draw = pos: a
-                              ** row's generation is the same alone or batched) */
+    int32_t n_gen;           /* IN/OUT: tokens this row has generated (0 for a new generation): the
+                              ** index of its next draw; advanced by one when the token is decoded */
+    struct kvt_sampling smp; /* IN: this row's sampling (as kvt_engine_sample, its draws counted
+                              ** by n_gen: a row's generation is the same alone or batched) */
     kvt_token tok;           /* OUT: the sampled token */
     bool done;               /* OUT: tok ends the generation (it is not decoded) */
     int status;              /* OUT: 0 or this row's error (KVT_EINVAL: NULL logits; sampling) */
@@ -1153,7 +1085,7 @@ struct kvt_session_stats {
     int64_t elastic_passes;        /* thresholding passes run */
     int64_t elastic_zeroed;        /* elements set to 0 by all passes (each counted once) */
     int64_t elastic_elems;         /* K/V elements of the resident cells at the last pass (all
-                                 ** layers, sinks and tail included: kvt_elastic_stats.n_elems) */
+                                 ** layers, sinks and tail included) */
     int64_t elastic_zero;          /* of them 0 after it: the resident sparsity is
                                  ** elastic_zero / elastic_elems */
     int64_t elastic_eligible;      /* of them in the thresholded range at the last pass */

@@ -161,6 +161,7 @@ static bool start_completion(struct server *srv, struct job *j) {
     memcpy(j->row.logits, l, sizeof(float) * (size_t) I.n_vocab);
     j->row.seq = j->seq;
     j->row.pos = n;
+    j->row.n_gen = 0; /* draw 0 next */
     j->end = serve_completion_end;
     serve_job_activate(srv, j);
     return true;

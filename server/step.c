@@ -208,8 +208,7 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
             j->post = calloc((size_t) j->req.top_logprobs + 1, sizeof *j->post); /* out of memory: the model's probabilities */
         if (j->req.logprobs && !j->post && from && (lpl[k] = malloc(sizeof(float) * (size_t) I.n_vocab)))
             memcpy(lpl[k], from, sizeof(float) * (size_t) I.n_vocab);
-        struct kvt_sampling one = j->req.smp;
-        one.seed += (uint32_t) j->n_gen;
+        struct kvt_sampling one = j->req.smp; /* draw n_gen of the reply: the session and the row count it */
         if (j->post) one.post = j->post, one.n_post = j->req.top_logprobs;
         if (j->kind == JOB_COMPLETION) {
             rows[n_rows] = j->row;
@@ -281,6 +280,7 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
     for (int32_t i = 0; i < n_rows; i++) {
         struct job *j = active[rmap[i]];
         j->row.pos = rows[i].pos; /* the logits were written in place */
+        j->row.n_gen = rows[i].n_gen;
         int r = rc ? rc : rows[i].status;
         if (r) {
             j->end(srv, j, r);

@@ -8,8 +8,9 @@
 ** What moved here (issue #25): functions no caller in server/, cli/ or eval/ uses and that no
 ** public function's contract is written in terms of — sequence bookkeeping, block loads by
 ** batch, BM25 scoring, attention block mass and head weights, embeddings and the ANN index, chain
-** keys, the store's entries and private entries, prefetch cancel, codec and tier names.  (The
-** engine's multi-sequence decode and sampling, ElasticKV on a sequence, a blob's K rows, the
+** keys, the store's entries and private entries, prefetch cancel, codec and tier names; then
+** (issue #40) sampling at a counted draw, a blob's K rows and ElasticKV on a sequence.  (The
+** engine's multi-sequence decode, the
 ** kvt_session_add with its keep hint and the step-wise generation calls stay in kvtier.h: public
 ** calls are defined by them.)  The server, the command-line tool and the evaluation are built on
 ** kvtier.h alone.
@@ -36,7 +37,82 @@ kvt_pos kvt_seq_pos_max(kvt_engine *eng, int32_t seq);
 ** is out of range.  Cannot fail. */
 int32_t kvt_seq_n_cells(kvt_engine *eng, int32_t seq);
 
+/* kvt_engine_sample with the caller counting the draws: draw is the index of this token in its
+** generation (0 for the first; kvt_engine_sample's seeding).  Sessions and batch rows call it with
+** their own counts, so that a generation is the same alone or batched.  Errors: as
+** kvt_engine_sample, and KVT_EINVAL for draw < 0. */
+int kvt_engine_sample_at(kvt_engine *eng, const struct kvt_sampling *s, int64_t draw, kvt_token *tok /* OUT */);
+
 /* ---- 3. Block primitives (kvtier.h section 3) ------------------------------- */
+
+/* Parse a blob's K rows of one layer to F32 (for verification and host-side scoring).
+** part: 0 = full-attention cache, 1 = sliding-window cache.  il: layer index within the part.
+** OUT *k: [n_cells * row] floats (caller frees with free()), *pos: [n_cells] (caller frees),
+** *n_cells, *row_elems.  Errors: KVT_EFORMAT, KVT_EUNSUPPORTED (quantised K), KVT_ENOMEM. */
+int kvt_blob_k_rows(const kvt_engine *eng, const kvt_blob *blob, int part, int il, float **k, kvt_pos **pos, int32_t *n_cells,
+                    int32_t *row_elems);
+
+/* Live ElasticKV: magnitude pruning of a sequence's resident K/V.
+** Source: ElasticKV (a CUDA patch of llama.cpp; "attention haze" removal): per layer, K and V
+** apart, and per KV head h, mu_h and sigma_h are the mean and (population) standard deviation
+** of |x| over the head's elements of the cells being thresholded, and
+**     tau_h = max(sigma_h / 2, mu_h) * s          (s = s_k for K, s_v for V)
+** every such element with |x| < tau_h is set to 0.  The same computation as the elastic block
+** codec (section 9; one shared implementation, src/kv/codec_tensor.c kvt__elastic_tau).
+** Which elements: the cells of the sequence whose position is in [p0, p1), in both parts of an
+** iSWA cache (the sliding-window part holds only the window's cells).  Cells outside [p0, p1)
+** (the attention sinks before p0, the tail from p1) are neither thresholded nor counted in
+** mu/sigma, and come back bit-identical.  Elements already 0 (earlier passes) ARE counted in
+** mu/sigma, as the source design thresholds the dense cache as it is: a pass over an already
+** pruned range lowers mu, so repeated passes do not ratchet the sparsity up (a second pass on
+** unchanged cells zeroes nothing new unless sigma grew).
+** IMPORTANT: the zeros stay in llama.cpp's dense cache and save no memory there.  What a pass
+** buys is measured quality at a given sparsity (docs/EVALUATION.md "Live ElasticKV"); the tier
+** codecs (section 9) turn sparsity into bytes. */
+struct kvt_elastic_params {
+    float s_k, s_v;    /* threshold scales, >= 0; 0 leaves that tensor kind untouched.  The
+                        ** source design's sweet spot: s_k = 0.45, s_v = 0.50 */
+    kvt_pos p0, p1;    /* positions thresholded: [p0, p1) (p0 = attention sinks, e.g. 64;
+                        ** p1 = start of the protected tail) */
+    bool random;       /* control (matched-random zeroing): per layer, tensor and head, the pass
+                        ** computes tau_h as above, counts the elements it would leave 0, and
+                        ** instead zeroes that many elements of [p0, p1) chosen uniformly at
+                        ** random (elements already 0 count towards it), so the head's zero count
+                        ** equals the threshold's */
+    float random_frac; /* random with random_frac in (0, 1]: instead of the threshold's count,
+                        ** each head's zeros in [p0, p1) are brought up to round(random_frac x its
+                        ** elements there) (never fewer than already are).  Repeated passes then
+                        ** hold a fixed sparsity, where matching the count pass by pass would
+                        ** ratchet it up: tau over a randomly thinned range still counts the small
+                        ** elements random zeroing spared.  0 = match the threshold's count */
+    uint64_t seed;     /* random: seed of the choice (splitmix64) */
+};
+
+/* What one pass saw and did (OUT of kvt_seq_elastic); element = one K or V scalar of one cell
+** in one layer. */
+struct kvt_elastic_stats {
+    int64_t n_elems;         /* K and V elements of all the sequence's cells, all layers, both
+                              ** parts (sinks and tail included) */
+    int64_t n_zero;          /* of them equal to 0 after the pass */
+    int64_t n_eligible;      /* of them in cells with position in [p0, p1) */
+    int64_t n_zero_eligible; /* of those equal to 0 after the pass */
+    int64_t n_zeroed;        /* elements this pass changed from non-zero to 0 */
+    double ms;               /* wall time of the pass (read, threshold, write back) */
+};
+
+/* Threshold the resident K/V of sequence seq in place (ElasticKV, above): reads the whole
+** sequence state (llama_state_seq_get_data; a pending K-shift is applied first), zeroes on the
+** host, and writes it back with llama_state_seq_set_data, the sequence emptied first.  Nothing
+** is written when no element changes (s_k = s_v = 0 or nothing below tau).
+** Unified cache: cells the sequence shared with other sequences (kvt_seq_cp) become its own
+** copies, the others keep the unpruned ones (the write-back needs free cells for them).
+** Cost: one read and one write of the sequence's whole K/V (all layers), O(cells x row).
+** OUT *st (may be NULL).  Errors: KVT_EINVAL (seq, negative or non-finite scale, p0 > p1),
+** KVT_EUNSUPPORTED (a quantised K or V cache type), KVT_ENOMEM, KVT_ELLAMA (llama.cpp rejected
+** the write: the sequence's previous state is written back, bit-identical).  On every error the
+** sequence's K/V is unchanged (unless putting it back failed too, which the message says).
+** Not thread-safe (engine rule). */
+int kvt_seq_elastic(kvt_engine *eng, int32_t seq, const struct kvt_elastic_params *p, struct kvt_elastic_stats *st /* OUT */);
 
 /* Load n saved blocks into sequence seq at positions new_p0[i] (ascending, each block past the
 ** previous one and past every resident position), re-anchoring each block whose position

@@ -252,11 +252,13 @@ static void post_probs(const llama_token_data_array *arr, bool greedy, struct kv
     }
 }
 
-/* The seed of draw `draw` of a generation seeded with seed: SplitMix64 of both (Steele et al.,
-** "Fast splittable pseudorandom number generators", OOPSLA 2014), so that every draw has a
-** generator of its own.  LLAMA_DEFAULT_SEED stays itself: llama.cpp draws a random seed for it. */
+/* The seed of draw `draw` of a generation seeded with seed: draw 0 is the seed itself (the first
+** token is the one llama.cpp's dist sampler seeded alike draws: llama-server's and llama-cli's),
+** later draws SplitMix64 of both (Steele et al., "Fast splittable pseudorandom number
+** generators", OOPSLA 2014), so that every draw has a generator of its own.  LLAMA_DEFAULT_SEED
+** stays itself: llama.cpp draws a random seed for it. */
 static uint32_t draw_seed(uint32_t seed, int64_t draw) {
-    if (seed == LLAMA_DEFAULT_SEED) return seed;
+    if (seed == LLAMA_DEFAULT_SEED || draw == 0) return seed;
     uint64_t z = ((uint64_t) seed << 32 ^ (uint64_t) draw) + 0x9e3779b97f4a7c15ull;
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;

@@ -217,7 +217,7 @@ int kvt_session_gen_step_batch(kvt_engine *eng, const struct kvt_gen_batch *gb) 
             continue;
         }
         kvt__engine_set_logits(eng, w->logits);
-        if ((w->status = kvt_engine_sample_at(eng, &w->smp, w->pos, &w->tok))) continue;
+        if ((w->status = kvt_engine_sample_at(eng, &w->smp, w->n_gen, &w->tok) /* draw n_gen of this row */)) continue;
         if (kvt_token_is_eog(eng, w->tok)) {
             w->done = true;
             continue;
@@ -237,6 +237,7 @@ int kvt_session_gen_step_batch(kvt_engine *eng, const struct kvt_gen_batch *gb) 
                 struct kvt_gen_row *w = &rows[idx[k] - n];
                 memcpy(w->logits, l, sizeof(float) * (size_t) I.n_vocab);
                 w->pos++;
+                w->n_gen++;
                 continue;
             }
             kvt_session *s = ss[idx[k]];
