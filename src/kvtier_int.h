@@ -37,11 +37,13 @@ kvt_pos kvt_seq_pos_max(kvt_engine *eng, int32_t seq);
 ** is out of range.  Cannot fail. */
 int32_t kvt_seq_n_cells(kvt_engine *eng, int32_t seq);
 
-/* kvt_engine_sample with the caller counting the draws: draw is the index of this token in its
-** generation (0 for the first; kvt_engine_sample's seeding).  Sessions and batch rows call it with
-** their own counts, so that a generation is the same alone or batched.  Errors: as
-** kvt_engine_sample, and KVT_EINVAL for draw < 0. */
-int kvt_engine_sample_at(kvt_engine *eng, const struct kvt_sampling *s, int64_t draw, kvt_token *tok /* OUT */);
+/* kvt_engine_sample with the caller counting the draws: draw is the index of this token in the
+** generation on sequence seq (0 for the first; -1: kvt_engine_sample's own).  Each sequence's
+** generation has its own generator, one mt19937(s->seed) stream drawn in order (llama.cpp's dist
+** sampler, as a llama-server slot's), so a generation is the same alone or batched; a draw other
+** than the sequence's next starts the stream again and advances it.  Errors: as kvt_engine_sample,
+** and KVT_EINVAL for draw < 0 or seq outside -1 .. n_seq + 2. */
+int kvt_engine_sample_at(kvt_engine *eng, const struct kvt_sampling *s, int32_t seq, int64_t draw, kvt_token *tok /* OUT */);
 
 /* ---- 3. Block primitives (kvtier.h section 3) ------------------------------- */
 

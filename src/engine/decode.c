@@ -252,26 +252,36 @@ static void post_probs(const llama_token_data_array *arr, bool greedy, struct kv
     }
 }
 
-/* The seed of draw `draw` of a generation seeded with seed: draw 0 is the seed itself (the first
-** token is the one llama.cpp's dist sampler seeded alike draws: llama-server's and llama-cli's),
-** later draws SplitMix64 of both (Steele et al., "Fast splittable pseudorandom number
-** generators", OOPSLA 2014), so that every draw has a generator of its own.  LLAMA_DEFAULT_SEED
-** stays itself: llama.cpp draws a random seed for it. */
-static uint32_t draw_seed(uint32_t seed, int64_t draw) {
-    if (seed == LLAMA_DEFAULT_SEED || draw == 0) return seed;
-    uint64_t z = ((uint64_t) seed << 32 ^ (uint64_t) draw) + 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    uint32_t r = (uint32_t) (z ^ (z >> 32));
-    return r == LLAMA_DEFAULT_SEED ? r - 1 : r;
+/* The generator of draw `draw` of the generation on slot g (a sequence id, or the last slot for
+** kvt_engine_sample) seeded with seed: llama.cpp's dist sampler, kept while the generation goes on
+** draw after draw, so that a generation's draws are one stream of mt19937(seed), as a llama-server
+** slot's (the same seeded tokens as llama-server from the same probabilities; LLAMA_DEFAULT_SEED:
+** a random seed per generation).  Another seed, or a
+** draw other than the next one, starts the stream again and advances it to the draw (one uniform
+** draw per earlier draw: exact unless an earlier draw had a single candidate, which draws none).
+** NULL when out of memory. */
+static struct llama_sampler *gen_rng(kvt_engine *e, int32_t g, uint32_t seed, int64_t draw) {
+    struct gen_rng *r = &e->rng[g];
+    if (r->dist && r->seed == seed && r->next == draw) return r->dist;
+    if (r->dist) llama_sampler_free(r->dist);
+    r->dist = llama_sampler_init_dist(seed);
+    r->seed = seed;
+    r->next = 0;
+    if (!r->dist) return NULL;
+    llama_token_data two[2] = { { 0, 0.0f, 0.0f }, { 1, 0.0f, 0.0f } };
+    for (; r->next < draw; r->next++) {
+        llama_token_data_array a = { two, 2, -1, false };
+        llama_sampler_apply(r->dist, &a);
+    }
+    return r->dist;
 }
 
-int kvt_engine_sample_at(kvt_engine *e, const struct kvt_sampling *s, int64_t draw, kvt_token *tok) {
+int kvt_engine_sample_at(kvt_engine *e, const struct kvt_sampling *s, int32_t seq, int64_t draw, kvt_token *tok) {
     static const struct kvt_sampling greedy = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0 };
     if (!s) s = &greedy;
     if (!e->have_logits) return kvt__fail(KVT_EINVAL, "sample: no logits (decode with want_logits first)");
     if (draw < 0) return kvt__fail(KVT_EINVAL, "sample: draw %lld is negative", (long long) draw);
+    if (seq < -1 || seq >= e->n_rng - 1) return kvt__fail(KVT_EINVAL, "sample: sequence id %d", seq);
     /* what selects the chain (not the grammar, the biases, nor the post output), padding zeroed;
     ** the seed is not in the chain: each draw gets its own generator (below) */
     struct kvt_sampling key;
@@ -294,17 +304,15 @@ int kvt_engine_sample_at(kvt_engine *e, const struct kvt_sampling *s, int64_t dr
         e->smpl_p = key;
         e->smpl_draw = 0;
     }
-    /* the draw's own generator: a seeded reply is the same alone or beside other generations on
-    ** the engine, and the same request again gives it again (a generator kept in the engine's
+    /* the generation's own generator: a seeded reply is the same alone or beside other generations
+    ** on the engine, and the same request again gives it again (a generator kept in the engine's
     ** chain was shared by every caller with the same settings; issue #38) */
-    struct llama_sampler *dist = s->temperature > 0 ? llama_sampler_init_dist(draw_seed(s->seed, draw)) : NULL;
+    const int32_t g = seq < 0 ? e->n_rng - 1 : seq;
+    struct llama_sampler *dist = s->temperature > 0 ? gen_rng(e, g, s->seed, draw) : NULL;
     if (s->temperature > 0 && !dist) return kvt__fail(KVT_ENOMEM, "sampler");
     const int32_t nv = e->info.n_vocab;
     llama_token_data *d = malloc(sizeof *d * (size_t) nv);
-    if (!d) {
-        if (dist) llama_sampler_free(dist);
-        return kvt__fail(KVT_ENOMEM, "sampling candidates");
-    }
+    if (!d) return kvt__fail(KVT_ENOMEM, "sampling candidates");
     fill_candidates(e, s, d);
     llama_token_data_array arr = { d, (size_t) nv, -1, false };
     llama_sampler_apply(e->smpl, &arr);
@@ -337,7 +345,7 @@ int kvt_engine_sample_at(kvt_engine *e, const struct kvt_sampling *s, int64_t dr
         llama_sampler_accept(e->smpl, *tok);
         if (s->grammar) llama_sampler_accept(s->grammar->smpl, *tok);
     }
-    if (dist) llama_sampler_free(dist);
+    if (dist) e->rng[g].next = rc == 0 ? draw + 1 : -1; /* a failed draw: the stream starts again */
     free(d);
     return rc;
 }
@@ -353,7 +361,7 @@ int kvt_engine_sample(kvt_engine *e, const struct kvt_sampling *s, kvt_token *to
     }
     const bool same = e->smpl && !memcmp(&e->smpl_p, &key, sizeof key) && (!s || e->smpl_p_seed == s->seed);
     const int64_t draw = same ? e->smpl_draw : 0;
-    int rc = kvt_engine_sample_at(e, s, draw, tok);
+    int rc = kvt_engine_sample_at(e, s, -1, draw, tok);
     if (rc == 0) {
         e->smpl_draw = draw + 1;
         e->smpl_p_seed = s ? s->seed : 0;

@@ -448,9 +448,11 @@ int kvt_engine_open(const struct kvt_engine_params *params, kvt_engine **out) {
     e->logits = malloc(sizeof(float) * (size_t) I->n_vocab);
     e->pm = calloc((size_t) p.n_seq + 3, sizeof *e->pm);
     e->multi_gen = calloc((size_t) p.n_seq + 3, sizeof *e->multi_gen);
+    e->n_rng = p.n_seq + 4;
+    e->rng = calloc((size_t) e->n_rng, sizeof *e->rng);
     e->layer_part = calloc((size_t) I->n_layer, 1);
     e->layer_idx = calloc((size_t) I->n_layer, sizeof(int16_t));
-    if (!e->logits || !e->pm || !e->multi_gen || !e->layer_part || !e->layer_idx) {
+    if (!e->logits || !e->pm || !e->multi_gen || !e->rng || !e->layer_part || !e->layer_idx) {
         kvt_engine_free(e);
         return kvt__fail(KVT_ENOMEM, "engine buffers");
     }
@@ -516,6 +518,9 @@ int kvt_engine_open(const struct kvt_engine_params *params, kvt_engine **out) {
 void kvt_engine_free(kvt_engine *e) {
     if (!e) return;
     if (e->smpl) llama_sampler_free(e->smpl);
+    for (int32_t i = 0; e->rng && i < e->n_rng; i++)
+        if (e->rng[i].dist) llama_sampler_free(e->rng[i].dist);
+    free(e->rng);
     if (e->batch.token) llama_batch_free(e->batch);
     if (e->ctx) llama_free(e->ctx);
     if (e->model) llama_model_free(e->model);

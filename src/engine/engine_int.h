@@ -106,6 +106,14 @@ struct kvt_engine {
     struct kvt_sampling smpl_p;
     int64_t smpl_draw;
     uint32_t smpl_p_seed; /* the seed of those draws */
+    /* each generation's own generator (llama.cpp's dist sampler, as a llama-server slot has one):
+    ** [n_seq + 3], one per sequence id and a last one for kvt_engine_sample */
+    struct gen_rng {
+        struct llama_sampler *dist; /* NULL: none yet */
+        uint32_t seed;              /* the seed it was created with */
+        int64_t next;               /* the draw it gives next */
+    } *rng;
+    int32_t n_rng;
     /* last whole-sequence snapshot taken for attention mapping, reused while gen is unchanged */
     uint8_t *snap;
     size_t snap_n;

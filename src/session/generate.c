@@ -21,7 +21,7 @@ int kvt_session_generate(kvt_session *s, int32_t max_tokens, const struct kvt_sa
     int rc = 0;
     while (n < max_tokens) {
         kvt_token t;
-        if ((rc = kvt_engine_sample_at(s->eng, smp, n, &t))) break; /* draw n of this reply */
+        if ((rc = kvt_engine_sample_at(s->eng, smp, s->p.seq, n, &t))) break; /* draw n of this reply */
         if (kvt_token_is_eog(s->eng, t)) break;
         gen[n++] = t;
         rc = kvt__sess_feed(s, &t, 1, KVT_ROLE_ASSISTANT, 0);
@@ -106,7 +106,7 @@ int kvt_session_gen_step(kvt_session *s, const struct kvt_sampling *smp, kvt_tok
     s->dec.generating = true;
     kvt__engine_set_logits(s->eng, s->dec.logits);
     kvt_token t;
-    int rc = kvt_engine_sample_at(s->eng, smp, s->dec.n_gen, &t); /* draw n_gen of this reply */
+    int rc = kvt_engine_sample_at(s->eng, smp, s->p.seq, s->dec.n_gen, &t); /* draw n_gen of this reply */
     if (rc) return rc;
     *tok = t;
     if (kvt_token_is_eog(s->eng, t)) {
@@ -183,7 +183,7 @@ int kvt_session_gen_step_batch(kvt_engine *eng, const struct kvt_gen_batch *gb) 
         if (!s->dec.generating) s->dec.n_gen = 0;
         s->dec.generating = true;
         kvt__engine_set_logits(eng, s->dec.logits);
-        if ((status[i] = kvt_engine_sample_at(eng, &smp[i], s->dec.n_gen, &tok[i]))) continue;
+        if ((status[i] = kvt_engine_sample_at(eng, &smp[i], s->p.seq, s->dec.n_gen, &tok[i]))) continue;
         if (kvt_token_is_eog(eng, tok[i])) {
             done[i] = true;
             continue;
@@ -217,7 +217,7 @@ int kvt_session_gen_step_batch(kvt_engine *eng, const struct kvt_gen_batch *gb) 
             continue;
         }
         kvt__engine_set_logits(eng, w->logits);
-        if ((w->status = kvt_engine_sample_at(eng, &w->smp, w->n_gen, &w->tok) /* draw n_gen of this row */)) continue;
+        if ((w->status = kvt_engine_sample_at(eng, &w->smp, w->seq, w->n_gen, &w->tok) /* draw n_gen of this row */)) continue;
         if (kvt_token_is_eog(eng, w->tok)) {
             w->done = true;
             continue;

@@ -1095,6 +1095,54 @@ static void test_seed_own_stream(void **state) {
     assert_true(diff_other > 0);
 }
 
+/* Each sequence's generation draws from one generator of its own, in order (llama.cpp's dist
+** sampler seeded with the seed, as a llama-server slot's): on fixed logits, draws 0..N-1 of
+** sequence 0 are the stream; sequence 1 drawing the same draws interleaved with sequence 0 gets
+** the same tokens (no shared generator); sequence 2 asked for draw K first (out of order) gets
+** the stream's K-th token and goes on from there; kvt_engine_sample's own counted stream is the
+** same.  Control: another seed gives other tokens (the comparisons can fail). */
+static void test_seed_stream_per_sequence(void **state) {
+    (void) state;
+    enum { N = 24, K = 9 };
+    kvt_engine *e = open_tiny(3);
+    kvt_token *t = NULL;
+    int32_t nt = 0;
+    assert_int_equal(kvt_tokenize(e, "the sun is hot and the moon is", true, false, &t, &nt), 0);
+    assert_int_equal(kvt_engine_decode(e, 0, t, nt, 0, true), 0);
+    const struct kvt_sampling smp = { 1.5f, 1.0f, 0, 42, NULL, NULL, 0, NULL, 0, 0 };
+    struct kvt_sampling other = smp;
+    other.seed = 43;
+    kvt_token a[N], b[N], c[N], d[N], o[N];
+    for (int32_t i = 0; i < N; i++) assert_int_equal(kvt_engine_sample_at(e, &smp, 0, i, &a[i]), 0);
+    for (int32_t i = 0; i < N; i++) { /* sequences 0 and 1 in turn, the same seed */
+        assert_int_equal(kvt_engine_sample_at(e, &smp, 0, i, &c[i]), 0);
+        assert_int_equal(kvt_engine_sample_at(e, &smp, 1, i, &b[i]), 0);
+    }
+    for (int32_t i = K; i < N; i++) assert_int_equal(kvt_engine_sample_at(e, &smp, 2, i, &d[i]), 0);
+    int32_t distinct = 0, diff_other = 0;
+    for (int32_t i = 0; i < N; i++) {
+        assert_int_equal(kvt_engine_sample(e, &smp, &o[i]), 0);
+        assert_int_equal(b[i], a[i]);
+        assert_int_equal(c[i], a[i]);
+        assert_int_equal(o[i], a[i]);
+        if (i >= K) assert_int_equal(d[i], a[i]);
+        distinct += i > 0 && a[i] != a[i - 1];
+    }
+    for (int32_t i = 0; i < N; i++) {
+        kvt_token x;
+        assert_int_equal(kvt_engine_sample_at(e, &other, 1, i, &x), 0);
+        diff_other += x != a[i];
+    }
+    printf("one stream per sequence: %d of %d successive draws differ; seed 43: %d of %d tokens differ\n", distinct, N - 1,
+           diff_other, N);
+    assert_true(distinct > 0);  /* the draws are random, not one token */
+    assert_true(diff_other > 0); /* control */
+    assert_int_equal(kvt_engine_sample_at(e, &smp, 1000, 0, &o[0]), KVT_EINVAL); /* no such sequence */
+    assert_int_equal(kvt_engine_sample_at(e, &smp, -2, 0, &o[0]), KVT_EINVAL);
+    free(t);
+    kvt_engine_free(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_user_messages),
@@ -1108,6 +1156,7 @@ int main(void) {
         cmocka_unit_test(test_prefill_stopped),
         cmocka_unit_test(test_prefill_stopped_anywhere),
         cmocka_unit_test(test_seed_own_stream),
+        cmocka_unit_test(test_seed_stream_per_sequence),
         cmocka_unit_test(test_park_resume),
         cmocka_unit_test(test_real_independent),
         cmocka_unit_test(test_grammar),
