@@ -84,6 +84,16 @@ if [ "$(wc -l <"$TMP/declared")" -ge 50 ] && diff "$TMP/declared" "$TMP/exported
 else
     bad "exports differ from kvtier.h's declarations ($(wc -l <"$TMP/declared") declared)" "$TMP/expdiff"
 fi
+# the header is the manual and stays one (issue #40): at most 90 exported functions and 1,200
+# lines, and no measured timings, benchmark links or issue numbers (they live in docs/)
+n_decl=$(wc -l <"$TMP/declared")
+[ "$n_decl" -le 90 ] && ok "kvtier.h declares $n_decl functions (<= 90)" || bad "kvtier.h declares $n_decl functions (> 90)"
+n_lines=$(wc -l <"$P/include/kvtier.h")
+[ "$n_lines" -le 1200 ] && ok "kvtier.h is $n_lines lines (<= 1200)" || bad "kvtier.h is $n_lines lines (> 1200)"
+grep -nE 'docs/(BENCHMARKS|EVALUATION)|REPORT\.md|[Ii]ssue #?[0-9]|\(#[0-9]+\)|[0-9.]+ ?(ms|s) to (save|load)|[0-9] ?[MG]B/s' \
+    "$P/include/kvtier.h" >"$TMP/hdr_noise" || true
+[ ! -s "$TMP/hdr_noise" ] && ok "kvtier.h carries no timings, benchmark links or issue numbers" ||
+    bad "kvtier.h carries timings, benchmark links or issue numbers" "$TMP/hdr_noise"
 # the control: a function of the internal header is in libkvtier.a and not in libkvtier.so
 if nm --defined-only "$P/lib/libkvtier.a" 2>/dev/null | grep -q ' T kvt_store_put$' && ! grep -qx kvt_store_put "$TMP/exported"; then
     ok "control: kvt_store_put (src/kvtier_int.h) is in libkvtier.a, not exported by libkvtier.so"
