@@ -18,6 +18,13 @@ void kvt_engine_set_unsafe_skip_shift_flush(kvt_engine *eng, bool skip);
 ** next llama_decode): the control case checks its setup left one.  Cannot fail. */
 bool kvt_engine_shift_pending(const kvt_engine *eng);
 
+/* tests/unit/test_attention.c: kvt_attn_get maps softmax columns to positions from llama.cpp's
+** cell records alone, falling back to a whole snapshot when they do not parse.  on: always the
+** snapshot (the reference the fast path is compared with).  snapshots: the fallbacks so far.
+** Cannot fail.  Not thread-safe (engine rule). */
+void kvt_engine_test_cell_pos_snapshot(kvt_engine *eng, bool on);
+int64_t kvt_engine_test_cell_pos_snapshots(const kvt_engine *eng);
+
 /* The failed-load tests of tests/unit/test_streams.c: the next whole-sequence write
 ** (llama_state_seq_set_data of kvt_block_load, kvt_seq_cp or a host kvt_seq_shift; in unified mode
 ** the scratch load of kvt_block_load) gets another K type in the last layer of cache part `part`

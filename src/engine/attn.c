@@ -1,6 +1,6 @@
 /* attn.c — attention capture: a cb_eval graph callback keeps the kq_soft_max rows (and Q) of the
 ** chosen layers for the last ubatch; kvt_attn_get maps the KV columns to positions through the
-** mask and a snapshot of the sequence's cells.
+** mask and the positions of the sequence's cells (kvt__engine_cell_pos: their records, no K/V).
 **
 ** With flash attention the softmax is fused into GGML_OP_FLASH_ATTN_EXT and never materialised:
 ** the callback then stops after that op (its output is the "kqv_out-<il>" view) and recomputes
@@ -254,14 +254,11 @@ int kvt_attn_get(kvt_engine *e, int32_t layer, int32_t seq, kvt_attn **out) {
     int part = 0, idx = 0;
     if (kvt_engine_layer_part(e, layer, &part, &idx)) return kvt__fail(KVT_EFORMAT, "layer %d: cache part unknown", layer);
     int rc;
-    const uint8_t *buf;
-    size_t n;
-    /* one whole-sequence state (a unified cache: the sequence's cells in cell order; streams: its
-    ** own stream's record, the columns of its softmax block) */
-    if ((rc = kvt__engine_snapshot(e, seq, &buf, &n))) return rc;
-    struct kvt__blob_layout L;
-    if ((rc = kvt__blob_parse(buf, n, e->n_parts, &L))) return rc;
-    const uint32_t nc = L.part[part].n_cells;
+    const kvt_pos *cpos;
+    uint32_t nc;
+    /* the positions of the sequence's cells in cell order (a unified cache: the sequence's cells;
+    ** streams: its own stream's, the columns of its softmax block), from llama.cpp's cell records */
+    if ((rc = kvt__engine_cell_pos(e, seq, part, &cpos, &nc))) return rc;
     const int32_t nk = c->n_kv, nt = c->n_tok, nh = c->n_head;
     /* cells visible to any query row, ascending cell index */
     int32_t *vis_cells = malloc(sizeof(int32_t) * (size_t) nk);
@@ -286,7 +283,7 @@ int kvt_attn_get(kvt_engine *e, int32_t layer, int32_t seq, kvt_attn **out) {
     kvt_pos qmax = c->q_pos[nt - 1];
     int32_t n_cand = 0;
     for (uint32_t i = 0; i < nc; i++) {
-        kvt_pos p = kvt__blob_cell_pos(buf, &L, part, i);
+        kvt_pos p = cpos[i];
         if (p <= qmax && (!swa || qmax - p < e->info.n_swa)) cand[n_cand++] = p;
     }
     if (n_cand != n_vis) {

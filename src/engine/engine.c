@@ -15,8 +15,11 @@
 
 bool kvt__engine_verbose;
 
+_Thread_local bool kvt__engine_short_write;
+
 void kvt__engine_log_cb(enum ggml_log_level level, const char *text, void *ud) {
     (void) ud;
+    if (kvt__engine_short_write && level >= GGML_LOG_LEVEL_ERROR) return;
     if (kvt__engine_verbose || level >= GGML_LOG_LEVEL_ERROR) fputs(text, stderr);
 }
 
@@ -538,6 +541,8 @@ void kvt_engine_free(kvt_engine *e) {
     for (int i = 0; i < 3; i++) free(e->dev_buf[i]);
     free(e->fa_k);
     free(e->snap);
+    free(e->cp_buf);
+    free(e->cp_pos);
     free(e->pm);
     free(e->rope[0]);
     free(e->rope[1]);

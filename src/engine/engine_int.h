@@ -114,6 +114,15 @@ struct kvt_engine {
         int64_t next;               /* the draw it gives next */
     } *rng;
     int32_t n_rng;
+    /* the cell positions of one sequence and part (kvt__engine_cell_pos), kept while gen is unchanged */
+    uint8_t *cp_buf;
+    size_t cp_cap;
+    kvt_pos *cp_pos;
+    uint32_t cp_n, cp_cap_pos;
+    int32_t cp_seq, cp_part;
+    uint64_t cp_gen;
+    int64_t cp_snapshots; /* reads that fell back to a whole snapshot (test hook) */
+    bool cp_force_snapshot; /* test hook: always the snapshot */
     /* last whole-sequence snapshot taken for attention mapping, reused while gen is unchanged */
     uint8_t *snap;
     size_t snap_n;
@@ -124,6 +133,8 @@ struct kvt_engine {
 
 /* ---- engine.c ---- */
 extern bool kvt__engine_verbose; /* llama.cpp's log on stderr (kvt_engine_params.verbose) */
+extern _Thread_local bool kvt__engine_short_write; /* a state read into a short buffer on purpose:
+                                                    ** llama.cpp's error about it is not printed */
 void kvt__engine_log_cb(enum ggml_log_level level, const char *text, void *ud);
 bool kvt__engine_quiet_progress(float progress, void *ud);
 void kvt__engine_backends(void); /* loads ggml's dynamic backends when none is linked in */
@@ -148,6 +159,13 @@ int kvt__engine_save_seq(kvt_engine *e, int32_t seq, uint8_t **buf, size_t *n);
 /* The whole state of sequence seq as of now, owned by the engine (e->snap) and valid until the
 ** cache changes (e->gen): one get_data serves the attention map and the block saves of a step. */
 int kvt__engine_snapshot(kvt_engine *e, int32_t seq, const uint8_t **buf, size_t *n);
+/* Positions of sequence seq's cells in cache part `part` (0: full attention, 1: the sliding
+** window of an iSWA model), in cell order: the columns of a captured softmax.  Read from the cell
+** records llama.cpp writes before any K/V row: the state goes into a buffer with room for the
+** records only, so llama_state_seq_get_data stops at the first row and no K/V is copied (a whole
+** snapshot when the records do not parse).  OUT *pos [*n], owned by the engine, valid until the
+** cache changes.  Errors: KVT_EFORMAT, KVT_ENOMEM, KVT_ELLAMA. */
+int kvt__engine_cell_pos(kvt_engine *e, int32_t seq, int part, const kvt_pos **pos, uint32_t *n);
 /* Streams mode: copy positions [p0, p1) of src into dst through whole-sequence state. */
 int kvt__engine_seq_cp_host(kvt_engine *e, int32_t src, int32_t dst, kvt_pos p0, kvt_pos p1);
 /* Streams mode, host re-anchoring: move [p0, p1) of seq by delta (K rotated on the host). */

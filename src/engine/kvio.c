@@ -59,6 +59,106 @@ int kvt__engine_snapshot(kvt_engine *e, int32_t seq, const uint8_t **buf, size_t
     return 0;
 }
 
+/* The cell records of one part of a sequence state written into b[0, n): magic and seq id, then
+** n_stream stream records of which at most one has cells (a sequence's state), each cell's
+** position, seq id count and ids; what follows them (rows) is not read.  Every record is read
+** inside n.  Positions into pos[0, cap); returns the cell count, or -1 when the records do not
+** parse as that (a llama.cpp whose state layout changed: the caller takes a snapshot instead). */
+static int64_t cell_records(const uint8_t *b, size_t n, int32_t seq, kvt_pos *pos, uint32_t cap) {
+    size_t off = 0;
+#define CR_READ(v)                                                                                                     \
+    do {                                                                                                               \
+        if (n - off < sizeof(v)) return -1;                                                                            \
+        memcpy(&(v), b + off, sizeof(v));                                                                              \
+        off += sizeof(v);                                                                                              \
+    } while (0)
+    uint32_t magic = 0, n_stream = 0;
+    int32_t src = 0;
+    CR_READ(magic);
+    CR_READ(src);
+    CR_READ(n_stream);
+    if (magic != KVT__BLOB_MAGIC || src != seq || n_stream < 1 || n_stream > KVT__MAX_STREAMS) return -1;
+    for (uint32_t s = 0; s < n_stream; s++) {
+        uint32_t nc = 0;
+        CR_READ(nc);
+        if (nc == 0) continue;
+        if (nc > cap) return -1;
+        for (uint32_t c = 0; c < nc; c++) {
+            int32_t p = 0;
+            uint32_t k = 0;
+            bool ours = false;
+            CR_READ(p);
+            CR_READ(k);
+            if (p < 0 || p >= KVT__MAX_POS || k < 1 || k > 64) return -1;
+            for (uint32_t i = 0; i < k; i++) {
+                int32_t id = -1;
+                CR_READ(id);
+                ours |= id == seq;
+            }
+            if (!ours) return -1;
+            pos[c] = p;
+        }
+        return nc; /* the sequence's own record: the rows follow */
+    }
+    return 0;
+#undef CR_READ
+}
+
+int kvt__engine_cell_pos(kvt_engine *e, int32_t seq, int part, const kvt_pos **pos, uint32_t *n) {
+    if (e->cp_pos && e->cp_gen == e->gen && e->cp_seq == seq && e->cp_part == part) {
+        *pos = e->cp_pos;
+        *n = e->cp_n;
+        return 0;
+    }
+    e->cp_seq = -1; /* nothing kept until this read succeeds */
+    const uint32_t cap = (uint32_t) e->info.n_ctx + 256; /* cells of any stream */
+    /* records: magic, seq id, n_stream, a count per stream, (pos, count, ids) per cell; then room
+    ** for the first rows' headers (v_trans, n_layer, type, row size) and no more */
+    const size_t need = 12 + 4 * (size_t) e->n_stream + (size_t) cap * (8 + 4 * (size_t) e->n_seq_max) + 32;
+    if (e->cp_cap < need) {
+        uint8_t *b = realloc(e->cp_buf, need);
+        if (!b) return kvt__fail(KVT_ENOMEM, "cell records");
+        e->cp_buf = b;
+        e->cp_cap = need;
+    }
+    if (e->cp_cap_pos < cap) {
+        kvt_pos *p = realloc(e->cp_pos, sizeof *p * cap);
+        if (!p) return kvt__fail(KVT_ENOMEM, "cell positions");
+        e->cp_pos = p;
+        e->cp_cap_pos = cap;
+    }
+    memset(e->cp_buf, 0, need);
+    /* the rows do not fit: llama.cpp stops there and reports it (not printed: expected) */
+    kvt__engine_short_write = true;
+    llama_state_seq_get_data_ext(e->ctx, e->cp_buf, need, seq, part == 1 ? LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY : 0);
+    kvt__engine_short_write = false;
+    int64_t nc = e->cp_force_snapshot ? -1 : cell_records(e->cp_buf, need, seq, e->cp_pos, cap);
+    /* part 0 holds every cell of the sequence: the count must be the engine's own */
+    if (nc < 0 || (part == 0 && nc != kvt_seq_n_cells(e, seq))) {
+        e->cp_snapshots++;
+        const uint8_t *buf;
+        size_t sz;
+        struct kvt__blob_layout *L = malloc(sizeof *L);
+        if (!L) return kvt__fail(KVT_ENOMEM, "cell positions");
+        int rc = kvt__engine_snapshot(e, seq, &buf, &sz);
+        if (rc == 0) rc = kvt__blob_parse(buf, sz, e->n_parts, L);
+        if (rc == 0 && L->part[part].n_cells > cap) rc = kvt__fail(KVT_EFORMAT, "sequence %d has %u cells", seq, L->part[part].n_cells);
+        if (rc == 0) {
+            nc = L->part[part].n_cells;
+            kvt__blob_positions(buf, L, part, e->cp_pos);
+        }
+        free(L);
+        if (rc) return rc;
+    }
+    e->cp_n = (uint32_t) nc;
+    e->cp_seq = seq;
+    e->cp_part = part;
+    e->cp_gen = e->gen;
+    *pos = e->cp_pos;
+    *n = e->cp_n;
+    return 0;
+}
+
 /* A sequence's whole state, owned, parsed (the layout is large: kept off the stack). */
 struct state {
     uint8_t *buf;
@@ -679,6 +779,13 @@ void kvt_engine_set_unsafe_skip_shift_flush(kvt_engine *e, bool skip) { e->skip_
 void kvt_engine_set_unsafe_corrupt_next_load(kvt_engine *e, int part) { e->test_corrupt_part = part; }
 
 bool kvt_engine_shift_pending(const kvt_engine *e) { return e->shift_pending; }
+
+void kvt_engine_test_cell_pos_snapshot(kvt_engine *e, bool on) {
+    e->cp_force_snapshot = on;
+    e->cp_seq = -1;
+}
+
+int64_t kvt_engine_test_cell_pos_snapshots(const kvt_engine *e) { return e->cp_snapshots; }
 
 int kvt_blob_k_rows(const kvt_engine *e, const kvt_blob *blob, int part, int il, float **k, kvt_pos **pos, int32_t *n_cells,
                     int32_t *row_elems) {

@@ -21,6 +21,7 @@
 
 #include "kvtier.h"
 #include "kvtier_int.h" /* what the library shares internally: the tests call it too */
+#include "test_hooks.h" /* kvt_engine_test_cell_pos_snapshot(s) */
 
 #include <math.h>
 #include <stdio.h>
@@ -189,6 +190,15 @@ static void run(const char *model, const int32_t *layers, int n_layers) {
                 for (int k = 0; k < a->n_keys; k++) sum += a->w[((size_t) t * a->n_head + h) * a->n_keys + k];
                 assert_true(fabs(sum - 1.0) < 1e-4);
             }
+        /* the same map from a whole snapshot of the sequence (the reference of the cell records) */
+        kvt_engine_test_cell_pos_snapshot(e, true);
+        kvt_attn *ref = NULL;
+        assert_int_equal(kvt_attn_get(e, layers[li], 0, &ref), 0);
+        kvt_engine_test_cell_pos_snapshot(e, false);
+        assert_int_equal(ref->n_keys, a->n_keys);
+        assert_memory_equal(ref->k_pos, a->k_pos, sizeof(kvt_pos) * (size_t) a->n_keys);
+        assert_memory_equal(ref->w, a->w, sizeof(float) * (size_t) a->n_query * a->n_head * a->n_keys);
+        kvt_attn_free(ref);
         float *K = NULL;
         kvt_pos *Kp = NULL;
         int32_t nc = 0, row = 0;
@@ -212,6 +222,8 @@ static void run(const char *model, const int32_t *layers, int n_layers) {
         free(Kp);
         kvt_attn_free(a);
     }
+    /* every map above came from the cell records, none from a snapshot (the reference's aside) */
+    assert_int_equal(kvt_engine_test_cell_pos_snapshots(e), n_layers);
     /* the capture is tied to the cache state it saw */
     kvt_seq_rm(e, 0, 0, 1);
     kvt_attn *stale = NULL;
