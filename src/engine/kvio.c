@@ -66,11 +66,11 @@ int kvt__engine_snapshot(kvt_engine *e, int32_t seq, const uint8_t **buf, size_t
 ** parse as that (a llama.cpp whose state layout changed: the caller takes a snapshot instead). */
 static int64_t cell_records(const uint8_t *b, size_t n, int32_t seq, kvt_pos *pos, uint32_t cap) {
     size_t off = 0;
-#define CR_READ(v)                                                                                                     \
-    do {                                                                                                               \
-        if (n - off < sizeof(v)) return -1;                                                                            \
-        memcpy(&(v), b + off, sizeof(v));                                                                              \
-        off += sizeof(v);                                                                                              \
+#define CR_READ(v)                          \
+    do {                                    \
+        if (n - off < sizeof(v)) return -1; \
+        memcpy(&(v), b + off, sizeof(v));   \
+        off += sizeof(v);                   \
     } while (0)
     uint32_t magic = 0, n_stream = 0;
     int32_t src = 0;
@@ -110,7 +110,8 @@ int kvt__engine_cell_pos(kvt_engine *e, int32_t seq, int part, const kvt_pos **p
         *n = e->cp_n;
         return 0;
     }
-    e->cp_seq = -1; /* nothing kept until this read succeeds */
+    /* nothing kept until this read succeeds */
+    e->cp_seq = -1;
     const uint32_t cap = (uint32_t) e->info.n_ctx + 256; /* cells of any stream */
     /* records: magic, seq id, n_stream, a count per stream, (pos, count, ids) per cell; then room
     ** for the first rows' headers (v_trans, n_layer, type, row size) and no more */
@@ -142,7 +143,8 @@ int kvt__engine_cell_pos(kvt_engine *e, int32_t seq, int part, const kvt_pos **p
         if (!L) return kvt__fail(KVT_ENOMEM, "cell positions");
         int rc = kvt__engine_snapshot(e, seq, &buf, &sz);
         if (rc == 0) rc = kvt__blob_parse(buf, sz, e->n_parts, L);
-        if (rc == 0 && L->part[part].n_cells > cap) rc = kvt__fail(KVT_EFORMAT, "sequence %d has %u cells", seq, L->part[part].n_cells);
+        if (rc == 0 && L->part[part].n_cells > cap)
+            rc = kvt__fail(KVT_EFORMAT, "sequence %d has %u cells", seq, L->part[part].n_cells);
         if (rc == 0) {
             nc = L->part[part].n_cells;
             kvt__blob_positions(buf, L, part, e->cp_pos);
