@@ -230,6 +230,7 @@ int cmd_bench(int argc, char **argv);
 int cmd_bench_policy(int argc, char **argv); /* cmd_bench_policy.c, run by cmd_bench */
 int cmd_bench_codec(int argc, char **argv);  /* cmd_bench_codec.c, run by cmd_bench */
 int cmd_bench_chunks(int argc, char **argv); /* cmd_bench_chunks.c, run by cmd_bench */
+int cmd_bench_prefill(int argc, char **argv); /* cmd_bench_prefill.c, run by cmd_bench */
 int cmd_calibrate(int argc, char **argv);    /* cmd_calibrate.c */
 int cmd_eval(int argc, char **argv);         /* cmd_eval.c */
 int cmd_serve(int argc, char **argv);        /* cmd_serve.c */

@@ -347,17 +347,19 @@ static int bench_primitives(int argc, char **argv) {
 int cmd_bench(int argc, char **argv) {
     if (argc < 1 || !strcmp(argv[0], "--help") || !strcmp(argv[0], "-h")) {
         FILE *f = argc < 1 ? stderr : stdout;
-        fprintf(f, "Usage: kvtier bench primitives|policy|codec|chunks [options]\n"
+        fprintf(f, "Usage: kvtier bench primitives|policy|codec|chunks|prefill [options]\n"
                    "Benchmarks: primitives (block save / load / re-prefill), policy (per-decode-step cost of "
                    "each eviction policy), codec (block codecs: bytes, speed, KL), chunks (quality of non-prefix "
-                   "chunk reuse). Run 'kvtier bench NAME --help' for its options.\n");
+                   "chunk reuse), prefill (a session's prompt chunk against a plain decode of it). Run 'kvtier "
+                   "bench NAME --help' for its options.\n");
         return argc < 1 ? APP_USAGE : APP_OK;
     }
     if (!strcmp(argv[0], "policy")) return cmd_bench_policy(argc - 1, argv + 1);
     if (!strcmp(argv[0], "codec")) return cmd_bench_codec(argc - 1, argv + 1);
     if (!strcmp(argv[0], "chunks")) return cmd_bench_chunks(argc - 1, argv + 1);
+    if (!strcmp(argv[0], "prefill")) return cmd_bench_prefill(argc - 1, argv + 1);
     if (strcmp(argv[0], "primitives") != 0) {
-        fprintf(stderr, "kvtier bench: unknown benchmark '%s' (expected: primitives, policy, codec, chunks)\n", argv[0]);
+        fprintf(stderr, "kvtier bench: unknown benchmark '%s' (expected: primitives, policy, codec, chunks, prefill)\n", argv[0]);
         return APP_USAGE;
     }
     return bench_primitives(argc - 1, argv + 1);

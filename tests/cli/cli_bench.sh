@@ -4,7 +4,8 @@
 # type) and one row per block size with positive timings; the table form prints a header and
 # one row per block.  `kvtier bench policy` (short run, three policies) reports, per policy,
 # decode steps and positive decode times, policy time only where a policy has work, and
-# evictions under the budget.  No speed assertions: shared machines are too noisy for them.
+# evictions under the budget.  `kvtier bench prefill` (short) reports chunks and positive times.
+# No speed assertions: shared machines are too noisy for them.
 set -u
 . "$(dirname "$0")/lib.sh"
 t_need_essays
@@ -139,5 +140,33 @@ if [ "$brc" -eq 2 ] && grep -q "unknown policy 'bogus'" "$TMP/bad.err"; then
 else
     bad "bench policy --policies bogus: exit $brc, $(head -c 300 "$TMP/bad.err")"
 fi
+
+# `kvtier bench prefill` (short): a session's prompt chunks and the same chunks decoded plain,
+# with positive times and the labels; no speed assertion
+if "$BIN" bench prefill -m "$MODEL" --resident 512 --message 24 --turns 2 --json >"$TMP/pf.out" 2>"$TMP/pf.err"; then
+    ok "bench prefill ran"
+else
+    bad "bench prefill exited with status $?: $(tail -n 3 "$TMP/pf.err")"
+fi
+python3 - "$TMP/pf.out" >"$TMP/checks3" <<'EOF'
+import json, sys
+try:
+    d = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+except (IndexError, ValueError) as e:
+    print(f"FAIL bench prefill: last stdout line is not JSON ({e})")
+    sys.exit()
+print(("ok  " if d.get("chunks", 0) >= 2 and d.get("chunk_tokens", 0) >= 48 else "FAIL")
+      + f" bench prefill: {d.get('chunks')} chunks of {d.get('chunk_tokens')} tokens")
+for k in ("session_chunk_ms_median", "plain_decode_ms_median", "ratio", "turn_ms_median"):
+    v = d.get(k)
+    print(("ok  " if isinstance(v, (int, float)) and v > 0 else "FAIL") + f" bench prefill: {k} = {v!r}")
+print(("ok  " if d.get("resident") == 512 and isinstance(d.get("build"), str) and d["build"] else "FAIL") + " bench prefill: labels")
+EOF
+while IFS= read -r line; do
+    case "$line" in
+        ok*) ok "${line#ok   }" ;;
+        *) bad "${line#FAIL }" ;;
+    esac
+done <"$TMP/checks3"
 
 t_finish
