@@ -652,11 +652,7 @@ int kvt_session_sync(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_
 /* kvt_session_sync as steps, for a scheduler that decodes the prompt's chunks itself (e.g. in
 ** kvt_gen_batch.chunk): while kvt_prefill_next returns 1, decode the chunk and pass the result to
 ** kvt_prefill_done; then kvt_prefill_end (docs/MANUAL.md, "Step-wise prefill").  Between chunks
-** the engine may serve other sessions.  Unlike kvt_session_sync, which decodes a user message and
-** the assistant prefix as two chunks, the message's end and the prefix go out as one chunk where
-** one block holds both (one pass over the weights instead of two; the numbers then differ from
-** kvt_session_sync's by float rounding, as any other ubatch composition does).  The attention
-** signals see the two parts as the two chunks they replace.  msgs must stay valid until kvt_prefill_end.  OUT *pf:
+** the engine may serve other sessions.  msgs must stay valid until kvt_prefill_end.  OUT *pf:
 ** free with kvt_prefill_end.  Errors: those kvt_session_sync gives before decoding.  Not
 ** thread-safe (engine rule). */
 typedef struct kvt_prefill kvt_prefill;

@@ -10,10 +10,8 @@
 ** relevant to it are recovered before it; InfLLM: after it), then the assistant prefix.  Every
 ** decode of a prefill chunk is handed to the caller (kvt_prefill_next) and its result taken back
 ** (kvt_prefill_done): the session never calls into the caller, and a server decodes the chunk
-** where it likes (alone, or in the step of its other requests); the message's end and the
-** assistant prefix go out as one chunk where a block holds both (one weight pass, not two).
-** kvt_session_sync and kvt_session_add run the same steps, decoding every chunk alone and the
-** message and its prefix as two chunks, so their numbers stay those of earlier versions. */
+** where it likes (alone, or in the step of its other requests).  kvt_session_sync and
+** kvt_session_add run the same steps, decoding every chunk alone. */
 #include "session/session_int.h"
 
 #include <stdio.h>
@@ -30,15 +28,10 @@ struct feed {
     bool routed;            /* the store's prefix lookup is done (or not wanted) */
     struct chunk_run *runs; /* reused chunks after the prefix (session/chunks.c) */
     int32_t n_runs, next_run, runs_base;
-    bool logits;    /* the run's last token wants logits (false: more of the prompt follows it) */
-    int32_t split;  /* > 0: tok[0, split) is a user message and tok[split, n) its assistant prefix,
-                   ** decoded in the same chunk where the blocks allow (one weight pass, not two);
-                   ** the attention signals see the two parts as two chunks */
-    bool split_cut; /* the run stopped at split: the message lost blocks of its own (the prefix
-                    ** follows the own-tail recovery as a run of its own) */
-    int32_t m;      /* the chunk handed out: its tokens, */
-    bool last;      /*   the run's last chunk, */
-    double t0;      /*   when it was handed out (ms) */
+    bool logits; /* the run's last token wants logits (false: more of the prompt follows it) */
+    int32_t m;   /* the chunk handed out: its tokens, */
+    bool last;   /*   the run's last chunk, */
+    double t0;   /*   when it was handed out (ms) */
 };
 
 static void feed_init(struct feed *f, const kvt_token *tok, int32_t n, int role, int32_t reserve_after) {
@@ -66,13 +59,6 @@ static int save_logits(kvt_session *s) {
     memcpy(s->dec.logits, l, sizeof(float) * (size_t) s->n_vocab);
     s->dec.have_logits = true;
     return 0;
-}
-
-/* Room for m tokens, and the reply's reserve after them when the run ends with them (best effort). */
-static int make_room(kvt_session *s, int32_t m, int32_t reserve_after, bool last) {
-    int rc = kvt__sess_make_room(s, m + (last ? reserve_after : 0));
-    if (rc == KVT_EBUDGET && last && reserve_after) rc = kvt__sess_make_room(s, m);
-    return rc;
 }
 
 /* The next chunk of the run: whatever must see the whole prompt before its first chunk (the
@@ -103,25 +89,10 @@ static int feed_next(kvt_session *s, struct feed *f, int32_t room, struct kvt_de
         int32_t m = KVT_MIN(f->n - f->off, room_in_block);
         if (f->next_run < f->n_runs) m = KVT_MIN(m, f->runs_base + f->runs[f->next_run].at - f->off);
         if (room > 0) m = KVT_MIN(m, room);
-        /* a chunk that reaches the assistant prefix makes room for the message's part first, as the
-        ** message's last chunk of its own did; if the message then lost blocks of its own, they
-        ** come back before the prefix (kvt__sess_recover_own_tail): the run ends with the message */
-        const bool joins = f->split > 0 && f->off <= f->split && f->off + m > f->split;
-        double t1 = kvt__now_ms();
-        if (joins && f->off < f->split) rc = make_room(s, f->split - f->off, f->reserve_after, true);
-        if (rc == 0 && joins && kvt__sess_own_tail_lost(s)) {
-            f->n = f->split;
-            f->split = 0;
-            f->split_cut = true;
-            f->logits = false;
-            if (f->off == f->n) {
-                s->st.policy_ms += kvt__now_ms() - t1;
-                return 0;
-            }
-            m = f->n - f->off;
-        }
         const bool last = f->off + m == f->n;
-        if (rc == 0) rc = make_room(s, m, f->reserve_after, last);
+        double t1 = kvt__now_ms();
+        rc = kvt__sess_make_room(s, m + (last ? f->reserve_after : 0));
+        if (rc == KVT_EBUDGET && last && f->reserve_after) rc = kvt__sess_make_room(s, m); /* reply room is best effort */
         s->st.policy_ms += kvt__now_ms() - t1; /* scoring; the seq_rm of evictions is in here too (cheap) */
         if (rc || (rc = kvt__sess_reserve_positions(s, m))) return rc;
         *c = (struct kvt_decode_chunk){ s->p.seq, f->tok + f->off, m, s->next_pos, last && f->logits };
@@ -146,14 +117,8 @@ static int feed_done(kvt_session *s, struct feed *f, int rc) {
     if ((rc = kvt__sess_elastic(s, f->m))) return rc;
     /* prompt chunks always feed the attention signals; generated tokens every 8th (one token's
     ** attention changes the accumulated mass little, and each read costs a copy of the
-    ** sequence's cells).  A chunk holding a message's end and its assistant prefix is observed as
-    ** the two chunks it replaces: the message's rows, then the prefix's */
-    const int32_t at = f->split - f->off; /* the prefix's first row in the chunk */
-    if (f->role != KVT_ROLE_ASSISTANT && f->split > 0 && at > 0 && at < f->m) {
-        kvt__sess_observe_rows(s, true, 0, at);
-        kvt__sess_observe_rows(s, true, at, f->m);
-    } else if (f->role != KVT_ROLE_ASSISTANT || s->st.decoded % 8 == 0)
-        kvt__sess_observe_rows(s, f->role != KVT_ROLE_ASSISTANT, 0, f->m);
+    ** sequence's cells) */
+    if (f->role != KVT_ROLE_ASSISTANT || s->st.decoded % 8 == 0) kvt__sess_observe(s, f->role != KVT_ROLE_ASSISTANT);
     f->off += f->m;
     return 0;
 }
@@ -191,8 +156,6 @@ struct kvt_prefill {
     int32_t n_msgs, i;               /* the message being added */
     int32_t keep;                    /* its keep hint (kvt_session_add), else KVT_KEEP_NONE */
     bool sync;                       /* kvt_session_sync: logits refreshed and a kvt_sync_info */
-    bool join;                       /* kvt_session_prefill: a message's end and its assistant prefix
-                                     ** in one chunk where the block allows (pf_join_prefix) */
     enum pf_phase phase;
     int rc;                  /* the first error; the prefill stops there */
     char msg[512];           /* its message (the caller may make library calls meanwhile) */
@@ -202,8 +165,6 @@ struct kvt_prefill {
     kvt_token *tok, *tc;     /* the message's tokens; InfLLM: those without the prefix */
     int32_t n, nc;
     char *fmt, *fc;   /* the template text they complete */
-    int32_t n_msg;    /* > 0: tok[0, n_msg) is the message and tok[n_msg, n) its assistant prefix, */
-    char *fp;         /*   whose template text is fp (one run: struct feed's split) */
     int32_t total0;   /* the stream before the message's first run (the pending text, else the message): */
     size_t text0;     /*   what a failure cuts the stream and kv_text back to; total0 -1: nothing fed yet */
     int32_t decoded0; /*  conv.n_m_decoded then */
@@ -217,10 +178,9 @@ static void pf_free_text(struct kvt_prefill *pf) {
     free(pf->tc);
     free(pf->fmt);
     free(pf->fc);
-    free(pf->fp);
     pf->tok = pf->tc = NULL;
-    pf->fmt = pf->fc = pf->fp = NULL;
-    pf->n = pf->nc = pf->n_msg = 0;
+    pf->fmt = pf->fc = NULL;
+    pf->n = pf->nc = 0;
 }
 
 /* Start feeding tok[0..n) (nothing to feed: the run's result, 0, goes straight to `after`). */
@@ -260,34 +220,6 @@ static int pf_fail_message(struct kvt_prefill *pf, int rc) {
     if (pf->total0 >= 0 && s->conv.n_m_decoded > pf->decoded0) s->conv.n_m_decoded = pf->decoded0; /* their text goes too */
     if (s->conv.n_m_decoded < s->conv.n_m) free(s->conv.m[--s->conv.n_m].content);
     return pf_cut_back(pf, rc, pf->total0, pf->text0);
-}
-
-/* The assistant prefix's tokens appended to the message's (pf->tok, pf->n, pf->fmt): n_msg, fp set.
-** A template that adds no prefix, or whose text with it does not extend the message's, leaves the
-** message alone (the prefix then goes as a run of its own, as after an own-tail recovery). */
-static int pf_join_prefix(struct kvt_prefill *pf) {
-    kvt_token *tp = NULL;
-    int32_t np = 0;
-    char *fp = NULL;
-    int rc = kvt__sess_prefix_tokens(pf->s, pf->fmt, &tp, &np, &fp);
-    if (rc || np == 0) {
-        free(tp);
-        free(fp);
-        return rc;
-    }
-    kvt_token *t = realloc(pf->tok, sizeof *t * (size_t) (pf->n + np));
-    if (!t) {
-        free(tp);
-        free(fp);
-        return kvt__fail(KVT_ENOMEM, "prompt tokens");
-    }
-    memcpy(t + pf->n, tp, sizeof *t * (size_t) np);
-    free(tp);
-    pf->tok = t;
-    pf->n_msg = pf->n;
-    pf->n += np;
-    pf->fp = fp;
-    return 0;
 }
 
 /* The work of the current phase up to the next run to feed, or to the end.  A run's result
@@ -369,14 +301,10 @@ static int pf_advance(struct kvt_prefill *pf, int res) {
             }
             if ((rc = kvt__sess_recover(s, s->conv.m[s->conv.n_m - 1].content, pf->n))) return pf_fail_message(pf, rc);
             s->cur_keep = s->conv.m[s->conv.n_m - 1].keep;
-            /* the assistant prefix goes in the same run, so that the message's end and the prefix
-            ** share a chunk (one weight pass; a segment boundary stays between them) */
-            if (pf->join && (rc = pf_join_prefix(pf))) return pf_fail_message(pf, rc);
             pf_feed(pf, pf->tok, pf->n, KVT_ROLE_USER, s->p.gen_reserve, PF_MESSAGE_FED);
-            pf->f.split = pf->n_msg;
-            /* without the prefix in the run, the message's last token needs no logits (with a
+            /* the assistant prefix follows it: the message's last token needs no logits (with a
             ** vocabulary of 262k, Gemma 3's output projection is a third of a short decode) */
-            pf->f.logits = pf->n_msg > 0;
+            pf->f.logits = false;
             return 0;
         }
         case PF_INFLLM_FED:
@@ -391,27 +319,9 @@ static int pf_advance(struct kvt_prefill *pf, int res) {
             s->cur_keep = s->conv.m[s->conv.n_m - 1].keep;
             pf_feed(pf, pf->tok, pf->n, KVT_ROLE_USER, s->p.gen_reserve, PF_MESSAGE_FED);
             return 0;
-        case PF_MESSAGE_FED: {
+        case PF_MESSAGE_FED:
             s->cur_keep = KVT_KEEP_NONE;
-            /* with the prefix in the run: the message is in once the run's tokens passed it */
-            const bool joined = pf->n_msg > 0 && !pf->f.split_cut;
-            const int32_t past = joined ? (res ? pf->f.off : pf->n) - pf->n_msg : 0; /* the prefix's tokens in */
-            if (res && (!joined || past < 0)) return pf_fail_message(pf, res);
-            if (joined) {
-                kvt__sess_set_text_at(s, pf->fmt, s->total - past);
-                pf->fmt = NULL;
-                s->conv.n_m_decoded = s->conv.n_m;
-                if (res) { /* as a prefix of its own that failed: the message stays, the prefix goes */
-                    pf_free_text(pf);
-                    return pf_cut_back(pf, res, s->total - past, strlen(s->conv.kv_text));
-                }
-                kvt__sess_set_text(s, pf->fp);
-                pf->fp = NULL;
-                pf_free_text(pf);
-                pf->i++;
-                pf->phase = PF_MESSAGE;
-                return 0;
-            }
+            if (res) return pf_fail_message(pf, res);
             kvt__sess_set_text(s, pf->fmt);
             pf->fmt = NULL;
             pf_free_text(pf);
@@ -431,7 +341,6 @@ static int pf_advance(struct kvt_prefill *pf, int res) {
             }
             pf_feed(pf, pf->tok, pf->n, KVT_ROLE_USER, s->p.gen_reserve, PF_PREFIX_FED);
             return 0;
-        }
         case PF_PREFIX_FED:
             if (res) { /* the message stays (decoded); the prefix's chunks go: a retry decodes the prefix alone */
                 pf_free_text(pf);
@@ -557,7 +466,6 @@ int kvt_session_prefill(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t
     }
     int rc = pf_new(s, msgs, n_msgs, nothing_new ? n_msgs : k, KVT_KEEP_NONE, true, out);
     if (rc == 0 && nothing_new) (*out)->phase = PF_DONE;
-    if (rc == 0) (*out)->join = true;
     return rc;
 }
 
@@ -611,7 +519,6 @@ int kvt_session_sync(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_
     if (out) memset(out, 0, sizeof *out);
     kvt_prefill *pf = NULL;
     int rc = kvt_session_prefill(s, msgs, n_msgs, &pf);
-    if (rc == 0) pf->join = false; /* every chunk alone, as kvt_session_add: the numbers of earlier versions */
     return rc ? rc : pf_run(pf, out);
 }
 

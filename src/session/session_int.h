@@ -251,12 +251,6 @@ void kvt__sess_elastic_stats(const kvt_session *s, struct kvt_session_stats *st)
 /* ---- session/sync.c ---- */
 int kvt__sess_push_msg(kvt_session *s, int role, const char *text, int keep);
 void kvt__sess_set_text(kvt_session *s, char *fmt);
-/* kvt__sess_set_text with the segment ending at stream token `at` (<= s->total) instead of s->total. */
-void kvt__sess_set_text_at(kvt_session *s, char *fmt, int32_t at);
-/* Tokens of the assistant prefix that follows fmt_msg, the template text of all the conversation's
-** messages (not yet in kv_text): *n 0 (and *fmt_out NULL) when the template adds none or the text
-** with it does not extend fmt_msg.  OUT *tok, *fmt_out (the text with it; caller frees both). */
-int kvt__sess_prefix_tokens(kvt_session *s, const char *fmt_msg, kvt_token **tok, int32_t *n, char **fmt_out);
 int kvt__sess_cut_stream(kvt_session *s, int32_t keep);
 int kvt__sess_append_reply(kvt_session *s, const char *text);
 /* Tokens of the template text of messages [0, n_msgs) (with the assistant prefix when add_ass)
@@ -324,9 +318,6 @@ int kvt__sess_chunk_load(kvt_session *s, const struct chunk_run *r, const kvt_to
 /* ---- session/signals.c ---- */
 /* Attention captured for the last decoded chunk -> block signals (best effort). */
 void kvt__sess_observe(kvt_session *s, bool prompt);
-/* The same for the chunk's query rows [lo, hi) only (relative to its first row), as if they had
-** been decoded as a chunk of their own: rows before hi never see later ones. */
-void kvt__sess_observe_rows(kvt_session *s, bool prompt, int32_t lo, int32_t hi);
 
 /* ---- session/recovery.c ---- */
 void kvt__sess_pick_representatives(kvt_session *s, struct blk *b, const kvt_blob *blob);
@@ -338,7 +329,5 @@ int kvt__sess_recover(kvt_session *s, const char *query, int32_t msg_tokens);
 int kvt__sess_infllm_recover(kvt_session *s, int32_t suffix_tokens);
 /* A message longer than the budget: its own evicted blocks relevant to its end. */
 int kvt__sess_recover_own_tail(kvt_session *s, const char *text);
-/* The current message lost blocks of its own (kvt__sess_recover_own_tail has work to do). */
-bool kvt__sess_own_tail_lost(const kvt_session *s);
 
 #endif

@@ -26,9 +26,7 @@ int kvt__sess_push_msg(kvt_session *s, int role, const char *text, int keep) {
 /* kv_text becomes fmt (owned by the session from here), a segment boundary at the current end of
 ** the stream.  Cannot fail: a boundary that cannot be recorded only makes later cut-backs go
 ** further back. */
-void kvt__sess_set_text(kvt_session *s, char *fmt) { kvt__sess_set_text_at(s, fmt, s->total); }
-
-void kvt__sess_set_text_at(kvt_session *s, char *fmt, int32_t at) {
+void kvt__sess_set_text(kvt_session *s, char *fmt) {
     free(s->conv.kv_text);
     s->conv.kv_text = fmt;
     if (s->conv.n_seg == s->conv.cap_seg) {
@@ -40,7 +38,7 @@ void kvt__sess_set_text_at(kvt_session *s, char *fmt, int32_t at) {
         if (!t || !c) return;
         s->conv.cap_seg = cap;
     }
-    s->conv.seg_tok[s->conv.n_seg] = at;
+    s->conv.seg_tok[s->conv.n_seg] = s->total;
     s->conv.seg_chr[s->conv.n_seg] = strlen(fmt);
     s->conv.n_seg++;
 }
@@ -206,32 +204,6 @@ int kvt__sess_pending_tokens(kvt_session *s, int32_t n_msgs, bool add_ass, kvt_t
     }
     rc = kvt_tokenize(s->eng, fmt + common, have == 0, true, tok, n);
     if (rc) {
-        free(fmt);
-        return rc;
-    }
-    *fmt_out = fmt;
-    return 0;
-}
-
-int kvt__sess_prefix_tokens(kvt_session *s, const char *fmt_msg, kvt_token **tok, int32_t *n, char **fmt_out) {
-    *tok = NULL;
-    *n = 0;
-    *fmt_out = NULL;
-    struct kvt_chat_msg *cm = malloc(sizeof *cm * (size_t) (s->conv.n_m > 0 ? s->conv.n_m : 1));
-    if (!cm) return kvt__fail(KVT_ENOMEM, "chat");
-    for (int32_t i = 0; i < s->conv.n_m; i++)
-        cm[i] = (struct kvt_chat_msg){ kvt__sess_role_name[s->conv.m[i].role], s->conv.m[i].content };
-    char *fmt = NULL;
-    int rc = kvt_chat_format(s->eng, cm, s->conv.n_m, true, s->p.template_fallback, &fmt);
-    free(cm);
-    if (rc) return rc;
-    const size_t k = strlen(fmt_msg);
-    /* what kvt__sess_pending_tokens gives once fmt_msg is kv_text: the rest, no BOS */
-    if (strncmp(fmt, fmt_msg, k) != 0 || fmt[k] == '\0') {
-        free(fmt);
-        return 0;
-    }
-    if ((rc = kvt_tokenize(s->eng, fmt + k, false, true, tok, n))) {
         free(fmt);
         return rc;
     }

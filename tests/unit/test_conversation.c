@@ -1095,63 +1095,6 @@ static void test_seed_own_stream(void **state) {
     assert_true(diff_other > 0);
 }
 
-/* The step-wise prefill (kvt_session_prefill) hands out a user message's end and the assistant
-** prefix as one chunk where a block holds both; kvt_session_sync decodes them as two.  A first
-** message is then as few chunks as its blocks (one more without the join: the count can fail); the
-** stream holds the same tokens as the sync's; the reply's log-probability agrees to the float
-** rounding of another ubatch shape; and the prefix stays a segment of its own: a second user message in a row
-** replaces the prefix only, decoding as few tokens as the sync does. */
-static int32_t prefill_chunks(kvt_engine *e, kvt_session *s, const struct kvt_chat_msg *m, int32_t n, struct kvt_sync_info *si) {
-    kvt_prefill *pf = NULL;
-    assert_int_equal(kvt_session_prefill(s, m, n, &pf), 0);
-    struct kvt_decode_chunk c;
-    int32_t k = 0;
-    while (kvt_prefill_next(pf, 0, &c) == 1) {
-        k++;
-        assert_int_equal(kvt_prefill_done(pf, kvt_engine_decode(e, c.seq, c.tokens, c.n, c.pos0, c.want_logits)), 0);
-    }
-    assert_int_equal(kvt_prefill_end(pf, si), 0);
-    return k;
-}
-
-static void test_prefill_joins_prefix(void **state) {
-    (void) state;
-    kvt_engine *e = open_tiny(2);
-    kvt_session *a = open_session(e, 0, KVT_POLICY_KVTIER), *b = open_session(e, 1, KVT_POLICY_KVTIER);
-    const struct kvt_chat_msg m1[] = { { "user", "what did the keeper of the harbour log" } };
-    const struct kvt_chat_msg m2[] = { { "user", "what did the keeper of the harbour log" }, { "user", "and the boats" } };
-    struct kvt_sync_info sa, sb;
-    assert_int_equal(kvt_session_sync(a, m1, 1, &sa), 0);
-    const int32_t k1 = prefill_chunks(e, b, m1, 1, &sb);
-    kvt_token *ta = NULL, *tb = NULL;
-    size_t na = stream_of(a, &ta), nb = stream_of(b, &tb);
-    const double la = session_logprob(a), lb = session_logprob(b);
-    printf("joined prefill: %d chunk(s) for %d prompt tokens; log-probability %.6f (sync %.6f)\n", k1, sb.prompt_tokens, lb, la);
-    assert_int_equal(k1, (sb.prompt_tokens + 63) / 64); /* blocks of 64: as few chunks as the blocks allow */
-    assert_int_equal(nb, na);
-    assert_memory_equal(tb, ta, sizeof(kvt_token) * na);
-    assert_true(fabs(la - lb) < TOL_CONC);
-    free(ta);
-    free(tb);
-    /* two user messages in a row: the first stays, the prefix is replaced */
-    assert_int_equal(kvt_session_sync(a, m2, 2, &sa), 0);
-    prefill_chunks(e, b, m2, 2, &sb);
-    na = stream_of(a, &ta);
-    nb = stream_of(b, &tb);
-    printf("second message: %lld tokens decoded (sync %lld) of %d\n", (long long) sb.tokens_decoded, (long long) sa.tokens_decoded,
-           sb.prompt_tokens);
-    assert_int_equal(nb, na);
-    assert_memory_equal(tb, ta, sizeof(kvt_token) * na);
-    assert_int_equal(sb.tokens_decoded, sa.tokens_decoded);
-    assert_true(sb.tokens_decoded < sb.prompt_tokens / 2);
-    assert_true(fabs(session_logprob(a) - session_logprob(b)) < TOL_CONC);
-    free(ta);
-    free(tb);
-    kvt_session_free(a);
-    kvt_session_free(b);
-    kvt_engine_free(e);
-}
-
 /* Each sequence's generation draws from one generator of its own, in order (llama.cpp's dist
 ** sampler seeded with the seed, as a llama-server slot's): on fixed logits, draws 0..N-1 of
 ** sequence 0 are the stream; sequence 1 drawing the same draws interleaved with sequence 0 gets
@@ -1215,7 +1158,6 @@ int main(void) {
         cmocka_unit_test(test_prefill_stopped_anywhere),
         cmocka_unit_test(test_seed_own_stream),
         cmocka_unit_test(test_seed_stream_per_sequence),
-        cmocka_unit_test(test_prefill_joins_prefix),
         cmocka_unit_test(test_park_resume),
         cmocka_unit_test(test_real_independent),
         cmocka_unit_test(test_grammar),
