@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # cli_serve_kill — the smoke version of bench/kill9.sh (issue #24): `kvtier serve` killed with
-# SIGKILL under load twice; each time `kvtier store verify` passes and a conversation stored
+# SIGKILL under load twice; each time `kvtier store verify` finds no corrupt or missing block (an orphan, the
+# crash remnant gc removes, is counted, not failed) and a conversation stored
 # before the kills comes back from the store with the log-probabilities it had from the store
 # before the kills (same run, decoded the same way: equal on any CPU).  The 20-round run:
 # docs/RELIABILITY.md.  Skips (77) without the chat model.
