@@ -31,7 +31,7 @@ static const struct serve_field OPENAI[] = {
     { "top_p",                 FT_NUM,          C|P|N, H, NULL, "nucleus sampling" },
     { "top_k",                 FT_INT,          N,     H, NULL, "sampling among the k most likely" },
     { "min_p",                 FT_NUM,          N,     H, NULL, "sampling among tokens at least min_p times the most likely's probability" },
-    { "seed",                  FT_INT,          C|P|N, H, NULL, "a seeded reply is the same alone or batched (each draw has its own generator)" },
+    { "seed",                  FT_INT,          C|P|N, H, NULL, "a seeded reply is the same alone or batched (each generation draws from its own generator, seeded as a llama-server slot's)" },
     { "n",                     FT_INT,          C|P,   H, NULL, "choices per request" },
     { "stop",                  FT_STR|FT_ARR,   C|P|N, H, NULL, "stop strings (up to 4)" },
     { "stream",                FT_BOOL,         C|P|N, H, NULL, "server-sent events" },
