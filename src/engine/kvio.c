@@ -112,10 +112,13 @@ int kvt__engine_cell_pos(kvt_engine *e, int32_t seq, int part, const kvt_pos **p
     }
     /* nothing kept until this read succeeds */
     e->cp_seq = -1;
-    const uint32_t cap = (uint32_t) e->info.n_ctx + 256; /* cells of any stream */
-    /* records: magic, seq id, n_stream, a count per stream, (pos, count, ids) per cell; then room
-    ** for the first rows' headers (v_trans, n_layer, type, row size) and no more */
-    const size_t need = 12 + 4 * (size_t) e->n_stream + (size_t) cap * (8 + 4 * (size_t) e->n_seq_max) + 32;
+    /* the sequence's cells (the engine's count: every part holds at most those) and slack */
+    const uint32_t cap = (uint32_t) kvt_seq_n_cells(e, seq) + 64;
+    /* records: magic, seq id, n_stream, a count per stream, (pos, count 1, the id) per cell (a
+    ** sequence's state names that sequence alone); then room for the first rows' headers
+    ** (v_trans, n_layer, type, row size) and no more.  Records that do not fit (another layout)
+    ** stop the write early: the zeroed rest does not parse, and the snapshot is read instead */
+    const size_t need = 12 + 4 * (size_t) e->n_stream + (size_t) cap * 12 + 32;
     if (e->cp_cap < need) {
         uint8_t *b = realloc(e->cp_buf, need);
         if (!b) return kvt__fail(KVT_ENOMEM, "cell records");
