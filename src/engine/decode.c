@@ -256,10 +256,9 @@ static void post_probs(const llama_token_data_array *arr, bool greedy, struct kv
 ** kvt_engine_sample) seeded with seed: llama.cpp's dist sampler, kept while the generation goes on
 ** draw after draw, so that a generation's draws are one stream of mt19937(seed), as a llama-server
 ** slot's (the same seeded tokens as llama-server from the same probabilities; LLAMA_DEFAULT_SEED:
-** a random seed per generation).  Another seed, or a
-** draw other than the next one, starts the stream again and advances it to the draw (one uniform
-** draw per earlier draw: exact unless an earlier draw had a single candidate, which draws none).
-** NULL when out of memory. */
+** a random seed per generation).  Another seed, or a draw other than the next one, starts the
+** stream again and advances it to the draw (one uniform draw per earlier draw: exact unless an
+** earlier draw had a single candidate, which draws none).  NULL when out of memory. */
 static struct llama_sampler *gen_rng(kvt_engine *e, int32_t g, uint32_t seed, int64_t draw) {
     struct gen_rng *r = &e->rng[g];
     if (r->dist && r->seed == seed && r->next == draw) return r->dist;
@@ -283,7 +282,7 @@ int kvt_engine_sample_at(kvt_engine *e, const struct kvt_sampling *s, int32_t se
     if (draw < 0) return kvt__fail(KVT_EINVAL, "sample: draw %lld is negative", (long long) draw);
     if (seq < -1 || seq >= e->n_rng - 1) return kvt__fail(KVT_EINVAL, "sample: sequence id %d", seq);
     /* what selects the chain (not the grammar, the biases, nor the post output), padding zeroed;
-    ** the seed is not in the chain: each draw gets its own generator (below) */
+    ** the seed is not in the chain: each generation has its own generator (below) */
     struct kvt_sampling key;
     memset(&key, 0, sizeof key);
     key.temperature = s->temperature;
