@@ -133,11 +133,10 @@ int cmd_bench_prefill(int argc, char **argv) {
     double *sess = malloc(sizeof(double) * (size_t) (turns * 64 + 64)),
            *plain = malloc(sizeof(double) * (size_t) (turns * 64 + 64));
     double *turn_ms = calloc((size_t) turns, sizeof(double));
-    int32_t *chunk_n = malloc(sizeof(int32_t) * (size_t) (turns * 64 + 64));
     struct kvt_decode_chunk *chunks = malloc(sizeof *chunks * 64);
     kvt_token *copy = malloc(sizeof(kvt_token) * (size_t) (64 * (message + 256)));
     kvt_session *s = NULL;
-    rc = msgs && owned && sess && plain && turn_ms && chunk_n && chunks && copy ? APP_OK : APP_ERR;
+    rc = msgs && owned && sess && plain && turn_ms && chunks && copy ? APP_OK : APP_ERR;
     for (int32_t i = 0; rc == APP_OK && i <= turns; i++) {
         owned[i] = i == 0 ? text_of(eng, tok, 0, resident) : text_of(eng, tok, resident + (i - 1) * message, message);
         if (!owned[i]) rc = APP_ERR;
@@ -193,7 +192,6 @@ int cmd_bench_prefill(int argc, char **argv) {
             const double c0 = now_ms();
             rc = kvt_engine_decode(eng, chunks[i].seq, copy + (size_t) i * (message + 256), m, next, true);
             plain[n_chunks + i] = now_ms() - c0;
-            chunk_n[n_chunks + i] = m;
             kvt_seq_rm(eng, chunks[i].seq, next, -1);
             sum_sess += sess[n_chunks + i];
             sum_plain += plain[n_chunks + i];
@@ -237,7 +235,6 @@ int cmd_bench_prefill(int argc, char **argv) {
     free(sess);
     free(plain);
     free(turn_ms);
-    free(chunk_n);
     free(chunks);
     free(copy);
     kvt_engine_free(eng);
