@@ -107,7 +107,8 @@ struct kvt_engine {
     int64_t smpl_draw;
     uint32_t smpl_p_seed; /* the seed of those draws */
     /* each generation's own generator (llama.cpp's dist sampler, as a llama-server slot has one):
-    ** [n_seq + 3], one per sequence id and a last one for kvt_engine_sample */
+    ** [n_seq + 4]: one per sequence id (n_seq + 3 of them, scratch ones included) and a last one for
+    ** kvt_engine_sample */
     struct gen_rng {
         struct llama_sampler *dist; /* NULL: none yet */
         uint32_t seed;              /* the seed it was created with */
