@@ -91,7 +91,7 @@ static int save_block(kvt_session *s, struct blk *b) {
     b->info.pool_key = b->key;
     /* with a store, a pure block's copy is its content entry (one copy, shared), any other
     ** block's a private entry; without one, the pool's */
-    const bool content = kvt__sess_store_block(s, b, blob);
+    const bool content = kvt__sess_index_block(s, b, blob);
     rc = content ? 0 : pool_save(s, b, blob);
     b->copy_content = content;
     /* KVT_EIO: a spill failed and the pool dropped what it was for, possibly this block's copy;
@@ -104,7 +104,6 @@ static int save_block(kvt_session *s, struct blk *b) {
     b->blob_cells = blob->n_cells;
     b->blob_cells_swa = blob->n_cells_swa;
     b->blob_bytes = blob->size;
-    if (s->p.policy == KVT_POLICY_INFLLM) kvt__sess_pick_representatives(s, b, blob);
     if (!preloaded) kvt_blob_free(blob);
     char *text = NULL;
     if ((rc = kvt_detokenize(s->eng, b->tok, b->info.n_tokens, false, &text))) {
@@ -122,7 +121,7 @@ static void close_open_block(kvt_session *s, struct blk *b) {
     b->info.role = kvt__sess_block_role(b);
     b->info.sealed = true;
     s->open = -1;
-    if (s->rcv.emb_dim > 0) kvt__sess_embed_block(s, b);
+    if (s->rcv.emb_dim > 0) kvt__sess_index_text(s, b);
 }
 
 /* Seal the open block: save its K/V to the pool (write-through) and detokenize its text.
@@ -435,4 +434,14 @@ void kvt__sess_drop_block(kvt_session *s, struct blk *b) {
     free(b->rep);
     free(b->emb);
     memset(b, 0, sizeof *b);
+}
+
+/* HOST vs DISK changes under the pool's (or the store's) LRU, and a copy may be dropped (a failed
+** spill, a quota, a content entry's TTL): ask where it is.  A block without a copy is LOST until
+** it is recomputed. */
+void kvt__sess_refresh_residency(const kvt_session *s, struct blk *b) {
+    if (b->info.residency == KVT_RES_HOST || b->info.residency == KVT_RES_DISK) {
+        const int t = kvt__sess_copy_tier(s, b);
+        b->info.residency = t == KVT_TIER_RAM ? KVT_RES_HOST : t == KVT_TIER_DISK ? KVT_RES_DISK : KVT_RES_LOST;
+    }
 }

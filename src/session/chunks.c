@@ -6,6 +6,7 @@
 ** recompute a few tokens to repair the cross-chunk attention it lacks.  Here:
 **
 **   store    every full block the session seals is also put in the block store under its chunk
+**            (index.c)
 **            key, SHA-256(c_0 | its tokens) (kvt_chunk_root: the chain root's inputs behind the
 **            domain "kvtier-chunk", so model, cache layout, block size and tenant are in it, and
 **            no chunk key equals a chain key).  Whatever the block's purity: its K/V come from
@@ -55,17 +56,6 @@ int kvt_chunk_recompute_parse(const char *spec, int32_t *tokens, double *pct) {
     *tokens = (int32_t) v;
     *pct = -1;
     return 0;
-}
-
-void kvt__sess_chunk_store(kvt_session *s, const struct blk *b, const kvt_blob *blob) {
-    const int32_t B = s->p.block;
-    if (!s->p.chunk_reuse || !s->p.store || b->info.n_tokens != B || !kvt__sess_roots(s)) return;
-    kvt_key key;
-    if (kvt_chain_next(&s->chunk.root, b->tok, B, &key) == 0 && !kvt_store_has(s->p.store, &key)) {
-        struct kvt_store_meta m = { s->reuse.model_fp, B, 0 };
-        if (kvt_store_put(s->p.store, &key, &m, blob->data, blob->size) == 0) s->st.chunk_put++;
-    }
-    kvt__clear_error(); /* a store that cannot take it costs a later prefill, nothing now */
 }
 
 void kvt__sess_chunk_free(struct chunk_run *runs, int32_t n_runs) {

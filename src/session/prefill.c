@@ -1,140 +1,17 @@
-/* prefill.c — a prompt's path through the session, as steps the caller drives.
+/* prefill.c — a conversation's prompt through the session, as steps the caller drives.
 **
-** Feeding tokens (struct feed): a run of tokens goes into the cache in chunks that end at block
-** boundaries, each preceded by eviction under the budget and followed by recording, sealing and
-** the attention signals; before the first chunk the longest prefix of full blocks comes from the
-** block store and reused chunks are planned (session/reuse.c, session/chunks.c).
-**
-** A conversation (struct kvt_prefill): kvt_session_sync's pipeline, message by message: the text
-** of messages not yet decoded goes in first, then the new user message's tokens (evicted blocks
-** relevant to it are recovered before it; InfLLM: after it), then the assistant prefix.  Every
-** decode of a prefill chunk is handed to the caller (kvt_prefill_next) and its result taken back
-** (kvt_prefill_done): the session never calls into the caller, and a server decodes the chunk
-** where it likes (alone, or in the step of its other requests).  kvt_session_sync and
-** kvt_session_add run the same steps, decoding every chunk alone. */
+** kvt_session_sync's pipeline (struct kvt_prefill), message by message: the text of messages not
+** yet decoded goes in first, then the new user message's tokens (evicted blocks relevant to it
+** are recovered before it; InfLLM: after it), then the assistant prefix; each goes in as a run of
+** tokens (feed.c).  Every decode of a prefill chunk is handed to the caller (kvt_prefill_next)
+** and its result taken back (kvt_prefill_done): the session never calls into the caller, and a
+** server decodes the chunk where it likes (alone, or in the step of its other requests).
+** kvt_session_sync and kvt_session_add run the same steps, decoding every chunk alone. */
 #include "session/session_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* ---- feeding tokens ---------------------------------------------------------------------- */
-
-/* One run of tokens being fed. */
-struct feed {
-    const kvt_token *tok; /* [n], not owned */
-    int32_t n, role, reserve_after;
-    int32_t off;            /* tokens of tok in the cache (decoded or loaded) */
-    bool routed;            /* the store's prefix lookup is done (or not wanted) */
-    struct chunk_run *runs; /* reused chunks after the prefix (session/chunks.c) */
-    int32_t n_runs, next_run, runs_base;
-    bool logits; /* the run's last token wants logits (false: more of the prompt follows it) */
-    int32_t m;   /* the chunk handed out: its tokens, */
-    bool last;   /*   the run's last chunk, */
-    double t0;   /*   when it was handed out (ms) */
-};
-
-static void feed_init(struct feed *f, const kvt_token *tok, int32_t n, int role, int32_t reserve_after) {
-    memset(f, 0, sizeof *f);
-    f->tok = tok;
-    f->n = n;
-    f->role = role;
-    f->reserve_after = reserve_after;
-    f->routed = role == KVT_ROLE_ASSISTANT; /* a prompt's blocks may be in the store */
-    f->logits = true;
-}
-
-static void feed_free(struct feed *f) {
-    kvt__sess_chunk_free(f->runs, f->n_runs);
-    f->runs = NULL;
-    f->n_runs = 0;
-}
-
-/* Keep the engine's logits of this session's last token (sessions share the engine). */
-static int save_logits(kvt_session *s) {
-    const float *l = kvt_engine_logits(s->eng);
-    s->dec.have_logits = false;
-    if (!l) return 0;
-    if (!s->dec.logits && !(s->dec.logits = malloc(sizeof(float) * (size_t) s->n_vocab))) return kvt__fail(KVT_ENOMEM, "logits");
-    memcpy(s->dec.logits, l, sizeof(float) * (size_t) s->n_vocab);
-    s->dec.have_logits = true;
-    return 0;
-}
-
-/* The next chunk of the run: whatever must see the whole prompt before its first chunk (the
-** store's prefix lookup, the plan of reused chunks) and the loads of reused chunks happen here;
-** then room is made for the chunk (eviction) and its positions reserved.  room > 0: at most that
-** many tokens.  Returns 1 with *c (decode it, then feed_done), 0 when the run is in, or an error. */
-static int feed_next(kvt_session *s, struct feed *f, int32_t room, struct kvt_decode_chunk *c) {
-    int rc = 0;
-    while (f->off < f->n) {
-        if (!f->routed && s->open < 0) { /* at the first block boundary (after completing an open block) */
-            int32_t used = 0;
-            if ((rc = kvt__sess_route(s, f->tok + f->off, f->n - f->off, f->role, &used))) return rc;
-            f->routed = true;
-            f->off += used;
-            f->runs_base = f->off;
-            if ((rc = kvt__sess_chunk_plan(s, f->tok + f->off, f->n - f->off, &f->runs, &f->n_runs))) return rc;
-            continue;
-        }
-        if (f->next_run < f->n_runs && f->off == f->runs_base + f->runs[f->next_run].at) {
-            int32_t used = 0;
-            if ((rc = kvt__sess_chunk_load(s, &f->runs[f->next_run++], f->tok + f->off, f->role, &used))) return rc;
-            f->off += used;
-            if (used) continue;
-        }
-        /* chunks end at block boundaries so each completed block is sealed right after it is
-        ** decoded (its SWA cells still exist), and where a reused chunk's load starts */
-        int32_t room_in_block = s->open >= 0 ? s->p.block - s->b[s->open].info.n_tokens : s->p.block;
-        int32_t m = KVT_MIN(f->n - f->off, room_in_block);
-        if (f->next_run < f->n_runs) m = KVT_MIN(m, f->runs_base + f->runs[f->next_run].at - f->off);
-        if (room > 0) m = KVT_MIN(m, room);
-        const bool last = f->off + m == f->n;
-        double t1 = kvt__now_ms();
-        rc = kvt__sess_make_room(s, m + (last ? f->reserve_after : 0));
-        if (rc == KVT_EBUDGET && last && f->reserve_after) rc = kvt__sess_make_room(s, m); /* reply room is best effort */
-        s->st.policy_ms += kvt__now_ms() - t1; /* scoring; the seq_rm of evictions is in here too (cheap) */
-        if (rc || (rc = kvt__sess_reserve_positions(s, m))) return rc;
-        *c = (struct kvt_decode_chunk){ s->p.seq, f->tok + f->off, m, s->next_pos, last && f->logits };
-        f->m = m;
-        f->last = last;
-        f->t0 = kvt__now_ms();
-        return 1;
-    }
-    return 0;
-}
-
-/* The chunk feed_next handed out was decoded with result rc (its last logits in the engine when
-** it wanted them): record its tokens, seal completed blocks, run the attention signals. */
-static int feed_done(kvt_session *s, struct feed *f, int rc) {
-    s->st.decode_ms += kvt__now_ms() - f->t0;
-    if (rc) return rc;
-    if (f->last && f->logits && (rc = save_logits(s))) return rc;
-    if (f->last && !f->logits) s->dec.have_logits = false; /* the run after it brings them */
-    s->st.decoded += f->m;
-    kvt__sess_note_peak(s);
-    if ((rc = kvt__sess_record(s, f->tok + f->off, f->m, f->role))) return rc;
-    if ((rc = kvt__sess_elastic(s, f->m))) return rc;
-    /* prompt chunks always feed the attention signals; generated tokens every 8th (one token's
-    ** attention changes the accumulated mass little, and each read costs a copy of the
-    ** sequence's cells) */
-    if (f->role != KVT_ROLE_ASSISTANT || s->st.decoded % 8 == 0) kvt__sess_observe(s, f->role != KVT_ROLE_ASSISTANT);
-    f->off += f->m;
-    return 0;
-}
-
-int kvt__sess_feed(kvt_session *s, const kvt_token *tok, int32_t n, int role, int32_t reserve_after) {
-    struct feed f;
-    struct kvt_decode_chunk c;
-    int rc;
-    feed_init(&f, tok, n, role, reserve_after);
-    while ((rc = feed_next(s, &f, 0, &c)) == 1) {
-        rc = kvt_engine_decode(s->eng, c.seq, c.tokens, c.n, c.pos0, c.want_logits);
-        if ((rc = feed_done(s, &f, rc))) break;
-    }
-    feed_free(&f);
-    return rc;
-}
 
 /* ---- a conversation, step by step --------------------------------------------------------- */
 
@@ -188,7 +65,7 @@ static void pf_feed(struct kvt_prefill *pf, const kvt_token *tok, int32_t n, int
     pf->after = after;
     pf->phase = after;
     if (n <= 0) return;
-    feed_init(&pf->f, tok, n, role, reserve);
+    kvt__sess_feed_init(&pf->f, tok, n, role, reserve);
     pf->feeding = true;
 }
 
@@ -363,7 +240,7 @@ static int pf_advance(struct kvt_prefill *pf, int res) {
 static int pf_stop(struct kvt_prefill *pf, int rc) {
     pf->rc = rc;
     snprintf(pf->msg, sizeof pf->msg, "%s", kvt_errmsg());
-    if (pf->feeding) feed_free(&pf->f);
+    if (pf->feeding) kvt__sess_feed_free(&pf->f);
     pf->feeding = pf->chunk_out = false;
     pf->phase = PF_DONE;
     return rc;
@@ -375,12 +252,12 @@ int kvt_prefill_next(kvt_prefill *pf, int32_t room, struct kvt_decode_chunk *chu
     if (pf->chunk_out) return kvt__fail(KVT_EINVAL, "kvt_prefill_next: the chunk handed out has not been done (kvt_prefill_done)");
     for (;;) {
         if (pf->feeding) {
-            int r = feed_next(pf->s, &pf->f, room, chunk);
+            int r = kvt__sess_feed_next(pf->s, &pf->f, room, chunk);
             if (r == 1) {
                 pf->chunk_out = true;
                 return 1;
             }
-            feed_free(&pf->f);
+            kvt__sess_feed_free(&pf->f);
             pf->feeding = false;
             pf->phase = pf->after;
             if ((r = pf_advance(pf, r))) return pf_stop(pf, r);
@@ -403,9 +280,9 @@ int kvt_prefill_done(kvt_prefill *pf, int rc) {
         kvt_seq_rm(pf->s->eng, pf->s->p.seq, pf->s->next_pos, -1);
         kvt__fail(rc, "%s", m);
     }
-    if ((rc = feed_done(pf->s, &pf->f, rc)) == 0) return 0;
+    if ((rc = kvt__sess_feed_done(pf->s, &pf->f, rc)) == 0) return 0;
     /* the run failed (the decode, the caller's stop, or recording it): its phase takes the error */
-    feed_free(&pf->f);
+    kvt__sess_feed_free(&pf->f);
     pf->feeding = false;
     pf->phase = pf->after;
     int r = pf_advance(pf, rc);
@@ -478,7 +355,7 @@ int kvt_prefill_end(kvt_prefill *pf, struct kvt_sync_info *out) {
         if (pf->chunk_out) kvt_seq_rm(s->eng, s->p.seq, s->next_pos, -1);
         const bool in_message = pf->feeding && pf->after != PF_PREFIX_FED;
         const bool in_prefix = pf->feeding && pf->after == PF_PREFIX_FED;
-        if (pf->feeding) feed_free(&pf->f);
+        if (pf->feeding) kvt__sess_feed_free(&pf->f);
         pf->feeding = pf->chunk_out = false;
         int rc = kvt__fail(KVT_ECANCELED, "the prefill was ended before its last chunk");
         if (in_message) rc = pf_fail_message(pf, rc);

@@ -1,7 +1,7 @@
-/* reuse.c — a session's blocks in the content-addressed block store (section 8 of kvtier.h).
+/* reuse.c — a prompt's prefix from the content-addressed block store (section 8 of kvtier.h).
 **
-** A block's chain key names the K/V a cold prefill of the token stream from position 0 gives
-** (vLLM's prefix caching and LMCache key blocks the same way).  A session's block i carries that
+** A block's chain key (index.c) names the K/V a cold prefill of the token stream from position 0
+** gives (vLLM's prefix caching and LMCache key blocks the same way).  A session's block i carries that
 ** K/V exactly while the session is "chain-pure": every block before it was resident at its
 ** original position when it was decoded or loaded.  The first eviction ends that: a block decoded
 ** after it attended to a context with a hole, and its K/V belong to no prefix.  So the session
@@ -26,79 +26,6 @@
 const char *kvt_route_name(int route) {
     static const char *const names[] = { "none", "miss", "partial", "exact" };
     return route >= 0 && route < 4 ? names[route] : "unknown";
-}
-
-/* h_0 for this session, computed once (the model's fingerprint reads the GGUF file once per
-** engine).  A failure turns the store off for the session: it is a cache, never a reason to fail
-** a request. */
-bool kvt__sess_roots(kvt_session *s) {
-    if (s->reuse.have_root) return true;
-    if (!s->p.store || s->reuse.store_broken) return false;
-    struct kvt_chain_params cp;
-    char layout[512];
-    memset(&cp, 0, sizeof cp);
-    int rc = kvt_engine_fingerprint(s->eng, &cp.model);
-    if (rc == 0) {
-        kvt_engine_layout(s->eng, layout, sizeof layout);
-        cp.layout = layout;
-        cp.block = s->p.block;
-        cp.tenant = s->reuse.tenant;
-        rc = kvt_chain_root(&cp, &s->reuse.root);
-        if (rc == 0 && s->p.chunk_reuse) rc = kvt_chunk_root(&cp, &s->chunk.root);
-    }
-    if (rc) {
-        fprintf(stderr, "kvtier: block store off for this session: %s\n", kvt_errmsg());
-        kvt__clear_error();
-        s->reuse.store_broken = true;
-        return false;
-    }
-    s->reuse.model_fp = cp.model;
-    s->reuse.have_root = true;
-    return true;
-}
-
-/* Key of block i from its predecessor's; false when there is none (not pure, not full). */
-static bool block_key(kvt_session *s, int32_t i, kvt_key *out) {
-    const struct blk *b = &s->b[i];
-    if (b->info.n_tokens != s->p.block || b->info.orig_p0 != i * s->p.block) return false;
-    const kvt_key *prev = NULL;
-    if (i == 0) {
-        if (!kvt__sess_roots(s)) return false;
-        prev = &s->reuse.root;
-    } else if (s->b[i - 1].has_ckey) {
-        prev = &s->b[i - 1].ckey;
-    } else {
-        return false;
-    }
-    kvt_chain_next(prev, b->tok, b->info.n_tokens, out);
-    return true;
-}
-
-void kvt__sess_chain_off(kvt_session *s) { s->reuse.chain_ok = false; }
-
-bool kvt__sess_store_block(kvt_session *s, struct blk *b, const kvt_blob *blob) {
-    kvt__sess_chunk_store(s, b, blob); /* chunk keys: blocks of any purity */
-    if (!s->p.store || !s->reuse.chain_ok) return false;
-    const int32_t i = (int32_t) (b - s->b);
-    if (blob->p0 != b->info.orig_p0 || !block_key(s, i, &b->ckey)) return false;
-    b->has_ckey = true;
-    if (kvt_store_has(s->p.store, &b->ckey)) return true;
-    struct kvt_store_meta m = { s->reuse.model_fp, b->info.n_tokens, 0 };
-    const bool put = kvt_store_put(s->p.store, &b->ckey, &m, blob->data, blob->size) == 0;
-    if (put) s->st.store_put++;
-    /* a put that neither tier kept (larger than RAM with no disk tier, say) is no copy */
-    const bool held = put && kvt_store_has(s->p.store, &b->ckey);
-    kvt__clear_error(); /* a store that cannot take it (memory) costs a later prefill, nothing now */
-    return held;
-}
-
-int kvt__sess_store_fetch(kvt_session *s, const struct blk *b, void **data, size_t *n) {
-    *data = NULL;
-    *n = 0;
-    if (!s->p.store || !b->has_ckey || !s->reuse.have_root) return KVT_ENOENT;
-    int rc = kvt_store_get_copy(s->p.store, &b->ckey, &s->reuse.model_fp, data, n); /* its own copy: any age */
-    if (rc) kvt__clear_error();
-    return rc;
 }
 
 int kvt__sess_route(kvt_session *s, const kvt_token *tok, int32_t n, int role, int32_t *used) {
@@ -213,10 +140,4 @@ int kvt__sess_load_run(kvt_session *s, const kvt_blob **bp, int32_t found, const
     kvt__sess_note_peak(s);
     *loaded = found * B;
     return 0;
-}
-
-int32_t kvt__sess_route_kind(int64_t want, int64_t found) {
-    if (want == 0) return KVT_ROUTE_NONE;
-    if (found == 0) return KVT_ROUTE_MISS;
-    return found >= want ? KVT_ROUTE_EXACT : KVT_ROUTE_PARTIAL;
 }

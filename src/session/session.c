@@ -11,7 +11,6 @@
 #include <string.h>
 
 static atomic_uint g_serial;
-const char *const kvt__sess_role_name[3] = { "system", "user", "assistant" };
 
 struct kvt_session_params kvt_session_default_params(void) {
     struct kvt_session_params p;
@@ -199,32 +198,6 @@ void kvt_session_free(kvt_session *s) {
     free(s->dec.gen);
     free(s->reuse.tenant);
     free(s);
-}
-
-int32_t kvt__sess_resident(const kvt_session *s) { return s->is_parked ? 0 : kvt_seq_n_cells(s->eng, s->p.seq); }
-
-int kvt__sess_parked_error(void) { return kvt__fail(KVT_EINVAL, "the session is parked (kvt_session_resume it first)"); }
-
-void kvt__sess_note_peak(kvt_session *s) {
-    int32_t r = kvt__sess_resident(s);
-    if (r > s->st.peak) s->st.peak = r;
-}
-
-int kvt__sess_block_role(const struct blk *b) {
-    int best = 0;
-    for (int r = 1; r < 3; r++)
-        if (b->role_n[r] > b->role_n[best]) best = r;
-    return best;
-}
-
-/* HOST vs DISK changes under the pool's (or the store's) LRU, and a copy may be dropped (a failed
-** spill, a quota, a content entry's TTL): ask where it is.  A block without a copy is LOST until
-** it is recomputed. */
-void kvt__sess_refresh_residency(const kvt_session *s, struct blk *b) {
-    if (b->info.residency == KVT_RES_HOST || b->info.residency == KVT_RES_DISK) {
-        const int t = kvt__sess_copy_tier(s, b);
-        b->info.residency = t == KVT_TIER_RAM ? KVT_RES_HOST : t == KVT_TIER_DISK ? KVT_RES_DISK : KVT_RES_LOST;
-    }
 }
 
 void kvt_session_get_stats(kvt_session *s, struct kvt_session_stats *st) {

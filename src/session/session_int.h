@@ -2,23 +2,28 @@
 **
 ** A kvt_session is one conversation in one llama.cpp sequence under a token budget.  Its KV is
 ** managed in blocks of `block` consecutive positions (vLLM's paged blocks) listed in a block
-** table (`b`, by id = order in the token stream).  The files split the jobs:
+** table (`b`, by id = order in the token stream).  The files, in layers: a file calls only into
+** files of lower layers (tests/cli/cli_layers.sh draws the graph from the objects' symbols and
+** fails on an arrow up or sideways):
 **
-**   session/session.c     open/free, parameters, statistics, block info, park/resume
-**   session/blocks.c      block table: record tokens, seal (write-through save to the pool),
-**                         evict under the watermarks, load a block back, drop a block
-**   session/sync.c        the conversation: messages, template text diff, cut-back
-**   session/prefill.c     a prompt's path as steps (kvt_prefill): feeding tokens in budget-sized
-**                         chunks, the pipeline of a new message; kvt_session_sync and _add
-**   session/generate.c    generation, batched steps
-**   session/positions.c   positions kept below the trained context (compaction of the gaps)
-**   session/reuse.c       blocks in the content-addressed store: chain keys, store at seal,
-**                         prompt prefix lookup and load before prefill
-**   session/chunks.c      non-prefix chunk reuse: chunk keys at seal, the scan of a prompt for
-**                         stored blocks at any offset, their load with boundary recompute
-**   session/signals.c     attention captured per chunk -> H2O / SnapKV / EWMA block signals
-**   session/recovery.c    which evicted blocks come back before a message (BM25 novel terms,
-**                         successor blocks, dense/HNSW, InfLLM representatives, own tail)
+**   0 state.c       what every file reads: resident tokens, the peak, roles, chain purity
+**   1 positions.c   positions kept below the trained context (compaction of the gaps)
+**     index.c       what a sealed block is found by: chain and chunk keys in the store,
+**                   InfLLM representatives, text vectors (one step at its seal)
+**     signals.c     attention captured per chunk -> H2O / SnapKV / EWMA block signals
+**     elastic.c     live ElasticKV passes
+**   2 blocks.c      the executor: record tokens, seal (write-through save + index), evict under
+**                   the watermarks, load a block back (RoPE re-anchoring), lift/place, drop
+**   3 reuse.c       the store's prompt prefix: lookup and load before prefill
+**   4 chunks.c      non-prefix chunk reuse: the scan of a prompt for stored blocks at any
+**                   offset, their load with boundary recompute
+**     recovery.c    which evicted blocks come back before a message (BM25 novel terms,
+**                   successor blocks, dense/HNSW, InfLLM representatives, own tail)
+**   5 feed.c        a run of tokens in budget-sized chunks ending at block boundaries
+**   6 sync.c        the conversation: messages, template text diff, cut-back
+**   7 prefill.c     a prompt's path as steps (kvt_prefill); kvt_session_sync and _add
+**   8 generate.c    generation, batched steps
+**     session.c     open/free, parameters, statistics, block info, park/resume
 **
 ** Single-threaded like the public session API: one thread at a time per engine. */
 #ifndef KVT_SESSION_INT_H
@@ -192,14 +197,57 @@ static inline bool kvt__sess_evicted(const kvt_session *s, const struct blk *b) 
     return r == KVT_RES_HOST || r == KVT_RES_DISK || (r == KVT_RES_LOST && s->p.recovery != KVT_RECOVERY_DISCARD);
 }
 
-/* ---- session/session.c ---- */
-int32_t kvt__sess_resident(const kvt_session *s);                      /* cells of the session's sequence */
-int kvt__sess_parked_error(void);                                      /* KVT_EINVAL "the session is parked" */
-void kvt__sess_note_peak(kvt_session *s);                              /* peak resident tokens */
-int kvt__sess_block_role(const struct blk *b);                         /* the role with most tokens in b */
-void kvt__sess_refresh_residency(const kvt_session *s, struct blk *b); /* HOST vs DISK vs LOST from the pool */
+/* ---- 0 session/state.c ---- */
+int32_t kvt__sess_resident(const kvt_session *s); /* cells of the session's sequence */
+int kvt__sess_parked_error(void);                 /* KVT_EINVAL "the session is parked" */
+void kvt__sess_note_peak(kvt_session *s);         /* peak resident tokens */
+int kvt__sess_block_role(const struct blk *b);    /* the role with most tokens in b */
+/* enum kvt_role of "system", "user", "assistant"; -1 for anything else. */
+int kvt__sess_role_from_name(const char *r);
+/* The session's KV stops being a cold prefill's (eviction, recovery, compaction, early seal):
+** no block from now on gets a chain key. */
+void kvt__sess_chain_off(kvt_session *s);
+/* enum kvt_route of lookups that wanted `want` tokens and found `found`. */
+int32_t kvt__sess_route_kind(int64_t want, int64_t found);
 
-/* ---- session/blocks.c ---- */
+/* ---- 1 session/positions.c ---- */
+/* Make room for n more positions below pos_limit: compact the resident blocks down to close the
+** gaps if next_pos + n would pass it.  KVT_ECTX (with the numbers) when even that is not enough;
+** errors of kvt_seq_shift.  Call before every decode or load at next_pos. */
+int kvt__sess_reserve_positions(kvt_session *s, int32_t n);
+/* Move every resident block down, in position order, to sit contiguously from 0. */
+int kvt__sess_compact(kvt_session *s);
+
+/* ---- 1 session/index.c ---- */
+/* h_0 (and c_0 with chunk_reuse) and the model fingerprint, computed once; false (store off for
+** the session, reported on stderr) when they cannot be. */
+bool kvt__sess_roots(kvt_session *s);
+/* Block b was just saved as blob (at its seal): index it.  Its chain key while the session is
+** pure and its chunk key with chunk_reuse go into the store (write-behind), its InfLLM
+** representatives are picked.  Never fails (each index is best effort).  Returns true if the
+** store holds b's bytes under its chain key now (put, or there already): that entry is b's copy. */
+bool kvt__sess_index_block(kvt_session *s, struct blk *b, const kvt_blob *blob);
+/* Block b was closed with its text: its vector for dense recovery (with an embedder), into the
+** HNSW index once ann_min_blocks are sealed.  Best effort. */
+void kvt__sess_index_text(kvt_session *s, struct blk *b);
+/* b's bytes from the store by its chain key (a copy the pool lost).  KVT_ENOENT when none. */
+int kvt__sess_store_fetch(kvt_session *s, const struct blk *b, void **data, size_t *n);
+
+/* ---- 1 session/signals.c ---- */
+/* Attention captured for the last decoded chunk -> block signals (best effort). */
+void kvt__sess_observe(kvt_session *s, bool prompt);
+
+/* ---- 1 session/elastic.c ---- */
+/* Validate p's elastic fields (KVT_EINVAL naming the value). */
+int kvt__sess_elastic_check(const struct kvt_session_params *p);
+/* n tokens were just decoded into the session: run a live ElasticKV pass when one is due
+** (kvt_session_params.elastic_sk).  On error the cache is unchanged (kvt_seq_elastic) and the
+** pass is tried again after the next tokens. */
+int kvt__sess_elastic(kvt_session *s, int32_t n);
+/* The elastic_* fields of st. */
+void kvt__sess_elastic_stats(const kvt_session *s, struct kvt_session_stats *st);
+
+/* ---- 2 session/blocks.c ---- */
 /* Record tokens[0..n) just decoded at positions next_pos.. in the block table, sealing blocks as
 ** they fill.  A block never holds more than `block` tokens: a full block whose seal fails is
 ** closed without a saved copy (reported on stderr) and recomputed from its tokens if it is
@@ -232,55 +280,10 @@ void kvt__sess_drop_block(kvt_session *s, struct blk *b);
 void kvt__sess_copy_del(kvt_session *s, struct blk *b);
 /* enum kvt_tier of b's copy now: RAM, DISK or NONE. */
 int kvt__sess_copy_tier(const kvt_session *s, const struct blk *b);
+/* HOST vs DISK from the pool (or the store) now; a block whose copy is gone is LOST. */
+void kvt__sess_refresh_residency(const kvt_session *s, struct blk *b);
 
-/* ---- session/prefill.c ---- */
-/* Decode tokens for the conversation in chunks that end at block boundaries, keeping the budget
-** (plus reserve_after free tokens after the last chunk) at every chunk, each chunk alone. */
-int kvt__sess_feed(kvt_session *s, const kvt_token *tok, int32_t n, int role, int32_t reserve_after);
-
-/* ---- session/elastic.c ---- */
-/* Validate p's elastic fields (KVT_EINVAL naming the value). */
-int kvt__sess_elastic_check(const struct kvt_session_params *p);
-/* n tokens were just decoded into the session: run a live ElasticKV pass when one is due
-** (kvt_session_params.elastic_sk).  On error the cache is unchanged (kvt_seq_elastic) and the
-** pass is tried again after the next tokens. */
-int kvt__sess_elastic(kvt_session *s, int32_t n);
-/* The elastic_* fields of st. */
-void kvt__sess_elastic_stats(const kvt_session *s, struct kvt_session_stats *st);
-
-/* ---- session/sync.c ---- */
-int kvt__sess_push_msg(kvt_session *s, int role, const char *text, int keep);
-void kvt__sess_set_text(kvt_session *s, char *fmt);
-int kvt__sess_cut_stream(kvt_session *s, int32_t keep);
-int kvt__sess_append_reply(kvt_session *s, const char *text);
-/* Tokens of the template text of messages [0, n_msgs) (with the assistant prefix when add_ass)
-** not yet in the stream, the stream cut back first where the text diverges.  OUT *tok (caller
-** frees), *n, *fmt_out: the whole template text (caller frees; kv_text once they are in). */
-int kvt__sess_pending_tokens(kvt_session *s, int32_t n_msgs, bool add_ass, kvt_token **tok, int32_t *n, char **fmt_out);
-/* enum kvt_role of "system", "user", "assistant"; -1 for anything else. */
-int kvt__sess_role_from_name(const char *r);
-/* The stream ends with a token whose logits are not kept (nothing was decoded after a cut back):
-** decode it again. */
-int kvt__sess_refresh_logits(kvt_session *s);
-
-/* ---- session/positions.c ---- */
-/* Make room for n more positions below pos_limit: compact the resident blocks down to close the
-** gaps if next_pos + n would pass it.  KVT_ECTX (with the numbers) when even that is not enough;
-** errors of kvt_seq_shift.  Call before every decode or load at next_pos. */
-int kvt__sess_reserve_positions(kvt_session *s, int32_t n);
-/* Move every resident block down, in position order, to sit contiguously from 0. */
-int kvt__sess_compact(kvt_session *s);
-
-/* ---- session/reuse.c ---- */
-/* The session's KV stops being a cold prefill's (eviction, recovery, compaction, early seal):
-** no block from now on gets a chain key. */
-void kvt__sess_chain_off(kvt_session *s);
-/* Block b was just saved as blob: while the session is pure, give it its chain key and put it in
-** the store (write-behind).  Never fails (the store is a cache).  Returns true if the store
-** holds b's bytes under its chain key now (put, or there already). */
-bool kvt__sess_store_block(kvt_session *s, struct blk *b, const kvt_blob *blob);
-/* b's bytes from the store by its chain key (a copy the pool lost).  KVT_ENOENT when none. */
-int kvt__sess_store_fetch(kvt_session *s, const struct blk *b, void **data, size_t *n);
+/* ---- 3 session/reuse.c ---- */
 /* Before prefilling tok[0..n) of a prompt: the longest prefix of its full blocks found in the
 ** store is loaded and recorded; *used = its tokens (the caller decodes the rest). */
 int kvt__sess_route(kvt_session *s, const kvt_token *tok, int32_t n, int role, int32_t *used);
@@ -295,16 +298,8 @@ int kvt__sess_route(kvt_session *s, const kvt_token *tok, int32_t n, int role, i
 ** OUT *loaded (tokens).  Returns 0 or the error of recording them (KVT_ENOMEM, ...). */
 int kvt__sess_load_run(kvt_session *s, const kvt_blob **bp, int32_t found, const kvt_token *tok, int role, bool moved,
                        int32_t *loaded);
-/* enum kvt_route of lookups that wanted `want` tokens and found `found`. */
-int32_t kvt__sess_route_kind(int64_t want, int64_t found);
-/* h_0 (and c_0 with chunk_reuse) and the model fingerprint, computed once; false (store off for
-** the session, reported on stderr) when they cannot be. */
-bool kvt__sess_roots(kvt_session *s);
 
-/* ---- session/chunks.c ---- */
-/* Block b (full) was just saved as blob: with chunk_reuse, put it in the store under its chunk
-** key too (write-behind).  Never fails (the store is a cache). */
-void kvt__sess_chunk_store(kvt_session *s, const struct blk *b, const kvt_blob *blob);
+/* ---- 4 session/chunks.c ---- */
 /* The reused chunks of prompt tokens tok[0..n) (the last token never in one), greedy left to
 ** right at every offset, with the boundary recompute taken off their starts.  *runs: caller
 ** frees with kvt__sess_chunk_free.  0 runs without chunk_reuse or a store.  Errors: KVT_ENOMEM. */
@@ -315,13 +310,7 @@ void kvt__sess_chunk_free(struct chunk_run *runs, int32_t n_runs);
 ** failed load is not an error).  Errors: those of kvt__sess_record. */
 int kvt__sess_chunk_load(kvt_session *s, const struct chunk_run *r, const kvt_token *tok, int role, int32_t *used);
 
-/* ---- session/signals.c ---- */
-/* Attention captured for the last decoded chunk -> block signals (best effort). */
-void kvt__sess_observe(kvt_session *s, bool prompt);
-
-/* ---- session/recovery.c ---- */
-void kvt__sess_pick_representatives(kvt_session *s, struct blk *b, const kvt_blob *blob);
-void kvt__sess_embed_block(kvt_session *s, struct blk *b);
+/* ---- 4 session/recovery.c ---- */
 int kvt__sess_load_candidates(kvt_session *s, struct cand *c, int32_t n_c, int32_t extra);
 /* Before a user message of msg_tokens tokens: relevance of every block, evicted blocks back. */
 int kvt__sess_recover(kvt_session *s, const char *query, int32_t msg_tokens);
@@ -329,5 +318,48 @@ int kvt__sess_recover(kvt_session *s, const char *query, int32_t msg_tokens);
 int kvt__sess_infllm_recover(kvt_session *s, int32_t suffix_tokens);
 /* A message longer than the budget: its own evicted blocks relevant to its end. */
 int kvt__sess_recover_own_tail(kvt_session *s, const char *text);
+
+/* ---- 5 session/feed.c ---- */
+/* One run of tokens being fed. */
+struct feed {
+    const kvt_token *tok; /* [n], not owned */
+    int32_t n, role, reserve_after;
+    int32_t off;            /* tokens of tok in the cache (decoded or loaded) */
+    bool routed;            /* the store's prefix lookup is done (or not wanted) */
+    struct chunk_run *runs; /* reused chunks after the prefix (session/chunks.c) */
+    int32_t n_runs, next_run, runs_base;
+    bool logits; /* the run's last token wants logits (false: more of the prompt follows it) */
+    int32_t m;   /* the chunk handed out: its tokens, */
+    bool last;   /*   the run's last chunk, */
+    double t0;   /*   when it was handed out (ms) */
+};
+
+void kvt__sess_feed_init(struct feed *f, const kvt_token *tok, int32_t n, int role, int32_t reserve_after);
+void kvt__sess_feed_free(struct feed *f);
+/* The next chunk of the run: whatever must see the whole prompt before its first chunk (the
+** store's prefix lookup, the plan of reused chunks) and the loads of reused chunks happen here;
+** then room is made for the chunk (eviction) and its positions reserved.  room > 0: at most that
+** many tokens.  Returns 1 with *c (decode it, then kvt__sess_feed_done), 0 when the run is in,
+** or an error. */
+int kvt__sess_feed_next(kvt_session *s, struct feed *f, int32_t room, struct kvt_decode_chunk *c);
+/* The chunk handed out was decoded with result rc (its last logits in the engine when it wanted
+** them): record its tokens, seal completed blocks, run the attention signals. */
+int kvt__sess_feed_done(kvt_session *s, struct feed *f, int rc);
+/* Decode tokens for the conversation in chunks that end at block boundaries, keeping the budget
+** (plus reserve_after free tokens after the last chunk) at every chunk, each chunk alone. */
+int kvt__sess_feed(kvt_session *s, const kvt_token *tok, int32_t n, int role, int32_t reserve_after);
+
+/* ---- 6 session/sync.c ---- */
+int kvt__sess_push_msg(kvt_session *s, int role, const char *text, int keep);
+void kvt__sess_set_text(kvt_session *s, char *fmt);
+int kvt__sess_cut_stream(kvt_session *s, int32_t keep);
+int kvt__sess_append_reply(kvt_session *s, const char *text);
+/* Tokens of the template text of messages [0, n_msgs) (with the assistant prefix when add_ass)
+** not yet in the stream, the stream cut back first where the text diverges.  OUT *tok (caller
+** frees), *n, *fmt_out: the whole template text (caller frees; kv_text once they are in). */
+int kvt__sess_pending_tokens(kvt_session *s, int32_t n_msgs, bool add_ass, kvt_token **tok, int32_t *n, char **fmt_out);
+/* The stream ends with a token whose logits are not kept (nothing was decoded after a cut back):
+** decode it again. */
+int kvt__sess_refresh_logits(kvt_session *s);
 
 #endif

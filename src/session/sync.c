@@ -256,12 +256,6 @@ int kvt__sess_append_reply(kvt_session *s, const char *text) {
     return 0;
 }
 
-int kvt__sess_role_from_name(const char *r) {
-    for (int i = 0; r && i < 3; i++)
-        if (!strcmp(r, kvt__sess_role_name[i])) return i;
-    return -1;
-}
-
 /* The stream ends with a token whose logits are not kept (nothing was decoded after a cut back):
 ** decode its last token again. */
 int kvt__sess_refresh_logits(kvt_session *s) {
