@@ -66,6 +66,7 @@ struct cli_run_opts {
     const char *n_gpu_layers;     /* -ngl: N, all or auto (NULL = the engine's default, all) */
     const char *flash_attn;       /* -fa: on, off or auto (NULL = the engine's default, auto) */
     bool no_op_offload;           /* --no-op-offload (kvt_engine_params.no_op_offload) */
+    bool explain;                 /* --explain (chat): each prefill's decisions on stderr */
 };
 
 void cli_run_opts_default(struct cli_run_opts *o);
@@ -227,13 +228,13 @@ extern volatile sig_atomic_t cli_sigint;
 int cmd_chat(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
-int cmd_bench_policy(int argc, char **argv); /* cmd_bench_policy.c, run by cmd_bench */
-int cmd_bench_codec(int argc, char **argv);  /* cmd_bench_codec.c, run by cmd_bench */
-int cmd_bench_chunks(int argc, char **argv); /* cmd_bench_chunks.c, run by cmd_bench */
+int cmd_bench_policy(int argc, char **argv);  /* cmd_bench_policy.c, run by cmd_bench */
+int cmd_bench_codec(int argc, char **argv);   /* cmd_bench_codec.c, run by cmd_bench */
+int cmd_bench_chunks(int argc, char **argv);  /* cmd_bench_chunks.c, run by cmd_bench */
 int cmd_bench_prefill(int argc, char **argv); /* cmd_bench_prefill.c, run by cmd_bench */
-int cmd_calibrate(int argc, char **argv);    /* cmd_calibrate.c */
-int cmd_eval(int argc, char **argv);         /* cmd_eval.c */
-int cmd_serve(int argc, char **argv);        /* cmd_serve.c */
-int cmd_store(int argc, char **argv);        /* cmd_store.c */
+int cmd_calibrate(int argc, char **argv);     /* cmd_calibrate.c */
+int cmd_eval(int argc, char **argv);          /* cmd_eval.c */
+int cmd_serve(int argc, char **argv);         /* cmd_serve.c */
+int cmd_store(int argc, char **argv);         /* cmd_store.c */
 
 #endif

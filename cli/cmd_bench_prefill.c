@@ -155,7 +155,7 @@ int cmd_bench_prefill(int argc, char **argv) {
         kvt_prefill *pf = NULL;
         int32_t k = 0;
         const double t0 = now_ms();
-        if ((rc = kvt_session_prefill(s, msgs, 2 * t + 1, &pf))) break;
+        if ((rc = kvt_session_prefill(s, msgs, 2 * t + 1, NULL, 0, &pf))) break;
         for (;;) {
             const double c0 = now_ms();
             struct kvt_decode_chunk c;

@@ -55,6 +55,9 @@ int cmd_chat(int argc, char **argv) {
         { "script", 0, OPT_STR, &script, 0, 0, "FILE", "user turns, one per line ('-' = stdin); blank and '#' lines skipped",
           NULL },
         { "json", 0, OPT_FLAG, &json, 0, 0, NULL, "one JSON object per turn on stdout instead of the reply text", NULL },
+        { "explain", 0, OPT_FLAG, &o.explain, 0, 0, NULL,
+          "print each prompt's decisions on stderr: the runs fed, store prefix, reused chunks, recovery plans, "
+          "evictions", NULL },
         { "elastic", 0, OPT_STR, &elastic, 0, 0, "S_K,S_V",
           "live ElasticKV: zero K/V elements under max(sigma/2, mu) x s per head every 64 tokens (sinks and the last "
           "64 tokens kept; no memory saved in the dense cache), e.g. 0.45,0.50 (default off)",

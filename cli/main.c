@@ -275,6 +275,12 @@ int cli_parse_elastic(const char *cmd, const char *flag, const char *spec, float
     return APP_OK;
 }
 
+/* --explain: the session's decisions, one "[explain] " line each on stderr. */
+static void explain_line(void *ud, const char *line) {
+    (void) ud;
+    fprintf(stderr, "[explain] %s\n", line);
+}
+
 int cli_session_open(const char *cmd, const struct cli_run_opts *o, struct cli_session *cs) {
     int rc;
     memset(cs, 0, sizeof *cs);
@@ -349,6 +355,7 @@ int cli_session_open(const char *cmd, const struct cli_run_opts *o, struct cli_s
     sp.codec_ram = o->codec_ram;
     sp.chunk_reuse = o->chunk_reuse && cs->store; /* the default store could not be opened: off */
     sp.chunk_recompute = o->chunk_recompute;
+    if (o->explain) sp.explain = explain_line;
     if ((rc = kvt_session_open(cs->eng, &sp, &cs->s))) {
         app_fail(cmd, "cannot open the session", rc);
         cli_session_close(cs);

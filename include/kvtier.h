@@ -566,6 +566,13 @@ struct kvt_session_params {
     const char *chunk_recompute;   /* tokens re-decoded at each reused chunk's start (EPIC): "K" tokens or
                               ** "P%" of the run, rounded up to whole blocks; NULL = "15%"
                               ** (CacheBlend's ratio); see kvt_chunk_recompute_parse */
+    /* The prefill's decisions, one line each (NULL: none): every run of tokens it feeds (and how
+    ** many came from the caller's tokens), the store prefix looked up and loaded, reused chunks,
+    ** each recovery plan (blocks, scores, where they go) and each block evicted (with its score).
+    ** line: owned by the session, valid during the call, on the thread that drives the session.
+    ** `kvtier chat --explain` prints them. */
+    void (*explain)(void *ud, const char *line);
+    void *explain_ud;
 };
 
 /* Parse a chunk_recompute spec: "K" (0..1<<20 tokens) -> *tokens = K, *pct = -1; "P%" (0..100,
@@ -652,11 +659,16 @@ int kvt_session_sync(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_
 /* kvt_session_sync as steps, for a scheduler that decodes the prompt's chunks itself (e.g. in
 ** kvt_gen_batch.chunk): while kvt_prefill_next returns 1, decode the chunk and pass the result to
 ** kvt_prefill_done; then kvt_prefill_end (docs/MANUAL.md, "Step-wise prefill").  Between chunks
-** the engine may serve other sessions.  msgs must stay valid until kvt_prefill_end.  OUT *pf:
-** free with kvt_prefill_end.  Errors: those kvt_session_sync gives before decoding.  Not
-** thread-safe (engine rule). */
+** the engine may serve other sessions.  tok[0..n_tok) (NULL / 0: none): the request's tokens when
+** the caller has them (a server that chose the session by them), as kvt_chat_tokenize(eng, msgs,
+** n_msgs, true, the session's template_fallback) gave them: each part of the prompt the session
+** would tokenize is taken from them where that provably gives the same tokens (the parts' text is
+** compared with theirs), else tokenized: tokens of another text are never used.  msgs and tok
+** must stay valid until kvt_prefill_end.  OUT *pf: free with kvt_prefill_end.  Errors: those
+** kvt_session_sync gives before decoding, KVT_ENOMEM.  Not thread-safe (engine rule). */
 typedef struct kvt_prefill kvt_prefill;
-int kvt_session_prefill(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_msgs, kvt_prefill **pf /* OUT */);
+int kvt_session_prefill(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_msgs, const kvt_token *tok, int32_t n_tok,
+                        kvt_prefill **pf /* OUT */);
 
 /* The next chunk: returns 1 with *chunk (tokens owned by pf); decode exactly it (leaving wanted
 ** logits in kvt_engine_logits()) and call kvt_prefill_done before any other call on the session.

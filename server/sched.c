@@ -169,15 +169,18 @@ static enum pick start_chat(struct server *srv, struct job *j) {
     x->job = j; /* busy from here: its prompt is decoded with other jobs stepping in between */
     /* the session hands out its prompt's chunks; each is decoded here, in a step of the active
     ** jobs or alone (step.c), and handed back */
+    /* the request's template tokens, computed once for admission, are the session's too (it
+    ** checks they are its text's and tokenizes what they cannot give) */
+    const kvt_token *ptok = NULL;
+    int32_t n_ptok = 0;
+    if (admit_request_tokens(srv, j, &ptok, &n_ptok)) ptok = NULL, n_ptok = 0;
     kvt_prefill *pf = NULL;
-    int rc = kvt_session_prefill(x->s, j->req.msgs, j->req.n_msgs, &pf);
+    int rc = kvt_session_prefill(x->s, j->req.msgs, j->req.n_msgs, ptok, n_ptok, &pf);
     memset(&j->sync, 0, sizeof j->sync);
     /* return_progress: the prompt's tokens (the template's, as admission counted them), the
     ** stream's length when the first chunk is handed out (the kept prefix and the blocks loaded
     ** from the store: llama-server's "cache"), then after each chunk */
-    const kvt_token *ptok;
-    int32_t total = 0;
-    if (j->req.return_progress && j->req.stream && admit_request_tokens(srv, j, &ptok, &total)) total = 0;
+    const int32_t total = j->req.return_progress && j->req.stream ? n_ptok : 0;
     if (rc == 0) {
         struct kvt_decode_chunk c;
         bool first = true;

@@ -30,7 +30,7 @@ struct sched {
     kvt_pool *pool;
     kvt_store *store;     /* content-addressed block store; NULL with --no-store */
     uint64_t n_new;       /* sessions opened without a name (their ids count them) */
-    const char *fallback; /* the sessions' chat template fallback (request tokens must agree) */
+    const char *fallback; /* the sessions' chat template fallback (the request's tokens are made with it) */
     int32_t comp_seq0, n_comp;
     bool comp_busy[SERVE_MAX_SEQ];
     int32_t comp_cells;

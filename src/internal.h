@@ -22,6 +22,13 @@ void kvt__engine_set_logits(kvt_engine *e, const float *logits);
 /* Rotate one head vector x[0..n) of layer il by delta positions with the RoPE verified at
 ** engine open (host re-anchoring path).  Errors: KVT_EUNSUPPORTED (no verified RoPE). */
 int kvt__engine_rotate(const kvt_engine *e, int32_t il, float *x, int32_t n, int32_t delta);
+/* The text of tokens tok[0..n) piece by piece (special tokens rendered, as kvt_tokenize with
+** parse_special reads them): OUT *text (caller frees, NUL-terminated), ends[i] = bytes of text
+** up to and including token i, split[i] = token i is one the tokenizer splits text at (control,
+** user-defined or unknown: its neighbours are tokenized apart).  A first token that is the BOS
+** kvt_tokenize(add_bos) adds has no text.  ends and split: [n], the caller's.  Thread-safe (reads
+** the vocabulary only).  Errors: KVT_ENOMEM, KVT_ELLAMA. */
+int kvt__engine_token_text(const kvt_engine *e, const kvt_token *tok, int32_t n, char **text, size_t *ends, bool *split);
 /* Byte offset just past the last word of text that is one of query's BM25 terms, -1 if none. */
 int32_t kvt__bm25_last_match(const char *text, const char *query);
 

@@ -25,6 +25,10 @@ bool kvt_engine_shift_pending(const kvt_engine *eng);
 void kvt_engine_test_cell_pos_snapshot(kvt_engine *eng, bool on);
 int64_t kvt_engine_test_cell_pos_snapshots(const kvt_engine *eng);
 
+/* tests/unit/test_conversation.c: prompt tokens the session took from its caller's tokens
+** (kvt_session_prefill's tok) instead of tokenizing them, over its life.  Cannot fail. */
+int64_t kvt_session_test_given_tokens(const kvt_session *s);
+
 /* The failed-load tests of tests/unit/test_streams.c: the next whole-sequence write
 ** (llama_state_seq_set_data of kvt_block_load, kvt_seq_cp or a host kvt_seq_shift; in unified mode
 ** the scratch load of kvt_block_load) gets another K type in the last layer of cache part `part`

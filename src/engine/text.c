@@ -61,6 +61,40 @@ int kvt_detokenize(kvt_engine *e, const kvt_token *tokens, int32_t n, bool rende
     return 0;
 }
 
+int kvt__engine_token_text(const kvt_engine *e, const kvt_token *tok, int32_t n, char **text, size_t *ends, bool *split) {
+    *text = NULL;
+    size_t cap = (size_t) n * 8 + 16, len = 0;
+    char *buf = malloc(cap);
+    if (!buf) return kvt__fail(KVT_ENOMEM, "token text");
+    const enum llama_token_attr cut = LLAMA_TOKEN_ATTR_CONTROL | LLAMA_TOKEN_ATTR_USER_DEFINED | LLAMA_TOKEN_ATTR_UNKNOWN;
+    const bool bos0 = n > 0 && llama_vocab_get_add_bos(e->vocab) && tok[0] == llama_vocab_bos(e->vocab);
+    for (int32_t i = 0; i < n; i++) {
+        split[i] = (llama_vocab_get_attr(e->vocab, tok[i]) & cut) != 0;
+        if (i == 0 && bos0) {
+            ends[0] = 0;
+            continue;
+        }
+        for (;;) {
+            int32_t r = llama_token_to_piece(e->vocab, tok[i], buf + len, (int32_t) KVT_MIN(cap - len - 1, (size_t) INT32_MAX), 0,
+                                             true);
+            if (r >= 0) {
+                len += (size_t) r;
+                break;
+            }
+            char *b2 = realloc(buf, cap = cap * 2 + (size_t) -r);
+            if (!b2) {
+                free(buf);
+                return kvt__fail(KVT_ENOMEM, "token text");
+            }
+            buf = b2;
+        }
+        ends[i] = len;
+    }
+    buf[len] = '\0';
+    *text = buf;
+    return 0;
+}
+
 bool kvt_token_is_eog(const kvt_engine *e, kvt_token tok) { return llama_vocab_is_eog(e->vocab, tok); }
 
 int kvt_chat_tokenize(kvt_engine *e, const struct kvt_chat_msg *msgs, int32_t n, bool add_ass, const char *fallback,

@@ -222,8 +222,10 @@ static bool protected_block(const kvt_session *s, int32_t i, bool allow_current_
     return newer < s->p.n_recent_blocks;
 }
 
-static void evict(kvt_session *s, int32_t i) {
+static void evict(kvt_session *s, int32_t i, double score) {
     struct blk *b = &s->b[i];
+    kvt__sess_explain(s, "evict blk%d (%d tokens at %d, turn %d, %s %.3f)", b->info.id, b->info.n_tokens, b->info.p0, b->info.turn,
+                      kvt_policy_name(s->p.policy), score);
     kvt_seq_rm(s->eng, s->p.seq, b->info.p0, b->info.p0 + b->info.n_tokens);
     b->info.n_evictions++;
     s->st.evictions++;
@@ -268,7 +270,7 @@ int kvt__sess_make_room(kvt_session *s, int32_t need) {
                     oldest = s->b[i].info.p0;
                     victim = i;
                 }
-            if (victim >= 0) evict(s, victim);
+            if (victim >= 0) evict(s, victim, -(double) oldest); /* the oldest first */
         }
     }
     for (int pass = 0; pass < 2 && kvt__sess_resident(s) > target; pass++) {
@@ -285,7 +287,7 @@ int kvt__sess_make_room(kvt_session *s, int32_t need) {
                 }
             }
             if (victim < 0) break;
-            evict(s, victim);
+            evict(s, victim, worst);
         }
     }
     if (kvt__sess_resident(s) + need > budget)
@@ -444,4 +446,116 @@ void kvt__sess_refresh_residency(const kvt_session *s, struct blk *b) {
         const int t = kvt__sess_copy_tier(s, b);
         b->info.residency = t == KVT_TIER_RAM ? KVT_RES_HOST : t == KVT_TIER_DISK ? KVT_RES_DISK : KVT_RES_LOST;
     }
+}
+
+/* ---- the recovery executor: a plan of session/recovery.c's planners, loaded ----------------- */
+
+/* Load candidate blocks c[0..n_c) (best first) back at the tail: room is made for them plus
+** `extra` tokens (the message and the reply reserve), dropping the weakest (successors first)
+** while they do not fit; the open block is sealed first so block ranges never interleave; they
+** are loaded in the order of their original positions, so they read as they were said.  A block
+** whose saved copy is gone (failed checksum, missing spill file, dropped by the pool) is
+** recomputed from its tokens by kvt__sess_load_block. */
+static int load_candidates(kvt_session *s, struct cand *c, int32_t n_c, int32_t extra) {
+    int32_t need = 0;
+    for (int32_t k = 0; k < n_c; k++) need += s->b[c[k].i].info.n_tokens;
+    while (n_c > 0 && kvt__sess_make_room(s, need + extra) == KVT_EBUDGET) need -= s->b[c[--n_c].i].info.n_tokens;
+    kvt__clear_error();
+    int rc = n_c > 0 ? kvt__sess_seal(s) : 0;
+    for (int32_t k = 0; rc == 0 && k < n_c; k++)
+        for (int32_t j = k + 1; j < n_c; j++)
+            if (s->b[c[j].i].info.orig_p0 < s->b[c[k].i].info.orig_p0) {
+                struct cand t = c[k];
+                c[k] = c[j];
+                c[j] = t;
+            }
+    for (int32_t k = 0; rc == 0 && k < n_c; k++) rc = kvt__sess_load_block(s, c[k].i); /* lost copies: recomputed */
+    return rc;
+}
+
+/* Load candidates c[0..n_c) of a long message's own blocks so that the message's end (its last
+** q_tokens: the question and the end of its turn) stays last, right before the assistant prefix,
+** as the recovery before a message puts what it brings back before the message: the blocks holding that end are
+** lifted, the candidates loaded, and those blocks placed back after them (RoPE re-anchoring, no
+** forward pass).  Loaded after the question instead, a document fragment sits between the end of
+** the user's turn and the reply, and models go on with the document (issue #23). */
+static int load_before_question(kvt_session *s, struct cand *c, int32_t n_c, int32_t q_tokens, const int32_t *hold,
+                                int32_t n_hold) {
+    int rc = kvt__sess_seal(s); /* the question's last block too: it moves as a whole */
+    if (rc) return rc;
+    /* the blocks holding the message's end: the last ones back to q_tokens (all just decoded) */
+    int32_t first = s->n_b;
+    for (int32_t covered = 0; first > 0 && covered < q_tokens; covered += s->b[--first].info.n_tokens)
+        if (s->b[first - 1].info.residency != KVT_RES_DEVICE || !s->b[first - 1].info.sealed) break;
+    /* room first, with those blocks resident and pinned for the while (the question is what the
+    ** reply needs most; lifted, they would also move the recent-tail protection to older blocks
+    ** and leave less to evict), and so are hold[0..n_hold): resident blocks that answer the
+    ** question already (the room for what comes back must not be made by evicting them); the
+    ** weakest candidates are dropped while they do not fit, as load_candidates does,
+    ** which then finds the room made */
+    int32_t need = 0, pin[16], keep[16], n_pin = 0;
+    first = s->n_b - KVT_MIN(s->n_b - first, 8);
+    for (int32_t i = first; i < s->n_b; i++) pin[n_pin++] = i;
+    for (int32_t j = 0; j < n_hold && n_pin < 16; j++)
+        if (hold[j] < first) pin[n_pin++] = hold[j];
+    for (int32_t k = 0; k < n_c; k++) need += s->b[c[k].i].info.n_tokens;
+    for (int32_t j = 0; j < n_pin; j++) {
+        keep[j] = s->b[pin[j]].info.keep;
+        s->b[pin[j]].info.keep = KVT_KEEP_PIN;
+    }
+    while (n_c > 0 && kvt__sess_make_room(s, need + s->p.gen_reserve) == KVT_EBUDGET) need -= s->b[c[--n_c].i].info.n_tokens;
+    kvt__clear_error();
+    for (int32_t j = 0; j < n_pin; j++) s->b[pin[j]].info.keep = keep[j];
+    if (n_c == 0) return 0;
+    int32_t q_held = 0;
+    for (int32_t i = first; i < s->n_b; i++) q_held += s->b[i].info.n_tokens;
+    for (int32_t i = first; i < s->n_b; i++) kvt__sess_lift_block(s, i);
+    rc = load_candidates(s, c, n_c, q_held + s->p.gen_reserve);
+    for (int32_t i = first; i < s->n_b; i++) {
+        int rc2 = kvt__sess_place_block(s, i); /* placed back even when a candidate failed to load */
+        if (rc == 0) rc = rc2;
+    }
+    return rc;
+}
+
+/* The InfLLM plan: room for the blocks plus `extra` (the weakest dropped while they do not fit),
+** the open block sealed, the blocks loaded best first. */
+static int load_by_score(kvt_session *s, const struct cand *c, int32_t n_c, int32_t extra) {
+    int rc = 0;
+    int32_t need = 0;
+    for (int32_t k = 0; k < n_c; k++) need += s->b[c[k].i].info.n_tokens;
+    while (n_c > 0 && kvt__sess_make_room(s, need + extra) == KVT_EBUDGET) need -= s->b[c[--n_c].i].info.n_tokens;
+    kvt__clear_error();
+    if (n_c > 0) rc = kvt__sess_seal(s);
+    for (int32_t k = 0; rc == 0 && k < n_c; k++) rc = kvt__sess_load_block(s, c[k].i); /* lost copies: recomputed */
+    return rc;
+}
+
+int kvt__sess_recover_apply(kvt_session *s, struct rplan *p) {
+    static const char *const where[] = { "at the tail, in their order", "at the tail, best first", "before the question" };
+    int rc = 0;
+    const int64_t rec0 = s->st.recoveries;
+    if (p->n_c > 0 && s->p.explain) {
+        char line[768];
+        int o = snprintf(line, sizeof line, "recover %d blocks %s:", p->n_c, where[p->where]);
+        for (int32_t k = 0; k < p->n_c && o > 0 && o < (int) sizeof line; k++)
+            o += snprintf(line + o, sizeof line - (size_t) o, " blk%d=%.2f", s->b[p->c[k].i].info.id, p->c[k].score);
+        kvt__sess_explain(s, "%s", line);
+    }
+    if (p->n_c > 0) switch (p->where) {
+            case RPLAN_TAIL: rc = load_candidates(s, p->c, p->n_c, p->extra); break;
+            case RPLAN_TAIL_BY_SCORE: rc = load_by_score(s, p->c, p->n_c, p->extra); break;
+            case RPLAN_BEFORE_QUESTION: rc = load_before_question(s, p->c, p->n_c, p->q_tokens, p->hold, p->n_hold); break;
+        }
+    if (p->n_c > 0)
+        kvt__sess_explain(s, "recovered %lld of the %d blocks (the weakest are dropped while they do not fit)%s",
+                          (long long) (s->st.recoveries - rec0), p->n_c, rc ? " (stopped by an error)" : "");
+    if (p->show && getenv("KVT_DEBUG_RECOVERY")) /* what the reply will see (block order; p0: position) */
+        for (int32_t i = 0; i < s->n_b; i++)
+            if (s->b[i].info.residency == KVT_RES_DEVICE)
+                fprintf(stderr, "[recovery]   resident blk%d p0 %d n %d%s \"%.60s\"\n", s->b[i].info.id, s->b[i].info.p0,
+                        s->b[i].info.n_tokens, s->b[i].info.n_recoveries ? " (recovered)" : "", s->b[i].text ? s->b[i].text : "");
+    free(p->c);
+    memset(p, 0, sizeof *p);
+    return rc;
 }

@@ -128,6 +128,8 @@ int kvt__sess_chunk_plan(kvt_session *s, const kvt_token *tok, int32_t n, struct
         kvt__sess_chunk_free(out, n_out);
         return rc;
     }
+    for (int32_t q = 0; q < n_out; q++)
+        kvt__sess_explain(s, "reused chunk: %d blocks from the store at prompt offset +%d", out[q].n_blocks, out[q].at);
     *runs = out;
     *n_runs = n_out;
     return 0;

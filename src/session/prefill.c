@@ -41,11 +41,12 @@ struct kvt_prefill {
     enum pf_phase after;     /* the phase that takes the run's result */
     kvt_token *tok, *tc;     /* the message's tokens; InfLLM: those without the prefix */
     int32_t n, nc;
-    char *fmt, *fc;   /* the template text they complete */
-    int32_t total0;   /* the stream before the message's first run (the pending text, else the message): */
-    size_t text0;     /*   what a failure cuts the stream and kv_text back to; total0 -1: nothing fed yet */
-    int32_t decoded0; /*  conv.n_m_decoded then */
-    int32_t prefix0;  /* the stream before the assistant prefix: what its failure cuts back to (-1: none) */
+    char *fmt, *fc;          /* the template text they complete */
+    int32_t total0;          /* the stream before the message's first run (the pending text, else the message): */
+    size_t text0;            /*   what a failure cuts the stream and kv_text back to; total0 -1: nothing fed yet */
+    int32_t decoded0;        /*  conv.n_m_decoded then */
+    int32_t prefix0;         /* the stream before the assistant prefix: what its failure cuts back to (-1: none) */
+    struct sess_given given; /* the caller's tokens (kvt_session_prefill_tokens), when given.text */
     /* the session's counters when the prefill began (kvt_sync_info is their difference) */
     int64_t dec0, rec0, ev0, nrec0, rc0, want0, got0, ch0, chr0;
 };
@@ -62,8 +63,14 @@ static void pf_free_text(struct kvt_prefill *pf) {
 
 /* Start feeding tok[0..n) (nothing to feed: the run's result, 0, goes straight to `after`). */
 static void pf_feed(struct kvt_prefill *pf, const kvt_token *tok, int32_t n, int role, int32_t reserve, enum pf_phase after) {
+    static const char *const what[] = { [PF_PENDING_FED] = "the text of earlier messages",
+                                        [PF_INFLLM_FED] = "the message (InfLLM: recovery after it)",
+                                        [PF_MESSAGE_FED] = "the message",
+                                        [PF_PREFIX_FED] = "the assistant prefix" };
     pf->after = after;
     pf->phase = after;
+    kvt__sess_explain(pf->s, "feed %d tokens: %s, at token %d (%s)", n, what[after] ? what[after] : "?", pf->s->total,
+                      kvt__sess_role_name[role]);
     if (n <= 0) return;
     kvt__sess_feed_init(&pf->f, tok, n, role, reserve);
     pf->feeding = true;
@@ -134,6 +141,7 @@ static int pf_advance(struct kvt_prefill *pf, int res) {
                 for (int32_t i = s->conv.n_m_decoded; i < s->conv.n_m - 1; i++)
                     s->cur_keep = KVT_MAX(s->cur_keep, s->conv.m[i].keep);
                 pf_feed(pf, pf->tok, pf->n, s->conv.m[s->conv.n_m - 2].role, 0, PF_PENDING_FED);
+                pf->f.logits = false; /* the user message follows it (logits: the output projection) */
                 return 0;
             }
             pf->phase = PF_MESSAGE_TOKENS;
@@ -176,7 +184,10 @@ static int pf_advance(struct kvt_prefill *pf, int res) {
                 pf_feed(pf, pf->tc, pf->nc, KVT_ROLE_USER, s->p.gen_reserve, PF_INFLLM_FED);
                 return 0;
             }
-            if ((rc = kvt__sess_recover(s, s->conv.m[s->conv.n_m - 1].content, pf->n))) return pf_fail_message(pf, rc);
+            struct rplan rp;
+            if ((rc = kvt__sess_plan_recover(s, s->conv.m[s->conv.n_m - 1].content, pf->n, &rp)) ||
+                (rc = kvt__sess_recover_apply(s, &rp)))
+                return pf_fail_message(pf, rc);
             s->cur_keep = s->conv.m[s->conv.n_m - 1].keep;
             pf_feed(pf, pf->tok, pf->n, KVT_ROLE_USER, s->p.gen_reserve, PF_MESSAGE_FED);
             /* the assistant prefix follows it: the message's last token needs no logits (with a
@@ -190,7 +201,8 @@ static int pf_advance(struct kvt_prefill *pf, int res) {
             kvt__sess_set_text(s, pf->fc);
             pf->fc = NULL;
             pf_free_text(pf);
-            if ((rc = kvt__sess_infllm_recover(s, 8))) return pf_fail_message(pf, rc);
+            struct rplan rpi;
+            if ((rc = kvt__sess_plan_infllm(s, 8, &rpi)) || (rc = kvt__sess_recover_apply(s, &rpi))) return pf_fail_message(pf, rc);
             if ((rc = kvt__sess_pending_tokens(s, s->conv.n_m, true, &pf->tok, &pf->n, &pf->fmt))) /* the assistant prefix */
                 return pf_fail_message(pf, rc);
             s->cur_keep = s->conv.m[s->conv.n_m - 1].keep;
@@ -209,7 +221,10 @@ static int pf_advance(struct kvt_prefill *pf, int res) {
                 return 0;
             }
             /* the assistant prefix */
-            if ((rc = kvt__sess_recover_own_tail(s, s->conv.m[s->conv.n_m - 1].content))) return rc;
+            struct rplan rpt;
+            if ((rc = kvt__sess_plan_own_tail(s, s->conv.m[s->conv.n_m - 1].content, &rpt)) ||
+                (rc = kvt__sess_recover_apply(s, &rpt)))
+                return rc;
             if ((rc = kvt__sess_pending_tokens(s, s->conv.n_m, true, &pf->tok, &pf->n, &pf->fmt))) return rc;
             pf->prefix0 = s->total;
             if (pf->n == 0 && (rc = kvt__sess_refresh_logits(s))) { /* a template without a prefix */
@@ -315,7 +330,7 @@ static int pf_new(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n, in
     return 0;
 }
 
-int kvt_session_prefill(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_msgs, kvt_prefill **out) {
+static int prefill_msgs(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_msgs, kvt_prefill **out) {
     kvt__clear_error();
     if (!out) return kvt__fail(KVT_EINVAL, "kvt_session_prefill: out is NULL");
     *out = NULL;
@@ -344,6 +359,29 @@ int kvt_session_prefill(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t
     int rc = pf_new(s, msgs, n_msgs, nothing_new ? n_msgs : k, KVT_KEEP_NONE, true, out);
     if (rc == 0 && nothing_new) (*out)->phase = PF_DONE;
     return rc;
+}
+
+int kvt_session_prefill(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_msgs, const kvt_token *tok, int32_t n_tok,
+                        kvt_prefill **out) {
+    int rc = prefill_msgs(s, msgs, n_msgs, out);
+    if (rc || !tok || n_tok <= 0) return rc;
+    struct sess_given *g = &(*out)->given;
+    g->ends = malloc(sizeof *g->ends * (size_t) n_tok);
+    g->split = malloc(sizeof *g->split * (size_t) n_tok);
+    rc = !g->ends || !g->split ? kvt__fail(KVT_ENOMEM, "prompt tokens")
+                               : kvt__engine_token_text(s->eng, tok, n_tok, &g->text, g->ends, g->split);
+    if (rc) {
+        char m[512];
+        snprintf(m, sizeof m, "%s", kvt_errmsg());
+        kvt_prefill_end(*out, NULL); /* nothing was decoded: it frees (the messages kept as kvt_session_prefill cut them) */
+        *out = NULL;
+        return kvt__fail(rc, "%s", m);
+    }
+    g->tok = tok;
+    g->n = n_tok;
+    g->len = g->ends[n_tok - 1];
+    s->conv.given = g;
+    return 0;
 }
 
 int kvt_prefill_end(kvt_prefill *pf, struct kvt_sync_info *out) {
@@ -379,6 +417,11 @@ int kvt_prefill_end(kvt_prefill *pf, struct kvt_sync_info *out) {
     const int rc = pf->rc;
     if (rc) kvt__fail(rc, "%s", pf->msg); /* the prefill's own message, whatever ran since */
     pf_free_text(pf);
+    if (s->conv.given == &pf->given) s->conv.given = NULL;
+    s->st.given_tokens += pf->given.used;
+    free(pf->given.text);
+    free(pf->given.ends);
+    free(pf->given.split);
     free(pf);
     return rc;
 }
@@ -395,7 +438,7 @@ static int pf_run(kvt_prefill *pf, struct kvt_sync_info *out) {
 int kvt_session_sync(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_msgs, struct kvt_sync_info *out) {
     if (out) memset(out, 0, sizeof *out);
     kvt_prefill *pf = NULL;
-    int rc = kvt_session_prefill(s, msgs, n_msgs, &pf);
+    int rc = kvt_session_prefill(s, msgs, n_msgs, NULL, 0, &pf);
     return rc ? rc : pf_run(pf, out);
 }
 

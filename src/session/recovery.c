@@ -1,9 +1,9 @@
-/* recovery.c — which evicted blocks come back, and when: before a user message by BM25 over the
+/* recovery.c — which evicted blocks come back, and where: planners that return a list
+** (struct rplan) and touch no cache (blocks.c's kvt__sess_recover_apply loads it).  When: before a user message by BM25 over the
 ** message's novel terms (terms no resident block holds) with successor blocks for facts cut at a
 ** boundary, or by cosine with an embedder (linear scan, HNSW past ann_min_blocks); InfLLM's
 ** representative keys scored by the message's own queries (Xiao et al. 2024); a message longer
-** than the budget gets its own evicted blocks relevant to its end.  Loading goes through
-** kvt__sess_load_candidates (fit to the budget, original order). */
+** than the budget gets its own evicted blocks relevant to its end. */
 #include "session/session_int.h"
 
 #include <math.h>
@@ -14,29 +14,6 @@
 static int cmp_cand(const void *a, const void *b) {
     double x = ((const struct cand *) a)->score, y = ((const struct cand *) b)->score;
     return x < y ? 1 : x > y ? -1 : 0;
-}
-
-/* Load candidate blocks c[0..n_c) (best first) back at the tail: room is made for them plus
-** `extra` tokens (the message and the reply reserve), dropping the weakest (successors first)
-** while they do not fit; the open block is sealed first so block ranges never interleave; they
-** are loaded in the order of their original positions, so they read as they were said.  A block
-** whose saved copy is gone (failed checksum, missing spill file, dropped by the pool) is
-** recomputed from its tokens by kvt__sess_load_block. */
-int kvt__sess_load_candidates(kvt_session *s, struct cand *c, int32_t n_c, int32_t extra) {
-    int32_t need = 0;
-    for (int32_t k = 0; k < n_c; k++) need += s->b[c[k].i].info.n_tokens;
-    while (n_c > 0 && kvt__sess_make_room(s, need + extra) == KVT_EBUDGET) need -= s->b[c[--n_c].i].info.n_tokens;
-    kvt__clear_error();
-    int rc = n_c > 0 ? kvt__sess_seal(s) : 0;
-    for (int32_t k = 0; rc == 0 && k < n_c; k++)
-        for (int32_t j = k + 1; j < n_c; j++)
-            if (s->b[c[j].i].info.orig_p0 < s->b[c[k].i].info.orig_p0) {
-                struct cand t = c[k];
-                c[k] = c[j];
-                c[j] = t;
-            }
-    for (int32_t k = 0; rc == 0 && k < n_c; k++) rc = kvt__sess_load_block(s, c[k].i); /* lost copies: recomputed */
-    return rc;
 }
 
 /* Dense recovery candidates: evicted blocks whose text vector has cosine >= min_recovery_cosine
@@ -125,7 +102,10 @@ static int32_t top_with_successors(kvt_session *s, struct cand *c, int32_t n_c, 
     return n_x;
 }
 
+/* The plan's query and candidates: a line to kvt_session_params.explain, and to stderr with
+** KVT_DEBUG_RECOVERY set. */
 static void debug_candidates(const kvt_session *s, const char *what, const char *novel, const struct cand *c, int32_t n_c) {
+    kvt__sess_explain(s, "recovery plan, turn %d, %s \"%.80s\": %d candidates", s->turn, what, novel ? novel : "", n_c);
     if (!getenv("KVT_DEBUG_RECOVERY")) return;
     fprintf(stderr, "[recovery] turn %d %s \"%.80s\":", s->turn, what, novel ? novel : "");
     for (int32_t k = 0; k < n_c; k++) fprintf(stderr, " blk%d=%.2f", s->b[c[k].i].info.id, c[k].score);
@@ -140,7 +120,8 @@ static void debug_candidates(const kvt_session *s, const char *what, const char 
 ** boundary goes on there: "... the secret code of Tavoren" | "is 48213."), as long as they fit
 ** next to the message and the reply reserve.  A message whose terms are all resident recovers
 ** nothing, so earlier turns that repeat the question's wording cannot outbid an evicted fact. */
-int kvt__sess_recover(kvt_session *s, const char *query, int32_t msg_tokens) {
+int kvt__sess_plan_recover(kvt_session *s, const char *query, int32_t msg_tokens, struct rplan *plan) {
+    memset(plan, 0, sizeof *plan);
     if (s->p.policy != KVT_POLICY_KVTIER && s->p.recovery == KVT_RECOVERY_DISCARD) return 0;
     int32_t n_ev = 0;
     for (int32_t i = 0; i < s->n_b; i++) n_ev += kvt__sess_evicted(s, &s->b[i]);
@@ -172,7 +153,10 @@ int kvt__sess_recover(kvt_session *s, const char *query, int32_t msg_tokens) {
             debug_candidates(s, s->rcv.emb_dim ? "cosine" : "novel terms", novel, c, n_c);
         }
     }
-    if (rc == 0 && n_c > 0) { rc = kvt__sess_load_candidates(s, c, n_c, msg_tokens + s->p.gen_reserve); }
+    if (rc == 0 && n_c > 0) {
+        *plan = (struct rplan){ .c = c, .n_c = n_c, .extra = msg_tokens + s->p.gen_reserve, .where = RPLAN_TAIL };
+        c = NULL;
+    }
     free(novel);
     free(open_text);
     free(docs);
@@ -185,7 +169,8 @@ int kvt__sess_recover(kvt_session *s, const char *query, int32_t msg_tokens) {
 /* InfLLM retrieval, after the user message is decoded: the mean query of its last tokens
 ** (rep_layer, rotated back to position 0) against every evicted block's representative keys;
 ** a block scores its best representative; the top_k come back at the tail. */
-int kvt__sess_infllm_recover(kvt_session *s, int32_t suffix_tokens) {
+int kvt__sess_plan_infllm(kvt_session *s, int32_t suffix_tokens, struct rplan *plan) {
+    memset(plan, 0, sizeof *plan);
     kvt_attn *a = NULL;
     struct kvt_engine_info I;
     kvt_engine_info(s->eng, &I);
@@ -234,61 +219,13 @@ int kvt__sess_infllm_recover(kvt_session *s, int32_t suffix_tokens) {
     free(qbar);
     free(tmp);
     s->st.policy_ms += kvt__now_ms() - t0;
-    int rc = 0;
-    int32_t need = 0;
-    for (int32_t k = 0; k < n_c; k++) need += s->b[c[k].i].info.n_tokens;
-    while (n_c > 0 && kvt__sess_make_room(s, need + suffix_tokens + s->p.gen_reserve) == KVT_EBUDGET)
-        need -= s->b[c[--n_c].i].info.n_tokens;
-    kvt__clear_error();
-    if (n_c > 0) rc = kvt__sess_seal(s);
-    for (int32_t k = 0; rc == 0 && k < n_c; k++) rc = kvt__sess_load_block(s, c[k].i); /* lost copies: recomputed */
-    free(c);
-    return rc;
-}
-
-/* Load candidates c[0..n_c) of a long message's own blocks so that the message's end (its last
-** q_tokens: the question and the end of its turn) stays last, right before the assistant prefix,
-** as recover() puts what it brings back before the message: the blocks holding that end are
-** lifted, the candidates loaded, and those blocks placed back after them (RoPE re-anchoring, no
-** forward pass).  Loaded after the question instead, a document fragment sits between the end of
-** the user's turn and the reply, and models go on with the document (issue #23). */
-static int load_before_question(kvt_session *s, struct cand *c, int32_t n_c, int32_t q_tokens, const int32_t *hold,
-                                int32_t n_hold) {
-    int rc = kvt__sess_seal(s); /* the question's last block too: it moves as a whole */
-    if (rc) return rc;
-    /* the blocks holding the message's end: the last ones back to q_tokens (all just decoded) */
-    int32_t first = s->n_b;
-    for (int32_t covered = 0; first > 0 && covered < q_tokens; covered += s->b[--first].info.n_tokens)
-        if (s->b[first - 1].info.residency != KVT_RES_DEVICE || !s->b[first - 1].info.sealed) break;
-    /* room first, with those blocks resident and pinned for the while (the question is what the
-    ** reply needs most; lifted, they would also move the recent-tail protection to older blocks
-    ** and leave less to evict), and so are hold[0..n_hold): resident blocks that answer the
-    ** question already (the room for what comes back must not be made by evicting them); the
-    ** weakest candidates are dropped while they do not fit, as kvt__sess_load_candidates does,
-    ** which then finds the room made */
-    int32_t need = 0, pin[16], keep[16], n_pin = 0;
-    first = s->n_b - KVT_MIN(s->n_b - first, 8);
-    for (int32_t i = first; i < s->n_b; i++) pin[n_pin++] = i;
-    for (int32_t j = 0; j < n_hold && n_pin < 16; j++)
-        if (hold[j] < first) pin[n_pin++] = hold[j];
-    for (int32_t k = 0; k < n_c; k++) need += s->b[c[k].i].info.n_tokens;
-    for (int32_t j = 0; j < n_pin; j++) {
-        keep[j] = s->b[pin[j]].info.keep;
-        s->b[pin[j]].info.keep = KVT_KEEP_PIN;
+    if (!c) return kvt__fail(KVT_ENOMEM, "recovery candidates");
+    if (n_c == 0) {
+        free(c);
+        return 0;
     }
-    while (n_c > 0 && kvt__sess_make_room(s, need + s->p.gen_reserve) == KVT_EBUDGET) need -= s->b[c[--n_c].i].info.n_tokens;
-    kvt__clear_error();
-    for (int32_t j = 0; j < n_pin; j++) s->b[pin[j]].info.keep = keep[j];
-    if (n_c == 0) return 0;
-    int32_t q_held = 0;
-    for (int32_t i = first; i < s->n_b; i++) q_held += s->b[i].info.n_tokens;
-    for (int32_t i = first; i < s->n_b; i++) kvt__sess_lift_block(s, i);
-    rc = kvt__sess_load_candidates(s, c, n_c, q_held + s->p.gen_reserve);
-    for (int32_t i = first; i < s->n_b; i++) {
-        int rc2 = kvt__sess_place_block(s, i); /* placed back even when a candidate failed to load */
-        if (rc == 0) rc = rc2;
-    }
-    return rc;
+    *plan = (struct rplan){ .c = c, .n_c = n_c, .extra = suffix_tokens + s->p.gen_reserve, .where = RPLAN_TAIL_BY_SCORE };
+    return 0;
 }
 
 /* A message longer than the budget evicted blocks of its own during its prefill.  Before the
@@ -299,7 +236,8 @@ static int load_before_question(kvt_session *s, struct cand *c, int32_t n_c, int
 ** the query itself, the message's last ones, do not count as resident context), at least
 ** min_recovery_score, at most top_k, each followed by its evicted successors when the match is
 ** in its last quarter.  Best effort: nothing is recovered when no block qualifies or none fits. */
-int kvt__sess_recover_own_tail(kvt_session *s, const char *text) {
+int kvt__sess_plan_own_tail(kvt_session *s, const char *text, struct rplan *plan) {
+    memset(plan, 0, sizeof *plan);
     if (s->p.recovery != KVT_RECOVERY_KV_RESTORE || s->p.top_k == 0) return 0;
     bool lost = false;
     int32_t own = 0; /* tokens of this message's blocks */
@@ -373,15 +311,17 @@ int kvt__sess_recover_own_tail(kvt_session *s, const char *text) {
     if (rc == 0) {
         n_c = top_with_successors(s, c, n_c, nb, novel);
         debug_candidates(s, "own tail, novel terms", novel, c, n_c);
-        if (n_c > 0)
-            rc = long_msg ? load_before_question(s, c, n_c, n_qt + 8, hold, n_hold)
-                          : kvt__sess_load_candidates(s, c, n_c, s->p.gen_reserve);
-        if (getenv("KVT_DEBUG_RECOVERY")) /* what the reply will see (block order; p0: position) */
-            for (int32_t i = 0; i < s->n_b; i++)
-                if (s->b[i].info.residency == KVT_RES_DEVICE)
-                    fprintf(stderr, "[recovery]   resident blk%d p0 %d n %d%s \"%.60s\"\n", s->b[i].info.id, s->b[i].info.p0,
-                            s->b[i].info.n_tokens, s->b[i].info.n_recoveries ? " (recovered)" : "",
-                            s->b[i].text ? s->b[i].text : "");
+        if (n_c > 0) {
+            *plan = (struct rplan){ .c = c, .n_c = n_c, .extra = s->p.gen_reserve, .where = RPLAN_TAIL };
+            if (long_msg) {
+                plan->where = RPLAN_BEFORE_QUESTION;
+                plan->q_tokens = n_qt + 8;
+                plan->n_hold = n_hold;
+                memcpy(plan->hold, hold, sizeof(int32_t) * (size_t) n_hold);
+            }
+            c = NULL;
+        }
+        plan->show = true; /* KVT_DEBUG_RECOVERY: the executor prints what the reply will see */
     }
     free(qt);
     free(novel);

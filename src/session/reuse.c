@@ -101,6 +101,8 @@ out:
     free(bp);
     free(keys);
     s->st.store_ms += kvt__now_ms() - t0;
+    kvt__sess_explain(s, "store prefix: %d blocks wanted, %d fit the budget, %d found, %d tokens loaded (%.1f ms)", want, k_max,
+                      found, *used, kvt__now_ms() - t0);
     return rc;
 }
 

@@ -3,6 +3,7 @@
 ** to the pool and come back at the positions they had).  The jobs of a session are spread over
 ** src/session/ and its neighbours; session_int.h lists which file does what. */
 #include "session/session_int.h"
+#include "test_hooks.h"
 
 #include <stdatomic.h>
 #include <stdint.h>
@@ -312,3 +313,5 @@ int kvt_session_resume(kvt_session *s, int32_t seq) {
     s->next_pos = kvt_seq_pos_max(s->eng, s->p.seq) + 1;
     return rc;
 }
+
+int64_t kvt_session_test_given_tokens(const kvt_session *s) { return s->st.given_tokens; }

@@ -12,13 +12,15 @@
 **                   InfLLM representatives, text vectors (one step at its seal)
 **     signals.c     attention captured per chunk -> H2O / SnapKV / EWMA block signals
 **     elastic.c     live ElasticKV passes
+**     recovery.c    which evicted blocks come back before a message, as a list (struct rplan):
+**                   BM25 novel terms, successor blocks, dense/HNSW, InfLLM representatives,
+**                   own tail; it touches no cache
 **   2 blocks.c      the executor: record tokens, seal (write-through save + index), evict under
-**                   the watermarks, load a block back (RoPE re-anchoring), lift/place, drop
+**                   the watermarks, load a block back (RoPE re-anchoring), lift/place, drop,
+**                   load a recovery plan
 **   3 reuse.c       the store's prompt prefix: lookup and load before prefill
 **   4 chunks.c      non-prefix chunk reuse: the scan of a prompt for stored blocks at any
 **                   offset, their load with boundary recompute
-**     recovery.c    which evicted blocks come back before a message (BM25 novel terms,
-**                   successor blocks, dense/HNSW, InfLLM representatives, own tail)
 **   5 feed.c        a run of tokens in budget-sized chunks ending at block boundaries
 **   6 sync.c        the conversation: messages, template text diff, cut-back
 **   7 prefill.c     a prompt's path as steps (kvt_prefill); kvt_session_sync and _add
@@ -64,11 +66,26 @@ struct msg {
 
 /* The parts of a session's state, each written by one file (the others may read it). */
 
+/* The prompt's tokens a caller already had (kvt_session_prefill_tokens): the template's tokens of
+** the whole request with the assistant prefix, and their text piece by piece (ends, split: as
+** kvt__engine_token_text gives them).  Owned by the prefill; sync.c takes the parts it would
+** tokenize from them where that provably gives the same tokens. */
+struct sess_given {
+    const kvt_token *tok; /* [n], the caller's */
+    int32_t n;
+    char *text;
+    size_t len;
+    size_t *ends;
+    bool *split;
+    int64_t used; /* tokens taken from them instead of tokenized (the tests read it) */
+};
+
 /* The conversation (session/sync.c): messages, the template text decoded so far, and the
 ** segment boundaries (tokens in the stream, bytes of kv_text) wherever kv_text was extended: a
 ** conversation that diverges from kv_text is cut back to the last boundary before the divergence
 ** and re-fed from there (kvt__sess_cut_stream). */
 struct sess_conv {
+    struct sess_given *given; /* the prompt's tokens its caller gave, during that prefill (or NULL) */
     struct msg *m;
     int32_t n_m, cap_m, n_m_decoded;
     char *kv_text; /* template text whose tokens are in the stream */
@@ -141,6 +158,7 @@ struct sess_stats {
     double el_ms;
     int64_t chunk_tokens, chunk_recompute_tokens, chunk_runs, chunk_put, chunk_load_errors;
     double chunk_scan_ms;
+    int64_t given_tokens; /* prompt tokens taken from a caller's tokens, not tokenized again */
 };
 
 /* What every file reads: the engine, the parameters, the block table and the positions. */
@@ -186,6 +204,22 @@ struct cand {
 
 enum { N_REP = 4, INFLLM_WINDOW = 32 };
 
+/* What to load back (session/recovery.c's planners; blocks.c's kvt__sess_recover_apply loads it). */
+enum rplan_where {
+    RPLAN_TAIL,            /* at the tail, in their original order, room for them + extra */
+    RPLAN_TAIL_BY_SCORE,   /* at the tail, best first (InfLLM) */
+    RPLAN_BEFORE_QUESTION, /* before the message's last q_tokens (lifted and placed back after them) */
+};
+struct rplan {
+    struct cand *c; /* [n_c] best first (owned; NULL when n_c is 0) */
+    int32_t n_c;
+    int32_t extra; /* tokens that must still fit after them (the message, the reply reserve) */
+    enum rplan_where where;
+    int32_t q_tokens;        /* RPLAN_BEFORE_QUESTION: the message end that stays last */
+    int32_t hold[8], n_hold; /* RPLAN_BEFORE_QUESTION: resident blocks kept while room is made */
+    bool show;               /* KVT_DEBUG_RECOVERY: print the resident blocks after it */
+};
+
 /* "system", "user", "assistant" by enum kvt_role. */
 extern const char *const kvt__sess_role_name[3];
 
@@ -207,6 +241,8 @@ int kvt__sess_role_from_name(const char *r);
 /* The session's KV stops being a cold prefill's (eviction, recovery, compaction, early seal):
 ** no block from now on gets a chain key. */
 void kvt__sess_chain_off(kvt_session *s);
+/* One line of the prefill's decisions to kvt_session_params.explain (nothing without one). */
+void kvt__sess_explain(const kvt_session *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* enum kvt_route of lookups that wanted `want` tokens and found `found`. */
 int32_t kvt__sess_route_kind(int64_t want, int64_t found);
 
@@ -232,6 +268,15 @@ bool kvt__sess_index_block(kvt_session *s, struct blk *b, const kvt_blob *blob);
 void kvt__sess_index_text(kvt_session *s, struct blk *b);
 /* b's bytes from the store by its chain key (a copy the pool lost).  KVT_ENOENT when none. */
 int kvt__sess_store_fetch(kvt_session *s, const struct blk *b, void **data, size_t *n);
+
+/* ---- 1 session/recovery.c: planners; none touches the cache (the relevance signal is set) ---- */
+/* Before a user message of msg_tokens tokens: relevance of every block, the evicted blocks to
+** bring back.  OUT *plan (kvt__sess_recover_apply it).  Errors: KVT_ENOMEM, the embedder's. */
+int kvt__sess_plan_recover(kvt_session *s, const char *query, int32_t msg_tokens, struct rplan *plan);
+/* InfLLM: after the message, by its own queries (suffix_tokens still to come). */
+int kvt__sess_plan_infllm(kvt_session *s, int32_t suffix_tokens, struct rplan *plan);
+/* A message that evicted blocks of its own: those relevant to its end. */
+int kvt__sess_plan_own_tail(kvt_session *s, const char *text, struct rplan *plan);
 
 /* ---- 1 session/signals.c ---- */
 /* Attention captured for the last decoded chunk -> block signals (best effort). */
@@ -282,6 +327,10 @@ void kvt__sess_copy_del(kvt_session *s, struct blk *b);
 int kvt__sess_copy_tier(const kvt_session *s, const struct blk *b);
 /* HOST vs DISK from the pool (or the store) now; a block whose copy is gone is LOST. */
 void kvt__sess_refresh_residency(const kvt_session *s, struct blk *b);
+/* Load a recovery plan's blocks back where it says (room made for them under the budget, the
+** weakest dropped while they do not fit; a block whose copy is gone is recomputed), then free
+** the plan (zeroed).  Errors: those of kvt__sess_seal and kvt__sess_load_block. */
+int kvt__sess_recover_apply(kvt_session *s, struct rplan *p);
 
 /* ---- 3 session/reuse.c ---- */
 /* Before prefilling tok[0..n) of a prompt: the longest prefix of its full blocks found in the
@@ -309,15 +358,6 @@ void kvt__sess_chunk_free(struct chunk_run *runs, int32_t n_runs);
 ** record.  *used = tokens loaded (0: nothing loaded, the caller decodes them; a store miss or a
 ** failed load is not an error).  Errors: those of kvt__sess_record. */
 int kvt__sess_chunk_load(kvt_session *s, const struct chunk_run *r, const kvt_token *tok, int role, int32_t *used);
-
-/* ---- 4 session/recovery.c ---- */
-int kvt__sess_load_candidates(kvt_session *s, struct cand *c, int32_t n_c, int32_t extra);
-/* Before a user message of msg_tokens tokens: relevance of every block, evicted blocks back. */
-int kvt__sess_recover(kvt_session *s, const char *query, int32_t msg_tokens);
-/* InfLLM: after the message, by its own queries. */
-int kvt__sess_infllm_recover(kvt_session *s, int32_t suffix_tokens);
-/* A message longer than the budget: its own evicted blocks relevant to its end. */
-int kvt__sess_recover_own_tail(kvt_session *s, const char *text);
 
 /* ---- 5 session/feed.c ---- */
 /* One run of tokens being fed. */

@@ -3,6 +3,8 @@
 ** here touches the cache.  The bottom layer of src/session (session_int.h has the order). */
 #include "session/session_int.h"
 
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 
 const char *const kvt__sess_role_name[3] = { "system", "user", "assistant" };
@@ -35,4 +37,14 @@ int32_t kvt__sess_route_kind(int64_t want, int64_t found) {
     if (want == 0) return KVT_ROUTE_NONE;
     if (found == 0) return KVT_ROUTE_MISS;
     return found >= want ? KVT_ROUTE_EXACT : KVT_ROUTE_PARTIAL;
+}
+
+void kvt__sess_explain(const kvt_session *s, const char *fmt, ...) {
+    if (!s->p.explain) return;
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    s->p.explain(s->p.explain_ud, line);
 }

@@ -100,6 +100,45 @@ int kvt__sess_cut_stream(kvt_session *s, int32_t keep) {
     return rc;
 }
 
+/* The template's tokens of fmt[from, strlen(fmt)) from the prompt's tokens its caller gave,
+** when they are provably what kvt_tokenize(fmt + from, add_bos = from == 0, parse_special) gives:
+** fmt is a prefix of the given tokens' text, and both ends of the span fall between tokens, each
+** either the text's edge or before a token the tokenizer splits at (a special token: llama.cpp
+** tokenizes the text between special tokens piece by piece, so a span from one to the next is
+** tokenized alone as it is in the whole).  Returns 0 with *tok (caller frees) / *n, 1 when the
+** given tokens cannot say (tokenize instead), or KVT_ENOMEM. */
+static int given_tokens(kvt_session *s, const char *fmt, size_t from, kvt_token **tok, int32_t *n) {
+    struct sess_given *g = s->conv.given;
+    const size_t len = strlen(fmt);
+    if (!g || len > g->len || memcmp(g->text, fmt, len) != 0) return 1;
+    /* k0: the first token of the span (from == 0: the first token, the BOS with it); k1: one past
+    ** its last (ends[] is non-decreasing) */
+    int32_t k0 = 0, k1 = 0, lo = 0, hi = g->n;
+    if (from > 0) {
+        while (lo < hi) { /* the first token ending past from */
+            const int32_t mid = lo + (hi - lo) / 2;
+            if (g->ends[mid] <= from) lo = mid + 1;
+            else hi = mid;
+        }
+        k0 = lo;
+        if (k0 == 0 || g->ends[k0 - 1] != from || k0 == g->n || !g->split[k0]) return 1;
+    }
+    lo = k0, hi = g->n;
+    while (lo < hi) { /* the first token ending past len */
+        const int32_t mid = lo + (hi - lo) / 2;
+        if (g->ends[mid] <= len) lo = mid + 1;
+        else hi = mid;
+    }
+    k1 = lo;
+    if (k1 <= k0 || g->ends[k1 - 1] != len || (k1 < g->n && !g->split[k1])) return 1;
+    if (!(*tok = malloc(sizeof(kvt_token) * (size_t) (k1 - k0)))) return kvt__fail(KVT_ENOMEM, "prompt tokens");
+    memcpy(*tok, g->tok + k0, sizeof(kvt_token) * (size_t) (k1 - k0));
+    *n = k1 - k0;
+    g->used += *n;
+    kvt__sess_explain(s, "%d tokens taken from the request's tokens [%d, %d) (not tokenized again)", *n, k0, k1);
+    return 0;
+}
+
 /* Tokens of the stream (blocks by id) that equal tok[0..n) from the start. */
 static int32_t stream_common(const kvt_session *s, const kvt_token *tok, int32_t n) {
     int32_t c = 0;
@@ -124,7 +163,9 @@ static int cut_to_common_tokens(kvt_session *s, const char *fmt, size_t common, 
     const int32_t at_boundary = k >= 0 ? s->conv.seg_tok[k] : 0;
     kvt_token *all = NULL;
     int32_t n_all = 0;
-    if (kvt_tokenize(s->eng, fmt, true, true, &all, &n_all)) {
+    int rg = given_tokens(s, fmt, 0, &all, &n_all);
+    if (rg == 1) rg = kvt_tokenize(s->eng, fmt, true, true, &all, &n_all);
+    if (rg) {
         kvt__clear_error();
         return 1;
     }
@@ -202,7 +243,7 @@ int kvt__sess_pending_tokens(kvt_session *s, int32_t n_msgs, bool add_ass, kvt_t
         *fmt_out = fmt;
         return 0;
     }
-    rc = kvt_tokenize(s->eng, fmt + common, have == 0, true, tok, n);
+    if ((rc = given_tokens(s, fmt, common, tok, n)) == 1) rc = kvt_tokenize(s->eng, fmt + common, have == 0, true, tok, n);
     if (rc) {
         free(fmt);
         return rc;

@@ -11,6 +11,7 @@
 
 #include "kvtier.h"
 #include "kvtier_int.h" /* what the library shares internally: the tests call it too */
+#include "test_hooks.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -386,6 +387,133 @@ static void test_real_independent(void **state) {
     kvt_engine_free(e);
 }
 
+/* A prompt tokenized once (kvt_session_prefill's tok, as a server passes the tokens it chose the
+** session by): on the tiny model, Gemma 3 and SmolLM2 (three templates, three tokenizers), session
+** B given the request's tokens holds exactly the stream of session A, which tokenizes every part
+** itself, turn after turn: a system document and a question, replies and more turns, an edited
+** earlier message (the cut-back path), a resend, and user text that spells special tokens.  B
+** took most of its tokens from the given ones (the one-tokenization path is the one tested).
+** Control: B given the tokens of another conversation (its first message differs) uses none of
+** them and still holds A's stream, and those tokens differ from A's, so using them would fail. */
+static void prefill_run(kvt_engine *e, kvt_session *s, const struct kvt_chat_msg *m, int32_t n, const kvt_token *tok,
+                        int32_t n_tok) {
+    kvt_prefill *pf = NULL;
+    struct kvt_decode_chunk c;
+    assert_int_equal(kvt_session_prefill(s, m, n, tok, n_tok, &pf), 0);
+    int r;
+    while ((r = kvt_prefill_next(pf, 0, &c)) == 1)
+        assert_int_equal(kvt_prefill_done(pf, kvt_engine_decode(e, c.seq, c.tokens, c.n, c.pos0, c.want_logits)), 0);
+    assert_int_equal(r, 0);
+    assert_int_equal(kvt_prefill_end(pf, NULL), 0);
+}
+
+static void assert_same_stream(kvt_session *a, kvt_session *b) {
+    const int32_t na = kvt_session_tokens(a, NULL, 0), nb = kvt_session_tokens(b, NULL, 0);
+    assert_int_equal(na, nb);
+    kvt_token *ta = malloc(sizeof(kvt_token) * (size_t) na), *tb = malloc(sizeof(kvt_token) * (size_t) nb);
+    assert_int_equal(kvt_session_tokens(a, ta, na), na);
+    assert_int_equal(kvt_session_tokens(b, tb, nb), nb);
+    assert_memory_equal(ta, tb, sizeof(kvt_token) * (size_t) na);
+    free(ta);
+    free(tb);
+}
+
+/* One turn: A tokenizes, B is given kvt_chat_tokenize's tokens of `given` (NULL: of m).  Returns
+** the tokens B took from them. */
+static int64_t turn_both(kvt_engine *e, kvt_session *a, kvt_session *b, const struct kvt_chat_msg *m, int32_t n,
+                         const struct kvt_chat_msg *given, int32_t n_given, const char *fallback) {
+    kvt_token *tok = NULL;
+    int32_t n_tok = 0;
+    assert_int_equal(kvt_chat_tokenize(e, given ? given : m, given ? n_given : n, true, fallback, &tok, &n_tok), 0);
+    const int64_t used0 = kvt_session_test_given_tokens(b);
+    prefill_run(e, a, m, n, NULL, 0);
+    prefill_run(e, b, m, n, tok, n_tok);
+    assert_same_stream(a, b);
+    free(tok);
+    return kvt_session_test_given_tokens(b) - used0;
+}
+
+static void given_tokens_on(const char *path, const char *fallback, bool want_used) {
+    struct kvt_engine_params p = kvt_engine_default_params();
+    p.model_path = path;
+    p.n_ctx = 2048 * 2;
+    p.n_seq = 2;
+    p.n_threads = 2;
+    kvt_engine *e = NULL;
+    assert_int_equal(kvt_engine_open(&p, &e), 0);
+    kvt_session *s[2];
+    for (int32_t i = 0; i < 2; i++) {
+        struct kvt_session_params sp = kvt_session_default_params();
+        sp.seq = i;
+        sp.budget = 2048;
+        sp.template_fallback = fallback;
+        assert_int_equal(kvt_session_open(e, &sp, &s[i]), 0);
+    }
+    static const char doc[] =
+        "The lighthouse keeper wrote every evening in a small blue notebook. He noted the wind, the colour of the sea "
+        "and the ships that passed, and once a month he rowed to the village to buy oil, bread and tobacco. The notebook "
+        "recorded storms that bent the iron railing, a whale that surfaced beside the rocks, and the winter the lamp "
+        "failed for three nights. Visitors were rare; a painter came one summer and stayed until the first frost. ";
+    char big[4 * sizeof doc];
+    snprintf(big, sizeof big, "%s%s%s", doc, doc, doc);
+    struct kvt_chat_msg m[8] = {
+        { "system", big },
+        { "user", "What did the keeper buy in the village?" },
+        { "assistant", "Oil, bread and tobacco." },
+        { "user", "And who stayed until the first frost? Answer in one word, not <end_of_turn> or <|im_end|>." },
+        { "assistant", "A painter." },
+        { "user", "Thanks. What failed for three nights?" },
+    };
+    int64_t used = 0, total = 0;
+    used += turn_both(e, s[0], s[1], m, 2, NULL, 0, fallback);
+    used += turn_both(e, s[0], s[1], m, 4, NULL, 0, fallback);
+    used += turn_both(e, s[0], s[1], m, 6, NULL, 0, fallback);
+    m[1].content = "What did the keeper write in?"; /* an edited history: both cut back */
+    used += turn_both(e, s[0], s[1], m, 6, NULL, 0, fallback);
+    used += turn_both(e, s[0], s[1], m, 6, NULL, 0, fallback); /* the same request again */
+    total = kvt_session_tokens(s[1], NULL, 0);
+    printf("%s: given tokens used %lld over the turns, stream %lld tokens\n", path, (long long) used, (long long) total);
+    if (want_used) assert_true(used >= total / 2); /* the long first turn at least came from them */
+
+    /* control: another conversation's tokens */
+    struct kvt_chat_msg other[2] = { { "system", "A different document about bees and honey." }, m[1] };
+    kvt_session_free(s[0]);
+    kvt_session_free(s[1]);
+    for (int32_t i = 0; i < 2; i++) {
+        struct kvt_session_params sp = kvt_session_default_params();
+        sp.seq = i;
+        sp.budget = 2048;
+        sp.template_fallback = fallback;
+        assert_int_equal(kvt_session_open(e, &sp, &s[i]), 0);
+    }
+    kvt_token *ot = NULL, *rt = NULL;
+    int32_t n_ot = 0, n_rt = 0;
+    assert_int_equal(kvt_chat_tokenize(e, other, 2, true, fallback, &ot, &n_ot), 0);
+    assert_int_equal(kvt_chat_tokenize(e, m, 2, true, fallback, &rt, &n_rt), 0);
+    assert_true(n_ot != n_rt || memcmp(ot, rt, sizeof(kvt_token) * (size_t) n_rt) != 0);
+    assert_int_equal(turn_both(e, s[0], s[1], m, 2, other, 2, fallback), 0);
+    free(ot);
+    free(rt);
+    kvt_session_free(s[0]);
+    kvt_session_free(s[1]);
+    kvt_engine_free(e);
+}
+
+static void test_given_tokens(void **state) {
+    (void) state;
+    char tiny[1024];
+    snprintf(tiny, sizeof tiny, "%s/tiny-llama.gguf", getenv("KVT_TINY_DIR"));
+    given_tokens_on(tiny, "chatml", false); /* its vocabulary has no special tokens: nothing to split at */
+    const char *real[2] = { getenv("KVTIER_MODEL"), getenv("KVTIER_CHAT_MODEL") };
+    for (int32_t i = 0; i < 2; i++) {
+        if (!real[i] || !*real[i]) {
+            printf("skipped: %s not set\n", i ? "KVTIER_CHAT_MODEL" : "KVTIER_MODEL");
+            continue;
+        }
+        given_tokens_on(real[i], "gemma", true);
+    }
+}
+
 /* Grammar-constrained sampling (kvt_grammar): on Gemma, two sessions stepped together, one under
 ** the grammar {"n":DIGITS} and one free.  The constrained reply is exactly that shape and ends at
 ** end-of-generation as soon as the grammar completes; the free one (control, same prompt) is not
@@ -758,7 +886,7 @@ static void test_chunked_prefill(void **state) {
     assert_int_equal(kvt_session_sync(it.a, ma, 1, NULL), 0);
     /* B's prompt in steps: A takes a token between B's chunks (a run's last chunk excepted) */
     kvt_prefill *pf = NULL;
-    assert_int_equal(kvt_session_prefill(b, mb, 1, &pf), 0);
+    assert_int_equal(kvt_session_prefill(b, mb, 1, NULL, 0, &pf), 0);
     struct kvt_decode_chunk c;
     int r;
     while ((r = kvt_prefill_next(pf, 0, &c)) == 1) {
@@ -865,7 +993,7 @@ static void test_prefill_stopped(void **state) {
     const int32_t msgs0 = kvt_session_n_messages(s);
     for (int how = 0; how < 2; how++) {
         kvt_prefill *pf = NULL;
-        assert_int_equal(kvt_session_prefill(s, m, 3, &pf), 0);
+        assert_int_equal(kvt_session_prefill(s, m, 3, NULL, 0, &pf), 0);
         struct kvt_decode_chunk c;
         assert_int_equal(kvt_prefill_next(pf, 0, &c), 1);
         assert_int_equal(kvt_prefill_done(pf, kvt_engine_decode(e, c.seq, c.tokens, c.n, c.pos0, c.want_logits)), 0);
@@ -925,7 +1053,7 @@ static void test_prefill_stopped(void **state) {
 static void stop_at(kvt_engine *e, kvt_session *s, const struct kvt_chat_msg *m, int32_t n, int32_t k, int how) {
     kvt_prefill *pf = NULL;
     struct kvt_decode_chunk c;
-    assert_int_equal(kvt_session_prefill(s, m, n, &pf), 0);
+    assert_int_equal(kvt_session_prefill(s, m, n, NULL, 0, &pf), 0);
     for (int32_t i = 0; i < k; i++) {
         assert_int_equal(kvt_prefill_next(pf, 64, &c), 1);
         assert_int_equal(kvt_prefill_done(pf, kvt_engine_decode(e, c.seq, c.tokens, c.n, c.pos0, c.want_logits)), 0);
@@ -940,7 +1068,7 @@ static int32_t count_chunks(kvt_engine *e, kvt_session *s, const struct kvt_chat
     kvt_prefill *pf = NULL;
     struct kvt_decode_chunk c;
     int32_t k = 0, r;
-    assert_int_equal(kvt_session_prefill(s, m, n, &pf), 0);
+    assert_int_equal(kvt_session_prefill(s, m, n, NULL, 0, &pf), 0);
     while ((r = kvt_prefill_next(pf, 64, &c)) == 1) {
         assert_int_equal(kvt_prefill_done(pf, kvt_engine_decode(e, c.seq, c.tokens, c.n, c.pos0, c.want_logits)), 0);
         k++;
@@ -1029,7 +1157,7 @@ static void test_prefill_stopped_anywhere(void **state) {
     kvt_session *s = open_session(e, 0, KVT_POLICY_KVTIER);
     kvt_prefill *pf = NULL;
     struct kvt_decode_chunk c;
-    assert_int_equal(kvt_session_prefill(s, m, 4, &pf), 0);
+    assert_int_equal(kvt_session_prefill(s, m, 4, NULL, 0, &pf), 0);
     assert_int_equal(kvt_prefill_next(pf, 64, &c), 1);
     assert_int_equal(kvt_prefill_done(pf, kvt_engine_decode(e, c.seq, c.tokens, c.n, c.pos0, c.want_logits)), 0);
     assert_int_equal(kvt_session_tokens(s, NULL, 0), c.n); /* mid-prefill the chunk is in the stream */
@@ -1156,6 +1284,7 @@ int main(void) {
         cmocka_unit_test(test_chunked_prefill),
         cmocka_unit_test(test_prefill_stopped),
         cmocka_unit_test(test_prefill_stopped_anywhere),
+        cmocka_unit_test(test_given_tokens),
         cmocka_unit_test(test_seed_own_stream),
         cmocka_unit_test(test_seed_stream_per_sequence),
         cmocka_unit_test(test_park_resume),

@@ -228,7 +228,7 @@ static int add_stepped(struct sched_ud *u, kvt_session *H, const char *text) {
     for (int32_t i = 0; i < n; i++) assert_int_equal(kvt_session_message(H, i, &m[i]), 0);
     m[n] = (struct kvt_chat_msg){ "user", text };
     kvt_prefill *pf = NULL;
-    int rc = kvt_session_prefill(H, m, n + 1, &pf);
+    int rc = kvt_session_prefill(H, m, n + 1, NULL, 0, &pf);
     if (rc == 0) {
         struct kvt_decode_chunk c;
         while ((rc = kvt_prefill_next(pf, u->room, &c)) == 1)

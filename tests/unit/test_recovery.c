@@ -103,6 +103,22 @@ static bool pad_to_boundary(kvt_engine *e, int32_t block, const struct kvt_chat_
     return false;
 }
 
+/* kvt_session_params.explain collected: every line, and the session's evictions at its end */
+static char g_explain[1 << 16];
+static size_t g_explain_len;
+static int64_t g_evictions;
+static void collect_explain(void *ud, const char *line) {
+    (void) ud;
+    g_explain_len += (size_t) snprintf(g_explain + g_explain_len, sizeof g_explain - g_explain_len, "%s\n", line);
+    if (g_explain_len >= sizeof g_explain) g_explain_len = sizeof g_explain - 1;
+}
+
+static int64_t count_lines(const char *prefix) {
+    int64_t n = 0;
+    for (const char *p = g_explain; (p = strstr(p, prefix)); p++) n += p == g_explain || p[-1] == '\n';
+    return n;
+}
+
 /* The number's log-prob after the teacher-forced "Kelvarin's locker number is"; OUT *recoveries
 ** (the session's); frees the session. */
 static double number_logprob_free(kvt_session *s, int64_t *recoveries) {
@@ -113,6 +129,7 @@ static double number_logprob_free(kvt_session *s, int64_t *recoveries) {
     struct kvt_session_stats st;
     kvt_session_get_stats(s, &st);
     *recoveries = st.recoveries;
+    g_evictions = st.evictions;
     kvt_session_free(s);
     return lp_all - lp_pre;
 }
@@ -142,6 +159,9 @@ static kvt_session *open_split_session(kvt_engine *e, int32_t recovery, int32_t 
     sp->budget = 384;
     sp->recovery = recovery;
     sp->successor_blocks = successors;
+    sp->explain = collect_explain;
+    g_explain_len = 0;
+    g_explain[0] = '\0';
     kvt_session *s = NULL;
     assert_int_equal(kvt_session_open(e, sp, &s), 0);
     return s;
@@ -184,8 +204,26 @@ static double split_fact_session(kvt_engine *e, int32_t recovery, int32_t succes
         assert_int_equal(a.residency, KVT_RES_DEVICE);
         assert_int_equal(b.residency, KVT_RES_DEVICE);
         assert_int_equal(b.p0, a.p0 + a.n_tokens);
+        /* the plan said so (kvt_session_params.explain): the hit and its successor, in a line
+        ** of the last turn's recovery */
+        char want[64];
+        snprintf(want, sizeof want, " blk%d=", a.id);
+        const char *last = strstr(g_explain, "recover ");
+        for (const char *p = last; p && (p = strstr(p + 1, "recover "));) last = p;
+        assert_non_null(last);
+        const char *eol = strchr(last, '\n');
+        const char *ha = strstr(last, want);
+        snprintf(want, sizeof want, " blk%d=", b.id);
+        const char *hb = strstr(last, want);
+        assert_true(ha && hb && ha < eol && hb < eol);
     }
-    return number_logprob_free(s, recoveries);
+    const int64_t n_evict_lines = count_lines("evict blk"), n_feed = count_lines("feed ");
+    const double lp = number_logprob_free(s, recoveries);
+    printf("  explain: %lld evict lines (%lld evictions), %lld runs fed\n", (long long) n_evict_lines, (long long) g_evictions,
+           (long long) n_feed);
+    assert_int_equal(n_evict_lines, g_evictions); /* one line per eviction, no more */
+    assert_true(n_feed >= 40);                    /* 21 user turns and their prefixes, 20 replies */
+    return lp;
 }
 
 static void test_successor_recovered(void **state) {
