@@ -67,9 +67,10 @@ static void pf_feed(struct kvt_prefill *pf, const kvt_token *tok, int32_t n, int
                                         [PF_INFLLM_FED] = "the message (InfLLM: recovery after it)",
                                         [PF_MESSAGE_FED] = "the message",
                                         [PF_PREFIX_FED] = "the assistant prefix" };
+    const char *w = pf->phase == PF_INFLLM_FED ? "the assistant prefix (after InfLLM's recovery)" : what[after];
     pf->after = after;
     pf->phase = after;
-    kvt__sess_explain(pf->s, "feed %d tokens: %s, at token %d (%s)", n, what[after] ? what[after] : "?", pf->s->total,
+    kvt__sess_explain(pf->s, "feed %d tokens: %s, at token %d (recorded as %s)", n, w ? w : "?", pf->s->total,
                       kvt__sess_role_name[role]);
     if (n <= 0) return;
     kvt__sess_feed_init(&pf->f, tok, n, role, reserve);

@@ -433,6 +433,17 @@ static int64_t turn_both(kvt_engine *e, kvt_session *a, kvt_session *b, const st
     return kvt_session_test_given_tokens(b) - used0;
 }
 
+/* Sessions on sequences 0 and 1, budget 2048, the template fallback given. */
+static void open_pair(kvt_engine *e, const char *fallback, kvt_session *s[2]) {
+    for (int32_t i = 0; i < 2; i++) {
+        struct kvt_session_params sp = kvt_session_default_params();
+        sp.seq = i;
+        sp.budget = 2048;
+        sp.template_fallback = fallback;
+        assert_int_equal(kvt_session_open(e, &sp, &s[i]), 0);
+    }
+}
+
 static void given_tokens_on(const char *path, const char *fallback, bool want_used) {
     struct kvt_engine_params p = kvt_engine_default_params();
     p.model_path = path;
@@ -442,13 +453,7 @@ static void given_tokens_on(const char *path, const char *fallback, bool want_us
     kvt_engine *e = NULL;
     assert_int_equal(kvt_engine_open(&p, &e), 0);
     kvt_session *s[2];
-    for (int32_t i = 0; i < 2; i++) {
-        struct kvt_session_params sp = kvt_session_default_params();
-        sp.seq = i;
-        sp.budget = 2048;
-        sp.template_fallback = fallback;
-        assert_int_equal(kvt_session_open(e, &sp, &s[i]), 0);
-    }
+    open_pair(e, fallback, s);
     static const char doc[] =
         "The lighthouse keeper wrote every evening in a small blue notebook. He noted the wind, the colour of the sea "
         "and the ships that passed, and once a month he rowed to the village to buy oil, bread and tobacco. The notebook "
@@ -479,13 +484,7 @@ static void given_tokens_on(const char *path, const char *fallback, bool want_us
     struct kvt_chat_msg other[2] = { { "system", "A different document about bees and honey." }, m[1] };
     kvt_session_free(s[0]);
     kvt_session_free(s[1]);
-    for (int32_t i = 0; i < 2; i++) {
-        struct kvt_session_params sp = kvt_session_default_params();
-        sp.seq = i;
-        sp.budget = 2048;
-        sp.template_fallback = fallback;
-        assert_int_equal(kvt_session_open(e, &sp, &s[i]), 0);
-    }
+    open_pair(e, fallback, s);
     kvt_token *ot = NULL, *rt = NULL;
     int32_t n_ot = 0, n_rt = 0;
     assert_int_equal(kvt_chat_tokenize(e, other, 2, true, fallback, &ot, &n_ot), 0);
