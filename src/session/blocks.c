@@ -535,7 +535,7 @@ int kvt__sess_recover_apply(kvt_session *s, struct rplan *p) {
     static const char *const where[] = { "at the tail, in their order", "at the tail, best first", "before the question" };
     int rc = 0;
     const int64_t rec0 = s->st.recoveries;
-    if (p->n_c > 0 && s->p.explain) {
+    if (p->n_c > 0 && (s->p.explain || getenv("KVT_DEBUG_RECOVERY"))) {
         char line[768];
         int o = snprintf(line, sizeof line, "recover %d blocks %s:", p->n_c, where[p->where]);
         for (int32_t k = 0; k < p->n_c && o > 0 && o < (int) sizeof line; k++)

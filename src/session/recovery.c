@@ -102,14 +102,15 @@ static int32_t top_with_successors(kvt_session *s, struct cand *c, int32_t n_c, 
     return n_x;
 }
 
-/* The plan's query and candidates: a line to kvt_session_params.explain, and to stderr with
-** KVT_DEBUG_RECOVERY set. */
+/* The plan's query and candidates: one explain line (kvt_session_params.explain, or stderr with
+** KVT_DEBUG_RECOVERY set). */
 static void debug_candidates(const kvt_session *s, const char *what, const char *novel, const struct cand *c, int32_t n_c) {
-    kvt__sess_explain(s, "recovery plan, turn %d, %s \"%.80s\": %d candidates", s->turn, what, novel ? novel : "", n_c);
-    if (!getenv("KVT_DEBUG_RECOVERY")) return;
-    fprintf(stderr, "[recovery] turn %d %s \"%.80s\":", s->turn, what, novel ? novel : "");
-    for (int32_t k = 0; k < n_c; k++) fprintf(stderr, " blk%d=%.2f", s->b[c[k].i].info.id, c[k].score);
-    fprintf(stderr, "\n");
+    char list[512];
+    int o = 0;
+    list[0] = '\0';
+    for (int32_t k = 0; k < n_c && o >= 0 && o < (int) sizeof list; k++)
+        o += snprintf(list + o, sizeof list - (size_t) o, " blk%d=%.2f", s->b[c[k].i].info.id, c[k].score);
+    kvt__sess_explain(s, "recovery plan, turn %d, %s \"%.80s\": %d candidates%s", s->turn, what, novel ? novel : "", n_c, list);
 }
 
 /* Before a user message.  Every sealed block gets its BM25 relevance to the message (the kvtier

@@ -241,7 +241,8 @@ int kvt__sess_role_from_name(const char *r);
 /* The session's KV stops being a cold prefill's (eviction, recovery, compaction, early seal):
 ** no block from now on gets a chain key. */
 void kvt__sess_chain_off(kvt_session *s);
-/* One line of the prefill's decisions to kvt_session_params.explain (nothing without one). */
+/* One line of the prefill's decisions to kvt_session_params.explain (without one: to stderr when
+** KVT_DEBUG_RECOVERY is set, else nowhere). */
 void kvt__sess_explain(const kvt_session *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* enum kvt_route of lookups that wanted `want` tokens and found `found`. */
 int32_t kvt__sess_route_kind(int64_t want, int64_t found);

@@ -5,6 +5,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 const char *const kvt__sess_role_name[3] = { "system", "user", "assistant" };
@@ -40,11 +41,13 @@ int32_t kvt__sess_route_kind(int64_t want, int64_t found) {
 }
 
 void kvt__sess_explain(const kvt_session *s, const char *fmt, ...) {
-    if (!s->p.explain) return;
+    const bool debug = !s->p.explain && getenv("KVT_DEBUG_RECOVERY"); /* the debugging switch prints the same lines */
+    if (!s->p.explain && !debug) return;
     char line[1024];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    s->p.explain(s->p.explain_ud, line);
+    if (debug) fprintf(stderr, "[explain] %s\n", line);
+    else s->p.explain(s->p.explain_ud, line);
 }
