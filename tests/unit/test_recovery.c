@@ -6,6 +6,7 @@
 ** the person, so only the first half matches it.  Both halves must come back, in order, right
 ** before the question, and the number's log-probability must beat the same session with
 ** successor_blocks = 0 (control: only the name's half comes back) and with recovery off.
+** The recovery planner alone returns the list naming both halves and changes no cell.
 ** The same inside one user message longer than the budget (its own blocks evicted during its
 ** prefill, recovered before the reply by its end), with the same controls.
 ** Dense recovery (Gemma 3 270M as its own embedder): the evicted block with the highest cosine to
@@ -18,7 +19,8 @@
 #include <cmocka.h>
 
 #include "kvtier.h"
-#include "kvtier_int.h" /* what the library shares internally: the tests call it too */
+#include "kvtier_int.h"          /* what the library shares internally: the tests call it too */
+#include "session/session_int.h" /* the recovery planner, called alone */
 
 #include <math.h>
 #include <stdio.h>
@@ -193,6 +195,25 @@ static double split_fact_session(kvt_engine *e, int32_t recovery, int32_t succes
     assert_int_not_equal(a.residency, KVT_RES_DEVICE);
     assert_int_not_equal(b.residency, KVT_RES_DEVICE);
 
+    if (recovery == KVT_RECOVERY_KV_RESTORE && successors > 0) {
+        /* the planner alone: a list naming the fact's two blocks, and no cell, block or residency
+        ** changed by making it (kvt__sess_recover_apply, not the planner, loads) */
+        const int32_t cells0 = kvt_seq_n_cells(e, 0), n_b0 = kvt_session_n_blocks(s);
+        int32_t res0[512];
+        for (int32_t i = 0; i < n_b0 && i < 512; i++) res0[i] = s->b[i].info.residency;
+        struct rplan rp;
+        assert_int_equal(kvt__sess_plan_recover(s, "Which locker does Kelvarin have?", 12, &rp), 0);
+        bool has_a = false, has_b = false;
+        for (int32_t k = 0; k < rp.n_c; k++) {
+            has_a |= rp.c[k].i == first;
+            has_b |= rp.c[k].i == first + 1;
+        }
+        assert_true(has_a && has_b && rp.where == RPLAN_TAIL);
+        assert_int_equal(kvt_seq_n_cells(e, 0), cells0);
+        assert_int_equal(kvt_session_n_blocks(s), n_b0);
+        for (int32_t i = 0; i < n_b0 && i < 512; i++) assert_int_equal(s->b[i].info.residency, res0[i]);
+        free(rp.c);
+    }
     assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, "Which locker does Kelvarin have?", KVT_KEEP_NONE), 0);
     kvt_session_block(s, first, &a);
     kvt_session_block(s, first + 1, &b);
