@@ -107,29 +107,29 @@ int kvt__sess_cut_stream(kvt_session *s, int32_t keep) {
 ** tokenizes the text between special tokens piece by piece, so a span from one to the next is
 ** tokenized alone as it is in the whole).  Returns 0 with *tok (caller frees) / *n, 1 when the
 ** given tokens cannot say (tokenize instead), or KVT_ENOMEM. */
+/* The first token at or after lo whose text ends past byte `at` (ends[] is non-decreasing); n if none. */
+static int32_t first_ending_past(const struct sess_given *g, int32_t lo, size_t at) {
+    int32_t hi = g->n;
+    while (lo < hi) {
+        const int32_t mid = lo + (hi - lo) / 2;
+        if (g->ends[mid] <= at) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
 static int given_tokens(kvt_session *s, const char *fmt, size_t from, kvt_token **tok, int32_t *n) {
     struct sess_given *g = s->conv.given;
     const size_t len = strlen(fmt);
     if (!g || len > g->len || memcmp(g->text, fmt, len) != 0) return 1;
     /* k0: the first token of the span (from == 0: the first token, the BOS with it); k1: one past
     ** its last (ends[] is non-decreasing) */
-    int32_t k0 = 0, k1 = 0, lo = 0, hi = g->n;
+    int32_t k0 = 0;
     if (from > 0) {
-        while (lo < hi) { /* the first token ending past from */
-            const int32_t mid = lo + (hi - lo) / 2;
-            if (g->ends[mid] <= from) lo = mid + 1;
-            else hi = mid;
-        }
-        k0 = lo;
+        k0 = first_ending_past(g, 0, from);
         if (k0 == 0 || g->ends[k0 - 1] != from || k0 == g->n || !g->split[k0]) return 1;
     }
-    lo = k0, hi = g->n;
-    while (lo < hi) { /* the first token ending past len */
-        const int32_t mid = lo + (hi - lo) / 2;
-        if (g->ends[mid] <= len) lo = mid + 1;
-        else hi = mid;
-    }
-    k1 = lo;
+    const int32_t k1 = first_ending_past(g, k0, len);
     if (k1 <= k0 || g->ends[k1 - 1] != len || (k1 < g->n && !g->split[k1])) return 1;
     if (!(*tok = malloc(sizeof(kvt_token) * (size_t) (k1 - k0)))) return kvt__fail(KVT_ENOMEM, "prompt tokens");
     memcpy(*tok, g->tok + k0, sizeof(kvt_token) * (size_t) (k1 - k0));
