@@ -54,7 +54,7 @@ struct cli_run_opts {
     const char *spill_dir;
     const char *system;
     bool verbose;
-    const char *store; /* block store directory; NULL = kvt_store_default_dir() */
+    const char *store; /* block store directory; NULL = the default ($XDG_CACHE_HOME/kvtier/store) */
     bool no_store;     /* run without a block store */
     const char *redis; /* the store's Redis tier URL (NULL = none) */
     int32_t redis_timeout_ms;

@@ -128,6 +128,7 @@ int cmd_serve(int argc, char **argv) {
     const char *cmd = "kvtier serve";
     struct server srv;
     memset(&srv, 0, sizeof srv);
+    srv.response_quota = -1; /* --response-quota not given */
     pthread_mutex_init(&srv.mu, NULL);
     pthread_cond_init(&srv.work, NULL);
     const char *host = "127.0.0.1", *key_file = NULL, *key_unused = NULL, *elastic = NULL, *ngl = NULL, *fa = NULL;
@@ -136,6 +137,7 @@ int cmd_serve(int argc, char **argv) {
     /* llama-server's flags */
     double temp = 1.0, top_p = 1.0, min_p = 0.0;
     int32_t top_k = 0;
+    int32_t resp_ttl = 30 * 24 * 3600; /* --response-ttl */
     int32_t seed = -1, n_predict = -1;
     bool budget_seen = false, slots_on = false, metrics_on = false, jinja = false, no_jinja = false, offline = false,
          cont_batching = false, backend_sampling = false;
@@ -247,7 +249,9 @@ int cmd_serve(int argc, char **argv) {
           NULL },
         { "share-store", 0, OPT_FLAG, &srv.share_store, 0, 0, NULL,
           "let sessions of different API keys reuse each other's blocks (default: a salt per key)", NULL },
-        { "max-tokens", 0, OPT_INT, &srv.max_tokens_default, 1, 1 << 20, "N", "reply limit when a request gives none (default 256; given neither this nor -n, a completion may fill what its prompt leaves of the budget)",
+        { "max-tokens", 0, OPT_INT, &srv.max_tokens_default, 1, 1 << 20, "N",
+          "reply limit when a request gives none (default 256; given neither this nor -n, a completion may fill what its prompt "
+          "leaves of the budget)",
           NULL },
         { "queue", 0, OPT_INT, &srv.max_queue, 1, 1 << 16, "N", "requests waiting for a slot before 429 (default 64)", NULL },
         { "queue-per-key", 0, OPT_INT, &srv.queue_per_key, 1, 1 << 16, "N",
@@ -260,6 +264,14 @@ int cmd_serve(int argc, char **argv) {
         { "responses-per-key", 0, OPT_INT, &srv.responses_per_key, 1, 1 << 24, "N",
           "stored responses one API key may hold (default: half of --max-responses with two keys or more, so one key "
           "cannot evict every other key's conversations; all of it otherwise); past it the key's own oldest goes",
+          NULL },
+        { "response-ttl", 0, OPT_INT, &resp_ttl, 0, 2147483647, "S",
+          "a stored response (previous_response_id, GET) expires S seconds after it was made, in RAM and on disk "
+          "(default 2592000: 30 days; 0: never)",
+          NULL },
+        { "response-quota", 0, OPT_INT, &srv.response_quota, 0, 1 << 30, "N",
+          "stored responses one API key keeps on disk, in the block store's index (default 100000; past it the key's "
+          "least recently used go; 0: no quota).  Without a store (--no-store) they live in RAM only",
           NULL },
         { "batch-tokens", 0, OPT_INT, &srv.batch_tokens, 0, 512, "N",
           "tokens of one scheduler step: every generating request's next token plus a chunk of a new prompt in ONE "
@@ -616,6 +628,8 @@ int cmd_serve(int argc, char **argv) {
             fprintf(stderr, "%s: --max-connections %d: the open-file limit is %llu (ulimit -n); connections past it are refused\n",
                     cmd, srv.lim.max_connections, (unsigned long long) rl.rlim_cur);
     }
+    srv.response_ttl_s = resp_ttl;
+    if (srv.response_quota < 0) srv.response_quota = 100000;
     if (!srv.responses_per_key) srv.responses_per_key = srv.n_keys >= 2 ? KVT_MAX(1, srv.max_responses / 2) : srv.max_responses;
 
     /* signals: handled by sigwait in this thread only */
@@ -632,6 +646,12 @@ int cmd_serve(int argc, char **argv) {
     char terr[1300];
     if (serve_tenant_init(&srv, terr, sizeof terr)) {
         fprintf(stderr, "%s: API keys: %s\n", cmd, terr);
+        serve_engine_close(&srv);
+        rc = APP_ERR;
+        goto out;
+    }
+    if (respdb_open(&srv, terr, sizeof terr)) {
+        fprintf(stderr, "%s: %s\n", cmd, terr);
         serve_engine_close(&srv);
         rc = APP_ERR;
         goto out;
@@ -704,6 +724,7 @@ out:
     free(srv.views);
     free(tmpl_text);
     resp_free_all();
+    respdb_close();
     pthread_cond_destroy(&srv.work);
     pthread_mutex_destroy(&srv.mu);
     return rc;

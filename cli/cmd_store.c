@@ -7,9 +7,10 @@
 **            without --repair); exit 1 when problems remain
 **   gc       remove expired, over-quota and orphaned entries
 **   clear    remove every block; prints what it removed
-** Every subcommand takes --store DIR (default: kvt_store_default_dir()) and --json (one JSON
+** Every subcommand takes --store DIR (default: $XDG_CACHE_HOME/kvtier/store, else ~/.cache/kvtier/store) and --json (one JSON
 ** object on stdout instead of the table). */
 #include "cli.h"
+#include "serve.h" /* stored responses (server/respdb.c) */
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,7 +20,8 @@
 struct store_opts {
     const char *dir;
     bool json, repair;
-    const char *redis; /* stats: the Redis tier too */
+    const char *redis;       /* stats: the Redis tier too */
+    const char *secret_file; /* verify: the server's --redis-secret-file (stored responses' MAC) */
 };
 
 static const char *SUBCMDS = "stats, ls, verify, gc, clear";
@@ -31,7 +33,7 @@ static void store_usage(FILE *f) {
                "  stats    entries, bytes, tokens, hot and expired blocks of the disk tier (--redis URL:\n"
                "           and the blocks in that Redis)\n"
                "  ls       one line per stored block, most recently hit first\n"
-               "  verify   re-check every file against the index (--repair removes what fails);\n"
+               "  verify   re-check every file against the index, and the stored responses' MACs (--repair removes what fails);\n"
                "           exit status 1 when problems remain\n"
                "  gc       remove expired, over-quota and orphaned entries\n"
                "  clear    remove every block (asks nothing; prints what it removed)\n"
@@ -41,21 +43,18 @@ static void store_usage(FILE *f) {
 
 static int open_store(const char *cmd, const struct store_opts *o, bool read_only, kvt_store **st, char *dir, size_t n) {
     int rc;
-    if (o->dir) {
-        snprintf(dir, n, "%s", o->dir);
-    } else if ((rc = kvt_store_default_dir(dir, n))) {
-        app_fail(cmd, "no default store directory (use --store DIR)", rc);
-        return APP_USAGE;
-    }
     struct kvt_store_params p = kvt_store_default_params();
-    p.dir = dir;
+    p.dir = o->dir; /* NULL: the default directory */
     p.ram_bytes = 0;
     p.read_only = read_only;
     p.redis_url = o->redis;
     if ((rc = kvt_store_open(&p, st))) {
-        app_fail(cmd, "cannot open the store", rc);
+        app_fail(cmd, o->dir ? "cannot open the store" : "cannot open the default store (or use --store DIR)", rc);
         return rc == KVT_EINVAL ? APP_USAGE : APP_ERR;
     }
+    struct kvt_store_stats s;
+    kvt_store_get_stats(*st, &s);
+    snprintf(dir, n, "%s", s.dir ? s.dir : "");
     return APP_OK;
 }
 
@@ -232,13 +231,27 @@ static int do_verify(const char *cmd, kvt_store *st, const char *dir, const stru
         app_fail(cmd, "verify failed", rc);
         return APP_ERR;
     }
-    const bool bad = !o->repair && (r.corrupt || r.missing || r.orphans);
+    /* the stored responses in the same index (kvtier serve's Responses API) */
+    struct respdb_report rr;
+    char err[1200];
+    if (respdb_verify(dir, o->secret_file, o->repair, &rr, err, sizeof err)) {
+        fprintf(stderr, "%s: stored responses: %s\n", cmd, err);
+        return APP_ERR;
+    }
+    const bool bad = !o->repair && (r.corrupt || r.missing || r.orphans || rr.corrupt);
     if (o->json) {
         json_t *j = report_json(dir, &r);
         if (j) json_object_set_new(j, "repaired", json_boolean(o->repair));
+        if (j)
+            json_object_set_new(j, "responses",
+                                json_pack("{s:I, s:I, s:I, s:I, s:I}", "checked", (json_int_t) rr.checked, "ok", (json_int_t) rr.ok,
+                                          "expired", (json_int_t) rr.expired, "corrupt", (json_int_t) rr.corrupt, "removed",
+                                          (json_int_t) rr.removed));
         rc = app_json_line(cmd, j);
     } else {
         report_print(dir, &r, false);
+        printf("responses %lld stored responses: %lld ok, %lld expired, %lld corrupt (MAC or shape), %lld removed\n",
+               (long long) rr.checked, (long long) rr.ok, (long long) rr.expired, (long long) rr.corrupt, (long long) rr.removed);
         if (bad) printf("problems found: run 'kvtier store verify --repair' to remove them\n");
     }
     return rc ? rc : bad ? APP_ERR : APP_OK;
@@ -314,6 +327,7 @@ int cmd_store(int argc, char **argv) {
         { "store", 0, OPT_STR, &o.dir, 0, 0, "DIR", "the store directory (default: $XDG_CACHE_HOME/kvtier/store)", NULL },
         { "json", 0, OPT_FLAG, &o.json, 0, 0, NULL, "one JSON object on stdout instead of the table", NULL },
         { NULL, 0, 0, NULL, 0, 0, NULL, NULL, NULL }, /* --repair (verify) or --redis (stats) */
+        { NULL, 0, 0, NULL, 0, 0, NULL, NULL, NULL }, /* --secret-file (verify) */
         { NULL, 0, 0, NULL, 0, 0, NULL, NULL, NULL },
     };
     /* clang-format on */
@@ -323,14 +337,24 @@ int cmd_store(int argc, char **argv) {
                                    "also count the blocks in this Redis (redis://[[user:]password@]host[:port][/db] or "
                                    "unix:///path): a SCAN over its keys", NULL };
     /* clang-format on */
-    if (is_verify) opts[2] = repair;
+    const struct cli_opt secret = { "secret-file",
+                                    0,
+                                    OPT_STR,
+                                    &o.secret_file,
+                                    0,
+                                    0,
+                                    "FILE",
+                                    "the --redis-secret-file the server ran with (stored responses are MACed under it; "
+                                    "else under the store's server-secret)",
+                                    NULL };
+    if (is_verify) opts[2] = repair, opts[3] = secret;
     if (is_stats) opts[2] = redis;
     char *pos[1];
     int n_pos;
     int rc = cli_parse(cmd, opts, argc - 1, argv + 1, pos, 0, &n_pos);
     if (rc == -1) {
         printf("Usage: %s [--store DIR] [--json]%s\n\n%s\n\nOptions:\n", cmd,
-               is_verify  ? " [--repair]"
+               is_verify  ? " [--repair] [--secret-file FILE]"
                : is_stats ? " [--redis URL]"
                           : "",
                subs[s].help);

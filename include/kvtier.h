@@ -904,7 +904,8 @@ enum kvt_tier { KVT_TIER_NONE = 0, KVT_TIER_RAM = 1, KVT_TIER_DISK = 2, KVT_TIER
 ** it has hot_hits hits; expired entries are misses until gc or the quota (expired, then cold,
 ** then hot, LRU) removes them (docs/STORE.md, "Writes, reads, TTL"). */
 struct kvt_store_params {
-    const char *dir;   /* the disk tier (SQLite index + blob files); NULL = kvt_store_default_dir();
+    const char *dir;   /* the disk tier (SQLite index + blob files); NULL = $XDG_CACHE_HOME/kvtier/store
+                              ** (when absolute), else $HOME/.cache/kvtier/store (kvt_store_stats.dir);
                               ** created (mode 0700) if missing, unless read_only */
     size_t ram_bytes;  /* RAM tier budget (payload bytes, LRU, private entries first); default
                               ** 256 MiB; 0 = no RAM tier */
@@ -947,10 +948,6 @@ struct kvt_store_params {
 /* Defaults listed above.  Cannot fail. */
 struct kvt_store_params kvt_store_default_params(void);
 
-/* $XDG_CACHE_HOME/kvtier/store (when absolute), else $HOME/.cache/kvtier/store, into buf[n].
-** Errors: KVT_EINVAL (neither variable set, or n too small; buf is "" then). */
-int kvt_store_default_dir(char *buf, size_t n);
-
 /* Open (or create) a store (p NULL = defaults) and start its threads; several processes may share
 ** a directory, and one left by a killed process opens fine (docs/STORE.md, "Crash safety").  A
 ** Redis that is down is not an error.  OUT *out: free with kvt_store_free; NULL on error.
@@ -982,6 +979,7 @@ struct kvt_store_tier_stats {
     int64_t timeouts;               /* Redis: operations that passed redis_timeout_ms */
 };
 struct kvt_store_stats {
+    const char *dir; /* the disk tier's directory (the store's copy, valid while it is open) */
     struct kvt_store_tier_stats ram, disk;
     int64_t queue_len;                 /* disk writes waiting now */
     struct kvt_store_tier_stats redis; /* zeros without Redis; entries/bytes unfilled (kvt_store_redis_info) */
@@ -1029,6 +1027,21 @@ struct kvt_store_redis_info {
     char server[128];               /* "host:port/db" or "unix:path" (no credentials) */
 };
 int kvt_store_redis_info(kvt_store *st, struct kvt_store_redis_info *out /* OUT */);
+
+/* A small named value in the Redis tier beside the blocks (kvtier serve's stored responses, so
+** that every server on one Redis continues a conversation).  The key is "kvt:rec:" + name (1..200
+** printable bytes, no spaces; the caller scopes it, e.g. by tenant).  PUT: data[0..n) with a
+** lifetime of ttl_s (> 0) seconds, one SET ... EX (a reader finds the whole value or none), MACed
+** under redis_secret_file like blocks.  GET: *out (malloc'd; free() it) and *n_out.  DEL: gone.
+** Synchronous, one command within redis_timeout_ms; a connection failure starts the readers'
+** backoff as a block get does.  Errors: KVT_EINVAL (no Redis tier, bad name, op or ttl, NULL
+** out/n_out for GET, a value over redis_max_bytes), KVT_ENOENT (GET: absent or expired),
+** KVT_EFORMAT (GET: over redis_max_bytes, or its MAC does not match: counted corrupt), KVT_EIO
+** (Redis unreachable, backed off, timed out or erring: the message names the host, never the
+** password), KVT_ENOMEM.  Thread-safe. */
+enum kvt_record_op { KVT_RECORD_PUT, KVT_RECORD_GET, KVT_RECORD_DEL };
+int kvt_store_record(kvt_store *st, enum kvt_record_op op, const char *name, const void *data, size_t n, int64_t ttl_s,
+                     void **out /* OUT */, size_t *n_out /* OUT */);
 
 /* One entry of the disk tier as `kvtier store ls` shows it. */
 struct kvt_store_entry {

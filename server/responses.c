@@ -9,7 +9,9 @@
 ** copy-on-write).  Instructions are not carried over (as OpenAI documents): each request's
 ** stand first, as the system message.
 **
-** Stored responses live in host RAM, per API key (another key's id is a 404): at most
+** Stored responses live in host RAM, per API key (another key's id is a 404), and, with a block
+** store, on disk in its index (respdb.c: they outlive a restart; RAM is then the cache in front of
+** it, filled on a miss).  In RAM: at most
 ** --max-responses in all and --responses-per-key of one key; past its share a key's own least
 ** recently used response goes (never another key's), past the total the server's.  Since a
 ** response's ancestors are touched whenever it is stored or continued, a response's whole chain
@@ -32,8 +34,10 @@ enum { RESP_MAX_DEPTH = 100000 };
 ** server's (most recently used first).  turn and obj are never changed once stored. */
 struct resp {
     char id[48], parent[48];
-    json_t *turn; /* the chat messages this response added: its input items, then the reply */
-    json_t *obj;  /* the Response object, as GET returns it */
+    json_t *turn;    /* the chat messages this response added: its input items, then the reply */
+    json_t *obj;     /* the Response object, as GET returns it */
+    int64_t expires; /* unix seconds (--response-ttl after it was made); 0: never */
+    bool shared;     /* its copy is in Redis (respdb.c), where a DELETE on another server shows */
     struct tenant_lru *tn;
     struct resp *hnext, *kprev, *knext, *gprev, *gnext;
 };
@@ -106,6 +110,81 @@ static void drop(struct resp *r) {
     json_decref(r->turn);
     json_decref(r->obj);
     free(r);
+}
+
+/* Keep (id, parent, turn, obj) in RAM, making room first (the key's own least recently used past
+** its share, the server's past the total); new references taken.  Under resp_mu.  NULL: out of
+** memory.  The entries dropped for room may include any but the new one: callers hold no other
+** struct resp pointer across this call. */
+static struct resp *cache_add(struct server *srv, const char *ns, const char *id, const char *parent, json_t *turn, json_t *obj,
+                              int64_t expires, bool shared) {
+    struct resp *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    if (!buckets) {
+        for (n_buckets = 64; n_buckets < 2 * (size_t) srv->max_responses; n_buckets *= 2) {}
+        if (!(buckets = calloc(n_buckets, sizeof *buckets))) {
+            free(r);
+            return NULL;
+        }
+    }
+    struct tenant_lru *t = tenants;
+    while (t && strcmp(t->ns, ns)) t = t->next;
+    if (!t) {
+        if (!(t = calloc(1, sizeof *t))) {
+            free(r);
+            return NULL;
+        }
+        snprintf(t->ns, sizeof t->ns, "%s", ns);
+        t->next = tenants;
+        tenants = t;
+    }
+    snprintf(r->id, sizeof r->id, "%s", id);
+    snprintf(r->parent, sizeof r->parent, "%s", parent ? parent : "");
+    r->turn = json_incref(turn);
+    r->obj = json_incref(obj);
+    r->expires = expires;
+    r->shared = shared;
+    while (t->n >= srv->responses_per_key && t->tail) drop(t->tail);
+    while (n_resps >= srv->max_responses && g_tail) drop(g_tail);
+    r->tn = t;
+    size_t b = bucket(ns, r->id);
+    r->hnext = buckets[b];
+    buckets[b] = r;
+    t->n++;
+    n_resps++;
+    push_front(r);
+    touch_chain(r); /* ancestors stay newer than their descendants */
+    return r;
+}
+
+/* The live response (ns, id): from RAM, else from disk or Redis (then kept in RAM).  Under
+** resp_mu.  NULL when absent or expired; *bad set (with why) when a row exists but cannot be
+** served.  head: the response a request names (GET, previous_response_id): a copy kept here is
+** checked against Redis, where another server of the fleet may have deleted it (one GET; the
+** ancestors are not checked, as a deleted ancestor in RAM is served until it leaves RAM). */
+static struct resp *lookup(struct server *srv, const char *ns, const char *id, bool head, bool *bad, char *why, size_t n_why) {
+    *bad = false;
+    struct resp *r = find(ns, id);
+    if (r && r->expires > 0 && r->expires <= (int64_t) time(NULL)) {
+        drop(r);
+        r = NULL;
+    }
+    if (r && head && r->shared && respdb_remote(ns, id) == 0) { /* deleted on another server of the fleet (or expired in Redis) */
+        drop(r);
+        respdb_del(ns, id);
+        return NULL;
+    }
+    if (r || !respdb_on()) return r;
+    char parent[48];
+    json_t *turn = NULL, *obj = NULL;
+    int64_t expires = 0;
+    bool shared = false;
+    int got = respdb_get(ns, id, parent, sizeof parent, &turn, &obj, &expires, &shared, why, n_why);
+    if (got == 1) r = cache_add(srv, ns, id, parent, turn, obj, expires, shared);
+    *bad = got < 0;
+    json_decref(turn);
+    json_decref(obj);
+    return r;
 }
 
 void resp_new_id(char *id, size_t n) {
@@ -273,19 +352,36 @@ int resp_to_chat(struct server *srv, const char *ns, const json_t *in, json_t **
             snprintf(parent, n_parent, "%s", json_string_value(v));
             pthread_mutex_lock(&resp_mu);
             json_t *chain = json_array(); /* the turns, newest first */
-            struct resp *r = find(ns, parent);
+            size_t n_ids = 0, cap_ids = 0;
+            char(*ids)[48] = NULL; /* the chain's ids, newest first (their use on disk) */
+            bool bad = false;
+            char why[200] = "", missing[48] = "", bad_id[48] = "";
+            struct resp *r = lookup(srv, ns, parent, true, &bad, why, sizeof why);
+            if (bad) snprintf(bad_id, sizeof bad_id, "%s", parent);
             bool found = r != NULL, oom = !chain;
-            char missing[48] = "";
             for (int depth = 0; r && !oom && depth < RESP_MAX_DEPTH; depth++) {
                 oom = json_array_append(chain, r->turn) != 0;
+                if (!oom && respdb_on() && n_ids == cap_ids) {
+                    size_t c = cap_ids ? 2 * cap_ids : 16;
+                    void *ni = realloc(ids, c * sizeof *ids);
+                    if (!(oom = !ni)) ids = ni, cap_ids = c;
+                }
+                if (!oom && respdb_on()) snprintf(ids[n_ids++], 48, "%s", r->id);
                 if (!r->parent[0]) break;
-                struct resp *p = find(ns, r->parent);
-                if (!p) snprintf(missing, sizeof missing, "%s", r->parent);
-                r = p;
+                char next[48]; /* r may be dropped for room by the lookup of its parent */
+                snprintf(next, sizeof next, "%s", r->parent);
+                r = lookup(srv, ns, next, false, &bad, why, sizeof why);
+                if (!r) snprintf(bad ? bad_id : missing, 48, "%s", next);
             }
-            if (found) touch_chain(find(ns, parent)); /* the chain stays while it is continued */
+            if (found && (r = find(ns, parent))) touch_chain(r); /* the chain stays while it is continued */
+            if (found && !oom) respdb_touch(ns, (const char(*)[48]) ids, n_ids);
             pthread_mutex_unlock(&resp_mu);
+            free(ids);
             if (oom) rc = serve_error_oom(e);
+            else if (bad_id[0])
+                rc = serve_error_set(e, 500, "server_error", NULL, "stored response '%.60s'%s%.60s%s cannot be served: %s", bad_id,
+                                     strcmp(bad_id, parent) ? ", earlier in the conversation of '" : "",
+                                     strcmp(bad_id, parent) ? parent : "", strcmp(bad_id, parent) ? "'," : "", why);
             else if (!found || missing[0]) {
                 if (!found)
                     rc = serve_error_set(
@@ -410,8 +506,10 @@ json_t *resp_output(struct server *srv, const json_t *msg, const char *item_id) 
 
 json_t *resp_usage(const struct job *j) {
     json_t *u = json_pack("{s:i, s:{s:I}, s:i, s:{s:i}, s:i}", "input_tokens", j->prompt_tokens, "input_tokens_details",
-                          "cached_tokens", (json_int_t) j->sync.tokens_reused, "output_tokens", j->completion_tokens,
-                          "output_tokens_details", "reasoning_tokens", 0, "total_tokens", j->prompt_tokens + j->completion_tokens);
+                          "cached_tokens",
+                          (json_int_t) (j->sync.tokens_reused + j->sync.tokens_from_store + j->sync.tokens_from_chunks),
+                          "output_tokens", j->completion_tokens, "output_tokens_details", "reasoning_tokens", 0, "total_tokens",
+                          j->prompt_tokens + j->completion_tokens);
     if (u && json_array_size(j->req.ignored)) /* the request's fields no table knows */
         json_object_set_new(u, "kvtier", json_pack("{s:O}", "ignored_fields", j->req.ignored));
     return u;
@@ -438,48 +536,20 @@ void resp_store(struct server *srv, const char *ns, const char *id, const char *
     if (am && json_array_size(json_object_get(msg, "tool_calls")))
         json_object_set(am, "tool_calls", json_object_get(msg, "tool_calls"));
     if (!am || json_array_append_new(turn, am)) return;
-    struct resp *r = calloc(1, sizeof *r);
-    if (!r) return;
-    snprintf(r->id, sizeof r->id, "%s", id);
-    snprintf(r->parent, sizeof r->parent, "%s", parent ? parent : "");
-    r->turn = json_incref(turn);
-    r->obj = json_incref(obj);
+    const int64_t expires = srv->response_ttl_s > 0 ? (int64_t) time(NULL) + srv->response_ttl_s : 0;
     pthread_mutex_lock(&resp_mu);
-    if (!buckets) {
-        for (n_buckets = 64; n_buckets < 2 * (size_t) srv->max_responses; n_buckets *= 2) {}
-        if (!(buckets = calloc(n_buckets, sizeof *buckets))) goto oom;
-    }
-    struct tenant_lru *t = tenants;
-    while (t && strcmp(t->ns, ns)) t = t->next;
-    if (!t) {
-        if (!(t = calloc(1, sizeof *t))) goto oom;
-        snprintf(t->ns, sizeof t->ns, "%s", ns);
-        t->next = tenants;
-        tenants = t;
-    }
-    /* room: the key's own least recently used past its share, the server's past the total */
-    while (t->n >= srv->responses_per_key && t->tail) drop(t->tail);
-    while (n_resps >= srv->max_responses && g_tail) drop(g_tail);
-    r->tn = t;
-    size_t b = bucket(ns, r->id);
-    r->hnext = buckets[b];
-    buckets[b] = r;
-    t->n++;
-    n_resps++;
-    push_front(r);
-    touch_chain(r); /* ancestors stay newer than their descendants */
+    bool shared = false;
+    respdb_put(ns, id, parent ? parent : "", turn, obj, &shared); /* on disk and in Redis too (a failure is logged; RAM has it) */
+    if (!cache_add(srv, ns, id, parent, turn, obj, expires, shared))
+        fprintf(stderr, "kvtier serve: out of memory keeping response '%s'\n", id);
     pthread_mutex_unlock(&resp_mu);
-    return;
-oom:
-    pthread_mutex_unlock(&resp_mu);
-    json_decref(r->turn);
-    json_decref(r->obj);
-    free(r);
 }
 
-json_t *resp_get(const char *ns, const char *id) {
+json_t *resp_get(struct server *srv, const char *ns, const char *id) {
     pthread_mutex_lock(&resp_mu);
-    struct resp *r = find(ns, id);
+    bool bad;
+    char why[200];
+    struct resp *r = lookup(srv, ns, id, true, &bad, why, sizeof why);
     json_t *o = r ? json_incref(r->obj) : NULL;
     pthread_mutex_unlock(&resp_mu);
     return o;
@@ -488,9 +558,11 @@ json_t *resp_get(const char *ns, const char *id) {
 bool resp_delete(const char *ns, const char *id) {
     pthread_mutex_lock(&resp_mu);
     struct resp *r = find(ns, id);
+    bool live = r && !(r->expires > 0 && r->expires <= (int64_t) time(NULL));
     if (r) drop(r);
+    bool on_disk = respdb_del(ns, id);
     pthread_mutex_unlock(&resp_mu);
-    return r != NULL;
+    return live || on_disk;
 }
 
 int32_t resp_count(const char *ns) {

@@ -191,7 +191,7 @@ static enum MHD_Result r_input_tokens(struct server *srv, struct MHD_Connection 
 }
 static enum MHD_Result r_response_id(struct server *srv, struct MHD_Connection *c, struct req *rq, const char *id) {
     if (rq->get) {
-        json_t *o = resp_get(rq->ns, id);
+        json_t *o = resp_get(srv, rq->ns, id);
         if (!o) return serve_send_error(srv, c, 404, "invalid_request_error", "not_found", "no stored response '%.60s'", id);
         return serve_send_json(srv, c, 200, o, NULL);
     }

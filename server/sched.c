@@ -112,17 +112,23 @@ int serve_engine_open(struct server *srv) {
             serve_engine_close(srv);
             return APP_ERR;
         }
-        char hex[2 * KVT_KEY_BYTES + 1], dir[1024];
+        char hex[2 * KVT_KEY_BYTES + 1];
         kvt_key_hex(&fp, hex);
-        if (srv->store_dir) snprintf(dir, sizeof dir, "%s", srv->store_dir);
-        else if (kvt_store_default_dir(dir, sizeof dir)) snprintf(dir, sizeof dir, "(default directory)");
-        fprintf(stderr, "kvtier serve: block store %s, model fingerprint %.16s (hashed in %.0f ms)\n", dir, hex,
+        const char *dir = serve_store_dir(srv);
+        fprintf(stderr, "kvtier serve: block store %s, model fingerprint %.16s (hashed in %.0f ms)\n", dir ? dir : "(none)", hex,
                 serve_mono_ms() - t0);
     }
     struct kvt_engine_info I;
     kvt_engine_info(srv->eng, &I);
     if (!srv->model_name[0]) snprintf(srv->model_name, sizeof srv->model_name, "%s", I.name[0] ? I.name : I.desc);
     return APP_OK;
+}
+
+const char *serve_store_dir(struct server *srv) {
+    if (!srv->sched || !srv->sched->store) return NULL;
+    struct kvt_store_stats st;
+    kvt_store_get_stats(srv->sched->store, &st);
+    return st.dir;
 }
 
 void serve_engine_close(struct server *srv) {

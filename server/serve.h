@@ -257,6 +257,8 @@ struct server {
     int32_t http_workers;       /* --max-workers: requests answered at once on worker threads */
     int32_t n_workers;          /* worker threads running (under mu) */
     int32_t responses_per_key;  /* --responses-per-key: one API key's stored responses at most */
+    int64_t response_ttl_s;     /* --response-ttl: a stored response expires this long after it was made (0: never) */
+    int32_t response_quota;     /* --response-quota: one API key's stored responses on disk at most (respdb.c) */
     uint64_t n_tickets;         /* jobs ever queued (the next job's ticket) */
     bool stopping;              /* SIGTERM: finish what is queued and running, take nothing new */
     bool engine_done;
@@ -460,7 +462,9 @@ int resp_to_chat(struct server *srv, const char *ns, const json_t *in, json_t **
 /* The output items of a finished reply (msg: tools_reply's assistant message): a message with
 ** its output_text, then one function_call per tool call.  New reference. */
 json_t *resp_output(struct server *srv, const json_t *msg, const char *item_id);
-json_t *resp_usage(const struct job *j); /* input_tokens (cached_tokens: KV reused), output_tokens */
+/* input_tokens (cached_tokens: the prompt tokens not computed: the session's KV, the block store's
+** prefix, reused chunks), output_tokens */
+json_t *resp_usage(const struct job *j);
 /* A Response object (status "in_progress", "completed" or "incomplete"; j NULL: no usage yet).
 ** Steals output.  New reference. */
 json_t *resp_object(struct server *srv, const struct job *j, const char *id, const char *parent, json_t *output,
@@ -469,13 +473,51 @@ json_t *resp_object(struct server *srv, const struct job *j, const char *id, con
 ** returns).  Out of memory: not kept (a later previous_response_id gets 404). */
 void resp_store(struct server *srv, const char *ns, const char *id, const char *parent, json_t *turn, const json_t *msg,
                 json_t *obj);
-json_t *resp_get(const char *ns, const char *id); /* new reference, or NULL */
+json_t *resp_get(struct server *srv, const char *ns, const char *id); /* new reference, or NULL (RAM, else disk) */
 /* A new response id: "resp_" and 32 hex digits from getrandom(2) (not guessable). */
 void resp_new_id(char *id, size_t n);
 /* Stored responses of the tenant ns (NULL: of all). */
 int32_t resp_count(const char *ns);
 bool resp_delete(const char *ns, const char *id); /* false: no such response */
 void resp_free_all(void);                         /* at exit */
+
+/* server/respdb.c — stored responses on disk, in the block store's index (see its header).
+** Without a store (--no-store) every call is a no-op and the RAM table is all there is. */
+/* Open <store>/index.db's responses table (created if needed) and the MAC secret.  0, or -1 with
+** err.  Called once before the HTTP threads start. */
+int respdb_open(struct server *srv, char *err, size_t n_err);
+void respdb_close(void);
+bool respdb_on(void);
+/* Write one response (INSERT OR REPLACE) in one transaction with the TTL and quota expiry, and,
+** with a Redis tier, its copy there first (one SET: *shared).  0, or -1 (logged; the response
+** stays in RAM). */
+int respdb_put(const char *ns, const char *id, const char *parent, const json_t *turn, const json_t *obj, bool *shared /* OUT: in Redis */);
+/* Read one live response of tenant ns: 1 with parent, *turn, *obj (new references) and *expires
+** (unix s, 0: never); 0 when absent or expired; -1 when the row exists but cannot be served (MAC,
+** size cap, shape), with why (logged). */
+int respdb_get(const char *ns, const char *id, char *parent, size_t n_parent, json_t **turn, json_t **obj, int64_t *expires,
+               bool *shared /* OUT: its copy is in Redis */, char *why, size_t n_why);
+/* ids[0..n) (newest first, a chain) were used now: each more recent than the one before it. */
+void respdb_touch(const char *ns, const char (*ids)[48], size_t n);
+bool respdb_del(const char *ns, const char *id); /* false: no live row */
+/* Is (ns, id) in Redis (the servers' shared copy)?  1 yes, 0 no (deleted or expired elsewhere),
+** -1 unknown (no Redis tier, or Redis unreachable).  One GET within redis_timeout_ms. */
+int respdb_remote(const char *ns, const char *id);
+/* A row's body (JSON {"turn": [...], "object": {...}}, at most 64 MiB) checked and parsed: 0 with
+** *turn and *obj (new references), or -1 with why.  The fuzz harness's entry. */
+int respdb_decode_row(const void *body, size_t n, json_t **turn, json_t **obj, char *why, size_t n_why);
+struct respdb_report {
+    int64_t checked, ok, expired, corrupt, removed;
+};
+/* `kvtier store verify`: every stored response in dir/index.db checked (its MAC under the
+** secret_file's bytes or dir/server-secret, its body's shape); repair deletes the corrupt ones.
+** 0 (a store without the table counts nothing), or -1 with err. */
+int respdb_verify(const char *dir, const char *secret_file, bool repair, struct respdb_report *out, char *err, size_t n_err);
+/* The 32-byte secret of a store directory (<dir>/server-secret, created at the first call;
+** server/tenant.c).  0, or -1 with err. */
+int serve_store_secret(const char *dir, unsigned char *s, char *err, size_t n_err);
+/* The block store's directory (valid while the server runs); NULL with --no-store. */
+const char *serve_store_dir(struct server *srv);
 
 /* server/buf.c: a growing text, s[0..n) NUL-terminated (s NULL while empty); an allocation that
 ** fails sets oom and drops the rest (check once at the end).  The caller frees s. */

@@ -9,7 +9,9 @@
 **     "t" + the first 32 hex digits of HMAC-SHA-256(server secret, key),
 ** stable across edits of the key file and restarts, and different on servers that do not share
 ** the secret.  The secret is 32 random bytes in <store>/server-secret (mode 0600), created at the
-** first start with keys; servers sharing a store directory share it.  Without a store the secret
+** first start; servers sharing a store directory share it.  With --redis-secret-file it is
+** derived from that file instead (HMAC-SHA-256(file, "kvtier tenants")): servers sharing a Redis
+** and its secret file share tenants, each with a store of its own (a fleet).  Without a store the secret
 ** is drawn at start: nothing a tenant stores outlives the process then.  Like vLLM's cache_salt,
 ** but derived by the server, so a client cannot choose another tenant's. */
 #include "serve.h"
@@ -38,7 +40,7 @@ static int read_secret(const char *path, unsigned char *s) {
 /* The secret of the store directory dir: read, or created once (written to a temporary file,
 ** then link(2)ed into place, so two servers starting together end with the same secret and no
 ** reader ever sees a half-written one). */
-static int store_secret(const char *dir, unsigned char *s, char *err, size_t n_err) {
+int serve_store_secret(const char *dir, unsigned char *s, char *err, size_t n_err) {
     char path[1100], tmp[1200];
     snprintf(path, sizeof path, "%s/server-secret", dir);
     int rc = read_secret(path, s);
@@ -73,19 +75,32 @@ static int store_secret(const char *dir, unsigned char *s, char *err, size_t n_e
 int serve_tenant_init(struct server *srv, char *err, size_t n_err) {
     if (!srv->n_keys) return 0;
     unsigned char secret[SECRET_BYTES];
-    if (srv->no_store) {
+    if (srv->redis_secret_file && !srv->no_store) {
+        /* servers sharing a Redis and its secret share tenants: a key's blocks and stored
+        ** responses are found by every one of them (a fleet behind a load balancer) */
+        unsigned char buf[4096];
+        FILE *f = fopen(srv->redis_secret_file, "rb");
+        size_t n = f ? fread(buf, 1, sizeof buf, f) : 0;
+        if (f) fclose(f);
+        unsigned int ml = 0;
+        if (!n || !HMAC(EVP_sha256(), buf, (int) n, (const unsigned char *) "kvtier tenants", 14, secret, &ml) ||
+            ml != SECRET_BYTES) {
+            snprintf(err, n_err, "cannot read --redis-secret-file %s", srv->redis_secret_file);
+            return -1;
+        }
+        memset(buf, 0, sizeof buf);
+    } else if (srv->no_store) {
         if (RAND_bytes(secret, SECRET_BYTES) != 1) {
             snprintf(err, n_err, "cannot draw random bytes for the tenant secret");
             return -1;
         }
     } else {
-        char dir[1024];
-        if (srv->store_dir) snprintf(dir, sizeof dir, "%s", srv->store_dir);
-        else if (kvt_store_default_dir(dir, sizeof dir)) {
-            snprintf(err, n_err, "no default store directory");
+        const char *dir = serve_store_dir(srv);
+        if (!dir) {
+            snprintf(err, n_err, "the block store has no directory");
             return -1;
         }
-        if (store_secret(dir, secret, err, n_err)) return -1;
+        if (serve_store_secret(dir, secret, err, n_err)) return -1;
     }
     if (!(srv->key_ns = calloc((size_t) srv->n_keys, sizeof *srv->key_ns))) {
         snprintf(err, n_err, "out of memory");

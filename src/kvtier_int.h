@@ -24,6 +24,13 @@
 extern "C" {
 #endif
 
+/* ---- 8. Store (kvtier.h section 8) ------------------------------------------ */
+
+/* $XDG_CACHE_HOME/kvtier/store (when absolute), else $HOME/.cache/kvtier/store, into buf[n]
+** (kvt_store_params.dir NULL).  Errors: KVT_EINVAL (neither variable set, or n too small; buf is
+** "" then). */
+int kvt_store_default_dir(char *buf, size_t n);
+
 /* ---- 2. Engine: one llama.cpp model and context (kvtier.h section 2) -------- */
 
 /* True if the token ends a generation (EOS, <end_of_turn>, ...).  Cannot fail. */

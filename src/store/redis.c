@@ -872,3 +872,84 @@ void kvt__redis_mget(struct kvt__redis *r, int nk, const kvt_key *keys, const kv
     for (int i = 64; i < nk; i++) done(ud, i, KVT_EIO, NULL, 0, NULL);
     pipe_restore(&old);
 }
+
+/* ---- records (kvt_store_record) -------------------------------------------------------------- */
+
+static int record_unguarded(struct kvt__redis *r, int op, const char *name, const void *data, size_t n, int64_t ttl_s, void **out,
+                            size_t *n_out);
+
+int kvt__redis_record(struct kvt__redis *r, int op, const char *name, const void *data, size_t n, int64_t ttl_s, void **out,
+                      size_t *n_out) {
+    sigset_t old;
+    pipe_block(&old);
+    int rc = record_unguarded(r, op, name, data, n, ttl_s, out, n_out);
+    pipe_restore(&old);
+    return rc;
+}
+
+static int record_unguarded(struct kvt__redis *r, int op, const char *name, const void *data, size_t n, int64_t ttl_s, void **out,
+                            size_t *n_out) {
+    char k[220];
+    const int klen = snprintf(k, sizeof k, "kvt:rec:%s", name);
+    uint8_t *v = NULL;
+    size_t vn = n + (r->n_secret ? KVT__REDIS_MAC : 0);
+    if (op == KVT_RECORD_PUT) {
+        if (vn > r->max_bytes)
+            return kvt__fail(KVT_EINVAL, "record '%s' is %zu bytes with its MAC; the Redis tier's values are at most %zu", name, vn,
+                             r->max_bytes);
+        if (!(v = malloc(vn ? vn : 1))) return kvt__fail(KVT_ENOMEM, "record of %zu bytes", vn);
+        if (n) memcpy(v, data, n);
+        unsigned int ml = 0;
+        if (r->n_secret && (!HMAC(EVP_sha256(), r->secret, (int) r->n_secret, v, n, v + n, &ml) || ml != KVT__REDIS_MAC)) {
+            free(v);
+            return kvt__fail(KVT_EIO, "record '%s': HMAC-SHA-256 failed", name);
+        }
+    }
+    redisReply *rep = NULL;
+    redisContext *c = NULL;
+    for (int attempt = 0; attempt < 2 && !rep; attempt++) { /* a pooled connection may have died idle: one fresh try */
+        bool pooled, skipped;
+        if (!(c = take(r, false, &pooled, &skipped))) {
+            free(v);
+            return kvt__fail(KVT_EIO, "record '%s': Redis %s %s", name, r->where,
+                             skipped ? "backed off after an error" : "unreachable");
+        }
+        if (op == KVT_RECORD_PUT) rep = redisCommand(c, "SET %b %b EX %lld", k, (size_t) klen, v, vn, (long long) ttl_s);
+        else if (op == KVT_RECORD_GET) rep = redisCommand(c, "GETRANGE %b 0 %s", k, (size_t) klen, r->range_end);
+        else rep = redisCommand(c, "DEL %b", k, (size_t) klen);
+        if (rep) break;
+        if (attempt == 0 && pooled && c->err == REDIS_ERR_EOF) {
+            redisFree(c);
+            c = NULL;
+            continue;
+        }
+        bool to;
+        broken(r, c, &to);
+        free(v);
+        return kvt__fail(KVT_EIO, "record '%s': Redis %s %s", name, r->where, to ? "timed out" : "failed");
+    }
+    free(v);
+    int rc = 0;
+    if (!rep) rc = kvt__fail(KVT_EIO, "record '%s': Redis %s failed", name, r->where);
+    else if (rep->type == REDIS_REPLY_ERROR) rc = kvt__fail(KVT_EIO, "record '%s': Redis %s: %.200s", name, r->where, rep->str);
+    else if (op == KVT_RECORD_GET) {
+        size_t body = 0;
+        const char *why = NULL;
+        if (rep->type == REDIS_REPLY_NIL || (rep->type == REDIS_REPLY_STRING && rep->len == 0)) rc = KVT_ENOENT;
+        else if (rep->type != REDIS_REPLY_STRING) rc = kvt__fail(KVT_EIO, "record '%s': Redis answered no string", name);
+        else if (rep->len > r->max_bytes)
+            rc = kvt__fail(KVT_EFORMAT, "record '%s' is larger than redis_max_bytes (%zu)", name, r->max_bytes);
+        else if (auth_value(r, (const uint8_t *) rep->str, rep->len, &body, &why))
+            rc = kvt__fail(KVT_EFORMAT, "record '%s': %s", name, why);
+        else if (!(*out = malloc(body ? body : 1))) rc = kvt__fail(KVT_ENOMEM, "record of %zu bytes", body);
+        else {
+            memcpy(*out, rep->str, body);
+            *n_out = body;
+        }
+        if (rc == KVT_EFORMAT) bump(r, &r->corrupt, 1);
+    }
+    if (rep) freeReplyObject(rep);
+    if (rep) give(r, c);
+    else if (c) redisFree(c);
+    return rc;
+}

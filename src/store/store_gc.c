@@ -99,6 +99,7 @@ static int need_disk(kvt_store *st, const char *fn, bool write) {
 void kvt_store_get_stats(kvt_store *st, struct kvt_store_stats *out) {
     memset(out, 0, sizeof *out);
     if (!st) return;
+    out->dir = st->dir;
     kvt__ram_stats(&st->ram, &out->ram);
     pthread_mutex_lock(&st->q_mu);
     struct kvt_store_tier_stats *d = &out->disk;
@@ -370,6 +371,24 @@ int kvt_store_clear(kvt_store *st) {
     }
     kvt__store_unlock(lk);
     return rc;
+}
+
+int kvt_store_record(kvt_store *st, enum kvt_record_op op, const char *name, const void *data, size_t n, int64_t ttl_s, void **out,
+                     size_t *n_out) {
+    if (out) *out = NULL;
+    if (n_out) *n_out = 0;
+    if (!st || !name) return kvt__fail(KVT_EINVAL, "kvt_store_record: NULL %s", !st ? "store" : "name");
+    if (!st->redis) return kvt__fail(KVT_EINVAL, "kvt_store_record: the store has no Redis tier (no redis_url)");
+    size_t len = strlen(name);
+    bool printable = len >= 1 && len <= 200;
+    for (size_t i = 0; printable && i < len; i++) printable = name[i] > ' ' && name[i] < 0x7f;
+    if (!printable) return kvt__fail(KVT_EINVAL, "kvt_store_record: the name must be 1 to 200 printable bytes without spaces");
+    if (op == KVT_RECORD_PUT && ((!data && n) || ttl_s <= 0))
+        return kvt__fail(KVT_EINVAL, "kvt_store_record: a put needs data and a ttl_s > 0 (got %lld)", (long long) ttl_s);
+    if (op == KVT_RECORD_GET && (!out || !n_out)) return kvt__fail(KVT_EINVAL, "kvt_store_record: a get needs out and n_out");
+    if (op != KVT_RECORD_PUT && op != KVT_RECORD_GET && op != KVT_RECORD_DEL)
+        return kvt__fail(KVT_EINVAL, "kvt_store_record: unknown op %d", (int) op);
+    return kvt__redis_record(st->redis, (int) op, name, data, n, ttl_s, out, n_out);
 }
 
 int kvt_store_redis_info(kvt_store *st, struct kvt_store_redis_info *out) {

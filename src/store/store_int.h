@@ -220,6 +220,11 @@ void kvt__redis_mget(struct kvt__redis *r, int nk, const kvt_key *keys, const kv
 void kvt__redis_flush(struct kvt__redis *r);
 void kvt__redis_stats(struct kvt__redis *r, struct kvt_store_tier_stats *out, int64_t *queue_len);
 int kvt__redis_info(struct kvt__redis *r, struct kvt_store_redis_info *out);
+/* kvt_store_record on the Redis tier: SET (with the MAC), GETRANGE (capped, MAC checked) or DEL of
+** "kvt:rec:" + name, on a reader's connection within redis_timeout_ms.  Returns as
+** kvt_store_record.  Thread-safe. */
+int kvt__redis_record(struct kvt__redis *r, int op, const char *name, const void *data, size_t n, int64_t ttl_s, void **out,
+                      size_t *n_out);
 
 /* ---- the store (store.c: open, put/get, writer; store_gc.c: ls, gc, verify, clear) ----------- */
 

@@ -44,7 +44,7 @@ static void setup(void) {
         json_decref(msg);
     }
     for (int i = 0; i < 3; i++) {
-        json_t *o = resp_get("", ids[i]);
+        json_t *o = resp_get(&srv, "", ids[i]);
         char *t = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
         FUZZ_CHECK(o && t && strlen(t) < sizeof stored_text[i]);
         strcpy(stored_text[i], t);
@@ -87,7 +87,7 @@ static void translate(int api, json_t *root) {
     FUZZ_CHECK(json_array_size(ign) <= 16); /* the names listed back: capped */
     json_decref(ign);
     for (int i = 0; i < 3; i++) { /* the stored conversation is as it was stored */
-        json_t *o = resp_get("", ids[i]);
+        json_t *o = resp_get(&srv, "", ids[i]);
         char *t = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
         FUZZ_CHECK(o && t && !strcmp(t, stored_text[i]));
         free(t);
