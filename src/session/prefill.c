@@ -31,6 +31,7 @@ struct kvt_prefill {
     kvt_session *s;
     const struct kvt_chat_msg *msgs; /* [n_msgs] the caller's, valid until kvt_prefill_end */
     int32_t n_msgs, i;               /* the message being added */
+    int32_t history;                 /* messages before this index go in with it as one run (see pf_new) */
     int32_t keep;                    /* its keep hint (kvt_session_add), else KVT_KEEP_NONE */
     bool sync;                       /* kvt_session_sync: logits refreshed and a kvt_sync_info */
     enum pf_phase phase;
@@ -123,7 +124,7 @@ static int pf_advance(struct kvt_prefill *pf, int res) {
             const struct kvt_chat_msg *m = &pf->msgs[pf->i];
             const int role = kvt__sess_role_from_name(m->role);
             if ((rc = kvt__sess_push_msg(s, role, m->content, pf->keep))) return rc;
-            if (role != KVT_ROLE_USER) {
+            if (role != KVT_ROLE_USER || pf->i < pf->history) {
                 pf->i++;
                 return 0;
             } /* decoded with the next user turn */
@@ -142,7 +143,8 @@ static int pf_advance(struct kvt_prefill *pf, int res) {
                 for (int32_t i = s->conv.n_m_decoded; i < s->conv.n_m - 1; i++)
                     s->cur_keep = KVT_MAX(s->cur_keep, s->conv.m[i].keep);
                 pf_feed(pf, pf->tok, pf->n, s->conv.m[s->conv.n_m - 2].role, 0, PF_PENDING_FED);
-                pf->f.logits = false; /* the user message follows it (logits: the output projection) */
+                pf->f.logits = false;                      /* the user message follows it (logits: the output projection) */
+                if (pf->history > 0) pf->f.routed = false; /* a history in one run: its prefix may be in the store */
                 return 0;
             }
             pf->phase = PF_MESSAGE_TOKENS;
@@ -327,6 +329,17 @@ static int pf_new(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n, in
     pf->got0 = s->reuse.route_tokens_all;
     pf->ch0 = s->st.chunk_tokens;
     pf->chr0 = s->st.chunk_recompute_tokens;
+    /* A conversation given to a session that holds nothing yet (a client resending its history, a
+    ** server continuing a conversation another one served, a restart): with a block store, every
+    ** message before the last user message goes in as one run, so that the store's prefix covers
+    ** the whole history (the store is looked up once per run, at its start; replayed turn by turn,
+    ** only the first message's blocks would be found) */
+    if (s->p.store && s->total == 0 && s->conv.n_m == 0 && k == 0)
+        for (int32_t i = n - 1; i > 0; i--)
+            if (kvt__sess_role_from_name(msgs[i].role) == KVT_ROLE_USER) {
+                pf->history = i;
+                break;
+            }
     *out = pf;
     return 0;
 }

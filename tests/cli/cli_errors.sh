@@ -116,6 +116,11 @@ expect "--n-gpu-layers -5 -> usage error naming the value" 2 err "'-5'" -- "$BIN
 expect "-fa maybe -> usage error naming the value" 2 err "--flash-attn 'maybe' is not on, off or auto" -- "$BIN" serve -fa maybe
 expect "bench primitives --flash-attn sometimes -> usage error" 2 err "'sometimes'" -- "$BIN" bench primitives --flash-attn sometimes
 expect "serve --help lists -ngl's long name" 0 out "--n-gpu-layers N" -- "$BIN" serve --help
+# stored responses' expiry (issue #41): out of range -> usage error naming the flag; --help lists them
+expect "--response-ttl -1 -> usage error naming it" 2 err "response-ttl" -- "$BIN" serve --response-ttl -1
+expect "--response-quota x -> usage error naming it" 2 err "response-quota" -- "$BIN" serve --response-quota x
+expect "serve --help lists --response-ttl and --response-quota" 0 out "--response-quota N" -- "$BIN" serve --help
+expect "store verify --help names --secret-file" 0 out "--secret-file FILE" -- "$BIN" store verify --help
 if [ -n "$TINY" ] && [ -f "$TINY/tiny-llama.gguf" ]; then
     # -ngl 0 -fa on: the CPU with flash attention; the primitives run and the header says so
     expect "bench primitives -ngl 0 -fa on runs on the CPU with flash attention" 0 out "device CPU, 0/" -- \
