@@ -296,6 +296,9 @@ def cmd_bench(a):
         fleet_rows = run_conversation(f.url, turns, "key-a", a.n_out, "fleet")
         in1, out1 = redis_bytes(f)
         f.close()
+        fa = Fleet(a.bin, a.model, os.path.join(root, "fleet-aff"), a.servers, balance="hdr:Authorization", extra=extra)
+        aff_rows = run_conversation(fa.url, turns, "key-a", a.n_out, "affinity")
+        fa.close()
         one = Fleet(a.bin, a.model, os.path.join(root, "one"), 1, extra=extra, redis=False)
         one_rows = run_conversation(one.url, turns, "key-a", a.n_out, "one")
         one.close()
@@ -312,16 +315,21 @@ def cmd_bench(a):
                 p.wait(timeout=60)
         out["redis_bytes_in_per_turn"] = (in1 - in0) / a.turns
         out["redis_bytes_out_per_turn"] = (out1 - out0) / a.turns
-        out["rows"] = {"fleet": fleet_rows, "one_server": one_rows, "llama_server_stateless": ls_rows}
+        out["rows"] = {"fleet": fleet_rows, "fleet_affinity": aff_rows, "one_server": one_rows,
+                       "llama_server_stateless": ls_rows}
     finally:
         shutil.rmtree(root, ignore_errors=True)
     med = lambda xs: sorted(xs)[len(xs) // 2]
-    print(f"| turn | fleet ({a.servers} servers, round-robin) | one server | llama-server, whole conversation resent |")
-    print("|---:|---:|---:|---:|")
+    aff_rows = out["rows"]["fleet_affinity"]
+    print(f"| turn | fleet ({a.servers} servers, round-robin) | fleet, affinity on the API key | one server | "
+          "llama-server, whole conversation resent |")
+    print("|---:|---:|---:|---:|---:|")
     for k in range(a.turns):
         ls = f"{out['rows']['llama_server_stateless'][k][0]:.3f} s" if ls_rows else "-"
-        print(f"| {k + 1} | {fleet_rows[k][0]:.3f} s ({fleet_rows[k][3]}) | {one_rows[k][0]:.3f} s | {ls} |")
-    print(f"median turns 2..: fleet {med([r[0] for r in fleet_rows[1:]]):.3f} s, one server {med([r[0] for r in one_rows[1:]]):.3f} s"
+        print(f"| {k + 1} | {fleet_rows[k][0]:.3f} s ({fleet_rows[k][3]}, cached {fleet_rows[k][2]}/{fleet_rows[k][1]}) | "
+              f"{aff_rows[k][0]:.3f} s ({aff_rows[k][3]}) | {one_rows[k][0]:.3f} s | {ls} |")
+    print(f"median turns 2..: fleet {med([r[0] for r in fleet_rows[1:]]):.3f} s, affinity {med([r[0] for r in aff_rows[1:]]):.3f} s, "
+          f"one server {med([r[0] for r in one_rows[1:]]):.3f} s"
           + (f", llama-server {med([r[0] for r in ls_rows[1:]]):.3f} s" if ls_rows else ""))
     bpt = out["redis_bytes_in_per_turn"] + out["redis_bytes_out_per_turn"]
     print(f"Redis bytes per turn: {out['redis_bytes_in_per_turn']:.0f} in, {out['redis_bytes_out_per_turn']:.0f} out")

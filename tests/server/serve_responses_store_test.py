@@ -228,6 +228,7 @@ def reader():
                 bad.append((st, str(o)[:200]))
         if done.is_set() and not written:
             break
+        time.sleep(0.01)
 
 
 th = threading.Thread(target=reader)
@@ -331,6 +332,38 @@ else:
     check("Z: a value planted in Redis is refused (its MAC), not served (404)", key and st == 404, f"{key!r} {st} {str(o)[:200]}")
     st, o = Z.req("GET", f"/v1/responses/{xids[0]}")
     check("Z: X's untouched turn 1 is served", st == 200 and o == xobjs[0], f"{st}")
+    # X writing a conversation while Y reads each response as soon as its id is known: through
+    # Redis every read is the whole response or 404, never a part or an error
+    wr, seen8, bad8 = [], {"200": 0, "404": 0}, []
+    done8 = threading.Event()
+
+    def reader8():
+        while True:
+            for rid in list(wr):
+                st_, o_ = Y.req("GET", f"/v1/responses/{rid}")
+                if st_ == 200 and isinstance(o_, dict) and o_.get("id") == rid and isinstance(o_.get("output"), list):
+                    seen8["200"] += 1
+                    wr.remove(rid)
+                elif st_ == 404:
+                    seen8["404"] += 1
+                else:
+                    bad8.append((st_, str(o_)[:200]))
+            if done8.is_set() and not wr:
+                break
+            time.sleep(0.01)
+
+    th8 = threading.Thread(target=reader8)
+    th8.start()
+    p8 = None
+    for k in range(8):
+        st, o = X.turn(f"Count {k}.", p8, n=2)
+        if st == 200:
+            p8 = o["id"]
+            wr.append(p8)
+    done8.set()
+    th8.join(timeout=300)
+    check("through Redis: every read while X wrote was a whole response or 404 (8 written, all read on Y)",
+          not bad8 and seen8["200"] == 8, f"{seen8} {bad8[:3]}")
     V = fleet("V", secret=False)
     st, o = V.req("GET", f"/v1/responses/{xids[0]}")
     check("V (no --redis-secret-file: outside the fleet) cannot read X's rows (404)", st == 404, f"{st} {str(o)[:200]}")
