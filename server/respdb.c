@@ -195,33 +195,48 @@ static int redis_get(const char *ns, const char *id, char *parent, size_t n_pare
         snprintf(why, n_why, "its Redis copy: %s", kvt_errmsg());
         return -1;
     }
+    int got = respdb_parse_record(v, n, parent, n_parent, created, expires, body, mac, why, n_why);
+    free(v);
+    return got;
+}
+
+static int hexval(char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+int respdb_parse_record(const void *v, size_t n, char *parent, size_t n_parent, int64_t *created, int64_t *expires, char **body,
+                        unsigned char *mac, char *why, size_t n_why) {
+    *body = NULL;
+    if (n > RESPDB_MAX_BODY + 4096) {
+        snprintf(why, n_why, "its Redis copy is %zu bytes, over the cap", n);
+        return -1;
+    }
     json_error_t je;
     json_t *j = json_loadb(v, n, JSON_REJECT_DUPLICATES, &je);
-    free(v);
     const char *p = json_string_value(json_object_get(j, "parent")), *b = json_string_value(json_object_get(j, "body")),
                *h = json_string_value(json_object_get(j, "mac"));
     const json_t *c = json_object_get(j, "created"), *e = json_object_get(j, "expires");
     int got = -1;
     if (!p || !b || !h || strlen(h) != 2 * RESPDB_MAC || !json_is_integer(c) || !json_is_integer(e) || strlen(p) >= n_parent)
         snprintf(why, n_why, "its Redis copy is not a stored response's row");
-    else if (!(*body = strdup(b))) snprintf(why, n_why, "out of memory");
     else {
         got = 1;
         for (int i = 0; i < RESPDB_MAC && got == 1; i++) {
-            unsigned int x;
-            if (sscanf(h + 2 * i, "%2x", &x) != 1) got = -1;
-            mac[i] = (unsigned char) x;
+            const int hi = hexval(h[2 * i]), lo = hexval(h[2 * i + 1]);
+            if (hi < 0 || lo < 0) got = -1;
+            else mac[i] = (unsigned char) (hi << 4 | lo);
         }
-        snprintf(parent, n_parent, "%s", p);
-        *created = json_integer_value(c);
-        *expires = json_integer_value(e);
         if (got < 0) snprintf(why, n_why, "its Redis copy has a malformed MAC");
+        else if (!(*body = strdup(b))) {
+            snprintf(why, n_why, "out of memory");
+            got = -1;
+        } else {
+            snprintf(parent, n_parent, "%s", p);
+            *created = json_integer_value(c);
+            *expires = json_integer_value(e);
+        }
     }
     json_decref(j);
-    if (got < 0) {
-        free(*body);
-        *body = NULL;
-    }
     return got;
 }
 

@@ -506,6 +506,11 @@ int respdb_remote(const char *ns, const char *id);
 /* A row's body (JSON {"turn": [...], "object": {...}}, at most 64 MiB) checked and parsed: 0 with
 ** *turn and *obj (new references), or -1 with why.  The fuzz harness's entry. */
 int respdb_decode_row(const void *body, size_t n, json_t **turn, json_t **obj, char *why, size_t n_why);
+/* A Redis copy of a row (JSON {"parent", "created", "expires", "body", "mac": 64 hex digits})
+** parsed: 1 with its fields (*body malloc'd, mac[32]), or -1 with why.  Checks shapes only (the
+** caller checks the MAC).  The fuzz harness's entry. */
+int respdb_parse_record(const void *v, size_t n, char *parent, size_t n_parent, int64_t *created, int64_t *expires, char **body,
+                        unsigned char *mac, char *why, size_t n_why);
 struct respdb_report {
     int64_t checked, ok, expired, corrupt, removed;
 };

@@ -1,4 +1,6 @@
-/* fuzz_resp_row.c — a stored response's row body read back from the block store's index
+/* fuzz_resp_row.c — a stored response's row body read back from the block store's index, and its
+** copy read back from Redis (respdb_parse_record: the JSON wrapper around parent, times, body and
+** MAC; then the body as a row's)
 ** (server/respdb.c: untrusted as disk bytes are; the MAC is checked before it, but a store
 ** written under a leaked secret, or a bug, must still not crash the server): the body through
 ** respdb_decode_row, then, as a continuation would, the decoded turn replayed as the chat
@@ -18,6 +20,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!srv.n_ctx) fuzz_server_defaults(&srv);
     json_t *turn = NULL, *obj = NULL;
     char why[200] = "";
+    { /* as a Redis copy: parsed whole or refused with its reason */
+        char parent[48];
+        int64_t created = 0, expires = 0;
+        char *body = NULL;
+        unsigned char mac[32];
+        int pr = respdb_parse_record(data, size, parent, sizeof parent, &created, &expires, &body, mac, why, sizeof why);
+        FUZZ_CHECK((pr == 1 && body && strlen(parent) < sizeof parent) || (pr == -1 && !body && why[0]));
+        if (pr == 1 && respdb_decode_row(body, strlen(body), &turn, &obj, why, sizeof why) == 0) {
+            json_decref(turn);
+            json_decref(obj);
+        }
+        free(body);
+        turn = obj = NULL;
+        why[0] = '\0';
+    }
     int rc = respdb_decode_row(data, size, &turn, &obj, why, sizeof why);
     FUZZ_CHECK(rc == 0 || (rc == -1 && why[0] && !turn && !obj));
     if (rc) return 0;

@@ -17,6 +17,7 @@ asked at turn 20), each turn sending only its input and previous_response_id:
   6. the other API key can neither read nor continue the conversation, on either server.
 """
 import os
+import re
 import sys
 import time
 
@@ -116,5 +117,10 @@ try:
         check("another key: GET and continuing are 404 on every server", seen == {"s0", "s1"}, str(seen))
 finally:
     f.close()
+# every server's stderr: no sanitizer report (the suite runs this script in the ASan/UBSan build too)
+import glob as _glob  # noqa: E402
+reports = [f for f in _glob.glob(os.path.join(TMP, "*", "server*.log"))
+           if re.search(r"AddressSanitizer|LeakSanitizer|UndefinedBehaviorSanitizer|runtime error:", open(f, errors="replace").read())]
+check("no sanitizer report in any server's stderr", not reports, str(reports))
 print(f"{fails} failure(s)")
 sys.exit(1 if fails else 0)

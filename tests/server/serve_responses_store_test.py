@@ -372,5 +372,10 @@ else:
     rs.terminate()
     rs.wait()
 
+# every server's stderr: no sanitizer report (the suite runs this script in the ASan/UBSan build too)
+import glob as _glob  # noqa: E402
+reports = [f for f in _glob.glob(os.path.join(TMP, "*.err"))
+           if re.search(r"AddressSanitizer|LeakSanitizer|UndefinedBehaviorSanitizer|runtime error:", open(f, errors="replace").read())]
+check("no sanitizer report in any server's stderr", not reports, str(reports))
 print(f"{fails} failure(s)")
 sys.exit(1 if fails else 0)
