@@ -491,7 +491,8 @@ bool respdb_on(void);
 /* Write one response (INSERT OR REPLACE) in one transaction with the TTL and quota expiry, and,
 ** with a Redis tier, its copy there first (one SET: *shared).  0, or -1 (logged; the response
 ** stays in RAM). */
-int respdb_put(const char *ns, const char *id, const char *parent, const json_t *turn, const json_t *obj, bool *shared /* OUT: in Redis */);
+int respdb_put(const char *ns, const char *id, const char *parent, const json_t *turn, const json_t *obj,
+               bool *shared /* OUT: in Redis */);
 /* Read one live response of tenant ns: 1 with parent, *turn, *obj (new references) and *expires
 ** (unix s, 0: never); 0 when absent or expired; -1 when the row exists but cannot be served (MAC,
 ** size cap, shape), with why (logged). */

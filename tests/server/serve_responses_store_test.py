@@ -210,37 +210,45 @@ st, _ = H.req("GET", f"/v1/responses/{tid}")
 check("H: the expired response is gone on disk too (404)", st == 404, f"{st}")
 
 # ---- 6. two servers, one writing while the other reads -------------------------------------------
+
+
+def read_while_writing(writer, reader, n=8):
+    """writer stores an n-turn conversation while a thread GETs each response on reader as soon
+    as its id is known, until it is found: (reads that were whole responses, 404s, anything
+    else), and the last id."""
+    written, seen, bad = [], {"200": 0, "404": 0}, []
+    done = threading.Event()
+
+    def poll():
+        while True:
+            for rid in list(written):
+                st_, o_ = reader.req("GET", f"/v1/responses/{rid}")
+                if st_ == 200 and isinstance(o_, dict) and o_.get("id") == rid and isinstance(o_.get("output"), list):
+                    seen["200"] += 1
+                    written.remove(rid)
+                elif st_ == 404:
+                    seen["404"] += 1
+                else:
+                    bad.append((st_, str(o_)[:200]))
+            if done.is_set() and not written:
+                break
+            time.sleep(0.01)
+
+    th = threading.Thread(target=poll)
+    th.start()
+    last = None
+    for k in range(n):
+        st_, o_ = writer.turn(f"Count {k}.", last, n=2)
+        if st_ == 200:
+            last = o_["id"]
+            written.append(last)
+    done.set()
+    th.join(timeout=300)
+    return seen, bad, last
+
+
 W = Server("W")
-written, seen, bad = [], {"200": 0, "404": 0}, []
-done = threading.Event()
-
-
-def reader():
-    while not done.is_set() or written:
-        for rid in list(written):
-            st, o = H.req("GET", f"/v1/responses/{rid}")
-            if st == 200 and isinstance(o, dict) and o.get("id") == rid and isinstance(o.get("output"), list):
-                seen["200"] += 1
-                written.remove(rid) if rid in written else None
-            elif st == 404:
-                seen["404"] += 1
-            else:
-                bad.append((st, str(o)[:200]))
-        if done.is_set() and not written:
-            break
-        time.sleep(0.01)
-
-
-th = threading.Thread(target=reader)
-th.start()
-prev = None
-for k in range(8):
-    st, o = W.turn(f"Count {k}.", prev, n=2)
-    if st == 200:
-        prev = o["id"]
-        written.append(prev)
-done.set()
-th.join(timeout=300)
+seen, bad, prev = read_while_writing(W, H)
 check("two servers on one store: every read during the writes was a whole response or 404 (8 written, all read)",
       not bad and seen["200"] == 8, f"{seen} {bad[:3]}")
 st, o = H.turn("And next?", prev, n=2)
@@ -334,34 +342,7 @@ else:
     check("Z: X's untouched turn 1 is served", st == 200 and o == xobjs[0], f"{st}")
     # X writing a conversation while Y reads each response as soon as its id is known: through
     # Redis every read is the whole response or 404, never a part or an error
-    wr, seen8, bad8 = [], {"200": 0, "404": 0}, []
-    done8 = threading.Event()
-
-    def reader8():
-        while True:
-            for rid in list(wr):
-                st_, o_ = Y.req("GET", f"/v1/responses/{rid}")
-                if st_ == 200 and isinstance(o_, dict) and o_.get("id") == rid and isinstance(o_.get("output"), list):
-                    seen8["200"] += 1
-                    wr.remove(rid)
-                elif st_ == 404:
-                    seen8["404"] += 1
-                else:
-                    bad8.append((st_, str(o_)[:200]))
-            if done8.is_set() and not wr:
-                break
-            time.sleep(0.01)
-
-    th8 = threading.Thread(target=reader8)
-    th8.start()
-    p8 = None
-    for k in range(8):
-        st, o = X.turn(f"Count {k}.", p8, n=2)
-        if st == 200:
-            p8 = o["id"]
-            wr.append(p8)
-    done8.set()
-    th8.join(timeout=300)
+    seen8, bad8, _ = read_while_writing(X, Y)
     check("through Redis: every read while X wrote was a whole response or 404 (8 written, all read on Y)",
           not bad8 and seen8["200"] == 8, f"{seen8} {bad8[:3]}")
     V = fleet("V", secret=False)
