@@ -1035,7 +1035,7 @@ int kvt_store_redis_info(kvt_store *st, struct kvt_store_redis_info *out /* OUT 
 ** under redis_secret_file like blocks.  GET: *out (malloc'd; free() it) and *n_out.  DEL: gone.
 ** Synchronous, one command within redis_timeout_ms; a connection failure starts the readers'
 ** backoff as a block get does.  Errors: KVT_EINVAL (no Redis tier, bad name, op or ttl, NULL
-** out/n_out for GET, a value over redis_max_bytes), KVT_ENOENT (GET: absent or expired),
+** out/n_out for GET, a value over redis_max_bytes), KVT_ENOENT (GET, DEL: absent or expired),
 ** KVT_EFORMAT (GET: over redis_max_bytes, or its MAC does not match: counted corrupt), KVT_EIO
 ** (Redis unreachable, backed off, timed out or erring: the message names the host, never the
 ** password), KVT_ENOMEM.  Thread-safe. */

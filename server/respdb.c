@@ -479,13 +479,10 @@ bool respdb_del(const char *ns, const char *id) {
     if (rstore && id_ok(id)) { /* and on every other server: its Redis copy */
         char k[160];
         redis_name(k, sizeof k, ns, id);
-        void *v = NULL;
-        size_t n = 0;
-        bool there = kvt_store_record(rstore, KVT_RECORD_GET, k, NULL, 0, 0, &v, &n) == 0;
-        free(v);
-        if (kvt_store_record(rstore, KVT_RECORD_DEL, k, NULL, 0, 0, NULL, NULL))
+        const int rc = kvt_store_record(rstore, KVT_RECORD_DEL, k, NULL, 0, 0, NULL, NULL);
+        if (rc && rc != KVT_ENOENT)
             fprintf(stderr, "kvtier serve: stored response '%s': its Redis copy was not deleted: %s\n", id, kvt_errmsg());
-        gone = gone || there;
+        gone = gone || rc == 0;
     }
     pthread_mutex_unlock(&db_mu);
     return gone;

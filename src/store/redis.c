@@ -932,6 +932,7 @@ static int record_unguarded(struct kvt__redis *r, int op, const char *name, cons
     int rc = 0;
     if (!rep) rc = kvt__fail(KVT_EIO, "record '%s': Redis %s failed", name, r->where);
     else if (rep->type == REDIS_REPLY_ERROR) rc = kvt__fail(KVT_EIO, "record '%s': Redis %s: %.200s", name, r->where, rep->str);
+    else if (op == KVT_RECORD_DEL && rep->type == REDIS_REPLY_INTEGER && rep->integer == 0) rc = KVT_ENOENT; /* nothing there */
     else if (op == KVT_RECORD_GET) {
         size_t body = 0;
         const char *why = NULL;
