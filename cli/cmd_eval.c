@@ -93,6 +93,7 @@ static int parse_codecs(const char *cmd, const char *s, struct eval_opts *o, cha
 static void eval_usage(FILE *f, const char *task, const struct cli_opt *opts) {
     fprintf(f,
             "Usage: kvtier eval niah|multifact|ppl [-m MODEL] [options]\n"
+            "       kvtier eval ruler TASK [--shape prompt|turns|followup] [-m MODEL] [options]\n"
             "\n"
             "Runs every policy of --policies on the same seeded cases (cases outer, policies inner,\n"
             "one engine) and reports, per policy: pass rate with its Wilson 95%% interval, the mean\n"
@@ -112,6 +113,10 @@ static void eval_usage(FILE *f, const char *task, const struct cli_opt *opts) {
             "  ppl        held-out essay text as user turns of --segment tokens; after each turn from\n"
             "             --skip on, the next segment's first --score-tokens tokens are teacher-forced:\n"
             "             perplexity, top-1 accuracy (the pass rate here), KL from no_eviction.\n"
+            "  ruler      RULER's synthetic tasks (Hsieh et al. 2024): niah_single_1..3, niah_multikey_1..3,\n"
+            "             niah_multivalue, niah_multiquery, vt, cwe, fwe, seeded; score = the fraction of\n"
+            "             the reference strings the reply contains (RULER's string_match_all), with the\n"
+            "             teacher-forced log-probability of the reference answer beside it.\n"
             "\n"
             "no_eviction runs with the whole context as its budget (the reference); the others with\n"
             "--budget. Writes <out>/<task>-<time>.json (summary + per-case rows), .csv (rows) and .png\n"
@@ -185,6 +190,7 @@ static int parse_depths(const char *cmd, const char *s, struct eval_opts *o) {
 static int32_t engine_ctx(const struct eval_opts *o) {
     int32_t extra;
     switch (o->task) {
+        case EVAL_RULER: extra = (o->shape == EVAL_SHAPE_FOLLOWUP ? EVAL_FOLLOWUPS : 1) * (192 + o->max_tokens) + 64; break;
         case EVAL_NIAH: extra = 128 + o->max_tokens + 64; break;
         case EVAL_MULTIFACT: extra = o->n_depths * (96 + o->max_tokens) + 64; break;
         default: extra = o->score_tokens + 64; break;
@@ -205,7 +211,8 @@ int cmd_eval(int argc, char **argv) {
     const char *elastic_s = NULL;
     bool elastic_random = false;
     bool depths_seen = false, segment_seen = false, chunk_seen = false, ppl_seen = false, fresh_engine = false;
-    bool single_prompt = false;
+    bool single_prompt = false, max_tokens_seen = false, first_seen = false;
+    const char *shape_s = NULL;
     o.model = getenv("KVTIER_MODEL");
     o.out = "results";
     o.budget = 1024;
@@ -233,7 +240,8 @@ int cmd_eval(int argc, char **argv) {
         { "out", 0, OPT_STR, &o.out, 0, 0, "DIR", "directory for the .json/.csv/.png files (default results)", NULL },
         { "threads", 't', OPT_INT, &o.threads, 0, 1024, "N", "CPU threads (default 0 = all cores)", NULL },
         CLI_DEVICE_OPT_ROWS(&ngl, &fa, &no_op_offload),
-        { "max-tokens", 0, OPT_INT, &o.max_tokens, 1, 4096, "N", "reply length limit in tokens (default 24)", NULL },
+        { "max-tokens", 0, OPT_INT, &o.max_tokens, 1, 4096, "N", "reply length limit in tokens (default 24; ruler 64, cwe 128)",
+          &max_tokens_seen },
         { "block", 0, OPT_INT, &o.block, 1, 4096, "N", "tokens per KV block (default 64)", NULL },
         { "chunk", 0, OPT_INT, &o.chunk, 32, 1 << 20, "N",
           "tokens per document turn, template included (default: half the budget in whole blocks, at most 512)", &chunk_seen },
@@ -246,6 +254,12 @@ int cmd_eval(int argc, char **argv) {
           "niah: the whole document and the question in ONE user message longer than the budget (what a user "
           "pasting a document sends), instead of document turns; results are recorded as task niah-single",
           NULL },
+        { "shape", 0, OPT_STR, &shape_s, 0, 0, "SHAPE",
+          "ruler: prompt (context and query in one message, default), turns (the context as document turns, then the "
+          "query) or followup (context and query 1 in one message, then 4 more queries as follow-up turns)",
+          NULL },
+        { "first-case", 0, OPT_INT, &o.first_case, 1, 1000000, "N",
+          "number of the first case (default 1): cases N .. N+cases-1, the same cases a longer run has there", &first_seen },
         { "texts", 0, OPT_STR, &o.texts, 0, 0, "DIR", "essay directory (default ../shared/data/pg_essays)", NULL },
         { "fresh-engine", 0, OPT_FLAG, &fresh_engine, 0, 0, NULL,
           "load the model again for every session, so no session runs on a KV cache earlier sessions "
@@ -279,29 +293,79 @@ int cmd_eval(int argc, char **argv) {
             eval_usage(stdout, NULL, opts);
             return APP_OK;
         }
-        fprintf(stderr, "%s: which task? (niah, multifact or ppl)\nTry 'kvtier eval --help'.\n", cmd);
+        fprintf(stderr, "%s: which task? (niah, multifact, ppl or ruler)\nTry 'kvtier eval --help'.\n", cmd);
         return APP_USAGE;
     }
     o.task_name = argv[0];
     if (!strcmp(o.task_name, "niah")) o.task = EVAL_NIAH;
     else if (!strcmp(o.task_name, "multifact")) o.task = EVAL_MULTIFACT;
     else if (!strcmp(o.task_name, "ppl")) o.task = EVAL_PPL;
+    else if (!strcmp(o.task_name, "ruler")) o.task = EVAL_RULER;
     else {
-        fprintf(stderr, "%s: unknown task '%s' (known: niah, multifact, ppl)\nTry 'kvtier eval --help'.\n", cmd, o.task_name);
+        fprintf(stderr, "%s: unknown task '%s' (known: niah, multifact, ppl, ruler)\nTry 'kvtier eval --help'.\n", cmd,
+                o.task_name);
         return APP_USAGE;
     }
     snprintf(cmd, sizeof cmd, "kvtier eval %s", o.task_name);
     int n_pos;
-    int rc = cli_parse(cmd, opts, argc - 1, argv + 1, NULL, 0, &n_pos);
+    char *pos[2];
+    int rc = cli_parse(cmd, opts, argc - 1, argv + 1, pos, 2, &n_pos);
     if (rc < 0) {
         eval_usage(stdout, o.task_name, opts);
         return APP_OK;
     }
     if (rc) return rc;
+    static char ruler_name[96];
+    if (o.task == EVAL_RULER) { /* kvtier eval ruler RULER_TASK [--shape S] */
+        if (n_pos != 1) {
+            fprintf(stderr, "%s: which RULER task? one of:", cmd);
+            for (int32_t i = 0; i < eval_ruler_n_tasks; i++) fprintf(stderr, " %s", eval_ruler_tasks[i].name);
+            fprintf(stderr, "\n");
+            return APP_USAGE;
+        }
+        if ((o.ruler = eval_ruler_find(pos[0])) < 0) {
+            fprintf(stderr, "%s: unknown RULER task '%s' (known:", cmd, pos[0]);
+            for (int32_t i = 0; i < eval_ruler_n_tasks; i++) fprintf(stderr, " %s", eval_ruler_tasks[i].name);
+            fprintf(stderr, ")\n");
+            return APP_USAGE;
+        }
+        o.shape = EVAL_SHAPE_PROMPT;
+        if (shape_s && !strcmp(shape_s, "turns")) o.shape = EVAL_SHAPE_TURNS;
+        else if (shape_s && !strcmp(shape_s, "followup")) o.shape = EVAL_SHAPE_FOLLOWUP;
+        else if (shape_s && strcmp(shape_s, "prompt")) {
+            fprintf(stderr, "%s: --shape '%s' is not one of prompt, turns, followup\n", cmd, shape_s);
+            return APP_USAGE;
+        }
+        if (o.shape == EVAL_SHAPE_FOLLOWUP && !eval_ruler_has_followups(o.ruler)) {
+            fprintf(stderr,
+                    "%s: --shape followup needs distinct queries about one context; %s has a single question "
+                    "(use it with niah_* and vt)\n",
+                    cmd, pos[0]);
+            return APP_USAGE;
+        }
+        if (chunk_seen && o.shape != EVAL_SHAPE_TURNS) {
+            fprintf(stderr, "%s: --chunk applies to --shape turns only\n", cmd);
+            return APP_USAGE;
+        }
+        if (!max_tokens_seen) o.max_tokens = !strcmp(pos[0], "cwe") ? 128 : 64;
+        snprintf(ruler_name, sizeof ruler_name, "ruler-%s-%s", pos[0],
+                 o.shape == EVAL_SHAPE_TURNS      ? "turns"
+                 : o.shape == EVAL_SHAPE_FOLLOWUP ? "followup"
+                                                  : "prompt");
+        o.task_name = ruler_name;
+    } else if (n_pos > 0) {
+        fprintf(stderr, "%s: unexpected argument '%s'\n", cmd, pos[0]);
+        return APP_USAGE;
+    } else if (shape_s) {
+        fprintf(stderr, "%s: --shape applies to ruler only\n", cmd);
+        return APP_USAGE;
+    }
+    if (first_seen) o.first_case -= 1; /* 0-based inside */
 
     /* ---- validation that needs no model ---- */
     if (single_prompt && o.task != EVAL_NIAH) {
-        fprintf(stderr, "%s: --single-prompt applies to niah only\n", cmd);
+        fprintf(stderr, "%s: --single-prompt applies to niah only%s\n", cmd,
+                o.task == EVAL_RULER ? " (ruler: --shape prompt, the default)" : "");
         return APP_USAGE;
     }
     if (single_prompt && chunk_seen) {
@@ -356,8 +420,9 @@ int cmd_eval(int argc, char **argv) {
                     else snprintf(o.label[r], sizeof o.label[0], "%s+%s:%.2f,%.2f", base, what, sk[k], sv[k]);
                 }
     }
-    if (o.task == EVAL_PPL && depths_seen) {
-        fprintf(stderr, "%s: --depths does not apply to ppl\n", cmd);
+    if ((o.task == EVAL_PPL || o.task == EVAL_RULER) && depths_seen) {
+        fprintf(stderr, "%s: --depths does not apply to %s\n", cmd,
+                o.task == EVAL_PPL ? "ppl" : "ruler (RULER places needles at random depths)");
         return APP_USAGE;
     }
     if (o.task != EVAL_PPL && (segment_seen || ppl_seen)) {
@@ -365,7 +430,7 @@ int cmd_eval(int argc, char **argv) {
         return APP_USAGE;
     }
     if (!depths_s) depths_s = o.task == EVAL_MULTIFACT ? "10,30,50,70,90" : "5,25,50,75,95";
-    if ((rc = parse_depths(cmd, depths_s, &o))) return rc;
+    if (o.task != EVAL_RULER && (rc = parse_depths(cmd, depths_s, &o))) return rc;
     if (o.budget > o.context) {
         fprintf(stderr,
                 "%s: --budget %d is larger than --context %d: nothing would ever be evicted (no_eviction is "
@@ -390,7 +455,7 @@ int cmd_eval(int argc, char **argv) {
                 cmd, o.chunk, o.budget);
         return APP_USAGE;
     }
-    if (o.chunk > o.context / 2) {
+    if (o.chunk > o.context / 2 && (o.task != EVAL_RULER || o.shape == EVAL_SHAPE_TURNS)) {
         fprintf(stderr, "%s: --chunk %d is more than half of --context %d; the document would be one turn\n", cmd, o.chunk,
                 o.context);
         return APP_USAGE;
@@ -414,6 +479,11 @@ int cmd_eval(int argc, char **argv) {
     }
     struct eval_corpus corpus;
     if ((rc = eval_corpus_load(cmd, o.texts, &corpus))) return rc;
+    if (o.task == EVAL_RULER && eval_corpus_words(&corpus)) {
+        fprintf(stderr, "%s: '%s' has too few distinct words for RULER's keys (or out of memory)\n", cmd, corpus.dir);
+        eval_corpus_free(&corpus);
+        return APP_USAGE;
+    }
     if (o.task == EVAL_PPL ? corpus.n_held_out == 0 : corpus.n - corpus.n_held_out == 0) {
         fprintf(stderr, "%s: '%s' has no %s essays\n", cmd, corpus.dir, o.task == EVAL_PPL ? "held-out" : "haystack");
         eval_corpus_free(&corpus);
@@ -457,7 +527,9 @@ int cmd_eval(int argc, char **argv) {
     }
     /* the template's framing must leave room for text in every turn */
     int32_t framing = eval_framing_tokens(eng, true);
-    int32_t room = o.task == EVAL_PPL ? o.segment : o.chunk - framing;
+    int32_t room = o.task == EVAL_PPL                                    ? o.segment
+                   : o.task == EVAL_RULER && o.shape != EVAL_SHAPE_TURNS ? 1 << 20 /* one message: no turns to fill */
+                                                                         : o.chunk - framing - (o.task == EVAL_RULER ? 96 : 0);
     if (framing < 0 || room < 32) {
         if (framing < 0) app_fail(cmd, "formatting a document turn with the chat template", KVT_EINVAL);
         else
@@ -501,7 +573,7 @@ int cmd_eval(int argc, char **argv) {
     clock_gettime(CLOCK_MONOTONIC, &t0);
     rc = cases ? APP_OK : APP_ERR;
     for (int32_t c = 0; c < o.cases && rc == APP_OK; c++) {
-        if ((rc = eval_case_build(cmd, eng, &corpus, &o, c, &cases[c]))) break;
+        if ((rc = eval_case_build(cmd, eng, &corpus, &o, o.first_case + c, &cases[c]))) break;
         n_cases++;
         eval_ref_free(&ref);
         for (int32_t j = 0; j < n_order && rc == APP_OK; j++) {

@@ -243,6 +243,7 @@ void eval_corpus_free(struct eval_corpus *c) {
         free(c->e[i].s_tok);
     }
     free(c->e);
+    eval_free_strings(c->words, c->n_words);
     memset(c, 0, sizeof *c);
 }
 
@@ -328,22 +329,10 @@ static void make_facts(struct eval_rng *r, struct eval_fact *f, int n) {
 /* ---------------------------------------------------------------------------------------- */
 /* haystacks                                                                                */
 
-struct piece {
-    const char *p;
-    int32_t len, tok;
-    int32_t fact; /* -1: essay text; else the fact it states */
-};
-
-struct pieces {
-    struct piece *v;
-    int32_t n, cap;
-    int32_t tok;
-};
-
-static int pieces_push(struct pieces *ps, struct piece pc) {
+int eval_pieces_push(struct eval_pieces *ps, struct eval_piece pc) {
     if (ps->n == ps->cap) {
         int32_t cap = ps->cap ? 2 * ps->cap : 256;
-        struct piece *nv = realloc(ps->v, sizeof *nv * (size_t) cap);
+        struct eval_piece *nv = realloc(ps->v, sizeof *nv * (size_t) cap);
         if (!nv) return -1;
         ps->v = nv;
         ps->cap = cap;
@@ -357,8 +346,8 @@ static int pieces_push(struct pieces *ps, struct piece pc) {
 ** starting at a seeded sentence of the first one, until `target` tokens.  Sentences longer
 ** than max_tok (tables, run-ons) are skipped so chunks stay near their size.  The essays used
 ** are listed in names[]. */
-static int take_text(kvt_engine *eng, struct eval_corpus *c, struct eval_rng *r, bool held_out, int32_t target, int32_t max_tok,
-                     struct pieces *ps, char *names, size_t names_len) {
+int eval_take_text(kvt_engine *eng, struct eval_corpus *c, struct eval_rng *r, bool held_out, int32_t target, int32_t max_tok,
+                   struct eval_pieces *ps, char *names, size_t names_len) {
     int idx[1024], n = 0;
     for (int i = 0; i < c->n && n < 1024; i++)
         if (c->e[i].held_out == held_out && c->e[i].n_sent > 4) idx[n++] = i;
@@ -381,7 +370,7 @@ static int take_text(kvt_engine *eng, struct eval_corpus *c, struct eval_rng *r,
             int32_t t = sent_tokens(eng, e, i);
             if (t < 0) return -1;
             if (t == 0 || t > max_tok) continue;
-            if (pieces_push(ps, (struct piece){ e->text + e->s_off[i], e->s_len[i], t, -1 })) return -1;
+            if (eval_pieces_push(ps, (struct eval_piece){ e->text + e->s_off[i], e->s_len[i], t, -1 })) return -1;
         }
     }
     return 0;
@@ -389,7 +378,7 @@ static int take_text(kvt_engine *eng, struct eval_corpus *c, struct eval_rng *r,
 
 /* Put each fact's statement at its depth (percent of the haystack's tokens), at the sentence
 ** boundary at or after that point. */
-static int insert_facts(kvt_engine *eng, struct pieces *ps, const struct eval_fact *f, int32_t n_facts) {
+static int insert_facts(kvt_engine *eng, struct eval_pieces *ps, const struct eval_fact *f, int32_t n_facts) {
     int32_t at[EVAL_MAX_FACTS];
     for (int32_t k = 0; k < n_facts; k++) {
         int64_t want = (int64_t) ps->tok * f[k].depth / 100, cum = 0;
@@ -400,28 +389,28 @@ static int insert_facts(kvt_engine *eng, struct pieces *ps, const struct eval_fa
     /* insert from the back so earlier indices stay valid; equal depths keep fact order */
     for (int32_t k = n_facts - 1; k >= 0; k--) {
         int32_t t = eval_count_tokens(eng, f[k].statement);
-        if (t < 0 || pieces_push(ps, (struct piece){ 0 })) return -1;
+        if (t < 0 || eval_pieces_push(ps, (struct eval_piece){ 0 })) return -1;
         memmove(&ps->v[at[k] + 1], &ps->v[at[k]], sizeof *ps->v * (size_t) (ps->n - 1 - at[k]));
-        ps->v[at[k]] = (struct piece){ f[k].statement, (int32_t) strlen(f[k].statement), t, k };
+        ps->v[at[k]] = (struct eval_piece){ f[k].statement, (int32_t) strlen(f[k].statement), t, k };
     }
     return 0;
 }
 
-static void free_turns(char **t, int32_t n) {
+void eval_free_strings(char **t, int32_t n) {
     if (!t) return;
     for (int32_t i = 0; i < n; i++) free(t[i]);
     free(t);
 }
 
-/* Join pieces [a, b) with spaces after `prefix`.  NULL on ENOMEM. */
-static char *join(const char *prefix, const struct pieces *ps, int32_t a, int32_t b) {
+char *eval_join(const char *prefix, const struct eval_pieces *ps, int32_t a, int32_t b) {
+    const char sep = ps->sep ? ps->sep : ' ';
     size_t len = strlen(prefix) + 1;
     for (int32_t i = a; i < b; i++) len += (size_t) ps->v[i].len + 1;
     char *s = malloc(len), *w = s;
     if (!s) return NULL;
     w += sprintf(w, "%s", prefix);
     for (int32_t i = a; i < b; i++) {
-        if (i > a) *w++ = ' ';
+        if (i > a) *w++ = sep;
         memcpy(w, ps->v[i].p, (size_t) ps->v[i].len);
         w += ps->v[i].len;
     }
@@ -436,8 +425,8 @@ static const char INTRO[] =
 /* --single-prompt: the document as one message, the question at its end. */
 static const char SINGLE_INTRO[] = "Read the following document. A question about it comes at the end.\n\n";
 
-static char *single_message(const struct pieces *ps, const char *question) {
-    char *doc = join(SINGLE_INTRO, ps, 0, ps->n);
+char *eval_single_message(const struct eval_pieces *ps, const char *intro, const char *question) {
+    char *doc = eval_join(intro ? intro : SINGLE_INTRO, ps, 0, ps->n);
     if (!doc) return NULL;
     size_t a = strlen(doc), b = strlen(question);
     char *m = malloc(a + b + 3);
@@ -450,8 +439,7 @@ static char *single_message(const struct pieces *ps, const char *question) {
     return m;
 }
 
-/* Group the pieces into document turns of at most `body` tokens of text each. */
-static int make_turns(const struct pieces *ps, int32_t body, struct eval_case *k) {
+int eval_make_turns(const struct eval_pieces *ps, int32_t body, const char *task_intro, struct eval_case *k) {
     int32_t n_chunks = 0, cap = 16;
     int32_t *start = malloc(sizeof(int32_t) * (size_t) cap);
     if (!start) return -1;
@@ -477,9 +465,10 @@ static int make_turns(const struct pieces *ps, int32_t body, struct eval_case *k
     }
     k->n_turns = n_chunks;
     for (int32_t c = 0; c < n_chunks; c++) {
-        char prefix[sizeof INTRO + 64];
-        snprintf(prefix, sizeof prefix, "%sHere is part %d of %d of the document:\n", c == 0 ? INTRO : "", c + 1, n_chunks);
-        if (!(k->turns[c] = join(prefix, ps, start[c], start[c + 1]))) {
+        char prefix[sizeof INTRO + 512];
+        snprintf(prefix, sizeof prefix, "%s%.400s%sHere is part %d of %d of the document:\n", c == 0 ? INTRO : "",
+                 c == 0 && task_intro ? task_intro : "", c == 0 && task_intro ? "\n\n" : "", c + 1, n_chunks);
+        if (!(k->turns[c] = eval_join(prefix, ps, start[c], start[c + 1]))) {
             free(start);
             return -1;
         }
@@ -488,9 +477,7 @@ static int make_turns(const struct pieces *ps, int32_t body, struct eval_case *k
     return 0;
 }
 
-/* Tokens of the conversation: every turn followed by the replayed reply, then `question` (if
-** any) with the assistant prefix, as the engine's chat template formats it. */
-static int32_t conversation_tokens(kvt_engine *eng, char *const *turns, int32_t n_turns, const char *question) {
+int32_t eval_conversation_tokens(kvt_engine *eng, char *const *turns, int32_t n_turns, const char *question) {
     int32_t n_msgs = 2 * n_turns + (question ? 1 : 0);
     struct kvt_chat_msg *m = malloc(sizeof *m * (size_t) (n_msgs ? n_msgs : 1));
     if (!m) return -1;
@@ -511,12 +498,12 @@ int32_t eval_framing_tokens(kvt_engine *eng, bool intro) {
     char hdr[sizeof INTRO + 64];
     char *t[1] = { hdr };
     snprintf(hdr, sizeof hdr, "%sHere is part 10 of 10 of the document:\n", intro ? INTRO : "");
-    return conversation_tokens(eng, t, 1, NULL);
+    return eval_conversation_tokens(eng, t, 1, NULL);
 }
 
 void eval_case_free(struct eval_case *k) {
-    free_turns(k->turns, k->n_turns);
-    free_turns(k->score, k->n_turns);
+    eval_free_strings(k->turns, k->n_turns);
+    eval_free_strings(k->score, k->n_turns);
     free(k->single);
     memset(k, 0, sizeof *k);
 }
@@ -561,22 +548,22 @@ static int build_haystack_case(kvt_engine *eng, struct eval_corpus *c, const str
         fact_tok += t;
     }
     for (int iter = 0; iter < 12; iter++) {
-        struct pieces ps = { 0 };
+        struct eval_pieces ps = { 0 };
         struct eval_rng tr;
         eval_rng_init(&tr, (uint64_t) o->seed, "haystack", index);
-        int rc = take_text(eng, c, &tr, false, target - fact_tok, body, &ps, k->essays, sizeof k->essays);
+        int rc = eval_take_text(eng, c, &tr, false, target - fact_tok, body, &ps, k->essays, sizeof k->essays);
         if (rc == 0) rc = insert_facts(eng, &ps, k->facts, k->n_facts);
-        free_turns(k->turns, k->n_turns);
+        eval_free_strings(k->turns, k->n_turns);
         k->turns = NULL;
         k->n_turns = 0;
-        if (rc == 0) rc = make_turns(&ps, body, k);
+        if (rc == 0) rc = eval_make_turns(&ps, body, NULL, k);
         free(k->single);
         k->single = NULL;
-        if (rc == 0 && o->single_prompt && !(k->single = single_message(&ps, question))) rc = -1;
+        if (rc == 0 && o->single_prompt && !(k->single = eval_single_message(&ps, NULL, question))) rc = -1;
         free(ps.v);
         if (rc) return -1;
-        k->n_tokens = o->single_prompt ? conversation_tokens(eng, NULL, 0, k->single)
-                                       : conversation_tokens(eng, k->turns, k->n_turns, question);
+        k->n_tokens = o->single_prompt ? eval_conversation_tokens(eng, NULL, 0, k->single)
+                                       : eval_conversation_tokens(eng, k->turns, k->n_turns, question);
         if (k->n_tokens < 0) return -1;
         bool fits = k->n_tokens <= o->context;
         if (fits && (o->context - k->n_tokens <= 48 || iter >= 6)) return 0;
@@ -593,11 +580,11 @@ static int build_ppl_case(kvt_engine *eng, struct eval_corpus *c, const struct e
     eval_rng_init(&r, (uint64_t) o->seed, "ppl-text", index);
     k->depth = -1;
     char *t[1] = { "" };
-    int32_t framing = conversation_tokens(eng, t, 1, NULL);
+    int32_t framing = eval_conversation_tokens(eng, t, 1, NULL);
     if (framing < 0) return -1;
     int32_t n_seg = o->context / (o->segment + framing) + 2;
-    struct pieces ps = { 0 };
-    if (take_text(eng, c, &r, true, n_seg * o->segment + o->segment, o->segment, &ps, k->essays, sizeof k->essays)) {
+    struct eval_pieces ps = { 0 };
+    if (eval_take_text(eng, c, &r, true, n_seg * o->segment + o->segment, o->segment, &ps, k->essays, sizeof k->essays)) {
         free(ps.v);
         return -1;
     }
@@ -606,21 +593,21 @@ static int build_ppl_case(kvt_engine *eng, struct eval_corpus *c, const struct e
     for (int32_t i = 0; seg && i < ps.n && made < n_seg + 1;) {
         int32_t a = i, tk = 0;
         while (i < ps.n && (tk == 0 || tk + ps.v[i].tok <= o->segment)) tk += ps.v[i++].tok;
-        if (!(seg[made++] = join("", &ps, a, i))) break;
+        if (!(seg[made++] = eval_join("", &ps, a, i))) break;
     }
     free(ps.v);
     if (!seg || made < 2 || !seg[made - 1]) {
-        free_turns(seg, made);
+        eval_free_strings(seg, made);
         return -1;
     }
     /* fed turns: as many as fit the context; each needs the next segment to score */
     int32_t n_fed = made - 1;
-    while (n_fed > 1 && (k->n_tokens = conversation_tokens(eng, seg, n_fed, NULL)) > o->context) n_fed--;
-    if (n_fed == 1) k->n_tokens = conversation_tokens(eng, seg, 1, NULL);
+    while (n_fed > 1 && (k->n_tokens = eval_conversation_tokens(eng, seg, n_fed, NULL)) > o->context) n_fed--;
+    if (n_fed == 1) k->n_tokens = eval_conversation_tokens(eng, seg, 1, NULL);
     k->turns = calloc((size_t) n_fed, sizeof(char *));
     k->score = calloc((size_t) n_fed, sizeof(char *));
     if (!k->turns || !k->score) {
-        free_turns(seg, made);
+        eval_free_strings(seg, made);
         return -1;
     }
     k->n_turns = n_fed;
@@ -642,7 +629,9 @@ int eval_case_build(const char *cmd, kvt_engine *eng, struct eval_corpus *c, con
                     struct eval_case *k) {
     memset(k, 0, sizeof *k);
     k->index = index;
-    int rc = o->task == EVAL_PPL ? build_ppl_case(eng, c, o, index, k) : build_haystack_case(eng, c, o, index, k);
+    int rc = o->task == EVAL_PPL     ? build_ppl_case(eng, c, o, index, k)
+             : o->task == EVAL_RULER ? eval_ruler_case_build(eng, c, o, index, k)
+                                     : build_haystack_case(eng, c, o, index, k);
     if (rc) {
         fprintf(stderr,
                 "%s: case %d: could not build %d tokens of conversation from the %d essays in '%s' (out of "

@@ -16,7 +16,17 @@
 #include <stdio.h>
 #include <stdint.h>
 
-enum eval_task { EVAL_NIAH = 0, EVAL_MULTIFACT = 1, EVAL_PPL = 2 };
+enum eval_task { EVAL_NIAH = 0, EVAL_MULTIFACT = 1, EVAL_PPL = 2, EVAL_RULER = 3 };
+
+/* How a ruler case reaches the model (--shape):
+**   prompt    the context and the query in one user message (RULER's own shape);
+**   turns     the context as document turns (each answered "Noted."), then the query;
+**   followup  the context and the first query in one message, then EVAL_FOLLOWUPS - 1 more
+**             queries about the same context as follow-up user turns in the same session
+**             (SCBench's shared-context, multi-turn mode). */
+enum eval_shape { EVAL_SHAPE_PROMPT = 0, EVAL_SHAPE_TURNS = 1, EVAL_SHAPE_FOLLOWUP = 2 };
+#define EVAL_FOLLOWUPS 5
+#define EVAL_MAX_REFS  10 /* reference strings of one query (cwe: the 10 common words) */
 
 #define EVAL_MAX_DEPTHS 16
 #define EVAL_MAX_FACTS  EVAL_MAX_DEPTHS
@@ -42,6 +52,9 @@ struct eval_opts {
     int32_t skip;         /* ppl: turns fed before the first scored one */
     bool json, verbose;
     bool single_prompt;                               /* niah: document + question in one user message (task "niah-single") */
+    int32_t ruler;                                    /* ruler: index into eval_ruler_tasks */
+    int32_t shape;                                    /* ruler: enum eval_shape */
+    int32_t first_case;                               /* index of the first case (--first-case): a resumed grid runs the rest */
     int32_t policies[EVAL_MAX_RUNS];                  /* enum kvt_policy of each run */
     const char *codec[EVAL_MAX_RUNS];                 /* --codec: its session's codec_ram (NULL = raw) */
     int8_t variant[EVAL_MAX_RUNS];                    /* enum eval_variant of each run */
@@ -83,7 +96,13 @@ struct eval_corpus {
     struct eval_essay *e;
     int n;
     int n_held_out;
+    char **words; /* distinct lowercase words (3-10 letters) of the haystack essays, sorted; built by
+                  ** eval_corpus_words, freed with the corpus */
+    int32_t n_words;
 };
+
+/* The corpus's word list (ruler's keys and common words), built once.  0, or -1 on ENOMEM. */
+int eval_corpus_words(struct eval_corpus *c);
 
 /* Find the texts directory (--texts, else $KVT_SOURCE_DIR/../shared/data/pg_essays, else next
 ** to the executable's checkout, else ../shared/data/pg_essays) and load every *.txt in it
@@ -97,12 +116,16 @@ char *eval_corpus_join(const struct eval_corpus *c, size_t min_bytes);
 
 /* ---- one case ---- */
 struct eval_fact {
-    char name[48], attr[32], number[16];
+    char name[48], attr[32], number[40];
     char statement[192]; /* "The secret code of Tavoren is 48213." */
-    char question[224];  /* "What is the secret code of Tavoren? Answer with the number." */
-    char answer[192];    /* the teacher-forced expected reply */
-    char prefix[160];    /* the answer up to the number: "The secret code of Tavoren is" */
+    char question[512];  /* "What is the secret code of Tavoren? Answer with the number." */
+    char answer[704];    /* the teacher-forced expected reply */
+    char prefix[320];    /* the answer up to the number: "The secret code of Tavoren is" */
     int32_t depth;       /* percent of the haystack where the statement sits */
+    /* ruler: the reference strings; the score is the fraction of them the reply contains
+    ** (case-insensitive: RULER's string_match_all); number is refs[0].  0 for the other tasks. */
+    char refs[EVAL_MAX_REFS][40];
+    int32_t n_refs;
 };
 
 struct eval_case {
@@ -121,6 +144,50 @@ struct eval_case {
                                 ** (NIAH/multifact) or of all fed turns (ppl) */
     char essays[256]; /* names of the essays used, for the record */
 };
+
+/* ---- text pieces: what a haystack is made of, joined into messages ---- */
+struct eval_piece {
+    const char *p; /* not owned */
+    int32_t len, tok;
+    int32_t fact; /* -1: filler; else the fact it states */
+};
+struct eval_pieces {
+    struct eval_piece *v;
+    int32_t n, cap;
+    int32_t tok;
+    char sep; /* between pieces when joined; 0 = ' ' */
+};
+int eval_pieces_push(struct eval_pieces *ps, struct eval_piece pc); /* 0, -1 on ENOMEM */
+/* Essay sentences (held-out ones for ppl) from a seeded start until ps->tok >= target; sentences
+** over max_tok skipped; the essays used are listed in names.  0, or -1 (ENOMEM, tokenizer, too
+** little text). */
+int eval_take_text(kvt_engine *eng, struct eval_corpus *c, struct eval_rng *r, bool held_out, int32_t target, int32_t max_tok,
+                   struct eval_pieces *ps, char *names, size_t names_len);
+/* Pieces [a, b) joined by ps->sep after prefix; caller frees; NULL on ENOMEM. */
+char *eval_join(const char *prefix, const struct eval_pieces *ps, int32_t a, int32_t b);
+/* intro (NULL: the niah one), the pieces, a blank line, the question; caller frees. */
+char *eval_single_message(const struct eval_pieces *ps, const char *intro, const char *question);
+/* k->turns: the pieces as document turns of at most body tokens of text, the first one opening
+** with the document convention and task_intro (NULL: none).  0, or -1 on ENOMEM. */
+int eval_make_turns(const struct eval_pieces *ps, int32_t body, const char *task_intro, struct eval_case *k);
+/* Tokens of the conversation as the engine's template formats it: every turn followed by the
+** replayed reply, then question (if any) with the assistant prefix; -1 on failure. */
+int32_t eval_conversation_tokens(kvt_engine *eng, char *const *turns, int32_t n_turns, const char *question);
+void eval_free_strings(char **t, int32_t n);
+
+/* ---- ruler (eval/ruler.c) ---- */
+struct eval_ruler_task {
+    const char *name;  /* RULER's task name: niah_single_1, ..., vt, cwe, fwe */
+    const char *about; /* one line for --help */
+};
+extern const struct eval_ruler_task eval_ruler_tasks[];
+extern const int32_t eval_ruler_n_tasks;
+/* Index of the task called name, -1 if none. */
+int32_t eval_ruler_find(const char *name);
+/* Whether the task has distinct queries for the followup shape (the keyed ones: niah_*, vt). */
+bool eval_ruler_has_followups(int32_t task);
+/* Build case `index` of ruler task o->ruler in shape o->shape (see eval_case_build). */
+int eval_ruler_case_build(kvt_engine *eng, struct eval_corpus *c, const struct eval_opts *o, int32_t index, struct eval_case *k);
 
 /* Build case `index` of the task from the corpus and the seed (deterministic).  The conversation
 ** up to the first question is at most o->context tokens as the engine's chat template formats
@@ -142,7 +209,9 @@ struct eval_row {
     int32_t case_index, item; /* item: multifact probe number, ppl turn; 0 for NIAH */
     int32_t depth;            /* percent, -1 when not applicable (ppl) */
     int32_t n;                /* trials in this row: 1, or the scored tokens of a ppl segment */
-    int32_t passed;           /* passes among them */
+    int32_t passed;           /* passes among them (ruler: all references in the reply) */
+    int32_t refs, refs_hit;   /* ruler: reference strings of the query and how many the reply contains, any case
+                              ** (RULER's string_match_all score is refs_hit / refs); else 1 and passed */
     double answer_logprob;    /* nats, summed over answer_tokens */
     int32_t answer_tokens;
     double number_logprob;         /* log P(number + "." | question, answer prefix), nats; NaN for ppl */

@@ -88,6 +88,7 @@ struct depth_sum {
 
 struct psum {
     int64_t n, passes, prefix_passes;
+    int64_t refs, refs_hit; /* ruler's score: references found / references */
     int32_t n_rows, errors, n_sess;
     double lp, dlp, number_lp, dnumber_lp;
     int32_t n_dlp, n_number, n_dnumber;
@@ -128,6 +129,8 @@ static void summarise(const struct eval_opts *o, const struct eval_results *res,
         if (r->error) continue;
         p->n += r->n;
         p->passes += r->passed;
+        p->refs += r->refs;
+        p->refs_hit += r->refs_hit;
         p->n_rows++;
         p->lp += r->answer_logprob;
         p->prefix_passes += r->prefix_passed;
@@ -250,6 +253,14 @@ static json_t *policy_json(const struct eval_opts *o, const struct eval_results 
         bad |= json_object_set_new(j, "prefix_ci_low", json_real(pl));
         bad |= json_object_set_new(j, "prefix_ci_high", json_real(ph));
         bad |= json_object_set_new(j, "number_logprob", jnum(mean(p->number_lp, p->n_number)));
+        if (o->task == EVAL_RULER) { /* RULER's string_match_all, Wilson over the references */
+            double sl, sh;
+            eval_wilson(p->refs_hit, p->refs, &sl, &sh);
+            bad |= json_object_set_new(j, "score", jnum(mean((double) p->refs_hit, p->refs)));
+            bad |= json_object_set_new(j, "score_ci_low", json_real(sl));
+            bad |= json_object_set_new(j, "score_ci_high", json_real(sh));
+            bad |= json_object_set_new(j, "refs", json_integer(p->refs));
+        }
         bad |= json_object_set_new(j, "number_logprob_vs_ref", has_ref ? jnum(mean(p->dnumber_lp, p->n_dnumber)) : json_null());
         json_t *arr = json_array();
         for (int d = 0; arr && d < o->n_depths; d++) {
@@ -302,6 +313,12 @@ static json_t *summary_json(const struct eval_opts *o, const struct eval_stamp *
     } else if (j) {
         json_object_set_new(j, "max_tokens", json_integer(o->max_tokens));
     }
+    if (j && o->task == EVAL_RULER) {
+        static const char *const shapes[] = { "prompt", "turns", "followup" };
+        json_object_set_new(j, "ruler_task", json_string(eval_ruler_tasks[o->ruler].name));
+        json_object_set_new(j, "shape", json_string(shapes[o->shape]));
+        json_object_set_new(j, "first_case", json_integer(o->first_case + 1));
+    }
     return j;
 }
 
@@ -345,6 +362,10 @@ static void print_table(const struct eval_opts *o, const struct eval_stamp *st, 
                    (long long) p->prefix_passes, mean((double) p->prefix_passes, p->n), pci, mean(p->lp, p->n_rows), vs,
                    mean(p->number_lp, p->n_number), vsn, mean(p->evictions, p->n_sess), mean(p->recoveries, p->n_sess),
                    mean(p->ttft, p->n_ttft), p->peak);
+            if (o->task == EVAL_RULER) {
+                eval_wilson(p->refs_hit, p->refs, &lo, &hi);
+                printf("  score %.3f [%.3f, %.3f]", mean((double) p->refs_hit, p->refs), lo, hi);
+            }
         }
         if (p->errors) printf("  (%d failed sessions)", p->errors);
         putchar('\n');
@@ -362,7 +383,7 @@ static void print_table(const struct eval_opts *o, const struct eval_stamp *st, 
                    mean(p->encode_ms, p->n_sess), mean(p->codec_decode_ms, p->n_sess));
         }
     }
-    if (o->task != EVAL_PPL) {
+    if (o->task != EVAL_PPL && o->n_depths > 0) {
         printf("\npasses (free reply / after the answer prefix) by %s depth:\n%-12s", o->task == EVAL_NIAH ? "needle" : "fact",
                "policy");
         for (int d = 0; d < o->n_depths; d++) printf(" %7d%%", o->depths[d]);
@@ -459,6 +480,12 @@ static json_t *rows_json(const struct eval_opts *o, const struct eval_results *r
                             eval_fact_state_name(r->fact), "reply", reply)
                 : NULL;
         free(reply);
+        if (j && o->task == EVAL_RULER &&
+            (json_object_set_new(j, "refs", json_integer(r->refs)) ||
+             json_object_set_new(j, "refs_hit", json_integer(r->refs_hit)))) {
+            json_decref(j);
+            j = NULL;
+        }
         if (!j || json_array_append_new(a, j)) {
             json_decref(a);
             return NULL;
@@ -474,13 +501,29 @@ static json_t *cases_json(const struct eval_opts *o, const struct eval_case *cas
         json_t *facts = json_array();
         for (int32_t q = 0; facts && q < k->n_facts; q++) {
             const struct eval_fact *f = &k->facts[k->probe_order[q]];
-            json_array_append_new(facts, json_pack("{s:s, s:s, s:s, s:s, s:i}", "statement", f->statement, "question", f->question,
-                                                   "answer", f->answer, "prefix", f->prefix, "depth", f->depth));
+            json_t *fj = json_pack("{s:s, s:s, s:s, s:s, s:i}", "statement", f->statement, "question", f->question, "answer",
+                                   f->answer, "prefix", f->prefix, "depth", f->depth);
+            json_t *refs = f->n_refs > 0 ? json_array() : NULL;
+            for (int32_t i = 0; refs && i < f->n_refs; i++) json_array_append_new(refs, json_string(f->refs[i]));
+            if (fj && refs) json_object_set_new(fj, "refs", refs);
+            else json_decref(refs);
+            if (fj) json_array_append_new(facts, fj);
         }
-        json_t *j = facts ? json_pack("{s:i, s:o, s:i, s:i, s:s, s:o}", "case", c + 1, "depth",
+        json_t *j = facts ? json_pack("{s:i, s:o, s:i, s:i, s:s, s:o}", "case", k->index + 1, "depth",
                                       k->depth >= 0 ? json_integer(k->depth) : json_null(), "tokens", k->n_tokens, "turns",
                                       k->n_turns, "essays", k->essays, "facts", facts)
                           : NULL;
+        if (j && o->task == EVAL_RULER) { /* the text itself, so that a case can be checked and replayed */
+            json_t *msgs = json_array();
+            if (k->single) json_array_append_new(msgs, json_string(k->single));
+            for (int32_t t = 0; msgs && !k->single && t < k->n_turns; t++) json_array_append_new(msgs, json_string(k->turns[t]));
+            for (int32_t q = k->single ? 1 : 0; msgs && q < k->n_facts; q++)
+                json_array_append_new(msgs, json_string(k->facts[k->probe_order[q]].question));
+            if (!msgs || json_object_set_new(j, "messages", msgs)) {
+                json_decref(j);
+                j = NULL;
+            }
+        }
         if (!j || json_array_append_new(a, j)) {
             json_decref(a);
             return NULL;
@@ -640,7 +683,7 @@ int eval_report(const char *cmd, const struct eval_opts *o, const struct eval_st
             fprintf(stderr, "%s: wrote %s\n", cmd, path);
         }
     }
-    if (rc == APP_OK) {
+    if (rc == APP_OK && o->task != EVAL_RULER) { /* ruler: bench/ruler_tables.py plots the grid */
         snprintf(path, sizeof path, "%s.png", base);
         if (write_png(cmd, path, o, st, ps) == 0) fprintf(stderr, "%s: wrote %s\n", cmd, path);
     }

@@ -143,6 +143,17 @@ out:
     return state;
 }
 
+/* Whether hay contains needle, ASCII case-insensitively (RULER lowercases both). */
+static bool contains_ci(const char *hay, const char *needle) {
+    const size_t n = strlen(needle);
+    for (const char *h = hay; n && *h; h++) {
+        size_t i = 0;
+        while (i < n && h[i] && tolower((unsigned char) h[i]) == tolower((unsigned char) needle[i])) i++;
+        if (i == n) return true;
+    }
+    return false;
+}
+
 /* One probe: the question (or `message`, the whole single-prompt message ending with it);
 ** log-probabilities of the answer and of the number after the answer's prefix; greedy reply.
 ** OUT row fields. */
@@ -191,7 +202,15 @@ static int probe(const char *cmd, kvt_engine *eng, kvt_session *s, const struct 
     trim_reply(reply);
     row->reply = reply;
     row->n = 1;
-    row->passed = strstr(reply, f->number) != NULL;
+    if (f->n_refs > 0) { /* RULER's string_match_all: the references the reply contains, any case */
+        row->refs = f->n_refs;
+        for (int32_t i = 0; i < f->n_refs; i++) row->refs_hit += contains_ci(reply, f->refs[i]);
+        row->passed = row->refs_hit == row->refs;
+    } else {
+        row->passed = strstr(reply, f->number) != NULL;
+        row->refs = 1;
+        row->refs_hit = row->passed;
+    }
     /* time to first token without the scoring pass in between */
     row->ttft_ms = (t_added - t0) + ((g.t_first ? g.t_first : now_ms()) - t_gen);
     return 0;
@@ -454,7 +473,7 @@ int eval_run_case(const char *cmd, kvt_engine *eng, kvt_pool *pool, const struct
         }
     }
     int32_t n_rows = res->n_rows - first_row;
-    fprintf(stderr, "[%s] case %d/%d", o->task_name, k->index + 1, o->cases);
+    fprintf(stderr, "[%s] case %d/%d", o->task_name, k->index + 1, o->first_case + o->cases);
     if (o->task == EVAL_NIAH) fprintf(stderr, " depth %d%%", k->depth);
     fprintf(stderr, " policy %s: ", o->label[pi]);
     if (rc) {
@@ -464,6 +483,20 @@ int eval_run_case(const char *cmd, kvt_engine *eng, kvt_pool *pool, const struct
         fprintf(stderr, "%s, prefix %s, lp %.2f, number lp %.2f, needle %s", passed ? "pass" : "fail",
                 r->prefix_passed ? "pass" : "fail", lp, r->number_logprob, eval_fact_state_name(r->fact));
         char *clean = app_utf8_clean(r->reply ? r->reply : "");
+        if (clean) {
+            for (char *c = clean; *c; c++) *c = (*c == '\n' || *c == '\r' || *c == '\t') ? ' ' : *c;
+            fprintf(stderr, ", reply \"%.60s\"", clean);
+        }
+        free(clean);
+    } else if (o->task == EVAL_RULER) {
+        int32_t hit = 0, refs = 0;
+        for (int32_t i = first_row; i < res->n_rows; i++) {
+            hit += res->rows[i].refs_hit;
+            refs += res->rows[i].refs;
+        }
+        fprintf(stderr, "score %d/%d refs over %d quer%s, mean lp %.2f", hit, refs, n_rows, n_rows == 1 ? "y" : "ies",
+                n_rows ? lp / n_rows : 0.0);
+        char *clean = n_rows ? app_utf8_clean(res->rows[first_row].reply ? res->rows[first_row].reply : "") : NULL;
         if (clean) {
             for (char *c = clean; *c; c++) *c = (*c == '\n' || *c == '\r' || *c == '\t') ? ' ' : *c;
             fprintf(stderr, ", reply \"%.60s\"", clean);
