@@ -1,0 +1,228 @@
+#!/usr/bin/env python3
+"""bench/ruler_grid.py — the RULER grid of docs/EVALUATION.md, unattended and resumable.
+
+One unit of work is one case of one cell (model x length x shape x task): one invocation of
+`kvtier eval ruler TASK --shape S --context L --budget L/RATIO --cases 1 --first-case I`, every
+method side by side on that case, its JSON written under OUT/units/.  A unit whose JSON exists is
+done; a killed run started again with the same OUT continues with the next unit (the unit that was
+running is run again from its start).  Units run case-major (case 1 of every cell, then case 2,
+...), so a grid stopped early still has every cell at the same number of cases.
+
+Progress goes to stdout, one line per unit with the elapsed time and an estimate of what is left;
+OUT/commands.txt lists every invocation and its time.  bench/ruler_tables.py OUT turns the units
+into the tables and the follow-up plot.
+
+llama-server (the same vendored llama.cpp, `scripts/bootstrap.sh llama-server-path`) runs as two
+more methods on the same cases, through its OpenAI API with the model's own chat template, greedy:
+at kvtier's KV memory (`-c` = the budget, `--context-shift`) and at the full context (the ceiling).
+Its rows go to UNIT.llama.json beside the unit (the same resumption: done when the file exists);
+they carry the score only (no log-probabilities through that API).  --llama-server runs this pass
+over the done units (add --no-kvtier to run only it).
+
+Usage:
+  bench/ruler_grid.py [--out DIR] [--models smollm2,gemma] [--lengths 4096] [--shapes prompt,followup]
+                      [--tasks all] [--cases 20] [--ratio 4] [--policies LIST] [--threads 2]
+Lengths default to the issue's: 2048,4096,8192 for SmolLM2 and 4096,8192,16384 for Gemma 3.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TASKS = ["niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2", "niah_multikey_3",
+         "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe"]
+SINGLE_QUESTION = {"cwe", "fwe"}  # no followup shape: one question per context
+LENGTHS = {"smollm2": [2048, 4096, 8192], "gemma": [4096, 8192, 16384]}
+POLICIES = "no_eviction,truncate,streaming,h2o,snapkv,kvtier"
+
+
+def env_models():
+    out = subprocess.run([os.path.join(ROOT, "scripts/bootstrap.sh"), "env"], capture_output=True, text=True, check=True).stdout
+    env = {}
+    for line in out.splitlines():
+        line = line.strip()
+        if line.startswith("export "):
+            line = line[7:]
+        if "=" in line:
+            k, v = line.split("=", 1)
+            env[k] = v.strip("'\"")
+    return {"smollm2": env.get("KVTIER_CHAT_MODEL"), "gemma": env.get("KVTIER_MODEL")}
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def chat(port, messages, max_tokens):
+    """One greedy chat completion; (reply, error)."""
+    import urllib.error
+    import urllib.request
+    body = json.dumps({"messages": messages, "max_tokens": max_tokens, "temperature": 0, "seed": 1}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", body, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=900) as r:
+            return json.load(r)["choices"][0]["message"]["content"] or "", None
+    except urllib.error.HTTPError as e:
+        return "", f"HTTP {e.code}: {e.read()[:200].decode(errors='replace')}"
+    except Exception as e:  # noqa: BLE001 -- any failure is this method's answer to the case
+        return "", str(e)[:200]
+
+
+def llama_pass(a, out, paths, units, unit_file):
+    """llama-server at the budget (--context-shift) and at full context on every done unit."""
+    binary = subprocess.run([os.path.join(ROOT, "scripts/bootstrap.sh"), "llama-server-path"], capture_output=True,
+                            text=True).stdout.strip()
+    if not binary or not os.path.exists(binary):
+        print("ruler_grid: no llama-server (scripts/bootstrap.sh llama-server); its pass is skipped", flush=True)
+        return 0
+    todo = [u for u in units if not os.path.exists(unit_file(u)[:-5] + ".llama.json")]
+    print(f"ruler_grid: llama-server pass over {len(todo)} units", flush=True)
+    failed = 0
+    t_start = time.time()
+    for i, u in enumerate(todo):
+        m, L, shape, t, case = u
+        d = json.load(open(unit_file(u)))
+        c = d["cases_detail"][0]
+        facts, msgs = c["facts"], c["messages"]
+        rows = []
+        for label, n_ctx, extra in (("llama-server@budget", L // a.ratio, ["--context-shift"]),
+                                    ("llama-server@full", d["n_ctx"], [])):
+            port = free_port()
+            log = open(unit_file(u)[:-5] + f".{label}.log", "w")
+            srv = subprocess.Popen([binary, "-m", paths[m], "-c", str(n_ctx), "-np", "1", "-t", str(a.threads), "--port", str(port),
+                                    "--host", "127.0.0.1"] + extra, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                import urllib.request
+                for _ in range(600):
+                    try:
+                        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+                        break
+                    except Exception:  # noqa: BLE001 -- not up yet
+                        time.sleep(0.2)
+                hist = []
+                if shape == "turns":  # the document turns, each answered "Noted.", then the question
+                    for m_ in msgs[:-1]:
+                        hist += [{"role": "user", "content": m_}, {"role": "assistant", "content": "Noted."}]
+                    queries = msgs[-1:]
+                else:
+                    queries = msgs
+                for q, text in enumerate(queries):
+                    hist.append({"role": "user", "content": text})
+                    reply, err = chat(port, hist, d["max_tokens"])
+                    hist.append({"role": "assistant", "content": reply})
+                    refs = facts[q]["refs"]
+                    hit = sum(1 for r in refs if r.lower() in reply.lower())
+                    rows.append({"policy": label, "case": case, "item": q, "refs": len(refs), "refs_hit": hit,
+                                 "passed": int(hit == len(refs)), "error": False, "http_error": err,
+                                 "answer_logprob": None, "reply": reply, "n_ctx": n_ctx})
+            finally:
+                srv.terminate()
+                srv.wait()
+                log.close()
+        with open(unit_file(u)[:-5] + ".llama.json.tmp", "w") as f:
+            json.dump({"rows": rows}, f)
+        os.replace(unit_file(u)[:-5] + ".llama.json.tmp", unit_file(u)[:-5] + ".llama.json")
+        el = time.time() - t_start
+        print(f"[llama {i + 1}/{len(todo)}] {m} {L} {shape} {t} case {case}: "
+              + " ".join(f"{r['policy']} q{r['item'] + 1} {r['refs_hit']}/{r['refs']}{' (' + r['http_error'][:60] + ')' if r['http_error'] else ''}"
+                         for r in rows) + f" | elapsed {el / 60:.0f} min", flush=True)
+    return failed
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=None, help="results directory (default results/ruler-<UTC time>; reuse one to resume)")
+    ap.add_argument("--models", default="smollm2,gemma")
+    ap.add_argument("--lengths", default=None, help="context lengths for every model (default: the issue's per model)")
+    ap.add_argument("--shapes", default="prompt,turns,followup")
+    ap.add_argument("--tasks", default="all")
+    ap.add_argument("--cases", type=int, default=20, help="cases per cell (default 20)")
+    ap.add_argument("--ratio", type=int, default=4, help="budget = context / RATIO (default 4)")
+    ap.add_argument("--policies", default=POLICIES)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--bin", default=os.path.join(ROOT, "build/kvtier"))
+    ap.add_argument("--llama-server", action="store_true", help="also run llama-server at the budget and at full context")
+    ap.add_argument("--no-kvtier", action="store_true", help="with --llama-server: only the llama-server pass")
+    ap.add_argument("--dry-run", action="store_true", help="list the units and how many are done, run nothing")
+    a = ap.parse_args()
+    out = a.out or os.path.join(ROOT, "results", time.strftime("ruler-%Y%m%d-%H%M%S", time.gmtime()))
+    os.makedirs(os.path.join(out, "units"), exist_ok=True)
+    paths = env_models()
+    tasks = TASKS if a.tasks == "all" else a.tasks.split(",")
+    for t in tasks:
+        if t not in TASKS:
+            sys.exit(f"ruler_grid: unknown task '{t}' (known: {', '.join(TASKS)})")
+    units = []
+    for case in range(1, a.cases + 1):
+        for m in a.models.split(","):
+            if m not in paths or not paths[m] or not os.path.isfile(paths[m]):
+                sys.exit(f"ruler_grid: model '{m}' is not installed (scripts/bootstrap.sh; known: smollm2, gemma)")
+            lengths = [int(x) for x in a.lengths.split(",")] if a.lengths else LENGTHS[m]
+            for L in lengths:
+                for shape in a.shapes.split(","):
+                    for t in tasks:
+                        if shape == "followup" and t in SINGLE_QUESTION:
+                            continue
+                        units.append((m, L, shape, t, case))
+    def unit_file(u):
+        m, L, shape, t, case = u
+        return os.path.join(out, "units", f"{m}-{L}-{shape}-{t}-{case:03d}.json")
+    todo = [] if a.no_kvtier else [u for u in units if not os.path.exists(unit_file(u))]
+    print(f"ruler_grid: {len(units)} units, {len(units) - len(todo)} done, {len(todo)} to run; results in {out}", flush=True)
+    if a.dry_run:
+        return 0
+    with open(os.path.join(out, "grid.json"), "w") as f:
+        json.dump({"models": {m: paths.get(m) for m in a.models.split(",")}, "cases": a.cases, "ratio": a.ratio,
+                   "policies": a.policies, "shapes": a.shapes, "tasks": tasks, "seed": a.seed, "threads": a.threads}, f, indent=1)
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+    t_start = time.time()
+    failed = 0
+    for i, u in enumerate(todo):
+        m, L, shape, t, case = u
+        tmp = os.path.join(out, "running")
+        subprocess.run(["rm", "-rf", tmp])
+        os.makedirs(tmp)
+        cmd = [a.bin, "eval", "ruler", t, "--shape", shape, "-m", paths[m], "--context", str(L), "--budget", str(L // a.ratio),
+               "--cases", "1", "--first-case", str(case), "--seed", str(a.seed), "--policies", a.policies,
+               "--threads", str(a.threads), "--out", tmp]
+        t0 = time.time()
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        dt = time.time() - t0
+        with open(os.path.join(out, "commands.txt"), "a") as f:
+            f.write(f"{' '.join(cmd)}  # {dt:.0f} s, exit {p.returncode}\n")
+        files = [x for x in os.listdir(tmp) if x.endswith(".json")] if os.path.isdir(tmp) else []
+        if p.returncode != 0 or len(files) != 1:
+            failed += 1
+            with open(unit_file(u) + ".err", "w") as f:
+                f.write(p.stderr)
+            print(f"[{i + 1}/{len(todo)}] {m} {L} {shape} {t} case {case}: FAILED (exit {p.returncode}, {unit_file(u)}.err)",
+                  flush=True)
+            continue
+        os.replace(os.path.join(tmp, files[0]), unit_file(u))  # atomic: a unit is done or not
+        d = json.load(open(unit_file(u)))
+        score = {}
+        for r in d["rows"]:
+            s = score.setdefault(r["policy"], [0, 0])
+            s[0] += r.get("refs_hit", 0)
+            s[1] += r.get("refs", 0)
+        el = time.time() - t_start
+        eta = el / (i + 1) * (len(todo) - i - 1)
+        print(f"[{i + 1}/{len(todo)}] {m} {L} {shape} {t} case {case}: {dt:.0f} s | "
+              + " ".join(f"{k} {v[0]}/{v[1]}" for k, v in score.items())
+              + f" | elapsed {el / 60:.0f} min, left ~{eta / 60:.0f} min", flush=True)
+    subprocess.run(["rm", "-rf", os.path.join(out, "running")])
+    if a.llama_server:
+        failed += llama_pass(a, out, paths, [u for u in units if os.path.exists(unit_file(u))], unit_file)
+    print(f"ruler_grid: done ({failed} failed units); tables: bench/ruler_tables.py {out}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""bench/ruler_tables.py — the tables and the follow-up plot of a RULER grid (bench/ruler_grid.py).
+
+Usage: bench/ruler_tables.py OUT [--plot docs/ruler_followup.png] [--json]
+
+Reads OUT/units/*.json (one case of one cell each) and prints, per model x length x shape:
+  - per task and method: RULER's score (references found / references, string_match_all) with a
+    Wilson 95 % interval over the references, and the mean teacher-forced log-probability of the
+    reference answer paired with no_eviction on the same cases (nats, higher is better);
+  - the mean over tasks per method, its ratio to no_eviction, and the goals of issue #42 at this
+    budget: kvtier >= 0.95 x no eviction, and >= the best of SnapKV / H2O / StreamingLLM + 10
+    points (on the score; and on the paired log-probability, which ranks methods when greedy
+    scores are near zero);
+  - for the followup shape: the score by query index (1..5) per method, and the plot of it.
+Everything is computed from the unit files; nothing is tuned per task.
+"""
+import argparse
+import collections
+import glob
+import json
+import math
+import os
+import subprocess
+import sys
+
+
+def wilson(k, n, z=1.96):
+    if n == 0:
+        return 0.0, 1.0
+    p = k / n
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z / d * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, c - h), min(1.0, c + h)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out")
+    ap.add_argument("--plot", default=None, help="write the follow-up plot (PNG, gnuplot) here")
+    ap.add_argument("--json", action="store_true", help="also print the aggregates as one JSON object")
+    a = ap.parse_args()
+    units = sorted(glob.glob(os.path.join(a.out, "units", "*.json")))
+    if not units:
+        sys.exit(f"ruler_tables: no units under {a.out}/units")
+    cells = collections.defaultdict(lambda: collections.defaultdict(list))  # (model, L, shape) -> task -> rows
+    stamp = None
+    budget = {}
+    units = [f for f in units if not f.endswith(".llama.json")]
+    for f in units:
+        base = os.path.basename(f)[:-5]
+        model, L, shape, task, case = base.rsplit("-", 4)[0], *base.rsplit("-", 4)[1:]
+        d = json.load(open(f))
+        stamp = stamp or {k: d[k] for k in ("model", "llama_cpp", "commit", "date", "machine", "threads", "budget", "context")}
+        budget[(model, int(L), shape)] = d["budget"]
+        rows = d["rows"]
+        if os.path.exists(f[:-5] + ".llama.json"):  # llama-server's rows on the same case (score only)
+            rows = rows + json.load(open(f[:-5] + ".llama.json"))["rows"]
+        for r in rows:
+            if r["error"]:
+                continue
+            cells[(model, int(L), shape)][task].append(dict(r, case=int(case)))
+    print(f"# RULER grid from {a.out}: {len(units)} units; first stamp: {stamp['model']}, {stamp['llama_cpp']}, kvtier "
+          f"{stamp['commit']}, {stamp['date']}, {stamp['machine']}, {stamp['threads']} threads\n")
+    agg = {}
+    for (model, L, shape), tasks in sorted(cells.items()):
+        methods = []
+        for rows in tasks.values():
+            for r in rows:
+                if r["policy"] not in methods:
+                    methods.append(r["policy"])
+        ncases = {t: len({r["case"] for r in rows}) for t, rows in tasks.items()}
+        print(f"## {model}, context {L}, budget {budget[(model, L, shape)]}, shape {shape} "
+              f"({min(ncases.values())}-{max(ncases.values())} cases per task)\n")
+        print("| task | " + " | ".join(methods) + " |")
+        print("|---|" + "---|" * len(methods))
+        per_task = {}
+        for t in sorted(tasks, key=lambda x: x):
+            rows = tasks[t]
+            ref = {(r["case"], r["item"]): r["answer_logprob"] for r in rows if r["policy"] == "no_eviction"}
+            cells_txt = []
+            for m in methods:
+                mr = [r for r in rows if r["policy"] == m]
+                k, n = sum(r["refs_hit"] for r in mr), sum(r["refs"] for r in mr)
+                lo, hi = wilson(k, n)
+                d = [r["answer_logprob"] - ref[(r["case"], r["item"])] for r in mr
+                     if (r["case"], r["item"]) in ref and r["answer_logprob"] is not None]
+                dlp = sum(d) / len(d) if d else float("nan")
+                per_task.setdefault(t, {})[m] = {"score": k / n if n else float("nan"), "k": k, "n": n, "lo": lo, "hi": hi,
+                                                 "dlp": dlp}
+                cells_txt.append((f"{k / n:.2f} [{lo:.2f}, {hi:.2f}]" + (f" ({dlp:+.1f})" if d else "")) if n else "-")
+            print(f"| {t} | " + " | ".join(cells_txt) + " |")
+        mean = {m: sum(per_task[t][m]["score"] for t in per_task) / len(per_task) for m in methods}
+        mdlp = {m: sum(per_task[t][m]["dlp"] for t in per_task) / len(per_task) for m in methods}
+        print("| **mean over tasks** | " + " | ".join(f"**{mean[m]:.3f}**" + (f" ({mdlp[m]:+.1f})" if mdlp[m] == mdlp[m] else "")
+                                                    for m in methods) + " |")
+        print("\nscore [Wilson 95 % over references] (mean paired log-probability of the reference answer minus "
+              "no_eviction's, nats)\n")
+        base = mean.get("no_eviction", float("nan"))
+        if "kvtier" in mean:
+            others = [m for m in ("snapkv", "h2o", "streaming") if m in mean]
+            best = max(others, key=lambda m: mean[m]) if others else None
+            best_lp = max(others, key=lambda m: mdlp[m]) if others else None
+            print(f"goals: kvtier / no_eviction = {mean['kvtier'] / base if base else float('nan'):.3f} (target >= 0.95); "
+                  + (f"kvtier - best one-shot ({best} {mean[best]:.3f}) = {100 * (mean['kvtier'] - mean[best]):+.1f} points "
+                     f"(target >= +10); on the paired log-probability kvtier {mdlp['kvtier']:+.2f} vs {best_lp} "
+                     f"{mdlp[best_lp]:+.2f} nats" if best else "") + "\n")
+        byq = {}
+        if shape == "followup":
+            print("score by query index (1 = the query that came with the context):\n")
+            print("| method | " + " | ".join(f"q{i + 1}" for i in range(5)) + " | q2-5 minus q1 |")
+            print("|---|" + "---|" * 6)
+            for m in methods:
+                v = []
+                for q in range(5):
+                    mr = [r for t in tasks for r in tasks[t] if r["policy"] == m and r["item"] == q]
+                    k, n = sum(r["refs_hit"] for r in mr), sum(r["refs"] for r in mr)
+                    v.append((k / n if n else float("nan"), *wilson(k, n)))
+                byq[m] = v
+                later = sum(x[0] for x in v[1:]) / 4
+                print(f"| {m} | " + " | ".join(f"{x[0]:.2f} [{x[1]:.2f}, {x[2]:.2f}]" for x in v) + f" | {100 * (later - v[0][0]):+.1f} |")
+            print()
+        agg[f"{model}-{L}-{shape}"] = {"per_task": per_task, "mean": mean, "mean_dlp": mdlp, "by_query": byq,
+                                       "cases": ncases}
+    if a.plot:
+        fu = {k: v for k, v in agg.items() if v["by_query"]}
+        if fu:
+            key, v = sorted(fu.items())[0]
+            data = "\n".join(f"{q + 1} " + " ".join(f"{v['by_query'][m][q][0]:.4f} {v['by_query'][m][q][1]:.4f} "
+                                                    f"{v['by_query'][m][q][2]:.4f}" for m in v["by_query"])
+                             for q in range(5))
+            names = list(v["by_query"])
+            gp = (f"set terminal pngcairo size 900,480 noenhanced font ',10'\nset output '{a.plot}'\n"
+                  f"$d << EOD\n{data}\nEOD\n"
+                  f"set title 'RULER follow-up queries on one context ({key}; {stamp['commit']}): score by query index'\n"
+                  "set xlabel 'query index (1 = asked with the context)'\nset ylabel 'score (string_match_all)'\n"
+                  "set xrange [0.7:5.3]\nset yrange [0:1.05]\nset grid ytics\nset key outside right\nset xtics 1\n"
+                  "plot " + ", ".join(f"$d using ($1+{(i - len(names) / 2) * 0.04:.2f}):{2 + 3 * i}:{3 + 3 * i}:{4 + 3 * i} "
+                                      f"with yerrorlines lw 2 title '{n}'" for i, n in enumerate(names)) + "\n")
+            r = subprocess.run(["gnuplot"], input=gp, text=True, capture_output=True)
+            print(f"plot: {a.plot}" if r.returncode == 0 else f"plot failed: {r.stderr}")
+    if a.json:
+        print(json.dumps(agg))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
