@@ -251,7 +251,7 @@ static void set_answer(struct eval_fact *f, const char *prefix, const char *sep)
     for (int32_t i = 0; i < f->n_refs && len < sizeof f->answer; i++)
         len += (size_t) snprintf(f->answer + len, sizeof f->answer - len, "%s%s", i ? sep : " ", f->refs[i]);
     if (len < sizeof f->answer) snprintf(f->answer + len, sizeof f->answer - len, ".");
-    snprintf(f->number, sizeof f->number, "%s", f->refs[0]);
+    memcpy(f->number, f->refs[0], sizeof f->number); /* same size; refs[0] is terminated */
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -345,7 +345,7 @@ static int build_niah(kvt_engine *eng, struct eval_corpus *c, const struct spec 
         snprintf(f->name, sizeof f->name, "%.47s", used[g * sp->n_k]);
         snprintf(f->attr, sizeof f->attr, "special magic %s", sp->val == K_UUIDS ? "uuid" : "number");
         snprintf(f->statement, sizeof f->statement, "One of the special magic %s for %.40s is: %.39s.", vn, used[g * sp->n_k],
-                 f->refs[0]);
+                 used[n_keys + g * sp->n_k * sp->n_v]);
         snprintf(f->question, sizeof f->question, "What are all the special magic %s for %s mentioned in the provided text?", vn,
                  query);
         char prefix[400];
@@ -588,8 +588,10 @@ static int build_words(kvt_engine *eng, struct eval_corpus *c, bool fwe, const s
         set_answer(f, "Answer: According to the coded text above, the three most frequently appeared words are:", ", ");
         snprintf(f->attr, sizeof f->attr, "frequent words");
     }
-    snprintf(f->name, sizeof f->name, "%s", f->refs[0]);
-    snprintf(f->statement, sizeof f->statement, "%s", f->refs[0]);
+    char r0[sizeof f->refs[0]];
+    memcpy(r0, f->refs[0], sizeof r0);
+    snprintf(f->name, sizeof f->name, "%s", r0);
+    snprintf(f->statement, sizeof f->statement, "%s", r0);
     rc = b->ar.oom ? -1 : 0;
 out:
     free(seq);
