@@ -3,7 +3,8 @@
 
 One unit of work is one case of one cell (model x length x shape x task): one invocation of
 `kvtier eval ruler TASK --shape S --context L --budget L/RATIO --cases 1 --first-case I`, every
-method side by side on that case, its JSON written under OUT/units/.  A unit whose JSON exists is
+method side by side on that case (followup adds --store: kvtier+store, each query a fresh session
+that finds the context in the block store), its JSON written under OUT/units/.  A unit whose JSON exists is
 done; a killed run started again with the same OUT continues with the next unit (the unit that was
 running is run again from its start).  Units run case-major (case 1 of every cell, then case 2,
 ...), so a grid stopped early still has every cell at the same number of cases.
@@ -191,7 +192,7 @@ def main():
         os.makedirs(tmp)
         cmd = [a.bin, "eval", "ruler", t, "--shape", shape, "-m", paths[m], "--context", str(L), "--budget", str(L // a.ratio),
                "--cases", "1", "--first-case", str(case), "--seed", str(a.seed), "--policies", a.policies,
-               "--threads", str(a.threads), "--out", tmp]
+               "--threads", str(a.threads), "--out", tmp] + (["--store"] if shape == "followup" and "kvtier" in a.policies else [])
         t0 = time.time()
         p = subprocess.run(cmd, capture_output=True, text=True, env=env)
         dt = time.time() - t0

@@ -213,6 +213,7 @@ int cmd_eval(int argc, char **argv) {
     bool depths_seen = false, segment_seen = false, chunk_seen = false, ppl_seen = false, fresh_engine = false;
     bool single_prompt = false, max_tokens_seen = false, first_seen = false;
     const char *shape_s = NULL;
+    bool by_store = false;
     o.model = getenv("KVTIER_MODEL");
     o.out = "results";
     o.budget = 1024;
@@ -257,6 +258,10 @@ int cmd_eval(int argc, char **argv) {
         { "shape", 0, OPT_STR, &shape_s, 0, 0, "SHAPE",
           "ruler: prompt (context and query in one message, default), turns (the context as document turns, then the "
           "query) or followup (context and query 1 in one message, then 4 more queries as follow-up turns)",
+          NULL },
+        { "store", 0, OPT_FLAG, &by_store, 0, 0, NULL,
+          "ruler --shape followup: also run kvtier+store, every query a request of its own (a fresh session) that "
+          "finds the context in a RAM block store the first query filled",
           NULL },
         { "first-case", 0, OPT_INT, &o.first_case, 1, 1000000, "N",
           "number of the first case (default 1): cases N .. N+cases-1, the same cases a longer run has there", &first_seen },
@@ -378,6 +383,17 @@ int cmd_eval(int argc, char **argv) {
     }
     if ((rc = parse_policies(cmd, policies_s, &o))) return rc;
     if ((rc = parse_codecs(cmd, codec_s, &o, codec_buf))) return rc;
+    if (by_store) {
+        if (o.task != EVAL_RULER || o.shape != EVAL_SHAPE_FOLLOWUP) {
+            fprintf(stderr, "%s: --store applies to ruler --shape followup only\n", cmd);
+            return APP_USAGE;
+        }
+        const int r = o.n_policies++;
+        o.policies[r] = KVT_POLICY_KVTIER;
+        o.codec[r] = NULL;
+        o.variant[r] = EVAL_STORE;
+        snprintf(o.label[r], sizeof o.label[r], "kvtier+store");
+    }
     if (elastic_random && !elastic_s) {
         fprintf(stderr, "%s: --elastic-random needs --elastic S_K,S_V (the scales whose zero counts it matches)\n", cmd);
         return APP_USAGE;

@@ -37,9 +37,11 @@ enum eval_shape { EVAL_SHAPE_PROMPT = 0, EVAL_SHAPE_TURNS = 1, EVAL_SHAPE_FOLLOW
 ** with live ElasticKV (--elastic adds one run per listed run and scale pair, --elastic-random one
 ** more per pair with the matched-random control, which holds the sparsity its elastic twin reached
 ** in the same case); no_eviction's plain run is the ppl reference. */
-enum eval_variant { EVAL_PLAIN = 0, EVAL_ELASTIC = 1, EVAL_ELASTIC_RANDOM = 2 };
+/* EVAL_STORE (ruler --shape followup --store): kvtier, each query a fresh session finding the
+** context in a RAM block store (SCBench's shared context across requests). */
+enum eval_variant { EVAL_PLAIN = 0, EVAL_ELASTIC = 1, EVAL_ELASTIC_RANDOM = 2, EVAL_STORE = 3 };
 #define EVAL_MAX_PAIRS 4
-#define EVAL_MAX_RUNS  ((1 + 2 * EVAL_MAX_PAIRS) * KVT_POLICY__COUNT * EVAL_MAX_CODECS)
+#define EVAL_MAX_RUNS  ((1 + 2 * EVAL_MAX_PAIRS) * KVT_POLICY__COUNT * EVAL_MAX_CODECS + 1)
 
 struct eval_opts {
     enum eval_task task;

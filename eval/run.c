@@ -396,11 +396,31 @@ int eval_run_case(const char *cmd, kvt_engine *eng, kvt_pool *pool, const struct
         sp.embedder = o->embedder;
         sp.min_recovery_cosine = o->min_cosine;
     }
+    /* +store (ruler followup): every query is a request of its own, a fresh session that finds the
+    ** context in a block store the first query's session filled (RAM tier only) */
+    const bool by_store = o->variant[pi] == EVAL_STORE;
+    kvt_store *store = NULL;
+    if (by_store) {
+        struct kvt_store_params stp = kvt_store_default_params();
+        stp.disk_bytes = 0;
+        stp.ram_bytes = (size_t) 1 << 30;
+        stp.prefetch_threads = 0;
+        int src = kvt_store_open(&stp, &store);
+        if (src) {
+            app_fail(cmd, "cannot open the RAM block store", src);
+            return APP_ERR;
+        }
+        sp.store = store;
+        sp.pool = NULL; /* with a store, the session keeps its block copies there */
+    }
+    struct kvt_session_stats acc; /* +store: the earlier queries' sessions */
+    memset(&acc, 0, sizeof acc);
     double t0 = now_ms();
     kvt_session *s = NULL;
     int rc = kvt_session_open(eng, &sp, &s);
     if (rc) {
         app_fail(cmd, "cannot open the session", rc);
+        kvt_store_free(store);
         return APP_ERR;
     }
     int32_t first_row = res->n_rows;
@@ -425,7 +445,37 @@ int eval_run_case(const char *cmd, kvt_engine *eng, kvt_pool *pool, const struct
             row.item = q;
             row.depth = f->depth;
             row.nll = row.kl = NAN;
-            if ((rc = probe(cmd, eng, s, o, f, q == 0 ? k->single : NULL, &row))) break;
+            char *msg = NULL;
+            if (by_store && q > 0) { /* the same context, this query at its end, in a new session */
+                struct kvt_session_stats one;
+                kvt_session_get_stats(s, &one);
+                acc.evictions += one.evictions;
+                acc.recoveries += one.recoveries;
+                acc.tokens_decoded += one.tokens_decoded;
+                acc.tokens_recovered += one.tokens_recovered;
+                acc.store_tokens += one.store_tokens;
+                acc.policy_ms += one.policy_ms;
+                acc.decode_ms += one.decode_ms;
+                if (one.peak_resident_tokens > acc.peak_resident_tokens) acc.peak_resident_tokens = one.peak_resident_tokens;
+                kvt_session_free(s);
+                s = NULL;
+                const char *q0 = k->facts[k->probe_order[0]].question;
+                const size_t keep = strlen(k->single) - strlen(q0);
+                if (!(msg = malloc(keep + strlen(f->question) + 1))) {
+                    rc = KVT_ENOMEM;
+                    break;
+                }
+                memcpy(msg, k->single, keep);
+                strcpy(msg + keep, f->question);
+                if ((rc = kvt_session_open(eng, &sp, &s))) {
+                    app_fail(cmd, "cannot open the session", rc);
+                    free(msg);
+                    break;
+                }
+            }
+            rc = probe(cmd, eng, s, o, f, q == 0 ? k->single : msg, &row);
+            free(msg);
+            if (rc) break;
             fill_session_fields(s, &row);
             if (eval_add_row(res, &row)) {
                 free(row.reply);
@@ -434,7 +484,18 @@ int eval_run_case(const char *cmd, kvt_engine *eng, kvt_pool *pool, const struct
         }
     }
     struct kvt_session_stats st;
-    kvt_session_get_stats(s, &st);
+    memset(&st, 0, sizeof st);
+    if (s) kvt_session_get_stats(s, &st);
+    if (by_store) { /* the whole run: every query's session */
+        st.evictions += acc.evictions;
+        st.recoveries += acc.recoveries;
+        st.tokens_decoded += acc.tokens_decoded;
+        st.tokens_recovered += acc.tokens_recovered;
+        st.store_tokens += acc.store_tokens;
+        st.policy_ms += acc.policy_ms;
+        st.decode_ms += acc.decode_ms;
+        if (acc.peak_resident_tokens > st.peak_resident_tokens) st.peak_resident_tokens = acc.peak_resident_tokens;
+    }
     o->el_frac[pi] = st.elastic_eligible ? (double) st.elastic_zero_eligible / (double) st.elastic_eligible : 0;
     struct eval_sess se = { pi,
                             k->index,
@@ -454,6 +515,7 @@ int eval_run_case(const char *cmd, kvt_engine *eng, kvt_pool *pool, const struct
                             st.codec_encode_ms,
                             st.codec_decode_ms };
     kvt_session_free(s);
+    kvt_store_free(store);
     if (eval_add_sess(res, &se)) rc = rc ? rc : KVT_ENOMEM;
 
     /* progress line */
@@ -496,6 +558,7 @@ int eval_run_case(const char *cmd, kvt_engine *eng, kvt_pool *pool, const struct
         }
         fprintf(stderr, "score %d/%d refs over %d quer%s, mean lp %.2f", hit, refs, n_rows, n_rows == 1 ? "y" : "ies",
                 n_rows ? lp / n_rows : 0.0);
+        if (by_store) fprintf(stderr, ", %lld tokens from the store", (long long) st.store_tokens);
         char *clean = n_rows ? app_utf8_clean(res->rows[first_row].reply ? res->rows[first_row].reply : "") : NULL;
         if (clean) {
             for (char *c = clean; *c; c++) *c = (*c == '\n' || *c == '\r' || *c == '\t') ? ' ' : *c;

@@ -46,6 +46,17 @@ run() {
 }
 for t in $TASKS; do run "gen-$t" "$t" --context 768 --budget 256 --cases 2 --seed 7; done
 for t in niah_multikey_1 vt; do run "fu-$t" "$t" --shape followup --context 2048 --budget 512 --cases 1 --seed 7; done
+# kvtier+store: every query a fresh session finding the context in the store
+if "$BIN" eval ruler niah_single_2 --shape followup --store -m "$TINY" --policies kvtier --threads 1 --max-tokens 4 \
+        --context 2048 --budget 512 --cases 1 --seed 7 --out "$TMP/store" >"$TMP/store.out" 2>"$TMP/store.err"; then
+    ok "eval ruler --shape followup --store ran"
+else
+    bad "eval ruler --shape followup --store exited with status $?"
+    tail -n 5 "$TMP/store.err"
+fi
+n_store=$(sed -n 's/.*policy kvtier+store: .*, \([0-9]*\) tokens from the store.*/\1/p' "$TMP/store.err")
+[ "${n_store:-0}" -ge 256 ] && ok "kvtier+store: queries 2-5 loaded $n_store tokens of the context from the store" \
+    || bad "kvtier+store loaded '${n_store}' tokens from the store: $(grep 'kvtier+store' "$TMP/store.err" | head -c 300)"
 run turns-niah niah_single_2 --shape turns --context 3072 --budget 1024 --chunk 640 --cases 1 --seed 7
 run again niah_multiquery --context 768 --budget 256 --cases 2 --seed 7
 run second niah_multiquery --context 768 --budget 256 --cases 1 --first-case 2 --seed 7
@@ -133,6 +144,9 @@ for task in ("niah_multikey_1", "vt"):
         text = c["messages"][0]
         res(all(all(v in text for v in r) for r in refs), "followup vt: every chain is in the context")
 
+d = load("store")
+res(d is not None and [(r["policy"], r["item"]) for r in d["rows"]] == [("kvtier", i) for i in range(5)] + [("kvtier+store", i) for i in range(5)],
+    "followup --store: kvtier and kvtier+store answer the same 5 queries")
 d = load("turns-niah")
 c = d and d["cases_detail"][0]
 res(d is not None and c["turns"] >= 3 and len(c["messages"]) == c["turns"] + 1
@@ -205,4 +219,5 @@ usage "--depths does not apply to ruler" ruler vt --depths 50
 usage "--shape applies to ruler only" niah --shape turns
 usage "--chunk applies to --shape turns only" ruler vt --chunk 256
 usage "unexpected argument 'vt'" niah vt
+usage "--store applies to ruler --shape followup only" ruler vt --store
 t_finish
