@@ -139,7 +139,7 @@ def llama_pass(a, out, paths, units, unit_file):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None, help="results directory (default results/ruler-<UTC time>; reuse one to resume)")
-    ap.add_argument("--models", default="smollm2,gemma")
+    ap.add_argument("--models", default="smollm2,gemma", help="smollm2, gemma (installed by scripts/bootstrap.sh) or NAME=PATH")
     ap.add_argument("--lengths", default=None, help="context lengths for every model (default: the issue's per model)")
     ap.add_argument("--shapes", default="prompt,turns,followup")
     ap.add_argument("--tasks", default="all")
@@ -147,6 +147,7 @@ def main():
     ap.add_argument("--ratio", type=int, default=4, help="budget = context / RATIO (default 4)")
     ap.add_argument("--policies", default=POLICIES)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=0, help="reply limit (default: kvtier eval ruler's per task)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--bin", default=os.path.join(ROOT, "build/kvtier"))
     ap.add_argument("--llama-server", action="store_true", help="also run llama-server at the budget and at full context")
@@ -156,15 +157,23 @@ def main():
     out = a.out or os.path.join(ROOT, "results", time.strftime("ruler-%Y%m%d-%H%M%S", time.gmtime()))
     os.makedirs(os.path.join(out, "units"), exist_ok=True)
     paths = env_models()
+    names = []
+    for spec in a.models.split(","):  # NAME, or NAME=PATH for any GGUF
+        name, _, path = spec.partition("=")
+        if path:
+            paths[name] = path
+            LENGTHS.setdefault(name, [2048, 4096, 8192])
+        names.append(name)
     tasks = TASKS if a.tasks == "all" else a.tasks.split(",")
     for t in tasks:
         if t not in TASKS:
             sys.exit(f"ruler_grid: unknown task '{t}' (known: {', '.join(TASKS)})")
     units = []
     for case in range(1, a.cases + 1):
-        for m in a.models.split(","):
+        for m in names:
             if m not in paths or not paths[m] or not os.path.isfile(paths[m]):
-                sys.exit(f"ruler_grid: model '{m}' is not installed (scripts/bootstrap.sh; known: smollm2, gemma)")
+                sys.exit(f"ruler_grid: model '{m}' is not installed (scripts/bootstrap.sh; known: smollm2, gemma, "
+                         "or NAME=PATH)")
             lengths = [int(x) for x in a.lengths.split(",")] if a.lengths else LENGTHS[m]
             for L in lengths:
                 for shape in a.shapes.split(","):
@@ -176,11 +185,13 @@ def main():
         m, L, shape, t, case = u
         return os.path.join(out, "units", f"{m}-{L}-{shape}-{t}-{case:03d}.json")
     todo = [] if a.no_kvtier else [u for u in units if not os.path.exists(unit_file(u))]
-    print(f"ruler_grid: {len(units)} units, {len(units) - len(todo)} done, {len(todo)} to run; results in {out}", flush=True)
+    n_done = sum(1 for u in units if os.path.exists(unit_file(u)))
+    print(f"ruler_grid: {len(units)} units, {n_done} done, {len(todo)} to run"
+          + (" (--no-kvtier: the llama-server pass only)" if a.no_kvtier else "") + f"; results in {out}", flush=True)
     if a.dry_run:
         return 0
     with open(os.path.join(out, "grid.json"), "w") as f:
-        json.dump({"models": {m: paths.get(m) for m in a.models.split(",")}, "cases": a.cases, "ratio": a.ratio,
+        json.dump({"models": {m: paths.get(m) for m in names}, "cases": a.cases, "ratio": a.ratio,
                    "policies": a.policies, "shapes": a.shapes, "tasks": tasks, "seed": a.seed, "threads": a.threads}, f, indent=1)
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
     t_start = time.time()
@@ -192,7 +203,7 @@ def main():
         os.makedirs(tmp)
         cmd = [a.bin, "eval", "ruler", t, "--shape", shape, "-m", paths[m], "--context", str(L), "--budget", str(L // a.ratio),
                "--cases", "1", "--first-case", str(case), "--seed", str(a.seed), "--policies", a.policies,
-               "--threads", str(a.threads), "--out", tmp] + (["--store"] if shape == "followup" and "kvtier" in a.policies else [])
+               "--threads", str(a.threads), "--out", tmp] + (["--max-tokens", str(a.max_tokens)] if a.max_tokens else []) + (["--store"] if shape == "followup" and "kvtier" in a.policies else [])
         t0 = time.time()
         p = subprocess.run(cmd, capture_output=True, text=True, env=env)
         dt = time.time() - t0

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# cli_ruler_grid — bench/ruler_grid.py, the unattended RULER grid, is resumable: on the tiny model
+# (its answers do not matter), a grid of 2 tasks x 2 cases x 2 shapes is killed (SIGKILL, the
+# runner and its kvtier) once its first unit is done; started again with the same directory it
+# runs only what is missing (the done units' files are not rewritten, the killed unit runs again),
+# and ends with every unit.  Control: a fresh directory runs everything.  bench/ruler_tables.py
+# then prints every cell with 2 cases per task and the follow-up curve.
+set -u
+. "$(dirname "$0")/lib.sh"
+t_need_essays
+BIN=${KVTIER_BIN:?KVTIER_BIN is not set}
+TINY=${KVT_TINY_DIR:?KVT_TINY_DIR is not set}/tiny-llama.gguf
+t_init cli-ruler-grid
+SRC=${KVT_SOURCE_DIR:?KVT_SOURCE_DIR is not set}
+GRID=(python3 "$SRC/bench/ruler_grid.py" --bin "$BIN" --models "tiny=$TINY" --lengths 2048 --shapes prompt,followup
+      --tasks niah_single_1,niah_single_2 --cases 2 --policies no_eviction,kvtier --threads 1 --max-tokens 4)
+OUT=$TMP/grid
+
+setsid "${GRID[@]}" --out "$OUT" >"$TMP/first.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 600); do
+    [ -n "$(ls "$OUT/units" 2>/dev/null)" ] && break
+    kill -0 $pid 2>/dev/null || break
+    sleep 0.2
+done
+kill -9 -- -$pid 2>/dev/null
+wait $pid 2>/dev/null
+done1=$(ls "$OUT/units" | grep -c '\.json$')
+[ "$done1" -ge 1 ] && [ "$done1" -lt 8 ] && ok "killed after $done1 of 8 units" || bad "killed with $done1 units done ($(tail -3 "$TMP/first.log"))"
+(cd "$OUT/units" && stat -c '%n %y %s' -- *.json) >"$TMP/before.txt"
+if "${GRID[@]}" --out "$OUT" >"$TMP/second.log" 2>&1; then ok "the second run ended with status 0"; else bad "second run: status $? ($(tail -3 "$TMP/second.log"))"; fi
+head -1 "$TMP/second.log" | sed 's/^/     /'
+grep -q "8 units, $done1 done, $((8 - done1)) to run" "$TMP/second.log" && ok "it resumed: $((8 - done1)) units to run" \
+    || bad "the second run did not resume where the first stopped: $(head -1 "$TMP/second.log")"
+n=$(ls "$OUT/units" | grep -c '\.json$')
+[ "$n" = 8 ] && ok "all 8 units done" || bad "$n units done"
+unchanged=1
+while read -r line; do
+    grep -qxF -- "$line" <(cd "$OUT/units" && stat -c '%n %y %s' -- *.json) || unchanged=0
+done <"$TMP/before.txt"
+[ $unchanged = 1 ] && ok "the units done before the kill were not run again" || bad "a unit done before the kill was rewritten"
+[ -d "$OUT/running" ] && bad "the scratch directory is left behind" || ok "no scratch directory left"
+
+"${GRID[@]}" --out "$TMP/fresh" --dry-run >"$TMP/dry.log" 2>&1
+grep -q "8 units, 0 done, 8 to run" "$TMP/dry.log" && ok "control: a fresh directory has everything to run" || bad "control: $(cat "$TMP/dry.log")"
+
+if python3 "$SRC/bench/ruler_tables.py" "$OUT" --plot "$TMP/fu.png" >"$TMP/tables.txt" 2>&1; then ok "ruler_tables.py ran"; else bad "ruler_tables.py: $(tail -3 "$TMP/tables.txt")"; fi
+grep -c "^| niah_single_1 \|^| niah_single_2 " "$TMP/tables.txt" | grep -qx 4 && ok "both tasks in both shapes' tables" || bad "tables: $(head -30 "$TMP/tables.txt")"
+grep -q "shape prompt (2-2 cases per task)" "$TMP/tables.txt" && grep -q "shape followup (2-2 cases per task)" "$TMP/tables.txt" \
+    && ok "2 cases per task in each shape" || bad "cases per task: $(grep '^## ' "$TMP/tables.txt")"
+grep -q "^| kvtier+store |" "$TMP/tables.txt" && ok "the follow-up curve has kvtier+store" || bad "no kvtier+store row in the follow-up curve"
+if command -v gnuplot >/dev/null 2>&1; then
+    [ -s "$TMP/fu.png" ] && ok "the follow-up plot was written" || bad "no follow-up plot"
+fi
+t_finish
