@@ -90,9 +90,14 @@ def main():
                                                  "dlp": dlp}
                 cells_txt.append((f"{k / n:.2f} [{lo:.2f}, {hi:.2f}]" + (f" ({dlp:+.1f})" if d else "")) if n else "-")
             print(f"| {t} | " + " | ".join(cells_txt) + " |")
-        mean = {m: sum(per_task[t][m]["score"] for t in per_task) / len(per_task) for m in methods}
-        mdlp = {m: sum(per_task[t][m]["dlp"] for t in per_task) / len(per_task) for m in methods}
+        def avg(m, key):  # over the tasks the method ran (llama-server's pass may be behind)
+            v = [per_task[t][m][key] for t in per_task if per_task[t][m]["n"] and per_task[t][m][key] == per_task[t][m][key]]
+            return sum(v) / len(v) if v else float("nan")
+        mean = {m: avg(m, "score") for m in methods}
+        mdlp = {m: avg(m, "dlp") for m in methods}
+        n_tasks = {m: sum(1 for t in per_task if per_task[t][m]["n"]) for m in methods}
         print("| **mean over tasks** | " + " | ".join(f"**{mean[m]:.3f}**" + (f" ({mdlp[m]:+.1f})" if mdlp[m] == mdlp[m] else "")
+                                                    + (f" ({n_tasks[m]} tasks)" if n_tasks[m] < len(per_task) else "")
                                                     for m in methods) + " |")
         print("\nscore [Wilson 95 % over references] (mean paired log-probability of the reference answer minus "
               "no_eviction's, nats)\n")
