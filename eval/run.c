@@ -371,6 +371,18 @@ static int run_ppl(const char *cmd, kvt_engine *eng, kvt_session *s, const struc
     return rc;
 }
 
+/* +store: the counts of the queries' sessions added up (peak: the largest). */
+static void stats_add(struct kvt_session_stats *into, const struct kvt_session_stats *from) {
+    into->evictions += from->evictions;
+    into->recoveries += from->recoveries;
+    into->tokens_decoded += from->tokens_decoded;
+    into->tokens_recovered += from->tokens_recovered;
+    into->store_tokens += from->store_tokens;
+    into->policy_ms += from->policy_ms;
+    into->decode_ms += from->decode_ms;
+    if (from->peak_resident_tokens > into->peak_resident_tokens) into->peak_resident_tokens = from->peak_resident_tokens;
+}
+
 int eval_run_case(const char *cmd, kvt_engine *eng, kvt_pool *pool, const struct eval_opts *o, int32_t pi,
                   const struct eval_case *k, struct eval_ref *ref, struct eval_results *res) {
     const int32_t policy = o->policies[pi];
@@ -449,14 +461,7 @@ int eval_run_case(const char *cmd, kvt_engine *eng, kvt_pool *pool, const struct
             if (by_store && q > 0) { /* the same context, this query at its end, in a new session */
                 struct kvt_session_stats one;
                 kvt_session_get_stats(s, &one);
-                acc.evictions += one.evictions;
-                acc.recoveries += one.recoveries;
-                acc.tokens_decoded += one.tokens_decoded;
-                acc.tokens_recovered += one.tokens_recovered;
-                acc.store_tokens += one.store_tokens;
-                acc.policy_ms += one.policy_ms;
-                acc.decode_ms += one.decode_ms;
-                if (one.peak_resident_tokens > acc.peak_resident_tokens) acc.peak_resident_tokens = one.peak_resident_tokens;
+                stats_add(&acc, &one);
                 kvt_session_free(s);
                 s = NULL;
                 const char *q0 = k->facts[k->probe_order[0]].question;
@@ -486,16 +491,7 @@ int eval_run_case(const char *cmd, kvt_engine *eng, kvt_pool *pool, const struct
     struct kvt_session_stats st;
     memset(&st, 0, sizeof st);
     if (s) kvt_session_get_stats(s, &st);
-    if (by_store) { /* the whole run: every query's session */
-        st.evictions += acc.evictions;
-        st.recoveries += acc.recoveries;
-        st.tokens_decoded += acc.tokens_decoded;
-        st.tokens_recovered += acc.tokens_recovered;
-        st.store_tokens += acc.store_tokens;
-        st.policy_ms += acc.policy_ms;
-        st.decode_ms += acc.decode_ms;
-        if (acc.peak_resident_tokens > st.peak_resident_tokens) st.peak_resident_tokens = acc.peak_resident_tokens;
-    }
+    if (by_store) stats_add(&st, &acc); /* the whole run: every query's session */
     o->el_frac[pi] = st.elastic_eligible ? (double) st.elastic_zero_eligible / (double) st.elastic_eligible : 0;
     struct eval_sess se = { pi,
                             k->index,
