@@ -24,6 +24,9 @@ import subprocess
 import sys
 
 
+COLORS = ["#000000", "#e69f00", "#56b4e9", "#009e73", "#f0e442", "#0072b2", "#d55e00", "#cc79a7", "#999999", "#7f3fbf"]
+
+
 def wilson(k, n, z=1.96):
     if n == 0:
         return 0.0, 1.0
@@ -141,7 +144,7 @@ def main():
                   "set xlabel 'query index (1 = asked with the context)'\nset ylabel 'score (string_match_all)'\n"
                   "set xrange [0.7:5.3]\nset yrange [0:1.05]\nset grid ytics\nset key outside right\nset xtics 1\n"
                   "plot " + ", ".join(f"$d using ($1+{(i - len(names) / 2) * 0.04:.2f}):{2 + 3 * i}:{3 + 3 * i}:{4 + 3 * i} "
-                                      f"with yerrorlines lw 2 title '{n}'" for i, n in enumerate(names)) + "\n")
+                                      f"with yerrorlines lw 2 lc rgb '{COLORS[i % len(COLORS)]}' title '{n}'" for i, n in enumerate(names)) + "\n")
             r = subprocess.run(["gnuplot"], input=gp, text=True, capture_output=True)
             print(f"plot: {a.plot}" if r.returncode == 0 else f"plot failed: {r.stderr}")
     if a.json:
