@@ -274,7 +274,10 @@ static int build_niah(kvt_engine *eng, struct eval_corpus *c, const struct spec 
              vn, vn);
     /* keys and values: group g holds keys [g*n_k, (g+1)*n_k), the first n_q of them queried */
     const int32_t n_keys = n_groups * sp->n_k, n_needles = n_keys * sp->n_v;
-    char(*used)[40] = calloc((size_t) (n_keys + n_needles) + 2048, sizeof *used);
+    /* every key and value drawn: the case's, and for HAY_NEEDLE two per distractor needle (each
+    ** at least 8 tokens: "One of the special magic numbers for" alone is more) */
+    const int32_t cap_used = n_keys + n_needles + (sp->hay == HAY_NEEDLE ? 2 * (target / 8 + 1) : 0) + 2;
+    char(*used)[40] = calloc((size_t) cap_used, sizeof *used);
     struct eval_piece *st = calloc((size_t) n_needles, sizeof *st);
     if (!used || !st) {
         free(used);
@@ -313,7 +316,7 @@ static int build_niah(kvt_engine *eng, struct eval_corpus *c, const struct spec 
     } else { /* HAY_NEEDLE: needles with other keys */
         snprintf(k->essays, sizeof k->essays, "(needles)");
         while (b->ps.tok < fill) {
-            if (n_used + 2 >= n_keys + n_needles + 2048) break; /* ample for 64k tokens */
+            if (n_used + 2 > cap_used) break; /* unreachable: needles are longer than 8 tokens */
             draw(&hr, c, sp->key, used[n_used], sizeof used[0], used, n_used);
             n_used++;
             draw(&hr, c, sp->val, used[n_used], sizeof used[0], used, n_used);
