@@ -1,7 +1,8 @@
 /*
  * cpu_probe: does this CPU *and* this OS let a process execute an ISA extension?
  *
- *   cpu_probe [NAME ...]      (no NAME: every probe below; "ud2" is the control, always fails)
+ *   cpu_probe [NAME ...]      (no NAME: every probe below; "ud2" on x86-64 and "udf" on AArch64
+ *                              are the controls, which always fail)
  *
  * For each NAME prints one line "NAME ok" or "NAME fail (why)" and exits 0 (2 on an unknown
  * NAME). Each probe runs in a child process, so an instruction that traps (SIGILL, or SIGSEGV
@@ -17,6 +18,11 @@
  * Built and run by scripts/bootstrap.sh with the host compiler and no -m flags: the instructions
  * are inline assembly (binutils knows them all), so the probe itself runs on any x86-64.
  *
+ * AArch64 (a native ARM build, or the cross build run under qemu-aarch64 -cpu MODEL): dotprod,
+ * fp16, i8mm, bf16, sve, sve2, sme. There a probe passes when the kernel's HWCAP/HWCAP2 lists the
+ * extension (what ggml's run-time checks read) *and* one of its instructions executes; "fail
+ * (not in the kernel's HWCAP)" names the first condition, "fail (Illegal instruction)" the second.
+ *
  * One probe tests the compiler, not the CPU: amx_cc configures a tile through the compiler's own
  * intrinsics (<immintrin.h>, as ggml's AMX kernels do, amx/mmq.cpp ggml_tile_config_init) and
  * uses it. GCC 12's _tile_loadconfig declares an 8-byte memory operand, so at -O1 and above the
@@ -30,14 +36,78 @@
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#if !defined(__x86_64__)
+#if defined(__aarch64__)
+#include <sys/auxv.h>
+
+/* AArch64: what ggml's ARM kernels use (ggml-cpu/CMakeLists.txt, its feature checks and its
+ * GGML_CPU_ALL_VARIANTS table). Each probe first reads the kernel's HWCAP/HWCAP2 bit, as ggml's
+ * run-time variant selection does (ggml-cpu/arch/arm/cpu-feats.cpp), then executes one
+ * instruction of the extension. The instructions are written as .inst words so that the probe
+ * builds with any -march (the cross compiler's default is armv8-a). */
+#define HW1(bit) ((getauxval(AT_HWCAP) & (1UL << (bit))) != 0)
+#define HW2(bit) ((getauxval(AT_HWCAP2) & (1UL << (bit))) != 0)
+static void need(int listed) {
+    /* CPU_PROBE_IGNORE_HWCAP=1 executes the instruction even where HWCAP does not list it: the
+     * control that the instruction itself traps (tests/cli/cli_cpu_probe.sh, under qemu) */
+    const char *e = getenv("CPU_PROBE_IGNORE_HWCAP");
+    if (!listed && !(e && *e == '1')) _exit(5); /* the kernel does not offer it to this process */
+}
+/* sdot v0.4s, v1.16b, v2.16b */
+static void p_dotprod(void) {
+    need(HW1(20));
+    __asm__ volatile(".inst 0x4e829420" ::: "v0");
+}
+/* fadd v0.8h, v1.8h, v2.8h (FEAT_FP16: half-precision vector arithmetic) */
+static void p_fp16(void) {
+    need(HW1(10));
+    __asm__ volatile(".inst 0x4e421420" ::: "v0");
+}
+/* smmla v0.4s, v1.16b, v2.16b */
+static void p_i8mm(void) {
+    need(HW2(13));
+    __asm__ volatile(".inst 0x4e82a420" ::: "v0");
+}
+/* bfmmla v0.4s, v1.8h, v2.8h */
+static void p_bf16(void) {
+    need(HW2(14));
+    __asm__ volatile(".inst 0x6e42ec20" ::: "v0");
+}
+/* add z0.b, z1.b, z2.b */
+static void p_sve(void) {
+    need(HW1(22));
+    __asm__ volatile(".inst 0x04220020" ::: "v0");
+}
+/* eor3 z0.d, z0.d, z1.d, z2.d */
+static void p_sve2(void) {
+    need(HW2(1));
+    __asm__ volatile(".inst 0x04213840" ::: "v0");
+}
+/* smstart; smstop (streaming mode and ZA on, then off) */
+static void p_sme(void) {
+    need(HW2(23));
+    __asm__ volatile(".inst 0xd503477f\n\t.inst 0xd503467f" ::: "memory");
+}
+/* The control: udf #0 traps on every CPU (tests/cli/cli_cpu_probe.sh expects "udf fail"). */
+static void p_udf(void) { __asm__ volatile(".inst 0x00000000"); }
+
+static const struct probe {
+    const char *name;
+    void (*run)(void);
+} probes[] = {
+    { "dotprod", p_dotprod }, { "fp16", p_fp16 }, { "i8mm", p_i8mm }, { "bf16", p_bf16 },
+    { "sve", p_sve },         { "sve2", p_sve2 }, { "sme", p_sme },   { "udf", p_udf },
+};
+
+#elif !defined(__x86_64__)
 int main(void) {
-    puts("cpu_probe: not x86-64, nothing to probe");
+    puts("cpu_probe: neither x86-64 nor AArch64, nothing to probe");
     return 0;
 }
 #else
@@ -153,6 +223,9 @@ static const struct probe {
     { "amx_cc", p_amx_cc },
     { "ud2", p_ud2 },
 };
+#endif
+
+#if defined(__x86_64__) || defined(__aarch64__)
 #define N_PROBES (sizeof probes / sizeof probes[0])
 
 static int run_probe(const struct probe *p) {
@@ -163,6 +236,8 @@ static int run_probe(const struct probe *p) {
         return 1;
     }
     if (pid == 0) {
+        struct rlimit no_core = { 0, 0 }; /* a trap is an answer, not a crash: no core file */
+        setrlimit(RLIMIT_CORE, &no_core);
         alarm(5);
         p->run();
         _exit(0);
@@ -173,11 +248,14 @@ static int run_probe(const struct probe *p) {
     if (WIFEXITED(st) && WEXITSTATUS(st) == 0) printf("%s ok\n", p->name);
     else if (WIFEXITED(st) && WEXITSTATUS(st) == 3) printf("%s fail (arch_prctl refused the tile data permission)\n", p->name);
     else if (WIFEXITED(st) && WEXITSTATUS(st) == 4) printf("%s fail (the compiler has no AMX intrinsics)\n", p->name);
+    else if (WIFEXITED(st) && WEXITSTATUS(st) == 5) printf("%s fail (not in the kernel's HWCAP)\n", p->name);
+#if defined(__x86_64__)
     else if (p->run == p_amx_cc && WIFSIGNALED(st) && (WTERMSIG(st) == SIGILL || WTERMSIG(st) == SIGSEGV))
         /* SIGILL: a tile without rows; SIGSEGV: ldtilecfg of stack bytes never stored (#GP);
         ** which one depends on the stack's old bytes, so the line names neither */
         printf("%s fail (a tile configured through the compiler's _tile_loadconfig traps: it drops the config's stores)\n",
                p->name);
+#endif
     else if (WIFSIGNALED(st)) printf("%s fail (%s)\n", p->name, strsignal(WTERMSIG(st)));
     else printf("%s fail (exit %d)\n", p->name, WEXITSTATUS(st));
     return 0;

@@ -6,6 +6,9 @@
 #   2. scripts/bootstrap.sh cpu: KVTIER_PROBE_FAIL compiles the named extension out (-mno-...),
 #      the compiler then defines none of its macros, and the cache key changes with it (a cache
 #      moved to a CPU with other features is rebuilt, not run).
+#   4. Where the ARM64 cross tools are installed: the AArch64 probe under qemu-aarch64 (-cpu max
+#      passes all, cortex-a53 fails all through HWCAP, the instructions trap when HWCAP is
+#      ignored) and the bootstrap's ARM64 -march and cache key for each.
 #   3. The libggml-cpu this suite runs on ($LLAMA_PREFIX) holds what its cpu.txt line says: no
 #      AMX tile instruction unless AMX was kept, no zmm register unless AVX-512 was kept, and
 #      (the check's own control) zmm registers when AVX-512 *was* kept.
@@ -127,6 +130,45 @@ else
     else
         [ "$zmm" -eq 0 ] && ok "AVX-512 not kept: no zmm register in libggml-cpu" || bad "AVX-512 not kept but $LIB has $zmm zmm instructions"
     fi
+fi
+
+# --- 4. the AArch64 probe, under qemu-aarch64 (where `KVTIER_ARCH=arm64 scripts/bootstrap.sh deps`
+#        installed the cross compiler and qemu-user; docs/PLATFORMS.md) --------------------------
+if command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64-static >/dev/null &&
+    [ -e /lib/ld-linux-aarch64.so.1 ]; then
+    if aarch64-linux-gnu-gcc -std=c11 -O2 -Wall -Wextra -Werror -o "$TMP/probe_a64" "$SRC/scripts/cpu_probe.c" 2>"$TMP/cc64.err"; then
+        ok "cpu_probe.c cross-builds for aarch64 warning-free"
+        qa() { qemu-aarch64-static -cpu "$1" "$TMP/probe_a64" 2>/dev/null; }
+        hi=$(qa max); lo=$(qa cortex-a53); n1=$(qa neoverse-n1)
+        echo "max: $(tr '\n' ' ' <<<"$hi")"; echo "cortex-a53: $(tr '\n' ' ' <<<"$lo")"
+        [ "$(grep -c ' ok$' <<<"$hi")" -eq 7 ] && grep -qx 'udf fail (Illegal instruction)' <<<"$hi" \
+            && ok "-cpu max: the 7 extensions pass, the control udf traps" || bad "-cpu max: $hi"
+        [ "$(grep -c "fail (not in the kernel's HWCAP)" <<<"$lo")" -eq 7 ] \
+            && ok "-cpu cortex-a53 (ARMv8.0): all 7 fail, not in HWCAP" || bad "-cpu cortex-a53: $lo"
+        grep -qx 'dotprod ok' <<<"$n1" && grep -qx "i8mm fail (not in the kernel's HWCAP)" <<<"$n1" \
+            && ok "-cpu neoverse-n1 (ARMv8.2): dotprod passes, i8mm fails" || bad "-cpu neoverse-n1: $n1"
+        # the instructions themselves, HWCAP ignored: they trap on the CPU that lacks them
+        ig=$(CPU_PROBE_IGNORE_HWCAP=1 qemu-aarch64-static -cpu cortex-a53 "$TMP/probe_a64" dotprod i8mm 2>/dev/null)
+        [ "$(grep -c 'fail (Illegal instruction)' <<<"$ig")" -eq 2 ] \
+            && ok "control: dotprod and i8mm executed on cortex-a53 trap (SIGILL)" || bad "HWCAP ignored on cortex-a53: $ig"
+        # the bootstrap's ARM64 line and key: what fails is compiled out, -march follows ggml's table
+        a64() { KVTIER_ARCH=arm64 KVTIER_ARM64_CPU=$1 KVTIER_PROBE_FAIL=${2:-} bash "$SRC/scripts/bootstrap.sh" cpu 2>&1; }
+        o_hi=$(a64 max); o_lo=$(a64 cortex-a53); o_f=$(a64 max i8mm)
+        echo "$(head -1 <<<"$o_hi")"; echo "$(head -1 <<<"$o_lo")"
+        grep -qx 'LLAMA_CFLAGS=-march=armv8.6-a+dotprod+fp16+i8mm' <<<"$o_hi" && ok "-cpu max: -march=armv8.6-a+dotprod+fp16+i8mm" \
+            || bad "-cpu max: $(grep LLAMA_CFLAGS <<<"$o_hi")"
+        grep -qx 'LLAMA_CFLAGS=-march=armv8-a' <<<"$o_lo" && grep -q 'compiled out: dotprod(' <<<"$o_lo" \
+            && ok "-cpu cortex-a53: everything compiled out, -march=armv8-a" || bad "-cpu cortex-a53: $o_lo"
+        grep -qx 'LLAMA_CFLAGS=-march=armv8.2-a+dotprod+fp16' <<<"$o_f" && grep -q 'i8mm(KVTIER_PROBE_FAIL)' <<<"$o_f" \
+            && ok "KVTIER_PROBE_FAIL=i8mm: -march=armv8.2-a+dotprod+fp16" || bad "KVTIER_PROBE_FAIL=i8mm: $o_f"
+        k_hi=$(sed -n 's/^CPU_KEY=//p' <<<"$o_hi"); k_lo=$(sed -n 's/^CPU_KEY=//p' <<<"$o_lo")
+        [ -n "$k_hi" ] && [ "$k_hi" != "$k_lo" ] && [ "$k_hi" != "$key0" ] && ok "each ARM64 target its own cache key ($k_hi, $k_lo)" \
+            || bad "ARM64 keys: '$k_hi' '$k_lo' (x86: $key0)"
+    else
+        bad "cpu_probe.c does not cross-build for aarch64"; cat "$TMP/cc64.err"
+    fi
+else
+    echo "(no aarch64 cross compiler or qemu-user here: the AArch64 probe is checked by make test-arm64)"
 fi
 
 t_finish
