@@ -17,7 +17,7 @@ BUILD      ?= build-$(KVTIER_BACKEND)
 BUILD_ASAN ?= build-$(KVTIER_BACKEND)-asan
 endif
 
-.PHONY: all build build-asan test test-isa demo serve bench clean setup fuzz format docs
+.PHONY: all build build-asan build-arm64 test test-isa test-arm64 demo serve bench clean setup fuzz format docs
 all: build
 
 setup:
@@ -46,6 +46,27 @@ test: build build-asan
 ISA_OFF ?= avx512
 test-isa:
 	@KVTIER_PROBE_FAIL=$(ISA_OFF) $(MAKE) --no-print-directory test BUILD=build-isa BUILD_ASAN=build-isa-asan
+
+# ARM64 under emulation on an x86-64 machine (docs/PLATFORMS.md): llama.cpp and kvtier
+# cross-built for aarch64 (KVTIER_ARCH=arm64: Debian's cross toolchain, arm64 libraries through
+# multiarch, the probe run under qemu-aarch64 -cpu $(ARM64_CPU)) into $(BUILD_ARM64); then
+# tests/arm64/run.sh: the unit tests, the primitives' exactness on both models, the store and
+# codec tests and the live demo under qemu; the probe's fallback on $(ARM64_CPU_LOW) (a build
+# without the extensions, its own tree); a block store written by each architecture read by the
+# other (files and Redis). ARM64_CPU: a qemu -cpu model (`qemu-aarch64-static -cpu help`).
+ARM64_CPU     ?= max
+ARM64_CPU_LOW ?= cortex-a53
+BUILD_ARM64   ?= build-arm64
+build-arm64:
+	@KVTIER_ARCH=arm64 KVTIER_ARM64_CPU=$(ARM64_CPU) $(BOOT) all
+	@eval "$$(KVTIER_ARCH=arm64 KVTIER_ARM64_CPU=$(ARM64_CPU) $(BOOT) env)"; \
+	cmake -S . -B $(BUILD_ARM64) -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake \
+	  "-DCMAKE_CROSSCOMPILING_EMULATOR=qemu-aarch64-static;-cpu;$(ARM64_CPU)" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DLLAMA_PREFIX="$$LLAMA_PREFIX" -DKVTIER_MODEL="$$KVTIER_MODEL" -DKVTIER_CHAT_MODEL="$$KVTIER_CHAT_MODEL" >/dev/null && \
+	cmake --build $(BUILD_ARM64) -j $(JOBS)
+
+test-arm64: build-arm64 build
+	@ARM64_CPU=$(ARM64_CPU) ARM64_CPU_LOW=$(ARM64_CPU_LOW) tests/arm64/run.sh $(BUILD_ARM64) $(BUILD)
 
 # Two models, budget 512 each, kv_restore then discard as the contrast:
 #   1. Gemma 3 270M (base model): the replayed conversation, only the probe's reply generated;
@@ -97,4 +118,4 @@ format:
 	git ls-files '*.c' '*.h' '*.cpp' | xargs clang-format -i
 
 clean:
-	rm -rf build build-asan build-isa build-isa-asan build-fuzz build-vulkan build-vulkan-asan build-cuda build-cuda-asan
+	rm -rf build build-asan build-arm64 build-arm64-low build-isa build-isa-asan build-fuzz build-vulkan build-vulkan-asan build-cuda build-cuda-asan

@@ -32,6 +32,17 @@
 #   cuda   - ggml-cuda with NVIDIA's toolchain from PyPI (nvcc, the runtime, cuBLAS, CCCL; pinned
 #            wheels checked against their sha256), for CUDA_ARCHS (default 89: Ada; "86;89;90").
 #            Compiles without a GPU; runs where a driver and a GPU are present. Not in `make test`.
+# ARM64 (KVTIER_ARCH=arm64 on an x86-64 machine: `make build-arm64`, `make test-arm64`). llama.cpp
+# and kvtier cross-built for aarch64 with Debian's cross toolchain (gcc-aarch64-linux-gnu), the
+# arm64 -dev packages through multiarch (dpkg --add-architecture arm64) and qemu-user-static to
+# run them; llama.cpp in its own prefix (a key "arm64-<march>-<hash>"). The target is a feature
+# list, KVTIER_ARM64_FEATURES (default dotprod,fp16,i8mm; also sve, sve2): each is executed by
+# scripts/cpu_probe.c under qemu-aarch64 -cpu KVTIER_ARM64_CPU (default max) first, one that
+# fails is left out, and -march is made from what is kept by ggml's own ARM variant table
+# (armv8-a; armv8.2-a with dotprod, fp16 or sve; armv8.6-a with i8mm or sve2), so a build for a
+# CPU without the extensions is a plain ARMv8.0 build. On an AArch64 machine (KVTIER_ARCH unset)
+# the request is what -mcpu=native would use, probed the same way without qemu.
+#
 # Prints what it does; prints the final paths as KEY=VALUE lines on stdout with `env`.
 #
 # CPU features. ggml is built with -march=native (GGML_NATIVE), which follows cpuid; cpuid says
@@ -48,7 +59,7 @@
 #   KVTIER_PROBE_FAIL=amx,avx512   treat these probes as failed (a name matches that probe and
 #                                  every probe "NAME_*"): the extension is compiled out exactly
 #                                  as on a CPU or OS that refuses it. KVTIER_PROBE_FAIL=avx512
-#                                  is the suite's lower-ISA check (README, "Any CPU").
+#                                  is the suite's lower-ISA check (docs/PLATFORMS.md, "x86-64 CPUs").
 #   KVTIER_LLAMA_PORTABLE=1        a portable llama.cpp instead of a native one: no -march=native,
 #                                  the CPU backend built once per x86-64 level
 #                                  (GGML_BACKEND_DL + GGML_CPU_ALL_VARIANTS) and the best one the
@@ -93,6 +104,33 @@ SUITE_VENV=$CACHE/suite-venv             # llama.cpp's server test suite's requi
 # --- GPU backends (see the header) --------------------------------------------
 KVTIER_BACKEND=${KVTIER_BACKEND:-cpu}
 case "$KVTIER_BACKEND" in cpu|vulkan|cuda) ;; *) printf '[bootstrap] error: KVTIER_BACKEND=%s: use cpu, vulkan or cuda\n' "$KVTIER_BACKEND" >&2; exit 2 ;; esac
+# --- ARM64 (see the header) -----------------------------------------------------
+HOST_ARCH=$(uname -m)
+KVTIER_ARCH=${KVTIER_ARCH:-native}
+case "$KVTIER_ARCH" in native|arm64) ;; *) printf '[bootstrap] error: KVTIER_ARCH=%s: use native or arm64\n' "$KVTIER_ARCH" >&2; exit 2 ;; esac
+[ "$KVTIER_ARCH" = arm64 ] && [ "$HOST_ARCH" = aarch64 ] && KVTIER_ARCH=native   # on ARM itself: a native build
+ARM64_CROSS=0; [ "$KVTIER_ARCH" = arm64 ] && ARM64_CROSS=1
+KVTIER_ARM64_FEATURES=${KVTIER_ARM64_FEATURES:-dotprod,fp16,i8mm}
+KVTIER_ARM64_CPU=${KVTIER_ARM64_CPU:-max}
+ARM64_CC=aarch64-linux-gnu-gcc
+ARM64_TOOLCHAIN=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/cmake/aarch64-linux-gnu.cmake
+ARM64_QEMU=qemu-aarch64-static
+# the cross toolchain and emulator (amd64), and the libraries kvtier links, as arm64 packages
+ARM64_HOST_PACKAGES=(gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user-static)
+ARM64_LIB_PACKAGES=(libc6-dev libstdc++6 libgomp1 libcmocka-dev libjansson-dev libmicrohttpd-dev
+                    libssl-dev libsqlite3-dev libhiredis-dev libxxhash-dev)
+# probe | the macro the target defines when it uses it | the -march tag
+ARM64_FEATURES=(
+  "dotprod __ARM_FEATURE_DOTPROD                  dotprod"
+  "fp16    __ARM_FEATURE_FP16_VECTOR_ARITHMETIC   fp16"
+  "i8mm    __ARM_FEATURE_MATMUL_INT8              i8mm"
+  "sve     __ARM_FEATURE_SVE                      sve"
+  "sve2    __ARM_FEATURE_SVE2                     sve2"
+)
+# the qemu command an arm64 binary runs under here (the multiarch libraries are found in /lib,
+# as on the board: no -L sysroot, whose cross libc does not match the multiarch ld.so)
+arm64_run() { "$ARM64_QEMU" -cpu "$KVTIER_ARM64_CPU" "$@"; }
+
 VULKAN_DEB_PACKAGES=(mesa-vulkan-drivers libvulkan-dev glslc glslang-tools spirv-headers vulkan-tools)
 # Debian trixie's Vulkan and SPIR-V headers (only their include/ is used): package=version, the
 # .deb's file name, sha256.  Fetched by apt itself from the Debian mirror apt is configured with
@@ -136,12 +174,26 @@ pip_fetch() { # spec dest-dir [extra pip args]
 do_deps() {
   local missing=() want=("${DEB_PACKAGES[@]}")
   [ "$KVTIER_BACKEND" = vulkan ] && want+=("${VULKAN_DEB_PACKAGES[@]}")
+  local sudo=""; [ "$(id -u)" -ne 0 ] && sudo=sudo
+  if [ "$ARM64_CROSS" = 1 ]; then
+    if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+      say "deps: adding the arm64 architecture to dpkg (multiarch: arm64 libraries beside the amd64 ones)"
+      $sudo dpkg --add-architecture arm64
+      $sudo apt-get update -qq >&2
+    fi
+    local lp; want+=("${ARM64_HOST_PACKAGES[@]}")
+    for lp in "${ARM64_LIB_PACKAGES[@]}"; do want+=("$lp:arm64"); done
+  fi
+  # a package counts when installed for this machine's architecture (or "all"): with multiarch, a
+  # bare name also matches the arm64 copy alone, which the native build cannot use
+  local native p arch; native=$(dpkg --print-architecture)
   for p in "${want[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    arch=$native; [ "${p%:*}" != "$p" ] && arch=${p##*:}
+    dpkg-query -W -f='${Architecture} ${Status}\n' "$p" 2>/dev/null |
+      grep -qE "^($arch|all) install ok installed" || missing+=("$p")
   done
   if [ ${#missing[@]} -eq 0 ]; then say "deps: all ${#want[@]} Debian packages present"; return; fi
   say "deps: installing ${missing[*]}"
-  local sudo=""; [ "$(id -u)" -ne 0 ] && sudo=sudo
   $sudo apt-get update -qq >&2
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 }
@@ -177,8 +229,73 @@ probe_forced() { # probe name -> 0 when KVTIER_PROBE_FAIL names it
   return 1
 }
 
+# ggml's ARM variant table (ggml-cpu/CMakeLists.txt, GGML_CPU_ALL_VARIANTS): the -march for a
+# set of kept extensions, the lowest architecture version that has them all
+arm64_march() { # tag...
+  local base=armv8-a tags="" t
+  for t in "$@"; do
+    case "$t" in
+      dotprod|fp16|sve) [ "$base" = armv8-a ] && base=armv8.2-a ;;
+      i8mm|sve2) base=armv8.6-a ;;
+    esac
+    tags+="+$t"
+  done
+  echo "$base$tags"
+}
+
+# AArch64: the request (KVTIER_ARM64_FEATURES when cross-building; -mcpu=native's macros on an
+# ARM machine) probed by executing each extension (under qemu -cpu KVTIER_ARM64_CPU when cross)
+cpu_detect_arm64() {
+  local cc=$ARM64_CC run=arm64_run where="qemu-aarch64 -cpu $KVTIER_ARM64_CPU" ccver native_macros=""
+  if [ "$ARM64_CROSS" = 0 ]; then
+    cc=${CC:-cc}; run=""; where="this CPU"
+    native_macros=$("$cc" -mcpu=native -dM -E - </dev/null 2>/dev/null) || die "$cc -mcpu=native failed"
+  fi
+  command -v "$cc" >/dev/null || die "no $cc; run: KVTIER_ARCH=$KVTIER_ARCH scripts/bootstrap.sh deps"
+  [ "$ARM64_CROSS" = 0 ] || command -v "$ARM64_QEMU" >/dev/null || die "no $ARM64_QEMU; run: KVTIER_ARCH=arm64 scripts/bootstrap.sh deps"
+  ccver=$("$cc" --version | head -1)
+  local src probe probe_out
+  src=$(dirname "${BASH_SOURCE[0]}")/cpu_probe.c
+  probe=$CACHE/bin/cpu_probe-aarch64-$( { sha256sum "$src"; echo "$ccver -O2"; } | sha256sum | cut -c1-12)
+  if [ ! -x "$probe" ]; then
+    mkdir -p "$CACHE/bin"
+    "$cc" -std=c11 -O2 -o "$probe.tmp.$$" "$src" || die "could not build the CPU probe ($src) with $cc"
+    mv -f "$probe.tmp.$$" "$probe"
+  fi
+  probe_out=$($run "$probe" 2>/dev/null) || die "the CPU probe ($probe) failed to run on $where"
+  local kept=() out=() absent=() entry name macro tag res requested=",$KVTIER_ARM64_FEATURES,"
+  for entry in "${ARM64_FEATURES[@]}"; do
+    read -r name macro tag <<<"$entry"
+    if [ "$ARM64_CROSS" = 1 ]; then
+      [[ "$requested" == *",$name,"* ]] || { absent+=("$name"); continue; }
+    else
+      grep -q "^#define $macro " <<<"$native_macros" || { absent+=("$name"); continue; }
+    fi
+    if probe_forced "$name"; then out+=("$name(KVTIER_PROBE_FAIL)"); continue; fi
+    res=$(grep "^$name " <<<"$probe_out" | cut -d' ' -f2-)
+    if [ "${res%% *}" = ok ]; then kept+=("$tag"); else res=${res#fail }; res=${res#(}; out+=("$name(${res%)})"); fi
+  done
+  # sve2 is built on sve: without sve it goes too
+  if [[ " ${kept[*]} " == *" sve2 "* ]] && [[ " ${kept[*]} " != *" sve "* ]]; then
+    local k still=(); for k in "${kept[@]}"; do [ "$k" = sve2 ] && out+=("sve2(with a compiled-out one)") || still+=("$k"); done; kept=("${still[@]}")
+  fi
+  local march
+  march=$(arm64_march "${kept[@]}")
+  CPU_ISA_FLAGS="-march=$march"
+  [ -n "$(printf 'int x;\n' | "$cc" -x c $CPU_ISA_FLAGS -c -o /dev/null - 2>&1)" ] && die "$cc rejected $CPU_ISA_FLAGS"
+  CPU_KEY=arm64-${march//+/_}-$(printf '%s\n%s\n' "$ccver" "$CPU_ISA_FLAGS" | sha256sum | cut -c1-10)
+  CPU_LINE="cpu: aarch64: probed on $where the extensions the build would use;"
+  CPU_LINE+=" kept: ${kept[*]:-none}; compiled out: ${out[*]:-none}"
+  [ ${#absent[@]} -gt 0 ] && CPU_LINE+="; not in this build's target: ${absent[*]}"
+  CPU_LINE+="; -march=$march"
+  local names=("${out[@]%%(*}")
+  CPU_SUMMARY="aarch64 -march=$march, compiled out: ${names[*]:-none}"
+  return 0
+}
+
 cpu_detect() {
   [ -n "$CPU_KEY" ] && return 0
+  if [ "$ARM64_CROSS" = 1 ] || [ "$HOST_ARCH" = aarch64 ]; then cpu_detect_arm64; return; fi
   local cc=${CC:-cc} arch; arch=$(uname -m)
   local ccver; ccver=$("$cc" --version 2>/dev/null | head -1) || die "no C compiler ($cc); run: scripts/bootstrap.sh deps"
   if [ "${KVTIER_LLAMA_PORTABLE:-0}" = 1 ]; then
@@ -255,6 +372,12 @@ cpu_detect_quiet() {
 
 # cmake arguments shared by libllama and llama-server, so benchmarks compare like with like
 llama_cpu_cmake_args() {
+  if [ "$ARM64_CROSS" = 1 ] || [ "$HOST_ARCH" = aarch64 ]; then
+    # GGML_CPU_ARM_ARCH: ggml compiles its CPU code with exactly -march=$march (no -mcpu=native)
+    printf '%s\n' -DGGML_NATIVE=OFF "-DGGML_CPU_ARM_ARCH=${CPU_ISA_FLAGS#-march=}"
+    [ "$ARM64_CROSS" = 1 ] && printf '%s\n' "-DCMAKE_TOOLCHAIN_FILE=$ARM64_TOOLCHAIN"
+    return 0
+  fi
   if [ "${KVTIER_LLAMA_PORTABLE:-0}" = 1 ]; then
     printf '%s\n' -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON \
       "-DGGML_BACKEND_DIR=$LLAMA_PREFIX/lib/ggml-backends"
