@@ -35,7 +35,7 @@ t_py_checks() {
 bad() { fail=$((fail + 1)); echo "FAIL $*"; }
 
 t_need_essays() {
-    # the essays are the team's data, beside the repository (README), not installable
+    # the essays are the team's data, beside the repository (docs/TESTING.md), not installable
     ESSAYS=${KVT_SOURCE_DIR:?KVT_SOURCE_DIR is not set}/../shared/data/pg_essays
     if [ ! -d "$ESSAYS" ]; then
         echo "SKIP: $ESSAYS is not a directory (make test expects shared/ beside the repository)"

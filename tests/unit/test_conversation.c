@@ -914,7 +914,7 @@ static void test_chunked_prefill(void **state) {
 
 /* Park a session (its cells leave the cache, its blocks stay in the pool), let another session
 ** use the sequence, resume it on another sequence: the conversation continues with no token
-** recomputed and the same numbers up to the re-anchoring error (F32: ~1e-4 per logit, README). */
+** recomputed and the same numbers up to the re-anchoring error (F32: ~1e-4 per logit, docs/ARCHITECTURE.md "Exactness"). */
 static void test_park_resume(void **state) {
     (void) state;
     kvt_engine *e = open_tiny(2);
