@@ -27,7 +27,7 @@ t_need_chat_model
 command -v redis-server >/dev/null || { echo "SKIP: no redis-server"; exit 77; }
 t_init arm64-cross-store
 PID= RPID=
-trap '[ -n "$PID" ] && kill -KILL "$PID" 2>/dev/null; [ -n "$RPID" ] && kill -KILL "$RPID" 2>/dev/null; rm -rf "$TMP"' EXIT
+trap '{ [ -n "$PID" ] && kill -KILL "$PID"; [ -n "$RPID" ] && kill -KILL "$RPID" && wait "$RPID"; } 2>/dev/null; rm -rf "$TMP"' EXIT
 
 # a private redis-server on a free port, no persistence
 RPORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -43,16 +43,10 @@ serve() {
     $bin serve -m "$MODEL" --port 0 --threads 2 --budget 2048 -c 4096 --parallel 1 \
         --request-timeout-s 0 --redis-timeout-ms 5000 "$@" >/dev/null 2>"$TMP/$name.err" &
     PID=$!
-    PORT=
-    for _ in $(seq 1 1500); do
-        PORT=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$TMP/$name.err" | sed 's/.*://')
-        [ -n "$PORT" ] && return 0
-        kill -0 "$PID" 2>/dev/null || break
-        sleep 0.2
-    done
+    PORT=$(t_listening "$TMP/$name.err" "$PID" 300)
+    [ -n "$PORT" ] && return 0
     bad "$name: the server did not start: $(tail -3 "$TMP/$name.err")"
-    [ -n "${CROSS_STORE_KEEP:-}" ] && [ -d "$CROSS_STORE_KEEP" ] && cp "$TMP"/*.json "$TMP/findings" "$CROSS_STORE_KEEP"/ 2>/dev/null
-t_finish
+    t_finish
     exit 1
 }
 stop() {

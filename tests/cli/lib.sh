@@ -7,8 +7,8 @@
 #                        (reported as skipped: SKIP_RETURN_CODE in tests/CMakeLists.txt)
 #   t_need_chat_model    MODEL=$KVTIER_CHAT_MODEL (SmolLM2-135M-Instruct), or exit 77
 #   ok MSG / bad MSG     count and print one check
-#   t_listening ERR PID  the port a `kvtier serve` logs in file ERR once it listens (60 s at most;
-#                        empty when the process PID ended first)
+#   t_listening ERR PID [S]  the port a `kvtier serve` logs in file ERR once it listens (S seconds
+#                        at most, default 60; empty when the process PID ended first)
 #   t_py_checks OUT RC NAME  print a Python check script's output OUT (its "ok"/"FAIL" lines) and add
 #                        them to the counts; an exit status RC other than 0 without a FAIL line fails too
 #   t_finish             print the counts; the script's status is 0 only when nothing failed
@@ -58,7 +58,7 @@ t_finish() {
 
 t_listening() {
     local port=
-    for _ in $(seq 1 300); do
+    for _ in $(seq 1 $((${3:-60} * 5))); do
         port=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$1" 2>/dev/null | sed 's/.*://')
         [ -n "$port" ] && break
         kill -0 "$2" 2>/dev/null || break
