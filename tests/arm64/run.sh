@@ -5,7 +5,7 @@
 # Environment: ARM64_CPU (qemu -cpu model of BUILD_ARM64, default max), ARM64_CPU_LOW (one without
 # the kept extensions, default cortex-a53), BUILD_ARM64_LOW (default build-arm64-low), JOBS.
 #   1. the probe's line on ARM64_CPU and on ARM64_CPU_LOW (what is kept, what is compiled out);
-#   2. in BUILD_ARM64 under qemu -cpu ARM64_CPU: every unit test (the primitives' exactness on
+#   2. in BUILD_ARM64 under qemu -cpu ARM64_CPU, JOBS tests at a time: every unit test (the primitives' exactness on
 #      the tiny models and on both reference models among them, the store's and the codecs'),
 #      the store and codec command-line tests, and the live demo (cli_demo_live);
 #   3. the probe's fallback: BUILD_ARM64's programs on ARM64_CPU_LOW die on an instruction that
@@ -38,7 +38,7 @@ grep -q 'compiled out: none' <<<"$low_line" && fails+=("probe: nothing compiled 
 
 step "2. $ARM under qemu -cpu $ARM64_CPU: unit tests, store and codec tests, the live demo"
 TESTS=${ARM64_TESTS:-^(gen_tiny_models|test_.*|cli_store|cli_codec_ram|cli_demo_live)$}
-(cd "$ARM" && ctest --output-on-failure -R "$TESTS") || fails+=("ctest in $ARM")
+(cd "$ARM" && ctest --output-on-failure -j "$JOBS" -R "$TESTS") || fails+=("ctest in $ARM")
 
 step "3. the probe's fallback on qemu -cpu $ARM64_CPU_LOW"
 # the control: the build for ARM64_CPU on a CPU without its extensions traps
