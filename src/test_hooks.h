@@ -59,4 +59,9 @@ void kvt_store_test_hold_writer(kvt_store *st, bool hold);
 ** outside that test.  Thread-safe. */
 void kvt_store_test_unsafe_write_order(kvt_store *st, bool on);
 
+/* tests/unit/test_codec.c: while on, q8/q4 sections without per-head bits are coded by the
+** generic per-group coder (the one elastic+q8 uses) instead of codec_kern.c's kernels, so the test
+** compares both coders' bytes and decoded tensors.  Cannot fail.  Not thread-safe. */
+void kvt_codec_test_generic(bool on);
+
 #endif

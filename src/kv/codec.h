@@ -67,4 +67,26 @@ int kvt__sec_encode(struct kvt__buf *out, const struct kvt__mat *m, const bool *
 int kvt__sec_decode(const uint8_t *enc, size_t n, const struct kvt__mat *m, int kind, const struct kvt_codec_params *p, int n_head,
                     const char *what, const uint8_t *head_bits);
 
+/* ---- kernels (codec_kern.c): q8/q4 over contiguous groups, the F16 conversions ----
+** The uniform q8/q4 sections see the lossy elements as a row-major F32 matrix X[R][L] whose
+** groups are G consecutive elements of a row: K as channels x cells (R = n_embd, L = m),
+** V as cells x channels (R = m, L = n_embd); group and code order are then X's row-major order,
+** which is the section layout above. */
+
+/* F16 <-> F32 of n elements; src and dst may be misaligned (blob bytes).  Round to nearest even,
+** as ggml's converters. */
+void kvt__h2f(const uint8_t *src, float *dst, size_t n);
+void kvt__f2h(const float *src, uint8_t *dst, size_t n);
+/* dst[j][i] = src[i][j] for src[rows][cols] (dst is cols x rows; no overlap). */
+void kvt__transpose(const float *src, uint32_t rows, uint32_t cols, float *dst);
+/* Quantise X[R][L] in groups of G along each row to bits (8 or 4) per element: prm gets every
+** group's { f32 min, f32 step } (8 bytes each, row-major group order, unaligned), codes[R * L]
+** one code per element (unpacked). */
+void kvt__quant_rows(const float *x, uint32_t R, uint32_t L, uint32_t G, int bits, uint8_t *prm, uint8_t *codes);
+/* The inverse: X[i] = min + code * step of its group. */
+void kvt__dequant_rows(const uint8_t *codes, const uint8_t *prm, uint32_t R, uint32_t L, uint32_t G, float *x);
+/* n 4-bit codes (one per byte) to ceil(n / 2) bytes, low nibble first, and back. */
+void kvt__pack4(const uint8_t *codes, size_t n, uint8_t *packed);
+void kvt__unpack4(const uint8_t *packed, size_t n, uint8_t *codes);
+
 #endif

@@ -7,6 +7,7 @@
 #include "kv/codec.h"
 #include "fault.h"
 #include "internal.h"
+#include "test_hooks.h"
 
 #include "ggml.h"
 
@@ -278,6 +279,71 @@ static void row_from_f32(const float *src, uint8_t *dst, size_t n, uint32_t elsi
     }
 }
 
+static bool test_generic; /* kvt_codec_test_generic */
+void kvt_codec_test_generic(bool on) { test_generic = on; }
+
+/* q8/q4 without per-head bits (no keep mask either): the lossy elements as X (codec.h,
+** kernels), built with one F16 conversion and at most one transpose, then codec_kern.c. */
+static int enc_uniform(struct kvt__buf *out, const struct kvt__mat *m, const bool *raw_cell, int kind,
+                       const struct kvt_codec_params *p, uint32_t M) {
+    const uint32_t N = m->n_cells, E = m->n_embd, es = m->elsize;
+    const size_t row = (size_t) E * es, nall = (size_t) N * E, ne = (size_t) M * E;
+    const int bits = q_bits(p->codec);
+    const uint32_t G = (uint32_t) (kind == KVT__SEC_K ? p->group_k : p->group_v);
+    const uint32_t R = kind == KVT__SEC_K ? E : M, L = kind == KVT__SEC_K ? M : E;
+    const size_t n_groups = (size_t) R * ((L + G - 1) / G);
+    float *all = malloc(sizeof *all * (nall + 1)), *tr = malloc(sizeof *tr * (ne + 1));
+    uint8_t *prm = malloc(8 * n_groups + 1), *codes = malloc(ne + (ne + 1) / 2 + 1), *rawrow = malloc(row + 1);
+    int rc = 0;
+    if (!all || !tr || !prm || !codes || !rawrow) {
+        rc = kvt__fail(KVT_ENOMEM, "codec: %u x %u tensor", N, E);
+        goto out;
+    }
+    /* the raw cells, cell-major in the cache type */
+    for (uint32_t c = 0; c < N && M < N; c++) {
+        if (!raw_cell[c]) continue;
+        if (!m->trans) kvt__buf_put(out, m->base + c * row, row);
+        else {
+            for (uint32_t e = 0; e < E; e++) el_cp(rawrow + (size_t) e * es, m->base + ((size_t) e * N + c) * es, es);
+            kvt__buf_put(out, rawrow, row);
+        }
+    }
+    /* F32 in the tensor's own layout (cells x channels, or channels x cells when transposed),
+    ** then the lossy cells only, in place */
+    if (es == 2) kvt__h2f(m->base, all, nall);
+    else memcpy(all, m->base, nall * 4);
+    if (M < N) {
+        if (!m->trans) {
+            for (uint32_t c = 0, r = 0; c < N; c++)
+                if (!raw_cell[c]) memmove(all + (size_t) (r++) * E, all + (size_t) c * E, sizeof *all * E);
+        } else {
+            for (uint32_t e = 0; e < E; e++)
+                for (uint32_t c = 0, r = 0; c < N; c++)
+                    if (!raw_cell[c]) all[(size_t) e * M + r++] = all[(size_t) e * N + c];
+        }
+    }
+    const float *x = all;
+    if ((kind == KVT__SEC_K) == !m->trans) { /* K wants channels x cells, V cells x channels */
+        kvt__transpose(all, m->trans ? E : M, m->trans ? M : E, tr);
+        x = tr;
+    }
+    kvt__quant_rows(x, R, L, G, bits, prm, codes);
+    kvt__buf_put(out, prm, 8 * n_groups);
+    if (bits == 8) kvt__buf_put(out, codes, ne);
+    else {
+        kvt__pack4(codes, ne, codes + ne);
+        kvt__buf_put(out, codes + ne, (ne + 1) / 2);
+    }
+    if (out->err) rc = kvt__fail(KVT_ENOMEM, "codec: output buffer");
+out:
+    free(all);
+    free(tr);
+    free(prm);
+    free(codes);
+    free(rawrow);
+    return rc;
+}
+
 int kvt__sec_encode(struct kvt__buf *out, const struct kvt__mat *m, const bool *raw_cell, int kind,
                     const struct kvt_codec_params *p, int n_head, int64_t *n_lossy, int64_t *n_zeroed, const uint8_t *head_bits) {
     const uint32_t N = m->n_cells, E = m->n_embd, es = m->elsize;
@@ -292,6 +358,11 @@ int kvt__sec_encode(struct kvt__buf *out, const struct kvt__mat *m, const bool *
         }
     kvt__buf_put(out, cbm, bytes_of_bits(N));
     free(cbm);
+    const bool elastic = p->codec == KVT_CODEC_ELASTIC || p->codec == KVT_CODEC_ELASTIC_Q8;
+    if (!elastic && !head_bits && !test_generic) {
+        *n_lossy += (int64_t) (N - n_raw) * E;
+        return enc_uniform(out, m, raw_cell, kind, p, N - n_raw);
+    }
     const uint8_t *cm = gather(m, &tmp);
     const uint32_t M = N - n_raw;
     const size_t ne = (size_t) M * E;
@@ -310,7 +381,6 @@ int kvt__sec_encode(struct kvt__buf *out, const struct kvt__mat *m, const bool *
     for (uint32_t c = 0, r = 0; c < N; c++)
         if (!raw_cell[c]) memcpy(y + (size_t) (r++) * E, all + (size_t) c * E, sizeof *y * E);
     *n_lossy += (int64_t) ne;
-    const bool elastic = p->codec == KVT_CODEC_ELASTIC || p->codec == KVT_CODEC_ELASTIC_Q8;
     if (elastic) {
         float tau[KVT__MAX_HEADS];
         /* statistics over every cell of the block (sinks included), pruning of the lossy ones */
@@ -406,6 +476,72 @@ static size_t popcount_bits(const uint8_t *bm, size_t n_bits) {
     return k;
 }
 
+/* The inverse of enc_uniform: the body after the raw cells (rawv, n_raw of them), nothing
+** written to m before the section is known to be whole. */
+static int dec_uniform(struct cur *cu, const struct kvt__mat *m, const uint8_t *cbm, const uint8_t *rawv, uint32_t M, int kind,
+                       const struct kvt_codec_params *p) {
+    const uint32_t N = m->n_cells, E = m->n_embd, es = m->elsize;
+    const size_t row = (size_t) E * es, ne = (size_t) M * E;
+    const int bits = q_bits(p->codec);
+    const uint32_t G = (uint32_t) (kind == KVT__SEC_K ? p->group_k : p->group_v);
+    const uint32_t R = kind == KVT__SEC_K ? E : M, L = kind == KVT__SEC_K ? M : E;
+    const size_t n_groups = (size_t) R * ((L + G - 1) / G);
+    const uint8_t *prm = take(cu, n_groups * 8);
+    if (!prm) return short_sec(cu, "group parameters", n_groups * 8);
+    const size_t code_bytes = bits == 8 ? ne : (ne + 1) / 2;
+    const uint8_t *codes = take(cu, code_bytes);
+    if (!codes) return short_sec(cu, "codes", code_bytes);
+    if (cu->off != cu->n)
+        return kvt__fail(KVT_ECORRUPT, "codec: %s: section has %zu trailing bytes after %zu", cu->what, cu->n - cu->off, cu->off);
+    float *x = malloc(sizeof *x * (ne + 1)), *tr = malloc(sizeof *tr * (ne + 1)), *line = malloc(sizeof *line * (N + 1));
+    uint8_t *c8 = bits == 8 ? NULL : malloc(ne + 1);
+    int rc = 0;
+    if (!x || !tr || !line || (bits != 8 && !c8)) {
+        rc = kvt__fail(KVT_ENOMEM, "codec: %u x %u tensor", M, E);
+        goto out;
+    }
+    if (c8) kvt__unpack4(codes, ne, c8);
+    kvt__dequant_rows(c8 ? c8 : codes, prm, R, L, G, x);
+    if (!m->trans) { /* cells x channels: K's X transposed, V's as it is */
+        const float *cx = x;
+        if (kind == KVT__SEC_K) {
+            kvt__transpose(x, E, M, tr);
+            cx = tr;
+        }
+        for (uint32_t c = 0, r = 0, k = 0; c < N; c++) {
+            uint8_t *dst = m->base + c * row;
+            if (bit_get(cbm, c)) memcpy(dst, rawv + (size_t) (k++) * row, row);
+            else if (es == 2) kvt__f2h(cx + (size_t) (r++) * E, dst, E);
+            else memcpy(dst, cx + (size_t) (r++) * E, row);
+        }
+    } else { /* channels x cells: V's X transposed, K's as it is; raw cells element by element */
+        const float *tx = x;
+        if (kind == KVT__SEC_V) {
+            kvt__transpose(x, M, E, tr);
+            tx = tr;
+        }
+        for (uint32_t e = 0; e < E; e++) {
+            uint8_t *dst = m->base + (size_t) e * N * es;
+            const float *src = tx + (size_t) e * M;
+            if (M < N) {
+                for (uint32_t c = 0, r = 0; c < N; c++) line[c] = bit_get(cbm, c) ? 0 : src[r++];
+                src = line;
+            }
+            if (es == 2) kvt__f2h(src, dst, N);
+            else memcpy(dst, src, (size_t) N * 4);
+            if (M < N)
+                for (uint32_t c = 0, k = 0; c < N; c++)
+                    if (bit_get(cbm, c)) el_cp(dst + (size_t) c * es, rawv + (size_t) (k++) * row + (size_t) e * es, es);
+        }
+    }
+out:
+    free(x);
+    free(tr);
+    free(line);
+    free(c8);
+    return rc;
+}
+
 int kvt__sec_decode(const uint8_t *enc, size_t n, const struct kvt__mat *m, int kind, const struct kvt_codec_params *p, int n_head,
                     const char *what, const uint8_t *head_bits) {
     struct cur cu = { enc, n, 0, what };
@@ -425,6 +561,7 @@ int kvt__sec_decode(const uint8_t *enc, size_t n, const struct kvt__mat *m, int 
     const size_t min_body = elastic ? sizeof(float) * (size_t) n_head + bytes_of_bits(ne) : bytes_of_bits(ne * 4);
     if (ne > UINT32_MAX) return kvt__fail(KVT_ECORRUPT, "codec: %s: %u x %u lossy elements exceed 2^32", what, M, E);
     if (min_body > cu.n - cu.off) return short_sec(&cu, "body", min_body);
+    if (!elastic && !head_bits && !test_generic) return dec_uniform(&cu, m, cbm, rawv, M, kind, p);
     /* cell-major output: the tensor itself unless V is transposed */
     uint8_t *cm = m->trans ? malloc((size_t) N * row + 1) : m->base;
     uint32_t *rows = malloc(sizeof *rows * (M + 1)); /* lossy row r is cell rows[r] */

@@ -13,6 +13,12 @@
 **   damage     a flipped byte, every truncation, an extra byte, foreign magic, another version,
 **              an unknown codec id give KVT_EFORMAT / KVT_ECORRUPT with a message; random
 **              mutations with a re-computed SHA-256 never crash (run under ASan);
+**   kernels    the q8/q4 kernels (codec_kern.c: contiguous groups, F16C/NEON conversions, one
+**              transpose) give the same section bytes and the same decoded tensor as the generic
+**              per-group coder, over shapes that end groups early (odd cells and channels, group 1
+**              and larger than the row), F16 and F32, V transposed or not, raw cells, a
+**              misaligned tensor and NaN / Inf / -0 / subnormal elements; the F16 converters
+**              agree with ggml's on all 65,536 F16 values and on 10^6 F32 values and the edges;
 **   engine     real blocks of the tiny llama and tiny Gemma 3 (iSWA, V transposed) models and of
 **              Gemma 3 270M: raw round trip bit-exact, decoded blocks load with kvt_block_load
 **              and next-token logits stay close (KL) to the raw blocks'; a control that prunes
@@ -27,6 +33,7 @@
 #include "kvtier_int.h" /* what the library shares internally: the tests call it too */
 #include "fault.h"
 #include "kv/codec.h"
+#include "test_hooks.h"
 
 #include <pthread.h>
 
@@ -854,6 +861,129 @@ static void run_engine(const char *name, bool text) {
     kvt_engine_free(e);
 }
 
+/* ---- kernels: codec_kern.c against the generic coder ---- */
+
+/* ggml's scalar converters, through the library's matrix accessors */
+static float ref_h2f(uint16_t h) {
+    struct kvt__mat m = { (uint8_t *) &h, 1, 1, 2, false };
+    return kvt__mat_get(&m, 0, 0);
+}
+
+static bool same_f32(float a, float b) { return (isnan(a) && isnan(b)) || memcmp(&a, &b, 4) == 0; }
+static bool same_f16(uint16_t a, uint16_t b) {
+    bool na = (a & 0x7c00) == 0x7c00 && (a & 0x3ff), nb = (b & 0x7c00) == 0x7c00 && (b & 0x3ff);
+    return (na && nb) || a == b;
+}
+
+static void test_kernels(void **st) {
+    (void) st;
+    /* the converters: every F16 value; F32 values around every F16 rounding boundary, the edges */
+    for (uint32_t h = 0; h < 65536; h++) {
+        uint16_t hh = (uint16_t) h;
+        float f;
+        kvt__h2f((const uint8_t *) &hh, &f, 1);
+        if (!same_f32(f, ref_h2f(hh))) fail_msg("h2f(0x%04x) = %a, ggml %a", h, (double) f, (double) ref_h2f(hh));
+    }
+    enum { NF = 1000003 };
+    float *fx = malloc(sizeof *fx * NF);
+    uint16_t *hx = malloc(sizeof *hx * NF);
+    float *back = malloc(sizeof *back * NF);
+    assert_true(fx && hx && back);
+    unsigned sd = 77;
+    const float edge[] = { 0.0f,          -0.0f,         65504.0f, 65519.99f, 65520.0f, -65520.0f, 1e-8f, 5.9604645e-8f,
+                           2.9802322e-8f, 6.1035156e-5f, INFINITY, -INFINITY, NAN,      1.0f / 3,  1e30f };
+    for (size_t i = 0; i < NF; i++) {
+        uint32_t b = lcg(&sd) ^ (lcg(&sd) << 16);
+        if (i < sizeof edge / sizeof *edge) memcpy(&b, &edge[i], 4);
+        else if (i % 3 == 0) b = (b & 0x8fffffffu) | 0x30000000u; /* most in or near the F16 range */
+        memcpy(&fx[i], &b, 4);
+    }
+    kvt__f2h(fx, (uint8_t *) hx, NF); /* odd length: the scalar tail too */
+    for (size_t i = 0; i < NF; i++)
+        if (!same_f16(hx[i], f2h(fx[i]))) fail_msg("f2h(%a) = 0x%04x, ggml 0x%04x", (double) fx[i], hx[i], f2h(fx[i]));
+    kvt__h2f((const uint8_t *) hx + 0, back, NF);
+    for (size_t i = 0; i < NF; i++) assert_true(same_f32(back[i], ref_h2f(hx[i])));
+    free(fx);
+    free(hx);
+    free(back);
+
+    /* sections: kernels against the generic coder */
+    const uint32_t cells[] = { 1, 3, 64, 70 }, embd[] = { 1, 5, 64, 192, 257 }, gk[] = { 1, 7, 32, 64, 100 }, gv[] = { 7, 64, 300 };
+    unsigned s = 4242;
+    int n_cases = 0;
+    for (size_t ci = 0; ci < sizeof cells / sizeof *cells; ci++)
+        for (size_t ei = 0; ei < sizeof embd / sizeof *embd; ei++)
+            for (int v = 0; v < 8; v++) { /* es x trans x raw cells */
+                const uint32_t N = cells[ci], E = embd[ei], es = v & 1 ? 4 : 2;
+                const bool trans = v & 2, raws = v & 4;
+                const size_t bytes = (size_t) N * E * es;
+                uint8_t *buf = malloc(bytes + 1), *d1 = malloc(bytes + 1), *d2 = malloc(bytes + 1);
+                bool *raw = calloc(N, 1);
+                assert_true(buf && d1 && d2 && raw);
+                uint8_t *base = es == 2 ? buf + 1 : buf; /* an F16 tensor at an odd address */
+                for (size_t i = 0; i < (size_t) N * E; i++) {
+                    float x = rnd(&s) * (i % 11 == 0 ? 50.0f : 1.0f);
+                    unsigned r = lcg(&s) >> 20;
+                    if (r % 97 == 0) x = NAN;
+                    else if (r % 89 == 0) x = r & 1 ? INFINITY : -INFINITY;
+                    else if (r % 83 == 0) x = -0.0f;
+                    else if (r % 79 == 0) x = 3e-6f * rnd(&s); /* F16 subnormal */
+                    struct kvt__mat one = { base + i * es, 1, 1, es, false };
+                    kvt__mat_set(&one, 0, 0, x);
+                }
+                if (raws)
+                    for (uint32_t c = 0; c < N; c++) raw[c] = lcg(&s) % 5 == 0;
+                struct kvt__mat m = { base, N, E, es, trans };
+                for (int kind = 0; kind < 2; kind++)
+                    for (size_t gi = 0; gi < (kind ? sizeof gv / sizeof *gv : sizeof gk / sizeof *gk); gi++)
+                        for (int q = 0; q < 2; q++) {
+                            struct kvt_codec_params p = kvt_codec_default_params(q ? KVT_CODEC_Q4 : KVT_CODEC_Q8);
+                            p.group_k = (int32_t) gk[gi];
+                            p.group_v = (int32_t) gv[kind ? gi : 0];
+                            struct kvt__buf fast = { 0 }, gen = { 0 };
+                            int64_t nl1 = 0, nz1 = 0, nl2 = 0, nz2 = 0;
+                            assert_int_equal(kvt__sec_encode(&fast, &m, raw, kind, &p, 1, &nl1, &nz1, NULL), 0);
+                            kvt_codec_test_generic(true);
+                            assert_int_equal(kvt__sec_encode(&gen, &m, raw, kind, &p, 1, &nl2, &nz2, NULL), 0);
+                            assert_int_equal(nl1, nl2);
+                            if (fast.n != gen.n || memcmp(fast.p, gen.p, fast.n) != 0)
+                                fail_msg("section bytes differ: %u x %u es %u trans %d raws %d kind %d G %d/%d %s", N, E, es, trans,
+                                         raws, kind, p.group_k, p.group_v, kvt_codec_name(p.codec));
+                            struct kvt__mat m1 = { d1, N, E, es, trans }, m2 = { d2, N, E, es, trans };
+                            memset(d1, 0xa5, bytes);
+                            memset(d2, 0x5a, bytes);
+                            assert_int_equal(kvt__sec_decode(gen.p, gen.n, &m2, kind, &p, 1, "generic", NULL), 0);
+                            kvt_codec_test_generic(false);
+                            assert_int_equal(kvt__sec_decode(fast.p, fast.n, &m1, kind, &p, 1, "kernels", NULL), 0);
+                            for (size_t i = 0; i < (size_t) N * E; i++) {
+                                uint16_t a16, b16;
+                                float a32, b32;
+                                bool same;
+                                if (es == 2) {
+                                    memcpy(&a16, d1 + 2 * i, 2);
+                                    memcpy(&b16, d2 + 2 * i, 2);
+                                    same = same_f16(a16, b16);
+                                } else {
+                                    memcpy(&a32, d1 + 4 * i, 4);
+                                    memcpy(&b32, d2 + 4 * i, 4);
+                                    same = same_f32(a32, b32);
+                                }
+                                if (!same)
+                                    fail_msg("decoded element %zu differs: %u x %u es %u trans %d raws %d kind %d %s", i, N, E, es,
+                                             trans, raws, kind, kvt_codec_name(p.codec));
+                            }
+                            free(fast.p);
+                            free(gen.p);
+                            n_cases++;
+                        }
+                free(buf);
+                free(d1);
+                free(d2);
+                free(raw);
+            }
+    printf("kernels: %d sections, the same bytes and decoded tensors as the generic coder\n", n_cases);
+}
+
 static void test_engine_tiny(void **st) {
     (void) st;
     run_engine("tiny-llama", false);
@@ -870,6 +1000,7 @@ int main(void) {
         cmocka_unit_test(test_names),       cmocka_unit_test(test_synthetic),    cmocka_unit_test(test_elastic),
         cmocka_unit_test(test_damage),      cmocka_unit_test(test_alloc_faults), cmocka_unit_test(test_threads),
         cmocka_unit_test(test_engine_tiny), cmocka_unit_test(test_engine_gemma), cmocka_unit_test(test_head_bits),
+        cmocka_unit_test(test_kernels),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
