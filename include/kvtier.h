@@ -1086,7 +1086,7 @@ int kvt_store_clear(kvt_store *st);
 /* 9. Block codecs: self-describing encodings of a block leaving the device               */
 /* ====================================================================================== */
 
-/* A codec turns a kvt_blob into self-describing bytes (header with the payload's SHA-256) and
+/* A codec turns a kvt_blob into self-describing bytes (header with the payload's checksum) and
 ** back into a blob kvt_block_load accepts.  Lossy codecs keep cells below n_sink raw and need F16
 ** or F32 K/V (else KVT_EUNSUPPORTED: keep such blocks raw).  Layout and error bounds:
 ** docs/MANUAL.md, "Block codecs".  All functions of this section are pure.
@@ -1096,8 +1096,10 @@ int kvt_store_clear(kvt_store *st);
 **   elastic     ElasticKV-style sparsification per layer, K/V and KV head: |x| below
 **               max(sigma_h / 2, mu_h) x s set to 0; a bitmap plus the kept values.
 **   elastic+q8  elastic's bitmap, the kept values as q8. */
-#define KVT_CODEC_VERSION       1
-#define KVT_CODEC_VERSION_HEADS 2 /* a version-1 header followed by the per-head bits table */
+#define KVT_CODEC_VERSION              3 /* written: the payload's checksum is XXH3-128 */
+#define KVT_CODEC_VERSION_HEADS        4 /* a version-3 header followed by the per-head bits table */
+#define KVT_CODEC_VERSION_SHA256       1 /* still read: versions 3 and 4 with SHA-256 instead */
+#define KVT_CODEC_VERSION_HEADS_SHA256 2
 
 enum kvt_codec_id {
     KVT_CODEC_RAW = 0,
@@ -1158,7 +1160,8 @@ struct kvt_codec_info {
     int32_t n_tokens, n_cells, n_cells_swa;
 };
 
-/* Decode bytes of kvt_codec_encode into a new blob, checking the SHA-256 first.  OUT *out
+/* Decode bytes of kvt_codec_encode into a new blob, checking the checksum first (XXH3-128; the
+** SHA-256 of versions 1 and 2).  OUT *out
 ** (caller frees with kvt_blob_free).
 ** Errors: KVT_EFORMAT (foreign magic, other format version, unknown codec id, truncated
 ** header), KVT_ECORRUPT (payload shorter or longer than its header says, checksum mismatch, or

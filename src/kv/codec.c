@@ -5,15 +5,19 @@
 ** Encoded bytes (host byte order, which is little-endian on every platform llama.cpp's state
 ** format is used on):
 **   0   "KVTC"            magic
-**   4   u16 version       KVT_CODEC_VERSION
+**   4   u16 version       KVT_CODEC_VERSION (3), or KVT_CODEC_VERSION_HEADS (4) with the table at
+**                         104; versions 1 and 2 are the same with SHA-256 (written before the
+**                         codecs ran at memory speed, issue #43; still read)
 **   6   u16 codec         enum kvt_codec_id
 **   8   u32 header bytes  (HDR_BYTES)
 **   12  i32 n_head_kv, group_k, group_v ; f32 s_k, s_v ; i32 n_sink
 **   36  i32 p0, n_tokens, n_cells, n_cells_swa ; u32 n_parts
 **   56  u64 raw bytes ; u64 payload bytes
-**   72  SHA-256 of the payload (32 bytes)
-**   104 (version 2 only: per-head bits) u32 n_units ; u32 0 ; n_units x u8 bits (4 or 8), zero-
-**       padded to a multiple of 8 bytes; the SHA-256 then covers this table and the payload
+**   72  checksum of the payload (32 bytes): XXH3-128 in canonical (big-endian) order then 16
+**       zero bytes (versions 3, 4), SHA-256 (1, 2).  A check against damage, not a signature:
+**       whoever can write a store can write a matching checksum of either kind
+**   104 (versions 4 and 2: per-head bits) u32 n_units ; u32 0 ; n_units x u8 bits (4 or 8), zero-
+**       padded to a multiple of 8 bytes; the checksum then covers this table and the payload
 **   hb  payload: u32 n_sections ; u64 residue bytes ;
 **                n_sections x { u64 off ; u64 len ; u32 n_cells ; u32 n_embd ; u8 kind ;
 **                               u8 trans ; u8 elsize ; u8 pad ; u32 layer (v2; v1: 0) ; u64 enc_len } ;
@@ -27,6 +31,7 @@
 #include "ggml.h"
 
 #include <openssl/evp.h>
+#include <xxhash.h>
 
 #include <errno.h>
 #include <math.h>
@@ -133,13 +138,27 @@ int kvt_codec_parse(const char *spec, struct kvt_codec_params *out) {
     return 0;
 }
 
-static int sha256(const uint8_t *p, size_t n, uint8_t md[32]) {
+/* The container's checksum over the per-head table and the payload (codec.h). */
+int kvt__codec_digest(int version, const uint8_t *p, size_t n, uint8_t md[32]) {
     static const uint8_t empty = 0;
+    memset(md, 0, 32);
+    if (version == KVT_CODEC_VERSION || version == KVT_CODEC_VERSION_HEADS) {
+        XXH128_canonical_t c;
+        XXH128_canonicalFromHash(&c, XXH3_128bits(n ? p : &empty, n));
+        memcpy(md, c.digest, sizeof c.digest);
+        return 0;
+    }
     unsigned len = 0;
     if (EVP_Digest(n ? p : &empty, n, md, &len, EVP_sha256(), NULL) != 1 || len != 32)
         return kvt__fail(KVT_ENOMEM, "codec: SHA-256 of %zu bytes failed (OpenSSL)", n);
     return 0;
 }
+
+/* What the version's checksum is called, for messages. */
+static const char *digest_name(int version) { return version >= KVT_CODEC_VERSION ? "XXH3-128" : "SHA-256"; }
+
+/* Versions whose header carries the per-head bits table. */
+static bool has_heads(int version) { return version == KVT_CODEC_VERSION_HEADS || version == KVT_CODEC_VERSION_HEADS_SHA256; }
 
 /* Parse a blob whose part count is not known: iSWA blobs have two parts.  A blob parses with
 ** exactly one count (one part leaves the second as trailing bytes; two run out of bytes). */
@@ -223,9 +242,6 @@ static int list_sections(const struct kvt__blob_layout *L, struct sec **out, int
     return 0;
 }
 
-static void put32(struct kvt__buf *b, uint32_t v) { kvt__buf_put(b, &v, 4); }
-static void put64(struct kvt__buf *b, uint64_t v) { kvt__buf_put(b, &v, 8); }
-
 static void write_header(uint8_t *h, const struct kvt_codec_params *p, const kvt_blob *blob, int n_parts, uint64_t payload,
                          const uint8_t md[32]) {
     uint16_t ver = p->head_bits ? KVT_CODEC_VERSION_HEADS : KVT_CODEC_VERSION, id = (uint16_t) p->codec;
@@ -261,7 +277,7 @@ int kvt_codec_encode(const kvt_blob *blob, const struct kvt_codec_params *p, uin
     int n_parts = 0, n_sec = 0;
     struct sec *S = NULL;
     bool *raw_cell = NULL;
-    struct kvt__buf pay = { 0 }, body = { 0 };
+    struct kvt__buf pay = { 0 };
     int64_t n_elems = 0, n_lossy = 0, n_zeroed = 0;
     if ((rc = parse_any(blob->data, blob->size, blob->n_cells_swa > 0 ? 2 : 1, L, &n_parts))) goto out;
     if (p->codec != KVT_CODEC_RAW && (rc = list_sections(L, &S, &n_sec))) goto out;
@@ -291,7 +307,20 @@ int kvt_codec_encode(const kvt_blob *blob, const struct kvt_codec_params *p, uin
                 goto out;
             }
     }
-    /* sections, then the table that needs their sizes */
+    /* one buffer, written once: the header and per-head table (filled in last), the section
+    ** table (its encoded lengths filled in after the sections), the residue, the sections */
+    const size_t hb = p->head_bits ? hdr_bytes_heads((uint32_t) p->n_head_bits) : HDR_BYTES;
+    const size_t tab = hb + 12;
+    uint64_t covered = 0;
+    for (int s = 0; s < n_sec; s++) covered += S[s].len;
+    kvt__buf_reserve(&pay, tab + (size_t) n_sec * SEC_BYTES + blob->size + 4096);
+    kvt__buf_zero(&pay, tab + (size_t) n_sec * SEC_BYTES);
+    uint64_t at = 0;
+    for (int s = 0; s <= n_sec; s++) {
+        uint64_t end = s < n_sec ? S[s].off : blob->size;
+        kvt__buf_put(&pay, blob->data + at, end - at);
+        if (s < n_sec) at = S[s].off + S[s].len;
+    }
     for (int s = 0, p_i = -1, cells_seen = 0; s < n_sec; s++) {
         /* which part this section belongs to: sections are grouped by part, 2 * n_layer each */
         if (s == 0 || s >= cells_seen) {
@@ -306,64 +335,54 @@ int kvt_codec_encode(const kvt_blob *blob, const struct kvt_codec_params *p, uin
             for (uint32_t c = 0; c < nc; c++) raw_cell[c] = kvt__blob_cell_pos(blob->data, L, p_i, c) < p->n_sink;
         }
         struct kvt__mat m = { blob->data + S[s].off, S[s].n_cells, S[s].n_embd, S[s].elsize, S[s].trans };
-        size_t before = body.n;
-        const uint8_t *hb = p->head_bits ? p->head_bits + (size_t) S[s].layer * (size_t) n_head : NULL;
-        if ((rc = kvt__sec_encode(&body, &m, raw_cell, S[s].kind, p, n_head, &n_lossy, &n_zeroed, hb))) goto out;
-        S[s].enc_len = body.n - before;
+        size_t before = pay.n;
+        const uint8_t *hbt = p->head_bits ? p->head_bits + (size_t) S[s].layer * (size_t) n_head : NULL;
+        if ((rc = kvt__sec_encode(&pay, &m, raw_cell, S[s].kind, p, n_head, &n_lossy, &n_zeroed, hbt))) goto out;
+        S[s].enc_len = pay.n - before;
         n_elems += (int64_t) S[s].n_cells * S[s].n_embd;
     }
-    uint64_t covered = 0;
-    for (int s = 0; s < n_sec; s++) covered += S[s].len;
-    put32(&pay, (uint32_t) n_sec);
-    put64(&pay, blob->size - covered);
+    if (pay.err) {
+        rc = kvt__fail(KVT_ENOMEM, "codec: payload of %zu bytes", pay.n);
+        goto out;
+    }
+    uint8_t *res = pay.p;
+    uint32_t ns = (uint32_t) n_sec;
+    uint64_t residue = blob->size - covered;
+    memcpy(res + hb, &ns, 4);
+    memcpy(res + hb + 4, &residue, 8);
     for (int s = 0; s < n_sec; s++) {
-        uint8_t k4[4] = { S[s].kind, S[s].trans, S[s].elsize, 0 };
-        put64(&pay, S[s].off);
-        put64(&pay, S[s].len);
-        put32(&pay, S[s].n_cells);
-        put32(&pay, S[s].n_embd);
-        kvt__buf_put(&pay, k4, 4);
-        put32(&pay, p->head_bits ? S[s].layer : 0);
-        put64(&pay, S[s].enc_len);
-    }
-    uint64_t at = 0;
-    for (int s = 0; s <= n_sec; s++) {
-        uint64_t end = s < n_sec ? S[s].off : blob->size;
-        kvt__buf_put(&pay, blob->data + at, end - at);
-        if (s < n_sec) at = S[s].off + S[s].len;
-    }
-    kvt__buf_put(&pay, body.p, body.n);
-    if (pay.err || body.err) {
-        rc = kvt__fail(KVT_ENOMEM, "codec: payload of %zu bytes", pay.n + body.n);
-        goto out;
-    }
-    uint8_t md[32];
-    const size_t hb = p->head_bits ? hdr_bytes_heads((uint32_t) p->n_head_bits) : HDR_BYTES;
-    uint8_t *res = calloc(1, hb + pay.n);
-    if (!res) {
-        rc = kvt__fail(KVT_ENOMEM, "codec: %zu bytes", hb + pay.n);
-        goto out;
+        uint8_t *t = res + tab + (size_t) s * SEC_BYTES;
+        uint32_t layer = p->head_bits ? S[s].layer : 0;
+        memcpy(t, &S[s].off, 8);
+        memcpy(t + 8, &S[s].len, 8);
+        memcpy(t + 16, &S[s].n_cells, 4);
+        memcpy(t + 20, &S[s].n_embd, 4);
+        t[24] = S[s].kind;
+        t[25] = S[s].trans;
+        t[26] = S[s].elsize;
+        t[27] = 0;
+        memcpy(t + 28, &layer, 4);
+        memcpy(t + 32, &S[s].enc_len, 8);
     }
     if (p->head_bits) {
         uint32_t nu = (uint32_t) p->n_head_bits;
         memcpy(res + HDR_BYTES, &nu, 4);
         memcpy(res + HDR_BYTES + 8, p->head_bits, nu);
     }
-    memcpy(res + hb, pay.p, pay.n);
-    if ((rc = sha256(res + HDR_BYTES, hb - HDR_BYTES + pay.n, md))) {
-        free(res);
-        goto out;
-    } /* table + payload */
-    write_header(res, p, blob, n_parts, pay.n, md);
-    *out = res;
-    *n = hb + pay.n;
+    uint8_t md[32];
+    const int ver = p->head_bits ? KVT_CODEC_VERSION_HEADS : KVT_CODEC_VERSION;
+    if ((rc = kvt__codec_digest(ver, res + HDR_BYTES, pay.n - HDR_BYTES, md))) goto out; /* table + payload */
+    write_header(res, p, blob, n_parts, pay.n - hb, md);
+    uint8_t *fit = realloc(res, pay.n); /* give back the reserve (the encoded block may be kept) */
+    *out = fit ? fit : res;
+    *n = pay.n;
+    pay.p = NULL;
     if (stats) *stats = (struct kvt_codec_stats){ blob->size, *n, n_elems, n_lossy, n_zeroed };
 out:
     free(L);
     free(S);
     free(raw_cell);
     free(pay.p);
-    free(body.p);
     return rc;
 }
 
@@ -376,22 +395,22 @@ static int read_header(const uint8_t *h, size_t n, struct kvt_codec_info *o, uin
     uint16_t ver, id;
     memcpy(&ver, h + 4, 2);
     memcpy(&id, h + 6, 2);
-    if (ver != KVT_CODEC_VERSION && ver != KVT_CODEC_VERSION_HEADS)
-        return kvt__fail(KVT_EFORMAT, "codec: format version %u, this build reads versions %d and %d", ver, KVT_CODEC_VERSION,
+    if (ver < KVT_CODEC_VERSION_SHA256 || ver > KVT_CODEC_VERSION_HEADS)
+        return kvt__fail(KVT_EFORMAT, "codec: format version %u, this build reads versions %d to %d", ver, KVT_CODEC_VERSION_SHA256,
                          KVT_CODEC_VERSION_HEADS);
     if (id >= KVT_CODEC__COUNT) return kvt__fail(KVT_EFORMAT, "codec: unknown codec id %u (0..%d known)", id, KVT_CODEC__COUNT - 1);
     uint32_t hb;
     if (n < HDR_BYTES) return kvt__fail(KVT_EFORMAT, "codec: header truncated (%zu of %d bytes)", n, HDR_BYTES);
     memcpy(&hb, h + 8, 4);
     uint32_t nu = 0;
-    if (ver == KVT_CODEC_VERSION_HEADS) { /* the per-head bits table */
+    if (has_heads(ver)) { /* the per-head bits table */
         if (n < HDR_BYTES + 8) return kvt__fail(KVT_EFORMAT, "codec: header truncated before its per-head table (%zu bytes)", n);
         memcpy(&nu, h + HDR_BYTES, 4);
         if (nu < 1 || nu > KVT__MAX_LAYERS * KVT__MAX_HEADS || hb != hdr_bytes_heads(nu))
             return kvt__fail(KVT_EFORMAT, "codec: per-head table of %u entries in a header of %u bytes", nu, hb);
         if (n < hb) return kvt__fail(KVT_EFORMAT, "codec: header truncated (%zu of %u bytes)", n, hb);
     } else if (hb != HDR_BYTES) {
-        return kvt__fail(KVT_EFORMAT, "codec: header of %u bytes, version %d has %d", hb, KVT_CODEC_VERSION, HDR_BYTES);
+        return kvt__fail(KVT_EFORMAT, "codec: header of %u bytes, version %u has %d", hb, ver, HDR_BYTES);
     }
     memset(o, 0, sizeof *o);
     if (nu) {
@@ -452,10 +471,10 @@ int kvt_codec_decode(const void *data, size_t n, kvt_blob **out) {
     const uint8_t *pay = h + hb;
     size_t pn = n - hb;
     uint8_t dig[32];
-    if ((rc = sha256(h + HDR_BYTES, n - HDR_BYTES, dig))) return rc; /* per-head table + payload */
+    if ((rc = kvt__codec_digest(I.version, h + HDR_BYTES, n - HDR_BYTES, dig))) return rc; /* per-head table + payload */
     if (memcmp(dig, md, 32) != 0)
-        return kvt__fail(KVT_ECORRUPT, "codec: payload of %zu bytes (%s block at p0 %d) failed its SHA-256 check", pn,
-                         kvt_codec_name(I.params.codec), I.p0);
+        return kvt__fail(KVT_ECORRUPT, "codec: payload of %zu bytes (%s block at p0 %d) failed its %s check", pn,
+                         kvt_codec_name(I.params.codec), I.p0, digest_name(I.version));
     if (pn < 12) return kvt__fail(KVT_ECORRUPT, "codec: payload of %zu bytes has no section table", pn);
     uint32_t n_sec;
     uint64_t residue;

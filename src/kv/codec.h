@@ -45,6 +45,10 @@ struct kvt__buf {
     bool err;
 };
 void kvt__buf_put(struct kvt__buf *b, const void *src, size_t k);
+/* Capacity for cap bytes in all (one allocation now instead of doublings later). */
+void kvt__buf_reserve(struct kvt__buf *b, size_t cap);
+/* k zero bytes (placeholders filled in later). */
+void kvt__buf_zero(struct kvt__buf *b, size_t k);
 
 float kvt__mat_get(const struct kvt__mat *m, uint32_t c, uint32_t e);
 void kvt__mat_set(const struct kvt__mat *m, uint32_t c, uint32_t e, float v);
@@ -66,6 +70,11 @@ int kvt__sec_encode(struct kvt__buf *out, const struct kvt__mat *m, const bool *
 ** KVT_ENOMEM. */
 int kvt__sec_decode(const uint8_t *enc, size_t n, const struct kvt__mat *m, int kind, const struct kvt_codec_params *p, int n_head,
                     const char *what, const uint8_t *head_bits);
+
+/* The container's checksum of version `version` over p[0..n) into md: XXH3-128 canonical then 16
+** zero bytes (KVT_CODEC_VERSION, _HEADS), SHA-256 (the _SHA256 versions).  Errors: KVT_ENOMEM
+** (OpenSSL failed). */
+int kvt__codec_digest(int version, const uint8_t *p, size_t n, uint8_t md[32]);
 
 /* ---- kernels (codec_kern.c): q8/q4 over contiguous groups, the F16 conversions ----
 ** The uniform q8/q4 sections see the lossy elements as a row-major F32 matrix X[R][L] whose

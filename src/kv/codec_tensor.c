@@ -36,6 +36,24 @@ void kvt__buf_put(struct kvt__buf *b, const void *src, size_t k) {
     b->n += k;
 }
 
+void kvt__buf_reserve(struct kvt__buf *b, size_t cap) {
+    if (b->err || cap <= b->cap) return;
+    uint8_t *np = kvt__fault_check(KVT__FAULT_CODEC_ALLOC) ? NULL : realloc(b->p, cap);
+    if (!np) {
+        b->err = true;
+        return;
+    }
+    b->p = np;
+    b->cap = cap;
+}
+
+void kvt__buf_zero(struct kvt__buf *b, size_t k) {
+    kvt__buf_reserve(b, b->n + k);
+    if (b->err) return;
+    memset(b->p + b->n, 0, k);
+    b->n += k;
+}
+
 static size_t mat_idx(const struct kvt__mat *m, uint32_t c, uint32_t e) {
     return m->trans ? (size_t) e * m->n_cells + c : (size_t) c * m->n_embd + e;
 }

@@ -12,7 +12,9 @@
 **              returned or leaked; threads encoding one blob at once get the same bytes;
 **   damage     a flipped byte, every truncation, an extra byte, foreign magic, another version,
 **              an unknown codec id give KVT_EFORMAT / KVT_ECORRUPT with a message; random
-**              mutations with a re-computed SHA-256 never crash (run under ASan);
+**              mutations with a re-computed checksum never crash (run under ASan); the same
+**              bytes as the SHA-256 versions (1, 2) decode to the same block, a checksum of the
+**              other kind is refused;
 **   kernels    the q8/q4 kernels (codec_kern.c: contiguous groups, F16C/NEON conversions, one
 **              transpose) give the same section bytes and the same decoded tensor as the generic
 **              per-group coder, over shapes that end groups early (odd cells and channels, group 1
@@ -455,9 +457,21 @@ static void test_elastic(void **st) {
     }
 }
 
-static void sha(const uint8_t *p, size_t n, uint8_t *md) {
+/* Recompute the checksum of encoded bytes x[0..n) for the version its header names. */
+static void fix_sum(uint8_t *x, size_t n) {
+    uint16_t ver;
+    memcpy(&ver, x + 4, 2);
+    assert_int_equal(kvt__codec_digest(ver, x + 104, n - 104, x + 72), 0);
+}
+
+/* The same bytes as the SHA-256 version that came before (1 or 2), summed here with OpenSSL. */
+static void as_sha256(uint8_t *x, size_t n) {
+    uint16_t ver;
+    memcpy(&ver, x + 4, 2);
+    ver = ver == KVT_CODEC_VERSION_HEADS ? KVT_CODEC_VERSION_HEADS_SHA256 : KVT_CODEC_VERSION_SHA256;
+    memcpy(x + 4, &ver, 2);
     unsigned len;
-    assert_int_equal(EVP_Digest(p, n, md, &len, EVP_sha256(), NULL), 1);
+    assert_int_equal(EVP_Digest(x + 104, n - 104, x + 72, &len, EVP_sha256(), NULL), 1);
 }
 
 static void expect_err(const uint8_t *enc, size_t n, int want, const char *needle) {
@@ -487,6 +501,22 @@ static void test_damage(void **st) {
         uint8_t *x = malloc(n + 1);
         memcpy(x, enc, n);
         x[n - 5] ^= 0x10; /* a flipped payload byte */
+        expect_err(x, n, KVT_ECORRUPT, "XXH3-128");
+        /* the SHA-256 versions are still read: the same bytes as version 1 decode to the same
+        ** block; a SHA-256 under version 3 and an XXH3-128 under version 1 are both refused */
+        memcpy(x, enc, n);
+        as_sha256(x, n);
+        kvt_blob *d1 = NULL, *d3 = NULL;
+        assert_int_equal(kvt_codec_decode(x, n, &d1), 0);
+        assert_int_equal(kvt_codec_decode(enc, n, &d3), 0);
+        assert_true(d1->size == d3->size && memcmp(d1->data, d3->data, d1->size) == 0);
+        kvt_blob_free(d1);
+        kvt_blob_free(d3);
+        uint16_t v3 = KVT_CODEC_VERSION;
+        memcpy(x + 4, &v3, 2);
+        expect_err(x, n, KVT_ECORRUPT, "XXH3-128");
+        memcpy(x, enc, n);
+        x[4] = KVT_CODEC_VERSION_SHA256;
         expect_err(x, n, KVT_ECORRUPT, "SHA-256");
         memcpy(x, enc, n);
         for (size_t k = 0; k < n; k += (k < 200 ? 1 : 97)) /* truncations */
@@ -496,8 +526,8 @@ static void test_damage(void **st) {
         x[1] = 'X';
         expect_err(x, n, KVT_EFORMAT, "magic");
         memcpy(x, enc, n);
-        x[4] = 3;
-        expect_err(x, n, KVT_EFORMAT, "version 3");
+        x[4] = 5;
+        expect_err(x, n, KVT_EFORMAT, "version 5");
         memcpy(x, enc, n);
         x[6] = 9;
         expect_err(x, n, KVT_EFORMAT, "codec id 9");
@@ -511,7 +541,7 @@ static void test_damage(void **st) {
                 size_t at = 104 + (it % 2 ? lcg(&s) % (n - 104) : lcg(&s) % (n - 104 < 600 ? n - 104 : 600));
                 x[at] ^= (uint8_t) (1u << (lcg(&s) % 8));
             }
-            sha(x + 104, n - 104, x + 72);
+            fix_sum(x, n);
             kvt_blob *d = NULL;
             int rc = kvt_codec_decode(x, n, &d);
             assert_true(rc == 0 || rc == KVT_ECORRUPT);
@@ -590,18 +620,26 @@ static void test_head_bits(void **st) {
     uint8_t *x = malloc(n + 64);
     memcpy(x, enc, n);
     x[104 + 8 + 3] = 5; /* an entry that is not 4 or 8 */
-    sha(x + 104, n - 104, x + 72);
+    fix_sum(x, n);
     expect_err(x, n, KVT_EFORMAT, "entry 3");
     memcpy(x, enc, n);
     x[104] = 13; /* a count that does not match the header size */
     expect_err(x, n, KVT_EFORMAT, "13 entries");
     memcpy(x, enc, n);
     x[104 + 8 + 1] ^= 12; /* 4 <-> 8 under a valid checksum: the sections no longer add up */
-    sha(x + 104, n - 104, x + 72);
+    fix_sum(x, n);
     expect_err(x, n, KVT_ECORRUPT, NULL);
     memcpy(x, enc, n);
     x[104 + 8 + 1] ^= 12; /* the same without re-hashing: the checksum covers the table */
-    expect_err(x, n, KVT_ECORRUPT, "SHA-256");
+    expect_err(x, n, KVT_ECORRUPT, "XXH3-128");
+    memcpy(x, enc, n); /* the SHA-256 version with the table (2) is still read */
+    as_sha256(x, n);
+    kvt_blob *dv2 = NULL, *dv4 = NULL;
+    assert_int_equal(kvt_codec_decode(x, n, &dv2), 0);
+    assert_int_equal(kvt_codec_decode(enc, n, &dv4), 0);
+    assert_true(dv2->size == dv4->size && memcmp(dv2->data, dv4->data, dv2->size) == 0);
+    kvt_blob_free(dv2);
+    kvt_blob_free(dv4);
     /* a table of 2 layers x 2 heads for a block of 6 layers (header size and checksum consistent) */
     uint8_t *y = calloc(1, n + 64);
     memcpy(y, enc, 104);
@@ -611,7 +649,7 @@ static void test_head_bits(void **st) {
     memcpy(y + 112, tab, 4);
     memcpy(y + hb2, enc + hb, n - hb);
     size_t ny = hb2 + (n - hb);
-    sha(y + 104, ny - 104, y + 72);
+    fix_sum(y, ny);
     expect_err(y, ny, KVT_ECORRUPT, "per-head table");
     free(y);
     free(x);
