@@ -1,24 +1,28 @@
 #!/usr/bin/env bash
 # cross_store — blocks cross architectures (issue #44): a block store written by the x86-64 server
 # is read by the ARM64 build (under qemu-aarch64) and the reverse, through the store's files and
-# through Redis, on SmolLM2-135M-Instruct:
-#   1. x86-64 answers a ~430-token prompt with its own prefill (store miss; files + Redis A);
-#   2. ARM64 answers it with its own prefill (store miss; files + Redis B);
+# through Redis, on SmolLM2-135M-Instruct, over CROSS_PROMPTS prompts (default 4; each a ~370-token
+# document with a code word and a question: tests/arm64/cross_lp.py):
+#   1. x86-64 answers them with its own prefills (store misses; files + Redis A);
+#   2. ARM64 answers them with its own prefills (store misses; files + Redis B);
 #   3. each architecture reloads its own blocks from its files: store "exact" (the load path's
 #      own effect: the prompt's tail decoded after the loaded prefix, in other ubatches);
 #   4. ARM64 on x86-64's files, and on a fresh directory with Redis A: store "exact" (the same
 #      content keys: the fingerprint names the model and the cache types, not the CPU);
 #   5. x86-64 on ARM64's files, and on Redis B: store "exact";
-# and the answer with the other architecture's blocks against the same architecture with its own
-# blocks (3): the same greedy reply, and per-token log-probabilities within 2x the largest
-# per-token difference this run measures between the two architectures' own prefills (1 vs 2)
-# + 0.01. The answer's log-probability (the sum over the reply's tokens) is printed beside the
-# same floor: measured here it is *beyond* it (0.30 and 0.43 nats against 0.086 over 12 tokens,
-# per token 0.14 against 0.11; docs/PLATFORMS.md): the CPU is not in the key all the same.
+# and the answers with the other architecture's blocks against the same architecture with its own
+# blocks (3), beside the noise floor between the two architectures' own prefills (1 vs 2): as many
+# prompts with the same greedy reply as the floor's (one fewer at most); the largest per-token
+# log-probability difference within 2x the floor's largest + 0.01; the answer's log-probability
+# (sum over the reply's common tokens), mean |difference| over the prompts, within 2x the floor's
+# mean + 0.01, and printed against 1x.  The floor is a distribution: per prompt it spans 0.01-0.5
+# nats here, so one prompt says little (docs/PLATFORMS.md has the figures, and the same test run
+# between two x86-64 builds, AVX-512 and AVX2, for comparison).
 # The replies are kept in $CROSS_STORE_KEEP when that names a directory.
 #   tests/arm64/cross_store.sh X86_KVTIER ARM64_KVTIER      (ARM64_KVTIER: a command, e.g. a wrapper
-#                                                          that runs the aarch64 binary under qemu)
-# Environment: KVTIER_CHAT_MODEL. Needs redis-server (Debian's).
+#                                                          that runs the aarch64 binary under qemu;
+#                                                          any two kvtier builds compare the same way)
+# Environment: KVTIER_CHAT_MODEL, CROSS_PROMPTS. Needs redis-server (Debian's).
 set -u
 . "$(dirname "$0")/../cli/lib.sh"
 X86=${1:?usage: cross_store.sh X86_KVTIER ARM64_KVTIER}
@@ -56,47 +60,12 @@ stop() {
     PID=
     [ "$rc" -eq 0 ] || bad "$1: the server exited $rc"
 }
-# ask NAME: the same greedy request, with per-token log-probabilities, into $TMP/NAME.json
+# ask NAME: the same CROSS_PROMPTS greedy requests, with per-token log-probabilities, into $TMP/NAME.json
+LP=$(dirname "$0")/cross_lp.py
+NP=${CROSS_PROMPTS:-4}
 ask() {
-    python3 - "$PORT" >"$TMP/$1.json" 2>"$TMP/$1.pyerr" <<'EOF'
-import json, sys, urllib.request
-vocab = ("the river mill lantern harbor orchard comet glacier violin stone garden window winter summer market "
-         "bridge quiet old north road letter clock paper music forest light small village").split()
-r, out = 4242, []
-for i in range(300):
-    r = (r * 1103515245 + 12345) % 2**31
-    out.append(vocab[(r >> 8) % len(vocab)] + ("." if i % 11 == 10 else ""))
-doc = "Harbor log. The keeper's code word is amber-falcon. " + " ".join(out)
-body = {"model": "m", "temperature": 0, "max_tokens": 12, "logprobs": True,
-        "messages": [{"role": "system", "content": doc},
-                     {"role": "user", "content": "What is the keeper's code word?"}]}
-req = urllib.request.Request("http://127.0.0.1:%s/v1/chat/completions" % sys.argv[1], json.dumps(body).encode(),
-                             {"Content-Type": "application/json"})
-print(json.dumps(json.load(urllib.request.urlopen(req, timeout=1800))))
-EOF
-    [ -s "$TMP/$1.json" ] || bad "$1: no reply: $(tail -2 "$TMP/$1.pyerr")"
+    python3 "$LP" ask "$PORT" "$NP" "$TMP/$1.json" 2>"$TMP/$1.pyerr" || bad "$1: no reply: $(tail -2 "$TMP/$1.pyerr")"
 }
-route() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); k=d["usage"]["kvtier"]; print(k["store"], k["prompt_tokens_from_store"], d["usage"]["prompt_tokens"])' "$TMP/$1.json" 2>/dev/null; }
-# diff A B: "SUM_ABS MAX_ABS N TEXT_A | TEXT_B" over the replies' common leading tokens (N of
-# them): |difference of the sums of their log-probabilities|, the largest per-token difference
-diff_lp() {
-    python3 - "$TMP/$1.json" "$TMP/$2.json" <<'EOF'
-import json, sys
-def toks(p):
-    try:
-        d = json.load(open(p))
-    except Exception:
-        print("nan nan 0 (no reply in %s)" % p); sys.exit(0)
-    c = d["choices"][0]
-    return [(t["token"], t["logprob"]) for t in c["logprobs"]["content"]], c["message"]["content"]
-a, ta = toks(sys.argv[1]); b, tb = toks(sys.argv[2])
-n, m, sa, sb = 0, 0.0, 0.0, 0.0
-while n < min(len(a), len(b)) and a[n][0] == b[n][0]:
-    m = max(m, abs(a[n][1] - b[n][1])); sa += a[n][1]; sb += b[n][1]; n += 1
-print("%.6f %.6f %d %s | %s" % (abs(sa - sb), m, n, ta.replace("\n", " "), tb.replace("\n", " ")))
-EOF
-}
-
 # --- 1, 2: each architecture's own prefill, into its own files and Redis database ---------------
 serve x86_own "$X86" --store "$TMP/s_x86" --redis "redis://127.0.0.1:$RPORT/1"
 ask x86_own
@@ -104,37 +73,58 @@ stop x86_own
 serve arm_own "$ARM" --store "$TMP/s_arm" --redis "redis://127.0.0.1:$RPORT/2"
 ask arm_own
 stop arm_own
-read -r rx fx px <<<"$(route x86_own)"; read -r ra fa pa <<<"$(route arm_own)"
-[ "$rx" = miss ] && [ "$ra" = miss ] && [ "$px" = "$pa" ] && [ "${px:-0}" -ge 300 ] \
-    && ok "own prefills: store miss on both ($px prompt tokens, the same tokenization)" \
-    || bad "own prefills: x86 '$rx' $px tokens, arm64 '$ra' $pa tokens"
-read -r floor fmax nfl rest <<<"$(diff_lp x86_own arm_own)"
-echo "  noise floor between the architectures' own prefills: |d answer logprob| $floor (largest per token $fmax) over $nfl common tokens ($rest)"
-[ "${nfl:-0}" -ge 1 ] && ok "the two architectures' replies share $nfl leading tokens" || bad "no common leading token: $rest"
+# routes NAME: "STORE FROM PROMPT" per reply; ROUTES_N the replies, ROUTES_OK those that match $2
+routes_all() { python3 "$LP" route "$TMP/$1.json" 2>/dev/null; }
+routes_all x86_own >"$TMP/r1"; routes_all arm_own >"$TMP/r2"
+if [ "$(wc -l <"$TMP/r1")" -eq "$NP" ] && ! grep -qv '^miss ' "$TMP/r1" "$TMP/r2" && cmp -s "$TMP/r1" "$TMP/r2" &&
+    [ "$(awk '$3 < 300' "$TMP/r1" | wc -l)" -eq 0 ]; then
+    ok "own prefills: $NP prompts, store miss on both, the same tokenization ($(awk '{print $3}' "$TMP/r1" | paste -sd' ') tokens)"
+else
+    bad "own prefills: x86 $(paste -sd, "$TMP/r1"); arm64 $(paste -sd, "$TMP/r2")"
+fi
+# diff A B: per-prompt lines, then "all SUM MEAN TOKMEAN NTOK NSAME" (cross_lp.py diff); FMAX is
+# the largest per-token difference over the prompts
+diff_lp() { python3 "$LP" diff "$TMP/$1.json" "$TMP/$2.json"; }
+diff_lp x86_own arm_own >"$TMP/floor"
+sed 's/^/  floor /' "$TMP/floor" | grep -v '^  floor all'
+read -r _ fsum floor ftok fn fsame <<<"$(grep '^all ' "$TMP/floor")"
+fmax=$(awk '$1 != "all" && $3 > m { m = $3 } END { printf "%.6f", m }' "$TMP/floor")
+echo "  noise floor between the architectures' own prefills, mean over $NP prompts: |d answer logprob| $floor, per token $ftok (largest $fmax), $fn common tokens, $fsame same replies"
+[ "${fn:-0}" -ge "$NP" ] && ok "the two architectures' replies share $fn leading tokens over $NP prompts" || bad "few common leading tokens: $(cat "$TMP/floor")"
 
-# exact NAME: the request was a store "exact" with all the prompt's full blocks loaded
+# exact NAME: every request was a store "exact" with all its prompt's full blocks loaded
 exact() {
-    local r f p
-    read -r r f p <<<"$(route "$1")"
-    [ "$r" = exact ] && [ "${f:-0}" -ge $((p - 128)) ] \
-        && ok "$1: store exact, $f of $p prompt tokens loaded" || bad "$1: route '$r', $f of $p from the store"
+    local bad_lines
+    bad_lines=$(routes_all "$1" | awk '$1 != "exact" || $2 < $3 - 128' | paste -sd,)
+    [ "$(routes_all "$1" | wc -l)" -eq "$NP" ] && [ -z "$bad_lines" ] \
+        && ok "$1: store exact on all $NP prompts ($(routes_all "$1" | awk '{print $2 "/" $3}' | paste -sd' ') tokens loaded)" \
+        || bad "$1: not exact: ${bad_lines:-$(routes_all "$1" | wc -l) replies}"
 }
-# check NAME REF: the answer with the other architecture's blocks (NAME) against the same
-# architecture with its own blocks through the same load (REF)
+# check NAME REF: the answers with the other architecture's blocks (NAME) against the same
+# architecture with its own blocks through the same load (REF): the same greedy replies; the
+# largest per-token difference within 2x the floor's largest + 0.01; the answer's log-probability,
+# mean |difference| over the prompts, against the floor's mean
 check() {
-    local d m n rest t1 t2
+    local d m tok n same
     exact "$1"
-    read -r d m n rest <<<"$(diff_lp "$1" "$2")"
-    t1=${rest%% | *}; t2=${rest#* | }
-    [ "$n" -ge 1 ] && [ "$t1" = "$t2" ] && ok "$1: the same greedy reply as $2 ($n tokens)" || bad "$1: replies differ: $rest"
+    diff_lp "$1" "$2" >"$TMP/d_$1"
+    read -r _ _ d tok n same <<<"$(grep '^all ' "$TMP/d_$1")"
+    m=$(awk '$1 != "all" && $3 > m { m = $3 } END { printf "%.6f", m }' "$TMP/d_$1")
+    [ "$same" -ge $((fsame - 1)) ] && ok "$1: the same greedy reply as $2 on $same of $NP prompts (the own prefills agree on $fsame)" \
+        || bad "$1: the same greedy reply as $2 on only $same of $NP prompts (the own prefills agree on $fsame)"
     if python3 -c "import sys; sys.exit(0 if float('$m') <= 2 * float('$fmax') + 0.01 else 1)" 2>/dev/null; then
-        ok "$1: per-token |d logprob| at most $m vs $2, within 2 x the floor $fmax + 0.01"
+        ok "$1: per-token |d logprob| at most $m vs $2, within 2 x the floor's $fmax + 0.01"
     else
-        bad "$1: per-token |d logprob| up to $m vs $2, above 2 x the floor $fmax + 0.01 ($rest)"
+        bad "$1: per-token |d logprob| up to $m vs $2, above 2 x the floor's $fmax + 0.01"
     fi
-    python3 -c "import sys; sys.exit(0 if float('$d') <= float('$floor') + 0.01 else 1)" 2>/dev/null && w=within || w=BEYOND
-    echo "  $1: the answer's log-probability differs by $d nats from $2's: $w the floor $floor (+ 0.01)"
-    echo "$1 $2 $d $m $n" >>"$TMP/findings"
+    sed "s/^/  $1 /" "$TMP/d_$1" | grep -v " all "
+    python3 -c "import sys; sys.exit(0 if float('$d') <= float('$floor') + 0.01 else 1)" 2>/dev/null && w=within || w=above
+    if python3 -c "import sys; sys.exit(0 if float('$d') <= 2 * float('$floor') + 0.01 else 1)" 2>/dev/null; then
+        ok "$1: the answer's log-probability differs from $2's by $d nats (mean over $NP prompts; per token $tok): $w the floor $floor (+ 0.01), within 2 x"
+    else
+        bad "$1: the answer's log-probability differs from $2's by $d nats (mean over $NP prompts; per token $tok): above 2 x the floor $floor (+ 0.01)"
+    fi
+    echo "$1 $2 $d $tok $m $n $floor $ftok $fmax" >>"$TMP/findings"
 }
 
 # --- 3. each architecture's own blocks, loaded back ---------------------------------------------
@@ -147,8 +137,8 @@ ask arm_reload
 stop arm_reload
 exact arm_reload
 for pair in "x86_reload x86_own" "arm_reload arm_own"; do
-    read -r d m n rest <<<"$(diff_lp $pair)"
-    echo "  the load path on one architecture ($pair): |d answer logprob| $d, per token at most $m, over $n tokens"
+    read -r _ _ d tok n same <<<"$(diff_lp $pair | grep '^all ')"
+    echo "  the load path on one architecture ($pair): mean |d answer logprob| $d, per token $tok, over $n tokens, $same of $NP the same reply"
 done
 
 # --- 4. ARM64 reads what x86-64 wrote ---------------------------------------------------------------
