@@ -227,12 +227,12 @@ int cmd_serve(int argc, char **argv) {
         { "redis-timeout-ms", 0, OPT_INT, &srv.redis_timeout_ms, 1, 60000, "N",
           "deadline of a Redis read in ms; past it the block is prefilled (default 20)", NULL },
         { "codec-disk", 0, OPT_STR, &srv.codec_disk, 0, 0, "SPEC",
-          "codec of the block store's disk tier: raw (default: exact K/V), q8, q4, elastic, elastic+q8 "
+          "codec of the block store's disk tier: raw (default: exact K/V), q8, q4, elastic, elastic+q8, elastic+q4 "
           "(kvtier bench codec measures bytes and KL)",
           NULL },
         { "codec-ram", 0, OPT_STR, &srv.codec_ram, 0, 0, "SPEC",
           "codec of the blocks sessions save to the host RAM tier: raw (default: exact K/V), q8, q4, elastic, "
-          "elastic+q8 (kvtier eval ppl --codec measures KL and bytes)",
+          "elastic+q8, elastic+q4 (kvtier eval ppl --codec measures KL and bytes)",
           NULL },
         { "redis-secret-file", 0, OPT_STR, &srv.redis_secret_file, 0, 0, "FILE",
           "16-4096 bytes shared by the servers sharing --redis: every value written carries HMAC-SHA-256 under it "

@@ -1095,7 +1095,9 @@ int kvt_store_clear(kvt_store *st);
 **               |x - x^| <= (max - min) / (2^bits - 1) / 2; ~0.56x / ~0.31x of raw F16.
 **   elastic     ElasticKV-style sparsification per layer, K/V and KV head: |x| below
 **               max(sigma_h / 2, mu_h) x s set to 0; a bitmap plus the kept values.
-**   elastic+q8  elastic's bitmap, the kept values as q8. */
+**   elastic+q8  elastic's bitmap, the kept values as q8 (min/max groups over the kept ones).
+**   elastic+q4  the same with the kept values as q4 (the fewest bytes; its KL is elastic's plus
+**               q4's: docs/BENCHMARKS.md, "ElasticKV's bytes"). */
 #define KVT_CODEC_VERSION              3 /* written: the payload's checksum is XXH3-128 */
 #define KVT_CODEC_VERSION_HEADS        4 /* a version-3 header followed by the per-head bits table */
 #define KVT_CODEC_VERSION_SHA256       1 /* still read: versions 3 and 4 with SHA-256 instead */
@@ -1107,14 +1109,15 @@ enum kvt_codec_id {
     KVT_CODEC_Q4 = 2,
     KVT_CODEC_ELASTIC = 3,
     KVT_CODEC_ELASTIC_Q8 = 4,
+    KVT_CODEC_ELASTIC_Q4 = 5,
     KVT_CODEC__COUNT
 };
 
 struct kvt_codec_params {
     int32_t codec;            /* enum kvt_codec_id */
     int32_t n_head_kv;        /* KV heads per layer (elastic thresholds are per head); 0 = one per row */
-    int32_t group_k;          /* q8/q4/elastic+q8: cells per K group (default 64) */
-    int32_t group_v;          /* q8/q4/elastic+q8: channels per V group (default 64) */
+    int32_t group_k;          /* q8/q4/elastic+q8/elastic+q4: cells per K group (default 64) */
+    int32_t group_v;          /* q8/q4/elastic+q8/elastic+q4: channels per V group (default 64) */
     float s_k, s_v;           /* elastic: threshold scales for K and V (defaults 0.45, 0.50) */
     int32_t n_sink;           /* cells with position < n_sink stay raw; default 64 (elastic), 0 (q8/q4) */
     const uint8_t *head_bits; /* q8/q4: NULL (default) = the codec's bits; else 4 or 8 per (layer, KV
@@ -1126,7 +1129,7 @@ struct kvt_codec_params {
 struct kvt_codec_params kvt_codec_default_params(int32_t codec);
 
 /* Parse a codec spec: "raw", "q8[:GK[,GV[,SINK]]]", "q4[:...]", "elastic[:SK[,SV[,SINK]]]" or
-** "elastic+q8[:...]" (e.g. "elastic:0.45,0.50"); omitted values are the defaults, n_head_kv 0.
+** "elastic+q8[:...]", "elastic+q4[:...]" (e.g. "elastic:0.45,0.50"); omitted values are the defaults, n_head_kv 0.
 ** OUT *out.  Errors: KVT_EINVAL naming the bad part (unknown name, a non-number, a scale outside
 ** (0, 10], a group outside 1..65536, a sink count outside 0..2^30, too many values).  Pure. */
 int kvt_codec_parse(const char *spec, struct kvt_codec_params *out /* OUT */);

@@ -45,12 +45,12 @@ static size_t hdr_bytes_heads(uint32_t n) { return HDR_BYTES + 8 + ((size_t) n +
 #define SEC_BYTES 40
 static const uint8_t MAGIC[4] = { 'K', 'V', 'T', 'C' };
 
-static const char *const NAMES[KVT_CODEC__COUNT] = { "raw", "q8", "q4", "elastic", "elastic+q8" };
+static const char *const NAMES[KVT_CODEC__COUNT] = { "raw", "q8", "q4", "elastic", "elastic+q8", "elastic+q4" };
 
 const char *kvt_codec_name(int32_t codec) { return codec >= 0 && codec < KVT_CODEC__COUNT ? NAMES[codec] : "unknown"; }
 
 struct kvt_codec_params kvt_codec_default_params(int32_t codec) {
-    bool el = codec == KVT_CODEC_ELASTIC || codec == KVT_CODEC_ELASTIC_Q8;
+    bool el = codec == KVT_CODEC_ELASTIC || codec == KVT_CODEC_ELASTIC_Q8 || codec == KVT_CODEC_ELASTIC_Q4;
     struct kvt_codec_params p = {
         codec >= 0 && codec < KVT_CODEC__COUNT ? codec : KVT_CODEC_RAW, 0, 64, 64, 0.45f, 0.50f, el ? 64 : 0, NULL, 0
     };
@@ -93,8 +93,8 @@ int kvt_codec_parse(const char *spec, struct kvt_codec_params *out) {
     for (int i = 0; i < KVT_CODEC__COUNT; i++)
         if (strlen(NAMES[i]) == nl && !strncmp(spec, NAMES[i], nl)) id = i;
     if (id < 0)
-        return kvt__fail(KVT_EINVAL, "unknown codec '%.*s' in '%s' (expected raw, q8, q4, elastic, elastic+q8)", (int) nl, spec,
-                         spec);
+        return kvt__fail(KVT_EINVAL, "unknown codec '%.*s' in '%s' (expected raw, q8, q4, elastic, elastic+q8, elastic+q4)",
+                         (int) nl, spec, spec);
     struct kvt_codec_params p = kvt_codec_default_params(id);
     if (spec[nl] == ':') {
         const char *a = spec + nl + 1;

@@ -12,6 +12,8 @@
 **                     row-major), the kept elements in the cache type, row-major
 **     elastic+q8      n_head x f32 tau, bitmap, n_groups x { f32 min, f32 step } over the kept
 **                     elements of each group, one u8 code per kept element in group order
+**     elastic+q4      as elastic+q8 with a 4-bit code per kept element, packed low nibble first
+**                     across the whole section (ceil(n_kept / 2) bytes)
 **     q8 / q4 with per-head bits (head_bits, header version 2): n_groups x { f32 min, f32 step },
 **                     then each group's codes in its head's bits (4 or 8), a 4-bit group packed
 **                     low nibble first and padded to a whole byte

@@ -137,7 +137,11 @@ static size_t bytes_of_bits(size_t bits) { return (bits + 7) / 8; }
 static bool bit_get(const uint8_t *bm, size_t i) { return (bm[i >> 3] >> (i & 7)) & 1; }
 static void bit_set(uint8_t *bm, size_t i) { bm[i >> 3] |= (uint8_t) (1u << (i & 7)); }
 
-static int q_bits(int codec) { return codec == KVT_CODEC_Q4 ? 4 : 8; }
+/* Bits of a quantised code: 4 for q4 and elastic+q4, else 8. */
+static int q_bits(int codec) { return codec == KVT_CODEC_Q4 || codec == KVT_CODEC_ELASTIC_Q4 ? 4 : 8; }
+static bool is_elastic(int codec) {
+    return codec == KVT_CODEC_ELASTIC || codec == KVT_CODEC_ELASTIC_Q8 || codec == KVT_CODEC_ELASTIC_Q4;
+}
 
 /* A rounded code in [0, levels]: a NaN or infinite element (a block decoded from hostile bytes
 ** can hold any bits) gives 0 or levels, never a float-to-integer conversion out of range. */
@@ -376,7 +380,7 @@ int kvt__sec_encode(struct kvt__buf *out, const struct kvt__mat *m, const bool *
         }
     kvt__buf_put(out, cbm, bytes_of_bits(N));
     free(cbm);
-    const bool elastic = p->codec == KVT_CODEC_ELASTIC || p->codec == KVT_CODEC_ELASTIC_Q8;
+    const bool elastic = is_elastic(p->codec);
     if (!elastic && !head_bits && !test_generic) {
         *n_lossy += (int64_t) (N - n_raw) * E;
         return enc_uniform(out, m, raw_cell, kind, p, N - n_raw);
@@ -439,7 +443,7 @@ int kvt__sec_encode(struct kvt__buf *out, const struct kvt__mat *m, const bool *
         if ((rc = quantise_mixed(out, y, &g, head_bits, E / (uint32_t) n_head))) goto out;
     } else {
         struct groups g = groups_of(kind, M, E, p);
-        int bits = p->codec == KVT_CODEC_ELASTIC_Q8 ? 8 : q_bits(p->codec);
+        int bits = q_bits(p->codec);
         size_t nc = 0;
         if ((rc = quantise(out, y, elastic ? keep : NULL, &g, bits, codes, &nc))) goto out;
         if (bits == 8) kvt__buf_put(out, codes, nc);
@@ -572,7 +576,7 @@ int kvt__sec_decode(const uint8_t *enc, size_t n, const struct kvt__mat *m, int 
     if (!rawv) return short_sec(&cu, "raw cells", (size_t) n_raw * row);
     const uint32_t M = N - n_raw;
     const size_t ne = (size_t) M * E;
-    const bool elastic = p->codec == KVT_CODEC_ELASTIC || p->codec == KVT_CODEC_ELASTIC_Q8;
+    const bool elastic = is_elastic(p->codec);
     /* before allocating from N and E: the body must hold at least its smallest encoding (elastic:
     ** the thresholds and a 1-bit mask per element; q8/q4: half a byte per element), so what is
     ** allocated stays within a fixed multiple of the section's bytes; element indices fit 32 bits */
@@ -662,7 +666,7 @@ int kvt__sec_decode(const uint8_t *enc, size_t n, const struct kvt__mat *m, int 
         for (uint32_t r = 0; r < M; r++) row_from_f32(y + (size_t) r * E, cm + rows[r] * row, E, es);
     } else {
         struct groups g = groups_of(kind, M, E, p);
-        int bits = p->codec == KVT_CODEC_ELASTIC_Q8 ? 8 : q_bits(p->codec);
+        int bits = q_bits(p->codec);
         const uint8_t *prm = take(&cu, g.n * 8);
         if (!prm) {
             rc = short_sec(&cu, "group parameters", g.n * 8);
@@ -684,9 +688,15 @@ int kvt__sec_decode(const uint8_t *enc, size_t n, const struct kvt__mat *m, int 
             memcpy(&lo, prm + gi * 8, 4);
             memcpy(&step, prm + gi * 8 + 4, 4);
             uint32_t k = group_elems(&g, gi, idx);
-            if (keep) {
+            if (keep && bits == 8) {
                 for (uint32_t i = 0; i < k; i++)
                     if (bit_get(keep, idx[i])) y[idx[i]] = lo + (float) codes[ci++] * step;
+            } else if (keep) { /* elastic+q4: the kept elements' codes, packed low nibble first */
+                for (uint32_t i = 0; i < k; i++)
+                    if (bit_get(keep, idx[i])) {
+                        y[idx[i]] = lo + (float) ((codes[ci >> 1] >> ((ci & 1) * 4)) & 15u) * step;
+                        ci++;
+                    }
             } else if (bits == 8) {
                 for (uint32_t i = 0; i < k; i++) y[idx[i]] = lo + (float) codes[ci++] * step;
             } else {

@@ -33,7 +33,7 @@ for k in ("model", "llama_cpp", "commit", "date", "machine", "type_k"):
 print(("ok  " if d.get("tokens") == 128 and d.get("eval_tokens") == 8 else "FAIL") + " tokens / eval_tokens")
 rows = {r["codec"]: r for r in d.get("rows", [])}
 names = [r["codec"] for r in d.get("rows", [])]
-want = ["rawload", "floor", "raw", "q8", "q4", "elastic", "elastic+q8"]
+want = ["rawload", "floor", "raw", "q8", "q4", "elastic", "elastic+q8", "elastic+q4"]
 print(("ok  " if names == want else "FAIL") + f" rows {names}")
 def num(r, k):
     v = r.get(k)
@@ -51,6 +51,10 @@ print(("ok  " if 0 < q4.get("ratio", 9) < q8.get("ratio", 0) < 0.7 else "FAIL") 
 print(("ok  " if q8.get("kl_mean", 0) > 0 else "FAIL") + f" q8 is lossy (KL {q8.get('kl_mean')})")
 e = rows.get("elastic", {})
 print(("ok  " if 0.05 < e.get("sparsity", 0) < 0.9 else "FAIL") + f" elastic sparsity {e.get('sparsity')}")
+e8, e4 = rows.get("elastic+q8", {}), rows.get("elastic+q4", {})
+print(("ok  " if 0 < e4.get("ratio", 9) < e8.get("ratio", 0) < e.get("ratio", 0) else "FAIL")
+      + f" elastic+q4 {e4.get('ratio')} < elastic+q8 {e8.get('ratio')} < elastic {e.get('ratio')}")
+print(("ok  " if e4.get("sparsity") == e8.get("sparsity") == e.get("sparsity") else "FAIL") + " the elastic codecs zero the same elements")
 PY
 while IFS= read -r line; do
     case "$line" in
