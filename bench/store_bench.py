@@ -52,6 +52,7 @@ import json
 import os
 import random
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -88,7 +89,7 @@ def corpus_words():
 
 class Server:
     def __init__(self, a, store, extra, log):
-        args = [a.bin, "serve", "-m", a.model, "--port", "0", "--threads", str(a.threads)] + extra
+        args = [a.bin, "serve", "-m", a.model, "--port", "0", "--threads", str(a.threads)] + shlex.split(a.serve_args) + extra
         args += ["--store", store] if store else ["--no-store"]
         self.log = open(log, "w")
         self.p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self.log)
@@ -175,7 +176,7 @@ def ttft(a):
             s = Server(a, store, extra, log)
             t_disk, r_disk = s.chat(msgs, session="disk-warm")
             s.stop()
-            t_redis = r_redis = None
+            t_redis = r_redis = redis_mb = None
             if not a.no_redis and shutil.which("redis-server"):
                 # another server through Redis: A (a store of its own) computes the prompt and
                 # writes it behind to Redis as it stops; B starts on an empty store
@@ -185,6 +186,7 @@ def ttft(a):
                     s = Server(a, store + "-A", extra + rb, log)
                     s.chat(msgs, session="redis-A")
                     s.stop()
+                    redis_mb = redis_value_mb(rport)
                     s = Server(a, store + "-B", extra + rb, log)
                     t_redis, r_redis = s.chat(msgs, session="redis-B")
                     s.stop()
@@ -208,7 +210,7 @@ def ttft(a):
                "redis_from_store": kv(r_redis)["prompt_tokens_from_store"] if r_redis else None,
                "disk_cold_s": t_dcold, "partial_s": t_part, "routes": [kv(r)["store"] for r in (r_cold, r_ram, r_disk, r_part)],
                "from_store": [kv(r)["prompt_tokens_from_store"] for r in (r_cold, r_ram, r_disk, r_part)],
-               "partial_prompt_tokens": r_part["usage"]["prompt_tokens"], "store_mb": store_mb}
+               "partial_prompt_tokens": r_part["usage"]["prompt_tokens"], "store_mb": store_mb, "redis_mb": redis_mb}
         rows.append(row)
         print(f"{row['prompt_tokens']:6d} tokens: cold {t_cold:7.3f} s | RAM {t_ram:6.3f} s ({t_cold / t_ram:5.1f}x) | "
               f"disk after restart {t_disk:6.3f} s ({t_cold / t_disk:5.1f}x)"
@@ -216,8 +218,8 @@ def ttft(a):
               + (f" | Redis, another server {t_redis:6.3f} s ({t_cold / t_redis:5.1f}x, {row['redis_route']}"
                  f" {row['redis_from_store']})" if t_redis else "")
               + f" | partial {t_part:6.3f} s ({t_cold / t_part:4.1f}x) | routes {row['routes']} from store {row['from_store']}"
-              f" | store {store_mb:.1f} MiB", flush=True)
-    out = {"bench": "ttft", "text": src, "page_cache_drop": dropped, "info": build_info(a), "rows": rows}
+              f" | store {store_mb:.1f} MiB" + (f", Redis values {redis_mb:.1f} MiB" if redis_mb is not None else ""), flush=True)
+    out = {"bench": "ttft", "serve_args": a.serve_args, "text": src, "page_cache_drop": dropped, "info": build_info(a), "rows": rows}
     if a.json:
         json.dump(out, open(a.json, "w"), indent=1)
     return out
@@ -325,6 +327,17 @@ def start_redis():
         except OSError:
             time.sleep(0.1)
     raise SystemExit("redis-server did not start")
+
+
+def redis_value_mb(port):
+    """MiB of the values in the Redis on port (STRLEN of every key: what the servers wrote)."""
+    cli = ["redis-cli", "-p", str(port), "--no-raw"]
+    keys = subprocess.run(cli[:3] + ["--scan"], capture_output=True, text=True, check=True).stdout.split()
+    total = 0
+    for k in keys:
+        out = subprocess.run(cli[:3] + ["STRLEN", k], capture_output=True, text=True, check=True).stdout.strip()
+        total += int(out) if out.isdigit() else 0
+    return total / 2**20
 
 
 def prefetch_ab(a):
@@ -519,6 +532,8 @@ def main():
     ap.add_argument("--clients", type=int, default=3, help="prefetch: clients at once in case 3")
     ap.add_argument("--gen", type=int, default=16, help="prefetch: tokens generated per queued request")
     ap.add_argument("--redis-timeout-ms", type=int, default=100, help="prefetch, ttft: --redis-timeout-ms of the servers")
+    ap.add_argument("--serve-args", default="", help="more `kvtier serve` flags for every server, e.g. '--codec-disk q4' "
+                    "(the disk tier's codec, which Redis also holds)")
     ap.add_argument("--no-redis", action="store_true", help="ttft: skip the Redis column (default: run it when redis-server is installed)")
     a = ap.parse_args()
     if not a.model:
