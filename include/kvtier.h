@@ -932,8 +932,9 @@ struct kvt_store_params {
     const char *redis_secret_file; /* NULL = values checksummed, not authenticated.  Else a 16..4096-byte
                               ** file (read at open; else KVT_EINVAL) shared by the servers: values
                               ** carry HMAC-SHA-256(secret, value); a mismatch is a miss, deleted */
-    const char *disk_codec;        /* disk tier codec (section 9 spec); NULL = "raw" (exact K/V, the
-                              ** default); callers always see raw bytes.  docs/MANUAL.md, "Store disk codec" */
+    const char *disk_codec;        /* codec of blocks at rest, disk and Redis (section 9 spec); NULL = "raw"
+                              ** (exact K/V, the default; then a coded Redis value is a miss); callers
+                              ** always see raw bytes.  docs/MANUAL.md, "Store disk codec" */
     int32_t disk_codec_heads;      /* KV heads per layer (elastic thresholds per head); 0 = one per row */
     /* Private entries (sessions' own block copies, RAM within ram_bytes, then spill files). */
     const char *private_dir;   /* spill directory; NULL = one under $TMPDIR; copied at open */

@@ -21,9 +21,15 @@
 ** the request path); while backed off it drops what it takes.  Before sending a block the writer
 ** asks EXPIRE: a key another server already wrote only gets its TTL renewed.
 **
+** Codec: values hold the blob as the disk tier would (kvt_store_params.disk_codec, encoded on the
+** writer thread, decoded after the checks on a read: callers see raw bytes), so the network and
+** Redis's memory carry the coded bytes.  A store whose own codec is raw (exact K/V) does not take a
+** coded value: a miss, not counted corrupt and not deleted (another server's choice).
+**
 ** Threads: a get takes a connection from a small pool (one per concurrent reader, so no two
 ** threads ever share a redisContext) and gives it back; the writer owns its own. */
 #include "store/store_int.h"
+#include "kv/blob.h"
 
 #include <errno.h>
 #include <hiredis/hiredis.h>
@@ -198,6 +204,8 @@ struct kvt__redis {
     int timeout_ms, w_timeout_ms, ttl_s, queue_max;
     size_t max_bytes;
     char range_end[24]; /* max_bytes in decimal: GETRANGE's last index (a read of max_bytes + 1) */
+
+    struct kvt_codec_params codec; /* the store's disk codec: what a value holds (raw: exact) */
 
     uint8_t secret[4096]; /* redis_secret_file's bytes (n_secret 0: values not authenticated) */
     size_t n_secret;
@@ -391,6 +399,41 @@ static int auth_value(const struct kvt__redis *r, const uint8_t *v, size_t n, si
 static int get_unguarded(struct kvt__redis *r, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
                          struct kvt_store_meta *meta, const char **why);
 
+/* The payload of a checked value (header h, body after it) as the raw blob bytes callers see:
+** copied, or decoded when coded.  0 (*data, *n, h->codec raw), KVT_ENOMEM, KVT_ENOENT with *coded
+** (a coded value and this store keeps raw: a plain miss) or *bad (the codec payload does not
+** decode: corrupt). */
+static int value_payload(const struct kvt__redis *r, struct kvt__sblob_hdr *h, const uint8_t *body, void **data, size_t *n,
+                         bool *coded, const char **bad) {
+    *coded = false;
+    *bad = NULL;
+    if (h->codec == KVT_CODEC_RAW) {
+        if (!(*data = malloc(h->size ? (size_t) h->size : 1))) return KVT_ENOMEM;
+        memcpy(*data, body, (size_t) h->size);
+        *n = (size_t) h->size;
+        return 0;
+    }
+    if (r->codec.codec == KVT_CODEC_RAW) {
+        *coded = true;
+        return KVT_ENOENT;
+    }
+    kvt_blob *dec = NULL;
+    int rc = kvt_codec_decode(body, (size_t) h->size, &dec);
+    if (rc == KVT_ENOMEM) return rc;
+    if (rc) {
+        *bad = "codec payload does not decode";
+        kvt__clear_error();
+        return KVT_ENOENT;
+    }
+    *data = dec->data;
+    *n = dec->size;
+    dec->data = NULL;
+    kvt_blob_free(dec);
+    h->codec = KVT_CODEC_RAW;
+    h->size = (uint64_t) *n;
+    return 0;
+}
+
 int kvt__redis_get(struct kvt__redis *r, const kvt_key *key, const kvt_key *model, void **data, size_t *n,
                    struct kvt_store_meta *meta, const char **why) {
     sigset_t old;
@@ -451,20 +494,18 @@ static int get_unguarded(struct kvt__redis *r, const kvt_key *key, const kvt_key
         int cr = auth_value(r, (const uint8_t *) rep->str, rep->len, &body, &bad)
                      ? KVT__SBLOB_BAD
                      : kvt__redis_check_value((const uint8_t *) rep->str, body, r->max_bytes, key, model, &h, &bad);
+        bool coded = false;
         if (cr == KVT__SBLOB_NOMEM) {
             rc = KVT_ENOMEM;
             *why = "no memory";
-        } else if (!bad) {
-            if (!(*data = malloc(h.size ? (size_t) h.size : 1))) {
-                rc = KVT_ENOMEM;
-                *why = "no memory";
-            } else {
-                memcpy(*data, rep->str + KVT__SBLOB_HDR, (size_t) h.size);
-                *n = (size_t) h.size;
-                *meta = (struct kvt_store_meta){ h.model, h.n_tokens, h.codec };
-                bump(r, &r->hits, 1);
-                rc = 0;
-            }
+        } else if (!bad && (rc = value_payload(r, &h, (const uint8_t *) rep->str + KVT__SBLOB_HDR, data, n, &coded, &bad)) == 0) {
+            *meta = (struct kvt_store_meta){ h.model, h.n_tokens, h.codec };
+            bump(r, &r->hits, 1);
+        } else if (rc == KVT_ENOMEM) {
+            *why = "no memory";
+        } else if (coded) { /* another server's codec; this store keeps exact K/V */
+            *why = "value is coded (a lossy disk codec) and this store keeps raw blocks";
+            bump(r, &r->misses, 1);
         } else {
             *why = bad;
             pthread_mutex_lock(&r->mu);
@@ -551,11 +592,26 @@ static void write_job(struct kvt__redis *r, struct rjob *j) {
         bump(r, &r->writes, 1);
         return;
     }
-    struct kvt__sblob_hdr h = {
-        .key = j->key, .model = j->meta.model, .codec = j->meta.codec, .n_tokens = j->meta.n_tokens, .size = j->buf->n
-    };
+    /* the codec, here on the writer thread (off the caller's path); a blob it cannot take (not a
+    ** block's, a quantised cache) goes raw, as on disk */
+    const uint8_t *data = j->buf->data;
+    size_t size = j->buf->n;
+    int32_t codec = j->meta.codec;
+    uint8_t *enc = NULL;
+    if (codec == KVT_CODEC_RAW && r->codec.codec != KVT_CODEC_RAW) {
+        kvt_blob raw = { (uint8_t *) j->buf->data, j->buf->n, 0, j->meta.n_tokens, 0, 0 };
+        size_t en = 0;
+        if (kvt__blob_shape(&raw) == 0 && kvt_codec_encode(&raw, &r->codec, &enc, &en, NULL) == 0) {
+            data = enc;
+            size = en;
+            codec = r->codec.codec;
+        }
+        kvt__clear_error();
+    }
+    struct kvt__sblob_hdr h = { .key = j->key, .model = j->meta.model, .codec = codec, .n_tokens = j->meta.n_tokens, .size = size };
     size_t vn = 0;
-    uint8_t *v = kvt__sblob_checksum(0, j->buf->data, j->buf->n, h.sum) ? NULL : kvt__sblob_encode_mem(&h, j->buf->data, &vn);
+    uint8_t *v = kvt__sblob_checksum(0, data, size, h.sum) ? NULL : kvt__sblob_encode_mem(&h, data, &vn);
+    free(enc);
     if (v && r->n_secret) { /* the MAC after the value */
         uint8_t *w = realloc(v, vn + KVT__REDIS_MAC);
         unsigned int ml = 0;
@@ -638,6 +694,9 @@ int kvt__redis_open(const struct kvt_store_params *p, struct kvt__redis **out) {
     if (p->redis_max_bytes <= KVT__SBLOB_HDR)
         return kvt__fail(KVT_EINVAL, "Redis max value bytes %zu is not above the %d-byte header (%s)", p->redis_max_bytes,
                          KVT__SBLOB_HDR, safe);
+    struct kvt_codec_params codec = kvt_codec_default_params(KVT_CODEC_RAW);
+    if (p->disk_codec && kvt_codec_parse(p->disk_codec, &codec)) return kvt__fail(KVT_EINVAL, "Redis tier: %s", kvt_errmsg());
+    codec.n_head_kv = p->disk_codec_heads;
     struct kvt__redis *r = calloc(1, sizeof *r);
     if (!r) return kvt__fail(KVT_ENOMEM, "Redis tier: no memory");
     if (p->redis_secret_file) {
@@ -664,6 +723,7 @@ int kvt__redis_open(const struct kvt_store_params *p, struct kvt__redis **out) {
     r->ttl_s = p->redis_ttl_s;
     r->queue_max = p->redis_queue_max;
     r->max_bytes = p->redis_max_bytes;
+    r->codec = codec;
     snprintf(r->range_end, sizeof r->range_end, "%zu", r->max_bytes);
     pthread_mutex_init(&r->mu, NULL);
     pthread_mutex_init(&r->q_mu, NULL);
@@ -798,14 +858,15 @@ static int check_reply(struct kvt__redis *r, const redisReply *rep, const kvt_ke
                  ? KVT__SBLOB_BAD
                  : kvt__redis_check_value((const uint8_t *) rep->str, body, r->max_bytes, key, model, &h, &bad);
     if (cr == KVT__SBLOB_NOMEM) return KVT_ENOMEM;
-    if (cr != KVT__SBLOB_OK) {
+    bool coded = false;
+    int rc = cr == KVT__SBLOB_OK ? value_payload(r, &h, (const uint8_t *) rep->str + KVT__SBLOB_HDR, data, n, &coded, &bad) : 0;
+    if (rc == KVT_ENOMEM) return rc;
+    if (cr != KVT__SBLOB_OK || bad) {
         bump(r, &r->corrupt, 1);
         *del = true;
         return KVT_ENOENT;
     }
-    if (!(*data = malloc(h.size ? (size_t) h.size : 1))) return KVT_ENOMEM;
-    memcpy(*data, rep->str + KVT__SBLOB_HDR, (size_t) h.size);
-    *n = (size_t) h.size;
+    if (coded) return KVT_ENOENT; /* another server's codec; this store keeps exact K/V */
     *meta = (struct kvt_store_meta){ h.model, h.n_tokens, h.codec };
     return 0;
 }

@@ -522,6 +522,141 @@ static void test_poison(void **state) {
     kvt_store_free(b);
 }
 
+/* ---- the disk codec on Redis ---------------------------------------------------------------- */
+
+static kvt_store *open_store_codec(const char *dir, const char *url, const char *codec, int n_head_kv) {
+    struct kvt_store_params p = kvt_store_default_params();
+    p.dir = dir;
+    p.redis_url = url;
+    p.redis_timeout_ms = 1000;
+    p.disk_codec = codec;
+    p.disk_codec_heads = n_head_kv;
+    kvt_store *st = NULL;
+    int rc = kvt_store_open(&p, &st);
+    if (rc) fail_msg("kvt_store_open %s: %s (%s)", dir, kvt_strerror(rc), kvt_errmsg());
+    return st;
+}
+
+/* Length of the Redis value of (model, k); 0 = absent. */
+static size_t value_len(struct fx *f, const kvt_key *model, const kvt_key *k, int32_t *codec) {
+    char key[160];
+    kvt__redis_key(model, k, key);
+    redisReply *rep = rfx_cmd(&f->redis, "GET %s", key);
+    assert_non_null(rep);
+    size_t n = rep->type == REDIS_REPLY_STRING ? rep->len : 0;
+    struct kvt__sblob_hdr h;
+    const char *why = NULL;
+    if (n) assert_int_equal(kvt__redis_check_value((const uint8_t *) rep->str, n, n, k, model, &h, &why), KVT__SBLOB_OK);
+    if (n && codec) *codec = h.codec;
+    freeReplyObject(rep);
+    return n;
+}
+
+/* A real block (64 tokens of the tiny llama, F16 cache) through stores with and without a codec:
+** a q4 store writes the q4 container to Redis (fewer bytes than the raw blob); another q4 store
+** with an empty directory gets back exactly decode(encode(blob)) computed here, as a Redis hit
+** (and then from RAM); a raw store (exact K/V) does not take the coded value: a miss, not
+** corrupt, the value left in Redis.  Control: a raw store writes the raw blob. */
+static void test_codec(void **state) {
+    struct fx *f = *state;
+    need_redis(f);
+    const char *tiny = getenv("KVT_TINY_DIR");
+    char path[512], dir_c[64] = "/tmp/kvt-test-redis-c-XXXXXX";
+    snprintf(path, sizeof path, "%s/tiny-llama.gguf", tiny ? tiny : "models");
+    struct kvt_engine_params ep = kvt_engine_default_params();
+    ep.model_path = path;
+    ep.n_ctx = 256;
+    kvt_engine *e = NULL;
+    int rc = kvt_engine_open(&ep, &e);
+    if (rc) fail_msg("open %s: %s", path, kvt_errmsg());
+    struct kvt_engine_info info;
+    kvt_engine_info(e, &info);
+    kvt_token tok[64];
+    for (int i = 0; i < 64; i++) tok[i] = 3 + (kvt_token) ((i * 7919) % (info.n_vocab - 3));
+    assert_int_equal(kvt_engine_decode(e, 0, tok, 64, 0, false), 0);
+    kvt_blob *blob = NULL;
+    assert_int_equal(kvt_block_save(e, 0, 0, 64, &blob), 0);
+    kvt_engine_free(e);
+    struct kvt_codec_params cp;
+    assert_int_equal(kvt_codec_parse("q4", &cp), 0);
+    cp.n_head_kv = info.n_head_kv;
+    uint8_t *enc = NULL;
+    size_t en = 0;
+    assert_int_equal(kvt_codec_encode(blob, &cp, &enc, &en, NULL), 0);
+    kvt_blob *want = NULL;
+    assert_int_equal(kvt_codec_decode(enc, en, &want), 0);
+    assert_int_equal(want->size, blob->size);
+    assert_true(memcmp(want->data, blob->data, blob->size) != 0); /* lossy: a hit of the raw bytes would be seen */
+
+    kvt_key k = sk_key("codec", 1), k_raw = sk_key("codec", 2);
+    const struct kvt_store_meta m = { MODEL_A, 64, KVT_CODEC_RAW };
+    kvt_store *a = open_store_codec(f->dir_a, f->redis.url, "q4", info.n_head_kv);
+    assert_int_equal(kvt_store_put(a, &k, &m, blob->data, blob->size), 0);
+    kvt_store_flush(a);
+    kvt_store_free(a);
+    int32_t codec = -1;
+    size_t vq = value_len(f, &MODEL_A, &k, &codec);
+    printf("Redis value: q4 %zu bytes for a %zu-byte blob (%.3fx)\n", vq, blob->size, (double) vq / (double) blob->size);
+    assert_int_equal(codec, KVT_CODEC_Q4);
+    assert_true(vq < blob->size * 4 / 10);
+    /* control: a raw store sends the raw blob */
+    assert_non_null(mkdtemp(dir_c));
+    kvt_store *d = open_store_codec(dir_c, f->redis.url, NULL, 0);
+    assert_int_equal(kvt_store_put(d, &k_raw, &m, blob->data, blob->size), 0);
+    kvt_store_flush(d);
+    size_t vr = value_len(f, &MODEL_A, &k_raw, &codec);
+    assert_int_equal(codec, KVT_CODEC_RAW);
+    assert_true(vr > blob->size);
+    /* the raw store does not take the coded value: a miss, not corrupt, still in Redis */
+    void *data = NULL;
+    size_t n = 0;
+    struct kvt_store_meta mt;
+    enum kvt_tier t = KVT_TIER_NONE;
+    assert_int_equal(kvt_store_get(d, &k, &MODEL_A, &data, &n, &mt, &t), KVT_ENOENT);
+    assert_non_null(strstr(kvt_errmsg(), "coded"));
+    assert_int_equal(rstats(d).corrupt, 0);
+    assert_int_equal(value_len(f, &MODEL_A, &k, NULL), vq);
+    kvt_store_free(d);
+    sk_rm_rf(dir_c);
+    /* another q4 store: the decoded block, from Redis then RAM */
+    kvt_store *b = open_store_codec(f->dir_b, f->redis.url, "q4", info.n_head_kv);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(kvt_store_get(b, &k, &MODEL_A, &data, &n, &mt, &t), 0);
+        assert_int_equal(t, i == 0 ? KVT_TIER_REDIS : KVT_TIER_RAM);
+        assert_int_equal(mt.codec, KVT_CODEC_RAW);
+        assert_int_equal(n, want->size);
+        assert_memory_equal(data, want->data, n);
+        free(data);
+    }
+    /* and the raw value, as any store takes raw bytes */
+    assert_int_equal(kvt_store_get(b, &k_raw, &MODEL_A, &data, &n, &mt, &t), 0);
+    assert_int_equal(n, blob->size);
+    assert_memory_equal(data, blob->data, n);
+    free(data);
+    assert_int_equal(rstats(b).corrupt, 0);
+    /* a value whose store header and checksum are right but whose q4 container is damaged (one
+    ** payload byte: the container's own checksum fails): corrupt, deleted, never returned */
+    kvt_key k_bad = sk_key("codec", 3);
+    enc[en - 1] ^= 1;
+    struct kvt__sblob_hdr h = { .key = k_bad, .model = MODEL_A, .codec = KVT_CODEC_Q4, .n_tokens = 64, .size = en };
+    assert_int_equal(kvt__sblob_checksum(0, enc, en, h.sum), 0);
+    size_t vn = 0;
+    uint8_t *v = kvt__sblob_encode_mem(&h, enc, &vn);
+    assert_non_null(v);
+    char key[160];
+    kvt__redis_key(&MODEL_A, &k_bad, key);
+    freeReplyObject(rfx_cmd(&f->redis, "SET %s %b", key, v, vn));
+    free(v);
+    assert_int_equal(kvt_store_get(b, &k_bad, &MODEL_A, &data, &n, &mt, &t), KVT_ENOENT);
+    assert_null(data);
+    assert_int_equal(rstats(b).corrupt, 1);
+    assert_int_equal(value_len(f, &MODEL_A, &k_bad, NULL), 0); /* deleted */
+    free(enc);
+    kvt_store_free(b);
+    kvt_blob_free(want);
+    kvt_blob_free(blob);
+}
+
 /* Total bytes the Redis server has sent to clients (INFO stats total_net_output_bytes). */
 static long long net_out(struct fx *f) {
     redisReply *rep = rfx_cmd(&f->redis, "INFO stats");
@@ -681,6 +816,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_oversize, setup, teardown),
         cmocka_unit_test_setup_teardown(test_full, setup_full, teardown),
         cmocka_unit_test_setup_teardown(test_sigpipe, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_codec, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
