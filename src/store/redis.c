@@ -29,7 +29,6 @@
 ** Threads: a get takes a connection from a small pool (one per concurrent reader, so no two
 ** threads ever share a redisContext) and gives it back; the writer owns its own. */
 #include "store/store_int.h"
-#include "kv/blob.h"
 
 #include <errno.h>
 #include <hiredis/hiredis.h>
@@ -598,15 +597,11 @@ static void write_job(struct kvt__redis *r, struct rjob *j) {
     size_t size = j->buf->n;
     int32_t codec = j->meta.codec;
     uint8_t *enc = NULL;
-    if (codec == KVT_CODEC_RAW && r->codec.codec != KVT_CODEC_RAW) {
-        kvt_blob raw = { (uint8_t *) j->buf->data, j->buf->n, 0, j->meta.n_tokens, 0, 0 };
-        size_t en = 0;
-        if (kvt__blob_shape(&raw) == 0 && kvt_codec_encode(&raw, &r->codec, &enc, &en, NULL) == 0) {
-            data = enc;
-            size = en;
-            codec = r->codec.codec;
-        }
-        kvt__clear_error();
+    size_t en = 0;
+    kvt__store_encode(&r->codec, data, size, j->meta.n_tokens, &codec, &enc, &en);
+    if (enc) {
+        data = enc;
+        size = en;
     }
     struct kvt__sblob_hdr h = { .key = j->key, .model = j->meta.model, .codec = codec, .n_tokens = j->meta.n_tokens, .size = size };
     size_t vn = 0;

@@ -159,6 +159,14 @@ uint8_t *kvt__sblob_encode_mem(const struct kvt__sblob_hdr *h, const void *data,
 ** (*why names the mismatch) or _NOMEM. */
 int kvt__sblob_check_mem(const uint8_t *v, size_t n, struct kvt__sblob_hdr *h, const char **why);
 
+/* A tier's codec on a block at rest: a raw block (*codec KVT_CODEC_RAW) of n_tokens, data[0..n),
+** encoded with cp into *enc (caller frees) and *codec set to cp's, when cp is not raw and the
+** bytes are a block's blob the codec takes; otherwise nothing changes (*enc NULL: store the bytes
+** as they are, raw).  Never fails (a refusal or no memory: stored raw); the error state is
+** cleared.  Thread-safe (pure).  The disk writer and the Redis writer both call it. */
+void kvt__store_encode(const struct kvt_codec_params *cp, const uint8_t *data, size_t n, int32_t n_tokens, int32_t *codec,
+                       uint8_t **enc, size_t *en);
+
 /* Is `name` a temporary file of a writer ("<.tmp->pid-...")?  OUT *pid. */
 bool kvt__sblob_is_tmp(const char *name, long *pid);
 /* Is `name` a blob file name (either form of kvt__sblob_name: no directory part); OUT *key. */

@@ -240,6 +240,18 @@ static bool insert_row(kvt_store *st, const struct kvt__job *j, const struct kvt
 ** row.  Any failure drops the write (counted); nothing half-written stays visible.  (The test
 ** hook kvt_store_test_unsafe_write_order reverses the order on purpose: row first, then the
 ** file in place, slowly; the kill -9 test's control.) */
+void kvt__store_encode(const struct kvt_codec_params *cp, const uint8_t *data, size_t n, int32_t n_tokens, int32_t *codec,
+                       uint8_t **enc, size_t *en) {
+    *enc = NULL;
+    *en = 0;
+    if (*codec != KVT_CODEC_RAW || cp->codec == KVT_CODEC_RAW) return;
+    kvt_blob raw = { (uint8_t *) data, n, 0, n_tokens, 0, 0 };
+    /* not a block's blob, or one the codec refuses (a quantised cache): stored raw */
+    if (kvt__blob_shape(&raw) == 0 && kvt_codec_encode(&raw, cp, enc, en, NULL) == 0) *codec = cp->codec;
+    else *enc = NULL;
+    kvt__clear_error();
+}
+
 static void write_job(kvt_store *st, struct kvt__job *j) {
     while (flock(st->lock_fd, LOCK_SH) && errno == EINTR) {}
     bool written = false, skipped = false;
@@ -259,21 +271,11 @@ static void write_job(kvt_store *st, struct kvt__job *j) {
     size_t size = j->buf->n;
     int32_t codec = j->meta.codec;
     uint8_t *enc = NULL;
-    kvt_blob raw = { (uint8_t *) j->buf->data, j->buf->n, 0, j->meta.n_tokens, 0, 0 };
-    bool encode = !skipped && room && codec == KVT_CODEC_RAW && st->dcodec.codec != KVT_CODEC_RAW;
-    if (encode && kvt__blob_shape(&raw) != 0) { /* not a block's blob: stored raw */
-        encode = false;
-        kvt__clear_error();
-    }
-    if (encode) {
-        size_t en = 0;
-        if (kvt_codec_encode(&raw, &st->dcodec, &enc, &en, NULL) == 0) {
-            data = enc;
-            size = en;
-            codec = st->dcodec.codec;
-        } else { /* e.g. a quantised cache: stored raw */
-            kvt__clear_error();
-        }
+    size_t en = 0;
+    if (!skipped && room) kvt__store_encode(&st->dcodec, data, size, j->meta.n_tokens, &codec, &enc, &en);
+    if (enc) {
+        data = enc;
+        size = en;
     }
     if (!skipped && room) {
         struct kvt__sblob_hdr h = {
