@@ -1099,7 +1099,7 @@ int kvt_store_clear(kvt_store *st);
 **   elastic+q8  elastic's bitmap, the kept values as q8 (min/max groups over the kept ones).
 **   elastic+q4  the same with the kept values as q4 (the fewest bytes; its KL is elastic's plus
 **               q4's).  The elastic codecs never beat q4 at equal KL on the reference models:
-**               use q4 for tiers (docs/BENCHMARKS.md, "ElasticKV's bytes"). */
+**               use q4 for tiers (the measured curve: MANUAL, "Block codecs"). */
 #define KVT_CODEC_VERSION              3 /* written: the payload's checksum is XXH3-128 */
 #define KVT_CODEC_VERSION_HEADS        4 /* a version-3 header followed by the per-head bits table */
 #define KVT_CODEC_VERSION_SHA256       1 /* still read: versions 3 and 4 with SHA-256 instead */
