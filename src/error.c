@@ -4,6 +4,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 #include <time.h>
 
 static _Thread_local char errmsg_buf[1024];
@@ -21,11 +22,15 @@ const char *kvt_strerror(int err) {
 
 const char *kvt_errmsg(void) { return errmsg_buf; }
 
+/* Formatted into a scratch buffer first: an argument may be kvt_errmsg() itself (a message that
+** wraps the one before it), which vsnprintf must not read while it writes the same buffer. */
 int kvt__fail(int err, const char *fmt, ...) {
+    char tmp[sizeof errmsg_buf];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(errmsg_buf, sizeof errmsg_buf, fmt, ap);
+    vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
+    memcpy(errmsg_buf, tmp, sizeof tmp);
     return err;
 }
 
