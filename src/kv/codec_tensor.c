@@ -304,10 +304,19 @@ static void row_from_f32(const float *src, uint8_t *dst, size_t n, uint32_t elsi
 static bool test_generic; /* kvt_codec_test_generic */
 void kvt_codec_test_generic(bool on) { test_generic = on; }
 
-/* q8/q4 without per-head bits (no keep mask either): the lossy elements as X (codec.h,
-** kernels), built with one F16 conversion and at most one transpose, then codec_kern.c. */
+/* Per-head bits (hb: the layer's n_head entries, hd channels a head): a group's bits are its
+** head's.  X's row-major order is the group order, so a group's codes are G consecutive codes of
+** X; a K head is hd consecutive rows of X, a V head hd consecutive channels of each row. */
+static int x_bits(const uint8_t *hb, uint32_t hd, int kind, uint32_t row, uint32_t col) {
+    return hb[(kind == KVT__SEC_K ? row : col) / hd];
+}
+
+/* q8/q4, uniform or with per-head bits (no keep mask): the lossy elements as X (codec.h,
+** kernels), built with one F16 conversion and at most one transpose, then codec_kern.c.  The
+** per-head layout is quantise_mixed's: every group's min/step, then each group's codes in its
+** head's bits (a 4-bit group packed on its own, low nibble first). */
 static int enc_uniform(struct kvt__buf *out, const struct kvt__mat *m, const bool *raw_cell, int kind,
-                       const struct kvt_codec_params *p, uint32_t M) {
+                       const struct kvt_codec_params *p, uint32_t M, const uint8_t *hb, uint32_t hd) {
     const uint32_t N = m->n_cells, E = m->n_embd, es = m->elsize;
     const size_t row = (size_t) E * es, nall = (size_t) N * E, ne = (size_t) M * E;
     const int bits = q_bits(p->codec);
@@ -349,12 +358,37 @@ static int enc_uniform(struct kvt__buf *out, const struct kvt__mat *m, const boo
         kvt__transpose(all, m->trans ? E : M, m->trans ? M : E, tr);
         x = tr;
     }
-    kvt__quant_rows(x, R, L, G, bits, prm, codes);
-    kvt__buf_put(out, prm, 8 * n_groups);
-    if (bits == 8) kvt__buf_put(out, codes, ne);
-    else {
-        kvt__pack4(codes, ne, codes + ne);
-        kvt__buf_put(out, codes + ne, (ne + 1) / 2);
+    if (hb) {
+        const uint32_t per = (L + G - 1) / G;
+        if (kind == KVT__SEC_K) /* a head: hd rows */
+            for (uint32_t r0 = 0; r0 < R; r0 += hd)
+                kvt__quant_rows(x + (size_t) r0 * L, KVT_MIN(hd, R - r0), L, G, x_bits(hb, hd, kind, r0, 0),
+                                prm + (size_t) r0 * per * 8, codes + (size_t) r0 * L);
+        else /* a head: hd channels of a row, whole groups (hd is a multiple of G) */
+            for (uint32_t r = 0; r < R; r++)
+                for (uint32_t e0 = 0; e0 < L; e0 += hd)
+                    kvt__quant_rows(x + (size_t) r * L + e0, 1, KVT_MIN(hd, L - e0), G, x_bits(hb, hd, kind, r, e0),
+                                    prm + ((size_t) r * per + e0 / G) * 8, codes + (size_t) r * L + e0);
+        kvt__buf_put(out, prm, 8 * n_groups);
+        uint8_t *packed = codes + ne; /* room for (ne + 1) / 2 bytes; a group's 4-bit codes at a time */
+        for (uint32_t r = 0; r < R; r++)
+            for (uint32_t c0 = 0; c0 < L; c0 += G) {
+                const uint32_t k = KVT_MIN(G, L - c0);
+                const uint8_t *gc = codes + (size_t) r * L + c0;
+                if (x_bits(hb, hd, kind, r, c0) == 8) kvt__buf_put(out, gc, k);
+                else {
+                    kvt__pack4(gc, k, packed);
+                    kvt__buf_put(out, packed, (k + 1) / 2);
+                }
+            }
+    } else {
+        kvt__quant_rows(x, R, L, G, bits, prm, codes);
+        kvt__buf_put(out, prm, 8 * n_groups);
+        if (bits == 8) kvt__buf_put(out, codes, ne);
+        else {
+            kvt__pack4(codes, ne, codes + ne);
+            kvt__buf_put(out, codes + ne, (ne + 1) / 2);
+        }
     }
     if (out->err) rc = kvt__fail(KVT_ENOMEM, "codec: output buffer");
 out:
@@ -381,9 +415,9 @@ int kvt__sec_encode(struct kvt__buf *out, const struct kvt__mat *m, const bool *
     kvt__buf_put(out, cbm, bytes_of_bits(N));
     free(cbm);
     const bool elastic = is_elastic(p->codec);
-    if (!elastic && !head_bits && !test_generic) {
+    if (!elastic && !test_generic) {
         *n_lossy += (int64_t) (N - n_raw) * E;
-        return enc_uniform(out, m, raw_cell, kind, p, N - n_raw);
+        return enc_uniform(out, m, raw_cell, kind, p, N - n_raw, head_bits, head_bits ? E / (uint32_t) n_head : 0);
     }
     const uint8_t *cm = gather(m, &tmp);
     const uint32_t M = N - n_raw;
@@ -501,7 +535,7 @@ static size_t popcount_bits(const uint8_t *bm, size_t n_bits) {
 /* The inverse of enc_uniform: the body after the raw cells (rawv, n_raw of them), nothing
 ** written to m before the section is known to be whole. */
 static int dec_uniform(struct cur *cu, const struct kvt__mat *m, const uint8_t *cbm, const uint8_t *rawv, uint32_t M, int kind,
-                       const struct kvt_codec_params *p) {
+                       const struct kvt_codec_params *p, const uint8_t *hb, uint32_t hd) {
     const uint32_t N = m->n_cells, E = m->n_embd, es = m->elsize;
     const size_t row = (size_t) E * es, ne = (size_t) M * E;
     const int bits = q_bits(p->codec);
@@ -510,19 +544,41 @@ static int dec_uniform(struct cur *cu, const struct kvt__mat *m, const uint8_t *
     const size_t n_groups = (size_t) R * ((L + G - 1) / G);
     const uint8_t *prm = take(cu, n_groups * 8);
     if (!prm) return short_sec(cu, "group parameters", n_groups * 8);
-    const size_t code_bytes = bits == 8 ? ne : (ne + 1) / 2;
+    size_t code_bytes = bits == 8 ? ne : (ne + 1) / 2;
+    if (hb) { /* each group's codes in its head's bits */
+        code_bytes = 0;
+        for (uint32_t r = 0; r < R; r++)
+            for (uint32_t c0 = 0; c0 < L; c0 += G) {
+                const uint32_t k = KVT_MIN(G, L - c0);
+                code_bytes += x_bits(hb, hd, kind, r, c0) == 8 ? k : (k + 1) / 2;
+            }
+    }
     const uint8_t *codes = take(cu, code_bytes);
     if (!codes) return short_sec(cu, "codes", code_bytes);
     if (cu->off != cu->n)
         return kvt__fail(KVT_ECORRUPT, "codec: %s: section has %zu trailing bytes after %zu", cu->what, cu->n - cu->off, cu->off);
     float *x = malloc(sizeof *x * (ne + 1)), *tr = malloc(sizeof *tr * (ne + 1)), *line = malloc(sizeof *line * (N + 1));
-    uint8_t *c8 = bits == 8 ? NULL : malloc(ne + 1);
+    uint8_t *c8 = bits == 8 && !hb ? NULL : malloc(ne + 1);
     int rc = 0;
-    if (!x || !tr || !line || (bits != 8 && !c8)) {
+    if (!x || !tr || !line || ((bits != 8 || hb) && !c8)) {
         rc = kvt__fail(KVT_ENOMEM, "codec: %u x %u tensor", M, E);
         goto out;
     }
-    if (c8) kvt__unpack4(codes, ne, c8);
+    if (hb) { /* one code a byte in X's order, as the uniform coder's */
+        const uint8_t *at = codes;
+        for (uint32_t r = 0; r < R; r++)
+            for (uint32_t c0 = 0; c0 < L; c0 += G) {
+                const uint32_t k = KVT_MIN(G, L - c0);
+                uint8_t *gc = c8 + (size_t) r * L + c0;
+                if (x_bits(hb, hd, kind, r, c0) == 8) {
+                    memcpy(gc, at, k);
+                    at += k;
+                } else {
+                    kvt__unpack4(at, k, gc);
+                    at += (k + 1) / 2;
+                }
+            }
+    } else if (c8) kvt__unpack4(codes, ne, c8);
     kvt__dequant_rows(c8 ? c8 : codes, prm, R, L, G, x);
     if (!m->trans) { /* cells x channels: K's X transposed, V's as it is */
         const float *cx = x;
@@ -583,7 +639,8 @@ int kvt__sec_decode(const uint8_t *enc, size_t n, const struct kvt__mat *m, int 
     const size_t min_body = elastic ? sizeof(float) * (size_t) n_head + bytes_of_bits(ne) : bytes_of_bits(ne * 4);
     if (ne > UINT32_MAX) return kvt__fail(KVT_ECORRUPT, "codec: %s: %u x %u lossy elements exceed 2^32", what, M, E);
     if (min_body > cu.n - cu.off) return short_sec(&cu, "body", min_body);
-    if (!elastic && !head_bits && !test_generic) return dec_uniform(&cu, m, cbm, rawv, M, kind, p);
+    if (!elastic && !test_generic)
+        return dec_uniform(&cu, m, cbm, rawv, M, kind, p, head_bits, head_bits ? E / (uint32_t) n_head : 0);
     /* cell-major output: the tensor itself unless V is transposed */
     uint8_t *cm = m->trans ? malloc((size_t) N * row + 1) : m->base;
     uint32_t *rows = malloc(sizeof *rows * (M + 1)); /* lossy row r is cell rows[r] */

@@ -990,25 +990,43 @@ static void test_kernels(void **st) {
                 struct kvt__mat m = { base, N, E, es, trans };
                 for (int kind = 0; kind < 2; kind++)
                     for (size_t gi = 0; gi < (kind ? sizeof gv / sizeof *gv : sizeof gk / sizeof *gk); gi++)
-                        for (int q = 0; q < 2; q++) {
-                            struct kvt_codec_params p = kvt_codec_default_params(q ? KVT_CODEC_Q4 : KVT_CODEC_Q8);
+                        for (int q = 0; q < 4; q++) { /* q8, q4, then both with per-head bits */
+                            struct kvt_codec_params p = kvt_codec_default_params(q & 1 ? KVT_CODEC_Q4 : KVT_CODEC_Q8);
                             p.group_k = (int32_t) gk[gi];
                             p.group_v = (int32_t) gv[kind ? gi : 0];
+                            /* per-head bits: the most heads (of 5, 4, 3, 2, 1) that split the row, V's
+                            ** groups within a head (as kvt_codec_encode requires), bits mixed */
+                            uint8_t hbt[8];
+                            const uint8_t *hb = NULL;
+                            int nh = 1;
+                            if (q >= 2) {
+                                for (nh = 5; nh > 1; nh--)
+                                    if (E % (uint32_t) nh == 0 && (kind == 0 || (E / (uint32_t) nh) % (uint32_t) p.group_v == 0))
+                                        break;
+                                if (kind == 1 && (E / (uint32_t) nh) % (uint32_t) p.group_v) continue;
+                                for (int h = 0; h < nh; h++) hbt[h] = (lcg(&s) >> 16) & 1 ? 8 : 4;
+                                if (nh > 1) {
+                                    hbt[0] = 4;
+                                    hbt[nh - 1] = 8;
+                                }
+                                hb = hbt;
+                            }
                             struct kvt__buf fast = { 0 }, gen = { 0 };
                             int64_t nl1 = 0, nz1 = 0, nl2 = 0, nz2 = 0;
-                            assert_int_equal(kvt__sec_encode(&fast, &m, raw, kind, &p, 1, &nl1, &nz1, NULL), 0);
+                            assert_int_equal(kvt__sec_encode(&fast, &m, raw, kind, &p, nh, &nl1, &nz1, hb), 0);
                             kvt_codec_test_generic(true);
-                            assert_int_equal(kvt__sec_encode(&gen, &m, raw, kind, &p, 1, &nl2, &nz2, NULL), 0);
+                            assert_int_equal(kvt__sec_encode(&gen, &m, raw, kind, &p, nh, &nl2, &nz2, hb), 0);
                             assert_int_equal(nl1, nl2);
                             if (fast.n != gen.n || memcmp(fast.p, gen.p, fast.n) != 0)
-                                fail_msg("section bytes differ: %u x %u es %u trans %d raws %d kind %d G %d/%d %s", N, E, es, trans,
-                                         raws, kind, p.group_k, p.group_v, kvt_codec_name(p.codec));
+                                fail_msg("section bytes differ: %u x %u es %u trans %d raws %d kind %d G %d/%d %s heads %d%s", N, E,
+                                         es, trans, raws, kind, p.group_k, p.group_v, kvt_codec_name(p.codec), nh,
+                                         hb ? " bits" : "");
                             struct kvt__mat m1 = { d1, N, E, es, trans }, m2 = { d2, N, E, es, trans };
                             memset(d1, 0xa5, bytes);
                             memset(d2, 0x5a, bytes);
-                            assert_int_equal(kvt__sec_decode(gen.p, gen.n, &m2, kind, &p, 1, "generic", NULL), 0);
+                            assert_int_equal(kvt__sec_decode(gen.p, gen.n, &m2, kind, &p, nh, "generic", hb), 0);
                             kvt_codec_test_generic(false);
-                            assert_int_equal(kvt__sec_decode(fast.p, fast.n, &m1, kind, &p, 1, "kernels", NULL), 0);
+                            assert_int_equal(kvt__sec_decode(fast.p, fast.n, &m1, kind, &p, nh, "kernels", hb), 0);
                             for (size_t i = 0; i < (size_t) N * E; i++) {
                                 uint16_t a16, b16;
                                 float a32, b32;
