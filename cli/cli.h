@@ -60,6 +60,7 @@ struct cli_run_opts {
     int32_t redis_timeout_ms;
     const char *codec_disk;       /* the store's disk tier codec (NULL = raw) */
     const char *codec_ram;        /* codec of the session's host pool (NULL = raw) */
+    const char *codec_bits;       /* --codec-bits: NULL / "uniform", or "entropy:PROFILE[:FRAC]" */
     float elastic_sk, elastic_sv; /* --elastic (chat): live ElasticKV scales, 0 = off */
     bool chunk_reuse;             /* --chunk-reuse: non-prefix chunk reuse (kvt_session_params) */
     const char *chunk_recompute;  /* --chunk-recompute K|P% (NULL = the library's 15%) */
@@ -151,6 +152,10 @@ int cli_device_opts(const char *cmd, const char *ngl, const char *fa, bool no_op
       "codec of the blocks the store keeps on disk and in Redis: raw (default), q8, q4, elastic, elastic+q8, elastic+q4", NULL },  \
     { "codec-ram", 0, OPT_STR, &(o)->codec_ram, 0, 0, "SPEC",                                      \
       "codec of the blocks saved to the host RAM tier: raw (default), q8, q4, elastic, elastic+q8, elastic+q4", NULL },\
+    { "codec-bits", 0, OPT_STR, &(o)->codec_bits, 0, 0, "SPEC",                                    \
+      "bits per (layer, KV head) of a q4/q8 --codec-disk and --codec-ram: uniform (default) or "   \
+      "entropy:PROFILE[:FRAC] (FRAC, default 0.5, of the lowest-entropy units of a `kvtier "       \
+      "calibrate` PROFILE at 8 bits, the others at 4)", NULL },                                    \
     { "chunk-reuse", 0, OPT_FLAG, &(o)->chunk_reuse, 0, 0, NULL,                                   \
       "non-prefix chunk reuse: blocks are also stored by their own tokens and found anywhere in a "  \
       "prompt, loaded at their new positions; costs answer quality (default off)", NULL },         \
@@ -170,6 +175,8 @@ struct cli_session {
     kvt_pool *pool;
     kvt_store *store; /* NULL with --no-store */
     kvt_session *s;
+    uint8_t *head_bits; /* --codec-bits entropy: the tiers' per-(layer, KV head) bits, or NULL */
+    int32_t n_head_bits;
     struct kvt_engine_info info;
     int32_t budget; /* effective budget (0 resolved to the context size) */
     struct kvt_sampling smp;
@@ -185,6 +192,11 @@ struct cli_session {
 ** kvt_session_params.elastic_sk / elastic_sv).  APP_OK, or APP_USAGE with a message on stderr
 ** naming the flag, the spec and the bad part. */
 int cli_parse_elastic(const char *cmd, const char *flag, const char *spec, float *sk /* OUT */, float *sv /* OUT */);
+
+/* --codec-bits SPEC against the tier codecs it would apply to (codec_disk NULL without a store):
+** the spec parses (app_codec_bits) and, unless "uniform", one of them is q8 or q4.  APP_OK or
+** APP_USAGE with a message on stderr naming the flag and the value. */
+int cli_codec_bits_check(const char *cmd, const char *spec, const char *codec_disk, const char *codec_ram);
 
 /* Validate the shared options that need no model (exit code APP_USAGE with a message). */
 int cli_run_opts_check(const char *cmd, const struct cli_run_opts *o);

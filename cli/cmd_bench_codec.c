@@ -16,12 +16,13 @@
 **             arithmetic (llama.cpp's CPU matmuls quantise activations to 8 bits for quantised
 **             weights, so the smallest change to K/V moves the logits discretely).
 **   heads     with --heads PROFILE (`kvtier calibrate`): entropy-sized heads, q4 with a fraction
-**             --heads-frac of the (layer, KV head) units at 8 bits (kvt_codec_params.head_bits),
+**             (--heads-frac) of the (layer, KV head) units at 8 bits (kvt_codec_params.head_bits),
 **             chosen three ways at exactly the same count (so the same bytes): "entropy" gives 8
 **             bits to the units of LOWEST mean attention entropy (focused heads: their output is
 **             the values of a few keys, so quantisation error in those keys and values reaches the
 **             output undiluted, while a diffuse head averages many values and the errors partly
-**             cancel), "reverse" to the highest, "random" to a seeded random set.
+**             cancel; what `--codec-bits entropy` gives the tiers), "reverse" to the highest,
+**             "random" to a seeded random set; per --heads-frac value (a list: the bytes-KL curve).
 ** Timings are medians over --repeats, codecs interleaved within each repeat (shared machines are
 ** noisy: compare ratios inside one run). */
 #include "cli.h"
@@ -37,6 +38,7 @@
 #include <jansson.h>
 
 #define MAX_CODECS 16
+#define MAX_FRACS  4 /* --heads-frac values */
 
 struct crow {
     char spec[64];
@@ -135,60 +137,14 @@ static double kl_div(const float *p, const float *q, int n, double *dmax, bool *
     return k > 0 ? k : 0;
 }
 
-/* Mean attention entropy of every (layer, KV head) in blob order (kvt_codec_params.head_bits)
-** from a `kvtier calibrate` profile: a KV head's is the mean of its query heads'.  OUT ent[n_units]
-** (n_units = n_layer * n_head_kv).  APP_OK or APP_ERR (message names the file and what is missing). */
-static int unit_entropy(const char *cmd, kvt_engine *eng, const struct kvt_engine_info *I, const char *path, double *ent) {
-    json_error_t err;
-    json_t *root = json_load_file(path, 0, &err);
-    json_t *layers = root ? json_object_get(root, "layers") : NULL;
-    if (!json_is_array(layers)) {
-        fprintf(stderr, "%s: --heads '%s' is not a calibration profile (%s)\n", cmd, path, root ? "no layers" : err.text);
-        json_decref(root);
-        return APP_ERR;
-    }
-    int32_t n_part0 = 0;
-    for (int32_t il = 0; il < I->n_layer; il++) {
-        int part = 0, idx = il;
-        if (kvt_engine_layer_part(eng, il, &part, &idx) == 0 && part == 0) n_part0++;
-    }
-    const int32_t hpk = I->n_head / I->n_head_kv; /* query heads per KV head */
-    int rc = APP_OK;
-    for (int32_t il = 0; il < I->n_layer && rc == APP_OK; il++) {
-        int part = 0, idx = il;
-        if (kvt_engine_layer_part(eng, il, &part, &idx)) {
-            part = 0;
-            idx = il;
-        }
-        const int32_t bl = part == 0 ? idx : n_part0 + idx; /* blob order */
-        json_t *L = NULL;
-        size_t k;
-        json_t *v;
-        json_array_foreach(layers, k, v) if (json_integer_value(json_object_get(v, "layer")) == il) L = v;
-        json_t *heads = L ? json_object_get(L, "heads") : NULL;
-        if (!json_is_array(heads) || (int32_t) json_array_size(heads) != I->n_head) {
-            fprintf(stderr, "%s: --heads '%s': layer %d missing or without %d heads\n", cmd, path, il, I->n_head);
-            rc = APP_ERR;
-            break;
-        }
-        for (int32_t g = 0; g < I->n_head_kv; g++) {
-            double s = 0;
-            for (int32_t h = g * hpk; h < (g + 1) * hpk; h++)
-                s += json_number_value(json_object_get(json_array_get(heads, (size_t) h), "entropy_bits"));
-            ent[bl * I->n_head_kv + g] = s / hpk;
-        }
-    }
-    json_decref(root);
-    return rc;
-}
-
 struct unit {
     double e;
     int32_t i;
 };
 static int cmp_unit(const void *a, const void *b) {
-    const struct unit *x = a, *y = b;
-    return (x->e > y->e) - (x->e < y->e);
+    const struct unit *x = a, *y = b; /* the order of app_codec_bits (--codec-bits entropy): ties by index */
+    if (x->e != y->e) return x->e < y->e ? -1 : 1;
+    return (x->i > y->i) - (x->i < y->i);
 }
 
 /* One codec (or the raw-load baseline) once: encode + decode timed, load timed; with quality,
@@ -287,7 +243,7 @@ int cmd_bench_codec(int argc, char **argv) {
     const char *model = getenv("KVTIER_MODEL"), *codecs_s = "raw,q8,q4,elastic,elastic+q8,elastic+q4", *texts = NULL;
     int32_t tokens = 1024, block = 64, n_eval = 64, repeats = 3, threads = 0;
     const char *heads = NULL;
-    double heads_frac = 0.5;
+    const char *heads_frac_s = "0.5";
     bool json = false, verbose = false;
     /* clang-format off: one row per option, laid out by hand */
     const struct cli_opt opts[] = {
@@ -306,7 +262,8 @@ int cmd_bench_codec(int argc, char **argv) {
           "entropy-sized heads from a `kvtier calibrate` profile: q4 with --heads-frac of the (layer, KV head) units "
           "at 8 bits, given to the lowest-entropy units, the highest (reverse) and a random set",
           NULL },
-        { "heads-frac", 0, OPT_FLOAT, &heads_frac, 0, 1, "F", "with --heads: fraction of units at 8 bits (default 0.5)", NULL },
+        { "heads-frac", 0, OPT_STR, &heads_frac_s, 0, 0, "LIST",
+          "with --heads: fractions of units at 8 bits, comma-separated, up to 4 (three rows each; default 0.5)", NULL },
         { "json", 0, OPT_FLAG, &json, 0, 0, NULL, "print the results as one JSON object on the last stdout line", NULL },
         { "verbose", 'v', OPT_FLAG, &verbose, 0, 0, NULL, "llama.cpp's log on stderr", NULL },
         { NULL, 0, 0, NULL, 0, 0, NULL, NULL, NULL },
@@ -320,7 +277,24 @@ int cmd_bench_codec(int argc, char **argv) {
         fprintf(stderr, "%s: --tokens %d is not a positive multiple of --block %d\n", cmd, tokens, block);
         return APP_USAGE;
     }
-    struct crow rows[MAX_CODECS + 5];
+    double fracs[MAX_FRACS];
+    int n_fracs = 0;
+    {
+        const char *c = heads_frac_s;
+        for (;;) {
+            char *end = NULL;
+            double f = strtod(c, &end);
+            if (end == c || !(f >= 0 && f <= 1) || n_fracs == MAX_FRACS || (*end && *end != ',')) {
+                fprintf(stderr, "%s: --heads-frac '%s' is not up to %d fractions in 0..1, comma-separated\n", cmd, heads_frac_s,
+                        MAX_FRACS);
+                return APP_USAGE;
+            }
+            fracs[n_fracs++] = f;
+            if (!*end) break;
+            c = end + 1;
+        }
+    }
+    struct crow rows[MAX_CODECS + 2 + 3 * MAX_FRACS];
     int n_rows = 0;
     memset(rows, 0, sizeof rows);
     snprintf(rows[n_rows].spec, sizeof rows[0].spec, "rawload");
@@ -381,65 +355,68 @@ int cmd_bench_codec(int argc, char **argv) {
         rows[i].load_ms = calloc((size_t) repeats, sizeof(double));
         if (!rows[i].enc_ms || !rows[i].dec_ms || !rows[i].load_ms) goto out;
     }
-    if (heads) { /* three rows of q4 with the same count of 8-bit units */
-        const int32_t nu = info.n_layer * info.n_head_kv, k8 = (int32_t) lround(heads_frac * nu);
+    if (heads) { /* per fraction, three rows of q4 with the same count of 8-bit units */
+        const int32_t nu = info.n_layer * info.n_head_kv;
         double *ent = malloc(sizeof *ent * (size_t) nu);
         struct unit *u = malloc(sizeof *u * (size_t) nu);
-        if (!ent || !u || unit_entropy(cmd, eng, &info, heads, ent)) {
+        if (!ent || !u || app_unit_entropy(cmd, "--heads", eng, heads, ent)) {
             free(ent);
             free(u);
             goto out;
         }
         for (int32_t i = 0; i < nu; i++) u[i] = (struct unit){ ent[i], i };
         qsort(u, (size_t) nu, sizeof *u, cmp_unit);
-        static const char *const mode[3] = { "entropy", "reverse", "random" };
-        for (int m = 0; m < 3; m++) {
-            struct crow *r = &rows[n_rows];
-            r->p = kvt_codec_default_params(KVT_CODEC_Q4);
-            r->p.n_head_kv = info.n_head_kv;
-            if (!(r->bits = malloc((size_t) nu))) {
-                free(ent);
-                free(u);
-                goto out;
-            }
-            memset(r->bits, 4, (size_t) nu);
-            if (m == 0)
-                for (int32_t i = 0; i < k8; i++) r->bits[u[i].i] = 8;
-            if (m == 1)
-                for (int32_t i = 0; i < k8; i++) r->bits[u[nu - 1 - i].i] = 8;
-            if (m == 2) { /* k8 distinct units, seeded */
-                struct eval_rng g;
-                eval_rng_init(&g, 1, "heads", 0);
-                for (int32_t i = 0; i < k8;) {
-                    uint32_t j = eval_rng_below(&g, (uint32_t) nu);
-                    if (r->bits[j] == 4) {
-                        r->bits[j] = 8;
-                        i++;
+        for (int fi = 0; fi < n_fracs; fi++) {
+            const int32_t k8 = (int32_t) lround(fracs[fi] * nu);
+            static const char *const mode[3] = { "entropy", "reverse", "random" };
+            for (int m = 0; m < 3; m++) {
+                struct crow *r = &rows[n_rows];
+                r->p = kvt_codec_default_params(KVT_CODEC_Q4);
+                r->p.n_head_kv = info.n_head_kv;
+                if (!(r->bits = malloc((size_t) nu))) {
+                    free(ent);
+                    free(u);
+                    goto out;
+                }
+                memset(r->bits, 4, (size_t) nu);
+                if (m == 0)
+                    for (int32_t i = 0; i < k8; i++) r->bits[u[i].i] = 8;
+                if (m == 1)
+                    for (int32_t i = 0; i < k8; i++) r->bits[u[nu - 1 - i].i] = 8;
+                if (m == 2) { /* k8 distinct units, seeded */
+                    struct eval_rng g;
+                    eval_rng_init(&g, 1, "heads", 0);
+                    for (int32_t i = 0; i < k8;) {
+                        uint32_t j = eval_rng_below(&g, (uint32_t) nu);
+                        if (r->bits[j] == 4) {
+                            r->bits[j] = 8;
+                            i++;
+                        }
                     }
                 }
-            }
-            r->p.head_bits = r->bits;
-            r->p.n_head_bits = nu;
-            snprintf(r->spec, sizeof r->spec, "q4+%d/%d@8:%s", k8, nu, mode[m]);
-            if (!(r->enc_ms = calloc((size_t) repeats, sizeof(double))) ||
-                !(r->dec_ms = calloc((size_t) repeats, sizeof(double))) ||
-                !(r->load_ms = calloc((size_t) repeats, sizeof(double)))) {
+                r->p.head_bits = r->bits;
+                r->p.n_head_bits = nu;
+                snprintf(r->spec, sizeof r->spec, "q4+%d/%d@8:%s", k8, nu, mode[m]);
+                if (!(r->enc_ms = calloc((size_t) repeats, sizeof(double))) ||
+                    !(r->dec_ms = calloc((size_t) repeats, sizeof(double))) ||
+                    !(r->load_ms = calloc((size_t) repeats, sizeof(double)))) {
+                    n_rows++;
+                    free(ent);
+                    free(u);
+                    goto out;
+                }
                 n_rows++;
-                free(ent);
-                free(u);
-                goto out;
             }
-            n_rows++;
+            double e_lo = 0, e_hi = 0;
+            for (int32_t i = 0; i < k8; i++) {
+                e_lo += u[i].e / k8;
+                e_hi += u[nu - 1 - i].e / k8;
+            }
+            fprintf(stderr,
+                    "%s: --heads: %d of %d (layer, KV head) units at 8 bits; their mean attention entropy %.3f "
+                    "bits (entropy), %.3f (reverse); all units %.3f..%.3f\n",
+                    cmd, k8, nu, e_lo, e_hi, u[0].e, u[nu - 1].e);
         }
-        double e_lo = 0, e_hi = 0;
-        for (int32_t i = 0; i < k8; i++) {
-            e_lo += u[i].e / k8;
-            e_hi += u[nu - 1 - i].e / k8;
-        }
-        fprintf(stderr,
-                "%s: --heads: %d of %d (layer, KV head) units at 8 bits; their mean attention entropy %.3f "
-                "bits (entropy), %.3f (reverse); all units %.3f..%.3f\n",
-                cmd, k8, nu, e_lo, e_hi, u[0].e, u[nu - 1].e);
         free(ent);
         free(u);
     }

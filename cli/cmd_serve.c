@@ -235,6 +235,11 @@ int cmd_serve(int argc, char **argv) {
           "codec of the blocks sessions save to the host RAM tier: raw (default: exact K/V), q8, q4, elastic, "
           "elastic+q8, elastic+q4 (kvtier eval ppl --codec measures KL and bytes)",
           NULL },
+        { "codec-bits", 0, OPT_STR, &srv.codec_bits, 0, 0, "SPEC",
+          "bits per (layer, KV head) of a q4/q8 --codec-disk and --codec-ram: uniform (default: the codec's) or "
+          "entropy:PROFILE[:FRAC], the FRAC (default 0.5) of the units of lowest attention entropy in a `kvtier "
+          "calibrate` PROFILE at 8 bits, the others at 4",
+          NULL },
         { "redis-secret-file", 0, OPT_STR, &srv.redis_secret_file, 0, 0, "FILE",
           "16-4096 bytes shared by the servers sharing --redis: every value written carries HMAC-SHA-256 under it "
           "and a value read without a matching one is a miss, counted and deleted (default: values carry a checksum "
@@ -588,6 +593,7 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "%s: --codec-ram: %s\n", cmd, kvt_errmsg());
         goto out;
     }
+    if (cli_codec_bits_check(cmd, srv.codec_bits, srv.no_store ? NULL : srv.codec_disk, srv.codec_ram)) goto out;
     int32_t ck_tok;
     double ck_pct;
     if (srv.chunk_recompute && kvt_chunk_recompute_parse(srv.chunk_recompute, &ck_tok, &ck_pct)) {

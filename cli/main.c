@@ -214,6 +214,19 @@ static int parse_recovery(const char *s) {
     return kvt_recovery_from_name(s, &r) == 0 ? r : -1;
 }
 
+int cli_codec_bits_check(const char *cmd, const char *spec, const char *codec_disk, const char *codec_ram) {
+    uint8_t *b;
+    int32_t n;
+    int rc = app_codec_bits(cmd, NULL, spec, &b, &n);
+    if (rc) return rc;
+    if (spec && strcmp(spec, "uniform") && !app_codec_takes_bits(codec_disk) && !app_codec_takes_bits(codec_ram)) {
+        fprintf(stderr, "%s: --codec-bits '%s' sets the bits of q8/q4 tier codecs: give --codec-disk or --codec-ram q4 or q8\n",
+                cmd, spec);
+        return APP_USAGE;
+    }
+    return APP_OK;
+}
+
 int cli_run_opts_check(const char *cmd, const struct cli_run_opts *o) {
     int32_t pol;
     if (parse_recovery(o->recovery) < 0) {
@@ -229,6 +242,7 @@ int cli_run_opts_check(const char *cmd, const struct cli_run_opts *o) {
         fprintf(stderr, "%s: --codec-ram: %s\n", cmd, kvt_errmsg());
         return usage_hint(cmd);
     }
+    if (cli_codec_bits_check(cmd, o->codec_bits, o->no_store ? NULL : o->codec_disk, o->codec_ram)) return usage_hint(cmd);
     int32_t ck_tok;
     double ck_pct;
     if (o->chunk_recompute && kvt_chunk_recompute_parse(o->chunk_recompute, &ck_tok, &ck_pct)) {
@@ -301,6 +315,10 @@ int cli_session_open(const char *cmd, const struct cli_run_opts *o, struct cli_s
     }
     kvt_engine_info(cs->eng, &cs->info);
     cs->budget = o->budget ? o->budget : cs->info.n_ctx_seq;
+    if ((rc = app_codec_bits(cmd, cs->eng, o->codec_bits, &cs->head_bits, &cs->n_head_bits))) {
+        cli_session_close(cs);
+        return rc;
+    }
 
     if (o->no_store && o->redis) {
         fprintf(stderr, "%s: --redis is a tier of the block store: it cannot be used with --no-store\n", cmd);
@@ -313,6 +331,10 @@ int cli_session_open(const char *cmd, const struct cli_run_opts *o, struct cli_s
         stp.redis_url = o->redis;
         stp.disk_codec = o->codec_disk;
         stp.disk_codec_heads = cs->info.n_head_kv;
+        if (cs->head_bits && app_codec_takes_bits(o->codec_disk)) {
+            stp.disk_codec_bits = cs->head_bits;
+            stp.n_disk_codec_bits = cs->n_head_bits;
+        }
         if (o->redis_timeout_ms > 0) stp.redis_timeout_ms = o->redis_timeout_ms;
         /* the store replaces the host pool: its RAM tier holds evicted blocks too */
         stp.ram_bytes = (size_t) o->pool_mb << 20;
@@ -356,6 +378,10 @@ int cli_session_open(const char *cmd, const struct cli_run_opts *o, struct cli_s
     sp.pool = cs->pool;
     sp.store = cs->store;
     sp.codec_ram = o->codec_ram;
+    if (cs->head_bits && app_codec_takes_bits(o->codec_ram)) {
+        sp.codec_ram_bits = cs->head_bits;
+        sp.n_codec_ram_bits = cs->n_head_bits;
+    }
     sp.chunk_reuse = o->chunk_reuse && cs->store; /* the default store could not be opened: off */
     sp.chunk_recompute = o->chunk_recompute;
     if (o->explain) sp.explain = explain_line;
@@ -381,6 +407,9 @@ void cli_session_close(struct cli_session *cs) {
     kvt_pool_free(cs->pool);
     kvt_store_free(cs->store); /* writes out the queued blocks */
     kvt_engine_free(cs->eng);
+    free(cs->head_bits);
+    cs->head_bits = NULL;
+    cs->n_head_bits = 0;
     cs->s = NULL;
     cs->pool = NULL;
     cs->store = NULL;

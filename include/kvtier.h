@@ -555,6 +555,9 @@ struct kvt_session_params {
                               ** tenants never share blocks; NULL/"" = shared.  Copied at open */
     const char *codec_ram;         /* codec (section 9 spec) of host pool saves; NULL = "raw" (bit-exact).
                               ** docs/MANUAL.md, "The host pool codec" */
+    const uint8_t *codec_ram_bits; /* NULL, or a q8/q4 codec_ram's bits per (layer, KV head): 4 or 8,
+                              ** n_layer x n_head_kv (kvt_codec_params.head_bits); copied at open */
+    int32_t n_codec_ram_bits;      /* entries of codec_ram_bits */
     float elastic_sk, elastic_sv;  /* live ElasticKV threshold scales in [0, 2] (elements below
                               ** max(sigma_h / 2, mu_h) x s zeroed); both 0 = off (the default;
                               ** ElasticKV uses 0.45, 0.50).  docs/MANUAL.md, "Live ElasticKV" */
@@ -936,6 +939,10 @@ struct kvt_store_params {
                               ** (exact K/V, the default; then a coded Redis value is a miss); callers
                               ** always see raw bytes.  docs/MANUAL.md, "Store disk codec" */
     int32_t disk_codec_heads;      /* KV heads per layer (elastic thresholds per head); 0 = one per row */
+    const uint8_t *disk_codec_bits; /* NULL, or a q8/q4 disk_codec's bits per (layer, KV head): 4 or 8,
+                              ** layers x disk_codec_heads (kvt_codec_params.head_bits); copied at open.
+                              ** A block of another shape (another model) is written raw */
+    int32_t n_disk_codec_bits;      /* entries of disk_codec_bits */
     /* Private entries (sessions' own block copies, RAM within ram_bytes, then spill files). */
     const char *private_dir;   /* spill directory; NULL = one under $TMPDIR; copied at open */
     size_t private_disk_bytes; /* spill quota (payload bytes; LRU dropped); 0 = unlimited (the default) */

@@ -274,6 +274,10 @@ enum pick admit_session(struct server *srv, struct job *j, struct sess **out) {
     sp.pool = sc->pool;
     sp.store = sc->store;
     sp.codec_ram = srv->codec_ram;
+    if (sc->ram_bits) {
+        sp.codec_ram_bits = sc->head_bits;
+        sp.n_codec_ram_bits = sc->n_head_bits;
+    }
     sp.chunk_reuse = srv->chunk_reuse && sc->store; /* without a store (--no-store): nothing to reuse */
     sp.chunk_recompute = srv->chunk_recompute;
     sp.tenant = srv->share_store ? NULL : j->req.ns; /* API keys never see each other's blocks */

@@ -73,6 +73,11 @@ int serve_engine_open(struct server *srv) {
     struct kvt_engine_info ei;
     kvt_engine_info(srv->eng, &ei);
     sc->comp_cache = !ei.kv_unified && ei.n_swa == 0;
+    if ((rc = app_codec_bits("kvtier serve", srv->eng, srv->codec_bits, &sc->head_bits, &sc->n_head_bits))) {
+        serve_engine_close(srv);
+        return APP_ERR;
+    }
+    sc->ram_bits = sc->head_bits && app_codec_takes_bits(srv->codec_ram);
     if (srv->no_store) { /* no block store: the sessions' host pool */
         struct kvt_pool_params pp = kvt_pool_default_params();
         pp.budget_bytes = (size_t) srv->pool_mb << 20;
@@ -96,6 +101,10 @@ int serve_engine_open(struct server *srv) {
         struct kvt_engine_info EI;
         kvt_engine_info(srv->eng, &EI);
         stp.disk_codec_heads = EI.n_head_kv;
+        if (sc->head_bits && app_codec_takes_bits(srv->codec_disk)) {
+            stp.disk_codec_bits = sc->head_bits;
+            stp.n_disk_codec_bits = sc->n_head_bits;
+        }
         if (srv->redis_timeout_ms > 0) stp.redis_timeout_ms = srv->redis_timeout_ms;
         if (srv->redis_ttl_s > 0) stp.redis_ttl_s = srv->redis_ttl_s;
         if (!srv->prefetch) stp.prefetch_threads = 0; /* --no-prefetch */
@@ -138,6 +147,7 @@ void serve_engine_close(struct server *srv) {
         free(sc->sess);
         kvt_pool_free(sc->pool);
         kvt_store_free(sc->store); /* writes out what is queued */
+        free(sc->head_bits);
         free(sc->active);
         free(sc->t_last);
         free(sc->wait);

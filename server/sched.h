@@ -29,6 +29,9 @@ struct sched {
     int32_t cap;
     kvt_pool *pool;
     kvt_store *store;     /* content-addressed block store; NULL with --no-store */
+    uint8_t *head_bits;   /* --codec-bits entropy: per-(layer, KV head) bits of q8/q4 tier codecs, or NULL */
+    int32_t n_head_bits;
+    bool ram_bits;        /* head_bits apply to --codec-ram (a q8/q4 codec) */
     uint64_t n_new;       /* sessions opened without a name (their ids count them) */
     const char *fallback; /* the sessions' chat template fallback (the request's tokens are made with it) */
     int32_t comp_seq0, n_comp;

@@ -285,6 +285,7 @@ struct server {
     bool prefetch;                         /* --prefetch / --no-prefetch: the block store's prefetch */
     const char *codec_disk;                /* --codec-disk: the store's disk tier codec (NULL = raw) */
     const char *codec_ram;                 /* --codec-ram: codec of the sessions' host pool (NULL = raw) */
+    const char *codec_bits;                /* --codec-bits: "uniform" / NULL, or "entropy:PROFILE[:FRAC]" */
     float elastic_sk, elastic_sv;          /* --elastic: live ElasticKV scales of every session, 0 = off */
     bool chunk_reuse;                      /* --chunk-reuse: non-prefix chunk reuse in every session */
     const char *chunk_recompute;           /* --chunk-recompute K|P% (NULL = the library's 15%) */

@@ -350,6 +350,11 @@ const char *kvt_codec_name(int32_t codec);
 ** 4 or 8: the message names the value).  Pure. */
 int kvt_codec_inspect(const void *data, size_t n, struct kvt_codec_info *out /* OUT */);
 
+/* Check codec params as kvt_codec_encode does before it reads a blob (id, groups, scales, the
+** per-head table: q8/q4 only, a multiple of n_head_kv entries, each 4 or 8).  0 or KVT_EINVAL
+** (the message names the value).  Lets a tier refuse bad params at open, not at its first write. */
+int kvt__codec_check(const struct kvt_codec_params *p);
+
 #ifdef __cplusplus
 }
 #endif

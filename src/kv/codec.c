@@ -57,7 +57,7 @@ struct kvt_codec_params kvt_codec_default_params(int32_t codec) {
     return p;
 }
 
-static int check_params(const struct kvt_codec_params *p) {
+int kvt__codec_check(const struct kvt_codec_params *p) {
     if (p->head_bits || p->n_head_bits) {
         if (p->codec != KVT_CODEC_Q8 && p->codec != KVT_CODEC_Q4)
             return kvt__fail(KVT_EINVAL, "codec %s: per-head bits apply to q8 and q4 only", kvt_codec_name(p->codec));
@@ -270,7 +270,7 @@ int kvt_codec_encode(const kvt_blob *blob, const struct kvt_codec_params *p, uin
     if (out) *out = NULL;
     if (n) *n = 0;
     if (!blob || !blob->data || !p || !out || !n) return kvt__fail(KVT_EINVAL, "codec encode: NULL argument");
-    int rc = check_params(p);
+    int rc = kvt__codec_check(p);
     if (rc) return rc;
     struct kvt__blob_layout *L = malloc(sizeof *L);
     if (!L) return kvt__fail(KVT_ENOMEM, "codec: blob layout");
@@ -434,7 +434,7 @@ static int read_header(const uint8_t *h, size_t n, struct kvt_codec_info *o, uin
     memcpy(&raw, h + 56, 8);
     memcpy(&pay, h + 64, 8);
     *md = h + 72;
-    if (check_params(&o->params)) {
+    if (kvt__codec_check(&o->params)) {
         char why[256];
         snprintf(why, sizeof why, "%s", kvt_errmsg()); /* kvt__fail writes the message buffer */
         return kvt__fail(KVT_EFORMAT, "codec: header parameters invalid: %s", why);

@@ -87,6 +87,19 @@ int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *params, k
         return kvt__fail(KVT_EINVAL, "codec_ram: %s", why);
     }
     codec.n_head_kv = I.n_head_kv;
+    if (p.codec_ram_bits || p.n_codec_ram_bits) { /* per-head bits: checked as the codec will */
+        codec.head_bits = p.codec_ram_bits;
+        codec.n_head_bits = p.n_codec_ram_bits;
+        if (p.n_codec_ram_bits != I.n_layer * I.n_head_kv)
+            return kvt__fail(KVT_EINVAL, "codec_ram_bits: %d entries for a model of %d layers x %d KV heads", p.n_codec_ram_bits,
+                             I.n_layer, I.n_head_kv);
+        if (kvt__codec_check(&codec)) {
+            char why[256];
+            snprintf(why, sizeof why, "%s", kvt_errmsg());
+            return kvt__fail(KVT_EINVAL, "codec_ram_bits: %s", why);
+        }
+        codec.head_bits = NULL; /* the session's copy, made below */
+    }
     int32_t chunk_k_tok = -1;
     double chunk_k_pct = 15;
     if (p.chunk_recompute && kvt_chunk_recompute_parse(p.chunk_recompute, &chunk_k_tok, &chunk_k_pct)) {
@@ -168,6 +181,14 @@ int kvt_session_open(kvt_engine *eng, const struct kvt_session_params *params, k
         kvt_session_free(s);
         return kvt__fail(KVT_ENOMEM, "tenant");
     }
+    if (p.codec_ram_bits) {
+        if (!(s->codec_bits = malloc((size_t) p.n_codec_ram_bits))) {
+            kvt_session_free(s);
+            return kvt__fail(KVT_ENOMEM, "codec_ram_bits");
+        }
+        memcpy(s->codec_bits, p.codec_ram_bits, (size_t) p.n_codec_ram_bits);
+        s->codec.head_bits = s->p.codec_ram_bits = s->codec_bits;
+    }
     s->p.tenant = s->reuse.tenant;
     s->reuse.chain_ok = p.store != NULL;
     *out = s;
@@ -198,6 +219,7 @@ void kvt_session_free(kvt_session *s) {
     free(s->dec.logits);
     free(s->dec.gen);
     free(s->reuse.tenant);
+    free(s->codec_bits);
     free(s);
 }
 

@@ -179,6 +179,7 @@ struct kvt_session {
     int32_t n_vocab;
     bool is_parked;                /* kvt_session_park: no cells, no sequence */
     struct kvt_codec_params codec; /* host pool codec (p.codec_ram parsed; RAW = none) */
+    uint8_t *codec_bits;           /* codec.head_bits: the session's copy of p.codec_ram_bits, or NULL */
     int32_t el_pending;            /* live ElasticKV: tokens decoded since the last pass */
     struct sess_conv conv;
     struct sess_dec dec;

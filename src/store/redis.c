@@ -692,6 +692,8 @@ int kvt__redis_open(const struct kvt_store_params *p, struct kvt__redis **out) {
     struct kvt_codec_params codec = kvt_codec_default_params(KVT_CODEC_RAW);
     if (p->disk_codec && kvt_codec_parse(p->disk_codec, &codec)) return kvt__fail(KVT_EINVAL, "Redis tier: %s", kvt_errmsg());
     codec.n_head_kv = p->disk_codec_heads;
+    codec.head_bits = p->disk_codec_bits; /* the store's copy: freed after this tier closes */
+    codec.n_head_bits = p->disk_codec_bits ? p->n_disk_codec_bits : 0;
     struct kvt__redis *r = calloc(1, sizeof *r);
     if (!r) return kvt__fail(KVT_ENOMEM, "Redis tier: no memory");
     if (p->redis_secret_file) {

@@ -145,6 +145,13 @@ static int check_params(const struct kvt_store_params *p) {
     struct kvt_codec_params cp;
     if (p->disk_codec && kvt_codec_parse(p->disk_codec, &cp)) return kvt__fail(KVT_EINVAL, "store disk codec: %s", kvt_errmsg());
     if (p->disk_codec_heads < 0) return kvt__fail(KVT_EINVAL, "store disk_codec_heads %d is negative", p->disk_codec_heads);
+    if (p->disk_codec_bits || p->n_disk_codec_bits) { /* per-head bits: checked as the codec will */
+        if (!p->disk_codec) cp = kvt_codec_default_params(KVT_CODEC_RAW);
+        cp.n_head_kv = p->disk_codec_heads;
+        cp.head_bits = p->disk_codec_bits;
+        cp.n_head_bits = p->n_disk_codec_bits;
+        if (kvt__codec_check(&cp)) return kvt__fail(KVT_EINVAL, "store disk codec bits: %s", kvt_errmsg());
+    }
     if (p->prefetch_threads < 0 || p->prefetch_threads > 16)
         return kvt__fail(KVT_EINVAL, "store prefetch_threads %d is outside 0..16", p->prefetch_threads);
     if (p->prefetch_threads > 0 && p->prefetch_queue < 1)
@@ -162,6 +169,19 @@ int kvt_store_open(const struct kvt_store_params *pp, kvt_store **out) {
     if (!st) return kvt__fail(KVT_ENOMEM, "kvt_store_open: no memory");
     st->p = p;
     st->blobs_fd = st->lock_fd = -1;
+    st->dcodec = kvt_codec_default_params(KVT_CODEC_RAW);
+    if (p.disk_codec) kvt_codec_parse(p.disk_codec, &st->dcodec); /* checked by check_params */
+    st->dcodec.n_head_kv = p.disk_codec_heads;
+    st->p.disk_codec = NULL; /* the caller's string */
+    if (p.disk_codec_bits) { /* the caller's table: the store's copy serves the disk and Redis writers */
+        if (!(st->dbits = malloc((size_t) p.n_disk_codec_bits))) {
+            free(st);
+            return kvt__fail(KVT_ENOMEM, "kvt_store_open: no memory");
+        }
+        memcpy(st->dbits, p.disk_codec_bits, (size_t) p.n_disk_codec_bits);
+        st->dcodec.head_bits = p.disk_codec_bits = st->p.disk_codec_bits = st->dbits;
+        st->dcodec.n_head_bits = p.n_disk_codec_bits;
+    }
     st->ttl = (struct kvt__ttl){ p.ttl_s, p.ttl_hot_s, p.hot_hits };
     st->disk = p.disk_bytes > 0;
     pthread_mutex_init(&st->rd_mu, NULL);
@@ -217,10 +237,6 @@ int kvt_store_open(const struct kvt_store_params *pp, kvt_store **out) {
     st->p.redis_url = NULL;         /* the caller's string; the tier keeps what it parsed */
     st->p.redis_secret_file = NULL; /* read at open */
     st->p.private_dir = NULL;       /* the caller's string; the pool copied it */
-    st->dcodec = kvt_codec_default_params(KVT_CODEC_RAW);
-    if (p.disk_codec) kvt_codec_parse(p.disk_codec, &st->dcodec); /* checked by check_params */
-    st->dcodec.n_head_kv = p.disk_codec_heads;
-    st->p.disk_codec = NULL; /* the caller's string */
     *out = st;
     return 0;
 fail:
@@ -262,6 +278,7 @@ void kvt_store_free(kvt_store *st) {
     pthread_cond_destroy(&st->idle_cv);
     free(st->dir);
     free(st->blobs_dir);
+    free(st->dbits);
     free(st);
 }
 

@@ -256,6 +256,7 @@ struct kvt__hit { /* a get to record in the index (hit count, last hit) */
 struct kvt_store {
     struct kvt_store_params p;      /* p.dir points at dir */
     struct kvt_codec_params dcodec; /* the disk tier's codec (p.disk_codec parsed); RAW = none */
+    uint8_t *dbits;                 /* dcodec.head_bits: the store's copy of p.disk_codec_bits, or NULL */
     char *dir, *blobs_dir;
     int blobs_fd; /* DIR/blobs, -1 without a disk tier */
     int lock_fd;  /* DIR/lock: the writer's shared flock per write (gc takes it exclusive) */

@@ -8,6 +8,12 @@
 #   loads it back from the q4-encoded pool copy and recalls the fact whenever the raw run does
 #   (issue #14: "a session with codecs on all tiers passes the demo's recall on the instruct
 #   model"), its answer's log-probability within 0.5 nats of raw's.
+#   --codec-bits (per-head bits of q4/q8 tiers from a `kvtier calibrate` profile): bad specs, a
+#   FRAC outside 0..1 and raw-only tiers are refused before any model loads (exit 2); a profile of
+#   another model or a missing file exits 1 naming it; with the instruct model and its own profile
+#   the store's q4 blocks with entropy:P:0.5 cost exactly the midpoint of q4's and q8's bytes (plus
+#   the table's 8 + 96 bytes a block for 90 units), with 0 they cost q4's plus the table and with 1
+#   q8's plus the table (the control: a flag that changed nothing would give q4's bytes).
 set -u
 . "$(dirname "$0")/lib.sh"
 BIN=${KVTIER_BIN:?KVTIER_BIN is not set}
@@ -27,6 +33,19 @@ done
 st=$?
 if [ $st -eq 2 ] && grep -q "group size 0" "$TMP/g.err"; then ok "chat --codec-ram q8:0 refused (group size)"; else
     bad "chat --codec-ram q8:0: status $st, $(head -c 300 "$TMP/g.err")"; fi
+
+# --codec-bits: refused before the model loads, naming the value
+for args in "--codec-disk q4 --codec-bits entropy" "--codec-disk q4 --codec-bits bogus:x" \
+    "--codec-disk q4 --codec-bits entropy:/p.json:1.5" "--codec-disk raw --codec-bits entropy:/p.json" \
+    "--codec-ram elastic --codec-bits entropy:/p.json"; do
+    for c in serve chat demo; do
+        # shellcheck disable=SC2086
+        "$BIN" $c -m /nonexistent.gguf $args >"$TMP/b.out" 2>"$TMP/b.err"
+        st=$?
+        if [ $st -eq 2 ] && grep -q -- "--codec-bits '" "$TMP/b.err"; then ok "$c $args: refused (exit 2)"; else
+            bad "$c $args: status $st, $(head -c 300 "$TMP/b.err")"; fi
+    done
+done
 
 # eval --codec: bad lists refused naming what is wrong
 expect_usage() { # DESCRIPTION NEEDLE ARGS...
@@ -104,4 +123,45 @@ try:
 except Exception as e:
     print(f"unavailable ({e})")
 EOF2
+
+# --codec-bits on the store's disk tier, bytes against q4 and q8 in this run
+if "$BIN" calibrate -m "$CHAT" -o "$TMP/prof.json" --n-texts 2 --tokens 256 --positions 128,256 -t 2 \
+    >"$TMP/cal.out" 2>"$TMP/cal.err"; then ok "calibrate wrote the instruct model's profile"; else
+    bad "calibrate: $(tail -n 5 "$TMP/cal.err")"; fi
+prompt="Repeat these numbers: $(seq 1 200 | tr '\n' ' ')"
+store_bytes() { # NAME FLAGS... -> the disk tier's bytes after one prompt, on stdout
+    local name=$1
+    shift
+    # shellcheck disable=SC2086
+    echo "$prompt" | "$BIN" chat -m "$CHAT" --store "$TMP/bits-$name" --max-tokens 1 -t 2 "$@" >"$TMP/bits-$name.out" \
+        2>"$TMP/bits-$name.err" || { echo "chat $name: status $? $(tail -n 3 "$TMP/bits-$name.err")" >&2; echo 0; return; }
+    "$BIN" store stats --store "$TMP/bits-$name" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["bytes"])'
+}
+b4=$(store_bytes q4 --codec-disk q4)
+b8=$(store_bytes q8 --codec-disk q8)
+bh=$(store_bytes half --codec-disk q4 --codec-bits "entropy:$TMP/prof.json:0.5")
+b0=$(store_bytes zero --codec-disk q4 --codec-bits "entropy:$TMP/prof.json:0")
+b1=$(store_bytes one --codec-disk q4 --codec-bits "entropy:$TMP/prof.json:1")
+n=$("$BIN" store stats --store "$TMP/bits-q4" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["entries"])')
+echo "store bytes: q4 $b4, q8 $b8, entropy 0 / 0.5 / 1: $b0 / $bh / $b1 ($n blocks)"
+table=$((n * (8 + 96))) # a block's table: u32 count, u32 0, SmolLM2's 30 x 3 = 90 entries padded to 96
+if [ "$b4" -gt 0 ] && [ "$b0" -eq $((b4 + table)) ]; then ok "entropy:P:0 = q4's bytes + the table"; else
+    bad "entropy:P:0: $b0, q4 $b4 + table $table"; fi
+if [ "$b8" -gt 0 ] && [ "$b1" -eq $((b8 + table)) ]; then ok "entropy:P:1 = q8's bytes + the table"; else
+    bad "entropy:P:1: $b1, q8 $b8 + table $table"; fi
+if [ "$b4" -gt 0 ] && [ $((2 * (bh - table))) -eq $((b4 + b8)) ]; then
+    ok "entropy:P:0.5 = the midpoint of q4's and q8's bytes + the table (45 of 90 units at 8 bits)"
+else bad "entropy:P:0.5: $bh, midpoint $(((b4 + b8) / 2)) + table $table"; fi
+if [ -n "${KVTIER_MODEL:-}" ] && [ -f "$KVTIER_MODEL" ] && [ "$KVTIER_MODEL" != "$CHAT" ]; then
+    "$BIN" chat -m "$KVTIER_MODEL" --store "$TMP/bits-other" --codec-disk q4 --codec-bits "entropy:$TMP/prof.json" \
+        </dev/null >"$TMP/o.out" 2>"$TMP/o.err"
+    st=$?
+    if [ $st -eq 1 ] && grep -q "prof.json" "$TMP/o.err" && grep -q "another model" "$TMP/o.err"; then
+        ok "another model's profile refused (exit 1), naming the file"
+    else bad "another model's profile: status $st, $(head -c 300 "$TMP/o.err")"; fi
+fi
+"$BIN" chat -m "$CHAT" --no-store --codec-ram q4 --codec-bits "entropy:$TMP/missing.json" </dev/null >"$TMP/m.out" 2>"$TMP/m.err"
+st=$?
+if [ $st -eq 1 ] && grep -q "missing.json" "$TMP/m.err"; then ok "a missing profile: exit 1 naming it"; else
+    bad "missing profile: status $st, $(head -c 300 "$TMP/m.err")"; fi
 t_finish

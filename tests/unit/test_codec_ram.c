@@ -13,6 +13,8 @@
 **                   the block is recomputed (recomputes == 1, resident again), never loaded;
 **                   its KL stays within the q8 bound.
 **   bad_spec        an unknown codec or a bad argument: KVT_EINVAL naming the value.
+**   bits            codec_ram_bits: q4 with all 8s restores q8's very logits, all 4s q4's; bad
+**                   tables refused.
 */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -59,6 +61,9 @@ static void filler_msg(char *buf, size_t size, uint32_t seed, int n) {
 
 enum damage { NONE, PAYLOAD, MAGIC };
 
+static const uint8_t *g_bits; /* kvt_session_params.codec_ram_bits of the next run()s (NULL = none) */
+static int32_t g_n_bits;
+
 struct result {
     float *logits; /* [n_vocab] after the probe token */
     int64_t recomputes;
@@ -79,6 +84,8 @@ static void run(kvt_engine *e, const char *spec, enum damage d, struct result *r
     sp.block = 32;
     sp.pool = pool;
     sp.codec_ram = spec;
+    sp.codec_ram_bits = g_bits;
+    sp.n_codec_ram_bits = g_n_bits;
     kvt_session *s = NULL;
     int rc = kvt_session_open(e, &sp, &s);
     if (rc) fail_msg("open with codec_ram %s: %s", spec ? spec : "NULL", kvt_errmsg());
@@ -219,11 +226,65 @@ static void test_bad_spec(void **st) {
     kvt_engine_free(e);
 }
 
+/* codec_ram_bits (what `--codec-bits entropy` gives the host pool): each (layer, KV head) is coded
+** exactly as the uniform codec of its bits codes it, so q4 with a table of all 8s restores the
+** very logits q8 restores (and all 4s q4's), and costs their bytes plus the table.  The
+** table is the session's copy (the caller's buffer is clobbered after open).  Bad tables:
+** KVT_EINVAL naming codec_ram_bits. */
+static void test_bits(void **st) {
+    (void) st;
+    kvt_engine *e = open_tiny("tiny-llama");
+    struct kvt_engine_info I;
+    kvt_engine_info(e, &I);
+    const int nv = I.n_vocab, nu = I.n_layer * I.n_head_kv;
+    uint8_t *b = malloc((size_t) nu);
+    struct result q4, q8, q4all4, q4all8;
+    run(e, "q4", NONE, &q4);
+    run(e, "q8", NONE, &q8);
+    g_n_bits = nu;
+    g_bits = b;
+    memset(b, 4, (size_t) nu);
+    run(e, "q4", NONE, &q4all4);
+    memset(b, 8, (size_t) nu);
+    run(e, "q4", NONE, &q4all8);
+    printf("codec_ram_bits: q4 %lld bytes, q4 + all-4 table %lld; q8 %lld, q4 + all-8 table %lld; KL q4 %.2e q8 %.2e\n",
+           (long long) q4.stored_bytes, (long long) q4all4.stored_bytes, (long long) q8.stored_bytes,
+           (long long) q4all8.stored_bytes, kl(q4all4.logits, q4.logits, nv), kl(q4all8.logits, q8.logits, nv));
+    assert_memory_equal(q4all4.logits, q4.logits, sizeof(float) * (size_t) nv);
+    assert_memory_equal(q4all8.logits, q8.logits, sizeof(float) * (size_t) nv);
+    assert_true(max_dlogit(q4.logits, q8.logits, nv) > 0); /* the control: q4 and q8 differ, so the table shows */
+    /* the table and the per-head sections' padding: a few bytes a block, under 1 % here */
+    assert_true(q4all4.stored_bytes > q4.stored_bytes && q4all4.stored_bytes - q4.stored_bytes < q4.stored_bytes / 100);
+    assert_true(q4all8.stored_bytes > q8.stored_bytes && q4all8.stored_bytes - q8.stored_bytes < q4.stored_bytes / 100);
+    /* refused, named */
+    const char *codec[] = { "q4", "raw", "q4" };
+    const int32_t n[] = { nu - 1, nu, nu };
+    for (int i = 0; i < 3; i++) {
+        b[0] = i < 2 ? 8 : 3;
+        struct kvt_session_params sp = kvt_session_default_params();
+        sp.codec_ram = codec[i];
+        sp.codec_ram_bits = b;
+        sp.n_codec_ram_bits = n[i];
+        kvt_session *s = NULL;
+        assert_int_equal(kvt_session_open(e, &sp, &s), KVT_EINVAL);
+        assert_null(s);
+        printf("codec_ram_bits refused: %s\n", kvt_errmsg());
+        assert_non_null(strstr(kvt_errmsg(), "codec_ram_bits: "));
+    }
+    g_bits = NULL;
+    g_n_bits = 0;
+    free(b);
+    struct result *all[] = { &q4, &q8, &q4all4, &q4all8 };
+    for (int i = 0; i < 4; i++) free(all[i]->logits);
+    kvt_engine_free(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama),
         cmocka_unit_test(test_gemma3),
         cmocka_unit_test(test_bad_spec),
+        cmocka_unit_test(test_bits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -432,6 +432,113 @@ static void test_disk_codec(void **state) {
     free(dir_raw);
 }
 
+/* The disk tier's per-head bits (kvt_store_params.disk_codec_bits, what `--codec-bits entropy`
+** gives): every block is written with the table, each (layer, KV head) unit coded at its bits.
+** Bytes prove it exactly: a table of all 4s costs q4's bytes plus the table, all 8s q8's plus the
+** table (the control: a store that ignored the table would write q4 bytes for both), and half at
+** 8 lies at the midpoint.  A store reopened with the table loads its blocks (an exact route,
+** decoded: logits differ from the cold prefill's).  Bad tables are refused at open, named. */
+static void test_disk_codec_bits(void **state) {
+    (void) state;
+    char *doc = document(48, 48, 0);
+    kvt_engine *e = open_tiny("tiny-llama");
+    struct kvt_engine_info I;
+    kvt_engine_info(e, &I);
+    const int32_t nu = I.n_layer * I.n_head_kv;
+    uint8_t *b4 = malloc((size_t) nu), *b8 = malloc((size_t) nu), *bh = malloc((size_t) nu);
+    memset(b4, 4, (size_t) nu);
+    memset(b8, 8, (size_t) nu);
+    for (int32_t i = 0; i < nu; i++) bh[i] = i < nu / 2 ? 8 : 4;
+    const char *codec[5] = { "q4", "q8", "q4", "q4", "q4" };
+    const uint8_t *bits[5] = { NULL, NULL, b4, b8, bh };
+    struct sizes z[5];
+    struct run cold, warm;
+    char *dir[5];
+    for (int k = 0; k < 5; k++) {
+        dir[k] = tmp_dir();
+        struct kvt_store_params p = kvt_store_default_params();
+        p.dir = dir[k];
+        p.disk_codec = codec[k];
+        p.disk_codec_heads = I.n_head_kv;
+        p.disk_codec_bits = bits[k];
+        p.n_disk_codec_bits = bits[k] ? nu : 0;
+        p.ram_bytes = 64u << 20;
+        kvt_store *st = NULL;
+        assert_int_equal(kvt_store_open(&p, &st), 0);
+        turn(e, st, NULL, 1024, doc, "what is by the river", &cold);
+        kvt_store_flush(st);
+        z[k] = (struct sizes){ 0, 0, 0 };
+        assert_int_equal(kvt_store_ls(st, add_size, &z[k]), 0);
+        kvt_store_free(st);
+        if (k < 4) free(cold.logits);
+        printf("  %s%s: %lld bytes in %lld blocks\n", codec[k],
+               k == 2   ? " + all-4 table"
+               : k == 3 ? " + all-8 table"
+               : k == 4 ? " + half-8 table"
+                        : "",
+               (long long) z[k].bytes, (long long) z[k].n);
+        assert_true(z[k].n > 0);
+        assert_int_equal(z[k].n, z[0].n);
+    }
+    const int64_t table = z[0].n * (8 + ((nu + 7) / 8) * 8); /* u32 count, u32 0, entries padded to 8 */
+    assert_int_equal(z[2].bytes - z[0].bytes, table);
+    assert_int_equal(z[3].bytes - z[1].bytes, table);
+    assert_true(z[1].bytes > z[0].bytes + table); /* the control can see a table that is ignored */
+    if (nu % 2 == 0) assert_int_equal(2 * (z[4].bytes - table), z[0].bytes + z[1].bytes);
+    /* reopen the half-8 store with its table: the blocks load, decoded */
+    struct kvt_store_params p = kvt_store_default_params();
+    p.dir = dir[4];
+    p.disk_codec = "q4";
+    p.disk_codec_heads = I.n_head_kv;
+    p.disk_codec_bits = bh;
+    p.n_disk_codec_bits = nu;
+    kvt_store *st = NULL;
+    assert_int_equal(kvt_store_open(&p, &st), 0);
+    turn(e, st, NULL, 1024, doc, "what is by the river", &warm);
+    assert_int_equal(warm.st.route, KVT_ROUTE_EXACT);
+    const double d = max_diff(&cold, &warm);
+    printf("  half-8 exact load: max|dlogit| vs the cold prefill %.3g\n", d);
+    assert_true(d > 0 && d <= 1.0);
+    kvt_store_free(st);
+    /* refused at open, naming what is wrong */
+    uint8_t *bad5 = malloc((size_t) nu);
+    memset(bad5, 4, (size_t) nu);
+    bad5[nu - 1] = 5;
+    struct {
+        const char *codec;
+        const uint8_t *bits;
+        int32_t n;
+        const char *needle;
+    } bad[] = { { "q4", bad5, nu, "5" },
+                { "raw", b4, nu, "q8 and q4" },
+                { "elastic", b4, nu, "q8 and q4" },
+                { "q4", b4, 0, "entries" },
+                { "q4", NULL, nu, "entries" } };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        p.disk_codec = bad[i].codec;
+        p.disk_codec_bits = bad[i].bits;
+        p.n_disk_codec_bits = bad[i].n;
+        kvt_store *x = NULL;
+        assert_int_equal(kvt_store_open(&p, &x), KVT_EINVAL);
+        assert_null(x);
+        printf("  refused: %s\n", kvt_errmsg());
+        assert_non_null(strstr(kvt_errmsg(), bad[i].needle));
+        assert_non_null(strstr(kvt_errmsg(), "store disk codec bits: codec ")); /* the wrapped message whole */
+    }
+    kvt_engine_free(e);
+    free(cold.logits);
+    free(warm.logits);
+    free(doc);
+    free(b4);
+    free(b8);
+    free(bh);
+    free(bad5);
+    for (int k = 0; k < 5; k++) {
+        rm_rf(dir[k]);
+        free(dir[k]);
+    }
+}
+
 /* ---- the store replaces the host pool ------------------------------------------------------ */
 
 /* A conversation under budget 128 (it evicts while the ~300-token document is decoded): the
@@ -586,7 +693,7 @@ int main(void) {
         cmocka_unit_test(test_restart_exact_and_partial), cmocka_unit_test(test_fingerprint_and_tenant),
         cmocka_unit_test(test_purity_after_eviction),     cmocka_unit_test(test_swa_prefix),
         cmocka_unit_test(test_corrupt_is_a_miss),         cmocka_unit_test(test_disk_codec),
-        cmocka_unit_test(test_store_replaces_pool),
+        cmocka_unit_test(test_disk_codec_bits),           cmocka_unit_test(test_store_replaces_pool),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
