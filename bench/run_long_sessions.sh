@@ -9,6 +9,7 @@
 # WORDS (200), MAX_TOKENS (32), FACTS (4), THREADS (2), BUDGETS ("1024 2048": kvtier's
 # --budget per session), CTX_FULL (8192: llama-server's context per slot, the model's trained
 # context for SmolLM2), KVTIER (build/kvtier), EXTRA (more `kvtier serve` flags), SKIP_LLAMA=1,
+# CODECS_RAM (default "raw": kvtier's --codec-ram, one kvtier run per codec and budget, e.g. "raw q4"),
 # SKIP_KVTIER=1 (only the llama-server rows, appended to an earlier run's OUT_DIR), ESSAYS (the essays'
 # folder), NO_BOOTSTRAP=1 (a machine without kvtier's caches: then MODEL, KVTIER, LLAMA_SERVER and
 # PY, a Python 3 with the standard library, are given; bench/gpu_device.sh does so).
@@ -16,6 +17,7 @@
 # built with the same backend) and NGL (default 99 there, 0 on cpu): both servers get -ngl NGL;
 # with CUDA each server's peak VRAM (nvidia-smi) is a column of the table.
 # Writes OUT_DIR/long_sessions.jsonl (one line per server), OUT_DIR/<label>.csv (per turn),
+# OUT_DIR/<label>.metrics (kvtier's /metrics at the end: kvtier_pool_ram_bytes, kvtier_pool_spill_bytes),
 # OUT_DIR/table.md and OUT_DIR/long_sessions.png (generated tok/s and TTFT against turn number).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -29,7 +31,7 @@ if [ -z "${NO_BOOTSTRAP:-}" ]; then
 fi
 MODEL=${MODEL:-$KVTIER_CHAT_MODEL}
 SESSIONS=${SESSIONS:-4} TURNS=${TURNS:-24} WORDS=${WORDS:-200} MAX_TOKENS=${MAX_TOKENS:-32} FACTS=${FACTS:-4}
-THREADS=${THREADS:-2} BUDGETS=${BUDGETS:-"1024 2048"} CTX_FULL=${CTX_FULL:-8192}
+THREADS=${THREADS:-2} BUDGETS=${BUDGETS:-"1024 2048"} CTX_FULL=${CTX_FULL:-8192} CODECS_RAM=${CODECS_RAM:-raw}
 KVTIER_BACKEND=${KVTIER_BACKEND:-cpu}
 if [ "$KVTIER_BACKEND" = cpu ]; then KVTIER=${KVTIER:-$SRC/build/kvtier} NGL=${NGL:-0}
 else KVTIER=${KVTIER:-$SRC/build-$KVTIER_BACKEND/kvtier} NGL=${NGL:-99}; fi
@@ -49,6 +51,9 @@ run() { # label cmd...
     "$PY" "$HERE/long_sessions.py" --url "http://127.0.0.1:$port" --pid "$PID" --sessions "$SESSIONS" --turns "$TURNS" \
         --words "$WORDS" --max-tokens "$MAX_TOKENS" --facts "$FACTS" --label "$label" --series "$OUT/$label.csv" ${ESSAYS:+--essays "$ESSAYS"} |
         tee -a "$OUT/long_sessions.jsonl" || echo "$label: requests failed (n_errors and errors in its JSON line)" >&2
+    # where the evicted history lives at the end (kvtier: host pool bytes in RAM and in spill files)
+    "$PY" -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())' \
+        "http://127.0.0.1:$port/metrics" >"$OUT/$label.metrics" 2>/dev/null || rm -f "$OUT/$label.metrics"
     kill -TERM "$PID"
     wait "$PID" || true
     PID=
@@ -64,8 +69,12 @@ cat "$OUT/header.txt" >&2
 
 for b in $BUDGETS; do # the KV of one session's budget per sequence, plus a spare sequence
     [ -n "${SKIP_KVTIER:-}" ] && break
-    run "kvtier-budget$b" "$KVTIER" serve -m "$MODEL" -c $((b * (SESSIONS + 1))) --budget "$b" --parallel "$SESSIONS" \
-        --max-sessions "$SESSIONS" --threads "$THREADS" --no-store -ngl "$NGL" ${EXTRA:-}
+    for c in $CODECS_RAM; do # the host pool's codec: its label says which unless only raw runs
+        label="kvtier-budget$b"
+        [ "$CODECS_RAM" = raw ] || label="$label-ram-$c"
+        run "$label" "$KVTIER" serve -m "$MODEL" -c $((b * (SESSIONS + 1))) --budget "$b" --parallel "$SESSIONS" \
+            --max-sessions "$SESSIONS" --threads "$THREADS" --no-store --codec-ram "$c" -ngl "$NGL" ${EXTRA:-}
+    done
 done
 [ -n "${LLAMA_SERVER:-}" ] || LLAMA_SERVER=$("$SRC/scripts/bootstrap.sh" llama-server-path)
 if [ -z "${SKIP_LLAMA:-}" ] && [ -x "$LLAMA_SERVER" ]; then
