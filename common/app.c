@@ -112,6 +112,15 @@ int app_unit_entropy(const char *cmd, const char *flag, kvt_engine *eng, const c
         json_decref(root);
         return APP_ERR;
     }
+    if ((int32_t) json_array_size(layers) != I.n_layer) { /* a shallower model would find its layers in it */
+        fprintf(stderr, "%s: %s '%s' profiles %zu layers, the model has %d (a profile of another model?)\n", cmd, flag, path,
+                json_array_size(layers), I.n_layer);
+        json_decref(root);
+        return APP_ERR;
+    }
+    const char *pm = json_string_value(json_object_get(root, "model"));
+    if (pm && strcmp(pm, I.desc)) /* the same model quantised otherwise keeps its heads' entropies */
+        fprintf(stderr, "%s: note: %s '%s' was calibrated on '%s', the model is '%s'\n", cmd, flag, path, pm, I.desc);
     int32_t n_part0 = 0; /* blob order: the layers of part 0 (e.g. full attention), then part 1's */
     for (int32_t il = 0; il < I.n_layer; il++) {
         int part = 0, idx = il;

@@ -9,6 +9,10 @@
 #   2b. that session parked by another prompt (one session slot) and resumed: same reply;
 #   3. tenancy: with API keys, key B never gets key A's blocks unless --share-store;
 #   4. --no-store: nothing looked up; a --store that is not a directory: a clear error, exit 1.
+#   5. --codec-bits entropy:PROFILE:1 (every unit at 8 bits) with q4 tiers, against q8 tiers in
+#      this run: the disk tier's bytes are q8's plus one 32-byte table a block (Gemma 3's 18
+#      units), the host pool's (--no-store, --codec-ram) q8's plus a table a block; the same
+#      greedy reply (all-8 q4 decodes to q8's values); a profile of another model: exit 1.
 # Environment (from tests/CMakeLists.txt): KVTIER_BIN, KVTIER_MODEL, KVT_SOURCE_DIR.
 set -u
 BIN=${KVTIER_BIN:?KVTIER_BIN is not set}
@@ -133,6 +137,45 @@ ask sb 600 key-tenant-b "Shared ledger"
 rsa=$(field sa 'd["usage"]["kvtier"]["store"]'); rsb=$(field sb 'd["usage"]["kvtier"]["store"]')
 [ "$rsa" = miss ] && [ "$rsb" = exact ] && ok "--share-store: B reuses what A computed ($rsa, $rsb)" || bad "--share-store: A $rsa, B $rsb"
 stop || bad "fourth server exit status"
+
+# --- 5. --codec-bits through the server ---
+if [ -d "${KVT_SOURCE_DIR:-}/../shared/data/pg_essays" ] &&
+    "$BIN" calibrate -m "$MODEL" -o "$TMP/prof.json" --n-texts 2 --tokens 256 --positions 128,256 -t 2 >/dev/null 2>"$TMP/cal.err"; then
+    metric() { curl -s "http://127.0.0.1:$PORT/metrics" | awk -v m="$1" '$1 == m { print $2 }'; }
+    start err8 --store "$TMP/s8" --codec-disk q8 --budget 1024 -c 4096
+    ask b8 600
+    stop || bad "q8 server exit status"
+    start err9 --store "$TMP/sb" --codec-disk q4 --codec-bits "entropy:$TMP/prof.json:1" --budget 1024 -c 4096
+    ask bb 600
+    stop || bad "--codec-bits server exit status"
+    n8=$("$BIN" store stats --store "$TMP/s8" --json | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["entries"], d["bytes"])')
+    nb=$("$BIN" store stats --store "$TMP/sb" --json | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["entries"], d["bytes"])')
+    set -- $n8 $nb
+    echo "disk tier: q8 $2 bytes in $1 blocks; q4 + entropy:1 $4 bytes in $3 blocks"
+    [ "$1" -gt 0 ] && [ "$1" = "$3" ] && [ "$4" -eq $(($2 + 32 * $1)) ] &&
+        ok "--codec-bits entropy:P:1: disk bytes = q8's + a 32-byte table a block" || bad "--codec-bits disk bytes: $n8 / $nb"
+    [ "$(field b8 'd["choices"][0]["message"]["content"]')" = "$(field bb 'd["choices"][0]["message"]["content"]')" ] &&
+        ok "--codec-bits entropy:P:1: the same greedy reply as q8" || bad "--codec-bits reply differs"
+    start err10 --no-store --codec-ram q8 --budget 256 -c 1024
+    ask p8 600
+    p8=$(metric kvtier_pool_ram_bytes) e8=$(metric kvtier_evictions_total)
+    stop || bad "q8 pool server exit status"
+    start err11 --no-store --codec-ram q4 --codec-bits "entropy:$TMP/prof.json:1" --budget 256 -c 1024
+    ask pb 600
+    pb=$(metric kvtier_pool_ram_bytes) eb=$(metric kvtier_evictions_total)
+    stop || bad "--codec-bits pool server exit status"
+    echo "host pool: q8 $p8 bytes after $e8 evictions; q4 + entropy:1 $pb after $eb"
+    # the pool holds every sealed block's copy (the evicted ones and those still resident)
+    [ "${e8:-0}" -gt 0 ] && [ "$e8" = "$eb" ] && [ "$pb" -gt "$p8" ] && [ $(((pb - p8) % 32)) -eq 0 ] &&
+        ok "--codec-bits entropy:P:1: host pool bytes = q8's + a table a block" || bad "--codec-bits pool: $p8 / $pb ($e8 / $eb evictions)"
+    timeout 60 "$BIN" serve -m "$KVT_TINY_DIR/tiny-llama.gguf" --port 0 --store "$TMP/s8" --codec-disk q4 \
+        --codec-bits "entropy:$TMP/prof.json" >/dev/null 2>"$TMP/err12"
+    rc=$?
+    [ $rc -eq 1 ] && grep -q "prof.json" "$TMP/err12" && ok "--codec-bits with another model's profile: exit 1 naming it" ||
+        bad "another model's profile: rc $rc: $(tail -2 "$TMP/err12")"
+else
+    echo "no essays or calibrate failed ($(tail -1 "$TMP/cal.err" 2>/dev/null)): the --codec-bits part is skipped"
+fi
 
 # --- 4. --no-store, and a store path that is not a directory ---
 start err5 --no-store --pool-mb 64 --budget 1024 -c 4096
