@@ -572,7 +572,11 @@ static void write_job(struct kvt__redis *r, struct rjob *j) {
             return;
         }
     }
-    if (KVT__SBLOB_HDR + j->buf->n + (r->n_secret ? KVT__REDIS_MAC : 0) > r->max_bytes) {
+    /* over the cap: raw bytes are dropped here; a block the codec will take is judged by its
+    ** coded size, below (a q4 value is ~0.32x the raw one) */
+    const size_t mac = r->n_secret ? KVT__REDIS_MAC : 0;
+    const bool to_code = r->codec.codec != KVT_CODEC_RAW && j->meta.codec == KVT_CODEC_RAW;
+    if (!to_code && KVT__SBLOB_HDR + j->buf->n + mac > r->max_bytes) {
         bump(r, &r->dropped, 1);
         return;
     }
@@ -602,6 +606,11 @@ static void write_job(struct kvt__redis *r, struct rjob *j) {
     if (enc) {
         data = enc;
         size = en;
+    }
+    if (KVT__SBLOB_HDR + size + mac > r->max_bytes) {
+        free(enc);
+        bump(r, &r->dropped, 1);
+        return;
     }
     struct kvt__sblob_hdr h = { .key = j->key, .model = j->meta.model, .codec = codec, .n_tokens = j->meta.n_tokens, .size = size };
     size_t vn = 0;

@@ -524,8 +524,11 @@ static void test_poison(void **state) {
 
 /* ---- the disk codec on Redis ---------------------------------------------------------------- */
 
+static size_t g_max_bytes; /* redis_max_bytes of the next open_store_codec; 0 = the default */
+
 static kvt_store *open_store_codec(const char *dir, const char *url, const char *codec, int n_head_kv) {
     struct kvt_store_params p = kvt_store_default_params();
+    if (g_max_bytes) p.redis_max_bytes = g_max_bytes;
     p.dir = dir;
     p.redis_url = url;
     p.redis_timeout_ms = 1000;
@@ -618,6 +621,28 @@ static void test_codec(void **state) {
     assert_int_equal(value_len(f, &MODEL_A, &k, NULL), vq);
     kvt_store_free(d);
     sk_rm_rf(dir_c);
+    /* redis_max_bytes between the coded and the raw value: the q4 store's value is judged by its
+    ** coded size and written; the control, a raw store under the same cap, drops its value */
+    g_max_bytes = vq + 64;
+    kvt_key k_cap = sk_key("codec", 4), k_cap_raw = sk_key("codec", 5);
+    char dir_e[64] = "/tmp/kvt-test-redis-e-XXXXXX", dir_g[64] = "/tmp/kvt-test-redis-g-XXXXXX";
+    assert_non_null(mkdtemp(dir_e));
+    assert_non_null(mkdtemp(dir_g));
+    kvt_store *e4 = open_store_codec(dir_e, f->redis.url, "q4", info.n_head_kv);
+    assert_int_equal(kvt_store_put(e4, &k_cap, &m, blob->data, blob->size), 0);
+    kvt_store_flush(e4);
+    assert_int_equal(value_len(f, &MODEL_A, &k_cap, NULL), vq);
+    assert_int_equal(rstats(e4).writes_dropped, 0);
+    kvt_store_free(e4);
+    kvt_store *er = open_store_codec(dir_g, f->redis.url, NULL, 0);
+    assert_int_equal(kvt_store_put(er, &k_cap_raw, &m, blob->data, blob->size), 0);
+    kvt_store_flush(er);
+    assert_int_equal(value_len(f, &MODEL_A, &k_cap_raw, NULL), 0);
+    assert_int_equal(rstats(er).writes_dropped, 1);
+    kvt_store_free(er);
+    g_max_bytes = 0;
+    sk_rm_rf(dir_e);
+    sk_rm_rf(dir_g);
     /* another q4 store: the decoded block, from Redis then RAM */
     kvt_store *b = open_store_codec(f->dir_b, f->redis.url, "q4", info.n_head_kv);
     for (int i = 0; i < 2; i++) {
