@@ -165,9 +165,10 @@ static int ls_entry(void *ud, const struct kvt_store_entry *e) {
     kvt_key_hex(&e->key, key);
     kvt_key_hex(&e->model, model);
     if (c->arr) {
-        json_t *j = json_pack("{s:s, s:s, s:i, s:i, s:I, s:f, s:f, s:I, s:f}", "key", key, "model", model, "n_tokens", e->n_tokens,
-                              "codec", e->codec, "bytes", (json_int_t) e->bytes, "created", e->created, "last_hit", e->last_hit,
-                              "hits", (json_int_t) e->hits, "expires", e->expires);
+        json_t *j = json_pack("{s:s, s:s, s:i, s:i, s:s, s:I, s:f, s:f, s:I, s:f}", "key", key, "model", model, "n_tokens",
+                              e->n_tokens, "codec", e->codec, "codec_name", app_codec_label(e->codec), "bytes",
+                              (json_int_t) e->bytes, "created", e->created, "last_hit", e->last_hit, "hits", (json_int_t) e->hits,
+                              "expires", e->expires);
         if (!j || json_array_append_new(c->arr, j)) {
             c->fail = true;
             return 1;
@@ -178,8 +179,8 @@ static int ls_entry(void *ud, const struct kvt_store_entry *e) {
     fmt_age(age, sizeof age, c->now - e->last_hit);
     if (e->expires <= c->now) snprintf(exp, sizeof exp, "expired");
     else fmt_age(exp, sizeof exp, e->expires - c->now);
-    printf("%.16s  %.8s  %6d  %5d  %10lld  %6lld  %8s  %8s\n", key, model, e->n_tokens, e->codec, (long long) e->bytes,
-           (long long) e->hits, age, exp);
+    printf("%.16s  %.8s  %6d  %-10s  %10lld  %6lld  %8s  %8s\n", key, model, e->n_tokens, app_codec_label(e->codec),
+           (long long) e->bytes, (long long) e->hits, age, exp);
     return 0;
 }
 
@@ -187,7 +188,7 @@ static int do_ls(const char *cmd, kvt_store *st, const char *dir, const struct s
     struct ls_ctx c = { .arr = o->json ? json_array() : NULL, .now = now_s() };
     if (o->json && !c.arr) return app_json_line(cmd, NULL);
     if (!o->json)
-        printf("%-16s  %-8s  %6s  %5s  %10s  %6s  %8s  %8s\n", "KEY", "MODEL", "TOKENS", "CODEC", "BYTES", "HITS", "LAST-HIT",
+        printf("%-16s  %-8s  %6s  %-10s  %10s  %6s  %8s  %8s\n", "KEY", "MODEL", "TOKENS", "CODEC", "BYTES", "HITS", "LAST-HIT",
                "EXPIRES");
     int rc = kvt_store_ls(st, ls_entry, &c);
     if (rc && !c.fail) {

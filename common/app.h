@@ -45,6 +45,10 @@ int app_unit_entropy(const char *cmd, const char *flag, kvt_engine *eng, const c
 ** unreadable or another model's; ENOMEM). */
 int app_codec_bits(const char *cmd, kvt_engine *eng, const char *spec, uint8_t **bits /* OUT */, int32_t *n /* OUT */);
 
+/* The name of codec id (enum kvt_codec_id: "raw", "q8", ... "elastic+q4"; "unknown" for an id no
+** name parses to, e.g. from a newer kvtier).  Static string. */
+const char *app_codec_label(int32_t codec);
+
 /* Whether spec (a codec spec, NULL = raw) names q8 or q4, the codecs --codec-bits applies to. */
 bool app_codec_takes_bits(const char *spec);
 

@@ -143,6 +143,8 @@ bh=$(store_bytes half --codec-disk q4 --codec-bits "entropy:$TMP/prof.json:0.5")
 b0=$(store_bytes zero --codec-disk q4 --codec-bits "entropy:$TMP/prof.json:0")
 b1=$(store_bytes one --codec-disk q4 --codec-bits "entropy:$TMP/prof.json:1")
 n=$("$BIN" store stats --store "$TMP/bits-q4" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["entries"])')
+nq4=$("$BIN" store ls --store "$TMP/bits-q4" | grep -cE '^[0-9a-f]{16}  [0-9a-f]{8} +[0-9]+  q4 ')
+[ "$nq4" -gt 0 ] && [ "$nq4" = "$n" ] && ok "store ls names the codec: $nq4 q4 blocks" || bad "store ls: $nq4 rows named q4 of $n"
 echo "store bytes: q4 $b4, q8 $b8, entropy 0 / 0.5 / 1: $b0 / $bh / $b1 ($n blocks)"
 table=$((n * (8 + 96))) # a block's table: u32 count, u32 0, SmolLM2's 30 x 3 = 90 entries padded to 96
 if [ "$b4" -gt 0 ] && [ "$b0" -eq $((b4 + table)) ]; then ok "entropy:P:0 = q4's bytes + the table"; else

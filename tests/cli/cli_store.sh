@@ -56,8 +56,11 @@ run "stats --json" 0 "$BIN" store stats --store "$S" --json &&
 [ "$(wc -l <"$TMP/out")" -eq 1 ] && ok "stats --json is one line" || bad "stats --json is not one line"
 run "ls" 0 "$BIN" store ls --store "$S" && has "ls: header" out "KEY" && has "ls: block 0" out "${K0:0:16}"
 [ "$(wc -l <"$TMP/out")" -eq 13 ] && ok "ls: 12 rows" || bad "ls: $(wc -l <"$TMP/out") lines, expected 13"
+grep -qE "^${K0:0:16}  [0-9a-f]{8} +[0-9]+  raw " "$TMP/out" && ok "ls: the codec by name (raw)" ||
+    bad "ls: block 0's codec not named raw: $(grep "${K0:0:16}" "$TMP/out")"
 run "ls --json" 0 "$BIN" store ls --store "$S" --json &&
-    check "ls --json: 12 entries with block 0" "len(d['entries']) == 12 and '$K0' in [e['key'] for e in d['entries']]"
+    check "ls --json: 12 entries with block 0" "len(d['entries']) == 12 and '$K0' in [e['key'] for e in d['entries']]" &&
+    check "ls --json: codec 0 named raw" "all(e['codec'] == 0 and e['codec_name'] == 'raw' for e in d['entries'])"
 
 # verify: clean, then a flipped payload byte (exit 1), --repair, clean again
 run "verify clean" 0 "$BIN" store verify --store "$S" && has "verify: 12 ok" out "12 ok"
