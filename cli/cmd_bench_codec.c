@@ -137,16 +137,6 @@ static double kl_div(const float *p, const float *q, int n, double *dmax, bool *
     return k > 0 ? k : 0;
 }
 
-struct unit {
-    double e;
-    int32_t i;
-};
-static int cmp_unit(const void *a, const void *b) {
-    const struct unit *x = a, *y = b; /* the order of app_codec_bits (--codec-bits entropy): ties by index */
-    if (x->e != y->e) return x->e < y->e ? -1 : 1;
-    return (x->i > y->i) - (x->i < y->i);
-}
-
 /* One codec (or the raw-load baseline) once: encode + decode timed, load timed; with quality,
 ** the eval tokens are decoded after the load and compared with ref. */
 static int run_codec(const char *cmd, kvt_engine *eng, struct crow *r, int rep, kvt_blob **raw, int32_t nb, int32_t block,
@@ -358,14 +348,17 @@ int cmd_bench_codec(int argc, char **argv) {
     if (heads) { /* per fraction, three rows of q4 with the same count of 8-bit units */
         const int32_t nu = info.n_layer * info.n_head_kv;
         double *ent = malloc(sizeof *ent * (size_t) nu);
-        struct unit *u = malloc(sizeof *u * (size_t) nu);
+        int32_t *u = malloc(sizeof *u * (size_t) nu); /* units by ascending entropy */
         if (!ent || !u || app_unit_entropy(cmd, "--heads", eng, heads, ent)) {
             free(ent);
             free(u);
             goto out;
         }
-        for (int32_t i = 0; i < nu; i++) u[i] = (struct unit){ ent[i], i };
-        qsort(u, (size_t) nu, sizeof *u, cmp_unit);
+        if (app_units_by_entropy(ent, nu, u)) { /* the order --codec-bits entropy uses */
+            free(ent);
+            free(u);
+            goto out;
+        }
         for (int fi = 0; fi < n_fracs; fi++) {
             const int32_t k8 = (int32_t) lround(fracs[fi] * nu);
             static const char *const mode[3] = { "entropy", "reverse", "random" };
@@ -380,9 +373,9 @@ int cmd_bench_codec(int argc, char **argv) {
                 }
                 memset(r->bits, 4, (size_t) nu);
                 if (m == 0)
-                    for (int32_t i = 0; i < k8; i++) r->bits[u[i].i] = 8;
+                    for (int32_t i = 0; i < k8; i++) r->bits[u[i]] = 8;
                 if (m == 1)
-                    for (int32_t i = 0; i < k8; i++) r->bits[u[nu - 1 - i].i] = 8;
+                    for (int32_t i = 0; i < k8; i++) r->bits[u[nu - 1 - i]] = 8;
                 if (m == 2) { /* k8 distinct units, seeded */
                     struct eval_rng g;
                     eval_rng_init(&g, 1, "heads", 0);
@@ -409,13 +402,13 @@ int cmd_bench_codec(int argc, char **argv) {
             }
             double e_lo = 0, e_hi = 0;
             for (int32_t i = 0; i < k8; i++) {
-                e_lo += u[i].e / k8;
-                e_hi += u[nu - 1 - i].e / k8;
+                e_lo += ent[u[i]] / k8;
+                e_hi += ent[u[nu - 1 - i]] / k8;
             }
             fprintf(stderr,
                     "%s: --heads: %d of %d (layer, KV head) units at 8 bits; their mean attention entropy %.3f "
                     "bits (entropy), %.3f (reverse); all units %.3f..%.3f\n",
-                    cmd, k8, nu, e_lo, e_hi, u[0].e, u[nu - 1].e);
+                    cmd, k8, nu, e_lo, e_hi, ent[u[0]], ent[u[nu - 1]]);
         }
         free(ent);
         free(u);

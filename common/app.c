@@ -174,6 +174,16 @@ static int cmp_app_unit(const void *a, const void *b) {
     return (x->i > y->i) - (x->i < y->i); /* ties: layer order, so the table is deterministic */
 }
 
+int app_units_by_entropy(const double *ent, int32_t n, int32_t *order) {
+    struct app_unit *u = malloc(sizeof *u * (size_t) (n > 0 ? n : 1));
+    if (!u) return APP_ERR;
+    for (int32_t i = 0; i < n; i++) u[i] = (struct app_unit){ ent[i], i };
+    qsort(u, (size_t) n, sizeof *u, cmp_app_unit);
+    for (int32_t i = 0; i < n; i++) order[i] = u[i].i;
+    free(u);
+    return APP_OK;
+}
+
 int app_codec_bits(const char *cmd, kvt_engine *eng, const char *spec, uint8_t **bits, int32_t *n) {
     *bits = NULL;
     *n = 0;
@@ -207,20 +217,23 @@ int app_codec_bits(const char *cmd, kvt_engine *eng, const char *spec, uint8_t *
     kvt_engine_info(eng, &I);
     const int32_t nu = I.n_layer * I.n_head_kv, k8 = (int32_t) (frac * nu + 0.5);
     double *ent = malloc(sizeof *ent * (size_t) nu);
-    struct app_unit *u = malloc(sizeof *u * (size_t) nu);
+    int32_t *u = malloc(sizeof *u * (size_t) nu);
     uint8_t *b = malloc((size_t) nu);
     int rc = APP_ERR;
     if (!ent || !u || !b) fprintf(stderr, "%s: --codec-bits: no memory\n", cmd);
     else if (app_unit_entropy(cmd, "--codec-bits", eng, path, ent) == APP_OK) {
-        for (int32_t i = 0; i < nu; i++) u[i] = (struct app_unit){ ent[i], i };
-        qsort(u, (size_t) nu, sizeof *u, cmp_app_unit);
+        if (app_units_by_entropy(ent, nu, u)) {
+            fprintf(stderr, "%s: --codec-bits: no memory\n", cmd);
+            goto out;
+        }
         memset(b, 4, (size_t) nu);
-        for (int32_t i = 0; i < k8; i++) b[u[i].i] = 8; /* the most focused units */
+        for (int32_t i = 0; i < k8; i++) b[u[i]] = 8; /* the most focused units */
         *bits = b;
         *n = nu;
         b = NULL;
         rc = APP_OK;
     }
+out:
     free(ent);
     free(u);
     free(b);

@@ -36,6 +36,11 @@ int app_json_line(const char *cmd, json_t *obj);
 ** another model's profile). */
 int app_unit_entropy(const char *cmd, const char *flag, kvt_engine *eng, const char *path, double *ent);
 
+/* The units' indices ordered by ascending ent (ties by index, so the order is deterministic):
+** OUT order[n].  The order in which --codec-bits entropy gives units 8 bits.  APP_OK or APP_ERR
+** (no memory). */
+int app_units_by_entropy(const double *ent, int32_t n, int32_t *order);
+
 /* --codec-bits SPEC, the tiers' per-head bits (kvt_codec_params.head_bits of a q8/q4 codec):
 ** "uniform" (the codec's own bits: *bits NULL, *n 0) or "entropy:PROFILE[:FRAC]": the FRAC (0..1,
 ** default 0.5) of the (layer, KV head) units of lowest mean attention entropy in PROFILE get 8
