@@ -236,10 +236,6 @@ static bool insert_row(kvt_store *st, const struct kvt__job *j, const struct kvt
     return ok;
 }
 
-/* Write one queued block: skip a key already in the index, make room, write the file, then the
-** row.  Any failure drops the write (counted); nothing half-written stays visible.  (The test
-** hook kvt_store_test_unsafe_write_order reverses the order on purpose: row first, then the
-** file in place, slowly; the kill -9 test's control.) */
 void kvt__store_encode(const struct kvt_codec_params *cp, const uint8_t *data, size_t n, int32_t n_tokens, int32_t *codec,
                        uint8_t **enc, size_t *en) {
     *enc = NULL;
@@ -252,6 +248,10 @@ void kvt__store_encode(const struct kvt_codec_params *cp, const uint8_t *data, s
     kvt__clear_error();
 }
 
+/* Write one queued block: skip a key already in the index, make room, write the file, then the
+** row.  Any failure drops the write (counted); nothing half-written stays visible.  (The test
+** hook kvt_store_test_unsafe_write_order reverses the order on purpose: row first, then the
+** file in place, slowly; the kill -9 test's control.) */
 static void write_job(kvt_store *st, struct kvt__job *j) {
     while (flock(st->lock_fd, LOCK_SH) && errno == EINTR) {}
     bool written = false, skipped = false;
