@@ -149,9 +149,9 @@ int cli_device_opts(const char *cmd, const char *ngl, const char *fa, bool no_op
       "Redis tier of the block store, shared with servers: redis://[[user:]password@]host[:port][/db] " \
       "or unix:///path[?db=N]", NULL },                                                             \
     { "codec-disk", 0, OPT_STR, &(o)->codec_disk, 0, 0, "SPEC",                                    \
-      "codec of the blocks the store keeps on disk and in Redis: raw (default), q8, q4, elastic, elastic+q8, elastic+q4", NULL },  \
+      "codec of the blocks the store keeps on disk and in Redis: raw (default), q8, q4, ecq, elastic, elastic+q8, elastic+q4", NULL },  \
     { "codec-ram", 0, OPT_STR, &(o)->codec_ram, 0, 0, "SPEC",                                      \
-      "codec of the blocks saved to the host RAM tier: raw (default), q8, q4, elastic, elastic+q8, elastic+q4", NULL },\
+      "codec of the blocks saved to the host RAM tier: raw (default), q8, q4, ecq, elastic, elastic+q8, elastic+q4", NULL },\
     { "codec-bits", 0, OPT_STR, &(o)->codec_bits, 0, 0, "SPEC",                                    \
       "bits per (layer, KV head) of a q4/q8 --codec-disk and --codec-ram: uniform (default) or "   \
       "entropy:PROFILE[:FRAC] (FRAC, default 0.5, of the lowest-entropy units of a `kvtier "       \

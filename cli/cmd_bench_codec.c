@@ -230,7 +230,7 @@ out:
 
 int cmd_bench_codec(int argc, char **argv) {
     static const char cmd[] = "kvtier bench codec";
-    const char *model = getenv("KVTIER_MODEL"), *codecs_s = "raw,q8,q4,elastic,elastic+q8,elastic+q4", *texts = NULL;
+    const char *model = getenv("KVTIER_MODEL"), *codecs_s = "raw,q8,q4,ecq,elastic,elastic+q8,elastic+q4", *texts = NULL;
     int32_t tokens = 1024, block = 64, n_eval = 64, repeats = 3, threads = 0;
     const char *heads = NULL;
     const char *heads_frac_s = "0.5";
@@ -242,7 +242,7 @@ int cmd_bench_codec(int argc, char **argv) {
         { "block", 0, OPT_INT, &block, 1, 1 << 16, "N", "tokens per block (default 64)", NULL },
         { "eval", 0, OPT_INT, &n_eval, 1, 1 << 16, "N", "next tokens of the text the KL is measured on (default 64)", NULL },
         { "codecs", 0, OPT_STR, &codecs_s, 0, 0, "LIST",
-          "codec specs, comma between codecs, ';' between a codec's values (default raw,q8,q4,elastic,elastic+q8,elastic+q4; "
+          "codec specs, comma between codecs, ';' between a codec's values (default raw,q8,q4,ecq,elastic,elastic+q8,elastic+q4; "
           "e.g. 'elastic:0.3;0.3')",
           NULL },
         { "repeats", 0, OPT_INT, &repeats, 1, 1000, "N", "timing repeats, codecs interleaved (default 3)", NULL },

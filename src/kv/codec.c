@@ -45,7 +45,7 @@ static size_t hdr_bytes_heads(uint32_t n) { return HDR_BYTES + 8 + ((size_t) n +
 #define SEC_BYTES 40
 static const uint8_t MAGIC[4] = { 'K', 'V', 'T', 'C' };
 
-static const char *const NAMES[KVT_CODEC__COUNT] = { "raw", "q8", "q4", "elastic", "elastic+q8", "elastic+q4" };
+static const char *const NAMES[KVT_CODEC__COUNT] = { "raw", "q8", "q4", "elastic", "elastic+q8", "elastic+q4", "ecq" };
 
 const char *kvt_codec_name(int32_t codec) { return codec >= 0 && codec < KVT_CODEC__COUNT ? NAMES[codec] : "unknown"; }
 
@@ -54,6 +54,7 @@ struct kvt_codec_params kvt_codec_default_params(int32_t codec) {
     struct kvt_codec_params p = {
         codec >= 0 && codec < KVT_CODEC__COUNT ? codec : KVT_CODEC_RAW, 0, 64, 64, 0.45f, 0.50f, el ? 64 : 0, NULL, 0
     };
+    if (codec == KVT_CODEC_ECQ) p.s_k = p.s_v = KVT__ECQ_STEP;
     return p;
 }
 
@@ -93,7 +94,7 @@ int kvt_codec_parse(const char *spec, struct kvt_codec_params *out) {
     for (int i = 0; i < KVT_CODEC__COUNT; i++)
         if (strlen(NAMES[i]) == nl && !strncmp(spec, NAMES[i], nl)) id = i;
     if (id < 0)
-        return kvt__fail(KVT_EINVAL, "unknown codec '%.*s' in '%s' (expected raw, q8, q4, elastic, elastic+q8, elastic+q4)",
+        return kvt__fail(KVT_EINVAL, "unknown codec '%.*s' in '%s' (expected raw, q8, q4, elastic, elastic+q8, elastic+q4, ecq)",
                          (int) nl, spec, spec);
     struct kvt_codec_params p = kvt_codec_default_params(id);
     if (spec[nl] == ':') {
@@ -105,9 +106,10 @@ int kvt_codec_parse(const char *spec, struct kvt_codec_params *out) {
             if (k >= max)
                 return kvt__fail(KVT_EINVAL, "codec '%s': %s takes at most %d value%s (%s)", spec, NAMES[id], max,
                                  max == 1 ? "" : "s",
-                                 max == 0 ? "no arguments"
-                                 : q      ? "K group cells, V group channels, sink tokens"
-                                          : "s_K, s_V, sink tokens");
+                                 max == 0              ? "no arguments"
+                                 : q                   ? "K group cells, V group channels, sink tokens"
+                                 : id == KVT_CODEC_ECQ ? "K step, V step (x each group's standard deviation), sink tokens"
+                                                       : "s_K, s_V, sink tokens");
             char tmp[64], *end;
             if (len == 0 || len >= sizeof tmp)
                 return kvt__fail(KVT_EINVAL, "codec '%s': value %d is empty or too long", spec, k + 1);

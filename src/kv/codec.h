@@ -14,6 +14,12 @@
 **                     elements of each group, one u8 code per kept element in group order
 **     elastic+q4      as elastic+q8 with a 4-bit code per kept element, packed low nibble first
 **                     across the whole section (ceil(n_kept / 2) bytes)
+**     ecq             n_groups x { f16 offset, f16 step } (KIVI's groups, as q4's), u32 n_esc,
+**                     n_esc x f32 escaped elements, u32 zlen, u32 zpad, a zstd frame of zlen bytes
+**                     holding one code a byte for every element in X's row-major order (zigzag of
+**                     round((x - offset) / step), 0..252; 255 = the next escaped element), zpad
+**                     zero bytes (a body is at least kvt__ecq_min_body bytes, so what decoding
+**                     allocates stays within 32x its size)
 **     q8 / q4 with per-head bits (head_bits, header version 2): n_groups x { f32 min, f32 step },
 **                     then each group's codes in its head's bits (4 or 8), a 4-bit group packed
 **                     low nibble first and padded to a whole byte
@@ -29,7 +35,8 @@
 #include <stdint.h>
 
 enum { KVT__SEC_K = 0, KVT__SEC_V = 1 };
-#define KVT__MAX_HEADS 256 /* n_head_kv the codecs accept */
+#define KVT__MAX_HEADS 256   /* n_head_kv the codecs accept */
+#define KVT__ECQ_STEP  0.30f /* ecq's default step, x the section's RMS (kvtier.h section 9) */
 
 /* One F16 or F32 tensor inside a blob buffer: element (c, e) of cell c, channel e lives at
 ** base + (trans ? e * n_cells + c : c * n_embd + e) * elsize. */
@@ -67,6 +74,23 @@ void kvt__elastic_tau(const float *x, uint32_t n_cells, uint32_t n_embd, int n_h
 int kvt__sec_encode(struct kvt__buf *out, const struct kvt__mat *m, const bool *raw_cell, int kind,
                     const struct kvt_codec_params *p, int n_head, int64_t *n_lossy, int64_t *n_zeroed, const uint8_t *head_bits);
 
+/* The lossy cells of m as X (codec.h, kernels), after appending the raw cells to out (cell-major,
+** in the cache type).  OUT *x: R x L floats (caller frees).  Errors: KVT_ENOMEM. */
+int kvt__sec_x_encode(struct kvt__buf *out, const struct kvt__mat *m, const bool *raw_cell, int kind, uint32_t M, float **x);
+/* The inverse: X (R x L) and the raw cells (rawv, those set in cbm) written into m; m is not
+** touched on error.  Errors: KVT_ENOMEM. */
+int kvt__sec_x_decode(const struct kvt__mat *m, const uint8_t *cbm, const uint8_t *rawv, uint32_t M, int kind, const float *x);
+
+/* ecq (codec_ecq.c): encode the M lossy cells' body, raw cells first; decode a body of n bytes
+** (after the raw cells).  Errors: KVT_ENOMEM; decode KVT_ECORRUPT naming the section `what`. */
+int kvt__ecq_encode(struct kvt__buf *out, const struct kvt__mat *m, const bool *raw_cell, int kind,
+                    const struct kvt_codec_params *p, uint32_t M);
+int kvt__ecq_decode(const uint8_t *b, size_t n, const struct kvt__mat *m, const uint8_t *cbm, const uint8_t *rawv, uint32_t M,
+                    int kind, const struct kvt_codec_params *p, const char *what);
+/* The fewest bytes an ecq body of ne elements has (ne / 32: a decoder's allocation is bounded by
+** its input). */
+size_t kvt__ecq_min_body(size_t ne);
+
 /* Decode a section of exactly n bytes into m (every element written).  Errors: KVT_ECORRUPT
 ** (sizes or counts inconsistent with the tensor; the message names the section `what`),
 ** KVT_ENOMEM. */
@@ -96,6 +120,12 @@ void kvt__transpose(const float *src, uint32_t rows, uint32_t cols, float *dst);
 void kvt__quant_rows(const float *x, uint32_t R, uint32_t L, uint32_t G, int bits, uint8_t *prm, uint8_t *codes);
 /* The inverse: X[i] = min + code * step of its group. */
 void kvt__dequant_rows(const uint8_t *codes, const uint8_t *prm, uint32_t R, uint32_t L, uint32_t G, float *x);
+/* ecq: X[R][L] in groups of G along each row: prm gets every group's { f16 mean, f16 step = s x
+** the standard deviation } over its finite elements (4 bytes each, row-major group order), codes one
+** byte per element (zigzag of round((x - mean) / step) within +-126, else 255), esc the 255s'
+** elements in order; returns their count.  dequant: X = offset + q x step (255s left to the caller). */
+uint32_t kvt__ecq_quant_rows(const float *x, uint32_t R, uint32_t L, uint32_t G, float s, uint8_t *prm, uint8_t *codes, float *esc);
+void kvt__ecq_dequant_rows(const uint8_t *codes, const uint8_t *prm, uint32_t R, uint32_t L, uint32_t G, float *x);
 /* n 4-bit codes (one per byte) to ceil(n / 2) bytes, low nibble first, and back. */
 void kvt__pack4(const uint8_t *codes, size_t n, uint8_t *packed);
 void kvt__unpack4(const uint8_t *packed, size_t n, uint8_t *codes);

@@ -12,6 +12,7 @@
 
 #include "ggml.h"
 
+#include <math.h>
 #include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -224,4 +225,147 @@ KVT_CLONES void kvt__unpack4(const uint8_t *packed, size_t n, uint8_t *codes) {
         codes[2 * i + 1] = packed[i] >> 4;
     }
     if (n & 1) codes[n - 1] = packed[h] & 15u;
+}
+
+/* ---- ecq (codec_ecq.c): per group { f16 offset, f16 step }, one zigzag code a byte ---- */
+
+static float h2f1(ggml_fp16_t h) { return ggml_fp16_to_fp32(h); }
+static inline uint32_t fbits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static inline float bitsf(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline float lanes8(const float *l) { return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])); }
+
+/* F16 of a positive step: at least the smallest F16 subnormal, at most the largest finite. */
+static ggml_fp16_t step16(float st) {
+    if (!(st >= 5.9604645e-08f)) st = 5.9604645e-08f; /* 2^-24; also a NaN */
+    if (st > 65504.0f) st = 65504.0f;
+    ggml_fp16_t h = ggml_fp32_to_fp16(st);
+    return h;
+}
+
+/* Round to nearest even for |t| <= 2^22 (default rounding mode, no contraction: this file's
+** flags): the same in the vector loop and the scalar tail, and on every architecture. */
+#define RNE_MAGIC 12582912.0f /* 1.5 x 2^23 */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "kvt__ecq_quant_rows takes each code's low byte as the first of its four"
+#endif
+typedef uint8_t v32u8 __attribute__((vector_size(32)));
+typedef uint8_t v8u8 __attribute__((vector_size(8)));
+
+/* Mean and sum of squared deviations of g[0..k) over its finite elements (an integer mask of the
+** exponent bits), in eight lanes then a fixed tree: no branch, the same order everywhere. */
+static inline void ecq_stats(const float *g, uint32_t k, float *pmean, float *pss, float *pn) {
+    const v8i expm = { 0x7f800000, 0x7f800000, 0x7f800000, 0x7f800000, 0x7f800000, 0x7f800000, 0x7f800000, 0x7f800000 };
+    const v8i one = { 0x3f800000, 0x3f800000, 0x3f800000, 0x3f800000, 0x3f800000, 0x3f800000, 0x3f800000, 0x3f800000 };
+    v8f s8 = { 0 }, n8 = { 0 }, q8 = { 0 };
+    float st = 0, nt = 0, qt = 0;
+    const uint32_t i8 = k / 8 * 8;
+    for (uint32_t i = 0; i < i8; i += 8) {
+        v8i u;
+        memcpy(&u, g + i, sizeof u);
+        const v8i m = (u & expm) != expm;
+        s8 += (v8f) (u & m);
+        n8 += (v8f) (m & one);
+    }
+    for (uint32_t i = i8; i < k; i++) {
+        const uint32_t u = fbits(g[i]), m = (u & 0x7f800000u) != 0x7f800000u ? 0xffffffffu : 0;
+        st += bitsf(u & m);
+        nt += bitsf(m & 0x3f800000u);
+    }
+    const float n = (((n8[0] + n8[1]) + (n8[2] + n8[3])) + ((n8[4] + n8[5]) + (n8[6] + n8[7]))) + nt;
+    const float mean = n > 0 ? ((((s8[0] + s8[1]) + (s8[2] + s8[3])) + ((s8[4] + s8[5]) + (s8[6] + s8[7]))) + st) / n : 0.0f;
+    const v8f mv = { mean, mean, mean, mean, mean, mean, mean, mean };
+    for (uint32_t i = 0; i < i8; i += 8) {
+        v8f v;
+        memcpy(&v, g + i, sizeof v);
+        const v8i m = ((v8i) v & expm) != expm;
+        const v8f d = v - mv, dd = d * d;
+        q8 += (v8f) ((v8i) dd & m);
+    }
+    for (uint32_t i = i8; i < k; i++) {
+        const uint32_t m = (fbits(g[i]) & 0x7f800000u) != 0x7f800000u ? 0xffffffffu : 0;
+        const float d = g[i] - mean;
+        qt += bitsf(fbits(d * d) & m);
+    }
+    *pmean = mean;
+    *pss = (((q8[0] + q8[1]) + (q8[2] + q8[3])) + ((q8[4] + q8[5]) + (q8[6] + q8[7]))) + qt;
+    *pn = n;
+}
+
+KVT_CLONES uint32_t kvt__ecq_quant_rows(const float *x, uint32_t R, uint32_t L, uint32_t G, float s, uint8_t *prm, uint8_t *codes,
+                                        float *esc) {
+    uint32_t n_esc = 0;
+    size_t gi = 0;
+    for (uint32_t r = 0; r < R; r++)
+        for (uint32_t j0 = 0; j0 < L; j0 += G, gi++) {
+            const uint32_t k = L - j0 < G ? L - j0 : G;
+            const float *g = x + (size_t) r * L + j0;
+            uint8_t *c = codes + (size_t) r * L + j0;
+            float mean, ss, n;
+            ecq_stats(g, k, &mean, &ss, &n);
+            ggml_fp16_t ho = ggml_fp32_to_fp16(mean), hs = step16(s * sqrtf(n > 0 ? ss / n : 0.0f));
+            if (!(fabsf(h2f1(ho)) <= 65504.0f)) ho = ggml_fp32_to_fp16(0.0f); /* a mean past F16's range */
+            memcpy(prm + 4 * gi, &ho, 2);
+            memcpy(prm + 4 * gi + 2, &hs, 2);
+            const float off = h2f1(ho), inv = 1.0f / h2f1(hs);
+            const v8f offv = { off, off, off, off, off, off, off, off }, invv = { inv, inv, inv, inv, inv, inv, inv, inv };
+            const v8f lim = { 126.5f, 126.5f, 126.5f, 126.5f, 126.5f, 126.5f, 126.5f, 126.5f };
+            const v8f mag = { RNE_MAGIC, RNE_MAGIC, RNE_MAGIC, RNE_MAGIC, RNE_MAGIC, RNE_MAGIC, RNE_MAGIC, RNE_MAGIC };
+            const v8i absm = { 0x7fffffff, 0x7fffffff, 0x7fffffff, 0x7fffffff, 0x7fffffff, 0x7fffffff, 0x7fffffff, 0x7fffffff };
+            const v8i esc8 = { 255, 255, 255, 255, 255, 255, 255, 255 };
+            const uint32_t i8 = k / 8 * 8;
+            uint32_t any = 0;
+            v8i out = { 0 };
+            for (uint32_t i = 0; i < i8; i += 8) {
+                v8f v;
+                memcpy(&v, g + i, sizeof v);
+                const v8f t = (v - offv) * invv, a = (v8f) ((v8i) t & absm);
+                const v8i in = a < lim; /* false for NaN */
+                const v8f tt = SEL8(in, t, (v8f){ 0 });
+                const v8i q = __builtin_convertvector((tt + mag) - mag, v8i);
+                const v8i zig = (q << 1) ^ (q >> 31);
+                const v8i code = (zig & in) | (esc8 & ~in);
+                const v32u8 cb = (v32u8) code; /* each code's low byte (little-endian) */
+                const v8u8 b = __builtin_shufflevector(cb, cb, 0, 4, 8, 12, 16, 20, 24, 28);
+                memcpy(c + i, &b, 8);
+                out |= ~in;
+            }
+            for (int j = 0; j < 8; j++) any |= (uint32_t) out[j];
+            for (uint32_t i = i8; i < k; i++) {
+                const float t = (g[i] - off) * inv;
+                const bool in = fabsf(t) < 126.5f;
+                const int32_t q = (int32_t) ((in ? t : 0.0f) + RNE_MAGIC - RNE_MAGIC);
+                c[i] = in ? (uint8_t) ((uint32_t) q << 1 ^ (uint32_t) (q >> 31)) : 255u;
+                any |= !in;
+            }
+            if (any) /* escapes are rare */
+                for (uint32_t i = 0; i < k; i++)
+                    if (c[i] == 255) esc[n_esc++] = g[i];
+        }
+    return n_esc;
+}
+
+KVT_CLONES void kvt__ecq_dequant_rows(const uint8_t *codes, const uint8_t *prm, uint32_t R, uint32_t L, uint32_t G, float *x) {
+    size_t gi = 0;
+    for (uint32_t r = 0; r < R; r++)
+        for (uint32_t j0 = 0; j0 < L; j0 += G, gi++) {
+            const uint32_t k = L - j0 < G ? L - j0 : G;
+            const uint8_t *c = codes + (size_t) r * L + j0;
+            float *g = x + (size_t) r * L + j0;
+            ggml_fp16_t ho, hs;
+            memcpy(&ho, prm + 4 * gi, 2);
+            memcpy(&hs, prm + 4 * gi + 2, 2);
+            const float off = h2f1(ho), step = h2f1(hs);
+            for (uint32_t i = 0; i < k; i++) {
+                const int32_t q = (int32_t) (c[i] >> 1) ^ -(int32_t) (c[i] & 1);
+                g[i] = off + (float) q * step;
+            }
+        }
 }

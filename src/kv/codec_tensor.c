@@ -311,24 +311,17 @@ static int x_bits(const uint8_t *hb, uint32_t hd, int kind, uint32_t row, uint32
     return hb[(kind == KVT__SEC_K ? row : col) / hd];
 }
 
-/* q8/q4, uniform or with per-head bits (no keep mask): the lossy elements as X (codec.h,
-** kernels), built with one F16 conversion and at most one transpose, then codec_kern.c.  The
-** per-head layout is quantise_mixed's: every group's min/step, then each group's codes in its
-** head's bits (a 4-bit group packed on its own, low nibble first). */
-static int enc_uniform(struct kvt__buf *out, const struct kvt__mat *m, const bool *raw_cell, int kind,
-                       const struct kvt_codec_params *p, uint32_t M, const uint8_t *hb, uint32_t hd) {
+int kvt__sec_x_encode(struct kvt__buf *out, const struct kvt__mat *m, const bool *raw_cell, int kind, uint32_t M, float **xo) {
     const uint32_t N = m->n_cells, E = m->n_embd, es = m->elsize;
     const size_t row = (size_t) E * es, nall = (size_t) N * E, ne = (size_t) M * E;
-    const int bits = q_bits(p->codec);
-    const uint32_t G = (uint32_t) (kind == KVT__SEC_K ? p->group_k : p->group_v);
-    const uint32_t R = kind == KVT__SEC_K ? E : M, L = kind == KVT__SEC_K ? M : E;
-    const size_t n_groups = (size_t) R * ((L + G - 1) / G);
     float *all = malloc(sizeof *all * (nall + 1)), *tr = malloc(sizeof *tr * (ne + 1));
-    uint8_t *prm = malloc(8 * n_groups + 1), *codes = malloc(ne + (ne + 1) / 2 + 1), *rawrow = malloc(row + 1);
-    int rc = 0;
-    if (!all || !tr || !prm || !codes || !rawrow) {
-        rc = kvt__fail(KVT_ENOMEM, "codec: %u x %u tensor", N, E);
-        goto out;
+    uint8_t *rawrow = malloc(row + 1);
+    *xo = NULL;
+    if (!all || !tr || !rawrow) {
+        free(all);
+        free(tr);
+        free(rawrow);
+        return kvt__fail(KVT_ENOMEM, "codec: %u x %u tensor", N, E);
     }
     /* the raw cells, cell-major in the cache type */
     for (uint32_t c = 0; c < N && M < N; c++) {
@@ -339,6 +332,7 @@ static int enc_uniform(struct kvt__buf *out, const struct kvt__mat *m, const boo
             kvt__buf_put(out, rawrow, row);
         }
     }
+    free(rawrow);
     /* F32 in the tensor's own layout (cells x channels, or channels x cells when transposed),
     ** then the lossy cells only, in place */
     if (es == 2) kvt__h2f(m->base, all, nall);
@@ -353,11 +347,37 @@ static int enc_uniform(struct kvt__buf *out, const struct kvt__mat *m, const boo
                     if (!raw_cell[c]) all[(size_t) e * M + r++] = all[(size_t) e * N + c];
         }
     }
-    const float *x = all;
     if ((kind == KVT__SEC_K) == !m->trans) { /* K wants channels x cells, V cells x channels */
         kvt__transpose(all, m->trans ? E : M, m->trans ? M : E, tr);
-        x = tr;
+        free(all);
+        *xo = tr;
+    } else {
+        free(tr);
+        *xo = all;
     }
+    return 0;
+}
+
+/* q8/q4, uniform or with per-head bits (no keep mask): the lossy elements as X (codec.h,
+** kernels), built with one F16 conversion and at most one transpose, then codec_kern.c.  The
+** per-head layout is quantise_mixed's: every group's min/step, then each group's codes in its
+** head's bits (a 4-bit group packed on its own, low nibble first). */
+static int enc_uniform(struct kvt__buf *out, const struct kvt__mat *m, const bool *raw_cell, int kind,
+                       const struct kvt_codec_params *p, uint32_t M, const uint8_t *hb, uint32_t hd) {
+    const uint32_t E = m->n_embd;
+    const size_t ne = (size_t) M * E;
+    const int bits = q_bits(p->codec);
+    const uint32_t G = (uint32_t) (kind == KVT__SEC_K ? p->group_k : p->group_v);
+    const uint32_t R = kind == KVT__SEC_K ? E : M, L = kind == KVT__SEC_K ? M : E;
+    const size_t n_groups = (size_t) R * ((L + G - 1) / G);
+    float *x = NULL;
+    uint8_t *prm = malloc(8 * n_groups + 1), *codes = malloc(ne + (ne + 1) / 2 + 1);
+    int rc = 0;
+    if (!prm || !codes) {
+        rc = kvt__fail(KVT_ENOMEM, "codec: %u x %u tensor", M, E);
+        goto out;
+    }
+    if ((rc = kvt__sec_x_encode(out, m, raw_cell, kind, M, &x))) goto out;
     if (hb) {
         const uint32_t per = (L + G - 1) / G;
         if (kind == KVT__SEC_K) /* a head: hd rows */
@@ -392,11 +412,9 @@ static int enc_uniform(struct kvt__buf *out, const struct kvt__mat *m, const boo
     }
     if (out->err) rc = kvt__fail(KVT_ENOMEM, "codec: output buffer");
 out:
-    free(all);
-    free(tr);
+    free(x);
     free(prm);
     free(codes);
-    free(rawrow);
     return rc;
 }
 
@@ -415,6 +433,10 @@ int kvt__sec_encode(struct kvt__buf *out, const struct kvt__mat *m, const bool *
     kvt__buf_put(out, cbm, bytes_of_bits(N));
     free(cbm);
     const bool elastic = is_elastic(p->codec);
+    if (p->codec == KVT_CODEC_ECQ) {
+        *n_lossy += (int64_t) (N - n_raw) * E;
+        return kvt__ecq_encode(out, m, raw_cell, kind, p, N - n_raw);
+    }
     if (!elastic && !test_generic) {
         *n_lossy += (int64_t) (N - n_raw) * E;
         return enc_uniform(out, m, raw_cell, kind, p, N - n_raw, head_bits, head_bits ? E / (uint32_t) n_head : 0);
@@ -536,8 +558,8 @@ static size_t popcount_bits(const uint8_t *bm, size_t n_bits) {
 ** written to m before the section is known to be whole. */
 static int dec_uniform(struct cur *cu, const struct kvt__mat *m, const uint8_t *cbm, const uint8_t *rawv, uint32_t M, int kind,
                        const struct kvt_codec_params *p, const uint8_t *hb, uint32_t hd) {
-    const uint32_t N = m->n_cells, E = m->n_embd, es = m->elsize;
-    const size_t row = (size_t) E * es, ne = (size_t) M * E;
+    const uint32_t E = m->n_embd;
+    const size_t ne = (size_t) M * E;
     const int bits = q_bits(p->codec);
     const uint32_t G = (uint32_t) (kind == KVT__SEC_K ? p->group_k : p->group_v);
     const uint32_t R = kind == KVT__SEC_K ? E : M, L = kind == KVT__SEC_K ? M : E;
@@ -557,10 +579,10 @@ static int dec_uniform(struct cur *cu, const struct kvt__mat *m, const uint8_t *
     if (!codes) return short_sec(cu, "codes", code_bytes);
     if (cu->off != cu->n)
         return kvt__fail(KVT_ECORRUPT, "codec: %s: section has %zu trailing bytes after %zu", cu->what, cu->n - cu->off, cu->off);
-    float *x = malloc(sizeof *x * (ne + 1)), *tr = malloc(sizeof *tr * (ne + 1)), *line = malloc(sizeof *line * (N + 1));
+    float *x = malloc(sizeof *x * (ne + 1));
     uint8_t *c8 = bits == 8 && !hb ? NULL : malloc(ne + 1);
     int rc = 0;
-    if (!x || !tr || !line || ((bits != 8 || hb) && !c8)) {
+    if (!x || ((bits != 8 || hb) && !c8)) {
         rc = kvt__fail(KVT_ENOMEM, "codec: %u x %u tensor", M, E);
         goto out;
     }
@@ -580,6 +602,22 @@ static int dec_uniform(struct cur *cu, const struct kvt__mat *m, const uint8_t *
             }
     } else if (c8) kvt__unpack4(codes, ne, c8);
     kvt__dequant_rows(c8 ? c8 : codes, prm, R, L, G, x);
+    rc = kvt__sec_x_decode(m, cbm, rawv, M, kind, x);
+out:
+    free(x);
+    free(c8);
+    return rc;
+}
+
+int kvt__sec_x_decode(const struct kvt__mat *m, const uint8_t *cbm, const uint8_t *rawv, uint32_t M, int kind, const float *x) {
+    const uint32_t N = m->n_cells, E = m->n_embd, es = m->elsize;
+    const size_t row = (size_t) E * es, ne = (size_t) M * E;
+    float *tr = malloc(sizeof *tr * (ne + 1)), *line = malloc(sizeof *line * (N + 1));
+    if (!tr || !line) {
+        free(tr);
+        free(line);
+        return kvt__fail(KVT_ENOMEM, "codec: %u x %u tensor", M, E);
+    }
     if (!m->trans) { /* cells x channels: K's X transposed, V's as it is */
         const float *cx = x;
         if (kind == KVT__SEC_K) {
@@ -612,12 +650,9 @@ static int dec_uniform(struct cur *cu, const struct kvt__mat *m, const uint8_t *
                     if (bit_get(cbm, c)) el_cp(dst + (size_t) c * es, rawv + (size_t) (k++) * row + (size_t) e * es, es);
         }
     }
-out:
-    free(x);
     free(tr);
     free(line);
-    free(c8);
-    return rc;
+    return 0;
 }
 
 int kvt__sec_decode(const uint8_t *enc, size_t n, const struct kvt__mat *m, int kind, const struct kvt_codec_params *p, int n_head,
@@ -636,9 +671,13 @@ int kvt__sec_decode(const uint8_t *enc, size_t n, const struct kvt__mat *m, int 
     /* before allocating from N and E: the body must hold at least its smallest encoding (elastic:
     ** the thresholds and a 1-bit mask per element; q8/q4: half a byte per element), so what is
     ** allocated stays within a fixed multiple of the section's bytes; element indices fit 32 bits */
-    const size_t min_body = elastic ? sizeof(float) * (size_t) n_head + bytes_of_bits(ne) : bytes_of_bits(ne * 4);
+    const size_t min_body = elastic                     ? sizeof(float) * (size_t) n_head + bytes_of_bits(ne)
+                            : p->codec == KVT_CODEC_ECQ ? kvt__ecq_min_body(ne)
+                                                        : bytes_of_bits(ne * 4);
     if (ne > UINT32_MAX) return kvt__fail(KVT_ECORRUPT, "codec: %s: %u x %u lossy elements exceed 2^32", what, M, E);
     if (min_body > cu.n - cu.off) return short_sec(&cu, "body", min_body);
+    if (p->codec == KVT_CODEC_ECQ)
+        return kvt__ecq_decode(cu.p ? cu.p + cu.off : NULL, cu.n - cu.off, m, cbm, rawv, M, kind, p, what);
     if (!elastic && !test_generic)
         return dec_uniform(&cu, m, cbm, rawv, M, kind, p, head_bits, head_bits ? E / (uint32_t) n_head : 0);
     /* cell-major output: the tensor itself unless V is transposed */

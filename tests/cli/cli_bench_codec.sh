@@ -2,7 +2,7 @@
 # cli_bench_codec — `kvtier bench codec` smoke run on the tiny generated llama (128 tokens, 8
 # tokens of KL, one repeat: seconds): the JSON form's last line carries the labels and one row
 # per codec in order, raw round trips with KL exactly 0 and ratio ~1, the lossy codecs are
-# smaller than raw (q4 < q8 < raw), elastic reports a sparsity, quality numbers are finite;
+# smaller than raw (ecq < q4 < q8 < raw), elastic reports a sparsity, quality numbers are finite;
 # the table form prints the header, a row per codec and the targets' verdicts; bad flags exit 2
 # naming the value.  No speed assertions: shared machines are too noisy for them.
 set -u
@@ -33,7 +33,7 @@ for k in ("model", "llama_cpp", "commit", "date", "machine", "type_k"):
 print(("ok  " if d.get("tokens") == 128 and d.get("eval_tokens") == 8 else "FAIL") + " tokens / eval_tokens")
 rows = {r["codec"]: r for r in d.get("rows", [])}
 names = [r["codec"] for r in d.get("rows", [])]
-want = ["rawload", "floor", "raw", "q8", "q4", "elastic", "elastic+q8", "elastic+q4"]
+want = ["rawload", "floor", "raw", "q8", "q4", "ecq", "elastic", "elastic+q8", "elastic+q4"]
 print(("ok  " if names == want else "FAIL") + f" rows {names}")
 def num(r, k):
     v = r.get(k)
@@ -49,6 +49,9 @@ print(("ok  " if raw.get("kl_mean") == 0 and raw.get("max_dlogit") == 0 else "FA
 print(("ok  " if 1.0 <= raw.get("ratio", 0) < 1.01 else "FAIL") + f" raw ratio {raw.get('ratio')}")
 print(("ok  " if 0 < q4.get("ratio", 9) < q8.get("ratio", 0) < 0.7 else "FAIL") + f" q4 {q4.get('ratio')} < q8 {q8.get('ratio')} < 0.7")
 print(("ok  " if q8.get("kl_mean", 0) > 0 else "FAIL") + f" q8 is lossy (KL {q8.get('kl_mean')})")
+ecq = rows.get("ecq", {})
+print(("ok  " if 0 < ecq.get("ratio", 9) < q4.get("ratio", 0) and ecq.get("kl_mean", 0) > 0 else "FAIL")
+      + f" ecq {ecq.get('ratio')} < q4 {q4.get('ratio')}, lossy (KL {ecq.get('kl_mean')})")
 e = rows.get("elastic", {})
 print(("ok  " if 0.05 < e.get("sparsity", 0) < 0.9 else "FAIL") + f" elastic sparsity {e.get('sparsity')}")
 e8, e4 = rows.get("elastic+q8", {}), rows.get("elastic+q4", {})

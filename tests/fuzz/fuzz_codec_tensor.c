@@ -1,9 +1,11 @@
 /* fuzz_codec_tensor — the per-tensor section decoders (src/kv/codec_tensor.c: q8, q4, elastic,
-** elastic+q8, elastic+q4, q8/q4 with per-head bits) called directly, the tensor's shape taken from the
+** elastic+q8, elastic+q4, q8/q4 with per-head bits; src/kv/codec_ecq.c: ecq and its zstd frame)
+** called directly, the tensor's shape taken from the
 ** input's first 7 bytes as the container would pass it (so shapes the container's checks allow
 ** are all reached):
 **   0  bit 0 kind (K/V), bit 1 V transposed, bit 2 F32 (else F16), bits 3-4 codec 1..4,
-**      bit 5 per-head bits (q8/q4 only), bit 6 elastic+q4 (whatever bits 3-4 say)
+**      bit 5 per-head bits (q8/q4 only), bit 6 elastic+q4 (whatever bits 3-4 say), bit 7 ecq
+**      (whatever bits 3-6 say)
 **   1  cells (0..64)   2  KV heads (1..4)   3  head_dim (1..16)
 **   4  group_k (1..32) 5  group_v (1..32; a divisor of head_dim with per-head bits)
 **   6  per-head bits: bit h set = head h in 8 bits, else 4
@@ -19,7 +21,7 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 7) return 0;
     const uint8_t b0 = data[0];
-    const int kind = b0 & 1, codec = (b0 & 64) ? KVT_CODEC_ELASTIC_Q4 : 1 + ((b0 >> 3) & 3);
+    const int kind = b0 & 1, codec = (b0 & 128) ? KVT_CODEC_ECQ : (b0 & 64) ? KVT_CODEC_ELASTIC_Q4 : 1 + ((b0 >> 3) & 3);
     const bool trans = kind == KVT__SEC_V && (b0 & 2), heads = (b0 & 32) && codec <= KVT_CODEC_Q4;
     const uint32_t es = (b0 & 4) ? 4 : 2, N = data[1] % 65, n_head = 1u + data[2] % 4, hd = 1u + data[3] % 16;
     const uint32_t E = n_head * hd;

@@ -211,7 +211,10 @@ int main(int argc, char **argv) {
             const int kind = v & 1, trans = kind && (v & 2), f32 = (v & 4) != 0, heads = codec <= 2 && (v & 2) && !kind;
             const uint32_t N = 5 + (uint32_t) v, n_head = 2, hd = 4, E = n_head * hd, es = f32 ? 4 : 2;
             uint8_t pre[7] = { (uint8_t) (kind | (trans ? 2 : 0) | (f32 ? 4 : 0) |
-                                          (codec == KVT_CODEC_ELASTIC_Q4 ? 64 : (codec - 1) << 3) | (heads ? 32 : 0)),
+                                          (codec == KVT_CODEC_ECQ          ? 128
+                                           : codec == KVT_CODEC_ELASTIC_Q4 ? 64
+                                                                           : (codec - 1) << 3) |
+                                          (heads ? 32 : 0)),
                                (uint8_t) N,
                                (uint8_t) (n_head - 1),
                                (uint8_t) (hd - 1),

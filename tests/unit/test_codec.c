@@ -41,6 +41,7 @@
 
 #include <math.h>
 #include <openssl/evp.h>
+#include <zstd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -240,7 +241,7 @@ static kvt_blob *round_trip(const kvt_blob *b, const struct kvt_codec_params *p,
 static void test_names(void **st) {
     (void) st;
     struct kvt_codec_params p;
-    const char *names[] = { "raw", "q8", "q4", "elastic", "elastic+q8", "elastic+q4" };
+    const char *names[] = { "raw", "q8", "q4", "elastic", "elastic+q8", "elastic+q4", "ecq" };
     for (int i = 0; i < KVT_CODEC__COUNT; i++) {
         assert_int_equal(kvt_codec_parse(names[i], &p), 0);
         assert_int_equal(p.codec, i);
@@ -252,6 +253,11 @@ static void test_names(void **st) {
     assert_int_equal(p.n_sink, 0);
     assert_int_equal(kvt_codec_parse("elastic+q4:0.3,0.4", &p), 0);
     assert_true(p.codec == KVT_CODEC_ELASTIC_Q4 && fabsf(p.s_k - 0.3f) < 1e-6f && p.n_sink == 64 && p.group_k == 64);
+    assert_int_equal(kvt_codec_parse("ecq", &p), 0);
+    assert_true(p.codec == KVT_CODEC_ECQ && fabsf(p.s_k - KVT__ECQ_STEP) < 1e-6f && fabsf(p.s_v - KVT__ECQ_STEP) < 1e-6f &&
+                p.n_sink == 0);
+    assert_int_equal(kvt_codec_parse("ecq:0.2,0.4,8", &p), 0);
+    assert_true(fabsf(p.s_k - 0.2f) < 1e-6f && fabsf(p.s_v - 0.4f) < 1e-6f && p.n_sink == 8);
     assert_int_equal(kvt_codec_parse("q4:32,128", &p), 0);
     assert_true(p.group_k == 32 && p.group_v == 128 && p.n_sink == 0);
     struct kvt_codec_params d = kvt_codec_default_params(KVT_CODEC_ELASTIC);
@@ -271,6 +277,9 @@ static void test_names(void **st) {
                           "elastic+q8:1,2,3,4",
                           "elastic+q4:0",
                           "elastic+q2",
+                          "ecq:0",
+                          "ecq:0.3,11",
+                          "ecq:0.3,0.3,1,2",
                           "",
                           "q8,q4" };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
@@ -580,6 +589,209 @@ static void test_damage(void **st) {
     assert_int_equal(kvt_codec_decode("KVTC", 4, &d), KVT_EFORMAT);
 }
 
+/* Elements of decoded tensor d farther than frac x ecq's step of their group from original o:
+** KIVI's groups over the lossy cells (position >= n_sink, in cell order), the step s x the
+** group's standard deviation over its finite elements, computed here in double (then to F16, as
+** stored); sinks must be bit-exact, non-finite elements and those past 126 steps exact (escapes).
+** *worst: the largest |err| / half-step; *sq: the squared error summed. */
+static long ecq_violations(const struct kvt__mat *o, const struct kvt__mat *d, int kind, uint32_t G, double s, double frac,
+                           int32_t p0, int32_t n_sink, double *worst, double *sq) {
+    long bad = 0;
+    uint32_t N = o->n_cells, E = o->n_embd, lossy[512], M = 0;
+    for (uint32_t c = 0; c < N; c++) {
+        if (p0 + (int32_t) c >= n_sink) lossy[M++] = c;
+        else
+            for (uint32_t e = 0; e < E; e++) bad += kvt__mat_get(o, c, e) != kvt__mat_get(d, c, e);
+    }
+    uint32_t outer = kind == KVT__SEC_K ? E : M, inner = kind == KVT__SEC_K ? M : E;
+    for (uint32_t a = 0; a < outer; a++)
+        for (uint32_t g0 = 0; g0 < inner; g0 += G) {
+            uint32_t g1 = g0 + G < inner ? g0 + G : inner;
+            double mu = 0, ss = 0, n = 0;
+            for (int pass = 0; pass < 2; pass++)
+                for (uint32_t i = g0; i < g1; i++) {
+                    double x = kind == KVT__SEC_K ? kvt__mat_get(o, lossy[i], a) : kvt__mat_get(o, lossy[a], i);
+                    if (!isfinite(x)) continue;
+                    if (pass == 0) mu += x, n++;
+                    else ss += (x - mu) * (x - mu);
+                    if (pass == 0 && i + 1 == g1 && n > 0) mu /= n;
+                }
+            uint16_t h = f2h((float) (s * sqrt(n > 0 ? ss / n : 0)));
+            struct kvt__mat hm = { (uint8_t *) &h, 1, 1, 2, false };
+            double step = kvt__mat_get(&hm, 0, 0);
+            for (uint32_t i = g0; i < g1; i++) {
+                uint32_t c = kind == KVT__SEC_K ? lossy[i] : lossy[a], e = kind == KVT__SEC_K ? a : i;
+                double x = kvt__mat_get(o, c, e), y = kvt__mat_get(d, c, e);
+                if (!isfinite(x) || fabs(x - mu) > 126 * step * (1 + 1e-3)) { /* escaped (or nearly: then within the bound) */
+                    bad += !(x == y || (isnan(x) && isnan(y)) || fabs(x - y) <= step / 2 * (1 + 1e-3));
+                    continue;
+                }
+                double bound = step * frac * (1 + 1e-3) + 1e-6 * fabs(x) + (o->elsize == 2 ? half_ulp_f16(y) : 0);
+                bad += fabs(x - y) > bound;
+                if (worst && step > 0) *worst = fmax(*worst, fabs(x - y) / (step / 2));
+                if (sq) *sq += (x - y) * (x - y);
+            }
+        }
+    return bad;
+}
+
+static double sq_err(const struct kvt__mat *o, const struct kvt__mat *d) {
+    double sq = 0;
+    for (uint32_t c = 0; c < o->n_cells; c++)
+        for (uint32_t e = 0; e < o->n_embd; e++) {
+            double x = kvt__mat_get(o, c, e), y = kvt__mat_get(d, c, e);
+            sq += (x - y) * (x - y);
+        }
+    return sq;
+}
+
+/* ecq: every element within half its group's step (computed here, not read from the bytes), the
+** bound nearly reached, a quarter-step bound broken (control); sinks, NaN, Inf and
+** outliers exact; an all-zero block exact and small; fewer bytes than q4 at no more squared
+** error; damaged bytes are test_damage's. */
+static void test_ecq(void **st) {
+    (void) st;
+    for (size_t k = 0; k < sizeof SYN / sizeof *SYN; k++) {
+        const struct syn *S = &SYN[k];
+        kvt_blob *b = syn_blob(S);
+        struct kvt__mat mo[16], md[16];
+        int kind[16];
+        int nm = syn_mats(S, b->data, mo, kind);
+        if (k == 0) { /* escapes: an outlier far beyond the codes, NaN, -Inf */
+            kvt__mat_set(&mo[0], 5, 2, 1e4f);
+            kvt__mat_set(&mo[nm - 1], 7, 1, NAN);
+            kvt__mat_set(&mo[nm - 1], 9, 3, -INFINITY);
+        }
+        struct kvt_codec_params p = kvt_codec_default_params(KVT_CODEC_ECQ);
+        p.n_sink = k == 3 ? 16 : 0;
+        struct kvt_codec_stats cs;
+        kvt_blob *d = round_trip(b, &p, &cs);
+        syn_mats(S, d->data, md, kind);
+        double worst = 0;
+        long bad = 0, ctrl = 0;
+        for (int i = 0; i < nm; i++) {
+            const int32_t p0 = S->p0 + (mo[i].n_cells < (uint32_t) S->n_cells ? S->n_cells / 2 : 0);
+            const uint32_t G = (uint32_t) (kind[i] == KVT__SEC_K ? p.group_k : p.group_v);
+            bad += ecq_violations(&mo[i], &md[i], kind[i], G, KVT__ECQ_STEP, 0.5, p0, p.n_sink, &worst, NULL);
+            ctrl += ecq_violations(&mo[i], &md[i], kind[i], G, KVT__ECQ_STEP, 0.25, p0, p.n_sink, NULL, NULL);
+        }
+        printf("syn %zu ecq: %zu -> %zu bytes (%.3fx), worst |err| / half-step %.3f\n", k, cs.raw_bytes, cs.encoded_bytes,
+               (double) cs.encoded_bytes / cs.raw_bytes, worst);
+        assert_int_equal(bad, 0);
+        assert_true(worst > 0.9 && ctrl > 0);
+        kvt_blob_free(d);
+        /* against q4 in the same run: the largest ecq step whose squared error is no more than
+        ** q4's must take fewer bytes (uniform elements in two scales, an offset channel; not on
+        ** syn 0's planted NaN and Inf, which q4's groups spread, nor syn 3's sinks) */
+        if (k == 1 || k == 2) {
+            struct kvt_codec_params q = kvt_codec_default_params(KVT_CODEC_Q4);
+            struct kvt_codec_stats qs;
+            d = round_trip(b, &q, &qs);
+            syn_mats(S, d->data, md, kind);
+            double q_sq = 0;
+            for (int i = 0; i < nm; i++) q_sq += sq_err(&mo[i], &md[i]);
+            kvt_blob_free(d);
+            size_t best = 0;
+            for (double sc = 0.40; sc > 0.02; sc *= 0.8) {
+                p.s_k = p.s_v = (float) sc;
+                d = round_trip(b, &p, &cs);
+                syn_mats(S, d->data, md, kind);
+                double e_sq = 0;
+                for (int i = 0; i < nm; i++) e_sq += sq_err(&mo[i], &md[i]);
+                kvt_blob_free(d);
+                if (e_sq <= q_sq) {
+                    best = cs.encoded_bytes;
+                    printf("syn %zu ecq step %.3f: %zu bytes, squared error %.3g; q4 %zu bytes, %.3g\n", k, sc, best, e_sq,
+                           qs.encoded_bytes, q_sq);
+                    break;
+                }
+            }
+            assert_true(best > 0 && best < qs.encoded_bytes);
+        }
+        kvt_blob_free(b);
+    }
+    /* an all-zero block (a zeroed cache): exact, and padded to the body's minimum (the decoder's allocation bound) */
+    struct syn z = { 1, 2, 64, 0, T_F16, 0, 64, 64, 3 };
+    kvt_blob *b = syn_blob(&z);
+    struct kvt__mat mo[4];
+    int kind[4];
+    int nm = syn_mats(&z, b->data, mo, kind);
+    for (int i = 0; i < nm; i++)
+        for (uint32_t c = 0; c < mo[i].n_cells; c++)
+            for (uint32_t e = 0; e < mo[i].n_embd; e++) kvt__mat_set(&mo[i], c, e, 0.0f);
+    struct kvt_codec_params p = kvt_codec_default_params(KVT_CODEC_ECQ);
+    struct kvt_codec_stats cs;
+    kvt_blob *d = round_trip(b, &p, &cs);
+    assert_memory_equal(d->data, b->data, b->size);
+    printf("constant: %zu -> %zu bytes\n", cs.raw_bytes, cs.encoded_bytes);
+    assert_true(cs.encoded_bytes < cs.raw_bytes / 8 && cs.encoded_bytes >= (size_t) nm * kvt__ecq_min_body(64 * 64));
+    kvt_blob_free(d);
+    kvt_blob_free(b);
+    /* hostile sections, built by hand (a checksum is no defence: whoever writes a store can
+    ** write one): each refused with KVT_ECORRUPT naming what, before the codes are allocated */
+    uint8_t *t = calloc(64 * 64, 2);
+    struct kvt__mat m = { t, 64, 64, 2, false };
+    struct {
+        size_t n_codes; /* bytes the frame holds (the section has 4096 elements) */
+        int esc_at;     /* a code 255 here (-1: none) */
+        uint32_t n_esc; /* escapes stored */
+        uint16_t step;  /* group 0's step */
+        bool cut;       /* the body below its minimum */
+        const char *want;
+    } H[] = { { 4096, -1, 0, 0x3c00, false, NULL }, /* control: a valid section */
+              { 4096, 7, 1, 0x3c00, false, NULL },
+              { 4097, -1, 0, 0x3c00, false, "holds 4097" },
+              { 16u << 20, -1, 0, 0x3c00, false, "holds 16777216" }, /* 16 MiB in a few hundred bytes */
+              { 4096, 7, 0, 0x3c00, false, "escape more" },
+              { 4096, -1, 1, 0x3c00, false, "codes use 0" },
+              { 4096, -1, 0, 0x0000, false, "step 0x0000" },
+              { 4096, -1, 0, 0x7c00, false, "step 0x7c00" },
+              { 4096, -1, 0, 0x3c00, true, "inside the body" } };
+    for (size_t k = 0; k < sizeof H / sizeof *H; k++) {
+        uint8_t *codes = calloc(H[k].n_codes, 1);
+        if (H[k].esc_at >= 0) codes[H[k].esc_at] = 255;
+        size_t cap = ZSTD_compressBound(H[k].n_codes);
+        uint8_t *frame = malloc(cap);
+        size_t zl = ZSTD_compress(frame, cap, codes, H[k].n_codes, 1);
+        assert_false(ZSTD_isError(zl));
+        struct wbuf sec = { 0 };
+        uint8_t bm[8] = { 0 };
+        w(&sec, bm, 8);
+        for (int g = 0; g < 64; g++) {
+            uint16_t off = 0, sp = g == 0 ? H[k].step : 0x3c00;
+            w(&sec, &off, 2);
+            w(&sec, &sp, 2);
+        }
+        w32(&sec, H[k].n_esc);
+        for (uint32_t i = 0; i < H[k].n_esc; i++) {
+            float v = 3.5f;
+            w(&sec, &v, 4);
+        }
+        const size_t body = sec.n - 8 + 8 + zl, min = kvt__ecq_min_body(4096);
+        const uint32_t pad = H[k].cut || body >= min ? 0 : (uint32_t) (min - body);
+        w32(&sec, (uint32_t) zl);
+        w32(&sec, pad);
+        w(&sec, frame, zl);
+        for (uint32_t i = 0; i < pad; i++) w(&sec, "", 1);
+        if (H[k].cut) sec.n = 8 + min - 1; /* refused on its size, before its fields are read */
+        struct kvt_codec_params p1 = kvt_codec_default_params(KVT_CODEC_ECQ);
+        int rc = kvt__sec_decode(sec.p, sec.n, &m, KVT__SEC_K, &p1, 1, "hostile", NULL);
+        printf("hostile ecq section %zu: rc %d %s\n", k, rc, rc ? kvt_errmsg() : "");
+        if (!H[k].want) {
+            assert_int_equal(rc, 0);
+            float v0 = kvt__mat_get(&m, 0, 0), v7 = kvt__mat_get(&m, 7, 0); /* K's code 7: channel 0, cell 7 */
+            assert_true(v0 == 0 && v7 == (H[k].esc_at == 7 ? 3.5f : 0.0f));
+        } else {
+            assert_int_equal(rc, KVT_ECORRUPT);
+            assert_non_null(strstr(kvt_errmsg(), H[k].want));
+        }
+        free(sec.p);
+        free(frame);
+        free(codes);
+    }
+    free(t);
+}
+
 /* Per-head bits (entropy-sized heads): every element of a head decodes exactly as the uniform
 ** codec of that head's bits decodes it (same groups, same min/step, same rounding: the uniform
 ** codecs' bounds are checked by test_synthetic), the table travels in the header, and a header
@@ -732,16 +944,17 @@ static void test_alloc_faults(void **st) {
     kvt_blob_free(b);
 }
 
-/* Encoding is pure: threads encoding the same blob at once get the single-threaded bytes. */
+/* Encoding is pure: threads encoding the same blob at once get the single-threaded bytes (ecq's
+** per-thread zstd contexts included), and decode what they encoded. */
 struct enc_job {
     const kvt_blob *b;
     const uint8_t *want;
     size_t want_n;
-    int same;
+    int codec, same;
 };
 static void *enc_thread(void *arg) {
     struct enc_job *j = arg;
-    struct kvt_codec_params p = kvt_codec_default_params(KVT_CODEC_ELASTIC_Q8);
+    struct kvt_codec_params p = kvt_codec_default_params(j->codec);
     p.n_head_kv = 2;
     for (int i = 0; i < 20; i++) {
         uint8_t *enc;
@@ -759,22 +972,25 @@ static void *enc_thread(void *arg) {
 static void test_threads(void **st) {
     (void) st;
     kvt_blob *b = syn_blob(&SYN[0]);
-    struct kvt_codec_params p = kvt_codec_default_params(KVT_CODEC_ELASTIC_Q8);
-    p.n_head_kv = 2;
-    uint8_t *want;
-    size_t n;
-    assert_int_equal(kvt_codec_encode(b, &p, &want, &n, NULL), 0);
-    struct enc_job jobs[3];
-    pthread_t th[3];
-    for (int i = 0; i < 3; i++) {
-        jobs[i] = (struct enc_job){ b, want, n, 0 };
-        assert_int_equal(pthread_create(&th[i], NULL, enc_thread, &jobs[i]), 0);
+    const int codecs[2] = { KVT_CODEC_ELASTIC_Q8, KVT_CODEC_ECQ };
+    for (int c = 0; c < 2; c++) {
+        struct kvt_codec_params p = kvt_codec_default_params(codecs[c]);
+        p.n_head_kv = 2;
+        uint8_t *want;
+        size_t n;
+        assert_int_equal(kvt_codec_encode(b, &p, &want, &n, NULL), 0);
+        struct enc_job jobs[3];
+        pthread_t th[3];
+        for (int i = 0; i < 3; i++) {
+            jobs[i] = (struct enc_job){ b, want, n, codecs[c], 0 };
+            assert_int_equal(pthread_create(&th[i], NULL, enc_thread, &jobs[i]), 0);
+        }
+        for (int i = 0; i < 3; i++) {
+            pthread_join(th[i], NULL);
+            assert_int_equal(jobs[i].same, 20);
+        }
+        free(want);
     }
-    for (int i = 0; i < 3; i++) {
-        pthread_join(th[i], NULL);
-        assert_int_equal(jobs[i].same, 20);
-    }
-    free(want);
     kvt_blob_free(b);
 }
 
@@ -865,9 +1081,9 @@ static void run_engine(const char *name, bool text) {
     }
     float *ref = malloc(sizeof *ref * (size_t) info.n_vocab), *got = malloc(sizeof *got * (size_t) info.n_vocab);
     load_and_step(e, raw, tok[NB * BL], ref, info.n_vocab);
-    const char *specs[] = { "raw", "q8", "q4", "elastic", "elastic+q8", "elastic+q4", "elastic:8,8,0" /* control */ };
-    double kls[7];
-    for (int k = 0; k < 7; k++) {
+    const char *specs[] = { "raw", "q8", "q4", "elastic", "elastic+q8", "elastic+q4", "elastic:8,8,0" /* control */, "ecq" };
+    double kls[8];
+    for (int k = 0; k < 8; k++) {
         struct kvt_codec_params p;
         assert_int_equal(kvt_codec_parse(specs[k], &p), 0);
         p.n_head_kv = info.n_head_kv;
@@ -905,9 +1121,12 @@ static void run_engine(const char *name, bool text) {
         assert_true(kls[2] < Q4_KL_MAX);
         assert_true(kls[3] < ELASTIC_KL_MAX && kls[4] < ELASTIC_KL_MAX);
         assert_true(kls[5] < ELASTIC_KL_MAX + Q4_KL_MAX); /* elastic's zeros and q4's steps */
+        assert_true(kls[7] < Q4_KL_MAX);                  /* ecq at its default step */
     }
+    assert_true(kls[7] > kls[1]); /* ecq is lossy: not below q8 (a codec that kept the raw bytes would be) */
     /* control: pruning nearly everything must be seen, far beyond every real codec */
-    for (int k = 1; k < 6; k++) assert_true(kls[6] > 2 * kls[k]);
+    for (int k = 1; k < 8; k++)
+        if (k != 6) assert_true(kls[6] > 2 * kls[k]);
     assert_true(kls[6] > 0.1);
     for (int i = 0; i < NB; i++) kvt_blob_free(raw[i]);
     free(ref);
@@ -1072,7 +1291,7 @@ int main(void) {
         cmocka_unit_test(test_names),       cmocka_unit_test(test_synthetic),    cmocka_unit_test(test_elastic),
         cmocka_unit_test(test_damage),      cmocka_unit_test(test_alloc_faults), cmocka_unit_test(test_threads),
         cmocka_unit_test(test_engine_tiny), cmocka_unit_test(test_engine_gemma), cmocka_unit_test(test_head_bits),
-        cmocka_unit_test(test_kernels),
+        cmocka_unit_test(test_kernels),     cmocka_unit_test(test_ecq),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
