@@ -240,7 +240,6 @@ static inline float bitsf(uint32_t u) {
     memcpy(&f, &u, 4);
     return f;
 }
-static inline float lanes8(const float *l) { return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])); }
 
 /* F16 of a positive step: at least the smallest F16 subnormal, at most the largest finite. */
 static ggml_fp16_t step16(float st) {
