@@ -74,6 +74,14 @@ void kvt__elastic_tau(const float *x, uint32_t n_cells, uint32_t n_embd, int n_h
 int kvt__sec_encode(struct kvt__buf *out, const struct kvt__mat *m, const bool *raw_cell, int kind,
                     const struct kvt_codec_params *p, int n_head, int64_t *n_lossy, int64_t *n_zeroed, const uint8_t *head_bits);
 
+/* X's shape for a tensor of M lossy cells of E channels (kernels, below): R rows of L elements,
+** groups of G along a row (group_k for K, group_v for V), n_groups of them, ne elements. */
+struct kvt__xshape {
+    uint32_t R, L, G;
+    size_t ne, n_groups;
+};
+struct kvt__xshape kvt__x_shape(int kind, uint32_t M, uint32_t E, const struct kvt_codec_params *p);
+
 /* The lossy cells of m as X (codec.h, kernels), after appending the raw cells to out (cell-major,
 ** in the cache type).  OUT *x: R x L floats (caller frees).  Errors: KVT_ENOMEM. */
 int kvt__sec_x_encode(struct kvt__buf *out, const struct kvt__mat *m, const bool *raw_cell, int kind, uint32_t M, float **x);

@@ -70,15 +70,12 @@ static struct zctx *zctx_get(void) {
     return z;
 }
 
-static uint32_t group_of(int kind, const struct kvt_codec_params *p) {
-    return (uint32_t) (kind == KVT__SEC_K ? p->group_k : p->group_v);
-}
-
 int kvt__ecq_encode(struct kvt__buf *out, const struct kvt__mat *m, const bool *raw_cell, int kind,
                     const struct kvt_codec_params *p, uint32_t M) {
-    const uint32_t E = m->n_embd, G = group_of(kind, p);
-    const uint32_t R = kind == KVT__SEC_K ? E : M, L = kind == KVT__SEC_K ? M : E;
-    const size_t ne = (size_t) R * L, n_groups = (size_t) R * ((L + G - 1) / G);
+    const uint32_t E = m->n_embd;
+    const struct kvt__xshape xs = kvt__x_shape(kind, M, E, p);
+    const uint32_t R = xs.R, L = xs.L, G = xs.G;
+    const size_t ne = xs.ne, n_groups = xs.n_groups;
     float *x = NULL, *esc = NULL;
     uint8_t *codes = NULL, *frame = NULL, *prm = NULL;
     if (ne > UINT32_MAX / 2) /* the frame's length is a u32 */
@@ -123,9 +120,10 @@ out:
 
 int kvt__ecq_decode(const uint8_t *b, size_t n, const struct kvt__mat *m, const uint8_t *cbm, const uint8_t *rawv, uint32_t M,
                     int kind, const struct kvt_codec_params *p, const char *what) {
-    const uint32_t E = m->n_embd, G = group_of(kind, p);
-    const uint32_t R = kind == KVT__SEC_K ? E : M, L = kind == KVT__SEC_K ? M : E;
-    const size_t ne = (size_t) R * L, n_groups = (size_t) R * ((L + G - 1) / G);
+    const uint32_t E = m->n_embd;
+    const struct kvt__xshape xs = kvt__x_shape(kind, M, E, p);
+    const uint32_t R = xs.R, L = xs.L, G = xs.G;
+    const size_t ne = xs.ne, n_groups = xs.n_groups;
     size_t at = 0;
 #define TAKE(k, part)                                                                                                          \
     do {                                                                                                                       \

@@ -311,6 +311,16 @@ static int x_bits(const uint8_t *hb, uint32_t hd, int kind, uint32_t row, uint32
     return hb[(kind == KVT__SEC_K ? row : col) / hd];
 }
 
+struct kvt__xshape kvt__x_shape(int kind, uint32_t M, uint32_t E, const struct kvt_codec_params *p) {
+    struct kvt__xshape x;
+    x.R = kind == KVT__SEC_K ? E : M;
+    x.L = kind == KVT__SEC_K ? M : E;
+    x.G = (uint32_t) (kind == KVT__SEC_K ? p->group_k : p->group_v);
+    x.ne = (size_t) M * E;
+    x.n_groups = (size_t) x.R * ((x.L + x.G - 1) / x.G);
+    return x;
+}
+
 int kvt__sec_x_encode(struct kvt__buf *out, const struct kvt__mat *m, const bool *raw_cell, int kind, uint32_t M, float **xo) {
     const uint32_t N = m->n_cells, E = m->n_embd, es = m->elsize;
     const size_t row = (size_t) E * es, nall = (size_t) N * E, ne = (size_t) M * E;
@@ -365,11 +375,10 @@ int kvt__sec_x_encode(struct kvt__buf *out, const struct kvt__mat *m, const bool
 static int enc_uniform(struct kvt__buf *out, const struct kvt__mat *m, const bool *raw_cell, int kind,
                        const struct kvt_codec_params *p, uint32_t M, const uint8_t *hb, uint32_t hd) {
     const uint32_t E = m->n_embd;
-    const size_t ne = (size_t) M * E;
     const int bits = q_bits(p->codec);
-    const uint32_t G = (uint32_t) (kind == KVT__SEC_K ? p->group_k : p->group_v);
-    const uint32_t R = kind == KVT__SEC_K ? E : M, L = kind == KVT__SEC_K ? M : E;
-    const size_t n_groups = (size_t) R * ((L + G - 1) / G);
+    const struct kvt__xshape xs = kvt__x_shape(kind, M, E, p);
+    const uint32_t R = xs.R, L = xs.L, G = xs.G;
+    const size_t ne = xs.ne, n_groups = xs.n_groups;
     float *x = NULL;
     uint8_t *prm = malloc(8 * n_groups + 1), *codes = malloc(ne + (ne + 1) / 2 + 1);
     int rc = 0;
@@ -559,11 +568,10 @@ static size_t popcount_bits(const uint8_t *bm, size_t n_bits) {
 static int dec_uniform(struct cur *cu, const struct kvt__mat *m, const uint8_t *cbm, const uint8_t *rawv, uint32_t M, int kind,
                        const struct kvt_codec_params *p, const uint8_t *hb, uint32_t hd) {
     const uint32_t E = m->n_embd;
-    const size_t ne = (size_t) M * E;
     const int bits = q_bits(p->codec);
-    const uint32_t G = (uint32_t) (kind == KVT__SEC_K ? p->group_k : p->group_v);
-    const uint32_t R = kind == KVT__SEC_K ? E : M, L = kind == KVT__SEC_K ? M : E;
-    const size_t n_groups = (size_t) R * ((L + G - 1) / G);
+    const struct kvt__xshape xs = kvt__x_shape(kind, M, E, p);
+    const uint32_t R = xs.R, L = xs.L, G = xs.G;
+    const size_t ne = xs.ne, n_groups = xs.n_groups;
     const uint8_t *prm = take(cu, n_groups * 8);
     if (!prm) return short_sec(cu, "group parameters", n_groups * 8);
     size_t code_bytes = bits == 8 ? ne : (ne + 1) / 2;
