@@ -18,8 +18,9 @@
 **                     n_esc x f32 escaped elements, u32 zlen, u32 zpad, a zstd frame of zlen bytes
 **                     holding one code a byte for every element in X's row-major order (zigzag of
 **                     round((x - offset) / step), 0..252; 255 = the next escaped element), zpad
-**                     zero bytes (a body is at least kvt__ecq_min_body bytes, so what decoding
-**                     allocates stays within 32x its size)
+**                     zero bytes (a body is at least kvt__ecq_min_body bytes, one bit an element,
+**                     so what decoding allocates, ~9 bytes an element, stays within ~72x its size);
+**                     one zstd frame of the current format, nothing after it
 **     q8 / q4 with per-head bits (head_bits, header version 2): n_groups x { f32 min, f32 step },
 **                     then each group's codes in its head's bits (4 or 8), a 4-bit group packed
 **                     low nibble first and padded to a whole byte
@@ -36,7 +37,7 @@
 
 enum { KVT__SEC_K = 0, KVT__SEC_V = 1 };
 #define KVT__MAX_HEADS 256   /* n_head_kv the codecs accept */
-#define KVT__ECQ_STEP  0.30f /* ecq's default step, x the section's RMS (kvtier.h section 9) */
+#define KVT__ECQ_STEP  0.30f /* ecq's default step, x each group's standard deviation (kvtier.h section 9) */
 
 /* One F16 or F32 tensor inside a blob buffer: element (c, e) of cell c, channel e lives at
 ** base + (trans ? e * n_cells + c : c * n_embd + e) * elsize. */
@@ -95,7 +96,7 @@ int kvt__ecq_encode(struct kvt__buf *out, const struct kvt__mat *m, const bool *
                     const struct kvt_codec_params *p, uint32_t M);
 int kvt__ecq_decode(const uint8_t *b, size_t n, const struct kvt__mat *m, const uint8_t *cbm, const uint8_t *rawv, uint32_t M,
                     int kind, const struct kvt_codec_params *p, const char *what);
-/* The fewest bytes an ecq body of ne elements has (ne / 32: a decoder's allocation is bounded by
+/* The fewest bytes an ecq body of ne elements has (ne / 8: a decoder's allocation is bounded by
 ** its input). */
 size_t kvt__ecq_min_body(size_t ne);
 
@@ -129,7 +130,9 @@ void kvt__quant_rows(const float *x, uint32_t R, uint32_t L, uint32_t G, int bit
 /* The inverse: X[i] = min + code * step of its group. */
 void kvt__dequant_rows(const uint8_t *codes, const uint8_t *prm, uint32_t R, uint32_t L, uint32_t G, float *x);
 /* ecq: X[R][L] in groups of G along each row: prm gets every group's { f16 mean, f16 step = s x
-** the standard deviation } over its finite elements (4 bytes each, row-major group order), codes one
+** the standard deviation } over its finite elements within 4 deviations of their mean (then again
+** without the others: outliers), the step at least |mean - offset| / 64 (4 bytes each, row-major
+** group order), codes one
 ** byte per element (zigzag of round((x - mean) / step) within +-126, else 255), esc the 255s'
 ** elements in order; returns their count.  dequant: X = offset + q x step (255s left to the caller). */
 uint32_t kvt__ecq_quant_rows(const float *x, uint32_t R, uint32_t L, uint32_t G, float s, uint8_t *prm, uint8_t *codes, float *esc);

@@ -38,7 +38,7 @@
     1 /* literals are Huffman-coded at every positive level; higher levels only search
                      ** harder for matches, which quantised noise does not have */
 
-size_t kvt__ecq_min_body(size_t ne) { return (ne + 31) / 32; }
+size_t kvt__ecq_min_body(size_t ne) { return (ne + 7) / 8; }
 
 /* One zstd compression and decompression context per thread, kept (creating one costs more than
 ** coding a section); freed when the thread exits. */
@@ -84,17 +84,19 @@ int kvt__ecq_encode(struct kvt__buf *out, const struct kvt__mat *m, const bool *
     if (rc) return rc;
     const size_t cap = ZSTD_compressBound(ne);
     struct zctx *z = zctx_get();
+    ZSTD_CCtx *own = NULL; /* a context of this call only, when the thread cannot keep one */
     codes = malloc(ne + 1);
     esc = malloc(sizeof *esc * (ne + 1));
     prm = malloc(4 * n_groups + 1);
     frame = malloc(cap + 1);
     if (z && !z->c) z->c = ZSTD_createCCtx();
-    if (!codes || !esc || !prm || !frame || !z || !z->c || kvt__fault_check(KVT__FAULT_CODEC_ALLOC)) {
+    ZSTD_CCtx *cc = z && z->c ? z->c : (own = ZSTD_createCCtx());
+    if (!codes || !esc || !prm || !frame || !cc || kvt__fault_check(KVT__FAULT_CODEC_ALLOC)) {
         rc = kvt__fail(KVT_ENOMEM, "codec ecq: %u x %u tensor", M, E);
         goto out;
     }
     const uint32_t n_esc = kvt__ecq_quant_rows(x, R, L, G, kind == KVT__SEC_K ? p->s_k : p->s_v, prm, codes, esc);
-    const size_t zlen = ZSTD_compressCCtx(z->c, frame, cap, codes, ne, ZSTD_LEVEL);
+    const size_t zlen = ZSTD_compressCCtx(cc, frame, cap, codes, ne, ZSTD_LEVEL);
     if (ZSTD_isError(zlen)) {
         rc = kvt__fail(KVT_ENOMEM, "codec ecq: zstd: %s", ZSTD_getErrorName(zlen));
         goto out;
@@ -110,6 +112,7 @@ int kvt__ecq_encode(struct kvt__buf *out, const struct kvt__mat *m, const bool *
     kvt__buf_zero(out, pad);
     if (out->err) rc = kvt__fail(KVT_ENOMEM, "codec ecq: output buffer");
 out:
+    ZSTD_freeCCtx(own);
     free(x);
     free(esc);
     free(codes);
@@ -161,25 +164,47 @@ int kvt__ecq_decode(const uint8_t *b, size_t n, const struct kvt__mat *m, const 
     const uint8_t *frame = b + at;
     at += z32[0];
     TAKE(z32[1], "padding");
+    for (size_t i = 0; i < z32[1]; i++)
+        if (b[at + i]) return kvt__fail(KVT_ECORRUPT, "codec: %s: ecq padding byte %zu is 0x%02x (must be 0)", what, i, b[at + i]);
     at += z32[1];
 #undef TAKE
     if (at != n) return kvt__fail(KVT_ECORRUPT, "codec: %s: ecq body has %zu trailing bytes after %zu", what, n - at, at);
+    /* exactly one zstd frame of the current format (not a legacy or skippable one, nothing after
+    ** it) that says it holds one code per element */
+    uint32_t magic = 0;
+    if (z32[0] >= 4) memcpy(&magic, frame, 4);
+    if (magic != ZSTD_MAGICNUMBER)
+        return kvt__fail(KVT_ECORRUPT, "codec: %s: ecq frame of %u bytes does not start with zstd's magic (0x%08x)", what, z32[0],
+                         magic);
+    const size_t fsize = ZSTD_findFrameCompressedSize(frame, z32[0]);
+    if (ZSTD_isError(fsize) || fsize != z32[0])
+        return kvt__fail(KVT_ECORRUPT, "codec: %s: ecq frame of %u bytes %s", what, z32[0],
+                         ZSTD_isError(fsize) ? ZSTD_getErrorName(fsize) : "holds more than one zstd frame");
     const unsigned long long fcs = ZSTD_getFrameContentSize(frame, z32[0]);
+    if (fcs == ZSTD_CONTENTSIZE_ERROR || fcs == ZSTD_CONTENTSIZE_UNKNOWN)
+        return kvt__fail(KVT_ECORRUPT, "codec: %s: ecq zstd frame does not say its size", what);
     if (fcs != (unsigned long long) ne)
-        return kvt__fail(KVT_ECORRUPT, "codec: %s: ecq zstd frame %s %llu bytes, the section has %zu elements", what,
-                         fcs == ZSTD_CONTENTSIZE_ERROR ? "does not parse: says" : "holds", fcs, ne);
+        return kvt__fail(KVT_ECORRUPT, "codec: %s: ecq zstd frame holds %llu bytes, the section has %zu elements", what, fcs, ne);
     struct zctx *z = zctx_get();
+    ZSTD_DCtx *own = NULL; /* a context of this call only, when the thread cannot keep one */
     uint8_t *codes = malloc(ne + 1);
     float *x = malloc(sizeof *x * (ne + 1));
     int rc = 0;
     if (z && !z->d) z->d = ZSTD_createDCtx();
-    if (!codes || !x || !z || !z->d || kvt__fault_check(KVT__FAULT_CODEC_ALLOC)) {
+    ZSTD_DCtx *dc = z && z->d ? z->d : (own = ZSTD_createDCtx());
+    if (!codes || !x || !dc || kvt__fault_check(KVT__FAULT_CODEC_ALLOC)) {
         rc = kvt__fail(KVT_ENOMEM, "codec ecq: %u x %u tensor", M, E);
         goto out;
     }
-    const size_t got = ZSTD_decompressDCtx(z->d, codes, ne, frame, z32[0]);
+    const size_t got = ZSTD_decompressDCtx(dc, codes, ne, frame, z32[0]);
     if (ZSTD_isError(got) || got != ne) {
         rc = kvt__fail(KVT_ECORRUPT, "codec: %s: ecq zstd frame: %s", what, ZSTD_isError(got) ? ZSTD_getErrorName(got) : "short");
+        goto out;
+    }
+    uint32_t odd = 0; /* codes 253 and 254 are never written */
+    for (size_t i = 0; i < ne; i++) odd |= codes[i] == 253u || codes[i] == 254u;
+    if (odd) {
+        rc = kvt__fail(KVT_ECORRUPT, "codec: %s: ecq codes outside 0..252 and 255", what);
         goto out;
     }
     kvt__ecq_dequant_rows(codes, prm, R, L, G, x);
@@ -197,6 +222,7 @@ int kvt__ecq_decode(const uint8_t *b, size_t n, const struct kvt__mat *m, const 
     }
     rc = kvt__sec_x_decode(m, cbm, rawv, M, kind, x);
 out:
+    ZSTD_freeDCtx(own);
     free(codes);
     free(x);
     return rc;

@@ -12,6 +12,7 @@
 
 #include "ggml.h"
 
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -230,16 +231,6 @@ KVT_CLONES void kvt__unpack4(const uint8_t *packed, size_t n, uint8_t *codes) {
 /* ---- ecq (codec_ecq.c): per group { f16 offset, f16 step }, one zigzag code a byte ---- */
 
 static float h2f1(ggml_fp16_t h) { return ggml_fp16_to_fp32(h); }
-static inline uint32_t fbits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-static inline float bitsf(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 /* F16 of a positive step: at least the smallest F16 subnormal, at most the largest finite. */
 static ggml_fp16_t step16(float st) {
@@ -257,26 +248,28 @@ static ggml_fp16_t step16(float st) {
 #endif
 typedef uint8_t v32u8 __attribute__((vector_size(32)));
 typedef uint8_t v8u8 __attribute__((vector_size(8)));
+typedef uint32_t v8u __attribute__((vector_size(32)));
 
-/* Mean and sum of squared deviations of g[0..k) over its finite elements (an integer mask of the
-** exponent bits), in eight lanes then a fixed tree: no branch, the same order everywhere. */
-static inline void ecq_stats(const float *g, uint32_t k, float *pmean, float *pss, float *pn) {
-    const v8i expm = { 0x7f800000, 0x7f800000, 0x7f800000, 0x7f800000, 0x7f800000, 0x7f800000, 0x7f800000, 0x7f800000 };
+/* Mean, sum of squared deviations and count of the elements of g[0..k) within [lo, hi] (NaN and
+** the infinities never are, with finite bounds), in eight lanes then a fixed tree: no branch, the
+** same order of additions everywhere. */
+static inline void ecq_stats(const float *g, uint32_t k, float lo, float hi, float *pmean, float *pss, float *pn) {
     const v8i one = { 0x3f800000, 0x3f800000, 0x3f800000, 0x3f800000, 0x3f800000, 0x3f800000, 0x3f800000, 0x3f800000 };
+    const v8f lov = { lo, lo, lo, lo, lo, lo, lo, lo }, hiv = { hi, hi, hi, hi, hi, hi, hi, hi };
     v8f s8 = { 0 }, n8 = { 0 }, q8 = { 0 };
     float st = 0, nt = 0, qt = 0;
     const uint32_t i8 = k / 8 * 8;
     for (uint32_t i = 0; i < i8; i += 8) {
-        v8i u;
-        memcpy(&u, g + i, sizeof u);
-        const v8i m = (u & expm) != expm;
-        s8 += (v8f) (u & m);
+        v8f v;
+        memcpy(&v, g + i, sizeof v);
+        const v8i m = (v >= lov) & (v <= hiv);
+        s8 += (v8f) ((v8i) v & m);
         n8 += (v8f) (m & one);
     }
     for (uint32_t i = i8; i < k; i++) {
-        const uint32_t u = fbits(g[i]), m = (u & 0x7f800000u) != 0x7f800000u ? 0xffffffffu : 0;
-        st += bitsf(u & m);
-        nt += bitsf(m & 0x3f800000u);
+        const bool in = g[i] >= lo && g[i] <= hi;
+        st += in ? g[i] : 0.0f;
+        nt += in ? 1.0f : 0.0f;
     }
     const float n = (((n8[0] + n8[1]) + (n8[2] + n8[3])) + ((n8[4] + n8[5]) + (n8[6] + n8[7]))) + nt;
     const float mean = n > 0 ? ((((s8[0] + s8[1]) + (s8[2] + s8[3])) + ((s8[4] + s8[5]) + (s8[6] + s8[7]))) + st) / n : 0.0f;
@@ -284,19 +277,24 @@ static inline void ecq_stats(const float *g, uint32_t k, float *pmean, float *ps
     for (uint32_t i = 0; i < i8; i += 8) {
         v8f v;
         memcpy(&v, g + i, sizeof v);
-        const v8i m = ((v8i) v & expm) != expm;
+        const v8i m = (v >= lov) & (v <= hiv);
         const v8f d = v - mv, dd = d * d;
         q8 += (v8f) ((v8i) dd & m);
     }
     for (uint32_t i = i8; i < k; i++) {
-        const uint32_t m = (fbits(g[i]) & 0x7f800000u) != 0x7f800000u ? 0xffffffffu : 0;
         const float d = g[i] - mean;
-        qt += bitsf(fbits(d * d) & m);
+        qt += g[i] >= lo && g[i] <= hi ? d * d : 0.0f;
     }
     *pmean = mean;
     *pss = (((q8[0] + q8[1]) + (q8[2] + q8[3])) + ((q8[4] + q8[5]) + (q8[6] + q8[7]))) + qt;
     *pn = n;
 }
+
+/* Elements farther than this many standard deviations from a group's mean (over its finite
+** elements) are left out of its offset and step: one outlier would otherwise set the step of the
+** group (in a group of k it is at most sqrt(k - 1) deviations out) and then be coded like the
+** others, coarsely; left out, it lies past 126 steps and is stored exactly. */
+#define ECQ_CLIP 4.0f
 
 KVT_CLONES uint32_t kvt__ecq_quant_rows(const float *x, uint32_t R, uint32_t L, uint32_t G, float s, uint8_t *prm, uint8_t *codes,
                                         float *esc) {
@@ -308,9 +306,15 @@ KVT_CLONES uint32_t kvt__ecq_quant_rows(const float *x, uint32_t R, uint32_t L, 
             const float *g = x + (size_t) r * L + j0;
             uint8_t *c = codes + (size_t) r * L + j0;
             float mean, ss, n;
-            ecq_stats(g, k, &mean, &ss, &n);
-            ggml_fp16_t ho = ggml_fp32_to_fp16(mean), hs = step16(s * sqrtf(n > 0 ? ss / n : 0.0f));
-            if (!(fabsf(h2f1(ho)) <= 65504.0f)) ho = ggml_fp32_to_fp16(0.0f); /* a mean past F16's range */
+            ecq_stats(g, k, -FLT_MAX, FLT_MAX, &mean, &ss, &n);
+            const float rad = ECQ_CLIP * sqrtf(n > 0 ? ss / n : 0.0f);
+            if (rad > 0 && rad < FLT_MAX) ecq_stats(g, k, mean - rad, mean + rad, &mean, &ss, &n);
+            const float mc = mean > 65504.0f ? 65504.0f : mean < -65504.0f ? -65504.0f : mean;
+            const ggml_fp16_t ho = ggml_fp32_to_fp16(mc);
+            /* the step: s standard deviations, and enough that the mean lies within 64 steps of
+            ** its F16 offset (a constant group of F32 values F16 cannot hold is coded, not escaped) */
+            const float sd = s * sqrtf(n > 0 ? ss / n : 0.0f), dm = fabsf(mean - h2f1(ho)) / 64.0f;
+            const ggml_fp16_t hs = step16(sd > dm ? sd : dm);
             memcpy(prm + 4 * gi, &ho, 2);
             memcpy(prm + 4 * gi + 2, &hs, 2);
             const float off = h2f1(ho), inv = 1.0f / h2f1(hs);
@@ -329,7 +333,7 @@ KVT_CLONES uint32_t kvt__ecq_quant_rows(const float *x, uint32_t R, uint32_t L, 
                 const v8i in = a < lim; /* false for NaN */
                 const v8f tt = SEL8(in, t, (v8f){ 0 });
                 const v8i q = __builtin_convertvector((tt + mag) - mag, v8i);
-                const v8i zig = (q << 1) ^ (q >> 31);
+                const v8i zig = (v8i) ((v8u) q << 1) ^ (q >> 31);
                 const v8i code = (zig & in) | (esc8 & ~in);
                 const v32u8 cb = (v32u8) code; /* each code's low byte (little-endian) */
                 const v8u8 b = __builtin_shufflevector(cb, cb, 0, 4, 8, 12, 16, 20, 24, 28);
@@ -340,7 +344,7 @@ KVT_CLONES uint32_t kvt__ecq_quant_rows(const float *x, uint32_t R, uint32_t L, 
             for (uint32_t i = i8; i < k; i++) {
                 const float t = (g[i] - off) * inv;
                 const bool in = fabsf(t) < 126.5f;
-                const int32_t q = (int32_t) ((in ? t : 0.0f) + RNE_MAGIC - RNE_MAGIC);
+                const int32_t q = (int32_t) rintf(in ? t : 0.0f); /* as the vector loop rounds (|t| < 2^22) */
                 c[i] = in ? (uint8_t) ((uint32_t) q << 1 ^ (uint32_t) (q >> 31)) : 255u;
                 any |= !in;
             }
