@@ -253,7 +253,8 @@ typedef uint32_t v8u __attribute__((vector_size(32)));
 /* Mean, sum of squared deviations and count of the elements of g[0..k) within [lo, hi] (NaN and
 ** the infinities never are, with finite bounds), in eight lanes then a fixed tree: no branch, the
 ** same order of additions everywhere. */
-static inline void ecq_stats(const float *g, uint32_t k, float lo, float hi, float *pmean, float *pss, float *pn) {
+static inline __attribute__((always_inline)) void ecq_stats(const float *g, uint32_t k, float lo, float hi, float *pmean,
+                                                            float *pss, float *pn) {
     const v8i one = { 0x3f800000, 0x3f800000, 0x3f800000, 0x3f800000, 0x3f800000, 0x3f800000, 0x3f800000, 0x3f800000 };
     const v8f lov = { lo, lo, lo, lo, lo, lo, lo, lo }, hiv = { hi, hi, hi, hi, hi, hi, hi, hi };
     v8f s8 = { 0 }, n8 = { 0 }, q8 = { 0 };
