@@ -201,8 +201,7 @@ int kvt__ecq_decode(const uint8_t *b, size_t n, const struct kvt__mat *m, const 
         rc = kvt__fail(KVT_ECORRUPT, "codec: %s: ecq zstd frame: %s", what, ZSTD_isError(got) ? ZSTD_getErrorName(got) : "short");
         goto out;
     }
-    uint32_t odd = 0;                                                        /* codes 253 and 254 are never written */
-    for (size_t i = 0; i < ne; i++) odd |= (uint8_t) (codes[i] - 253u) < 2u; /* no branch: vectorised */
+    const bool odd = memchr(codes, 253, ne) || memchr(codes, 254, ne); /* never written */
     if (odd) {
         rc = kvt__fail(KVT_ECORRUPT, "codec: %s: ecq codes outside 0..252 and 255", what);
         goto out;
