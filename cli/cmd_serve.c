@@ -228,7 +228,7 @@ int cmd_serve(int argc, char **argv) {
           "deadline of a Redis read in ms; past it the block is prefilled (default 20)", NULL },
         { "codec-disk", 0, OPT_STR, &srv.codec_disk, 0, 0, "SPEC",
           "codec of the blocks the store keeps on disk and in Redis: raw (default: exact K/V), q8, q4, ecq (q4's "
-          "KL or less in ~0.28x of raw), elastic, elastic+q8, elastic+q4 (kvtier bench codec measures bytes and KL)",
+          "KL or less in ~0.29x of raw), elastic, elastic+q8, elastic+q4 (kvtier bench codec measures bytes and KL)",
           NULL },
         { "codec-ram", 0, OPT_STR, &srv.codec_ram, 0, 0, "SPEC",
           "codec of the blocks sessions save to the host RAM tier: raw (default: exact K/V), q8, q4, ecq, elastic, "

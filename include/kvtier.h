@@ -1103,7 +1103,7 @@ int kvt_store_clear(kvt_store *st);
 **               |x - x^| <= (max - min) / (2^bits - 1) / 2; ~0.56x / ~0.31x of raw F16.
 **   ecq         KIVI's groups, each with an offset (its mean) and a step (s_k / s_v x its standard
 **               deviation), |x - x^| <= step / 2, the codes entropy-coded with zstd (outliers and
-**               non-finite elements stored exactly); ~0.28x of raw F16 at the default step, for
+**               non-finite elements stored exactly); ~0.29x of raw F16 at the default step, for
 **               tiers at rest (decoding costs more than q4's).
 **   elastic     ElasticKV-style sparsification per layer, K/V and KV head: |x| below
 **               max(sigma_h / 2, mu_h) x s set to 0; a bitmap plus the kept values.
@@ -1133,7 +1133,7 @@ struct kvt_codec_params {
     int32_t group_k;          /* q8/q4/elastic+q8/elastic+q4: cells per K group (default 64) */
     int32_t group_v;          /* q8/q4/elastic+q8/elastic+q4: channels per V group (default 64) */
     float s_k, s_v;           /* elastic: threshold scales for K and V (defaults 0.45, 0.50); ecq: steps as
-                        ** a fraction of each group's standard deviation (default 0.30; smaller: less
+                        ** a fraction of each group's standard deviation (default 0.25; smaller: less
                         ** error, more bytes) */
     int32_t n_sink;           /* cells with position < n_sink stay raw; default 64 (elastic), 0 (q8/q4) */
     const uint8_t *head_bits; /* q8/q4: NULL (default) = the codec's bits; else 4 or 8 per (layer, KV

@@ -37,7 +37,7 @@
 
 enum { KVT__SEC_K = 0, KVT__SEC_V = 1 };
 #define KVT__MAX_HEADS 256   /* n_head_kv the codecs accept */
-#define KVT__ECQ_STEP  0.30f /* ecq's default step, x each group's standard deviation (kvtier.h section 9) */
+#define KVT__ECQ_STEP  0.25f /* ecq's default step, x each group's standard deviation (kvtier.h section 9) */
 
 /* One F16 or F32 tensor inside a blob buffer: element (c, e) of cell c, channel e lives at
 ** base + (trans ? e * n_cells + c : c * n_embd + e) * elsize. */
