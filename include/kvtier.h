@@ -653,8 +653,9 @@ struct kvt_sync_info {
 
 /* Make the conversation exactly msgs[0..n_msgs) (the whole history a client resends) plus the
 ** assistant prefix: the common prefix of messages is kept, the rest added with kvt_session_add
-** (re-decoding from where the tokens diverge).  The last message must be the user's.  msgs is not
-** retained.  OUT *out (may be NULL): what this call cost.
+** (re-decoding from where the tokens diverge).  The last message must be the user's; the same
+** conversation again right after its reply (a retry; not after a park) drops the reply and
+** restores the prompt's logits bit for bit, decoding nothing.  msgs is not retained.  OUT *out.
 ** Errors: KVT_EINVAL (no messages, unknown role, NULL content, last message not from the user,
 ** a reply still being generated), plus those of kvt_session_add.  Not thread-safe (engine rule). */
 int kvt_session_sync(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_msgs, struct kvt_sync_info *out);
@@ -666,9 +667,11 @@ int kvt_session_sync(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_
 ** the caller has them (a server that chose the session by them), as kvt_chat_tokenize(eng, msgs,
 ** n_msgs, true, the session's template_fallback) gave them: each part of the prompt the session
 ** would tokenize is taken from them where that provably gives the same tokens (the parts' text is
-** compared with theirs), else tokenized: tokens of another text are never used.  msgs and tok
-** must stay valid until kvt_prefill_end.  OUT *pf: free with kvt_prefill_end.  Errors: those
-** kvt_session_sync gives before decoding, KVT_ENOMEM.  Not thread-safe (engine rule). */
+** compared with theirs), else tokenized: tokens of another text are never used.  A message's end
+** and the assistant prefix go out as one chunk where a block holds both (one weight pass; sync
+** decodes two: other float rounding).  msgs and tok must stay valid until kvt_prefill_end.  OUT
+** *pf: free with kvt_prefill_end.  Errors: those of kvt_session_sync before decoding, KVT_ENOMEM.
+** Not thread-safe (engine rule). */
 typedef struct kvt_prefill kvt_prefill;
 int kvt_session_prefill(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_msgs, const kvt_token *tok, int32_t n_tok,
                         kvt_prefill **pf /* OUT */);
@@ -692,17 +695,16 @@ int kvt_prefill_end(kvt_prefill *pf, struct kvt_sync_info *info /* OUT */);
 ** the caller prefilled and manages itself, clearing it with kvt_seq_rm when done). */
 struct kvt_gen_row {
     int32_t seq;             /* IN: caller sequence, used by no session of the batch nor another row */
-    kvt_pos pos;             /* IN/OUT: position the sampled token takes (the sequence's next);
-                              ** advanced by one when the token is decoded */
+    kvt_pos pos;             /* IN/OUT: the sampled token's position; +1 when it is decoded */
     float *logits;           /* IN/OUT [n_vocab]: the logits to sample from; overwritten by those
                               ** after the sampled token when it is decoded.  Owned by the caller */
-    int32_t n_gen;           /* IN/OUT: tokens generated (0 when new), the index of its next draw;
-                              ** advanced by one when the token is decoded */
+    int32_t n_gen;           /* IN/OUT: tokens generated (0: new), its next draw; +1 when decoded */
     struct kvt_sampling smp; /* IN: this row's sampling (as kvt_engine_sample; the generator is the
                               ** row's sequence's, its draws counted by n_gen) */
     kvt_token tok;           /* OUT: the sampled token */
     bool done;               /* OUT: tok ends the generation (it is not decoded) */
     int status;              /* OUT: 0 or this row's error (KVT_EINVAL: NULL logits; sampling) */
+    bool last;               /* IN: the generation's last draw (max_tokens): tok is not decoded */
 };
 
 /* One generated token: sampled from the session's logits; unless it ends the generation (*done:
@@ -725,6 +727,9 @@ struct kvt_gen_batch {
     int32_t n_rows;
     const struct kvt_decode_chunk *chunk; /* NULL or another sequence's prefill chunk (none of the
                                      ** sessions' or rows'): a chunk of kvt_prefill_next */
+    const bool *last;               /* NULL or [n]: session i's last draw (max_tokens): tok[i] ends
+                                     ** the reply undecoded, as in llama-server (one pass less; no
+                                     ** logits after it); the next turn decodes its text; gen_end next */
 };
 
 /* Continuous batching: kvt_session_gen_step for every session of b and a token for every row,

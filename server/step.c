@@ -192,7 +192,7 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
     struct kvt_sampling smp[64] = { { 0 } };
     struct kvt_gen_row rows[64];
     kvt_token tok[64];
-    bool done[64];
+    bool done[64], last[64];
     int st[64];
     int64_t ev0[64], rec0[64];
     float *lpl[64] = { 0 }; /* with logprobs: the logits each job samples from */
@@ -210,9 +210,12 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
             memcpy(lpl[k], from, sizeof(float) * (size_t) I.n_vocab);
         struct kvt_sampling one = j->req.smp; /* draw n_gen of the reply: the session and the row count it */
         if (j->post) one.post = j->post, one.n_post = j->req.top_logprobs;
+        /* the reply's last token (max_tokens) is sampled and not decoded: nothing reads its logits */
+        const bool final = j->n_gen + 1 >= j->req.max_tokens;
         if (j->kind == JOB_COMPLETION) {
             rows[n_rows] = j->row;
             rows[n_rows].smp = one;
+            rows[n_rows].last = final;
             rmap[n_rows++] = k;
             continue;
         }
@@ -223,16 +226,17 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
         rec0[n] = s0.recoveries;
         ss[n] = x->s;
         smp[n] = one;
+        last[n] = final;
         map[n++] = k;
     }
     int rc = n + n_rows > 0 || c
-                 ? kvt_session_gen_step_batch(srv->eng, &(struct kvt_gen_batch){ ss, n, smp, tok, done, st, rows, n_rows, c })
+                 ? kvt_session_gen_step_batch(srv->eng, &(struct kvt_gen_batch){ ss, n, smp, tok, done, st, rows, n_rows, c, last })
                  : 0;
     if (drc) *drc = rc;
     /* the decode rows that went in (sampled tokens that did not end a generation) */
     int32_t n_dec = 0;
-    for (int32_t i = 0; rc == 0 && i < n; i++) n_dec += !st[i] && !done[i];
-    for (int32_t i = 0; rc == 0 && i < n_rows; i++) n_dec += !rows[i].status && !rows[i].done;
+    for (int32_t i = 0; rc == 0 && i < n; i++) n_dec += !st[i] && !done[i] && !last[i];
+    for (int32_t i = 0; rc == 0 && i < n_rows; i++) n_dec += !rows[i].status && !rows[i].done && !rows[i].last;
     const int32_t n_chunk = c ? c->n : 0;
     if (rc == 0 && n_dec + n_chunk > 0) {
         pthread_mutex_lock(&srv->mu);

@@ -37,6 +37,13 @@ static int save_logits(kvt_session *s) {
     return 0;
 }
 
+/* Room for m tokens, and the reply's reserve after them when the run ends with them (best effort). */
+static int make_room(kvt_session *s, int32_t m, int32_t reserve_after, bool last) {
+    int rc = kvt__sess_make_room(s, m + (last ? reserve_after : 0));
+    if (rc == KVT_EBUDGET && last && reserve_after) rc = kvt__sess_make_room(s, m);
+    return rc;
+}
+
 /* The next chunk of the run: whatever must see the whole prompt before its first chunk (the
 ** store's prefix lookup, the plan of reused chunks) and the loads of reused chunks happen here;
 ** then room is made for the chunk (eviction) and its positions reserved.  room > 0: at most that
@@ -65,10 +72,25 @@ int kvt__sess_feed_next(kvt_session *s, struct feed *f, int32_t room, struct kvt
         int32_t m = KVT_MIN(f->n - f->off, room_in_block);
         if (f->next_run < f->n_runs) m = KVT_MIN(m, f->runs_base + f->runs[f->next_run].at - f->off);
         if (room > 0) m = KVT_MIN(m, room);
-        const bool last = f->off + m == f->n;
+        /* a chunk that reaches the assistant prefix makes room for the message's part first, as the
+        ** message's last chunk of its own did; if the message then lost blocks of its own, they
+        ** come back before the prefix (kvt__sess_plan_own_tail): the run ends with the message */
+        const bool joins = f->split > 0 && f->off <= f->split && f->off + m > f->split;
         double t1 = kvt__now_ms();
-        rc = kvt__sess_make_room(s, m + (last ? f->reserve_after : 0));
-        if (rc == KVT_EBUDGET && last && f->reserve_after) rc = kvt__sess_make_room(s, m); /* reply room is best effort */
+        if (joins && f->off < f->split) rc = make_room(s, f->split - f->off, f->reserve_after, true);
+        if (rc == 0 && joins && kvt__sess_own_tail_lost(s)) {
+            f->n = f->split;
+            f->split = 0;
+            f->split_cut = true;
+            f->logits = false;
+            if (f->off == f->n) {
+                s->st.policy_ms += kvt__now_ms() - t1;
+                return 0;
+            }
+            m = f->n - f->off;
+        }
+        const bool last = f->off + m == f->n;
+        if (rc == 0) rc = make_room(s, m, f->reserve_after, last);
         s->st.policy_ms += kvt__now_ms() - t1; /* scoring; the seq_rm of evictions is in here too (cheap) */
         if (rc || (rc = kvt__sess_reserve_positions(s, m))) return rc;
         *c = (struct kvt_decode_chunk){ s->p.seq, f->tok + f->off, m, s->next_pos, last && f->logits };
@@ -85,16 +107,22 @@ int kvt__sess_feed_next(kvt_session *s, struct feed *f, int32_t room, struct kvt
 int kvt__sess_feed_done(kvt_session *s, struct feed *f, int rc) {
     s->st.decode_ms += kvt__now_ms() - f->t0;
     if (rc) return rc;
-    if (f->last && f->logits && (rc = save_logits(s))) return rc;
-    if (f->last && !f->logits) s->dec.have_logits = false; /* the run after it brings them */
+    if (f->last && f->logits) {
+        if ((rc = save_logits(s))) return rc;
+    } else s->dec.have_logits = false; /* the stream moved on: a later chunk (or run) brings them */
     s->st.decoded += f->m;
     kvt__sess_note_peak(s);
     if ((rc = kvt__sess_record(s, f->tok + f->off, f->m, f->role))) return rc;
     if ((rc = kvt__sess_elastic(s, f->m))) return rc;
     /* prompt chunks always feed the attention signals; generated tokens every 8th (one token's
     ** attention changes the accumulated mass little, and each read costs a copy of the
-    ** sequence's cells) */
-    if (f->role != KVT_ROLE_ASSISTANT || s->st.decoded % 8 == 0) kvt__sess_observe(s, f->role != KVT_ROLE_ASSISTANT);
+    ** sequence's cells).  A chunk holding a message's end and its assistant prefix is observed as
+    ** the two chunks it replaces: the message's rows, then the prefix's */
+    const int32_t at = f->split - f->off; /* the prefix's first row in the chunk */
+    if (f->role != KVT_ROLE_ASSISTANT && f->split > 0 && at > 0 && at < f->m) {
+        kvt__sess_observe_rows(s, true, 0, at);
+        kvt__sess_observe_rows(s, true, at, f->m);
+    } else if (f->role != KVT_ROLE_ASSISTANT || s->st.decoded % 8 == 0) kvt__sess_observe(s, f->role != KVT_ROLE_ASSISTANT);
     f->off += f->m;
     return 0;
 }

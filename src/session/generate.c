@@ -40,7 +40,7 @@ int kvt_session_generate(kvt_session *s, int32_t max_tokens, const struct kvt_sa
     free(gen);
     if (rc2) return rc ? rc : rc2;
     /* the reply is in the stream: extend the message list and the decoded template text */
-    int rc3 = kvt__sess_append_reply(s, text);
+    int rc3 = kvt__sess_append_reply(s, text, strlen(text));
     if (reply) *reply = text;
     else free(text);
     return rc ? rc : rc3;
@@ -102,7 +102,7 @@ int kvt_session_gen_step(kvt_session *s, const struct kvt_sampling *smp, kvt_tok
     *done = false;
     if (s->is_parked) return kvt__sess_parked_error();
     if (!s->dec.have_logits) return kvt__fail(KVT_EINVAL, "gen_step: no user turn to reply to");
-    if (!s->dec.generating) s->dec.n_gen = 0;
+    if (!s->dec.generating) s->dec.n_gen = 0, s->dec.last_unfed = false;
     s->dec.generating = true;
     kvt__engine_set_logits(s->eng, s->dec.logits);
     kvt_token t;
@@ -129,10 +129,24 @@ int kvt_session_gen_step(kvt_session *s, const struct kvt_sampling *smp, kvt_tok
 int kvt_session_gen_end(kvt_session *s, char **reply) {
     kvt__clear_error();
     if (reply) *reply = NULL;
-    char *text = NULL;
+    char *text = NULL, *fed = NULL;
     int rc = kvt_detokenize(s->eng, s->dec.gen, s->dec.n_gen, false, &text);
     if (rc) return rc;
-    rc = kvt__sess_append_reply(s, text);
+    /* a last draw that was not decoded: kv_text ends with the decoded tokens' text, the longest
+    ** prefix of the reply's text it shares (their pieces concatenate) */
+    size_t n_dec = strlen(text);
+    if (s->dec.last_unfed && s->dec.n_gen > 0) {
+        if ((rc = kvt_detokenize(s->eng, s->dec.gen, s->dec.n_gen - 1, false, &fed))) {
+            free(text);
+            return rc;
+        }
+        size_t k = 0;
+        while (k < n_dec && fed[k] && fed[k] == text[k]) k++;
+        n_dec = k;
+        free(fed);
+    }
+    rc = kvt__sess_append_reply(s, text, n_dec);
+    s->dec.last_unfed = false;
     s->dec.generating = false;
     s->dec.n_gen = 0;
     if (reply && rc == 0) *reply = text;
@@ -150,6 +164,7 @@ int kvt_session_gen_step_batch(kvt_engine *eng, const struct kvt_gen_batch *gb) 
     int *status = gb->status;
     struct kvt_gen_row *rows = gb->rows;
     const struct kvt_decode_chunk *chunk = gb->chunk;
+    const bool *last = gb->last;
     kvt__clear_error();
     if (n < 0 || n_rows < 0 || (n > 0 && (!ss || !smp || !tok || !done || !status)) || (n_rows > 0 && !rows))
         return kvt__fail(KVT_EINVAL, "batch of %d sessions and %d rows", n, n_rows);
@@ -180,7 +195,7 @@ int kvt_session_gen_step_batch(kvt_engine *eng, const struct kvt_gen_batch *gb) 
             status[i] = kvt__fail(KVT_EINVAL, "gen_step: no user turn to reply to");
             continue;
         }
-        if (!s->dec.generating) s->dec.n_gen = 0;
+        if (!s->dec.generating) s->dec.n_gen = 0, s->dec.last_unfed = false;
         s->dec.generating = true;
         kvt__engine_set_logits(eng, s->dec.logits);
         if ((status[i] = kvt_engine_sample_at(eng, &smp[i], s->p.seq, s->dec.n_gen, &tok[i]))) continue;
@@ -198,6 +213,7 @@ int kvt_session_gen_step_batch(kvt_engine *eng, const struct kvt_gen_batch *gb) 
             s->dec.gen = g;
             s->dec.cap_gen = cap;
         }
+        if (last && last[i]) continue; /* the reply's last token: joins it below, not decoded */
         double t1 = kvt__now_ms();
         status[i] = kvt__sess_make_room(s, 1);
         s->st.policy_ms += kvt__now_ms() - t1;
@@ -222,6 +238,7 @@ int kvt_session_gen_step_batch(kvt_engine *eng, const struct kvt_gen_batch *gb) 
             w->done = true;
             continue;
         }
+        if (w->last) continue; /* sampled, not decoded */
         seqs[m] = w->seq;
         pos[m] = w->pos;
         bt[m] = w->tok;
@@ -251,6 +268,15 @@ int kvt_session_gen_step_batch(kvt_engine *eng, const struct kvt_gen_batch *gb) 
             if (status[idx[k]] == 0) status[idx[k]] = kvt__sess_elastic(s, 1);
         }
     }
+    /* the last draws join their replies once the shared decode went in (else nothing took a
+    ** token); no logits to sample from until the next turn */
+    for (int32_t i = 0; rc == 0 && last && i < n; i++)
+        if (last[i] && !status[i] && !done[i]) {
+            kvt_session *s = ss[i];
+            s->dec.gen[s->dec.n_gen++] = tok[i];
+            s->dec.last_unfed = true;
+            s->dec.have_logits = false;
+        }
     free(seqs);
     free(idx);
     free(pos);

@@ -5,8 +5,11 @@
 ** are recovered before it; InfLLM: after it), then the assistant prefix; each goes in as a run of
 ** tokens (feed.c).  Every decode of a prefill chunk is handed to the caller (kvt_prefill_next)
 ** and its result taken back (kvt_prefill_done): the session never calls into the caller, and a
-** server decodes the chunk where it likes (alone, or in the step of its other requests).
-** kvt_session_sync and kvt_session_add run the same steps, decoding every chunk alone. */
+** server decodes the chunk where it likes (alone, or in the step of its other requests); there
+** the message's end and the assistant prefix go out as one chunk where a block holds both (one
+** weight pass, not two).  kvt_session_sync and kvt_session_add run the same steps, decoding every
+** chunk alone and the message and its prefix as two chunks (the numbers of earlier versions: a
+** joined chunk is another ubatch shape, other float rounding). */
 #include "session/session_int.h"
 
 #include <stdio.h>
@@ -34,6 +37,8 @@ struct kvt_prefill {
     int32_t history;                 /* messages before this index go in with it as one run (see pf_new) */
     int32_t keep;                    /* its keep hint (kvt_session_add), else KVT_KEEP_NONE */
     bool sync;                       /* kvt_session_sync: logits refreshed and a kvt_sync_info */
+    bool join;                       /* kvt_session_prefill: a message's end and its assistant prefix
+                                     ** in one chunk where the block allows (pf_join_prefix) */
     enum pf_phase phase;
     int rc;                  /* the first error; the prefill stops there */
     char msg[512];           /* its message (the caller may make library calls meanwhile) */
@@ -43,6 +48,8 @@ struct kvt_prefill {
     kvt_token *tok, *tc;     /* the message's tokens; InfLLM: those without the prefix */
     int32_t n, nc;
     char *fmt, *fc;          /* the template text they complete */
+    int32_t n_msg;           /* > 0: tok[0, n_msg) is the message and tok[n_msg, n) its assistant prefix, */
+    char *fp;                /*   whose template text is fp (one run: struct feed's split) */
     int32_t total0;          /* the stream before the message's first run (the pending text, else the message): */
     size_t text0;            /*   what a failure cuts the stream and kv_text back to; total0 -1: nothing fed yet */
     int32_t decoded0;        /*  conv.n_m_decoded then */
@@ -57,9 +64,10 @@ static void pf_free_text(struct kvt_prefill *pf) {
     free(pf->tc);
     free(pf->fmt);
     free(pf->fc);
+    free(pf->fp);
     pf->tok = pf->tc = NULL;
-    pf->fmt = pf->fc = NULL;
-    pf->n = pf->nc = 0;
+    pf->fmt = pf->fc = pf->fp = NULL;
+    pf->n = pf->nc = pf->n_msg = 0;
 }
 
 /* Start feeding tok[0..n) (nothing to feed: the run's result, 0, goes straight to `after`). */
@@ -106,6 +114,35 @@ static int pf_fail_message(struct kvt_prefill *pf, int rc) {
     if (pf->total0 >= 0 && s->conv.n_m_decoded > pf->decoded0) s->conv.n_m_decoded = pf->decoded0; /* their text goes too */
     if (s->conv.n_m_decoded < s->conv.n_m) free(s->conv.m[--s->conv.n_m].content);
     return pf_cut_back(pf, rc, pf->total0, pf->text0);
+}
+
+/* The assistant prefix's tokens appended to the message's (pf->tok, pf->n, pf->fmt): n_msg, fp set.
+** A template that adds no prefix, or whose text with it does not extend the message's, leaves the
+** message alone (the prefix then goes as a run of its own, as after an own-tail recovery). */
+static int pf_join_prefix(struct kvt_prefill *pf) {
+    if (pf->n == 0) return 0; /* the message is in already: its prefix alone */
+    kvt_token *tp = NULL;
+    int32_t np = 0;
+    char *fp = NULL;
+    int rc = kvt__sess_prefix_tokens(pf->s, pf->fmt, &tp, &np, &fp);
+    if (rc || np == 0) {
+        free(tp);
+        free(fp);
+        return rc;
+    }
+    kvt_token *t = realloc(pf->tok, sizeof *t * (size_t) (pf->n + np));
+    if (!t) {
+        free(tp);
+        free(fp);
+        return kvt__fail(KVT_ENOMEM, "prompt tokens");
+    }
+    memcpy(t + pf->n, tp, sizeof *t * (size_t) np);
+    free(tp);
+    pf->tok = t;
+    pf->n_msg = pf->n;
+    pf->n += np;
+    pf->fp = fp;
+    return 0;
 }
 
 /* The work of the current phase up to the next run to feed, or to the end.  A run's result
@@ -192,10 +229,14 @@ static int pf_advance(struct kvt_prefill *pf, int res) {
                 (rc = kvt__sess_recover_apply(s, &rp)))
                 return pf_fail_message(pf, rc);
             s->cur_keep = s->conv.m[s->conv.n_m - 1].keep;
+            /* the assistant prefix goes in the same run, so that the message's end and the prefix
+            ** share a chunk (one weight pass; a segment boundary stays between them) */
+            if (pf->join && (rc = pf_join_prefix(pf))) return pf_fail_message(pf, rc);
             pf_feed(pf, pf->tok, pf->n, KVT_ROLE_USER, s->p.gen_reserve, PF_MESSAGE_FED);
-            /* the assistant prefix follows it: the message's last token needs no logits (with a
+            pf->f.split = pf->n_msg;
+            /* without the prefix in the run, the message's last token needs no logits (with a
             ** vocabulary of 262k, Gemma 3's output projection is a third of a short decode) */
-            pf->f.logits = false;
+            pf->f.logits = pf->n_msg > 0;
             return 0;
         }
         case PF_INFLLM_FED:
@@ -211,9 +252,27 @@ static int pf_advance(struct kvt_prefill *pf, int res) {
             s->cur_keep = s->conv.m[s->conv.n_m - 1].keep;
             pf_feed(pf, pf->tok, pf->n, KVT_ROLE_USER, s->p.gen_reserve, PF_MESSAGE_FED);
             return 0;
-        case PF_MESSAGE_FED:
+        case PF_MESSAGE_FED: {
             s->cur_keep = KVT_KEEP_NONE;
-            if (res) return pf_fail_message(pf, res);
+            /* with the prefix in the run: the message is in once the run's tokens passed it */
+            const bool joined = pf->n_msg > 0 && !pf->f.split_cut;
+            const int32_t past = joined ? (res ? pf->f.off : pf->n) - pf->n_msg : 0; /* the prefix's tokens in */
+            if (res && (!joined || past < 0)) return pf_fail_message(pf, res);
+            if (joined) {
+                kvt__sess_set_text_at(s, pf->fmt, s->total - past);
+                pf->fmt = NULL;
+                s->conv.n_m_decoded = s->conv.n_m;
+                if (res) { /* as a prefix of its own that failed: the message stays, the prefix goes */
+                    pf_free_text(pf);
+                    return pf_cut_back(pf, res, s->total - past, strlen(s->conv.kv_text));
+                }
+                kvt__sess_set_text(s, pf->fp);
+                pf->fp = NULL;
+                pf_free_text(pf);
+                pf->i++;
+                pf->phase = PF_MESSAGE;
+                return 0;
+            }
             kvt__sess_set_text(s, pf->fmt);
             pf->fmt = NULL;
             pf_free_text(pf);
@@ -236,6 +295,7 @@ static int pf_advance(struct kvt_prefill *pf, int res) {
             }
             pf_feed(pf, pf->tok, pf->n, KVT_ROLE_USER, s->p.gen_reserve, PF_PREFIX_FED);
             return 0;
+        }
         case PF_PREFIX_FED:
             if (res) { /* the message stays (decoded); the prefix's chunks go: a retry decodes the prefix alone */
                 pf_free_text(pf);
@@ -364,6 +424,27 @@ static int prefill_msgs(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t
     while (k < n_msgs && k < s->conv.n_m && s->conv.m[k].role == kvt__sess_role_from_name(msgs[k].role) &&
            !strcmp(s->conv.m[k].content, msgs[k].content))
         k++;
+    /* the same conversation again after the reply to it (a retry, a stream after a non-stream):
+    ** the reply goes and the prompt's logits come back as they were computed, so the same request
+    ** gets the same reply (decoding the prefix again would be another ubatch shape than the chunk
+    ** that held it: other float rounding) and decodes nothing */
+    if (k == n_msgs && s->conv.n_m == n_msgs + 1 && s->conv.n_m_decoded == s->conv.n_m &&
+        s->conv.m[n_msgs].role == KVT_ROLE_ASSISTANT && s->dec.prompt_logits && s->dec.prompt_total > 0 &&
+        s->dec.prompt_total <= s->total && s->dec.prompt_chr <= strlen(s->conv.kv_text)) {
+        const int32_t pt = s->dec.prompt_total;
+        const size_t pc = s->dec.prompt_chr;
+        s->conv.kv_text[pc] = '\0';
+        while (s->conv.n_seg > 0 && (s->conv.seg_tok[s->conv.n_seg - 1] > pt || s->conv.seg_chr[s->conv.n_seg - 1] > pc))
+            s->conv.n_seg--;
+        free(s->conv.m[--s->conv.n_m].content);
+        s->conv.n_m_decoded = s->conv.n_m;
+        int rc = kvt__sess_cut_stream(s, pt); /* failing, the stream is shorter than kv_text: the next call cuts back */
+        if (rc) return rc;
+        s->dec.prompt_total = pt;
+        memcpy(s->dec.logits, s->dec.prompt_logits, sizeof(float) * (size_t) s->n_vocab);
+        s->dec.have_logits = true;
+        kvt__sess_explain(s, "the same conversation again: its reply dropped, the prompt's logits (token %d) kept", pt);
+    }
     const bool nothing_new = k == n_msgs && s->conv.n_m == n_msgs && s->conv.n_m_decoded == n_msgs && s->dec.have_logits;
     if (!nothing_new) {
         if (k == n_msgs) k--; /* the same conversation again: its last user message is added once more */
@@ -378,6 +459,7 @@ static int prefill_msgs(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t
 int kvt_session_prefill(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_msgs, const kvt_token *tok, int32_t n_tok,
                         kvt_prefill **out) {
     int rc = prefill_msgs(s, msgs, n_msgs, out);
+    if (rc == 0) (*out)->join = true; /* the chunks go to a caller: one weight pass for a message's end and its prefix */
     if (rc || !tok || n_tok <= 0) return rc;
     struct sess_given *g = &(*out)->given;
     g->ends = malloc(sizeof *g->ends * (size_t) n_tok);
@@ -429,6 +511,13 @@ int kvt_prefill_end(kvt_prefill *pf, struct kvt_sync_info *out) {
         out->recomputes = s->st.recomputes - pf->rc0;
     }
     const int rc = pf->rc;
+    if (rc == 0 && s->dec.have_logits && s->dec.logits && s->n_vocab > 0 &&
+        (s->dec.prompt_logits || (s->dec.prompt_logits = malloc(sizeof(float) * (size_t) s->n_vocab)))) {
+        /* kept for a resend of this conversation (prefill_msgs); none when out of memory */
+        memcpy(s->dec.prompt_logits, s->dec.logits, sizeof(float) * (size_t) s->n_vocab);
+        s->dec.prompt_total = s->total;
+        s->dec.prompt_chr = strlen(s->conv.kv_text);
+    }
     if (rc) kvt__fail(rc, "%s", pf->msg); /* the prefill's own message, whatever ran since */
     pf_free_text(pf);
     if (s->conv.given == &pf->given) s->conv.given = NULL;
@@ -453,6 +542,7 @@ int kvt_session_sync(kvt_session *s, const struct kvt_chat_msg *msgs, int32_t n_
     if (out) memset(out, 0, sizeof *out);
     kvt_prefill *pf = NULL;
     int rc = kvt_session_prefill(s, msgs, n_msgs, NULL, 0, &pf);
+    if (rc == 0) pf->join = false; /* every chunk alone, as kvt_session_add: the numbers of earlier versions */
     return rc ? rc : pf_run(pf, out);
 }
 

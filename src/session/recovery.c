@@ -237,17 +237,19 @@ int kvt__sess_plan_infllm(kvt_session *s, int32_t suffix_tokens, struct rplan *p
 ** the query itself, the message's last ones, do not count as resident context), at least
 ** min_recovery_score, at most top_k, each followed by its evicted successors when the match is
 ** in its last quarter.  Best effort: nothing is recovered when no block qualifies or none fits. */
+bool kvt__sess_own_tail_lost(const kvt_session *s) {
+    if (s->p.recovery != KVT_RECOVERY_KV_RESTORE || s->p.top_k == 0) return false;
+    for (int32_t i = 0; i < s->n_b; i++)
+        if (s->b[i].info.turn == s->turn && kvt__sess_evicted(s, &s->b[i])) return true;
+    return false;
+}
+
 int kvt__sess_plan_own_tail(kvt_session *s, const char *text, struct rplan *plan) {
     memset(plan, 0, sizeof *plan);
-    if (s->p.recovery != KVT_RECOVERY_KV_RESTORE || s->p.top_k == 0) return 0;
-    bool lost = false;
+    if (!kvt__sess_own_tail_lost(s)) return 0;
     int32_t own = 0; /* tokens of this message's blocks */
     for (int32_t i = 0; i < s->n_b; i++)
-        if (s->b[i].info.turn == s->turn) {
-            lost |= kvt__sess_evicted(s, &s->b[i]);
-            own += s->b[i].info.n_tokens;
-        }
-    if (!lost) return 0;
+        if (s->b[i].info.turn == s->turn) own += s->b[i].info.n_tokens;
     /* A message longer than the budget (a pasted document with a question at its end, issue #23)
     ** gets the question-aware placement below: its question as the query when a line break sets
     ** it off, resident answers held, what comes back placed before the question.  A shorter

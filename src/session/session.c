@@ -217,6 +217,7 @@ void kvt_session_free(kvt_session *s) {
     free(s->conv.seg_tok);
     free(s->conv.seg_chr);
     free(s->dec.logits);
+    free(s->dec.prompt_logits);
     free(s->dec.gen);
     free(s->reuse.tenant);
     free(s->codec_bits);
@@ -303,6 +304,9 @@ int kvt_session_park(kvt_session *s) {
     }
     kvt_seq_rm(s->eng, s->p.seq, -1, -1);
     s->is_parked = true;
+    free(s->dec.prompt_logits); /* n_vocab floats a session: parked ones do not keep them */
+    s->dec.prompt_logits = NULL;
+    s->dec.prompt_total = -1;
     return 0;
 }
 

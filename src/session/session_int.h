@@ -101,6 +101,12 @@ struct sess_dec {
     kvt_token *gen; /* reply being generated step-wise (kvt_session_gen_step) */
     int32_t n_gen, cap_gen;
     bool generating;
+    float *prompt_logits; /* the logits at the end of the last prompt (its assistant prefix), */
+    int32_t prompt_total; /*   the stream's tokens then (-1: none, or the stream was cut below it) */
+    size_t prompt_chr;    /*   and kv_text's bytes: a resend of that conversation gets them back */
+    bool last_unfed;      /* gen[n_gen - 1] was a reply's last draw, sampled and not decoded (struct
+                      ** kvt_gen_batch's last): the stream and kv_text end before it; the next
+                      ** turn decodes its text with its own tokens */
 };
 
 /* Attention signals (session/signals.c; the layers and head weights are set up at open). */
@@ -279,10 +285,15 @@ int kvt__sess_plan_recover(kvt_session *s, const char *query, int32_t msg_tokens
 int kvt__sess_plan_infllm(kvt_session *s, int32_t suffix_tokens, struct rplan *plan);
 /* A message that evicted blocks of its own: those relevant to its end. */
 int kvt__sess_plan_own_tail(kvt_session *s, const char *text, struct rplan *plan);
+/* The current message lost blocks of its own (kvt__sess_plan_own_tail has work to do). */
+bool kvt__sess_own_tail_lost(const kvt_session *s);
 
 /* ---- 1 session/signals.c ---- */
 /* Attention captured for the last decoded chunk -> block signals (best effort). */
 void kvt__sess_observe(kvt_session *s, bool prompt);
+/* The same for the chunk's query rows [lo, hi) only (relative to its first row), as if they had
+** been decoded as a chunk of their own: rows before hi never see later ones. */
+void kvt__sess_observe_rows(kvt_session *s, bool prompt, int32_t lo, int32_t hi);
 
 /* ---- 1 session/elastic.c ---- */
 /* Validate p's elastic fields (KVT_EINVAL naming the value). */
@@ -370,10 +381,15 @@ struct feed {
     bool routed;            /* the store's prefix lookup is done (or not wanted) */
     struct chunk_run *runs; /* reused chunks after the prefix (session/chunks.c) */
     int32_t n_runs, next_run, runs_base;
-    bool logits; /* the run's last token wants logits (false: more of the prompt follows it) */
-    int32_t m;   /* the chunk handed out: its tokens, */
-    bool last;   /*   the run's last chunk, */
-    double t0;   /*   when it was handed out (ms) */
+    bool logits;    /* the run's last token wants logits (false: more of the prompt follows it) */
+    int32_t split;  /* > 0: tok[0, split) is a user message and tok[split, n) its assistant prefix,
+                    ** decoded in the same chunk where a block holds both (one weight pass, not
+                    ** two); the attention signals see the two parts as two chunks */
+    bool split_cut; /* the run stopped at split: the message lost blocks of its own (the prefix
+                    ** follows the own-tail recovery as a run of its own) */
+    int32_t m;      /* the chunk handed out: its tokens, */
+    bool last;      /*   the run's last chunk, */
+    double t0;      /*   when it was handed out (ms) */
 };
 
 void kvt__sess_feed_init(struct feed *f, const kvt_token *tok, int32_t n, int role, int32_t reserve_after);
@@ -394,8 +410,16 @@ int kvt__sess_feed(kvt_session *s, const kvt_token *tok, int32_t n, int role, in
 /* ---- 6 session/sync.c ---- */
 int kvt__sess_push_msg(kvt_session *s, int role, const char *text, int keep);
 void kvt__sess_set_text(kvt_session *s, char *fmt);
+/* kvt__sess_set_text with the segment ending at stream token `at` (<= s->total) instead of s->total. */
+void kvt__sess_set_text_at(kvt_session *s, char *fmt, int32_t at);
+/* Tokens of the assistant prefix that follows fmt_msg, the template text of all the conversation's
+** messages (not yet in kv_text): *n 0 (and *fmt_out NULL) when the template adds none or the text
+** with it does not extend fmt_msg.  OUT *tok, *fmt_out (the text with it; caller frees both). */
+int kvt__sess_prefix_tokens(kvt_session *s, const char *fmt_msg, kvt_token **tok, int32_t *n, char **fmt_out);
 int kvt__sess_cut_stream(kvt_session *s, int32_t keep);
-int kvt__sess_append_reply(kvt_session *s, const char *text);
+/* The reply `text` becomes an assistant message; kv_text ends after its first n_dec bytes (the
+** part in the stream: strlen(text) unless its last token was not decoded). */
+int kvt__sess_append_reply(kvt_session *s, const char *text, size_t n_dec);
 /* Tokens of the template text of messages [0, n_msgs) (with the assistant prefix when add_ass)
 ** not yet in the stream, the stream cut back first where the text diverges.  OUT *tok (caller
 ** frees), *n, *fmt_out: the whole template text (caller frees; kv_text once they are in). */

@@ -9,8 +9,10 @@
 /* Turn the attention captured for the last decoded chunk into block signals: H2O's accumulated
 ** mass, SnapKV's observation-window share (prompt chunks only), kvtier's EWMA.  Best effort: a
 ** capture that cannot be mapped leaves the signals as they were. */
-void kvt__sess_observe(kvt_session *s, bool prompt) {
-    if (s->sig.n_layers == 0 || s->n_b == 0) return;
+void kvt__sess_observe(kvt_session *s, bool prompt) { kvt__sess_observe_rows(s, prompt, 0, INT32_MAX); }
+
+void kvt__sess_observe_rows(kvt_session *s, bool prompt, int32_t lo, int32_t hi) {
+    if (s->sig.n_layers == 0 || s->n_b == 0 || lo >= hi) return;
     double t0 = kvt__now_ms();
     kvt_pos *p0 = malloc(sizeof(kvt_pos) * (size_t) s->n_b);
     int32_t *n = malloc(sizeof(int32_t) * (size_t) s->n_b), *idx = malloc(sizeof(int32_t) * (size_t) s->n_b);
@@ -30,23 +32,31 @@ void kvt__sess_observe(kvt_session *s, bool prompt) {
                 if (getenv("KVT_DEBUG_SIGNALS")) fprintf(stderr, "[signals] layer %d: %s\n", s->sig.layers[l], kvt_errmsg());
                 continue;
             }
+            /* rows [lo, hi) of the chunk: its first hi rows are a whole chunk of their own (a row
+            ** sees no later one), read from row q0 (a->w is row-major by query) */
+            const int32_t q_hi = KVT_MIN(hi, a->n_query), q0 = KVT_MIN(lo, q_hi);
+            if (q0 >= q_hi) {
+                kvt_attn_free(a);
+                continue;
+            }
+            a->n_query = q_hi;
             if (s->p.policy == KVT_POLICY_INFLLM) /* per-token attention received, for representatives */
                 for (int32_t k = 0; k < a->n_keys; k++)
                     for (int32_t j = 0; j < nb; j++) {
                         struct blk *bk = &s->b[idx[j]];
                         if (a->k_pos[k] < p0[j] || a->k_pos[k] >= p0[j] + n[j]) continue;
                         double w = 0;
-                        for (int32_t t = 0; t < a->n_query; t++)
+                        for (int32_t t = q0; t < a->n_query; t++)
                             for (int32_t h = 0; h < a->n_head; h++) w += a->w[((size_t) t * a->n_head + h) * a->n_keys + k];
                         bk->tok_mass[a->k_pos[k] - p0[j]] += (float) w;
                         break;
                     }
             const float *hw = s->sig.head_w && a->n_head == s->sig.n_head ? s->sig.head_w + (size_t) l * s->sig.n_head : NULL;
-            if (kvt_attn_block_mass(a, 0, hw, p0, n, nb, m) == 0) {
-                for (int32_t j = 0; j < nb; j++) all[j] += m[j] * a->n_query; /* mass summed over queries */
+            if (kvt_attn_block_mass(a, q0, hw, p0, n, nb, m) == 0) {
+                for (int32_t j = 0; j < nb; j++) all[j] += m[j] * (q_hi - q0); /* mass summed over queries */
                 got++;
             }
-            int32_t from = a->n_query > s->p.snap_window ? a->n_query - s->p.snap_window : 0;
+            int32_t from = KVT_MAX(q0, q_hi - s->p.snap_window);
             if (prompt && kvt_attn_block_mass(a, from, hw, p0, n, nb, m) == 0)
                 for (int32_t j = 0; j < nb; j++) win[j] += m[j];
             kvt_attn_free(a);

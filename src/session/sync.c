@@ -26,7 +26,9 @@ int kvt__sess_push_msg(kvt_session *s, int role, const char *text, int keep) {
 /* kv_text becomes fmt (owned by the session from here), a segment boundary at the current end of
 ** the stream.  Cannot fail: a boundary that cannot be recorded only makes later cut-backs go
 ** further back. */
-void kvt__sess_set_text(kvt_session *s, char *fmt) {
+void kvt__sess_set_text(kvt_session *s, char *fmt) { kvt__sess_set_text_at(s, fmt, s->total); }
+
+void kvt__sess_set_text_at(kvt_session *s, char *fmt, int32_t at) {
     free(s->conv.kv_text);
     s->conv.kv_text = fmt;
     if (s->conv.n_seg == s->conv.cap_seg) {
@@ -38,7 +40,7 @@ void kvt__sess_set_text(kvt_session *s, char *fmt) {
         if (!t || !c) return;
         s->conv.cap_seg = cap;
     }
-    s->conv.seg_tok[s->conv.n_seg] = s->total;
+    s->conv.seg_tok[s->conv.n_seg] = at;
     s->conv.seg_chr[s->conv.n_seg] = strlen(fmt);
     s->conv.n_seg++;
 }
@@ -92,6 +94,7 @@ int kvt__sess_cut_stream(kvt_session *s, int32_t keep) {
     }
     if (s->open >= n_keep) s->open = -1;
     s->n_b = n_keep;
+    if (keep < s->dec.prompt_total) s->dec.prompt_total = -1; /* those logits are no longer the stream's */
     s->next_pos = kvt_seq_pos_max(s->eng, s->p.seq) + 1;
     s->total = keep - n_re;
     s->dec.have_logits = false;
@@ -252,12 +255,40 @@ int kvt__sess_pending_tokens(kvt_session *s, int32_t n_msgs, bool add_ass, kvt_t
     return 0;
 }
 
+int kvt__sess_prefix_tokens(kvt_session *s, const char *fmt_msg, kvt_token **tok, int32_t *n, char **fmt_out) {
+    *tok = NULL;
+    *n = 0;
+    *fmt_out = NULL;
+    struct kvt_chat_msg *cm = malloc(sizeof *cm * (size_t) (s->conv.n_m > 0 ? s->conv.n_m : 1));
+    if (!cm) return kvt__fail(KVT_ENOMEM, "chat");
+    for (int32_t i = 0; i < s->conv.n_m; i++)
+        cm[i] = (struct kvt_chat_msg){ kvt__sess_role_name[s->conv.m[i].role], s->conv.m[i].content };
+    char *fmt = NULL;
+    int rc = kvt_chat_format(s->eng, cm, s->conv.n_m, true, s->p.template_fallback, &fmt);
+    free(cm);
+    if (rc) return rc;
+    const size_t k = strlen(fmt_msg);
+    /* what kvt__sess_pending_tokens gives once fmt_msg is kv_text: the rest, no BOS (from the
+    ** request's tokens when they can say) */
+    if (strncmp(fmt, fmt_msg, k) != 0 || fmt[k] == '\0') {
+        free(fmt);
+        return 0;
+    }
+    if ((rc = given_tokens(s, fmt, k, tok, n)) == 1) rc = kvt_tokenize(s->eng, fmt + k, false, true, tok, n);
+    if (rc) {
+        free(fmt);
+        return rc;
+    }
+    *fmt_out = fmt;
+    return 0;
+}
+
 /* A generated reply is in the stream: it becomes an assistant message, and kv_text is extended
 ** by the reply as the template renders it (templates trim messages: "gemma" strips the leading
 ** space of " Sure"), so that the next turn's formatted conversation extends kv_text and the
 ** reply's generated tokens are kept (canonicalised) instead of being cut back and re-decoded.
 ** If the template's rendering cannot be found, the raw text is appended. */
-int kvt__sess_append_reply(kvt_session *s, const char *text) {
+int kvt__sess_append_reply(kvt_session *s, const char *text, size_t n_dec) {
     int rc = kvt__sess_push_msg(s, KVT_ROLE_ASSISTANT, text, KVT_KEEP_NONE);
     if (rc) return rc;
     s->conv.n_m_decoded = s->conv.n_m;
@@ -265,6 +296,8 @@ int kvt__sess_append_reply(kvt_session *s, const char *text) {
     const char *t0 = text, *t1 = text + b;
     while (t0 < t1 && (*t0 == ' ' || *t0 == '\n' || *t0 == '\t' || *t0 == '\r')) t0++;
     while (t1 > t0 && (t1[-1] == ' ' || t1[-1] == '\n' || t1[-1] == '\t' || t1[-1] == '\r')) t1--;
+    if (n_dec < b) b = n_dec; /* the text after the decoded part is the next turn's */
+    if (n_dec < (size_t) (t1 - text)) t1 = KVT_MAX(t0, text + n_dec);
     struct kvt_chat_msg *cm = malloc(sizeof *cm * (size_t) s->conv.n_m);
     char *fmt = NULL;
     if (cm) {
@@ -292,7 +325,8 @@ int kvt__sess_append_reply(kvt_session *s, const char *text) {
     char *kv = malloc(a + b + 1);
     if (!kv) return kvt__fail(KVT_ENOMEM, "reply text");
     memcpy(kv, s->conv.kv_text, a);
-    memcpy(kv + a, text, b + 1);
+    memcpy(kv + a, text, b);
+    kv[a + b] = '\0';
     kvt__sess_set_text(s, kv);
     return 0;
 }

@@ -104,8 +104,17 @@ if REF:
     ref_answer = rr.choices[0].message.content
     print(f"     planted fact on the no-eviction reference: evictions {ref_ev}; answer {ref_answer!r}")
     check("planted fact: the reference server did not evict", ref_ev == 0 and kvt(rr)["evictions"] == 0, str(kvt(rr)))
+    # Greedy free text of this base model turns on near-ties that float rounding moves: with the
+    # same blocks evicted and recovered, two builds (the message's end and the assistant prefix
+    # decoded as one chunk or as two) wrote "I have a favourite number. I am not sure what it is,
+    # but I know it is 4242" and "I have a favourite number. I have a favourite number. ...", the
+    # fork at the 8th token: " am" -2.52 against " have" -2.53 nats, and the other way round.  So
+    # the answer is reported here, and recall on this path (step-wise prefill, the reply's last
+    # token not decoded, scripted replies, eviction) is asserted by teacher-forced log-probability
+    # against a no-eviction reference and a control in test_conversation's test_server_path.
     if "4242" in ref_answer:
-        check("planted fact: the answer recalls 4242, as the no-eviction reference does", "4242" in answer, repr(answer))
+        print(f"     planted fact: the no-eviction reference recalls 4242; kvtier's greedy answer "
+              f"{'recalls it too' if '4242' in answer else 'does not (a near-tie of the free text, see above)'}")
     else:
         print("     planted fact: the reference does not recall 4242 either: the base model's free text on this "
               "machine, not a memory failure; recall not asserted")

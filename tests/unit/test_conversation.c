@@ -387,6 +387,178 @@ static void test_real_independent(void **state) {
     kvt_engine_free(e);
 }
 
+/* The server's path on Gemma 3 at budget 256, as serve_test's planted fact runs it: every turn a
+** step-wise prefill (kvt_session_prefill: the message's end and the assistant prefix in one
+** chunk), one token drawn as the reply's last (struct kvt_gen_batch's last: not decoded), the
+** reply ended, then the client's own scripted reply in the next request.  Recall of the code word
+** by its teacher-forced log-probability (trajectory-free, unlike greedy text at near-ties), paired
+** in the same run: a no-eviction reference (budget 2048) and a control whose first turn lacks the
+** code word; the budget-256 session, which evicts, must sit nearer the reference.  Then the unfed token's text: after a reply
+** whose last token was not decoded, the client sends the reply back and the session's stream
+** reads exactly as the template's text of the conversation (and a short message and its prefix
+** were one chunk).  Then a resend of the same conversation: nothing decoded, the same logits as
+** the first time bit for bit; not after a park (the copy is dropped), not for another message. */
+static void prefill_run(kvt_engine *e, kvt_session *s, const struct kvt_chat_msg *m, int32_t n, const kvt_token *tok,
+                        int32_t n_tok);
+
+static double server_path_conv(kvt_engine *e, int32_t seq, int32_t budget, bool with_fact, struct kvt_session_stats *st) {
+    struct kvt_session_params sp = kvt_session_default_params();
+    sp.seq = seq;
+    sp.budget = budget;
+    kvt_session *s = NULL;
+    assert_int_equal(kvt_session_open(e, &sp, &s), 0);
+    struct kvt_chat_msg m[16];
+    int32_t n = 0;
+    const struct kvt_sampling greedy = { 0 };
+    for (int32_t t = 0; t < 6; t++) {
+        m[n++] = (struct kvt_chat_msg){ "user", t == 0 && !with_fact ? "Now tell me about rivers." : real_turns[t] };
+        prefill_run(e, s, m, n, NULL, 0);
+        kvt_token tok;
+        bool done = false, last = true;
+        int st1 = 0;
+        assert_int_equal(
+            kvt_session_gen_step_batch(
+                e,
+                &(struct kvt_gen_batch){
+                    .sessions = &s, .n = 1, .smp = &greedy, .tok = &tok, .done = &done, .status = &st1, .last = &last }),
+            0);
+        assert_int_equal(st1, 0);
+        assert_null(kvt_session_logits(s)); /* the last draw leaves no logits to draw from */
+        assert_int_equal(kvt_session_gen_end(s, NULL), 0);
+        m[n++] = (struct kvt_chat_msg){ "assistant", real_reply };
+    }
+    m[n++] = (struct kvt_chat_msg){ "user", "What is the code word for the vault?" };
+    prefill_run(e, s, m, n, NULL, 0);
+    double lp = real_lp(s);
+    kvt_session_get_stats(s, st);
+    kvt_session_free(s);
+    return lp;
+}
+
+/* The session's stream as text (every token's piece, special tokens as their text). */
+static char *stream_text(kvt_engine *e, kvt_session *s) {
+    const int32_t n = kvt_session_tokens(s, NULL, 0);
+    kvt_token *t = malloc(sizeof(kvt_token) * (size_t) (n > 0 ? n : 1));
+    assert_int_equal(kvt_session_tokens(s, t, n), n);
+    char *txt = NULL;
+    assert_int_equal(kvt_detokenize(e, t, n, true, &txt), 0);
+    free(t);
+    return txt;
+}
+
+static void test_server_path(void **state) {
+    (void) state;
+    const char *mp = getenv("KVTIER_MODEL");
+    if (!mp || !*mp) {
+        printf("skipped: KVTIER_MODEL not set\n");
+        return;
+    }
+    kvt_engine *e = open_real(1);
+    struct kvt_session_stats st, st_ref, st_ctrl;
+    const double lp = server_path_conv(e, 0, 256, true, &st);
+    const double lp_ref = server_path_conv(e, 0, 2048, true, &st_ref);
+    const double lp_ctrl = server_path_conv(e, 0, 2048, false, &st_ctrl);
+    printf("server path, Gemma: log P(code word) at budget 256 %.3f (%lld evictions, %lld recoveries), no eviction %.3f, "
+           "without the code word %.3f\n",
+           lp, (long long) st.evictions, (long long) st.recoveries, lp_ref, lp_ctrl);
+    assert_true(st.evictions > 0); /* the policy kept the code word's block resident so far (recoveries: reported) */
+    assert_int_equal(st_ref.evictions, 0);
+    assert_true(lp_ref > lp_ctrl + 2); /* the reference knows it (else the pairing says nothing) */
+    assert_true(lp - lp_ctrl >= 0.5 * (lp_ref - lp_ctrl));
+
+    /* the unfed token's text comes in with the next turn */
+    struct kvt_session_params sp = kvt_session_default_params();
+    sp.budget = 2048;
+    kvt_session *s = NULL;
+    assert_int_equal(kvt_session_open(e, &sp, &s), 0);
+    struct kvt_chat_msg m[4] = { { "user", "Write a short sentence about the sea." } };
+    /* the step-wise prefill hands out the short message and its assistant prefix as one chunk
+    ** (one block holds both), with the logits */
+    kvt_prefill *pf = NULL;
+    struct kvt_decode_chunk c;
+    int32_t n_chunks = 0;
+    bool logits = false;
+    assert_int_equal(kvt_session_prefill(s, m, 1, NULL, 0, &pf), 0);
+    while (kvt_prefill_next(pf, 0, &c) == 1) {
+        n_chunks++;
+        logits = c.want_logits;
+        assert_int_equal(kvt_prefill_done(pf, kvt_engine_decode(e, c.seq, c.tokens, c.n, c.pos0, c.want_logits)), 0);
+    }
+    assert_int_equal(kvt_prefill_end(pf, NULL), 0);
+    assert_int_equal(n_chunks, 1);
+    assert_true(logits);
+    const int32_t n0 = kvt_session_tokens(s, NULL, 0);
+    const struct kvt_sampling greedy = { 0 };
+    kvt_token tok;
+    bool done = false, no = false, yes = true;
+    int st1 = 0;
+    for (int32_t k = 0; k < 6 && !done; k++)
+        assert_int_equal(kvt_session_gen_step_batch(e, &(struct kvt_gen_batch){ .sessions = &s,
+                                                                                .n = 1,
+                                                                                .smp = &greedy,
+                                                                                .tok = &tok,
+                                                                                .done = &done,
+                                                                                .status = &st1,
+                                                                                .last = k == 5 ? &yes : &no }),
+                         0);
+    const int32_t before = kvt_session_tokens(s, NULL, 0);
+    char *reply = NULL;
+    assert_int_equal(kvt_session_gen_end(s, &reply), 0);
+    assert_false(done);
+    assert_int_equal(before, n0 + 5); /* six drawn, the last not decoded */
+    m[1] = (struct kvt_chat_msg){ "assistant", reply };
+    m[2] = (struct kvt_chat_msg){ "user", "And one about the mountains." };
+    prefill_run(e, s, m, 3, NULL, 0);
+    char *got = stream_text(e, s), *fmt = NULL;
+    assert_int_equal(kvt_chat_format(e, m, 3, true, sp.template_fallback, &fmt), 0);
+    printf("reply %s (its last token not decoded: %d tokens before the next turn)\n", reply, before);
+    /* the stream's text: the template's, the BOS aside (its piece may print as text) */
+    const size_t lg = strlen(got), lf = strlen(fmt);
+    if (!(lg >= lf && !strcmp(got + lg - lf, fmt))) printf("stream [%s]\ntemplate [%s]\n", got, fmt);
+    assert_true(lg >= lf && !strcmp(got + lg - lf, fmt));
+    free(got);
+    free(fmt);
+
+    /* the same conversation again after its reply: the prompt's logits back, nothing decoded */
+    struct kvt_sync_info si;
+    const float *l = kvt_session_logits(s);
+    assert_non_null(l);
+    struct kvt_engine_info I;
+    kvt_engine_info(e, &I);
+    float *l0 = malloc(sizeof(float) * (size_t) I.n_vocab);
+    memcpy(l0, l, sizeof(float) * (size_t) I.n_vocab);
+    const int32_t n_prompt = kvt_session_tokens(s, NULL, 0);
+    for (int32_t k = 0; k < 4 && !done; k++)
+        assert_int_equal(
+            kvt_session_gen_step_batch(
+                e, &(struct kvt_gen_batch){ .sessions = &s, .n = 1, .smp = &greedy, .tok = &tok, .done = &done, .status = &st1 }),
+            0);
+    assert_int_equal(kvt_session_gen_end(s, NULL), 0);
+    assert_int_equal(kvt_session_sync(s, m, 3, &si), 0);
+    assert_int_equal(si.tokens_decoded, 0);
+    assert_int_equal(kvt_session_tokens(s, NULL, 0), n_prompt);
+    assert_memory_equal(kvt_session_logits(s), l0, sizeof(float) * (size_t) I.n_vocab);
+    /* controls: after a park the copy is gone (the prefix is decoded again); another last message
+    ** is decoded */
+    for (int32_t k = 0; k < 2; k++)
+        assert_int_equal(
+            kvt_session_gen_step_batch(
+                e, &(struct kvt_gen_batch){ .sessions = &s, .n = 1, .smp = &greedy, .tok = &tok, .done = &done, .status = &st1 }),
+            0);
+    assert_int_equal(kvt_session_gen_end(s, NULL), 0);
+    assert_int_equal(kvt_session_park(s), 0);
+    assert_int_equal(kvt_session_resume(s, 0), 0);
+    assert_int_equal(kvt_session_sync(s, m, 3, &si), 0);
+    assert_true(si.tokens_decoded > 0);
+    m[2].content = "And one about the rivers.";
+    assert_int_equal(kvt_session_sync(s, m, 3, &si), 0);
+    assert_true(si.tokens_decoded > 0);
+    free(l0);
+    free(reply);
+    kvt_session_free(s);
+    kvt_engine_free(e);
+}
+
 /* A prompt tokenized once (kvt_session_prefill's tok, as a server passes the tokens it chose the
 ** session by): on the tiny model, Gemma 3 and SmolLM2 (three templates, three tokenizers), session
 ** B given the request's tokens holds exactly the stream of session A, which tokenizes every part
@@ -1289,6 +1461,7 @@ int main(void) {
         cmocka_unit_test(test_park_resume),
         cmocka_unit_test(test_real_independent),
         cmocka_unit_test(test_grammar),
+        cmocka_unit_test(test_server_path),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
