@@ -188,9 +188,9 @@ int kvt_engine_fingerprint(kvt_engine *eng, kvt_key *out /* OUT */);
 ** and layouts.  Writes at most n bytes (NUL included).  Cannot fail. */
 void kvt_engine_layout(const kvt_engine *eng, char *buf, size_t n);
 
-/* Tokenize UTF-8 text.  add_bos: prepend BOS if the model wants one; parse_special: treat
-** "<start_of_turn>" etc. as control tokens.  OUT *tokens (caller frees with free()), *n_tokens.
-** Errors: KVT_EINVAL (model has no tokenizer), KVT_ENOMEM. */
+/* Tokenize UTF-8 text.  add_bos: prepend BOS if the model wants one; parse_special: treat "<start_of_turn>"
+** etc. as control tokens (a text starting as a recent one reuses its tokens up to a control token: MANUAL.md).
+** OUT *tokens (caller frees with free()), *n_tokens.  Errors: KVT_EINVAL (model has no tokenizer), KVT_ENOMEM. */
 int kvt_tokenize(kvt_engine *eng, const char *text, bool add_bos, bool parse_special, kvt_token **tokens /* OUT */,
                  int32_t *n_tokens /* OUT */);
 

@@ -25,6 +25,16 @@ bool kvt_engine_shift_pending(const kvt_engine *eng);
 void kvt_engine_test_cell_pos_snapshot(kvt_engine *eng, bool on);
 int64_t kvt_engine_test_cell_pos_snapshots(const kvt_engine *eng);
 
+/* tests/unit/test_tokenize.c: kvt_tokenize's memo of recent tokenizations (src/engine/text.c).
+** mode 0: on (the default); 1: off, every text tokenized whole (the reference); 2: the unsafe
+** control that cuts after any token, not only after the control tokens llama.cpp cuts a text at;
+** 3: the unsafe control that skips the check for a special token's text across a cut.  The test
+** asserts that both controls give other tokens than the reference on its texts.  Empties the
+** memo.  Not thread-safe
+** with kvt_tokenize.  memo_tokens: tokens taken from the memo, over the engine's life. */
+void kvt_engine_test_tokenize_memo(kvt_engine *eng, int mode);
+int64_t kvt_engine_test_memo_tokens(const kvt_engine *eng);
+
 /* tests/unit/test_conversation.c: prompt tokens the session took from its caller's tokens
 ** (kvt_session_prefill's tok) instead of tokenizing them, over its life.  Cannot fail. */
 int64_t kvt_session_test_given_tokens(const kvt_session *s);

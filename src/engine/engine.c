@@ -357,6 +357,10 @@ int kvt_engine_open(const struct kvt_engine_params *params, kvt_engine **out) {
 
     kvt_engine *e = calloc(1, sizeof *e);
     if (!e) return kvt__fail(KVT_ENOMEM, "engine");
+    if (pthread_mutex_init(&e->memo_mu, NULL)) {
+        free(e);
+        return kvt__fail(KVT_ENOMEM, "engine lock");
+    }
     e->p = p;
     snprintf(e->model_path, sizeof e->model_path, "%s", p.model_path);
     e->p.model_path = e->model_path;
@@ -377,6 +381,7 @@ int kvt_engine_open(const struct kvt_engine_params *params, kvt_engine **out) {
     mp.n_gpu_layers = p.n_gpu_layers;
     e->model = llama_model_load_from_file(p.model_path, mp);
     if (!e->model) {
+        pthread_mutex_destroy(&e->memo_mu);
         free(e);
         return kvt__fail(KVT_EMODEL,
                          "llama.cpp could not load '%s' (%lld bytes): not a GGUF file, truncated, or an "
@@ -549,6 +554,8 @@ void kvt_engine_free(kvt_engine *e) {
     free(e->layer_part);
     free(e->layer_idx);
     free(e->logits);
+    kvt__engine_memo_free(e);
+    pthread_mutex_destroy(&e->memo_mu);
     free(e);
 }
 

@@ -23,6 +23,7 @@
 #include "ggml.h"
 #include "llama.h"
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -48,6 +49,21 @@ struct attn_cap {
     int32_t seq;
     kvt_pos *q_pos; /* [n_tok] */
     size_t cap_qpos;
+};
+
+/* One earlier tokenization the tokenizer's memo keeps (text.c): the text, its tokens, and the
+** cuts after its control tokens: cut_tok[j] tokens hold exactly the text's first cut_chr[j] bytes. */
+#define KVT__TOK_MEMO 8
+struct tok_memo {
+    char *text;
+    size_t len;
+    kvt_token *tok;
+    int32_t n;
+    bool add_bos;
+    int32_t *cut_tok;
+    size_t *cut_chr;
+    int32_t n_cut;
+    uint64_t used; /* the memo's clock at its last use; 0: empty */
 };
 
 struct kvt_engine {
@@ -113,7 +129,7 @@ struct kvt_engine {
         struct llama_sampler *dist; /* NULL: none yet */
         uint32_t seed;              /* the seed it was created with */
         int64_t next;               /* the draw it gives next */
-    } *rng;
+    } * rng;
     int32_t n_rng;
     /* the cell positions of one sequence and part (kvt__engine_cell_pos), kept while gen is unchanged */
     uint8_t *cp_buf;
@@ -122,18 +138,31 @@ struct kvt_engine {
     uint32_t cp_n, cp_cap_pos;
     int32_t cp_seq, cp_part;
     uint64_t cp_gen;
-    int64_t cp_snapshots; /* reads that fell back to a whole snapshot (test hook) */
+    int64_t cp_snapshots;   /* reads that fell back to a whole snapshot (test hook) */
     bool cp_force_snapshot; /* test hook: always the snapshot */
     /* last whole-sequence snapshot taken for attention mapping, reused while gen is unchanged */
     uint8_t *snap;
     size_t snap_n;
     uint64_t snap_gen;
     int32_t snap_seq;
+    /* the tokenizer's memo (text.c): kvt_tokenize may run on any thread, so under memo_mu */
+    pthread_mutex_t memo_mu;
+    struct tok_memo memo[KVT__TOK_MEMO];
+    uint64_t memo_clock;
+    int64_t memo_tokens; /* tokens taken from it instead of tokenized, over the engine's life */
+    int memo_mode;       /* test hook: 0 on, 1 off, 2 and 3 unsafe controls (test_hooks.h) */
+    /* the tokens llama.cpp cuts a text at before tokenizing (control, user-defined, unknown),
+    ** grouped by first byte: sp_text[sp_first[c] .. sp_first[c + 1]) start with byte c */
+    bool sp_built;
+    const char **sp_text;
+    uint32_t *sp_len;
+    int32_t sp_first[257];
+    uint32_t sp_max;
 };
 
 
 /* ---- engine.c ---- */
-extern bool kvt__engine_verbose; /* llama.cpp's log on stderr (kvt_engine_params.verbose) */
+extern bool kvt__engine_verbose;                   /* llama.cpp's log on stderr (kvt_engine_params.verbose) */
 extern _Thread_local bool kvt__engine_short_write; /* a state read into a short buffer on purpose:
                                                     ** llama.cpp's error about it is not printed */
 void kvt__engine_log_cb(enum ggml_log_level level, const char *text, void *ud);
@@ -148,6 +177,10 @@ int kvt__pm_reserve(struct posmap *m, kvt_pos p);
 int kvt__pm_set(struct posmap *m, kvt_pos p);
 void kvt__pm_clear(struct posmap *m, kvt_pos p0, kvt_pos p1);
 kvt_pos kvt__pm_max(const struct posmap *m);
+
+/* ---- text.c ---- */
+/* Frees the tokenizer's memo (kvt_engine_free). */
+void kvt__engine_memo_free(kvt_engine *e);
 
 /* ---- decode.c ---- */
 bool kvt__engine_seq_ok(const kvt_engine *e, int32_t seq); /* user and scratch sequence ids */

@@ -8,6 +8,10 @@
 **   mkmodel OUT.gguf gemma3 [N_SWA] [--no-tokenizer]  Gemma 3-style: NEOX RoPE, Q/K norm, sliding
 **                                                     window N_SWA (default 32) on 5 of 6 layers,
 **                                                     full attention on layer 5
+**   ... --specials                                    the tokenizer also has a control token
+**                                                     "<|e|>" and a user-defined "e|>\n\nUser:"
+**                                                     that overlaps its end (the tokenizer memo's
+**                                                     test: a special token across a cut)
 ** F32 weights, vocab 512, 6 layers, n_embd 128, head_dim 64.  Deterministic (fixed seed).
 **
 ** Tokenizer: a SentencePiece-style ("llama") vocabulary that llama.cpp accepts, so text can be
@@ -63,7 +67,7 @@ static void kv_f32(const char *arch, const char *k, float v) {
 
 /* ---- SPM vocabulary ---- */
 
-enum { TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_BYTE = 6 };
+enum { TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_USER_DEFINED = 4, TT_BYTE = 6 };
 
 /* Words whose prefixes (with the leading "▁") fill the vocabulary after the single characters,
 ** in order, until it is full. */
@@ -96,12 +100,18 @@ static void vocab_add(const char *t, int32_t type, int n_max) {
     n_tok++;
 }
 
+static int specials;
+
 static void add_tokenizer(int n_vocab) {
     static const char SP[] = "\xe2\x96\x81"; /* U+2581, SentencePiece's space */
     char buf[64];
     vocab_add("<unk>", TT_UNKNOWN, n_vocab);
     vocab_add("<s>", TT_CONTROL, n_vocab);
     vocab_add("</s>", TT_CONTROL, n_vocab);
+    if (specials) {
+        vocab_add("<|e|>", TT_CONTROL, n_vocab);
+        vocab_add("e|>\n\nUser:", TT_USER_DEFINED, n_vocab);
+    }
     for (int b = 0; b < 256; b++) {
         snprintf(buf, sizeof buf, "<0x%02X>", b); /* llama.cpp's byte-token spelling */
         vocab_add(buf, TT_BYTE, n_vocab);
@@ -150,12 +160,16 @@ int main(int argc, char **argv) {
         n_ctx_train = atoi(argv[argc - 1]);
         argc -= 2;
     }
+    if (argc > 3 && !strcmp(argv[argc - 1], "--specials")) {
+        specials = 1;
+        argc--;
+    }
     if (argc > 3 && !strcmp(argv[argc - 1], "--no-tokenizer")) {
         tokenizer = 0;
         argc--;
     }
     if (argc < 3 || argc > 4 || (strcmp(argv[2], "llama") && strcmp(argv[2], "gemma3")) || n_ctx_train < 16) {
-        fprintf(stderr, "usage: mkmodel OUT.gguf llama|gemma3 [n_swa] [--no-tokenizer] [--ctx-train N >= 16]\n");
+        fprintf(stderr, "usage: mkmodel OUT.gguf llama|gemma3 [n_swa] [--no-tokenizer] [--specials] [--ctx-train N >= 16]\n");
         return 2;
     }
     const char *out = argv[1], *arch = argv[2];
