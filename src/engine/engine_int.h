@@ -158,6 +158,7 @@ struct kvt_engine {
     uint32_t *sp_len;
     int32_t sp_first[257];
     uint32_t sp_max;
+    bool sp_lstrip; /* one of them strips whitespace to its left */
 };
 
 

@@ -4,6 +4,7 @@
 #include "fault.h"
 #include "test_hooks.h"
 
+#include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -47,15 +48,18 @@ static int tokenize_raw(const kvt_engine *e, const char *text, size_t len, bool 
 ** is the tokens of text[b, len) tokenized alone, provided that
 **   - no special token's text occurs across b in the new text (it is cut out before the
 **     control token when longer, and the pieces differ): sp_across checks every one;
-**   - the control token strips no whitespace around it (lstrip / rstrip attributes);
+**   - the control token strips no whitespace around it (lstrip / rstrip attributes), and where
+**     some special token strips whitespace to its left, the control token ends in none (that
+**     token, cut out first, would eat it across the cut);
 **   - the tokenizer appends nothing at the end (add_eos), and it is SPM or BPE (the two whose
 **     piece-by-piece tokenizing this reads; the others are tokenized whole).
-** The memo keeps the last KVT__TOK_MEMO texts of KVT__TOK_MEMO_MIN bytes or more with their
+** The memo keeps the last KVT__TOK_MEMO texts of KVT__TOK_MEMO_MIN to _MAX bytes with their
 ** tokens and cuts; a text found whole takes all its tokens (llama_tokenize is deterministic).
 ** tests/unit/test_tokenize.c compares every answer with llama_tokenize of the whole text, on the
 ** reference models and on a vocabulary built to have a special token across a cut, with two
 ** controls that break the rules on purpose. */
 #define KVT__TOK_MEMO_MIN 1024
+#define KVT__TOK_MEMO_MAX (2u << 20) /* bytes: the memo holds at most 8 such texts with their tokens */
 
 struct cuts {
     int32_t *tok;
@@ -131,6 +135,7 @@ static int sp_build(kvt_engine *e) {
         e->sp_text[i] = t;
         e->sp_len[i] = (uint32_t) strlen(t);
         e->sp_max = KVT_MAX(e->sp_max, e->sp_len[i]);
+        e->sp_lstrip |= (llama_vocab_get_attr(e->vocab, id) & LLAMA_TOKEN_ATTR_LSTRIP) != 0;
     }
     e->sp_built = true;
     return 0;
@@ -166,6 +171,9 @@ static int memo_cuts(const kvt_engine *e, const char *text, size_t len, const kv
         if (!cut && (a & LLAMA_TOKEN_ATTR_CONTROL) && !(a & (LLAMA_TOKEN_ATTR_LSTRIP | LLAMA_TOKEN_ATTR_RSTRIP))) {
             const char *vt = llama_vocab_get_text(e->vocab, tok[i]);
             cut = r > 0 && vt && strlen(vt) == (size_t) r && memcmp(vt, buf, (size_t) r) == 0;
+            /* a special token that strips whitespace to its left, cut out before this one, would
+            ** eat this one's trailing whitespace in the whole text but not in the rest alone */
+            cut = cut && !(e->sp_lstrip && isspace((unsigned char) buf[r - 1]));
         }
         if (cut && cuts_push(c, i + 1, at)) return KVT_ENOMEM;
     }
@@ -316,7 +324,7 @@ int kvt_tokenize(kvt_engine *e, const char *text, bool add_bos, bool parse_speci
     if (vt == LLAMA_VOCAB_TYPE_NONE) return kvt__fail(KVT_EINVAL, "model '%s' has no tokenizer", e->model_path);
     size_t len = strlen(text);
     if (len > INT32_MAX / 2) return kvt__fail(KVT_EINVAL, "text of %zu bytes is too long to tokenize", len);
-    if (parse_special && len >= KVT__TOK_MEMO_MIN && e->memo_mode != 1 &&
+    if (parse_special && len >= KVT__TOK_MEMO_MIN && len <= KVT__TOK_MEMO_MAX && e->memo_mode != 1 &&
         (vt == LLAMA_VOCAB_TYPE_SPM || vt == LLAMA_VOCAB_TYPE_BPE) && !(add_bos && llama_vocab_get_add_eos(e->vocab)))
         return memo_tokenize(e, text, len, add_bos, tokens, n_tokens);
     return tokenize_raw(e, text, len, add_bos, parse_special, tokens, n_tokens);
