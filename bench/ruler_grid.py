@@ -13,6 +13,14 @@ Progress goes to stdout, one line per unit with the elapsed time and an estimate
 OUT/commands.txt lists every invocation and its time.  bench/ruler_tables.py OUT turns the units
 into the tables and the follow-up plot.
 
+The archive: every finished unit is also written, without its context text (a case is reproducible
+from its seed and index), to ARCHIVE/<model>-<length>-<shape>-<task>-<case>.json, by default
+bench/ruler_units/seed<S>-ratio<R>/ in the source tree, which is committed: the grid is ~100-150 h
+of a 2-core machine, so it accumulates across machines and sessions.  A unit in the archive is done
+(run again with --rerun to replace it); bench/ruler_tables.py reads the archive as it reads OUT.  The
+default archive takes only the grid's own configuration (the default --policies and --max-tokens,
+the models smollm2 and gemma); any other run archives only where --archive names a directory.
+
 llama-server (the same vendored llama.cpp, `scripts/bootstrap.sh llama-server-path`) runs as two
 more methods on the same cases, through its OpenAI API with the model's own chat template, greedy:
 at kvtier's KV memory (`-c` = the budget, `--context-shift`) and at the full context (the ceiling).
@@ -75,15 +83,39 @@ def chat(port, messages, max_tokens):
         return "", str(e)[:200]
 
 
-def llama_pass(a, out, paths, units, unit_file):
-    """llama-server at the budget (--context-shift) and at full context on every done unit."""
+def write_atomic(path, obj):
+    """obj as JSON at path, whole or not at all (a temporary file renamed over it)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=None, separators=(",", ":"))
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def compact(d):
+    """A unit's JSON for the archive: everything but the context's text (cases_detail[].messages, the
+    bulk of the file: ~4.5 bytes per context token), which the case's seed and index reproduce."""
+    d = dict(d)
+    d["cases_detail"] = [{k: v for k, v in c.items() if k != "messages"} for c in d.get("cases_detail", [])]
+    return d
+
+
+def llama_pass(a, out, paths, units, unit_file, archive):
+    """llama-server at the budget (--context-shift) and at full context on every done unit that has
+    its text here (units only in the archive have none: they are counted and skipped)."""
     binary = subprocess.run([os.path.join(ROOT, "scripts/bootstrap.sh"), "llama-server-path"], capture_output=True,
                             text=True).stdout.strip()
     if not binary or not os.path.exists(binary):
         print("ruler_grid: no llama-server (scripts/bootstrap.sh llama-server); its pass is skipped", flush=True)
         return 0
-    todo = [u for u in units if not os.path.exists(unit_file(u)[:-5] + ".llama.json")]
-    print(f"ruler_grid: llama-server pass over {len(todo)} units", flush=True)
+    def llama_done(u):
+        name = os.path.basename(unit_file(u))[:-5] + ".llama.json"
+        return os.path.exists(unit_file(u)[:-5] + ".llama.json") or (archive and os.path.exists(os.path.join(archive, name)))
+    todo = [u for u in units if not llama_done(u) and os.path.exists(unit_file(u))]
+    no_text = sum(1 for u in units if not llama_done(u) and not os.path.exists(unit_file(u)))
+    print(f"ruler_grid: llama-server pass over {len(todo)} units"
+          + (f" ({no_text} archived units without llama-server's rows have no text here: --rerun runs them again)"
+             if no_text else ""), flush=True)
     failed = 0
     t_start = time.time()
     for i, u in enumerate(todo):
@@ -129,6 +161,8 @@ def llama_pass(a, out, paths, units, unit_file):
         with open(unit_file(u)[:-5] + ".llama.json.tmp", "w") as f:
             json.dump({"rows": rows}, f)
         os.replace(unit_file(u)[:-5] + ".llama.json.tmp", unit_file(u)[:-5] + ".llama.json")
+        if archive:
+            write_atomic(os.path.join(archive, os.path.basename(unit_file(u))[:-5] + ".llama.json"), {"rows": rows})
         el = time.time() - t_start
         print(f"[llama {i + 1}/{len(todo)}] {m} {L} {shape} {t} case {case}: "
               + " ".join(f"{r['policy']} q{r['item'] + 1} {r['refs_hit']}/{r['refs']}{' (' + r['http_error'][:60] + ')' if r['http_error'] else ''}"
@@ -153,14 +187,20 @@ def main():
     ap.add_argument("--llama-server", action="store_true", help="also run llama-server at the budget and at full context")
     ap.add_argument("--no-kvtier", action="store_true", help="with --llama-server: only the llama-server pass")
     ap.add_argument("--dry-run", action="store_true", help="list the units and how many are done, run nothing")
+    ap.add_argument("--archive", default=None,
+                    help="archive directory (default bench/ruler_units/seed<S>-ratio<R> for the grid's own configuration)")
+    ap.add_argument("--no-archive", action="store_true", help="neither read nor write an archive")
+    ap.add_argument("--rerun", action="store_true", help="run archived units again (their archive files are replaced)")
     a = ap.parse_args()
     out = a.out or os.path.join(ROOT, "results", time.strftime("ruler-%Y%m%d-%H%M%S", time.gmtime()))
     os.makedirs(os.path.join(out, "units"), exist_ok=True)
     paths = env_models()
     names = []
+    custom = False
     for spec in a.models.split(","):  # NAME, or NAME=PATH for any GGUF
         name, _, path = spec.partition("=")
         if path:
+            custom = True
             paths[name] = path
             LENGTHS.setdefault(name, [2048, 4096, 8192])
         names.append(name)
@@ -184,10 +224,27 @@ def main():
     def unit_file(u):
         m, L, shape, t, case = u
         return os.path.join(out, "units", f"{m}-{L}-{shape}-{t}-{case:03d}.json")
-    todo = [] if a.no_kvtier else [u for u in units if not os.path.exists(unit_file(u))]
-    n_done = sum(1 for u in units if os.path.exists(unit_file(u)))
+    archive = None
+    standard = a.policies == POLICIES and not a.max_tokens and not custom
+    if not a.no_archive and (a.archive or standard):
+        archive = a.archive or os.path.join(ROOT, "bench", "ruler_units", f"seed{a.seed}-ratio{a.ratio}")
+        os.makedirs(archive, exist_ok=True)
+    def archived(u):
+        return archive is not None and os.path.exists(os.path.join(archive, os.path.basename(unit_file(u))))
+    def done(u):
+        return os.path.exists(unit_file(u)) or (archived(u) and not a.rerun)
+    if archive:  # units done here before the archive existed (or its write failed) go there now
+        for u in units:
+            for ext in (".json", ".llama.json"):
+                src, dst = unit_file(u)[:-5] + ext, os.path.join(archive, os.path.basename(unit_file(u))[:-5] + ext)
+                if os.path.exists(src) and not os.path.exists(dst):
+                    write_atomic(dst, compact(json.load(open(src))))
+    todo = [] if a.no_kvtier else [u for u in units if not done(u)]
+    n_done = sum(1 for u in units if done(u))
+    n_arch = sum(1 for u in units if archived(u) and not os.path.exists(unit_file(u)))
     print(f"ruler_grid: {len(units)} units, {n_done} done, {len(todo)} to run"
-          + (" (--no-kvtier: the llama-server pass only)" if a.no_kvtier else "") + f"; results in {out}", flush=True)
+          + (" (--no-kvtier: the llama-server pass only)" if a.no_kvtier else "") + f"; results in {out}"
+          + (f"; archive {archive} ({n_arch} units there only)" if archive else "; no archive"), flush=True)
     if a.dry_run:
         return 0
     with open(os.path.join(out, "grid.json"), "w") as f:
@@ -219,6 +276,8 @@ def main():
             continue
         os.replace(os.path.join(tmp, files[0]), unit_file(u))  # atomic: a unit is done or not
         d = json.load(open(unit_file(u)))
+        if archive:
+            write_atomic(os.path.join(archive, os.path.basename(unit_file(u))), compact(d))
         score = {}
         for r in d["rows"]:
             s = score.setdefault(r["policy"], [0, 0])
@@ -231,7 +290,7 @@ def main():
               + f" | elapsed {el / 60:.0f} min, left ~{eta / 60:.0f} min", flush=True)
     subprocess.run(["rm", "-rf", os.path.join(out, "running")])
     if a.llama_server:
-        failed += llama_pass(a, out, paths, [u for u in units if os.path.exists(unit_file(u))], unit_file)
+        failed += llama_pass(a, out, paths, [u for u in units if done(u)], unit_file, archive)
     print(f"ruler_grid: done ({failed} failed units); tables: bench/ruler_tables.py {out}", flush=True)
     return 1 if failed else 0
 

@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """bench/ruler_tables.py — the tables and the follow-up plot of a RULER grid (bench/ruler_grid.py).
 
-Usage: bench/ruler_tables.py OUT [--plot docs/ruler_followup.png] [--json]
+Usage: bench/ruler_tables.py DIR [DIR ...] [--plot docs/ruler_followup.png] [--json]
 
-Reads OUT/units/*.json (one case of one cell each) and prints, per model x length x shape:
+Reads the units (one case of one cell each) of every DIR: a grid's OUT (OUT/units/*.json) or an
+archive (bench/ruler_units/seed1-ratio4: DIR/*.json, the units without their text); a unit in
+several is read from the first DIR that has it.  Prints, per model x length x shape:
   - per task and method: RULER's score (references found / references, string_match_all) with a
     Wilson 95 % interval over the references, and the mean teacher-forced log-probability of the
     reference answer paired with no_eviction on the same cases (nats, higher is better);
@@ -39,22 +41,30 @@ def wilson(k, n, z=1.96):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("out")
+    ap.add_argument("dirs", nargs="+", metavar="DIR")
     ap.add_argument("--plot", default=None, help="write the follow-up plot (PNG, gnuplot) here")
     ap.add_argument("--json", action="store_true", help="also print the aggregates as one JSON object")
     a = ap.parse_args()
-    units = sorted(glob.glob(os.path.join(a.out, "units", "*.json")))
+    seen = {}
+    for d in a.dirs:
+        where = os.path.join(d, "units") if os.path.isdir(os.path.join(d, "units")) else d
+        for f in sorted(glob.glob(os.path.join(where, "*.json"))):
+            if not f.endswith(".llama.json"):
+                seen.setdefault(os.path.basename(f), f)
+    units = [seen[k] for k in sorted(seen)]
     if not units:
-        sys.exit(f"ruler_tables: no units under {a.out}/units")
+        sys.exit(f"ruler_tables: no units under {', '.join(a.dirs)}")
+    a.out = " + ".join(a.dirs)
     cells = collections.defaultdict(lambda: collections.defaultdict(list))  # (model, L, shape) -> task -> rows
     stamp = None
+    runs = collections.Counter()  # (kvtier commit, llama.cpp, machine, threads) -> units
     budget = {}
-    units = [f for f in units if not f.endswith(".llama.json")]
     for f in units:
         base = os.path.basename(f)[:-5]
         model, L, shape, task, case = base.rsplit("-", 4)[0], *base.rsplit("-", 4)[1:]
         d = json.load(open(f))
         stamp = stamp or {k: d[k] for k in ("model", "llama_cpp", "commit", "date", "machine", "threads", "budget", "context")}
+        runs[(d["commit"], d["llama_cpp"], d["machine"], d["threads"])] += 1
         budget[(model, int(L), shape)] = d["budget"]
         rows = d["rows"]
         if os.path.exists(f[:-5] + ".llama.json"):  # llama-server's rows on the same case (score only)
@@ -65,6 +75,11 @@ def main():
             cells[(model, int(L), shape)][task].append(dict(r, case=int(case)))
     print(f"# RULER grid from {a.out}: {len(units)} units; first stamp: {stamp['model']}, {stamp['llama_cpp']}, kvtier "
           f"{stamp['commit']}, {stamp['date']}, {stamp['machine']}, {stamp['threads']} threads\n")
+    if len(runs) > 1:
+        print("units by kvtier commit, llama.cpp, machine, threads:\n")
+        for (commit, lc, machine, th), n in sorted(runs.items()):
+            print(f"- {n} units: kvtier {commit}, llama.cpp {lc}, {machine}, {th} threads")
+        print()
     agg = {}
     for (model, L, shape), tasks in sorted(cells.items()):
         methods = []

@@ -4,7 +4,10 @@
 # runner and its kvtier) once its first unit is done; started again with the same directory it
 # runs only what is missing (the done units' files are not rewritten, the killed unit runs again),
 # and ends with every unit.  Control: a fresh directory runs everything.  bench/ruler_tables.py
-# then prints every cell with 2 cases per task and the follow-up curve.
+# then prints every cell with 2 cases per task and the follow-up curve.  The archive (--archive):
+# every unit is there without its context text; a fresh directory with the same archive has
+# nothing to run and the tables read from the archive are those read from the grid's directory;
+# controls: without the archive, with --rerun, or with one archived unit removed, it runs again.
 set -u
 . "$(dirname "$0")/lib.sh"
 t_need_essays
@@ -13,7 +16,8 @@ TINY=${KVT_TINY_DIR:?KVT_TINY_DIR is not set}/tiny-llama.gguf
 t_init cli-ruler-grid
 SRC=${KVT_SOURCE_DIR:?KVT_SOURCE_DIR is not set}
 GRID=(python3 "$SRC/bench/ruler_grid.py" --bin "$BIN" --models "tiny=$TINY" --lengths 2048 --shapes prompt,followup
-      --tasks niah_single_1,niah_single_2 --cases 2 --policies no_eviction,kvtier --threads 1 --max-tokens 4)
+      --tasks niah_single_1,niah_single_2 --cases 2 --policies no_eviction,kvtier --threads 1 --max-tokens 4
+      --archive "$TMP/arch")
 OUT=$TMP/grid
 
 setsid "${GRID[@]}" --out "$OUT" >"$TMP/first.log" 2>&1 &
@@ -41,14 +45,40 @@ done <"$TMP/before.txt"
 [ $unchanged = 1 ] && ok "the units done before the kill were not run again" || bad "a unit done before the kill was rewritten"
 [ -d "$OUT/running" ] && bad "the scratch directory is left behind" || ok "no scratch directory left"
 
-"${GRID[@]}" --out "$TMP/fresh" --dry-run >"$TMP/dry.log" 2>&1
+"${GRID[@]}" --out "$TMP/fresh" --no-archive --dry-run >"$TMP/dry.log" 2>&1
 grep -q "8 units, 0 done, 8 to run" "$TMP/dry.log" && ok "control: a fresh directory has everything to run" || bad "control: $(cat "$TMP/dry.log")"
+
+# the archive: the units without their text, enough to resume from and to make the tables
+n=$(ls "$TMP/arch" | grep -v '\.llama\.json$' | grep -c '\.json$')
+[ "$n" = 8 ] && ok "8 units archived" || bad "$n units archived: $(ls "$TMP/arch")"
+python3 - "$OUT/units" "$TMP/arch" <<'PY' && ok "archived units are the grid's without the context text" || bad "archived units differ"
+import json, os, sys
+for f in sorted(os.listdir(sys.argv[1])):
+    a, b = json.load(open(os.path.join(sys.argv[1], f))), json.load(open(os.path.join(sys.argv[2], f)))
+    assert all("messages" in c for c in a["cases_detail"]) and not any("messages" in c for c in b["cases_detail"]), f
+    assert a["rows"] == b["rows"] and a["commit"] == b["commit"], f
+    assert [{k: v for k, v in c.items() if k != "messages"} for c in a["cases_detail"]] == b["cases_detail"], f
+PY
+"${GRID[@]}" --out "$TMP/fresh" --dry-run >"$TMP/dry2.log" 2>&1
+grep -q "8 units, 8 done, 0 to run" "$TMP/dry2.log" && ok "a fresh directory with the archive has nothing to run" \
+    || bad "fresh directory with the archive: $(cat "$TMP/dry2.log")"
+"${GRID[@]}" --out "$TMP/fresh" --rerun --dry-run >"$TMP/dry3.log" 2>&1
+grep -q "8 units, 0 done, 8 to run" "$TMP/dry3.log" && ok "control: --rerun runs the archived units again" || bad "--rerun: $(cat "$TMP/dry3.log")"
+mkdir -p "$TMP/arch2" && cp "$TMP/arch"/*.json "$TMP/arch2"/ && rm "$TMP/arch2/tiny-2048-prompt-niah_single_2-002.json"
+"${GRID[@]}" --out "$TMP/fresh" --archive "$TMP/arch2" --dry-run >"$TMP/dry4.log" 2>&1
+grep -q "8 units, 7 done, 1 to run" "$TMP/dry4.log" && ok "control: a unit missing from the archive runs" || bad "arch2: $(cat "$TMP/dry4.log")"
+ls "$SRC/bench/ruler_units" 2>/dev/null | grep -q '^tiny\|tiny-' && bad "a tiny-model unit went into the source tree's archive" \
+    || ok "the default archive takes only the grid's own configuration"
 
 if python3 "$SRC/bench/ruler_tables.py" "$OUT" --plot "$TMP/fu.png" >"$TMP/tables.txt" 2>&1; then ok "ruler_tables.py ran"; else bad "ruler_tables.py: $(tail -3 "$TMP/tables.txt")"; fi
 grep -c "^| niah_single_1 \|^| niah_single_2 " "$TMP/tables.txt" | grep -qx 4 && ok "both tasks in both shapes' tables" || bad "tables: $(head -30 "$TMP/tables.txt")"
 grep -q "shape prompt (2-2 cases per task)" "$TMP/tables.txt" && grep -q "shape followup (2-2 cases per task)" "$TMP/tables.txt" \
     && ok "2 cases per task in each shape" || bad "cases per task: $(grep '^## ' "$TMP/tables.txt")"
 grep -q "^| kvtier+store |" "$TMP/tables.txt" && ok "the follow-up curve has kvtier+store" || bad "no kvtier+store row in the follow-up curve"
+python3 "$SRC/bench/ruler_tables.py" "$TMP/arch" >"$TMP/tables_arch.txt" 2>&1
+tables_body() { tail -n +2 "$1" | grep -v '^plot'; }
+diff <(tables_body "$TMP/tables.txt") <(tables_body "$TMP/tables_arch.txt") >/dev/null && ok "the tables from the archive are the grid's" \
+    || bad "tables from the archive differ: $(diff <(tables_body "$TMP/tables.txt") <(tables_body "$TMP/tables_arch.txt") | head -5)"
 if command -v gnuplot >/dev/null 2>&1; then
     [ -s "$TMP/fu.png" ] && ok "the follow-up plot was written" || bad "no follow-up plot"
 fi
