@@ -13,7 +13,10 @@ several is read from the first DIR that has it.  Prints, per model x length x sh
     budget: kvtier >= 0.95 x no eviction, and >= the best of SnapKV / H2O / StreamingLLM + 10
     points (on the score; and on the paired log-probability, which ranks methods when greedy
     scores are near zero);
-  - for the followup shape: the score by query index (1..5) per method, and the plot of it.
+  - for the followup shape: the score by query index (1..5) per method, and the plot of it; the
+    paired log-probability by query index; and how many replies to query q repeat a value of the
+    same method's reply to query q-1 that is not one of q's references (the model copying its
+    previous answer instead of reading the context).
 Everything is computed from the unit files; nothing is tuned per task.
 """
 import argparse
@@ -22,10 +25,12 @@ import glob
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
 
+VALUE = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b|\b\d{5,}\b|\b[A-Z]{5}\b")
 COLORS = ["#000000", "#e69f00", "#56b4e9", "#009e73", "#f0e442", "#0072b2", "#d55e00", "#cc79a7", "#999999", "#7f3fbf"]
 
 
@@ -69,10 +74,12 @@ def main():
         rows = d["rows"]
         if os.path.exists(f[:-5] + ".llama.json"):  # llama-server's rows on the same case (score only)
             rows = rows + json.load(open(f[:-5] + ".llama.json"))["rows"]
+        facts = d["cases_detail"][0]["facts"] if d.get("cases_detail") else []
         for r in rows:
             if r["error"]:
                 continue
-            cells[(model, int(L), shape)][task].append(dict(r, case=int(case)))
+            refs = facts[r["item"]].get("refs") if r["item"] < len(facts) else None  # query q asks facts[q]
+            cells[(model, int(L), shape)][task].append(dict(r, case=int(case), refs_text=refs))
     print(f"# RULER grid from {a.out}: {len(units)} units; first stamp: {stamp['model']}, {stamp['llama_cpp']}, kvtier "
           f"{stamp['commit']}, {stamp['date']}, {stamp['machine']}, {stamp['threads']} threads\n")
     if len(runs) > 1:
@@ -81,6 +88,7 @@ def main():
             print(f"- {n} units: kvtier {commit}, llama.cpp {lc}, {machine}, {th} threads")
         print()
     agg = {}
+    agg_repeat = {}
     for (model, L, shape), tasks in sorted(cells.items()):
         methods = []
         for rows in tasks.values():
@@ -133,17 +141,67 @@ def main():
             print("score by query index (1 = the query that came with the context):\n")
             print("| method | " + " | ".join(f"q{i + 1}" for i in range(5)) + " | q2-5 minus q1 |")
             print("|---|" + "---|" * 6)
+            ref = {(t, r["case"], r["item"]): r["answer_logprob"] for t in tasks for r in tasks[t] if r["policy"] == "no_eviction"}
+            dlpq = {}
             for m in methods:
-                v = []
+                v, dl = [], []
                 for q in range(5):
                     mr = [r for t in tasks for r in tasks[t] if r["policy"] == m and r["item"] == q]
                     k, n = sum(r["refs_hit"] for r in mr), sum(r["refs"] for r in mr)
                     v.append((k / n if n else float("nan"), *wilson(k, n)))
+                    d = [r["answer_logprob"] - ref[(t, r["case"], q)] for t in tasks for r in tasks[t]
+                         if r["policy"] == m and r["item"] == q and r["answer_logprob"] is not None and (t, r["case"], q) in ref]
+                    dl.append(sum(d) / len(d) if d else float("nan"))
                 byq[m] = v
+                dlpq[m] = dl
                 later = sum(x[0] for x in v[1:]) / 4
                 print(f"| {m} | " + " | ".join(f"{x[0]:.2f} [{x[1]:.2f}, {x[2]:.2f}]" for x in v) + f" | {100 * (later - v[0][0]):+.1f} |")
+            print("\nthe same by query index on the paired log-probability of the reference answer (minus no_eviction's on "
+                  "the same query, nats; higher is better):\n")
+            print("| method | " + " | ".join(f"q{i + 1}" for i in range(5)) + " | q2-5 minus q1 |")
+            print("|---|" + "---|" * 6)
+            for m in methods:
+                dl = dlpq[m]
+                if m == "no_eviction" or all(x != x for x in dl):
+                    continue
+                later = [x for x in dl[1:] if x == x]
+                print(f"| {m} | " + " | ".join(f"{x:+.1f}" if x == x else "-" for x in dl)
+                      + (f" | {sum(later) / len(later) - dl[0]:+.1f} |" if later and dl[0] == dl[0] else " | - |"))
+            # a reply to query q that repeats a value of the reply to query q-1 which is not one of
+            # q's references: the model copying its previous answer instead of reading the context
+            refs_of, reply_of = {}, {}
+            for t in tasks:
+                for r in tasks[t]:
+                    if r.get("refs_text") is not None:
+                        refs_of[(t, r["case"], r["item"])] = r["refs_text"]
+                    reply_of[(t, r["policy"], r["case"], r["item"])] = r.get("reply") or ""
+            if refs_of:
+                print("\nreplies to query q that repeat a value (a number of 5+ digits, a UUID, a variable name) of the "
+                      "same method's reply to query q-1 that is not one of q's references:\n")
+                print("| method | " + " | ".join(f"q{i + 1}" for i in range(1, 5)) + " | all |")
+                print("|---|" + "---|" * 5)
+                rep = {}
+                for m in methods:
+                    cnt = []
+                    for q in range(1, 5):
+                        k = n = 0
+                        for t in tasks:
+                            for r in tasks[t]:
+                                own = refs_of.get((t, r["case"], q))
+                                prev = reply_of.get((t, m, r["case"], q - 1))
+                                if r["policy"] != m or r["item"] != q or prev is None or own is None:
+                                    continue
+                                n += 1
+                                said = set(VALUE.findall(r.get("reply") or "")) & set(VALUE.findall(prev))
+                                k += bool(said - {x for x in own})
+                        cnt.append((k, n))
+                    rep[m] = cnt
+                    tk, tn = sum(k for k, _ in cnt), sum(n for _, n in cnt)
+                    print(f"| {m} | " + " | ".join(f"{k}/{n}" for k, n in cnt) + f" | {tk}/{tn} |")
+                agg_repeat[f"{model}-{L}-{shape}"] = rep
             print()
         agg[f"{model}-{L}-{shape}"] = {"per_task": per_task, "mean": mean, "mean_dlp": mdlp, "by_query": byq,
+                                       "by_query_dlp": dlpq if shape == "followup" else {},
                                        "cases": ncases}
     if a.plot:
         fu = {k: v for k, v in agg.items() if v["by_query"]}
@@ -163,6 +221,8 @@ def main():
             r = subprocess.run(["gnuplot"], input=gp, text=True, capture_output=True)
             print(f"plot: {a.plot}" if r.returncode == 0 else f"plot failed: {r.stderr}")
     if a.json:
+        for k, v in agg_repeat.items():
+            agg[k]["repeats_previous"] = v
         print(json.dumps(agg))
     return 0
 

@@ -75,6 +75,23 @@ grep -c "^| niah_single_1 \|^| niah_single_2 " "$TMP/tables.txt" | grep -qx 4 &&
 grep -q "shape prompt (2-2 cases per task)" "$TMP/tables.txt" && grep -q "shape followup (2-2 cases per task)" "$TMP/tables.txt" \
     && ok "2 cases per task in each shape" || bad "cases per task: $(grep '^## ' "$TMP/tables.txt")"
 grep -q "^| kvtier+store |" "$TMP/tables.txt" && ok "the follow-up curve has kvtier+store" || bad "no kvtier+store row in the follow-up curve"
+grep -q "^replies to query q that repeat a value" "$TMP/tables.txt" && grep -q "^the same by query index on the paired log-probability" "$TMP/tables.txt" \
+    && ok "the follow-up tables: repeated answers and the paired log-probability by query index" || bad "follow-up tables missing"
+# the repeat count on a unit made for it: method copy answers query 2 with query 1's number, method
+# own with query 2's reference (which query 1's reply also named: a reference is never a repeat)
+mkdir -p "$TMP/rep"
+python3 - "$TMP/rep/m-2048-followup-niah_single_1-001.json" <<'PY'
+import json, sys
+row = lambda m, q, reply, hit: {"policy": m, "item": q, "refs": 1, "refs_hit": hit, "error": False, "answer_logprob": -1.0, "reply": reply}
+json.dump({"model": "m", "llama_cpp": "x", "commit": "c", "date": "d", "machine": "h", "threads": 1, "budget": 512, "context": 2048,
+           "cases_detail": [{"facts": [{"refs": ["1111111"]}, {"refs": ["2222222"]}]}],
+           "rows": [row("no_eviction", 0, "It is 1111111.", 1), row("no_eviction", 1, "It is 2222222.", 1),
+                    row("copy", 0, "It is 1111111.", 1), row("copy", 1, "It is 1111111.", 0),
+                    row("own", 0, "1111111 and 2222222", 1), row("own", 1, "It is 2222222.", 1)]}, open(sys.argv[1], "w"))
+PY
+python3 "$SRC/bench/ruler_tables.py" "$TMP/rep" >"$TMP/rep.txt" 2>&1
+grep -q "^| copy | 1/1 | 0/0 | 0/0 | 0/0 | 1/1 |" "$TMP/rep.txt" && grep -q "^| own | 0/1 | 0/0 | 0/0 | 0/0 | 0/1 |" "$TMP/rep.txt" \
+    && ok "a reply repeating the previous answer is counted, one naming its own reference is not" || bad "repeat count: $(grep '^| copy\|^| own' "$TMP/rep.txt")"
 python3 "$SRC/bench/ruler_tables.py" "$TMP/arch" >"$TMP/tables_arch.txt" 2>&1
 tables_body() { tail -n +2 "$1" | grep -v '^plot'; }
 diff <(tables_body "$TMP/tables.txt") <(tables_body "$TMP/tables_arch.txt") >/dev/null && ok "the tables from the archive are the grid's" \
