@@ -365,7 +365,13 @@ def _(api):
                "seed": s}, msgs=two, n=80)[1] for s in (1, 2, 3, 4)]
     f = [chat({"tools": WEATHER + [TIME], "tool_choice": "required", "parallel_tool_calls": False, "temperature": 1.0,
                "seed": s}, msgs=two, n=80)[1] for s in (1, 2, 3, 4)]
-    return all(many(b) == 1 for b in f) and all(many(b) >= 1 for b in t), f"true {[many(b) for b in t]} false {[many(b) for b in f]}"
+    # a sampled reply may run out of its 80 tokens inside a call (finish_reason "length"): judged on
+    # the replies that finished
+    fin = lambda b: b["choices"][0].get("finish_reason") != "length"  # noqa: E731
+    fd, td = [b for b in f if fin(b)], [b for b in t if fin(b)]
+    return (all(many(b) <= 1 for b in f) and len(fd) >= 2 and len(td) >= 2 and all(many(b) == 1 for b in fd)
+            and all(many(b) >= 1 for b in td)), \
+        f"true {[(many(b), b['choices'][0].get('finish_reason')) for b in t]} false {[(many(b), b['choices'][0].get('finish_reason')) for b in f]}"
 
 
 @oa("response_format", "chat")
@@ -545,7 +551,11 @@ def _():
     n = lambda b: sum(i["type"] == "function_call" for i in b["output"])  # noqa: E731
     f = [resp({"tools": RT2, "tool_choice": "required", "parallel_tool_calls": False, "temperature": 1.0, "seed": s},
               inp="What are the weather and the time in Paris? Call both tools.", n=80)[1] for s in (1, 2, 3, 4)]
-    return all(n(b) == 1 for b in f), str([n(b) for b in f])
+    # a sampled reply may run out of its 80 tokens inside its call (status "incomplete", no call
+    # parsed): the field is judged on the replies that completed, never more than one call
+    done = [b for b in f if b.get("status") == "completed"]
+    return (all(n(b) <= 1 for b in f) and len(done) >= 2 and all(n(b) == 1 for b in done),
+            str([(n(b), b.get("status")) for b in f]))
 
 
 @rs("text")
