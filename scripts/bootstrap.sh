@@ -20,7 +20,8 @@
 #   server-suite - llama.cpp's server tests (tools/server/tests of the vendored tree) and a venv
 #           with their requirements.txt; prints the tests' directory (bench/llama_server_suite.sh)
 #   cpu   - print the CPU feature line (what was probed, what the build keeps) and the cache key
-#   cuda-toolchain - only the CUDA toolchain from PyPI (below), unpacked into one toolkit tree
+#   cuda-toolchain - only the CUDA toolchain from PyPI (below), unpacked into one toolkit tree; its
+#           root (bin/nvcc, include/, lib/) printed by `cuda-home`
 #
 # GPU backends (KVTIER_BACKEND=cpu|vulkan|cuda, default cpu). llama.cpp is built with the CPU
 # backend plus the chosen one, each in its own cached prefix (the CPU key + "-vulkan"/"-cuda"):
@@ -671,11 +672,12 @@ case "${1:-all}" in
   llama-server-path) cpu_detect_quiet; echo "$LLAMA_SERVER"; exit 0 ;;
   cpu)   cpu_detect_quiet; echo "$CPU_LINE"; echo "CPU_KEY=$CPU_KEY"; echo "LLAMA_CFLAGS=$CPU_ISA_FLAGS"; echo "CPU_SUMMARY=$CPU_SUMMARY"; exit 0 ;;
   cuda-toolchain) do_cuda_toolchain ;;
+  cuda-home) echo "$CUDA_HOME"; exit 0 ;;
   vulkan-headers) do_vulkan_headers; exit 0 ;;
   pyclient-path) echo "$VENV/bin/python"; exit 0 ;;
   all)   do_deps; do_llama; do_model; do_chat_model ;;
   env)   cpu_detect_quiet ;;
-  *) die "unknown step '${1}': use deps, llama, model, pyclient, llama-server, server-suite, cpu, cuda-toolchain, vulkan-headers, all or env" ;;
+  *) die "unknown step '${1}': use deps, llama, model, pyclient, llama-server, server-suite, cpu, cuda-toolchain, cuda-home, vulkan-headers, all or env" ;;
 esac
 if [ "${1:-all}" = env ]; then
   echo "LLAMA_PREFIX=$LLAMA_PREFIX"
