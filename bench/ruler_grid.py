@@ -158,9 +158,7 @@ def llama_pass(a, out, paths, units, unit_file, archive):
                 srv.terminate()
                 srv.wait()
                 log.close()
-        with open(unit_file(u)[:-5] + ".llama.json.tmp", "w") as f:
-            json.dump({"rows": rows}, f)
-        os.replace(unit_file(u)[:-5] + ".llama.json.tmp", unit_file(u)[:-5] + ".llama.json")
+        write_atomic(unit_file(u)[:-5] + ".llama.json", {"rows": rows})
         if archive:
             write_atomic(os.path.join(archive, os.path.basename(unit_file(u))[:-5] + ".llama.json"), {"rows": rows})
         el = time.time() - t_start
