@@ -88,10 +88,11 @@ pack() {
 }
 
 prebuild() {
-    local b=${PREBUILD_DIR:-$SRC/build-cuda-llama} ch
+    local b=${PREBUILD_DIR:-$SRC/build-cuda-llama} ch commit
     eval "$("$SRC/scripts/bootstrap.sh" env)"
     KVTIER_BACKEND=cuda "$SRC/scripts/bootstrap.sh" cuda-toolchain || return 1
     ch=$("$SRC/scripts/bootstrap.sh" cuda-home)
+    commit=$(sed -n 's/^LLAMA_COMMIT=\([0-9a-f]*\).*/\1/p' "$SRC/scripts/bootstrap.sh")
     say "prebuild: llama.cpp $(cd "$LLAMA_PREFIX/../../src" && pwd) with ggml-cuda (archs $CUDA_ARCHS) into $b"
     # GGML_CUDA_NO_VMM as scripts/bootstrap.sh's CUDA build: no link against the driver's libcuda.so,
     # which only a machine with the driver has; x86-64-v3 for the CPU code, which any device host runs
@@ -100,7 +101,7 @@ prebuild() {
         "-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCHS" -DGGML_CUDA_NO_VMM=ON -DGGML_CUDA_NCCL=OFF \
         -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF \
-        -DLLAMA_OPENSSL=OFF -DGGML_CCACHE=OFF -DLLAMA_BUILD_COMMIT="$(sed -n 's/^LLAMA_COMMIT=\([0-9a-f]*\).*/\1/p' "$SRC/scripts/bootstrap.sh")" -DLLAMA_BUILD_NUMBER=0 \
+        -DLLAMA_OPENSSL=OFF -DGGML_CCACHE=OFF -DLLAMA_BUILD_COMMIT="$commit" -DLLAMA_BUILD_NUMBER=0 \
         >"$b.configure.txt" 2>&1 || { tail -20 "$b.configure.txt"; return 1; }
     cmake --build "$b" --target llama llama-server -j "$(nproc)" >"$b.build.txt" 2>&1 \
         || { tail -30 "$b.build.txt"; return 1; }
