@@ -88,7 +88,8 @@ pack() {
 }
 
 prebuild() {
-    local b=${PREBUILD_DIR:-$SRC/build-cuda-llama} ch commit
+    local b=${PREBUILD_DIR:-$SRC/build-cuda-llama} ch commit gen=()
+    command -v ninja >/dev/null && gen=(-G Ninja) # else CMake's default, make
     eval "$("$SRC/scripts/bootstrap.sh" env)"
     KVTIER_BACKEND=cuda "$SRC/scripts/bootstrap.sh" cuda-toolchain || return 1
     ch=$("$SRC/scripts/bootstrap.sh" cuda-home)
@@ -96,7 +97,7 @@ prebuild() {
     say "prebuild: llama.cpp $(cd "$LLAMA_PREFIX/../../src" && pwd) with ggml-cuda (archs $CUDA_ARCHS) into $b"
     # GGML_CUDA_NO_VMM as scripts/bootstrap.sh's CUDA build: no link against the driver's libcuda.so,
     # which only a machine with the driver has; x86-64-v3 for the CPU code, which any device host runs
-    cmake -S "$LLAMA_PREFIX/../../src" -B "$b" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+    cmake -S "$LLAMA_PREFIX/../../src" -B "$b" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
         -DGGML_CUDA=ON "-DCMAKE_CUDA_COMPILER=$ch/bin/nvcc" "-DCUDAToolkit_ROOT=$ch" \
         "-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCHS" -DGGML_CUDA_NO_VMM=ON -DGGML_CUDA_NCCL=OFF \
         -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
