@@ -39,6 +39,11 @@ int64_t kvt_engine_test_memo_tokens(const kvt_engine *eng);
 ** (kvt_session_prefill's tok) instead of tokenizing them, over its life.  Cannot fail. */
 int64_t kvt_session_test_given_tokens(const kvt_session *s);
 
+/* The control of tests/unit/test_recovery.c's resident-half test: while on, a resident block the
+** message is about never brings back the evicted block after it (session/recovery.c
+** resident_hit_successors); the novel-term recovery is unchanged. */
+void kvt_session_test_no_resident_successors(kvt_session *s, bool on);
+
 /* The failed-load tests of tests/unit/test_streams.c: the next whole-sequence write
 ** (llama_state_seq_set_data of kvt_block_load, kvt_seq_cp or a host kvt_seq_shift; in unified mode
 ** the scratch load of kvt_block_load) gets another K type in the last layer of cache part `part`

@@ -473,6 +473,49 @@ static int load_candidates(kvt_session *s, struct cand *c, int32_t n_c, int32_t 
     return rc;
 }
 
+/* RPLAN_TAIL with resident blocks mv[0..n_mv) that move: they are kept (pinned) while room is
+** made for the candidates, then lifted, and candidates and moved blocks come back at the tail
+** together in the order of their original positions (a moved block by RoPE re-anchoring of its
+** sealed copy, not counted as a recovery; a candidate as load_candidates loads it). */
+static int load_with_moves(kvt_session *s, struct cand *c, int32_t n_c, int32_t extra, const int32_t *mv, int32_t n_mv) {
+    int32_t keep[8], need = 0;
+    for (int32_t j = 0; j < n_mv; j++) {
+        keep[j] = s->b[mv[j]].info.keep;
+        s->b[mv[j]].info.keep = KVT_KEEP_PIN;
+    }
+    for (int32_t k = 0; k < n_c; k++) need += s->b[c[k].i].info.n_tokens;
+    while (n_c > 0 && kvt__sess_make_room(s, need + extra) == KVT_EBUDGET) need -= s->b[c[--n_c].i].info.n_tokens;
+    kvt__clear_error();
+    for (int32_t j = 0; j < n_mv; j++) s->b[mv[j]].info.keep = keep[j];
+    int32_t *idx = malloc(sizeof(int32_t) * (size_t) (n_c + n_mv)), n = 0;
+    bool *moved = malloc(sizeof(bool) * (size_t) (n_c + n_mv));
+    int rc = !idx || !moved ? kvt__fail(KVT_ENOMEM, "recovery plan") : kvt__sess_seal(s);
+    if (rc) {
+        free(idx);
+        free(moved);
+        return rc;
+    }
+    /* one list: candidates (loaded) and moves (placed), by original position */
+    for (int32_t k = 0; k < n_c; k++, n++) idx[n] = c[k].i, moved[n] = false;
+    for (int32_t j = 0; j < n_mv; j++, n++) idx[n] = mv[j], moved[n] = true;
+    for (int32_t k = 0; k < n; k++)
+        for (int32_t j = k + 1; j < n; j++)
+            if (s->b[idx[j]].info.orig_p0 < s->b[idx[k]].info.orig_p0) {
+                int32_t ti = idx[k];
+                bool tm = moved[k];
+                idx[k] = idx[j], moved[k] = moved[j];
+                idx[j] = ti, moved[j] = tm;
+            }
+    for (int32_t j = 0; j < n_mv; j++) kvt__sess_lift_block(s, mv[j]);
+    for (int32_t k = 0; k < n; k++) {
+        int rc2 = moved[k] ? kvt__sess_place_block(s, idx[k]) : rc == 0 ? kvt__sess_load_block(s, idx[k]) : 0;
+        if (rc == 0) rc = rc2; /* moved blocks are placed back even when a candidate failed to load */
+    }
+    free(idx);
+    free(moved);
+    return rc;
+}
+
 /* Load candidates c[0..n_c) of a long message's own blocks so that the message's end (its last
 ** q_tokens: the question and the end of its turn) stays last, right before the assistant prefix,
 ** as the recovery before a message puts what it brings back before the message: the blocks holding that end are
@@ -542,14 +585,15 @@ int kvt__sess_recover_apply(kvt_session *s, struct rplan *p) {
             o += snprintf(line + o, sizeof line - (size_t) o, " blk%d=%.2f", s->b[p->c[k].i].info.id, p->c[k].score);
         kvt__sess_explain(s, "%s", line);
     }
-    if (p->n_c > 0) switch (p->where) {
+    if (p->n_move > 0) rc = load_with_moves(s, p->c, p->n_c, p->extra, p->move, p->n_move);
+    else if (p->n_c > 0) switch (p->where) {
             case RPLAN_TAIL: rc = load_candidates(s, p->c, p->n_c, p->extra); break;
             case RPLAN_TAIL_BY_SCORE: rc = load_by_score(s, p->c, p->n_c, p->extra); break;
             case RPLAN_BEFORE_QUESTION: rc = load_before_question(s, p->c, p->n_c, p->q_tokens, p->hold, p->n_hold); break;
         }
-    if (p->n_c > 0)
-        kvt__sess_explain(s, "recovered %lld of the %d blocks (the weakest are dropped while they do not fit)%s",
-                          (long long) (s->st.recoveries - rec0), p->n_c, rc ? " (stopped by an error)" : "");
+    if (p->n_c > 0 || p->n_move > 0)
+        kvt__sess_explain(s, "recovered %lld of the %d blocks (the weakest are dropped while they do not fit), moved %d%s",
+                          (long long) (s->st.recoveries - rec0), p->n_c, p->n_move, rc ? " (stopped by an error)" : "");
     if (p->show && getenv("KVT_DEBUG_RECOVERY")) /* what the reply will see (block order; p0: position) */
         for (int32_t i = 0; i < s->n_b; i++)
             if (s->b[i].info.residency == KVT_RES_DEVICE)

@@ -113,6 +113,108 @@ static void debug_candidates(const kvt_session *s, const char *what, const char 
     kvt__sess_explain(s, "recovery plan, turn %d, %s \"%.80s\": %d candidates%s", s->turn, what, novel ? novel : "", n_c, list);
 }
 
+/* Tokens of text's last max_bytes bytes (all with 0), best effort (0 when it does not tokenize). */
+static int32_t count_tokens(kvt_session *s, const char *text, size_t max_bytes) {
+    size_t len = strlen(text);
+    const char *t = max_bytes && len > max_bytes ? text + len - max_bytes : text;
+    kvt_token *tok = NULL;
+    int32_t n = 0;
+    if (kvt_tokenize(s->eng, t, false, false, &tok, &n)) {
+        kvt__clear_error();
+        n = 0;
+    }
+    free(tok);
+    return n;
+}
+
+/* Where the previous exchange begins in the stream (an original position, kvt_block_info.orig_p0):
+** the blocks, resident or not, that hold the last tokens decoded, back to the messages after the
+** previous user message and that message's end (a block's worth at most).  The message being
+** planned for is conv.m[n_m - 1].  Returns a position past every block when there is no previous
+** user message (an empty exchange). */
+static kvt_pos previous_exchange(kvt_session *s) {
+    kvt_pos end = 0;
+    for (int32_t i = 0; i < s->n_b; i++) end = KVT_MAX(end, s->b[i].info.orig_p0 + s->b[i].info.n_tokens);
+    int32_t want = 8, j = s->conv.n_m - 2; /* a few template tokens */
+    for (; j >= 0 && s->conv.m[j].role != KVT_ROLE_USER; j--) want += count_tokens(s, s->conv.m[j].content, 0);
+    if (j < 0) return end;
+    want += KVT_MIN(count_tokens(s, s->conv.m[j].content, 1024), s->p.block);
+    kvt_pos from = end;
+    for (int32_t covered = 0; covered < want;) {
+        int32_t best = -1;
+        for (int32_t i = 0; i < s->n_b; i++)
+            if (s->b[i].info.orig_p0 < from && (best < 0 || s->b[i].info.orig_p0 > s->b[best].info.orig_p0)) best = i;
+        if (best < 0) break;
+        from = s->b[best].info.orig_p0;
+        covered += s->b[best].info.n_tokens;
+    }
+    return from;
+}
+
+/* A follow-up question differs from the previous one in a few terms, its key ("math-hurt"); a
+** message with more new terms brings new content, which the novel-term rule serves. */
+#define RESIDENT_HALF_MAX_TERMS 4
+
+/* The resident half of a fact cut at a block boundary ("... the special magic uuids for
+** math-hurt" resident | "is: a46c6fa0-..." evicted).  Every term of the question is resident, so
+** the novel-term rule finds nothing; and the resident block that best matches the whole question
+** is the previous question and answer, which share most of its words.  The key is in the
+** question's new terms: those the previous exchange (previous_exchange) lacks, at most
+** RESIDENT_HALF_MAX_TERMS of them (more: the message is new content, not a question).  Among the resident
+** blocks before that exchange, the one they score best by BM25 (at least min_recovery_score;
+** docs[i]: block i's text, sc: scratch for s->n_b scores) whose last match of them is in its last
+** quarter and whose next block is evicted: it moves to the tail (OUT *mv, -1 when none) and up to
+** successor_blocks evicted blocks after it come back right after it (appended to c[*n_c..], at
+** most nb entries in all), so the statement reads whole next to the question.  Errors: KVT_ENOMEM. */
+static int resident_hit_successors(kvt_session *s, const char *query, const char **docs, double *sc, struct cand *c, int32_t *n_c,
+                                   size_t nb, int32_t *mv) {
+    *mv = -1;
+    if (s->p.successor_blocks <= 0 || s->p.recovery != KVT_RECOVERY_KV_RESTORE || s->rcv.no_resident_successors) return 0;
+    const kvt_pos from = previous_exchange(s);
+    const char **recent = malloc(sizeof(char *) * (nb + 1));
+    char *open_text = NULL, *fresh = NULL;
+    if (!recent) return kvt__fail(KVT_ENOMEM, "recovery scores");
+    int32_t n_recent = 0, best = -1;
+    for (int32_t i = 0; i < s->n_b; i++)
+        if (s->b[i].info.residency == KVT_RES_DEVICE && s->b[i].info.sealed && s->b[i].info.orig_p0 >= from)
+            recent[n_recent++] = docs[i];
+    if (s->open >= 0 && kvt_detokenize(s->eng, s->b[s->open].tok, s->b[s->open].info.n_tokens, false, &open_text) == 0)
+        recent[n_recent++] = open_text;
+    kvt__clear_error();
+    int rc = kvt_bm25_novel_terms(query, recent, n_recent, &fresh);
+    int32_t n_fresh = rc == 0 && fresh[0] ? 1 : 0;
+    for (const char *p = fresh; n_fresh > 0 && (p = strchr(p, ' ')); p++) n_fresh++;
+    if (n_fresh > RESIDENT_HALF_MAX_TERMS) n_fresh = 0;
+    if (n_fresh > 0) rc = kvt_bm25_score(docs, s->n_b, fresh, sc);
+    for (int32_t i = 0; rc == 0 && n_fresh > 0 && i + 1 < s->n_b; i++) {
+        const struct blk *b = &s->b[i];
+        if (b->info.residency != KVT_RES_DEVICE || !b->info.sealed || b->info.orig_p0 >= from || b->info.id < s->p.n_sink_blocks ||
+            i == s->open || sc[i] < s->p.min_recovery_score || !s->b[i + 1].info.sealed || !kvt__sess_evicted(s, &s->b[i + 1]))
+            continue;
+        if (!b->text || kvt__bm25_last_match(b->text, fresh) < (int32_t) (strlen(b->text) * 3 / 4)) continue;
+        if (best < 0 || sc[i] > sc[best]) best = i;
+    }
+    int32_t added = 0;
+    for (int32_t j = best + 1; best >= 0 && j <= best + s->p.successor_blocks && j < s->n_b && *n_c < (int32_t) nb; j++) {
+        bool taken = !s->b[j].info.sealed || !kvt__sess_evicted(s, &s->b[j]);
+        for (int32_t q = 0; q < *n_c && !taken; q++) taken = c[q].i == j;
+        if (taken) break;
+        c[(*n_c)++] = (struct cand){ j, sc[best] };
+        added++;
+    }
+    if (added > 0) {
+        *mv = best;
+        kvt__sess_explain(s,
+                          "recovery plan, turn %d, new terms \"%.60s\": resident blk%d=%.2f ends with them; it moves to the "
+                          "tail with the %d evicted block%s after it",
+                          s->turn, fresh, s->b[best].info.id, sc[best], added, added == 1 ? "" : "s");
+    }
+    free(fresh);
+    free(open_text);
+    free(recent);
+    return rc;
+}
+
 /* Before a user message.  Every sealed block gets its BM25 relevance to the message (the kvtier
 ** policy's relevance signal).  Recovery asks what the resident context lacks: the message's
 ** terms that occur in no resident block (kvt_bm25_novel_terms) score the evicted blocks, and
@@ -154,8 +256,15 @@ int kvt__sess_plan_recover(kvt_session *s, const char *query, int32_t msg_tokens
             debug_candidates(s, s->rcv.emb_dim ? "cosine" : "novel terms", novel, c, n_c);
         }
     }
+    int32_t mv = -1;
+    if (rc == 0 && n_ev > 0 && !long_msg && s->p.top_k > 0 && s->rcv.emb_dim == 0)
+        rc = resident_hit_successors(s, query, docs, sc, c, &n_c, nb, &mv);
     if (rc == 0 && n_c > 0) {
         *plan = (struct rplan){ .c = c, .n_c = n_c, .extra = msg_tokens + s->p.gen_reserve, .where = RPLAN_TAIL };
+        if (mv >= 0) {
+            plan->move[0] = mv;
+            plan->n_move = 1;
+        }
         c = NULL;
     }
     free(novel);

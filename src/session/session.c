@@ -341,3 +341,5 @@ int kvt_session_resume(kvt_session *s, int32_t seq) {
 }
 
 int64_t kvt_session_test_given_tokens(const kvt_session *s) { return s->st.given_tokens; }
+
+void kvt_session_test_no_resident_successors(kvt_session *s, bool on) { s->rcv.no_resident_successors = on; }

@@ -123,6 +123,7 @@ struct sess_rcv {
     int32_t rep_row;   /* floats per representative key row (n_head_kv * head_dim) */
     int32_t emb_dim;   /* embedder width, 0 without one */
     kvt_ann *ann;      /* HNSW over block vectors once ann_min_blocks are sealed */
+    bool no_resident_successors; /* the control of tests/unit/test_recovery.c (test_hooks.h) */
 };
 
 /* The block store's prefix reuse (session/reuse.c). */
@@ -224,6 +225,8 @@ struct rplan {
     enum rplan_where where;
     int32_t q_tokens;        /* RPLAN_BEFORE_QUESTION: the message end that stays last */
     int32_t hold[8], n_hold; /* RPLAN_BEFORE_QUESTION: resident blocks kept while room is made */
+    int32_t move[8], n_move; /* RPLAN_TAIL: resident blocks that move to the tail with c (lifted,
+                             ** placed back in the order of their original positions among c) */
     bool show;               /* KVT_DEBUG_RECOVERY: print the resident blocks after it */
 };
 

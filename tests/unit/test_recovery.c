@@ -11,7 +11,12 @@
 ** prefill, recovered before the reply by its end), with the same controls.
 ** Dense recovery (Gemma 3 270M as its own embedder): the evicted block with the highest cosine to
 ** the question, measured here with kvt_embedder_embed, is recovered, by a linear scan and through the
-** HNSW index (ann_min_blocks 1); with min_recovery_cosine 1.0 nothing is (the threshold binds). */
+** HNSW index (ann_min_blocks 1); with min_recovery_cosine 1.0 nothing is (the threshold binds).
+** The resident half (Gemma 3 270M): the same cut fact with the name's half resident and the
+** number's half evicted (lifted out, as the policy evicts it); every term of the question is
+** resident, so the novel-term rule finds nothing.  The number's half must come back right after
+** the name's half, both at the tail, and the number's log-probability must beat the control (the
+** rule off through test_hooks.h: the number's half stays evicted). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -21,6 +26,7 @@
 #include "kvtier.h"
 #include "kvtier_int.h"          /* what the library shares internally: the tests call it too */
 #include "session/session_int.h" /* the recovery planner, called alone */
+#include "test_hooks.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -419,12 +425,70 @@ static void test_dense_recovery(void **state) {
     kvt_engine_free(e);
 }
 
+/* The cut fact with both halves resident, then the number's half evicted, then the question.
+** Returns the number's log-prob; OUT *back (the number's half resident again), *adjacent (right
+** after the name's half, which is at the tail: after everything that was resident). */
+static double resident_half_session(kvt_engine *e, bool rule, bool *split_ok, bool *back, bool *adjacent, int64_t *recoveries) {
+    struct kvt_session_params sp;
+    kvt_session *s = open_split_session(e, KVT_RECOVERY_KV_RESTORE, 1, &sp);
+    kvt_session_test_no_resident_successors(s, !rule);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, filler[0], KVT_KEEP_NONE), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "Noted.", KVT_KEEP_NONE), 0);
+    char msg[2048];
+    const struct kvt_chat_msg before[2] = { { "user", filler[0] }, { "assistant", "Noted." } };
+    *split_ok = pad_to_boundary(e, sp.block, before, 2, "", total_tokens(s), msg, sizeof msg);
+    char full[2200];
+    snprintf(full, sizeof full, "%s number is 58213. Please keep that in mind.", msg);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, full, KVT_KEEP_NONE), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "Noted.", KVT_KEEP_NONE), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, filler[1], KVT_KEEP_NONE), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "Noted.", KVT_KEEP_NONE), 0);
+    struct kvt_block_info a, b, x;
+    const int32_t first = fact_halves(s, *split_ok, &a, &b);
+    assert_int_equal(a.residency, KVT_RES_DEVICE);
+    assert_int_equal(b.residency, KVT_RES_DEVICE);
+    kvt__sess_lift_block(s, first + 1); /* the policy evicted the number's half, kept the name's */
+    kvt_pos tail = 0;
+    for (int32_t i = 0; i < kvt_session_n_blocks(s); i++)
+        if (kvt_session_block(s, i, &x) == 0 && x.residency == KVT_RES_DEVICE && x.p0 + x.n_tokens > tail) tail = x.p0 + x.n_tokens;
+    char *novel = NULL; /* what the novel-term rule sees: nothing (both question terms are resident) */
+    const char *res_text[1] = { a.text };
+    assert_int_equal(kvt_bm25_novel_terms("Which locker does Kelvarin have?", res_text, 1, &novel), 0);
+    assert_string_equal(novel, "");
+    free(novel);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, "Which locker does Kelvarin have?", KVT_KEEP_NONE), 0);
+    kvt_session_block(s, first, &a);
+    kvt_session_block(s, first + 1, &b);
+    *back = b.residency == KVT_RES_DEVICE;
+    *adjacent = *back && a.residency == KVT_RES_DEVICE && b.p0 == a.p0 + a.n_tokens && a.p0 >= tail;
+    return number_logprob_free(s, recoveries);
+}
+
+static void test_resident_half(void **state) {
+    (void) state;
+    kvt_engine *e = open_real();
+    if (!e) skip();
+    bool split[2], back[2], adj[2];
+    int64_t rec[2];
+    const double lp = resident_half_session(e, true, &split[0], &back[0], &adj[0], &rec[0]);
+    const double lp_off = resident_half_session(e, false, &split[1], &back[1], &adj[1], &rec[1]);
+    printf("  name's half resident, number's half evicted: number log-prob %.2f with the rule (number back %s, after the name "
+           "at the tail %s, %lld recoveries), %.2f without (back %s)\n",
+           lp, back[0] ? "yes" : "no", adj[0] ? "yes" : "no", (long long) rec[0], lp_off, back[1] ? "yes" : "no");
+    assert_true(split[0] && split[1]);
+    assert_true(back[0] && adj[0]);
+    assert_int_equal(rec[0], 1); /* the number's half: the name's half moved, not recovered */
+    assert_false(back[1]);       /* control: it stays evicted */
+    assert_int_equal(rec[1], 0);
+    assert_true(lp > lp_off + 2.0);
+    kvt_engine_free(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_novel_terms),
-        cmocka_unit_test(test_successor_recovered),
-        cmocka_unit_test(test_own_tail_successor),
-        cmocka_unit_test(test_dense_recovery),
+        cmocka_unit_test(test_novel_terms),        cmocka_unit_test(test_successor_recovered),
+        cmocka_unit_test(test_own_tail_successor), cmocka_unit_test(test_dense_recovery),
+        cmocka_unit_test(test_resident_half),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
