@@ -175,22 +175,29 @@ static kvt_session *open_split_session(kvt_engine *e, int32_t recovery, int32_t 
     return s;
 }
 
+/* The session's first exchanges: a filler turn, then the fact "... Kelvarin's locker number is
+** 58213." padded so that "Kelvarin's locker" ends a block (the padding found by tokenizing), each
+** answered "Noted.".  Returns whether the cut landed as planned. */
+static bool add_cut_fact(kvt_engine *e, kvt_session *s, int32_t block) {
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, filler[0], KVT_KEEP_NONE), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "Noted.", KVT_KEEP_NONE), 0);
+    char msg[2048];
+    const struct kvt_chat_msg before[2] = { { "user", filler[0] }, { "assistant", "Noted." } };
+    const bool split_ok = pad_to_boundary(e, block, before, 2, "", total_tokens(s), msg, sizeof msg);
+    char full[2200];
+    snprintf(full, sizeof full, "%s number is 58213. Please keep that in mind.", msg);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, full, KVT_KEEP_NONE), 0);
+    assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "Noted.", KVT_KEEP_NONE), 0);
+    return split_ok;
+}
+
 /* A session at budget 384 whose fact "... Kelvarin's locker number is 58213." is cut after
 ** "Kelvarin's locker" at a block boundary, then buried under filler.  Returns the log-prob of
 ** the answer's number after the question; *split_ok tells that the cut landed as planned. */
 static double split_fact_session(kvt_engine *e, int32_t recovery, int32_t successors, bool *split_ok, int64_t *recoveries) {
     struct kvt_session_params sp;
     kvt_session *s = open_split_session(e, recovery, successors, &sp);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, filler[0], KVT_KEEP_NONE), 0);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "Noted.", KVT_KEEP_NONE), 0);
-    /* pad the next message so that "locker" ends a block: find the padding by tokenizing */
-    char msg[2048];
-    const struct kvt_chat_msg before[2] = { { "user", filler[0] }, { "assistant", "Noted." } };
-    *split_ok = pad_to_boundary(e, sp.block, before, 2, "", total_tokens(s), msg, sizeof msg);
-    char full[2200];
-    snprintf(full, sizeof full, "%s number is 58213. Please keep that in mind.", msg);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, full, KVT_KEEP_NONE), 0);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "Noted.", KVT_KEEP_NONE), 0);
+    *split_ok = add_cut_fact(e, s, sp.block);
     for (int32_t k = 1; k < 18; k++) { /* ~950 tokens after the fact */
         assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, filler[k % 6], KVT_KEEP_NONE), 0);
         assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "Noted.", KVT_KEEP_NONE), 0);
@@ -432,15 +439,7 @@ static double resident_half_session(kvt_engine *e, bool rule, bool *split_ok, bo
     struct kvt_session_params sp;
     kvt_session *s = open_split_session(e, KVT_RECOVERY_KV_RESTORE, 1, &sp);
     kvt_session_test_no_resident_successors(s, !rule);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, filler[0], KVT_KEEP_NONE), 0);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "Noted.", KVT_KEEP_NONE), 0);
-    char msg[2048];
-    const struct kvt_chat_msg before[2] = { { "user", filler[0] }, { "assistant", "Noted." } };
-    *split_ok = pad_to_boundary(e, sp.block, before, 2, "", total_tokens(s), msg, sizeof msg);
-    char full[2200];
-    snprintf(full, sizeof full, "%s number is 58213. Please keep that in mind.", msg);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, full, KVT_KEEP_NONE), 0);
-    assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "Noted.", KVT_KEEP_NONE), 0);
+    *split_ok = add_cut_fact(e, s, sp.block);
     assert_int_equal(kvt_session_add(s, KVT_ROLE_USER, filler[1], KVT_KEEP_NONE), 0);
     assert_int_equal(kvt_session_add(s, KVT_ROLE_ASSISTANT, "Noted.", KVT_KEEP_NONE), 0);
     struct kvt_block_info a, b, x;
