@@ -546,10 +546,8 @@ struct kvt_session_params {
                               ** (model-dependent: docs/MANUAL.md, "Dense recovery") */
     int32_t ann_min_blocks;        /* with an embedder: sealed blocks from which an HNSW index (kvt_ann)
                               ** replaces the linear scan; default 1024 */
-    int32_t successor_blocks;      /* evicted blocks after a recovered one that come back with it (BM25
-                              ** hits ending in its last quarter, every dense hit), and after a
-                              ** resident block that ends with a short question's key (moved to the
-                              ** tail with them, kv_restore only: docs/RETRIEVAL.md); default 1 */
+    int32_t successor_blocks;      /* evicted blocks back after a recovered one (BM25 hits ending in its
+                              ** last quarter, dense hits) or a moved one (docs/RETRIEVAL.md); default 1 */
     kvt_store *store;              /* block store (section 8) for prompt prefixes and the session's
                               ** copies; borrowed; NULL = none (the default).  docs/MANUAL.md,
                               ** "A session and the block store" */
