@@ -17,7 +17,9 @@ The archive: every finished unit is also written, without its context text (a ca
 from its seed and index), to ARCHIVE/<model>-<length>-<shape>-<task>-<case>.json, by default
 bench/ruler_units/seed<S>-ratio<R>/ in the source tree, which is committed: the grid is ~100-150 h
 of a 2-core machine, so it accumulates across machines and sessions.  A unit in the archive is done
-(run again with --rerun to replace it); bench/ruler_tables.py reads the archive as it reads OUT.  The
+(run again with --rerun to replace it) unless it is stale: measured by a kvtier from before
+CONFIG_SINCE, the commit since which the grid's configuration holds (a unit of an older kvtier is run
+again, so that the grid measures one configuration); bench/ruler_tables.py reads the archive as it reads OUT.  The
 default archive takes only the grid's own configuration (the default --policies and --max-tokens,
 the models smollm2 and gemma); any other run archives only where --archive names a directory.
 
@@ -46,6 +48,12 @@ TASKS = ["niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "
 SINGLE_QUESTION = {"cwe", "fwe"}  # no followup shape: one question per context
 LENGTHS = {"smollm2": [2048, 4096, 8192], "gemma": [4096, 8192, 16384]}
 POLICIES = "no_eviction,truncate,streaming,h2o,snapkv,kvtier"
+# The grid measures one configuration of kvtier (issue #42): CONFIG_SINCE is the last commit that changed
+# what a unit measures (kvtier's eviction or recovery, the eval's cases or scoring).  A unit from a commit
+# before it, or from a commit this clone's git does not know, is stale: it is run again (its files
+# replaced) as a unit not yet done; a dirty tree's unit counts as its commit's.  Move CONFIG_SINCE with
+# any such change.
+CONFIG_SINCE = "64d0585"
 
 
 def env_models():
@@ -59,6 +67,33 @@ def env_models():
             k, v = line.split("=", 1)
             env[k] = v.strip("'\"")
     return {"smollm2": env.get("KVTIER_CHAT_MODEL"), "gemma": env.get("KVTIER_MODEL")}
+
+
+class Freshness:
+    """Whether a unit's kvtier commit is CONFIG_SINCE or a descendant of it (git merge-base --is-ancestor,
+    one call per distinct commit).  Outside a git checkout every unit counts as current (said once)."""
+    def __init__(self):
+        self.memo = {}
+        self.git = subprocess.run(["git", "-C", ROOT, "rev-parse", "--verify", "-q", CONFIG_SINCE + "^{commit}"],
+                                  capture_output=True).returncode == 0
+        if not self.git:
+            print(f"ruler_grid: no git history here with {CONFIG_SINCE}: units are not checked for staleness", flush=True)
+
+    def current(self, commit):
+        if not self.git:
+            return True
+        if commit not in self.memo:
+            c = (commit or "").removesuffix("-dirty")
+            self.memo[commit] = bool(c) and subprocess.run(
+                ["git", "-C", ROOT, "merge-base", "--is-ancestor", CONFIG_SINCE, c], capture_output=True).returncode == 0
+        return self.memo[commit]
+
+    def file_current(self, path):
+        try:
+            with open(path) as f:
+                return self.current(json.load(f).get("commit"))
+        except (OSError, ValueError):
+            return False
 
 
 def free_port():
@@ -227,20 +262,25 @@ def main():
     if not a.no_archive and (a.archive or standard):
         archive = a.archive or os.path.join(ROOT, "bench", "ruler_units", f"seed{a.seed}-ratio{a.ratio}")
         os.makedirs(archive, exist_ok=True)
+    fresh = Freshness()
     def archived(u):
         return archive is not None and os.path.exists(os.path.join(archive, os.path.basename(unit_file(u))))
     def done(u):
-        return os.path.exists(unit_file(u)) or (archived(u) and not a.rerun)
+        if os.path.exists(unit_file(u)) and fresh.file_current(unit_file(u)):
+            return True
+        return archived(u) and not a.rerun and fresh.file_current(os.path.join(archive, os.path.basename(unit_file(u))))
+    stale = sum(1 for u in units if (os.path.exists(unit_file(u)) or archived(u)) and not done(u) and not a.rerun)
     if archive:  # units done here before the archive existed (or its write failed) go there now
         for u in units:
             for ext in (".json", ".llama.json"):
                 src, dst = unit_file(u)[:-5] + ext, os.path.join(archive, os.path.basename(unit_file(u))[:-5] + ext)
-                if os.path.exists(src) and not os.path.exists(dst):
+                if os.path.exists(src) and not os.path.exists(dst) and (ext != ".json" or fresh.file_current(src)):
                     write_atomic(dst, compact(json.load(open(src))))
     todo = [] if a.no_kvtier else [u for u in units if not done(u)]
     n_done = sum(1 for u in units if done(u))
     n_arch = sum(1 for u in units if archived(u) and not os.path.exists(unit_file(u)))
     print(f"ruler_grid: {len(units)} units, {n_done} done, {len(todo)} to run"
+          + (f" ({stale} of them stale: kvtier before {CONFIG_SINCE})" if stale and not a.no_kvtier else "")
           + (" (--no-kvtier: the llama-server pass only)" if a.no_kvtier else "") + f"; results in {out}"
           + (f"; archive {archive} ({n_arch} units there only)" if archive else "; no archive"), flush=True)
     if a.dry_run:

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """bench/ruler_tables.py — the tables and the follow-up plot of a RULER grid (bench/ruler_grid.py).
 
-Usage: bench/ruler_tables.py DIR [DIR ...] [--plot docs/ruler_followup.png] [--json]
+Usage: bench/ruler_tables.py DIR [DIR ...] [--plot docs/ruler_followup.png] [--json] [--all-commits]
 
 Reads the units (one case of one cell each) of every DIR: a grid's OUT (OUT/units/*.json) or an
 archive (bench/ruler_units/seed1-ratio4: DIR/*.json, the units without their text); a unit in
-several is read from the first DIR that has it.  Prints, per model x length x shape:
+several is read from the first DIR that has it; a unit of kvtier from before the grid's configuration
+(bench/ruler_grid.py's CONFIG_SINCE: stale, to be run again) is left out and counted, unless
+--all-commits.  Prints, per model x length x shape:
   - per task and method: RULER's score (references found / references, string_match_all) with a
     Wilson 95 % interval over the references, and the mean teacher-forced log-probability of the
     reference answer paired with no_eviction on the same cases (nats, higher is better);
@@ -49,7 +51,11 @@ def main():
     ap.add_argument("dirs", nargs="+", metavar="DIR")
     ap.add_argument("--plot", default=None, help="write the follow-up plot (PNG, gnuplot) here")
     ap.add_argument("--json", action="store_true", help="also print the aggregates as one JSON object")
+    ap.add_argument("--all-commits", action="store_true", help="also read units of kvtier from before the grid's configuration")
     a = ap.parse_args()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from ruler_grid import CONFIG_SINCE, Freshness  # noqa: E402 -- the grid's own staleness rule
+    fresh = None if a.all_commits else Freshness()
     seen = {}
     for d in a.dirs:
         where = os.path.join(d, "units") if os.path.isdir(os.path.join(d, "units")) else d
@@ -57,6 +63,8 @@ def main():
             if not f.endswith(".llama.json"):
                 seen.setdefault(os.path.basename(f), f)
     units = [seen[k] for k in sorted(seen)]
+    stale = [f for f in units if fresh and not fresh.file_current(f)]
+    units = [f for f in units if f not in stale]
     if not units:
         sys.exit(f"ruler_tables: no units under {', '.join(a.dirs)}")
     a.out = " + ".join(a.dirs)
@@ -82,6 +90,9 @@ def main():
             cells[(model, int(L), shape)][task].append(dict(r, case=int(case), refs_text=refs))
     print(f"# RULER grid from {a.out}: {len(units)} units; first stamp: {stamp['model']}, {stamp['llama_cpp']}, kvtier "
           f"{stamp['commit']}, {stamp['date']}, {stamp['machine']}, {stamp['threads']} threads\n")
+    if stale:
+        print(f"{len(stale)} unit{'s' if len(stale) != 1 else ''} of kvtier before {CONFIG_SINCE} (the grid's configuration) left out; --all-commits reads "
+              "them\n")
     if len(runs) > 1:
         print("units by kvtier commit, llama.cpp, machine, threads:\n")
         for (commit, lc, machine, th), n in sorted(runs.items()):

@@ -67,6 +67,26 @@ grep -q "8 units, 0 done, 8 to run" "$TMP/dry3.log" && ok "control: --rerun runs
 mkdir -p "$TMP/arch2" && cp "$TMP/arch"/*.json "$TMP/arch2"/ && rm "$TMP/arch2/tiny-2048-prompt-niah_single_2-002.json"
 "${GRID[@]}" --out "$TMP/fresh" --archive "$TMP/arch2" --dry-run >"$TMP/dry4.log" 2>&1
 grep -q "8 units, 7 done, 1 to run" "$TMP/dry4.log" && ok "control: a unit missing from the archive runs" || bad "arch2: $(cat "$TMP/dry4.log")"
+# staleness: an archived unit from a commit before ruler_grid.py's CONFIG_SINCE (the repository's
+# first commit here), or from a commit git does not know, runs again; the unit as it was (control) does not
+if root=$(git -C "$SRC" rev-list --max-parents=0 HEAD 2>/dev/null | tail -1) && [ -n "$root" ]; then
+    for c in "$root" 0badc0de; do
+        rm -rf "$TMP/arch3" && mkdir -p "$TMP/arch3" && cp "$TMP/arch"/*.json "$TMP/arch3"/
+        python3 - "$TMP/arch3/tiny-2048-followup-niah_single_1-001.json" "$c" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1])); d["commit"] = sys.argv[2][:7]; json.dump(d, open(sys.argv[1], "w"))
+PY
+        "${GRID[@]}" --out "$TMP/fresh" --archive "$TMP/arch3" --dry-run >"$TMP/dry5.log" 2>&1
+        grep -q "8 units, 7 done, 1 to run (1 of them stale" "$TMP/dry5.log" && ok "a unit of kvtier ${c:0:7} (before the grid's configuration) runs again" \
+            || bad "stale unit ${c:0:7}: $(cat "$TMP/dry5.log")"
+        python3 "$SRC/bench/ruler_tables.py" "$TMP/arch3" >"$TMP/tables3.txt" 2>&1
+        grep -q "^7 units; \|: 7 units; " "$TMP/tables3.txt" && grep -q "^1 unit of kvtier before" "$TMP/tables3.txt" \
+            && ok "ruler_tables.py leaves the stale unit out" || bad "ruler_tables on a stale unit: $(head -4 "$TMP/tables3.txt")"
+    done
+else
+    echo "     (no git history at $SRC: the staleness check is not exercised)"
+fi
+
 ls "$SRC/bench/ruler_units" 2>/dev/null | grep -q '^tiny\|tiny-' && bad "a tiny-model unit went into the source tree's archive" \
     || ok "the default archive takes only the grid's own configuration"
 
@@ -89,7 +109,7 @@ json.dump({"model": "m", "llama_cpp": "x", "commit": "c", "date": "d", "machine"
                     row("copy", 0, "It is 1111111.", 1), row("copy", 1, "It is 1111111.", 0),
                     row("own", 0, "1111111 and 2222222", 1), row("own", 1, "It is 2222222.", 1)]}, open(sys.argv[1], "w"))
 PY
-python3 "$SRC/bench/ruler_tables.py" "$TMP/rep" >"$TMP/rep.txt" 2>&1
+python3 "$SRC/bench/ruler_tables.py" "$TMP/rep" --all-commits >"$TMP/rep.txt" 2>&1  # a unit made by hand: no kvtier commit
 grep -q "^| copy | 1/1 | 0/0 | 0/0 | 0/0 | 1/1 |" "$TMP/rep.txt" && grep -q "^| own | 0/1 | 0/0 | 0/0 | 0/0 | 0/1 |" "$TMP/rep.txt" \
     && ok "a reply repeating the previous answer is counted, one naming its own reference is not" || bad "repeat count: $(grep '^| copy\|^| own' "$TMP/rep.txt")"
 python3 "$SRC/bench/ruler_tables.py" "$TMP/arch" >"$TMP/tables_arch.txt" 2>&1
