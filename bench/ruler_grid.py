@@ -135,9 +135,38 @@ def compact(d):
     return d
 
 
+def unit_text(a, out, paths, u, unit_file, archive):
+    """The unit's JSON with its context text: the grid directory's, else the archived unit with the text of
+    its case built again from the seed (kvtier eval ruler --cases-only, no policy run), which must be the
+    archived case (its references, depths and token counts) or the unit is reported and skipped."""
+    if os.path.exists(unit_file(u)):
+        return json.load(open(unit_file(u)))
+    m, L, shape, t, case = u
+    d = json.load(open(os.path.join(archive, os.path.basename(unit_file(u)))))
+    tmp = os.path.join(out, "running-cases")
+    subprocess.run(["rm", "-rf", tmp])
+    cmd = [a.bin, "eval", "ruler", t, "--shape", shape, "-m", paths[m], "--context", str(L), "--budget", str(L // a.ratio),
+           "--cases", "1", "--first-case", str(case), "--seed", str(a.seed), "--out", tmp, "--cases-only",
+           "--max-tokens", str(d["max_tokens"])]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    files = [x for x in os.listdir(tmp) if x.endswith(".json")] if os.path.isdir(tmp) else []
+    built = json.load(open(os.path.join(tmp, files[0]))) if p.returncode == 0 and len(files) == 1 else None
+    subprocess.run(["rm", "-rf", tmp])
+    if built is None:
+        print(f"ruler_grid: {os.path.basename(unit_file(u))}: building its case failed: {p.stderr.strip()[-200:]}", flush=True)
+        return None
+    c = built["cases_detail"][0]
+    if {k: v for k, v in c.items() if k != "messages"} != d["cases_detail"][0] or built["n_ctx"] != d["n_ctx"]:
+        print(f"ruler_grid: {os.path.basename(unit_file(u))}: its case built again is not the archived one "
+              "(the generator or the texts changed): skipped", flush=True)
+        return None
+    d["cases_detail"] = [c]
+    return d
+
+
 def llama_pass(a, out, paths, units, unit_file, archive):
-    """llama-server at the budget (--context-shift) and at full context on every done unit that has
-    its text here (units only in the archive have none: they are counted and skipped)."""
+    """llama-server at the budget (--context-shift) and at full context on every done unit (a unit only
+    in the archive gets its text from its case built again: unit_text)."""
     binary = subprocess.run([os.path.join(ROOT, "scripts/bootstrap.sh"), "llama-server-path"], capture_output=True,
                             text=True).stdout.strip()
     if not binary or not os.path.exists(binary):
@@ -146,16 +175,18 @@ def llama_pass(a, out, paths, units, unit_file, archive):
     def llama_done(u):
         name = os.path.basename(unit_file(u))[:-5] + ".llama.json"
         return os.path.exists(unit_file(u)[:-5] + ".llama.json") or (archive and os.path.exists(os.path.join(archive, name)))
-    todo = [u for u in units if not llama_done(u) and os.path.exists(unit_file(u))]
-    no_text = sum(1 for u in units if not llama_done(u) and not os.path.exists(unit_file(u)))
-    print(f"ruler_grid: llama-server pass over {len(todo)} units"
-          + (f" ({no_text} archived units without llama-server's rows have no text here: --rerun runs them again)"
-             if no_text else ""), flush=True)
+    def archived(u):
+        return archive and os.path.exists(os.path.join(archive, os.path.basename(unit_file(u))))
+    todo = [u for u in units if not llama_done(u) and (os.path.exists(unit_file(u)) or archived(u))]
+    print(f"ruler_grid: llama-server pass over {len(todo)} units", flush=True)
     failed = 0
     t_start = time.time()
     for i, u in enumerate(todo):
         m, L, shape, t, case = u
-        d = json.load(open(unit_file(u)))
+        d = unit_text(a, out, paths, u, unit_file, archive)
+        if d is None:
+            failed += 1
+            continue
         c = d["cases_detail"][0]
         facts, msgs = c["facts"], c["messages"]
         rows = []

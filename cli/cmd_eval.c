@@ -211,7 +211,7 @@ int cmd_eval(int argc, char **argv) {
     double min_cosine = 0.5;
     const char *elastic_s = NULL;
     bool elastic_random = false;
-    bool depths_seen = false, segment_seen = false, chunk_seen = false, ppl_seen = false, fresh_engine = false;
+    bool depths_seen = false, segment_seen = false, chunk_seen = false, ppl_seen = false, fresh_engine = false, cases_only = false;
     bool single_prompt = false, max_tokens_seen = false, first_seen = false;
     const char *shape_s = NULL;
     bool by_store = false;
@@ -267,6 +267,11 @@ int cmd_eval(int argc, char **argv) {
         { "first-case", 0, OPT_INT, &o.first_case, 1, 1000000, "N",
           "number of the first case (default 1): cases N .. N+cases-1, the same cases a longer run has there", &first_seen },
         { "texts", 0, OPT_STR, &o.texts, 0, 0, "DIR", "essay directory (default ../shared/data/pg_essays)", NULL },
+        { "cases-only", 0, OPT_FLAG, &cases_only, 0, 0, NULL,
+          "build the cases and write them (the .json's cases_detail: each case's messages and references) without "
+          "running a policy: the text a run with the same options is given (bench/ruler_grid.py's llama-server pass "
+          "takes an archived unit's text from it)",
+          NULL },
         { "fresh-engine", 0, OPT_FLAG, &fresh_engine, 0, 0, NULL,
           "load the model again for every session, so no session runs on a KV cache earlier sessions "
           "have used (about 0.7 s per session for Gemma 3 270M)",
@@ -581,6 +586,8 @@ int cmd_eval(int argc, char **argv) {
         }
     for (int i = 0; i < o.n_policies; i++)
         if (o.policies[i] != KVT_POLICY_NO_EVICTION || o.variant[i] != EVAL_PLAIN) order[n_order++] = i;
+    o.cases_only = cases_only;
+    if (cases_only) n_order = 0; /* the cases are built and reported, no policy runs */
 
     struct eval_case *cases = calloc((size_t) o.cases, sizeof *cases);
     struct eval_ref ref;

@@ -54,6 +54,7 @@ struct eval_opts {
     int32_t skip;         /* ppl: turns fed before the first scored one */
     bool json, verbose;
     bool single_prompt;                               /* niah: document + question in one user message (task "niah-single") */
+    bool cases_only;                                  /* build and write the cases, run no policy (kvtier eval --cases-only) */
     int32_t ruler;                                    /* ruler: index into eval_ruler_tasks */
     int32_t shape;                                    /* ruler: enum eval_shape */
     int32_t first_case;                               /* index of the first case (--first-case): a resumed grid runs the rest */

@@ -630,7 +630,8 @@ int eval_report(const char *cmd, const struct eval_opts *o, const struct eval_st
         return APP_ERR;
     }
     summarise(o, res, ps);
-    print_table(o, st, res, ps, seconds);
+    if (o->cases_only) printf("# %s: %d cases built, no policy run (--cases-only)\n", o->task_name, n_cases);
+    else print_table(o, st, res, ps, seconds);
 
     int rc = APP_OK;
     char base[1200], path[1300];

@@ -87,6 +87,33 @@ else
     echo "     (no git history at $SRC: the staleness check is not exercised)"
 fi
 
+# an archived unit's text is its case built again from the seed (kvtier eval ruler --cases-only, what
+# the llama-server pass does for units without their text): the grid's messages, byte for byte;
+# control: the next case's are not
+for unit in prompt-niah_single_2-002 followup-niah_single_1-001; do
+    shape=${unit%%-*}; rest=${unit#*-}; task=${rest%-*}; case=$((10#${rest##*-}))
+    for fc in $case $((case + 1)); do
+        rm -rf "$TMP/co" && "$BIN" eval ruler "$task" --shape "$shape" -m "$TINY" --context 2048 --budget 512 --cases 1 \
+            --first-case "$fc" --seed 1 --max-tokens 4 --threads 1 --out "$TMP/co" --cases-only >"$TMP/co.log" 2>&1
+        same=$(python3 - "$OUT/units/tiny-2048-$unit.json" "$TMP/co" <<'PY'
+import glob, json, sys
+a = json.load(open(sys.argv[1]))["cases_detail"][0]
+files = glob.glob(sys.argv[2] + "/*.json")
+b = json.load(open(files[0]))["cases_detail"][0] if len(files) == 1 else {}
+print("same" if a == b and "messages" in a else "differ")
+PY
+)
+        if [ "$fc" = "$case" ]; then
+            [ "$same" = same ] && ok "$unit: its case built again (--cases-only) is the grid's, text included" \
+                || bad "$unit: case built again: $same ($(tail -2 "$TMP/co.log"))"
+        else
+            [ "$same" = differ ] && ok "control: case $fc is not $unit's" || bad "control: case $fc equals $unit's"
+        fi
+    done
+done
+grep -q "cases built, no policy run" "$TMP/co.log" && ! grep -q " policy [a-z_+]*: score" "$TMP/co.log" \
+    && ok "--cases-only runs no policy" || bad "--cases-only: $(cat "$TMP/co.log")"
+
 ls "$SRC/bench/ruler_units" 2>/dev/null | grep -q '^tiny\|tiny-' && bad "a tiny-model unit went into the source tree's archive" \
     || ok "the default archive takes only the grid's own configuration"
 
