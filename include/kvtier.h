@@ -291,16 +291,22 @@ struct kvt_sampling {
     int32_t n_post;
     float min_p; /* 0 = off; else tokens below min_p times the most likely one's probability are
                  ** dropped (llama.cpp's min_p sampler, after top_k and top_p) */
+    /* Repetition penalties (llama.cpp's penalties sampler, after logit_bias, as llama-server) over the
+    ** last penalty_last_n tokens (0: 64) of the context, prompt and reply so far: a session's stream,
+    ** else (raw rows, kvt_engine_sample) history[n_history], oldest first (borrowed).  repeat: 0 or 1 =
+    ** off, a token in the window has its logit divided by it (> 0) or multiplied (<= 0); frequency,
+    ** presence: 0 = off, its logit minus frequency x its count in the window, minus presence once. */
+    float repeat_penalty, frequency_penalty, presence_penalty;
+    int32_t penalty_last_n, n_history;
+    const kvt_token *history;
 };
 
-/* Sample the next token from kvt_engine_logits() (llama.cpp's chain: logit_bias, top_k, top_p,
-** min_p, temperature, draw; a grammar masks the vocabulary when the first draw is not allowed).
-** Calls with the same settings and seed are draws 0, 1, ... of one generation, drawn from one
-** generator of its own (llama.cpp's dist sampler seeded with s->seed, as a llama-server slot's: the
-** same tokens as llama-server from the same probabilities), so a seeded generation is reproducible
-** whatever else the engine samples; seed 0xFFFFFFFF: random.  Sessions and rows have their own.
-** Errors: KVT_EINVAL (no logits; the grammar allows no token), KVT_ENOMEM.  Not thread-safe (engine
-** rule). */
+/* Sample the next token from kvt_engine_logits() (llama.cpp's chain: logit_bias, penalties, top_k,
+** top_p, min_p, temperature, draw; a grammar masks the vocabulary when the first draw is not
+** allowed).  Calls with the same settings and seed are draws 0, 1, ... of one generation, from one
+** generator of its own (llama.cpp's dist sampler seeded with s->seed, as a llama-server slot's), so
+** a seeded generation is reproducible whatever else the engine samples; seed 0xFFFFFFFF: random.
+** Errors: KVT_EINVAL (no logits; the grammar allows no token), KVT_ENOMEM.  Not thread-safe (engine rule). */
 int kvt_engine_sample(kvt_engine *eng, const struct kvt_sampling *s, kvt_token *tok /* OUT */);
 
 /* Remove positions [p0, p1) of a sequence from the KV cache (p1 < 0: to the end).  Cannot
@@ -600,8 +606,7 @@ enum kvt_route {
 /* "none", "miss", "partial", "exact" (static; "unknown" out of range).  Pure. */
 const char *kvt_route_name(int route);
 
-/* The defaults of struct kvt_session_params, as listed above.  Returned by value; cannot fail;
-** thread-safe. */
+/* The defaults of struct kvt_session_params, as listed above.  Returned by value; cannot fail; thread-safe. */
 struct kvt_session_params kvt_session_default_params(void);
 
 /* Create a session on engine sequence p->seq (must be empty).  OUT *out: free with
@@ -741,8 +746,7 @@ struct kvt_gen_batch {
 int kvt_session_gen_step_batch(kvt_engine *eng, const struct kvt_gen_batch *b);
 
 /* The logits (n_vocab floats) the session's next token is sampled from (OpenAI "logprobs").
-** Owned by the session, valid until its next decode; NULL if none (nothing decoded, parked).
-** Cannot fail. */
+** Owned by the session, valid until its next decode; NULL if none (nothing decoded, parked). Cannot fail. */
 const float *kvt_session_logits(const kvt_session *s);
 
 /* Park a session: every resident block is saved and its cells leave the cache, freeing its
@@ -966,8 +970,7 @@ struct kvt_store_params kvt_store_default_params(void);
 ** Redis that is down is not an error.  OUT *out: free with kvt_store_free; NULL on error.
 ** Errors: KVT_EINVAL (bad params, a malformed redis_url: the message names the value, a password
 ** as "***"), KVT_EIO (dir not a writable directory, read_only and no store there, or the index
-** cannot be opened or is of a newer format: the message names the path and SQLite's error),
-** KVT_ENOMEM. */
+** cannot be opened or is of a newer format: the message names the path and SQLite's error), KVT_ENOMEM. */
 int kvt_store_open(const struct kvt_store_params *p, kvt_store **out /* OUT */);
 
 /* Write out the queues, stop the threads, close.  Accepts NULL.  Must not run concurrently with
@@ -1023,8 +1026,7 @@ void kvt_store_get_stats(kvt_store *st, struct kvt_store_stats *out /* OUT */);
 /* Prefetch (LMCache; EdgeSync-LLM's predictor): queue chain keys[0..n), in the order they will be
 ** asked for, for the prefetch threads to read from disk or Redis into RAM; never blocks.  Blocks
 ** must carry fingerprint model.  docs/MANUAL.md, "Store prefetch".  Returns the number of keys
-** queued (>= 0).  Errors: KVT_EINVAL (NULL store or model, NULL keys with n > 0, n < 0).
-** Thread-safe. */
+** queued (>= 0).  Errors: KVT_EINVAL (NULL store or model, NULL keys with n > 0, n < 0). Thread-safe. */
 int kvt_store_prefetch(kvt_store *st, const kvt_key *keys, int n, const kvt_key *model);
 /* kvt_store_prefetch of the chain keys (cp) of the full blocks of a prompt tok[0..n) before its
 ** last token.  Returns keys queued.  Errors: KVT_EINVAL (NULL st or cp, NULL tok with n > 0,
@@ -1087,12 +1089,10 @@ int kvt_store_gc(kvt_store *st, struct kvt_store_report *out /* OUT */);
 /* Re-read every file the index names and check its header and payload checksum against the row
 ** (docs/STORE.md); list missing files and orphans.  With repair, remove what fails.  Expiry is
 ** not looked at (gc's job).  Reads every byte of the tier.
-** Errors: KVT_EINVAL (repair on a read-only store, no disk tier, NULL out), KVT_EIO,
-** KVT_ENOMEM.  Thread-safe. */
+** Errors: KVT_EINVAL (repair on a read-only store, no disk tier, NULL out), KVT_EIO, KVT_ENOMEM.  Thread-safe. */
 int kvt_store_verify(kvt_store *st, bool repair, struct kvt_store_report *out /* OUT */);
 /* Remove every entry of both local tiers (queued writes included); the shared Redis tier is left
-** alone (its keys expire by redis_ttl_s).  Errors: KVT_EINVAL (NULL, read-only), KVT_EIO.
-** Thread-safe. */
+** alone (its keys expire by redis_ttl_s).  Errors: KVT_EINVAL (NULL, read-only), KVT_EIO. Thread-safe. */
 int kvt_store_clear(kvt_store *st);
 
 /* ====================================================================================== */

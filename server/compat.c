@@ -65,10 +65,14 @@ static const char *stop_type(const struct job *j) {
 static json_t *gen_settings(struct server *srv, const struct job *j) {
     json_t *stop = json_array();
     for (int32_t i = 0; i < j->req.n_stop; i++) json_array_append_new(stop, json_string(j->req.stop[i]));
-    return json_pack("{s:i, s:I, s:f, s:i, s:f, s:f, s:o, s:b, s:s, s:i}", "n_predict", j->req.max_tokens, "seed",
-                     (json_int_t) j->req.smp.seed, "temperature", (double) j->req.smp.temperature, "top_k", j->req.smp.top_k,
-                     "top_p", (double) j->req.smp.top_p, "min_p", (double) j->req.smp.min_p, "stop", stop, "stream", j->req.stream,
-                     "model", srv->model_name, "n_ctx", srv->budget);
+    const struct kvt_sampling *p = &j->req.smp;
+    return json_pack("{s:i, s:I, s:f, s:i, s:f, s:f, s:f, s:f, s:f, s:i, s:o, s:b, s:s, s:i}", "n_predict", j->req.max_tokens,
+                     "seed", (json_int_t) p->seed, "temperature", (double) p->temperature, "top_k", p->top_k, "top_p",
+                     (double) p->top_p, "min_p", (double) p->min_p, "repeat_penalty",
+                     p->repeat_penalty > 0 ? (double) p->repeat_penalty : 1.0, "frequency_penalty", (double) p->frequency_penalty,
+                     "presence_penalty", (double) p->presence_penalty, "repeat_last_n",
+                     p->penalty_last_n > 0 ? p->penalty_last_n : 64, "stop", stop, "stream", j->req.stream, "model",
+                     srv->model_name, "n_ctx", srv->budget);
 }
 
 json_t *compat_response_fields(const struct job *j, json_t *reply) {

@@ -35,6 +35,7 @@ void serve_job_free(struct job *j) {
     free(j->top_tok);
     free(j->top_lp);
     free(j->ptok);
+    free(j->pen);
     free(j->row.logits);
     pthread_cond_destroy(&j->cv);
     free(j);

@@ -12,14 +12,19 @@
 #include <string.h>
 #include <time.h>
 
+bool serve_penalized(const struct kvt_sampling *s) {
+    return (s->repeat_penalty > 0 && s->repeat_penalty != 1.0f) || s->frequency_penalty != 0 || s->presence_penalty != 0;
+}
+
 /* Fill the sampling / length / stop / stream fields shared by both endpoints.  On a bad field,
 ** fills e (e->param: the field's name) and returns -1. */
 static int parse_common(struct server *srv, json_t *root, struct job *j, struct serve_error *e) {
     json_t *v;
     j->req.max_tokens = srv->max_tokens_default;
     /* the server's defaults (--temp, --top-p, --top-k, --min-p), the same on every route */
-    j->req.smp = (struct kvt_sampling){ srv->temp_default, srv->top_p_default, srv->top_k_default, 0, NULL, NULL, 0, NULL, 0,
-                                        srv->min_p_default };
+    j->req.smp = (struct kvt_sampling){
+        .temperature = srv->temp_default, .top_p = srv->top_p_default, .top_k = srv->top_k_default, .min_p = srv->min_p_default
+    };
     const char *len_keys[] = { "max_tokens", "max_completion_tokens" };
     for (int i = 0; i < 2; i++)
         if ((v = json_object_get(root, len_keys[i])) && !json_is_null(v)) {
@@ -69,6 +74,30 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
         if (!(p >= 0 && p <= 1)) return serve_bad(e, "'min_p' %g is outside 0..1 (0 = off)", p);
         j->req.smp.min_p = (float) p;
     }
+    /* repetition penalties, llama.cpp's penalties sampler as llama-server runs it (over the last
+    ** repeat_last_n tokens of prompt and reply; kvtier_int.h kvt_penalty_window) */
+    static const char *const pen_keys[] = { "frequency_penalty", "presence_penalty", "repeat_penalty" };
+    float *pen[] = { &j->req.smp.frequency_penalty, &j->req.smp.presence_penalty, &j->req.smp.repeat_penalty };
+    for (int i = 0; i < 3; i++)
+        if ((v = json_object_get(root, pen_keys[i])) && !json_is_null(v)) {
+            serve_error_param(e, pen_keys[i]);
+            if (!json_is_number(v)) return serve_bad(e, "'%s' must be a number, got %s", pen_keys[i], serve_json_type(v));
+            const double x = json_number_value(v);
+            if (i < 2 && !(x >= -2 && x <= 2)) return serve_bad(e, "'%s' %g is outside -2..2 (0 = off)", pen_keys[i], x);
+            if (i == 2 && !(x > 0 && x <= 10)) return serve_bad(e, "'repeat_penalty' %g is outside (0, 10] (1 = off)", x);
+            *pen[i] = (float) x;
+        }
+    if ((v = json_object_get(root, "repeat_last_n")) && !json_is_null(v)) {
+        serve_error_param(e, "repeat_last_n");
+        if (!json_is_integer(v)) return serve_bad(e, "'repeat_last_n' must be an integer, got %s", serve_json_type(v));
+        const json_int_t n = json_integer_value(v);
+        if (n < -1 || n > srv->n_ctx)
+            return serve_bad(e, "'repeat_last_n' %lld is outside -1..%d (-1: the context, 0: no penalty)", (long long) n,
+                             srv->n_ctx);
+        if (n == 0) j->req.smp.repeat_penalty = 1, j->req.smp.frequency_penalty = j->req.smp.presence_penalty = 0;
+        j->req.smp.penalty_last_n = n < 0 ? srv->n_ctx : (int32_t) n;
+    }
+    if (j->req.smp.penalty_last_n == 0) j->req.smp.penalty_last_n = 64; /* llama-server's repeat_last_n */
     if ((v = json_object_get(root, "top_k")) && !json_is_null(v)) {
         serve_error_param(e, "top_k");
         if (!json_is_integer(v)) {

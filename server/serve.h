@@ -194,11 +194,13 @@ struct job {
     int32_t shared_steps; /* decode steps of this job that shared their llama_decode with
                                    ** another request's tokens (usage.kvtier.decode_steps_shared) */
     /* JOB_COMPLETION: a raw row of the batched step in a scratch sequence */
-    kvt_token *ptok;        /* prompt tokens: a completion's until prefilled; a chat's template
+    kvt_token *ptok; /* prompt tokens: a completion's until prefilled; a chat's template
                                    ** tokens with the assistant prefix, once computed (server/admit.c:
                                    ** prefetch and admission share them) */
-    int32_t n_ptok;         /* JOB_CHAT: tokens in ptok */
-    bool have_ptok;         /* JOB_CHAT: ptok computed (NULL when it could not be) */
+    int32_t n_ptok;  /* JOB_CHAT: tokens in ptok */
+    bool have_ptok;  /* JOB_CHAT: ptok computed (NULL when it could not be) */
+    kvt_token *pen;  /* JOB_COMPLETION with a penalty: [2 x window], the prompt's last n_pen tokens, then the window */
+    int32_t n_pen;
     int32_t seq;            /* scratch sequence while running, -1 otherwise */
     int32_t cells;          /* KV cells reserved: prompt + max_tokens */
     struct kvt_gen_row row; /* position and logits (row.logits owned) */
@@ -377,6 +379,9 @@ int serve_request_parse_chat(struct server *srv, json_t *chat, struct job *j, st
 ** into req.smp.grammar, once.  0, or -1 with j->err set (a 400 naming the field for the client's
 ** own GBNF). */
 int serve_job_grammar(struct server *srv, struct job *j);
+/* s sets a repetition penalty (frequency, presence or repeat_penalty; server/request.c): its
+** window is s->penalty_last_n tokens (set with the penalties).  Pure. */
+bool serve_penalized(const struct kvt_sampling *s);
 
 /* A parsed chat job becomes a completion of its template's text with the assistant prefix, run in
 ** a scratch sequence and replied in the chat shape: a choice after the first of an n > 1 request

@@ -52,6 +52,14 @@ int32_t kvt_seq_n_cells(kvt_engine *eng, int32_t seq);
 ** and KVT_EINVAL for draw < 0 or seq outside -1 .. n_seq + 2. */
 int kvt_engine_sample_at(kvt_engine *eng, const struct kvt_sampling *s, int32_t seq, int64_t draw, kvt_token *tok /* OUT */);
 
+/* The repetition-penalty window of s in tokens (struct kvt_sampling.penalty_last_n; 0 there: 64,
+** llama-server's repeat_last_n), or 0 when s sets no penalty.  Pure. */
+static inline int32_t kvt_penalty_window(const struct kvt_sampling *s) {
+    const bool on = s &&
+                    ((s->repeat_penalty > 0 && s->repeat_penalty != 1.0f) || s->frequency_penalty != 0 || s->presence_penalty != 0);
+    return !on ? 0 : s->penalty_last_n > 0 ? s->penalty_last_n : 64;
+}
+
 /* ---- 3. Block primitives (kvtier.h section 3) ------------------------------- */
 
 /* Parse a blob's K rows of one layer to F32 (for verification and host-side scoring).

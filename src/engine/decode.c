@@ -221,12 +221,48 @@ void kvt_grammar_free(kvt_grammar *g) {
     free(g);
 }
 
-static void fill_candidates(const kvt_engine *e, const struct kvt_sampling *s, llama_token_data *d) {
+/* The repetition penalties of s over the last window tokens of s->history: llama.cpp's penalties
+** sampler (llama-server's, run after logit_bias as in its chain), given the window with
+** llama_sampler_accept and applied to the window's distinct tokens only (it leaves every other
+** candidate as it is), so a draw costs O(window), not O(n_vocab).  d is indexed by token id with
+** p = 0; p marks a token already taken and is 0 again on return.  KVT_ENOMEM. */
+static int apply_penalties(const kvt_engine *e, const struct kvt_sampling *s, llama_token_data *d) {
+    const int32_t win = kvt_penalty_window(s), nv = e->info.n_vocab;
+    if (win == 0 || !s->history || s->n_history <= 0) return 0;
+    const float rep = s->repeat_penalty > 0 ? s->repeat_penalty : 1.0f;
+    const int32_t n = KVT_MIN(s->n_history, win);
+    const kvt_token *h = s->history + (s->n_history - n);
+    struct llama_sampler *p = llama_sampler_init_penalties(nv, n, rep, s->frequency_penalty, s->presence_penalty);
+    llama_token_data *sub = malloc(sizeof *sub * (size_t) n);
+    if (!p || !sub) {
+        if (p) llama_sampler_free(p);
+        free(sub);
+        return kvt__fail(KVT_ENOMEM, "repetition penalties over %d tokens", n);
+    }
+    size_t m = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (h[i] < 0 || h[i] >= nv) continue;
+        llama_sampler_accept(p, h[i]);
+        if (d[h[i]].p == 0.0f) {
+            d[h[i]].p = 1.0f;
+            sub[m++] = d[h[i]];
+        }
+    }
+    llama_token_data_array a = { sub, m, -1, false };
+    llama_sampler_apply(p, &a);
+    for (size_t k = 0; k < m; k++) d[sub[k].id] = (llama_token_data){ sub[k].id, sub[k].logit, 0.0f };
+    llama_sampler_free(p);
+    free(sub);
+    return 0;
+}
+
+static int fill_candidates(const kvt_engine *e, const struct kvt_sampling *s, llama_token_data *d) {
     for (int32_t i = 0; i < e->info.n_vocab; i++) d[i] = (llama_token_data){ i, e->logits[i], 0.0f };
     for (int32_t k = 0; k < s->n_logit_bias; k++) {
         kvt_token t = s->logit_bias[k].token;
         if (t >= 0 && t < e->info.n_vocab) d[t].logit += s->logit_bias[k].bias;
     }
+    return apply_penalties(e, s, d);
 }
 
 /* kvt_sampling.post from the candidates the chain left (the dist sampler normalised their p over
@@ -276,7 +312,7 @@ static struct llama_sampler *gen_rng(kvt_engine *e, int32_t g, uint32_t seed, in
 }
 
 int kvt_engine_sample_at(kvt_engine *e, const struct kvt_sampling *s, int32_t seq, int64_t draw, kvt_token *tok) {
-    static const struct kvt_sampling greedy = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0 };
+    static const struct kvt_sampling greedy = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL };
     if (!s) s = &greedy;
     if (!e->have_logits) return kvt__fail(KVT_EINVAL, "sample: no logits (decode with want_logits first)");
     if (draw < 0) return kvt__fail(KVT_EINVAL, "sample: draw %lld is negative", (long long) draw);
@@ -312,7 +348,10 @@ int kvt_engine_sample_at(kvt_engine *e, const struct kvt_sampling *s, int32_t se
     const int32_t nv = e->info.n_vocab;
     llama_token_data *d = malloc(sizeof *d * (size_t) nv);
     if (!d) return kvt__fail(KVT_ENOMEM, "sampling candidates");
-    fill_candidates(e, s, d);
+    if (fill_candidates(e, s, d)) {
+        free(d);
+        return KVT_ENOMEM;
+    }
     llama_token_data_array arr = { d, (size_t) nv, -1, false };
     llama_sampler_apply(e->smpl, &arr);
     if (dist) llama_sampler_apply(dist, &arr);
@@ -324,13 +363,15 @@ int kvt_engine_sample_at(kvt_engine *e, const struct kvt_sampling *s, int32_t se
         llama_token_data_array a1 = { &one, 1, -1, false };
         llama_sampler_apply(s->grammar->smpl, &a1);
         if (isinf(one.logit)) { /* rejected: mask the whole vocabulary, then sample again */
-            fill_candidates(e, s, d);
+            rc = fill_candidates(e, s, d);
             arr = (llama_token_data_array){ d, (size_t) nv, -1, false };
-            llama_sampler_apply(s->grammar->smpl, &arr);
             bool any = false;
-            for (size_t i = 0; i < arr.size && !any; i++) any = !isinf(arr.data[i].logit);
-            if (!any) rc = kvt__fail(KVT_EINVAL, "sample: the grammar allows no token here");
-            else {
+            if (rc == 0) {
+                llama_sampler_apply(s->grammar->smpl, &arr);
+                for (size_t i = 0; i < arr.size && !any; i++) any = !isinf(arr.data[i].logit);
+                if (!any) rc = kvt__fail(KVT_EINVAL, "sample: the grammar allows no token here");
+            }
+            if (rc == 0) {
                 llama_sampler_apply(e->smpl, &arr);
                 if (dist) llama_sampler_apply(dist, &arr);
                 if (arr.selected < 0 || arr.selected >= (int64_t) arr.size || isinf(arr.data[arr.selected].logit))

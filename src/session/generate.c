@@ -8,6 +8,24 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Draw `draw` of the session's reply: kvt_engine_sample_at with, when smp sets a repetition penalty,
+** the last tokens of the stream (its window; prompt and reply so far) as the penalties' history. */
+static int sess_sample(kvt_session *s, const struct kvt_sampling *smp, int64_t draw, kvt_token *tok) {
+    const int32_t win = KVT_MIN(kvt_penalty_window(smp), s->total);
+    if (win <= 0) return kvt_engine_sample_at(s->eng, smp, s->p.seq, draw, tok);
+    kvt_token *h = malloc(sizeof *h * (size_t) win);
+    if (!h) return kvt__fail(KVT_ENOMEM, "a penalty window of %d tokens", win);
+    int32_t at = win; /* h[at .. win): the stream's last tokens, oldest first */
+    for (int32_t i = s->n_b - 1; i >= 0 && at > 0; i--)
+        for (int32_t k = s->b[i].tok ? s->b[i].info.n_tokens - 1 : -1; k >= 0 && at > 0; k--) h[--at] = s->b[i].tok[k];
+    struct kvt_sampling one = *smp;
+    one.history = h + at;
+    one.n_history = win - at;
+    int rc = kvt_engine_sample_at(s->eng, &one, s->p.seq, draw, tok);
+    free(h);
+    return rc;
+}
+
 int kvt_session_generate(kvt_session *s, int32_t max_tokens, const struct kvt_sampling *smp, kvt_token_cb cb, void *ud,
                          char **reply) {
     kvt__clear_error();
@@ -21,7 +39,7 @@ int kvt_session_generate(kvt_session *s, int32_t max_tokens, const struct kvt_sa
     int rc = 0;
     while (n < max_tokens) {
         kvt_token t;
-        if ((rc = kvt_engine_sample_at(s->eng, smp, s->p.seq, n, &t))) break; /* draw n of this reply */
+        if ((rc = sess_sample(s, smp, n, &t))) break; /* draw n of this reply */
         if (kvt_token_is_eog(s->eng, t)) break;
         gen[n++] = t;
         rc = kvt__sess_feed(s, &t, 1, KVT_ROLE_ASSISTANT, 0);
@@ -106,7 +124,7 @@ int kvt_session_gen_step(kvt_session *s, const struct kvt_sampling *smp, kvt_tok
     s->dec.generating = true;
     kvt__engine_set_logits(s->eng, s->dec.logits);
     kvt_token t;
-    int rc = kvt_engine_sample_at(s->eng, smp, s->p.seq, s->dec.n_gen, &t); /* draw n_gen of this reply */
+    int rc = sess_sample(s, smp, s->dec.n_gen, &t); /* draw n_gen of this reply */
     if (rc) return rc;
     *tok = t;
     if (kvt_token_is_eog(s->eng, t)) {
@@ -198,7 +216,7 @@ int kvt_session_gen_step_batch(kvt_engine *eng, const struct kvt_gen_batch *gb) 
         if (!s->dec.generating) s->dec.n_gen = 0, s->dec.last_unfed = false;
         s->dec.generating = true;
         kvt__engine_set_logits(eng, s->dec.logits);
-        if ((status[i] = kvt_engine_sample_at(eng, &smp[i], s->p.seq, s->dec.n_gen, &tok[i]))) continue;
+        if ((status[i] = sess_sample(s, &smp[i], s->dec.n_gen, &tok[i]))) continue;
         if (kvt_token_is_eog(eng, tok[i])) {
             done[i] = true;
             continue;

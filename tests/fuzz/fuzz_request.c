@@ -1,6 +1,6 @@
 /* fuzz_request.c — the body of POST /v1/chat/completions and /v1/completions (untrusted: any
 ** client with a key sends it) through the server's parser: JSON, then server/request.c
-** (sampling, stop, messages, tool calls and results) and server/tools.c (tools, tool_choice,
+** (sampling and its repetition penalties, stop, messages, tool calls and results) and server/tools.c (tools, tool_choice,
 ** response_format: JSON schema to GBNF, bounded by the caps of struct serve_limits).  Each input
 ** is parsed as a chat and as a completion, by the API modules' parse (server/api_openai.c: the
 ** field table first).  Invariants: a parse either fails with its error
@@ -36,6 +36,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             for (int32_t i = 0; i < j->req.n_msgs; i++) FUZZ_CHECK(j->req.msgs[i].role && j->req.msgs[i].content);
         }
         if (rc == 0 && !chat) FUZZ_CHECK(j->req.prompt != NULL || (j->req.prompt_ids && j->req.n_prompt_ids > 0));
+        if (rc == 0) { /* repetition penalties within their fields' ranges, a window of 1 .. n_ctx tokens */
+            const struct kvt_sampling *p = &j->req.smp;
+            FUZZ_CHECK(p->frequency_penalty >= -2 && p->frequency_penalty <= 2 && p->presence_penalty >= -2 && p->presence_penalty <= 2);
+            FUZZ_CHECK(p->repeat_penalty >= 0 && p->repeat_penalty <= 10);
+            FUZZ_CHECK(p->penalty_last_n >= 1 && p->penalty_last_n <= srv.n_ctx);
+        }
         if (rc == 0 && j->req.grammar) FUZZ_CHECK(strlen(j->req.grammar) <= (1u << 20) && strstr(j->req.grammar, "root ::= "));
         /* a refused request's job is freed unused: its limits are checked where it would run */
         if (rc == 0) FUZZ_CHECK(j->req.max_tokens >= 1 && j->req.max_tokens <= srv.n_ctx);

@@ -259,6 +259,29 @@ oa("top_k", "native")(lambda api: greedy_same(api, {"top_k": 1}, "top_k 1 = gree
 oa("min_p", "native")(lambda api: greedy_same(api, {"min_p": 1.0}, "min_p 1 = greedy"))
 
 
+@fresh
+def penalty_changes(api, *extras):
+    """a repetition penalty at either end of its range changes the 16-token greedy reply (words and
+    commas recur within the window of prompt and reply); with repeat_last_n 0 (no window) it is the
+    greedy reply"""
+    req, text, _, _ = API[api]
+    s0, ref = req(n=16)
+    changed, why = False, []
+    for extra in extras:
+        s1, b1 = req(extra, n=16)
+        s2, b2 = req({**extra, "repeat_last_n": 0}, n=16)
+        if s1 != 200 or s2 != 200 or text(b2) != text(ref):
+            return False, f"{extra}: {s1} {s2}, repeat_last_n 0 gives {text(b2)[:40]!r}, greedy {text(ref)[:40]!r}"
+        changed |= text(b1) != text(ref)
+        why.append(f"{extra}: {text(b1)[:30]!r}")
+    return s0 == 200 and changed, f"greedy {text(ref)[:30]!r}; " + "; ".join(why)
+
+
+for f, lo, hi in (("frequency_penalty", -2, 2), ("presence_penalty", -2, 2), ("repeat_penalty", 0.1, 10)):
+    oa(f, "chat", "completions", "native")(lambda api, f=f, lo=lo, hi=hi: penalty_changes(api, {f: hi}, {f: lo}))
+oa("repeat_last_n", "chat", "completions", "native")(lambda api: penalty_changes(api, {"frequency_penalty": 2, "repeat_last_n": -1}))
+
+
 @oa("seed", "chat", "completions", "native")
 @fresh
 def _(api):

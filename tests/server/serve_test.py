@@ -337,6 +337,72 @@ check("top_k 1 at temperature 1 is the greedy reply", st == 200 and c == rt.choi
 st, c = content_of({"frequency_penalty": 0, "presence_penalty": 0, "logit_bias": {}})
 check("neutral penalties and an empty logit_bias are accepted", st == 200, f"{st} {c!r}")
 
+# ---- repetition penalties (llama.cpp's penalties sampler, as llama-server runs it) ----------------
+# frequency and presence penalties lower a token's logit by freq x (its count in the window) +
+# presence, the window being the last repeat_last_n tokens of prompt and reply: the model's own
+# log-probabilities (n_probs / top_logprobs: before the samplers) so penalized give every greedy
+# token, whichever of the top 20 wins (a step is decided when the winner stays above the 20th's
+# unpenalized value: no token outside the list can pass it).  Control: the penalties change the
+# winner at some step.
+def penalized_steps(steps, window_of, freq, pres):
+    """(decided, agree, changed) over steps [(chosen key, [(key, logprob)])]"""
+    decided = agree = changed = 0
+    for i, (chosen, top) in enumerate(steps):
+        win = window_of(i)
+        if win is None or len({k for k, _ in top}) != len(top):
+            continue
+        adj = [(lp - freq * win.count(k) - (pres if k in win else 0), k) for k, lp in top]
+        best, bk = max(adj)
+        if best < min(lp for _, lp in top):
+            continue
+        decided += 1
+        agree += bk == chosen
+        changed += bk != max((lp, k) for k, lp in top)[1]
+    return decided, agree, changed
+
+APPLES = "apple apple apple apple apple apple apple apple apple apple"
+st, _, tk = raw("POST", "/tokenize", {"content": APPLES})
+ids = tk.get("tokens", []) if st == 200 else []
+st, _, b = raw("POST", "/completion", {"prompt": ids, "n_predict": 16, "temperature": 0, "n_probs": 20, "frequency_penalty": 1.5,
+                                      "presence_penalty": 0.5, "repeat_last_n": 8})
+probs = b.get("completion_probabilities", []) if st == 200 else []
+steps = [(e["id"], [(t["id"], t["logprob"]) for t in e["top_logprobs"]]) for e in probs]
+gen = [e["id"] for e in probs]
+d, a, ch = penalized_steps(steps, lambda i: (ids + gen[:i])[-8:], 1.5, 0.5)
+check(f"/completion with frequency and presence penalties over repeat_last_n 8: {a} of {d} decided greedy tokens are the "
+      f"model's argmax so penalized (the penalties changed it at {ch})", st == 200 and d >= 8 and a == d and ch > 0,
+      f"{st} {len(steps)} steps {str(b)[:200]}")
+pq = [{"role": "user", "content": "Say " + APPLES}]
+st, _, b = raw("POST", "/v1/chat/completions", {"messages": pq, "max_tokens": 24, "temperature": 0, "logprobs": True,
+                                                "top_logprobs": 20, "frequency_penalty": 2, "presence_penalty": 1,
+                                                "repeat_last_n": 4})
+content = (b["choices"][0].get("logprobs") or {}).get("content") or [] if st == 200 else []
+steps = [(e["token"], [(t["token"], t["logprob"]) for t in e["top_logprobs"]]) for e in content]
+toks = [e["token"] for e in content]
+d, a, ch = penalized_steps(steps, lambda i: toks[i - 4:i] if i >= 4 else None, 2, 1)  # from token 5 on: reply tokens only
+check(f"chat (the session's stream) with the penalties over repeat_last_n 4: {a} of {d} decided tokens from the 5th on are the "
+      f"argmax so penalized (changed at {ch})", st == 200 and d >= 4 and a == d, f"{st} {len(steps)} steps {str(b)[:300]}")
+st, _, b = raw("POST", "/completion", {"prompt": ids, "n_predict": 4, "temperature": 0, "repeat_penalty": 1.3, "repeat_last_n": 0})
+st0, _, b0 = raw("POST", "/completion", {"prompt": ids, "n_predict": 4, "temperature": 0})
+# concurrent: a penalized completion and a plain one batched in the same steps (--parallel 2): the
+# plain reply is its solo one (each row's window is its own), the penalized one its solo one too
+solo = raw("POST", "/completion", {"prompt": ids, "n_predict": 12, "temperature": 0, "cache_prompt": False})[2]
+pen_body = {"prompt": ids, "n_predict": 12, "temperature": 0, "cache_prompt": False, "frequency_penalty": 2, "repeat_last_n": 16}
+pen_solo = raw("POST", "/completion", pen_body)[2]
+both = [None, None]
+ths = [threading.Thread(target=lambda k, bd: both.__setitem__(k, raw("POST", "/completion", bd)[2]), args=(k, bd))
+       for k, bd in enumerate(({"prompt": ids, "n_predict": 12, "temperature": 0, "cache_prompt": False}, pen_body))]
+for t in ths:
+    t.start()
+for t in ths:
+    t.join()
+check("a penalized and a plain completion at once: each is its solo reply (the penalties stay in their row)",
+      isinstance(both[0], dict) and isinstance(both[1], dict) and both[0].get("content") == solo.get("content")
+      and both[1].get("content") == pen_solo.get("content") and pen_solo.get("content") != solo.get("content"),
+      f"{str(both)[:200]} | solo {str(solo)[:80]} | penalized {str(pen_solo)[:80]}")
+check("repeat_last_n 0: no penalty (the plain greedy reply)", st == 200 and st0 == 200 and b.get("content") == b0.get("content"),
+      f"{st} {str(b)[:120]} | {str(b0)[:120]}")
+
 # ---- bad input -------------------------------------------------------------------------
 def bad(name, status, body, frag, **kw):
     st, _, b = raw("POST", kw.pop("path", "/v1/chat/completions"), body, **kw)
@@ -380,7 +446,12 @@ bad("a tool result without tool_call_id", 400, {"messages": [{"role": "user", "c
                                                             {"role": "tool", "content": "18 degrees"}]}, "tool_call_id")
 bad("the deprecated functions API", 400, {"messages": hello, "functions": [{"name": "f"}]}, "deprecated")
 bad("logit_bias out of range", 400, {"messages": hello, "logit_bias": {"15": 500}}, "'logit_bias'")
-bad("frequency_penalty 0.5 (not implemented)", 400, {"messages": hello, "frequency_penalty": 0.5}, "'frequency_penalty' 0.5")
+bad("frequency_penalty outside -2..2", 400, {"messages": hello, "frequency_penalty": 2.5}, "'frequency_penalty' 2.5 is outside -2..2")
+bad("presence_penalty of the wrong type", 400, {"messages": hello, "presence_penalty": "x"}, "'presence_penalty' must be a number")
+bad("repeat_penalty 0", 400, {"messages": hello, "repeat_penalty": 0}, "'repeat_penalty' 0 is outside (0, 10]")
+bad("repeat_last_n -2", 400, {"prompt": "hi", "repeat_last_n": -2}, "'repeat_last_n' -2 is outside -1..", path="/completion")
+bad("repeat_last_n past the context", 400, {"prompt": "hi", "repeat_last_n": 1 << 30}, "'repeat_last_n' 1073741824 is outside",
+    path="/completion")
 bad("typical_p 0.5 (not implemented)", 400, {"messages": hello, "typical_p": 0.5}, "'typical_p' 0.5 is not supported")
 bad("min_p outside 0..1", 400, {"messages": hello, "min_p": -0.5}, "'min_p' -0.5 is outside 0..1")
 bad("grammar that is not GBNF", 400, {"messages": hello, "grammar": "root ::= (("}, "'grammar' is not valid GBNF")

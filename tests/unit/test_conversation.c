@@ -167,7 +167,7 @@ static void test_sync(void **state) {
     assert_int_equal(kvt_session_sync(s, conv, 1, &si), 0);
     assert_int_equal(si.tokens_reused, 0);
     assert_int_equal(si.prompt_tokens, ref_tokens(e, conv, 1));
-    struct kvt_sampling smp = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0 };
+    struct kvt_sampling smp = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL };
     int32_t n = 0;
     for (bool done = false; !done && n < 12; n++) {
         kvt_token t;
@@ -234,7 +234,7 @@ static void run_b(kvt_session *b, double *lp) {
 static void run_a(kvt_session *a) {
     const struct kvt_chat_msg m[] = { { "user", "a long story about a dog that ran to the park every day" } };
     assert_int_equal(kvt_session_sync(a, m, 1, NULL), 0);
-    struct kvt_sampling smp = { 0.8f, 0.9f, 0, 7, NULL, NULL, 0, NULL, 0, 0 };
+    struct kvt_sampling smp = { 0.8f, 0.9f, 0, 7, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL };
     assert_int_equal(kvt_session_generate(a, 20, &smp, NULL, NULL, NULL), 0);
 }
 
@@ -264,7 +264,7 @@ static void test_sessions_independent(void **state) {
     const struct kvt_chat_msg mb[] = { { "user", "the sun is hot and the moon is cold" } };
     assert_int_equal(kvt_session_sync(a, ma, 1, NULL), 0);
     assert_int_equal(kvt_session_sync(b, mb, 1, NULL), 0);
-    struct kvt_sampling smp = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0 };
+    struct kvt_sampling smp = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL };
     for (int i = 0; i < 5; i++) { /* A decodes after B's prompt: B's logits must survive */
         kvt_token t;
         bool done;
@@ -355,7 +355,7 @@ static void test_real_independent(void **state) {
     e = open_real(2);
     kvt_session *a = open_real_session(e, 0, KVT_POLICY_H2O);
     real_conv(a, 4);
-    struct kvt_sampling smp = { 0.7f, 0.9f, 0, 3, NULL, NULL, 0, NULL, 0, 0 };
+    struct kvt_sampling smp = { 0.7f, 0.9f, 0, 3, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL };
     assert_int_equal(kvt_session_generate(a, 16, &smp, NULL, NULL, NULL), 0);
     kvt_session_free(a);
     b = open_real_session(e, 0, KVT_POLICY_KVTIER);
@@ -718,7 +718,8 @@ static void test_grammar(void **state) {
     const struct kvt_chat_msg msg = { "user", "How many moons does Mars have? Answer in one sentence." };
     kvt_session *ss[2] = { open_real_session(e, 0, KVT_POLICY_KVTIER), open_real_session(e, 1, KVT_POLICY_KVTIER) };
     for (int k = 0; k < 2; k++) assert_int_equal(kvt_session_sync(ss[k], &msg, 1, NULL), 0);
-    struct kvt_sampling smp[2] = { { 0, 1, 0, 0, g, NULL, 0, NULL, 0, 0 }, { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0 } };
+    struct kvt_sampling smp[2] = { { 0, 1, 0, 0, g, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL },
+                                   { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL } };
     bool over[2] = { false, false };
     int32_t steps[2] = { 0, 0 };
     for (int32_t i = 0; i < 24 && !(over[0] && over[1]); i++) {
@@ -764,7 +765,7 @@ static void gen_alone(const struct kvt_chat_msg *m, int32_t seq, kvt_token *out,
     kvt_engine *e = open_tiny(2);
     kvt_session *s = open_session(e, seq, KVT_POLICY_KVTIER);
     assert_int_equal(kvt_session_sync(s, m, 1, NULL), 0);
-    struct kvt_sampling smp = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0 };
+    struct kvt_sampling smp = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL };
     for (int32_t i = 0; i < n; i++) {
         bool done = false;
         assert_int_equal(kvt_session_gen_step(s, &smp, &out[i], &done), 0);
@@ -789,7 +790,8 @@ static void test_batch_step(void **state) {
     kvt_session *ss[2] = { open_session(e, 0, KVT_POLICY_KVTIER), open_session(e, 1, KVT_POLICY_KVTIER) };
     assert_int_equal(kvt_session_sync(ss[0], ma, 1, NULL), 0);
     assert_int_equal(kvt_session_sync(ss[1], mb, 1, NULL), 0);
-    struct kvt_sampling smp[2] = { { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0 }, { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0 } };
+    struct kvt_sampling smp[2] = { { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL },
+                                   { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL } };
     bool fin[2] = { false, false };
     for (int32_t i = 0; i < N; i++) {
         kvt_session *live[2];
@@ -848,7 +850,7 @@ static void raw_alone(const char *prompt, int32_t seq, kvt_token *out, int32_t n
     int32_t nt = 0;
     assert_int_equal(kvt_tokenize(e, prompt, true, false, &t, &nt), 0);
     assert_int_equal(kvt_engine_decode(e, seq, t, nt, 0, true), 0);
-    struct kvt_sampling smp = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0 };
+    struct kvt_sampling smp = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL };
     for (int32_t i = 0; i < n; i++) {
         assert_int_equal(kvt_engine_sample(e, &smp, &out[i]), 0);
         if (kvt_token_is_eog(e, out[i])) {
@@ -884,8 +886,8 @@ static void test_batch_rows(void **state) {
     row.pos = nt;
     row.logits = malloc(sizeof(float) * (size_t) I.n_vocab);
     memcpy(row.logits, kvt_engine_logits(e), sizeof(float) * (size_t) I.n_vocab);
-    row.smp = (struct kvt_sampling){ 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0 };
-    struct kvt_sampling smp[1] = { { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0 } };
+    row.smp = (struct kvt_sampling){ 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL };
+    struct kvt_sampling smp[1] = { { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL } };
     bool fin_a = false, fin_r = false;
     for (int32_t i = 0; i < N; i++) {
         kvt_token tok[1];
@@ -956,7 +958,7 @@ static void test_shared_start(void **state) {
     };
     struct kvt_sync_info si;
     assert_int_equal(kvt_session_sync(s, m1, 1, &si), 0);
-    struct kvt_sampling smp = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0 };
+    struct kvt_sampling smp = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL };
     for (int32_t i = 0; i < 6; i++) {
         kvt_token t;
         bool done = false;
@@ -1032,7 +1034,7 @@ struct interleave {
 };
 static void on_chunk_step(void *ud) {
     struct interleave *it = ud;
-    struct kvt_sampling smp = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0 };
+    struct kvt_sampling smp = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL };
     it->calls++;
     bool done = false;
     if (it->n < 12) {
@@ -1353,7 +1355,7 @@ static void seeded_beside(uint32_t seed_a, const struct kvt_sampling *sb, kvt_to
     const struct kvt_chat_msg mb[] = { { "user", "the sun is hot and the moon is cold" } };
     assert_int_equal(kvt_session_sync(a, ma, 1, NULL), 0);
     assert_int_equal(kvt_session_sync(b, mb, 1, NULL), 0);
-    const struct kvt_sampling sa = { 1.0f, 1.0f, 0, seed_a, NULL, NULL, 0, NULL, 0, 0 };
+    const struct kvt_sampling sa = { 1.0f, 1.0f, 0, seed_a, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL };
     bool done_a = false, done_b = false;
     for (int32_t i = 0; i < n; i++) {
         kvt_token t;
@@ -1378,8 +1380,8 @@ static void test_seed_own_stream(void **state) {
     (void) state;
     enum { N = 24 };
     kvt_token alone[N], beside[N], other[N];
-    const struct kvt_sampling greedy = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0 };
-    const struct kvt_sampling same = { 1.0f, 1.0f, 0, 7, NULL, NULL, 0, NULL, 0, 0 };
+    const struct kvt_sampling greedy = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL };
+    const struct kvt_sampling same = { 1.0f, 1.0f, 0, 7, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL };
     seeded_beside(7, &greedy, alone, N);
     seeded_beside(7, &same, beside, N);
     seeded_beside(8, &greedy, other, N);
@@ -1408,7 +1410,7 @@ static void test_seed_stream_per_sequence(void **state) {
     int32_t nt = 0;
     assert_int_equal(kvt_tokenize(e, "the sun is hot and the moon is", true, false, &t, &nt), 0);
     assert_int_equal(kvt_engine_decode(e, 0, t, nt, 0, true), 0);
-    const struct kvt_sampling smp = { 1.5f, 1.0f, 0, 42, NULL, NULL, 0, NULL, 0, 0 };
+    const struct kvt_sampling smp = { 1.5f, 1.0f, 0, 42, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL };
     struct kvt_sampling other = smp;
     other.seed = 43;
     kvt_token a[N], b[N], c[N], d[N], o[N];
@@ -1443,6 +1445,92 @@ static void test_seed_stream_per_sequence(void **state) {
     kvt_engine_free(e);
 }
 
+/* llama.cpp's penalties sampler, computed here by its definition: over the window win[0..n), a
+** token seen c > 0 times has its logit divided by rep (multiplied when <= 0), then minus freq * c
+** and presence once.  The argmax of the logits so penalized. */
+static kvt_token penalized_argmax(const float *l, int32_t nv, const kvt_token *win, int32_t n, float rep, float freq, float pres) {
+    kvt_token best = -1;
+    float bl = -INFINITY;
+    for (int32_t v = 0; v < nv; v++) {
+        int32_t c = 0;
+        for (int32_t i = 0; i < n; i++) c += win[i] == v;
+        float x = l[v];
+        if (c > 0) {
+            x = x <= 0 ? x * rep : x / rep;
+            x -= (float) c * freq + pres;
+        }
+        if (x > bl) bl = x, best = v;
+    }
+    return best;
+}
+
+/* Repetition penalties (struct kvt_sampling: repeat, frequency, presence over the last
+** penalty_last_n tokens) as llama-server applies them: a session's greedy reply, token by token,
+** is the argmax of its logits penalized by definition over the window of the conversation's
+** template tokens and the reply so far (computed here from kvt_chat_tokenize, not from the
+** session); raw sampling takes the caller's history, of which only the last penalty_last_n
+** tokens count.  Control: the penalties change the argmax at some of the steps (the comparison
+** is not vacuous), and without them the reply is the plain argmax. */
+static void test_penalties(void **state) {
+    (void) state;
+    enum { N = 40, W = 32 };
+    const struct kvt_chat_msg m[] = { { "user", "the cat sat on the mat and the cat sat on the mat and the cat" } };
+    kvt_engine *e = open_tiny(1);
+    struct kvt_engine_info I;
+    kvt_engine_info(e, &I);
+    kvt_session *s = open_session(e, 0, KVT_POLICY_KVTIER);
+    assert_int_equal(kvt_session_sync(s, m, 1, NULL), 0);
+    kvt_token *stream = NULL;
+    int32_t n_stream = 0;
+    assert_int_equal(kvt_chat_tokenize(e, m, 1, true, kvt_session_default_params().template_fallback, &stream, &n_stream), 0);
+    stream = realloc(stream, sizeof *stream * (size_t) (n_stream + N));
+    assert_non_null(stream);
+    struct kvt_sampling smp = {
+        .top_p = 1, .repeat_penalty = 4.0f, .frequency_penalty = 2.0f, .presence_penalty = 2.0f, .penalty_last_n = W
+    };
+    float *l = malloc(sizeof *l * (size_t) I.n_vocab);
+    assert_non_null(l);
+    int32_t changed = 0, steps = 0;
+    for (int32_t i = 0; i < N; i++) {
+        memcpy(l, kvt_session_logits(s), sizeof *l * (size_t) I.n_vocab);
+        const int32_t w = n_stream < W ? n_stream : W;
+        const kvt_token want = penalized_argmax(l, I.n_vocab, stream + n_stream - w, w, 4.0f, 2.0f, 2.0f);
+        changed += want != penalized_argmax(l, I.n_vocab, NULL, 0, 1, 0, 0);
+        kvt_token t;
+        bool done = false;
+        assert_int_equal(kvt_session_gen_step(s, &smp, &t, &done), 0);
+        assert_int_equal(t, want);
+        steps++;
+        if (done) break;
+        stream[n_stream++] = t;
+    }
+    printf("penalties: %d greedy steps, each the argmax penalized by definition; the penalties changed it at %d\n", steps, changed);
+    assert_true(changed > 0);
+    assert_int_equal(kvt_session_gen_end(s, NULL), 0);
+    /* raw sampling: the history's last W tokens count, not the ones before; NULL history: none */
+    kvt_session_free(s);
+    assert_int_equal(kvt_engine_decode(e, 0, stream, 24, 0, true), 0);
+    memcpy(l, kvt_engine_logits(e), sizeof *l * (size_t) I.n_vocab);
+    const kvt_token top = penalized_argmax(l, I.n_vocab, NULL, 0, 1, 0, 0);
+    kvt_token hist[3 * W], t;
+    for (int32_t i = 0; i < 3 * W; i++) hist[i] = i < 2 * W ? (kvt_token) (i + 1) : top; /* the top token in the window */
+    smp = (struct kvt_sampling){
+        .top_p = 1, .presence_penalty = 2, .frequency_penalty = 1, .penalty_last_n = W, .history = hist, .n_history = 3 * W
+    };
+    assert_int_equal(kvt_engine_sample(e, &smp, &t), 0);
+    assert_int_equal(t, penalized_argmax(l, I.n_vocab, hist + 2 * W, W, 1, 1, 2));
+    assert_int_not_equal(t, top);
+    for (int32_t i = 0; i < 3 * W; i++) hist[i] = i < W ? top : (kvt_token) (i + 1); /* the top token before it */
+    assert_int_equal(kvt_engine_sample(e, &smp, &t), 0);
+    assert_int_equal(t, top);
+    smp.history = NULL;
+    assert_int_equal(kvt_engine_sample(e, &smp, &t), 0);
+    assert_int_equal(t, top);
+    free(l);
+    free(stream);
+    kvt_engine_free(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_user_messages),
@@ -1462,6 +1550,7 @@ int main(void) {
         cmocka_unit_test(test_real_independent),
         cmocka_unit_test(test_grammar),
         cmocka_unit_test(test_server_path),
+        cmocka_unit_test(test_penalties),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
