@@ -24,6 +24,7 @@ enum kvt__fault_site {
     KVT__FAULT_STORE_PREFETCH, /* a block store prefetch's read fails (not promoted, prefetch.failed) */
     KVT__FAULT_CHUNK_LOAD,     /* a session's load of a reused chunk (kvt_blocks_load) fails: KVT_ELLAMA */
     KVT__FAULT_TOK_MEMO,       /* the tokenizer memo's allocations (a copy kept, a prefix taken) fail */
+    KVT__FAULT_PENALTIES,      /* the repetition penalties' sampler or candidates allocation fails */
     KVT__FAULT__COUNT
 };
 

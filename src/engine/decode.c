@@ -2,6 +2,7 @@
 ** sequences in one batch; the logits of the last decode; sampling (llama.cpp's sampler chain,
 ** GBNF grammar); sequence removal and copy with the position shadow kept in step. */
 #include "engine/engine_int.h"
+#include "fault.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -233,7 +234,7 @@ static int apply_penalties(const kvt_engine *e, const struct kvt_sampling *s, ll
     const int32_t n = KVT_MIN(s->n_history, win);
     const kvt_token *h = s->history + (s->n_history - n);
     struct llama_sampler *p = llama_sampler_init_penalties(nv, n, rep, s->frequency_penalty, s->presence_penalty);
-    llama_token_data *sub = malloc(sizeof *sub * (size_t) n);
+    llama_token_data *sub = kvt__fault_check(KVT__FAULT_PENALTIES) ? NULL : malloc(sizeof *sub * (size_t) n);
     if (!p || !sub) {
         if (p) llama_sampler_free(p);
         free(sub);

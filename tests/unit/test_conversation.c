@@ -12,6 +12,7 @@
 #include "kvtier.h"
 #include "kvtier_int.h" /* what the library shares internally: the tests call it too */
 #include "test_hooks.h"
+#include "fault.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -1498,6 +1499,12 @@ static void test_penalties(void **state) {
         changed += want != penalized_argmax(l, I.n_vocab, NULL, 0, 1, 0, 0);
         kvt_token t;
         bool done = false;
+        if (i == 3) { /* the penalties' allocation fails: KVT_ENOMEM, nothing fed; the step again is the same */
+            kvt__fault_set(KVT__FAULT_PENALTIES, 0, 1);
+            assert_int_equal(kvt_session_gen_step(s, &smp, &t, &done), KVT_ENOMEM);
+            assert_int_equal(kvt__fault_hits(KVT__FAULT_PENALTIES), 1);
+            assert_false(done);
+        }
         assert_int_equal(kvt_session_gen_step(s, &smp, &t, &done), 0);
         assert_int_equal(t, want);
         steps++;
@@ -1517,6 +1524,8 @@ static void test_penalties(void **state) {
     smp = (struct kvt_sampling){
         .top_p = 1, .presence_penalty = 2, .frequency_penalty = 1, .penalty_last_n = W, .history = hist, .n_history = 3 * W
     };
+    kvt__fault_set(KVT__FAULT_PENALTIES, 0, 1);
+    assert_int_equal(kvt_engine_sample(e, &smp, &t), KVT_ENOMEM);
     assert_int_equal(kvt_engine_sample(e, &smp, &t), 0);
     assert_int_equal(t, penalized_argmax(l, I.n_vocab, hist + 2 * W, W, 1, 1, 2));
     assert_int_not_equal(t, top);
