@@ -46,14 +46,18 @@ int serve_submit(struct server *srv, struct job *j) {
         pthread_mutex_unlock(&srv->mu);
         return 503;
     }
-    if (j->kind != JOB_DELETE && srv->n_queued >= srv->max_queue) {
+    /* --queue counts the requests waiting for a --parallel slot: as many queued jobs as there are
+    ** free slots are not waiting (the engine thread takes them at its next round; until then they
+    ** sit in the queue), so requests that arrive together while slots are free are never refused */
+    const int64_t free_slots = srv->parallel > srv->m.active ? srv->parallel - srv->m.active : 0;
+    if (j->kind != JOB_DELETE && srv->n_queued >= srv->max_queue + free_slots) {
         pthread_mutex_unlock(&srv->mu);
         return 429;
     }
     if (j->kind != JOB_DELETE && srv->queue_per_key < srv->max_queue) { /* one key's share */
         int32_t mine = 0;
         for (struct job *q = srv->head; q; q = q->next) mine += q->kind != JOB_DELETE && !strcmp(q->req.ns, j->req.ns);
-        if (mine >= srv->queue_per_key) {
+        if (mine >= srv->queue_per_key + free_slots) {
             pthread_mutex_unlock(&srv->mu);
             return 430; /* 429 for the client: this key's share is full */
         }

@@ -588,6 +588,28 @@ def wait_metric(name, value, limit=20):
     return metric(name) == value
 
 
+# requests that arrive together while slots are free are not waiting (--queue counts the requests
+# waiting for a slot): 3 at once with both slots free take the 2 slots and the queue's 1 place, in
+# 5 rounds.  Until the engine thread's next round takes them they all sit in the queue, which
+# refused the second one (429 queue_full) when --queue counted every queued job.
+together = []
+for rnd in range(5):
+    wait_metric("kvtier_active_requests", 0)
+    gate = threading.Barrier(3)
+
+    def at_once(i):
+        gate.wait()
+        st, _, b = raw("POST", "/completion", {"prompt": f"Round {rnd}, request {i}:", "n_predict": 2, "temperature": 0,
+                                               "cache_prompt": False})
+        together.append((st, b.get("error", {}).get("code") if isinstance(b, dict) and st != 200 else None))
+    ths = [threading.Thread(target=at_once, args=(i,)) for i in range(3)]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join()
+check(f"3 requests at once with both slots free (--parallel 2 --queue 1), 5 rounds: all 15 served",
+      [st for st, _ in together] == [200] * 15, together)
+
 ths = []
 busy = True
 for i in range(2):  # both slots busy, one after the other (the queue holds only one)
