@@ -135,7 +135,8 @@ int cmd_serve(int argc, char **argv) {
     bool no_op_offload = false;
     int32_t port = 8080, max_sessions = 0;
     /* llama-server's flags */
-    double temp = 1.0, top_p = 1.0, min_p = 0.0;
+    double temp = 1.0, top_p = 1.0, min_p = 0.0, repeat_penalty = 1.0, frequency_penalty = 0.0, presence_penalty = 0.0;
+    int repeat_last_n = 64;
     int32_t top_k = 0;
     int32_t resp_ttl = 30 * 24 * 3600; /* --response-ttl */
     int32_t seed = -1, n_predict = -1;
@@ -367,6 +368,19 @@ int cmd_serve(int argc, char **argv) {
           "min_p of a request that sends none (default 0: off; llama-server's defaults are --top-k 40 --top-p 0.95 "
           "--min-p 0.05 --temp 0.8)",
           NULL },
+        { "repeat-penalty", 0, OPT_FLOAT, &repeat_penalty, 0.000001, 10, "F",
+          "repeat_penalty of a request that sends none: the logits of the tokens in the window divided (positive) or "
+          "multiplied (negative) by F (default 1: off)",
+          NULL },
+        { "frequency-penalty", 0, OPT_FLOAT, &frequency_penalty, -2, 2, "F",
+          "frequency_penalty of a request that sends none: F x a token's count in the window off its logit (default 0: off)",
+          NULL },
+        { "presence-penalty", 0, OPT_FLOAT, &presence_penalty, -2, 2, "F",
+          "presence_penalty of a request that sends none: F off the logit of a token in the window (default 0: off)", NULL },
+        { "repeat-last-n", 0, OPT_INT, &repeat_last_n, -1, 1 << 20, "N",
+          "the penalties' window of a request that sends none: the last N tokens of prompt and reply (default 64; -1: "
+          "the context; 0: no penalty unless the request sends repeat_last_n)",
+          NULL },
         { "seed", 0, OPT_INT, &seed, -1, 2147483647, "N",
           "sampling seed of a request that sends none (default -1: a new one per request)", NULL },
         { "n-predict", 'n', OPT_INT, &n_predict, -1, 1 << 20, "N",
@@ -505,6 +519,15 @@ int cmd_serve(int argc, char **argv) {
     srv.top_k_default = top_k;
     srv.top_p_default = (float) top_p;
     srv.min_p_default = (float) min_p;
+    if (repeat_last_n > srv.n_ctx) {
+        fprintf(stderr, "%s: --repeat-last-n %d is past the context (-c %d); -1 takes the whole context\n", cmd, repeat_last_n,
+                srv.n_ctx);
+        goto out;
+    }
+    srv.repeat_penalty_default = (float) repeat_penalty;
+    srv.frequency_penalty_default = (float) frequency_penalty;
+    srv.presence_penalty_default = (float) presence_penalty;
+    srv.repeat_last_n_default = repeat_last_n;
     srv.seed_default = seed;
     if (n_predict > 0) { /* llama-server's -n: the limit of a request that gives none */
         srv.n_predict_cap = n_predict;

@@ -345,6 +345,12 @@ json_t *compat_props(struct server *srv) {
     json_t *params = json_pack("{s:I, s:f, s:i, s:i, s:f, s:f}", "seed", (json_int_t) srv->seed_default, "temperature",
                                (double) srv->temp_default, "n_predict", srv->n_predict_cap > 0 ? srv->n_predict_cap : -1, "top_k",
                                srv->top_k_default, "top_p", (double) srv->top_p_default, "min_p", (double) srv->min_p_default);
+    /* the penalties' defaults (--repeat-penalty, ...; llama-server's params) */
+    json_t *pen = json_pack("{s:f, s:f, s:f, s:i}", "repeat_penalty", (double) srv->repeat_penalty_default, "frequency_penalty",
+                            (double) srv->frequency_penalty_default, "presence_penalty", (double) srv->presence_penalty_default,
+                            "repeat_last_n", srv->repeat_last_n_default < 0 ? srv->n_ctx : srv->repeat_last_n_default);
+    if (params && pen) json_object_update(params, pen);
+    json_decref(pen);
     return json_pack("{s:{s:i, s:o}, s:i, s:s, s:s, s:s, s:{s:b, s:b}, s:s, s:{s:i, s:i, s:i, s:i, s:i, s:s, s:i}}",
                      "default_generation_settings", "n_ctx", srv->budget, "params", params, "total_slots", srv->max_sessions,
                      /* with API keys the server's directories are not the tenants' business: the file's name */

@@ -21,10 +21,15 @@ bool serve_penalized(const struct kvt_sampling *s) {
 static int parse_common(struct server *srv, json_t *root, struct job *j, struct serve_error *e) {
     json_t *v;
     j->req.max_tokens = srv->max_tokens_default;
-    /* the server's defaults (--temp, --top-p, --top-k, --min-p), the same on every route */
-    j->req.smp = (struct kvt_sampling){
-        .temperature = srv->temp_default, .top_p = srv->top_p_default, .top_k = srv->top_k_default, .min_p = srv->min_p_default
-    };
+    /* the server's defaults (--temp, --top-p, --top-k, --min-p, the penalties), the same on every route */
+    j->req.smp = (struct kvt_sampling){ .temperature = srv->temp_default,
+                                        .top_p = srv->top_p_default,
+                                        .top_k = srv->top_k_default,
+                                        .min_p = srv->min_p_default,
+                                        .repeat_penalty = srv->repeat_penalty_default,
+                                        .frequency_penalty = srv->frequency_penalty_default,
+                                        .presence_penalty = srv->presence_penalty_default };
+    json_int_t last_n = srv->repeat_last_n_default;
     const char *len_keys[] = { "max_tokens", "max_completion_tokens" };
     for (int i = 0; i < 2; i++)
         if ((v = json_object_get(root, len_keys[i])) && !json_is_null(v)) {
@@ -94,10 +99,12 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
         if (n < -1 || n > srv->n_ctx)
             return serve_bad(e, "'repeat_last_n' %lld is outside -1..%d (-1: the context, 0: no penalty)", (long long) n,
                              srv->n_ctx);
-        if (n == 0) j->req.smp.repeat_penalty = 1, j->req.smp.frequency_penalty = j->req.smp.presence_penalty = 0;
-        j->req.smp.penalty_last_n = n < 0 ? srv->n_ctx : (int32_t) n;
+        last_n = n;
     }
-    if (j->req.smp.penalty_last_n == 0) j->req.smp.penalty_last_n = 64; /* llama-server's repeat_last_n */
+    /* a window of 0 (the request's, or the server's --repeat-last-n that a request did not replace):
+    ** no penalty, as llama.cpp's penalties sampler over no token */
+    if (last_n == 0) j->req.smp.repeat_penalty = 1, j->req.smp.frequency_penalty = j->req.smp.presence_penalty = 0;
+    j->req.smp.penalty_last_n = last_n < 0 ? srv->n_ctx : last_n > 0 ? (int32_t) last_n : 64;
     if ((v = json_object_get(root, "top_k")) && !json_is_null(v)) {
         serve_error_param(e, "top_k");
         if (!json_is_integer(v)) {

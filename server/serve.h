@@ -295,7 +295,11 @@ struct server {
     float temp_default;                 /* --temp: a request's temperature when it sends none (default 1, OpenAI's) */
     int32_t top_k_default;              /* --top-k: a request's top_k when it sends none (default 0: off) */
     float top_p_default, min_p_default; /* --top-p, --min-p: likewise (defaults 1 and 0: off) */
-    int64_t seed_default;               /* --seed: a request's seed when it sends none; -1 (default) = drawn per request */
+    /* --repeat-penalty, --frequency-penalty, --presence-penalty, --repeat-last-n: likewise (defaults
+    ** 1, 0, 0: off; the window 64 tokens, -1 the context, 0 no penalty unless a request sends one) */
+    float repeat_penalty_default, frequency_penalty_default, presence_penalty_default;
+    int32_t repeat_last_n_default;
+    int64_t seed_default;          /* --seed: a request's seed when it sends none; -1 (default) = drawn per request */
     int32_t n_predict_cap;         /* -n/--n-predict: the limit of a request that gives none (llama-server's); 0 = none given */
     const char *aliases, *tags;    /* --alias, --tags: comma-separated, as given (NULL = none); model_name is the
                                 ** first alias in byte order (llama-server's id) */

@@ -86,7 +86,8 @@ grep -qF -e "$KEY" -e "$KEY2" "$TMP/err" "$TMP/out" && bad "the API key is in th
 # ---- --no-slots, --no-metrics, --chat-template, IPv6 ------------------------------------------
 HOSTS=127.0.0.1
 if python3 -c 'import socket; s = socket.socket(socket.AF_INET6); s.bind(("::1", 0))' 2>/dev/null; then HOSTS=127.0.0.1,::1; fi
-start "$TMP/err2" --host "$HOSTS" --no-slots --no-metrics --chat-template llama3 -c 2048
+start "$TMP/err2" --host "$HOSTS" --no-slots --no-metrics --chat-template llama3 -c 2048 \
+    --repeat-penalty 1.3 --frequency-penalty 1.5 --presence-penalty 0.5 --repeat-last-n 16
 if [ -z "$PORT" ]; then
     bad "second server did not start"; cat "$TMP/err2"
 else
@@ -103,6 +104,53 @@ else
         || bad "keyless CORS default: $(pre http://evil.example | tr -d '\r' | grep -i access-control)"
     r=$(curl -s "http://127.0.0.1:$PORT/v1/chat/completions" -d '{"messages":[{"role":"user","content":"hi"}],"max_tokens":4}')
     echo "$r" | grep -q '"choices"' && ok "a chat request runs under the llama3 template" || bad "chat under llama3: $r"
+    # llama-server's penalty flags are the defaults of a request that sends none: /props and
+    # generation_settings report them; with repeat_penalty neutralised, each greedy token is the
+    # argmax of the top-20 log-probabilities less 1.5 x its count in the last 16 tokens and 0.5 if
+    # there (the flags' frequency and presence penalties, by definition); the reply with no field
+    # equals the one sending the flags' values; repeat_last_n 0 in the request: the plain reply,
+    # which the penalties change (control)
+    "$PY" - "http://127.0.0.1:$PORT" >"$TMP/pen" 2>&1 <<'PYEOF'
+import json, sys, urllib.request
+url = sys.argv[1]
+def post(path, body):
+    rq = urllib.request.Request(url + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(rq, timeout=120) as r:
+            return json.load(r)
+    except Exception as e:
+        return {"error": str(e)}
+props = json.load(urllib.request.urlopen(url + "/props", timeout=30))["default_generation_settings"]["params"]
+want = {"repeat_penalty": 1.3, "frequency_penalty": 1.5, "presence_penalty": 0.5, "repeat_last_n": 16}
+ok_props = all(abs(props.get(k, -9) - v) < 1e-6 for k, v in want.items())
+ids = post("/tokenize", {"content": "1, 1, 1, 1, 1, 1, 1, 1, 1, 1,"}).get("tokens", [])  # greedy: more 1s
+base = {"prompt": ids, "n_predict": 12, "temperature": 0, "cache_prompt": False}
+b = post("/completion", dict(base, n_probs=20, repeat_penalty=1))
+gs = b.get("generation_settings", {})
+probs = b.get("completion_probabilities", [])
+gen = [e["id"] for e in probs]
+decided = agree = changed = 0
+for i, e in enumerate(probs):
+    top = [(t["id"], t["logprob"]) for t in e["top_logprobs"]]
+    win = (ids + gen[:i])[-16:]
+    adj = [(lp - 1.5 * win.count(k) - (0.5 if k in win else 0), k) for k, lp in top]
+    best, bk = max(adj)
+    if best < min(lp for _, lp in top):
+        continue
+    decided += 1
+    agree += bk == e["id"]
+    changed += bk != max((lp, k) for k, lp in top)[1]
+dflt = post("/completion", base).get("content")
+given = post("/completion", dict(base, **want)).get("content")
+plain = post("/completion", dict(base, repeat_last_n=0)).get("content")
+print(json.dumps({"props": ok_props, "gs": all(abs(gs.get(k, -9) - v) < 1e-6 for k, v in want.items() if k != "repeat_penalty"),
+                  "decided": decided, "agree": agree, "changed": changed, "same": dflt is not None and dflt == given,
+                  "plain_differs": plain is not None and plain != dflt, "dflt": dflt, "plain": plain}))
+PYEOF
+    pen=$(tail -1 "$TMP/pen")
+    echo "$pen" | python3 -c 'import json,sys; d=json.load(sys.stdin); sys.exit(0 if d["props"] and d["gs"] and d["decided"] >= 6 and d["agree"] == d["decided"] and d["changed"] > 0 and d["same"] and d["plain_differs"] else 1)' \
+        && ok "--repeat-penalty --frequency-penalty --presence-penalty --repeat-last-n: the defaults of a request that sends none ($pen)" \
+        || bad "penalty flags: $(tail -5 "$TMP/pen")"
     if [ "$HOSTS" != 127.0.0.1 ]; then
         [ "$(code -g "http://[::1]:$PORT/health")" = 200 ] && ok "--host 127.0.0.1,::1: the server answers on IPv6 too, same port" \
             || bad "IPv6: $(code -g "http://[::1]:$PORT/health")"
@@ -120,6 +168,13 @@ PID=
 "$BIN" serve -m "$MODEL" --port 0 --slots --no-slots >"$TMP/out4" 2>"$TMP/err4"
 rc=$?
 [ $rc -eq 2 ] && grep -q "contradict" "$TMP/err4" && ok "--slots with --no-slots -> usage error" || bad "--slots --no-slots: status $rc"
+for bad_flag in "--repeat-penalty 0" "--frequency-penalty 3" "--repeat-last-n 9999" "--repeat-last-n -2"; do
+    # shellcheck disable=SC2086 # the flag and its value, split
+    "$BIN" serve -m "$MODEL" --port 0 -c 2048 $bad_flag >"$TMP/out5" 2>"$TMP/err5"
+    rc=$?
+    [ $rc -eq 2 ] && grep -q -- "${bad_flag% *}" "$TMP/err5" && ok "serve $bad_flag -> usage error naming it" \
+        || bad "serve $bad_flag: status $rc, $(tail -2 "$TMP/err5")"
+done
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
