@@ -11,6 +11,8 @@ static inline void fuzz_server_defaults(struct server *srv) {
     srv->max_tokens_default = 16;
     srv->temp_default = 1.0f;
     srv->top_p_default = 1.0f;
+    srv->repeat_penalty_default = 1.0f; /* the server flags' defaults (cli/cmd_serve.c) */
+    srv->repeat_last_n_default = 64;
     srv->seed_default = -1;
     snprintf(srv->model_name, sizeof srv->model_name, "fuzz");
     srv->budget = 512;
