@@ -369,8 +369,8 @@ int cmd_serve(int argc, char **argv) {
           "--min-p 0.05 --temp 0.8)",
           NULL },
         { "repeat-penalty", 0, OPT_FLOAT, &repeat_penalty, 0.000001, 10, "F",
-          "repeat_penalty of a request that sends none: the logits of the tokens in the window divided (positive) or "
-          "multiplied (negative) by F (default 1: off)",
+          "repeat_penalty of a request that sends none: the logit of a token in the window divided by F where positive, "
+          "multiplied where negative (default 1: off)",
           NULL },
         { "frequency-penalty", 0, OPT_FLOAT, &frequency_penalty, -2, 2, "F",
           "frequency_penalty of a request that sends none: F x a token's count in the window off its logit (default 0: off)",

@@ -40,28 +40,51 @@ void serve_job_free(struct job *j) {
     pthread_cond_destroy(&j->cv);
     free(j);
 }
+void serve_running_remove(struct server *srv, struct job *j) {
+    for (struct job **pp = &srv->running; *pp; pp = &(*pp)->run_next)
+        if (*pp == j) {
+            *pp = j->run_next;
+            j->run_next = NULL;
+            return;
+        }
+}
 int serve_submit(struct server *srv, struct job *j) {
     pthread_mutex_lock(&srv->mu);
     if (srv->stopping) {
         pthread_mutex_unlock(&srv->mu);
         return 503;
     }
-    /* --queue counts the requests waiting for a --parallel slot: as many queued jobs as there are
-    ** free slots are not waiting (the engine thread takes them at its next round; until then they
-    ** sit in the queue), so requests that arrive together while slots are free are never refused */
-    const int64_t free_slots = srv->parallel > srv->m.active ? srv->parallel - srv->m.active : 0;
-    if (j->kind != JOB_DELETE && srv->n_queued >= srv->max_queue + free_slots) {
-        pthread_mutex_unlock(&srv->mu);
-        return 429;
+    /* --queue and --queue-per-key count the requests waiting for a --parallel slot.  Jobs sit in
+    ** the queue until the engine thread's next round takes them, free slots or not: walking it in
+    ** arrival order, as that round does, the free slots go to the jobs it can start, and the others
+    ** wait.  It cannot start a job whose session is generating (marked blocked by its last round)
+    ** or that names the session of a job queued before it.  A job that finds a slot left is not
+    ** waiting: requests arriving together while slots are free are never refused. */
+    int64_t slots = srv->parallel > srv->m.active ? srv->parallel - srv->m.active : 0;
+    int32_t waiting = 0, mine = 0;
+    const bool named = j->kind == JOB_CHAT && j->req.session_id[0];
+    bool behind = false; /* j names the session of a running or queued job */
+    for (struct job *r = srv->running; named && r && !behind; r = r->run_next)
+        behind = r->kind == JOB_CHAT && !strcmp(r->req.session_id, j->req.session_id) && !strcmp(r->req.ns, j->req.ns);
+    for (struct job *q = srv->head; q; q = q->next) {
+        if (q->kind == JOB_DELETE) continue;
+        if (named && q->kind == JOB_CHAT && !strcmp(q->req.session_id, j->req.session_id) && !strcmp(q->req.ns, j->req.ns))
+            behind = true;
+        if (!q->blocked && slots > 0) {
+            slots--;
+            continue;
+        }
+        waiting++;
+        mine += !strcmp(q->req.ns, j->req.ns);
     }
-    if (j->kind != JOB_DELETE && srv->queue_per_key < srv->max_queue) { /* one key's share */
-        int32_t mine = 0;
-        for (struct job *q = srv->head; q; q = q->next) mine += q->kind != JOB_DELETE && !strcmp(q->req.ns, j->req.ns);
-        if (mine >= srv->queue_per_key + free_slots) {
+    if (j->kind != JOB_DELETE && (slots == 0 || behind)) {
+        int rc = waiting >= srv->max_queue ? 429 : srv->queue_per_key < srv->max_queue && mine >= srv->queue_per_key ? 430 : 0;
+        if (rc) { /* 430: 429 for the client, this key's share is full */
             pthread_mutex_unlock(&srv->mu);
-            return 430; /* 429 for the client: this key's share is full */
+            return rc;
         }
     }
+    j->blocked = behind;
     j->state = JOB_QUEUED;
     j->refs = 2;
     j->ticket = srv->n_tickets++;
@@ -86,6 +109,8 @@ void serve_job_requeue(struct server *srv, struct job *j) {
     *pp = j;
     if (!j->next) srv->tail = j;
     j->state = JOB_QUEUED;
+    j->blocked = true; /* its session is generating: waiting, whatever slots are free */
+    serve_running_remove(srv, j);
     srv->n_queued++;
     srv->m.queue_len = srv->n_queued;
     srv->m.active--;

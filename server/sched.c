@@ -276,12 +276,14 @@ void *serve_engine_main(void *arg) {
             struct job **pp = &srv->head, *prev = NULL;
             while (*pp && n_adm < 64) {
                 struct job *j = *pp;
-                bool take = j->kind == JOB_DELETE || (sc->n_active + sc->n_wait + n_adm < srv->parallel && admit_runnable(srv, j));
+                const bool room = sc->n_active + sc->n_wait + n_adm < srv->parallel;
+                bool take = j->kind == JOB_DELETE || (room && admit_runnable(srv, j));
                 /* one job per named session per round, so two queued turns of one session run in order */
                 for (int32_t k = 0; take && k < n_adm; k++)
                     if (adm[k]->kind == JOB_CHAT && j->kind == JOB_CHAT && j->req.session_id[0] &&
                         !strcmp(adm[k]->req.session_id, j->req.session_id) && !strcmp(adm[k]->req.ns, j->req.ns))
                         take = false;
+                if (room) j->blocked = !take; /* a free slot would not start it: serve_submit counts it waiting */
                 if (!take) {
                     prev = j;
                     pp = &j->next;
@@ -291,7 +293,11 @@ void *serve_engine_main(void *arg) {
                 if (srv->tail == j) srv->tail = prev;
                 srv->n_queued--;
                 j->state = JOB_RUNNING;
-                if (j->kind != JOB_DELETE) srv->m.active++;
+                if (j->kind != JOB_DELETE) {
+                    srv->m.active++;
+                    j->run_next = srv->running;
+                    srv->running = j;
+                }
                 adm[n_adm++] = j;
             }
             srv->m.queue_len = srv->n_queued;

@@ -172,10 +172,11 @@ struct job {
     int32_t n_gen_pub;            /* n_gen as last published with the text (under srv->mu): what the HTTP side may read */
     struct prompt_progress *prog; /* return_progress: the events so far (engine thread appends, under srv->mu) */
     int32_t n_prog, cap_prog;
-    int32_t n_prog_sent; /* events already streamed (HTTP side) */
-    pthread_cond_t cv;   /* signalled on every change */
-    int refs;            /* HTTP side + engine side; freed at 0 (under srv->mu) */
-    struct job *next;    /* queue link */
+    int32_t n_prog_sent;  /* events already streamed (HTTP side) */
+    pthread_cond_t cv;    /* signalled on every change */
+    int refs;             /* HTTP side + engine side; freed at 0 (under srv->mu) */
+    struct job *next;     /* queue link */
+    struct job *run_next; /* link of the server's running jobs (under srv->mu) */
     /* engine-side generation state */
     void *slot; /* struct sess * while running */
     /* how the engine thread ends it (rc 0 done, else the failure): serve_chat_end or
@@ -183,6 +184,9 @@ struct job {
     void (*end)(struct server *srv, struct job *j, int rc);
     int64_t resumed; /* blocks loaded back by resuming a parked session */
     bool prefetched; /* its prompt's blocks were prefetched while it waited (engine thread) */
+    /* queued behind a running or queued job of its session: it waits whatever slots are free
+    ** (serve_submit sets it, the engine thread's rounds update it; under srv->mu) */
+    bool blocked;
     kvt_token *gen;
     float *lp;                /* [cap_gen] with logprobs: ln p of each generated token, else NULL */
     kvt_token *top_tok;       /* [cap_gen * req.top_logprobs]: each position's most likely tokens, best first */
@@ -250,6 +254,7 @@ struct server {
     pthread_mutex_t mu;
     pthread_cond_t work; /* queue non-empty or shutting down */
     struct job *head, *tail;
+    struct job *running; /* the admitted jobs (m.active of them: DELETE jobs are not), under mu */
     int32_t n_queued, max_queue;
     int32_t queue_per_key;      /* --queue-per-key: one API key's jobs waiting at most */
     int32_t max_responses;      /* --max-responses: stored Responses in all (server/responses.c) */
@@ -338,6 +343,8 @@ void serve_engine_close(struct server *srv);
 ** when the job's API key holds its share of it (--queue-per-key; a 429 for the client), or 503
 ** when shutting down. */
 int serve_submit(struct server *srv, struct job *j);
+/* Take j off srv->running (the admitted jobs) if it is there.  Under srv->mu. */
+void serve_running_remove(struct server *srv, struct job *j);
 /* Drop the caller's reference (and free the job when the engine is done with it). */
 void serve_job_release(struct server *srv, struct job *j);
 void serve_job_free(struct job *j);

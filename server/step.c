@@ -22,6 +22,7 @@ void serve_job_finish(struct server *srv, struct job *j) {
     pthread_mutex_lock(&srv->mu);
     j->state = JOB_DONE;
     srv->m.active--;
+    serve_running_remove(srv, j);
     srv->m.prompt_tokens += j->prompt_tokens;
     srv->m.completion_tokens += j->completion_tokens;
     srv->m.prompt_reused += j->sync.tokens_reused;

@@ -133,9 +133,9 @@ decided = agree = changed = 0
 for i, e in enumerate(probs):
     top = [(t["id"], t["logprob"]) for t in e["top_logprobs"]]
     win = (ids + gen[:i])[-16:]
-    adj = [(lp - 1.5 * win.count(k) - (0.5 if k in win else 0), k) for k, lp in top]
-    best, bk = max(adj)
-    if best < min(lp for _, lp in top):
+    adj = sorted(((lp - 1.5 * win.count(k) - (0.5 if k in win else 0), k) for k, lp in top), reverse=True)
+    best, bk = adj[0]
+    if best < min(lp for _, lp in top) or best - adj[1][0] < 1e-3:  # a tie within float32's rounding: not decided
         continue
     decided += 1
     agree += bk == e["id"]

@@ -351,9 +351,9 @@ def penalized_steps(steps, window_of, freq, pres):
         win = window_of(i)
         if win is None or len({k for k, _ in top}) != len(top):
             continue
-        adj = [(lp - freq * win.count(k) - (pres if k in win else 0), k) for k, lp in top]
-        best, bk = max(adj)
-        if best < min(lp for _, lp in top):
+        adj = sorted(((lp - freq * win.count(k) - (pres if k in win else 0), k) for k, lp in top), reverse=True)
+        best, bk = adj[0]
+        if best < min(lp for _, lp in top) or best - adj[1][0] < 1e-3:  # a tie within float32's rounding: not decided
             continue
         decided += 1
         agree += bk == chosen
@@ -409,7 +409,7 @@ dc, ac, _ = penalized_steps(s0, lambda i: (ids + g0[:i])[-16:], 2, 0)
 check(f"a penalized and a plain completion at once: each row's tokens are its own argmax under its own penalties "
       f"(plain {a0} of {d0}, penalized {a1} of {d1}, changed at {ch1}); control: the penalty would have changed the "
       f"plain row at {dc - ac} of {dc}",
-      len(s0) == 12 and len(s1) == 12 and d0 >= 8 and a0 == d0 and d1 >= 6 and a1 == d1 and ch1 > 0 and ac < dc,
+      d0 >= 8 and a0 == d0 and d1 >= 6 and a1 == d1 and ch1 > 0 and ac < dc,
       f"{str(both[0])[:200]} | {str(both[1])[:200]}")
 check("repeat_last_n 0: no penalty (the plain greedy reply)", st == 200 and st0 == 200 and b.get("content") == b0.get("content"),
       f"{st} {str(b)[:120]} | {str(b0)[:120]}")
@@ -625,6 +625,37 @@ for t in ths:
 by = {i: (st, ty) for i, st, ty in codes}
 check("queue full -> 429 rate_limit_error; the others are served", busy and queued and by[3] == (429, "rate_limit_error")
       and all(by[i][0] == 200 for i in range(3)), f"busy {busy} queued {queued} {codes}")
+
+# a turn queued behind its session's running turn waits, whatever slots are free: with one turn of
+# a session generating and its next turn queued (the queue's one place), a third turn of that
+# session gets 429 although a slot is free, and a request of another session takes that slot
+# (a free slot does not make a blocked turn "not waiting")
+wait_metric("kvtier_active_requests", 0)
+codes = []
+sess_hdr = {"X-Session-Id": "queue-behind"}
+
+
+def turn(i, n):
+    st, _, b = raw("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": f"Tell story number {i}."}],
+                                                    "max_tokens": n, "temperature": 0.5, "seed": i}, headers=sess_hdr)
+    codes.append((i, st, b.get("error", {}).get("code") if isinstance(b, dict) and st != 200 else None))
+
+
+ths = [threading.Thread(target=turn, args=(0, 200))]
+ths[0].start()
+running = wait_metric("kvtier_active_requests", 1)
+ths.append(threading.Thread(target=turn, args=(1, 4)))
+ths[1].start()
+queued = wait_metric("kvtier_queue_length", 1)
+turn(2, 4)  # behind the same session: the queue's place is taken
+st_other, _, _ = raw("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi."}], "max_tokens": 2})
+still = metric("kvtier_active_requests") >= 1
+for t in ths:
+    t.join()
+by = {i: (st, c) for i, st, c in codes}
+check("--queue counts a turn behind its generating session as waiting: the next one of that session -> 429, another "
+      "request takes the free slot", running and queued and still and by.get(2) == (429, "queue_full") and st_other == 200
+      and by.get(0, (0,))[0] == 200 and by.get(1, (0,))[0] == 200, f"running {running} queued {queued} {codes} other {st_other}")
 
 # ---- metrics ---------------------------------------------------------------------------
 st, _, _ = raw("GET", "/metrics", key=None)

@@ -1513,6 +1513,7 @@ static void test_penalties(void **state) {
     }
     printf("penalties: %d greedy steps, each the argmax penalized by definition; the penalties changed it at %d\n", steps, changed);
     assert_true(changed > 0);
+    assert_true(steps > 3); /* the failing step (3) was reached */
     assert_int_equal(kvt_session_gen_end(s, NULL), 0);
     /* raw sampling: the history's last W tokens count, not the ones before; NULL history: none */
     kvt_session_free(s);
