@@ -70,9 +70,8 @@ static json_t *gen_settings(struct server *srv, const struct job *j) {
                      "seed", (json_int_t) p->seed, "temperature", (double) p->temperature, "top_k", p->top_k, "top_p",
                      (double) p->top_p, "min_p", (double) p->min_p, "repeat_penalty",
                      p->repeat_penalty > 0 ? (double) p->repeat_penalty : 1.0, "frequency_penalty", (double) p->frequency_penalty,
-                     "presence_penalty", (double) p->presence_penalty, "repeat_last_n",
-                     p->penalty_last_n > 0 ? p->penalty_last_n : 64, "stop", stop, "stream", j->req.stream, "model",
-                     srv->model_name, "n_ctx", srv->budget);
+                     "presence_penalty", (double) p->presence_penalty, "repeat_last_n", j->req.repeat_last_n, "stop", stop,
+                     "stream", j->req.stream, "model", srv->model_name, "n_ctx", srv->budget);
 }
 
 json_t *compat_response_fields(const struct job *j, json_t *reply) {

@@ -105,6 +105,7 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
     ** no penalty, as llama.cpp's penalties sampler over no token */
     if (last_n == 0) j->req.smp.repeat_penalty = 1, j->req.smp.frequency_penalty = j->req.smp.presence_penalty = 0;
     j->req.smp.penalty_last_n = last_n < 0 ? srv->n_ctx : last_n > 0 ? (int32_t) last_n : 64;
+    j->req.repeat_last_n = last_n < 0 ? srv->n_ctx : (int32_t) last_n;
     if ((v = json_object_get(root, "top_k")) && !json_is_null(v)) {
         serve_error_param(e, "top_k");
         if (!json_is_integer(v)) {

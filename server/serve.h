@@ -99,6 +99,8 @@ struct job_req {
     int32_t max_tokens;
     bool max_tokens_given; /* the request set it (max_tokens, max_completion_tokens, n_predict > 0); else the server's default */
     struct kvt_sampling smp;
+    int32_t repeat_last_n; /* the penalty window as llama-server reports it: the request's or --repeat-last-n
+                           ** (-1 resolved to the context; 0: penalties off, smp's window then unused) */
     bool seeded;
     char *stop[SERVE_MAX_STOP];
     int32_t n_stop;

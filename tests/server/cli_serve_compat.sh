@@ -109,7 +109,7 @@ else
     # argmax of the top-20 log-probabilities less 1.5 x its count in the last 16 tokens and 0.5 if
     # there (the flags' frequency and presence penalties, by definition); the reply with no field
     # equals the one sending the flags' values; repeat_last_n 0 in the request: the plain reply,
-    # which the penalties change (control)
+    # which the penalties change (control), and generation_settings says 0 (not an internal window)
     "$PY" - "http://127.0.0.1:$PORT" >"$TMP/pen" 2>&1 <<'PYEOF'
 import json, sys, urllib.request
 url = sys.argv[1]
@@ -142,13 +142,15 @@ for i, e in enumerate(probs):
     changed += bk != max((lp, k) for k, lp in top)[1]
 dflt = post("/completion", base).get("content")
 given = post("/completion", dict(base, **want)).get("content")
-plain = post("/completion", dict(base, repeat_last_n=0)).get("content")
+plainb = post("/completion", dict(base, repeat_last_n=0))
+plain = plainb.get("content")
 print(json.dumps({"props": ok_props, "gs": all(abs(gs.get(k, -9) - v) < 1e-6 for k, v in want.items() if k != "repeat_penalty"),
                   "decided": decided, "agree": agree, "changed": changed, "same": dflt is not None and dflt == given,
-                  "plain_differs": plain is not None and plain != dflt, "dflt": dflt, "plain": plain}))
+                  "plain_differs": plain is not None and plain != dflt,
+                  "plain_gs": plainb.get("generation_settings", {}).get("repeat_last_n"), "dflt": dflt, "plain": plain}))
 PYEOF
     pen=$(tail -1 "$TMP/pen")
-    echo "$pen" | python3 -c 'import json,sys; d=json.load(sys.stdin); sys.exit(0 if d["props"] and d["gs"] and d["decided"] >= 6 and d["agree"] == d["decided"] and d["changed"] > 0 and d["same"] and d["plain_differs"] else 1)' \
+    echo "$pen" | python3 -c 'import json,sys; d=json.load(sys.stdin); sys.exit(0 if d["props"] and d["gs"] and d["decided"] >= 6 and d["agree"] == d["decided"] and d["changed"] > 0 and d["same"] and d["plain_differs"] and d["plain_gs"] == 0 else 1)' \
         && ok "--repeat-penalty --frequency-penalty --presence-penalty --repeat-last-n: the defaults of a request that sends none ($pen)" \
         || bad "penalty flags: $(tail -5 "$TMP/pen")"
     if [ "$HOSTS" != 127.0.0.1 ]; then
