@@ -62,14 +62,11 @@ int serve_submit(struct server *srv, struct job *j) {
     ** waiting: requests arriving together while slots are free are never refused. */
     int64_t slots = srv->parallel > srv->m.active ? srv->parallel - srv->m.active : 0;
     int32_t waiting = 0, mine = 0;
-    const bool named = j->kind == JOB_CHAT && j->req.session_id[0];
     bool behind = false; /* j names the session of a running or queued job */
-    for (struct job *r = srv->running; named && r && !behind; r = r->run_next)
-        behind = r->kind == JOB_CHAT && !strcmp(r->req.session_id, j->req.session_id) && !strcmp(r->req.ns, j->req.ns);
+    for (struct job *r = srv->running; r && !behind; r = r->run_next) behind = serve_same_session(r, j);
     for (struct job *q = srv->head; q; q = q->next) {
         if (q->kind == JOB_DELETE) continue;
-        if (named && q->kind == JOB_CHAT && !strcmp(q->req.session_id, j->req.session_id) && !strcmp(q->req.ns, j->req.ns))
-            behind = true;
+        behind = behind || serve_same_session(q, j);
         if (!q->blocked && slots > 0) {
             slots--;
             continue;

@@ -279,10 +279,7 @@ void *serve_engine_main(void *arg) {
                 const bool room = sc->n_active + sc->n_wait + n_adm < srv->parallel;
                 bool take = j->kind == JOB_DELETE || (room && admit_runnable(srv, j));
                 /* one job per named session per round, so two queued turns of one session run in order */
-                for (int32_t k = 0; take && k < n_adm; k++)
-                    if (adm[k]->kind == JOB_CHAT && j->kind == JOB_CHAT && j->req.session_id[0] &&
-                        !strcmp(adm[k]->req.session_id, j->req.session_id) && !strcmp(adm[k]->req.ns, j->req.ns))
-                        take = false;
+                for (int32_t k = 0; take && k < n_adm; k++) take = !serve_same_session(adm[k], j);
                 if (room) j->blocked = !take; /* a free slot would not start it: serve_submit counts it waiting */
                 if (!take) {
                     prev = j;

@@ -15,6 +15,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 enum { SERVE_MAX_STOP = 4, SERVE_PARK_FACTOR = 4, SERVE_MAX_CHOICES = 16 /* n: choices of one request */ };
 
@@ -211,6 +212,13 @@ struct job {
     int32_t cells;          /* KV cells reserved: prompt + max_tokens */
     struct kvt_gen_row row; /* position and logits (row.logits owned) */
 };
+
+/* a and b are chat turns naming one session (X-Session-Id, same key namespace): they must run one
+** after the other, in arrival order.  Caller holds srv->mu or owns both jobs. */
+static inline bool serve_same_session(const struct job *a, const struct job *b) {
+    return a->kind == JOB_CHAT && b->kind == JOB_CHAT && a->req.session_id[0] && !strcmp(a->req.session_id, b->req.session_id) &&
+           !strcmp(a->req.ns, b->req.ns);
+}
 
 /* Histogram with fixed upper bounds (ms), Prometheus style (cumulative when printed). */
 enum { HIST_N = 12 };
