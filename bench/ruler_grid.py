@@ -32,7 +32,7 @@ over the done units (add --no-kvtier to run only it).
 
 Usage:
   bench/ruler_grid.py [--out DIR] [--models smollm2,gemma] [--lengths 4096] [--shapes prompt,followup]
-                      [--tasks all] [--cases 20] [--ratio 4] [--policies LIST] [--threads 2]
+                      [--tasks all] [--cases 20] [--ratio 4] [--policies LIST] [--threads 2] [--jobs 1]
 Lengths default to the issue's: 2048,4096,8192 for SmolLM2 and 4096,8192,16384 for Gemma 3.
 """
 import argparse
@@ -40,6 +40,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -244,7 +245,10 @@ def main():
     ap.add_argument("--cases", type=int, default=20, help="cases per cell (default 20)")
     ap.add_argument("--ratio", type=int, default=4, help="budget = context / RATIO (default 4)")
     ap.add_argument("--policies", default=POLICIES)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2, help="threads of each kvtier eval (default 2)")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="units run at once (default 1); on a 2-core machine --jobs 2 --threads 1 keeps both cores busy "
+                         "without the threads' synchronisation")
     ap.add_argument("--max-tokens", type=int, default=0, help="reply limit (default: kvtier eval ruler's per task)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--bin", default=os.path.join(ROOT, "build/kvtier"))
@@ -256,6 +260,8 @@ def main():
     ap.add_argument("--no-archive", action="store_true", help="neither read nor write an archive")
     ap.add_argument("--rerun", action="store_true", help="run archived units again (their archive files are replaced)")
     a = ap.parse_args()
+    if a.jobs < 1 or a.threads < 1:
+        sys.exit("ruler_grid: --jobs and --threads must be at least 1")
     out = a.out or os.path.join(ROOT, "results", time.strftime("ruler-%Y%m%d-%H%M%S", time.gmtime()))
     os.makedirs(os.path.join(out, "units"), exist_ok=True)
     paths = env_models()
@@ -322,9 +328,12 @@ def main():
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
     t_start = time.time()
     failed = 0
-    for i, u in enumerate(todo):
+    n_run = 0
+    lock = threading.Lock()
+    def run_unit(u, slot):
+        nonlocal failed, n_run
         m, L, shape, t, case = u
-        tmp = os.path.join(out, "running")
+        tmp = os.path.join(out, "running" if a.jobs == 1 else f"running-{slot}")
         subprocess.run(["rm", "-rf", tmp])
         os.makedirs(tmp)
         cmd = [a.bin, "eval", "ruler", t, "--shape", shape, "-m", paths[m], "--context", str(L), "--budget", str(L // a.ratio),
@@ -333,31 +342,52 @@ def main():
         t0 = time.time()
         p = subprocess.run(cmd, capture_output=True, text=True, env=env)
         dt = time.time() - t0
-        with open(os.path.join(out, "commands.txt"), "a") as f:
-            f.write(f"{' '.join(cmd)}  # {dt:.0f} s, exit {p.returncode}\n")
         files = [x for x in os.listdir(tmp) if x.endswith(".json")] if os.path.isdir(tmp) else []
-        if p.returncode != 0 or len(files) != 1:
-            failed += 1
-            with open(unit_file(u) + ".err", "w") as f:
-                f.write(p.stderr)
-            print(f"[{i + 1}/{len(todo)}] {m} {L} {shape} {t} case {case}: FAILED (exit {p.returncode}, {unit_file(u)}.err)",
-                  flush=True)
-            continue
-        os.replace(os.path.join(tmp, files[0]), unit_file(u))  # atomic: a unit is done or not
-        d = json.load(open(unit_file(u)))
-        if archive:
-            write_atomic(os.path.join(archive, os.path.basename(unit_file(u))), compact(d))
-        score = {}
-        for r in d["rows"]:
-            s = score.setdefault(r["policy"], [0, 0])
-            s[0] += r.get("refs_hit", 0)
-            s[1] += r.get("refs", 0)
-        el = time.time() - t_start
-        eta = el / (i + 1) * (len(todo) - i - 1)
-        print(f"[{i + 1}/{len(todo)}] {m} {L} {shape} {t} case {case}: {dt:.0f} s | "
-              + " ".join(f"{k} {v[0]}/{v[1]}" for k, v in score.items())
-              + f" | elapsed {el / 60:.0f} min, left ~{eta / 60:.0f} min", flush=True)
-    subprocess.run(["rm", "-rf", os.path.join(out, "running")])
+        ok = p.returncode == 0 and len(files) == 1
+        if ok:
+            os.replace(os.path.join(tmp, files[0]), unit_file(u))  # atomic: a unit is done or not
+            d = json.load(open(unit_file(u)))
+            if archive:
+                write_atomic(os.path.join(archive, os.path.basename(unit_file(u))), compact(d))
+        subprocess.run(["rm", "-rf", tmp])
+        with lock:
+            n_run += 1
+            with open(os.path.join(out, "commands.txt"), "a") as f:
+                f.write(f"{' '.join(cmd)}  # {dt:.0f} s, exit {p.returncode}\n")
+            if not ok:
+                failed += 1
+                with open(unit_file(u) + ".err", "w") as f:
+                    f.write(p.stderr)
+                print(f"[{n_run}/{len(todo)}] {m} {L} {shape} {t} case {case}: FAILED (exit {p.returncode}, {unit_file(u)}.err)",
+                      flush=True)
+                return
+            score = {}
+            for r in d["rows"]:
+                s = score.setdefault(r["policy"], [0, 0])
+                s[0] += r.get("refs_hit", 0)
+                s[1] += r.get("refs", 0)
+            el = time.time() - t_start
+            eta = el / n_run * (len(todo) - n_run)
+            print(f"[{n_run}/{len(todo)}] {m} {L} {shape} {t} case {case}: {dt:.0f} s | "
+                  + " ".join(f"{k} {v[0]}/{v[1]}" for k, v in score.items())
+                  + f" | elapsed {el / 60:.0f} min, left ~{eta / 60:.0f} min", flush=True)
+    if a.jobs == 1:
+        for u in todo:
+            run_unit(u, 0)
+    else:  # --jobs units at once, each in its own running-<slot> directory; a slot takes the next unit in order
+        pending = list(todo)
+        def worker(slot):
+            while True:
+                with lock:
+                    if not pending:
+                        return
+                    u = pending.pop(0)
+                run_unit(u, slot)
+        workers = [threading.Thread(target=worker, args=(k,)) for k in range(a.jobs)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
     if a.llama_server:
         failed += llama_pass(a, out, paths, [u for u in units if done(u)], unit_file, archive)
     print(f"ruler_grid: done ({failed} failed units); tables: bench/ruler_tables.py {out}", flush=True)

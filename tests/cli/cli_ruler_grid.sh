@@ -45,6 +45,20 @@ done <"$TMP/before.txt"
 [ $unchanged = 1 ] && ok "the units done before the kill were not run again" || bad "a unit done before the kill was rewritten"
 [ -d "$OUT/running" ] && bad "the scratch directory is left behind" || ok "no scratch directory left"
 
+# --jobs 2: two units at once, each in its own scratch directory; the same 8 units, the same rows
+# (answers and log-probabilities) as the one-at-a-time run, no scratch directory left
+if "${GRID[@]}" --out "$TMP/jobs" --no-archive --jobs 2 >"$TMP/jobs.log" 2>&1; then ok "--jobs 2 ended with status 0"; else bad "--jobs 2: status $? ($(tail -3 "$TMP/jobs.log"))"; fi
+python3 - "$OUT/units" "$TMP/jobs/units" <<'PY' && ok "--jobs 2: the 8 units, rows equal to the one-at-a-time run's" || bad "--jobs 2 units differ"
+import json, os, sys
+keys = ("policy", "case", "item", "passed", "refs_hit", "answer_logprob", "reply")
+a, b = sorted(os.listdir(sys.argv[1])), sorted(os.listdir(sys.argv[2]))
+assert len(a) == 8 and a == b, (a, b)
+for f in a:
+    ra, rb = ([{k: r.get(k) for k in keys} for r in json.load(open(os.path.join(d, f)))["rows"]] for d in sys.argv[1:3])
+    assert ra == rb, f
+PY
+ls -d "$TMP/jobs"/running* >/dev/null 2>&1 && bad "--jobs 2 left a scratch directory" || ok "--jobs 2: no scratch directory left"
+grep -c "^\[[0-9]/8\] " "$TMP/jobs.log" | grep -qx 8 && ok "--jobs 2: 8 progress lines, numbered in order of completion" || bad "--jobs 2 progress: $(cat "$TMP/jobs.log")"
 "${GRID[@]}" --out "$TMP/fresh" --no-archive --dry-run >"$TMP/dry.log" 2>&1
 grep -q "8 units, 0 done, 8 to run" "$TMP/dry.log" && ok "control: a fresh directory has everything to run" || bad "control: $(cat "$TMP/dry.log")"
 
