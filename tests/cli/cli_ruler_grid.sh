@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # cli_ruler_grid — bench/ruler_grid.py, the unattended RULER grid, is resumable: on the tiny model
-# (its answers do not matter), a grid of 2 tasks x 2 cases x 2 shapes is killed (SIGKILL, the
-# runner and its kvtier) once its first unit is done; started again with the same directory it
-# runs only what is missing (the done units' files are not rewritten, the killed unit runs again),
-# and ends with every unit.  Control: a fresh directory runs everything.  bench/ruler_tables.py
+# (its answers do not matter), a grid of 2 tasks x 2 cases x 2 shapes, two units at once (--jobs 2),
+# is killed (SIGKILL, the runner and its kvtier processes) once its first unit is done; started
+# again with the same directory it runs only what is missing (the done units' files are not
+# rewritten, the killed units run again, no scratch directory is left), and ends with every unit.  Control: a fresh directory runs everything.  bench/ruler_tables.py
 # then prints every cell with 2 cases per task and the follow-up curve.  The archive (--archive):
 # every unit is there without its context text; a fresh directory with the same archive has
 # nothing to run and the tables read from the archive are those read from the grid's directory;
@@ -16,7 +16,7 @@ TINY=${KVT_TINY_DIR:?KVT_TINY_DIR is not set}/tiny-llama.gguf
 t_init cli-ruler-grid
 SRC=${KVT_SOURCE_DIR:?KVT_SOURCE_DIR is not set}
 GRID=(python3 "$SRC/bench/ruler_grid.py" --bin "$BIN" --models "tiny=$TINY" --lengths 2048 --shapes prompt,followup
-      --tasks niah_single_1,niah_single_2 --cases 2 --policies no_eviction,kvtier --threads 1 --max-tokens 4
+      --tasks niah_single_1,niah_single_2 --cases 2 --policies no_eviction,kvtier --threads 1 --jobs 2 --max-tokens 4
       --archive "$TMP/arch")
 OUT=$TMP/grid
 
@@ -43,12 +43,12 @@ while read -r line; do
     grep -qxF -- "$line" <(cd "$OUT/units" && stat -c '%n %y %s' -- *.json) || unchanged=0
 done <"$TMP/before.txt"
 [ $unchanged = 1 ] && ok "the units done before the kill were not run again" || bad "a unit done before the kill was rewritten"
-[ -d "$OUT/running" ] && bad "the scratch directory is left behind" || ok "no scratch directory left"
+ls -d "$OUT"/running* >/dev/null 2>&1 && bad "a scratch directory is left behind: $(ls -d "$OUT"/running*)" || ok "no scratch directory left"
 
-# --jobs 2: two units at once, each in its own scratch directory; the same 8 units, the same rows
-# (answers and log-probabilities) as the one-at-a-time run, no scratch directory left
-if "${GRID[@]}" --out "$TMP/jobs" --no-archive --jobs 2 >"$TMP/jobs.log" 2>&1; then ok "--jobs 2 ended with status 0"; else bad "--jobs 2: status $? ($(tail -3 "$TMP/jobs.log"))"; fi
-python3 - "$OUT/units" "$TMP/jobs/units" <<'PY' && ok "--jobs 2: the 8 units, rows equal to the one-at-a-time run's" || bad "--jobs 2 units differ"
+# the runs above: --jobs 2 (two units at once, each in its own scratch directory); --jobs 1 gives the
+# same 8 units with the same rows (answers and log-probabilities), and progress lines for all 8
+if "${GRID[@]}" --out "$TMP/jobs" --no-archive --jobs 1 >"$TMP/jobs.log" 2>&1; then ok "--jobs 1 ended with status 0"; else bad "--jobs 1: status $? ($(tail -3 "$TMP/jobs.log"))"; fi
+python3 - "$OUT/units" "$TMP/jobs/units" <<'PY' && ok "--jobs 2 and --jobs 1: the same 8 units, the same rows" || bad "--jobs 2 and --jobs 1 units differ"
 import json, os, sys
 keys = ("policy", "case", "item", "passed", "refs_hit", "answer_logprob", "reply")
 a, b = sorted(os.listdir(sys.argv[1])), sorted(os.listdir(sys.argv[2]))
@@ -57,8 +57,8 @@ for f in a:
     ra, rb = ([{k: r.get(k) for k in keys} for r in json.load(open(os.path.join(d, f)))["rows"]] for d in sys.argv[1:3])
     assert ra == rb, f
 PY
-ls -d "$TMP/jobs"/running* >/dev/null 2>&1 && bad "--jobs 2 left a scratch directory" || ok "--jobs 2: no scratch directory left"
-grep -c "^\[[0-9]/8\] " "$TMP/jobs.log" | grep -qx 8 && ok "--jobs 2: 8 progress lines, numbered in order of completion" || bad "--jobs 2 progress: $(cat "$TMP/jobs.log")"
+ls -d "$TMP/jobs"/running* >/dev/null 2>&1 && bad "--jobs 1 left a scratch directory" || ok "--jobs 1: no scratch directory left"
+grep -c "^\[[0-9]/8\] " "$TMP/jobs.log" | grep -qx 8 && ok "--jobs 1: 8 progress lines" || bad "--jobs 1 progress: $(cat "$TMP/jobs.log")"
 "${GRID[@]}" --out "$TMP/fresh" --no-archive --dry-run >"$TMP/dry.log" 2>&1
 grep -q "8 units, 0 done, 8 to run" "$TMP/dry.log" && ok "control: a fresh directory has everything to run" || bad "control: $(cat "$TMP/dry.log")"
 
