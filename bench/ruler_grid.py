@@ -38,6 +38,7 @@ Lengths default to the issue's: 2048,4096,8192 for SmolLM2 and 4096,8192,16384 f
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -95,6 +96,17 @@ class Freshness:
                 return self.current(json.load(f).get("commit"))
         except (OSError, ValueError):
             return False
+
+
+def default_jobs():
+    """One unit per CPU this process may use, at most one per 3 GiB of the machine's memory (a Gemma 3 unit at
+    16k holds its model, KV cells and attention capture: ~1-2 GiB)."""
+    ncpu = len(os.sched_getaffinity(0))
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return ncpu
+    return max(1, min(ncpu, mem // (3 << 30)))
 
 
 def free_port():
@@ -179,6 +191,7 @@ def llama_pass(a, out, paths, units, unit_file, archive):
     def archived(u):
         return archive and os.path.exists(os.path.join(archive, os.path.basename(unit_file(u))))
     todo = [u for u in units if not llama_done(u) and (os.path.exists(unit_file(u)) or archived(u))]
+    llama_threads = min(a.threads * a.jobs, len(os.sched_getaffinity(0)))  # one server at a time: the grid's cores
     print(f"ruler_grid: llama-server pass over {len(todo)} units", flush=True)
     failed = 0
     t_start = time.time()
@@ -195,7 +208,7 @@ def llama_pass(a, out, paths, units, unit_file, archive):
                                     ("llama-server@full", d["n_ctx"], [])):
             port = free_port()
             log = open(unit_file(u)[:-5] + f".{label}.log", "w")
-            srv = subprocess.Popen([binary, "-m", paths[m], "-c", str(n_ctx), "-np", "1", "-t", str(a.threads * a.jobs), "--port", str(port),
+            srv = subprocess.Popen([binary, "-m", paths[m], "-c", str(n_ctx), "-np", "1", "-t", str(llama_threads), "--port", str(port),
                                     "--host", "127.0.0.1"] + extra, stdout=log, stderr=subprocess.STDOUT)
             try:
                 import urllib.request
@@ -246,11 +259,11 @@ def main():
     ap.add_argument("--ratio", type=int, default=4, help="budget = context / RATIO (default 4)")
     ap.add_argument("--policies", default=POLICIES)
     ap.add_argument("--threads", type=int, default=1, help="threads of each kvtier eval (default 1)")
-    ap.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)),
-                    help="units run at once (default: the CPUs this process may use, here %(default)s); one-thread "
-                         "units side by side give 1.40x the units per hour of one 2-thread unit at a time on a 2-core "
-                         "machine, with identical rows (docs/EVALUATION.md); llama-server's pass runs one server at a "
-                         "time with jobs x threads threads")
+    ap.add_argument("--jobs", type=int, default=default_jobs(),
+                    help="units run at once (default: the CPUs this process may use, at most one per 3 GiB of memory; "
+                         "here %(default)s); one-thread units side by side give 1.40x the units per hour of one 2-thread "
+                         "unit at a time on a 2-core machine, with identical rows (docs/EVALUATION.md); llama-server's "
+                         "pass runs one server at a time with jobs x threads threads (at most the CPUs)")
     ap.add_argument("--max-tokens", type=int, default=0, help="reply limit (default: kvtier eval ruler's per task)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--bin", default=os.path.join(ROOT, "build/kvtier"))
@@ -335,6 +348,8 @@ def main():
     failed = 0
     n_run = 0
     lock = threading.Lock()
+    procs = {}  # slot -> its running kvtier eval, killed if the grid is interrupted
+    stopping = False
     def run_unit(u, slot):
         nonlocal failed, n_run
         m, L, shape, t, case = u
@@ -345,7 +360,15 @@ def main():
                "--cases", "1", "--first-case", str(case), "--seed", str(a.seed), "--policies", a.policies,
                "--threads", str(a.threads), "--out", tmp] + (["--max-tokens", str(a.max_tokens)] if a.max_tokens else []) + (["--store"] if shape == "followup" and "kvtier" in a.policies else [])
         t0 = time.time()
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        with lock:
+            if stopping:
+                return
+            p = procs[slot] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+        _, stderr = p.communicate()
+        with lock:
+            procs.pop(slot, None)
+            if stopping:
+                return
         dt = time.time() - t0
         files = [x for x in os.listdir(tmp) if x.endswith(".json")] if os.path.isdir(tmp) else []
         ok = p.returncode == 0 and len(files) == 1
@@ -362,7 +385,7 @@ def main():
             if not ok:
                 failed += 1
                 with open(unit_file(u) + ".err", "w") as f:
-                    f.write(p.stderr)
+                    f.write(stderr)
                 print(f"[{n_run}/{len(todo)}] {m} {L} {shape} {t} case {case}: FAILED (exit {p.returncode}, {unit_file(u)}.err)",
                       flush=True)
                 return
@@ -376,23 +399,44 @@ def main():
             print(f"[{n_run}/{len(todo)}] {m} {L} {shape} {t} case {case}: {dt:.0f} s | "
                   + " ".join(f"{k} {v[0]}/{v[1]}" for k, v in score.items())
                   + f" | elapsed {el / 60:.0f} min, left ~{eta / 60:.0f} min", flush=True)
-    if a.jobs == 1:
-        for u in todo:
-            run_unit(u, 0)
-    else:  # --jobs units at once, each in its own running-<slot> directory; a slot takes the next unit in order
-        pending = list(todo)
-        def worker(slot):
-            while True:
-                with lock:
-                    if not pending:
-                        return
-                    u = pending.pop(0)
-                run_unit(u, slot)
-        workers = [threading.Thread(target=worker, args=(k,)) for k in range(a.jobs)]
-        for w in workers:
-            w.start()
+    def guarded(u, slot):  # a unit that raises (a full disk, an unreadable result) is a failed unit, not a lost one
+        nonlocal failed
+        try:
+            run_unit(u, slot)
+        except Exception as e:  # noqa: BLE001 -- reported and counted; the grid goes on
+            with lock:
+                failed += 1
+                print(f"ruler_grid: {os.path.basename(unit_file(u))}: FAILED ({type(e).__name__}: {e})", flush=True)
+    pending = list(todo)
+    def worker(slot):  # --jobs units at once, each in its own running-<slot> directory, taken in order
+        while True:
+            with lock:
+                if not pending or stopping:
+                    return
+                u = pending.pop(0)
+            guarded(u, slot)
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, on_term)
+    workers = []
+    try:
+        if a.jobs == 1:
+            worker(0)
+        else:
+            workers = [threading.Thread(target=worker, args=(k,)) for k in range(a.jobs)]
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join()
+    except KeyboardInterrupt:  # SIGINT or SIGTERM: the units in flight are stopped, not orphaned
+        with lock:
+            stopping = True
+            for p in procs.values():
+                p.kill()
         for w in workers:
             w.join()
+        print("ruler_grid: interrupted; the units in flight were stopped (the same command continues the grid)", flush=True)
+        return 130
     if a.llama_server:
         failed += llama_pass(a, out, paths, [u for u in units if done(u)], unit_file, archive)
     print(f"ruler_grid: done ({failed} failed units); tables: bench/ruler_tables.py {out}", flush=True)

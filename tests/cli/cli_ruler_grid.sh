@@ -59,6 +59,22 @@ for f in a:
 PY
 ls -d "$TMP/jobs"/running* >/dev/null 2>&1 && bad "--jobs 1 left a scratch directory" || ok "--jobs 1: no scratch directory left"
 grep -c "^\[[0-9]/8\] " "$TMP/jobs.log" | grep -qx 8 && ok "--jobs 1: 8 progress lines" || bad "--jobs 1 progress: $(cat "$TMP/jobs.log")"
+# SIGTERM to the runner alone (not its process group) while two units run: it stops them (no kvtier
+# left running, none writing into a scratch directory a later run reuses), says so, exits 130
+"${GRID[@]}" --out "$TMP/int" --no-archive >"$TMP/int.log" 2>&1 &
+gpid=$!
+for _ in $(seq 1 300); do
+    pgrep -f -- "--out $TMP/int/running" >/dev/null && break
+    sleep 0.1
+done
+kill -TERM $gpid
+wait $gpid
+rc=$?
+sleep 0.5
+left=$(pgrep -f -- "--out $TMP/int/running" | wc -l)
+[ $rc = 130 ] && [ "$left" = 0 ] && grep -q "interrupted; the units in flight were stopped" "$TMP/int.log" \
+    && ok "SIGTERM to the runner: the units in flight stopped, status 130" \
+    || bad "SIGTERM: status $rc, $left kvtier left, $(tail -2 "$TMP/int.log")"
 "${GRID[@]}" --out "$TMP/fresh" --no-archive --dry-run >"$TMP/dry.log" 2>&1
 grep -q "8 units, 0 done, 8 to run" "$TMP/dry.log" && ok "control: a fresh directory has everything to run" || bad "control: $(cat "$TMP/dry.log")"
 
