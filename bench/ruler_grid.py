@@ -15,8 +15,8 @@ into the tables and the follow-up plot.
 
 The archive: every finished unit is also written, without its context text (a case is reproducible
 from its seed and index), to ARCHIVE/<model>-<length>-<shape>-<task>-<case>.json, by default
-bench/ruler_units/seed<S>-ratio<R>/ in the source tree, which is committed: the grid is ~100-150 h
-of a 2-core machine, so it accumulates across machines and sessions.  A unit in the archive is done
+bench/ruler_units/seed<S>-ratio<R>/ in the source tree, which is committed: the grid is ~150 h
+of a 2-core machine (docs/EVALUATION.md), so it accumulates across machines and sessions.  A unit in the archive is done
 (run again with --rerun to replace it) unless it is stale: measured by a kvtier from before
 CONFIG_SINCE, the commit since which the grid's configuration holds (a unit of an older kvtier is run
 again, so that the grid measures one configuration); bench/ruler_tables.py reads the archive as it reads OUT.  The
