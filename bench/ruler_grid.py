@@ -353,7 +353,7 @@ def main():
     def run_unit(u, slot):
         nonlocal failed, n_run
         m, L, shape, t, case = u
-        tmp = os.path.join(out, "running" if a.jobs == 1 else f"running-{slot}")
+        tmp = os.path.join(out, f"running-{slot}")
         subprocess.run(["rm", "-rf", tmp])
         os.makedirs(tmp)
         cmd = [a.bin, "eval", "ruler", t, "--shape", shape, "-m", paths[m], "--context", str(L), "--budget", str(L // a.ratio),

@@ -104,8 +104,8 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
     /* a window of 0 (the request's, or the server's --repeat-last-n that a request did not replace):
     ** no penalty, as llama.cpp's penalties sampler over no token */
     if (last_n == 0) j->req.smp.repeat_penalty = 1, j->req.smp.frequency_penalty = j->req.smp.presence_penalty = 0;
-    j->req.smp.penalty_last_n = last_n < 0 ? srv->n_ctx : last_n > 0 ? (int32_t) last_n : 64;
     j->req.repeat_last_n = last_n < 0 ? srv->n_ctx : (int32_t) last_n;
+    j->req.smp.penalty_last_n = j->req.repeat_last_n > 0 ? j->req.repeat_last_n : 64;
     if ((v = json_object_get(root, "top_k")) && !json_is_null(v)) {
         serve_error_param(e, "top_k");
         if (!json_is_integer(v)) {
