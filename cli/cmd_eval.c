@@ -188,10 +188,14 @@ static int parse_depths(const char *cmd, const char *s, struct eval_opts *o) {
 /* Engine cells: the conversation up to the first question, plus questions, answers being
 ** scored and replies, over the high watermark, rounded up to 256.  no_eviction gets all of it
 ** as its budget, so it never has to evict. */
+static int32_t ruler_reserve(const struct eval_opts *o) {
+    return (o->shape == EVAL_SHAPE_FOLLOWUP ? EVAL_FOLLOWUPS : 1) * (192 + o->max_tokens) + 64;
+}
+
 static int32_t engine_ctx(const struct eval_opts *o) {
     int32_t extra;
     switch (o->task) {
-        case EVAL_RULER: extra = (o->shape == EVAL_SHAPE_FOLLOWUP ? EVAL_FOLLOWUPS : 1) * (192 + o->max_tokens) + 64; break;
+        case EVAL_RULER: extra = ruler_reserve(o); break;
         case EVAL_NIAH: extra = 128 + o->max_tokens + 64; break;
         case EVAL_MULTIFACT: extra = o->n_depths * (96 + o->max_tokens) + 64; break;
         default: extra = o->score_tokens + 64; break;
@@ -233,7 +237,9 @@ int cmd_eval(int argc, char **argv) {
           "policies to compare (default no_eviction,truncate,streaming,h2o,snapkv,infllm,kvtier)", NULL },
         { "budget", 0, OPT_INT, &o.budget, 2, 1 << 24, "N", "resident-token budget of the evicting policies (default 1024)", NULL },
         { "context", 0, OPT_INT, &o.context, 64, 1 << 22, "N",
-          "conversation length in tokens up to the first question (default 4096)", NULL },
+          "conversation length in tokens up to the first question (default 4096; ruler: less the replies' reserve "
+          "where the model's trained context must also hold them)",
+          NULL },
         { "cases", 0, OPT_INT, &o.cases, 1, 100000, "N", "cases per policy (default 10)", NULL },
         { "seed", 0, OPT_INT, &o.seed, 0, 2147483647, "S", "seed of the texts, names and numbers (default 1)", NULL },
         { "depths", 0, OPT_STR, &depths_s, 0, 0, "LIST",
@@ -532,6 +538,27 @@ int cmd_eval(int argc, char **argv) {
     }
     struct kvt_engine_info info;
     kvt_engine_info(eng, &info);
+    /* RULER sizes a case so that its input and the tokens to generate fit the length; at the
+    ** length of the model's trained context (SmolLM2 at 8192) an input of --context tokens would
+    ** leave no position for the reply, so the input gives up the queries' and replies' reserve */
+    o.fill = o.context;
+    if (o.task == EVAL_RULER && info.n_ctx_train > 0 && o.context + ruler_reserve(&o) > info.n_ctx_train) {
+        o.fill = info.n_ctx_train - ruler_reserve(&o);
+        if (o.fill < o.context / 2) {
+            fprintf(stderr,
+                    "%s: --context %d is beyond the model's trained context (%d positions) with %d tokens of "
+                    "queries and replies; use --context %d or less\n",
+                    cmd, o.context, info.n_ctx_train, ruler_reserve(&o), info.n_ctx_train - ruler_reserve(&o));
+            kvt_engine_free(eng);
+            eval_corpus_free(&corpus);
+            return APP_USAGE;
+        }
+        fprintf(stderr,
+                "%s: the input is %d tokens, not --context %d: the model's trained context (%d positions) must "
+                "also hold %d tokens of queries and replies (RULER sizes input plus generation within the "
+                "length)\n",
+                cmd, o.fill, o.context, info.n_ctx_train, ruler_reserve(&o));
+    }
     kvt_pool *pool = NULL;
     if ((rc = kvt_pool_open(NULL, &pool))) {
         app_fail(cmd, "cannot open the host pool", rc);

@@ -71,6 +71,9 @@ struct eval_opts {
     int32_t depths[EVAL_MAX_DEPTHS];                  /* percent of the haystack */
     int n_depths;
     int32_t n_ctx;           /* engine context (cells); no_eviction's budget */
+    int32_t fill;            /* ruler: tokens the input may take (0 = context): context, or less where
+                             ** context + the queries' and replies' reserve would pass the model's
+                             ** trained context (RULER sizes input + generation within the length) */
     const char *embed_model; /* --embed-model: dense recovery for kvtier, NULL = BM25 */
     float min_cosine;        /* --min-cosine: min_recovery_cosine with --embed-model */
     kvt_embedder *embedder;  /* opened from embed_model by cmd_eval */
@@ -193,7 +196,7 @@ bool eval_ruler_has_followups(int32_t task);
 int eval_ruler_case_build(kvt_engine *eng, struct eval_corpus *c, const struct eval_opts *o, int32_t index, struct eval_case *k);
 
 /* Build case `index` of the task from the corpus and the seed (deterministic).  The conversation
-** up to the first question is at most o->context tokens as the engine's chat template formats
+** up to the first question is at most o->context tokens (ruler: o->fill) as the engine's chat template formats
 ** it.  Returns APP_OK or APP_ERR (message printed).  Free with eval_case_free. */
 int eval_case_build(const char *cmd, kvt_engine *eng, struct eval_corpus *c, const struct eval_opts *o, int32_t index,
                     struct eval_case *k);

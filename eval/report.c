@@ -317,6 +317,7 @@ static json_t *summary_json(const struct eval_opts *o, const struct eval_stamp *
         static const char *const shapes[] = { "prompt", "turns", "followup" };
         json_object_set_new(j, "ruler_task", json_string(eval_ruler_tasks[o->ruler].name));
         json_object_set_new(j, "shape", json_string(shapes[o->shape]));
+        json_object_set_new(j, "input_limit", json_integer(o->fill > 0 ? o->fill : o->context));
         json_object_set_new(j, "first_case", json_integer(o->first_case + 1));
     }
     return j;

@@ -611,11 +611,14 @@ int eval_ruler_case_build(kvt_engine *eng, struct eval_corpus *c, const struct e
     const bool turns = o->shape == EVAL_SHAPE_TURNS;
     const int32_t framing_first = eval_framing_tokens(eng, true), framing = eval_framing_tokens(eng, false);
     if (framing_first < 0 || framing < 0) return -1;
-    const int32_t body = turns ? o->chunk - framing_first - 96 : o->context; /* 96: room for the task preamble */
+    /* the input's length: --context, or less where the model's trained context must also hold the
+    ** queries and replies (eval_opts.fill) */
+    const int32_t fill = o->fill > 0 ? o->fill : o->context;
+    const int32_t body = turns ? o->chunk - framing_first - 96 : fill; /* 96: room for the task preamble */
     if (body < 16) return -1;
     k->depth = -1;
-    int32_t n_est = turns ? o->context / (body + framing) + 1 : 0;
-    int32_t target = o->context - n_est * framing - 160;
+    int32_t n_est = turns ? fill / (body + framing) + 1 : 0;
+    int32_t target = fill - n_est * framing - 160;
     for (int iter = 0; iter < 12; iter++) {
         struct built b;
         memset(&b, 0, sizeof b);
@@ -648,9 +651,9 @@ int eval_ruler_case_build(kvt_engine *eng, struct eval_corpus *c, const struct e
         k->n_tokens = turns ? eval_conversation_tokens(eng, k->turns, k->n_turns, question)
                             : eval_conversation_tokens(eng, NULL, 0, k->single);
         if (k->n_tokens < 0) return -1;
-        bool fits = k->n_tokens <= o->context;
-        if (fits && (o->context - k->n_tokens <= 64 || iter >= 6)) return 0;
-        target += (int32_t) ((double) (o->context - k->n_tokens - 16) * (turns ? (double) body / (body + framing) : 1.0));
+        bool fits = k->n_tokens <= fill;
+        if (fits && (fill - k->n_tokens <= 64 || iter >= 6)) return 0;
+        target += (int32_t) ((double) (fill - k->n_tokens - 16) * (turns ? (double) body / (body + framing) : 1.0));
     }
     return -1;
 }

@@ -9,7 +9,10 @@
 #    nothing else does; cwe's references are exactly the 10 most frequent list words; fwe's the
 #    3 most frequent coded words.  The same seed gives the same cases, --first-case N --cases 1
 #    gives case N of a longer run (what a resumed grid relies on), followup has 5 distinct
-#    queries, turns splits the context into document turns.
+#    queries, turns splits the context into document turns.  At the model's trained context
+#    (a 1024-position tiny model) the input is sized to leave the replies' reserve, and the
+#    sessions fit (control, run by hand: the kvtier before this rule fails that run, "1011
+#    resident tokens and 64 new ones do not fit the model's trained context").
 # 2. The smoke of the grid on the chat model (SmolLM2-135M-Instruct): niah_single_2 and
 #    niah_multikey_1 at 1024 tokens, budget 384, no_eviction / truncate / kvtier on the same
 #    cases.  Judged against references computed in this run, on the paired teacher-forced
@@ -57,6 +60,17 @@ fi
 n_store=$(sed -n 's/.*policy kvtier+store: .*, \([0-9]*\) tokens from the store.*/\1/p' "$TMP/store.err")
 [ "${n_store:-0}" -ge 256 ] && ok "kvtier+store: queries 2-5 loaded $n_store tokens of the context from the store" \
     || bad "kvtier+store loaded '${n_store}' tokens from the store: $(grep 'kvtier+store' "$TMP/store.err" | head -c 300)"
+# a length equal to the model's trained context (SmolLM2 at 8192): the input gives up the reply's
+# reserve, as RULER sizes input + generation within the length; the sessions then fit
+if "$BIN" eval ruler niah_single_1 -m "${TINY%.gguf}-ctx1024.gguf" --policies no_eviction,kvtier --threads 1 \
+        --max-tokens 4 --context 1024 --budget 256 --cases 1 --seed 7 --out "$TMP/trained" \
+        >"$TMP/trained.out" 2>"$TMP/trained.err"; then
+    ok "eval ruler at the model's trained context (1024) ran"
+else
+    bad "eval ruler at the model's trained context exited with status $?: $(tail -n 3 "$TMP/trained.err")"
+fi
+grep -q "the input is 764 tokens, not --context 1024: the model's trained context (1024 positions)" "$TMP/trained.err" \
+    && ok "the shortened input is said on stderr" || bad "no note of the input's length: $(head -c 300 "$TMP/trained.err")"
 run turns-niah niah_single_2 --shape turns --context 3072 --budget 1024 --chunk 640 --cases 1 --seed 7
 run again niah_multiquery --context 768 --budget 256 --cases 2 --seed 7
 run second niah_multiquery --context 768 --budget 256 --cases 1 --first-case 2 --seed 7
@@ -161,6 +175,12 @@ if a and b and o:
     res(o["cases_detail"][0]["facts"][0]["refs"] != a["cases_detail"][0]["facts"][0]["refs"], "another seed, other needles")
 else:
     res(False, "determinism runs wrote their files")
+t, g = load("trained"), load("gen-niah_single_1")
+tok = t and t["cases_detail"][0]["tokens"]
+res(t is not None and t["input_limit"] == 764 and 700 <= tok <= 764 and not any(r["error"] for r in t["rows"])
+    and g is not None and g["input_limit"] == 768,
+    f"at the trained context the input is sized to 1024 - 260 reserved = 764 ({t and t['input_limit']}, case {tok} "
+    f"tokens), no session failed; below it the input limit is --context ({g and g['input_limit']})")
 EOF
 t_py_checks "$TMP/gen.txt" $? generators
 
@@ -219,5 +239,10 @@ usage "--depths does not apply to ruler" ruler vt --depths 50
 usage "--shape applies to ruler only" niah --shape turns
 usage "--chunk applies to --shape turns only" ruler vt --chunk 256
 usage "unexpected argument 'vt'" niah vt
+"$BIN" eval ruler vt --context 256 --budget 192 -m "${TINY%.gguf}-ctx256.gguf" >/dev/null 2>"$TMP/usage.err"
+rc=$?
+if [ "$rc" = 2 ] && grep -q -- "--context 256 is beyond the model's trained context (256 positions)" "$TMP/usage.err"; then
+    ok "a length the trained context cannot hold with its replies: exit 2"
+else bad "ruler --context 256 on a 256-position model: rc $rc, $(head -c 300 "$TMP/usage.err")"; fi
 usage "--store applies to ruler --shape followup only" ruler vt --store
 t_finish
