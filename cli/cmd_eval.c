@@ -185,13 +185,15 @@ static int parse_depths(const char *cmd, const char *s, struct eval_opts *o) {
     }
 }
 
-/* Engine cells: the conversation up to the first question, plus questions, answers being
-** scored and replies, over the high watermark, rounded up to 256.  no_eviction gets all of it
-** as its budget, so it never has to evict. */
+/* ruler: positions a case needs after its input (tokens): each query, the reply, the reference
+** answer scored, and a margin. */
 static int32_t ruler_reserve(const struct eval_opts *o) {
     return (o->shape == EVAL_SHAPE_FOLLOWUP ? EVAL_FOLLOWUPS : 1) * (192 + o->max_tokens) + 64;
 }
 
+/* Engine cells: the conversation up to the first question, plus questions, answers being
+** scored and replies, over the high watermark, rounded up to 256.  no_eviction gets all of it
+** as its budget, so it never has to evict. */
 static int32_t engine_ctx(const struct eval_opts *o) {
     int32_t extra;
     switch (o->task) {
@@ -547,8 +549,9 @@ int cmd_eval(int argc, char **argv) {
         if (o.fill < o.context / 2) {
             fprintf(stderr,
                     "%s: --context %d is beyond the model's trained context (%d positions) with %d tokens of "
-                    "queries and replies; use --context %d or less\n",
-                    cmd, o.context, info.n_ctx_train, ruler_reserve(&o), info.n_ctx_train - ruler_reserve(&o));
+                    "queries and replies; %s\n",
+                    cmd, o.context, info.n_ctx_train, ruler_reserve(&o),
+                    o.fill >= 64 ? "use a smaller --context" : "lower --max-tokens or use a model of a longer context");
             kvt_engine_free(eng);
             eval_corpus_free(&corpus);
             return APP_USAGE;

@@ -241,7 +241,7 @@ usage "--chunk applies to --shape turns only" ruler vt --chunk 256
 usage "unexpected argument 'vt'" niah vt
 "$BIN" eval ruler vt --context 256 --budget 192 -m "${TINY%.gguf}-ctx256.gguf" >/dev/null 2>"$TMP/usage.err"
 rc=$?
-if [ "$rc" = 2 ] && grep -q -- "--context 256 is beyond the model's trained context (256 positions)" "$TMP/usage.err"; then
+if [ "$rc" = 2 ] && grep -q -- "--context 256 is beyond the model's trained context (256 positions) with 320 tokens of queries and replies; lower --max-tokens" "$TMP/usage.err"; then
     ok "a length the trained context cannot hold with its replies: exit 2"
 else bad "ruler --context 256 on a 256-position model: rc $rc, $(head -c 300 "$TMP/usage.err")"; fi
 usage "--store applies to ruler --shape followup only" ruler vt --store
