@@ -72,6 +72,7 @@ def main():
     stamp = None
     runs = collections.Counter()  # (kvtier commit, llama.cpp, machine, threads) -> units
     budget = {}
+    input_limit = {}
     for f in units:
         base = os.path.basename(f)[:-5]
         model, L, shape, task, case = base.rsplit("-", 4)[0], *base.rsplit("-", 4)[1:]
@@ -79,6 +80,8 @@ def main():
         stamp = stamp or {k: d[k] for k in ("model", "llama_cpp", "commit", "date", "machine", "threads", "budget", "context")}
         runs[(d["commit"], d["llama_cpp"], d["machine"], d["threads"])] += 1
         budget[(model, int(L), shape)] = d["budget"]
+        if d.get("input_limit", d["context"]) < d["context"]:  # the trained context keeps room for the replies
+            input_limit[(model, int(L), shape)] = d["input_limit"]
         rows = d["rows"]
         if os.path.exists(f[:-5] + ".llama.json"):  # llama-server's rows on the same case (score only)
             rows = rows + json.load(open(f[:-5] + ".llama.json"))["rows"]
@@ -107,8 +110,9 @@ def main():
                 if r["policy"] not in methods:
                     methods.append(r["policy"])
         ncases = {t: len({r["case"] for r in rows}) for t, rows in tasks.items()}
-        print(f"## {model}, context {L}, budget {budget[(model, L, shape)]}, shape {shape} "
-              f"({min(ncases.values())}-{max(ncases.values())} cases per task)\n")
+        inp = input_limit.get((model, L, shape))
+        print(f"## {model}, context {L}{f' (input {inp} tokens: the trained context holds the replies too)' if inp else ''}, "
+              f"budget {budget[(model, L, shape)]}, shape {shape} ({min(ncases.values())}-{max(ncases.values())} cases per task)\n")
         print("| task | " + " | ".join(methods) + " |")
         print("|---|" + "---|" * len(methods))
         per_task = {}
