@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """bench/ruler_tables.py — the tables and the follow-up plot of a RULER grid (bench/ruler_grid.py).
 
-Usage: bench/ruler_tables.py DIR [DIR ...] [--plot docs/ruler_followup.png] [--json] [--all-commits]
+Usage: bench/ruler_tables.py DIR [DIR ...] [--plot docs/ruler_followup.png [--plot-cell smollm2-4096]] [--json]
+                             [--all-commits]
 
 Reads the units (one case of one cell each) of every DIR: a grid's OUT (OUT/units/*.json) or an
 archive (bench/ruler_units/seed1-ratio4: DIR/*.json, the units without their text); a unit in
@@ -50,6 +51,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dirs", nargs="+", metavar="DIR")
     ap.add_argument("--plot", default=None, help="write the follow-up plot (PNG, gnuplot) here")
+    ap.add_argument("--plot-cell", default=None, metavar="MODEL-LENGTH",
+                    help="the follow-up cell to plot, e.g. smollm2-4096 (default: the first in order)")
     ap.add_argument("--json", action="store_true", help="also print the aggregates as one JSON object")
     ap.add_argument("--all-commits", action="store_true", help="also read units of kvtier from before the grid's configuration")
     a = ap.parse_args()
@@ -220,6 +223,10 @@ def main():
                                        "cases": ncases}
     if a.plot:
         fu = {k: v for k, v in agg.items() if v["by_query"]}
+        if a.plot_cell:
+            fu = {k: v for k, v in fu.items() if k == f"{a.plot_cell}-followup"}
+            if not fu:
+                sys.exit(f"ruler_tables: no follow-up cell {a.plot_cell} (--plot-cell) among the units")
         if fu:
             key, v = sorted(fu.items())[0]
             data = "\n".join(f"{q + 1} " + " ".join(f"{v['by_query'][m][q][0]:.4f} {v['by_query'][m][q][1]:.4f} "

@@ -546,12 +546,29 @@ int cmd_eval(int argc, char **argv) {
     o.fill = o.context;
     if (o.task == EVAL_RULER && info.n_ctx_train > 0 && o.context + ruler_reserve(&o) > info.n_ctx_train) {
         o.fill = info.n_ctx_train - ruler_reserve(&o);
-        if (o.fill < o.context / 2) {
+        if (o.fill < o.context / 2 || o.fill < 64) {
+            if (o.fill >= 64)
+                fprintf(stderr,
+                        "%s: --context %d is beyond the model's trained context (%d positions) with %d tokens of "
+                        "queries and replies; use --context %d or less\n",
+                        cmd, o.context, info.n_ctx_train, ruler_reserve(&o), o.fill);
+            else
+                fprintf(stderr,
+                        "%s: --context %d is beyond the model's trained context (%d positions) with %d tokens of "
+                        "queries and replies; lower --max-tokens or use a model of a longer context\n",
+                        cmd, o.context, info.n_ctx_train, ruler_reserve(&o));
+            kvt_engine_free(eng);
+            eval_corpus_free(&corpus);
+            return APP_USAGE;
+        }
+        /* the checks against --context above, again against the input */
+        const char *why = o.budget > o.fill ? "--budget" : o.shape == EVAL_SHAPE_TURNS && o.chunk > o.fill / 2 ? "--chunk" : NULL;
+        if (why) {
             fprintf(stderr,
-                    "%s: --context %d is beyond the model's trained context (%d positions) with %d tokens of "
-                    "queries and replies; %s\n",
-                    cmd, o.context, info.n_ctx_train, ruler_reserve(&o),
-                    o.fill >= 64 ? "use a smaller --context" : "lower --max-tokens or use a model of a longer context");
+                    "%s: %s %d is too large for an input of %d tokens (the model's trained context, %d positions, "
+                    "also holds %d tokens of queries and replies): %s\n",
+                    cmd, why, why[2] == 'b' ? o.budget : o.chunk, o.fill, info.n_ctx_train, ruler_reserve(&o),
+                    why[2] == 'b' ? "nothing would ever be evicted" : "the document would be one turn");
             kvt_engine_free(eng);
             eval_corpus_free(&corpus);
             return APP_USAGE;

@@ -636,7 +636,7 @@ int eval_case_build(const char *cmd, kvt_engine *eng, struct eval_corpus *c, con
         fprintf(stderr,
                 "%s: case %d: could not build %d tokens of conversation from the %d essays in '%s' (out of "
                 "memory, a tokenizer failure, or too little text)\n",
-                cmd, index + 1, o->context, c->n, c->dir);
+                cmd, index + 1, o->task == EVAL_RULER && o->fill > 0 ? o->fill : o->context, c->n, c->dir);
         eval_case_free(k);
         return APP_ERR;
     }

@@ -224,10 +224,10 @@ else
 fi
 
 # ---- 3. usage errors ----
-usage() { # usage MESSAGE-REGEX ARGS...
+usage() { # [UM=MODEL] usage MESSAGE-REGEX ARGS...
     local re=$1
     shift
-    "$BIN" eval "$@" -m "$TINY" >/dev/null 2>"$TMP/usage.err"
+    "$BIN" eval "$@" -m "${UM:-$TINY}" >/dev/null 2>"$TMP/usage.err"
     local rc=$?
     if [ "$rc" = 2 ] && grep -Eq -- "$re" "$TMP/usage.err"; then ok "eval $*: exit 2, '$re'"; else bad "eval $*: rc $rc, $(head -c 300 "$TMP/usage.err")"; fi
 }
@@ -239,10 +239,15 @@ usage "--depths does not apply to ruler" ruler vt --depths 50
 usage "--shape applies to ruler only" niah --shape turns
 usage "--chunk applies to --shape turns only" ruler vt --chunk 256
 usage "unexpected argument 'vt'" niah vt
-"$BIN" eval ruler vt --context 256 --budget 192 -m "${TINY%.gguf}-ctx256.gguf" >/dev/null 2>"$TMP/usage.err"
-rc=$?
-if [ "$rc" = 2 ] && grep -q -- "--context 256 is beyond the model's trained context (256 positions) with 320 tokens of queries and replies; lower --max-tokens" "$TMP/usage.err"; then
-    ok "a length the trained context cannot hold with its replies: exit 2"
-else bad "ruler --context 256 on a 256-position model: rc $rc, $(head -c 300 "$TMP/usage.err")"; fi
+# a length the trained context cannot hold with its replies
+UM=${TINY%.gguf}-ctx256.gguf usage "--context 256 is beyond the model's trained context \(256 positions\) with 320 tokens of queries and replies; lower --max-tokens" \
+    ruler vt --context 256 --budget 192
+# the budget and chunk checks hold against the shortened input too (764 tokens on the 1024-position model)
+UM=${TINY%.gguf}-ctx1024.gguf usage "--context 2048 is beyond the model's trained context \(1024 positions\) with 260 tokens of queries and replies; use --context 764 or less" \
+    ruler vt --context 2048 --budget 256 --max-tokens 4
+UM=${TINY%.gguf}-ctx1024.gguf usage "--budget 800 is too large for an input of 764 tokens .*nothing would ever be evicted" \
+    ruler vt --context 1024 --budget 800 --max-tokens 4
+UM=${TINY%.gguf}-ctx1024.gguf usage "--chunk 400 is too large for an input of 764 tokens .*one turn" \
+    ruler vt --context 1024 --budget 500 --shape turns --chunk 400 --max-tokens 4
 usage "--store applies to ruler --shape followup only" ruler vt --store
 t_finish
