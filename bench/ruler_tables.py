@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """bench/ruler_tables.py — the tables and the follow-up plot of a RULER grid (bench/ruler_grid.py).
 
-Usage: bench/ruler_tables.py DIR [DIR ...] [--plot docs/ruler_followup.png [--plot-cell smollm2-4096]] [--json]
-                             [--all-commits]
+Usage: bench/ruler_tables.py DIR [DIR ...] [--plot docs/ruler_followup.png [--plot-cell smollm2-4096]] [--cases N]
+                             [--json] [--all-commits]
 
 Reads the units (one case of one cell each) of every DIR: a grid's OUT (OUT/units/*.json) or an
 archive (bench/ruler_units/seed1-ratio4: DIR/*.json, the units without their text); a unit in
@@ -53,6 +53,8 @@ def main():
     ap.add_argument("--plot", default=None, help="write the follow-up plot (PNG, gnuplot) here")
     ap.add_argument("--plot-cell", default=None, metavar="MODEL-LENGTH",
                     help="the follow-up cell to plot, e.g. smollm2-4096 (default: the first in order)")
+    ap.add_argument("--cases", type=int, default=0, metavar="N",
+                    help="read cases 1..N only (a grid part-way through a case: every cell on the same cases)")
     ap.add_argument("--json", action="store_true", help="also print the aggregates as one JSON object")
     ap.add_argument("--all-commits", action="store_true", help="also read units of kvtier from before the grid's configuration")
     a = ap.parse_args()
@@ -65,7 +67,7 @@ def main():
         for f in sorted(glob.glob(os.path.join(where, "*.json"))):
             if not f.endswith(".llama.json"):
                 seen.setdefault(os.path.basename(f), f)
-    units = [seen[k] for k in sorted(seen)]
+    units = [seen[k] for k in sorted(seen) if not a.cases or int(k[:-5].rsplit("-", 1)[1]) <= a.cases]
     stale = [f for f in units if fresh and not fresh.file_current(f)]
     units = [f for f in units if f not in stale]
     if not units:
