@@ -218,7 +218,7 @@ static int run_live(struct run *R, int ci, char *const *dtext, int32_t n_docs, c
         strcpy(sys[o], instr);
         for (int32_t d = 0; d < n_docs; d++) strcat(sys[o], dtext[o ? perm[d] : d]);
     }
-    struct kvt_sampling smp = { 0, 1.0f, 0, 0, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL };
+    struct kvt_sampling smp = { .temperature = 0, .top_p = 1.0f };
     for (int c = -1; c < R->n_cfg && !rc; c++) { /* c = -1: the reference */
         struct cfg *cf = c >= 0 ? &R->cfg[c] : NULL;
         kvt_store *st = NULL;

@@ -97,7 +97,7 @@ static int run_one(const char *cmd, kvt_engine *eng, kvt_pool *pool, struct pol_
         return rc;
     }
     struct kvt_session_stats a, b, c;
-    const struct kvt_sampling smp = { 0.0f, 1.0f, 0, 0, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL };
+    const struct kvt_sampling smp = { .temperature = 0.0f, .top_p = 1.0f };
     for (int32_t t = 0; t < n_turns && rc == 0; t++) {
         kvt_session_get_stats(s, &a);
         if ((rc = kvt_session_add(s, KVT_ROLE_USER, turns[t], KVT_KEEP_NONE))) break;

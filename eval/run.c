@@ -188,7 +188,7 @@ static int probe(const char *cmd, kvt_engine *eng, kvt_session *s, const struct 
     free(ta);
     free(tp);
     row->prefix_passed = !isnan(row->number_logprob) && row->number_logprob > log(0.5);
-    struct kvt_sampling smp = { 0.0f, 1.0f, 0, 0, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL };
+    struct kvt_sampling smp = { .temperature = 0.0f, .top_p = 1.0f };
     struct gen_state g = { 0 };
     char *reply = NULL;
     double t_gen = now_ms();

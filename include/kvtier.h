@@ -36,9 +36,7 @@
 extern "C" {
 #endif
 
-/* ====================================================================================== */
-/* 1. Errors                                                                              */
-/* ====================================================================================== */
+/* ==== 1. Errors ====================================================================== */
 
 /* One table of error codes (libuv style).  Every function that can fail returns 0 or one of
 ** these negative values, and leaves a message naming the offending value in kvt_errmsg(). */
@@ -84,9 +82,7 @@ const char *kvt_build_info(void);
 ** GPU or integrated-GPU devices.  Not thread-safe with engine creation. */
 int kvt_devices(char *buf, size_t n);
 
-/* ====================================================================================== */
-/* 2. Engine: one llama.cpp model and context                                             */
-/* ====================================================================================== */
+/* ==== 2. Engine: one llama.cpp model and context ===================================== */
 
 typedef struct kvt_engine kvt_engine;
 typedef int32_t kvt_token;
@@ -327,9 +323,7 @@ int kvt_seq_cp(kvt_engine *eng, int32_t src, int32_t dst, kvt_pos p0, kvt_pos p1
 ** names the position), KVT_ENOMEM, KVT_ELLAMA (streams).  On error the sequence is unchanged. */
 int kvt_seq_shift(kvt_engine *eng, int32_t seq, kvt_pos p0, kvt_pos p1, kvt_pos delta);
 
-/* ====================================================================================== */
-/* 3. Block primitives                                                                    */
-/* ====================================================================================== */
+/* ==== 3. Block primitives ============================================================ */
 
 /* A saved KV block: the llama_state_seq_get_data bytes of one position range, loadable into any
 ** engine on the same model and cache types.  Owned by the caller; free with kvt_blob_free. */
@@ -403,9 +397,7 @@ void kvt_attn_free(kvt_attn *a); /* frees the struct and its arrays; accepts NUL
 ** index among that part's layers.  Errors: KVT_ENOENT when unknown. */
 int kvt_engine_layer_part(const kvt_engine *eng, int32_t il, int *part /* OUT */, int *idx /* OUT */);
 
-/* ====================================================================================== */
-/* 4. Host pool: byte-budgeted RAM tier that spills to disk                               */
-/* ====================================================================================== */
+/* ==== 4. Host pool: byte-budgeted RAM tier that spills to disk ======================= */
 
 typedef struct kvt_pool kvt_pool;
 
@@ -458,9 +450,7 @@ struct kvt_pool_stats {
 /* Cannot fail; thread-safe.  n_corrupt counts failed reads, not distinct entries. */
 void kvt_pool_get_stats(kvt_pool *pool, struct kvt_pool_stats *st /* OUT */);
 
-/* ====================================================================================== */
-/* 5. Session: one conversation under a token budget                                      */
-/* ====================================================================================== */
+/* ==== 5. Session: one conversation under a token budget ============================== */
 
 typedef struct kvt_session kvt_session;
 
@@ -855,9 +845,7 @@ struct kvt_block_info {
 int32_t kvt_session_n_blocks(const kvt_session *s);
 int kvt_session_block(kvt_session *s, int32_t i, struct kvt_block_info *info /* OUT */);
 
-/* ====================================================================================== */
-/* 6. Signals: attention mass per block, entropy                                          */
-/* ====================================================================================== */
+/* ==== 6. Signals: attention mass per block, entropy ================================== */
 
 /* Shannon entropy in bits of the distribution w[0..n) (normalised here; zeros skipped).
 ** Uniform over n -> log2(n); one-hot -> 0.  Returns 0 for n <= 0 or an all-zero w.  Pure. */
@@ -873,9 +861,7 @@ const char *kvt_head_class_name(int32_t cls);
 ** (tokens).  mean_h <= 0 returns base.  Pure. */
 int32_t kvt_entropy_budget(int32_t base, double h, double mean_h);
 
-/* ====================================================================================== */
-/* 7. Optional dense retrieval: embeddings through llama.cpp, approximate nearest neighbours */
-/* ====================================================================================== */
+/* ==== 7. Optional dense retrieval: llama.cpp embeddings, approximate nearest neighbours ==== */
 
 /* An embedding model: any GGUF, run with MEAN pooling in its own context.  Not thread-safe. */
 typedef struct kvt_embedder kvt_embedder;
@@ -889,10 +875,7 @@ void kvt_embedder_free(kvt_embedder *em); /* accepts NULL */
 ** ef_construction = 200, ef_search = 50; caller-chosen uint64 ids.  Not thread-safe. */
 typedef struct kvt_ann kvt_ann;
 
-/* ====================================================================================== */
-/* 8. Block store: content-addressed KV blocks in tiers (RAM -> disk -> Redis), across     */
-/*    restarts and servers                                                                */
-/* ====================================================================================== */
+/* ==== 8. Block store: content-addressed KV blocks in tiers (RAM -> disk -> Redis) ==== */
 
 /* A block's identity is the chain of its prefix (vLLM's prefix caching, LMCache's chunk keys):
 **   h_0 = SHA-256("kvtier-chain" | format version | model fingerprint | layout | block | tenant)
@@ -1095,9 +1078,7 @@ int kvt_store_verify(kvt_store *st, bool repair, struct kvt_store_report *out /*
 ** alone (its keys expire by redis_ttl_s).  Errors: KVT_EINVAL (NULL, read-only), KVT_EIO. Thread-safe. */
 int kvt_store_clear(kvt_store *st);
 
-/* ====================================================================================== */
-/* 9. Block codecs: self-describing encodings of a block leaving the device               */
-/* ====================================================================================== */
+/* ==== 9. Block codecs: self-describing encodings of a block leaving the device ======= */
 
 /* A codec turns a kvt_blob into self-describing bytes (header with the payload's checksum) and
 ** back into a blob kvt_block_load accepts.  Lossy codecs keep cells below n_sink raw and need F16

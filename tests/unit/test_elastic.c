@@ -451,7 +451,7 @@ static void test_session(void **stp) {
     kvt_blob_free(a);
     kvt_blob_free(b);
     /* generation goes on with passes */
-    struct kvt_sampling smp = { 0.0f, 1.0f, 0, 0, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL };
+    struct kvt_sampling smp = { .temperature = 0.0f, .top_p = 1.0f };
     char *reply = NULL;
     assert_int_equal(kvt_session_generate(s, 70, &smp, NULL, NULL, &reply), 0);
     free(reply);
