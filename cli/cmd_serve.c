@@ -138,6 +138,7 @@ int cmd_serve(int argc, char **argv) {
     double temp = 1.0, top_p = 1.0, min_p = 0.0, repeat_penalty = 1.0, frequency_penalty = 0.0, presence_penalty = 0.0;
     int repeat_last_n = 64;
     int32_t top_k = 0;
+    double top_n_sigma = -1, typical = 1, xtc_p = 0, xtc_t = 0.1, dyn_range = 0, dyn_exp = 1;
     int32_t resp_ttl = 30 * 24 * 3600; /* --response-ttl */
     int32_t seed = -1, n_predict = -1;
     bool budget_seen = false, slots_on = false, metrics_on = false, jinja = false, no_jinja = false, offline = false,
@@ -368,6 +369,26 @@ int cmd_serve(int argc, char **argv) {
           "min_p of a request that sends none (default 0: off; llama-server's defaults are --top-k 40 --top-p 0.95 "
           "--min-p 0.05 --temp 0.8)",
           NULL },
+        { "top-nsigma", 0, OPT_FLOAT, &top_n_sigma, -1, 100, "N",
+          "top_n_sigma of a request that sends none: sampling among the logits within N standard deviations of the largest "
+          "(default -1: off)",
+          NULL },
+        { "typical", 0, OPT_FLOAT, &typical, 0.000001, 1, "P",
+          "typical_p of a request that sends none: locally typical sampling (default 1: off)", NULL },
+        { "xtc-probability", 0, OPT_FLOAT, &xtc_p, 0, 1, "P",
+          "xtc_probability of a request that sends none: the chance that a draw drops the likeliest tokens (XTC; default 0: "
+          "off)",
+          NULL },
+        { "xtc-threshold", 0, OPT_FLOAT, &xtc_t, 0, 1, "P",
+          "xtc_threshold of a request that sends none: XTC drops the tokens of at least this probability but the least "
+          "likely of them (default 0.1; above 0.5: off)",
+          NULL },
+        { "dynatemp-range", 0, OPT_FLOAT, &dyn_range, 0, 2, "R",
+          "dynatemp_range of a request that sends none: the temperature within +-R by the distribution's entropy "
+          "(default 0: off; not at temperature 0, greedy)",
+          NULL },
+        { "dynatemp-exp", 0, OPT_FLOAT, &dyn_exp, 0.000001, 10, "E", "dynatemp_exponent of a request that sends none (default 1)",
+          NULL },
         { "repeat-penalty", 0, OPT_FLOAT, &repeat_penalty, 0.000001, 10, "F",
           "repeat_penalty of a request that sends none: the logit of a token in the window divided by F where positive, "
           "multiplied where negative (default 1: off)",
@@ -519,6 +540,12 @@ int cmd_serve(int argc, char **argv) {
     srv.top_k_default = top_k;
     srv.top_p_default = (float) top_p;
     srv.min_p_default = (float) min_p;
+    srv.top_n_sigma_default = top_n_sigma > 0 ? (float) top_n_sigma : 0;
+    srv.typical_p_default = typical < 1 ? (float) typical : 0;
+    srv.xtc_probability_default = (float) xtc_p;
+    srv.xtc_threshold_default = (float) xtc_t;
+    srv.dynatemp_range_default = (float) dyn_range;
+    srv.dynatemp_exponent_default = (float) dyn_exp;
     if (repeat_last_n > srv.n_ctx) {
         fprintf(stderr, "%s: --repeat-last-n %d is past the context (-c %d); -1 takes the whole context\n", cmd, repeat_last_n,
                 srv.n_ctx);

@@ -295,11 +295,20 @@ struct kvt_sampling {
     float repeat_penalty, frequency_penalty, presence_penalty;
     int32_t penalty_last_n, n_history;
     const kvt_token *history;
+    /* llama-server's other samplers (llama.cpp's), 0 = off, in its order: top_n_sigma > 0 (logits within n
+    ** standard deviations of the largest, Tang et al. 2024, "Top-nσ") before top_k; typical_p in (0, 1)
+    ** (locally typical sampling, Meister et al. 2023) after it; XTC after min_p (Exclude Top Choices,
+    ** text-generation-webui #6335: with chance xtc_probability a draw drops every token of probability
+    ** >= xtc_threshold but the least likely of them; threshold > 0.5 = off; a generator per generation
+    ** seeded with seed, as llama-server's); dynatemp_range > 0: the temperature within +-range by the
+    ** distribution's normalised entropy ^ dynatemp_exponent (0: 1; arXiv 2309.02772).  At temperature
+    ** <= 0 (greedy) typical_p and XTC still apply, as in llama-server's chain, dynatemp does not. */
+    float top_n_sigma, typical_p, xtc_probability, xtc_threshold, dynatemp_range, dynatemp_exponent;
 };
 
-/* Sample the next token from kvt_engine_logits() (llama.cpp's chain: logit_bias, penalties, top_k,
-** top_p, min_p, temperature, draw; a grammar masks the vocabulary when the first draw is not
-** allowed).  Calls with the same settings and seed are draws 0, 1, ... of one generation, from one
+/* Sample the next token from kvt_engine_logits() (llama.cpp's chain: logit_bias, penalties, top_n_sigma,
+** top_k, typical_p, top_p, min_p, XTC, temperature, draw; a grammar masks the vocabulary when the first
+** draw is not allowed).  Calls with the same settings and seed are draws 0, 1, ... of one generation, from one
 ** generator of its own (llama.cpp's dist sampler seeded with s->seed, as a llama-server slot's), so
 ** a seeded generation is reproducible whatever else the engine samples; seed 0xFFFFFFFF: random.
 ** Errors: KVT_EINVAL (no logits; the grammar allows no token), KVT_ENOMEM.  Not thread-safe (engine rule). */

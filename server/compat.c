@@ -62,16 +62,31 @@ static const char *stop_type(const struct job *j) {
     return j->stop_word ? "word" : "eos";
 }
 
+/* The samplers kvt_sampling adds to llama-server's basic ones, under llama-server's names and with its
+** "off" values (top_n_sigma -1, typical_p 1), added to obj (generation_settings, /props). */
+static json_t *more_samplers(json_t *obj, const struct kvt_sampling *p) {
+    json_t *x = json_pack("{s:f, s:f, s:f, s:f, s:f, s:f}", "top_n_sigma", p->top_n_sigma > 0 ? (double) p->top_n_sigma : -1.0,
+                          "typical_p", p->typical_p > 0 ? (double) p->typical_p : 1.0, "xtc_probability",
+                          (double) p->xtc_probability, "xtc_threshold", (double) p->xtc_threshold, "dynatemp_range",
+                          (double) p->dynatemp_range, "dynatemp_exponent",
+                          p->dynatemp_exponent > 0 ? (double) p->dynatemp_exponent : 1.0);
+    if (obj && x) json_object_update(obj, x);
+    json_decref(x);
+    return obj;
+}
+
 static json_t *gen_settings(struct server *srv, const struct job *j) {
     json_t *stop = json_array();
     for (int32_t i = 0; i < j->req.n_stop; i++) json_array_append_new(stop, json_string(j->req.stop[i]));
     const struct kvt_sampling *p = &j->req.smp;
-    return json_pack("{s:i, s:I, s:f, s:i, s:f, s:f, s:f, s:f, s:f, s:i, s:o, s:b, s:s, s:i}", "n_predict", j->req.max_tokens,
-                     "seed", (json_int_t) p->seed, "temperature", (double) p->temperature, "top_k", p->top_k, "top_p",
-                     (double) p->top_p, "min_p", (double) p->min_p, "repeat_penalty",
-                     p->repeat_penalty > 0 ? (double) p->repeat_penalty : 1.0, "frequency_penalty", (double) p->frequency_penalty,
-                     "presence_penalty", (double) p->presence_penalty, "repeat_last_n", j->req.repeat_last_n, "stop", stop,
-                     "stream", j->req.stream, "model", srv->model_name, "n_ctx", srv->budget);
+    return more_samplers(json_pack("{s:i, s:I, s:f, s:i, s:f, s:f, s:f, s:f, s:f, s:i, s:o, s:b, s:s, s:i}", "n_predict",
+                                   j->req.max_tokens, "seed", (json_int_t) p->seed, "temperature", (double) p->temperature, "top_k",
+                                   p->top_k, "top_p", (double) p->top_p, "min_p", (double) p->min_p, "repeat_penalty",
+                                   p->repeat_penalty > 0 ? (double) p->repeat_penalty : 1.0, "frequency_penalty",
+                                   (double) p->frequency_penalty, "presence_penalty", (double) p->presence_penalty, "repeat_last_n",
+                                   j->req.repeat_last_n, "stop", stop, "stream", j->req.stream, "model", srv->model_name, "n_ctx",
+                                   srv->budget),
+                         p);
 }
 
 json_t *compat_response_fields(const struct job *j, json_t *reply) {
@@ -350,6 +365,13 @@ json_t *compat_props(struct server *srv) {
                             "repeat_last_n", srv->repeat_last_n_default < 0 ? srv->n_ctx : srv->repeat_last_n_default);
     if (params && pen) json_object_update(params, pen);
     json_decref(pen);
+    const struct kvt_sampling d = { .top_n_sigma = srv->top_n_sigma_default,
+                                    .typical_p = srv->typical_p_default,
+                                    .xtc_probability = srv->xtc_probability_default,
+                                    .xtc_threshold = srv->xtc_threshold_default,
+                                    .dynatemp_range = srv->dynatemp_range_default,
+                                    .dynatemp_exponent = srv->dynatemp_exponent_default };
+    more_samplers(params, &d);
     return json_pack("{s:{s:i, s:o}, s:i, s:s, s:s, s:s, s:{s:b, s:b}, s:s, s:{s:i, s:i, s:i, s:i, s:i, s:s, s:i}}",
                      "default_generation_settings", "n_ctx", srv->budget, "params", params, "total_slots", srv->max_sessions,
                      /* with API keys the server's directories are not the tenants' business: the file's name */

@@ -70,18 +70,20 @@ static const struct serve_field OPENAI[] = {
     { "presence_penalty",      FT_NUM,          C|P|N, H, NULL, "-2..2 (default: --presence-penalty, 0): minus this once for a token in that window" },
     { "repeat_penalty",        FT_NUM,          C|P|N, H, NULL, "(0, 10], 1 = off (default: --repeat-penalty, 1): a token in that window has its logit divided by it (multiplied when negative)" },
     { "repeat_last_n",         FT_INT,          C|P|N, H, NULL, "the penalties' window in tokens (default: --repeat-last-n, 64; -1: the context; 0: no penalty)" },
-    { "typical_p",             FT_NUM,          N,     Z, "1", "locally typical sampling is not implemented" },
+    { "typical_p",             FT_NUM,          N,     H, NULL, "(0, 1], 1 = off (default: --typical): locally typical sampling (llama.cpp's typical sampler, after top_k; applies at temperature 0 too)" },
     { "mirostat",              FT_INT,          N,     Z, "0", "Mirostat is not implemented" },
     { "dry_multiplier",        FT_NUM,          N,     Z, "0", "DRY is not implemented" },
-    { "xtc_probability",       FT_NUM,          N,     Z, "0", "XTC is not implemented" },
-    { "top_n_sigma",           FT_NUM,          N,     Z, "-1", "top-n-sigma is not implemented" },
-    { "dynatemp_range",        FT_NUM,          N,     Z, "0", "dynamic temperature is not implemented" },
+    { "xtc_probability",       FT_NUM,          N,     H, NULL, "0..1, 0 = off (default: --xtc-probability): the chance that a draw drops every token of probability >= xtc_threshold but the least likely of them (llama.cpp's XTC, after min_p; a generator per generation, seeded by seed; applies at temperature 0 too)" },
+    { "xtc_threshold",         FT_NUM,          N,     H, NULL, "0..1, above 0.5 = off (default: --xtc-threshold, 0.1)" },
+    { "top_n_sigma",           FT_NUM,          N,     H, NULL, "-1..100, -1 or 0 = off (default: --top-nsigma): sampling among the logits within n standard deviations of the largest (llama.cpp's top-n-sigma, before top_k)" },
+    { "dynatemp_range",        FT_NUM,          N,     H, NULL, "0..2, 0 = off (default: --dynatemp-range): the temperature within +-range by the distribution's entropy (llama.cpp's temp_ext); a 400 with temperature 0 (greedy)" },
+    { "dynatemp_exponent",     FT_NUM,          N,     H, NULL, "(0, 10] (default: --dynatemp-exp, 1): the entropy's exponent in the dynamic temperature" },
     { "min_keep",              FT_INT,          N,     Z, "0|1", "the samplers keep one token at least" },
     { "n_keep",                FT_INT,          N,     Z, "0|-1", "kvtier never shifts the context: evicted blocks go to the store and come back" },
     { "n_indent",              FT_INT,          N,     Z, "0", "indentation stops are not implemented" },
     { "t_max_predict_ms",      FT_INT,          N,     Z, "0", "a time limit on generation is not implemented (use max_tokens; the server's --request-timeout-s)" },
     { "samplers",              FT_STR|FT_ARR,   N,     Z, "\"edkypmxt\"|\"kpmt\"|[\"penalties\",\"dry\",\"top_n_sigma\",\"top_k\",\"typ_p\",\"top_p\",\"min_p\",\"xtc\",\"temperature\"]|[\"dry\",\"top_k\",\"typ_p\",\"top_p\",\"min_p\",\"xtc\",\"temperature\"]|[\"top_k\",\"top_p\",\"min_p\",\"temperature\"]",
-      "kvtier's chain is penalties, top_k, top_p, min_p, temperature (llama-server's default order): another order is not implemented" },
+      "kvtier's chain is llama-server's default order (penalties, top_n_sigma, top_k, typical_p, top_p, min_p, xtc, temperature; no DRY): another order is not implemented" },
     { "lora",                  FT_ARR,          N,     Z, "[]", "LoRA adapters are not served" },
     { "chat_template_kwargs",  FT_OBJ,          C|N,   Z, "{}", "the model's own template is applied without extra arguments" },
     { "reasoning_format",      FT_STR,          C|N,   Z, "\"none\"", "the reply is not split into reasoning and content" },
@@ -280,7 +282,7 @@ int serve_fields_check(enum field_table t, const json_t *root, json_t **ignored,
             return serve_bad(e, "'%s' is not supported by kvtier serve: %s", f->name, f->note);
         }
         if (f->status == FIELD_NEUTRAL && !is_neutral(f, v)) {
-            char *got = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+            char *got = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY | JSON_REAL_PRECISION(15));
             char shown[64];
             serve_printable(shown, sizeof shown, got ? got : "?");
             free(got);

@@ -26,6 +26,12 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
                                         .top_p = srv->top_p_default,
                                         .top_k = srv->top_k_default,
                                         .min_p = srv->min_p_default,
+                                        .top_n_sigma = srv->top_n_sigma_default,
+                                        .typical_p = srv->typical_p_default,
+                                        .xtc_probability = srv->xtc_probability_default,
+                                        .xtc_threshold = srv->xtc_threshold_default,
+                                        .dynatemp_range = srv->dynatemp_range_default,
+                                        .dynatemp_exponent = srv->dynatemp_exponent_default,
                                         .repeat_penalty = srv->repeat_penalty_default,
                                         .frequency_penalty = srv->frequency_penalty_default,
                                         .presence_penalty = srv->presence_penalty_default };
@@ -78,6 +84,38 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
         double p = json_number_value(v);
         if (!(p >= 0 && p <= 1)) return serve_bad(e, "'min_p' %g is outside 0..1 (0 = off)", p);
         j->req.smp.min_p = (float) p;
+    }
+    /* llama-server's other samplers (kvtier.h struct kvt_sampling): each a number in its range, else a
+    ** 400 naming it; typical_p 1 and top_n_sigma <= 0 are off, as in llama-server */
+    static const struct {
+        const char *name, *range;
+        double lo, hi;
+        bool lo_open;
+    } X[] = {
+        { "top_n_sigma", "-1..100 (-1 or 0 = off)", -1, 100, false }, { "typical_p", "(0, 1] (1 = off)", 0, 1, true },
+        { "xtc_probability", "0..1 (0 = off)", 0, 1, false },         { "xtc_threshold", "0..1 (above 0.5 = off)", 0, 1, false },
+        { "dynatemp_range", "0..2 (0 = off)", 0, 2, false },          { "dynatemp_exponent", "(0, 10]", 0, 10, true }
+    };
+    float *xv[] = { &j->req.smp.top_n_sigma,   &j->req.smp.typical_p,      &j->req.smp.xtc_probability,
+                    &j->req.smp.xtc_threshold, &j->req.smp.dynatemp_range, &j->req.smp.dynatemp_exponent };
+    bool sent_dyn = false;
+    for (size_t i = 0; i < sizeof X / sizeof X[0]; i++)
+        if ((v = json_object_get(root, X[i].name)) && !json_is_null(v)) {
+            sent_dyn |= xv[i] == &j->req.smp.dynatemp_range;
+            serve_error_param(e, X[i].name);
+            if (!json_is_number(v)) return serve_bad(e, "'%s' must be a number, got %s", X[i].name, serve_json_type(v));
+            const double x = json_number_value(v);
+            if (!(x <= X[i].hi && (X[i].lo_open ? x > X[i].lo : x >= X[i].lo)))
+                return serve_bad(e, "'%s' %g is outside %s", X[i].name, x, X[i].range);
+            *xv[i] = (float) x;
+        }
+    if (j->req.smp.typical_p >= 1) j->req.smp.typical_p = 0; /* off, as kvt_sampling has it */
+    if (j->req.smp.top_n_sigma < 0) j->req.smp.top_n_sigma = 0;
+    /* greedy has no temperature to vary: a request's range is refused, the server's --dynatemp-range not applied */
+    if (sent_dyn && j->req.smp.dynatemp_range > 0 && j->req.smp.temperature <= 0) {
+        serve_error_param(e, "dynatemp_range");
+        return serve_bad(e, "'dynatemp_range' %g needs a temperature above 0 (temperature 0 is greedy)",
+                         (double) j->req.smp.dynatemp_range);
     }
     /* repetition penalties, llama.cpp's penalties sampler as llama-server runs it (over the last
     ** repeat_last_n tokens of prompt and reply; kvtier_int.h kvt_penalty_window) */

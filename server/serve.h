@@ -310,6 +310,10 @@ struct server {
     float temp_default;                 /* --temp: a request's temperature when it sends none (default 1, OpenAI's) */
     int32_t top_k_default;              /* --top-k: a request's top_k when it sends none (default 0: off) */
     float top_p_default, min_p_default; /* --top-p, --min-p: likewise (defaults 1 and 0: off) */
+    /* --top-nsigma, --typical, --xtc-probability, --xtc-threshold, --dynatemp-range, --dynatemp-exp: likewise
+    ** (kvt_sampling's values: 0 = off; the threshold 0.1 and the exponent 1 as llama-server's) */
+    float top_n_sigma_default, typical_p_default, xtc_probability_default, xtc_threshold_default, dynatemp_range_default,
+        dynatemp_exponent_default;
     /* --repeat-penalty, --frequency-penalty, --presence-penalty, --repeat-last-n: likewise (defaults
     ** 1, 0, 0: off; the window 64 tokens, -1 the context, 0 no penalty unless a request sends one) */
     float repeat_penalty_default, frequency_penalty_default, presence_penalty_default;

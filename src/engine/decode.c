@@ -312,31 +312,97 @@ static struct llama_sampler *gen_rng(kvt_engine *e, int32_t g, uint32_t seed, in
     return r->dist;
 }
 
+/* What selects the chain (not the grammar, the biases, XTC nor the post output), padding zeroed;
+** the seed is not in the chain: each generation has its own generators (gen_rng, gen_xtc). */
+static void chain_key(const struct kvt_sampling *s, struct kvt_sampling *key) {
+    memset(key, 0, sizeof *key);
+    if (!s) return;
+    key->temperature = s->temperature;
+    key->top_p = s->top_p;
+    key->top_k = s->top_k;
+    key->min_p = s->min_p;
+    key->top_n_sigma = s->top_n_sigma;
+    key->typical_p = s->typical_p;
+    key->dynatemp_range = s->dynatemp_range;
+    key->dynatemp_exponent = s->dynatemp_exponent;
+}
+
+static bool xtc_on(const struct kvt_sampling *s) { return s->xtc_probability > 0 && s->xtc_threshold <= 0.5f; }
+
+/* The XTC sampler of the generation on slot g (llama.cpp's, seeded with the generation's seed as
+** llama-server seeds its slot's), kept draw after draw as gen_rng keeps the generator; another
+** setting, seed or draw starts it again and advances it (one uniform draw per earlier draw, as
+** llama.cpp's XTC draws one per draw of two candidates or more).  NULL when out of memory. */
+static struct llama_sampler *gen_xtc(kvt_engine *e, int32_t g, const struct kvt_sampling *s, int64_t draw) {
+    struct gen_rng *r = &e->rng[g];
+    if (r->xtc && r->xtc_seed == s->seed && r->xtc_p == s->xtc_probability && r->xtc_t == s->xtc_threshold && r->xtc_next == draw)
+        return r->xtc;
+    if (r->xtc) llama_sampler_free(r->xtc);
+    r->xtc = kvt__fault_check(KVT__FAULT_XTC) ? NULL : llama_sampler_init_xtc(s->xtc_probability, s->xtc_threshold, 1, s->seed);
+    r->xtc_seed = s->seed;
+    r->xtc_p = s->xtc_probability;
+    r->xtc_t = s->xtc_threshold;
+    r->xtc_next = 0;
+    if (!r->xtc) return NULL;
+    llama_token_data two[2];
+    for (; r->xtc_next < draw; r->xtc_next++) {
+        two[0] = (llama_token_data){ 0, 0.0f, 0.0f };
+        two[1] = (llama_token_data){ 1, 0.0f, 0.0f };
+        llama_token_data_array a = { two, 2, -1, false };
+        llama_sampler_apply(r->xtc, &a);
+    }
+    return r->xtc;
+}
+
+/* Build e->smpl (top_n_sigma, top_k, typical_p, top_p, min_p: llama-server's order) and e->smpl_t
+** (the temperature, dynamic with a range; greedy at temperature <= 0, after typical_p alone of the
+** others: they all keep the most likely token).  KVT_ENOMEM. */
+static int build_chain(kvt_engine *e, const struct kvt_sampling *s) {
+    if (e->smpl) llama_sampler_free(e->smpl);
+    if (e->smpl_t) llama_sampler_free(e->smpl_t);
+    e->smpl = llama_sampler_chain_init(llama_sampler_chain_default_params());
+    e->smpl_t = NULL;
+    if (!e->smpl) return kvt__fail(KVT_ENOMEM, "sampler chain");
+    const bool typical = s->typical_p > 0 && s->typical_p < 1;
+    if (s->temperature <= 0) {
+        if (typical) llama_sampler_chain_add(e->smpl, llama_sampler_init_typical(s->typical_p, 1));
+        e->smpl_t = llama_sampler_init_greedy();
+    } else {
+        if (s->top_n_sigma > 0) llama_sampler_chain_add(e->smpl, llama_sampler_init_top_n_sigma(s->top_n_sigma));
+        if (s->top_k > 0) llama_sampler_chain_add(e->smpl, llama_sampler_init_top_k(s->top_k));
+        if (typical) llama_sampler_chain_add(e->smpl, llama_sampler_init_typical(s->typical_p, 1));
+        if (s->top_p < 1.0f) llama_sampler_chain_add(e->smpl, llama_sampler_init_top_p(s->top_p, 1));
+        if (s->min_p > 0.0f) llama_sampler_chain_add(e->smpl, llama_sampler_init_min_p(s->min_p, 1));
+        e->smpl_t = s->dynatemp_range > 0 ? llama_sampler_init_temp_ext(s->temperature, s->dynatemp_range,
+                                                                        s->dynatemp_exponent > 0 ? s->dynatemp_exponent : 1.0f)
+                                          : llama_sampler_init_temp(s->temperature);
+    }
+    if (!e->smpl_t) {
+        llama_sampler_free(e->smpl);
+        e->smpl = NULL;
+        return kvt__fail(KVT_ENOMEM, "sampler chain");
+    }
+    return 0;
+}
+
+/* The chain, then the generation's XTC, the temperature and its generator, over arr. */
+static void run_chain(kvt_engine *e, struct llama_sampler *xtc, struct llama_sampler *dist, llama_token_data_array *arr) {
+    llama_sampler_apply(e->smpl, arr);
+    if (xtc) llama_sampler_apply(xtc, arr);
+    llama_sampler_apply(e->smpl_t, arr);
+    if (dist) llama_sampler_apply(dist, arr);
+}
+
 int kvt_engine_sample_at(kvt_engine *e, const struct kvt_sampling *s, int32_t seq, int64_t draw, kvt_token *tok) {
-    static const struct kvt_sampling greedy = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL };
+    static const struct kvt_sampling greedy = { .temperature = 0, .top_p = 1 };
     if (!s) s = &greedy;
     if (!e->have_logits) return kvt__fail(KVT_EINVAL, "sample: no logits (decode with want_logits first)");
     if (draw < 0) return kvt__fail(KVT_EINVAL, "sample: draw %lld is negative", (long long) draw);
     if (seq < -1 || seq >= e->n_rng - 1) return kvt__fail(KVT_EINVAL, "sample: sequence id %d", seq);
-    /* what selects the chain (not the grammar, the biases, nor the post output), padding zeroed;
-    ** the seed is not in the chain: each generation has its own generator (below) */
     struct kvt_sampling key;
-    memset(&key, 0, sizeof key);
-    key.temperature = s->temperature;
-    key.top_p = s->top_p;
-    key.top_k = s->top_k;
-    key.min_p = s->min_p;
+    chain_key(s, &key);
     if (!e->smpl || memcmp(&e->smpl_p, &key, sizeof key) != 0) {
-        if (e->smpl) llama_sampler_free(e->smpl);
-        e->smpl = llama_sampler_chain_init(llama_sampler_chain_default_params());
-        if (s->temperature <= 0) {
-            llama_sampler_chain_add(e->smpl, llama_sampler_init_greedy());
-        } else {
-            if (s->top_k > 0) llama_sampler_chain_add(e->smpl, llama_sampler_init_top_k(s->top_k));
-            if (s->top_p < 1.0f) llama_sampler_chain_add(e->smpl, llama_sampler_init_top_p(s->top_p, 1));
-            if (s->min_p > 0.0f) llama_sampler_chain_add(e->smpl, llama_sampler_init_min_p(s->min_p, 1));
-            llama_sampler_chain_add(e->smpl, llama_sampler_init_temp(s->temperature));
-        }
+        if (build_chain(e, s)) return KVT_ENOMEM;
         e->smpl_p = key;
         e->smpl_draw = 0;
     }
@@ -346,6 +412,8 @@ int kvt_engine_sample_at(kvt_engine *e, const struct kvt_sampling *s, int32_t se
     const int32_t g = seq < 0 ? e->n_rng - 1 : seq;
     struct llama_sampler *dist = s->temperature > 0 ? gen_rng(e, g, s->seed, draw) : NULL;
     if (s->temperature > 0 && !dist) return kvt__fail(KVT_ENOMEM, "sampler");
+    struct llama_sampler *xtc = xtc_on(s) ? gen_xtc(e, g, s, draw) : NULL;
+    if (xtc_on(s) && !xtc) return kvt__fail(KVT_ENOMEM, "XTC sampler");
     const int32_t nv = e->info.n_vocab;
     llama_token_data *d = malloc(sizeof *d * (size_t) nv);
     if (!d) return kvt__fail(KVT_ENOMEM, "sampling candidates");
@@ -354,8 +422,7 @@ int kvt_engine_sample_at(kvt_engine *e, const struct kvt_sampling *s, int32_t se
         return KVT_ENOMEM;
     }
     llama_token_data_array arr = { d, (size_t) nv, -1, false };
-    llama_sampler_apply(e->smpl, &arr);
-    if (dist) llama_sampler_apply(dist, &arr);
+    run_chain(e, xtc, dist, &arr);
     int rc = 0;
     if (arr.selected < 0 || arr.selected >= (int64_t) arr.size) rc = kvt__fail(KVT_ELLAMA, "sampler selected nothing");
     if (rc == 0 && s->grammar) {
@@ -373,8 +440,7 @@ int kvt_engine_sample_at(kvt_engine *e, const struct kvt_sampling *s, int32_t se
                 if (!any) rc = kvt__fail(KVT_EINVAL, "sample: the grammar allows no token here");
             }
             if (rc == 0) {
-                llama_sampler_apply(e->smpl, &arr);
-                if (dist) llama_sampler_apply(dist, &arr);
+                run_chain(e, xtc, dist, &arr);
                 if (arr.selected < 0 || arr.selected >= (int64_t) arr.size || isinf(arr.data[arr.selected].logit))
                     rc = kvt__fail(KVT_ELLAMA, "sampler selected nothing the grammar allows");
             }
@@ -384,23 +450,21 @@ int kvt_engine_sample_at(kvt_engine *e, const struct kvt_sampling *s, int32_t se
         *tok = arr.data[arr.selected].id;
         if (s->post && s->n_post > 0) post_probs(&arr, s->temperature <= 0, s->post, s->n_post);
         llama_sampler_accept(e->smpl, *tok);
+        llama_sampler_accept(e->smpl_t, *tok);
         if (s->grammar) llama_sampler_accept(s->grammar->smpl, *tok);
     }
     if (dist) e->rng[g].next = rc == 0 ? draw + 1 : -1; /* a failed draw: the stream starts again */
+    if (xtc) e->rng[g].xtc_next = rc == 0 ? draw + 1 : -1;
     free(d);
     return rc;
 }
 
 int kvt_engine_sample(kvt_engine *e, const struct kvt_sampling *s, kvt_token *tok) {
     struct kvt_sampling key; /* the draws of one stream: counted while the settings and seed stay */
-    memset(&key, 0, sizeof key);
-    if (s) {
-        key.temperature = s->temperature;
-        key.top_p = s->top_p;
-        key.top_k = s->top_k;
-        key.min_p = s->min_p;
-    }
-    const bool same = e->smpl && !memcmp(&e->smpl_p, &key, sizeof key) && (!s || e->smpl_p_seed == s->seed);
+    chain_key(s, &key);
+    const struct gen_rng *r = &e->rng[e->n_rng - 1];
+    const bool same_xtc = !s || !xtc_on(s) || (r->xtc && r->xtc_p == s->xtc_probability && r->xtc_t == s->xtc_threshold);
+    const bool same = e->smpl && !memcmp(&e->smpl_p, &key, sizeof key) && (!s || e->smpl_p_seed == s->seed) && same_xtc;
     const int64_t draw = same ? e->smpl_draw : 0;
     int rc = kvt_engine_sample_at(e, s, -1, draw, tok);
     if (rc == 0) {

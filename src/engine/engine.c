@@ -526,8 +526,11 @@ int kvt_engine_open(const struct kvt_engine_params *params, kvt_engine **out) {
 void kvt_engine_free(kvt_engine *e) {
     if (!e) return;
     if (e->smpl) llama_sampler_free(e->smpl);
-    for (int32_t i = 0; e->rng && i < e->n_rng; i++)
+    if (e->smpl_t) llama_sampler_free(e->smpl_t);
+    for (int32_t i = 0; e->rng && i < e->n_rng; i++) {
         if (e->rng[i].dist) llama_sampler_free(e->rng[i].dist);
+        if (e->rng[i].xtc) llama_sampler_free(e->rng[i].xtc);
+    }
     free(e->rng);
     if (e->batch.token) llama_batch_free(e->batch);
     if (e->ctx) llama_free(e->ctx);

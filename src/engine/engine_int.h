@@ -118,7 +118,7 @@ struct kvt_engine {
     size_t fa_cap_k;
     /* sampler chain, rebuilt when the sampling params change; smpl_draw: kvt_engine_sample's
     ** draws so far with these params (a caller without its own draw index gets one stream) */
-    struct llama_sampler *smpl;
+    struct llama_sampler *smpl, *smpl_t; /* top_n_sigma .. min_p; then the temperature (or greedy) */
     struct kvt_sampling smpl_p;
     int64_t smpl_draw;
     uint32_t smpl_p_seed; /* the seed of those draws */
@@ -129,6 +129,10 @@ struct kvt_engine {
         struct llama_sampler *dist; /* NULL: none yet */
         uint32_t seed;              /* the seed it was created with */
         int64_t next;               /* the draw it gives next */
+        struct llama_sampler *xtc;  /* the generation's XTC sampler (its own generator), NULL: none */
+        float xtc_p, xtc_t;         /* its probability and threshold */
+        uint32_t xtc_seed;
+        int64_t xtc_next; /* the draw it gives next */
     } * rng;
     int32_t n_rng;
     /* the cell positions of one sequence and part (kvt__engine_cell_pos), kept while gen is unchanged */

@@ -63,7 +63,7 @@ KEY=key-compat-1618
 KEY2=key-compat-3141
 start "$TMP/err" --api-key "$KEY2" --temp 0.8 --seed 42 --host 127.0.0.1 --offline --batch-size 32 --alias tinyllama-2,code --tags chat,small \
     --ctx-size 512 --parallel 2 --n-predict 64 --no-jinja --api-key "$KEY" --cors-origins localhost --embedding --cont-batching \
-    --metrics --top-k 40 --min_p 0.05 --backend_sampling
+    --metrics --top-k 40 --min_p 0.05 --backend_sampling --xtc-threshold 0.2 --dynatemp-exp 1.5
 if [ -z "$PORT" ]; then
     bad "server did not start with llama-server's flags"; cat "$TMP/err"; echo "$pass passed, $fail failed"; exit 1
 fi

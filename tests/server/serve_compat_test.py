@@ -369,6 +369,19 @@ check("--top-k 40 --min-p 0.05 (llama-server's flags): a request that sends none
       gs.get("top_k") == 40 and abs(gs.get("top_p", 0) - 1) < 1e-6 and abs(gs.get("min_p", 0) - 0.05) < 1e-6, str(gs))
 st, _, b = raw("POST", "/v1/chat/completions", {"messages": conv, "max_tokens": 1, "min_p": 1.5})
 check("min_p 1.5 -> 400 naming it", st == 400 and b["error"]["param"] == "min_p", f"{st} {b}")
+dp = props.get("default_generation_settings", {}).get("params", {})
+near = lambda d, k, want: abs(d.get(k, -99) - want) < 1e-6
+check("--xtc-threshold 0.2 --dynatemp-exp 1.5 in /props, and llama-server's off values for the samplers not set "
+      "(top_n_sigma -1, typical_p 1, xtc_probability 0, dynatemp_range 0)",
+      near(dp, "xtc_threshold", 0.2) and near(dp, "dynatemp_exponent", 1.5) and near(dp, "top_n_sigma", -1)
+      and near(dp, "typical_p", 1) and near(dp, "xtc_probability", 0) and near(dp, "dynatemp_range", 0), str(dp))
+st, _, b = raw("POST", "/completion", {"prompt": P, "n_predict": 2, "top_n_sigma": 2, "typical_p": 0.9, "xtc_probability": 0.3,
+                                       "dynatemp_range": 0.4})
+gs = b.get("generation_settings", {}) if st == 200 else {}
+check("top_n_sigma, typical_p, xtc_probability, dynatemp_range sent: generation_settings reports them, with the server's "
+      "--xtc-threshold and --dynatemp-exp", st == 200 and near(gs, "top_n_sigma", 2) and near(gs, "typical_p", 0.9)
+      and near(gs, "xtc_probability", 0.3) and near(gs, "dynatemp_range", 0.4) and near(gs, "xtc_threshold", 0.2)
+      and near(gs, "dynatemp_exponent", 1.5), f"{st} {gs}")
 st, _, b = raw("POST", "/completion", {**PS, "post_sampling_probs": "yes"})
 check("post_sampling_probs not a boolean -> 400 naming it", st == 400 and b["error"]["param"] == "post_sampling_probs", f"{st} {b}")
 

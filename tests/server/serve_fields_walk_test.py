@@ -257,6 +257,58 @@ oa("temperature", "chat", "completions", "native")(lambda api: sampled_differs(a
 oa("top_p", "chat", "completions", "native")(lambda api: greedy_same(api, {"top_p": 1e-9}, "top_p 1e-9 = greedy"))
 oa("top_k", "native")(lambda api: greedy_same(api, {"top_k": 1}, "top_k 1 = greedy"))
 oa("min_p", "native")(lambda api: greedy_same(api, {"min_p": 1.0}, "min_p 1 = greedy"))
+oa("top_n_sigma", "native")(lambda api: greedy_same(api, {"top_n_sigma": 1e-6}, "top_n_sigma 1e-6 = greedy"))
+
+
+@fresh
+def greedy_changed(api, on, off, label):
+    """at temperature 0: `on` changes the greedy reply, `off` (the same field at its off value) leaves it"""
+    req, text, _, _ = API[api]
+    s0, ref = req()
+    s1, b1 = req({"temperature": 0, **on})
+    s2, b2 = req({"temperature": 0, **off})
+    return (s0 == s1 == s2 == 200 and text(b1) != text(ref) and text(b2) == text(ref),
+            f"{label}: {text(b1)[:30]!r} / {text(b2)[:30]!r} vs greedy {text(ref)[:30]!r}")
+
+
+@fresh
+def seeds_agree(api, extra, hot, label):
+    """3 seeds at the temperature of `hot`: with extra they give one reply, without it they do not"""
+    req, text, _, _ = API[api]
+    a = [text(req({**hot, **extra, "seed": s})[1]) for s in (1, 2, 3)]
+    b = [text(req({**hot, "seed": s})[1]) for s in (1, 2, 3)]
+    return len(set(a)) == 1 and len(set(b)) > 1, f"{label}: {[t[:20] for t in a]} / {[t[:20] for t in b]}"
+
+
+# XTC at temperature 0 (llama-server's chain runs it before the temperature): with probability 1 a
+# step with two tokens or more above the threshold takes the least likely of them
+oa("xtc_probability", "native")(lambda api: greedy_changed(api, {"xtc_probability": 1, "xtc_threshold": 0.02},
+                                                             {"xtc_probability": 0, "xtc_threshold": 0.02}, "XTC 1 / 0"))
+oa("xtc_threshold", "native")(lambda api: greedy_changed(api, {"xtc_probability": 1, "xtc_threshold": 0.02},
+                                                           {"xtc_probability": 1, "xtc_threshold": 0.6}, "threshold 0.02 / 0.6 (off)"))
+# locally typical sampling with p -> 0 keeps one token a step (the most typical): seeds agree at 1.5
+oa("typical_p", "native")(lambda api: seeds_agree(api, {"typical_p": 1e-6}, {"temperature": 1.5}, "typical_p 1e-6"))
+@fresh
+def dynatemp_probe(api, exponent=False):
+    """the dynamic temperature on a story's next tokens (their entropy a good part of the
+    vocabulary's): from a near-greedy 0.001 (3 seeds agree) up to 0.001 + 2 x the normalised entropy,
+    so that seeds differ; the exponent 10 takes the normalised entropy (< 1) to ~0, back to the
+    near-greedy reply, 0.2 towards 1"""
+    req, text, _, _ = API[api]
+    story = "Once upon a time, in a small village by the sea, there lived a"
+
+    def texts(extra):
+        return [text(req({"temperature": 0.001, **extra, "seed": s}, prompt=story, n=16)[1]) for s in (1, 2, 3)]
+    base = texts({})
+    if exponent:
+        low, high = texts({"dynatemp_range": 2, "dynatemp_exponent": 10}), texts({"dynatemp_range": 2, "dynatemp_exponent": 0.2})
+        return low == base and len(set(high)) > 1, f"exponent 10: {[t[:20] for t in low]}; 0.2: {[t[:20] for t in high]}"
+    dyn = texts({"dynatemp_range": 2})
+    return len(set(base)) == 1 and len(set(dyn)) > 1, f"{[t[:20] for t in base]} / {[t[:20] for t in dyn]}"
+
+
+oa("dynatemp_range", "native")(lambda api: dynatemp_probe(api))
+oa("dynatemp_exponent", "native")(lambda api: dynatemp_probe(api, exponent=True))
 
 
 @fresh

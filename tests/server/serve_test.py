@@ -463,7 +463,19 @@ bad("repeat_penalty 0", 400, {"messages": hello, "repeat_penalty": 0}, "'repeat_
 bad("repeat_last_n -2", 400, {"prompt": "hi", "repeat_last_n": -2}, "'repeat_last_n' -2 is outside -1..", path="/completion")
 bad("repeat_last_n past the context", 400, {"prompt": "hi", "repeat_last_n": 1 << 30}, "'repeat_last_n' 1073741824 is outside",
     path="/completion")
-bad("typical_p 0.5 (not implemented)", 400, {"messages": hello, "typical_p": 0.5}, "'typical_p' 0.5 is not supported")
+bad("typical_p 0 (its range is (0, 1])", 400, {"messages": hello, "typical_p": 0}, "'typical_p' 0 is outside (0, 1]")
+bad("typical_p 1.5", 400, {"messages": hello, "typical_p": 1.5}, "'typical_p' 1.5 is outside (0, 1]")
+bad("top_n_sigma -2", 400, {"messages": hello, "top_n_sigma": -2}, "'top_n_sigma' -2 is outside -1..100")
+bad("top_n_sigma of the wrong type", 400, {"messages": hello, "top_n_sigma": "1"}, "'top_n_sigma' must be a number")
+bad("xtc_probability 2", 400, {"messages": hello, "xtc_probability": 2}, "'xtc_probability' 2 is outside 0..1")
+bad("xtc_threshold -0.1", 400, {"messages": hello, "xtc_threshold": -0.1}, "'xtc_threshold' -0.1 is outside 0..1")
+bad("dynatemp_range 3", 400, {"messages": hello, "dynatemp_range": 3, "temperature": 1}, "'dynatemp_range' 3 is outside 0..2")
+bad("dynatemp_range at temperature 0 (greedy)", 400, {"messages": hello, "dynatemp_range": 0.5, "temperature": 0},
+    "'dynatemp_range' 0.5 needs a temperature above 0")
+bad("dynatemp_exponent 0", 400, {"messages": hello, "dynatemp_exponent": 0}, "'dynatemp_exponent' 0 is outside (0, 10]")
+bad("dry_multiplier 0.8 (DRY is not implemented)", 400, {"messages": hello, "dry_multiplier": 0.8},
+    "'dry_multiplier' 0.8 is not supported")
+bad("mirostat 2 (not implemented)", 400, {"messages": hello, "mirostat": 2}, "'mirostat' 2 is not supported")
 bad("min_p outside 0..1", 400, {"messages": hello, "min_p": -0.5}, "'min_p' -0.5 is outside 0..1")
 bad("grammar that is not GBNF", 400, {"messages": hello, "grammar": "root ::= (("}, "'grammar' is not valid GBNF")
 bad("grammar of the wrong type", 400, {"messages": hello, "grammar": 5}, "'grammar' must be a string")

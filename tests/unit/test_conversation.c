@@ -168,7 +168,7 @@ static void test_sync(void **state) {
     assert_int_equal(kvt_session_sync(s, conv, 1, &si), 0);
     assert_int_equal(si.tokens_reused, 0);
     assert_int_equal(si.prompt_tokens, ref_tokens(e, conv, 1));
-    struct kvt_sampling smp = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL };
+    struct kvt_sampling smp = { .temperature = 0, .top_p = 1 };
     int32_t n = 0;
     for (bool done = false; !done && n < 12; n++) {
         kvt_token t;
@@ -235,7 +235,7 @@ static void run_b(kvt_session *b, double *lp) {
 static void run_a(kvt_session *a) {
     const struct kvt_chat_msg m[] = { { "user", "a long story about a dog that ran to the park every day" } };
     assert_int_equal(kvt_session_sync(a, m, 1, NULL), 0);
-    struct kvt_sampling smp = { 0.8f, 0.9f, 0, 7, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL };
+    struct kvt_sampling smp = { .temperature = 0.8f, .top_p = 0.9f, .seed = 7 };
     assert_int_equal(kvt_session_generate(a, 20, &smp, NULL, NULL, NULL), 0);
 }
 
@@ -265,7 +265,7 @@ static void test_sessions_independent(void **state) {
     const struct kvt_chat_msg mb[] = { { "user", "the sun is hot and the moon is cold" } };
     assert_int_equal(kvt_session_sync(a, ma, 1, NULL), 0);
     assert_int_equal(kvt_session_sync(b, mb, 1, NULL), 0);
-    struct kvt_sampling smp = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL };
+    struct kvt_sampling smp = { .temperature = 0, .top_p = 1 };
     for (int i = 0; i < 5; i++) { /* A decodes after B's prompt: B's logits must survive */
         kvt_token t;
         bool done;
@@ -356,7 +356,7 @@ static void test_real_independent(void **state) {
     e = open_real(2);
     kvt_session *a = open_real_session(e, 0, KVT_POLICY_H2O);
     real_conv(a, 4);
-    struct kvt_sampling smp = { 0.7f, 0.9f, 0, 3, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL };
+    struct kvt_sampling smp = { .temperature = 0.7f, .top_p = 0.9f, .seed = 3 };
     assert_int_equal(kvt_session_generate(a, 16, &smp, NULL, NULL, NULL), 0);
     kvt_session_free(a);
     b = open_real_session(e, 0, KVT_POLICY_KVTIER);
@@ -719,8 +719,7 @@ static void test_grammar(void **state) {
     const struct kvt_chat_msg msg = { "user", "How many moons does Mars have? Answer in one sentence." };
     kvt_session *ss[2] = { open_real_session(e, 0, KVT_POLICY_KVTIER), open_real_session(e, 1, KVT_POLICY_KVTIER) };
     for (int k = 0; k < 2; k++) assert_int_equal(kvt_session_sync(ss[k], &msg, 1, NULL), 0);
-    struct kvt_sampling smp[2] = { { 0, 1, 0, 0, g, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL },
-                                   { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL } };
+    struct kvt_sampling smp[2] = { { .temperature = 0, .top_p = 1, .grammar = g }, { .temperature = 0, .top_p = 1 } };
     bool over[2] = { false, false };
     int32_t steps[2] = { 0, 0 };
     for (int32_t i = 0; i < 24 && !(over[0] && over[1]); i++) {
@@ -766,7 +765,7 @@ static void gen_alone(const struct kvt_chat_msg *m, int32_t seq, kvt_token *out,
     kvt_engine *e = open_tiny(2);
     kvt_session *s = open_session(e, seq, KVT_POLICY_KVTIER);
     assert_int_equal(kvt_session_sync(s, m, 1, NULL), 0);
-    struct kvt_sampling smp = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL };
+    struct kvt_sampling smp = { .temperature = 0, .top_p = 1 };
     for (int32_t i = 0; i < n; i++) {
         bool done = false;
         assert_int_equal(kvt_session_gen_step(s, &smp, &out[i], &done), 0);
@@ -791,8 +790,7 @@ static void test_batch_step(void **state) {
     kvt_session *ss[2] = { open_session(e, 0, KVT_POLICY_KVTIER), open_session(e, 1, KVT_POLICY_KVTIER) };
     assert_int_equal(kvt_session_sync(ss[0], ma, 1, NULL), 0);
     assert_int_equal(kvt_session_sync(ss[1], mb, 1, NULL), 0);
-    struct kvt_sampling smp[2] = { { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL },
-                                   { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL } };
+    struct kvt_sampling smp[2] = { { .temperature = 0, .top_p = 1 }, { .temperature = 0, .top_p = 1 } };
     bool fin[2] = { false, false };
     for (int32_t i = 0; i < N; i++) {
         kvt_session *live[2];
@@ -851,7 +849,7 @@ static void raw_alone(const char *prompt, int32_t seq, kvt_token *out, int32_t n
     int32_t nt = 0;
     assert_int_equal(kvt_tokenize(e, prompt, true, false, &t, &nt), 0);
     assert_int_equal(kvt_engine_decode(e, seq, t, nt, 0, true), 0);
-    struct kvt_sampling smp = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL };
+    struct kvt_sampling smp = { .temperature = 0, .top_p = 1 };
     for (int32_t i = 0; i < n; i++) {
         assert_int_equal(kvt_engine_sample(e, &smp, &out[i]), 0);
         if (kvt_token_is_eog(e, out[i])) {
@@ -887,8 +885,8 @@ static void test_batch_rows(void **state) {
     row.pos = nt;
     row.logits = malloc(sizeof(float) * (size_t) I.n_vocab);
     memcpy(row.logits, kvt_engine_logits(e), sizeof(float) * (size_t) I.n_vocab);
-    row.smp = (struct kvt_sampling){ 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL };
-    struct kvt_sampling smp[1] = { { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL } };
+    row.smp = (struct kvt_sampling){ .temperature = 0, .top_p = 1 };
+    struct kvt_sampling smp[1] = { { .temperature = 0, .top_p = 1 } };
     bool fin_a = false, fin_r = false;
     for (int32_t i = 0; i < N; i++) {
         kvt_token tok[1];
@@ -959,7 +957,7 @@ static void test_shared_start(void **state) {
     };
     struct kvt_sync_info si;
     assert_int_equal(kvt_session_sync(s, m1, 1, &si), 0);
-    struct kvt_sampling smp = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL };
+    struct kvt_sampling smp = { .temperature = 0, .top_p = 1 };
     for (int32_t i = 0; i < 6; i++) {
         kvt_token t;
         bool done = false;
@@ -1035,7 +1033,7 @@ struct interleave {
 };
 static void on_chunk_step(void *ud) {
     struct interleave *it = ud;
-    struct kvt_sampling smp = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL };
+    struct kvt_sampling smp = { .temperature = 0, .top_p = 1 };
     it->calls++;
     bool done = false;
     if (it->n < 12) {
@@ -1356,7 +1354,7 @@ static void seeded_beside(uint32_t seed_a, const struct kvt_sampling *sb, kvt_to
     const struct kvt_chat_msg mb[] = { { "user", "the sun is hot and the moon is cold" } };
     assert_int_equal(kvt_session_sync(a, ma, 1, NULL), 0);
     assert_int_equal(kvt_session_sync(b, mb, 1, NULL), 0);
-    const struct kvt_sampling sa = { 1.0f, 1.0f, 0, seed_a, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL };
+    const struct kvt_sampling sa = { .temperature = 1.0f, .top_p = 1.0f, .seed = seed_a };
     bool done_a = false, done_b = false;
     for (int32_t i = 0; i < n; i++) {
         kvt_token t;
@@ -1381,8 +1379,8 @@ static void test_seed_own_stream(void **state) {
     (void) state;
     enum { N = 24 };
     kvt_token alone[N], beside[N], other[N];
-    const struct kvt_sampling greedy = { 0, 1, 0, 0, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL };
-    const struct kvt_sampling same = { 1.0f, 1.0f, 0, 7, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL };
+    const struct kvt_sampling greedy = { .temperature = 0, .top_p = 1 };
+    const struct kvt_sampling same = { .temperature = 1.0f, .top_p = 1.0f, .seed = 7 };
     seeded_beside(7, &greedy, alone, N);
     seeded_beside(7, &same, beside, N);
     seeded_beside(8, &greedy, other, N);
@@ -1411,7 +1409,7 @@ static void test_seed_stream_per_sequence(void **state) {
     int32_t nt = 0;
     assert_int_equal(kvt_tokenize(e, "the sun is hot and the moon is", true, false, &t, &nt), 0);
     assert_int_equal(kvt_engine_decode(e, 0, t, nt, 0, true), 0);
-    const struct kvt_sampling smp = { 1.5f, 1.0f, 0, 42, NULL, NULL, 0, NULL, 0, 0, 0, 0, 0, 0, 0, NULL };
+    const struct kvt_sampling smp = { .temperature = 1.5f, .top_p = 1.0f, .seed = 42 };
     struct kvt_sampling other = smp;
     other.seed = 43;
     kvt_token a[N], b[N], c[N], d[N], o[N];
@@ -1541,6 +1539,245 @@ static void test_penalties(void **state) {
     kvt_engine_free(e);
 }
 
+/* ---- llama-server's other samplers, each against its definition computed here ------------- */
+
+/* p[v] = softmax of l over the tokens keep[] (all: NULL) at temperature t, in double; 0 outside. */
+static void ref_softmax(const float *l, int32_t nv, const bool *keep, double t, double *p) {
+    double mx = -INFINITY, z = 0;
+    for (int32_t v = 0; v < nv; v++)
+        if (!keep || keep[v]) mx = fmax(mx, l[v]);
+    for (int32_t v = 0; v < nv; v++) z += (p[v] = !keep || keep[v] ? exp((l[v] - mx) / t) : 0);
+    for (int32_t v = 0; v < nv; v++) p[v] /= z;
+}
+
+/* The n largest of p[], decreasing: ids into top[0 .. n) (O(nv n): n is small). */
+static void ref_top(const double *p, int32_t nv, int32_t n, kvt_token *top) {
+    for (int32_t i = 0; i < n; i++) {
+        top[i] = -1;
+        for (int32_t v = 0; v < nv; v++) {
+            bool taken = false;
+            for (int32_t k = 0; k < i && !taken; k++) taken = top[k] == v;
+            if (!taken && (top[i] < 0 || p[v] > p[top[i]])) top[i] = v;
+        }
+    }
+}
+
+/* kvt_sampling.post[1 .. n] is the reference distribution p's n likeliest tokens, each with its
+** probability within tol (a listed token's own, and the i-th largest), none listed where p has
+** nothing above tol left.  Returns the largest difference seen. */
+static double check_post(const struct kvt_token_p *post, int32_t n, const double *p, int32_t nv, double tol) {
+    kvt_token top[32];
+    assert_true(n <= 32);
+    ref_top(p, nv, n, top);
+    double worst = 0;
+    for (int32_t i = 1; i <= n; i++) {
+        const double want = p[top[i - 1]];
+        if (post[i].tok < 0) {
+            assert_true(want < tol);
+            continue;
+        }
+        worst = fmax(worst, fmax(fabs(post[i].p - p[post[i].tok]), fabs(post[i].p - want)));
+    }
+    assert_true(worst < tol);
+    return worst;
+}
+
+static const double *g_score; /* the sort key of by_score */
+static int by_score(const void *a, const void *b) {
+    const double x = g_score[*(const kvt_token *) a], y = g_score[*(const kvt_token *) b];
+    return x < y ? -1 : x > y;
+}
+
+/* top_n_sigma, typical_p, XTC and the dynamic temperature (struct kvt_sampling) on a real model's
+** next-token logits, each against its definition computed here from the same logits in double
+** (the papers' and llama.cpp's: logits within n standard deviations of the largest; the smallest
+** set of tokens of surprisal nearest the entropy holding p of the mass; every token of probability
+** >= the threshold but the least likely of them; the temperature range scaled by the normalised
+** entropy of the candidates): the probabilities drawn from (kvt_sampling.post) and the greedy token.
+** XTC draws from a generator of its own per generation: with probability 0.5 a greedy generation
+** takes the argmax or the XTC token, both seen; another sequence interleaved with the same seed,
+** one that starts at draw K, and kvt_engine_sample's counted stream give the same tokens; its
+** allocation failing is KVT_ENOMEM and the draw again succeeds.  Controls: each sampler's
+** distribution differs from the one without it (the comparisons are not vacuous), typical_p at
+** temperature 0 leaves the argmax at one p at least. */
+static void test_more_samplers(void **state) {
+    (void) state;
+    enum { NP = 24, N = 32, K = 11 };
+    kvt_engine *e = open_real(3);
+    struct kvt_engine_info I;
+    kvt_engine_info(e, &I);
+    const int32_t nv = I.n_vocab;
+    kvt_token *t = NULL, *idx = malloc(sizeof *idx * (size_t) nv);
+    int32_t nt = 0;
+    assert_int_equal(kvt_tokenize(e, "Once upon a time, in a small village by the sea, there lived a", true, false, &t, &nt), 0);
+    assert_int_equal(kvt_engine_decode(e, 0, t, nt, 0, true), 0);
+    float *l = malloc(sizeof *l * (size_t) nv);
+    double *p = malloc(sizeof *p * (size_t) nv), *q = malloc(sizeof *q * (size_t) nv), *sc = malloc(sizeof *sc * (size_t) nv);
+    bool *keep = malloc((size_t) nv);
+    assert_true(l && p && q && sc && keep && idx);
+    memcpy(l, kvt_engine_logits(e), sizeof *l * (size_t) nv);
+    ref_softmax(l, nv, NULL, 1.0, p);
+    kvt_token top[2];
+    ref_top(p, nv, 2, top);
+    struct kvt_token_p post[NP + 1];
+    kvt_token tok;
+    const double tol = 2e-4;
+
+    /* top_n_sigma: n off any logit's distance from the cut by 1e-3 at least */
+    double mx = -INFINITY, mean = 0, var = 0;
+    for (int32_t v = 0; v < nv; v++) mx = fmax(mx, l[v]), mean += l[v] / nv;
+    for (int32_t v = 0; v < nv; v++) var += (l[v] - mean) * (l[v] - mean) / nv;
+    double n_sigma = 1.0, margin = 0;
+    for (; n_sigma < 3; n_sigma += 0.05) {
+        margin = INFINITY;
+        for (int32_t v = 0; v < nv; v++) margin = fmin(margin, fabs(l[v] - (mx - n_sigma * sqrt(var))));
+        if (margin > 1e-3) break;
+    }
+    int32_t n_keep = 0;
+    for (int32_t v = 0; v < nv; v++) n_keep += (keep[v] = l[v] >= mx - n_sigma * sqrt(var));
+    ref_softmax(l, nv, keep, 1.0, q);
+    struct kvt_sampling smp = {
+        .temperature = 1, .top_p = 1, .seed = 5, .top_n_sigma = (float) n_sigma, .post = post, .n_post = NP
+    };
+    assert_int_equal(kvt_engine_sample_at(e, &smp, 0, 0, &tok), 0);
+    const double d_sigma = check_post(post, NP, q, nv, tol);
+    assert_true(keep[tok]);
+    assert_true(n_keep < nv && fabs(q[top[0]] - p[top[0]]) > 1e-3); /* control: it cut the distribution */
+
+    /* typical_p: the tokens by |surprisal - entropy|, up to p of the mass (llama.cpp keeps the token
+    ** that passes p); at p whose cut is 1e-4 off the running sums */
+    double H = 0;
+    for (int32_t v = 0; v < nv; v++)
+        if (p[v] > 0) H -= p[v] * log(p[v]);
+    for (int32_t v = 0; v < nv; v++) sc[v] = p[v] > 0 ? fabs(-log(p[v]) - H) : INFINITY, idx[v] = v;
+    g_score = sc;
+    qsort(idx, (size_t) nv, sizeof *idx, by_score);
+    int32_t n_typ = 0, not_argmax = 0;
+    for (double pt = 0.1; pt < 0.95; pt += 0.2) {
+        double cum = 0, prev = 0;
+        int32_t k = 0;
+        while (k < nv && cum <= pt) prev = cum, cum += p[idx[k++]];
+        if (fabs(cum - pt) < 1e-4 || fabs(prev - pt) < 1e-4) continue;
+        memset(keep, 0, (size_t) nv);
+        kvt_token best = idx[0];
+        for (int32_t i = 0; i < k; i++) {
+            keep[idx[i]] = true;
+            if (l[idx[i]] > l[best]) best = idx[i];
+        }
+        ref_softmax(l, nv, keep, 1.0, q);
+        smp = (struct kvt_sampling){ .temperature = 1, .top_p = 1, .seed = 5, .typical_p = (float) pt, .post = post, .n_post = NP };
+        assert_int_equal(kvt_engine_sample_at(e, &smp, 0, 0, &tok), 0);
+        check_post(post, NP, q, nv, tol);
+        assert_true(keep[tok]);
+        smp = (struct kvt_sampling){ .top_p = 1, .typical_p = (float) pt }; /* greedy: the argmax of the typical set */
+        assert_int_equal(kvt_engine_sample_at(e, &smp, 0, 0, &tok), 0);
+        assert_int_equal(tok, best);
+        not_argmax += best != top[0];
+        n_typ++;
+    }
+    assert_true(n_typ >= 3);
+    assert_true(not_argmax > 0);
+
+    /* XTC: threshold just under the second likeliest token's probability, so that two tokens at
+    ** least pass it; those that pass, but the least likely of them, are dropped */
+    assert_true(p[top[1]] <= 0.5);
+    double thr = p[top[1]] * 0.98;
+    int32_t m = 0;
+    kvt_token last = -1;
+    for (int32_t v = 0; v < nv; v++) {
+        assert_true(fabs(p[v] - thr) > 1e-5);
+        if ((keep[v] = p[v] < thr)) continue;
+        m++;
+        if (last < 0 || p[v] < p[last]) last = v;
+    }
+    keep[last] = true;
+    assert_true(m >= 2);
+    ref_softmax(l, nv, keep, 1.0, q);
+    smp = (struct kvt_sampling){
+        .temperature = 1, .top_p = 1, .seed = 5, .xtc_probability = 1, .xtc_threshold = (float) thr, .post = post, .n_post = NP
+    };
+    assert_int_equal(kvt_engine_sample_at(e, &smp, 0, 0, &tok), 0);
+    check_post(post, NP, q, nv, tol);
+    assert_true(keep[tok] && tok != top[0]);
+    smp = (struct kvt_sampling){ .top_p = 1, .xtc_probability = 1, .xtc_threshold = (float) thr };
+    assert_int_equal(kvt_engine_sample_at(e, &smp, 0, 0, &tok), 0);
+    assert_int_equal(tok, last); /* greedy after XTC: the least likely of those that passed */
+    smp.xtc_threshold = 0.6f;    /* above 0.5: off */
+    assert_int_equal(kvt_engine_sample_at(e, &smp, 0, 0, &tok), 0);
+    assert_int_equal(tok, top[0]);
+    /* probability 0.5: one generator per generation, in order */
+    smp = (struct kvt_sampling){ .top_p = 1, .seed = 42, .xtc_probability = 0.5f, .xtc_threshold = (float) thr };
+    kvt_token a[N], b[N], c[N], d[N], o[N];
+    for (int32_t i = 0; i < N; i++) assert_int_equal(kvt_engine_sample_at(e, &smp, 0, i, &a[i]), 0);
+    for (int32_t i = 0; i < N; i++) {
+        assert_int_equal(kvt_engine_sample_at(e, &smp, 0, i, &c[i]), 0);
+        assert_int_equal(kvt_engine_sample_at(e, &smp, 1, i, &b[i]), 0);
+    }
+    for (int32_t i = K; i < N; i++) assert_int_equal(kvt_engine_sample_at(e, &smp, 2, i, &d[i]), 0);
+    int32_t n_xtc = 0;
+    for (int32_t i = 0; i < N; i++) {
+        assert_int_equal(kvt_engine_sample(e, &smp, &o[i]), 0);
+        assert_true(a[i] == top[0] || a[i] == last);
+        n_xtc += a[i] == last;
+        assert_int_equal(b[i], a[i]);
+        assert_int_equal(c[i], a[i]);
+        assert_int_equal(o[i], a[i]);
+        if (i >= K) assert_int_equal(d[i], a[i]);
+    }
+    assert_true(n_xtc > 0 && n_xtc < N);
+    kvt__fault_set(KVT__FAULT_XTC, 0, 1);
+    assert_int_equal(kvt_engine_sample_at(e, &smp, 1, 0, &tok), KVT_ENOMEM);
+    assert_int_equal(kvt__fault_hits(KVT__FAULT_XTC), 1);
+    assert_int_equal(kvt_engine_sample_at(e, &smp, 1, 0, &tok), 0);
+    assert_int_equal(tok, a[0]);
+
+    /* the dynamic temperature over top_k 40: 1 +- 0.5 by the candidates' normalised entropy */
+    memset(keep, 0, (size_t) nv);
+    {
+        kvt_token t40[32];
+        ref_top(p, nv, 32, t40); /* the 40 largest: the 32 here and 8 more found below */
+        for (int32_t i = 0; i < 32; i++) keep[t40[i]] = true;
+        for (int32_t extra = 0; extra < 8; extra++) {
+            kvt_token bst = -1;
+            for (int32_t v = 0; v < nv; v++)
+                if (!keep[v] && (bst < 0 || p[v] > p[bst])) bst = v;
+            keep[bst] = true;
+        }
+    }
+    ref_softmax(l, nv, keep, 1.0, q);
+    double h40 = 0;
+    for (int32_t v = 0; v < nv; v++)
+        if (q[v] > 0) h40 -= q[v] * log(q[v]);
+    const double dyn = 0.5 + 1.0 * (h40 / log(40.0));
+    ref_softmax(l, nv, keep, 1.0, p); /* the control: temperature 1 on the same 40 */
+    ref_softmax(l, nv, keep, dyn, q);
+    smp = (struct kvt_sampling){ .temperature = 1,
+                                 .top_p = 1,
+                                 .top_k = 40,
+                                 .seed = 5,
+                                 .dynatemp_range = 0.5f,
+                                 .dynatemp_exponent = 1,
+                                 .post = post,
+                                 .n_post = NP };
+    assert_int_equal(kvt_engine_sample_at(e, &smp, 0, 0, &tok), 0);
+    const double d_dyn = check_post(post, NP, q, nv, tol);
+    double ctl = 0;
+    for (int32_t v = 0; v < nv; v++) ctl = fmax(ctl, fabs(p[v] - q[v]));
+    assert_true(ctl > 1e-3);
+    printf("samplers by definition: top_n_sigma %.2f keeps %d (margin %.1e, max diff %.1e); typical_p at %d p, greedy off "
+           "the argmax at %d; XTC threshold %.3f drops %d tokens, 0.5 fired %d of %d draws; dynatemp T %.3f (max diff %.1e, "
+           "%.1e from T 1)\n",
+           n_sigma, n_keep, margin, d_sigma, n_typ, not_argmax, thr, m - 1, n_xtc, N, dyn, d_dyn, ctl);
+    free(keep);
+    free(sc);
+    free(q);
+    free(p);
+    free(l);
+    free(idx);
+    free(t);
+    kvt_engine_free(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_user_messages),
@@ -1561,6 +1798,7 @@ int main(void) {
         cmocka_unit_test(test_grammar),
         cmocka_unit_test(test_server_path),
         cmocka_unit_test(test_penalties),
+        cmocka_unit_test(test_more_samplers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
