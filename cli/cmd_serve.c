@@ -139,6 +139,8 @@ int cmd_serve(int argc, char **argv) {
     int repeat_last_n = 64;
     int32_t top_k = 0;
     double top_n_sigma = -1, typical = 1, xtc_p = 0, xtc_t = 0.1, dyn_range = 0, dyn_exp = 1;
+    double miro_tau = 5, miro_eta = 0.1;
+    int32_t mirostat = 0;
     int32_t resp_ttl = 30 * 24 * 3600; /* --response-ttl */
     int32_t seed = -1, n_predict = -1;
     bool budget_seen = false, slots_on = false, metrics_on = false, jinja = false, no_jinja = false, offline = false,
@@ -389,6 +391,14 @@ int cmd_serve(int argc, char **argv) {
           NULL },
         { "dynatemp-exp", 0, OPT_FLOAT, &dyn_exp, 0.000001, 10, "E", "dynatemp_exponent of a request that sends none (default 1)",
           NULL },
+        { "mirostat", 0, OPT_INT, &mirostat, 0, 2, "N",
+          "mirostat of a request that sends none: 1 or 2, Mirostat 1.0 / 2.0 after the temperature in place of the other "
+          "samplers, as llama-server (default 0: off)",
+          NULL },
+        { "mirostat-ent", 0, OPT_FLOAT, &miro_tau, 0.000001, 100, "TAU",
+          "mirostat_tau of a request that sends none: the target surprise in bits (default 5)", NULL },
+        { "mirostat-lr", 0, OPT_FLOAT, &miro_eta, 0.000001, 10, "ETA",
+          "mirostat_eta of a request that sends none: the learning rate (default 0.1)", NULL },
         { "repeat-penalty", 0, OPT_FLOAT, &repeat_penalty, 0.000001, 10, "F",
           "repeat_penalty of a request that sends none: the logit of a token in the window divided by F where positive, "
           "multiplied where negative (default 1: off)",
@@ -546,6 +556,9 @@ int cmd_serve(int argc, char **argv) {
     srv.xtc_threshold_default = (float) xtc_t;
     srv.dynatemp_range_default = (float) dyn_range;
     srv.dynatemp_exponent_default = (float) dyn_exp;
+    srv.mirostat_default = mirostat;
+    srv.mirostat_tau_default = (float) miro_tau;
+    srv.mirostat_eta_default = (float) miro_eta;
     if (repeat_last_n > srv.n_ctx) {
         fprintf(stderr, "%s: --repeat-last-n %d is past the context (-c %d); -1 takes the whole context\n", cmd, repeat_last_n,
                 srv.n_ctx);

@@ -304,6 +304,12 @@ struct kvt_sampling {
     ** distribution's normalised entropy ^ dynatemp_exponent (0: 1; arXiv 2309.02772).  At temperature
     ** <= 0 (greedy) typical_p and XTC still apply, as in llama-server's chain, dynatemp does not. */
     float top_n_sigma, typical_p, xtc_probability, xtc_threshold, dynatemp_range, dynatemp_exponent;
+    /* Mirostat (Basu et al. 2021): 1 or 2 (0 = off) at target surprise mirostat_tau bits (0: 5) and learning
+    ** rate mirostat_eta (0: 0.1), llama.cpp's, as llama-server runs it: logit_bias, the temperature, then
+    ** Mirostat draws (its own generator and mu per generation; a draw out of order starts it again);
+    ** none of the other samplers and no penalty applies.  Greedy at temperature <= 0. */
+    int32_t mirostat;
+    float mirostat_tau, mirostat_eta;
 };
 
 /* Sample the next token from kvt_engine_logits() (llama.cpp's chain: logit_bias, penalties, top_n_sigma,

@@ -70,6 +70,11 @@ static json_t *more_samplers(json_t *obj, const struct kvt_sampling *p) {
                           (double) p->xtc_probability, "xtc_threshold", (double) p->xtc_threshold, "dynatemp_range",
                           (double) p->dynatemp_range, "dynatemp_exponent",
                           p->dynatemp_exponent > 0 ? (double) p->dynatemp_exponent : 1.0);
+    json_t *m = json_pack("{s:i, s:f, s:f}", "mirostat", p->mirostat, "mirostat_tau",
+                          p->mirostat_tau > 0 ? (double) p->mirostat_tau : 5.0, "mirostat_eta",
+                          p->mirostat_eta > 0 ? (double) p->mirostat_eta : 0.1);
+    if (x && m) json_object_update(x, m);
+    json_decref(m);
     if (obj && x) json_object_update(obj, x);
     json_decref(x);
     return obj;
@@ -370,7 +375,10 @@ json_t *compat_props(struct server *srv) {
                                     .xtc_probability = srv->xtc_probability_default,
                                     .xtc_threshold = srv->xtc_threshold_default,
                                     .dynatemp_range = srv->dynatemp_range_default,
-                                    .dynatemp_exponent = srv->dynatemp_exponent_default };
+                                    .dynatemp_exponent = srv->dynatemp_exponent_default,
+                                    .mirostat = srv->mirostat_default,
+                                    .mirostat_tau = srv->mirostat_tau_default,
+                                    .mirostat_eta = srv->mirostat_eta_default };
     more_samplers(params, &d);
     return json_pack("{s:{s:i, s:o}, s:i, s:s, s:s, s:s, s:{s:b, s:b}, s:s, s:{s:i, s:i, s:i, s:i, s:i, s:s, s:i}}",
                      "default_generation_settings", "n_ctx", srv->budget, "params", params, "total_slots", srv->max_sessions,

@@ -6,6 +6,7 @@
 #include "serve.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +33,9 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
                                         .xtc_threshold = srv->xtc_threshold_default,
                                         .dynatemp_range = srv->dynatemp_range_default,
                                         .dynatemp_exponent = srv->dynatemp_exponent_default,
+                                        .mirostat = srv->mirostat_default,
+                                        .mirostat_tau = srv->mirostat_tau_default,
+                                        .mirostat_eta = srv->mirostat_eta_default,
                                         .repeat_penalty = srv->repeat_penalty_default,
                                         .frequency_penalty = srv->frequency_penalty_default,
                                         .presence_penalty = srv->presence_penalty_default };
@@ -91,24 +95,35 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
         const char *name, *range;
         double lo, hi;
         bool lo_open;
+        size_t off; /* the float of struct kvt_sampling */
     } X[] = {
-        { "top_n_sigma", "-1..100 (-1 or 0 = off)", -1, 100, false }, { "typical_p", "(0, 1] (1 = off)", 0, 1, true },
-        { "xtc_probability", "0..1 (0 = off)", 0, 1, false },         { "xtc_threshold", "0..1 (above 0.5 = off)", 0, 1, false },
-        { "dynatemp_range", "0..2 (0 = off)", 0, 2, false },          { "dynatemp_exponent", "(0, 10]", 0, 10, true }
+        { "top_n_sigma", "-1..100 (-1 or 0 = off)", -1, 100, false, offsetof(struct kvt_sampling, top_n_sigma) },
+        { "typical_p", "(0, 1] (1 = off)", 0, 1, true, offsetof(struct kvt_sampling, typical_p) },
+        { "xtc_probability", "0..1 (0 = off)", 0, 1, false, offsetof(struct kvt_sampling, xtc_probability) },
+        { "xtc_threshold", "0..1 (above 0.5 = off)", 0, 1, false, offsetof(struct kvt_sampling, xtc_threshold) },
+        { "dynatemp_range", "0..2 (0 = off)", 0, 2, false, offsetof(struct kvt_sampling, dynatemp_range) },
+        { "dynatemp_exponent", "(0, 10]", 0, 10, true, offsetof(struct kvt_sampling, dynatemp_exponent) },
+        { "mirostat_tau", "(0, 100] bits", 0, 100, true, offsetof(struct kvt_sampling, mirostat_tau) },
+        { "mirostat_eta", "(0, 10]", 0, 10, true, offsetof(struct kvt_sampling, mirostat_eta) },
     };
-    float *xv[] = { &j->req.smp.top_n_sigma,   &j->req.smp.typical_p,      &j->req.smp.xtc_probability,
-                    &j->req.smp.xtc_threshold, &j->req.smp.dynatemp_range, &j->req.smp.dynatemp_exponent };
     bool sent_dyn = false;
     for (size_t i = 0; i < sizeof X / sizeof X[0]; i++)
         if ((v = json_object_get(root, X[i].name)) && !json_is_null(v)) {
-            sent_dyn |= xv[i] == &j->req.smp.dynatemp_range;
             serve_error_param(e, X[i].name);
             if (!json_is_number(v)) return serve_bad(e, "'%s' must be a number, got %s", X[i].name, serve_json_type(v));
             const double x = json_number_value(v);
             if (!(x <= X[i].hi && (X[i].lo_open ? x > X[i].lo : x >= X[i].lo)))
                 return serve_bad(e, "'%s' %g is outside %s", X[i].name, x, X[i].range);
-            *xv[i] = (float) x;
+            *(float *) ((char *) &j->req.smp + X[i].off) = (float) x;
+            sent_dyn |= X[i].off == offsetof(struct kvt_sampling, dynatemp_range);
         }
+    if ((v = json_object_get(root, "mirostat")) && !json_is_null(v)) {
+        serve_error_param(e, "mirostat");
+        if (!json_is_integer(v)) return serve_bad(e, "'mirostat' must be an integer, got %s", serve_json_type(v));
+        const json_int_t m = json_integer_value(v);
+        if (m < 0 || m > 2) return serve_bad(e, "'mirostat' %lld is not 0 (off), 1 or 2", (long long) m);
+        j->req.smp.mirostat = (int32_t) m;
+    }
     if (j->req.smp.typical_p >= 1) j->req.smp.typical_p = 0; /* off, as kvt_sampling has it */
     if (j->req.smp.top_n_sigma < 0) j->req.smp.top_n_sigma = 0;
     /* greedy has no temperature to vary: a request's range is refused, the server's --dynatemp-range not applied */

@@ -314,6 +314,8 @@ struct server {
     ** (kvt_sampling's values: 0 = off; the threshold 0.1 and the exponent 1 as llama-server's) */
     float top_n_sigma_default, typical_p_default, xtc_probability_default, xtc_threshold_default, dynatemp_range_default,
         dynatemp_exponent_default;
+    int32_t mirostat_default;                         /* --mirostat: likewise (0: off) */
+    float mirostat_tau_default, mirostat_eta_default; /* --mirostat-ent, --mirostat-lr (5 and 0.1, llama-server's) */
     /* --repeat-penalty, --frequency-penalty, --presence-penalty, --repeat-last-n: likewise (defaults
     ** 1, 0, 0: off; the window 64 tokens, -1 the context, 0 no penalty unless a request sends one) */
     float repeat_penalty_default, frequency_penalty_default, presence_penalty_default;

@@ -25,7 +25,7 @@ enum kvt__fault_site {
     KVT__FAULT_CHUNK_LOAD,     /* a session's load of a reused chunk (kvt_blocks_load) fails: KVT_ELLAMA */
     KVT__FAULT_TOK_MEMO,       /* the tokenizer memo's allocations (a copy kept, a prefix taken) fail */
     KVT__FAULT_PENALTIES,      /* the repetition penalties' sampler or candidates allocation fails */
-    KVT__FAULT_XTC,            /* a generation's XTC sampler allocation fails (kvt_engine_sample: KVT_ENOMEM) */
+    KVT__FAULT_XTC,            /* a generation's XTC or Mirostat sampler allocation fails (kvt_engine_sample: KVT_ENOMEM) */
     KVT__FAULT__COUNT
 };
 

@@ -257,13 +257,15 @@ static int apply_penalties(const kvt_engine *e, const struct kvt_sampling *s, ll
     return 0;
 }
 
+/* The logits with logit_bias, then the penalties (not with Mirostat: llama-server's chain then has
+** none).  KVT_ENOMEM. */
 static int fill_candidates(const kvt_engine *e, const struct kvt_sampling *s, llama_token_data *d) {
     for (int32_t i = 0; i < e->info.n_vocab; i++) d[i] = (llama_token_data){ i, e->logits[i], 0.0f };
     for (int32_t k = 0; k < s->n_logit_bias; k++) {
         kvt_token t = s->logit_bias[k].token;
         if (t >= 0 && t < e->info.n_vocab) d[t].logit += s->logit_bias[k].bias;
     }
-    return apply_penalties(e, s, d);
+    return s->mirostat == 1 || s->mirostat == 2 ? 0 : apply_penalties(e, s, d);
 }
 
 /* kvt_sampling.post from the candidates the chain left (the dist sampler normalised their p over
@@ -325,6 +327,34 @@ static void chain_key(const struct kvt_sampling *s, struct kvt_sampling *key) {
     key->typical_p = s->typical_p;
     key->dynatemp_range = s->dynatemp_range;
     key->dynatemp_exponent = s->dynatemp_exponent;
+    key->mirostat = s->mirostat;
+    key->mirostat_tau = s->mirostat_tau;
+    key->mirostat_eta = s->mirostat_eta;
+}
+
+static bool miro_on(const struct kvt_sampling *s) { return s->mirostat == 1 || s->mirostat == 2; }
+
+/* The Mirostat sampler of the generation on slot g (llama.cpp's, v1 with m = 100 as llama-server;
+** its generator seeded with the generation's seed), kept draw after draw: mu is the state of the
+** generation.  Another setting or seed, or a draw other than the next, starts it again (mu = 2 tau,
+** the generator from the seed: mu cannot be replayed without the earlier draws' distributions).
+** NULL when out of memory. */
+static struct llama_sampler *gen_miro(kvt_engine *e, int32_t g, const struct kvt_sampling *s, int64_t draw) {
+    struct gen_rng *r = &e->rng[g];
+    const float tau = s->mirostat_tau > 0 ? s->mirostat_tau : 5.0f, eta = s->mirostat_eta > 0 ? s->mirostat_eta : 0.1f;
+    if (r->miro && r->miro_v == s->mirostat && r->miro_seed == s->seed && r->miro_tau == tau && r->miro_eta == eta &&
+        r->miro_next == draw)
+        return r->miro;
+    if (r->miro) llama_sampler_free(r->miro);
+    r->miro = kvt__fault_check(KVT__FAULT_XTC) ? NULL
+              : s->mirostat == 1               ? llama_sampler_init_mirostat(e->info.n_vocab, s->seed, tau, eta, 100)
+                                               : llama_sampler_init_mirostat_v2(s->seed, tau, eta);
+    r->miro_v = s->mirostat;
+    r->miro_seed = s->seed;
+    r->miro_tau = tau;
+    r->miro_eta = eta;
+    r->miro_next = draw;
+    return r->miro;
 }
 
 static bool xtc_on(const struct kvt_sampling *s) { return s->xtc_probability > 0 && s->xtc_threshold <= 0.5f; }
@@ -364,7 +394,9 @@ static int build_chain(kvt_engine *e, const struct kvt_sampling *s) {
     e->smpl_t = NULL;
     if (!e->smpl) return kvt__fail(KVT_ENOMEM, "sampler chain");
     const bool typical = s->typical_p > 0 && s->typical_p < 1;
-    if (s->temperature <= 0) {
+    if (miro_on(s)) { /* llama-server's chain with Mirostat: the temperature, then Mirostat draws */
+        e->smpl_t = s->temperature > 0 ? llama_sampler_init_temp(s->temperature) : llama_sampler_init_greedy();
+    } else if (s->temperature <= 0) {
         if (typical) llama_sampler_chain_add(e->smpl, llama_sampler_init_typical(s->typical_p, 1));
         e->smpl_t = llama_sampler_init_greedy();
     } else {
@@ -410,10 +442,15 @@ int kvt_engine_sample_at(kvt_engine *e, const struct kvt_sampling *s, int32_t se
     ** on the engine, and the same request again gives it again (a generator kept in the engine's
     ** chain was shared by every caller with the same settings; issue #38) */
     const int32_t g = seq < 0 ? e->n_rng - 1 : seq;
-    struct llama_sampler *dist = s->temperature > 0 ? gen_rng(e, g, s->seed, draw) : NULL;
-    if (s->temperature > 0 && !dist) return kvt__fail(KVT_ENOMEM, "sampler");
-    struct llama_sampler *xtc = xtc_on(s) ? gen_xtc(e, g, s, draw) : NULL;
-    if (xtc_on(s) && !xtc) return kvt__fail(KVT_ENOMEM, "XTC sampler");
+    struct llama_sampler *dist = NULL, *xtc = NULL;
+    if (miro_on(s)) { /* Mirostat draws in place of the dist sampler; XTC is not in its chain */
+        if (s->temperature > 0 && !(dist = gen_miro(e, g, s, draw))) return kvt__fail(KVT_ENOMEM, "Mirostat sampler");
+    } else {
+        dist = s->temperature > 0 ? gen_rng(e, g, s->seed, draw) : NULL;
+        if (s->temperature > 0 && !dist) return kvt__fail(KVT_ENOMEM, "sampler");
+        xtc = xtc_on(s) ? gen_xtc(e, g, s, draw) : NULL;
+        if (xtc_on(s) && !xtc) return kvt__fail(KVT_ENOMEM, "XTC sampler");
+    }
     const int32_t nv = e->info.n_vocab;
     llama_token_data *d = malloc(sizeof *d * (size_t) nv);
     if (!d) return kvt__fail(KVT_ENOMEM, "sampling candidates");
@@ -453,7 +490,8 @@ int kvt_engine_sample_at(kvt_engine *e, const struct kvt_sampling *s, int32_t se
         llama_sampler_accept(e->smpl_t, *tok);
         if (s->grammar) llama_sampler_accept(s->grammar->smpl, *tok);
     }
-    if (dist) e->rng[g].next = rc == 0 ? draw + 1 : -1; /* a failed draw: the stream starts again */
+    if (dist && miro_on(s)) e->rng[g].miro_next = rc == 0 ? draw + 1 : -1;
+    else if (dist) e->rng[g].next = rc == 0 ? draw + 1 : -1; /* a failed draw: the stream starts again */
     if (xtc) e->rng[g].xtc_next = rc == 0 ? draw + 1 : -1;
     free(d);
     return rc;

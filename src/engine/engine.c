@@ -530,6 +530,7 @@ void kvt_engine_free(kvt_engine *e) {
     for (int32_t i = 0; e->rng && i < e->n_rng; i++) {
         if (e->rng[i].dist) llama_sampler_free(e->rng[i].dist);
         if (e->rng[i].xtc) llama_sampler_free(e->rng[i].xtc);
+        if (e->rng[i].miro) llama_sampler_free(e->rng[i].miro);
     }
     free(e->rng);
     if (e->batch.token) llama_batch_free(e->batch);

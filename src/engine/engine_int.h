@@ -132,7 +132,12 @@ struct kvt_engine {
         struct llama_sampler *xtc;  /* the generation's XTC sampler (its own generator), NULL: none */
         float xtc_p, xtc_t;         /* its probability and threshold */
         uint32_t xtc_seed;
-        int64_t xtc_next; /* the draw it gives next */
+        int64_t xtc_next;           /* the draw it gives next */
+        struct llama_sampler *miro; /* the generation's Mirostat sampler (generator and mu), NULL: none */
+        int32_t miro_v;
+        float miro_tau, miro_eta;
+        uint32_t miro_seed;
+        int64_t miro_next; /* the draw it gives next */
     } * rng;
     int32_t n_rng;
     /* the cell positions of one sequence and part (kvt__engine_cell_pos), kept while gen is unchanged */

@@ -307,6 +307,31 @@ def dynatemp_probe(api, exponent=False):
     return len(set(base)) == 1 and len(set(dyn)) > 1, f"{[t[:20] for t in base]} / {[t[:20] for t in dyn]}"
 
 
+
+
+@fresh
+def mirostat_probe(api, field):
+    """Mirostat at temperature 1.5: a target surprise of 0.01 bits keeps one candidate a step (the
+    greedy reply, for 3 seeds, 1.0 and 2.0); 8 bits samples (seeds differ from greedy); the learning
+    rate moves mu, so that at a target of 2 bits eta 0.001 and eta 5 give other replies for one seed
+    at least, each the same again"""
+    req, text, _, _ = API[api]
+    story = "Once upon a time, in a small village by the sea, there lived a"
+
+    def texts(extra):
+        return [text(req({"temperature": 1.5, **extra, "seed": s}, prompt=story, n=16)[1]) for s in (1, 2, 3)]
+    greedy = text(req({"temperature": 0}, prompt=story, n=16)[1])
+    if field == "mirostat_eta":
+        slow, fast = texts({"mirostat": 2, "mirostat_tau": 2, "mirostat_eta": 0.001}), texts({"mirostat": 2, "mirostat_tau": 2, "mirostat_eta": 5})
+        again = texts({"mirostat": 2, "mirostat_tau": 2, "mirostat_eta": 5})
+        return slow != fast and fast == again, f"eta 0.001 {[t[:16] for t in slow]}; 5 {[t[:16] for t in fast]}"
+    low = texts({"mirostat": 2, "mirostat_tau": 0.01}) + texts({"mirostat": 1, "mirostat_tau": 0.01})
+    high = texts({"mirostat": 2, "mirostat_tau": 8})
+    return all(t == greedy for t in low) and any(t != greedy for t in high), f"greedy {greedy[:20]!r}; tau 0.01 {[t[:16] for t in low]}; 8 {[t[:16] for t in high]}"
+
+
+for f in ("mirostat", "mirostat_tau", "mirostat_eta"):
+    oa(f, "native")(lambda api, f=f: mirostat_probe(api, f))
 oa("dynatemp_range", "native")(lambda api: dynatemp_probe(api))
 oa("dynatemp_exponent", "native")(lambda api: dynatemp_probe(api, exponent=True))
 

@@ -475,7 +475,10 @@ bad("dynatemp_range at temperature 0 (greedy)", 400, {"messages": hello, "dynate
 bad("dynatemp_exponent 0", 400, {"messages": hello, "dynatemp_exponent": 0}, "'dynatemp_exponent' 0 is outside (0, 10]")
 bad("dry_multiplier 0.8 (DRY is not implemented)", 400, {"messages": hello, "dry_multiplier": 0.8},
     "'dry_multiplier' 0.8 is not supported")
-bad("mirostat 2 (not implemented)", 400, {"messages": hello, "mirostat": 2}, "'mirostat' 2 is not supported")
+bad("mirostat 3", 400, {"messages": hello, "mirostat": 3}, "'mirostat' 3 is not 0 (off), 1 or 2")
+bad("mirostat 1.5", 400, {"messages": hello, "mirostat": 1.5}, "'mirostat' must be an integer")
+bad("mirostat_tau 0", 400, {"messages": hello, "mirostat": 2, "mirostat_tau": 0}, "'mirostat_tau' 0 is outside (0, 100]")
+bad("mirostat_eta 11", 400, {"messages": hello, "mirostat": 2, "mirostat_eta": 11}, "'mirostat_eta' 11 is outside (0, 10]")
 bad("min_p outside 0..1", 400, {"messages": hello, "min_p": -0.5}, "'min_p' -0.5 is outside 0..1")
 bad("grammar that is not GBNF", 400, {"messages": hello, "grammar": "root ::= (("}, "'grammar' is not valid GBNF")
 bad("grammar of the wrong type", 400, {"messages": hello, "grammar": 5}, "'grammar' must be a string")

@@ -1778,6 +1778,141 @@ static void test_more_samplers(void **state) {
     kvt_engine_free(e);
 }
 
+/* Mirostat as llama.cpp defines it (Basu et al. 2021), on Gemma 3's next-token logits at
+** temperature 1, against its definition computed here in double.  2.0: mu = 2 tau bits at the
+** first draw; the candidates of surprise -log2 p <= mu (one at least) renormalised are what the
+** draw comes from (kvt_sampling.post); then mu -= eta (surprise of the drawn token - tau), tracked
+** here from the drawn tokens, so each later draw's candidates are checked at the mu the generation
+** reached.  1.0's first draw: the top k by Zipf's exponent estimated from the 100 likeliest
+** (k = (eps 2^mu / (1 - n_vocab^-eps))^(1 / s)).  One generator and mu per generation: another
+** sequence interleaved gets the same tokens; a draw out of order starts it again (its token is
+** draw 0's); penalties do not apply (llama-server's chain with Mirostat has none); the allocation
+** failing is KVT_ENOMEM.  Control: mu moves the candidate set (two sizes at least). */
+static void test_mirostat(void **state) {
+    (void) state;
+    enum { NP = 24, N = 12 };
+    kvt_engine *e = open_real(3);
+    struct kvt_engine_info I;
+    kvt_engine_info(e, &I);
+    const int32_t nv = I.n_vocab;
+    const size_t nvz = (size_t) (uint32_t) nv;
+    kvt_token *t = NULL, *idx = malloc(sizeof *idx * (size_t) nv);
+    int32_t nt = 0;
+    assert_int_equal(kvt_tokenize(e, "Once upon a time, in a small village by the sea, there lived a", true, false, &t, &nt), 0);
+    assert_int_equal(kvt_engine_decode(e, 0, t, nt, 0, true), 0);
+    float *l = malloc(sizeof *l * (size_t) nv);
+    double *p = malloc(sizeof *p * (size_t) nv), *q = malloc(sizeof *q * (size_t) nv), *sc = malloc(sizeof *sc * (size_t) nv);
+    bool *keep = malloc((size_t) nv);
+    assert_true(l && p && q && sc && keep && idx);
+    memcpy(l, kvt_engine_logits(e), sizeof *l * (size_t) nv);
+    ref_softmax(l, nv, NULL, 1.0, p);
+    for (int32_t v = 0; v < nv; v++) sc[v] = -p[v], idx[v] = v; /* idx: by probability, decreasing */
+    g_score = sc;
+    qsort(idx, (size_t) nv, sizeof *idx, by_score);
+    struct kvt_token_p post[NP + 1];
+    const double tau = 2.0, eta = 1.0, tol = 2e-4;
+
+    /* 2.0, draw after draw */
+    struct kvt_sampling smp = { .temperature = 1,
+                                .top_p = 1,
+                                .seed = 9,
+                                .mirostat = 2,
+                                .mirostat_tau = (float) tau,
+                                .mirostat_eta = (float) eta,
+                                .post = post,
+                                .n_post = NP };
+    double mu = 2 * tau;
+    kvt_token a[N];
+    int32_t checked = 0, sizes[N], n_sizes = 0;
+    for (int32_t i = 0; i < N; i++) {
+        int32_t k = 0;
+        double margin = INFINITY;
+        for (int32_t r = 0; r < nv && p[idx[r]] > 0; r++) {
+            const double surprise = -log2(p[idx[r]]);
+            margin = fmin(margin, fabs(surprise - mu));
+            if (surprise <= mu) k = r + 1;
+        }
+        if (k == 0) k = 1;
+        memset(keep, 0, nvz);
+        for (int32_t r = 0; r < k; r++) keep[idx[r]] = true;
+        ref_softmax(l, nv, keep, 1.0, q);
+        assert_int_equal(kvt_engine_sample_at(e, &smp, 0, i, &a[i]), 0);
+        if (margin < 1e-3) break; /* a candidate on the cut: float and double may disagree from here on */
+        check_post(post, NP, q, nv, tol);
+        assert_true(keep[a[i]]);
+        bool seen = false;
+        for (int32_t j = 0; j < n_sizes && !seen; j++) seen = sizes[j] == k;
+        if (!seen) sizes[n_sizes++] = k;
+        mu -= eta * (-log2(q[a[i]]) - tau);
+        checked++;
+    }
+    assert_true(checked >= 4);
+    assert_true(n_sizes >= 2);
+    /* the same generation on sequence 1, interleaved with sequence 0's again: the same tokens; with
+    ** penalties (not in Mirostat's chain) too */
+    kvt_token hist[8];
+    for (int32_t i = 0; i < 8; i++) hist[i] = idx[i % 3];
+    struct kvt_sampling pen = smp;
+    pen.post = NULL;
+    pen.repeat_penalty = 4, pen.frequency_penalty = 2, pen.history = hist, pen.n_history = 8;
+    for (int32_t i = 0; i < checked; i++) {
+        kvt_token x, y;
+        assert_int_equal(kvt_engine_sample_at(e, &smp, 0, i, &x), 0);
+        assert_int_equal(kvt_engine_sample_at(e, &pen, 1, i, &y), 0);
+        assert_int_equal(x, a[i]);
+        assert_int_equal(y, a[i]);
+    }
+    kvt_token x;
+    assert_int_equal(kvt_engine_sample_at(e, &smp, 2, 5, &x), 0); /* out of order: started again */
+    assert_int_equal(x, a[0]);
+    kvt__fault_set(KVT__FAULT_XTC, 0, 1);
+    assert_int_equal(kvt_engine_sample_at(e, &smp, 2, 0, &x), KVT_ENOMEM);
+    assert_int_equal(kvt_engine_sample_at(e, &smp, 2, 0, &x), 0);
+    assert_int_equal(x, a[0]);
+    smp.temperature = 0; /* greedy: the argmax */
+    assert_int_equal(kvt_engine_sample_at(e, &smp, 0, 0, &x), 0);
+    assert_int_equal(x, idx[0]);
+
+    /* 1.0's first draw at mu = 2 tau: top k by the estimated Zipf exponent (k off an integer by 1e-2) */
+    double ktop = 0, num = 0, den = 0;
+    double tau1 = 1.0;
+    for (; tau1 < 6; tau1 += 0.25) {
+        num = den = 0;
+        for (int32_t i = 0; i < 99; i++) {
+            const double ti = log((i + 2.0) / (i + 1.0)), bi = log(p[idx[i]] / p[idx[i + 1]]);
+            num += ti * bi, den += ti * ti;
+        }
+        const double s_hat = num / den, eps = s_hat - 1;
+        ktop = pow(eps * pow(2, 2 * tau1) / (1 - pow(nv, -eps)), 1 / s_hat);
+        if (fabs(ktop - round(ktop)) > 1e-2 && ktop > 2 && ktop < NP) break;
+    }
+    const int32_t k1 = ktop < 1 ? 1 : (int32_t) ktop;
+    memset(keep, 0, nvz);
+    for (int32_t r = 0; r < k1; r++) keep[idx[r]] = true;
+    ref_softmax(l, nv, keep, 1.0, q);
+    smp = (struct kvt_sampling){ .temperature = 1,
+                                 .top_p = 1,
+                                 .seed = 9,
+                                 .mirostat = 1,
+                                 .mirostat_tau = (float) tau1,
+                                 .mirostat_eta = (float) eta,
+                                 .post = post,
+                                 .n_post = NP };
+    assert_int_equal(kvt_engine_sample_at(e, &smp, 0, 0, &x), 0);
+    check_post(post, NP, q, nv, tol);
+    assert_true(keep[x]);
+    printf("Mirostat 2.0: %d draws checked, %d candidate-set sizes (mu to %.2f); 1.0: tau %.2f keeps the top %d (k %.3f)\n",
+           checked, n_sizes, mu, tau1, k1, ktop);
+    free(keep);
+    free(sc);
+    free(q);
+    free(p);
+    free(l);
+    free(idx);
+    free(t);
+    kvt_engine_free(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_user_messages),
@@ -1799,6 +1934,7 @@ int main(void) {
         cmocka_unit_test(test_server_path),
         cmocka_unit_test(test_penalties),
         cmocka_unit_test(test_more_samplers),
+        cmocka_unit_test(test_mirostat),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
