@@ -140,7 +140,8 @@ int cmd_serve(int argc, char **argv) {
     int32_t top_k = 0;
     double top_n_sigma = -1, typical = 1, xtc_p = 0, xtc_t = 0.1, dyn_range = 0, dyn_exp = 1;
     double miro_tau = 5, miro_eta = 0.1;
-    int32_t mirostat = 0;
+    int32_t mirostat = 0, dry_allowed = 2, dry_last_n = -1;
+    double dry_mult = 0, dry_base = 1.75;
     int32_t resp_ttl = 30 * 24 * 3600; /* --response-ttl */
     int32_t seed = -1, n_predict = -1;
     bool budget_seen = false, slots_on = false, metrics_on = false, jinja = false, no_jinja = false, offline = false,
@@ -399,6 +400,15 @@ int cmd_serve(int argc, char **argv) {
           "mirostat_tau of a request that sends none: the target surprise in bits (default 5)", NULL },
         { "mirostat-lr", 0, OPT_FLOAT, &miro_eta, 0.000001, 10, "ETA",
           "mirostat_eta of a request that sends none: the learning rate (default 0.1)", NULL },
+        { "dry-multiplier", 0, OPT_FLOAT, &dry_mult, 0, 100, "M",
+          "dry_multiplier of a request that sends none: DRY, a token that would extend a repeat of the history past "
+          "--dry-allowed-length has its logit lowered by M x --dry-base ^ (length - allowed) (default 0: off)",
+          NULL },
+        { "dry-base", 0, OPT_FLOAT, &dry_base, 1, 10, "B", "dry_base of a request that sends none (default 1.75)", NULL },
+        { "dry-allowed-length", 0, OPT_INT, &dry_allowed, 0, 1 << 20, "N",
+          "dry_allowed_length of a request that sends none: repeats up to N tokens go free (default 2)", NULL },
+        { "dry-penalty-last-n", 0, OPT_INT, &dry_last_n, -1, 1 << 20, "N",
+          "dry_penalty_last_n of a request that sends none: the tokens DRY scans (default -1: the context; 0: no DRY)", NULL },
         { "repeat-penalty", 0, OPT_FLOAT, &repeat_penalty, 0.000001, 10, "F",
           "repeat_penalty of a request that sends none: the logit of a token in the window divided by F where positive, "
           "multiplied where negative (default 1: off)",
@@ -559,6 +569,15 @@ int cmd_serve(int argc, char **argv) {
     srv.mirostat_default = mirostat;
     srv.mirostat_tau_default = (float) miro_tau;
     srv.mirostat_eta_default = (float) miro_eta;
+    if (dry_last_n > srv.n_ctx) {
+        fprintf(stderr, "%s: --dry-penalty-last-n %d is past the context (-c %d); -1 takes the whole context\n", cmd, dry_last_n,
+                srv.n_ctx);
+        goto out;
+    }
+    srv.dry_multiplier_default = (float) dry_mult;
+    srv.dry_base_default = (float) dry_base;
+    srv.dry_allowed_length_default = dry_allowed;
+    srv.dry_penalty_last_n_default = dry_last_n;
     if (repeat_last_n > srv.n_ctx) {
         fprintf(stderr, "%s: --repeat-last-n %d is past the context (-c %d); -1 takes the whole context\n", cmd, repeat_last_n,
                 srv.n_ctx);

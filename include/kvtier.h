@@ -275,8 +275,7 @@ struct kvt_sampling {
     float top_p;                             /* 1.0 = off */
     int32_t top_k;                           /* 0 = off */
     uint32_t seed;                           /* used when temperature > 0 */
-    kvt_grammar *grammar;                    /* NULL = unconstrained; else only tokens the grammar allows are
-                          ** sampled, and the sampled token advances it (borrowed, not owned) */
+    kvt_grammar *grammar;                    /* NULL = unconstrained; else only tokens it allows, each advancing it (borrowed) */
     const struct kvt_logit_bias *logit_bias; /* [n_logit_bias] (borrowed; tokens outside the
                           ** vocabulary are skipped), applied to the logits first, greedy included */
     int32_t n_logit_bias;
@@ -285,8 +284,7 @@ struct kvt_sampling {
     ** distribution drawn from (greedy: the token alone, p = 1); missing candidates are {-1, 0} */
     struct kvt_token_p *post;
     int32_t n_post;
-    float min_p; /* 0 = off; else tokens below min_p times the most likely one's probability are
-                 ** dropped (llama.cpp's min_p sampler, after top_k and top_p) */
+    float min_p; /* 0 = off; else tokens under min_p x the likeliest's probability are dropped (after top_p) */
     /* Repetition penalties (llama.cpp's penalties sampler, after logit_bias, as llama-server) over the
     ** last penalty_last_n tokens (0: 64) of the context, prompt and reply so far: a session's stream,
     ** else (raw rows, kvt_engine_sample) history[n_history], oldest first (borrowed).  repeat: 0 or 1 =
@@ -295,28 +293,34 @@ struct kvt_sampling {
     float repeat_penalty, frequency_penalty, presence_penalty;
     int32_t penalty_last_n, n_history;
     const kvt_token *history;
-    /* llama-server's other samplers (llama.cpp's), 0 = off, in its order: top_n_sigma > 0 (logits within n
-    ** standard deviations of the largest, Tang et al. 2024, "Top-nσ") before top_k; typical_p in (0, 1)
-    ** (locally typical sampling, Meister et al. 2023) after it; XTC after min_p (Exclude Top Choices,
-    ** text-generation-webui #6335: with chance xtc_probability a draw drops every token of probability
-    ** >= xtc_threshold but the least likely of them; threshold > 0.5 = off; a generator per generation
-    ** seeded with seed, as llama-server's); dynatemp_range > 0: the temperature within +-range by the
-    ** distribution's normalised entropy ^ dynatemp_exponent (0: 1; arXiv 2309.02772).  At temperature
-    ** <= 0 (greedy) typical_p and XTC still apply, as in llama-server's chain, dynatemp does not. */
+    /* llama-server's other samplers (llama.cpp's), 0 = off, in its order: top_n_sigma > 0 (logits within n standard
+    ** deviations of the largest, Tang et al. 2024, "Top-nσ") before top_k; typical_p in (0, 1) (locally typical
+    ** sampling, Meister et al. 2023) after it; XTC after min_p (Exclude Top Choices, text-generation-webui #6335:
+    ** with chance xtc_probability a draw drops every token of probability >= xtc_threshold but the least likely of
+    ** them; threshold > 0.5 = off; a generator per generation seeded with seed, as llama-server's); dynatemp_range
+    ** > 0: the temperature within +-range by the normalised entropy ^ dynatemp_exponent (0: 1; arXiv 2309.02772).
+    ** At temperature <= 0 (greedy) typical_p and XTC still apply, as in llama-server's chain, dynatemp does not. */
     float top_n_sigma, typical_p, xtc_probability, xtc_threshold, dynatemp_range, dynatemp_exponent;
     /* Mirostat (Basu et al. 2021): 1 or 2 (0 = off) at target surprise mirostat_tau bits (0: 5) and learning
-    ** rate mirostat_eta (0: 0.1), llama.cpp's, as llama-server runs it: logit_bias, the temperature, then
-    ** Mirostat draws (its own generator and mu per generation; a draw out of order starts it again);
-    ** none of the other samplers and no penalty applies.  Greedy at temperature <= 0. */
+    ** rate mirostat_eta (0: 0.1), llama.cpp's, as llama-server runs it: logit_bias, the temperature, then Mirostat
+    ** draws (its own generator and mu per generation; a draw out of order starts it again); no other sampler
+    ** and no penalty applies.  Greedy at temperature <= 0. */
     int32_t mirostat;
     float mirostat_tau, mirostat_eta;
+    /* DRY (p-e-w's "Don't Repeat Yourself", llama.cpp's, after the penalties as in llama-server): dry_multiplier > 0
+    ** penalises a token that would extend a repeat of the history's last dry_penalty_last_n tokens (0: 64) past
+    ** dry_allowed_length by dry_multiplier x dry_base (0: 1.75) ^ (length - allowed); the sequence breakers (borrowed;
+    ** NULL: llama-server's "\n", ":", "\"", "*") end a repeat.  Not with Mirostat. */
+    float dry_multiplier, dry_base;
+    int32_t dry_allowed_length, dry_penalty_last_n, n_dry_sequence_breakers;
+    const char *const *dry_sequence_breakers;
 };
 
-/* Sample the next token from kvt_engine_logits() (llama.cpp's chain: logit_bias, penalties, top_n_sigma,
-** top_k, typical_p, top_p, min_p, XTC, temperature, draw; a grammar masks the vocabulary when the first
-** draw is not allowed).  Calls with the same settings and seed are draws 0, 1, ... of one generation, from one
-** generator of its own (llama.cpp's dist sampler seeded with s->seed, as a llama-server slot's), so
-** a seeded generation is reproducible whatever else the engine samples; seed 0xFFFFFFFF: random.
+/* Sample the next token from kvt_engine_logits() (llama.cpp's chain: logit_bias, penalties, DRY, top_n_sigma,
+** top_k, typical_p, top_p, min_p, XTC, temperature, draw; a grammar masks the vocabulary when the first draw
+** is not allowed).  Calls with the same settings and seed are draws 0, 1, ... of one generation, from one
+** generator of its own (llama.cpp's dist sampler seeded with s->seed, as a llama-server slot's), so a seeded
+** generation is reproducible whatever else the engine samples; seed 0xFFFFFFFF: random.
 ** Errors: KVT_EINVAL (no logits; the grammar allows no token), KVT_ENOMEM.  Not thread-safe (engine rule). */
 int kvt_engine_sample(kvt_engine *eng, const struct kvt_sampling *s, kvt_token *tok /* OUT */);
 

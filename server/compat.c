@@ -73,6 +73,11 @@ static json_t *more_samplers(json_t *obj, const struct kvt_sampling *p) {
     json_t *m = json_pack("{s:i, s:f, s:f}", "mirostat", p->mirostat, "mirostat_tau",
                           p->mirostat_tau > 0 ? (double) p->mirostat_tau : 5.0, "mirostat_eta",
                           p->mirostat_eta > 0 ? (double) p->mirostat_eta : 0.1);
+    json_t *dry = json_pack("{s:f, s:f, s:i, s:i, s:[s, s, s, s]}", "dry_multiplier", (double) p->dry_multiplier, "dry_base",
+                            p->dry_base > 0 ? (double) p->dry_base : 1.75, "dry_allowed_length", p->dry_allowed_length,
+                            "dry_penalty_last_n", p->dry_penalty_last_n, "dry_sequence_breakers", "\n", ":", "\"", "*");
+    if (x && dry) json_object_update(x, dry);
+    json_decref(dry);
     if (x && m) json_object_update(x, m);
     json_decref(m);
     if (obj && x) json_object_update(obj, x);
@@ -378,7 +383,12 @@ json_t *compat_props(struct server *srv) {
                                     .dynatemp_exponent = srv->dynatemp_exponent_default,
                                     .mirostat = srv->mirostat_default,
                                     .mirostat_tau = srv->mirostat_tau_default,
-                                    .mirostat_eta = srv->mirostat_eta_default };
+                                    .mirostat_eta = srv->mirostat_eta_default,
+                                    .dry_multiplier = srv->dry_multiplier_default,
+                                    .dry_base = srv->dry_base_default,
+                                    .dry_allowed_length = srv->dry_allowed_length_default,
+                                    .dry_penalty_last_n = srv->dry_penalty_last_n_default < 0 ? srv->n_ctx
+                                                                                              : srv->dry_penalty_last_n_default };
     more_samplers(params, &d);
     return json_pack("{s:{s:i, s:o}, s:i, s:s, s:s, s:s, s:{s:b, s:b}, s:s, s:{s:i, s:i, s:i, s:i, s:i, s:s, s:i}}",
                      "default_generation_settings", "n_ctx", srv->budget, "params", params, "total_slots", srv->max_sessions,

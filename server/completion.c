@@ -149,8 +149,8 @@ static bool start_completion(struct server *srv, struct job *j) {
     const float *l = rc == 0 ? kvt_engine_logits(srv->eng) : NULL;
     if (rc == 0 && !l) rc = KVT_ELLAMA;
     if (rc == 0 && sc->comp_cache) comp_cache_add(srv, q, j->ptok + reuse, n - reuse);
-    if (rc == 0 && serve_penalized(&j->req.smp)) { /* the prompt's part of the penalties' window */
-        const int32_t win = j->req.smp.penalty_last_n;
+    if (rc == 0 && serve_history_window(&j->req.smp) > 0) { /* the prompt's part of the penalties' and DRY's window */
+        const int32_t win = serve_history_window(&j->req.smp);
         if (!(j->pen = malloc(sizeof *j->pen * 2 * (size_t) win))) rc = KVT_ENOMEM;
         else {
             j->n_pen = KVT_MIN(win, n);

@@ -17,6 +17,12 @@ bool serve_penalized(const struct kvt_sampling *s) {
     return (s->repeat_penalty > 0 && s->repeat_penalty != 1.0f) || s->frequency_penalty != 0 || s->presence_penalty != 0;
 }
 
+int32_t serve_history_window(const struct kvt_sampling *s) {
+    const int32_t p = serve_penalized(s) && s->mirostat == 0 ? s->penalty_last_n : 0;
+    const int32_t d = s->dry_multiplier > 0 && s->mirostat == 0 ? s->dry_penalty_last_n : 0;
+    return p > d ? p : d;
+}
+
 /* Fill the sampling / length / stop / stream fields shared by both endpoints.  On a bad field,
 ** fills e (e->param: the field's name) and returns -1. */
 static int parse_common(struct server *srv, json_t *root, struct job *j, struct serve_error *e) {
@@ -36,6 +42,9 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
                                         .mirostat = srv->mirostat_default,
                                         .mirostat_tau = srv->mirostat_tau_default,
                                         .mirostat_eta = srv->mirostat_eta_default,
+                                        .dry_multiplier = srv->dry_multiplier_default,
+                                        .dry_base = srv->dry_base_default,
+                                        .dry_allowed_length = srv->dry_allowed_length_default,
                                         .repeat_penalty = srv->repeat_penalty_default,
                                         .frequency_penalty = srv->frequency_penalty_default,
                                         .presence_penalty = srv->presence_penalty_default };
@@ -105,6 +114,8 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
         { "dynatemp_exponent", "(0, 10]", 0, 10, true, offsetof(struct kvt_sampling, dynatemp_exponent) },
         { "mirostat_tau", "(0, 100] bits", 0, 100, true, offsetof(struct kvt_sampling, mirostat_tau) },
         { "mirostat_eta", "(0, 10]", 0, 10, true, offsetof(struct kvt_sampling, mirostat_eta) },
+        { "dry_multiplier", "0..100 (0 = off)", 0, 100, false, offsetof(struct kvt_sampling, dry_multiplier) },
+        { "dry_base", "1..10", 1, 10, false, offsetof(struct kvt_sampling, dry_base) },
     };
     bool sent_dyn = false;
     for (size_t i = 0; i < sizeof X / sizeof X[0]; i++)
@@ -124,6 +135,22 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
         if (m < 0 || m > 2) return serve_bad(e, "'mirostat' %lld is not 0 (off), 1 or 2", (long long) m);
         j->req.smp.mirostat = (int32_t) m;
     }
+    /* DRY's integers: the allowed length, and its window (-1: the context; 0: no DRY, as llama.cpp's) */
+    json_int_t dry_n = srv->dry_penalty_last_n_default;
+    static const char *const dry_keys[] = { "dry_allowed_length", "dry_penalty_last_n" };
+    for (int i = 0; i < 2; i++)
+        if ((v = json_object_get(root, dry_keys[i])) && !json_is_null(v)) {
+            serve_error_param(e, dry_keys[i]);
+            if (!json_is_integer(v)) return serve_bad(e, "'%s' must be an integer, got %s", dry_keys[i], serve_json_type(v));
+            const json_int_t x = json_integer_value(v), lo = i == 0 ? 0 : -1;
+            if (x < lo || x > srv->n_ctx)
+                return serve_bad(e, "'%s' %lld is outside %lld..%d%s", dry_keys[i], (long long) x, (long long) lo, srv->n_ctx,
+                                 i == 1 ? " (-1: the context, 0: no DRY)" : "");
+            if (i == 0) j->req.smp.dry_allowed_length = (int32_t) x;
+            else dry_n = x;
+        }
+    if (dry_n == 0) j->req.smp.dry_multiplier = 0;
+    j->req.smp.dry_penalty_last_n = dry_n < 0 ? srv->n_ctx : dry_n > 0 ? (int32_t) dry_n : 64;
     if (j->req.smp.typical_p >= 1) j->req.smp.typical_p = 0; /* off, as kvt_sampling has it */
     if (j->req.smp.top_n_sigma < 0) j->req.smp.top_n_sigma = 0;
     /* greedy has no temperature to vary: a request's range is refused, the server's --dynatemp-range not applied */

@@ -314,8 +314,10 @@ struct server {
     ** (kvt_sampling's values: 0 = off; the threshold 0.1 and the exponent 1 as llama-server's) */
     float top_n_sigma_default, typical_p_default, xtc_probability_default, xtc_threshold_default, dynatemp_range_default,
         dynatemp_exponent_default;
-    int32_t mirostat_default;                         /* --mirostat: likewise (0: off) */
-    float mirostat_tau_default, mirostat_eta_default; /* --mirostat-ent, --mirostat-lr (5 and 0.1, llama-server's) */
+    int32_t mirostat_default;                                       /* --mirostat: likewise (0: off) */
+    float mirostat_tau_default, mirostat_eta_default;               /* --mirostat-ent, --mirostat-lr (5 and 0.1, llama-server's) */
+    float dry_multiplier_default, dry_base_default;                 /* --dry-multiplier (0: off), --dry-base (1.75) */
+    int32_t dry_allowed_length_default, dry_penalty_last_n_default; /* --dry-allowed-length (2), --dry-penalty-last-n (-1) */
     /* --repeat-penalty, --frequency-penalty, --presence-penalty, --repeat-last-n: likewise (defaults
     ** 1, 0, 0: off; the window 64 tokens, -1 the context, 0 no penalty unless a request sends one) */
     float repeat_penalty_default, frequency_penalty_default, presence_penalty_default;
@@ -409,6 +411,9 @@ int serve_job_grammar(struct server *srv, struct job *j);
 /* s sets a repetition penalty (frequency, presence or repeat_penalty; server/request.c): its
 ** window is s->penalty_last_n tokens (set with the penalties).  Pure. */
 bool serve_penalized(const struct kvt_sampling *s);
+/* The history a job's draws read (the prompt's and the reply's last tokens): the longer of the
+** penalties' and DRY's windows, 0 when neither applies.  Pure. */
+int32_t serve_history_window(const struct kvt_sampling *s);
 
 /* A parsed chat job becomes a completion of its template's text with the assistant prefix, run in
 ** a scratch sequence and replied in the chat shape: a choice after the first of an n > 1 request

@@ -214,7 +214,7 @@ static int32_t step_all(struct server *srv, struct job **active, int32_t n_activ
         /* the reply's last token (max_tokens) is sampled and not decoded: nothing reads its logits */
         const bool final = j->n_gen + 1 >= j->req.max_tokens;
         if (j->kind == JOB_COMPLETION && j->pen) { /* the window: the prompt's last tokens, then the reply's */
-            const int32_t win = j->req.smp.penalty_last_n, g = KVT_MIN(j->n_gen, win), p = KVT_MIN(j->n_pen, win - g);
+            const int32_t win = serve_history_window(&j->req.smp), g = KVT_MIN(j->n_gen, win), p = KVT_MIN(j->n_pen, win - g);
             kvt_token *w = j->pen + win;
             if (p > 0) memcpy(w, j->pen + (j->n_pen - p), sizeof *w * (size_t) p);
             if (g > 0) memcpy(w + p, j->gen + (j->n_gen - g), sizeof *w * (size_t) g);

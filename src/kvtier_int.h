@@ -60,6 +60,19 @@ static inline int32_t kvt_penalty_window(const struct kvt_sampling *s) {
     return !on ? 0 : s->penalty_last_n > 0 ? s->penalty_last_n : 64;
 }
 
+/* The DRY window of s in tokens (dry_penalty_last_n; 0 there: 64), or 0 when s sets no DRY (or sets
+** Mirostat, whose chain has none).  Pure. */
+static inline int32_t kvt_dry_window(const struct kvt_sampling *s) {
+    const bool on = s && s->dry_multiplier > 0 && s->mirostat != 1 && s->mirostat != 2;
+    return !on ? 0 : s->dry_penalty_last_n > 0 ? s->dry_penalty_last_n : 64;
+}
+
+/* The history a draw of s reads (struct kvt_sampling.history): the longer of the two windows.  Pure. */
+static inline int32_t kvt_history_window(const struct kvt_sampling *s) {
+    const int32_t p = kvt_penalty_window(s), d = kvt_dry_window(s);
+    return p > d ? p : d;
+}
+
 /* ---- 3. Block primitives (kvtier.h section 3) ------------------------------- */
 
 /* Parse a blob's K rows of one layer to F32 (for verification and host-side scoring).

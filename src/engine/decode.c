@@ -257,15 +257,54 @@ static int apply_penalties(const kvt_engine *e, const struct kvt_sampling *s, ll
     return 0;
 }
 
-/* The logits with logit_bias, then the penalties (not with Mirostat: llama-server's chain then has
-** none).  KVT_ENOMEM. */
-static int fill_candidates(const kvt_engine *e, const struct kvt_sampling *s, llama_token_data *d) {
+/* DRY over the last kvt_dry_window(s) tokens of s->history (llama.cpp's sampler, as llama-server runs it
+** after the penalties): the sampler made for these settings and breakers (kept while they stay: it
+** processes the breakers over the whole vocabulary), reset and given the window, then applied to d.
+** KVT_ENOMEM. */
+static int apply_dry(kvt_engine *e, const struct kvt_sampling *s, llama_token_data *d) {
+    static const char *const def[] = { "\n", ":", "\"", "*" }; /* llama-server's dry_sequence_breakers */
+    const int32_t win = kvt_dry_window(s), nv = e->info.n_vocab;
+    if (win == 0 || !s->history || s->n_history <= 0) return 0;
+    const char *const *b = s->dry_sequence_breakers ? s->dry_sequence_breakers : def;
+    const int32_t nb = s->dry_sequence_breakers ? s->n_dry_sequence_breakers : 4;
+    uint64_t h = 1469598103934665603ULL; /* FNV-1a over the breakers, each ended by a zero byte */
+    for (int32_t i = 0; i < nb; i++)
+        for (const char *c = b[i] ? b[i] : "";; c++) {
+            h = (h ^ (uint8_t) *c) * 1099511628211ULL;
+            if (!*c) break;
+        }
+    const float base = s->dry_base > 0 ? s->dry_base : 1.75f;
+    if (!e->dry || e->dry_mult != s->dry_multiplier || e->dry_base != base || e->dry_allowed != s->dry_allowed_length ||
+        e->dry_win != win || e->dry_hash != h) {
+        if (e->dry) llama_sampler_free(e->dry);
+        e->dry = kvt__fault_check(KVT__FAULT_PENALTIES)
+                     ? NULL
+                     : llama_sampler_init_dry(e->vocab, s->dry_multiplier, base, s->dry_allowed_length, win, (const char **) b,
+                                              (size_t) (nb > 0 ? nb : 0));
+        if (!e->dry) return kvt__fail(KVT_ENOMEM, "DRY sampler");
+        e->dry_mult = s->dry_multiplier, e->dry_base = base, e->dry_allowed = s->dry_allowed_length;
+        e->dry_win = win, e->dry_hash = h;
+    }
+    llama_sampler_reset(e->dry);
+    const int32_t n = KVT_MIN(s->n_history, win);
+    const kvt_token *w = s->history + (s->n_history - n);
+    for (int32_t i = 0; i < n; i++)
+        if (w[i] >= 0 && w[i] < nv) llama_sampler_accept(e->dry, w[i]);
+    llama_token_data_array a = { d, (size_t) nv, -1, false };
+    llama_sampler_apply(e->dry, &a);
+    return 0;
+}
+
+/* The logits with logit_bias, then the penalties and DRY (not with Mirostat: llama-server's chain then
+** has neither).  KVT_ENOMEM. */
+static int fill_candidates(kvt_engine *e, const struct kvt_sampling *s, llama_token_data *d) {
     for (int32_t i = 0; i < e->info.n_vocab; i++) d[i] = (llama_token_data){ i, e->logits[i], 0.0f };
     for (int32_t k = 0; k < s->n_logit_bias; k++) {
         kvt_token t = s->logit_bias[k].token;
         if (t >= 0 && t < e->info.n_vocab) d[t].logit += s->logit_bias[k].bias;
     }
-    return s->mirostat == 1 || s->mirostat == 2 ? 0 : apply_penalties(e, s, d);
+    if (s->mirostat == 1 || s->mirostat == 2) return 0;
+    return apply_penalties(e, s, d) ? KVT_ENOMEM : apply_dry(e, s, d);
 }
 
 /* kvt_sampling.post from the candidates the chain left (the dist sampler normalised their p over

@@ -8,10 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Draw `draw` of the session's reply: kvt_engine_sample_at with, when smp sets a repetition penalty,
-** the last tokens of the stream (its window; prompt and reply so far) as the penalties' history. */
+/* Draw `draw` of the session's reply: kvt_engine_sample_at with, when smp sets a repetition penalty or
+** DRY, the last tokens of the stream (their window; prompt and reply so far) as their history. */
 static int sess_sample(kvt_session *s, const struct kvt_sampling *smp, int64_t draw, kvt_token *tok) {
-    const int32_t win = KVT_MIN(kvt_penalty_window(smp), s->total);
+    const int32_t win = KVT_MIN(kvt_history_window(smp), s->total);
     if (win <= 0) return kvt_engine_sample_at(s->eng, smp, s->p.seq, draw, tok);
     kvt_token *h = malloc(sizeof *h * (size_t) win);
     if (!h) return kvt__fail(KVT_ENOMEM, "a penalty window of %d tokens", win);

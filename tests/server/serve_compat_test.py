@@ -375,15 +375,18 @@ check("--xtc-threshold 0.2 --dynatemp-exp 1.5 in /props, and llama-server's off 
       "(top_n_sigma -1, typical_p 1, xtc_probability 0, dynatemp_range 0, mirostat 0 at tau 5, eta 0.1)",
       near(dp, "xtc_threshold", 0.2) and near(dp, "dynatemp_exponent", 1.5) and near(dp, "top_n_sigma", -1)
       and near(dp, "typical_p", 1) and near(dp, "xtc_probability", 0) and near(dp, "dynatemp_range", 0)
-      and dp.get("mirostat") == 0 and near(dp, "mirostat_tau", 5) and near(dp, "mirostat_eta", 0.1), str(dp))
+      and dp.get("mirostat") == 0 and near(dp, "mirostat_tau", 5) and near(dp, "mirostat_eta", 0.1)
+      and near(dp, "dry_multiplier", 0) and near(dp, "dry_base", 1.75) and dp.get("dry_allowed_length") == 2
+      and dp.get("dry_sequence_breakers") == ["\n", ":", "\"", "*"], str(dp))
 st, _, b = raw("POST", "/completion", {"prompt": P, "n_predict": 2, "top_n_sigma": 2, "typical_p": 0.9, "xtc_probability": 0.3,
-                                       "dynatemp_range": 0.4, "mirostat": 2, "mirostat_tau": 3, "mirostat_eta": 0.2})
+                                       "dynatemp_range": 0.4, "mirostat": 2, "mirostat_tau": 3, "mirostat_eta": 0.2,
+                                       "dry_multiplier": 0.8, "dry_penalty_last_n": 32})
 gs = b.get("generation_settings", {}) if st == 200 else {}
-check("top_n_sigma, typical_p, xtc_probability, dynatemp_range, mirostat sent: generation_settings reports them, with the server's "
+check("top_n_sigma, typical_p, xtc_probability, dynatemp_range, mirostat, dry_* sent: generation_settings reports them, with the server's "
       "--xtc-threshold and --dynatemp-exp", st == 200 and near(gs, "top_n_sigma", 2) and near(gs, "typical_p", 0.9)
       and near(gs, "xtc_probability", 0.3) and near(gs, "dynatemp_range", 0.4) and near(gs, "xtc_threshold", 0.2)
       and near(gs, "dynatemp_exponent", 1.5) and gs.get("mirostat") == 2 and near(gs, "mirostat_tau", 3)
-      and near(gs, "mirostat_eta", 0.2), f"{st} {gs}")
+      and near(gs, "mirostat_eta", 0.2) and near(gs, "dry_multiplier", 0.8) and gs.get("dry_penalty_last_n") == 32, f"{st} {gs}")
 st, _, b = raw("POST", "/completion", {**PS, "post_sampling_probs": "yes"})
 check("post_sampling_probs not a boolean -> 400 naming it", st == 400 and b["error"]["param"] == "post_sampling_probs", f"{st} {b}")
 

@@ -332,6 +332,27 @@ def mirostat_probe(api, field):
 
 for f in ("mirostat", "mirostat_tau", "mirostat_eta"):
     oa(f, "native")(lambda api, f=f: mirostat_probe(api, f))
+
+
+@fresh
+def dry_probe(api, on, off):
+    """DRY on a prompt that repeats a line, whose greedy reply goes on repeating it: `on` changes the
+    greedy reply, `off` (the field at a value that leaves DRY without effect) does not"""
+    req, text, _, _ = API[api]
+    rep = "the old cat sat on the warm mat by the door. " * 3
+    s0, ref = req({"temperature": 0}, prompt=rep, n=16)
+    s1, b1 = req({"temperature": 0, **on}, prompt=rep, n=16)
+    s2, b2 = req({"temperature": 0, **off}, prompt=rep, n=16)
+    return (s0 == s1 == s2 == 200 and text(b1) != text(ref) and text(b2) == text(ref),
+            f"greedy {text(ref)[:30]!r}; {on}: {text(b1)[:30]!r}; {off}: {text(b2)[:30]!r}")
+
+
+oa("dry_multiplier", "native")(lambda api: dry_probe(api, {"dry_multiplier": 5}, {"dry_multiplier": 0}))
+oa("dry_base", "native")(lambda api: dry_probe(api, {"dry_multiplier": 0.01, "dry_base": 10}, {"dry_multiplier": 0.01, "dry_base": 1}))
+oa("dry_allowed_length", "native")(lambda api: dry_probe(api, {"dry_multiplier": 2, "dry_allowed_length": 2},
+                                                         {"dry_multiplier": 2, "dry_allowed_length": 200}))
+oa("dry_penalty_last_n", "native")(lambda api: dry_probe(api, {"dry_multiplier": 5, "dry_penalty_last_n": -1},
+                                                         {"dry_multiplier": 5, "dry_penalty_last_n": 0}))
 oa("dynatemp_range", "native")(lambda api: dynatemp_probe(api))
 oa("dynatemp_exponent", "native")(lambda api: dynatemp_probe(api, exponent=True))
 

@@ -473,8 +473,12 @@ bad("dynatemp_range 3", 400, {"messages": hello, "dynatemp_range": 3, "temperatu
 bad("dynatemp_range at temperature 0 (greedy)", 400, {"messages": hello, "dynatemp_range": 0.5, "temperature": 0},
     "'dynatemp_range' 0.5 needs a temperature above 0")
 bad("dynatemp_exponent 0", 400, {"messages": hello, "dynatemp_exponent": 0}, "'dynatemp_exponent' 0 is outside (0, 10]")
-bad("dry_multiplier 0.8 (DRY is not implemented)", 400, {"messages": hello, "dry_multiplier": 0.8},
-    "'dry_multiplier' 0.8 is not supported")
+bad("dry_multiplier -1", 400, {"messages": hello, "dry_multiplier": -1}, "'dry_multiplier' -1 is outside 0..100")
+bad("dry_base 0.5", 400, {"messages": hello, "dry_multiplier": 1, "dry_base": 0.5}, "'dry_base' 0.5 is outside 1..10")
+bad("dry_allowed_length -1", 400, {"messages": hello, "dry_allowed_length": -1}, "'dry_allowed_length' -1 is outside 0..")
+bad("dry_penalty_last_n -2", 400, {"messages": hello, "dry_penalty_last_n": -2}, "'dry_penalty_last_n' -2 is outside -1..")
+bad("dry_sequence_breakers of its own (not implemented)", 400, {"messages": hello, "dry_sequence_breakers": ["x"]},
+    "'dry_sequence_breakers' [\"x\"] is not supported")
 bad("mirostat 3", 400, {"messages": hello, "mirostat": 3}, "'mirostat' 3 is not 0 (off), 1 or 2")
 bad("mirostat 1.5", 400, {"messages": hello, "mirostat": 1.5}, "'mirostat' must be an integer")
 bad("mirostat_tau 0", 400, {"messages": hello, "mirostat": 2, "mirostat_tau": 0}, "'mirostat_tau' 0 is outside (0, 100]")

@@ -1913,6 +1913,172 @@ static void test_mirostat(void **state) {
     kvt_engine_free(e);
 }
 
+/* DRY's penalty by its definition (llama.cpp's DRY sampler, no sequence breaker in the window w[0..n)):
+** for every earlier position j whose tokens w[.. j] match the window's last ones for m tokens, the
+** token after it, w[j + 1], would extend a repeat of length m; the longest m of each token, when at
+** least allowed, lowers its logit by mult * base ^ (m - allowed).  pen[0 .. nv) must start at 0. */
+static void dry_ref(const kvt_token *w, int32_t n, double mult, double base, int32_t allowed, double *pen) {
+    int32_t *best = calloc((size_t) n, sizeof *best);
+    assert_non_null(best);
+    for (int32_t j = 0; j + 1 < n; j++) {
+        int32_t m = 0;
+        while (m <= j && w[j - m] == w[n - 1 - m]) m++;
+        best[j] = m;
+    }
+    for (int32_t j = 0; j + 1 < n; j++) {
+        int32_t m = 0;
+        for (int32_t k = 0; k + 1 < n; k++)
+            if (w[k + 1] == w[j + 1] && best[k] > m) m = best[k];
+        if (m >= allowed) pen[w[j + 1]] = mult * pow(base, m - allowed);
+    }
+    free(best);
+}
+
+/* DRY (struct kvt_sampling.dry_*) on Gemma 3's next-token logits after a text that repeats a phrase,
+** against its definition computed here: greedy is the argmax of the logits so penalised, the
+** post-sampling probabilities their softmax; only the last dry_penalty_last_n tokens of the history
+** count; its sampler failing to allocate is KVT_ENOMEM and the draw again succeeds; Mirostat's chain
+** has no DRY.  A session's greedy reply, step by step, is the argmax penalised over the window of
+** its stream (the template tokens and the reply so far, computed here from kvt_chat_tokenize).
+** Controls: DRY changes the argmax after the repeat (the comparison is not vacuous). */
+static void test_dry(void **state) {
+    (void) state;
+    enum { NP = 24, N = 24, W = 48 };
+    kvt_engine *e = open_real(1);
+    struct kvt_engine_info I;
+    kvt_engine_info(e, &I);
+    const int32_t nv = I.n_vocab;
+    kvt_token *t = NULL;
+    int32_t nt = 0;
+    assert_int_equal(kvt_tokenize(e,
+                                  "the old cat sat on the warm mat . the old cat sat on the warm mat . the old cat sat on the warm",
+                                  false, false, &t, &nt),
+                     0);
+    assert_true(nt > 20 && nt <= W);
+    assert_int_equal(kvt_engine_decode(e, 0, t, nt, 0, true), 0);
+    float *l = malloc(sizeof *l * (size_t) nv);
+    double *pen = calloc((size_t) nv, sizeof *pen), *q = malloc(sizeof *q * (size_t) nv);
+    assert_true(l && pen && q);
+    memcpy(l, kvt_engine_logits(e), sizeof *l * (size_t) nv);
+    dry_ref(t, nt, 2.0, 1.75, 2, pen);
+    float *lp = malloc(sizeof *lp * (size_t) nv);
+    assert_non_null(lp);
+    kvt_token top = 0, top_pen = 0;
+    for (int32_t v = 0; v < nv; v++) {
+        lp[v] = (float) (l[v] - pen[v]);
+        if (l[v] > l[top]) top = v;
+        if (lp[v] > lp[top_pen]) top_pen = v;
+    }
+    struct kvt_token_p post[NP + 1];
+    struct kvt_sampling smp = { .top_p = 1,
+                                .dry_multiplier = 2,
+                                .dry_base = 1.75f,
+                                .dry_allowed_length = 2,
+                                .dry_penalty_last_n = W,
+                                .history = t,
+                                .n_history = nt };
+    kvt_token tok;
+    assert_int_equal(kvt_engine_sample(e, &smp, &tok), 0);
+    assert_int_equal(tok, top_pen);
+    assert_int_not_equal(top_pen, top); /* control: the repeat's next token was the argmax */
+    ref_softmax(lp, nv, NULL, 1.0, q);
+    smp.temperature = 1, smp.seed = 3, smp.post = post, smp.n_post = NP;
+    assert_int_equal(kvt_engine_sample(e, &smp, &tok), 0);
+    const double d = check_post(post, NP, q, nv, 2e-4);
+    /* the window: the last 8 tokens hold no earlier copy of the repeat */
+    memset(pen, 0, sizeof *pen * (size_t) nv);
+    dry_ref(t + nt - 8, 8, 2.0, 1.75, 2, pen);
+    kvt_token want = 0;
+    for (int32_t v = 0; v < nv; v++)
+        if (l[v] - pen[v] > l[want] - pen[want]) want = v;
+    smp = (struct kvt_sampling){ .top_p = 1,
+                                 .dry_multiplier = 2,
+                                 .dry_base = 1.75f,
+                                 .dry_allowed_length = 2,
+                                 .dry_penalty_last_n = 8,
+                                 .history = t,
+                                 .n_history = nt };
+    assert_int_equal(kvt_engine_sample(e, &smp, &tok), 0);
+    assert_int_equal(tok, want);
+    /* a new DRY sampler (another multiplier) failing: KVT_ENOMEM, then the draw */
+    smp.dry_multiplier = 3, smp.dry_penalty_last_n = W;
+    kvt__fault_set(KVT__FAULT_PENALTIES, 0, 1);
+    assert_int_equal(kvt_engine_sample(e, &smp, &tok), KVT_ENOMEM);
+    assert_int_equal(kvt_engine_sample(e, &smp, &tok), 0);
+    memset(pen, 0, sizeof *pen * (size_t) nv);
+    dry_ref(t, nt, 3.0, 1.75, 2, pen);
+    want = 0;
+    for (int32_t v = 0; v < nv; v++)
+        if ((float) (l[v] - pen[v]) > (float) (l[want] - pen[want])) want = v;
+    assert_int_equal(tok, want);
+    smp.mirostat = 2, smp.temperature = 0; /* Mirostat's chain: no DRY; greedy */
+    assert_int_equal(kvt_engine_sample(e, &smp, &tok), 0);
+    assert_int_equal(tok, top);
+    kvt_engine_free(e);
+
+    /* a session's greedy reply on SmolLM2 asked to repeat a phrase: each step the argmax penalised over its
+    ** stream's window */
+    const struct kvt_chat_msg m[] = {
+        { "user", "Repeat this line three times: the old cat sat on the warm mat. the old cat sat on the warm mat." }
+    };
+    struct kvt_engine_params ep = kvt_engine_default_params();
+    ep.model_path = getenv("KVTIER_CHAT_MODEL");
+    ep.n_ctx = 2048;
+    ep.n_seq = 1;
+    e = NULL;
+    assert_int_equal(kvt_engine_open(&ep, &e), 0);
+    kvt_engine_info(e, &I);
+    kvt_session *ss = open_real_session(e, 0, KVT_POLICY_KVTIER);
+    assert_int_equal(kvt_session_sync(ss, m, 1, NULL), 0);
+    kvt_token *stream = NULL;
+    int32_t n_stream = 0;
+    assert_int_equal(kvt_chat_tokenize(e, m, 1, true, kvt_session_default_params().template_fallback, &stream, &n_stream), 0);
+    stream = realloc(stream, sizeof *stream * (size_t) (n_stream + N));
+    double *pt = calloc((size_t) I.n_vocab, sizeof *pt);
+    assert_true(stream && pt);
+    /* a breaker no token holds (the template's newlines, llama-server's default breaker, would cap the repeats) */
+    static const char *const brk[] = { "\x7f\x7f" };
+    smp = (struct kvt_sampling){ .top_p = 1,
+                                 .dry_multiplier = 50,
+                                 .dry_base = 2,
+                                 .dry_allowed_length = 1,
+                                 .dry_penalty_last_n = W,
+                                 .dry_sequence_breakers = brk,
+                                 .n_dry_sequence_breakers = 1 };
+    int32_t changed = 0, steps = 0;
+    for (int32_t i = 0; i < N; i++) {
+        const float *ls = kvt_session_logits(ss);
+        const int32_t w = n_stream < W ? n_stream : W;
+        memset(pt, 0, sizeof *pt * (size_t) I.n_vocab);
+        dry_ref(stream + n_stream - w, w, 50, 2, 1, pt);
+        kvt_token a = 0, b = 0;
+        for (int32_t v = 0; v < I.n_vocab; v++) {
+            if ((float) (ls[v] - pt[v]) > (float) (ls[a] - pt[a])) a = v;
+            if (ls[v] > ls[b]) b = v;
+        }
+        changed += a != b;
+        bool done = false;
+        assert_int_equal(kvt_session_gen_step(ss, &smp, &tok, &done), 0);
+        assert_int_equal(tok, a);
+        steps++;
+        if (done) break;
+        stream[n_stream++] = tok;
+    }
+    printf("DRY by definition: the repeat's argmax lowered (post max diff %.1e); session: %d greedy steps, DRY changed %d\n", d,
+           steps, changed);
+    assert_true(changed > 0);
+    assert_int_equal(kvt_session_gen_end(ss, NULL), 0);
+    kvt_session_free(ss);
+    free(pt);
+    free(stream);
+    free(lp);
+    free(q);
+    free(pen);
+    free(l);
+    free(t);
+    kvt_engine_free(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_user_messages),
@@ -1935,6 +2101,7 @@ int main(void) {
         cmocka_unit_test(test_penalties),
         cmocka_unit_test(test_more_samplers),
         cmocka_unit_test(test_mirostat),
+        cmocka_unit_test(test_dry),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
