@@ -89,7 +89,7 @@ static const struct serve_field OPENAI[] = {
     { "n_indent",              FT_INT,          N,     Z, "0", "indentation stops are not implemented" },
     { "t_max_predict_ms",      FT_INT,          N,     Z, "0", "a time limit on generation is not implemented (use max_tokens; the server's --request-timeout-s)" },
     { "samplers",              FT_STR|FT_ARR,   N,     Z, "\"edkypmxt\"|\"kpmt\"|[\"penalties\",\"dry\",\"top_n_sigma\",\"top_k\",\"typ_p\",\"top_p\",\"min_p\",\"xtc\",\"temperature\"]|[\"dry\",\"top_k\",\"typ_p\",\"top_p\",\"min_p\",\"xtc\",\"temperature\"]|[\"top_k\",\"top_p\",\"min_p\",\"temperature\"]",
-      "kvtier's chain is llama-server's default order (penalties, top_n_sigma, top_k, typical_p, top_p, min_p, xtc, temperature; no DRY): another order is not implemented" },
+      "kvtier's chain is llama-server's default order (penalties, dry, top_n_sigma, top_k, typical_p, top_p, min_p, xtc, temperature): another order is not implemented" },
     { "lora",                  FT_ARR,          N,     Z, "[]", "LoRA adapters are not served" },
     { "chat_template_kwargs",  FT_OBJ,          C|N,   Z, "{}", "the model's own template is applied without extra arguments" },
     { "reasoning_format",      FT_STR,          C|N,   Z, "\"none\"", "the reply is not split into reasoning and content" },
