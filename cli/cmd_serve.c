@@ -140,7 +140,7 @@ int cmd_serve(int argc, char **argv) {
     int32_t top_k = 0;
     double top_n_sigma = -1, typical = 1, xtc_p = 0, xtc_t = 0.1, dyn_range = 0, dyn_exp = 1;
     double miro_tau = 5, miro_eta = 0.1;
-    int32_t mirostat = 0, dry_allowed = 2, dry_last_n = -1;
+    int32_t mirostat = 0, dry_allowed = 2, dry_last_n = 64;
     double dry_mult = 0, dry_base = 1.75;
     int32_t resp_ttl = 30 * 24 * 3600; /* --response-ttl */
     int32_t seed = -1, n_predict = -1;
@@ -408,7 +408,9 @@ int cmd_serve(int argc, char **argv) {
         { "dry-allowed-length", 0, OPT_INT, &dry_allowed, 0, 1 << 20, "N",
           "dry_allowed_length of a request that sends none: repeats up to N tokens go free (default 2)", NULL },
         { "dry-penalty-last-n", 0, OPT_INT, &dry_last_n, -1, 1 << 20, "N",
-          "dry_penalty_last_n of a request that sends none: the tokens DRY scans (default -1: the context; 0: no DRY)", NULL },
+          "dry_penalty_last_n of a request that sends none: the tokens DRY scans (default 64, llama-server's; -1: the context; 0: "
+          "no DRY)",
+          NULL },
         { "repeat-penalty", 0, OPT_FLOAT, &repeat_penalty, 0.000001, 10, "F",
           "repeat_penalty of a request that sends none: the logit of a token in the window divided by F where positive, "
           "multiplied where negative (default 1: off)",

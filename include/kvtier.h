@@ -299,7 +299,7 @@ struct kvt_sampling {
     ** with chance xtc_probability a draw drops every token of probability >= xtc_threshold but the least likely of
     ** them; threshold > 0.5 = off; a generator per generation seeded with seed, as llama-server's); dynatemp_range
     ** > 0: the temperature within +-range by the normalised entropy ^ dynatemp_exponent (0: 1; arXiv 2309.02772).
-    ** At temperature <= 0 (greedy) typical_p and XTC still apply, as in llama-server's chain, dynatemp does not. */
+    ** At temperature <= 0 (greedy) with typical_p or XTC the whole chain runs, as llama-server's; dynatemp does not. */
     float top_n_sigma, typical_p, xtc_probability, xtc_threshold, dynatemp_range, dynatemp_exponent;
     /* Mirostat (Basu et al. 2021): 1 or 2 (0 = off) at target surprise mirostat_tau bits (0: 5) and learning
     ** rate mirostat_eta (0: 0.1), llama.cpp's, as llama-server runs it: logit_bias, the temperature, then Mirostat

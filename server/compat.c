@@ -375,20 +375,7 @@ json_t *compat_props(struct server *srv) {
                             "repeat_last_n", srv->repeat_last_n_default < 0 ? srv->n_ctx : srv->repeat_last_n_default);
     if (params && pen) json_object_update(params, pen);
     json_decref(pen);
-    const struct kvt_sampling d = { .top_n_sigma = srv->top_n_sigma_default,
-                                    .typical_p = srv->typical_p_default,
-                                    .xtc_probability = srv->xtc_probability_default,
-                                    .xtc_threshold = srv->xtc_threshold_default,
-                                    .dynatemp_range = srv->dynatemp_range_default,
-                                    .dynatemp_exponent = srv->dynatemp_exponent_default,
-                                    .mirostat = srv->mirostat_default,
-                                    .mirostat_tau = srv->mirostat_tau_default,
-                                    .mirostat_eta = srv->mirostat_eta_default,
-                                    .dry_multiplier = srv->dry_multiplier_default,
-                                    .dry_base = srv->dry_base_default,
-                                    .dry_allowed_length = srv->dry_allowed_length_default,
-                                    .dry_penalty_last_n = srv->dry_penalty_last_n_default < 0 ? srv->n_ctx
-                                                                                              : srv->dry_penalty_last_n_default };
+    const struct kvt_sampling d = serve_sampling_defaults(srv);
     more_samplers(params, &d);
     return json_pack("{s:{s:i, s:o}, s:i, s:s, s:s, s:s, s:{s:b, s:b}, s:s, s:{s:i, s:i, s:i, s:i, s:i, s:s, s:i}}",
                      "default_generation_settings", "n_ctx", srv->budget, "params", params, "total_slots", srv->max_sessions,

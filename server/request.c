@@ -23,31 +23,36 @@ int32_t serve_history_window(const struct kvt_sampling *s) {
     return p > d ? p : d;
 }
 
+struct kvt_sampling serve_sampling_defaults(const struct server *srv) {
+    return (struct kvt_sampling){ .temperature = srv->temp_default,
+                                  .top_p = srv->top_p_default,
+                                  .top_k = srv->top_k_default,
+                                  .min_p = srv->min_p_default,
+                                  .top_n_sigma = srv->top_n_sigma_default,
+                                  .typical_p = srv->typical_p_default,
+                                  .xtc_probability = srv->xtc_probability_default,
+                                  .xtc_threshold = srv->xtc_threshold_default,
+                                  .dynatemp_range = srv->dynatemp_range_default,
+                                  .dynatemp_exponent = srv->dynatemp_exponent_default,
+                                  .mirostat = srv->mirostat_default,
+                                  .mirostat_tau = srv->mirostat_tau_default,
+                                  .mirostat_eta = srv->mirostat_eta_default,
+                                  .dry_multiplier = srv->dry_multiplier_default,
+                                  .dry_base = srv->dry_base_default,
+                                  .dry_allowed_length = srv->dry_allowed_length_default,
+                                  .dry_penalty_last_n = srv->dry_penalty_last_n_default < 0 ? srv->n_ctx
+                                                                                            : srv->dry_penalty_last_n_default,
+                                  .repeat_penalty = srv->repeat_penalty_default,
+                                  .frequency_penalty = srv->frequency_penalty_default,
+                                  .presence_penalty = srv->presence_penalty_default };
+}
+
 /* Fill the sampling / length / stop / stream fields shared by both endpoints.  On a bad field,
 ** fills e (e->param: the field's name) and returns -1. */
 static int parse_common(struct server *srv, json_t *root, struct job *j, struct serve_error *e) {
     json_t *v;
     j->req.max_tokens = srv->max_tokens_default;
-    /* the server's defaults (--temp, --top-p, --top-k, --min-p, the penalties), the same on every route */
-    j->req.smp = (struct kvt_sampling){ .temperature = srv->temp_default,
-                                        .top_p = srv->top_p_default,
-                                        .top_k = srv->top_k_default,
-                                        .min_p = srv->min_p_default,
-                                        .top_n_sigma = srv->top_n_sigma_default,
-                                        .typical_p = srv->typical_p_default,
-                                        .xtc_probability = srv->xtc_probability_default,
-                                        .xtc_threshold = srv->xtc_threshold_default,
-                                        .dynatemp_range = srv->dynatemp_range_default,
-                                        .dynatemp_exponent = srv->dynatemp_exponent_default,
-                                        .mirostat = srv->mirostat_default,
-                                        .mirostat_tau = srv->mirostat_tau_default,
-                                        .mirostat_eta = srv->mirostat_eta_default,
-                                        .dry_multiplier = srv->dry_multiplier_default,
-                                        .dry_base = srv->dry_base_default,
-                                        .dry_allowed_length = srv->dry_allowed_length_default,
-                                        .repeat_penalty = srv->repeat_penalty_default,
-                                        .frequency_penalty = srv->frequency_penalty_default,
-                                        .presence_penalty = srv->presence_penalty_default };
+    j->req.smp = serve_sampling_defaults(srv); /* the same on every route */
     json_int_t last_n = srv->repeat_last_n_default;
     const char *len_keys[] = { "max_tokens", "max_completion_tokens" };
     for (int i = 0; i < 2; i++)
@@ -150,7 +155,7 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
             else dry_n = x;
         }
     if (dry_n == 0) j->req.smp.dry_multiplier = 0;
-    j->req.smp.dry_penalty_last_n = dry_n < 0 ? srv->n_ctx : dry_n > 0 ? (int32_t) dry_n : 64;
+    j->req.smp.dry_penalty_last_n = dry_n < 0 ? srv->n_ctx : (int32_t) dry_n;
     if (j->req.smp.typical_p >= 1) j->req.smp.typical_p = 0; /* off, as kvt_sampling has it */
     if (j->req.smp.top_n_sigma < 0) j->req.smp.top_n_sigma = 0;
     /* greedy has no temperature to vary: a request's range is refused, the server's --dynatemp-range not applied */

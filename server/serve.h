@@ -317,7 +317,7 @@ struct server {
     int32_t mirostat_default;                                       /* --mirostat: likewise (0: off) */
     float mirostat_tau_default, mirostat_eta_default;               /* --mirostat-ent, --mirostat-lr (5 and 0.1, llama-server's) */
     float dry_multiplier_default, dry_base_default;                 /* --dry-multiplier (0: off), --dry-base (1.75) */
-    int32_t dry_allowed_length_default, dry_penalty_last_n_default; /* --dry-allowed-length (2), --dry-penalty-last-n (-1) */
+    int32_t dry_allowed_length_default, dry_penalty_last_n_default; /* --dry-allowed-length (2), --dry-penalty-last-n (64) */
     /* --repeat-penalty, --frequency-penalty, --presence-penalty, --repeat-last-n: likewise (defaults
     ** 1, 0, 0: off; the window 64 tokens, -1 the context, 0 no penalty unless a request sends one) */
     float repeat_penalty_default, frequency_penalty_default, presence_penalty_default;
@@ -410,6 +410,9 @@ int serve_request_parse_chat(struct server *srv, json_t *chat, struct job *j, st
 int serve_job_grammar(struct server *srv, struct job *j);
 /* s sets a repetition penalty (frequency, presence or repeat_penalty; server/request.c): its
 ** window is s->penalty_last_n tokens (set with the penalties).  Pure. */
+/* The sampling of a request that sends no sampling field: the server's --temp, --top-k, ... flags
+** (dry_penalty_last_n -1 as the context).  Pure. */
+struct kvt_sampling serve_sampling_defaults(const struct server *srv);
 bool serve_penalized(const struct kvt_sampling *s);
 /* The history a job's draws read (the prompt's and the reply's last tokens): the longer of the
 ** penalties' and DRY's windows, 0 when neither applies.  Pure. */

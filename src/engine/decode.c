@@ -258,12 +258,13 @@ static int apply_penalties(const kvt_engine *e, const struct kvt_sampling *s, ll
 }
 
 /* DRY over the last kvt_dry_window(s) tokens of s->history (llama.cpp's sampler, as llama-server runs it
-** after the penalties): the sampler made for these settings and breakers (kept while they stay: it
-** processes the breakers over the whole vocabulary), reset and given the window, then applied to d.
+** after the penalties): the sampler made for these settings and breakers (one of the engine's last four:
+** making one maps the breakers over the whole vocabulary), reset and given the window, then applied to
+** cand.
 ** KVT_ENOMEM. */
-static int apply_dry(kvt_engine *e, const struct kvt_sampling *s, llama_token_data *d) {
-    static const char *const def[] = { "\n", ":", "\"", "*" }; /* llama-server's dry_sequence_breakers */
-    const int32_t win = kvt_dry_window(s), nv = e->info.n_vocab;
+static int apply_dry(kvt_engine *e, const struct kvt_sampling *s, llama_token_data *cand) {
+    static const char *const def[] = { "\n", ":", "\"", "*" };                           /* llama-server's dry_sequence_breakers */
+    const int32_t win = KVT_MIN(kvt_dry_window(s), e->info.n_ctx), nv = e->info.n_vocab; /* no history is longer */
     if (win == 0 || !s->history || s->n_history <= 0) return 0;
     const char *const *b = s->dry_sequence_breakers ? s->dry_sequence_breakers : def;
     const int32_t nb = s->dry_sequence_breakers ? s->n_dry_sequence_breakers : 4;
@@ -274,24 +275,32 @@ static int apply_dry(kvt_engine *e, const struct kvt_sampling *s, llama_token_da
             if (!*c) break;
         }
     const float base = s->dry_base > 0 ? s->dry_base : 1.75f;
-    if (!e->dry || e->dry_mult != s->dry_multiplier || e->dry_base != base || e->dry_allowed != s->dry_allowed_length ||
-        e->dry_win != win || e->dry_hash != h) {
-        if (e->dry) llama_sampler_free(e->dry);
-        e->dry = kvt__fault_check(KVT__FAULT_PENALTIES)
-                     ? NULL
-                     : llama_sampler_init_dry(e->vocab, s->dry_multiplier, base, s->dry_allowed_length, win, (const char **) b,
-                                              (size_t) (nb > 0 ? nb : 0));
-        if (!e->dry) return kvt__fail(KVT_ENOMEM, "DRY sampler");
-        e->dry_mult = s->dry_multiplier, e->dry_base = base, e->dry_allowed = s->dry_allowed_length;
-        e->dry_win = win, e->dry_hash = h;
+    struct dry_slot *d = NULL, *lru = &e->dry[0];
+    for (int i = 0; i < 4 && !d; i++) {
+        struct dry_slot *x = &e->dry[i];
+        if (x->s && x->mult == s->dry_multiplier && x->base == base && x->allowed == s->dry_allowed_length && x->win == win &&
+            x->hash == h)
+            d = x;
+        else if (!x->s || (lru->s && x->used < lru->used)) lru = x;
     }
-    llama_sampler_reset(e->dry);
+    if (!d) {
+        d = lru;
+        if (d->s) llama_sampler_free(d->s);
+        d->s = kvt__fault_check(KVT__FAULT_PENALTIES)
+                   ? NULL
+                   : llama_sampler_init_dry(e->vocab, s->dry_multiplier, base, s->dry_allowed_length, win, (const char **) b,
+                                            (size_t) (nb > 0 ? nb : 0));
+        if (!d->s) return kvt__fail(KVT_ENOMEM, "DRY sampler");
+        d->mult = s->dry_multiplier, d->base = base, d->allowed = s->dry_allowed_length, d->win = win, d->hash = h;
+    }
+    d->used = ++e->dry_clock;
+    llama_sampler_reset(d->s);
     const int32_t n = KVT_MIN(s->n_history, win);
     const kvt_token *w = s->history + (s->n_history - n);
     for (int32_t i = 0; i < n; i++)
-        if (w[i] >= 0 && w[i] < nv) llama_sampler_accept(e->dry, w[i]);
-    llama_token_data_array a = { d, (size_t) nv, -1, false };
-    llama_sampler_apply(e->dry, &a);
+        if (w[i] >= 0 && w[i] < nv) llama_sampler_accept(d->s, w[i]);
+    llama_token_data_array a = { cand, (size_t) nv, -1, false };
+    llama_sampler_apply(d->s, &a);
     return 0;
 }
 
@@ -369,6 +378,7 @@ static void chain_key(const struct kvt_sampling *s, struct kvt_sampling *key) {
     key->mirostat = s->mirostat;
     key->mirostat_tau = s->mirostat_tau;
     key->mirostat_eta = s->mirostat_eta;
+    key->xtc_probability = s->xtc_probability > 0 && s->xtc_threshold <= 0.5f; /* XTC on: greedy's chain is whole */
 }
 
 static bool miro_on(const struct kvt_sampling *s) { return s->mirostat == 1 || s->mirostat == 2; }
@@ -424,8 +434,9 @@ static struct llama_sampler *gen_xtc(kvt_engine *e, int32_t g, const struct kvt_
 }
 
 /* Build e->smpl (top_n_sigma, top_k, typical_p, top_p, min_p: llama-server's order) and e->smpl_t
-** (the temperature, dynamic with a range; greedy at temperature <= 0, after typical_p alone of the
-** others: they all keep the most likely token).  KVT_ENOMEM. */
+** (the temperature, dynamic with a range; greedy at temperature <= 0, after the whole chain when
+** typical_p or XTC is on, as llama-server's temperature 0 keeps its chain, else alone: the others
+** keep the most likely token).  KVT_ENOMEM. */
 static int build_chain(kvt_engine *e, const struct kvt_sampling *s) {
     if (e->smpl) llama_sampler_free(e->smpl);
     if (e->smpl_t) llama_sampler_free(e->smpl_t);
@@ -435,18 +446,18 @@ static int build_chain(kvt_engine *e, const struct kvt_sampling *s) {
     const bool typical = s->typical_p > 0 && s->typical_p < 1;
     if (miro_on(s)) { /* llama-server's chain with Mirostat: the temperature, then Mirostat draws */
         e->smpl_t = s->temperature > 0 ? llama_sampler_init_temp(s->temperature) : llama_sampler_init_greedy();
-    } else if (s->temperature <= 0) {
-        if (typical) llama_sampler_chain_add(e->smpl, llama_sampler_init_typical(s->typical_p, 1));
+    } else if (s->temperature <= 0 && !typical && !xtc_on(s)) { /* the rest keeps the most likely token */
         e->smpl_t = llama_sampler_init_greedy();
-    } else {
+    } else { /* greedy with typical_p or XTC: llama-server's whole chain, greedy for the temperature */
         if (s->top_n_sigma > 0) llama_sampler_chain_add(e->smpl, llama_sampler_init_top_n_sigma(s->top_n_sigma));
         if (s->top_k > 0) llama_sampler_chain_add(e->smpl, llama_sampler_init_top_k(s->top_k));
         if (typical) llama_sampler_chain_add(e->smpl, llama_sampler_init_typical(s->typical_p, 1));
         if (s->top_p < 1.0f) llama_sampler_chain_add(e->smpl, llama_sampler_init_top_p(s->top_p, 1));
         if (s->min_p > 0.0f) llama_sampler_chain_add(e->smpl, llama_sampler_init_min_p(s->min_p, 1));
-        e->smpl_t = s->dynatemp_range > 0 ? llama_sampler_init_temp_ext(s->temperature, s->dynatemp_range,
-                                                                        s->dynatemp_exponent > 0 ? s->dynatemp_exponent : 1.0f)
-                                          : llama_sampler_init_temp(s->temperature);
+        e->smpl_t = s->temperature <= 0     ? llama_sampler_init_greedy()
+                    : s->dynatemp_range > 0 ? llama_sampler_init_temp_ext(s->temperature, s->dynatemp_range,
+                                                                          s->dynatemp_exponent > 0 ? s->dynatemp_exponent : 1.0f)
+                                            : llama_sampler_init_temp(s->temperature);
     }
     if (!e->smpl_t) {
         llama_sampler_free(e->smpl);

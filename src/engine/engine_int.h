@@ -119,12 +119,16 @@ struct kvt_engine {
     /* sampler chain, rebuilt when the sampling params change; smpl_draw: kvt_engine_sample's
     ** draws so far with these params (a caller without its own draw index gets one stream) */
     struct llama_sampler *smpl, *smpl_t; /* top_n_sigma .. min_p; then the temperature (or greedy) */
-    /* DRY's sampler (its sequence breakers processed over the vocabulary once), for the settings it was
-    ** made with; reset and given the history at each draw */
-    struct llama_sampler *dry;
-    float dry_mult, dry_base;
-    int32_t dry_allowed, dry_win;
-    uint64_t dry_hash; /* of the breakers' text */
+    /* DRY's samplers (each maps its sequence breakers over the vocabulary once) for the last settings
+    ** used, least recently used replaced; reset and given the history at each draw, so generations with
+    ** the same settings share one */
+    struct dry_slot {
+        struct llama_sampler *s; /* NULL: free */
+        float mult, base;
+        int32_t allowed, win;
+        uint64_t hash, used; /* of the breakers' text; the draw that used it last */
+    } dry[4];
+    uint64_t dry_clock;
     struct kvt_sampling smpl_p;
     int64_t smpl_draw;
     uint32_t smpl_p_seed; /* the seed of those draws */

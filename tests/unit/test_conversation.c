@@ -1588,6 +1588,48 @@ static int by_score(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+/* Gemma 3 after a story's opening, whose next token has many likely candidates: the engine (3
+** sequences), its next-token logits l[nv] on sequence 0, their softmax p at temperature 1, and
+** scratch of the vocabulary's size (q, sc, keep, idx). */
+struct story {
+    kvt_engine *e;
+    int32_t nv;
+    float *l;
+    double *p, *q, *sc;
+    bool *keep;
+    kvt_token *idx;
+};
+
+static void story_open(struct story *st) {
+    st->e = open_real(3);
+    struct kvt_engine_info I;
+    kvt_engine_info(st->e, &I);
+    const size_t nv = (size_t) (uint32_t) (st->nv = I.n_vocab);
+    kvt_token *t = NULL;
+    int32_t nt = 0;
+    assert_int_equal(kvt_tokenize(st->e, "Once upon a time, in a small village by the sea, there lived a", true, false, &t, &nt),
+                     0);
+    assert_int_equal(kvt_engine_decode(st->e, 0, t, nt, 0, true), 0);
+    free(t);
+    st->l = malloc(sizeof *st->l * nv);
+    st->p = malloc(sizeof *st->p * nv), st->q = malloc(sizeof *st->q * nv), st->sc = malloc(sizeof *st->sc * nv);
+    st->keep = malloc(nv);
+    st->idx = malloc(sizeof *st->idx * nv);
+    assert_true(st->l && st->p && st->q && st->sc && st->keep && st->idx);
+    memcpy(st->l, kvt_engine_logits(st->e), sizeof *st->l * nv);
+    ref_softmax(st->l, st->nv, NULL, 1.0, st->p);
+}
+
+static void story_free(struct story *st) {
+    free(st->keep);
+    free(st->sc);
+    free(st->q);
+    free(st->p);
+    free(st->l);
+    free(st->idx);
+    kvt_engine_free(st->e);
+}
+
 /* top_n_sigma, typical_p, XTC and the dynamic temperature (struct kvt_sampling) on a real model's
 ** next-token logits, each against its definition computed here from the same logits in double
 ** (the papers' and llama.cpp's: logits within n standard deviations of the largest; the smallest
@@ -1603,20 +1645,14 @@ static int by_score(const void *a, const void *b) {
 static void test_more_samplers(void **state) {
     (void) state;
     enum { NP = 24, N = 32, K = 11 };
-    kvt_engine *e = open_real(3);
-    struct kvt_engine_info I;
-    kvt_engine_info(e, &I);
-    const int32_t nv = I.n_vocab;
-    kvt_token *t = NULL, *idx = malloc(sizeof *idx * (size_t) nv);
-    int32_t nt = 0;
-    assert_int_equal(kvt_tokenize(e, "Once upon a time, in a small village by the sea, there lived a", true, false, &t, &nt), 0);
-    assert_int_equal(kvt_engine_decode(e, 0, t, nt, 0, true), 0);
-    float *l = malloc(sizeof *l * (size_t) nv);
-    double *p = malloc(sizeof *p * (size_t) nv), *q = malloc(sizeof *q * (size_t) nv), *sc = malloc(sizeof *sc * (size_t) nv);
-    bool *keep = malloc((size_t) nv);
-    assert_true(l && p && q && sc && keep && idx);
-    memcpy(l, kvt_engine_logits(e), sizeof *l * (size_t) nv);
-    ref_softmax(l, nv, NULL, 1.0, p);
+    struct story st;
+    story_open(&st);
+    kvt_engine *e = st.e;
+    const int32_t nv = st.nv;
+    const float *l = st.l;
+    double *p = st.p, *q = st.q, *sc = st.sc;
+    bool *keep = st.keep;
+    kvt_token *idx = st.idx;
     kvt_token top[2];
     ref_top(p, nv, 2, top);
     struct kvt_token_p post[NP + 1];
@@ -1705,6 +1741,12 @@ static void test_more_samplers(void **state) {
     smp.xtc_threshold = 0.6f;    /* above 0.5: off */
     assert_int_equal(kvt_engine_sample_at(e, &smp, 0, 0, &tok), 0);
     assert_int_equal(tok, top[0]);
+    /* greedy with top_k 2 and XTC: llama-server's temperature 0 keeps its chain, so XTC judges the two
+    ** renormalised (both pass a threshold just under the second's share) and the second is the token */
+    const double share = p[top[1]] / (p[top[0]] + p[top[1]]);
+    smp = (struct kvt_sampling){ .top_p = 1, .top_k = 2, .xtc_probability = 1, .xtc_threshold = (float) (share * 0.98) };
+    assert_int_equal(kvt_engine_sample_at(e, &smp, 0, 0, &tok), 0);
+    assert_int_equal(tok, top[1]);
     /* probability 0.5: one generator per generation, in order */
     smp = (struct kvt_sampling){ .top_p = 1, .seed = 42, .xtc_probability = 0.5f, .xtc_threshold = (float) thr };
     kvt_token a[N], b[N], c[N], d[N], o[N];
@@ -1768,14 +1810,7 @@ static void test_more_samplers(void **state) {
            "the argmax at %d; XTC threshold %.3f drops %d tokens, 0.5 fired %d of %d draws; dynatemp T %.3f (max diff %.1e, "
            "%.1e from T 1)\n",
            n_sigma, n_keep, margin, d_sigma, n_typ, not_argmax, thr, m - 1, n_xtc, N, dyn, d_dyn, ctl);
-    free(keep);
-    free(sc);
-    free(q);
-    free(p);
-    free(l);
-    free(idx);
-    free(t);
-    kvt_engine_free(e);
+    story_free(&st);
 }
 
 /* Mirostat as llama.cpp defines it (Basu et al. 2021), on Gemma 3's next-token logits at
@@ -1791,21 +1826,15 @@ static void test_more_samplers(void **state) {
 static void test_mirostat(void **state) {
     (void) state;
     enum { NP = 24, N = 12 };
-    kvt_engine *e = open_real(3);
-    struct kvt_engine_info I;
-    kvt_engine_info(e, &I);
-    const int32_t nv = I.n_vocab;
+    struct story st;
+    story_open(&st);
+    kvt_engine *e = st.e;
+    const int32_t nv = st.nv;
     const size_t nvz = (size_t) (uint32_t) nv;
-    kvt_token *t = NULL, *idx = malloc(sizeof *idx * (size_t) nv);
-    int32_t nt = 0;
-    assert_int_equal(kvt_tokenize(e, "Once upon a time, in a small village by the sea, there lived a", true, false, &t, &nt), 0);
-    assert_int_equal(kvt_engine_decode(e, 0, t, nt, 0, true), 0);
-    float *l = malloc(sizeof *l * (size_t) nv);
-    double *p = malloc(sizeof *p * (size_t) nv), *q = malloc(sizeof *q * (size_t) nv), *sc = malloc(sizeof *sc * (size_t) nv);
-    bool *keep = malloc((size_t) nv);
-    assert_true(l && p && q && sc && keep && idx);
-    memcpy(l, kvt_engine_logits(e), sizeof *l * (size_t) nv);
-    ref_softmax(l, nv, NULL, 1.0, p);
+    const float *l = st.l;
+    double *p = st.p, *q = st.q, *sc = st.sc;
+    bool *keep = st.keep;
+    kvt_token *idx = st.idx;
     for (int32_t v = 0; v < nv; v++) sc[v] = -p[v], idx[v] = v; /* idx: by probability, decreasing */
     g_score = sc;
     qsort(idx, (size_t) nv, sizeof *idx, by_score);
@@ -1903,14 +1932,7 @@ static void test_mirostat(void **state) {
     assert_true(keep[x]);
     printf("Mirostat 2.0: %d draws checked, %d candidate-set sizes (mu to %.2f); 1.0: tau %.2f keeps the top %d (k %.3f)\n",
            checked, n_sizes, mu, tau1, k1, ktop);
-    free(keep);
-    free(sc);
-    free(q);
-    free(p);
-    free(l);
-    free(idx);
-    free(t);
-    kvt_engine_free(e);
+    story_free(&st);
 }
 
 /* DRY's penalty by its definition (llama.cpp's DRY sampler, no sequence breaker in the window w[0..n)):
@@ -2011,6 +2033,14 @@ static void test_dry(void **state) {
     for (int32_t v = 0; v < nv; v++)
         if ((float) (l[v] - pen[v]) > (float) (l[want] - pen[want])) want = v;
     assert_int_equal(tok, want);
+    for (int32_t i = 0; i < 3; i++) { /* two settings in turn: a sampler each (the engine keeps four) */
+        smp.dry_multiplier = 2;
+        assert_int_equal(kvt_engine_sample(e, &smp, &tok), 0);
+        assert_int_equal(tok, top_pen);
+        smp.dry_multiplier = 3;
+        assert_int_equal(kvt_engine_sample(e, &smp, &tok), 0);
+        assert_int_equal(tok, want);
+    }
     smp.mirostat = 2, smp.temperature = 0; /* Mirostat's chain: no DRY; greedy */
     assert_int_equal(kvt_engine_sample(e, &smp, &tok), 0);
     assert_int_equal(tok, top);
