@@ -294,7 +294,7 @@ struct kvt_sampling {
     int32_t penalty_last_n, n_history;
     const kvt_token *history;
     /* llama-server's other samplers (llama.cpp's), 0 = off, in its order: top_n_sigma > 0 (logits within n standard
-    ** deviations of the largest, Tang et al. 2024, "Top-nσ") before top_k; typical_p in (0, 1) (locally typical
+    ** deviations of the largest, Tang et al. 2024, "Top-n-sigma") before top_k; typical_p in (0, 1) (locally typical
     ** sampling, Meister et al. 2023) after it; XTC after min_p (Exclude Top Choices, text-generation-webui #6335:
     ** with chance xtc_probability a draw drops every token of probability >= xtc_threshold but the least likely of
     ** them; threshold > 0.5 = off; a generator per generation seeded with seed, as llama-server's); dynatemp_range
