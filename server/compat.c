@@ -73,9 +73,12 @@ static json_t *more_samplers(json_t *obj, const struct kvt_sampling *p) {
     json_t *m = json_pack("{s:i, s:f, s:f}", "mirostat", p->mirostat, "mirostat_tau",
                           p->mirostat_tau > 0 ? (double) p->mirostat_tau : 5.0, "mirostat_eta",
                           p->mirostat_eta > 0 ? (double) p->mirostat_eta : 0.1);
-    json_t *dry = json_pack("{s:f, s:f, s:i, s:i, s:[s, s, s, s]}", "dry_multiplier", (double) p->dry_multiplier, "dry_base",
+    json_t *brk = p->dry_sequence_breakers ? json_array() : json_pack("[s, s, s, s]", "\n", ":", "\"", "*");
+    for (int32_t i = 0; brk && p->dry_sequence_breakers && i < p->n_dry_sequence_breakers; i++)
+        json_array_append_new(brk, json_string(p->dry_sequence_breakers[i]));
+    json_t *dry = json_pack("{s:f, s:f, s:i, s:i, s:o}", "dry_multiplier", (double) p->dry_multiplier, "dry_base",
                             p->dry_base > 0 ? (double) p->dry_base : 1.75, "dry_allowed_length", p->dry_allowed_length,
-                            "dry_penalty_last_n", p->dry_penalty_last_n, "dry_sequence_breakers", "\n", ":", "\"", "*");
+                            "dry_penalty_last_n", p->dry_penalty_last_n, "dry_sequence_breakers", brk);
     if (x && dry) json_object_update(x, dry);
     json_decref(dry);
     if (x && m) json_object_update(x, m);

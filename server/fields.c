@@ -78,7 +78,7 @@ static const struct serve_field OPENAI[] = {
     { "dry_base",              FT_NUM,          N,     H, NULL, "1..10 (default: --dry-base, 1.75)" },
     { "dry_allowed_length",    FT_INT,          N,     H, NULL, "0..n_ctx (default: --dry-allowed-length, 2): repeats up to this length go free" },
     { "dry_penalty_last_n",    FT_INT,          N,     H, NULL, "-1..n_ctx (default: --dry-penalty-last-n, 64, llama-server's; -1: the context, which llama-server refuses; 0: no DRY): the tokens DRY scans" },
-    { "dry_sequence_breakers", FT_ARR,          N,     Z, "[\"\\n\",\":\",\"\\\"\",\"*\"]", "llama-server's default breakers end a repeat; other breakers are not implemented" },
+    { "dry_sequence_breakers", FT_ARR,          N,     H, NULL, "1..16 strings of 1..40 bytes, 128 in all (default: llama-server's [\"\\n\", \":\", \"\\\"\", \"*\"]): a token holding one ends a repeat (llama.cpp's DRY maps them over the vocabulary)" },
     { "xtc_probability",       FT_NUM,          N,     H, NULL, "0..1, 0 = off (default: --xtc-probability): the chance that a draw drops every token of probability >= xtc_threshold but the least likely of them (llama.cpp's XTC, after min_p; a generator per generation, seeded by seed; applies at temperature 0 too)" },
     { "xtc_threshold",         FT_NUM,          N,     H, NULL, "0..1, above 0.5 = off (default: --xtc-threshold, 0.1)" },
     { "top_n_sigma",           FT_NUM,          N,     H, NULL, "-1..100, -1 or 0 = off (default: --top-nsigma): sampling among the logits within n standard deviations of the largest (llama.cpp's top-n-sigma, before top_k)" },

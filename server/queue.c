@@ -27,6 +27,7 @@ void serve_job_free(struct job *j) {
     free(j->req.grammar);
     kvt_grammar_free(j->req.smp.grammar);
     for (int32_t i = 0; i < j->req.n_stop; i++) free(j->req.stop[i]);
+    for (int32_t i = 0; i < j->req.n_dry_breakers; i++) free(j->req.dry_breakers[i]);
     free(j->text);
     free(j->gen);
     free(j->prog);

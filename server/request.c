@@ -154,6 +154,34 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
             if (i == 0) j->req.smp.dry_allowed_length = (int32_t) x;
             else dry_n = x;
         }
+    /* DRY's sequence breakers: llama-server's field, a non-empty array of strings (a token holding one ends a
+    ** repeat); each 1..40 bytes, at most 16 and 128 bytes in all (serve.h) */
+    if ((v = json_object_get(root, "dry_sequence_breakers")) && !json_is_null(v)) {
+        serve_error_param(e, "dry_sequence_breakers");
+        if (!json_is_array(v) || json_array_size(v) == 0)
+            return serve_bad(e, "'dry_sequence_breakers' must be a non-empty array of strings, got %s",
+                             json_is_array(v) ? "an empty array" : serve_json_type(v));
+        if (json_array_size(v) > SERVE_MAX_DRY_BREAKERS)
+            return serve_bad(e, "'dry_sequence_breakers' has %zu strings, more than %d", json_array_size(v),
+                             SERVE_MAX_DRY_BREAKERS);
+        size_t all = 0;
+        for (size_t i = 0; i < json_array_size(v); i++) {
+            json_t *b = json_array_get(v, i);
+            if (!json_is_string(b))
+                return serve_bad(e, "'dry_sequence_breakers'[%zu] must be a string, got %s", i, serve_json_type(b));
+            const size_t len = json_string_length(b);
+            if (len == 0 || len > SERVE_MAX_DRY_BREAKER_BYTES || memchr(json_string_value(b), 0, len))
+                return serve_bad(e, "'dry_sequence_breakers'[%zu] is %zu bytes%s: a breaker is 1..%d bytes of text", i, len,
+                                 len && len <= SERVE_MAX_DRY_BREAKER_BYTES ? " with a zero character" : "",
+                                 SERVE_MAX_DRY_BREAKER_BYTES);
+            if ((all += len) > SERVE_MAX_DRY_BREAKERS_BYTES)
+                return serve_bad(e, "'dry_sequence_breakers' has more than %d bytes in all", SERVE_MAX_DRY_BREAKERS_BYTES);
+            if (!(j->req.dry_breakers[j->req.n_dry_breakers] = strdup(json_string_value(b)))) return serve_error_oom(e);
+            j->req.n_dry_breakers++;
+        }
+        j->req.smp.dry_sequence_breakers = (const char *const *) j->req.dry_breakers;
+        j->req.smp.n_dry_sequence_breakers = j->req.n_dry_breakers;
+    }
     if (dry_n == 0) j->req.smp.dry_multiplier = 0;
     j->req.smp.dry_penalty_last_n = dry_n < 0 ? srv->n_ctx : (int32_t) dry_n;
     if (j->req.smp.typical_p >= 1) j->req.smp.typical_p = 0; /* off, as kvt_sampling has it */

@@ -35,6 +35,12 @@ int64_t kvt_engine_test_cell_pos_snapshots(const kvt_engine *eng);
 void kvt_engine_test_tokenize_memo(kvt_engine *eng, int mode);
 int64_t kvt_engine_test_memo_tokens(const kvt_engine *eng);
 
+/* tests/unit/test_conversation.c's DRY test: mode 1 gives every set of DRY sequence breakers one hash, so
+** that the engine's DRY samplers (src/engine/decode.c apply_dry) are told apart by the breakers' bytes
+** alone; 2 is the unsafe control that then also skips the byte compare (a sampler made for other
+** breakers is reused), which the test asserts it notices; 0: off.  Not thread-safe (engine rule). */
+void kvt_engine_test_dry_hash(kvt_engine *eng, int mode);
+
 /* tests/unit/test_conversation.c: prompt tokens the session took from its caller's tokens
 ** (kvt_session_prefill's tok) instead of tokenizing them, over its life.  Cannot fail. */
 int64_t kvt_session_test_given_tokens(const kvt_session *s);

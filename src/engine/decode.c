@@ -3,6 +3,7 @@
 ** GBNF grammar); sequence removal and copy with the position shadow kept in step. */
 #include "engine/engine_int.h"
 #include "fault.h"
+#include "test_hooks.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -257,6 +258,18 @@ static int apply_penalties(const kvt_engine *e, const struct kvt_sampling *s, ll
     return 0;
 }
 
+/* Whether the breakers b[0..nb) are the bytes t holds (each ended by a zero byte; the lengths were
+** compared by the caller). */
+static bool dry_same(const char *t, const char *const *b, int32_t nb) {
+    for (int32_t i = 0; i < nb; i++) {
+        const char *c = b[i] ? b[i] : "";
+        const size_t m = strlen(c) + 1;
+        if (memcmp(t, c, m)) return false;
+        t += m;
+    }
+    return true;
+}
+
 /* DRY over the last kvt_dry_window(s) tokens of s->history (llama.cpp's sampler, as llama-server runs it
 ** after the penalties): the sampler made for these settings and breakers (one of the engine's last four:
 ** making one maps the breakers over the whole vocabulary), reset and given the window, then applied to
@@ -269,29 +282,47 @@ static int apply_dry(kvt_engine *e, const struct kvt_sampling *s, llama_token_da
     const char *const *b = s->dry_sequence_breakers ? s->dry_sequence_breakers : def;
     const int32_t nb = s->dry_sequence_breakers ? s->n_dry_sequence_breakers : 4;
     uint64_t h = 1469598103934665603ULL; /* FNV-1a over the breakers, each ended by a zero byte */
+    size_t len = 0;
     for (int32_t i = 0; i < nb; i++)
-        for (const char *c = b[i] ? b[i] : "";; c++) {
+        for (const char *c = b[i] ? b[i] : "";; c++, len++) {
             h = (h ^ (uint8_t) *c) * 1099511628211ULL;
-            if (!*c) break;
+            if (!*c) {
+                len++;
+                break;
+            }
         }
+    if (e->test_dry_hash) h = 1;
     const float base = s->dry_base > 0 ? s->dry_base : 1.75f;
     struct dry_slot *d = NULL, *lru = &e->dry[0];
     for (int i = 0; i < 4 && !d; i++) {
         struct dry_slot *x = &e->dry[i];
         if (x->s && x->mult == s->dry_multiplier && x->base == base && x->allowed == s->dry_allowed_length && x->win == win &&
-            x->hash == h)
+            x->hash == h && (e->test_dry_hash == 2 || (x->brk_len == len && dry_same(x->brk, b, nb))))
             d = x;
         else if (!x->s || (lru->s && x->used < lru->used)) lru = x;
     }
     if (!d) {
         d = lru;
         if (d->s) llama_sampler_free(d->s);
-        d->s = kvt__fault_check(KVT__FAULT_PENALTIES)
-                   ? NULL
-                   : llama_sampler_init_dry(e->vocab, s->dry_multiplier, base, s->dry_allowed_length, win, (const char **) b,
-                                            (size_t) (nb > 0 ? nb : 0));
-        if (!d->s) return kvt__fail(KVT_ENOMEM, "DRY sampler");
+        free(d->brk);
+        d->s = NULL, d->brk = NULL;
+        char *t = kvt__fault_check(KVT__FAULT_PENALTIES) ? NULL : malloc(len ? len : 1);
+        if (t) {
+            size_t at = 0;
+            for (int32_t i = 0; i < nb; i++) {
+                const size_t m = strlen(b[i] ? b[i] : "") + 1;
+                memcpy(t + at, b[i] ? b[i] : "", m);
+                at += m;
+            }
+            d->s = llama_sampler_init_dry(e->vocab, s->dry_multiplier, base, s->dry_allowed_length, win, (const char **) b,
+                                          (size_t) (nb > 0 ? nb : 0));
+        }
+        if (!d->s) {
+            free(t);
+            return kvt__fail(KVT_ENOMEM, "DRY sampler");
+        }
         d->mult = s->dry_multiplier, d->base = base, d->allowed = s->dry_allowed_length, d->win = win, d->hash = h;
+        d->brk = t, d->brk_len = len;
     }
     d->used = ++e->dry_clock;
     llama_sampler_reset(d->s);
@@ -629,3 +660,5 @@ int kvt_seq_shift(kvt_engine *e, int32_t seq, kvt_pos p0, kvt_pos p1, kvt_pos de
 kvt_pos kvt_seq_pos_max(kvt_engine *e, int32_t seq) { return kvt__engine_seq_ok(e, seq) ? kvt__pm_max(&e->pm[seq]) : -1; }
 
 int32_t kvt_seq_n_cells(kvt_engine *e, int32_t seq) { return kvt__engine_seq_ok(e, seq) ? e->pm[seq].n : 0; }
+
+void kvt_engine_test_dry_hash(kvt_engine *e, int mode) { e->test_dry_hash = mode; }

@@ -527,8 +527,10 @@ void kvt_engine_free(kvt_engine *e) {
     if (!e) return;
     if (e->smpl) llama_sampler_free(e->smpl);
     if (e->smpl_t) llama_sampler_free(e->smpl_t);
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 4; i++) {
         if (e->dry[i].s) llama_sampler_free(e->dry[i].s);
+        free(e->dry[i].brk);
+    }
     for (int32_t i = 0; e->rng && i < e->n_rng; i++) {
         if (e->rng[i].dist) llama_sampler_free(e->rng[i].dist);
         if (e->rng[i].xtc) llama_sampler_free(e->rng[i].xtc);

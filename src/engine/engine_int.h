@@ -127,8 +127,12 @@ struct kvt_engine {
         float mult, base;
         int32_t allowed, win;
         uint64_t hash, used; /* of the breakers' text; the draw that used it last */
+        char *brk;           /* the breakers' text, each ended by a zero byte (owned): a slot is taken
+                             ** for equal bytes, not for an equal hash (clients choose the breakers) */
+        size_t brk_len;
     } dry[4];
     uint64_t dry_clock;
+    int test_dry_hash; /* src/test_hooks.h kvt_engine_test_dry_hash */
     struct kvt_sampling smpl_p;
     int64_t smpl_draw;
     uint32_t smpl_p_seed; /* the seed of those draws */

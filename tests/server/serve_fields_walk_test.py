@@ -353,6 +353,10 @@ oa("dry_allowed_length", "native")(lambda api: dry_probe(api, {"dry_multiplier":
                                                          {"dry_multiplier": 2, "dry_allowed_length": 200}))
 oa("dry_penalty_last_n", "native")(lambda api: dry_probe(api, {"dry_multiplier": 5, "dry_penalty_last_n": -1},
                                                          {"dry_multiplier": 5, "dry_penalty_last_n": 0}))
+# llama-server's default breakers, sent: the repeat runs through them (none of \n : " * is in it); breakers
+# that every token of the line but "." holds: no repeat is longer than one token, DRY has nothing to penalise
+oa("dry_sequence_breakers", "native")(lambda api: dry_probe(api, {"dry_multiplier": 5, "dry_sequence_breakers": ["\n", ":", "\"", "*"]},
+                                                            {"dry_multiplier": 5, "dry_sequence_breakers": [" ", "e", "o"]}))
 oa("dynatemp_range", "native")(lambda api: dynatemp_probe(api))
 oa("dynatemp_exponent", "native")(lambda api: dynatemp_probe(api, exponent=True))
 

@@ -411,6 +411,22 @@ check(f"a penalized and a plain completion at once: each row's tokens are its ow
       f"plain row at {dc - ac} of {dc}",
       d0 >= 8 and a0 == d0 and d1 >= 6 and a1 == d1 and ch1 > 0 and ac < dc,
       f"{str(both[0])[:200]} | {str(both[1])[:200]}")
+# DRY's breakers are the request's own strings, kept by its job: three requests at once (what this
+# server runs and queues), each with its own breakers (one of them llama-server's default), each reply
+# generated (sampled at temperature 1) and reporting the breakers it sent
+dry_sets = [["\n", ":", "\"", "*"], [" ", "e", "o"], ["cat", "mat", ".", "\u00e9"]]
+dry_out = [None] * 3
+ths = [threading.Thread(target=lambda k: dry_out.__setitem__(k, raw("POST", "/completion", {
+    "prompt": "the old cat sat on the warm mat by the door. " * 3, "n_predict": 8, "temperature": 1, "seed": k,
+    "cache_prompt": False, "dry_multiplier": 2, "dry_sequence_breakers": dry_sets[k]})), args=(k,)) for k in range(3)]
+for t in ths:
+    t.start()
+for t in ths:
+    t.join()
+check("three DRY requests at once, each with its own dry_sequence_breakers: each served, each reporting its own breakers",
+      all(o[0] == 200 and o[2].get("tokens_predicted", 0) > 0
+          and o[2].get("generation_settings", {}).get("dry_sequence_breakers") == dry_sets[k] for k, o in enumerate(dry_out)),
+      str([(o[0], str(o[2])[:80]) for o in dry_out]))
 check("repeat_last_n 0: no penalty (the plain greedy reply)", st == 200 and st0 == 200 and b.get("content") == b0.get("content"),
       f"{st} {str(b)[:120]} | {str(b0)[:120]}")
 
@@ -477,8 +493,22 @@ bad("dry_multiplier -1", 400, {"messages": hello, "dry_multiplier": -1}, "'dry_m
 bad("dry_base 0.5", 400, {"messages": hello, "dry_multiplier": 1, "dry_base": 0.5}, "'dry_base' 0.5 is outside 1..10")
 bad("dry_allowed_length -1", 400, {"messages": hello, "dry_allowed_length": -1}, "'dry_allowed_length' -1 is outside 0..")
 bad("dry_penalty_last_n -2", 400, {"messages": hello, "dry_penalty_last_n": -2}, "'dry_penalty_last_n' -2 is outside -1..")
-bad("dry_sequence_breakers of its own (not implemented)", 400, {"messages": hello, "dry_sequence_breakers": ["x"]},
-    "'dry_sequence_breakers' [\"x\"] is not supported")
+bad("dry_sequence_breakers empty", 400, {"messages": hello, "dry_sequence_breakers": []},
+    "'dry_sequence_breakers' must be a non-empty array of strings, got an empty array")
+bad("dry_sequence_breakers a string", 400, {"messages": hello, "dry_sequence_breakers": "\n"},
+    "'dry_sequence_breakers' must be an array, got a string")
+bad("dry_sequence_breakers with a number", 400, {"messages": hello, "dry_sequence_breakers": ["\n", 7]},
+    "'dry_sequence_breakers'[1] must be a string, got an integer")
+bad("dry_sequence_breakers with an empty string", 400, {"messages": hello, "dry_sequence_breakers": [""]},
+    "'dry_sequence_breakers'[0] is 0 bytes: a breaker is 1..40 bytes of text")
+bad("dry_sequence_breakers with 41 bytes", 400, {"messages": hello, "dry_sequence_breakers": ["x" * 41]},
+    "'dry_sequence_breakers'[0] is 41 bytes: a breaker is 1..40 bytes of text")
+bad("dry_sequence_breakers 17 strings", 400, {"messages": hello, "dry_sequence_breakers": ["a"] * 17},
+    "'dry_sequence_breakers' has 17 strings, more than 16")
+bad("dry_sequence_breakers 129 bytes in all", 400, {"messages": hello, "dry_sequence_breakers": ["x" * 40] * 3 + ["y" * 9]},
+    "'dry_sequence_breakers' has more than 128 bytes in all")
+bad("dry_sequence_breakers deep", 400, {"messages": hello, "dry_sequence_breakers": [[["x"]]]},
+    "'dry_sequence_breakers'[0] must be a string, got an array")
 bad("mirostat 3", 400, {"messages": hello, "mirostat": 3}, "'mirostat' 3 is not 0 (off), 1 or 2")
 bad("mirostat 1.5", 400, {"messages": hello, "mirostat": 1.5}, "'mirostat' must be an integer")
 bad("mirostat_tau 0", 400, {"messages": hello, "mirostat": 2, "mirostat_tau": 0}, "'mirostat_tau' 0 is outside (0, 100]")

@@ -2041,6 +2041,30 @@ static void test_dry(void **state) {
         assert_int_equal(kvt_engine_sample(e, &smp, &tok), 0);
         assert_int_equal(tok, want);
     }
+    /* a client's breakers: "warm" ends every repeat at the history's last token (no penalty: the argmax),
+    ** llama-server's default ones do not; set in turn, each gets its own sampler, also when every set hashes
+    ** alike (the bytes tell them apart); the unsafe control that trusts the hash gives both one */
+    static const char *const warm[] = { "warm" }, *const dflt[] = { "\n", ":", "\"", "*" };
+    for (int mode = 0; mode < 3; mode++) {
+        kvt_engine_test_dry_hash(e, mode);
+        kvt_token got[4];
+        for (int i = 0; i < 4; i++) {
+            smp.dry_multiplier = 2;
+            smp.dry_sequence_breakers = i % 2 ? warm : dflt;
+            smp.n_dry_sequence_breakers = i % 2 ? 1 : 4;
+            assert_int_equal(kvt_engine_sample(e, &smp, &got[i]), 0);
+        }
+        if (mode < 2) {
+            assert_int_equal(got[0], top_pen);
+            assert_int_equal(got[1], top);
+            assert_int_equal(got[2], top_pen);
+            assert_int_equal(got[3], top);
+        } else {
+            assert_int_equal(got[0], got[1]);
+        }
+    }
+    kvt_engine_test_dry_hash(e, 0);
+    smp.dry_sequence_breakers = NULL, smp.n_dry_sequence_breakers = 0;
     smp.mirostat = 2, smp.temperature = 0; /* Mirostat's chain: no DRY; greedy */
     assert_int_equal(kvt_engine_sample(e, &smp, &tok), 0);
     assert_int_equal(tok, top);
