@@ -169,11 +169,13 @@ static int parse_common(struct server *srv, json_t *root, struct job *j, struct 
             json_t *b = json_array_get(v, i);
             if (!json_is_string(b))
                 return serve_bad(e, "'dry_sequence_breakers'[%zu] must be a string, got %s", i, serve_json_type(b));
-            const size_t len = json_string_length(b);
-            if (len == 0 || len > SERVE_MAX_DRY_BREAKER_BYTES || memchr(json_string_value(b), 0, len))
-                return serve_bad(e, "'dry_sequence_breakers'[%zu] is %zu bytes%s: a breaker is 1..%d bytes of text", i, len,
-                                 len && len <= SERVE_MAX_DRY_BREAKER_BYTES ? " with a zero character" : "",
-                                 SERVE_MAX_DRY_BREAKER_BYTES);
+            const size_t len = json_string_length(b); /* no zero byte inside: bodies are read without JSON_ALLOW_NUL */
+            if (len == 0 || len > SERVE_MAX_DRY_BREAKER_BYTES) {
+                char shown[48];
+                serve_printable(shown, sizeof shown, json_string_value(b));
+                return serve_bad(e, "'dry_sequence_breakers'[%zu] \"%s%s\" is %zu bytes: a breaker is 1..%d bytes", i, shown,
+                                 strlen(shown) < len ? "..." : "", len, SERVE_MAX_DRY_BREAKER_BYTES);
+            }
             if ((all += len) > SERVE_MAX_DRY_BREAKERS_BYTES)
                 return serve_bad(e, "'dry_sequence_breakers' has more than %d bytes in all", SERVE_MAX_DRY_BREAKERS_BYTES);
             if (!(j->req.dry_breakers[j->req.n_dry_breakers] = strdup(json_string_value(b)))) return serve_error_oom(e);

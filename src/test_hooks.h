@@ -40,6 +40,9 @@ int64_t kvt_engine_test_memo_tokens(const kvt_engine *eng);
 ** alone; 2 is the unsafe control that then also skips the byte compare (a sampler made for other
 ** breakers is reused), which the test asserts it notices; 0: off.  Not thread-safe (engine rule). */
 void kvt_engine_test_dry_hash(kvt_engine *eng, int mode);
+/* DRY samplers the engine made, over its life (a made one maps its breakers over the vocabulary).
+** Cannot fail. */
+int64_t kvt_engine_test_dry_made(const kvt_engine *eng);
 
 /* tests/unit/test_conversation.c: prompt tokens the session took from its caller's tokens
 ** (kvt_session_prefill's tok) instead of tokenizing them, over its life.  Cannot fail. */

@@ -271,7 +271,7 @@ static bool dry_same(const char *t, const char *const *b, int32_t nb) {
 }
 
 /* DRY over the last kvt_dry_window(s) tokens of s->history (llama.cpp's sampler, as llama-server runs it
-** after the penalties): the sampler made for these settings and breakers (one of the engine's last four:
+** after the penalties): the sampler made for these settings and breakers (one of the engine's last n_seq + 4:
 ** making one maps the breakers over the whole vocabulary), reset and given the window, then applied to
 ** cand.
 ** KVT_ENOMEM. */
@@ -294,7 +294,7 @@ static int apply_dry(kvt_engine *e, const struct kvt_sampling *s, llama_token_da
     if (e->test_dry_hash) h = 1;
     const float base = s->dry_base > 0 ? s->dry_base : 1.75f;
     struct dry_slot *d = NULL, *lru = &e->dry[0];
-    for (int i = 0; i < 4 && !d; i++) {
+    for (int32_t i = 0; i < e->n_dry && !d; i++) {
         struct dry_slot *x = &e->dry[i];
         if (x->s && x->mult == s->dry_multiplier && x->base == base && x->allowed == s->dry_allowed_length && x->win == win &&
             x->hash == h && (e->test_dry_hash == 2 || (x->brk_len == len && dry_same(x->brk, b, nb))))
@@ -323,6 +323,7 @@ static int apply_dry(kvt_engine *e, const struct kvt_sampling *s, llama_token_da
         }
         d->mult = s->dry_multiplier, d->base = base, d->allowed = s->dry_allowed_length, d->win = win, d->hash = h;
         d->brk = t, d->brk_len = len;
+        e->dry_made++;
     }
     d->used = ++e->dry_clock;
     llama_sampler_reset(d->s);
@@ -662,3 +663,4 @@ kvt_pos kvt_seq_pos_max(kvt_engine *e, int32_t seq) { return kvt__engine_seq_ok(
 int32_t kvt_seq_n_cells(kvt_engine *e, int32_t seq) { return kvt__engine_seq_ok(e, seq) ? e->pm[seq].n : 0; }
 
 void kvt_engine_test_dry_hash(kvt_engine *e, int mode) { e->test_dry_hash = mode; }
+int64_t kvt_engine_test_dry_made(const kvt_engine *e) { return e->dry_made; }

@@ -458,9 +458,11 @@ int kvt_engine_open(const struct kvt_engine_params *params, kvt_engine **out) {
     e->multi_gen = calloc((size_t) p.n_seq + 3, sizeof *e->multi_gen);
     e->n_rng = p.n_seq + 4;
     e->rng = calloc((size_t) e->n_rng, sizeof *e->rng);
+    e->n_dry = p.n_seq + 4;
+    e->dry = calloc((size_t) e->n_dry, sizeof *e->dry);
     e->layer_part = calloc((size_t) I->n_layer, 1);
     e->layer_idx = calloc((size_t) I->n_layer, sizeof(int16_t));
-    if (!e->logits || !e->pm || !e->multi_gen || !e->rng || !e->layer_part || !e->layer_idx) {
+    if (!e->logits || !e->pm || !e->multi_gen || !e->rng || !e->dry || !e->layer_part || !e->layer_idx) {
         kvt_engine_free(e);
         return kvt__fail(KVT_ENOMEM, "engine buffers");
     }
@@ -527,10 +529,11 @@ void kvt_engine_free(kvt_engine *e) {
     if (!e) return;
     if (e->smpl) llama_sampler_free(e->smpl);
     if (e->smpl_t) llama_sampler_free(e->smpl_t);
-    for (int i = 0; i < 4; i++) {
+    for (int32_t i = 0; e->dry && i < e->n_dry; i++) {
         if (e->dry[i].s) llama_sampler_free(e->dry[i].s);
         free(e->dry[i].brk);
     }
+    free(e->dry);
     for (int32_t i = 0; e->rng && i < e->n_rng; i++) {
         if (e->rng[i].dist) llama_sampler_free(e->rng[i].dist);
         if (e->rng[i].xtc) llama_sampler_free(e->rng[i].xtc);

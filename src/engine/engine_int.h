@@ -121,7 +121,9 @@ struct kvt_engine {
     struct llama_sampler *smpl, *smpl_t; /* top_n_sigma .. min_p; then the temperature (or greedy) */
     /* DRY's samplers (each maps its sequence breakers over the vocabulary once) for the last settings
     ** used, least recently used replaced; reset and given the history at each draw, so generations with
-    ** the same settings share one */
+    ** the same settings share one.  n_seq + 4 of them: more than the generations that can draw in turn,
+    ** so that concurrent generations with settings of their own never take each other's slot (a miss
+    ** costs a scan of the vocabulary per breaker, on every token while they alternate) */
     struct dry_slot {
         struct llama_sampler *s; /* NULL: free */
         float mult, base;
@@ -130,8 +132,10 @@ struct kvt_engine {
         char *brk;           /* the breakers' text, each ended by a zero byte (owned): a slot is taken
                              ** for equal bytes, not for an equal hash (clients choose the breakers) */
         size_t brk_len;
-    } dry[4];
+    } *dry;
+    int32_t n_dry;
     uint64_t dry_clock;
+    int64_t dry_made; /* DRY samplers made, over the engine's life (src/test_hooks.h) */
     int test_dry_hash; /* src/test_hooks.h kvt_engine_test_dry_hash */
     struct kvt_sampling smpl_p;
     int64_t smpl_draw;

@@ -500,9 +500,9 @@ bad("dry_sequence_breakers a string", 400, {"messages": hello, "dry_sequence_bre
 bad("dry_sequence_breakers with a number", 400, {"messages": hello, "dry_sequence_breakers": ["\n", 7]},
     "'dry_sequence_breakers'[1] must be a string, got an integer")
 bad("dry_sequence_breakers with an empty string", 400, {"messages": hello, "dry_sequence_breakers": [""]},
-    "'dry_sequence_breakers'[0] is 0 bytes: a breaker is 1..40 bytes of text")
+    "'dry_sequence_breakers'[0] \"\" is 0 bytes: a breaker is 1..40 bytes")
 bad("dry_sequence_breakers with 41 bytes", 400, {"messages": hello, "dry_sequence_breakers": ["x" * 41]},
-    "'dry_sequence_breakers'[0] is 41 bytes: a breaker is 1..40 bytes of text")
+    "'dry_sequence_breakers'[0] \"" + "x" * 41 + "\" is 41 bytes: a breaker is 1..40 bytes")
 bad("dry_sequence_breakers 17 strings", 400, {"messages": hello, "dry_sequence_breakers": ["a"] * 17},
     "'dry_sequence_breakers' has 17 strings, more than 16")
 bad("dry_sequence_breakers 129 bytes in all", 400, {"messages": hello, "dry_sequence_breakers": ["x" * 40] * 3 + ["y" * 9]},

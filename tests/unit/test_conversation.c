@@ -2033,7 +2033,7 @@ static void test_dry(void **state) {
     for (int32_t v = 0; v < nv; v++)
         if ((float) (l[v] - pen[v]) > (float) (l[want] - pen[want])) want = v;
     assert_int_equal(tok, want);
-    for (int32_t i = 0; i < 3; i++) { /* two settings in turn: a sampler each (the engine keeps four) */
+    for (int32_t i = 0; i < 3; i++) { /* two settings in turn: a sampler each (the engine keeps n_seq + 4) */
         smp.dry_multiplier = 2;
         assert_int_equal(kvt_engine_sample(e, &smp, &tok), 0);
         assert_int_equal(tok, top_pen);
@@ -2065,6 +2065,23 @@ static void test_dry(void **state) {
     }
     kvt_engine_test_dry_hash(e, 0);
     smp.dry_sequence_breakers = NULL, smp.n_dry_sequence_breakers = 0;
+    /* the engine keeps n_seq + 4 samplers (5 here), so that generations with settings of their own, drawing
+    ** in turn, never remake one: five settings in turn three times make five; six (the control: more than
+    ** it keeps) make one at every draw */
+    const int64_t made0 = kvt_engine_test_dry_made(e);
+    for (int r = 0; r < 3; r++)
+        for (int k = 0; k < 5; k++) {
+            smp.dry_multiplier = 4.0f + (float) k;
+            assert_int_equal(kvt_engine_sample(e, &smp, &tok), 0);
+        }
+    assert_int_equal(kvt_engine_test_dry_made(e) - made0, 5);
+    const int64_t made1 = kvt_engine_test_dry_made(e);
+    for (int r = 0; r < 2; r++)
+        for (int k = 0; k < 6; k++) {
+            smp.dry_multiplier = 10.0f + (float) k;
+            assert_int_equal(kvt_engine_sample(e, &smp, &tok), 0);
+        }
+    assert_int_equal(kvt_engine_test_dry_made(e) - made1, 12);
     smp.mirostat = 2, smp.temperature = 0; /* Mirostat's chain: no DRY; greedy */
     assert_int_equal(kvt_engine_sample(e, &smp, &tok), 0);
     assert_int_equal(tok, top);
