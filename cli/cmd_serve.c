@@ -145,7 +145,7 @@ int cmd_serve(int argc, char **argv) {
     int32_t resp_ttl = 30 * 24 * 3600; /* --response-ttl */
     int32_t seed = -1, n_predict = -1;
     bool budget_seen = false, slots_on = false, metrics_on = false, jinja = false, no_jinja = false, offline = false,
-         cont_batching = false, backend_sampling = false;
+         cont_batching = false, backend_sampling = false, swa_full = false, context_shift = false;
     const char *tmpl_name = NULL, *tmpl_file = NULL, *slot_save = NULL, *pooling = NULL, *media_path = NULL;
     bool embedding = false, reranking = false, print_api = false;
     char *tmpl_text = NULL;
@@ -460,6 +460,16 @@ int cmd_serve(int argc, char **argv) {
           "accepted and logged: kvtier samples on the host, with the same samplers and probabilities (a request's "
           "backend_sampling likewise)",
           NULL },
+        { "swa-full", 0, OPT_FLAG, &swa_full, 0, 0, NULL,
+          "accepted and logged: llama-server's full-size sliding-window cache, which it needs to reuse a prompt's "
+          "prefix; kvtier saves a sliding-window model's window cells with each block and reuses a prefix from them "
+          "(the replies are the same either way)",
+          NULL },
+        { "context-shift", 0, OPT_FLAG, &context_shift, 0, 0, NULL,
+          "accepted and logged: a conversation longer than its session's budget is served by evicting blocks into "
+          "the store and recovering them, not by shifting the context; a raw completion longer than the budget "
+          "is still refused (exceed_context_size_error)",
+          NULL },
         { "verbose", 'v', OPT_FLAG, &srv.verbose, 0, 0, NULL, "llama.cpp's log on stderr", NULL },
         /* llama-server's flags for what kvtier does not serve: accepted, logged, and the endpoints answer 501 */
         { "embedding", 0, OPT_FLAG, &embedding, 0, 0, NULL, "accepted and logged: kvtier serves no embeddings (/embeddings: 501)",
@@ -603,6 +613,16 @@ int cmd_serve(int argc, char **argv) {
     (void) cont_batching;
     if (backend_sampling)
         fprintf(stderr, "%s: --backend-sampling: kvtier samples on the host (the same samplers and probabilities)\n", cmd);
+    if (swa_full)
+        fprintf(stderr,
+                "%s: --swa-full: kvtier reuses a sliding-window model's prefix from its blocks (each saved with its "
+                "window's cells); the cache keeps llama.cpp's default size\n",
+                cmd);
+    if (context_shift)
+        fprintf(stderr,
+                "%s: --context-shift: a session evicts past its budget into the store instead of shifting; a raw "
+                "completion longer than the budget is still refused\n",
+                cmd);
     if (embedding || reranking || pooling)
         fprintf(stderr, "%s: %s: kvtier serves no embeddings or reranking; those endpoints answer 501\n", cmd,
                 embedding   ? "--embedding"

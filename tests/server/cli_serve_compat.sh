@@ -63,7 +63,7 @@ KEY=key-compat-1618
 KEY2=key-compat-3141
 start "$TMP/err" --api-key "$KEY2" --temp 0.8 --seed 42 --host 127.0.0.1 --offline --batch-size 32 --alias tinyllama-2,code --tags chat,small \
     --ctx-size 512 --parallel 2 --n-predict 64 --no-jinja --api-key "$KEY" --cors-origins localhost --embedding --cont-batching \
-    --metrics --top-k 40 --min_p 0.05 --backend_sampling --xtc-threshold 0.2 --dynatemp-exp 1.5
+    --metrics --top-k 40 --min_p 0.05 --backend_sampling --xtc-threshold 0.2 --dynatemp-exp 1.5 --swa-full --context-shift
 if [ -z "$PORT" ]; then
     bad "server did not start with llama-server's flags"; cat "$TMP/err"; echo "$pass passed, $fail failed"; exit 1
 fi
@@ -76,6 +76,10 @@ grep -q -- "--embedding: kvtier serves no embeddings" "$TMP/err" && ok "--embedd
     || bad "--embedding line missing"
 grep -q -- "--backend-sampling: kvtier samples on the host" "$TMP/err" \
     && ok "--backend_sampling (llama.cpp's '_' spelling) is accepted and logged" || bad "--backend-sampling line missing"
+grep -q -- "--swa-full: kvtier reuses a sliding-window model's prefix from its blocks" "$TMP/err" \
+    && ok "--swa-full is accepted and logged" || bad "--swa-full line missing"
+grep -q -- "--context-shift: a session evicts past its budget" "$TMP/err" \
+    && ok "--context-shift is accepted and logged" || bad "--context-shift line missing"
 
 "$PY" "$SRC/tests/server/serve_compat_test.py" "http://127.0.0.1:$PORT" "$KEY" "$KEY2" >"$TMP/py" 2>&1
 prc=$?
