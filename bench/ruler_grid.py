@@ -161,7 +161,7 @@ def unit_text(a, out, paths, u, unit_file, archive):
     cmd = [a.bin, "eval", "ruler", t, "--shape", shape, "-m", paths[m], "--context", str(L), "--budget", str(L // a.ratio),
            "--cases", "1", "--first-case", str(case), "--seed", str(a.seed), "--out", tmp, "--cases-only",
            "--max-tokens", str(d["max_tokens"])]
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    p = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
     files = [x for x in os.listdir(tmp) if x.endswith(".json")] if os.path.isdir(tmp) else []
     built = json.load(open(os.path.join(tmp, files[0]))) if p.returncode == 0 and len(files) == 1 else None
     subprocess.run(["rm", "-rf", tmp])
@@ -363,7 +363,10 @@ def main():
         with lock:
             if stopping:
                 return
-            p = procs[slot] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+            # errors="replace": a unit is not lost to a byte of its log (kvtier's eval cut a reply's preview
+            # inside a character until 2026-12-07: a Gemma 3 unit failed so)
+            p = procs[slot] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, errors="replace",
+                                               env=env)
         _, stderr = p.communicate()
         with lock:
             procs.pop(slot, None)

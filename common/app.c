@@ -68,6 +68,13 @@ char *app_utf8_clean(const char *s) {
     return out;
 }
 
+void app_utf8_cut(char *s, size_t max) {
+    size_t n = strlen(s);
+    if (n <= max) return;
+    while (max > 0 && ((unsigned char) s[max] & 0xC0) == 0x80) max--; /* s[max] starts the first character left out */
+    s[max] = '\0';
+}
+
 int app_json_line(const char *cmd, json_t *obj) {
     if (!obj) {
         fprintf(stderr, "%s: could not build the JSON output\n", cmd);

@@ -25,6 +25,10 @@ char *app_read_file(const char *path, size_t *len);
 ** frees; NULL on ENOMEM. */
 char *app_utf8_clean(const char *s);
 
+/* Cut valid UTF-8 s to at most max bytes, at a character boundary (a preview never ends inside a
+** character).  Cannot fail. */
+void app_utf8_cut(char *s, size_t max);
+
 /* Print one JSON value as a single line on stdout (compact) and free it.  Returns APP_OK, or
 ** APP_ERR when obj is NULL (a json_pack failure) or cannot be serialised. */
 int app_json_line(const char *cmd, json_t *obj);

@@ -543,7 +543,8 @@ int eval_run_case(const char *cmd, kvt_engine *eng, kvt_pool *pool, const struct
         char *clean = app_utf8_clean(r->reply ? r->reply : "");
         if (clean) {
             for (char *c = clean; *c; c++) *c = (*c == '\n' || *c == '\r' || *c == '\t') ? ' ' : *c;
-            fprintf(stderr, ", reply \"%.60s\"", clean);
+            app_utf8_cut(clean, 60);
+            fprintf(stderr, ", reply \"%s\"", clean);
         }
         free(clean);
     } else if (o->task == EVAL_RULER) {
@@ -558,7 +559,8 @@ int eval_run_case(const char *cmd, kvt_engine *eng, kvt_pool *pool, const struct
         char *clean = n_rows ? app_utf8_clean(res->rows[first_row].reply ? res->rows[first_row].reply : "") : NULL;
         if (clean) {
             for (char *c = clean; *c; c++) *c = (*c == '\n' || *c == '\r' || *c == '\t') ? ' ' : *c;
-            fprintf(stderr, ", reply \"%.60s\"", clean);
+            app_utf8_cut(clean, 60);
+            fprintf(stderr, ", reply \"%s\"", clean);
         }
         free(clean);
     } else if (o->task == EVAL_MULTIFACT) {
