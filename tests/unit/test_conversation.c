@@ -1963,6 +1963,18 @@ static void dry_ref(const kvt_token *w, int32_t n, double mult, double base, int
 ** has no DRY.  A session's greedy reply, step by step, is the argmax penalised over the window of
 ** its stream (the template tokens and the reply so far, computed here from kvt_chat_tokenize).
 ** Controls: DRY changes the argmax after the repeat (the comparison is not vacuous). */
+/* DRY samplers the engine made for `rounds` rounds of n settings drawn in turn (multipliers from m0 up). */
+static int64_t dry_rounds(kvt_engine *e, struct kvt_sampling *smp, float m0, int n, int rounds) {
+    const int64_t made = kvt_engine_test_dry_made(e);
+    kvt_token tok;
+    for (int r = 0; r < rounds; r++)
+        for (int k = 0; k < n; k++) {
+            smp->dry_multiplier = m0 + (float) k;
+            assert_int_equal(kvt_engine_sample(e, smp, &tok), 0);
+        }
+    return kvt_engine_test_dry_made(e) - made;
+}
+
 static void test_dry(void **state) {
     (void) state;
     enum { NP = 24, N = 24, W = 48 };
@@ -2068,20 +2080,8 @@ static void test_dry(void **state) {
     /* the engine keeps n_seq + 4 samplers (5 here), so that generations with settings of their own, drawing
     ** in turn, never remake one: five settings in turn three times make five; six (the control: more than
     ** it keeps) make one at every draw */
-    const int64_t made0 = kvt_engine_test_dry_made(e);
-    for (int r = 0; r < 3; r++)
-        for (int k = 0; k < 5; k++) {
-            smp.dry_multiplier = 4.0f + (float) k;
-            assert_int_equal(kvt_engine_sample(e, &smp, &tok), 0);
-        }
-    assert_int_equal(kvt_engine_test_dry_made(e) - made0, 5);
-    const int64_t made1 = kvt_engine_test_dry_made(e);
-    for (int r = 0; r < 2; r++)
-        for (int k = 0; k < 6; k++) {
-            smp.dry_multiplier = 10.0f + (float) k;
-            assert_int_equal(kvt_engine_sample(e, &smp, &tok), 0);
-        }
-    assert_int_equal(kvt_engine_test_dry_made(e) - made1, 12);
+    assert_int_equal(dry_rounds(e, &smp, 4.0f, 5, 3), 5);
+    assert_int_equal(dry_rounds(e, &smp, 10.0f, 6, 2), 12);
     smp.mirostat = 2, smp.temperature = 0; /* Mirostat's chain: no DRY; greedy */
     assert_int_equal(kvt_engine_sample(e, &smp, &tok), 0);
     assert_int_equal(tok, top);
