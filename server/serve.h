@@ -20,8 +20,8 @@
 enum { SERVE_MAX_STOP = 4, SERVE_PARK_FACTOR = 4, SERVE_MAX_CHOICES = 16 /* n: choices of one request */ };
 /* dry_sequence_breakers: strings of one request, bytes of each (llama.cpp's DRY truncates a longer one; kvtier
 ** refuses it) and bytes in all.  Making a DRY sampler maps each breaker over the whole vocabulary on the engine
-** thread, for every new set (the engine keeps --parallel + 4 or more): on Gemma 3's 262k tokens, measured beside other work,
-** 0.5-1.1 s for 3 breakers of 40 bytes, 1.4-1.7 s for 16 of 8 bytes (16 of 40 bytes: 2.1 s, refused). */
+** thread, for every new set (the engine keeps one per sequence + 4): on Gemma 3's 262k tokens, measured beside
+** other work, 0.5-1.1 s for 3 breakers of 40 bytes, 1.4-1.7 s for 16 of 8 bytes (16 of 40 bytes: 2.1 s, refused). */
 enum { SERVE_MAX_DRY_BREAKERS = 16, SERVE_MAX_DRY_BREAKER_BYTES = 40, SERVE_MAX_DRY_BREAKERS_BYTES = 128 };
 
 /* The one form every error of the server takes, wherever it arises (a header, the body's JSON, a
