@@ -17,6 +17,7 @@ t_init cli-serve-faults
 PID= RPID= MNT=
 trap '[ -n "$PID" ] && kill -KILL "$PID" 2>/dev/null; [ -n "$RPID" ] && kill -CONT "$RPID" 2>/dev/null && kill -KILL "$RPID" 2>/dev/null; [ -n "$MNT" ] && umount "$MNT" 2>/dev/null; rm -rf "$TMP"' EXIT
 PY=$("$SRC/scripts/bootstrap.sh" pyclient-path)
+"$SRC/scripts/bootstrap.sh" pyclient || { bad "bootstrap.sh pyclient"; echo "$pass passed, $fail failed"; exit 1; }
 KEY=faults-key-1
 echo "$KEY" >"$TMP/keys"
 

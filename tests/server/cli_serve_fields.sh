@@ -22,6 +22,7 @@ t_need_chat_model
 PID=
 trap '[ -n "$PID" ] && kill -KILL "$PID" 2>/dev/null; rm -rf "$TMP"' EXIT
 PY=$("$SRC/scripts/bootstrap.sh" pyclient-path)
+"$SRC/scripts/bootstrap.sh" pyclient || { bad "bootstrap.sh pyclient"; echo "$pass passed, $fail failed"; exit 1; }
 "$BIN" serve -m "$MODEL" --port 0 --threads 1 --parallel 2 -c 2048 --budget 512 --no-store >/dev/null 2>"$TMP/err" &
 PID=$!
 PORT=$(t_listening "$TMP/err" "$PID")
