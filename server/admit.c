@@ -328,7 +328,15 @@ bool admit_runnable(struct server *srv, const struct job *j) {
 
 void admit_delete(struct server *srv, struct job *j) {
     struct sess *x = find_session(srv, j->req.ns, j->req.session_id);
-    if (!x) serve_error_set(&j->err, 404, "invalid_request_error", "session_not_found", "no session '%s'", j->req.session_id);
+    if (j->erase_slot && !(x && x->job)) { /* llama-server's erase: an empty slot is no error */
+        if (x) {
+            j->n_erased = kvt_session_tokens(x->s, NULL, 0);
+            kvt_session_free(x->s);
+            memset(x, 0, sizeof *x);
+        }
+        j->n_erased += serve_completion_forget(srv, j->req.ns);
+    } else if (!x)
+        serve_error_set(&j->err, 404, "invalid_request_error", "session_not_found", "no session '%s'", j->req.session_id);
     else if (x->job)
         serve_error_set(&j->err, 409, "invalid_request_error", "session_busy", "session '%s' is generating a reply",
                         j->req.session_id);

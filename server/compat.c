@@ -416,6 +416,40 @@ json_t *compat_slots(struct server *srv, const char *ns) {
     return a;
 }
 
+int compat_slot_action(const struct server *srv, const char *id, const char *action, const json_t *root, int32_t *slot,
+                       struct serve_error *e) {
+    char shown[41];
+    *slot = -1;
+    serve_error_param(e, "id_slot");
+    size_t n = strspn(id, "0123456789");
+    serve_printable(shown, sizeof shown, id);
+    if (n == 0 || id[n] || n > 9)
+        return serve_bad(e, "/slots/%s: the slot must be a number, 0 .. %d (GET /slots lists them)", shown, srv->max_sessions - 1);
+    const long v = strtol(id, NULL, 10);
+    if (v >= srv->max_sessions)
+        return serve_bad(e, "/slots/%s: this server has %d slots, 0 .. %d (GET /slots lists them)", shown, srv->max_sessions,
+                         srv->max_sessions - 1);
+    serve_error_param(e, "action");
+    serve_printable(shown, sizeof shown, action);
+    if (!action) return serve_bad(e, "/slots/%ld needs ?action=erase (save and restore: kvtier keeps no slot files)", v);
+    if (!strcmp(action, "save") || !strcmp(action, "restore"))
+        return serve_error_set(e, 501, "not_supported_error", NULL,
+                               "/slots/%ld?action=%s: kvtier keeps no slot files; a session's KV blocks stay in the block store "
+                               "(--store, across restarts) and a request that starts with the same tokens finds them there "
+                               "again by content",
+                               v, action);
+    if (strcmp(action, "erase")) return serve_bad(e, "/slots/%ld?action=%s: the actions are erase, save and restore", v, shown);
+    const char *k = root ? json_object_iter_key(json_object_iter((json_t *) root)) : NULL;
+    if (k) {
+        serve_error_param(e, k);
+        serve_printable(shown, sizeof shown, k);
+        return serve_bad(e, "/slots/%ld?action=erase takes no fields; got '%s'", v, shown);
+    }
+    serve_error_param(e, NULL);
+    *slot = (int32_t) v;
+    return 0;
+}
+
 enum { BATCH_MAX = 16 };
 
 static int parse(struct server *srv, json_t *root, struct job *j, struct serve_error *e);

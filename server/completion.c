@@ -86,6 +86,17 @@ static void comp_cache_add(struct server *srv, int32_t q, const kvt_token *tok, 
     sc->n_comp_tok[q] += n;
 }
 
+int64_t serve_completion_forget(struct server *srv, const char *ns) {
+    struct sched *sc = srv->sched;
+    int64_t n = 0;
+    for (int32_t q = 0; q < sc->n_comp; q++)
+        if (!sc->comp_busy[q] && sc->n_comp_tok[q] > 0 && !strcmp(sc->comp_ns[q], ns)) {
+            n += sc->n_comp_tok[q];
+            comp_cache_clear(srv, q);
+        }
+    return n;
+}
+
 /* The completion leaves its sequence and gives back its reservation.  With the prompt cache, a
 ** completion that ended well leaves its tokens' KV there for the next one (its prompt and the
 ** generated tokens decoded: positions 0 .. row.pos); otherwise the cells are freed. */

@@ -109,10 +109,14 @@ static enum MHD_Result get_sessions(struct server *srv, struct MHD_Connection *c
     return serve_send_json(srv, c, 200, json_pack("{s:s, s:o}", "object", "list", "data", data), NULL);
 }
 
-static enum MHD_Result delete_session(struct server *srv, struct MHD_Connection *c, const char *ns, const char *id) {
+/* A JOB_DELETE for session id of namespace ns (erase: POST /slots/N?action=erase's), run on the
+** engine thread between steps; answers its error, or 200 with reply(j).  */
+static enum MHD_Result run_delete(struct server *srv, struct MHD_Connection *c, const char *ns, const char *id, bool erase,
+                                  json_t *(*reply)(const struct job *j)) {
     struct job *j = calloc(1, sizeof *j);
     if (!j) return MHD_NO;
     j->kind = JOB_DELETE;
+    j->erase_slot = erase;
     snprintf(j->req.ns, sizeof j->req.ns, "%s", ns);
     snprintf(j->req.session_id, sizeof j->req.session_id, "%s", id);
     j->req.t_arrival = serve_mono_ms();
@@ -126,9 +130,18 @@ static enum MHD_Result delete_session(struct server *srv, struct MHD_Connection 
     pthread_mutex_unlock(&srv->mu);
     enum MHD_Result r;
     if (j->err.status) r = serve_send_err(srv, c, &j->err, NULL);
-    else r = serve_send_json(srv, c, 200, json_pack("{s:s, s:s, s:b}", "id", id, "object", "session", "deleted", 1), NULL);
+    else r = serve_send_json(srv, c, 200, reply(j), NULL);
     serve_job_release(srv, j);
     return r;
+}
+static json_t *deleted_reply(const struct job *j) {
+    return json_pack("{s:s, s:s, s:b}", "id", j->req.session_id, "object", "session", "deleted", 1);
+}
+static json_t *erased_reply(const struct job *j) {
+    return json_pack("{s:i, s:I}", "id_slot", atoi(j->req.session_id + 5 /* "slot-" */), "n_erased", (json_int_t) j->n_erased);
+}
+static enum MHD_Result delete_session(struct server *srv, struct MHD_Connection *c, const char *ns, const char *id) {
+    return run_delete(srv, c, ns, id, false, deleted_reply);
 }
 
 static time_t t_started; /* when the server started listening (/metrics' Process-Start-Time-Unix) */
@@ -229,6 +242,25 @@ static enum MHD_Result r_slots(struct server *srv, struct MHD_Connection *c, str
         return serve_send_error(srv, c, 501, "not_supported_error", NULL, "this server runs with --no-slots: no /slots");
     return serve_send_json(srv, c, 200, compat_slots(srv, rq->ns), NULL);
 }
+/* POST /slots/ID?action=erase (save, restore: 501): llama-server's slot actions (compat.c).  Slot N
+** is the caller's session "slot-N", the one a chat with id_slot N runs in. */
+static enum MHD_Result r_slot_action(struct server *srv, struct MHD_Connection *c, struct req *rq, const char *rest) {
+    if (srv->no_slots)
+        return serve_send_error(srv, c, 501, "not_supported_error", NULL, "this server runs with --no-slots: no /slots");
+    json_t *root = NULL;
+    if (rq->n > 0 || rq->too_big) { /* llama-server's clients send none, or {} */
+        enum MHD_Result bad = serve_body_json(srv, c, rq, &root);
+        if (!root) return bad;
+    }
+    struct serve_error e = { 0 };
+    int32_t slot;
+    const int rc = compat_slot_action(srv, rest, MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "action"), root, &slot, &e);
+    json_decref(root);
+    if (rc) return serve_send_err(srv, c, &e, NULL);
+    char id[32];
+    snprintf(id, sizeof id, "slot-%d", slot);
+    return run_delete(srv, c, rq->ns, id, true, erased_reply);
+}
 static enum MHD_Result r_not_served(struct server *srv, struct MHD_Connection *c, struct req *rq, const char *rest) {
     (void) rest;
     return serve_send_error(srv, c, 501, "not_supported_error", NULL,
@@ -261,6 +293,7 @@ static const struct route ROUTES[] = {
     { "/models",                         AT_BOTH,  M_GET,             false,  false,  r_models,        NULL,                   "the model served" },
     { "/props",                          AT_ROOT,  M_GET,             false,  false,  r_props,         NULL,                   "llama-server's server properties (kvtier's are flags: GET only)" },
     { "/slots",                          AT_ROOT,  M_GET,             false,  false,  r_slots,         NULL,                   "the caller's sessions as llama-server's slots" },
+    { "/slots/",                         AT_ROOT,  M_POST,            true,   false,  r_slot_action,   NULL,                   "?action=erase: the caller's session slot-ID and completion caches (save, restore: 501)" },
     { "/sessions",                       AT_V1,    M_GET,             false,  false,  r_sessions,      NULL,                   "the caller's sessions" },
     { "/sessions/",                      AT_V1,    M_DELETE,          true,   false,  r_session_id,    NULL,                   "end a session" },
     { "/embedding",                      AT_BOTH,  M_ANY,             false,  false,  r_not_served,    NULL,                   "501: not served" },

@@ -308,6 +308,7 @@ void *serve_engine_main(void *arg) {
             struct job *j = adm[k];
             if (j->kind == JOB_DELETE) {
                 admit_delete(srv, j);
+                serve_publish(srv); /* GET /v1/sessions right after the answer must not list it */
                 pthread_mutex_lock(&srv->mu);
                 j->state = JOB_DONE;
                 pthread_cond_broadcast(&j->cv);

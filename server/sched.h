@@ -28,8 +28,8 @@ struct sched {
     struct sess *sess; /* [cap]: max_sessions hold a sequence, the others are parked */
     int32_t cap;
     kvt_pool *pool;
-    kvt_store *store;     /* content-addressed block store; NULL with --no-store */
-    uint8_t *head_bits;   /* --codec-bits entropy: per-(layer, KV head) bits of q8/q4 tier codecs, or NULL */
+    kvt_store *store;   /* content-addressed block store; NULL with --no-store */
+    uint8_t *head_bits; /* --codec-bits entropy: per-(layer, KV head) bits of q8/q4 tier codecs, or NULL */
     int32_t n_head_bits;
     bool ram_bits;        /* head_bits apply to --codec-ram (a q8/q4 codec) */
     uint64_t n_new;       /* sessions opened without a name (their ids count them) */
@@ -118,6 +118,10 @@ bool serve_completion_prepare(struct server *srv, struct job *j);
 void serve_completion_start_waiting(struct server *srv);
 /* The completion leaves its sequence and gives back its reservation (rc: the error, if any). */
 void serve_completion_end(struct server *srv, struct job *j, int rc);
+/* The prompt caches namespace ns's completions left in the idle scratch sequences are dropped (a
+** completion's cache belongs to no slot: any sequence may serve id_slot N).  Returns their tokens.
+** Engine thread (POST /slots/N?action=erase). */
+int64_t serve_completion_forget(struct server *srv, const char *ns);
 
 /* server/sched.c */
 
@@ -140,7 +144,9 @@ enum pick admit_session(struct server *srv, struct job *j, struct sess **out);
 int admit_request_tokens(struct server *srv, struct job *j, const kvt_token **tok, int32_t *n);
 /* May the queued job be admitted now?  Not a chat naming a session that is generating. */
 bool admit_runnable(struct server *srv, const struct job *j);
-/* DELETE /v1/sessions/ID: frees the session, or fills the job's error (404 none, 409 busy). */
+/* DELETE /v1/sessions/ID: frees the session, or fills the job's error (404 none, 409 busy).
+** With j->erase_slot (POST /slots/N?action=erase): none is no error, and the namespace's idle
+** completion caches go too (j->n_erased). */
 void admit_delete(struct server *srv, struct job *j);
 /* A chat job that waits in the queue: its prompt's chain (the template's tokens, the tenant a new
 ** session of its namespace would use) is prefetched from the block store's disk/Redis tiers into

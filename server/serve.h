@@ -193,6 +193,10 @@ struct job {
     ** serve_completion_end, set when it is activated (server/sched.c, completion.c) */
     void (*end)(struct server *srv, struct job *j, int rc);
     int64_t resumed; /* blocks loaded back by resuming a parked session */
+    /* JOB_DELETE of POST /slots/N?action=erase: the caller's session slot-N (none is no error)
+    ** and its idle completions' prompt caches go; n_erased: their tokens (engine thread) */
+    bool erase_slot;
+    int64_t n_erased;
     bool prefetched; /* its prompt's blocks were prefetched while it waited (engine thread) */
     /* queued behind a running or queued job of its session: it waits whatever slots are free
     ** (serve_submit sets it, the engine thread's rounds update it; under srv->mu) */
@@ -477,6 +481,14 @@ int compat_chat_tokens(struct server *srv, json_t *chat, int32_t *n, struct serv
 json_t *compat_models(struct server *srv);
 json_t *compat_props(struct server *srv);
 json_t *compat_slots(struct server *srv, const char *ns);
+/* POST /slots/ID?action=ACTION, llama-server's slot actions: id is the path after /slots/, action
+** the query parameter (NULL: absent), root the JSON body (NULL: none sent).  erase is served (OUT
+** *slot: 0 .. --parallel sessions - 1, as GET /slots lists them); save and restore are 501 (a
+** session's blocks already outlive it in the block store, found again by their content).
+** Returns 0, or -1 with e: 400 naming id_slot or action and their text (40 bytes at most,
+** printable), 400 naming a body field erase does not take, 501 for save and restore. */
+int compat_slot_action(const struct server *srv, const char *id, const char *action, const json_t *root, int32_t *slot,
+                       struct serve_error *e);
 
 /* server/anthropic.c — Anthropic's Messages API on the chat path (see the file's header) */
 /* The chat completion request an Anthropic Messages request means.  0 with *out (new reference),

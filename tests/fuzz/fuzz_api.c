@@ -10,6 +10,9 @@
 **   3  a model's reply text through tools_reply (tool calls parsed out of it, the three reply
 **      formats), then every writer of a finished reply: the Responses output items and object,
 **      the Anthropic Message and its blocks, llama-server's native reply; each is written out.
+**   4  llama-server's slot action (compat_slot_action): the path's slot id, NUL, the action query
+**      parameter (absent without a second NUL), NUL, the JSON body (none when empty): erase of a
+**      slot 0 .. --parallel sessions - 1, or its error.
 ** Invariants: a translation either fails with its error filled (status >= 400, type, message),
 ** or gives an object with messages; a stored response is never changed by a request (its JSON
 ** text is compared before and after every input); every reply object is written as JSON. */
@@ -110,6 +113,40 @@ static void native(json_t *root) {
     serve_job_free(j);
 }
 
+static void slot_action(const uint8_t *data, size_t size) {
+    char *in = malloc(size + 1);
+    FUZZ_CHECK(in != NULL);
+    memcpy(in, data, size);
+    in[size] = '\0';
+    const char *id = in, *action = NULL, *body = NULL;
+    size_t n_id = strlen(in), n_body = 0;
+    if (n_id < size) {
+        action = in + n_id + 1;
+        size_t n_act = strlen(action);
+        if (n_id + 1 + n_act < size) {
+            body = action + n_act + 1;
+            n_body = size - (n_id + 1 + n_act + 1);
+        }
+    }
+    json_t *root = n_body ? json_loadb(body, n_body, 0, NULL) : NULL;
+    if (n_body && !json_is_object(root)) { /* the route answers these before the parser */
+        json_decref(root);
+        free(in);
+        return;
+    }
+    struct serve_error se = { 0 };
+    int32_t slot = -2;
+    const int rc = compat_slot_action(&srv, id, action, root, &slot, &se);
+    FUZZ_CHECK(rc == 0 || ((se.status == 400 || se.status == 501) && se.type && se.msg[0]));
+    if (rc == 0) FUZZ_CHECK(slot >= 0 && slot < srv.max_sessions && action && !strcmp(action, "erase") && !json_object_size(root));
+    else FUZZ_CHECK(slot == -1);
+    json_t *err = serve_error_json(&se); /* what the client gets: JSON, its text printable */
+    if (rc) written(err);
+    else json_decref(err);
+    json_decref(root);
+    free(in);
+}
+
 static void replies(const char *text) {
     struct job j;
     memset(&j, 0, sizeof j);
@@ -135,7 +172,12 @@ static void replies(const char *text) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!srv.n_ctx) setup();
     if (size < 1) return 0;
-    const int path = data[0] & 3;
+    int path = data[0] & 7;
+    if (path > 4) path &= 3;
+    if (path == 4) {
+        slot_action(data + 1, size - 1);
+        return 0;
+    }
     if (path == 3) {
         char *text = malloc(size);
         FUZZ_CHECK(text != NULL);

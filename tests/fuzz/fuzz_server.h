@@ -16,6 +16,7 @@ static inline void fuzz_server_defaults(struct server *srv) {
     srv->seed_default = -1;
     snprintf(srv->model_name, sizeof srv->model_name, "fuzz");
     srv->budget = 512;
+    srv->max_sessions = 4; /* --parallel 2 with its parked sessions: GET /slots lists 0 .. 3 */
     srv->max_responses = 64;
     srv->responses_per_key = 64;
     srv->lim = (struct serve_limits){ .max_body = 8 << 20,

@@ -17,6 +17,8 @@ Prints "ok   NAME" / "FAIL NAME: why"; exit status = failures.
 import json
 import re
 import sys
+import threading
+import time
 
 from serve_client import check, finish, init, raw
 
@@ -70,6 +72,75 @@ check("GET /slots: one entry per session slot, each with n_ctx = --budget and no
       st == 200 and len(slots) == props["total_slots"] and all(s["n_ctx"] == budget and "params" not in s for s in slots),
       f"{st} {slots}")
 check("POST /props -> 405", raw("POST", "/props", {})[0] == 405)
+
+# ---- POST /slots/N?action=erase (save, restore: 501) ---------------------------------------
+# The reference is the same request before the erase: a completion sent twice reuses its cached
+# prompt (the control: without an erase the cache is there), after the erase it decodes it all.
+def native_prompt_n(key="default"):
+    st, _, b = raw("POST", "/completion", {"prompt": "What is the capital of France?", "n_predict": 2, "id_slot": 1,
+                                           "cache_prompt": True}, key=key)
+    return (b["timings"]["prompt_n"], b["tokens_evaluated"]) if st == 200 else (st, b)
+
+
+def sessions(key="default"):
+    return [s["id"] for s in raw("GET", "/v1/sessions", key=key)[2]["data"]]
+
+
+native_prompt_n()
+pn, n_eval = native_prompt_n()
+check("control: the same completion again reuses its cached prompt", pn < n_eval, (pn, n_eval))
+st, _, b = raw("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "id_slot": 1})
+check("a chat with id_slot 1 runs in the caller's session slot-1", st == 200 and "slot-1" in sessions(), sessions())
+st, _, b = raw("POST", "/slots/1?action=erase", key=KEY2)
+check("another key's erase of slot 1 erases its own (nothing): the caller's session and cache stay",
+      st == 200 and b == {"id_slot": 1, "n_erased": 0} and "slot-1" in sessions() and native_prompt_n()[0] < n_eval, f"{st} {b}")
+st, _, b = raw("POST", "/slots/1?action=erase")
+check("POST /slots/1?action=erase: llama-server's reply, the session's and the cached prompt's tokens counted",
+      st == 200 and b.get("id_slot") == 1 and b.get("n_erased", 0) >= n_eval, f"{st} {b}")
+check("after the erase the session slot-1 is gone", "slot-1" not in sessions(), sessions())
+pn2 = native_prompt_n()
+check("after the erase the completion decodes its whole prompt again", pn2 == (n_eval, n_eval), pn2)
+st, _, b = raw("POST", "/slots/1?action=erase", {})
+check("an empty slot erased again -> 200, n_erased 0 (a body of {} is taken)", st == 200 and b["n_erased"] >= 0, f"{st} {b}")
+for path, want, param in (("/slots/0?action=save", 501, "action"), ("/slots/0?action=restore", 501, "action"),
+                          ("/slots/2?action=erase", 400, "id_slot"), ("/slots/-1?action=erase", 400, "id_slot"),
+                          ("/slots/1x?action=erase", 400, "id_slot"), ("/slots/" + "9" * 40 + "?action=erase", 400, "id_slot"),
+                          ("/slots/1", 400, "action"), ("/slots/1?action=ERASE", 400, "action"),
+                          ("/slots/1?action=%FF%00%1b", 400, "action")):
+    st, _, b = raw("POST", path)
+    e = b.get("error", {}) if isinstance(b, dict) else {}
+    check(f"POST {path[:40]} -> {want} naming {param}", st == want and e.get("param") == param and e.get("message"), f"{st} {b}")
+st, _, b = raw("POST", "/slots/1?action=save", {"filename": "slot1.bin"})
+check("save with llama-server's filename -> 501 saying where kvtier keeps a session's blocks",
+      st == 501 and "block store" in b["error"]["message"], f"{st} {b}")
+st, _, b = raw("POST", "/slots/1?action=erase", {"filename": "slot1.bin"})
+check("erase with a field -> 400 naming it (never ignored)", st == 400 and b["error"]["param"] == "filename", f"{st} {b}")
+st, _, b = raw("POST", "/slots/1?action=erase", b"[1, 2]")
+check("erase with a body that is not an object -> 400", st == 400, f"{st} {b}")
+st, _, b = raw("POST", "/slots/1?action=erase", b"{" * 100000)
+check("erase with a deep body -> 400, the server answers", st == 400 and raw("GET", "/health")[0] == 200, f"{st}")
+st, _, b = raw("POST", "/slots/1?action=erase", b"{}" + b" " * (9 << 20))
+check("erase with a body over --max-body-mb -> 413, the server answers", st == 413 and raw("GET", "/health")[0] == 200, f"{st}")
+check("GET /slots/1 -> 405", raw("GET", "/slots/1?action=erase")[0] == 405)
+check("POST /slots/1?action=erase without a key -> 401", raw("POST", "/slots/1?action=erase", key=None)[0] == 401)
+# a generation running in slot 1: its erase waits for nothing and is refused, the reply unharmed
+res = {}
+th = threading.Thread(target=lambda: res.update(r=raw("POST", "/v1/chat/completions", {
+    "messages": [{"role": "user", "content": "Count from one to one hundred."}], "max_tokens": 96, "temperature": 0,
+    "id_slot": 1, "stream": False})))
+th.start()
+busy = None
+for _ in range(400):
+    busy = [s for s in raw("GET", "/v1/sessions")[2]["data"] if s["id"] == "slot-1" and s["busy"]]
+    if busy:
+        break
+    time.sleep(0.01)
+st, _, b = raw("POST", "/slots/1?action=erase")
+th.join()
+check("erase while slot 1 generates -> 409 session_busy, the generation finishes",
+      bool(busy) and st == 409 and b["error"]["code"] == "session_busy", f"{st} {b} (busy seen: {bool(busy)})")
+check("... and its reply is whole", res["r"][0] == 200 and res["r"][2]["choices"][0]["message"]["content"], res["r"][:1])
+check("... then the erase succeeds", raw("POST", "/slots/1?action=erase")[0] == 200)
 
 # ---- /tokenize, /detokenize, /apply-template -----------------------------------------------
 text = "What is the capital of France ?"
